@@ -1,5 +1,52 @@
-"""byoc_hetero: a bring-your-own-codegen plugin for Apache TVM (Relax) with oneDNN kernels."""
+"""byoc_hetero: a bring-your-own-codegen plugin for Apache TVM (Relax) with oneDNN kernels.
 
+Offload rules (:mod:`byoc_hetero.rules`) say which calls the ``byoc_hetero`` backend (or a backend
+of yours) can run; the four classic partition stages (:func:`stages`) group those calls into
+regions; the codegen turns each region into a module of the C++ oneDNN runtime; stock
+``relax.build`` compiles the rest for llvm and links the regions in.
+
+>>> import byoc_hetero as bh
+>>> mod, params = bh.models.vgg11()
+>>> m = bh.partition(mod, params)            # MergeComposite → ... → PartitionGraph
+>>> ex = tvm.relax.build(m, target="llvm")
+"""
+
+from . import models, rules
 from ._native import _C
+from .errors import ByocError, CodegenError, InputError, RuleError
+from .profile import OpProfile, op_profile
+from .rules import Match, op_rule, register_pattern, unregister_op_rule, unregister_pattern
+from .stages import (
+    annotate_target,
+    bind_params,
+    merge_compiler_regions,
+    merge_composite,
+    partition,
+    partition_graph,
+    stages,
+)
 
 __version__ = _C.__version__
+
+__all__ = [
+    "ByocError",
+    "CodegenError",
+    "InputError",
+    "Match",
+    "OpProfile",
+    "RuleError",
+    "annotate_target",
+    "bind_params",
+    "merge_compiler_regions",
+    "merge_composite",
+    "models",
+    "op_profile",
+    "op_rule",
+    "partition",
+    "partition_graph",
+    "register_pattern",
+    "rules",
+    "stages",
+    "unregister_op_rule",
+    "unregister_pattern",
+]

@@ -1,0 +1,434 @@
+"""The rule registry: which calls each offload target (backend) can run.
+
+Two kinds of rules, as in TVM's classic BYOC:
+
+* **Pattern rules** (:func:`register_pattern`): a dataflow pattern such as conv2d → add(bias) → relu,
+  grouped by ``MergeComposite`` into one composite function named ``<target>.<rule name>``.
+* **Op-attribute rules** (:func:`op_rule`, or ``tvm.ir.register_op_attr(op, "target.<target>", fn)``
+  directly): a single op whose attribute function returns True for a call becomes a single-op
+  composite in ``AnnotateTarget``.
+
+Every rule may carry a *check*. A check receives a :class:`Match` and returns ``True``/``None`` to
+accept, or ``False`` or a string (the reason) to reject; a rejected call stays with TVM (llvm).
+
+Priority: within one target, pattern rules are tried by descending ``priority``, then in
+registration order; a larger pattern should therefore get a higher priority than its prefixes.
+Across targets, the order given to :func:`byoc_hetero.stages` decides: earlier targets win, for
+patterns and op rules alike (as ``AnnotateTarget([A, B])`` did in Relay).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_op, wildcard
+from tvm.relax.transform import FusionPattern, PatternCheckContext
+
+from ..errors import RuleError
+
+_log = logging.getLogger("byoc_hetero.rules")
+
+CheckResult = Union[bool, str, None]
+
+
+# ----------------------------------------------------------------------------------------------
+# What a check sees
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Match:
+    """A matched pattern (or a single call) as a check sees it.
+
+    Attributes
+    ----------
+    call:
+        The call at the root of the match (the last op of the pattern).
+    exprs:
+        The annotated sub-expressions by name (for built-in rules: ``data``, ``weight``, ``bias``,
+        ``anchor``), plus ``root``.
+    leaks:
+        True when a value computed inside the match is also used outside it, so fusing the match
+        would have to compute that value twice.
+    """
+
+    call: relax.Call
+    exprs: Mapping[str, relax.Expr]
+    leaks: bool = False
+
+    def expr(self, name: str) -> relax.Expr:
+        """The sub-expression annotated ``name``; KeyError naming the known ones if absent."""
+        if name not in self.exprs:
+            raise KeyError(f"match has no part named {name!r}; parts: {sorted(self.exprs)}")
+        return self.exprs[name]
+
+    def has(self, name: str) -> bool:
+        """Whether an optional part (e.g. ``bias``) was matched."""
+        return name in self.exprs
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The static shape of part ``name``, or None if its shape is not fully static."""
+        return static_shape(self.expr(name))
+
+    def dtype(self, name: str) -> str:
+        """The dtype of part ``name`` (``""`` if it is not a tensor)."""
+        return tensor_dtype(self.expr(name))
+
+
+def tensor_type(expr: relax.Expr) -> relax.TensorType | None:
+    ty = getattr(expr, "ty", None)
+    return ty if isinstance(ty, relax.TensorType) else None
+
+
+def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    """The shape of ``expr`` as ints, or None when unknown or symbolic."""
+    ty = tensor_type(expr)
+    if ty is None or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for d in ty.shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            return None
+        dims.append(int(d.value))
+    return tuple(dims)
+
+
+def tensor_dtype(expr: relax.Expr) -> str:
+    ty = tensor_type(expr)
+    return str(ty.dtype) if ty is not None else ""
+
+
+def describe(expr: relax.Expr) -> str:
+    """A short human description of a value: ``float32[1, 3, 224, 224]``."""
+    ty = tensor_type(expr)
+    if ty is None:
+        return type(expr).__name__
+    shape = static_shape(expr)
+    dims = ", ".join(str(d) for d in shape) if shape is not None else str(ty.shape)
+    return f"{ty.dtype}[{dims}]"
+
+
+Check = Callable[[Match], CheckResult]
+
+
+def run_check(check: Check | None, match: Match, rule_name: str) -> str | None:
+    """Run ``check``; return None to accept or the reason of the rejection.
+
+    A check that raises is a bug in the rule: the error is re-raised as :class:`RuleError`
+    naming the rule and the call.
+    """
+    if check is None:
+        return None
+    try:
+        verdict = check(match)
+    except Exception as err:  # noqa: BLE001 - re-raised with the rule's name
+        raise RuleError(
+            f"check of rule {rule_name!r} raised {type(err).__name__}: {err} "
+            f"(on {match.call.op.name if isinstance(match.call.op, tvm.ir.Op) else match.call.op})"
+        ) from err
+    if verdict is None or verdict is True:
+        return None
+    if verdict is False:
+        return f"check {getattr(check, '__name__', 'check')} of {rule_name} rejected it"
+    if isinstance(verdict, str):
+        return verdict
+    raise RuleError(
+        f"check of rule {rule_name!r} must return bool, None or a reason string, "
+        f"got {type(verdict).__name__}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Decisions: why a candidate was not offloaded (read by the op profile and reports)
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Rejection:
+    """A rule matched a call but its check said no."""
+
+    rule: str
+    op: str
+    reason: str
+
+
+@dataclass
+class DecisionLog:
+    """Rejections recorded while the stages ran (most recent run of each stage)."""
+
+    rejections: list[Rejection] = field(default_factory=list)
+
+    def add(self, rule: str, call: relax.Call, reason: str) -> None:
+        op = call.op.name if isinstance(call.op, tvm.ir.Op) else str(call.op)
+        self.rejections.append(Rejection(rule, op, reason))
+        _log.info("rule %s rejected %s: %s", rule, op, reason)
+
+
+DECISIONS = DecisionLog()
+
+
+# ----------------------------------------------------------------------------------------------
+# Targets
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    """An offload target (a backend): its name and, optionally, what its codegen can lower.
+
+    ``can_lower(call)`` returns None when the target's codegen can run a single call of that op,
+    or the reason it cannot; it guards op-attribute rules so that an op marked for a target whose
+    runtime has no kernel for it stays with TVM instead of failing at build time.
+    """
+
+    name: str
+    can_lower: Callable[[relax.Call], str | None] | None = None
+    patterns: list["PatternRule"] = field(default_factory=list)
+
+
+_TARGETS: dict[str, Target] = {}
+_ORDER = itertools.count()
+
+
+def register_target(
+    name: str, can_lower: Callable[[relax.Call], str | None] | None = None
+) -> Target:
+    """Declare an offload target. Registering an existing name returns it (updating ``can_lower``)."""
+    if not name or not name.replace("_", "").isalnum():
+        raise RuleError(f"target name must be a non-empty identifier, got {name!r}")
+    tgt = _TARGETS.get(name)
+    if tgt is None:
+        tgt = _TARGETS[name] = Target(name, can_lower)
+    elif can_lower is not None:
+        tgt.can_lower = can_lower
+    return tgt
+
+
+def get_target(name: str) -> Target:
+    """The registered target ``name``; RuleError listing the known targets otherwise."""
+    if name not in _TARGETS:
+        raise RuleError(f"unknown offload target {name!r}; registered targets: {sorted(_TARGETS)}")
+    return _TARGETS[name]
+
+
+def targets() -> list[str]:
+    """Names of the registered targets."""
+    return sorted(_TARGETS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pattern rules
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PatternRule:
+    """A dataflow-pattern rule: ``pattern`` becomes composite ``<target>.<name>`` if ``check`` agrees."""
+
+    target: str
+    name: str
+    pattern: DFPattern
+    annotations: Mapping[str, DFPattern]
+    check: Check | None
+    priority: int
+    order: int
+
+    @property
+    def composite_name(self) -> str:
+        return f"{self.target}.{self.name}"
+
+    def fusion_pattern(self, log: DecisionLog = DECISIONS) -> FusionPattern:
+        """The rule as a TVM FusionPattern whose check runs ours and logs rejections."""
+        rule_name = self.composite_name
+        check = self.check
+
+        def tvm_check(ctx: PatternCheckContext) -> bool:
+            match = match_from_context(ctx)
+            if match.leaks:
+                log.add(rule_name, match.call, "an intermediate value of the match is used outside it")
+                return False
+            reason = run_check(check, match, rule_name)
+            if reason is not None:
+                log.add(rule_name, match.call, reason)
+                return False
+            return True
+
+        return FusionPattern(rule_name, self.pattern, dict(self.annotations), tvm_check)
+
+
+def match_from_context(ctx: PatternCheckContext) -> Match:
+    exprs = {str(k): v for k, v in ctx.annotated_expr.items()}
+    exprs.setdefault("root", ctx.matched_expr)
+    return Match(call=ctx.matched_expr, exprs=exprs, leaks=_leaks(ctx))
+
+
+def _leaks(ctx: PatternCheckContext) -> bool:
+    """True if a value bound inside the match is used by a binding outside it."""
+    inside = set(ctx.matched_bindings.keys())
+    root_var = ctx.value_to_bound_var.get(ctx.matched_expr) if ctx.value_to_bound_var else None
+    for var in inside:
+        if root_var is not None and var.same_as(root_var):
+            continue
+        for user in ctx.var_usages.get(var, []):
+            if user not in inside:
+                return True
+    return False
+
+
+def register_pattern(
+    target: str,
+    name: str,
+    pattern: DFPattern,
+    annotations: Mapping[str, DFPattern] | None = None,
+    check: Check | None = None,
+    priority: int = 0,
+) -> PatternRule:
+    """Register a pattern rule for ``target`` (declared on first use).
+
+    Parameters
+    ----------
+    target: the offload target, e.g. ``"byoc_hetero"`` or your backend's name.
+    name: the rule's name; the composite function is named ``<target>.<name>``.
+    pattern: a ``tvm.relax.dpl`` pattern.
+    annotations: names for sub-patterns, visible to the check as ``match.expr(name)``.
+    check: ``check(match) -> True | None | False | "reason"``.
+    priority: higher is tried first (ties: registration order).
+
+    Example
+    -------
+    >>> from tvm.relax.dpl import is_op, wildcard
+    >>> x, w = wildcard(), wildcard()
+    >>> register_pattern("mynpu", "dense", is_op("relax.matmul")(x, w), {"data": x, "weight": w},
+    ...                  check=lambda m: m.dtype("data") == "float32" or "only float32")
+    """
+    if not isinstance(pattern, DFPattern):
+        raise RuleError(
+            f"rule {target}.{name}: pattern must be a tvm.relax.dpl.DFPattern, "
+            f"got {type(pattern).__name__}"
+        )
+    annotations = dict(annotations or {})
+    for key, sub in annotations.items():
+        if not isinstance(sub, DFPattern):
+            raise RuleError(
+                f"rule {target}.{name}: annotation {key!r} must be a DFPattern, got {type(sub).__name__}"
+            )
+    if check is not None and not callable(check):
+        raise RuleError(f"rule {target}.{name}: check must be callable, got {type(check).__name__}")
+    tgt = register_target(target)
+    if any(r.name == name for r in tgt.patterns):
+        raise RuleError(f"rule {target}.{name} is already registered; unregister it first")
+    rule = PatternRule(target, name, pattern, annotations, check, priority, next(_ORDER))
+    tgt.patterns.append(rule)
+    return rule
+
+
+def unregister_pattern(target: str, name: str) -> None:
+    """Remove pattern rule ``<target>.<name>``."""
+    tgt = get_target(target)
+    kept = [r for r in tgt.patterns if r.name != name]
+    if len(kept) == len(tgt.patterns):
+        raise RuleError(f"no pattern rule {target}.{name}; known: {[r.name for r in tgt.patterns]}")
+    tgt.patterns[:] = kept
+
+
+def pattern_rules(target: str) -> list[PatternRule]:
+    """The pattern rules of ``target`` in the order they are tried."""
+    return sorted(get_target(target).patterns, key=lambda r: (-r.priority, r.order))
+
+
+# ----------------------------------------------------------------------------------------------
+# Op-attribute rules
+# ----------------------------------------------------------------------------------------------
+_OP_CHECKS: dict[tuple[str, str], Check] = {}
+
+
+def _get_op(op_name: str) -> tvm.ir.Op:
+    try:
+        return tvm.ir.Op.get(op_name)
+    except Exception as err:  # TVM raises AttributeError for an unknown op
+        raise RuleError(f"op {op_name!r} is not a registered TVM op") from err
+
+
+def op_attr_key(target: str) -> str:
+    return f"target.{target}"
+
+
+def op_rule(op_name: str, target: str = "byoc_hetero", level: int = 11) -> Callable[[Check], Check]:
+    """Decorator: offload single calls of ``op_name`` to ``target`` when the check accepts.
+
+    Equivalent to ``tvm.ir.register_op_attr(op_name, "target.<target>", fn)``, except that the
+    check may also return a reason string, which reports show.
+
+    Example
+    -------
+    >>> @op_rule("relax.nn.conv2d", target="byoc_hetero")
+    ... def conv2d_ok(match):
+    ...     return match.dtype("root") == "float32" or "only float32"
+    """
+    op = _get_op(op_name)
+
+    def decorate(check: Check) -> Check:
+        if not callable(check):
+            raise RuleError(f"op rule for {op_name}: the check must be callable")
+        register_target(target)
+        key = op_attr_key(target)
+        if op.has_attr(key):
+            op.reset_attr(key)
+
+        def attr_fn(call: relax.Call) -> bool:
+            return run_check(check, Match(call, {"root": call}), f"{target}.{op_name}") is None
+
+        tvm.ir.register_op_attr(op_name, key, attr_fn, level=level)
+        _OP_CHECKS[(target, op_name)] = check
+        return check
+
+    return decorate
+
+
+def unregister_op_rule(op_name: str, target: str = "byoc_hetero") -> None:
+    """Remove the op-attribute rule of ``op_name`` for ``target`` (also one set by register_op_attr)."""
+    op = _get_op(op_name)
+    key = op_attr_key(target)
+    if not op.has_attr(key):
+        raise RuleError(f"op {op_name} has no rule for target {target!r}")
+    op.reset_attr(key)
+    _OP_CHECKS.pop((target, op_name), None)
+
+
+def op_rule_ops(target: str) -> list[str]:
+    """Names of the ops carrying the ``target.<target>`` attribute (however it was set)."""
+    key = op_attr_key(target)
+    return sorted(n for n in tvm.ir.Op.list_op_names() if tvm.ir.Op.get(n).has_attr(key))
+
+
+def check_op_rule(target: str, call: relax.Call) -> str | None:
+    """Evaluate the op-attribute rule of ``call.op`` for ``target``: None to accept, else the reason."""
+    op_name = call.op.name
+    rule_name = f"{target}.{op_name}"
+    check = _OP_CHECKS.get((target, op_name))
+    if check is not None:
+        return run_check(check, Match(call, {"root": call}), rule_name)
+    fn = tvm.ir.Op.get(op_name).get_attr(op_attr_key(target))
+    if fn is None:
+        return f"no rule of target {target} for {op_name}"
+    try:
+        ok = bool(fn(call))
+    except Exception as err:  # noqa: BLE001
+        raise RuleError(f"op attribute {op_attr_key(target)} of {op_name} raised: {err}") from err
+    return None if ok else f"op attribute {op_attr_key(target)} of {op_name} returned False"
+
+
+def single_op_pattern(op_name: str) -> DFPattern:
+    """A pattern matching any call of ``op_name`` (whatever its arguments)."""
+    num = tvm.ir.Op.get(op_name).num_inputs
+    args = [wildcard() for _ in range(max(num, 0))] if num is not None and num >= 0 else []
+    return is_op(op_name)(*args, varg_default_wildcard=True)
+
+
+def all_rules_summary(names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """For each target, its pattern rule names (in try order) and its op-rule ops."""
+    out = {}
+    for name in names or targets():
+        out[name] = {
+            "patterns": [r.name for r in pattern_rules(name)],
+            "ops": op_rule_ops(name),
+        }
+    return out
