@@ -1,0 +1,47 @@
+"""The main job: VGG-11 through the four stages, then offloaded vs llvm-only latency."""
+
+from __future__ import annotations
+
+import time
+
+from . import models
+from .profile import op_profile
+from .stages import bind_params, stages
+from .timing import build, median_latency, random_inputs, relative_error, run
+
+
+def demo(image_size: int = 224, repeat: int = 3, out=print) -> dict[str, float]:
+    """Partition VGG-11 stage by stage (op profile after each), build, check, time.
+
+    Returns the measured figures (seconds and the relative error against llvm-only).
+    """
+    mod, params = models.vgg11(batch=1, image_size=image_size)
+    inputs = random_inputs(mod, params)
+    out(f"VGG-11, batch 1, {image_size}x{image_size}, random weights\n")
+    bound = bind_params(mod, params)
+    m = bound
+    out("== input module")
+    out(str(op_profile(m)))
+    for stage in stages():
+        start = time.perf_counter()
+        m = stage(m)
+        out(f"\n== after {stage.info.name} ({time.perf_counter() - start:.2f} s)")
+        out(str(op_profile(m)))
+    regions = op_profile(m).regions.get("byoc_hetero", 0)
+    out(f"\noffloaded regions: {regions}")
+
+    start = time.perf_counter()
+    ex_off = build(m)
+    t_build_off = time.perf_counter() - start
+    start = time.perf_counter()
+    ex_ref = build(bound)
+    t_build_ref = time.perf_counter() - start
+    out(f"build: offloaded {t_build_off:.1f} s, llvm-only {t_build_ref:.1f} s")
+
+    err = relative_error(run(ex_off, inputs), run(ex_ref, inputs))
+    out(f"max relative error offloaded vs llvm-only: {err:.2e}")
+    t_off = median_latency(ex_off, inputs, repeat=max(repeat, 5))
+    t_ref = median_latency(ex_ref, inputs, repeat=repeat)
+    out(f"median latency: offloaded {t_off * 1e3:.1f} ms, llvm-only {t_ref * 1e3:.1f} ms "
+        f"({t_ref / t_off:.1f}x faster)")
+    return {"offloaded_s": t_off, "llvm_s": t_ref, "relative_error": err, "regions": regions}

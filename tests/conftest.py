@@ -1,0 +1,68 @@
+"""Shared helpers: build a module two ways (offloaded, llvm-only) and compare."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import byoc_hetero as bh  # noqa: E402
+from byoc_hetero.timing import build, random_inputs, relative_error, run  # noqa: E402
+
+TOLERANCE = 1e-4
+
+
+class Compared:
+    """The result of :func:`offload_and_compare`."""
+
+    def __init__(self, partitioned, got, want):
+        self.partitioned = partitioned
+        self.profile = bh.op_profile(partitioned)
+        self.got = got
+        self.want = want
+        self.error = relative_error(got, want)
+
+
+def offload_and_compare(mod, params=None, inputs=None, bind=True) -> Compared:
+    """Partition+build ``mod`` with byoc_hetero and compare its output with the llvm-only build."""
+    inputs = inputs if inputs is not None else random_inputs(mod, params)
+    if params and not bind:
+        # weights stay parameters of main: pass them at run time in declaration order
+        names = [v.name for v in mod["main"].params]
+        weights = [params[n] for n in names if n in params]
+        inputs = list(inputs) + weights
+        ref_mod, part_mod = mod, bh.partition(mod)
+    else:
+        ref_mod, part_mod = bh.bind_params(mod, params), bh.partition(mod, params)
+    got = run(build(part_mod), inputs)
+    want = run(build(ref_mod), inputs)
+    result = Compared(part_mod, got, want)
+    assert got.shape == want.shape
+    assert result.error <= TOLERANCE, f"relative error {result.error:.2e} > {TOLERANCE}"
+    return result
+
+
+@pytest.fixture
+def restore_rules():
+    """Snapshot the rule registry and the op attributes a test may change; restore afterwards."""
+    import tvm
+
+    from byoc_hetero.rules import registry
+
+    saved = {name: list(t.patterns) for name, t in registry._TARGETS.items()}
+    saved_targets = dict(registry._TARGETS)
+    saved_checks = dict(registry._OP_CHECKS)
+    yield
+    for name in list(registry._TARGETS):
+        for op in registry.op_rule_ops(name):
+            tvm.ir.Op.get(op).reset_attr(registry.op_attr_key(name))
+    registry._TARGETS.clear()
+    registry._TARGETS.update(saved_targets)
+    for name, patterns in saved.items():
+        registry._TARGETS[name].patterns[:] = patterns
+    registry._OP_CHECKS.clear()
+    registry._OP_CHECKS.update(saved_checks)

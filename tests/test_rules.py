@@ -1,0 +1,182 @@
+"""Rules: built-in patterns, op-attribute rules, checks that reject, bad rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from conftest import offload_and_compare
+from reference import conv2d_nchw, relu
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+
+import byoc_hetero as bh
+from byoc_hetero.rules import DECISIONS, pattern_rules
+from byoc_hetero.timing import build, run
+
+
+def conv_module(dtype="float32", layout="NCHW", shape=(1, 4, 8, 8), cout=6, relu_after=True):
+    """main(x, w) = relu(conv2d(x, w)) with a constant-free weight parameter."""
+    if layout == "NCHW":
+        wshape, kernel_layout = (cout, shape[1], 3, 3), "OIHW"
+    else:  # NHWC data, HWIO weight
+        wshape, kernel_layout = (3, 3, shape[3], cout), "HWIO"
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    w = relax.Var("w", relax.TensorType(wshape, dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout=layout, kernel_layout=kernel_layout))
+            if relu_after:
+                y = bb.emit(relax.op.nn.relu(y))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_builtin_rules_are_ordered_largest_first():
+    names = [r.name for r in pattern_rules("byoc_hetero")]
+    assert names.index("conv2d_bias_relu") < names.index("conv2d_bias") < names.index("conv2d")
+    assert names.index("conv2d_bias_relu") < names.index("conv2d_relu") < names.index("conv2d")
+    assert names.index("dense_bias_relu") < names.index("dense")
+    assert {"conv2d_bias_relu", "conv2d_relu", "conv2d_bias", "conv2d", "dense_bias_relu",
+            "dense_relu", "dense_bias", "dense"} <= set(names)
+
+
+def test_float32_conv_is_offloaded_and_correct():
+    mod = conv_module()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 8, 8)).astype("float32")
+    w = rng.standard_normal((6, 4, 3, 3)).astype("float32")
+    part = bh.partition(mod)
+    assert bh.op_profile(part).counts["byoc_hetero"]["nn.conv2d"] == 1
+    got = run(build(part), [x, w])
+    np.testing.assert_allclose(got, relu(conv2d_nchw(x, w, padding=(1, 1, 1, 1))), rtol=1e-4, atol=1e-4)
+
+
+def test_float16_conv_is_rejected_and_stays_on_llvm():
+    mod = conv_module(dtype="float16")
+    part = bh.partition(mod)
+    prof = bh.op_profile(part)
+    assert "byoc_hetero" not in prof.counts
+    assert prof.counts["llvm"]["nn.conv2d"] == 1
+    assert any("float16" in r.reason and r.rule.startswith("byoc_hetero.conv2d") for r in DECISIONS.rejections)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 8, 8)).astype("float16")
+    w = rng.standard_normal((6, 4, 3, 3)).astype("float16")
+    got = run(build(part), [x, w]).astype("float32")
+    want = relu(conv2d_nchw(x.astype("float32"), w.astype("float32"), padding=(1, 1, 1, 1)))
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_nhwc_conv_is_rejected_and_stays_on_llvm():
+    mod = conv_module(layout="NHWC", shape=(1, 8, 8, 4))
+    part = bh.partition(mod)
+    prof = bh.op_profile(part)
+    assert "byoc_hetero" not in prof.counts
+    assert any("NHWC" in r.reason for r in DECISIONS.rejections)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 8, 4)).astype("float32")
+    w = rng.standard_normal((3, 3, 4, 6)).astype("float32")
+    got = run(build(part), [x, w])
+    want = conv2d_nchw(x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1), padding=(1, 1, 1, 1))
+    np.testing.assert_allclose(got, relu(want).transpose(0, 2, 3, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_batch_is_rejected_with_reason():
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 8), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
+        bb.emit_func_output(out)
+    part = bh.partition(bb.get())
+    assert "byoc_hetero" not in bh.op_profile(part).counts
+    assert any("symbolic" in r.reason for r in DECISIONS.rejections)
+
+
+def test_per_channel_bias_check_rejects_a_full_tensor_add():
+    """conv2d → add(other activation) is not a bias: the conv is offloaded alone."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            out = bb.emit_output(bb.emit(relax.op.add(y, x)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    res = offload_and_compare(mod)
+    assert res.profile.counts["byoc_hetero"]["nn.conv2d"] == 1
+    assert res.profile.counts["llvm"]["add"] == 1
+    assert any("not one value per output channel" in r.reason for r in DECISIONS.rejections)
+
+
+def test_op_attribute_rule_offloads_single_calls(restore_rules):
+    """tvm.ir.register_op_attr(op, "target.byoc_hetero", fn) as in Relay, with no patterns."""
+    for rule in list(pattern_rules("byoc_hetero")):
+        bh.unregister_pattern("byoc_hetero", rule.name)
+    seen = []
+
+    def conv_ok(call):
+        seen.append(call)
+        return True
+
+    tvm.ir.register_op_attr("relax.nn.conv2d", "target.byoc_hetero", conv_ok)
+    mod, params = bh.models.small_convnet()
+    res = offload_and_compare(mod, params)
+    assert len(seen) == 3
+    assert res.profile.counts["byoc_hetero"] == {"nn.conv2d": 3}
+    # bias adds and relus of the convs stay with TVM: single-op regions
+    assert res.profile.counts["llvm"]["nn.relu"] == 3
+    assert res.profile.composites["byoc_hetero"] == 3
+
+
+def test_op_rule_decorator_reason_is_recorded(restore_rules):
+    for rule in list(pattern_rules("byoc_hetero")):
+        bh.unregister_pattern("byoc_hetero", rule.name)
+
+    @bh.op_rule("relax.matmul", target="byoc_hetero")
+    def small_only(match):
+        k = match.shape("root")[-1]
+        return k <= 16 or f"output width {k} > 16"
+
+    mod, params = bh.models.mlp(features=32, hidden=(8,), num_classes=24)
+    res = offload_and_compare(mod, params)
+    assert res.profile.counts["byoc_hetero"] == {"matmul": 1}
+    assert res.profile.counts["llvm"]["matmul"] == 1
+    assert any(r.reason == "output width 24 > 16" for r in DECISIONS.rejections)
+
+
+def test_op_rule_on_op_the_runtime_cannot_run_stays_on_llvm(restore_rules):
+    tvm.ir.register_op_attr("relax.nn.max_pool2d", "target.byoc_hetero", lambda call: True)
+    mod, params = bh.models.small_convnet()
+    res = offload_and_compare(mod, params)
+    assert res.profile.counts["llvm"]["nn.max_pool2d"] == 1
+    assert any("no kernel for relax.nn.max_pool2d" in r.reason for r in DECISIONS.rejections)
+
+
+def test_bad_rules_raise_rule_error_naming_the_rule(restore_rules):
+    with pytest.raises(bh.RuleError, match="mynpu.bad.*DFPattern"):
+        bh.register_pattern("mynpu", "bad", "relax.nn.conv2d")
+    with pytest.raises(bh.RuleError, match="relax.no_such_op"):
+        bh.op_rule("relax.no_such_op", target="mynpu")
+    with pytest.raises(bh.RuleError, match="unknown offload target 'nonexistent'"):
+        bh.stages(target="nonexistent")
+    with pytest.raises(bh.RuleError, match="already registered"):
+        bh.register_pattern("byoc_hetero", "conv2d", is_op("relax.nn.conv2d")(wildcard(), wildcard()))
+
+
+def test_check_that_raises_is_reported_with_the_rule_name(restore_rules):
+    for rule in list(pattern_rules("byoc_hetero")):
+        bh.unregister_pattern("byoc_hetero", rule.name)
+
+    def broken(match):
+        raise ZeroDivisionError("oops")
+
+    bh.register_pattern("byoc_hetero", "conv_broken", is_op("relax.nn.conv2d")(wildcard(), wildcard()),
+                        check=broken)
+    with pytest.raises(Exception, match="byoc_hetero.conv_broken.*ZeroDivisionError"):
+        bh.partition(conv_module())
