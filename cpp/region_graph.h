@@ -1,0 +1,110 @@
+/*!
+ * \file region_graph.h
+ * \brief The region document (docs/region-format.md) as plain C++ structs, plus the parser
+ *        and structural validator.
+ *
+ * Parsing checks everything that does not depend on an op's semantics: the envelope
+ * (format, version, symbol), tensor descriptions, id ranges, the single-writer rule and the
+ * topological order.  Op-specific checks (attrs, shapes) belong to the kernels, which read
+ * their attrs through AttrReader so that every message names the region, the node and the field.
+ */
+#ifndef BYOC_HETERO_REGION_GRAPH_H_
+#define BYOC_HETERO_REGION_GRAPH_H_
+
+#include <tvm/ffi/any.h>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace byoc_hetero {
+
+constexpr const char* kRegionFormat = "byoc_hetero.region";
+constexpr int64_t kRegionVersion = 1;
+
+/*! \brief One value of the region. Only float32 exists in version 1. */
+struct TensorInfo {
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+/*! \brief Where a tensor's data comes from. */
+enum class TensorRole { kUnused, kInput, kConstant, kNodeOutput };
+
+struct ConstantInfo {
+  int tensor;
+  std::string name;
+};
+
+/*! \brief A node as written in the document; attrs stay raw until the kernel reads them. */
+struct NodeInfo {
+  std::string op;
+  std::vector<int> inputs;
+  int output;
+  std::map<std::string, tvm::ffi::Any> attrs;
+};
+
+struct RegionGraph {
+  std::string symbol;
+  std::vector<TensorInfo> tensors;
+  std::vector<int> inputs;
+  std::vector<int> outputs;
+  std::vector<ConstantInfo> constants;
+  std::vector<NodeInfo> nodes;
+
+  // Derived by the parser.
+  std::vector<TensorRole> roles;  // per tensor
+  std::vector<int> index_in_role; // input position, constant position or producing node
+
+  /*! \brief "byoc_hetero region '<symbol>'" - the prefix of every message about this region. */
+  std::string where() const;
+  /*! \brief "byoc_hetero region '<symbol>' node <i> (<op>)". */
+  std::string where(size_t node_index) const;
+};
+
+/*!
+ * \brief Parse and validate a region document.
+ * \throws tvm::ffi::Error (ValueError) naming the symbol and the offending field.
+ */
+RegionGraph ParseRegionGraph(const std::string& json_text);
+
+/*! \brief Render a shape as "[1, 3, 224, 224]". */
+std::string ShapeToString(const std::vector<int64_t>& shape);
+
+/*!
+ * \brief Typed, checked access to a node's attrs.
+ *
+ * Every getter takes a default used when the key is absent.  CheckNoUnknown() rejects keys the
+ * kernel never asked for, so typos in the codegen fail loudly instead of being ignored.
+ */
+class AttrReader {
+ public:
+  AttrReader(const RegionGraph& graph, size_t node_index);
+
+  int64_t Int(const char* key, int64_t default_value);
+  bool Flag(const char* key, bool default_value);  // 0/1 or false/true
+  std::string Str(const char* key, const std::string& default_value);
+  std::vector<int64_t> Ints(const char* key, size_t expected_size,
+                            const std::vector<int64_t>& default_value);
+  /*! \brief A string attr restricted to one of \p allowed; an empty default means required. */
+  std::string Choice(const char* key, const std::vector<std::string>& allowed,
+                     const std::string& default_value);
+  /*! \brief Throws if the node has attrs that were never read. */
+  void CheckNoUnknown() const;
+
+  /*! \brief Throw a ValueError "<where>: attrs.<key>: <message>". */
+  [[noreturn]] void Fail(const char* key, const std::string& message) const;
+
+ private:
+  const tvm::ffi::Any* Find(const char* key);
+
+  const RegionGraph& graph_;
+  size_t node_index_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace byoc_hetero
+
+#endif  // BYOC_HETERO_REGION_GRAPH_H_
