@@ -1,0 +1,87 @@
+/*!
+ * \file kernels/conv2d.cc
+ * \brief conv2d: act(conv(data NCHW, weight OIHW) + bias), one oneDNN convolution_forward.
+ *
+ * Attrs: strides [sh, sw] (default [1, 1]), padding [top, left, bottom, right] (default 0),
+ * dilation [dh, dw] (1 = dense, default [1, 1]), groups (default 1), has_bias 0/1 (default:
+ * whether a third input is present), activation "none" | "relu" (a post-op).
+ */
+#include <utility>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const std::vector<int64_t> strides = attrs.Ints("strides", 2, {1, 1});
+  const std::vector<int64_t> padding = attrs.Ints("padding", 4, {0, 0, 0, 0});
+  const std::vector<int64_t> dilation = attrs.Ints("dilation", 2, {1, 1});
+  const int64_t groups = attrs.Int("groups", 1);
+  const bool has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == 3);
+  const Activation act = ctx.ReadActivation(attrs);
+  attrs.CheckNoUnknown();
+
+  for (int i = 0; i < 2; ++i) {
+    if (strides[i] < 1) attrs.Fail("strides", "must be >= 1, got " + ShapeToString(strides));
+    if (dilation[i] < 1) attrs.Fail("dilation", "must be >= 1 (1 = dense), got " + ShapeToString(dilation));
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (padding[i] < 0) attrs.Fail("padding", "must be >= 0, got " + ShapeToString(padding));
+  }
+  if (groups < 1) attrs.Fail("groups", "must be >= 1, got " + std::to_string(groups));
+
+  ctx.ExpectInputCount(has_bias ? 3 : 2, has_bias ? "data, weight, bias" : "data, weight");
+  ctx.ExpectRank(0, "data", 4);
+  ctx.ExpectRank(1, "weight", 4);
+  const auto& x = ctx.input(0).shape;
+  const auto& w = ctx.input(1).shape;
+  const int64_t n = x[0], c = x[1], h = x[2], wd = x[3];
+  const int64_t o = w[0], kh = w[2], kw = w[3];
+  if (c % groups != 0 || o % groups != 0) {
+    ctx.Fail("groups=" + std::to_string(groups) + " must divide both the input channels (" +
+             std::to_string(c) + ") and the output channels (" + std::to_string(o) + ")");
+  }
+  if (w[1] != c / groups) {
+    ctx.Fail("weight shape " + ShapeToString(w) + " does not match data shape " + ShapeToString(x) +
+             " with groups=" + std::to_string(groups) + ": expected weight dim 1 = " +
+             std::to_string(c / groups));
+  }
+  if (has_bias && ctx.input(2).numel() != o) {
+    ctx.Fail("bias must have " + std::to_string(o) + " elements (one per output channel), got shape " +
+             ShapeToString(ctx.input(2).shape));
+  }
+  const int64_t eff_kh = (kh - 1) * dilation[0] + 1, eff_kw = (kw - 1) * dilation[1] + 1;
+  const int64_t ph = h + padding[0] + padding[2] - eff_kh;
+  const int64_t pw = wd + padding[1] + padding[3] - eff_kw;
+  if (ph < 0 || pw < 0) {
+    ctx.Fail("the dilated kernel (" + std::to_string(eff_kh) + "x" + std::to_string(eff_kw) +
+             ") is larger than the padded input (" + std::to_string(h + padding[0] + padding[2]) +
+             "x" + std::to_string(wd + padding[1] + padding[3]) + ")");
+  }
+  const int64_t oh = ph / strides[0] + 1, ow = pw / strides[1] + 1;
+  ctx.ExpectOutputShape({n, o, oh, ow});
+
+  const memory::dims src_dims{n, c, h, wd}, dst_dims{n, o, oh, ow}, bias_dims{o};
+  memory::dims wei_dims{o, c / groups, kh, kw};
+  if (groups > 1) wei_dims = {groups, o / groups, c / groups, kh, kw};  // goihw: same bytes as OIHW
+
+  dnnl::convolution_forward::primitive_desc pd(
+      ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      AnyDesc(src_dims), AnyDesc(wei_dims), has_bias ? AnyDesc(bias_dims) : memory::desc(),
+      AnyDesc(dst_dims), {strides[0], strides[1]}, {dilation[0] - 1, dilation[1] - 1},
+      {padding[0], padding[1]}, {padding[2], padding[3]}, ctx.MakeAttr(act));
+
+  std::vector<OperandLayout> inputs{{PlainDesc(src_dims), pd.src_desc()},
+                                    {PlainDesc(wei_dims), pd.weights_desc()}};
+  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
+  if (has_bias) {
+    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
+    args.push_back(DNNL_ARG_BIAS);
+  }
+  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
+  return std::make_unique<PrimitiveKernel>(ctx.where(), std::move(pd), std::move(args),
+                                           std::move(inputs), std::move(output));
+}
+
+}  // namespace byoc_hetero

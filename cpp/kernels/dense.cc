@@ -1,0 +1,67 @@
+/*!
+ * \file kernels/dense.cc
+ * \brief dense: act(x @ W + bias) with one oneDNN matmul; leading data dims flattened into M.
+ *
+ * Attrs: weight_layout "KN" (W stored [K, N]) | "NK" (W stored [N, K], i.e. x @ W^T) - required,
+ * has_bias 0/1 (default: whether a third input is present), activation "none" | "relu".
+ * Both weight layouts are the same logical [K, N] matrix with different strides, so one reorder
+ * (once, for a constant weight) brings either into the layout matmul prefers.
+ */
+#include <utility>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const bool nk = attrs.Choice("weight_layout", {"KN", "NK"}, "") == "NK";
+  const bool has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == 3);
+  const Activation act = ctx.ReadActivation(attrs);
+  attrs.CheckNoUnknown();
+
+  ctx.ExpectInputCount(has_bias ? 3 : 2, has_bias ? "data, weight, bias" : "data, weight");
+  const auto& x = ctx.input(0).shape;
+  if (x.size() < 2) {
+    ctx.Fail("data (tensor " + std::to_string(ctx.node().inputs[0]) +
+             ") must have rank >= 2, got shape " + ShapeToString(x));
+  }
+  ctx.ExpectRank(1, "weight", 2);
+  const auto& w = ctx.input(1).shape;
+  const int64_t k = x.back();
+  const int64_t m = ctx.input(0).numel() / k;
+  const int64_t wk = nk ? w[1] : w[0];
+  const int64_t n = nk ? w[0] : w[1];
+  if (wk != k) {
+    ctx.Fail(std::string("weight shape ") + ShapeToString(w) + " (layout " + (nk ? "NK" : "KN") +
+             ") has K=" + std::to_string(wk) + " but data shape " + ShapeToString(x) +
+             " has K=" + std::to_string(k));
+  }
+  if (has_bias && ctx.input(2).numel() != n) {
+    ctx.Fail("bias must have N=" + std::to_string(n) + " elements, got shape " +
+             ShapeToString(ctx.input(2).shape));
+  }
+  std::vector<int64_t> out_shape(x.begin(), x.end() - 1);
+  out_shape.push_back(n);
+  ctx.ExpectOutputShape(out_shape);
+
+  const memory::dims src_dims{m, k}, wei_dims{k, n}, bias_dims{1, n}, dst_dims{m, n};
+  const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
+
+  dnnl::matmul::primitive_desc pd(ctx.engine, AnyDesc(src_dims), AnyDesc(wei_dims),
+                                  has_bias ? AnyDesc(bias_dims) : memory::desc(),
+                                  AnyDesc(dst_dims), ctx.MakeAttr(act));
+
+  std::vector<OperandLayout> inputs{{PlainDesc(src_dims), pd.src_desc()},
+                                    {wei_view, pd.weights_desc()}};
+  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
+  if (has_bias) {
+    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
+    args.push_back(DNNL_ARG_BIAS);
+  }
+  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
+  return std::make_unique<PrimitiveKernel>(ctx.where(), std::move(pd), std::move(args),
+                                           std::move(inputs), std::move(output));
+}
+
+}  // namespace byoc_hetero
