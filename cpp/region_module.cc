@@ -1,0 +1,253 @@
+/*!
+ * \file region_module.cc
+ * \brief RegionModuleObj: argument checking and the TVM FFI surface of a compiled region.
+ */
+#include "region_module.h"
+
+#include <tvm/ffi/cast.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/dtype.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "kernels/kernel.h"
+#include "region_graph.h"
+#include "region_plan.h"
+
+namespace byoc_hetero {
+
+namespace ffi = tvm::ffi;
+
+namespace {
+
+std::string DeviceName(const DLDevice& dev) {
+  std::string type;
+  switch (dev.device_type) {
+    case kDLCPU:
+      type = "cpu";
+      break;
+    case kDLCUDA:
+      type = "cuda";
+      break;
+    case kDLCUDAHost:
+      type = "cuda_host";
+      break;
+    case kDLROCM:
+      type = "rocm";
+      break;
+    case kDLVulkan:
+      type = "vulkan";
+      break;
+    case kDLMetal:
+      type = "metal";
+      break;
+    default:
+      type = "device_type " + std::to_string(static_cast<int>(dev.device_type));
+  }
+  return type + ":" + std::to_string(dev.device_id);
+}
+
+std::string ShapeOf(const DLTensor& t) {
+  return ShapeToString(std::vector<int64_t>(t.shape, t.shape + t.ndim));
+}
+
+/*!
+ * \brief Check that t is a CPU float32 compact row-major tensor of the given shape and return
+ *        its data address.  \p what names the argument in messages.
+ */
+void* CheckTensor(const DLTensor& t, const std::vector<int64_t>& shape, const std::string& what) {
+  auto fail = [&](const std::string& expected, const std::string& got) {
+    TVM_FFI_THROW(ValueError) << what << ": expected " << expected << ", got " << got;
+  };
+  if (t.device.device_type != kDLCPU) fail("a CPU tensor", "a tensor on " + DeviceName(t.device));
+  if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
+    fail("dtype float32", "dtype " + std::string(ffi::DLDataTypeToString(t.dtype)));
+  }
+  if (t.ndim != static_cast<int>(shape.size()) ||
+      !std::equal(shape.begin(), shape.end(), t.shape)) {
+    fail("shape " + ShapeToString(shape), "shape " + ShapeOf(t));
+  }
+  if (!ffi::IsContiguous(t)) {
+    fail("compact row-major strides",
+         "strides " + ShapeToString(std::vector<int64_t>(t.strides, t.strides + t.ndim)));
+  }
+  if (t.data == nullptr) fail("a tensor with data", "a null data pointer");
+  return static_cast<char*>(t.data) + t.byte_offset;
+}
+
+class RegionModuleObj : public ffi::ModuleObj {
+ public:
+  explicit RegionModuleObj(std::string graph_json)
+      : graph_json_(std::move(graph_json)), graph_(ParseRegionGraph(graph_json_)) {
+    plan_ = std::make_unique<CompiledRegion>(graph_);
+    for (const auto& c : graph_.constants) const_names_.push_back(c.name);
+  }
+
+  const char* kind() const final { return "byoc_hetero"; }
+
+  int GetPropertyMask() const final {
+    return ffi::Module::kBinarySerializable | ffi::Module::kRunnable;
+  }
+
+  ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
+    ffi::ObjectPtr<ffi::Object> self = ffi::GetObjectPtr<ffi::Object>(this);
+    if (name == graph_.symbol) {
+      return ffi::Function::FromPacked([self, this](ffi::PackedArgs args, ffi::Any* rv) {
+        this->Run(args);
+      });
+    }
+    if (name == "__init_" + graph_.symbol) {
+      return ffi::Function::FromPacked([self, this](ffi::PackedArgs args, ffi::Any* rv) {
+        this->Init(args);
+        *rv = 0;
+      });
+    }
+    if (name == "get_symbol") {
+      return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_.symbol); });
+    }
+    if (name == "get_const_vars") {
+      return ffi::Function::FromTyped([self, this]() { return const_names_; });
+    }
+    if (name == "get_graph_json") {
+      return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
+    }
+    if (name == "get_plan") {
+      return ffi::Function::FromTyped([self, this]() {
+        ffi::Array<ffi::String> lines;
+        for (const auto& l : plan_->Describe()) lines.push_back(l);
+        return lines;
+      });
+    }
+    return std::nullopt;
+  }
+
+  ffi::Bytes SaveToBytes() const final {
+    std::string out(kBytesMagic);
+    out += graph_json_;
+    return ffi::Bytes(out);
+  }
+
+  ffi::String InspectSource(const ffi::String& format) const final { return graph_json_; }
+
+ private:
+  void Run(const ffi::PackedArgs& args) {
+    const size_t num_in = graph_.inputs.size(), num_out = graph_.outputs.size();
+    if (static_cast<size_t>(args.size()) != num_in + num_out) {
+      TVM_FFI_THROW(ValueError) << graph_.where() << ": expected " << num_in + num_out
+                                << " arguments (" << num_in << " inputs then " << num_out
+                                << " outputs), got " << args.size();
+    }
+    std::vector<void*> buffers(num_in + num_out);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const bool is_input = i < num_in;
+      const int t = is_input ? graph_.inputs[i] : graph_.outputs[i - num_in];
+      std::ostringstream what;
+      what << graph_.where() << ": argument " << i << " (" << (is_input ? "input " : "output ")
+           << (is_input ? i : i - num_in) << ", tensor " << t << ")";
+      std::optional<DLTensor*> dl = args[i].try_cast<DLTensor*>();
+      if (!dl.has_value() || *dl == nullptr) {
+        TVM_FFI_THROW(ValueError) << what.str() << ": expected a Tensor, got "
+                                  << args[i].GetTypeKey();
+      }
+      buffers[i] = CheckTensor(**dl, graph_.tensors[t].shape, what.str());
+    }
+    plan_->Execute(buffers);
+  }
+
+  void Init(const ffi::PackedArgs& args) {
+    const std::string fn = "__init_" + graph_.symbol;
+    if (args.size() != 1) {
+      TVM_FFI_THROW(ValueError) << graph_.where() << ": " << fn
+                                << " expects one argument (the array of constants), got "
+                                << args.size();
+    }
+    std::optional<ffi::Array<ffi::Tensor>> consts = args[0].try_cast<ffi::Array<ffi::Tensor>>();
+    if (!consts.has_value()) {
+      TVM_FFI_THROW(ValueError) << graph_.where() << ": " << fn
+                                << " expects an array of tensors, got " << args[0].GetTypeKey();
+    }
+    if (consts->size() != graph_.constants.size()) {
+      TVM_FFI_THROW(ValueError) << graph_.where() << ": " << fn << " expected "
+                                << graph_.constants.size() << " constants (" << NameList()
+                                << "), got " << consts->size();
+    }
+    std::vector<const void*> data;
+    for (size_t i = 0; i < consts->size(); ++i) {
+      const auto& c = graph_.constants[i];
+      ffi::Tensor tensor = (*consts)[i];
+      std::string what = graph_.where() + ": " + fn + " constant " + std::to_string(i) + " ('" +
+                         c.name + "', tensor " + std::to_string(c.tensor) + ")";
+      if (!tensor.defined()) TVM_FFI_THROW(ValueError) << what << ": expected a Tensor, got None";
+      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor].shape, what));
+    }
+    plan_->LoadConstants(data);
+  }
+
+  std::string NameList() const {
+    std::string s;
+    for (const auto& c : graph_.constants) s += (s.empty() ? "" : ", ") + c.name;
+    return s.empty() ? "none" : s;
+  }
+
+  std::string graph_json_;
+  RegionGraph graph_;
+  std::unique_ptr<CompiledRegion> plan_;
+  ffi::Array<ffi::String> const_names_;
+};
+
+}  // namespace
+
+ffi::Module CreateRegionModule(const std::string& graph_json) {
+  return ffi::Module(ffi::make_object<RegionModuleObj>(graph_json));
+}
+
+ffi::Module LoadRegionModuleFromBytes(const ffi::Bytes& bytes) {
+  const size_t magic_len = std::strlen(kBytesMagic);
+  if (bytes.size() < magic_len || std::memcmp(bytes.data(), kBytesMagic, magic_len) != 0) {
+    std::string head(bytes.data(), std::min<size_t>(bytes.size(), magic_len));
+    TVM_FFI_THROW(ValueError) << "ffi.Module.load_from_bytes.byoc_hetero: expected the magic '"
+                              << kBytesMagic << "' at the start of the " << bytes.size()
+                              << " bytes, got '" << head << "'";
+  }
+  return CreateRegionModule(std::string(bytes.data() + magic_len, bytes.size() - magic_len));
+}
+
+namespace {
+
+/*! \brief Register a global once; a second copy of the extension must not abort the process. */
+template <typename F>
+void DefineGlobalOnce(const char* name, F&& f) {
+  if (ffi::Function::GetGlobal(name).has_value()) return;
+  tvm::ffi::reflection::GlobalDef().def(name, std::forward<F>(f));
+}
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  DefineGlobalOnce("byoc_hetero.runtime.create",
+                   [](const ffi::String& graph_json) { return CreateRegionModule(graph_json); });
+  DefineGlobalOnce("ffi.Module.load_from_bytes.byoc_hetero",
+                   [](const ffi::Bytes& bytes) { return LoadRegionModuleFromBytes(bytes); });
+  DefineGlobalOnce("byoc_hetero.runtime.save_to_bytes", [](const ffi::Module& mod) {
+    if (!(mod->GetPropertyMask() & ffi::Module::kBinarySerializable)) {
+      TVM_FFI_THROW(ValueError) << "byoc_hetero.runtime.save_to_bytes: module of kind '"
+                                << mod->kind() << "' is not binary serializable";
+    }
+    return mod->SaveToBytes();
+  });
+  DefineGlobalOnce("byoc_hetero.runtime.supported_ops", []() {
+    ffi::Array<ffi::String> ops;
+    for (const auto& op : SupportedOps()) ops.push_back(op);
+    return ops;
+  });
+}
+
+}  // namespace byoc_hetero
