@@ -1,0 +1,560 @@
+"""The C++ runtime on its own: hand-written region documents, numpy references, bad inputs.
+
+Each test builds a region JSON (docs/region-format.md) by hand, creates the module through the TVM
+global ``byoc_hetero.runtime.create``, loads its constants through ``__init_<symbol>`` and calls
+the region symbol the way the Relax VM does (inputs, then preallocated outputs).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import tvm
+
+
+def _load_extension():
+    """``byoc_hetero._C``; if the package itself does not import, load the extension directly."""
+    try:
+        import byoc_hetero
+
+        return byoc_hetero._C
+    except Exception:  # noqa: BLE001  (the Python half may be mid-edit; the runtime is tested alone)
+        import ctypes
+        import glob
+        import importlib.machinery
+        import importlib.metadata as md
+        import importlib.util
+        import os
+        import site
+
+        for f in md.distribution("onednn-cpu-gomp").files or []:
+            if f.name.startswith("libdnnl.so"):
+                ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
+                break
+        roots = site.getsitepackages() + [site.getusersitepackages()]
+        roots.append(os.path.join(os.path.dirname(__file__), ".."))
+        for root in roots:
+            for path in glob.glob(os.path.join(root, "byoc_hetero", "_C*.so")):
+                spec = importlib.util.spec_from_file_location("byoc_hetero._C", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                return module
+        raise
+
+
+_C = _load_extension()
+create = tvm.get_global_func("byoc_hetero.runtime.create")
+load_from_bytes = tvm.get_global_func("ffi.Module.load_from_bytes.byoc_hetero")
+save_to_bytes = tvm.get_global_func("byoc_hetero.runtime.save_to_bytes")
+
+RTOL = 1e-4
+rng = np.random.default_rng(0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers: a tiny region builder and numpy references
+
+
+class Region:
+    """Builds a region document; tensors are added in the order they are declared."""
+
+    def __init__(self, symbol: str = "region0"):
+        self.symbol = symbol
+        self.tensors: list[dict] = []
+        self.inputs: list[int] = []
+        self.outputs: list[int] = []
+        self.constants: list[dict] = []
+        self.nodes: list[dict] = []
+        self.const_values: list[np.ndarray] = []
+
+    def tensor(self, shape) -> int:
+        self.tensors.append({"shape": list(shape), "dtype": "float32"})
+        return len(self.tensors) - 1
+
+    def input(self, shape) -> int:
+        tid = self.tensor(shape)
+        self.inputs.append(tid)
+        return tid
+
+    def const(self, value: np.ndarray) -> int:
+        tid = self.tensor(value.shape)
+        self.constants.append({"tensor": tid, "name": f"{self.symbol}_const_{len(self.constants)}"})
+        self.const_values.append(value.astype("float32"))
+        return tid
+
+    def node(self, op: str, inputs, out_shape, **attrs) -> int:
+        out = self.tensor(out_shape)
+        self.nodes.append({"op": op, "inputs": list(inputs), "output": out, "attrs": attrs})
+        return out
+
+    def doc(self) -> dict:
+        return {
+            "format": "byoc_hetero.region",
+            "version": 1,
+            "symbol": self.symbol,
+            "tensors": self.tensors,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "constants": self.constants,
+            "nodes": self.nodes,
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.doc())
+
+    def module(self, init: bool = True):
+        mod = create(self.json())
+        if init:
+            assert mod[f"__init_{self.symbol}"]([tvm.runtime.tensor(v) for v in self.const_values]) == 0
+        return mod
+
+    def run(self, mod, *inputs: np.ndarray) -> list[np.ndarray]:
+        outs = [tvm.runtime.tensor(np.full(self.tensors[t]["shape"], np.nan, "float32")) for t in self.outputs]
+        mod[self.symbol](*[tvm.runtime.tensor(np.ascontiguousarray(x, "float32")) for x in inputs], *outs)
+        return [o.numpy() for o in outs]
+
+
+def rand(*shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype("float32")
+
+
+def conv_out_size(size, k, stride, pad_lo, pad_hi, dilation):
+    return (size + pad_lo + pad_hi - ((k - 1) * dilation + 1)) // stride + 1
+
+
+def conv2d_ref(x, w, b=None, strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, relu=False):
+    """Reference conv2d: one einsum per kernel position and group (no per-element loops)."""
+    x = x.astype("float64")
+    w = w.astype("float64")
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    top, left, bottom, right = padding
+    sh, sw = strides
+    dh, dw = dilation
+    oh = conv_out_size(h, kh, sh, top, bottom, dh)
+    ow = conv_out_size(wd, kw, sw, left, right, dw)
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    og = o // groups
+    out = np.zeros((n, o, oh, ow))
+    for g in range(groups):
+        xg = xp[:, g * cg : (g + 1) * cg]
+        wg = w[g * og : (g + 1) * og]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xg[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+                out[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", patch, wg[:, :, i, j])
+    if b is not None:
+        out += b.astype("float64").reshape(1, o, 1, 1)
+    return np.maximum(out, 0) if relu else out
+
+
+def dense_ref(x, w, b=None, layout="KN", relu=False):
+    wk = w.astype("float64") if layout == "KN" else w.astype("float64").T
+    out = x.astype("float64") @ wk
+    if b is not None:
+        out = out + b.astype("float64").reshape(-1)
+    return np.maximum(out, 0) if relu else out
+
+
+def assert_close(got, want):
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * max(1.0, float(np.abs(want).max())))
+
+
+# ------------------------------------------------------------------------------------------------
+# The extension
+
+
+def test_extension_info():
+    assert _C.__version__ == "0.1.0"
+    assert _C.onednn_version().startswith("3.")
+    assert isinstance(_C.isa(), str) and _C.isa()
+    assert _C.kernels() == ["conv2d", "dense"]
+    assert list(tvm.get_global_func("byoc_hetero.runtime.supported_ops")()) == ["conv2d", "dense"]
+
+
+# ------------------------------------------------------------------------------------------------
+# conv2d
+
+
+@pytest.mark.parametrize("bias_shape", ["flat", "nchw"])
+def test_conv2d_bias_relu(bias_shape):
+    r = Region("conv_bias_relu")
+    x = rand(2, 3, 10, 10)
+    w, b = rand(8, 3, 3, 3), rand(8)
+    xi = r.input(x.shape)
+    wi = r.const(w)
+    bi = r.const(b if bias_shape == "flat" else b.reshape(1, 8, 1, 1))
+    y = r.node("conv2d", [xi, wi, bi], (2, 8, 10, 10), strides=[1, 1], padding=[1, 1, 1, 1],
+               dilation=[1, 1], groups=1, has_bias=1, activation="relu")
+    r.outputs = [y]
+    mod = r.module()
+    (got,) = r.run(mod, x)
+    assert_close(got, conv2d_ref(x, w, b, padding=(1, 1, 1, 1), relu=True))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(c=8, o=16, k=3, strides=(2, 2), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1),
+        dict(c=8, o=8, k=3, strides=(1, 1), padding=(2, 2, 2, 2), dilation=(2, 2), groups=1),
+        dict(c=8, o=12, k=3, strides=(1, 2), padding=(0, 1, 2, 1), dilation=(1, 1), groups=1),
+        dict(c=8, o=16, k=3, strides=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=4),
+        dict(c=16, o=16, k=3, strides=(2, 2), padding=(1, 0, 1, 0), dilation=(1, 1), groups=16),
+        dict(c=6, o=4, k=1, strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=2),
+        dict(c=3, o=5, k=5, strides=(3, 2), padding=(2, 1, 0, 3), dilation=(2, 1), groups=1),
+    ],
+    ids=["stride2", "dilation2", "asym_pad", "groups4", "depthwise", "1x1_groups2", "mixed"],
+)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_conv2d_variants(case, bias):
+    n, h, wd = 2, 13, 11
+    c, o, k, groups = case["c"], case["o"], case["k"], case["groups"]
+    strides, padding, dilation = case["strides"], case["padding"], case["dilation"]
+    x, w, b = rand(n, c, h, wd), rand(o, c // groups, k, k), rand(o)
+    oh = conv_out_size(h, k, strides[0], padding[0], padding[2], dilation[0])
+    ow = conv_out_size(wd, k, strides[1], padding[1], padding[3], dilation[1])
+    r = Region("conv_variant")
+    inputs = [r.input(x.shape), r.const(w)] + ([r.const(b)] if bias else [])
+    y = r.node("conv2d", inputs, (n, o, oh, ow), strides=list(strides), padding=list(padding),
+               dilation=list(dilation), groups=groups, has_bias=int(bias), activation="none")
+    r.outputs = [y]
+    (got,) = r.run(r.module(), x)
+    want = conv2d_ref(x, w, b if bias else None, strides, padding, dilation, groups)
+    assert_close(got, want)
+
+
+def test_conv_conv_chain_keeps_blocked_intermediate():
+    r = Region("conv_chain")
+    x = rand(1, 16, 12, 12)
+    w1, b1, w2, b2 = rand(32, 16, 3, 3), rand(32), rand(16, 32, 3, 3), rand(16)
+    t = r.node("conv2d", [r.input(x.shape), r.const(w1), r.const(b1)], (1, 32, 12, 12),
+               padding=[1, 1, 1, 1], has_bias=1, activation="relu")
+    y = r.node("conv2d", [t, r.const(w2), r.const(b2)], (1, 16, 6, 6),
+               strides=[2, 2], padding=[1, 1, 1, 1], has_bias=1, activation="relu")
+    r.outputs = [y]
+    mod = r.module()
+    (got,) = r.run(mod, x)
+    mid = conv2d_ref(x, w1, b1, padding=(1, 1, 1, 1), relu=True)
+    assert_close(got, conv2d_ref(mid, w2, b2, strides=(2, 2), padding=(1, 1, 1, 1), relu=True))
+    run_steps = [line for line in mod["get_plan"]() if line.startswith("run")]
+    # the intermediate (tensor 3) goes from conv 0 to conv 1 in oneDNN's layout, untouched:
+    # run = boundary reorder in (maybe), conv, conv, boundary reorder out (maybe)
+    assert not any(f"tensor {t}" in line for line in run_steps), run_steps
+    assert sum("reorder" not in line and "output tensor" not in line for line in run_steps) == 2
+
+
+def test_multi_output_region_and_intermediate_output():
+    """An intermediate that is also a region output; two outputs in a given order."""
+    r = Region("two_outputs")
+    x = rand(1, 8, 6, 6)
+    w1, w2 = rand(16, 8, 3, 3), rand(8, 16, 1, 1)
+    t = r.node("conv2d", [r.input(x.shape), r.const(w1)], (1, 16, 6, 6), padding=[1, 1, 1, 1], activation="relu")
+    y = r.node("conv2d", [t, r.const(w2)], (1, 8, 6, 6))
+    r.outputs = [y, t]
+    got_y, got_t = r.run(r.module(), x)
+    want_t = conv2d_ref(x, w1, padding=(1, 1, 1, 1), relu=True)
+    assert_close(got_t, want_t)
+    assert_close(got_y, conv2d_ref(want_t, w2))
+
+
+def test_conv_with_runtime_weight():
+    """Weight and bias passed at run time (not constants): reordered per call."""
+    r = Region("conv_runtime_weight")
+    x, w, b = rand(1, 4, 7, 7), rand(6, 4, 3, 3), rand(6)
+    xi, wi, bi = r.input(x.shape), r.input(w.shape), r.input(b.shape)
+    r.outputs = [r.node("conv2d", [xi, wi, bi], (1, 6, 5, 5), has_bias=1, activation="relu")]
+    mod = r.module(init=False)  # no constants: runs without __init_
+    assert list(mod["get_const_vars"]()) == []
+    (got,) = r.run(mod, x, w, b)
+    assert_close(got, conv2d_ref(x, w, b, relu=True))
+    (got2,) = r.run(mod, x, 2 * w, b)
+    assert_close(got2, conv2d_ref(x, 2 * w, b, relu=True))
+
+
+# ------------------------------------------------------------------------------------------------
+# dense
+
+
+@pytest.mark.parametrize("layout", ["KN", "NK"])
+@pytest.mark.parametrize("data_shape", [(4, 24), (2, 3, 24)], ids=["2d", "3d"])
+def test_dense(layout, data_shape):
+    k, n = data_shape[-1], 10
+    x = rand(*data_shape)
+    w = rand(k, n) if layout == "KN" else rand(n, k)
+    b = rand(n)
+    r = Region("dense_" + layout)
+    y = r.node("dense", [r.input(x.shape), r.const(w), r.const(b)], data_shape[:-1] + (n,),
+               weight_layout=layout, has_bias=1, activation="relu")
+    r.outputs = [y]
+    (got,) = r.run(r.module(), x)
+    assert_close(got, dense_ref(x, w, b, layout, relu=True))
+
+
+@pytest.mark.parametrize("layout", ["KN", "NK"])
+def test_dense_runtime_weight_no_bias(layout):
+    x = rand(3, 16)
+    w = rand(16, 8) if layout == "KN" else rand(8, 16)
+    r = Region("dense_rt")
+    r.outputs = [r.node("dense", [r.input(x.shape), r.input(w.shape)], (3, 8), weight_layout=layout)]
+    (got,) = r.run(r.module(init=False), x, w)
+    assert_close(got, dense_ref(x, w, layout=layout))
+
+
+def test_square_nk_weight_is_transposed():
+    """K == N: the NK view must not be mistaken for KN."""
+    x, w = rand(5, 12), rand(12, 12)
+    for layout in ("KN", "NK"):
+        r = Region("dense_square")
+        r.outputs = [r.node("dense", [r.input(x.shape), r.const(w)], (5, 12), weight_layout=layout)]
+        (got,) = r.run(r.module(), x)
+        assert_close(got, dense_ref(x, w, layout=layout))
+
+
+def test_conv_then_dense_reads_flattened_output():
+    """dense flattens the conv's 4-D output: the planner makes a plain copy of it first."""
+    x = rand(2, 3, 6, 6)
+    w1, b1 = rand(8, 3, 3, 3), rand(8)
+    w2, b2 = rand(10, 4), rand(10)
+    r = Region("conv_dense")
+    t = r.node("conv2d", [r.input(x.shape), r.const(w1), r.const(b1)], (2, 8, 4, 4), has_bias=1, activation="relu")
+    y = r.node("dense", [t, r.const(w2), r.const(b2)], (2, 8, 4, 10), weight_layout="NK", has_bias=1)
+    r.outputs = [y]
+    (got,) = r.run(r.module(), x)
+    assert_close(got, dense_ref(conv2d_ref(x, w1, b1, relu=True), w2, b2, "NK"))
+
+
+def test_dense_chain_mlp():
+    x = rand(4, 32)
+    w1, b1, w2, b2 = rand(64, 32), rand(64), rand(64, 16), rand(16)
+    r = Region("mlp")
+    t = r.node("dense", [r.input(x.shape), r.const(w1), r.const(b1)], (4, 64), weight_layout="NK", has_bias=1, activation="relu")
+    r.outputs = [r.node("dense", [t, r.const(w2), r.const(b2)], (4, 16), weight_layout="KN", has_bias=1)]
+    (got,) = r.run(r.module(), x)
+    assert_close(got, dense_ref(dense_ref(x, w1, b1, "NK", relu=True), w2, b2, "KN"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Module surface, serialization, concurrency
+
+
+def small_conv_region(symbol="small_conv"):
+    r = Region(symbol)
+    x = rand(1, 4, 8, 8)
+    y = r.node("conv2d", [r.input(x.shape), r.const(rand(8, 4, 3, 3)), r.const(rand(8))], (1, 8, 8, 8),
+               padding=[1, 1, 1, 1], has_bias=1, activation="relu")
+    r.outputs = [y]
+    return r, x
+
+
+def test_module_functions():
+    r, _ = small_conv_region()
+    mod = r.module(init=False)
+    assert mod.kind == "byoc_hetero"
+    assert mod.is_binary_serializable() and mod.is_runnable()
+    assert mod["get_symbol"]() == r.symbol
+    assert list(mod["get_const_vars"]()) == [c["name"] for c in r.constants]
+    assert json.loads(mod["get_graph_json"]()) == r.doc()
+    assert mod.implements_function(r.symbol) and mod.implements_function(f"__init_{r.symbol}")
+    assert not mod.implements_function("no_such_function")
+    assert any("conv2d" in line for line in mod["get_plan"]())
+
+
+def test_reinit_replaces_constants():
+    r, x = small_conv_region()
+    mod = r.module()
+    (first,) = r.run(mod, x)
+    doubled = [2 * v for v in r.const_values]
+    mod[f"__init_{r.symbol}"]([tvm.runtime.tensor(v) for v in doubled])
+    (second,) = r.run(mod, x)
+    assert_close(second, conv2d_ref(x, doubled[0], doubled[1], padding=(1, 1, 1, 1), relu=True))
+    assert not np.allclose(first, second)
+
+
+def test_bytes_round_trip_in_process():
+    r, x = small_conv_region()
+    mod = r.module()
+    blob = save_to_bytes(mod)
+    assert bytes(blob[:8]) == b"BYOCHG01"
+    assert json.loads(bytes(blob[8:]).decode()) == r.doc()
+    mod2 = load_from_bytes(blob)
+    assert mod2.kind == "byoc_hetero" and mod2["get_symbol"]() == r.symbol
+    mod2[f"__init_{r.symbol}"]([tvm.runtime.tensor(v) for v in r.const_values])
+    assert_close(r.run(mod2, x)[0], r.run(mod, x)[0])
+
+
+def test_bytes_round_trip_in_a_fresh_process(tmp_path):
+    r, x = small_conv_region()
+    mod = r.module()
+    (want,) = r.run(mod, x)
+    (tmp_path / "region.bin").write_bytes(bytes(save_to_bytes(mod)))
+    np.savez(tmp_path / "data.npz", x=x, *r.const_values)
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, tvm
+        import byoc_hetero  # registers ffi.Module.load_from_bytes.byoc_hetero
+        blob = open({str(tmp_path / "region.bin")!r}, "rb").read()
+        mod = tvm.get_global_func("ffi.Module.load_from_bytes.byoc_hetero")(blob)
+        d = np.load({str(tmp_path / "data.npz")!r})
+        mod["__init_{r.symbol}"]([tvm.runtime.tensor(d["arr_0"]), tvm.runtime.tensor(d["arr_1"])])
+        y = tvm.runtime.tensor(np.zeros({tuple(want.shape)!r}, "float32"))
+        mod["{r.symbol}"](tvm.runtime.tensor(d["x"]), y)
+        np.save({str(tmp_path / "y.npy")!r}, y.numpy())
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert_close(np.load(tmp_path / "y.npy"), want)
+
+
+def test_concurrent_callers_share_one_module():
+    r, _ = small_conv_region()
+    mod = r.module()
+    fn = mod[r.symbol]
+    xs = [rand(1, 4, 8, 8) for _ in range(4)]
+    wants = [conv2d_ref(x, *r.const_values, padding=(1, 1, 1, 1), relu=True) for x in xs]
+    errors = []
+
+    def worker(i):
+        try:
+            x = tvm.runtime.tensor(xs[i])
+            y = tvm.runtime.tensor(np.zeros((1, 8, 8, 8), "float32"))
+            for _ in range(20):
+                fn(x, y)
+                assert_close(y.numpy(), wants[i])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad inputs: Python exceptions naming the region, never a crash
+
+
+def test_run_rejects_bad_arguments():
+    r, x = small_conv_region("bad_args")
+    mod = r.module()
+    fn = mod[r.symbol]
+    good_x = tvm.runtime.tensor(x)
+    good_y = tvm.runtime.tensor(np.zeros((1, 8, 8, 8), "float32"))
+    with pytest.raises(ValueError, match=r"bad_args.*expected 2 arguments.*got 1"):
+        fn(good_x)
+    with pytest.raises(ValueError, match=r"bad_args.*expected 2 arguments.*got 3"):
+        fn(good_x, good_y, good_y)
+    with pytest.raises(ValueError, match=r"bad_args.*argument 0.*expected shape \[1, 4, 8, 8\], got shape \[1, 4, 8, 9\]"):
+        fn(tvm.runtime.tensor(np.zeros((1, 4, 8, 9), "float32")), good_y)
+    with pytest.raises(ValueError, match=r"bad_args.*argument 1 \(output 0.*expected shape"):
+        fn(good_x, tvm.runtime.tensor(np.zeros((1, 8, 8), "float32")))
+    with pytest.raises(ValueError, match=r"bad_args.*argument 0.*expected dtype float32, got dtype float64"):
+        fn(tvm.runtime.tensor(np.zeros((1, 4, 8, 8), "float64")), good_y)
+    with pytest.raises(ValueError, match=r"bad_args.*argument 0.*expected a Tensor"):
+        fn(1.5, good_y)
+    import tvm_ffi
+
+    strided = np.zeros((1, 4, 8, 16), "float32")[..., ::2]
+    with pytest.raises(ValueError, match=r"bad_args.*compact row-major"):
+        fn(tvm_ffi.from_dlpack(strided), good_y)
+    fn(good_x, good_y)  # still usable
+    assert_close(good_y.numpy(), conv2d_ref(x, *r.const_values, padding=(1, 1, 1, 1), relu=True))
+
+
+def test_run_before_init_raises():
+    r, x = small_conv_region("never_initialized")
+    mod = r.module(init=False)
+    with pytest.raises(RuntimeError, match=r"never_initialized.*__init_never_initialized"):
+        r.run(mod, x)
+
+
+def test_init_rejects_bad_constants():
+    r, _ = small_conv_region("bad_init")
+    mod = r.module(init=False)
+    init = mod["__init_bad_init"]
+    with pytest.raises(ValueError, match=r"bad_init.*expected 2 constants.*got 1"):
+        init([tvm.runtime.tensor(r.const_values[0])])
+    with pytest.raises(ValueError, match=r"bad_init.*constant 1 .*expected shape \[8\]"):
+        init([tvm.runtime.tensor(r.const_values[0]), tvm.runtime.tensor(np.zeros(7, "float32"))])
+    with pytest.raises(ValueError, match=r"bad_init.*constant 0 .*float32"):
+        init([tvm.runtime.tensor(r.const_values[0].astype("float64")), tvm.runtime.tensor(r.const_values[1])])
+
+
+def conv_doc():
+    r, _ = small_conv_region("doc_check")
+    return r.doc()
+
+
+def mutate(path, value):
+    doc = conv_doc()
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("{not json", r"malformed JSON"),
+        ("[1, 2]", r"must be a JSON object"),
+        (mutate(["format"], "other"), r"doc_check.*'format'"),
+        (mutate(["version"], 2), r"doc_check.*'version'.*expected 1"),
+        (mutate(["tensors", 0, "dtype"], "float16"), r"doc_check.*'tensors\[0\]\.dtype'"),
+        (mutate(["tensors", 0, "shape"], [1, -4, 8, 8]), r"doc_check.*'tensors\[0\]\.shape'"),
+        (mutate(["nodes", 0, "inputs"], [0, 7, 2]), r"doc_check.*'nodes\[0\]\.inputs\[1\]'.*out of range"),
+        (mutate(["nodes", 0, "output"], 99), r"doc_check.*'nodes\[0\]\.output'.*out of range"),
+        (mutate(["nodes", 0, "output"], 0), r"doc_check.*'nodes\[0\]\.output'.*region input"),
+        (mutate(["outputs"], [0]), r"doc_check.*'outputs\[0\]'.*written by a node"),
+        (mutate(["inputs"], [3]), r"doc_check.*read before it is written"),
+        (mutate(["constants", 0, "tensor"], -1), r"doc_check.*'constants\[0\]\.tensor'.*out of range"),
+        (mutate(["nodes", 0, "op"], "softmax"), r"doc_check.*unknown op 'softmax'"),
+        (mutate(["nodes", 0, "attrs", "activation"], "gelu"), r"doc_check.*attrs\.activation.*gelu"),
+        (mutate(["nodes", 0, "attrs", "padding"], [1, 1]), r"doc_check.*attrs\.padding.*4 integers"),
+        (mutate(["nodes", 0, "attrs", "activaton"], "relu"), r"doc_check.*attrs\.activaton.*unknown attribute"),
+        (mutate(["nodes", 0, "attrs", "groups"], 3), r"doc_check.*groups=3"),
+        (mutate(["nodes", 0, "attrs", "has_bias"], 0), r"doc_check.*expected 2 inputs"),
+        (mutate(["tensors", 3, "shape"], [1, 8, 6, 6]), r"doc_check.*declared with shape \[1, 8, 6, 6\].*produces \[1, 8, 8, 8\]"),
+        (mutate(["symbol"], KeyError), r"'symbol'.*missing"),
+    ],
+    ids=lambda v: v if len(str(v)) < 30 else None,
+)
+def test_bad_documents_raise(text, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        create(text)
+
+
+def test_dense_needs_weight_layout():
+    r = Region("dense_no_layout")
+    r.outputs = [r.node("dense", [r.input((2, 4)), r.const(rand(4, 3))], (2, 3))]
+    with pytest.raises(ValueError, match=r"dense_no_layout.*weight_layout.*missing"):
+        create(r.json())
+    r.nodes[0]["attrs"]["weight_layout"] = "NK"  # [4, 3] read as N=4, K=3: K does not match data
+    with pytest.raises(ValueError, match=r"dense_no_layout.*K=3.*K=4"):
+        create(r.json())
+
+
+def test_load_from_bytes_rejects_bad_blobs():
+    with pytest.raises(ValueError, match="BYOCHG01"):
+        load_from_bytes(b"NOTMAGIC{}")
+    with pytest.raises(ValueError, match="malformed JSON"):
+        load_from_bytes(b"BYOCHG01{")
+
+
+def test_validate_helper():
+    assert _C.validate(json.dumps(conv_doc())) == "doc_check"
+    with pytest.raises(ValueError, match=r"doc_check.*'version'"):
+        _C.validate(mutate(["version"], 3))
