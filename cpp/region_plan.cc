@@ -16,6 +16,7 @@
 
 #include <tvm/ffi/error.h>
 
+#include <atomic>
 #include <mutex>
 #include <sstream>
 #include <utility>
@@ -104,7 +105,7 @@ struct CompiledRegion::Impl {
   std::vector<Exec> init_prog, run_prog;
   memory scratch;
   std::mutex mu;
-  bool ready = false;
+  std::atomic<bool> ready{false};
 
   // ---- buffers -------------------------------------------------------------------------------
   memory Own(const memory::desc& md) {
