@@ -264,6 +264,31 @@ def test_multi_output_region_and_intermediate_output():
     assert_close(got_y, conv2d_ref(want_t, w2))
 
 
+def test_dense_output_also_read_by_a_later_node():
+    """dense writes plain: the region output buffer itself feeds the next node."""
+    x, w1, w2 = rand(3, 8), rand(8, 8), rand(8, 5)
+    r = Region("dense_out_reused")
+    t = r.node("dense", [r.input(x.shape), r.const(w1)], (3, 8), weight_layout="KN", activation="relu")
+    y = r.node("dense", [t, r.const(w2)], (3, 5), weight_layout="KN")
+    r.outputs = [t, y]
+    got_t, got_y = r.run(r.module(), x)
+    want_t = dense_ref(x, w1, relu=True)
+    assert_close(got_t, want_t)
+    assert_close(got_y, dense_ref(want_t, w2))
+
+
+def test_shared_constant_weight():
+    """One constant read by two nodes (and by one of them in two layouts)."""
+    x, w = rand(2, 6), rand(6, 6)
+    r = Region("shared_weight")
+    wi = r.const(w)
+    t = r.node("dense", [r.input(x.shape), wi], (2, 6), weight_layout="KN")
+    y = r.node("dense", [t, wi], (2, 6), weight_layout="NK")
+    r.outputs = [y]
+    (got,) = r.run(r.module(), x)
+    assert_close(got, dense_ref(dense_ref(x, w), w, layout="NK"))
+
+
 def test_conv_with_runtime_weight():
     """Weight and bias passed at run time (not constants): reordered per call."""
     r = Region("conv_runtime_weight")
@@ -408,7 +433,8 @@ def test_bytes_round_trip_in_a_fresh_process(tmp_path):
         np.save({str(tmp_path / "y.npy")!r}, y.numpy())
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    # cwd=tmp_path: the fresh process imports the installed package, not a source checkout
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert_close(np.load(tmp_path / "y.npy"), want)
 
