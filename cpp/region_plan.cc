@@ -257,17 +257,19 @@ struct CompiledRegion::Impl {
                                      << kernel->inputs().size() << " operands for "
                                      << node.inputs.size() << " inputs";
       }
-      std::vector<memory> ins;
-      for (size_t k = 0; k < node.inputs.size(); ++k) {
-        ins.push_back(Resolve(g, node.inputs[k], kernel->inputs()[k], n));
-      }
-      std::vector<Step> trailing;
-      memory out = DefineOutput(g, n, kernel->output(), &trailing);
-      for (Step& s : kernel->Bind(ins, out)) run_steps.push_back(std::move(s));
-      for (Step& s : trailing) run_steps.push_back(std::move(s));
+      GuardDnnl(g.where(n), "set up buffers and reorders", [&] {
+        std::vector<memory> ins;
+        for (size_t k = 0; k < node.inputs.size(); ++k) {
+          ins.push_back(Resolve(g, node.inputs[k], kernel->inputs()[k], n));
+        }
+        std::vector<Step> trailing;
+        memory out = DefineOutput(g, n, kernel->output(), &trailing);
+        for (Step& s : kernel->Bind(ins, out)) run_steps.push_back(std::move(s));
+        for (Step& s : trailing) run_steps.push_back(std::move(s));
+      });
       kernels.push_back(std::move(kernel));
     }
-    Finalize();
+    GuardDnnl(where, "allocate the scratchpad or create a primitive", [&] { Finalize(); });
   }
 
   /*! \brief Size the shared scratchpad, create the primitives. */

@@ -573,6 +573,14 @@ def test_dense_needs_weight_layout():
         create(r.json())
 
 
+def test_onednn_failure_is_a_python_error_naming_the_node():
+    """A 1 PiB weight: oneDNN cannot create or allocate it; the error names region and node."""
+    r = Region("too_big")
+    r.outputs = [r.node("dense", [r.input((1, 1 << 24)), r.input((1 << 24, 1 << 24))], (1, 1 << 24), weight_layout="KN")]
+    with pytest.raises(RuntimeError, match=r"too_big' node 0 \(dense\): oneDNN failed"):
+        create(r.json())
+
+
 def test_load_from_bytes_rejects_bad_blobs():
     with pytest.raises(ValueError, match="BYOCHG01"):
         load_from_bytes(b"NOTMAGIC{}")
