@@ -11,8 +11,12 @@ regions; the codegen turns each region into a module of the C++ oneDNN runtime; 
 >>> ex = tvm.relax.build(m, target="llvm")
 """
 
-from . import models, rules
-from ._native import _C
+# A source checkout first on sys.path (``python -m pytest`` from the repository root) holds no
+# compiled ``_C``: let the package also look in the installed copy's folder for it.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
+from . import models, rules  # noqa: E402
+from ._native import _C  # noqa: E402
 from .errors import ByocError, CodegenError, InputError, RuleError
 from .profile import OpProfile, op_profile
 from .rules import Match, op_rule, register_pattern, unregister_op_rule, unregister_pattern
