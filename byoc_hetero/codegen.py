@@ -50,6 +50,7 @@ class RegionGraph:
     # what the region was made of, for reports: composite names and Relax op counts
     source_composites: list[str] = field(default_factory=list)
     source_ops: dict[str, int] = field(default_factory=dict)
+    target: str = "byoc_hetero"
 
     def to_json(self) -> str:
         return json.dumps(
@@ -65,7 +66,11 @@ class RegionGraph:
                     {"op": n.op, "inputs": n.inputs, "output": n.output, "attrs": n.attrs}
                     for n in self.nodes
                 ],
-                "source": {"composites": self.source_composites, "ops": self.source_ops},
+                "source": {
+                    "target": self.target,
+                    "composites": self.source_composites,
+                    "ops": self.source_ops,
+                },
             }
         )
 
@@ -80,7 +85,7 @@ class _RegionLowering:
     def __init__(self, func: relax.Function, constant_names: Mapping[Any, str]):
         self.func = func
         self.symbol = str(func.attrs["global_symbol"])
-        self.graph = RegionGraph(self.symbol)
+        self.graph = RegionGraph(self.symbol, target=str(func.attrs.get("Codegen", "byoc_hetero")))
         self.constant_names = constant_names
         self.const_ids: dict[str, int] = {}
         # value → tensor id; aliases (reshape of a bias, permute_dims of a weight) resolve here
