@@ -126,7 +126,7 @@ def op_profile(mod: tvm.IRModule, entry: str = "main") -> OpProfile:
     for module in (mod.attrs["external_mods"] if mod.attrs and "external_mods" in mod.attrs else []):
         graph = region_graph_json(module)
         if graph is not None:
-            graph["target"] = module.kind
+            graph["target"] = graph.get("source", {}).get("target", module.kind)
             ext[graph["symbol"]] = graph
     prof = OpProfile()
     _count_function(mod[entry], HOST, mod, prof, ext)

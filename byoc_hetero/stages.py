@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from . import codegen as _codegen  # noqa: F401  (registers relax.ext.byoc_hetero)
@@ -137,12 +138,100 @@ def _mark_composite_targets(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule
     return mod
 
 
-def merge_compiler_regions() -> tvm.transform.Pass:
-    """Stage 3 (MergeCompilerRegions, with PartitionGraph's outlining): MergeCompositeFunctions."""
+HEAVY_OPS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul",
+                       "relax.nn.conv2d_transpose", "relax.linear"})
+"""Ops that make a region worth offloading (the cost gate's "compute-heavy" ops)."""
+
+DEFAULT_MIN_REGION_OPS = 1
+"""Default of the cost gate's minimum region size, in Relax ops (see README, "Cost gate")."""
+
+
+def _region_composites(region: relax.Function) -> list[relax.Function]:
+    """The composite functions a region calls, one entry per call site."""
+    local = {}
+    called = []
+    for block in region.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Function):
+                local[binding.var] = value
+            elif isinstance(value, relax.Call) and value.op in local:
+                called.append(local[value.op])
+    return called
+
+
+def _op_calls(func: relax.Function) -> list[relax.Call]:
+    calls = []
+    relax.analysis.post_order_visit(
+        func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None
+    )
+    return calls
+
+
+def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> str | None:
+    if len(ops) < min_ops:
+        return f"region of {len(ops)} ops is below the cost gate (min_region_ops={min_ops})"
+    if require_heavy and not any(c.op.name in HEAVY_OPS for c in ops):
+        return "region has no compute-heavy op (conv, dense, matmul): cheaper left to llvm"
+    return None
+
+
+def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
+                      require_heavy: bool) -> set[tvm.ir.GlobalVar]:
+    """Composite functions of ``before`` that form regions of ``merged`` failing the cost gate."""
+    composites = {gv: f for gv, f in before.functions.items()
+                  if isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs}
+    gated = set()
+    for func in merged.functions.values():
+        if not isinstance(func, relax.Function) or func.attrs is None or "Codegen" not in func.attrs:
+            continue
+        inner = _region_composites(func)
+        ops = [c for f in inner for c in _op_calls(f)]
+        reason = _gate_reason(ops, min_ops, require_heavy)
+        if reason is None:
+            continue
+        for local in inner:
+            name = str(local.attrs["Composite"])
+            for gv, comp in composites.items():
+                if str(comp.attrs["Composite"]) == name and tvm_ffi.structural_equal(
+                    comp.body, local.body, map_free_vars=True
+                ):
+                    gated.add(gv)
+                    for call in _op_calls(comp):
+                        DECISIONS.add(name, call, reason)
+    return gated
+
+
+def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.IRModule:
+    """Turn calls of the ``gated`` composite functions back into plain ops (for TVM to compile)."""
+    plain = {gv: mod[gv].without_attr("Composite").without_attr("Primitive").without_attr(TARGET_ATTR)
+             for gv in gated}
+    mod = mod.clone()
+    for name in _entry_functions(mod):
+        gv = mod.get_global_var(name)
+        mod[gv] = mod[gv].inline_functions(plain)
+    for gv in gated:
+        del mod[gv]
+    return mod
+
+
+def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
+                           require_heavy_op: bool = True) -> tvm.transform.Pass:
+    """Stage 3 (MergeCompilerRegions, with PartitionGraph's outlining): MergeCompositeFunctions.
+
+    Then the cost gate (as Torch-TensorRT's ``min_block_size``): a region with fewer than
+    ``min_region_ops`` Relax ops, or (``require_heavy_op``) without a conv/dense/matmul, goes back
+    to TVM; the reason is recorded for every op of it.
+    """
 
     @tvm.transform.module_pass(opt_level=0, name="MergeCompilerRegions")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return relax.transform.MergeCompositeFunctions()(mod)
+        while True:
+            merged = relax.transform.MergeCompositeFunctions()(mod)
+            gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op)
+            if not gated:
+                return merged
+            mod = _inline_composites(mod, gated)
 
     return stage
 
@@ -158,8 +247,11 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
     return stage
 
 
-def stages(target: TargetSpec = DEFAULT_TARGET) -> list[tvm.transform.Pass]:
+def stages(target: TargetSpec = DEFAULT_TARGET, min_region_ops: int = DEFAULT_MIN_REGION_OPS,
+           require_heavy_op: bool = True) -> list[tvm.transform.Pass]:
     """The four partition stages for ``target`` (a name, or names in priority order).
+
+    ``min_region_ops`` and ``require_heavy_op`` set the cost gate of MergeCompilerRegions.
 
     Each item is a ``tvm.transform.Pass``; ``stage.info.name`` is its classic name. Apply them in
     order (after :func:`bind_params` when weights should become constants)::
@@ -170,7 +262,8 @@ def stages(target: TargetSpec = DEFAULT_TARGET) -> list[tvm.transform.Pass]:
             print(stage.info.name, bh.op_profile(m))
     """
     names = _targets(target)
-    return [merge_composite(names), annotate_target(names), merge_compiler_regions(), partition_graph()]
+    return [merge_composite(names), annotate_target(names),
+            merge_compiler_regions(min_region_ops, require_heavy_op), partition_graph()]
 
 
 def bind_params(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, func: str = "main") -> tvm.IRModule:
@@ -205,9 +298,11 @@ def partition(
     mod: tvm.IRModule,
     params: Mapping[str, np.ndarray] | None = None,
     target: TargetSpec = DEFAULT_TARGET,
+    min_region_ops: int = DEFAULT_MIN_REGION_OPS,
+    require_heavy_op: bool = True,
 ) -> tvm.IRModule:
     """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes."""
     mod = bind_params(mod, params)
-    for stage in stages(target):
+    for stage in stages(target, min_region_ops, require_heavy_op):
         mod = stage(mod)
     return mod

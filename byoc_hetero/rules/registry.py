@@ -147,11 +147,12 @@ def run_check(check: Check | None, match: Match, rule_name: str) -> str | None:
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Rejection:
-    """A rule matched a call but its check said no."""
+    """A rule matched a call but said no (its check, or the cost gate)."""
 
     rule: str
     op: str
     reason: str
+    value: str = ""  # the call's result, e.g. ``float32[1, 64, 56, 56]``
 
 
 @dataclass
@@ -162,8 +163,15 @@ class DecisionLog:
 
     def add(self, rule: str, call: relax.Call, reason: str) -> None:
         op = call.op.name if isinstance(call.op, tvm.ir.Op) else str(call.op)
-        self.rejections.append(Rejection(rule, op, reason))
+        self.rejections.append(Rejection(rule, op, reason, describe(call)))
         _log.info("rule %s rejected %s: %s", rule, op, reason)
+
+    def why(self, op: str, value: str) -> Rejection | None:
+        """The latest rejection of a call of ``op`` whose result is ``value``, if any."""
+        for rej in reversed(self.rejections):
+            if rej.op == op and rej.value == value:
+                return rej
+        return None
 
 
 DECISIONS = DecisionLog()
@@ -185,23 +193,59 @@ class Target:
     can_lower: Callable[[relax.Call], str | None] | None = None
     patterns: list["PatternRule"] = field(default_factory=list)
 
+    @property
+    def has_codegen(self) -> bool:
+        """Whether ``relax.ext.<name>`` exists, so PartitionGraph can compile this target's regions."""
+        return tvm.get_global_func(f"relax.ext.{self.name}", allow_missing=True) is not None
+
 
 _TARGETS: dict[str, Target] = {}
 _ORDER = itertools.count()
 
+Codegen = Callable[[Any, Any, Any], list]
+
 
 def register_target(
-    name: str, can_lower: Callable[[relax.Call], str | None] | None = None
+    name: str,
+    can_lower: Callable[[relax.Call], str | None] | None = None,
+    codegen: str | Codegen | None = None,
 ) -> Target:
-    """Declare an offload target. Registering an existing name returns it (updating ``can_lower``)."""
-    if not name or not name.replace("_", "").isalnum():
+    """Declare an offload target. Registering an existing name returns it (updating what is given).
+
+    Parameters
+    ----------
+    name: the target (backend) name: composites are ``<name>.<rule>``, regions get
+        ``Codegen=<name>`` and PartitionGraph calls ``relax.ext.<name>``.
+    can_lower: optional guard for op-attribute rules (None = can run, else the reason).
+    codegen: the codegen of the target's regions: a function ``(funcs, options, constant_names)
+        -> list[Module]`` registered as ``relax.ext.<name>``, or the name of an existing target
+        whose codegen to reuse (e.g. ``"byoc_hetero"`` to run this target's regions on the oneDNN
+        runtime too). Without one, PartitionGraph needs ``relax.ext.<name>`` registered elsewhere.
+    """
+    if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
         raise RuleError(f"target name must be a non-empty identifier, got {name!r}")
     tgt = _TARGETS.get(name)
     if tgt is None:
         tgt = _TARGETS[name] = Target(name, can_lower)
     elif can_lower is not None:
         tgt.can_lower = can_lower
+    if codegen is not None:
+        _register_codegen(name, codegen)
     return tgt
+
+
+def _register_codegen(name: str, codegen: str | Codegen) -> None:
+    if isinstance(codegen, str):
+        if codegen == name:
+            raise RuleError(f"target {name!r} cannot reuse its own codegen")
+        impl = tvm.get_global_func(f"relax.ext.{codegen}", allow_missing=True)
+        if impl is None:
+            raise RuleError(f"target {name!r}: no codegen relax.ext.{codegen} to reuse")
+    elif callable(codegen):
+        impl = codegen
+    else:
+        raise RuleError(f"target {name!r}: codegen must be a target name or a function")
+    tvm.register_global_func(f"relax.ext.{name}", impl, override=True)
 
 
 def get_target(name: str) -> Target:
