@@ -19,7 +19,15 @@ from . import models, rules  # noqa: E402
 from ._native import _C  # noqa: E402
 from .errors import ByocError, CodegenError, InputError, RuleError
 from .profile import OpProfile, op_profile
-from .rules import Match, op_rule, register_pattern, unregister_op_rule, unregister_pattern
+from .report import PartitionReport, report
+from .rules import (
+    Match,
+    op_rule,
+    register_pattern,
+    register_target,
+    unregister_op_rule,
+    unregister_pattern,
+)
 from .stages import (
     annotate_target,
     bind_params,
@@ -38,6 +46,7 @@ __all__ = [
     "InputError",
     "Match",
     "OpProfile",
+    "PartitionReport",
     "RuleError",
     "annotate_target",
     "bind_params",
@@ -49,6 +58,8 @@ __all__ = [
     "partition",
     "partition_graph",
     "register_pattern",
+    "register_target",
+    "report",
     "rules",
     "stages",
     "unregister_op_rule",

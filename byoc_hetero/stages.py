@@ -37,6 +37,8 @@ from .rules import DECISIONS, DEFAULT_TARGET, get_target, op_rule_ops, pattern_r
 from .rules.registry import Match, check_op_rule, run_check, single_op_pattern, static_shape
 
 TARGET_ATTR = "byoc_hetero.target"
+DECISIONS_ATTR = "byoc_hetero.rejections"
+"""Module attribute where the stages keep why candidate calls were not offloaded."""
 
 TargetSpec = str | Sequence[str]
 
@@ -48,6 +50,13 @@ def _targets(target: TargetSpec) -> list[str]:
     for name in names:
         get_target(name)  # raises RuleError naming the known targets
     return names
+
+
+def _with_decisions(mod: tvm.IRModule) -> tvm.IRModule:
+    """Record the rejections so far on the module, for :func:`byoc_hetero.report`."""
+    records = [{"rule": r.rule, "op": r.op, "reason": r.reason, "value": r.value}
+               for r in DECISIONS.rejections]
+    return mod.with_attr(DECISIONS_ATTR, records)
 
 
 def _entry_functions(mod: tvm.IRModule) -> list[str]:
@@ -72,12 +81,13 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
         DECISIONS.rejections.clear()
         patterns = [rule.fusion_pattern() for t in names for rule in pattern_rules(t)]
         if not patterns:
-            return mod
+            return _with_decisions(mod)
         mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-        return relax.transform.FuseOpsByPattern(
+        mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=True, annotate_codegen=False,
             entry_functions=_entry_functions(mod),
         )(mod)
+        return _with_decisions(mod)
 
     return stage
 
@@ -113,7 +123,7 @@ def annotate_target(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
                 patterns, bind_constants=True, annotate_codegen=False,
                 entry_functions=_entry_functions(mod),
             )(mod)
-        return _mark_composite_targets(mod, names)
+        return _with_decisions(_mark_composite_targets(mod, names))
 
     return stage
 
@@ -230,7 +240,7 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
             merged = relax.transform.MergeCompositeFunctions()(mod)
             gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op)
             if not gated:
-                return merged
+                return _with_decisions(merged)
             mod = _inline_composites(mod, gated)
 
     return stage
@@ -242,7 +252,8 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
     @tvm.transform.module_pass(opt_level=0, name="PartitionGraph")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mod = relax.transform.RunCodegen(dict(options or {}), _entry_functions(mod))(mod)
-        return relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
+        mod = relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
+        return _with_decisions(mod)
 
     return stage
 

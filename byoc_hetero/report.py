@@ -1,0 +1,297 @@
+"""What went where, and why: the partition report.
+
+``report(mod)`` after (any of) the partition stages gives the op counts per target, every region
+(its ops, inputs, outputs, FLOPs and the rules that matched) and, for every op left to TVM (llvm),
+the reason: no rule matched it; a rule's check rejected it (which rule, and what it said); or its
+region fell below the cost gate. ``print()`` shows a table; ``to_dot()``/``render()`` draw the
+partitioned graph with one colour per target.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+from tvm import relax
+
+from .codegen import region_graph_json
+from .errors import ByocError
+from .profile import HOST, OpProfile, op_profile
+from .rules.registry import Rejection, describe, static_shape
+from .stages import DECISIONS_ATTR, _op_calls, _region_composites
+
+PALETTE = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")
+HOST_COLOUR = "#e0e0e0"
+_PLUMBING = {"call_dps_packed", "call_tir", "call_tir_with_grad", "call_pure_packed"}
+
+
+@dataclass
+class RegionReport:
+    """One offloaded region."""
+
+    symbol: str
+    target: str
+    ops: Counter
+    rules: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    flops: int
+
+
+@dataclass
+class FallbackOp:
+    """An op left to TVM (llvm), with the reason."""
+
+    op: str
+    value: str
+    reason: str
+    rule: str | None = None
+
+
+@dataclass
+class PartitionReport:
+    """The result of :func:`report`."""
+
+    profile: OpProfile
+    regions: list[RegionReport] = field(default_factory=list)
+    fallbacks: list[FallbackOp] = field(default_factory=list)
+    dot: str = ""
+
+    @property
+    def offloaded_flops(self) -> int:
+        return sum(r.flops for r in self.regions)
+
+    def __str__(self) -> str:
+        lines = ["op counts per target", _indent(str(self.profile)), ""]
+        lines.append(f"regions: {len(self.regions)}, {self.offloaded_flops / 1e6:.1f} MFLOP offloaded")
+        header = f"  {'symbol':<44} {'target':<12} {'ops':>4} {'MFLOP':>9}  inputs -> outputs"
+        lines.append(header)
+        for r in self.regions:
+            sym = r.symbol if len(r.symbol) <= 44 else r.symbol[:41] + "..."
+            lines.append(
+                f"  {sym:<44} {r.target:<12} {sum(r.ops.values()):>4} {r.flops / 1e6:>9.1f}  "
+                f"{', '.join(r.inputs)} -> {', '.join(r.outputs)}"
+            )
+            lines.append(f"      rules: {', '.join(sorted(set(r.rules)))}")
+        lines.append("")
+        lines.append(f"left on {HOST}: {len(self.fallbacks)} ops")
+        for f in self.fallbacks:
+            rule = f" [{f.rule}]" if f.rule else ""
+            lines.append(f"  {f.op:<22} {f.value:<28} {f.reason}{rule}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def to_dot(self) -> str:
+        """The partitioned ``main`` as a graphviz DOT graph, one fill colour per target."""
+        return self.dot
+
+    def render(self, path: str | Path) -> Path:
+        """Write the graph: ``.dot`` as text; ``.svg``/``.png``/``.pdf`` through graphviz's ``dot``."""
+        path = Path(path)
+        fmt = path.suffix.lstrip(".").lower()
+        if fmt in ("dot", "gv"):
+            path.write_text(self.dot)
+            return path
+        dot = shutil.which("dot")
+        if dot is None:
+            raise ByocError(
+                f"rendering {path.name} needs graphviz's 'dot' program (apt-get install graphviz); "
+                "render to a .dot file instead to get the graph as text"
+            )
+        subprocess.run([dot, f"-T{fmt}", "-o", str(path)], input=self.dot, text=True, check=True)
+        return path
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs
+# ----------------------------------------------------------------------------------------------
+def _prod(dims) -> int:
+    return int(math.prod(int(d) for d in dims))
+
+
+def relax_call_flops(call: relax.Call) -> int:
+    """Multiply-adds × 2 of a conv2d/matmul call; one op per output element for anything else."""
+    out = static_shape(call)
+    if out is None:
+        return 0
+    name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+    if name == "relax.nn.conv2d":
+        w = static_shape(call.args[1])
+        return 2 * _prod(out) * _prod(w[1:]) if w else 0
+    if name == "relax.matmul":
+        x = static_shape(call.args[0])
+        return 2 * _prod(out) * x[-1] if x else 0
+    if name in ("relax.reshape", "relax.permute_dims"):
+        return 0
+    return _prod(out)
+
+
+def graph_node_flops(node: dict, tensors: list[dict]) -> int:
+    """FLOPs of one node of a region graph (docs/region-format.md)."""
+    out = tensors[node["output"]]["shape"]
+    if node["op"] == "conv2d":
+        return 2 * _prod(out) * _prod(tensors[node["inputs"][1]]["shape"][1:])
+    if node["op"] == "dense":
+        return 2 * _prod(out) * tensors[node["inputs"][0]]["shape"][-1]
+    return _prod(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the report
+# ----------------------------------------------------------------------------------------------
+def _decisions(mod: tvm.IRModule) -> list[Rejection]:
+    if mod.attrs is None or DECISIONS_ATTR not in mod.attrs:
+        return []
+    return [Rejection(str(d["rule"]), str(d["op"]), str(d["reason"]), str(d["value"]))
+            for d in mod.attrs[DECISIONS_ATTR]]
+
+
+def _region_from_function(name: str, func: relax.Function) -> RegionReport:
+    ops, rules, flops = Counter(), [], 0
+    for comp in _region_composites(func):
+        rules.append(str(comp.attrs["Composite"]))
+        for call in _op_calls(comp):
+            ops[call.op.name.removeprefix("relax.")] += 1
+            flops += relax_call_flops(call)
+    outs = func.body.body.fields if isinstance(func.body.body, relax.Tuple) else [func.body.body]
+    return RegionReport(name, str(func.attrs["Codegen"]), ops, rules,
+                        [describe(p) for p in func.params], [describe(o) for o in outs], flops)
+
+
+def _region_from_graph(graph: dict) -> RegionReport:
+    tensors = graph["tensors"]
+    source = graph.get("source", {})
+
+    def desc(tid):
+        t = tensors[tid]
+        return f"{t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
+
+    return RegionReport(
+        graph["symbol"], source.get("target", "byoc_hetero"), Counter(source.get("ops", {})),
+        list(source.get("composites", [])), [desc(i) for i in graph["inputs"]],
+        [desc(o) for o in graph["outputs"]], sum(graph_node_flops(n, tensors) for n in graph["nodes"]),
+    )
+
+
+def _fallback(call: relax.Call, decisions: list[Rejection]) -> FallbackOp:
+    op, value = call.op.name, describe(call)
+    for rej in reversed(decisions):
+        if rej.op == op and rej.value == value:
+            return FallbackOp(op.removeprefix("relax."), value, rej.reason, rej.rule)
+    return FallbackOp(op.removeprefix("relax."), value, "no offload rule matches it")
+
+
+class _Dot:
+    """Builds the DOT text of ``main``: one node per binding, coloured by where it runs."""
+
+    def __init__(self):
+        self.lines = ["digraph partitioned {", '  rankdir=TB; node [shape=box, style="rounded,filled", '
+                      'fontname="Helvetica", fontsize=10];']
+        self.ids: dict = {}
+        self.colours: dict[str, str] = {HOST: HOST_COLOUR}
+
+    def colour(self, target: str) -> str:
+        if target not in self.colours:
+            self.colours[target] = PALETTE[(len(self.colours) - 1) % len(PALETTE)]
+        return self.colours[target]
+
+    def node(self, key, label: str, target: str, shape: str = "box") -> None:
+        nid = f"n{len(self.ids)}"
+        self.ids[key] = nid
+        label = label.replace('"', "'")
+        self.lines.append(f'  {nid} [label="{label}", fillcolor="{self.colour(target)}", shape={shape}];')
+
+    def edges(self, key, expr) -> None:
+        used = []
+        relax.analysis.post_order_visit(expr, lambda e: used.append(e) if isinstance(e, relax.Var) else None)
+        seen = set()
+        for var in used:
+            src = self.ids.get(var)
+            if src is not None and src not in seen:
+                seen.add(src)
+                self.lines.append(f"  {src} -> {self.ids[key]};")
+
+    def text(self) -> str:
+        legend = " ".join(f"{t}" for t in self.colours)
+        self.lines.append(f'  label="colours: {legend}"; labelloc=b;')
+        for target, colour in self.colours.items():
+            self.lines.append(f'  "legend_{target}" [label="{target}", fillcolor="{colour}", shape=note];')
+        return "\n".join(self.lines + ["}"])
+
+
+def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
+    """Report how ``mod`` (the output of any partition stage) is split between targets.
+
+    Example
+    -------
+    >>> m = bh.partition(mod, params)
+    >>> rep = bh.report(m)
+    >>> print(rep)                     # op counts, regions, what stayed on llvm and why
+    >>> rep.render("vgg11.svg")        # the graph, one colour per target (needs graphviz)
+    """
+    decisions = _decisions(mod)
+    graphs = {}
+    for module in (mod.attrs["external_mods"] if mod.attrs and "external_mods" in mod.attrs else []):
+        graph = region_graph_json(module)
+        if graph is not None:
+            graphs[graph["symbol"]] = graph
+    rep = PartitionReport(op_profile(mod, entry))
+    dot = _Dot()
+    func = mod[entry]
+    for param in func.params:
+        dot.node(param, f"{param.name}\\n{describe(param)}", HOST, shape="ellipse")
+    local_funcs: dict = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            var, value = binding.var, binding.value
+            if isinstance(value, relax.Function):
+                local_funcs[var] = value
+                continue
+            target, label = HOST, type(value).__name__
+            if isinstance(value, relax.Call):
+                callee = None
+                if isinstance(value.op, relax.GlobalVar):
+                    callee = mod[value.op]
+                elif value.op in local_funcs:
+                    callee = local_funcs[value.op]
+                if isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_dps_packed":
+                    symbol = str(value.args[0].global_symbol)
+                    if symbol in graphs:
+                        region = _region_from_graph(graphs[symbol])
+                        rep.regions.append(region)
+                        target = region.target
+                        label = _region_label(region)
+                    else:
+                        label = f"packed {symbol}"
+                elif isinstance(callee, relax.Function) and callee.attrs is not None and "Codegen" in callee.attrs:
+                    region = _region_from_function(value.op.name_hint, callee)
+                    rep.regions.append(region)
+                    target, label = region.target, _region_label(region)
+                elif isinstance(callee, relax.Function) and callee.attrs is not None and "Composite" in callee.attrs:
+                    name = str(callee.attrs["Composite"])
+                    target, label = name.split(".", 1)[0], name
+                elif isinstance(value.op, tvm.ir.Op):
+                    short = value.op.name.removeprefix("relax.")
+                    label = short
+                    if short not in _PLUMBING:
+                        rep.fallbacks.append(_fallback(value, decisions))
+            label += f"\\n{describe(var)}"
+            dot.node(var, label, target)
+            dot.edges(var, value)
+    rep.dot = dot.text()
+    return rep
+
+
+def _region_label(region: RegionReport) -> str:
+    ops = ", ".join(f"{op}x{n}" if n > 1 else op for op, n in sorted(region.ops.items()))
+    return f"{region.target} region\\n{ops}\\n{region.flops / 1e6:.1f} MFLOP"
