@@ -414,7 +414,7 @@ def op_rule(op_name: str, target: str = "byoc_hetero", level: int = 11) -> Calla
             raise RuleError(f"op rule for {op_name}: the check must be callable")
         register_target(target)
         key = op_attr_key(target)
-        if op.has_attr(key):
+        if _has_op_attr(op, key):
             op.reset_attr(key)
 
         def attr_fn(call: relax.Call) -> bool:
@@ -431,7 +431,7 @@ def unregister_op_rule(op_name: str, target: str = "byoc_hetero") -> None:
     """Remove the op-attribute rule of ``op_name`` for ``target`` (also one set by register_op_attr)."""
     op = _get_op(op_name)
     key = op_attr_key(target)
-    if not op.has_attr(key):
+    if not _has_op_attr(op, key):
         raise RuleError(f"op {op_name} has no rule for target {target!r}")
     op.reset_attr(key)
     _OP_CHECKS.pop((target, op_name), None)
@@ -440,7 +440,12 @@ def unregister_op_rule(op_name: str, target: str = "byoc_hetero") -> None:
 def op_rule_ops(target: str) -> list[str]:
     """Names of the ops carrying the ``target.<target>`` attribute (however it was set)."""
     key = op_attr_key(target)
-    return sorted(n for n in tvm.ir.Op.list_op_names() if tvm.ir.Op.get(n).has_attr(key))
+    return sorted(n for n in tvm.ir.Op.list_op_names() if _has_op_attr(tvm.ir.Op.get(n), key))
+
+
+def _has_op_attr(op: tvm.ir.Op, key: str) -> bool:
+    # Op.has_attr is True for every op once any op set the key (and after reset_attr): ask the value
+    return bool(op.has_attr(key)) and op.get_attr(key) is not None
 
 
 def check_op_rule(target: str, call: relax.Call) -> str | None:
