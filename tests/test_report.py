@@ -1,0 +1,75 @@
+"""bh.report: counts, regions, fallback reasons, and the picture."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import byoc_hetero as bh
+
+
+@pytest.fixture(scope="module")
+def resnet_report():
+    mod, params = bh.models.resnet18(image_size=32, num_classes=10)
+    return bh.report(bh.partition(mod, params))
+
+
+def test_counts_and_regions(resnet_report):
+    rep = resnet_report
+    assert rep.profile.counts["byoc_hetero"]["nn.conv2d"] == 20
+    assert sum(r.ops["nn.conv2d"] for r in rep.regions) == 20
+    assert len(rep.regions) == rep.profile.regions["byoc_hetero"]
+    first = rep.regions[0]
+    assert first.inputs == ["float32[1, 3, 32, 32]"] and first.outputs == ["float32[1, 64, 16, 16]"]
+    assert first.rules == ["byoc_hetero.conv2d_bias_relu"]
+    # conv1: 64 x 16 x 16 outputs, each 3 x 7 x 7 multiply-adds
+    assert first.flops == 2 * 64 * 16 * 16 * 3 * 7 * 7
+    assert rep.offloaded_flops == sum(r.flops for r in rep.regions)
+
+
+def test_every_llvm_op_has_a_reason(resnet_report):
+    rep = resnet_report
+    assert len(rep.fallbacks) == rep.profile.total("llvm")
+    assert {f.op for f in rep.fallbacks} == {"add", "nn.relu", "nn.max_pool2d", "nn.adaptive_avg_pool2d",
+                                             "reshape"}
+    assert all(f.reason for f in rep.fallbacks)
+
+
+def test_check_failure_reason_names_the_rule():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float16"))
+    w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            gv = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, w)))
+        bb.emit_func_output(gv)
+    (fallback,) = bh.report(bh.partition(bb.get())).fallbacks
+    assert fallback.op == "nn.conv2d" and fallback.rule == "byoc_hetero.conv2d"
+    assert "float16" in fallback.reason
+
+
+def test_text_and_dot(resnet_report, tmp_path):
+    text = str(resnet_report)
+    assert "byoc_hetero" in text and "left on llvm" in text and "MFLOP" in text
+    dot = resnet_report.to_dot()
+    assert dot.startswith("digraph") and dot.rstrip().endswith("}")
+    # one fill colour per target, every region node drawn
+    assert dot.count("byoc_hetero region") == len(resnet_report.regions)
+    colours = {line.split('fillcolor="')[1].split('"')[0] for line in dot.splitlines() if "fillcolor" in line}
+    assert len(colours) == 2
+    assert resnet_report.render(tmp_path / "g.dot").read_text() == dot
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz 'dot' is not installed")
+def test_render_svg(resnet_report, tmp_path):
+    out = resnet_report.render(tmp_path / "g.svg")
+    assert out.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_render_without_graphviz_says_what_to_do(resnet_report, tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(bh.ByocError, match="graphviz"):
+        resnet_report.render(tmp_path / "g.png")
