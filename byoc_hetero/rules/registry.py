@@ -305,15 +305,16 @@ def match_from_context(ctx: PatternCheckContext) -> Match:
 
 
 def _leaks(ctx: PatternCheckContext) -> bool:
-    """True if a value bound inside the match is used by a binding outside it."""
-    inside = set(ctx.matched_bindings.keys())
-    root_var = ctx.value_to_bound_var.get(ctx.matched_expr) if ctx.value_to_bound_var else None
-    for var in inside:
-        if root_var is not None and var.same_as(root_var):
-            continue
-        for user in ctx.var_usages.get(var, []):
-            if user not in inside:
-                return True
+    """True if a value bound inside the match (other than its root) is used outside it."""
+    bindings = dict(ctx.matched_bindings.items())
+    inside = set(bindings)
+    usages = ctx.var_usages
+    for var, value in bindings.items():
+        if value.same_as(ctx.matched_expr):
+            continue  # the root: its users are the match's consumers
+        users = usages.get(var)
+        if users is not None and any(user not in inside for user in users):
+            return True
     return False
 
 
