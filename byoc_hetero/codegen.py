@@ -205,11 +205,14 @@ class _RegionLowering:
             # only a bias is reshaped inside a composite: the runtime needs its values, not its shape
             return self.lookup(call.args[0])
         if op == "relax.add":
-            node = self.epilogue_node(call.args[0], op)
+            # the bias add comes either way round: add(y, b) or add(b, y)
+            first_is_node = self.lookup(call.args[0]) in self.open_node
+            produced, bias = (call.args[0], call.args[1]) if first_is_node else (call.args[1], call.args[0])
+            node = self.epilogue_node(produced, op)
             if node.attrs["has_bias"] or node.attrs["activation"] != "none":
                 raise self.fail(f"second add after {node.op}")
             node.attrs["has_bias"] = 1
-            node.inputs.append(self.lookup(call.args[1]))
+            node.inputs.append(self.lookup(bias))
             return node.output
         if op == "relax.nn.relu":
             node = self.epilogue_node(call.args[0], op)

@@ -53,7 +53,9 @@ def _check_bias(match: Match, out_shape: tuple[int, ...], channel_axis: int) -> 
     if not match.has("bias_add"):
         return None
     add = match.expr("bias_add")
-    operand = add.args[1]
+    anchor = match.expr("anchor")
+    # add is matched either way round: add(y, b) (ONNX) or add(b, y) (PyTorch's linear)
+    operand = add.args[0] if _produced_by(match, add.args[1], anchor) else add.args[1]
     reason = _float32_static(Match(add, {"bias": operand}), ["bias"])
     if reason:
         return reason
@@ -72,6 +74,10 @@ def _check_bias(match: Match, out_shape: tuple[int, ...], channel_axis: int) -> 
     if static_shape(add) != out_shape:
         return f"bias add changes the shape {list(out_shape)} -> {static_shape(add)}"
     return None
+
+
+def _produced_by(match: Match, expr: relax.Expr, anchor: relax.Expr) -> bool:
+    return match.value(expr).same_as(anchor)
 
 
 def check_conv2d(match: Match) -> str | None:

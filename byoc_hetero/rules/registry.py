@@ -59,6 +59,11 @@ class Match:
     call: relax.Call
     exprs: Mapping[str, relax.Expr]
     leaks: bool = False
+    bindings: Mapping[relax.Var, relax.Expr] = field(default_factory=dict)
+
+    def value(self, expr: relax.Expr) -> relax.Expr:
+        """``expr`` with a variable bound inside the match replaced by its bound value."""
+        return self.bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
 
     def expr(self, name: str) -> relax.Expr:
         """The sub-expression annotated ``name``; KeyError naming the known ones if absent."""
@@ -301,7 +306,8 @@ class PatternRule:
 def match_from_context(ctx: PatternCheckContext) -> Match:
     exprs = {str(k): v for k, v in ctx.annotated_expr.items()}
     exprs.setdefault("root", ctx.matched_expr)
-    return Match(call=ctx.matched_expr, exprs=exprs, leaks=_leaks(ctx))
+    return Match(call=ctx.matched_expr, exprs=exprs, leaks=_leaks(ctx),
+                 bindings=dict(ctx.matched_bindings.items()))
 
 
 def _leaks(ctx: PatternCheckContext) -> bool:
