@@ -1,0 +1,213 @@
+"""``compile``: build every device's code of a placed module into one VM executable.
+
+The steps, each guarding against a way TVM 0.27 silently misplaces work:
+
+1. :func:`~.validate.validate` the placement (operands and outputs of each op on one device).
+2. Legalize with the device kept: each op's legalization is wrapped so that the ``call_tir`` it
+   produces states the op's device (TVM drops it for ``R.nn.conv2d`` and ops without tensor
+   operands); TVM then tags each kernel with that device's target.
+3. Schedule the GPU kernels — only those whose target is a GPU (dlight's default GPU rules, then
+   ``DefaultGPUSchedule`` for the rest); host kernels are left to llvm.
+4. :func:`~.validate.validate_lowered`: every kernel compiled for its output's device.
+5. ``relax.build`` with per-function targets; a GPU module must be in the result when a GPU
+   device runs a kernel.
+
+The result carries the placement plan (devices in VM order, each parameter's device, the loaders
+of device constants) as data, also embedded in the executable as the function
+``__byoc_hetero_placement__`` so an exported library can be run by :func:`~.runtime.vm`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from . import _ir
+from .devices import Device, device_of_vdevice, module_vdevices
+from .errors import PlacementError
+from .validate import runtime_module_kinds, validate, validate_lowered
+
+PLAN_FUNCTION = "__byoc_hetero_placement__"
+PLAN_FORMAT = "byoc_hetero.placement"
+
+
+@dataclass
+class PlacedExecutable:
+    """A compiled placed module: the VM executable and its placement plan."""
+
+    executable: relax.VMExecutable
+    #: the placed module that was compiled (before lowering)
+    module: tvm.IRModule
+    #: the plan: ``{"devices": [...], "functions": {name: {"params": [...], "constants": loader, ...}}}``
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> list[Device]:
+        """The devices in VM order."""
+        from .devices import parse_device
+
+        return [parse_device(d) for d in self.plan["devices"]]
+
+    def export_library(self, path: str, **kwargs) -> None:
+        """Export the executable (the plan travels inside it; load with ``tvm.runtime.load_module``
+        and run with :func:`byoc_hetero.placement.vm`)."""
+        self.executable.export_library(path, **kwargs)
+
+
+def make_plan(mod: tvm.IRModule) -> dict[str, Any]:
+    """The placement plan of a placed module (plain JSON-able data)."""
+    devices = [str(device_of_vdevice(v)) for v in module_vdevices(mod)]
+    functions: dict[str, Any] = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or _ir.is_composite_or_region(func):
+            continue
+        attrs = func.attrs if func.attrs is not None else {}
+        if _ir.ATTR_CONSTANTS_FOR in attrs or "global_symbol" not in attrs:
+            continue
+        params = []
+        for p in func.params:
+            vds = [t.vdevice for t in _ir.tensor_leaves(p.ty)]
+            if isinstance(p.ty, relax.TensorType) and vds[0] is not None:
+                params.append(str(device_of_vdevice(vds[0])))
+            else:
+                params.append(None)
+        entry: dict[str, Any] = {"params": params}
+        if _ir.ATTR_CONSTANTS in attrs:
+            entry["constants"] = str(attrs[_ir.ATTR_CONSTANTS])
+            entry["num_constants"] = int(attrs[_ir.ATTR_NUM_CONSTANTS])
+        functions[gv.name_hint] = entry
+    return {"format": PLAN_FORMAT, "version": 1, "devices": devices, "functions": functions}
+
+
+# -- legalization that keeps devices ----------------------------------------------------------------
+
+def _used_ops(mod: tvm.IRModule) -> set[str]:
+    ops: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            ops.add(expr.op.name)
+
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return ops
+
+
+def _single_vdevice(call: relax.Call):
+    vds = _ir.vdevices_in(call.ty)
+    if vds and all(v is not None for v in vds) and all(_ir.key(v) == _ir.key(vds[0]) for v in vds):
+        return vds[0]
+    for arg in call.args:
+        for t in _ir.tensor_leaves(getattr(arg, "ty", None)):
+            if t.vdevice is not None:
+                return t.vdevice
+    return None
+
+
+def _keep_device(legalize):
+    def wrapped(bb: relax.BlockBuilder, call: relax.Call):
+        result = legalize(bb, call)
+        vdevice = _single_vdevice(call)
+        if (vdevice is None or not isinstance(result, relax.Call)
+                or _ir.op_of(result) not in ("relax.call_tir", "relax.call_tir_inplace")):
+            return result
+        ty_args = [_ir.with_vdevice(t, vdevice) if any(v is None for v in _ir.vdevices_in(t)) else t
+                   for t in result.ty_args]
+        return relax.Call(result.op, result.args, result.attrs, ty_args)
+
+    return wrapped
+
+
+def legalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """``LegalizeOps`` whose kernels keep the device of the op they implement."""
+    cmap = {}
+    for name in sorted(_used_ops(mod)):
+        fn = tvm.ir.Op.get(name).get_attr("FLegalize")
+        if fn is not None:
+            cmap[name] = _keep_device(fn)
+    return relax.transform.LegalizeOps(cmap)(mod)
+
+
+# -- GPU scheduling ------------------------------------------------------------------------------------
+
+def _is_gpu_target(target) -> bool:
+    return target is not None and "gpu" in [str(k) for k in target.keys]
+
+
+def schedule_gpu_kernels(mod: tvm.IRModule) -> tvm.IRModule:
+    """Apply default GPU schedules to the kernels whose target is a GPU, and only to them."""
+    from tvm.s_tir import dlight as dl
+
+    by_target: dict[str, tuple[Any, dict]] = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
+            target = func.attrs.get("target")
+            if _is_gpu_target(target):
+                by_target.setdefault(str(target), (target, {}))[1][gv] = func
+    if not by_target:
+        return mod
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    for target, funcs in by_target.values():
+        sub = tvm.IRModule(funcs)
+        with target:
+            sub = dl.ApplyDefaultSchedule(
+                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
+            )(sub)
+            sub = tvm.s_tir.transform.DefaultGPUSchedule()(sub)
+        for gv, func in sub.functions_items():
+            out[gv] = func
+    return out
+
+
+# -- compile ----------------------------------------------------------------------------------------------
+
+def _with_plan(mod: tvm.IRModule, plan: dict[str, Any]) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    with bb.function(PLAN_FUNCTION, params=[]):
+        bb.emit_func_output(tvm.ir.StringImm(json.dumps(plan)))
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    out[PLAN_FUNCTION] = bb.get()[PLAN_FUNCTION]
+    return out
+
+
+def _gpu_devices_with_kernels(mod: tvm.IRModule) -> set[Device]:
+    used = set()
+    for _gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and _is_gpu_target(func.attrs.get("target")):
+            used.add(str(func.attrs["target"].kind.name))
+    return used
+
+
+def compile(placed: tvm.IRModule, *, check: bool = True) -> PlacedExecutable:  # noqa: A001
+    """Build a placed module for all its devices: llvm for CPU devices, CUDA (scheduled) for GPUs.
+
+    ``placed`` is the result of :func:`~byoc_hetero.placement.place` (optionally partitioned
+    afterwards with :func:`byoc_hetero.partition`, whose offloaded regions are linked in) or any
+    module whose every value is typed on a declared virtual device.
+
+    Raises :class:`PlacementError` when the placement is inconsistent (``check=False`` skips only
+    the checks before lowering, never the kernel-target and GPU-module checks).
+    """
+    if check:
+        validate(placed)
+    elif not module_vdevices(placed):
+        raise PlacementError("module declares no virtual devices; place() it first")
+    plan = make_plan(placed)
+    lowered = legalize(placed)
+    lowered = schedule_gpu_kernels(lowered)
+    validate_lowered(lowered)
+    gpu_kinds = _gpu_devices_with_kernels(lowered)
+    ex = relax.build(_with_plan(lowered, plan), target=None)
+    kinds = runtime_module_kinds(ex.mod)
+    missing = sorted(k for k in gpu_kinds if k not in kinds)
+    if missing:
+        raise PlacementError(
+            f"kernels placed on {', '.join(missing)} but the executable has no {', '.join(missing)} module "
+            f"(it has: {', '.join(sorted(kinds))})"
+        )
+    return PlacedExecutable(ex, placed, plan)

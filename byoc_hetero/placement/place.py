@@ -1,0 +1,384 @@
+"""``place``: decide the device of every call, parameter and constant of a Relax module.
+
+Placement has two halves. This module *decides*: it walks each entry function's bindings in order,
+asks the rules (:mod:`.rules`) for the device of each call, gives the fallback device to calls no
+rule names, gives each parameter the device of its first consumer, and lets constants follow their
+consumers. :mod:`.copies` then *materializes* the decision: typed values on virtual devices and one
+``R.to_vdevice`` copy per (value, destination device).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from . import _ir
+from .copies import rewrite_function
+from .devices import Device, DeviceLike, device_of_vdevice, make_vdevice, module_vdevices, parse_device
+from .errors import PlacementError, PlacementWarning
+from .rules import PlacementMap, PlacementRules, Site
+
+
+class Pending:
+    """The device of a parameter not decided yet (its first consumer decides)."""
+
+    __slots__ = ("param",)
+
+    def __init__(self, param: int):
+        self.param = param
+
+
+CONST = "constant"  # marker: a value bound to a constant; each consumer gets it on its own device
+
+DevTree = Device | Pending | str | tuple | None
+
+
+@dataclass
+class RegionInfo:
+    """An offloaded region (an external module's symbol) as placement sees it."""
+
+    codegen: str
+    ops: tuple[str, ...] = ()
+    composites: tuple[str, ...] = ()
+    cpu_only: bool = True
+
+
+@dataclass
+class FunctionPlan:
+    """The placement decision for one function: a device per parameter and per binding."""
+
+    name: str
+    params: list[DevTree]
+    bindings: dict[int, DevTree] = field(default_factory=dict)  # key(var) → device tree
+    const_vars: dict[int, relax.Expr] = field(default_factory=dict)  # key(var) → bound constant
+    sites: dict[int, Site] = field(default_factory=dict)  # key(var) → the call placed there
+
+
+def _region_table(mod: tvm.IRModule) -> dict[str, RegionInfo]:
+    """Symbols of the offloaded regions carried by ``mod`` (``external_mods``)."""
+    from ..codegen import region_graph_json
+
+    table: dict[str, RegionInfo] = {}
+    attrs = mod.attrs
+    if attrs is None or "external_mods" not in attrs:
+        return table
+    for ext in attrs["external_mods"]:
+        graph = region_graph_json(ext)
+        if graph is None:
+            continue
+        source = graph.get("source", {})
+        ops = tuple(n if n.startswith("relax.") else "relax." + n for n in source.get("ops", {}))
+        table[str(graph["symbol"])] = RegionInfo(
+            str(source.get("target", ext.kind)), ops, tuple(source.get("composites", [])), cpu_only=True
+        )
+    return table
+
+
+def _external_region(mod: tvm.IRModule, symbol: str) -> RegionInfo | None:
+    """A region of another BYOC backend (any external module implementing ``symbol``)."""
+    attrs = mod.attrs
+    if attrs is None or "external_mods" not in attrs:
+        return None
+    for ext in attrs["external_mods"]:
+        try:
+            if ext.implements_function(symbol):
+                return RegionInfo(str(ext.kind), cpu_only=False)
+        except Exception:  # noqa: BLE001  (modules that cannot answer are not the region)
+            continue
+    return None
+
+
+class _Analysis:
+    """Decide devices for one function (no IR is changed here)."""
+
+    def __init__(self, mod: tvm.IRModule, name: str, rules: PlacementRules, fallback: Device,
+                 regions: dict[str, RegionInfo], declared: list[Device]):
+        self.mod, self.name, self.rules, self.fallback = mod, name, rules, fallback
+        self.declared = declared
+        self.regions = regions
+        self.func: relax.Function = mod[name]
+        self.var2val = relax.analysis.get_var2val(self.func)
+        self.param_dev: dict[int, Device] = {}
+        self.param_index = {_ir.key(p): i for i, p in enumerate(self.func.params)}
+        self.plan = FunctionPlan(name, [])
+        self.counts: Counter = Counter()
+
+    # -- device trees -------------------------------------------------------------------------
+    def tree_of(self, expr) -> DevTree:
+        if isinstance(expr, relax.Var):
+            k = _ir.key(expr)
+            if k in self.param_index:
+                dev = self.param_dev.get(k)
+                if dev is not None:
+                    return dev if not isinstance(expr.ty, relax.TupleType) else _fill(expr.ty, dev)
+                return Pending(k) if _ir.has_tensor(expr.ty) else None
+            if k in self.plan.const_vars:
+                return CONST
+            return self.resolve(self.plan.bindings.get(k))
+        if isinstance(expr, relax.Tuple):
+            return tuple(self.tree_of(f) for f in expr.fields)
+        if isinstance(expr, tvm.ir.Constant) and isinstance(expr.ty, relax.TensorType):
+            return CONST
+        return None
+
+    def resolve(self, tree: DevTree) -> DevTree:
+        if isinstance(tree, Pending):
+            return self.param_dev.get(tree.param, tree)
+        if isinstance(tree, tuple):
+            return tuple(self.resolve(t) for t in tree)
+        return tree
+
+    def consume(self, expr, device: Device) -> None:
+        """``expr`` is an operand of a call on ``device``: undecided parameters in it go there."""
+        self._settle(self.tree_of(expr), device)
+
+    def _settle(self, tree: DevTree, device: Device) -> None:
+        if isinstance(tree, Pending):
+            self.param_dev.setdefault(tree.param, device)
+        elif isinstance(tree, tuple):
+            for t in tree:
+                self._settle(t, device)
+
+    def first_device(self, exprs, cpu_only: bool) -> Device | None:
+        """The device of the first operand that already has one (a CPU device when ``cpu_only``)."""
+        for e in exprs:
+            for leaf in _leaves(self.tree_of(e)):
+                if isinstance(leaf, Device) and not (cpu_only and leaf.is_gpu):
+                    return leaf
+        return None
+
+    def region_device(self, site: Site) -> Device:
+        """A region no rule places stays with its inputs; a CPU runtime's region stays on a CPU."""
+        info = self.regions.get(site.op_name)
+        cpu_only = info is not None and info.cpu_only
+        device = self.first_device(site.call.args, cpu_only)
+        if device is None:
+            device = self.fallback
+            if cpu_only and device.is_gpu:
+                device = next((d for d in self.declared if not d.is_gpu), device)
+        return device
+
+    # -- the walk -----------------------------------------------------------------------------
+    def run(self) -> FunctionPlan:
+        for _block, binding in _ir.bindings(self.func):
+            var, value = binding.var, binding.value
+            k = _ir.key(var)
+            if isinstance(binding, relax.MatchCast):
+                self.plan.bindings[k] = self.tree_of(value)
+                continue
+            if isinstance(value, relax.Call):
+                self.plan.bindings[k] = self.call(var, value)
+            elif isinstance(value, tvm.ir.Constant) and isinstance(value.ty, relax.TensorType):
+                self.plan.const_vars[k] = value
+            elif isinstance(value, relax.Tuple | relax.Var):
+                self.plan.bindings[k] = self.tree_of(value)
+            elif isinstance(value, relax.TupleGetItem):
+                tree = self.tree_of(value.tuple_value)
+                self.plan.bindings[k] = tree[value.index] if isinstance(tree, tuple) else tree
+            elif isinstance(value, relax.If | relax.SeqExpr | relax.Function):
+                raise PlacementError(
+                    f"{self.name}: binding {var.name!r} is a {type(value).__name__}; place() handles "
+                    "straight-line functions (no control flow or local functions)"
+                )
+            else:
+                self.plan.bindings[k] = None
+        # parameters no call consumed stay on the fallback device
+        params = []
+        for p in self.func.params:
+            pk = _ir.key(p)
+            if _ir.has_tensor(p.ty):
+                self.param_dev.setdefault(pk, self.fallback)
+                params.append(self.param_dev[pk])
+            else:
+                params.append(None)
+        self.plan.params = params
+        self.plan.bindings = {k: self.resolve(t) for k, t in self.plan.bindings.items()}
+        return self.plan
+
+    def call(self, var: relax.Var, call: relax.Call) -> DevTree:
+        op = _ir.op_of(call)
+        if op in (_ir.COPY_OP, _ir.HINT_OP):
+            device = self.copy_destination(call)
+            self.consume(call.args[0], device)
+            return _fill(var.ty, device)
+        if isinstance(call.op, relax.GlobalVar):
+            callee = self.mod[call.op]
+            kind = "a composite or offloaded region" if _ir.is_composite_or_region(callee) else "a Relax function"
+            raise PlacementError(
+                f"{self.name}: {var.name!r} calls {call.op.name_hint}, {kind}; place() works on a module "
+                "before partitioning or after all four stages (bh.partition), not between them"
+            )
+        site = self.site(var, call)
+        rule = self.rules.lookup(site, self.var2val)
+        if rule is not None:
+            device = rule.device
+        elif site.region is not None:
+            device = self.region_device(site)
+        else:
+            device = self.fallback
+        for arg in call.args:
+            self.consume(arg, device)
+        self.plan.sites[_ir.key(var)] = site
+        return _fill(var.ty, device)
+
+    def copy_destination(self, call: relax.Call) -> Device:
+        attrs = call.attrs
+        if _ir.op_of(call) == _ir.COPY_OP:
+            return device_of_vdevice(attrs.dst_vdevice)
+        kind = {1: "cpu", 2: "cuda"}.get(int(attrs.device_type))
+        if kind is None:
+            raise PlacementError(f"{self.name}: hint_on_device to device type {attrs.device_type} (CPU and CUDA only)")
+        return Device(kind, int(attrs.index))
+
+    def site(self, var: relax.Var, call: relax.Call) -> Site:
+        name = _ir.site_name(call)
+        index = self.counts[name]
+        self.counts[name] += 1
+        region = None
+        if _ir.op_of(call) in _ir.CALL_OPS and isinstance(call.args[0], relax.ExternFunc):
+            region = self.regions.get(name) or _external_region(self.mod, name)
+        if region is None:
+            return Site(call, name, index, var.name, self.name)
+        return Site(call, name, index, var.name, self.name, region=region.codegen,
+                    contained_ops=region.ops, aliases=(region.codegen, *region.composites))
+
+
+def _fill(ty, device: Device) -> DevTree:
+    """A device tree with ``device`` at every tensor of ``ty``."""
+    if isinstance(ty, relax.TupleType):
+        return tuple(_fill(f, device) for f in ty.fields)
+    return device if isinstance(ty, relax.TensorType) else None
+
+
+def _leaves(tree: DevTree):
+    if isinstance(tree, tuple):
+        for t in tree:
+            yield from _leaves(t)
+    elif tree is not None:
+        yield tree
+
+
+def _declared(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None, rules: PlacementRules,
+              fallback: Device) -> tuple[list[Device], list[relax.VDevice] | None]:
+    """The declared devices (VM order) and the module's own VDevice objects when it has them."""
+    existing = module_vdevices(mod)
+    if devices is not None:
+        declared = [parse_device(d) for d in devices]
+        dups = [d for d, n in Counter(declared).items() if n > 1]
+        if dups:
+            raise PlacementError(f"devices: {', '.join(map(str, dups))} declared twice")
+        if existing and [device_of_vdevice(v) for v in existing] != declared:
+            have = ", ".join(str(device_of_vdevice(v)) for v in existing)
+            raise PlacementError(f"the module already declares devices [{have}]; devices= must match them")
+    elif existing:
+        declared = [device_of_vdevice(v) for v in existing]
+    else:
+        declared = [fallback] + [d for d in rules.devices() if d != fallback]
+    names = ", ".join(map(str, declared))
+    if fallback not in declared:
+        raise PlacementError(f"fallback device {fallback} is not declared (declared: {names})")
+    for rule in rules.rules:
+        if rule.device not in declared:
+            raise PlacementError(f"placement rule {rule.label} → {rule.device}: device not declared (declared: {names})")
+    return declared, (existing or None)
+
+
+def place(
+    mod: tvm.IRModule,
+    rules: PlacementMap | None = None,
+    fallback: DeviceLike = "cpu",
+    *,
+    devices: Sequence[DeviceLike] | None = None,
+    targets: Mapping[str, tvm.target.Target | str] | None = None,
+    functions: Sequence[str] | None = None,
+) -> tvm.IRModule:
+    """Place every call of ``mod`` on a device; returns a new module (``mod`` is unchanged).
+
+    Parameters
+    ----------
+    mod:
+        A Relax module: as written or imported, after :func:`byoc_hetero.bind_params`, or after
+        :func:`byoc_hetero.partition` (offloaded regions are placed as single calls).
+    rules:
+        Placement map ``{rule: device}`` (or a list of pairs), tried in order; see
+        :mod:`byoc_hetero.placement.rules` for op names, patterns and callables as rules.
+    fallback:
+        The device of every call no rule places. It is VM device 0 unless ``devices`` says otherwise,
+        and holds the constants the VM loads.
+    devices:
+        The declared devices in VM order. Default: the module's own ``vdevice`` list if it has one,
+        else the fallback followed by the devices the rules name. A rule naming a device that is
+        not declared is an error.
+    targets:
+        Target per device kind (``{"cuda": tvm.target.Target(...)}``); default llvm for ``cpu``
+        and, for ``cuda``, the present GPU's target or ``sm_75``.
+    functions:
+        The functions to place (default: every Relax function that is not a composite or region).
+
+    Returns
+    -------
+    An ordinary Relax module: ``global_infos["vdevice"]`` lists the devices; every parameter,
+    binding and constant has a ``vdevice``; each value used on another device is copied there once
+    (``R.to_vdevice``). Constants used off device 0 become trailing parameters of their function,
+    filled once at load by a generated ``<function>__device_constants`` function
+    (:func:`byoc_hetero.placement.vm` does that).
+
+    Raises
+    ------
+    PlacementError
+        an unknown or undeclared device, a bad rule, an offloaded CPU region placed on a GPU, or a
+        construct placement does not handle. A rule that matches nothing only warns
+        (:class:`PlacementWarning`).
+    """
+    parsed = PlacementRules(rules)
+    fb = parse_device(fallback)
+    declared, existing = _declared(mod, devices, parsed, fb)
+    if existing is not None:
+        vdevices = existing
+    else:
+        vdevices = [make_vdevice(d, targets) for d in declared]
+    vd_of = dict(zip(declared, vdevices))
+    infos = dict(mod.global_infos) if mod.global_infos is not None else {}
+    infos["vdevice"] = vdevices
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=infos)
+
+    names = list(functions) if functions is not None else _ir.entry_functions(mod)
+    regions = _region_table(mod)
+    for name in names:
+        if name not in [gv.name_hint for gv in out.get_global_vars()]:
+            raise PlacementError(f"module has no function {name!r} to place")
+        func = out[name]
+        if not isinstance(func, relax.Function):
+            raise PlacementError(f"{name} is not a Relax function")
+        plan = _Analysis(out, name, parsed, fb, regions, declared).run()
+        _check_regions(plan, regions)
+        new_func, loader = rewrite_function(out, func, plan, vd_of, declared[0])
+        out[name] = new_func
+        if loader is not None:
+            out[loader[0]] = loader[1]
+    for rule in parsed.unused():
+        warnings.warn(
+            PlacementWarning(f"placement rule {rule.label} → {rule.device} matched no call in "
+                             f"{', '.join(names) or 'the module'}"),
+            stacklevel=2,
+        )
+    return out
+
+
+def _check_regions(plan: FunctionPlan, regions: dict[str, RegionInfo]) -> None:
+    for k, site in plan.sites.items():
+        if site.region is None:
+            continue
+        info = regions.get(site.op_name)
+        dev = plan.bindings.get(k)
+        leaf = next((d for d in _leaves(dev) if isinstance(d, Device)), None)
+        if info is not None and info.cpu_only and leaf is not None and leaf.is_gpu:
+            raise PlacementError(
+                f"{plan.name}: offloaded region {site.op_name} ({site.region}, a CPU runtime) bound to "
+                f"{site.name!r} would run on {leaf}; place it (or the ops in it) on a CPU device"
+            )

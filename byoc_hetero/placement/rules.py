@@ -1,0 +1,164 @@
+"""Placement rules: which device runs a call.
+
+A placement map is a mapping (or a sequence of pairs) from a *rule key* to a device. Keys:
+
+* an **op name**: ``"relax.nn.conv2d"`` (``"nn.conv2d"`` works too), the callee of ``call_tir`` /
+  ``call_dps_packed`` / ``call_pure_packed`` (``"my.cpu_only_op"``), an offloaded region's codegen
+  name (``"byoc_hetero"``), symbol or composite name (``"byoc_hetero.conv2d_bias_relu"``);
+* a **dataflow pattern** (``tvm.relax.dpl``), matched against the call with the function's bindings
+  visible (so ``is_op("relax.nn.relu")(is_op("relax.nn.conv2d")(wildcard(), wildcard()))`` works);
+* a **callable** taking a :class:`Site` and returning true for calls it places, e.g.
+  ``lambda s: s.op_name == "relax.nn.conv2d" and s.index == 0`` (only the first conv).
+
+Rules are tried in map order; the first that matches decides. An offloaded region that no rule
+names directly follows the first rule that names an op inside it, else the device of its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import DFPattern
+
+from .devices import Device, DeviceLike, parse_device
+from .errors import PlacementError
+
+RuleKey = str | DFPattern | Callable[["Site"], bool]
+PlacementMap = Mapping[RuleKey, DeviceLike] | Sequence[tuple[RuleKey, DeviceLike]]
+
+
+@dataclass
+class Site:
+    """A call being placed, with its context. Attributes not listed here are the call's own
+    (``site.op``, ``site.args``, ``site.attrs``), so a rule written for a ``relax.Call`` works."""
+
+    call: relax.Call
+    #: the name rules match: op name, or callee of call_tir/call_dps_packed, or called function
+    op_name: str
+    #: how many earlier calls with the same ``op_name`` the function has (0: the first)
+    index: int
+    #: the name of the variable the call is bound to
+    name: str
+    #: the function being placed
+    function: str
+    #: the codegen name of an offloaded region (``"byoc_hetero"``), None for other calls
+    region: str | None = None
+    #: op names inside an offloaded region (``"relax.nn.conv2d"``, ...)
+    contained_ops: tuple[str, ...] = ()
+    #: further names the call answers to: region symbol, codegen and composite names
+    aliases: tuple[str, ...] = ()
+
+    def __getattr__(self, item):
+        if item == "call":  # not yet set (copy/pickle): avoid recursion
+            raise AttributeError(item)
+        return getattr(self.call, item)
+
+    def names(self) -> tuple[str, ...]:
+        return (self.op_name, *self.aliases)
+
+
+def _normalize_name(name: str) -> str:
+    """``"nn.conv2d"`` → ``"relax.nn.conv2d"`` when that is a registered op; else unchanged."""
+    if name.startswith("relax."):
+        return name
+    try:
+        tvm.ir.Op.get("relax." + name)
+    except Exception:  # noqa: BLE001  (TVM raises its own error types for unknown ops)
+        return name
+    return "relax." + name
+
+
+def _label(key) -> str:
+    if isinstance(key, str):
+        return repr(key)
+    if isinstance(key, DFPattern):
+        return f"pattern {key}"
+    return f"callable {getattr(key, '__qualname__', None) or getattr(key, '__name__', repr(key))}"
+
+
+@dataclass
+class Rule:
+    """One entry of a placement map."""
+
+    key: RuleKey
+    device: Device
+    name: str | None = None  # the normalized op name for string keys
+    matched: int = 0
+    sites: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return _label(self.key)
+
+    def matches(self, site: Site, var2val) -> bool:
+        """Whether the rule names this call directly."""
+        if self.name is not None:
+            return self.name in site.names()
+        if isinstance(self.key, DFPattern):
+            return bool(self.key.match(site.call, var2val))
+        try:
+            return bool(self.key(site))
+        except Exception as err:  # noqa: BLE001  (a user callable: report it with the rule)
+            raise PlacementError(
+                f"placement rule {self.label} raised {type(err).__name__}: {err} "
+                f"(on {site.op_name} bound to {site.name!r} in {site.function})"
+            ) from err
+
+    def names_op_inside(self, site: Site) -> bool:
+        """Whether the rule names an op inside this offloaded region."""
+        return self.name is not None and self.name in site.contained_ops
+
+
+class PlacementRules:
+    """A parsed placement map: ordered rules, the first match wins."""
+
+    def __init__(self, mapping: PlacementMap | None):
+        items = list(mapping.items()) if isinstance(mapping, Mapping) else list(mapping or [])
+        self.rules: list[Rule] = []
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise PlacementError(f"placement map entries are (rule, device) pairs, got {item!r}")
+            key, dev = item
+            if isinstance(key, str):
+                if not key.strip():
+                    raise PlacementError("placement rule with an empty op name")
+                rule = Rule(key, _parse(dev, key), name=_normalize_name(key.strip()))
+            elif isinstance(key, DFPattern) or callable(key):
+                rule = Rule(key, _parse(dev, key))
+            else:
+                raise PlacementError(
+                    f"placement rule {key!r}: a rule is an op name, a dataflow pattern or a callable"
+                )
+            self.rules.append(rule)
+
+    def devices(self) -> list[Device]:
+        """Devices the rules name, in rule order, each once."""
+        seen: list[Device] = []
+        for rule in self.rules:
+            if rule.device not in seen:
+                seen.append(rule.device)
+        return seen
+
+    def lookup(self, site: Site, var2val) -> Rule | None:
+        """The rule that places ``site``: a rule naming it; for a region, else a rule naming an op
+        inside it. None when no rule applies (the caller uses the region's inputs or the fallback)."""
+        chosen = next((r for r in self.rules if r.matches(site, var2val)), None)
+        if chosen is None and site.region is not None:
+            chosen = next((r for r in self.rules if r.names_op_inside(site)), None)
+        if chosen is not None:
+            chosen.matched += 1
+            chosen.sites.append(f"{site.function}:{site.name}")
+        return chosen
+
+    def unused(self) -> list[Rule]:
+        return [r for r in self.rules if r.matched == 0]
+
+
+def _parse(dev: DeviceLike, key) -> Device:
+    try:
+        return parse_device(dev)
+    except PlacementError as err:
+        raise PlacementError(f"placement rule {_label(key)}: {err}") from None

@@ -1,0 +1,129 @@
+"""``vm``: run a compiled placement — a VM with the right device list, inputs moved to their devices.
+
+The VM's devices are the placement's devices in order (``cpu:1`` is ``tvm.cpu(1)``, ``cuda:0`` is
+``tvm.cuda(0)``), as TVM's VM requires; TVM appends the host CPU when the last device is a GPU.
+Each call moves its inputs to the devices of the parameters they fill (numpy arrays are uploaded
+there, tensors elsewhere are copied) and appends the function's device constants, which were
+copied to their devices once, when the VM was made.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import InputError
+from .build import PLAN_FORMAT, PLAN_FUNCTION, PlacedExecutable
+from .devices import Device, parse_device
+from .errors import PlacementError
+
+
+def _read_plan(executable) -> dict[str, Any]:
+    """The plan embedded in an executable (or a loaded library) by :func:`compile`."""
+    probe = relax.VirtualMachine(executable, tvm.cpu())
+    try:
+        text = probe[PLAN_FUNCTION]()
+    except Exception as err:  # noqa: BLE001  (TVM raises its own error types for unknown functions)
+        raise PlacementError(
+            "this executable carries no placement plan: compile it with byoc_hetero.placement.compile"
+        ) from err
+    plan = json.loads(str(text))
+    if plan.get("format") != PLAN_FORMAT:
+        raise PlacementError(f"unknown placement plan format {plan.get('format')!r}")
+    return plan
+
+
+class PlacedVM:
+    """A VM over a compiled placement. ``vm["main"](*inputs)`` or ``vm.run("main", ...)``."""
+
+    def __init__(self, compiled, devices: Sequence[tvm.runtime.Device] | None = None,
+                 memory_cfg: str | None = None):
+        if isinstance(compiled, PlacedExecutable):
+            executable, plan = compiled.executable, compiled.plan
+        else:
+            executable, plan = compiled, _read_plan(compiled)
+        self.plan = plan
+        #: the placement devices in VM order
+        self.devices: list[Device] = [parse_device(d) for d in plan["devices"]]
+        if devices is None:
+            runtime_devices = [d.runtime_device() for d in self.devices]
+        else:
+            runtime_devices = list(devices)
+            if len(runtime_devices) != len(self.devices):
+                raise PlacementError(
+                    f"{len(runtime_devices)} devices given for a placement on {len(self.devices)} "
+                    f"({', '.join(map(str, self.devices))})"
+                )
+        for dev, rt in zip(self.devices, runtime_devices):
+            if not rt.exist:
+                raise PlacementError(f"device {dev} ({rt}) is not available on this machine")
+        #: the runtime device of each placement device
+        self.runtime_devices: list[tvm.runtime.Device] = runtime_devices
+        self._rt = {str(d): rt for d, rt in zip(self.devices, runtime_devices)}
+        #: the underlying ``relax.VirtualMachine``
+        self.vm = relax.VirtualMachine(executable, list(runtime_devices), memory_cfg=memory_cfg)
+        self._constants: dict[str, list] = {}
+        for name, entry in plan["functions"].items():
+            loader = entry.get("constants")
+            if loader:
+                values = self.vm[loader]()
+                self._constants[name] = [values[i] for i in range(len(values))]
+
+    def device_constants(self, function: str = "main") -> list:
+        """The device constants of ``function``, already on their devices (copied once, at load)."""
+        return list(self._constants.get(function, []))
+
+    def input_devices(self, function: str = "main") -> list[tvm.runtime.Device | None]:
+        """The runtime device of each input of ``function`` (None for non-tensor inputs)."""
+        entry = self._entry(function)
+        n = len(entry["params"]) - entry.get("num_constants", 0)
+        return [self._rt[p] if p is not None else None for p in entry["params"][:n]]
+
+    def _entry(self, function: str) -> dict:
+        try:
+            return self.plan["functions"][function]
+        except KeyError:
+            raise PlacementError(
+                f"no function {function!r} in this placement (has: {', '.join(self.plan['functions'])})"
+            ) from None
+
+    def _move(self, value, device: tvm.runtime.Device | None, function: str, i: int):
+        if device is None:
+            return value
+        if isinstance(value, tvm.runtime.Tensor):
+            if value.device == device:
+                return value
+            return value.copyto(device)
+        if isinstance(value, np.ndarray | np.generic | list | float | int):
+            return tvm.runtime.tensor(np.asarray(value), device)
+        if hasattr(value, "__dlpack__"):
+            return tvm.runtime.from_dlpack(value).copyto(device)
+        raise InputError(f"{function}: input {i} is a {type(value).__name__}; give a numpy array or a tvm tensor")
+
+    def run(self, function: str, *inputs):
+        """Run ``function`` on ``inputs`` (numpy arrays or tensors on any device)."""
+        devices = self.input_devices(function)
+        if len(inputs) != len(devices):
+            raise InputError(f"{function} takes {len(devices)} inputs, got {len(inputs)}")
+        args = [self._move(x, d, function, i) for i, (x, d) in enumerate(zip(inputs, devices))]
+        return self.vm[function](*args, *self._constants.get(function, []))
+
+    def __getitem__(self, function: str) -> Callable:
+        self._entry(function)
+        return lambda *inputs: self.run(function, *inputs)
+
+
+def vm(compiled, devices: Sequence[tvm.runtime.Device] | None = None,
+       memory_cfg: str | None = None) -> PlacedVM:
+    """A VM for a compiled placement (:func:`compile`'s result, or its exported library loaded with
+    ``tvm.runtime.load_module``).
+
+    ``devices`` overrides the runtime device of each placement device (same order and count);
+    by default ``cpu:N`` runs on ``tvm.cpu(N)`` and ``cuda:N`` on ``tvm.cuda(N)``.
+    """
+    return PlacedVM(compiled, devices, memory_cfg)
