@@ -18,6 +18,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 from . import models, rules  # noqa: E402
 from ._native import _C  # noqa: E402
 from .errors import ByocError, CodegenError, InputError, RuleError
+from .frontends import FrontendError, ModelFileError, UnsupportedModelError, from_onnx, from_torch
 from .profile import OpProfile, op_profile
 from .report import PartitionReport, report
 from .rules import (
@@ -43,6 +44,11 @@ __version__ = _C.__version__
 __all__ = [
     "ByocError",
     "CodegenError",
+    "FrontendError",
+    "ModelFileError",
+    "UnsupportedModelError",
+    "from_onnx",
+    "from_torch",
     "InputError",
     "Match",
     "OpProfile",

@@ -1,41 +1,162 @@
-"""Command line: ``byoc-hetero demo`` (and ``python -m byoc_hetero demo``)."""
+"""Command line ``byoc-hetero`` (also ``python -m byoc_hetero``).
+
+Commands: ``demo`` (the README's main job), ``report MODEL.onnx`` (the partition report, optionally
+the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build), ``bench MODEL.onnx``
+(offloaded vs llvm-only latency), ``info`` (versions, oneDNN ISA, kernels).
+
+Exit codes: 0 success; 2 bad usage or bad input (missing/corrupt file, wrong input shape or
+dtype); 3 a model TVM cannot import (unsupported op); 1 anything unexpected.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNSUPPORTED = 0, 1, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="byoc-hetero",
-        description="Offload conv2d/dense regions of Relax models to oneDNN; the rest runs on llvm.",
+        description="Offload conv2d/dense regions of TVM Relax models to oneDNN; the rest runs on llvm.",
+        epilog="exit codes: 0 ok, 2 bad usage or input, 3 model cannot be imported, 1 internal error",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="VGG-11 through the four partition stages, then latency")
     demo.add_argument("--image-size", type=int, default=224, help="input height/width (multiple of 32)")
     demo.add_argument("--repeat", type=int, default=3, help="timed runs of the llvm-only build")
+
+    report = sub.add_parser("report", help="partition an ONNX model and print what went where, and why")
+    report.add_argument("model", type=Path, help="the .onnx file")
+    report.add_argument("--render", type=Path, metavar="PICTURE",
+                        help="also draw the partitioned graph (.dot, or .svg/.png with graphviz)")
+
+    run = sub.add_parser("run", help="run an ONNX model with its regions offloaded")
+    run.add_argument("model", type=Path, help="the .onnx file")
+    run.add_argument("--input", type=Path, action="append", required=True, metavar="X.npy",
+                     help="an input as a .npy file (repeat for several inputs, in order)")
+    run.add_argument("--output", type=Path, metavar="Y.npy", help="save the (first) output here")
+
+    bench = sub.add_parser("bench", help="latency of an ONNX model: offloaded vs llvm-only")
+    bench.add_argument("model", type=Path, help="the .onnx file")
+    bench.add_argument("--repeat", type=int, default=5, help="timed runs per build")
+
     sub.add_parser("info", help="versions, oneDNN ISA and the runtime's kernels")
     return parser
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _load_and_partition(path: Path):
+    import byoc_hetero as bh
+
+    start = time.perf_counter()
+    _progress(f"importing {path} ...")
+    mod, params = bh.from_onnx(path)
+    m = bh.bind_params(mod, params)
+    for stage in bh.stages():
+        t = time.perf_counter()
+        m = stage(m)
+        _progress(f"  {stage.info.name:<22} {time.perf_counter() - t:6.2f} s")
+    _progress(f"partitioned in {time.perf_counter() - start:.1f} s")
+    return mod, params, m
+
+
+def _build(m, what: str):
+    from .timing import build
+
+    _progress(f"compiling the {what} build ...")
+    start = time.perf_counter()
+    ex = build(m)
+    _progress(f"  done in {time.perf_counter() - start:.1f} s")
+    return ex
+
+
+def _cmd_report(args) -> None:
+    import byoc_hetero as bh
+
+    _, _, m = _load_and_partition(args.model)
+    rep = bh.report(m)
+    print(rep)
+    if args.render:
+        print(f"picture: {rep.render(args.render)}")
+
+
+def _cmd_run(args) -> None:
+    import numpy as np
+
+    from .frontends import check_inputs
+    from .timing import run
+
+    inputs = []
+    for path in args.input:
+        if not path.is_file():
+            raise FileNotFoundError(f"input file {str(path)!r} does not exist")
+        inputs.append(np.load(path))
+    mod, params, m = _load_and_partition(args.model)
+    check_inputs(mod, inputs, params)
+    out = run(_build(m, "offloaded"), inputs)
+    if args.output:
+        np.save(args.output, out)
+        print(f"output {list(out.shape)} {out.dtype} saved to {args.output}")
+    else:
+        np.set_printoptions(threshold=20, edgeitems=3)
+        print(out)
+
+
+def _cmd_bench(args) -> None:
+    import byoc_hetero as bh
+
+    from .timing import median_latency, random_inputs, relative_error, run
+
+    mod, params, m = _load_and_partition(args.model)
+    inputs = random_inputs(mod, params)
+    ex_off = _build(m, "offloaded")
+    ex_ref = _build(bh.bind_params(mod, params), "llvm-only")
+    err = relative_error(run(ex_off, inputs), run(ex_ref, inputs))
+    _progress("timing ...")
+    t_off = median_latency(ex_off, inputs, repeat=args.repeat)
+    t_ref = median_latency(ex_ref, inputs, repeat=args.repeat)
+    print(f"offloaded  {t_off * 1e3:10.2f} ms")
+    print(f"llvm-only  {t_ref * 1e3:10.2f} ms")
+    print(f"speed-up   {t_ref / t_off:10.1f}x   (max relative difference {err:.1e})")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import byoc_hetero as bh  # imported late: TVM takes a moment to load
+    from .frontends import UnsupportedModelError
 
     try:
         if args.command == "demo":
             from .demo import demo
 
             demo(image_size=args.image_size, repeat=args.repeat)
+        elif args.command == "report":
+            _cmd_report(args)
+        elif args.command == "run":
+            _cmd_run(args)
+        elif args.command == "bench":
+            _cmd_bench(args)
         elif args.command == "info":
             c = bh._C
             print(f"byoc_hetero {bh.__version__}, oneDNN {c.onednn_version()} ({c.isa()}), "
                   f"kernels: {', '.join(c.kernels())}")
-    except (bh.ByocError, ValueError) as err:
+    except UnsupportedModelError as err:
         print(f"byoc-hetero: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_UNSUPPORTED
+    except (bh.InputError, FileNotFoundError, ValueError) as err:
+        print(f"byoc-hetero: error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    except bh.ByocError as err:
+        print(f"byoc-hetero: error: {err}", file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_OK
 
 
 if __name__ == "__main__":

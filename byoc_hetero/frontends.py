@@ -1,0 +1,125 @@
+"""Model import: ONNX and PyTorch models as ``(mod, params)`` ready for :func:`byoc_hetero.partition`.
+
+Both wrap TVM's Relax frontends with the weights kept as parameters of ``main`` (inputs first),
+then detach them into ``params``, a dict from parameter name to numpy array — the same shape of
+result as :mod:`byoc_hetero.models`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+
+from .errors import ByocError, InputError
+
+Params = dict[str, np.ndarray]
+
+
+class FrontendError(ByocError, ValueError):
+    """A model cannot be imported (base of the two cases below)."""
+
+
+class ModelFileError(FrontendError):
+    """The model file is missing, unreadable or not a valid model."""
+
+
+class UnsupportedModelError(FrontendError):
+    """TVM's importer cannot translate the model (e.g. an op it does not know)."""
+
+
+def _split_params(mod: tvm.IRModule, num_inputs: int | None = None) -> tuple[tvm.IRModule, Params]:
+    from tvm.relax.frontend import detach_params
+
+    mod, detached = detach_params(mod)
+    values = detached.get("main", [])
+    names = [v.name for v in mod["main"].params]
+    if num_inputs is None:
+        num_inputs = len(names) - len(values)
+    weight_names = names[num_inputs:]
+    if len(weight_names) != len(values):
+        raise FrontendError(
+            f"frontend returned {len(values)} weights for {len(weight_names)} weight parameters of main"
+        )
+    return mod, {n: v.numpy() for n, v in zip(weight_names, values)}
+
+
+def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None = None) -> tuple[tvm.IRModule, Params]:
+    """Import an ONNX model (a path or an ``onnx.ModelProto``).
+
+    ``shape`` overrides input shapes (e.g. to fix a symbolic batch dimension). Raises
+    :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks.
+
+    >>> mod, params = bh.from_onnx("model.onnx")
+    >>> m = bh.partition(mod, params)
+    """
+    try:
+        import onnx
+    except ImportError as err:  # pragma: no cover - onnx is a dependency of the test extra
+        raise FrontendError("from_onnx needs the 'onnx' package: pip install onnx") from err
+    from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
+
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.is_file():
+            raise ModelFileError(f"ONNX model file {str(path)!r} does not exist")
+        try:
+            model = onnx.load(str(path))
+        except Exception as err:  # noqa: BLE001 - protobuf raises several kinds
+            raise ModelFileError(f"{str(path)!r} is not a readable ONNX model: {err}") from err
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:  # noqa: BLE001
+        raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
+    try:
+        mod = relax_from_onnx(model, shape_dict=dict(shape) if shape else None, keep_params_in_input=True)
+    except Exception as err:  # noqa: BLE001 - the importer raises assorted errors
+        raise UnsupportedModelError(f"TVM cannot import this ONNX model: {_first_line(err)}") from err
+    return _split_params(mod)
+
+
+def from_torch(module: Any, example_inputs: Sequence[Any]) -> tuple[tvm.IRModule, Params]:
+    """Import a ``torch.nn.Module`` through ``torch.export`` (inputs shaped like ``example_inputs``).
+
+    >>> mod, params = bh.from_torch(net.eval(), (torch.randn(1, 3, 224, 224),))
+    """
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    inputs = tuple(example_inputs)
+    try:
+        exported = torch.export.export(module.eval(), inputs)
+        mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+    except Exception as err:  # noqa: BLE001
+        raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {_first_line(err)}") from err
+    num_inputs = int(mod["main"].attrs["num_input"]) if "num_input" in mod["main"].attrs else len(inputs)
+    return _split_params(mod, num_inputs)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines and "Traceback" in lines[0] else (lines[0] if lines else type(err).__name__)
+
+
+def check_inputs(mod: tvm.IRModule, inputs: Sequence[np.ndarray], params: Mapping[str, Any] | None = None,
+                 entry: str = "main") -> None:
+    """Raise :class:`InputError` naming the input if ``inputs`` do not match ``mod[entry]``'s signature."""
+    expected = [v for v in mod[entry].params if not (params and v.name in params)]
+    if len(inputs) != len(expected):
+        raise InputError(f"{entry} takes {len(expected)} inputs "
+                         f"({', '.join(v.name for v in expected)}), got {len(inputs)}")
+    for var, arr in zip(expected, inputs):
+        ty = var.ty
+        want_dtype = str(ty.dtype)
+        if str(arr.dtype) != want_dtype:
+            raise InputError(f"input {var.name!r}: expected dtype {want_dtype}, got {arr.dtype}")
+        dims = list(ty.shape.values) if ty.shape is not None else []
+        if len(dims) != arr.ndim or any(
+            isinstance(d, tvm.tirx.IntImm) and int(d.value) != n for d, n in zip(dims, arr.shape)
+        ):
+            shown = ", ".join(str(int(d.value)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in dims)
+            raise InputError(f"input {var.name!r}: expected shape [{shown}], got {list(arr.shape)}")

@@ -1,0 +1,99 @@
+"""The command line: each command on a small ONNX model; errors give one line and an exit code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "byoc_hetero", *map(str, args)], capture_output=True,
+                          text=True, timeout=600, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from test_frontends import _export_onnx, _make
+
+    net, x = _make("cnn")
+    tmp = tmp_path_factory.mktemp("cli")
+    path = _export_onnx(net, x, tmp / "cnn.onnx")
+    np.save(tmp / "x.npy", x.numpy())
+    return path, tmp / "x.npy"
+
+
+def test_help_lists_the_commands():
+    out = cli("--help")
+    assert out.returncode == 0
+    for command in ("demo", "report", "run", "bench", "info"):
+        assert command in out.stdout
+
+
+def test_report_and_picture(model, tmp_path):
+    path, _ = model
+    out = cli("report", path, "--render", tmp_path / "g.dot")
+    assert out.returncode == 0, out.stderr
+    assert "regions: 2" in out.stdout and "left on llvm" in out.stdout
+    assert "MergeCompilerRegions" in out.stderr  # progress
+    assert (tmp_path / "g.dot").read_text().startswith("digraph")
+
+
+def test_run_matches_onnxruntime(model, tmp_path):
+    path, x = model
+    out = cli("run", path, "--input", x, "--output", tmp_path / "y.npy")
+    assert out.returncode == 0, out.stderr
+    got = np.load(tmp_path / "y.npy")
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": np.load(x)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_bench(model):
+    out = cli("bench", model[0], "--repeat", "2")
+    assert out.returncode == 0, out.stderr
+    assert "offloaded" in out.stdout and "llvm-only" in out.stdout and "speed-up" in out.stdout
+
+
+def _one_line_error(out, code, *words):
+    assert out.returncode == code, (out.returncode, out.stderr)
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("byoc-hetero: error:")]
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_missing_and_corrupt_model(tmp_path):
+    _one_line_error(cli("report", tmp_path / "nope.onnx"), 2, "nope.onnx", "does not exist")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    _one_line_error(cli("report", bad), 2, "bad.onnx")
+
+
+def test_wrong_input_shape_and_dtype(model, tmp_path):
+    path, _ = model
+    np.save(tmp_path / "small.npy", np.zeros((2, 3, 8, 8), "float32"))
+    _one_line_error(cli("run", path, "--input", tmp_path / "small.npy"), 2, "expected shape [2, 3, 16, 16]")
+    np.save(tmp_path / "f64.npy", np.zeros((2, 3, 16, 16)))
+    _one_line_error(cli("run", path, "--input", tmp_path / "f64.npy"), 2, "float64")
+    _one_line_error(cli("run", path, "--input", tmp_path / "none.npy"), 2, "none.npy")
+
+
+def test_unsupported_op_exit_code(tmp_path):
+    from onnx import TensorProto, helper, save
+
+    node = helper.make_node("MyCustomOp", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                 helper.make_opsetid("com.example", 1)]), tmp_path / "c.onnx")
+    _one_line_error(cli("report", tmp_path / "c.onnx"), 3, "MyCustomOp")
+
+
+def test_bad_usage_exit_code():
+    assert cli("frobnicate").returncode == 2
