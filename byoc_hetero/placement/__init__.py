@@ -9,11 +9,12 @@ from .devices import Device, parse_device
 from .errors import PlacementError, PlacementWarning
 from .build import PlacedExecutable, compile
 from .place import place
+from .report import Copy, PlacementReport, placement_report
 from .runtime import PlacedVM, vm
 from .validate import validate
 from .rules import PlacementRules, Site
 
 __all__ = [
     "Device", "PlacedExecutable", "PlacedVM", "PlacementError", "PlacementRules", "PlacementWarning", "Site",
-    "compile", "parse_device", "place", "validate", "vm",
+    "Copy", "PlacementReport", "compile", "parse_device", "place", "placement_report", "validate", "vm",
 ]

@@ -9,8 +9,9 @@ Given the decision of :mod:`.place` for a function, rebuild it binding by bindin
 * each call's result type carries the call's device (forced where TVM's type inference drops it,
   e.g. ``R.zeros``, or ``call_tir``/``call_dps_packed`` output types);
 * constants used on VM device 0 are typed on it (the VM loads constants there); constants used on
-  another device become trailing parameters of the function, filled once at load by a generated
-  ``<function>__device_constants`` function that copies them there (never a copy per call).
+  another device become trailing parameters of the function; a generated
+  ``<function>__device_constants`` function returns them (loaded on device 0) and the VM wrapper
+  copies each to its device once, at load (never a copy per call).
 """
 
 from __future__ import annotations
@@ -226,13 +227,11 @@ def rewrite_function(mod: tvm.IRModule, func: relax.Function, plan: FunctionPlan
     loader_name = name + LOADER_SUFFIX
     bb = relax.BlockBuilder()
     with bb.function(loader_name, params=[], attrs={_ir.ATTR_CONSTANTS_FOR: name}):
-        with bb.dataflow():
-            values = []
-            for param, value, device in builder.lifted:
-                home_const = make_constant(value, vd_of[home])
-                values.append(bb.emit(relax.op.to_vdevice(home_const, vd_of[device]), name_hint=param.name))
-            out = bb.emit_output(relax.Tuple(values))
-        bb.emit_func_output(out)
+        # the loader only returns the constants (on device 0, where the VM loads them); the VM
+        # wrapper copies each to its device once. (A to_vdevice of a constant inside a dataflow
+        # block breaks MergeCompositeFunctions when the placed module is partitioned afterwards.)
+        values = [make_constant(value, vd_of[home]) for _param, value, _device in builder.lifted]
+        bb.emit_func_output(relax.Tuple(values))
     loader = bb.get()[loader_name]
     new_func = new_func.with_attr(_ir.ATTR_CONSTANTS, loader_name).with_attr(
         _ir.ATTR_NUM_CONSTANTS, len(builder.lifted))

@@ -72,7 +72,8 @@ class PlacedVM:
             loader = entry.get("constants")
             if loader:
                 values = self.vm[loader]()
-                self._constants[name] = [values[i] for i in range(len(values))]
+                where = entry["params"][len(entry["params"]) - entry["num_constants"]:]
+                self._constants[name] = [values[i].copyto(self._rt[d]) for i, d in enumerate(where)]
 
     def device_constants(self, function: str = "main") -> list:
         """The device constants of ``function``, already on their devices (copied once, at load)."""
