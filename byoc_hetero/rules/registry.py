@@ -195,7 +195,7 @@ class Target:
     """
 
     name: str
-    can_lower: Callable[[relax.Call], str | None] | None = None
+    can_lower: Callable[[relax.Call], str | None] | None = field(default=None, repr=False)
     patterns: list["PatternRule"] = field(default_factory=list)
 
     @property
@@ -274,11 +274,11 @@ class PatternRule:
 
     target: str
     name: str
-    pattern: DFPattern
-    annotations: Mapping[str, DFPattern]
-    check: Check | None
-    priority: int
-    order: int
+    pattern: DFPattern = field(repr=False)
+    annotations: Mapping[str, DFPattern] = field(repr=False)
+    check: Check | None = field(repr=False)
+    priority: int = 0
+    order: int = 0
 
     @property
     def composite_name(self) -> str:
