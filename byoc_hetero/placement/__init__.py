@@ -1,20 +1,43 @@
-"""Heterogeneous placement: put operators on devices with a simple map.
+"""Heterogeneous placement: put operators on devices with a simple map, with a fallback device
+and automatic copies.
 
->>> placed = place(mod, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
->>> ex = compile(placed)
->>> y = vm(ex)["main"](x)
+>>> from byoc_hetero import placement as pl
+>>> placed = pl.place(mod, {"relax.nn.conv2d": "cuda", "my.cpu_only_op": "cpu"}, fallback="cpu")
+>>> ex = pl.compile(placed)          # llvm for the CPU, scheduled CUDA for the GPU
+>>> y = pl.vm(ex)["main"](x)         # VM with the right device list; inputs moved for you
+>>> print(pl.placement_report(placed))
+
+One job per module: :mod:`.devices` (device names ↔ virtual devices), :mod:`.rules` (placement
+maps), :mod:`.place` (deciding devices), :mod:`.copies` (typing values and inserting copies),
+:mod:`.validate` (checks before and after lowering), :mod:`.build` (``compile``), :mod:`.runtime`
+(``vm``), :mod:`.report` (``placement_report``).
 """
 
+from .build import PlacedExecutable, compile, lower  # noqa: A004  (compile is the public name)
 from .devices import Device, parse_device
 from .errors import PlacementError, PlacementWarning
-from .build import PlacedExecutable, compile
 from .place import place
 from .report import Copy, PlacementReport, placement_report
-from .runtime import PlacedVM, vm
-from .validate import validate
 from .rules import PlacementRules, Site
+from .runtime import PlacedVM, vm
+from .validate import validate, validate_lowered
 
 __all__ = [
-    "Device", "PlacedExecutable", "PlacedVM", "PlacementError", "PlacementRules", "PlacementWarning", "Site",
-    "Copy", "PlacementReport", "compile", "parse_device", "place", "placement_report", "validate", "vm",
+    "Copy",
+    "Device",
+    "PlacedExecutable",
+    "PlacedVM",
+    "PlacementError",
+    "PlacementReport",
+    "PlacementRules",
+    "PlacementWarning",
+    "Site",
+    "compile",
+    "lower",
+    "parse_device",
+    "place",
+    "placement_report",
+    "validate",
+    "validate_lowered",
+    "vm",
 ]

@@ -164,6 +164,14 @@ def schedule_gpu_kernels(mod: tvm.IRModule) -> tvm.IRModule:
     return out
 
 
+def lower(placed: tvm.IRModule) -> tvm.IRModule:
+    """Legalize a placed module keeping devices, schedule its GPU kernels, and check that every
+    kernel is compiled for its output's device (:func:`~.validate.validate_lowered`)."""
+    lowered = schedule_gpu_kernels(legalize(placed))
+    validate_lowered(lowered)
+    return lowered
+
+
 # -- compile ----------------------------------------------------------------------------------------------
 
 def _with_plan(mod: tvm.IRModule, plan: dict[str, Any]) -> tvm.IRModule:
@@ -198,9 +206,7 @@ def compile(placed: tvm.IRModule, *, check: bool = True) -> PlacedExecutable:  #
     elif not module_vdevices(placed):
         raise PlacementError("module declares no virtual devices; place() it first")
     plan = make_plan(placed)
-    lowered = legalize(placed)
-    lowered = schedule_gpu_kernels(lowered)
-    validate_lowered(lowered)
+    lowered = lower(placed)
     gpu_kinds = _gpu_devices_with_kernels(lowered)
     ex = relax.build(_with_plan(lowered, plan), target=None)
     kinds = runtime_module_kinds(ex.mod)

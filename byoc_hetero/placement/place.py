@@ -361,10 +361,15 @@ def place(
         out[name] = new_func
         if loader is not None:
             out[loader[0]] = loader[1]
+    inside = {op for info in regions.values() for op in info.ops}
     for rule in parsed.unused():
+        hint = ""
+        if rule.name is not None and rule.name in inside:
+            hint = (f"; {rule.name} is inside offloaded regions, which are placed as a whole: name the "
+                    "region (its codegen or composite name) or use a callable on Site.contained_ops")
         warnings.warn(
             PlacementWarning(f"placement rule {rule.label} → {rule.device} matched no call in "
-                             f"{', '.join(names) or 'the module'}"),
+                             f"{', '.join(names) or 'the module'}{hint}"),
             stacklevel=2,
         )
     return out

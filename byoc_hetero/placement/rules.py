@@ -10,8 +10,11 @@ A placement map is a mapping (or a sequence of pairs) from a *rule key* to a dev
 * a **callable** taking a :class:`Site` and returning true for calls it places, e.g.
   ``lambda s: s.op_name == "relax.nn.conv2d" and s.index == 0`` (only the first conv).
 
-Rules are tried in map order; the first that matches decides. An offloaded region that no rule
-names directly follows the first rule that names an op inside it, else the device of its inputs.
+Rules are tried in map order; the first that matches decides. An offloaded region is one call:
+an op name inside it does not place it (``"relax.nn.conv2d"`` warns that it matched nothing when
+every conv2d is inside regions); name the region (``"byoc_hetero"``, its composite names) or use a
+callable on :attr:`Site.contained_ops`. A region no rule places stays on the device of its inputs
+(a CPU device for a CPU runtime such as ``byoc_hetero``).
 """
 
 from __future__ import annotations
@@ -107,10 +110,6 @@ class Rule:
                 f"(on {site.op_name} bound to {site.name!r} in {site.function})"
             ) from err
 
-    def names_op_inside(self, site: Site) -> bool:
-        """Whether the rule names an op inside this offloaded region."""
-        return self.name is not None and self.name in site.contained_ops
-
 
 class PlacementRules:
     """A parsed placement map: ordered rules, the first match wins."""
@@ -143,11 +142,9 @@ class PlacementRules:
         return seen
 
     def lookup(self, site: Site, var2val) -> Rule | None:
-        """The rule that places ``site``: a rule naming it; for a region, else a rule naming an op
-        inside it. None when no rule applies (the caller uses the region's inputs or the fallback)."""
+        """The first rule that matches ``site``; None when no rule applies (the caller then uses the
+        fallback device, or for an offloaded region the device of its inputs)."""
         chosen = next((r for r in self.rules if r.matches(site, var2val)), None)
-        if chosen is None and site.region is not None:
-            chosen = next((r for r in self.rules if r.names_op_inside(site)), None)
         if chosen is not None:
             chosen.matched += 1
             chosen.sites.append(f"{site.function}:{site.name}")

@@ -1,0 +1,524 @@
+"""Heterogeneous placement on two CPU virtual devices (cpu:0, cpu:1): every placement rule, copy,
+validation and BYOC composition, checked against a single-device llvm build and numpy."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import byoc_hetero as bh
+from byoc_hetero.placement import (
+    Device,
+    PlacementError,
+    PlacementWarning,
+    compile,
+    lower,
+    parse_device,
+    place,
+    placement_report,
+    validate,
+    validate_lowered,
+    vm,
+)
+from byoc_hetero.timing import build, random_inputs, relative_error, run
+
+TOL = 1e-5
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+def reference(mod, inputs):
+    """The single-device llvm build of the same (unplaced) module."""
+    return run(build(mod), inputs)
+
+
+def run_placed(placed, inputs, entry="main"):
+    out = vm(compile(placed))[entry](*inputs)
+    return out.numpy()
+
+
+def main_bindings(mod, entry="main"):
+    return [b for block in mod[entry].body.blocks for b in block.bindings]
+
+
+def dev_of(ty) -> str:
+    return str(Device("cpu" if ty.vdevice.target.kind.name == "llvm" else "cuda", int(ty.vdevice.vdevice_id)))
+
+
+def copies(mod, entry="main"):
+    """(copied value name, destination) of every R.to_vdevice in ``entry``."""
+    out = []
+    for b in main_bindings(mod, entry):
+        v = b.value
+        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.to_vdevice":
+            out.append((v.args[0].name, dev_of(b.var.ty)))
+    return out
+
+
+def op_devices(mod, entry="main"):
+    """op name → sorted list of the devices its calls are placed on."""
+    out: dict[str, list[str]] = {}
+    for b in main_bindings(mod, entry):
+        v = b.value
+        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name != "relax.to_vdevice":
+            out.setdefault(v.op.name, []).append(dev_of(b.var.ty))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def kernel_calls(lowered, entry="main"):
+    """(kernel name, output device, operand devices) of every call_tir after lowering."""
+    out = []
+    for b in main_bindings(lowered, entry):
+        v = b.value
+        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir":
+            args = [dev_of(a.ty) for a in v.args[1].fields if isinstance(a.ty, relax.TensorType)]
+            out.append((v.args[0].name_hint, dev_of(v.ty_args[0]), args))
+    return out
+
+
+@I.ir_module
+class SharedInput:
+    """The seed bug: ``b`` feeds an add on each device."""
+
+    @R.function
+    def main(a: R.Tensor((2, 3), "float32"), b: R.Tensor((2, 3), "float32"),
+             c: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
+        with R.dataflow():
+            x = R.add(a, b)
+            y = R.add(b, c)
+            z = R.subtract(x, y)
+            R.output(z)
+        return z
+
+
+def second_add(site):
+    return site.op_name == "relax.add" and site.index == 1
+
+
+@pytest.fixture(scope="module")
+def convnet():
+    mod, params = bh.models.small_convnet(image_size=16)
+    inputs = random_inputs(mod, params)
+    bound = bh.bind_params(mod, params)
+    return mod, params, bound, inputs, reference(bound, inputs)
+
+
+# -- devices --------------------------------------------------------------------------------------------
+
+def test_device_strings():
+    assert parse_device("cpu") == Device("cpu", 0)
+    assert parse_device("cpu:1") == Device("cpu", 1)
+    assert parse_device("cuda") == Device("cuda", 0)
+    assert parse_device(" cuda:2 ") == Device("cuda", 2)
+    assert parse_device(tvm.cpu(3)) == Device("cpu", 3)
+    assert parse_device(tvm.cuda(1)) == Device("cuda", 1)
+    for bad in ("gpu", "cpu:x", "cuda:-1", "", "llvm"):
+        with pytest.raises(PlacementError, match="unknown device"):
+            parse_device(bad)
+
+
+# -- item 2: copies; the seed bug -------------------------------------------------------------------------
+
+def test_shared_input_is_copied_once_and_matches_single_device_build():
+    placed = place(SharedInput, {second_add: "cpu:1"}, fallback="cpu:0")
+    # b is used on both devices: one copy of b to cpu:1, and y comes back once for the subtract
+    assert sorted(copies(placed)) == [("b", "cpu:1"), ("y", "cpu:0")]
+    assert op_devices(placed) == {"relax.add": ["cpu:0", "cpu:1"], "relax.subtract": ["cpu:0"]}
+    params = {p.name: dev_of(p.ty) for p in placed["main"].params}
+    assert params == {"a": "cpu:0", "b": "cpu:0", "c": "cpu:1"}  # each at its first consumer
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal((2, 3)).astype("float32") for _ in range(3))
+    got = run_placed(placed, [a, b, c])
+    np.testing.assert_allclose(got, reference(SharedInput, [a, b, c]), rtol=TOL)
+    np.testing.assert_allclose(got, (a + b) - (b + c), rtol=TOL, atol=1e-6)
+
+
+def test_value_used_by_several_ops_on_both_devices_is_copied_once():
+    @I.ir_module
+    class Fanout:
+        @R.function
+        def main(a: R.Tensor((4, 4), "float32"), c: R.Tensor((4, 4), "float32")) -> R.Tensor((4, 4), "float32"):
+            with R.dataflow():
+                x = R.multiply(a, c)          # cpu:0
+                p = R.add(x, c)               # cpu:1
+                q = R.subtract(x, c)          # cpu:1
+                r = R.maximum(x, p)           # cpu:1
+                s = R.negative(x)             # cpu:0
+                t = R.add(R.add(p, q), r)     # cpu:1, cpu:1
+                u = R.subtract(t, s)          # cpu:0
+                R.output(u)
+            return u
+
+    rules = {"relax.subtract": "cpu:1", "relax.maximum": "cpu:1", lambda s: s.op_name == "relax.add": "cpu:1"}
+    placed = place(Fanout, rules, fallback="cpu:0")
+    # x (cpu:0) feeds four ops on cpu:1, c (cpu:0, its first consumer) two: one copy each;
+    # s (cpu:0) goes over once for u
+    assert copies(placed) == [("x", "cpu:1"), ("c", "cpu:1"), ("s", "cpu:1")]
+    rng = np.random.default_rng(1)
+    a, c = (rng.standard_normal((4, 4)).astype("float32") for _ in range(2))
+    got = run_placed(placed, [a, c])
+    x = a * c
+    p, q, r, s = x + c, x - c, np.maximum(x, x + c), -x
+    np.testing.assert_allclose(got, (p + q + r) - s, rtol=TOL, atol=1e-6)
+    np.testing.assert_allclose(got, reference(Fanout, [a, c]), rtol=TOL)
+
+
+def test_callable_rule_places_only_the_first_conv(convnet):
+    _mod, _params, bound, inputs, want = convnet
+    first_conv = lambda s: s.op_name == "relax.nn.conv2d" and s.index == 0  # noqa: E731
+    placed = place(bound, {first_conv: "cpu:1"}, fallback="cpu:0")
+    assert op_devices(placed)["relax.nn.conv2d"] == ["cpu:0", "cpu:0", "cpu:1"]
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+
+
+def test_pattern_rule(convnet):
+    _mod, _params, bound, inputs, want = convnet
+    relu_of_add = is_op("relax.nn.relu")(is_op("relax.add")(wildcard(), wildcard()))
+    placed = place(bound, {relu_of_add: "cpu:1"}, fallback="cpu:0")
+    # conv1 (+bias) and fc1 (+bias) end in relu(add(...)); conv2 has no bias: relu(conv)
+    assert op_devices(placed)["relax.nn.relu"] == ["cpu:0", "cpu:1", "cpu:1"]
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+
+
+# -- item 7: conv2d on device 1, the rest on device 0 --------------------------------------------------
+
+def test_conv2d_on_device_1_rest_on_device_0(convnet):
+    _mod, _params, bound, inputs, want = convnet
+    placed = place(bound, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
+    devs = op_devices(placed)
+    assert devs.pop("relax.nn.conv2d") == ["cpu:1"] * 3
+    assert all(set(d) == {"cpu:0"} for d in devs.values()), devs
+    validate(placed)
+    lowered = lower(placed)
+    convs = [k for k in kernel_calls(lowered) if k[0].startswith("conv2d")]
+    assert len(convs) == 3
+    for name, out, args in kernel_calls(lowered):
+        want_dev = "cpu:1" if name.startswith("conv2d") else "cpu:0"
+        assert out == want_dev and set(args) <= {want_dev}, (name, out, args)
+    got = run_placed(placed, inputs)
+    assert got.shape == want.shape
+    assert relative_error(got, want) <= TOL
+
+
+def test_stock_legalization_drops_the_conv_device_and_we_catch_it(convnet):
+    """TVM's own LegalizeOps compiles conv2d with no target and allocates it on device 0;
+    our validation names the kernel, our lowering keeps the device."""
+    placed = place(convnet[2], {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
+    stock = relax.transform.LegalizeOps()(placed)
+    with pytest.raises(PlacementError, match="conv2d.*(no device|no target)"):
+        validate_lowered(stock)
+    validate_lowered(lower(placed))  # ours: no violation
+
+
+def test_unbound_weights_are_parameters_on_their_consumers_device(convnet):
+    mod, params, _bound, inputs, want = convnet
+    placed = place(mod, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
+    devs = {p.name: dev_of(p.ty) for p in placed["main"].params}
+    assert devs["data"] == "cpu:1"  # its only consumer is the first conv
+    assert devs["conv1_weight"] == devs["conv2_weight"] == "cpu:1"
+    assert devs["conv1_bias"] == devs["fc1_weight"] == "cpu:0"
+    weights = [params[p.name] for p in mod["main"].params if p.name in params]
+    machine = vm(compile(placed))
+    assert [str(d) for d in machine.input_devices()[:2]] == [str(tvm.cpu(1)), str(tvm.cpu(1))]
+    got = machine["main"](*inputs, *weights).numpy()
+    assert relative_error(got, want) <= TOL
+
+
+def test_inputs_are_moved_to_their_devices():
+    placed = place(SharedInput, {second_add: "cpu:1"}, fallback="cpu:0")
+    machine = vm(compile(placed))
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal((2, 3)).astype("float32") for _ in range(3)]
+    # tensors on the "wrong" device, numpy arrays, tensors already in place: all accepted
+    given = [tvm.runtime.tensor(arrays[0], tvm.cpu(1)), arrays[1], tvm.runtime.tensor(arrays[2], tvm.cpu(1))]
+    out = machine["main"](*given)
+    assert out.device == tvm.cpu(0)
+    np.testing.assert_allclose(out.numpy(), (arrays[0] + arrays[1]) - (arrays[1] + arrays[2]), rtol=TOL, atol=1e-6)
+    with pytest.raises(bh.InputError, match="takes 3 inputs"):
+        machine["main"](arrays[0])
+
+
+# -- item 7: a CPU-only op, everything else on the other device -----------------------------------------
+
+SEEN_DEVICES: list = []
+
+
+@tvm.register_global_func("test_placement.cpu_only_scale", override=True)
+def _cpu_only_scale(x, out):
+    """A packed function that only works on host memory: records where its tensors live."""
+    SEEN_DEVICES.append((x.device, out.device))
+    out.copyfrom(x.numpy() * 2.0)
+
+
+def test_cpu_only_op_runs_on_its_device_and_is_never_compiled_for_the_other():
+    @I.ir_module
+    class WithCpuOp:
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32"), w: R.Tensor((8, 8), "float32")) -> R.Tensor((2, 8), "float32"):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                z = R.call_dps_packed("test_placement.cpu_only_scale", (y,), out_ty=R.Tensor((2, 8), "float32"))
+                s = R.nn.softmax(z)
+                o = R.add(s, y)
+                R.output(o)
+            return o
+
+    rules = {"test_placement.cpu_only_scale": "cpu:0", "relax.nn.softmax": "cpu:0"}
+    placed = place(WithCpuOp, rules, fallback="cpu:1")
+    assert [dev_of(p.ty) for p in placed["main"].params] == ["cpu:1", "cpu:1"]
+    lowered = lower(placed)
+    for name, out, args in kernel_calls(lowered):
+        if "softmax" in name:
+            assert out == "cpu:0" and set(args) == {"cpu:0"}
+        else:
+            assert out == "cpu:1" and set(args) <= {"cpu:1"}, (name, out, args)
+    softmax_kernels = [k for k in kernel_calls(lowered) if "softmax" in k[0]]
+    assert softmax_kernels and all(k[1] == "cpu:0" for k in softmax_kernels)
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 8)).astype("float32"), rng.standard_normal((8, 8)).astype("float32")
+    SEEN_DEVICES.clear()
+    got = run_placed(placed, [x, w])
+    assert SEEN_DEVICES == [(tvm.cpu(0), tvm.cpu(0))]
+    y = x @ w
+    z = y * 2
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True) + y, rtol=1e-4, atol=1e-5)
+
+
+# -- item 2: constants on the non-default device ---------------------------------------------------------
+
+def test_constants_on_the_non_default_device_are_copied_once_at_load():
+    k = np.arange(6, dtype="float32").reshape(2, 3)
+
+    @I.ir_module
+    class WithConst:
+        @R.function
+        def main(a: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
+            with R.dataflow():
+                x = R.add(a, R.const(k))          # cpu:0 (device 0 keeps its constant)
+                y = R.multiply(x, R.const(k))     # cpu:1: the constant is a device constant
+                z = R.multiply(y, R.const(k))     # cpu:1: the same constant object? no: a second one
+                R.output(z)
+            return z
+
+    placed = place(WithConst, {"relax.multiply": "cpu:1"}, fallback="cpu:0")
+    func = placed["main"]
+    lifted = [p for p in func.params if p.name.startswith("const")]
+    assert [dev_of(p.ty) for p in lifted] == ["cpu:1"] * 2
+    for b in main_bindings(placed):
+        for arg in b.value.args if isinstance(b.value, relax.Call) else []:
+            if isinstance(arg, tvm.ir.Constant):
+                assert dev_of(arg.ty) == "cpu:0"
+    rep = placement_report(placed)
+    assert (rep.load_copies, rep.load_bytes) == (2, 2 * k.nbytes)
+    assert rep.copies_per_run == 1 and rep.bytes_per_run == k.nbytes  # only x goes to cpu:1
+    ex = compile(placed)
+    text = ex.executable.as_text()
+    main_code = text[text.index("@main:"):text.index("@", text.index("@main:") + 1)]
+    assert main_code.count("vm.builtin.to_device") == 1  # x → cpu:1; no constant copied per call
+    machine = vm(ex)
+    assert [c.device for c in machine.device_constants()] == [tvm.cpu(1)] * 2
+    a = np.random.default_rng(4).standard_normal((2, 3)).astype("float32")
+    for _ in range(2):
+        got = machine["main"](a).numpy()
+        np.testing.assert_allclose(got, (a + k) * k * k, rtol=TOL)
+    np.testing.assert_allclose(got, reference(WithConst, [a]), rtol=TOL)
+
+
+def test_bound_weights_used_on_device_1(convnet):
+    _mod, _params, bound, inputs, want = convnet
+    placed = place(bound, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
+    rep = placement_report(placed)
+    # the three conv weights live on cpu:1, copied once at load; biases stay constants of cpu:0
+    assert rep.load_copies == 3
+    assert rep.load_bytes == 4 * (8 * 3 * 3 * 3 + 16 * 8 * 3 * 3 + 16 * 16)
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+
+
+# -- item 7: map entries that name nothing / undeclared devices -----------------------------------------
+
+def test_rule_for_an_op_not_in_the_model_warns(convnet):
+    _mod, _params, bound, inputs, want = convnet
+    with pytest.warns(PlacementWarning, match="'relax.nn.softmax'.*matched no call"):
+        placed = place(bound, {"relax.nn.softmax": "cpu:1", "relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        place(bound, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")  # used rules: no warning
+
+
+def test_device_not_declared_is_an_error():
+    with pytest.raises(PlacementError, match="'relax.add'.*cpu:2: device not declared.*cpu:0, cpu:1"):
+        place(SharedInput, {"relax.add": "cpu:2"}, fallback="cpu:0", devices=["cpu:0", "cpu:1"])
+    with pytest.raises(PlacementError, match="fallback device cpu:3 is not declared"):
+        place(SharedInput, {}, fallback="cpu:3", devices=["cpu:0"])
+    with pytest.raises(PlacementError, match="unknown device 'gpu:0'"):
+        place(SharedInput, {"relax.add": "gpu:0"})
+
+    @I.ir_module
+    class Declared:
+        I.module_global_infos({"vdevice": [I.vdevice("llvm", 0), I.vdevice("llvm", 1)]})
+
+        @R.function
+        def main(a: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
+            with R.dataflow():
+                b = R.add(a, a)
+                R.output(b)
+            return b
+
+    with pytest.raises(PlacementError, match="cuda:0: device not declared"):
+        place(Declared, {"relax.add": "cuda"}, fallback="cpu:0")
+    placed = place(Declared, {"relax.add": "cpu:1"}, fallback="cpu:0")  # the module's own devices
+    a = np.ones((2, 3), "float32")
+    np.testing.assert_allclose(run_placed(placed, [a]), 2 * a)
+
+
+def test_devices_are_data_in_the_module():
+    placed = place(SharedInput, {second_add: "cpu:1"}, fallback="cpu:0")
+    vds = placed.global_infos["vdevice"]
+    assert [(v.target.kind.name, int(v.vdevice_id)) for v in vds] == [("llvm", 0), ("llvm", 1)]
+    assert "vdevice" not in (SharedInput.global_infos or {})  # the input module is unchanged
+    # the placed module is ordinary Relax: it prints and parses back
+    again = tvm.script.from_source(placed.script(show_meta=True))
+    tvm.ir.assert_structural_equal(again, placed)
+
+
+# -- item 3: validation --------------------------------------------------------------------------------
+
+def test_matmul_with_operands_on_two_devices_is_rejected():
+    @I.ir_module
+    class Mixed:
+        I.module_global_infos({"vdevice": [I.vdevice("llvm", 0), I.vdevice("llvm", 1)]})
+
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32", "llvm:0"),
+                 w: R.Tensor((3, 4), "float32", "llvm:1")) -> R.Tensor((2, 4), "float32"):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                R.output(y)
+            return y
+
+    # TVM infers a device-less output and says nothing
+    assert Mixed["main"].body.blocks[0].bindings[0].var.ty.vdevice is None
+    with pytest.raises(PlacementError, match="relax.matmul bound to 'y'.*output has no device"):
+        validate(Mixed)
+    with pytest.raises(PlacementError, match="relax.matmul"):
+        compile(Mixed)
+    # placing it fixes it: place() decides parameter devices anew, w goes next to its consumer
+    fixed = place(Mixed, {}, fallback="cpu:0")
+    assert [dev_of(p.ty) for p in fixed["main"].params] == ["cpu:0", "cpu:0"]
+    assert copies(fixed) == []
+    x, w = np.ones((2, 3), "float32"), np.ones((3, 4), "float32")
+    np.testing.assert_allclose(run_placed(fixed, [x, w]), x @ w)
+
+
+def test_operand_on_the_wrong_device_is_named():
+    @I.ir_module
+    class Wrong:
+        I.module_global_infos({"vdevice": [I.vdevice("llvm", 0), I.vdevice("llvm", 1)]})
+
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32", "llvm:0"),
+                 w: R.Tensor((2, 3), "float32", "llvm:1")) -> R.Tensor((2, 3), "float32", "llvm:1"):
+            with R.dataflow():
+                y: R.Tensor((2, 3), "float32", "llvm:1") = R.nn.relu(w)
+                z: R.Tensor((2, 3), "float32", "llvm:1") = R.call_dps_packed(
+                    "test_placement.cpu_only_scale", (x,), out_ty=R.Tensor((2, 3), "float32", "llvm:1"))
+                R.output(y, z)
+            return z
+
+    with pytest.raises(PlacementError, match="test_placement.cpu_only_scale bound to 'z'.*output on cpu:1 but operand.*x on cpu:0"):
+        validate(Wrong)
+
+
+def test_unplaced_module_is_rejected():
+    with pytest.raises(PlacementError, match="declares no virtual devices"):
+        compile(SharedInput)
+
+
+# -- item 5: with BYOC ---------------------------------------------------------------------------------------
+
+def test_partition_then_place(convnet):
+    mod, params, _bound, inputs, want = convnet
+    part = bh.partition(mod, params)
+    placed = place(part, {"byoc_hetero": "cpu:1"}, fallback="cpu:0")
+    rep = placement_report(placed)
+    assert rep.regions == {"cpu:1": {"byoc_hetero": 2}}
+    assert dict(rep.ops["cpu:0"]) == {"relax.nn.max_pool2d": 1, "relax.reshape": 1}  # TVM's, on cpu:0
+    assert [dev_of(p.ty) for p in placed["main"].params] == ["cpu:1"]  # data: first used by a region
+    assert [(c.value, c.dst) for c in rep.copies] == [("lv", "cpu:0"), ("lv10", "cpu:1")]
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+
+
+def test_region_follows_its_inputs_or_a_rule_naming_it(convnet):
+    mod, params, _bound, inputs, want = convnet
+    part = bh.partition(mod, params)
+    # no rule names a region: the dense region stays where its input (the reshape, on cpu:1) is
+    placed = place(part, {"relax.reshape": "cpu:1"}, fallback="cpu:0")
+    rep = placement_report(placed)
+    assert rep.regions == {"cpu:0": {"byoc_hetero": 1}, "cpu:1": {"byoc_hetero": 1}}
+    assert [(c.value, c.dst) for c in rep.copies] == [("lv9", "cpu:1")]  # nothing copied for the region
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+    # an op inside a region does not place it (warning says how), a callable on its ops does
+    with pytest.warns(PlacementWarning, match="inside offloaded regions"):
+        place(part, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
+    placed = place(part, {lambda s: "relax.nn.conv2d" in s.contained_ops: "cpu:1"}, fallback="cpu:0")
+    assert placement_report(placed).regions == {"cpu:0": {"byoc_hetero": 1}, "cpu:1": {"byoc_hetero": 1}}
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+
+
+def test_place_then_partition(convnet):
+    _mod, _params, bound, inputs, want = convnet
+    placed = place(bound, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
+    part = bh.partition(placed)
+    rep = placement_report(part)
+    assert rep.regions["cpu:1"]["byoc_hetero"] == 3  # each conv offloaded where it was placed
+    assert sum(rep.regions["cpu:0"].values()) >= 1  # the dense layers
+    validate(part)
+    assert relative_error(run_placed(part, inputs), want) <= TOL
+
+
+def test_cpu_region_on_a_gpu_is_an_error(convnet):
+    mod, params, *_ = convnet
+    part = bh.partition(mod, params)
+    with pytest.raises(PlacementError, match="byoc_hetero, a CPU runtime.*cuda:0"):
+        place(part, {"byoc_hetero": "cuda"}, fallback="cpu")
+    # without a rule, a CPU region stays on a CPU even when its input is on the GPU
+    placed = place(part, {"relax.nn.max_pool2d": "cuda", "relax.reshape": "cuda"}, fallback="cpu")
+    assert set(placement_report(placed).regions) == {"cpu:0"}
+
+
+# -- item 6: report ---------------------------------------------------------------------------------------------
+
+def test_report_counts_ops_and_bytes():
+    placed = place(SharedInput, {second_add: "cpu:1"}, fallback="cpu:0")
+    rep = placement_report(placed)
+    assert rep.devices == ["cpu:0", "cpu:1"]
+    assert dict(rep.ops["cpu:0"]) == {"relax.add": 1, "relax.subtract": 1}
+    assert dict(rep.ops["cpu:1"]) == {"relax.add": 1}
+    assert rep.copies_per_run == 2 and rep.bytes_per_run == 2 * 2 * 3 * 4
+    assert rep.load_copies == 0
+    text = str(rep)
+    assert "copies per run: 2 (48 B)" in text and "b                        cpu:0 -> cpu:1" in text
+    ex = compile(placed)
+    assert placement_report(ex).copies_per_run == 2  # a compiled placement reports the same
+
+
+# -- export ----------------------------------------------------------------------------------------------------
+
+def test_exported_library_carries_its_plan(tmp_path):
+    placed = place(SharedInput, {second_add: "cpu:1"}, fallback="cpu:0")
+    path = str(tmp_path / "placed.so")
+    compile(placed).export_library(path)
+    loaded = tvm.runtime.load_module(path)
+    machine = vm(loaded)
+    assert [str(d) for d in machine.devices] == ["cpu:0", "cpu:1"]
+    a, b, c = (np.full((2, 3), v, "float32") for v in (1.0, 2.0, 4.0))
+    np.testing.assert_allclose(machine["main"](a, b, c).numpy(), (a + b) - (b + c))
