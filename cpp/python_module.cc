@@ -13,8 +13,10 @@
 
 #include <string>
 
+#include "bench_primitives.h"
 #include "kernels/kernel.h"
 #include "region_graph.h"
+#include "threading.h"
 
 namespace py = pybind11;
 
@@ -78,6 +80,60 @@ PYBIND11_MODULE(_C, m) {
       py::arg("graph_json"),
       "Structurally validate a region document (no op checks, no oneDNN); returns its symbol. "
       "Raises ValueError naming the field on failure.");
+
+  m.def("num_threads", &byoc_hetero::RegionThreads,
+        "OpenMP threads oneDNN uses per region call, for modules created from now on "
+        "(default: BYOC_HETERO_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs available).");
+  m.def("set_num_threads", &byoc_hetero::SetRegionThreads, py::arg("n"),
+        "Set the threads per region call for modules created from now on (existing modules keep "
+        "theirs).");
+  m.def("available_cpus", &byoc_hetero::AvailableCpus, "CPUs this process may run on.");
+  m.def("max_concurrent_calls", &byoc_hetero::MaxConcurrentCalls, py::arg("threads"),
+        "How many region calls of `threads` threads each may execute at once (the admission gate "
+        "keeps the busy OpenMP threads within the available CPUs).");
+  m.def(
+      "concurrency_stats",
+      []() {
+        byoc_hetero::ConcurrencyStats s = byoc_hetero::GetConcurrencyStats();
+        py::dict d;
+        d["calls"] = s.calls;
+        d["waited"] = s.waited;
+        d["max_active"] = s.max_active;
+        d["max_active_threads"] = s.max_active_threads;
+        return d;
+      },
+      "Counters of the admission gate since the last reset: calls, waited, max_active, "
+      "max_active_threads.");
+  m.def("reset_concurrency_stats", &byoc_hetero::ResetConcurrencyStats);
+  m.def(
+      "bench_conv2d",
+      [](std::vector<int64_t> data_shape, std::vector<int64_t> weight_shape, std::vector<int64_t> strides,
+         std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups, bool bias,
+         std::string activation, bool residual, int threads, int number, int repeat) {
+        py::gil_scoped_release release;
+        auto t = byoc_hetero::TimeBareConv2D(data_shape, weight_shape, strides, padding, dilation,
+                                             groups, bias, activation, residual, threads, number,
+                                             repeat);
+        return std::make_pair(t.seconds, t.impl);
+      },
+      py::arg("data_shape"), py::arg("weight_shape"), py::arg("strides"), py::arg("padding"),
+      py::arg("dilation"), py::arg("groups") = 1, py::arg("bias") = true,
+      py::arg("activation") = "none", py::arg("residual") = false, py::arg("threads") = 1,
+      py::arg("number") = 10, py::arg("repeat") = 5,
+      "Median seconds per execution of a bare oneDNN convolution (any layouts, weights "
+      "pre-reordered) and its implementation name.");
+  m.def(
+      "bench_matmul",
+      [](int64_t m_, int64_t k, int64_t n, bool bias, std::string activation, int threads, int number,
+         int repeat) {
+        py::gil_scoped_release release;
+        auto t = byoc_hetero::TimeBareMatmul(m_, k, n, bias, activation, threads, number, repeat);
+        return std::make_pair(t.seconds, t.impl);
+      },
+      py::arg("m"), py::arg("k"), py::arg("n"), py::arg("bias") = true,
+      py::arg("activation") = "none", py::arg("threads") = 1, py::arg("number") = 10,
+      py::arg("repeat") = 5,
+      "Median seconds per execution of a bare oneDNN [M,K]x[K,N] matmul and its implementation.");
 
   // tvm::ffi::Error derives from std::exception; report ValueErrors as Python ValueError.
   py::register_exception_translator([](std::exception_ptr p) {

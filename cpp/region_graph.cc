@@ -364,6 +364,42 @@ int64_t AttrReader::Int(const char* key, int64_t default_value) {
   return v->cast<int64_t>();
 }
 
+double AttrReader::Float(const char* key, double default_value) {
+  const Any* v = Find(key);
+  if (v == nullptr) return default_value;
+  if (v->type_index() == ffi::TypeIndex::kTVMFFIInt) return static_cast<double>(v->cast<int64_t>());
+  if (v->type_index() == ffi::TypeIndex::kTVMFFIFloat) return v->cast<double>();
+  Fail(key, "expected a number, got " + TypeName(*v) + " " + Render(*v));
+}
+
+std::vector<double> AttrReader::Floats(const char* key, size_t expected_size,
+                                       const std::vector<double>& default_value) {
+  const Any* v = Find(key);
+  if (v == nullptr) return default_value;
+  auto arr = v->as<JsonArray>();
+  bool ok = arr.has_value() && arr->size() == expected_size;
+  std::vector<double> out;
+  if (ok) {
+    for (const Any& x : *arr) {
+      if (x.type_index() == ffi::TypeIndex::kTVMFFIInt) {
+        out.push_back(static_cast<double>(x.cast<int64_t>()));
+      } else if (x.type_index() == ffi::TypeIndex::kTVMFFIFloat) {
+        out.push_back(x.cast<double>());
+      } else {
+        ok = false;
+        break;
+      }
+    }
+  }
+  if (!ok) {
+    Fail(key, "expected an array of " + std::to_string(expected_size) + " numbers, got " +
+                  Render(*v));
+  }
+  return out;
+}
+
+bool AttrReader::Has(const char* key) { return Find(key) != nullptr; }
+
 bool AttrReader::Flag(const char* key, bool default_value) {
   const Any* v = Find(key);
   if (v == nullptr) return default_value;

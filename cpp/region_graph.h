@@ -84,10 +84,16 @@ class AttrReader {
   AttrReader(const RegionGraph& graph, size_t node_index);
 
   int64_t Int(const char* key, int64_t default_value);
+  /*! \brief A number (integer or floating point JSON value). */
+  double Float(const char* key, double default_value);
   bool Flag(const char* key, bool default_value);  // 0/1 or false/true
   std::string Str(const char* key, const std::string& default_value);
   std::vector<int64_t> Ints(const char* key, size_t expected_size,
                             const std::vector<int64_t>& default_value);
+  std::vector<double> Floats(const char* key, size_t expected_size,
+                             const std::vector<double>& default_value);
+  /*! \brief Whether the attribute is present (marks it as known). */
+  bool Has(const char* key);
   /*! \brief A string attr restricted to one of \p allowed; an empty default means required. */
   std::string Choice(const char* key, const std::vector<std::string>& allowed,
                      const std::string& default_value);

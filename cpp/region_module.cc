@@ -12,7 +12,10 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <iomanip>
 #include <memory>
 #include <sstream>
 #include <utility>
@@ -21,6 +24,7 @@
 #include "kernels/kernel.h"
 #include "region_graph.h"
 #include "region_plan.h"
+#include "threading.h"
 
 namespace byoc_hetero {
 
@@ -80,7 +84,31 @@ void* CheckTensor(const DLTensor& t, const std::vector<int64_t>& shape, const st
          "strides " + ShapeToString(std::vector<int64_t>(t.strides, t.strides + t.ndim)));
   }
   if (t.data == nullptr) fail("a tensor with data", "a null data pointer");
-  return static_cast<char*>(t.data) + t.byte_offset;
+  char* ptr = static_cast<char*>(t.data) + t.byte_offset;
+  const uintptr_t address = reinterpret_cast<uintptr_t>(ptr);
+  if (address % alignof(float) != 0) {
+    std::ostringstream got;
+    got << "data at address 0x" << std::hex << address << std::dec << " (misaligned by "
+        << address % alignof(float) << " bytes)";
+    fail("data aligned to " + std::to_string(alignof(float)) + " bytes (float32)", got.str());
+  }
+  return ptr;
+}
+
+std::string JsonString(const std::string& s) {
+  std::ostringstream os;
+  os << '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      os << '\\' << c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      os << "\\u" << std::hex << std::setw(4) << std::setfill('0') << static_cast<int>(c) << std::dec;
+    } else {
+      os << c;
+    }
+  }
+  os << '"';
+  return os.str();
 }
 
 class RegionModuleObj : public ffi::ModuleObj {
@@ -118,6 +146,40 @@ class RegionModuleObj : public ffi::ModuleObj {
     }
     if (name == "get_graph_json") {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
+    }
+    if (name == "get_runtime_info") {
+      // {"threads", "contexts", "shared_bytes", "context_bytes"}: how the module runs.
+      return ffi::Function::FromTyped([self, this]() {
+        std::ostringstream os;
+        os << "{\"threads\": " << plan_->threads() << ", \"contexts\": " << plan_->contexts()
+           << ", \"shared_bytes\": " << plan_->shared_bytes()
+           << ", \"context_bytes\": " << plan_->context_bytes() << "}";
+        return ffi::String(os.str());
+      });
+    }
+    if (name == "set_profiling") {
+      return ffi::Function::FromTyped([self, this](bool on) { plan_->SetProfiling(on); });
+    }
+    if (name == "reset_profile") {
+      return ffi::Function::FromTyped([self, this]() { plan_->ResetProfile(); });
+    }
+    if (name == "get_profile") {
+      // JSON list: one object per step {phase, label, op, impl, layouts, calls, seconds}.
+      return ffi::Function::FromTyped([self, this]() {
+        std::ostringstream os;
+        os << "[";
+        bool first = true;
+        for (const StepProfile& p : plan_->Profile()) {
+          os << (first ? "" : ", ") << "{\"phase\": " << JsonString(p.phase)
+             << ", \"label\": " << JsonString(p.label) << ", \"op\": " << JsonString(p.op)
+             << ", \"impl\": " << JsonString(p.impl) << ", \"layouts\": " << JsonString(p.layouts)
+             << ", \"calls\": " << p.calls << ", \"seconds\": " << std::setprecision(9) << p.seconds
+             << "}";
+          first = false;
+        }
+        os << "]";
+        return ffi::String(os.str());
+      });
     }
     if (name == "get_plan") {
       return ffi::Function::FromTyped([self, this]() {
@@ -243,6 +305,34 @@ TVM_FFI_STATIC_INIT_BLOCK() {
     }
     return mod->SaveToBytes();
   });
+  DefineGlobalOnce("byoc_hetero.runtime.set_num_threads", [](int n) { SetRegionThreads(n); });
+  DefineGlobalOnce("byoc_hetero.runtime.num_threads", []() { return RegionThreads(); });
+  DefineGlobalOnce("byoc_hetero.runtime.available_cpus", []() { return AvailableCpus(); });
+  DefineGlobalOnce("byoc_hetero.runtime.concurrency_stats", []() {
+    ConcurrencyStats s = GetConcurrencyStats();
+    std::ostringstream os;
+    os << "{\"calls\": " << s.calls << ", \"waited\": " << s.waited
+       << ", \"max_active\": " << s.max_active
+       << ", \"max_active_threads\": " << s.max_active_threads << "}";
+    return ffi::String(os.str());
+  });
+  DefineGlobalOnce("byoc_hetero.runtime.reset_concurrency_stats", []() { ResetConcurrencyStats(); });
+  // Mean seconds per call of f(*args) over `number` calls made from C++ (no Python in the loop).
+  DefineGlobalOnce("byoc_hetero.runtime.time_call",
+                   [](const ffi::Function& f, const ffi::Array<ffi::Any>& args, int number) {
+                     if (number < 1) {
+                       TVM_FFI_THROW(ValueError) << "byoc_hetero.runtime.time_call: number must be >= 1";
+                     }
+                     std::vector<ffi::AnyView> views(args.begin(), args.end());
+                     ffi::Any rv;
+                     const auto start = std::chrono::steady_clock::now();
+                     for (int i = 0; i < number; ++i) {
+                       f.CallPacked(views.data(), static_cast<int32_t>(views.size()), &rv);
+                     }
+                     const std::chrono::duration<double> elapsed =
+                         std::chrono::steady_clock::now() - start;
+                     return elapsed.count() / number;
+                   });
   DefineGlobalOnce("byoc_hetero.runtime.supported_ops", []() {
     ffi::Array<ffi::String> ops;
     for (const auto& op : SupportedOps()) ops.push_back(op);

@@ -1,53 +1,119 @@
 /*!
  * \file region_plan.cc
- * \brief Planner and executor of a region: layouts, buffers, reorders, primitives.
+ * \brief Planner and executor of a region: layouts, buffers, reorders, primitives, contexts.
+ *
+ * Buffers are named by slots:
+ *   run arg    a caller's buffer (region input or output), bound on every call;
+ *   const arg  a constant's data, reachable only during __init_;
+ *   shared     module-wide, filled by the init program (reordered constants, folded values),
+ *              read-only while running;
+ *   private    one per execution context: intermediates of the run program;
+ *   scratch    one per execution context: oneDNN's scratchpad, shared by all steps.
  *
  * Every tensor of the region gets a ValueState:
- *   storage     where the value lives during a run, in storage_md (the producer's layout,
+ *   storage     the slot its value lives in during a run, in storage_md (the producer's layout,
  *               possibly blocked; plain for region inputs and constants);
- *   plain       a buffer holding the same value in plain row-major bytes (plain_md), when one
+ *   plain       a slot holding the same value in plain row-major bytes (plain_md), when one
  *               exists: region inputs/outputs (the caller's buffers), constants, intermediates
  *               whose producer writes plain, or a plain copy made on demand.
  * A consumer asks for (view, want).  The planner hands it the storage directly when the layouts
- * agree, and otherwise inserts one reorder.  Reorders of constants go to the init program (run
- * once by __init_); all others go to the run program, in node order.
+ * agree, and otherwise inserts one reorder.  A value known at __init_ (a constant, or the output
+ * of a node whose inputs are all such values) is converted in the init program, once; everything
+ * else goes to the run program, in node order.
+ *
+ * A sum post-op (residual add) accumulates into the destination: the planner reuses the
+ * residual's own buffer as the destination when the residual is an intermediate in the same
+ * layout that no later node reads, and otherwise copies the residual into the destination first.
  */
 #include "region_plan.h"
 
 #include <tvm/ffi/error.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <sstream>
 #include <utility>
 
 #include "kernels/kernel.h"
+#include "threading.h"
 
 namespace byoc_hetero {
 
 namespace {
 
-/*! \brief Where a buffer's address comes from. */
-struct Buffer {
-  enum Kind { kRunArg, kConstArg, kOwned } kind = kOwned;
-  int index = -1;       // kRunArg: position in Execute's buffers; kConstArg: constant position
-  void* ptr = nullptr;  // kOwned
+enum class SlotKind { kRunArg, kConstArg, kShared, kPrivate, kScratch };
+
+struct Slot {
+  SlotKind kind;
+  int index;     // run arg / const arg position, or buffer index within its kind
+  size_t bytes;  // shared / private
+};
+
+/*! \brief 64-byte aligned, zero-filled bytes (zero padding of blocked layouts starts valid). */
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  AlignedBuffer(size_t bytes, const std::string& what) {
+    if (bytes == 0) return;
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    ptr_.reset(std::aligned_alloc(64, rounded));
+    if (!ptr_) {
+      TVM_FFI_THROW(RuntimeError) << what << ": out of memory: cannot allocate " << bytes << " bytes";
+    }
+    std::memset(ptr_.get(), 0, rounded);
+  }
+  void* get() const { return ptr_.get(); }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> ptr_;
 };
 
 struct ValueState {
   bool defined = false;
-  Buffer storage;
+  bool is_const = false;       // known at __init_
+  bool aliased = false;        // its storage slot is also another value's (reshape)
+  bool region_output = false;
+  int last_use = -1;           // last node reading it
+  int storage = -1;
   memory::desc storage_md;
   memory::desc plain_md;
-  bool has_plain = false;
-  Buffer plain;
+  int plain = -1;
 };
 
 struct Exec {
-  dnnl::primitive prim;
-  std::unordered_map<int, memory> args;
+  dnnl::primitive prim;  // empty for host steps
+  HostFn host;
+  std::vector<std::pair<int, MemRef>> args;
   std::string label;
+  std::string op;
   std::string impl;
+};
+
+struct ExecCounters {
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> nanos{0};
+};
+
+/*! \brief Everything a running call writes. */
+struct Context {
+  dnnl::stream stream;
+  std::vector<AlignedBuffer> priv;
+  AlignedBuffer scratch;
+  struct Bound {
+    std::vector<memory> mems;
+    std::vector<dnnl_exec_arg_t> cargs;
+    std::vector<void*> ptrs;  // host steps
+  };
+  std::vector<Bound> execs;
+  std::vector<std::pair<int, memory>> bindings;  // (run/const arg position, memory)
+  int64_t bytes = 0;
 };
 
 std::string DnnlStatusName(dnnl_status_t s) {
@@ -85,63 +151,95 @@ struct CompiledRegion::Impl {
   size_t num_inputs = 0;
   size_t num_buffers = 0;
   size_t num_constants = 0;
+  int threads = 1;
 
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
 
-  std::vector<std::unique_ptr<Kernel>> kernels;
+  // ---- slots ---------------------------------------------------------------------------------
+  std::vector<Slot> slots;
+  std::vector<int> run_arg_slot, const_arg_slot;
+  int scratch_slot = -1;
+  std::vector<size_t> shared_sizes, private_sizes;
+  std::vector<std::string> shared_what, private_what;  // who asked for each buffer (messages)
+  std::string planning_where;                          // the node being planned
+  std::vector<AlignedBuffer> shared;
+
+  // ---- planning state ------------------------------------------------------------------------
   std::vector<ValueState> values;
-  std::vector<memory> owned;  // keeps module-owned buffers alive
-  std::vector<std::pair<int, memory>> run_bindings;
-  std::vector<std::pair<int, memory>> const_bindings;
   struct CacheEntry {
     int tensor;
     memory::desc view, want;
-    memory mem;
+    MemRef mem;
+    bool init_only;
   };
   std::vector<CacheEntry> resolved;
   std::vector<Step> init_steps, run_steps;
 
+  // ---- compiled programs and contexts --------------------------------------------------------
   std::vector<Exec> init_prog, run_prog;
-  memory scratch;
-  std::mutex mu;
+  std::unique_ptr<ExecCounters[]> init_counters, run_counters;
+  size_t init_scratch = 0, run_scratch = 0;
+  std::unique_ptr<Context> init_ctx;
+  std::mutex pool_mu;
+  std::vector<std::unique_ptr<Context>> pool;
+  std::atomic<int> contexts_created{0};
+  int64_t context_bytes = 0;
+  std::shared_mutex consts_mu;  // shared: running calls; exclusive: LoadConstants
   std::atomic<bool> ready{false};
+  std::atomic<bool> profiling{false};
 
-  // ---- buffers -------------------------------------------------------------------------------
-  memory Own(const memory::desc& md) {
-    memory m(md, engine);
-    owned.push_back(m);
-    return m;
+  // ---- slots ---------------------------------------------------------------------------------
+  int NewArgSlot(SlotKind kind, int index) {
+    slots.push_back({kind, index, 0});
+    return static_cast<int>(slots.size()) - 1;
   }
-  Buffer OwnBuffer(const memory::desc& md) { return Buffer{Buffer::kOwned, -1, Own(md).get_data_handle()}; }
-  /*! \brief A memory object with descriptor md over the bytes of b. */
-  memory Alias(const Buffer& b, const memory::desc& md) {
-    if (b.kind == Buffer::kOwned) return memory(md, engine, b.ptr);
-    memory m(md, engine, DNNL_MEMORY_NONE);
-    (b.kind == Buffer::kRunArg ? run_bindings : const_bindings).emplace_back(b.index, m);
-    return m;
+  int NewSlot(SlotKind kind, size_t bytes) {
+    int index = 0;
+    if (kind == SlotKind::kShared) {
+      index = static_cast<int>(shared_sizes.size());
+      shared_sizes.push_back(bytes);
+      shared_what.push_back(planning_where);
+    } else if (kind == SlotKind::kPrivate) {
+      index = static_cast<int>(private_sizes.size());
+      private_sizes.push_back(bytes);
+      private_what.push_back(planning_where);
+    }
+    slots.push_back({kind, index, bytes});
+    return static_cast<int>(slots.size()) - 1;
+  }
+  /*! \brief A slot for a value computed at init (shared) or per call (private). */
+  int OwnSlot(bool at_init, const memory::desc& md) {
+    return NewSlot(at_init ? SlotKind::kShared : SlotKind::kPrivate, md.get_size());
   }
 
-  Step MakeReorder(const memory& src, const memory& dst, const std::string& label) {
+  Step MakeReorder(const MemRef& src, const MemRef& dst, const std::string& label) {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     Step step;
     step.label = label;
     step.pd = GuardDnnl(label, "create a reorder", [&] {
-      return dnnl::reorder::primitive_desc(engine, src.get_desc(), engine, dst.get_desc(), attr);
+      return dnnl::reorder::primitive_desc(engine, src.md, engine, dst.md, attr);
     });
     step.args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
     return step;
   }
-  void AddReorder(bool init, const memory& src, const memory& dst, const std::string& label) {
+  void AddReorder(bool init, const MemRef& src, const MemRef& dst, const std::string& label) {
     (init ? init_steps : run_steps).push_back(MakeReorder(src, dst, label));
   }
 
   // ---- planning ------------------------------------------------------------------------------
-  /*! \brief A memory with layout.want holding tensor t, for node `consumer`. */
-  memory Resolve(const RegionGraph& g, int t, const OperandLayout& layout, size_t consumer) {
+  /*!
+   * \brief A memory with layout.want holding tensor t, for node `consumer`.
+   * \param init_consumer The consumer runs in the init program: a constant's own data may be
+   *        handed over without a copy.
+   */
+  MemRef Resolve(const RegionGraph& g, int t, const OperandLayout& layout, size_t consumer,
+                 bool init_consumer) {
     for (const auto& e : resolved) {
-      if (e.tensor == t && e.view == layout.view && e.want == layout.want) return e.mem;
+      if (e.tensor == t && e.view == layout.view && e.want == layout.want &&
+          (!e.init_only || init_consumer)) {
+        return e.mem;
+      }
     }
     ValueState& v = values[t];
     const std::string label = g.where(consumer) + ": reorder of tensor " + std::to_string(t) + " " +
@@ -151,39 +249,55 @@ struct CompiledRegion::Impl {
                                    << DescribeDesc(layout.view) << ", which does not cover its "
                                    << DescribeDesc(v.plain_md);
     }
-    memory result;
+    const bool at_init = v.is_const;
+    MemRef result;
+    bool init_only = false;
     if (g.roles[t] == TensorRole::kConstant) {
-      // Constant data is only reachable during __init_: always copy into an owned buffer.
-      result = Own(layout.want);
-      AddReorder(/*init=*/true, Alias(v.storage, layout.view), result, label);
+      const MemRef src{layout.view, v.storage};
+      if (init_consumer && layout.want == layout.view) {
+        result = src;  // read in place during __init_
+        init_only = true;
+      } else {
+        result = {layout.want, OwnSlot(true, layout.want)};
+        AddReorder(true, src, result, label);
+      }
     } else if (layout.view == v.plain_md && layout.want == v.storage_md) {
-      result = Alias(v.storage, v.storage_md);  // zero-copy
-    } else if (layout.view == v.plain_md && !v.has_plain) {
-      result = Own(layout.want);  // blocked -> other blocked, same logical dims
-      AddReorder(false, Alias(v.storage, v.storage_md), result, label);
+      result = {v.storage_md, v.storage};  // zero-copy
+    } else if (layout.view == v.plain_md && v.plain < 0) {
+      result = {layout.want, OwnSlot(at_init, layout.want)};  // blocked -> other layout
+      AddReorder(at_init, {v.storage_md, v.storage}, result, label);
     } else {
-      if (!v.has_plain) {
+      if (v.plain < 0) {
         // The consumer reads the bytes differently (e.g. flattened): materialize plain bytes.
-        v.plain = OwnBuffer(v.plain_md);
-        v.has_plain = true;
-        AddReorder(false, Alias(v.storage, v.storage_md), Alias(v.plain, v.plain_md),
+        v.plain = OwnSlot(at_init, v.plain_md);
+        AddReorder(at_init, {v.storage_md, v.storage}, {v.plain_md, v.plain},
                    g.where(consumer) + ": plain copy of tensor " + std::to_string(t));
       }
-      memory src = Alias(v.plain, layout.view);
+      const MemRef src{layout.view, v.plain};
       if (layout.want == layout.view) {
         result = src;
       } else {
-        result = Own(layout.want);
-        AddReorder(false, src, result, label);
+        result = {layout.want, OwnSlot(at_init, layout.want)};
+        AddReorder(at_init, src, result, label);
       }
     }
-    resolved.push_back({t, layout.view, layout.want, result});
+    resolved.push_back({t, layout.view, layout.want, result, init_only});
     return result;
   }
 
-  /*! \brief Decide where node n's output lives; returns the memory the kernel writes. */
-  memory DefineOutput(const RegionGraph& g, size_t n, const OperandLayout& layout,
-                      std::vector<Step>* trailing) {
+  int OutputPosition(const RegionGraph& g, int t) const {
+    for (size_t i = 0; i < g.outputs.size(); ++i) {
+      if (g.outputs[i] == t) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  /*!
+   * \brief Decide where node n's output lives; returns the memory the kernel writes.
+   * \param reuse A private slot the output may take over (a dying residual), or -1.
+   */
+  MemRef DefineOutput(const RegionGraph& g, size_t n, const OperandLayout& layout, bool at_init,
+                      int reuse, std::vector<Step>* trailing) {
     const int t = g.nodes[n].output;
     ValueState& v = values[t];
     const memory::desc tensor_plain = PlainDesc(g.tensors[t].shape);
@@ -192,32 +306,88 @@ struct CompiledRegion::Impl {
                                    << DescribeDesc(layout.view) << " does not cover tensor " << t;
     }
     v.defined = true;
+    v.is_const = at_init;
     v.plain_md = layout.view;
     v.storage_md = layout.want;
-    int out_pos = -1;
-    for (size_t i = 0; i < g.outputs.size(); ++i) {
-      if (g.outputs[i] == t) out_pos = static_cast<int>(i);
-    }
+    const int out_pos = OutputPosition(g, t);
     if (out_pos >= 0) {
-      Buffer user{Buffer::kRunArg, static_cast<int>(num_inputs) + out_pos, nullptr};
+      const int user = run_arg_slot[num_inputs + out_pos];
       v.plain = user;
-      v.has_plain = true;
       if (layout.want == layout.view) {
         v.storage = user;  // the kernel writes straight into the caller's buffer
       } else {
-        v.storage = OwnBuffer(layout.want);
-        trailing->push_back(MakeReorder(Alias(v.storage, layout.want), Alias(user, layout.view),
+        v.storage = reuse >= 0 ? reuse : OwnSlot(false, layout.want);
+        trailing->push_back(MakeReorder({layout.want, v.storage}, {layout.view, user},
                                         g.where(n) + ": output tensor " + std::to_string(t) + " " +
                                             DescribeDesc(layout.want) + " -> plain"));
       }
     } else {
-      v.storage = OwnBuffer(layout.want);
-      if (layout.want == layout.view) {
-        v.plain = v.storage;
-        v.has_plain = true;
+      v.storage = reuse >= 0 ? reuse : OwnSlot(at_init, layout.want);
+      if (layout.want == layout.view) v.plain = v.storage;
+    }
+    return {layout.want, v.storage};
+  }
+
+  /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
+  void PlanNode(const RegionGraph& g, size_t n, const Kernel& kernel, bool at_init) {
+    const NodeInfo& node = g.nodes[n];
+    const int t_out = node.output;
+
+    if (kernel.alias_input() >= 0) {
+      const size_t k = static_cast<size_t>(kernel.alias_input());
+      const int t_in = node.inputs[k];
+      // Plain bytes of the input that outlive __init_ (never a constant's own data).
+      const MemRef src = Resolve(g, t_in, kernel.inputs()[k], n, /*init_consumer=*/false);
+      ValueState& v = values[t_out];
+      v.defined = true;
+      v.is_const = values[t_in].is_const;
+      v.plain_md = v.storage_md = kernel.output().view;
+      const int out_pos = OutputPosition(g, t_out);
+      if (out_pos >= 0) {
+        const int user = run_arg_slot[num_inputs + out_pos];
+        run_steps.push_back(MakeReorder({kernel.output().view, src.slot}, {kernel.output().view, user},
+                                        g.where(n) + ": output tensor " + std::to_string(t_out) +
+                                            " copied out"));
+        v.storage = v.plain = user;
+      } else {
+        v.storage = v.plain = src.slot;
+        v.aliased = values[t_in].aliased = true;
+      }
+      return;
+    }
+
+    std::vector<MemRef> ins(node.inputs.size());
+    const int sum = kernel.sum_input();
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      if (static_cast<int>(k) == sum) continue;
+      ins[k] = Resolve(g, node.inputs[k], kernel.inputs()[k], n, at_init);
+    }
+    int reuse = -1;
+    int residual = -1;
+    if (sum >= 0) {
+      residual = node.inputs[sum];
+      const ValueState& r = values[residual];
+      int reads = 0;
+      for (int in : node.inputs) reads += in == residual;
+      if (!at_init && !r.is_const && g.roles[residual] == TensorRole::kNodeOutput &&
+          !r.region_output && !r.aliased && r.last_use == static_cast<int>(n) && reads == 1 &&
+          slots[r.storage].kind == SlotKind::kPrivate && r.storage_md == kernel.output().want) {
+        reuse = r.storage;  // the residual dies here: accumulate into its own buffer
       }
     }
-    return Alias(v.storage, layout.want);
+    std::vector<Step> trailing;
+    const MemRef out = DefineOutput(g, n, kernel.output(), at_init, reuse, &trailing);
+    std::vector<Step>& steps = at_init ? init_steps : run_steps;
+    if (sum >= 0) {
+      if (out.slot != reuse || reuse < 0) {
+        const MemRef res = Resolve(g, residual, kernel.inputs()[sum], n, at_init);
+        steps.push_back(MakeReorder(res, out, g.where(n) + ": residual tensor " +
+                                                  std::to_string(residual) + " copied into the output"));
+      }
+      ins[sum] = out;
+    }
+    for (Step& s : kernel.Bind(ins, out)) steps.push_back(std::move(s));
+    for (Step& s : trailing) steps.push_back(std::move(s));
   }
 
   void Build(const RegionGraph& g) {
@@ -226,18 +396,33 @@ struct CompiledRegion::Impl {
     num_inputs = g.inputs.size();
     num_buffers = g.inputs.size() + g.outputs.size();
     num_constants = g.constants.size();
+    threads = RegionThreads();
+    OmpThreadsScope omp(threads);  // oneDNN sizes some primitives for the threads at creation
+
+    for (size_t i = 0; i < num_buffers; ++i) {
+      run_arg_slot.push_back(NewArgSlot(SlotKind::kRunArg, static_cast<int>(i)));
+    }
+    for (size_t i = 0; i < num_constants; ++i) {
+      const_arg_slot.push_back(NewArgSlot(SlotKind::kConstArg, static_cast<int>(i)));
+    }
+    scratch_slot = NewArgSlot(SlotKind::kScratch, 0);
+
     values.resize(g.tensors.size());
+    for (size_t n = 0; n < g.nodes.size(); ++n) {
+      for (int t : g.nodes[n].inputs) values[t].last_use = static_cast<int>(n);
+    }
+    for (int t : g.outputs) values[t].region_output = true;
     for (size_t i = 0; i < g.inputs.size(); ++i) {
       ValueState& v = values[g.inputs[i]];
-      v.defined = v.has_plain = true;
+      v.defined = true;
       v.plain_md = v.storage_md = PlainDesc(g.tensors[g.inputs[i]].shape);
-      v.storage = v.plain = Buffer{Buffer::kRunArg, static_cast<int>(i), nullptr};
+      v.storage = v.plain = run_arg_slot[i];
     }
     for (size_t i = 0; i < g.constants.size(); ++i) {
       ValueState& v = values[g.constants[i].tensor];
-      v.defined = v.has_plain = true;
+      v.defined = v.is_const = true;
       v.plain_md = v.storage_md = PlainDesc(g.tensors[g.constants[i].tensor].shape);
-      v.storage = v.plain = Buffer{Buffer::kConstArg, static_cast<int>(i), nullptr};
+      v.storage = v.plain = const_arg_slot[i];
     }
 
     for (size_t n = 0; n < g.nodes.size(); ++n) {
@@ -249,7 +434,13 @@ struct CompiledRegion::Impl {
         TVM_FFI_THROW(ValueError) << g.where() << ": field 'nodes[" << n << "].op': unknown op '"
                                   << node.op << "' (supported: " << ops << ")";
       }
-      KernelContext ctx{g, n, engine};
+      KernelContext ctx{g, n, engine, {}, {}};
+      bool all_const = !node.inputs.empty();
+      for (int t : node.inputs) {
+        ctx.input_storage.push_back(values[t].storage_md);
+        ctx.input_constant.push_back(values[t].is_const);
+        all_const = all_const && values[t].is_const;
+      }
       std::unique_ptr<Kernel> kernel =
           GuardDnnl(g.where(n), "create the primitive", [&] { return builder(ctx); });
       if (kernel->inputs().size() != node.inputs.size()) {
@@ -257,115 +448,267 @@ struct CompiledRegion::Impl {
                                      << kernel->inputs().size() << " operands for "
                                      << node.inputs.size() << " inputs";
       }
-      GuardDnnl(g.where(n), "set up buffers and reorders", [&] {
-        std::vector<memory> ins;
-        for (size_t k = 0; k < node.inputs.size(); ++k) {
-          ins.push_back(Resolve(g, node.inputs[k], kernel->inputs()[k], n));
-        }
-        std::vector<Step> trailing;
-        memory out = DefineOutput(g, n, kernel->output(), &trailing);
-        for (Step& s : kernel->Bind(ins, out)) run_steps.push_back(std::move(s));
-        for (Step& s : trailing) run_steps.push_back(std::move(s));
-      });
-      kernels.push_back(std::move(kernel));
+      const bool at_init = all_const && !values[node.output].region_output;
+      planning_where = g.where(n);
+      GuardDnnl(g.where(n), "set up buffers and reorders", [&] { PlanNode(g, n, *kernel, at_init); });
     }
-    GuardDnnl(where, "allocate the scratchpad or create a primitive", [&] { Finalize(); });
+    GuardDnnl(where, "allocate buffers or create a primitive", [&] { Finalize(); });
   }
 
-  /*! \brief Size the shared scratchpad, create the primitives. */
+  /*! \brief Create the primitives, size the scratchpads, allocate shared buffers, first context. */
   void Finalize() {
-    size_t scratch_size = 0;
-    for (auto* steps : {&init_steps, &run_steps}) {
-      for (const Step& s : *steps) scratch_size = std::max(scratch_size, s.pd.scratchpad_desc().get_size());
-    }
-    if (scratch_size > 0) {
-      scratch = Own(memory::desc({static_cast<memory::dim>(scratch_size)}, memory::data_type::u8,
-                                 memory::format_tag::a));
-    }
-    auto compile = [&](std::vector<Step>& steps, std::vector<Exec>* prog) {
+    auto compile = [&](std::vector<Step>& steps, std::vector<Exec>* prog, size_t* scratch) {
       for (Step& s : steps) {
         Exec e;
         e.label = s.label;
-        e.impl = s.pd.impl_info_str();
+        e.op = s.op;
         e.args = std::move(s.args);
-        memory::desc sp = s.pd.scratchpad_desc();
-        if (sp.get_size() > 0) e.args[DNNL_ARG_SCRATCHPAD] = memory(sp, engine, scratch.get_data_handle());
-        e.prim = GuardDnnl(s.label, "create the primitive", [&] { return dnnl::primitive(s.pd.get()); });
+        if (s.host) {
+          e.host = std::move(s.host);
+          e.impl = "host";
+        } else {
+          e.impl = s.pd.impl_info_str();
+          const memory::desc sp = s.pd.scratchpad_desc();
+          if (sp.get_size() > 0) {
+            *scratch = std::max(*scratch, sp.get_size());
+            e.args.emplace_back(DNNL_ARG_SCRATCHPAD, MemRef{sp, scratch_slot});
+          }
+          e.prim = GuardDnnl(s.label, "create the primitive", [&] { return dnnl::primitive(s.pd.get()); });
+        }
         prog->push_back(std::move(e));
       }
       steps.clear();
     };
-    compile(init_steps, &init_prog);
-    compile(run_steps, &run_prog);
+    compile(init_steps, &init_prog, &init_scratch);
+    compile(run_steps, &run_prog, &run_scratch);
+    init_counters = std::make_unique<ExecCounters[]>(init_prog.size());
+    run_counters = std::make_unique<ExecCounters[]>(run_prog.size());
     resolved.clear();
+    for (size_t i = 0; i < shared_sizes.size(); ++i) shared.emplace_back(shared_sizes[i], shared_what[i]);
+    init_ctx = MakeContext(init_prog, init_scratch, /*with_private=*/false);
+    std::unique_ptr<Context> first = MakeContext(run_prog, run_scratch, /*with_private=*/true);
+    context_bytes = first->bytes;
+    pool.push_back(std::move(first));
     ready = num_constants == 0;
   }
 
-  void RunProgram(std::vector<Exec>& prog) {
-    for (Exec& e : prog) {
-      GuardDnnl(e.label, "execute", [&] { e.prim.execute(stream, e.args); });
+  std::unique_ptr<Context> MakeContext(const std::vector<Exec>& prog, size_t scratch_bytes,
+                                       bool with_private) {
+    auto ctx = std::make_unique<Context>();
+    ctx->stream = dnnl::stream(engine);
+    if (with_private) {
+      for (size_t i = 0; i < private_sizes.size(); ++i) {
+        ctx->priv.emplace_back(private_sizes[i], private_what[i]);
+        ctx->bytes += static_cast<int64_t>(private_sizes[i]);
+      }
     }
-    GuardDnnl(where, "wait for the stream", [&] { stream.wait(); });
+    ctx->scratch = AlignedBuffer(scratch_bytes, where + " (scratchpad)");
+    ctx->bytes += static_cast<int64_t>(scratch_bytes);
+    for (const Exec& e : prog) {
+      Context::Bound b;
+      for (const auto& [arg, ref] : e.args) {
+        const Slot& slot = slots[ref.slot];
+        void* ptr = nullptr;
+        switch (slot.kind) {
+          case SlotKind::kShared:
+            ptr = shared[slot.index].get();
+            break;
+          case SlotKind::kPrivate:
+            if (!with_private) {
+              TVM_FFI_THROW(InternalError) << where << ": step '" << e.label
+                                           << "' of the init program uses a per-call buffer";
+            }
+            ptr = ctx->priv[slot.index].get();
+            break;
+          case SlotKind::kScratch:
+            ptr = ctx->scratch.get();
+            break;
+          default:
+            break;  // bound per call
+        }
+        memory mem(ref.md, engine, ptr);
+        if (slot.kind == SlotKind::kRunArg || slot.kind == SlotKind::kConstArg) {
+          ctx->bindings.emplace_back(slot.index, mem);
+        }
+        b.mems.push_back(mem);
+        b.cargs.push_back({arg, mem.get()});
+      }
+      b.ptrs.resize(b.mems.size());
+      ctx->execs.push_back(std::move(b));
+    }
+    return ctx;
+  }
+
+  void RunProgram(const std::vector<Exec>& prog, ExecCounters* counters, Context& ctx) {
+    const bool timed = profiling.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < prog.size(); ++i) {
+      const Exec& e = prog[i];
+      Context::Bound& b = ctx.execs[i];
+      std::chrono::steady_clock::time_point start;
+      if (timed) start = std::chrono::steady_clock::now();
+      if (e.host) {
+        for (size_t k = 0; k < b.mems.size(); ++k) b.ptrs[k] = b.mems[k].get_data_handle();
+        e.host(b.ptrs);
+      } else {
+        dnnl_status_t status = dnnl_primitive_execute(e.prim.get(), ctx.stream.get(),
+                                                      static_cast<int>(b.cargs.size()), b.cargs.data());
+        if (status != dnnl_success) {
+          TVM_FFI_THROW(RuntimeError) << e.label << ": oneDNN failed to execute ("
+                                      << DnnlStatusName(status) << ")";
+        }
+      }
+      if (timed) {
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+        counters[i].calls.fetch_add(1, std::memory_order_relaxed);
+        counters[i].nanos.fetch_add(ns, std::memory_order_relaxed);
+      }
+    }
+    dnnl_status_t status = dnnl_stream_wait(ctx.stream.get());
+    if (status != dnnl_success) {
+      TVM_FFI_THROW(RuntimeError) << where << ": oneDNN failed to wait for the stream ("
+                                  << DnnlStatusName(status) << ")";
+    }
+  }
+
+  std::unique_ptr<Context> Acquire() {
+    {
+      std::lock_guard<std::mutex> lock(pool_mu);
+      if (!pool.empty()) {
+        std::unique_ptr<Context> ctx = std::move(pool.back());
+        pool.pop_back();
+        return ctx;
+      }
+    }
+    contexts_created.fetch_add(1);
+    return MakeContext(run_prog, run_scratch, /*with_private=*/true);
+  }
+
+  void Release(std::unique_ptr<Context> ctx) {
+    std::lock_guard<std::mutex> lock(pool_mu);
+    pool.push_back(std::move(ctx));
   }
 };
 
 CompiledRegion::CompiledRegion(const RegionGraph& graph) : impl_(std::make_unique<Impl>()) {
+  impl_->contexts_created = 1;
   impl_->Build(graph);
 }
 
 CompiledRegion::~CompiledRegion() = default;
 
 void CompiledRegion::LoadConstants(const std::vector<const void*>& data) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (data.size() != impl_->num_constants) {
-    TVM_FFI_THROW(InternalError) << impl_->where << ": LoadConstants got " << data.size()
-                                 << " buffers for " << impl_->num_constants << " constants";
+  Impl& s = *impl_;
+  std::unique_lock<std::shared_mutex> lock(s.consts_mu);
+  if (data.size() != s.num_constants) {
+    TVM_FFI_THROW(InternalError) << s.where << ": LoadConstants got " << data.size()
+                                 << " buffers for " << s.num_constants << " constants";
   }
-  impl_->ready = false;
-  for (auto& [index, mem] : impl_->const_bindings) mem.set_data_handle(const_cast<void*>(data[index]));
-  impl_->RunProgram(impl_->init_prog);
-  for (auto& [index, mem] : impl_->const_bindings) mem.set_data_handle(DNNL_MEMORY_NONE);
-  impl_->ready = true;
+  s.ready = false;
+  OmpThreadsScope omp(s.threads);
+  for (auto& [index, mem] : s.init_ctx->bindings) mem.set_data_handle(const_cast<void*>(data[index]));
+  try {
+    s.RunProgram(s.init_prog, s.init_counters.get(), *s.init_ctx);
+  } catch (...) {
+    for (auto& [index, mem] : s.init_ctx->bindings) mem.set_data_handle(nullptr);
+    throw;
+  }
+  for (auto& [index, mem] : s.init_ctx->bindings) mem.set_data_handle(nullptr);
+  s.ready = true;
 }
 
 bool CompiledRegion::ready() const { return impl_->ready; }
 
 void CompiledRegion::Execute(const std::vector<void*>& buffers) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (!impl_->ready) {
-    TVM_FFI_THROW(RuntimeError) << impl_->where << ": the region has " << impl_->num_constants
-                                << " constants but __init_" << impl_->symbol
+  Impl& s = *impl_;
+  std::shared_lock<std::shared_mutex> lock(s.consts_mu);
+  if (!s.ready) {
+    TVM_FFI_THROW(RuntimeError) << s.where << ": the region has " << s.num_constants
+                                << " constants but __init_" << s.symbol
                                 << " was never called (or failed); initialize the module with "
                                    "its constants before running it";
   }
-  if (buffers.size() != impl_->num_buffers) {
-    TVM_FFI_THROW(InternalError) << impl_->where << ": Execute got " << buffers.size()
-                                 << " buffers, expected " << impl_->num_buffers;
+  if (buffers.size() != s.num_buffers) {
+    TVM_FFI_THROW(InternalError) << s.where << ": Execute got " << buffers.size()
+                                 << " buffers, expected " << s.num_buffers;
   }
-  for (auto& [index, mem] : impl_->run_bindings) mem.set_data_handle(buffers[index]);
-  impl_->RunProgram(impl_->run_prog);
+  std::unique_ptr<Context> ctx = s.Acquire();
+  struct GiveBack {
+    Impl& s;
+    std::unique_ptr<Context>& ctx;
+    ~GiveBack() { s.Release(std::move(ctx)); }
+  } give_back{s, ctx};
+  for (auto& [index, mem] : ctx->bindings) mem.set_data_handle(buffers[index]);
+  OmpThreadsScope omp(s.threads);
+  ExecutionSlot slot(s.threads);
+  s.RunProgram(s.run_prog, s.run_counters.get(), *ctx);
 }
 
 std::vector<std::string> CompiledRegion::Describe() const {
   std::vector<std::string> lines;
-  auto describe = [&](const char* phase, const std::vector<Exec>& prog) {
-    for (const Exec& e : prog) {
+  for (const StepProfile& p : Profile()) {
+    lines.push_back(p.phase + " | " + p.label + " | " + p.impl + p.layouts);
+  }
+  return lines;
+}
+
+std::vector<StepProfile> CompiledRegion::Profile() const {
+  std::vector<StepProfile> out;
+  auto add = [&](const char* phase, const std::vector<Exec>& prog, const ExecCounters* counters) {
+    for (size_t i = 0; i < prog.size(); ++i) {
+      const Exec& e = prog[i];
+      StepProfile p;
+      p.phase = phase;
+      p.label = e.label;
+      p.op = e.op;
+      p.impl = e.impl;
       std::ostringstream os;
-      os << phase << " | " << e.label << " | " << e.impl;
-      const std::pair<int, const char*> names[] = {{DNNL_ARG_SRC, "src"},
-                                                   {DNNL_ARG_WEIGHTS, "wei"},
-                                                   {DNNL_ARG_BIAS, "bia"},
-                                                   {DNNL_ARG_DST, "dst"}};
-      for (const auto& [arg, name] : names) {
-        auto it = e.args.find(arg);
-        if (it != e.args.end()) os << " " << name << "=" << DescribeDesc(it->second.get_desc());
+      if (e.host) {
+        for (size_t k = 0; k < e.args.size(); ++k) {
+          os << (k + 1 == e.args.size() ? " out=" : " in=") << DescribeDesc(e.args[k].second.md);
+        }
+      } else {
+        const std::pair<int, const char*> names[] = {{DNNL_ARG_SRC, "src"},     {DNNL_ARG_SRC_1, "src1"},
+                                                     {DNNL_ARG_WEIGHTS, "wei"}, {DNNL_ARG_BIAS, "bia"},
+                                                     {DNNL_ARG_DST, "dst"}};
+        for (const auto& [arg, name] : names) {
+          for (const auto& [a, ref] : e.args) {
+            if (a == arg) os << " " << name << "=" << DescribeDesc(ref.md);
+          }
+        }
       }
-      lines.push_back(os.str());
+      p.layouts = os.str();
+      p.calls = counters[i].calls.load();
+      p.seconds = static_cast<double>(counters[i].nanos.load()) * 1e-9;
+      out.push_back(std::move(p));
     }
   };
-  describe("init", impl_->init_prog);
-  describe("run", impl_->run_prog);
-  return lines;
+  add("init", impl_->init_prog, impl_->init_counters.get());
+  add("run", impl_->run_prog, impl_->run_counters.get());
+  return out;
+}
+
+int CompiledRegion::threads() const { return impl_->threads; }
+int CompiledRegion::contexts() const { return impl_->contexts_created.load(); }
+int64_t CompiledRegion::context_bytes() const { return impl_->context_bytes; }
+int64_t CompiledRegion::shared_bytes() const {
+  int64_t total = 0;
+  for (size_t b : impl_->shared_sizes) total += static_cast<int64_t>(b);
+  return total;
+}
+
+void CompiledRegion::SetProfiling(bool on) { impl_->profiling = on; }
+
+void CompiledRegion::ResetProfile() {
+  for (size_t i = 0; i < impl_->init_prog.size(); ++i) {
+    impl_->init_counters[i].calls = 0;
+    impl_->init_counters[i].nanos = 0;
+  }
+  for (size_t i = 0; i < impl_->run_prog.size(); ++i) {
+    impl_->run_counters[i].calls = 0;
+    impl_->run_counters[i].nanos = 0;
+  }
 }
 
 }  // namespace byoc_hetero

@@ -4,7 +4,9 @@
  *
  * Attrs: strides [sh, sw] (default [1, 1]), padding [top, left, bottom, right] (default 0),
  * dilation [dh, dw] (1 = dense, default [1, 1]), groups (default 1), has_bias 0/1 (default:
- * whether a third input is present), activation "none" | "relu" (a post-op).
+ * whether a third input is present), and the epilogue (post-ops, in this order): activation
+ * (+ clip), residual 0/1 (the last input is added: a sum post-op), post_activation (+ post_clip).
+ * Inputs: data, weight, [bias], [residual].
  */
 #include <utility>
 
@@ -18,8 +20,9 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   const std::vector<int64_t> padding = attrs.Ints("padding", 4, {0, 0, 0, 0});
   const std::vector<int64_t> dilation = attrs.Ints("dilation", 2, {1, 1});
   const int64_t groups = attrs.Int("groups", 1);
-  const bool has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == 3);
-  const Activation act = ctx.ReadActivation(attrs);
+  const Epilogue epilogue = ctx.ReadEpilogue(attrs);
+  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
+  const bool has_bias = attrs.Flag("has_bias", base == 3);
   attrs.CheckNoUnknown();
 
   for (int i = 0; i < 2; ++i) {
@@ -31,7 +34,9 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   }
   if (groups < 1) attrs.Fail("groups", "must be >= 1, got " + std::to_string(groups));
 
-  ctx.ExpectInputCount(has_bias ? 3 : 2, has_bias ? "data, weight, bias" : "data, weight");
+  ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
+                       std::string(has_bias ? "data, weight, bias" : "data, weight") +
+                           (epilogue.residual ? ", residual" : ""));
   ctx.ExpectRank(0, "data", 4);
   ctx.ExpectRank(1, "weight", 4);
   const auto& x = ctx.input(0).shape;
@@ -61,6 +66,8 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   }
   const int64_t oh = ph / strides[0] + 1, ow = pw / strides[1] + 1;
   ctx.ExpectOutputShape({n, o, oh, ow});
+  const size_t residual_index = 2 + has_bias;
+  if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", {n, o, oh, ow});
 
   const memory::dims src_dims{n, c, h, wd}, dst_dims{n, o, oh, ow}, bias_dims{o};
   memory::dims wei_dims{o, c / groups, kh, kw};
@@ -70,7 +77,7 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
       ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       AnyDesc(src_dims), AnyDesc(wei_dims), has_bias ? AnyDesc(bias_dims) : memory::desc(),
       AnyDesc(dst_dims), {strides[0], strides[1]}, {dilation[0] - 1, dilation[1] - 1},
-      {padding[0], padding[1]}, {padding[2], padding[3]}, ctx.MakeAttr(act));
+      {padding[0], padding[1]}, {padding[2], padding[3]}, ctx.MakeAttr(epilogue));
 
   std::vector<OperandLayout> inputs{{PlainDesc(src_dims), pd.src_desc()},
                                     {PlainDesc(wei_dims), pd.weights_desc()}};
@@ -80,8 +87,14 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
     args.push_back(DNNL_ARG_BIAS);
   }
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  return std::make_unique<PrimitiveKernel>(ctx.where(), std::move(pd), std::move(args),
-                                           std::move(inputs), std::move(output));
+  int sum_input = -1;
+  if (epilogue.residual) {
+    inputs.push_back(output);  // accumulated in place: the planner puts it in the destination
+    args.push_back(0);
+    sum_input = static_cast<int>(residual_index);
+  }
+  return std::make_unique<PrimitiveKernel>(ctx.where(), "conv2d", std::move(pd), std::move(args),
+                                           std::move(inputs), std::move(output), sum_input);
 }
 
 }  // namespace byoc_hetero

@@ -3,7 +3,8 @@
  * \brief dense: act(x @ W + bias) with one oneDNN matmul; leading data dims flattened into M.
  *
  * Attrs: weight_layout "KN" (W stored [K, N]) | "NK" (W stored [N, K], i.e. x @ W^T) - required,
- * has_bias 0/1 (default: whether a third input is present), activation "none" | "relu".
+ * has_bias 0/1 (default: whether a third input is present), and the epilogue as for conv2d
+ * (activation, residual, post_activation).  Inputs: data, weight, [bias], [residual].
  * Both weight layouts are the same logical [K, N] matrix with different strides, so one reorder
  * (once, for a constant weight) brings either into the layout matmul prefers.
  */
@@ -16,11 +17,14 @@ namespace byoc_hetero {
 std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const bool nk = attrs.Choice("weight_layout", {"KN", "NK"}, "") == "NK";
-  const bool has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == 3);
-  const Activation act = ctx.ReadActivation(attrs);
+  const Epilogue epilogue = ctx.ReadEpilogue(attrs);
+  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
+  const bool has_bias = attrs.Flag("has_bias", base == 3);
   attrs.CheckNoUnknown();
 
-  ctx.ExpectInputCount(has_bias ? 3 : 2, has_bias ? "data, weight, bias" : "data, weight");
+  ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
+                       std::string(has_bias ? "data, weight, bias" : "data, weight") +
+                           (epilogue.residual ? ", residual" : ""));
   const auto& x = ctx.input(0).shape;
   if (x.size() < 2) {
     ctx.Fail("data (tensor " + std::to_string(ctx.node().inputs[0]) +
@@ -44,13 +48,20 @@ std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   std::vector<int64_t> out_shape(x.begin(), x.end() - 1);
   out_shape.push_back(n);
   ctx.ExpectOutputShape(out_shape);
+  const size_t residual_index = 2 + has_bias;
+  if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
 
   const memory::dims src_dims{m, k}, wei_dims{k, n}, bias_dims{1, n}, dst_dims{m, n};
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
+  // A constant weight is reordered once into the layout matmul prefers; one that arrives at run
+  // time is read where it lies (no per-call reorder).
+  const memory::desc wei_want = ctx.input_constant.size() > 1 && ctx.input_constant[1]
+                                    ? AnyDesc(wei_dims)
+                                    : wei_view;
 
-  dnnl::matmul::primitive_desc pd(ctx.engine, AnyDesc(src_dims), AnyDesc(wei_dims),
-                                  has_bias ? AnyDesc(bias_dims) : memory::desc(),
-                                  AnyDesc(dst_dims), ctx.MakeAttr(act));
+  dnnl::matmul::primitive_desc pd(ctx.engine, PlainDesc(src_dims), wei_want,
+                                  has_bias ? PlainDesc(bias_dims) : memory::desc(),
+                                  PlainDesc(dst_dims), ctx.MakeAttr(epilogue));
 
   std::vector<OperandLayout> inputs{{PlainDesc(src_dims), pd.src_desc()},
                                     {wei_view, pd.weights_desc()}};
@@ -60,8 +71,14 @@ std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
     args.push_back(DNNL_ARG_BIAS);
   }
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  return std::make_unique<PrimitiveKernel>(ctx.where(), std::move(pd), std::move(args),
-                                           std::move(inputs), std::move(output));
+  int sum_input = -1;
+  if (epilogue.residual) {
+    inputs.push_back({PlainDesc(dst_dims), pd.dst_desc()});
+    args.push_back(0);
+    sum_input = static_cast<int>(residual_index);
+  }
+  return std::make_unique<PrimitiveKernel>(ctx.where(), "dense", std::move(pd), std::move(args),
+                                           std::move(inputs), std::move(output), sum_input);
 }
 
 }  // namespace byoc_hetero

@@ -7,6 +7,7 @@
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -24,6 +25,14 @@ struct RegistryEntry {
 constexpr RegistryEntry kRegistry[] = {
     {"conv2d", &BuildConv2D},
     {"dense", &BuildDense},
+    {"matmul", &BuildMatmul},
+    {"pool2d", &BuildPool2D},
+    {"eltwise", &BuildEltwise},
+    {"binary", &BuildBinary},
+    {"softmax", &BuildSoftmax},
+    {"reshape", &BuildReshape},
+    {"bn_fold_weight", &BuildBatchNormFoldWeight},
+    {"bn_fold_bias", &BuildBatchNormFoldBias},
 };
 }  // namespace
 
@@ -55,6 +64,10 @@ memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides) 
 
 memory::desc AnyDesc(const memory::dims& dims) {
   return memory::desc(dims, memory::data_type::f32, memory::format_tag::any);
+}
+
+bool IsPlain(const memory::desc& md) {
+  return md.get_format_kind() == memory::format_kind::blocked && md == PlainDesc(md.get_dims());
 }
 
 std::string DescribeDesc(const memory::desc& md) {
@@ -111,41 +124,134 @@ void KernelContext::ExpectOutputShape(const std::vector<int64_t>& produced) cons
   }
 }
 
-Activation KernelContext::ReadActivation(AttrReader& attrs) const {
-  return attrs.Choice("activation", {"none", "relu"}, "none") == "relu" ? Activation::kRelu
-                                                                        : Activation::kNone;
+void KernelContext::ExpectInputShape(size_t k, const char* name,
+                                     const std::vector<int64_t>& shape) const {
+  if (input(k).shape != shape) {
+    Fail(std::string(name) + " (tensor " + std::to_string(node().inputs[k]) + ") must have shape " +
+         ShapeToString(shape) + ", got " + ShapeToString(input(k).shape));
+  }
 }
 
-dnnl::primitive_attr KernelContext::MakeAttr(Activation act) const {
+memory::desc KernelContext::InputLayout(size_t k) const {
+  const memory::dims dims(input(k).shape.begin(), input(k).shape.end());
+  if (k < input_storage.size()) {
+    const memory::desc& md = input_storage[k];
+    if (md.get_ndims() == static_cast<int>(dims.size()) && md.get_dims() == dims) return md;
+  }
+  return PlainDesc(dims);
+}
+
+const std::vector<std::string>& ActivationNames() {
+  static const std::vector<std::string> names = {"none", "relu",      "clip",     "sigmoid",
+                                                 "tanh", "gelu_erf", "gelu_tanh", "silu"};
+  return names;
+}
+
+Activation KernelContext::ReadActivation(AttrReader& attrs, const char* key,
+                                         const char* clip_key) const {
+  Activation a;
+  a.name = attrs.Choice(key, ActivationNames(), "none");
+  using dnnl::algorithm;
+  if (a.name == "relu") {
+    a.alg = algorithm::eltwise_relu;
+  } else if (a.name == "clip") {
+    if (!attrs.Has(clip_key)) attrs.Fail(clip_key, std::string("missing (required when ") + key + " is \"clip\")");
+    std::vector<double> bounds = attrs.Floats(clip_key, 2, {});
+    if (!std::isfinite(bounds[0]) || !std::isfinite(bounds[1]) || bounds[0] > bounds[1]) {
+      attrs.Fail(clip_key, "expected finite [min, max] with min <= max");
+    }
+    a.alg = algorithm::eltwise_clip;
+    a.alpha = static_cast<float>(bounds[0]);
+    a.beta = static_cast<float>(bounds[1]);
+  } else if (a.name == "sigmoid") {
+    a.alg = algorithm::eltwise_logistic;
+  } else if (a.name == "tanh") {
+    a.alg = algorithm::eltwise_tanh;
+  } else if (a.name == "gelu_erf") {
+    a.alg = algorithm::eltwise_gelu_erf;
+  } else if (a.name == "gelu_tanh") {
+    a.alg = algorithm::eltwise_gelu_tanh;
+  } else if (a.name == "silu") {
+    a.alg = algorithm::eltwise_swish;
+    a.alpha = 1.f;
+  }
+  if (a.name != "clip" && attrs.Has(clip_key)) {
+    attrs.Fail(clip_key, std::string("only allowed when ") + key + " is \"clip\"");
+  }
+  return a;
+}
+
+Epilogue KernelContext::ReadEpilogue(AttrReader& attrs) const {
+  Epilogue e;
+  e.act = ReadActivation(attrs, "activation", "clip");
+  e.residual = attrs.Flag("residual", false);
+  e.post_act = ReadActivation(attrs, "post_activation", "post_clip");
+  if (!e.residual && !e.post_act.none()) {
+    attrs.Fail("post_activation", "needs residual = 1 (it applies after the residual sum)");
+  }
+  return e;
+}
+
+dnnl::primitive_attr KernelContext::MakeAttr(const Epilogue& e) const {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (act == Activation::kRelu) {
-    dnnl::post_ops ops;
-    ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    attr.set_post_ops(ops);
-  }
+  dnnl::post_ops ops;
+  if (!e.act.none()) ops.append_eltwise(e.act.alg, e.act.alpha, e.act.beta);
+  if (e.residual) ops.append_sum(1.f);
+  if (!e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
+  if (ops.len() > 0) attr.set_post_ops(ops);
   return attr;
 }
 
 // ---------------------------------------------------------------------------------------------
-// PrimitiveKernel
+// Kernels
 
-PrimitiveKernel::PrimitiveKernel(std::string label, dnnl::primitive_desc_base pd,
+PrimitiveKernel::PrimitiveKernel(std::string label, std::string op, dnnl::primitive_desc_base pd,
                                  std::vector<int> input_args, std::vector<OperandLayout> inputs,
-                                 OperandLayout output)
-    : label_(std::move(label)), pd_(std::move(pd)), input_args_(std::move(input_args)) {
+                                 OperandLayout output, int sum_input)
+    : label_(std::move(label)),
+      op_(std::move(op)),
+      pd_(std::move(pd)),
+      input_args_(std::move(input_args)) {
   inputs_ = std::move(inputs);
   output_ = std::move(output);
+  sum_input_ = sum_input;
 }
 
-std::vector<Step> PrimitiveKernel::Bind(const std::vector<memory>& inputs,
-                                        const memory& output) const {
+std::vector<Step> PrimitiveKernel::Bind(const std::vector<MemRef>& inputs,
+                                        const MemRef& output) const {
   Step step;
   step.pd = pd_;
   step.label = label_;
-  for (size_t k = 0; k < inputs.size(); ++k) step.args[input_args_[k]] = inputs[k];
-  step.args[DNNL_ARG_DST] = output;
+  step.op = op_;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (input_args_[k] != 0) step.args.emplace_back(input_args_[k], inputs[k]);
+  }
+  step.args.emplace_back(DNNL_ARG_DST, output);
   return {std::move(step)};
+}
+
+HostKernel::HostKernel(std::string label, std::string op, HostFn fn,
+                       std::vector<memory::desc> inputs, memory::desc output)
+    : label_(std::move(label)), op_(std::move(op)), fn_(std::move(fn)) {
+  for (auto& md : inputs) inputs_.push_back({md, md});
+  output_ = {output, output};
+}
+
+std::vector<Step> HostKernel::Bind(const std::vector<MemRef>& inputs, const MemRef& output) const {
+  Step step;
+  step.host = fn_;
+  step.label = label_;
+  step.op = op_;
+  for (size_t k = 0; k < inputs.size(); ++k) step.args.emplace_back(static_cast<int>(k), inputs[k]);
+  step.args.emplace_back(static_cast<int>(inputs.size()), output);
+  return {std::move(step)};
+}
+
+AliasKernel::AliasKernel(memory::desc input_view, memory::desc output_view) {
+  inputs_.push_back({input_view, input_view});
+  output_ = {output_view, output_view};
+  alias_input_ = 0;
 }
 
 }  // namespace byoc_hetero

@@ -9,23 +9,31 @@
  *   view  the tensor's bytes read as plain (dense, strided) data, with the dims the kernel
  *         reasons in (e.g. dense reads a [B, S, K] input as [B*S, K]; an "NK" dense weight is
  *         [K, N] with strides [1, K]; a grouped conv weight is [G, O/G, I/G, KH, KW]);
- *   want  the layout the primitive reads/writes (usually chosen by oneDNN via format_tag::any).
+ *   want  the layout the primitive reads/writes (usually chosen by oneDNN via format_tag::any,
+ *         or, for layout-following ops such as pooling, the layout the producer wrote).
  *
  * The planner owns all memory and all layout changes: it inserts the reorders view -> want
  * (once at __init_ for constants, per call for runtime values), keeps intermediates in the
  * producer's layout, and converts to plain only at the region boundary.  Bind() then maps the
- * planner's memories onto the primitive's execution arguments.
+ * planner's memory references onto the primitive's execution arguments.
  *
- * Adding an op = one file with a builder + one line in kernels/registry.cc.
+ * Two special roles a kernel may declare:
+ *   sum_input   a node input (the residual) that the primitive accumulates into its output with
+ *               a sum post-op; the planner places that value in the output buffer before the
+ *               primitive runs (in place when the residual dies there, else with one copy);
+ *   alias_input the output is the same bytes as this input (reshape); no step runs.
+ *
+ * Adding an op = one file with a builder + one line in the registry in kernel.cc.
  */
 #ifndef BYOC_HETERO_KERNELS_KERNEL_H_
 #define BYOC_HETERO_KERNELS_KERNEL_H_
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "../region_graph.h"
@@ -42,26 +50,57 @@ memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides);
 memory::desc AnyDesc(const memory::dims& dims);
 /*! \brief Human-readable descriptor, oneDNN-verbose style: "[1,64,56,56]:aBcd16b". */
 std::string DescribeDesc(const memory::desc& md);
+/*! \brief Whether md is dense row-major (no blocking, no padding). */
+bool IsPlain(const memory::desc& md);
 
 struct OperandLayout {
   memory::desc view;
   memory::desc want;
 };
 
-/*! \brief One primitive execution with its arguments; the planner adds DNNL_ARG_SCRATCHPAD. */
-struct Step {
-  dnnl::primitive_desc_base pd;
-  std::unordered_map<int, memory> args;
-  std::string label;
+/*! \brief A memory the planner hands to a kernel: a descriptor over one of its buffers (slots). */
+struct MemRef {
+  memory::desc md;
+  int slot = -1;
 };
 
-enum class Activation { kNone, kRelu };
+/*! \brief A host (non-oneDNN) step: called with the data pointers of its args, in order. */
+using HostFn = std::function<void(const std::vector<void*>& ptrs)>;
+
+/*! \brief One execution: a oneDNN primitive (pd set) or a host function (host set). */
+struct Step {
+  dnnl::primitive_desc_base pd;
+  std::vector<std::pair<int, MemRef>> args;  // (DNNL_ARG_*, memory); host steps: order only
+  HostFn host;
+  std::string label;
+  std::string op;  // the node's op, for profiles ("" for planner reorders)
+};
+
+/*! \brief An activation (eltwise post-op or eltwise primitive). */
+struct Activation {
+  std::string name = "none";
+  dnnl::algorithm alg = dnnl::algorithm::undef;
+  float alpha = 0.f;
+  float beta = 0.f;
+  bool none() const { return name == "none"; }
+};
+
+/*! \brief The epilogue of conv2d / dense / matmul / binary as post-ops. */
+struct Epilogue {
+  Activation act;          // after the bias
+  bool residual = false;   // sum post-op: output += residual (a node input)
+  Activation post_act;     // after the sum
+};
 
 /*! \brief What a kernel builder gets to see. */
 struct KernelContext {
   const RegionGraph& graph;
   size_t node_index;
   const dnnl::engine& engine;
+  /*! \brief Per node input: the layout its value is stored in when this node runs. */
+  std::vector<memory::desc> input_storage;
+  /*! \brief Per node input: whether its value is known at __init_ (a constant or folded). */
+  std::vector<bool> input_constant;
 
   const NodeInfo& node() const { return graph.nodes[node_index]; }
   const TensorInfo& input(size_t k) const { return graph.tensors[node().inputs[k]]; }
@@ -76,11 +115,25 @@ struct KernelContext {
   void ExpectRank(size_t k, const char* name, size_t rank) const;
   /*! \brief Check the output tensor's declared shape against what the op produces. */
   void ExpectOutputShape(const std::vector<int64_t>& produced) const;
-  /*! \brief Read "activation" ("none" | "relu"). */
-  Activation ReadActivation(AttrReader& attrs) const;
-  /*! \brief Attributes every kernel primitive uses: user scratchpad + activation post-op. */
-  dnnl::primitive_attr MakeAttr(Activation act) const;
+  /*! \brief Check that input k has exactly `shape`. */
+  void ExpectInputShape(size_t k, const char* name, const std::vector<int64_t>& shape) const;
+  /*!
+   * \brief The layout input k is stored in, when it has the tensor's dims (else the plain
+   *        layout of the tensor's shape): what a layout-following op should read.
+   */
+  memory::desc InputLayout(size_t k) const;
+  /*! \brief Read an activation: attr `key` (default "none") and, for "clip", attr `clip_key`. */
+  Activation ReadActivation(AttrReader& attrs, const char* key = "activation",
+                            const char* clip_key = "clip") const;
+  /*! \brief Read activation/clip, residual (0/1), post_activation/post_clip. */
+  Epilogue ReadEpilogue(AttrReader& attrs) const;
+  /*! \brief Primitive attributes: user scratchpad and the epilogue's post-ops. */
+  dnnl::primitive_attr MakeAttr(const Epilogue& epilogue) const;
+  dnnl::primitive_attr MakeAttr() const { return MakeAttr(Epilogue{}); }
 };
+
+/*! \brief The activation names the runtime knows, in the order messages list them. */
+const std::vector<std::string>& ActivationNames();
 
 class Kernel {
  public:
@@ -88,29 +141,61 @@ class Kernel {
   /*! \brief Layouts, one per node input (same order as the node's inputs). */
   const std::vector<OperandLayout>& inputs() const { return inputs_; }
   const OperandLayout& output() const { return output_; }
+  /*! \brief The node input accumulated into the output by a sum post-op, or -1. */
+  int sum_input() const { return sum_input_; }
+  /*! \brief The node input whose bytes the output is (a reshape), or -1. */
+  int alias_input() const { return alias_input_; }
   /*!
    * \brief Map memories onto execution steps.
-   * \param inputs One memory per node input, each with inputs()[k].want as descriptor.
+   * \param inputs One memory per node input, each with inputs()[k].want as descriptor (for the
+   *        sum input: the output memory, already holding the residual).
    * \param output The output memory, with output().want as descriptor.
    */
-  virtual std::vector<Step> Bind(const std::vector<memory>& inputs, const memory& output) const = 0;
+  virtual std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const = 0;
 
  protected:
   std::vector<OperandLayout> inputs_;
   OperandLayout output_;
+  int sum_input_ = -1;
+  int alias_input_ = -1;
 };
 
-/*! \brief A kernel that is a single primitive; node input k is passed as exec arg input_args[k]. */
+/*!
+ * \brief A kernel that is a single primitive; node input k is passed as exec arg input_args[k]
+ *        (0 = not passed, e.g. the sum input, which lives in the destination).
+ */
 class PrimitiveKernel : public Kernel {
  public:
-  PrimitiveKernel(std::string label, dnnl::primitive_desc_base pd, std::vector<int> input_args,
-                  std::vector<OperandLayout> inputs, OperandLayout output);
-  std::vector<Step> Bind(const std::vector<memory>& inputs, const memory& output) const override;
+  PrimitiveKernel(std::string label, std::string op, dnnl::primitive_desc_base pd,
+                  std::vector<int> input_args, std::vector<OperandLayout> inputs,
+                  OperandLayout output, int sum_input = -1);
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const override;
 
  private:
   std::string label_;
+  std::string op_;
   dnnl::primitive_desc_base pd_;
   std::vector<int> input_args_;
+};
+
+/*! \brief A kernel computed by a host function over plain inputs and a plain output. */
+class HostKernel : public Kernel {
+ public:
+  HostKernel(std::string label, std::string op, HostFn fn, std::vector<memory::desc> inputs,
+             memory::desc output);
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const override;
+
+ private:
+  std::string label_;
+  std::string op_;
+  HostFn fn_;
+};
+
+/*! \brief A kernel whose output is its input's bytes under another shape (no step). */
+class AliasKernel : public Kernel {
+ public:
+  AliasKernel(memory::desc input_view, memory::desc output_view);
+  std::vector<Step> Bind(const std::vector<MemRef>&, const MemRef&) const override { return {}; }
 };
 
 using KernelBuilder = std::unique_ptr<Kernel> (*)(const KernelContext&);
@@ -123,6 +208,14 @@ std::vector<std::string> SupportedOps();
 // One builder per file under kernels/.
 std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx);
 std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildBatchNormFoldWeight(const KernelContext& ctx);
+std::unique_ptr<Kernel> BuildBatchNormFoldBias(const KernelContext& ctx);
 
 }  // namespace byoc_hetero
 

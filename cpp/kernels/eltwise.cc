@@ -1,0 +1,41 @@
+/*!
+ * \file kernels/eltwise.cc
+ * \brief eltwise: an activation on its own (one oneDNN eltwise_forward), for activations that do
+ *        not follow a conv2d / dense / matmul / binary they could be fused into.
+ *
+ * Attrs: algorithm "relu" | "clip" | "sigmoid" | "tanh" | "gelu_erf" | "gelu_tanh" | "silu"
+ * (required), clip [min, max] (with "clip").  Any rank; reads and writes the producer's layout.
+ */
+#include <utility>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  if (!attrs.Has("algorithm")) {
+    std::string list;
+    for (const auto& n : ActivationNames()) {
+      if (n != "none") list += (list.empty() ? "\"" : ", \"") + n + "\"";
+    }
+    attrs.Fail("algorithm", "missing (required, one of " + list + ")");
+  }
+  const Activation act = ctx.ReadActivation(attrs, "algorithm", "clip");
+  if (act.none()) attrs.Fail("algorithm", "\"none\" is not an eltwise algorithm");
+  attrs.CheckNoUnknown();
+  ctx.ExpectInputCount(1, "data");
+  ctx.ExpectOutputShape(ctx.input(0).shape);
+
+  const memory::desc src = ctx.InputLayout(0);
+  dnnl::eltwise_forward::primitive_desc pd(ctx.engine, dnnl::prop_kind::forward_inference, act.alg,
+                                           src, AnyDesc(src.get_dims()), act.alpha, act.beta,
+                                           ctx.MakeAttr());
+  std::vector<OperandLayout> inputs{{PlainDesc(src.get_dims()), pd.src_desc()}};
+  OperandLayout output{PlainDesc(src.get_dims()), pd.dst_desc()};
+  return std::make_unique<PrimitiveKernel>(ctx.where(), "eltwise", std::move(pd),
+                                           std::vector<int>{DNNL_ARG_SRC}, std::move(inputs),
+                                           std::move(output));
+}
+
+}  // namespace byoc_hetero

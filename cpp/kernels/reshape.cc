@@ -1,0 +1,29 @@
+/*!
+ * \file kernels/reshape.cc
+ * \brief reshape: the same row-major bytes under another shape (e.g. a flatten before a dense).
+ *
+ * No attrs; the output tensor's declared shape is the new shape and must have as many elements
+ * as the input.  No step runs: the planner gives the output the input's plain bytes (making a
+ * plain copy first only if the input is held in a blocked layout).
+ */
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  attrs.CheckNoUnknown();
+  ctx.ExpectInputCount(1, "data");
+  if (ctx.input(0).numel() != ctx.output().numel()) {
+    ctx.Fail("cannot reshape " + ShapeToString(ctx.input(0).shape) + " (" +
+             std::to_string(ctx.input(0).numel()) + " elements) to " +
+             ShapeToString(ctx.output().shape) + " (" + std::to_string(ctx.output().numel()) +
+             " elements)");
+  }
+  const auto& in = ctx.input(0).shape;
+  const auto& out = ctx.output().shape;
+  return std::make_unique<AliasKernel>(PlainDesc(memory::dims(in.begin(), in.end())),
+                                       PlainDesc(memory::dims(out.begin(), out.end())));
+}
+
+}  // namespace byoc_hetero

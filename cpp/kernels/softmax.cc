@@ -1,0 +1,35 @@
+/*!
+ * \file kernels/softmax.cc
+ * \brief softmax along one axis (one oneDNN softmax_forward, accurate algorithm).
+ *
+ * Attrs: axis (default -1; negative counts from the end).  Any rank; runs on plain data.
+ */
+#include <utility>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  int64_t axis = attrs.Int("axis", -1);
+  attrs.CheckNoUnknown();
+  ctx.ExpectInputCount(1, "data");
+  const auto& shape = ctx.input(0).shape;
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (axis < -rank || axis >= rank) {
+    attrs.Fail("axis", "out of range for data of rank " + std::to_string(rank) + ": " + std::to_string(axis));
+  }
+  if (axis < 0) axis += rank;
+  ctx.ExpectOutputShape(shape);
+  const memory::desc plain = PlainDesc(memory::dims(shape.begin(), shape.end()));
+  dnnl::softmax_forward::primitive_desc pd(ctx.engine, dnnl::prop_kind::forward_inference,
+                                           dnnl::algorithm::softmax_accurate, plain, plain,
+                                           static_cast<int>(axis), ctx.MakeAttr());
+  return std::make_unique<PrimitiveKernel>(ctx.where(), "softmax", std::move(pd),
+                                           std::vector<int>{DNNL_ARG_SRC},
+                                           std::vector<OperandLayout>{{plain, plain}},
+                                           OperandLayout{plain, plain});
+}
+
+}  // namespace byoc_hetero
