@@ -13,7 +13,7 @@ maps), :mod:`.place` (deciding devices), :mod:`.copies` (typing values and inser
 (``vm``), :mod:`.report` (``placement_report``).
 """
 
-from .build import PlacedExecutable, compile, lower  # noqa: A004  (compile is the public name)
+from .build import PlacedExecutable, compile, gpu_sources, lower  # noqa: A004  (compile is the public name)
 from .devices import Device, parse_device
 from .errors import PlacementError, PlacementWarning
 from .place import place
@@ -33,6 +33,7 @@ __all__ = [
     "PlacementWarning",
     "Site",
     "compile",
+    "gpu_sources",
     "lower",
     "parse_device",
     "place",

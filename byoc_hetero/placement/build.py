@@ -58,6 +58,26 @@ class PlacedExecutable:
         self.executable.export_library(path, **kwargs)
 
 
+def gpu_sources(compiled) -> dict[str, str]:
+    """The generated source of each GPU module of a compiled placement (``{"cuda": "..."}``).
+
+    Where TVM's CUDA runtime is not linked (no GPU driver), TVM keeps the generated CUDA source in
+    the module instead of compiling it; this is how to get it for an offline ``nvcc`` check.
+    """
+    executable = getattr(compiled, "executable", compiled)
+    out: dict[str, str] = {}
+    stack, seen = [executable.mod], set()
+    while stack:
+        m = stack.pop()
+        if _ir.key(m) in seen:
+            continue
+        seen.add(_ir.key(m))
+        if str(m.kind) in ("cuda",):
+            out[str(m.kind)] = out.get(str(m.kind), "") + str(m.inspect_source(""))
+        stack.extend(list(m.imports))
+    return out
+
+
 def make_plan(mod: tvm.IRModule) -> dict[str, Any]:
     """The placement plan of a placed module (plain JSON-able data)."""
     devices = [str(device_of_vdevice(v)) for v in module_vdevices(mod)]
