@@ -80,6 +80,8 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         DECISIONS.rejections.clear()
         patterns = [rule.fusion_pattern() for t in names for rule in pattern_rules(t)]
+        # dead bindings would become regions nobody calls (and that RunCodegen never compiles)
+        mod = relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
         if not patterns:
             return _with_decisions(mod)
         mod = relax.transform.ConvertToDataflow(min_size=1)(mod)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -46,9 +47,9 @@ def offload_and_compare(mod, params=None, inputs=None, bind=True) -> Compared:
     return result
 
 
-@pytest.fixture
-def restore_rules():
-    """Snapshot the rule registry and the op attributes a test may change; restore afterwards."""
+@contextlib.contextmanager
+def saved_rules():
+    """Snapshot the rule registry and the op attributes code may change; restore afterwards."""
     import tvm
 
     from byoc_hetero.rules import registry
@@ -56,13 +57,22 @@ def restore_rules():
     saved = {name: list(t.patterns) for name, t in registry._TARGETS.items()}
     saved_targets = dict(registry._TARGETS)
     saved_checks = dict(registry._OP_CHECKS)
-    yield
-    for name in list(registry._TARGETS):
-        for op in registry.op_rule_ops(name):
-            tvm.ir.Op.get(op).reset_attr(registry.op_attr_key(name))
-    registry._TARGETS.clear()
-    registry._TARGETS.update(saved_targets)
-    for name, patterns in saved.items():
-        registry._TARGETS[name].patterns[:] = patterns
-    registry._OP_CHECKS.clear()
-    registry._OP_CHECKS.update(saved_checks)
+    try:
+        yield
+    finally:
+        for name in list(registry._TARGETS):
+            for op in registry.op_rule_ops(name):
+                tvm.ir.Op.get(op).reset_attr(registry.op_attr_key(name))
+        registry._TARGETS.clear()
+        registry._TARGETS.update(saved_targets)
+        for name, patterns in saved.items():
+            registry._TARGETS[name].patterns[:] = patterns
+        registry._OP_CHECKS.clear()
+        registry._OP_CHECKS.update(saved_checks)
+
+
+@pytest.fixture
+def restore_rules():
+    """A test may change rules freely: they are restored afterwards."""
+    with saved_rules():
+        yield

@@ -1,0 +1,166 @@
+"""Random Relax graphs for differential fuzzing (offloaded build vs llvm-only build).
+
+A graph is a short chain-with-branches over NCHW feature maps and 2-D matrices, drawn from the ops
+the rules know: conv2d (strides, padding, dilation, groups, bias, relu), pooling, add, concat,
+activations, reshape to 2-D, dense (plain and transposed weight, bias, relu).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from hypothesis import strategies as st
+from tvm import relax
+
+R = relax.op
+F32 = "float32"
+
+
+@dataclass
+class Recipe:
+    """What a drawn graph is made of (printed by hypothesis when a case fails)."""
+
+    steps: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return "Recipe(" + "; ".join(self.steps) + ")"
+
+
+def _shape(v) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.ty.shape.values)
+
+
+def _const(rng: np.random.Generator, shape, scale=0.5):
+    return relax.const((rng.standard_normal(shape) * scale).astype(F32))
+
+
+@st.composite
+def graphs(draw, max_ops: int = 6):
+    """Draw ``(mod, inputs, recipe)``: a Relax module with static shapes and numpy inputs."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    recipe = Recipe([f"seed={seed}"])
+    n = draw(st.integers(1, 2))
+    c = draw(st.integers(1, 6))
+    h = draw(st.integers(3, 9))
+    w = draw(st.integers(3, 9))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, h, w), F32))
+    weight_params: list[relax.Var] = []
+    weight_values: list[np.ndarray] = []
+    recipe.steps.append(f"x{[n, c, h, w]}")
+
+    def weight(shape):
+        """A weight: usually a constant, sometimes a runtime parameter of main."""
+        if draw(st.booleans()) and draw(st.booleans()):
+            var = relax.Var(f"w{len(weight_params)}", relax.TensorType(shape, F32))
+            weight_params.append(var)
+            weight_values.append((rng.standard_normal(shape) * 0.5).astype(F32))
+            return var
+        return _const(rng, shape)
+
+    with bb.function("main"):
+        with bb.dataflow():
+            maps = [x]     # 4-D values
+            mats = []      # 2-D values
+            for _ in range(draw(st.integers(1, max_ops))):
+                kinds = ["conv", "conv", "pool", "act", "add", "concat", "flatten"] if maps else []
+                kinds += ["dense", "dense", "act2d"] if mats else []
+                kind = draw(st.sampled_from(kinds))
+                if kind == "conv":
+                    src = draw(st.sampled_from(maps))
+                    n_, c_, h_, w_ = _shape(src)
+                    k = draw(st.sampled_from([1, 3]))
+                    dil = draw(st.sampled_from([1, 2])) if k == 3 and min(h_, w_) >= 5 else 1
+                    span = dil * (k - 1) + 1
+                    pads = [draw(st.integers(0, k - 1)) for _ in range(4)]
+                    if h_ + pads[0] + pads[2] < span or w_ + pads[1] + pads[3] < span:
+                        pads = [k // 2 * dil] * 4
+                    stride = draw(st.sampled_from([1, 1, 2]))
+                    groups = draw(st.sampled_from([g for g in (1, 2, c_) if c_ % g == 0]))
+                    out_c = groups * draw(st.integers(1, 3))
+                    y = bb.emit(R.nn.conv2d(src, weight((out_c, c_ // groups, k, k)), strides=stride,
+                                            padding=pads, dilation=dil, groups=groups))
+                    bias = draw(st.sampled_from(["none", "reshaped", "4d"]))
+                    if bias == "reshaped":
+                        y = bb.emit(R.add(y, R.reshape(weight((out_c,)), (1, out_c, 1, 1))))
+                    elif bias == "4d":
+                        y = bb.emit(R.add(y, _const(rng, (1, out_c, 1, 1))))
+                    relu = draw(st.booleans())
+                    if relu:
+                        y = bb.emit(R.nn.relu(y))
+                    recipe.steps.append(f"conv(k={k}, s={stride}, pad={pads}, d={dil}, g={groups}, "
+                                        f"o={out_c}, bias={bias}, relu={relu})")
+                    maps.append(y)
+                elif kind == "pool":
+                    src = draw(st.sampled_from(maps))
+                    if min(_shape(src)[2:]) < 2:
+                        continue
+                    pool = draw(st.sampled_from(["max", "avg", "global"]))
+                    if pool == "max":
+                        y = bb.emit(R.nn.max_pool2d(src, pool_size=2, strides=2))
+                    elif pool == "avg":
+                        y = bb.emit(R.nn.avg_pool2d(src, pool_size=2, strides=1))
+                    else:
+                        y = bb.emit(R.nn.adaptive_avg_pool2d(src, output_size=1))
+                    recipe.steps.append(f"{pool}_pool")
+                    maps.append(y)
+                elif kind in ("act", "act2d"):
+                    src = draw(st.sampled_from(maps if kind == "act" else mats))
+                    act = draw(st.sampled_from(["relu", "sigmoid", "tanh"]))
+                    y = bb.emit({"relu": R.nn.relu, "sigmoid": R.sigmoid, "tanh": R.tanh}[act](src))
+                    recipe.steps.append(act)
+                    (maps if kind == "act" else mats).append(y)
+                elif kind == "add":
+                    a = draw(st.sampled_from(maps))
+                    same = [m for m in maps if _shape(m) == _shape(a)]
+                    b = draw(st.sampled_from(same))
+                    y = bb.emit(R.add(a, b))
+                    recipe.steps.append("add")
+                    maps.append(y)
+                elif kind == "concat":
+                    a = draw(st.sampled_from(maps))
+                    fits = [m for m in maps if _shape(m)[0] == _shape(a)[0] and _shape(m)[2:] == _shape(a)[2:]]
+                    b = draw(st.sampled_from(fits))
+                    y = bb.emit(R.concat([a, b], axis=1))
+                    recipe.steps.append("concat")
+                    maps.append(y)
+                elif kind == "flatten":
+                    src = draw(st.sampled_from(maps))
+                    s = _shape(src)
+                    y = bb.emit(R.reshape(src, (s[0], int(np.prod(s[1:])))))
+                    recipe.steps.append("flatten")
+                    mats.append(y)
+                elif kind == "dense":
+                    src = draw(st.sampled_from(mats))
+                    k_dim = _shape(src)[1]
+                    out = draw(st.integers(1, 12))
+                    transposed = draw(st.booleans())
+                    if transposed:
+                        y = bb.emit(R.matmul(src, R.permute_dims(weight((out, k_dim)), [1, 0])))
+                    else:
+                        y = bb.emit(R.matmul(src, weight((k_dim, out))))
+                    bias = draw(st.booleans())
+                    if bias:
+                        y = bb.emit(R.add(y, weight((out,))))
+                    relu = draw(st.booleans())
+                    if relu:
+                        y = bb.emit(R.nn.relu(y))
+                    recipe.steps.append(f"dense(out={out}, transposed={transposed}, bias={bias}, relu={relu})")
+                    mats.append(y)
+            outputs = [maps[-1]] + ([mats[-1]] if mats else [])
+            if len(outputs) == 1 or draw(st.booleans()):
+                result = bb.emit_output(outputs[-1] if draw(st.booleans()) else outputs[0])
+            else:
+                result = bb.emit_output(relax.Tuple(outputs))
+        bb.emit_func_output(result, params=[x] + weight_params)
+    inputs = [(rng.standard_normal((n, c, h, w)) * 0.5).astype(F32)] + weight_values
+    return bb.get(), inputs, recipe
+
+
+def run_all(ex, arrays) -> list[np.ndarray]:
+    """Run ``main`` and return every output as numpy."""
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]

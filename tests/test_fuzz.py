@@ -1,0 +1,50 @@
+"""Differential fuzzing: random graphs and random rule sets, offloaded build vs llvm-only build.
+
+CI runs a fixed-seed slice (``derandomize``); a longer random run:
+
+    BYOC_FUZZ_EXAMPLES=2000 BYOC_FUZZ_RANDOM=1 python -m pytest -q tests/test_fuzz.py
+
+Every failure found becomes a regression case in ``test_regressions`` below.
+"""
+
+from __future__ import annotations
+
+import os
+
+from conftest import TOLERANCE, saved_rules
+from fuzz_graphs import graphs, run_all
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import byoc_hetero as bh
+from byoc_hetero.rules import pattern_rules
+from byoc_hetero.timing import build, relative_error
+
+EXAMPLES = int(os.environ.get("BYOC_FUZZ_EXAMPLES", "150"))
+RANDOM = os.environ.get("BYOC_FUZZ_RANDOM") == "1"
+
+
+def differential(mod, inputs, disabled=()):
+    """Partition with some built-in rules disabled; compare every output with the llvm-only build."""
+    with saved_rules():
+        for name in disabled:
+            bh.unregister_pattern("byoc_hetero", name)
+        part = bh.partition(mod)
+    got = run_all(build(part), inputs)
+    want = run_all(build(mod), inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert relative_error(g, w) <= TOLERANCE, relative_error(g, w)
+    return part
+
+
+RULE_NAMES = sorted(r.name for r in pattern_rules("byoc_hetero"))
+
+
+@settings(max_examples=EXAMPLES, derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(), disabled=st.sets(st.sampled_from(RULE_NAMES), max_size=len(RULE_NAMES)))
+def test_offloaded_equals_llvm(case, disabled):
+    mod, inputs, recipe = case
+    differential(mod, inputs, sorted(disabled))
