@@ -12,6 +12,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 from tvm.script import ir as I
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 import byoc_hetero as bh
 from byoc_hetero.placement import (
@@ -245,6 +246,39 @@ def test_inputs_are_moved_to_their_devices():
         machine["main"](arrays[0])
 
 
+@I.ir_module
+class HandWritten:
+    """A model calling a hand-written TIR kernel twice."""
+
+    @T.prim_func(s_tir=True)
+    def twice(x: T.Buffer((4,), "float32"), y: T.Buffer((4,), "float32")):
+        for i in range(4):
+            with T.sblock("b"):
+                vi = T.axis.remap("S", [i])
+                y[vi] = x[vi] * T.float32(2)
+
+    @R.function
+    def main(a: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+        cls = HandWritten
+        with R.dataflow():
+            x = R.call_tir(cls.twice, (a,), out_ty=R.Tensor((4,), "float32"))
+            y = R.add(x, a)
+            z = R.call_tir(cls.twice, (y,), out_ty=R.Tensor((4,), "float32"))
+            R.output(z)
+        return z
+
+
+def test_hand_written_kernel_gets_the_target_of_its_device():
+    placed = place(HandWritten, {lambda s: s.op_name == "twice" and s.index == 1: "cpu:1"}, fallback="cpu:0")
+    lowered = lower(placed)
+    assert [(n, o) for n, o, _ in kernel_calls(lowered)] == [("twice", "cpu:0"), ("add_llvm", "cpu:0"), ("twice", "cpu:1")]
+    assert lowered["twice"].attrs["target"].kind.name == "llvm"
+    a = np.arange(4, dtype="float32")
+    out = vm(compile(placed))["main"](a)
+    assert out.device == tvm.cpu(1)
+    np.testing.assert_allclose(out.numpy(), (2 * a + a) * 2)
+
+
 # -- item 7: a CPU-only op, everything else on the other device -----------------------------------------
 
 SEEN_DEVICES: list = []
@@ -445,53 +479,109 @@ def test_unplaced_module_is_rejected():
 
 # -- item 5: with BYOC ---------------------------------------------------------------------------------------
 
-def test_partition_then_place(convnet):
-    mod, params, _bound, inputs, want = convnet
+def sin_net():
+    """conv → sin → conv → sin → dense: ``sin`` stays with TVM, so regions are separated by TVM ops
+    whatever else the partitioner learns to offload."""
+    nb = bh.models._NetBuilder(seed=5)
+    x = relax.Var("data", relax.TensorType((1, 3, 8, 8), "float32"))
+
+    def layers(nb, x):
+        x = nb.conv(x, "conv1", 3, 8, 3, pad=1)
+        x = nb.emit(relax.op.sin(x))
+        x = nb.conv(x, "conv2", 8, 8, 3, pad=1, relu=False)
+        x = nb.emit(relax.op.sin(x))
+        x = nb.flatten(x)
+        return nb.linear(x, "fc", 8 * 8 * 8, 10, relu=False)
+
+    mod, params = bh.models._finish(nb, [x], layers)
+    inputs = random_inputs(mod, params)
+    bound = bh.bind_params(mod, params)
+    return mod, params, bound, inputs, reference(bound, inputs)
+
+
+@pytest.fixture(scope="module")
+def sinnet():
+    return sin_net()
+
+
+def region_bindings(mod, entry="main"):
+    """(var, region symbol) of every offloaded-region call."""
+    out = []
+    for b in main_bindings(mod, entry):
+        v = b.value
+        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_dps_packed":
+            if v.args[0].global_symbol.endswith("byoc_hetero"):
+                out.append(b)
+    return out
+
+
+def copy_targets(mod, entry="main"):
+    """Names of the variables bound to copies."""
+    return {b.var.name for b in main_bindings(mod, entry)
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+            and b.value.op.name == "relax.to_vdevice"}
+
+
+def test_partition_then_place(sinnet):
+    mod, params, _bound, inputs, want = sinnet
     part = bh.partition(mod, params)
+    regions = region_bindings(part)
+    assert len(regions) >= 2 and "relax.sin" in op_devices(place(part, {}, fallback="cpu:0"))
     placed = place(part, {"byoc_hetero": "cpu:1"}, fallback="cpu:0")
     rep = placement_report(placed)
-    assert rep.regions == {"cpu:1": {"byoc_hetero": 2}}
-    assert dict(rep.ops["cpu:0"]) == {"relax.nn.max_pool2d": 1, "relax.reshape": 1}  # TVM's, on cpu:0
-    assert [dev_of(p.ty) for p in placed["main"].params] == ["cpu:1"]  # data: first used by a region
-    assert [(c.value, c.dst) for c in rep.copies] == [("lv", "cpu:0"), ("lv10", "cpu:1")]
+    assert rep.regions == {"cpu:1": {"byoc_hetero": len(regions)}}
+    for op, devs in op_devices(placed).items():
+        if op != "relax.call_dps_packed":
+            assert set(devs) == {"cpu:0"}, (op, devs)  # TVM's own ops stay on the fallback
+    moved = copies(placed)
+    assert len(moved) == len(set(moved)) and moved  # copies at the boundaries, one per value
     assert relative_error(run_placed(placed, inputs), want) <= TOL
 
 
-def test_region_follows_its_inputs_or_a_rule_naming_it(convnet):
-    mod, params, _bound, inputs, want = convnet
+def test_region_follows_its_inputs_or_a_rule_naming_it(sinnet):
+    mod, params, _bound, inputs, want = sinnet
     part = bh.partition(mod, params)
-    # no rule names a region: the dense region stays where its input (the reshape, on cpu:1) is
-    placed = place(part, {"relax.reshape": "cpu:1"}, fallback="cpu:0")
-    rep = placement_report(placed)
-    assert rep.regions == {"cpu:0": {"byoc_hetero": 1}, "cpu:1": {"byoc_hetero": 1}}
-    assert [(c.value, c.dst) for c in rep.copies] == [("lv9", "cpu:1")]  # nothing copied for the region
+    # no rule names a region: each region stays where its input is (data on cpu:0, sin on cpu:1)
+    placed = place(part, {"relax.sin": "cpu:1"}, fallback="cpu:0")
+    devs = [dev_of(b.var.ty) for b in region_bindings(placed)]
+    assert devs[0] == "cpu:0" and set(devs[1:]) == {"cpu:1"}
+    copied = copy_targets(placed)
+    for b in region_bindings(placed):  # nothing is copied for a region
+        assert not any(isinstance(a, relax.Var) and a.name in copied for a in b.value.args[1].fields)
     assert relative_error(run_placed(placed, inputs), want) <= TOL
-    # an op inside a region does not place it (warning says how), a callable on its ops does
+    # an op inside a region does not place it (the warning says how); a callable on its ops does
     with pytest.warns(PlacementWarning, match="inside offloaded regions"):
         place(part, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
-    placed = place(part, {lambda s: "relax.nn.conv2d" in s.contained_ops: "cpu:1"}, fallback="cpu:0")
-    assert placement_report(placed).regions == {"cpu:0": {"byoc_hetero": 1}, "cpu:1": {"byoc_hetero": 1}}
+    with_conv = lambda s: "relax.nn.conv2d" in s.contained_ops  # noqa: E731
+    placed = place(part, {with_conv: "cpu:1"}, fallback="cpu:0")
+    rep = placement_report(placed)
+    assert rep.region_ops["cpu:1"]["relax.nn.conv2d"] == 2
+    assert "relax.nn.conv2d" not in rep.region_ops.get("cpu:0", {})
     assert relative_error(run_placed(placed, inputs), want) <= TOL
 
 
-def test_place_then_partition(convnet):
-    _mod, _params, bound, inputs, want = convnet
+@pytest.mark.parametrize("net", ["convnet", "sinnet"])
+def test_place_then_partition(net, request):
+    mod, _params, bound, inputs, want = request.getfixturevalue(net)
     placed = place(bound, {"relax.nn.conv2d": "cpu:1"}, fallback="cpu:0")
     part = bh.partition(placed)
+    validate(part)  # every region has its operands and output on one device
     rep = placement_report(part)
-    assert rep.regions["cpu:1"]["byoc_hetero"] == 3  # each conv offloaded where it was placed
-    assert sum(rep.regions["cpu:0"].values()) >= 1  # the dense layers
-    validate(part)
+    n_conv = sum(1 for b in main_bindings(bound) if isinstance(b.value, relax.Call)
+                 and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == "relax.nn.conv2d")
+    assert rep.region_ops["cpu:1"]["relax.nn.conv2d"] == n_conv  # each conv offloaded where it was placed
+    assert "relax.nn.conv2d" not in rep.region_ops.get("cpu:0", {})
     assert relative_error(run_placed(part, inputs), want) <= TOL
 
 
-def test_cpu_region_on_a_gpu_is_an_error(convnet):
-    mod, params, *_ = convnet
+def test_cpu_region_on_a_gpu_is_an_error(sinnet):
+    mod, params, *_ = sinnet
     part = bh.partition(mod, params)
     with pytest.raises(PlacementError, match="byoc_hetero, a CPU runtime.*cuda:0"):
         place(part, {"byoc_hetero": "cuda"}, fallback="cpu")
     # without a rule, a CPU region stays on a CPU even when its input is on the GPU
-    placed = place(part, {"relax.nn.max_pool2d": "cuda", "relax.reshape": "cuda"}, fallback="cpu")
+    placed = place(part, {"relax.sin": "cuda"}, fallback="cpu")
+    assert set(op_devices(placed)["relax.sin"]) == {"cuda:0"}
     assert set(placement_report(placed).regions) == {"cpu:0"}
 
 

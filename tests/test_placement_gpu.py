@@ -60,6 +60,17 @@ def test_stock_compile_silently_runs_gpu_kernels_on_the_host(conv_on_cuda):
         validate_lowered(relax.transform.LegalizeOps()(placed))
 
 
+def test_hand_written_kernel_on_both_kinds_of_device():
+    from test_placement import HandWritten
+
+    placed = place(HandWritten, {lambda s: s.op_name == "twice" and s.index == 1: "cuda"}, fallback="cpu")
+    lowered = lower(placed)
+    kinds = {gv.name_hint: f.attrs["target"].kind.name
+             for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert kinds == {"twice_llvm": "llvm", "twice_cuda": "cuda", "add_llvm": "llvm"}
+    assert set(KERNEL.findall(gpu_sources(compile(placed))["cuda"])) == {"twice_cuda_kernel"}
+
+
 @requires_nvcc
 def test_cuda_code_compiles_with_nvcc(conv_on_cuda, tmp_path):
     *_, placed = conv_on_cuda

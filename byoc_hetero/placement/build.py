@@ -150,7 +150,69 @@ def legalize(mod: tvm.IRModule) -> tvm.IRModule:
         fn = tvm.ir.Op.get(name).get_attr("FLegalize")
         if fn is not None:
             cmap[name] = _keep_device(fn)
-    return relax.transform.LegalizeOps(cmap)(mod)
+    return bind_kernel_targets(relax.transform.LegalizeOps(cmap)(mod))
+
+
+def bind_kernel_targets(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give each ``call_tir`` kernel that has no target (a PrimFunc written by hand, called from the
+    model) the target of the device it is called on; one copy per target kind when it is called
+    on devices of different kinds."""
+    uses: dict[str, dict[str, Any]] = {}  # kernel name → target kind → target
+    for _gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for _block, binding in _ir.bindings(func):
+            call = binding.value
+            if not (isinstance(call, relax.Call) and _ir.op_of(call) in _TIR_CALLS and call.ty_args):
+                continue
+            vds = _ir.vdevices_in(call.ty_args[0])
+            kernel = mod[call.args[0]]
+            if vds and vds[0] is not None and (kernel.attrs is None or "target" not in kernel.attrs):
+                uses.setdefault(call.args[0].name_hint, {})[vds[0].target.kind.name] = vds[0].target
+    if not uses:
+        return mod
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    renamed: dict[tuple[str, str], relax.GlobalVar] = {}
+    for name, by_kind in uses.items():
+        gv = out.get_global_var(name)
+        kernel = out[gv]
+        if len(by_kind) == 1:
+            out[gv] = kernel.with_attr("target", next(iter(by_kind.values())))
+            continue
+        for kind, target in by_kind.items():
+            new_gv = relax.GlobalVar(f"{name}_{kind}")
+            relax.expr._update_type(new_gv, gv.ty)
+            out[new_gv] = kernel.with_attr("target", target).with_attr("global_symbol", f"{name}_{kind}")
+            renamed[(name, kind)] = new_gv
+    if renamed:
+        out = _retarget_calls(out, renamed)
+        # the target-less originals are no longer called
+        dropped = {name for name, _kind in renamed}
+        out = tvm.IRModule({gv: f for gv, f in out.functions_items() if gv.name_hint not in dropped},
+                           attrs=out.attrs, global_infos=out.global_infos)
+    return out
+
+
+_TIR_CALLS = ("relax.call_tir", "relax.call_tir_inplace")
+
+
+def _retarget_calls(mod: tvm.IRModule, renamed) -> tvm.IRModule:
+    @relax.expr_functor.mutator
+    class Retarget(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.visit_expr_post_order(call)
+            if _ir.op_of(call) in _TIR_CALLS and call.ty_args and isinstance(call.args[0], relax.GlobalVar):
+                vds = _ir.vdevices_in(call.ty_args[0])
+                key = (call.args[0].name_hint, vds[0].target.kind.name if vds and vds[0] is not None else "")
+                if key in renamed:
+                    return relax.Call(call.op, [renamed[key], *call.args[1:]], call.attrs, call.ty_args)
+            return call
+
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            out[gv] = Retarget(out).visit_expr(func)
+    return out
 
 
 # -- GPU scheduling ------------------------------------------------------------------------------------

@@ -85,8 +85,10 @@ def default_target(device: Device) -> tvm.target.Target:
 def make_vdevice(device: Device, targets: Mapping[str, tvm.target.Target] | None = None) -> relax.VDevice:
     """The ``relax.VDevice`` of ``device`` (its ``vdevice_id`` is the device index)."""
     target = (targets or {}).get(device.kind) or default_target(device)
-    if isinstance(target, str):
+    if isinstance(target, str | dict):
         target = tvm.target.Target(target)
+    if device.is_gpu and target.host is None:
+        target = tvm.target.Target(target, host=tvm.target.Target("llvm"))
     if _TARGET_KIND_TO_DEVICE.get(target.kind.name) != device.kind:
         raise PlacementError(f"target {target.kind.name!r} cannot compile code for device {device}")
     return relax.VDevice(target, device.index, "global")
