@@ -23,6 +23,7 @@ import tvm_ffi
 from tvm import relax
 
 from .errors import CodegenError
+from .rules.builtin import ACTIVATIONS, activation_of, is_per_channel, spatial_mean_axes
 from .rules.registry import static_shape, tensor_dtype
 
 FORMAT = "byoc_hetero.region"
@@ -35,6 +36,7 @@ class _Node:
     inputs: list[int]
     output: int
     attrs: dict[str, Any]
+    folded: bool = False  # a batch norm was folded into it (codegen state, not serialized)
 
 
 @dataclass
@@ -91,8 +93,10 @@ class _RegionLowering:
         # value → tensor id; aliases (reshape of a bias, permute_dims of a weight) resolve here
         self.tid: dict[Any, int] = {}
         self.transposed: set[Any] = set()
-        # tensor id → index of the node that writes it and may still absorb an epilogue
-        self.open_node: dict[int, int] = {}
+        # tensor id → the node that writes it and may still absorb an epilogue (this composite)
+        self.open_node: dict[int, _Node] = {}
+        # reshaped value → (source tensor id, new shape), until a node reads it (this composite)
+        self.flattened: dict[Any, tuple[int, tuple[int, ...]]] = {}
         self.local_funcs: dict[Any, relax.Function] = {}
 
     def fail(self, what: str) -> CodegenError:
@@ -159,6 +163,10 @@ class _RegionLowering:
     # -- one composite function -----------------------------------------------------------------
     def composite(self, func: relax.Function, arg_ids: Sequence[int]) -> int:
         self.graph.source_composites.append(str(func.attrs["Composite"]))
+        # epilogues (bias, batch norm, activations, residual) fuse only into the node opened by
+        # this composite: a value computed by another composite may have other readers
+        self.open_node = {}
+        self.flattened = {}
         for param, tid in zip(func.params, arg_ids):
             self.tid[param] = tid
         for block in func.body.blocks:
@@ -166,19 +174,42 @@ class _RegionLowering:
                 value = binding.value
                 if isinstance(value, relax.Var):
                     self.tid[binding.var] = self.lookup(value)
+                elif isinstance(value, relax.TupleGetItem):
+                    self.tid[binding.var] = self.lookup(value.tuple_value)[value.index]
                 elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                     self.tid[binding.var] = self.op_call(binding.var, value)
                 else:
                     raise self.fail(f"unsupported binding {type(value).__name__} in a composite")
         return self.lookup(func.body.body)
 
-    def emit(self, op: str, inputs: list[int], out_var: relax.Var, attrs: dict[str, Any]) -> int:
-        out = self.new_tensor(out_var)
-        self.graph.nodes.append(_Node(op, inputs, out, attrs))
-        self.open_node[out] = len(self.graph.nodes) - 1
+    def emit(self, op: str, inputs: list[int], out_var: relax.Expr | None, attrs: dict[str, Any],
+             shape: Sequence[int] | None = None, before: _Node | None = None) -> int:
+        """Append (or insert before ``before``) a node writing a new tensor; returns its id."""
+        out = self.new_tensor(out_var) if shape is None else self.new_tensor_shape(shape)
+        node = _Node(op, inputs, out, attrs)
+        if before is None:
+            self.graph.nodes.append(node)
+        else:
+            index = next(i for i, n in enumerate(self.graph.nodes) if n is before)
+            self.graph.nodes.insert(index, node)
+        self.open_node[out] = node
         return out
 
-    def op_call(self, var: relax.Var, call: relax.Call) -> int:
+    def new_tensor_shape(self, shape: Sequence[int]) -> int:
+        self.graph.tensors.append({"shape": [int(d) for d in shape], "dtype": "float32"})
+        return len(self.graph.tensors) - 1
+
+    def data_of(self, expr: relax.Expr) -> int:
+        """Tensor id of ``expr`` as a data operand: a reshape inside the composite becomes a node."""
+        if expr in self.flattened:
+            source, shape = self.flattened.pop(expr)
+            out = self.emit("reshape", [source], None, {}, shape=shape)
+            self.open_node.pop(out)
+            self.tid[expr] = out
+            return out
+        return self.lookup(expr)
+
+    def op_call(self, var: relax.Var, call: relax.Call) -> Any:
         op = _op_name(call)
         short = op.removeprefix("relax.")
         self.graph.source_ops[short] = self.graph.source_ops.get(short, 0) + 1
@@ -192,39 +223,147 @@ class _RegionLowering:
                 "has_bias": 0,
                 "activation": "none",
             }
-            return self.emit("conv2d", [self.lookup(call.args[0]), self.lookup(call.args[1])], var, attrs)
+            return self.emit("conv2d", [self.data_of(call.args[0]), self.lookup(call.args[1])], var, attrs)
         if op == "relax.matmul":
-            weight = call.args[1]
-            layout = "NK" if weight in self.transposed else "KN"
-            attrs = {"weight_layout": layout, "has_bias": 0, "activation": "none"}
-            return self.emit("dense", [self.lookup(call.args[0]), self.lookup(weight)], var, attrs)
+            return self.matmul(var, call)
         if op == "relax.permute_dims":
             self.transposed.add(var)
             return self.lookup(call.args[0])
         if op == "relax.reshape":
-            # only a bias is reshaped inside a composite: the runtime needs its values, not its shape
-            return self.lookup(call.args[0])
+            # a bias reshaped to [1, C, 1, 1] only needs its values; a reshape feeding a matmul
+            # (a flatten) becomes a reshape node when the matmul reads it (data_of)
+            source = self.lookup(call.args[0])
+            self.flattened[var] = (source, static_shape(var))
+            return source
         if op == "relax.add":
-            # the bias add comes either way round: add(y, b) or add(b, y)
-            first_is_node = self.lookup(call.args[0]) in self.open_node
-            produced, bias = (call.args[0], call.args[1]) if first_is_node else (call.args[1], call.args[0])
-            node = self.epilogue_node(produced, op)
-            if node.attrs["has_bias"] or node.attrs["activation"] != "none":
-                raise self.fail(f"second add after {node.op}")
-            node.attrs["has_bias"] = 1
-            node.inputs.append(self.lookup(bias))
-            return node.output
-        if op == "relax.nn.relu":
-            node = self.epilogue_node(call.args[0], op)
-            node.attrs["activation"] = "relu"
-            return node.output
+            return self.add(var, call)
+        if op == "relax.multiply":
+            return self.binary(var, call, "mul")
+        if op == "relax.nn.batch_norm":
+            return self.batch_norm(call)
+        if op in ACTIVATIONS:
+            return self.activation(var, call)
+        if op in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
+            a = call.attrs
+            algorithm = "max"
+            if op == "relax.nn.avg_pool2d":
+                algorithm = "avg_include_padding" if bool(a.count_include_pad) else "avg_exclude_padding"
+            attrs = {
+                "algorithm": algorithm,
+                "kernel": [int(k) for k in a.pool_size],
+                "strides": [int(k) for k in a.strides],
+                "padding": [int(k) for k in a.padding],
+                "dilation": [int(k) for k in a.dilation],
+                "ceil_mode": int(bool(a.ceil_mode)),
+            }
+            return self.emit("pool2d", [self.data_of(call.args[0])], var, attrs)
+        if op == "relax.nn.adaptive_avg_pool2d":
+            n, c, h, w = static_shape(call.args[0])
+            _, _, oh, ow = static_shape(var)
+            attrs = {"algorithm": "avg_exclude_padding", "kernel": [h // oh, w // ow],
+                     "strides": [h // oh, w // ow]}
+            return self.emit("pool2d", [self.data_of(call.args[0])], var, attrs)
+        if op == "relax.mean":
+            reason = spatial_mean_axes(call)
+            if reason:
+                raise self.fail(reason)
+            n, c, h, w = static_shape(call.args[0])
+            attrs = {"algorithm": "avg_exclude_padding", "kernel": [h, w], "strides": [1, 1]}
+            if bool(call.attrs.keepdims):
+                return self.emit("pool2d", [self.data_of(call.args[0])], var, attrs)
+            pooled = self.emit("pool2d", [self.data_of(call.args[0])], None, attrs, shape=[n, c, 1, 1])
+            return self.emit("reshape", [pooled], var, {})
+        if op == "relax.nn.softmax":
+            return self.emit("softmax", [self.data_of(call.args[0])], var, {"axis": int(call.attrs.axis)})
         raise self.fail(f"the runtime has no kernel for {op}")
 
-    def epilogue_node(self, producer: relax.Expr, op: str) -> _Node:
-        tid = self.lookup(producer)
-        if tid not in self.open_node:
-            raise self.fail(f"{op} does not follow a conv2d or dense it could be fused into")
-        return self.graph.nodes[self.open_node[tid]]
+    def matmul(self, var: relax.Var, call: relax.Call) -> int:
+        data, weight = call.args[0], call.args[1]
+        transposed = weight in self.transposed
+        weight_rank = len(static_shape(weight))
+        if weight_rank == 2:
+            attrs = {"weight_layout": "NK" if transposed else "KN", "has_bias": 0, "activation": "none"}
+            return self.emit("dense", [self.data_of(data), self.lookup(weight)], var, attrs)
+        attrs = {"transpose_b": int(transposed), "has_bias": 0, "activation": "none"}
+        return self.emit("matmul", [self.data_of(data), self.data_of(weight)], var, attrs)
+
+    def add(self, var: relax.Var, call: relax.Call) -> int:
+        """A bias or residual add fused into the open node it follows, or a binary node."""
+        lhs, rhs = self.lookup(call.args[0]), self.lookup(call.args[1])
+        chain = lhs if lhs in self.open_node else rhs if rhs in self.open_node else None
+        node = self.open_node.get(chain)
+        if node is None or node.op not in _ANCHORS or lhs == rhs:
+            return self.binary(var, call, "add")
+        operand_expr = call.args[1] if chain == lhs else call.args[0]
+        operand = rhs if chain == lhs else lhs
+        out_shape = self.graph.tensors[node.output]["shape"]
+        operand_shape = list(static_shape(operand_expr))
+        channel_axis = 1 if node.op == "conv2d" else -1
+        fresh = not node.attrs["has_bias"] and node.attrs["activation"] == "none" and \
+            not node.attrs.get("residual") and not node.folded
+        if fresh and is_per_channel(tuple(operand_shape), tuple(out_shape), channel_axis):
+            node.attrs["has_bias"] = 1
+            node.inputs.insert(2, operand)
+            return node.output
+        if not node.attrs.get("residual") and operand_shape == out_shape:
+            node.attrs["residual"] = 1
+            node.attrs["post_activation"] = "none"
+            node.inputs.append(operand)
+            return node.output
+        raise self.fail(f"add of shape {operand_shape} after {node.op} is neither a bias nor a residual")
+
+    def binary(self, var: relax.Var, call: relax.Call, algorithm: str) -> int:
+        inputs = [self.data_of(call.args[0]), self.data_of(call.args[1])]
+        return self.emit("binary", inputs, var, {"algorithm": algorithm, "activation": "none"})
+
+    def activation(self, var: relax.Var, call: relax.Call) -> int:
+        act = activation_of(call)
+        if isinstance(act, str):
+            raise self.fail(act)
+        name, clip = act
+        source = self.lookup(call.args[0])
+        node = self.open_node.get(source)
+        if node is not None and node.op in _ANCHORS + ("binary",):
+            key = "post_activation" if node.attrs.get("residual") else "activation"
+            if node.attrs.get(key, "none") == "none":
+                node.attrs[key] = name
+                if clip is not None:
+                    node.attrs["post_clip" if key == "post_activation" else "clip"] = clip
+                return node.output
+        attrs = {"algorithm": name}
+        if clip is not None:
+            attrs["clip"] = clip
+        return self.emit("eltwise", [self.data_of(call.args[0])], var, attrs)
+
+    def batch_norm(self, call: relax.Call) -> tuple[int, ...]:
+        """Fold an inference batch norm into the open conv2d: two nodes computing its weight and
+        bias from the statistics (run once, at load, when they are constants)."""
+        source = self.lookup(call.args[0])
+        node = self.open_node.get(source)
+        if node is None or node.op != "conv2d" or node.attrs["activation"] != "none" or \
+                node.attrs.get("residual") or node.folded:
+            raise self.fail("batch_norm does not directly follow a conv2d (and its bias) it could be folded into")
+        eps = float(call.attrs.epsilon)
+        gamma, beta, mean, var = (self.lookup(a) for a in call.args[1:5])
+        weight = node.inputs[1]
+        channels = self.graph.tensors[weight]["shape"][0]
+        folded_w = self.emit("bn_fold_weight", [weight, gamma, var], None, {"epsilon": eps},
+                             shape=self.graph.tensors[weight]["shape"], before=node)
+        bias_inputs = [gamma, beta, mean, var]
+        if node.attrs["has_bias"]:
+            bias_inputs.append(node.inputs[2])
+        folded_b = self.emit("bn_fold_bias", bias_inputs, None,
+                             {"epsilon": eps, "has_bias": int(bool(node.attrs["has_bias"]))},
+                             shape=[channels], before=node)
+        for tid in (folded_w, folded_b):
+            self.open_node.pop(tid)
+        node.inputs = [node.inputs[0], folded_w, folded_b]
+        node.attrs["has_bias"] = 1
+        node.folded = True
+        return (node.output,)
+
+
+_ANCHORS = ("conv2d", "dense", "matmul")
 
 
 def lower_region(func: relax.Function, constant_names: Mapping[Any, str]) -> RegionGraph:
