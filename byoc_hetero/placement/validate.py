@@ -124,7 +124,11 @@ def _check_binding(fname, binding, declared, home, regions) -> list[Violation]:
     outs = [_dev(t.vdevice) for t in _ir.tensor_leaves(var.ty)]
     for d in outs:
         if d is None:
-            out.append(Violation(fname, var.name, op, "output has no device"))
+            operands = []
+            if isinstance(value, relax.Call):
+                operands = [(n, _dev(t.vdevice)) for a in value.args for n, t in _operand_leaves(a)]
+            detail = f" (operands: {_fmt(operands)})" if operands else ""
+            out.append(Violation(fname, var.name, op, f"output has no device{detail}"))
             return out
         if d not in declared:
             out.append(Violation(fname, var.name, op, f"output on undeclared device {d}"))
