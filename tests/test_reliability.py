@@ -1,0 +1,219 @@
+"""Reliability: corrupt or foreign artifacts, concurrency, memory.
+
+Anything that could crash the interpreter runs in a subprocess, so a crash is a test failure with
+its output, not a dead test run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TOLERANCE
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero.timing import build, random_inputs, relative_error, run
+
+MAGIC = b"BYOCHG01"
+
+
+def _python(script: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """An exported small conv net, its input, and the output of the original build."""
+    mod, params = bh.models.small_convnet(batch=2)
+    ex = build(bh.partition(mod, params))
+    inputs = random_inputs(mod, params)
+    tmp = tmp_path_factory.mktemp("exported")
+    lib = tmp / "model.so"
+    ex.export_library(str(lib))
+    np.save(tmp / "x.npy", inputs[0])
+    return lib, tmp / "x.npy", run(ex, inputs)
+
+
+def _region_blob(lib) -> bytes:
+    data = lib.read_bytes()
+    start = data.index(MAGIC)
+    depth, end = 0, start + len(MAGIC)
+    for i in range(start + len(MAGIC), len(data)):  # the JSON object that follows the magic
+        depth += {ord("{"): 1, ord("}"): -1}.get(data[i], 0)
+        if depth == 0:
+            end = i + 1
+            break
+    return data[start:end]
+
+
+def test_truncated_and_bit_flipped_regions_raise_or_load_never_crash(exported, tmp_path):
+    blob = _region_blob(exported[0])
+    rng = np.random.default_rng(0)
+    cases = [blob[:n] for n in sorted({0, 1, 7, 8, 9, len(blob) // 2, len(blob) - 1} |
+                                      set(rng.integers(0, len(blob), 40).tolist()))]
+    for _ in range(150):
+        flipped = bytearray(blob)
+        pos = int(rng.integers(0, len(blob)))
+        flipped[pos] ^= 1 << int(rng.integers(0, 8))
+        cases.append(bytes(flipped))
+    np.save(tmp_path / "cases.npy", np.array(cases, dtype=object), allow_pickle=True)
+    proc = _python(f"""
+        import numpy as np, tvm, byoc_hetero
+        load = tvm.get_global_func("ffi.Module.load_from_bytes.byoc_hetero")
+        raised = loaded = 0
+        for blob in np.load({str(tmp_path / "cases.npy")!r}, allow_pickle=True):
+            try:
+                mod = load(bytes(blob))
+                mod["get_symbol"]()
+                loaded += 1
+            except (ValueError, RuntimeError) as err:
+                assert str(err), "empty message"
+                raised += 1
+        print(raised, loaded)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    raised, loaded = map(int, proc.stdout.split())
+    assert raised > 40  # every truncation and most flips are caught by the magic/JSON/validation checks
+    assert raised + loaded == len(cases)
+
+
+def _patched_library(lib, tmp_path, old: bytes, new: bytes):
+    """The library with ``old`` replaced by ``new`` inside the serialized region only."""
+    data = lib.read_bytes()
+    blob = _region_blob(lib)
+    start = data.index(blob)
+    assert len(old) == len(new) and blob.count(old) >= 1
+    out = tmp_path / "patched.so"
+    out.write_bytes(data[:start] + blob.replace(old, new) + data[start + len(blob):])
+    return out
+
+
+def _load_and_run(lib, x) -> subprocess.CompletedProcess:
+    return _python(f"""
+        import numpy as np, tvm
+        from tvm import relax
+        import byoc_hetero
+        lib = tvm.runtime.load_module({str(lib)!r})
+        vm = relax.VirtualMachine(lib, tvm.cpu())
+        print(vm["main"](tvm.runtime.tensor(np.load({str(x)!r}))).numpy().sum())
+    """)
+
+
+def test_library_from_another_format_version_is_refused(exported, tmp_path):
+    lib, x, _ = exported
+    for old, new in ((b'"version": 1', b'"version": 7'), (MAGIC, b"BYOCHG09")):
+        proc = _load_and_run(_patched_library(lib, tmp_path, old, new), x)
+        assert proc.returncode == 1, proc.stderr[-2000:]  # a Python exception, not a crash
+        assert "Error" in proc.stderr and ("version" in proc.stderr or "BYOCHG01" in proc.stderr)
+
+
+def test_region_whose_constants_are_missing_is_refused(exported, tmp_path):
+    """The library's constant table lacks a weight the region needs: a clear error, no crash."""
+    import json
+
+    lib, x, _ = exported
+    blob = _region_blob(lib)
+    name = json.loads(blob[len(MAGIC):])["constants"][0]["name"].encode()
+    data = lib.read_bytes()
+    at = data.index(name)  # TVM's constant table comes before the serialized region
+    assert at < data.index(blob)
+    broken = tmp_path / "no_const.so"
+    broken.write_bytes(data[:at] + name[:-1] + b"X" + data[at + len(name):])
+    proc = _load_and_run(broken, x)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "missing entry for constant" in proc.stderr and name.decode() in proc.stderr
+
+
+def test_four_threads_thousand_calls_each_match_one_thread(exported):
+    mod, params = bh.models.small_convnet(batch=1)
+    ex = build(bh.partition(mod, params))
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal((1, 3, 16, 16)).astype("float32") for _ in range(8)]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    want = [vm["main"](tvm.runtime.tensor(x)).numpy() for x in inputs]
+    failures: list[str] = []
+
+    def worker(tid: int) -> None:
+        local = relax.VirtualMachine(ex, tvm.cpu())  # VMs are per thread; the executable is shared
+        args = [tvm.runtime.tensor(x) for x in inputs]
+        for i in range(1000):
+            k = (i + tid) % len(inputs)
+            got = local["main"](args[k]).numpy()
+            if not np.array_equal(got, want[k]):
+                failures.append(f"thread {tid} call {i}: max diff {np.abs(got - want[k]).max()}")
+                return
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def test_ten_thousand_runs_keep_memory_flat():
+    mod, params = bh.models.mlp(features=64, hidden=(32,), num_classes=8)
+    ex = build(bh.partition(mod, params))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    x = tvm.runtime.tensor(np.ones((1, 64), "float32"))
+    for _ in range(500):  # warm up allocators and pools
+        vm["main"](x)
+    before = _rss_mb()
+    for _ in range(10_000):
+        vm["main"](x)
+    growth = _rss_mb() - before
+    assert growth < 8, f"resident memory grew {growth:.1f} MB over 10,000 runs"
+
+
+def test_building_and_dropping_modules_does_not_leak():
+    import gc
+
+    mod, params = bh.models.mlp(features=256, hidden=(256,), num_classes=16)
+    part = bh.partition(mod, params)
+    (ext,) = part.attrs["external_mods"]
+    graph_json = ext["get_graph_json"]()
+    create = tvm.get_global_func("byoc_hetero.runtime.create")
+    consts = [tvm.runtime.tensor(np.ones((256, 256), "float32")), tvm.runtime.tensor(np.ones(256, "float32")),
+              tvm.runtime.tensor(np.ones((256, 16), "float32")), tvm.runtime.tensor(np.ones(16, "float32"))]
+
+    def cycle(n):
+        for _ in range(n):
+            m = create(graph_json)
+            names = list(m["get_const_vars"]())
+            m[f"__init_{m['get_symbol']()}"](consts[: len(names)])
+            del m
+        gc.collect()
+
+    cycle(50)
+    before = _rss_mb()
+    cycle(400)  # each module holds ~0.3 MB of reordered weights: a leak would show as > 100 MB
+    growth = _rss_mb() - before
+    assert growth < 20, f"resident memory grew {growth:.1f} MB after 400 create/drop cycles"
+
+
+def test_offloaded_output_still_matches_after_reload(exported):
+    lib, x, want = exported
+    proc = _python(f"""
+        import numpy as np, tvm
+        from tvm import relax
+        import byoc_hetero
+        vm = relax.VirtualMachine(tvm.runtime.load_module({str(lib)!r}), tvm.cpu())
+        np.save({str(lib.with_suffix(".y.npy"))!r}, vm["main"](tvm.runtime.tensor(np.load({str(x)!r}))).numpy())
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert relative_error(np.load(lib.with_suffix(".y.npy")), want) <= TOLERANCE
