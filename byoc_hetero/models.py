@@ -4,8 +4,9 @@ Each builder returns ``(mod, params)``: ``mod["main"]`` takes the model inputs f
 weight as a further parameter; ``params`` maps each weight parameter's name to a numpy array.
 Layers are written the way TVM's frontends emit them: a conv2d bias is ``add(y, reshape(b,
 [1, C, 1, 1]))``, a PyTorch-style linear layer is ``matmul(x, permute_dims(W)) + b`` and an
-ONNX-style one ``matmul(x, W) + b``; batch norm is folded into the conv bias, as exported
-inference graphs have it.
+ONNX-style one ``matmul(x, W) + b``.  VGG-11 and ResNet-18 have batch norm folded into the conv
+bias, as exported inference graphs have it; MobileNetV2 keeps it as ``batch_norm`` in inference
+form (``training=False``) after bias-free convolutions, as PyTorch's frontend emits it.
 """
 
 from __future__ import annotations
@@ -44,15 +45,36 @@ class _NetBuilder:
     def emit(self, expr: relax.Expr) -> relax.Var:
         return self.bb.emit(expr)
 
-    def conv(self, x, name, cin, cout, k, stride=1, pad=0, bias=True, relu=True, groups=1):
+    def conv(self, x, name, cin, cout, k, stride=1, pad=0, bias=True, relu=True, groups=1,
+             bn=False, relu6=False):
         w = self.weight(f"{name}_weight", (cout, cin // groups, k, k), fan_in=cin // groups * k * k)
         y = self.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, groups=groups))
         if bias:
             b = self.bias(f"{name}_bias", cout)
             y = self.emit(relax.op.add(y, relax.op.reshape(b, (1, cout, 1, 1))))
-        if relu:
+        if bn:
+            y = self.batch_norm(y, f"{name}_bn", cout)
+        if relu6:
+            y = self.emit(relax.op.clip(y, 0, 6))
+        elif relu:
             y = self.emit(relax.op.nn.relu(y))
         return y
+
+    def batch_norm(self, x, name, channels):
+        """Inference-form batch norm with random statistics (element 0 of relax's batch_norm)."""
+        stats = []
+        for part, make in (
+            ("gamma", lambda: 1.0 + 0.1 * self.rng.standard_normal(channels)),
+            ("beta", lambda: 0.1 * self.rng.standard_normal(channels)),
+            ("mean", lambda: 0.1 * self.rng.standard_normal(channels)),
+            ("var", lambda: self.rng.uniform(0.5, 1.5, channels)),
+        ):
+            var = relax.Var(f"{name}_{part}", relax.TensorType((channels,), "float32"))
+            self.params[f"{name}_{part}"] = make().astype("float32")
+            self.weights.append(var)
+            stats.append(var)
+        y = self.emit(relax.op.nn.batch_norm(x, *stats, axis=1, epsilon=1e-5, training=False))
+        return self.emit(relax.TupleGetItem(y, 0))
 
     def linear(self, x, name, fin, fout, relu=True, transposed=True):
         """``transposed``: weight stored (out, in) as PyTorch does; else (in, out) as ONNX MatMul."""
@@ -143,6 +165,56 @@ def resnet18(batch: int = 1, image_size: int = 224, num_classes: int = 1000,
         x = nb.emit(relax.op.nn.adaptive_avg_pool2d(x, output_size=1))
         x = nb.flatten(x)
         return nb.linear(x, "fc", 512, num_classes, relu=False)
+
+    return _finish(_NetBuilder(seed), [_image(batch, 3, image_size)], layers)
+
+
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    """Round a channel count as torchvision's MobileNetV2 does."""
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+MOBILENET_V2_BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                       (6, 160, 3, 2), (6, 320, 1, 1))
+"""(expansion t, output channels c, repeats n, first stride s) of each MobileNetV2 stage."""
+
+
+def mobilenet_v2(batch: int = 1, image_size: int = 224, num_classes: int = 1000,
+                 width_mult: float = 1.0, seed: int = 0) -> tuple[tvm.IRModule, Params]:
+    """MobileNetV2: inverted residual blocks of 1x1 expand, 3x3 depthwise and 1x1 project
+    convolutions, each followed by batch norm (inference form) and ReLU6 (none after the
+    projection), with a residual add where shapes allow; global average pooling (a mean over the
+    spatial axes) and a linear classifier.  ``width_mult`` < 1 and a small ``image_size`` (a
+    multiple of 32) keep tests fast.
+    """
+    if image_size % 32:
+        raise ValueError(f"mobilenet_v2: image_size must be a multiple of 32, got {image_size}")
+
+    def layers(nb: _NetBuilder, x):
+        cin = _make_divisible(32 * width_mult)
+        x = nb.conv(x, "features0", 3, cin, 3, stride=2, pad=1, bias=False, bn=True, relu6=True)
+        index = 1
+        for t, c, n, s in MOBILENET_V2_BLOCKS:
+            cout = _make_divisible(c * width_mult)
+            for i in range(n):
+                stride = s if i == 0 else 1
+                name = f"features{index}"
+                hidden = cin * t
+                y = x
+                if t != 1:
+                    y = nb.conv(y, f"{name}_expand", cin, hidden, 1, bias=False, bn=True, relu6=True)
+                y = nb.conv(y, f"{name}_dw", hidden, hidden, 3, stride=stride, pad=1, bias=False,
+                            bn=True, relu6=True, groups=hidden)
+                y = nb.conv(y, f"{name}_project", hidden, cout, 1, bias=False, bn=True, relu=False)
+                if stride == 1 and cin == cout:
+                    y = nb.emit(relax.op.add(x, y))
+                x, cin = y, cout
+                index += 1
+        last = _make_divisible(1280 * max(1.0, width_mult))
+        x = nb.conv(x, f"features{index}", cin, last, 1, bias=False, bn=True, relu6=True)
+        x = nb.emit(relax.op.mean(x, axis=[2, 3], keepdims=False))
+        return nb.linear(x, "classifier", last, num_classes, relu=False)
 
     return _finish(_NetBuilder(seed), [_image(batch, 3, image_size)], layers)
 

@@ -129,10 +129,13 @@ def other_operand(match: Match, add: relax.Call, chain: relax.Expr) -> relax.Exp
 
 def _number(expr) -> float | None:
     """The value of a constant scalar argument (clip bounds), or None."""
-    if isinstance(expr, relax.PrimValue):
-        expr = expr.value
-    if isinstance(expr, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
-        return float(expr.value)
+    value = expr
+    for _ in range(3):  # IntImm / FloatImm, or a wrapper of one (a PrimValue)
+        if isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+            return float(value.value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        value = getattr(value, "value", None)
     return None
 
 
@@ -423,6 +426,7 @@ def with_epilogue(
     act: bool = False,
     residual: bool = False,
     post_act: bool = False,
+    residual_first: bool = False,
 ) -> tuple[DFPattern, dict[str, DFPattern]]:
     """Extend an anchor with [bias add (bias maybe reshaped)] [batch_norm] [relu | activation]
     [residual add [activation]]."""
@@ -436,7 +440,9 @@ def with_epilogue(
     if bn:
         call = is_op("relax.nn.batch_norm")(out, wildcard(), wildcard(), wildcard(), wildcard())
         names["bn"] = call
-        out = is_tuple_get_item(call, 0)
+        # FuseOpsByPattern matches only at calls: a batch norm that ends the pattern is its root
+        # (the composite returns batch_norm's tuple, element 0 is read outside)
+        out = is_tuple_get_item(call, 0) if (relu or act or residual) else call
     if relu:
         out = is_op("relax.nn.relu")(out)
         names["act"] = out
@@ -446,7 +452,10 @@ def with_epilogue(
     if residual:
         names["pre_res"] = out
         other = wildcard()
-        out = is_op("relax.add")(out, other)  # relax.add patterns match either way round
+        # relax.add patterns match either way round, but the operand order written here is tried
+        # first, and a match whose check fails is not retried the other way round: both orders
+        # get a rule (add(y, x) as ResNet has it, add(x, y) as MobileNetV2 has it)
+        out = is_op("relax.add")(other, out) if residual_first else is_op("relax.add")(out, other)
         names["residual"] = other
         names["residual_add"] = out
         if post_act:
@@ -492,13 +501,16 @@ def can_lower(call: relax.Call) -> str | None:
 
 
 def _epilogue_variants(with_bn: bool):
-    """(suffix, flags, ops covered) for every epilogue, largest first within equal prefixes."""
+    """(suffix, flags, ops covered) for every epilogue: [bias] [bn] [act] [res|res2 [act]]
+    (res: add(y, residual), res2: add(residual, y))."""
+    tails = ("res_act", "res2_act", "res", "res2", "")
     for bias, bn, act, tail in itertools.product((True, False), (True, False) if with_bn else (False,),
-                                                 (True, False), ("res_act", "res", "")):
+                                                 (True, False), tails):
         suffix = ("_bias" if bias else "") + ("_bn" if bn else "") + ("_act" if act else "")
         suffix += f"_{tail}" if tail else ""
-        flags = dict(bias=bias, bn=bn, act=act, residual=bool(tail), post_act=tail == "res_act")
-        size = 1 + bias + 2 * bn + act + bool(tail) + (tail == "res_act")
+        flags = dict(bias=bias, bn=bn, act=act, residual=bool(tail), post_act=tail.endswith("_act"),
+                     residual_first=tail.startswith("res2"))
+        size = 1 + bias + 2 * bn + act + bool(tail) + tail.endswith("_act")
         yield suffix, flags, size
 
 
@@ -534,6 +546,7 @@ def register_builtin_rules() -> None:
                 pattern, names = with_epilogue(
                     anchor, names, flags["bias"], bn=flags["bn"], act=flags["act"],
                     residual=flags["residual"], post_act=flags["post_act"],
+                    residual_first=flags["residual_first"],
                 )
                 register_pattern(TARGET, base + suffix, pattern, names, check, priority=priority)
     # pooling, softmax: one op each
