@@ -117,7 +117,7 @@ class Region:
 
     def run(self, mod, *inputs: np.ndarray) -> list[np.ndarray]:
         outs = [tvm.runtime.tensor(np.full(self.tensors[t]["shape"], np.nan, "float32")) for t in self.outputs]
-        mod[self.symbol](*[tvm.runtime.tensor(np.ascontiguousarray(x, "float32")) for x in inputs], *outs)
+        mod[self.symbol](*[tvm.runtime.tensor(np.array(x, "float32", order="C")) for x in inputs], *outs)
         return [o.numpy() for o in outs]
 
 
@@ -596,3 +596,368 @@ def test_validate_helper():
     assert _C.validate(json.dumps(conv_doc())) == "doc_check"
     with pytest.raises(ValueError, match=r"doc_check.*'version'"):
         _C.validate(mutate(["version"], 3))
+
+
+# ------------------------------------------------------------------------------------------------
+# The ops beyond conv2d and dense: hand-written nodes vs numpy
+
+
+def pool2d_ref(x, kernel, strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False,
+               algorithm="max"):
+    """Direct pooling over padded windows (count_include_pad semantics per algorithm)."""
+    n, c, h, w = x.shape
+    top, left, bottom, right = padding
+    out = []
+    for axis, (size, k, s, lo, hi, d) in enumerate(zip((h, w), kernel, strides, (top, left), (bottom, right), dilation)):
+        extent = (k - 1) * d + 1
+        span = size + lo + hi - extent
+        o = (span + s - 1) // s + 1 if ceil_mode else span // s + 1
+        out.append(o)
+    oh, ow = out
+    res = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            vals, in_pad = [], 0
+            for a in range(kernel[0]):
+                for b in range(kernel[1]):
+                    y = i * strides[0] - top + a * dilation[0]
+                    z = j * strides[1] - left + b * dilation[1]
+                    if 0 <= y < h and 0 <= z < w:
+                        vals.append(x[:, :, y, z].astype("float64"))
+                    elif y < h + bottom and z < w + right:
+                        in_pad += 1  # a position of the declared padding
+            stack = np.stack(vals)
+            if algorithm == "max":
+                res[:, :, i, j] = stack.max(0)
+            elif algorithm == "avg_include_padding":
+                res[:, :, i, j] = stack.sum(0) / (len(vals) + in_pad)
+            else:
+                res[:, :, i, j] = stack.mean(0)
+    return res
+
+
+def act_ref(name, x, clip=None):
+    import math
+
+    x = x.astype("float64")
+    if name == "relu":
+        return np.maximum(x, 0)
+    if name == "clip":
+        return np.clip(x, clip[0], clip[1])
+    if name == "sigmoid":
+        return 1 / (1 + np.exp(-x))
+    if name == "tanh":
+        return np.tanh(x)
+    if name == "gelu_erf":
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    if name == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "silu":
+        return x / (1 + np.exp(-x))
+    raise ValueError(name)
+
+
+ACTS = [("relu", None), ("clip", [0.0, 6.0]), ("clip", [-0.5, 0.25]), ("sigmoid", None), ("tanh", None),
+        ("gelu_erf", None), ("gelu_tanh", None), ("silu", None)]
+
+
+@pytest.mark.parametrize("act, clip", ACTS, ids=lambda v: str(v))
+def test_conv2d_fused_activations(act, clip):
+    x, w, b = rand(1, 4, 6, 6), rand(8, 4, 3, 3), rand(8)
+    r = Region("conv_act")
+    attrs = dict(padding=[1, 1, 1, 1], has_bias=1, activation=act)
+    if clip:
+        attrs["clip"] = clip
+    r.outputs = [r.node("conv2d", [r.input(x.shape), r.const(w), r.const(b)], (1, 8, 6, 6), **attrs)]
+    (got,) = r.run(r.module(), x)
+    assert_close(got, act_ref(act, conv2d_ref(x, w, b, padding=(1, 1, 1, 1)), clip))
+
+
+@pytest.mark.parametrize("act, clip", ACTS, ids=lambda v: str(v))
+def test_eltwise_and_dense_activations(act, clip):
+    x, w = rand(3, 16), rand(16, 8)
+    r = Region("eltwise_act")
+    extra = {"clip": clip} if clip else {}
+    t = r.node("dense", [r.input(x.shape), r.const(w)], (3, 8), weight_layout="KN", activation=act, **extra)
+    r.outputs = [t, r.node("eltwise", [t], (3, 8), algorithm=act, **extra)]
+    got_t, got_y = r.run(r.module(), x)
+    want_t = act_ref(act, dense_ref(x, w), clip)
+    assert_close(got_t, want_t)
+    assert_close(got_y, act_ref(act, want_t, clip))
+
+
+@pytest.mark.parametrize("order", ["in_place", "copy"])
+def test_conv2d_residual_sum_post_op(order):
+    """act2(act1(conv + b) + residual): in place when the residual dies there, else copied."""
+    x, w1, w2, b2 = rand(1, 8, 6, 6), rand(8, 8, 3, 3), rand(8, 8, 3, 3), rand(8)
+    r = Region("conv_residual_" + order)
+    xi = r.input(x.shape)
+    t = r.node("conv2d", [xi, r.const(w1)], (1, 8, 6, 6), padding=[1, 1, 1, 1])
+    y = r.node("conv2d", [t, r.const(w2), r.const(b2), t if order == "copy" else xi], (1, 8, 6, 6),
+               padding=[1, 1, 1, 1], has_bias=1, activation="tanh", residual=1, post_activation="relu")
+    r.outputs = [y]
+    mod = r.module()
+    (got,) = r.run(mod, x)
+    mid = conv2d_ref(x, w1, padding=(1, 1, 1, 1))
+    res = mid if order == "copy" else x
+    assert_close(got, np.maximum(np.tanh(conv2d_ref(mid, w2, b2, padding=(1, 1, 1, 1))) + res, 0))
+    plan = [line for line in mod["get_plan"]() if line.startswith("run")]
+    # a region input is never written: its value is copied into the output first
+    assert any("copied into the output" in line for line in plan)
+
+
+def test_residual_accumulates_in_place_into_a_dying_intermediate():
+    x, w0, w1, w2 = rand(1, 8, 6, 6), rand(8, 8, 1, 1), rand(8, 8, 3, 3), rand(8, 8, 3, 3)
+    r = Region("conv_in_place")
+    t0 = r.node("conv2d", [r.input(x.shape), r.const(w0)], (1, 8, 6, 6), activation="relu")
+    t1 = r.node("conv2d", [t0, r.const(w1)], (1, 8, 6, 6), padding=[1, 1, 1, 1], activation="relu")
+    y = r.node("conv2d", [t1, r.const(w2), t0], (1, 8, 6, 6), padding=[1, 1, 1, 1], residual=1)
+    r.outputs = [y]
+    mod = r.module()
+    (got,) = r.run(mod, x)
+    a = np.maximum(conv2d_ref(x, w0), 0)
+    bb = np.maximum(conv2d_ref(a, w1, padding=(1, 1, 1, 1)), 0)
+    assert_close(got, conv2d_ref(bb, w2, padding=(1, 1, 1, 1)) + a)
+    plan = [line for line in mod["get_plan"]() if line.startswith("run")]
+    assert not any("copied into the output" in line for line in plan), plan
+    (again,) = r.run(mod, x)  # no state left over from the previous call
+    assert_close(again, got)
+
+
+def test_dense_residual_and_post_activation():
+    x, w, b, res = rand(4, 8), rand(8, 8), rand(8), rand(4, 8)
+    r = Region("dense_res")
+    r.outputs = [r.node("dense", [r.input(x.shape), r.const(w), r.const(b), r.input(res.shape)], (4, 8),
+                        weight_layout="NK", has_bias=1, residual=1, post_activation="clip", post_clip=[0, 1])]
+    (got,) = r.run(r.module(), x, res)
+    assert_close(got, np.clip(dense_ref(x, w, b, "NK") + res, 0, 1))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(algorithm="max", kernel=(2, 2), strides=(2, 2)),
+        dict(algorithm="max", kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+        dict(algorithm="max", kernel=(3, 3), strides=(2, 2), padding=(0, 1, 1, 0), ceil_mode=True),
+        dict(algorithm="max", kernel=(2, 3), strides=(1, 2), dilation=(2, 1)),
+        dict(algorithm="avg_include_padding", kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+        dict(algorithm="avg_exclude_padding", kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+        dict(algorithm="avg_exclude_padding", kernel=(3, 3), strides=(2, 2), padding=(1, 1, 0, 0), ceil_mode=True),
+        dict(algorithm="avg_exclude_padding", kernel=(7, 9), strides=(1, 1)),
+    ],
+    ids=["max2x2", "max3x3pad", "max_ceil_asym", "max_dilated", "avg_incl", "avg_excl", "avg_excl_ceil", "global"],
+)
+@pytest.mark.parametrize("after_conv", [False, True], ids=["plain_in", "blocked_in"])
+def test_pool2d(case, after_conv):
+    x = rand(2, 16, 7, 9)
+    r = Region("pool")
+    src = r.input(x.shape)
+    if after_conv:  # the pool reads the conv's blocked layout
+        w = rand(16, 16, 1, 1)
+        src = r.node("conv2d", [src, r.const(w)], x.shape)
+        x_in = conv2d_ref(x, w)
+    else:
+        x_in = x
+    want = pool2d_ref(x_in, **case)
+    attrs = {k: (list(v) if isinstance(v, tuple) else int(v) if isinstance(v, bool) else v) for k, v in case.items()}
+    r.outputs = [r.node("pool2d", [src], want.shape, **attrs)]
+    (got,) = r.run(r.module(), x)
+    assert_close(got, want)
+
+
+def test_pool2d_bad_attrs():
+    r = Region("bad_pool")
+    r.outputs = [r.node("pool2d", [r.input((1, 4, 6, 6))], (1, 4, 3, 3), algorithm="max", kernel=[2, 2], strides=[2, 2])]
+    create(r.json())
+    r.nodes[0]["attrs"]["algorithm"] = "median"
+    with pytest.raises(ValueError, match=r"bad_pool.*attrs\.algorithm.*median"):
+        create(r.json())
+    r.nodes[0]["attrs"].update(algorithm="max", kernel=[2, 2, 2])
+    with pytest.raises(ValueError, match=r"bad_pool.*attrs\.kernel"):
+        create(r.json())
+    r.nodes[0]["attrs"].update(kernel=[2, 2], strides=[1, 1])
+    with pytest.raises(ValueError, match=r"bad_pool.*declared with shape \[1, 4, 3, 3\].*produces \[1, 4, 5, 5\]"):
+        create(r.json())
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((3, 1), (2, 3, 5)[1:]), ((1, 8, 1, 1), (2, 8, 5, 5)),
+     ((2, 8, 5, 5), (8, 1, 1)), ((), (3, 4))],
+    ids=["same", "row", "col_first", "channel_first", "channel", "scalar"],
+)
+@pytest.mark.parametrize("algorithm", ["add", "mul"])
+def test_binary_broadcasting(a_shape, b_shape, algorithm):
+    a, b = rand(*a_shape), rand(*b_shape)
+    want = a.astype("float64") + b if algorithm == "add" else a.astype("float64") * b
+    r = Region("binary")
+    r.outputs = [r.node("binary", [r.input(a.shape), r.input(b.shape)], want.shape, algorithm=algorithm,
+                        activation="sigmoid")]
+    (got,) = r.run(r.module(), a, b)
+    assert_close(got, 1 / (1 + np.exp(-want)))
+
+
+def test_binary_rejects_two_sided_broadcast():
+    r = Region("two_sided")
+    r.outputs = [r.node("binary", [r.input((3, 1)), r.input((1, 4))], (3, 4), algorithm="add")]
+    with pytest.raises(ValueError, match=r"two_sided.*one input must have the output shape"):
+        create(r.json())
+
+
+def test_binary_of_blocked_conv_outputs():
+    """Both operands come out of convolutions in oneDNN's blocked layout."""
+    x, w1, w2 = rand(1, 16, 5, 5), rand(16, 16, 3, 3), rand(16, 16, 1, 1)
+    r = Region("binary_blocked")
+    xi = r.input(x.shape)
+    t1 = r.node("conv2d", [xi, r.const(w1)], x.shape, padding=[1, 1, 1, 1])
+    t2 = r.node("conv2d", [xi, r.const(w2)], x.shape)
+    scale = rand(1, 16, 1, 1)
+    s = r.node("binary", [t1, t2], x.shape, algorithm="add", activation="relu")
+    r.outputs = [r.node("binary", [r.const(scale), s], x.shape, algorithm="mul")]
+    (got,) = r.run(r.module(), x)
+    assert_close(got, scale * np.maximum(conv2d_ref(x, w1, padding=(1, 1, 1, 1)) + conv2d_ref(x, w2), 0))
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_softmax(axis):
+    x = rand(3, 7) * 4
+    r = Region("softmax")
+    r.outputs = [r.node("softmax", [r.input(x.shape)], x.shape, axis=axis)]
+    (got,) = r.run(r.module(), x)
+    e = np.exp(x.astype("float64") - x.max(axis=axis, keepdims=True))
+    assert_close(got, e / e.sum(axis=axis, keepdims=True))
+
+
+def test_reshape_flatten_before_dense_and_as_output():
+    x, w = rand(2, 16, 3, 3), rand(16, 16, 3, 3)
+    wd = rand(10, 144)
+    r = Region("flatten")
+    t = r.node("conv2d", [r.input(x.shape), r.const(w)], (2, 16, 3, 3), padding=[1, 1, 1, 1], activation="relu")
+    f = r.node("reshape", [t], (2, 144))
+    y = r.node("dense", [f, r.const(wd)], (2, 10), weight_layout="NK")
+    r.outputs = [y, f]
+    got_y, got_f = r.run(r.module(), x)
+    want_f = np.maximum(conv2d_ref(x, w, padding=(1, 1, 1, 1)), 0).reshape(2, 144)
+    assert_close(got_f, want_f)
+    assert_close(got_y, dense_ref(want_f, wd, layout="NK"))
+    bad = Region("bad_reshape")
+    bad.outputs = [bad.node("reshape", [bad.input((2, 3))], (7,))]
+    with pytest.raises(ValueError, match=r"bad_reshape.*cannot reshape \[2, 3\] \(6 elements\) to \[7\]"):
+        create(bad.json())
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, transpose_b",
+    [((2, 4, 8), (2, 8, 5), False), ((2, 4, 8), (2, 5, 8), True), ((1, 4, 8), (3, 8, 5), False),
+     ((4, 8), (3, 2, 8, 5), False), ((2, 1, 4, 8), (1, 3, 5, 8), True)],
+    ids=["batched", "transposed", "broadcast_a", "rank_up", "broadcast_both"],
+)
+@pytest.mark.parametrize("b_const", [False, True], ids=["b_runtime", "b_const"])
+def test_batched_matmul(a_shape, b_shape, transpose_b, b_const):
+    a, b, bias = rand(*a_shape), rand(*b_shape), rand(5)
+    bm = np.swapaxes(b, -1, -2) if transpose_b else b
+    want = np.matmul(a.astype("float64"), bm) + bias
+    r = Region("bmm")
+    ai = r.input(a.shape)
+    bi = r.const(b) if b_const else r.input(b.shape)
+    r.outputs = [r.node("matmul", [ai, bi, r.const(bias)], want.shape, transpose_b=int(transpose_b), has_bias=1,
+                        activation="gelu_tanh")]
+    mod = r.module()
+    (got,) = r.run(mod, a) if b_const else r.run(mod, a, b)
+    assert_close(got, act_ref("gelu_tanh", want))
+
+
+def test_batch_norm_folding_runs_once_at_init():
+    """bn_fold_weight / bn_fold_bias of constants run in __init_, the convolution sees the result."""
+    x, w, b = rand(1, 4, 6, 6), rand(8, 4, 3, 3), rand(8)
+    gamma, beta, mean = rand(8), rand(8), rand(8)
+    var = rng.uniform(0.5, 1.5, 8).astype("float32")
+    r = Region("folded_conv")
+    wi, bi = r.const(w), r.const(b)
+    stats = [r.const(v) for v in (gamma, beta, mean, var)]
+    fw = r.node("bn_fold_weight", [wi, stats[0], stats[3]], w.shape, epsilon=1e-3)
+    fb = r.node("bn_fold_bias", stats + [bi], (8,), epsilon=1e-3, has_bias=1)
+    r.outputs = [r.node("conv2d", [r.input(x.shape), fw, fb], (1, 8, 6, 6), padding=[1, 1, 1, 1], has_bias=1,
+                        activation="clip", clip=[0, 6])]
+    mod = r.module()
+    (got,) = r.run(mod, x)
+    y = conv2d_ref(x, w, b, padding=(1, 1, 1, 1))
+    scale = (gamma / np.sqrt(var.astype("float64") + 1e-3)).reshape(1, 8, 1, 1)
+    want = np.clip((y - mean.reshape(1, 8, 1, 1)) * scale + beta.reshape(1, 8, 1, 1), 0, 6)
+    assert_close(got, want)
+    plan = mod["get_plan"]()
+    assert any(line.startswith("init") and "bn_fold_weight" in line for line in plan)
+    assert not any(line.startswith("run") and "bn_fold" in line for line in plan), plan
+    # re-init with other statistics replaces the folded weights
+    gamma2 = 2 * gamma
+    consts = list(r.const_values)
+    consts[2] = gamma2
+    mod["__init_folded_conv"]([tvm.runtime.tensor(v) for v in consts])
+    (got2,) = r.run(mod, x)
+    assert_close(got2, np.clip((y - mean.reshape(1, 8, 1, 1)) * 2 * scale + beta.reshape(1, 8, 1, 1), 0, 6))
+
+
+def test_batch_norm_folding_of_runtime_statistics_runs_per_call():
+    x, w = rand(1, 4, 5, 5), rand(6, 4, 1, 1)
+    gamma, beta, mean = rand(6), rand(6), rand(6)
+    var = rng.uniform(0.5, 1.5, 6).astype("float32")
+    r = Region("runtime_stats")
+    xi, wi = r.input(x.shape), r.input(w.shape)
+    stats = [r.input(v.shape) for v in (gamma, beta, mean, var)]
+    fw = r.node("bn_fold_weight", [wi, stats[0], stats[3]], w.shape, epsilon=1e-5)
+    fb = r.node("bn_fold_bias", stats, (6,), epsilon=1e-5)
+    r.outputs = [r.node("conv2d", [xi, fw, fb], (1, 6, 5, 5), has_bias=1)]
+    mod = r.module(init=False)
+    assert any(line.startswith("run") and "bn_fold_weight" in line for line in mod["get_plan"]())
+    for k in (1.0, 3.0):
+        (got,) = r.run(mod, x, w, k * gamma, beta, mean, var)
+        scale = (k * gamma / np.sqrt(var.astype("float64") + 1e-5)).reshape(1, 6, 1, 1)
+        assert_close(got, (conv2d_ref(x, w) - mean.reshape(1, 6, 1, 1)) * scale + beta.reshape(1, 6, 1, 1))
+
+
+@pytest.mark.parametrize(
+    "attrs, pattern",
+    [
+        (dict(activation="clip"), r"attrs\.clip.*missing"),
+        (dict(activation="relu", clip=[0, 6]), r"attrs\.clip.*only allowed"),
+        (dict(activation="clip", clip=[6, 0]), r"attrs\.clip.*min <= max"),
+        (dict(post_activation="relu"), r"attrs\.post_activation.*needs residual"),
+        (dict(residual=1), r"expected 4 inputs \(data, weight, bias, residual\), got 3"),
+    ],
+)
+def test_bad_epilogue_attrs(attrs, pattern):
+    r = Region("bad_epilogue")
+    r.outputs = [r.node("conv2d", [r.input((1, 4, 6, 6)), r.const(rand(8, 4, 3, 3)), r.const(rand(8))], (1, 8, 6, 6),
+                        padding=[1, 1, 1, 1], has_bias=1, **attrs)]
+    with pytest.raises(ValueError, match=r"bad_epilogue.*" + pattern):
+        create(r.json())
+
+
+def test_run_rejects_misaligned_data():
+    import tvm_ffi
+
+    r, x = small_conv_region("misaligned")
+    mod = r.module()
+    raw = np.zeros(x.size * 4 + 4, np.uint8)
+    view = raw[2 : 2 + x.size * 4].view(np.float32).reshape(x.shape)
+    assert not view.flags.aligned
+    y = tvm.runtime.tensor(np.zeros((1, 8, 8, 8), "float32"))
+    with pytest.raises(ValueError, match=r"misaligned.*argument 0 \(input 0.*expected data aligned to 4 bytes.*misaligned by 2"):
+        mod[r.symbol](tvm_ffi.from_dlpack(view), y)
+
+
+def test_runtime_info_and_profile():
+    r, x = small_conv_region("profiled")
+    mod = r.module()
+    info = json.loads(mod["get_runtime_info"]())
+    assert info["threads"] >= 1 and info["contexts"] == 1 and info["shared_bytes"] > 0
+    mod["set_profiling"](True)
+    for _ in range(3):
+        r.run(mod, x)
+    steps = json.loads(mod["get_profile"]())
+    conv = [s for s in steps if s["phase"] == "run" and s["op"] == "conv2d"]
+    assert len(conv) == 1 and conv[0]["calls"] == 3 and conv[0]["seconds"] > 0
+    mod["reset_profile"]()
+    mod["set_profiling"](False)
+    r.run(mod, x)
+    assert all(s["calls"] == 0 for s in json.loads(mod["get_profile"]()))

@@ -24,7 +24,7 @@ std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
 
   const auto& a = ctx.input(0).shape;
   const auto& b = ctx.input(1).shape;
-  const size_t rank = std::max(a.size(), b.size());
+  const size_t rank = std::max<size_t>(1, std::max(a.size(), b.size()));
   auto align = [&](const std::vector<int64_t>& s) {
     std::vector<int64_t> out(rank - s.size(), 1);
     out.insert(out.end(), s.begin(), s.end());
@@ -38,11 +38,11 @@ std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
     }
     out_shape[i] = std::max(as[i], bs[i]);
   }
-  ctx.ExpectOutputShape(out_shape);
+  ctx.ExpectOutputShape(a.empty() && b.empty() ? std::vector<int64_t>{} : out_shape);
   size_t full;
-  if (as == out_shape && a.size() == rank) {
+  if (as == out_shape) {
     full = 0;
-  } else if (bs == out_shape && b.size() == rank) {
+  } else if (bs == out_shape) {
     full = 1;
   } else {
     ctx.Fail("one input must have the output shape " + ShapeToString(out_shape) + ", got " +
@@ -51,7 +51,9 @@ std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   }
   const size_t other = 1 - full;
   const memory::dims dst_dims(out_shape.begin(), out_shape.end());
-  const memory::desc src0 = ctx.InputLayout(full);
+  // the full-shape input in its producer's layout (when it has the output's rank)
+  const memory::desc src0 =
+      ctx.input(full).shape.size() == rank ? ctx.InputLayout(full) : PlainDesc(dst_dims);
   const std::vector<int64_t>& os = full == 0 ? bs : as;
   const memory::dims other_dims(os.begin(), os.end());
   const memory::desc src1 = other_dims == dst_dims ? src0 : PlainDesc(other_dims);

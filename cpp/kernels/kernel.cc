@@ -52,7 +52,8 @@ std::vector<std::string> SupportedOps() {
 // ---------------------------------------------------------------------------------------------
 // Descriptors
 
-memory::desc PlainDesc(const memory::dims& dims) {
+memory::desc PlainDesc(const memory::dims& shape) {
+  const memory::dims dims = shape.empty() ? memory::dims{1} : shape;  // a scalar is one element
   memory::dims strides(dims.size(), 1);
   for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
   return memory::desc(dims, memory::data_type::f32, strides);

@@ -42,7 +42,7 @@ namespace byoc_hetero {
 
 using dnnl::memory;
 
-/*! \brief Plain row-major float32 descriptor. */
+/*! \brief Plain row-major float32 descriptor (a rank-0 shape is read as [1]). */
 memory::desc PlainDesc(const memory::dims& dims);
 /*! \brief Float32 descriptor with explicit strides (in elements). */
 memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides);
