@@ -271,7 +271,8 @@ class HandWritten:
 def test_hand_written_kernel_gets_the_target_of_its_device():
     placed = place(HandWritten, {lambda s: s.op_name == "twice" and s.index == 1: "cpu:1"}, fallback="cpu:0")
     lowered = lower(placed)
-    assert [(n, o) for n, o, _ in kernel_calls(lowered)] == [("twice", "cpu:0"), ("add_llvm", "cpu:0"), ("twice", "cpu:1")]
+    calls = [(n, o) for n, o, _ in kernel_calls(lowered)]
+    assert calls == [("twice", "cpu:0"), ("add_llvm", "cpu:0"), ("twice", "cpu:1")]
     assert lowered["twice"].attrs["target"].kind.name == "llvm"
     a = np.arange(4, dtype="float32")
     out = vm(compile(placed))["main"](a)
@@ -441,7 +442,8 @@ def test_matmul_with_operands_on_two_devices_is_rejected():
 
     # TVM infers a device-less output and says nothing
     assert Mixed["main"].body.blocks[0].bindings[0].var.ty.vdevice is None
-    with pytest.raises(PlacementError, match="relax.matmul bound to 'y'.*output has no device .operands: x on cpu:0, w on cpu:1"):
+    no_device = "relax.matmul bound to 'y'.*output has no device .operands: x on cpu:0, w on cpu:1"
+    with pytest.raises(PlacementError, match=no_device):
         validate(Mixed)
     with pytest.raises(PlacementError, match="relax.matmul"):
         compile(Mixed)
@@ -468,7 +470,8 @@ def test_operand_on_the_wrong_device_is_named():
                 R.output(y, z)
             return z
 
-    with pytest.raises(PlacementError, match="test_placement.cpu_only_scale bound to 'z'.*output on cpu:1 but operand.*x on cpu:0"):
+    wrong = "test_placement.cpu_only_scale bound to 'z'.*output on cpu:1 but operand.*x on cpu:0"
+    with pytest.raises(PlacementError, match=wrong):
         validate(Wrong)
 
 

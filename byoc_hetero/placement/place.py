@@ -284,7 +284,9 @@ def _declared(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None, rules: Pl
         raise PlacementError(f"fallback device {fallback} is not declared (declared: {names})")
     for rule in rules.rules:
         if rule.device not in declared:
-            raise PlacementError(f"placement rule {rule.label} → {rule.device}: device not declared (declared: {names})")
+            raise PlacementError(
+                f"placement rule {rule.label} → {rule.device}: device not declared (declared: {names})"
+            )
     return declared, (existing or None)
 
 

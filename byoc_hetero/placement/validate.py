@@ -137,7 +137,8 @@ def _check_binding(fname, binding, declared, home, regions) -> list[Violation]:
         return out
     kind = _ir.op_of(value)
     if kind == _ir.HINT_OP:
-        return [Violation(fname, var.name, op, "R.hint_on_device left in a placed module; place() turns hints into copies")]
+        return [Violation(fname, var.name, op,
+                          "R.hint_on_device left in a placed module; place() turns hints into copies")]
     if kind == _ir.COPY_OP:
         dst = device_of_vdevice(value.attrs.dst_vdevice)
         if outs and outs[0] != dst:
@@ -146,7 +147,8 @@ def _check_binding(fname, binding, declared, home, regions) -> list[Violation]:
     if not outs:
         return out
     if len(set(outs)) > 1:
-        out.append(Violation(fname, var.name, op, f"outputs on several devices: {', '.join(map(str, sorted(set(outs))))}"))
+        several = ", ".join(map(str, sorted(set(outs))))
+        out.append(Violation(fname, var.name, op, f"outputs on several devices: {several}"))
         return out
     device = outs[0]
     operands = [(n, _dev(t.vdevice)) for a in value.args for n, t in _operand_leaves(a)]
@@ -178,34 +180,39 @@ def check_lowered(mod: tvm.IRModule) -> list[Violation]:
             continue
         for _block, binding in _ir.bindings(func):
             value = binding.value
-            if not isinstance(value, relax.Call) or _ir.op_of(value) not in ("relax.call_tir", "relax.call_tir_inplace"):
+            if not isinstance(value, relax.Call) or _ir.op_of(value) not in _TIR_CALLS:
                 continue
             kernel = value.args[0]
-            name = kernel.name_hint
+
+            def bad(message: str, _binding=binding, _kernel=kernel, _gv=gv) -> None:
+                out.append(Violation(_gv.name_hint, _binding.var.name, _kernel.name_hint, message))
+
             outs = {_dev(v) for v in _ir.vdevices_in(value.ty_args[0] if value.ty_args else binding.var.ty)}
             if None in outs or not outs:
-                out.append(Violation(gv.name_hint, binding.var.name, name, "kernel output has no device "
-                                     "(it would be allocated on device 0 and compiled for the host)"))
+                bad("kernel output has no device (it would be allocated on device 0 and compiled for the host)")
                 continue
             if len(outs) > 1:
-                out.append(Violation(gv.name_hint, binding.var.name, name, "kernel outputs on several devices"))
+                bad("kernel outputs on several devices")
                 continue
             device = outs.pop()
             if device not in declared:
-                out.append(Violation(gv.name_hint, binding.var.name, name, f"kernel output on undeclared device {device}"))
+                bad(f"kernel output on undeclared device {device}")
                 continue
             operands = [(n, _dev(t.vdevice)) for a in value.args[1:] for n, t in _operand_leaves(a)]
             wrong = [(n, d) for n, d in operands if d != device]
             if wrong:
-                out.append(Violation(gv.name_hint, binding.var.name, name, f"kernel on {device} reads {_fmt(wrong)}"))
+                bad(f"kernel on {device} reads {_fmt(wrong)}")
             prim = mod[kernel]
             target = prim.attrs.get("target") if prim.attrs is not None else None
-            want = targets[device]
+            want = targets[device].kind.name
             if target is None:
-                out.append(Violation(gv.name_hint, binding.var.name, name, f"kernel has no target; it must be compiled for {want.kind.name} ({device})"))
-            elif target.kind.name != want.kind.name:
-                out.append(Violation(gv.name_hint, binding.var.name, name, f"kernel compiled for {target.kind.name} but runs on {device} ({want.kind.name})"))
+                bad(f"kernel has no target; it must be compiled for {want} ({device})")
+            elif target.kind.name != want:
+                bad(f"kernel compiled for {target.kind.name} but runs on {device} ({want})")
     return out
+
+
+_TIR_CALLS = ("relax.call_tir", "relax.call_tir_inplace")
 
 
 def validate_lowered(mod: tvm.IRModule) -> None:
