@@ -115,3 +115,10 @@ def test_shared_input_across_cpu_and_gpu():
     a, b, c = (rng.standard_normal((2, 3)).astype("float32") for _ in range(3))
     got = vm(compile(placed))["main"](a, b, c).numpy()
     np.testing.assert_allclose(got, (a + b) - (b + c), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is present")
+def test_vm_without_the_gpu_says_so(conv_on_cuda):
+    *_, placed = conv_on_cuda
+    with pytest.raises(PlacementError, match="device cuda:0 .* is not available"):
+        vm(compile(placed))

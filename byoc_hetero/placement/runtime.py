@@ -10,7 +10,7 @@ copied to their devices once, when the VM was made.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,8 +41,7 @@ def _read_plan(executable) -> dict[str, Any]:
 class PlacedVM:
     """A VM over a compiled placement. ``vm["main"](*inputs)`` or ``vm.run("main", ...)``."""
 
-    def __init__(self, compiled, devices: Sequence[tvm.runtime.Device] | None = None,
-                 memory_cfg: str | None = None):
+    def __init__(self, compiled, memory_cfg: str | None = None):
         if isinstance(compiled, PlacedExecutable):
             executable, plan = compiled.executable, compiled.plan
         else:
@@ -50,15 +49,9 @@ class PlacedVM:
         self.plan = plan
         #: the placement devices in VM order
         self.devices: list[Device] = [parse_device(d) for d in plan["devices"]]
-        if devices is None:
-            runtime_devices = [d.runtime_device() for d in self.devices]
-        else:
-            runtime_devices = list(devices)
-            if len(runtime_devices) != len(self.devices):
-                raise PlacementError(
-                    f"{len(runtime_devices)} devices given for a placement on {len(self.devices)} "
-                    f"({', '.join(map(str, self.devices))})"
-                )
+        # TVM's copies name the physical device by the virtual device's index (vm.builtin.to_device
+        # gets cuda:1 as device id 1), so the runtime devices are fixed by the placement
+        runtime_devices = [d.runtime_device() for d in self.devices]
         for dev, rt in zip(self.devices, runtime_devices):
             if not rt.exist:
                 raise PlacementError(f"device {dev} ({rt}) is not available on this machine")
@@ -119,12 +112,10 @@ class PlacedVM:
         return lambda *inputs: self.run(function, *inputs)
 
 
-def vm(compiled, devices: Sequence[tvm.runtime.Device] | None = None,
-       memory_cfg: str | None = None) -> PlacedVM:
+def vm(compiled, memory_cfg: str | None = None) -> PlacedVM:
     """A VM for a compiled placement (:func:`compile`'s result, or its exported library loaded with
-    ``tvm.runtime.load_module``).
+    ``tvm.runtime.load_module``): ``cpu:N`` runs on ``tvm.cpu(N)``, ``cuda:N`` on ``tvm.cuda(N)``.
 
-    ``devices`` overrides the runtime device of each placement device (same order and count);
-    by default ``cpu:N`` runs on ``tvm.cpu(N)`` and ``cuda:N`` on ``tvm.cuda(N)``.
+    ``memory_cfg`` is passed to ``relax.VirtualMachine`` (``"naive"`` or ``"pooled"``).
     """
-    return PlacedVM(compiled, devices, memory_cfg)
+    return PlacedVM(compiled, memory_cfg)
