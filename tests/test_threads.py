@@ -1,0 +1,196 @@
+"""Threads: several VMs on one executable at once, the thread knob, no oversubscription.
+
+What is asserted is behaviour, never timing: every concurrent call returns the right result; the
+admission gate never lets more OpenMP threads run region calls at once than there are CPUs; the
+knob decides how many threads a module is built for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero.timing import build, random_inputs, run
+
+_C = bh._C
+
+
+def _region_modules(ex):
+    """The byoc_hetero modules the VMs of an executable run (ex.jit(): what VirtualMachine loads)."""
+    found, stack = [], [ex.jit()]
+    while stack:
+        m = stack.pop()
+        if m.kind == "byoc_hetero":
+            found.append(m)
+        stack.extend(m.imports)
+    return found
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    mod, params = bh.models.resnet18(image_size=32, num_classes=10)
+    ex = build(bh.partition(mod, params))
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1, 3, 32, 32)).astype("float32") for _ in range(4)]
+    want = [run(build(bh.bind_params(mod, params)), [x]) for x in xs[:1]]
+    want += [run(ex, [x]) for x in xs[1:]]
+    return ex, xs, want
+
+
+def _hammer(ex, xs, want, num_threads=4, calls=8):
+    """num_threads threads, each with its own VM on the one executable, each its own input."""
+    errors = []
+    barrier = threading.Barrier(num_threads)
+
+    def worker(i):
+        try:
+            vm = relax.VirtualMachine(ex, tvm.cpu())
+            x = tvm.runtime.tensor(xs[i % len(xs)])
+            barrier.wait()
+            for _ in range(calls):
+                got = vm["main"](x).numpy()
+                np.testing.assert_allclose(got, want[i % len(xs)], rtol=1e-4, atol=1e-4)
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(num_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_vms_on_one_executable_from_several_threads(resnet):
+    ex, xs, want = resnet
+    _C.reset_concurrency_stats()
+    errors = _hammer(ex, xs, want)
+    assert not errors, errors
+    stats = _C.concurrency_stats()
+    assert stats["calls"] == 4 * 8
+    # the admission gate: never more busy OpenMP threads than CPUs (a call alone may be wider)
+    threads = max(json.loads(m["get_runtime_info"]())["threads"] for m in _region_modules(ex))
+    assert stats["max_active_threads"] <= max(_C.available_cpus(), threads)
+    # each concurrent caller got its own execution context; never more than the callers
+    (region,) = _region_modules(ex)
+    assert 1 <= json.loads(region["get_runtime_info"]())["contexts"] <= 4
+
+
+def test_reinit_while_other_threads_run():
+    """A caller sees either the old or the new constants, never a mix (or a crash)."""
+    mod, params = bh.models.mlp(batch=2, features=64, hidden=(32,), num_classes=8)
+    ex = build(bh.partition(mod, params))
+    (region,) = _region_modules(ex)
+    x = random_inputs(mod, params)[0]
+    old = run(ex, [x])
+    # the constants in __init_ order: each dense layer's weight, then its bias
+    values = [params[k] for k in ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")]
+    graph = json.loads(region["get_graph_json"]())
+    assert [graph["tensors"][c["tensor"]]["shape"] for c in graph["constants"]] == [list(v.shape) for v in values]
+    doubled = [2 * v for v in values]
+    new = run(build(bh.partition(mod, {k: 2 * v for k, v in params.items()})), [x])
+    stop = threading.Event()
+    seen, errors = set(), []
+    vms = [relax.VirtualMachine(ex, tvm.cpu()) for _ in range(3)]
+    for vm in vms:  # creating a VM loads the executable's constants: do it before re-initializing
+        vm["main"](tvm.runtime.tensor(x))
+
+    def worker(vm):
+        xt = tvm.runtime.tensor(x)
+        try:
+            while not stop.is_set():
+                got = vm["main"](xt).numpy()
+                if np.allclose(got, old, rtol=1e-4, atol=1e-4):
+                    seen.add("old")
+                elif np.allclose(got, new, rtol=1e-4, atol=1e-4):
+                    seen.add("new")
+                else:
+                    errors.append(got)
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(vm,)) for vm in vms[1:]]
+    for t in threads:
+        t.start()
+    init = region[f"__init_{region['get_symbol']()}"]
+    for i in range(20):
+        init([tvm.runtime.tensor(v) for v in (doubled if i % 2 == 0 else values)])
+    init([tvm.runtime.tensor(v) for v in doubled])
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:1]
+    assert seen  # the workers ran
+    assert np.allclose(vms[0]["main"](tvm.runtime.tensor(x)).numpy(), new, rtol=1e-4, atol=1e-4)
+
+
+def test_thread_knob():
+    assert _C.num_threads() >= 1
+    assert _C.available_cpus() >= 1
+    assert _C.max_concurrent_calls(1) == _C.available_cpus()
+    assert tvm.get_global_func("byoc_hetero.runtime.num_threads")() == _C.num_threads()
+    with pytest.raises(ValueError, match="must be >= 1"):
+        _C.set_num_threads(0)
+
+
+def test_knob_decides_threads_per_module_and_concurrency(tmp_path):
+    """In a fresh process: BYOC_HETERO_NUM_THREADS=1 builds 1-thread modules, and two callers may
+    then run region calls side by side (as many as CPUs); set_num_threads applies to modules
+    created afterwards."""
+    script = textwrap.dedent(
+        """
+        import json, threading
+        import numpy as np, tvm
+        from tvm import relax
+        import byoc_hetero as bh
+        from byoc_hetero.timing import build, random_inputs, run
+
+        def threads_of(ex):
+            found, stack = [], [ex.jit()]
+            while stack:
+                m = stack.pop()
+                found += [m] if m.kind == "byoc_hetero" else []
+                stack.extend(m.imports)
+            return [json.loads(m["get_runtime_info"]())["threads"] for m in found]
+
+        mod, params = bh.models.small_convnet(batch=2)
+        ex = build(bh.partition(mod, params))
+        x = random_inputs(mod, params)[0]
+        want = run(ex, [x])
+        bh._C.reset_concurrency_stats()
+        errors = []
+        def work():
+            vm = relax.VirtualMachine(ex, tvm.cpu())
+            for _ in range(20):
+                if not np.allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), want, atol=1e-5):
+                    errors.append("wrong")
+        ts = [threading.Thread(target=work) for _ in range(3)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        first = threads_of(ex)
+        bh._C.set_num_threads(2)
+        second = threads_of(build(bh.partition(mod, params)))
+        print(json.dumps({"knob": bh._C.num_threads(), "first": first, "second": second,
+                          "stats": bh._C.concurrency_stats(), "cpus": bh._C.available_cpus(),
+                          "errors": errors}))
+        """
+    )
+    env = dict(os.environ, BYOC_HETERO_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["first"] == [1] and out["second"] == [2] and out["knob"] == 2
+    assert not out["errors"]
+    assert out["stats"]["calls"] == 60
+    assert out["stats"]["max_active_threads"] <= out["cpus"]
+    assert out["stats"]["max_active"] <= out["cpus"]
