@@ -29,6 +29,15 @@ from .rules import (
     unregister_op_rule,
     unregister_pattern,
 )
+from . import placement  # noqa: E402
+from .placement import (  # noqa: E402,A004
+    PlacementError,
+    PlacementWarning,
+    compile,
+    place,
+    placement_report,
+    vm,
+)
 from .stages import (
     annotate_target,
     bind_params,
@@ -52,6 +61,8 @@ __all__ = [
     "InputError",
     "Match",
     "OpProfile",
+    "PlacementError",
+    "PlacementWarning",
     "PartitionReport",
     "RuleError",
     "annotate_target",
@@ -63,6 +74,11 @@ __all__ = [
     "op_rule",
     "partition",
     "partition_graph",
+    "place",
+    "placement",
+    "placement_report",
+    "compile",
+    "vm",
     "register_pattern",
     "register_target",
     "report",
