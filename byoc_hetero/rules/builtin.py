@@ -1,26 +1,29 @@
 """The built-in rules of target ``byoc_hetero``: what the oneDNN runtime can run.
 
-Pattern rules, tried largest first (priority = how many ops they cover):
+Pattern rules, tried largest first (priority = 100 + ops covered for conv2d / dense):
 
-=========================  =======================================================================
-rules                      match
-=========================  =======================================================================
-``conv2d[_bias][_bn]``     conv2d → [add(bias)] → [batch_norm (inference form)] → [activation]
-``[_act][_res[_act]]``     → [add(residual) → [activation]]   (16 variants, e.g.
-                           ``conv2d_bias_relu``, ``conv2d_bn_act``, ``conv2d_bias_res_act``)
-``dense[_flat][_bias]``    [reshape →] matmul(x, W or permute_dims(W)) → [add(bias)] →
-``[_act][_res[_act]]``     [activation] → [add(residual) → [activation]]; W 2-D is a dense layer,
-                           W of rank >= 3 a batched matmul (both operands may be activations)
-``max_pool2d``             max_pool2d
-``avg_pool2d``             avg_pool2d
-``adaptive_avg_pool2d``    adaptive_avg_pool2d (windows that divide the input, e.g. global)
-``global_avg_pool``        mean over the spatial axes of NCHW data
-``softmax``                softmax
-``add_act``, ``add``       add with broadcasting, [activation]
-``multiply_act``,          multiply with broadcasting, [activation]
-``multiply``
-``activation``             relu, clip, sigmoid, tanh, gelu, gelu_tanh, silu on their own
-=========================  =======================================================================
+==============================  ===============================================================
+rules                           match
+==============================  ===============================================================
+``conv2d[_bias][_bn][_act]``    conv2d → [add(bias)] → [batch_norm (inference form)] →
+``[_res|_res2[_act]]``          [activation] → [add(residual) → [activation]]: 40 rules, e.g.
+                                ``conv2d_bias_relu``, ``conv2d_bn_act``, ``conv2d_bias_res_act``;
+                                ``_res`` matches add(y, residual), ``_res2`` add(residual, y)
+``dense[_flat][_bias][_act]``   [reshape →] matmul(x, W or permute_dims(W)) → [add(bias)] →
+``[_res|_res2[_act]]``          [activation] → [add(residual) → [activation]]; a 2-D W is a dense
+                                layer, a W of rank >= 3 a batched matmul (both operands may be
+                                run-time values)
+``..._relu``                    the relu-only twins of the ``_act`` rules without batch norm or
+                                residual keep the classic names: ``conv2d_bias_relu``,
+                                ``conv2d_relu``, ``dense_bias_relu``, ``dense_flat_bias_relu``, ...
+``max_pool2d``, ``avg_pool2d``  pooling of NCHW data
+``adaptive_avg_pool2d``         adaptive average pooling whose windows divide the input (global)
+``global_avg_pool``             mean over the spatial axes of NCHW data
+``softmax``                     softmax along any axis
+``add_act``, ``add``            add with broadcasting, [activation]
+``multiply_act``, ``multiply``  multiply with broadcasting, [activation]
+``activation``                  relu, clip, sigmoid, tanh, gelu, gelu_tanh, silu on their own
+==============================  ===============================================================
 
 Activations (relu, clip — relu6 is clip(x, 0, 6) — sigmoid, tanh, gelu, gelu_tanh, silu) and the
 residual add run as oneDNN post-ops of the convolution / matmul; batch norm is folded into the
@@ -527,7 +530,8 @@ def register_builtin_rules() -> None:
         return
     # conv2d / dense: 100 + ops covered, so larger epilogues are tried first.  An epilogue
     # whose activation is a relu also has a relu-only rule with the classic name
-    # (conv2d_bias_relu, conv2d_relu, dense_bias_relu, dense_relu), registered first.
+    # (conv2d_bias_relu, conv2d_relu, dense_bias_relu, dense_relu, dense_flat_bias_relu, ...),
+    # registered first.
     for anchor_name, make_anchor, check, with_bn in (
         ("conv2d", _conv2d_anchor, check_conv2d, True),
         ("dense", _dense_anchor, check_dense, False),
@@ -536,7 +540,7 @@ def register_builtin_rules() -> None:
             for suffix, flags, size in _epilogue_variants(with_bn):
                 base = anchor_name + ("_flat" if flatten else "")
                 priority = 100 + size + flatten
-                classic = flags["act"] and not flags["bn"] and not flags["residual"] and not flatten
+                classic = flags["act"] and not flags["bn"] and not flags["residual"]
                 if classic:
                     anchor, names = make_anchor(flatten)
                     pattern, names = with_epilogue(anchor, names, flags["bias"], relu=True)
