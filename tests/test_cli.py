@@ -36,10 +36,14 @@ def test_help_lists_the_commands():
 
 
 def test_report_and_picture(model, tmp_path):
+    import byoc_hetero as bh
+
     path, _ = model
     out = cli("report", path, "--render", tmp_path / "g.dot")
     assert out.returncode == 0, out.stderr
-    assert "regions: 2" in out.stdout and "left on llvm" in out.stdout
+    expected = bh.report(bh.partition(*bh.from_onnx(path)))
+    assert f"regions: {len(expected.regions)}," in out.stdout and "left on llvm" in out.stdout
+    assert str(expected) in out.stdout
     assert "MergeCompilerRegions" in out.stderr  # progress
     assert (tmp_path / "g.dot").read_text().startswith("digraph")
 

@@ -97,21 +97,22 @@ def test_symbolic_batch_is_rejected_with_reason():
     assert any("symbolic" in r.reason for r in DECISIONS.rejections)
 
 
-def test_per_channel_bias_check_rejects_a_full_tensor_add():
-    """conv2d → add(other activation) is not a bias: the conv is offloaded alone."""
+def test_per_channel_bias_check_rejects_a_row_broadcast():
+    """conv2d → add(t of shape [1, 1, 8, 8]) is neither a bias nor a residual: not fused into the conv."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
     w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float32"))
-    with bb.function("main", [x, w]):
+    t = relax.Var("t", relax.TensorType((1, 1, 8, 8), "float32"))
+    with bb.function("main", [x, w, t]):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
-            out = bb.emit_output(bb.emit(relax.op.add(y, x)))
+            out = bb.emit_output(bb.emit(relax.op.add(y, t)))
         bb.emit_func_output(out)
-    mod = bb.get()
-    res = offload_and_compare(mod)
+    res = offload_and_compare(bb.get())
     assert res.profile.counts["byoc_hetero"]["nn.conv2d"] == 1
-    assert res.profile.counts["llvm"]["add"] == 1
     assert any("not one value per output channel" in r.reason for r in DECISIONS.rejections)
+    rules = [n for r in bh.report(res.partitioned).regions for n in r.rules]
+    assert "byoc_hetero.conv2d" in rules and not any("bias" in n for n in rules)
 
 
 def test_op_attribute_rule_offloads_single_calls(restore_rules):
@@ -151,11 +152,16 @@ def test_op_rule_decorator_reason_is_recorded(restore_rules):
 
 
 def test_op_rule_on_op_the_runtime_cannot_run_stays_on_llvm(restore_rules):
-    tvm.ir.register_op_attr("relax.nn.max_pool2d", "target.byoc_hetero", lambda call: True)
-    mod, params = bh.models.small_convnet()
-    res = offload_and_compare(mod, params)
-    assert res.profile.counts["llvm"]["nn.max_pool2d"] == 1
-    assert any("no kernel for relax.nn.max_pool2d" in r.reason for r in DECISIONS.rejections)
+    tvm.ir.register_op_attr("relax.sin", "target.byoc_hetero", lambda call: True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.sin(x)))
+        bb.emit_func_output(out)
+    res = offload_and_compare(bb.get())
+    assert res.profile.counts["llvm"] == {"sin": 1}
+    assert any("relax.sin" in r.reason and r.rule == "byoc_hetero.relax.sin" for r in DECISIONS.rejections)
 
 
 def test_bad_rules_raise_rule_error_naming_the_rule(restore_rules):
