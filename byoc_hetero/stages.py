@@ -34,7 +34,14 @@ from tvm import relax
 from . import codegen as _codegen  # noqa: F401  (registers relax.ext.byoc_hetero)
 from .errors import RuleError
 from .rules import DECISIONS, DEFAULT_TARGET, get_target, op_rule_ops, pattern_rules
-from .rules.registry import Match, check_op_rule, run_check, single_op_pattern, static_shape
+from .rules.registry import (
+    Match,
+    check_op_rule,
+    required_ops,
+    run_check,
+    single_op_pattern,
+    static_shape,
+)
 
 TARGET_ATTR = "byoc_hetero.target"
 DECISIONS_ATTR = "byoc_hetero.rejections"
@@ -72,6 +79,20 @@ def _entry_functions(mod: tvm.IRModule) -> list[str]:
     return names
 
 
+def _ops_in(mod: tvm.IRModule) -> set[str]:
+    """Names of the ops called anywhere in ``mod``'s Relax functions."""
+    ops: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            ops.add(expr.op.name)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return ops
+
+
 def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
     """Stage 1 (MergeComposite): group pattern-rule matches into composite functions."""
     names = _targets(target)
@@ -79,7 +100,9 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="MergeComposite")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         DECISIONS.rejections.clear()
-        patterns = [rule.fusion_pattern() for t in names for rule in pattern_rules(t)]
+        present = _ops_in(mod)
+        patterns = [rule.fusion_pattern() for t in names for rule in pattern_rules(t)
+                    if required_ops(rule.pattern) <= present]
         # dead bindings would become regions nobody calls (and that RunCodegen never compiles)
         mod = relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
         if not patterns:

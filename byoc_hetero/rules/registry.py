@@ -324,6 +324,36 @@ def _leaks(ctx: PatternCheckContext) -> bool:
     return False
 
 
+def required_ops(pattern: DFPattern) -> frozenset[str]:
+    """Op names every match of ``pattern`` must contain (the ops outside ``|`` alternatives).
+
+    Used to skip rules that cannot match a module at all, which keeps MergeComposite fast when a
+    target has many rules.
+    """
+    from tvm.relax import dpl
+
+    if isinstance(pattern, dpl.CallPattern):
+        ops = set()
+        if isinstance(pattern.op, dpl.ExprPattern) and isinstance(pattern.op.expr, tvm.ir.Op):
+            ops.add(pattern.op.expr.name)
+        for arg in pattern.args or []:
+            ops |= required_ops(arg)
+        return frozenset(ops)
+    if isinstance(pattern, dpl.OrPattern):
+        return required_ops(pattern.left) & required_ops(pattern.right)
+    if isinstance(pattern, dpl.AndPattern):
+        return required_ops(pattern.left) | required_ops(pattern.right)
+    if isinstance(pattern, dpl.TupleGetItemPattern):
+        return required_ops(pattern.tuple)
+    if isinstance(pattern, dpl.TuplePattern):
+        return frozenset().union(*(required_ops(f) for f in pattern.fields))
+    for attr in ("pattern",):  # attribute/type/shape/dtype wrappers
+        inner = getattr(pattern, attr, None)
+        if isinstance(inner, DFPattern):
+            return required_ops(inner)
+    return frozenset()
+
+
 def register_pattern(
     target: str,
     name: str,
