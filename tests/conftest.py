@@ -17,6 +17,23 @@ from byoc_hetero.timing import build, random_inputs, relative_error, run  # noqa
 TOLERANCE = 1e-4
 
 
+def graph(inputs: dict, body, dtype: str = "float32"):
+    """A module whose ``main(**inputs)`` dataflow block is emitted by ``body(emit, *params)``.
+
+    ``inputs`` maps parameter names to shapes; every parameter has ``dtype``.
+    """
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, dtype)) for n, s in inputs.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = body(bb.emit, *params)
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
 class Compared:
     """The result of :func:`offload_and_compare`."""
 

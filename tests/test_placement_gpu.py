@@ -95,20 +95,7 @@ def test_conv_on_gpu_matches_single_device_build(conv_on_cuda):
 
 @requires_gpu
 def test_shared_input_across_cpu_and_gpu():
-    from tvm.script import ir as I
-    from tvm.script import relax as R
-
-    @I.ir_module
-    class Shared:
-        @R.function
-        def main(a: R.Tensor((2, 3), "float32"), b: R.Tensor((2, 3), "float32"),
-                 c: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
-            with R.dataflow():
-                x = R.add(a, b)
-                y = R.add(b, c)
-                z = R.subtract(x, y)
-                R.output(z)
-            return z
+    from test_placement import SharedInput as Shared
 
     placed = place(Shared, {lambda s: s.op_name == "relax.add" and s.index == 1: "cuda"}, fallback="cpu")
     rng = np.random.default_rng(0)

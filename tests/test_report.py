@@ -45,16 +45,12 @@ def test_every_llvm_op_has_a_reason(resnet_report):
 
 
 def test_check_failure_reason_names_the_rule():
+    from conftest import graph
     from tvm import relax
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float16"))
-    w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float16"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            gv = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, w)))
-        bb.emit_func_output(gv)
-    (fallback,) = bh.report(bh.partition(bb.get())).fallbacks
+    mod = graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, lambda e, x, w: e(relax.op.nn.conv2d(x, w)),
+                dtype="float16")
+    (fallback,) = bh.report(bh.partition(mod)).fallbacks
     assert fallback.op == "nn.conv2d" and fallback.rule == "byoc_hetero.conv2d"
     assert "float16" in fallback.reason
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from conftest import TOLERANCE
+from conftest import TOLERANCE, graph
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
@@ -15,18 +15,6 @@ from byoc_hetero.timing import build, relative_error
 
 F32 = "float32"
 R = relax.op
-
-
-def graph(inputs: dict[str, tuple], body) -> tvm.IRModule:
-    """main(**inputs) whose dataflow block is emitted by ``body(emit, *vars)``."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(n, relax.TensorType(s, F32)) for n, s in inputs.items()]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = body(bb.emit, *params)
-            gv = bb.emit_output(out)
-        bb.emit_func_output(gv)
-    return bb.get()
 
 
 def rand(*shape, seed=0):

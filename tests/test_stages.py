@@ -83,20 +83,15 @@ def test_identical_regions_share_one_symbol():
     """Two calls of the same conv with the same weight: one external module, two call sites."""
     import numpy as np
 
-    from conftest import offload_and_compare
+    from conftest import graph, offload_and_compare
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
-    w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
-            y = bb.emit(relax.op.sin(y))  # stays on llvm: two regions
-            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, w, padding=1)))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
+    def body(e, x, w):
+        y = e(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+        y = e(relax.op.sin(y))  # stays on llvm: two regions
+        return e(relax.op.nn.relu(relax.op.nn.conv2d(y, w, padding=1)))
+
     params = {"w": np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype("float32")}
-    res = offload_and_compare(bb.get(), params)
+    res = offload_and_compare(graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, body), params)
     assert len(res.partitioned.attrs["external_mods"]) == 1
     assert res.partitioned["main"].script().count("call_dps_packed") == 2
 
