@@ -7,7 +7,10 @@
  *   const arg  a constant's data, reachable only during __init_;
  *   shared     module-wide, filled by the init program (reordered constants, folded values),
  *              read-only while running;
- *   private    one per execution context: intermediates of the run program;
+ *   private    one per execution context: intermediates of the run program.  Private buffers
+ *              whose lifetimes (first to last step using them) do not overlap share memory: they
+ *              are laid out in one arena per context (buffers with blocked-layout padding, which
+ *              must stay zero, are never shared);
  *   scratch    one per execution context: oneDNN's scratchpad, shared by all steps.
  *
  * Every tensor of the region gets a ValueState:
@@ -29,6 +32,7 @@
 
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -104,7 +108,7 @@ struct ExecCounters {
 /*! \brief Everything a running call writes. */
 struct Context {
   dnnl::stream stream;
-  std::vector<AlignedBuffer> priv;
+  AlignedBuffer arena;  // the private buffers, at private_offsets
   AlignedBuffer scratch;
   struct Bound {
     std::vector<memory> mems;
@@ -160,7 +164,10 @@ struct CompiledRegion::Impl {
   std::vector<int> run_arg_slot, const_arg_slot;
   int scratch_slot = -1;
   std::vector<size_t> shared_sizes, private_sizes;
-  std::vector<std::string> shared_what, private_what;  // who asked for each buffer (messages)
+  std::vector<bool> private_padded;        // blocked layout with zero padding: not shared
+  std::vector<size_t> private_offsets;     // offset of each private buffer in a context's arena
+  size_t arena_bytes = 0;
+  std::vector<std::string> shared_what;  // who asked for each shared buffer (messages)
   std::string planning_where;                          // the node being planned
   std::vector<AlignedBuffer> shared;
 
@@ -202,14 +209,19 @@ struct CompiledRegion::Impl {
     } else if (kind == SlotKind::kPrivate) {
       index = static_cast<int>(private_sizes.size());
       private_sizes.push_back(bytes);
-      private_what.push_back(planning_where);
     }
     slots.push_back({kind, index, bytes});
     return static_cast<int>(slots.size()) - 1;
   }
   /*! \brief A slot for a value computed at init (shared) or per call (private). */
   int OwnSlot(bool at_init, const memory::desc& md) {
-    return NewSlot(at_init ? SlotKind::kShared : SlotKind::kPrivate, md.get_size());
+    const int slot = NewSlot(at_init ? SlotKind::kShared : SlotKind::kPrivate, md.get_size());
+    if (!at_init) {
+      size_t numel = 1;
+      for (auto d : md.get_dims()) numel *= static_cast<size_t>(d);
+      private_padded.push_back(md.get_size() != numel * sizeof(float));
+    }
+    return slot;
   }
 
   Step MakeReorder(const MemRef& src, const MemRef& dst, const std::string& label) {
@@ -481,6 +493,7 @@ struct CompiledRegion::Impl {
     };
     compile(init_steps, &init_prog, &init_scratch);
     compile(run_steps, &run_prog, &run_scratch);
+    PlaceIntermediates();
     init_counters = std::make_unique<ExecCounters[]>(init_prog.size());
     run_counters = std::make_unique<ExecCounters[]>(run_prog.size());
     resolved.clear();
@@ -492,15 +505,65 @@ struct CompiledRegion::Impl {
     ready = num_constants == 0;
   }
 
+  /*!
+   * \brief Lay the private buffers out in one arena: buffers live from the first to the last
+   *        run step that uses them; two whose lifetimes overlap never overlap in memory.
+   *        Greedy, largest first, lowest offset that fits.
+   */
+  void PlaceIntermediates() {
+    const size_t n = private_sizes.size();
+    const int forever = static_cast<int>(run_prog.size());
+    std::vector<int> first(n, forever + 1), last(n, -1);
+    for (size_t i = 0; i < run_prog.size(); ++i) {
+      for (const auto& [arg, ref] : run_prog[i].args) {
+        const Slot& slot = slots[ref.slot];
+        if (slot.kind != SlotKind::kPrivate) continue;
+        first[slot.index] = std::min(first[slot.index], static_cast<int>(i));
+        last[slot.index] = std::max(last[slot.index], static_cast<int>(i));
+      }
+    }
+    for (size_t k = 0; k < n; ++k) {
+      if (private_padded[k] || last[k] < 0) {  // padded: alone for the whole run
+        first[k] = -1;
+        last[k] = forever;
+      }
+    }
+    auto round_up = [](size_t b) { return (b + 63) / 64 * 64; };
+    std::vector<size_t> order(n);
+    for (size_t k = 0; k < n; ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return private_sizes[a] > private_sizes[b]; });
+    private_offsets.assign(n, 0);
+    std::vector<size_t> placed;
+    arena_bytes = 0;
+    for (size_t k : order) {
+      const size_t size = round_up(private_sizes[k]);
+      // intervals [offset, offset + size) taken by buffers alive at the same time
+      std::vector<std::pair<size_t, size_t>> taken;
+      for (size_t j : placed) {
+        if (first[j] <= last[k] && first[k] <= last[j]) {
+          taken.emplace_back(private_offsets[j], private_offsets[j] + round_up(private_sizes[j]));
+        }
+      }
+      std::sort(taken.begin(), taken.end());
+      size_t offset = 0;
+      for (const auto& [lo, hi] : taken) {
+        if (offset + size <= lo) break;
+        offset = std::max(offset, hi);
+      }
+      private_offsets[k] = offset;
+      arena_bytes = std::max(arena_bytes, offset + size);
+      placed.push_back(k);
+    }
+  }
+
   std::unique_ptr<Context> MakeContext(const std::vector<Exec>& prog, size_t scratch_bytes,
                                        bool with_private) {
     auto ctx = std::make_unique<Context>();
     ctx->stream = dnnl::stream(engine);
     if (with_private) {
-      for (size_t i = 0; i < private_sizes.size(); ++i) {
-        ctx->priv.emplace_back(private_sizes[i], private_what[i]);
-        ctx->bytes += static_cast<int64_t>(private_sizes[i]);
-      }
+      ctx->arena = AlignedBuffer(arena_bytes, where + " (intermediates)");
+      ctx->bytes += static_cast<int64_t>(arena_bytes);
     }
     ctx->scratch = AlignedBuffer(scratch_bytes, where + " (scratchpad)");
     ctx->bytes += static_cast<int64_t>(scratch_bytes);
@@ -518,7 +581,7 @@ struct CompiledRegion::Impl {
               TVM_FFI_THROW(InternalError) << where << ": step '" << e.label
                                            << "' of the init program uses a per-call buffer";
             }
-            ptr = ctx->priv[slot.index].get();
+            ptr = static_cast<char*>(ctx->arena.get()) + private_offsets[slot.index];
             break;
           case SlotKind::kScratch:
             ptr = ctx->scratch.get();
