@@ -48,3 +48,25 @@ RULE_NAMES = sorted(r.name for r in pattern_rules("byoc_hetero"))
 def test_offloaded_equals_llvm(case, disabled):
     mod, inputs, recipe = case
     differential(mod, inputs, sorted(disabled))
+
+
+def test_regression_dead_bindings_do_not_become_uncompiled_regions():
+    """Found by the fuzzer: convs whose results nobody uses became regions RunCodegen never compiled
+    (build failed with 'VMShapeLower do not work for local functions' or 'constant has no name')."""
+    import numpy as np
+    from conftest import graph
+    from tvm import relax
+
+    R = relax.op
+
+    def body(e, x, w0):
+        e(R.nn.conv2d(x, relax.const(np.full((1, 1, 1, 1), 0.5, "float32"))))  # dead
+        e(R.nn.conv2d(x, w0))                                                     # dead
+        pooled = e(R.sin(x))  # the only live op: stays on llvm
+        e(R.reshape(e(R.nn.conv2d(x, w0)), (1, 9)))                               # dead
+        return pooled
+
+    mod = graph({"x": (1, 1, 3, 3), "w0": (1, 1, 1, 1)}, body)
+    rng = np.random.default_rng(0)
+    differential(mod, [rng.standard_normal((1, 1, 3, 3)).astype("float32"),
+                       rng.standard_normal((1, 1, 1, 1)).astype("float32")])
