@@ -79,22 +79,8 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
       AnyDesc(dst_dims), {strides[0], strides[1]}, {dilation[0] - 1, dilation[1] - 1},
       {padding[0], padding[1]}, {padding[2], padding[3]}, ctx.MakeAttr(epilogue));
 
-  std::vector<OperandLayout> inputs{{PlainDesc(src_dims), pd.src_desc()},
-                                    {PlainDesc(wei_dims), pd.weights_desc()}};
-  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
-  if (has_bias) {
-    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
-    args.push_back(DNNL_ARG_BIAS);
-  }
-  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  int sum_input = -1;
-  if (epilogue.residual) {
-    inputs.push_back(output);  // accumulated in place: the planner puts it in the destination
-    args.push_back(0);
-    sum_input = static_cast<int>(residual_index);
-  }
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "conv2d", std::move(pd), std::move(args),
-                                           std::move(inputs), std::move(output), sum_input);
+  return MakeAnchorKernel(ctx, "conv2d", std::move(pd), PlainDesc(src_dims), PlainDesc(wei_dims), bias_dims, has_bias,
+                          dst_dims, epilogue);
 }
 
 }  // namespace byoc_hetero

@@ -63,22 +63,8 @@ std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
                                   has_bias ? PlainDesc(bias_dims) : memory::desc(),
                                   PlainDesc(dst_dims), ctx.MakeAttr(epilogue));
 
-  std::vector<OperandLayout> inputs{{PlainDesc(src_dims), pd.src_desc()},
-                                    {wei_view, pd.weights_desc()}};
-  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
-  if (has_bias) {
-    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
-    args.push_back(DNNL_ARG_BIAS);
-  }
-  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  int sum_input = -1;
-  if (epilogue.residual) {
-    inputs.push_back({PlainDesc(dst_dims), pd.dst_desc()});
-    args.push_back(0);
-    sum_input = static_cast<int>(residual_index);
-  }
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "dense", std::move(pd), std::move(args),
-                                           std::move(inputs), std::move(output), sum_input);
+  return MakeAnchorKernel(ctx, "dense", std::move(pd), PlainDesc(src_dims), wei_view, bias_dims,
+                          has_bias, dst_dims, epilogue);
 }
 
 }  // namespace byoc_hetero

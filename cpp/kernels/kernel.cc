@@ -219,6 +219,28 @@ PrimitiveKernel::PrimitiveKernel(std::string label, std::string op, dnnl::primit
   sum_input_ = sum_input;
 }
 
+std::unique_ptr<Kernel> MakeAnchorKernel(const KernelContext& ctx, const char* op,
+                                         dnnl::primitive_desc_base pd, const memory::desc& src_view,
+                                         const memory::desc& wei_view, const memory::dims& bias_dims,
+                                         bool has_bias, const memory::dims& dst_dims,
+                                         const Epilogue& epilogue) {
+  std::vector<OperandLayout> inputs{{src_view, pd.src_desc(0)}, {wei_view, pd.weights_desc(0)}};
+  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
+  if (has_bias) {
+    inputs.push_back({PlainDesc(bias_dims), pd.weights_desc(1)});
+    args.push_back(DNNL_ARG_BIAS);
+  }
+  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc(0)};
+  int sum_input = -1;
+  if (epilogue.residual) {
+    inputs.push_back(output);
+    args.push_back(0);
+    sum_input = static_cast<int>(2 + has_bias);
+  }
+  return std::make_unique<PrimitiveKernel>(ctx.where(), op, std::move(pd), std::move(args),
+                                           std::move(inputs), std::move(output), sum_input);
+}
+
 std::vector<Step> PrimitiveKernel::Bind(const std::vector<MemRef>& inputs,
                                         const MemRef& output) const {
   Step step;

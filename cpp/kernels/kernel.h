@@ -178,6 +178,17 @@ class PrimitiveKernel : public Kernel {
   std::vector<int> input_args_;
 };
 
+/*!
+ * \brief The kernel of an anchor op (conv2d, dense, matmul) built on one primitive: node inputs
+ *        are data, weights, [bias,] [residual]; each is read through its plain view, and the
+ *        residual is accumulated in place (the planner puts it in the destination).
+ */
+std::unique_ptr<Kernel> MakeAnchorKernel(const KernelContext& ctx, const char* op,
+                                         dnnl::primitive_desc_base pd, const memory::desc& src_view,
+                                         const memory::desc& wei_view, const memory::dims& bias_dims,
+                                         bool has_bias, const memory::dims& dst_dims,
+                                         const Epilogue& epilogue);
+
 /*! \brief A kernel computed by a host function over plain inputs and a plain output. */
 class HostKernel : public Kernel {
  public:

@@ -82,21 +82,8 @@ std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   dnnl::matmul::primitive_desc pd(ctx.engine, PlainDesc(a_dims), b_want,
                                   has_bias ? PlainDesc(bias_dims) : memory::desc(),
                                   PlainDesc(dst_dims), ctx.MakeAttr(epilogue));
-  std::vector<OperandLayout> inputs{{PlainDesc(a_dims), pd.src_desc()}, {b_view, pd.weights_desc()}};
-  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
-  if (has_bias) {
-    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
-    args.push_back(DNNL_ARG_BIAS);
-  }
-  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  int sum_input = -1;
-  if (epilogue.residual) {
-    inputs.push_back(output);
-    args.push_back(0);
-    sum_input = static_cast<int>(residual_index);
-  }
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "matmul", std::move(pd), std::move(args),
-                                           std::move(inputs), std::move(output), sum_input);
+  return MakeAnchorKernel(ctx, "matmul", std::move(pd), PlainDesc(a_dims), b_view, bias_dims,
+                          has_bias, dst_dims, epilogue);
 }
 
 }  // namespace byoc_hetero
