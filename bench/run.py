@@ -66,16 +66,6 @@ def _timed(fn, min_time: float, min_iters: int, max_iters: int, warmup: int) -> 
     return times
 
 
-def _byoc_modules(ex):
-    found, stack = [], [ex.jit()]
-    while stack:
-        m = stack.pop()
-        if m.kind == "byoc_hetero":
-            found.append(m)
-        stack.extend(m.imports)
-    return found
-
-
 def worker(args) -> dict:
     data = np.load(args.data)
     x = data["__input__"]
@@ -90,6 +80,7 @@ def worker(args) -> dict:
         from tvm import relax
 
         import byoc_hetero as bh
+        from byoc_hetero.codegen import region_modules
 
         mod, _ = getattr(bh.models, args.model)(batch=args.batch)
         t0 = time.perf_counter()
@@ -108,7 +99,7 @@ def worker(args) -> dict:
         times = _timed(fn, **timing)
         if args.framework == "byoc":
             info["threads_per_region"] = sorted({json.loads(m["get_runtime_info"]())["threads"]
-                                                 for m in _byoc_modules(ex)})
+                                                 for m in region_modules(ex)})
     elif args.framework == "ort":
         import onnxruntime as ort
 
@@ -160,7 +151,7 @@ def kernels_worker(args) -> dict:
     ex = relax.build(bh.partition(mod, params), target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     xt = tvm.runtime.tensor(random_inputs(mod, params)[0])
-    regions = _byoc_modules(ex)
+    regions = bh.codegen.region_modules(ex)
     for _ in range(3):
         vm["main"](xt)
     for m in regions:
@@ -228,7 +219,7 @@ def overhead_worker(args) -> dict:
     x = tvm.runtime.tensor(np.ones((1, k), "float32"))
     y = tvm.runtime.tensor(np.zeros((1, n), "float32"))
     vm["main"](x)
-    (region,) = _byoc_modules(ex)
+    (region,) = bh.codegen.region_modules(ex)
     fn = region[region["get_symbol"]()]
     time_call = tvm.get_global_func("byoc_hetero.runtime.time_call")
     number = 20000

@@ -387,3 +387,18 @@ def region_graph_json(module: tvm.runtime.Module) -> dict[str, Any] | None:
     if module.kind != "byoc_hetero":
         return None
     return json.loads(module["get_graph_json"]())
+
+
+def region_modules(executable) -> list[tvm.runtime.Module]:
+    """The byoc_hetero runtime modules a ``relax.VirtualMachine`` on ``executable`` runs.
+
+    They are found among the imports of ``executable.jit()`` (what the VM loads, possibly a
+    reloaded copy), not of the module the executable was built from.
+    """
+    found, stack = [], [executable.jit()]
+    while stack:
+        module = stack.pop()
+        if module.kind == "byoc_hetero":
+            found.append(module)
+        stack.extend(module.imports)
+    return found

@@ -20,20 +20,10 @@ import tvm
 from tvm import relax
 
 import byoc_hetero as bh
+from byoc_hetero.codegen import region_modules
 from byoc_hetero.timing import build, random_inputs, run
 
 _C = bh._C
-
-
-def _region_modules(ex):
-    """The byoc_hetero modules the VMs of an executable run (ex.jit(): what VirtualMachine loads)."""
-    found, stack = [], [ex.jit()]
-    while stack:
-        m = stack.pop()
-        if m.kind == "byoc_hetero":
-            found.append(m)
-        stack.extend(m.imports)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +69,10 @@ def test_vms_on_one_executable_from_several_threads(resnet):
     stats = _C.concurrency_stats()
     assert stats["calls"] == 4 * 8
     # the admission gate: never more busy OpenMP threads than CPUs (a call alone may be wider)
-    threads = max(json.loads(m["get_runtime_info"]())["threads"] for m in _region_modules(ex))
+    threads = max(json.loads(m["get_runtime_info"]())["threads"] for m in region_modules(ex))
     assert stats["max_active_threads"] <= max(_C.available_cpus(), threads)
     # each concurrent caller got its own execution context; never more than the callers
-    (region,) = _region_modules(ex)
+    (region,) = region_modules(ex)
     assert 1 <= json.loads(region["get_runtime_info"]())["contexts"] <= 4
 
 
@@ -90,7 +80,7 @@ def test_reinit_while_other_threads_run():
     """A caller sees either the old or the new constants, never a mix (or a crash)."""
     mod, params = bh.models.mlp(batch=2, features=64, hidden=(32,), num_classes=8)
     ex = build(bh.partition(mod, params))
-    (region,) = _region_modules(ex)
+    (region,) = region_modules(ex)
     x = random_inputs(mod, params)[0]
     old = run(ex, [x])
     # the constants in __init_ order: each dense layer's weight, then its bias
