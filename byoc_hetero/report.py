@@ -22,7 +22,7 @@ from tvm import relax
 from .codegen import region_graph_json
 from .errors import ByocError
 from .profile import HOST, OpProfile, op_profile
-from .rules.registry import Rejection, describe, static_shape
+from .rules.registry import Rejection, describe, latest_rejection, static_shape
 from .stages import DECISIONS_ATTR, _op_calls, _region_composites
 
 PALETTE = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")
@@ -185,9 +185,9 @@ def _region_from_graph(graph: dict) -> RegionReport:
 
 def _fallback(call: relax.Call, decisions: list[Rejection]) -> FallbackOp:
     op, value = call.op.name, describe(call)
-    for rej in reversed(decisions):
-        if rej.op == op and rej.value == value:
-            return FallbackOp(op.removeprefix("relax."), value, rej.reason, rej.rule)
+    rej = latest_rejection(decisions, op, value)
+    if rej is not None:
+        return FallbackOp(op.removeprefix("relax."), value, rej.reason, rej.rule)
     return FallbackOp(op.removeprefix("relax."), value, "no offload rule matches it")
 
 

@@ -171,15 +171,17 @@ class DecisionLog:
         self.rejections.append(Rejection(rule, op, reason, describe(call)))
         _log.info("rule %s rejected %s: %s", rule, op, reason)
 
-    def why(self, op: str, value: str) -> Rejection | None:
-        """The latest rejection of a call of ``op`` whose result is ``value``, if any."""
-        for rej in reversed(self.rejections):
-            if rej.op == op and rej.value == value:
-                return rej
-        return None
 
 
 DECISIONS = DecisionLog()
+
+
+def latest_rejection(rejections: list[Rejection], op: str, value: str) -> Rejection | None:
+    """The latest rejection of a call of ``op`` whose result is ``value``, if any."""
+    for rej in reversed(rejections):
+        if rej.op == op and rej.value == value:
+            return rej
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
