@@ -176,6 +176,7 @@ struct CompiledRegion::Impl {
   struct CacheEntry {
     int tensor;
     memory::desc view, want;
+    std::string transform;
     MemRef mem;
     bool init_only;
   };
@@ -249,11 +250,24 @@ struct CompiledRegion::Impl {
                  bool init_consumer) {
     for (const auto& e : resolved) {
       if (e.tensor == t && e.view == layout.view && e.want == layout.want &&
-          (!e.init_only || init_consumer)) {
+          e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
         return e.mem;
       }
     }
     ValueState& v = values[t];
+    if (layout.transform) {
+      // Another tensor computed from the plain value (at __init_ when the value is known then).
+      const bool at_init = v.is_const;
+      const MemRef src = Resolve(g, t, {layout.view, layout.view}, consumer, /*init_consumer=*/at_init);
+      const MemRef result{layout.want, OwnSlot(at_init, layout.want)};
+      Step step;
+      step.host = layout.transform;
+      step.label = g.where(consumer) + ": " + layout.transform_name + " from tensor " + std::to_string(t);
+      step.args = {{0, src}, {1, result}};
+      (at_init ? init_steps : run_steps).push_back(std::move(step));
+      resolved.push_back({t, layout.view, layout.want, layout.transform_name, result, false});
+      return result;
+    }
     const std::string label = g.where(consumer) + ": reorder of tensor " + std::to_string(t) + " " +
                               DescribeDesc(layout.view) + " -> " + DescribeDesc(layout.want);
     if (layout.view.get_size() != v.plain_md.get_size()) {
@@ -293,7 +307,7 @@ struct CompiledRegion::Impl {
         AddReorder(at_init, src, result, label);
       }
     }
-    resolved.push_back({t, layout.view, layout.want, result, init_only});
+    resolved.push_back({t, layout.view, layout.want, "", result, init_only});
     return result;
   }
 
@@ -398,7 +412,9 @@ struct CompiledRegion::Impl {
       }
       ins[sum] = out;
     }
-    for (Step& s : kernel.Bind(ins, out)) steps.push_back(std::move(s));
+    std::vector<MemRef> temps;
+    for (const memory::desc& md : kernel.temps()) temps.push_back({md, OwnSlot(at_init, md)});
+    for (Step& s : kernel.BindSteps(ins, out, temps)) steps.push_back(std::move(s));
     for (Step& s : trailing) steps.push_back(std::move(s));
   }
 

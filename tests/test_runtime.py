@@ -983,3 +983,156 @@ def test_intermediates_share_memory_by_lifetime():
     one = x.size * 4
     info = json.loads(mod["get_runtime_info"]())
     assert info["context_bytes"] < 4 * one, info  # 7 intermediates + the output's blocked copy otherwise
+
+
+# ------------------------------------------------------------------------------------------------
+# conv2d by Winograd F(4x4, 3x3): chosen for 3x3 stride-1 convolutions with constant weights,
+# channels in multiples of 16 and at least 16 output tiles (BYOC_HETERO_CONV_ALGO=auto), forced
+# for every such convolution with =winograd, never with =direct.
+
+
+def winograd_steps(mod) -> list[str]:
+    return [line for line in mod["get_plan"]() if "winograd" in line]
+
+
+def conv_region(x_shape, w, b=None, residual=None, symbol="wino", **attrs):
+    r = Region(symbol)
+    inputs = [r.input(x_shape), r.const(w)] + ([r.const(b)] if b is not None else [])
+    if residual is not None:
+        inputs.append(r.input(residual.shape))
+    attrs.setdefault("padding", [1, 1, 1, 1])
+    pad, stride, dil = attrs["padding"], attrs.get("strides", [1, 1]), attrs.get("dilation", [1, 1])
+    oh = conv_out_size(x_shape[2], 3, stride[0], pad[0], pad[2], dil[0])
+    ow = conv_out_size(x_shape[3], 3, stride[1], pad[1], pad[3], dil[1])
+    r.outputs = [r.node("conv2d", inputs, (x_shape[0], w.shape[0], oh, ow), has_bias=int(b is not None),
+                        residual=int(residual is not None), **attrs)]
+    return r
+
+
+@pytest.mark.parametrize(
+    "n, c, o, h, wd, padding",
+    [
+        (1, 16, 32, 16, 16, [1, 1, 1, 1]),   # 16 whole tiles
+        (2, 32, 16, 13, 11, [1, 1, 1, 1]),   # partial tiles at the far edges, two images
+        (1, 16, 16, 18, 17, [0, 0, 0, 0]),   # no padding
+        (1, 48, 32, 15, 19, [0, 1, 2, 1]),   # asymmetric padding
+        (1, 16, 16, 9, 30, [2, 2, 2, 2]),    # padding wider than the kernel's reach
+    ],
+    ids=["whole_tiles", "edges_batch2", "no_pad", "asym_pad", "wide_pad"],
+)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("layout", ["nChw16c", "nhwc"])
+def test_winograd_conv2d_matches_numpy(monkeypatch, n, c, o, h, wd, padding, bias, layout):
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "winograd")
+    monkeypatch.setenv("BYOC_HETERO_WINOGRAD_LAYOUT", layout)
+    x, w, b = rand(n, c, h, wd), rand(o, c, 3, 3), rand(o) if bias else None
+    r = conv_region(x.shape, w, b, padding=padding)
+    mod = r.module()
+    steps = winograd_steps(mod)
+    assert len(steps) == 4, mod["get_plan"]()  # weights at init; 3 steps per call
+    tag = "aBcd16b" if layout == "nChw16c" or o == 16 else "acdb"  # the same bytes for 16 channels
+    assert f"out=[{n},{o},{r.tensors[r.outputs[0]]['shape'][2]},{r.tensors[r.outputs[0]]['shape'][3]}]:{tag}" in steps[-1]
+    (got,) = r.run(mod, x)
+    assert_close(got, conv2d_ref(x, w, b, padding=padding))
+    (again,) = r.run(mod, x)
+    np.testing.assert_array_equal(again, got)
+
+
+@pytest.mark.parametrize("act, clip", ACTS, ids=lambda v: str(v))
+def test_winograd_conv2d_activations(monkeypatch, act, clip):
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "winograd")
+    x, w, b = rand(1, 16, 10, 10), rand(16, 16, 3, 3) * 0.3, rand(16)
+    attrs = dict(padding=[1, 1, 1, 1], activation=act, **({"clip": clip} if clip else {}))
+    r = conv_region(x.shape, w, b, **attrs)
+    mod = r.module()
+    assert winograd_steps(mod)
+    (got,) = r.run(mod, x)
+    assert_close(got, act_ref(act, conv2d_ref(x, w, b, padding=(1, 1, 1, 1)), clip))
+
+
+@pytest.mark.parametrize("order", ["in_place", "copy"])
+@pytest.mark.parametrize("layout", ["nChw16c", "nhwc"])
+def test_winograd_conv2d_residual_and_post_activation(monkeypatch, order, layout):
+    """act2(act1(conv + b) + residual): in place into a dying intermediate, else copied first."""
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "winograd")
+    monkeypatch.setenv("BYOC_HETERO_WINOGRAD_LAYOUT", layout)
+    x = rand(1, 16, 12, 12)
+    (w0, w1, w2), b2 = (rand(16, 16, 3, 3) * 0.3 for _ in range(3)), rand(16)
+    r = Region("wino_residual_" + order)
+    xi = r.input(x.shape)
+    t0 = r.node("conv2d", [xi, r.const(w0)], x.shape, padding=[1, 1, 1, 1], activation="relu")
+    t1 = r.node("conv2d", [t0, r.const(w1)], x.shape, padding=[1, 1, 1, 1], activation="relu")
+    y = r.node("conv2d", [t1, r.const(w2), r.const(b2), t0 if order == "in_place" else xi], x.shape,
+               padding=[1, 1, 1, 1], has_bias=1, activation="sigmoid", residual=1, post_activation="relu")
+    r.outputs = [y]
+    mod = r.module()
+    assert len(winograd_steps(mod)) == 12
+    plan = [line for line in mod["get_plan"]() if line.startswith("run")]
+    assert any("copied into the output" in line for line in plan) == (order == "copy"), plan
+    (got,) = r.run(mod, x)
+    a = np.maximum(conv2d_ref(x, w0, padding=(1, 1, 1, 1)), 0)
+    bb = np.maximum(conv2d_ref(a, w1, padding=(1, 1, 1, 1)), 0)
+    res = a if order == "in_place" else x
+    sig = 1 / (1 + np.exp(-conv2d_ref(bb, w2, b2, padding=(1, 1, 1, 1))))
+    assert_close(got, np.maximum(sig + res, 0))
+
+
+def test_winograd_choice_follows_the_setting_and_the_shape(monkeypatch):
+    x, w = rand(1, 16, 16, 16), rand(32, 16, 3, 3)
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "auto")
+    assert winograd_steps(conv_region(x.shape, w).module())  # 16 tiles: pays off
+    small = rand(1, 16, 8, 8)
+    assert not winograd_steps(conv_region(small.shape, w).module())  # 4 tiles: direct
+    odd = rand(8, 12, 3, 3)  # channels not multiples of 16
+    assert not winograd_steps(conv_region((1, 12, 16, 16), odd).module())
+    assert not winograd_steps(conv_region(x.shape, w, strides=[2, 2]).module())  # stride 2: direct
+    big = rand(1, 16, 40, 40)
+    assert not winograd_steps(conv_region(big.shape, w, dilation=[2, 2], padding=[2, 2, 2, 2]).module())
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "direct")
+    assert not winograd_steps(conv_region(x.shape, w).module())
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "fastest")
+    with pytest.raises(ValueError, match="BYOC_HETERO_CONV_ALGO must be auto, direct or winograd, got 'fastest'"):
+        conv_region(x.shape, w).module()
+
+
+def test_winograd_not_used_for_runtime_weights(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "winograd")
+    x, w = rand(1, 16, 16, 16), rand(16, 16, 3, 3)
+    r = Region("wino_runtime_weight")
+    r.outputs = [r.node("conv2d", [r.input(x.shape), r.input(w.shape)], x.shape, padding=[1, 1, 1, 1])]
+    mod = r.module()
+    assert not winograd_steps(mod)
+    (got,) = r.run(mod, x, w)
+    assert_close(got, conv2d_ref(x, w, padding=(1, 1, 1, 1)))
+
+
+def test_winograd_chain_with_direct_neighbours_and_profile(monkeypatch):
+    """Winograd conv between direct convs: blocked intermediates pass through; the profile
+    names the three steps of the Winograd conv and the bytes round-trip."""
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "auto")
+    x = rand(1, 16, 20, 20)
+    w0, w1, w2, b1 = rand(32, 16, 1, 1) * 0.3, rand(32, 32, 3, 3) * 0.2, rand(16, 32, 3, 3) * 0.2, rand(32)
+    r = Region("wino_chain")
+    t0 = r.node("conv2d", [r.input(x.shape), r.const(w0)], (1, 32, 20, 20), activation="relu")
+    t1 = r.node("conv2d", [t0, r.const(w1), r.const(b1)], (1, 32, 20, 20), padding=[1, 1, 1, 1],
+                has_bias=1, activation="relu")
+    y = r.node("conv2d", [t1, r.const(w2)], (1, 16, 10, 10), strides=[2, 2], padding=[1, 1, 1, 1])
+    r.outputs = [y]
+    mod = r.module()
+    a = np.maximum(conv2d_ref(x, w0), 0)
+    bb = np.maximum(conv2d_ref(a, w1, b1, padding=(1, 1, 1, 1)), 0)
+    want = conv2d_ref(bb, w2, strides=(2, 2), padding=(1, 1, 1, 1))
+    (got,) = r.run(mod, x)
+    assert_close(got, want)
+    run_steps = [line for line in mod["get_plan"]() if line.startswith("run")]
+    assert not any(f"reorder of tensor {t}" in line for t in (t0, t1) for line in run_steps), run_steps
+    mod["set_profiling"](True)
+    r.run(mod, x)
+    prof = [s for s in json.loads(mod["get_profile"]()) if s["phase"] == "run" and "winograd" in s["label"]]
+    assert [s["label"].split(": ")[-1] for s in prof] == [
+        "winograd input transform", "winograd batched GEMM", "winograd output transform"]
+    assert all(s["op"] == "conv2d" and s["calls"] == 1 for s in prof)
+    again = load_from_bytes(save_to_bytes(mod))
+    assert again[f"__init_{r.symbol}"]([tvm.runtime.tensor(v) for v in r.const_values]) == 0
+    (got2,) = r.run(again, x)
+    assert_close(got2, want)

@@ -69,6 +69,10 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   const size_t residual_index = 2 + has_bias;
   if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", {n, o, oh, ow});
 
+  const ConvParams params{n,  c,  h,          wd,         o,      kh,      kw,       oh,
+                          ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue};
+  if (std::unique_ptr<Kernel> winograd = TryBuildWinogradConv2D(ctx, params)) return winograd;
+
   const memory::dims src_dims{n, c, h, wd}, dst_dims{n, o, oh, ow}, bias_dims{o};
   memory::dims wei_dims{o, c / groups, kh, kw};
   if (groups > 1) wei_dims = {groups, o / groups, c / groups, kh, kw};  // goihw: same bytes as OIHW

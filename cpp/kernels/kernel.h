@@ -53,9 +53,19 @@ std::string DescribeDesc(const memory::desc& md);
 /*! \brief Whether md is dense row-major (no blocking, no padding). */
 bool IsPlain(const memory::desc& md);
 
+/*! \brief A host (non-oneDNN) step: called with the data pointers of its args, in order. */
+using HostFn = std::function<void(const std::vector<void*>& ptrs)>;
+
+/*!
+ * \brief How a kernel reads one operand.  With a transform, want is not a relayout of view but
+ *        another tensor computed from it (e.g. Winograd-transformed weights): the planner runs
+ *        transform({view bytes, want bytes}) instead of a reorder (at __init_ for constants).
+ */
 struct OperandLayout {
   memory::desc view;
   memory::desc want;
+  HostFn transform = nullptr;
+  std::string transform_name = "";  // tells transformed values apart in the planner's cache
 };
 
 /*! \brief A memory the planner hands to a kernel: a descriptor over one of its buffers (slots). */
@@ -63,9 +73,6 @@ struct MemRef {
   memory::desc md;
   int slot = -1;
 };
-
-/*! \brief A host (non-oneDNN) step: called with the data pointers of its args, in order. */
-using HostFn = std::function<void(const std::vector<void*>& ptrs)>;
 
 /*! \brief One execution: a oneDNN primitive (pd set) or a host function (host set). */
 struct Step {
@@ -152,9 +159,17 @@ class Kernel {
    * \param output The output memory, with output().want as descriptor.
    */
   virtual std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const = 0;
+  /*! \brief Per-call scratch buffers the kernel's steps share (e.g. Winograd tiles), plain. */
+  const std::vector<memory::desc>& temps() const { return temps_; }
+  /*! \brief Bind with the planner's memories for temps() (one per entry, same order). */
+  virtual std::vector<Step> BindSteps(const std::vector<MemRef>& inputs, const MemRef& output,
+                                      const std::vector<MemRef>& temps) const {
+    return Bind(inputs, output);
+  }
 
  protected:
   std::vector<OperandLayout> inputs_;
+  std::vector<memory::desc> temps_;
   OperandLayout output_;
   int sum_input_ = -1;
   int alias_input_ = -1;
@@ -208,6 +223,22 @@ class AliasKernel : public Kernel {
   AliasKernel(memory::desc input_view, memory::desc output_view);
   std::vector<Step> Bind(const std::vector<MemRef>&, const MemRef&) const override { return {}; }
 };
+
+/*! \brief A conv2d's shapes and attributes, as the conv2d builder checked them. */
+struct ConvParams {
+  int64_t n, c, h, w, k, kh, kw, oh, ow, pad_top, pad_left, groups;
+  std::vector<int64_t> strides, dilation;
+  bool has_bias;
+  Epilogue epilogue;
+};
+
+/*! \brief BYOC_HETERO_CONV_ALGO: "auto" (default), "direct" or "winograd". */
+const char* ConvAlgorithmSetting();
+/*!
+ * \brief conv2d by Winograd F(4x4, 3x3) when it applies (3x3, stride 1, no dilation, no groups,
+ *        channels in multiples of 16, weights known at __init_) and pays off; else nullptr.
+ */
+std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& params);
 
 using KernelBuilder = std::unique_ptr<Kernel> (*)(const KernelContext&);
 
