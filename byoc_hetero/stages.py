@@ -24,6 +24,7 @@ classic (Relay) stage      what the stage does here (Relax)
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -35,6 +36,8 @@ from . import codegen as _codegen  # noqa: F401  (registers relax.ext.byoc_heter
 from .errors import RuleError
 from .rules import DECISIONS, DEFAULT_TARGET, get_target, op_rule_ops, pattern_rules
 from .rules.registry import (
+    CONST_DIGEST_ATTR,
+    ConstantsDigest,
     Match,
     check_op_rule,
     required_ops,
@@ -120,6 +123,7 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
 def _op_rule_pattern(target: str, op_name: str) -> relax.transform.FusionPattern:
     tgt = get_target(target)
     rule_name = f"{target}.{op_name}"
+    digest = ConstantsDigest()
 
     def check(ctx) -> bool:
         call = ctx.matched_expr
@@ -129,10 +133,11 @@ def _op_rule_pattern(target: str, op_name: str) -> relax.transform.FusionPattern
         if reason is not None:
             DECISIONS.add(rule_name, call, reason)
             return False
-        return True
+        return digest.accept(ctx)
 
     short = op_name.removeprefix("relax.")
-    return relax.transform.FusionPattern(f"{target}.op.{short}", single_op_pattern(op_name), {}, check)
+    return relax.transform.FusionPattern(f"{target}.op.{short}", single_op_pattern(op_name), {}, check,
+                                         digest.attrs)
 
 
 def annotate_target(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
@@ -214,8 +219,12 @@ def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> st
 def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
                       require_heavy: bool) -> set[tvm.ir.GlobalVar]:
     """Composite functions of ``before`` that form regions of ``merged`` failing the cost gate."""
-    composites = {gv: f for gv, f in before.functions.items()
-                  if isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs}
+    # a region holds copies of the composites it calls: find each one's original among those of
+    # the same rule and constants digest (so not every composite is compared with every other)
+    composites: dict[tuple[str, str], list[tvm.ir.GlobalVar]] = {}
+    for gv, f in before.functions.items():
+        if isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs:
+            composites.setdefault(_composite_key(f), []).append(gv)
     gated = set()
     for func in merged.functions.values():
         if not isinstance(func, relax.Function) or func.attrs is None or "Codegen" not in func.attrs:
@@ -227,14 +236,17 @@ def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
             continue
         for local in inner:
             name = str(local.attrs["Composite"])
-            for gv, comp in composites.items():
-                if str(comp.attrs["Composite"]) == name and tvm_ffi.structural_equal(
-                    comp.body, local.body, map_free_vars=True
-                ):
+            for gv in composites.get(_composite_key(local), []):
+                comp = before[gv]
+                if tvm_ffi.structural_equal(comp.body, local.body, map_free_vars=True):
                     gated.add(gv)
                     for call in _op_calls(comp):
                         DECISIONS.add(name, call, reason)
     return gated
+
+
+def _composite_key(func: relax.Function) -> tuple[str, str]:
+    return str(func.attrs["Composite"]), str(func.attrs.get(CONST_DIGEST_ATTR, ""))
 
 
 def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.IRModule:
@@ -248,6 +260,43 @@ def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.I
     for gv in gated:
         del mod[gv]
     return mod
+
+
+MAX_REGION_NAME = 256
+"""Longest region (external symbol) name kept as MergeCompositeFunctions made it, in characters."""
+
+
+def _shorten_region_names(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give regions whose name is longer than ``MAX_REGION_NAME`` a shorter one.
+
+    MergeCompositeFunctions names a region after all its composites (``fused_<c1>_<c2>_..._<target>``),
+    so a region of n composites has a name O(n) long. RunCodegen names each constant of the region
+    ``<symbol>_<target>_const_<i>``, which made the constant names, the region graph's JSON and the
+    runtime's constant table O(n^2) in size. A long name keeps its first part and gets a checksum of
+    the full name: ``fused_<c1>_<c2>_..._<crc32>_<target>``; short names are left as they are.
+    """
+    taken = {gv.name_hint for gv in mod.get_global_vars()}
+    renamed = {}
+    for gv, func in mod.functions.items():
+        name = gv.name_hint
+        if (len(name) <= MAX_REGION_NAME or not isinstance(func, relax.Function)
+                or func.attrs is None or "Codegen" not in func.attrs):
+            continue
+        tail = f"_{zlib.crc32(name.encode()):08x}_{func.attrs['Codegen']}"
+        head = name[:MAX_REGION_NAME - len(tail) - 4]
+        head = head[:head.rindex("_")] if "_" in head else head
+        new, k = head + tail, 0
+        while new in taken:
+            k += 1
+            new = f"{head}{k}{tail}"
+        taken.add(new)
+        renamed[gv] = func.with_attr("global_symbol", new)
+    if not renamed:
+        return mod
+    mod = mod.clone()
+    for gv, func in renamed.items():
+        mod[gv] = func
+    return relax.transform.NormalizeGlobalVar()(mod)
 
 
 def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
@@ -265,7 +314,7 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
             merged = relax.transform.MergeCompositeFunctions()(mod)
             gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op)
             if not gated:
-                return _with_decisions(merged)
+                return _with_decisions(_shorten_region_names(merged))
             mod = _inline_composites(mod, gated)
 
     return stage

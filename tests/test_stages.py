@@ -107,3 +107,75 @@ def test_bind_params_rejects_unknown_names_and_shapes():
         bh.bind_params(mod, {"fc1_weight": np.zeros((4, 8), "float32")})
     with pytest.raises(ValueError, match="expected dtype float32, got float64"):
         bh.bind_params(mod, {"fc1_weight": np.zeros((8, 4))})
+
+
+def _two_conv_blocks(same_weights: bool):
+    """Two conv2d+relu blocks on two inputs, with equal or different weights."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    w1 = rng.standard_normal((4, 4, 3, 3)).astype("float32")
+    w2 = w1.copy() if same_weights else rng.standard_normal((4, 4, 3, 3)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    y = relax.Var("y", relax.TensorType((1, 4, 8, 8), "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, relax.const(w1), padding=1)))
+            b = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, relax.const(w2), padding=1)))
+            gv = bb.emit_output(relax.op.add(relax.op.sin(a), relax.op.sin(b)))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_composites_with_equal_constants_are_still_shared():
+    """The constants digest on composites keeps TVM's de-duplication as it was: composites with
+    equal weights share one function, composites with different weights get one each."""
+    from byoc_hetero.rules.registry import CONST_DIGEST_ATTR
+
+    def conv_composites(mod):
+        return [f for f in _functions_with(bh.stages()[0](mod), "Composite").values()
+                if "conv2d" in str(f.attrs["Composite"])]
+
+    shared = conv_composites(_two_conv_blocks(True))
+    assert len(shared) == 1
+    distinct = conv_composites(_two_conv_blocks(False))
+    assert len(distinct) == 2
+    assert len({str(f.attrs[CONST_DIGEST_ATTR]) for f in distinct}) == 2
+
+
+def test_long_region_gets_a_short_name_and_matches_llvm():
+    """A region of many composites: its symbol (and so its constants' names) stays short, the
+    whole chain is still one region, and it computes what the llvm-only build computes."""
+    import numpy as np
+
+    from conftest import offload_and_compare
+
+    from byoc_hetero.stages import MAX_REGION_NAME
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            for _ in range(40):
+                w = relax.const((rng.standard_normal((4, 4, 3, 3)) * 0.2).astype("float32"))
+                y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, w, padding=1)))
+            gv = bb.emit_output(y)
+        bb.emit_func_output(gv)
+    mod = bb.get()
+
+    st = bh.stages()
+    merged = st[2](st[1](st[0](mod)))
+    (name,) = _functions_with(merged, "Codegen")
+    assert len(name) <= MAX_REGION_NAME and name.endswith("_byoc_hetero")
+    assert str(merged[name].attrs["global_symbol"]) == name
+
+    res = offload_and_compare(mod)
+    assert res.profile.regions["byoc_hetero"] == 1 and "llvm" not in res.profile.counts
+    assert res.partitioned["main"].script().count("call_dps_packed") == 1
+    (ext,) = res.partitioned.attrs["external_mods"]
+    graph = bh.codegen.region_graph_json(ext)
+    assert graph["symbol"] == name and len(graph["constants"]) == 40
+    assert all(len(c["name"]) < MAX_REGION_NAME + 40 for c in graph["constants"])

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
@@ -290,6 +292,7 @@ class PatternRule:
         """The rule as a TVM FusionPattern whose check runs ours and logs rejections."""
         rule_name = self.composite_name
         check = self.check
+        digest = ConstantsDigest()
 
         def tvm_check(ctx: PatternCheckContext) -> bool:
             match = match_from_context(ctx)
@@ -300,9 +303,60 @@ class PatternRule:
             if reason is not None:
                 log.add(rule_name, match.call, reason)
                 return False
-            return True
+            return digest.accept(ctx)
 
-        return FusionPattern(rule_name, self.pattern, dict(self.annotations), tvm_check)
+        return FusionPattern(rule_name, self.pattern, dict(self.annotations), tvm_check,
+                             digest.attrs)
+
+
+CONST_DIGEST_ATTR = "byoc_hetero.const_digest"
+"""Attribute of a composite function: a digest of the constants bound inside it (see below)."""
+
+
+def _data_crc(tensor) -> int:
+    try:
+        data = np.ascontiguousarray(np.from_dlpack(tensor))  # no copy for a CPU tensor
+    except (TypeError, RuntimeError, BufferError):
+        data = tensor.numpy()
+    return zlib.crc32(data.view(np.uint8).reshape(-1)) if data.size else 0
+
+
+class ConstantsDigest:
+    """Tags each composite with a digest of the constants it binds (``CONST_DIGEST_ATTR``).
+
+    Why: TVM's BlockBuilder de-duplicates the functions it adds with a hash that *ignores the
+    data of constants* and an equality that compares it. All composites of one rule on same-shaped
+    weights (a deep network's repeated blocks) then share one hash bucket, and each new one is
+    compared with every earlier one: FuseOpsByPattern and MergeCompositeFunctions became quadratic
+    in the number of such composites. Function attributes are hashed, so a digest of the constants'
+    data gives each composite its own bucket. The digest only spreads the hash: composites with
+    equal constants get equal digests (and are still merged, as before), and a digest collision
+    merely falls back on TVM's exact comparison.
+
+    TVM hands the ``attrs_getter`` of a FusionPattern only the annotated sub-expressions, right
+    after the pattern's check accepted the same match; so the check calls :meth:`accept` with the
+    full context and :meth:`attrs` returns what it computed.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}
+
+    def accept(self, ctx: PatternCheckContext) -> bool:
+        crcs = []
+
+        def visit(expr) -> None:
+            if isinstance(expr, tvm.ir.GenericConst):
+                crcs.append(_data_crc(expr.value))
+
+        for value in [ctx.matched_expr, *ctx.matched_bindings.values()]:
+            relax.analysis.post_order_visit(value, visit)
+        # order-free (matched_bindings has no fixed order): equal constants give equal digests
+        self._last = ({CONST_DIGEST_ATTR: "%08x" % zlib.crc32(",".join(map(str, sorted(crcs))).encode())}
+                      if crcs else {})
+        return True
+
+    def attrs(self, _annotated) -> dict[str, str]:
+        return self._last
 
 
 def match_from_context(ctx: PatternCheckContext) -> Match:
