@@ -987,7 +987,7 @@ def test_intermediates_share_memory_by_lifetime():
 
 # ------------------------------------------------------------------------------------------------
 # conv2d by Winograd F(4x4, 3x3): chosen for 3x3 stride-1 convolutions with constant weights,
-# channels in multiples of 16 and at least 16 output tiles (BYOC_HETERO_CONV_ALGO=auto), forced
+# channels in multiples of 16 and at least 25 output tiles (BYOC_HETERO_CONV_ALGO=auto), forced
 # for every such convolution with =winograd, never with =direct.
 
 
@@ -1078,11 +1078,12 @@ def test_winograd_conv2d_residual_and_post_activation(monkeypatch, order, layout
 
 
 def test_winograd_choice_follows_the_setting_and_the_shape(monkeypatch):
-    x, w = rand(1, 16, 16, 16), rand(32, 16, 3, 3)
+    x, w = rand(1, 16, 20, 20), rand(32, 16, 3, 3)
     monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "auto")
-    assert winograd_steps(conv_region(x.shape, w).module())  # 16 tiles: pays off
-    small = rand(1, 16, 8, 8)
-    assert not winograd_steps(conv_region(small.shape, w).module())  # 4 tiles: direct
+    assert winograd_steps(conv_region(x.shape, w).module())  # 25 tiles: pays off
+    small = rand(1, 16, 16, 16)
+    assert not winograd_steps(conv_region(small.shape, w).module())  # 16 tiles: direct
+    assert winograd_steps(conv_region((2, 16, 16, 16), w).module())  # 32 tiles over two images
     odd = rand(8, 12, 3, 3)  # channels not multiples of 16
     assert not winograd_steps(conv_region((1, 12, 16, 16), odd).module())
     assert not winograd_steps(conv_region(x.shape, w, strides=[2, 2]).module())  # stride 2: direct

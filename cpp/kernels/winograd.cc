@@ -375,10 +375,17 @@ std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const C
   }
   WinoShape s{p.n, p.c, p.h, p.w, p.k, p.oh, p.ow, p.pad_top, p.pad_left,
               StridesOf(blocked16, p.c, p.h, p.w), StridesOf(blocked16, p.k, p.oh, p.ow)};
-  // Measured on the benchmark's layers (bench/RESULTS.md): with fewer tiles than this the GEMMs
-  // are too short and streaming the 4x larger transformed weights costs more than it saves.
-  constexpr int64_t kMinTiles = 16;
+  // Measured on the benchmark's layers (bench/RESULTS.md): at 16 tiles (14x14 outputs) Winograd
+  // and the direct convolution take about the same time, at 49 (28x28) Winograd is 2x faster;
+  // with fewer tiles the GEMMs are too short to pay for streaming the 4x larger weights.
+  constexpr int64_t kMinTiles = 25;
   if (algo == "auto" && s.tiles() < kMinTiles) return nullptr;
+  // The tiles of all images are transformed at once: V and M take 36/16 of the input's and the
+  // output's bytes. Large batches of large images would need gigabytes per execution context;
+  // there the direct convolution runs in place.
+  constexpr double kMaxTempBytes = 256.0 * (1 << 20);
+  const double temp_bytes = 4.0 * kPoints * static_cast<double>(s.tiles()) * static_cast<double>(s.c + s.k);
+  if (algo == "auto" && temp_bytes > kMaxTempBytes) return nullptr;
   return std::make_unique<WinogradConvKernel>(ctx, s, p.has_bias, p.epilogue);
 }
 
