@@ -37,13 +37,16 @@ def _const(rng: np.random.Generator, shape, scale=0.5):
 
 
 @st.composite
-def graphs(draw, max_ops: int = 6):
-    """Draw ``(mod, inputs, recipe)``: a Relax module with static shapes and numpy inputs."""
+def graphs(draw, max_ops: int = 6, wide: bool = False):
+    """Draw ``(mod, inputs, recipe)``: a Relax module with static shapes and numpy inputs.
+
+    ``wide``: channel counts of 16 and 32 (the runtime's Winograd convolution needs multiples of 16).
+    """
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     recipe = Recipe([f"seed={seed}"])
     n = draw(st.integers(1, 2))
-    c = draw(st.integers(1, 6))
+    c = draw(st.sampled_from([16, 32])) if wide else draw(st.integers(1, 6))
     h = draw(st.integers(3, 9))
     w = draw(st.integers(3, 9))
     bb = relax.BlockBuilder()
@@ -66,21 +69,24 @@ def graphs(draw, max_ops: int = 6):
             maps = [x]     # 4-D values
             mats = []      # 2-D values
             for _ in range(draw(st.integers(1, max_ops))):
-                kinds = ["conv", "conv", "pool", "act", "add", "concat", "flatten"] if maps else []
+                kinds = ["conv"] * (5 if wide else 2) + ["pool", "act", "add", "concat", "flatten"] if maps else []
                 kinds += ["dense", "dense", "act2d"] if mats else []
                 kind = draw(st.sampled_from(kinds))
                 if kind == "conv":
                     src = draw(st.sampled_from(maps))
                     n_, c_, h_, w_ = _shape(src)
-                    k = draw(st.sampled_from([1, 3]))
-                    dil = draw(st.sampled_from([1, 2])) if k == 3 and min(h_, w_) >= 5 else 1
+                    # wide graphs lean towards 3x3 stride-1 dense convs (the Winograd kind)
+                    k = draw(st.sampled_from([3, 3, 3, 1] if wide else [1, 3]))
+                    dil = draw(st.sampled_from([1, 1, 1, 2] if wide else [1, 2])) if k == 3 and min(h_, w_) >= 5 else 1
                     span = dil * (k - 1) + 1
                     pads = [draw(st.integers(0, k - 1)) for _ in range(4)]
                     if h_ + pads[0] + pads[2] < span or w_ + pads[1] + pads[3] < span:
                         pads = [k // 2 * dil] * 4
                     stride = draw(st.sampled_from([1, 1, 2]))
-                    groups = draw(st.sampled_from([g for g in (1, 2, c_) if c_ % g == 0]))
+                    groups = draw(st.sampled_from(([1, 1, 1] if wide else []) + [g for g in (1, 2, c_) if c_ % g == 0]))
                     out_c = groups * draw(st.integers(1, 3))
+                    if wide and groups == 1:
+                        out_c = draw(st.sampled_from([16, 32]))
                     y = bb.emit(R.nn.conv2d(src, weight((out_c, c_ // groups, k, k)), strides=stride,
                                             padding=pads, dilation=dil, groups=groups))
                     bias = draw(st.sampled_from(["none", "reshaped", "4d"]))

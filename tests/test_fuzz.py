@@ -50,6 +50,23 @@ def test_offloaded_equals_llvm(case, disabled):
     differential(mod, inputs, sorted(disabled))
 
 
+@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(wide=True))
+def test_winograd_offloaded_equals_llvm(case):
+    """Channels of 16 and 32 with every eligible conv (3x3, stride 1) forced onto Winograd F(4x4,3x3)."""
+    mod, inputs, recipe = case
+    saved = os.environ.get("BYOC_HETERO_CONV_ALGO")
+    os.environ["BYOC_HETERO_CONV_ALGO"] = "winograd"
+    try:
+        differential(mod, inputs)
+    finally:
+        if saved is None:
+            del os.environ["BYOC_HETERO_CONV_ALGO"]
+        else:
+            os.environ["BYOC_HETERO_CONV_ALGO"] = saved
+
+
 def test_regression_dead_bindings_do_not_become_uncompiled_regions():
     """Found by the fuzzer: convs whose results nobody uses became regions RunCodegen never compiled
     (build failed with 'VMShapeLower do not work for local functions' or 'constant has no name')."""
