@@ -414,7 +414,7 @@ struct CompiledRegion::Impl {
     }
     std::vector<MemRef> temps;
     for (const memory::desc& md : kernel.temps()) temps.push_back({md, OwnSlot(at_init, md)});
-    for (Step& s : kernel.BindSteps(ins, out, temps)) steps.push_back(std::move(s));
+    for (Step& s : kernel.Bind(ins, out, temps)) steps.push_back(std::move(s));
     for (Step& s : trailing) steps.push_back(std::move(s));
   }
 

@@ -152,8 +152,13 @@ def run_cases(path: str) -> int:
         per_call = (time.perf_counter() - start) / 20
         want = data["want"]
         err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
-        kinds = sorted({str(m.kind) for m in lib.imports_}) if hasattr(lib, "imports_") else []
-        ok = err <= 1e-4
+        kinds, stack = set(), [lib]
+        while stack:  # every module linked into the library: the GPU kernels must be among them
+            m = stack.pop()
+            kinds.add(str(m.kind))
+            stack.extend(m.imports)
+        kinds = sorted(kinds)
+        ok = err <= 1e-4 and "cuda" in kinds
         failed += not ok
         print(f"{name:32s} devices={plan['devices']} modules={kinds} rel.err={err:.1e} "
               f"{per_call * 1e3:.2f} ms/call {'OK' if ok else 'MISMATCH'}")

@@ -241,8 +241,8 @@ std::unique_ptr<Kernel> MakeAnchorKernel(const KernelContext& ctx, const char* o
                                            std::move(inputs), std::move(output), sum_input);
 }
 
-std::vector<Step> PrimitiveKernel::Bind(const std::vector<MemRef>& inputs,
-                                        const MemRef& output) const {
+std::vector<Step> PrimitiveKernel::Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                                        const std::vector<MemRef>& /*temps*/) const {
   Step step;
   step.pd = pd_;
   step.label = label_;
@@ -261,7 +261,8 @@ HostKernel::HostKernel(std::string label, std::string op, HostFn fn,
   output_ = {output, output};
 }
 
-std::vector<Step> HostKernel::Bind(const std::vector<MemRef>& inputs, const MemRef& output) const {
+std::vector<Step> HostKernel::Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                                   const std::vector<MemRef>& /*temps*/) const {
   Step step;
   step.host = fn_;
   step.label = label_;

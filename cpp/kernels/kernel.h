@@ -157,15 +157,12 @@ class Kernel {
    * \param inputs One memory per node input, each with inputs()[k].want as descriptor (for the
    *        sum input: the output memory, already holding the residual).
    * \param output The output memory, with output().want as descriptor.
+   * \param temps One memory per entry of temps(), same order.
    */
-  virtual std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const = 0;
+  virtual std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                                 const std::vector<MemRef>& temps) const = 0;
   /*! \brief Per-call scratch buffers the kernel's steps share (e.g. Winograd tiles), plain. */
   const std::vector<memory::desc>& temps() const { return temps_; }
-  /*! \brief Bind with the planner's memories for temps() (one per entry, same order). */
-  virtual std::vector<Step> BindSteps(const std::vector<MemRef>& inputs, const MemRef& output,
-                                      const std::vector<MemRef>& temps) const {
-    return Bind(inputs, output);
-  }
 
  protected:
   std::vector<OperandLayout> inputs_;
@@ -184,7 +181,8 @@ class PrimitiveKernel : public Kernel {
   PrimitiveKernel(std::string label, std::string op, dnnl::primitive_desc_base pd,
                   std::vector<int> input_args, std::vector<OperandLayout> inputs,
                   OperandLayout output, int sum_input = -1);
-  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const override;
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& temps) const override;
 
  private:
   std::string label_;
@@ -209,7 +207,8 @@ class HostKernel : public Kernel {
  public:
   HostKernel(std::string label, std::string op, HostFn fn, std::vector<memory::desc> inputs,
              memory::desc output);
-  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const override;
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& temps) const override;
 
  private:
   std::string label_;
@@ -221,7 +220,10 @@ class HostKernel : public Kernel {
 class AliasKernel : public Kernel {
  public:
   AliasKernel(memory::desc input_view, memory::desc output_view);
-  std::vector<Step> Bind(const std::vector<MemRef>&, const MemRef&) const override { return {}; }
+  std::vector<Step> Bind(const std::vector<MemRef>&, const MemRef&,
+                         const std::vector<MemRef>&) const override {
+    return {};
+  }
 };
 
 /*! \brief A conv2d's shapes and attributes, as the conv2d builder checked them. */
@@ -232,11 +234,10 @@ struct ConvParams {
   Epilogue epilogue;
 };
 
-/*! \brief BYOC_HETERO_CONV_ALGO: "auto" (default), "direct" or "winograd". */
-const char* ConvAlgorithmSetting();
 /*!
  * \brief conv2d by Winograd F(4x4, 3x3) when it applies (3x3, stride 1, no dilation, no groups,
  *        channels in multiples of 16, weights known at __init_) and pays off; else nullptr.
+ *        BYOC_HETERO_CONV_ALGO: "auto" (default), "direct" (never) or "winograd" (whenever it applies).
  */
 std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& params);
 

@@ -13,8 +13,8 @@
  *   y[p][k]    = A^T M[.][p][k] A             4x4 output tiles, with bias and the epilogue
  *
  * e runs over the 36 points of a 6x6 tile, p over the P = N * ceil(OH/4) * ceil(OW/4) tiles.
- * Data and output are in nChw16c (16 channels contiguous per pixel, the layout oneDNN's AVX-512
- * convolutions write), so every transform works on 16-float vectors.  Rounding: the transforms
+ * Data and output are in nhwc or nChw16c (whichever the neighbouring oneDNN primitives use): in
+ * both, 16 channels of a pixel are contiguous, so every transform works on 16-float vectors.  Rounding: the transforms
  * scale by up to 8 (A) and 5 (B), so results differ from a direct convolution by about 1e-5
  * relative in float32 (tests/test_runtime.py checks against numpy).
  */
@@ -293,13 +293,8 @@ class WinogradConvKernel : public Kernel {
     }
   }
 
-  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output) const override {
-    TVM_FFI_THROW(InternalError) << label_ << ": the Winograd kernel needs its temporary buffers";
-    TVM_FFI_UNREACHABLE();
-  }
-
-  std::vector<Step> BindSteps(const std::vector<MemRef>& inputs, const MemRef& output,
-                              const std::vector<MemRef>& temps) const override {
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& temps) const override {
     const WinoShape s = shape_;
     const Epilogue ep = epilogue_;
     const bool has_bias = has_bias_;
@@ -336,15 +331,16 @@ class WinogradConvKernel : public Kernel {
   dnnl::matmul::primitive_desc gemm_;
 };
 
-}  // namespace
-
-const char* ConvAlgorithmSetting() {
-  const char* env = std::getenv("BYOC_HETERO_CONV_ALGO");
-  return env != nullptr && *env != '\0' ? env : "auto";
+/*! \brief The value of an environment variable, or `fallback` when unset or empty. */
+std::string EnvOr(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
 }
 
+}  // namespace
+
 std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& p) {
-  const std::string algo = ConvAlgorithmSetting();
+  const std::string algo = EnvOr("BYOC_HETERO_CONV_ALGO", "auto");
   if (algo == "direct") return nullptr;
   if (algo != "auto" && algo != "winograd") {
     ctx.Fail("BYOC_HETERO_CONV_ALGO must be auto, direct or winograd, got '" + algo + "'");
@@ -361,9 +357,9 @@ std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const C
   const memory::dims src_dims{p.n, p.c, p.h, p.w};
   const memory::desc stored = ctx.InputLayout(0);
   bool blocked16;
-  const char* forced = std::getenv("BYOC_HETERO_WINOGRAD_LAYOUT");  // tests: both layouts on any CPU
-  if (forced != nullptr && (std::string(forced) == "nChw16c" || std::string(forced) == "nhwc")) {
-    blocked16 = std::string(forced) == "nChw16c";
+  const std::string forced = EnvOr("BYOC_HETERO_WINOGRAD_LAYOUT", "");  // tests: both layouts on any CPU
+  if (forced == "nChw16c" || forced == "nhwc") {
+    blocked16 = forced == "nChw16c";
   } else if (stored == PixelDesc(src_dims, true) || stored == PixelDesc(src_dims, false)) {
     blocked16 = stored == PixelDesc(src_dims, true);
   } else {
