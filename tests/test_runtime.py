@@ -1096,6 +1096,14 @@ def test_winograd_choice_follows_the_setting_and_the_shape(monkeypatch):
         conv_region(x.shape, w).module()
 
 
+def test_winograd_not_chosen_when_its_tile_buffers_would_exceed_256_mib(monkeypatch):
+    """512 -> 512 channels at 180x180: 2,025 tiles, 36 x 2,025 x 1,024 floats = 285 MiB of tiles."""
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "auto")
+    w = np.zeros((512, 512, 3, 3), "float32")
+    assert not winograd_steps(conv_region((1, 512, 180, 180), w).module(init=False))
+    assert winograd_steps(conv_region((1, 512, 160, 160), w).module(init=False))  # 1,600 tiles: 225 MiB
+
+
 def test_winograd_not_used_for_runtime_weights(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "winograd")
     x, w = rand(1, 16, 16, 16), rand(16, 16, 3, 3)
