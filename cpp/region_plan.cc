@@ -322,9 +322,8 @@ struct CompiledRegion::Impl {
    * \brief Decide where node n's output lives; returns the memory the kernel writes.
    * \param reuse A private slot the output may take over (a dying residual), or -1.
    */
-  MemRef DefineOutput(const RegionGraph& g, size_t n, const OperandLayout& layout, bool at_init,
+  MemRef DefineOutput(const RegionGraph& g, size_t n, int t, const OperandLayout& layout, bool at_init,
                       int reuse, std::vector<Step>* trailing) {
-    const int t = g.nodes[n].output;
     ValueState& v = values[t];
     const memory::desc tensor_plain = PlainDesc(g.tensors[t].shape);
     if (layout.view.get_size() != tensor_plain.get_size()) {
@@ -354,14 +353,17 @@ struct CompiledRegion::Impl {
     return {layout.want, v.storage};
   }
 
-  /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
-  void PlanNode(const RegionGraph& g, size_t n, const Kernel& kernel, bool at_init) {
-    const NodeInfo& node = g.nodes[n];
-    const int t_out = node.output;
+  /*!
+   * \brief Plan one kernel: resolve its inputs, place its output, append its steps.
+   * \param n The (first) node it computes; \p inputs and \p t_out are its tensors (a fused
+   *        kernel reads the inputs of several nodes and writes the last one's output).
+   */
+  void PlanNode(const RegionGraph& g, size_t n, const Kernel& kernel, bool at_init,
+                const std::vector<int>& inputs, int t_out) {
 
     if (kernel.alias_input() >= 0) {
       const size_t k = static_cast<size_t>(kernel.alias_input());
-      const int t_in = node.inputs[k];
+      const int t_in = inputs[k];
       // Plain bytes of the input that outlive __init_ (never a constant's own data).
       const MemRef src = Resolve(g, t_in, kernel.inputs()[k], n, /*init_consumer=*/false);
       ValueState& v = values[t_out];
@@ -382,19 +384,19 @@ struct CompiledRegion::Impl {
       return;
     }
 
-    std::vector<MemRef> ins(node.inputs.size());
+    std::vector<MemRef> ins(inputs.size());
     const int sum = kernel.sum_input();
-    for (size_t k = 0; k < node.inputs.size(); ++k) {
+    for (size_t k = 0; k < inputs.size(); ++k) {
       if (static_cast<int>(k) == sum) continue;
-      ins[k] = Resolve(g, node.inputs[k], kernel.inputs()[k], n, at_init);
+      ins[k] = Resolve(g, inputs[k], kernel.inputs()[k], n, at_init);
     }
     int reuse = -1;
     int residual = -1;
     if (sum >= 0) {
-      residual = node.inputs[sum];
+      residual = inputs[sum];
       const ValueState& r = values[residual];
       int reads = 0;
-      for (int in : node.inputs) reads += in == residual;
+      for (int in : inputs) reads += in == residual;
       if (!at_init && !r.is_const && g.roles[residual] == TensorRole::kNodeOutput &&
           !r.region_output && !r.aliased && r.last_use == static_cast<int>(n) && reads == 1 &&
           slots[r.storage].kind == SlotKind::kPrivate && r.storage_md == kernel.output().want) {
@@ -402,7 +404,7 @@ struct CompiledRegion::Impl {
       }
     }
     std::vector<Step> trailing;
-    const MemRef out = DefineOutput(g, n, kernel.output(), at_init, reuse, &trailing);
+    const MemRef out = DefineOutput(g, n, t_out, kernel.output(), at_init, reuse, &trailing);
     std::vector<Step>& steps = at_init ? init_steps : run_steps;
     if (sum >= 0) {
       if (out.slot != reuse || reuse < 0) {
@@ -416,6 +418,16 @@ struct CompiledRegion::Impl {
     for (const memory::desc& md : kernel.temps()) temps.push_back({md, OwnSlot(at_init, md)});
     for (Step& s : kernel.Bind(ins, out, temps)) steps.push_back(std::move(s));
     for (Step& s : trailing) steps.push_back(std::move(s));
+  }
+
+  /*! \brief What the builder of node n sees: the layouts and const-ness of its inputs so far. */
+  KernelContext ContextOf(const RegionGraph& g, size_t n) const {
+    KernelContext ctx{g, n, engine, {}, {}};
+    for (int t : g.nodes[n].inputs) {
+      ctx.input_storage.push_back(values[t].storage_md);
+      ctx.input_constant.push_back(values[t].is_const);
+    }
+    return ctx;
   }
 
   void Build(const RegionGraph& g) {
@@ -453,6 +465,10 @@ struct CompiledRegion::Impl {
       v.storage = v.plain = const_arg_slot[i];
     }
 
+    std::vector<int> readers(g.tensors.size(), 0);
+    for (const NodeInfo& node : g.nodes) {
+      for (int t : node.inputs) ++readers[t];
+    }
     for (size_t n = 0; n < g.nodes.size(); ++n) {
       const NodeInfo& node = g.nodes[n];
       KernelBuilder builder = FindKernelBuilder(node.op);
@@ -462,23 +478,36 @@ struct CompiledRegion::Impl {
         TVM_FFI_THROW(ValueError) << g.where() << ": field 'nodes[" << n << "].op': unknown op '"
                                   << node.op << "' (supported: " << ops << ")";
       }
-      KernelContext ctx{g, n, engine, {}, {}};
-      bool all_const = !node.inputs.empty();
-      for (int t : node.inputs) {
-        ctx.input_storage.push_back(values[t].storage_md);
-        ctx.input_constant.push_back(values[t].is_const);
-        all_const = all_const && values[t].is_const;
+      const KernelContext ctx = ContextOf(g, n);
+      std::vector<int> inputs = node.inputs;
+      int output = node.output;
+      std::unique_ptr<Kernel> kernel;
+      // A node whose only reader is the next node may run fused with it (expand -> depthwise).
+      if (n + 1 < g.nodes.size() && g.nodes[n + 1].inputs.size() > 0 && g.nodes[n + 1].inputs[0] == node.output &&
+          readers[node.output] == 1 && !values[node.output].region_output && !node.inputs.empty() &&
+          !values[node.inputs[0]].is_const) {
+        const KernelContext next = ContextOf(g, n + 1);
+        kernel = GuardDnnl(g.where(n), "create the primitive",
+                           [&] { return TryBuildExpandDepthwise(ctx, next, threads); });
+        if (kernel) {
+          inputs.insert(inputs.end(), g.nodes[n + 1].inputs.begin() + 1, g.nodes[n + 1].inputs.end());
+          output = g.nodes[n + 1].output;
+        }
       }
-      std::unique_ptr<Kernel> kernel =
-          GuardDnnl(g.where(n), "create the primitive", [&] { return builder(ctx); });
-      if (kernel->inputs().size() != node.inputs.size()) {
+      const size_t last = kernel ? n + 1 : n;
+      if (!kernel) kernel = GuardDnnl(g.where(n), "create the primitive", [&] { return builder(ctx); });
+      if (kernel->inputs().size() != inputs.size()) {
         TVM_FFI_THROW(InternalError) << g.where(n) << ": kernel declared "
                                      << kernel->inputs().size() << " operands for "
-                                     << node.inputs.size() << " inputs";
+                                     << inputs.size() << " inputs";
       }
-      const bool at_init = all_const && !values[node.output].region_output;
+      bool all_const = !inputs.empty();
+      for (int t : inputs) all_const = all_const && values[t].is_const;
+      const bool at_init = all_const && !values[output].region_output;
       planning_where = g.where(n);
-      GuardDnnl(g.where(n), "set up buffers and reorders", [&] { PlanNode(g, n, *kernel, at_init); });
+      GuardDnnl(g.where(n), "set up buffers and reorders",
+                [&] { PlanNode(g, n, *kernel, at_init, inputs, output); });
+      n = last;
     }
     GuardDnnl(where, "allocate buffers or create a primitive", [&] { Finalize(); });
   }
@@ -493,7 +522,7 @@ struct CompiledRegion::Impl {
         e.args = std::move(s.args);
         if (s.host) {
           e.host = std::move(s.host);
-          e.impl = "host";
+          e.impl = s.impl.empty() ? "host" : s.impl;
         } else {
           e.impl = s.pd.impl_info_str();
           const memory::desc sp = s.pd.scratchpad_desc();

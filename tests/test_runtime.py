@@ -1145,3 +1145,91 @@ def test_winograd_chain_with_direct_neighbours_and_profile(monkeypatch):
     assert again[f"__init_{r.symbol}"]([tvm.runtime.tensor(v) for v in r.const_values]) == 0
     (got2,) = r.run(again, x)
     assert_close(got2, want)
+
+
+# ------------------------------------------------------------------------------------------------
+# 1x1 expand + depthwise conv run together in row strips (kernels/expand_depthwise.cc)
+
+
+def expand_depthwise_region(n, c, k, h, wd, kd, strides, padding, dilation, bias, act, clip):
+    """x -> conv2d 1x1 (c -> k, act) -> depthwise conv2d kd x kd (act) -> output."""
+    r = Region("expand_dw")
+    we, be, wdw, bd = rand(k, c, 1, 1) * 0.4, rand(k), rand(k, 1, kd, kd) * 0.4, rand(k)
+    oh = conv_out_size(h, kd, strides[0], padding[0], padding[2], dilation[0])
+    ow = conv_out_size(wd, kd, strides[1], padding[1], padding[3], dilation[1])
+    acts = dict(activation=act, **({"clip": clip} if clip else {}))
+    xi = r.input((n, c, h, wd))
+    t = r.node("conv2d", [xi, r.const(we)] + ([r.const(be)] if bias else []), (n, k, h, wd),
+               has_bias=int(bias), **acts)
+    r.outputs = [r.node("conv2d", [t, r.const(wdw)] + ([r.const(bd)] if bias else []), (n, k, oh, ow),
+                        strides=list(strides), padding=list(padding), dilation=list(dilation), groups=k,
+                        has_bias=int(bias), **acts)]
+
+    def activate(v):
+        return v if act == "none" else act_ref(act, v, clip)
+
+    def reference(x):
+        mid = activate(conv2d_ref(x, we, be if bias else None))
+        return activate(conv2d_ref(mid, wdw, bd if bias else None, strides, padding, dilation, groups=k))
+
+    return r, reference
+
+
+@pytest.mark.parametrize(
+    "n, c, k, h, wd, kd, strides, padding, dilation",
+    [
+        (1, 8, 48, 14, 14, 3, (1, 1), (1, 1, 1, 1), (1, 1)),     # one strip per thread
+        (1, 16, 96, 56, 56, 3, (2, 2), (0, 0, 1, 1), (1, 1)),    # many strips, TF-style asymmetric padding
+        (2, 8, 64, 23, 17, 3, (2, 1), (1, 1, 1, 1), (1, 1)),     # two images, odd sizes, bands cross images
+        (1, 8, 32, 60, 33, 5, (1, 1), (2, 2, 2, 2), (1, 1)),     # 5x5, strips overlap by 4 rows
+        (1, 8, 40, 40, 40, 3, (1, 1), (2, 2, 2, 2), (2, 2)),     # dilated
+    ],
+    ids=["small", "strips_stride2", "batch2", "k5", "dilated"],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_expand_depthwise_strips_match_numpy(monkeypatch, n, c, k, h, wd, kd, strides, padding, dilation, threads):
+    x = rand(n, c, h, wd)
+    results = {}
+    try:
+        _C.set_num_threads(threads)
+        for mode in ("on", "off"):
+            monkeypatch.setenv("BYOC_HETERO_DEPTHWISE_FUSION", mode)
+            r, reference = expand_depthwise_region(n, c, k, h, wd, kd, strides, padding, dilation, True,
+                                                   "clip", [0.0, 6.0])
+            mod = r.module()
+            fused = [line for line in mod["get_plan"]() if "row strips" in line]
+            assert bool(fused) == (mode == "on"), mod["get_plan"]()
+            (results[mode],) = r.run(mod, x)
+            assert_close(results[mode], reference(x))
+            (again,) = r.run(mod, x)
+            np.testing.assert_array_equal(again, results[mode])
+    finally:
+        monkeypatch.undo()
+        _C.set_num_threads(_C.available_cpus())
+
+
+@pytest.mark.parametrize("act, clip", [("none", None), ("relu", None), ("silu", None)])
+def test_expand_depthwise_strips_activations_no_bias_and_export(monkeypatch, act, clip):
+    monkeypatch.setenv("BYOC_HETERO_DEPTHWISE_FUSION", "on")
+    r, reference = expand_depthwise_region(1, 8, 24, 30, 30, 3, (1, 1), (1, 1, 1, 1), (1, 1), False, act, clip)
+    x = rand(1, 8, 30, 30)
+    mod = r.module()
+    assert any("row strips" in line for line in mod["get_plan"]())
+    (got,) = r.run(mod, x)
+    assert_close(got, reference(x))
+    again = load_from_bytes(save_to_bytes(mod))
+    assert again[f"__init_{r.symbol}"]([tvm.runtime.tensor(v) for v in r.const_values]) == 0
+    (got2,) = r.run(again, x)
+    np.testing.assert_array_equal(got2, got)
+
+
+def test_expand_depthwise_not_fused_when_the_intermediate_is_read_elsewhere(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_DEPTHWISE_FUSION", "on")
+    r, _ = expand_depthwise_region(1, 8, 24, 12, 12, 3, (1, 1), (1, 1, 1, 1), (1, 1), True, "relu", None)
+    r.outputs.append(r.nodes[0]["output"])  # the expanded tensor is also a region output
+    mod = r.module()
+    assert not any("row strips" in line for line in mod["get_plan"]())
+    monkeypatch.setenv("BYOC_HETERO_DEPTHWISE_FUSION", "sometimes")
+    with pytest.raises(ValueError, match="BYOC_HETERO_DEPTHWISE_FUSION must be auto, on or off, got 'sometimes'"):
+        r2, _ = expand_depthwise_region(1, 8, 24, 12, 12, 3, (1, 1), (1, 1, 1, 1), (1, 1), True, "relu", None)
+        r2.module()

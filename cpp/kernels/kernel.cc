@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -47,6 +48,11 @@ std::vector<std::string> SupportedOps() {
   std::vector<std::string> ops;
   for (const auto& e : kRegistry) ops.emplace_back(e.op);
   return ops;
+}
+
+std::string EnvOr(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
 }
 
 // ---------------------------------------------------------------------------------------------
