@@ -430,6 +430,33 @@ struct CompiledRegion::Impl {
     return ctx;
   }
 
+  /*! \brief The kernel of node n on its own. */
+  std::unique_ptr<Kernel> BuildKernel(const RegionGraph& g, size_t n) const {
+    const NodeInfo& node = g.nodes[n];
+    KernelBuilder builder = FindKernelBuilder(node.op);
+    if (builder == nullptr) {
+      std::string ops;
+      for (const auto& op : SupportedOps()) ops += (ops.empty() ? "" : ", ") + op;
+      TVM_FFI_THROW(ValueError) << g.where() << ": field 'nodes[" << n << "].op': unknown op '" << node.op
+                                << "' (supported: " << ops << ")";
+    }
+    const KernelContext ctx = ContextOf(g, n);
+    return GuardDnnl(g.where(n), "create the primitive", [&] { return builder(ctx); });
+  }
+
+  /*! \brief Plan a kernel that computes node n (and, fused, the nodes up to the one writing t_out). */
+  void PlanKernel(const RegionGraph& g, size_t n, const Kernel& kernel, const std::vector<int>& inputs, int t_out) {
+    if (kernel.inputs().size() != inputs.size()) {
+      TVM_FFI_THROW(InternalError) << g.where(n) << ": kernel declared " << kernel.inputs().size()
+                                   << " operands for " << inputs.size() << " inputs";
+    }
+    bool all_const = !inputs.empty();
+    for (int t : inputs) all_const = all_const && values[t].is_const;
+    const bool at_init = all_const && !values[t_out].region_output;
+    planning_where = g.where(n);
+    GuardDnnl(g.where(n), "set up buffers and reorders", [&] { PlanNode(g, n, kernel, at_init, inputs, t_out); });
+  }
+
   void Build(const RegionGraph& g) {
     where = g.where();
     symbol = g.symbol;
@@ -465,49 +492,59 @@ struct CompiledRegion::Impl {
       v.storage = v.plain = const_arg_slot[i];
     }
 
+    // Which nodes run in __init_ whatever kernels are picked: those that read only constants
+    // and what such nodes make of them (PlanKernel's rule, known ahead).
+    std::vector<bool> init_value(g.tensors.size(), false), init_node(g.nodes.size(), false);
+    for (const auto& c : g.constants) init_value[c.tensor] = true;
     std::vector<int> readers(g.tensors.size(), 0);
-    for (const NodeInfo& node : g.nodes) {
-      for (int t : node.inputs) ++readers[t];
-    }
     for (size_t n = 0; n < g.nodes.size(); ++n) {
       const NodeInfo& node = g.nodes[n];
-      KernelBuilder builder = FindKernelBuilder(node.op);
-      if (builder == nullptr) {
-        std::string ops;
-        for (const auto& op : SupportedOps()) ops += (ops.empty() ? "" : ", ") + op;
-        TVM_FFI_THROW(ValueError) << g.where() << ": field 'nodes[" << n << "].op': unknown op '"
-                                  << node.op << "' (supported: " << ops << ")";
+      bool all_const = !node.inputs.empty();
+      for (int t : node.inputs) {
+        all_const = all_const && init_value[t];
+        ++readers[t];
       }
-      const KernelContext ctx = ContextOf(g, n);
-      std::vector<int> inputs = node.inputs;
-      int output = node.output;
-      std::unique_ptr<Kernel> kernel;
-      // A node whose only reader is the next node may run fused with it (expand -> depthwise).
-      if (n + 1 < g.nodes.size() && g.nodes[n + 1].inputs.size() > 0 && g.nodes[n + 1].inputs[0] == node.output &&
-          readers[node.output] == 1 && !values[node.output].region_output && !node.inputs.empty() &&
-          !values[node.inputs[0]].is_const) {
-        const KernelContext next = ContextOf(g, n + 1);
-        kernel = GuardDnnl(g.where(n), "create the primitive",
-                           [&] { return TryBuildExpandDepthwise(ctx, next, threads); });
-        if (kernel) {
-          inputs.insert(inputs.end(), g.nodes[n + 1].inputs.begin() + 1, g.nodes[n + 1].inputs.end());
-          output = g.nodes[n + 1].output;
+      init_node[n] = init_value[node.output] = all_const && !values[node.output].region_output;
+    }
+    // expand -> depthwise pairs wait for the depthwise node (its weights may be folded by init
+    // nodes in between): deferred[m] = the conv2d whose only reader is node m.
+    std::vector<int> deferred(g.nodes.size(), -1);
+    for (size_t n = 0; n < g.nodes.size(); ++n) {
+      const NodeInfo& node = g.nodes[n];
+      // (not the second of a pair; a 1x1 weight read only by a conv with one input channel per group)
+      if (node.op != "conv2d" || deferred[n] >= 0 || init_node[n] || readers[node.output] != 1 ||
+          values[node.output].region_output || node.inputs.size() < 2) {
+        continue;
+      }
+      const std::vector<int64_t>& we = g.tensors[node.inputs[1]].shape;
+      size_t m = n + 1;
+      while (m < g.nodes.size() && init_node[m]) ++m;
+      if (m < g.nodes.size() && g.nodes[m].op == "conv2d" && g.nodes[m].inputs.size() >= 2 &&
+          g.nodes[m].inputs[0] == node.output && we.size() == 4 && we[2] == 1 && we[3] == 1 &&
+          g.tensors[g.nodes[m].inputs[1]].shape.size() == 4 && g.tensors[g.nodes[m].inputs[1]].shape[1] == 1) {
+        deferred[m] = static_cast<int>(n);
+      }
+    }
+    std::vector<bool> waiting(g.nodes.size(), false);
+    for (int n : deferred) {
+      if (n >= 0) waiting[n] = true;
+    }
+    for (size_t n = 0; n < g.nodes.size(); ++n) {
+      if (waiting[n]) continue;
+      if (deferred[n] >= 0) {
+        const size_t e = static_cast<size_t>(deferred[n]);
+        std::unique_ptr<Kernel> fused = GuardDnnl(g.where(e), "create the primitive", [&] {
+          return TryBuildExpandDepthwise(ContextOf(g, e), ContextOf(g, n), threads);
+        });
+        if (fused) {
+          std::vector<int> inputs = g.nodes[e].inputs;
+          inputs.insert(inputs.end(), g.nodes[n].inputs.begin() + 1, g.nodes[n].inputs.end());
+          PlanKernel(g, e, *fused, inputs, g.nodes[n].output);
+          continue;
         }
+        PlanKernel(g, e, *BuildKernel(g, e), g.nodes[e].inputs, g.nodes[e].output);
       }
-      const size_t last = kernel ? n + 1 : n;
-      if (!kernel) kernel = GuardDnnl(g.where(n), "create the primitive", [&] { return builder(ctx); });
-      if (kernel->inputs().size() != inputs.size()) {
-        TVM_FFI_THROW(InternalError) << g.where(n) << ": kernel declared "
-                                     << kernel->inputs().size() << " operands for "
-                                     << inputs.size() << " inputs";
-      }
-      bool all_const = !inputs.empty();
-      for (int t : inputs) all_const = all_const && values[t].is_const;
-      const bool at_init = all_const && !values[output].region_output;
-      planning_where = g.where(n);
-      GuardDnnl(g.where(n), "set up buffers and reorders",
-                [&] { PlanNode(g, n, *kernel, at_init, inputs, output); });
-      n = last;
+      PlanKernel(g, n, *BuildKernel(g, n), g.nodes[n].inputs, g.nodes[n].output);
     }
     GuardDnnl(where, "allocate buffers or create a primitive", [&] { Finalize(); });
   }

@@ -349,7 +349,8 @@ std::unique_ptr<Kernel> TryBuildExpandDepthwise(const KernelContext& expand_ctx,
   plan->depthwise_bias = d.has_bias;
   const int64_t kh_eff = (d.kh - 1) * d.dilation[0] + 1;
   const int64_t row_bytes = e.w * e.k * static_cast<int64_t>(sizeof(float));
-  const int64_t strip = std::max<int64_t>(1, (kStripBufferBytes / row_bytes - kh_eff) / d.strides[0] + 1);
+  const int64_t budget = std::stoll(EnvOr("BYOC_HETERO_STRIP_KB", "256")) << 10;
+  const int64_t strip = std::max<int64_t>(1, (budget / row_bytes - kh_eff) / d.strides[0] + 1);
   try {
     OmpThreadsScope one(1);  // each strip runs on one thread: its primitives are built for one
     Schedule(*plan, e, d, strip);
