@@ -322,8 +322,9 @@ struct CompiledRegion::Impl {
    * \brief Decide where node n's output lives; returns the memory the kernel writes.
    * \param reuse A private slot the output may take over (a dying residual), or -1.
    */
-  MemRef DefineOutput(const RegionGraph& g, size_t n, int t, const OperandLayout& layout, bool at_init,
+  MemRef DefineOutput(const RegionGraph& g, size_t n, const OperandLayout& layout, bool at_init,
                       int reuse, std::vector<Step>* trailing) {
+    const int t = g.nodes[n].output;
     ValueState& v = values[t];
     const memory::desc tensor_plain = PlainDesc(g.tensors[t].shape);
     if (layout.view.get_size() != tensor_plain.get_size()) {
@@ -353,17 +354,14 @@ struct CompiledRegion::Impl {
     return {layout.want, v.storage};
   }
 
-  /*!
-   * \brief Plan one kernel: resolve its inputs, place its output, append its steps.
-   * \param n The (first) node it computes; \p inputs and \p t_out are its tensors (a fused
-   *        kernel reads the inputs of several nodes and writes the last one's output).
-   */
-  void PlanNode(const RegionGraph& g, size_t n, const Kernel& kernel, bool at_init,
-                const std::vector<int>& inputs, int t_out) {
+  /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
+  void PlanNode(const RegionGraph& g, size_t n, const Kernel& kernel, bool at_init) {
+    const NodeInfo& node = g.nodes[n];
+    const int t_out = node.output;
 
     if (kernel.alias_input() >= 0) {
       const size_t k = static_cast<size_t>(kernel.alias_input());
-      const int t_in = inputs[k];
+      const int t_in = node.inputs[k];
       // Plain bytes of the input that outlive __init_ (never a constant's own data).
       const MemRef src = Resolve(g, t_in, kernel.inputs()[k], n, /*init_consumer=*/false);
       ValueState& v = values[t_out];
@@ -384,19 +382,19 @@ struct CompiledRegion::Impl {
       return;
     }
 
-    std::vector<MemRef> ins(inputs.size());
+    std::vector<MemRef> ins(node.inputs.size());
     const int sum = kernel.sum_input();
-    for (size_t k = 0; k < inputs.size(); ++k) {
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (static_cast<int>(k) == sum) continue;
-      ins[k] = Resolve(g, inputs[k], kernel.inputs()[k], n, at_init);
+      ins[k] = Resolve(g, node.inputs[k], kernel.inputs()[k], n, at_init);
     }
     int reuse = -1;
     int residual = -1;
     if (sum >= 0) {
-      residual = inputs[sum];
+      residual = node.inputs[sum];
       const ValueState& r = values[residual];
       int reads = 0;
-      for (int in : inputs) reads += in == residual;
+      for (int in : node.inputs) reads += in == residual;
       if (!at_init && !r.is_const && g.roles[residual] == TensorRole::kNodeOutput &&
           !r.region_output && !r.aliased && r.last_use == static_cast<int>(n) && reads == 1 &&
           slots[r.storage].kind == SlotKind::kPrivate && r.storage_md == kernel.output().want) {
@@ -404,7 +402,7 @@ struct CompiledRegion::Impl {
       }
     }
     std::vector<Step> trailing;
-    const MemRef out = DefineOutput(g, n, t_out, kernel.output(), at_init, reuse, &trailing);
+    const MemRef out = DefineOutput(g, n, kernel.output(), at_init, reuse, &trailing);
     std::vector<Step>& steps = at_init ? init_steps : run_steps;
     if (sum >= 0) {
       if (out.slot != reuse || reuse < 0) {
@@ -418,43 +416,6 @@ struct CompiledRegion::Impl {
     for (const memory::desc& md : kernel.temps()) temps.push_back({md, OwnSlot(at_init, md)});
     for (Step& s : kernel.Bind(ins, out, temps)) steps.push_back(std::move(s));
     for (Step& s : trailing) steps.push_back(std::move(s));
-  }
-
-  /*! \brief What the builder of node n sees: the layouts and const-ness of its inputs so far. */
-  KernelContext ContextOf(const RegionGraph& g, size_t n) const {
-    KernelContext ctx{g, n, engine, {}, {}};
-    for (int t : g.nodes[n].inputs) {
-      ctx.input_storage.push_back(values[t].storage_md);
-      ctx.input_constant.push_back(values[t].is_const);
-    }
-    return ctx;
-  }
-
-  /*! \brief The kernel of node n on its own. */
-  std::unique_ptr<Kernel> BuildKernel(const RegionGraph& g, size_t n) const {
-    const NodeInfo& node = g.nodes[n];
-    KernelBuilder builder = FindKernelBuilder(node.op);
-    if (builder == nullptr) {
-      std::string ops;
-      for (const auto& op : SupportedOps()) ops += (ops.empty() ? "" : ", ") + op;
-      TVM_FFI_THROW(ValueError) << g.where() << ": field 'nodes[" << n << "].op': unknown op '" << node.op
-                                << "' (supported: " << ops << ")";
-    }
-    const KernelContext ctx = ContextOf(g, n);
-    return GuardDnnl(g.where(n), "create the primitive", [&] { return builder(ctx); });
-  }
-
-  /*! \brief Plan a kernel that computes node n (and, fused, the nodes up to the one writing t_out). */
-  void PlanKernel(const RegionGraph& g, size_t n, const Kernel& kernel, const std::vector<int>& inputs, int t_out) {
-    if (kernel.inputs().size() != inputs.size()) {
-      TVM_FFI_THROW(InternalError) << g.where(n) << ": kernel declared " << kernel.inputs().size()
-                                   << " operands for " << inputs.size() << " inputs";
-    }
-    bool all_const = !inputs.empty();
-    for (int t : inputs) all_const = all_const && values[t].is_const;
-    const bool at_init = all_const && !values[t_out].region_output;
-    planning_where = g.where(n);
-    GuardDnnl(g.where(n), "set up buffers and reorders", [&] { PlanNode(g, n, kernel, at_init, inputs, t_out); });
   }
 
   void Build(const RegionGraph& g) {
@@ -492,59 +453,32 @@ struct CompiledRegion::Impl {
       v.storage = v.plain = const_arg_slot[i];
     }
 
-    // Which nodes run in __init_ whatever kernels are picked: those that read only constants
-    // and what such nodes make of them (PlanKernel's rule, known ahead).
-    std::vector<bool> init_value(g.tensors.size(), false), init_node(g.nodes.size(), false);
-    for (const auto& c : g.constants) init_value[c.tensor] = true;
-    std::vector<int> readers(g.tensors.size(), 0);
     for (size_t n = 0; n < g.nodes.size(); ++n) {
       const NodeInfo& node = g.nodes[n];
+      KernelBuilder builder = FindKernelBuilder(node.op);
+      if (builder == nullptr) {
+        std::string ops;
+        for (const auto& op : SupportedOps()) ops += (ops.empty() ? "" : ", ") + op;
+        TVM_FFI_THROW(ValueError) << g.where() << ": field 'nodes[" << n << "].op': unknown op '"
+                                  << node.op << "' (supported: " << ops << ")";
+      }
+      KernelContext ctx{g, n, engine, {}, {}};
       bool all_const = !node.inputs.empty();
       for (int t : node.inputs) {
-        all_const = all_const && init_value[t];
-        ++readers[t];
+        ctx.input_storage.push_back(values[t].storage_md);
+        ctx.input_constant.push_back(values[t].is_const);
+        all_const = all_const && values[t].is_const;
       }
-      init_node[n] = init_value[node.output] = all_const && !values[node.output].region_output;
-    }
-    // expand -> depthwise pairs wait for the depthwise node (its weights may be folded by init
-    // nodes in between): deferred[m] = the conv2d whose only reader is node m.
-    std::vector<int> deferred(g.nodes.size(), -1);
-    for (size_t n = 0; n < g.nodes.size(); ++n) {
-      const NodeInfo& node = g.nodes[n];
-      // (not the second of a pair; a 1x1 weight read only by a conv with one input channel per group)
-      if (node.op != "conv2d" || deferred[n] >= 0 || init_node[n] || readers[node.output] != 1 ||
-          values[node.output].region_output || node.inputs.size() < 2) {
-        continue;
+      std::unique_ptr<Kernel> kernel =
+          GuardDnnl(g.where(n), "create the primitive", [&] { return builder(ctx); });
+      if (kernel->inputs().size() != node.inputs.size()) {
+        TVM_FFI_THROW(InternalError) << g.where(n) << ": kernel declared "
+                                     << kernel->inputs().size() << " operands for "
+                                     << node.inputs.size() << " inputs";
       }
-      const std::vector<int64_t>& we = g.tensors[node.inputs[1]].shape;
-      size_t m = n + 1;
-      while (m < g.nodes.size() && init_node[m]) ++m;
-      if (m < g.nodes.size() && g.nodes[m].op == "conv2d" && g.nodes[m].inputs.size() >= 2 &&
-          g.nodes[m].inputs[0] == node.output && we.size() == 4 && we[2] == 1 && we[3] == 1 &&
-          g.tensors[g.nodes[m].inputs[1]].shape.size() == 4 && g.tensors[g.nodes[m].inputs[1]].shape[1] == 1) {
-        deferred[m] = static_cast<int>(n);
-      }
-    }
-    std::vector<bool> waiting(g.nodes.size(), false);
-    for (int n : deferred) {
-      if (n >= 0) waiting[n] = true;
-    }
-    for (size_t n = 0; n < g.nodes.size(); ++n) {
-      if (waiting[n]) continue;
-      if (deferred[n] >= 0) {
-        const size_t e = static_cast<size_t>(deferred[n]);
-        std::unique_ptr<Kernel> fused = GuardDnnl(g.where(e), "create the primitive", [&] {
-          return TryBuildExpandDepthwise(ContextOf(g, e), ContextOf(g, n), threads);
-        });
-        if (fused) {
-          std::vector<int> inputs = g.nodes[e].inputs;
-          inputs.insert(inputs.end(), g.nodes[n].inputs.begin() + 1, g.nodes[n].inputs.end());
-          PlanKernel(g, e, *fused, inputs, g.nodes[n].output);
-          continue;
-        }
-        PlanKernel(g, e, *BuildKernel(g, e), g.nodes[e].inputs, g.nodes[e].output);
-      }
-      PlanKernel(g, n, *BuildKernel(g, n), g.nodes[n].inputs, g.nodes[n].output);
+      const bool at_init = all_const && !values[node.output].region_output;
+      planning_where = g.where(n);
+      GuardDnnl(g.where(n), "set up buffers and reorders", [&] { PlanNode(g, n, *kernel, at_init); });
     }
     GuardDnnl(where, "allocate buffers or create a primitive", [&] { Finalize(); });
   }
@@ -559,7 +493,7 @@ struct CompiledRegion::Impl {
         e.args = std::move(s.args);
         if (s.host) {
           e.host = std::move(s.host);
-          e.impl = s.impl.empty() ? "host" : s.impl;
+          e.impl = "host";
         } else {
           e.impl = s.pd.impl_info_str();
           const memory::desc sp = s.pd.scratchpad_desc();

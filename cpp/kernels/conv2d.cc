@@ -14,7 +14,7 @@
 
 namespace byoc_hetero {
 
-ConvParams ReadConv2D(const KernelContext& ctx) {
+std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::vector<int64_t> strides = attrs.Ints("strides", 2, {1, 1});
   const std::vector<int64_t> padding = attrs.Ints("padding", 4, {0, 0, 0, 0});
@@ -69,19 +69,9 @@ ConvParams ReadConv2D(const KernelContext& ctx) {
   const size_t residual_index = 2 + has_bias;
   if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", {n, o, oh, ow});
 
-  return ConvParams{n,          c,          h,          wd,     o,       kh,       kw,       oh,       ow,
-                    padding[0], padding[1], padding[2], padding[3], groups, strides, dilation, has_bias, epilogue};
-}
-
-std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
-  const ConvParams p = ReadConv2D(ctx);
-  if (std::unique_ptr<Kernel> winograd = TryBuildWinogradConv2D(ctx, p)) return winograd;
-  const int64_t n = p.n, c = p.c, h = p.h, wd = p.w, o = p.k, kh = p.kh, kw = p.kw, oh = p.oh, ow = p.ow;
-  const int64_t groups = p.groups;
-  const bool has_bias = p.has_bias;
-  const std::vector<int64_t>& strides = p.strides;
-  const std::vector<int64_t>& dilation = p.dilation;
-  const std::vector<int64_t> padding{p.pad_top, p.pad_left, p.pad_bottom, p.pad_right};
+  const ConvParams params{n,  c,  h,          wd,         o,      kh,      kw,       oh,
+                          ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue};
+  if (std::unique_ptr<Kernel> winograd = TryBuildWinogradConv2D(ctx, params)) return winograd;
 
   const memory::dims src_dims{n, c, h, wd}, dst_dims{n, o, oh, ow}, bias_dims{o};
   memory::dims wei_dims{o, c / groups, kh, kw};
@@ -91,10 +81,10 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
       ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       AnyDesc(src_dims), AnyDesc(wei_dims), has_bias ? AnyDesc(bias_dims) : memory::desc(),
       AnyDesc(dst_dims), {strides[0], strides[1]}, {dilation[0] - 1, dilation[1] - 1},
-      {padding[0], padding[1]}, {padding[2], padding[3]}, ctx.MakeAttr(p.epilogue));
+      {padding[0], padding[1]}, {padding[2], padding[3]}, ctx.MakeAttr(epilogue));
 
   return MakeAnchorKernel(ctx, "conv2d", std::move(pd), PlainDesc(src_dims), PlainDesc(wei_dims), bias_dims, has_bias,
-                          dst_dims, p.epilogue);
+                          dst_dims, epilogue);
 }
 
 }  // namespace byoc_hetero

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -48,11 +47,6 @@ std::vector<std::string> SupportedOps() {
   std::vector<std::string> ops;
   for (const auto& e : kRegistry) ops.emplace_back(e.op);
   return ops;
-}
-
-std::string EnvOr(const char* name, const char* fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? value : fallback;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -42,9 +42,6 @@ namespace byoc_hetero {
 
 using dnnl::memory;
 
-/*! \brief The value of an environment variable, or `fallback` when unset or empty. */
-std::string EnvOr(const char* name, const char* fallback);
-
 /*! \brief Plain row-major float32 descriptor (a rank-0 shape is read as [1]). */
 memory::desc PlainDesc(const memory::dims& dims);
 /*! \brief Float32 descriptor with explicit strides (in elements). */
@@ -84,7 +81,6 @@ struct Step {
   HostFn host;
   std::string label;
   std::string op;  // the node's op, for profiles ("" for planner reorders)
-  std::string impl;  // host steps: what runs inside, for profiles ("" = "host")
 };
 
 /*! \brief An activation (eltwise post-op or eltwise primitive). */
@@ -232,26 +228,11 @@ class AliasKernel : public Kernel {
 
 /*! \brief A conv2d's shapes and attributes, as the conv2d builder checked them. */
 struct ConvParams {
-  int64_t n, c, h, w, k, kh, kw, oh, ow, pad_top, pad_left, pad_bottom, pad_right, groups;
+  int64_t n, c, h, w, k, kh, kw, oh, ow, pad_top, pad_left, groups;
   std::vector<int64_t> strides, dilation;
   bool has_bias;
   Epilogue epilogue;
 };
-
-/*! \brief Read and check a conv2d node's attrs and shapes (ValueErrors name the node and field). */
-ConvParams ReadConv2D(const KernelContext& ctx);
-
-/*!
- * \brief A 1x1 conv2d (`expand`) whose only reader is a depthwise conv2d (`depthwise`), run as
- *        one kernel in row strips so that the expanded tensor never leaves the core's cache;
- *        nullptr when the pair does not qualify (see kernels/expand_depthwise.cc).  The kernel's
- *        inputs are the expand node's inputs, then the depthwise node's inputs after its data;
- *        its output is the depthwise node's.
- *        BYOC_HETERO_DEPTHWISE_FUSION: "auto" (default: when the data is stored in nhwc), "on"
- *        (whenever the pair qualifies) or "off".
- */
-std::unique_ptr<Kernel> TryBuildExpandDepthwise(const KernelContext& expand, const KernelContext& depthwise,
-                                                int threads);
 
 /*!
  * \brief conv2d by Winograd F(4x4, 3x3) when it applies (3x3, stride 1, no dilation, no groups,

@@ -331,6 +331,12 @@ class WinogradConvKernel : public Kernel {
   dnnl::matmul::primitive_desc gemm_;
 };
 
+/*! \brief The value of an environment variable, or `fallback` when unset or empty. */
+std::string EnvOr(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
 }  // namespace
 
 std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& p) {
