@@ -290,6 +290,27 @@ def _spawn(argv: list[str], threads: int, timeout: float = 1800) -> dict:
     return json.loads(lines[-1])
 
 
+def _best_kernels(name: str, batch: int, threads: int, args) -> dict:
+    """The per-kernel table measured ``args.rounds`` times (fresh processes); per layer the
+    fastest in-module and the fastest bare time, as the end-to-end table keeps the best round."""
+    best: dict = {}
+    for _ in range(max(1, args.rounds)):
+        wait_quiet(args.quiet_wait)
+        r = _spawn(["--kernels", name, str(batch), str(threads), "--min-time", str(args.min_time)], threads)
+        if "error" in r:
+            return r
+        if not best:
+            best = r
+            continue
+        if len(r["rows"]) != len(best["rows"]):
+            return {"error": f"rounds disagree on the layers: {len(r['rows'])} vs {len(best['rows'])}"}
+        for kept, row in zip(best["rows"], r["rows"]):
+            kept["ours_s"] = min(kept["ours_s"], row["ours_s"])
+            kept["bare_s"] = min(kept["bare_s"], row["bare_s"])
+        best["profiled_region_s"] = min(best["profiled_region_s"], r["profiled_region_s"])
+    return best
+
+
 def _prepare(workdir: str, name: str, batch: int) -> tuple[str, float, tuple]:
     """Weights and input of a workload saved for the workers; its GFLOP."""
     import byoc_hetero as bh
@@ -462,7 +483,7 @@ def main(argv=None) -> int:
             out()
             out("In-module time: the step inside our region (per-step profile of the whole model run); bare: "
                 "the same convolution / matmul created directly with oneDNN (any layouts, weights reordered "
-                "beforehand) and timed alone. Efficiency = bare / in-module (target >= 85%). Rows marked "
+                f"beforehand) and timed alone; each the best of {args.rounds} round(s). Efficiency = bare / in-module (target >= 85%). Rows marked "
                 "`winograd F(4x4,3x3)` run as our Winograd convolution (input transform + batched oneDNN matmul "
                 "+ output transform, summed): their GFLOP/s count the direct convolution's FLOPs and their bare "
                 "primitive is oneDNN's direct convolution, so an efficiency above 100% is what the algorithm "
@@ -472,8 +493,7 @@ def main(argv=None) -> int:
                 if name not in models:
                     continue
                 for threads in thread_counts:
-                    wait_quiet(args.quiet_wait)
-                    r = _spawn(["--kernels", name, str(batch), str(threads), "--min-time", str(args.min_time)], threads)
+                    r = _best_kernels(name, batch, threads, args)
                     if "error" in r:
                         out(f"* {name} b{batch}, {threads} thread(s): error {r['error']}")
                         continue
