@@ -8,7 +8,6 @@
  * Both weight layouts are the same logical [K, N] matrix with different strides, so one reorder
  * (once, for a constant weight) brings either into the layout matmul prefers.
  */
-#include <string>
 #include <utility>
 
 #include "kernel.h"
@@ -56,24 +55,14 @@ std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
   // A constant weight is reordered once into the layout matmul prefers; one that arrives at run
   // time is read where it lies (no per-call reorder).
-  const memory::desc wei_want = ctx.input_constant.size() > 1 && ctx.input_constant[1]
-                                    ? AnyDesc(wei_dims)
-                                    : wei_view;
+  const bool constant_weight = ctx.input_constant.size() > 1 && ctx.input_constant[1];
 
   auto make = [&](const memory::desc& wei) {
     return dnnl::matmul::primitive_desc(ctx.engine, PlainDesc(src_dims), wei,
                                         has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
                                         ctx.MakeAttr(epilogue));
   };
-  dnnl::matmul::primitive_desc pd = make(wei_want);
-  // Without AVX-512, oneDNN 3.2 runs f32 matmul as its jit SGEMM and, asked for `any`, keeps the
-  // weight [K, N] row-major; the same SGEMM reading it transposed ([N, K] rows) ran 1.3-3x faster
-  // on an AVX2 machine (64x784 @ 784x512: 748 vs 2306 us on one thread; 1x1280 @ 1280x1000: 58
-  // vs 75 us).  A constant weight is reordered once either way.
-  const std::string impl = pd.impl_info_str();
-  if (wei_want.get_format_kind() == memory::format_kind::any && impl.rfind("gemm:", 0) == 0) {
-    pd = make(StridedDesc(wei_dims, {1, k}));
-  }
+  dnnl::matmul::primitive_desc pd = constant_weight ? MatmulForConstantWeight(make, wei_dims) : make(wei_view);
 
   return MakeAnchorKernel(ctx, "dense", std::move(pd), PlainDesc(src_dims), wei_view, bias_dims,
                           has_bias, dst_dims, epilogue);

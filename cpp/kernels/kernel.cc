@@ -67,6 +67,23 @@ memory::desc AnyDesc(const memory::dims& dims) {
   return memory::desc(dims, memory::data_type::f32, memory::format_tag::any);
 }
 
+dnnl::matmul::primitive_desc MatmulForConstantWeight(
+    const std::function<dnnl::matmul::primitive_desc(const memory::desc&)>& make, const memory::dims& wei_dims) {
+  dnnl::matmul::primitive_desc pd = make(AnyDesc(wei_dims));
+  if (std::string(pd.impl_info_str()).rfind("gemm:", 0) != 0 || wei_dims.size() < 2) return pd;
+  // Row-major strides with the last two dims swapped.
+  const size_t r = wei_dims.size();
+  memory::dims strides(r);
+  strides[r - 2] = 1;
+  strides[r - 1] = wei_dims[r - 2];
+  int64_t step = wei_dims[r - 2] * wei_dims[r - 1];
+  for (size_t i = r - 2; i-- > 0;) {
+    strides[i] = step;
+    step *= wei_dims[i];
+  }
+  return make(StridedDesc(wei_dims, strides));
+}
+
 bool IsPlain(const memory::desc& md) {
   return md.get_format_kind() == memory::format_kind::blocked && md == PlainDesc(md.get_dims());
 }

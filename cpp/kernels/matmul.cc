@@ -74,14 +74,18 @@ std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   }
   const memory::desc b_view = StridedDesc(b_dims, b_strides);
   const bool b_constant = ctx.input_constant.size() > 1 && ctx.input_constant[1];
-  const memory::desc b_want = b_constant ? AnyDesc(b_dims) : b_view;
   const memory::dims a_dims(as.begin(), as.end()), dst_dims(out_shape.begin(), out_shape.end());
   memory::dims bias_dims(rank, 1);
   bias_dims[rank - 1] = n;
 
-  dnnl::matmul::primitive_desc pd(ctx.engine, PlainDesc(a_dims), b_want,
-                                  has_bias ? PlainDesc(bias_dims) : memory::desc(),
-                                  PlainDesc(dst_dims), ctx.MakeAttr(epilogue));
+  // A constant b is reordered once into the layout matmul prefers; one that arrives at run time is
+  // read where it lies.
+  auto make = [&](const memory::desc& b) {
+    return dnnl::matmul::primitive_desc(ctx.engine, PlainDesc(a_dims), b,
+                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
+                                        ctx.MakeAttr(epilogue));
+  };
+  dnnl::matmul::primitive_desc pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
   return MakeAnchorKernel(ctx, "matmul", std::move(pd), PlainDesc(a_dims), b_view, bias_dims,
                           has_bias, dst_dims, epilogue);
 }

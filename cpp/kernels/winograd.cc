@@ -266,7 +266,11 @@ class WinogradConvKernel : public Kernel {
         m_dims{kPoints, shape.tiles(), shape.k};
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    gemm_ = dnnl::matmul::primitive_desc(ctx.engine, PlainDesc(v_dims), AnyDesc(u_dims), PlainDesc(m_dims), attr);
+    gemm_ = MatmulForConstantWeight(
+        [&](const memory::desc& u) {
+          return dnnl::matmul::primitive_desc(ctx.engine, PlainDesc(v_dims), u, PlainDesc(m_dims), attr);
+        },
+        u_dims);
     temps_ = {PlainDesc(v_dims), PlainDesc(m_dims)};
 
     const memory::dims src_dims{shape.n, shape.c, shape.h, shape.w}, dst_dims{shape.n, shape.k, shape.oh, shape.ow};
