@@ -483,7 +483,8 @@ def main(argv=None) -> int:
             out()
             out("In-module time: the step inside our region (per-step profile of the whole model run); bare: "
                 "the same convolution / matmul created directly with oneDNN (any layouts, weights reordered "
-                f"beforehand) and timed alone; each the best of {args.rounds} round(s). Efficiency = bare / in-module (target >= 85%). Rows marked "
+                f"beforehand) and timed alone; each the best of {args.rounds} round(s). Efficiency = bare / "
+                "in-module (target >= 85%). Rows marked "
                 "`winograd F(4x4,3x3)` run as our Winograd convolution (input transform + batched oneDNN matmul "
                 "+ output transform, summed): their GFLOP/s count the direct convolution's FLOPs and their bare "
                 "primitive is oneDNN's direct convolution, so an efficiency above 100% is what the algorithm "
