@@ -59,19 +59,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-template <typename Run>
-double TimeIt(Run&& run, int number, int repeat) {
-  for (int i = 0; i < 3; ++i) run();  // warm-up (first touches, caches)
-  std::vector<double> times;
-  for (int r = 0; r < std::max(1, repeat); ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < std::max(1, number); ++i) run();
-    const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start;
-    times.push_back(d.count() / std::max(1, number));
-  }
-  return Median(times);
-}
-
 /*! \brief A memory in md filled with small values (weights go through a reorder from plain). */
 memory Filled(const memory::desc& md, const dnnl::engine& eng, float value) {
   memory m(md, eng);
@@ -81,72 +68,154 @@ memory Filled(const memory::desc& md, const dnnl::engine& eng, float value) {
   return m;
 }
 
+/*! \brief One primitive with its own weights and bias, ready to execute. */
+struct Bare {
+  dnnl::primitive prim;
+  std::unordered_map<int, memory> args;
+  std::string impl;
+};
+
+/*! \brief src: the previous primitive's dst when it has the layout this one chose, else fresh. */
+void BindSrcDst(Bare* b, const memory::desc& src_md, const memory::desc& dst_md, const memory* prev_dst,
+                const dnnl::engine& eng) {
+  b->args[DNNL_ARG_SRC] = (prev_dst != nullptr && prev_dst->get_desc() == src_md) ? *prev_dst
+                                                                                   : Filled(src_md, eng, 0.5f);
+  b->args[DNNL_ARG_DST] = Filled(dst_md, eng, 0.f);
+}
+
+/*! \brief The weights (and bias) in the layout the primitive chose, reordered once from plain. */
+void BindWeights(Bare* b, const memory::desc& chosen, const memory::desc& plain, const memory::desc& bias_md,
+                 const dnnl::engine& eng, dnnl::stream& strm) {
+  memory wei(chosen, eng);
+  memory wei_user = Filled(plain, eng, 0.1f);
+  dnnl::reorder(wei_user, wei).execute(strm, wei_user, wei);
+  b->args[DNNL_ARG_WEIGHTS] = wei;
+  if (!bias_md.is_zero()) b->args[DNNL_ARG_BIAS] = Filled(bias_md, eng, 0.01f);
+}
+
+Bare MakeConv2D(const BareLayer& l, const dnnl::engine& eng, dnnl::stream& strm, const memory* prev_dst) {
+  const auto& x = l.data_shape;
+  const auto& w = l.weight_shape;
+  if (x.size() != 4 || w.size() != 4 || l.strides.size() != 2 || l.padding.size() != 4 ||
+      l.dilation.size() != 2 || l.groups < 1) {
+    TVM_FFI_THROW(ValueError) << "bare conv2d benchmark: expected 4-d data and weight shapes, 2 strides, "
+                              << "4 paddings, 2 dilations and groups >= 1";
+  }
+  const int64_t oh = (x[2] + l.padding[0] + l.padding[2] - ((w[2] - 1) * l.dilation[0] + 1)) / l.strides[0] + 1;
+  const int64_t ow = (x[3] + l.padding[1] + l.padding[3] - ((w[3] - 1) * l.dilation[1] + 1)) / l.strides[1] + 1;
+  const memory::dims src_dims{x[0], x[1], x[2], x[3]}, dst_dims{x[0], w[0], oh, ow};
+  memory::dims wei_dims{w[0], w[1], w[2], w[3]};
+  tag wei_plain = tag::oihw;
+  if (l.groups > 1) {
+    wei_dims = {l.groups, w[0] / l.groups, w[1], w[2], w[3]};
+    wei_plain = tag::goihw;
+  }
+  const memory::desc any_src(src_dims, dt::f32, tag::any), any_dst(dst_dims, dt::f32, tag::any);
+  const memory::desc any_wei(wei_dims, dt::f32, tag::any);
+  const memory::desc bias_md = l.bias ? memory::desc({w[0]}, dt::f32, tag::a) : memory::desc();
+  dnnl::convolution_forward::primitive_desc pd(
+      eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any_src, any_wei,
+      bias_md, any_dst, {l.strides[0], l.strides[1]}, {l.dilation[0] - 1, l.dilation[1] - 1},
+      {l.padding[0], l.padding[1]}, {l.padding[2], l.padding[3]}, Attr(l.activation, l.residual));
+  Bare b;
+  BindSrcDst(&b, pd.src_desc(), pd.dst_desc(), prev_dst, eng);
+  BindWeights(&b, pd.weights_desc(), memory::desc(wei_dims, dt::f32, wei_plain), bias_md, eng, strm);
+  b.prim = dnnl::convolution_forward(pd);
+  b.impl = pd.impl_info_str();
+  return b;
+}
+
+Bare MakeMatmul(const BareLayer& l, const dnnl::engine& eng, dnnl::stream& strm, const memory* prev_dst) {
+  if (l.m < 1 || l.k < 1 || l.n < 1) {
+    TVM_FFI_THROW(ValueError) << "bare matmul benchmark: expected m, k, n >= 1, got " << l.m << ", " << l.k
+                              << ", " << l.n;
+  }
+  const memory::desc src_md({l.m, l.k}, dt::f32, tag::ab), dst_md({l.m, l.n}, dt::f32, tag::ab);
+  const memory::desc any_wei({l.k, l.n}, dt::f32, tag::any);
+  const memory::desc bias_md = l.bias ? memory::desc({1, l.n}, dt::f32, tag::ab) : memory::desc();
+  dnnl::matmul::primitive_desc pd(eng, src_md, any_wei, bias_md, dst_md, Attr(l.activation, false));
+  Bare b;
+  BindSrcDst(&b, src_md, dst_md, prev_dst, eng);
+  BindWeights(&b, pd.weights_desc(), memory::desc({l.k, l.n}, dt::f32, tag::ab), bias_md, eng, strm);
+  b.prim = dnnl::matmul(pd);
+  b.impl = pd.impl_info_str();
+  return b;
+}
+
 }  // namespace
+
+std::vector<BareTiming> TimeBareChain(const std::vector<BareLayer>& layers, int threads, int number,
+                                      int repeat) {
+  if (layers.empty()) TVM_FFI_THROW(ValueError) << "bare benchmark: no layers";
+  OmpThreadsScope omp(threads);
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  std::vector<Bare> chain;
+  for (const BareLayer& l : layers) {
+    const memory* prev = chain.empty() ? nullptr : &chain.back().args.at(DNNL_ARG_DST);
+    if (l.op == "conv2d") {
+      chain.push_back(MakeConv2D(l, eng, strm, prev));
+    } else if (l.op == "dense") {
+      chain.push_back(MakeMatmul(l, eng, strm, prev));
+    } else {
+      TVM_FFI_THROW(ValueError) << "bare benchmark: unknown op '" << l.op << "' (expected conv2d or dense)";
+    }
+  }
+  strm.wait();
+  std::vector<double> window(chain.size());
+  auto pass = [&] {
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      chain[i].prim.execute(strm, chain[i].args);
+      strm.wait();
+      window[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  };
+  for (int i = 0; i < 3; ++i) pass();  // warm-up (first touches, caches)
+  const int passes = std::max(1, number);
+  std::vector<std::vector<double>> per_layer(chain.size());
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    std::fill(window.begin(), window.end(), 0.0);
+    for (int i = 0; i < passes; ++i) pass();
+    for (size_t k = 0; k < chain.size(); ++k) per_layer[k].push_back(window[k] / passes);
+  }
+  std::vector<BareTiming> out(chain.size());
+  for (size_t k = 0; k < chain.size(); ++k) {
+    out[k].seconds = Median(per_layer[k]);
+    out[k].impl = chain[k].impl;
+  }
+  return out;
+}
 
 BareTiming TimeBareConv2D(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
                           const std::vector<int64_t>& strides, const std::vector<int64_t>& padding,
                           const std::vector<int64_t>& dilation, int64_t groups, bool bias,
                           const std::string& activation, bool residual, int threads, int number,
                           int repeat) {
-  if (x.size() != 4 || w.size() != 4 || strides.size() != 2 || padding.size() != 4 ||
-      dilation.size() != 2 || groups < 1) {
-    TVM_FFI_THROW(ValueError) << "bare conv2d benchmark: bad shapes or attributes";
-  }
-  OmpThreadsScope omp(threads);
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  const int64_t oh = (x[2] + padding[0] + padding[2] - ((w[2] - 1) * dilation[0] + 1)) / strides[0] + 1;
-  const int64_t ow = (x[3] + padding[1] + padding[3] - ((w[3] - 1) * dilation[1] + 1)) / strides[1] + 1;
-  const memory::dims src_dims{x[0], x[1], x[2], x[3]}, dst_dims{x[0], w[0], oh, ow};
-  memory::dims wei_dims{w[0], w[1], w[2], w[3]};
-  tag wei_plain = tag::oihw;
-  if (groups > 1) {
-    wei_dims = {groups, w[0] / groups, w[1], w[2], w[3]};
-    wei_plain = tag::goihw;
-  }
-  const memory::desc any_src(src_dims, dt::f32, tag::any), any_dst(dst_dims, dt::f32, tag::any);
-  const memory::desc any_wei(wei_dims, dt::f32, tag::any);
-  const memory::desc bias_md = bias ? memory::desc({w[0]}, dt::f32, tag::a) : memory::desc();
-  dnnl::convolution_forward::primitive_desc pd(
-      eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any_src,
-      any_wei, bias_md, any_dst, {strides[0], strides[1]}, {dilation[0] - 1, dilation[1] - 1},
-      {padding[0], padding[1]}, {padding[2], padding[3]}, Attr(activation, residual));
-  memory src = Filled(pd.src_desc(), eng, 0.5f);
-  memory dst = Filled(pd.dst_desc(), eng, 0.f);
-  memory wei(pd.weights_desc(), eng);
-  memory wei_user = Filled(memory::desc(wei_dims, dt::f32, wei_plain), eng, 0.1f);
-  dnnl::reorder(wei_user, wei).execute(strm, wei_user, wei);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-  if (bias) args[DNNL_ARG_BIAS] = Filled(bias_md, eng, 0.01f);
-  dnnl::convolution_forward conv(pd);
-  strm.wait();
-  BareTiming t;
-  t.impl = pd.impl_info_str();
-  t.seconds = TimeIt([&] { conv.execute(strm, args); strm.wait(); }, number, repeat);
-  return t;
+  BareLayer l;
+  l.op = "conv2d";
+  l.data_shape = x;
+  l.weight_shape = w;
+  l.strides = strides;
+  l.padding = padding;
+  l.dilation = dilation;
+  l.groups = groups;
+  l.bias = bias;
+  l.activation = activation;
+  l.residual = residual;
+  return TimeBareChain({l}, threads, number, repeat)[0];
 }
 
 BareTiming TimeBareMatmul(int64_t m, int64_t k, int64_t n, bool bias, const std::string& activation,
                           int threads, int number, int repeat) {
-  OmpThreadsScope omp(threads);
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  const memory::desc src_md({m, k}, dt::f32, tag::ab), dst_md({m, n}, dt::f32, tag::ab);
-  const memory::desc any_wei({k, n}, dt::f32, tag::any);
-  const memory::desc bias_md = bias ? memory::desc({1, n}, dt::f32, tag::ab) : memory::desc();
-  dnnl::matmul::primitive_desc pd(eng, src_md, any_wei, bias_md, dst_md, Attr(activation, false));
-  memory src = Filled(src_md, eng, 0.5f), dst = Filled(dst_md, eng, 0.f);
-  memory wei(pd.weights_desc(), eng);
-  memory wei_user = Filled(memory::desc({k, n}, dt::f32, tag::ab), eng, 0.1f);
-  dnnl::reorder(wei_user, wei).execute(strm, wei_user, wei);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-  if (bias) args[DNNL_ARG_BIAS] = Filled(bias_md, eng, 0.01f);
-  dnnl::matmul mm(pd);
-  strm.wait();
-  BareTiming t;
-  t.impl = pd.impl_info_str();
-  t.seconds = TimeIt([&] { mm.execute(strm, args); strm.wait(); }, number, repeat);
-  return t;
+  BareLayer l;
+  l.op = "dense";
+  l.m = m;
+  l.k = k;
+  l.n = n;
+  l.bias = bias;
+  l.activation = activation;
+  return TimeBareChain({l}, threads, number, repeat)[0];
 }
 
 }  // namespace byoc_hetero

@@ -1,13 +1,16 @@
 /*!
  * \file bench_primitives.h
- * \brief Bare oneDNN primitives timed on their own, written straight against the oneDNN API
- *        (no region graph, no planner, no kernels/ code): the reference the benchmark compares
+ * \brief Bare oneDNN primitives, timed alone or chained, written straight against the oneDNN API
+ *        (no region graph, no planner, no kernels/ code): the references the benchmark compares
  *        the offloaded convolutions and dense layers with.
  *
- * Each function creates the primitive the way a oneDNN user would (format_tag::any for src,
- * weights and dst, forward_inference, the same post-ops), reorders the weights once, allocates
- * src/dst in the chosen layouts, runs `warmup` executions, then returns the median of `repeat`
- * timings of `number` back-to-back executions each (seconds per execution).
+ * Each primitive is created the way a oneDNN user would (format_tag::any for src, weights and
+ * dst, forward_inference, the same post-ops), its weights reordered once, src/dst allocated in
+ * the chosen layouts.  A chain runs its primitives one after the other, each reading the previous
+ * one's dst when the layouts agree: a layer finds its input where the previous layer left it and
+ * its weights wherever the other layers' traffic left them, as in a network.  A single primitive
+ * is a chain of one: its data stay hot in cache.  After 3 warm-up passes, each layer's time is the
+ * median over `repeat` windows of the mean over `number` passes (seconds per execution).
  */
 #ifndef BYOC_HETERO_BENCH_PRIMITIVES_H_
 #define BYOC_HETERO_BENCH_PRIMITIVES_H_
@@ -23,7 +26,22 @@ struct BareTiming {
   std::string impl;    // oneDNN implementation name
 };
 
-/*! \brief conv2d NCHW/OIHW; activation "none"|"relu"|... (as in the region format); residual: sum post-op. */
+/*! \brief One layer of a chain: conv2d (data/weight shapes and attributes) or dense ([m,k] x [k,n]). */
+struct BareLayer {
+  std::string op;  // "conv2d" | "dense"
+  std::vector<int64_t> data_shape, weight_shape, strides{1, 1}, padding{0, 0, 0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+  int64_t m = 0, k = 0, n = 0;
+  bool bias = false;
+  std::string activation = "none";
+  bool residual = false;  // conv2d: sum post-op
+};
+
+/*! \brief The layers run in order as bare primitives; one timing per layer. */
+std::vector<BareTiming> TimeBareChain(const std::vector<BareLayer>& layers, int threads, int number,
+                                      int repeat);
+
+/*! \brief One conv2d alone (a chain of one): NCHW/OIHW; activation "none"|"relu"|... (as in the region format); residual: sum post-op. */
 BareTiming TimeBareConv2D(const std::vector<int64_t>& data_shape,
                           const std::vector<int64_t>& weight_shape,
                           const std::vector<int64_t>& strides, const std::vector<int64_t>& padding,
@@ -31,7 +49,7 @@ BareTiming TimeBareConv2D(const std::vector<int64_t>& data_shape,
                           const std::string& activation, bool residual, int threads, int number,
                           int repeat);
 
-/*! \brief [M, K] x [K, N] matmul with optional bias/activation. */
+/*! \brief One [M, K] x [K, N] matmul alone (a chain of one), with optional bias/activation. */
 BareTiming TimeBareMatmul(int64_t m, int64_t k, int64_t n, bool bias, const std::string& activation,
                           int threads, int number, int repeat);
 

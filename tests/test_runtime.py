@@ -1150,3 +1150,27 @@ def test_winograd_chain_with_direct_neighbours_and_profile(monkeypatch):
     assert again[f"__init_{r.symbol}"]([tvm.runtime.tensor(v) for v in r.const_values]) == 0
     (got2,) = r.run(again, x)
     assert_close(got2, want)
+
+
+def test_bare_chain_times_each_layer_and_rejects_bad_layers():
+    """The benchmark's bare-oneDNN reference (bench/run.py): one timing per layer of a chain."""
+    conv = dict(op="conv2d", data_shape=[1, 8, 10, 10], weight_shape=[16, 8, 3, 3], padding=[1, 1, 1, 1],
+                bias=True, activation="relu")
+    conv2 = dict(conv, data_shape=[1, 16, 10, 10], weight_shape=[16, 16, 1, 1], padding=[0, 0, 0, 0],
+                 residual=True)
+    dense = dict(op="dense", m=2, k=32, n=8, bias=False, activation="none")
+    out = _C.bench_chain([conv, conv2, dense], threads=1, number=2, repeat=3)
+    assert len(out) == 3
+    for seconds, impl in out:
+        assert 0 < seconds < 1 and impl
+    alone_s, alone_impl = _C.bench_conv2d([1, 8, 10, 10], [16, 8, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1,
+                                          True, "relu", False, 1, 2, 3)
+    assert 0 < alone_s < 1 and alone_impl == out[0][1]
+    with pytest.raises(ValueError, match="unknown op 'pool2d'"):
+        _C.bench_chain([dict(op="pool2d")])
+    with pytest.raises(ValueError, match="4-d data and weight shapes"):
+        _C.bench_chain([dict(conv, weight_shape=[16, 8, 3])])
+    with pytest.raises(ValueError, match="m, k, n >= 1"):
+        _C.bench_chain([dict(dense, k=0)])
+    with pytest.raises(ValueError, match="no layers"):
+        _C.bench_chain([])
