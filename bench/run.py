@@ -14,9 +14,10 @@ multiply-add), latency ratios against byoc-hetero, and the largest relative diff
 output from byoc-hetero's (all must agree to 1e-3).
 
 Two more tables (``--no-kernels`` skips them): every offloaded convolution / dense layer as it
-runs inside our module (per-step profile) against the bare oneDNN primitive on the same shape
-(created directly with oneDNN, format_tag::any, weights pre-reordered; see cpp/bench_primitives.cc),
-and the per-call overhead of an offloaded region (a tiny dense region called from C++ in a loop,
+runs inside our module (per-step profile) against two references built directly with oneDNN
+(format_tag::any, weights pre-reordered; see cpp/bench_primitives.cc): the bare primitive on the
+same shape timed alone (hot in cache), and all the model's bare primitives chained in its order
+(the caches as a network leaves them); and the per-call overhead of an offloaded region (a tiny dense region called from C++ in a loop,
 minus the bare primitive; and through the Relax VM).
 """
 

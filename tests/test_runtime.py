@@ -252,6 +252,40 @@ def test_conv_conv_chain_keeps_blocked_intermediate():
     assert sum("reorder" not in line and "output tensor" not in line for line in run_steps) == 2
 
 
+def test_mobilenet_block_follows_a_channel_blocked_input():
+    """Stem conv -> depthwise 3x3 + relu6 -> 1x1 projection -> 1x1 expansion + residual, as in
+    MobileNetV2. Without AVX-512 the 1x1 and depthwise convs keep the blocked layout the stem
+    writes (oneDNN's jit kernels for it), with no reorder between them."""
+    r = Region("mbv2_block")
+    x = rand(1, 3, 18, 18)
+    ws, bs = rand(16, 3, 3, 3), rand(16)
+    wd, bd = rand(16, 1, 3, 3), rand(16)
+    wp, bp = rand(8, 16, 1, 1), rand(8)
+    we, be = rand(16, 8, 1, 1), rand(16)
+    stem = r.node("conv2d", [r.input(x.shape), r.const(ws), r.const(bs)], (1, 16, 9, 9),
+                  strides=[2, 2], padding=[1, 1, 1, 1], has_bias=1, activation="relu")
+    dw = r.node("conv2d", [stem, r.const(wd), r.const(bd)], (1, 16, 9, 9), padding=[1, 1, 1, 1], groups=16,
+                has_bias=1, activation="clip", clip=[0.0, 6.0])
+    proj = r.node("conv2d", [dw, r.const(wp), r.const(bp)], (1, 8, 9, 9), has_bias=1)
+    y = r.node("conv2d", [proj, r.const(we), r.const(be), stem], (1, 16, 9, 9), has_bias=1, residual=1)
+    r.outputs = [y]
+    mod = r.module()
+    (got,) = r.run(mod, x)
+    s_ref = conv2d_ref(x, ws, bs, strides=(2, 2), padding=(1, 1, 1, 1), relu=True)
+    d_ref = np.clip(conv2d_ref(s_ref, wd, bd, padding=(1, 1, 1, 1), groups=16), 0, 6)
+    p_ref = conv2d_ref(d_ref, wp, bp)
+    assert_close(got, conv2d_ref(p_ref, we, be) + s_ref)
+    run_steps = [line for line in mod["get_plan"]() if line.startswith("run")]
+    convs = [line for line in run_steps if "(conv2d) |" in line]
+    assert len(convs) == 4, run_steps
+    if "avx512" not in _C.isa():
+        assert convs[0].endswith("dst=[1,16,9,9]:aBcd8b"), convs[0]
+        for line in convs[1:]:
+            assert "src=[1,16,9,9]:aBcd8b" in line or "src=[1,8,9,9]:aBcd8b" in line, line
+            assert "jit_" in line and "ref" not in line, line
+        assert not any("reorder" in line for line in run_steps[1:-1]), run_steps
+
+
 def test_multi_output_region_and_intermediate_output():
     """An intermediate that is also a region output; two outputs in a given order."""
     r = Region("two_outputs")

@@ -159,6 +159,28 @@ memory::desc KernelContext::InputLayout(size_t k) const {
   return PlainDesc(dims);
 }
 
+bool IsaHasAvx512() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core:
+    case dnnl::cpu_isa::avx512_core_vnni:
+    case dnnl::cpu_isa::avx512_core_bf16:
+    case dnnl::cpu_isa::avx512_core_fp16:
+    case dnnl::cpu_isa::avx512_core_amx:
+    case dnnl::cpu_isa::avx512_core_amx_fp16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {
+  if (md.get_ndims() != 4 || md.get_data_type() != memory::data_type::f32) return std::nullopt;
+  for (memory::format_tag tag : {memory::format_tag::aBcd8b, memory::format_tag::aBcd16b}) {
+    if (md == memory::desc(md.get_dims(), memory::data_type::f32, tag)) return tag;
+  }
+  return std::nullopt;
+}
+
 const std::vector<std::string>& ActivationNames() {
   static const std::vector<std::string> names = {"none", "relu",      "clip",     "sigmoid",
                                                  "tanh", "gelu_erf", "gelu_tanh", "silu"};

@@ -32,6 +32,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +149,12 @@ struct KernelContext {
   dnnl::primitive_attr MakeAttr(const Epilogue& epilogue) const;
   dnnl::primitive_attr MakeAttr() const { return MakeAttr(Epilogue{}); }
 };
+
+/*! \brief Whether oneDNN dispatches AVX-512 (avx512_core or later) kernels on this machine. */
+bool IsaHasAvx512();
+
+/*! \brief aBcd8b / aBcd16b when md is a 4-d f32 tensor in that channel-blocked layout. */
+std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md);
 
 /*! \brief The activation names the runtime knows, in the order messages list them. */
 const std::vector<std::string>& ActivationNames();
