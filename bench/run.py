@@ -17,8 +17,8 @@ Two more tables (``--no-kernels`` skips them): every offloaded convolution / den
 runs inside our module (per-step profile) against two references built directly with oneDNN
 (format_tag::any, weights pre-reordered; see cpp/bench_primitives.cc): the bare primitive on the
 same shape timed alone (hot in cache), and all the model's bare primitives chained in its order
-(the caches as a network leaves them); and the per-call overhead of an offloaded region (a tiny dense region called from C++ in a loop,
-minus the bare primitive; and through the Relax VM).
+(the caches as a network leaves them); and the per-call overhead of an offloaded region (a tiny
+dense region called from C++ in a loop, minus the bare primitive; and through the Relax VM).
 """
 
 from __future__ import annotations
@@ -233,8 +233,8 @@ def kernels_worker(args) -> dict:
             ours[key].append(per_node[key]["seconds"])
             seconds, row["bare_impl"] = _C.bench_chain([layer], args.threads, 20, 1)[0]
             alone[key].append(seconds)
-        for (key, _, _), (seconds, _) in zip(layers, _C.bench_chain([l for _, _, l in layers], args.threads,
-                                                                     window, 1)):
+        chain = _C.bench_chain([layer for _, _, layer in layers], args.threads, window, 1)
+        for (key, _, _), (seconds, _) in zip(layers, chain):
             chained[key].append(seconds)
     rows = [dict(row, ours_s=float(np.median(ours[key])), bare_s=float(np.median(alone[key])),
                  chain_s=float(np.median(chained[key])))
@@ -268,7 +268,7 @@ def overhead_worker(args) -> dict:
     time_call = tvm.get_global_func("byoc_hetero.runtime.time_call")
     number = 20000
     region_s = float(np.median([time_call(fn, [x, y], number) for _ in range(7)]))
-    bare_s = _C.bench_matmul(1, k, n, False, "none", args.threads, number, 7)[0]
+    bare_s = _C.bench_chain([dict(op="dense", m=1, k=k, n=n)], args.threads, number, 7)[0][0]
     evaluator = vm.time_evaluator("main", tvm.cpu(), number=2000, repeat=7)
     vm_s = float(np.median(evaluator(x).results))
     return {"region_call_s": region_s, "bare_primitive_s": bare_s, "overhead_s": region_s - bare_s,

@@ -187,35 +187,4 @@ std::vector<BareTiming> TimeBareChain(const std::vector<BareLayer>& layers, int 
   return out;
 }
 
-BareTiming TimeBareConv2D(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
-                          const std::vector<int64_t>& strides, const std::vector<int64_t>& padding,
-                          const std::vector<int64_t>& dilation, int64_t groups, bool bias,
-                          const std::string& activation, bool residual, int threads, int number,
-                          int repeat) {
-  BareLayer l;
-  l.op = "conv2d";
-  l.data_shape = x;
-  l.weight_shape = w;
-  l.strides = strides;
-  l.padding = padding;
-  l.dilation = dilation;
-  l.groups = groups;
-  l.bias = bias;
-  l.activation = activation;
-  l.residual = residual;
-  return TimeBareChain({l}, threads, number, repeat)[0];
-}
-
-BareTiming TimeBareMatmul(int64_t m, int64_t k, int64_t n, bool bias, const std::string& activation,
-                          int threads, int number, int repeat) {
-  BareLayer l;
-  l.op = "dense";
-  l.m = m;
-  l.k = k;
-  l.n = n;
-  l.bias = bias;
-  l.activation = activation;
-  return TimeBareChain({l}, threads, number, repeat)[0];
-}
-
 }  // namespace byoc_hetero

@@ -37,21 +37,9 @@ struct BareLayer {
   bool residual = false;  // conv2d: sum post-op
 };
 
-/*! \brief The layers run in order as bare primitives; one timing per layer. */
+/*! \brief The layers run in order as bare primitives; one timing per layer (a single layer: alone). */
 std::vector<BareTiming> TimeBareChain(const std::vector<BareLayer>& layers, int threads, int number,
                                       int repeat);
-
-/*! \brief One conv2d alone (a chain of one): NCHW/OIHW; activation "none"|"relu"|... (as in the region format); residual: sum post-op. */
-BareTiming TimeBareConv2D(const std::vector<int64_t>& data_shape,
-                          const std::vector<int64_t>& weight_shape,
-                          const std::vector<int64_t>& strides, const std::vector<int64_t>& padding,
-                          const std::vector<int64_t>& dilation, int64_t groups, bool bias,
-                          const std::string& activation, bool residual, int threads, int number,
-                          int repeat);
-
-/*! \brief One [M, K] x [K, N] matmul alone (a chain of one), with optional bias/activation. */
-BareTiming TimeBareMatmul(int64_t m, int64_t k, int64_t n, bool bias, const std::string& activation,
-                          int threads, int number, int repeat);
 
 }  // namespace byoc_hetero
 

@@ -106,36 +106,6 @@ PYBIND11_MODULE(_C, m) {
       "max_active_threads.");
   m.def("reset_concurrency_stats", &byoc_hetero::ResetConcurrencyStats);
   m.def(
-      "bench_conv2d",
-      [](std::vector<int64_t> data_shape, std::vector<int64_t> weight_shape, std::vector<int64_t> strides,
-         std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups, bool bias,
-         std::string activation, bool residual, int threads, int number, int repeat) {
-        py::gil_scoped_release release;
-        auto t = byoc_hetero::TimeBareConv2D(data_shape, weight_shape, strides, padding, dilation,
-                                             groups, bias, activation, residual, threads, number,
-                                             repeat);
-        return std::make_pair(t.seconds, t.impl);
-      },
-      py::arg("data_shape"), py::arg("weight_shape"), py::arg("strides"), py::arg("padding"),
-      py::arg("dilation"), py::arg("groups") = 1, py::arg("bias") = true,
-      py::arg("activation") = "none", py::arg("residual") = false, py::arg("threads") = 1,
-      py::arg("number") = 10, py::arg("repeat") = 5,
-      "Median seconds per execution of a bare oneDNN convolution (any layouts, weights "
-      "pre-reordered) and its implementation name.");
-  m.def(
-      "bench_matmul",
-      [](int64_t m_, int64_t k, int64_t n, bool bias, std::string activation, int threads, int number,
-         int repeat) {
-        py::gil_scoped_release release;
-        auto t = byoc_hetero::TimeBareMatmul(m_, k, n, bias, activation, threads, number, repeat);
-        return std::make_pair(t.seconds, t.impl);
-      },
-      py::arg("m"), py::arg("k"), py::arg("n"), py::arg("bias") = true,
-      py::arg("activation") = "none", py::arg("threads") = 1, py::arg("number") = 10,
-      py::arg("repeat") = 5,
-      "Median seconds per execution of a bare oneDNN [M,K]x[K,N] matmul and its implementation.");
-
-  m.def(
       "bench_chain",
       [](const std::vector<py::dict>& layers, int threads, int number, int repeat) {
         std::vector<byoc_hetero::BareLayer> chain;

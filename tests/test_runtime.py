@@ -1197,8 +1197,7 @@ def test_bare_chain_times_each_layer_and_rejects_bad_layers():
     assert len(out) == 3
     for seconds, impl in out:
         assert 0 < seconds < 1 and impl
-    alone_s, alone_impl = _C.bench_conv2d([1, 8, 10, 10], [16, 8, 3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1,
-                                          True, "relu", False, 1, 2, 3)
+    ((alone_s, alone_impl),) = _C.bench_chain([conv], threads=1, number=2, repeat=3)
     assert 0 < alone_s < 1 and alone_impl == out[0][1]
     with pytest.raises(ValueError, match="unknown op 'pool2d'"):
         _C.bench_chain([dict(op="pool2d")])
