@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tvm/ffi/error.h>
 
+#include <set>
 #include <string>
 
 #include "bench_primitives.h"
@@ -110,6 +111,14 @@ PYBIND11_MODULE(_C, m) {
       [](const std::vector<py::dict>& layers, int threads, int number, int repeat) {
         std::vector<byoc_hetero::BareLayer> chain;
         for (const py::dict& d : layers) {
+          static const std::set<std::string> known = {"op", "data_shape", "weight_shape", "strides",
+                                                      "padding", "dilation", "groups", "m", "k", "n",
+                                                      "bias", "activation", "residual"};
+          for (const auto& item : d) {
+            const std::string key = py::str(item.first);
+            if (!known.count(key)) throw py::value_error("bench_chain: unknown layer key '" + key + "'");
+          }
+          if (!d.contains("op")) throw py::value_error("bench_chain: a layer needs 'op' (conv2d or dense)");
           byoc_hetero::BareLayer l;
           l.op = d["op"].cast<std::string>();
           auto ints = [&](const char* key, std::vector<int64_t>* out) {
