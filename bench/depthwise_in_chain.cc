@@ -3,10 +3,12 @@
  * \brief MobileNetV2's expand-1x1 -> depthwise-3x3 -> project-1x1, as bare oneDNN primitives chained in C++
  *        (no byoc-hetero), timing each step in the chain and the depthwise step alone, hot in cache.
  *
- * Why: the per-kernel table of bench/run.py compares each conv inside our module with the bare
- * primitive timed alone; MobileNetV2's depthwise convs reach only 40-85% there. This program shows
- * the same ratio without our module (the depthwise step reads what the 1x1 conv just wrote, split
- * differently across the cores), and that running the depthwise step on one thread does not help.
+ * Why: it was written when the per-kernel table of bench/run.py compared each conv inside our
+ * module only with the bare primitive timed alone, where MobileNetV2's depthwise convs (then on
+ * nhwc) reached 40-85%. It shows the same ratio without our module (the depthwise step reads what
+ * the 1x1 conv just wrote, split differently across the cores), and that running the depthwise
+ * step on one thread does not help. The table's *chained* column now measures this for every
+ * layer; this program remains for the one-thread depthwise experiment.
  *
  *   P=$(python3 -c "import sys; print(sys.prefix)")   # onednn-devel-cpu-gomp installs the headers there
  *   g++ -O2 -fopenmp -std=c++17 bench/depthwise_in_chain.cc -I$P/include -L$P/lib -ldnnl \

@@ -1207,6 +1207,8 @@ def test_bare_chain_times_each_layer_and_rejects_bad_layers():
         _C.bench_chain([dict(dense, k=0)])
     with pytest.raises(ValueError, match="no layers"):
         _C.bench_chain([])
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        _C.bench_chain([dict(dense, activation="swish")])
     with pytest.raises(ValueError, match="unknown layer key 'stride'"):
         _C.bench_chain([dict(conv, stride=[2, 2])])
     with pytest.raises(ValueError, match="needs 'op'"):
