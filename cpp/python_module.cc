@@ -15,6 +15,7 @@
 #include <string>
 
 #include "bench_primitives.h"
+#include "enums.h"
 #include "kernels/kernel.h"
 #include "region_graph.h"
 #include "threading.h"
@@ -72,6 +73,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("isa", []() { return IsaName(dnnl::get_effective_cpu_isa()); },
         "Effective CPU ISA oneDNN dispatches to (e.g. 'avx512_core').");
   m.def("kernels", &byoc_hetero::SupportedOps, "Node ops the runtime can execute.");
+  m.def("activation_names", &byoc_hetero::ActivationNames,
+        "Activation names a region's activation/algorithm attrs may take ('none' first).");
+  m.def("enum_names", &byoc_hetero::EnumNames,
+        "Every string enum of the region format: {'activation', 'pool_algorithm', "
+        "'binary_algorithm', 'dense_weight_layout'} -> names.");
   m.def(
       "validate",
       [](const std::string& graph_json) {
@@ -113,7 +119,7 @@ PYBIND11_MODULE(_C, m) {
         for (const py::dict& d : layers) {
           static const std::set<std::string> known = {"op", "data_shape", "weight_shape", "strides",
                                                       "padding", "dilation", "groups", "m", "k", "n",
-                                                      "bias", "activation", "residual"};
+                                                      "bias", "activation", "clip", "residual"};
           for (const auto& item : d) {
             const std::string key = py::str(item.first);
             if (!known.count(key)) throw py::value_error("bench_chain: unknown layer key '" + key + "'");
@@ -135,6 +141,7 @@ PYBIND11_MODULE(_C, m) {
           if (d.contains("n")) l.n = d["n"].cast<int64_t>();
           if (d.contains("bias")) l.bias = d["bias"].cast<bool>();
           if (d.contains("activation")) l.activation = d["activation"].cast<std::string>();
+          if (d.contains("clip")) l.clip = d["clip"].cast<std::vector<double>>();
           if (d.contains("residual")) l.residual = d["residual"].cast<bool>();
           chain.push_back(std::move(l));
         }

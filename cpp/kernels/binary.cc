@@ -16,7 +16,7 @@ namespace byoc_hetero {
 
 std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
-  const std::string alg_name = attrs.Choice("algorithm", {"add", "mul"}, "");
+  const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(BinaryAlgorithms()), "");
   Epilogue epilogue;
   epilogue.act = ctx.ReadActivation(attrs);
   attrs.CheckNoUnknown();
@@ -59,7 +59,7 @@ std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   const memory::desc src1 = other_dims == dst_dims ? src0 : PlainDesc(other_dims);
 
   dnnl::binary::primitive_desc pd(
-      ctx.engine, alg_name == "add" ? dnnl::algorithm::binary_add : dnnl::algorithm::binary_mul,
+      ctx.engine, *FindEnum(BinaryAlgorithms(), alg_name),
       src0, src1, AnyDesc(dst_dims), ctx.MakeAttr(epilogue));
   std::vector<OperandLayout> inputs(2);
   std::vector<int> args(2);

@@ -181,41 +181,22 @@ std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {
   return std::nullopt;
 }
 
-const std::vector<std::string>& ActivationNames() {
-  static const std::vector<std::string> names = {"none", "relu",      "clip",     "sigmoid",
-                                                 "tanh", "gelu_erf", "gelu_tanh", "silu"};
-  return names;
-}
-
 Activation KernelContext::ReadActivation(AttrReader& attrs, const char* key,
                                          const char* clip_key) const {
   Activation a;
   a.name = attrs.Choice(key, ActivationNames(), "none");
-  using dnnl::algorithm;
-  if (a.name == "relu") {
-    a.alg = algorithm::eltwise_relu;
-  } else if (a.name == "clip") {
+  const ActivationSpec& spec = *FindEnum(Activations(), a.name);
+  a.alg = spec.alg;
+  a.alpha = spec.alpha;
+  if (spec.bounded) {
     if (!attrs.Has(clip_key)) attrs.Fail(clip_key, std::string("missing (required when ") + key + " is \"clip\")");
     std::vector<double> bounds = attrs.Floats(clip_key, 2, {});
     if (!std::isfinite(bounds[0]) || !std::isfinite(bounds[1]) || bounds[0] > bounds[1]) {
       attrs.Fail(clip_key, "expected finite [min, max] with min <= max");
     }
-    a.alg = algorithm::eltwise_clip;
     a.alpha = static_cast<float>(bounds[0]);
     a.beta = static_cast<float>(bounds[1]);
-  } else if (a.name == "sigmoid") {
-    a.alg = algorithm::eltwise_logistic;
-  } else if (a.name == "tanh") {
-    a.alg = algorithm::eltwise_tanh;
-  } else if (a.name == "gelu_erf") {
-    a.alg = algorithm::eltwise_gelu_erf;
-  } else if (a.name == "gelu_tanh") {
-    a.alg = algorithm::eltwise_gelu_tanh;
-  } else if (a.name == "silu") {
-    a.alg = algorithm::eltwise_swish;
-    a.alpha = 1.f;
-  }
-  if (a.name != "clip" && attrs.Has(clip_key)) {
+  } else if (attrs.Has(clip_key)) {
     attrs.Fail(clip_key, std::string("only allowed when ") + key + " is \"clip\"");
   }
   return a;

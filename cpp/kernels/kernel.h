@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "../enums.h"
 #include "../region_graph.h"
 
 namespace byoc_hetero {
@@ -155,9 +156,6 @@ bool IsaHasAvx512();
 
 /*! \brief aBcd8b / aBcd16b when md is a 4-d f32 tensor in that channel-blocked layout. */
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md);
-
-/*! \brief The activation names the runtime knows, in the order messages list them. */
-const std::vector<std::string>& ActivationNames();
 
 class Kernel {
  public:
