@@ -14,7 +14,7 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(BinaryAlgorithms()), "");
   Epilogue epilogue;
@@ -71,5 +71,7 @@ std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   return std::make_unique<PrimitiveKernel>(ctx.where(), "binary", std::move(pd), std::move(args),
                                            std::move(inputs), std::move(output));
 }
+
+BYOC_HETERO_REGISTER_KERNEL("binary", BuildBinary);
 
 }  // namespace byoc_hetero

@@ -1,6 +1,6 @@
 /*!
  * \file kernels/kernel.cc
- * \brief Shared kernel helpers and the op registry.
+ * \brief Shared kernel helpers and the op registry (filled by BYOC_HETERO_REGISTER_KERNEL).
  */
 #include "kernel.h"
 
@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -15,37 +18,31 @@
 namespace byoc_hetero {
 
 // ---------------------------------------------------------------------------------------------
-// Registry: add new ops here (one line each).
+// Registry
 
 namespace {
-struct RegistryEntry {
-  const char* op;
-  KernelBuilder builder;
-};
-constexpr RegistryEntry kRegistry[] = {
-    {"conv2d", &BuildConv2D},
-    {"dense", &BuildDense},
-    {"matmul", &BuildMatmul},
-    {"pool2d", &BuildPool2D},
-    {"eltwise", &BuildEltwise},
-    {"binary", &BuildBinary},
-    {"softmax", &BuildSoftmax},
-    {"reshape", &BuildReshape},
-    {"bn_fold_weight", &BuildBatchNormFoldWeight},
-    {"bn_fold_bias", &BuildBatchNormFoldBias},
-};
+/*! \brief op -> builder; filled by the registrars while the library loads, read-only afterwards. */
+std::map<std::string, KernelBuilder>& Registry() {
+  static std::map<std::string, KernelBuilder> registry;
+  return registry;
+}
 }  // namespace
 
-KernelBuilder FindKernelBuilder(const std::string& op) {
-  for (const auto& e : kRegistry) {
-    if (op == e.op) return e.builder;
+KernelRegistrar::KernelRegistrar(const char* op, KernelBuilder builder) {
+  if (!Registry().emplace(op, builder).second) {
+    std::fprintf(stderr, "byoc_hetero: two kernels registered for op '%s'\n", op);
+    std::abort();
   }
-  return nullptr;
+}
+
+KernelBuilder FindKernelBuilder(const std::string& op) {
+  auto it = Registry().find(op);
+  return it == Registry().end() ? nullptr : it->second;
 }
 
 std::vector<std::string> SupportedOps() {
   std::vector<std::string> ops;
-  for (const auto& e : kRegistry) ops.emplace_back(e.op);
+  for (const auto& entry : Registry()) ops.push_back(entry.first);
   return ops;
 }
 

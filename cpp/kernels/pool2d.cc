@@ -15,7 +15,7 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(PoolAlgorithms()), "");
   if (!attrs.Has("kernel")) attrs.Fail("kernel", "missing (required, [kh, kw])");
@@ -75,5 +75,7 @@ std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
                                            std::vector<int>{DNNL_ARG_SRC}, std::move(inputs),
                                            std::move(output));
 }
+
+BYOC_HETERO_REGISTER_KERNEL("pool2d", BuildPool2D);
 
 }  // namespace byoc_hetero

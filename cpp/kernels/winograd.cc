@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernel.h"
+#include "winograd.h"
 
 namespace byoc_hetero {
 
