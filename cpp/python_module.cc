@@ -12,14 +12,14 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tvm/ffi/error.h>
 
-#include <set>
+#include <optional>
 #include <string>
 
-#include "bench_primitives.h"
 #include "enums.h"
 #include "kernels/kernel.h"
 #include "executor.h"
 #include "planner.h"
+#include "py_errors.h"
 #include "region_graph.h"
 #include "threading.h"
 
@@ -208,62 +208,5 @@ PYBIND11_MODULE(_C, m) {
       "Counters of the admission gate since the last reset: calls, waited, max_active, "
       "max_active_threads.");
   m.def("reset_concurrency_stats", &byoc_hetero::ResetConcurrencyStats);
-  m.def(
-      "bench_chain",
-      [](const std::vector<py::dict>& layers, int threads, int number, int repeat) {
-        std::vector<byoc_hetero::BareLayer> chain;
-        for (const py::dict& d : layers) {
-          static const std::set<std::string> known = {"op", "data_shape", "weight_shape", "strides",
-                                                      "padding", "dilation", "groups", "m", "k", "n",
-                                                      "bias", "activation", "clip", "residual"};
-          for (const auto& item : d) {
-            const std::string key = py::str(item.first);
-            if (!known.count(key)) throw py::value_error("bench_chain: unknown layer key '" + key + "'");
-          }
-          if (!d.contains("op")) throw py::value_error("bench_chain: a layer needs 'op' (conv2d or dense)");
-          byoc_hetero::BareLayer l;
-          l.op = d["op"].cast<std::string>();
-          auto ints = [&](const char* key, std::vector<int64_t>* out) {
-            if (d.contains(key)) *out = d[key].cast<std::vector<int64_t>>();
-          };
-          ints("data_shape", &l.data_shape);
-          ints("weight_shape", &l.weight_shape);
-          ints("strides", &l.strides);
-          ints("padding", &l.padding);
-          ints("dilation", &l.dilation);
-          if (d.contains("groups")) l.groups = d["groups"].cast<int64_t>();
-          if (d.contains("m")) l.m = d["m"].cast<int64_t>();
-          if (d.contains("k")) l.k = d["k"].cast<int64_t>();
-          if (d.contains("n")) l.n = d["n"].cast<int64_t>();
-          if (d.contains("bias")) l.bias = d["bias"].cast<bool>();
-          if (d.contains("activation")) l.activation = d["activation"].cast<std::string>();
-          if (d.contains("clip")) l.clip = d["clip"].cast<std::vector<double>>();
-          if (d.contains("residual")) l.residual = d["residual"].cast<bool>();
-          chain.push_back(std::move(l));
-        }
-        py::gil_scoped_release release;
-        std::vector<std::pair<double, std::string>> out;
-        for (const auto& t : byoc_hetero::TimeBareChain(chain, threads, number, repeat)) {
-          out.emplace_back(t.seconds, t.impl);
-        }
-        return out;
-      },
-      py::arg("layers"), py::arg("threads") = 1, py::arg("number") = 10, py::arg("repeat") = 5,
-      "Bare oneDNN primitives run one after the other (each reading the previous one's output "
-      "where the layouts agree), as in a network: per layer the median seconds per execution and "
-      "the implementation name. A layer is a dict: op 'conv2d' (data_shape, weight_shape, strides, "
-      "padding, dilation, groups, bias, activation, residual) or 'dense' (m, k, n, bias, activation).");
-
-  // tvm::ffi::Error derives from std::exception; report ValueErrors as Python ValueError.
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const tvm::ffi::Error& e) {
-      if (e.kind() == "ValueError") {
-        PyErr_SetString(PyExc_ValueError, e.message().c_str());
-      } else {
-        PyErr_SetString(PyExc_RuntimeError, (e.kind() + ": " + e.message()).c_str());
-      }
-    }
-  });
+  byoc_hetero::RegisterFfiErrorTranslator();
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -1202,34 +1203,51 @@ def test_winograd_chain_with_direct_neighbours_and_profile(monkeypatch):
     assert_close(got2, want)
 
 
-def test_bare_chain_times_each_layer_and_rejects_bad_layers():
+@pytest.fixture(scope="module")
+def bench_module(tmp_path_factory):
+    """The benchmark's native module (not shipped in the package), built once from this checkout."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import native
+
+    missing = native.missing_tools()
+    if missing:
+        pytest.skip(f"cannot build bench/native.py's _bench here: missing {', '.join(missing)}")
+    return native.load(str(tmp_path_factory.mktemp("build-bench")))
+
+
+def test_bare_chain_times_each_layer_and_rejects_bad_layers(bench_module):
     """The benchmark's bare-oneDNN reference (bench/run.py): one timing per layer of a chain."""
+    assert not hasattr(_C, "bench_chain")  # benchmark code is not in the shipped extension
     conv = dict(op="conv2d", data_shape=[1, 8, 10, 10], weight_shape=[16, 8, 3, 3], padding=[1, 1, 1, 1],
                 bias=True, activation="relu")
     conv2 = dict(conv, data_shape=[1, 16, 10, 10], weight_shape=[16, 16, 1, 1], padding=[0, 0, 0, 0],
                  residual=True)
     dense = dict(op="dense", m=2, k=32, n=8, bias=False, activation="none")
-    out = _C.bench_chain([conv, conv2, dense], threads=1, number=2, repeat=3)
+    out = bench_module.bench_chain([conv, conv2, dense], threads=1, number=2, repeat=3)
     assert len(out) == 3
     for seconds, impl in out:
         assert 0 < seconds < 1 and impl
-    ((alone_s, alone_impl),) = _C.bench_chain([conv], threads=1, number=2, repeat=3)
+    ((alone_s, alone_impl),) = bench_module.bench_chain([conv], threads=1, number=2, repeat=3)
     assert 0 < alone_s < 1 and alone_impl == out[0][1]
     with pytest.raises(ValueError, match="unknown op 'pool2d'"):
-        _C.bench_chain([dict(op="pool2d")])
+        bench_module.bench_chain([dict(op="pool2d")])
     with pytest.raises(ValueError, match="4-d data and weight shapes"):
-        _C.bench_chain([dict(conv, weight_shape=[16, 8, 3])])
+        bench_module.bench_chain([dict(conv, weight_shape=[16, 8, 3])])
     with pytest.raises(ValueError, match="m, k, n >= 1"):
-        _C.bench_chain([dict(dense, k=0)])
+        bench_module.bench_chain([dict(dense, k=0)])
     with pytest.raises(ValueError, match="no layers"):
-        _C.bench_chain([])
+        bench_module.bench_chain([])
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
-        _C.bench_chain([dict(dense, activation="swish")])
-    ((clip_s, _),) = _C.bench_chain([dict(dense, activation="clip", clip=[0, 6])], number=2, repeat=3)
+        bench_module.bench_chain([dict(dense, activation="swish")])
+    ((clip_s, _),) = bench_module.bench_chain([dict(dense, activation="clip", clip=[0, 6])], number=2, repeat=3)
     assert 0 < clip_s < 1
     with pytest.raises(ValueError, match="needs clip"):
-        _C.bench_chain([dict(dense, activation="clip")])
+        bench_module.bench_chain([dict(dense, activation="clip")])
     with pytest.raises(ValueError, match="unknown layer key 'stride'"):
-        _C.bench_chain([dict(conv, stride=[2, 2])])
+        bench_module.bench_chain([dict(conv, stride=[2, 2])])
     with pytest.raises(ValueError, match="needs 'op'"):
-        _C.bench_chain([dict(m=1, k=2, n=3)])
+        bench_module.bench_chain([dict(m=1, k=2, n=3)])
+    r, x = small_conv_region("timed")
+    mod = r.module()
+    args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((1, 8, 8, 8), "float32"))]
+    assert 0 < tvm.get_global_func("byoc_hetero.bench.time_call")(mod[r.symbol], args, 3) < 1

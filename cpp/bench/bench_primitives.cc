@@ -1,5 +1,5 @@
 /*!
- * \file bench_primitives.cc
+ * \file bench/bench_primitives.cc
  * \brief See bench_primitives.h.
  */
 #include "bench_primitives.h"
@@ -11,8 +11,8 @@
 #include <chrono>
 #include <unordered_map>
 
-#include "enums.h"
-#include "threading.h"
+#include "../enums.h"
+#include "../threading.h"
 
 namespace byoc_hetero {
 

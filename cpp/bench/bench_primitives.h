@@ -1,5 +1,5 @@
 /*!
- * \file bench_primitives.h
+ * \file bench/bench_primitives.h
  * \brief Bare oneDNN primitives, timed alone or chained, written straight against the oneDNN API
  *        (no region graph, no planner, no kernels/ code): the references the benchmark compares
  *        the offloaded convolutions and dense layers with.
