@@ -63,13 +63,8 @@ std::string IsaName(dnnl::cpu_isa isa) {
 }
 
 py::dict StepDict(const byoc_hetero::PlannedStep& s) {
-  py::dict d;
-  d["label"] = s.label;
-  d["op"] = s.op;
-  d["impl"] = s.impl;
-  d["layouts"] = s.layouts;
-  d["writes"] = s.writes;
-  return d;
+  return py::dict(py::arg("label") = s.label, py::arg("op") = s.op, py::arg("impl") = s.impl,
+                  py::arg("layouts") = s.layouts, py::arg("writes") = s.writes);
 }
 
 /*! \brief A plan as Python data (for tests and inspection; nothing is executed). */

@@ -21,6 +21,7 @@
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -71,19 +72,12 @@ struct WinoShape {
  *        such a conv runs direct (oneDNN's post-op) until Activate() learns it.
  */
 bool CanActivate(const Activation& a) {
-  switch (a.alg) {
-    case dnnl::algorithm::undef:  // "none"
-    case dnnl::algorithm::eltwise_relu:
-    case dnnl::algorithm::eltwise_clip:
-    case dnnl::algorithm::eltwise_logistic:
-    case dnnl::algorithm::eltwise_tanh:
-    case dnnl::algorithm::eltwise_gelu_erf:
-    case dnnl::algorithm::eltwise_gelu_tanh:
-    case dnnl::algorithm::eltwise_swish:
-      return true;
-    default:
-      return false;
-  }
+  using dnnl::algorithm;
+  static constexpr algorithm kComputed[] = {
+      algorithm::undef,  // "none"
+      algorithm::eltwise_relu, algorithm::eltwise_clip,      algorithm::eltwise_logistic, algorithm::eltwise_tanh,
+      algorithm::eltwise_gelu_erf, algorithm::eltwise_gelu_tanh, algorithm::eltwise_swish};
+  return std::find(std::begin(kComputed), std::end(kComputed), a.alg) != std::end(kComputed);
 }
 
 /*! \brief The activation of an epilogue on 16 floats (one of CanActivate()). */
