@@ -81,10 +81,6 @@ dnnl::matmul::primitive_desc MatmulForConstantWeight(
   return make(StridedDesc(wei_dims, strides));
 }
 
-bool IsPlain(const memory::desc& md) {
-  return md.get_format_kind() == memory::format_kind::blocked && md == PlainDesc(md.get_dims());
-}
-
 std::string DescribeDesc(const memory::desc& md) {
   std::ostringstream os;
   const memory::dims dims = md.get_dims();

@@ -66,8 +66,6 @@ dnnl::matmul::primitive_desc MatmulForConstantWeight(
     const std::function<dnnl::matmul::primitive_desc(const memory::desc&)>& make, const memory::dims& wei_dims);
 /*! \brief Human-readable descriptor, oneDNN-verbose style: "[1,64,56,56]:aBcd16b". */
 std::string DescribeDesc(const memory::desc& md);
-/*! \brief Whether md is dense row-major (no blocking, no padding). */
-bool IsPlain(const memory::desc& md);
 
 /*! \brief A host (non-oneDNN) step: called with the data pointers of its args, in order. */
 using HostFn = std::function<void(const std::vector<void*>& ptrs)>;
