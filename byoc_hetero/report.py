@@ -34,8 +34,7 @@ from ._relax import (
 )
 from .errors import ByocError
 from .profile import HOST, OpProfile, op_profile
-from .rules.registry import Rejection, latest_rejection
-from .stages import DECISIONS_ATTR
+from .rules import Rejection, latest_rejection, rejections
 
 PALETTE = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")
 HOST_COLOUR = "#e0e0e0"
@@ -72,6 +71,8 @@ class PartitionReport:
     profile: OpProfile
     regions: list[RegionReport] = field(default_factory=list)
     fallbacks: list[FallbackOp] = field(default_factory=list)
+    #: every rejection the partition stages recorded (including calls a larger rule took later)
+    rejections: list[Rejection] = field(default_factory=list)
     dot: str = ""
 
     @property
@@ -161,13 +162,6 @@ def graph_node_flops(node: dict, tensors: list[dict]) -> int:
 # ----------------------------------------------------------------------------------------------
 # Building the report
 # ----------------------------------------------------------------------------------------------
-def _decisions(mod: tvm.IRModule) -> list[Rejection]:
-    if mod.attrs is None or DECISIONS_ATTR not in mod.attrs:
-        return []
-    return [Rejection(str(d["rule"]), str(d["op"]), str(d["reason"]), str(d["value"]))
-            for d in mod.attrs[DECISIONS_ATTR]]
-
-
 def _region_from_function(name: str, func: relax.Function) -> RegionReport:
     ops, rules, flops = Counter(), [], 0
     for comp in region_composites(func):
@@ -249,9 +243,9 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
     >>> print(rep)                     # op counts, regions, what stayed on llvm and why
     >>> rep.render("vgg11.svg")        # the graph, one colour per target (needs graphviz)
     """
-    decisions = _decisions(mod)
+    decisions = rejections(mod)
     graphs = region_table(mod)
-    rep = PartitionReport(op_profile(mod, entry))
+    rep = PartitionReport(op_profile(mod, entry), rejections=decisions)
     dot = _Dot()
     func = mod[entry]
     for param in func.params:

@@ -6,6 +6,7 @@ import tvm
 from tvm import relax
 
 import byoc_hetero as bh
+from byoc_hetero._relax import region_graph_json
 
 
 def _functions_with(mod, attr):
@@ -131,7 +132,7 @@ def _two_conv_blocks(same_weights: bool):
 def test_composites_with_equal_constants_are_still_shared():
     """The constants digest on composites keeps TVM's de-duplication as it was: composites with
     equal weights share one function, composites with different weights get one each."""
-    from byoc_hetero.rules.registry import CONST_DIGEST_ATTR
+    from byoc_hetero.rules import CONST_DIGEST_ATTR
 
     def conv_composites(mod):
         return [f for f in _functions_with(bh.stages()[0](mod), "Composite").values()
@@ -176,6 +177,6 @@ def test_long_region_gets_a_short_name_and_matches_llvm():
     assert res.profile.regions["byoc_hetero"] == 1 and "llvm" not in res.profile.counts
     assert res.partitioned["main"].script().count("call_dps_packed") == 1
     (ext,) = res.partitioned.attrs["external_mods"]
-    graph = bh.codegen.region_graph_json(ext)
+    graph = region_graph_json(ext)
     assert graph["symbol"] == name and len(graph["constants"]) == 40
     assert all(len(c["name"]) < MAX_REGION_NAME + 40 for c in graph["constants"])
