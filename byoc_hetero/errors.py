@@ -22,3 +22,15 @@ class CodegenError(ByocError):
 
 class InputError(ByocError, ValueError):
     """An input given to a compiled model does not match its signature (shape, dtype, count)."""
+
+
+def _register_with_ffi() -> None:
+    """Let the family cross TVM's FFI with its type: a rule's error raised inside a TVM pass (a
+    pattern check, a Python module pass) would otherwise come back as a plain RuntimeError."""
+    import tvm_ffi
+
+    for cls in (ByocError, RuleError, CodegenError, InputError):
+        tvm_ffi.register_error(cls)
+
+
+_register_with_ffi()

@@ -281,3 +281,21 @@ def test_cost_gate_requires_a_heavy_op(restore_rules):
     assert rep.regions == []
     assert "no compute-heavy op" in rep.fallbacks[0].reason
     assert any("no compute-heavy op" in r.reason for r in rejections(part))
+
+
+def test_region_returns_only_the_values_its_callers_use():
+    """Issue 15: a value read only through a tuple nobody else reads (PyTorch's max-pool indices)
+    is no output of the region: the region graph has exactly the outputs main uses."""
+    def body(e, x, w):
+        c = e(R.nn.conv2d(x, w, padding=1))
+        r = e(R.nn.relu(c))
+        both = e(relax.Tuple([c, r]))  # c is read only through the tuple; only r is used
+        return e(relax.TupleGetItem(both, 1))
+
+    mod = graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, body)
+    part = bh.partition(mod, {"w": rand(4, 4, 3, 3)})
+    (ext,) = part.attrs["external_mods"]
+    from byoc_hetero._relax import region_graph_json
+
+    assert len(region_graph_json(ext)["outputs"]) == 1
+    check(mod, {"w": rand(4, 4, 3, 3)})
