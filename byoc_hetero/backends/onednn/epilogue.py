@@ -53,39 +53,39 @@ def other_operand(match: Match, add: relax.Call, chain: relax.Expr) -> relax.Exp
     return second if first_is else first
 
 
+def _added(match: Match, add_name: str, chain_name: str, what: str) -> relax.Expr | str | None:
+    """The operand the add ``add_name`` adds to the value ``chain_name`` of the match: None when the
+    match has no such add, a string when the operand cannot be a runtime tensor (the reason)."""
+    if not match.has(add_name):
+        return None
+    # the add is matched either way round: add(y, b) (ONNX) or add(b, y) (PyTorch's linear)
+    operand = other_operand(match, match.expr(add_name), match.expr(chain_name))
+    if operand is None:
+        return f"the {what} add adds the result to itself"
+    return tensor_reason(operand, what) or operand
+
+
 def bias_reason(match: Match, out_shape: tuple[int, ...], channel_axis: int) -> str | None:
     """The added operand must hold one value per output channel (broadcast along the rest)."""
-    if not match.has("bias_add"):
-        return None
-    add = match.expr("bias_add")
-    # add is matched either way round: add(y, b) (ONNX) or add(b, y) (PyTorch's linear)
-    operand = other_operand(match, add, match.expr("anchor"))
-    if operand is None:
-        return "the bias add adds the convolution / matmul result to itself"
-    reason = tensor_reason(operand, "bias")
-    if reason:
-        return reason
-    shape = static_shape(operand)
+    bias = _added(match, "bias_add", "anchor", "bias")
+    if not isinstance(bias, relax.Expr):
+        return bias
+    shape = static_shape(bias)
     if not is_per_channel(shape, out_shape, channel_axis):
         return (
             f"bias of shape {list(shape)} is not one value per output channel "
             f"of an output shaped {list(out_shape)}"
         )
-    if static_shape(add) != out_shape:
-        return f"bias add changes the shape {list(out_shape)} -> {static_shape(add)}"
+    if static_shape(match.expr("bias_add")) != out_shape:
+        return f"bias add changes the shape {list(out_shape)} -> {static_shape(match.expr('bias_add'))}"
     return None
 
 
 def residual_reason(match: Match, out_shape: tuple[int, ...]) -> str | None:
     """The residual add: the other operand has exactly the output's shape (a sum post-op)."""
-    if not match.has("residual_add"):
-        return None
-    residual = other_operand(match, match.expr("residual_add"), match.expr("pre_res"))
-    if residual is None:
-        return "the residual add adds the result to itself"
-    reason = tensor_reason(residual, "residual")
-    if reason:
-        return reason
+    residual = _added(match, "residual_add", "pre_res", "residual")
+    if not isinstance(residual, relax.Expr):
+        return residual
     shape = static_shape(residual)
     if shape != out_shape:
         return (
