@@ -261,3 +261,18 @@ def test_two_partitions_in_two_threads_report_only_their_own_reasons(restore_rul
         t.join()
     assert found["TA"] == {"rejected by A", "no offload rule matches it"}
     assert found["TB"] == {"rejected by B", "no offload rule matches it"}
+
+
+def test_op_the_runtime_cannot_lower_is_a_codegen_error_naming_region_and_op(restore_rules):
+    """A target reusing the byoc_hetero codegen without its guard: the codegen's error reaches the
+    caller of bh.partition as a bh.CodegenError (not TVM's RuntimeError) naming region and op."""
+    bh.register_target("T", codegen="byoc_hetero")
+    bh.op_rule("relax.sin", target="T")(lambda m: True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.sin(x)))
+        bb.emit_func_output(out)
+    with pytest.raises(bh.CodegenError, match=r"region \S+_T: the runtime has no kernel for relax.sin"):
+        bh.partition(bb.get(), target="T", require_heavy_op=False)
