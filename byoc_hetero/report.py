@@ -20,6 +20,8 @@ import tvm
 from tvm import relax
 
 from ._relax import (
+    called_function,
+    local_functions,
     composite_name,
     describe,
     function_outputs,
@@ -250,20 +252,15 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
     func = mod[entry]
     for param in func.params:
         dot.node(param, f"{param.name}\\n{describe(param)}", HOST, shape="ellipse")
-    local_funcs: dict = {}
+    local_funcs = local_functions(func)
     for block in func.body.blocks:
         for binding in block.bindings:
             var, value = binding.var, binding.value
             if isinstance(value, relax.Function):
-                local_funcs[var] = value
                 continue
             target, label = HOST, type(value).__name__
             if isinstance(value, relax.Call):
-                callee = None
-                if isinstance(value.op, relax.GlobalVar):
-                    callee = mod[value.op]
-                elif value.op in local_funcs:
-                    callee = local_funcs[value.op]
+                callee = called_function(mod, value, local_funcs)
                 if op_name(value) == "relax.call_dps_packed":
                     symbol = str(value.args[0].global_symbol)
                     if symbol in graphs:
