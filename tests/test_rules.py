@@ -34,6 +34,17 @@ def conv_module(dtype="float32", layout="NCHW", shape=(1, 4, 8, 8), cout=6, relu
     return bb.get()
 
 
+def sin_module():
+    """main(x) = sin(x): an op the byoc_hetero runtime has no kernel for."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.sin(x)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def test_builtin_rules_are_ordered_largest_first():
     names = [r.name for r in pattern_rules("byoc_hetero")]
     assert names.index("conv2d_bias_relu") < names.index("conv2d_bias") < names.index("conv2d")
@@ -153,13 +164,7 @@ def test_op_rule_decorator_reason_is_recorded(restore_rules):
 
 def test_op_rule_on_op_the_runtime_cannot_run_stays_on_llvm(restore_rules):
     tvm.ir.register_op_attr("relax.sin", "target.byoc_hetero", lambda call: True)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(relax.op.sin(x)))
-        bb.emit_func_output(out)
-    res = offload_and_compare(bb.get())
+    res = offload_and_compare(sin_module())
     assert res.profile.counts["llvm"] == {"sin": 1}
     assert any("relax.sin" in r.reason and r.rule == "byoc_hetero.relax.sin" for r in rejections(res.partitioned))
 
@@ -268,11 +273,5 @@ def test_op_the_runtime_cannot_lower_is_a_codegen_error_naming_region_and_op(res
     caller of bh.partition as a bh.CodegenError (not TVM's RuntimeError) naming region and op."""
     bh.register_target("T", codegen="byoc_hetero")
     bh.op_rule("relax.sin", target="T")(lambda m: True)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(relax.op.sin(x)))
-        bb.emit_func_output(out)
     with pytest.raises(bh.CodegenError, match=r"region \S+_T: the runtime has no kernel for relax.sin"):
-        bh.partition(bb.get(), target="T", require_heavy_op=False)
+        bh.partition(sin_module(), target="T", require_heavy_op=False)
