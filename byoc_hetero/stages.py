@@ -32,23 +32,31 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import codegen as _codegen  # noqa: F401  (registers relax.ext.byoc_hetero)
-from .errors import RuleError
-from .rules import DECISIONS, DEFAULT_TARGET, get_target, op_rule_ops, pattern_rules
-from .rules.registry import (
-    CONST_DIGEST_ATTR,
-    ConstantsDigest,
-    Match,
-    check_op_rule,
-    required_ops,
-    run_check,
-    single_op_pattern,
+from ._relax import (
+    composite_target,
+    entry_functions,
+    is_composite,
+    is_region,
+    op_calls,
+    ops_in,
+    region_composites,
     static_shape,
+    updated,
+)
+from .backends.onednn import TARGET as DEFAULT_TARGET
+from .errors import RuleError
+from .rules import (
+    CONST_DIGEST_ATTR,
+    DecisionLog,
+    get_target,
+    op_rule_ops,
+    op_rule_pattern,
+    pattern_rules,
+    required_ops,
 )
 
 TARGET_ATTR = "byoc_hetero.target"
-DECISIONS_ATTR = "byoc_hetero.rejections"
-"""Module attribute where the stages keep why candidate calls were not offloaded."""
+"""Attribute of a composite function: the target that will run it (set by AnnotateTarget)."""
 
 TargetSpec = str | Sequence[str]
 
@@ -62,38 +70,12 @@ def _targets(target: TargetSpec) -> list[str]:
     return names
 
 
-def _with_decisions(mod: tvm.IRModule) -> tvm.IRModule:
-    """Record the rejections so far on the module, for :func:`byoc_hetero.report`."""
-    records = [{"rule": r.rule, "op": r.op, "reason": r.reason, "value": r.value}
-               for r in DECISIONS.rejections]
-    return mod.with_attr(DECISIONS_ATTR, records)
-
-
-def _entry_functions(mod: tvm.IRModule) -> list[str]:
-    """Functions the stages work on: the module's Relax functions that are not composites/regions."""
-    names = []
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        attrs = func.attrs
-        if attrs is not None and ("Composite" in attrs or "Codegen" in attrs):
-            continue
-        names.append(gv.name_hint)
-    return names
-
-
-def _ops_in(mod: tvm.IRModule) -> set[str]:
-    """Names of the ops called anywhere in ``mod``'s Relax functions."""
-    ops: set[str] = set()
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            ops.add(expr.op.name)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func.body, visit)
-    return ops
+def _fuse(mod: tvm.IRModule, patterns: list) -> tvm.IRModule:
+    """FuseOpsByPattern into composites (no codegen annotation) over every entry function."""
+    mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
+    return relax.transform.FuseOpsByPattern(
+        patterns, bind_constants=True, annotate_codegen=False, entry_functions=entry_functions(mod),
+    )(mod)
 
 
 def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
@@ -102,42 +84,20 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="MergeComposite")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        DECISIONS.rejections.clear()
-        present = _ops_in(mod)
-        patterns = [rule.fusion_pattern() for t in names for rule in pattern_rules(t)
+        log = DecisionLog()  # the first stage starts the run's decisions afresh
+        present = ops_in(mod)
+        patterns = [rule.fusion_pattern(log) for t in names for rule in pattern_rules(t)
                     if required_ops(rule.pattern) <= present]
-        # dead bindings would become regions nobody calls (and that RunCodegen never compiles)
-        mod = relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
-        if not patterns:
-            return _with_decisions(mod)
-        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-        mod = relax.transform.FuseOpsByPattern(
-            patterns, bind_constants=True, annotate_codegen=False,
-            entry_functions=_entry_functions(mod),
-        )(mod)
-        return _with_decisions(mod)
+        # (a, b)[0] → a, then dead bindings go: values read only through a tuple nobody else reads
+        # (the unused indices of PyTorch's max-pools) would become outputs of regions, and dead
+        # bindings regions nobody calls (which RunCodegen never compiles)
+        mod = relax.transform.CanonicalizeBindings()(mod)
+        mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
+        if patterns:
+            mod = _fuse(mod, patterns)
+        return log.attach(mod)
 
     return stage
-
-
-def _op_rule_pattern(target: str, op_name: str) -> relax.transform.FusionPattern:
-    tgt = get_target(target)
-    rule_name = f"{target}.{op_name}"
-    digest = ConstantsDigest()
-
-    def check(ctx) -> bool:
-        call = ctx.matched_expr
-        reason = check_op_rule(target, call)
-        if reason is None and tgt.can_lower is not None:
-            reason = run_check(lambda _m: tgt.can_lower(call), Match(call, {"root": call}), rule_name)
-        if reason is not None:
-            DECISIONS.add(rule_name, call, reason)
-            return False
-        return digest.accept(ctx)
-
-    short = op_name.removeprefix("relax.")
-    return relax.transform.FusionPattern(f"{target}.op.{short}", single_op_pattern(op_name), {}, check,
-                                         digest.attrs)
 
 
 def annotate_target(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
@@ -146,36 +106,22 @@ def annotate_target(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="AnnotateTarget")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        patterns = [_op_rule_pattern(t, op) for t in names for op in op_rule_ops(t)]
+        log = DecisionLog.from_module(mod)
+        patterns = [op_rule_pattern(t, op, log) for t in names for op in op_rule_ops(t)]
         if patterns:
-            mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-            mod = relax.transform.FuseOpsByPattern(
-                patterns, bind_constants=True, annotate_codegen=False,
-                entry_functions=_entry_functions(mod),
-            )(mod)
-        return _with_decisions(_mark_composite_targets(mod, names))
+            mod = _fuse(mod, patterns)
+        return log.attach(_mark_composite_targets(mod, names))
 
     return stage
 
 
-def composite_target(func: relax.Function) -> str | None:
-    """The target of a composite function (the prefix of its ``Composite`` name)."""
-    attrs = func.attrs
-    if attrs is None or "Composite" not in attrs:
-        return None
-    return str(attrs["Composite"]).split(".", 1)[0]
-
-
 def _mark_composite_targets(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule:
     updates = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            tgt = composite_target(func)
-            if tgt in names and TARGET_ATTR not in func.attrs:
-                updates[gv] = func.with_attr(TARGET_ATTR, tgt)
-    for gv, func in updates.items():
-        mod[gv] = func
-    return mod
+    for gv, func in mod.functions_items():
+        tgt = composite_target(func) if isinstance(func, relax.Function) else None
+        if tgt in names and TARGET_ATTR not in func.attrs:
+            updates[gv] = func.with_attr(TARGET_ATTR, tgt)
+    return updated(mod, updates) if updates else mod
 
 
 HEAVY_OPS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul",
@@ -184,28 +130,6 @@ HEAVY_OPS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", 
 
 DEFAULT_MIN_REGION_OPS = 1
 """Default of the cost gate's minimum region size, in Relax ops (see README, "Cost gate")."""
-
-
-def _region_composites(region: relax.Function) -> list[relax.Function]:
-    """The composite functions a region calls, one entry per call site."""
-    local = {}
-    called = []
-    for block in region.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Function):
-                local[binding.var] = value
-            elif isinstance(value, relax.Call) and value.op in local:
-                called.append(local[value.op])
-    return called
-
-
-def _op_calls(func: relax.Function) -> list[relax.Call]:
-    calls = []
-    relax.analysis.post_order_visit(
-        func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None
-    )
-    return calls
 
 
 def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> str | None:
@@ -217,20 +141,20 @@ def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> st
 
 
 def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
-                      require_heavy: bool) -> set[tvm.ir.GlobalVar]:
+                      require_heavy: bool, log: DecisionLog) -> set[tvm.ir.GlobalVar]:
     """Composite functions of ``before`` that form regions of ``merged`` failing the cost gate."""
     # a region holds copies of the composites it calls: find each one's original among those of
     # the same rule and constants digest (so not every composite is compared with every other)
     composites: dict[tuple[str, str], list[tvm.ir.GlobalVar]] = {}
     for gv, f in before.functions.items():
-        if isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs:
+        if is_composite(f):
             composites.setdefault(_composite_key(f), []).append(gv)
     gated = set()
     for func in merged.functions.values():
-        if not isinstance(func, relax.Function) or func.attrs is None or "Codegen" not in func.attrs:
+        if not is_region(func):
             continue
-        inner = _region_composites(func)
-        ops = [c for f in inner for c in _op_calls(f)]
+        inner = region_composites(func)
+        ops = [c for f in inner for c in op_calls(f)]
         reason = _gate_reason(ops, min_ops, require_heavy)
         if reason is None:
             continue
@@ -240,8 +164,8 @@ def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
                 comp = before[gv]
                 if tvm_ffi.structural_equal(comp.body, local.body, map_free_vars=True):
                     gated.add(gv)
-                    for call in _op_calls(comp):
-                        DECISIONS.add(name, call, reason)
+                    for call in op_calls(comp):
+                        log.add(name, call, reason)
     return gated
 
 
@@ -253,13 +177,45 @@ def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.I
     """Turn calls of the ``gated`` composite functions back into plain ops (for TVM to compile)."""
     plain = {gv: mod[gv].without_attr("Composite").without_attr("Primitive").without_attr(TARGET_ATTR)
              for gv in gated}
-    mod = mod.clone()
-    for name in _entry_functions(mod):
-        gv = mod.get_global_var(name)
-        mod[gv] = mod[gv].inline_functions(plain)
-    for gv in gated:
-        del mod[gv]
-    return mod
+    inlined = {mod.get_global_var(name): mod[name].inline_functions(plain) for name in entry_functions(mod)}
+    return updated(mod, inlined, remove=gated)
+
+
+def merge_composite_functions(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's MergeCompositeFunctions, applied to every entry function of ``mod`` on its own.
+
+    TVM's pass groups the composite calls of ``main`` only (but rewrites every function), so a
+    second function with composites failed with "Variable ... could not be found in any group".
+    Each entry function is therefore merged in a module of its own where it is ``main``, next to the
+    module's other (non-entry) functions; its regions are prefixed with its name, so two functions
+    never make regions of one name, and the results are put back together.
+    """
+    entries = entry_functions(mod)
+    if entries == ["main"] or not entries:
+        return relax.transform.MergeCompositeFunctions()(mod)
+    shared = {gv: f for gv, f in mod.functions_items() if gv.name_hint not in entries}
+    results: dict[str, tuple[tvm.ir.GlobalVar, relax.BaseFunc]] = {}
+    for name in entries:
+        func = mod[name]
+        private = func.attrs is None or "global_symbol" not in func.attrs
+        sub = tvm.IRModule({**shared, tvm.ir.GlobalVar("main"): func.with_attr("global_symbol", name)})
+        sub = relax.transform.MergeCompositeFunctions()(sub)
+        if name != "main":
+            sub = updated(sub, {gv: f.with_attr("global_symbol", f"{name}_{gv.name_hint}")
+                                for gv, f in sub.functions_items() if is_region(f)})
+        # renames each GlobalVar after its global_symbol: main → name, regions → prefixed
+        sub = relax.transform.NormalizeGlobalVar()(sub)
+        for gv, f in sub.functions_items():
+            if gv.name_hint == name and private:
+                f = f.without_attr("global_symbol")
+            results.setdefault(gv.name_hint, (gv, f))  # call sites hold these GlobalVars
+    merged = mod.clone()
+    for gv in list(merged.get_global_vars()):
+        del merged[gv]
+    for gv, func in results.values():
+        merged[gv] = func
+    # composites absorbed into regions of one function are still in the others' modules
+    return relax.transform.DeadCodeElimination(entries)(merged)
 
 
 MAX_REGION_NAME = 256
@@ -279,8 +235,7 @@ def _shorten_region_names(mod: tvm.IRModule) -> tvm.IRModule:
     renamed = {}
     for gv, func in mod.functions.items():
         name = gv.name_hint
-        if (len(name) <= MAX_REGION_NAME or not isinstance(func, relax.Function)
-                or func.attrs is None or "Codegen" not in func.attrs):
+        if len(name) <= MAX_REGION_NAME or not is_region(func):
             continue
         tail = f"_{zlib.crc32(name.encode()):08x}_{func.attrs['Codegen']}"
         head = name[:MAX_REGION_NAME - len(tail) - 4]
@@ -293,10 +248,7 @@ def _shorten_region_names(mod: tvm.IRModule) -> tvm.IRModule:
         renamed[gv] = func.with_attr("global_symbol", new)
     if not renamed:
         return mod
-    mod = mod.clone()
-    for gv, func in renamed.items():
-        mod[gv] = func
-    return relax.transform.NormalizeGlobalVar()(mod)
+    return relax.transform.NormalizeGlobalVar()(updated(mod, renamed))
 
 
 def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
@@ -310,11 +262,12 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
 
     @tvm.transform.module_pass(opt_level=0, name="MergeCompilerRegions")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        log = DecisionLog.from_module(mod)
         while True:
-            merged = relax.transform.MergeCompositeFunctions()(mod)
-            gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op)
+            merged = merge_composite_functions(mod)
+            gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op, log)
             if not gated:
-                return _with_decisions(_shorten_region_names(merged))
+                return log.attach(_shorten_region_names(merged))
             mod = _inline_composites(mod, gated)
 
     return stage
@@ -325,9 +278,10 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
 
     @tvm.transform.module_pass(opt_level=0, name="PartitionGraph")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = relax.transform.RunCodegen(dict(options or {}), _entry_functions(mod))(mod)
-        mod = relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
-        return _with_decisions(mod)
+        log = DecisionLog.from_module(mod)
+        mod = relax.transform.RunCodegen(dict(options or {}), entry_functions(mod))(mod)
+        mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
+        return log.attach(mod)
 
     return stage
 
@@ -375,7 +329,8 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, func
             raise ValueError(f"parameter {name!r}: expected shape {list(want_shape)}, got {list(arr.shape)}")
         if isinstance(ty, relax.TensorType) and str(ty.dtype) != str(arr.dtype):
             raise ValueError(f"parameter {name!r}: expected dtype {ty.dtype}, got {arr.dtype}")
-        bound[name] = tvm.runtime.tensor(np.ascontiguousarray(arr))
+        # np.ascontiguousarray would make a 0-d array 1-d (a scalar index of shape (1,))
+        bound[name] = tvm.runtime.tensor(np.require(arr, requirements="C"))
     return relax.transform.BindParams(func, bound)(mod)
 
 
