@@ -15,7 +15,7 @@ maps), :mod:`.place` (deciding devices), :mod:`.copies` (typing values and inser
 
 from .build import PlacedExecutable, compile, gpu_sources, lower  # noqa: A004  (compile is the public name)
 from .devices import Device, parse_device
-from .errors import PlacementError, PlacementWarning
+from ..errors import PlacementError, PlacementWarning
 from .place import place
 from .report import Copy, PlacementReport, placement_report
 from .rules import PlacementRules, Site

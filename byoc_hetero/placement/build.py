@@ -28,7 +28,7 @@ from tvm import relax
 
 from . import _ir
 from .devices import Device, device_of_vdevice, module_vdevices
-from .errors import PlacementError
+from ..errors import PlacementError
 from .validate import runtime_module_kinds, validate, validate_lowered
 
 PLAN_FUNCTION = "__byoc_hetero_placement__"

@@ -20,7 +20,7 @@ from tvm import relax
 from . import _ir
 from .copies import rewrite_function
 from .devices import Device, DeviceLike, device_of_vdevice, make_vdevice, module_vdevices, parse_device
-from .errors import PlacementError, PlacementWarning
+from ..errors import PlacementError, PlacementWarning
 from .rules import PlacementMap, PlacementRules, Site
 
 

@@ -27,7 +27,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern
 
 from .devices import Device, DeviceLike, parse_device
-from .errors import PlacementError
+from ..errors import PlacementError
 
 RuleKey = str | DFPattern | Callable[["Site"], bool]
 PlacementMap = Mapping[RuleKey, DeviceLike] | Sequence[tuple[RuleKey, DeviceLike]]

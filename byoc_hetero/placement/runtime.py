@@ -17,10 +17,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import InputError
+from ..errors import InputError, PlacementError
 from .build import PLAN_FORMAT, PLAN_FUNCTION, PlacedExecutable
 from .devices import Device, parse_device
-from .errors import PlacementError
 
 
 def _read_plan(executable) -> dict[str, Any]:

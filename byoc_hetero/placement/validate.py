@@ -27,7 +27,7 @@ from tvm import relax
 
 from . import _ir
 from .devices import Device, device_of_vdevice, module_vdevices
-from .errors import PlacementError
+from ..errors import PlacementError
 
 _MAX_SHOWN = 12
 
