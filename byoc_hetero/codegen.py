@@ -24,7 +24,7 @@ from tvm import relax
 
 from .errors import CodegenError
 from .rules.builtin import ACTIVATIONS, activation_of, is_per_channel, spatial_mean_axes
-from .rules.registry import static_shape, tensor_dtype
+from ._relax import op_name, region_graph_json, region_modules, static_shape, tensor_dtype  # noqa: F401
 
 FORMAT = "byoc_hetero.region"
 VERSION = 1
@@ -75,10 +75,6 @@ class RegionGraph:
                 },
             }
         )
-
-
-def _op_name(call: relax.Call) -> str:
-    return call.op.name if isinstance(call.op, tvm.ir.Op) else type(call.op).__name__
 
 
 class _RegionLowering:
@@ -210,7 +206,7 @@ class _RegionLowering:
         return self.lookup(expr)
 
     def op_call(self, var: relax.Var, call: relax.Call) -> Any:
-        op = _op_name(call)
+        op = op_name(call)
         short = op.removeprefix("relax.")
         self.graph.source_ops[short] = self.graph.source_ops.get(short, 0) + 1
         if op == "relax.nn.conv2d":
@@ -380,25 +376,3 @@ def create_module(graph: RegionGraph) -> tvm.runtime.Module:
 def _relax_ext_byoc_hetero(funcs, options, constant_names):  # noqa: ARG001
     """Entry point RunCodegen calls: one runtime module per region."""
     return [create_module(lower_region(func, constant_names)) for func in funcs]
-
-
-def region_graph_json(module: tvm.runtime.Module) -> dict[str, Any] | None:
-    """The region graph of a byoc_hetero runtime module, or None for another kind of module."""
-    if module.kind != "byoc_hetero":
-        return None
-    return json.loads(module["get_graph_json"]())
-
-
-def region_modules(executable) -> list[tvm.runtime.Module]:
-    """The byoc_hetero runtime modules a ``relax.VirtualMachine`` on ``executable`` runs.
-
-    They are found among the imports of ``executable.jit()`` (what the VM loads, possibly a
-    reloaded copy), not of the module the executable was built from.
-    """
-    found, stack = [], [executable.jit()]
-    while stack:
-        module = stack.pop()
-        if module.kind == "byoc_hetero":
-            found.append(module)
-        stack.extend(module.imports)
-    return found

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .codegen import region_graph_json
+from ._relax import composite_target, op_name, region_table, region_target, short_op_name
 
 HOST = "llvm"
 
@@ -51,12 +51,8 @@ class OpProfile:
     __repr__ = __str__
 
 
-def _op_name(call: relax.Call) -> str | None:
-    return call.op.name.removeprefix("relax.") if isinstance(call.op, tvm.ir.Op) else None
-
-
 def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: OpProfile,
-                    ext: dict[str, dict]) -> None:
+                    ext: dict) -> None:
     """Count the ops of ``func`` for ``target``, descending into called composites/regions."""
     local: dict = {}
 
@@ -65,16 +61,15 @@ def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: 
             return
         if not isinstance(expr, relax.Call):
             return
-        op = _op_name(expr)
+        full = op_name(expr)
+        op = short_op_name(full) if full is not None else None
         if op == "call_dps_packed":
-            symbol = str(expr.args[0].global_symbol)
-            graph = ext.get(symbol)
-            if graph is not None:
-                source = graph.get("source", {})
-                for name, n in source.get("ops", {}).items():
-                    prof.add(graph["target"], name, n)
-                prof.regions[graph["target"]] += 1
-                prof.composites[graph["target"]] += len(source.get("composites", []))
+            region = ext.get(str(expr.args[0].global_symbol))
+            if region is not None:
+                for name, n in region.ops.items():
+                    prof.add(region.target, name, n)
+                prof.regions[region.target] += 1
+                prof.composites[region.target] += len(region.composites)
                 return
         if op is not None:
             if op not in ("call_tir", "call_dps_packed"):
@@ -86,17 +81,12 @@ def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: 
         elif expr.op in local:
             callee = local[expr.op]
         if isinstance(callee, relax.Function):
-            attrs = callee.attrs
-            if attrs is not None and "Codegen" in attrs:
-                tgt = str(attrs["Codegen"])
-                prof.regions[tgt] += 1
-                _count_function(callee, tgt, mod, prof, ext)
-            elif attrs is not None and "Composite" in attrs:
-                tgt = str(attrs["Composite"]).split(".", 1)[0]
-                prof.composites[tgt] += 1
-                _count_function(callee, tgt, mod, prof, ext)
-            else:
-                _count_function(callee, target, mod, prof, ext)
+            region, composite = region_target(callee), composite_target(callee)
+            if region is not None:
+                prof.regions[region] += 1
+            elif composite is not None:
+                prof.composites[composite] += 1
+            _count_function(callee, region or composite or target, mod, prof, ext)
 
     def walk(body):
         for block in body.blocks:
@@ -122,12 +112,6 @@ def op_profile(mod: tvm.IRModule, entry: str = "main") -> OpProfile:
     byoc_hetero: 22 ops, 11 composites, 6 regions
         conv2d                       8
     """
-    ext = {}
-    for module in (mod.attrs["external_mods"] if mod.attrs and "external_mods" in mod.attrs else []):
-        graph = region_graph_json(module)
-        if graph is not None:
-            graph["target"] = graph.get("source", {}).get("target", module.kind)
-            ext[graph["symbol"]] = graph
     prof = OpProfile()
-    _count_function(mod[entry], HOST, mod, prof, ext)
+    _count_function(mod[entry], HOST, mod, prof, region_table(mod))
     return prof

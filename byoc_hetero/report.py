@@ -19,11 +19,23 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from .codegen import region_graph_json
+from ._relax import (
+    composite_name,
+    describe,
+    function_outputs,
+    op_calls,
+    op_name,
+    RegionEntry,
+    region_composites,
+    region_table,
+    region_target,
+    short_op_name,
+    static_shape,
+)
 from .errors import ByocError
 from .profile import HOST, OpProfile, op_profile
-from .rules.registry import Rejection, describe, latest_rejection, static_shape
-from .stages import DECISIONS_ATTR, _op_calls, _region_composites
+from .rules.registry import Rejection, latest_rejection
+from .stages import DECISIONS_ATTR
 
 PALETTE = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")
 HOST_COLOUR = "#e0e0e0"
@@ -124,7 +136,7 @@ def relax_call_flops(call: relax.Call) -> int:
     out = static_shape(call)
     if out is None:
         return 0
-    name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+    name = op_name(call) or ""
     if name == "relax.nn.conv2d":
         w = static_shape(call.args[1])
         return 2 * _prod(out) * _prod(w[1:]) if w else 0
@@ -158,37 +170,35 @@ def _decisions(mod: tvm.IRModule) -> list[Rejection]:
 
 def _region_from_function(name: str, func: relax.Function) -> RegionReport:
     ops, rules, flops = Counter(), [], 0
-    for comp in _region_composites(func):
-        rules.append(str(comp.attrs["Composite"]))
-        for call in _op_calls(comp):
-            ops[call.op.name.removeprefix("relax.")] += 1
+    for comp in region_composites(func):
+        rules.append(composite_name(comp))
+        for call in op_calls(comp):
+            ops[short_op_name(op_name(call))] += 1
             flops += relax_call_flops(call)
-    outs = func.body.body.fields if isinstance(func.body.body, relax.Tuple) else [func.body.body]
-    return RegionReport(name, str(func.attrs["Codegen"]), ops, rules,
-                        [describe(p) for p in func.params], [describe(o) for o in outs], flops)
+    return RegionReport(name, region_target(func), ops, rules, [describe(p) for p in func.params],
+                        [describe(o) for o in function_outputs(func)], flops)
 
 
-def _region_from_graph(graph: dict) -> RegionReport:
+def _region_from_graph(region: RegionEntry) -> RegionReport:
+    graph = region.graph
     tensors = graph["tensors"]
-    source = graph.get("source", {})
 
     def desc(tid):
         t = tensors[tid]
         return f"{t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
 
     return RegionReport(
-        graph["symbol"], source.get("target", "byoc_hetero"), Counter(source.get("ops", {})),
-        list(source.get("composites", [])), [desc(i) for i in graph["inputs"]],
+        region.symbol, region.target, region.ops, region.composites, [desc(i) for i in graph["inputs"]],
         [desc(o) for o in graph["outputs"]], sum(graph_node_flops(n, tensors) for n in graph["nodes"]),
     )
 
 
 def _fallback(call: relax.Call, decisions: list[Rejection]) -> FallbackOp:
-    op, value = call.op.name, describe(call)
+    op, value = op_name(call), describe(call)
     rej = latest_rejection(decisions, op, value)
     if rej is not None:
-        return FallbackOp(op.removeprefix("relax."), value, rej.reason, rej.rule)
-    return FallbackOp(op.removeprefix("relax."), value, "no offload rule matches it")
+        return FallbackOp(short_op_name(op), value, rej.reason, rej.rule)
+    return FallbackOp(short_op_name(op), value, "no offload rule matches it")
 
 
 class _Dot:
@@ -240,11 +250,7 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
     >>> rep.render("vgg11.svg")        # the graph, one colour per target (needs graphviz)
     """
     decisions = _decisions(mod)
-    graphs = {}
-    for module in (mod.attrs["external_mods"] if mod.attrs and "external_mods" in mod.attrs else []):
-        graph = region_graph_json(module)
-        if graph is not None:
-            graphs[graph["symbol"]] = graph
+    graphs = region_table(mod)
     rep = PartitionReport(op_profile(mod, entry))
     dot = _Dot()
     func = mod[entry]
@@ -264,7 +270,7 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
                     callee = mod[value.op]
                 elif value.op in local_funcs:
                     callee = local_funcs[value.op]
-                if isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_dps_packed":
+                if op_name(value) == "relax.call_dps_packed":
                     symbol = str(value.args[0].global_symbol)
                     if symbol in graphs:
                         region = _region_from_graph(graphs[symbol])
@@ -273,15 +279,15 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
                         label = _region_label(region)
                     else:
                         label = f"packed {symbol}"
-                elif isinstance(callee, relax.Function) and callee.attrs is not None and "Codegen" in callee.attrs:
+                elif region_target(callee) is not None:
                     region = _region_from_function(value.op.name_hint, callee)
                     rep.regions.append(region)
                     target, label = region.target, _region_label(region)
-                elif isinstance(callee, relax.Function) and callee.attrs is not None and "Composite" in callee.attrs:
-                    name = str(callee.attrs["Composite"])
+                elif composite_name(callee) is not None:
+                    name = composite_name(callee)
                     target, label = name.split(".", 1)[0], name
-                elif isinstance(value.op, tvm.ir.Op):
-                    short = value.op.name.removeprefix("relax.")
+                elif op_name(value) is not None:
+                    short = short_op_name(op_name(value))
                     label = short
                     if short not in _PLUMBING:
                         rep.fallbacks.append(_fallback(value, decisions))

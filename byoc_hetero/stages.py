@@ -33,6 +33,17 @@ import tvm_ffi
 from tvm import relax
 
 from . import codegen as _codegen  # noqa: F401  (registers relax.ext.byoc_hetero)
+from ._relax import (
+    composite_target,
+    entry_functions,
+    is_composite,
+    is_region,
+    op_calls,
+    ops_in,
+    region_composites,
+    static_shape,
+    updated,
+)
 from .errors import RuleError
 from .rules import DECISIONS, DEFAULT_TARGET, get_target, op_rule_ops, pattern_rules
 from .rules.registry import (
@@ -43,7 +54,6 @@ from .rules.registry import (
     required_ops,
     run_check,
     single_op_pattern,
-    static_shape,
 )
 
 TARGET_ATTR = "byoc_hetero.target"
@@ -69,33 +79,6 @@ def _with_decisions(mod: tvm.IRModule) -> tvm.IRModule:
     return mod.with_attr(DECISIONS_ATTR, records)
 
 
-def _entry_functions(mod: tvm.IRModule) -> list[str]:
-    """Functions the stages work on: the module's Relax functions that are not composites/regions."""
-    names = []
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        attrs = func.attrs
-        if attrs is not None and ("Composite" in attrs or "Codegen" in attrs):
-            continue
-        names.append(gv.name_hint)
-    return names
-
-
-def _ops_in(mod: tvm.IRModule) -> set[str]:
-    """Names of the ops called anywhere in ``mod``'s Relax functions."""
-    ops: set[str] = set()
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            ops.add(expr.op.name)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func.body, visit)
-    return ops
-
-
 def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
     """Stage 1 (MergeComposite): group pattern-rule matches into composite functions."""
     names = _targets(target)
@@ -103,17 +86,17 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="MergeComposite")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         DECISIONS.rejections.clear()
-        present = _ops_in(mod)
+        present = ops_in(mod)
         patterns = [rule.fusion_pattern() for t in names for rule in pattern_rules(t)
                     if required_ops(rule.pattern) <= present]
         # dead bindings would become regions nobody calls (and that RunCodegen never compiles)
-        mod = relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
+        mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
         if not patterns:
             return _with_decisions(mod)
         mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=True, annotate_codegen=False,
-            entry_functions=_entry_functions(mod),
+            entry_functions=entry_functions(mod),
         )(mod)
         return _with_decisions(mod)
 
@@ -151,19 +134,11 @@ def annotate_target(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
             mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
             mod = relax.transform.FuseOpsByPattern(
                 patterns, bind_constants=True, annotate_codegen=False,
-                entry_functions=_entry_functions(mod),
+                entry_functions=entry_functions(mod),
             )(mod)
         return _with_decisions(_mark_composite_targets(mod, names))
 
     return stage
-
-
-def composite_target(func: relax.Function) -> str | None:
-    """The target of a composite function (the prefix of its ``Composite`` name)."""
-    attrs = func.attrs
-    if attrs is None or "Composite" not in attrs:
-        return None
-    return str(attrs["Composite"]).split(".", 1)[0]
 
 
 def _mark_composite_targets(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule:
@@ -186,28 +161,6 @@ DEFAULT_MIN_REGION_OPS = 1
 """Default of the cost gate's minimum region size, in Relax ops (see README, "Cost gate")."""
 
 
-def _region_composites(region: relax.Function) -> list[relax.Function]:
-    """The composite functions a region calls, one entry per call site."""
-    local = {}
-    called = []
-    for block in region.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Function):
-                local[binding.var] = value
-            elif isinstance(value, relax.Call) and value.op in local:
-                called.append(local[value.op])
-    return called
-
-
-def _op_calls(func: relax.Function) -> list[relax.Call]:
-    calls = []
-    relax.analysis.post_order_visit(
-        func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None
-    )
-    return calls
-
-
 def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> str | None:
     if len(ops) < min_ops:
         return f"region of {len(ops)} ops is below the cost gate (min_region_ops={min_ops})"
@@ -223,14 +176,14 @@ def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
     # the same rule and constants digest (so not every composite is compared with every other)
     composites: dict[tuple[str, str], list[tvm.ir.GlobalVar]] = {}
     for gv, f in before.functions.items():
-        if isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs:
+        if is_composite(f):
             composites.setdefault(_composite_key(f), []).append(gv)
     gated = set()
     for func in merged.functions.values():
-        if not isinstance(func, relax.Function) or func.attrs is None or "Codegen" not in func.attrs:
+        if not is_region(func):
             continue
-        inner = _region_composites(func)
-        ops = [c for f in inner for c in _op_calls(f)]
+        inner = region_composites(func)
+        ops = [c for f in inner for c in op_calls(f)]
         reason = _gate_reason(ops, min_ops, require_heavy)
         if reason is None:
             continue
@@ -240,7 +193,7 @@ def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
                 comp = before[gv]
                 if tvm_ffi.structural_equal(comp.body, local.body, map_free_vars=True):
                     gated.add(gv)
-                    for call in _op_calls(comp):
+                    for call in op_calls(comp):
                         DECISIONS.add(name, call, reason)
     return gated
 
@@ -253,13 +206,8 @@ def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.I
     """Turn calls of the ``gated`` composite functions back into plain ops (for TVM to compile)."""
     plain = {gv: mod[gv].without_attr("Composite").without_attr("Primitive").without_attr(TARGET_ATTR)
              for gv in gated}
-    mod = mod.clone()
-    for name in _entry_functions(mod):
-        gv = mod.get_global_var(name)
-        mod[gv] = mod[gv].inline_functions(plain)
-    for gv in gated:
-        del mod[gv]
-    return mod
+    inlined = {mod.get_global_var(name): mod[name].inline_functions(plain) for name in entry_functions(mod)}
+    return updated(mod, inlined, remove=gated)
 
 
 MAX_REGION_NAME = 256
@@ -279,8 +227,7 @@ def _shorten_region_names(mod: tvm.IRModule) -> tvm.IRModule:
     renamed = {}
     for gv, func in mod.functions.items():
         name = gv.name_hint
-        if (len(name) <= MAX_REGION_NAME or not isinstance(func, relax.Function)
-                or func.attrs is None or "Codegen" not in func.attrs):
+        if len(name) <= MAX_REGION_NAME or not is_region(func):
             continue
         tail = f"_{zlib.crc32(name.encode()):08x}_{func.attrs['Codegen']}"
         head = name[:MAX_REGION_NAME - len(tail) - 4]
@@ -293,10 +240,7 @@ def _shorten_region_names(mod: tvm.IRModule) -> tvm.IRModule:
         renamed[gv] = func.with_attr("global_symbol", new)
     if not renamed:
         return mod
-    mod = mod.clone()
-    for gv, func in renamed.items():
-        mod[gv] = func
-    return relax.transform.NormalizeGlobalVar()(mod)
+    return relax.transform.NormalizeGlobalVar()(updated(mod, renamed))
 
 
 def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
@@ -325,8 +269,8 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
 
     @tvm.transform.module_pass(opt_level=0, name="PartitionGraph")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = relax.transform.RunCodegen(dict(options or {}), _entry_functions(mod))(mod)
-        mod = relax.transform.DeadCodeElimination(_entry_functions(mod))(mod)
+        mod = relax.transform.RunCodegen(dict(options or {}), entry_functions(mod))(mod)
+        mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
         return _with_decisions(mod)
 
     return stage

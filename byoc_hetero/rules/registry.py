@@ -32,6 +32,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 from tvm.relax.transform import FusionPattern, PatternCheckContext
 
+from .._relax import describe, op_name, static_shape, tensor_dtype, tensor_type  # noqa: F401  (re-exported)
 from ..errors import RuleError
 
 _log = logging.getLogger("byoc_hetero.rules")
@@ -86,39 +87,6 @@ class Match:
         return tensor_dtype(self.expr(name))
 
 
-def tensor_type(expr: relax.Expr) -> relax.TensorType | None:
-    ty = getattr(expr, "ty", None)
-    return ty if isinstance(ty, relax.TensorType) else None
-
-
-def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    """The shape of ``expr`` as ints, or None when unknown or symbolic."""
-    ty = tensor_type(expr)
-    if ty is None or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for d in ty.shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d.value))
-    return tuple(dims)
-
-
-def tensor_dtype(expr: relax.Expr) -> str:
-    ty = tensor_type(expr)
-    return str(ty.dtype) if ty is not None else ""
-
-
-def describe(expr: relax.Expr) -> str:
-    """A short human description of a value: ``float32[1, 3, 224, 224]``."""
-    ty = tensor_type(expr)
-    if ty is None:
-        return type(expr).__name__
-    shape = static_shape(expr)
-    dims = ", ".join(str(d) for d in shape) if shape is not None else str(ty.shape)
-    return f"{ty.dtype}[{dims}]"
-
-
 Check = Callable[[Match], CheckResult]
 
 
@@ -135,7 +103,7 @@ def run_check(check: Check | None, match: Match, rule_name: str) -> str | None:
     except Exception as err:  # noqa: BLE001 - re-raised with the rule's name
         raise RuleError(
             f"check of rule {rule_name!r} raised {type(err).__name__}: {err} "
-            f"(on {match.call.op.name if isinstance(match.call.op, tvm.ir.Op) else match.call.op})"
+            f"(on {op_name(match.call) or match.call.op})"
         ) from err
     if verdict is None or verdict is True:
         return None
@@ -169,7 +137,7 @@ class DecisionLog:
     rejections: list[Rejection] = field(default_factory=list)
 
     def add(self, rule: str, call: relax.Call, reason: str) -> None:
-        op = call.op.name if isinstance(call.op, tvm.ir.Op) else str(call.op)
+        op = op_name(call) or str(call.op)
         self.rejections.append(Rejection(rule, op, reason, describe(call)))
         _log.info("rule %s rejected %s: %s", rule, op, reason)
 

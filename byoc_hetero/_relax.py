@@ -1,0 +1,290 @@
+"""Shared facts about Relax modules and offloaded regions.
+
+One place for the questions the rules, the stages, the report, the op profile and placement all
+ask of a Relax module: a value's tensor type, static shape and dtype; the op a call calls; which
+functions of a module are entry functions (not composites, not regions); which ops a module uses;
+the offloaded regions a partitioned module carries (``external_mods``) and the runtime modules a
+built library imports.
+
+Everything here only reads IR or runtime modules, except :func:`updated`, which returns a changed
+copy. The names are stable: other packages (placement) call them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relax
+
+#: The ``kind`` of the runtime modules the byoc_hetero (oneDNN) runtime creates.
+RUNTIME_KIND = "byoc_hetero"
+
+#: Function attributes TVM's BYOC passes use: a composite's rule name, a region's codegen.
+COMPOSITE_ATTR = "Composite"
+CODEGEN_ATTR = "Codegen"
+
+
+# ----------------------------------------------------------------------------------------------
+# Values
+# ----------------------------------------------------------------------------------------------
+def tensor_type(value: relax.Expr | relax.TensorType | None) -> relax.TensorType | None:
+    """The tensor type of an expression (or the type itself); None when it is not a tensor."""
+    ty = value if isinstance(value, relax.TensorType) else getattr(value, "ty", None)
+    return ty if isinstance(ty, relax.TensorType) else None
+
+
+def static_shape(value: relax.Expr | relax.TensorType | None) -> tuple[int, ...] | None:
+    """The shape of a tensor value (or tensor type) as ints; None when unknown or symbolic."""
+    ty = tensor_type(value)
+    if ty is None or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for d in ty.shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            return None
+        dims.append(int(d.value))
+    return tuple(dims)
+
+
+def tensor_dtype(value: relax.Expr | relax.TensorType | None) -> str:
+    """The dtype of a tensor value (or tensor type) as a string; ``""`` when it is not a tensor."""
+    ty = tensor_type(value)
+    return str(ty.dtype) if ty is not None else ""
+
+
+def describe(value: relax.Expr) -> str:
+    """A short human description of a value: ``float32[1, 3, 224, 224]`` (else its class name)."""
+    ty = tensor_type(value)
+    if ty is None:
+        return type(value).__name__
+    shape = static_shape(ty)
+    dims = ", ".join(str(d) for d in shape) if shape is not None else str(ty.shape)
+    return f"{ty.dtype}[{dims}]"
+
+
+# ----------------------------------------------------------------------------------------------
+# Calls and functions
+# ----------------------------------------------------------------------------------------------
+def op_name(call: relax.Call) -> str | None:
+    """The full name of the Op a call calls (``relax.nn.conv2d``); None when it calls a function."""
+    op = getattr(call, "op", None)
+    return op.name if isinstance(op, tvm.ir.Op) else None
+
+
+def short_op_name(name: str) -> str:
+    """An op name without the ``relax.`` prefix (``nn.conv2d``), as profiles and reports print it."""
+    return name.removeprefix("relax.")
+
+
+def op_calls(expr: relax.Expr) -> list[relax.Call]:
+    """Every call of an Op inside ``expr`` (a function or its body), in post order."""
+    calls: list[relax.Call] = []
+
+    def visit(e: relax.Expr) -> None:
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            calls.append(e)
+
+    relax.analysis.post_order_visit(expr.body if isinstance(expr, relax.Function) else expr, visit)
+    return calls
+
+
+def is_composite(func: Any) -> bool:
+    """Whether ``func`` is a composite function (made by a pattern or op rule)."""
+    attrs = getattr(func, "attrs", None)
+    return isinstance(func, relax.Function) and attrs is not None and COMPOSITE_ATTR in attrs
+
+
+def is_region(func: Any) -> bool:
+    """Whether ``func`` is an outlined region (a function with a ``Codegen`` attribute)."""
+    attrs = getattr(func, "attrs", None)
+    return isinstance(func, relax.Function) and attrs is not None and CODEGEN_ATTR in attrs
+
+
+def is_composite_or_region(func: Any) -> bool:
+    """Whether ``func`` is a composite function or an outlined region."""
+    return is_composite(func) or is_region(func)
+
+
+def composite_name(func: relax.Function) -> str | None:
+    """The rule name of a composite function (``byoc_hetero.conv2d_bias_relu``), else None."""
+    return str(func.attrs[COMPOSITE_ATTR]) if is_composite(func) else None
+
+
+def composite_target(func: relax.Function) -> str | None:
+    """The target of a composite function (the prefix of its ``Composite`` name), else None."""
+    name = composite_name(func)
+    return name.split(".", 1)[0] if name is not None else None
+
+
+def region_target(func: relax.Function) -> str | None:
+    """The target (codegen) of an outlined region, else None."""
+    return str(func.attrs[CODEGEN_ATTR]) if is_region(func) else None
+
+
+def entry_functions(mod: tvm.IRModule, skip_attrs: Iterable[str] = ()) -> list[str]:
+    """Names of the Relax functions of ``mod`` that the passes work on.
+
+    These are the functions that are neither composites nor regions, and carry none of
+    ``skip_attrs`` (placement skips the loaders of its device constants this way).
+    """
+    skip = tuple(skip_attrs)
+    names = []
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or is_composite_or_region(func):
+            continue
+        if skip and func.attrs is not None and any(a in func.attrs for a in skip):
+            continue
+        names.append(gv.name_hint)
+    return names
+
+
+def ops_in(mod: tvm.IRModule) -> set[str]:
+    """Names of the ops called anywhere in ``mod``'s Relax functions."""
+    ops: set[str] = set()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            ops.update(op_name(c) for c in op_calls(func))
+    return ops
+
+
+def local_functions(func: relax.Function) -> dict[relax.Var, relax.Function]:
+    """The functions bound inside ``func``'s top-level body (a region binds its composites so)."""
+    found = {}
+    if isinstance(func.body, relax.SeqExpr):
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding.value, relax.Function):
+                    found[binding.var] = binding.value
+    return found
+
+
+def region_composites(region: relax.Function) -> list[relax.Function]:
+    """The composite functions a region calls, one entry per call site, in order."""
+    local: dict[relax.Var, relax.Function] = {}
+    called = []
+    for block in region.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Function):
+                local[binding.var] = value
+            elif isinstance(value, relax.Call) and value.op in local:
+                called.append(local[value.op])
+    return called
+
+
+def function_outputs(func: relax.Function) -> list[relax.Expr]:
+    """The values a function returns: the fields of a returned tuple, else the one value."""
+    out = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
+    return list(out.fields) if isinstance(out, relax.Tuple) else [out]
+
+
+def updated(mod: tvm.IRModule, functions: Mapping[tvm.ir.GlobalVar, Any] | None = None,
+            remove: Iterable[tvm.ir.GlobalVar] = ()) -> tvm.IRModule:
+    """A copy of ``mod`` with ``functions`` replaced or added and ``remove`` deleted.
+
+    IRModules are shared between passes, so a pass never assigns into the module it was given.
+    """
+    mod = mod.clone()
+    for gv, func in (functions or {}).items():
+        mod[gv] = func
+    for gv in remove:
+        del mod[gv]
+    return mod
+
+
+# ----------------------------------------------------------------------------------------------
+# Offloaded regions of a partitioned module, runtime modules of a built one
+# ----------------------------------------------------------------------------------------------
+def external_modules(mod: tvm.IRModule) -> list[tvm.runtime.Module]:
+    """The runtime modules RunCodegen attached to ``mod`` (its ``external_mods`` attribute)."""
+    attrs = mod.attrs
+    if attrs is None or "external_mods" not in attrs:
+        return []
+    return list(attrs["external_mods"])
+
+
+def region_graph_json(module: tvm.runtime.Module) -> dict[str, Any] | None:
+    """The region graph (docs/region-format.md) of a byoc_hetero runtime module, else None."""
+    if module.kind != RUNTIME_KIND:
+        return None
+    return json.loads(module["get_graph_json"]())
+
+
+@dataclass(frozen=True)
+class RegionEntry:
+    """One offloaded region of a partitioned module, as the region table describes it."""
+
+    symbol: str
+    target: str
+    module: tvm.runtime.Module = field(repr=False)
+    #: the region graph (docs/region-format.md); None for a module of another runtime
+    graph: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def ops(self) -> Counter:
+        """Relax op counts the region was made of, by short name (``nn.conv2d``)."""
+        return Counter((self.graph or {}).get("source", {}).get("ops", {}))
+
+    @property
+    def relax_ops(self) -> tuple[str, ...]:
+        """Full names of the Relax ops the region was made of (``relax.nn.conv2d``)."""
+        return tuple(n if n.startswith("relax.") else "relax." + n for n in self.ops)
+
+    @property
+    def composites(self) -> list[str]:
+        """The composite (rule) names merged into the region, one per call site."""
+        return list((self.graph or {}).get("source", {}).get("composites", []))
+
+
+def region_table(mod: tvm.IRModule) -> dict[str, RegionEntry]:
+    """The byoc_hetero regions carried by a partitioned module, by external symbol."""
+    table = {}
+    for module in external_modules(mod):
+        graph = region_graph_json(module)
+        if graph is not None:
+            target = str(graph.get("source", {}).get("target", module.kind))
+            table[str(graph["symbol"])] = RegionEntry(str(graph["symbol"]), target, module, graph)
+    return table
+
+
+def external_module_for(mod: tvm.IRModule, symbol: str) -> tvm.runtime.Module | None:
+    """The external module of ``mod`` (of any runtime) that implements ``symbol``, else None."""
+    for module in external_modules(mod):
+        try:
+            if module.implements_function(symbol):
+                return module
+        except Exception:  # noqa: BLE001 - a module that cannot answer does not implement it
+            continue
+    return None
+
+
+def imported_modules(module: tvm.runtime.Module) -> Iterator[tvm.runtime.Module]:
+    """``module`` and every module it imports, transitively, each once."""
+    stack, seen = [module], set()
+    while stack:
+        m = stack.pop()
+        handle = m.__chandle__()
+        if handle in seen:
+            continue
+        seen.add(handle)
+        yield m
+        stack.extend(m.imports)
+
+
+def runtime_kinds(module: tvm.runtime.Module) -> set[str]:
+    """Kinds of a runtime module and of everything it imports (``llvm``, ``cuda``, ``byoc_hetero``)."""
+    return {str(m.kind) for m in imported_modules(module)}
+
+
+def region_modules(executable: Any) -> list[tvm.runtime.Module]:
+    """The byoc_hetero runtime modules a ``relax.VirtualMachine`` on ``executable`` runs.
+
+    They are found among the imports of ``executable.jit()`` (what the VM loads, possibly a
+    reloaded copy), not of the module the executable was built from.
+    """
+    return [m for m in imported_modules(executable.jit()) if m.kind == RUNTIME_KIND]
