@@ -604,6 +604,45 @@ def test_report_counts_ops_and_bytes():
     assert placement_report(ex).copies_per_run == 2  # a compiled placement reports the same
 
 
+def two_conv_net():
+    """conv → add → relu, twice: one offloaded region holding 2 conv2d, 2 add and 2 relu."""
+    rng = np.random.default_rng(7)
+    x = relax.Var("data", relax.TensorType((1, 3, 8, 8), "float32"))
+    weights = {"w1": (8, 3, 3, 3), "b1": (1, 8, 1, 1), "w2": (8, 8, 3, 3), "b2": (1, 8, 1, 1)}
+    wvars = [relax.Var(n, relax.TensorType(shape, "float32")) for n, shape in weights.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, *wvars]):
+        with bb.dataflow():
+            y = x
+            for w, b in (wvars[:2], wvars[2:]):
+                y = bb.emit(relax.op.nn.conv2d(y, w, padding=1))
+                y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    params = {n: (0.3 * rng.standard_normal(shape)).astype("float32") for n, shape in weights.items()}
+    return bb.get(), params
+
+
+def test_report_counts_the_ops_inside_regions_not_their_kinds():
+    mod, params = two_conv_net()
+    part = bh.partition(mod, params)
+    assert len(region_bindings(part)) == 1
+    placed = place(part, {"byoc_hetero": "cpu:1"}, fallback="cpu:0")
+    rep = placement_report(placed)
+    want = {}  # every op of the unpartitioned model, counted here from the IR
+    for b in main_bindings(mod):
+        if isinstance(b.value, relax.Call):
+            want[b.value.op.name] = want.get(b.value.op.name, 0) + 1
+    assert want == {"relax.nn.conv2d": 2, "relax.add": 2, "relax.nn.relu": 2}
+    assert dict(rep.region_ops["cpu:1"]) == want and "cpu:0" not in rep.region_ops
+    assert dict(rep.ops["cpu:1"]) == {"byoc_hetero": 1}
+    text = str(rep)
+    assert "inside the regions: 6 ops" in text and "nn.conv2d                        2" in text
+    inputs = random_inputs(mod, params)
+    want_out = reference(bh.bind_params(mod, params), inputs)
+    assert relative_error(run_placed(placed, inputs), want_out) <= TOL
+
+
 # -- export ----------------------------------------------------------------------------------------------------
 
 def test_exported_library_carries_its_plan(tmp_path):

@@ -12,85 +12,18 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
 
+from .. import _relax
+from ..errors import PlacementError, PlacementWarning
 from . import _ir
 from .copies import rewrite_function
+from .decision import CONST, DevTree, FunctionPlan, Pending, devices_in, fill
 from .devices import Device, DeviceLike, device_of_vdevice, make_vdevice, module_vdevices, parse_device
-from ..errors import PlacementError, PlacementWarning
+from .regions import RegionInfo, region_of, region_table
 from .rules import PlacementMap, PlacementRules, Site
-
-
-class Pending:
-    """The device of a parameter not decided yet (its first consumer decides)."""
-
-    __slots__ = ("param",)
-
-    def __init__(self, param: int):
-        self.param = param
-
-
-CONST = "constant"  # marker: a value bound to a constant; each consumer gets it on its own device
-
-DevTree = Device | Pending | str | tuple | None
-
-
-@dataclass
-class RegionInfo:
-    """An offloaded region (an external module's symbol) as placement sees it."""
-
-    codegen: str
-    ops: tuple[str, ...] = ()
-    composites: tuple[str, ...] = ()
-    cpu_only: bool = True
-
-
-@dataclass
-class FunctionPlan:
-    """The placement decision for one function: a device per parameter and per binding."""
-
-    name: str
-    params: list[DevTree]
-    bindings: dict[int, DevTree] = field(default_factory=dict)  # key(var) → device tree
-    const_vars: dict[int, relax.Expr] = field(default_factory=dict)  # key(var) → bound constant
-    sites: dict[int, Site] = field(default_factory=dict)  # key(var) → the call placed there
-
-
-def _region_table(mod: tvm.IRModule) -> dict[str, RegionInfo]:
-    """Symbols of the offloaded regions carried by ``mod`` (``external_mods``)."""
-    from ..codegen import region_graph_json
-
-    table: dict[str, RegionInfo] = {}
-    attrs = mod.attrs
-    if attrs is None or "external_mods" not in attrs:
-        return table
-    for ext in attrs["external_mods"]:
-        graph = region_graph_json(ext)
-        if graph is None:
-            continue
-        source = graph.get("source", {})
-        ops = tuple(n if n.startswith("relax.") else "relax." + n for n in source.get("ops", {}))
-        table[str(graph["symbol"])] = RegionInfo(
-            str(source.get("target", ext.kind)), ops, tuple(source.get("composites", [])), cpu_only=True
-        )
-    return table
-
-
-def _external_region(mod: tvm.IRModule, symbol: str) -> RegionInfo | None:
-    """A region of another BYOC backend (any external module implementing ``symbol``)."""
-    attrs = mod.attrs
-    if attrs is None or "external_mods" not in attrs:
-        return None
-    for ext in attrs["external_mods"]:
-        try:
-            if ext.implements_function(symbol):
-                return RegionInfo(str(ext.kind), cpu_only=False)
-        except Exception:  # noqa: BLE001  (modules that cannot answer are not the region)
-            continue
-    return None
 
 
 class _Analysis:
@@ -115,7 +48,7 @@ class _Analysis:
             if k in self.param_index:
                 dev = self.param_dev.get(k)
                 if dev is not None:
-                    return dev if not isinstance(expr.ty, relax.TupleType) else _fill(expr.ty, dev)
+                    return dev if not isinstance(expr.ty, relax.TupleType) else fill(expr.ty, dev)
                 return Pending(k) if _ir.has_tensor(expr.ty) else None
             if k in self.plan.const_vars:
                 return CONST
@@ -147,9 +80,9 @@ class _Analysis:
     def first_device(self, exprs, cpu_only: bool) -> Device | None:
         """The device of the first operand that already has one (a CPU device when ``cpu_only``)."""
         for e in exprs:
-            for leaf in _leaves(self.tree_of(e)):
-                if isinstance(leaf, Device) and not (cpu_only and leaf.is_gpu):
-                    return leaf
+            for device in devices_in(self.tree_of(e)):
+                if not (cpu_only and device.is_gpu):
+                    return device
         return None
 
     def region_device(self, site: Site) -> Device:
@@ -201,14 +134,14 @@ class _Analysis:
         return self.plan
 
     def call(self, var: relax.Var, call: relax.Call) -> DevTree:
-        op = _ir.op_of(call)
+        op = _relax.op_name(call)
         if op in (_ir.COPY_OP, _ir.HINT_OP):
             device = self.copy_destination(call)
             self.consume(call.args[0], device)
-            return _fill(var.ty, device)
+            return fill(var.ty, device)
         if isinstance(call.op, relax.GlobalVar):
             callee = self.mod[call.op]
-            kind = "a composite or offloaded region" if _ir.is_composite_or_region(callee) else "a Relax function"
+            kind = "a composite or offloaded region" if _relax.is_composite_or_region(callee) else "a Relax function"
             raise PlacementError(
                 f"{self.name}: {var.name!r} calls {call.op.name_hint}, {kind}; place() works on a module "
                 "before partitioning or after all four stages (bh.partition), not between them"
@@ -224,11 +157,11 @@ class _Analysis:
         for arg in call.args:
             self.consume(arg, device)
         self.plan.sites[_ir.key(var)] = site
-        return _fill(var.ty, device)
+        return fill(var.ty, device)
 
     def copy_destination(self, call: relax.Call) -> Device:
         attrs = call.attrs
-        if _ir.op_of(call) == _ir.COPY_OP:
+        if _relax.op_name(call) == _ir.COPY_OP:
             return device_of_vdevice(attrs.dst_vdevice)
         kind = {1: "cpu", 2: "cuda"}.get(int(attrs.device_type))
         if kind is None:
@@ -240,27 +173,12 @@ class _Analysis:
         index = self.counts[name]
         self.counts[name] += 1
         region = None
-        if _ir.op_of(call) in _ir.CALL_OPS and isinstance(call.args[0], relax.ExternFunc):
-            region = self.regions.get(name) or _external_region(self.mod, name)
+        if _relax.op_name(call) in _ir.CALL_OPS and isinstance(call.args[0], relax.ExternFunc):
+            region = region_of(self.mod, name, self.regions)
         if region is None:
             return Site(call, name, index, var.name, self.name)
         return Site(call, name, index, var.name, self.name, region=region.codegen,
-                    contained_ops=region.ops, aliases=(region.codegen, *region.composites))
-
-
-def _fill(ty, device: Device) -> DevTree:
-    """A device tree with ``device`` at every tensor of ``ty``."""
-    if isinstance(ty, relax.TupleType):
-        return tuple(_fill(f, device) for f in ty.fields)
-    return device if isinstance(ty, relax.TensorType) else None
-
-
-def _leaves(tree: DevTree):
-    if isinstance(tree, tuple):
-        for t in tree:
-            yield from _leaves(t)
-    elif tree is not None:
-        yield tree
+                    contained_ops=tuple(region.ops), aliases=(region.codegen, *region.composites))
 
 
 def _declared(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None, rules: PlacementRules,
@@ -349,8 +267,8 @@ def place(
     infos["vdevice"] = vdevices
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=infos)
 
-    names = list(functions) if functions is not None else _ir.entry_functions(mod)
-    regions = _region_table(mod)
+    names = list(functions) if functions is not None else _relax.entry_functions(mod, (_ir.ATTR_CONSTANTS_FOR,))
+    regions = region_table(mod)
     for name in names:
         if name not in [gv.name_hint for gv in out.get_global_vars()]:
             raise PlacementError(f"module has no function {name!r} to place")
@@ -383,7 +301,7 @@ def _check_regions(plan: FunctionPlan, regions: dict[str, RegionInfo]) -> None:
             continue
         info = regions.get(site.op_name)
         dev = plan.bindings.get(k)
-        leaf = next((d for d in _leaves(dev) if isinstance(d, Device)), None)
+        leaf = next(devices_in(dev), None)
         if info is not None and info.cpu_only and leaf is not None and leaf.is_gpu:
             raise PlacementError(
                 f"{plan.name}: offloaded region {site.op_name} ({site.region}, a CPU runtime) bound to "

@@ -26,8 +26,8 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern
 
-from .devices import Device, DeviceLike, parse_device
 from ..errors import PlacementError
+from .devices import Device, DeviceLike, parse_device
 
 RuleKey = str | DFPattern | Callable[["Site"], bool]
 PlacementMap = Mapping[RuleKey, DeviceLike] | Sequence[tuple[RuleKey, DeviceLike]]
