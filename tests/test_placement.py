@@ -208,6 +208,46 @@ def test_conv2d_on_device_1_rest_on_device_0(convnet):
     assert relative_error(got, want) <= TOL
 
 
+@pytest.mark.parametrize("others", ["cpu:0", None])
+def test_policy_function_places_conv2d_on_device_1_rest_on_device_0(convnet, others):
+    """A policy (one function site -> device or None) instead of a map; None means the fallback."""
+    _mod, _params, bound, inputs, want = convnet
+    asked = []
+
+    def policy(site):
+        asked.append(site.op_name)
+        return "cpu:1" if site.op_name == "relax.nn.conv2d" else others
+
+    placed = place(bound, policy, fallback="cpu:0")
+    ops = [b.value.op.name for b in main_bindings(bound) if isinstance(b.value, relax.Call)]
+    assert sorted(asked) == sorted(ops)  # asked once per call
+    rep = placement_report(placed)
+    assert rep.devices == ["cpu:0", "cpu:1"]
+    n_conv = ops.count("relax.nn.conv2d")
+    assert n_conv == 3 and dict(rep.ops["cpu:1"]) == {"relax.nn.conv2d": n_conv}
+    rest = {op: ops.count(op) for op in set(ops) - {"relax.nn.conv2d"}}
+    assert dict(rep.ops["cpu:0"]) == rest
+    # each conv's output comes back; its input goes over, except the model input (a parameter
+    # placed on its first consumer's device)
+    assert dev_of(placed["main"].params[0].ty) == "cpu:1"
+    assert rep.copies_per_run == 2 * n_conv - 1
+    validate(placed)
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+
+
+def test_bad_placement_map_or_policy_says_what_a_map_may_be(convnet):
+    bound = convnet[2]
+    for bad in (42, "relax.nn.conv2d", {"relax.nn.conv2d"}, is_op("relax.nn.conv2d")(wildcard(), wildcard())):
+        with pytest.raises(PlacementError, match="a placement map is a dict .*policy function"):
+            place(bound, bad, fallback="cpu:0")
+    with pytest.raises(PlacementError, match="policy .*relax.nn.conv2d bound to .*unknown device 'gpu'"):
+        place(bound, lambda s: "gpu" if s.op_name == "relax.nn.conv2d" else None, fallback="cpu:0")
+    with pytest.raises(PlacementError, match="policy .*raised KeyError"):
+        place(bound, lambda s: {}[s.op_name], fallback="cpu:0")
+    with pytest.raises(PlacementError, match="policy .* → cpu:2: device not declared"):
+        place(bound, lambda s: "cpu:2", fallback="cpu:0", devices=["cpu:0", "cpu:1"])
+
+
 def test_stock_legalization_drops_the_conv_device_and_we_catch_it(convnet):
     """TVM's own LegalizeOps compiles conv2d with no target and allocates it on device 0;
     our validation names the kernel, our lowering keeps the device."""

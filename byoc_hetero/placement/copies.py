@@ -205,7 +205,7 @@ class _Builder:
         return self.bb.get()[name]
 
 
-def rewrite_function(mod: tvm.IRModule, func: relax.Function, plan: FunctionPlan,
+def rewrite_function(func: relax.Function, plan: FunctionPlan,
                      vd_of: dict[Device, relax.VDevice], home: Device):
     """The placed function and, when constants were lifted, ``(loader name, loader function)``."""
     name = plan.name

@@ -23,16 +23,16 @@ from .copies import rewrite_function
 from .decision import CONST, DevTree, FunctionPlan, Pending, devices_in, fill
 from .devices import Device, DeviceLike, device_of_vdevice, make_vdevice, module_vdevices, parse_device
 from .regions import RegionInfo, region_of, region_table
-from .rules import PlacementMap, PlacementRules, Site
+from .rules import PlacementMap, PlacementPolicy, PlacementRules, Site
 
 
 class _Analysis:
     """Decide devices for one function (no IR is changed here)."""
 
     def __init__(self, mod: tvm.IRModule, name: str, rules: PlacementRules, fallback: Device,
-                 regions: dict[str, RegionInfo], declared: list[Device]):
+                 regions: dict[str, RegionInfo], declared: list[Device] | None):
         self.mod, self.name, self.rules, self.fallback = mod, name, rules, fallback
-        self.declared = declared
+        self.declared = declared  # None: not known before the rules (a policy) have answered
         self.regions = regions
         self.func: relax.Function = mod[name]
         self.var2val = relax.analysis.get_var2val(self.func)
@@ -93,7 +93,8 @@ class _Analysis:
         if device is None:
             device = self.fallback
             if cpu_only and device.is_gpu:
-                device = next((d for d in self.declared if not d.is_gpu), device)
+                known = self.declared or [self.fallback, *self.rules.devices()]
+                device = next((d for d in known if not d.is_gpu), device)
         return device
 
     # -- the walk -----------------------------------------------------------------------------
@@ -147,13 +148,9 @@ class _Analysis:
                 "before partitioning or after all four stages (bh.partition), not between them"
             )
         site = self.site(var, call)
-        rule = self.rules.lookup(site, self.var2val)
-        if rule is not None:
-            device = rule.device
-        elif site.region is not None:
-            device = self.region_device(site)
-        else:
-            device = self.fallback
+        device = self.rules.lookup(site, self.var2val)
+        if device is None:
+            device = self.region_device(site) if site.region is not None else self.fallback
         for arg in call.args:
             self.consume(arg, device)
         self.plan.sites[_ir.key(var)] = site
@@ -181,9 +178,8 @@ class _Analysis:
                     contained_ops=tuple(region.ops), aliases=(region.codegen, *region.composites))
 
 
-def _declared(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None, rules: PlacementRules,
-              fallback: Device) -> tuple[list[Device], list[relax.VDevice] | None]:
-    """The declared devices (VM order) and the module's own VDevice objects when it has them."""
+def _given_devices(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None) -> list[Device] | None:
+    """The devices declared by ``devices=`` or by the module itself (VM order); None when neither does."""
     existing = module_vdevices(mod)
     if devices is not None:
         declared = [parse_device(d) for d in devices]
@@ -193,24 +189,26 @@ def _declared(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None, rules: Pl
         if existing and [device_of_vdevice(v) for v in existing] != declared:
             have = ", ".join(str(device_of_vdevice(v)) for v in existing)
             raise PlacementError(f"the module already declares devices [{have}]; devices= must match them")
-    elif existing:
-        declared = [device_of_vdevice(v) for v in existing]
-    else:
-        declared = [fallback] + [d for d in rules.devices() if d != fallback]
+        return declared
+    return [device_of_vdevice(v) for v in existing] if existing else None
+
+
+def _declared(given: list[Device] | None, rules: PlacementRules, fallback: Device) -> list[Device]:
+    """The declared devices in VM order: ``given``, else the fallback and the devices the rules chose;
+    an error when the fallback or a device a rule chose is not among them."""
+    declared = given if given is not None else [fallback] + [d for d in rules.devices() if d != fallback]
     names = ", ".join(map(str, declared))
     if fallback not in declared:
         raise PlacementError(f"fallback device {fallback} is not declared (declared: {names})")
-    for rule in rules.rules:
-        if rule.device not in declared:
-            raise PlacementError(
-                f"placement rule {rule.label} → {rule.device}: device not declared (declared: {names})"
-            )
-    return declared, (existing or None)
+    for what, device in rules.named_by():
+        if device not in declared:
+            raise PlacementError(f"{what} → {device}: device not declared (declared: {names})")
+    return declared
 
 
 def place(
     mod: tvm.IRModule,
-    rules: PlacementMap | None = None,
+    rules: PlacementMap | PlacementPolicy | None = None,
     fallback: DeviceLike = "cpu",
     *,
     devices: Sequence[DeviceLike] | None = None,
@@ -225,15 +223,21 @@ def place(
         A Relax module: as written or imported, after :func:`byoc_hetero.bind_params`, or after
         :func:`byoc_hetero.partition` (offloaded regions are placed as single calls).
     rules:
-        Placement map ``{rule: device}`` (or a list of pairs), tried in order; see
-        :mod:`byoc_hetero.placement.rules` for op names, patterns and callables as rules.
+        A placement map ``{rule: device}`` (or a list of pairs), tried in order (see
+        :mod:`byoc_hetero.placement.rules` for op names, patterns and callables as rules), or a
+        placement policy: one function ``policy(site) -> device or None`` called for every call
+        (a :class:`~byoc_hetero.placement.Site`), None meaning "no decision"::
+
+            place(mod, lambda s: "cpu:1" if s.op_name == "relax.nn.conv2d" else None, fallback="cpu:0")
+
+        Anything else raises :class:`PlacementError` saying what a map may be.
     fallback:
-        The device of every call no rule places. It is VM device 0 unless ``devices`` says otherwise,
-        and holds the constants the VM loads.
+        The device of every call no rule places (or the policy leaves to None). It is VM device 0
+        unless ``devices`` says otherwise, and holds the constants the VM loads.
     devices:
         The declared devices in VM order. Default: the module's own ``vdevice`` list if it has one,
-        else the fallback followed by the devices the rules name. A rule naming a device that is
-        not declared is an error.
+        else the fallback followed by the devices the rules name (or the policy returned, in the
+        order it first returned them). A device not declared is an error.
     targets:
         Target per device kind (``{"cuda": tvm.target.Target(...)}``); default llvm for ``cpu``
         and, for ``cuda``, the present GPU's target or ``sm_75``.
@@ -257,28 +261,31 @@ def place(
     """
     parsed = PlacementRules(rules)
     fb = parse_device(fallback)
-    declared, existing = _declared(mod, devices, parsed, fb)
-    if existing is not None:
-        vdevices = existing
-    else:
-        vdevices = [make_vdevice(d, targets) for d in declared]
+    given = _given_devices(mod, devices)
+    if given is not None:
+        _declared(given, parsed, fb)  # a map naming an undeclared device fails before any work
+    names = list(functions) if functions is not None else _relax.entry_functions(mod, (_ir.ATTR_CONSTANTS_FOR,))
+    regions = region_table(mod)
+    plans = []
+    for name in names:
+        if name not in [gv.name_hint for gv in mod.get_global_vars()]:
+            raise PlacementError(f"module has no function {name!r} to place")
+        if not isinstance(mod[name], relax.Function):
+            raise PlacementError(f"{name} is not a Relax function")
+        plan = _Analysis(mod, name, parsed, fb, regions, given).run()
+        _check_regions(plan, regions)
+        plans.append(plan)
+    # the devices are known now (a policy names them as it answers): declare them, then rewrite
+    declared = _declared(given, parsed, fb)
+    existing = module_vdevices(mod)
+    vdevices = existing or [make_vdevice(d, targets) for d in declared]
     vd_of = dict(zip(declared, vdevices))
     infos = dict(mod.global_infos) if mod.global_infos is not None else {}
     infos["vdevice"] = vdevices
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=infos)
-
-    names = list(functions) if functions is not None else _relax.entry_functions(mod, (_ir.ATTR_CONSTANTS_FOR,))
-    regions = region_table(mod)
-    for name in names:
-        if name not in [gv.name_hint for gv in out.get_global_vars()]:
-            raise PlacementError(f"module has no function {name!r} to place")
-        func = out[name]
-        if not isinstance(func, relax.Function):
-            raise PlacementError(f"{name} is not a Relax function")
-        plan = _Analysis(out, name, parsed, fb, regions, declared).run()
-        _check_regions(plan, regions)
-        new_func, loader = rewrite_function(out, func, plan, vd_of, declared[0])
-        out[name] = new_func
+    for plan in plans:
+        new_func, loader = rewrite_function(mod[plan.name], plan, vd_of, declared[0])
+        out[plan.name] = new_func
         if loader is not None:
             out[loader[0]] = loader[1]
     inside = {op for info in regions.values() for op in info.ops}
