@@ -78,14 +78,19 @@ def signature(func: relax.Function, skip: Mapping[str, Any] | Sequence[str] | No
     return [tensor_spec(v) for v in func.params if v.name not in skipped]
 
 
+def check_count(function: str, specs: Sequence[TensorSpec | None], count: int) -> None:
+    """Raise :class:`InputError` when ``count`` inputs are given for ``specs``."""
+    if count != len(specs):
+        names = ", ".join(s.name if s is not None else "?" for s in specs)
+        raise InputError(f"{function} takes {len(specs)} inputs ({names}), got {count}")
+
+
 def check(function: str, specs: Sequence[TensorSpec | None], values: Sequence[Any]) -> None:
     """Raise :class:`InputError` when ``values`` do not match ``specs`` (count, dtype, rank, dims).
 
     A spec of None (a non-tensor parameter) accepts anything; so does a value without ``shape``
     and ``dtype`` attributes (the callee reports it)."""
-    if len(values) != len(specs):
-        names = ", ".join(s.name if s is not None else "?" for s in specs)
-        raise InputError(f"{function} takes {len(specs)} inputs ({names}), got {len(values)}")
+    check_count(function, specs, len(values))
     bound: dict[str, tuple[int, int, str]] = {}  # symbolic dim → (value, input index, input name)
     for i, (spec, value) in enumerate(zip(specs, values)):
         if spec is None or not (hasattr(value, "shape") and hasattr(value, "dtype")):

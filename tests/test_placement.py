@@ -628,6 +628,48 @@ def test_cpu_region_on_a_gpu_is_an_error(sinnet):
     assert set(placement_report(placed).regions) == {"cpu:0"}
 
 
+# -- inputs ------------------------------------------------------------------------------------------------
+
+@I.ir_module
+class Symbolic:
+    """``n`` is symbolic and shared by both inputs; the second dimension is fixed."""
+
+    @R.function
+    def main(a: R.Tensor(("n", 7), "float32"), b: R.Tensor(("n", 7), "float32")) -> R.Tensor(("n", 7), "float32"):
+        n = T.int64()
+        with R.dataflow():
+            x = R.add(a, b)
+            y = R.multiply(x, b)
+            R.output(y)
+        return y
+
+
+def test_vm_checks_input_shapes_and_dtypes():
+    placed = place(Symbolic, {"relax.multiply": "cpu:1"}, fallback="cpu:0")
+    machine = vm(compile(placed))
+    rng = np.random.default_rng(3)
+    for n in (5, 2):  # any value for the symbolic n, on every call
+        a, b = (rng.standard_normal((n, 7)).astype("float32") for _ in range(2))
+        np.testing.assert_allclose(machine["main"](a, b).numpy(), (a + b) * b, rtol=TOL)
+        np.testing.assert_allclose(machine["main"](a, b).numpy(), reference(Symbolic, [a, b]), rtol=TOL)
+    a = np.zeros((5, 7), "float32")
+    bad = {
+        "input 1 \\('b'\\): expected shape \\[n, 7\\], got \\[5, 8\\]": (a, np.zeros((5, 8), "float32")),
+        "input 0 \\('a'\\): expected dtype float32, got float64": (np.zeros((5, 7)), a),
+        "input 1 \\('b'\\): expected shape \\[n, 7\\], got \\[5, 7, 1\\]": (a, np.zeros((5, 7, 1), "float32")),
+        "input 1 \\('b'\\): .* with n = 5 \\(from input 0 \\('a'\\)\\), got \\[4, 7\\]": (a, np.zeros((4, 7), "float32")),
+        "main takes 2 inputs \\(a, b\\), got 1": (a,),
+    }
+    for message, inputs in bad.items():
+        with pytest.raises(bh.InputError, match="main: " * ("takes" not in message) + message):
+            machine["main"](*inputs)
+    # tensors already on a device are checked too (SharedInput: fixed shapes)
+    fixed = vm(compile(place(SharedInput, {second_add: "cpu:1"}, fallback="cpu:0")))
+    ok = np.ones((2, 3), "float32")
+    with pytest.raises(bh.InputError, match="input 2 \\('c'\\): expected shape \\[2, 3\\], got \\[3, 2\\]"):
+        fixed["main"](ok, ok, tvm.runtime.tensor(np.ones((3, 2), "float32"), tvm.cpu(1)))
+
+
 # -- item 6: report ---------------------------------------------------------------------------------------------
 
 def test_report_counts_ops_and_bytes():
@@ -694,3 +736,5 @@ def test_exported_library_carries_its_plan(tmp_path):
     assert [str(d) for d in machine.devices] == ["cpu:0", "cpu:1"]
     a, b, c = (np.full((2, 3), v, "float32") for v in (1.0, 2.0, 4.0))
     np.testing.assert_allclose(machine["main"](a, b, c).numpy(), (a + b) - (b + c))
+    with pytest.raises(bh.InputError, match="input 1 \\('b'\\): expected dtype float32, got float64"):
+        machine["main"](a, b.astype("float64"), c)  # the signature travels with the library

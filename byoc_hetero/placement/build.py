@@ -28,6 +28,7 @@ from tvm import relax
 
 from .. import _relax
 from ..errors import PlacementError
+from ..inputs import signature
 from . import _ir
 from .devices import Device, device_of_vdevice, module_vdevices, parse_device
 from .validate import validate, validate_lowered
@@ -43,7 +44,8 @@ class PlacedExecutable:
     executable: relax.VMExecutable
     #: the placed module that was compiled (before lowering)
     module: tvm.IRModule
-    #: the plan: ``{"devices": [...], "functions": {name: {"params": [...], "constants": loader, ...}}}``
+    #: the plan: ``{"devices": [...], "functions": {name: {"params": [...], "inputs": [...],
+    #: "constants": loader, ...}}}`` (``inputs``: each input's name, dtype and shape)
     plan: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -88,9 +90,13 @@ def make_plan(mod: tvm.IRModule) -> dict[str, Any]:
             else:
                 params.append(None)
         entry: dict[str, Any] = {"params": params}
+        num_inputs = len(params)
         if _ir.ATTR_CONSTANTS in attrs:
             entry["constants"] = str(attrs[_ir.ATTR_CONSTANTS])
             entry["num_constants"] = int(attrs[_ir.ATTR_NUM_CONSTANTS])
+            num_inputs -= entry["num_constants"]
+        specs = signature(func)[:num_inputs]
+        entry["inputs"] = [spec.to_json() if spec is not None else None for spec in specs]
         functions[name] = entry
     return {"format": PLAN_FORMAT, "version": 1, "devices": devices, "functions": functions}
 
