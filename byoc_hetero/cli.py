@@ -24,6 +24,17 @@ from .errors import ByocError, InputError, ModelFileError, UnsupportedModelError
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNSUPPORTED = 0, 1, 2, 3
 
 
+def _multiple_of_32(text: str) -> int:
+    """``--image-size``: a positive multiple of 32 (VGG-11 halves it five times); else a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0 or value % 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive multiple of 32")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="byoc-hetero",
@@ -32,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="VGG-11 through the four partition stages, then latency")
-    demo.add_argument("--image-size", type=int, default=224, help="input height/width (multiple of 32)")
+    demo.add_argument("--image-size", type=_multiple_of_32, default=224, help="input height/width (multiple of 32)")
     demo.add_argument("--repeat", type=int, default=3, help="timed runs of the llvm-only build")
 
     report = sub.add_parser("report", help="partition an ONNX model and print what went where, and why")

@@ -101,6 +101,8 @@ def test_unsupported_op_exit_code(tmp_path):
 
 def test_bad_usage_exit_code():
     assert cli("frobnicate").returncode == 2
+    out = cli("demo", "--image-size", "100")  # VGG-11 needs a multiple of 32: usage, before any work
+    assert out.returncode == 2 and "not a positive multiple of 32" in out.stderr
 
 
 def _tiny_vm():
