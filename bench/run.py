@@ -201,14 +201,13 @@ def kernels_worker(args) -> dict:
             node = graph["nodes"][index]
             a = node["attrs"]
             act = a.get("activation", "none")
-            if act == "clip":
-                act = "relu6" if a.get("clip") == [0, 6] or a.get("clip") == [0.0, 6.0] else "none"
+            clip = {"clip": a["clip"]} if act == "clip" else {}
             x_shape, w_shape = shapes[node["inputs"][0]], shapes[node["inputs"][1]]
             if node["op"] == "conv2d":
                 layer = dict(op="conv2d", data_shape=x_shape, weight_shape=w_shape,
                              strides=a.get("strides", [1, 1]), padding=a.get("padding", [0, 0, 0, 0]),
                              dilation=a.get("dilation", [1, 1]), groups=a.get("groups", 1),
-                             bias=bool(a.get("has_bias")), activation=act, residual=bool(a.get("residual")))
+                             bias=bool(a.get("has_bias")), activation=act, residual=bool(a.get("residual")), **clip)
                 shape = (f"{x_shape[1]}->{w_shape[0]} k{w_shape[2]} s{layer['strides'][0]} "
                          f"g{layer['groups']} {x_shape[2]}x{x_shape[3]}")
                 flops = 2 * np.prod(shapes[node["output"]]) * np.prod(w_shape[1:])
@@ -216,7 +215,7 @@ def kernels_worker(args) -> dict:
                 k = x_shape[-1]
                 m_ = int(np.prod(x_shape)) // k
                 n = w_shape[0] if a["weight_layout"] == "NK" else w_shape[1]
-                layer = dict(op="dense", m=m_, k=k, n=n, bias=bool(a.get("has_bias")), activation=act)
+                layer = dict(op="dense", m=m_, k=k, n=n, bias=bool(a.get("has_bias")), activation=act, **clip)
                 shape = f"{m_}x{k} @ {k}x{n}"
                 flops = 2 * m_ * k * n
             row = {"op": node["op"], "shape": shape, "impl": " + ".join(first[(r_, index)]["impl"]),

@@ -15,7 +15,7 @@ regions; the codegen turns each region into a module of the C++ oneDNN runtime; 
 # compiled ``_C``: let the package also look in the installed copy's folder for it.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
-from . import models, rules  # noqa: E402
+from . import backends, codegen, models, rules  # noqa: E402
 from ._native import _C  # noqa: E402
 from .errors import (
     ByocError,

@@ -163,6 +163,20 @@ def local_functions(func: relax.Function) -> dict[relax.Var, relax.Function]:
     return found
 
 
+def called_function(mod: tvm.IRModule, call: relax.Call,
+                    local: Mapping[relax.Var, relax.Function] | None = None) -> relax.Function | None:
+    """The Relax function a call calls: a global function of ``mod``, or one of ``local``
+    (:func:`local_functions` of the caller); None for an op call or anything else."""
+    op = call.op
+    if isinstance(op, relax.GlobalVar):
+        func = mod[op]
+    elif local is not None and isinstance(op, relax.Var):
+        func = local.get(op)
+    else:
+        func = None
+    return func if isinstance(func, relax.Function) else None
+
+
 def region_composites(region: relax.Function) -> list[relax.Function]:
     """The composite functions a region calls, one entry per call site, in order."""
     local: dict[relax.Var, relax.Function] = {}

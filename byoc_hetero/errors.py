@@ -24,9 +24,23 @@ for its own failures too.
 
 from __future__ import annotations
 
+import tvm_ffi
+
 
 class ByocError(Exception):
-    """Base class of every error raised by byoc_hetero."""
+    """Base class of every error raised by byoc_hetero.
+
+    The class and every subclass are registered with TVM's FFI, so an error raised inside a TVM
+    pass (a rule's check, a Python module pass) reaches the caller with its own type instead of
+    TVM's plain RuntimeError.
+    """
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        tvm_ffi.register_error(cls)
+
+
+tvm_ffi.register_error(ByocError)
 
 
 class RuleError(ByocError, ValueError):

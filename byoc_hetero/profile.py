@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from ._relax import composite_target, op_name, region_table, region_target, short_op_name
+from ._relax import (
+    called_function,
+    composite_target,
+    local_functions,
+    op_name,
+    region_table,
+    region_target,
+    short_op_name,
+)
 
 HOST = "llvm"
 
@@ -54,7 +62,7 @@ class OpProfile:
 def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: OpProfile,
                     ext: dict) -> None:
     """Count the ops of ``func`` for ``target``, descending into called composites/regions."""
-    local: dict = {}
+    local = local_functions(func)
 
     def visit(expr):
         if isinstance(expr, relax.Function):
@@ -75,12 +83,8 @@ def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: 
             if op not in ("call_tir", "call_dps_packed"):
                 prof.add(target, op)
             return
-        callee = None
-        if isinstance(expr.op, relax.GlobalVar):
-            callee = mod[expr.op]
-        elif expr.op in local:
-            callee = local[expr.op]
-        if isinstance(callee, relax.Function):
+        callee = called_function(mod, expr, local)
+        if callee is not None:
             region, composite = region_target(callee), composite_target(callee)
             if region is not None:
                 prof.regions[region] += 1
@@ -88,16 +92,11 @@ def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: 
                 prof.composites[composite] += 1
             _count_function(callee, region or composite or target, mod, prof, ext)
 
-    def walk(body):
-        for block in body.blocks:
-            for binding in block.bindings:
-                if isinstance(binding.value, relax.Function):
-                    local[binding.var] = binding.value
-                else:
-                    relax.analysis.post_order_visit(binding.value, visit)
-
     if isinstance(func.body, relax.SeqExpr):
-        walk(func.body)
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if not isinstance(binding.value, relax.Function):
+                    relax.analysis.post_order_visit(binding.value, visit)
 
 
 def op_profile(mod: tvm.IRModule, entry: str = "main") -> OpProfile:

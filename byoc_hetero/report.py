@@ -20,6 +20,8 @@ import tvm
 from tvm import relax
 
 from ._relax import (
+    called_function,
+    local_functions,
     composite_name,
     describe,
     function_outputs,
@@ -34,8 +36,7 @@ from ._relax import (
 )
 from .errors import ByocError
 from .profile import HOST, OpProfile, op_profile
-from .rules.registry import Rejection, latest_rejection
-from .stages import DECISIONS_ATTR
+from .rules import Rejection, latest_rejection, rejections
 
 PALETTE = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7e9c0")
 HOST_COLOUR = "#e0e0e0"
@@ -72,6 +73,8 @@ class PartitionReport:
     profile: OpProfile
     regions: list[RegionReport] = field(default_factory=list)
     fallbacks: list[FallbackOp] = field(default_factory=list)
+    #: every rejection the partition stages recorded (including calls a larger rule took later)
+    rejections: list[Rejection] = field(default_factory=list)
     dot: str = ""
 
     @property
@@ -161,13 +164,6 @@ def graph_node_flops(node: dict, tensors: list[dict]) -> int:
 # ----------------------------------------------------------------------------------------------
 # Building the report
 # ----------------------------------------------------------------------------------------------
-def _decisions(mod: tvm.IRModule) -> list[Rejection]:
-    if mod.attrs is None or DECISIONS_ATTR not in mod.attrs:
-        return []
-    return [Rejection(str(d["rule"]), str(d["op"]), str(d["reason"]), str(d["value"]))
-            for d in mod.attrs[DECISIONS_ATTR]]
-
-
 def _region_from_function(name: str, func: relax.Function) -> RegionReport:
     ops, rules, flops = Counter(), [], 0
     for comp in region_composites(func):
@@ -249,27 +245,22 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
     >>> print(rep)                     # op counts, regions, what stayed on llvm and why
     >>> rep.render("vgg11.svg")        # the graph, one colour per target (needs graphviz)
     """
-    decisions = _decisions(mod)
+    decisions = rejections(mod)
     graphs = region_table(mod)
-    rep = PartitionReport(op_profile(mod, entry))
+    rep = PartitionReport(op_profile(mod, entry), rejections=decisions)
     dot = _Dot()
     func = mod[entry]
     for param in func.params:
         dot.node(param, f"{param.name}\\n{describe(param)}", HOST, shape="ellipse")
-    local_funcs: dict = {}
+    local_funcs = local_functions(func)
     for block in func.body.blocks:
         for binding in block.bindings:
             var, value = binding.var, binding.value
             if isinstance(value, relax.Function):
-                local_funcs[var] = value
                 continue
             target, label = HOST, type(value).__name__
             if isinstance(value, relax.Call):
-                callee = None
-                if isinstance(value.op, relax.GlobalVar):
-                    callee = mod[value.op]
-                elif value.op in local_funcs:
-                    callee = local_funcs[value.op]
+                callee = called_function(mod, value, local_funcs)
                 if op_name(value) == "relax.call_dps_packed":
                     symbol = str(value.args[0].global_symbol)
                     if symbol in graphs:

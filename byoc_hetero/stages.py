@@ -32,7 +32,6 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import codegen as _codegen  # noqa: F401  (registers relax.ext.byoc_hetero)
 from ._relax import (
     composite_target,
     entry_functions,
@@ -44,21 +43,20 @@ from ._relax import (
     static_shape,
     updated,
 )
+from .backends.onednn import TARGET as DEFAULT_TARGET
 from .errors import RuleError
-from .rules import DECISIONS, DEFAULT_TARGET, get_target, op_rule_ops, pattern_rules
-from .rules.registry import (
+from .rules import (
     CONST_DIGEST_ATTR,
-    ConstantsDigest,
-    Match,
-    check_op_rule,
+    DecisionLog,
+    get_target,
+    op_rule_ops,
+    op_rule_pattern,
+    pattern_rules,
     required_ops,
-    run_check,
-    single_op_pattern,
 )
 
 TARGET_ATTR = "byoc_hetero.target"
-DECISIONS_ATTR = "byoc_hetero.rejections"
-"""Module attribute where the stages keep why candidate calls were not offloaded."""
+"""Attribute of a composite function: the target that will run it (set by AnnotateTarget)."""
 
 TargetSpec = str | Sequence[str]
 
@@ -72,11 +70,12 @@ def _targets(target: TargetSpec) -> list[str]:
     return names
 
 
-def _with_decisions(mod: tvm.IRModule) -> tvm.IRModule:
-    """Record the rejections so far on the module, for :func:`byoc_hetero.report`."""
-    records = [{"rule": r.rule, "op": r.op, "reason": r.reason, "value": r.value}
-               for r in DECISIONS.rejections]
-    return mod.with_attr(DECISIONS_ATTR, records)
+def _fuse(mod: tvm.IRModule, patterns: list) -> tvm.IRModule:
+    """FuseOpsByPattern into composites (no codegen annotation) over every entry function."""
+    mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
+    return relax.transform.FuseOpsByPattern(
+        patterns, bind_constants=True, annotate_codegen=False, entry_functions=entry_functions(mod),
+    )(mod)
 
 
 def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
@@ -85,42 +84,20 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="MergeComposite")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        DECISIONS.rejections.clear()
+        log = DecisionLog()  # the first stage starts the run's decisions afresh
         present = ops_in(mod)
-        patterns = [rule.fusion_pattern() for t in names for rule in pattern_rules(t)
+        patterns = [rule.fusion_pattern(log) for t in names for rule in pattern_rules(t)
                     if required_ops(rule.pattern) <= present]
-        # dead bindings would become regions nobody calls (and that RunCodegen never compiles)
+        # (a, b)[0] → a, then dead bindings go: values read only through a tuple nobody else reads
+        # (the unused indices of PyTorch's max-pools) would become outputs of regions, and dead
+        # bindings regions nobody calls (which RunCodegen never compiles)
+        mod = relax.transform.CanonicalizeBindings()(mod)
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
-        if not patterns:
-            return _with_decisions(mod)
-        mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-        mod = relax.transform.FuseOpsByPattern(
-            patterns, bind_constants=True, annotate_codegen=False,
-            entry_functions=entry_functions(mod),
-        )(mod)
-        return _with_decisions(mod)
+        if patterns:
+            mod = _fuse(mod, patterns)
+        return log.attach(mod)
 
     return stage
-
-
-def _op_rule_pattern(target: str, op_name: str) -> relax.transform.FusionPattern:
-    tgt = get_target(target)
-    rule_name = f"{target}.{op_name}"
-    digest = ConstantsDigest()
-
-    def check(ctx) -> bool:
-        call = ctx.matched_expr
-        reason = check_op_rule(target, call)
-        if reason is None and tgt.can_lower is not None:
-            reason = run_check(lambda _m: tgt.can_lower(call), Match(call, {"root": call}), rule_name)
-        if reason is not None:
-            DECISIONS.add(rule_name, call, reason)
-            return False
-        return digest.accept(ctx)
-
-    short = op_name.removeprefix("relax.")
-    return relax.transform.FusionPattern(f"{target}.op.{short}", single_op_pattern(op_name), {}, check,
-                                         digest.attrs)
 
 
 def annotate_target(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
@@ -129,28 +106,22 @@ def annotate_target(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="AnnotateTarget")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        patterns = [_op_rule_pattern(t, op) for t in names for op in op_rule_ops(t)]
+        log = DecisionLog.from_module(mod)
+        patterns = [op_rule_pattern(t, op, log) for t in names for op in op_rule_ops(t)]
         if patterns:
-            mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-            mod = relax.transform.FuseOpsByPattern(
-                patterns, bind_constants=True, annotate_codegen=False,
-                entry_functions=entry_functions(mod),
-            )(mod)
-        return _with_decisions(_mark_composite_targets(mod, names))
+            mod = _fuse(mod, patterns)
+        return log.attach(_mark_composite_targets(mod, names))
 
     return stage
 
 
 def _mark_composite_targets(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule:
     updates = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            tgt = composite_target(func)
-            if tgt in names and TARGET_ATTR not in func.attrs:
-                updates[gv] = func.with_attr(TARGET_ATTR, tgt)
-    for gv, func in updates.items():
-        mod[gv] = func
-    return mod
+    for gv, func in mod.functions_items():
+        tgt = composite_target(func) if isinstance(func, relax.Function) else None
+        if tgt in names and TARGET_ATTR not in func.attrs:
+            updates[gv] = func.with_attr(TARGET_ATTR, tgt)
+    return updated(mod, updates) if updates else mod
 
 
 HEAVY_OPS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul",
@@ -170,7 +141,7 @@ def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> st
 
 
 def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
-                      require_heavy: bool) -> set[tvm.ir.GlobalVar]:
+                      require_heavy: bool, log: DecisionLog) -> set[tvm.ir.GlobalVar]:
     """Composite functions of ``before`` that form regions of ``merged`` failing the cost gate."""
     # a region holds copies of the composites it calls: find each one's original among those of
     # the same rule and constants digest (so not every composite is compared with every other)
@@ -194,7 +165,7 @@ def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
                 if tvm_ffi.structural_equal(comp.body, local.body, map_free_vars=True):
                     gated.add(gv)
                     for call in op_calls(comp):
-                        DECISIONS.add(name, call, reason)
+                        log.add(name, call, reason)
     return gated
 
 
@@ -208,6 +179,43 @@ def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.I
              for gv in gated}
     inlined = {mod.get_global_var(name): mod[name].inline_functions(plain) for name in entry_functions(mod)}
     return updated(mod, inlined, remove=gated)
+
+
+def merge_composite_functions(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's MergeCompositeFunctions, applied to every entry function of ``mod`` on its own.
+
+    TVM's pass groups the composite calls of ``main`` only (but rewrites every function), so a
+    second function with composites failed with "Variable ... could not be found in any group".
+    Each entry function is therefore merged in a module of its own where it is ``main``, next to the
+    module's other (non-entry) functions; its regions are prefixed with its name, so two functions
+    never make regions of one name, and the results are put back together.
+    """
+    entries = entry_functions(mod)
+    if entries == ["main"] or not entries:
+        return relax.transform.MergeCompositeFunctions()(mod)
+    shared = {gv: f for gv, f in mod.functions_items() if gv.name_hint not in entries}
+    results: dict[str, tuple[tvm.ir.GlobalVar, relax.BaseFunc]] = {}
+    for name in entries:
+        func = mod[name]
+        private = func.attrs is None or "global_symbol" not in func.attrs
+        sub = tvm.IRModule({**shared, tvm.ir.GlobalVar("main"): func.with_attr("global_symbol", name)})
+        sub = relax.transform.MergeCompositeFunctions()(sub)
+        if name != "main":
+            sub = updated(sub, {gv: f.with_attr("global_symbol", f"{name}_{gv.name_hint}")
+                                for gv, f in sub.functions_items() if is_region(f)})
+        # renames each GlobalVar after its global_symbol: main → name, regions → prefixed
+        sub = relax.transform.NormalizeGlobalVar()(sub)
+        for gv, f in sub.functions_items():
+            if gv.name_hint == name and private:
+                f = f.without_attr("global_symbol")
+            results.setdefault(gv.name_hint, (gv, f))  # call sites hold these GlobalVars
+    merged = mod.clone()
+    for gv in list(merged.get_global_vars()):
+        del merged[gv]
+    for gv, func in results.values():
+        merged[gv] = func
+    # composites absorbed into regions of one function are still in the others' modules
+    return relax.transform.DeadCodeElimination(entries)(merged)
 
 
 MAX_REGION_NAME = 256
@@ -254,11 +262,12 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
 
     @tvm.transform.module_pass(opt_level=0, name="MergeCompilerRegions")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        log = DecisionLog.from_module(mod)
         while True:
-            merged = relax.transform.MergeCompositeFunctions()(mod)
-            gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op)
+            merged = merge_composite_functions(mod)
+            gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op, log)
             if not gated:
-                return _with_decisions(_shorten_region_names(merged))
+                return log.attach(_shorten_region_names(merged))
             mod = _inline_composites(mod, gated)
 
     return stage
@@ -269,9 +278,10 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
 
     @tvm.transform.module_pass(opt_level=0, name="PartitionGraph")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        log = DecisionLog.from_module(mod)
         mod = relax.transform.RunCodegen(dict(options or {}), entry_functions(mod))(mod)
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
-        return _with_decisions(mod)
+        return log.attach(mod)
 
     return stage
 
@@ -319,7 +329,8 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, func
             raise ValueError(f"parameter {name!r}: expected shape {list(want_shape)}, got {list(arr.shape)}")
         if isinstance(ty, relax.TensorType) and str(ty.dtype) != str(arr.dtype):
             raise ValueError(f"parameter {name!r}: expected dtype {ty.dtype}, got {arr.dtype}")
-        bound[name] = tvm.runtime.tensor(np.ascontiguousarray(arr))
+        # np.ascontiguousarray would make a 0-d array 1-d (a scalar index of shape (1,))
+        bound[name] = tvm.runtime.tensor(np.require(arr, requirements="C"))
     return relax.transform.BindParams(func, bound)(mod)
 
 

@@ -23,7 +23,7 @@
 
 #include "kernels/kernel.h"
 #include "region_graph.h"
-#include "region_plan.h"
+#include "compiled_region.h"
 #include "threading.h"
 
 namespace byoc_hetero {

@@ -69,7 +69,7 @@ def saved_rules():
     """Snapshot the rule registry and the op attributes code may change; restore afterwards."""
     import tvm
 
-    from byoc_hetero.rules import registry
+    from byoc_hetero import rules as registry
 
     saved = {name: list(t.patterns) for name, t in registry._TARGETS.items()}
     saved_targets = dict(registry._TARGETS)

@@ -9,11 +9,12 @@ import json
 import numpy as np
 import pytest
 from conftest import offload_and_compare
+import tvm
 from tvm import relax
 
 import byoc_hetero as bh
-from byoc_hetero.codegen import region_graph_json
-from byoc_hetero.rules import DECISIONS
+from byoc_hetero._relax import region_graph_json
+from byoc_hetero.rules import rejections
 
 F32 = "float32"
 rng = np.random.default_rng(7)
@@ -218,7 +219,7 @@ def test_batch_norm_in_training_form_stays_on_llvm():
     res = offload_and_compare(mod, params)
     assert res.profile.counts["llvm"]["nn.batch_norm"] == 1
     assert res.profile.counts["byoc_hetero"]["nn.conv2d"] == 1
-    assert any("training form" in r.reason for r in DECISIONS.rejections)
+    assert any("training form" in r.reason for r in rejections(res.partitioned))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,7 +261,7 @@ def test_avg_pool_ceil_with_include_pad_stays_on_llvm():
         params)
     res = offload_and_compare(mod, params)
     assert res.profile.counts["llvm"]["nn.avg_pool2d"] == 1
-    assert any("count_include_pad" in r.reason for r in DECISIONS.rejections)
+    assert any("count_include_pad" in r.reason for r in rejections(res.partitioned))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ def test_two_sided_broadcast_add_stays_on_llvm():
     res = offload_and_compare(mod, params)
     assert res.profile.counts["llvm"]["add"] == 1
     assert res.profile.counts["byoc_hetero"]["matmul"] == 1
-    assert any("broadcasts only one side" in r.reason for r in DECISIONS.rejections)
+    assert any("broadcasts only one side" in r.reason for r in rejections(res.partitioned))
 
 
 @pytest.mark.parametrize("heads_broadcast", [False, True])
@@ -382,3 +383,42 @@ def test_mobilenet_v2_reduced():
     assert res.profile.counts["byoc_hetero"]["nn.batch_norm"] == 52
     # every conv absorbed its batch norm, ReLU6 and residual add: 52 convs + pooling + classifier
     assert res.profile.composites["byoc_hetero"] == 54
+
+
+def test_runtime_names_the_codegen_writes_are_the_runtimes_own():
+    """Activation, pooling and binary names are defined once, in C++ (``_C.enum_names``): the
+    Relax op → runtime name tables of the oneDNN backend must use exactly those names."""
+    from byoc_hetero import _C
+    from byoc_hetero.backends.onednn.ops.activation import ACTIVATIONS
+    from byoc_hetero.backends.onednn.ops.binary import ALGORITHMS
+
+    assert set(ACTIVATIONS.values()) | {"none"} == set(_C.activation_names())
+    enums = _C.enum_names()
+    assert set(ALGORITHMS.values()) <= set(enums["binary_algorithm"])
+    assert {"max", "avg_include_padding", "avg_exclude_padding"} <= set(enums["pool_algorithm"])
+
+
+def test_every_op_of_a_builtin_rule_has_a_lowering():
+    """A rule the codegen cannot lower would fail at PartitionGraph: every op a built-in pattern
+    can match, and every op with a single-call check, has an entry in the lowering table."""
+    from tvm.relax import dpl
+
+    from byoc_hetero.backends.onednn import table
+
+    def ops_of(pattern, found):
+        if isinstance(pattern, dpl.ExprPattern) and isinstance(pattern.expr, tvm.ir.Op):
+            found.add(pattern.expr.name)
+        for name in ("op", "left", "right", "tuple", "pattern"):
+            sub = getattr(pattern, name, None)
+            if isinstance(sub, dpl.DFPattern):
+                ops_of(sub, found)
+        for sub in list(getattr(pattern, "args", None) or []) + list(getattr(pattern, "fields", None) or []):
+            ops_of(sub, found)
+        return found
+
+    ops = set()
+    for spec in table.pattern_specs():
+        ops_of(spec.pattern, ops)
+    assert {"relax.nn.conv2d", "relax.matmul", "relax.nn.batch_norm", "relax.clip"} <= ops
+    missing = sorted(op for op in ops | set(table._SINGLE_CHECKS) if table.lowering_for(op) is None)
+    assert missing == []

@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 import byoc_hetero as bh
-from byoc_hetero.rules import DECISIONS, pattern_rules
+from byoc_hetero.rules import pattern_rules, rejections
 from byoc_hetero.timing import build, run
 
 
@@ -60,7 +60,7 @@ def test_float16_conv_is_rejected_and_stays_on_llvm():
     prof = bh.op_profile(part)
     assert "byoc_hetero" not in prof.counts
     assert prof.counts["llvm"]["nn.conv2d"] == 1
-    assert any("float16" in r.reason and r.rule.startswith("byoc_hetero.conv2d") for r in DECISIONS.rejections)
+    assert any("float16" in r.reason and r.rule.startswith("byoc_hetero.conv2d") for r in rejections(part))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 4, 8, 8)).astype("float16")
     w = rng.standard_normal((6, 4, 3, 3)).astype("float16")
@@ -74,7 +74,7 @@ def test_nhwc_conv_is_rejected_and_stays_on_llvm():
     part = bh.partition(mod)
     prof = bh.op_profile(part)
     assert "byoc_hetero" not in prof.counts
-    assert any("NHWC" in r.reason for r in DECISIONS.rejections)
+    assert any("NHWC" in r.reason for r in rejections(part))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 8, 4)).astype("float32")
     w = rng.standard_normal((3, 3, 4, 6)).astype("float32")
@@ -94,7 +94,7 @@ def test_symbolic_batch_is_rejected_with_reason():
         bb.emit_func_output(out)
     part = bh.partition(bb.get())
     assert "byoc_hetero" not in bh.op_profile(part).counts
-    assert any("symbolic" in r.reason for r in DECISIONS.rejections)
+    assert any("symbolic" in r.reason for r in rejections(part))
 
 
 def test_per_channel_bias_check_rejects_a_row_broadcast():
@@ -110,7 +110,7 @@ def test_per_channel_bias_check_rejects_a_row_broadcast():
         bb.emit_func_output(out)
     res = offload_and_compare(bb.get())
     assert res.profile.counts["byoc_hetero"]["nn.conv2d"] == 1
-    assert any("not one value per output channel" in r.reason for r in DECISIONS.rejections)
+    assert any("not one value per output channel" in r.reason for r in rejections(res.partitioned))
     rules = [n for r in bh.report(res.partitioned).regions for n in r.rules]
     assert "byoc_hetero.conv2d" in rules and not any("bias" in n for n in rules)
 
@@ -148,7 +148,7 @@ def test_op_rule_decorator_reason_is_recorded(restore_rules):
     res = offload_and_compare(mod, params)
     assert res.profile.counts["byoc_hetero"] == {"matmul": 1}
     assert res.profile.counts["llvm"]["matmul"] == 1
-    assert any(r.reason == "output width 24 > 16" for r in DECISIONS.rejections)
+    assert any(r.reason == "output width 24 > 16" for r in rejections(res.partitioned))
 
 
 def test_op_rule_on_op_the_runtime_cannot_run_stays_on_llvm(restore_rules):
@@ -161,7 +161,7 @@ def test_op_rule_on_op_the_runtime_cannot_run_stays_on_llvm(restore_rules):
         bb.emit_func_output(out)
     res = offload_and_compare(bb.get())
     assert res.profile.counts["llvm"] == {"sin": 1}
-    assert any("relax.sin" in r.reason and r.rule == "byoc_hetero.relax.sin" for r in DECISIONS.rejections)
+    assert any("relax.sin" in r.reason and r.rule == "byoc_hetero.relax.sin" for r in rejections(res.partitioned))
 
 
 def test_bad_rules_raise_rule_error_naming_the_rule(restore_rules):
@@ -184,5 +184,95 @@ def test_check_that_raises_is_reported_with_the_rule_name(restore_rules):
 
     bh.register_pattern("byoc_hetero", "conv_broken", is_op("relax.nn.conv2d")(wildcard(), wildcard()),
                         check=broken)
-    with pytest.raises(Exception, match="byoc_hetero.conv_broken.*ZeroDivisionError"):
+    # a bh.RuleError, not TVM's wrapper of it (issue 18): ``except bh.RuleError`` catches it
+    with pytest.raises(bh.RuleError, match="byoc_hetero.conv_broken.*ZeroDivisionError: oops"):
         bh.partition(conv_module())
+
+
+def test_op_rule_that_raises_is_a_rule_error(restore_rules):
+    bh.register_target("T")
+
+    @bh.op_rule("relax.nn.relu", target="T")
+    def boom_relu(match):
+        return 1 / 0
+
+    with pytest.raises(bh.RuleError, match="T.relax.nn.relu.*ZeroDivisionError"):
+        bh.partition(conv_module(), target="T")
+
+
+def test_op_attribute_that_raises_is_a_rule_error(restore_rules):
+    bh.register_target("T")
+    tvm.ir.register_op_attr("relax.nn.relu", "target.T", lambda call: 1 / 0)
+    with pytest.raises(bh.RuleError, match="target.T of relax.nn.relu raised"):
+        bh.partition(conv_module(), target="T")
+
+
+def test_reshape_composite_of_its_own_is_lowered(restore_rules):
+    """Issue 18: reshape((1,1,4,4) -> (1,16)) as its own composite, then matmul(., permute_dims(w)),
+    in one region of a target running on the byoc_hetero runtime: the reshape is a node, not dropped."""
+    bh.register_target("T", codegen="byoc_hetero")
+    bh.op_rule("relax.reshape", target="T")(lambda m: True)
+    bh.op_rule("relax.matmul", target="T")(lambda m: True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 1, 4, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 16), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.reshape(x, (1, 16)))
+            out = bb.emit_output(bb.emit(relax.op.matmul(flat, relax.op.permute_dims(w))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    xs = np.random.default_rng(0).standard_normal((1, 1, 4, 4)).astype("float32")
+    ws = np.random.default_rng(1).standard_normal((8, 16)).astype("float32")
+    part = bh.partition(mod, target=["T"], require_heavy_op=False)
+    (region,) = bh.report(part).regions
+    assert region.target == "T" and region.ops == {"reshape": 1, "matmul": 1}
+    got = run(build(part), [xs, ws])
+    np.testing.assert_allclose(got, xs.reshape(1, 16) @ ws.T, rtol=1e-5, atol=1e-5)
+
+
+def test_two_partitions_in_two_threads_report_only_their_own_reasons(restore_rules):
+    """Decisions belong to one partition run: a thread rejecting with one reason never sees the
+    other thread's (with a process-global decision list, each saw both or lost its own)."""
+    import threading
+
+    barrier = threading.Barrier(2)
+
+    def check_for(tag):
+        def check(match):
+            barrier.wait(timeout=30)  # both threads are inside a check at the same time
+            return f"rejected by {tag}"
+        return check
+
+    bh.register_target("TA")
+    bh.register_target("TB")
+    bh.op_rule("relax.nn.relu", target="TA")(check_for("A"))
+    bh.op_rule("relax.nn.relu", target="TB")(check_for("B"))
+    found = {}
+
+    def work(target):
+        part = bh.partition(conv_module(), target=target)
+        found[target] = {r.reason for r in rejections(part)} | {f.reason for f in bh.report(part).fallbacks}
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in ("TA", "TB")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert found["TA"] == {"rejected by A", "no offload rule matches it"}
+    assert found["TB"] == {"rejected by B", "no offload rule matches it"}
+
+
+def test_op_the_runtime_cannot_lower_is_a_codegen_error_naming_region_and_op(restore_rules):
+    """A target reusing the byoc_hetero codegen without its guard: the codegen's error reaches the
+    caller of bh.partition as a bh.CodegenError (not TVM's RuntimeError) naming region and op."""
+    bh.register_target("T", codegen="byoc_hetero")
+    bh.op_rule("relax.sin", target="T")(lambda m: True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.sin(x)))
+        bb.emit_func_output(out)
+    with pytest.raises(bh.CodegenError, match=r"region \S+_T: the runtime has no kernel for relax.sin"):
+        bh.partition(bb.get(), target="T", require_heavy_op=False)

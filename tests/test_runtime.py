@@ -175,10 +175,26 @@ def test_extension_info():
     assert _C.__version__ == "0.1.0"
     assert _C.onednn_version().startswith("3.")
     assert isinstance(_C.isa(), str) and _C.isa()
-    ops = ["conv2d", "dense", "matmul", "pool2d", "eltwise", "binary", "softmax", "reshape",
-           "bn_fold_weight", "bn_fold_bias"]
+    ops = sorted(["conv2d", "dense", "matmul", "pool2d", "eltwise", "binary", "softmax", "reshape",
+                  "bn_fold_weight", "bn_fold_bias"])  # each kernels/<op>.cc registers itself
     assert _C.kernels() == ops
     assert list(tvm.get_global_func("byoc_hetero.runtime.supported_ops")()) == ops
+
+
+def test_enum_names_are_the_runtime_tables():
+    """_C.enum_names() is what the kernels accept: every activation name runs as an eltwise."""
+    names = _C.enum_names()
+    assert names["activation"] == _C.activation_names()
+    assert names["activation"][0] == "none"
+    assert set(names) == {"activation", "pool_algorithm", "binary_algorithm", "dense_weight_layout"}
+    for act in names["activation"][1:]:
+        attrs = {"algorithm": act, **({"clip": [0.0, 6.0]} if act == "clip" else {})}
+        doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "enum_" + act,
+               "tensors": [{"shape": [2, 3], "dtype": "float32"}] * 2, "inputs": [0], "outputs": [1],
+               "constants": [], "nodes": [{"op": "eltwise", "inputs": [0], "output": 1, "attrs": attrs}]}
+        create(json.dumps(doc))
+    with pytest.raises(ValueError, match="relu"):
+        create(json.dumps(dict(doc, nodes=[dict(doc["nodes"][0], attrs={"algorithm": "swish"})])))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1209,6 +1225,10 @@ def test_bare_chain_times_each_layer_and_rejects_bad_layers():
         _C.bench_chain([])
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
         _C.bench_chain([dict(dense, activation="swish")])
+    ((clip_s, _),) = _C.bench_chain([dict(dense, activation="clip", clip=[0, 6])], number=2, repeat=3)
+    assert 0 < clip_s < 1
+    with pytest.raises(ValueError, match="needs clip"):
+        _C.bench_chain([dict(dense, activation="clip")])
     with pytest.raises(ValueError, match="unknown layer key 'stride'"):
         _C.bench_chain([dict(conv, stride=[2, 2])])
     with pytest.raises(ValueError, match="needs 'op'"):

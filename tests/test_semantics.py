@@ -10,7 +10,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 import byoc_hetero as bh
-from byoc_hetero.rules import DECISIONS, pattern_rules
+from byoc_hetero.rules import pattern_rules, rejections
 from byoc_hetero.timing import build, relative_error
 
 F32 = "float32"
@@ -202,7 +202,7 @@ def test_intermediate_value_escaping_a_match_is_not_fused():
     # conv and relu are separate composites (the relu on its own), c leaves the region
     assert sorted(region.rules) == ["byoc_hetero.activation", "byoc_hetero.conv2d"]
     assert len(region.outputs) == 2
-    assert any(r.rule == "byoc_hetero.conv2d_relu" and "used outside" in r.reason for r in DECISIONS.rejections)
+    assert any(r.rule == "byoc_hetero.conv2d_relu" and "used outside" in r.reason for r in rep.rejections)
 
 
 def test_symbolic_batch_is_rejected_with_the_reason_in_the_report():
@@ -280,4 +280,22 @@ def test_cost_gate_requires_a_heavy_op(restore_rules):
     rep = bh.report(part)
     assert rep.regions == []
     assert "no compute-heavy op" in rep.fallbacks[0].reason
-    assert any("no compute-heavy op" in r.reason for r in DECISIONS.rejections)
+    assert any("no compute-heavy op" in r.reason for r in rejections(part))
+
+
+def test_region_returns_only_the_values_its_callers_use():
+    """Issue 15: a value read only through a tuple nobody else reads (PyTorch's max-pool indices)
+    is no output of the region: the region graph has exactly the outputs main uses."""
+    def body(e, x, w):
+        c = e(R.nn.conv2d(x, w, padding=1))
+        r = e(R.nn.relu(c))
+        both = e(relax.Tuple([c, r]))  # c is read only through the tuple; only r is used
+        return e(relax.TupleGetItem(both, 1))
+
+    mod = graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, body)
+    part = bh.partition(mod, {"w": rand(4, 4, 3, 3)})
+    (ext,) = part.attrs["external_mods"]
+    from byoc_hetero._relax import region_graph_json
+
+    assert len(region_graph_json(ext)["outputs"]) == 1
+    check(mod, {"w": rand(4, 4, 3, 3)})

@@ -6,6 +6,7 @@ import tvm
 from tvm import relax
 
 import byoc_hetero as bh
+from byoc_hetero._relax import region_graph_json
 
 
 def _functions_with(mod, attr):
@@ -131,7 +132,7 @@ def _two_conv_blocks(same_weights: bool):
 def test_composites_with_equal_constants_are_still_shared():
     """The constants digest on composites keeps TVM's de-duplication as it was: composites with
     equal weights share one function, composites with different weights get one each."""
-    from byoc_hetero.rules.registry import CONST_DIGEST_ATTR
+    from byoc_hetero.rules import CONST_DIGEST_ATTR
 
     def conv_composites(mod):
         return [f for f in _functions_with(bh.stages()[0](mod), "Composite").values()
@@ -176,6 +177,62 @@ def test_long_region_gets_a_short_name_and_matches_llvm():
     assert res.profile.regions["byoc_hetero"] == 1 and "llvm" not in res.profile.counts
     assert res.partitioned["main"].script().count("call_dps_packed") == 1
     (ext,) = res.partitioned.attrs["external_mods"]
-    graph = bh.codegen.region_graph_json(ext)
+    graph = region_graph_json(ext)
     assert graph["symbol"] == name and len(graph["constants"]) == 40
     assert all(len(c["name"]) < MAX_REGION_NAME + 40 for c in graph["constants"])
+
+
+def _two_function_module():
+    """Issue 18's repro: ``main`` and ``second``, each relu(conv2d(x, w))."""
+    bb = relax.BlockBuilder()
+    for name in ("main", "second"):
+        x = relax.Var("x", relax.TensorType((1, 3, 8, 8), "float32"))
+        w = relax.Var("w", relax.TensorType((4, 3, 3, 3), "float32"))
+        with bb.function(name, [x, w]):
+            with bb.dataflow():
+                o = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+            bb.emit_func_output(o)
+    return bb.get()
+
+
+def test_module_with_two_functions_partitions_each_on_its_own():
+    import numpy as np
+
+    from byoc_hetero.timing import build, relative_error, run
+
+    mod = _two_function_module()
+    part = bh.partition(mod)
+    for name in ("main", "second"):
+        prof = bh.op_profile(part, name)
+        assert prof.counts.get("llvm", {}) == {}, name
+        assert prof.counts["byoc_hetero"] == {"nn.conv2d": 1, "nn.relu": 1}, name
+        assert bh.report(part, name).regions[0].target == "byoc_hetero"
+    # each function calls a region of its own name
+    symbols = sorted(str(region_graph_json(m)["symbol"]) for m in part.attrs["external_mods"])
+    assert len(symbols) == 2 and symbols[1].startswith("second_"), symbols
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 3, 8, 8), dtype="float32"), rng.standard_normal((4, 3, 3, 3), dtype="float32")
+    got, want = build(part), build(mod)
+    for name in ("main", "second"):
+        assert relative_error(run(got, [x, w], entry=name), run(want, [x, w], entry=name)) < 1e-5
+
+
+def test_bind_params_keeps_a_0d_weight_0d():
+    """Issue 15: np.ascontiguousarray made a 0-d int64 index (ViT's class token) shape (1,)."""
+    import numpy as np
+
+    from byoc_hetero.timing import build, run
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 4), "float32"))
+    i = relax.Var("i", relax.TensorType((), "int64"))
+    with bb.function("main", [x, i]):
+        with bb.dataflow():
+            o = bb.emit_output(relax.op.take(x, i, axis=0))
+        bb.emit_func_output(o)
+    bound = bh.bind_params(bb.get(), {"i": np.array(2, dtype="int64")})
+    assert [p.name for p in bound["main"].params] == ["x"]
+    xs = np.arange(12, dtype="float32").reshape(3, 4)
+    out = run(build(bound), [xs])
+    assert out.shape == (4,)
+    np.testing.assert_array_equal(out, xs[2])

@@ -1,0 +1,12 @@
+"""Offload backends, one package each (as TVM's ``python/tvm/relax/backend/<backend>/``).
+
+A backend package registers its target, its rules (patterns and checks) and its codegen
+(``relax.ext.<target>``) when it is imported. The generic machinery they use is
+:mod:`byoc_hetero.rules` (what a backend can run) and :mod:`byoc_hetero.stages` (the passes).
+
+* :mod:`.onednn`: target ``byoc_hetero``, regions run by this package's C++ runtime on oneDNN.
+"""
+
+from . import onednn
+
+__all__ = ["onednn"]

@@ -1,0 +1,27 @@
+"""The codegen entry of target ``byoc_hetero``: each region → one module of the C++ runtime.
+
+``RunCodegen`` calls the global ``relax.ext.byoc_hetero(funcs, options, constant_names)`` with the
+outlined regions. Each is lowered (:mod:`.lowering`) to the JSON graph of ``docs/region-format.md``
+and handed to the runtime's ``byoc_hetero.runtime.create``. Constants bound inside a region become
+named constants: TVM's const loader gives them to the module once (``__init_<symbol>``), where the
+runtime reorders the weights into oneDNN's preferred layout.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+
+from .lowering import RegionGraph, lower_region
+from .table import TARGET
+
+
+def create_module(graph: RegionGraph) -> tvm.runtime.Module:
+    """Build the runtime module of one region (parses, validates, creates oneDNN primitives)."""
+    return tvm.get_global_func("byoc_hetero.runtime.create")(graph.to_json())
+
+
+@tvm_ffi.register_global_func(f"relax.ext.{TARGET}", override=True)
+def relax_ext_codegen(funcs, options, constant_names):  # noqa: ARG001
+    """Entry point RunCodegen calls: one runtime module per region."""
+    return [create_module(lower_region(func, constant_names)) for func in funcs]

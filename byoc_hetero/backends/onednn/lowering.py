@@ -1,0 +1,236 @@
+"""Lowering one region (an outlined function of composite calls) to its region graph.
+
+:class:`RegionLowering` walks the region and its composites, keeps the value → tensor-id map and
+the state epilogues need (the node a composite opened, pending reshapes, transposed weights), and
+hands each op call to the lowering the op's family registered in :mod:`.table`. The format written
+is ``docs/region-format.md``.
+
+The codegen never re-decides what to offload; it only translates. An op it cannot translate is a
+bug in a rule's check and raises :class:`CodegenError` naming the region and op.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from ..._relax import function_outputs, op_name, short_op_name, static_shape, tensor_dtype
+from ...errors import CodegenError
+from .precision import DEFAULT_DTYPE
+from .table import TARGET, lowering_for
+
+FORMAT = "byoc_hetero.region"
+VERSION = 1
+
+ANCHORS = ("conv2d", "dense", "matmul")
+"""Node ops that absorb an epilogue (bias, batch norm, activations, residual) as oneDNN post-ops."""
+
+
+@dataclass
+class Node:
+    """One node of a region graph."""
+
+    op: str
+    inputs: list[int]
+    output: int
+    attrs: dict[str, Any]
+    folded: bool = False  # a batch norm was folded into it (codegen state, not serialized)
+
+
+@dataclass
+class RegionGraph:
+    """A region as the runtime sees it (see docs/region-format.md)."""
+
+    symbol: str
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    constants: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    # what the region was made of, for reports: composite names and Relax op counts
+    source_composites: list[str] = field(default_factory=list)
+    source_ops: dict[str, int] = field(default_factory=dict)
+    target: str = TARGET
+
+    def to_json(self) -> str:
+        """The graph as the runtime parses it."""
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "symbol": self.symbol,
+                "tensors": self.tensors,
+                "inputs": self.inputs,
+                "outputs": self.outputs,
+                "constants": self.constants,
+                "nodes": [
+                    {"op": n.op, "inputs": n.inputs, "output": n.output, "attrs": n.attrs}
+                    for n in self.nodes
+                ],
+                "source": {
+                    "target": self.target,
+                    "composites": self.source_composites,
+                    "ops": self.source_ops,
+                },
+            }
+        )
+
+
+class RegionLowering:
+    """Walks one region function (calls of composite functions) and emits RegionGraph nodes.
+
+    Op lowerings (``lower(ctx, var, call)``) use :meth:`emit`, :meth:`lookup`, :meth:`data_of`,
+    :meth:`fail` and the epilogue state: ``open_node`` (tensor id → the node this composite
+    opened, which may still absorb an epilogue), ``flattened`` (reshaped value → (source id,
+    shape), until a node reads it) and ``transposed`` (weights read through permute_dims).
+    """
+
+    def __init__(self, func: relax.Function, constant_names: Mapping[Any, str]):
+        self.func = func
+        self.symbol = str(func.attrs["global_symbol"])
+        self.graph = RegionGraph(self.symbol, target=str(func.attrs.get("Codegen", TARGET)))
+        self.constant_names = constant_names
+        self.const_ids: dict[str, int] = {}
+        # value → tensor id; aliases (reshape of a bias, permute_dims of a weight) resolve here
+        self.tid: dict[Any, Any] = {}
+        self.transposed: set[Any] = set()
+        self.open_node: dict[int, Node] = {}
+        self.flattened: dict[Any, tuple[int, tuple[int, ...]]] = {}
+        self.local_funcs: dict[Any, relax.Function] = {}
+
+    def fail(self, what: str) -> CodegenError:
+        """The error to raise: names the region."""
+        return CodegenError(f"region {self.symbol}: {what}")
+
+    def new_tensor(self, expr: relax.Expr) -> int:
+        """A new tensor shaped like ``expr``; its id."""
+        shape = static_shape(expr)
+        if shape is None:
+            raise self.fail(f"value {expr.ty} has no static shape")
+        return self.new_tensor_shape(shape, tensor_dtype(expr))
+
+    def new_tensor_shape(self, shape: Sequence[int], dtype: str = DEFAULT_DTYPE) -> int:
+        """A new tensor of ``shape``; its id."""
+        self.graph.tensors.append({"shape": [int(d) for d in shape], "dtype": dtype})
+        return len(self.graph.tensors) - 1
+
+    def lookup(self, expr: relax.Expr) -> Any:
+        """The tensor id of a value (a named constant gets its tensor on first use)."""
+        if isinstance(expr, tvm.ir.Constant):
+            name = self.constant_names.get(expr) if hasattr(self.constant_names, "get") else None
+            if name is None:
+                raise self.fail("a constant inside the region has no name from RunCodegen")
+            name = str(name)
+            if name not in self.const_ids:
+                tid = self.new_tensor(expr)
+                self.const_ids[name] = tid
+                self.graph.constants.append({"tensor": tid, "name": name})
+            return self.const_ids[name]
+        if expr in self.tid:
+            return self.tid[expr]
+        raise self.fail(f"value {expr} is used before it is defined")
+
+    # -- the region function ------------------------------------------------------------------
+    def run(self) -> RegionGraph:
+        """Lower the whole region."""
+        for param in self.func.params:
+            tid = self.new_tensor(param)
+            self.tid[param] = tid
+            self.graph.inputs.append(tid)
+        for block in self.func.body.blocks:
+            for binding in block.bindings:
+                self.region_binding(binding.var, binding.value)
+        for out in function_outputs(self.func):
+            tid = self.lookup(out)
+            if tid in self.graph.inputs or any(c["tensor"] == tid for c in self.graph.constants):
+                raise self.fail("a region output that is an input or constant is not supported")
+            self.graph.outputs.append(tid)
+        return self.graph
+
+    def region_binding(self, var: relax.Var, value: relax.Expr) -> None:
+        if isinstance(value, relax.Function):
+            self.local_funcs[var] = value
+        elif isinstance(value, relax.Call) and value.op in self.local_funcs:
+            composite = self.local_funcs[value.op]
+            self.tid[var] = self.composite(composite, [self.lookup(a) for a in value.args])
+        elif isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+            raise self.fail(f"call of global function {value.op.name_hint} inside a region")
+        else:
+            self.alias(var, value, "region")
+
+    def alias(self, var: relax.Var, value: relax.Expr, where: str) -> None:
+        """A binding that computes nothing: a variable, tuple or tuple item of known values."""
+        if isinstance(value, relax.Var):
+            self.tid[var] = self.lookup(value)
+        elif isinstance(value, relax.Tuple):
+            self.tid[var] = tuple(self.lookup(f) for f in value.fields)
+        elif isinstance(value, relax.TupleGetItem):
+            self.tid[var] = self.lookup(value.tuple_value)[value.index]
+        else:
+            raise self.fail(f"unsupported binding {type(value).__name__} in a {where}")
+
+    # -- one composite function -----------------------------------------------------------------
+    def composite(self, func: relax.Function, arg_ids: Sequence[int]) -> Any:
+        self.graph.source_composites.append(str(func.attrs["Composite"]))
+        # epilogues (bias, batch norm, activations, residual) fuse only into the node opened by
+        # this composite: a value computed by another composite may have other readers
+        self.open_node = {}
+        self.flattened = {}
+        for param, tid in zip(func.params, arg_ids):
+            self.tid[param] = tid
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                    self.tid[binding.var] = self.op_call(binding.var, value)
+                else:
+                    self.alias(binding.var, value, "composite")
+        # a reshape that ends the composite (a composite of its own) is materialized here:
+        # its readers, in other composites, need the new shape
+        return self.data_of(func.body.body)
+
+    def op_call(self, var: relax.Var, call: relax.Call) -> Any:
+        """Lower one op call through the table (:func:`.table.lowering_for`)."""
+        op = op_name(call)
+        short = short_op_name(op)
+        self.graph.source_ops[short] = self.graph.source_ops.get(short, 0) + 1
+        lower = lowering_for(op)
+        if lower is None:
+            raise self.fail(f"the runtime has no kernel for {op}")
+        return lower(self, var, call)
+
+    def emit(self, op: str, inputs: list[int], out_var: relax.Expr | None, attrs: dict[str, Any],
+             shape: Sequence[int] | None = None, before: Node | None = None) -> int:
+        """Append (or insert before ``before``) a node writing a new tensor; returns its id.
+
+        The tensor is shaped like ``out_var``, or ``shape`` when given.
+        """
+        out = self.new_tensor(out_var) if shape is None else self.new_tensor_shape(shape)
+        node = Node(op, inputs, out, attrs)
+        if before is None:
+            self.graph.nodes.append(node)
+        else:
+            index = next(i for i, n in enumerate(self.graph.nodes) if n is before)
+            self.graph.nodes.insert(index, node)
+        self.open_node[out] = node
+        return out
+
+    def data_of(self, expr: relax.Expr) -> Any:
+        """Tensor id of ``expr`` as a data operand: a pending reshape becomes a reshape node."""
+        if expr in self.flattened:
+            source, shape = self.flattened.pop(expr)
+            out = self.emit("reshape", [source], None, {}, shape=shape)
+            self.open_node.pop(out)
+            self.tid[expr] = out
+            return out
+        return self.lookup(expr)
+
+
+def lower_region(func: relax.Function, constant_names: Mapping[Any, str]) -> RegionGraph:
+    """Lower one outlined region function to its RegionGraph."""
+    return RegionLowering(func, constant_names).run()

@@ -1,0 +1,120 @@
+"""conv2d (NCHW data, OIHW weights; strides, padding, dilation, groups) with its epilogue.
+
+Rules ``conv2d[_bias][_bn][_act][_res|_res2[_act]]`` and the classic relu-only names
+(``conv2d_bias_relu``, ``conv2d_relu``, ...); lowered to a ``conv2d`` node whose bias, activations
+and residual are oneDNN post-ops. A batch norm after it (inference form) is folded into its weight
+and bias by two nodes the runtime runs once, at load, when the statistics are constants.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_op, wildcard
+
+from ...._relax import static_shape
+from ....rules import Match
+from ..epilogue import anchor_rules, epilogue_reason, tensors_reason
+from ..precision import out_dtype_reason, tensor_reason
+from ..table import lowers, pattern_rules
+
+
+def conv2d_anchor() -> tuple[DFPattern, dict[str, DFPattern]]:
+    """conv2d(data, weight) and its parts."""
+    data, weight = wildcard(), wildcard()
+    anchor = is_op("relax.nn.conv2d")(data, weight)
+    return anchor, {"data": data, "weight": weight, "anchor": anchor}
+
+
+def batch_norm_reason(match: Match) -> str | None:
+    """A batch norm after the conv must be in inference form over channels, with per-channel stats."""
+    if not match.has("bn"):
+        return None
+    out_shape = match.shape("anchor")
+    bn = match.expr("bn")
+    attrs = bn.attrs
+    if bool(attrs.training):
+        return "batch_norm in training form (batch statistics); only inference form is folded"
+    if not (bool(attrs.center) and bool(attrs.scale)):
+        return "batch_norm with center=False or scale=False is not folded"
+    if int(attrs.axis) % len(out_shape) != 1:
+        return f"batch_norm over axis {int(attrs.axis)}; only the channel axis 1 is folded"
+    eps = float(attrs.epsilon)
+    if not (math.isfinite(eps) and eps >= 0):
+        return f"batch_norm epsilon {eps} must be finite and >= 0"
+    for name, arg in zip(("gamma", "beta", "mean", "var"), bn.args[1:5]):
+        reason = tensor_reason(arg, f"batch_norm {name}")
+        if reason:
+            return reason
+        if math.prod(static_shape(arg)) != out_shape[1]:
+            return f"batch_norm {name} of shape {list(static_shape(arg))} is not one value per channel"
+    return None
+
+
+def check_conv2d(match: Match) -> str | None:
+    """conv2d with its optional epilogue, as the runtime runs it."""
+    reason = tensors_reason(match, ["data", "weight", "anchor"])
+    if reason:
+        return reason
+    attrs = match.expr("anchor").attrs
+    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
+        return (
+            f"conv2d layout {attrs.data_layout}/{attrs.kernel_layout}; "
+            "the runtime runs NCHW data with OIHW weights"
+        )
+    if str(attrs.out_layout) not in ("NCHW", ""):
+        return f"conv2d out_layout {attrs.out_layout}; the runtime writes NCHW"
+    reason = out_dtype_reason(attrs.out_dtype, "conv2d")
+    if reason:
+        return reason
+    if len(match.shape("data")) != 4 or len(match.shape("weight")) != 4:
+        return f"conv2d needs 4-D data and weight, got {match.shape('data')} and {match.shape('weight')}"
+    return epilogue_reason(match, match.shape("anchor"), channel_axis=1, batch_norm=batch_norm_reason)
+
+
+@pattern_rules
+def _rules():
+    yield from anchor_rules("conv2d", conv2d_anchor, check_conv2d, with_bn=True)
+
+
+@lowers("relax.nn.conv2d", check=check_conv2d)
+def lower_conv2d(ctx, var: relax.Var, call: relax.Call) -> int:
+    a = call.attrs
+    attrs = {
+        "strides": [int(s) for s in a.strides],
+        "padding": [int(p) for p in a.padding],
+        "dilation": [int(d) for d in a.dilation],
+        "groups": int(a.groups),
+        "has_bias": 0,
+        "activation": "none",
+    }
+    return ctx.emit("conv2d", [ctx.data_of(call.args[0]), ctx.lookup(call.args[1])], var, attrs)
+
+
+@lowers("relax.nn.batch_norm")  # only folded into a conv2d: no single-call check
+def lower_batch_norm(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:  # noqa: ARG001
+    """Fold an inference batch norm into the open conv2d: two nodes computing its weight and
+    bias from the statistics (run once, at load, when they are constants)."""
+    node = ctx.open_node.get(ctx.lookup(call.args[0]))
+    if node is None or node.op != "conv2d" or node.attrs["activation"] != "none" or \
+            node.attrs.get("residual") or node.folded:
+        raise ctx.fail("batch_norm does not directly follow a conv2d (and its bias) it could be folded into")
+    eps = float(call.attrs.epsilon)
+    gamma, beta, mean, var_ = (ctx.lookup(a) for a in call.args[1:5])
+    weight = node.inputs[1]
+    weight_shape = ctx.graph.tensors[weight]["shape"]
+    folded_w = ctx.emit("bn_fold_weight", [weight, gamma, var_], None, {"epsilon": eps},
+                        shape=weight_shape, before=node)
+    bias_inputs = [gamma, beta, mean, var_]
+    if node.attrs["has_bias"]:
+        bias_inputs.append(node.inputs[2])
+    folded_b = ctx.emit("bn_fold_bias", bias_inputs, None,
+                        {"epsilon": eps, "has_bias": int(bool(node.attrs["has_bias"]))},
+                        shape=[weight_shape[0]], before=node)
+    for tid in (folded_w, folded_b):
+        ctx.open_node.pop(tid)
+    node.inputs = [node.inputs[0], folded_w, folded_b]
+    node.attrs["has_bias"] = 1
+    node.folded = True
+    return (node.output,)

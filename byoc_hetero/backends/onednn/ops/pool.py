@@ -1,0 +1,146 @@
+"""Pooling of NCHW data: max_pool2d, avg_pool2d, adaptive_avg_pool2d (even windows), and a mean over
+the spatial axes (global average pooling). All become ``pool2d`` nodes."""
+
+from __future__ import annotations
+
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_op, wildcard
+
+from ...._relax import static_shape
+from ....rules import Match
+from ..epilogue import tensors_reason
+from ..table import PatternSpec, lowers, pattern_rules
+
+
+def _single(op: str) -> tuple[DFPattern, dict[str, DFPattern]]:
+    data = wildcard()
+    call = is_op(op)(data)
+    return call, {"data": data, "root": call}
+
+
+def _layout_reason(match: Match) -> str | None:
+    """Float32 static NCHW 4-D data in and out."""
+    reason = tensors_reason(match, ["data", "root"])
+    if reason:
+        return reason
+    a = match.expr("root").attrs
+    if str(a.layout) != "NCHW" or str(a.out_layout) not in ("NCHW", ""):
+        return f"pooling layout {a.layout}/{a.out_layout}; the runtime runs NCHW"
+    if len(match.shape("data")) != 4:
+        return f"pooling needs 4-D data, got {list(match.shape('data'))}"
+    return None
+
+
+def _window_reason(in_size: int, kernel: int, stride: int, pad_begin: int, pad_end: int, dilation: int,
+                   ceil_mode: bool, count_include_pad: bool) -> str | None:
+    """Mirror of the runtime's pool2d checks for one spatial axis (None = fine)."""
+    extent = (kernel - 1) * dilation + 1
+    span = in_size + pad_begin + pad_end - extent
+    if span < 0:
+        return "the pooling window is larger than the padded input"
+    floor_out = span // stride + 1
+    out = (span + stride - 1) // stride + 1 if ceil_mode else floor_out
+    if ceil_mode and out != floor_out and count_include_pad:
+        return "ceil_mode with count_include_pad changes the output size; not supported"
+    eff_end = max(pad_end, (out - 1) * stride + extent - in_size - pad_begin)
+    if pad_begin >= extent or eff_end >= extent:
+        return "padding would put a whole pooling window in the padding"
+    return None
+
+
+def check_pool2d(match: Match) -> str | None:
+    """max_pool2d / avg_pool2d on NCHW float32 data."""
+    reason = _layout_reason(match)
+    if reason:
+        return reason
+    call = match.expr("root")
+    a = call.attrs
+    shape = match.shape("data")
+    include_pad = call.op.name == "relax.nn.avg_pool2d" and bool(a.count_include_pad)
+    pad = [int(p) for p in a.padding]
+    for i in range(2):
+        reason = _window_reason(shape[2 + i], int(a.pool_size[i]), int(a.strides[i]), pad[i], pad[i + 2],
+                                int(a.dilation[i]), bool(a.ceil_mode), include_pad)
+        if reason:
+            return reason
+    return None
+
+
+def check_adaptive_avg_pool2d(match: Match) -> str | None:
+    """Adaptive average pooling whose windows divide the input evenly."""
+    reason = _layout_reason(match)
+    if reason:
+        return reason
+    shape, out = match.shape("data"), match.shape("root")
+    if shape[2] % out[2] or shape[3] % out[3]:
+        return f"adaptive pooling {list(shape[2:])} -> {list(out[2:])} has uneven windows"
+    return None
+
+
+def spatial_mean_axes(call: relax.Call) -> str | None:
+    """Why a mean is not a global average pooling over the spatial axes of 4-D data (None = it is)."""
+    shape = static_shape(call.args[0])
+    if shape is None or len(shape) != 4:
+        return "mean is offloaded only as global average pooling of 4-D NCHW data"
+    axes = call.attrs.axis
+    if axes is None:
+        return "mean over all axes is not a spatial pooling"
+    if sorted(int(x) % 4 for x in axes) != [2, 3]:
+        return f"mean over axes {[int(x) for x in axes]} is not over the spatial axes [2, 3]"
+    return None
+
+
+def check_mean(match: Match) -> str | None:
+    """A mean over the spatial axes of NCHW data (global average pooling)."""
+    return tensors_reason(match, ["data", "root"]) or spatial_mean_axes(match.expr("root"))
+
+
+@pattern_rules
+def _rules():
+    for op, name, check in (
+        ("relax.nn.max_pool2d", "max_pool2d", check_pool2d),
+        ("relax.nn.avg_pool2d", "avg_pool2d", check_pool2d),
+        ("relax.nn.adaptive_avg_pool2d", "adaptive_avg_pool2d", check_adaptive_avg_pool2d),
+        ("relax.mean", "global_avg_pool", check_mean),
+    ):
+        pattern, names = _single(op)
+        yield PatternSpec(name, pattern, names, check, priority=50)
+
+
+@lowers("relax.nn.max_pool2d", "relax.nn.avg_pool2d", check=check_pool2d)
+def lower_pool2d(ctx, var: relax.Var, call: relax.Call) -> int:
+    a = call.attrs
+    algorithm = "max"
+    if call.op.name == "relax.nn.avg_pool2d":
+        algorithm = "avg_include_padding" if bool(a.count_include_pad) else "avg_exclude_padding"
+    attrs = {
+        "algorithm": algorithm,
+        "kernel": [int(k) for k in a.pool_size],
+        "strides": [int(k) for k in a.strides],
+        "padding": [int(k) for k in a.padding],
+        "dilation": [int(k) for k in a.dilation],
+        "ceil_mode": int(bool(a.ceil_mode)),
+    }
+    return ctx.emit("pool2d", [ctx.data_of(call.args[0])], var, attrs)
+
+
+@lowers("relax.nn.adaptive_avg_pool2d", check=check_adaptive_avg_pool2d)
+def lower_adaptive_avg_pool2d(ctx, var: relax.Var, call: relax.Call) -> int:
+    _, _, h, w = static_shape(call.args[0])
+    _, _, oh, ow = static_shape(var)
+    window = [h // oh, w // ow]
+    attrs = {"algorithm": "avg_exclude_padding", "kernel": window, "strides": window}
+    return ctx.emit("pool2d", [ctx.data_of(call.args[0])], var, attrs)
+
+
+@lowers("relax.mean", check=check_mean)
+def lower_mean(ctx, var: relax.Var, call: relax.Call) -> int:
+    reason = spatial_mean_axes(call)
+    if reason:
+        raise ctx.fail(reason)
+    n, c, h, w = static_shape(call.args[0])
+    attrs = {"algorithm": "avg_exclude_padding", "kernel": [h, w], "strides": [1, 1]}
+    if bool(call.attrs.keepdims):
+        return ctx.emit("pool2d", [ctx.data_of(call.args[0])], var, attrs)
+    pooled = ctx.emit("pool2d", [ctx.data_of(call.args[0])], None, attrs, shape=[n, c, 1, 1])
+    return ctx.emit("reshape", [pooled], var, {})
