@@ -17,8 +17,18 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from . import backends, codegen, models, rules  # noqa: E402
 from ._native import _C  # noqa: E402
-from .errors import ByocError, CodegenError, InputError, RuleError
-from .frontends import FrontendError, ModelFileError, UnsupportedModelError, from_onnx, from_torch
+from .errors import (
+    ByocError,
+    CodegenError,
+    FrontendError,
+    InputError,
+    ModelFileError,
+    PlacementError,
+    PlacementWarning,
+    RuleError,
+    UnsupportedModelError,
+)
+from .frontends import from_onnx, from_torch
 from .profile import OpProfile, op_profile
 from .report import PartitionReport, report
 from .rules import (
@@ -31,8 +41,6 @@ from .rules import (
 )
 from . import placement  # noqa: E402
 from .placement import (  # noqa: E402,A004
-    PlacementError,
-    PlacementWarning,
     compile,
     place,
     placement_report,

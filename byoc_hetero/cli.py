@@ -4,8 +4,12 @@ Commands: ``demo`` (the README's main job), ``report MODEL.onnx`` (the partition
 the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build), ``bench MODEL.onnx``
 (offloaded vs llvm-only latency), ``info`` (versions, oneDNN ISA, kernels).
 
-Exit codes: 0 success; 2 bad usage or bad input (missing/corrupt file, wrong input shape or
-dtype); 3 a model TVM cannot import (unsupported op); 1 anything unexpected.
+Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
+file, a wrong input count, shape or dtype: :class:`~byoc_hetero.errors.InputError`,
+:class:`~byoc_hetero.errors.ModelFileError`); 3 a model TVM cannot import
+(:class:`~byoc_hetero.errors.UnsupportedModelError`); 1 anything else, TVM's own errors included
+(whatever their Python class: TVM raises ``ValueError`` for its internal failures too). Every error
+is one line on stderr: ``byoc-hetero: error: ...``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,20 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import ByocError, InputError, ModelFileError, UnsupportedModelError, first_line
+
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNSUPPORTED = 0, 1, 2, 3
+
+
+def _multiple_of_32(text: str) -> int:
+    """``--image-size``: a positive multiple of 32 (VGG-11 halves it five times); else a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0 or value % 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive multiple of 32")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="VGG-11 through the four partition stages, then latency")
-    demo.add_argument("--image-size", type=int, default=224, help="input height/width (multiple of 32)")
+    demo.add_argument("--image-size", type=_multiple_of_32, default=224, help="input height/width (multiple of 32)")
     demo.add_argument("--repeat", type=int, default=3, help="timed runs of the llvm-only build")
 
     report = sub.add_parser("report", help="partition an ONNX model and print what went where, and why")
@@ -90,14 +107,17 @@ def _cmd_report(args) -> None:
 def _cmd_run(args) -> None:
     import numpy as np
 
-    from .frontends import check_inputs
+    from .inputs import check_inputs
     from .timing import run
 
     inputs = []
     for path in args.input:
         if not path.is_file():
-            raise FileNotFoundError(f"input file {str(path)!r} does not exist")
-        inputs.append(np.load(path))
+            raise InputError(f"input file {str(path)!r} does not exist")
+        try:
+            inputs.append(np.load(path))
+        except Exception as err:  # noqa: BLE001 - numpy raises several kinds for a bad file
+            raise InputError(f"input file {str(path)!r} is not a readable .npy array: {first_line(err)}") from err
     mod, params, m = _load_and_partition(args.model)
     check_inputs(mod, inputs, params)
     out = run(_build(m, "offloaded"), inputs)
@@ -127,12 +147,28 @@ def _cmd_bench(args) -> None:
     print(f"speed-up   {t_ref / t_off:10.1f}x   (max relative difference {err:.1e})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    import byoc_hetero as bh  # imported late: TVM takes a moment to load
-    from .frontends import UnsupportedModelError
+def exit_code(err: BaseException) -> int:
+    """The exit code for an error that ended a command: decided by our exception classes only."""
+    if isinstance(err, UnsupportedModelError):
+        return EXIT_UNSUPPORTED
+    if isinstance(err, InputError | ModelFileError):
+        return EXIT_INPUT
+    return EXIT_INTERNAL
 
+
+def _describe(err: BaseException) -> str:
+    """For stderr: our messages as they are, anything else as its class name and first line."""
+    if isinstance(err, ByocError):
+        return str(err)
+    return f"{type(err).__name__}: {first_line(err)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit code (see the module docstring)."""
+    args = _parser().parse_args(argv)
     try:
+        import byoc_hetero as bh  # imported late: TVM takes a moment to load
+
         if args.command == "demo":
             from .demo import demo
 
@@ -147,15 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             c = bh._C
             print(f"byoc_hetero {bh.__version__}, oneDNN {c.onednn_version()} ({c.isa()}), "
                   f"kernels: {', '.join(c.kernels())}")
-    except UnsupportedModelError as err:
-        print(f"byoc-hetero: error: {err}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
-    except (bh.InputError, FileNotFoundError, ValueError) as err:
-        print(f"byoc-hetero: error: {err}", file=sys.stderr)
-        return EXIT_INPUT
-    except bh.ByocError as err:
-        print(f"byoc-hetero: error: {err}", file=sys.stderr)
-        return EXIT_INTERNAL
+    except Exception as err:  # noqa: BLE001 - every failure becomes one line and an exit code
+        print(f"byoc-hetero: error: {_describe(err)}", file=sys.stderr)
+        return exit_code(err)
     return EXIT_OK
 
 

@@ -1,8 +1,25 @@
 """The exception family of byoc_hetero.
 
-Every error the package raises on purpose is a :class:`ByocError`; the subclass says which stage
-of the flow (rules → stages → codegen → runtime) found the problem, and the message names the rule,
-op, shape or dtype involved.
+Every error the package raises on purpose is a :class:`ByocError`; the subclass says which part of
+the flow (rules → stages → codegen → placement → runtime, or the model and inputs given to it)
+found the problem, and the message names the rule, op, device, shape or dtype involved::
+
+    ByocError
+    ├── RuleError               a malformed offload rule
+    ├── CodegenError            a region the runtime cannot run
+    ├── InputError              inputs that do not match a compiled model's signature
+    ├── FrontendError           a model that cannot be imported
+    │   ├── ModelFileError      missing, unreadable or invalid model file
+    │   └── UnsupportedModelError   TVM's importer cannot translate it
+    └── PlacementError          a placement that cannot be honoured
+
+:class:`PlacementWarning` (a ``UserWarning``) flags a placement rule that had no effect.
+
+The classes that report bad *values* given by the caller (:class:`RuleError`, :class:`InputError`,
+:class:`FrontendError`, :class:`PlacementError`) also derive from ``ValueError`` so that code
+written as ``except ValueError`` keeps working. Code that must tell our errors from TVM's (the
+command line's exit codes) catches these classes, never ``ValueError``: TVM raises ``ValueError``
+for its own failures too.
 """
 
 from __future__ import annotations
@@ -23,6 +40,9 @@ class ByocError(Exception):
         tvm_ffi.register_error(cls)
 
 
+tvm_ffi.register_error(ByocError)
+
+
 class RuleError(ByocError, ValueError):
     """A rule is malformed: unknown target or op, a pattern that is not a pattern, a bad check."""
 
@@ -32,7 +52,36 @@ class CodegenError(ByocError):
 
 
 class InputError(ByocError, ValueError):
-    """An input given to a compiled model does not match its signature (shape, dtype, count)."""
+    """An input given to a compiled model does not match its signature (count, shape, dtype), or an
+    input file cannot be read."""
 
 
-tvm_ffi.register_error(ByocError)
+class FrontendError(ByocError, ValueError):
+    """A model cannot be imported (base of :class:`ModelFileError` and :class:`UnsupportedModelError`)."""
+
+
+class ModelFileError(FrontendError):
+    """The model file is missing, unreadable or not a valid model."""
+
+
+class UnsupportedModelError(FrontendError):
+    """TVM's importer cannot translate the model (e.g. an op it does not know)."""
+
+
+class PlacementError(ByocError, ValueError):
+    """A placement cannot be honoured: a bad placement map, an unknown or undeclared device, an op
+    whose operands and output are not on one device, a kernel compiled for the wrong target, a
+    missing GPU module. The message names the op (or rule) and the devices involved."""
+
+
+class PlacementWarning(UserWarning):
+    """A placement map entry that had no effect (e.g. it names an op the model does not contain)."""
+
+
+def first_line(err: BaseException) -> str:
+    """The line of an exception's message worth showing: its first non-empty line, or the last one
+    when the message starts with a traceback (TVM's errors do); the class name when it is empty."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    return lines[-1] if "Traceback" in lines[0] else lines[0]

@@ -14,21 +14,11 @@ from typing import Any
 import numpy as np
 import tvm
 
-from .errors import ByocError, InputError
+from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
+
+__all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
 
 Params = dict[str, np.ndarray]
-
-
-class FrontendError(ByocError, ValueError):
-    """A model cannot be imported (base of the two cases below)."""
-
-
-class ModelFileError(FrontendError):
-    """The model file is missing, unreadable or not a valid model."""
-
-
-class UnsupportedModelError(FrontendError):
-    """TVM's importer cannot translate the model (e.g. an op it does not know)."""
 
 
 def _split_params(mod: tvm.IRModule, num_inputs: int | None = None) -> tuple[tvm.IRModule, Params]:
@@ -77,7 +67,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     try:
         mod = relax_from_onnx(model, shape_dict=dict(shape) if shape else None, keep_params_in_input=True)
     except Exception as err:  # noqa: BLE001 - the importer raises assorted errors
-        raise UnsupportedModelError(f"TVM cannot import this ONNX model: {_first_line(err)}") from err
+        raise UnsupportedModelError(f"TVM cannot import this ONNX model: {first_line(err)}") from err
     return _split_params(mod)
 
 
@@ -94,32 +84,6 @@ def from_torch(module: Any, example_inputs: Sequence[Any]) -> tuple[tvm.IRModule
         exported = torch.export.export(module.eval(), inputs)
         mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True)
     except Exception as err:  # noqa: BLE001
-        raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {_first_line(err)}") from err
+        raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {first_line(err)}") from err
     num_inputs = int(mod["main"].attrs["num_input"]) if "num_input" in mod["main"].attrs else len(inputs)
     return _split_params(mod, num_inputs)
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines and "Traceback" in lines[0] else (lines[0] if lines else type(err).__name__)
-
-
-def check_inputs(mod: tvm.IRModule, inputs: Sequence[np.ndarray], params: Mapping[str, Any] | None = None,
-                 entry: str = "main") -> None:
-    """Raise :class:`InputError` naming the input if ``inputs`` do not match ``mod[entry]``'s signature."""
-    expected = [v for v in mod[entry].params if not (params and v.name in params)]
-    if len(inputs) != len(expected):
-        raise InputError(f"{entry} takes {len(expected)} inputs "
-                         f"({', '.join(v.name for v in expected)}), got {len(inputs)}")
-    for var, arr in zip(expected, inputs):
-        ty = var.ty
-        want_dtype = str(ty.dtype)
-        if str(arr.dtype) != want_dtype:
-            raise InputError(f"input {var.name!r}: expected dtype {want_dtype}, got {arr.dtype}")
-        dims = list(ty.shape.values) if ty.shape is not None else []
-        if len(dims) != arr.ndim or any(
-            isinstance(d, tvm.tirx.IntImm) and int(d.value) != n for d, n in zip(dims, arr.shape)
-        ):
-            shown = ", ".join(str(int(d.value)) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in dims)
-            raise InputError(f"input {var.name!r}: expected shape [{shown}], got {list(arr.shape)}")

@@ -101,3 +101,67 @@ def test_unsupported_op_exit_code(tmp_path):
 
 def test_bad_usage_exit_code():
     assert cli("frobnicate").returncode == 2
+    out = cli("demo", "--image-size", "100")  # VGG-11 needs a multiple of 32: usage, before any work
+    assert out.returncode == 2 and "not a positive multiple of 32" in out.stderr
+
+
+def _tiny_vm():
+    import tvm
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.op.add(x, x)))
+    return relax.VirtualMachine(relax.build(bb.get(), target="llvm"), tvm.cpu())
+
+
+def _tvm_value_error():
+    """A real ValueError from inside TVM: its VM given a float64 input where float32 is expected."""
+    import tvm
+
+    _tiny_vm()["main"](tvm.runtime.tensor(np.zeros((2, 3), "float64")))
+
+
+def _tvm_internal_error():
+    """A real tvm.error.InternalError: its VM given two inputs for one parameter."""
+    _tiny_vm()["main"](np.zeros((2, 3), "float32"), 1)
+
+
+@pytest.mark.parametrize("failure, cls", [(_tvm_value_error, "ValueError"),
+                                          (_tvm_internal_error, "InternalError")])
+def test_tvm_errors_exit_1_with_their_message(failure, cls, monkeypatch, capsys, tmp_path):
+    """A TVM error is not bad input: exit 1 (not 2), one line naming its class and message."""
+    import byoc_hetero as bh
+    from byoc_hetero import cli as cli_module
+
+    with pytest.raises(Exception) as direct:
+        failure()
+    assert type(direct.value).__name__ == cls and not isinstance(direct.value, bh.ByocError)
+    monkeypatch.setattr(cli_module, "_cmd_report", lambda args: failure())
+    code = cli_module.main(["report", str(tmp_path / "m.onnx")])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("byoc-hetero: error:")]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith(f"byoc-hetero: error: {cls}: ")
+    assert str(direct.value).strip().splitlines()[0] in lines[0]
+
+
+def test_exit_codes_come_from_our_exception_classes():
+    import tvm
+
+    import byoc_hetero as bh
+    from byoc_hetero.cli import exit_code
+
+    assert exit_code(bh.InputError("x")) == 2 and exit_code(bh.ModelFileError("x")) == 2
+    assert exit_code(bh.UnsupportedModelError("x")) == 3
+    for err in (ValueError("x"), tvm.error.InternalError("x"), bh.PlacementError("x"), bh.CodegenError("x"),
+                FileNotFoundError("x")):
+        assert exit_code(err) == 1, err
+
+
+def test_unreadable_input_file_exit_code(model, tmp_path):
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"not an array")
+    _one_line_error(cli("run", model[0], "--input", bad), 2, "bad.npy", "not a readable .npy")

@@ -7,7 +7,8 @@ import pytest
 from conftest import TOLERANCE
 
 import byoc_hetero as bh
-from byoc_hetero.frontends import ModelFileError, UnsupportedModelError, check_inputs, from_onnx, from_torch
+from byoc_hetero.frontends import ModelFileError, UnsupportedModelError, from_onnx, from_torch
+from byoc_hetero.inputs import check_inputs
 from byoc_hetero.timing import build, relative_error, run
 
 torch = pytest.importorskip("torch")

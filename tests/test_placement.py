@@ -208,6 +208,46 @@ def test_conv2d_on_device_1_rest_on_device_0(convnet):
     assert relative_error(got, want) <= TOL
 
 
+@pytest.mark.parametrize("others", ["cpu:0", None])
+def test_policy_function_places_conv2d_on_device_1_rest_on_device_0(convnet, others):
+    """A policy (one function site -> device or None) instead of a map; None means the fallback."""
+    _mod, _params, bound, inputs, want = convnet
+    asked = []
+
+    def policy(site):
+        asked.append(site.op_name)
+        return "cpu:1" if site.op_name == "relax.nn.conv2d" else others
+
+    placed = place(bound, policy, fallback="cpu:0")
+    ops = [b.value.op.name for b in main_bindings(bound) if isinstance(b.value, relax.Call)]
+    assert sorted(asked) == sorted(ops)  # asked once per call
+    rep = placement_report(placed)
+    assert rep.devices == ["cpu:0", "cpu:1"]
+    n_conv = ops.count("relax.nn.conv2d")
+    assert n_conv == 3 and dict(rep.ops["cpu:1"]) == {"relax.nn.conv2d": n_conv}
+    rest = {op: ops.count(op) for op in set(ops) - {"relax.nn.conv2d"}}
+    assert dict(rep.ops["cpu:0"]) == rest
+    # each conv's output comes back; its input goes over, except the model input (a parameter
+    # placed on its first consumer's device)
+    assert dev_of(placed["main"].params[0].ty) == "cpu:1"
+    assert rep.copies_per_run == 2 * n_conv - 1
+    validate(placed)
+    assert relative_error(run_placed(placed, inputs), want) <= TOL
+
+
+def test_bad_placement_map_or_policy_says_what_a_map_may_be(convnet):
+    bound = convnet[2]
+    for bad in (42, "relax.nn.conv2d", {"relax.nn.conv2d"}, is_op("relax.nn.conv2d")(wildcard(), wildcard())):
+        with pytest.raises(PlacementError, match="a placement map is a dict .*policy function"):
+            place(bound, bad, fallback="cpu:0")
+    with pytest.raises(PlacementError, match="policy .*relax.nn.conv2d bound to .*unknown device 'gpu'"):
+        place(bound, lambda s: "gpu" if s.op_name == "relax.nn.conv2d" else None, fallback="cpu:0")
+    with pytest.raises(PlacementError, match="policy .*raised KeyError"):
+        place(bound, lambda s: {}[s.op_name], fallback="cpu:0")
+    with pytest.raises(PlacementError, match="policy .* → cpu:2: device not declared"):
+        place(bound, lambda s: "cpu:2", fallback="cpu:0", devices=["cpu:0", "cpu:1"])
+
+
 def test_stock_legalization_drops_the_conv_device_and_we_catch_it(convnet):
     """TVM's own LegalizeOps compiles conv2d with no target and allocates it on device 0;
     our validation names the kernel, our lowering keeps the device."""
@@ -588,6 +628,48 @@ def test_cpu_region_on_a_gpu_is_an_error(sinnet):
     assert set(placement_report(placed).regions) == {"cpu:0"}
 
 
+# -- inputs ------------------------------------------------------------------------------------------------
+
+@I.ir_module
+class Symbolic:
+    """``n`` is symbolic and shared by both inputs; the second dimension is fixed."""
+
+    @R.function
+    def main(a: R.Tensor(("n", 7), "float32"), b: R.Tensor(("n", 7), "float32")) -> R.Tensor(("n", 7), "float32"):
+        n = T.int64()
+        with R.dataflow():
+            x = R.add(a, b)
+            y = R.multiply(x, b)
+            R.output(y)
+        return y
+
+
+def test_vm_checks_input_shapes_and_dtypes():
+    placed = place(Symbolic, {"relax.multiply": "cpu:1"}, fallback="cpu:0")
+    machine = vm(compile(placed))
+    rng = np.random.default_rng(3)
+    for n in (5, 2):  # any value for the symbolic n, on every call
+        a, b = (rng.standard_normal((n, 7)).astype("float32") for _ in range(2))
+        np.testing.assert_allclose(machine["main"](a, b).numpy(), (a + b) * b, rtol=TOL)
+        np.testing.assert_allclose(machine["main"](a, b).numpy(), reference(Symbolic, [a, b]), rtol=TOL)
+    a = np.zeros((5, 7), "float32")
+    bad = {
+        "input 1 \\('b'\\): expected shape \\[n, 7\\], got \\[5, 8\\]": (a, np.zeros((5, 8), "float32")),
+        "input 0 \\('a'\\): expected dtype float32, got float64": (np.zeros((5, 7)), a),
+        "input 1 \\('b'\\): expected shape \\[n, 7\\], got \\[5, 7, 1\\]": (a, np.zeros((5, 7, 1), "float32")),
+        "input 1 \\('b'\\): .* with n = 5 \\(from input 0 \\('a'\\)\\), got \\[4, 7\\]": (a, np.zeros((4, 7), "float32")),
+        "main takes 2 inputs \\(a, b\\), got 1": (a,),
+    }
+    for message, inputs in bad.items():
+        with pytest.raises(bh.InputError, match="main: " * ("takes" not in message) + message):
+            machine["main"](*inputs)
+    # tensors already on a device are checked too (SharedInput: fixed shapes)
+    fixed = vm(compile(place(SharedInput, {second_add: "cpu:1"}, fallback="cpu:0")))
+    ok = np.ones((2, 3), "float32")
+    with pytest.raises(bh.InputError, match="input 2 \\('c'\\): expected shape \\[2, 3\\], got \\[3, 2\\]"):
+        fixed["main"](ok, ok, tvm.runtime.tensor(np.ones((3, 2), "float32"), tvm.cpu(1)))
+
+
 # -- item 6: report ---------------------------------------------------------------------------------------------
 
 def test_report_counts_ops_and_bytes():
@@ -604,6 +686,45 @@ def test_report_counts_ops_and_bytes():
     assert placement_report(ex).copies_per_run == 2  # a compiled placement reports the same
 
 
+def two_conv_net():
+    """conv → add → relu, twice: one offloaded region holding 2 conv2d, 2 add and 2 relu."""
+    rng = np.random.default_rng(7)
+    x = relax.Var("data", relax.TensorType((1, 3, 8, 8), "float32"))
+    weights = {"w1": (8, 3, 3, 3), "b1": (1, 8, 1, 1), "w2": (8, 8, 3, 3), "b2": (1, 8, 1, 1)}
+    wvars = [relax.Var(n, relax.TensorType(shape, "float32")) for n, shape in weights.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, *wvars]):
+        with bb.dataflow():
+            y = x
+            for w, b in (wvars[:2], wvars[2:]):
+                y = bb.emit(relax.op.nn.conv2d(y, w, padding=1))
+                y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    params = {n: (0.3 * rng.standard_normal(shape)).astype("float32") for n, shape in weights.items()}
+    return bb.get(), params
+
+
+def test_report_counts_the_ops_inside_regions_not_their_kinds():
+    mod, params = two_conv_net()
+    part = bh.partition(mod, params)
+    assert len(region_bindings(part)) == 1
+    placed = place(part, {"byoc_hetero": "cpu:1"}, fallback="cpu:0")
+    rep = placement_report(placed)
+    want = {}  # every op of the unpartitioned model, counted here from the IR
+    for b in main_bindings(mod):
+        if isinstance(b.value, relax.Call):
+            want[b.value.op.name] = want.get(b.value.op.name, 0) + 1
+    assert want == {"relax.nn.conv2d": 2, "relax.add": 2, "relax.nn.relu": 2}
+    assert dict(rep.region_ops["cpu:1"]) == want and "cpu:0" not in rep.region_ops
+    assert dict(rep.ops["cpu:1"]) == {"byoc_hetero": 1}
+    text = str(rep)
+    assert "inside the regions: 6 ops" in text and "nn.conv2d                        2" in text
+    inputs = random_inputs(mod, params)
+    want_out = reference(bh.bind_params(mod, params), inputs)
+    assert relative_error(run_placed(placed, inputs), want_out) <= TOL
+
+
 # -- export ----------------------------------------------------------------------------------------------------
 
 def test_exported_library_carries_its_plan(tmp_path):
@@ -615,3 +736,5 @@ def test_exported_library_carries_its_plan(tmp_path):
     assert [str(d) for d in machine.devices] == ["cpu:0", "cpu:1"]
     a, b, c = (np.full((2, 3), v, "float32") for v in (1.0, 2.0, 4.0))
     np.testing.assert_allclose(machine["main"](a, b, c).numpy(), (a + b) - (b + c))
+    with pytest.raises(bh.InputError, match="input 1 \\('b'\\): expected dtype float32, got float64"):
+        machine["main"](a, b.astype("float64"), c)  # the signature travels with the library

@@ -13,9 +13,9 @@ import tvm
 from tvm import relax
 
 import byoc_hetero as bh
+from byoc_hetero._relax import runtime_kinds
 from byoc_hetero.placement import PlacementError, compile, gpu_sources, lower, place, validate_lowered, vm
 from byoc_hetero.placement.devices import DEFAULT_CUDA_ARCH
-from byoc_hetero.placement.validate import runtime_module_kinds
 from byoc_hetero.timing import build, random_inputs, relative_error, run
 
 NVCC = shutil.which("nvcc")
@@ -46,7 +46,7 @@ def test_kernels_are_generated_for_the_device_of_their_op(conv_on_cuda):
         if isinstance(f, tvm.tirx.PrimFunc):
             assert bool(f.attrs.get("tirx.is_scheduled")) == (targets[gv.name_hint] == "cuda")
     ex = compile(placed)
-    assert "cuda" in runtime_module_kinds(ex.executable.mod)
+    assert "cuda" in runtime_kinds(ex.executable.mod)
     kernels = sorted(set(KERNEL.findall(gpu_sources(ex)["cuda"])))
     assert kernels == ["conv2d1_cuda_kernel", "conv2d2_cuda_kernel", "conv2d_cuda_kernel"]  # no host op
 
@@ -55,7 +55,7 @@ def test_stock_compile_silently_runs_gpu_kernels_on_the_host(conv_on_cuda):
     """What our compile() prevents: TVM's own compile of the same placed module emits no GPU code."""
     *_, placed = conv_on_cuda
     stock = tvm.compile(placed)
-    assert "cuda" not in runtime_module_kinds(stock.mod)
+    assert "cuda" not in runtime_kinds(stock.mod)
     with pytest.raises(PlacementError, match="conv2d.*(no device|no target)"):
         validate_lowered(relax.transform.LegalizeOps()(placed))
 

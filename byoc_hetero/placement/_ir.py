@@ -1,4 +1,8 @@
-"""Small helpers over Relax IR shared by the placement modules (types, op names, object keys)."""
+"""Placement-specific helpers over Relax IR: what a rule calls a call, device-typed tensor types,
+object keys, copy sizes, and the attributes placement writes.
+
+Facts about Relax that are not about placement (op names, static shapes, entry functions, the
+region table) live in :mod:`byoc_hetero._relax`."""
 
 from __future__ import annotations
 
@@ -8,9 +12,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .._relax import op_name, static_shape
+
 #: Relax ops whose first argument names the callee (an ExternFunc or a PrimFunc's GlobalVar).
 CALL_OPS = ("relax.call_tir", "relax.call_dps_packed", "relax.call_pure_packed", "relax.call_packed",
             "relax.call_tir_inplace", "relax.call_tir_with_grad")
+#: Relax ops that call a kernel (a PrimFunc's GlobalVar) with explicit output types.
+TIR_CALLS = ("relax.call_tir", "relax.call_tir_inplace")
 COPY_OP = "relax.to_vdevice"
 HINT_OP = "relax.hint_on_device"
 
@@ -27,11 +35,6 @@ def key(obj) -> int:
     return obj.__chandle__()
 
 
-def op_of(call: relax.Call) -> str | None:
-    """The name of a call's Op (``relax.nn.conv2d``), or None when it calls a function."""
-    return call.op.name if isinstance(call.op, tvm.ir.Op) else None
-
-
 def callee_name(expr) -> str | None:
     """The symbol of an ExternFunc or the name of a GlobalVar; None otherwise."""
     if isinstance(expr, relax.ExternFunc):
@@ -44,7 +47,7 @@ def callee_name(expr) -> str | None:
 def site_name(call: relax.Call) -> str:
     """What a placement rule calls this call: the op name, or the callee of call_tir/call_dps_packed/
     call_pure_packed (``"my.cpu_only_op"``), or the called function's name."""
-    op = op_of(call)
+    op = op_name(call)
     if op in CALL_OPS and call.args:
         name = callee_name(call.args[0])
         if name is not None:
@@ -93,17 +96,6 @@ def vdevices_in(ty) -> list:
     return [t.vdevice for t in tensor_leaves(ty)]
 
 
-def static_shape(ty: relax.TensorType) -> tuple[int, ...] | None:
-    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for d in ty.shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d))
-    return tuple(dims)
-
-
 def nbytes(ty) -> int | None:
     """Bytes of the tensors in ``ty`` (None when a shape or dtype is not static)."""
     total = 0
@@ -124,21 +116,3 @@ def bindings(func: relax.Function) -> Iterator[tuple[relax.BindingBlock, relax.B
     for block in body.blocks:
         for binding in block.bindings:
             yield block, binding
-
-
-def is_composite_or_region(func) -> bool:
-    attrs = getattr(func, "attrs", None)
-    return attrs is not None and ("Composite" in attrs or "Codegen" in attrs)
-
-
-def entry_functions(mod: tvm.IRModule) -> list[str]:
-    """Relax functions of ``mod`` that placement works on: not composites, not regions, not loaders
-    of device constants."""
-    names = []
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or is_composite_or_region(func):
-            continue
-        if func.attrs is not None and ATTR_CONSTANTS_FOR in func.attrs:
-            continue
-        names.append(gv.name_hint)
-    return names

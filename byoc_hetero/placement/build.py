@@ -26,10 +26,12 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from .. import _relax
+from ..errors import PlacementError
+from ..inputs import signature
 from . import _ir
-from .devices import Device, device_of_vdevice, module_vdevices
-from .errors import PlacementError
-from .validate import runtime_module_kinds, validate, validate_lowered
+from .devices import Device, device_of_vdevice, module_vdevices, parse_device
+from .validate import validate, validate_lowered
 
 PLAN_FUNCTION = "__byoc_hetero_placement__"
 PLAN_FORMAT = "byoc_hetero.placement"
@@ -42,14 +44,13 @@ class PlacedExecutable:
     executable: relax.VMExecutable
     #: the placed module that was compiled (before lowering)
     module: tvm.IRModule
-    #: the plan: ``{"devices": [...], "functions": {name: {"params": [...], "constants": loader, ...}}}``
+    #: the plan: ``{"devices": [...], "functions": {name: {"params": [...], "inputs": [...],
+    #: "constants": loader, ...}}}`` (``inputs``: each input's name, dtype and shape)
     plan: dict[str, Any] = field(default_factory=dict)
 
     @property
     def devices(self) -> list[Device]:
         """The devices in VM order."""
-        from .devices import parse_device
-
         return [parse_device(d) for d in self.plan["devices"]]
 
     def export_library(self, path: str, **kwargs) -> None:
@@ -66,15 +67,9 @@ def gpu_sources(compiled) -> dict[str, str]:
     """
     executable = getattr(compiled, "executable", compiled)
     out: dict[str, str] = {}
-    stack, seen = [executable.mod], set()
-    while stack:
-        m = stack.pop()
-        if _ir.key(m) in seen:
-            continue
-        seen.add(_ir.key(m))
-        if str(m.kind) in ("cuda",):
+    for m in _relax.imported_modules(executable.mod):
+        if str(m.kind) == "cuda":
             out[str(m.kind)] = out.get(str(m.kind), "") + str(m.inspect_source(""))
-        stack.extend(list(m.imports))
     return out
 
 
@@ -82,11 +77,10 @@ def make_plan(mod: tvm.IRModule) -> dict[str, Any]:
     """The placement plan of a placed module (plain JSON-able data)."""
     devices = [str(device_of_vdevice(v)) for v in module_vdevices(mod)]
     functions: dict[str, Any] = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or _ir.is_composite_or_region(func):
-            continue
+    for name in _relax.entry_functions(mod, (_ir.ATTR_CONSTANTS_FOR,)):
+        func = mod[name]
         attrs = func.attrs if func.attrs is not None else {}
-        if _ir.ATTR_CONSTANTS_FOR in attrs or "global_symbol" not in attrs:
+        if "global_symbol" not in attrs:
             continue
         params = []
         for p in func.params:
@@ -96,27 +90,18 @@ def make_plan(mod: tvm.IRModule) -> dict[str, Any]:
             else:
                 params.append(None)
         entry: dict[str, Any] = {"params": params}
+        num_inputs = len(params)
         if _ir.ATTR_CONSTANTS in attrs:
             entry["constants"] = str(attrs[_ir.ATTR_CONSTANTS])
             entry["num_constants"] = int(attrs[_ir.ATTR_NUM_CONSTANTS])
-        functions[gv.name_hint] = entry
+            num_inputs -= entry["num_constants"]
+        specs = signature(func)[:num_inputs]
+        entry["inputs"] = [spec.to_json() if spec is not None else None for spec in specs]
+        functions[name] = entry
     return {"format": PLAN_FORMAT, "version": 1, "devices": devices, "functions": functions}
 
 
 # -- legalization that keeps devices ----------------------------------------------------------------
-
-def _used_ops(mod: tvm.IRModule) -> set[str]:
-    ops: set[str] = set()
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            ops.add(expr.op.name)
-
-    for _gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return ops
-
 
 def _single_vdevice(call: relax.Call):
     vds = _ir.vdevices_in(call.ty)
@@ -134,7 +119,7 @@ def _keep_device(legalize):
         result = legalize(bb, call)
         vdevice = _single_vdevice(call)
         if (vdevice is None or not isinstance(result, relax.Call)
-                or _ir.op_of(result) not in ("relax.call_tir", "relax.call_tir_inplace")):
+                or _relax.op_name(result) not in _ir.TIR_CALLS):
             return result
         ty_args = [_ir.with_vdevice(t, vdevice) if any(v is None for v in _ir.vdevices_in(t)) else t
                    for t in result.ty_args]
@@ -146,7 +131,7 @@ def _keep_device(legalize):
 def legalize(mod: tvm.IRModule) -> tvm.IRModule:
     """``LegalizeOps`` whose kernels keep the device of the op they implement."""
     cmap = {}
-    for name in sorted(_used_ops(mod)):
+    for name in sorted(_relax.ops_in(mod)):
         fn = tvm.ir.Op.get(name).get_attr("FLegalize")
         if fn is not None:
             cmap[name] = _keep_device(fn)
@@ -163,7 +148,7 @@ def bind_kernel_targets(mod: tvm.IRModule) -> tvm.IRModule:
             continue
         for _block, binding in _ir.bindings(func):
             call = binding.value
-            if not (isinstance(call, relax.Call) and _ir.op_of(call) in _TIR_CALLS and call.ty_args):
+            if not (isinstance(call, relax.Call) and _relax.op_name(call) in _ir.TIR_CALLS and call.ty_args):
                 continue
             vds = _ir.vdevices_in(call.ty_args[0])
             kernel = mod[call.args[0]]
@@ -193,15 +178,12 @@ def bind_kernel_targets(mod: tvm.IRModule) -> tvm.IRModule:
     return out
 
 
-_TIR_CALLS = ("relax.call_tir", "relax.call_tir_inplace")
-
-
 def _retarget_calls(mod: tvm.IRModule, renamed) -> tvm.IRModule:
     @relax.expr_functor.mutator
     class Retarget(relax.PyExprMutator):
         def visit_call_(self, call):
             call = self.visit_expr_post_order(call)
-            if _ir.op_of(call) in _TIR_CALLS and call.ty_args and isinstance(call.args[0], relax.GlobalVar):
+            if _relax.op_name(call) in _ir.TIR_CALLS and call.ty_args and isinstance(call.args[0], relax.GlobalVar):
                 vds = _ir.vdevices_in(call.ty_args[0])
                 key = (call.args[0].name_hint, vds[0].target.kind.name if vds and vds[0] is not None else "")
                 if key in renamed:
@@ -291,7 +273,7 @@ def compile(placed: tvm.IRModule, *, check: bool = True) -> PlacedExecutable:  #
     lowered = lower(placed)
     gpu_kinds = _gpu_devices_with_kernels(lowered)
     ex = relax.build(_with_plan(lowered, plan), target=None)
-    kinds = runtime_module_kinds(ex.mod)
+    kinds = _relax.runtime_kinds(ex.mod)
     missing = sorted(k for k in gpu_kinds if k not in kinds)
     if missing:
         raise PlacementError(

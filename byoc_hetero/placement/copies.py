@@ -16,17 +16,14 @@ Given the decision of :mod:`.place` for a function, rebuild it binding by bindin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import tvm
 import tvm_ffi
 from tvm import relax
 
+from .._relax import op_name
 from . import _ir
+from .decision import FunctionPlan, devices_in
 from .devices import Device, device_of_vdevice
-
-if TYPE_CHECKING:
-    from .place import FunctionPlan
 
 LOADER_SUFFIX = "__device_constants"
 
@@ -90,7 +87,7 @@ class _Builder:
         if not isinstance(value, relax.Var) or not _ir.has_tensor(value.ty):
             return value
         tree = self.device_tree(value.ty)
-        if all(d == device for d in _leaves(tree)):
+        if all(d == device for d in devices_in(tree)):
             return value
         ck = (_ir.key(value), device)
         if ck in self.copies:
@@ -153,13 +150,13 @@ class _Builder:
 
     def call(self, var: relax.Var, call: relax.Call):
         tree = self.plan.bindings[_ir.key(var)]
-        op = _ir.op_of(call)
+        op = op_name(call)
         if op in (_ir.COPY_OP, _ir.HINT_OP):
             moved = self.on(call.args[0], tree if isinstance(tree, Device) else self.home)
             if self.in_dataflow and not isinstance(var, relax.DataflowVar) and isinstance(moved, relax.DataflowVar):
                 return self.bb.emit_output(moved, name_hint=var.name)
             return moved
-        device = next(iter(_leaves(tree)), self.home)
+        device = next(devices_in(tree), self.home)
         vdev = self.vdevice(device)
         args = [self.on(a, device) for a in call.args]
         ty_args = [_ir.with_vdevice(t, vdev) for t in call.ty_args] if op in _ir.CALL_OPS else list(call.ty_args)
@@ -208,15 +205,7 @@ class _Builder:
         return self.bb.get()[name]
 
 
-def _leaves(tree):
-    if isinstance(tree, tuple):
-        for t in tree:
-            yield from _leaves(t)
-    elif isinstance(tree, Device):
-        yield tree
-
-
-def rewrite_function(mod: tvm.IRModule, func: relax.Function, plan: FunctionPlan,
+def rewrite_function(func: relax.Function, plan: FunctionPlan,
                      vd_of: dict[Device, relax.VDevice], home: Device):
     """The placed function and, when constants were lifted, ``(loader name, loader function)``."""
     name = plan.name

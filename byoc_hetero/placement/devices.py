@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from .errors import PlacementError
+from ..errors import PlacementError
 
 #: The device kinds placement knows, with the TVM target kind that compiles code for each.
 KINDS: dict[str, str] = {"cpu": "llvm", "cuda": "cuda"}

@@ -12,94 +12,27 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
 
+from .. import _relax
+from ..errors import PlacementError, PlacementWarning
 from . import _ir
 from .copies import rewrite_function
+from .decision import CONST, DevTree, FunctionPlan, Pending, devices_in, fill
 from .devices import Device, DeviceLike, device_of_vdevice, make_vdevice, module_vdevices, parse_device
-from .errors import PlacementError, PlacementWarning
-from .rules import PlacementMap, PlacementRules, Site
-
-
-class Pending:
-    """The device of a parameter not decided yet (its first consumer decides)."""
-
-    __slots__ = ("param",)
-
-    def __init__(self, param: int):
-        self.param = param
-
-
-CONST = "constant"  # marker: a value bound to a constant; each consumer gets it on its own device
-
-DevTree = Device | Pending | str | tuple | None
-
-
-@dataclass
-class RegionInfo:
-    """An offloaded region (an external module's symbol) as placement sees it."""
-
-    codegen: str
-    ops: tuple[str, ...] = ()
-    composites: tuple[str, ...] = ()
-    cpu_only: bool = True
-
-
-@dataclass
-class FunctionPlan:
-    """The placement decision for one function: a device per parameter and per binding."""
-
-    name: str
-    params: list[DevTree]
-    bindings: dict[int, DevTree] = field(default_factory=dict)  # key(var) → device tree
-    const_vars: dict[int, relax.Expr] = field(default_factory=dict)  # key(var) → bound constant
-    sites: dict[int, Site] = field(default_factory=dict)  # key(var) → the call placed there
-
-
-def _region_table(mod: tvm.IRModule) -> dict[str, RegionInfo]:
-    """Symbols of the offloaded regions carried by ``mod`` (``external_mods``)."""
-    from ..codegen import region_graph_json
-
-    table: dict[str, RegionInfo] = {}
-    attrs = mod.attrs
-    if attrs is None or "external_mods" not in attrs:
-        return table
-    for ext in attrs["external_mods"]:
-        graph = region_graph_json(ext)
-        if graph is None:
-            continue
-        source = graph.get("source", {})
-        ops = tuple(n if n.startswith("relax.") else "relax." + n for n in source.get("ops", {}))
-        table[str(graph["symbol"])] = RegionInfo(
-            str(source.get("target", ext.kind)), ops, tuple(source.get("composites", [])), cpu_only=True
-        )
-    return table
-
-
-def _external_region(mod: tvm.IRModule, symbol: str) -> RegionInfo | None:
-    """A region of another BYOC backend (any external module implementing ``symbol``)."""
-    attrs = mod.attrs
-    if attrs is None or "external_mods" not in attrs:
-        return None
-    for ext in attrs["external_mods"]:
-        try:
-            if ext.implements_function(symbol):
-                return RegionInfo(str(ext.kind), cpu_only=False)
-        except Exception:  # noqa: BLE001  (modules that cannot answer are not the region)
-            continue
-    return None
+from .regions import RegionInfo, region_of, region_table
+from .rules import PlacementMap, PlacementPolicy, PlacementRules, Site
 
 
 class _Analysis:
     """Decide devices for one function (no IR is changed here)."""
 
     def __init__(self, mod: tvm.IRModule, name: str, rules: PlacementRules, fallback: Device,
-                 regions: dict[str, RegionInfo], declared: list[Device]):
+                 regions: dict[str, RegionInfo], declared: list[Device] | None):
         self.mod, self.name, self.rules, self.fallback = mod, name, rules, fallback
-        self.declared = declared
+        self.declared = declared  # None: not known before the rules (a policy) have answered
         self.regions = regions
         self.func: relax.Function = mod[name]
         self.var2val = relax.analysis.get_var2val(self.func)
@@ -115,7 +48,7 @@ class _Analysis:
             if k in self.param_index:
                 dev = self.param_dev.get(k)
                 if dev is not None:
-                    return dev if not isinstance(expr.ty, relax.TupleType) else _fill(expr.ty, dev)
+                    return dev if not isinstance(expr.ty, relax.TupleType) else fill(expr.ty, dev)
                 return Pending(k) if _ir.has_tensor(expr.ty) else None
             if k in self.plan.const_vars:
                 return CONST
@@ -147,9 +80,9 @@ class _Analysis:
     def first_device(self, exprs, cpu_only: bool) -> Device | None:
         """The device of the first operand that already has one (a CPU device when ``cpu_only``)."""
         for e in exprs:
-            for leaf in _leaves(self.tree_of(e)):
-                if isinstance(leaf, Device) and not (cpu_only and leaf.is_gpu):
-                    return leaf
+            for device in devices_in(self.tree_of(e)):
+                if not (cpu_only and device.is_gpu):
+                    return device
         return None
 
     def region_device(self, site: Site) -> Device:
@@ -160,7 +93,8 @@ class _Analysis:
         if device is None:
             device = self.fallback
             if cpu_only and device.is_gpu:
-                device = next((d for d in self.declared if not d.is_gpu), device)
+                known = self.declared or [self.fallback, *self.rules.devices()]
+                device = next((d for d in known if not d.is_gpu), device)
         return device
 
     # -- the walk -----------------------------------------------------------------------------
@@ -201,34 +135,30 @@ class _Analysis:
         return self.plan
 
     def call(self, var: relax.Var, call: relax.Call) -> DevTree:
-        op = _ir.op_of(call)
+        op = _relax.op_name(call)
         if op in (_ir.COPY_OP, _ir.HINT_OP):
             device = self.copy_destination(call)
             self.consume(call.args[0], device)
-            return _fill(var.ty, device)
+            return fill(var.ty, device)
         if isinstance(call.op, relax.GlobalVar):
             callee = self.mod[call.op]
-            kind = "a composite or offloaded region" if _ir.is_composite_or_region(callee) else "a Relax function"
+            kind = "a composite or offloaded region" if _relax.is_composite_or_region(callee) else "a Relax function"
             raise PlacementError(
                 f"{self.name}: {var.name!r} calls {call.op.name_hint}, {kind}; place() works on a module "
                 "before partitioning or after all four stages (bh.partition), not between them"
             )
         site = self.site(var, call)
-        rule = self.rules.lookup(site, self.var2val)
-        if rule is not None:
-            device = rule.device
-        elif site.region is not None:
-            device = self.region_device(site)
-        else:
-            device = self.fallback
+        device = self.rules.lookup(site, self.var2val)
+        if device is None:
+            device = self.region_device(site) if site.region is not None else self.fallback
         for arg in call.args:
             self.consume(arg, device)
         self.plan.sites[_ir.key(var)] = site
-        return _fill(var.ty, device)
+        return fill(var.ty, device)
 
     def copy_destination(self, call: relax.Call) -> Device:
         attrs = call.attrs
-        if _ir.op_of(call) == _ir.COPY_OP:
+        if _relax.op_name(call) == _ir.COPY_OP:
             return device_of_vdevice(attrs.dst_vdevice)
         kind = {1: "cpu", 2: "cuda"}.get(int(attrs.device_type))
         if kind is None:
@@ -240,32 +170,16 @@ class _Analysis:
         index = self.counts[name]
         self.counts[name] += 1
         region = None
-        if _ir.op_of(call) in _ir.CALL_OPS and isinstance(call.args[0], relax.ExternFunc):
-            region = self.regions.get(name) or _external_region(self.mod, name)
+        if _relax.op_name(call) in _ir.CALL_OPS and isinstance(call.args[0], relax.ExternFunc):
+            region = region_of(self.mod, name, self.regions)
         if region is None:
             return Site(call, name, index, var.name, self.name)
         return Site(call, name, index, var.name, self.name, region=region.codegen,
-                    contained_ops=region.ops, aliases=(region.codegen, *region.composites))
+                    contained_ops=tuple(region.ops), aliases=(region.codegen, *region.composites))
 
 
-def _fill(ty, device: Device) -> DevTree:
-    """A device tree with ``device`` at every tensor of ``ty``."""
-    if isinstance(ty, relax.TupleType):
-        return tuple(_fill(f, device) for f in ty.fields)
-    return device if isinstance(ty, relax.TensorType) else None
-
-
-def _leaves(tree: DevTree):
-    if isinstance(tree, tuple):
-        for t in tree:
-            yield from _leaves(t)
-    elif tree is not None:
-        yield tree
-
-
-def _declared(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None, rules: PlacementRules,
-              fallback: Device) -> tuple[list[Device], list[relax.VDevice] | None]:
-    """The declared devices (VM order) and the module's own VDevice objects when it has them."""
+def _given_devices(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None) -> list[Device] | None:
+    """The devices declared by ``devices=`` or by the module itself (VM order); None when neither does."""
     existing = module_vdevices(mod)
     if devices is not None:
         declared = [parse_device(d) for d in devices]
@@ -275,24 +189,26 @@ def _declared(mod: tvm.IRModule, devices: Sequence[DeviceLike] | None, rules: Pl
         if existing and [device_of_vdevice(v) for v in existing] != declared:
             have = ", ".join(str(device_of_vdevice(v)) for v in existing)
             raise PlacementError(f"the module already declares devices [{have}]; devices= must match them")
-    elif existing:
-        declared = [device_of_vdevice(v) for v in existing]
-    else:
-        declared = [fallback] + [d for d in rules.devices() if d != fallback]
+        return declared
+    return [device_of_vdevice(v) for v in existing] if existing else None
+
+
+def _declared(given: list[Device] | None, rules: PlacementRules, fallback: Device) -> list[Device]:
+    """The declared devices in VM order: ``given``, else the fallback and the devices the rules chose;
+    an error when the fallback or a device a rule chose is not among them."""
+    declared = given if given is not None else [fallback] + [d for d in rules.devices() if d != fallback]
     names = ", ".join(map(str, declared))
     if fallback not in declared:
         raise PlacementError(f"fallback device {fallback} is not declared (declared: {names})")
-    for rule in rules.rules:
-        if rule.device not in declared:
-            raise PlacementError(
-                f"placement rule {rule.label} → {rule.device}: device not declared (declared: {names})"
-            )
-    return declared, (existing or None)
+    for what, device in rules.named_by():
+        if device not in declared:
+            raise PlacementError(f"{what} → {device}: device not declared (declared: {names})")
+    return declared
 
 
 def place(
     mod: tvm.IRModule,
-    rules: PlacementMap | None = None,
+    rules: PlacementMap | PlacementPolicy | None = None,
     fallback: DeviceLike = "cpu",
     *,
     devices: Sequence[DeviceLike] | None = None,
@@ -307,15 +223,21 @@ def place(
         A Relax module: as written or imported, after :func:`byoc_hetero.bind_params`, or after
         :func:`byoc_hetero.partition` (offloaded regions are placed as single calls).
     rules:
-        Placement map ``{rule: device}`` (or a list of pairs), tried in order; see
-        :mod:`byoc_hetero.placement.rules` for op names, patterns and callables as rules.
+        A placement map ``{rule: device}`` (or a list of pairs), tried in order (see
+        :mod:`byoc_hetero.placement.rules` for op names, patterns and callables as rules), or a
+        placement policy: one function ``policy(site) -> device or None`` called for every call
+        (a :class:`~byoc_hetero.placement.Site`), None meaning "no decision"::
+
+            place(mod, lambda s: "cpu:1" if s.op_name == "relax.nn.conv2d" else None, fallback="cpu:0")
+
+        Anything else raises :class:`PlacementError` saying what a map may be.
     fallback:
-        The device of every call no rule places. It is VM device 0 unless ``devices`` says otherwise,
-        and holds the constants the VM loads.
+        The device of every call no rule places (or the policy leaves to None). It is VM device 0
+        unless ``devices`` says otherwise, and holds the constants the VM loads.
     devices:
         The declared devices in VM order. Default: the module's own ``vdevice`` list if it has one,
-        else the fallback followed by the devices the rules name. A rule naming a device that is
-        not declared is an error.
+        else the fallback followed by the devices the rules name (or the policy returned, in the
+        order it first returned them). A device not declared is an error.
     targets:
         Target per device kind (``{"cuda": tvm.target.Target(...)}``); default llvm for ``cpu``
         and, for ``cuda``, the present GPU's target or ``sm_75``.
@@ -339,28 +261,31 @@ def place(
     """
     parsed = PlacementRules(rules)
     fb = parse_device(fallback)
-    declared, existing = _declared(mod, devices, parsed, fb)
-    if existing is not None:
-        vdevices = existing
-    else:
-        vdevices = [make_vdevice(d, targets) for d in declared]
+    given = _given_devices(mod, devices)
+    if given is not None:
+        _declared(given, parsed, fb)  # a map naming an undeclared device fails before any work
+    names = list(functions) if functions is not None else _relax.entry_functions(mod, (_ir.ATTR_CONSTANTS_FOR,))
+    regions = region_table(mod)
+    plans = []
+    for name in names:
+        if name not in [gv.name_hint for gv in mod.get_global_vars()]:
+            raise PlacementError(f"module has no function {name!r} to place")
+        if not isinstance(mod[name], relax.Function):
+            raise PlacementError(f"{name} is not a Relax function")
+        plan = _Analysis(mod, name, parsed, fb, regions, given).run()
+        _check_regions(plan, regions)
+        plans.append(plan)
+    # the devices are known now (a policy names them as it answers): declare them, then rewrite
+    declared = _declared(given, parsed, fb)
+    existing = module_vdevices(mod)
+    vdevices = existing or [make_vdevice(d, targets) for d in declared]
     vd_of = dict(zip(declared, vdevices))
     infos = dict(mod.global_infos) if mod.global_infos is not None else {}
     infos["vdevice"] = vdevices
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=infos)
-
-    names = list(functions) if functions is not None else _ir.entry_functions(mod)
-    regions = _region_table(mod)
-    for name in names:
-        if name not in [gv.name_hint for gv in out.get_global_vars()]:
-            raise PlacementError(f"module has no function {name!r} to place")
-        func = out[name]
-        if not isinstance(func, relax.Function):
-            raise PlacementError(f"{name} is not a Relax function")
-        plan = _Analysis(out, name, parsed, fb, regions, declared).run()
-        _check_regions(plan, regions)
-        new_func, loader = rewrite_function(out, func, plan, vd_of, declared[0])
-        out[name] = new_func
+    for plan in plans:
+        new_func, loader = rewrite_function(mod[plan.name], plan, vd_of, declared[0])
+        out[plan.name] = new_func
         if loader is not None:
             out[loader[0]] = loader[1]
     inside = {op for info in regions.values() for op in info.ops}
@@ -383,7 +308,7 @@ def _check_regions(plan: FunctionPlan, regions: dict[str, RegionInfo]) -> None:
             continue
         info = regions.get(site.op_name)
         dev = plan.bindings.get(k)
-        leaf = next((d for d in _leaves(dev) if isinstance(d, Device)), None)
+        leaf = next(devices_in(dev), None)
         if info is not None and info.cpu_only and leaf is not None and leaf.is_gpu:
             raise PlacementError(
                 f"{plan.name}: offloaded region {site.op_name} ({site.region}, a CPU runtime) bound to "

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .._relax import op_name, short_op_name
 from . import _ir
 from .devices import device_of_vdevice, module_devices
+from .regions import region_table
 
 _COPY_OPS = (_ir.COPY_OP, _ir.HINT_OP)
 
@@ -64,10 +66,6 @@ class PlacementReport:
     def load_bytes(self) -> int:
         return sum(c.nbytes or 0 for c in self.copies if c.at_load)
 
-    def ops_on(self, device: str) -> int:
-        """Number of ops placed on ``device``."""
-        return sum(self.ops.get(device, Counter()).values())
-
     def __str__(self) -> str:
         lines = [f"placement of {self.function} on {', '.join(self.devices)}"]
         for dev in self.devices:
@@ -75,8 +73,11 @@ class PlacementReport:
             regions = self.regions.get(dev, Counter())
             extra = "".join(f", {n} {cg} region(s)" for cg, n in sorted(regions.items()))
             lines.append(f"{dev}: {sum(ops.values())} ops{extra}")
-            for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
-                lines.append(f"    {op.removeprefix('relax.'):<32} {n}")
+            lines.extend(_count_lines(ops, "    "))
+            inner = self.region_ops.get(dev, Counter())
+            if inner:
+                lines.append(f"    inside the regions: {sum(inner.values())} ops")
+                lines.extend(_count_lines(inner, "        "))
         lines.append(f"copies per run: {self.copies_per_run} ({_fmt_bytes(self.bytes_per_run)})")
         for c in self.copies:
             if not c.at_load:
@@ -85,6 +86,11 @@ class PlacementReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _count_lines(counts: Counter, indent: str) -> list[str]:
+    """``op  n`` lines, the most frequent first, op names without ``relax.``."""
+    return [f"{indent}{short_op_name(op):<32} {n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -99,18 +105,16 @@ def _fmt_bytes(n: int | None) -> str:
 
 def placement_report(placed, function: str = "main") -> PlacementReport:
     """The placement report of ``function`` in a placed module (or a :class:`PlacedExecutable`)."""
-    from .place import _region_table
-
     mod: tvm.IRModule = getattr(placed, "module", placed)
     devices = [str(d) for d in module_devices(mod)]
     report = PlacementReport(function, devices)
     func = mod[function]
-    regions = _region_table(mod)
+    regions = region_table(mod)
     for _block, binding in _ir.bindings(func):
         value = binding.value
         if not isinstance(value, relax.Call):
             continue
-        op = _ir.op_of(value)
+        op = op_name(value)
         if op in _COPY_OPS:
             src = [t.vdevice for t in _ir.tensor_leaves(value.args[0].ty)]
             dst = [t.vdevice for t in _ir.tensor_leaves(binding.var.ty)]
@@ -128,9 +132,7 @@ def placement_report(placed, function: str = "main") -> PlacementReport:
         if info is not None:
             report.ops.setdefault(dev, Counter())[info.codegen] += 1
             report.regions.setdefault(dev, Counter())[info.codegen] += 1
-            inner = report.region_ops.setdefault(dev, Counter())
-            for inner_op in info.ops:
-                inner[inner_op] += 1
+            report.region_ops.setdefault(dev, Counter()).update(info.ops)
         else:
             report.ops.setdefault(dev, Counter())[name] += 1
     attrs = func.attrs if func.attrs is not None else {}

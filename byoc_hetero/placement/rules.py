@@ -1,6 +1,17 @@
 """Placement rules: which device runs a call.
 
-A placement map is a mapping (or a sequence of pairs) from a *rule key* to a device. Keys:
+What :func:`~byoc_hetero.placement.place` takes is either a *placement map* or a *placement policy*.
+
+A **policy** is one callable taking a :class:`Site` and returning its device (a device string, a
+:class:`~.devices.Device` or a ``tvm.runtime.Device``) or None for "no decision" (the fallback
+device; an offloaded region stays with its inputs)::
+
+    def policy(site):
+        if site.op_name == "relax.nn.conv2d":
+            return "cuda"
+        return "cpu" if site.op_name == "my.cpu_only_op" else None
+
+A **map** is a mapping (or a sequence of pairs) from a *rule key* to a device. Keys:
 
 * an **op name**: ``"relax.nn.conv2d"`` (``"nn.conv2d"`` works too), the callee of ``call_tir`` /
   ``call_dps_packed`` / ``call_pure_packed`` (``"my.cpu_only_op"``), an offloaded region's codegen
@@ -26,11 +37,17 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern
 
+from ..errors import PlacementError
 from .devices import Device, DeviceLike, parse_device
-from .errors import PlacementError
 
 RuleKey = str | DFPattern | Callable[["Site"], bool]
 PlacementMap = Mapping[RuleKey, DeviceLike] | Sequence[tuple[RuleKey, DeviceLike]]
+#: a function deciding every call's device: ``policy(site) -> device or None`` (None: no decision)
+PlacementPolicy = Callable[["Site"], DeviceLike | None]
+
+_WHAT_A_MAP_IS = ("a placement map is a dict {rule: device}, a list of (rule, device) pairs, or a policy "
+                  "function site -> device or None (a rule is an op name, a dataflow pattern or a "
+                  "callable site -> bool)")
 
 
 @dataclass
@@ -112,11 +129,28 @@ class Rule:
 
 
 class PlacementRules:
-    """A parsed placement map: ordered rules, the first match wins."""
+    """A parsed placement map (ordered rules, the first match wins) or placement policy."""
 
-    def __init__(self, mapping: PlacementMap | None):
-        items = list(mapping.items()) if isinstance(mapping, Mapping) else list(mapping or [])
+    def __init__(self, mapping: PlacementMap | PlacementPolicy | None):
         self.rules: list[Rule] = []
+        #: the policy function, when the map is one
+        self.policy: PlacementPolicy | None = None
+        #: devices the policy returned, in first-seen order, with the first call that got each
+        self.policy_devices: dict[Device, str] = {}
+        if mapping is None:
+            return
+        if isinstance(mapping, Mapping):
+            items = list(mapping.items())
+        elif isinstance(mapping, DFPattern):
+            raise PlacementError(f"a dataflow pattern alone is not a placement map: write {{pattern: device}}; "
+                                 f"{_WHAT_A_MAP_IS}")
+        elif callable(mapping):
+            self.policy = mapping
+            return
+        elif isinstance(mapping, Sequence) and not isinstance(mapping, str | bytes):
+            items = list(mapping)
+        else:
+            raise PlacementError(f"{_WHAT_A_MAP_IS}; got a {type(mapping).__name__}: {mapping!r}")
         for item in items:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise PlacementError(f"placement map entries are (rule, device) pairs, got {item!r}")
@@ -133,24 +167,54 @@ class PlacementRules:
                 )
             self.rules.append(rule)
 
+    @property
+    def label(self) -> str:
+        """How messages name the policy."""
+        return "policy " + _label(self.policy).removeprefix("callable ") if self.policy is not None else "map"
+
     def devices(self) -> list[Device]:
-        """Devices the rules name, in rule order, each once."""
+        """Devices the rules name (or the policy returned so far), in order, each once."""
         seen: list[Device] = []
-        for rule in self.rules:
-            if rule.device not in seen:
-                seen.append(rule.device)
+        for device in [*(rule.device for rule in self.rules), *self.policy_devices]:
+            if device not in seen:
+                seen.append(device)
         return seen
 
-    def lookup(self, site: Site, var2val) -> Rule | None:
-        """The first rule that matches ``site``; None when no rule applies (the caller then uses the
-        fallback device, or for an offloaded region the device of its inputs)."""
+    def named_by(self) -> list[tuple[str, Device]]:
+        """(what named it, device) for every device the rules or the policy chose."""
+        named = [(f"placement rule {rule.label}", rule.device) for rule in self.rules]
+        named += [(f"placement {self.label} (for {site})", dev) for dev, site in self.policy_devices.items()]
+        return named
+
+    def lookup(self, site: Site, var2val) -> Device | None:
+        """The device the map or policy gives ``site``; None when nothing decides it (the caller then
+        uses the fallback device, or for an offloaded region the device of its inputs)."""
+        if self.policy is not None:
+            return self._ask_policy(site)
         chosen = next((r for r in self.rules if r.matches(site, var2val)), None)
-        if chosen is not None:
-            chosen.matched += 1
-            chosen.sites.append(f"{site.function}:{site.name}")
-        return chosen
+        if chosen is None:
+            return None
+        chosen.matched += 1
+        chosen.sites.append(f"{site.function}:{site.name}")
+        return chosen.device
+
+    def _ask_policy(self, site: Site) -> Device | None:
+        where = f"{site.op_name} bound to {site.name!r} in {site.function}"
+        try:
+            answer = self.policy(site)
+        except Exception as err:  # noqa: BLE001  (a user function: report it with the call)
+            raise PlacementError(f"placement {self.label} raised {type(err).__name__}: {err} (on {where})") from err
+        if answer is None:
+            return None
+        try:
+            device = parse_device(answer)
+        except PlacementError as err:
+            raise PlacementError(f"placement {self.label} on {where}: {err}") from None
+        self.policy_devices.setdefault(device, f"{site.function}:{site.name}")
+        return device
 
     def unused(self) -> list[Rule]:
+        """Rules of a map that matched no call."""
         return [r for r in self.rules if r.matched == 0]
 
 

@@ -17,10 +17,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import InputError
+from ..errors import InputError, PlacementError
+from ..inputs import TensorSpec, check, check_count
 from .build import PLAN_FORMAT, PLAN_FUNCTION, PlacedExecutable
 from .devices import Device, parse_device
-from .errors import PlacementError
 
 
 def _read_plan(executable) -> dict[str, Any]:
@@ -78,6 +78,14 @@ class PlacedVM:
         n = len(entry["params"]) - entry.get("num_constants", 0)
         return [self._rt[p] if p is not None else None for p in entry["params"][:n]]
 
+    def input_specs(self, function: str = "main") -> list[TensorSpec | None]:
+        """The expected name, dtype and shape of each input of ``function`` (None for a non-tensor
+        input, or for every input of a library compiled before the plan carried them)."""
+        entry = self._entry(function)
+        n = len(entry["params"]) - entry.get("num_constants", 0)
+        specs = entry.get("inputs") or [None] * n
+        return [TensorSpec.from_json(s) if s is not None else None for s in specs]
+
     def _entry(self, function: str) -> dict:
         try:
             return self.plan["functions"][function]
@@ -100,11 +108,15 @@ class PlacedVM:
         raise InputError(f"{function}: input {i} is a {type(value).__name__}; give a numpy array or a tvm tensor")
 
     def run(self, function: str, *inputs):
-        """Run ``function`` on ``inputs`` (numpy arrays or tensors on any device)."""
-        devices = self.input_devices(function)
-        if len(inputs) != len(devices):
-            raise InputError(f"{function} takes {len(devices)} inputs, got {len(inputs)}")
+        """Run ``function`` on ``inputs`` (numpy arrays or tensors on any device).
+
+        Raises :class:`~byoc_hetero.errors.InputError` naming the input when the count, a dtype or
+        a shape does not match ``function``'s signature (a symbolic dimension takes any value, the
+        same value wherever the same variable appears)."""
+        devices, specs = self.input_devices(function), self.input_specs(function)
+        check_count(function, specs, len(inputs))
         args = [self._move(x, d, function, i) for i, (x, d) in enumerate(zip(inputs, devices))]
+        check(function, specs, args)
         return self.vm[function](*args, *self._constants.get(function, []))
 
     def __getitem__(self, function: str) -> Callable:

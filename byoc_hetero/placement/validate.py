@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from .. import _relax
+from ..errors import PlacementError
 from . import _ir
 from .devices import Device, device_of_vdevice, module_vdevices
-from .errors import PlacementError
+from .regions import cpu_regions
 
 _MAX_SHOWN = 12
 
@@ -88,8 +90,8 @@ def check(mod: tvm.IRModule, functions=None) -> list[Violation]:
                           "place() it first")]
     declared = [device_of_vdevice(v) for v in vdevices]
     home = declared[0]
-    regions = _cpu_regions(mod)
-    names = functions if functions is not None else _all_placed_functions(mod)
+    regions = cpu_regions(mod)
+    names = functions if functions is not None else _relax.entry_functions(mod)
     for name in names:
         func = mod[name]
         for p in func.params:
@@ -101,20 +103,6 @@ def check(mod: tvm.IRModule, functions=None) -> list[Violation]:
         for _block, binding in _ir.bindings(func):
             out.extend(_check_binding(name, binding, declared, home, regions))
     return out
-
-
-def _all_placed_functions(mod: tvm.IRModule) -> list[str]:
-    names = []
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function) and not _ir.is_composite_or_region(func):
-            names.append(gv.name_hint)
-    return names
-
-
-def _cpu_regions(mod: tvm.IRModule) -> set[str]:
-    from .place import _region_table
-
-    return {sym for sym, info in _region_table(mod).items() if info.cpu_only}
 
 
 def _check_binding(fname, binding, declared, home, regions) -> list[Violation]:
@@ -135,7 +123,7 @@ def _check_binding(fname, binding, declared, home, regions) -> list[Violation]:
             return out
     if not isinstance(value, relax.Call):
         return out
-    kind = _ir.op_of(value)
+    kind = _relax.op_name(value)
     if kind == _ir.HINT_OP:
         return [Violation(fname, var.name, op,
                           "R.hint_on_device left in a placed module; place() turns hints into copies")]
@@ -176,11 +164,11 @@ def check_lowered(mod: tvm.IRModule) -> list[Violation]:
     targets = {device_of_vdevice(v): v.target for v in module_vdevices(mod)}
     out: list[Violation] = []
     for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or _ir.is_composite_or_region(func):
+        if not isinstance(func, relax.Function) or _relax.is_composite_or_region(func):
             continue
         for _block, binding in _ir.bindings(func):
             value = binding.value
-            if not isinstance(value, relax.Call) or _ir.op_of(value) not in _TIR_CALLS:
+            if not isinstance(value, relax.Call) or _relax.op_name(value) not in _ir.TIR_CALLS:
                 continue
             kernel = value.args[0]
 
@@ -212,22 +200,6 @@ def check_lowered(mod: tvm.IRModule) -> list[Violation]:
     return out
 
 
-_TIR_CALLS = ("relax.call_tir", "relax.call_tir_inplace")
-
-
 def validate_lowered(mod: tvm.IRModule) -> None:
     """Raise :class:`PlacementError` when a kernel would run on a device it was not compiled for."""
     _raise(check_lowered(mod), "invalid lowering of a placed module")
-
-
-def runtime_module_kinds(module) -> set[str]:
-    """Kinds of a runtime module and everything it imports (``llvm``, ``cuda``, ``byoc_hetero``...)."""
-    kinds, stack, seen = set(), [module], set()
-    while stack:
-        m = stack.pop()
-        if _ir.key(m) in seen:
-            continue
-        seen.add(_ir.key(m))
-        kinds.add(str(m.kind))
-        stack.extend(list(m.imports))
-    return kinds

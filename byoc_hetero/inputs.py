@@ -1,0 +1,121 @@
+"""Input signatures: what a compiled function expects, and a check that names the input that is wrong.
+
+A :class:`TensorSpec` is the plain-data form of a Relax tensor parameter: its name, dtype and
+shape, where a dimension is an int (fixed), a string (a symbolic variable such as ``"n"``) or None
+(an expression: any value). :func:`check` compares inputs (anything with ``shape`` and ``dtype``:
+numpy arrays, TVM tensors) against specs and raises :class:`~byoc_hetero.errors.InputError`
+naming the input, the expected and the given shape or dtype. A symbolic dimension accepts any
+value, but one variable used twice must get the same value everywhere; the rank always has to
+match.
+
+>>> check("main", signature(mod["main"]), [x])   # raises InputError naming the bad input
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from .errors import InputError
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The expected dtype and shape of one tensor input."""
+
+    name: str
+    #: ``"float32"``...; None when the signature leaves the dtype open
+    dtype: str | None
+    #: one entry per dimension (int: fixed, str: a symbolic variable, None: any); None: any rank
+    shape: tuple[Dim, ...] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": None if self.shape is None else list(self.shape)}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> TensorSpec:
+        shape = data.get("shape")
+        return TensorSpec(str(data["name"]), data.get("dtype"), None if shape is None else tuple(shape))
+
+    def shape_text(self) -> str:
+        if self.shape is None:
+            return "any shape"
+        return "[" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
+
+
+def tensor_spec(var: relax.Var) -> TensorSpec | None:
+    """The spec of a Relax parameter; None when it is not a tensor (a tuple, a shape...)."""
+    ty = var.ty
+    if not isinstance(ty, relax.TensorType):
+        return None
+    dtype = str(ty.dtype) if ty.dtype is not None and str(ty.dtype) else None
+    if ty.shape is not None and isinstance(ty.shape, relax.ShapeExpr):
+        shape: tuple[Dim, ...] | None = tuple(_dim(d) for d in ty.shape.values)
+    elif int(ty.ndim) >= 0:
+        shape = (None,) * int(ty.ndim)
+    else:
+        shape = None
+    return TensorSpec(var.name, dtype, shape)
+
+
+def _dim(expr) -> Dim:
+    if isinstance(expr, tvm.tirx.IntImm):
+        return int(expr.value)
+    if isinstance(expr, tvm.tirx.Var):
+        return str(expr.name)
+    return None
+
+
+def signature(func: relax.Function, skip: Mapping[str, Any] | Sequence[str] | None = None) -> list[TensorSpec | None]:
+    """The spec of each parameter of ``func`` whose name is not in ``skip`` (e.g. weights in ``params``)."""
+    skipped = set(skip or ())
+    return [tensor_spec(v) for v in func.params if v.name not in skipped]
+
+
+def check_count(function: str, specs: Sequence[TensorSpec | None], count: int) -> None:
+    """Raise :class:`InputError` when ``count`` inputs are given for ``specs``."""
+    if count != len(specs):
+        names = ", ".join(s.name if s is not None else "?" for s in specs)
+        raise InputError(f"{function} takes {len(specs)} inputs ({names}), got {count}")
+
+
+def check(function: str, specs: Sequence[TensorSpec | None], values: Sequence[Any]) -> None:
+    """Raise :class:`InputError` when ``values`` do not match ``specs`` (count, dtype, rank, dims).
+
+    A spec of None (a non-tensor parameter) accepts anything; so does a value without ``shape``
+    and ``dtype`` attributes (the callee reports it)."""
+    check_count(function, specs, len(values))
+    bound: dict[str, tuple[int, int, str]] = {}  # symbolic dim → (value, input index, input name)
+    for i, (spec, value) in enumerate(zip(specs, values)):
+        if spec is None or not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            continue
+        where = f"{function}: input {i} ({spec.name!r})"
+        dtype = str(value.dtype)
+        if spec.dtype is not None and dtype != spec.dtype:
+            raise InputError(f"{where}: expected dtype {spec.dtype}, got {dtype}")
+        if spec.shape is None:
+            continue
+        got = [int(n) for n in value.shape]
+        if len(got) != len(spec.shape) or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, got)):
+            raise InputError(f"{where}: expected shape {spec.shape_text()}, got {got}")
+        for d, n in zip(spec.shape, got):
+            if not isinstance(d, str):
+                continue
+            if d in bound and bound[d][0] != n:
+                first, j, other = bound[d]
+                raise InputError(f"{where}: expected shape {spec.shape_text()} with {d} = {first} "
+                                 f"(from input {j} ({other!r})), got {got}")
+            bound.setdefault(d, (n, i, spec.name))
+
+
+def check_inputs(mod: tvm.IRModule, inputs: Sequence[Any], params: Mapping[str, Any] | None = None,
+                 entry: str = "main") -> None:
+    """Raise :class:`InputError` naming the input when ``inputs`` do not match the signature of
+    ``mod[entry]`` (its parameters not in ``params``)."""
+    check(entry, signature(mod[entry], params), inputs)
