@@ -254,9 +254,12 @@ def test_two_partitions_in_two_threads_report_only_their_own_reasons(restore_rul
     bh.op_rule("relax.nn.relu", target="TA")(check_for("A"))
     bh.op_rule("relax.nn.relu", target="TB")(check_for("B"))
     found = {}
+    # the modules are built here: TVM's BlockBuilder keeps one process-wide "current builder"
+    # stack, so two threads building a module at once trip over each other (not our state)
+    modules = {t: conv_module() for t in ("TA", "TB")}
 
     def work(target):
-        part = bh.partition(conv_module(), target=target)
+        part = bh.partition(modules[target], target=target)
         found[target] = {r.reason for r in rejections(part)} | {f.reason for f in bh.report(part).fallbacks}
 
     threads = [threading.Thread(target=work, args=(t,)) for t in ("TA", "TB")]
