@@ -205,9 +205,11 @@ def _rules():
         data = wildcard()
         call = is_op(op)(data)
         yield PatternSpec(name, call, {"data": data, "root": call}, check, priority=15)
-    data = wildcard()
-    call = is_op("relax.strided_slice")(data, wildcard(), wildcard(), wildcard(), wildcard())
-    yield PatternSpec("strided_slice", call, {"data": data, "root": call}, check_strided_slice, priority=15)
+    for steps in (False, True):  # strided_slice(x, axes, begin, end[, strides])
+        data = wildcard()
+        call = is_op("relax.strided_slice")(data, *(wildcard() for _ in range(4 if steps else 3)))
+        yield PatternSpec("strided_slice_steps" if steps else "strided_slice", call,
+                          {"data": data, "root": call}, check_strided_slice, priority=15)
     for n in range(2, MAX_CONCAT_INPUTS + 1):
         call = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
         yield PatternSpec(f"concat{n}", call, {"root": call}, check_concat, priority=15)
