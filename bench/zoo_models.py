@@ -153,8 +153,13 @@ def efficientnet_b0(small: bool = False) -> ZooModel:
         cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280,
                                  dropout_rate=0.2, num_labels=1000)
     torch.manual_seed(SEED)
-    return _hf("efficientnet_b0", EfficientNetForImageClassification(cfg), _image(cfg.image_size),
-               ("pixel_values",), "HF EfficientNetForImageClassification (B0 coefficients), logits")
+    model = EfficientNetForImageClassification(cfg)
+    # HF writes the global average pool as AvgPool2d(hidden_dim, ceil_mode=True): a window larger than
+    # the 7x7 input that only ceil_mode clips. The same values, but OpenVINO cannot convert it and TVM
+    # runs it as a 1280x1280 window; the equivalent adaptive pool is what the architecture means.
+    model.efficientnet.pooler = nn.AdaptiveAvgPool2d(1)
+    return _hf("efficientnet_b0", model, _image(cfg.image_size), ("pixel_values",),
+               "HF EfficientNetForImageClassification (B0 coefficients; pooler as AdaptiveAvgPool2d(1)), logits")
 
 
 # ----------------------------------------------------------------------------------------------
