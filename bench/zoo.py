@@ -468,18 +468,19 @@ def main(argv=None) -> int:
     for fw in args.frameworks.split(","):
         if fw not in FRAMEWORKS:
             ap.error(f"unknown framework {fw!r}; known: {', '.join(FRAMEWORKS)}")
+    def save(lines: list[str]) -> None:
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write("\n".join(lines) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="zoo-") as workdir:
         zoo = Zoo(args, workdir)
         for model in zoo.models:
             zoo.run_model(model)
-            if args.markdown:
-                with open(args.markdown, "w") as f:
-                    f.write("\n".join(zoo.render(done=False)) + "\n")
+            save(zoo.render(done=False))
         report = zoo.render(done=True)
     print("\n".join(report))
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(report) + "\n")
+    save(report)
     return 0
 
 
