@@ -375,6 +375,12 @@ class Zoo:
                 cells.append(_err_cell(got[0]) if got else "—")
             lines.append(f"| {model} | " + " | ".join(cells) + " |")
         lines.append("")
+        busy = [r["busy_before"] for runs in self.timings.values() for r in runs if "busy_before" in r]
+        if busy:
+            lines.append(f"Other processes kept the CPUs {np.median(busy):.0%} busy (median; {min(busy):.0%}-"
+                         f"{max(busy):.0%}) just before the measurements: on a shared machine, timings at 2 "
+                         "threads in particular are distorted (an OpenMP team waits for its descheduled threads).")
+            lines.append("")
         failed = [(k, r["error"]) for k, runs in self.timings.items() for r in runs if "error" in r]
         for (model, fw, threads), err in failed:
             lines.append(f"* {model}, {LABELS[fw]}, {threads} thread(s): {_first_line(err.splitlines()[-1])}")
