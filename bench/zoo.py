@@ -312,9 +312,20 @@ class Zoo:
                             float(np.max(np.abs(out.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
                             if out.shape == ref.shape else None)
 
-    def latency(self, model: str, fw: str, threads: int) -> float | None:
+    def latency(self, model: str, fw: str, threads: int, best: bool = False) -> float | None:
+        """Median (or with ``best`` the lowest) over the rounds of each process's median latency."""
         runs = [r["median_s"] for r in self.timings.get((model, fw, threads), []) if "median_s" in r]
-        return float(np.median(runs)) if runs else None
+        return (float(np.min(runs)) if best else float(np.median(runs))) if runs else None
+
+    def dump(self, path: str) -> None:
+        """Everything measured, as JSON (the tables can be rebuilt from it)."""
+        data = {"machine": self.machine, "versions": versions(), "args": vars(self.args),
+                "prepared": self.prepared,
+                "compiled": {f"{m}|{p}": r for (m, p), r in self.compiled.items()},
+                "timings": {f"{m}|{fw}|{t}": runs for (m, fw, t), runs in self.timings.items()},
+                "errors_vs_torch": {f"{m}|{fw}|{t}": e for (m, fw, t), e in self.errors.items()}}
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
 
     def render(self, done: bool) -> list[str]:
         a = self.args
@@ -333,24 +344,19 @@ class Zoo:
         lines += self.render_latency() + self.render_partition() + self.render_llvm_ops()
         return lines
 
-    def render_latency(self) -> list[str]:
+    def latency_table(self, best: bool) -> list[str]:
+        """One latency table (median or best over the rounds) with the ratios to ours."""
         fws = self.frameworks
         others = [fw for fw in fws if fw not in PATHS]
-        lines = ["## Latency", "",
-                 "Median latency of one call from Python in ms (batch 1, float32; median over "
-                 f"{self.args.rounds} interleaved round(s) of each process's median over at least "
-                 f"{self.args.min_time:g} s of calls). Ratio = other / ours, where ours is the from_torch build "
-                 "(the from_onnx build where from_torch failed); > 1 means we are faster. OpenVINO default "
-                 "runs in the precision in brackets (bf16 on CPUs with avx512_bf16) and is not held to f32 "
-                 "accuracy.", ""]
         head = ["model", "threads"] + [LABELS[fw] for fw in fws] + [f"{LABELS[fw]} / ours" for fw in others]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines = ["Best round:" if best else "Median over the rounds:", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for model in self.models:
             for threads in self.threads:
-                ours = self.latency(model, "byoc_torch", threads) or self.latency(model, "byoc_onnx", threads)
+                ours = self.latency(model, "byoc_torch", threads, best) or self.latency(model, "byoc_onnx", threads, best)
                 cells = []
                 for fw in fws:
-                    lat = self.latency(model, fw, threads)
+                    lat = self.latency(model, fw, threads, best)
                     runs = self.timings.get((model, fw, threads), [])
                     if lat is None:
                         cells.append("error" if any("error" in r for r in runs) else "—")
@@ -359,10 +365,23 @@ class Zoo:
                     cells.append(fmt_ms(lat) + (f" ({precision})" if fw == "openvino_default" and precision else ""))
                 ratios = []
                 for fw in others:
-                    lat = self.latency(model, fw, threads)
+                    lat = self.latency(model, fw, threads, best)
                     ratios.append(f"{lat / ours:.2f}x" if lat and ours else "—")
                 lines.append(f"| {model} | {threads} | " + " | ".join(cells + ratios) + " |")
         lines.append("")
+        return lines
+
+    def render_latency(self) -> list[str]:
+        fws = self.frameworks
+        lines = ["## Latency", "",
+                 "Latency of one call from Python in ms (batch 1, float32). Each process times at least "
+                 f"{self.args.min_time:g} s of calls and keeps their median; every framework runs in "
+                 f"{self.args.rounds} interleaved round(s); the first table gives the median over the rounds, "
+                 "the second the best round (the least disturbed by other processes). Ratio = other / ours, "
+                 "where ours is the from_torch build (the from_onnx build where from_torch failed); > 1 means "
+                 "we are faster. OpenVINO default runs in the precision in brackets (bf16 on CPUs with "
+                 "avx512_bf16) and is not held to f32 accuracy.", ""]
+        lines += self.latency_table(best=False) + self.latency_table(best=True)
         lines.append("Max relative error vs torch eager (max |y - y_torch| / max |y_torch|, first round at the "
                      f"first thread count; **!** above {TOLERANCE:g}):")
         lines.append("")
@@ -451,6 +470,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each process (compile, timing)")
     ap.add_argument("--quiet-wait", type=float, default=10.0, help="wait up to this long for idle CPUs before a timing")
     ap.add_argument("--markdown", help="write the report as markdown to this file (rewritten after every model)")
+    ap.add_argument("--json", help="also write every measurement as JSON to this file (after every model)")
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     ap.add_argument("--compile", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
@@ -474,7 +494,9 @@ def main(argv=None) -> int:
     for fw in args.frameworks.split(","):
         if fw not in FRAMEWORKS:
             ap.error(f"unknown framework {fw!r}; known: {', '.join(FRAMEWORKS)}")
-    def save(lines: list[str]) -> None:
+    def save(zoo: Zoo, lines: list[str]) -> None:
+        if args.json:
+            zoo.dump(args.json)
         if args.markdown:
             with open(args.markdown, "w") as f:
                 f.write("\n".join(lines) + "\n")
@@ -483,10 +505,10 @@ def main(argv=None) -> int:
         zoo = Zoo(args, workdir)
         for model in zoo.models:
             zoo.run_model(model)
-            save(zoo.render(done=False))
+            save(zoo, zoo.render(done=False))
         report = zoo.render(done=True)
+        save(zoo, report)
     print("\n".join(report))
-    save(report)
     return 0
 
 
