@@ -314,9 +314,14 @@ def _env(threads: int) -> dict:
     return env
 
 
-def _spawn(argv: list[str], threads: int, timeout: float = 1800) -> dict:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=_env(threads),
-                          capture_output=True, text=True, timeout=timeout)
+def _spawn(argv: list[str], threads: int, timeout: float = 1800, script: str = os.path.abspath(__file__)) -> dict:
+    """Run ``script argv`` (default: this file) with the thread variables set; its last JSON line, or
+    ``{"error": ...}`` with the tail of its stderr (also when it runs past ``timeout`` seconds)."""
+    try:
+        proc = subprocess.run([sys.executable, script, *argv], env=_env(threads),
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
