@@ -7,6 +7,8 @@ result as :mod:`byoc_hetero.models`.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,15 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     ``shape`` overrides input shapes (e.g. to fix a symbolic batch dimension). Raises
     :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks.
 
+    When TVM's importer rejects the model as exported and ``onnxruntime`` is installed, the model is
+    constant-folded by :func:`_fold_with_onnxruntime` (ONNX Runtime's *basic* graph optimizations only)
+    and imported again; the result computes the same function. This is what lets the TorchScript
+    exporter's output of EfficientNet (``Pad`` whose pads come from a ``ConstantOfShape``/``Cast``/
+    ``Reshape`` chain: "Dynamic pads are not supported yet") and of BERT (an attention mask built by
+    ``Shape``/``ConstantOfShape``/``Expand`` on a static input shape: "broadcast_to expects ... ndim 0")
+    import. A model that imports as it is, is imported untouched. If the folded model fails too, the
+    importer's first error is raised.
+
     >>> mod, params = bh.from_onnx("model.onnx")
     >>> m = bh.partition(mod, params)
     """
@@ -64,11 +75,73 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
         onnx.checker.check_model(model)
     except Exception as err:  # noqa: BLE001
         raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
+    shape_dict = dict(shape) if shape else None
     try:
-        mod = relax_from_onnx(model, shape_dict=dict(shape) if shape else None, keep_params_in_input=True)
+        mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=True)
     except Exception as err:  # noqa: BLE001 - the importer raises assorted errors
-        raise UnsupportedModelError(f"TVM cannot import this ONNX model: {first_line(err)}") from err
+        folded = _fold_with_onnxruntime(model)
+        if folded is None:
+            raise UnsupportedModelError(f"TVM cannot import this ONNX model: {first_line(err)}") from err
+        try:
+            mod = relax_from_onnx(folded, shape_dict=shape_dict, keep_params_in_input=True)
+        except Exception as err2:  # noqa: BLE001
+            raise UnsupportedModelError(
+                f"TVM cannot import this ONNX model: {first_line(err)} "
+                f"(and after constant folding with ONNX Runtime: {first_line(err2)})"
+            ) from err
     return _split_params(mod)
+
+
+def _graph_domains(graph: Any) -> set[str]:
+    """The op domains of every node in ``graph`` and its subgraphs (``If``/``Loop`` bodies)."""
+    import onnx
+
+    domains: set[str] = set()
+    for node in graph.node:
+        domains.add(node.domain)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                domains |= _graph_domains(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    domains |= _graph_domains(sub)
+    return domains
+
+
+def _fold_with_onnxruntime(model: Any) -> Any | None:
+    """``model`` (an ``onnx.ModelProto``) after ONNX Runtime's basic-level graph optimizations, or ``None``
+    when ``onnxruntime`` is absent, cannot load the model, or the result uses an op outside the standard
+    ONNX domain.
+
+    Why: the TorchScript exporter leaves computations on constants and on static input shapes as graph
+    nodes (e.g. EfficientNet's ``Pad`` pads, BERT's mask broadcast) that TVM's importer does not evaluate
+    and then cannot type. ``ORT_ENABLE_BASIC`` is ONNX Runtime's level of semantics-preserving rewrites in
+    standard ONNX ops: constant folding (``Shape`` of a static shape included), removal of redundant nodes
+    (Identity, Dropout, no-op Cast/Slice...) and fusions such as Conv+BatchNorm or MatMul+Add into Gemm
+    that fold constants into weights (float rounding changes at the 1e-7 level). The extended and layout
+    levels are not used: they introduce ``com.microsoft`` fused ops TVM does not know; a result with any
+    non-standard op is discarded all the same.
+    """
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="byoc_hetero_fold_") as tmp:
+        out = os.path.join(tmp, "folded.onnx")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        opts.optimized_model_filepath = out
+        opts.log_severity_level = 3  # errors only: the fallback's warnings are not the user's concern
+        try:
+            ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            folded = onnx.load(out)
+        except Exception:  # noqa: BLE001 - any failure means: no folded model, report the importer's error
+            return None
+    if not _graph_domains(folded.graph) <= {"", "ai.onnx"}:
+        return None
+    return folded
 
 
 def from_torch(module: Any, example_inputs: Sequence[Any]) -> tuple[tvm.IRModule, Params]:
