@@ -7,7 +7,10 @@ result as :mod:`byoc_hetero.models`.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,7 +55,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     ``Reshape`` chain: "Dynamic pads are not supported yet") and of BERT (an attention mask built by
     ``Shape``/``ConstantOfShape``/``Expand`` on a static input shape: "broadcast_to expects ... ndim 0")
     import. A model that imports as it is, is imported untouched. If the folded model fails too, the
-    importer's first error is raised.
+    :class:`UnsupportedModelError` names the importer's error on both.
 
     >>> mod, params = bh.from_onnx("model.onnx")
     >>> m = bh.partition(mod, params)
@@ -76,11 +79,17 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     except Exception as err:  # noqa: BLE001
         raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
     shape_dict = dict(shape) if shape else None
+    # TVM's importer prints "Error converting operator ..." before it raises; held back here and shown
+    # only if the import fails for good (a model the folding rescues would print a failure that was not).
+    diagnostics = io.StringIO()
     try:
-        mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=True)
+        with contextlib.redirect_stdout(diagnostics):
+            mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=True)
+        sys.stdout.write(diagnostics.getvalue())
     except Exception as err:  # noqa: BLE001 - the importer raises assorted errors
         folded = _fold_with_onnxruntime(model)
         if folded is None:
+            sys.stdout.write(diagnostics.getvalue())
             raise UnsupportedModelError(f"TVM cannot import this ONNX model: {first_line(err)}") from err
         try:
             mod = relax_from_onnx(folded, shape_dict=shape_dict, keep_params_in_input=True)
