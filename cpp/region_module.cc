@@ -130,9 +130,13 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
     }
     if (name == "get_runtime_info") {
-      // {"threads", "contexts", "shared_bytes", "context_bytes"}: how the module runs.
+      // {"threads", "contexts", "shared_bytes", "context_bytes", "precision", "precision_requested",
+      // "precision_note"}: how the module runs.
       return ffi::Function::FromTyped([self, this]() {
         ffi::json::Object info{{"threads", plan_->threads()},
+                               {"precision", ffi::String(plan_->plan().precision)},
+                               {"precision_requested", ffi::String(graph_.precision)},
+                               {"precision_note", ffi::String(plan_->plan().precision_note)},
                                {"contexts", plan_->contexts()},
                                {"shared_bytes", plan_->shared_bytes()},
                                {"context_bytes", plan_->context_bytes()}};

@@ -60,8 +60,12 @@ memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides) 
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
-memory::desc AnyDesc(const memory::dims& dims) {
-  return memory::desc(dims, memory::data_type::f32, memory::format_tag::any);
+memory::desc AnyDesc(const memory::dims& dims, memory::data_type dt) {
+  return memory::desc(dims, dt, memory::format_tag::any);
+}
+
+memory::desc WithType(const memory::desc& md, memory::data_type dt) {
+  return memory::desc(md.get_dims(), dt, md.get_strides());
 }
 
 dnnl::matmul::primitive_desc MatmulForConstantWeight(
@@ -103,6 +107,7 @@ std::string DescribeDesc(const memory::desc& md) {
   for (auto idx : idxs) blocked[idx] = true;
   for (int d : order) os << static_cast<char>((blocked[d] ? 'A' : 'a') + d);
   for (size_t i = 0; i < blks.size(); ++i) os << blks[i] << static_cast<char>('a' + idxs[i]);
+  if (md.get_data_type() == memory::data_type::bf16) os << ":bf16";
   return os.str();
 }
 
@@ -164,6 +169,37 @@ bool IsaHasAvx512() {
     default:
       return false;
   }
+}
+
+bool Bf16Native() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_bf16:
+    case dnnl::cpu_isa::avx512_core_fp16:
+    case dnnl::cpu_isa::avx512_core_amx:
+    case dnnl::cpu_isa::avx512_core_amx_fp16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string EffectivePrecision(const std::string& requested, std::string* reason) {
+  if (reason != nullptr) reason->clear();
+  if (requested != kPrecisionBf16) return kPrecisionF32;
+  const char* env = std::getenv("BYOC_HETERO_BF16");
+  const std::string knob = env != nullptr ? env : "";
+  if (knob != "" && knob != "auto" && knob != "off") {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_BF16 must be auto or off, got '" << knob << "'";
+  }
+  if (knob == "off") {
+    if (reason != nullptr) *reason = "bf16 switched off (BYOC_HETERO_BF16=off)";
+    return kPrecisionF32;
+  }
+  if (!Bf16Native()) {
+    if (reason != nullptr) *reason = "the CPU has no native bf16 (oneDNN ISA below avx512_core_bf16)";
+    return kPrecisionF32;
+  }
+  return kPrecisionBf16;
 }
 
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {

@@ -80,12 +80,16 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
 
   // A constant b is reordered once into the layout matmul prefers; one that arrives at run time is
   // read where it lies.
+  // bf16: a and b are read as bf16 (a constant b converted once, run-time operands on every call),
+  // accumulation and the output stay f32.
+  const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   auto make = [&](const memory::desc& b) {
-    return dnnl::matmul::primitive_desc(ctx.engine, PlainDesc(a_dims), b,
+    return dnnl::matmul::primitive_desc(ctx.engine, WithType(PlainDesc(a_dims), cdt), b,
                                         has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
                                         ctx.MakeAttr(epilogue));
   };
-  dnnl::matmul::primitive_desc pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
+  dnnl::matmul::primitive_desc pd = ctx.bf16 ? make(b_constant ? AnyDesc(b_dims, cdt) : WithType(b_view, cdt))
+                                    : b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
   return MakeAnchorKernel(ctx, "matmul", std::move(pd), PlainDesc(a_dims), b_view, bias_dims,
                           has_bias, dst_dims, epilogue);
 }
