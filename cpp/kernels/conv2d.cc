@@ -93,9 +93,14 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
         {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]}, {padding[2], padding[3]},
         ctx.MakeAttr(epilogue));
   };
-  // The output stays f32 in bf16 mode: the epilogue, residuals, pooling, normalizations and
-  // region outputs read it as before; only the anchors' inputs are converted.
-  dnnl::convolution_forward::primitive_desc pd = make_pd(AnyDesc(src_dims, cdt), AnyDesc(dst_dims));
+  // The output stays f32 in bf16 mode (the epilogue is applied in f32 either way): residuals,
+  // pooling, normalizations and region outputs read it as before. Only where every reader is a
+  // conv2d, which would convert it to bf16 itself, is it written as bf16, saving one reorder per
+  // edge (ResNet's first conv of a block, MobileNet's expand and depthwise convs); the numbers
+  // are the same.
+  const memory::data_type odt =
+      !epilogue.residual && OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
+  dnnl::convolution_forward::primitive_desc pd = make_pd(AnyDesc(src_dims, cdt), AnyDesc(dst_dims, odt));
   // A 1x1 or depthwise conv whose input arrives channel-blocked (e.g. nChw8c, as the stem conv
   // of a MobileNet writes it) keeps that layout for its input and output where oneDNN has a
   // jit kernel for it, rather than oneDNN's own pick (nhwc on AVX2), which would cost a reorder

@@ -202,6 +202,24 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
   return kPrecisionBf16;
 }
 
+bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx) {
+  if (!ctx.bf16) return false;
+  const int t = ctx.node().output;
+  for (int out : ctx.graph.outputs) {
+    if (out == t) return false;
+  }
+  bool read = false;
+  for (size_t n = ctx.node_index + 1; n < ctx.graph.nodes.size(); ++n) {
+    const NodeInfo& node = ctx.graph.nodes[n];
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      if (node.inputs[k] != t) continue;
+      if (node.op != "conv2d" || k != 0) return false;
+      read = true;
+    }
+  }
+  return read;
+}
+
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {
   if (md.get_ndims() != 4 || md.get_data_type() != memory::data_type::f32) return std::nullopt;
   for (memory::format_tag tag : {memory::format_tag::aBcd8b, memory::format_tag::aBcd16b}) {

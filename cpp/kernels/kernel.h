@@ -173,6 +173,13 @@ bool Bf16Native();
  */
 std::string EffectivePrecision(const std::string& requested, std::string* reason = nullptr);
 
+/*!
+ * \brief In a bf16 region, whether node \p ctx's output may be stored as bf16: it is no region
+ *        output and every node reading it is a conv2d reading it as its data (which converts it
+ *        to bf16 anyway, so storing it rounded changes no result and saves that reorder).
+ */
+bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx);
+
 /*! \brief aBcd8b / aBcd16b when md is a 4-d f32 tensor in that channel-blocked layout. */
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md);
 
