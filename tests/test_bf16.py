@@ -19,12 +19,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 import tvm
-from conftest import TOLERANCE, graph
+from conftest import TOLERANCE, graph, run_exported_in_fresh_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import conv2d_nchw
@@ -297,26 +296,8 @@ def test_export_and_reload_keeps_the_precision(tmp_path):
     f32 = run(build(bh.partition(mod, params)), inputs)
     if NATIVE:
         assert relative_error(want, f32) > 1e-5  # the reloaded copy must reproduce bf16, not f32
-    lib = tmp_path / "model.so"
-    ex.export_library(str(lib))
-    np.save(tmp_path / "x.npy", inputs[0])
-    script = textwrap.dedent(
-        f"""
-        import numpy as np, tvm
-        from tvm import relax
-        import byoc_hetero
-        lib = tvm.runtime.load_module({str(lib)!r})
-        vm = relax.VirtualMachine(lib, tvm.cpu())
-        x = np.load({str(tmp_path / "x.npy")!r})
-        np.save({str(tmp_path / "y.npy")!r}, vm["main"](tvm.runtime.tensor(x)).numpy())
-        """
-    )
-    # the package under test (not another installed copy) loads the regions
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(bh.__file__)))
-    env = dict(os.environ, PYTHONPATH=package_root)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr
-    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want)  # same bf16 computation
+    got = run_exported_in_fresh_process(ex, inputs[0], tmp_path)
+    np.testing.assert_array_equal(got, want)  # same bf16 computation
 
 
 def test_cli_precision_option_and_info():

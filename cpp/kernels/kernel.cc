@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -157,30 +158,23 @@ memory::desc KernelContext::InputLayout(size_t k) const {
   return PlainDesc(dims);
 }
 
+namespace {
+/*! \brief Whether oneDNN's effective ISA here is one of \p isas. */
+bool IsaIn(std::initializer_list<dnnl::cpu_isa> isas) {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return std::find(isas.begin(), isas.end(), isa) != isas.end();
+}
+}  // namespace
+
 bool IsaHasAvx512() {
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx512_core:
-    case dnnl::cpu_isa::avx512_core_vnni:
-    case dnnl::cpu_isa::avx512_core_bf16:
-    case dnnl::cpu_isa::avx512_core_fp16:
-    case dnnl::cpu_isa::avx512_core_amx:
-    case dnnl::cpu_isa::avx512_core_amx_fp16:
-      return true;
-    default:
-      return false;
-  }
+  using i = dnnl::cpu_isa;
+  return IsaIn({i::avx512_core, i::avx512_core_vnni, i::avx512_core_bf16, i::avx512_core_fp16, i::avx512_core_amx,
+                i::avx512_core_amx_fp16});
 }
 
 bool Bf16Native() {
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx512_core_bf16:
-    case dnnl::cpu_isa::avx512_core_fp16:
-    case dnnl::cpu_isa::avx512_core_amx:
-    case dnnl::cpu_isa::avx512_core_amx_fp16:
-      return true;
-    default:
-      return false;
-  }
+  using i = dnnl::cpu_isa;
+  return IsaIn({i::avx512_core_bf16, i::avx512_core_fp16, i::avx512_core_amx, i::avx512_core_amx_fp16});
 }
 
 std::string EffectivePrecision(const std::string& requested, std::string* reason) {
