@@ -196,22 +196,33 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
   return kPrecisionBf16;
 }
 
-bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx) {
-  if (!ctx.bf16) return false;
-  const int t = ctx.node().output;
-  for (int out : ctx.graph.outputs) {
-    if (out == t) return false;
-  }
+namespace {
+/*! \brief Whether tensor t (written by node `producer`) is only read as data by conv2d nodes, or
+ *         by max pools whose outputs are in turn (rounding commutes with max: same numbers). */
+bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
+  if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
   bool read = false;
-  for (size_t n = ctx.node_index + 1; n < ctx.graph.nodes.size(); ++n) {
-    const NodeInfo& node = ctx.graph.nodes[n];
+  for (size_t n = producer + 1; n < g.nodes.size(); ++n) {
+    const NodeInfo& node = g.nodes[n];
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (node.inputs[k] != t) continue;
-      if (node.op != "conv2d" || k != 0) return false;
+      if (k != 0) return false;
+      if (node.op == "pool2d") {
+        auto alg = node.attrs.find("algorithm");
+        const bool max = alg != node.attrs.end() && alg->second.as<tvm::ffi::String>().value_or("") == "max";
+        if (!max || !OnlyConvsRead(g, n, node.output)) return false;
+      } else if (node.op != "conv2d") {
+        return false;
+      }
       read = true;
     }
   }
   return read;
+}
+}  // namespace
+
+bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx) {
+  return ctx.bf16 && OnlyConvsRead(ctx.graph, ctx.node_index, ctx.node().output);
 }
 
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {

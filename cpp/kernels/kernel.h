@@ -176,7 +176,8 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
 /*!
  * \brief In a bf16 region, whether node \p ctx's output may be stored as bf16: it is no region
  *        output and every node reading it is a conv2d reading it as its data (which converts it
- *        to bf16 anyway, so storing it rounded changes no result and saves that reorder).
+ *        to bf16 anyway, so storing it rounded changes no result and saves that reorder), or a
+ *        max pool2d whose output qualifies in turn (a max of rounded values is the rounded max).
  */
 bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx);
 
