@@ -53,6 +53,12 @@ def serve(args) -> int:
     params = {k: data[k] for k in data.files if k != "__input__"}
     info: dict = {}
     fn, out = make_runner(args.framework, args.model, params, x, args.threads, info)
+    if args.framework == "byoc":
+        import byoc_hetero
+
+        info["package"] = os.path.dirname(byoc_hetero.__file__)
+        info["adaptation"] = byoc_hetero._C.thread_adaptation() if hasattr(byoc_hetero._C, "thread_adaptation") \
+            else "none (before it existed)"
     np.save(args.out, out)
     for _ in range(3):
         fn()
@@ -255,9 +261,11 @@ def main(argv=None) -> int:
     out()
     head = "| model | framework | " + " | ".join(LOAD_LABELS[load] for load in args.loads) + " |"
     rows = []
+    infos: dict = {}
     with tempfile.TemporaryDirectory() as workdir:
         for model in args.models.split(","):
             r = measure(model, frameworks, args, workdir, log)
+            infos[model] = r["info"].get("byoc", {})
             for fw in frameworks:
                 cells = []
                 for load in args.loads:
@@ -274,6 +282,9 @@ def main(argv=None) -> int:
     for row in rows:
         out(row)
     out()
+    for model, info in infos.items():
+        if "package" in info:
+            out(f"{model}: byoc-hetero from `{info['package']}`, thread adaptation: {info['adaptation']}.")
     out(f"Load average at the end: {os.getloadavg()[0]:.2f}.")
     if args.markdown:
         with open(args.markdown, "w") as f:

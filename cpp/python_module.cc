@@ -107,6 +107,34 @@ PYBIND11_MODULE(_C, m) {
       "max_active_threads.");
   m.def("reset_concurrency_stats", &byoc_hetero::ResetConcurrencyStats);
   m.def(
+      "thread_adaptation",
+      []() { return std::string(byoc_hetero::ThreadAdaptationName(byoc_hetero::GetThreadAdaptation())); },
+      "How region calls react to other processes on the cores: 'auto' (default: fewer threads "
+      "while calls are found contended), 'off', or 'reduced' (always half the module's threads).");
+  m.def(
+      "set_thread_adaptation",
+      [](const std::string& mode) {
+        byoc_hetero::SetThreadAdaptation(byoc_hetero::ParseThreadAdaptation(mode));
+      },
+      py::arg("mode"), "Set it ('auto', 'off' or 'reduced'); applies to the next calls of every module.");
+  m.def(
+      "adaptation_stats",
+      []() {
+        byoc_hetero::AdaptationStats s = byoc_hetero::GetAdaptationStats();
+        py::dict d;
+        d["watched"] = s.watched;
+        d["contended"] = s.contended;
+        d["reduced"] = s.reduced;
+        d["probes"] = s.probes;
+        d["level"] = s.level;
+        return d;
+      },
+      "Counters of the adaptation to contention since the last reset: watched, contended, reduced "
+      "(calls run with fewer threads), probes (tries of a larger count), level (now: threads = "
+      "module's >> level).");
+  m.def("reset_adaptation", &byoc_hetero::ResetAdaptation,
+        "Back to full threads and zero counters (the mode stays).");
+  m.def(
       "bench_chain",
       [](const std::vector<py::dict>& layers, int threads, int number, int repeat) {
         std::vector<byoc_hetero::BareLayer> chain;

@@ -424,7 +424,6 @@ struct CompiledRegion::Impl {
     num_inputs = g.inputs.size();
     num_buffers = g.inputs.size() + g.outputs.size();
     num_constants = g.constants.size();
-    threads = RegionThreads();
     OmpThreadsScope omp(threads);  // oneDNN sizes some primitives for the threads at creation
 
     for (size_t i = 0; i < num_buffers; ++i) {
@@ -670,8 +669,9 @@ struct CompiledRegion::Impl {
   }
 };
 
-CompiledRegion::CompiledRegion(const RegionGraph& graph) : impl_(std::make_unique<Impl>()) {
+CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads) : impl_(std::make_unique<Impl>()) {
   impl_->contexts_created = 1;
+  impl_->threads = std::max(1, threads);
   impl_->Build(graph);
 }
 

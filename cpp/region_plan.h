@@ -41,11 +41,12 @@ struct StepProfile {
 class CompiledRegion {
  public:
   /*!
-   * \brief Validate the ops of \p graph and build the oneDNN plan.
+   * \brief Validate the ops of \p graph and build the oneDNN plan for \p threads OpenMP threads
+   *        (RegionThreads() for a module's own plan; fewer for its plans under contention).
    * \throws tvm::ffi::Error: ValueError for attrs/shapes the ops reject, RuntimeError when
    *         oneDNN cannot create a primitive; messages name the region and the node.
    */
-  explicit CompiledRegion(const RegionGraph& graph);
+  CompiledRegion(const RegionGraph& graph, int threads);
   ~CompiledRegion();
   CompiledRegion(const CompiledRegion&) = delete;
   CompiledRegion& operator=(const CompiledRegion&) = delete;
