@@ -164,6 +164,17 @@ class Load:
         return False
 
 
+def split_variant(fw: str) -> tuple[str, dict]:
+    """'byoc@KEY=VALUE' -> ('byoc', {KEY: VALUE}): a framework run with one more variable."""
+    base, _, kv = fw.partition("@")
+    return base, dict([kv.split("=", 1)]) if kv else {}
+
+
+def label(fw: str) -> str:
+    base, variant = split_variant(fw)
+    return LABELS[base] + "".join(f" ({k}={v})" for k, v in variant.items())
+
+
 def stats(times: list[float]) -> tuple[float, float]:
     return float(np.median(times)), float(np.percentile(times, 90))
 
@@ -176,10 +187,12 @@ def measure(model: str, frameworks: list[str], args, workdir: str, log) -> dict:
     twins: dict[str, Server] = {}
     try:
         for fw in frameworks:
-            fw_env = {**env, **extra} if fw == "byoc" else env
-            servers[fw] = Server(fw, model, data, os.path.join(workdir, f"{model}_{fw}.npy"), args.threads, fw_env)
-            twins[fw] = Server(fw, model, data, os.path.join(workdir, f"{model}_{fw}_twin.npy"), args.threads, fw_env)
-        outs = {fw: np.load(os.path.join(workdir, f"{model}_{fw}.npy")) for fw in frameworks}
+            base, variant = split_variant(fw)
+            fw_env = {**env, **extra, **variant} if base == "byoc" else {**env, **variant}
+            for role, table in (("", servers), ("_twin", twins)):
+                table[fw] = Server(base, model, data, os.path.join(workdir, f"{model}_{len(table)}{role}.npy"),
+                                   args.threads, fw_env)
+        outs = {fw: np.load(os.path.join(workdir, f"{model}_{i}.npy")) for i, fw in enumerate(frameworks)}
         ref = outs[frameworks[0]]
         diffs = {fw: float(np.max(np.abs(o - ref)) / max(np.max(np.abs(ref)), 1e-30)) for fw, o in outs.items()}
         cells = {(fw, load): {"times": [], "cpu": []} for fw in frameworks for load in args.loads}
@@ -209,7 +222,9 @@ def measure(model: str, frameworks: list[str], args, workdir: str, log) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="resnet18", help="comma-separated, from byoc_hetero.models")
-    ap.add_argument("--frameworks", default="byoc,ort")
+    ap.add_argument("--frameworks", default="byoc,ort",
+                    help="comma-separated: byoc, ort, torch; FRAMEWORK@KEY=VALUE runs it with one more "
+                         "environment variable (e.g. byoc@BYOC_HETERO_ADAPT_THREADS=off)")
     ap.add_argument("--loads", default=",".join(LOADS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=60, help="timed calls per (framework, load)")
@@ -233,10 +248,13 @@ def main(argv=None) -> int:
     for load in args.loads:
         if load not in LOADS:
             ap.error(f"--loads: unknown load {load!r}, expected some of {', '.join(LOADS)}")
-    for kv in args.env:
-        if "=" not in kv:
-            ap.error(f"--env: expected KEY=VALUE, got {kv!r}")
     frameworks = args.frameworks.split(",")
+    for kv in args.env + [fw.partition("@")[2] for fw in frameworks if "@" in fw]:
+        if "=" not in kv:
+            ap.error(f"--env / --frameworks: expected KEY=VALUE, got {kv!r}")
+    for fw in frameworks:
+        if split_variant(fw)[0] not in LABELS or fw.startswith("llvm"):
+            ap.error(f"--frameworks: unknown framework {fw!r}, expected byoc, ort or torch (optionally @KEY=VALUE)")
     report: list[str] = []
 
     def out(line: str = "") -> None:
@@ -265,7 +283,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         for model in args.models.split(","):
             r = measure(model, frameworks, args, workdir, log)
-            infos[model] = r["info"].get("byoc", {})
+            infos[model] = r["info"]
             for fw in frameworks:
                 cells = []
                 for load in args.loads:
@@ -273,7 +291,7 @@ def main(argv=None) -> int:
                     med, p90 = stats(c["times"])
                     cells.append(f"{fmt_ms(med)} / {fmt_ms(p90)} (cpu {fmt_ms(float(np.median(c['cpu'])))})")
                 diff = "" if fw == frameworks[0] else f" (max rel. diff {r['diffs'][fw]:.1e})"
-                rows.append(f"| {model} | {LABELS[fw]}{diff} | " + " | ".join(cells) + " |")
+                rows.append(f"| {model} | {label(fw)}{diff} | " + " | ".join(cells) + " |")
             bad = [fw for fw, d in r["diffs"].items() if d > TOLERANCE]
             if bad:
                 rows.append(f"| {model} | **outputs of {', '.join(bad)} disagree beyond {TOLERANCE:g}** | |")
@@ -283,8 +301,9 @@ def main(argv=None) -> int:
         out(row)
     out()
     for model, info in infos.items():
-        if "package" in info:
-            out(f"{model}: byoc-hetero from `{info['package']}`, thread adaptation: {info['adaptation']}.")
+        for fw, i in info.items():
+            if "package" in i:
+                out(f"{model}, {label(fw)}: from `{i['package']}`, thread adaptation {i['adaptation']}.")
     out(f"Load average at the end: {os.getloadavg()[0]:.2f}.")
     if args.markdown:
         with open(args.markdown, "w") as f:
