@@ -62,6 +62,11 @@ def serve(args) -> int:
     np.save(args.out, out)
     for _ in range(3):
         fn()
+    adaptation = None
+    if args.framework == "byoc":
+        import byoc_hetero
+
+        adaptation = getattr(byoc_hetero._C, "adaptation_stats", None)
     print(json.dumps({"ready": True, **info}), flush=True)
     while True:
         line = sys.stdin.readline()  # line by line: select() below must see what is still unread
@@ -70,12 +75,18 @@ def serve(args) -> int:
             break
         if cmd[0] == "run":  # run K: K timed calls
             times, cpu = [], []
+            before = adaptation() if adaptation else None
             for _ in range(int(cmd[1])):
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
-            print(json.dumps({"times": times, "cpu": cpu}), flush=True)
+            answer = {"times": times, "cpu": cpu}
+            if adaptation:  # region calls run with fewer threads, and tries of more
+                after = adaptation()
+                answer["reduced"] = after["reduced"] - before["reduced"]
+                answer["probes"] = after["probes"] - before["probes"]
+            print(json.dumps(answer), flush=True)
         elif cmd[0] == "loop":  # calls until the next line arrives (the twin's load)
             calls = 0
             while not select.select([sys.stdin], [], [], 0)[0]:
@@ -195,7 +206,8 @@ def measure(model: str, frameworks: list[str], args, workdir: str, log) -> dict:
         outs = {fw: np.load(os.path.join(workdir, f"{model}_{i}.npy")) for i, fw in enumerate(frameworks)}
         ref = outs[frameworks[0]]
         diffs = {fw: float(np.max(np.abs(o - ref)) / max(np.max(np.abs(ref)), 1e-30)) for fw, o in outs.items()}
-        cells = {(fw, load): {"times": [], "cpu": []} for fw in frameworks for load in args.loads}
+        cells = {(fw, load): {"times": [], "cpu": [], "reduced": 0, "probes": 0}
+                 for fw in frameworks for load in args.loads}
         twin_calls = {fw: 0 for fw in frameworks}
         per_round = max(1, args.calls // args.rounds)
         wait_quiet(args.quiet_wait)
@@ -209,6 +221,8 @@ def measure(model: str, frameworks: list[str], args, workdir: str, log) -> dict:
                 twin_calls[fw] += active.twin_calls
                 cells[(fw, load)]["times"] += r["times"]
                 cells[(fw, load)]["cpu"] += r["cpu"]
+                cells[(fw, load)]["reduced"] += r.get("reduced", 0)
+                cells[(fw, load)]["probes"] += r.get("probes", 0)
             log(f"  {model} round {rnd + 1}/{args.rounds}: " + ", ".join(
                 f"{fw}/{load} {fmt_ms(stats(cells[(fw, load)]['times'])[0])}"
                 for fw in frameworks for load in args.loads))
@@ -274,7 +288,7 @@ def main(argv=None) -> int:
     out()
     out(f"{args.threads} threads per process; {args.calls} calls per cell in {args.rounds} interleaved rounds; "
         "latency of one call from Python in ms, median / p90; *cpu* = CPU time (all threads, user+sys) the "
-        "measuring process used per call, median, in ms. Twin: a second process of the same framework calling "
+        "measuring process used per call, median, in ms; *fewer threads*: region calls our runtime ran with fewer threads than the module's (contention), *tries*: calls that tried more again. Twin: a second process of the same framework calling "
         "the same model in a loop; busy: one `while True: pass` process.")
     out()
     head = "| model | framework | " + " | ".join(LOAD_LABELS[load] for load in args.loads) + " |"
@@ -289,7 +303,8 @@ def main(argv=None) -> int:
                 for load in args.loads:
                     c = r["cells"][(fw, load)]
                     med, p90 = stats(c["times"])
-                    cells.append(f"{fmt_ms(med)} / {fmt_ms(p90)} (cpu {fmt_ms(float(np.median(c['cpu'])))})")
+                    extra = f", fewer threads {c['reduced']}, tries {c['probes']}" if c["reduced"] or c["probes"] else ""
+                    cells.append(f"{fmt_ms(med)} / {fmt_ms(p90)} (cpu {fmt_ms(float(np.median(c['cpu'])))}{extra})")
                 diff = "" if fw == frameworks[0] else f" (max rel. diff {r['diffs'][fw]:.1e})"
                 rows.append(f"| {model} | {label(fw)}{diff} | " + " | ".join(cells) + " |")
             bad = [fw for fw, d in r["diffs"].items() if d > TOLERANCE]

@@ -9,11 +9,15 @@
 #include <sys/resource.h>
 #include <tvm/ffi/error.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -124,13 +128,63 @@ ThreadAdaptation DefaultAdaptation() {
   return ParseThreadAdaptation(env);
 }
 
+/*!
+ * \brief Idle time of the CPUs this process may use, from /proc/stat (USER_HZ ticks), summed;
+ *        -1 when unreadable.
+ */
+int64_t IdleTicksOfOurCpus() {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return -1;
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (f == nullptr) return -1;
+  int64_t idle = 0;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, "cpu", 3) != 0) break;  // the cpu lines come first
+    int cpu = -1;
+    long long user, nice, system, idle_ticks, iowait;
+    if (std::sscanf(line, "cpu%d %lld %lld %lld %lld %lld", &cpu, &user, &nice, &system, &idle_ticks,
+                    &iowait) == 6 &&
+        cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &mine)) {
+      idle += idle_ticks + iowait;
+    }
+  }
+  std::fclose(f);
+  return idle;
+}
+
 struct Adaptation {
   std::atomic<ThreadAdaptation> mode{DefaultAdaptation()};
   std::atomic<int> level{0};
   std::atomic<int64_t> next_probe_ns{0};
   std::atomic<int64_t> probe_interval_ns{kFirstProbeNs};
   std::atomic<int64_t> watched{0}, contended{0}, reduced{0}, probes{0};
+  // While reduced: the idle ticks of our CPUs at idle_since_ns, and tries made early because
+  // CPUs were idle that failed in a row.
+  std::atomic<int64_t> idle_since_ns{0}, idle_ticks{-1}, early_failures{0};
 };
+
+// While reduced, every 50 ms or more a call reads /proc/stat (about 10 us): when our CPUs were
+// idle for at least half a CPU per thread we gave up, the other process has probably stopped and
+// the next call tries more threads at once instead of after the backoff.  A try made so that fails
+// counts; after two such in a row only the backoff tries again (CPUs that look idle but are not
+// ours to take, e.g. under a CPU quota).
+constexpr int64_t kIdleWindowNs = 50'000'000;
+constexpr int64_t kMaxEarlyFailures = 2;
+
+/*! \brief Whether our CPUs had `cpus` idle CPUs' worth of time since the last look. */
+bool CpusWereIdle(Adaptation& a, int64_t now, double cpus) {
+  int64_t since = a.idle_since_ns.load();
+  if (now - since < kIdleWindowNs || !a.idle_since_ns.compare_exchange_strong(since, now)) return false;
+  const int64_t ticks = IdleTicksOfOurCpus();
+  const int64_t before = a.idle_ticks.exchange(ticks);
+  if (ticks < 0 || before < 0 || since == 0) return false;
+  static const double kTicksPerSecond = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double idle_cpus = static_cast<double>(ticks - before) / kTicksPerSecond /
+                           (static_cast<double>(now - since) * 1e-9);
+  return idle_cpus >= cpus;
+}
 
 Adaptation& GetAdaptation() {
   static Adaptation adaptation;
@@ -211,7 +265,9 @@ void ResetAdaptation() {
   a.level = 0;
   a.next_probe_ns = 0;
   a.probe_interval_ns = kFirstProbeNs;
-  a.watched = a.contended = a.reduced = a.probes = 0;
+  a.watched = a.contended = a.reduced = a.probes = a.early_failures = 0;
+  a.idle_since_ns = 0;
+  a.idle_ticks = -1;
 }
 
 AdaptiveCall::AdaptiveCall(int module_threads, bool watch)
@@ -227,6 +283,13 @@ AdaptiveCall::AdaptiveCall(int module_threads, bool watch)
     if (level_ > 0) {
       int64_t due = a.next_probe_ns.load();
       // One try at a time: the claim pushes the next one out until this one reports.
+      const int dropped = (threads_ >> (level_ - 1)) - (threads_ >> level_);
+      if (wall0_ns_ < due && a.early_failures.load() < kMaxEarlyFailures &&
+          CpusWereIdle(a, wall0_ns_, 0.5 * dropped)) {
+        early_ = true;
+        due = a.next_probe_ns.load();
+        if (wall0_ns_ < due && a.next_probe_ns.compare_exchange_strong(due, wall0_ns_)) due = wall0_ns_;
+      }
       if (wall0_ns_ >= due && a.next_probe_ns.compare_exchange_strong(due, wall0_ns_ + kMaxProbeNs)) {
         probe_ = true;
         --level_;
@@ -261,7 +324,11 @@ AdaptiveCall::~AdaptiveCall() {
     int64_t interval = kFirstProbeNs;
     if (contended) {
       interval = std::min(2 * a.probe_interval_ns.load(), kMaxProbeNs);
+      if (early_) a.early_failures.fetch_add(1);
     } else {
+      a.early_failures.store(0);
+      a.idle_since_ns.store(0);  // the next reduced spell starts its own idle window
+      a.idle_ticks.store(-1);
       int expected = level_ + 1;  // the larger count ran undisturbed: adopt it
       a.level.compare_exchange_strong(expected, level_);
     }

@@ -29,7 +29,8 @@
  * preempted and got well under their share of CPU marks the machine contended, and later calls
  * run with half the threads (a plan made for that count, see region_module.cc), down to one.
  * Now and then (after 100 ms, doubling up to 2 s while it fails) one call tries the next larger
- * count, and an uncontended try moves back up.  "off" always uses the module's count; "reduced"
+ * count, and an uncontended try moves back up; while reduced, CPUs found idle in /proc/stat
+ * (checked every 50 ms) bring the try forward, so a quiet machine gets its threads back at once.  "off" always uses the module's count; "reduced"
  * always uses half of it (for tests).
  */
 #ifndef BYOC_HETERO_THREADING_H_
@@ -98,6 +99,7 @@ class AdaptiveCall {
   int threads_;
   int level_;       // the level this call's count belongs to
   bool probe_;
+  bool early_ = false;  // a try brought forward because our CPUs were idle
   bool watch_;
   int64_t wall0_ns_ = 0, cpu0_us_ = 0, nivcsw0_ = 0;
 };
