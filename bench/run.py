@@ -15,8 +15,9 @@ output from byoc-hetero's (all must agree to 1e-3).
 
 Two more tables (``--no-kernels`` skips them): every offloaded convolution / dense layer as it
 runs inside our module (per-step profile) against two references built directly with oneDNN
-(format_tag::any, weights pre-reordered; see cpp/bench_primitives.cc): the bare primitive on the
-same shape timed alone (hot in cache), and all the model's bare primitives chained in its order
+(format_tag::any, weights pre-reordered; see cpp/bench/bench_primitives.cc, built on demand by
+bench/native.py): the bare primitive on the same shape timed alone (hot in cache), and all the
+model's bare primitives chained in its order
 (the caches as a network leaves them); and the per-call overhead of an offloaded region (a tiny
 dense region called from C++ in a loop, minus the bare primitive; and through the Relax VM).
 """
@@ -153,7 +154,9 @@ def kernels_worker(args) -> dict:
     import byoc_hetero as bh
     from byoc_hetero.timing import random_inputs
 
-    _C = bh._C
+    import native
+
+    _bench = native.load()
     mod, params = getattr(bh.models, args.model)(batch=args.batch)
     ex = relax.build(bh.partition(mod, params), target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -207,14 +210,13 @@ def kernels_worker(args) -> dict:
             node = graph["nodes"][index]
             a = node["attrs"]
             act = a.get("activation", "none")
-            if act == "clip":
-                act = "relu6" if a.get("clip") == [0, 6] or a.get("clip") == [0.0, 6.0] else "none"
+            clip = {"clip": a["clip"]} if act == "clip" else {}
             x_shape, w_shape = shapes[node["inputs"][0]], shapes[node["inputs"][1]]
             if node["op"] == "conv2d":
                 layer = dict(op="conv2d", data_shape=x_shape, weight_shape=w_shape,
                              strides=a.get("strides", [1, 1]), padding=a.get("padding", [0, 0, 0, 0]),
                              dilation=a.get("dilation", [1, 1]), groups=a.get("groups", 1),
-                             bias=bool(a.get("has_bias")), activation=act, residual=bool(a.get("residual")))
+                             bias=bool(a.get("has_bias")), activation=act, residual=bool(a.get("residual")), **clip)
                 shape = (f"{x_shape[1]}->{w_shape[0]} k{w_shape[2]} s{layer['strides'][0]} "
                          f"g{layer['groups']} {x_shape[2]}x{x_shape[3]}")
                 flops = 2 * np.prod(shapes[node["output"]]) * np.prod(w_shape[1:])
@@ -222,7 +224,7 @@ def kernels_worker(args) -> dict:
                 k = x_shape[-1]
                 m_ = int(np.prod(x_shape)) // k
                 n = w_shape[0] if a["weight_layout"] == "NK" else w_shape[1]
-                layer = dict(op="dense", m=m_, k=k, n=n, bias=bool(a.get("has_bias")), activation=act)
+                layer = dict(op="dense", m=m_, k=k, n=n, bias=bool(a.get("has_bias")), activation=act, **clip)
                 shape = f"{m_}x{k} @ {k}x{n}"
                 flops = 2 * m_ * k * n
             row = {"op": node["op"], "shape": shape, "impl": " + ".join(first[(r_, index)]["impl"]),
@@ -237,9 +239,9 @@ def kernels_worker(args) -> dict:
         region_s.append(total)
         for key, row, layer in layers:
             ours[key].append(per_node[key]["seconds"])
-            seconds, row["bare_impl"] = _C.bench_chain([layer], args.threads, 20, 1)[0]
+            seconds, row["bare_impl"] = _bench.bench_chain([layer], args.threads, 20, 1)[0]
             alone[key].append(seconds)
-        chain = _C.bench_chain([layer for _, _, layer in layers], args.threads, window, 1)
+        chain = _bench.bench_chain([layer for _, _, layer in layers], args.threads, window, 1)
         for (key, _, _), (seconds, _) in zip(layers, chain):
             chained[key].append(seconds)
     rows = [dict(row, ours_s=float(np.median(ours[key])), bare_s=float(np.median(alone[key])),
@@ -255,7 +257,9 @@ def overhead_worker(args) -> dict:
 
     import byoc_hetero as bh
 
-    _C = bh._C
+    import native
+
+    _bench = native.load()
     k = n = 16
     bb = relax.BlockBuilder()
     xv = relax.Var("x", relax.TensorType((1, k), "float32"))
@@ -271,10 +275,10 @@ def overhead_worker(args) -> dict:
     vm["main"](x)
     (region,) = bh.codegen.region_modules(ex)
     fn = region[region["get_symbol"]()]
-    time_call = tvm.get_global_func("byoc_hetero.runtime.time_call")
+    time_call = tvm.get_global_func("byoc_hetero.bench.time_call")
     number = 20000
     region_s = float(np.median([time_call(fn, [x, y], number) for _ in range(7)]))
-    bare_s = _C.bench_chain([dict(op="dense", m=1, k=k, n=n)], args.threads, number, 7)[0][0]
+    bare_s = _bench.bench_chain([dict(op="dense", m=1, k=k, n=n)], args.threads, number, 7)[0][0]
     evaluator = vm.time_evaluator("main", tvm.cpu(), number=2000, repeat=7)
     vm_s = float(np.median(evaluator(x).results))
     return {"region_call_s": region_s, "bare_primitive_s": bare_s, "overhead_s": region_s - bare_s,

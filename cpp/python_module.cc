@@ -6,16 +6,20 @@
  * library registers when it is loaded.
  */
 #include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tvm/ffi/error.h>
 
-#include <set>
+#include <optional>
 #include <string>
 
-#include "bench_primitives.h"
+#include "enums.h"
 #include "kernels/kernel.h"
+#include "executor.h"
+#include "planner.h"
+#include "py_errors.h"
 #include "region_graph.h"
 #include "threading.h"
 
@@ -58,6 +62,47 @@ std::string IsaName(dnnl::cpu_isa isa) {
   return "unknown(" + std::to_string(static_cast<int>(isa)) + ")";
 }
 
+py::dict StepDict(const byoc_hetero::PlannedStep& s) {
+  return py::dict(py::arg("label") = s.label, py::arg("op") = s.op, py::arg("impl") = s.impl,
+                  py::arg("layouts") = s.layouts, py::arg("writes") = s.writes);
+}
+
+/*! \brief A plan as Python data (for tests and inspection; nothing is executed). */
+py::dict PlanDict(const byoc_hetero::Plan& plan) {
+  py::dict d;
+  d["symbol"] = plan.symbol;
+  d["threads"] = plan.threads;
+  d["input_shapes"] = plan.input_shapes;
+  d["output_shapes"] = plan.output_shapes;
+  d["slots"] = plan.slots.size();
+  d["arena_bytes"] = plan.arena_bytes;
+  d["init_scratch_bytes"] = plan.init_scratch_bytes;
+  d["run_scratch_bytes"] = plan.run_scratch_bytes;
+  d["shared_bytes"] = plan.shared_bytes();
+  py::list shared, priv, init, run;
+  for (const auto& b : plan.shared) shared.append(py::dict(py::arg("key") = b.key, py::arg("bytes") = b.bytes));
+  for (const auto& b : plan.privates) {
+    priv.append(py::dict(py::arg("bytes") = b.bytes, py::arg("offset") = b.offset, py::arg("first") = b.first,
+                         py::arg("last") = b.last, py::arg("padded") = b.padded));
+  }
+  for (const auto& s : plan.init_steps) init.append(StepDict(s));
+  for (const auto& s : plan.run_steps) run.append(StepDict(s));
+  d["shared"] = shared;
+  d["private"] = priv;
+  d["init_steps"] = init;
+  d["run_steps"] = run;
+  return d;
+}
+
+byoc_hetero::PlanRequest Request(const std::optional<std::vector<std::vector<int64_t>>>& input_shapes,
+                                 std::optional<int> threads) {
+  byoc_hetero::PlanRequest request;
+  if (input_shapes) request.input_shapes = *input_shapes;
+  request.threads = threads ? *threads : byoc_hetero::RegionThreads();
+  if (request.threads < 1) throw py::value_error("threads must be >= 1");
+  return request;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -72,6 +117,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("isa", []() { return IsaName(dnnl::get_effective_cpu_isa()); },
         "Effective CPU ISA oneDNN dispatches to (e.g. 'avx512_core').");
   m.def("kernels", &byoc_hetero::SupportedOps, "Node ops the runtime can execute.");
+  m.def("activation_names", &byoc_hetero::ActivationNames,
+        "Activation names a region's activation/algorithm attrs may take ('none' first).");
+  m.def("enum_names", &byoc_hetero::EnumNames,
+        "Every string enum of the region format: {'activation', 'pool_algorithm', "
+        "'binary_algorithm', 'dense_weight_layout'} -> names.");
   m.def(
       "validate",
       [](const std::string& graph_json) {
@@ -81,6 +131,53 @@ PYBIND11_MODULE(_C, m) {
       py::arg("graph_json"),
       "Structurally validate a region document (no op checks, no oneDNN); returns its symbol. "
       "Raises ValueError naming the field on failure.");
+
+  m.def(
+      "plan_region",
+      [](const std::string& graph_json, std::optional<std::vector<std::vector<int64_t>>> input_shapes,
+         std::optional<int> threads) {
+        const byoc_hetero::RegionGraph g = byoc_hetero::ParseRegionGraph(graph_json);
+        const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+        return PlanDict(*byoc_hetero::MakePlan(g, Request(input_shapes, threads), engine));
+      },
+      py::arg("graph_json"), py::arg("input_shapes") = py::none(), py::arg("threads") = py::none(),
+      "Plan a region without running it: {symbol, threads, input_shapes, output_shapes, slots, "
+      "arena_bytes, init/run_scratch_bytes, shared_bytes, shared: [{key, bytes}], private: [{bytes, "
+      "offset, first, last, padded}], init_steps/run_steps: [{label, op, impl, layouts, writes}]}. "
+      "input_shapes: one per region input (default: the declared ones). Raises ValueError naming "
+      "the node and field for attrs/shapes the ops reject.");
+  m.def(
+      "prepare_weights",
+      [](const std::string& graph_json,
+         const std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>>& constants, int plans) {
+        const byoc_hetero::RegionGraph g = byoc_hetero::ParseRegionGraph(graph_json);
+        if (constants.size() != g.constants.size()) {
+          throw py::value_error("prepare_weights: expected " + std::to_string(g.constants.size()) +
+                                " constants, got " + std::to_string(constants.size()));
+        }
+        std::vector<const void*> data;
+        for (const auto& c : constants) data.push_back(c.data());
+        const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+        byoc_hetero::PreparedWeights store;
+        py::list init_steps_run;
+        for (int i = 0; i < plans; ++i) {
+          auto plan = byoc_hetero::MakePlan(g, Request(std::nullopt, std::nullopt), engine);
+          byoc_hetero::Executor executor(plan, engine, store.Reserve(*plan));
+          executor.SetProfiling(true);
+          executor.FillWeights(store, data);
+          int64_t ran = 0;
+          for (const auto& p : executor.Profile()) ran += p.phase == "init" ? p.calls : 0;
+          init_steps_run.append(ran);
+        }
+        py::dict d;
+        d["buffers"] = store.count();
+        d["bytes"] = store.bytes();
+        d["init_steps_run"] = init_steps_run;
+        return d;
+      },
+      py::arg("graph_json"), py::arg("constants"), py::arg("plans") = 2,
+      "Plan a region `plans` times into one store of prepared weights and fill it from `constants` "
+      "(float32 arrays): {buffers, bytes, init_steps_run: per plan}. Shows that plans share weights.");
 
   m.def("num_threads", &byoc_hetero::RegionThreads,
         "OpenMP threads oneDNN uses per region call, for modules created from now on "
@@ -134,61 +231,5 @@ PYBIND11_MODULE(_C, m) {
       "module's >> level).");
   m.def("reset_adaptation", &byoc_hetero::ResetAdaptation,
         "Back to full threads and zero counters (the mode stays).");
-  m.def(
-      "bench_chain",
-      [](const std::vector<py::dict>& layers, int threads, int number, int repeat) {
-        std::vector<byoc_hetero::BareLayer> chain;
-        for (const py::dict& d : layers) {
-          static const std::set<std::string> known = {"op", "data_shape", "weight_shape", "strides",
-                                                      "padding", "dilation", "groups", "m", "k", "n",
-                                                      "bias", "activation", "residual"};
-          for (const auto& item : d) {
-            const std::string key = py::str(item.first);
-            if (!known.count(key)) throw py::value_error("bench_chain: unknown layer key '" + key + "'");
-          }
-          if (!d.contains("op")) throw py::value_error("bench_chain: a layer needs 'op' (conv2d or dense)");
-          byoc_hetero::BareLayer l;
-          l.op = d["op"].cast<std::string>();
-          auto ints = [&](const char* key, std::vector<int64_t>* out) {
-            if (d.contains(key)) *out = d[key].cast<std::vector<int64_t>>();
-          };
-          ints("data_shape", &l.data_shape);
-          ints("weight_shape", &l.weight_shape);
-          ints("strides", &l.strides);
-          ints("padding", &l.padding);
-          ints("dilation", &l.dilation);
-          if (d.contains("groups")) l.groups = d["groups"].cast<int64_t>();
-          if (d.contains("m")) l.m = d["m"].cast<int64_t>();
-          if (d.contains("k")) l.k = d["k"].cast<int64_t>();
-          if (d.contains("n")) l.n = d["n"].cast<int64_t>();
-          if (d.contains("bias")) l.bias = d["bias"].cast<bool>();
-          if (d.contains("activation")) l.activation = d["activation"].cast<std::string>();
-          if (d.contains("residual")) l.residual = d["residual"].cast<bool>();
-          chain.push_back(std::move(l));
-        }
-        py::gil_scoped_release release;
-        std::vector<std::pair<double, std::string>> out;
-        for (const auto& t : byoc_hetero::TimeBareChain(chain, threads, number, repeat)) {
-          out.emplace_back(t.seconds, t.impl);
-        }
-        return out;
-      },
-      py::arg("layers"), py::arg("threads") = 1, py::arg("number") = 10, py::arg("repeat") = 5,
-      "Bare oneDNN primitives run one after the other (each reading the previous one's output "
-      "where the layouts agree), as in a network: per layer the median seconds per execution and "
-      "the implementation name. A layer is a dict: op 'conv2d' (data_shape, weight_shape, strides, "
-      "padding, dilation, groups, bias, activation, residual) or 'dense' (m, k, n, bias, activation).");
-
-  // tvm::ffi::Error derives from std::exception; report ValueErrors as Python ValueError.
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const tvm::ffi::Error& e) {
-      if (e.kind() == "ValueError") {
-        PyErr_SetString(PyExc_ValueError, e.message().c_str());
-      } else {
-        PyErr_SetString(PyExc_RuntimeError, (e.kind() + ": " + e.message()).c_str());
-      }
-    }
-  });
+  byoc_hetero::RegisterFfiErrorTranslator();
 }

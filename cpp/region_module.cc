@@ -9,14 +9,13 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/dtype.h>
 #include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <iomanip>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -25,7 +24,7 @@
 
 #include "kernels/kernel.h"
 #include "region_graph.h"
-#include "region_plan.h"
+#include "compiled_region.h"
 #include "threading.h"
 
 namespace byoc_hetero {
@@ -97,22 +96,6 @@ void* CheckTensor(const DLTensor& t, const std::vector<int64_t>& shape, const st
   return ptr;
 }
 
-std::string JsonString(const std::string& s) {
-  std::ostringstream os;
-  os << '"';
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      os << '\\' << c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      os << "\\u" << std::hex << std::setw(4) << std::setfill('0') << static_cast<int>(c) << std::dec;
-    } else {
-      os << c;
-    }
-  }
-  os << '"';
-  return os.str();
-}
-
 class RegionModuleObj : public ffi::ModuleObj {
  public:
   explicit RegionModuleObj(std::string graph_json)
@@ -153,19 +136,19 @@ class RegionModuleObj : public ffi::ModuleObj {
       // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans"}: how the
       // module runs; contention_plans: the thread counts of the plans made for contention.
       return ffi::Function::FromTyped([self, this]() {
-        std::ostringstream os;
-        os << "{\"threads\": " << plan_->threads() << ", \"contexts\": " << plan_->contexts()
-           << ", \"shared_bytes\": " << plan_->shared_bytes()
-           << ", \"context_bytes\": " << plan_->context_bytes() << ", \"contention_plans\": [";
-        std::lock_guard<std::mutex> lock(fewer_mu_);
-        const char* sep = "";
-        for (size_t n = 0; n < fewer_.size(); ++n) {
-          if (!fewer_[n]) continue;
-          os << sep << n;
-          sep = ", ";
+        ffi::json::Array contention_plans;
+        {
+          std::lock_guard<std::mutex> lock(fewer_mu_);
+          for (size_t n = 0; n < fewer_.size(); ++n) {
+            if (fewer_[n]) contention_plans.push_back(static_cast<int64_t>(n));
+          }
         }
-        os << "]}";
-        return ffi::String(os.str());
+        ffi::json::Object info{{"threads", plan_->threads()},
+                               {"contexts", plan_->contexts()},
+                               {"shared_bytes", plan_->shared_bytes()},
+                               {"context_bytes", plan_->context_bytes()},
+                               {"contention_plans", contention_plans}};
+        return ffi::json::Stringify(info);
       });
     }
     if (name == "set_profiling") {
@@ -177,19 +160,14 @@ class RegionModuleObj : public ffi::ModuleObj {
     if (name == "get_profile") {
       // JSON list: one object per step {phase, label, op, impl, layouts, calls, seconds}.
       return ffi::Function::FromTyped([self, this]() {
-        std::ostringstream os;
-        os << "[";
-        bool first = true;
+        ffi::json::Array steps;
         for (const StepProfile& p : plan_->Profile()) {
-          os << (first ? "" : ", ") << "{\"phase\": " << JsonString(p.phase)
-             << ", \"label\": " << JsonString(p.label) << ", \"op\": " << JsonString(p.op)
-             << ", \"impl\": " << JsonString(p.impl) << ", \"layouts\": " << JsonString(p.layouts)
-             << ", \"calls\": " << p.calls << ", \"seconds\": " << std::setprecision(9) << p.seconds
-             << "}";
-          first = false;
+          steps.push_back(ffi::json::Object{{"phase", p.phase},   {"label", p.label},
+                                            {"op", p.op},         {"impl", p.impl},
+                                            {"layouts", p.layouts}, {"calls", p.calls},
+                                            {"seconds", p.seconds}});
         }
-        os << "]";
-        return ffi::String(os.str());
+        return ffi::json::Stringify(steps);
       });
     }
     if (name == "get_plan") {
@@ -356,34 +334,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
     }
     return mod->SaveToBytes();
   });
-  DefineGlobalOnce("byoc_hetero.runtime.set_num_threads", [](int n) { SetRegionThreads(n); });
-  DefineGlobalOnce("byoc_hetero.runtime.num_threads", []() { return RegionThreads(); });
-  DefineGlobalOnce("byoc_hetero.runtime.available_cpus", []() { return AvailableCpus(); });
-  DefineGlobalOnce("byoc_hetero.runtime.concurrency_stats", []() {
-    ConcurrencyStats s = GetConcurrencyStats();
-    std::ostringstream os;
-    os << "{\"calls\": " << s.calls << ", \"waited\": " << s.waited
-       << ", \"max_active\": " << s.max_active
-       << ", \"max_active_threads\": " << s.max_active_threads << "}";
-    return ffi::String(os.str());
-  });
-  DefineGlobalOnce("byoc_hetero.runtime.reset_concurrency_stats", []() { ResetConcurrencyStats(); });
-  // Mean seconds per call of f(*args) over `number` calls made from C++ (no Python in the loop).
-  DefineGlobalOnce("byoc_hetero.runtime.time_call",
-                   [](const ffi::Function& f, const ffi::Array<ffi::Any>& args, int number) {
-                     if (number < 1) {
-                       TVM_FFI_THROW(ValueError) << "byoc_hetero.runtime.time_call: number must be >= 1";
-                     }
-                     std::vector<ffi::AnyView> views(args.begin(), args.end());
-                     ffi::Any rv;
-                     const auto start = std::chrono::steady_clock::now();
-                     for (int i = 0; i < number; ++i) {
-                       f.CallPacked(views.data(), static_cast<int32_t>(views.size()), &rv);
-                     }
-                     const std::chrono::duration<double> elapsed =
-                         std::chrono::steady_clock::now() - start;
-                     return elapsed.count() / number;
-                   });
   DefineGlobalOnce("byoc_hetero.runtime.supported_ops", []() {
     ffi::Array<ffi::String> ops;
     for (const auto& op : SupportedOps()) ops.push_back(op);

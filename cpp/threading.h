@@ -3,7 +3,7 @@
  * \brief How many OpenMP threads oneDNN uses for a region, and how many regions run at once.
  *
  * The knob: BYOC_HETERO_NUM_THREADS (environment, read once) or SetRegionThreads() (the
- * Python function byoc_hetero._C.set_num_threads / the global byoc_hetero.runtime.set_num_threads).
+ * Python function byoc_hetero._C.set_num_threads; python_module.cc binds these functions).
  * Default: OMP_NUM_THREADS if set, else the number of CPUs this process may run on.
  *
  * A module builds its oneDNN primitives for the thread count in force when it is created (oneDNN

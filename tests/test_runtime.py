@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -175,10 +176,26 @@ def test_extension_info():
     assert _C.__version__ == "0.1.0"
     assert _C.onednn_version().startswith("3.")
     assert isinstance(_C.isa(), str) and _C.isa()
-    ops = ["conv2d", "dense", "matmul", "pool2d", "eltwise", "binary", "softmax", "reshape",
-           "bn_fold_weight", "bn_fold_bias"]
+    ops = sorted(["conv2d", "dense", "matmul", "pool2d", "eltwise", "binary", "softmax", "reshape",
+                  "bn_fold_weight", "bn_fold_bias"])  # each kernels/<op>.cc registers itself
     assert _C.kernels() == ops
     assert list(tvm.get_global_func("byoc_hetero.runtime.supported_ops")()) == ops
+
+
+def test_enum_names_are_the_runtime_tables():
+    """_C.enum_names() is what the kernels accept: every activation name runs as an eltwise."""
+    names = _C.enum_names()
+    assert names["activation"] == _C.activation_names()
+    assert names["activation"][0] == "none"
+    assert set(names) == {"activation", "pool_algorithm", "binary_algorithm", "dense_weight_layout"}
+    for act in names["activation"][1:]:
+        attrs = {"algorithm": act, **({"clip": [0.0, 6.0]} if act == "clip" else {})}
+        doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "enum_" + act,
+               "tensors": [{"shape": [2, 3], "dtype": "float32"}] * 2, "inputs": [0], "outputs": [1],
+               "constants": [], "nodes": [{"op": "eltwise", "inputs": [0], "output": 1, "attrs": attrs}]}
+        create(json.dumps(doc))
+    with pytest.raises(ValueError, match="relu"):
+        create(json.dumps(dict(doc, nodes=[dict(doc["nodes"][0], attrs={"algorithm": "swish"})])))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1186,30 +1203,51 @@ def test_winograd_chain_with_direct_neighbours_and_profile(monkeypatch):
     assert_close(got2, want)
 
 
-def test_bare_chain_times_each_layer_and_rejects_bad_layers():
+@pytest.fixture(scope="module")
+def bench_module(tmp_path_factory):
+    """The benchmark's native module (not shipped in the package), built once from this checkout."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import native
+
+    missing = native.missing_tools()
+    if missing:
+        pytest.skip(f"cannot build bench/native.py's _bench here: missing {', '.join(missing)}")
+    return native.load(str(tmp_path_factory.mktemp("build-bench")))
+
+
+def test_bare_chain_times_each_layer_and_rejects_bad_layers(bench_module):
     """The benchmark's bare-oneDNN reference (bench/run.py): one timing per layer of a chain."""
+    assert not hasattr(_C, "bench_chain")  # benchmark code is not in the shipped extension
     conv = dict(op="conv2d", data_shape=[1, 8, 10, 10], weight_shape=[16, 8, 3, 3], padding=[1, 1, 1, 1],
                 bias=True, activation="relu")
     conv2 = dict(conv, data_shape=[1, 16, 10, 10], weight_shape=[16, 16, 1, 1], padding=[0, 0, 0, 0],
                  residual=True)
     dense = dict(op="dense", m=2, k=32, n=8, bias=False, activation="none")
-    out = _C.bench_chain([conv, conv2, dense], threads=1, number=2, repeat=3)
+    out = bench_module.bench_chain([conv, conv2, dense], threads=1, number=2, repeat=3)
     assert len(out) == 3
     for seconds, impl in out:
         assert 0 < seconds < 1 and impl
-    ((alone_s, alone_impl),) = _C.bench_chain([conv], threads=1, number=2, repeat=3)
+    ((alone_s, alone_impl),) = bench_module.bench_chain([conv], threads=1, number=2, repeat=3)
     assert 0 < alone_s < 1 and alone_impl == out[0][1]
     with pytest.raises(ValueError, match="unknown op 'pool2d'"):
-        _C.bench_chain([dict(op="pool2d")])
+        bench_module.bench_chain([dict(op="pool2d")])
     with pytest.raises(ValueError, match="4-d data and weight shapes"):
-        _C.bench_chain([dict(conv, weight_shape=[16, 8, 3])])
+        bench_module.bench_chain([dict(conv, weight_shape=[16, 8, 3])])
     with pytest.raises(ValueError, match="m, k, n >= 1"):
-        _C.bench_chain([dict(dense, k=0)])
+        bench_module.bench_chain([dict(dense, k=0)])
     with pytest.raises(ValueError, match="no layers"):
-        _C.bench_chain([])
+        bench_module.bench_chain([])
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
-        _C.bench_chain([dict(dense, activation="swish")])
+        bench_module.bench_chain([dict(dense, activation="swish")])
+    ((clip_s, _),) = bench_module.bench_chain([dict(dense, activation="clip", clip=[0, 6])], number=2, repeat=3)
+    assert 0 < clip_s < 1
+    with pytest.raises(ValueError, match="needs clip"):
+        bench_module.bench_chain([dict(dense, activation="clip")])
     with pytest.raises(ValueError, match="unknown layer key 'stride'"):
-        _C.bench_chain([dict(conv, stride=[2, 2])])
+        bench_module.bench_chain([dict(conv, stride=[2, 2])])
     with pytest.raises(ValueError, match="needs 'op'"):
-        _C.bench_chain([dict(m=1, k=2, n=3)])
+        bench_module.bench_chain([dict(m=1, k=2, n=3)])
+    r, x = small_conv_region("timed")
+    mod = r.module()
+    args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((1, 8, 8, 8), "float32"))]
+    assert 0 < tvm.get_global_func("byoc_hetero.bench.time_call")(mod[r.symbol], args, 3) < 1

@@ -129,7 +129,8 @@ def test_thread_knob():
     assert _C.num_threads() >= 1
     assert _C.available_cpus() >= 1
     assert _C.max_concurrent_calls(1) == _C.available_cpus()
-    assert tvm.get_global_func("byoc_hetero.runtime.num_threads")() == _C.num_threads()
+    # one binding path: the thread functions are _C's (no TVM globals)
+    assert tvm.get_global_func("byoc_hetero.runtime.num_threads", allow_missing=True) is None
     with pytest.raises(ValueError, match="must be >= 1"):
         _C.set_num_threads(0)
 

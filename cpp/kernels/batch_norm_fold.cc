@@ -38,7 +38,7 @@ void ExpectChannels(const KernelContext& ctx, size_t k, const char* name, int64_
 
 }  // namespace
 
-std::unique_ptr<Kernel> BuildBatchNormFoldWeight(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildBatchNormFoldWeight(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const double eps = ReadEpsilon(attrs);
   attrs.CheckNoUnknown();
@@ -66,7 +66,7 @@ std::unique_ptr<Kernel> BuildBatchNormFoldWeight(const KernelContext& ctx) {
                                       wmd);
 }
 
-std::unique_ptr<Kernel> BuildBatchNormFoldBias(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildBatchNormFoldBias(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const double eps = ReadEpsilon(attrs);
   const bool has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == 5);
@@ -92,5 +92,8 @@ std::unique_ptr<Kernel> BuildBatchNormFoldBias(const KernelContext& ctx) {
   return std::make_unique<HostKernel>(ctx.where(), "bn_fold_bias", std::move(fn), std::move(ins),
                                       Flat(channels));
 }
+
+BYOC_HETERO_REGISTER_KERNEL("bn_fold_weight", BuildBatchNormFoldWeight);
+BYOC_HETERO_REGISTER_KERNEL("bn_fold_bias", BuildBatchNormFoldBias);
 
 }  // namespace byoc_hetero

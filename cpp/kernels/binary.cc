@@ -14,9 +14,9 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
-  const std::string alg_name = attrs.Choice("algorithm", {"add", "mul"}, "");
+  const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(BinaryAlgorithms()), "");
   Epilogue epilogue;
   epilogue.act = ctx.ReadActivation(attrs);
   attrs.CheckNoUnknown();
@@ -59,7 +59,7 @@ std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   const memory::desc src1 = other_dims == dst_dims ? src0 : PlainDesc(other_dims);
 
   dnnl::binary::primitive_desc pd(
-      ctx.engine, alg_name == "add" ? dnnl::algorithm::binary_add : dnnl::algorithm::binary_mul,
+      ctx.engine, *FindEnum(BinaryAlgorithms(), alg_name),
       src0, src1, AnyDesc(dst_dims), ctx.MakeAttr(epilogue));
   std::vector<OperandLayout> inputs(2);
   std::vector<int> args(2);
@@ -71,5 +71,7 @@ std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   return std::make_unique<PrimitiveKernel>(ctx.where(), "binary", std::move(pd), std::move(args),
                                            std::move(inputs), std::move(output));
 }
+
+BYOC_HETERO_REGISTER_KERNEL("binary", BuildBinary);
 
 }  // namespace byoc_hetero

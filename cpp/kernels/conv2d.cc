@@ -13,10 +13,11 @@
 #include <utility>
 
 #include "kernel.h"
+#include "winograd.h"
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::vector<int64_t> strides = attrs.Ints("strides", 2, {1, 1});
   const std::vector<int64_t> padding = attrs.Ints("padding", 4, {0, 0, 0, 0});
@@ -109,5 +110,7 @@ std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   return MakeAnchorKernel(ctx, "conv2d", std::move(pd), PlainDesc(src_dims), PlainDesc(wei_dims), bias_dims, has_bias,
                           dst_dims, epilogue);
 }
+
+BYOC_HETERO_REGISTER_KERNEL("conv2d", BuildConv2D);
 
 }  // namespace byoc_hetero

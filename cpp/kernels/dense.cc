@@ -14,9 +14,9 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
-  const bool nk = attrs.Choice("weight_layout", {"KN", "NK"}, "") == "NK";
+  const bool nk = *FindEnum(DenseWeightLayouts(), attrs.Choice("weight_layout", EnumNamesOf(DenseWeightLayouts()), ""));
   const Epilogue epilogue = ctx.ReadEpilogue(attrs);
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
@@ -67,5 +67,7 @@ std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   return MakeAnchorKernel(ctx, "dense", std::move(pd), PlainDesc(src_dims), wei_view, bias_dims,
                           has_bias, dst_dims, epilogue);
 }
+
+BYOC_HETERO_REGISTER_KERNEL("dense", BuildDense);
 
 }  // namespace byoc_hetero

@@ -12,7 +12,7 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   if (!attrs.Has("algorithm")) {
     std::string list;
@@ -37,5 +37,7 @@ std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx) {
                                            std::vector<int>{DNNL_ARG_SRC}, std::move(inputs),
                                            std::move(output));
 }
+
+BYOC_HETERO_REGISTER_KERNEL("eltwise", BuildEltwise);
 
 }  // namespace byoc_hetero

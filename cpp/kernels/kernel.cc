@@ -1,6 +1,6 @@
 /*!
  * \file kernels/kernel.cc
- * \brief Shared kernel helpers and the op registry.
+ * \brief Shared kernel helpers and the op registry (filled by BYOC_HETERO_REGISTER_KERNEL).
  */
 #include "kernel.h"
 
@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -15,37 +18,31 @@
 namespace byoc_hetero {
 
 // ---------------------------------------------------------------------------------------------
-// Registry: add new ops here (one line each).
+// Registry
 
 namespace {
-struct RegistryEntry {
-  const char* op;
-  KernelBuilder builder;
-};
-constexpr RegistryEntry kRegistry[] = {
-    {"conv2d", &BuildConv2D},
-    {"dense", &BuildDense},
-    {"matmul", &BuildMatmul},
-    {"pool2d", &BuildPool2D},
-    {"eltwise", &BuildEltwise},
-    {"binary", &BuildBinary},
-    {"softmax", &BuildSoftmax},
-    {"reshape", &BuildReshape},
-    {"bn_fold_weight", &BuildBatchNormFoldWeight},
-    {"bn_fold_bias", &BuildBatchNormFoldBias},
-};
+/*! \brief op -> builder; filled by the registrars while the library loads, read-only afterwards. */
+std::map<std::string, KernelBuilder>& Registry() {
+  static std::map<std::string, KernelBuilder> registry;
+  return registry;
+}
 }  // namespace
 
-KernelBuilder FindKernelBuilder(const std::string& op) {
-  for (const auto& e : kRegistry) {
-    if (op == e.op) return e.builder;
+KernelRegistrar::KernelRegistrar(const char* op, KernelBuilder builder) {
+  if (!Registry().emplace(op, builder).second) {
+    std::fprintf(stderr, "byoc_hetero: two kernels registered for op '%s'\n", op);
+    std::abort();
   }
-  return nullptr;
+}
+
+KernelBuilder FindKernelBuilder(const std::string& op) {
+  auto it = Registry().find(op);
+  return it == Registry().end() ? nullptr : it->second;
 }
 
 std::vector<std::string> SupportedOps() {
   std::vector<std::string> ops;
-  for (const auto& e : kRegistry) ops.emplace_back(e.op);
+  for (const auto& entry : Registry()) ops.push_back(entry.first);
   return ops;
 }
 
@@ -82,10 +79,6 @@ dnnl::matmul::primitive_desc MatmulForConstantWeight(
     step *= wei_dims[i];
   }
   return make(StridedDesc(wei_dims, strides));
-}
-
-bool IsPlain(const memory::desc& md) {
-  return md.get_format_kind() == memory::format_kind::blocked && md == PlainDesc(md.get_dims());
 }
 
 std::string DescribeDesc(const memory::desc& md) {
@@ -181,41 +174,22 @@ std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {
   return std::nullopt;
 }
 
-const std::vector<std::string>& ActivationNames() {
-  static const std::vector<std::string> names = {"none", "relu",      "clip",     "sigmoid",
-                                                 "tanh", "gelu_erf", "gelu_tanh", "silu"};
-  return names;
-}
-
 Activation KernelContext::ReadActivation(AttrReader& attrs, const char* key,
                                          const char* clip_key) const {
   Activation a;
   a.name = attrs.Choice(key, ActivationNames(), "none");
-  using dnnl::algorithm;
-  if (a.name == "relu") {
-    a.alg = algorithm::eltwise_relu;
-  } else if (a.name == "clip") {
+  const ActivationSpec& spec = *FindEnum(Activations(), a.name);
+  a.alg = spec.alg;
+  a.alpha = spec.alpha;
+  if (spec.bounded) {
     if (!attrs.Has(clip_key)) attrs.Fail(clip_key, std::string("missing (required when ") + key + " is \"clip\")");
     std::vector<double> bounds = attrs.Floats(clip_key, 2, {});
     if (!std::isfinite(bounds[0]) || !std::isfinite(bounds[1]) || bounds[0] > bounds[1]) {
       attrs.Fail(clip_key, "expected finite [min, max] with min <= max");
     }
-    a.alg = algorithm::eltwise_clip;
     a.alpha = static_cast<float>(bounds[0]);
     a.beta = static_cast<float>(bounds[1]);
-  } else if (a.name == "sigmoid") {
-    a.alg = algorithm::eltwise_logistic;
-  } else if (a.name == "tanh") {
-    a.alg = algorithm::eltwise_tanh;
-  } else if (a.name == "gelu_erf") {
-    a.alg = algorithm::eltwise_gelu_erf;
-  } else if (a.name == "gelu_tanh") {
-    a.alg = algorithm::eltwise_gelu_tanh;
-  } else if (a.name == "silu") {
-    a.alg = algorithm::eltwise_swish;
-    a.alpha = 1.f;
-  }
-  if (a.name != "clip" && attrs.Has(clip_key)) {
+  } else if (attrs.Has(clip_key)) {
     attrs.Fail(clip_key, std::string("only allowed when ") + key + " is \"clip\"");
   }
   return a;

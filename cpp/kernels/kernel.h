@@ -23,7 +23,11 @@
  *               primitive runs (in place when the residual dies there, else with one copy);
  *   alias_input the output is the same bytes as this input (reshape); no step runs.
  *
- * Adding an op = one file with a builder + one line in the registry in kernel.cc.
+ * Adding an op: one file cpp/kernels/<op>.cc holding its builder and the line
+ *   BYOC_HETERO_REGISTER_KERNEL("<op>", Build<Op>);
+ * (CMakeLists.txt collects the files; _C.kernels() lists the op), and one row in
+ * docs/region-format.md describing its inputs and attrs.  Attr names that are string enums shared
+ * with Python (activations, algorithms) come from enums.h.
  */
 #ifndef BYOC_HETERO_KERNELS_KERNEL_H_
 #define BYOC_HETERO_KERNELS_KERNEL_H_
@@ -37,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "../enums.h"
 #include "../region_graph.h"
 
 namespace byoc_hetero {
@@ -61,8 +66,6 @@ dnnl::matmul::primitive_desc MatmulForConstantWeight(
     const std::function<dnnl::matmul::primitive_desc(const memory::desc&)>& make, const memory::dims& wei_dims);
 /*! \brief Human-readable descriptor, oneDNN-verbose style: "[1,64,56,56]:aBcd16b". */
 std::string DescribeDesc(const memory::desc& md);
-/*! \brief Whether md is dense row-major (no blocking, no padding). */
-bool IsPlain(const memory::desc& md);
 
 /*! \brief A host (non-oneDNN) step: called with the data pointers of its args, in order. */
 using HostFn = std::function<void(const std::vector<void*>& ptrs)>;
@@ -156,9 +159,6 @@ bool IsaHasAvx512();
 /*! \brief aBcd8b / aBcd16b when md is a 4-d f32 tensor in that channel-blocked layout. */
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md);
 
-/*! \brief The activation names the runtime knows, in the order messages list them. */
-const std::vector<std::string>& ActivationNames();
-
 class Kernel {
  public:
   virtual ~Kernel() = default;
@@ -243,39 +243,31 @@ class AliasKernel : public Kernel {
   }
 };
 
-/*! \brief A conv2d's shapes and attributes, as the conv2d builder checked them. */
-struct ConvParams {
-  int64_t n, c, h, w, k, kh, kw, oh, ow, pad_top, pad_left, groups;
-  std::vector<int64_t> strides, dilation;
-  bool has_bias;
-  Epilogue epilogue;
-};
+using KernelBuilder = std::unique_ptr<Kernel> (*)(const KernelContext&);
 
 /*!
- * \brief conv2d by Winograd F(4x4, 3x3) when it applies (3x3, stride 1, no dilation, no groups,
- *        channels in multiples of 16, weights known at __init_) and pays off; else nullptr.
- *        BYOC_HETERO_CONV_ALGO: "auto" (default), "direct" (never) or "winograd" (whenever it applies).
+ * \brief Registers a builder for an op when the library is loaded (use the macro below).  Two
+ *        builders for one op abort at load: that is a build mistake, not a runtime condition.
+ *
+ * The kernel objects are linked into the extension as object files (CMakeLists.txt collects
+ * every cpp/kernels/ source into the target's sources, not into a static archive), so the linker keeps
+ * every registrar; an archive would drop the files nothing else references.
  */
-std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& params);
+struct KernelRegistrar {
+  KernelRegistrar(const char* op, KernelBuilder builder);
+};
 
-using KernelBuilder = std::unique_ptr<Kernel> (*)(const KernelContext&);
+#define BYOC_HETERO_KERNEL_CONCAT_(a, b) a##b
+#define BYOC_HETERO_KERNEL_CONCAT(a, b) BYOC_HETERO_KERNEL_CONCAT_(a, b)
+/*! \brief In a kernels/<op>.cc, at namespace scope: BYOC_HETERO_REGISTER_KERNEL("op", Build); */
+#define BYOC_HETERO_REGISTER_KERNEL(op, builder)                                                   \
+  static const ::byoc_hetero::KernelRegistrar BYOC_HETERO_KERNEL_CONCAT(kernel_registrar_, __LINE__)( \
+      op, builder)
 
 /*! \brief The builder for an op, or nullptr. */
 KernelBuilder FindKernelBuilder(const std::string& op);
-/*! \brief The ops this runtime can execute, in registration order. */
+/*! \brief The ops this runtime can execute, sorted. */
 std::vector<std::string> SupportedOps();
-
-// One builder per file under kernels/.
-std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildBatchNormFoldWeight(const KernelContext& ctx);
-std::unique_ptr<Kernel> BuildBatchNormFoldBias(const KernelContext& ctx);
 
 }  // namespace byoc_hetero
 

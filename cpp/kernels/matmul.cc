@@ -15,7 +15,7 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const bool transpose_b = attrs.Flag("transpose_b", false);
   const Epilogue epilogue = ctx.ReadEpilogue(attrs);
@@ -89,5 +89,7 @@ std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   return MakeAnchorKernel(ctx, "matmul", std::move(pd), PlainDesc(a_dims), b_view, bias_dims,
                           has_bias, dst_dims, epilogue);
 }
+
+BYOC_HETERO_REGISTER_KERNEL("matmul", BuildMatmul);
 
 }  // namespace byoc_hetero

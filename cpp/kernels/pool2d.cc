@@ -15,10 +15,9 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
-  const std::string alg_name =
-      attrs.Choice("algorithm", {"max", "avg_include_padding", "avg_exclude_padding"}, "");
+  const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(PoolAlgorithms()), "");
   if (!attrs.Has("kernel")) attrs.Fail("kernel", "missing (required, [kh, kw])");
   const std::vector<int64_t> kernel = attrs.Ints("kernel", 2, {});
   const std::vector<int64_t> strides = attrs.Ints("strides", 2, {1, 1});
@@ -64,9 +63,7 @@ std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   const memory::dims dst_dims{x[0], x[1], out[0], out[1]};
   ctx.ExpectOutputShape({x[0], x[1], out[0], out[1]});
 
-  dnnl::algorithm alg = dnnl::algorithm::pooling_max;
-  if (alg_name == "avg_include_padding") alg = dnnl::algorithm::pooling_avg_include_padding;
-  if (alg_name == "avg_exclude_padding") alg = dnnl::algorithm::pooling_avg_exclude_padding;
+  const dnnl::algorithm alg = *FindEnum(PoolAlgorithms(), alg_name);
   const memory::desc src = ctx.InputLayout(0);
   dnnl::pooling_forward::primitive_desc pd(
       ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims),
@@ -78,5 +75,7 @@ std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
                                            std::vector<int>{DNNL_ARG_SRC}, std::move(inputs),
                                            std::move(output));
 }
+
+BYOC_HETERO_REGISTER_KERNEL("pool2d", BuildPool2D);
 
 }  // namespace byoc_hetero

@@ -10,7 +10,7 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   attrs.CheckNoUnknown();
   ctx.ExpectInputCount(1, "data");
@@ -25,5 +25,7 @@ std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
   return std::make_unique<AliasKernel>(PlainDesc(memory::dims(in.begin(), in.end())),
                                        PlainDesc(memory::dims(out.begin(), out.end())));
 }
+
+BYOC_HETERO_REGISTER_KERNEL("reshape", BuildReshape);
 
 }  // namespace byoc_hetero

@@ -10,7 +10,7 @@
 
 namespace byoc_hetero {
 
-std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx) {
+static std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   int64_t axis = attrs.Int("axis", -1);
   attrs.CheckNoUnknown();
@@ -31,5 +31,7 @@ std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx) {
                                            std::vector<OperandLayout>{{plain, plain}},
                                            OperandLayout{plain, plain});
 }
+
+BYOC_HETERO_REGISTER_KERNEL("softmax", BuildSoftmax);
 
 }  // namespace byoc_hetero

@@ -21,6 +21,7 @@
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "kernel.h"
+#include "winograd.h"
 
 namespace byoc_hetero {
 
@@ -64,7 +66,21 @@ struct WinoShape {
   int64_t tiles() const { return n * tiles_h() * tiles_w(); }
 };
 
-/*! \brief The activation of an epilogue on 16 floats. */
+/*!
+ * \brief Whether Activate() computes this activation.  An activation added to Activations()
+ *        (enums.h) without a case in Activate() would otherwise be computed as the identity:
+ *        such a conv runs direct (oneDNN's post-op) until Activate() learns it.
+ */
+bool CanActivate(const Activation& a) {
+  using dnnl::algorithm;
+  static constexpr algorithm kComputed[] = {
+      algorithm::undef,  // "none"
+      algorithm::eltwise_relu, algorithm::eltwise_clip,      algorithm::eltwise_logistic, algorithm::eltwise_tanh,
+      algorithm::eltwise_gelu_erf, algorithm::eltwise_gelu_tanh, algorithm::eltwise_swish};
+  return std::find(std::begin(kComputed), std::end(kComputed), a.alg) != std::end(kComputed);
+}
+
+/*! \brief The activation of an epilogue on 16 floats (one of CanActivate()). */
 void Activate(const Activation& a, float* x) {
   switch (a.alg) {
     case dnnl::algorithm::eltwise_relu:
@@ -355,6 +371,7 @@ std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const C
   // The weights must be known at __init_: transforming them per call would cost more than it saves.
   const bool const_weights = ctx.input_constant.size() > 1 && ctx.input_constant[1];
   if (!shape_ok || !const_weights) return nullptr;
+  if (!CanActivate(p.epilogue.act) || !CanActivate(p.epilogue.post_act)) return nullptr;
   // Layouts: the one the data is stored in when that is nChw16c or nhwc (no reorder), else the
   // one oneDNN's direct convolution would choose here; the output in the same kind of layout, so
   // that neighbouring oneDNN primitives (which mostly pick the same) read it as it is.

@@ -1,5 +1,5 @@
 /*!
- * \file bench_primitives.cc
+ * \file bench/bench_primitives.cc
  * \brief See bench_primitives.h.
  */
 #include "bench_primitives.h"
@@ -11,7 +11,8 @@
 #include <chrono>
 #include <unordered_map>
 
-#include "threading.h"
+#include "../enums.h"
+#include "../threading.h"
 
 namespace byoc_hetero {
 
@@ -21,33 +22,21 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-dnnl::algorithm EltwiseAlg(const std::string& name, float* alpha, float* beta) {
-  *alpha = 0.f;
-  *beta = 0.f;
-  if (name == "relu") return dnnl::algorithm::eltwise_relu;
-  if (name == "relu6") {
-    *beta = 6.f;
-    return dnnl::algorithm::eltwise_clip;
+dnnl::primitive_attr Attr(const std::string& activation, const std::vector<double>& clip, bool residual) {
+  const ActivationSpec* spec = FindEnum(Activations(), activation);
+  if (spec == nullptr) {
+    TVM_FFI_THROW(ValueError) << "bare benchmark: unknown activation '" << activation << "'";
   }
-  if (name == "sigmoid") return dnnl::algorithm::eltwise_logistic;
-  if (name == "tanh") return dnnl::algorithm::eltwise_tanh;
-  if (name == "gelu_erf") return dnnl::algorithm::eltwise_gelu_erf;
-  if (name == "gelu_tanh") return dnnl::algorithm::eltwise_gelu_tanh;
-  if (name == "silu") {
-    *alpha = 1.f;
-    return dnnl::algorithm::eltwise_swish;
+  if (spec->bounded != (clip.size() == 2)) {
+    TVM_FFI_THROW(ValueError) << "bare benchmark: activation '" << activation << "' "
+                              << (spec->bounded ? "needs clip = [min, max]" : "takes no clip");
   }
-  TVM_FFI_THROW(ValueError) << "bare benchmark: unknown activation '" << name << "'";
-  TVM_FFI_UNREACHABLE();
-}
-
-dnnl::primitive_attr Attr(const std::string& activation, bool residual) {
   dnnl::primitive_attr attr;
   dnnl::post_ops ops;
-  if (activation != "none") {
-    float alpha, beta;
-    dnnl::algorithm alg = EltwiseAlg(activation, &alpha, &beta);
-    ops.append_eltwise(alg, alpha, beta);
+  if (spec->alg != dnnl::algorithm::undef) {
+    const float alpha = spec->bounded ? static_cast<float>(clip[0]) : spec->alpha;
+    const float beta = spec->bounded ? static_cast<float>(clip[1]) : 0.f;
+    ops.append_eltwise(spec->alg, alpha, beta);
   }
   if (residual) ops.append_sum(1.f);
   if (ops.len() > 0) attr.set_post_ops(ops);
@@ -116,7 +105,7 @@ Bare MakeConv2D(const BareLayer& l, const dnnl::engine& eng, dnnl::stream& strm,
   dnnl::convolution_forward::primitive_desc pd(
       eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any_src, any_wei,
       bias_md, any_dst, {l.strides[0], l.strides[1]}, {l.dilation[0] - 1, l.dilation[1] - 1},
-      {l.padding[0], l.padding[1]}, {l.padding[2], l.padding[3]}, Attr(l.activation, l.residual));
+      {l.padding[0], l.padding[1]}, {l.padding[2], l.padding[3]}, Attr(l.activation, l.clip, l.residual));
   Bare b;
   BindSrcDst(&b, pd.src_desc(), pd.dst_desc(), prev_dst, eng);
   BindWeights(&b, pd.weights_desc(), memory::desc(wei_dims, dt::f32, wei_plain), bias_md, eng, strm);
@@ -133,7 +122,7 @@ Bare MakeMatmul(const BareLayer& l, const dnnl::engine& eng, dnnl::stream& strm,
   const memory::desc src_md({l.m, l.k}, dt::f32, tag::ab), dst_md({l.m, l.n}, dt::f32, tag::ab);
   const memory::desc any_wei({l.k, l.n}, dt::f32, tag::any);
   const memory::desc bias_md = l.bias ? memory::desc({1, l.n}, dt::f32, tag::ab) : memory::desc();
-  dnnl::matmul::primitive_desc pd(eng, src_md, any_wei, bias_md, dst_md, Attr(l.activation, false));
+  dnnl::matmul::primitive_desc pd(eng, src_md, any_wei, bias_md, dst_md, Attr(l.activation, l.clip, false));
   Bare b;
   BindSrcDst(&b, src_md, dst_md, prev_dst, eng);
   BindWeights(&b, pd.weights_desc(), memory::desc({l.k, l.n}, dt::f32, tag::ab), bias_md, eng, strm);

@@ -1,5 +1,5 @@
 /*!
- * \file bench_primitives.h
+ * \file bench/bench_primitives.h
  * \brief Bare oneDNN primitives, timed alone or chained, written straight against the oneDNN API
  *        (no region graph, no planner, no kernels/ code): the references the benchmark compares
  *        the offloaded convolutions and dense layers with.
@@ -33,7 +33,8 @@ struct BareLayer {
   int64_t groups = 1;
   int64_t m = 0, k = 0, n = 0;
   bool bias = false;
-  std::string activation = "none";
+  std::string activation = "none";  // a name of Activations() (enums.h)
+  std::vector<double> clip;          // [min, max] for "clip"
   bool residual = false;  // conv2d: sum post-op
 };
 

@@ -1,0 +1,58 @@
+/*!
+ * \file enums.cc
+ * \brief The tables of enums.h.
+ */
+#include "enums.h"
+
+namespace byoc_hetero {
+
+using dnnl::algorithm;
+
+const std::vector<EnumEntry<ActivationSpec>>& Activations() {
+  static const std::vector<EnumEntry<ActivationSpec>> table = {
+      {"none", {algorithm::undef, 0.f, false}},
+      {"relu", {algorithm::eltwise_relu, 0.f, false}},
+      {"clip", {algorithm::eltwise_clip, 0.f, true}},
+      {"sigmoid", {algorithm::eltwise_logistic, 0.f, false}},
+      {"tanh", {algorithm::eltwise_tanh, 0.f, false}},
+      {"gelu_erf", {algorithm::eltwise_gelu_erf, 0.f, false}},
+      {"gelu_tanh", {algorithm::eltwise_gelu_tanh, 0.f, false}},
+      {"silu", {algorithm::eltwise_swish, 1.f, false}},  // x * sigmoid(alpha * x), alpha = 1
+  };
+  return table;
+}
+
+const std::vector<EnumEntry<algorithm>>& PoolAlgorithms() {
+  static const std::vector<EnumEntry<algorithm>> table = {
+      {"max", algorithm::pooling_max},
+      {"avg_include_padding", algorithm::pooling_avg_include_padding},
+      {"avg_exclude_padding", algorithm::pooling_avg_exclude_padding},
+  };
+  return table;
+}
+
+const std::vector<EnumEntry<algorithm>>& BinaryAlgorithms() {
+  static const std::vector<EnumEntry<algorithm>> table = {
+      {"add", algorithm::binary_add},
+      {"mul", algorithm::binary_mul},
+  };
+  return table;
+}
+
+const std::vector<EnumEntry<bool>>& DenseWeightLayouts() {
+  static const std::vector<EnumEntry<bool>> table = {{"KN", false}, {"NK", true}};
+  return table;
+}
+
+std::vector<std::string> ActivationNames() { return EnumNamesOf(Activations()); }
+
+std::map<std::string, std::vector<std::string>> EnumNames() {
+  return {
+      {"activation", ActivationNames()},
+      {"pool_algorithm", EnumNamesOf(PoolAlgorithms())},
+      {"binary_algorithm", EnumNamesOf(BinaryAlgorithms())},
+      {"dense_weight_layout", EnumNamesOf(DenseWeightLayouts())},
+  };
+}
+
+}  // namespace byoc_hetero

@@ -1,0 +1,238 @@
+/*!
+ * \file executor.cc
+ * \brief See executor.h.
+ */
+#include "executor.h"
+
+#include <tvm/ffi/error.h>
+
+#include <chrono>
+#include <utility>
+
+#include "threading.h"
+
+namespace byoc_hetero {
+
+namespace {
+struct Counter {
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> nanos{0};
+};
+}  // namespace
+
+/*! \brief The primitives of one of the plan's programs and their timings. */
+struct Executor::Program {
+  const std::vector<PlannedStep>* steps = nullptr;
+  std::vector<dnnl::primitive> prims;  // per step; empty for host steps (and skipped init steps)
+  std::unique_ptr<Counter[]> counters;
+  const char* phase;
+
+  Program(const std::vector<PlannedStep>& s, const char* p)
+      : steps(&s), prims(s.size()), counters(std::make_unique<Counter[]>(s.size())), phase(p) {}
+  void MakePrimitives(const std::vector<bool>* skip) {
+    for (size_t i = 0; i < steps->size(); ++i) {
+      const PlannedStep& s = (*steps)[i];
+      if (s.host || (skip != nullptr && (*skip)[i])) continue;
+      prims[i] = GuardDnnl(s.label, "create the primitive", [&] { return dnnl::primitive(s.pd.get()); });
+    }
+  }
+};
+
+/*! \brief Everything a running call writes. */
+struct Executor::Context {
+  dnnl::stream stream;
+  AlignedBuffer arena;  // the private buffers, at their plan offsets
+  AlignedBuffer scratch;
+  struct Bound {
+    std::vector<dnnl::memory> mems;
+    std::vector<dnnl_exec_arg_t> cargs;
+    std::vector<void*> ptrs;  // host steps
+  };
+  std::vector<Bound> execs;
+  std::vector<std::pair<int, dnnl::memory>> bindings;  // (run/const arg position, memory)
+  int64_t bytes = 0;
+};
+
+Executor::Executor(std::shared_ptr<const Plan> plan, const dnnl::engine& engine, std::vector<void*> weights)
+    : plan_(std::move(plan)), engine_(engine), weights_(std::move(weights)) {
+  init_ = std::make_unique<Program>(plan_->init_steps, "init");
+  run_ = std::make_unique<Program>(plan_->run_steps, "run");
+  OmpThreadsScope omp(plan_->threads);
+  GuardDnnl(plan_->where, "allocate buffers or create a primitive", [&] {
+    run_->MakePrimitives(nullptr);
+    std::unique_ptr<Context> first = MakeContext(*run_, plan_->run_scratch_bytes, /*with_private=*/true);
+    context_bytes_ = first->bytes;
+    pool_.push_back(std::move(first));
+  });
+  contexts_created_ = 1;
+}
+
+Executor::~Executor() = default;
+
+std::unique_ptr<Executor::Context> Executor::MakeContext(const Program& prog, size_t scratch_bytes,
+                                                         bool with_private) const {
+  const Plan& p = *plan_;
+  auto ctx = std::make_unique<Context>();
+  ctx->stream = dnnl::stream(engine_);
+  if (with_private) {
+    ctx->arena = AlignedBuffer(p.arena_bytes, p.where + " (intermediates)");
+    ctx->bytes += static_cast<int64_t>(p.arena_bytes);
+  }
+  ctx->scratch = AlignedBuffer(scratch_bytes, p.where + " (scratchpad)");
+  ctx->bytes += static_cast<int64_t>(scratch_bytes);
+  for (const PlannedStep& s : *prog.steps) {
+    Context::Bound b;
+    for (const auto& [arg, ref] : s.args) {
+      const Slot& slot = p.slots[ref.slot];
+      void* ptr = nullptr;
+      switch (slot.kind) {
+        case SlotKind::kShared:
+          ptr = weights_[slot.index];
+          break;
+        case SlotKind::kPrivate:
+          if (!with_private) {
+            TVM_FFI_THROW(InternalError) << p.where << ": step '" << s.label
+                                         << "' of the init program uses a per-call buffer";
+          }
+          ptr = static_cast<char*>(ctx->arena.get()) + p.privates[slot.index].offset;
+          break;
+        case SlotKind::kScratch:
+          ptr = ctx->scratch.get();
+          break;
+        default:
+          break;  // bound per call
+      }
+      dnnl::memory mem(ref.md, engine_, ptr);
+      if (slot.kind == SlotKind::kRunArg || slot.kind == SlotKind::kConstArg) {
+        ctx->bindings.emplace_back(slot.index, mem);
+      }
+      b.mems.push_back(mem);
+      b.cargs.push_back({arg, mem.get()});
+    }
+    b.ptrs.resize(b.mems.size());
+    ctx->execs.push_back(std::move(b));
+  }
+  return ctx;
+}
+
+void Executor::RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip) {
+  const bool timed = profiling_.load(std::memory_order_relaxed);
+  const std::vector<PlannedStep>& steps = *prog.steps;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (skip != nullptr && (*skip)[i]) continue;
+    const PlannedStep& s = steps[i];
+    Context::Bound& b = ctx.execs[i];
+    std::chrono::steady_clock::time_point start;
+    if (timed) start = std::chrono::steady_clock::now();
+    if (s.host) {
+      for (size_t k = 0; k < b.mems.size(); ++k) b.ptrs[k] = b.mems[k].get_data_handle();
+      s.host(b.ptrs);
+    } else {
+      dnnl_status_t status = dnnl_primitive_execute(prog.prims[i].get(), ctx.stream.get(),
+                                                    static_cast<int>(b.cargs.size()), b.cargs.data());
+      if (status != dnnl_success) {
+        TVM_FFI_THROW(RuntimeError) << s.label << ": oneDNN failed to execute (" << DnnlStatusName(status) << ")";
+      }
+    }
+    if (timed) {
+      const auto ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      prog.counters[i].calls.fetch_add(1, std::memory_order_relaxed);
+      prog.counters[i].nanos.fetch_add(ns, std::memory_order_relaxed);
+    }
+  }
+  dnnl_status_t status = dnnl_stream_wait(ctx.stream.get());
+  if (status != dnnl_success) {
+    TVM_FFI_THROW(RuntimeError) << plan_->where << ": oneDNN failed to wait for the stream ("
+                                << DnnlStatusName(status) << ")";
+  }
+}
+
+void Executor::FillWeights(PreparedWeights& store, const std::vector<const void*>& constants) {
+  const Plan& p = *plan_;
+  if (constants.size() != p.num_constants) {
+    TVM_FFI_THROW(InternalError) << p.where << ": FillWeights got " << constants.size() << " buffers for "
+                                 << p.num_constants << " constants";
+  }
+  const std::vector<bool> filled = store.Filled(p);
+  // A step whose weight another plan (or an earlier load) already filled is skipped; steps that
+  // complete no weight (a kernel's temps at init) always run.
+  std::vector<bool> skip(p.init_steps.size());
+  for (size_t i = 0; i < skip.size(); ++i) skip[i] = p.init_steps[i].writes >= 0 && filled[p.init_steps[i].writes];
+  OmpThreadsScope omp(p.threads);
+  // The init primitives and context live for this call only: they run once per set of constants.
+  std::unique_ptr<Context> ctx;
+  GuardDnnl(p.where, "allocate buffers or create a primitive", [&] {
+    init_->MakePrimitives(&skip);
+    ctx = MakeContext(*init_, p.init_scratch_bytes, /*with_private=*/false);
+  });
+  for (auto& [index, mem] : ctx->bindings) mem.set_data_handle(const_cast<void*>(constants[index]));
+  try {
+    RunProgram(*init_, *ctx, &skip);
+  } catch (...) {
+    init_->prims.assign(init_->prims.size(), dnnl::primitive());
+    throw;
+  }
+  init_->prims.assign(init_->prims.size(), dnnl::primitive());
+  std::vector<bool> done(p.shared.size(), false);
+  for (size_t i = 0; i < skip.size(); ++i) {
+    if (!skip[i] && p.init_steps[i].writes >= 0) done[p.init_steps[i].writes] = true;
+  }
+  store.MarkFilled(p, done);
+}
+
+void Executor::Run(const std::vector<void*>& buffers) {
+  if (buffers.size() != plan_->num_buffers()) {
+    TVM_FFI_THROW(InternalError) << plan_->where << ": Execute got " << buffers.size() << " buffers, expected "
+                                 << plan_->num_buffers();
+  }
+  std::unique_ptr<Context> ctx;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!pool_.empty()) {
+      ctx = std::move(pool_.back());
+      pool_.pop_back();
+    }
+  }
+  if (!ctx) {
+    contexts_created_.fetch_add(1);
+    ctx = MakeContext(*run_, plan_->run_scratch_bytes, /*with_private=*/true);
+  }
+  struct GiveBack {
+    Executor& e;
+    std::unique_ptr<Context>& ctx;
+    ~GiveBack() {
+      std::lock_guard<std::mutex> lock(e.pool_mu_);
+      e.pool_.push_back(std::move(ctx));
+    }
+  } give_back{*this, ctx};
+  for (auto& [index, mem] : ctx->bindings) mem.set_data_handle(buffers[index]);
+  OmpThreadsScope omp(plan_->threads);
+  ExecutionSlot slot(plan_->threads);
+  RunProgram(*run_, *ctx, nullptr);
+}
+
+std::vector<StepProfile> Executor::Profile() const {
+  std::vector<StepProfile> out;
+  for (const Program* prog : {init_.get(), run_.get()}) {
+    for (size_t i = 0; i < prog->steps->size(); ++i) {
+      const PlannedStep& s = (*prog->steps)[i];
+      StepProfile p{prog->phase, s.label, s.op, s.impl, s.layouts};
+      p.calls = prog->counters[i].calls.load();
+      p.seconds = static_cast<double>(prog->counters[i].nanos.load()) * 1e-9;
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+void Executor::ResetProfile() {
+  for (Program* prog : {init_.get(), run_.get()}) {
+    for (size_t i = 0; i < prog->steps->size(); ++i) {
+      prog->counters[i].calls = 0;
+      prog->counters[i].nanos = 0;
+    }
+  }
+}
+
+}  // namespace byoc_hetero

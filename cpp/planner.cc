@@ -1,0 +1,523 @@
+/*!
+ * \file planner.cc
+ * \brief The planner (see planner.h): layouts, slots, reorders, the arena.
+ *
+ * Every tensor of the region gets a ValueState:
+ *   storage     the slot its value lives in during a run, in storage_md (the producer's layout,
+ *               possibly blocked; plain for region inputs and constants);
+ *   plain       a slot holding the same value in plain row-major bytes (plain_md), when one
+ *               exists: region inputs/outputs (the caller's buffers), constants, intermediates
+ *               whose producer writes plain, or a plain copy made on demand.
+ * A consumer asks for (view, want).  The planner hands it the storage directly when the layouts
+ * agree, and otherwise inserts one reorder.  A value known at __init_ (a constant, or the output
+ * of a node whose inputs are all such values) is converted in the init program, once; everything
+ * else goes to the run program, in node order.
+ *
+ * A sum post-op (residual add) accumulates into the destination: the planner reuses the
+ * residual's own buffer as the destination when the residual is an intermediate in the same
+ * layout that no later node reads, and otherwise copies the residual into the destination first.
+ */
+#include "planner.h"
+
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
+#include "threading.h"
+
+namespace byoc_hetero {
+
+std::string DnnlStatusName(dnnl_status_t s) {
+  switch (s) {
+    case dnnl_out_of_memory:
+      return "out_of_memory";
+    case dnnl_invalid_arguments:
+      return "invalid_arguments";
+    case dnnl_unimplemented:
+      return "unimplemented";
+    case dnnl_runtime_error:
+      return "runtime_error";
+    default:
+      return "status " + std::to_string(static_cast<int>(s));
+  }
+}
+
+void ThrowDnnlError(const std::string& where, const char* action, const dnnl::error& e) {
+  TVM_FFI_THROW(RuntimeError) << where << ": oneDNN failed to " << action << ": " << e.what() << " ("
+                              << DnnlStatusName(e.status) << ")";
+  TVM_FFI_UNREACHABLE();
+}
+
+int64_t Plan::shared_bytes() const {
+  int64_t total = 0;
+  for (const SharedBuffer& b : shared) total += static_cast<int64_t>(b.bytes);
+  return total;
+}
+
+std::vector<std::string> Plan::Describe() const {
+  std::vector<std::string> lines;
+  for (const auto* steps : {&init_steps, &run_steps}) {
+    const char* phase = steps == &init_steps ? "init" : "run";
+    for (const PlannedStep& s : *steps) lines.push_back(std::string(phase) + " | " + s.label + " | " + s.impl + s.layouts);
+  }
+  return lines;
+}
+
+namespace {
+
+struct ValueState {
+  bool is_const = false;       // known at __init_
+  bool aliased = false;        // its storage slot is also another value's (reshape)
+  bool region_output = false;
+  int last_use = -1;           // last node reading it
+  int storage = -1;
+  memory::desc storage_md;
+  memory::desc plain_md;
+  int plain = -1;
+};
+
+/*! \brief A step and the shared buffer it completes (init program), before compilation. */
+struct Pending {
+  Step step;
+  int writes = -1;
+};
+
+/*! \brief " src=... wei=... dst=..." for a primitive, " in=... out=..." for a host step. */
+std::string StepLayouts(const PlannedStep& s) {
+  std::ostringstream os;
+  if (s.host) {
+    for (size_t k = 0; k < s.args.size(); ++k) {
+      os << (k + 1 == s.args.size() ? " out=" : " in=") << DescribeDesc(s.args[k].second.md);
+    }
+    return os.str();
+  }
+  const std::pair<int, const char*> names[] = {{DNNL_ARG_SRC, "src"},     {DNNL_ARG_SRC_1, "src1"},
+                                               {DNNL_ARG_WEIGHTS, "wei"}, {DNNL_ARG_BIAS, "bia"},
+                                               {DNNL_ARG_DST, "dst"}};
+  for (const auto& [arg, name] : names) {
+    for (const auto& [a, ref] : s.args) {
+      if (a == arg) os << " " << name << "=" << DescribeDesc(ref.md);
+    }
+  }
+  return os.str();
+}
+
+class Planner {
+ public:
+  Planner(const RegionGraph& g, const dnnl::engine& engine, Plan* plan)
+      : g_(g), engine_(engine), plan_(*plan) {}
+
+  void Run() {
+    plan_.where = g_.where();
+    plan_.symbol = g_.symbol;
+    plan_.num_constants = g_.constants.size();
+    for (int t : g_.outputs) plan_.output_shapes.push_back(g_.tensors[t].shape);
+
+    for (size_t i = 0; i < plan_.num_buffers(); ++i) run_arg_slot_.push_back(NewSlot(SlotKind::kRunArg, i));
+    for (size_t i = 0; i < g_.constants.size(); ++i) const_arg_slot_.push_back(NewSlot(SlotKind::kConstArg, i));
+    scratch_slot_ = NewSlot(SlotKind::kScratch, 0);
+
+    values_.resize(g_.tensors.size());
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      for (int t : g_.nodes[n].inputs) values_[t].last_use = static_cast<int>(n);
+    }
+    for (int t : g_.outputs) values_[t].region_output = true;
+    for (size_t i = 0; i < g_.inputs.size(); ++i) {
+      ValueState& v = values_[g_.inputs[i]];
+      v.plain_md = v.storage_md = PlainDesc(g_.tensors[g_.inputs[i]].shape);
+      v.storage = v.plain = run_arg_slot_[i];
+    }
+    for (size_t i = 0; i < g_.constants.size(); ++i) {
+      ValueState& v = values_[g_.constants[i].tensor];
+      v.is_const = true;
+      v.plain_md = v.storage_md = PlainDesc(g_.tensors[g_.constants[i].tensor].shape);
+      v.storage = v.plain = const_arg_slot_[i];
+    }
+
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      const NodeInfo& node = g_.nodes[n];
+      KernelBuilder builder = FindKernelBuilder(node.op);
+      if (builder == nullptr) {
+        std::string ops;
+        for (const auto& op : SupportedOps()) ops += (ops.empty() ? "" : ", ") + op;
+        TVM_FFI_THROW(ValueError) << g_.where() << ": field 'nodes[" << n << "].op': unknown op '"
+                                  << node.op << "' (supported: " << ops << ")";
+      }
+      KernelContext ctx{g_, n, engine_, {}, {}};
+      bool all_const = !node.inputs.empty();
+      for (int t : node.inputs) {
+        ctx.input_storage.push_back(values_[t].storage_md);
+        ctx.input_constant.push_back(values_[t].is_const);
+        all_const = all_const && values_[t].is_const;
+      }
+      std::unique_ptr<Kernel> kernel = GuardDnnl(g_.where(n), "create the primitive", [&] { return builder(ctx); });
+      if (kernel->inputs().size() != node.inputs.size()) {
+        TVM_FFI_THROW(InternalError) << g_.where(n) << ": kernel declared " << kernel->inputs().size()
+                                     << " operands for " << node.inputs.size() << " inputs";
+      }
+      const bool at_init = all_const && !values_[node.output].region_output;
+      node_where_ = g_.where(n);
+      GuardDnnl(g_.where(n), "set up buffers and reorders", [&] { PlanNode(n, *kernel, at_init); });
+    }
+    Compile(&init_, &plan_.init_steps, &plan_.init_scratch_bytes);
+    Compile(&run_, &plan_.run_steps, &plan_.run_scratch_bytes);
+    PlaceIntermediates();
+  }
+
+ private:
+  // ---- slots ---------------------------------------------------------------------------------
+  int NewSlot(SlotKind kind, size_t index) {
+    plan_.slots.push_back({kind, static_cast<int>(index)});
+    return static_cast<int>(plan_.slots.size()) - 1;
+  }
+  /*!
+   * \brief A slot for a value computed at init (a shared buffer named \p key) or per call (a
+   *        private buffer).  Asking twice for one key gives one buffer.
+   */
+  int OwnSlot(bool at_init, const memory::desc& md, const std::string& key) {
+    if (at_init) {
+      for (size_t s = 0; s < plan_.slots.size(); ++s) {
+        const Slot& slot = plan_.slots[s];
+        if (slot.kind == SlotKind::kShared && plan_.shared[slot.index].key == key) return static_cast<int>(s);
+      }
+      plan_.shared.push_back({md.get_size(), key, node_where_});
+      return NewSlot(SlotKind::kShared, plan_.shared.size() - 1);
+    }
+    size_t numel = 1;
+    for (auto d : md.get_dims()) numel *= static_cast<size_t>(d);
+    plan_.privates.push_back({md.get_size(), md.get_size() != numel * sizeof(float)});
+    return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
+  }
+  static std::string Key(int t, const memory::desc& view, const memory::desc& want,
+                         const std::string& transform = "") {
+    return "tensor " + std::to_string(t) + " " + DescribeDesc(view) + " -> " + DescribeDesc(want) +
+           (transform.empty() ? "" : " " + transform);
+  }
+  /*! \brief The shared buffer a slot is, or -1. */
+  int SharedIndex(int slot) const {
+    return plan_.slots[slot].kind == SlotKind::kShared ? plan_.slots[slot].index : -1;
+  }
+
+  Step MakeReorder(const MemRef& src, const MemRef& dst, const std::string& label) {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    Step step;
+    step.label = label;
+    step.pd = GuardDnnl(label, "create a reorder", [&] {
+      return dnnl::reorder::primitive_desc(engine_, src.md, engine_, dst.md, attr);
+    });
+    step.args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+    return step;
+  }
+  void Add(bool at_init, Step step, int writes_slot) {
+    if (at_init) {
+      init_.push_back({std::move(step), writes_slot >= 0 ? SharedIndex(writes_slot) : -1});
+    } else {
+      run_.push_back({std::move(step), -1});
+    }
+  }
+  void AddReorder(bool at_init, const MemRef& src, const MemRef& dst, const std::string& label) {
+    Add(at_init, MakeReorder(src, dst, label), dst.slot);
+  }
+
+  // ---- planning ------------------------------------------------------------------------------
+  /*!
+   * \brief A memory with layout.want holding tensor t, for node `consumer`.
+   * \param init_consumer The consumer runs in the init program: a constant's own data may be
+   *        handed over without a copy.
+   */
+  MemRef Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) {
+    for (const auto& e : resolved_) {
+      if (e.tensor == t && e.view == layout.view && e.want == layout.want &&
+          e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
+        return e.mem;
+      }
+    }
+    ValueState& v = values_[t];
+    const bool at_init = v.is_const;
+    if (layout.transform) {
+      // Another tensor computed from the plain value (at __init_ when the value is known then).
+      const MemRef src = Resolve(t, {layout.view, layout.view}, consumer, /*init_consumer=*/at_init);
+      const MemRef result{layout.want,
+                          OwnSlot(at_init, layout.want, Key(t, layout.view, layout.want, layout.transform_name))};
+      Step step;
+      step.host = layout.transform;
+      step.label = g_.where(consumer) + ": " + layout.transform_name + " from tensor " + std::to_string(t);
+      step.args = {{0, src}, {1, result}};
+      Add(at_init, std::move(step), result.slot);
+      resolved_.push_back({t, layout.view, layout.want, layout.transform_name, result, false});
+      return result;
+    }
+    const std::string label = g_.where(consumer) + ": reorder of tensor " + std::to_string(t) + " " +
+                              DescribeDesc(layout.view) + " -> " + DescribeDesc(layout.want);
+    if (layout.view.get_size() != v.plain_md.get_size()) {
+      TVM_FFI_THROW(InternalError) << g_.where(consumer) << ": kernel views tensor " << t << " as "
+                                   << DescribeDesc(layout.view) << ", which does not cover its "
+                                   << DescribeDesc(v.plain_md);
+    }
+    const std::string key = Key(t, layout.view, layout.want);
+    MemRef result;
+    bool init_only = false;
+    if (g_.roles[t] == TensorRole::kConstant) {
+      const MemRef src{layout.view, v.storage};
+      if (init_consumer && layout.want == layout.view) {
+        result = src;  // read in place during __init_
+        init_only = true;
+      } else {
+        result = {layout.want, OwnSlot(true, layout.want, key)};
+        AddReorder(true, src, result, label);
+      }
+    } else if (layout.view == v.plain_md && layout.want == v.storage_md) {
+      result = {v.storage_md, v.storage};  // zero-copy
+    } else if (layout.view == v.plain_md && v.plain < 0) {
+      result = {layout.want, OwnSlot(at_init, layout.want, key)};  // blocked -> other layout
+      AddReorder(at_init, {v.storage_md, v.storage}, result, label);
+    } else {
+      if (v.plain < 0) {
+        // The consumer reads the bytes differently (e.g. flattened): materialize plain bytes.
+        v.plain = OwnSlot(at_init, v.plain_md, Key(t, v.storage_md, v.plain_md));
+        AddReorder(at_init, {v.storage_md, v.storage}, {v.plain_md, v.plain},
+                   g_.where(consumer) + ": plain copy of tensor " + std::to_string(t));
+      }
+      const MemRef src{layout.view, v.plain};
+      if (layout.want == layout.view) {
+        result = src;
+      } else {
+        result = {layout.want, OwnSlot(at_init, layout.want, key)};
+        AddReorder(at_init, src, result, label);
+      }
+    }
+    resolved_.push_back({t, layout.view, layout.want, "", result, init_only});
+    return result;
+  }
+
+  int OutputPosition(int t) const {
+    for (size_t i = 0; i < g_.outputs.size(); ++i) {
+      if (g_.outputs[i] == t) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  /*!
+   * \brief Decide where node n's output lives; returns the memory the kernel writes.
+   * \param reuse A private slot the output may take over (a dying residual), or -1.
+   */
+  MemRef DefineOutput(size_t n, const OperandLayout& layout, bool at_init, int reuse, std::vector<Step>* trailing) {
+    const int t = g_.nodes[n].output;
+    ValueState& v = values_[t];
+    const memory::desc tensor_plain = PlainDesc(g_.tensors[t].shape);
+    if (layout.view.get_size() != tensor_plain.get_size()) {
+      TVM_FFI_THROW(InternalError) << g_.where(n) << ": kernel output view " << DescribeDesc(layout.view)
+                                   << " does not cover tensor " << t;
+    }
+    v.is_const = at_init;
+    v.plain_md = layout.view;
+    v.storage_md = layout.want;
+    const int out_pos = OutputPosition(t);
+    if (out_pos >= 0) {
+      const int user = run_arg_slot_[g_.inputs.size() + out_pos];
+      v.plain = user;
+      if (layout.want == layout.view) {
+        v.storage = user;  // the kernel writes straight into the caller's buffer
+      } else {
+        v.storage = reuse >= 0 ? reuse : OwnSlot(false, layout.want, "");
+        trailing->push_back(MakeReorder({layout.want, v.storage}, {layout.view, user},
+                                        g_.where(n) + ": output tensor " + std::to_string(t) + " " +
+                                            DescribeDesc(layout.want) + " -> plain"));
+      }
+    } else {
+      v.storage = reuse >= 0 ? reuse : OwnSlot(at_init, layout.want, Key(t, layout.view, layout.want));
+      if (layout.want == layout.view) v.plain = v.storage;
+    }
+    return {layout.want, v.storage};
+  }
+
+  /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
+  void PlanNode(size_t n, const Kernel& kernel, bool at_init) {
+    const NodeInfo& node = g_.nodes[n];
+    const int t_out = node.output;
+
+    if (kernel.alias_input() >= 0) {
+      const size_t k = static_cast<size_t>(kernel.alias_input());
+      const int t_in = node.inputs[k];
+      // Plain bytes of the input that outlive __init_ (never a constant's own data).
+      const MemRef src = Resolve(t_in, kernel.inputs()[k], n, /*init_consumer=*/false);
+      ValueState& v = values_[t_out];
+      v.is_const = values_[t_in].is_const;
+      v.plain_md = v.storage_md = kernel.output().view;
+      const int out_pos = OutputPosition(t_out);
+      if (out_pos >= 0) {
+        const int user = run_arg_slot_[g_.inputs.size() + out_pos];
+        AddReorder(false, {kernel.output().view, src.slot}, {kernel.output().view, user},
+                   g_.where(n) + ": output tensor " + std::to_string(t_out) + " copied out");
+        v.storage = v.plain = user;
+      } else {
+        v.storage = v.plain = src.slot;
+        v.aliased = values_[t_in].aliased = true;
+      }
+      return;
+    }
+
+    std::vector<MemRef> ins(node.inputs.size());
+    const int sum = kernel.sum_input();
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      if (static_cast<int>(k) == sum) continue;
+      ins[k] = Resolve(node.inputs[k], kernel.inputs()[k], n, at_init);
+    }
+    int reuse = -1;
+    int residual = -1;
+    if (sum >= 0) {
+      residual = node.inputs[sum];
+      const ValueState& r = values_[residual];
+      int reads = 0;
+      for (int in : node.inputs) reads += in == residual;
+      if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output &&
+          !r.aliased && r.last_use == static_cast<int>(n) && reads == 1 &&
+          plan_.slots[r.storage].kind == SlotKind::kPrivate && r.storage_md == kernel.output().want) {
+        reuse = r.storage;  // the residual dies here: accumulate into its own buffer
+      }
+    }
+    std::vector<Step> trailing;
+    const MemRef out = DefineOutput(n, kernel.output(), at_init, reuse, &trailing);
+    if (sum >= 0) {
+      if (out.slot != reuse || reuse < 0) {
+        const MemRef res = Resolve(residual, kernel.inputs()[sum], n, at_init);
+        AddReorder(at_init, res, out,
+                   g_.where(n) + ": residual tensor " + std::to_string(residual) + " copied into the output");
+      }
+      ins[sum] = out;
+    }
+    std::vector<MemRef> temps;
+    for (size_t k = 0; k < kernel.temps().size(); ++k) {
+      const memory::desc& md = kernel.temps()[k];
+      temps.push_back({md, OwnSlot(at_init, md, g_.where(n) + " temp " + std::to_string(k))});
+    }
+    std::vector<Step> steps = kernel.Bind(ins, out, temps);
+    // At init, the kernel's last step completes its output; earlier ones fill temps (always run).
+    for (size_t i = 0; i < steps.size(); ++i) Add(at_init, std::move(steps[i]), i + 1 == steps.size() ? out.slot : -1);
+    for (Step& s : trailing) Add(false, std::move(s), -1);
+  }
+
+  /*! \brief Steps -> planned steps: implementation names, layouts, scratchpad sizes. */
+  void Compile(std::vector<Pending>* pending, std::vector<PlannedStep>* out, size_t* scratch) {
+    for (Pending& p : *pending) {
+      PlannedStep s;
+      s.label = std::move(p.step.label);
+      s.op = std::move(p.step.op);
+      s.args = std::move(p.step.args);
+      s.writes = p.writes;
+      if (p.step.host) {
+        s.host = std::move(p.step.host);
+        s.impl = "host";
+      } else {
+        s.pd = std::move(p.step.pd);
+        s.impl = s.pd.impl_info_str();
+      }
+      s.layouts = StepLayouts(s);
+      if (!s.host) {
+        const memory::desc sp = s.pd.scratchpad_desc();
+        if (sp.get_size() > 0) {
+          *scratch = std::max(*scratch, sp.get_size());
+          s.args.emplace_back(DNNL_ARG_SCRATCHPAD, MemRef{sp, scratch_slot_});
+        }
+      }
+      out->push_back(std::move(s));
+    }
+    pending->clear();
+  }
+
+  /*!
+   * \brief Lay the private buffers out in one arena: buffers live from the first to the last
+   *        run step that uses them; two whose lifetimes overlap never overlap in memory.
+   *        Greedy, largest first, lowest offset that fits.
+   */
+  void PlaceIntermediates() {
+    std::vector<PrivateBuffer>& bufs = plan_.privates;
+    const size_t n = bufs.size();
+    const int forever = static_cast<int>(plan_.run_steps.size());
+    for (PrivateBuffer& b : bufs) b.first = forever + 1;
+    for (size_t i = 0; i < plan_.run_steps.size(); ++i) {
+      for (const auto& [arg, ref] : plan_.run_steps[i].args) {
+        const Slot& slot = plan_.slots[ref.slot];
+        if (slot.kind != SlotKind::kPrivate) continue;
+        bufs[slot.index].first = std::min(bufs[slot.index].first, static_cast<int>(i));
+        bufs[slot.index].last = std::max(bufs[slot.index].last, static_cast<int>(i));
+      }
+    }
+    for (PrivateBuffer& b : bufs) {
+      if (b.padded || b.last < 0) {  // padded: alone for the whole run
+        b.first = -1;
+        b.last = forever;
+      }
+    }
+    auto round_up = [](size_t b) { return (b + 63) / 64 * 64; };
+    std::vector<size_t> order(n);
+    for (size_t k = 0; k < n; ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bufs[a].bytes > bufs[b].bytes; });
+    std::vector<size_t> placed;
+    for (size_t k : order) {
+      const size_t size = round_up(bufs[k].bytes);
+      // intervals [offset, offset + size) taken by buffers alive at the same time
+      std::vector<std::pair<size_t, size_t>> taken;
+      for (size_t j : placed) {
+        if (bufs[j].first <= bufs[k].last && bufs[k].first <= bufs[j].last) {
+          taken.emplace_back(bufs[j].offset, bufs[j].offset + round_up(bufs[j].bytes));
+        }
+      }
+      std::sort(taken.begin(), taken.end());
+      size_t offset = 0;
+      for (const auto& [lo, hi] : taken) {
+        if (offset + size <= lo) break;
+        offset = std::max(offset, hi);
+      }
+      bufs[k].offset = offset;
+      plan_.arena_bytes = std::max(plan_.arena_bytes, offset + size);
+      placed.push_back(k);
+    }
+  }
+
+  struct Resolved {
+    int tensor;
+    memory::desc view, want;
+    std::string transform;
+    MemRef mem;
+    bool init_only;
+  };
+
+  const RegionGraph& g_;
+  const dnnl::engine& engine_;
+  Plan& plan_;
+  std::vector<int> run_arg_slot_, const_arg_slot_;
+  int scratch_slot_ = -1;
+  std::string node_where_;  // the node being planned
+  std::vector<ValueState> values_;
+  std::vector<Resolved> resolved_;
+  std::vector<Pending> init_, run_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest& request,
+                                     const dnnl::engine& engine) {
+  auto plan = std::make_shared<Plan>();
+  plan->threads = request.threads;
+  for (int t : graph.inputs) plan->input_shapes.push_back(graph.tensors[t].shape);
+  if (!request.input_shapes.empty()) {
+    // Symbolic shapes (a later version of the format) will plan other shapes; until then the
+    // kernels read the graph's shapes, so only those can be planned.
+    if (request.input_shapes != plan->input_shapes) {
+      std::string want, got;
+      for (const auto& s : plan->input_shapes) want += (want.empty() ? "" : ", ") + ShapeToString(s);
+      for (const auto& s : request.input_shapes) got += (got.empty() ? "" : ", ") + ShapeToString(s);
+      TVM_FFI_THROW(ValueError) << graph.where() << ": cannot plan input shapes (" << got
+                                << "): the region declares static shapes (" << want << ")";
+    }
+  }
+  OmpThreadsScope omp(plan->threads);  // oneDNN sizes some primitives for the threads at creation
+  Planner(graph, engine, plan.get()).Run();
+  return plan;
+}
+
+}  // namespace byoc_hetero

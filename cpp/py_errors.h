@@ -1,0 +1,30 @@
+/*!
+ * \file py_errors.h
+ * \brief How the pybind11 modules (_C, _bench) report tvm::ffi errors to Python.
+ */
+#ifndef BYOC_HETERO_PY_ERRORS_H_
+#define BYOC_HETERO_PY_ERRORS_H_
+
+#include <pybind11/pybind11.h>
+#include <tvm/ffi/error.h>
+
+namespace byoc_hetero {
+
+/*! \brief tvm::ffi ValueError -> Python ValueError, any other kind -> RuntimeError("<kind>: ..."). */
+inline void RegisterFfiErrorTranslator() {
+  pybind11::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tvm::ffi::Error& e) {
+      if (e.kind() == "ValueError") {
+        PyErr_SetString(PyExc_ValueError, e.message().c_str());
+      } else {
+        PyErr_SetString(PyExc_RuntimeError, (e.kind() + ": " + e.message()).c_str());
+      }
+    }
+  });
+}
+
+}  // namespace byoc_hetero
+
+#endif  // BYOC_HETERO_PY_ERRORS_H_
