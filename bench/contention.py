@@ -36,7 +36,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from run import LABELS, TOLERANCE, _env, _prepare, fmt_ms, machine, make_runner, wait_quiet  # noqa: E402
+from run import LABELS, TOLERANCE, Report, _env, _prepare, fmt_ms, machine, make_runner, wait_quiet  # noqa: E402
 
 LOADS = ("quiet", "twin", "busy")
 LOAD_LABELS = {"quiet": "quiet", "twin": "with a twin", "busy": "with a busy loop"}
@@ -269,11 +269,8 @@ def main(argv=None) -> int:
     for fw in frameworks:
         if split_variant(fw)[0] not in LABELS or fw.startswith("llvm"):
             ap.error(f"--frameworks: unknown framework {fw!r}, expected byoc, ort or torch (optionally @KEY=VALUE)")
-    report: list[str] = []
-
-    def out(line: str = "") -> None:
-        print(line, flush=True)
-        report.append(line)
+    report = Report()
+    out = report.out
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -320,9 +317,7 @@ def main(argv=None) -> int:
             if "package" in i:
                 out(f"{model}, {label(fw)}: from `{i['package']}`, thread adaptation {i['adaptation']}.")
     out(f"Load average at the end: {os.getloadavg()[0]:.2f}.")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(report) + "\n")
+    report.save(args.markdown)
     return 0
 
 

@@ -386,6 +386,22 @@ def machine() -> str:
             f"load average at start {os.getloadavg()[0]:.2f}")
 
 
+class Report:
+    """Lines printed as they come, kept to be saved as markdown (bench/run.py, bench/contention.py)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def out(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def save(self, path: str | None) -> None:
+        if path:
+            with open(path, "w") as f:
+                f.write("\n".join(self.lines) + "\n")
+
+
 def fmt_ms(s: float | None) -> str:
     if s is None:
         return "—"
@@ -428,11 +444,8 @@ def main(argv=None) -> int:
     models = args.models.split(",")
     thread_counts = [int(t) for t in args.threads.split(",")]
     frameworks = args.frameworks.split(",")
-    report: list[str] = []
-
-    def out(line: str = "") -> None:
-        print(line, flush=True)
-        report.append(line)
+    report = Report()
+    out = report.out
 
     out("# byoc-hetero benchmark")
     out()
@@ -582,9 +595,7 @@ def main(argv=None) -> int:
             out("Region: one dense layer [1,16] @ [16,16]. Overhead = what the module adds to the primitive: "
                 "argument checks, taking an execution context, the admission gate, binding pointers.")
             out()
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(report) + "\n")
+    report.save(args.markdown)
     return 0
 
 
