@@ -8,7 +8,6 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <tvm/ffi/error.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -91,8 +91,9 @@ constexpr int64_t kFirstProbeNs = 100'000'000;
 constexpr int64_t kMaxProbeNs = 2'000'000'000;
 // A watched call is contended when the kernel preempted one of the process's threads during it
 // (involuntary context switches) and the process got less than this share of threads x wall
-// CPU time.  Alone, oneDNN's threads work or spin through a call: about 100% (bench/CONTENTION.md,
-// cpu column); with a twin or a busy loop on 2 cores they get 40-70%.  The preemption condition
+// CPU time.  Alone, oneDNN's threads work or spin through a call: close to 100% (a quiet-ish
+// ResNet-18 call at 2 threads: 10 ms of CPU in 5.7 ms, 88%); with a twin or a busy loop on 2 cores
+// they got 10-30% (bench/CONTENTION.md, "before" rows: cpu / (2 x median)).  The preemption condition
 // keeps a passive OpenMP wait policy (threads sleeping at barriers, below 100% without any
 // contention) from reading as contention.
 constexpr double kContendedShare = 0.75;
@@ -136,11 +137,14 @@ int64_t IdleTicksOfOurCpus() {
   cpu_set_t mine;
   CPU_ZERO(&mine);
   if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return -1;
-  std::FILE* f = std::fopen("/proc/stat", "r");
-  if (f == nullptr) return -1;
+  struct Close {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, Close> f(std::fopen("/proc/stat", "r"));
+  if (!f) return -1;
   int64_t idle = 0;
   char line[512];
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
+  while (std::fgets(line, sizeof(line), f.get()) != nullptr) {
     if (std::strncmp(line, "cpu", 3) != 0) break;  // the cpu lines come first
     int cpu = -1;
     long long user, nice, system, idle_ticks, iowait;
@@ -150,7 +154,6 @@ int64_t IdleTicksOfOurCpus() {
       idle += idle_ticks + iowait;
     }
   }
-  std::fclose(f);
   return idle;
 }
 
