@@ -335,3 +335,25 @@ def test_adaptation_env(mode, tmp_path):
         assert out["plans"] == [[]] * len(out["plans"]) and out["reduced"] == 0
     else:
         assert out["plans"] == [[1]] * len(out["plans"]) and out["reduced"] >= 3
+
+
+def test_profiling_runs_the_modules_own_plan():
+    """While profiling is on, calls run the module's own plan, so its profile counts every call
+    even when contention (here forced) would have run them with fewer threads."""
+    mod, params = bh.models.small_convnet(batch=1)
+    with _module_threads(2):
+        ex = build(bh.partition(mod, params))
+    regions = region_modules(ex)
+    x = random_inputs(mod, params)
+    with _adaptation("reduced"):
+        for m in regions:
+            m["set_profiling"](True)
+        try:
+            run(ex, x)
+        finally:
+            for m in regions:
+                m["set_profiling"](False)
+        assert _C.adaptation_stats()["reduced"] == 0
+    assert _contention_plans(ex) == [[]] * len(regions)
+    for m in regions:
+        assert all(s["calls"] == 1 for s in json.loads(m["get_profile"]()) if s["phase"] == "run")
