@@ -30,6 +30,7 @@ const std::vector<EnumEntry<ActivationSpec>>& Activations() {
       {"abs", {algorithm::eltwise_abs, 0.f, 0.f, false}},
       {"negative", {algorithm::eltwise_linear, -1.f, 0.f, false}},
       {"square", {algorithm::eltwise_square, 0.f, 0.f, false}},
+      {"cube", {algorithm::eltwise_pow, 1.f, 3.f, false}},  // alpha * x^beta
   };
   return table;
 }
