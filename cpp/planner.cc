@@ -152,7 +152,20 @@ class Planner {
         ctx.input_constant.push_back(values_[t].is_const);
         all_const = all_const && values_[t].is_const;
       }
-      std::unique_ptr<Kernel> kernel = GuardDnnl(g_.where(n), "create the primitive", [&] { return builder(ctx); });
+      std::unique_ptr<Kernel> kernel;
+      try {
+        kernel = builder(ctx);
+      } catch (const dnnl::error& e) {
+        // A float32 kernel handed a non-float32 tensor fails in oneDNN first: say why.
+        for (int t : node.inputs) {
+          if (g_.tensors[t].dtype != DType::kFloat32) {
+            TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype "
+                                      << DTypeName(g_.tensors[t].dtype) << ", which this op does not read"
+                                      << " (it runs on float32 tensors)";
+          }
+        }
+        ThrowDnnlError(g_.where(n), "create the primitive", e);
+      }
       if (kernel->inputs().size() != node.inputs.size()) {
         TVM_FFI_THROW(InternalError) << g_.where(n) << ": kernel declared " << kernel->inputs().size()
                                      << " operands for " << node.inputs.size() << " inputs";

@@ -7,6 +7,7 @@ pow, and its eltwise pow takes a fixed exponent; other exponents, or a run-time 
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
@@ -20,8 +21,8 @@ POWERS = {2.0: "square", 3.0: "cube", 0.5: "sqrt", -0.5: "rsqrt"}
 
 def scalar_constant(expr: relax.Expr) -> float | None:
     """The value of a one-element constant, or None."""
-    if isinstance(expr, relax.Constant):
-        data = expr.data.numpy()
+    if isinstance(expr, tvm.ir.Constant):
+        data = expr.value.numpy()
         if data.size == 1:
             return float(data.reshape(()))
     return None
