@@ -14,9 +14,11 @@
 #include <tvm/ffi/reflection/registry.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "kernels/kernel.h"
 #include "region_graph.h"
 #include "compiled_region.h"
+#include "threading.h"
 
 namespace byoc_hetero {
 
@@ -100,7 +103,7 @@ class RegionModuleObj : public ffi::ModuleObj {
  public:
   explicit RegionModuleObj(std::string graph_json)
       : graph_json_(std::move(graph_json)), graph_(ParseRegionGraph(graph_json_)) {
-    plan_ = std::make_unique<CompiledRegion>(graph_);
+    plan_ = std::make_unique<CompiledRegion>(graph_, RegionThreads());
     for (const auto& c : graph_.constants) const_names_.push_back(c.name);
   }
 
@@ -133,17 +136,29 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
     }
     if (name == "get_runtime_info") {
-      // {"threads", "contexts", "shared_bytes", "context_bytes"}: how the module runs.
+      // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans"}: how the
+      // module runs; contention_plans: the thread counts of the plans made for contention.
       return ffi::Function::FromTyped([self, this]() {
+        ffi::json::Array contention_plans;
+        {
+          std::lock_guard<std::mutex> lock(fewer_mu_);
+          for (size_t n = 0; n < fewer_.size(); ++n) {
+            if (fewer_[n]) contention_plans.push_back(static_cast<int64_t>(n));
+          }
+        }
         ffi::json::Object info{{"threads", plan_->threads()},
                                {"contexts", plan_->contexts()},
                                {"shared_bytes", plan_->shared_bytes()},
-                               {"context_bytes", plan_->context_bytes()}};
+                               {"context_bytes", plan_->context_bytes()},
+                               {"contention_plans", contention_plans}};
         return ffi::json::Stringify(info);
       });
     }
     if (name == "set_profiling") {
-      return ffi::Function::FromTyped([self, this](bool on) { plan_->SetProfiling(on); });
+      return ffi::Function::FromTyped([self, this](bool on) {
+        profiling_ = on;
+        plan_->SetProfiling(on);
+      });
     }
     if (name == "reset_profile") {
       return ffi::Function::FromTyped([self, this]() { plan_->ResetProfile(); });
@@ -201,7 +216,36 @@ class RegionModuleObj : public ffi::ModuleObj {
       }
       buffers[i] = CheckTensor(**dl, graph_.tensors[t], what.str());
     }
-    plan_->Execute(buffers);
+    if (profiling_.load(std::memory_order_relaxed)) {
+      // A profile counts the steps of the module's own plan: while profiling, every call runs it.
+      plan_->Execute(buffers);
+      return;
+    }
+    // Calls shorter than 200 us are watched one in 16: two getrusage (about 1 us each) would
+    // be a visible share of them, and the level they read is shared with the longer calls.
+    const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
+                       calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
+    AdaptiveCall call(plan_->threads(), watch);
+    (call.threads() == plan_->threads() ? *plan_ : PlanWithFewer(call.threads())).Execute(buffers);
+    last_call_ns_.store(static_cast<int64_t>(call.elapsed() * 1e9), std::memory_order_relaxed);
+  }
+
+  /*!
+   * \brief The plan made for `threads` (< the module's count), made and filled on first need.
+   *        oneDNN's OpenMP primitives fix their thread split at creation and ask the OpenMP
+   *        runtime for exactly that many threads (num_threads clause), so running the module's
+   *        primitives under omp_set_num_threads(1) would still start a team; fewer threads need
+   *        primitives (and possibly weight layouts) of their own.
+   */
+  CompiledRegion& PlanWithFewer(int threads) {
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    if (fewer_.size() <= static_cast<size_t>(threads)) fewer_.resize(threads + 1);
+    if (!fewer_[threads]) {
+      auto plan = std::make_unique<CompiledRegion>(graph_, threads);
+      if (!const_data_.empty()) plan->LoadConstants(const_data_);
+      fewer_[threads] = std::move(plan);
+    }
+    return *fewer_[threads];
   }
 
   void Init(const ffi::PackedArgs& args) {
@@ -231,6 +275,14 @@ class RegionModuleObj : public ffi::ModuleObj {
       data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], what));
     }
     plan_->LoadConstants(data);
+    // Kept for the plans made later for fewer threads: the tensors belong to the module's constant
+    // loader and live as long as it; holding them costs no copy.
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    consts_ = *consts;
+    const_data_ = data;
+    for (auto& plan : fewer_) {
+      if (plan) plan->LoadConstants(data);
+    }
   }
 
   std::string NameList() const {
@@ -243,6 +295,15 @@ class RegionModuleObj : public ffi::ModuleObj {
   RegionGraph graph_;
   std::unique_ptr<CompiledRegion> plan_;
   ffi::Array<ffi::String> const_names_;
+  // Contention (threading.h): plans for fewer threads, by thread count, and the constants that
+  // fill them.
+  std::mutex fewer_mu_;
+  std::vector<std::unique_ptr<CompiledRegion>> fewer_;
+  ffi::Array<ffi::Tensor> consts_;
+  std::vector<const void*> const_data_;
+  std::atomic<int64_t> last_call_ns_{0};
+  std::atomic<uint32_t> calls_{0};
+  std::atomic<bool> profiling_{false};
 };
 
 }  // namespace

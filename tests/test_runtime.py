@@ -177,7 +177,8 @@ def test_extension_info():
     assert _C.onednn_version().startswith("3.")
     assert isinstance(_C.isa(), str) and _C.isa()
     ops = sorted(["conv2d", "dense", "matmul", "pool2d", "eltwise", "binary", "softmax", "reshape",
-                  "bn_fold_weight", "bn_fold_bias", "take", "cast", "compare", "where", "unary"])  # each kernels/<op>.cc registers itself
+                  "bn_fold_weight", "bn_fold_bias", "take", "cast", "compare", "where", "unary",
+                  "concat", "permute", "slice"])  # each kernels/<op>.cc registers itself
     assert _C.kernels() == ops
     assert list(tvm.get_global_func("byoc_hetero.runtime.supported_ops")()) == ops
 

@@ -149,7 +149,9 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   const memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
 
   // MakeAttr puts the sum post-op only with residual; a sub swap uses act then post_act.
-  dnnl::primitive_attr attr = ctx.MakeAttr(Epilogue{post.act, false, {}});
+  Epilogue first;
+  first.act = post.act;
+  dnnl::primitive_attr attr = ctx.MakeAttr(first);
   if (!post.post_act.none()) {
     dnnl::post_ops ops = attr.get_post_ops();
     ops.append_eltwise(post.post_act.alg, post.post_act.alpha, post.post_act.beta);
