@@ -150,3 +150,37 @@ def test_folded_model_is_standard_onnx_and_computes_the_same(zoo, name):
     want = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"]).run(None, feed)[0]
     got = ort.InferenceSession(folded.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, feed)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(want))))
+
+
+@pytest.mark.skipif(not HAS_ORT, reason="needs onnxruntime (the reference)")
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("kernel,stride,dilation", [((3, 4), (2, 1), (1, 1)), ((2, 5), (3, 2), (1, 1)), ((1, 1), (2, 2), (1, 1))])
+def test_same_auto_pad_conv_becomes_explicit_pads(mode, kernel, stride, dilation):
+    """A SAME conv imports with its padding as the conv's own attribute (no separate pad) and computes what
+    ONNX Runtime computes for the original model: odd totals, even kernels and strides included (ORT refuses
+    SAME with dilation, so no dilated case)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from byoc_hetero.frontends import _explicit_same_pads
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 7, 9)).astype("float32")
+    w = rng.standard_normal((4, 3, *kernel)).astype("float32")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad=mode, strides=list(stride), dilations=list(dilation))
+    out = [1, 4, *(-(-n // s) for n, s in zip(x.shape[2:], stride))]  # SAME: ceil(input / stride)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    conv = next(n for n in _explicit_same_pads(model).graph.node if n.op_type == "Conv")
+    assert "auto_pad" not in {a.name for a in conv.attribute} and "pads" in {a.name for a in conv.attribute}
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    mod, params = bh.from_onnx(model)
+    assert "pad" not in str(mod["main"]).replace("padding", ""), mod["main"]
+    part = bh.partition(mod, params)
+    got = _run(part, [torch.from_numpy(x)])
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
