@@ -33,16 +33,10 @@ void CastAll(const void* src, void* dst, int64_t n) {
 
 template <typename From>
 HostFn CastFrom(DType to, int64_t n) {
-  switch (to) {
-    case DType::kFloat32:
-      return [n](const std::vector<void*>& p) { CastAll<From, float>(p[0], p[1], n); };
-    case DType::kInt64:
-      return [n](const std::vector<void*>& p) { CastAll<From, int64_t>(p[0], p[1], n); };
-    case DType::kInt32:
-      return [n](const std::vector<void*>& p) { CastAll<From, int32_t>(p[0], p[1], n); };
-    default:
-      return [n](const std::vector<void*>& p) { CastAll<From, uint8_t>(p[0], p[1], n); };
-  }
+  return VisitDType(to, [n](auto to_type) -> HostFn {
+    using To = decltype(to_type);
+    return [n](const std::vector<void*>& p) { CastAll<From, To>(p[0], p[1], n); };
+  });
 }
 
 }  // namespace
@@ -58,21 +52,7 @@ static std::unique_ptr<Kernel> BuildCast(const KernelContext& ctx) {
              " is not run (out-of-range values have no defined result)");
   }
   const int64_t n = ctx.input(0).numel();
-  HostFn fn;
-  switch (from) {
-    case DType::kFloat32:
-      fn = CastFrom<float>(to, n);
-      break;
-    case DType::kInt64:
-      fn = CastFrom<int64_t>(to, n);
-      break;
-    case DType::kInt32:
-      fn = CastFrom<int32_t>(to, n);
-      break;
-    default:
-      fn = CastFrom<uint8_t>(to, n);
-      break;
-  }
+  HostFn fn = VisitDType(from, [&](auto from_type) { return CastFrom<decltype(from_type)>(to, n); });
   return std::make_unique<HostKernel>(ctx.where(), "cast", std::move(fn),
                                       std::vector<memory::desc>{PlainDescOf(ctx.input(0))},
                                       PlainDescOf(ctx.output()));

@@ -56,6 +56,24 @@ memory::desc PlainDesc(const memory::dims& dims);
  *        kernels, never by a primitive or a reorder).
  */
 memory::desc PlainDescOf(const TensorInfo& tensor);
+
+/*!
+ * \brief Calls f(T{}) with T the C++ element type of \p dtype (float, int64_t, int32_t, or uint8_t for
+ *        bool): the one switch over dtypes that host kernels templated on the element type share.
+ */
+template <typename F>
+decltype(auto) VisitDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f(float{});
+    case DType::kInt64:
+      return f(int64_t{});
+    case DType::kInt32:
+      return f(int32_t{});
+    default:
+      return f(uint8_t{});
+  }
+}
 /*! \brief Float32 descriptor with explicit strides (in elements). */
 memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides);
 /*! \brief Descriptor letting oneDNN choose the layout (float32 unless \p dt says otherwise). */

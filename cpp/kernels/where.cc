@@ -71,21 +71,7 @@ static std::unique_ptr<Kernel> BuildCompare(const KernelContext& ctx) {
   if (ctx.output().dtype != DType::kBool) ctx.Fail("the output must be bool");
   const std::vector<int64_t> out = CheckBroadcast(ctx);
   BroadcastRows walk({ctx.input(0).shape, ctx.input(1).shape}, out);
-  HostFn fn;
-  switch (type) {
-    case DType::kFloat32:
-      fn = CompareFn<float>(alg, walk);
-      break;
-    case DType::kInt64:
-      fn = CompareFn<int64_t>(alg, walk);
-      break;
-    case DType::kInt32:
-      fn = CompareFn<int32_t>(alg, walk);
-      break;
-    default:
-      fn = CompareFn<uint8_t>(alg, walk);
-      break;
-  }
+  HostFn fn = VisitDType(type, [&](auto elem) { return CompareFn<decltype(elem)>(alg, walk); });
   return std::make_unique<HostKernel>(ctx.where(), "compare", std::move(fn),
                                       std::vector<memory::desc>{PlainDescOf(ctx.input(0)), PlainDescOf(ctx.input(1))},
                                       PlainDescOf(ctx.output()));
