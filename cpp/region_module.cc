@@ -62,10 +62,10 @@ std::string ShapeOf(const DLTensor& t) {
 }
 
 /*!
- * \brief Check that t is a CPU float32 compact row-major tensor of the given shape and return
- *        its data address.  \p what names the argument in messages.
+ * \brief Check that t is a CPU float32 compact row-major tensor of the given shape (any shape when
+ *        null) and return its data address.  \p what names the argument in messages.
  */
-void* CheckTensor(const DLTensor& t, const std::vector<int64_t>& shape, const std::string& what) {
+void* CheckTensor(const DLTensor& t, const std::vector<int64_t>* shape, const std::string& what) {
   auto fail = [&](const std::string& expected, const std::string& got) {
     TVM_FFI_THROW(ValueError) << what << ": expected " << expected << ", got " << got;
   };
@@ -73,9 +73,10 @@ void* CheckTensor(const DLTensor& t, const std::vector<int64_t>& shape, const st
   if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
     fail("dtype float32", "dtype " + std::string(ffi::DLDataTypeToString(t.dtype)));
   }
-  if (t.ndim != static_cast<int>(shape.size()) ||
-      !std::equal(shape.begin(), shape.end(), t.shape)) {
-    fail("shape " + ShapeToString(shape), "shape " + ShapeOf(t));
+  // A symbolic region's shapes (shape == nullptr) are checked when they bind its symbols.
+  if (shape != nullptr && (t.ndim != static_cast<int>(shape->size()) ||
+                           !std::equal(shape->begin(), shape->end(), t.shape))) {
+    fail("shape " + ShapeToString(*shape), "shape " + ShapeOf(t));
   }
   if (!ffi::IsContiguous(t)) {
     fail("compact row-major strides",
@@ -130,12 +131,25 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
     }
     if (name == "get_runtime_info") {
-      // {"threads", "contexts", "shared_bytes", "context_bytes"}: how the module runs.
+      // {"threads", "contexts", "shared_bytes", "context_bytes", "symbols", "plans",
+      //  "plans_made", "plan_cache_limit", "bindings"}: how the module runs.
       return ffi::Function::FromTyped([self, this]() {
+        ffi::json::Array symbols, bindings;
+        for (const auto& name : graph_.symbols) symbols.push_back(name);
+        for (const auto& key : plan_->cached_bindings()) {
+          ffi::json::Array values;
+          for (int64_t v : key) values.push_back(v);
+          bindings.push_back(values);
+        }
         ffi::json::Object info{{"threads", plan_->threads()},
                                {"contexts", plan_->contexts()},
                                {"shared_bytes", plan_->shared_bytes()},
-                               {"context_bytes", plan_->context_bytes()}};
+                               {"context_bytes", plan_->context_bytes()},
+                               {"symbols", symbols},
+                               {"plans", plan_->plans()},
+                               {"plans_made", plan_->plans_made()},
+                               {"plan_cache_limit", PlanCacheLimit()},
+                               {"bindings", bindings}};
         return ffi::json::Stringify(info);
       });
     }
@@ -185,6 +199,7 @@ class RegionModuleObj : public ffi::ModuleObj {
                                 << " outputs), got " << args.size();
     }
     std::vector<void*> buffers(num_in + num_out);
+    std::vector<std::vector<int64_t>> shapes(num_in + num_out);
     for (size_t i = 0; i < buffers.size(); ++i) {
       const bool is_input = i < num_in;
       const int t = is_input ? graph_.inputs[i] : graph_.outputs[i - num_in];
@@ -196,9 +211,11 @@ class RegionModuleObj : public ffi::ModuleObj {
         TVM_FFI_THROW(ValueError) << what.str() << ": expected a Tensor, got "
                                   << args[i].GetTypeKey();
       }
-      buffers[i] = CheckTensor(**dl, graph_.tensors[t].shape, what.str());
+      const DLTensor& tensor = **dl;
+      buffers[i] = CheckTensor(tensor, graph_.symbolic() ? nullptr : &graph_.tensors[t].shape, what.str());
+      shapes[i].assign(tensor.shape, tensor.shape + tensor.ndim);
     }
-    plan_->Execute(buffers);
+    plan_->Execute(buffers, shapes);
   }
 
   void Init(const ffi::PackedArgs& args) {
@@ -225,9 +242,11 @@ class RegionModuleObj : public ffi::ModuleObj {
       std::string what = graph_.where() + ": " + fn + " constant " + std::to_string(i) + " ('" +
                          c.name + "', tensor " + std::to_string(c.tensor) + ")";
       if (!tensor.defined()) TVM_FFI_THROW(ValueError) << what << ": expected a Tensor, got None";
-      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor].shape, what));
+      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), &graph_.tensors[c.tensor].shape, what));
     }
-    plan_->LoadConstants(data);
+    // The tensors are kept (a reference, no copy; TVM's const loader holds them too): plans made
+    // later, at new shapes of a symbolic region, prepare their weights from them.
+    plan_->LoadConstants(data, std::make_shared<ffi::Array<ffi::Tensor>>(*consts));
   }
 
   std::string NameList() const {
