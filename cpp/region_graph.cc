@@ -525,6 +525,19 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
     }
     g.outputs.push_back(id);
   }
+  // Shape arguments: positions among the inputs and themselves, where the VM passes a shape.
+  if (doc.Has("shape_args")) {
+    std::vector<int64_t> positions = doc.IntArray("shape_args");
+    const int64_t leading = static_cast<int64_t>(g.inputs.size() + positions.size());
+    for (size_t i = 0; i < positions.size(); ++i) {
+      if (positions[i] < 0 || positions[i] >= leading || (i > 0 && positions[i] <= positions[i - 1])) {
+        doc.Fail("shape_args[" + std::to_string(i) + "]",
+                 "expected ascending positions in [0, " + std::to_string(leading) + "), got " +
+                     std::to_string(positions[i]));
+      }
+      g.shape_args.push_back(static_cast<int>(positions[i]));
+    }
+  }
   // Every symbol must be a bare dim of an argument, so that a call's shapes bind it.
   std::vector<bool> bound(g.symbols.size(), false);
   for (const std::vector<int>* ids : {&g.inputs, &g.outputs}) {
@@ -605,6 +618,7 @@ std::vector<int64_t> RegionGraph::BindSymbols(const std::vector<std::vector<int6
 
 RegionGraph RegionGraph::Bound(const std::vector<int64_t>& values, int64_t max_bytes) const {
   RegionGraph g = *this;
+  g.symbols.clear();
   int64_t total_bytes = 0;
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     TensorInfo& info = g.tensors[t];
@@ -616,6 +630,7 @@ RegionGraph RegionGraph::Bound(const std::vector<int64_t>& values, int64_t max_b
           ThrowInputError(where() + ": tensor " + std::to_string(t) + " of shape " + tensors[t].Describe() +
                           " at " + DescribeBinding(values) + ": " + error);
         }
+        info.dims[d] = DimExpr();  // the bound graph is static
         if (info.shape[d] < 1) {
           ThrowInputError(where() + ": tensor " + std::to_string(t) + " of shape " + tensors[t].Describe() +
                           " has dim " + std::to_string(d) + " = " + std::to_string(info.shape[d]) + " at " +

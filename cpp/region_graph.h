@@ -78,6 +78,8 @@ struct RegionGraph {
   std::vector<NodeInfo> nodes;
   /*! \brief Symbol names, in order of first appearance; empty when every shape is static. */
   std::vector<std::string> symbols;
+  /*! \brief Positions among a call's leading arguments of shape values (ignored), ascending. */
+  std::vector<int> shape_args;
 
   // Derived by the parser.
   std::vector<TensorRole> roles;  // per tensor

@@ -193,23 +193,28 @@ class RegionModuleObj : public ffi::ModuleObj {
  private:
   void Run(const ffi::PackedArgs& args) {
     const size_t num_in = graph_.inputs.size(), num_out = graph_.outputs.size();
-    if (static_cast<size_t>(args.size()) != num_in + num_out) {
-      TVM_FFI_THROW(ValueError) << graph_.where() << ": expected " << num_in + num_out
-                                << " arguments (" << num_in << " inputs then " << num_out
-                                << " outputs), got " << args.size();
+    const size_t num_shape = graph_.shape_args.size();
+    if (static_cast<size_t>(args.size()) != num_in + num_shape + num_out) {
+      TVM_FFI_THROW(ValueError) << graph_.where() << ": expected " << num_in + num_shape + num_out
+                                << " arguments (" << num_in << " inputs"
+                                << (num_shape ? " and " + std::to_string(num_shape) + " shapes" : "")
+                                << " then " << num_out << " outputs), got " << args.size();
     }
     std::vector<void*> buffers(num_in + num_out);
     std::vector<std::vector<int64_t>> shapes(num_in + num_out);
-    for (size_t i = 0; i < buffers.size(); ++i) {
+    size_t arg = 0;
+    for (size_t i = 0; i < buffers.size(); ++i, ++arg) {
+      // Shape values (a reshape's symbolic target) are skipped: the tensors bind the symbols.
+      for (int p : graph_.shape_args) arg += static_cast<size_t>(p) == arg;
       const bool is_input = i < num_in;
       const int t = is_input ? graph_.inputs[i] : graph_.outputs[i - num_in];
       std::ostringstream what;
-      what << graph_.where() << ": argument " << i << " (" << (is_input ? "input " : "output ")
+      what << graph_.where() << ": argument " << arg << " (" << (is_input ? "input " : "output ")
            << (is_input ? i : i - num_in) << ", tensor " << t << ")";
-      std::optional<DLTensor*> dl = args[i].try_cast<DLTensor*>();
+      std::optional<DLTensor*> dl = args[arg].try_cast<DLTensor*>();
       if (!dl.has_value() || *dl == nullptr) {
         TVM_FFI_THROW(ValueError) << what.str() << ": expected a Tensor, got "
-                                  << args[i].GetTypeKey();
+                                  << args[arg].GetTypeKey();
       }
       const DLTensor& tensor = **dl;
       buffers[i] = CheckTensor(tensor, graph_.symbolic() ? nullptr : &graph_.tensors[t].shape, what.str());

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ...._relax import static_shape
+from ...._relax import shape_of
 from ....rules import Match
 from ..epilogue import fuse_add
 from ..precision import tensor_reason
@@ -25,14 +25,15 @@ def check_binary(match: Match) -> str | None:
     """add / multiply with broadcasting where one operand already has the output's shape."""
     call = match.expr("binary")
     for i, arg in enumerate(call.args[:2]):
-        reason = tensor_reason(arg, f"operand {i}")
+        reason = tensor_reason(arg, f"operand {i}", symbolic=True)
         if reason:
             return reason
-    reason = tensor_reason(call, "result")
+    reason = tensor_reason(call, "result", symbolic=True)
     if reason:
         return reason
-    out = static_shape(call)
-    shapes = [static_shape(arg) for arg in call.args[:2]]
+    # symbolic dims compare by their expression: the full operand has the output's very dims
+    out = shape_of(call)
+    shapes = [shape_of(arg) for arg in call.args[:2]]
     if not any(s == out for s in shapes):
         return (
             f"neither operand of shapes {[list(s) for s in shapes]} has the output shape "
