@@ -36,14 +36,13 @@ std::atomic<int>& PlanCacheLimitRef() {
   return limit;
 }
 
-/*! \brief Physical memory: no binding may need more for its tensors (one arena of them). */
+}  // namespace
+
 int64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return INT64_MAX;
   return static_cast<int64_t>(pages) * static_cast<int64_t>(page);
 }
-
-}  // namespace
 
 int PlanCacheLimit() { return PlanCacheLimitRef().load(); }
 

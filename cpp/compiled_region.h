@@ -39,6 +39,9 @@ int PlanCacheLimit();
 /*! \brief Change the limit (>= 1) for every module, from its next new shape on. */
 void SetPlanCacheLimit(int n);
 
+/*! \brief Bytes of physical memory: the most a binding's tensors may need (else InputError). */
+int64_t PhysicalMemoryBytes();
+
 class CompiledRegion {
  public:
   /*!

@@ -100,6 +100,7 @@ byoc_hetero::PlanRequest Request(const std::optional<std::vector<std::vector<int
   byoc_hetero::PlanRequest request;
   if (input_shapes) request.input_shapes = *input_shapes;
   request.threads = threads ? *threads : byoc_hetero::RegionThreads();
+  request.max_bytes = byoc_hetero::PhysicalMemoryBytes();
   if (request.threads < 1) throw py::value_error("threads must be >= 1");
   return request;
 }
