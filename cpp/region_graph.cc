@@ -238,7 +238,7 @@ class DimParser {
     return Error(std::string("unexpected '") + c + "'");
   }
 
-  const std::string& text_;
+  const std::string text_;  // a copy: callers pass temporaries
   std::vector<std::string>* symbols_;
   std::vector<DimExpr::Token>* rpn_ = nullptr;
   size_t pos_ = 0;
