@@ -389,7 +389,7 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
       DimExpr expr;
       if (v.type_index() == ffi::TypeIndex::kTVMFFIInt) {
         const int64_t n = v.cast<int64_t>();
-        if (n < 1) t.Fail(field, "dims must be >= 1, got " + std::to_string(n));
+        if (n < 1) t.Fail("shape", "dim " + std::to_string(d) + " must be >= 1, got " + Render(Any(dims)));
         info.shape.push_back(n);
       } else if (auto text = v.as<ffi::String>(); text.has_value()) {
         if (version < 2) {
