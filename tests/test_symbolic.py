@@ -316,3 +316,33 @@ def test_merge_composite_functions_failure_is_no_crash():
     report = str(bh.report(part))
     assert "MergeCompositeFunctions cannot group the composites of main" in report
     assert "memo-ized group" in report
+
+
+def test_cli_on_a_dynamic_file(cnn_onnx, tmp_path):
+    """report shows N by name; run and bench take the batch from the input file."""
+    import subprocess
+    import sys
+
+    ort = pytest.importorskip("onnxruntime")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "byoc_hetero", *map(str, args)], capture_output=True,
+                              text=True, timeout=600)
+
+    out = cli("report", cnn_onnx)
+    assert out.returncode == 0, out.stderr
+    assert "float32[N, 3, 32, 32]" in out.stdout
+    x = np.random.default_rng(3).standard_normal((5, 3, 32, 32)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    out = cli("run", cnn_onnx, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy")
+    assert out.returncode == 0, out.stderr
+    want = ort.InferenceSession(str(cnn_onnx)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-4)
+    out = cli("bench", cnn_onnx, "--repeat", "2", "--input", tmp_path / "x.npy")
+    assert out.returncode == 0, out.stderr
+    assert "speed-up" in out.stdout
+    out = cli("bench", cnn_onnx, "--repeat", "2")
+    assert out.returncode == 2 and "symbolic input dims (N)" in out.stderr
+    np.save(tmp_path / "bad.npy", x[:, :, :, :8])
+    out = cli("run", cnn_onnx, "--input", tmp_path / "bad.npy")
+    assert out.returncode == 2 and "expected shape [N, 3, 32, 32]" in out.stderr
