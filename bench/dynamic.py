@@ -36,30 +36,18 @@ from byoc_hetero.timing import build  # noqa: E402
 
 def _models(tmp: Path):
     import torch
-    from torch import nn
-
-    class CNN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c1, self.b1 = nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32)
-            self.c2 = nn.Conv2d(32, 64, 3, stride=2, padding=1)
-            self.fc = nn.Linear(64, 10)
-
-        def forward(self, x):
-            x = torch.nn.functional.max_pool2d(torch.relu(self.c2(torch.relu(self.b1(self.c1(x))))), 2)
-            return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_symbolic import SmallBert  # the BERT-like model the tests check
+    from test_symbolic import SmallBert, SmallCNN  # the models the tests check
 
     torch.manual_seed(0)
-    cnn, bert = CNN().eval(), SmallBert().eval()
+    cnn, bert = SmallCNN().eval(), SmallBert().eval()
     out = {}
     for name, model, example, axes in (("cnn", cnn, torch.randn(2, 3, 32, 32), {0: "N"}),
                                        ("bert", bert, torch.randn(2, 16, 64), {0: "B", 1: "S"})):
         path = tmp / f"{name}.onnx"
         torch.onnx.export(model, (example,), str(path), input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": axes, "y": {0: axes[0]}}, dynamo=False, opset_version=17)
+                          dynamic_axes={"x": axes, "y": axes}, dynamo=False, opset_version=17)
         out[name] = path
     return out
 
