@@ -56,20 +56,18 @@ CompiledRegion::CompiledRegion(const RegionGraph& graph)
       max_bytes_(PhysicalMemoryBytes()) {
   ready_ = graph.constants.empty();
   if (!graph.symbolic()) {
-    std::shared_ptr<Entry> entry = MakeEntry({}, {});
-    cache_.push_front(std::move(entry));
+    cache_.push_front(MakeEntry({}, PlanFor({}, {})));
   }
 }
 
-std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(
-    const std::vector<int64_t>& key, const std::vector<std::vector<int64_t>>& input_shapes) {
+std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<int64_t>& key,
+                                                    const std::vector<std::vector<int64_t>>& input_shapes) const {
   PlanRequest request;
   request.threads = threads_;
   request.input_shapes = input_shapes;
   request.max_bytes = max_bytes_;
-  std::shared_ptr<const Plan> plan;
   try {
-    plan = MakePlan(graph_, request, engine_);
+    return MakePlan(graph_, request, engine_);
   } catch (const tvm::ffi::Error& e) {
     // At a binding of a symbolic region, an op that rejects the shapes (a window larger than the
     // input) is a problem of the call's inputs, not of the region.
@@ -78,9 +76,13 @@ std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(
     }
     throw;
   }
+}
+
+std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(const std::vector<int64_t>& key,
+                                                                 std::shared_ptr<const Plan> plan) {
   auto entry = std::make_shared<Entry>();
   entry->key = key;
-  std::vector<void*> weights = weights_.Reserve(*plan);
+  std::vector<void*> weights = weights_.Reserve(*plan);  // the caller holds consts_mu_ exclusively
   entry->executor = std::make_shared<Executor>(std::move(plan), engine_, std::move(weights));
   entry->executor->SetProfiling(profiling_);
   ++plans_made_;
@@ -135,17 +137,19 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
         return;
       }
     }
-    // A new binding (or a plan whose weights predate the constants): plan it, then prepare its
-    // weights with the calls held, as __init_ does.
-    std::shared_ptr<Entry> made;
+    // A new binding (or a plan whose weights predate the constants): plan it (no lock: planning
+    // reads only the graph), then reserve and prepare its weights with the calls held, as
+    // __init_ does.
+    std::shared_ptr<const Plan> plan;
     if (!Find(key)) {
       std::vector<std::vector<int64_t>> input_shapes(arg_shapes.begin(), arg_shapes.begin() + graph_.inputs.size());
-      made = MakeEntry(key, input_shapes);
+      plan = PlanFor(key, input_shapes);
     }
     std::unique_lock<std::shared_mutex> lock(consts_mu_);
     std::shared_ptr<Entry> entry = Find(key);
     if (!entry) {
-      if (!made) continue;  // evicted meanwhile: plan again
+      if (!plan) continue;  // evicted meanwhile: plan again
+      std::shared_ptr<Entry> made = MakeEntry(key, std::move(plan));
       std::lock_guard<std::mutex> cache_lock(cache_mu_);
       cache_.push_front(made);
       const size_t limit = static_cast<size_t>(std::max(1, PlanCacheLimit()));

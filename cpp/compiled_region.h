@@ -92,8 +92,11 @@ class CompiledRegion {
     int64_t generation = -1;   // constants generation its weights were filled for
   };
   std::shared_ptr<Entry> Find(const std::vector<int64_t>& key);
-  std::shared_ptr<Entry> MakeEntry(const std::vector<int64_t>& key,
-                                   const std::vector<std::vector<int64_t>>& input_shapes);
+  /*! \brief The plan of a binding (InputError when the ops reject its shapes). */
+  std::shared_ptr<const Plan> PlanFor(const std::vector<int64_t>& key,
+                                      const std::vector<std::vector<int64_t>>& input_shapes) const;
+  /*! \brief Reserve the plan's weights and make its executor (consts_mu_ held exclusively). */
+  std::shared_ptr<Entry> MakeEntry(const std::vector<int64_t>& key, std::shared_ptr<const Plan> plan);
   void Fill(Entry& entry);
 
   const RegionGraph& graph_;

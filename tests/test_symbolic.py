@@ -346,3 +346,46 @@ def test_cli_on_a_dynamic_file(cnn_onnx, tmp_path):
     np.save(tmp_path / "bad.npy", x[:, :, :, :8])
     out = cli("run", cnn_onnx, "--input", tmp_path / "bad.npy")
     assert out.returncode == 2 and "expected shape [N, 3, 32, 32]" in out.stderr
+
+
+def test_threads_at_different_shapes_share_one_module(cnn_onnx):
+    """Calls at several shapes from several threads at once, with fewer cached plans than shapes:
+    plans are made, evicted and remade under contention, and every answer stays right."""
+    import threading
+
+    import tvm
+    from tvm import relax
+
+    ort = pytest.importorskip("onnxruntime")
+    mod, params = bh.from_onnx(cnn_onnx)
+    ex = build(bh.partition(mod, params))
+    sess = ort.InferenceSession(str(cnn_onnx))
+    rng = np.random.default_rng(4)
+    xs = {n: rng.standard_normal((n, 3, 32, 32)).astype("float32") for n in (1, 2, 3, 4)}
+    want = {n: sess.run(None, {"x": x})[0] for n, x in xs.items()}
+    # one VM per thread (a VM is not thread-safe), all on one executable: one region module
+    vms = [relax.VirtualMachine(ex, tvm.cpu()) for _ in range(3)]
+    errors = []
+    saved = _C.plan_cache_limit()
+
+    def work(vm, order):
+        try:
+            for n in order * 3:
+                got = vm["main"](tvm.runtime.tensor(xs[n])).numpy()
+                np.testing.assert_allclose(got, want[n], rtol=1e-4, atol=1e-4)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    try:
+        _C.set_plan_cache_limit(2)
+        orders = ([1, 2, 3, 4], [4, 3, 2, 1], [2, 4, 1, 3])
+        threads = [threading.Thread(target=work, args=(vm, o)) for vm, o in zip(vms, orders)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        _C.set_plan_cache_limit(saved)
+    assert not errors, errors[0]
+    (module,) = region_modules(ex)
+    assert json.loads(module["get_runtime_info"]())["plans"] <= 2
