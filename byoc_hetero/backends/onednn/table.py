@@ -47,6 +47,7 @@ class PatternSpec:
 _LOWERINGS: dict[str, Lowering] = {}
 _SINGLE_CHECKS: dict[str, Check] = {}
 _PATTERN_SOURCES: list[Callable[[], Iterable[PatternSpec]]] = []
+_GRAPH_PASSES: list[Callable[[Any], None]] = []
 
 
 def lowers(*ops: str, check: Check | None = None) -> Callable[[Lowering], Lowering]:
@@ -68,6 +69,18 @@ def pattern_rules(source: Callable[[], Iterable[PatternSpec]]) -> Callable[[], I
     """Decorator: ``source()`` yields pattern rules of the backend (registered once, at import)."""
     _PATTERN_SOURCES.append(source)
     return source
+
+
+def graph_pass(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Decorator: ``fn(graph)`` rewrites every lowered region graph in place (e.g. folds permutes
+    into matmul operands), in registration order, before it is serialized."""
+    _GRAPH_PASSES.append(fn)
+    return fn
+
+
+def graph_passes() -> list[Callable[[Any], None]]:
+    """The registered region-graph passes."""
+    return list(_GRAPH_PASSES)
 
 
 def lowering_for(op: str) -> Lowering | None:
