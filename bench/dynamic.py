@@ -106,7 +106,8 @@ def main() -> None:
                     best["ort"] = min(best["ort"], _time(lambda: sess.run(None, {"x": x}), args.number))
                 rows.append((name, shape, first, best["dyn"], best["static"], best["ort"]))
                 print(rows[-1], flush=True)
-    cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name'"], capture_output=True, text=True).stdout.strip()
+    cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name'"], capture_output=True, text=True).stdout
+    cpu = cpu.split(":", 1)[-1].strip()
     lines = [
         "# Symbolic shapes: dynamic build vs static builds and ONNX Runtime",
         "",
