@@ -177,7 +177,7 @@ def test_extension_info():
     assert _C.onednn_version().startswith("3.")
     assert isinstance(_C.isa(), str) and _C.isa()
     ops = sorted(["conv2d", "dense", "matmul", "pool2d", "eltwise", "binary", "softmax", "reshape",
-                  "bn_fold_weight", "bn_fold_bias"])  # each kernels/<op>.cc registers itself
+                  "bn_fold_weight", "bn_fold_bias", "concat", "permute", "slice"])  # each kernels/<op>.cc registers itself
     assert _C.kernels() == ops
     assert list(tvm.get_global_func("byoc_hetero.runtime.supported_ops")()) == ops
 
