@@ -12,8 +12,6 @@
 #include <mutex>
 #include <utility>
 
-#include "threading.h"
-
 namespace byoc_hetero {
 
 namespace {
@@ -51,8 +49,8 @@ void SetPlanCacheLimit(int n) {
   PlanCacheLimitRef() = n;
 }
 
-CompiledRegion::CompiledRegion(const RegionGraph& graph)
-    : graph_(graph), where_(graph.where()), symbol_(graph.symbol), threads_(RegionThreads()),
+CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
+    : graph_(graph), where_(graph.where()), symbol_(graph.symbol), threads_(std::max(1, threads)),
       max_bytes_(PhysicalMemoryBytes()) {
   ready_ = graph.constants.empty();
   if (!graph.symbolic()) {

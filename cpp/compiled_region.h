@@ -45,12 +45,14 @@ int64_t PhysicalMemoryBytes();
 class CompiledRegion {
  public:
   /*!
-   * \brief A static region: plan it for its declared shapes with the current thread setting,
-   *        allocate its weights and make its primitives.  A symbolic one: nothing is planned yet.
+   * \brief A static region: plan it for its declared shapes and \p threads OpenMP threads
+   *        (RegionThreads() for a module's own plans, fewer for its plans under contention,
+   *        threading.h), allocate its weights and make its primitives.  A symbolic one: nothing is
+   *        planned yet (its plans, made per binding, use \p threads too).
    * \throws tvm::ffi::Error: ValueError for attrs/shapes the ops reject, RuntimeError when
    *         oneDNN cannot create a primitive or memory runs out; messages name the region and node.
    */
-  explicit CompiledRegion(const RegionGraph& graph);
+  CompiledRegion(const RegionGraph& graph, int threads);
 
   /*!
    * \brief Take new constants (the plain row-major float32 data of each graph.constants entry)

@@ -13,9 +13,11 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "kernels/kernel.h"
 #include "region_graph.h"
 #include "compiled_region.h"
+#include "threading.h"
 
 namespace byoc_hetero {
 
@@ -98,7 +101,7 @@ class RegionModuleObj : public ffi::ModuleObj {
  public:
   explicit RegionModuleObj(std::string graph_json)
       : graph_json_(std::move(graph_json)), graph_(ParseRegionGraph(graph_json_)) {
-    plan_ = std::make_unique<CompiledRegion>(graph_);
+    plan_ = std::make_unique<CompiledRegion>(graph_, RegionThreads());
     for (const auto& c : graph_.constants) const_names_.push_back(c.name);
   }
 
@@ -131,9 +134,18 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
     }
     if (name == "get_runtime_info") {
-      // {"threads", "contexts", "shared_bytes", "context_bytes", "symbols", "plans",
-      //  "plans_made", "plan_cache_limit", "bindings"}: how the module runs.
+      // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans", "symbols",
+      //  "plans", "plans_made", "plan_cache_limit", "bindings"}: how the module runs;
+      // contention_plans: the thread counts of the plans made for contention; plans...bindings:
+      // the plan cache of a symbolic region (its own thread count's).
       return ffi::Function::FromTyped([self, this]() {
+        ffi::json::Array contention_plans;
+        {
+          std::lock_guard<std::mutex> lock(fewer_mu_);
+          for (size_t n = 0; n < fewer_.size(); ++n) {
+            if (fewer_[n]) contention_plans.push_back(static_cast<int64_t>(n));
+          }
+        }
         ffi::json::Array symbols, bindings;
         for (const auto& name : graph_.symbols) symbols.push_back(name);
         for (const auto& key : plan_->cached_bindings()) {
@@ -145,6 +157,7 @@ class RegionModuleObj : public ffi::ModuleObj {
                                {"contexts", plan_->contexts()},
                                {"shared_bytes", plan_->shared_bytes()},
                                {"context_bytes", plan_->context_bytes()},
+                               {"contention_plans", contention_plans},
                                {"symbols", symbols},
                                {"plans", plan_->plans()},
                                {"plans_made", plan_->plans_made()},
@@ -154,7 +167,10 @@ class RegionModuleObj : public ffi::ModuleObj {
       });
     }
     if (name == "set_profiling") {
-      return ffi::Function::FromTyped([self, this](bool on) { plan_->SetProfiling(on); });
+      return ffi::Function::FromTyped([self, this](bool on) {
+        profiling_ = on;
+        plan_->SetProfiling(on);
+      });
     }
     if (name == "reset_profile") {
       return ffi::Function::FromTyped([self, this]() { plan_->ResetProfile(); });
@@ -220,7 +236,36 @@ class RegionModuleObj : public ffi::ModuleObj {
       buffers[i] = CheckTensor(tensor, graph_.symbolic() ? nullptr : &graph_.tensors[t].shape, what.str());
       shapes[i].assign(tensor.shape, tensor.shape + tensor.ndim);
     }
-    plan_->Execute(buffers, shapes);
+    if (profiling_.load(std::memory_order_relaxed)) {
+      // A profile counts the steps of the module's own plan: while profiling, every call runs it.
+      plan_->Execute(buffers, shapes);
+      return;
+    }
+    // Calls shorter than 200 us are watched one in 16: two getrusage (about 1 us each) would
+    // be a visible share of them, and the level they read is shared with the longer calls.
+    const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
+                       calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
+    AdaptiveCall call(plan_->threads(), watch);
+    (call.threads() == plan_->threads() ? *plan_ : PlanWithFewer(call.threads())).Execute(buffers, shapes);
+    last_call_ns_.store(static_cast<int64_t>(call.elapsed() * 1e9), std::memory_order_relaxed);
+  }
+
+  /*!
+   * \brief The plan made for `threads` (< the module's count), made and filled on first need.
+   *        oneDNN's OpenMP primitives fix their thread split at creation and ask the OpenMP
+   *        runtime for exactly that many threads (num_threads clause), so running the module's
+   *        primitives under omp_set_num_threads(1) would still start a team; fewer threads need
+   *        primitives (and possibly weight layouts) of their own.
+   */
+  CompiledRegion& PlanWithFewer(int threads) {
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    if (fewer_.size() <= static_cast<size_t>(threads)) fewer_.resize(threads + 1);
+    if (!fewer_[threads]) {
+      auto plan = std::make_unique<CompiledRegion>(graph_, threads);
+      if (!const_data_.empty()) plan->LoadConstants(const_data_, consts_owner_);
+      fewer_[threads] = std::move(plan);
+    }
+    return *fewer_[threads];
   }
 
   void Init(const ffi::PackedArgs& args) {
@@ -250,8 +295,15 @@ class RegionModuleObj : public ffi::ModuleObj {
       data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), &graph_.tensors[c.tensor].shape, what));
     }
     // The tensors are kept (a reference, no copy; TVM's const loader holds them too): plans made
-    // later, at new shapes of a symbolic region, prepare their weights from them.
-    plan_->LoadConstants(data, std::make_shared<ffi::Array<ffi::Tensor>>(*consts));
+    // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.
+    auto owner = std::make_shared<ffi::Array<ffi::Tensor>>(*consts);
+    plan_->LoadConstants(data, owner);
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    consts_owner_ = owner;
+    const_data_ = data;
+    for (auto& plan : fewer_) {
+      if (plan) plan->LoadConstants(data, owner);
+    }
   }
 
   std::string NameList() const {
@@ -264,6 +316,15 @@ class RegionModuleObj : public ffi::ModuleObj {
   RegionGraph graph_;
   std::unique_ptr<CompiledRegion> plan_;
   ffi::Array<ffi::String> const_names_;
+  // Contention (threading.h): plans for fewer threads, by thread count, and the constants that
+  // fill them.
+  std::mutex fewer_mu_;
+  std::vector<std::unique_ptr<CompiledRegion>> fewer_;
+  std::shared_ptr<const void> consts_owner_;  // the constants' tensors (an ffi::Array<Tensor>)
+  std::vector<const void*> const_data_;
+  std::atomic<int64_t> last_call_ns_{0};
+  std::atomic<uint32_t> calls_{0};
+  std::atomic<bool> profiling_{false};
 };
 
 }  // namespace

@@ -166,7 +166,17 @@ def test_symbolic_build_matches_static_build(cnn_onnx):
     np.testing.assert_allclose(run(ex, [x]), static, rtol=1e-5, atol=1e-6)
 
 
-def test_plan_cache_is_bounded_and_lru(cnn_onnx):
+@pytest.fixture
+def one_thread_count():
+    """Calls run with the module's own thread count: the contention adaptation (threading.h) would
+    otherwise send some calls to plans for fewer threads, each with a plan cache of its own."""
+    saved = _C.thread_adaptation()
+    _C.set_thread_adaptation("off")
+    yield
+    _C.set_thread_adaptation(saved)
+
+
+def test_plan_cache_is_bounded_and_lru(cnn_onnx, one_thread_count):
     mod, params = bh.from_onnx(cnn_onnx)
     ex = build(bh.partition(mod, params))
     vm_mods = region_modules(ex)
@@ -348,7 +358,7 @@ def test_cli_on_a_dynamic_file(cnn_onnx, tmp_path):
     assert out.returncode == 2 and "expected shape [N, 3, 32, 32]" in out.stderr
 
 
-def test_threads_at_different_shapes_share_one_module(cnn_onnx):
+def test_threads_at_different_shapes_share_one_module(cnn_onnx, one_thread_count):
     """Calls at several shapes from several threads at once, with fewer cached plans than shapes:
     plans are made, evicted and remade under contention, and every answer stays right."""
     import threading
@@ -389,3 +399,22 @@ def test_threads_at_different_shapes_share_one_module(cnn_onnx):
     assert not errors, errors[0]
     (module,) = region_modules(ex)
     assert json.loads(module["get_runtime_info"]())["plans"] <= 2
+
+
+def test_contention_plans_of_a_symbolic_region(cnn_onnx):
+    """Under contention a call runs a plan made for fewer threads (threading.h); for a symbolic
+    region that plan is made per binding too, from the constants kept since __init_."""
+    ort = pytest.importorskip("onnxruntime")
+    saved = _C.thread_adaptation()
+    try:
+        _C.set_thread_adaptation("reduced")
+        _C.reset_adaptation()
+        mod, params = bh.from_onnx(cnn_onnx)
+        ex = build(bh.partition(mod, params))
+        sess = ort.InferenceSession(str(cnn_onnx))
+        for n in (2, 5):
+            x = np.random.default_rng(n).standard_normal((n, 3, 32, 32)).astype("float32")
+            np.testing.assert_allclose(run(ex, [x]), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    finally:
+        _C.set_thread_adaptation(saved)
+        _C.reset_adaptation()
