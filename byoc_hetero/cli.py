@@ -64,7 +64,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="an input as a .npy file (repeat for several inputs, in order); needed for a "
                             "model with symbolic dims, whose sizes the inputs' shapes pick")
 
-    sub.add_parser("info", help="versions, oneDNN ISA and the runtime's kernels")
+    for command in (report, run, bench):
+        command.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                             help="what offloaded conv2d/dense/matmul compute in (bf16: bf16 weights and "
+                                  "activations, f32 accumulation, float32 inputs/outputs; runs f32 with a "
+                                  "warning on CPUs without native bf16)")
+
+    sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
     return parser
 
 
@@ -72,14 +78,14 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _load_and_partition(path: Path):
+def _load_and_partition(path: Path, precision: str = "f32"):
     import byoc_hetero as bh
 
     start = time.perf_counter()
     _progress(f"importing {path} ...")
     mod, params = bh.from_onnx(path)
     m = bh.bind_params(mod, params)
-    for stage in bh.stages():
+    for stage in bh.stages(precision=precision):
         t = time.perf_counter()
         m = stage(m)
         _progress(f"  {stage.info.name:<22} {time.perf_counter() - t:6.2f} s")
@@ -100,7 +106,7 @@ def _build(m, what: str):
 def _cmd_report(args) -> None:
     import byoc_hetero as bh
 
-    _, _, m = _load_and_partition(args.model)
+    _, _, m = _load_and_partition(args.model, args.precision)
     rep = bh.report(m)
     print(rep)
     if args.render:
@@ -129,7 +135,7 @@ def _cmd_run(args) -> None:
     from .timing import run
 
     inputs = _load_inputs(args.input)
-    mod, params, m = _load_and_partition(args.model)
+    mod, params, m = _load_and_partition(args.model, args.precision)
     check_inputs(mod, inputs, params)
     out = run(_build(m, "offloaded"), inputs)
     if args.output:
@@ -146,7 +152,7 @@ def _cmd_bench(args) -> None:
     from .inputs import check_inputs, signature
     from .timing import median_latency, random_inputs, relative_error, run
 
-    mod, params, m = _load_and_partition(args.model)
+    mod, params, m = _load_and_partition(args.model, args.precision)
     if args.input:
         inputs = _load_inputs(args.input)  # their shapes pick the sizes of a dynamic model
         check_inputs(mod, inputs, params)
@@ -203,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "info":
             c = bh._C
             print(f"byoc_hetero {bh.__version__}, oneDNN {c.onednn_version()} ({c.isa()}), "
+                  f"bf16 {'native' if c.bf16_native() else 'not native (precision=bf16 runs f32)'}, "
                   f"kernels: {', '.join(c.kernels())}")
     except Exception as err:  # noqa: BLE001 - every failure becomes one line and an exit code
         print(f"byoc-hetero: error: {_describe(err)}", file=sys.stderr)

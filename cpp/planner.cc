@@ -113,6 +113,7 @@ class Planner {
     plan_.where = g_.where();
     plan_.symbol = g_.symbol;
     plan_.num_constants = g_.constants.size();
+    plan_.precision = EffectivePrecision(g_.precision, &plan_.precision_note);
     for (int t : g_.outputs) plan_.output_shapes.push_back(g_.tensors[t].shape);
 
     for (size_t i = 0; i < plan_.num_buffers(); ++i) run_arg_slot_.push_back(NewSlot(SlotKind::kRunArg, i));
@@ -145,7 +146,7 @@ class Planner {
         TVM_FFI_THROW(ValueError) << g_.where() << ": field 'nodes[" << n << "].op': unknown op '"
                                   << node.op << "' (supported: " << ops << ")";
       }
-      KernelContext ctx{g_, n, engine_, {}, {}};
+      KernelContext ctx{g_, n, engine_, {}, {}, plan_.precision == kPrecisionBf16};
       bool all_const = !node.inputs.empty();
       for (int t : node.inputs) {
         ctx.input_storage.push_back(values_[t].storage_md);
@@ -187,7 +188,7 @@ class Planner {
     }
     size_t numel = 1;
     for (auto d : md.get_dims()) numel *= static_cast<size_t>(d);
-    plan_.privates.push_back({md.get_size(), md.get_size() != numel * sizeof(float)});
+    plan_.privates.push_back({md.get_size(), md.get_size() != numel * memory::data_type_size(md.get_data_type())});
     return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
   }
   static std::string Key(int t, const memory::desc& view, const memory::desc& want,

@@ -76,6 +76,8 @@ py::dict PlanDict(const byoc_hetero::Plan& plan) {
   py::dict d;
   d["symbol"] = plan.symbol;
   d["threads"] = plan.threads;
+  d["precision"] = plan.precision;
+  d["precision_note"] = plan.precision_note;
   d["input_shapes"] = plan.input_shapes;
   d["output_shapes"] = plan.output_shapes;
   d["slots"] = plan.slots.size();
@@ -129,6 +131,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("isa", []() { return IsaName(dnnl::get_effective_cpu_isa()); },
         "Effective CPU ISA oneDNN dispatches to (e.g. 'avx512_core').");
   m.def("kernels", &byoc_hetero::SupportedOps, "Node ops the runtime can execute.");
+  m.def("bf16_native", &byoc_hetero::Bf16Native,
+        "Whether oneDNN runs bf16 natively here (effective ISA avx512_core_bf16 or later).");
+  m.def(
+      "effective_precision",
+      [](const std::string& requested) {
+        if (requested != byoc_hetero::kPrecisionF32 && requested != byoc_hetero::kPrecisionBf16) {
+          throw py::value_error("precision must be 'f32' or 'bf16', got '" + requested + "'");
+        }
+        std::string reason;
+        std::string effective = byoc_hetero::EffectivePrecision(requested, &reason);
+        return py::make_tuple(effective, reason);
+      },
+      py::arg("requested"),
+      "(precision a region requesting `requested` computes in now, why it differs or ''); reads "
+      "BYOC_HETERO_BF16 (auto | off) as module creation does.");
   m.def("activation_names", &byoc_hetero::ActivationNames,
         "Activation names a region's activation/algorithm attrs may take ('none' first).");
   m.def("enum_names", &byoc_hetero::EnumNames,

@@ -375,6 +375,15 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   for (char c : symbol) {
     if (static_cast<unsigned char>(c) <= ' ') doc.Fail("symbol", "must not contain whitespace");
   }
+  // Optional (absent = f32): an additive field, so version 1 stays; a runtime without it would
+  // compute f32, which the bf16 bound covers.
+  if (doc.Has("precision")) {
+    g.precision = doc.Str("precision");
+    if (g.precision != kPrecisionF32 && g.precision != kPrecisionBf16) {
+      doc.Fail("precision", std::string("expected \"") + kPrecisionF32 + "\" or \"" + kPrecisionBf16 +
+                                "\", got \"" + g.precision + "\"");
+    }
+  }
 
   // Tensors.
   JsonArray tensors = doc.Array("tensors");

@@ -69,8 +69,14 @@ struct NodeInfo {
   std::map<std::string, tvm::ffi::Any> attrs;
 };
 
+/*! \brief Values of the optional top-level "precision" (what conv2d/dense/matmul compute in). */
+constexpr const char* kPrecisionF32 = "f32";
+constexpr const char* kPrecisionBf16 = "bf16";
+
 struct RegionGraph {
   std::string symbol;
+  /*! \brief Requested compute precision of the anchors: "f32" (default) or "bf16". */
+  std::string precision = kPrecisionF32;
   std::vector<TensorInfo> tensors;
   std::vector<int> inputs;
   std::vector<int> outputs;

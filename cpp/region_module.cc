@@ -134,10 +134,11 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
     }
     if (name == "get_runtime_info") {
-      // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans", "symbols",
-      //  "plans", "plans_made", "plan_cache_limit", "bindings"}: how the module runs;
-      // contention_plans: the thread counts of the plans made for contention; plans...bindings:
-      // the plan cache of a symbolic region (its own thread count's).
+      // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans", "precision",
+      // "precision_requested", "precision_note", "symbols", "plans", "plans_made",
+      // "plan_cache_limit", "bindings"}: how the module runs; contention_plans: the thread counts
+      // of the plans made for contention; plans...bindings: the plan cache of a symbolic region
+      // (its own thread count's).
       return ffi::Function::FromTyped([self, this]() {
         ffi::json::Array contention_plans;
         {
@@ -153,7 +154,14 @@ class RegionModuleObj : public ffi::ModuleObj {
           for (int64_t v : key) values.push_back(v);
           bindings.push_back(values);
         }
+        // what the plans compute in (the same for every plan: it depends on the request and the
+        // machine only, so a symbolic region can say it before its first plan)
+        std::string precision_note;
+        const std::string precision = EffectivePrecision(graph_.precision, &precision_note);
         ffi::json::Object info{{"threads", plan_->threads()},
+                               {"precision", ffi::String(precision)},
+                               {"precision_requested", ffi::String(graph_.precision)},
+                               {"precision_note", ffi::String(precision_note)},
                                {"contexts", plan_->contexts()},
                                {"shared_bytes", plan_->shared_bytes()},
                                {"context_bytes", plan_->context_bytes()},
