@@ -316,6 +316,30 @@ std::string TensorInfo::Describe() const {
   return os.str();
 }
 
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kInt64:
+      return "int64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kBool:
+      return "bool";
+    default:
+      return "float32";
+  }
+}
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kInt64:
+      return 8;
+    case DType::kBool:
+      return 1;
+    default:
+      return 4;
+  }
+}
+
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -414,8 +438,20 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
       }
       info.dims.push_back(std::move(expr));
     }
-    std::string dtype = t.Str("dtype");
-    if (dtype != "float32") t.Fail("dtype", "only \"float32\" is supported, got \"" + dtype + "\"");
+    // "dtype" is optional (float32); a runtime that predates a dtype rejects it here, by name.
+    if (t.Has("dtype")) {
+      const std::string dtype = t.Str("dtype");
+      bool known = false;
+      for (DType d : {DType::kFloat32, DType::kInt64, DType::kInt32, DType::kBool}) {
+        if (dtype == DTypeName(d)) {
+          info.dtype = d;
+          known = true;
+        }
+      }
+      if (!known) {
+        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\" or \"bool\", got \"" + dtype + "\"");
+      }
+    }
     t.CheckNoUnknown();
     g.tensors.push_back(std::move(info));
   }
@@ -649,7 +685,7 @@ RegionGraph RegionGraph::Bound(const std::vector<int64_t>& values, int64_t max_b
       if (__builtin_mul_overflow(numel, info.shape[d], &numel)) numel = INT64_MAX;
     }
     int64_t bytes = 0;
-    if (__builtin_mul_overflow(numel, static_cast<int64_t>(sizeof(float)), &bytes) ||
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(DTypeSize(info.dtype)), &bytes) ||
         __builtin_add_overflow(total_bytes, bytes, &total_bytes) || total_bytes > max_bytes) {
       ThrowInputError(where() + ": at " + DescribeBinding(values) + " the region's tensors need more than " +
                       std::to_string(max_bytes) + " bytes (tensor " + std::to_string(t) + " alone: " +

@@ -41,13 +41,26 @@ struct DimExpr {
   int bare_symbol() const { return rpn.size() == 1 && rpn[0].kind == Kind::kSymbol ? static_cast<int>(rpn[0].value) : -1; }
 };
 
-/*! \brief One value of the region. Only float32 exists. */
+/*!
+ * \brief The element types a tensor may have (field "dtype", default "float32").  Everything but
+ *        float32 is plain memory that only host kernels read or write (take's indices, masks,
+ *        casts); bool is one byte per element (0 or 1), as in DLPack.
+ */
+enum class DType { kFloat32, kInt64, kInt32, kBool };
+
+/*! \brief "float32", "int64", "int32", "bool". */
+const char* DTypeName(DType dtype);
+/*! \brief Bytes per element. */
+size_t DTypeSize(DType dtype);
+
+/*! \brief One value of the region. */
 struct TensorInfo {
   /*! \brief The dims; a symbolic dim holds -1 in a parsed graph, its value in a bound one. */
   std::vector<int64_t> shape;
   /*! \brief Per dim: the expression of a symbolic dim, empty (no rpn) for a static one. */
   std::vector<DimExpr> dims;
   bool symbolic() const;
+  DType dtype = DType::kFloat32;
   int64_t numel() const;
   /*! \brief "[N, 3, (H+2)//2]": the dims as written. */
   std::string Describe() const;

@@ -13,6 +13,7 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -65,21 +66,21 @@ std::string ShapeOf(const DLTensor& t) {
 }
 
 /*!
- * \brief Check that t is a CPU float32 compact row-major tensor of the given shape (any shape when
- *        null) and return its data address.  \p what names the argument in messages.
+ * \brief Check that t is a CPU compact row-major tensor of the dtype of \p info and, with
+ *        \p check_shape, of its shape (a symbolic region's shapes are checked when they bind its
+ *        symbols); return its data address.  \p what names the argument in messages.
  */
-void* CheckTensor(const DLTensor& t, const std::vector<int64_t>* shape, const std::string& what) {
+void* CheckTensor(const DLTensor& t, const TensorInfo& info, bool check_shape, const std::string& what) {
+  const std::vector<int64_t>& shape = info.shape;
   auto fail = [&](const std::string& expected, const std::string& got) {
     TVM_FFI_THROW(ValueError) << what << ": expected " << expected << ", got " << got;
   };
   if (t.device.device_type != kDLCPU) fail("a CPU tensor", "a tensor on " + DeviceName(t.device));
-  if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
-    fail("dtype float32", "dtype " + std::string(ffi::DLDataTypeToString(t.dtype)));
-  }
-  // A symbolic region's shapes (shape == nullptr) are checked when they bind its symbols.
-  if (shape != nullptr && (t.ndim != static_cast<int>(shape->size()) ||
-                           !std::equal(shape->begin(), shape->end(), t.shape))) {
-    fail("shape " + ShapeToString(*shape), "shape " + ShapeOf(t));
+  const std::string dtype = ffi::DLDataTypeToString(t.dtype);
+  if (dtype != DTypeName(info.dtype)) fail(std::string("dtype ") + DTypeName(info.dtype), "dtype " + dtype);
+  if (check_shape && (t.ndim != static_cast<int>(shape.size()) ||
+                      !std::equal(shape.begin(), shape.end(), t.shape))) {
+    fail("shape " + ShapeToString(shape), "shape " + ShapeOf(t));
   }
   if (!ffi::IsContiguous(t)) {
     fail("compact row-major strides",
@@ -88,11 +89,13 @@ void* CheckTensor(const DLTensor& t, const std::vector<int64_t>* shape, const st
   if (t.data == nullptr) fail("a tensor with data", "a null data pointer");
   char* ptr = static_cast<char*>(t.data) + t.byte_offset;
   const uintptr_t address = reinterpret_cast<uintptr_t>(ptr);
-  if (address % alignof(float) != 0) {
+  // float32 (and int32/int64) data must be 4-byte aligned (oneDNN's vector loads); bool is bytes
+  const uintptr_t align = std::min<size_t>(DTypeSize(info.dtype), alignof(float));
+  if (address % align != 0) {
     std::ostringstream got;
     got << "data at address 0x" << std::hex << address << std::dec << " (misaligned by "
-        << address % alignof(float) << " bytes)";
-    fail("data aligned to " + std::to_string(alignof(float)) + " bytes (float32)", got.str());
+        << address % align << " bytes)";
+    fail("data aligned to " + std::to_string(align) + " bytes (" + DTypeName(info.dtype) + ")", got.str());
   }
   return ptr;
 }
@@ -241,7 +244,7 @@ class RegionModuleObj : public ffi::ModuleObj {
                                   << args[arg].GetTypeKey();
       }
       const DLTensor& tensor = **dl;
-      buffers[i] = CheckTensor(tensor, graph_.symbolic() ? nullptr : &graph_.tensors[t].shape, what.str());
+      buffers[i] = CheckTensor(tensor, graph_.tensors[t], !graph_.symbolic(), what.str());
       shapes[i].assign(tensor.shape, tensor.shape + tensor.ndim);
     }
     if (profiling_.load(std::memory_order_relaxed)) {
@@ -300,7 +303,7 @@ class RegionModuleObj : public ffi::ModuleObj {
       std::string what = graph_.where() + ": " + fn + " constant " + std::to_string(i) + " ('" +
                          c.name + "', tensor " + std::to_string(c.tensor) + ")";
       if (!tensor.defined()) TVM_FFI_THROW(ValueError) << what << ": expected a Tensor, got None";
-      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), &graph_.tensors[c.tensor].shape, what));
+      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], true, what));
     }
     // The tensors are kept (a reference, no copy; TVM's const loader holds them too): plans made
     // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.

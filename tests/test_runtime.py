@@ -862,11 +862,15 @@ def test_binary_broadcasting(a_shape, b_shape, algorithm):
     assert_close(got, 1 / (1 + np.exp(-want)))
 
 
-def test_binary_rejects_two_sided_broadcast():
-    r = Region("two_sided")
-    r.outputs = [r.node("binary", [r.input((3, 1)), r.input((1, 4))], (3, 4), algorithm="add")]
-    with pytest.raises(ValueError, match=r"two_sided.*one input must have the output shape"):
-        create(r.json())
+@pytest.mark.parametrize("alg", ["add", "sub", "div", "max"])
+def test_binary_broadcasts_both_sides(alg):
+    """Neither input has the output shape: input 0 is expanded first (kernels/binary.cc)."""
+    a, b = rand(3, 1), rand(1, 4) + 2
+    r = Region("two_sided_" + alg)
+    r.outputs = [r.node("binary", [r.input((3, 1)), r.input((1, 4))], (3, 4), algorithm=alg)]
+    (got,) = r.run(r.module(), a, b)
+    ref = {"add": np.add, "sub": np.subtract, "div": np.divide, "max": np.maximum}[alg]
+    assert_close(got, ref(a, b))
 
 
 def test_binary_of_blocked_conv_outputs():

@@ -57,6 +57,25 @@ memory::desc PlainDesc(const memory::dims& shape) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
+memory::desc PlainDescOf(const TensorInfo& tensor) {
+  const memory::desc f32 = PlainDesc(tensor.shape);
+  memory::data_type type = memory::data_type::f32;
+  switch (tensor.dtype) {
+    case DType::kInt64:
+      type = memory::data_type::f64;
+      break;
+    case DType::kInt32:
+      type = memory::data_type::s32;
+      break;
+    case DType::kBool:
+      type = memory::data_type::u8;
+      break;
+    default:
+      return f32;
+  }
+  return memory::desc(f32.get_dims(), type, f32.get_strides());
+}
+
 memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
@@ -240,6 +259,7 @@ Activation KernelContext::ReadActivation(AttrReader& attrs, const char* key,
   const ActivationSpec& spec = *FindEnum(Activations(), a.name);
   a.alg = spec.alg;
   a.alpha = spec.alpha;
+  a.beta = spec.beta;
   if (spec.bounded) {
     if (!attrs.Has(clip_key)) attrs.Fail(clip_key, std::string("missing (required when ") + key + " is \"clip\")");
     std::vector<double> bounds = attrs.Floats(clip_key, 2, {});

@@ -50,6 +50,12 @@ using dnnl::memory;
 
 /*! \brief Plain row-major float32 descriptor (a rank-0 shape is read as [1]). */
 memory::desc PlainDesc(const memory::dims& dims);
+/*!
+ * \brief Plain row-major descriptor of a tensor in its own dtype: f32, s32, u8 (bool) and, for
+ *        int64, f64 (oneDNN 3.2 has no 64-bit integer type; such bytes are read only by host
+ *        kernels, never by a primitive or a reorder).
+ */
+memory::desc PlainDescOf(const TensorInfo& tensor);
 /*! \brief Float32 descriptor with explicit strides (in elements). */
 memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides);
 /*! \brief Descriptor letting oneDNN choose the layout (float32 unless \p dt says otherwise). */
