@@ -7,6 +7,11 @@ result as :mod:`byoc_hetero.models`.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,19 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     a symbolic batch dimension). Raises
     :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks.
 
+    When TVM's importer rejects the model as exported and ``onnxruntime`` is installed, the model is
+    constant-folded by :func:`_fold_with_onnxruntime` (ONNX Runtime's *basic* graph optimizations only)
+    and imported again; the result computes the same function. This is what lets the TorchScript
+    exporter's output of EfficientNet (``Pad`` whose pads come from a ``ConstantOfShape``/``Cast``/
+    ``Reshape`` chain: "Dynamic pads are not supported yet") and of BERT (an attention mask built by
+    ``Shape``/``ConstantOfShape``/``Expand`` on a static input shape: "broadcast_to expects ... ndim 0")
+    import. A model that imports as it is is not folded. If the folded model fails too, the
+    :class:`UnsupportedModelError` names the importer's error on both.
+
+    Convs with ``auto_pad`` SAME_UPPER/SAME_LOWER get the explicit ``pads`` it means for their static input
+    shape (:func:`_explicit_same_pads`; not when ``shape`` overrides input shapes), so that the padding is
+    the conv's own and not a separate pad TVM runs on llvm.
+
     >>> mod, params = bh.from_onnx("model.onnx")
     >>> m = bh.partition(mod, params)
     """
@@ -66,11 +84,143 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
         onnx.checker.check_model(model)
     except Exception as err:  # noqa: BLE001
         raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
+    shape_dict = dict(shape) if shape else None
+
+    def same_pads(m: Any) -> Any:
+        # pads follow from the model's own input shapes: with shapes overridden, TVM's autopad decides
+        return m if shape_dict else _explicit_same_pads(m)
+
+    model = same_pads(model)
+    # TVM's importer prints "Error converting operator ..." before it raises; held back here and shown
+    # only if the import fails for good (a model the folding rescues would print a failure that was not).
+    diagnostics = io.StringIO()
     try:
-        mod = relax_from_onnx(model, shape_dict=dict(shape) if shape else None, keep_params_in_input=True)
+        with contextlib.redirect_stdout(diagnostics):
+            mod = relax_from_onnx(model, shape_dict=shape_dict, keep_params_in_input=True)
+        sys.stdout.write(diagnostics.getvalue())
     except Exception as err:  # noqa: BLE001 - the importer raises assorted errors
-        raise UnsupportedModelError(f"TVM cannot import this ONNX model: {first_line(err)}") from err
+        folded = _fold_with_onnxruntime(model)
+        if folded is None:
+            sys.stdout.write(diagnostics.getvalue())
+            raise UnsupportedModelError(f"TVM cannot import this ONNX model: {first_line(err)}") from err
+        try:
+            # shapes only known after folding (EfficientNet's: downstream of the pads it computes)
+            mod = relax_from_onnx(same_pads(folded), shape_dict=shape_dict, keep_params_in_input=True)
+        except Exception as err2:  # noqa: BLE001
+            raise UnsupportedModelError(
+                f"TVM cannot import this ONNX model: {first_line(err)} "
+                f"(and after constant folding with ONNX Runtime: {first_line(err2)})"
+            ) from err
     return _split_params(mod)
+
+
+def _explicit_same_pads(model: Any) -> Any:
+    """``model`` with each ``Conv`` whose ``auto_pad`` is ``SAME_UPPER``/``SAME_LOWER`` given the explicit
+    ``pads`` that rule means for its (static) input shape; ``model`` itself when there is none.
+
+    Why: TVM's importer turns a SAME conv into a separate pad (a TIR function, run on llvm outside any
+    region and not listed among the Relax ops left there) before a conv without padding; with explicit
+    pads the padding is the conv's own attribute. The TorchScript exporter writes ``padding="same"``
+    convs this way (EfficientNet: 31 of 36 convs). The pads are the ONNX spec's: output = ceil(input /
+    stride), total = max(0, (output - 1) * stride + (kernel - 1) * dilation + 1 - input), the odd unit at
+    the end for SAME_UPPER, at the beginning for SAME_LOWER. A conv whose input or kernel shape is not
+    static is left as it is.
+    """
+    import onnx
+
+    same = [n for n in model.graph.node if n.op_type == "Conv" and n.domain in ("", "ai.onnx")
+            and any(a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in n.attribute)]
+    if not same:
+        return model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - no shapes, no rewrite: TVM's own autopad still applies
+        return model
+    shapes: dict[str, list[int]] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info]:
+        dims = vi.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = [d.dim_value for d in dims]
+    for init in inferred.graph.initializer:
+        shapes[init.name] = list(init.dims)
+    for node in inferred.graph.node:
+        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        mode = attrs["auto_pad"].s if "auto_pad" in attrs else b""
+        if mode not in (b"SAME_UPPER", b"SAME_LOWER"):
+            continue
+        x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if x is None or w is None or len(x) < 3 or len(w) != len(x):
+            continue
+        spatial = len(x) - 2
+        kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else w[2:]
+        strides = list(attrs["strides"].ints) if "strides" in attrs else [1] * spatial
+        dilations = list(attrs["dilations"].ints) if "dilations" in attrs else [1] * spatial
+        begins, ends = [], []
+        for size, k, st, d in zip(x[2:], kernel, strides, dilations):
+            out = -(-size // st)
+            total = max(0, (out - 1) * st + (k - 1) * d + 1 - size)
+            small, large = total // 2, total - total // 2
+            begins.append(small if mode == b"SAME_UPPER" else large)
+            ends.append(large if mode == b"SAME_UPPER" else small)
+        kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        node.attribute.append(onnx.helper.make_attribute("pads", begins + ends))
+    return inferred
+
+
+def _graph_domains(graph: Any) -> set[str]:
+    """The op domains of every node in ``graph`` and its subgraphs (``If``/``Loop`` bodies)."""
+    import onnx
+
+    domains: set[str] = set()
+    for node in graph.node:
+        domains.add(node.domain)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                domains |= _graph_domains(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    domains |= _graph_domains(sub)
+    return domains
+
+
+def _fold_with_onnxruntime(model: Any) -> Any | None:
+    """``model`` (an ``onnx.ModelProto``) after ONNX Runtime's basic-level graph optimizations, or ``None``
+    when ``onnxruntime`` is absent, cannot load the model, or the result uses an op outside the standard
+    ONNX domain.
+
+    Why: the TorchScript exporter leaves computations on constants and on static input shapes as graph
+    nodes (e.g. EfficientNet's ``Pad`` pads, BERT's mask broadcast) that TVM's importer does not evaluate
+    and then cannot type. ``ORT_ENABLE_BASIC`` is ONNX Runtime's level of semantics-preserving rewrites in
+    standard ONNX ops: constant folding (``Shape`` of a static shape included), removal of redundant nodes
+    (Identity, Dropout, no-op Cast/Slice...) and fusions such as Conv+BatchNorm or MatMul+Add into Gemm
+    that fold constants into weights (float rounding changes at the 1e-7 level). The extended and layout
+    levels are not used: they introduce ``com.microsoft`` fused ops TVM does not know; a result with any
+    non-standard op is discarded all the same.
+    """
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="byoc_hetero_fold_") as tmp:
+        out = os.path.join(tmp, "folded.onnx")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        opts.optimized_model_filepath = out
+        opts.log_severity_level = 3  # errors only: the fallback's warnings are not the user's concern
+        try:
+            ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            folded = onnx.load(out)
+        except Exception:  # noqa: BLE001 - any failure means: no folded model, report the importer's error
+            return None
+    if not _graph_domains(folded.graph) <= {"", "ai.onnx"}:
+        return None
+    return folded
 
 
 def from_torch(module: Any, example_inputs: Sequence[Any],
