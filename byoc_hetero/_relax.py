@@ -51,6 +51,59 @@ def static_shape(value: relax.Expr | relax.TensorType | None) -> tuple[int, ...]
     return tuple(dims)
 
 
+_DIM_OPS = {"Add": "+", "Sub": "-", "Mul": "*", "FloorDiv": "//"}
+
+
+def dim_text(dim: Any) -> int | str | None:
+    """A shape dim (a TIR expression) as an int, or as an expression in the region format's dim
+    language (symbols, non-negative ints, ``+ - * //``, parentheses); None when it uses anything
+    else (min, max, modulo, casts, a negative constant)."""
+    if isinstance(dim, int):
+        return dim
+    if isinstance(dim, tvm.tirx.IntImm):
+        return int(dim.value)
+    if isinstance(dim, tvm.tirx.Var):
+        name = str(dim.name)
+        return name if name.isidentifier() else None
+    op = _DIM_OPS.get(type(dim).__name__)
+    if op is None:
+        return None
+    a, b = dim_text(dim.a), dim_text(dim.b)
+    if a is None or b is None or (isinstance(a, int) and a < 0) or (isinstance(b, int) and b < 0):
+        return None
+    if isinstance(a, int) and isinstance(b, int):  # TVM folds these; kept exact if it did not
+        return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b > 0 else None}[op]
+    return f"({a} {op} {b})" if op in "+-" else f"{_atom(a)} {op} {_atom(b)}"
+
+
+def _atom(text: int | str) -> str:
+    """``text`` as an operand of ``*`` or ``//``: parenthesized unless a name or a number."""
+    s = str(text)
+    return s if s.isidentifier() or s.isdigit() or (s.startswith("(") and s.endswith(")")) else f"({s})"
+
+
+def shape_of(value: relax.Expr | relax.TensorType | None) -> tuple[int | str, ...] | None:
+    """The shape of a tensor value with symbolic dims as expressions (:func:`dim_text`); ints for
+    static dims, so a static shape equals :func:`static_shape`. None when the rank is unknown or a
+    dim cannot be written in the region format's dim language."""
+    ty = tensor_type(value)
+    if ty is None or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = tuple(dim_text(d) for d in ty.shape.values)
+    return None if any(d is None for d in dims) else dims
+
+
+def shape_symbols(shape: tuple[int | str, ...] | None) -> list[str]:
+    """The symbol names a :func:`shape_of` shape uses, in order."""
+    import re
+
+    names: list[str] = []
+    for d in shape or ():
+        if isinstance(d, str):
+            names += [n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d) if n not in names]
+    return names
+
+
 def tensor_dtype(value: relax.Expr | relax.TensorType | None) -> str:
     """The dtype of a tensor value (or tensor type) as a string; ``""`` when it is not a tensor."""
     ty = tensor_type(value)
@@ -62,7 +115,7 @@ def describe(value: relax.Expr) -> str:
     ty = tensor_type(value)
     if ty is None:
         return type(value).__name__
-    shape = static_shape(ty)
+    shape = shape_of(ty)
     dims = ", ".join(str(d) for d in shape) if shape is not None else str(ty.shape)
     return f"{ty.dtype}[{dims}]"
 

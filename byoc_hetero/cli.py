@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="latency of an ONNX model: offloaded vs llvm-only")
     bench.add_argument("model", type=Path, help="the .onnx file")
     bench.add_argument("--repeat", type=int, default=5, help="timed runs per build")
+    bench.add_argument("--input", type=Path, action="append", metavar="X.npy",
+                       help="an input as a .npy file (repeat for several inputs, in order); needed for a "
+                            "model with symbolic dims, whose sizes the inputs' shapes pick")
 
     for command in (report, run, bench):
         command.add_argument("--precision", choices=("f32", "bf16"), default="f32",
@@ -110,20 +113,28 @@ def _cmd_report(args) -> None:
         print(f"picture: {rep.render(args.render)}")
 
 
-def _cmd_run(args) -> None:
+def _load_inputs(paths: list[Path]) -> list:
+    """The .npy files given with --input, in order (InputError for a missing or unreadable one)."""
     import numpy as np
 
-    from .inputs import check_inputs
-    from .timing import run
-
     inputs = []
-    for path in args.input:
+    for path in paths:
         if not path.is_file():
             raise InputError(f"input file {str(path)!r} does not exist")
         try:
             inputs.append(np.load(path))
         except Exception as err:  # noqa: BLE001 - numpy raises several kinds for a bad file
             raise InputError(f"input file {str(path)!r} is not a readable .npy array: {first_line(err)}") from err
+    return inputs
+
+
+def _cmd_run(args) -> None:
+    import numpy as np
+
+    from .inputs import check_inputs
+    from .timing import run
+
+    inputs = _load_inputs(args.input)
     mod, params, m = _load_and_partition(args.model, args.precision)
     check_inputs(mod, inputs, params)
     out = run(_build(m, "offloaded"), inputs)
@@ -138,10 +149,20 @@ def _cmd_run(args) -> None:
 def _cmd_bench(args) -> None:
     import byoc_hetero as bh
 
+    from .inputs import check_inputs, signature
     from .timing import median_latency, random_inputs, relative_error, run
 
     mod, params, m = _load_and_partition(args.model, args.precision)
-    inputs = random_inputs(mod, params)
+    if args.input:
+        inputs = _load_inputs(args.input)  # their shapes pick the sizes of a dynamic model
+        check_inputs(mod, inputs, params)
+    else:
+        symbolic = sorted({d for spec in signature(mod["main"], params) if spec and spec.shape
+                           for d in spec.shape if not isinstance(d, int)}, key=str)
+        if symbolic:
+            raise InputError(f"{args.model} has symbolic input dims ({', '.join(map(str, symbolic))}); "
+                             "give the inputs to time with --input X.npy")
+        inputs = random_inputs(mod, params)
     ex_off = _build(m, "offloaded")
     ex_ref = _build(bh.bind_params(mod, params), "llvm-only")
     err = relative_error(run(ex_off, inputs), run(ex_ref, inputs))

@@ -45,7 +45,9 @@ def _split_params(mod: tvm.IRModule, num_inputs: int | None = None) -> tuple[tvm
 def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None = None) -> tuple[tvm.IRModule, Params]:
     """Import an ONNX model (a path or an ``onnx.ModelProto``).
 
-    ``shape`` overrides input shapes (e.g. to fix a symbolic batch dimension). Raises
+    Symbolic dims of the file (``dim_param``, as ``torch.onnx.export(..., dynamic_axes=...)``
+    writes them) stay symbolic, named as in the file; ``shape`` overrides input shapes (e.g. to fix
+    a symbolic batch dimension). Raises
     :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks.
 
     When TVM's importer rejects the model as exported and ``onnxruntime`` is installed, the model is
@@ -221,17 +223,30 @@ def _fold_with_onnxruntime(model: Any) -> Any | None:
     return folded
 
 
-def from_torch(module: Any, example_inputs: Sequence[Any]) -> tuple[tvm.IRModule, Params]:
+def from_torch(module: Any, example_inputs: Sequence[Any],
+               dynamic_shapes: Any = None) -> tuple[tvm.IRModule, Params]:
     """Import a ``torch.nn.Module`` through ``torch.export`` (inputs shaped like ``example_inputs``).
 
+    ``dynamic_shapes`` is passed to ``torch.export.export`` as it is: which dims of which inputs
+    are dynamic (``{"x": {0: torch.export.Dim("N", min=1, max=64)}}``, or a tuple in input
+    order). Those dims stay symbolic in the imported module (named after the Dim), and one build
+    then serves every size (docs/region-format.md, "Symbolic shapes").
+
     >>> mod, params = bh.from_torch(net.eval(), (torch.randn(1, 3, 224, 224),))
+    >>> batch = torch.export.Dim("N", min=1, max=256)
+    >>> mod, params = bh.from_torch(net.eval(), (torch.randn(2, 3, 224, 224),), dynamic_shapes=({0: batch},))
     """
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
     inputs = tuple(example_inputs)
     try:
-        exported = torch.export.export(module.eval(), inputs)
+        exported = torch.export.export(module.eval(), inputs, dynamic_shapes=dynamic_shapes)
+    except Exception as err:  # noqa: BLE001 - torch.export raises assorted errors
+        what = "with these dynamic_shapes" if dynamic_shapes is not None else ""
+        raise UnsupportedModelError(f"torch.export cannot export this PyTorch module {what}: "
+                                    f"{first_line(err)}") from err
+    try:
         mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True)
     except Exception as err:  # noqa: BLE001
         raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {first_line(err)}") from err

@@ -107,6 +107,8 @@ def check(function: str, specs: Sequence[TensorSpec | None], values: Sequence[An
         for d, n in zip(spec.shape, got):
             if not isinstance(d, str):
                 continue
+            if n < 1:
+                raise InputError(f"{where}: expected shape {spec.shape_text()} with {d} >= 1, got {got}")
             if d in bound and bound[d][0] != n:
                 first, j, other = bound[d]
                 raise InputError(f"{where}: expected shape {spec.shape_text()} with {d} = {first} "

@@ -137,7 +137,9 @@ def _indent(text: str) -> str:
 # FLOPs
 # ----------------------------------------------------------------------------------------------
 def _prod(dims) -> int:
-    return int(math.prod(int(d) for d in dims))
+    """The product of a shape's dims; a symbolic dim (a string, docs/region-format.md) counts as 1,
+    so the FLOPs of a region with symbolic dims are per unit of each symbol (batch 1, ...)."""
+    return int(math.prod(1 if isinstance(d, str) else int(d) for d in dims))
 
 
 def relax_call_flops(call: relax.Call) -> int:

@@ -45,7 +45,7 @@ from ._relax import (
 )
 from .backends.onednn import TARGET as DEFAULT_TARGET
 from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
-from .errors import RuleError
+from .errors import CodegenError, RuleError, first_line
 from .rules import (
     CONST_DIGEST_ATTR,
     DecisionLog,
@@ -252,6 +252,30 @@ def _shorten_region_names(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.NormalizeGlobalVar()(updated(mod, renamed))
 
 
+def _unmergeable(mod: tvm.IRModule, log: DecisionLog, err: Exception) -> tvm.IRModule:
+    """``mod`` with every composite back to plain ops, the reason recorded for each of its ops.
+
+    TVM 0.27's MergeCompositeFunctions fails with "Could not find memo-ized group for expression
+    of type ir.Var" on some modules with symbolic shapes (seen: a transformers BertModel exported
+    by torch.export with a dynamic batch and sequence length, where composites take shape
+    arguments such as ``R.shape([s27, s77])``; taking back only those composites does not avoid
+    it: the pass fails even with no composite left, so the ``ir.Var`` it cannot place is a
+    symbolic TIR var in a PrimValue argument, as of ``R.arange(0, s27)``, which this TVM's Relax and
+    TIR share one Var class with). Rather than a crash, the functions stay on llvm, each op with
+    this reason (bh.report shows it).
+    """
+    gated = {gv for gv, f in mod.functions_items() if is_composite(f)}
+    names = ", ".join(entry_functions(mod))
+    if not gated:
+        raise CodegenError(f"TVM's MergeCompositeFunctions failed on {names}: {first_line(err)}") from err
+    reason = (f"TVM's MergeCompositeFunctions cannot group the composites of {names} "
+              f"({first_line(err)}); the function stays on llvm")
+    for gv in gated:
+        for call in op_calls(mod[gv]):
+            log.add(str(mod[gv].attrs["Composite"]), call, reason)
+    return _inline_composites(mod, gated)
+
+
 def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
                            require_heavy_op: bool = True) -> tvm.transform.Pass:
     """Stage 3 (MergeCompilerRegions, with PartitionGraph's outlining): MergeCompositeFunctions.
@@ -265,7 +289,15 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         log = DecisionLog.from_module(mod)
         while True:
-            merged = merge_composite_functions(mod)
+            if not any(is_composite(f) for f in mod.functions.values()):
+                return log.attach(mod)  # nothing to merge (MergeCompositeFunctions may fail on it)
+            try:
+                merged = merge_composite_functions(mod)
+            except tvm.error.InternalError as err:
+                if "memo" not in str(err):  # "memo-ized group", "memo_.count(...)"
+                    raise
+                mod = _unmergeable(mod, log, err)
+                continue
             gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op, log)
             if not gated:
                 return log.attach(_shorten_region_names(merged))

@@ -5,40 +5,216 @@
 #include "compiled_region.h"
 
 #include <tvm/ffi/error.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
 namespace byoc_hetero {
 
-CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
-    : where_(graph.where()), symbol_(graph.symbol) {
-  PlanRequest request;
-  request.threads = std::max(1, threads);
-  std::shared_ptr<const Plan> plan = MakePlan(graph, request, engine_);
-  std::vector<void*> weights = weights_.Reserve(*plan);
-  executor_ = std::make_unique<Executor>(std::move(plan), engine_, std::move(weights));
-  ready_ = graph.constants.empty();
+namespace {
+
+constexpr int kDefaultPlanCacheLimit = 8;
+
+int InitialPlanCacheLimit() {
+  const char* env = std::getenv("BYOC_HETERO_PLAN_CACHE");
+  if (env == nullptr || *env == '\0') return kDefaultPlanCacheLimit;
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (*end != '\0' || n < 1 || n > 1 << 20) {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_PLAN_CACHE: expected an integer >= 1, got '" << env << "'";
+  }
+  return static_cast<int>(n);
 }
 
-void CompiledRegion::LoadConstants(const std::vector<const void*>& data) {
+std::atomic<int>& PlanCacheLimitRef() {
+  static std::atomic<int> limit{InitialPlanCacheLimit()};
+  return limit;
+}
+
+}  // namespace
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return INT64_MAX;
+  return static_cast<int64_t>(pages) * static_cast<int64_t>(page);
+}
+
+int PlanCacheLimit() { return PlanCacheLimitRef().load(); }
+
+void SetPlanCacheLimit(int n) {
+  if (n < 1) TVM_FFI_THROW(ValueError) << "plan cache limit must be >= 1, got " << n;
+  PlanCacheLimitRef() = n;
+}
+
+CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
+    : graph_(graph), where_(graph.where()), symbol_(graph.symbol), threads_(std::max(1, threads)),
+      max_bytes_(PhysicalMemoryBytes()) {
+  ready_ = graph.constants.empty();
+  if (!graph.symbolic()) {
+    cache_.push_front(MakeEntry({}, PlanFor({}, {})));
+  }
+}
+
+std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<int64_t>& key,
+                                                    const std::vector<std::vector<int64_t>>& input_shapes) const {
+  PlanRequest request;
+  request.threads = threads_;
+  request.input_shapes = input_shapes;
+  request.max_bytes = max_bytes_;
+  try {
+    return MakePlan(graph_, request, engine_);
+  } catch (const tvm::ffi::Error& e) {
+    // At a binding of a symbolic region, an op that rejects the shapes (a window larger than the
+    // input) is a problem of the call's inputs, not of the region.
+    if (graph_.symbolic() && e.kind() == "ValueError") {
+      TVM_FFI_THROW(InputError) << "at " << graph_.DescribeBinding(key) << ": " << e.message();
+    }
+    throw;
+  }
+}
+
+std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(const std::vector<int64_t>& key,
+                                                                 std::shared_ptr<const Plan> plan) {
+  auto entry = std::make_shared<Entry>();
+  entry->key = key;
+  std::vector<void*> weights = weights_.Reserve(*plan);  // the caller holds consts_mu_ exclusively
+  entry->executor = std::make_shared<Executor>(std::move(plan), engine_, std::move(weights));
+  entry->executor->SetProfiling(profiling_);
+  ++plans_made_;
+  return entry;
+}
+
+void CompiledRegion::Fill(Entry& entry) {
+  if (!constants_.empty() || graph_.constants.empty()) {
+    entry.executor->FillWeights(weights_, constants_);
+  }
+  entry.generation = generation_;
+}
+
+void CompiledRegion::LoadConstants(const std::vector<const void*>& data, std::shared_ptr<const void> keep_alive) {
   std::unique_lock<std::shared_mutex> lock(consts_mu_);
   ready_ = false;
   weights_.Invalidate();
-  executor_->FillWeights(weights_, data);
+  constants_ = data;
+  constants_owner_ = std::move(keep_alive);
+  ++generation_;
+  std::lock_guard<std::mutex> cache_lock(cache_mu_);
+  for (const auto& entry : cache_) Fill(*entry);
   ready_ = true;
 }
 
-void CompiledRegion::Execute(const std::vector<void*>& buffers) {
-  std::shared_lock<std::shared_mutex> lock(consts_mu_);
-  if (!ready_) {
-    TVM_FFI_THROW(RuntimeError) << where_ << ": the region has " << plan().num_constants
-                                << " constants but __init_" << symbol_
-                                << " was never called (or failed); initialize the module with "
-                                   "its constants before running it";
+std::shared_ptr<CompiledRegion::Entry> CompiledRegion::Find(const std::vector<int64_t>& key) {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+    if ((*it)->key == key) {
+      if (it != cache_.begin()) cache_.splice(cache_.begin(), cache_, it);
+      return cache_.front();
+    }
   }
-  executor_->Run(buffers);
+  return nullptr;
+}
+
+void CompiledRegion::Execute(const std::vector<void*>& buffers,
+                             const std::vector<std::vector<int64_t>>& arg_shapes) {
+  const std::vector<int64_t> key = graph_.symbolic() ? graph_.BindSymbols(arg_shapes) : std::vector<int64_t>{};
+  for (;;) {
+    {
+      std::shared_lock<std::shared_mutex> lock(consts_mu_);
+      if (!ready_) {
+        TVM_FFI_THROW(RuntimeError) << where_ << ": the region has " << graph_.constants.size()
+                                    << " constants but __init_" << symbol_
+                                    << " was never called (or failed); initialize the module with "
+                                       "its constants before running it";
+      }
+      std::shared_ptr<Entry> entry = Find(key);
+      if (entry && entry->generation == generation_) {
+        entry->executor->Run(buffers);
+        return;
+      }
+    }
+    // A new binding (or a plan whose weights predate the constants): plan it (no lock: planning
+    // reads only the graph), then reserve and prepare its weights with the calls held, as
+    // __init_ does.
+    std::shared_ptr<const Plan> plan;
+    if (!Find(key)) {
+      std::vector<std::vector<int64_t>> input_shapes(arg_shapes.begin(), arg_shapes.begin() + graph_.inputs.size());
+      plan = PlanFor(key, input_shapes);
+    }
+    std::unique_lock<std::shared_mutex> lock(consts_mu_);
+    std::shared_ptr<Entry> entry = Find(key);
+    if (!entry) {
+      if (!plan) continue;  // evicted meanwhile: plan again
+      std::shared_ptr<Entry> made = MakeEntry(key, std::move(plan));
+      std::lock_guard<std::mutex> cache_lock(cache_mu_);
+      cache_.push_front(made);
+      const size_t limit = static_cast<size_t>(std::max(1, PlanCacheLimit()));
+      // Evicted plans die with their last running call (held by shared_ptr); their weights stay,
+      // shared by key: a weight's layouts are few whatever the shapes (docs/region-format.md).
+      while (cache_.size() > limit) cache_.pop_back();
+      entry = made;
+    }
+    if (entry->generation != generation_) Fill(*entry);
+  }
+}
+
+std::vector<std::string> CompiledRegion::Describe() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  if (cache_.empty()) return {};
+  return cache_.front()->executor->plan().Describe();
+}
+
+int CompiledRegion::contexts() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  int n = 0;
+  for (const auto& e : cache_) n += e->executor->contexts();
+  return n;
+}
+
+int64_t CompiledRegion::shared_bytes() const { return weights_.bytes(); }
+
+int64_t CompiledRegion::context_bytes() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  int64_t n = 0;
+  for (const auto& e : cache_) n = std::max(n, e->executor->context_bytes());
+  return n;
+}
+
+int CompiledRegion::plans() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  return static_cast<int>(cache_.size());
+}
+
+std::vector<std::vector<int64_t>> CompiledRegion::cached_bindings() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  std::vector<std::vector<int64_t>> keys;
+  for (const auto& e : cache_) keys.push_back(e->key);
+  return keys;
+}
+
+void CompiledRegion::SetProfiling(bool on) {
+  profiling_ = on;
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  for (const auto& e : cache_) e->executor->SetProfiling(on);
+}
+
+std::vector<StepProfile> CompiledRegion::Profile() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  std::vector<StepProfile> all;
+  for (const auto& e : cache_) {
+    for (StepProfile p : e->executor->Profile()) {
+      if (graph_.symbolic()) p.label += " @ " + graph_.DescribeBinding(e->key);
+      all.push_back(std::move(p));
+    }
+  }
+  return all;
+}
+
+void CompiledRegion::ResetProfile() {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  for (const auto& e : cache_) e->executor->ResetProfile();
 }
 
 }  // namespace byoc_hetero

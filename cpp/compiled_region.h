@@ -1,21 +1,28 @@
 /*!
  * \file compiled_region.h
- * \brief A region ready to run: its plan, its prepared weights and the plan's executor.
+ * \brief A region ready to run: its plans (one per set of input shapes), the prepared weights
+ *        they share, and one executor per plan.
  *
- * Made once per module: the planner plans the region for its (today: static) input shapes, the
- * weights the plan wants are allocated, the executor makes the primitives.  LoadConstants()
- * fills the weights (constants copied, reordered, transformed, folded); Execute() runs the plan.
+ * A static region has one plan, made with the module (so that a region the runtime cannot run
+ * fails at creation).  A region with symbolic dims (docs/region-format.md, "Symbolic shapes") is
+ * planned on the first call at each new binding of its symbols; the plans live in a
+ * least-recently-used cache of at most PlanCacheLimit() entries (BYOC_HETERO_PLAN_CACHE, default
+ * 8; _C.set_plan_cache_limit).  All plans read one PreparedWeights: a weight is prepared once per
+ * (tensor, layout, transform), whatever the shapes, and a plan made later fills only the layouts
+ * no earlier plan wanted, from the constants kept since __init_.
  *
  * Concurrency: calls from several threads run at the same time (each in its own execution
- * context, executor.h); LoadConstants waits for running calls and blocks new ones while it
- * replaces the weights.
+ * context, executor.h); LoadConstants and the making of a new plan's weights wait for running
+ * calls and hold new ones while they write the weights.
  */
 #ifndef BYOC_HETERO_COMPILED_REGION_H_
 #define BYOC_HETERO_COMPILED_REGION_H_
 
 #include <atomic>
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -27,49 +34,88 @@
 
 namespace byoc_hetero {
 
+/*! \brief Most plans a symbolic region keeps (BYOC_HETERO_PLAN_CACHE when set, else 8). */
+int PlanCacheLimit();
+/*! \brief Change the limit (>= 1) for every module, from its next new shape on. */
+void SetPlanCacheLimit(int n);
+
+/*! \brief Bytes of physical memory: the most a binding's tensors may need (else InputError). */
+int64_t PhysicalMemoryBytes();
+
 class CompiledRegion {
  public:
   /*!
-   * \brief Plan \p graph for its declared shapes and \p threads OpenMP threads (RegionThreads()
-   *        for a module's own plan, fewer for its plans under contention, threading.h), allocate
-   *        its weights and make its primitives.
+   * \brief A static region: plan it for its declared shapes and \p threads OpenMP threads
+   *        (RegionThreads() for a module's own plans, fewer for its plans under contention,
+   *        threading.h), allocate its weights and make its primitives.  A symbolic one: nothing is
+   *        planned yet (its plans, made per binding, use \p threads too).
    * \throws tvm::ffi::Error: ValueError for attrs/shapes the ops reject, RuntimeError when
    *         oneDNN cannot create a primitive or memory runs out; messages name the region and node.
    */
   CompiledRegion(const RegionGraph& graph, int threads);
 
   /*!
-   * \brief Fill the weights from new constants (the plain row-major float32 data of each
-   *        graph.constants entry, valid during the call only).
+   * \brief Take new constants (the plain row-major float32 data of each graph.constants entry)
+   *        and fill the weights of every cached plan.  \p keep_alive owns the data: it is kept,
+   *        because plans made later prepare their weights from it.
    */
-  void LoadConstants(const std::vector<const void*>& data);
+  void LoadConstants(const std::vector<const void*>& data, std::shared_ptr<const void> keep_alive);
   /*! \brief True once LoadConstants succeeded, or when the region has no constants. */
   bool ready() const { return ready_; }
 
-  /*! \brief Run on the region inputs then outputs (plain float32, checked by the caller). */
-  void Execute(const std::vector<void*>& buffers);
+  /*!
+   * \brief Run on the region inputs then outputs (plain float32, checked by the caller), whose
+   *        shapes are \p arg_shapes (bound against the graph: InputError when they do not fit).
+   */
+  void Execute(const std::vector<void*>& buffers, const std::vector<std::vector<int64_t>>& arg_shapes);
 
-  const Plan& plan() const { return executor_->plan(); }
-  std::vector<std::string> Describe() const { return plan().Describe(); }
-  int threads() const { return plan().threads; }
-  int contexts() const { return executor_->contexts(); }
-  /*! \brief Bytes of the prepared weights and of one execution context. */
-  int64_t shared_bytes() const { return weights_.bytes(); }
-  int64_t context_bytes() const { return executor_->context_bytes(); }
+  /*! \brief The most recently used plan's steps (a symbolic region before its first call: none). */
+  std::vector<std::string> Describe() const;
+  int threads() const { return threads_; }
+  int contexts() const;
+  /*! \brief Bytes of the prepared weights, and of one execution context of the largest plan. */
+  int64_t shared_bytes() const;
+  int64_t context_bytes() const;
+  /*! \brief Plans cached now, and made since the module was created. */
+  int plans() const;
+  int64_t plans_made() const { return plans_made_; }
+  /*! \brief The symbol values of each cached plan, most recently used first. */
+  std::vector<std::vector<int64_t>> cached_bindings() const;
 
-  void SetProfiling(bool on) { executor_->SetProfiling(on); }
-  std::vector<StepProfile> Profile() const { return executor_->Profile(); }
-  void ResetProfile() { executor_->ResetProfile(); }
+  void SetProfiling(bool on);
+  /*! \brief The steps of every cached plan (symbolic: labels carry the binding). */
+  std::vector<StepProfile> Profile() const;
+  void ResetProfile();
 
  private:
+  struct Entry {
+    std::vector<int64_t> key;  // symbol values (empty: the static plan)
+    std::shared_ptr<Executor> executor;
+    int64_t generation = -1;   // constants generation its weights were filled for
+  };
+  std::shared_ptr<Entry> Find(const std::vector<int64_t>& key);
+  /*! \brief The plan of a binding (InputError when the ops reject its shapes). */
+  std::shared_ptr<const Plan> PlanFor(const std::vector<int64_t>& key,
+                                      const std::vector<std::vector<int64_t>>& input_shapes) const;
+  /*! \brief Reserve the plan's weights and make its executor (consts_mu_ held exclusively). */
+  std::shared_ptr<Entry> MakeEntry(const std::vector<int64_t>& key, std::shared_ptr<const Plan> plan);
+  void Fill(Entry& entry);
+
+  const RegionGraph& graph_;
   std::string where_;
   std::string symbol_;
+  int threads_;
+  int64_t max_bytes_;
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   PreparedWeights weights_;
-  // One plan while shapes are static; symbolic shapes will keep one executor per shape set,
-  // all reading weights_.
-  std::unique_ptr<Executor> executor_;
-  std::shared_mutex consts_mu_;  // shared: running calls; exclusive: LoadConstants
+  std::vector<const void*> constants_;
+  std::shared_ptr<const void> constants_owner_;
+  int64_t generation_ = 0;          // bumped by LoadConstants
+  mutable std::mutex cache_mu_;     // guards cache_
+  std::list<std::shared_ptr<Entry>> cache_;  // most recently used first
+  std::atomic<int64_t> plans_made_{0};
+  std::atomic<bool> profiling_{false};
+  std::shared_mutex consts_mu_;  // shared: running calls; exclusive: writing the weights
   std::atomic<bool> ready_{false};
 };
 

@@ -528,17 +528,29 @@ std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest
                                      const dnnl::engine& engine) {
   auto plan = std::make_shared<Plan>();
   plan->threads = request.threads;
-  for (int t : graph.inputs) plan->input_shapes.push_back(graph.tensors[t].shape);
-  if (!request.input_shapes.empty()) {
-    // Symbolic shapes (a later version of the format) will plan other shapes; until then the
-    // kernels read the graph's shapes, so only those can be planned.
-    if (request.input_shapes != plan->input_shapes) {
-      std::string want, got;
-      for (const auto& s : plan->input_shapes) want += (want.empty() ? "" : ", ") + ShapeToString(s);
-      for (const auto& s : request.input_shapes) got += (got.empty() ? "" : ", ") + ShapeToString(s);
-      TVM_FFI_THROW(ValueError) << graph.where() << ": cannot plan input shapes (" << got
-                                << "): the region declares static shapes (" << want << ")";
+  if (graph.symbolic()) {
+    // A symbolic region is planned for one binding of its symbols: the graph with every dim
+    // evaluated is an ordinary static graph, so the kernels check and build exactly as for a
+    // static region of those shapes (their output-shape checks also catch a wrong expression).
+    if (request.input_shapes.empty()) {
+      TVM_FFI_THROW(ValueError) << graph.where() << ": the region has symbolic dims ("
+                                << graph.tensors[graph.inputs.empty() ? 0 : graph.inputs[0]].Describe()
+                                << ", ...); planning it needs the input shapes";
     }
+    const std::vector<int64_t> values = graph.BindSymbols(request.input_shapes);
+    const RegionGraph bound = graph.Bound(values, request.max_bytes);
+    std::shared_ptr<const Plan> made = MakePlan(bound, PlanRequest{{}, request.threads, request.max_bytes}, engine);
+    auto result = std::make_shared<Plan>(std::move(*std::const_pointer_cast<Plan>(made)));
+    result->symbol_values = values;
+    return result;
+  }
+  for (int t : graph.inputs) plan->input_shapes.push_back(graph.tensors[t].shape);
+  if (!request.input_shapes.empty() && request.input_shapes != plan->input_shapes) {
+    std::string want, got;
+    for (const auto& s : plan->input_shapes) want += (want.empty() ? "" : ", ") + ShapeToString(s);
+    for (const auto& s : request.input_shapes) got += (got.empty() ? "" : ", ") + ShapeToString(s);
+    TVM_FFI_THROW(InputError) << graph.where() << ": cannot plan input shapes (" << got
+                              << "): the region declares static shapes (" << want << ")";
   }
   OmpThreadsScope omp(plan->threads);  // oneDNN sizes some primitives for the threads at creation
   Planner(graph, engine, plan.get()).Run();

@@ -23,6 +23,7 @@
 #ifndef BYOC_HETERO_PLANNER_H_
 #define BYOC_HETERO_PLANNER_H_
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,6 +76,8 @@ struct PlanRequest {
   std::vector<std::vector<int64_t>> input_shapes;
   /*! \brief OpenMP threads the primitives are made and run with (oneDNN sizes some at creation). */
   int threads = 1;
+  /*! \brief A symbolic region's tensors at these shapes may take at most this many bytes. */
+  int64_t max_bytes = INT64_MAX;
 };
 
 struct Plan {
@@ -84,6 +87,8 @@ struct Plan {
   std::string precision_note;      // why a bf16 request runs f32, else ""
   int threads = 1;
   std::vector<std::vector<int64_t>> input_shapes, output_shapes;
+  /*! \brief The values of the graph's symbols the plan was made for (empty: static region). */
+  std::vector<int64_t> symbol_values;
   size_t num_constants = 0;
 
   std::vector<Slot> slots;
@@ -102,9 +107,13 @@ struct Plan {
 
 /*!
  * \brief Plan \p graph for \p request.
- * \throws tvm::ffi::Error: ValueError for attrs/shapes the ops reject (and, until symbolic
- *         shapes exist, for input shapes other than the declared ones), RuntimeError when oneDNN
- *         cannot create a primitive descriptor; messages name the region and the node.
+ * A symbolic region (RegionGraph::symbolic) is planned for request.input_shapes, which bind its
+ * symbols (RegionGraph::BindSymbols); the plan is the static plan of the graph at those shapes.
+ * \throws tvm::ffi::Error: InputError for input shapes the region does not accept (rank, a static
+ *         dim, symbols that disagree, too large for max_bytes; a static region: any shape other
+ *         than the declared one), ValueError for attrs/shapes the ops reject (at a binding: inputs
+ *         too small for a window), RuntimeError when oneDNN cannot create a primitive descriptor;
+ *         messages name the region and the node.
  */
 std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest& request,
                                      const dnnl::engine& engine);

@@ -10,13 +10,17 @@
 
 namespace byoc_hetero {
 
-/*! \brief tvm::ffi ValueError -> Python ValueError, any other kind -> RuntimeError("<kind>: ..."). */
+/*! \brief tvm::ffi InputError -> byoc_hetero.errors.InputError, ValueError -> ValueError, any other kind -> RuntimeError("<kind>: ..."). */
 inline void RegisterFfiErrorTranslator() {
   pybind11::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const tvm::ffi::Error& e) {
-      if (e.kind() == "ValueError") {
+      if (e.kind() == "InputError") {
+        // The runtime's rejection of a call's shapes: byoc_hetero.errors.InputError (a ValueError).
+        pybind11::object cls = pybind11::module_::import("byoc_hetero.errors").attr("InputError");
+        PyErr_SetString(cls.ptr(), e.message().c_str());
+      } else if (e.kind() == "ValueError") {
         PyErr_SetString(PyExc_ValueError, e.message().c_str());
       } else {
         PyErr_SetString(PyExc_RuntimeError, (e.kind() + ": " + e.message()).c_str());

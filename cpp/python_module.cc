@@ -21,6 +21,7 @@
 #include "enums.h"
 #include "kernels/kernel.h"
 #include "executor.h"
+#include "compiled_region.h"
 #include "planner.h"
 #include "py_errors.h"
 #include "region_graph.h"
@@ -104,6 +105,7 @@ byoc_hetero::PlanRequest Request(const std::optional<std::vector<std::vector<int
   byoc_hetero::PlanRequest request;
   if (input_shapes) request.input_shapes = *input_shapes;
   request.threads = threads ? *threads : byoc_hetero::RegionThreads();
+  request.max_bytes = byoc_hetero::PhysicalMemoryBytes();
   if (request.threads < 1) throw py::value_error("threads must be >= 1");
   return request;
 }
@@ -206,6 +208,10 @@ PYBIND11_MODULE(_C, m) {
       "Plan a region `plans` times into one store of prepared weights and fill it from `constants` "
       "(float32 arrays): {buffers, bytes, init_steps_run: per plan}. Shows that plans share weights.");
 
+  m.def("plan_cache_limit", &byoc_hetero::PlanCacheLimit,
+        "Most plans a symbolic region keeps (least recently used evicted): BYOC_HETERO_PLAN_CACHE, default 8.");
+  m.def("set_plan_cache_limit", &byoc_hetero::SetPlanCacheLimit, py::arg("n"),
+        "Set the plan cache limit (>= 1) for every module, from its next new shape on.");
   m.def("num_threads", &byoc_hetero::RegionThreads,
         "OpenMP threads oneDNN uses per region call, for modules created from now on "
         "(default: BYOC_HETERO_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs available).");

@@ -10,6 +10,10 @@
 #include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/string.h>
 
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstdint>
 #include <sstream>
 #include <utility>
 
@@ -143,7 +147,174 @@ class ObjectReader {
   std::set<std::string> read_;
 };
 
+/*!
+ * \brief Strict parser of a dim expression: expr := term (('+' | '-') term)*,
+ *        term := factor (('*' | '//') factor)*, factor := INT | NAME | '(' expr ')'.
+ *        Names are [A-Za-z_][A-Za-z0-9_]*; spaces are allowed between tokens; nothing else is.
+ */
+class DimParser {
+ public:
+  DimParser(const std::string& text, std::vector<std::string>* symbols) : text_(text), symbols_(symbols) {}
+
+  /*! \brief The compiled expression, or an empty optional with error() set. */
+  bool Parse(DimExpr* out) {
+    out->text = text_;
+    out->rpn.clear();
+    rpn_ = &out->rpn;
+    if (!Expr()) return false;
+    Skip();
+    if (pos_ != text_.size()) return Error("unexpected '" + text_.substr(pos_, 1) + "'");
+    return true;
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Error(const std::string& what) {
+    if (error_.empty()) error_ = what + " at offset " + std::to_string(pos_);
+    return false;
+  }
+  void Skip() {
+    while (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
+  }
+  bool Expr() {
+    if (!Term()) return false;
+    for (;;) {
+      Skip();
+      if (pos_ >= text_.size() || (text_[pos_] != '+' && text_[pos_] != '-')) return true;
+      const DimExpr::Kind k = text_[pos_] == '+' ? DimExpr::Kind::kAdd : DimExpr::Kind::kSub;
+      ++pos_;
+      if (!Term()) return false;
+      rpn_->push_back({k, 0});
+    }
+  }
+  bool Term() {
+    if (!Factor()) return false;
+    for (;;) {
+      Skip();
+      DimExpr::Kind k;
+      if (text_.compare(pos_, 2, "//") == 0) {
+        k = DimExpr::Kind::kFloorDiv;
+        pos_ += 2;
+      } else if (pos_ < text_.size() && text_[pos_] == '*') {
+        k = DimExpr::Kind::kMul;
+        ++pos_;
+      } else {
+        return true;
+      }
+      if (!Factor()) return false;
+      rpn_->push_back({k, 0});
+    }
+  }
+  bool Factor() {
+    Skip();
+    if (pos_ >= text_.size()) return Error("expected a number, a symbol or '('");
+    const char c = text_[pos_];
+    if (c == '(') {
+      ++pos_;
+      if (!Expr()) return false;
+      Skip();
+      if (pos_ >= text_.size() || text_[pos_] != ')') return Error("expected ')'");
+      ++pos_;
+      return true;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      int64_t v = 0;
+      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
+        if (v > (INT64_MAX - 9) / 10) return Error("number too large");
+        v = v * 10 + (text_[pos_++] - '0');
+      }
+      rpn_->push_back({DimExpr::Kind::kInt, v});
+      return true;
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      const size_t start = pos_;
+      while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
+      const std::string name = text_.substr(start, pos_ - start);
+      auto it = std::find(symbols_->begin(), symbols_->end(), name);
+      if (it == symbols_->end()) it = symbols_->insert(symbols_->end(), name);
+      rpn_->push_back({DimExpr::Kind::kSymbol, static_cast<int64_t>(it - symbols_->begin())});
+      return true;
+    }
+    return Error(std::string("unexpected '") + c + "'");
+  }
+
+  const std::string text_;  // a copy: callers pass temporaries
+  std::vector<std::string>* symbols_;
+  std::vector<DimExpr::Token>* rpn_ = nullptr;
+  size_t pos_ = 0;
+  std::string error_;
+};
+
+[[noreturn]] void ThrowInputError(const std::string& message) {
+  TVM_FFI_THROW(InputError) << message;
+  TVM_FFI_UNREACHABLE();
+}
+
 }  // namespace
+
+bool EvalDim(const DimExpr& e, const std::vector<int64_t>& values, int64_t* result, std::string* error) {
+  std::vector<int64_t> stack;
+  for (const DimExpr::Token& t : e.rpn) {
+    if (t.kind == DimExpr::Kind::kInt) {
+      stack.push_back(t.value);
+      continue;
+    }
+    if (t.kind == DimExpr::Kind::kSymbol) {
+      stack.push_back(values.at(static_cast<size_t>(t.value)));
+      continue;
+    }
+    const int64_t b = stack.back();
+    stack.pop_back();
+    int64_t& a = stack.back();
+    bool overflow = false;
+    switch (t.kind) {
+      case DimExpr::Kind::kAdd:
+        overflow = __builtin_add_overflow(a, b, &a);
+        break;
+      case DimExpr::Kind::kSub:
+        overflow = __builtin_sub_overflow(a, b, &a);
+        break;
+      case DimExpr::Kind::kMul:
+        overflow = __builtin_mul_overflow(a, b, &a);
+        break;
+      default:  // floor division (Python's //), by a positive divisor only
+        if (b < 1) {
+          *error = "'" + e.text + "' divides by " + std::to_string(b);
+          return false;
+        }
+        a = a >= 0 ? a / b : -((-a + b - 1) / b);
+        break;
+    }
+    if (overflow) {
+      *error = "'" + e.text + "' overflows int64";
+      return false;
+    }
+  }
+  *result = stack.back();
+  return true;
+}
+
+bool TensorInfo::symbolic() const {
+  for (const DimExpr& d : dims) {
+    if (!d.rpn.empty()) return true;
+  }
+  return false;
+}
+
+std::string TensorInfo::Describe() const {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    os << (i ? ", " : "");
+    if (i < dims.size() && !dims[i].rpn.empty()) {
+      os << dims[i].text;
+    } else {
+      os << shape[i];
+    }
+  }
+  os << "]";
+  return os.str();
+}
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
@@ -219,9 +390,9 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
     doc.Fail("format", std::string("expected \"") + kRegionFormat + "\", got \"" + format + "\"");
   }
   int64_t version = doc.Int("version");
-  if (version != kRegionVersion) {
-    doc.Fail("version", "expected " + std::to_string(kRegionVersion) + ", got " +
-                            std::to_string(version) + " (this runtime reads version 1 only)");
+  if (version < 1 || version > kRegionVersion) {
+    doc.Fail("version", "expected 1 to " + std::to_string(kRegionVersion) + ", got " +
+                            std::to_string(version) + " (this runtime reads versions 1 and 2)");
   }
   std::string symbol = doc.Str("symbol");
   if (symbol.empty()) doc.Fail("symbol", "must be a non-empty string");
@@ -244,11 +415,28 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     ObjectReader t(g.where(), "tensors[" + std::to_string(i) + "]", tensors[i]);
     TensorInfo info;
-    info.shape = t.IntArray("shape");
-    for (size_t d = 0; d < info.shape.size(); ++d) {
-      if (info.shape[d] < 1) {
-        t.Fail("shape", "static positive dims required, got " + ShapeToString(info.shape));
+    JsonArray dims = t.Array("shape");
+    for (size_t d = 0; d < dims.size(); ++d) {
+      const std::string field = "shape[" + std::to_string(d) + "]";
+      const Any& v = dims[d];
+      DimExpr expr;
+      if (v.type_index() == ffi::TypeIndex::kTVMFFIInt) {
+        const int64_t n = v.cast<int64_t>();
+        if (n < 1) t.Fail("shape", "dim " + std::to_string(d) + " must be >= 1, got " + Render(Any(dims)));
+        info.shape.push_back(n);
+      } else if (auto text = v.as<ffi::String>(); text.has_value()) {
+        if (version < 2) {
+          t.Fail(field, "symbolic dim \"" + std::string(*text) + "\" needs version 2 of the format");
+        }
+        DimParser parser(std::string(*text), &g.symbols);
+        if (!parser.Parse(&expr)) {
+          t.Fail(field, "ill-formed dim expression \"" + std::string(*text) + "\": " + parser.error());
+        }
+        info.shape.push_back(-1);
+      } else {
+        t.Fail(field, "expected an integer or a dim expression (string), got " + TypeName(v) + " " + Render(v));
       }
+      info.dims.push_back(std::move(expr));
     }
     // "dtype" is optional (float32); a runtime that predates a dtype rejects it here, by name.
     if (t.Has("dtype")) {
@@ -317,6 +505,10 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
       c.Fail("tensor", "tensor " + std::to_string(id) + " is already " + role_name(g.roles[id]));
     }
     c.CheckNoUnknown();
+    if (g.tensors[id].symbolic()) {
+      c.Fail("tensor", "constant tensor " + std::to_string(id) + " has the symbolic shape " +
+                           g.tensors[id].Describe() + "; constants are static");
+    }
     g.roles[id] = TensorRole::kConstant;
     g.index_in_role[id] = static_cast<int>(i);
     g.constants.push_back({id, name});
@@ -378,8 +570,138 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
     }
     g.outputs.push_back(id);
   }
+  // Shape arguments: positions among the inputs and themselves, where the VM passes a shape.
+  if (doc.Has("shape_args")) {
+    std::vector<int64_t> positions = doc.IntArray("shape_args");
+    const int64_t leading = static_cast<int64_t>(g.inputs.size() + positions.size());
+    for (size_t i = 0; i < positions.size(); ++i) {
+      if (positions[i] < 0 || positions[i] >= leading || (i > 0 && positions[i] <= positions[i - 1])) {
+        doc.Fail("shape_args[" + std::to_string(i) + "]",
+                 "expected ascending positions in [0, " + std::to_string(leading) + "), got " +
+                     std::to_string(positions[i]));
+      }
+      g.shape_args.push_back(static_cast<int>(positions[i]));
+    }
+  }
+  // Every symbol must be a bare dim of an argument, so that a call's shapes bind it.
+  std::vector<bool> bound(g.symbols.size(), false);
+  for (const std::vector<int>* ids : {&g.inputs, &g.outputs}) {
+    for (int id : *ids) {
+      for (const DimExpr& d : g.tensors[id].dims) {
+        if (d.bare_symbol() >= 0) bound[d.bare_symbol()] = true;
+      }
+    }
+  }
+  for (size_t k = 0; k < g.symbols.size(); ++k) {
+    if (!bound[k]) {
+      doc.Fail("tensors", "unknown symbol '" + g.symbols[k] +
+                              "': it is no dim of its own in any region input or output, so no call can bind it");
+    }
+  }
   // Unknown top-level keys are tolerated (room for metadata such as a producer tag).
   return g;
+}
+
+std::vector<int64_t> RegionGraph::BindSymbols(const std::vector<std::vector<int64_t>>& arg_shapes) const {
+  std::vector<int64_t> values(symbols.size(), -1);
+  std::vector<int> bound_by(symbols.size(), -1);
+  const size_t num_in = inputs.size();
+  auto arg_name = [&](size_t i) {
+    return "argument " + std::to_string(i) + " (" + (i < num_in ? "input " + std::to_string(i) : "output " + std::to_string(i - num_in)) + ")";
+  };
+  auto tensor_of = [&](size_t i) { return i < num_in ? inputs[i] : outputs[i - num_in]; };
+  // Bare symbols bind first (inputs, then outputs); every other dim is checked afterwards.
+  for (size_t i = 0; i < arg_shapes.size(); ++i) {
+    const TensorInfo& t = tensors[tensor_of(i)];
+    const std::vector<int64_t>& got = arg_shapes[i];
+    if (got.size() != t.shape.size()) {
+      ThrowInputError(where() + ": " + arg_name(i) + ": expected rank " + std::to_string(t.shape.size()) + " shape " +
+                      t.Describe() + ", got shape " + ShapeToString(got));
+    }
+    for (size_t d = 0; d < got.size(); ++d) {
+      const int k = t.dims[d].bare_symbol();
+      if (k < 0) continue;
+      if (got[d] < 1) {
+        ThrowInputError(where() + ": " + arg_name(i) + ": dim " + std::to_string(d) + " (" + symbols[k] +
+                        ") must be >= 1, got shape " + ShapeToString(got));
+      }
+      if (values[k] < 0) {
+        values[k] = got[d];
+        bound_by[k] = static_cast<int>(i);
+      } else if (values[k] != got[d]) {
+        ThrowInputError(where() + ": " + arg_name(i) + ": dim " + std::to_string(d) + " is symbol " + symbols[k] +
+                        ", which " + arg_name(bound_by[k]) + " bound to " + std::to_string(values[k]) +
+                        "; got shape " + ShapeToString(got));
+      }
+    }
+  }
+  for (size_t k = 0; k < symbols.size(); ++k) {
+    if (values[k] < 0) {
+      ThrowInputError(where() + ": symbol " + symbols[k] + " is a dim of no argument among the " +
+                      std::to_string(arg_shapes.size()) + " shapes given");
+    }
+  }
+  for (size_t i = 0; i < arg_shapes.size(); ++i) {
+    const TensorInfo& t = tensors[tensor_of(i)];
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      int64_t want = t.shape[d];
+      std::string error;
+      if (!t.dims[d].rpn.empty() && !EvalDim(t.dims[d], values, &want, &error)) {
+        ThrowInputError(where() + ": " + arg_name(i) + " of shape " + t.Describe() + " at " +
+                        DescribeBinding(values) + ": " + error);
+      }
+      if (arg_shapes[i][d] != want) {
+        ThrowInputError(where() + ": " + arg_name(i) + ": expected shape " + t.Describe() +
+                        (symbols.empty() ? "" : " with " + DescribeBinding(values)) + ", got shape " +
+                        ShapeToString(arg_shapes[i]) + " (dim " + std::to_string(d) + " should be " +
+                        std::to_string(want) + ")");
+      }
+    }
+  }
+  return values;
+}
+
+RegionGraph RegionGraph::Bound(const std::vector<int64_t>& values, int64_t max_bytes) const {
+  RegionGraph g = *this;
+  g.symbols.clear();
+  int64_t total_bytes = 0;
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    TensorInfo& info = g.tensors[t];
+    int64_t numel = 1;
+    for (size_t d = 0; d < info.shape.size(); ++d) {
+      if (!info.dims[d].rpn.empty()) {
+        std::string error;
+        if (!EvalDim(info.dims[d], values, &info.shape[d], &error)) {
+          ThrowInputError(where() + ": tensor " + std::to_string(t) + " of shape " + tensors[t].Describe() +
+                          " at " + DescribeBinding(values) + ": " + error);
+        }
+        info.dims[d] = DimExpr();  // the bound graph is static
+        if (info.shape[d] < 1) {
+          ThrowInputError(where() + ": tensor " + std::to_string(t) + " of shape " + tensors[t].Describe() +
+                          " has dim " + std::to_string(d) + " = " + std::to_string(info.shape[d]) + " at " +
+                          DescribeBinding(values) + "; the inputs are too small for the region's ops");
+        }
+      }
+      if (__builtin_mul_overflow(numel, info.shape[d], &numel)) numel = INT64_MAX;
+    }
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(DTypeSize(info.dtype)), &bytes) ||
+        __builtin_add_overflow(total_bytes, bytes, &total_bytes) || total_bytes > max_bytes) {
+      ThrowInputError(where() + ": at " + DescribeBinding(values) + " the region's tensors need more than " +
+                      std::to_string(max_bytes) + " bytes (tensor " + std::to_string(t) + " alone: " +
+                      tensors[t].Describe() + " = " + ShapeToString(info.shape) +
+                      "); this machine cannot hold them");
+    }
+  }
+  return g;
+}
+
+std::string RegionGraph::DescribeBinding(const std::vector<int64_t>& values) const {
+  std::string s;
+  for (size_t k = 0; k < symbols.size() && k < values.size(); ++k) {
+    s += (s.empty() ? "" : ", ") + symbols[k] + "=" + std::to_string(values[k]);
+  }
+  return s.empty() ? "static shapes" : s;
 }
 
 // ---------------------------------------------------------------------------------------------

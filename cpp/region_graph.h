@@ -22,7 +22,24 @@
 namespace byoc_hetero {
 
 constexpr const char* kRegionFormat = "byoc_hetero.region";
-constexpr int64_t kRegionVersion = 1;
+/*! \brief The newest version this runtime reads (1: static shapes; 2: dims may be symbolic). */
+constexpr int64_t kRegionVersion = 2;
+
+/*!
+ * \brief A symbolic dim: an expression over the region's symbols, ints, + - * // and parentheses,
+ *        compiled to reverse Polish notation (docs/region-format.md, "Symbolic shapes").
+ */
+struct DimExpr {
+  enum class Kind { kInt, kSymbol, kAdd, kSub, kMul, kFloorDiv };
+  struct Token {
+    Kind kind;
+    int64_t value;  // kInt: the number; kSymbol: the index into RegionGraph::symbols
+  };
+  std::string text;
+  std::vector<Token> rpn;
+  /*! \brief The symbol index when the expression is one bare symbol, else -1. */
+  int bare_symbol() const { return rpn.size() == 1 && rpn[0].kind == Kind::kSymbol ? static_cast<int>(rpn[0].value) : -1; }
+};
 
 /*!
  * \brief The element types a tensor may have (field "dtype", default "float32").  Everything but
@@ -38,9 +55,15 @@ size_t DTypeSize(DType dtype);
 
 /*! \brief One value of the region. */
 struct TensorInfo {
+  /*! \brief The dims; a symbolic dim holds -1 in a parsed graph, its value in a bound one. */
   std::vector<int64_t> shape;
+  /*! \brief Per dim: the expression of a symbolic dim, empty (no rpn) for a static one. */
+  std::vector<DimExpr> dims;
+  bool symbolic() const;
   DType dtype = DType::kFloat32;
   int64_t numel() const;
+  /*! \brief "[N, 3, (H+2)//2]": the dims as written. */
+  std::string Describe() const;
 };
 
 /*! \brief Where a tensor's data comes from. */
@@ -72,6 +95,10 @@ struct RegionGraph {
   std::vector<int> outputs;
   std::vector<ConstantInfo> constants;
   std::vector<NodeInfo> nodes;
+  /*! \brief Symbol names, in order of first appearance; empty when every shape is static. */
+  std::vector<std::string> symbols;
+  /*! \brief Positions among a call's leading arguments of shape values (ignored), ascending. */
+  std::vector<int> shape_args;
 
   // Derived by the parser.
   std::vector<TensorRole> roles;  // per tensor
@@ -81,7 +108,30 @@ struct RegionGraph {
   std::string where() const;
   /*! \brief "byoc_hetero region '<symbol>' node <i> (<op>)". */
   std::string where(size_t node_index) const;
+  bool symbolic() const { return !symbols.empty(); }
+
+  /*!
+   * \brief The symbol values the shapes of a call's arguments (region inputs, then outputs) bind.
+   *        Checks ranks, static dims and that every symbolic dim agrees with the bound symbols.
+   * \throws tvm::ffi::Error InputError naming the region, the argument, what was expected and
+   *         what came.
+   */
+  std::vector<int64_t> BindSymbols(const std::vector<std::vector<int64_t>>& arg_shapes) const;
+  /*!
+   * \brief A copy of this graph with every symbolic dim evaluated for \p values (BindSymbols).
+   * \throws InputError when a dim evaluates below 1 or overflows, or when the tensors of the
+   *         region would need more than \p max_bytes.
+   */
+  RegionGraph Bound(const std::vector<int64_t>& values, int64_t max_bytes) const;
+  /*! \brief "N=3, S=7". */
+  std::string DescribeBinding(const std::vector<int64_t>& values) const;
 };
+
+/*!
+ * \brief Evaluate a dim expression for the symbol values; false (and \p error set) when it
+ *        divides by a value < 1 or overflows int64.
+ */
+bool EvalDim(const DimExpr& e, const std::vector<int64_t>& values, int64_t* result, std::string* error);
 
 /*!
  * \brief Parse and validate a region document.

@@ -66,10 +66,11 @@ std::string ShapeOf(const DLTensor& t) {
 }
 
 /*!
- * \brief Check that t is a CPU compact row-major tensor of the dtype and shape of \p info and
- *        return its data address.  \p what names the argument in messages.
+ * \brief Check that t is a CPU compact row-major tensor of the dtype of \p info and, with
+ *        \p check_shape, of its shape (a symbolic region's shapes are checked when they bind its
+ *        symbols); return its data address.  \p what names the argument in messages.
  */
-void* CheckTensor(const DLTensor& t, const TensorInfo& info, const std::string& what) {
+void* CheckTensor(const DLTensor& t, const TensorInfo& info, bool check_shape, const std::string& what) {
   const std::vector<int64_t>& shape = info.shape;
   auto fail = [&](const std::string& expected, const std::string& got) {
     TVM_FFI_THROW(ValueError) << what << ": expected " << expected << ", got " << got;
@@ -77,8 +78,8 @@ void* CheckTensor(const DLTensor& t, const TensorInfo& info, const std::string& 
   if (t.device.device_type != kDLCPU) fail("a CPU tensor", "a tensor on " + DeviceName(t.device));
   const std::string dtype = ffi::DLDataTypeToString(t.dtype);
   if (dtype != DTypeName(info.dtype)) fail(std::string("dtype ") + DTypeName(info.dtype), "dtype " + dtype);
-  if (t.ndim != static_cast<int>(shape.size()) ||
-      !std::equal(shape.begin(), shape.end(), t.shape)) {
+  if (check_shape && (t.ndim != static_cast<int>(shape.size()) ||
+                      !std::equal(shape.begin(), shape.end(), t.shape))) {
     fail("shape " + ShapeToString(shape), "shape " + ShapeOf(t));
   }
   if (!ffi::IsContiguous(t)) {
@@ -137,8 +138,10 @@ class RegionModuleObj : public ffi::ModuleObj {
     }
     if (name == "get_runtime_info") {
       // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans", "precision",
-      // "precision_requested", "precision_note"}: how the module runs; contention_plans: the thread
-      // counts of the plans made for contention.
+      // "precision_requested", "precision_note", "symbols", "plans", "plans_made",
+      // "plan_cache_limit", "bindings"}: how the module runs; contention_plans: the thread counts
+      // of the plans made for contention; plans...bindings: the plan cache of a symbolic region
+      // (its own thread count's).
       return ffi::Function::FromTyped([self, this]() {
         ffi::json::Array contention_plans;
         {
@@ -147,14 +150,30 @@ class RegionModuleObj : public ffi::ModuleObj {
             if (fewer_[n]) contention_plans.push_back(static_cast<int64_t>(n));
           }
         }
+        ffi::json::Array symbols, bindings;
+        for (const auto& name : graph_.symbols) symbols.push_back(name);
+        for (const auto& key : plan_->cached_bindings()) {
+          ffi::json::Array values;
+          for (int64_t v : key) values.push_back(v);
+          bindings.push_back(values);
+        }
+        // what the plans compute in (the same for every plan: it depends on the request and the
+        // machine only, so a symbolic region can say it before its first plan)
+        std::string precision_note;
+        const std::string precision = EffectivePrecision(graph_.precision, &precision_note);
         ffi::json::Object info{{"threads", plan_->threads()},
-                               {"precision", ffi::String(plan_->plan().precision)},
+                               {"precision", ffi::String(precision)},
                                {"precision_requested", ffi::String(graph_.precision)},
-                               {"precision_note", ffi::String(plan_->plan().precision_note)},
+                               {"precision_note", ffi::String(precision_note)},
                                {"contexts", plan_->contexts()},
                                {"shared_bytes", plan_->shared_bytes()},
                                {"context_bytes", plan_->context_bytes()},
-                               {"contention_plans", contention_plans}};
+                               {"contention_plans", contention_plans},
+                               {"symbols", symbols},
+                               {"plans", plan_->plans()},
+                               {"plans_made", plan_->plans_made()},
+                               {"plan_cache_limit", PlanCacheLimit()},
+                               {"bindings", bindings}};
         return ffi::json::Stringify(info);
       });
     }
@@ -201,28 +220,36 @@ class RegionModuleObj : public ffi::ModuleObj {
  private:
   void Run(const ffi::PackedArgs& args) {
     const size_t num_in = graph_.inputs.size(), num_out = graph_.outputs.size();
-    if (static_cast<size_t>(args.size()) != num_in + num_out) {
-      TVM_FFI_THROW(ValueError) << graph_.where() << ": expected " << num_in + num_out
-                                << " arguments (" << num_in << " inputs then " << num_out
-                                << " outputs), got " << args.size();
+    const size_t num_shape = graph_.shape_args.size();
+    if (static_cast<size_t>(args.size()) != num_in + num_shape + num_out) {
+      TVM_FFI_THROW(ValueError) << graph_.where() << ": expected " << num_in + num_shape + num_out
+                                << " arguments (" << num_in << " inputs"
+                                << (num_shape ? " and " + std::to_string(num_shape) + " shapes" : "")
+                                << " then " << num_out << " outputs), got " << args.size();
     }
     std::vector<void*> buffers(num_in + num_out);
-    for (size_t i = 0; i < buffers.size(); ++i) {
+    std::vector<std::vector<int64_t>> shapes(num_in + num_out);
+    size_t arg = 0;
+    for (size_t i = 0; i < buffers.size(); ++i, ++arg) {
+      // Shape values (a reshape's symbolic target) are skipped: the tensors bind the symbols.
+      for (int p : graph_.shape_args) arg += static_cast<size_t>(p) == arg;
       const bool is_input = i < num_in;
       const int t = is_input ? graph_.inputs[i] : graph_.outputs[i - num_in];
       std::ostringstream what;
-      what << graph_.where() << ": argument " << i << " (" << (is_input ? "input " : "output ")
+      what << graph_.where() << ": argument " << arg << " (" << (is_input ? "input " : "output ")
            << (is_input ? i : i - num_in) << ", tensor " << t << ")";
-      std::optional<DLTensor*> dl = args[i].try_cast<DLTensor*>();
+      std::optional<DLTensor*> dl = args[arg].try_cast<DLTensor*>();
       if (!dl.has_value() || *dl == nullptr) {
         TVM_FFI_THROW(ValueError) << what.str() << ": expected a Tensor, got "
-                                  << args[i].GetTypeKey();
+                                  << args[arg].GetTypeKey();
       }
-      buffers[i] = CheckTensor(**dl, graph_.tensors[t], what.str());
+      const DLTensor& tensor = **dl;
+      buffers[i] = CheckTensor(tensor, graph_.tensors[t], !graph_.symbolic(), what.str());
+      shapes[i].assign(tensor.shape, tensor.shape + tensor.ndim);
     }
     if (profiling_.load(std::memory_order_relaxed)) {
       // A profile counts the steps of the module's own plan: while profiling, every call runs it.
-      plan_->Execute(buffers);
+      plan_->Execute(buffers, shapes);
       return;
     }
     // Calls shorter than 200 us are watched one in 16: two getrusage (about 1 us each) would
@@ -230,7 +257,7 @@ class RegionModuleObj : public ffi::ModuleObj {
     const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
                        calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
     AdaptiveCall call(plan_->threads(), watch);
-    (call.threads() == plan_->threads() ? *plan_ : PlanWithFewer(call.threads())).Execute(buffers);
+    (call.threads() == plan_->threads() ? *plan_ : PlanWithFewer(call.threads())).Execute(buffers, shapes);
     last_call_ns_.store(static_cast<int64_t>(call.elapsed() * 1e9), std::memory_order_relaxed);
   }
 
@@ -246,7 +273,7 @@ class RegionModuleObj : public ffi::ModuleObj {
     if (fewer_.size() <= static_cast<size_t>(threads)) fewer_.resize(threads + 1);
     if (!fewer_[threads]) {
       auto plan = std::make_unique<CompiledRegion>(graph_, threads);
-      if (!const_data_.empty()) plan->LoadConstants(const_data_);
+      if (!const_data_.empty()) plan->LoadConstants(const_data_, consts_owner_);
       fewer_[threads] = std::move(plan);
     }
     return *fewer_[threads];
@@ -276,16 +303,17 @@ class RegionModuleObj : public ffi::ModuleObj {
       std::string what = graph_.where() + ": " + fn + " constant " + std::to_string(i) + " ('" +
                          c.name + "', tensor " + std::to_string(c.tensor) + ")";
       if (!tensor.defined()) TVM_FFI_THROW(ValueError) << what << ": expected a Tensor, got None";
-      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], what));
+      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], true, what));
     }
-    plan_->LoadConstants(data);
-    // Kept for the plans made later for fewer threads: the tensors belong to the module's constant
-    // loader and live as long as it; holding them costs no copy.
+    // The tensors are kept (a reference, no copy; TVM's const loader holds them too): plans made
+    // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.
+    auto owner = std::make_shared<ffi::Array<ffi::Tensor>>(*consts);
+    plan_->LoadConstants(data, owner);
     std::lock_guard<std::mutex> lock(fewer_mu_);
-    consts_ = *consts;
+    consts_owner_ = owner;
     const_data_ = data;
     for (auto& plan : fewer_) {
-      if (plan) plan->LoadConstants(data);
+      if (plan) plan->LoadConstants(data, owner);
     }
   }
 
@@ -303,7 +331,7 @@ class RegionModuleObj : public ffi::ModuleObj {
   // fill them.
   std::mutex fewer_mu_;
   std::vector<std::unique_ptr<CompiledRegion>> fewer_;
-  ffi::Array<ffi::Tensor> consts_;
+  std::shared_ptr<const void> consts_owner_;  // the constants' tensors (an ffi::Array<Tensor>)
   std::vector<const void*> const_data_;
   std::atomic<int64_t> last_call_ns_{0};
   std::atomic<uint32_t> calls_{0};

@@ -605,7 +605,7 @@ def mutate(path, value):
         ("{not json", r"malformed JSON"),
         ("[1, 2]", r"must be a JSON object"),
         (mutate(["format"], "other"), r"doc_check.*'format'"),
-        (mutate(["version"], 2), r"doc_check.*'version'.*expected 1"),
+        (mutate(["version"], 3), r"doc_check.*'version'.*expected 1 to 2"),
         (mutate(["tensors", 0, "dtype"], "float16"), r"doc_check.*'tensors\[0\]\.dtype'"),
         (mutate(["tensors", 0, "shape"], [1, -4, 8, 8]), r"doc_check.*'tensors\[0\]\.shape'"),
         (mutate(["nodes", 0, "inputs"], [0, 7, 2]), r"doc_check.*'nodes\[0\]\.inputs\[1\]'.*out of range"),

@@ -9,7 +9,7 @@ from typing import Union
 from tvm import relax
 from tvm.relax.transform import PatternCheckContext
 
-from .._relax import op_name, static_shape, tensor_dtype
+from .._relax import op_name, shape_of, tensor_dtype
 from ..errors import RuleError
 
 CheckResult = Union[bool, str, None]
@@ -53,9 +53,11 @@ class Match:
         """Whether an optional part (e.g. ``bias``) was matched."""
         return name in self.exprs
 
-    def shape(self, name: str) -> tuple[int, ...] | None:
-        """The static shape of part ``name``, or None if its shape is not fully static."""
-        return static_shape(self.expr(name))
+    def shape(self, name: str) -> tuple[int | str, ...] | None:
+        """The shape of part ``name``: ints for static dims, expressions (``"N"``) for symbolic
+        ones (:func:`.._relax.shape_of`); None when unknown. A check that needs static dims asks
+        ``tensor_reason`` first, which rejects symbolic shapes unless told otherwise."""
+        return shape_of(self.expr(name))
 
     def dtype(self, name: str) -> str:
         """The dtype of part ``name`` (``""`` if it is not a tensor)."""

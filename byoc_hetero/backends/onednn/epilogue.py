@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, is_tuple_get_item, wildcard
 
-from ..._relax import static_shape
+from ..._relax import shape_of
 from ...rules import Check, Match
 from .lowering import ANCHORS
 from .ops.activation import activation_pattern, activation_reason
@@ -25,11 +25,12 @@ Anchor = Callable[[], tuple[DFPattern, dict[str, DFPattern]]]
 """``make_anchor() -> (pattern, names)``: a fresh pattern of the anchor op and its named parts."""
 
 
-def tensors_reason(match: Match, names: list[str]) -> str | None:
-    """Why one of the (present) parts ``names`` cannot be a runtime tensor; None if all can."""
+def tensors_reason(match: Match, names: list[str], symbolic: bool = False) -> str | None:
+    """Why one of the (present) parts ``names`` cannot be a runtime tensor; None if all can.
+    ``symbolic``: the op runs symbolic dims (see :func:`.precision.tensor_reason`)."""
     for name in names:
         if match.has(name):
-            reason = tensor_reason(match.expr(name), name)
+            reason = tensor_reason(match.expr(name), name, symbolic=symbolic)
             if reason:
                 return reason
     return None
@@ -62,7 +63,8 @@ def _added(match: Match, add_name: str, chain_name: str, what: str) -> relax.Exp
     operand = other_operand(match, match.expr(add_name), match.expr(chain_name))
     if operand is None:
         return f"the {what} add adds the result to itself"
-    return tensor_reason(operand, what) or operand
+    # the shape checks below compare the operand's dims with the output's, symbolic ones by name
+    return tensor_reason(operand, what, symbolic=True) or operand
 
 
 def bias_reason(match: Match, out_shape: tuple[int, ...], channel_axis: int) -> str | None:
@@ -70,14 +72,14 @@ def bias_reason(match: Match, out_shape: tuple[int, ...], channel_axis: int) -> 
     bias = _added(match, "bias_add", "anchor", "bias")
     if not isinstance(bias, relax.Expr):
         return bias
-    shape = static_shape(bias)
+    shape = shape_of(bias)
     if not is_per_channel(shape, out_shape, channel_axis):
         return (
             f"bias of shape {list(shape)} is not one value per output channel "
             f"of an output shaped {list(out_shape)}"
         )
-    if static_shape(match.expr("bias_add")) != out_shape:
-        return f"bias add changes the shape {list(out_shape)} -> {static_shape(match.expr('bias_add'))}"
+    if shape_of(match.expr("bias_add")) != out_shape:
+        return f"bias add changes the shape {list(out_shape)} -> {shape_of(match.expr('bias_add'))}"
     return None
 
 
@@ -86,13 +88,13 @@ def residual_reason(match: Match, out_shape: tuple[int, ...]) -> str | None:
     residual = _added(match, "residual_add", "pre_res", "residual")
     if not isinstance(residual, relax.Expr):
         return residual
-    shape = static_shape(residual)
+    shape = shape_of(residual)
     if shape != out_shape:
         return (
             f"residual of shape {list(shape)} is not the output's shape {list(out_shape)} "
             "(the runtime adds it as a sum post-op)"
         )
-    if static_shape(match.expr("residual_add")) != out_shape:
+    if shape_of(match.expr("residual_add")) != out_shape:
         return f"residual add changes the shape {list(out_shape)}"
     return None
 
@@ -204,7 +206,7 @@ def fuse_add(ctx, call: relax.Call) -> int | None:
     operand_expr = call.args[1] if chain == lhs else call.args[0]
     operand = rhs if chain == lhs else lhs
     out_shape = ctx.graph.tensors[node.output]["shape"]
-    operand_shape = list(static_shape(operand_expr))
+    operand_shape = list(shape_of(operand_expr))
     channel_axis = 1 if node.op == "conv2d" else -1
     fresh = not node.attrs["has_bias"] and node.attrs["activation"] == "none" and \
         not node.attrs.get("residual") and not node.folded

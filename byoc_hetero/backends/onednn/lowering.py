@@ -19,13 +19,19 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..._relax import function_outputs, op_name, short_op_name, static_shape, tensor_dtype
+from ..._relax import function_outputs, op_name, shape_of, short_op_name, tensor_dtype
 from ...errors import CodegenError
 from .precision import DEFAULT_DTYPE, DEFAULT_PRECISION, check_precision
 from .table import TARGET, graph_passes, lowering_for
 
 FORMAT = "byoc_hetero.region"
 VERSION = 1
+"""The version written for a region with static shapes only (readable by every runtime)."""
+SYMBOLIC_VERSION = 2
+"""The version written when a tensor has a symbolic dim (an expression string, docs/region-format.md)."""
+
+SHAPE_ARG = "shape argument"
+"""The tensor id standing for a shape parameter of a region (read by no node)."""
 
 ANCHORS = ("conv2d", "dense", "matmul")
 """Node ops that absorb an epilogue (bias, batch norm, activations, residual) as oneDNN post-ops."""
@@ -52,6 +58,9 @@ class RegionGraph:
     outputs: list[int] = field(default_factory=list)
     constants: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
+    # positions, among the call's leading (input) arguments, of shape values (R.Shape) the VM
+    # passes: the symbolic dims a composite's reshape reads; the runtime skips them
+    shape_args: list[int] = field(default_factory=list)
     # what the region was made of, for reports: composite names and Relax op counts
     source_composites: list[str] = field(default_factory=list)
     source_ops: dict[str, int] = field(default_factory=dict)
@@ -60,19 +69,25 @@ class RegionGraph:
     #: documents stay what they were
     precision: str = DEFAULT_PRECISION
 
+    @property
+    def symbolic(self) -> bool:
+        """Whether a tensor has a symbolic dim."""
+        return any(isinstance(d, str) for t in self.tensors for d in t["shape"])
+
     def to_json(self) -> str:
         """The graph as the runtime parses it."""
         precision = {} if self.precision == DEFAULT_PRECISION else {"precision": self.precision}
         return json.dumps(
             {
                 "format": FORMAT,
-                "version": VERSION,
+                "version": SYMBOLIC_VERSION if self.symbolic else VERSION,
                 "symbol": self.symbol,
                 **precision,
                 "tensors": self.tensors,
                 "inputs": self.inputs,
                 "outputs": self.outputs,
                 "constants": self.constants,
+                **({"shape_args": self.shape_args} if self.shape_args else {}),
                 "nodes": [
                     {"op": n.op, "inputs": n.inputs, "output": n.output, "attrs": n.attrs}
                     for n in self.nodes
@@ -114,15 +129,15 @@ class RegionLowering:
         return CodegenError(f"region {self.symbol}: {what}")
 
     def new_tensor(self, expr: relax.Expr) -> int:
-        """A new tensor shaped like ``expr``; its id."""
-        shape = static_shape(expr)
+        """A new tensor shaped like ``expr`` (symbolic dims as expressions); its id."""
+        shape = shape_of(expr)
         if shape is None:
-            raise self.fail(f"value {expr.ty} has no static shape")
+            raise self.fail(f"value {expr.ty} has a shape the runtime cannot evaluate")
         return self.new_tensor_shape(shape, tensor_dtype(expr))
 
-    def new_tensor_shape(self, shape: Sequence[int], dtype: str = DEFAULT_DTYPE) -> int:
-        """A new tensor of ``shape``; its id."""
-        self.graph.tensors.append({"shape": [int(d) for d in shape], "dtype": dtype})
+    def new_tensor_shape(self, shape: Sequence[int | str], dtype: str = DEFAULT_DTYPE) -> int:
+        """A new tensor of ``shape`` (ints, or expression strings for symbolic dims); its id."""
+        self.graph.tensors.append({"shape": [d if isinstance(d, str) else int(d) for d in shape], "dtype": dtype})
         return len(self.graph.tensors) - 1
 
     def lookup(self, expr: relax.Expr) -> Any:
@@ -144,7 +159,13 @@ class RegionLowering:
     # -- the region function ------------------------------------------------------------------
     def run(self) -> RegionGraph:
         """Lower the whole region."""
-        for param in self.func.params:
+        for position, param in enumerate(self.func.params):
+            if isinstance(param.ty, relax.ShapeType):
+                # the symbolic values a reshape's target shape reads: the runtime evaluates the
+                # reshape's output shape itself, from the symbols the tensors bind
+                self.graph.shape_args.append(position)
+                self.tid[param] = SHAPE_ARG
+                continue
             tid = self.new_tensor(param)
             self.tid[param] = tid
             self.graph.inputs.append(tid)

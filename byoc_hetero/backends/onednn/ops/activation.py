@@ -88,7 +88,7 @@ def activation_reason(match: Match, name: str) -> str | None:
     act = activation_of(match.expr(name))
     if isinstance(act, str):
         return act
-    return tensor_reason(match.expr(name), name)
+    return tensor_reason(match.expr(name), name, symbolic=True)
 
 
 def activation_pattern(x: DFPattern) -> DFPattern:
@@ -104,8 +104,8 @@ def activation_pattern(x: DFPattern) -> DFPattern:
 
 
 def check_activation(match: Match) -> str | None:
-    """An activation on its own: float32 with a static shape, known to the runtime."""
-    return tensor_reason(match.expr("root"), "root") or activation_reason(match, "root")
+    """An activation on its own: float32 (any shape the runtime can evaluate), known to the runtime."""
+    return tensor_reason(match.expr("root"), "root", symbolic=True) or activation_reason(match, "root")
 
 
 @pattern_rules

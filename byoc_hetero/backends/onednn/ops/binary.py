@@ -32,10 +32,10 @@ def check_binary(match: Match) -> str | None:
     """A float32 binary op with static shapes that broadcast (either side)."""
     call = match.expr("binary")
     for i, arg in enumerate(call.args[:2]):
-        reason = tensor_reason(arg, f"operand {i}")
+        reason = tensor_reason(arg, f"operand {i}", symbolic=True)
         if reason:
             return reason
-    reason = tensor_reason(call, "result")
+    reason = tensor_reason(call, "result", symbolic=True)
     if reason:
         return reason
     return activation_reason(match, "act")

@@ -54,7 +54,9 @@ def batch_norm_reason(match: Match) -> str | None:
 
 def check_conv2d(match: Match) -> str | None:
     """conv2d with its optional epilogue, as the runtime runs it."""
-    reason = tensors_reason(match, ["data", "weight", "anchor"])
+    # batch and spatial dims may be symbolic (the output's are expressions of the input's); the
+    # channels and the weight are static
+    reason = tensors_reason(match, ["data", "weight", "anchor"], symbolic=True)
     if reason:
         return reason
     attrs = match.expr("anchor").attrs
@@ -70,6 +72,9 @@ def check_conv2d(match: Match) -> str | None:
         return reason
     if len(match.shape("data")) != 4 or len(match.shape("weight")) != 4:
         return f"conv2d needs 4-D data and weight, got {match.shape('data')} and {match.shape('weight')}"
+    if static_shape(match.expr("weight")) is None or not isinstance(match.shape("data")[1], int):
+        return (f"conv2d with a symbolic weight {list(match.shape('weight'))} or data channels "
+                f"{list(match.shape('data'))}; the runtime needs them static")
     return epilogue_reason(match, match.shape("anchor"), channel_axis=1, batch_norm=batch_norm_reason)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from ...._relax import static_shape
+from ...._relax import shape_of, static_shape
 from ....rules import Match
 from ..epilogue import anchor_rules, epilogue_reason, tensors_reason
 from ..precision import out_dtype_reason
@@ -42,7 +42,7 @@ def _batch_dims_reason(match: Match, data_shape, weight_shape) -> str | None:
     a = (1,) * (rank - len(data_shape)) + tuple(data_shape[:-2])
     b = (1,) * (rank - len(weight_shape)) + tuple(weight_shape[:-2])
     if match.has("transpose"):
-        b = (1,) * (rank - len(weight_shape)) + tuple(static_shape(match.expr("transpose"))[:-2])
+        b = (1,) * (rank - len(weight_shape)) + tuple(shape_of(match.expr("transpose"))[:-2])
     for x, y in zip(a, b):
         if x != y and 1 not in (x, y):
             return f"batch dims of {list(data_shape)} and {list(weight_shape)} do not broadcast"
@@ -51,10 +51,15 @@ def _batch_dims_reason(match: Match, data_shape, weight_shape) -> str | None:
 
 def check_dense(match: Match) -> str | None:
     """matmul of data by a weight (2-D: dense; rank >= 3: batched), optional epilogue."""
-    reason = tensors_reason(match, ["data", "weight", "anchor", "flat_in"])
+    # leading (batch, sequence) dims may be symbolic; a dense's weight (K, N) is static
+    reason = tensors_reason(match, ["data", "weight", "anchor", "flat_in"], symbolic=True)
     if reason:
         return reason
     data_shape, weight_shape = match.shape("data"), match.shape("weight")
+    if len(weight_shape) == 2 and static_shape(match.expr("weight")) is None:
+        return f"dense weight of the symbolic shape {list(weight_shape)}; the runtime needs it static"
+    if len(weight_shape) == 2 and not isinstance(data_shape[-1], int):
+        return f"dense data {list(data_shape)} with a symbolic K; the runtime needs it static"
     if len(data_shape) < 2 or len(weight_shape) < 2:
         return (
             f"matmul needs operands of rank >= 2, got shapes {list(data_shape)} and "
@@ -94,7 +99,7 @@ def lower_matmul(ctx, var: relax.Var, call: relax.Call) -> int:
     transposed = permute is not None and permute.op == "permute" and swapped_last(permute.attrs["axes"])
     if transposed:
         weight_id = permute.inputs[0]
-    if len(static_shape(weight)) == 2:
+    if len(shape_of(weight)) == 2:
         attrs = {"weight_layout": "NK" if transposed else "KN", "has_bias": 0, "activation": "none"}
         return ctx.emit("dense", [ctx.data_of(data), weight_id], var, attrs)
     attrs = {"transpose_b": int(transposed), "has_bias": 0, "activation": "none"}

@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
-from ...._relax import static_shape
+from ...._relax import shape_of, static_shape
 from ....rules import Match
 from ..lowering import Node, RegionGraph
 from ..precision import tensor_reason
@@ -63,7 +63,7 @@ def _ints(expr) -> list[int | None]:
 # ----------------------------------------------------------------------------------------------
 def permute_axes(call: relax.Call) -> list[int]:
     """The permutation of a permute_dims call, normalized (None = reverse all axes)."""
-    rank = len(static_shape(call.args[0]))
+    rank = len(shape_of(call.args[0]))  # symbolic dims allowed: only the rank matters
     axes = call.attrs.axes
     if axes is None:
         return list(reversed(range(rank)))
@@ -71,12 +71,13 @@ def permute_axes(call: relax.Call) -> list[int]:
 
 
 def check_permute(match: Match) -> str | None:
-    """permute_dims of a float32 tensor of rank 1..12 with static shape."""
+    """permute_dims of a float32 tensor of rank 1..12 (symbolic dims allowed: the runtime permutes the
+    shapes of each binding)."""
     call = match.expr("root")
-    reason = _tensors_reason([(call.args[0], "data"), (call, "result")])
+    reason = tensor_reason(call.args[0], "data", symbolic=True) or tensor_reason(call, "result", symbolic=True)
     if reason:
         return reason
-    rank = len(static_shape(call.args[0]))
+    rank = len(shape_of(call.args[0]))
     if not 1 <= rank <= 12:
         return f"permute_dims of rank {rank}; the runtime permutes ranks 1..12"
     return None
@@ -277,6 +278,8 @@ def strided_view(graph: RegionGraph, producers: dict[int, Node], t: int) -> tupl
         axes = [inner[a] for a in axes]
         base = producers[base].inputs[0]
     base_shape = graph.tensors[base]["shape"]
+    if not all(isinstance(d, int) for d in base_shape + graph.tensors[t]["shape"]):
+        return None  # strides of symbolic dims are not static: the permute node stays
     plain = row_major_strides(base_shape)
     strides = nocopy_reshape([base_shape[a] for a in axes], [plain[a] for a in axes], graph.tensors[t]["shape"])
     return None if strides is None else (base, strides)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from ...._relax import static_shape
+from ...._relax import shape_of, static_shape
 from ....rules import Match
 from ..epilogue import tensors_reason
 from ..table import PatternSpec, lowers, pattern_rules
@@ -20,7 +20,7 @@ def _single(op: str) -> tuple[DFPattern, dict[str, DFPattern]]:
 
 def _layout_reason(match: Match) -> str | None:
     """Float32 static NCHW 4-D data in and out."""
-    reason = tensors_reason(match, ["data", "root"])
+    reason = tensors_reason(match, ["data", "root"], symbolic=True)
     if reason:
         return reason
     a = match.expr("root").attrs
@@ -28,6 +28,8 @@ def _layout_reason(match: Match) -> str | None:
         return f"pooling layout {a.layout}/{a.out_layout}; the runtime runs NCHW"
     if len(match.shape("data")) != 4:
         return f"pooling needs 4-D data, got {list(match.shape('data'))}"
+    if not isinstance(match.shape("data")[1], int):
+        return f"pooling of data {list(match.shape('data'))} with symbolic channels"
     return None
 
 
@@ -59,6 +61,12 @@ def check_pool2d(match: Match) -> str | None:
     include_pad = call.op.name == "relax.nn.avg_pool2d" and bool(a.count_include_pad)
     pad = [int(p) for p in a.padding]
     for i in range(2):
+        if not isinstance(shape[2 + i], int):
+            # the runtime checks the window against each binding (InputError when it does not fit);
+            # ceil_mode with count_include_pad may change the output size for some sizes only
+            if bool(a.ceil_mode) and include_pad:
+                return "ceil_mode with count_include_pad over a symbolic spatial dim; not supported"
+            continue
         reason = _window_reason(shape[2 + i], int(a.pool_size[i]), int(a.strides[i]), pad[i], pad[i + 2],
                                 int(a.dilation[i]), bool(a.ceil_mode), include_pad)
         if reason:
@@ -72,6 +80,8 @@ def check_adaptive_avg_pool2d(match: Match) -> str | None:
     if reason:
         return reason
     shape, out = match.shape("data"), match.shape("root")
+    if not all(isinstance(d, int) for d in shape[2:] + out[2:]):
+        return f"adaptive pooling {list(shape[2:])} -> {list(out[2:])} with symbolic spatial dims"
     if shape[2] % out[2] or shape[3] % out[3]:
         return f"adaptive pooling {list(shape[2:])} -> {list(out[2:])} has uneven windows"
     return None
@@ -79,9 +89,11 @@ def check_adaptive_avg_pool2d(match: Match) -> str | None:
 
 def spatial_mean_axes(call: relax.Call) -> str | None:
     """Why a mean is not a global average pooling over the spatial axes of 4-D data (None = it is)."""
-    shape = static_shape(call.args[0])
+    shape = shape_of(call.args[0])
     if shape is None or len(shape) != 4:
         return "mean is offloaded only as global average pooling of 4-D NCHW data"
+    if not all(isinstance(d, int) for d in shape[1:]):
+        return f"mean of data {list(shape)}: global pooling needs static channels and spatial dims"
     axes = call.attrs.axis
     if axes is None:
         return "mean over all axes is not a spatial pooling"
@@ -92,7 +104,7 @@ def spatial_mean_axes(call: relax.Call) -> str | None:
 
 def check_mean(match: Match) -> str | None:
     """A mean over the spatial axes of NCHW data (global average pooling)."""
-    return tensors_reason(match, ["data", "root"]) or spatial_mean_axes(match.expr("root"))
+    return tensors_reason(match, ["data", "root"], symbolic=True) or spatial_mean_axes(match.expr("root"))
 
 
 @pattern_rules
@@ -138,7 +150,7 @@ def lower_mean(ctx, var: relax.Var, call: relax.Call) -> int:
     reason = spatial_mean_axes(call)
     if reason:
         raise ctx.fail(reason)
-    n, c, h, w = static_shape(call.args[0])
+    n, c, h, w = shape_of(call.args[0])
     attrs = {"algorithm": "avg_exclude_padding", "kernel": [h, w], "strides": [1, 1]}
     if bool(call.attrs.keepdims):
         return ctx.emit("pool2d", [ctx.data_of(call.args[0])], var, attrs)

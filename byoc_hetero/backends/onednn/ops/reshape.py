@@ -16,7 +16,7 @@ import math
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ...._relax import static_shape
+from ...._relax import shape_of
 from ....rules import Match
 from ..precision import tensor_reason
 from ..table import PatternSpec, lowers, pattern_rules
@@ -32,20 +32,36 @@ RELABELS = {
 
 
 def check_reshape(match: Match) -> str | None:
-    """A relabel of a float32 tensor with static shapes and the same number of elements."""
+    """A relabel of a float32 tensor to a shape with the same number of elements.
+
+    With symbolic dims the sizes must be equal for every value of the symbols, which is checked
+    (conservatively) as: the same symbolic dims on both sides, and equal products of the static
+    ones (``[N, S, 64] -> [N, S, 4, 16]``, ``[N, 32, 1, 1] -> [N, 32]``).
+    """
     call = match.expr("root")
-    reason = tensor_reason(call.args[0], "data") or tensor_reason(call, "result")
+    reason = tensor_reason(call.args[0], "data", symbolic=True) or tensor_reason(call, "result", symbolic=True)
     if reason:
         return reason
-    before, after = static_shape(call.args[0]), static_shape(call)
+    before, after = shape_of(call.args[0]), shape_of(call)
+    if any(isinstance(d, str) for d in after) and call.op.name in ("relax.reshape", "relax.broadcast_to"):
+        # its target shape is a Relax value holding the symbols; as a composite of its own, TVM's
+        # MergeCompositeFunctions fails on it ("memo_.count") with a torch.export'ed BERT
+        return (f"{call.op.name.removeprefix('relax.')} to the symbolic shape {list(after)} on its own "
+                "(TVM's MergeCompositeFunctions cannot group its shape argument)")
     if call.op.name == "relax.broadcast_to" and tuple(before) != tuple(after):
         return (
             f"broadcast_to {list(before)} -> {list(after)} repeats elements; "
             "only a broadcast_to that keeps the shape is free"
         )
-    if math.prod(before) != math.prod(after):
-        return f"{call.op.name.removeprefix('relax.')} {list(before)} -> {list(after)} changes the number of elements"
+    if _size(before) != _size(after):
+        return (f"{call.op.name.removeprefix('relax.')} {list(before)} -> {list(after)} changes the number "
+                "of elements (or may, for some symbol values)")
     return None
+
+
+def _size(shape) -> tuple[int, list[str]]:
+    """The product of a shape's static dims, and its symbolic dims (sorted)."""
+    return math.prod(d for d in shape if isinstance(d, int)), sorted(d for d in shape if isinstance(d, str))
 
 
 @pattern_rules
@@ -63,5 +79,5 @@ def _rules():
 def lower_reshape(ctx, var: relax.Var, call: relax.Call) -> int:
     """No node yet: the value is the source's bytes under ``var``'s shape (materialized on read)."""
     source = ctx.lookup(call.args[0])  # a pending relabel of a relabel keeps the first source
-    ctx.flattened[var] = (source, static_shape(var))
+    ctx.flattened[var] = (source, shape_of(var))
     return source

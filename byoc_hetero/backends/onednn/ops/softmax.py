@@ -12,7 +12,7 @@ from ..table import PatternSpec, lowers, pattern_rules
 
 def check_softmax(match: Match) -> str | None:
     """softmax of a float32 tensor (not a scalar) with a static shape."""
-    reason = tensors_reason(match, ["data", "root"])
+    reason = tensors_reason(match, ["data", "root"], symbolic=True)
     if reason:
         return reason
     if len(match.shape("data")) == 0:

@@ -1,0 +1,420 @@
+"""Symbolic shapes: one build serves every batch size and sequence length (issue 16).
+
+References: ONNX Runtime on the same dynamic file, torch on the module; sizes several per model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+import byoc_hetero as bh
+from byoc_hetero import _C
+from byoc_hetero._relax import region_modules, region_table
+from byoc_hetero.timing import build, run
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+class SmallCNN(nn.Module):
+    """conv+bn+relu, strided conv, max pool, global average pool, dense."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.b1(self.c1(x)))
+        x = torch.nn.functional.max_pool2d(torch.relu(self.c2(x)), 2)
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class Layer(nn.Module):
+    """One BERT-like encoder layer (hidden 64, 4 heads, feed-forward 128)."""
+
+    def __init__(self, d=64, h=4, f=128):
+        super().__init__()
+        self.h, self.d = h, d
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff1, self.ff2 = nn.Linear(d, f), nn.Linear(f, d)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+
+        def heads(t):
+            return t.reshape(b, s, self.h, self.d // self.h).transpose(1, 2)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.d // self.h), -1) @ v
+        x = self.ln1(x + self.o(a.transpose(1, 2).reshape(b, s, self.d)))
+        return self.ln2(x + self.ff2(torch.nn.functional.gelu(self.ff1(x))))
+
+
+class SmallBert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer(), Layer()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _model(cls):
+    torch.manual_seed(0)
+    return cls().eval()
+
+
+def _export_onnx(module, example, axes, path):
+    torch.onnx.export(module, (example,), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": axes, "y": {0: axes[0]} | ({1: axes[1]} if 1 in axes else {})},
+                      dynamo=False, opset_version=17)
+    return path
+
+
+def _symbols(mod) -> set[str]:
+    return {s for entry in region_table(mod).values() for t in entry.graph["tensors"]
+            for d in t["shape"] if isinstance(d, str) for s in [d]}
+
+
+CNN_BATCHES = [(1, 3, 32, 32), (3, 3, 32, 32), (8, 3, 32, 32)]
+BERT_SIZES = [(1, 7, 64), (3, 33, 64), (2, 128, 64)]
+
+
+@pytest.fixture(scope="module")
+def cnn_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sym") / "cnn.onnx"
+    return _export_onnx(_model(SmallCNN), torch.randn(2, 3, 32, 32), {0: "N"}, path)
+
+
+@pytest.fixture(scope="module")
+def bert_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sym") / "bert.onnx"
+    return _export_onnx(_model(SmallBert), torch.randn(2, 16, 64), {0: "B", 1: "S"}, path)
+
+
+def _check_onnx(path, sizes, symbols):
+    ort = pytest.importorskip("onnxruntime")
+    mod, params = bh.from_onnx(path)
+    part = bh.partition(mod, params)
+    assert len(region_table(part)) >= 1
+    assert symbols <= _symbols(part), "the regions must keep the file's symbolic dims by name"
+    report = str(bh.report(part))
+    for s in symbols:
+        assert re.search(rf"float32\[[^\]]*\b{s}\b", report), f"symbol {s} not shown by name"
+    ex = build(part)
+    sess = ort.InferenceSession(str(path))
+    rng = np.random.default_rng(0)
+    for shape in sizes:
+        x = rng.standard_normal(shape).astype("float32")
+        want = sess.run(None, {"x": x})[0]
+        got = run(ex, [x])
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return part
+
+
+def test_cnn_dynamic_batch_from_onnx(cnn_onnx):
+    part = _check_onnx(cnn_onnx, CNN_BATCHES, {"N"})
+    # the whole CNN is one region now (before: 0 regions, every op on llvm)
+    assert sum(e.ops.total() for e in region_table(part).values()) >= 10
+
+
+def test_bert_dynamic_batch_and_sequence_from_onnx(bert_onnx):
+    part = _check_onnx(bert_onnx, BERT_SIZES, {"B", "S"})
+    ops = sum((e.ops for e in region_table(part).values()), start=__import__("collections").Counter())
+    assert ops["matmul"] >= 10  # the dense layers and the attention's batched matmuls
+
+
+def test_from_torch_dynamic_shapes():
+    cnn, bert = _model(SmallCNN), _model(SmallBert)
+    n = torch.export.Dim("N", min=1, max=64)
+    mod, params = bh.from_torch(cnn, (torch.randn(2, 3, 32, 32),), dynamic_shapes=({0: n},))
+    part = bh.partition(mod, params)
+    assert _symbols(part), "torch.export's dynamic dim must stay symbolic"
+    ex = build(part)
+    for shape in CNN_BATCHES:
+        x = torch.randn(*shape)
+        np.testing.assert_allclose(run(ex, [x.numpy()]), cnn(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+    b, s = torch.export.Dim("B", min=1, max=64), torch.export.Dim("S", min=2, max=512)
+    mod, params = bh.from_torch(bert, (torch.randn(2, 16, 64),), dynamic_shapes=({0: b, 1: s},))
+    part = bh.partition(mod, params)
+    assert region_table(part)
+    ex = build(part)
+    for shape in BERT_SIZES[:2]:
+        x = torch.randn(*shape)
+        np.testing.assert_allclose(run(ex, [x.numpy()]), bert(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_build_matches_static_build(cnn_onnx):
+    """The symbolic module gives the numbers of a static build of each size."""
+    mod, params = bh.from_onnx(cnn_onnx)
+    ex = build(bh.partition(mod, params))
+    x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype("float32")
+    smod, sparams = bh.from_onnx(cnn_onnx, shape={"x": [3, 3, 32, 32]})
+    static = run(build(bh.partition(smod, sparams)), [x])
+    np.testing.assert_allclose(run(ex, [x]), static, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def one_thread_count():
+    """Calls run with the module's own thread count: the contention adaptation (threading.h) would
+    otherwise send some calls to plans for fewer threads, each with a plan cache of its own."""
+    saved = _C.thread_adaptation()
+    _C.set_thread_adaptation("off")
+    yield
+    _C.set_thread_adaptation(saved)
+
+
+def test_plan_cache_is_bounded_and_lru(cnn_onnx, one_thread_count):
+    mod, params = bh.from_onnx(cnn_onnx)
+    ex = build(bh.partition(mod, params))
+    vm_mods = region_modules(ex)
+    assert len(vm_mods) == 1
+    info = lambda: json.loads(vm_mods[0]["get_runtime_info"]())  # noqa: E731
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(str(cnn_onnx))
+    saved = _C.plan_cache_limit()
+    assert saved >= 1
+    try:
+        _C.set_plan_cache_limit(2)
+        rng = np.random.default_rng(2)
+        batches = [1, 2, 3, 4, 5, 1]
+        for i, n in enumerate(batches):
+            x = rng.standard_normal((n, 3, 32, 32)).astype("float32")
+            np.testing.assert_allclose(run(ex, [x]), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+            assert info()["plans"] <= 2
+        # batch 1 was evicted by 3, 4, 5 and planned again
+        assert info()["plans_made"] == len(batches)
+        assert info()["symbols"] == ["N"]
+        assert info()["bindings"] == [[1], [5]]
+        # a cached binding is not planned again
+        run(ex, [np.zeros((5, 3, 32, 32), "float32")])
+        assert info()["plans_made"] == len(batches)
+        with pytest.raises(ValueError):
+            _C.set_plan_cache_limit(0)
+    finally:
+        _C.set_plan_cache_limit(saved)
+
+
+def _region_module(cnn_onnx):
+    mod, params = bh.from_onnx(cnn_onnx)
+    part = bh.partition(mod, params)
+    (entry,) = region_table(part).values()
+    ex = build(part)
+    (module,) = region_modules(ex)
+    return module, entry
+
+
+def test_bad_shapes_are_input_errors(cnn_onnx):
+    import tvm
+
+    import tvm_ffi
+
+    module, entry = _region_module(cnn_onnx)
+    region = module[entry.symbol]
+
+    def f(*tensors):
+        # the VM passes the reshape's symbolic target shape too (the region's "shape_args")
+        args = list(tensors)
+        for pos in entry.graph.get("shape_args", []):
+            args.insert(pos, tvm_ffi.Shape((1, 1)))
+        return region(*args)
+
+    t = lambda *s: tvm.runtime.tensor(np.zeros(s, "float32"))  # noqa: E731
+    with pytest.raises(bh.InputError, match=r"expected rank 4"):
+        f(t(2, 3, 32), t(2, 10))
+    with pytest.raises(bh.InputError, match=r"symbol N.*bound to 2"):
+        f(t(2, 3, 32, 32), t(3, 10))
+    with pytest.raises(bh.InputError, match=r"dim 1 should be 3"):
+        f(t(2, 4, 32, 32), t(2, 10))
+    with pytest.raises(ValueError, match=r"dtype float32"):
+        f(tvm.runtime.tensor(np.zeros((2, 3, 32, 32), "float64")), t(2, 10))
+    # a shape whose tensors cannot fit in memory is refused before anything is allocated
+    graph = json.dumps(entry.graph)
+    with pytest.raises(bh.InputError, match=r"cannot hold them"):
+        _C.plan_region(graph, [[1 << 40, 3, 32, 32]])
+    with pytest.raises(bh.InputError, match=r"expected rank 4"):
+        _C.plan_region(graph, [[1, 3, 32]])
+
+
+def _doc(shape_in, shape_out, version=2):
+    return json.dumps({
+        "format": "byoc_hetero.region", "version": version, "symbol": "sym_test",
+        "tensors": [{"shape": shape_in, "dtype": "float32"}, {"shape": shape_out, "dtype": "float32"}],
+        "inputs": [0], "outputs": [1],
+        "nodes": [{"op": "eltwise", "inputs": [0], "output": 1, "attrs": {"algorithm": "relu"}}],
+    })
+
+
+def test_dim_expressions_are_parsed_strictly():
+    assert _C.validate(_doc(["N", 8], ["N", "(4 * 2)"])) == "sym_test"
+    plan = _C.plan_region(_doc(["N", 8], ["N", "(2 * N + 16) // 2 - N"]), [[5, 8]])
+    assert plan["output_shapes"] == [[5, 8]]
+    for bad, what in [(["N", "N +"], "ill-formed"), (["N", "N % 2"], "ill-formed"),
+                      (["N", "-1"], "ill-formed"), (["N", "N**2"], "ill-formed"),
+                      (["N", "M + 1"], "unknown symbol 'M'")]:
+        with pytest.raises(ValueError, match=rf"sym_test.*tensors.*{what}"):
+            _C.validate(_doc(["N", 8], bad))
+    with pytest.raises(ValueError, match=r"needs version 2"):
+        _C.validate(_doc(["N", 8], ["N", 8], version=1))
+    # the kernel's own check catches an expression that does not match what the op computes
+    with pytest.raises(ValueError, match=r"declared with shape \[6, 8\] but the op produces \[5, 8\]"):
+        _C.plan_region(_doc(["N", 8], ["N + 1", 8]), [[5, 8]])
+
+
+def test_ops_that_need_static_dims_stay_on_llvm_with_their_reason():
+    import tvm
+    from tvm import relax
+
+    n, h = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("h", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, 16, h, h], "float32"))
+    wv = np.random.default_rng(0).standard_normal((16, 16, 3, 3)).astype("float32")
+    w = relax.const(wv)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=[1, 1, 1, 1]))
+            z = bb.emit(relax.op.nn.adaptive_avg_pool2d(y, [2, 2]))
+            gv = bb.emit_output(z)
+        bb.emit_func_output(gv)
+    part = bh.partition(bb.get())
+    report = str(bh.report(part))
+    assert "adaptive_avg_pool2d" in report and "symbolic spatial dims" in report
+    # the conv with a symbolic batch and spatial size is offloaded
+    (entry,) = region_table(part).values()
+    assert entry.ops["nn.conv2d"] == 1
+    ex = build(part)
+    for size in (8, 12):
+        xv = np.random.default_rng(size).standard_normal((2, 16, size, size)).astype("float32")
+        want = torch.nn.functional.adaptive_avg_pool2d(
+            torch.nn.functional.conv2d(torch.from_numpy(xv), torch.from_numpy(wv), padding=1), 2)
+        np.testing.assert_allclose(run(ex, [xv]), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_merge_composite_functions_failure_is_no_crash():
+    """Regression: a transformers BertModel exported with dynamic batch and sequence made TVM's
+    MergeCompositeFunctions fail ("Could not find memo-ized group for expression of type ir.Var");
+    partition now succeeds and says why the function stays on llvm."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, vocab_size=100, max_position_embeddings=512)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(cfg).eval()
+
+    class Embeds(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, x):
+            return self.bert(inputs_embeds=x).last_hidden_state
+
+    b, s = torch.export.Dim("B", min=1, max=64), torch.export.Dim("S", min=2, max=512)
+    mod, params = bh.from_torch(Embeds(), (torch.randn(2, 16, 64),), dynamic_shapes=({0: b, 1: s},))
+    part = bh.partition(mod, params)
+    report = str(bh.report(part))
+    assert "MergeCompositeFunctions cannot group the composites of main" in report
+    assert "memo-ized group" in report
+
+
+def test_cli_on_a_dynamic_file(cnn_onnx, tmp_path):
+    """report shows N by name; run and bench take the batch from the input file."""
+    import subprocess
+    import sys
+
+    ort = pytest.importorskip("onnxruntime")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "byoc_hetero", *map(str, args)], capture_output=True,
+                              text=True, timeout=600)
+
+    out = cli("report", cnn_onnx)
+    assert out.returncode == 0, out.stderr
+    assert "float32[N, 3, 32, 32]" in out.stdout
+    x = np.random.default_rng(3).standard_normal((5, 3, 32, 32)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    out = cli("run", cnn_onnx, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy")
+    assert out.returncode == 0, out.stderr
+    want = ort.InferenceSession(str(cnn_onnx)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-4)
+    out = cli("bench", cnn_onnx, "--repeat", "2", "--input", tmp_path / "x.npy")
+    assert out.returncode == 0, out.stderr
+    assert "speed-up" in out.stdout
+    out = cli("bench", cnn_onnx, "--repeat", "2")
+    assert out.returncode == 2 and "symbolic input dims (N)" in out.stderr
+    np.save(tmp_path / "bad.npy", x[:, :, :, :8])
+    out = cli("run", cnn_onnx, "--input", tmp_path / "bad.npy")
+    assert out.returncode == 2 and "expected shape [N, 3, 32, 32]" in out.stderr
+
+
+def test_threads_at_different_shapes_share_one_module(cnn_onnx, one_thread_count):
+    """Calls at several shapes from several threads at once, with fewer cached plans than shapes:
+    plans are made, evicted and remade under contention, and every answer stays right."""
+    import threading
+
+    import tvm
+    from tvm import relax
+
+    ort = pytest.importorskip("onnxruntime")
+    mod, params = bh.from_onnx(cnn_onnx)
+    ex = build(bh.partition(mod, params))
+    sess = ort.InferenceSession(str(cnn_onnx))
+    rng = np.random.default_rng(4)
+    xs = {n: rng.standard_normal((n, 3, 32, 32)).astype("float32") for n in (1, 2, 3, 4)}
+    want = {n: sess.run(None, {"x": x})[0] for n, x in xs.items()}
+    # one VM per thread (a VM is not thread-safe), all on one executable: one region module
+    vms = [relax.VirtualMachine(ex, tvm.cpu()) for _ in range(3)]
+    errors = []
+    saved = _C.plan_cache_limit()
+
+    def work(vm, order):
+        try:
+            for n in order * 3:
+                got = vm["main"](tvm.runtime.tensor(xs[n])).numpy()
+                np.testing.assert_allclose(got, want[n], rtol=1e-4, atol=1e-4)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    try:
+        _C.set_plan_cache_limit(2)
+        orders = ([1, 2, 3, 4], [4, 3, 2, 1], [2, 4, 1, 3])
+        threads = [threading.Thread(target=work, args=(vm, o)) for vm, o in zip(vms, orders)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        _C.set_plan_cache_limit(saved)
+    assert not errors, errors[0]
+    (module,) = region_modules(ex)
+    assert json.loads(module["get_runtime_info"]())["plans"] <= 2
+
+
+def test_contention_plans_of_a_symbolic_region(cnn_onnx):
+    """Under contention a call runs a plan made for fewer threads (threading.h); for a symbolic
+    region that plan is made per binding too, from the constants kept since __init_."""
+    ort = pytest.importorskip("onnxruntime")
+    saved = _C.thread_adaptation()
+    try:
+        _C.set_thread_adaptation("reduced")
+        _C.reset_adaptation()
+        mod, params = bh.from_onnx(cnn_onnx)
+        ex = build(bh.partition(mod, params))
+        sess = ort.InferenceSession(str(cnn_onnx))
+        for n in (2, 5):
+            x = np.random.default_rng(n).standard_normal((n, 3, 32, 32)).astype("float32")
+            np.testing.assert_allclose(run(ex, [x]), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    finally:
+        _C.set_thread_adaptation(saved)
+        _C.reset_adaptation()
