@@ -92,14 +92,15 @@ def lower_conv2d(ctx, var: relax.Var, call: relax.Call) -> int:
     return ctx.emit("conv2d", [ctx.data_of(call.args[0]), ctx.lookup(call.args[1])], var, attrs)
 
 
-@lowers("relax.nn.batch_norm")  # only folded into a conv2d: no single-call check
-def lower_batch_norm(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:  # noqa: ARG001
+def fold_batch_norm(ctx, call: relax.Call) -> tuple[int, ...] | None:
     """Fold an inference batch norm into the open conv2d: two nodes computing its weight and
-    bias from the statistics (run once, at load, when they are constants)."""
+    bias from the statistics (run once, at load, when they are constants). None when it does not
+    directly follow a conv2d (and its bias) of this composite: then it runs on its own
+    (``relax.nn.batch_norm``'s lowering, :mod:`.norm`)."""
     node = ctx.open_node.get(ctx.lookup(call.args[0]))
     if node is None or node.op != "conv2d" or node.attrs["activation"] != "none" or \
             node.attrs.get("residual") or node.folded:
-        raise ctx.fail("batch_norm does not directly follow a conv2d (and its bias) it could be folded into")
+        return None
     eps = float(call.attrs.epsilon)
     gamma, beta, mean, var_ = (ctx.lookup(a) for a in call.args[1:5])
     weight = node.inputs[1]

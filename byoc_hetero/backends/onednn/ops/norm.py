@@ -1,0 +1,295 @@
+"""Normalizations: layer_norm, group_norm and batch_norm on its own (inference form).
+
+* ``layer_norm`` over the trailing axes → a ``layer_norm`` node (oneDNN layer normalization over
+  the data read as [rows, prod(trailing dims)]); also the decomposed form older ONNX exporters
+  write (rule ``layer_norm_decomposed``: mean, subtract, power 2, mean, add epsilon, sqrt, divide,
+  [multiply gamma], [add beta]), which becomes the same node;
+* ``group_norm`` with channels on axis 1 over every later axis → a ``group_norm`` node;
+* ``batch_norm`` (inference form) that does not follow a conv2d it can be folded into → a
+  ``batch_norm`` node, with a following relu fused (rule ``batch_norm_relu``). The conv2d rules
+  (priority 100 and up, :mod:`.conv2d`) are tried first, so a batch norm after a conv stays folded.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple_get_item, wildcard
+
+from ...._relax import static_shape
+from ....rules import Match
+from ..epilogue import tensors_reason
+from ..precision import tensor_reason
+from ..table import PatternSpec, lowers, lowers_composite, pattern_rules
+from .conv2d import fold_batch_norm
+
+
+def _epsilon_reason(eps: float, op: str) -> str | None:
+    if not (math.isfinite(eps) and eps >= 0):
+        return f"{op} epsilon {eps} must be finite and >= 0"
+    return None
+
+
+def _normalized_axes(axes, rank: int) -> list[int]:
+    return sorted(int(a) % rank for a in axes)
+
+
+def _affine_reason(match: Match, call: relax.Call, size: int, what: str) -> str | None:
+    """gamma (when scale) and beta (when center) must be float32 with ``size`` elements."""
+    for name, arg, used in (("gamma", call.args[1], bool(call.attrs.scale)),
+                            ("beta", call.args[2], bool(call.attrs.center))):
+        if not used:
+            continue
+        reason = tensor_reason(arg, f"{call.op.name.removeprefix('relax.nn.')} {name}")
+        if reason:
+            return reason
+        if math.prod(static_shape(arg)) != size:
+            return f"{name} of shape {list(static_shape(arg))} does not have {size} elements ({what})"
+    return None
+
+
+# -- layer_norm ---------------------------------------------------------------------------------
+def check_layer_norm(match: Match) -> str | None:
+    """layer_norm of float32 data over its trailing axes (any number of them)."""
+    reason = tensors_reason(match, ["data", "root"])
+    if reason:
+        return reason
+    call = match.expr("root")
+    shape = match.shape("data")
+    rank = len(shape)
+    if rank == 0:
+        return "layer_norm of a scalar"
+    axes = _normalized_axes(call.attrs.axes, rank)
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        return (f"layer_norm over axes {[int(a) for a in call.attrs.axes]} of rank-{rank} data; "
+                "the runtime normalizes over the trailing axes only")
+    size = math.prod(shape[rank - len(axes):])
+    return (_epsilon_reason(float(call.attrs.epsilon), "layer_norm")
+            or _affine_reason(match, call, size, "the normalized axes' size"))
+
+
+@lowers("relax.nn.layer_norm", check=check_layer_norm)
+def lower_layer_norm(ctx, var: relax.Var, call: relax.Call) -> int:
+    a = call.attrs
+    inputs = [ctx.data_of(call.args[0])]
+    if bool(a.scale):
+        inputs.append(ctx.lookup(call.args[1]))
+    if bool(a.center):
+        inputs.append(ctx.lookup(call.args[2]))
+    attrs = {"epsilon": float(a.epsilon), "axis_count": len(a.axes),
+             "has_scale": int(bool(a.scale)), "has_shift": int(bool(a.center))}
+    return ctx.emit("layer_norm", inputs, var, attrs)
+
+
+# -- layer_norm, decomposed (ONNX exporters before opset 17) -------------------------------------
+def _decomposed_layer_norm() -> tuple[DFPattern, dict[str, DFPattern]]:
+    """mean → subtract → power(·, 2) → mean → add(eps) → sqrt → divide, as TVM imports a
+    LayerNormalization that an exporter spelled out; [multiply(gamma)] [add(beta)] follow."""
+    x = wildcard()
+    mean = is_op("relax.mean")(x)
+    diff = is_op("relax.subtract")(x, mean)
+    square = is_op("relax.power")(diff, is_const())
+    var = is_op("relax.mean")(square)
+    eps = is_const()
+    shifted = is_op("relax.add")(var, eps)
+    root = is_op("relax.sqrt")(shifted)
+    norm = is_op("relax.divide")(diff, root)
+    names = {"data": x, "mean": mean, "diff": diff, "square": square, "var": var, "eps": eps,
+             "eps_add": shifted, "norm": norm}
+    return norm, names
+
+
+def _scalar(expr: relax.Expr) -> float | None:
+    """The value of a one-element float constant, or None."""
+    if not isinstance(expr, relax.Constant):
+        return None
+    data = expr.data.numpy()
+    return float(data.reshape(-1)[0]) if data.size == 1 else None
+
+
+def check_layer_norm_decomposed(match: Match) -> str | None:
+    """The decomposition must be a layer norm over the trailing axes with a constant epsilon and a
+    square; gamma / beta hold one value per normalized element."""
+    names = ["data", "mean", "diff", "square", "var", "eps_add", "norm", "root"]
+    reason = tensors_reason(match, [n for n in names if match.has(n)])
+    if reason:
+        return reason
+    shape = match.shape("data")
+    rank = len(shape)
+    if rank == 0:
+        return "layer norm of a scalar"
+    mean, var = match.expr("mean"), match.expr("var")
+    if mean.attrs.axis is None or var.attrs.axis is None:
+        return "mean over all axes is not a layer norm"
+    axes = _normalized_axes(mean.attrs.axis, rank)
+    if axes != _normalized_axes(var.attrs.axis, rank) or axes != list(range(rank - len(axes), rank)):
+        return "the two means of the decomposed layer norm are not over the same trailing axes"
+    if not (bool(mean.attrs.keepdims) and bool(var.attrs.keepdims)):
+        return "the decomposed layer norm's means must keep their dims"
+    if _scalar(match.expr("square").args[1]) != 2.0:
+        return "the decomposed layer norm does not square the difference (power exponent is not 2)"
+    eps = _scalar(match.expr("eps"))
+    if eps is None:
+        return "the decomposed layer norm's epsilon is not a one-element constant"
+    reason = _epsilon_reason(eps, "layer norm")
+    if reason:
+        return reason
+    k = len(axes)
+    for name, op in (("gamma", "scale"), ("beta", "shift")):
+        if not match.has(name):
+            continue
+        reason = tensor_reason(match.expr(name), name)
+        if reason:
+            return reason
+        # one value per normalized element, broadcast along the leading axes
+        arg_shape = tuple(static_shape(match.expr(name)))
+        aligned = (1,) * (rank - len(arg_shape)) + arg_shape
+        if len(arg_shape) > rank or any(d != 1 for d in aligned[:rank - k]) or aligned[rank - k:] != tuple(shape[rank - k:]):
+            return f"the layer norm's {op} of shape {list(arg_shape)} is not one value per normalized element"
+        if static_shape(match.expr(f"{name}_op")) != tuple(shape):
+            return f"the layer norm's {op} changes the shape"
+    return None
+
+
+@pattern_rules
+def _rules():
+    data, gamma, beta = wildcard(), wildcard(), wildcard()
+    call = is_op("relax.nn.layer_norm")(data, gamma, beta)
+    yield PatternSpec("layer_norm", call, {"data": data, "root": call}, check_layer_norm, priority=50)
+
+    # largest first: [gamma] [beta]; the add/multiply match either operand order
+    for with_gamma, with_beta in ((True, True), (True, False), (False, True), (False, False)):
+        out, names = _decomposed_layer_norm()
+        if with_gamma:
+            g = wildcard()
+            out = is_op("relax.multiply")(out, g)
+            names.update(gamma=g, gamma_op=out)
+        if with_beta:
+            b = wildcard()
+            out = is_op("relax.add")(out, b)
+            names.update(beta=b, beta_op=out)
+        names["root"] = out
+        suffix = ("_scale" if with_gamma else "") + ("_shift" if with_beta else "")
+        yield PatternSpec("layer_norm_decomposed" + suffix, out, names, check_layer_norm_decomposed,
+                          priority=130 + with_gamma + with_beta)
+
+    # group_norm, batch_norm on its own: below the conv2d rules (100+), which fold a batch norm
+    data, gamma, beta = wildcard(), wildcard(), wildcard()
+    call = is_op("relax.nn.group_norm")(data, gamma, beta)
+    yield PatternSpec("group_norm", call, {"data": data, "root": call}, check_group_norm, priority=50)
+
+    for relu in (True, False):
+        data = wildcard()
+        bn = is_op("relax.nn.batch_norm")(data, wildcard(), wildcard(), wildcard(), wildcard())
+        names = {"data": data, "bn": bn}
+        out = bn
+        if relu:
+            out = is_op("relax.nn.relu")(is_tuple_get_item(bn, 0))
+            names["act"] = out
+        names["root"] = out
+        yield PatternSpec("batch_norm_relu" if relu else "batch_norm", out, names, check_batch_norm,
+                          priority=51 + relu)
+
+
+@lowers_composite("layer_norm_decomposed", "layer_norm_decomposed_scale", "layer_norm_decomposed_shift",
+                  "layer_norm_decomposed_scale_shift")
+def lower_layer_norm_decomposed(ctx, func: relax.Function) -> int:
+    """The whole decomposed chain (a composite of rule ``layer_norm_decomposed*``) as one
+    ``layer_norm`` node; gamma / beta are the operands of the multiply / add after the divide."""
+    calls = [b.value for block in func.body.blocks for b in block.bindings]
+    ops = [c.op.name for c in calls]
+    first_mean, eps_add = calls[ops.index("relax.mean")], calls[ops.index("relax.add")]
+    eps = next(a for a in eps_add.args if isinstance(a, relax.Constant))
+    divide = ops.index("relax.divide")
+    chain, extra = func.body.blocks[0].bindings[divide].var, {}
+    for binding, call in zip(func.body.blocks[0].bindings[divide + 1:], calls[divide + 1:]):
+        name = "gamma" if call.op.name == "relax.multiply" else "beta"
+        extra[name] = call.args[1] if call.args[0].same_as(chain) else call.args[0]
+        chain = binding.var
+    inputs = [ctx.data_of(first_mean.args[0])] + [ctx.lookup(extra[n]) for n in ("gamma", "beta") if n in extra]
+    attrs = {"epsilon": _scalar(eps), "axis_count": len(first_mean.attrs.axis),
+             "has_scale": int("gamma" in extra), "has_shift": int("beta" in extra)}
+    return ctx.emit("layer_norm", inputs, chain, attrs)
+
+
+# -- group_norm ---------------------------------------------------------------------------------
+def check_group_norm(match: Match) -> str | None:
+    """group_norm of float32 data with channels on axis 1, statistics over every later axis."""
+    reason = tensors_reason(match, ["data", "root"])
+    if reason:
+        return reason
+    call = match.expr("root")
+    a = call.attrs
+    shape = match.shape("data")
+    rank = len(shape)
+    if rank < 2:
+        return f"group_norm of rank-{rank} data; the runtime needs channels on axis 1 of rank >= 2 data"
+    if int(a.channel_axis) % rank != 1:
+        return f"group_norm with channels on axis {int(a.channel_axis)}; the runtime runs channel axis 1"
+    if _normalized_axes(a.axes, rank) != list(range(2, rank)):
+        return (f"group_norm over axes {[int(x) for x in a.axes]}; the runtime takes the statistics over "
+                f"every axis after the channels ({list(range(2, rank))})")
+    groups = int(a.num_groups)
+    if groups < 1 or shape[1] % groups:
+        return f"group_norm with {groups} groups of {shape[1]} channels"
+    return (_epsilon_reason(float(a.epsilon), "group_norm")
+            or _affine_reason(match, call, shape[1], "one per channel"))
+
+
+@lowers("relax.nn.group_norm", check=check_group_norm)
+def lower_group_norm(ctx, var: relax.Var, call: relax.Call) -> int:
+    a = call.attrs
+    inputs = [ctx.data_of(call.args[0])]
+    if bool(a.scale):
+        inputs.append(ctx.lookup(call.args[1]))
+    if bool(a.center):
+        inputs.append(ctx.lookup(call.args[2]))
+    attrs = {"groups": int(a.num_groups), "epsilon": float(a.epsilon),
+             "has_scale": int(bool(a.scale)), "has_shift": int(bool(a.center))}
+    return ctx.emit("group_norm", inputs, var, attrs)
+
+
+# -- batch_norm on its own ----------------------------------------------------------------------
+def check_batch_norm(match: Match) -> str | None:
+    """Inference-form batch_norm of float32 data, channels on axis 1, per-channel statistics."""
+    bn = match.expr("bn") if match.has("bn") else match.expr("root")
+    reason = tensor_reason(bn.args[0], "data")
+    if reason:
+        return reason
+    shape = static_shape(bn.args[0])
+    a = bn.attrs
+    if len(shape) < 2:
+        return f"batch_norm of rank-{len(shape)} data; the runtime needs channels on axis 1"
+    if bool(a.training):
+        return "batch_norm in training form (batch statistics); only the inference form runs"
+    if not (bool(a.center) and bool(a.scale)):
+        return "batch_norm with center=False or scale=False is not offloaded"
+    if int(a.axis) % len(shape) != 1:
+        return f"batch_norm over axis {int(a.axis)}; the runtime runs channel axis 1"
+    reason = _epsilon_reason(float(a.epsilon), "batch_norm")
+    if reason:
+        return reason
+    for name, arg in zip(("gamma", "beta", "mean", "var"), bn.args[1:5]):
+        reason = tensor_reason(arg, f"batch_norm {name}")
+        if reason:
+            return reason
+        if math.prod(static_shape(arg)) != shape[1]:
+            return f"batch_norm {name} of shape {list(static_shape(arg))} is not one value per channel"
+    return None
+
+
+@lowers("relax.nn.batch_norm", check=check_batch_norm)
+def lower_batch_norm(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:  # noqa: ARG001
+    """Folded into the conv2d this composite opened on the data, else a ``batch_norm`` node.
+
+    Returns batch_norm's tuple: the result, then the moving mean and variance (which the
+    inference form passes through)."""
+    folded = fold_batch_norm(ctx, call)
+    if folded is not None:
+        return folded
+    stats = [ctx.lookup(a) for a in call.args[1:5]]
+    out = ctx.emit("batch_norm", [ctx.data_of(call.args[0]), *stats], None,
+                   {"epsilon": float(call.attrs.epsilon), "activation": "none"},
+                   shape=static_shape(call.args[0]))
+    return out, stats[2], stats[3]
