@@ -111,8 +111,12 @@ static std::unique_ptr<Kernel> BuildGroupNorm(const KernelContext& ctx) {
   dnnl::layer_normalization_forward::primitive_desc norm(ctx.engine, dnnl::prop_kind::forward_inference, rows,
                                                          rows, static_cast<float>(eps),
                                                          dnnl::normalization_flags::none, ctx.MakeAttr());
-  const memory::desc full = PlainDesc({n, channels, spatial});
-  const memory::desc per_channel = PlainDesc({1, channels, 1});
+  // Without spatial dims the data is read as [N, C]: oneDNN 3.2's jit binary applies a [1, C, 1]
+  // post-op operand wrongly to a [N, C, 1] destination when N > 1 (measured: group_norm of a
+  // [3, 6] tensor was off by up to 1.0 with a shift, exact without), while [1, C] over [N, C] is
+  // its plain per-channel broadcast.
+  const memory::desc full = spatial == 1 ? PlainDesc({n, channels}) : PlainDesc({n, channels, spatial});
+  const memory::desc per_channel = spatial == 1 ? PlainDesc({1, channels}) : PlainDesc({1, channels, 1});
   dnnl::binary::primitive_desc affine;
   if (has_scale || has_shift) {
     dnnl::primitive_attr attr = ctx.MakeAttr();

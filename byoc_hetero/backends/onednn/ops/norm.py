@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple_get_item, wildcard
 
@@ -36,12 +37,19 @@ def _normalized_axes(axes, rank: int) -> list[int]:
 
 
 def _affine_reason(match: Match, call: relax.Call, size: int, what: str) -> str | None:
-    """gamma (when scale) and beta (when center) must be float32 with ``size`` elements."""
-    for name, arg, used in (("gamma", call.args[1], bool(call.attrs.scale)),
-                            ("beta", call.args[2], bool(call.attrs.center))):
-        if not used:
-            continue
-        reason = tensor_reason(arg, f"{call.op.name.removeprefix('relax.nn.')} {name}")
+    """gamma and beta must be float32 with ``size`` elements, and both applied.
+
+    center=False / scale=False are refused: TVM's own kernels (the llvm build, topi) ignore the
+    two flags and always apply beta and gamma (measured: layer_norm and group_norm with
+    center=False still add beta), so an offloaded call honouring them would disagree with the
+    same module built for llvm. The runtime's kernels can skip either (``has_scale`` /
+    ``has_shift``, used by the decomposed layer norm)."""
+    op = call.op.name.removeprefix("relax.nn.")
+    if not (bool(call.attrs.center) and bool(call.attrs.scale)):
+        return (f"{op} with center=False or scale=False: TVM's llvm kernel ignores these flags, "
+                "so the offloaded result would differ from it")
+    for name, arg in (("gamma", call.args[1]), ("beta", call.args[2])):
+        reason = tensor_reason(arg, f"{op} {name}")
         if reason:
             return reason
         if math.prod(static_shape(arg)) != size:
@@ -100,11 +108,14 @@ def _decomposed_layer_norm() -> tuple[DFPattern, dict[str, DFPattern]]:
     return norm, names
 
 
+_CONSTANTS = (tvm.ir.Constant, tvm.ir.GenericConst)
+
+
 def _scalar(expr: relax.Expr) -> float | None:
     """The value of a one-element float constant, or None."""
-    if not isinstance(expr, relax.Constant):
+    if not isinstance(expr, _CONSTANTS):
         return None
-    data = expr.data.numpy()
+    data = (expr.value if isinstance(expr, tvm.ir.GenericConst) else expr.data).numpy()
     return float(data.reshape(-1)[0]) if data.size == 1 else None
 
 
@@ -200,7 +211,7 @@ def lower_layer_norm_decomposed(ctx, func: relax.Function) -> int:
     calls = [b.value for block in func.body.blocks for b in block.bindings]
     ops = [c.op.name for c in calls]
     first_mean, eps_add = calls[ops.index("relax.mean")], calls[ops.index("relax.add")]
-    eps = next(a for a in eps_add.args if isinstance(a, relax.Constant))
+    eps = next(a for a in eps_add.args if isinstance(a, _CONSTANTS))
     divide = ops.index("relax.divide")
     chain, extra = func.body.blocks[0].bindings[divide].var, {}
     for binding, call in zip(func.body.blocks[0].bindings[divide + 1:], calls[divide + 1:]):
