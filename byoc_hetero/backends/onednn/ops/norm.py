@@ -111,6 +111,32 @@ def _decomposed_layer_norm() -> tuple[DFPattern, dict[str, DFPattern]]:
 _CONSTANTS = (tvm.ir.Constant, tvm.ir.GenericConst)
 
 
+def _decomposed_instance_norm() -> tuple[DFPattern, dict[str, DFPattern]]:
+    """mean → subtract, variance → add(eps) → sqrt → divide: how TVM imports ONNX
+    InstanceNormalization (which exporters before opset 18 also write for GroupNorm, on the data
+    reshaped to [N, groups, -1]); [multiply(scale)] [add(bias)] per channel follow."""
+    x = wildcard()
+    mean = is_op("relax.mean")(x)
+    diff = is_op("relax.subtract")(x, mean)
+    var = is_op("relax.variance")(x)
+    eps = is_const()
+    shifted = is_op("relax.add")(var, eps)
+    norm = is_op("relax.divide")(diff, is_op("relax.sqrt")(shifted))
+    names = {"data": x, "mean": mean, "diff": diff, "var": var, "eps": eps, "eps_add": shifted, "norm": norm}
+    return norm, names
+
+
+def _with_affine(out: DFPattern, names: dict[str, DFPattern], gamma: bool, beta: bool):
+    """[multiply(gamma)] [add(beta)] after ``out``; each operand maybe reshaped first."""
+    for flag, op, name in ((gamma, "relax.multiply", "gamma"), (beta, "relax.add", "beta")):
+        if flag:
+            value = wildcard()
+            out = is_op(op)(out, is_op("relax.reshape")(value, wildcard()) | value)
+            names.update({name: value, f"{name}_op": out})
+    names["root"] = out
+    return out, names
+
+
 def _scalar(expr: relax.Expr) -> float | None:
     """The value of a one-element float constant, or None."""
     if not isinstance(expr, _CONSTANTS):
@@ -163,6 +189,44 @@ def check_layer_norm_decomposed(match: Match) -> str | None:
     return None
 
 
+def check_instance_norm_decomposed(match: Match) -> str | None:
+    """An instance norm: statistics over every axis after axis 1 of rank >= 3 data (mean and
+    variance over the same axes, keepdims), constant epsilon, scale / bias one per channel."""
+    names = ["data", "mean", "diff", "var", "eps_add", "norm", "root"]
+    reason = tensors_reason(match, names)
+    if reason:
+        return reason
+    shape = match.shape("data")
+    rank = len(shape)
+    if rank < 3:
+        return f"instance norm of rank-{rank} data; the runtime needs channels on axis 1 and spatial axes"
+    mean, var = match.expr("mean"), match.expr("var")
+    spatial = list(range(2, rank))
+    for call in (mean, var):
+        if call.attrs.axis is None or _normalized_axes(call.attrs.axis, rank) != spatial \
+                or not bool(call.attrs.keepdims):
+            return f"the decomposed instance norm's statistics are not over the axes {spatial} (keepdims)"
+    eps = _scalar(match.expr("eps"))
+    if eps is None:
+        return "the decomposed instance norm's epsilon is not a one-element constant"
+    reason = _epsilon_reason(eps, "instance norm")
+    if reason:
+        return reason
+    for name in ("gamma", "beta"):
+        if match.has(name):
+            reason = tensor_reason(match.expr(name), name)
+            if reason:
+                return reason
+            operand = match.value(match.expr(f"{name}_op").args[1])
+            operand_shape = static_shape(operand) or ()
+            aligned = (1,) * (rank - len(operand_shape)) + tuple(operand_shape)
+            if len(operand_shape) > rank or aligned != (1, shape[1]) + (1,) * (rank - 2):
+                return f"the instance norm's {name} of shape {list(operand_shape)} is not one value per channel"
+            if static_shape(match.expr(f"{name}_op")) != tuple(shape):
+                return f"the instance norm's {name} changes the shape"
+    return None
+
+
 @pattern_rules
 def _rules():
     data, gamma, beta = wildcard(), wildcard(), wildcard()
@@ -171,18 +235,12 @@ def _rules():
 
     # largest first: [gamma] [beta]; the add/multiply match either operand order
     for with_gamma, with_beta in ((True, True), (True, False), (False, True), (False, False)):
-        out, names = _decomposed_layer_norm()
-        if with_gamma:
-            g = wildcard()
-            out = is_op("relax.multiply")(out, g)
-            names.update(gamma=g, gamma_op=out)
-        if with_beta:
-            b = wildcard()
-            out = is_op("relax.add")(out, b)
-            names.update(beta=b, beta_op=out)
-        names["root"] = out
         suffix = ("_scale" if with_gamma else "") + ("_shift" if with_beta else "")
+        out, names = _with_affine(*_decomposed_layer_norm(), with_gamma, with_beta)
         yield PatternSpec("layer_norm_decomposed" + suffix, out, names, check_layer_norm_decomposed,
+                          priority=130 + with_gamma + with_beta)
+        out, names = _with_affine(*_decomposed_instance_norm(), with_gamma, with_beta)
+        yield PatternSpec("instance_norm_decomposed" + suffix, out, names, check_instance_norm_decomposed,
                           priority=130 + with_gamma + with_beta)
 
     # group_norm, batch_norm on its own: below the conv2d rules (100+), which fold a batch norm
@@ -212,16 +270,43 @@ def lower_layer_norm_decomposed(ctx, func: relax.Function) -> int:
     ops = [c.op.name for c in calls]
     first_mean, eps_add = calls[ops.index("relax.mean")], calls[ops.index("relax.add")]
     eps = next(a for a in eps_add.args if isinstance(a, _CONSTANTS))
-    divide = ops.index("relax.divide")
-    chain, extra = func.body.blocks[0].bindings[divide].var, {}
-    for binding, call in zip(func.body.blocks[0].bindings[divide + 1:], calls[divide + 1:]):
-        name = "gamma" if call.op.name == "relax.multiply" else "beta"
-        extra[name] = call.args[1] if call.args[0].same_as(chain) else call.args[0]
-        chain = binding.var
+    chain, extra = _affine_operands(func, ops.index("relax.divide"))
     inputs = [ctx.data_of(first_mean.args[0])] + [ctx.lookup(extra[n]) for n in ("gamma", "beta") if n in extra]
     attrs = {"epsilon": _scalar(eps), "axis_count": len(first_mean.attrs.axis),
              "has_scale": int("gamma" in extra), "has_shift": int("beta" in extra)}
     return ctx.emit("layer_norm", inputs, chain, attrs)
+
+
+def _affine_operands(func: relax.Function, after: int) -> tuple[relax.Var, dict[str, relax.Expr]]:
+    """The operands of the multiply (gamma) / add (beta) bound after binding ``after`` of a
+    decomposed normalization, looking through a reshape; and the composite's result."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    chain, extra = bindings[after].var, {}
+    reshaped = {b.var: b.value.args[0] for b in bindings if b.value.op.name == "relax.reshape"}
+    for binding in bindings[after + 1:]:
+        call = binding.value
+        if call.op.name == "relax.reshape":
+            continue
+        name = "gamma" if call.op.name == "relax.multiply" else "beta"
+        operand = call.args[1] if call.args[0].same_as(chain) else call.args[0]
+        extra[name] = reshaped.get(operand, operand)
+        chain = binding.var
+    return chain, extra
+
+
+@lowers_composite("instance_norm_decomposed", "instance_norm_decomposed_scale", "instance_norm_decomposed_shift",
+                  "instance_norm_decomposed_scale_shift")
+def lower_instance_norm_decomposed(ctx, func: relax.Function) -> int:
+    """The decomposed instance norm as one ``group_norm`` node with a group per channel."""
+    calls = [b.value for block in func.body.blocks for b in block.bindings]
+    ops = [c.op.name for c in calls]
+    mean, eps_add = calls[ops.index("relax.mean")], calls[ops.index("relax.add")]
+    eps = next(a for a in eps_add.args if isinstance(a, _CONSTANTS))
+    out, extra = _affine_operands(func, ops.index("relax.divide"))
+    inputs = [ctx.data_of(mean.args[0])] + [ctx.lookup(extra[n]) for n in ("gamma", "beta") if n in extra]
+    attrs = {"groups": static_shape(mean.args[0])[1], "epsilon": _scalar(eps),
+             "has_scale": int("gamma" in extra), "has_shift": int("beta" in extra)}
+    return ctx.emit("group_norm", inputs, out, attrs)
 
 
 # -- group_norm ---------------------------------------------------------------------------------
