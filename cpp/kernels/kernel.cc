@@ -210,6 +210,7 @@ dnnl::primitive_attr KernelContext::MakeAttr(const Epilogue& e) const {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
+  if (e.scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, e.scale, 0.f);
   if (!e.act.none()) ops.append_eltwise(e.act.alg, e.act.alpha, e.act.beta);
   if (e.residual) ops.append_sum(1.f);
   if (!e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);

@@ -108,6 +108,7 @@ struct Activation {
 
 /*! \brief The epilogue of conv2d / dense / matmul / binary as post-ops. */
 struct Epilogue {
+  float scale = 1.f;       // matmul: output scaled first (an eltwise_linear post-op), e.g. 1/sqrt(d)
   Activation act;          // after the bias
   bool residual = false;   // sum post-op: output += residual (a node input)
   Activation post_act;     // after the sum

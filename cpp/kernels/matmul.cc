@@ -7,6 +7,15 @@
  * products) or constants.  Batch dims broadcast as in numpy: ranks are aligned by prepending 1s,
  * and a dim of 1 repeats.  Attrs: transpose_b 0/1 (default 0), has_bias, and the epilogue as for
  * conv2d.  The output is [broadcast batch..., M, N].
+ *
+ * Strided operands (attention's Q, K, V read through permute_dims without a copy): with
+ * a_shape + a_strides (likewise b_shape + b_strides; the output's rank, leading 1s as needed) the
+ * operand is the input tensor's row-major bytes read as a_shape with those element strides (a permutation of a dense layout, covering
+ * the tensor exactly); transpose_b then swaps b's last two dims of that view.  oneDNN 3.2's
+ * matmul takes arbitrary src/weights strides; where only its reference implementation would run
+ * on them, the operand is reordered to plain first instead (one reorder beats a ref matmul).
+ * Attr scale (default 1): the product is multiplied by it before the epilogue (eltwise_linear
+ * post-op), e.g. attention's 1/sqrt(d).
  */
 #include <algorithm>
 #include <utility>
@@ -15,10 +24,68 @@
 
 namespace byoc_hetero {
 
+namespace {
+
+/*! \brief How one operand is read: its logical shape and element strides over the input's bytes. */
+struct OperandView {
+  std::vector<int64_t> shape;
+  memory::dims strides;
+  bool strided = false;  // not the input's own row-major layout
+};
+
+OperandView ReadOperandView(const KernelContext& ctx, AttrReader& attrs, size_t k, const char* shape_key,
+                            const char* strides_key) {
+  OperandView v;
+  if (!attrs.Has(shape_key) && !attrs.Has(strides_key)) {
+    v.shape = ctx.input(k).shape;
+    v.strides = PlainDesc(memory::dims(v.shape.begin(), v.shape.end())).get_strides();
+    return v;
+  }
+  v.shape = attrs.Ints(shape_key, ctx.output().shape.size(), {});
+  const std::vector<int64_t> strides = attrs.Ints(strides_key, v.shape.size(), {});
+  v.strides.assign(strides.begin(), strides.end());
+  v.strided = true;
+  int64_t numel = 1;
+  for (int64_t d : v.shape) numel *= d;
+  if (v.shape.empty() || numel != ctx.input(k).numel()) {
+    attrs.Fail(shape_key, "view " + ShapeToString(v.shape) + " must have the " +
+                              std::to_string(ctx.input(k).numel()) + " elements of input " + std::to_string(k) +
+                              " " + ShapeToString(ctx.input(k).shape));
+  }
+  // A permutation of a dense layout: the dims (of extent > 1) ordered by stride, each stride the
+  // product of the faster dims' extents.  Anything else would read outside or twice.
+  std::vector<size_t> order;
+  for (size_t d = 0; d < v.shape.size(); ++d) {
+    if (v.shape[d] > 1) order.push_back(d);
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v.strides[a] < v.strides[b]; });
+  int64_t expect = 1;
+  for (size_t d : order) {
+    if (v.strides[d] != expect) {
+      attrs.Fail(strides_key, "strides " + ShapeToString(strides) + " over " + ShapeToString(v.shape) +
+                                  " are not a permutation of a dense row-major layout");
+    }
+    expect *= v.shape[d];
+  }
+  for (size_t d = 0; d < v.shape.size(); ++d) {
+    if (v.shape[d] == 1) v.strides[d] = 1;  // any stride reads the one element; keep it tidy
+  }
+  return v;
+}
+
+bool IsReferenceImpl(const dnnl::matmul::primitive_desc& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
+}  // namespace
+
 static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const bool transpose_b = attrs.Flag("transpose_b", false);
-  const Epilogue epilogue = ctx.ReadEpilogue(attrs);
+  Epilogue epilogue = ctx.ReadEpilogue(attrs);
+  epilogue.scale = static_cast<float>(attrs.Float("scale", 1.0));
+  const OperandView a_view = ReadOperandView(ctx, attrs, 0, "a_shape", "a_strides");
+  const OperandView b_in = ReadOperandView(ctx, attrs, 1, "b_shape", "b_strides");
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   attrs.CheckNoUnknown();
@@ -26,8 +93,8 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
                        std::string(has_bias ? "a, b, bias" : "a, b") +
                            (epilogue.residual ? ", residual" : ""));
-  const auto& a = ctx.input(0).shape;
-  const auto& b = ctx.input(1).shape;
+  const auto& a = a_view.shape;
+  const auto& b = b_in.shape;
   if (a.size() < 2 || b.size() < 2) {
     ctx.Fail("a and b must have rank >= 2, got shapes " + ShapeToString(a) + " and " +
              ShapeToString(b));
@@ -65,9 +132,13 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   const size_t residual_index = 2 + has_bias;
   if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
 
-  // b as the logical [..., K, N] matrix over its stored bytes.
+  // b as the logical [..., K, N] matrix over its stored bytes (a leading 1 stride for aligned dims).
   memory::dims b_dims(bs.begin(), bs.end());
   memory::dims b_strides = PlainDesc(b_dims).get_strides();
+  if (b_in.strided) {
+    b_strides.assign(rank - b.size(), 1);
+    b_strides.insert(b_strides.end(), b_in.strides.begin(), b_in.strides.end());
+  }
   if (transpose_b) {
     std::swap(b_dims[rank - 2], b_dims[rank - 1]);
     std::swap(b_strides[rank - 2], b_strides[rank - 1]);
@@ -75,18 +146,30 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   const memory::desc b_view = StridedDesc(b_dims, b_strides);
   const bool b_constant = ctx.input_constant.size() > 1 && ctx.input_constant[1];
   const memory::dims a_dims(as.begin(), as.end()), dst_dims(out_shape.begin(), out_shape.end());
+  memory::desc a_md = PlainDesc(a_dims);
+  if (a_view.strided) {
+    memory::dims a_strides(rank - a.size(), 1);
+    a_strides.insert(a_strides.end(), a_view.strides.begin(), a_view.strides.end());
+    a_md = StridedDesc(a_dims, a_strides);
+  }
   memory::dims bias_dims(rank, 1);
   bias_dims[rank - 1] = n;
 
   // A constant b is reordered once into the layout matmul prefers; one that arrives at run time is
   // read where it lies.
+  memory::desc a_src = a_md;
   auto make = [&](const memory::desc& b) {
-    return dnnl::matmul::primitive_desc(ctx.engine, PlainDesc(a_dims), b,
+    return dnnl::matmul::primitive_desc(ctx.engine, a_src, b,
                                         has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
                                         ctx.MakeAttr(epilogue));
   };
   dnnl::matmul::primitive_desc pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
-  return MakeAnchorKernel(ctx, "matmul", std::move(pd), PlainDesc(a_dims), b_view, bias_dims,
+  if (IsReferenceImpl(pd) && (a_view.strided || (b_in.strided && !b_constant))) {
+    // Only the reference matmul reads these strides: read plain copies (the planner reorders).
+    a_src = PlainDesc(a_dims);
+    pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_in.strided ? AnyDesc(b_dims) : b_view);
+  }
+  return MakeAnchorKernel(ctx, "matmul", std::move(pd), a_md, b_view, bias_dims,
                           has_bias, dst_dims, epilogue);
 }
 

@@ -1,7 +1,7 @@
 """Lowering one region (an outlined function of composite calls) to its region graph.
 
 :class:`RegionLowering` walks the region and its composites, keeps the value → tensor-id map and
-the state epilogues need (the node a composite opened, pending reshapes, transposed weights), and
+the state epilogues need (the node a composite opened, pending reshapes), and
 hands each op call to the lowering the op's family registered in :mod:`.table`. The format written
 is ``docs/region-format.md``.
 
@@ -22,7 +22,7 @@ from tvm import relax
 from ..._relax import function_outputs, op_name, short_op_name, static_shape, tensor_dtype
 from ...errors import CodegenError
 from .precision import DEFAULT_DTYPE
-from .table import TARGET, composite_lowering_for, lowering_for
+from .table import TARGET, composite_lowering_for, graph_passes, lowering_for
 
 FORMAT = "byoc_hetero.region"
 VERSION = 1
@@ -87,7 +87,7 @@ class RegionLowering:
     Op lowerings (``lower(ctx, var, call)``) use :meth:`emit`, :meth:`lookup`, :meth:`data_of`,
     :meth:`fail` and the epilogue state: ``open_node`` (tensor id → the node this composite
     opened, which may still absorb an epilogue), ``flattened`` (reshaped value → (source id,
-    shape), until a node reads it) and ``transposed`` (weights read through permute_dims).
+    shape), until a node reads it).
     """
 
     def __init__(self, func: relax.Function, constant_names: Mapping[Any, str]):
@@ -98,7 +98,6 @@ class RegionLowering:
         self.const_ids: dict[str, int] = {}
         # value → tensor id; aliases (reshape of a bias, permute_dims of a weight) resolve here
         self.tid: dict[Any, Any] = {}
-        self.transposed: set[Any] = set()
         self.open_node: dict[int, Node] = {}
         self.flattened: dict[Any, tuple[int, tuple[int, ...]]] = {}
         self.local_funcs: dict[Any, relax.Function] = {}
@@ -150,6 +149,8 @@ class RegionLowering:
             if tid in self.graph.inputs or any(c["tensor"] == tid for c in self.graph.constants):
                 raise self.fail("a region output that is an input or constant is not supported")
             self.graph.outputs.append(tid)
+        for rewrite in graph_passes():
+            rewrite(self.graph)
         return self.graph
 
     def region_binding(self, var: relax.Var, value: relax.Expr) -> None:

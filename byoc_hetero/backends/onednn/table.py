@@ -55,6 +55,7 @@ _LOWERINGS: dict[str, Lowering] = {}
 _SINGLE_CHECKS: dict[str, Check] = {}
 _PATTERN_SOURCES: list[Callable[[], Iterable[PatternSpec]]] = []
 _COMPOSITE_LOWERINGS: dict[str, CompositeLowering] = {}
+_GRAPH_PASSES: list[Callable[[Any], None]] = []
 
 
 def lowers(*ops: str, check: Check | None = None) -> Callable[[Lowering], Lowering]:
@@ -95,6 +96,18 @@ def lowers_composite(*rules: str) -> Callable[[CompositeLowering], CompositeLowe
 def composite_lowering_for(composite: str) -> CompositeLowering | None:
     """The lowering of a whole composite (``"<target>.<rule>"``), or None: lower its calls."""
     return _COMPOSITE_LOWERINGS.get(composite.partition(".")[2])
+
+
+def graph_pass(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Decorator: ``fn(graph)`` rewrites every lowered region graph in place (e.g. folds permutes
+    into matmul operands), in registration order, before it is serialized."""
+    _GRAPH_PASSES.append(fn)
+    return fn
+
+
+def graph_passes() -> list[Callable[[Any], None]]:
+    """The registered region-graph passes."""
+    return list(_GRAPH_PASSES)
 
 
 def lowering_for(op: str) -> Lowering | None:

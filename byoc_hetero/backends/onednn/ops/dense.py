@@ -4,7 +4,8 @@ A 2-D W is a dense layer (node ``dense``, weight layout ``KN`` or ``NK`` for the
 a W of rank >= 3 a batched matmul (node ``matmul``; both operands may be run-time values). Rules
 ``dense[_flat][_bias][_act][_res|_res2[_act]]`` and the classic relu-only names
 (``dense_bias_relu``, ``dense_flat_bias_relu``, ...). The ``permute_dims`` of the weight is no node:
-the weight is read transposed.
+the weight is read transposed (the permute node :mod:`.layout` emits is dropped); any other
+permutation of a batched operand is read through strides (:func:`.layout.fold_views`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ....rules import Match
 from ..epilogue import anchor_rules, epilogue_reason, tensors_reason
 from ..precision import out_dtype_reason
 from ..table import lowers, pattern_rules
+from .layout import permute_axes, swapped_last
 
 
 def dense_anchor(flatten: bool) -> tuple[DFPattern, dict[str, DFPattern]]:
@@ -64,11 +66,10 @@ def check_dense(match: Match) -> str | None:
     if reason:
         return reason
     if match.has("transpose"):
-        axes = match.expr("transpose").attrs.axes
-        rank = len(weight_shape)
-        swap_last = list(range(rank - 2)) + [rank - 1, rank - 2]
-        if axes is not None and [int(a) for a in axes] != swap_last:
-            return f"permute_dims axes {[int(a) for a in axes]} does not swap the last two axes"
+        axes = permute_axes(match.expr("transpose"))
+        if len(weight_shape) == 2 and axes != [1, 0]:
+            return f"permute_dims axes {axes} of a 2-D weight"
+        # any other permutation is a permute node the matmul reads through strides (ops/layout.py)
     if len(weight_shape) > 2:
         reason = _batch_dims_reason(match, data_shape, weight_shape)
         if reason:
@@ -86,16 +87,15 @@ def _rules():
 @lowers("relax.matmul", check=check_dense)
 def lower_matmul(ctx, var: relax.Var, call: relax.Call) -> int:
     data, weight = call.args[0], call.args[1]
-    transposed = weight in ctx.transposed
+    weight_id = ctx.data_of(weight)
+    # a permute node of this composite swapping the last two axes: read its input transposed (the
+    # permute node, then unread, is dropped by ops/layout.py's fold_views)
+    permute = ctx.open_node.get(weight_id)
+    transposed = permute is not None and permute.op == "permute" and swapped_last(permute.attrs["axes"])
+    if transposed:
+        weight_id = permute.inputs[0]
     if len(static_shape(weight)) == 2:
         attrs = {"weight_layout": "NK" if transposed else "KN", "has_bias": 0, "activation": "none"}
-        return ctx.emit("dense", [ctx.data_of(data), ctx.lookup(weight)], var, attrs)
+        return ctx.emit("dense", [ctx.data_of(data), weight_id], var, attrs)
     attrs = {"transpose_b": int(transposed), "has_bias": 0, "activation": "none"}
-    return ctx.emit("matmul", [ctx.data_of(data), ctx.data_of(weight)], var, attrs)
-
-
-@lowers("relax.permute_dims")  # only as the transposed weight of a matmul: no single-call check
-def lower_permute_dims(ctx, var: relax.Var, call: relax.Call) -> int:
-    """No node: the matmul reading ``var`` reads the weight transposed."""
-    ctx.transposed.add(var)
-    return ctx.lookup(call.args[0])
+    return ctx.emit("matmul", [ctx.data_of(data), weight_id], var, attrs)

@@ -1,0 +1,316 @@
+"""Layout ops: permute_dims on any axes, concat, split and strided_slice (unit steps).
+
+* ``permute_dims`` becomes a ``permute`` node (one oneDNN reorder through a strided view). A
+  matmul that reads a permuted value (through reshapes, e.g. attention's
+  ``permute_dims(reshape(x, [B, S, H, D]), [0, 2, 1, 3])`` and Kᵀ's ``[0, 2, 3, 1]``) reads the
+  permute's input through strides instead (:func:`fold_views`), and the permute node is dropped
+  when nothing else reads it: no copy at all.
+* ``concat`` becomes a ``concat`` node (one oneDNN concat primitive; producers do not write into
+  slices of the output — the planner gives every node its own buffer — so each input is copied
+  once).
+* ``split`` becomes one ``slice`` node per output and ``strided_slice`` one ``slice`` node (a
+  reorder from a sub-memory of the input); steps other than 1 (including negative steps, which
+  reverse) stay on TVM with their reason.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, is_tuple, wildcard
+
+from ...._relax import static_shape
+from ....rules import Match
+from ..lowering import Node, RegionGraph
+from ..precision import tensor_reason
+from ..table import PatternSpec, graph_pass, lowers, pattern_rules
+
+MAX_CONCAT_INPUTS = 16
+"""Concat rules are declared for 2..this many inputs (a pattern matches one tuple arity)."""
+
+
+def _tensors_reason(values: list[tuple[relax.Expr, str]]) -> str | None:
+    for expr, name in values:
+        reason = tensor_reason(expr, name)
+        if reason:
+            return reason
+    return None
+
+
+def _int(expr) -> int | None:
+    """The integer of an IntImm / PrimValue / int, or None."""
+    value = expr
+    for _ in range(3):
+        if isinstance(value, tvm.tirx.IntImm):
+            return int(value.value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        value = getattr(value, "value", None)
+    return None
+
+
+def _ints(expr) -> list[int | None]:
+    """The integers of a tuple/shape argument (strided_slice's axes, begin, end, strides)."""
+    if isinstance(expr, relax.ShapeExpr):
+        return [_int(v) for v in expr.values]
+    if isinstance(expr, relax.Tuple):
+        return [_int(f) for f in expr.fields]
+    return [None]
+
+
+# ----------------------------------------------------------------------------------------------
+# permute_dims
+# ----------------------------------------------------------------------------------------------
+def permute_axes(call: relax.Call) -> list[int]:
+    """The permutation of a permute_dims call, normalized (None = reverse all axes)."""
+    rank = len(static_shape(call.args[0]))
+    axes = call.attrs.axes
+    if axes is None:
+        return list(reversed(range(rank)))
+    return [int(a) % rank for a in axes]
+
+
+def check_permute(match: Match) -> str | None:
+    """permute_dims of a float32 tensor of rank 1..12 with static shape."""
+    call = match.expr("root")
+    reason = _tensors_reason([(call.args[0], "data"), (call, "result")])
+    if reason:
+        return reason
+    rank = len(static_shape(call.args[0]))
+    if not 1 <= rank <= 12:
+        return f"permute_dims of rank {rank}; the runtime permutes ranks 1..12"
+    return None
+
+
+@lowers("relax.permute_dims", check=check_permute)
+def lower_permute_dims(ctx, var: relax.Var, call: relax.Call) -> int:
+    """A ``permute`` node; a matmul reading it may read its input through strides instead."""
+    return ctx.emit("permute", [ctx.data_of(call.args[0])], var, {"axes": permute_axes(call)})
+
+
+def swapped_last(axes: list[int]) -> bool:
+    """Whether a permutation only swaps the last two axes (a transposed matmul operand)."""
+    rank = len(axes)
+    return rank >= 2 and axes == list(range(rank - 2)) + [rank - 1, rank - 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# concat
+# ----------------------------------------------------------------------------------------------
+def check_concat(match: Match) -> str | None:
+    """concat of float32 tensors of one rank with static shapes along one axis."""
+    call = match.expr("root")
+    fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else []
+    if not fields:
+        return "concat of a tuple that is not written out in the graph"
+    reason = _tensors_reason([(f, f"input {i}") for i, f in enumerate(fields)] + [(call, "result")])
+    if reason:
+        return reason
+    if len(static_shape(call)) == 0:
+        return "concat of scalars"
+    return None
+
+
+def concat_axis(call: relax.Call) -> int:
+    rank = len(static_shape(call))
+    return int(call.attrs.axis) % rank if call.attrs.axis is not None else 0
+
+
+@lowers("relax.concat", check=check_concat)
+def lower_concat(ctx, var: relax.Var, call: relax.Call) -> int:
+    if call.attrs.axis is None:
+        raise ctx.fail("concat without an axis (flattening concat) is not supported")
+    inputs = [ctx.data_of(f) for f in call.args[0].fields]
+    return ctx.emit("concat", inputs, var, {"axis": concat_axis(call)})
+
+
+# ----------------------------------------------------------------------------------------------
+# split / strided_slice: slice nodes
+# ----------------------------------------------------------------------------------------------
+def check_split(match: Match) -> str | None:
+    """split of a float32 tensor with static shapes into static parts."""
+    call = match.expr("root")
+    reason = tensor_reason(call.args[0], "data")
+    if reason:
+        return reason
+    parts = split_shapes(call)
+    if not parts or any(p is None for p in parts):
+        return "split parts without static shapes"
+    return None
+
+
+def split_shapes(call: relax.Call) -> list[tuple[int, ...] | None]:
+    """The static shape of every part of a split (None for a part without one)."""
+    return [static_shape(field) for field in getattr(call.ty, "fields", [])]
+
+
+@lowers("relax.split", check=check_split)
+def lower_split(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:
+    data = ctx.data_of(call.args[0])
+    rank = len(static_shape(call.args[0]))
+    axis = int(call.attrs.axis) % rank
+    outs, offset = [], 0
+    for shape in split_shapes(call):
+        begin = [0] * rank
+        begin[axis] = offset
+        out = ctx.emit("slice", [data], None, {"begin": begin}, shape=shape)
+        ctx.open_node.pop(out)
+        outs.append(out)
+        offset += shape[axis]
+    return tuple(outs)
+
+
+def slice_begin(call: relax.Call) -> list[int] | str:
+    """Per-axis begin offsets of a strided_slice with unit steps, or the reason it has none."""
+    shape = static_shape(call.args[0])
+    axes, begin = _ints(call.args[1]), _ints(call.args[2])
+    strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
+    if None in axes or None in begin or None in strides:
+        return "strided_slice with non-constant axes, begin or strides"
+    if any(s != 1 for s in strides):
+        kind = "negative (reversing)" if any(s < 0 for s in strides) else "non-unit"
+        return f"strided_slice with {kind} strides {strides}; the runtime slices with step 1 only"
+    out = [0] * len(shape)
+    for axis, b in zip(axes, begin):
+        dim = shape[axis % len(shape)]
+        b = b + dim if b < 0 else b
+        out[axis % len(shape)] = min(max(b, 0), dim)
+    return out
+
+
+def check_strided_slice(match: Match) -> str | None:
+    """strided_slice of a float32 tensor with static shapes, constant bounds and unit steps."""
+    call = match.expr("root")
+    reason = _tensors_reason([(call.args[0], "data"), (call, "result")])
+    if reason:
+        return reason
+    if len(static_shape(call.args[0])) == 0:
+        return "strided_slice of a scalar"
+    begin = slice_begin(call)
+    return begin if isinstance(begin, str) else None
+
+
+@lowers("relax.strided_slice", check=check_strided_slice)
+def lower_strided_slice(ctx, var: relax.Var, call: relax.Call) -> int:
+    begin = slice_begin(call)
+    if isinstance(begin, str):
+        raise ctx.fail(begin)
+    return ctx.emit("slice", [ctx.data_of(call.args[0])], var, {"begin": begin})
+
+
+@pattern_rules
+def _rules():
+    for name, op, check in (("permute_dims", "relax.permute_dims", check_permute),
+                            ("split", "relax.split", check_split)):
+        data = wildcard()
+        call = is_op(op)(data)
+        yield PatternSpec(name, call, {"data": data, "root": call}, check, priority=15)
+    for steps in (False, True):  # strided_slice(x, axes, begin, end[, strides])
+        data = wildcard()
+        call = is_op("relax.strided_slice")(data, *(wildcard() for _ in range(4 if steps else 3)))
+        yield PatternSpec("strided_slice_steps" if steps else "strided_slice", call,
+                          {"data": data, "root": call}, check_strided_slice, priority=15)
+    for n in range(2, MAX_CONCAT_INPUTS + 1):
+        call = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
+        yield PatternSpec(f"concat{n}", call, {"root": call}, check_concat, priority=15)
+
+
+# ----------------------------------------------------------------------------------------------
+# Folding permutes into matmul operands (a pass over the lowered region graph)
+# ----------------------------------------------------------------------------------------------
+def row_major_strides(shape: list[int]) -> list[int]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return strides[::-1]
+
+
+def nocopy_reshape(dims: list[int], strides: list[int], new_dims: list[int]) -> list[int] | None:
+    """Strides reading the strided view (dims, strides) as ``new_dims`` in row-major order without
+    a copy, or None when no strides can (numpy's ``_attempt_nocopy_reshape``)."""
+    old = [(d, s) for d, s in zip(dims, strides) if d != 1]
+    new_strides = [0] * len(new_dims)
+    oi, ni = 0, 0
+    while oi < len(old) and ni < len(new_dims):
+        if new_dims[ni] == 1:
+            ni += 1
+            continue
+        oj, nj = oi + 1, ni + 1
+        np_, op_ = new_dims[ni], old[oi][0]
+        while np_ != op_:
+            if np_ < op_:
+                if nj >= len(new_dims):
+                    return None
+                np_ *= new_dims[nj]
+                nj += 1
+            else:
+                if oj >= len(old):
+                    return None
+                op_ *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):  # the merged old dims must be contiguous relative to each other
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        new_strides[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            new_strides[k - 1] = new_strides[k] * new_dims[k]
+        oi, ni = oj, nj
+    for k in range(len(new_dims)):
+        if new_dims[k] == 1:
+            new_strides[k] = 1
+    return new_strides
+
+
+def strided_view(graph: RegionGraph, producers: dict[int, Node], t: int) -> tuple[int, list[int]] | None:
+    """(base tensor, strides) reading tensor ``t`` from the plain bytes of a tensor before a
+    permute (through reshapes and chained permutes), or None when ``t`` is no such view."""
+    s = t
+    while s in producers and producers[s].op == "reshape":
+        s = producers[s].inputs[0]
+    node = producers.get(s)
+    if node is None or node.op != "permute":
+        return None
+    axes, base = list(node.attrs["axes"]), node.inputs[0]
+    while base in producers and producers[base].op == "permute":
+        inner = producers[base].attrs["axes"]
+        axes = [inner[a] for a in axes]
+        base = producers[base].inputs[0]
+    base_shape = graph.tensors[base]["shape"]
+    plain = row_major_strides(base_shape)
+    strides = nocopy_reshape([base_shape[a] for a in axes], [plain[a] for a in axes], graph.tensors[t]["shape"])
+    return None if strides is None else (base, strides)
+
+
+@graph_pass
+def fold_views(graph: RegionGraph) -> None:
+    """matmul operands that are permutes (of reshapes) read the permute's input through strides;
+    then nodes nothing reads any more (such permutes) are dropped."""
+    producers = {n.output: n for n in graph.nodes}
+    for node in graph.nodes:
+        if node.op != "matmul":
+            continue
+        for k, key in ((0, "a"), (1, "b")):
+            if f"{key}_shape" in node.attrs:
+                continue
+            view = strided_view(graph, producers, node.inputs[k])
+            if view is not None:
+                # the view has the output's rank (the kernel aligns operands with leading 1s)
+                shape = list(graph.tensors[node.inputs[k]]["shape"])
+                pad = len(graph.tensors[node.output]["shape"]) - len(shape)
+                node.attrs[f"{key}_shape"] = [1] * pad + shape
+                node.attrs[f"{key}_strides"] = [1] * pad + view[1]
+                node.inputs[k] = view[0]
+    drop_dead_nodes(graph)
+
+
+def drop_dead_nodes(graph: RegionGraph) -> None:
+    """Remove nodes whose output no node reads and the region does not return."""
+    while True:
+        read = {t for n in graph.nodes for t in n.inputs} | set(graph.outputs)
+        alive = [n for n in graph.nodes if n.output in read]
+        if len(alive) == len(graph.nodes):
+            return
+        graph.nodes[:] = alive
+
+

@@ -1,0 +1,53 @@
+/*!
+ * \file kernels/permute.cc
+ * \brief permute: out = numpy.transpose(data, axes), one oneDNN reorder.
+ *
+ * Attrs: axes (required; a permutation of 0..rank-1, as the codegen writes it after normalizing
+ * negative axes).  The input is read through a strided view (the output's dims, the input's
+ * row-major strides permuted), so the reorder is the only copy; a matmul that reads a permuted
+ * value directly (its a_strides / b_strides attrs) needs no permute node at all.
+ */
+#include <utility>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+/*! \brief Row-major strides of a shape (a scalar as [1]). */
+static memory::dims RowMajorStrides(const std::vector<int64_t>& shape) {
+  return PlainDesc(memory::dims(shape.begin(), shape.end())).get_strides();
+}
+
+static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  ctx.ExpectInputCount(1, "data");
+  const auto& in = ctx.input(0).shape;
+  const std::vector<int64_t> axes = attrs.Ints("axes", in.size(), {});
+  attrs.CheckNoUnknown();
+  std::vector<bool> seen(in.size(), false);
+  for (int64_t a : axes) {
+    if (a < 0 || a >= static_cast<int64_t>(in.size()) || seen[a]) {
+      attrs.Fail("axes", "expected a permutation of 0.." + std::to_string(in.size()) + "-1, got " +
+                             ShapeToString(axes));
+    }
+    seen[a] = true;
+  }
+  if (in.empty()) ctx.Fail("cannot permute a scalar");
+  const memory::dims in_strides = RowMajorStrides(in);
+  memory::dims dims(in.size()), strides(in.size());
+  for (size_t i = 0; i < axes.size(); ++i) {
+    dims[i] = in[axes[i]];
+    strides[i] = in_strides[axes[i]];
+  }
+  ctx.ExpectOutputShape(std::vector<int64_t>(dims.begin(), dims.end()));
+  const memory::desc view = StridedDesc(dims, strides);
+  const memory::desc out = PlainDesc(dims);
+  dnnl::reorder::primitive_desc pd(ctx.engine, view, ctx.engine, out, ctx.MakeAttr());
+  return std::make_unique<PrimitiveKernel>(ctx.where(), "permute", std::move(pd),
+                                           std::vector<int>{DNNL_ARG_FROM},
+                                           std::vector<OperandLayout>{{view, view}}, OperandLayout{out, out});
+}
+
+BYOC_HETERO_REGISTER_KERNEL("permute", BuildPermute);
+
+}  // namespace byoc_hetero
