@@ -11,7 +11,6 @@
  * oneDNN's fuse_norm_relu flag: its batch norm takes no other post-op).  The data is read in its
  * producer's layout (oneDNN has jit kernels for nchw, nhwc and nChw16c/8c), the output keeps it.
  */
-#include <cmath>
 #include <utility>
 
 #include "kernel.h"
@@ -20,9 +19,7 @@ namespace byoc_hetero {
 
 static std::unique_ptr<Kernel> BuildBatchNorm(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
-  if (!attrs.Has("epsilon")) attrs.Fail("epsilon", "missing (required)");
-  const double eps = attrs.Float("epsilon", 0.0);
-  if (!(eps >= 0.0) || !std::isfinite(eps)) attrs.Fail("epsilon", "must be a finite number >= 0");
+  const double eps = ReadEpsilon(attrs);
   const std::string act = attrs.Choice("activation", {"none", "relu"}, "none");
   attrs.CheckNoUnknown();
   ctx.ExpectInputCount(5, "data, gamma, beta, mean, var");

@@ -16,7 +16,6 @@
  * Attrs: groups (required, divides C), epsilon (required, finite, >= 0), has_scale / has_shift
  * (default: 2 / 3 inputs).
  */
-#include <cmath>
 #include <utility>
 
 #include "kernel.h"
@@ -82,9 +81,7 @@ static std::unique_ptr<Kernel> BuildGroupNorm(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   if (!attrs.Has("groups")) attrs.Fail("groups", "missing (required)");
   const int64_t groups = attrs.Int("groups", 1);
-  if (!attrs.Has("epsilon")) attrs.Fail("epsilon", "missing (required)");
-  const double eps = attrs.Float("epsilon", 0.0);
-  if (!(eps >= 0.0) || !std::isfinite(eps)) attrs.Fail("epsilon", "must be a finite number >= 0");
+  const double eps = ReadEpsilon(attrs);
   const size_t n_in = ctx.node().inputs.size();
   const bool has_scale = attrs.Flag("has_scale", n_in >= 2);
   const bool has_shift = attrs.Flag("has_shift", n_in >= 3);

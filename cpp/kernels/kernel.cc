@@ -152,6 +152,13 @@ memory::desc KernelContext::InputLayout(size_t k) const {
   return PlainDesc(dims);
 }
 
+double ReadEpsilon(AttrReader& attrs) {
+  if (!attrs.Has("epsilon")) attrs.Fail("epsilon", "missing (required)");
+  const double eps = attrs.Float("epsilon", 0.0);
+  if (!(eps >= 0.0) || !std::isfinite(eps)) attrs.Fail("epsilon", "must be a finite number >= 0");
+  return eps;
+}
+
 bool IsaHasAvx512() {
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::avx512_core:

@@ -14,7 +14,6 @@
  * copy first (the planner's view -> want), which is also what a channels-last layer norm after a
  * permute (ConvNeXt) reads.
  */
-#include <cmath>
 #include <utility>
 
 #include "kernel.h"
@@ -23,9 +22,7 @@ namespace byoc_hetero {
 
 static std::unique_ptr<Kernel> BuildLayerNorm(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
-  if (!attrs.Has("epsilon")) attrs.Fail("epsilon", "missing (required)");
-  const double eps = attrs.Float("epsilon", 0.0);
-  if (!(eps >= 0.0) || !std::isfinite(eps)) attrs.Fail("epsilon", "must be a finite number >= 0");
+  const double eps = ReadEpsilon(attrs);
   const size_t n_in = ctx.node().inputs.size();
   const bool has_scale = attrs.Flag("has_scale", n_in >= 2);
   const bool has_shift = attrs.Flag("has_shift", n_in >= 3);

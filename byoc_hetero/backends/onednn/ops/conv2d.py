@@ -27,19 +27,16 @@ def conv2d_anchor() -> tuple[DFPattern, dict[str, DFPattern]]:
     return anchor, {"data": data, "weight": weight, "anchor": anchor}
 
 
-def batch_norm_reason(match: Match) -> str | None:
-    """A batch norm after the conv must be in inference form over channels, with per-channel stats."""
-    if not match.has("bn"):
-        return None
-    out_shape = match.shape("anchor")
-    bn = match.expr("bn")
+def inference_batch_norm_reason(bn: relax.Call, shape: tuple[int, ...]) -> str | None:
+    """Why a batch norm of data shaped ``shape`` cannot run in inference form over channels (axis
+    1) with per-channel statistics; None if it can (folded into a conv, or on its own)."""
     attrs = bn.attrs
     if bool(attrs.training):
-        return "batch_norm in training form (batch statistics); only inference form is folded"
+        return "batch_norm in training form (batch statistics); only the inference form runs"
     if not (bool(attrs.center) and bool(attrs.scale)):
-        return "batch_norm with center=False or scale=False is not folded"
-    if int(attrs.axis) % len(out_shape) != 1:
-        return f"batch_norm over axis {int(attrs.axis)}; only the channel axis 1 is folded"
+        return "batch_norm with center=False or scale=False is not offloaded"
+    if int(attrs.axis) % len(shape) != 1:
+        return f"batch_norm over axis {int(attrs.axis)}; the runtime runs channel axis 1"
     eps = float(attrs.epsilon)
     if not (math.isfinite(eps) and eps >= 0):
         return f"batch_norm epsilon {eps} must be finite and >= 0"
@@ -47,9 +44,16 @@ def batch_norm_reason(match: Match) -> str | None:
         reason = tensor_reason(arg, f"batch_norm {name}")
         if reason:
             return reason
-        if math.prod(static_shape(arg)) != out_shape[1]:
+        if math.prod(static_shape(arg)) != shape[1]:
             return f"batch_norm {name} of shape {list(static_shape(arg))} is not one value per channel"
     return None
+
+
+def batch_norm_reason(match: Match) -> str | None:
+    """A batch norm after the conv must be in inference form over channels, with per-channel stats."""
+    if not match.has("bn"):
+        return None
+    return inference_batch_norm_reason(match.expr("bn"), match.shape("anchor"))
 
 
 def check_conv2d(match: Match) -> str | None:

@@ -23,7 +23,7 @@ from ....rules import Match
 from ..epilogue import tensors_reason
 from ..precision import tensor_reason
 from ..table import PatternSpec, lowers, lowers_composite, pattern_rules
-from .conv2d import fold_batch_norm
+from .conv2d import fold_batch_norm, inference_batch_norm_reason
 
 
 def _epsilon_reason(eps: float, op: str) -> str | None:
@@ -77,17 +77,16 @@ def check_layer_norm(match: Match) -> str | None:
             or _affine_reason(match, call, size, "the normalized axes' size"))
 
 
+def _data_gamma_beta(ctx, call: relax.Call) -> list[int]:
+    """Tensor ids of a layer_norm / group_norm call's data, gamma, beta (the checks accept only
+    center=scale=True, so both are applied: ``has_scale = has_shift = 1``)."""
+    return [ctx.data_of(call.args[0]), ctx.lookup(call.args[1]), ctx.lookup(call.args[2])]
+
+
 @lowers("relax.nn.layer_norm", check=check_layer_norm)
 def lower_layer_norm(ctx, var: relax.Var, call: relax.Call) -> int:
-    a = call.attrs
-    inputs = [ctx.data_of(call.args[0])]
-    if bool(a.scale):
-        inputs.append(ctx.lookup(call.args[1]))
-    if bool(a.center):
-        inputs.append(ctx.lookup(call.args[2]))
-    attrs = {"epsilon": float(a.epsilon), "axis_count": len(a.axes),
-             "has_scale": int(bool(a.scale)), "has_shift": int(bool(a.center))}
-    return ctx.emit("layer_norm", inputs, var, attrs)
+    attrs = {"epsilon": float(call.attrs.epsilon), "axis_count": len(call.attrs.axes), "has_scale": 1, "has_shift": 1}
+    return ctx.emit("layer_norm", _data_gamma_beta(ctx, call), var, attrs)
 
 
 # -- layer_norm, decomposed (ONNX exporters before opset 17) -------------------------------------
@@ -335,15 +334,8 @@ def check_group_norm(match: Match) -> str | None:
 
 @lowers("relax.nn.group_norm", check=check_group_norm)
 def lower_group_norm(ctx, var: relax.Var, call: relax.Call) -> int:
-    a = call.attrs
-    inputs = [ctx.data_of(call.args[0])]
-    if bool(a.scale):
-        inputs.append(ctx.lookup(call.args[1]))
-    if bool(a.center):
-        inputs.append(ctx.lookup(call.args[2]))
-    attrs = {"groups": int(a.num_groups), "epsilon": float(a.epsilon),
-             "has_scale": int(bool(a.scale)), "has_shift": int(bool(a.center))}
-    return ctx.emit("group_norm", inputs, var, attrs)
+    attrs = {"groups": int(call.attrs.num_groups), "epsilon": float(call.attrs.epsilon), "has_scale": 1, "has_shift": 1}
+    return ctx.emit("group_norm", _data_gamma_beta(ctx, call), var, attrs)
 
 
 # -- batch_norm on its own ----------------------------------------------------------------------
@@ -354,25 +346,9 @@ def check_batch_norm(match: Match) -> str | None:
     if reason:
         return reason
     shape = static_shape(bn.args[0])
-    a = bn.attrs
     if len(shape) < 2:
         return f"batch_norm of rank-{len(shape)} data; the runtime needs channels on axis 1"
-    if bool(a.training):
-        return "batch_norm in training form (batch statistics); only the inference form runs"
-    if not (bool(a.center) and bool(a.scale)):
-        return "batch_norm with center=False or scale=False is not offloaded"
-    if int(a.axis) % len(shape) != 1:
-        return f"batch_norm over axis {int(a.axis)}; the runtime runs channel axis 1"
-    reason = _epsilon_reason(float(a.epsilon), "batch_norm")
-    if reason:
-        return reason
-    for name, arg in zip(("gamma", "beta", "mean", "var"), bn.args[1:5]):
-        reason = tensor_reason(arg, f"batch_norm {name}")
-        if reason:
-            return reason
-        if math.prod(static_shape(arg)) != shape[1]:
-            return f"batch_norm {name} of shape {list(static_shape(arg))} is not one value per channel"
-    return None
+    return inference_batch_norm_reason(bn, shape)
 
 
 @lowers("relax.nn.batch_norm", check=check_batch_norm)
