@@ -20,7 +20,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple_get_item, wildcar
 
 from ...._relax import static_shape
 from ....rules import Match
-from ..epilogue import tensors_reason
+from ..epilogue import other_operand, tensors_reason
 from ..precision import tensor_reason
 from ..table import PatternSpec, lowers, lowers_composite, pattern_rules
 from .conv2d import fold_batch_norm, inference_batch_norm_reason
@@ -144,6 +144,33 @@ def _scalar(expr: relax.Expr) -> float | None:
     return float(data.reshape(-1)[0]) if data.size == 1 else None
 
 
+def _decomposed_tail_reason(match: Match, shape: tuple[int, ...], per: tuple[int, ...], what: str) -> str | None:
+    """The epsilon of a decomposed normalization must be a constant number >= 0; its [multiply]
+    [add] operands (after any reshape) broadcast as ``per`` (the data's rank) and keep the shape."""
+    eps = _scalar(match.expr("eps"))
+    if eps is None:
+        return f"the decomposed {what}'s epsilon is not a one-element constant"
+    reason = _epsilon_reason(eps, what)
+    if reason:
+        return reason
+    chain = match.expr("norm")
+    for name in ("gamma", "beta"):
+        if not match.has(name):
+            continue
+        reason = tensor_reason(match.expr(name), name)
+        if reason:
+            return reason
+        operand = other_operand(match, match.expr(f"{name}_op"), chain)
+        operand_shape = tuple(static_shape(operand) or ()) if operand is not None else (-1,)
+        aligned = (1,) * (len(shape) - len(operand_shape)) + operand_shape
+        if len(operand_shape) > len(shape) or aligned != per:
+            return f"the {what}'s {name} of shape {list(operand_shape)} does not broadcast as {list(per)}"
+        chain = match.expr(f"{name}_op")
+        if static_shape(chain) != tuple(shape):
+            return f"the {what}'s {name} changes the shape"
+    return None
+
+
 def check_layer_norm_decomposed(match: Match) -> str | None:
     """The decomposition must be a layer norm over the trailing axes with a constant epsilon and a
     square; gamma / beta hold one value per normalized element."""
@@ -165,27 +192,8 @@ def check_layer_norm_decomposed(match: Match) -> str | None:
         return "the decomposed layer norm's means must keep their dims"
     if _scalar(match.expr("square").args[1]) != 2.0:
         return "the decomposed layer norm does not square the difference (power exponent is not 2)"
-    eps = _scalar(match.expr("eps"))
-    if eps is None:
-        return "the decomposed layer norm's epsilon is not a one-element constant"
-    reason = _epsilon_reason(eps, "layer norm")
-    if reason:
-        return reason
     k = len(axes)
-    for name, op in (("gamma", "scale"), ("beta", "shift")):
-        if not match.has(name):
-            continue
-        reason = tensor_reason(match.expr(name), name)
-        if reason:
-            return reason
-        # one value per normalized element, broadcast along the leading axes
-        arg_shape = tuple(static_shape(match.expr(name)))
-        aligned = (1,) * (rank - len(arg_shape)) + arg_shape
-        if len(arg_shape) > rank or any(d != 1 for d in aligned[:rank - k]) or aligned[rank - k:] != tuple(shape[rank - k:]):
-            return f"the layer norm's {op} of shape {list(arg_shape)} is not one value per normalized element"
-        if static_shape(match.expr(f"{name}_op")) != tuple(shape):
-            return f"the layer norm's {op} changes the shape"
-    return None
+    return _decomposed_tail_reason(match, shape, (1,) * (rank - k) + tuple(shape[rank - k:]), "layer norm")
 
 
 def check_instance_norm_decomposed(match: Match) -> str | None:
@@ -205,25 +213,7 @@ def check_instance_norm_decomposed(match: Match) -> str | None:
         if call.attrs.axis is None or _normalized_axes(call.attrs.axis, rank) != spatial \
                 or not bool(call.attrs.keepdims):
             return f"the decomposed instance norm's statistics are not over the axes {spatial} (keepdims)"
-    eps = _scalar(match.expr("eps"))
-    if eps is None:
-        return "the decomposed instance norm's epsilon is not a one-element constant"
-    reason = _epsilon_reason(eps, "instance norm")
-    if reason:
-        return reason
-    for name in ("gamma", "beta"):
-        if match.has(name):
-            reason = tensor_reason(match.expr(name), name)
-            if reason:
-                return reason
-            operand = match.value(match.expr(f"{name}_op").args[1])
-            operand_shape = static_shape(operand) or ()
-            aligned = (1,) * (rank - len(operand_shape)) + tuple(operand_shape)
-            if len(operand_shape) > rank or aligned != (1, shape[1]) + (1,) * (rank - 2):
-                return f"the instance norm's {name} of shape {list(operand_shape)} is not one value per channel"
-            if static_shape(match.expr(f"{name}_op")) != tuple(shape):
-                return f"the instance norm's {name} changes the shape"
-    return None
+    return _decomposed_tail_reason(match, shape, (1, shape[1]) + (1,) * (rank - 2), "instance norm")
 
 
 @pattern_rules
