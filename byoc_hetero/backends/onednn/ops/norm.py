@@ -250,52 +250,42 @@ def _rules():
                           priority=51 + relu)
 
 
-@lowers_composite("layer_norm_decomposed", "layer_norm_decomposed_scale", "layer_norm_decomposed_shift",
-                  "layer_norm_decomposed_scale_shift")
-def lower_layer_norm_decomposed(ctx, func: relax.Function) -> int:
-    """The whole decomposed chain (a composite of rule ``layer_norm_decomposed*``) as one
-    ``layer_norm`` node; gamma / beta are the operands of the multiply / add after the divide."""
-    calls = [b.value for block in func.body.blocks for b in block.bindings]
-    ops = [c.op.name for c in calls]
-    first_mean, eps_add = calls[ops.index("relax.mean")], calls[ops.index("relax.add")]
-    eps = next(a for a in eps_add.args if isinstance(a, _CONSTANTS))
-    chain, extra = _affine_operands(func, ops.index("relax.divide"))
-    inputs = [ctx.data_of(first_mean.args[0])] + [ctx.lookup(extra[n]) for n in ("gamma", "beta") if n in extra]
-    attrs = {"epsilon": _scalar(eps), "axis_count": len(first_mean.attrs.axis),
-             "has_scale": int("gamma" in extra), "has_shift": int("beta" in extra)}
-    return ctx.emit("layer_norm", inputs, chain, attrs)
-
-
-def _affine_operands(func: relax.Function, after: int) -> tuple[relax.Var, dict[str, relax.Expr]]:
-    """The operands of the multiply (gamma) / add (beta) bound after binding ``after`` of a
-    decomposed normalization, looking through a reshape; and the composite's result."""
+def _lower_decomposed(ctx, func: relax.Function, op: str, attrs_of) -> int:
+    """A decomposed normalization composite as one ``op`` node: its data (the first mean's
+    operand), then gamma / beta (the operands of the multiply / add after the divide, looking
+    through a reshape); ``attrs_of(first_mean)`` gives the op's own attrs."""
     bindings = [b for block in func.body.blocks for b in block.bindings]
-    chain, extra = bindings[after].var, {}
+    ops = [b.value.op.name for b in bindings]
+    mean, eps_add = bindings[ops.index("relax.mean")].value, bindings[ops.index("relax.add")].value
+    eps = next(a for a in eps_add.args if isinstance(a, _CONSTANTS))
     reshaped = {b.var: b.value.args[0] for b in bindings if b.value.op.name == "relax.reshape"}
-    for binding in bindings[after + 1:]:
+    divide = ops.index("relax.divide")
+    chain, extra = bindings[divide].var, {}
+    for binding in bindings[divide + 1:]:
         call = binding.value
         if call.op.name == "relax.reshape":
             continue
-        name = "gamma" if call.op.name == "relax.multiply" else "beta"
         operand = call.args[1] if call.args[0].same_as(chain) else call.args[0]
-        extra[name] = reshaped.get(operand, operand)
+        extra["gamma" if call.op.name == "relax.multiply" else "beta"] = reshaped.get(operand, operand)
         chain = binding.var
-    return chain, extra
+    inputs = [ctx.data_of(mean.args[0])] + [ctx.lookup(extra[n]) for n in ("gamma", "beta") if n in extra]
+    attrs = {**attrs_of(mean), "epsilon": _scalar(eps), "has_scale": int("gamma" in extra),
+             "has_shift": int("beta" in extra)}
+    return ctx.emit(op, inputs, chain, attrs)
+
+
+@lowers_composite("layer_norm_decomposed", "layer_norm_decomposed_scale", "layer_norm_decomposed_shift",
+                  "layer_norm_decomposed_scale_shift")
+def lower_layer_norm_decomposed(ctx, func: relax.Function) -> int:
+    """The whole decomposed chain (a composite of rule ``layer_norm_decomposed*``) as one ``layer_norm``."""
+    return _lower_decomposed(ctx, func, "layer_norm", lambda mean: {"axis_count": len(mean.attrs.axis)})
 
 
 @lowers_composite("instance_norm_decomposed", "instance_norm_decomposed_scale", "instance_norm_decomposed_shift",
                   "instance_norm_decomposed_scale_shift")
 def lower_instance_norm_decomposed(ctx, func: relax.Function) -> int:
     """The decomposed instance norm as one ``group_norm`` node with a group per channel."""
-    calls = [b.value for block in func.body.blocks for b in block.bindings]
-    ops = [c.op.name for c in calls]
-    mean, eps_add = calls[ops.index("relax.mean")], calls[ops.index("relax.add")]
-    eps = next(a for a in eps_add.args if isinstance(a, _CONSTANTS))
-    out, extra = _affine_operands(func, ops.index("relax.divide"))
-    inputs = [ctx.data_of(mean.args[0])] + [ctx.lookup(extra[n]) for n in ("gamma", "beta") if n in extra]
-    attrs = {"groups": static_shape(mean.args[0])[1], "epsilon": _scalar(eps),
-             "has_scale": int("gamma" in extra), "has_shift": int("beta" in extra)}
-    return ctx.emit("group_norm", inputs, out, attrs)
+    return _lower_decomposed(ctx, func, "group_norm", lambda mean: {"groups": static_shape(mean.args[0])[1]})
 
 
 # -- group_norm ---------------------------------------------------------------------------------
