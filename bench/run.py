@@ -68,25 +68,22 @@ def _timed(fn, min_time: float, min_iters: int, max_iters: int, warmup: int) -> 
     return times
 
 
-def worker(args) -> dict:
-    data = np.load(args.data)
-    x = data["__input__"]
-    params = {k: data[k] for k in data.files if k != "__input__"}
-    threads = args.threads
-    slow = args.framework == "llvm"
-    timing = dict(min_time=args.min_time, min_iters=3 if slow else 10, max_iters=3 if slow else 400,
-                  warmup=1 if slow else 3)
-    info: dict = {}
-    if args.framework in ("byoc", "llvm"):
+def make_runner(framework: str, model: str, params: dict, x: np.ndarray, threads: int,
+                info: dict | None = None):
+    """One framework's inference call on the workload: ``(fn, out)``, ``fn()`` runs one call and
+    ``out`` is the output of a first call as float32.  ``info`` (if given) receives build facts.
+    Used by this benchmark's workers and by bench/contention.py."""
+    info = {} if info is None else info
+    if framework in ("byoc", "llvm"):
         import tvm
         from tvm import relax
 
         import byoc_hetero as bh
         from byoc_hetero.codegen import region_modules
 
-        mod, _ = getattr(bh.models, args.model)(batch=args.batch)
+        mod, _ = getattr(bh.models, model)(batch=x.shape[0])
         t0 = time.perf_counter()
-        if args.framework == "byoc":
+        if framework == "byoc":
             part = bh.partition(mod, params)
             info["regions"] = int(bh.op_profile(part).regions.get("byoc_hetero", 0))
             info["llvm_ops"] = int(bh.op_profile(part).total("llvm"))
@@ -98,29 +95,27 @@ def worker(args) -> dict:
         xt = tvm.runtime.tensor(x)
         fn = lambda: vm["main"](xt)  # noqa: E731
         out = fn().numpy()
-        times = _timed(fn, **timing)
-        if args.framework == "byoc":
+        if framework == "byoc":
             info["threads_per_region"] = sorted({json.loads(m["get_runtime_info"]())["threads"]
                                                  for m in region_modules(ex)})
-    elif args.framework == "ort":
+    elif framework == "ort":
         import onnxruntime as ort
 
         from programs import PROGRAMS, OnnxGraph
 
         g = OnnxGraph(params)
-        model = g.model(x.shape, PROGRAMS[args.model](g, "data"))
+        onnx_model = g.model(x.shape, PROGRAMS[model](g, "data"))
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(onnx_model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         feed = {"data": x}
         fn = lambda: sess.run(None, feed)  # noqa: E731
         out = fn()[0]
-        times = _timed(fn, **timing)
         info["version"] = ort.__version__
-    elif args.framework == "torch":
+    elif framework == "torch":
         import torch
 
         from programs import PROGRAMS, TorchGraph
@@ -128,14 +123,25 @@ def worker(args) -> dict:
         torch.set_num_threads(threads)
         g = TorchGraph(params)
         xt = torch.from_numpy(x)
-        with torch.inference_mode():
-            fn = lambda: PROGRAMS[args.model](g, xt)  # noqa: E731
-            out = fn().numpy()
-            times = _timed(fn, **timing)
+        fn = torch.inference_mode()(lambda: PROGRAMS[model](g, xt))
+        out = fn().numpy()
         info["version"] = torch.__version__
     else:
-        raise SystemExit(f"unknown framework {args.framework}")
-    np.save(args.out, np.asarray(out, dtype=np.float32))
+        raise SystemExit(f"unknown framework {framework}")
+    return fn, np.asarray(out, dtype=np.float32)
+
+
+def worker(args) -> dict:
+    data = np.load(args.data)
+    x = data["__input__"]
+    params = {k: data[k] for k in data.files if k != "__input__"}
+    slow = args.framework == "llvm"
+    timing = dict(min_time=args.min_time, min_iters=3 if slow else 10, max_iters=3 if slow else 400,
+                  warmup=1 if slow else 3)
+    info: dict = {}
+    fn, out = make_runner(args.framework, args.model, params, x, args.threads, info)
+    times = _timed(fn, **timing)
+    np.save(args.out, out)
     return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
             "p90_s": float(np.percentile(times, 90)), "iters": len(times), **info}
 
@@ -314,9 +320,14 @@ def _env(threads: int) -> dict:
     return env
 
 
-def _spawn(argv: list[str], threads: int, timeout: float = 1800) -> dict:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=_env(threads),
-                          capture_output=True, text=True, timeout=timeout)
+def _spawn(argv: list[str], threads: int, timeout: float = 1800, script: str = os.path.abspath(__file__)) -> dict:
+    """Run ``script argv`` (default: this file) with the thread variables set; its last JSON line, or
+    ``{"error": ...}`` with the tail of its stderr (also when it runs past ``timeout`` seconds)."""
+    try:
+        proc = subprocess.run([sys.executable, script, *argv], env=_env(threads),
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
@@ -380,6 +391,22 @@ def machine() -> str:
             f"load average at start {os.getloadavg()[0]:.2f}")
 
 
+class Report:
+    """Lines printed as they come, kept to be saved as markdown (bench/run.py, bench/contention.py)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def out(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def save(self, path: str | None) -> None:
+        if path:
+            with open(path, "w") as f:
+                f.write("\n".join(self.lines) + "\n")
+
+
 def fmt_ms(s: float | None) -> str:
     if s is None:
         return "—"
@@ -422,11 +449,8 @@ def main(argv=None) -> int:
     models = args.models.split(",")
     thread_counts = [int(t) for t in args.threads.split(",")]
     frameworks = args.frameworks.split(",")
-    report: list[str] = []
-
-    def out(line: str = "") -> None:
-        print(line, flush=True)
-        report.append(line)
+    report = Report()
+    out = report.out
 
     out("# byoc-hetero benchmark")
     out()
@@ -576,9 +600,7 @@ def main(argv=None) -> int:
             out("Region: one dense layer [1,16] @ [16,16]. Overhead = what the module adds to the primitive: "
                 "argument checks, taking an execution context, the admission gate, binding pointers.")
             out()
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(report) + "\n")
+    report.save(args.markdown)
     return 0
 
 

@@ -61,7 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("model", type=Path, help="the .onnx file")
     bench.add_argument("--repeat", type=int, default=5, help="timed runs per build")
 
-    sub.add_parser("info", help="versions, oneDNN ISA and the runtime's kernels")
+    for command in (report, run, bench):
+        command.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                             help="what offloaded conv2d/dense/matmul compute in (bf16: bf16 weights and "
+                                  "activations, f32 accumulation, float32 inputs/outputs; runs f32 with a "
+                                  "warning on CPUs without native bf16)")
+
+    sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
     return parser
 
 
@@ -69,14 +75,14 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _load_and_partition(path: Path):
+def _load_and_partition(path: Path, precision: str = "f32"):
     import byoc_hetero as bh
 
     start = time.perf_counter()
     _progress(f"importing {path} ...")
     mod, params = bh.from_onnx(path)
     m = bh.bind_params(mod, params)
-    for stage in bh.stages():
+    for stage in bh.stages(precision=precision):
         t = time.perf_counter()
         m = stage(m)
         _progress(f"  {stage.info.name:<22} {time.perf_counter() - t:6.2f} s")
@@ -97,7 +103,7 @@ def _build(m, what: str):
 def _cmd_report(args) -> None:
     import byoc_hetero as bh
 
-    _, _, m = _load_and_partition(args.model)
+    _, _, m = _load_and_partition(args.model, args.precision)
     rep = bh.report(m)
     print(rep)
     if args.render:
@@ -118,7 +124,7 @@ def _cmd_run(args) -> None:
             inputs.append(np.load(path))
         except Exception as err:  # noqa: BLE001 - numpy raises several kinds for a bad file
             raise InputError(f"input file {str(path)!r} is not a readable .npy array: {first_line(err)}") from err
-    mod, params, m = _load_and_partition(args.model)
+    mod, params, m = _load_and_partition(args.model, args.precision)
     check_inputs(mod, inputs, params)
     out = run(_build(m, "offloaded"), inputs)
     if args.output:
@@ -134,7 +140,7 @@ def _cmd_bench(args) -> None:
 
     from .timing import median_latency, random_inputs, relative_error, run
 
-    mod, params, m = _load_and_partition(args.model)
+    mod, params, m = _load_and_partition(args.model, args.precision)
     inputs = random_inputs(mod, params)
     ex_off = _build(m, "offloaded")
     ex_ref = _build(bh.bind_params(mod, params), "llvm-only")
@@ -182,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "info":
             c = bh._C
             print(f"byoc_hetero {bh.__version__}, oneDNN {c.onednn_version()} ({c.isa()}), "
+                  f"bf16 {'native' if c.bf16_native() else 'not native (precision=bf16 runs f32)'}, "
                   f"kernels: {', '.join(c.kernels())}")
     except Exception as err:  # noqa: BLE001 - every failure becomes one line and an exit code
         print(f"byoc-hetero: error: {_describe(err)}", file=sys.stderr)

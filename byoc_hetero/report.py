@@ -9,6 +9,7 @@ partitioned graph with one colour per target.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -54,6 +55,9 @@ class RegionReport:
     inputs: list[str]
     outputs: list[str]
     flops: int
+    #: what the region computes in, as its runtime module says: "f32", "bf16", or
+    #: "f32 (bf16 requested: <why not>)"; "" when unknown (not compiled yet, another runtime)
+    precision: str = ""
 
 
 @dataclass
@@ -93,6 +97,8 @@ class PartitionReport:
                 f"{', '.join(r.inputs)} -> {', '.join(r.outputs)}"
             )
             lines.append(f"      rules: {', '.join(sorted(set(r.rules)))}")
+            if r.precision:
+                lines.append(f"      precision: {r.precision}")
         lines.append("")
         lines.append(f"left on {HOST}: {len(self.fallbacks)} ops")
         for f in self.fallbacks:
@@ -186,7 +192,22 @@ def _region_from_graph(region: RegionEntry) -> RegionReport:
     return RegionReport(
         region.symbol, region.target, region.ops, region.composites, [desc(i) for i in graph["inputs"]],
         [desc(o) for o in graph["outputs"]], sum(graph_node_flops(n, tensors) for n in graph["nodes"]),
+        _region_precision(region),
     )
+
+
+def _region_precision(region: RegionEntry) -> str:
+    """The precision the region's module computes in (its get_runtime_info), with the reason when
+    a bf16 request runs as float32."""
+    try:
+        info = json.loads(str(region.module["get_runtime_info"]()))
+    except (AttributeError, KeyError, ValueError, tvm.error.TVMError):
+        return ""  # a module of another runtime
+    precision = str(info.get("precision", ""))
+    requested = str(info.get("precision_requested", precision))
+    if requested != precision:
+        return f"{precision} (bf16 requested, ran {precision}: {info.get('precision_note', '')})"
+    return precision
 
 
 def _fallback(call: relax.Call, decisions: list[Rejection]) -> FallbackOp:

@@ -44,6 +44,7 @@ from ._relax import (
     updated,
 )
 from .backends.onednn import TARGET as DEFAULT_TARGET
+from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
 from .errors import RuleError
 from .rules import (
     CONST_DIGEST_ATTR,
@@ -287,10 +288,13 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
 
 
 def stages(target: TargetSpec = DEFAULT_TARGET, min_region_ops: int = DEFAULT_MIN_REGION_OPS,
-           require_heavy_op: bool = True) -> list[tvm.transform.Pass]:
+           require_heavy_op: bool = True, precision: str = DEFAULT_PRECISION) -> list[tvm.transform.Pass]:
     """The four partition stages for ``target`` (a name, or names in priority order).
 
     ``min_region_ops`` and ``require_heavy_op`` set the cost gate of MergeCompilerRegions.
+    ``precision="bf16"`` makes the oneDNN regions compute conv2d / dense / matmul in bf16 (f32
+    accumulation; inputs and outputs stay float32); where the CPU has no native bf16 it warns
+    once and the regions run float32 (``bh.report`` says so per region).
 
     Each item is a ``tvm.transform.Pass``; ``stage.info.name`` is its classic name. Apply them in
     order (after :func:`bind_params` when weights should become constants)::
@@ -301,8 +305,12 @@ def stages(target: TargetSpec = DEFAULT_TARGET, min_region_ops: int = DEFAULT_MI
             print(stage.info.name, bh.op_profile(m))
     """
     names = _targets(target)
+    options = {}
+    if check_precision(precision) != DEFAULT_PRECISION:
+        warn_if_fallback(precision)
+        options = {DEFAULT_TARGET: {"precision": precision}}  # only the oneDNN codegen reads it
     return [merge_composite(names), annotate_target(names),
-            merge_compiler_regions(min_region_ops, require_heavy_op), partition_graph()]
+            merge_compiler_regions(min_region_ops, require_heavy_op), partition_graph(options)]
 
 
 def bind_params(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, func: str = "main") -> tvm.IRModule:
@@ -340,9 +348,13 @@ def partition(
     target: TargetSpec = DEFAULT_TARGET,
     min_region_ops: int = DEFAULT_MIN_REGION_OPS,
     require_heavy_op: bool = True,
+    precision: str = DEFAULT_PRECISION,
 ) -> tvm.IRModule:
-    """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes."""
+    """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes.
+
+    ``precision``: ``"f32"`` (default) or ``"bf16"`` (see :func:`stages`).
+    """
     mod = bind_params(mod, params)
-    for stage in stages(target, min_region_ops, require_heavy_op):
+    for stage in stages(target, min_region_ops, require_heavy_op, precision):
         mod = stage(mod)
     return mod

@@ -6,16 +6,16 @@
 
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <mutex>
 #include <utility>
 
-#include "threading.h"
-
 namespace byoc_hetero {
 
-CompiledRegion::CompiledRegion(const RegionGraph& graph) : where_(graph.where()), symbol_(graph.symbol) {
+CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
+    : where_(graph.where()), symbol_(graph.symbol) {
   PlanRequest request;
-  request.threads = RegionThreads();
+  request.threads = std::max(1, threads);
   std::shared_ptr<const Plan> plan = MakePlan(graph, request, engine_);
   std::vector<void*> weights = weights_.Reserve(*plan);
   executor_ = std::make_unique<Executor>(std::move(plan), engine_, std::move(weights));

@@ -30,12 +30,13 @@ namespace byoc_hetero {
 class CompiledRegion {
  public:
   /*!
-   * \brief Plan \p graph for its declared shapes with the current thread setting, allocate its
-   *        weights and make its primitives.
+   * \brief Plan \p graph for its declared shapes and \p threads OpenMP threads (RegionThreads()
+   *        for a module's own plan, fewer for its plans under contention, threading.h), allocate
+   *        its weights and make its primitives.
    * \throws tvm::ffi::Error: ValueError for attrs/shapes the ops reject, RuntimeError when
    *         oneDNN cannot create a primitive or memory runs out; messages name the region and node.
    */
-  explicit CompiledRegion(const RegionGraph& graph);
+  CompiledRegion(const RegionGraph& graph, int threads);
 
   /*!
    * \brief Fill the weights from new constants (the plain row-major float32 data of each

@@ -9,15 +9,28 @@ namespace byoc_hetero {
 using dnnl::algorithm;
 
 const std::vector<EnumEntry<ActivationSpec>>& Activations() {
+  // oneDNN 3.2 eltwise semantics (alpha, beta): hardswish x * max(0, min(1, alpha*x + beta)),
+  // hardsigmoid max(0, min(1, alpha*x + beta)), linear alpha*x + beta, pow alpha * x^beta.
+  // oneDNN has no erf on its own, so "erf" is not here (a host kernel, kernels/unary.cc).
   static const std::vector<EnumEntry<ActivationSpec>> table = {
-      {"none", {algorithm::undef, 0.f, false}},
-      {"relu", {algorithm::eltwise_relu, 0.f, false}},
-      {"clip", {algorithm::eltwise_clip, 0.f, true}},
-      {"sigmoid", {algorithm::eltwise_logistic, 0.f, false}},
-      {"tanh", {algorithm::eltwise_tanh, 0.f, false}},
-      {"gelu_erf", {algorithm::eltwise_gelu_erf, 0.f, false}},
-      {"gelu_tanh", {algorithm::eltwise_gelu_tanh, 0.f, false}},
-      {"silu", {algorithm::eltwise_swish, 1.f, false}},  // x * sigmoid(alpha * x), alpha = 1
+      {"none", {algorithm::undef, 0.f, 0.f, false}},
+      {"relu", {algorithm::eltwise_relu, 0.f, 0.f, false}},
+      {"clip", {algorithm::eltwise_clip, 0.f, 0.f, true}},
+      {"sigmoid", {algorithm::eltwise_logistic, 0.f, 0.f, false}},
+      {"tanh", {algorithm::eltwise_tanh, 0.f, 0.f, false}},
+      {"gelu_erf", {algorithm::eltwise_gelu_erf, 0.f, 0.f, false}},
+      {"gelu_tanh", {algorithm::eltwise_gelu_tanh, 0.f, 0.f, false}},
+      {"silu", {algorithm::eltwise_swish, 1.f, 0.f, false}},  // x * sigmoid(alpha * x), alpha = 1
+      {"hardswish", {algorithm::eltwise_hardswish, 1.f / 6.f, 0.5f, false}},  // x * relu6(x + 3) / 6
+      {"hardsigmoid", {algorithm::eltwise_hardsigmoid, 1.f / 6.f, 0.5f, false}},  // relu6(x + 3) / 6
+      {"sqrt", {algorithm::eltwise_sqrt, 0.f, 0.f, false}},
+      {"rsqrt", {algorithm::eltwise_pow, 1.f, -0.5f, false}},
+      {"exp", {algorithm::eltwise_exp, 0.f, 0.f, false}},
+      {"log", {algorithm::eltwise_log, 0.f, 0.f, false}},
+      {"abs", {algorithm::eltwise_abs, 0.f, 0.f, false}},
+      {"negative", {algorithm::eltwise_linear, -1.f, 0.f, false}},
+      {"square", {algorithm::eltwise_square, 0.f, 0.f, false}},
+      {"cube", {algorithm::eltwise_pow, 1.f, 3.f, false}},  // alpha * x^beta
   };
   return table;
 }
@@ -35,6 +48,10 @@ const std::vector<EnumEntry<algorithm>>& BinaryAlgorithms() {
   static const std::vector<EnumEntry<algorithm>> table = {
       {"add", algorithm::binary_add},
       {"mul", algorithm::binary_mul},
+      {"sub", algorithm::binary_sub},
+      {"div", algorithm::binary_div},
+      {"max", algorithm::binary_max},
+      {"min", algorithm::binary_min},
   };
   return table;
 }

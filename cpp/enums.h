@@ -43,12 +43,13 @@ const T* FindEnum(const std::vector<EnumEntry<T>>& table, const std::string& nam
 }
 
 /*!
- * \brief What an activation name means as a oneDNN eltwise: the algorithm and its alpha; for
- *        "clip" (bounded), alpha/beta are the [min, max] the attr `clip` gives.
+ * \brief What an activation name means as a oneDNN eltwise: the algorithm and its alpha/beta;
+ *        for "clip" (bounded), alpha/beta are the [min, max] the attr `clip` gives instead.
  */
 struct ActivationSpec {
   dnnl::algorithm alg;
   float alpha;
+  float beta;
   bool bounded;
 };
 

@@ -113,6 +113,7 @@ class Planner {
     plan_.where = g_.where();
     plan_.symbol = g_.symbol;
     plan_.num_constants = g_.constants.size();
+    plan_.precision = EffectivePrecision(g_.precision, &plan_.precision_note);
     for (int t : g_.outputs) plan_.output_shapes.push_back(g_.tensors[t].shape);
 
     for (size_t i = 0; i < plan_.num_buffers(); ++i) run_arg_slot_.push_back(NewSlot(SlotKind::kRunArg, i));
@@ -126,13 +127,13 @@ class Planner {
     for (int t : g_.outputs) values_[t].region_output = true;
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       ValueState& v = values_[g_.inputs[i]];
-      v.plain_md = v.storage_md = PlainDesc(g_.tensors[g_.inputs[i]].shape);
+      v.plain_md = v.storage_md = PlainDescOf(g_.tensors[g_.inputs[i]]);
       v.storage = v.plain = run_arg_slot_[i];
     }
     for (size_t i = 0; i < g_.constants.size(); ++i) {
       ValueState& v = values_[g_.constants[i].tensor];
       v.is_const = true;
-      v.plain_md = v.storage_md = PlainDesc(g_.tensors[g_.constants[i].tensor].shape);
+      v.plain_md = v.storage_md = PlainDescOf(g_.tensors[g_.constants[i].tensor]);
       v.storage = v.plain = const_arg_slot_[i];
     }
 
@@ -145,17 +146,41 @@ class Planner {
         TVM_FFI_THROW(ValueError) << g_.where() << ": field 'nodes[" << n << "].op': unknown op '"
                                   << node.op << "' (supported: " << ops << ")";
       }
-      KernelContext ctx{g_, n, engine_, {}, {}};
+      KernelContext ctx{g_, n, engine_, {}, {}, plan_.precision == kPrecisionBf16};
       bool all_const = !node.inputs.empty();
       for (int t : node.inputs) {
         ctx.input_storage.push_back(values_[t].storage_md);
         ctx.input_constant.push_back(values_[t].is_const);
         all_const = all_const && values_[t].is_const;
       }
-      std::unique_ptr<Kernel> kernel = GuardDnnl(g_.where(n), "create the primitive", [&] { return builder(ctx); });
+      std::unique_ptr<Kernel> kernel;
+      try {
+        kernel = builder(ctx);
+      } catch (const dnnl::error& e) {
+        // A float32 kernel handed a non-float32 tensor fails in oneDNN first: say why.
+        for (int t : node.inputs) {
+          if (g_.tensors[t].dtype != DType::kFloat32) {
+            TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype "
+                                      << DTypeName(g_.tensors[t].dtype) << ", which this op does not read"
+                                      << " (it runs on float32 tensors)";
+          }
+        }
+        ThrowDnnlError(g_.where(n), "create the primitive", e);
+      }
       if (kernel->inputs().size() != node.inputs.size()) {
         TVM_FFI_THROW(InternalError) << g_.where(n) << ": kernel declared " << kernel->inputs().size()
                                      << " operands for " << node.inputs.size() << " inputs";
+      }
+      // A kernel reads each tensor in the tensor's own dtype; a float32-only kernel handed an int64
+      // tensor (a codegen bug, or a hand-written document) must fail here, not read wrong bytes.
+      for (size_t k = 0; k <= node.inputs.size(); ++k) {
+        const int t = k < node.inputs.size() ? node.inputs[k] : node.output;
+        const memory::desc& view = k < node.inputs.size() ? kernel->inputs()[k].view : kernel->output().view;
+        if (view.get_data_type() != PlainDescOf(g_.tensors[t]).get_data_type()) {
+          TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype "
+                                    << DTypeName(g_.tensors[t].dtype) << ", which this op does not read"
+                                    << " (it runs on float32 tensors)";
+        }
       }
       const bool at_init = all_const && !values_[node.output].region_output;
       node_where_ = g_.where(n);
@@ -187,7 +212,7 @@ class Planner {
     }
     size_t numel = 1;
     for (auto d : md.get_dims()) numel *= static_cast<size_t>(d);
-    plan_.privates.push_back({md.get_size(), md.get_size() != numel * sizeof(float)});
+    plan_.privates.push_back({md.get_size(), md.get_size() != numel * memory::data_type_size(md.get_data_type())});
     return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
   }
   static std::string Key(int t, const memory::desc& view, const memory::desc& want,
@@ -307,7 +332,7 @@ class Planner {
   MemRef DefineOutput(size_t n, const OperandLayout& layout, bool at_init, int reuse, std::vector<Step>* trailing) {
     const int t = g_.nodes[n].output;
     ValueState& v = values_[t];
-    const memory::desc tensor_plain = PlainDesc(g_.tensors[t].shape);
+    const memory::desc tensor_plain = PlainDescOf(g_.tensors[t]);
     if (layout.view.get_size() != tensor_plain.get_size()) {
       TVM_FFI_THROW(InternalError) << g_.where(n) << ": kernel output view " << DescribeDesc(layout.view)
                                    << " does not cover tensor " << t;

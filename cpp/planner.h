@@ -80,6 +80,8 @@ struct PlanRequest {
 struct Plan {
   std::string where;  // "byoc_hetero region '<symbol>'"
   std::string symbol;
+  std::string precision = "f32";   // what the anchors compute in (EffectivePrecision)
+  std::string precision_note;      // why a bf16 request runs f32, else ""
   int threads = 1;
   std::vector<std::vector<int64_t>> input_shapes, output_shapes;
   size_t num_constants = 0;

@@ -12,8 +12,11 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tvm/ffi/error.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "enums.h"
 #include "kernels/kernel.h"
@@ -72,6 +75,8 @@ py::dict PlanDict(const byoc_hetero::Plan& plan) {
   py::dict d;
   d["symbol"] = plan.symbol;
   d["threads"] = plan.threads;
+  d["precision"] = plan.precision;
+  d["precision_note"] = plan.precision_note;
   d["input_shapes"] = plan.input_shapes;
   d["output_shapes"] = plan.output_shapes;
   d["slots"] = plan.slots.size();
@@ -103,6 +108,13 @@ byoc_hetero::PlanRequest Request(const std::optional<std::vector<std::vector<int
   return request;
 }
 
+/*! \brief A dict of named counters (the stats functions below). */
+py::dict Counters(std::initializer_list<std::pair<const char*, int64_t>> items) {
+  py::dict d;
+  for (const auto& [name, value] : items) d[name] = value;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -117,6 +129,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("isa", []() { return IsaName(dnnl::get_effective_cpu_isa()); },
         "Effective CPU ISA oneDNN dispatches to (e.g. 'avx512_core').");
   m.def("kernels", &byoc_hetero::SupportedOps, "Node ops the runtime can execute.");
+  m.def("bf16_native", &byoc_hetero::Bf16Native,
+        "Whether oneDNN runs bf16 natively here (effective ISA avx512_core_bf16 or later).");
+  m.def(
+      "effective_precision",
+      [](const std::string& requested) {
+        if (requested != byoc_hetero::kPrecisionF32 && requested != byoc_hetero::kPrecisionBf16) {
+          throw py::value_error("precision must be 'f32' or 'bf16', got '" + requested + "'");
+        }
+        std::string reason;
+        std::string effective = byoc_hetero::EffectivePrecision(requested, &reason);
+        return py::make_tuple(effective, reason);
+      },
+      py::arg("requested"),
+      "(precision a region requesting `requested` computes in now, why it differs or ''); reads "
+      "BYOC_HETERO_BF16 (auto | off) as module creation does.");
   m.def("activation_names", &byoc_hetero::ActivationNames,
         "Activation names a region's activation/algorithm attrs may take ('none' first).");
   m.def("enum_names", &byoc_hetero::EnumNames,
@@ -193,15 +220,39 @@ PYBIND11_MODULE(_C, m) {
       "concurrency_stats",
       []() {
         byoc_hetero::ConcurrencyStats s = byoc_hetero::GetConcurrencyStats();
-        py::dict d;
-        d["calls"] = s.calls;
-        d["waited"] = s.waited;
-        d["max_active"] = s.max_active;
-        d["max_active_threads"] = s.max_active_threads;
-        return d;
+        return Counters({{"calls", s.calls},
+                         {"waited", s.waited},
+                         {"max_active", s.max_active},
+                         {"max_active_threads", s.max_active_threads}});
       },
       "Counters of the admission gate since the last reset: calls, waited, max_active, "
       "max_active_threads.");
   m.def("reset_concurrency_stats", &byoc_hetero::ResetConcurrencyStats);
+  m.def(
+      "thread_adaptation",
+      []() { return std::string(byoc_hetero::ThreadAdaptationName(byoc_hetero::GetThreadAdaptation())); },
+      "How region calls react to other processes on the cores: 'auto' (default: fewer threads "
+      "while calls are found contended), 'off', or 'reduced' (always half the module's threads).");
+  m.def(
+      "set_thread_adaptation",
+      [](const std::string& mode) {
+        byoc_hetero::SetThreadAdaptation(byoc_hetero::ParseThreadAdaptation(mode));
+      },
+      py::arg("mode"), "Set it ('auto', 'off' or 'reduced'); applies to the next calls of every module.");
+  m.def(
+      "adaptation_stats",
+      []() {
+        byoc_hetero::AdaptationStats s = byoc_hetero::GetAdaptationStats();
+        return Counters({{"watched", s.watched},
+                         {"contended", s.contended},
+                         {"reduced", s.reduced},
+                         {"probes", s.probes},
+                         {"level", s.level}});
+      },
+      "Counters of the adaptation to contention since the last reset: watched, contended, reduced "
+      "(calls run with fewer threads), probes (tries of a larger count), level (now: threads = "
+      "module's >> level).");
+  m.def("reset_adaptation", &byoc_hetero::ResetAdaptation,
+        "Back to full threads and zero counters (the mode stays).");
   byoc_hetero::RegisterFfiErrorTranslator();
 }

@@ -145,6 +145,30 @@ class ObjectReader {
 
 }  // namespace
 
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kInt64:
+      return "int64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kBool:
+      return "bool";
+    default:
+      return "float32";
+  }
+}
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kInt64:
+      return 8;
+    case DType::kBool:
+      return 1;
+    default:
+      return 4;
+  }
+}
+
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -204,6 +228,15 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   for (char c : symbol) {
     if (static_cast<unsigned char>(c) <= ' ') doc.Fail("symbol", "must not contain whitespace");
   }
+  // Optional (absent = f32): an additive field, so version 1 stays; a runtime without it would
+  // compute f32, which the bf16 bound covers.
+  if (doc.Has("precision")) {
+    g.precision = doc.Str("precision");
+    if (g.precision != kPrecisionF32 && g.precision != kPrecisionBf16) {
+      doc.Fail("precision", std::string("expected \"") + kPrecisionF32 + "\" or \"" + kPrecisionBf16 +
+                                "\", got \"" + g.precision + "\"");
+    }
+  }
 
   // Tensors.
   JsonArray tensors = doc.Array("tensors");
@@ -217,8 +250,20 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
         t.Fail("shape", "static positive dims required, got " + ShapeToString(info.shape));
       }
     }
-    std::string dtype = t.Str("dtype");
-    if (dtype != "float32") t.Fail("dtype", "only \"float32\" is supported, got \"" + dtype + "\"");
+    // "dtype" is optional (float32); a runtime that predates a dtype rejects it here, by name.
+    if (t.Has("dtype")) {
+      const std::string dtype = t.Str("dtype");
+      bool known = false;
+      for (DType d : {DType::kFloat32, DType::kInt64, DType::kInt32, DType::kBool}) {
+        if (dtype == DTypeName(d)) {
+          info.dtype = d;
+          known = true;
+        }
+      }
+      if (!known) {
+        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\" or \"bool\", got \"" + dtype + "\"");
+      }
+    }
     t.CheckNoUnknown();
     g.tensors.push_back(std::move(info));
   }

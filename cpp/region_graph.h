@@ -24,9 +24,22 @@ namespace byoc_hetero {
 constexpr const char* kRegionFormat = "byoc_hetero.region";
 constexpr int64_t kRegionVersion = 1;
 
-/*! \brief One value of the region. Only float32 exists in version 1. */
+/*!
+ * \brief The element types a tensor may have (field "dtype", default "float32").  Everything but
+ *        float32 is plain memory that only host kernels read or write (take's indices, masks,
+ *        casts); bool is one byte per element (0 or 1), as in DLPack.
+ */
+enum class DType { kFloat32, kInt64, kInt32, kBool };
+
+/*! \brief "float32", "int64", "int32", "bool". */
+const char* DTypeName(DType dtype);
+/*! \brief Bytes per element. */
+size_t DTypeSize(DType dtype);
+
+/*! \brief One value of the region. */
 struct TensorInfo {
   std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
   int64_t numel() const;
 };
 
@@ -46,8 +59,14 @@ struct NodeInfo {
   std::map<std::string, tvm::ffi::Any> attrs;
 };
 
+/*! \brief Values of the optional top-level "precision" (what conv2d/dense/matmul compute in). */
+constexpr const char* kPrecisionF32 = "f32";
+constexpr const char* kPrecisionBf16 = "bf16";
+
 struct RegionGraph {
   std::string symbol;
+  /*! \brief Requested compute precision of the anchors: "f32" (default) or "bf16". */
+  std::string precision = kPrecisionF32;
   std::vector<TensorInfo> tensors;
   std::vector<int> inputs;
   std::vector<int> outputs;

@@ -13,9 +13,12 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -23,6 +26,7 @@
 #include "kernels/kernel.h"
 #include "region_graph.h"
 #include "compiled_region.h"
+#include "threading.h"
 
 namespace byoc_hetero {
 
@@ -62,17 +66,17 @@ std::string ShapeOf(const DLTensor& t) {
 }
 
 /*!
- * \brief Check that t is a CPU float32 compact row-major tensor of the given shape and return
- *        its data address.  \p what names the argument in messages.
+ * \brief Check that t is a CPU compact row-major tensor of the dtype and shape of \p info and
+ *        return its data address.  \p what names the argument in messages.
  */
-void* CheckTensor(const DLTensor& t, const std::vector<int64_t>& shape, const std::string& what) {
+void* CheckTensor(const DLTensor& t, const TensorInfo& info, const std::string& what) {
+  const std::vector<int64_t>& shape = info.shape;
   auto fail = [&](const std::string& expected, const std::string& got) {
     TVM_FFI_THROW(ValueError) << what << ": expected " << expected << ", got " << got;
   };
   if (t.device.device_type != kDLCPU) fail("a CPU tensor", "a tensor on " + DeviceName(t.device));
-  if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
-    fail("dtype float32", "dtype " + std::string(ffi::DLDataTypeToString(t.dtype)));
-  }
+  const std::string dtype = ffi::DLDataTypeToString(t.dtype);
+  if (dtype != DTypeName(info.dtype)) fail(std::string("dtype ") + DTypeName(info.dtype), "dtype " + dtype);
   if (t.ndim != static_cast<int>(shape.size()) ||
       !std::equal(shape.begin(), shape.end(), t.shape)) {
     fail("shape " + ShapeToString(shape), "shape " + ShapeOf(t));
@@ -84,11 +88,13 @@ void* CheckTensor(const DLTensor& t, const std::vector<int64_t>& shape, const st
   if (t.data == nullptr) fail("a tensor with data", "a null data pointer");
   char* ptr = static_cast<char*>(t.data) + t.byte_offset;
   const uintptr_t address = reinterpret_cast<uintptr_t>(ptr);
-  if (address % alignof(float) != 0) {
+  // float32 (and int32/int64) data must be 4-byte aligned (oneDNN's vector loads); bool is bytes
+  const uintptr_t align = std::min<size_t>(DTypeSize(info.dtype), alignof(float));
+  if (address % align != 0) {
     std::ostringstream got;
     got << "data at address 0x" << std::hex << address << std::dec << " (misaligned by "
-        << address % alignof(float) << " bytes)";
-    fail("data aligned to " + std::to_string(alignof(float)) + " bytes (float32)", got.str());
+        << address % align << " bytes)";
+    fail("data aligned to " + std::to_string(align) + " bytes (" + DTypeName(info.dtype) + ")", got.str());
   }
   return ptr;
 }
@@ -97,7 +103,7 @@ class RegionModuleObj : public ffi::ModuleObj {
  public:
   explicit RegionModuleObj(std::string graph_json)
       : graph_json_(std::move(graph_json)), graph_(ParseRegionGraph(graph_json_)) {
-    plan_ = std::make_unique<CompiledRegion>(graph_);
+    plan_ = std::make_unique<CompiledRegion>(graph_, RegionThreads());
     for (const auto& c : graph_.constants) const_names_.push_back(c.name);
   }
 
@@ -130,17 +136,33 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
     }
     if (name == "get_runtime_info") {
-      // {"threads", "contexts", "shared_bytes", "context_bytes"}: how the module runs.
+      // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans", "precision",
+      // "precision_requested", "precision_note"}: how the module runs; contention_plans: the thread
+      // counts of the plans made for contention.
       return ffi::Function::FromTyped([self, this]() {
+        ffi::json::Array contention_plans;
+        {
+          std::lock_guard<std::mutex> lock(fewer_mu_);
+          for (size_t n = 0; n < fewer_.size(); ++n) {
+            if (fewer_[n]) contention_plans.push_back(static_cast<int64_t>(n));
+          }
+        }
         ffi::json::Object info{{"threads", plan_->threads()},
+                               {"precision", ffi::String(plan_->plan().precision)},
+                               {"precision_requested", ffi::String(graph_.precision)},
+                               {"precision_note", ffi::String(plan_->plan().precision_note)},
                                {"contexts", plan_->contexts()},
                                {"shared_bytes", plan_->shared_bytes()},
-                               {"context_bytes", plan_->context_bytes()}};
+                               {"context_bytes", plan_->context_bytes()},
+                               {"contention_plans", contention_plans}};
         return ffi::json::Stringify(info);
       });
     }
     if (name == "set_profiling") {
-      return ffi::Function::FromTyped([self, this](bool on) { plan_->SetProfiling(on); });
+      return ffi::Function::FromTyped([self, this](bool on) {
+        profiling_ = on;
+        plan_->SetProfiling(on);
+      });
     }
     if (name == "reset_profile") {
       return ffi::Function::FromTyped([self, this]() { plan_->ResetProfile(); });
@@ -196,9 +218,38 @@ class RegionModuleObj : public ffi::ModuleObj {
         TVM_FFI_THROW(ValueError) << what.str() << ": expected a Tensor, got "
                                   << args[i].GetTypeKey();
       }
-      buffers[i] = CheckTensor(**dl, graph_.tensors[t].shape, what.str());
+      buffers[i] = CheckTensor(**dl, graph_.tensors[t], what.str());
     }
-    plan_->Execute(buffers);
+    if (profiling_.load(std::memory_order_relaxed)) {
+      // A profile counts the steps of the module's own plan: while profiling, every call runs it.
+      plan_->Execute(buffers);
+      return;
+    }
+    // Calls shorter than 200 us are watched one in 16: two getrusage (about 1 us each) would
+    // be a visible share of them, and the level they read is shared with the longer calls.
+    const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
+                       calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
+    AdaptiveCall call(plan_->threads(), watch);
+    (call.threads() == plan_->threads() ? *plan_ : PlanWithFewer(call.threads())).Execute(buffers);
+    last_call_ns_.store(static_cast<int64_t>(call.elapsed() * 1e9), std::memory_order_relaxed);
+  }
+
+  /*!
+   * \brief The plan made for `threads` (< the module's count), made and filled on first need.
+   *        oneDNN's OpenMP primitives fix their thread split at creation and ask the OpenMP
+   *        runtime for exactly that many threads (num_threads clause), so running the module's
+   *        primitives under omp_set_num_threads(1) would still start a team; fewer threads need
+   *        primitives (and possibly weight layouts) of their own.
+   */
+  CompiledRegion& PlanWithFewer(int threads) {
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    if (fewer_.size() <= static_cast<size_t>(threads)) fewer_.resize(threads + 1);
+    if (!fewer_[threads]) {
+      auto plan = std::make_unique<CompiledRegion>(graph_, threads);
+      if (!const_data_.empty()) plan->LoadConstants(const_data_);
+      fewer_[threads] = std::move(plan);
+    }
+    return *fewer_[threads];
   }
 
   void Init(const ffi::PackedArgs& args) {
@@ -225,9 +276,17 @@ class RegionModuleObj : public ffi::ModuleObj {
       std::string what = graph_.where() + ": " + fn + " constant " + std::to_string(i) + " ('" +
                          c.name + "', tensor " + std::to_string(c.tensor) + ")";
       if (!tensor.defined()) TVM_FFI_THROW(ValueError) << what << ": expected a Tensor, got None";
-      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor].shape, what));
+      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], what));
     }
     plan_->LoadConstants(data);
+    // Kept for the plans made later for fewer threads: the tensors belong to the module's constant
+    // loader and live as long as it; holding them costs no copy.
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    consts_ = *consts;
+    const_data_ = data;
+    for (auto& plan : fewer_) {
+      if (plan) plan->LoadConstants(data);
+    }
   }
 
   std::string NameList() const {
@@ -240,6 +299,15 @@ class RegionModuleObj : public ffi::ModuleObj {
   RegionGraph graph_;
   std::unique_ptr<CompiledRegion> plan_;
   ffi::Array<ffi::String> const_names_;
+  // Contention (threading.h): plans for fewer threads, by thread count, and the constants that
+  // fill them.
+  std::mutex fewer_mu_;
+  std::vector<std::unique_ptr<CompiledRegion>> fewer_;
+  ffi::Array<ffi::Tensor> consts_;
+  std::vector<const void*> const_data_;
+  std::atomic<int64_t> last_call_ns_{0};
+  std::atomic<uint32_t> calls_{0};
+  std::atomic<bool> profiling_{false};
 };
 
 }  // namespace

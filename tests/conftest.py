@@ -64,6 +64,33 @@ def offload_and_compare(mod, params=None, inputs=None, bind=True) -> Compared:
     return result
 
 
+def run_exported_in_fresh_process(ex, x, tmp_path):
+    """``ex.export_library``, then load it and run ``main(x)`` in a new Python process that imports
+    the package under test (not another installed copy); returns the output."""
+    import subprocess
+    import textwrap
+
+    lib = tmp_path / "model.so"
+    ex.export_library(str(lib))
+    np.save(tmp_path / "x.npy", x)
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, tvm
+        from tvm import relax
+        import byoc_hetero  # registers the loader of the offloaded regions
+        lib = tvm.runtime.load_module({str(lib)!r})
+        vm = relax.VirtualMachine(lib, tvm.cpu())
+        x = np.load({str(tmp_path / "x.npy")!r})
+        np.save({str(tmp_path / "y.npy")!r}, vm["main"](tvm.runtime.tensor(x)).numpy())
+        """
+    )
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(bh.__file__)))
+    env = dict(os.environ, PYTHONPATH=package_root)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return np.load(tmp_path / "y.npy")
+
+
 @contextlib.contextmanager
 def saved_rules():
     """Snapshot the rule registry and the op attributes code may change; restore afterwards."""

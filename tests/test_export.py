@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import tvm
-from conftest import TOLERANCE
+from conftest import TOLERANCE, run_exported_in_fresh_process
 
 import byoc_hetero as bh
 from byoc_hetero.timing import build, random_inputs, relative_error, run
@@ -19,23 +15,7 @@ def test_export_and_reload_in_a_fresh_process(tmp_path):
     ex = build(bh.partition(mod, params))
     inputs = random_inputs(mod, params)
     want = run(ex, inputs)
-    lib = tmp_path / "model.so"
-    ex.export_library(str(lib))
-    np.save(tmp_path / "x.npy", inputs[0])
-    script = textwrap.dedent(
-        f"""
-        import numpy as np, tvm
-        from tvm import relax
-        import byoc_hetero  # registers the loader of the offloaded regions
-        lib = tvm.runtime.load_module({str(lib)!r})
-        vm = relax.VirtualMachine(lib, tvm.cpu())
-        x = np.load({str(tmp_path / "x.npy")!r})
-        np.save({str(tmp_path / "y.npy")!r}, vm["main"](tvm.runtime.tensor(x)).numpy())
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    got = np.load(tmp_path / "y.npy")
+    got = run_exported_in_fresh_process(ex, inputs[0], tmp_path)
     assert relative_error(got, want) <= TOLERANCE
 
 

@@ -7,6 +7,7 @@ knob decides how many threads a module is built for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -185,3 +186,174 @@ def test_knob_decides_threads_per_module_and_concurrency(tmp_path):
     assert out["stats"]["calls"] == 60
     assert out["stats"]["max_active_threads"] <= out["cpus"]
     assert out["stats"]["max_active"] <= out["cpus"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Contention: calls found contended run with fewer threads, on plans made for that count. The
+# "reduced" mode forces that path on every call, so what it computes can be checked on any machine.
+
+
+@contextlib.contextmanager
+def _adaptation(mode: str):
+    saved = _C.thread_adaptation()
+    _C.set_thread_adaptation(mode)
+    _C.reset_adaptation()
+    try:
+        yield
+    finally:
+        _C.set_thread_adaptation(saved)
+        _C.reset_adaptation()
+
+
+@contextlib.contextmanager
+def _module_threads(n: int):
+    saved = _C.num_threads()
+    _C.set_num_threads(n)
+    try:
+        yield
+    finally:
+        _C.set_num_threads(saved)
+
+
+def _contention_plans(ex) -> list[list[int]]:
+    return [json.loads(m["get_runtime_info"]())["contention_plans"] for m in region_modules(ex)]
+
+
+@pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
+def test_reduced_threads_compute_what_llvm_computes(model):
+    """A 2-thread module run on its 1-thread plan (Winograd and direct convs, depthwise, batch-norm
+    folding, pooling, dense) gives the llvm-only build's output, and the full-thread plan's."""
+    mod, params = getattr(bh.models, model)(image_size=32, num_classes=10)
+    x = random_inputs(mod, params)
+    want = run(build(bh.bind_params(mod, params)), x)
+    with _module_threads(2):
+        ex = build(bh.partition(mod, params))
+    with _adaptation("off"):
+        full = run(ex, x)
+        assert _contention_plans(ex) == [[]]
+    with _adaptation("reduced"):
+        reduced = run(ex, x)
+        assert _C.adaptation_stats()["reduced"] >= 1
+    assert _contention_plans(ex) == [[1]]
+    np.testing.assert_allclose(reduced, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(reduced, full, rtol=1e-5, atol=1e-5)
+
+
+def test_reduced_plan_follows_reinit():
+    """__init_ with new constants refills the plans made for fewer threads too."""
+    mod, params = bh.models.mlp(batch=2, features=64, hidden=(32,), num_classes=8)
+    with _module_threads(2):
+        ex = build(bh.partition(mod, params))
+    (region,) = region_modules(ex)
+    x = random_inputs(mod, params)[0]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    xt = tvm.runtime.tensor(x)
+    with _adaptation("reduced"):
+        old = vm["main"](xt).numpy()  # makes the 1-thread plan with the old constants
+    values = [params[k] for k in ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")]
+    region[f"__init_{region['get_symbol']()}"]([tvm.runtime.tensor(2 * v) for v in values])
+    new = run(build(bh.partition(mod, {k: 2 * v for k, v in params.items()})), [x])
+    assert not np.allclose(old, new)
+    for mode in ("reduced", "off"):
+        with _adaptation(mode):
+            np.testing.assert_allclose(vm["main"](xt).numpy(), new, rtol=1e-4, atol=1e-4)
+
+
+def test_concurrent_calls_while_the_mode_changes(resnet):
+    """Several VMs call while another thread flips the mode: plans for fewer threads are made
+    once under concurrent demand, and every call returns the right result."""
+    ex, xs, want = resnet
+    stop = threading.Event()
+
+    def flip():
+        modes = ("reduced", "auto", "off")
+        i = 0
+        while not stop.is_set():
+            _C.set_thread_adaptation(modes[i % 3])
+            i += 1
+            stop.wait(0.002)
+
+    saved = _C.thread_adaptation()
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        errors = _hammer(ex, xs, want, num_threads=4, calls=8)
+    finally:
+        stop.set()
+        flipper.join()
+        _C.set_thread_adaptation(saved)
+        _C.reset_adaptation()
+    assert not errors, errors
+    (region,) = region_modules(ex)
+    threads = json.loads(region["get_runtime_info"]())["threads"]
+    assert _contention_plans(ex) in ([[]], [[max(1, threads // 2)]])
+
+
+def test_adaptation_knob():
+    assert _C.thread_adaptation() in ("auto", "off", "reduced")
+    with pytest.raises(ValueError, match="'auto', 'off' or 'reduced'.*got 'sometimes'"):
+        _C.set_thread_adaptation("sometimes")
+    stats = _C.adaptation_stats()
+    assert set(stats) == {"watched", "contended", "reduced", "probes", "level"}
+
+
+@pytest.mark.parametrize("mode", ["off", "reduced", "wrong"])
+def test_adaptation_env(mode, tmp_path):
+    """BYOC_HETERO_ADAPT_THREADS, read once: off never makes a plan for fewer threads, reduced
+    always runs on one; a wrong value is a ValueError naming the three modes."""
+    script = textwrap.dedent(
+        """
+        import json
+        import byoc_hetero as bh
+        from byoc_hetero.codegen import region_modules
+        from byoc_hetero.timing import build, random_inputs, run
+
+        mod, params = bh.models.small_convnet(batch=1)
+        bh._C.set_num_threads(2)
+        ex = build(bh.partition(mod, params))
+        x = random_inputs(mod, params)
+        for _ in range(3):
+            run(ex, x)
+        plans = [json.loads(m["get_runtime_info"]())["contention_plans"] for m in region_modules(ex)]
+        print(json.dumps({"mode": bh._C.thread_adaptation(), "plans": plans,
+                          "reduced": bh._C.adaptation_stats()["reduced"]}))
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bh.__file__)))
+    env = dict(os.environ, BYOC_HETERO_ADAPT_THREADS=mode,
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env=env)
+    if mode == "wrong":
+        assert proc.returncode != 0
+        assert "'auto', 'off' or 'reduced'" in proc.stderr and "got 'wrong'" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["mode"] == mode
+    if mode == "off":
+        assert out["plans"] == [[]] * len(out["plans"]) and out["reduced"] == 0
+    else:
+        assert out["plans"] == [[1]] * len(out["plans"]) and out["reduced"] >= 3
+
+
+def test_profiling_runs_the_modules_own_plan():
+    """While profiling is on, calls run the module's own plan, so its profile counts every call
+    even when contention (here forced) would have run them with fewer threads."""
+    mod, params = bh.models.small_convnet(batch=1)
+    with _module_threads(2):
+        ex = build(bh.partition(mod, params))
+    regions = region_modules(ex)
+    x = random_inputs(mod, params)
+    with _adaptation("reduced"):
+        for m in regions:
+            m["set_profiling"](True)
+        try:
+            run(ex, x)
+        finally:
+            for m in regions:
+                m["set_profiling"](False)
+        assert _C.adaptation_stats()["reduced"] == 0
+    assert _contention_plans(ex) == [[]] * len(regions)
+    for m in regions:
+        assert all(s["calls"] == 1 for s in json.loads(m["get_profile"]()) if s["phase"] == "run")

@@ -35,7 +35,7 @@ dnnl::primitive_attr Attr(const std::string& activation, const std::vector<doubl
   dnnl::post_ops ops;
   if (spec->alg != dnnl::algorithm::undef) {
     const float alpha = spec->bounded ? static_cast<float>(clip[0]) : spec->alpha;
-    const float beta = spec->bounded ? static_cast<float>(clip[1]) : 0.f;
+    const float beta = spec->bounded ? static_cast<float>(clip[1]) : spec->beta;
     ops.append_eltwise(spec->alg, alpha, beta);
   }
   if (residual) ops.append_sum(1.f);

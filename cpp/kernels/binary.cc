@@ -1,18 +1,95 @@
 /*!
  * \file kernels/binary.cc
- * \brief binary: elementwise add / multiply with numpy broadcasting (one oneDNN binary), with an
- *        optional activation fused as a post-op.
+ * \brief binary: elementwise add / mul / sub / div / max / min with numpy broadcasting on either
+ *        side (one oneDNN binary), with an optional activation fused as a post-op.
  *
- * Attrs: algorithm "add" | "mul" (required), activation (+ clip) (default "none").  The output
- * shape is the broadcast of the two input shapes, and one of the inputs must already have that
- * shape (oneDNN broadcasts only its second source; add and mul commute, so either input may be
- * the broadcast one).  The full-shape input is read in its producer's layout.
+ * Attrs: algorithm "add" | "mul" | "sub" | "div" | "max" | "min" (required), activation (+ clip)
+ * (default "none").  The output shape is the broadcast of the two input shapes.
+ *
+ * oneDNN 3.2's binary broadcasts only its second source (src0 must have the destination's dims),
+ * so the kernel picks one of three forms:
+ *   - input 0 has the output shape: a op b as it stands; input 0 is read in its producer's layout;
+ *   - only input 1 has it: the operands are swapped, for add / mul / max / min (they commute) and
+ *     for sub, whose swap b - a is turned back into a - b by an eltwise linear(-1) post-op placed
+ *     before the activation (no copy either way);
+ *   - otherwise (div with a broadcast dividend, or both inputs broadcast, as [B, 1, S] - [B, S, 1]):
+ *     input 0 is first expanded to the output shape by a host step into a per-call temp.
  */
+#include <cstring>
 #include <utility>
 
+#include "broadcast.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
+
+namespace {
+
+/*!
+ * \brief Copy a float32 tensor of \p shape into a plain buffer of \p out, repeating it along the
+ *        broadcast dims.  OpenMP over output rows.
+ */
+HostFn ExpandFn(const std::vector<int64_t>& shape, const std::vector<int64_t>& out) {
+  const BroadcastRows walk({shape}, out);
+  return [walk](const std::vector<void*>& ptrs) {
+    const float* src = static_cast<const float*>(ptrs[0]);
+    float* dst = static_cast<float*>(ptrs[1]);
+    const int64_t inner = walk.inner();
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < walk.rows(); ++row) {
+      float* d = dst + row * inner;
+      const float* s = src + walk.Offset(0, row);
+      if (walk.inner_stride(0) == 0) {
+        for (int64_t j = 0; j < inner; ++j) d[j] = s[0];
+      } else {
+        std::memcpy(d, s, sizeof(float) * static_cast<size_t>(inner));
+      }
+    }
+  };
+}
+
+/*! \brief The binary primitive, preceded by an expansion of input 0 when it is broadcast. */
+class BinaryKernel : public Kernel {
+ public:
+  BinaryKernel(std::string label, dnnl::binary::primitive_desc pd, std::vector<int> args,
+               std::vector<OperandLayout> inputs, OperandLayout output, HostFn expand)
+      : label_(std::move(label)), pd_(std::move(pd)), args_(std::move(args)), expand_(std::move(expand)) {
+    inputs_ = std::move(inputs);
+    output_ = std::move(output);
+    if (expand_) temps_.push_back(pd_.src0_desc());
+  }
+
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& temps) const override {
+    std::vector<Step> steps;
+    Step run;
+    run.pd = pd_;
+    run.label = label_;
+    run.op = "binary";
+    if (expand_) {
+      Step expand;
+      expand.host = expand_;
+      expand.label = label_ + ": input 0 broadcast to the output shape";
+      expand.op = "binary";
+      expand.args = {{0, inputs[0]}, {1, temps[0]}};
+      steps.push_back(std::move(expand));
+      run.args = {{DNNL_ARG_SRC_0, temps[0]}, {DNNL_ARG_SRC_1, inputs[1]}};
+    } else {
+      for (size_t k = 0; k < inputs.size(); ++k) run.args.emplace_back(args_[k], inputs[k]);
+    }
+    run.args.emplace_back(DNNL_ARG_DST, output);
+    steps.push_back(std::move(run));
+    return steps;
+  }
+
+ private:
+  std::string label_;
+  dnnl::binary::primitive_desc pd_;
+  std::vector<int> args_;
+  HostFn expand_;
+};
+
+}  // namespace
 
 static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
@@ -39,37 +116,63 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
     out_shape[i] = std::max(as[i], bs[i]);
   }
   ctx.ExpectOutputShape(a.empty() && b.empty() ? std::vector<int64_t>{} : out_shape);
-  size_t full;
+  const dnnl::algorithm alg = *FindEnum(BinaryAlgorithms(), alg_name);
+  const bool commutes = alg_name == "add" || alg_name == "mul" || alg_name == "max" || alg_name == "min";
+  // Which input oneDNN reads as src0 (full shape), and whether input 0 must be expanded first.
+  size_t full = 0;
+  bool expand = false;
+  Epilogue post = epilogue;
   if (as == out_shape) {
     full = 0;
-  } else if (bs == out_shape) {
+  } else if (bs == out_shape && (commutes || alg_name == "sub")) {
     full = 1;
+    if (alg_name == "sub") {
+      // (b - a) * -1 = a - b, then the node's own activation
+      post.act = Activation{"negative", dnnl::algorithm::eltwise_linear, -1.f, 0.f};
+      post.residual = false;
+      post.post_act = epilogue.act;
+    }
   } else {
-    ctx.Fail("one input must have the output shape " + ShapeToString(out_shape) + ", got " +
-             ShapeToString(a) + " and " + ShapeToString(b) +
-             " (broadcasting both inputs is not supported)");
+    expand = true;
   }
   const size_t other = 1 - full;
   const memory::dims dst_dims(out_shape.begin(), out_shape.end());
-  // the full-shape input in its producer's layout (when it has the output's rank)
-  const memory::desc src0 =
-      ctx.input(full).shape.size() == rank ? ctx.InputLayout(full) : PlainDesc(dst_dims);
   const std::vector<int64_t>& os = full == 0 ? bs : as;
   const memory::dims other_dims(os.begin(), os.end());
-  const memory::desc src1 = other_dims == dst_dims ? src0 : PlainDesc(other_dims);
+  memory::desc src0;
+  if (expand) {
+    src0 = PlainDesc(dst_dims);  // the temp input 0 is expanded into
+  } else {
+    // the full-shape input in its producer's layout (when it has the output's rank)
+    src0 = ctx.input(full).shape.size() == rank ? ctx.InputLayout(full) : PlainDesc(dst_dims);
+  }
+  const memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
 
-  dnnl::binary::primitive_desc pd(
-      ctx.engine, *FindEnum(BinaryAlgorithms(), alg_name),
-      src0, src1, AnyDesc(dst_dims), ctx.MakeAttr(epilogue));
+  // MakeAttr puts the sum post-op only with residual; a sub swap uses act then post_act.
+  Epilogue first;
+  first.act = post.act;
+  dnnl::primitive_attr attr = ctx.MakeAttr(first);
+  if (!post.post_act.none()) {
+    dnnl::post_ops ops = attr.get_post_ops();
+    ops.append_eltwise(post.post_act.alg, post.post_act.alpha, post.post_act.beta);
+    attr.set_post_ops(ops);
+  }
+  dnnl::binary::primitive_desc pd(ctx.engine, alg, src0, src1, AnyDesc(dst_dims), attr);
   std::vector<OperandLayout> inputs(2);
   std::vector<int> args(2);
-  inputs[full] = {PlainDesc(dst_dims), pd.src0_desc()};
-  args[full] = DNNL_ARG_SRC_0;
-  inputs[other] = {PlainDesc(other_dims), pd.src1_desc()};
-  args[other] = DNNL_ARG_SRC_1;
+  if (expand) {
+    inputs[0] = {PlainDesc(memory::dims(as.begin(), as.end())), PlainDesc(memory::dims(as.begin(), as.end()))};
+    inputs[1] = {PlainDesc(memory::dims(bs.begin(), bs.end())), pd.src1_desc()};
+    args = {0, DNNL_ARG_SRC_1};
+  } else {
+    inputs[full] = {PlainDesc(dst_dims), pd.src0_desc()};
+    args[full] = DNNL_ARG_SRC_0;
+    inputs[other] = {PlainDesc(other_dims), pd.src1_desc()};
+    args[other] = DNNL_ARG_SRC_1;
+  }
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "binary", std::move(pd), std::move(args),
-                                           std::move(inputs), std::move(output));
+  return std::make_unique<BinaryKernel>(ctx.where(), std::move(pd), std::move(args), std::move(inputs),
+                                        std::move(output), expand ? ExpandFn(as, out_shape) : HostFn());
 }
 
 BYOC_HETERO_REGISTER_KERNEL("binary", BuildBinary);

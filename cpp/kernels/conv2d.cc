@@ -74,7 +74,13 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
 
   const ConvParams params{n,  c,  h,          wd,         o,      kh,      kw,       oh,
                           ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue};
-  if (std::unique_ptr<Kernel> winograd = TryBuildWinogradConv2D(ctx, params)) return winograd;
+  // bf16: the direct convolution reads bf16 data and weights (converted once at __init_) and
+  // accumulates in f32; Winograd stays f32-only (its transforms would add bf16 rounding on top),
+  // so bf16 regions use the direct convolution.
+  if (!ctx.bf16) {
+    if (std::unique_ptr<Kernel> winograd = TryBuildWinogradConv2D(ctx, params)) return winograd;
+  }
+  const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
 
   const memory::dims src_dims{n, c, h, wd}, dst_dims{n, o, oh, ow}, bias_dims{o};
   memory::dims wei_dims{o, c / groups, kh, kw};
@@ -83,11 +89,18 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   auto make_pd = [&](const memory::desc& src, const memory::desc& dst) {
     return dnnl::convolution_forward::primitive_desc(
         ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src,
-        AnyDesc(wei_dims), has_bias ? AnyDesc(bias_dims) : memory::desc(), dst, {strides[0], strides[1]},
+        AnyDesc(wei_dims, cdt), has_bias ? AnyDesc(bias_dims) : memory::desc(), dst, {strides[0], strides[1]},
         {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]}, {padding[2], padding[3]},
         ctx.MakeAttr(epilogue));
   };
-  dnnl::convolution_forward::primitive_desc pd = make_pd(AnyDesc(src_dims), AnyDesc(dst_dims));
+  // The output stays f32 in bf16 mode (the epilogue is applied in f32 either way): residuals,
+  // pooling, normalizations and region outputs read it as before. Only where every reader is a
+  // conv2d, which would convert it to bf16 itself, is it written as bf16, saving one reorder per
+  // edge (ResNet's first conv of a block, MobileNet's expand and depthwise convs); the numbers
+  // are the same.
+  const memory::data_type odt =
+      !epilogue.residual && OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
+  dnnl::convolution_forward::primitive_desc pd = make_pd(AnyDesc(src_dims, cdt), AnyDesc(dst_dims, odt));
   // A 1x1 or depthwise conv whose input arrives channel-blocked (e.g. nChw8c, as the stem conv
   // of a MobileNet writes it) keeps that layout for its input and output where oneDNN has a
   // jit kernel for it, rather than oneDNN's own pick (nhwc on AVX2), which would cost a reorder
@@ -95,7 +108,7 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   // 2 threads: 4-5% less end to end). AVX-512 machines keep oneDNN's pick (not measured there).
   const bool one_by_one = kh == 1 && kw == 1;
   const bool depthwise = groups > 1 && groups == c && groups == o;
-  if ((one_by_one || depthwise) && !IsaHasAvx512()) {
+  if ((one_by_one || depthwise) && !IsaHasAvx512() && !ctx.bf16) {
     if (const std::optional<memory::format_tag> block = ChannelBlockedTag(ctx.InputLayout(0))) {
       try {
         auto blocked = make_pd(memory::desc(src_dims, memory::data_type::f32, *block),

@@ -57,12 +57,16 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // time is read where it lies (no per-call reorder).
   const bool constant_weight = ctx.input_constant.size() > 1 && ctx.input_constant[1];
 
+  // bf16: src and weight are read as bf16 (the weight converted once when constant, the data on
+  // every call), accumulation and the output stay f32.
+  const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   auto make = [&](const memory::desc& wei) {
-    return dnnl::matmul::primitive_desc(ctx.engine, PlainDesc(src_dims), wei,
+    return dnnl::matmul::primitive_desc(ctx.engine, WithType(PlainDesc(src_dims), cdt), wei,
                                         has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
                                         ctx.MakeAttr(epilogue));
   };
-  dnnl::matmul::primitive_desc pd = constant_weight ? MatmulForConstantWeight(make, wei_dims) : make(wei_view);
+  dnnl::matmul::primitive_desc pd = ctx.bf16 ? make(constant_weight ? AnyDesc(wei_dims, cdt) : WithType(wei_view, cdt))
+                                    : constant_weight ? MatmulForConstantWeight(make, wei_dims) : make(wei_view);
 
   return MakeAnchorKernel(ctx, "dense", std::move(pd), PlainDesc(src_dims), wei_view, bias_dims,
                           has_bias, dst_dims, epilogue);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -56,12 +57,35 @@ memory::desc PlainDesc(const memory::dims& shape) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
+memory::desc PlainDescOf(const TensorInfo& tensor) {
+  const memory::desc f32 = PlainDesc(tensor.shape);
+  memory::data_type type = memory::data_type::f32;
+  switch (tensor.dtype) {
+    case DType::kInt64:
+      type = memory::data_type::f64;
+      break;
+    case DType::kInt32:
+      type = memory::data_type::s32;
+      break;
+    case DType::kBool:
+      type = memory::data_type::u8;
+      break;
+    default:
+      return f32;
+  }
+  return memory::desc(f32.get_dims(), type, f32.get_strides());
+}
+
 memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
-memory::desc AnyDesc(const memory::dims& dims) {
-  return memory::desc(dims, memory::data_type::f32, memory::format_tag::any);
+memory::desc AnyDesc(const memory::dims& dims, memory::data_type dt) {
+  return memory::desc(dims, dt, memory::format_tag::any);
+}
+
+memory::desc WithType(const memory::desc& md, memory::data_type dt) {
+  return memory::desc(md.get_dims(), dt, md.get_strides());
 }
 
 dnnl::matmul::primitive_desc MatmulForConstantWeight(
@@ -103,6 +127,7 @@ std::string DescribeDesc(const memory::desc& md) {
   for (auto idx : idxs) blocked[idx] = true;
   for (int d : order) os << static_cast<char>((blocked[d] ? 'A' : 'a') + d);
   for (size_t i = 0; i < blks.size(); ++i) os << blks[i] << static_cast<char>('a' + idxs[i]);
+  if (md.get_data_type() == memory::data_type::bf16) os << ":bf16";
   return os.str();
 }
 
@@ -159,18 +184,71 @@ double ReadEpsilon(AttrReader& attrs) {
   return eps;
 }
 
+namespace {
+/*! \brief Whether oneDNN's effective ISA here is one of \p isas. */
+bool IsaIn(std::initializer_list<dnnl::cpu_isa> isas) {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return std::find(isas.begin(), isas.end(), isa) != isas.end();
+}
+}  // namespace
+
 bool IsaHasAvx512() {
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx512_core:
-    case dnnl::cpu_isa::avx512_core_vnni:
-    case dnnl::cpu_isa::avx512_core_bf16:
-    case dnnl::cpu_isa::avx512_core_fp16:
-    case dnnl::cpu_isa::avx512_core_amx:
-    case dnnl::cpu_isa::avx512_core_amx_fp16:
-      return true;
-    default:
-      return false;
+  using i = dnnl::cpu_isa;
+  return IsaIn({i::avx512_core, i::avx512_core_vnni, i::avx512_core_bf16, i::avx512_core_fp16, i::avx512_core_amx,
+                i::avx512_core_amx_fp16});
+}
+
+bool Bf16Native() {
+  using i = dnnl::cpu_isa;
+  return IsaIn({i::avx512_core_bf16, i::avx512_core_fp16, i::avx512_core_amx, i::avx512_core_amx_fp16});
+}
+
+std::string EffectivePrecision(const std::string& requested, std::string* reason) {
+  if (reason != nullptr) reason->clear();
+  if (requested != kPrecisionBf16) return kPrecisionF32;
+  const char* env = std::getenv("BYOC_HETERO_BF16");
+  const std::string knob = env != nullptr ? env : "";
+  if (knob != "" && knob != "auto" && knob != "off") {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_BF16 must be auto or off, got '" << knob << "'";
   }
+  if (knob == "off") {
+    if (reason != nullptr) *reason = "bf16 switched off (BYOC_HETERO_BF16=off)";
+    return kPrecisionF32;
+  }
+  if (!Bf16Native()) {
+    if (reason != nullptr) *reason = "the CPU has no native bf16 (oneDNN ISA below avx512_core_bf16)";
+    return kPrecisionF32;
+  }
+  return kPrecisionBf16;
+}
+
+namespace {
+/*! \brief Whether tensor t (written by node `producer`) is only read as data by conv2d nodes, or
+ *         by max pools whose outputs are in turn (rounding commutes with max: same numbers). */
+bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
+  if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
+  bool read = false;
+  for (size_t n = producer + 1; n < g.nodes.size(); ++n) {
+    const NodeInfo& node = g.nodes[n];
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      if (node.inputs[k] != t) continue;
+      if (k != 0) return false;
+      if (node.op == "pool2d") {
+        auto alg = node.attrs.find("algorithm");
+        const bool max = alg != node.attrs.end() && alg->second.as<tvm::ffi::String>().value_or("") == "max";
+        if (!max || !OnlyConvsRead(g, n, node.output)) return false;
+      } else if (node.op != "conv2d") {
+        return false;
+      }
+      read = true;
+    }
+  }
+  return read;
+}
+}  // namespace
+
+bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx) {
+  return ctx.bf16 && OnlyConvsRead(ctx.graph, ctx.node_index, ctx.node().output);
 }
 
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {
@@ -188,6 +266,7 @@ Activation KernelContext::ReadActivation(AttrReader& attrs, const char* key,
   const ActivationSpec& spec = *FindEnum(Activations(), a.name);
   a.alg = spec.alg;
   a.alpha = spec.alpha;
+  a.beta = spec.beta;
   if (spec.bounded) {
     if (!attrs.Has(clip_key)) attrs.Fail(clip_key, std::string("missing (required when ") + key + " is \"clip\")");
     std::vector<double> bounds = attrs.Floats(clip_key, 2, {});

@@ -50,10 +50,18 @@ using dnnl::memory;
 
 /*! \brief Plain row-major float32 descriptor (a rank-0 shape is read as [1]). */
 memory::desc PlainDesc(const memory::dims& dims);
+/*!
+ * \brief Plain row-major descriptor of a tensor in its own dtype: f32, s32, u8 (bool) and, for
+ *        int64, f64 (oneDNN 3.2 has no 64-bit integer type; such bytes are read only by host
+ *        kernels, never by a primitive or a reorder).
+ */
+memory::desc PlainDescOf(const TensorInfo& tensor);
 /*! \brief Float32 descriptor with explicit strides (in elements). */
 memory::desc StridedDesc(const memory::dims& dims, const memory::dims& strides);
-/*! \brief Float32 descriptor letting oneDNN choose the layout. */
-memory::desc AnyDesc(const memory::dims& dims);
+/*! \brief Descriptor letting oneDNN choose the layout (float32 unless \p dt says otherwise). */
+memory::desc AnyDesc(const memory::dims& dims, memory::data_type dt = memory::data_type::f32);
+/*! \brief \p md's dims and strides with element type \p dt (e.g. a bf16 copy of a plain view). */
+memory::desc WithType(const memory::desc& md, memory::data_type dt);
 
 /*!
  * \brief A matmul whose constant weight oneDNN may lay out (`any`).  Without AVX-512, oneDNN 3.2
@@ -64,7 +72,8 @@ memory::desc AnyDesc(const memory::dims& dims);
  */
 dnnl::matmul::primitive_desc MatmulForConstantWeight(
     const std::function<dnnl::matmul::primitive_desc(const memory::desc&)>& make, const memory::dims& wei_dims);
-/*! \brief Human-readable descriptor, oneDNN-verbose style: "[1,64,56,56]:aBcd16b". */
+/*! \brief Human-readable descriptor, oneDNN-verbose style: "[1,64,56,56]:aBcd16b" (":bf16" appended
+ *         for a non-f32 type, so that prepared-weight keys tell the precisions apart). */
 std::string DescribeDesc(const memory::desc& md);
 
 /*! \brief A host (non-oneDNN) step: called with the data pointers of its args, in order. */
@@ -123,6 +132,9 @@ struct KernelContext {
   std::vector<memory::desc> input_storage;
   /*! \brief Per node input: whether its value is known at __init_ (a constant or folded). */
   std::vector<bool> input_constant;
+  /*! \brief The region computes in bf16 (requested, native, not switched off): anchors read bf16
+   *         src/weights, accumulate and write f32 (see EffectivePrecision). */
+  bool bf16 = false;
 
   const NodeInfo& node() const { return graph.nodes[node_index]; }
   const TensorInfo& input(size_t k) const { return graph.tensors[node().inputs[k]]; }
@@ -159,6 +171,25 @@ double ReadEpsilon(AttrReader& attrs);
 
 /*! \brief Whether oneDNN dispatches AVX-512 (avx512_core or later) kernels on this machine. */
 bool IsaHasAvx512();
+
+/*! \brief Whether oneDNN has native bf16 kernels here (effective ISA avx512_core_bf16 or later). */
+bool Bf16Native();
+/*!
+ * \brief The precision a region with \p requested precision computes in, and why it differs:
+ *        "bf16" only when requested, native (Bf16Native) and not switched off with
+ *        BYOC_HETERO_BF16=off (read when a module is created; tests force the fallback with it).
+ *        Without native bf16 oneDNN would emulate it, slower than f32: the region runs f32.
+ * \param reason Set to why a bf16 request runs f32 ("" otherwise).
+ */
+std::string EffectivePrecision(const std::string& requested, std::string* reason = nullptr);
+
+/*!
+ * \brief In a bf16 region, whether node \p ctx's output may be stored as bf16: it is no region
+ *        output and every node reading it is a conv2d reading it as its data (which converts it
+ *        to bf16 anyway, so storing it rounded changes no result and saves that reorder), or a
+ *        max pool2d whose output qualifies in turn (a max of rounded values is the rounded max).
+ */
+bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx);
 
 /*! \brief aBcd8b / aBcd16b when md is a 4-d f32 tensor in that channel-blocked layout. */
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md);

@@ -157,14 +157,18 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
 
   // A constant b is reordered once into the layout matmul prefers; one that arrives at run time is
   // read where it lies.
-  memory::desc a_src = a_md;
+  // bf16: a and b are read as bf16 copies (a constant b converted once, run-time operands on every
+  // call, a strided view through one reorder), accumulation and the output stay f32.
+  memory::desc a_src = ctx.bf16 ? WithType(PlainDesc(a_dims), memory::data_type::bf16) : a_md;
   auto make = [&](const memory::desc& b) {
     return dnnl::matmul::primitive_desc(ctx.engine, a_src, b,
                                         has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
                                         ctx.MakeAttr(epilogue));
   };
-  dnnl::matmul::primitive_desc pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
-  if (IsReferenceImpl(pd) && (a_view.strided || (b_in.strided && !b_constant))) {
+  dnnl::matmul::primitive_desc pd =
+      ctx.bf16 ? make(b_constant ? AnyDesc(b_dims, memory::data_type::bf16) : WithType(b_view, memory::data_type::bf16))
+               : b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
+  if (!ctx.bf16 && IsReferenceImpl(pd) && (a_view.strided || (b_in.strided && !b_constant))) {
     // Only the reference matmul reads these strides: read plain copies (the planner reorders).
     a_src = PlainDesc(a_dims);
     pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_in.strided ? AnyDesc(b_dims) : b_view);

@@ -66,7 +66,9 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   const dnnl::algorithm alg = *FindEnum(PoolAlgorithms(), alg_name);
   const memory::desc src = ctx.InputLayout(0);
   dnnl::pooling_forward::primitive_desc pd(
-      ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims),
+      // dst in src's type: a bf16 src (a conv output in a bf16 region, see OutputOnlyFeedsBf16Convs)
+      // stays bf16 for the convs reading the pool; f32 otherwise
+      ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims, src.get_data_type()),
       {strides[0], strides[1]}, {kernel[0], kernel[1]}, {dilation[0] - 1, dilation[1] - 1},
       {padding[0], padding[1]}, {pad_end[0], pad_end[1]}, ctx.MakeAttr());
   std::vector<OperandLayout> inputs{{PlainDesc(src.get_dims()), pd.src_desc()}};

@@ -13,6 +13,7 @@ import tvm
 import tvm_ffi
 
 from .lowering import RegionGraph, lower_region
+from .precision import DEFAULT_PRECISION
 from .table import TARGET
 
 
@@ -22,6 +23,11 @@ def create_module(graph: RegionGraph) -> tvm.runtime.Module:
 
 
 @tvm_ffi.register_global_func(f"relax.ext.{TARGET}", override=True)
-def relax_ext_codegen(funcs, options, constant_names):  # noqa: ARG001
-    """Entry point RunCodegen calls: one runtime module per region."""
-    return [create_module(lower_region(func, constant_names)) for func in funcs]
+def relax_ext_codegen(funcs, options, constant_names):
+    """Entry point RunCodegen calls: one runtime module per region.
+
+    ``options`` (RunCodegen's target options for ``byoc_hetero``) may hold ``precision``
+    (``"f32"`` | ``"bf16"``), written into every region graph.
+    """
+    precision = str(options["precision"]) if options is not None and "precision" in options else DEFAULT_PRECISION
+    return [create_module(lower_region(func, constant_names, precision)) for func in funcs]

@@ -21,7 +21,7 @@ from tvm import relax
 
 from ..._relax import function_outputs, op_name, short_op_name, static_shape, tensor_dtype
 from ...errors import CodegenError
-from .precision import DEFAULT_DTYPE
+from .precision import DEFAULT_DTYPE, DEFAULT_PRECISION, check_precision
 from .table import TARGET, composite_lowering_for, graph_passes, lowering_for
 
 FORMAT = "byoc_hetero.region"
@@ -56,14 +56,19 @@ class RegionGraph:
     source_composites: list[str] = field(default_factory=list)
     source_ops: dict[str, int] = field(default_factory=dict)
     target: str = TARGET
+    #: compute precision of the anchors ("f32" | "bf16"); written only when not f32, so f32
+    #: documents stay what they were
+    precision: str = DEFAULT_PRECISION
 
     def to_json(self) -> str:
         """The graph as the runtime parses it."""
+        precision = {} if self.precision == DEFAULT_PRECISION else {"precision": self.precision}
         return json.dumps(
             {
                 "format": FORMAT,
                 "version": VERSION,
                 "symbol": self.symbol,
+                **precision,
                 "tensors": self.tensors,
                 "inputs": self.inputs,
                 "outputs": self.outputs,
@@ -90,10 +95,12 @@ class RegionLowering:
     shape), until a node reads it).
     """
 
-    def __init__(self, func: relax.Function, constant_names: Mapping[Any, str]):
+    def __init__(self, func: relax.Function, constant_names: Mapping[Any, str],
+                 precision: str = DEFAULT_PRECISION):
         self.func = func
         self.symbol = str(func.attrs["global_symbol"])
-        self.graph = RegionGraph(self.symbol, target=str(func.attrs.get("Codegen", TARGET)))
+        self.graph = RegionGraph(self.symbol, target=str(func.attrs.get("Codegen", TARGET)),
+                                 precision=check_precision(precision))
         self.constant_names = constant_names
         self.const_ids: dict[str, int] = {}
         # value → tensor id; aliases (reshape of a bias, permute_dims of a weight) resolve here
@@ -240,6 +247,7 @@ class RegionLowering:
         return self.lookup(expr)
 
 
-def lower_region(func: relax.Function, constant_names: Mapping[Any, str]) -> RegionGraph:
-    """Lower one outlined region function to its RegionGraph."""
-    return RegionLowering(func, constant_names).run()
+def lower_region(func: relax.Function, constant_names: Mapping[Any, str],
+                 precision: str = DEFAULT_PRECISION) -> RegionGraph:
+    """Lower one outlined region function to its RegionGraph (computing in ``precision``)."""
+    return RegionLowering(func, constant_names, precision).run()

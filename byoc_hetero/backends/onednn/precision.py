@@ -1,8 +1,11 @@
 """Which dtypes the oneDNN runtime computes in: the one place checks and lowering ask.
 
-Today the runtime runs float32 only. This is the hook for more precisions (bf16, int8): a check
-asks :func:`dtype_reason` instead of comparing with ``"float32"``, so widening the runtime's
-dtypes changes this module, not every op family.
+Tensors the runtime reads and writes are float32 (:data:`RUNTIME_DTYPES`): a check asks
+:func:`dtype_reason` instead of comparing with ``"float32"``. Separately, a partition has a compute
+*precision* (:data:`PRECISIONS`): with ``"bf16"`` the codegen writes ``"precision": "bf16"`` into
+each region graph and the runtime runs conv2d / dense / matmul on bf16 copies of their inputs
+(weights converted once at load) with f32 accumulation, where the CPU has native bf16
+(:func:`effective_precision`).
 """
 
 from __future__ import annotations
@@ -39,3 +42,47 @@ def tensor_reason(expr: relax.Expr, name: str) -> str | None:
     if static_shape(expr) is None:
         return f"{name} has a symbolic or unknown shape {expr.ty}; the runtime needs static shapes"
     return None
+
+
+# -- compute precision of a partition (bf16) ------------------------------------------------------
+PRECISIONS: tuple[str, ...] = ("f32", "bf16")
+"""What ``precision=`` may say: ``f32`` (default) or ``bf16`` (bf16 weights and activations with f32
+accumulation in conv2d / dense / matmul; region inputs and outputs, softmax, normalizations,
+pooling and reductions stay float32)."""
+
+DEFAULT_PRECISION = PRECISIONS[0]
+
+_warned: set[str] = set()
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` itself when it is one of :data:`PRECISIONS`; else a :class:`RuleError`."""
+    from ...errors import RuleError
+
+    if precision not in PRECISIONS:
+        raise RuleError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def effective_precision(precision: str) -> tuple[str, str]:
+    """``(precision the runtime computes in now, why it differs or "")`` for a request.
+
+    A bf16 request runs float32 where oneDNN has no native bf16 (below ``avx512_core_bf16``: its
+    emulation would be slower than float32) or where ``BYOC_HETERO_BF16=off`` switches it off.
+    """
+    from ..._native import _C
+
+    effective, reason = _C.effective_precision(check_precision(precision))
+    return effective, reason
+
+
+def warn_if_fallback(precision: str) -> str:
+    """The effective precision of a request; warns once per reason when bf16 runs as float32."""
+    import warnings
+
+    effective, reason = effective_precision(precision)
+    if reason and reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"precision='bf16' requested, the regions run float32: {reason}",
+                      RuntimeWarning, stacklevel=3)
+    return effective

@@ -1,4 +1,6 @@
-"""Activations: relu, clip (relu6), sigmoid, tanh, gelu, gelu_tanh, silu.
+"""Activations: relu, clip (relu6, and with an infinite bound), sigmoid, tanh, gelu, gelu_tanh, silu,
+and the unary functions oneDNN runs as eltwise algorithms: sqrt, rsqrt, exp, log, abs, negative,
+square (and ``power`` by a constant 2, 3, 0.5 or -0.5, :mod:`.unary`).
 
 On their own they are ``eltwise`` nodes (rule ``activation``); after a conv2d / dense / matmul or a
 binary node of the same composite they become that node's post-op (``activation``, or
@@ -29,7 +31,22 @@ ACTIVATIONS = {
     "relax.nn.gelu": "gelu_erf",
     "relax.nn.gelu_tanh": "gelu_tanh",
     "relax.nn.silu": "silu",
+    "relax.sqrt": "sqrt",
+    "relax.rsqrt": "rsqrt",
+    "relax.exp": "exp",
+    "relax.log": "log",
+    "relax.abs": "abs",
+    "relax.negative": "negative",
+    "relax.square": "square",
 }
+
+#: Runtime activation names with no Relax op of their own: hardswish and hardsigmoid (oneDNN's
+#: eltwise_hardswish / eltwise_hardsigmoid with alpha 1/6, beta 1/2), which TVM's frontends emit
+#: as chains (add 3, clip, divide by 6) that run op by op today; and x**3 (``power(x, 3)``, :mod:`.unary`).
+UNMAPPED_ACTIVATIONS = ("hardswish", "hardsigmoid", "cube")
+
+#: JSON has no infinity: an infinite clip bound is written as this (float32 reads it as infinity).
+INFINITE_BOUND = 1e308
 
 #: Node ops that take an activation as a post-op.
 FUSES_ACTIVATION = (*ANCHORS, "binary")
@@ -58,9 +75,11 @@ def activation_of(call: relax.Call) -> tuple[str, list[float] | None] | str:
         lo, hi = _number(call.args[1]), _number(call.args[2])
         if lo is None or hi is None:
             return "clip bounds must be constant numbers"
-        if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
-            return f"clip bounds [{lo}, {hi}] must be finite with min <= max"
-        return "clip", [lo, hi]
+        if math.isnan(lo) or math.isnan(hi) or lo > hi:
+            return f"clip bounds [{lo}, {hi}] must be numbers with min <= max"
+        if lo == 0 and hi == math.inf:
+            return "relu", None  # TVM's torch frontend writes relu6 as clip(x, 0, inf), clip(x, -inf, 6)
+        return "clip", [max(lo, -INFINITE_BOUND), min(hi, INFINITE_BOUND)]
     return ACTIVATIONS[op], None
 
 

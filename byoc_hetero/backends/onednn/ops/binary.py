@@ -1,6 +1,7 @@
-"""add / multiply with broadcasting on one side, [activation]: ``binary`` nodes.
+"""add / multiply / subtract / divide / maximum / minimum with numpy broadcasting on either side,
+[activation]: ``binary`` nodes (how the runtime handles a broadcast first operand: cpp/kernels/binary.cc).
 
-Rules ``add[_act]`` and ``multiply[_act]`` come after every conv2d / dense epilogue had its pick of
+Rules ``<op>[_act]`` come after every conv2d / dense epilogue had its pick of
 the adds (lower priority). An add inside a conv2d / dense composite becomes the anchor's bias or
 residual instead (:func:`..epilogue.fuse_add`).
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ...._relax import static_shape
 from ....rules import Match
 from ..epilogue import fuse_add
 from ..precision import tensor_reason
@@ -18,11 +18,18 @@ from ..table import PatternSpec, lowers, pattern_rules
 from .activation import activation_pattern, activation_reason
 
 #: Relax op → the runtime's binary algorithm.
-ALGORITHMS = {"relax.add": "add", "relax.multiply": "mul"}
+ALGORITHMS = {
+    "relax.add": "add",
+    "relax.multiply": "mul",
+    "relax.subtract": "sub",
+    "relax.divide": "div",
+    "relax.maximum": "max",
+    "relax.minimum": "min",
+}
 
 
 def check_binary(match: Match) -> str | None:
-    """add / multiply with broadcasting where one operand already has the output's shape."""
+    """A float32 binary op with static shapes that broadcast (either side)."""
     call = match.expr("binary")
     for i, arg in enumerate(call.args[:2]):
         reason = tensor_reason(arg, f"operand {i}")
@@ -31,13 +38,6 @@ def check_binary(match: Match) -> str | None:
     reason = tensor_reason(call, "result")
     if reason:
         return reason
-    out = static_shape(call)
-    shapes = [static_shape(arg) for arg in call.args[:2]]
-    if not any(s == out for s in shapes):
-        return (
-            f"neither operand of shapes {[list(s) for s in shapes]} has the output shape "
-            f"{list(out)}: the runtime broadcasts only one side"
-        )
     return activation_reason(match, "act")
 
 

@@ -1,0 +1,296 @@
+"""The model zoo of ``bench/zoo.py``: six image / text models built from configs with seeded random weights.
+
+Every builder returns a :class:`ZooModel`: an eval-mode ``torch.nn.Module`` whose ``forward`` takes plain
+tensors and returns one tensor, the example inputs (batch 1) and their names. Nothing is downloaded: the
+Hugging Face architectures (ResNet-50, ConvNeXt-T, ViT-B/16, BERT-base, EfficientNet-B0) are instantiated
+from their configs, and MobileNetV3-Large (which ``transformers`` lacks) is defined here.
+
+``small=True`` gives scaled-down versions (one block per stage, narrow channels, 64x64 images, two
+transformer layers of width 64, sequence 32): the same architectures and op kinds in a fraction of the
+compile and run time, for smoke runs and tests.
+
+>>> from zoo_models import build
+>>> zm = build("resnet50", small=True)
+>>> y = zm.module(*zm.inputs)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base")
+SEED = 0
+
+
+@dataclass
+class ZooModel:
+    """A model ready to export: ``module(*inputs)`` returns one tensor."""
+
+    name: str
+    module: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    input_names: tuple[str, ...]
+    description: str
+
+
+class _FirstOutput(nn.Module):
+    """Calls a Hugging Face model with ``return_dict=False`` and returns the first output (logits or
+    last hidden state), so that exporters and frontends see a single tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.model(*args, return_dict=False)[0]
+
+
+def _image(size: int) -> tuple[torch.Tensor]:
+    gen = torch.Generator().manual_seed(SEED + 1)
+    return (torch.randn(1, 3, size, size, generator=gen),)
+
+
+def _randomise_norms(module: nn.Module) -> None:
+    """Give batch/layer norms non-trivial statistics and affine parameters (fresh ones are identities,
+    which would hide errors in how a backend folds them)."""
+    gen = torch.Generator().manual_seed(SEED + 2)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(0.1 * torch.randn(m.num_features, generator=gen))
+                m.running_var.copy_(0.5 + torch.rand(m.num_features, generator=gen))
+            if isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)) and m.weight is not None:
+                m.weight.copy_(1 + 0.1 * torch.randn(m.weight.shape, generator=gen))
+                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=gen))
+
+
+def _hf(name: str, model: nn.Module, inputs, input_names, description: str) -> ZooModel:
+    model.eval()
+    _randomise_norms(model)
+    return ZooModel(name, _FirstOutput(model).eval(), inputs, input_names, description)
+
+
+def resnet50(small: bool = False) -> ZooModel:
+    """ResNet-50 (``transformers`` ResNetForImageClassification, 1000 classes, 224x224)."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    if small:
+        cfg = ResNetConfig(embedding_size=16, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
+                           layer_type="bottleneck", num_labels=10)
+    else:
+        cfg = ResNetConfig(embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3],
+                           layer_type="bottleneck", num_labels=1000)
+    torch.manual_seed(SEED)
+    return _hf("resnet50", ResNetForImageClassification(cfg), _image(64 if small else 224), ("pixel_values",),
+               "HF ResNetForImageClassification, logits")
+
+
+def convnext_tiny(small: bool = False) -> ZooModel:
+    """ConvNeXt-T (``transformers`` ConvNextForImageClassification, 1000 classes, 224x224)."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    if small:
+        cfg = ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_labels=10)
+    else:
+        cfg = ConvNextConfig(hidden_sizes=[96, 192, 384, 768], depths=[3, 3, 9, 3], num_labels=1000)
+    torch.manual_seed(SEED)
+    return _hf("convnext_tiny", ConvNextForImageClassification(cfg), _image(64 if small else 224),
+               ("pixel_values",), "HF ConvNextForImageClassification, logits")
+
+
+def vit_b_16(small: bool = False) -> ZooModel:
+    """ViT-B/16 (``transformers`` ViTForImageClassification, eager attention, 1000 classes, 224x224)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    if small:
+        cfg = ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        image_size=64, patch_size=16, num_labels=10)
+    else:
+        cfg = ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                        image_size=224, patch_size=16, num_labels=1000)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    return _hf("vit_b_16", ViTForImageClassification(cfg), _image(cfg.image_size), ("pixel_values",),
+               "HF ViTForImageClassification (eager attention), logits")
+
+
+def bert_base(small: bool = False) -> ZooModel:
+    """BERT-base (``transformers`` BertModel, eager attention), sequence 128: int64 ``input_ids`` and
+    ``attention_mask`` (the last eighth of the positions padded) in, ``last_hidden_state`` out."""
+    from transformers import BertConfig, BertModel
+
+    if small:
+        cfg = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=128, max_position_embeddings=128)
+        seq = 32
+    else:
+        cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                         intermediate_size=3072, max_position_embeddings=512)
+        seq = 128
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    model = BertModel(cfg, add_pooling_layer=False)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=gen, dtype=torch.int64)
+    mask = torch.ones(1, seq, dtype=torch.int64)
+    mask[:, seq - seq // 8:] = 0
+    return _hf("bert_base", model, (ids, mask), ("input_ids", "attention_mask"),
+               f"HF BertModel (eager attention), last_hidden_state, seq {seq}")
+
+
+def efficientnet_b0(small: bool = False) -> ZooModel:
+    """EfficientNet-B0 (``transformers`` EfficientNetForImageClassification with B0's coefficients,
+    1000 classes, 224x224)."""
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    if small:
+        cfg = EfficientNetConfig(width_coefficient=0.25, depth_coefficient=0.25, image_size=64, hidden_dim=320,
+                                 dropout_rate=0.2, num_labels=10)
+    else:
+        cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280,
+                                 dropout_rate=0.2, num_labels=1000)
+    torch.manual_seed(SEED)
+    model = EfficientNetForImageClassification(cfg)
+    # HF writes the global average pool as AvgPool2d(hidden_dim, ceil_mode=True): a window larger than
+    # the 7x7 input that only ceil_mode clips. The same values, but OpenVINO cannot convert it and TVM
+    # runs it as a 1280x1280 window; the equivalent adaptive pool is what the architecture means.
+    model.efficientnet.pooler = nn.AdaptiveAvgPool2d(1)
+    return _hf("efficientnet_b0", model, _image(cfg.image_size), ("pixel_values",),
+               "HF EfficientNetForImageClassification (B0 coefficients; pooler as AdaptiveAvgPool2d(1)), logits")
+
+
+# ----------------------------------------------------------------------------------------------
+# MobileNetV3-Large, written from the paper's table (Howard et al. 2019, table 1)
+# ----------------------------------------------------------------------------------------------
+# (kernel, expansion channels, output channels, squeeze-excite, activation, stride)
+MOBILENET_V3_LARGE = (
+    (3, 16, 16, False, "relu", 1),
+    (3, 64, 24, False, "relu", 2),
+    (3, 72, 24, False, "relu", 1),
+    (5, 72, 40, True, "relu", 2),
+    (5, 120, 40, True, "relu", 1),
+    (5, 120, 40, True, "relu", 1),
+    (3, 240, 80, False, "hardswish", 2),
+    (3, 200, 80, False, "hardswish", 1),
+    (3, 184, 80, False, "hardswish", 1),
+    (3, 184, 80, False, "hardswish", 1),
+    (3, 480, 112, True, "hardswish", 1),
+    (3, 672, 112, True, "hardswish", 1),
+    (5, 672, 160, True, "hardswish", 2),
+    (5, 960, 160, True, "hardswish", 1),
+    (5, 960, 160, True, "hardswish", 1),
+)
+
+
+def _divisible(channels: float, divisor: int = 8) -> int:
+    """Round to a multiple of ``divisor`` without going below 90% of the value (MobileNet's rule)."""
+    rounded = max(divisor, int(channels + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * channels else rounded
+
+
+def _act(kind: str) -> nn.Module:
+    return nn.Hardswish() if kind == "hardswish" else nn.ReLU()
+
+
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, act: str | None = None) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+                               nn.BatchNorm2d(cout, eps=1e-3)]
+    if act:
+        layers.append(_act(act))
+    return nn.Sequential(*layers)
+
+
+class SqueezeExcite(nn.Module):
+    """Global average pool, 1x1 conv down to a quarter, ReLU, 1x1 conv back, hard sigmoid, scale."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        squeezed = _divisible(channels / 4)
+        self.fc1 = nn.Conv2d(channels, squeezed, 1)
+        self.fc2 = nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+        s = torch.nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(s))))
+        return x * s
+
+
+class InvertedResidual(nn.Module):
+    """1x1 expansion (skipped when it would not widen), depthwise kxk, optional squeeze-excite, 1x1
+    projection; a residual add when the shape is kept."""
+
+    def __init__(self, cin: int, kernel: int, expand: int, cout: int, se: bool, act: str, stride: int):
+        super().__init__()
+        layers: list[nn.Module] = []
+        if expand != cin:
+            layers.append(_conv_bn(cin, expand, 1, act=act))
+        layers.append(_conv_bn(expand, expand, kernel, stride, groups=expand, act=act))
+        if se:
+            layers.append(SqueezeExcite(expand))
+        layers.append(_conv_bn(expand, cout, 1))
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+class MobileNetV3(nn.Module):
+    """MobileNetV3 from a block table: 3x3/2 stem, the inverted residual blocks, 1x1 conv to 6x the last
+    block's width, global pool, two linear layers (hard-swish between; dropout is a no-op in eval)."""
+
+    def __init__(self, table, width: float = 1.0, last_channels: int = 1280, num_classes: int = 1000):
+        super().__init__()
+        stem = _divisible(16 * width)
+        layers: list[nn.Module] = [_conv_bn(3, stem, 3, 2, act="hardswish")]
+        cin = stem
+        for kernel, expand, cout, se, act, stride in table:
+            expand, cout = _divisible(expand * width), _divisible(cout * width)
+            layers.append(InvertedResidual(cin, kernel, expand, cout, se, act, stride))
+            cin = cout
+        head = 6 * cin
+        layers.append(_conv_bn(cin, head, 1, act="hardswish"))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Linear(head, last_channels), nn.Hardswish(), nn.Dropout(0.2),
+                                        nn.Linear(last_channels, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+def mobilenet_v3_large(small: bool = False) -> ZooModel:
+    """MobileNetV3-Large (defined here; 1000 classes, 224x224). Small: a quarter of the width and one
+    block of each kind (plain, squeeze-excite with ReLU, hard-swish, squeeze-excite with hard-swish)."""
+    torch.manual_seed(SEED)
+    if small:
+        table = tuple(MOBILENET_V3_LARGE[i] for i in (0, 1, 3, 6, 12))
+        model = MobileNetV3(table, width=0.25, last_channels=128, num_classes=10)
+    else:
+        model = MobileNetV3(MOBILENET_V3_LARGE)
+    model.eval()
+    _randomise_norms(model)
+    return ZooModel("mobilenet_v3_large", model, _image(64 if small else 224), ("x",),
+                    "MobileNetV3-Large defined in bench/zoo_models.py, logits")
+
+
+BUILDERS = {
+    "resnet50": resnet50,
+    "mobilenet_v3_large": mobilenet_v3_large,
+    "efficientnet_b0": efficientnet_b0,
+    "convnext_tiny": convnext_tiny,
+    "vit_b_16": vit_b_16,
+    "bert_base": bert_base,
+}
+
+
+def build(name: str, small: bool = False) -> ZooModel:
+    """The model ``name`` (one of :data:`MODELS`), full size or ``small``; the same seeded weights on
+    every call."""
+    if name not in BUILDERS:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(MODELS)}")
+    return BUILDERS[name](small=small)

@@ -1,0 +1,317 @@
+"""precision="bf16": bf16 weights and activations with f32 accumulation in conv2d / dense / matmul.
+
+References:
+
+* single anchors (shapes and attrs drawn at random): numpy in float64 on the operands rounded to
+  bf16 (round to nearest even, as oneDNN's f32 -> bf16 reorder) — the bf16 result must match it to
+  float32 accumulation error, *and* differ from the unrounded reference, which shows bf16 ran;
+* the built-in models: the float32 llvm-only build, within the documented bounds (README "bf16");
+* the fallback (BYOC_HETERO_BF16=off, as on a CPU without native bf16): the float32 result exactly
+  as precision="f32" computes it, a warning and the report line.
+
+Tests that need native bf16 (oneDNN ISA avx512_core_bf16 or later) skip elsewhere, saying so; the
+fallback, the validation, the report and the export tests run everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TOLERANCE, graph, run_exported_in_fresh_process
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference import conv2d_nchw
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero._native import _C
+from byoc_hetero._relax import region_table
+from byoc_hetero.backends.onednn import precision as precision_mod
+from byoc_hetero.errors import RuleError
+from byoc_hetero.timing import build, random_inputs, relative_error, run
+
+NATIVE = _C.bf16_native()
+needs_native = pytest.mark.skipif(
+    not NATIVE, reason=f"needs native bf16 (oneDNN ISA avx512_core_bf16 or later; this CPU: {_C.isa()})"
+)
+
+#: bf16 vs the bf16-rounded float64 reference: only float32 accumulation and summation order differ
+ROUNDED_BOUND = 1e-4
+#: documented bounds of bf16 vs float32 on the built-in models (README "bf16")
+MODEL_BOUND = 2e-2
+#: MobileNetV2 with random weights is ill-conditioned: rounding only its conv weights to bf16 (all
+#: else float32) already moves its output by 5e-2 (224 px) to 8e-2 (64 px); bf16 measures 7.5e-2 and
+#: 1.5e-1 there
+MOBILENET_BOUND = 0.25
+
+
+def to_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 → nearest bf16 (ties to even), returned as float32."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+@pytest.fixture
+def bf16_off(monkeypatch):
+    """Force the fallback (what a CPU without native bf16 does) and forget earlier warnings."""
+    monkeypatch.setenv("BYOC_HETERO_BF16", "off")
+    monkeypatch.setattr(precision_mod, "_warned", set())
+
+
+def _regions(mod):
+    return list(region_table(mod).values())
+
+
+def _info(region) -> dict:
+    return json.loads(str(region.module["get_runtime_info"]()))
+
+
+# -- the knob, the validation, the graph field ------------------------------------------------------
+def test_precision_is_validated():
+    mod, params = bh.models.mlp(features=16, hidden=(8,))
+    with pytest.raises(RuleError, match="precision must be one of f32, bf16, got 'fp16'"):
+        bh.partition(mod, params, precision="fp16")
+    with pytest.raises(ValueError, match="precision must be 'f32' or 'bf16', got 'int8'"):
+        _C.effective_precision("int8")
+
+
+def test_region_graph_records_the_precision_and_the_parser_is_strict():
+    mod, params = bh.models.mlp(features=16, hidden=(8,))
+    b = bh.partition(mod, params, precision="bf16")
+    f = bh.partition(mod, params)
+    (rb,), (rf,) = _regions(b), _regions(f)
+    assert rb.graph["precision"] == "bf16"
+    assert "precision" not in rf.graph  # f32 documents are what they were before
+    doc = dict(rb.graph)
+    assert _C.validate(json.dumps(doc)) == rb.symbol
+    doc["precision"] = "fp8"
+    with pytest.raises(ValueError, match=r"field 'precision': expected \"f32\" or \"bf16\", got \"fp8\""):
+        _C.validate(json.dumps(doc))
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("error", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def test_bad_knob_value_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_BF16", "maybe")
+    with pytest.raises(Exception, match="BYOC_HETERO_BF16 must be auto or off, got 'maybe'"):
+        _C.effective_precision("bf16")
+
+
+# -- single anchors, shapes and attrs at random ------------------------------------------------------
+def _compare_anchor(mod, inputs, rounded_ref, exact_ref):
+    part = bh.partition(mod, precision="bf16")
+    (region,) = _regions(part)
+    got = run(build(part), inputs)
+    assert got.shape == exact_ref.shape
+    if NATIVE:
+        assert _info(region)["precision"] == "bf16"
+        err = relative_error(got, rounded_ref)
+        assert err <= ROUNDED_BOUND, f"bf16 vs the bf16-rounded reference: {err:.2e}"
+        # it really ran in bf16: float32 would match the unrounded reference to ~1e-6
+        assert relative_error(got, exact_ref) > 1e-5
+        assert any(":bf16" in line for line in region.module["get_plan"]())
+    else:
+        assert relative_error(got, exact_ref) <= TOLERANCE
+
+
+@settings(max_examples=25, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_conv2d_bf16_matches_the_rounded_reference(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    depthwise = data.draw(st.booleans())
+    c = data.draw(st.sampled_from([1, 3, 8, 16, 24]))
+    o = c if depthwise else data.draw(st.sampled_from([4, 8, 16, 32]))
+    groups = c if depthwise else 1
+    k = data.draw(st.sampled_from([1, 3, 5]))
+    stride = data.draw(st.sampled_from([1, 2]))
+    pad = data.draw(st.integers(0, k // 2))
+    size = data.draw(st.integers(k, 14))
+    has_bias, relu = data.draw(st.booleans()), data.draw(st.booleans())
+    x = rng.standard_normal((1, c, size, size)).astype("float32")
+    w = rng.standard_normal((o, c // groups, k, k)).astype("float32")
+    b = rng.standard_normal(o).astype("float32")
+
+    def body(emit, xv):
+        y = emit(relax.op.nn.conv2d(xv, relax.const(w), strides=stride, padding=pad, groups=groups))
+        if has_bias:
+            y = emit(relax.op.add(y, relax.const(b.reshape(1, o, 1, 1))))
+        return relax.op.nn.relu(y) if relu else y
+
+    def ref(xx, ww):
+        y = conv2d_nchw(xx, ww, (stride, stride), (pad,) * 4, groups=groups).astype(np.float64)
+        y = y + b.reshape(1, o, 1, 1) if has_bias else y
+        return np.maximum(y, 0) if relu else y
+
+    _compare_anchor(graph({"x": x.shape}, body), [x], ref(to_bf16(x), to_bf16(w)), ref(x, w))
+
+
+@settings(max_examples=25, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_dense_and_matmul_bf16_match_the_rounded_reference(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    m, k, n = (data.draw(st.integers(1, 40)) for _ in range(3))
+    batched = data.draw(st.booleans())  # both operands run-time values (attention-style)
+    transposed = data.draw(st.booleans())
+    has_bias = data.draw(st.booleans()) and not batched
+    if batched:
+        batch = data.draw(st.integers(1, 3))
+        a = rng.standard_normal((batch, m, k)).astype("float32")
+        bw = rng.standard_normal((batch, n, k) if transposed else (batch, k, n)).astype("float32")
+        inputs = {"a": a.shape, "b": bw.shape}
+
+        def body(emit, av, bv):
+            rhs = emit(relax.op.permute_dims(bv, [0, 2, 1])) if transposed else bv
+            return relax.op.matmul(av, rhs)
+
+        def ref(aa, bb):
+            bb = np.swapaxes(bb, 1, 2) if transposed else bb
+            return np.matmul(aa.astype(np.float64), bb.astype(np.float64))
+
+        _compare_anchor(graph(inputs, body), [a, bw], ref(to_bf16(a), to_bf16(bw)), ref(a, bw))
+        return
+    a = rng.standard_normal((m, k)).astype("float32")
+    w = rng.standard_normal((n, k) if transposed else (k, n)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+
+    def body(emit, av):
+        rhs = relax.op.permute_dims(relax.const(w), [1, 0]) if transposed else relax.const(w)
+        y = emit(relax.op.matmul(av, rhs))
+        return relax.op.add(y, relax.const(b)) if has_bias else y
+
+    def ref(aa, ww):
+        y = aa.astype(np.float64) @ (ww.T if transposed else ww).astype(np.float64)
+        return y + b if has_bias else y
+
+    _compare_anchor(graph({"a": a.shape}, body), [a], ref(to_bf16(a), to_bf16(w)), ref(a, w))
+
+
+def test_conv_chain_keeps_bf16_between_convs_with_the_same_numbers():
+    """conv → relu → max pool → conv: the first conv and the pool write bf16 (their only readers
+    are a conv, which rounds to bf16 anyway, and rounding commutes with max), so no run-time
+    reorder sits between the convs, and the result is still the bf16-rounded reference."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 8, 12, 12)).astype("float32")
+    w1 = rng.standard_normal((16, 8, 3, 3)).astype("float32") * 0.3
+    w2 = rng.standard_normal((16, 16, 3, 3)).astype("float32") * 0.3
+
+    def body(emit, xv):
+        y = emit(relax.op.nn.relu(emit(relax.op.nn.conv2d(xv, relax.const(w1), padding=1))))
+        y = emit(relax.op.nn.max_pool2d(y, pool_size=2, strides=2))
+        return relax.op.nn.conv2d(y, relax.const(w2), padding=1)
+
+    def ref(xx, a, b, rnd):
+        y = np.maximum(conv2d_nchw(xx, a, padding=(1,) * 4), 0)
+        y = y.reshape(1, 16, 6, 2, 6, 2).max(axis=(3, 5))
+        return conv2d_nchw(rnd(y), b, padding=(1,) * 4).astype(np.float64)
+
+    mod = graph({"x": x.shape}, body)
+    part = bh.partition(mod, precision="bf16")
+    got = run(build(part), [x])
+    if not NATIVE:
+        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
+    (region,) = _regions(part)
+    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    # the region input is converted once; between the convs at most a bf16 -> bf16 relayout
+    reorders = [line for line in run_steps if "reorder" in line.split(" | ")[1]]
+    assert "reorder of tensor 0 " in reorders[0], run_steps
+    assert all(line.split(" -> ")[1].split(" |")[0].endswith(":bf16") and ":bf16 dst=" in line
+               for line in reorders[1:]), run_steps
+    pool = [line for line in run_steps if "(pool2d) |" in line]
+    assert len(pool) == 1 and ":bf16 dst=" in pool[0] and pool[0].endswith(":bf16"), run_steps
+    err = relative_error(got, ref(to_bf16(x), to_bf16(w1), to_bf16(w2), to_bf16))
+    assert err <= ROUNDED_BOUND, err
+
+
+# -- the built-in models -----------------------------------------------------------------------------
+MODELS = [
+    ("mlp", {}, MODEL_BOUND),
+    ("small_convnet", {"batch": 2}, MODEL_BOUND),
+    ("vgg11", {"image_size": 32, "num_classes": 10}, MODEL_BOUND),
+    ("resnet18", {"image_size": 64}, MODEL_BOUND),
+    ("mobilenet_v2", {"image_size": 64}, MOBILENET_BOUND),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("name,kwargs,bound", MODELS, ids=[m[0] for m in MODELS])
+def test_models_bf16_within_the_documented_bound(name, kwargs, bound):
+    mod, params = getattr(bh.models, name)(**kwargs)
+    inputs = random_inputs(mod, params)
+    part = bh.partition(mod, params, precision="bf16")
+    assert all(_info(r)["precision"] == "bf16" for r in _regions(part))
+    got = run(build(part), inputs)
+    want = run(build(bh.bind_params(mod, params)), inputs)
+    err = relative_error(got, want)
+    assert err <= bound, f"{name}: bf16 vs float32 {err:.2e} > {bound}"
+    assert err > 1e-5, f"{name}: bf16 output equals float32 ({err:.1e}): did it run bf16?"
+    assert "precision: bf16" in str(bh.report(part))
+
+
+# -- the fallback (forced, so it runs on every CPU) ---------------------------------------------------
+def test_fallback_warns_once_runs_float32_and_reports_it(bf16_off):
+    mod, params = bh.models.small_convnet()
+    inputs = random_inputs(mod, params)
+    with pytest.warns(RuntimeWarning, match=r"precision='bf16' requested, the regions run float32: "
+                                            r"bf16 switched off \(BYOC_HETERO_BF16=off\)"):
+        part = bh.partition(mod, params, precision="bf16")
+    with _no_warning():  # once per reason
+        bh.partition(mod, params, precision="bf16")
+    for region in _regions(part):
+        info = _info(region)
+        assert (info["precision"], info["precision_requested"]) == ("f32", "bf16")
+        assert not any(":bf16" in line for line in region.module["get_plan"]())
+    got = run(build(part), inputs)
+    want = run(build(bh.partition(mod, params)), inputs)
+    np.testing.assert_array_equal(got, want)  # the very same float32 primitives
+    assert "precision: f32 (bf16 requested, ran f32: bf16 switched off (BYOC_HETERO_BF16=off))" in str(
+        bh.report(part))
+    assert _C.effective_precision("bf16") == ("f32", "bf16 switched off (BYOC_HETERO_BF16=off)")
+
+
+def test_native_check_agrees_with_the_isa():
+    bf16_isas = {"avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx512_core_amx_fp16"}
+    assert NATIVE == (_C.isa() in bf16_isas)
+
+
+# -- export / reload -----------------------------------------------------------------------------------
+def test_export_and_reload_keeps_the_precision(tmp_path):
+    mod, params = bh.models.small_convnet(batch=2)
+    ex = build(bh.partition(mod, params, precision="bf16"))
+    inputs = random_inputs(mod, params)
+    want = run(ex, inputs)
+    f32 = run(build(bh.partition(mod, params)), inputs)
+    if NATIVE:
+        assert relative_error(want, f32) > 1e-5  # the reloaded copy must reproduce bf16, not f32
+    got = run_exported_in_fresh_process(ex, inputs[0], tmp_path)
+    np.testing.assert_array_equal(got, want)  # same bf16 computation
+
+
+def test_cli_precision_option_and_info():
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(bh.__file__)))
+    env = dict(os.environ, PYTHONPATH=package_root)
+    out = subprocess.run([sys.executable, "-m", "byoc_hetero", "info"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert ("bf16 native" if NATIVE else "bf16 not native") in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "byoc_hetero", "report", "x.onnx", "--precision", "fp16"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "invalid choice: 'fp16'" in bad.stderr
