@@ -20,13 +20,6 @@ namespace byoc_hetero {
 
 namespace {
 
-double ReadEpsilon(AttrReader& attrs) {
-  if (!attrs.Has("epsilon")) attrs.Fail("epsilon", "missing (required)");
-  const double eps = attrs.Float("epsilon", 0.0);
-  if (!(eps >= 0.0) || !std::isfinite(eps)) attrs.Fail("epsilon", "must be a finite number >= 0");
-  return eps;
-}
-
 memory::desc Flat(int64_t n) { return PlainDesc({n}); }
 
 void ExpectChannels(const KernelContext& ctx, size_t k, const char* name, int64_t channels) {

@@ -177,6 +177,13 @@ memory::desc KernelContext::InputLayout(size_t k) const {
   return PlainDesc(dims);
 }
 
+double ReadEpsilon(AttrReader& attrs) {
+  if (!attrs.Has("epsilon")) attrs.Fail("epsilon", "missing (required)");
+  const double eps = attrs.Float("epsilon", 0.0);
+  if (!(eps >= 0.0) || !std::isfinite(eps)) attrs.Fail("epsilon", "must be a finite number >= 0");
+  return eps;
+}
+
 namespace {
 /*! \brief Whether oneDNN's effective ISA here is one of \p isas. */
 bool IsaIn(std::initializer_list<dnnl::cpu_isa> isas) {

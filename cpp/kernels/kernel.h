@@ -184,6 +184,9 @@ struct KernelContext {
   dnnl::primitive_attr MakeAttr() const { return MakeAttr(Epilogue{}); }
 };
 
+/*! \brief Attr `epsilon` of a normalization: required, a finite number >= 0. */
+double ReadEpsilon(AttrReader& attrs);
+
 /*! \brief Whether oneDNN dispatches AVX-512 (avx512_core or later) kernels on this machine. */
 bool IsaHasAvx512();
 

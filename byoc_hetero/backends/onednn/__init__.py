@@ -29,6 +29,11 @@ rules                           match
 ``softmax``                     softmax along any axis
 ``add[_act]``, ``multiply[_act]`` with broadcasting on one side, [activation]
 ``activation``                  relu, clip, sigmoid, tanh, gelu, gelu_tanh, silu on their own
+``layer_norm``, ``group_norm``  over the trailing axes / groups of channels (axis 1)
+``*_norm_decomposed[_scale]``   mean/subtract/power|variance/add/sqrt/divide [multiply] [add] as
+``[_shift]``                    ONNX exporters spell layer and instance norm (one kernel each)
+``batch_norm[_relu]``           inference batch norm not after a conv (which folds it)
+``reduce_<mean|sum|max|min>``   over any axes, keepdims or not
 ==============================  ===============================================================
 
 Every check rejects, with the reason, what the runtime cannot run (non-float32 tensors, symbolic

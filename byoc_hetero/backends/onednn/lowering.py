@@ -22,7 +22,7 @@ from tvm import relax
 from ..._relax import function_outputs, op_name, shape_of, short_op_name, tensor_dtype
 from ...errors import CodegenError
 from .precision import DEFAULT_DTYPE, DEFAULT_PRECISION, check_precision
-from .table import TARGET, graph_passes, lowering_for
+from .table import TARGET, composite_lowering_for, graph_passes, lowering_for
 
 FORMAT = "byoc_hetero.region"
 VERSION = 1
@@ -212,6 +212,14 @@ class RegionLowering:
         self.flattened = {}
         for param, tid in zip(func.params, arg_ids):
             self.tid[param] = tid
+        whole = composite_lowering_for(str(func.attrs["Composite"]))
+        if whole is not None:
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op):
+                        short = short_op_name(op_name(binding.value))
+                        self.graph.source_ops[short] = self.graph.source_ops.get(short, 0) + 1
+            return whole(self, func)
         for block in func.body.blocks:
             for binding in block.bindings:
                 value = binding.value

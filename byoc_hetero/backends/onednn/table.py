@@ -6,7 +6,10 @@ patterns and checks:
 * ``@lowers("relax.nn.softmax", check=check_softmax)`` registers how one call of the op becomes
   region-graph nodes, and the check a single call must pass (what guards op-attribute rules: an op
   without a check has a lowering only as part of a pattern, e.g. a batch norm after a conv2d);
-* ``@pattern_rules`` registers a function yielding the family's :class:`PatternSpec` rules.
+* ``@pattern_rules`` registers a function yielding the family's :class:`PatternSpec` rules;
+* ``@lowers_composite("rule", ...)`` registers how a whole composite of those rules becomes nodes,
+  for patterns that are one kernel but several Relax ops none of which means much alone (a layer
+  norm spelled out as mean / subtract / power / ... becomes one ``layer_norm`` node).
 
 The codegen dispatches on :func:`lowering_for`; nothing else lists ops.
 """
@@ -32,6 +35,10 @@ codegen ``relax.ext.byoc_hetero``."""
 Lowering = Callable[["RegionLowering", relax.Var, relax.Call], Any]
 """``lower(ctx, var, call) -> tensor id`` (or a tuple of ids): emit the nodes of one call."""
 
+CompositeLowering = Callable[["RegionLowering", relax.Function], Any]
+"""``lower(ctx, composite) -> tensor id``: emit the nodes of a whole composite function (its
+parameters already have tensor ids)."""
+
 
 @dataclass(frozen=True)
 class PatternSpec:
@@ -47,6 +54,7 @@ class PatternSpec:
 _LOWERINGS: dict[str, Lowering] = {}
 _SINGLE_CHECKS: dict[str, Check] = {}
 _PATTERN_SOURCES: list[Callable[[], Iterable[PatternSpec]]] = []
+_COMPOSITE_LOWERINGS: dict[str, CompositeLowering] = {}
 _GRAPH_PASSES: list[Callable[[Any], None]] = []
 
 
@@ -69,6 +77,25 @@ def pattern_rules(source: Callable[[], Iterable[PatternSpec]]) -> Callable[[], I
     """Decorator: ``source()`` yields pattern rules of the backend (registered once, at import)."""
     _PATTERN_SOURCES.append(source)
     return source
+
+
+def lowers_composite(*rules: str) -> Callable[[CompositeLowering], CompositeLowering]:
+    """Decorator: ``fn`` lowers whole composites of the pattern rules ``rules`` (names without
+    the target prefix) instead of their calls one by one."""
+
+    def decorate(fn: CompositeLowering) -> CompositeLowering:
+        for rule in rules:
+            if rule in _COMPOSITE_LOWERINGS:
+                raise ValueError(f"rule {rule} already has a composite lowering")
+            _COMPOSITE_LOWERINGS[rule] = fn
+        return fn
+
+    return decorate
+
+
+def composite_lowering_for(composite: str) -> CompositeLowering | None:
+    """The lowering of a whole composite (``"<target>.<rule>"``), or None: lower its calls."""
+    return _COMPOSITE_LOWERINGS.get(composite.partition(".")[2])
 
 
 def graph_pass(fn: Callable[[Any], None]) -> Callable[[Any], None]:

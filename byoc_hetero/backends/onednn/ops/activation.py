@@ -50,6 +50,8 @@ INFINITE_BOUND = 1e308
 
 #: Node ops that take an activation as a post-op.
 FUSES_ACTIVATION = (*ANCHORS, "binary")
+#: Node ops that take only some activations (oneDNN's batch norm fuses a relu, no other post-op).
+FUSES_ONLY = {"batch_norm": ("relu",)}
 
 
 def _number(expr) -> float | None:
@@ -123,7 +125,7 @@ def lower_activation(ctx, var: relax.Var, call: relax.Call) -> int:
         raise ctx.fail(act)
     name, clip = act
     node = ctx.open_node.get(ctx.lookup(call.args[0]))
-    if node is not None and node.op in FUSES_ACTIVATION:
+    if node is not None and (node.op in FUSES_ACTIVATION or name in FUSES_ONLY.get(node.op, ())):
         key = "post_activation" if node.attrs.get("residual") else "activation"
         if node.attrs.get(key, "none") == "none":
             node.attrs[key] = name

@@ -27,19 +27,16 @@ def conv2d_anchor() -> tuple[DFPattern, dict[str, DFPattern]]:
     return anchor, {"data": data, "weight": weight, "anchor": anchor}
 
 
-def batch_norm_reason(match: Match) -> str | None:
-    """A batch norm after the conv must be in inference form over channels, with per-channel stats."""
-    if not match.has("bn"):
-        return None
-    out_shape = match.shape("anchor")
-    bn = match.expr("bn")
+def inference_batch_norm_reason(bn: relax.Call, shape: tuple[int, ...]) -> str | None:
+    """Why a batch norm of data shaped ``shape`` cannot run in inference form over channels (axis
+    1) with per-channel statistics; None if it can (folded into a conv, or on its own)."""
     attrs = bn.attrs
     if bool(attrs.training):
-        return "batch_norm in training form (batch statistics); only inference form is folded"
+        return "batch_norm in training form (batch statistics); only the inference form runs"
     if not (bool(attrs.center) and bool(attrs.scale)):
-        return "batch_norm with center=False or scale=False is not folded"
-    if int(attrs.axis) % len(out_shape) != 1:
-        return f"batch_norm over axis {int(attrs.axis)}; only the channel axis 1 is folded"
+        return "batch_norm with center=False or scale=False is not offloaded"
+    if int(attrs.axis) % len(shape) != 1:
+        return f"batch_norm over axis {int(attrs.axis)}; the runtime runs channel axis 1"
     eps = float(attrs.epsilon)
     if not (math.isfinite(eps) and eps >= 0):
         return f"batch_norm epsilon {eps} must be finite and >= 0"
@@ -47,9 +44,16 @@ def batch_norm_reason(match: Match) -> str | None:
         reason = tensor_reason(arg, f"batch_norm {name}")
         if reason:
             return reason
-        if math.prod(static_shape(arg)) != out_shape[1]:
+        if math.prod(static_shape(arg)) != shape[1]:
             return f"batch_norm {name} of shape {list(static_shape(arg))} is not one value per channel"
     return None
+
+
+def batch_norm_reason(match: Match) -> str | None:
+    """A batch norm after the conv must be in inference form over channels, with per-channel stats."""
+    if not match.has("bn"):
+        return None
+    return inference_batch_norm_reason(match.expr("bn"), match.shape("anchor"))
 
 
 def check_conv2d(match: Match) -> str | None:
@@ -97,14 +101,15 @@ def lower_conv2d(ctx, var: relax.Var, call: relax.Call) -> int:
     return ctx.emit("conv2d", [ctx.data_of(call.args[0]), ctx.lookup(call.args[1])], var, attrs)
 
 
-@lowers("relax.nn.batch_norm")  # only folded into a conv2d: no single-call check
-def lower_batch_norm(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:  # noqa: ARG001
+def fold_batch_norm(ctx, call: relax.Call) -> tuple[int, ...] | None:
     """Fold an inference batch norm into the open conv2d: two nodes computing its weight and
-    bias from the statistics (run once, at load, when they are constants)."""
+    bias from the statistics (run once, at load, when they are constants). None when it does not
+    directly follow a conv2d (and its bias) of this composite: then it runs on its own
+    (``relax.nn.batch_norm``'s lowering, :mod:`.norm`)."""
     node = ctx.open_node.get(ctx.lookup(call.args[0]))
     if node is None or node.op != "conv2d" or node.attrs["activation"] != "none" or \
             node.attrs.get("residual") or node.folded:
-        raise ctx.fail("batch_norm does not directly follow a conv2d (and its bias) it could be folded into")
+        return None
     eps = float(call.attrs.epsilon)
     gamma, beta, mean, var_ = (ctx.lookup(a) for a in call.args[1:5])
     weight = node.inputs[1]

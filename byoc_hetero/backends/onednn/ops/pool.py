@@ -145,8 +145,9 @@ def lower_adaptive_avg_pool2d(ctx, var: relax.Var, call: relax.Call) -> int:
     return ctx.emit("pool2d", [ctx.data_of(call.args[0])], var, attrs)
 
 
-@lowers("relax.mean", check=check_mean)
 def lower_mean(ctx, var: relax.Var, call: relax.Call) -> int:
+    """A spatial mean as global average pooling (``relax.mean``'s lowering, :mod:`.reduce`,
+    calls it for the means :func:`spatial_mean_axes` accepts)."""
     reason = spatial_mean_axes(call)
     if reason:
         raise ctx.fail(reason)
