@@ -207,14 +207,14 @@ def test_intermediate_value_escaping_a_match_is_not_fused():
     assert any(r.rule == "byoc_hetero.conv2d_relu" and "used outside" in r.reason for r in rep.rejections)
 
 
-def test_symbolic_batch_is_rejected_with_the_reason_in_the_report():
-    n = tvm.tirx.Var("n", "int64")
+def test_symbolic_reduction_dim_is_rejected_with_the_reason_in_the_report():
+    """A symbolic batch is offloaded (issue 16, tests/test_symbolic.py); a symbolic K of a dense layer is not."""
+    k = tvm.tirx.Var("k", "int64")
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((n, 16), F32))
-    weight = rand(16, 8)
-    with bb.function("main", [x]):
+    x = relax.Var("x", relax.TensorType((2, k), F32))
+    w = relax.Var("w", relax.TensorType((k, 8), F32))
+    with bb.function("main", [x, w]):
         with bb.dataflow():
-            w = relax.const(weight)
             gv = bb.emit_output(bb.emit(R.matmul(x, w)))
         bb.emit_func_output(gv)
     rep = bh.report(bh.partition(bb.get()))
@@ -222,9 +222,9 @@ def test_symbolic_batch_is_rejected_with_the_reason_in_the_report():
     (fallback,) = rep.fallbacks
     assert fallback.op == "matmul" and "symbolic" in fallback.reason and fallback.rule.startswith("byoc_hetero.dense")
     ex = build(bh.partition(bb.get()))
-    xs = rand(3, 16)
-    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs)).numpy()
-    np.testing.assert_allclose(got, xs @ weight, rtol=1e-5, atol=1e-5)
+    xs, ws = rand(2, 16), rand(16, 8)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
+    np.testing.assert_allclose(got, xs @ ws, rtol=1e-5, atol=1e-5)
 
 
 def test_target_order_decides_for_op_rules_too(restore_rules):
