@@ -68,16 +68,29 @@ std::string ShapeOf(const DLTensor& t) {
 /*!
  * \brief Check that t is a CPU compact row-major tensor of the dtype of \p info and, with
  *        \p check_shape, of its shape (a symbolic region's shapes are checked when they bind its
- *        symbols); return its data address.  \p what names the argument in messages.
+ *        symbols); return its data address.  \p what() names the argument in messages: it is only
+ *        called when a check fails, so a call that passes formats no string (this runs for every
+ *        argument of every region call).
  */
-void* CheckTensor(const DLTensor& t, const TensorInfo& info, bool check_shape, const std::string& what) {
+template <typename What>
+void* CheckTensor(const DLTensor& t, const TensorInfo& info, bool check_shape, const What& what) {
   const std::vector<int64_t>& shape = info.shape;
   auto fail = [&](const std::string& expected, const std::string& got) {
-    TVM_FFI_THROW(ValueError) << what << ": expected " << expected << ", got " << got;
+    TVM_FFI_THROW(ValueError) << what() << ": expected " << expected << ", got " << got;
   };
   if (t.device.device_type != kDLCPU) fail("a CPU tensor", "a tensor on " + DeviceName(t.device));
-  const std::string dtype = ffi::DLDataTypeToString(t.dtype);
-  if (dtype != DTypeName(info.dtype)) fail(std::string("dtype ") + DTypeName(info.dtype), "dtype " + dtype);
+  // The region's dtypes as DLPack types, parsed once (not per call).
+  static const std::vector<DLDataType> kDLTypes = [] {
+    std::vector<DLDataType> types;
+    for (DType d : {DType::kFloat32, DType::kInt64, DType::kInt32, DType::kBool}) {
+      types.push_back(ffi::StringToDLDataType(DTypeName(d)));
+    }
+    return types;
+  }();
+  const DLDataType want = kDLTypes[static_cast<size_t>(info.dtype)];
+  if (t.dtype.code != want.code || t.dtype.bits != want.bits || t.dtype.lanes != want.lanes) {
+    fail(std::string("dtype ") + DTypeName(info.dtype), "dtype " + std::string(ffi::DLDataTypeToString(t.dtype)));
+  }
   if (check_shape && (t.ndim != static_cast<int>(shape.size()) ||
                       !std::equal(shape.begin(), shape.end(), t.shape))) {
     fail("shape " + ShapeToString(shape), "shape " + ShapeOf(t));
@@ -235,16 +248,19 @@ class RegionModuleObj : public ffi::ModuleObj {
       for (int p : graph_.shape_args) arg += static_cast<size_t>(p) == arg;
       const bool is_input = i < num_in;
       const int t = is_input ? graph_.inputs[i] : graph_.outputs[i - num_in];
-      std::ostringstream what;
-      what << graph_.where() << ": argument " << arg << " (" << (is_input ? "input " : "output ")
+      auto what = [&, i, arg, t] {
+        std::ostringstream os;
+        os << graph_.where() << ": argument " << arg << " (" << (is_input ? "input " : "output ")
            << (is_input ? i : i - num_in) << ", tensor " << t << ")";
+        return os.str();
+      };
       std::optional<DLTensor*> dl = args[arg].try_cast<DLTensor*>();
       if (!dl.has_value() || *dl == nullptr) {
-        TVM_FFI_THROW(ValueError) << what.str() << ": expected a Tensor, got "
+        TVM_FFI_THROW(ValueError) << what() << ": expected a Tensor, got "
                                   << args[arg].GetTypeKey();
       }
       const DLTensor& tensor = **dl;
-      buffers[i] = CheckTensor(tensor, graph_.tensors[t], !graph_.symbolic(), what.str());
+      buffers[i] = CheckTensor(tensor, graph_.tensors[t], !graph_.symbolic(), what);
       shapes[i].assign(tensor.shape, tensor.shape + tensor.ndim);
     }
     if (profiling_.load(std::memory_order_relaxed)) {
@@ -303,7 +319,7 @@ class RegionModuleObj : public ffi::ModuleObj {
       std::string what = graph_.where() + ": " + fn + " constant " + std::to_string(i) + " ('" +
                          c.name + "', tensor " + std::to_string(c.tensor) + ")";
       if (!tensor.defined()) TVM_FFI_THROW(ValueError) << what << ": expected a Tensor, got None";
-      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], true, what));
+      data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], true, [&] { return what; }));
     }
     // The tensors are kept (a reference, no copy; TVM's const loader holds them too): plans made
     // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.
