@@ -241,6 +241,55 @@ def test_conv_chain_keeps_bf16_between_convs_with_the_same_numbers():
     assert err <= ROUNDED_BOUND, err
 
 
+def test_residual_block_stays_bf16_between_convs():
+    """A ResNet basic block (conv → relu → conv + residual → relu → conv): the residual sum is a sum
+    post-op into a bf16 destination, so the value flowing along the residual path is stored bf16 and
+    no f32 ↔ bf16 reorder runs between the convs; only the region input is converted and the last
+    conv (a region output) writes f32. The numbers are those of the reference rounded to bf16 at
+    every stored value (the residual is added in f32 to the f32 accumulator, then rounded once)."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 16, 10, 10)).astype("float32")
+    ws = [rng.standard_normal((16, 16, 3, 3)).astype("float32") * 0.2 for _ in range(4)]
+
+    def body(emit, xv):
+        def conv(v, w):
+            return emit(relax.op.nn.conv2d(v, relax.const(w), padding=1))
+
+        a = emit(relax.op.nn.relu(conv(xv, ws[0])))
+        b = emit(relax.op.nn.relu(conv(a, ws[1])))
+        c = emit(relax.op.nn.relu(emit(relax.op.add(conv(b, ws[2]), a))))
+        return relax.op.nn.conv2d(c, relax.const(ws[3]), padding=1)
+
+    def ref(rnd):
+        w = [rnd(v) for v in ws]
+
+        def conv(v, k):
+            return conv2d_nchw(v, w[k], padding=(1,) * 4).astype(np.float64)
+
+        a = rnd(np.maximum(conv(rnd(x), 0), 0).astype("float32"))
+        b = rnd(np.maximum(conv(a, 1), 0).astype("float32"))
+        c = rnd(np.maximum(conv(b, 2) + a, 0).astype("float32"))
+        return conv(c, 3)
+
+    part = bh.partition(graph({"x": x.shape}, body), precision="bf16")
+    got = run(build(part), [x])
+    if not NATIVE:
+        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
+    (region,) = _regions(part)
+    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    convs = [line for line in run_steps if "(conv2d) |" in line]
+    assert len(convs) == 4, run_steps
+    # the residual conv has a sum post-op into bf16; every conv but the last writes bf16
+    assert all(line.endswith(":bf16") for line in convs[:3]) and not convs[3].endswith(":bf16"), convs
+    conversions = [line for line in run_steps if "reorder" in line.split(" | ")[1] or "copied" in line]
+    assert all(line.endswith(":bf16") and " src=" in line and line.split(" src=")[1].split(" ")[0].endswith(":bf16")
+               for line in conversions if "tensor 0 " not in line), run_steps
+    err = relative_error(got, ref(to_bf16))
+    assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
+    # the residual really went through bf16: the reference that keeps it float32 is measurably off
+    assert relative_error(got, ref(lambda v: v)) > 1e-4
+
+
 # -- the built-in models -----------------------------------------------------------------------------
 MODELS = [
     ("mlp", {}, MODEL_BOUND),

@@ -98,8 +98,7 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   // conv2d, which would convert it to bf16 itself, is it written as bf16, saving one reorder per
   // edge (ResNet's first conv of a block, MobileNet's expand and depthwise convs); the numbers
   // are the same.
-  const memory::data_type odt =
-      !epilogue.residual && OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::data_type odt = OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
   dnnl::convolution_forward::primitive_desc pd = make_pd(AnyDesc(src_dims, cdt), AnyDesc(dst_dims, odt));
   // A 1x1 or depthwise conv whose input arrives channel-blocked (e.g. nChw8c, as the stem conv
   // of a MobileNet writes it) keeps that layout for its input and output where oneDNN has a
