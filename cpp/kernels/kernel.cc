@@ -233,11 +233,16 @@ bool IsConvResidual(const NodeInfo& node, size_t k) {
   return v.type_index() == tvm::ffi::TypeIndex::kTVMFFIInt && v.cast<int64_t>() == 1;
 }
 
-/*! \brief Whether tensor t (written by node `producer`) is only read as data by conv2d nodes, by
- *         max pools whose outputs are in turn (rounding commutes with max: same numbers), or as the
- *         residual of a conv2d whose output is in turn (a bf16 residual stream: the sum post-op
- *         adds the rounded residual in f32 to the f32 accumulator, then rounds once; ResNet-18's
- *         blocks measured 3.3e-3 -> see tests/test_bf16.py for the bound). */
+/*!
+ * \brief Whether tensor t (written by node `producer`) is read only where a bf16 region rounds it
+ *        to bf16 anyway, so that storing it rounded changes no number and saves the reorders:
+ *        as the data of a conv2d, as either operand of a dense (data, run-time weight) or a
+ *        matmul (a, b); or through a node whose output qualifies in turn: a reshape (the same
+ *        bytes), a permute (a bf16 -> bf16 reorder), a max pool (a max of rounded values is the rounded max). One reader changes the
+ *        numbers: the residual of a conv2d whose output qualifies (a bf16 residual stream: the
+ *        sum post-op adds the rounded residual to the f32 accumulator, then rounds once, as
+ *        OpenVINO's bf16 ResNet does; the bound is tests/test_bf16.py's).
+ */
 bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
   if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
   bool read = false;
@@ -245,18 +250,19 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
     const NodeInfo& node = g.nodes[n];
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (node.inputs[k] != t) continue;
-      if (k != 0) {
-        if (!IsConvResidual(node, k) || !OnlyConvsRead(g, n, node.output)) return false;
-        read = true;
-        continue;
-      }
-      if (node.op == "pool2d") {
+      bool ok = false;
+      if (node.op == "conv2d") {
+        ok = k == 0 || (IsConvResidual(node, k) && OnlyConvsRead(g, n, node.output));
+      } else if (node.op == "dense" || node.op == "matmul") {
+        ok = k <= 1;  // data / a and weight / b; never the bias or a residual
+      } else if (node.op == "reshape" || node.op == "permute") {
+        ok = OnlyConvsRead(g, n, node.output);
+      } else if (node.op == "pool2d") {
         auto alg = node.attrs.find("algorithm");
         const bool max = alg != node.attrs.end() && alg->second.as<tvm::ffi::String>().value_or("") == "max";
-        if (!max || !OnlyConvsRead(g, n, node.output)) return false;
-      } else if (node.op != "conv2d") {
-        return false;
+        ok = max && OnlyConvsRead(g, n, node.output);
       }
+      if (!ok) return false;
       read = true;
     }
   }
@@ -266,6 +272,10 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
 
 bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx) {
   return ctx.bf16 && OnlyConvsRead(ctx.graph, ctx.node_index, ctx.node().output);
+}
+
+memory::desc Bf16OutputIfRounded(const KernelContext& ctx, const memory::desc& plain) {
+  return OutputOnlyFeedsBf16Convs(ctx) ? WithType(plain, memory::data_type::bf16) : plain;
 }
 
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {

@@ -23,13 +23,18 @@ static std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx) {
   if (axis < 0) axis += rank;
   ctx.ExpectOutputShape(shape);
   const memory::desc plain = PlainDesc(memory::dims(shape.begin(), shape.end()));
-  dnnl::softmax_forward::primitive_desc pd(ctx.engine, dnnl::prop_kind::forward_inference,
-                                           dnnl::algorithm::softmax_accurate, plain, plain,
-                                           static_cast<int>(axis), ctx.MakeAttr());
+  // Computed in f32; written as bf16 where its readers round it anyway (attention's P @ V matmul).
+  auto make = [&](const memory::desc& dst) {
+    return dnnl::softmax_forward::primitive_desc(ctx.engine, dnnl::prop_kind::forward_inference,
+                                                 dnnl::algorithm::softmax_accurate, plain, dst,
+                                                 static_cast<int>(axis), ctx.MakeAttr());
+  };
+  dnnl::softmax_forward::primitive_desc pd = TryWithType(make, Bf16OutputIfRounded(ctx, plain), plain);
+  const memory::desc dst = pd.dst_desc();
   return std::make_unique<PrimitiveKernel>(ctx.where(), "softmax", std::move(pd),
                                            std::vector<int>{DNNL_ARG_SRC},
                                            std::vector<OperandLayout>{{plain, plain}},
-                                           OperandLayout{plain, plain});
+                                           OperandLayout{plain, dst});
 }
 
 BYOC_HETERO_REGISTER_KERNEL("softmax", BuildSoftmax);
