@@ -255,7 +255,12 @@ class Planner {
    */
   MemRef Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) {
     for (const auto& e : resolved_) {
-      if (e.tensor == t && e.view == layout.view && e.want == layout.want &&
+      // Reshapes of one value (BERT's Q/K/V denses each read their own reshape of one layer norm)
+      // are the same bytes: one conversion serves them all. Aliased storage is never written in
+      // place (a residual sum reuses only unaliased buffers), so the bytes stay that value's.
+      const bool same_bytes = e.tensor == t || (values_[t].aliased && values_[e.tensor].aliased &&
+                                                values_[t].storage == values_[e.tensor].storage);
+      if (same_bytes && e.view == layout.view && e.want == layout.want &&
           e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
         return e.mem;
       }

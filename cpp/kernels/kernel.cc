@@ -238,10 +238,12 @@ bool IsConvResidual(const NodeInfo& node, size_t k) {
  *        to bf16 anyway, so that storing it rounded changes no number and saves the reorders:
  *        as the data of a conv2d, as either operand of a dense (data, run-time weight) or a
  *        matmul (a, b); or through a node whose output qualifies in turn: a reshape (the same
- *        bytes), a permute (a bf16 -> bf16 reorder), a max pool (a max of rounded values is the rounded max). One reader changes the
- *        numbers: the residual of a conv2d whose output qualifies (a bf16 residual stream: the
+ *        bytes), a permute (a bf16 -> bf16 reorder), a max pool (a max of rounded values is the
+ *        rounded max). Two readers change the numbers: the residual of a conv2d whose output qualifies (a bf16 residual stream: the
  *        sum post-op adds the rounded residual to the f32 accumulator, then rounds once, as
- *        OpenVINO's bf16 ResNet does; the bound is tests/test_bf16.py's).
+ *        OpenVINO's bf16 ResNet does; the bound is tests/test_bf16.py's); and likewise an eltwise
+ *        whose output qualifies (gelu before a dense: the rounding moves before the activation,
+ *        as oneDNN 3.2 has no f32 -> bf16 eltwise).
  */
 bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
   if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
@@ -255,7 +257,7 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
         ok = k == 0 || (IsConvResidual(node, k) && OnlyConvsRead(g, n, node.output));
       } else if (node.op == "dense" || node.op == "matmul") {
         ok = k <= 1;  // data / a and weight / b; never the bias or a residual
-      } else if (node.op == "reshape" || node.op == "permute") {
+      } else if (node.op == "reshape" || node.op == "permute" || node.op == "eltwise") {
         ok = OnlyConvsRead(g, n, node.output);
       } else if (node.op == "pool2d") {
         auto alg = node.attrs.find("algorithm");
