@@ -292,6 +292,73 @@ def test_residual_block_stays_bf16_between_convs():
     assert relative_error(got, ref(lambda v: v)) > 1e-4
 
 
+def test_attention_block_stays_bf16_from_layer_norm_to_the_output_dense():
+    """layer_norm → Q/K/V denses → heads (reshape, permute) → Q Kᵀ → softmax → P V → heads merged →
+    output dense: every value between the layer norm and the output dense is read only by denses
+    and matmuls (which round it to bf16 anyway), so each is written in bf16 by its producer (the
+    layer norm computes in f32 and writes bf16) — except the softmax, which writes f32 (oneDNN's
+    bf16-destination softmax is 1-2 ulps off the rounded result) and is rounded by the one f32 → bf16
+    reorder that runs; the numbers are the reference with each dense's and matmul's operands
+    rounded to bf16."""
+    rng = np.random.default_rng(5)
+    seq, dim, heads = 8, 16, 2
+    hd = dim // heads
+    x = rng.standard_normal((1, seq, dim)).astype("float32")
+    gamma, beta = (rng.standard_normal(dim).astype("float32") for _ in range(2))
+    ws = [rng.standard_normal((dim, dim)).astype("float32") * 0.3 for _ in range(4)]
+    bs = [rng.standard_normal(dim).astype("float32") for _ in range(4)]
+
+    def body(emit, xv):
+        h = emit(relax.op.nn.layer_norm(xv, relax.const(gamma), relax.const(beta), axes=[-1]))
+
+        def proj(v, k):
+            return emit(relax.op.add(emit(relax.op.matmul(v, relax.const(ws[k]))), relax.const(bs[k])))
+
+        def split(v, axes):
+            return emit(relax.op.permute_dims(emit(relax.op.reshape(v, (1, seq, heads, hd))), axes))
+
+        q, kt, v = split(proj(h, 0), [0, 2, 1, 3]), split(proj(h, 1), [0, 2, 3, 1]), split(proj(h, 2), [0, 2, 1, 3])
+        p = emit(relax.op.nn.softmax(emit(relax.op.matmul(q, kt)), axis=-1))
+        o = emit(relax.op.reshape(emit(relax.op.permute_dims(emit(relax.op.matmul(p, v)), [0, 2, 1, 3])),
+                                  (1, seq, dim)))
+        return proj(o, 3)
+
+    def ref(rnd):
+        xx = x.astype(np.float64)
+        h = (xx - xx.mean(-1, keepdims=True)) / np.sqrt(xx.var(-1, keepdims=True) + 1e-5) * gamma + beta
+
+        def proj(v, k):
+            return rnd(v) @ rnd(ws[k]).astype(np.float64) + bs[k]
+
+        def split(v):
+            return v.reshape(1, seq, heads, hd).transpose(0, 2, 1, 3)
+
+        q, k, v = split(proj(h, 0)), split(proj(h, 1)), split(proj(h, 2))
+        sc = rnd(q) @ rnd(k).transpose(0, 1, 3, 2)
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        o = rnd(e / e.sum(-1, keepdims=True)) @ rnd(v)
+        return proj(o.transpose(0, 2, 1, 3).reshape(1, seq, dim), 3)
+
+    def rnd64(v):
+        return to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)
+
+    part = bh.partition(graph({"x": x.shape}, body), precision="bf16")
+    got = run(build(part), [x])
+    if not NATIVE:
+        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
+    (region,) = _regions(part)
+    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    conversions = [line for line in run_steps if "reorder" in line.split(" | ")[1]]
+    to_bf16_steps = [line for line in conversions if not line.split(" src=")[1].split(" ")[0].endswith(":bf16")]
+    assert len(to_bf16_steps) == 1 and "(matmul)" in to_bf16_steps[0], run_steps  # the softmax output only
+    (norm,) = [line for line in run_steps if "(layer_norm) |" in line]
+    assert norm.endswith(":bf16") and ":bf16 dst=" not in norm, norm  # f32 in, bf16 out
+    assert sum(line.endswith(":bf16") for line in run_steps if "(dense) |" in line) == 3  # Q, K, V
+    err = relative_error(got, ref(rnd64))
+    assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
+    assert relative_error(got, ref(lambda v: np.asarray(v, dtype=np.float64))) > 1e-4
+
+
 # -- the built-in models -----------------------------------------------------------------------------
 MODELS = [
     ("mlp", {}, MODEL_BOUND),
