@@ -64,16 +64,8 @@ std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<int64_t>& 
   request.threads = threads_;
   request.input_shapes = input_shapes;
   request.max_bytes = max_bytes_;
-  try {
-    return MakePlan(graph_, request, engine_);
-  } catch (const tvm::ffi::Error& e) {
-    // At a binding of a symbolic region, an op that rejects the shapes (a window larger than the
-    // input) is a problem of the call's inputs, not of the region.
-    if (graph_.symbolic() && e.kind() == "ValueError") {
-      TVM_FFI_THROW(InputError) << "at " << graph_.DescribeBinding(key) << ": " << e.message();
-    }
-    throw;
-  }
+  // MakePlan raises InputError for shapes a symbolic region's ops reject (planner.h)
+  return MakePlan(graph_, request, engine_);
 }
 
 std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(const std::vector<int64_t>& key,
