@@ -20,6 +20,7 @@ import numpy as np
 import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
+from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges, dim_ranges
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
 
@@ -42,12 +43,19 @@ def _split_params(mod: tvm.IRModule, num_inputs: int | None = None) -> tuple[tvm
     return mod, {n: v.numpy() for n, v in zip(weight_names, values)}
 
 
-def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None = None) -> tuple[tvm.IRModule, Params]:
+def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None = None,
+              dim_ranges: DimRanges | None = None) -> tuple[tvm.IRModule, Params]:
     """Import an ONNX model (a path or an ``onnx.ModelProto``).
 
     Symbolic dims of the file (``dim_param``, as ``torch.onnx.export(..., dynamic_axes=...)``
     writes them) stay symbolic, named as in the file; ``shape`` overrides input shapes (e.g. to fix
-    a symbolic batch dimension). Raises
+    a symbolic batch dimension). ONNX has no way to say how large a symbolic dim may be:
+    ``dim_ranges={"N": (1, 64)}`` declares it (inclusive; None for an open end), as
+    ``torch.export.Dim(min=, max=)`` does for :func:`from_torch`. A declared range is checked when
+    the compiled model runs through ``bh.vm`` / the CLI (:class:`InputError` naming the input, the
+    dim, the range and the value), and TVM's memory planning may use the upper bound. A name that
+    is no symbolic dim of an input, or a range that is not ``1 <= min <= max``, is a
+    :class:`FrontendError`. Raises
     :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks.
 
     When TVM's importer rejects the model as exported and ``onnxruntime`` is installed, the model is
@@ -111,7 +119,43 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
                 f"TVM cannot import this ONNX model: {first_line(err)} "
                 f"(and after constant folding with ONNX Runtime: {first_line(err2)})"
             ) from err
+    if dim_ranges:
+        mod = _declare_ranges(mod, dim_ranges)
     return _split_params(mod)
+
+
+def _declare_ranges(mod: tvm.IRModule, ranges: DimRanges) -> tvm.IRModule:
+    """``mod`` with ``ranges`` on ``main`` as the bound attributes :func:`.inputs.dim_ranges` reads."""
+    from tvm import relax
+
+    func = mod["main"]
+    symbols = {str(d.name) for p in func.params if isinstance(p.ty, relax.TensorType)
+               and isinstance(p.ty.shape, relax.ShapeExpr) for d in p.ty.shape.values if isinstance(d, tvm.tirx.Var)}
+    lower, upper = {}, {}
+    for name, bounds in ranges.items():
+        if name not in symbols:
+            raise FrontendError(f"dim_ranges names {name!r}, which is no symbolic dim of the model's inputs "
+                                f"(they have: {', '.join(sorted(symbols)) or 'none'})")
+        try:
+            lo, hi = bounds
+        except (TypeError, ValueError):
+            raise FrontendError(f"dim_ranges[{name!r}] must be a (min, max) pair, got {bounds!r}") from None
+        for v in (lo, hi):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise FrontendError(f"dim_ranges[{name!r}] must hold ints or None, got {bounds!r}")
+        if (lo is not None and lo < 1) or (hi is not None and hi < max(lo or 1, 1)):
+            raise FrontendError(f"dim_ranges[{name!r}] = {bounds!r}: expected 1 <= min <= max")
+        if lo is not None:
+            lower[name] = lo
+        if hi is not None:
+            upper[name] = hi
+    if lower:
+        func = func.with_attr(LOWER_BOUND_ATTR, lower)
+    if upper:
+        func = func.with_attr(UPPER_BOUND_ATTR, upper)
+    out = mod.clone()
+    out["main"] = func
+    return out
 
 
 def _explicit_same_pads(model: Any) -> Any:
@@ -254,22 +298,6 @@ def from_torch(module: Any, example_inputs: Sequence[Any],
     return _split_params(_inbound_slices(mod), num_inputs)
 
 
-def dim_bounds(func: Any) -> dict[str, tuple[int | None, int | None]]:
-    """The declared range of each symbolic dim of ``func``: ``{name: (min, max)}`` (None: open).
-
-    Read from the function attributes ``tir_var_lower_bound`` / ``tir_var_upper_bound`` that TVM's
-    torch importer writes from ``torch.export.Dim(min=, max=)`` and that :func:`from_onnx` writes
-    from ``dim_ranges``."""
-    attrs = func.attrs if func.attrs is not None else {}
-    bounds: dict[str, tuple[int | None, int | None]] = {}
-    for key, side in (("tir_var_lower_bound", 0), ("tir_var_upper_bound", 1)):
-        for name, value in (attrs[key].items() if key in attrs else ()):
-            lo_hi = list(bounds.get(str(name), (None, None)))
-            lo_hi[side] = int(value)
-            bounds[str(name)] = (lo_hi[0], lo_hi[1])
-    return bounds
-
-
 def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each ``strided_slice`` whose symbolic end is within the sliced dim for every
     declared value of its symbol marked ``assume_inbound``, and the shapes after it re-inferred.
@@ -286,7 +314,7 @@ def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     func = mod["main"]
-    upper = {name: hi for name, (_, hi) in dim_bounds(func).items() if hi is not None}
+    upper = {name: hi for name, (_, hi) in dim_ranges(func).items() if hi is not None}
     if not upper:
         return mod
 
@@ -304,9 +332,10 @@ def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
                     return v
         return e
 
+    changed = []  # (the @mutator class keeps no class attributes)
+
     @mutator
     class Inbound(PyExprMutator):
-        changed = False
 
         def visit_call_(self, call):  # noqa: N802 - TVM's visitor naming
             call = super().visit_call_(call)
@@ -314,7 +343,7 @@ def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
                 return call
             if any(isinstance(a, relax.ShapeExpr) and any(not unclip(d).same_as(d) for d in a.values)
                    for a in call.args):
-                Inbound.changed = True
+                changed.append(True)
                 args = [relax.ShapeExpr([unclip(d) for d in a.values]) if isinstance(a, relax.ShapeExpr) else a
                         for a in call.args]
                 return relax.Call(call.op, args, call.attrs, call.ty_args)
@@ -329,11 +358,11 @@ def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
             for a, b, e, st in zip(axes.fields, begin.fields, end.fields, strides.fields):
                 if not isinstance(a, tvm.tirx.IntImm) or not within(e, shape.values[int(a.value)], b, st):
                     return call
-            Inbound.changed = True
+            changed.append(True)
             return relax.op.strided_slice(x, axes, begin, end, strides, assume_inbound=True)
 
     new = Inbound().visit_expr(func)
-    if not Inbound.changed:
+    if not changed:
         return mod
     out = mod.clone()
     out["main"] = new
