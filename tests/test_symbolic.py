@@ -567,3 +567,38 @@ def test_plan_region_shape_errors_are_input_errors(cnn_onnx):
         _C.plan_region(graph, [[1, 3, 32, 32], [1, 3, 32, 32]])
     with pytest.raises(bh.InputError, match=r"needs the shapes of its 1 inputs, got 0"):
         _C.plan_region(graph)
+
+
+def test_embedding_and_mask_ops_run_symbolic_dims():
+    """take (an embedding lookup), comparisons, where and astype with a symbolic batch and
+    sequence are offloaded (before: "symbolic or unknown shape", on llvm) and match numpy at
+    several sizes."""
+    import tvm
+    from tvm import relax
+
+    n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((10, 16)).astype("float32")
+    wv = rng.standard_normal((16, 8)).astype("float32")
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType([n, s], "int64"))
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            e = bb.emit(relax.op.take(relax.const(table), ids, axis=0))
+            w = bb.emit(relax.op.where(relax.op.greater(e, relax.const(np.zeros(16, "float32"))), e,
+                                       relax.const(np.full((1,), -1.0, "float32"))))
+            f = bb.emit(relax.op.astype(ids, "float32"))
+            m = bb.emit(relax.op.astype(relax.op.greater(f, relax.const(3.0, "float32")), "float32"))
+            y = bb.emit(relax.op.multiply(relax.op.matmul(w, relax.const(wv)), relax.op.expand_dims(m, [2])))
+            gv = bb.emit_output(y)
+        bb.emit_func_output(gv)
+    part = bh.partition(bb.get())
+    ops = sum((e.ops for e in region_table(part).values()), start=__import__("collections").Counter())
+    for op in ("take", "where", "greater", "astype"):
+        assert ops[op] >= 1, (op, str(bh.report(part)))
+    ex = build(part)
+    for shape in [(1, 5), (3, 17)]:
+        iv = rng.integers(0, 10, shape).astype("int64")
+        ev = table[iv]
+        want = (np.where(ev > 0, ev, -1.0) @ wv) * (iv > 3).astype("float32")[..., None]
+        np.testing.assert_allclose(run(ex, [iv]), want, rtol=1e-4, atol=1e-4)
