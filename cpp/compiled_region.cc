@@ -54,12 +54,11 @@ CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
       max_bytes_(PhysicalMemoryBytes()) {
   ready_ = graph.constants.empty();
   if (!graph.symbolic()) {
-    cache_.push_front(MakeEntry({}, PlanFor({}, {})));
+    cache_.push_front(MakeEntry({}, PlanFor({})));
   }
 }
 
-std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<int64_t>& key,
-                                                    const std::vector<std::vector<int64_t>>& input_shapes) const {
+std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<std::vector<int64_t>>& input_shapes) const {
   PlanRequest request;
   request.threads = threads_;
   request.input_shapes = input_shapes;
@@ -170,7 +169,7 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
     std::shared_ptr<const Plan> plan;
     if (!Find(key)) {
       std::vector<std::vector<int64_t>> input_shapes(arg_shapes.begin(), arg_shapes.begin() + graph_.inputs.size());
-      plan = PlanFor(key, input_shapes);
+      plan = PlanFor(input_shapes);
     }
     std::unique_lock<std::shared_mutex> lock(consts_mu_);
     std::shared_ptr<Entry> entry = Find(key);
