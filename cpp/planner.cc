@@ -398,9 +398,10 @@ class Planner {
       const int out_pos = OutputPosition(t_out);
       if (out_pos >= 0) {
         const int user = run_arg_slot_[g_.inputs.size() + out_pos];
-        AddReorder(false, {kernel.output().view, src.slot}, {kernel.output().view, user},
+        AddReorder(false, {v.storage_md, src.slot}, {kernel.output().view, user},
                    g_.where(n) + ": output tensor " + std::to_string(t_out) + " copied out");
         v.storage = v.plain = user;
+        v.storage_md = v.plain_md;
       } else {
         v.storage = src.slot;
         v.plain = bf16 ? -1 : src.slot;
