@@ -15,6 +15,9 @@ activation, and on a blocked conv output the ``add 3`` / ``divide 6`` with a sca
 oneDNN's reference binary: MobileNetV3-Large spent 25 of its 29 ms (1 thread) in the two such steps
 after its stem (per-step profile, bench/zoo.py's model).
 
+The smooth member of the family comes the same way: TVM's PyTorch frontend writes ``silu`` (EfficientNet's
+swish) as ``multiply(x, sigmoid(x))``, two steps (rule ``silu_decomposed``, oneDNN's eltwise_swish).
+
 The patterns only fix the chain's shape; :func:`parse_chain` reads the constants, so a chain with
 other numbers (ONNX HardSigmoid's default alpha 0.2, an add of 2) is refused with its reason and
 runs op by op as before.
@@ -36,7 +39,7 @@ from ..precision import tensor_reason
 from ..table import PatternSpec, lowers_composite, pattern_rules
 
 #: Rule name -> the runtime's activation name.
-KINDS = {"hardswish": "hardswish", "hardsigmoid": "hardsigmoid"}
+KINDS = {"hardswish": "hardswish", "hardsigmoid": "hardsigmoid", "silu_decomposed": "silu"}
 
 _CONSTANTS = (tvm.ir.Constant, tvm.ir.GenericConst)
 _SIXTH = 1.0 / 6.0
@@ -187,10 +190,25 @@ def _hardswish_of(expr: relax.Expr, resolve: Resolve) -> relax.Expr | str:
     return why
 
 
+def _silu_of(expr: relax.Expr, resolve: Resolve) -> relax.Expr | str:
+    """x when ``expr`` is multiply(x, sigmoid(x)) (either order), else the reason."""
+    mul = _call(expr, resolve, "relax.multiply")
+    if mul is None:
+        return "expected x multiplied by its sigmoid"
+    for x, gate in ((mul.args[0], mul.args[1]), (mul.args[1], mul.args[0])):
+        sigmoid = _call(gate, resolve, "relax.sigmoid")
+        if sigmoid is not None and sigmoid.args[0].same_as(x):
+            return x
+    return "the sigmoid's operand is not the value it multiplies"
+
+
+_PARSERS = {"hardswish": _hardswish_of, "hardsigmoid": _hardsigmoid_of, "silu_decomposed": _silu_of}
+
+
 def parse_chain(kind: str, root: relax.Expr, resolve: Resolve) -> relax.Expr | str:
-    """The operand x of a ``kind`` (``hardswish`` / ``hardsigmoid``) chain ending at ``root``, or
-    the reason the chain is not exactly that function."""
-    return (_hardswish_of if kind == "hardswish" else _hardsigmoid_of)(root, resolve)
+    """The operand x of a ``kind`` (a rule of :data:`KINDS`) chain ending at ``root``, or the
+    reason the chain is not exactly that function."""
+    return _PARSERS[kind](root, resolve)
 
 
 # -- rules ----------------------------------------------------------------------------------------
@@ -216,6 +234,7 @@ def _checker(kind: str):
 
 check_hardswish = _checker("hardswish")
 check_hardsigmoid = _checker("hardsigmoid")
+check_silu_decomposed = _checker("silu_decomposed")
 
 
 @pattern_rules
@@ -228,6 +247,9 @@ def _rules():
     x = wildcard()
     sigmoid = _hardsigmoid(x)
     yield PatternSpec("hardsigmoid", sigmoid, {"data": x, "root": sigmoid}, check_hardsigmoid, priority=61)
+    x = wildcard()
+    silu = is_op("relax.multiply")(x, is_op("relax.sigmoid")(x))
+    yield PatternSpec("silu_decomposed", silu, {"data": x, "root": silu}, check_silu_decomposed, priority=60)
 
 
 @lowers_composite(*KINDS)
