@@ -234,3 +234,23 @@ def test_fuzz_chains_after_padded_convs(form, widths, value, stride, c, hw, reus
             gv = bb.emit_output(bb.emit(R.add(z, y)) if reuse else z)
         bb.emit_func_output(gv)
     differential(bb.get(), [rng.standard_normal((1, c, hw, hw)).astype("float32") * 3])
+
+
+def test_scalar_binary_on_a_blocked_conv_output_is_not_oneDNN_reference():
+    """A near-miss chain after a stem-like conv (3 input channels: oneDNN writes aBcd16b) used to
+    run its scalar add / divide in oneDNN's reference binary (12 ms of MobileNetV3-Large's 15)."""
+    import json
+
+    def tail(bb, y):  # add 2 is no hardswish: stays a binary op
+        return bb.emit(R.divide(bb.emit(R.add(y, relax.const(np.float32(2.0)))), relax.const(np.float32(6.0))))
+
+    mod = conv_module(tail, shape=(1, 3, 32, 32), out_c=16, stride=2)
+    res = offload_and_compare(mod, inputs=x_input((1, 3, 32, 32)))
+    ex = build(res.partitioned)
+    vm = relax.VirtualMachine(ex, __import__("tvm").cpu())
+    regions = bh.codegen.region_modules(ex)
+    for m in regions:
+        m["set_profiling"](True)
+    vm["main"](__import__("tvm").runtime.tensor(x_input((1, 3, 32, 32))[0]))
+    steps = [s for m in regions for s in json.loads(m["get_profile"]()) if s["op"] == "binary" and s["phase"] == "run"]
+    assert steps and not any(s["impl"].startswith("ref") for s in steps), steps
