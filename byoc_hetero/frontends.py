@@ -183,10 +183,14 @@ def _fold_zero_pads(model: Any) -> Any:
     with run-time pads, or read by anything else is left as it is (``bh.report`` lists it as a
     ``call_tir`` left on llvm).
     """
+    import onnx
     from onnx import helper, numpy_helper
 
     if not any(n.op_type == "Pad" for n in model.graph.node):
         return model
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in model.graph.node for a in n.attribute):
+        return model  # a subgraph (If / Loop body) may read a pad's output unseen here
     copy = type(model)()
     copy.CopyFrom(model)  # the caller's ModelProto stays as it was
     model, graph = copy, copy.graph
