@@ -86,7 +86,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
     rng = np.random.default_rng(seed)
     recipe = Recipe([f"seed={seed}"])
     n = draw(st.integers(1, 2))
-    c = draw(st.sampled_from([16, 32])) if wide else draw(st.integers(1, 6))
+    # 8 and 16 channels: convolutions write channel-blocked layouts the later steps must read
+    c = draw(st.sampled_from([16, 32])) if wide else draw(st.sampled_from([1, 2, 3, 4, 5, 6, 8, 16]))
     h = draw(st.integers(3, 9))
     w = draw(st.integers(3, 9))
     bb = relax.BlockBuilder()
@@ -153,6 +154,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             out_c = groups * draw(st.integers(1, 3))
             if wide and groups == 1:
                 out_c = draw(st.sampled_from([16, 32]))
+            elif groups == 1:
+                out_c = draw(st.sampled_from([1, 2, 3, 8, 16]))
             y = emit(R.nn.conv2d(src, weight((out_c, c_ // groups, k, k)), strides=stride,
                                  padding=pads, dilation=dil, groups=groups), src)
             bias = draw(st.sampled_from(["none", "reshaped", "4d"]))
