@@ -414,15 +414,24 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             shape = _shape(a)
             rank = len(shape)
             k_dim = shape[-1]
-            form = draw(st.sampled_from(["weight", "batched_weight", "permuted_weight", "self_t", "permuted_a"]))
+            form = draw(st.sampled_from(["weight", "batched_weight", "permuted_weight", "self_t", "permuted_a",
+                                         "permuted_reshaped_a"]))
             nn = draw(st.integers(1, 6))
-            if form == "permuted_a" and rank >= 3:
-                # a permuted value as the first operand (its last axis becomes the contraction)
+            if form.startswith("permuted_") and form != "permuted_weight" and rank >= 3:
+                # a permuted value as the first operand (its last axis becomes the contraction), maybe
+                # reshaped after the permute (the matmul reads such views through strides)
                 axes = draw(st.permutations(list(range(rank))))
                 a = emit(R.permute_dims(a, axes), a)
                 shape = _shape(a)
+                if form == "permuted_reshaped_a":
+                    i = draw(st.integers(0, rank - 2))
+                    shape = shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:]
+                    if len(shape) < 2:
+                        shape = (1,) + shape
+                    a = bb.emit(R.reshape(a, shape))
                 k_dim = shape[-1]
-            if form == "weight" or (form == "permuted_a"):
+                rank = len(shape)
+            if form in ("weight", "permuted_a", "permuted_reshaped_a"):
                 b = weight((k_dim, nn))
             elif form == "batched_weight":
                 batch = _broadcast_shape(draw, shape[:-2]) if rank > 2 else ()
