@@ -1,13 +1,33 @@
 """Random Relax graphs for differential fuzzing (offloaded build vs llvm-only build).
 
-A graph is a short chain-with-branches over NCHW feature maps and 2-D matrices, drawn from the ops
-the rules know: conv2d (strides, padding, dilation, groups, bias, relu; sometimes after an explicit
-nn.pad, zero or not), pooling, add, concat, activations (also hardswish / hardsigmoid / silu spelled
-out as the frontends write them), reshape to 2-D, dense (plain and transposed weight, bias, relu).
+A graph is a short chain-with-branches over float32 values of rank 1..5 (NCHW feature maps,
+matrices, [batch, sequence, hidden] tensors, ...), drawn from every op the rules know, with random
+shapes and attributes:
+
+* CNN ops: conv2d (strides, padding, dilation, groups, bias, relu, a batch norm folded into it;
+  sometimes after an explicit nn.pad, zero or not), pooling, batch_norm on its own (+relu),
+  group_norm, activations (also hardswish / hardsigmoid / silu spelled out as the frontends write them);
+* matmuls: dense (plain and transposed weight, bias, relu), batched matmul with broadcast batch
+  dims and permuted operands, attention blocks (head split by reshape + permute_dims, Q·Kᵀ, scale,
+  additive mask, softmax, ·V);
+* elementwise: add / subtract / multiply / divide / maximum / minimum broadcasting on either side,
+  unary functions (sqrt, rsqrt, exp, log, erf, abs, negative, power by a constant, clip with finite
+  or infinite bounds, gelu, silu, ...);
+* normalizations and reductions: layer_norm over trailing axes (also decomposed as exporters write
+  it), softmax on any axis, mean / sum / max / min over random axes with or without keepdims;
+* layout: permute_dims, reshape / expand_dims / squeeze, concat on any axis, split, strided_slice;
+* masks and gathers: take with int64 / int32 indices (constants or inputs), comparisons, where,
+  astype between the dtypes the runtime casts.
+
+Some draws are deliberately outside what the runtime runs (non-unit slice steps, a power by 1.5,
+layer_norm without center, float16 casts, ...): those ops must stay on llvm, and the result must
+still match. ``KINDS`` names every kind of step; ``graphs(kinds=...)`` restricts a draw to some of
+them (the kernel-coverage test draws each kind on its own).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +37,17 @@ from tvm import relax
 
 R = relax.op
 F32 = "float32"
+
+#: Upper bound on the elements of any drawn value (keeps each example to milliseconds).
+MAX_ELEMENTS = 4096
+
+#: Every kind of step the generator draws (the first group only on NCHW maps, ``wide`` uses those).
+CNN_KINDS = ("conv", "pool", "act", "add", "concat", "flatten", "dense", "act2d")
+KINDS = CNN_KINDS + (
+    "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
+    "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
+    "take", "compare_where", "mask", "cast",
+)
 
 
 @dataclass
@@ -64,144 +95,620 @@ def activation_chain(bb, name: str, src):
 CHAINS = ("hardswish_torch", "hardswish_onnx", "hardsigmoid_torch", "hardsigmoid_onnx", "silu_chain")
 
 
+def _broadcast_shape(draw, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts to ``shape``: some dims 1, maybe fewer leading dims."""
+    drop = draw(st.integers(0, len(shape)))
+    kept = shape[drop:]
+    return tuple(1 if draw(st.booleans()) else d for d in kept)
+
+
 @st.composite
-def graphs(draw, max_ops: int = 6, wide: bool = False):
+def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | None = None):
     """Draw ``(mod, inputs, recipe)``: a Relax module with static shapes and numpy inputs.
 
-    ``wide``: channel counts of 16 and 32 (the runtime's Winograd convolution needs multiples of 16).
+    ``wide``: channel counts of 16 and 32 (the runtime's Winograd convolution needs multiples of
+    16) and only the CNN steps. ``kinds``: draw only these kinds of steps (each must be in
+    :data:`KINDS`); the first step is the first of them that applies.
     """
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     recipe = Recipe([f"seed={seed}"])
     n = draw(st.integers(1, 2))
-    c = draw(st.sampled_from([16, 32])) if wide else draw(st.integers(1, 6))
+    # 8 and 16 channels: convolutions write channel-blocked layouts the later steps must read
+    c = draw(st.sampled_from([16, 32])) if wide else draw(st.sampled_from([1, 2, 3, 4, 5, 6, 8, 16]))
     h = draw(st.integers(3, 9))
     w = draw(st.integers(3, 9))
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((n, c, h, w), F32))
-    weight_params: list[relax.Var] = []
-    weight_values: list[np.ndarray] = []
+    params: list[relax.Var] = []
+    values: list[np.ndarray] = []
     recipe.steps.append(f"x{[n, c, h, w]}")
 
-    def weight(shape):
-        """A weight: usually a constant, sometimes a runtime parameter of main."""
-        if draw(st.booleans()) and draw(st.booleans()):
-            var = relax.Var(f"w{len(weight_params)}", relax.TensorType(shape, F32))
-            weight_params.append(var)
-            weight_values.append((rng.standard_normal(shape) * 0.5).astype(F32))
-            return var
-        return _const(rng, shape)
+    def param(shape, dtype=F32, data=None):
+        var = relax.Var(f"p{len(params)}", relax.TensorType(shape, dtype))
+        params.append(var)
+        values.append(data if data is not None else (rng.standard_normal(shape) * 0.5).astype(dtype))
+        return var
 
+    def weight(shape, data=None):
+        """A weight: usually a constant, sometimes a runtime parameter of main."""
+        data = data if data is not None else (rng.standard_normal(shape) * 0.5).astype(F32)
+        if draw(st.booleans()) and draw(st.booleans()):
+            return param(shape, F32, data.astype(F32))
+        return relax.const(data.astype(F32))
+
+    def positive(shape, lo=0.5, hi=1.5):
+        return weight(shape, rng.uniform(lo, hi, shape).astype(F32))
+
+    vals: list[relax.Var] = [x]  # every float32 value of the graph so far
+    used: set = set()  # values some step read (the rest are the graph's outputs)
+
+    def emit(expr, *reads):
+        for r in reads:
+            used.add(r)
+        return bb.emit(expr)
+
+    def keep(v):
+        if math.prod(_shape(v)) <= MAX_ELEMENTS and 1 <= len(_shape(v)) <= 5:
+            vals.append(v)
+        return v
+
+    def pick(pred=lambda s: True):
+        fits = [v for v in vals if pred(_shape(v))]
+        return draw(st.sampled_from(fits)) if fits else None
+
+    def maps():
+        return [v for v in vals if len(_shape(v)) == 4]
+
+    def mats():
+        return [v for v in vals if len(_shape(v)) == 2]
+
+    def step(kind: str) -> bool:  # noqa: C901, PLR0911, PLR0912, PLR0915 (one branch per kind)
+        """Emit one step of ``kind``; False when no value fits it."""
+        if kind == "conv":
+            if not maps():
+                return False
+            src = draw(st.sampled_from(maps()))
+            n_, c_, h_, w_ = _shape(src)
+            # wide graphs lean towards 3x3 stride-1 dense convs (the Winograd kind)
+            k = draw(st.sampled_from([3, 3, 3, 1] if wide else [1, 3]))
+            dil = draw(st.sampled_from([1, 1, 1, 2] if wide else [1, 2])) if k == 3 and min(h_, w_) >= 5 else 1
+            span = dil * (k - 1) + 1
+            pads = [draw(st.integers(0, k - 1)) for _ in range(4)]
+            if h_ + pads[0] + pads[2] < span or w_ + pads[1] + pads[3] < span:
+                pads = [k // 2 * dil] * 4
+            # an explicit pad (EfficientNet's ZeroPad2d): zero folds into the conv's padding, a
+            # non-zero value stays on llvm
+            pre_pad = draw(st.sampled_from(["none", "none", "zero", "one"])) if not wide else "none"
+            if pre_pad != "none":
+                extra = [draw(st.integers(0, 2)) for _ in range(4)]
+                used.add(src)
+                src = bb.emit(R.nn.pad(src, [0, 0, 0, 0, extra[0], extra[2], extra[1], extra[3]],
+                                       "constant", 0.0 if pre_pad == "zero" else 1.0))
+                recipe.steps.append(f"pad({pre_pad}, {extra})")
+            stride = draw(st.sampled_from([1, 1, 2]))
+            groups = draw(st.sampled_from(([1, 1, 1] if wide else []) + [g for g in (1, 2, c_) if c_ % g == 0]))
+            out_c = groups * draw(st.integers(1, 3))
+            if wide and groups == 1:
+                out_c = draw(st.sampled_from([16, 32]))
+            elif groups == 1:
+                out_c = draw(st.sampled_from([1, 2, 3, 8, 16]))
+            y = emit(R.nn.conv2d(src, weight((out_c, c_ // groups, k, k)), strides=stride,
+                                 padding=pads, dilation=dil, groups=groups), src)
+            bias = draw(st.sampled_from(["none", "reshaped", "4d"]))
+            if bias == "reshaped":
+                y = bb.emit(R.add(y, R.reshape(weight((out_c,)), (1, out_c, 1, 1))))
+            elif bias == "4d":
+                y = bb.emit(R.add(y, _const(rng, (1, out_c, 1, 1))))
+            bn = not wide and draw(st.sampled_from([True, False, False, False]))
+            if bn:  # folded into the conv's weight and bias (bn_fold_* steps)
+                y = bb.emit(relax.TupleGetItem(bb.emit(R.nn.batch_norm(
+                    y, weight((out_c,)), weight((out_c,)), weight((out_c,)), positive((out_c,)), axis=1,
+                    epsilon=1e-5, training=False)), 0))
+            relu = draw(st.booleans())
+            if relu:
+                y = bb.emit(R.nn.relu(y))
+            recipe.steps.append(f"conv(k={k}, s={stride}, pad={pads}, d={dil}, g={groups}, "
+                                f"o={out_c}, bias={bias}, bn={bn}, relu={relu})")
+            keep(y)
+        elif kind == "pool":
+            src = pick(lambda s: len(s) == 4 and min(s[2:]) >= 2)
+            if src is None:
+                return False
+            pool = draw(st.sampled_from(["max", "avg", "global"]))
+            if pool == "max":
+                y = emit(R.nn.max_pool2d(src, pool_size=2, strides=2), src)
+            elif pool == "avg":
+                y = emit(R.nn.avg_pool2d(src, pool_size=2, strides=1), src)
+            else:
+                y = emit(R.nn.adaptive_avg_pool2d(src, output_size=1), src)
+            recipe.steps.append(f"{pool}_pool")
+            keep(y)
+        elif kind in ("act", "act2d"):
+            src = pick((lambda s: len(s) == 4) if kind == "act" else (lambda s: len(s) == 2))
+            if src is None:
+                return False
+            act = draw(st.sampled_from(["relu", "sigmoid", "tanh", *CHAINS]))
+            if act in CHAINS:
+                used.add(src)
+                y = activation_chain(bb, act, src)
+            else:
+                y = emit({"relu": R.nn.relu, "sigmoid": R.sigmoid, "tanh": R.tanh}[act](src), src)
+            recipe.steps.append(act)
+            keep(y)
+        elif kind == "add":
+            if not maps():
+                return False
+            a = draw(st.sampled_from(maps()))
+            b = draw(st.sampled_from([m for m in maps() if _shape(m) == _shape(a)]))
+            y = emit(R.add(a, b), a, b)
+            recipe.steps.append("add")
+            keep(y)
+        elif kind == "concat":
+            if not maps():
+                return False
+            a = draw(st.sampled_from(maps()))
+            fits = [m for m in maps() if _shape(m)[0] == _shape(a)[0] and _shape(m)[2:] == _shape(a)[2:]]
+            b = draw(st.sampled_from(fits))
+            y = emit(R.concat([a, b], axis=1), a, b)
+            recipe.steps.append("concat")
+            keep(y)
+        elif kind == "flatten":
+            if not maps():
+                return False
+            src = draw(st.sampled_from(maps()))
+            s = _shape(src)
+            y = emit(R.reshape(src, (s[0], int(np.prod(s[1:])))), src)
+            recipe.steps.append("flatten")
+            keep(y)
+        elif kind == "dense":
+            if not mats():
+                return False
+            src = draw(st.sampled_from(mats()))
+            k_dim = _shape(src)[1]
+            out = draw(st.integers(1, 12))
+            transposed = draw(st.booleans())
+            if transposed:
+                y = emit(R.matmul(src, R.permute_dims(weight((out, k_dim)), [1, 0])), src)
+            else:
+                y = emit(R.matmul(src, weight((k_dim, out))), src)
+            bias = draw(st.booleans())
+            if bias:
+                y = bb.emit(R.add(y, weight((out,))))
+            relu = draw(st.booleans())
+            if relu:
+                y = bb.emit(R.nn.relu(y))
+            recipe.steps.append(f"dense(out={out}, transposed={transposed}, bias={bias}, relu={relu})")
+            keep(y)
+        elif kind == "batch_norm":
+            src = pick(lambda s: len(s) >= 2)
+            if src is None:
+                return False
+            ch = _shape(src)[1]
+            eps = draw(st.sampled_from([1e-5, 1e-3]))
+            bn = emit(R.nn.batch_norm(src, weight((ch,)), weight((ch,)), weight((ch,)), positive((ch,)),
+                                      axis=1, epsilon=eps, training=False), src)
+            y = bb.emit(relax.TupleGetItem(bn, 0))
+            relu = draw(st.booleans())
+            if relu:
+                y = bb.emit(R.nn.relu(y))
+            recipe.steps.append(f"batch_norm({list(_shape(src))}, eps={eps}, relu={relu})")
+            keep(y)
+        elif kind == "group_norm":
+            src = pick(lambda s: len(s) >= 2)
+            if src is None:
+                return False
+            shape = _shape(src)
+            rank = len(shape)
+            groups = draw(st.sampled_from([g for g in range(1, shape[1] + 1) if shape[1] % g == 0]))
+            # sometimes a layout the runtime does not take (channels last, other axes): stays on llvm
+            odd = rank >= 3 and draw(st.integers(0, 5)) == 5
+            channel_axis, axes = (rank - 1, list(range(1, rank - 1))) if odd else (1, list(range(2, rank)))
+            if odd:
+                groups = 1
+            ch = shape[channel_axis]
+            eps = draw(st.sampled_from([1e-5, 1e-2]))
+            y = emit(R.nn.group_norm(src, weight((ch,)), weight((ch,)), num_groups=groups,
+                                     channel_axis=channel_axis, axes=axes, epsilon=eps), src)
+            recipe.steps.append(f"group_norm({list(shape)}, groups={groups}, channel_axis={channel_axis}, "
+                                f"axes={axes}, eps={eps})")
+            keep(y)
+        elif kind == "layer_norm":
+            src = pick()
+            shape = _shape(src)
+            rank = len(shape)
+            count = draw(st.integers(1, rank))
+            axes = list(range(rank - count, rank))
+            if draw(st.booleans()):
+                axes = [a - rank for a in axes]  # negative axes
+            if rank >= 2 and draw(st.integers(0, 5)) == 5:
+                axes = [0]  # not trailing: stays on llvm
+            size = tuple(shape[a] for a in sorted(int(a) % rank for a in axes))
+            affine = draw(st.sampled_from(["weights", "ones", "no_center"]))
+            if affine == "weights":
+                gamma, beta = weight(size), weight(size)
+            else:
+                gamma, beta = relax.const(np.ones(size, F32)), relax.const(np.zeros(size, F32))
+            eps = draw(st.sampled_from([1e-5, 1e-3]))
+            y = emit(R.nn.layer_norm(src, gamma, beta, axes=axes, epsilon=eps,
+                                     center=affine != "no_center"), src)
+            recipe.steps.append(f"layer_norm({list(shape)}, axes={axes}, affine={affine}, eps={eps})")
+            keep(y)
+        elif kind == "layer_norm_decomposed":
+            src = pick()
+            shape = _shape(src)
+            rank = len(shape)
+            count = draw(st.integers(1, rank))
+            axes = list(range(rank - count, rank))
+            mean = bb.emit(R.mean(src, axis=axes, keepdims=True))
+            diff = bb.emit(R.subtract(src, mean))
+            var = bb.emit(R.mean(bb.emit(R.power(diff, relax.const(np.float32(2.0)))), axis=axes, keepdims=True))
+            used.add(src)
+            y = bb.emit(R.divide(diff, bb.emit(R.sqrt(bb.emit(R.add(var, relax.const(np.float32(1e-5))))))))
+            gamma, beta = draw(st.booleans()), draw(st.booleans())
+            per = shape[rank - count:]
+            if gamma:
+                y = bb.emit(R.multiply(y, weight(per)))
+            if beta:
+                y = bb.emit(R.add(y, weight(per)))
+            recipe.steps.append(f"layer_norm_decomposed({list(shape)}, axes={axes}, gamma={gamma}, beta={beta})")
+            keep(y)
+        elif kind == "softmax":
+            src = pick()
+            axis = draw(st.integers(-len(_shape(src)), len(_shape(src)) - 1))
+            y = emit(R.nn.softmax(src, axis=axis), src)
+            recipe.steps.append(f"softmax({list(_shape(src))}, axis={axis})")
+            keep(y)
+        elif kind == "reduce":
+            src = pick()
+            shape = _shape(src)
+            rank = len(shape)
+            op = draw(st.sampled_from(["mean", "sum", "max", "min"]))
+            if draw(st.integers(0, 4)) == 0:
+                axes = None
+            else:
+                axes = sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank)))
+                axes = [a - rank if draw(st.booleans()) else a for a in axes]
+            keepdims = draw(st.booleans())
+            y = emit(getattr(R, op)(src, axis=axes, keepdims=keepdims), src)
+            recipe.steps.append(f"{op}({list(shape)}, axis={axes}, keepdims={keepdims})")
+            if len(_shape(y)) == 0:  # a scalar: add it to a value so that it is used
+                other = pick()
+                y = emit(R.add(other, y), other)
+            keep(y)
+        elif kind == "unary":
+            src = pick()
+            fn = draw(st.sampled_from(["erf", "sqrt", "rsqrt", "exp", "log", "abs", "negative", "square",
+                                       "pow2", "pow3", "pow0.5", "pow-0.5", "pow1.5", "gelu", "gelu_tanh",
+                                       "silu", "sigmoid", "tanh", "relu", "clip", "clip_lo", "clip_hi",
+                                       "hardswish"]))
+            v = src
+            if fn in ("sqrt", "rsqrt", "log", "pow0.5", "pow-0.5", "pow1.5"):
+                # a positive argument: |x| + 0.5 (abs and add run in the runtime as well)
+                v = bb.emit(R.add(bb.emit(R.abs(v)), relax.const(np.float32(0.5))))
+            if fn == "exp":
+                v = bb.emit(R.tanh(v)) if draw(st.booleans()) else v  # keep chains of exp finite
+            simple = {"sqrt": R.sqrt, "rsqrt": R.rsqrt, "exp": R.exp, "log": R.log, "erf": R.erf,
+                      "abs": R.abs, "negative": R.negative, "square": R.square, "gelu": R.nn.gelu,
+                      "gelu_tanh": R.nn.gelu_tanh, "silu": R.nn.silu, "sigmoid": R.sigmoid, "tanh": R.tanh,
+                      "relu": R.nn.relu}
+            if fn in simple:
+                y = bb.emit(simple[fn](v))
+            elif fn.startswith("pow"):
+                y = bb.emit(R.power(v, relax.const(np.float32(float(fn[3:])))))
+            elif fn.startswith("clip"):
+                lo, hi = sorted(rng.uniform(-1, 1, 2).round(2).tolist())
+                lo = -math.inf if fn == "clip_lo" else lo
+                hi = math.inf if fn == "clip_hi" else hi
+                y = bb.emit(R.clip(v, lo, hi))
+                fn = f"clip[{lo}, {hi}]"
+            else:  # hardswish as exporters write it: x * clip(x + 3, 0, inf) -> clip(.., -inf, 6) / 6
+                t = bb.emit(R.clip(bb.emit(R.add(v, relax.const(np.float32(3.0)))),
+                                   0.0, math.inf))
+                t = bb.emit(R.clip(t, -math.inf, 6.0))
+                y = bb.emit(R.divide(bb.emit(R.multiply(v, t)), relax.const(np.float32(6.0))))
+            used.add(src)
+            recipe.steps.append(f"{fn}({list(_shape(src))})")
+            keep(y)
+        elif kind == "binary":
+            a = pick()
+            shape = _shape(a)
+            op = draw(st.sampled_from(["add", "subtract", "multiply", "divide", "maximum", "minimum"]))
+            form = draw(st.sampled_from(["same", "bcast_right", "bcast_left", "both"]))
+            if form == "same":
+                b = pick(lambda s: s == shape)
+            elif form == "both":  # [.., 1, d] op [.., d', 1]: both sides broadcast
+                if len(shape) < 2 or shape[-1] == 1 or shape[-2] == 1:
+                    return False
+                b_shape = shape[:-2] + (shape[-2], 1)
+                a = emit(R.mean(a, axis=[-2], keepdims=True), a)
+                b = weight(b_shape) if op != "divide" else positive(b_shape)
+            else:
+                b_shape = _broadcast_shape(draw, shape)
+                b = positive(b_shape) if op == "divide" else weight(b_shape)
+            if op == "divide" and form == "same":
+                b = bb.emit(R.add(bb.emit(R.abs(b)), relax.const(np.float32(1.0))))
+            lhs, rhs = (b, a) if form == "bcast_left" else (a, b)
+            if op == "divide" and form == "bcast_left":  # divide by the value: keep it away from 0
+                rhs = bb.emit(R.add(bb.emit(R.abs(rhs)), relax.const(np.float32(1.0))))
+            y = emit(getattr(R, op)(lhs, rhs), a, b)
+            act = draw(st.sampled_from(["none", "none", "relu", "tanh"]))
+            if act != "none":
+                y = bb.emit({"relu": R.nn.relu, "tanh": R.tanh}[act](y))
+            recipe.steps.append(f"{op}({form}: {list(_shape(lhs))}, {list(_shape(rhs))}, act={act})")
+            keep(y)
+        elif kind == "permute":
+            src = pick(lambda s: len(s) >= 2)
+            if src is None:
+                return False
+            rank = len(_shape(src))
+            axes = draw(st.permutations(list(range(rank))))
+            if draw(st.integers(0, 5)) == 0:
+                axes = None  # reverse every axis
+            y = emit(R.permute_dims(src, axes), src)
+            recipe.steps.append(f"permute_dims({list(_shape(src))}, {axes})")
+            keep(y)
+        elif kind == "matmul":
+            a = pick(lambda s: len(s) >= 2)
+            if a is None:
+                return False
+            shape = _shape(a)
+            rank = len(shape)
+            k_dim = shape[-1]
+            form = draw(st.sampled_from(["weight", "batched_weight", "permuted_weight", "self_t", "permuted_a",
+                                         "permuted_reshaped_a"]))
+            nn = draw(st.integers(1, 6))
+            if form.startswith("permuted_") and form != "permuted_weight" and rank >= 3:
+                # a permuted value as the first operand (its last axis becomes the contraction), maybe
+                # reshaped after the permute (the matmul reads such views through strides)
+                axes = draw(st.permutations(list(range(rank))))
+                a = emit(R.permute_dims(a, axes), a)
+                shape = _shape(a)
+                if form == "permuted_reshaped_a":
+                    i = draw(st.integers(0, rank - 2))
+                    shape = shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:]
+                    if len(shape) < 2:
+                        shape = (1,) + shape
+                    a = bb.emit(R.reshape(a, shape))
+                k_dim = shape[-1]
+                rank = len(shape)
+            if form in ("weight", "permuted_a", "permuted_reshaped_a"):
+                b = weight((k_dim, nn))
+            elif form == "batched_weight":
+                batch = _broadcast_shape(draw, shape[:-2]) if rank > 2 else ()
+                b = weight(batch + (k_dim, nn))
+            elif form == "permuted_weight":
+                batch = _broadcast_shape(draw, shape[:-2]) if rank > 2 else ()
+                b_shape = batch + (k_dim, nn)
+                axes = draw(st.permutations(list(range(len(b_shape)))))
+                inverse = [axes.index(i) for i in range(len(b_shape))]
+                stored = tuple(b_shape[i] for i in axes)  # permute_dims(stored, inverse) has b_shape
+                b = bb.emit(R.permute_dims(weight(stored), inverse))
+            else:  # a · aᵀ over the last two axes
+                b = bb.emit(R.permute_dims(a, list(range(rank - 2)) + [rank - 1, rank - 2]))
+            y = emit(R.matmul(a, b), a)
+            if draw(st.booleans()):
+                y = bb.emit(R.add(y, weight(_shape(y)[-1:])))
+            recipe.steps.append(f"matmul({form}: {list(_shape(a))} x {list(_shape(b))})")
+            keep(y)
+        elif kind == "attention":
+            heads = draw(st.sampled_from([1, 2, 3]))
+            src = pick(lambda s: len(s) == 3 and s[-1] % heads == 0 and s[1] <= 16)
+            if src is None:
+                # tokens of a feature map, as ViT makes them: [N, C, H, W] -> [N, H*W, C]
+                m = pick(lambda s: len(s) == 4 and s[2] * s[3] <= 16)
+                if m is None:
+                    return False
+                nm, cm, hm, wm = _shape(m)
+                src = emit(R.permute_dims(bb.emit(R.reshape(m, (nm, cm, hm * wm))), [0, 2, 1]), m)
+                keep(src)
+                heads = 1
+            b_, s_, d_ = _shape(src)
+            hd = draw(st.integers(1, 4))
+            inner = heads * hd
+
+            def project():
+                p = bb.emit(R.matmul(src, weight((d_, inner))))
+                return bb.emit(R.reshape(p, (b_, s_, heads, hd)))
+
+            q, k, v = project(), project(), project()
+            used.add(src)
+            q = bb.emit(R.permute_dims(q, [0, 2, 1, 3]))
+            kt = bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
+            v = bb.emit(R.permute_dims(v, [0, 2, 1, 3]))
+            scores = bb.emit(R.matmul(q, kt))
+            scale = draw(st.sampled_from(["multiply", "divide", "none"]))
+            if scale == "multiply":
+                scores = bb.emit(R.multiply(scores, relax.const(np.float32(1 / math.sqrt(hd)))))
+            elif scale == "divide":
+                scores = bb.emit(R.divide(scores, relax.const(np.float32(math.sqrt(hd)))))
+            mask = draw(st.sampled_from(["none", "additive", "where"]))
+            if mask == "additive":  # (1 - mask) * -1e4, mask [B, 1, 1, S]
+                keep_ = rng.integers(0, 2, (b_, 1, 1, s_)).astype(F32)
+                keep_[..., 0] = 1
+                scores = bb.emit(R.add(scores, relax.const((1 - keep_) * np.float32(-1e4))))
+            elif mask == "where":  # causal: where(tril, scores, -1e4)
+                causal = np.tril(np.ones((s_, s_), bool))
+                scores = bb.emit(R.where(relax.const(causal), scores, relax.const(np.float32(-1e4))))
+            probs = bb.emit(R.nn.softmax(scores, axis=-1))
+            ctx_ = bb.emit(R.matmul(probs, v))
+            y = bb.emit(R.reshape(bb.emit(R.permute_dims(ctx_, [0, 2, 1, 3])), (b_, s_, inner)))
+            recipe.steps.append(f"attention({[b_, s_, d_]}, heads={heads}, head_dim={hd}, scale={scale}, mask={mask})")
+            keep(y)
+        elif kind == "reshape":
+            src = pick()
+            shape = _shape(src)
+            form = draw(st.sampled_from(["merge", "split", "expand_dims", "squeeze", "flat"]))
+            if form == "merge" and len(shape) >= 2:
+                i = draw(st.integers(0, len(shape) - 2))
+                y = emit(R.reshape(src, shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:]), src)
+            elif form == "split" and any(d % 2 == 0 for d in shape) and len(shape) < 5:
+                i = draw(st.sampled_from([j for j, d in enumerate(shape) if d % 2 == 0]))
+                y = emit(R.reshape(src, shape[:i] + (2, shape[i] // 2) + shape[i + 1:]), src)
+            elif form == "squeeze" and 1 in shape and len(shape) > 1:
+                y = emit(R.squeeze(src, axis=[shape.index(1)]), src)
+            elif form == "flat":
+                y = emit(R.reshape(src, (math.prod(shape),)), src)
+            elif len(shape) < 5:
+                y = emit(R.expand_dims(src, axis=draw(st.integers(0, len(shape)))), src)
+            else:
+                return False
+            recipe.steps.append(f"{form}({list(shape)} -> {list(_shape(y))})")
+            keep(y)
+        elif kind == "slice":
+            src = pick()
+            shape = _shape(src)
+            rank = len(shape)
+            axes = sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank)))
+            begin, end, strides = [], [], []
+            for a in axes:
+                d = shape[a]
+                b = draw(st.integers(0, d - 1))
+                e = draw(st.integers(b + 1, d))
+                begin.append(b - d if draw(st.booleans()) else b)
+                end.append(d + 3 if e == d and draw(st.booleans()) else e)  # past the end: clamped
+                strides.append(1)
+            if draw(st.integers(0, 5)) == 5:  # a step the runtime does not take: stays on llvm
+                strides[-1] = draw(st.sampled_from([2, -1]))
+                if strides[-1] == -1:
+                    d = shape[axes[-1]]
+                    begin[-1], end[-1] = d - 1, -d - 1
+            with_strides = draw(st.booleans()) or any(s != 1 for s in strides)
+            y = emit(R.strided_slice(src, axes, begin, end, strides if with_strides else None), src)
+            recipe.steps.append(f"strided_slice({list(shape)}, axes={axes}, begin={begin}, end={end}, "
+                                f"strides={strides if with_strides else None})")
+            keep(y)
+        elif kind == "split":
+            src = pick(lambda s: max(s) >= 2)
+            if src is None:
+                return False
+            shape = _shape(src)
+            axis = draw(st.sampled_from([i for i, d in enumerate(shape) if d >= 2]))
+            d = shape[axis]
+            if draw(st.booleans()):
+                sections = draw(st.sampled_from([s for s in range(2, d + 1) if d % s == 0]))
+                parts = emit(R.split(src, sections, axis=axis), src)
+                count, how = sections, sections
+            else:
+                how = sorted(draw(st.sets(st.integers(1, d - 1), min_size=1, max_size=min(3, d - 1))))
+                parts = emit(R.split(src, how, axis=axis), src)
+                count = len(how) + 1
+            for i in range(count):
+                keep(bb.emit(relax.TupleGetItem(parts, i)))
+            recipe.steps.append(f"split({list(shape)}, {how}, axis={axis})")
+        elif kind == "concat_any":
+            a = pick()
+            shape = _shape(a)
+            rank = len(shape)
+            axis = draw(st.integers(-rank, rank - 1))
+            ax = axis % rank
+            inputs = [a]
+            for _ in range(draw(st.integers(1, 2))):
+                fits = [v for v in vals if len(_shape(v)) == rank
+                        and all(_shape(v)[i] == shape[i] for i in range(rank) if i != ax)]
+                if draw(st.booleans()) and fits:
+                    inputs.append(draw(st.sampled_from(fits)))
+                else:
+                    inputs.append(weight(shape[:ax] + (draw(st.integers(1, 3)),) + shape[ax + 1:]))
+            inputs = draw(st.permutations(inputs))
+            y = emit(R.concat(inputs, axis=axis), *[i for i in inputs if isinstance(i, relax.Var)])
+            recipe.steps.append(f"concat({[list(_shape(i)) for i in inputs]}, axis={axis})")
+            keep(y)
+        elif kind == "take":
+            dtype = draw(st.sampled_from(["int64", "int32"]))
+            ids_shape = tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=2)))
+            if draw(st.booleans()):  # an embedding table
+                rows, dim = draw(st.integers(1, 10)), draw(st.integers(1, 8))
+                table = weight((rows, dim))
+                table_shape = (rows, dim)
+            else:  # rows of a computed value
+                src = pick()
+                table, table_shape = src, _shape(src)
+                used.add(src)
+            ids = rng.integers(0, table_shape[0], ids_shape).astype(dtype)
+            index = param(ids_shape, dtype, ids) if draw(st.booleans()) else relax.const(ids)
+            y = bb.emit(R.take(table, index, axis=0))
+            recipe.steps.append(f"take({list(table_shape)}, {dtype}{list(ids_shape)})")
+            if len(_shape(y)) == 0:
+                other = pick()
+                y = emit(R.add(other, y), other)
+            keep(y)
+        elif kind == "compare_where":
+            a = pick()
+            shape = _shape(a)
+            op = draw(st.sampled_from(["less", "less_equal", "greater", "greater_equal"]))
+            t_shape = _broadcast_shape(draw, shape)
+            threshold = relax.const((rng.standard_normal(t_shape) * 0.3).astype(F32))
+            cond = bb.emit(getattr(R, op)(threshold, a) if draw(st.booleans()) else getattr(R, op)(a, threshold))
+            other = draw(st.sampled_from(["const", "value", "scalar"]))
+            if other == "const":
+                b = weight(_broadcast_shape(draw, shape))
+            elif other == "value":
+                b = pick(lambda s: s == shape)
+            else:
+                b = relax.const(np.float32(-1e4))
+            y = emit(R.where(cond, a, b) if draw(st.booleans()) else R.where(cond, b, a), a, b)
+            recipe.steps.append(f"{op}+where({list(shape)}, threshold={list(t_shape)}, other={other})")
+            keep(y)
+        elif kind == "mask":
+            # HF's extended attention mask: ids [B, S] int -> (ids != 0) -> float -> (1 - m) * -1e4
+            src = pick(lambda s: len(s) >= 2)
+            if src is None:
+                return False
+            shape = _shape(src)
+            dtype = draw(st.sampled_from(["int64", "int32"]))
+            ids = rng.integers(0, 3, (shape[0], shape[-1])).astype(dtype)
+            ids_var = param(ids.shape, dtype, ids)
+            op = draw(st.sampled_from(["not_equal", "equal", "greater"]))
+            cond = bb.emit(getattr(R, op)(ids_var, relax.const(np.array(0, dtype))))
+            m = bb.emit(R.astype(cond, F32))
+            m = bb.emit(R.reshape(m, (shape[0],) + (1,) * (len(shape) - 2) + (shape[-1],)))
+            bias = bb.emit(R.multiply(bb.emit(R.subtract(relax.const(np.float32(1.0)), m)),
+                                      relax.const(np.float32(-1e4))))
+            y = emit(R.add(src, bias), src)
+            recipe.steps.append(f"mask({list(shape)}, {dtype}, {op})")
+            keep(y)
+        elif kind == "cast":
+            src = pick()
+            path = draw(st.sampled_from(["f32_bool_f32", "f32_f32", "i64_f32", "i64_i32_f32", "f32_f16_f32"]))
+            if path == "f32_bool_f32":
+                v = bb.emit(R.astype(bb.emit(R.astype(bb.emit(R.nn.relu(src)), "bool")), F32))
+                y = bb.emit(R.multiply(src, v))
+            elif path == "f32_f32":
+                y = bb.emit(R.astype(src, F32))
+            elif path == "f32_f16_f32":  # float16 is not a runtime dtype: stays on llvm
+                y = bb.emit(R.astype(bb.emit(R.astype(src, "float16")), F32))
+            else:
+                ints = rng.integers(-3, 4, _shape(src)).astype("int64")
+                iv = param(ints.shape, "int64", ints) if draw(st.booleans()) else relax.const(ints)
+                if path == "i64_i32_f32":
+                    iv = bb.emit(R.astype(iv, "int32"))
+                y = bb.emit(R.add(src, bb.emit(R.astype(iv, F32))))
+            used.add(src)
+            recipe.steps.append(f"cast({path}, {list(_shape(src))})")
+            keep(y)
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+        return True
+
+    # graphs lean towards convs (wide ones most: the Winograd kind)
+    allowed = kinds or (("conv",) * 4 + CNN_KINDS if wide else ("conv",) + KINDS)
     with bb.function("main"):
         with bb.dataflow():
-            maps = [x]     # 4-D values
-            mats = []      # 2-D values
-            for _ in range(draw(st.integers(1, max_ops))):
-                kinds = ["conv"] * (5 if wide else 2) + ["pool", "act", "add", "concat", "flatten"] if maps else []
-                kinds += ["dense", "dense", "act2d"] if mats else []
-                kind = draw(st.sampled_from(kinds))
-                if kind == "conv":
-                    src = draw(st.sampled_from(maps))
-                    n_, c_, h_, w_ = _shape(src)
-                    # wide graphs lean towards 3x3 stride-1 dense convs (the Winograd kind)
-                    k = draw(st.sampled_from([3, 3, 3, 1] if wide else [1, 3]))
-                    dil = draw(st.sampled_from([1, 1, 1, 2] if wide else [1, 2])) if k == 3 and min(h_, w_) >= 5 else 1
-                    span = dil * (k - 1) + 1
-                    pads = [draw(st.integers(0, k - 1)) for _ in range(4)]
-                    if h_ + pads[0] + pads[2] < span or w_ + pads[1] + pads[3] < span:
-                        pads = [k // 2 * dil] * 4
-                    # an explicit pad (EfficientNet's ZeroPad2d): zero folds into the conv's padding, a
-                    # non-zero value stays on llvm
-                    pre_pad = draw(st.sampled_from(["none", "none", "zero", "one"])) if not wide else "none"
-                    if pre_pad != "none":
-                        extra = [draw(st.integers(0, 2)) for _ in range(4)]
-                        src = bb.emit(R.nn.pad(src, [0, 0, 0, 0, extra[0], extra[2], extra[1], extra[3]],
-                                               "constant", 0.0 if pre_pad == "zero" else 1.0))
-                        recipe.steps.append(f"pad({pre_pad}, {extra})")
-                    stride = draw(st.sampled_from([1, 1, 2]))
-                    groups = draw(st.sampled_from(([1, 1, 1] if wide else []) + [g for g in (1, 2, c_) if c_ % g == 0]))
-                    out_c = groups * draw(st.integers(1, 3))
-                    if wide and groups == 1:
-                        out_c = draw(st.sampled_from([16, 32]))
-                    y = bb.emit(R.nn.conv2d(src, weight((out_c, c_ // groups, k, k)), strides=stride,
-                                            padding=pads, dilation=dil, groups=groups))
-                    bias = draw(st.sampled_from(["none", "reshaped", "4d"]))
-                    if bias == "reshaped":
-                        y = bb.emit(R.add(y, R.reshape(weight((out_c,)), (1, out_c, 1, 1))))
-                    elif bias == "4d":
-                        y = bb.emit(R.add(y, _const(rng, (1, out_c, 1, 1))))
-                    relu = draw(st.booleans())
-                    if relu:
-                        y = bb.emit(R.nn.relu(y))
-                    recipe.steps.append(f"conv(k={k}, s={stride}, pad={pads}, d={dil}, g={groups}, "
-                                        f"o={out_c}, bias={bias}, relu={relu})")
-                    maps.append(y)
-                elif kind == "pool":
-                    src = draw(st.sampled_from(maps))
-                    if min(_shape(src)[2:]) < 2:
-                        continue
-                    pool = draw(st.sampled_from(["max", "avg", "global"]))
-                    if pool == "max":
-                        y = bb.emit(R.nn.max_pool2d(src, pool_size=2, strides=2))
-                    elif pool == "avg":
-                        y = bb.emit(R.nn.avg_pool2d(src, pool_size=2, strides=1))
-                    else:
-                        y = bb.emit(R.nn.adaptive_avg_pool2d(src, output_size=1))
-                    recipe.steps.append(f"{pool}_pool")
-                    maps.append(y)
-                elif kind in ("act", "act2d"):
-                    src = draw(st.sampled_from(maps if kind == "act" else mats))
-                    act = draw(st.sampled_from(["relu", "sigmoid", "tanh", *CHAINS]))
-                    if act in CHAINS:
-                        y = activation_chain(bb, act, src)
-                    else:
-                        y = bb.emit({"relu": R.nn.relu, "sigmoid": R.sigmoid, "tanh": R.tanh}[act](src))
-                    recipe.steps.append(act)
-                    (maps if kind == "act" else mats).append(y)
-                elif kind == "add":
-                    a = draw(st.sampled_from(maps))
-                    same = [m for m in maps if _shape(m) == _shape(a)]
-                    b = draw(st.sampled_from(same))
-                    y = bb.emit(R.add(a, b))
-                    recipe.steps.append("add")
-                    maps.append(y)
-                elif kind == "concat":
-                    a = draw(st.sampled_from(maps))
-                    fits = [m for m in maps if _shape(m)[0] == _shape(a)[0] and _shape(m)[2:] == _shape(a)[2:]]
-                    b = draw(st.sampled_from(fits))
-                    y = bb.emit(R.concat([a, b], axis=1))
-                    recipe.steps.append("concat")
-                    maps.append(y)
-                elif kind == "flatten":
-                    src = draw(st.sampled_from(maps))
-                    s = _shape(src)
-                    y = bb.emit(R.reshape(src, (s[0], int(np.prod(s[1:])))))
-                    recipe.steps.append("flatten")
-                    mats.append(y)
-                elif kind == "dense":
-                    src = draw(st.sampled_from(mats))
-                    k_dim = _shape(src)[1]
-                    out = draw(st.integers(1, 12))
-                    transposed = draw(st.booleans())
-                    if transposed:
-                        y = bb.emit(R.matmul(src, R.permute_dims(weight((out, k_dim)), [1, 0])))
-                    else:
-                        y = bb.emit(R.matmul(src, weight((k_dim, out))))
-                    bias = draw(st.booleans())
-                    if bias:
-                        y = bb.emit(R.add(y, weight((out,))))
-                    relu = draw(st.booleans())
-                    if relu:
-                        y = bb.emit(R.nn.relu(y))
-                    recipe.steps.append(f"dense(out={out}, transposed={transposed}, bias={bias}, relu={relu})")
-                    mats.append(y)
-            outputs = [maps[-1]] + ([mats[-1]] if mats else [])
-            if len(outputs) == 1 or draw(st.booleans()):
-                result = bb.emit_output(outputs[-1] if draw(st.booleans()) else outputs[0])
+            if kinds:  # the first applicable kind of those asked for, then any of them
+                for kind in kinds:
+                    if step(kind):
+                        break
+            for _ in range(draw(st.integers(0 if kinds else 1, max_ops))):
+                step(draw(st.sampled_from(allowed)))
+            leaves = [v for v in vals if v not in used] or [vals[-1]]
+            outputs = leaves[-3:]
+            if len(outputs) == 1 and draw(st.booleans()):
+                result = bb.emit_output(outputs[0])
             else:
                 result = bb.emit_output(relax.Tuple(outputs))
-        bb.emit_func_output(result, params=[x] + weight_params)
-    inputs = [(rng.standard_normal((n, c, h, w)) * 0.5).astype(F32)] + weight_values
+        bb.emit_func_output(result, params=[x] + params)
+    inputs = [(rng.standard_normal((n, c, h, w)) * 0.5).astype(F32)] + values
     return bb.get(), inputs, recipe
 
 

@@ -4,7 +4,7 @@
   int64, int32 or bool tensors (one dtype, numpy broadcasting) -> a ``compare`` node writing bool;
 * ``where(cond bool, x float32, y float32)`` with broadcasting -> a ``where`` node;
 * ``astype``: to float32 from int64 / int32 / bool (HF's ``(1 - mask.astype(float32)) * min``), between
-  int64 / int32 / bool, anything to bool -> a ``cast`` node; float32 -> float32 is no node at all.
+  int64 / int32 / bool, anything to bool -> a ``cast`` node; float32 -> float32 is a relabel (no step).
   float32 -> an integer stays on llvm (out-of-range values have no defined result).
 
 Bool tensors are one byte per element (0/1) in the runtime, as in DLPack.
@@ -100,6 +100,13 @@ def lower_where(ctx, var: relax.Var, call: relax.Call) -> int:
 
 @lowers("relax.astype", check=check_astype)
 def lower_astype(ctx, var: relax.Var, call: relax.Call) -> int:
-    if tensor_dtype(call.args[0]) == tensor_dtype(call):
-        return ctx.lookup(call.args[0])  # a no-op cast: the same tensor
+    if tensor_dtype(call.args[0]) == tensor_dtype(call) == "float32":
+        # a no-op cast: the same bytes, relabelled like a reshape to the same shape (free; an alias
+        # node is written when the value ends a composite). Returning the input's tensor itself made
+        # a region of only this cast return its own input, which the codegen refuses (found by the
+        # fuzzer: astype(x, "float32") as a region output failed to partition).
+        source = ctx.lookup(call.args[0])
+        ctx.flattened[var] = (source, shape_of(var))
+        return source
+    # other dtypes (a no-op int64 -> int64 included: a copy) run the cast kernel
     return ctx.emit("cast", [ctx.data_of(call.args[0])], var, {})
