@@ -359,6 +359,55 @@ class Planner {
     return {layout.want, v.storage};
   }
 
+  /*!
+   * \brief Plan a permute (Kernel::relabel_axes) as a new descriptor over its input's buffer,
+   *        with no step: returns false (plan it as a reorder) for a value known at __init_ (a
+   *        constant's data is reachable only there, and the reorder runs once anyway), a non-f32
+   *        value, or one whose storage has other dims (a dense's [B*S, N]) and no plain copy.
+   *        The output's storage is the input's storage (blocked or not) with its axes permuted;
+   *        it counts as plain only when that is row-major for the output's dims (NHWC bytes read
+   *        as [N,H,W,C]).  A consumer wanting another layout pays one reorder, the one the
+   *        permute's own step would have cost.
+   */
+  bool Relabel(size_t n, const Kernel& kernel) {
+    const NodeInfo& node = g_.nodes[n];
+    const int t_in = node.inputs[0], t_out = node.output;
+    ValueState& in = values_[t_in];
+    const memory::desc in_plain = PlainDescOf(g_.tensors[t_in]);
+    if (in.is_const || in_plain.get_data_type() != memory::data_type::f32) return false;
+    MemRef src;
+    if (in.storage_md.get_dims() == in_plain.get_dims() &&
+        in.storage_md.get_format_kind() == memory::format_kind::blocked) {
+      src = {in.storage_md, in.storage};
+    } else if (in.plain >= 0 && in.plain_md == PlainDesc(in.plain_md.get_dims())) {
+      src = {in_plain, in.plain};  // row-major bytes, read under the tensor's own dims
+    } else {
+      return false;
+    }
+    const std::vector<int64_t>& axes = kernel.relabel_axes();
+    std::vector<int> perm(axes.size());  // oneDNN's: input dim i becomes output dim perm[i]
+    for (size_t i = 0; i < axes.size(); ++i) perm[static_cast<size_t>(axes[i])] = static_cast<int>(i);
+    const memory::desc md = src.md.permute_axes(perm, /*allow_empty=*/true);
+    if (md.get_ndims() == 0) return false;
+    ValueState& v = values_[t_out];
+    v.is_const = false;
+    v.plain_md = kernel.output().view;
+    const int out_pos = OutputPosition(t_out);
+    if (out_pos >= 0) {
+      const int user = run_arg_slot_[g_.inputs.size() + out_pos];
+      AddReorder(false, {md, src.slot}, {v.plain_md, user},
+                 g_.where(n) + ": output tensor " + std::to_string(t_out) + " " + DescribeDesc(md) + " -> plain");
+      v.storage_md = v.plain_md;
+      v.storage = v.plain = user;
+      return true;
+    }
+    v.storage_md = md;
+    v.storage = src.slot;
+    v.plain = md == v.plain_md ? src.slot : -1;
+    v.aliased = in.aliased = true;
+    return true;
+  }
+
   /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
   void PlanNode(size_t n, const Kernel& kernel, bool at_init) {
     const NodeInfo& node = g_.nodes[n];
@@ -384,6 +433,8 @@ class Planner {
       }
       return;
     }
+
+    if (!kernel.relabel_axes().empty() && Relabel(n, kernel)) return;
 
     std::vector<MemRef> ins(node.inputs.size());
     const int sum = kernel.sum_input();

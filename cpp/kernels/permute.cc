@@ -6,6 +6,12 @@
  * negative axes).  The input is read through a strided view (the output's dims, the input's
  * row-major strides permuted), so the reorder is the only copy; a matmul that reads a permuted
  * value directly (its a_strides / b_strides attrs) needs no permute node at all.
+ *
+ * The kernel also declares its axes (Kernel::relabel_axes): the planner then usually runs no step
+ * at all and hands the output the input's buffer under the permuted descriptor.  ConvNeXt's
+ * permute to channels-last after a depthwise conv that writes NHWC is then free, as is the permute
+ * back before the residual add (the next conv reads NHWC); the reorder below runs only where the
+ * planner cannot relabel (a constant input, or a value whose storage has other dims).
  */
 #include <utility>
 
@@ -17,6 +23,19 @@ namespace byoc_hetero {
 static memory::dims RowMajorStrides(const std::vector<int64_t>& shape) {
   return PlainDesc(memory::dims(shape.begin(), shape.end())).get_strides();
 }
+
+namespace {
+/*! \brief The reorder, plus the axes the planner may relabel the input's storage with instead. */
+class PermuteKernel : public PrimitiveKernel {
+ public:
+  PermuteKernel(const KernelContext& ctx, dnnl::reorder::primitive_desc pd, const memory::desc& view,
+                const memory::desc& out, std::vector<int64_t> axes)
+      : PrimitiveKernel(ctx.where(), "permute", std::move(pd), std::vector<int>{DNNL_ARG_FROM},
+                        std::vector<OperandLayout>{{view, view}}, OperandLayout{out, out}) {
+    relabel_axes_ = std::move(axes);
+  }
+};
+}  // namespace
 
 static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
@@ -43,9 +62,7 @@ static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
   const memory::desc view = StridedDesc(dims, strides);
   const memory::desc out = PlainDesc(dims);
   dnnl::reorder::primitive_desc pd(ctx.engine, view, ctx.engine, out, ctx.MakeAttr());
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "permute", std::move(pd),
-                                           std::vector<int>{DNNL_ARG_FROM},
-                                           std::vector<OperandLayout>{{view, view}}, OperandLayout{out, out});
+  return std::make_unique<PermuteKernel>(ctx, std::move(pd), view, out, axes);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("permute", BuildPermute);
