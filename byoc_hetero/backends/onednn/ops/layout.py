@@ -317,3 +317,57 @@ def drop_dead_nodes(graph: RegionGraph) -> None:
         graph.nodes[:] = alive
 
 
+
+
+#: Node ops that take an eltwise node after them (through reshapes) as their activation post-op.
+_TAKES_ACTIVATION = ("conv2d", "dense", "matmul", "binary")
+
+
+@graph_pass
+def fold_activations(graph: RegionGraph) -> None:
+    """An ``eltwise`` node that reads, through reshapes only, the output of a conv2d / dense /
+    matmul / binary node with no activation yet becomes that node's post-op, when nothing else
+    reads the values in between: the last reshape (or the producer) then writes the eltwise's
+    output tensor, and the eltwise node is gone.
+
+    Patterns fuse an activation only inside one composite; PyTorch's ``linear`` on a 4-D input
+    arrives as reshape → matmul + bias → reshape, and the activation after it (ConvNeXt's gelu on
+    [1, 56, 56, 384]) is another composite: without this pass it is one more pass over the tensor.
+    """
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = set(graph.outputs)
+    producers = {n.output: n for n in graph.nodes}
+    dead: set[int] = set()  # id() of the eltwise nodes folded
+
+    def only_read_once(t: int) -> bool:
+        return readers.get(t, 0) == 1 and t not in outputs
+
+    for node in graph.nodes:
+        if node.op != "eltwise" or node.attrs.get("algorithm") in (None, "none"):
+            continue
+        chain: list[Node] = []  # the reshapes between, nearest the eltwise first
+        t = node.inputs[0]
+        while only_read_once(t) and t in producers and producers[t].op == "reshape":
+            chain.append(producers[t])
+            t = producers[t].inputs[0]
+        anchor = producers.get(t)
+        if not only_read_once(t) or anchor is None or anchor.op not in _TAKES_ACTIVATION:
+            continue
+        key = "post_activation" if anchor.attrs.get("residual") else "activation"
+        if anchor.op == "binary" and key == "post_activation":
+            continue
+        if anchor.attrs.get(key, "none") != "none":
+            continue
+        anchor.attrs[key] = node.attrs["algorithm"]
+        if "clip" in node.attrs:
+            anchor.attrs["post_clip" if key == "post_activation" else "clip"] = node.attrs["clip"]
+        # the value the eltwise read now holds its result: rename it to the eltwise's output
+        last = chain[0] if chain else anchor
+        last.output = node.output
+        dead.add(id(node))
+        producers = {n.output: n for n in graph.nodes if id(n) not in dead}
+    if dead:
+        graph.nodes[:] = [n for n in graph.nodes if id(n) not in dead]
