@@ -1,7 +1,8 @@
 """Random Relax graphs for differential fuzzing (offloaded build vs llvm-only build).
 
 A graph is a short chain-with-branches over NCHW feature maps and 2-D matrices, drawn from the ops
-the rules know: conv2d (strides, padding, dilation, groups, bias, relu), pooling, add, concat,
+the rules know: conv2d (strides, padding, dilation, groups, bias, relu), pooling, add, concat (of
+any maps, and of fresh conv branches that the planner lets write into the concat's buffer),
 activations, reshape to 2-D, dense (plain and transposed weight, bias, relu).
 """
 
@@ -69,7 +70,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False):
             maps = [x]     # 4-D values
             mats = []      # 2-D values
             for _ in range(draw(st.integers(1, max_ops))):
-                kinds = ["conv"] * (5 if wide else 2) + ["pool", "act", "add", "concat", "flatten"] if maps else []
+                kinds = ["conv"] * (5 if wide else 2) + ["pool", "act", "add", "concat", "branches", "flatten"] \
+                    if maps else []
                 kinds += ["dense", "dense", "act2d"] if mats else []
                 kind = draw(st.sampled_from(kinds))
                 if kind == "conv":
@@ -132,6 +134,28 @@ def graphs(draw, max_ops: int = 6, wide: bool = False):
                     b = draw(st.sampled_from(fits))
                     y = bb.emit(R.concat([a, b], axis=1))
                     recipe.steps.append("concat")
+                    maps.append(y)
+                elif kind == "branches":
+                    # Inception / DenseNet: fresh convs read only by one channel concat, which their
+                    # producers may write in place (batch 1, whole channel blocks), next to an
+                    # existing map that is read elsewhere too (copied)
+                    src = draw(st.sampled_from(maps))
+                    n_, c_, h_, w_ = _shape(src)
+                    outs = [draw(st.sampled_from([16, 32, 16, 8] if wide else [16, 16, 8, 3])) for _ in range(draw(st.integers(1, 3)))]
+                    parts = []
+                    for out_c in outs:
+                        k = draw(st.sampled_from([1, 3]))
+                        y = bb.emit(R.nn.conv2d(src, weight((out_c, c_, k, k)), padding=[k // 2] * 4))
+                        if draw(st.booleans()):
+                            y = bb.emit(R.nn.relu(y))
+                        parts.append(y)
+                    keep = draw(st.booleans())
+                    if keep:  # the source itself, read by the convs too: copied
+                        parts.insert(draw(st.integers(0, len(parts))), src)
+                    if len(parts) == 1:
+                        parts.append(src)
+                    y = bb.emit(R.concat(parts, axis=1))
+                    recipe.steps.append(f"branches(convs={outs}, source_too={keep or len(outs) == 1})")
                     maps.append(y)
                 elif kind == "flatten":
                     src = draw(st.sampled_from(maps))

@@ -160,6 +160,47 @@ def test_concat(axis):
     assert "llvm" not in res.profile.counts and "concat" in [n["op"] for n in nodes(res.partitioned)]
 
 
+def conv(e, x, cin, cout, k=3):
+    return e(relax.op.nn.relu(e(relax.op.nn.conv2d(x, const(cout, cin, k, k), padding=[k // 2] * 4))))
+
+
+def concat_notes(part) -> list[str]:
+    """The planner's concat notes: which inputs their producers wrote in place, which it copies."""
+    return [line for m in part.attrs["external_mods"] for line in m["get_plan"]() if line.startswith("note")]
+
+
+def test_inception_concat_is_written_in_place():
+    """Three conv branches concatenated along the channels: each conv writes its slice of the
+    concat's buffer (whole 16-channel blocks, or plain), so the concat copies nothing."""
+    def body(e, x):
+        a, b, c = conv(e, x, 8, 16, 1), conv(e, x, 8, 32, 3), conv(e, x, 8, 16, 5)
+        y = e(relax.op.concat([a, b, c], axis=1))
+        return conv(e, y, 64, 16, 1)
+
+    res = offload_and_compare(graph({"x": (1, 8, 12, 12)}, body))
+    assert res.profile.regions["byoc_hetero"] == 1 and "llvm" not in res.profile.counts, res.profile
+    (note,) = concat_notes(res.partitioned)
+    assert "written in place by their producers: [0, 1, 2]; copied: []" in note, note
+    run_steps = [line for m in res.partitioned.attrs["external_mods"] for line in m["get_plan"]()
+                 if line.startswith("run") and "(concat)" in line]
+    assert run_steps == [], run_steps
+
+
+def test_densenet_concat_copies_only_what_it_must():
+    """DenseNet-style growth: the running feature map is read by the next conv and by the next
+    concat (copied), the new features are written in place; a region input is copied too."""
+    def body(e, x):
+        feats = x  # a region input: copied
+        for _ in range(3):
+            new = conv(e, e(relax.op.nn.relu(feats)), int(static_shape(feats)[1]), 16)
+            feats = e(relax.op.concat([feats, new], axis=1))
+        return relax.op.nn.relu(feats)
+
+    res = offload_and_compare(graph({"x": (1, 16, 10, 10)}, body))
+    notes = concat_notes(res.partitioned)
+    assert len(notes) == 3 and all("in place by their producers: [1]; copied: [0]" in n for n in notes), notes
+
+
 @pytest.mark.parametrize("sections", [2, [1, 3]])
 def test_split(sections):
     def body(e, x):
