@@ -371,3 +371,81 @@ def fold_activations(graph: RegionGraph) -> None:
         producers = {n.output: n for n in graph.nodes if id(n) not in dead}
     if dead:
         graph.nodes[:] = [n for n in graph.nodes if id(n) not in dead]
+
+
+def _per_last_axis(shape: list, n: int) -> bool:
+    """Whether ``shape`` holds one value per index of a last axis of size ``n`` (leading 1s)."""
+    return len(shape) >= 1 and shape[-1] == n and all(d == 1 for d in shape[:-1])
+
+
+@graph_pass
+def fold_channel_scales(graph: RegionGraph) -> None:
+    """A dense (no activation, no residual) whose output, through reshapes read once, is only
+    multiplied by a constant holding one value per output feature has that scale folded into its
+    weight and bias: ``(x·W + b)·c = x·(W·c) + b·c``. The two products are nodes on constants, so
+    they run once at ``__init_``; the multiply node is gone.
+
+    ConvNeXt's layer scale (``gamma * x`` after the second linear of every block) is such a
+    multiply: one pass over [H·W, C] per block otherwise.
+    """
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = set(graph.outputs)
+    constants = {c["tensor"] for c in graph.constants}
+    producers = {n.output: n for n in graph.nodes}
+    dead: set[int] = set()
+    for node in list(graph.nodes):
+        if node.op != "binary" or node.attrs.get("algorithm") != "mul" or node.attrs.get("activation", "none") != "none":
+            continue
+        for k in (0, 1):
+            scale, value = node.inputs[k], node.inputs[1 - k]
+            if scale not in constants or value in constants:
+                continue
+            chain: list[Node] = []
+            t = value
+            while readers.get(t, 0) == 1 and t not in outputs and t in producers and producers[t].op == "reshape":
+                chain.append(producers[t])
+                t = producers[t].inputs[0]
+            dense = producers.get(t)
+            if dense is None or dense.op != "dense" or readers.get(t, 0) != 1 or t in outputs:
+                continue
+            if dense.attrs.get("activation", "none") != "none" or dense.attrs.get("residual"):
+                continue
+            n = graph.tensors[t]["shape"][-1]
+            value_shape = graph.tensors[value]["shape"]
+            if (not _per_last_axis(graph.tensors[scale]["shape"], n) or value_shape[-1] != n
+                    or graph.tensors[node.output]["shape"] != value_shape
+                    or any(not isinstance(d, int) for d in value_shape)):
+                continue
+            weight = dense.inputs[1]
+            has_bias = bool(dense.attrs.get("has_bias", len(dense.inputs) >= 3))
+            if weight not in constants or (has_bias and dense.inputs[2] not in constants):
+                continue
+            index = next(i for i, m in enumerate(graph.nodes) if m is dense)
+            before = []
+
+            def scaled(tensor: int, scale_shape: list[int]) -> int:
+                shape = graph.tensors[tensor]["shape"]
+                graph.tensors.append({"shape": list(scale_shape), "dtype": "float32"})
+                view = len(graph.tensors) - 1
+                before.append(Node("reshape", [scale], view, {}))
+                graph.tensors.append({"shape": list(shape), "dtype": "float32"})
+                out = len(graph.tensors) - 1
+                before.append(Node("binary", [tensor, view], out, {"algorithm": "mul", "activation": "none"}))
+                return out
+
+            nk = dense.attrs.get("weight_layout") == "NK"
+            dense.inputs[1] = scaled(weight, [n, 1] if nk else [1, n])
+            if has_bias:
+                bias = dense.inputs[2]
+                dense.inputs[2] = scaled(bias, [1] * (len(graph.tensors[bias]["shape"]) - 1) + [n])
+            graph.nodes[index:index] = before
+            last = chain[0] if chain else dense
+            last.output = node.output
+            dead.add(id(node))
+            producers = {m.output: m for m in graph.nodes if id(m) not in dead}
+            break
+    if dead:
+        graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
