@@ -413,6 +413,20 @@ class Planner {
     return true;
   }
 
+  /*!
+   * \brief Whether every value living in \p slot (a value and its relabels: reshapes, permutes)
+   *        is read for the last time by node n at the latest, and none is a region output: then
+   *        node n may overwrite the slot (a sum post-op accumulating into its residual).
+   */
+  bool SlotDiesAt(int slot, size_t n) const {
+    for (const ValueState& v : values_) {
+      if ((v.storage == slot || v.plain == slot) && (v.region_output || v.last_use > static_cast<int>(n))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   // ---- concat without copies ----------------------------------------------------------------
   /*! \brief A layout whose slices along one axis are contiguous runs of bytes. */
   enum class SliceLayout { kPlain, kBlocked8, kBlocked16 };
@@ -631,9 +645,15 @@ class Planner {
       const ValueState& r = values_[residual];
       int reads = 0;
       for (int in : node.inputs) reads += in == residual;
-      if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output &&
-          !r.aliased && r.last_use == static_cast<int>(n) && reads == 1 &&
-          plan_.slots[r.storage].kind == SlotKind::kPrivate && r.storage_md == kernel.output().want) {
+      const memory::desc& want = kernel.output().want;
+      // the same bytes: equal descriptors, or both row-major over the same number of elements (a
+      // residual relabelled [N,H,W,C] read by a dense writing [N*H*W, C])
+      const bool same_bytes = r.storage_md == want ||
+                              (r.storage_md == PlainDesc(r.storage_md.get_dims()) && want == PlainDesc(want.get_dims()) &&
+                               r.storage_md.get_size() == want.get_size());
+      const bool dies = r.aliased ? SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
+      if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output && dies &&
+          reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && same_bytes) {
         reuse = r.storage;  // the residual dies here: accumulate into its own buffer
       }
     }

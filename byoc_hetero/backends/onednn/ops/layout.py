@@ -449,3 +449,76 @@ def fold_channel_scales(graph: RegionGraph) -> None:
             break
     if dead:
         graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
+
+
+@graph_pass
+def fold_residual_adds(graph: RegionGraph) -> None:
+    """``add(view(dense(x)), r)``, with the dense's output reaching the add only through reshapes
+    and permutes read once, becomes the dense's residual (a sum post-op): ``r`` is taken back
+    through the inverse views (free relabels in the runtime), the dense accumulates into it, and
+    the views then relabel the sum as the add's output. The add must not broadcast, and ``r``
+    must be computed before the dense.
+
+    ConvNeXt's ``shortcut + permute(dense(...))`` (the block's residual, across the permute back to
+    channels-first) is such an add: one pass over [H·W, C] per block otherwise; with the runtime's
+    in-place sum (the residual's buffer dies there) the dense writes the block's output directly.
+    """
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = set(graph.outputs)
+    producers = {n.output: n for n in graph.nodes}
+    dead: set[int] = set()
+    for node in list(graph.nodes):
+        if node.op != "binary" or node.attrs.get("algorithm") != "add":
+            continue
+        for k in (0, 1):
+            value, residual = node.inputs[k], node.inputs[1 - k]
+            shape = graph.tensors[value]["shape"]
+            if (value == residual or graph.tensors[residual]["shape"] != shape
+                    or graph.tensors[node.output]["shape"] != shape or graph.tensors[residual]["dtype"] != "float32"
+                    or any(not isinstance(d, int) for d in shape)):
+                continue
+            chain: list[Node] = []  # nearest the add first
+            t = value
+            while (readers.get(t, 0) == 1 and t not in outputs and t in producers
+                   and producers[t].op in ("reshape", "permute")):
+                chain.append(producers[t])
+                t = producers[t].inputs[0]
+            dense = producers.get(t)
+            if (dense is None or dense.op != "dense" or readers.get(t, 0) != 1 or t in outputs
+                    or dense.attrs.get("residual") or dense.attrs.get("post_activation", "none") != "none"):
+                continue
+            if any(not isinstance(d, int) for c in chain for d in graph.tensors[c.inputs[0]]["shape"]):
+                continue
+            index = next(i for i, m in enumerate(graph.nodes) if m is dense)
+            made_by = producers.get(residual)
+            if made_by is not None and next(i for i, m in enumerate(graph.nodes) if m is made_by) > index:
+                continue
+            before = []
+            r = residual
+            for c in chain:  # back through the views, from the add towards the dense
+                graph.tensors.append({"shape": list(graph.tensors[c.inputs[0]]["shape"]), "dtype": "float32"})
+                back = len(graph.tensors) - 1
+                if c.op == "reshape":
+                    before.append(Node("reshape", [r], back, {}))
+                else:
+                    axes = list(c.attrs["axes"])
+                    before.append(Node("permute", [r], back, {"axes": [axes.index(j) for j in range(len(axes))]}))
+                r = back
+            dense.inputs.append(r)
+            dense.attrs["residual"] = 1
+            act = node.attrs.get("activation", "none")
+            if act != "none":
+                dense.attrs["post_activation"] = act
+                if "clip" in node.attrs:
+                    dense.attrs["post_clip"] = node.attrs["clip"]
+            graph.nodes[index:index] = before
+            last = chain[0] if chain else dense
+            last.output = node.output
+            dead.add(id(node))
+            producers = {m.output: m for m in graph.nodes if id(m) not in dead}
+            break
+    if dead:
+        graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
