@@ -1,13 +1,19 @@
 """Layout ops: permute_dims on any axes, concat, split and strided_slice (unit steps).
 
-* ``permute_dims`` becomes a ``permute`` node (one oneDNN reorder through a strided view). A
+* ``permute_dims`` becomes a ``permute`` node. The runtime's planner gives it no step: its output
+  is the input's buffer under a permuted descriptor, and a consumer wanting another layout pays the
+  one reorder (ConvNeXt's conv → NHWC → layer_norm → ... → NCHW → conv runs with no copy). A
   matmul that reads a permuted value (through reshapes, e.g. attention's
   ``permute_dims(reshape(x, [B, S, H, D]), [0, 2, 1, 3])`` and Kᵀ's ``[0, 2, 3, 1]``) reads the
   permute's input through strides instead (:func:`fold_views`), and the permute node is dropped
-  when nothing else reads it: no copy at all.
-* ``concat`` becomes a ``concat`` node (one oneDNN concat primitive; producers do not write into
-  slices of the output — the planner gives every node its own buffer — so each input is copied
-  once).
+  when nothing else reads it.
+* ``concat`` becomes a ``concat`` node. In a batch-1 tensor, an input that only the concat reads
+  is written by its producer straight into its slice of the concat's buffer (plain, or whole
+  channel blocks: a conv feeding a channel concat writes channel blocks); the planner copies only
+  the other inputs, and its plan notes say which were free.
+* Graph passes fold what follows a dense through views into it: an activation
+  (:func:`fold_activations`), a per-feature constant scale (:func:`fold_channel_scales`), a residual
+  add (:func:`fold_residual_adds`).
 * ``split`` becomes one ``slice`` node per output and ``strided_slice`` one ``slice`` node (a
   reorder from a sub-memory of the input); steps other than 1 (including negative steps, which
   reverse) stay on TVM with their reason.
