@@ -803,14 +803,24 @@ std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest
     // A symbolic region is planned for one binding of its symbols: the graph with every dim
     // evaluated is an ordinary static graph, so the kernels check and build exactly as for a
     // static region of those shapes (their output-shape checks also catch a wrong expression).
-    if (request.input_shapes.empty()) {
-      TVM_FFI_THROW(ValueError) << graph.where() << ": the region has symbolic dims ("
+    // Every problem with the shapes asked for is an InputError (the caller's input), whether the
+    // binding finds it or an op of the bound graph rejects the shapes (a window larger than the
+    // input): _C.plan_region and a region call raise the same class for the same shapes.
+    if (request.input_shapes.size() != graph.inputs.size()) {
+      TVM_FFI_THROW(InputError) << graph.where() << ": the region has symbolic dims ("
                                 << graph.tensors[graph.inputs.empty() ? 0 : graph.inputs[0]].Describe()
-                                << ", ...); planning it needs the input shapes";
+                                << ", ...); planning it needs the shapes of its " << graph.inputs.size()
+                                << " inputs, got " << request.input_shapes.size();
     }
     const std::vector<int64_t> values = graph.BindSymbols(request.input_shapes);
     const RegionGraph bound = graph.Bound(values, request.max_bytes);
-    std::shared_ptr<const Plan> made = MakePlan(bound, PlanRequest{{}, request.threads, request.max_bytes}, engine);
+    std::shared_ptr<const Plan> made;
+    try {
+      made = MakePlan(bound, PlanRequest{{}, request.threads, request.max_bytes}, engine);
+    } catch (const tvm::ffi::Error& e) {
+      if (e.kind() != "ValueError") throw;
+      TVM_FFI_THROW(InputError) << "at " << graph.DescribeBinding(values) << ": " << e.message();
+    }
     auto result = std::make_shared<Plan>(std::move(*std::const_pointer_cast<Plan>(made)));
     result->symbol_values = values;
     return result;
