@@ -22,6 +22,9 @@
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -62,6 +65,7 @@ std::vector<std::string> Plan::Describe() const {
     const char* phase = steps == &init_steps ? "init" : "run";
     for (const PlannedStep& s : *steps) lines.push_back(std::string(phase) + " | " + s.label + " | " + s.impl + s.layouts);
   }
+  for (const std::string& note : notes) lines.push_back("note | " + note);
   return lines;
 }
 
@@ -125,6 +129,7 @@ class Planner {
       for (int t : g_.nodes[n].inputs) values_[t].last_use = static_cast<int>(n);
     }
     for (int t : g_.outputs) values_[t].region_output = true;
+    FindConcatSlices();
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       ValueState& v = values_[g_.inputs[i]];
       v.plain_md = v.storage_md = PlainDescOf(g_.tensors[g_.inputs[i]]);
@@ -375,6 +380,242 @@ class Planner {
     return {layout.want, v.storage};
   }
 
+  /*!
+   * \brief Plan a permute (Kernel::relabel_axes) as a new descriptor over its input's buffer,
+   *        with no step: returns false (plan it as a reorder) for a value known at __init_ (a
+   *        constant's data is reachable only there, and the reorder runs once anyway), a non-f32
+   *        value, or one whose storage has other dims (a dense's [B*S, N]) and no plain copy.
+   *        The output's storage is the input's storage (blocked or not) with its axes permuted;
+   *        it counts as plain only when that is row-major for the output's dims (NHWC bytes read
+   *        as [N,H,W,C]).  A consumer wanting another layout pays one reorder, the one the
+   *        permute's own step would have cost.
+   */
+  bool Relabel(size_t n, const Kernel& kernel) {
+    const NodeInfo& node = g_.nodes[n];
+    const int t_in = node.inputs[0], t_out = node.output;
+    ValueState& in = values_[t_in];
+    const memory::desc in_plain = PlainDescOf(g_.tensors[t_in]);
+    if (in.is_const || in_plain.get_data_type() != memory::data_type::f32) return false;
+    MemRef src;
+    if (in.storage_md.get_dims() == in_plain.get_dims() &&
+        in.storage_md.get_format_kind() == memory::format_kind::blocked) {
+      src = {in.storage_md, in.storage};
+    } else if (in.plain >= 0 && in.plain_md == PlainDesc(in.plain_md.get_dims())) {
+      src = {in_plain, in.plain};  // row-major bytes, read under the tensor's own dims
+    } else {
+      return false;
+    }
+    const std::vector<int64_t>& axes = kernel.relabel_axes();
+    std::vector<int> perm(axes.size());  // oneDNN's: input dim i becomes output dim perm[i]
+    for (size_t i = 0; i < axes.size(); ++i) perm[static_cast<size_t>(axes[i])] = static_cast<int>(i);
+    const memory::desc md = src.md.permute_axes(perm, /*allow_empty=*/true);
+    if (md.get_ndims() == 0) return false;
+    ValueState& v = values_[t_out];
+    v.is_const = false;
+    v.plain_md = kernel.output().view;
+    const int out_pos = OutputPosition(t_out);
+    if (out_pos >= 0) {
+      const int user = run_arg_slot_[g_.inputs.size() + out_pos];
+      AddReorder(false, {md, src.slot}, {v.plain_md, user},
+                 g_.where(n) + ": output tensor " + std::to_string(t_out) + " " + DescribeDesc(md) + " -> plain");
+      v.storage_md = v.plain_md;
+      v.storage = v.plain = user;
+      return true;
+    }
+    v.storage_md = md;
+    v.storage = src.slot;
+    v.plain = md == v.plain_md ? src.slot : -1;
+    v.aliased = in.aliased = true;
+    return true;
+  }
+
+  /*!
+   * \brief Whether every value living in \p slot (a value and its relabels: reshapes, permutes)
+   *        is read for the last time by node n at the latest, and none is a region output: then
+   *        node n may overwrite the slot (a sum post-op accumulating into its residual).
+   */
+  bool SlotDiesAt(int slot, size_t n) const {
+    for (const ValueState& v : values_) {
+      if ((v.storage == slot || v.plain == slot) && (v.region_output || v.last_use > static_cast<int>(n))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // ---- concat without copies ----------------------------------------------------------------
+  /*! \brief A layout whose slices along one axis are contiguous runs of bytes. */
+  enum class SliceLayout { kPlain, kBlocked8, kBlocked16 };
+
+  /*! \brief A concat input its producer may write straight into the concat's buffer. */
+  struct SliceTarget {
+    size_t concat;      // the concat node
+    int64_t offset;     // where the input starts along the axis
+  };
+  /*! \brief The buffer of a concat some producer writes into (decided by the first such producer). */
+  struct ConcatBuffer {
+    memory::desc md;
+    SliceLayout layout;
+    int slot;
+  };
+
+  /*!
+   * \brief The concats whose inputs may be written in place: every dim before the axis is 1 (so
+   *        that in a plain or channel-blocked layout each input is one contiguous run of the
+   *        output's bytes) and the output is no region output.  An input qualifies when it is
+   *        the output of a node, read by nothing else, and no region output; whether its producer
+   *        writes it in place is decided when the producer is planned (WriteIntoConcat).
+   */
+  void FindConcatSlices() {
+    std::vector<int> reads(g_.tensors.size(), 0);
+    for (const NodeInfo& node : g_.nodes) {
+      for (int t : node.inputs) ++reads[t];
+    }
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      const NodeInfo& node = g_.nodes[n];
+      if (node.op != "concat" || values_[node.output].region_output) continue;
+      auto axis_attr = node.attrs.find("axis");
+      if (axis_attr == node.attrs.end()) continue;
+      const std::optional<int64_t> axis = axis_attr->second.as<int64_t>();
+      const std::vector<int64_t>& out_shape = g_.tensors[node.output].shape;
+      const int64_t rank = static_cast<int64_t>(out_shape.size());
+      if (!axis || *axis < 0 || *axis >= rank || g_.tensors[node.output].dtype != DType::kFloat32) continue;
+      bool leading_ones = true;
+      for (int64_t d = 0; d < *axis; ++d) leading_ones = leading_ones && out_shape[d] == 1;
+      if (!leading_ones) continue;
+      int64_t offset = 0;
+      for (int t : node.inputs) {
+        const std::vector<int64_t>& shape = g_.tensors[t].shape;
+        if (static_cast<int64_t>(shape.size()) != rank) break;  // the kernel rejects it
+        if (g_.roles[t] == TensorRole::kNodeOutput && reads[t] == 1 && !values_[t].region_output) {
+          slice_targets_[t] = {n, offset};
+        }
+        offset += shape[*axis];
+      }
+      concat_axis_[n] = *axis;
+    }
+  }
+
+  /*! \brief The SliceLayout \p md is in (f32, dims as they are), if any. */
+  static std::optional<SliceLayout> SliceLayoutOf(const memory::desc& md, int64_t axis) {
+    if (md.get_data_type() != memory::data_type::f32 || md.get_format_kind() != memory::format_kind::blocked) {
+      return std::nullopt;
+    }
+    if (md == PlainDesc(md.get_dims())) return SliceLayout::kPlain;
+    if (axis != 1) return std::nullopt;  // channel blocks slice contiguously along the channels only
+    const std::optional<memory::format_tag> tag = ChannelBlockedTag(md);
+    if (!tag) return std::nullopt;
+    return *tag == memory::format_tag::aBcd8b ? SliceLayout::kBlocked8 : SliceLayout::kBlocked16;
+  }
+  static memory::desc SliceLayoutDesc(const memory::dims& dims, SliceLayout layout) {
+    switch (layout) {
+      case SliceLayout::kBlocked8:
+        return memory::desc(dims, memory::data_type::f32, memory::format_tag::aBcd8b);
+      case SliceLayout::kBlocked16:
+        return memory::desc(dims, memory::data_type::f32, memory::format_tag::aBcd16b);
+      default:
+        return PlainDesc(dims);
+    }
+  }
+
+  /*!
+   * \brief Node n's output is a concat input (FindConcatSlices) and the kernel writes it in a
+   *        layout whose slice of the concat's buffer is a contiguous run: give the kernel that
+   *        run (a slice buffer, PrivateBuffer::parent) as its output.  The first producer decides
+   *        the concat's buffer layout (its own); later ones must write the same.  In a
+   *        channel-blocked layout, the slice's offset and extent must be whole blocks.
+   */
+  bool WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out) {
+    const int t = g_.nodes[n].output;
+    auto target = slice_targets_.find(t);
+    if (target == slice_targets_.end()) return false;
+    const size_t c = target->second.concat;
+    const int64_t axis = concat_axis_.at(c);
+    const std::optional<SliceLayout> kind = SliceLayoutOf(layout.want, axis);
+    if (!kind) return false;
+    const NodeInfo& concat = g_.nodes[c];
+    const std::vector<int64_t>& out_shape = g_.tensors[concat.output].shape;
+    const memory::dims out_dims(out_shape.begin(), out_shape.end());
+    const int64_t block = *kind == SliceLayout::kBlocked8 ? 8 : *kind == SliceLayout::kBlocked16 ? 16 : 1;
+    auto whole_blocks = [&](int64_t v) { return v % block == 0; };
+    if (!whole_blocks(target->second.offset) || !whole_blocks(g_.tensors[t].shape[axis])) return false;
+    auto found = concat_out_.find(c);
+    if (found == concat_out_.end()) {
+      // every input's run must be whole blocks too (the copied ones are written through
+      // sub-memories), and the buffer must have no padding
+      for (int in : concat.inputs) {
+        if (!whole_blocks(g_.tensors[in].shape[axis])) return false;
+      }
+      const memory::desc md = SliceLayoutDesc(out_dims, *kind);
+      if (md.get_size() != static_cast<size_t>(g_.tensors[concat.output].numel()) * sizeof(float)) return false;
+      found = concat_out_.emplace(c, ConcatBuffer{md, *kind, OwnSlot(false, md, "")}).first;
+    } else if (found->second.layout != *kind) {
+      return false;
+    }
+    int64_t inner = 1;  // elements per unit of the axis (the leading dims are 1)
+    for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
+    PrivateBuffer slice{layout.want.get_size(), false};
+    slice.parent = plan_.slots[found->second.slot].index;
+    slice.parent_offset = static_cast<size_t>(target->second.offset * inner) * sizeof(float);
+    plan_.privates.push_back(slice);
+    const int slot = NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
+    ValueState& v = values_[t];
+    v.is_const = false;
+    v.plain_md = layout.view;
+    v.storage_md = layout.want;
+    v.storage = slot;
+    v.plain = layout.want == layout.view ? slot : -1;
+    written_in_place_.insert(t);
+    *out = {layout.want, slot};
+    return true;
+  }
+
+  /*!
+   * \brief A concat some of whose producers wrote in place (WriteIntoConcat): the inputs they
+   *        did not write (read elsewhere too, region inputs, constants, another layout) are
+   *        reordered into their sub-memory of the buffer; the rest costs nothing.
+   */
+  void PlanConcat(size_t n, const Kernel& kernel) {
+    const NodeInfo& node = g_.nodes[n];
+    const ConcatBuffer& buffer = concat_out_.at(n);
+    const int64_t axis = concat_axis_.at(n);
+    ValueState& v = values_[node.output];
+    v.is_const = false;
+    v.plain_md = kernel.output().view;
+    v.storage_md = buffer.md;
+    v.storage = buffer.slot;
+    v.plain = buffer.md == v.plain_md ? buffer.slot : -1;
+    std::string free_inputs, copied;
+    int64_t offset = 0;
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      const int t = node.inputs[k];
+      const std::vector<int64_t>& shape = g_.tensors[t].shape;
+      const memory::dims dims(shape.begin(), shape.end());
+      if (written_in_place_.count(t) != 0) {
+        free_inputs += (free_inputs.empty() ? "" : ", ") + std::to_string(k);
+      } else {
+        memory::dims offsets(dims.size(), 0);
+        offsets[axis] = offset;
+        const MemRef dst{buffer.md.submemory_desc(dims, offsets), buffer.slot};
+        const ValueState& in = values_[t];
+        MemRef src;
+        if (!in.is_const && in.storage_md.get_dims() == dims) {
+          src = {in.storage_md, in.storage};  // straight from the producer's layout
+        } else {
+          const memory::desc plain = PlainDesc(dims);
+          src = Resolve(t, {plain, plain}, n, /*init_consumer=*/false);
+        }
+        AddReorder(false, src, dst, g_.where(n) + ": input " + std::to_string(k) + " (tensor " + std::to_string(t) +
+                                        ") copied into the output " + DescribeDesc(src.md) + " -> " +
+                                        DescribeDesc(dst.md));
+        copied += (copied.empty() ? "" : ", ") + std::to_string(k);
+      }
+      offset += shape[axis];
+    }
+    plan_.notes.push_back(g_.where(n) + ": output " + DescribeDesc(buffer.md) + "; inputs written in place by their producers: [" +
+                          free_inputs + "]; copied: [" + copied + "]");
+  }
+
   /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
   void PlanNode(size_t n, const Kernel& kernel, bool at_init) {
     const NodeInfo& node = g_.nodes[n];
@@ -410,6 +651,12 @@ class Planner {
       return;
     }
 
+    if (!kernel.relabel_axes().empty() && Relabel(n, kernel)) return;
+    if (concat_out_.count(n) != 0) {
+      PlanConcat(n, kernel);
+      return;
+    }
+
     std::vector<MemRef> ins(node.inputs.size());
     const int sum = kernel.sum_input();
     for (size_t k = 0; k < node.inputs.size(); ++k) {
@@ -423,14 +670,23 @@ class Planner {
       const ValueState& r = values_[residual];
       int reads = 0;
       for (int in : node.inputs) reads += in == residual;
-      if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output &&
-          !r.aliased && r.last_use == static_cast<int>(n) && reads == 1 &&
-          plan_.slots[r.storage].kind == SlotKind::kPrivate && r.storage_md == kernel.output().want) {
+      const memory::desc& want = kernel.output().want;
+      // the same bytes: equal descriptors, or both row-major over the same number of elements (a
+      // residual relabelled [N,H,W,C] read by a dense writing [N*H*W, C])
+      const bool same_bytes = r.storage_md == want ||
+                              (r.storage_md == PlainDesc(r.storage_md.get_dims()) && want == PlainDesc(want.get_dims()) &&
+                               r.storage_md.get_size() == want.get_size());
+      const bool dies = r.aliased ? SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
+      if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output && dies &&
+          reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && same_bytes) {
         reuse = r.storage;  // the residual dies here: accumulate into its own buffer
       }
     }
     std::vector<Step> trailing;
-    const MemRef out = DefineOutput(n, kernel.output(), at_init, reuse, &trailing);
+    MemRef out;
+    if (at_init || reuse >= 0 || !WriteIntoConcat(n, kernel.output(), &out)) {
+      out = DefineOutput(n, kernel.output(), at_init, reuse, &trailing);
+    }
     if (sum >= 0) {
       if (out.slot != reuse || reuse < 0) {
         const MemRef res = Resolve(residual, kernel.inputs()[sum], n, at_init);
@@ -496,8 +752,15 @@ class Planner {
         bufs[slot.index].last = std::max(bufs[slot.index].last, static_cast<int>(i));
       }
     }
+    // a slice (a concat input written in place) keeps its parent alive while it is used
     for (PrivateBuffer& b : bufs) {
-      if (b.padded || b.last < 0) {  // padded: alone for the whole run
+      if (b.parent < 0 || b.last < 0) continue;
+      PrivateBuffer& parent = bufs[b.parent];
+      parent.first = std::min(parent.first, b.first);
+      parent.last = std::max(parent.last, b.last);
+    }
+    for (PrivateBuffer& b : bufs) {
+      if (b.parent < 0 && (b.padded || b.last < 0)) {  // padded: alone for the whole run
         b.first = -1;
         b.last = forever;
       }
@@ -508,6 +771,7 @@ class Planner {
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bufs[a].bytes > bufs[b].bytes; });
     std::vector<size_t> placed;
     for (size_t k : order) {
+      if (bufs[k].parent >= 0) continue;  // placed with its parent, below
       const size_t size = round_up(bufs[k].bytes);
       // intervals [offset, offset + size) taken by buffers alive at the same time
       std::vector<std::pair<size_t, size_t>> taken;
@@ -525,6 +789,9 @@ class Planner {
       bufs[k].offset = offset;
       plan_.arena_bytes = std::max(plan_.arena_bytes, offset + size);
       placed.push_back(k);
+    }
+    for (PrivateBuffer& b : bufs) {
+      if (b.parent >= 0) b.offset = bufs[b.parent].offset + b.parent_offset;
     }
   }
 
@@ -545,6 +812,10 @@ class Planner {
   std::vector<ValueState> values_;
   std::vector<Resolved> resolved_;
   std::vector<Pending> init_, run_;
+  std::map<int, SliceTarget> slice_targets_;     // tensor -> the concat it may be written into
+  std::map<size_t, int64_t> concat_axis_;        // concat node -> its axis (those considered)
+  std::map<size_t, ConcatBuffer> concat_out_;    // concat node -> its buffer, once a producer wrote into it
+  std::set<int> written_in_place_;               // tensors their producer wrote into a concat's buffer
 };
 
 }  // namespace

@@ -56,6 +56,11 @@ struct PrivateBuffer {
   int first = -1;    // first and last run step using it (padded: the whole run)
   int last = -1;
   size_t offset = 0; // in the arena
+  /*! \brief A slice of another private buffer (a concat input its producer writes in place):
+   *         that buffer's index and the byte offset in it, else -1.  A slice is not placed on
+   *         its own; its parent lives as long as any step uses either. */
+  int parent = -1;
+  size_t parent_offset = 0;
 };
 
 /*! \brief One step of a program, ready to become a oneDNN primitive or a host call. */
@@ -98,10 +103,14 @@ struct Plan {
   size_t init_scratch_bytes = 0, run_scratch_bytes = 0;
 
   std::vector<PlannedStep> init_steps, run_steps;
+  /*! \brief What the steps do not show: per concat, which inputs their producers wrote in place
+   *         ("free") and which the run program copies. */
+  std::vector<std::string> notes;
 
   size_t num_buffers() const { return input_shapes.size() + output_shapes.size(); }
   int64_t shared_bytes() const;
-  /*! \brief One line per step of both programs: "<init|run> | <label> | <impl><layouts>". */
+  /*! \brief One line per step of both programs: "<init|run> | <label> | <impl><layouts>", then
+   *         one "note | <text>" line per note. */
   std::vector<std::string> Describe() const;
 };
 

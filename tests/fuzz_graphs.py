@@ -5,7 +5,8 @@ matrices, [batch, sequence, hidden] tensors, ...), drawn from every op the rules
 shapes and attributes:
 
 * CNN ops: conv2d (strides, padding, dilation, groups, bias, relu, a batch norm folded into it;
-  sometimes after an explicit nn.pad, zero or not), pooling, batch_norm on its own (+relu),
+  sometimes after an explicit nn.pad, zero or not), Inception/DenseNet-like branches of fresh convs
+  concatenated on channels (the planner lets them write into the concat's buffer), pooling, batch_norm on its own (+relu),
   group_norm, activations (also hardswish / hardsigmoid / silu spelled out as the frontends write them);
 * matmuls: dense (plain and transposed weight, bias, relu), batched matmul with broadcast batch
   dims and permuted operands, attention blocks (head split by reshape + permute_dims, Q·Kᵀ, scale,
@@ -42,7 +43,7 @@ F32 = "float32"
 MAX_ELEMENTS = 4096
 
 #: Every kind of step the generator draws (the first group only on NCHW maps, ``wide`` uses those).
-CNN_KINDS = ("conv", "pool", "act", "add", "concat", "flatten", "dense", "act2d")
+CNN_KINDS = ("conv", "pool", "act", "add", "concat", "branches", "flatten", "dense", "act2d")
 KINDS = CNN_KINDS + (
     "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
@@ -252,6 +253,29 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             b = draw(st.sampled_from(fits))
             y = emit(R.concat([a, b], axis=1), a, b)
             recipe.steps.append("concat")
+            keep(y)
+        elif kind == "branches":
+            # Inception / DenseNet: fresh convs read only by one channel concat, which their
+            # producers may write in place (batch 1, whole channel blocks), next to an existing
+            # map that is read elsewhere too (copied)
+            if not maps():
+                return False
+            src = draw(st.sampled_from(maps()))
+            c_ = _shape(src)[1]
+            outs = [draw(st.sampled_from([16, 32, 16, 8] if wide else [16, 16, 8, 3]))
+                    for _ in range(draw(st.integers(1, 3)))]
+            parts = []
+            for out_c in outs:
+                k = draw(st.sampled_from([1, 3]))
+                y = emit(R.nn.conv2d(src, weight((out_c, c_, k, k)), padding=[k // 2] * 4), src)
+                if draw(st.booleans()):
+                    y = bb.emit(R.nn.relu(y))
+                parts.append(y)
+            source_too = draw(st.booleans()) or len(parts) == 1
+            if source_too:  # the source itself, read by the convs too: copied
+                parts.insert(draw(st.integers(0, len(parts))), src)
+            y = emit(R.concat(parts, axis=1), *parts)
+            recipe.steps.append(f"branches(convs={outs}, source_too={source_too})")
             keep(y)
         elif kind == "flatten":
             if not maps():

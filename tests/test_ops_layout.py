@@ -160,6 +160,113 @@ def test_concat(axis):
     assert "llvm" not in res.profile.counts and "concat" in [n["op"] for n in nodes(res.partitioned)]
 
 
+def conv(e, x, cin, cout, k=3):
+    return e(relax.op.nn.relu(e(relax.op.nn.conv2d(x, const(cout, cin, k, k), padding=[k // 2] * 4))))
+
+
+def concat_notes(part) -> list[str]:
+    """The planner's concat notes: which inputs their producers wrote in place, which it copies."""
+    return [line for m in part.attrs["external_mods"] for line in m["get_plan"]() if line.startswith("note")]
+
+
+def test_inception_concat_is_written_in_place():
+    """Three conv branches concatenated along the channels: each conv writes its slice of the
+    concat's buffer (whole 16-channel blocks, or plain), so the concat copies nothing."""
+    def body(e, x):
+        a, b, c = conv(e, x, 8, 16, 1), conv(e, x, 8, 32, 3), conv(e, x, 8, 16, 5)
+        y = e(relax.op.concat([a, b, c], axis=1))
+        return conv(e, y, 64, 16, 1)
+
+    res = offload_and_compare(graph({"x": (1, 8, 12, 12)}, body))
+    assert res.profile.regions["byoc_hetero"] == 1 and "llvm" not in res.profile.counts, res.profile
+    (note,) = concat_notes(res.partitioned)
+    assert "written in place by their producers: [0, 1, 2]; copied: []" in note, note
+    run_steps = [line for m in res.partitioned.attrs["external_mods"] for line in m["get_plan"]()
+                 if line.startswith("run") and "(concat)" in line]
+    assert run_steps == [], run_steps
+
+
+def test_densenet_concat_copies_only_what_it_must():
+    """DenseNet-style growth: the running feature map is read by the next conv and by the next
+    concat (copied), the new features are written in place; a region input is copied too."""
+    def body(e, x):
+        feats = x  # a region input: copied
+        for _ in range(3):
+            new = conv(e, e(relax.op.nn.relu(feats)), int(static_shape(feats)[1]), 16)
+            feats = e(relax.op.concat([feats, new], axis=1))
+        return relax.op.nn.relu(feats)
+
+    res = offload_and_compare(graph({"x": (1, 16, 10, 10)}, body))
+    notes = concat_notes(res.partitioned)
+    assert len(notes) == 3 and all("in place by their producers: [1]; copied: [0]" in n for n in notes), notes
+
+
+def gelu_spelled_out(e, x, order: int):
+    """0.5 * x * (1 + erf(x / sqrt(2))) the way exporters write it (three orders of the products)."""
+    scaled = e(relax.op.divide(x, relax.const(np.float32(np.sqrt(2.0))))) if order != 1 else \
+        e(relax.op.multiply(x, relax.const(np.float32(1 / np.sqrt(2.0)))))
+    one_plus = e(relax.op.add(e(relax.op.erf(scaled)), relax.const(np.float32(1.0))))
+    half = relax.const(np.float32(0.5))
+    if order == 0:
+        return e(relax.op.multiply(e(relax.op.multiply(x, one_plus)), half))
+    if order == 1:
+        return e(relax.op.multiply(e(relax.op.multiply(x, half)), one_plus))
+    return e(relax.op.multiply(x, e(relax.op.multiply(one_plus, half))))
+
+
+def convnext_block(e, x, c: int, order: int = 0):
+    """A ConvNeXt block: depthwise 7x7, NHWC layer norm, dense 4c, gelu, dense c, layer scale,
+    back to NCHW, residual add."""
+    h = e(relax.op.nn.conv2d(x, const(c, 1, 7, 7), padding=[3] * 4, groups=c))
+    h = e(relax.op.permute_dims(h, [0, 2, 3, 1]))
+    h = e(relax.op.nn.layer_norm(h, const(c), const(c), axes=[-1], epsilon=1e-6))
+    h = e(relax.op.add(e(relax.op.matmul(h, const(c, 4 * c))), const(4 * c)))
+    h = gelu_spelled_out(e, h, order) if order >= 0 else e(relax.op.nn.gelu(h))
+    h = e(relax.op.add(e(relax.op.matmul(h, const(4 * c, c))), const(c)))
+    h = e(relax.op.multiply(h, const(c)))
+    return e(relax.op.add(x, e(relax.op.permute_dims(h, [0, 3, 1, 2]))))
+
+
+@pytest.mark.parametrize("order", [-1, 0, 1, 2])
+def test_convnext_block_runs_without_copies(order):
+    """Two ConvNeXt blocks: the permutes are relabels of the conv's NHWC buffer, the gelu (fused
+    op or spelled out around erf) and the layer scale fold into the dense layers and the residual
+    add is the second dense's in-place sum: per block depthwise conv, layer norm, two dense steps,
+    no reorder, permute, binary or eltwise step."""
+    def body(e, x):
+        return convnext_block(e, convnext_block(e, x, 16, order), 16, order)
+
+    res = offload_and_compare(graph({"x": (1, 16, 8, 8)}, body))
+    assert res.profile.regions["byoc_hetero"] == 1 and "llvm" not in res.profile.counts, res.profile
+    ops = [n["op"] for n in nodes(res.partitioned)]
+    assert "eltwise" not in ops and "unary" not in ops and "binary" not in ops[-3:], ops
+    dense = [n for n in nodes(res.partitioned) if n["op"] == "dense"]
+    assert [d["attrs"].get("activation") for d in dense] == ["gelu_erf", "none"] * 2
+    assert [d["attrs"].get("residual", 0) for d in dense] == [0, 1] * 2
+    run = [line for m in res.partitioned.attrs["external_mods"] for line in m["get_plan"]() if line.startswith("run")]
+    assert not any(f"({op}) |" in line for line in run for op in ("permute", "binary", "eltwise", "unary")), run
+    # the second block reads the first one's output: its four steps run with no copy between them
+    # (the first block's residual is the region's NCHW input: transposed once; the region's
+    # output is copied out of NHWC once)
+    second = [line for line in run if int(line.split(" node ")[1].split(" ")[0]) >= 11]
+    assert [line.split(" (")[1].split(")")[0] for line in second] == ["conv2d", "layer_norm", "dense", "dense",
+                                                                       "permute"], second
+    assert "-> plain" in second[-1]
+
+
+def test_gelu_with_other_constants_is_not_gelu():
+    """x * (erf(x / 2) + 1) * 0.5 is not gelu: it stays op by op (and right)."""
+    def body(e, x):
+        x = e(relax.op.matmul(x, const(8, 8)))
+        one_plus = e(relax.op.add(e(relax.op.erf(e(relax.op.divide(x, relax.const(np.float32(2.0)))))),
+                                  relax.const(np.float32(1.0))))
+        return relax.op.multiply(e(relax.op.multiply(x, one_plus)), relax.const(np.float32(0.5)))
+
+    res = offload_and_compare(graph({"x": (16, 8)}, body))
+    ops = [n["op"] for n in nodes(res.partitioned)]
+    assert "unary" in ops and "eltwise" not in ops, ops
+
+
 @pytest.mark.parametrize("sections", [2, [1, 3]])
 def test_split(sections):
     def body(e, x):

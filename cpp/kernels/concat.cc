@@ -3,8 +3,10 @@
  * \brief concat: the inputs joined along one axis (one oneDNN concat primitive).
  *
  * Attrs: axis (required, 0 <= axis < rank).  All inputs have the output's rank and agree on every
- * other dim; the output is plain.  Producers do not write into slices of the output (the planner
- * gives every node its own output buffer), so the primitive copies each input once.
+ * other dim; the output is plain.  The primitive copies each input once; it runs only where no
+ * producer wrote its input in place: in a batch-1 tensor the planner lets the producer of an input
+ * that only the concat reads write straight into its slice of the concat's buffer, and then
+ * reorders the other inputs into their sub-memories itself (planner.cc, WriteIntoConcat).
  */
 #include <utility>
 

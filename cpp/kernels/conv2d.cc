@@ -8,6 +8,9 @@
  * (+ clip), residual 0/1 (the last input is added: a sum post-op), post_activation (+ post_clip).
  * Inputs: data, weight, [bias], [residual].
  */
+#include <tvm/ffi/container/array.h>
+
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +19,55 @@
 #include "winograd.h"
 
 namespace byoc_hetero {
+
+/*!
+ * \brief Whether node ctx's output is read only by one concat along the channels of a batch-1
+ *        tensor (Inception branches, DenseNet's new features): then the planner can let the conv
+ *        write its slice of the concat's buffer in place, if the conv writes a layout whose
+ *        channel slices are contiguous (channel-blocked; oneDNN's own pick on AVX-512, NHWC, is not).
+ */
+static bool OutputFeedsOneChannelConcat(const KernelContext& ctx) {
+  const RegionGraph& g = ctx.graph;
+  const int t = ctx.node().output;
+  if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end() || ctx.output().shape[0] != 1) return false;
+  int reads = 0;
+  bool concat = false;
+  for (size_t n = ctx.node_index + 1; n < g.nodes.size(); ++n) {
+    for (int in : g.nodes[n].inputs) {
+      if (in != t) continue;
+      ++reads;
+      auto axis = g.nodes[n].attrs.find("axis");
+      concat = g.nodes[n].op == "concat" && axis != g.nodes[n].attrs.end() &&
+               axis->second.as<int64_t>().value_or(-1) == 1;
+    }
+  }
+  return reads == 1 && concat;
+}
+
+/*! \brief Whether every node reading ctx's output is a permute to channels-last ([0, 2, 3, 1]),
+ *         and something reads it (ConvNeXt's depthwise conv before its layer norm). */
+static bool OutputOnlyPermutedToChannelsLast(const KernelContext& ctx) {
+  const RegionGraph& g = ctx.graph;
+  const int t = ctx.node().output;
+  if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
+  bool read = false;
+  for (size_t n = ctx.node_index + 1; n < g.nodes.size(); ++n) {
+    for (int in : g.nodes[n].inputs) {
+      if (in != t) continue;
+      if (g.nodes[n].op != "permute") return false;
+      auto axes = g.nodes[n].attrs.find("axes");
+      if (axes == g.nodes[n].attrs.end()) return false;
+      const auto list = axes->second.as<tvm::ffi::Array<tvm::ffi::Any>>();
+      const int64_t want[4] = {0, 2, 3, 1};
+      if (!list || list->size() != 4) return false;
+      for (size_t i = 0; i < 4; ++i) {
+        if ((*list)[i].as<int64_t>().value_or(-1) != want[i]) return false;
+      }
+      read = true;
+    }
+  }
+  return read;
+}
 
 static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
@@ -117,6 +169,35 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
       } catch (const dnnl::error&) {
         // no implementation for that layout: keep oneDNN's pick
       }
+    }
+  }
+
+  // A conv whose output is only permuted to channels-last writes NHWC, so that the permute is a
+  // relabel of its buffer (planner.cc, Relabel) and the layer norm after it reads it in place
+  // (oneDNN's own pick on AVX-512 is NHWC already; elsewhere it may be channel-blocked, which
+  // would cost a reorder to plain).
+  if (!ctx.bf16 && !dnnl::memory::desc(pd.dst_desc()).is_zero() &&
+      pd.dst_desc() != memory::desc(dst_dims, memory::data_type::f32, memory::format_tag::acdb) &&
+      OutputOnlyPermutedToChannelsLast(ctx)) {
+    try {
+      auto nhwc = make_pd(AnyDesc(src_dims), memory::desc(dst_dims, memory::data_type::f32, memory::format_tag::acdb));
+      if (std::string(nhwc.impl_info_str()).find("ref") == std::string::npos) pd = std::move(nhwc);
+    } catch (const dnnl::error&) {
+      // no implementation writes NHWC here: keep oneDNN's pick (the consumer reorders once)
+    }
+  }
+  // A conv feeding a channel concat writes channel blocks, whole ones (the planner then puts its
+  // output straight into the concat's buffer: no copy; on AVX-512 oneDNN's jit convolution for
+  // nChw16c, instead of brgconv for NHWC plus a reorder and a concat copy per input).
+  const int64_t block = IsaHasAvx512() ? 16 : 8;
+  if (!ctx.bf16 && o % block == 0 && !epilogue.residual && OutputFeedsOneChannelConcat(ctx)) {
+    try {
+      auto blocked = make_pd(AnyDesc(src_dims),
+                             memory::desc(dst_dims, memory::data_type::f32,
+                                          block == 16 ? memory::format_tag::aBcd16b : memory::format_tag::aBcd8b));
+      if (std::string(blocked.impl_info_str()).find("ref") == std::string::npos) pd = std::move(blocked);
+    } catch (const dnnl::error&) {
+      // no implementation writes that layout: keep oneDNN's pick (the concat copies)
     }
   }
 

@@ -239,6 +239,15 @@ class Kernel {
   /*! \brief The node input whose bytes the output is (a reshape), or -1. */
   int alias_input() const { return alias_input_; }
   /*!
+   * \brief A permute's axes (output dim i is input dim axes[i]), else empty.  The planner may then
+   *        give the output the input's own buffer under a permuted descriptor (oneDNN's
+   *        memory::desc::permute_axes) instead of running Bind()'s reorder: a permute of a value
+   *        whose storage already has the permuted order (a conv writing NHWC, read as [N,H,W,C])
+   *        costs nothing, and any other is paid once by the consumer's reorder, which it needs
+   *        anyway when the layouts differ.
+   */
+  const std::vector<int64_t>& relabel_axes() const { return relabel_axes_; }
+  /*!
    * \brief Map memories onto execution steps.
    * \param inputs One memory per node input, each with inputs()[k].want as descriptor (for the
    *        sum input: the output memory, already holding the residual).
@@ -256,6 +265,7 @@ class Kernel {
   OperandLayout output_;
   int sum_input_ = -1;
   int alias_input_ = -1;
+  std::vector<int64_t> relabel_axes_;
 };
 
 /*!

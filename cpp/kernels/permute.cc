@@ -6,6 +6,12 @@
  * negative axes).  The input is read through a strided view (the output's dims, the input's
  * row-major strides permuted), so the reorder is the only copy; a matmul that reads a permuted
  * value directly (its a_strides / b_strides attrs) needs no permute node at all.
+ *
+ * The kernel also declares its axes (Kernel::relabel_axes): the planner then usually runs no step
+ * at all and hands the output the input's buffer under the permuted descriptor.  ConvNeXt's
+ * permute to channels-last after a depthwise conv that writes NHWC is then free, as is the permute
+ * back before the residual add (the next conv reads NHWC); the reorder below runs only where the
+ * planner cannot relabel (a constant input, or a value whose storage has other dims).
  */
 #include <utility>
 
@@ -17,6 +23,19 @@ namespace byoc_hetero {
 static memory::dims RowMajorStrides(const std::vector<int64_t>& shape) {
   return PlainDesc(memory::dims(shape.begin(), shape.end())).get_strides();
 }
+
+namespace {
+/*! \brief The reorder, plus the axes the planner may relabel the input's storage with instead. */
+class PermuteKernel : public PrimitiveKernel {
+ public:
+  PermuteKernel(const KernelContext& ctx, dnnl::reorder::primitive_desc pd, const OperandLayout& in,
+                const OperandLayout& out, std::vector<int64_t> axes)
+      : PrimitiveKernel(ctx.where(), "permute", std::move(pd), std::vector<int>{DNNL_ARG_FROM},
+                        std::vector<OperandLayout>{in}, out) {
+    relabel_axes_ = std::move(axes);
+  }
+};
+}  // namespace
 
 static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
@@ -44,14 +63,12 @@ static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
   const memory::desc out = PlainDesc(dims);
   // bf16 region: a bf16-stored input is read as bf16 and the output written as bf16 where its
   // readers round it anyway (OutputOnlyFeedsBf16Convs: attention's heads merged before the output
-  // dense); the reorder converts when the two differ.
+  // dense); the reorder converts when the two differ.  A relabel keeps the input's storage type.
   const bool bf16_in = !ctx.input_storage.empty() && ctx.input_storage[0].get_data_type() == memory::data_type::bf16;
   const memory::desc src = bf16_in ? WithType(view, memory::data_type::bf16) : view;
   const memory::desc dst = Bf16OutputIfRounded(ctx, out);
   dnnl::reorder::primitive_desc pd(ctx.engine, src, ctx.engine, dst, ctx.MakeAttr());
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "permute", std::move(pd),
-                                           std::vector<int>{DNNL_ARG_FROM},
-                                           std::vector<OperandLayout>{{view, src}}, OperandLayout{out, dst});
+  return std::make_unique<PermuteKernel>(ctx, std::move(pd), OperandLayout{view, src}, OperandLayout{out, dst}, axes);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("permute", BuildPermute);

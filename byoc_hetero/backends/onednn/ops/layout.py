@@ -1,13 +1,19 @@
 """Layout ops: permute_dims on any axes, concat, split and strided_slice (unit steps).
 
-* ``permute_dims`` becomes a ``permute`` node (one oneDNN reorder through a strided view). A
+* ``permute_dims`` becomes a ``permute`` node. The runtime's planner gives it no step: its output
+  is the input's buffer under a permuted descriptor, and a consumer wanting another layout pays the
+  one reorder (ConvNeXt's conv → NHWC → layer_norm → ... → NCHW → conv runs with no copy). A
   matmul that reads a permuted value (through reshapes, e.g. attention's
   ``permute_dims(reshape(x, [B, S, H, D]), [0, 2, 1, 3])`` and Kᵀ's ``[0, 2, 3, 1]``) reads the
   permute's input through strides instead (:func:`fold_views`), and the permute node is dropped
-  when nothing else reads it: no copy at all.
-* ``concat`` becomes a ``concat`` node (one oneDNN concat primitive; producers do not write into
-  slices of the output — the planner gives every node its own buffer — so each input is copied
-  once).
+  when nothing else reads it.
+* ``concat`` becomes a ``concat`` node. In a batch-1 tensor, an input that only the concat reads
+  is written by its producer straight into its slice of the concat's buffer (plain, or whole
+  channel blocks: a conv feeding a channel concat writes channel blocks); the planner copies only
+  the other inputs, and its plan notes say which were free.
+* Graph passes fold what follows a dense through views into it: an activation
+  (:func:`fold_activations`), a per-feature constant scale (:func:`fold_channel_scales`), a residual
+  add (:func:`fold_residual_adds`).
 * ``split`` becomes one ``slice`` node per output and ``strided_slice`` one ``slice`` node (a
   reorder from a sub-memory of the input); steps other than 1 (including negative steps, which
   reverse) stay on TVM with their reason.
@@ -317,3 +323,208 @@ def drop_dead_nodes(graph: RegionGraph) -> None:
         graph.nodes[:] = alive
 
 
+
+
+#: Node ops that take an eltwise node after them (through reshapes) as their activation post-op.
+_TAKES_ACTIVATION = ("conv2d", "dense", "matmul", "binary")
+
+
+@graph_pass
+def fold_activations(graph: RegionGraph) -> None:
+    """An ``eltwise`` node that reads, through reshapes only, the output of a conv2d / dense /
+    matmul / binary node with no activation yet becomes that node's post-op, when nothing else
+    reads the values in between: the last reshape (or the producer) then writes the eltwise's
+    output tensor, and the eltwise node is gone.
+
+    Patterns fuse an activation only inside one composite; PyTorch's ``linear`` on a 4-D input
+    arrives as reshape → matmul + bias → reshape, and the activation after it (ConvNeXt's gelu on
+    [1, 56, 56, 384]) is another composite: without this pass it is one more pass over the tensor.
+    """
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = set(graph.outputs)
+    producers = {n.output: n for n in graph.nodes}
+    dead: set[int] = set()  # id() of the eltwise nodes folded
+
+    def only_read_once(t: int) -> bool:
+        return readers.get(t, 0) == 1 and t not in outputs
+
+    for node in graph.nodes:
+        if node.op != "eltwise" or node.attrs.get("algorithm") in (None, "none"):
+            continue
+        chain: list[Node] = []  # the reshapes between, nearest the eltwise first
+        t = node.inputs[0]
+        while only_read_once(t) and t in producers and producers[t].op == "reshape":
+            chain.append(producers[t])
+            t = producers[t].inputs[0]
+        anchor = producers.get(t)
+        if not only_read_once(t) or anchor is None or anchor.op not in _TAKES_ACTIVATION:
+            continue
+        key = "post_activation" if anchor.attrs.get("residual") else "activation"
+        if anchor.op == "binary" and key == "post_activation":
+            continue
+        if anchor.attrs.get(key, "none") != "none":
+            continue
+        anchor.attrs[key] = node.attrs["algorithm"]
+        if "clip" in node.attrs:
+            anchor.attrs["post_clip" if key == "post_activation" else "clip"] = node.attrs["clip"]
+        # the value the eltwise read now holds its result: rename it to the eltwise's output
+        last = chain[0] if chain else anchor
+        last.output = node.output
+        dead.add(id(node))
+        producers = {n.output: n for n in graph.nodes if id(n) not in dead}
+    if dead:
+        graph.nodes[:] = [n for n in graph.nodes if id(n) not in dead]
+
+
+def _per_last_axis(shape: list, n: int) -> bool:
+    """Whether ``shape`` holds one value per index of a last axis of size ``n`` (leading 1s)."""
+    return len(shape) >= 1 and shape[-1] == n and all(d == 1 for d in shape[:-1])
+
+
+@graph_pass
+def fold_channel_scales(graph: RegionGraph) -> None:
+    """A dense (no activation, no residual) whose output, through reshapes read once, is only
+    multiplied by a constant holding one value per output feature has that scale folded into its
+    weight and bias: ``(x·W + b)·c = x·(W·c) + b·c``. The two products are nodes on constants, so
+    they run once at ``__init_``; the multiply node is gone.
+
+    ConvNeXt's layer scale (``gamma * x`` after the second linear of every block) is such a
+    multiply: one pass over [H·W, C] per block otherwise.
+    """
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = set(graph.outputs)
+    constants = {c["tensor"] for c in graph.constants}
+    producers = {n.output: n for n in graph.nodes}
+    dead: set[int] = set()
+    for node in list(graph.nodes):
+        if node.op != "binary" or node.attrs.get("algorithm") != "mul" or node.attrs.get("activation", "none") != "none":
+            continue
+        for k in (0, 1):
+            scale, value = node.inputs[k], node.inputs[1 - k]
+            if scale not in constants or value in constants:
+                continue
+            chain: list[Node] = []
+            t = value
+            while readers.get(t, 0) == 1 and t not in outputs and t in producers and producers[t].op == "reshape":
+                chain.append(producers[t])
+                t = producers[t].inputs[0]
+            dense = producers.get(t)
+            if dense is None or dense.op != "dense" or readers.get(t, 0) != 1 or t in outputs:
+                continue
+            if dense.attrs.get("activation", "none") != "none" or dense.attrs.get("residual"):
+                continue
+            n = graph.tensors[t]["shape"][-1]
+            value_shape = graph.tensors[value]["shape"]
+            if (not _per_last_axis(graph.tensors[scale]["shape"], n) or value_shape[-1] != n
+                    or graph.tensors[node.output]["shape"] != value_shape
+                    or any(not isinstance(d, int) for d in value_shape)):
+                continue
+            weight = dense.inputs[1]
+            has_bias = bool(dense.attrs.get("has_bias", len(dense.inputs) >= 3))
+            if weight not in constants or (has_bias and dense.inputs[2] not in constants):
+                continue
+            index = next(i for i, m in enumerate(graph.nodes) if m is dense)
+            before = []
+
+            def scaled(tensor: int, scale_shape: list[int]) -> int:
+                shape = graph.tensors[tensor]["shape"]
+                graph.tensors.append({"shape": list(scale_shape), "dtype": "float32"})
+                view = len(graph.tensors) - 1
+                before.append(Node("reshape", [scale], view, {}))
+                graph.tensors.append({"shape": list(shape), "dtype": "float32"})
+                out = len(graph.tensors) - 1
+                before.append(Node("binary", [tensor, view], out, {"algorithm": "mul", "activation": "none"}))
+                return out
+
+            nk = dense.attrs.get("weight_layout") == "NK"
+            dense.inputs[1] = scaled(weight, [n, 1] if nk else [1, n])
+            if has_bias:
+                bias = dense.inputs[2]
+                dense.inputs[2] = scaled(bias, [1] * (len(graph.tensors[bias]["shape"]) - 1) + [n])
+            graph.nodes[index:index] = before
+            last = chain[0] if chain else dense
+            last.output = node.output
+            dead.add(id(node))
+            producers = {m.output: m for m in graph.nodes if id(m) not in dead}
+            break
+    if dead:
+        graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
+
+
+@graph_pass
+def fold_residual_adds(graph: RegionGraph) -> None:
+    """``add(view(dense(x)), r)``, with the dense's output reaching the add only through reshapes
+    and permutes read once, becomes the dense's residual (a sum post-op): ``r`` is taken back
+    through the inverse views (free relabels in the runtime), the dense accumulates into it, and
+    the views then relabel the sum as the add's output. The add must not broadcast, and ``r``
+    must be computed before the dense.
+
+    ConvNeXt's ``shortcut + permute(dense(...))`` (the block's residual, across the permute back to
+    channels-first) is such an add: one pass over [H·W, C] per block otherwise; with the runtime's
+    in-place sum (the residual's buffer dies there) the dense writes the block's output directly.
+    """
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = set(graph.outputs)
+    producers = {n.output: n for n in graph.nodes}
+    dead: set[int] = set()
+    for node in list(graph.nodes):
+        if node.op != "binary" or node.attrs.get("algorithm") != "add":
+            continue
+        for k in (0, 1):
+            value, residual = node.inputs[k], node.inputs[1 - k]
+            shape = graph.tensors[value]["shape"]
+            if (value == residual or graph.tensors[residual]["shape"] != shape
+                    or graph.tensors[node.output]["shape"] != shape or graph.tensors[residual]["dtype"] != "float32"
+                    or any(not isinstance(d, int) for d in shape)):
+                continue
+            chain: list[Node] = []  # nearest the add first
+            t = value
+            while (readers.get(t, 0) == 1 and t not in outputs and t in producers
+                   and producers[t].op in ("reshape", "permute")):
+                chain.append(producers[t])
+                t = producers[t].inputs[0]
+            dense = producers.get(t)
+            if (dense is None or dense.op != "dense" or readers.get(t, 0) != 1 or t in outputs
+                    or dense.attrs.get("residual") or dense.attrs.get("post_activation", "none") != "none"):
+                continue
+            if any(not isinstance(d, int) for c in chain for d in graph.tensors[c.inputs[0]]["shape"]):
+                continue
+            index = next(i for i, m in enumerate(graph.nodes) if m is dense)
+            made_by = producers.get(residual)
+            if made_by is not None and next(i for i, m in enumerate(graph.nodes) if m is made_by) > index:
+                continue
+            before = []
+            r = residual
+            for c in chain:  # back through the views, from the add towards the dense
+                graph.tensors.append({"shape": list(graph.tensors[c.inputs[0]]["shape"]), "dtype": "float32"})
+                back = len(graph.tensors) - 1
+                if c.op == "reshape":
+                    before.append(Node("reshape", [r], back, {}))
+                else:
+                    axes = list(c.attrs["axes"])
+                    before.append(Node("permute", [r], back, {"axes": [axes.index(j) for j in range(len(axes))]}))
+                r = back
+            dense.inputs.append(r)
+            dense.attrs["residual"] = 1
+            act = node.attrs.get("activation", "none")
+            if act != "none":
+                dense.attrs["post_activation"] = act
+                if "clip" in node.attrs:
+                    dense.attrs["post_clip"] = node.attrs["clip"]
+            graph.nodes[index:index] = before
+            last = chain[0] if chain else dense
+            last.output = node.output
+            dead.add(id(node))
+            producers = {m.output: m for m in graph.nodes if id(m) not in dead}
+            break
+    if dead:
+        graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
