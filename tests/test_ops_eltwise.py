@@ -351,3 +351,57 @@ def test_gelu_forms_through_both_paths():
 
     torch.manual_seed(0)
     assert _both_paths(Net().eval(), (torch.randn(2, 16),)) == [1, 1]
+
+
+@pytest.mark.parametrize("const_shape", [(), (8,), (4, 1)])
+@pytest.mark.parametrize("op, dtype", [("greater_equal", "int64"), ("less", "int64"), ("not_equal", "int64"),
+                                       ("less", "int32"), ("not_equal", "bool")])  # llvm orders no bools
+def test_compare_with_integer_constant_runs_offloaded(dtype, const_shape, op):
+    """An int64 / int32 / bool constant operand of a comparison (HF masks: ``ids >= 5``,
+    ``mask != 0``) is copied as-is into its prepared buffer: oneDNN 3.2 has no reorder for the
+    8-byte stand-in of int64, which made such regions fail to build."""
+    rng = np.random.default_rng(5)
+    value = (rng.integers(0, 2, const_shape) if dtype == "bool" else rng.integers(-3, 9, const_shape)).astype(dtype)
+    const = relax.const(value, dtype)  # an explicit dtype: relax.const would make int64 data int32
+
+    def body(emit, ids, x):
+        y = heavy(emit, x)  # [4, 8]
+        m = emit(getattr(relax.op, op)(ids, const))
+        m2 = emit(getattr(relax.op, op)(const, ids))  # the constant on the other side
+        return emit(relax.op.where(m, y, emit(relax.op.where(m2, c(-1.0), c(2.0)))))
+
+    mod = module({"ids": ((4, 8), dtype), "x": ((4, 8), "float32")}, body)
+    ids = (rng.integers(0, 2, (4, 8)) if dtype == "bool" else rng.integers(-3, 9, (4, 8))).astype(dtype)
+    x = rng.standard_normal((4, 8)).astype("float32")
+    part = bh.partition(mod)
+    rep = bh.report(part)
+    assert len(rep.regions) == 1 and "left on llvm: 0 ops" in str(rep), str(rep)
+    got = run(build(part), [ids, x])
+    np_op = {"greater_equal": np.greater_equal, "less": np.less, "not_equal": np.not_equal}[op]
+    y = x @ np.random.default_rng(8).standard_normal((8, 8)).astype("float32")
+    want = np.where(np_op(ids, value), y, np.where(np_op(value, ids), -1.0, 2.0)).astype("float32")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if dtype != "bool":  # TVM's llvm codegen compares no bools (an fcmp of i1): numpy only then
+        np.testing.assert_allclose(got, run(build(mod), [ids, x]), rtol=1e-5, atol=1e-5)
+
+
+def test_integer_constant_region_output_and_hf_extended_mask_chain():
+    """HF's extended mask with an int64 constant: ``(mask[:, None, None, :] == 0)`` chosen by where,
+    and ``arange < length`` compared against a constant int64 position table."""
+    positions = np.arange(6, dtype="int64")[None, :]  # [1, 6]
+
+    def body(emit, mask, x):
+        s = heavy(emit, x, 6)  # [2, 6, 6] scores
+        ext = emit(relax.op.expand_dims(mask, [1]))  # [2, 1, 6]
+        pad = emit(relax.op.equal(ext, relax.const(np.zeros((), "int64"), "int64")))
+        valid = emit(relax.op.less(relax.const(positions, "int64"), relax.const(np.array(5), "int64")))
+        s = emit(relax.op.where(pad, c(-1e4), s))
+        return emit(relax.op.where(valid, s, c(-2e4)))
+
+    mod = module({"mask": ((2, 6), "int64"), "x": ((2, 6, 6), "float32")}, body)
+    mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype="int64")
+    x = np.random.default_rng(6).standard_normal((2, 6, 6)).astype("float32")
+    res = offload_and_compare(mod, inputs=[mask, x])
+    y = x @ np.random.default_rng(6).standard_normal((6, 6)).astype("float32")
+    want = np.where(positions < 5, np.where(mask[:, None, :] == 0, -1e4, y), -2e4)
+    np.testing.assert_allclose(res.got, want, rtol=1e-5, atol=1e-5)

@@ -14,6 +14,9 @@
  * the tensor exactly); transpose_b then swaps b's last two dims of that view.  oneDNN 3.2's
  * matmul takes arbitrary src/weights strides; where only its reference implementation would run
  * on them, the operand is reordered to plain first instead (one reorder beats a ref matmul).
+ * Or, with a_axes (likewise b_axes), the operand is permute_dims(input, a_axes), leading 1s to the
+ * output's rank, with the strides computed from the input's shape when the plan is made: what
+ * the codegen writes in a symbolic region, whose strides are known only once the dims are bound.
  * Attr scale (default 1): the product is multiplied by it before the epilogue (eltwise_linear
  * post-op), e.g. attention's 1/sqrt(d).
  */
@@ -34,8 +37,39 @@ struct OperandView {
 };
 
 OperandView ReadOperandView(const KernelContext& ctx, AttrReader& attrs, size_t k, const char* shape_key,
-                            const char* strides_key) {
+                            const char* strides_key, const char* axes_key) {
   OperandView v;
+  if (attrs.Has(axes_key)) {
+    // permute_dims(input k, axes) read through strides, computed here from the (bound) input
+    // shape: in a symbolic region the codegen has no static strides to write.
+    if (attrs.Has(shape_key) || attrs.Has(strides_key)) {
+      attrs.Fail(axes_key, std::string("is given with ") + shape_key + " / " + strides_key + "; one view only");
+    }
+    const std::vector<int64_t>& in = ctx.input(k).shape;
+    const std::vector<int64_t> axes = attrs.Ints(axes_key, in.size(), {});
+    std::vector<bool> seen(in.size(), false);
+    for (int64_t a : axes) {
+      if (a < 0 || a >= static_cast<int64_t>(in.size()) || seen[a]) {
+        attrs.Fail(axes_key, "axes " + ShapeToString(axes) + " are not a permutation of " +
+                                 std::to_string(in.size()) + " axes (input " + std::to_string(k) + " " +
+                                 ShapeToString(in) + ")");
+      }
+      seen[a] = true;
+    }
+    const size_t rank = ctx.output().shape.size();
+    if (in.size() > rank) {
+      attrs.Fail(axes_key, "input " + std::to_string(k) + " " + ShapeToString(in) + " has a higher rank than the output");
+    }
+    const memory::dims plain = PlainDesc(memory::dims(in.begin(), in.end())).get_strides();
+    v.shape.assign(rank - in.size(), 1);
+    v.strides.assign(rank - in.size(), 1);
+    for (int64_t a : axes) {
+      v.shape.push_back(in[a]);
+      v.strides.push_back(in[a] == 1 ? 1 : plain[a]);
+    }
+    v.strided = true;
+    return v;
+  }
   if (!attrs.Has(shape_key) && !attrs.Has(strides_key)) {
     v.shape = ctx.input(k).shape;
     v.strides = PlainDesc(memory::dims(v.shape.begin(), v.shape.end())).get_strides();
@@ -84,8 +118,8 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   const bool transpose_b = attrs.Flag("transpose_b", false);
   Epilogue epilogue = ctx.ReadEpilogue(attrs);
   epilogue.scale = static_cast<float>(attrs.Float("scale", 1.0));
-  const OperandView a_view = ReadOperandView(ctx, attrs, 0, "a_shape", "a_strides");
-  const OperandView b_in = ReadOperandView(ctx, attrs, 1, "b_shape", "b_strides");
+  const OperandView a_view = ReadOperandView(ctx, attrs, 0, "a_shape", "a_strides", "a_axes");
+  const OperandView b_in = ReadOperandView(ctx, attrs, 1, "b_shape", "b_strides", "b_axes");
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   attrs.CheckNoUnknown();

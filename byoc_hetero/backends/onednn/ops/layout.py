@@ -6,7 +6,9 @@
   matmul that reads a permuted value (through reshapes, e.g. attention's
   ``permute_dims(reshape(x, [B, S, H, D]), [0, 2, 1, 3])`` and Kᵀ's ``[0, 2, 3, 1]``) reads the
   permute's input through strides instead (:func:`fold_views`), and the permute node is dropped
-  when nothing else reads it.
+  when nothing else reads it. With symbolic dims the strides are not static: a permute read
+  directly by a matmul (no reshape between) becomes attrs ``a_axes`` / ``b_axes``, whose strides
+  the kernel computes from the bound shapes per plan.
 * ``concat`` becomes a ``concat`` node. In a batch-1 tensor, an input that only the concat reads
   is written by its producer straight into its slice of the concat's buffer (plain, or whole
   channel blocks: a conv feeding a channel concat writes channel blocks); the planner copies only
@@ -285,10 +287,26 @@ def strided_view(graph: RegionGraph, producers: dict[int, Node], t: int) -> tupl
         base = producers[base].inputs[0]
     base_shape = graph.tensors[base]["shape"]
     if not all(isinstance(d, int) for d in base_shape + graph.tensors[t]["shape"]):
-        return None  # strides of symbolic dims are not static: the permute node stays
+        return None  # strides of symbolic dims are not static (see symbolic_permute_view)
     plain = row_major_strides(base_shape)
     strides = nocopy_reshape([base_shape[a] for a in axes], [plain[a] for a in axes], graph.tensors[t]["shape"])
     return None if strides is None else (base, strides)
+
+
+def symbolic_permute_view(producers: dict[int, Node], t: int) -> tuple[int, list[int]] | None:
+    """(base tensor, axes) when tensor ``t`` is ``permute_dims`` (of chained permutes) of a base
+    tensor, with no reshape between it and the reader: the matmul kernel then computes the strides
+    from the bound base shape when a plan is made (attr ``a_axes`` / ``b_axes``), which needs no
+    static dims.  Through a reshape the strides would need dim expressions: not done."""
+    node = producers.get(t)
+    if node is None or node.op != "permute":
+        return None
+    axes, base = list(node.attrs["axes"]), node.inputs[0]
+    while base in producers and producers[base].op == "permute":
+        inner = producers[base].attrs["axes"]
+        axes = [inner[a] for a in axes]
+        base = producers[base].inputs[0]
+    return base, axes
 
 
 @graph_pass
@@ -300,7 +318,14 @@ def fold_views(graph: RegionGraph) -> None:
         if node.op != "matmul":
             continue
         for k, key in ((0, "a"), (1, "b")):
-            if f"{key}_shape" in node.attrs:
+            if f"{key}_shape" in node.attrs or f"{key}_axes" in node.attrs:
+                continue
+            shape = list(graph.tensors[node.inputs[k]]["shape"])
+            if not all(isinstance(d, int) for d in shape):
+                permuted = symbolic_permute_view(producers, node.inputs[k])
+                if permuted is not None:
+                    node.attrs[f"{key}_axes"] = permuted[1]
+                    node.inputs[k] = permuted[0]
                 continue
             view = strided_view(graph, producers, node.inputs[k])
             if view is not None:
