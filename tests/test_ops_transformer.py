@@ -145,8 +145,20 @@ def _attention(heads=4, seq=16, dim=8, scale_op="mul", mask_shape=(1, 1, 16, 16)
     return graph({"x": (1, seq, hidden), "mask": mask_shape or (1,)}, body)
 
 
+def matmul_impls(partitioned, arrays) -> list[str]:
+    """The oneDNN implementation of every matmul step of one call (from the runtime's profile)."""
+    import tvm
+
+    ex = build(partitioned)
+    regions = bh.codegen.region_modules(ex)
+    for m in regions:
+        m["set_profiling"](True)
+    relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return [s["impl"] for m in regions for s in json.loads(m["get_profile"]()) if s["op"] == "matmul"]
+
+
 @pytest.mark.parametrize("scale_op", ["mul", "div"])
-@pytest.mark.parametrize("mask_shape", [(1, 1, 16, 16), (16, 16), (1, 4, 16, 16), (1, 1, 1, 16), None])
+@pytest.mark.parametrize("mask_shape", [(1, 1, 16, 16), (16, 16), (1, 4, 16, 16), (1, 1, 1, 16), (1, 4, 1, 16), None])
 @pytest.mark.parametrize("torch_style", [False, True])
 def test_attention_scale_and_mask_are_matmul_post_ops(scale_op, mask_shape, torch_style):
     mod = _attention(scale_op=scale_op, mask_shape=mask_shape, torch_style=torch_style)
@@ -160,9 +172,13 @@ def test_attention_scale_and_mask_are_matmul_post_ops(scale_op, mask_shape, torc
     # a mask of the scores' own shape is added as a sum post-op (the residual input), a broadcast
     # one as a binary post-op (the mask input)
     full = mask_shape == (1, 4, 16, 16)
-    assert scores[0]["attrs"].get("has_mask", 0) == int(mask_shape is not None and not full)
+    # a per-head mask broadcast over rows runs only in oneDNN's reference matmul: a binary node
+    per_head = mask_shape == (1, 4, 1, 16)
+    assert scores[0]["attrs"].get("has_mask", 0) == int(mask_shape is not None and not full and not per_head)
     assert scores[0]["attrs"].get("residual", 0) == int(full)
-    assert not [n for n in ns if n["op"] == "binary"], "the scale and mask ran as separate steps"
+    assert len([n for n in ns if n["op"] == "binary"]) == int(per_head), "the scale or mask ran as a separate step"
+    # torch-style [H, S, S] scores are written as [1, H, S, S]: oneDNN's 3-D broadcast post-op is ref only
+    assert not [i for i in matmul_impls(res.partitioned, [x, mask]) if i.startswith("ref")]
 
 
 def test_mask_read_by_two_layers_and_scores_read_twice_stay_correct():
@@ -230,3 +246,43 @@ def test_take_index_out_of_range_on_axis_1_raises():
     assert good.shape == (1, 2, 8)
     with pytest.raises(Exception, match="out of range"):
         run(build(part), [np.ones((1, 5, 8), "float32"), np.array([5, 0], "int64")])
+
+
+# -- int64 / bool bookkeeping folded before partitioning (byoc_hetero/fold.py) -----------------------
+def test_exported_class_token_index_chain_is_folded_and_the_model_is_one_region():
+    """torch.onnx.export's x[:, 0]: the index normalised through shape_of of a region's output."""
+    def body(emit, x):
+        y = emit(R.add(emit(R.matmul(x, weight(8, 8))), weight(8)))
+        dims = emit(R.shape_to_tensor(emit(R.shape_of(y))))
+        zero = relax.const(0, "int64")
+        negative = emit(R.less(zero, zero))
+        index = emit(R.where(negative, emit(R.add(zero, emit(R.take(dims, relax.const(1, "int64"), axis=0)))), zero))
+        return R.matmul(emit(R.take(y, index, axis=1)), weight(8, 3))
+    mod = graph({"x": (1, 5, 8)}, body)
+    res = offload_and_compare(mod)
+    rep = bh.report(res.partitioned)
+    assert len(rep.regions) == 1 and not rep.fallbacks, str(rep)
+
+
+def test_mask_chain_of_an_input_is_not_folded():
+    """A chain reading a model input stays (on llvm, with its reason), and the result is right."""
+    from byoc_hetero.fold import fold_int_constants
+
+    def body(emit, ids, x):
+        y = emit(R.add(emit(R.matmul(x, weight(8, 8))), weight(8)))
+        positions = emit(R.expand_dims(emit(R.arange(0, 5, 1, dtype="int64")), axis=[0]))
+        picked = emit(R.add(ids, positions))  # depends on the input: not folded
+        return R.take(y, emit(R.reshape(picked, (5,))), axis=1)
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType((1, 5), "int64"))
+    x = relax.Var("x", relax.TensorType((1, 5, 8), "float32"))
+    with bb.function("main", [ids, x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb.emit, ids, x))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = str(fold_int_constants(mod)["main"])
+    assert "arange" not in folded and "R.add(ids" in folded
+    arrays = [np.zeros((1, 5), "int64"), RNG.standard_normal((1, 5, 8)).astype("float32")]
+    got, want = outputs(bh.partition(mod), arrays), outputs(mod, arrays)
+    assert relative_error(got[0], want[0]) <= TOLERANCE
