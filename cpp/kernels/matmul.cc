@@ -104,7 +104,9 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
     ctx.Fail("a and b must have rank >= 2, got shapes " + ShapeToString(a) + " and " +
              ShapeToString(b));
   }
-  const size_t rank = std::max(a.size(), b.size());
+  // The output may declare more leading 1s than either operand (the codegen writes attention
+  // scores [H, S, S] as [1, H, S, S] so that the mask post-op runs outside the reference matmul).
+  const size_t rank = std::max({a.size(), b.size(), ctx.output().shape.size()});
   if (rank > 12) ctx.Fail("rank " + std::to_string(rank) + " exceeds the 12 dims oneDNN supports");
   auto align = [&](const std::vector<int64_t>& s) {
     std::vector<int64_t> out(rank - s.size(), 1);
