@@ -104,6 +104,47 @@ def shape_symbols(shape: tuple[int | str, ...] | None) -> list[str]:
     return names
 
 
+def opaque_dims(boundary: Iterable[tuple[int | str, ...]], inside: Iterable[tuple[int | str, ...]]
+                ) -> tuple[dict[str, str], str | None]:
+    """Symbols a region's boundary cannot bind, replaced by opaque ones where that is exact.
+
+    The runtime binds each symbol from a bare dim of a region input or output (docs/region-format.md,
+    "Binding"). A region cut out of a flattened graph may see a symbol only inside an expression:
+    ``[s77 * s27, 64] -> [s77 * s27, 64]`` around a dense (torch.export's BERT). When every dim of
+    every tensor (``boundary`` and ``inside``) that uses such a symbol is one of the boundary's
+    expressions, each of those expressions can stand as a symbol of its own: the result maps it
+    to a fresh name (``s77_x_s27``), and the region computes the same thing at every size. Else
+    the second item says why the region cannot run (its plans could not be made from its
+    arguments' shapes); the map is then empty.
+    """
+    boundary, inside = list(boundary), list(inside)
+    edge = {d for shape in boundary for d in shape if isinstance(d, str)}
+    bare = {d for d in edge if d.isidentifier()}
+    used = {s for shape in boundary + inside for s in shape_symbols(shape)}
+    unbound = used - bare
+    if not unbound:
+        return {}, None
+    exprs = {d for d in edge if not d.isidentifier() and set(shape_symbols((d,))) & unbound}
+    for shape in boundary + inside:
+        for d in shape:
+            if isinstance(d, str) and set(shape_symbols((d,))) & unbound and d not in exprs:
+                s = sorted(set(shape_symbols((d,))) & unbound)[0]
+                seen = ", ".join(sorted(exprs)) or "no dim that uses it"
+                return {}, (f"symbol {s} is no dim of its own of the region's inputs or outputs (they have "
+                            f"{seen}), so the runtime cannot evaluate the dim {d} from their shapes")
+    names: dict[str, str] = {}
+    taken = set(used)
+    for d in sorted(exprs):
+        base = d.replace("//", " d ").replace("*", " x ").replace("+", " p ").replace("-", " m ")
+        base = "_".join(base.replace("(", " ").replace(")", " ").split())
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        names[d] = name
+    return names, None
+
+
 def tensor_dtype(value: relax.Expr | relax.TensorType | None) -> str:
     """The dtype of a tensor value (or tensor type) as a string; ``""`` when it is not a tensor."""
     ty = tensor_type(value)

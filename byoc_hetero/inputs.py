@@ -5,8 +5,8 @@ shape, where a dimension is an int (fixed), a string (a symbolic variable such a
 (an expression: any value). :func:`check` compares inputs (anything with ``shape`` and ``dtype``:
 numpy arrays, TVM tensors) against specs and raises :class:`~byoc_hetero.errors.InputError`
 naming the input, the expected and the given shape or dtype. A symbolic dimension accepts any
-value, but one variable used twice must get the same value everywhere; the rank always has to
-match.
+value (within its declared range, :func:`dim_ranges`, when the model declares one), but one
+variable used twice must get the same value everywhere; the rank always has to match.
 
 >>> check("main", signature(mod["main"]), [x])   # raises InputError naming the bad input
 """
@@ -72,6 +72,33 @@ def _dim(expr) -> Dim:
     return None
 
 
+DimRanges = Mapping[str, tuple[int | None, int | None]]
+"""Declared ranges of symbolic dims: ``{"N": (1, 64)}``; None for an open end."""
+
+LOWER_BOUND_ATTR, UPPER_BOUND_ATTR = "tir_var_lower_bound", "tir_var_upper_bound"
+"""The function attributes holding the ranges: TVM's torch importer writes them from
+``torch.export.Dim(min=, max=)`` (and TVM's memory planning reads the upper bounds);
+:func:`byoc_hetero.from_onnx` writes them from ``dim_ranges``."""
+
+
+def dim_ranges(func: relax.Function) -> dict[str, tuple[int | None, int | None]]:
+    """The declared range of each symbolic dim of ``func`` (:data:`DimRanges`); empty if none."""
+    attrs = func.attrs if func.attrs is not None else {}
+    ranges: dict[str, tuple[int | None, int | None]] = {}
+    for key, side in ((LOWER_BOUND_ATTR, 0), (UPPER_BOUND_ATTR, 1)):
+        if key in attrs:
+            for name, value in attrs[key].items():
+                lo_hi = list(ranges.get(str(name), (None, None)))
+                lo_hi[side] = int(value)
+                ranges[str(name)] = (lo_hi[0], lo_hi[1])
+    return ranges
+
+
+def range_text(lo: int | None, hi: int | None) -> str:
+    """``[1, 64]``, ``[2, ...]``: a declared range as messages show it."""
+    return f"[{'...' if lo is None else lo}, {'...' if hi is None else hi}]"
+
+
 def signature(func: relax.Function, skip: Mapping[str, Any] | Sequence[str] | None = None) -> list[TensorSpec | None]:
     """The spec of each parameter of ``func`` whose name is not in ``skip`` (e.g. weights in ``params``)."""
     skipped = set(skip or ())
@@ -85,11 +112,14 @@ def check_count(function: str, specs: Sequence[TensorSpec | None], count: int) -
         raise InputError(f"{function} takes {len(specs)} inputs ({names}), got {count}")
 
 
-def check(function: str, specs: Sequence[TensorSpec | None], values: Sequence[Any]) -> None:
-    """Raise :class:`InputError` when ``values`` do not match ``specs`` (count, dtype, rank, dims).
+def check(function: str, specs: Sequence[TensorSpec | None], values: Sequence[Any],
+          ranges: DimRanges | None = None) -> None:
+    """Raise :class:`InputError` when ``values`` do not match ``specs`` (count, dtype, rank, dims)
+    or give a symbolic dim a value outside its declared range (``ranges``, :func:`dim_ranges`).
 
     A spec of None (a non-tensor parameter) accepts anything; so does a value without ``shape``
     and ``dtype`` attributes (the callee reports it)."""
+    ranges = ranges or {}
     check_count(function, specs, len(values))
     bound: dict[str, tuple[int, int, str]] = {}  # symbolic dim → (value, input index, input name)
     for i, (spec, value) in enumerate(zip(specs, values)):
@@ -104,11 +134,15 @@ def check(function: str, specs: Sequence[TensorSpec | None], values: Sequence[An
         got = [int(n) for n in value.shape]
         if len(got) != len(spec.shape) or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, got)):
             raise InputError(f"{where}: expected shape {spec.shape_text()}, got {got}")
-        for d, n in zip(spec.shape, got):
+        for axis, (d, n) in enumerate(zip(spec.shape, got)):
             if not isinstance(d, str):
                 continue
             if n < 1:
                 raise InputError(f"{where}: expected shape {spec.shape_text()} with {d} >= 1, got {got}")
+            lo, hi = ranges.get(d, (None, None))
+            if (lo is not None and n < lo) or (hi is not None and n > hi):
+                raise InputError(f"{where}: dim {axis} ({d}) is {n}, outside its declared range "
+                                 f"{range_text(lo, hi)} (shape {spec.shape_text()}, got {got})")
             if d in bound and bound[d][0] != n:
                 first, j, other = bound[d]
                 raise InputError(f"{where}: expected shape {spec.shape_text()} with {d} = {first} "
@@ -120,4 +154,4 @@ def check_inputs(mod: tvm.IRModule, inputs: Sequence[Any], params: Mapping[str, 
                  entry: str = "main") -> None:
     """Raise :class:`InputError` naming the input when ``inputs`` do not match the signature of
     ``mod[entry]`` (its parameters not in ``params``)."""
-    check(entry, signature(mod[entry], params), inputs)
+    check(entry, signature(mod[entry], params), inputs, dim_ranges(mod[entry]))

@@ -220,6 +220,18 @@ def _fallback(call: relax.Call, decisions: list[Rejection]) -> FallbackOp:
     return FallbackOp(short_op_name(op), value, "no offload rule matches it")
 
 
+_TIR_CALLS = {"call_tir", "call_tir_inplace"}
+
+
+def _tir_fallback(call: relax.Call) -> FallbackOp:
+    """A TIR function the importer emitted (TVM's ONNX frontend writes Pad, and ops it has no Relax
+    op for, as ``call_tir``): it runs on llvm and, between offloaded ops, splits their regions."""
+    callee = call.args[0]
+    name = getattr(callee, "name_hint", None) or str(callee)
+    return FallbackOp(f"call_tir {name}", describe(call),
+                      f"TIR function {name!r} from the importer: rules match Relax ops, not TIR functions")
+
+
 class _Dot:
     """Builds the DOT text of ``main``: one node per binding, coloured by where it runs."""
 
@@ -303,7 +315,9 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
                 elif op_name(value) is not None:
                     short = short_op_name(op_name(value))
                     label = short
-                    if short not in _PLUMBING:
+                    if short in _TIR_CALLS:
+                        rep.fallbacks.append(_tir_fallback(value))
+                    elif short not in _PLUMBING:
                         rep.fallbacks.append(_fallback(value, decisions))
             label += f"\\n{describe(var)}"
             dot.node(var, label, target)

@@ -35,11 +35,14 @@ from tvm import relax
 from ._relax import (
     composite_target,
     entry_functions,
+    function_outputs,
     is_composite,
     is_region,
     op_calls,
+    opaque_dims,
     ops_in,
     region_composites,
+    shape_of,
     static_shape,
     updated,
 )
@@ -157,7 +160,7 @@ def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
             continue
         inner = region_composites(func)
         ops = [c for f in inner for c in op_calls(f)]
-        reason = _gate_reason(ops, min_ops, require_heavy)
+        reason = _gate_reason(ops, min_ops, require_heavy) or _symbol_reason(func, inner)
         if reason is None:
             continue
         for local in inner:
@@ -169,6 +172,17 @@ def _gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
                     for call in op_calls(comp):
                         log.add(name, call, reason)
     return gated
+
+
+def _symbol_reason(region: relax.Function, inner: list[relax.Function]) -> str | None:
+    """Why the runtime could not bind the symbols of ``region`` from its arguments' shapes (a
+    symbol seen only inside expressions such as ``s77 * s27`` that are not all the same), else None."""
+    def shapes(values):
+        return [s for s in (shape_of(v) for v in values) if s is not None]
+
+    boundary = shapes([p for p in region.params if isinstance(p.ty, relax.TensorType)] + function_outputs(region))
+    inside = shapes([b.var for f in inner for block in f.body.blocks for b in block.bindings])
+    return opaque_dims(boundary, inside)[1]
 
 
 def _composite_key(func: relax.Function) -> tuple[str, str]:
@@ -183,6 +197,73 @@ def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.I
     return updated(mod, inlined, remove=gated)
 
 
+def _map_call_args(func: relax.Function, change) -> relax.Function:
+    """``func`` with each argument ``a`` of each bound call (and each field of a tuple argument)
+    replaced by ``change(a)`` where that is not None; the bindings keep their variables and the
+    calls their types, so nothing else in the function changes. ``func`` itself when nothing did."""
+    def arg(a):
+        new = change(a)
+        if new is not None:
+            return new
+        if isinstance(a, relax.Tuple):
+            fields = [arg(f) for f in a.fields]
+            if any(not n.same_as(f) for n, f in zip(fields, a.fields)):
+                return relax.Tuple(fields)
+        return a
+
+    if not isinstance(func.body, relax.SeqExpr):
+        return func
+    blocks, changed = [], False
+    for block in func.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            value = b.value
+            if isinstance(b, relax.VarBinding) and isinstance(value, relax.Call):
+                args = [arg(a) for a in value.args]
+                if any(not n.same_as(a) for n, a in zip(args, value.args)):
+                    b = relax.VarBinding(b.var, relax.Call(value.op, args, value.attrs, value.ty_args,
+                                                           ret_ty=value.ty))
+                    changed = True
+            bindings.append(b)
+        blocks.append((relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock)(bindings))
+    if not changed:
+        return func
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs)
+
+
+def _merge_main(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's MergeCompositeFunctions on ``mod["main"]``, around a defect of TVM 0.27's pass.
+
+    The pass gives every argument of every call a group; it pre-assigns groups to constants, shapes
+    and PrimExprs *except variables*, so a symbolic TIR variable passed bare to an op fails with
+    "Could not find memo-ized group for expression of type ir.Var" (torch.export's BERT:
+    ``R.arange(0, s27, 1)``, ``R.strided_slice(..., (s27,), ...)``; in this TVM, Relax and TIR
+    share one Var class). Such an argument is given to the pass as ``s27 + 0`` (an expression,
+    so it gets its group; the call's type is kept) and put back afterwards: the result is
+    what the pass would give if it grouped it.
+    """
+    wrapped: list[tuple[tvm.ir.PrimExpr, tvm.tirx.Var]] = []
+
+    def wrap(a):
+        if isinstance(a, tvm.tirx.Var) and isinstance(a.ty, tvm.ir.PrimType):
+            e = tvm.tirx.Add(a, tvm.tirx.IntImm(str(a.ty.dtype), 0))
+            wrapped.append((e, a))
+            return e
+        return None
+
+    def unwrap(a):
+        return next((v for e, v in wrapped if a.same_as(e)), None)
+
+    main = mod.get_global_var("main")
+    fixed = _map_call_args(mod[main], wrap)
+    if not wrapped:
+        return relax.transform.MergeCompositeFunctions()(mod)
+    merged = relax.transform.MergeCompositeFunctions()(updated(mod, {main: fixed}))
+    main = merged.get_global_var("main")
+    return updated(merged, {main: _map_call_args(merged[main], unwrap)})
+
+
 def merge_composite_functions(mod: tvm.IRModule) -> tvm.IRModule:
     """TVM's MergeCompositeFunctions, applied to every entry function of ``mod`` on its own.
 
@@ -194,14 +275,14 @@ def merge_composite_functions(mod: tvm.IRModule) -> tvm.IRModule:
     """
     entries = entry_functions(mod)
     if entries == ["main"] or not entries:
-        return relax.transform.MergeCompositeFunctions()(mod)
+        return _merge_main(mod)
     shared = {gv: f for gv, f in mod.functions_items() if gv.name_hint not in entries}
     results: dict[str, tuple[tvm.ir.GlobalVar, relax.BaseFunc]] = {}
     for name in entries:
         func = mod[name]
         private = func.attrs is None or "global_symbol" not in func.attrs
         sub = tvm.IRModule({**shared, tvm.ir.GlobalVar("main"): func.with_attr("global_symbol", name)})
-        sub = relax.transform.MergeCompositeFunctions()(sub)
+        sub = _merge_main(sub)
         if name != "main":
             sub = updated(sub, {gv: f.with_attr("global_symbol", f"{name}_{gv.name_hint}")
                                 for gv, f in sub.functions_items() if is_region(f)})

@@ -54,26 +54,17 @@ CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
       max_bytes_(PhysicalMemoryBytes()) {
   ready_ = graph.constants.empty();
   if (!graph.symbolic()) {
-    cache_.push_front(MakeEntry({}, PlanFor({}, {})));
+    cache_.push_front(MakeEntry({}, PlanFor({})));
   }
 }
 
-std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<int64_t>& key,
-                                                    const std::vector<std::vector<int64_t>>& input_shapes) const {
+std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<std::vector<int64_t>>& input_shapes) const {
   PlanRequest request;
   request.threads = threads_;
   request.input_shapes = input_shapes;
   request.max_bytes = max_bytes_;
-  try {
-    return MakePlan(graph_, request, engine_);
-  } catch (const tvm::ffi::Error& e) {
-    // At a binding of a symbolic region, an op that rejects the shapes (a window larger than the
-    // input) is a problem of the call's inputs, not of the region.
-    if (graph_.symbolic() && e.kind() == "ValueError") {
-      TVM_FFI_THROW(InputError) << "at " << graph_.DescribeBinding(key) << ": " << e.message();
-    }
-    throw;
-  }
+  // MakePlan raises InputError for shapes a symbolic region's ops reject (planner.h)
+  return MakePlan(graph_, request, engine_);
 }
 
 std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(const std::vector<int64_t>& key,
@@ -117,8 +108,44 @@ std::shared_ptr<CompiledRegion::Entry> CompiledRegion::Find(const std::vector<in
   return nullptr;
 }
 
+std::shared_ptr<CompiledRegion::Entry> CompiledRegion::LastFor(const std::vector<std::vector<int64_t>>& arg_shapes) {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  if (!last_entry_) return nullptr;
+  size_t k = 0;
+  for (const auto& shape : arg_shapes) {
+    if (k + 1 + shape.size() > last_shapes_.size() || last_shapes_[k] != static_cast<int64_t>(shape.size()) ||
+        !std::equal(shape.begin(), shape.end(), last_shapes_.begin() + k + 1)) {
+      return nullptr;
+    }
+    k += 1 + shape.size();
+  }
+  return k == last_shapes_.size() ? last_entry_ : nullptr;
+}
+
+void CompiledRegion::Remember(const std::vector<std::vector<int64_t>>& arg_shapes, std::shared_ptr<Entry> entry) {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  if (std::find(cache_.begin(), cache_.end(), entry) == cache_.end()) return;  // evicted meanwhile
+  last_shapes_.clear();
+  for (const auto& shape : arg_shapes) {
+    last_shapes_.push_back(static_cast<int64_t>(shape.size()));
+    last_shapes_.insert(last_shapes_.end(), shape.begin(), shape.end());
+  }
+  last_entry_ = std::move(entry);
+}
+
 void CompiledRegion::Execute(const std::vector<void*>& buffers,
                              const std::vector<std::vector<int64_t>>& arg_shapes) {
+  if (graph_.symbolic()) {
+    // Shapes equal to the last call's bind the same symbols (binding is a function of the
+    // shapes), so that call's checks and plan hold: one compare instead of binding and search.
+    if (std::shared_ptr<Entry> hit = LastFor(arg_shapes)) {
+      std::shared_lock<std::shared_mutex> lock(consts_mu_);
+      if (ready_ && hit->generation == generation_) {
+        hit->executor->Run(buffers);
+        return;
+      }
+    }
+  }
   const std::vector<int64_t> key = graph_.symbolic() ? graph_.BindSymbols(arg_shapes) : std::vector<int64_t>{};
   for (;;) {
     {
@@ -131,6 +158,7 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
       }
       std::shared_ptr<Entry> entry = Find(key);
       if (entry && entry->generation == generation_) {
+        if (graph_.symbolic()) Remember(arg_shapes, entry);
         entry->executor->Run(buffers);
         return;
       }
@@ -141,7 +169,7 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
     std::shared_ptr<const Plan> plan;
     if (!Find(key)) {
       std::vector<std::vector<int64_t>> input_shapes(arg_shapes.begin(), arg_shapes.begin() + graph_.inputs.size());
-      plan = PlanFor(key, input_shapes);
+      plan = PlanFor(input_shapes);
     }
     std::unique_lock<std::shared_mutex> lock(consts_mu_);
     std::shared_ptr<Entry> entry = Find(key);
@@ -153,7 +181,10 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
       const size_t limit = static_cast<size_t>(std::max(1, PlanCacheLimit()));
       // Evicted plans die with their last running call (held by shared_ptr); their weights stay,
       // shared by key: a weight's layouts are few whatever the shapes (docs/region-format.md).
-      while (cache_.size() > limit) cache_.pop_back();
+      while (cache_.size() > limit) {
+        if (cache_.back() == last_entry_) last_entry_.reset();
+        cache_.pop_back();
+      }
       entry = made;
     }
     if (entry->generation != generation_) Fill(*entry);

@@ -94,9 +94,11 @@ class CompiledRegion {
     int64_t generation = -1;   // constants generation its weights were filled for
   };
   std::shared_ptr<Entry> Find(const std::vector<int64_t>& key);
-  /*! \brief The plan of a binding (InputError when the ops reject its shapes). */
-  std::shared_ptr<const Plan> PlanFor(const std::vector<int64_t>& key,
-                                      const std::vector<std::vector<int64_t>>& input_shapes) const;
+  /*! \brief The entry of the last call when \p arg_shapes are its shapes (else null). */
+  std::shared_ptr<Entry> LastFor(const std::vector<std::vector<int64_t>>& arg_shapes);
+  void Remember(const std::vector<std::vector<int64_t>>& arg_shapes, std::shared_ptr<Entry> entry);
+  /*! \brief The plan for these input shapes (InputError when the ops reject them). */
+  std::shared_ptr<const Plan> PlanFor(const std::vector<std::vector<int64_t>>& input_shapes) const;
   /*! \brief Reserve the plan's weights and make its executor (consts_mu_ held exclusively). */
   std::shared_ptr<Entry> MakeEntry(const std::vector<int64_t>& key, std::shared_ptr<const Plan> plan);
   void Fill(Entry& entry);
@@ -113,6 +115,11 @@ class CompiledRegion {
   int64_t generation_ = 0;          // bumped by LoadConstants
   mutable std::mutex cache_mu_;     // guards cache_
   std::list<std::shared_ptr<Entry>> cache_;  // most recently used first
+  // The last call's argument shapes (each rank, then its dims) and its entry: a call at the
+  // same shapes (the common case: a model called at one size) skips binding the symbols and the
+  // cache search.  Guarded by cache_mu_; reset when that entry is evicted.
+  std::vector<int64_t> last_shapes_;
+  std::shared_ptr<Entry> last_entry_;
   std::atomic<int64_t> plans_made_{0};
   std::atomic<bool> profiling_{false};
   std::shared_mutex consts_mu_;  // shared: running calls; exclusive: writing the weights

@@ -255,7 +255,12 @@ class Planner {
    */
   MemRef Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) {
     for (const auto& e : resolved_) {
-      if (e.tensor == t && e.view == layout.view && e.want == layout.want &&
+      // Reshapes of one value (BERT's Q/K/V denses each read their own reshape of one layer norm)
+      // are the same bytes: one conversion serves them all. Aliased storage is never written in
+      // place (a residual sum reuses only unaliased buffers), so the bytes stay that value's.
+      const bool same_bytes = e.tensor == t || (values_[t].aliased && values_[e.tensor].aliased &&
+                                                values_[t].storage == values_[e.tensor].storage);
+      if (same_bytes && e.view == layout.view && e.want == layout.want &&
           e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
         return e.mem;
       }
@@ -299,6 +304,17 @@ class Planner {
     } else if (layout.view == v.plain_md && v.plain < 0) {
       result = {layout.want, OwnSlot(at_init, layout.want, key)};  // blocked -> other layout
       AddReorder(at_init, {v.storage_md, v.storage}, result, label);
+    } else if (v.plain < 0 && v.storage_md == WithType(v.plain_md, memory::data_type::bf16) &&
+               layout.view.get_data_type() == memory::data_type::f32) {
+      // Plain bf16 bytes read through another view (a dense's [M, K], a matmul's strides): the
+      // same view over the bf16 bytes, no f32 copy.
+      const MemRef src{WithType(layout.view, memory::data_type::bf16), v.storage};
+      if (layout.want == src.md) {
+        result = src;
+      } else {
+        result = {layout.want, OwnSlot(at_init, layout.want, key)};
+        AddReorder(at_init, src, result, label);
+      }
     } else {
       if (v.plain < 0) {
         // The consumer reads the bytes differently (e.g. flattened): materialize plain bytes.
@@ -367,19 +383,28 @@ class Planner {
     if (kernel.alias_input() >= 0) {
       const size_t k = static_cast<size_t>(kernel.alias_input());
       const int t_in = node.inputs[k];
+      // A value stored bf16 (only where every reader rounds it: OutputOnlyFeedsBf16Convs) is
+      // aliased as plain bf16 bytes, so the readers of the reshape still read it without a reorder.
+      OperandLayout in_layout = kernel.inputs()[k];
+      const bool bf16 = values_[t_in].storage_md.get_data_type() == memory::data_type::bf16 &&
+                        in_layout.view.get_data_type() == memory::data_type::f32;
+      if (bf16) in_layout.want = WithType(in_layout.view, memory::data_type::bf16);
       // Plain bytes of the input that outlive __init_ (never a constant's own data).
-      const MemRef src = Resolve(t_in, kernel.inputs()[k], n, /*init_consumer=*/false);
+      const MemRef src = Resolve(t_in, in_layout, n, /*init_consumer=*/false);
       ValueState& v = values_[t_out];
       v.is_const = values_[t_in].is_const;
       v.plain_md = v.storage_md = kernel.output().view;
+      if (bf16) v.storage_md = WithType(v.plain_md, memory::data_type::bf16);
       const int out_pos = OutputPosition(t_out);
       if (out_pos >= 0) {
         const int user = run_arg_slot_[g_.inputs.size() + out_pos];
-        AddReorder(false, {kernel.output().view, src.slot}, {kernel.output().view, user},
+        AddReorder(false, {v.storage_md, src.slot}, {kernel.output().view, user},
                    g_.where(n) + ": output tensor " + std::to_string(t_out) + " copied out");
         v.storage = v.plain = user;
+        v.storage_md = v.plain_md;
       } else {
-        v.storage = v.plain = src.slot;
+        v.storage = src.slot;
+        v.plain = bf16 ? -1 : src.slot;
         v.aliased = values_[t_in].aliased = true;
       }
       return;
@@ -532,14 +557,24 @@ std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest
     // A symbolic region is planned for one binding of its symbols: the graph with every dim
     // evaluated is an ordinary static graph, so the kernels check and build exactly as for a
     // static region of those shapes (their output-shape checks also catch a wrong expression).
-    if (request.input_shapes.empty()) {
-      TVM_FFI_THROW(ValueError) << graph.where() << ": the region has symbolic dims ("
+    // Every problem with the shapes asked for is an InputError (the caller's input), whether the
+    // binding finds it or an op of the bound graph rejects the shapes (a window larger than the
+    // input): _C.plan_region and a region call raise the same class for the same shapes.
+    if (request.input_shapes.size() != graph.inputs.size()) {
+      TVM_FFI_THROW(InputError) << graph.where() << ": the region has symbolic dims ("
                                 << graph.tensors[graph.inputs.empty() ? 0 : graph.inputs[0]].Describe()
-                                << ", ...); planning it needs the input shapes";
+                                << ", ...); planning it needs the shapes of its " << graph.inputs.size()
+                                << " inputs, got " << request.input_shapes.size();
     }
     const std::vector<int64_t> values = graph.BindSymbols(request.input_shapes);
     const RegionGraph bound = graph.Bound(values, request.max_bytes);
-    std::shared_ptr<const Plan> made = MakePlan(bound, PlanRequest{{}, request.threads, request.max_bytes}, engine);
+    std::shared_ptr<const Plan> made;
+    try {
+      made = MakePlan(bound, PlanRequest{{}, request.threads, request.max_bytes}, engine);
+    } catch (const tvm::ffi::Error& e) {
+      if (e.kind() != "ValueError") throw;
+      TVM_FFI_THROW(InputError) << "at " << graph.DescribeBinding(values) << ": " << e.message();
+    }
     auto result = std::make_shared<Plan>(std::move(*std::const_pointer_cast<Plan>(made)));
     result->symbol_values = values;
     return result;

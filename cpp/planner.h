@@ -109,10 +109,11 @@ struct Plan {
  * \brief Plan \p graph for \p request.
  * A symbolic region (RegionGraph::symbolic) is planned for request.input_shapes, which bind its
  * symbols (RegionGraph::BindSymbols); the plan is the static plan of the graph at those shapes.
- * \throws tvm::ffi::Error: InputError for input shapes the region does not accept (rank, a static
- *         dim, symbols that disagree, too large for max_bytes; a static region: any shape other
- *         than the declared one), ValueError for attrs/shapes the ops reject (at a binding: inputs
- *         too small for a window), RuntimeError when oneDNN cannot create a primitive descriptor;
+ * \throws tvm::ffi::Error: InputError for input shapes the region does not accept (their count,
+ *         rank, a static dim, symbols that disagree, too large for max_bytes, shapes an op of a
+ *         symbolic region rejects at that binding such as inputs too small for a window; a static
+ *         region: any shape other than the declared one), ValueError for attrs/shapes the ops of
+ *         a static region reject, RuntimeError when oneDNN cannot create a primitive descriptor;
  *         messages name the region and the node.
  */
 std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest& request,

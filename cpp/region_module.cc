@@ -261,7 +261,7 @@ class RegionModuleObj : public ffi::ModuleObj {
       }
       const DLTensor& tensor = **dl;
       buffers[i] = CheckTensor(tensor, graph_.tensors[t], !graph_.symbolic(), what);
-      shapes[i].assign(tensor.shape, tensor.shape + tensor.ndim);
+      if (graph_.symbolic()) shapes[i].assign(tensor.shape, tensor.shape + tensor.ndim);  // static: checked above
     }
     if (profiling_.load(std::memory_order_relaxed)) {
       // A profile counts the steps of the module's own plan: while profiling, every call runs it.

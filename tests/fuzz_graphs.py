@@ -1,8 +1,9 @@
 """Random Relax graphs for differential fuzzing (offloaded build vs llvm-only build).
 
 A graph is a short chain-with-branches over NCHW feature maps and 2-D matrices, drawn from the ops
-the rules know: conv2d (strides, padding, dilation, groups, bias, relu), pooling, add, concat,
-activations, reshape to 2-D, dense (plain and transposed weight, bias, relu).
+the rules know: conv2d (strides, padding, dilation, groups, bias, relu; sometimes after an explicit
+nn.pad, zero or not), pooling, add, concat, activations (also hardswish / hardsigmoid / silu spelled
+out as the frontends write them), reshape to 2-D, dense (plain and transposed weight, bias, relu).
 """
 
 from __future__ import annotations
@@ -34,6 +35,33 @@ def _shape(v) -> tuple[int, ...]:
 
 def _const(rng: np.random.Generator, shape, scale=0.5):
     return relax.const((rng.standard_normal(shape) * scale).astype(F32))
+
+
+def _scalar(value: float):
+    return relax.const(np.array(value, F32))
+
+
+def _relu6(bb, v, split: bool):
+    if split:  # TVM's PyTorch frontend: clip(0, inf) then clip(-inf, 6)
+        return bb.emit(R.clip(bb.emit(R.clip(v, 0, float("inf"))), float("-inf"), 6))
+    return bb.emit(R.clip(v, 0, 6))
+
+
+def activation_chain(bb, name: str, src):
+    """hardswish / hardsigmoid / silu as TVM's frontends spell them (ops/hardswish.py)."""
+    if name == "silu_chain":
+        return bb.emit(R.multiply(src, bb.emit(R.sigmoid(src))))
+    if name == "hardsigmoid_onnx":
+        return bb.emit(R.clip(bb.emit(R.add(bb.emit(R.multiply(_scalar(1 / 6), src)), _scalar(0.5))), 0, 1))
+    r6 = _relu6(bb, bb.emit(R.add(src, _scalar(3.0))), split=name.endswith("torch"))
+    if name == "hardsigmoid_torch":
+        return bb.emit(R.divide(r6, _scalar(6.0)))
+    if name == "hardswish_torch":
+        return bb.emit(R.divide(bb.emit(R.multiply(src, r6)), _scalar(6.0)))
+    return bb.emit(R.multiply(src, bb.emit(R.divide(r6, _scalar(6.0)))))  # hardswish_onnx
+
+
+CHAINS = ("hardswish_torch", "hardswish_onnx", "hardsigmoid_torch", "hardsigmoid_onnx", "silu_chain")
 
 
 @st.composite
@@ -82,6 +110,14 @@ def graphs(draw, max_ops: int = 6, wide: bool = False):
                     pads = [draw(st.integers(0, k - 1)) for _ in range(4)]
                     if h_ + pads[0] + pads[2] < span or w_ + pads[1] + pads[3] < span:
                         pads = [k // 2 * dil] * 4
+                    # an explicit pad (EfficientNet's ZeroPad2d): zero folds into the conv's padding, a
+                    # non-zero value stays on llvm
+                    pre_pad = draw(st.sampled_from(["none", "none", "zero", "one"])) if not wide else "none"
+                    if pre_pad != "none":
+                        extra = [draw(st.integers(0, 2)) for _ in range(4)]
+                        src = bb.emit(R.nn.pad(src, [0, 0, 0, 0, extra[0], extra[2], extra[1], extra[3]],
+                                               "constant", 0.0 if pre_pad == "zero" else 1.0))
+                        recipe.steps.append(f"pad({pre_pad}, {extra})")
                     stride = draw(st.sampled_from([1, 1, 2]))
                     groups = draw(st.sampled_from(([1, 1, 1] if wide else []) + [g for g in (1, 2, c_) if c_ % g == 0]))
                     out_c = groups * draw(st.integers(1, 3))
@@ -115,8 +151,11 @@ def graphs(draw, max_ops: int = 6, wide: bool = False):
                     maps.append(y)
                 elif kind in ("act", "act2d"):
                     src = draw(st.sampled_from(maps if kind == "act" else mats))
-                    act = draw(st.sampled_from(["relu", "sigmoid", "tanh"]))
-                    y = bb.emit({"relu": R.nn.relu, "sigmoid": R.sigmoid, "tanh": R.tanh}[act](src))
+                    act = draw(st.sampled_from(["relu", "sigmoid", "tanh", *CHAINS]))
+                    if act in CHAINS:
+                        y = activation_chain(bb, act, src)
+                    else:
+                        y = bb.emit({"relu": R.nn.relu, "sigmoid": R.sigmoid, "tanh": R.tanh}[act](src))
                     recipe.steps.append(act)
                     (maps if kind == "act" else mats).append(y)
                 elif kind == "add":

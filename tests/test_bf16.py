@@ -45,9 +45,11 @@ needs_native = pytest.mark.skipif(
 ROUNDED_BOUND = 1e-4
 #: documented bounds of bf16 vs float32 on the built-in models (README "bf16")
 MODEL_BOUND = 2e-2
-#: MobileNetV2 with random weights is ill-conditioned: rounding only its conv weights to bf16 (all
-#: else float32) already moves its output by 5e-2 (224 px) to 8e-2 (64 px); bf16 measures 7.5e-2 and
-#: 1.5e-1 there
+#: MobileNetV2 with its He-scaled random weights and random batch-norm statistics is ill-conditioned:
+#: its pre-ReLU6 activations have std 4-8 with 10-20% above the clip at 6, and rounding only its conv
+#: weights to bf16 (all else float32) already moves its output by 5e-2 (224 px) to 7.8e-2 (64 px);
+#: bf16 measures 7.5e-2 and 1.7e-1 there. test_mobilenet_v2_well_conditioned_meets_the_model_bound
+#: is the check at MODEL_BOUND.
 MOBILENET_BOUND = 0.25
 
 
@@ -241,6 +243,122 @@ def test_conv_chain_keeps_bf16_between_convs_with_the_same_numbers():
     assert err <= ROUNDED_BOUND, err
 
 
+def test_residual_block_stays_bf16_between_convs():
+    """A ResNet basic block (conv → relu → conv + residual → relu → conv): the residual sum is a sum
+    post-op into a bf16 destination, so the value flowing along the residual path is stored bf16 and
+    no f32 ↔ bf16 reorder runs between the convs; only the region input is converted and the last
+    conv (a region output) writes f32. The numbers are those of the reference rounded to bf16 at
+    every stored value (the residual is added in f32 to the f32 accumulator, then rounded once)."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 16, 10, 10)).astype("float32")
+    ws = [rng.standard_normal((16, 16, 3, 3)).astype("float32") * 0.2 for _ in range(4)]
+
+    def body(emit, xv):
+        def conv(v, w):
+            return emit(relax.op.nn.conv2d(v, relax.const(w), padding=1))
+
+        a = emit(relax.op.nn.relu(conv(xv, ws[0])))
+        b = emit(relax.op.nn.relu(conv(a, ws[1])))
+        c = emit(relax.op.nn.relu(emit(relax.op.add(conv(b, ws[2]), a))))
+        return relax.op.nn.conv2d(c, relax.const(ws[3]), padding=1)
+
+    def ref(rnd):
+        w = [rnd(v) for v in ws]
+
+        def conv(v, k):
+            return conv2d_nchw(v, w[k], padding=(1,) * 4).astype(np.float64)
+
+        a = rnd(np.maximum(conv(rnd(x), 0), 0).astype("float32"))
+        b = rnd(np.maximum(conv(a, 1), 0).astype("float32"))
+        c = rnd(np.maximum(conv(b, 2) + a, 0).astype("float32"))
+        return conv(c, 3)
+
+    part = bh.partition(graph({"x": x.shape}, body), precision="bf16")
+    got = run(build(part), [x])
+    if not NATIVE:
+        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
+    (region,) = _regions(part)
+    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    convs = [line for line in run_steps if "(conv2d) |" in line]
+    assert len(convs) == 4, run_steps
+    # the residual conv has a sum post-op into bf16; every conv but the last writes bf16
+    assert all(line.endswith(":bf16") for line in convs[:3]) and not convs[3].endswith(":bf16"), convs
+    conversions = [line for line in run_steps if "reorder" in line.split(" | ")[1] or "copied" in line]
+    assert all(line.endswith(":bf16") and " src=" in line and line.split(" src=")[1].split(" ")[0].endswith(":bf16")
+               for line in conversions if "tensor 0 " not in line), run_steps
+    err = relative_error(got, ref(to_bf16))
+    assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
+    # the residual really went through bf16: the reference that keeps it float32 is measurably off
+    assert relative_error(got, ref(lambda v: v)) > 1e-4
+
+
+def test_attention_block_stays_bf16_from_layer_norm_to_the_output_dense():
+    """layer_norm → Q/K/V denses → heads (reshape, permute) → Q Kᵀ → softmax → P V → heads merged →
+    output dense: every value between the layer norm and the output dense is read only by denses
+    and matmuls (which round it to bf16 anyway), so each is written in bf16 by its producer (the
+    layer norm computes in f32 and writes bf16) — except the softmax, which writes f32 (oneDNN's
+    bf16-destination softmax is 1-2 ulps off the rounded result) and is rounded by the one f32 → bf16
+    reorder that runs; the numbers are the reference with each dense's and matmul's operands
+    rounded to bf16."""
+    rng = np.random.default_rng(5)
+    seq, dim, heads = 8, 16, 2
+    hd = dim // heads
+    x = rng.standard_normal((1, seq, dim)).astype("float32")
+    gamma, beta = (rng.standard_normal(dim).astype("float32") for _ in range(2))
+    ws = [rng.standard_normal((dim, dim)).astype("float32") * 0.3 for _ in range(4)]
+    bs = [rng.standard_normal(dim).astype("float32") for _ in range(4)]
+
+    def body(emit, xv):
+        h = emit(relax.op.nn.layer_norm(xv, relax.const(gamma), relax.const(beta), axes=[-1]))
+
+        def proj(v, k):
+            return emit(relax.op.add(emit(relax.op.matmul(v, relax.const(ws[k]))), relax.const(bs[k])))
+
+        def split(v, axes):
+            return emit(relax.op.permute_dims(emit(relax.op.reshape(v, (1, seq, heads, hd))), axes))
+
+        q, kt, v = split(proj(h, 0), [0, 2, 1, 3]), split(proj(h, 1), [0, 2, 3, 1]), split(proj(h, 2), [0, 2, 1, 3])
+        p = emit(relax.op.nn.softmax(emit(relax.op.matmul(q, kt)), axis=-1))
+        o = emit(relax.op.reshape(emit(relax.op.permute_dims(emit(relax.op.matmul(p, v)), [0, 2, 1, 3])),
+                                  (1, seq, dim)))
+        return proj(o, 3)
+
+    def ref(rnd):
+        xx = x.astype(np.float64)
+        h = (xx - xx.mean(-1, keepdims=True)) / np.sqrt(xx.var(-1, keepdims=True) + 1e-5) * gamma + beta
+
+        def proj(v, k):
+            return rnd(v) @ rnd(ws[k]).astype(np.float64) + bs[k]
+
+        def split(v):
+            return v.reshape(1, seq, heads, hd).transpose(0, 2, 1, 3)
+
+        q, k, v = split(proj(h, 0)), split(proj(h, 1)), split(proj(h, 2))
+        sc = rnd(q) @ rnd(k).transpose(0, 1, 3, 2)
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        o = rnd(e / e.sum(-1, keepdims=True)) @ rnd(v)
+        return proj(o.transpose(0, 2, 1, 3).reshape(1, seq, dim), 3)
+
+    def rnd64(v):
+        return to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)
+
+    part = bh.partition(graph({"x": x.shape}, body), precision="bf16")
+    got = run(build(part), [x])
+    if not NATIVE:
+        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
+    (region,) = _regions(part)
+    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    conversions = [line for line in run_steps if "reorder" in line.split(" | ")[1]]
+    to_bf16_steps = [line for line in conversions if not line.split(" src=")[1].split(" ")[0].endswith(":bf16")]
+    assert len(to_bf16_steps) == 1 and "(matmul)" in to_bf16_steps[0], run_steps  # the softmax output only
+    (norm,) = [line for line in run_steps if "(layer_norm) |" in line]
+    assert norm.endswith(":bf16") and ":bf16 dst=" not in norm, norm  # f32 in, bf16 out
+    assert sum(line.endswith(":bf16") for line in run_steps if "(dense) |" in line) == 3  # Q, K, V
+    err = relative_error(got, ref(rnd64))
+    assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
+    assert relative_error(got, ref(lambda v: np.asarray(v, dtype=np.float64))) > 1e-4
+
+
 # -- the built-in models -----------------------------------------------------------------------------
 MODELS = [
     ("mlp", {}, MODEL_BOUND),
@@ -264,6 +382,24 @@ def test_models_bf16_within_the_documented_bound(name, kwargs, bound):
     assert err <= bound, f"{name}: bf16 vs float32 {err:.2e} > {bound}"
     assert err > 1e-5, f"{name}: bf16 output equals float32 ({err:.1e}): did it run bf16?"
     assert "precision: bf16" in str(bh.report(part))
+
+
+@needs_native
+def test_mobilenet_v2_well_conditioned_meets_the_model_bound():
+    """The same MobileNetV2 (architecture, seed, batch-norm statistics) with its conv weights drawn
+    LeCun-normal (variance 1/fan_in) instead of He (2/fan_in): weights x 1/sqrt(2). Its activations
+    then rarely reach ReLU6's clip, and the model is well-conditioned: rounding only its conv weights
+    to bf16 moves the output by 3.0e-3 (vs 7.8e-2 with He weights), and the bf16 build measures
+    3.9e-3, so the bf16 runtime adds about as much error over that inherent rounding (1.3x) as it does
+    on the He model (2.2x): the smaller error is the model's conditioning, not hidden error."""
+    mod, params = bh.models.mobilenet_v2(image_size=64)
+    params = {k: (v / np.float32(np.sqrt(2.0)) if k.startswith("features") and k.endswith("_weight") else v)
+              for k, v in params.items()}
+    inputs = random_inputs(mod, params)
+    want = run(build(bh.bind_params(mod, params)), inputs)
+    got = run(build(bh.partition(mod, params, precision="bf16")), inputs)
+    err = relative_error(got, want)
+    assert 1e-5 < err <= MODEL_BOUND, f"MobileNetV2 (LeCun-scaled) bf16 vs float32: {err:.2e}"
 
 
 # -- the fallback (forced, so it runs on every CPU) ---------------------------------------------------

@@ -101,6 +101,32 @@ def test_zoo_model_matches_torch(zoo, name, path):
     assert err <= TOLERANCE, f"{name} via {path}: relative error {err:.2e} > {TOLERANCE}"
 
 
+#: README "bf16": bf16 vs float32 on the zoo's small configs (measured 7.8e-5 (BERT) to 5.7e-3 (ViT))
+BF16_BOUND = 2e-2
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_model_bf16_within_the_documented_bound(zoo, name, path):
+    """precision="bf16": convs, denses and matmuls (attention's batched ones included) in bf16, layer
+    norms, softmax and reductions in f32; the output stays within the documented bound of torch f32."""
+    from byoc_hetero._native import _C
+
+    if not _C.bf16_native():
+        pytest.skip(f"needs native bf16 (oneDNN ISA avx512_core_bf16 or later; this CPU: {_C.isa()})")
+    if path == "from_onnx" and name in NEEDS_FOLDING and not HAS_ORT:
+        pytest.skip(f"TVM imports the {name} ONNX export only after folding with onnxruntime, not installed")
+    zm, want, onnx_path = zoo(name)
+    mod, params = _import(zm, onnx_path, path)
+    part = bh.partition(mod, params, precision="bf16")
+    assert "precision: bf16" in str(bh.report(part))
+    got = _run(part, zm.inputs)
+    assert got.shape == want.shape and got.dtype == want.dtype  # the region outputs stay float32
+    err = float(np.max(np.abs(got.astype("float64") - want)) / np.max(np.abs(want)))
+    assert err <= BF16_BOUND, f"{name} via {path} in bf16: relative error {err:.2e} > {BF16_BOUND}"
+    assert err > 1e-5, f"{name} via {path}: bf16 output equals float32 ({err:.1e}): did it run bf16?"
+
+
 @pytest.mark.parametrize("name", NEEDS_FOLDING)
 def test_onnx_export_needs_folding_and_fails_clearly_without_onnxruntime(zoo, name, monkeypatch):
     """Without onnxruntime there is no folding step: TVM's own error comes back as UnsupportedModelError

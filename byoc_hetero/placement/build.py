@@ -28,7 +28,7 @@ from tvm import relax
 
 from .. import _relax
 from ..errors import PlacementError
-from ..inputs import signature
+from ..inputs import dim_ranges, signature
 from . import _ir
 from .devices import Device, device_of_vdevice, module_vdevices, parse_device
 from .validate import validate, validate_lowered
@@ -97,6 +97,9 @@ def make_plan(mod: tvm.IRModule) -> dict[str, Any]:
             num_inputs -= entry["num_constants"]
         specs = signature(func)[:num_inputs]
         entry["inputs"] = [spec.to_json() if spec is not None else None for spec in specs]
+        ranges = dim_ranges(func)
+        if ranges:
+            entry["dim_ranges"] = {name: list(r) for name, r in ranges.items()}
         functions[name] = entry
     return {"format": PLAN_FORMAT, "version": 1, "devices": devices, "functions": functions}
 

@@ -86,6 +86,10 @@ class PlacedVM:
         specs = entry.get("inputs") or [None] * n
         return [TensorSpec.from_json(s) if s is not None else None for s in specs]
 
+    def dim_ranges(self, function: str = "main") -> dict[str, tuple[int | None, int | None]]:
+        """The declared range of each symbolic dim of ``function``'s inputs (empty if none)."""
+        return {name: (lo, hi) for name, (lo, hi) in self._entry(function).get("dim_ranges", {}).items()}
+
     def _entry(self, function: str) -> dict:
         try:
             return self.plan["functions"][function]
@@ -111,12 +115,12 @@ class PlacedVM:
         """Run ``function`` on ``inputs`` (numpy arrays or tensors on any device).
 
         Raises :class:`~byoc_hetero.errors.InputError` naming the input when the count, a dtype or
-        a shape does not match ``function``'s signature (a symbolic dimension takes any value, the
-        same value wherever the same variable appears)."""
+        a shape does not match ``function``'s signature (a symbolic dimension takes any value in its
+        declared range, the same value wherever the same variable appears)."""
         devices, specs = self.input_devices(function), self.input_specs(function)
         check_count(function, specs, len(inputs))
         args = [self._move(x, d, function, i) for i, (x, d) in enumerate(zip(inputs, devices))]
-        check(function, specs, args)
+        check(function, specs, args, self.dim_ranges(function))
         return self.vm[function](*args, *self._constants.get(function, []))
 
     def __getitem__(self, function: str) -> Callable:

@@ -76,7 +76,9 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
                           ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue};
   // bf16: the direct convolution reads bf16 data and weights (converted once at __init_) and
   // accumulates in f32; Winograd stays f32-only (its transforms would add bf16 rounding on top),
-  // so bf16 regions use the direct convolution.
+  // so bf16 regions use the direct convolution, which is also faster: the bf16 direct conv took
+  // 0.3-0.7x our f32 Winograd's time on ResNet's 3x3 layers (64@56, 128@28, 256@14, 512@7;
+  // bench/BF16.md "Winograd"), so no per-layer pick is needed.
   if (!ctx.bf16) {
     if (std::unique_ptr<Kernel> winograd = TryBuildWinogradConv2D(ctx, params)) return winograd;
   }
@@ -93,13 +95,11 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
         {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]}, {padding[2], padding[3]},
         ctx.MakeAttr(epilogue));
   };
-  // The output stays f32 in bf16 mode (the epilogue is applied in f32 either way): residuals,
-  // pooling, normalizations and region outputs read it as before. Only where every reader is a
-  // conv2d, which would convert it to bf16 itself, is it written as bf16, saving one reorder per
-  // edge (ResNet's first conv of a block, MobileNet's expand and depthwise convs); the numbers
-  // are the same.
-  const memory::data_type odt =
-      !epilogue.residual && OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
+  // The epilogue is applied in f32 either way. The output is written bf16 where every reader
+  // rounds it to bf16 anyway, or reads it as a conv residual into a bf16 output (a bf16 residual
+  // stream: OutputOnlyFeedsBf16Convs), saving a reorder per edge; else f32 (pooling averages,
+  // normalizations, eltwise, region outputs read it as before).
+  const memory::data_type odt = OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
   dnnl::convolution_forward::primitive_desc pd = make_pd(AnyDesc(src_dims, cdt), AnyDesc(dst_dims, odt));
   // A 1x1 or depthwise conv whose input arrives channel-blocked (e.g. nChw8c, as the stem conv
   // of a MobileNet writes it) keeps that layout for its input and output where oneDNN has a

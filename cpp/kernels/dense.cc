@@ -58,11 +58,14 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   const bool constant_weight = ctx.input_constant.size() > 1 && ctx.input_constant[1];
 
   // bf16: src and weight are read as bf16 (the weight converted once when constant, the data on
-  // every call), accumulation and the output stay f32.
+  // every call), accumulation stays f32; the output is f32 unless every reader rounds it to bf16
+  // anyway (OutputOnlyFeedsBf16Convs: e.g. attention's Q/K/V projections read by matmuls).
   const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::desc dst = WithType(PlainDesc(dst_dims), OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
+                                                                                      : memory::data_type::f32);
   auto make = [&](const memory::desc& wei) {
     return dnnl::matmul::primitive_desc(ctx.engine, WithType(PlainDesc(src_dims), cdt), wei,
-                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
+                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), dst,
                                         ctx.MakeAttr(epilogue));
   };
   dnnl::matmul::primitive_desc pd = ctx.bf16 ? make(constant_weight ? AnyDesc(wei_dims, cdt) : WithType(wei_view, cdt))

@@ -28,9 +28,15 @@ static std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx) {
   ctx.ExpectOutputShape(ctx.input(0).shape);
 
   const memory::desc src = ctx.InputLayout(0);
-  dnnl::eltwise_forward::primitive_desc pd(ctx.engine, dnnl::prop_kind::forward_inference, act.alg,
-                                           src, AnyDesc(src.get_dims()), act.alpha, act.beta,
-                                           ctx.MakeAttr());
+  auto make = [&](const memory::desc& dst) {
+    return dnnl::eltwise_forward::primitive_desc(ctx.engine, dnnl::prop_kind::forward_inference, act.alg, src, dst,
+                                                 act.alpha, act.beta, ctx.MakeAttr());
+  };
+  // bf16 region: a bf16-stored input (its producer stores it so only when this output qualifies,
+  // OutputOnlyFeedsBf16Convs: a transformer MLP's gelu read by the second dense) is computed in f32
+  // and written bf16; oneDNN 3.2 has no f32 -> bf16 eltwise, so the rounding moves before it.
+  const memory::desc pd_dst = AnyDesc(src.get_dims(), src.get_data_type());
+  dnnl::eltwise_forward::primitive_desc pd = make(pd_dst);
   std::vector<OperandLayout> inputs{{PlainDesc(src.get_dims()), pd.src_desc()}};
   OperandLayout output{PlainDesc(src.get_dims()), pd.dst_desc()};
   return std::make_unique<PrimitiveKernel>(ctx.where(), "eltwise", std::move(pd),

@@ -223,8 +223,28 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
 }
 
 namespace {
-/*! \brief Whether tensor t (written by node `producer`) is only read as data by conv2d nodes, or
- *         by max pools whose outputs are in turn (rounding commutes with max: same numbers). */
+/*! \brief Whether input k of \p node is the residual of a conv2d (its last input, a sum post-op). */
+bool IsConvResidual(const NodeInfo& node, size_t k) {
+  if (node.op != "conv2d" || k + 1 != node.inputs.size() || k < 2) return false;
+  auto it = node.attrs.find("residual");
+  if (it == node.attrs.end()) return false;
+  const tvm::ffi::Any& v = it->second;  // 0/1 or false/true, as AttrReader::Flag reads it
+  if (v.type_index() == tvm::ffi::TypeIndex::kTVMFFIBool) return v.cast<bool>();
+  return v.type_index() == tvm::ffi::TypeIndex::kTVMFFIInt && v.cast<int64_t>() == 1;
+}
+
+/*!
+ * \brief Whether tensor t (written by node `producer`) is read only where a bf16 region rounds it
+ *        to bf16 anyway, so that storing it rounded changes no number and saves the reorders:
+ *        as the data of a conv2d, as either operand of a dense (data, run-time weight) or a
+ *        matmul (a, b); or through a node whose output qualifies in turn: a reshape (the same
+ *        bytes), a permute (a bf16 -> bf16 reorder), a max pool (a max of rounded values is the
+ *        rounded max). Two readers change the numbers: the residual of a conv2d whose output qualifies (a bf16 residual stream: the
+ *        sum post-op adds the rounded residual to the f32 accumulator, then rounds once, as
+ *        OpenVINO's bf16 ResNet does; the bound is tests/test_bf16.py's); and likewise an eltwise
+ *        whose output qualifies (gelu before a dense: the rounding moves before the activation,
+ *        as oneDNN 3.2 has no f32 -> bf16 eltwise).
+ */
 bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
   if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
   bool read = false;
@@ -232,14 +252,19 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
     const NodeInfo& node = g.nodes[n];
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (node.inputs[k] != t) continue;
-      if (k != 0) return false;
-      if (node.op == "pool2d") {
+      bool ok = false;
+      if (node.op == "conv2d") {
+        ok = k == 0 || (IsConvResidual(node, k) && OnlyConvsRead(g, n, node.output));
+      } else if (node.op == "dense" || node.op == "matmul") {
+        ok = k <= 1;  // data / a and weight / b; never the bias or a residual
+      } else if (node.op == "reshape" || node.op == "permute" || node.op == "eltwise") {
+        ok = OnlyConvsRead(g, n, node.output);
+      } else if (node.op == "pool2d") {
         auto alg = node.attrs.find("algorithm");
         const bool max = alg != node.attrs.end() && alg->second.as<tvm::ffi::String>().value_or("") == "max";
-        if (!max || !OnlyConvsRead(g, n, node.output)) return false;
-      } else if (node.op != "conv2d") {
-        return false;
+        ok = max && OnlyConvsRead(g, n, node.output);
       }
+      if (!ok) return false;
       read = true;
     }
   }
@@ -249,6 +274,10 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
 
 bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx) {
   return ctx.bf16 && OnlyConvsRead(ctx.graph, ctx.node_index, ctx.node().output);
+}
+
+memory::desc Bf16OutputIfRounded(const KernelContext& ctx, const memory::desc& plain) {
+  return OutputOnlyFeedsBf16Convs(ctx) ? WithType(plain, memory::data_type::bf16) : plain;
 }
 
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md) {

@@ -203,11 +203,27 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
 
 /*!
  * \brief In a bf16 region, whether node \p ctx's output may be stored as bf16: it is no region
- *        output and every node reading it is a conv2d reading it as its data (which converts it
- *        to bf16 anyway, so storing it rounded changes no result and saves that reorder), or a
- *        max pool2d whose output qualifies in turn (a max of rounded values is the rounded max).
+ *        output and every node reading it rounds it to bf16 anyway (the data of a conv2d, the
+ *        operands of a dense or a matmul; through a reshape, permute or max pool2d whose output qualifies
+ *        in turn), so storing it rounded changes no result and saves the reorders; or it is the
+ *        residual of a conv2d whose output qualifies (a bf16 residual stream). See kernel.cc.
  */
 bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx);
+/*! \brief \p plain as bf16 when OutputOnlyFeedsBf16Convs(ctx), else \p plain itself. */
+memory::desc Bf16OutputIfRounded(const KernelContext& ctx, const memory::desc& plain);
+/*!
+ * \brief make(dst), or make(fallback) when oneDNN has no implementation writing dst (e.g. an
+ *        f32 -> bf16 normalization on an older oneDNN): a bf16 destination is an optimization only.
+ */
+template <typename Make>
+auto TryWithType(const Make& make, const memory::desc& dst, const memory::desc& fallback) -> decltype(make(dst)) {
+  if (dst == fallback) return make(dst);
+  try {
+    return make(dst);
+  } catch (const dnnl::error&) {
+    return make(fallback);
+  }
+}
 
 /*! \brief aBcd8b / aBcd16b when md is a 4-d f32 tensor in that channel-blocked layout. */
 std::optional<memory::format_tag> ChannelBlockedTag(const memory::desc& md);

@@ -51,8 +51,14 @@ static std::unique_ptr<Kernel> BuildLayerNorm(const KernelContext& ctx) {
   auto flags = dnnl::normalization_flags::none;
   if (has_scale) flags |= dnnl::normalization_flags::use_scale;
   if (has_shift) flags |= dnnl::normalization_flags::use_shift;
-  dnnl::layer_normalization_forward::primitive_desc pd(ctx.engine, dnnl::prop_kind::forward_inference, plain,
-                                                       plain, static_cast<float>(eps), flags, ctx.MakeAttr());
+  // Computed in f32; in a bf16 region whose readers round the result to bf16 anyway (the Q/K/V or
+  // MLP denses after it), it is written as bf16 directly instead of through a reorder per reader.
+  auto make = [&](const memory::desc& dst) {
+    return dnnl::layer_normalization_forward::primitive_desc(ctx.engine, dnnl::prop_kind::forward_inference, plain,
+                                                             dst, static_cast<float>(eps), flags, ctx.MakeAttr());
+  };
+  const memory::desc dst = Bf16OutputIfRounded(ctx, plain);
+  dnnl::layer_normalization_forward::primitive_desc pd = TryWithType(make, dst, plain);
   std::vector<OperandLayout> inputs{{plain, plain}};
   std::vector<int> args{DNNL_ARG_SRC};
   const memory::desc channel = PlainDesc({cols});
@@ -65,7 +71,7 @@ static std::unique_ptr<Kernel> BuildLayerNorm(const KernelContext& ctx) {
     args.push_back(DNNL_ARG_SHIFT);
   }
   return std::make_unique<PrimitiveKernel>(ctx.where(), "layer_norm", std::move(pd), std::move(args),
-                                           std::move(inputs), OperandLayout{plain, plain});
+                                           std::move(inputs), OperandLayout{plain, pd.dst_desc()});
 }
 
 BYOC_HETERO_REGISTER_KERNEL("layer_norm", BuildLayerNorm);

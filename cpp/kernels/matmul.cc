@@ -182,7 +182,12 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   // read where it lies.
   // bf16: a and b are read as bf16 copies (a constant b converted once, run-time operands on every
   // call, a strided view through one reorder), accumulation and the output stay f32.
-  memory::desc a_src = ctx.bf16 ? WithType(PlainDesc(a_dims), memory::data_type::bf16) : a_md;
+  // A strided bf16 a (Q of attention, a permuted dense output stored bf16) is read where it lies
+  // when a jit matmul takes those strides, else through a plain bf16 copy (below).
+  memory::desc a_src = ctx.bf16 ? WithType(a_md, memory::data_type::bf16) : a_md;
+  // The output is f32 unless every reader rounds it to bf16 anyway (OutputOnlyFeedsBf16Convs).
+  const memory::desc dst = WithType(PlainDesc(dst_dims), OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
+                                                                                      : memory::data_type::f32);
   // Post-ops in the order the region format states: scale, mask add, activation, sum, post-activation
   // (MakeAttr's order, with the mask's binary add after the scale).
   int mask_post_op = -1;
@@ -200,12 +205,17 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   }
   auto make = [&](const memory::desc& b) {
     return dnnl::matmul::primitive_desc(ctx.engine, a_src, b,
-                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims),
-                                        attr);
+                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), dst, attr);
+  };
+  auto make_bf16 = [&] {
+    return make(b_constant ? AnyDesc(b_dims, memory::data_type::bf16) : WithType(b_view, memory::data_type::bf16));
   };
   dnnl::matmul::primitive_desc pd =
-      ctx.bf16 ? make(b_constant ? AnyDesc(b_dims, memory::data_type::bf16) : WithType(b_view, memory::data_type::bf16))
-               : b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
+      ctx.bf16 ? make_bf16() : b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
+  if (ctx.bf16 && a_view.strided && IsReferenceImpl(pd)) {
+    a_src = WithType(PlainDesc(a_dims), memory::data_type::bf16);
+    pd = make_bf16();
+  }
   if (!ctx.bf16 && IsReferenceImpl(pd) && (a_view.strided || (b_in.strided && !b_constant))) {
     // Only the reference matmul reads these strides: read plain copies (the planner reorders).
     a_src = PlainDesc(a_dims);

@@ -42,10 +42,16 @@ static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
   ctx.ExpectOutputShape(std::vector<int64_t>(dims.begin(), dims.end()));
   const memory::desc view = StridedDesc(dims, strides);
   const memory::desc out = PlainDesc(dims);
-  dnnl::reorder::primitive_desc pd(ctx.engine, view, ctx.engine, out, ctx.MakeAttr());
+  // bf16 region: a bf16-stored input is read as bf16 and the output written as bf16 where its
+  // readers round it anyway (OutputOnlyFeedsBf16Convs: attention's heads merged before the output
+  // dense); the reorder converts when the two differ.
+  const bool bf16_in = !ctx.input_storage.empty() && ctx.input_storage[0].get_data_type() == memory::data_type::bf16;
+  const memory::desc src = bf16_in ? WithType(view, memory::data_type::bf16) : view;
+  const memory::desc dst = Bf16OutputIfRounded(ctx, out);
+  dnnl::reorder::primitive_desc pd(ctx.engine, src, ctx.engine, dst, ctx.MakeAttr());
   return std::make_unique<PrimitiveKernel>(ctx.where(), "permute", std::move(pd),
                                            std::vector<int>{DNNL_ARG_FROM},
-                                           std::vector<OperandLayout>{{view, view}}, OperandLayout{out, out});
+                                           std::vector<OperandLayout>{{view, src}}, OperandLayout{out, dst});
 }
 
 BYOC_HETERO_REGISTER_KERNEL("permute", BuildPermute);

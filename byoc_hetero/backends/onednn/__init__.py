@@ -29,6 +29,12 @@ rules                           match
 ``softmax``                     softmax along any axis
 ``add[_act]``, ``multiply[_act]`` with broadcasting on one side, [activation]
 ``activation``                  relu, clip, sigmoid, tanh, gelu, gelu_tanh, silu on their own
+``hardswish``, ``hardsigmoid``  the chains the frontends spell them as (add 3, clip, divide by 6, or
+``silu_decomposed``             alpha·x + beta, clip 0..1); x · sigmoid(x): one eltwise each, made
+                                a post-op of their producer by a region-graph pass
+``conv2d_pad[_bias][_bn]``      conv2d of a zero nn.pad of H/W: the pad joins the conv's
+``[_act]``                      padding
+``pad``                         a lone pad: never accepted, says why it stays on llvm
 ``layer_norm``, ``group_norm``  over the trailing axes / groups of channels (axis 1)
 ``*_norm_decomposed[_scale]``   mean/subtract/power|variance/add/sqrt/divide [multiply] [add] as
 ``[_shift]``                    ONNX exporters spell layer and instance norm (one kernel each)

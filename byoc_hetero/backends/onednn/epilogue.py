@@ -17,9 +17,9 @@ from tvm.relax.dpl import DFPattern, is_op, is_tuple_get_item, wildcard
 from ..._relax import shape_of
 from ...rules import Check, Match
 from .lowering import ANCHORS
-from .ops.activation import activation_pattern, activation_reason
+from .ops.activation import FUSES_ACTIVATION, FUSES_ONLY, activation_pattern, activation_reason
 from .precision import tensor_reason
-from .table import PatternSpec
+from .table import PatternSpec, graph_pass
 
 Anchor = Callable[[], tuple[DFPattern, dict[str, DFPattern]]]
 """``make_anchor() -> (pattern, names)``: a fresh pattern of the anchor op and its named parts."""
@@ -224,3 +224,47 @@ def fuse_add(ctx, call: relax.Call) -> int | None:
         node.inputs.append(operand)
         return node.output
     raise ctx.fail(f"add of shape {operand_shape} after {node.op} is neither a bias nor a residual")
+
+
+# ----------------------------------------------------------------------------------------------
+# Region-graph pass: an eltwise node becomes a post-op of the node that computes its operand
+# ----------------------------------------------------------------------------------------------
+@graph_pass
+def fuse_eltwise_into_producer(graph) -> None:
+    """An ``eltwise`` whose operand only it reads (and the region does not return) becomes the
+    ``activation`` (``post_activation`` after a residual) of the conv2d / dense / matmul / binary
+    node that computes the operand, when that slot is free; the producer then writes the eltwise's
+    output tensor and the eltwise node is dropped.
+
+    Why here and not in the patterns: an activation in a composite of its own (a hardswish chain,
+    :mod:`.ops.hardswish`, or any activation a larger epilogue rule could not take) was a separate
+    oneDNN step reading and writing the whole tensor; composites are lowered one at a time and
+    cannot see that their operand has no other reader, the whole region graph can."""
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for tid in node.inputs:
+            readers[tid] = readers.get(tid, 0) + 1
+    producers = {n.output: n for n in graph.nodes}
+    returned = set(graph.outputs)
+    dropped = set()
+    for node in graph.nodes:
+        if node.op != "eltwise" or len(node.inputs) != 1:
+            continue
+        src = node.inputs[0]
+        producer = producers.get(src)
+        if producer is None or id(producer) in dropped or readers.get(src) != 1 or src in returned:
+            continue
+        name = node.attrs["algorithm"]
+        if not (producer.op in FUSES_ACTIVATION or name in FUSES_ONLY.get(producer.op, ())):
+            continue
+        residual = bool(producer.attrs.get("residual"))
+        key, clip_key = ("post_activation", "post_clip") if residual else ("activation", "clip")
+        if producer.attrs.get(key, "none") != "none":
+            continue
+        producer.attrs[key] = name
+        if "clip" in node.attrs:
+            producer.attrs[clip_key] = node.attrs["clip"]
+        producer.output = node.output  # the old output tensor is left unread
+        producers[node.output] = producer
+        dropped.add(id(node))
+    graph.nodes[:] = [n for n in graph.nodes if id(n) not in dropped]

@@ -19,7 +19,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..._relax import function_outputs, op_name, shape_of, short_op_name, tensor_dtype
+from ..._relax import function_outputs, op_name, opaque_dims, shape_of, short_op_name, tensor_dtype
 from ...errors import CodegenError
 from .precision import DEFAULT_DTYPE, DEFAULT_PRECISION, check_precision
 from .table import TARGET, composite_lowering_for, graph_passes, lowering_for
@@ -185,7 +185,20 @@ class RegionLowering:
             self.graph.outputs.append(tid)
         for rewrite in graph_passes():
             rewrite(self.graph)
+        self.bind_opaque_dims()
         return self.graph
+
+    def bind_opaque_dims(self) -> None:
+        """Give a dim expression whose symbols no input or output binds a symbol of its own
+        (:func:`byoc_hetero._relax.opaque_dims`; the cost gate keeps regions where that is not
+        exact on llvm, so a failure here is a bug)."""
+        tensors = self.graph.tensors
+        names, reason = opaque_dims([tuple(tensors[t]["shape"]) for t in self.graph.inputs + self.graph.outputs],
+                                    [tuple(t["shape"]) for t in tensors])
+        if reason:
+            raise self.fail(reason)
+        for t in tensors:
+            t["shape"] = [names.get(d, d) if isinstance(d, str) else d for d in t["shape"]]
 
     def region_binding(self, var: relax.Var, value: relax.Expr) -> None:
         if isinstance(value, relax.Function):

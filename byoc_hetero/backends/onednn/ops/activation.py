@@ -42,7 +42,7 @@ ACTIVATIONS = {
 
 #: Runtime activation names with no Relax op of their own: hardswish and hardsigmoid (oneDNN's
 #: eltwise_hardswish / eltwise_hardsigmoid with alpha 1/6, beta 1/2), which TVM's frontends emit
-#: as chains (add 3, clip, divide by 6) that run op by op today; and x**3 (``power(x, 3)``, :mod:`.unary`).
+#: as chains (add 3, clip, divide by 6) that :mod:`.hardswish` recognizes; and x**3 (``power(x, 3)``, :mod:`.unary`).
 UNMAPPED_ACTIVATIONS = ("hardswish", "hardsigmoid", "cube")
 
 #: JSON has no infinity: an infinite clip bound is written as this (float32 reads it as infinity).

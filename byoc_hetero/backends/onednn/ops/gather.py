@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ...._relax import static_shape, tensor_dtype
+from ...._relax import shape_of, static_shape, tensor_dtype
 from ....rules import Match
 from ..precision import tensor_reason
 from ..table import PatternSpec, lowers, pattern_rules
@@ -30,16 +30,17 @@ def _constant_index(expr: relax.Expr) -> int | None:
 
 
 def check_take(match: Match) -> str | None:
-    """A float32 table, integer indices with static shapes, axis 0, the default mode."""
+    """A float32 table of static shape, integer indices (symbolic dims allowed: batch, sequence),
+    axis 0, the default mode."""
     call = match.expr("root")
     table, ids = call.args[0], call.args[1]
-    reason = tensor_reason(table, "table") or tensor_reason(call, "result")
+    reason = tensor_reason(table, "table") or tensor_reason(call, "result", symbolic=True)
     if reason:
         return reason
     if tensor_dtype(ids) not in INDEX_DTYPES:
         return f"indices have dtype {tensor_dtype(ids)}; the runtime takes {' or '.join(INDEX_DTYPES)} indices"
-    if static_shape(ids) is None:
-        return f"indices have a symbolic or unknown shape {ids.ty}"
+    if shape_of(ids) is None:
+        return f"indices have the shape {ids.ty}, which the runtime cannot evaluate"
     rank = len(static_shape(table))
     axis = call.attrs.axis
     if rank == 0 or axis is None or not -rank <= int(axis) < rank:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ...._relax import static_shape, tensor_dtype
+from ...._relax import shape_of, tensor_dtype
 from ....rules import Match
 from ..table import PatternSpec, lowers, pattern_rules
 
@@ -32,11 +32,14 @@ MASK_DTYPES = ("float32", "int64", "int32", "bool")
 
 
 def _static_reason(exprs: dict[str, relax.Expr]) -> str | None:
+    """dtype and shape of each operand. Symbolic dims are allowed (elementwise kernels planned per
+    binding, their broadcasting checked on the bound shapes) when the runtime can evaluate them."""
     for name, expr in exprs.items():
         if tensor_dtype(expr) not in MASK_DTYPES:
             return f"{name} has dtype {tensor_dtype(expr) or 'non-tensor'}; mask ops run on {', '.join(MASK_DTYPES)}"
-        if static_shape(expr) is None:
-            return f"{name} has a symbolic or unknown shape {expr.ty}; the runtime needs static shapes"
+        if shape_of(expr) is None:
+            return (f"{name} has the shape {expr.ty}, whose rank is unknown or whose dims use more than "
+                    "symbols, integers, + - * //; the runtime cannot evaluate it")
     return None
 
 

@@ -59,8 +59,10 @@ def _affine_reason(match: Match, call: relax.Call, size: int, what: str) -> str 
 
 # -- layer_norm ---------------------------------------------------------------------------------
 def check_layer_norm(match: Match) -> str | None:
-    """layer_norm of float32 data over its trailing axes (any number of them)."""
-    reason = tensors_reason(match, ["data", "root"])
+    """layer_norm of float32 data over its trailing axes (any number of them); the leading dims
+    may be symbolic (batch, sequence: the kernel is planned per binding), the normalized ones
+    are static (gamma and beta have their size)."""
+    reason = tensors_reason(match, ["data", "root"], symbolic=True)
     if reason:
         return reason
     call = match.expr("root")
@@ -72,6 +74,8 @@ def check_layer_norm(match: Match) -> str | None:
     if not axes or axes != list(range(rank - len(axes), rank)):
         return (f"layer_norm over axes {[int(a) for a in call.attrs.axes]} of rank-{rank} data; "
                 "the runtime normalizes over the trailing axes only")
+    if any(not isinstance(d, int) for d in shape[rank - len(axes):]):
+        return f"layer_norm over the symbolic axes of {list(shape)}; the normalized dims must be static"
     size = math.prod(shape[rank - len(axes):])
     return (_epsilon_reason(float(call.attrs.epsilon), "layer_norm")
             or _affine_reason(match, call, size, "the normalized axes' size"))

@@ -29,8 +29,8 @@ def scalar_constant(expr: relax.Expr) -> float | None:
 
 
 def check_erf(match: Match) -> str | None:
-    """erf of a float32 tensor with a static shape."""
-    return tensors_reason(match, ["data", "root"])
+    """erf of a float32 tensor (symbolic dims too: the kernel is elementwise)."""
+    return tensors_reason(match, ["data", "root"], symbolic=True)
 
 
 def check_power(match: Match) -> str | None:
