@@ -49,6 +49,7 @@ from ._relax import (
 from .backends.onednn import TARGET as DEFAULT_TARGET
 from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
 from .errors import CodegenError, RuleError, first_line
+from .fold import fold_int_constants
 from .rules import (
     CONST_DIGEST_ATTR,
     DecisionLog,
@@ -468,6 +469,9 @@ def partition(
     ``precision``: ``"f32"`` (default) or ``"bf16"`` (see :func:`stages`).
     """
     mod = bind_params(mod, params)
+    # index / mask bookkeeping on constants and static shapes (int64, bool) becomes constants: it has
+    # no runtime kernel and, reading a region's output shape, split ViT in two (byoc_hetero/fold.py)
+    mod = fold_int_constants(mod)
     for stage in stages(target, min_region_ops, require_heavy_op, precision):
         mod = stage(mod)
     return mod

@@ -740,3 +740,103 @@ def run_all(ex, arrays) -> list[np.ndarray]:
     """Run ``main`` and return every output as numpy."""
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in arrays])
     return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+@st.composite
+def transformer_graphs(draw):
+    """Draw ``(mod, inputs, recipe)``: one attention block with random heads / sequence / head size,
+    the scores scaled (multiply or divide by a random constant, or not) and masked (a mask input of a
+    random broadcasting shape, or none), written directly or as TVM's torch frontend does (batched
+    [H, S, D] matmuls, 2-D linears between reshapes); then an MLP whose activation is a gelu chain
+    (erf or tanh form, random grouping and operand order, sometimes with a wrong constant, so no
+    gelu), ``nn.gelu`` or none, a residual add, and a ``take`` along a random axis."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    heads, seq, dim = draw(st.integers(1, 3)), draw(st.integers(2, 9)), draw(st.integers(1, 6))
+    hidden = heads * dim
+    torch_style = draw(st.booleans())
+    scale_op = draw(st.sampled_from(["mul", "div", "none"]))
+    scale = float(draw(st.sampled_from([0.125, 0.5, 1.7])))
+    mask_shape = draw(st.sampled_from([None, (seq, seq), (1, 1, seq, seq), (1, heads, 1, seq), (1, 1, 1, seq),
+                                       (1, heads, seq, seq)]))
+    act = draw(st.sampled_from(["erf", "tanh", "gelu", "none"]))
+    arg, grouping, swap = draw(st.sampled_from(["div", "mul"])), draw(st.sampled_from(["xh_a", "xa_h", "x_ha", "div2"])), draw(st.booleans())
+    wrong = draw(st.sampled_from([None, None, None, "half", "one", "inner"]))
+    take_axis = draw(st.sampled_from([None, 0, 1, 2]))
+    recipe = Recipe([f"seed={seed}", f"heads={heads} seq={seq} dim={dim} torch_style={torch_style}",
+                     f"scale {scale_op} {scale}", f"mask {mask_shape}", f"act {act} {arg} {grouping} swap={swap} wrong={wrong}",
+                     f"take axis {take_axis}"])
+
+    def c(value):
+        return relax.const(np.array(value, dtype=F32))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, seq, hidden), F32))
+    params = [x]
+    mask = None
+    if mask_shape is not None:
+        mask = relax.Var("mask", relax.TensorType(mask_shape, F32))
+        params.append(mask)
+    with bb.function("main", params):
+        with bb.dataflow():
+            e = bb.emit
+
+            def linear(v, k, n):
+                w, b = _const(rng, (k, n)), _const(rng, (n,))
+                if torch_style:
+                    rows = e(R.reshape(v, (seq, k)))
+                    return e(R.reshape(e(R.add(e(R.matmul(rows, w)), b)), (1, seq, n)))
+                return e(R.add(e(R.matmul(v, w)), b))
+
+            def heads_of(v):
+                return e(R.permute_dims(e(R.reshape(v, (1, seq, heads, dim))), [0, 2, 1, 3]))
+
+            q, k, v = (heads_of(linear(x, hidden, hidden)) for _ in range(3))
+            kt = e(R.permute_dims(k, [0, 1, 3, 2]))
+            if torch_style:
+                s = e(R.reshape(e(R.matmul(e(R.reshape(q, (heads, seq, dim))), e(R.reshape(kt, (heads, dim, seq))))),
+                                (1, heads, seq, seq)))
+            else:
+                s = e(R.matmul(q, kt))
+            if scale_op == "mul":
+                s = e(R.multiply(c(scale), s) if swap else R.multiply(s, c(scale)))
+            elif scale_op == "div":
+                s = e(R.divide(s, c(scale)))
+            if mask is not None:
+                s = e(R.add(mask, s) if swap else R.add(s, mask))
+            p = e(R.nn.softmax(s, axis=-1))
+            o = e(R.reshape(e(R.permute_dims(e(R.matmul(p, v)), [0, 2, 1, 3])), (1, seq, hidden)))
+            h = e(R.add(linear(o, hidden, hidden), x))
+            y = linear(h, hidden, 2 * hidden)
+            half = 0.6 if wrong == "half" else 0.5
+            one = 0.9 if wrong == "one" else 1.0
+            if act == "erf":
+                inner_c = 1.5 if wrong == "inner" else (np.sqrt(2) if arg == "div" else 1 / np.sqrt(2))
+                inner = e(R.divide(y, c(inner_c)) if arg == "div" else R.multiply(y, c(inner_c)))
+                one_plus = e(R.add(c(one), e(R.erf(inner))) if swap else R.add(e(R.erf(inner)), c(one)))
+            elif act == "tanh":
+                cube = e(R.multiply(e(R.power(y, c(3.0))), c(0.05 if wrong == "inner" else 0.044715)))
+                inner = e(R.tanh(e(R.multiply(e(R.add(y, cube)), c(np.sqrt(2 / np.pi))))))
+                one_plus = e(R.add(inner, c(one)))
+            if act in ("erf", "tanh"):
+                if grouping == "xh_a":
+                    y = e(R.multiply(e(R.multiply(y, one_plus)), c(half)))
+                elif grouping == "xa_h":
+                    y = e(R.multiply(e(R.multiply(c(half), y) if swap else R.multiply(y, c(half))), one_plus))
+                elif grouping == "x_ha":
+                    y = e(R.multiply(y, e(R.multiply(one_plus, c(half)))))
+                else:
+                    y = e(R.divide(e(R.multiply(y, one_plus)), c(2 * half)))
+            elif act == "gelu":
+                y = e(R.nn.gelu(y))
+            out = e(R.add(h, linear(y, 2 * hidden, hidden)))
+            if take_axis is not None:
+                extent = (1, seq, hidden)[take_axis]
+                ids = rng.integers(0, extent, size=draw(st.sampled_from([(), (1,), (3,)])))
+                out = e(R.take(out, relax.const(ids.astype("int64")), axis=take_axis))
+            result = bb.emit_output(out)
+        bb.emit_func_output(result)
+    inputs = [(rng.standard_normal((1, seq, hidden)) * 0.5).astype(F32)]
+    if mask_shape is not None:
+        inputs.append(np.where(rng.random(mask_shape) < 0.3, -1e4, 0.0).astype(F32))
+    return bb.get(), inputs, recipe

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 from conftest import TOLERANCE, saved_rules
-from fuzz_graphs import KINDS, graphs, run_all
+from fuzz_graphs import KINDS, graphs, run_all, transformer_graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -104,6 +104,15 @@ def test_winograd_offloaded_equals_llvm(case):
             del os.environ["BYOC_HETERO_CONV_ALGO"]
         else:
             os.environ["BYOC_HETERO_CONV_ALGO"] = saved
+
+
+@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=transformer_graphs())
+def test_transformer_offloaded_equals_llvm(case):
+    """Attention (scale, mask post-ops), gelu chains, residuals through reshapes, take on any axis."""
+    mod, inputs, recipe = case
+    differential(mod, inputs)
 
 
 def test_regression_dead_bindings_do_not_become_uncompiled_regions():

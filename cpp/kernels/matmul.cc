@@ -19,6 +19,10 @@
  * the codegen writes in a symbolic region, whose strides are known only once the dims are bound.
  * Attr scale (default 1): the product is multiplied by it before the epilogue (eltwise_linear
  * post-op), e.g. attention's 1/sqrt(d).
+ * Attr has_mask (default 0): an input after the bias, of any shape that broadcasts to the output
+ * (ranks aligned by leading 1s), is added after the scale and before the activation (a binary_add
+ * post-op reading it with broadcasting), e.g. attention's additive mask [1, 1, S, S] over
+ * [1, heads, S, S] scores: the scores are written once instead of three times.
  */
 #include <algorithm>
 #include <utility>
@@ -120,12 +124,13 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   epilogue.scale = static_cast<float>(attrs.Float("scale", 1.0));
   const OperandView a_view = ReadOperandView(ctx, attrs, 0, "a_shape", "a_strides", "a_axes");
   const OperandView b_in = ReadOperandView(ctx, attrs, 1, "b_shape", "b_strides", "b_axes");
-  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
+  const bool has_mask = attrs.Flag("has_mask", false);
+  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0) - (has_mask ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   attrs.CheckNoUnknown();
 
-  ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
-                       std::string(has_bias ? "a, b, bias" : "a, b") +
+  ctx.ExpectInputCount(2 + has_bias + has_mask + epilogue.residual,
+                       std::string(has_bias ? "a, b, bias" : "a, b") + (has_mask ? ", mask" : "") +
                            (epilogue.residual ? ", residual" : ""));
   const auto& a = a_view.shape;
   const auto& b = b_in.shape;
@@ -133,7 +138,9 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
     ctx.Fail("a and b must have rank >= 2, got shapes " + ShapeToString(a) + " and " +
              ShapeToString(b));
   }
-  const size_t rank = std::max(a.size(), b.size());
+  // The output may declare more leading 1s than either operand (the codegen writes attention
+  // scores [H, S, S] as [1, H, S, S] so that the mask post-op runs outside the reference matmul).
+  const size_t rank = std::max({a.size(), b.size(), ctx.output().shape.size()});
   if (rank > 12) ctx.Fail("rank " + std::to_string(rank) + " exceeds the 12 dims oneDNN supports");
   auto align = [&](const std::vector<int64_t>& s) {
     std::vector<int64_t> out(rank - s.size(), 1);
@@ -163,7 +170,23 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
     ctx.Fail("bias must have N=" + std::to_string(n) + " elements, got shape " +
              ShapeToString(ctx.input(2).shape));
   }
-  const size_t residual_index = 2 + has_bias;
+  const size_t mask_index = 2 + has_bias;
+  memory::dims mask_dims;
+  if (has_mask) {
+    const std::vector<int64_t>& ms = ctx.input(mask_index).shape;
+    bool ok = ms.size() <= rank;
+    mask_dims.assign(rank, 1);
+    for (size_t i = 0; ok && i < ms.size(); ++i) {
+      const size_t d = rank - ms.size() + i;
+      ok = ms[i] == out_shape[d] || ms[i] == 1;
+      mask_dims[d] = ms[i];
+    }
+    if (!ok) {
+      ctx.Fail("mask of shape " + ShapeToString(ms) + " does not broadcast to the output shape " +
+               ShapeToString(out_shape));
+    }
+  }
+  const size_t residual_index = 2 + has_bias + has_mask;
   if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
 
   // b as the logical [..., K, N] matrix over its stored bytes (a leading 1 stride for aligned dims).
@@ -199,10 +222,24 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   // The output is f32 unless every reader rounds it to bf16 anyway (OutputOnlyFeedsBf16Convs).
   const memory::desc dst = WithType(PlainDesc(dst_dims), OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
                                                                                       : memory::data_type::f32);
+  // Post-ops in the order the region format states: scale, mask add, activation, sum, post-activation
+  // (MakeAttr's order, with the mask's binary add after the scale).
+  int mask_post_op = -1;
+  dnnl::primitive_attr attr = ctx.MakeAttr(epilogue);
+  if (has_mask) {
+    attr = ctx.MakeAttr();
+    dnnl::post_ops ops;
+    if (epilogue.scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, epilogue.scale, 0.f);
+    mask_post_op = ops.len();
+    ops.append_binary(dnnl::algorithm::binary_add, PlainDesc(mask_dims));
+    if (!epilogue.act.none()) ops.append_eltwise(epilogue.act.alg, epilogue.act.alpha, epilogue.act.beta);
+    if (epilogue.residual) ops.append_sum(1.f);
+    if (!epilogue.post_act.none()) ops.append_eltwise(epilogue.post_act.alg, epilogue.post_act.alpha, epilogue.post_act.beta);
+    attr.set_post_ops(ops);
+  }
   auto make = [&](const memory::desc& b) {
     return dnnl::matmul::primitive_desc(ctx.engine, a_src, b,
-                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), dst,
-                                        ctx.MakeAttr(epilogue));
+                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), dst, attr);
   };
   auto make_bf16 = [&] {
     return make(b_constant ? AnyDesc(b_dims, memory::data_type::bf16) : WithType(b_view, memory::data_type::bf16));
@@ -218,8 +255,27 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
     a_src = PlainDesc(a_dims);
     pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_in.strided ? AnyDesc(b_dims) : b_view);
   }
-  return MakeAnchorKernel(ctx, "matmul", std::move(pd), a_md, b_view, bias_dims,
-                          has_bias, dst_dims, epilogue);
+  if (!has_mask) {
+    return MakeAnchorKernel(ctx, "matmul", std::move(pd), a_md, b_view, bias_dims, has_bias, dst_dims, epilogue);
+  }
+  // As MakeAnchorKernel, with the mask read plain as the binary post-op's second source.
+  std::vector<OperandLayout> inputs{{a_md, pd.src_desc()}, {b_view, pd.weights_desc()}};
+  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
+  if (has_bias) {
+    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
+    args.push_back(DNNL_ARG_BIAS);
+  }
+  inputs.push_back({PlainDesc(mask_dims), PlainDesc(mask_dims)});
+  args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(mask_post_op) | DNNL_ARG_SRC_1);
+  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
+  int sum_input = -1;
+  if (epilogue.residual) {
+    inputs.push_back(output);
+    args.push_back(0);
+    sum_input = static_cast<int>(residual_index);
+  }
+  return std::make_unique<PrimitiveKernel>(ctx.where(), "matmul", std::move(pd), std::move(args), std::move(inputs),
+                                           std::move(output), sum_input);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("matmul", BuildMatmul);

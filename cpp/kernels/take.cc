@@ -1,11 +1,13 @@
 /*!
  * \file kernels/take.cc
- * \brief take: gather rows of a float32 table by int64 / int32 indices (embeddings), a host kernel.
+ * \brief take: gather slices of a float32 table along one axis by int64 / int32 indices (embedding
+ *        rows; ViT's class token x[:, 0] along axis 1), a host kernel.
  *
- * Inputs: table (float32, rank >= 1, [V, ...]), indices (int64 or int32, any shape).  Attrs: axis
- * (default 0; only 0).  The output holds one table row per index, in the indices' row-major order:
- * shape indices.shape + table.shape[1:], or any shape of as many rows ending in table.shape[1:]
- * (the codegen reads the indices through a reshape, which only renames them).
+ * Inputs: table (float32, rank >= 1, [..., V, ...] with V on `axis`), indices (int64 or int32, any
+ * shape).  Attrs: axis (default 0, in [0, rank)).  With the table read as [outer, V, inner], the
+ * output is [outer, indices..., inner]: shape table.shape[:axis] + indices.shape +
+ * table.shape[axis+1:], or any shape of as many elements ending in table.shape[axis+1:] (the codegen
+ * reads the indices through a reshape, which only renames them).
  *
  * Every index is checked before any row is copied: an index outside [0, V) raises an InputError
  * naming it, its position and V (never a read outside the table); negative indices are not wrapped
@@ -24,8 +26,8 @@ namespace byoc_hetero {
 namespace {
 
 template <typename Index>
-void Take(const float* table, const Index* ids, float* out, int64_t count, int64_t rows, int64_t row_size,
-          const std::string& where) {
+void Take(const float* table, const Index* ids, float* out, int64_t outer, int64_t count, int64_t rows,
+          int64_t row_size, const std::string& where) {
   for (int64_t i = 0; i < count; ++i) {
     if (ids[i] < 0 || ids[i] >= rows) {
       TVM_FFI_THROW(InputError) << where << ": index " << static_cast<int64_t>(ids[i]) << " at position " << i
@@ -34,8 +36,12 @@ void Take(const float* table, const Index* ids, float* out, int64_t count, int64
     }
   }
   const size_t bytes = sizeof(float) * static_cast<size_t>(row_size);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < count; ++i) std::memcpy(out + i * row_size, table + ids[i] * row_size, bytes);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(out + (o * count + i) * row_size, table + (o * rows + ids[i]) * row_size, bytes);
+    }
+  }
 }
 
 }  // namespace
@@ -45,7 +51,6 @@ static std::unique_ptr<Kernel> BuildTake(const KernelContext& ctx) {
   const int64_t axis = attrs.Int("axis", 0);
   attrs.CheckNoUnknown();
   ctx.ExpectInputCount(2, "table, indices");
-  if (axis != 0) attrs.Fail("axis", "only 0 is supported (rows of the table), got " + std::to_string(axis));
   const TensorInfo& table = ctx.input(0);
   const TensorInfo& ids = ctx.input(1);
   if (table.dtype != DType::kFloat32 || table.shape.empty()) {
@@ -56,29 +61,36 @@ static std::unique_ptr<Kernel> BuildTake(const KernelContext& ctx) {
     ctx.Fail(std::string("indices must be int64 or int32, got ") + DTypeName(ids.dtype));
   }
   if (ctx.output().dtype != DType::kFloat32) ctx.Fail("the output must be float32");
-  const std::vector<int64_t> row(table.shape.begin() + 1, table.shape.end());
-  int64_t row_size = 1;
+  const int64_t rank = static_cast<int64_t>(table.shape.size());
+  if (axis < 0 || axis >= rank) {
+    attrs.Fail("axis", "must be in [0, " + std::to_string(rank) + ") for a table of shape " +
+                           ShapeToString(table.shape) + ", got " + std::to_string(axis));
+  }
+  const std::vector<int64_t> row(table.shape.begin() + axis + 1, table.shape.end());
+  int64_t row_size = 1, outer = 1;
   for (int64_t d : row) row_size *= d;
+  for (int64_t a = 0; a < axis; ++a) outer *= table.shape[a];
   const auto& out = ctx.output().shape;
   const bool ends_in_row =
       out.size() >= row.size() && std::equal(row.begin(), row.end(), out.end() - static_cast<ptrdiff_t>(row.size()));
-  if (!ends_in_row || ctx.output().numel() != ids.numel() * row_size) {
-    std::vector<int64_t> expected = ids.shape;
+  if (!ends_in_row || ctx.output().numel() != outer * ids.numel() * row_size) {
+    std::vector<int64_t> expected(table.shape.begin(), table.shape.begin() + axis);
+    expected.insert(expected.end(), ids.shape.begin(), ids.shape.end());
     expected.insert(expected.end(), row.begin(), row.end());
     ctx.Fail("output tensor " + std::to_string(ctx.node().output) + " is declared with shape " +
              ShapeToString(out) + " but the op produces " + ShapeToString(expected) +
              " (or the same rows under another leading shape)");
   }
-  const int64_t rows = table.shape[0], count = ids.numel();
+  const int64_t rows = table.shape[axis], count = ids.numel();
   const std::string where = ctx.where();
   const bool wide = ids.dtype == DType::kInt64;
   HostFn fn = [=](const std::vector<void*>& p) {
     const float* t = static_cast<const float*>(p[0]);
     float* o = static_cast<float*>(p[2]);
     if (wide) {
-      Take(t, static_cast<const int64_t*>(p[1]), o, count, rows, row_size, where);
+      Take(t, static_cast<const int64_t*>(p[1]), o, outer, count, rows, row_size, where);
     } else {
-      Take(t, static_cast<const int32_t*>(p[1]), o, count, rows, row_size, where);
+      Take(t, static_cast<const int32_t*>(p[1]), o, outer, count, rows, row_size, where);
     }
   };
   return std::make_unique<HostKernel>(ctx.where(), "take", std::move(fn),

@@ -68,6 +68,9 @@ class RegionGraph:
     #: compute precision of the anchors ("f32" | "bf16"); written only when not f32, so f32
     #: documents stay what they were
     precision: str = DEFAULT_PRECISION
+    #: constant tensor id -> its value, for one-element float32 constants (not serialized): what
+    #: graph passes read to fold a multiply by a constant into an attr (a matmul's ``scale``)
+    scalar_values: dict[int, float] = field(default_factory=dict)
 
     @property
     def symbolic(self) -> bool:
@@ -151,6 +154,9 @@ class RegionLowering:
                 tid = self.new_tensor(expr)
                 self.const_ids[name] = tid
                 self.graph.constants.append({"tensor": tid, "name": name})
+                value = (expr.value if isinstance(expr, tvm.ir.GenericConst) else expr.data).numpy()
+                if value.size == 1 and value.dtype == "float32":
+                    self.graph.scalar_values[tid] = float(value.reshape(()))
             return self.const_ids[name]
         if expr in self.tid:
             return self.tid[expr]
