@@ -233,27 +233,25 @@ def fuse_add(ctx, call: relax.Call) -> int | None:
 def fuse_eltwise_into_producer(graph) -> None:
     """An ``eltwise`` whose operand only it reads (and the region does not return) becomes the
     ``activation`` (``post_activation`` after a residual) of the conv2d / dense / matmul / binary
-    node that computes the operand, when that slot is free; the producer then writes the eltwise's
-    output tensor and the eltwise node is dropped.
+    node that computes the operand, directly or through reshapes read by nothing else, when that
+    slot is free; the eltwise node is dropped and its readers read the (reshaped) producer output.
 
-    Why here and not in the patterns: an activation in a composite of its own (a hardswish chain,
-    :mod:`.ops.hardswish`, or any activation a larger epilogue rule could not take) was a separate
-    oneDNN step reading and writing the whole tensor; composites are lowered one at a time and
-    cannot see that their operand has no other reader, the whole region graph can."""
-    readers: dict[int, int] = {}
-    for node in graph.nodes:
-        for tid in node.inputs:
-            readers[tid] = readers.get(tid, 0) + 1
-    producers = {n.output: n for n in graph.nodes}
-    returned = set(graph.outputs)
-    dropped = set()
-    for node in graph.nodes:
-        if node.op != "eltwise" or len(node.inputs) != 1:
+    Why here and not in the patterns: an activation in a composite of its own (a hardswish or gelu
+    chain, :mod:`.ops.hardswish`, :mod:`.ops.gelu`, or any activation a larger epilogue rule could
+    not take) was a separate oneDNN step reading and writing the whole tensor; composites are
+    lowered one at a time and cannot see that their operand has no other reader, the whole region
+    graph can. TVM's torch frontend writes ``linear`` on 3-D data as reshape, matmul, reshape, so
+    the gelu of BERT's, ViT's and ConvNeXt's MLPs sits behind a reshape of its dense."""
+    for node in list(graph.nodes):
+        if node.op != "eltwise" or len(node.inputs) != 1 or node.attrs.get("algorithm") in (None, "none"):
             continue
         src = node.inputs[0]
-        producer = producers.get(src)
-        if producer is None or id(producer) in dropped or readers.get(src) != 1 or src in returned:
+        if graph.readers().get(src, 0) != 1:
+            continue  # another reader (or the region's output) needs the value before the activation
+        found = graph.producer_through(src)
+        if found is None:
             continue
+        producer = found[0]
         name = node.attrs["algorithm"]
         if not (producer.op in FUSES_ACTIVATION or name in FUSES_ONLY.get(producer.op, ())):
             continue
@@ -264,7 +262,5 @@ def fuse_eltwise_into_producer(graph) -> None:
         producer.attrs[key] = name
         if "clip" in node.attrs:
             producer.attrs[clip_key] = node.attrs["clip"]
-        producer.output = node.output  # the old output tensor is left unread
-        producers[node.output] = producer
-        dropped.add(id(node))
-    graph.nodes[:] = [n for n in graph.nodes if id(n) not in dropped]
+        graph.nodes.remove(node)
+        graph.replace_tensor(node.output, src)

@@ -72,6 +72,38 @@ class RegionGraph:
     #: graph passes read to fold a multiply by a constant into an attr (a matmul's ``scale``)
     scalar_values: dict[int, float] = field(default_factory=dict)
 
+    def readers(self) -> dict[int, int]:
+        """tensor id -> how many node inputs and region outputs read it."""
+        count: dict[int, int] = {}
+        for t in [t for n in self.nodes for t in n.inputs] + list(self.outputs):
+            count[t] = count.get(t, 0) + 1
+        return count
+
+    def producers(self) -> dict[int, Node]:
+        """tensor id -> the node that writes it."""
+        return {n.output: n for n in self.nodes}
+
+    def producer_through(self, t: int, views: tuple[str, ...] = ("reshape",)) -> tuple[Node, list[Node]] | None:
+        """(the node computing tensor ``t``'s bytes, the ``views`` nodes from its output to ``t``,
+        nearest ``t`` first) when every tensor on the way, ``t`` excluded, is read by that way only
+        and is no region output; None when no node writes ``t``."""
+        producers, count = self.producers(), self.readers()
+        chain: list[Node] = []
+        node = producers.get(t)
+        while node is not None and node.op in views:
+            source = node.inputs[0]
+            if count.get(source, 0) != 1:
+                return None
+            chain.append(node)
+            node = producers.get(source)
+        return (node, chain) if node is not None else None
+
+    def replace_tensor(self, old: int, new: int) -> None:
+        """Every reader of tensor ``old`` (nodes, region outputs) reads ``new`` instead."""
+        for node in self.nodes:
+            node.inputs = [new if t == old else t for t in node.inputs]
+        self.outputs = [new if t == old else t for t in self.outputs]
+
     @property
     def symbolic(self) -> bool:
         """Whether a tensor has a symbolic dim."""

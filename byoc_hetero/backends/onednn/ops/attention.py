@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
-from .gelu import producer_through_reshapes, readers, replace_tensor
 
 
 def _strip_leading_ones(shape: list) -> list:
@@ -77,7 +76,7 @@ def _fuse_one(graph: RegionGraph, node: Node) -> bool:
     """Fold the binary ``node`` into the anchor one of its operands comes from; whether it did."""
     alg = node.attrs.get("algorithm")
     act = node.attrs.get("activation", "none")
-    count = readers(graph)
+    count = graph.readers()
     out_shape = list(graph.tensors[node.output]["shape"])
     for k in (0, 1):
         chain, other = node.inputs[k], node.inputs[1 - k]
@@ -85,10 +84,10 @@ def _fuse_one(graph: RegionGraph, node: Node) -> bool:
             return False
         if count.get(chain, 0) != 1 or chain in graph.outputs:
             continue  # another reader needs the value without this binary
-        found = producer_through_reshapes(graph, chain)
+        found = graph.producer_through(chain)
         if found is None:
             continue
-        anchor, reshapes = found
+        anchor, reshapes = found[0], found[1][::-1]  # in graph order
         if anchor.op not in ("matmul", "dense") or count.get(anchor.output, 0) != 1 \
                 or anchor.output in graph.outputs or anchor.attrs.get("residual"):
             continue
@@ -136,7 +135,7 @@ def _fuse_one(graph: RegionGraph, node: Node) -> bool:
         else:
             continue
         graph.nodes.remove(node)
-        replace_tensor(graph, node.output, chain)
+        graph.replace_tensor(node.output, chain)
         return True
     return False
 

@@ -1,5 +1,4 @@
-"""gelu spelled out, as exporters write it, recognised as one ``eltwise`` gelu; and activations
-that follow a conv2d / dense / matmul in another composite folded into it as its post-op.
+"""gelu spelled out, as exporters write it, recognised as one ``eltwise`` gelu.
 
 * erf form (``torch.onnx.export`` of ``nn.GELU()``, HF's ``GELUActivation``):
   ``x * 0.5 * (1 + erf(x / sqrt(2)))`` with ``erf(x * (1/sqrt(2)))`` too, the three products in any
@@ -17,10 +16,10 @@ Why: TVM imports the ONNX erf chain as five ops; the runtime ran them as five pa
 time through ``from_onnx`` (per-step profile), the whole gap to the ``from_torch`` path, whose
 ``nn.gelu`` is one op.
 
-The region-graph pass :func:`fuse_activations` then turns an ``eltwise`` node whose input is the
-output of a conv2d / dense / matmul (through reshapes, read by nothing else) into that node's
-activation post-op: TVM's torch frontend writes ``linear`` on 3-D data as reshape, matmul,
-reshape, so the gelu of BERT's and ViT's MLP sat in another composite than its dense.
+The region-graph pass :func:`..epilogue.fuse_eltwise_into_producer` then turns the ``eltwise`` node
+into the activation post-op of the dense / matmul before it (through reshapes: TVM's torch
+frontend writes ``linear`` on 3-D data as reshape, matmul, reshape, so the gelu of BERT's and
+ViT's MLP sat in another composite than its dense).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from ....rules import Match
 from ..epilogue import tensors_reason
-from ..lowering import ANCHORS, Node, RegionGraph
-from ..table import PatternSpec, graph_pass, lowers_composite, pattern_rules
+from ..table import PatternSpec, lowers_composite, pattern_rules
 
 SQRT2 = math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -174,69 +172,3 @@ def lower_gelu_erf_chain(ctx, func: relax.Function) -> int:
 def lower_gelu_tanh_chain(ctx, func: relax.Function) -> int:
     """The tanh chain as one ``eltwise`` ``gelu_tanh``."""
     return _lower_chain(ctx, func, "gelu_tanh")
-
-
-# ----------------------------------------------------------------------------------------------
-# Region-graph pass: an activation after an anchor of another composite becomes its post-op
-# ----------------------------------------------------------------------------------------------
-def readers(graph: RegionGraph) -> dict[int, int]:
-    """tensor id -> how many node inputs and region outputs read it."""
-    count: dict[int, int] = {}
-    for node in graph.nodes:
-        for t in node.inputs:
-            count[t] = count.get(t, 0) + 1
-    for t in graph.outputs:
-        count[t] = count.get(t, 0) + 1
-    return count
-
-
-def producer_through_reshapes(graph: RegionGraph, t: int) -> tuple[Node, list[Node]] | None:
-    """(the node computing tensor ``t``'s bytes, the reshape nodes from its output to ``t``) when
-    every tensor on the way, ``t`` excluded, is read by that way only and is no region output."""
-    producers = {n.output: n for n in graph.nodes}
-    count = readers(graph)
-    reshapes: list[Node] = []
-    node = producers.get(t)
-    while node is not None and node.op == "reshape":
-        source = node.inputs[0]
-        if count.get(source, 0) != 1 or source in graph.outputs:
-            return None
-        reshapes.insert(0, node)
-        node = producers.get(source)
-    return (node, reshapes) if node is not None else None
-
-
-def replace_tensor(graph: RegionGraph, old: int, new: int) -> None:
-    """Every reader of tensor ``old`` (nodes, region outputs) reads ``new`` instead."""
-    for node in graph.nodes:
-        node.inputs = [new if t == old else t for t in node.inputs]
-    graph.outputs = [new if t == old else t for t in graph.outputs]
-
-
-@graph_pass
-def fuse_activations(graph: RegionGraph) -> None:
-    """``eltwise`` after conv2d / dense / matmul (through reshapes only it reads) -> that anchor's
-    ``activation`` (or ``post_activation`` after its residual sum); the eltwise node is dropped."""
-    for node in list(graph.nodes):
-        if node.op != "eltwise" or node not in graph.nodes:
-            continue
-        if readers(graph).get(node.inputs[0], 0) != 1 or node.inputs[0] in graph.outputs:
-            continue  # another reader needs the value before the activation
-        found = producer_through_reshapes(graph, node.inputs[0])
-        if found is None:
-            continue
-        anchor, _ = found
-        # the anchor's own output must be read by the way to this eltwise only
-        if anchor.op not in ANCHORS or readers(graph).get(anchor.output, 0) != 1 or anchor.output in graph.outputs:
-            continue
-        if anchor.attrs.get("residual"):
-            key, clip_key = "post_activation", "post_clip"
-        else:
-            key, clip_key = "activation", "clip"
-        if anchor.attrs.get(key, "none") != "none":
-            continue
-        anchor.attrs[key] = node.attrs["algorithm"]
-        if "clip" in node.attrs:
-            anchor.attrs[clip_key] = node.attrs["clip"]
-        graph.nodes.remove(node)
-        replace_tensor(graph, node.output, node.inputs[0])

@@ -13,9 +13,9 @@
   is written by its producer straight into its slice of the concat's buffer (plain, or whole
   channel blocks: a conv feeding a channel concat writes channel blocks); the planner copies only
   the other inputs, and its plan notes say which were free.
-* Graph passes fold what follows a dense through views into it: an activation
-  (:func:`fold_activations`), a per-feature constant scale (:func:`fold_channel_scales`), a residual
-  add (:func:`fold_residual_adds`).
+* Graph passes fold what follows a dense through views into it: a per-feature constant scale
+  (:func:`fold_channel_scales`), a residual add (:func:`fold_residual_adds`); an activation is
+  folded by :func:`..epilogue.fuse_eltwise_into_producer`.
 * ``split`` becomes one ``slice`` node per output and ``strided_slice`` one ``slice`` node (a
   reorder from a sub-memory of the input); steps other than 1 (including negative steps, which
   reverse) stay on TVM with their reason.
@@ -348,62 +348,6 @@ def drop_dead_nodes(graph: RegionGraph) -> None:
         graph.nodes[:] = alive
 
 
-
-
-#: Node ops that take an eltwise node after them (through reshapes) as their activation post-op.
-_TAKES_ACTIVATION = ("conv2d", "dense", "matmul", "binary")
-
-
-@graph_pass
-def fold_activations(graph: RegionGraph) -> None:
-    """An ``eltwise`` node that reads, through reshapes only, the output of a conv2d / dense /
-    matmul / binary node with no activation yet becomes that node's post-op, when nothing else
-    reads the values in between: the last reshape (or the producer) then writes the eltwise's
-    output tensor, and the eltwise node is gone.
-
-    Patterns fuse an activation only inside one composite; PyTorch's ``linear`` on a 4-D input
-    arrives as reshape → matmul + bias → reshape, and the activation after it (ConvNeXt's gelu on
-    [1, 56, 56, 384]) is another composite: without this pass it is one more pass over the tensor.
-    """
-    readers: dict[int, int] = {}
-    for node in graph.nodes:
-        for t in node.inputs:
-            readers[t] = readers.get(t, 0) + 1
-    outputs = set(graph.outputs)
-    producers = {n.output: n for n in graph.nodes}
-    dead: set[int] = set()  # id() of the eltwise nodes folded
-
-    def only_read_once(t: int) -> bool:
-        return readers.get(t, 0) == 1 and t not in outputs
-
-    for node in graph.nodes:
-        if node.op != "eltwise" or node.attrs.get("algorithm") in (None, "none"):
-            continue
-        chain: list[Node] = []  # the reshapes between, nearest the eltwise first
-        t = node.inputs[0]
-        while only_read_once(t) and t in producers and producers[t].op == "reshape":
-            chain.append(producers[t])
-            t = producers[t].inputs[0]
-        anchor = producers.get(t)
-        if not only_read_once(t) or anchor is None or anchor.op not in _TAKES_ACTIVATION:
-            continue
-        key = "post_activation" if anchor.attrs.get("residual") else "activation"
-        if anchor.op == "binary" and key == "post_activation":
-            continue
-        if anchor.attrs.get(key, "none") != "none":
-            continue
-        anchor.attrs[key] = node.attrs["algorithm"]
-        if "clip" in node.attrs:
-            anchor.attrs["post_clip" if key == "post_activation" else "clip"] = node.attrs["clip"]
-        # the value the eltwise read now holds its result: rename it to the eltwise's output
-        last = chain[0] if chain else anchor
-        last.output = node.output
-        dead.add(id(node))
-        producers = {n.output: n for n in graph.nodes if id(n) not in dead}
-    if dead:
-        graph.nodes[:] = [n for n in graph.nodes if id(n) not in dead]
-
-
 def _per_last_axis(shape: list, n: int) -> bool:
     """Whether ``shape`` holds one value per index of a last axis of size ``n`` (leading 1s)."""
     return len(shape) >= 1 and shape[-1] == n and all(d == 1 for d in shape[:-1])
@@ -419,10 +363,7 @@ def fold_channel_scales(graph: RegionGraph) -> None:
     ConvNeXt's layer scale (``gamma * x`` after the second linear of every block) is such a
     multiply: one pass over [H·W, C] per block otherwise.
     """
-    readers: dict[int, int] = {}
-    for node in graph.nodes:
-        for t in node.inputs:
-            readers[t] = readers.get(t, 0) + 1
+    readers = graph.readers()  # an output counts once more, and is excluded below anyway
     outputs = set(graph.outputs)
     constants = {c["tensor"] for c in graph.constants}
     producers = {n.output: n for n in graph.nodes}
@@ -494,10 +435,7 @@ def fold_residual_adds(graph: RegionGraph) -> None:
     channels-first) is such an add: one pass over [H·W, C] per block otherwise; with the runtime's
     in-place sum (the residual's buffer dies there) the dense writes the block's output directly.
     """
-    readers: dict[int, int] = {}
-    for node in graph.nodes:
-        for t in node.inputs:
-            readers[t] = readers.get(t, 0) + 1
+    readers = graph.readers()  # an output counts once more, and is excluded below anyway
     outputs = set(graph.outputs)
     producers = {n.output: n for n in graph.nodes}
     dead: set[int] = set()
