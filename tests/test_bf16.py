@@ -71,6 +71,15 @@ def _regions(mod):
     return list(region_table(mod).values())
 
 
+def _native_run_steps(part) -> list[str]:
+    """The run steps of ``part``'s one region (skips on a CPU without native bf16: the fallback
+    plans f32 steps, which the callers' step checks do not describe)."""
+    if not NATIVE:
+        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
+    (region,) = _regions(part)
+    return [line for line in region.module["get_plan"]() if line.startswith("run")]
+
+
 def _info(region) -> dict:
     return json.loads(str(region.module["get_runtime_info"]()))
 
@@ -228,10 +237,7 @@ def test_conv_chain_keeps_bf16_between_convs_with_the_same_numbers():
     mod = graph({"x": x.shape}, body)
     part = bh.partition(mod, precision="bf16")
     got = run(build(part), [x])
-    if not NATIVE:
-        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
-    (region,) = _regions(part)
-    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    run_steps = _native_run_steps(part)
     # the region input is converted once; between the convs at most a bf16 -> bf16 relayout
     reorders = [line for line in run_steps if "reorder" in line.split(" | ")[1]]
     assert "reorder of tensor 0 " in reorders[0], run_steps
@@ -275,10 +281,7 @@ def test_residual_block_stays_bf16_between_convs():
 
     part = bh.partition(graph({"x": x.shape}, body), precision="bf16")
     got = run(build(part), [x])
-    if not NATIVE:
-        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
-    (region,) = _regions(part)
-    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    run_steps = _native_run_steps(part)
     convs = [line for line in run_steps if "(conv2d) |" in line]
     assert len(convs) == 4, run_steps
     # the residual conv has a sum post-op into bf16; every conv but the last writes bf16
@@ -344,10 +347,7 @@ def test_attention_block_stays_bf16_from_layer_norm_to_the_output_dense():
 
     part = bh.partition(graph({"x": x.shape}, body), precision="bf16")
     got = run(build(part), [x])
-    if not NATIVE:
-        pytest.skip(f"needs native bf16 (this CPU: {_C.isa()})")
-    (region,) = _regions(part)
-    run_steps = [line for line in region.module["get_plan"]() if line.startswith("run")]
+    run_steps = _native_run_steps(part)
     conversions = [line for line in run_steps if "reorder" in line.split(" | ")[1]]
     to_bf16_steps = [line for line in conversions if not line.split(" src=")[1].split(" ")[0].endswith(":bf16")]
     assert len(to_bf16_steps) == 1 and "(matmul)" in to_bf16_steps[0], run_steps  # the softmax output only

@@ -277,14 +277,10 @@ def strided_view(graph: RegionGraph, producers: dict[int, Node], t: int) -> tupl
     s = t
     while s in producers and producers[s].op == "reshape":
         s = producers[s].inputs[0]
-    node = producers.get(s)
-    if node is None or node.op != "permute":
+    permuted = symbolic_permute_view(producers, s)
+    if permuted is None:
         return None
-    axes, base = list(node.attrs["axes"]), node.inputs[0]
-    while base in producers and producers[base].op == "permute":
-        inner = producers[base].attrs["axes"]
-        axes = [inner[a] for a in axes]
-        base = producers[base].inputs[0]
+    base, axes = permuted
     base_shape = graph.tensors[base]["shape"]
     if not all(isinstance(d, int) for d in base_shape + graph.tensors[t]["shape"]):
         return None  # strides of symbolic dims are not static (see symbolic_permute_view)
@@ -346,6 +342,18 @@ def drop_dead_nodes(graph: RegionGraph) -> None:
         if len(alive) == len(graph.nodes):
             return
         graph.nodes[:] = alive
+
+
+def _absorb(graph: RegionGraph, node: Node, dense: Node, chain: list[Node], before: list[Node],
+            index: int, dead: set[int]) -> dict[int, Node]:
+    """Finish folding ``node`` into ``dense``: the nodes ``before`` (its new constant inputs) go in
+    at ``index`` (the dense's position), the last view of ``chain`` (or the dense) writes
+    ``node``'s output, and ``node`` is marked dead; returns the producers of the live nodes."""
+    graph.nodes[index:index] = before
+    last = chain[0] if chain else dense
+    last.output = node.output
+    dead.add(id(node))
+    return {m.output: m for m in graph.nodes if id(m) not in dead}
 
 
 def _per_last_axis(shape: list, n: int) -> bool:
@@ -413,11 +421,7 @@ def fold_channel_scales(graph: RegionGraph) -> None:
             if has_bias:
                 bias = dense.inputs[2]
                 dense.inputs[2] = scaled(bias, [1] * (len(graph.tensors[bias]["shape"]) - 1) + [n])
-            graph.nodes[index:index] = before
-            last = chain[0] if chain else dense
-            last.output = node.output
-            dead.add(id(node))
-            producers = {m.output: m for m in graph.nodes if id(m) not in dead}
+            producers = _absorb(graph, node, dense, chain, before, index, dead)
             break
     if dead:
         graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
@@ -483,11 +487,7 @@ def fold_residual_adds(graph: RegionGraph) -> None:
                 dense.attrs["post_activation"] = act
                 if "clip" in node.attrs:
                     dense.attrs["post_clip"] = node.attrs["clip"]
-            graph.nodes[index:index] = before
-            last = chain[0] if chain else dense
-            last.output = node.output
-            dead.add(id(node))
-            producers = {m.output: m for m in graph.nodes if id(m) not in dead}
+            producers = _absorb(graph, node, dense, chain, before, index, dead)
             break
     if dead:
         graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
