@@ -277,23 +277,24 @@ def strided_view(graph: RegionGraph, producers: dict[int, Node], t: int) -> tupl
     s = t
     while s in producers and producers[s].op == "reshape":
         s = producers[s].inputs[0]
-    permuted = symbolic_permute_view(producers, s)
+    permuted = permute_source(producers, s)
     if permuted is None:
         return None
     base, axes = permuted
     base_shape = graph.tensors[base]["shape"]
     if not all(isinstance(d, int) for d in base_shape + graph.tensors[t]["shape"]):
-        return None  # strides of symbolic dims are not static (see symbolic_permute_view)
+        return None  # strides of symbolic dims are not static (see permute_source)
     plain = row_major_strides(base_shape)
     strides = nocopy_reshape([base_shape[a] for a in axes], [plain[a] for a in axes], graph.tensors[t]["shape"])
     return None if strides is None else (base, strides)
 
 
-def symbolic_permute_view(producers: dict[int, Node], t: int) -> tuple[int, list[int]] | None:
-    """(base tensor, axes) when tensor ``t`` is ``permute_dims`` (of chained permutes) of a base
-    tensor, with no reshape between it and the reader: the matmul kernel then computes the strides
-    from the bound base shape when a plan is made (attr ``a_axes`` / ``b_axes``), which needs no
-    static dims.  Through a reshape the strides would need dim expressions: not done."""
+def permute_source(producers: dict[int, Node], t: int) -> tuple[int, list[int]] | None:
+    """(base tensor, axes) when tensor ``t`` is ``permute_dims`` (of chained permutes, composed) of
+    a base tensor; None otherwise. :func:`strided_view` turns that into static strides; in a
+    symbolic region a matmul reads it as attr ``a_axes`` / ``b_axes`` instead, and the kernel
+    computes the strides from the bound base shape when a plan is made (through a reshape the
+    strides would need dim expressions: not done)."""
     node = producers.get(t)
     if node is None or node.op != "permute":
         return None
@@ -318,7 +319,7 @@ def fold_views(graph: RegionGraph) -> None:
                 continue
             shape = list(graph.tensors[node.inputs[k]]["shape"])
             if not all(isinstance(d, int) for d in shape):
-                permuted = symbolic_permute_view(producers, node.inputs[k])
+                permuted = permute_source(producers, node.inputs[k])
                 if permuted is not None:
                     node.attrs[f"{key}_axes"] = permuted[1]
                     node.inputs[k] = permuted[0]
