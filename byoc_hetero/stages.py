@@ -512,10 +512,15 @@ def _unmergeable(mod: tvm.IRModule, log: DecisionLog, err: Exception) -> tvm.IRM
     """
     gated = {gv for gv, f in mod.functions_items() if is_composite(f)}
     names = ", ".join(entry_functions(mod))
+    # the check that fails ("memo_.count(vn)") does not say which value: name the variables a
+    # function reads that none of its bindings or parameters defines, the usual cause
+    stray = [f"{name} reads {', '.join(sorted({str(v.name) for v in free}))}, which nothing in it defines"
+             for name in entry_functions(mod) for free in [relax.analysis.free_vars(mod[name])] if free]
+    what = first_line(err) + ("; " + "; ".join(stray) if stray else "")
     if not gated:
-        raise CodegenError(f"TVM's MergeCompositeFunctions failed on {names}: {first_line(err)}") from err
+        raise CodegenError(f"TVM's MergeCompositeFunctions failed on {names}: {what}") from err
     reason = (f"TVM's MergeCompositeFunctions cannot group the composites of {names} "
-              f"({first_line(err)}); the function stays on llvm")
+              f"({what}); the function stays on llvm")
     for gv in gated:
         for call in op_calls(mod[gv]):
             log.add(str(mod[gv].attrs["Composite"]), call, reason)
