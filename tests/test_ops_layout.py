@@ -351,6 +351,41 @@ def test_fuzz_permute_into_matmul(dims, data):
     assert "matmul" in [n["op"] for n in nodes(part)]
 
 
+def test_dense_reads_a_permute_of_a_reshaped_dense_output():
+    """dense -> reshape -> permute_dims -> dense: the second dense reads the permute flattened.
+    The reshape and the permute share the first dense's buffer; the planner took the reshape's
+    plain [M, K] view of it for the permute's (wrong numbers, no error) before values carried
+    their element order."""
+    def body(e, x):
+        h = e(relax.op.matmul(e(relax.op.reshape(x, [20, 16])), const(16, 8)))
+        p = e(relax.op.permute_dims(e(relax.op.reshape(h, [4, 5, 8])), [1, 0, 2]))
+        return relax.op.matmul(p, const(8, 3))
+
+    res = offload_and_compare(graph({"x": (4, 5, 16)}, body))
+    assert "llvm" not in res.profile.counts, res.profile
+    assert [n["op"] for n in nodes(res.partitioned)].count("dense") == 2
+
+
+@FUZZ
+@given(dims=st.lists(st.integers(1, 5), min_size=3, max_size=3), data=st.data())
+def test_fuzz_dense_reads_a_permuted_reshape(dims, data):
+    """A dense reading permute_dims(reshape(dense(x))) on random shapes and permutations, the
+    reshape read by a second op or not, vs llvm."""
+    a, b, c = dims
+    axes = data.draw(st.permutations(range(3)))
+    shared = data.draw(st.booleans())
+    last = [a, b, c][axes[-1]]
+
+    def body(e, x):
+        h = e(relax.op.reshape(e(relax.op.matmul(x, const(6, c))), [a, b, c]))
+        y = e(relax.op.matmul(e(relax.op.permute_dims(h, axes)), const(last, 4)))
+        if shared:  # the reshape has a plain reader too
+            return relax.Tuple([y, e(relax.op.nn.relu(h))])
+        return y
+
+    differential(graph({"x": (a * b, 6)}, body), [rng.standard_normal((a * b, 6)).astype("float32")])
+
+
 @FUZZ
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
 def test_fuzz_concat_and_slice(shape, data):

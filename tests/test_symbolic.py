@@ -383,6 +383,106 @@ def test_merge_composite_functions_with_a_bare_symbolic_argument():
         np.testing.assert_allclose(run(ex, [xv]), want, rtol=1e-4, atol=1e-4)
 
 
+def test_head_split_to_a_symbolic_shape_joins_its_region():
+    """A reshape to [n, s, 4, 16] and torch.export's broadcast_to to a tensor's own symbolic shape
+    join the dense's region. Lifting the rule that kept such reshapes on llvm alone broke
+    partition: a broadcast_to composite's result type named its shape parameter, which inlining
+    the composite back into main (the cost gate: the sin splits it off) left undefined, and TVM's
+    MergeCompositeFunctions failed ("memo_.count")."""
+    import tvm
+    from tvm import relax
+
+    n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((64, 64)).astype("float32"), rng.standard_normal((16, 8)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, s, 64], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.const(w1)))
+            h = bb.emit(relax.op.reshape(h, relax.ShapeExpr([n, s, 4, 16])))
+            h = bb.emit(relax.op.permute_dims(h, [0, 2, 1, 3]))
+            h = bb.emit(relax.op.broadcast_to(h, relax.ShapeExpr([n, 4, s, 16])))
+            h = bb.emit(relax.op.sin(h))  # stays on llvm
+            gv = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
+        bb.emit_func_output(gv)
+    part = bh.partition(bb.get())
+    report = bh.report(part)
+    assert [f.op for f in report.fallbacks] == ["sin"], str(report)
+    assert report.regions[0].ops["reshape"] == 1 and report.regions[0].ops["permute_dims"] == 1
+    # the target shape is bound inside its composite: the region takes no shape argument
+    assert all("shape_args" not in e.graph for e in region_table(part).values())
+    ex = build(part)
+    for shape in [(1, 3, 64), (2, 5, 64)]:
+        xv = rng.standard_normal(shape).astype("float32")
+        heads = (xv @ w1).reshape(shape[0], shape[1], 4, 16).transpose(0, 2, 1, 3)
+        np.testing.assert_allclose(run(ex, [xv]), np.sin(heads) @ w2, rtol=1e-4, atol=1e-4)
+
+
+def test_reshape_whose_symbols_only_a_product_gives():
+    """[n * m, 8] -> [n, m, 8]: the composite's tensor cannot define n and m, so the target shape
+    stays an argument of the region (``shape_args``); its size check proves n * m * 8 equal."""
+    import tvm
+    from tvm import relax
+
+    n, m = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("m", "int64")
+    rng = np.random.default_rng(1)
+    w1, w2 = rng.standard_normal((16, 8)).astype("float32"), rng.standard_normal((8, 4)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, m, 16], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(x, relax.ShapeExpr([n * m, 16]))),
+                                        relax.const(w1)))
+            h = bb.emit(relax.op.reshape(h, relax.ShapeExpr([n, m, 8])))
+            h = bb.emit(relax.op.permute_dims(h, [1, 0, 2]))
+            gv = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
+        bb.emit_func_output(gv)
+    part = bh.partition(bb.get())
+    report = bh.report(part)
+    assert len(report.regions) == 1 and not report.fallbacks, str(report)
+    (entry,) = region_table(part).values()
+    assert entry.graph["shape_args"] == [1]
+    ex = build(part)
+    for shape in [(1, 3, 16), (4, 5, 16)]:
+        xv = rng.standard_normal(shape).astype("float32")
+        want = (xv.reshape(-1, 16) @ w1).reshape(shape[0], shape[1], 8).transpose(1, 0, 2) @ w2
+        np.testing.assert_allclose(run(ex, [xv]), want, rtol=1e-4, atol=1e-4)
+
+
+def test_merge_failure_names_the_variable():
+    """When TVM's MergeCompositeFunctions fails on a function that reads a variable nothing in it
+    defines (its check says only "memo_.count"), the reason names the function and the variable."""
+    import importlib
+
+    import tvm
+    from tvm import relax
+
+    from byoc_hetero._relax import updated
+
+    stages = importlib.import_module("byoc_hetero.stages")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 16], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(np.ones((16, 16), "float32"))))
+            gv = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    for stage in stages.stages()[:2]:
+        mod = stage(mod)
+    main = mod["main"]
+    (binding,) = main.body.blocks[0].bindings  # gv = the dense+relu composite(x)
+    stray = relax.Var("stray", relax.TensorType([4, 16], "float32"))
+    call = relax.Call(binding.value.op, [stray], ret_ty=binding.value.ty)
+    broken = relax.Function(main.params, relax.SeqExpr([relax.DataflowBlock([relax.VarBinding(binding.var, call)])],
+                                                       main.body.body), main.ret_ty, main.is_pure, main.attrs)
+    mod = updated(mod, {mod.get_global_var("main"): broken})
+    report = bh.report(stages.merge_compiler_regions()(mod))
+    assert not report.regions
+    assert all("main reads stray, which nothing in it defines" in f.reason for f in report.fallbacks), str(report)
+
+
 def test_region_that_sees_symbols_only_as_a_product():
     """A dense after a flattening reshape and an op left on llvm sees [n * m, 16] only: the product is
     bound as a symbol of its own (before: "unknown symbol 'n'", a failed codegen)."""
