@@ -905,7 +905,8 @@ std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest
     // Every problem with the shapes asked for is an InputError (the caller's input), whether the
     // binding finds it or an op of the bound graph rejects the shapes (a window larger than the
     // input): _C.plan_region and a region call raise the same class for the same shapes.
-    if (request.input_shapes.size() != graph.inputs.size()) {
+    if (request.input_shapes.size() !=
+        graph.inputs.size() + (request.with_output_shapes ? graph.outputs.size() : 0)) {
       TVM_FFI_THROW(InputError) << graph.where() << ": the region has symbolic dims ("
                                 << graph.tensors[graph.inputs.empty() ? 0 : graph.inputs[0]].Describe()
                                 << ", ...); planning it needs the shapes of its " << graph.inputs.size()
