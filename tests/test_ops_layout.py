@@ -456,11 +456,14 @@ def test_tiny_transformer_matches_torch(kind, path):
     assert ops.count("matmul") == 2, ops
 
 
+@pytest.mark.parametrize("merged", [False, True])
 @pytest.mark.parametrize("kt_axes", [(0, 2, 3, 1), (0, 2, 1, 3)])
-def test_symbolic_attention_reads_q_k_v_through_strides(kt_axes):
+def test_symbolic_attention_reads_q_k_v_through_strides(kt_axes, merged):
     """With symbolic batch and sequence, the matmuls read Q, Kᵀ and V through permute axes (attrs
     a_axes / b_axes, strides computed from the bound shapes per plan): no permute copy step is
-    left but the output's head merge; the result matches numpy at several sizes."""
+    left but the output's head merge; the result matches numpy at several sizes. merged: the
+    batched matmuls are 3-D over [n * heads, ...] operands, as torch.export writes them (the
+    matmuls run on the unmerged 4-D operands: before, each permute behind a merge was a copy)."""
     import json
 
     import tvm
@@ -480,8 +483,17 @@ def test_symbolic_attention_reads_q_k_v_through_strides(kt_axes):
             if kt_axes == (0, 2, 1, 3):
                 kt = e(relax.op.permute_dims(kt, [0, 1, 3, 2]))  # chained permutes compose
             vh = e(relax.op.permute_dims(v, [0, 2, 1, 3]))
-            probs = e(relax.op.nn.softmax(e(relax.op.matmul(qh, kt)), axis=-1))
-            gv = bb.emit_output(e(relax.op.permute_dims(e(relax.op.matmul(probs, vh)), [0, 2, 1, 3])))
+
+            def matmul(a, b):
+                if not merged:
+                    return e(relax.op.matmul(a, b))
+                (_, _, m, _), (_, _, _, last) = (x.ty.shape.values for x in (a, b))
+                flat = [e(relax.op.reshape(x, relax.ShapeExpr([n * heads, *x.ty.shape.values[2:]])))
+                        for x in (a, b)]
+                return e(relax.op.reshape(e(relax.op.matmul(*flat)), relax.ShapeExpr([n, heads, m, last])))
+
+            probs = e(relax.op.nn.softmax(matmul(qh, kt), axis=-1))
+            gv = bb.emit_output(e(relax.op.permute_dims(matmul(probs, vh), [0, 2, 1, 3])))
         bb.emit_func_output(gv)
     part = bh.partition(bb.get())
     assert len(bh.report(part).regions) == 1 and "left on llvm: 0 ops" in str(bh.report(part)), bh.report(part)
