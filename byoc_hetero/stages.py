@@ -115,7 +115,7 @@ def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
     return updated(mod, changes) if changes else mod
 
 
-def _close_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
+def _close_shape_arguments(mod: tvm.IRModule, regions: bool = False) -> tvm.IRModule:
     """Composites that FuseOpsByPattern gave a shape argument (``R.shape([s77, s27, 4, 16])`` of a
     reshape) take it inside where their tensor parameters define its symbols.
 
@@ -126,7 +126,15 @@ def _close_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
     of the shape is a bare dim of a tensor parameter (``[B, S, 64] -> [B, S, 4, 16]``), the shape
     is bound into the composite instead (``Function.bind_params``; a copy per distinct shape); a
     shape whose symbols only products give (``[B * S, 64] -> [B, S, 64]``) stays an argument.
+
+    ``regions=True`` does the same for the regions MergeCompositeFunctions made: such a shape
+    becomes a region parameter, and where the region's tensor parameters define its symbols (the
+    input ``[B, S, 64]`` of a region whose inner composites reshape ``[B * S, 64] -> [B, S, 64]``)
+    it is bound inside the region, so the VM does not build and pass it at every call (the
+    torch.export'ed BERT-like model passed 16 shapes per call). A region keeps its name (its
+    external symbol); one called with two different shapes is left as it is.
     """
+    which = is_region if regions else is_composite
     entries = entry_functions(mod)
     plans: dict[str, dict[Any, tuple[relax.Function, list[relax.Expr], tvm.ir.GlobalVar]]] = {}
     open_calls: set[str] = set()  # composites still called with a shape argument somewhere
@@ -134,7 +142,7 @@ def _close_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
         plan = plans.setdefault(name, {})
 
         def visit(var, call, plan=plan):
-            func = _called_composite(mod, call)
+            func = _called(mod, call, which)
             if func is None or not any(isinstance(a, relax.ShapeExpr) for a in call.args):
                 return None
             bound = _bind_shape_arguments(func, call)
@@ -158,6 +166,11 @@ def _close_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
     # a composite every call of which binds one shape keeps its name (a new GlobalVar: the old
     # one carries the old signature as its type); others get numbered copies
     keep = {name for name, funcs in variants.items() if len(funcs) == 1 and name not in open_calls}
+    if regions:
+        variants = {name: funcs for name, funcs in variants.items() if name in keep}
+        plans = {entry: {v: p for v, p in plan.items() if p[2].name_hint in keep} for entry, plan in plans.items()}
+        if not keep:
+            return mod
     builder = relax.BlockBuilder(updated(mod, remove=[mod.get_global_var(n) for n in keep]))
     taken = {gv.name_hint for gv in mod.get_global_vars()}
     gvs: dict[str, list[tvm.ir.GlobalVar]] = {}
@@ -187,18 +200,13 @@ def _close_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination(entries)(builder.get())
 
 
-def _called_composite(mod: tvm.IRModule, call: relax.Call) -> relax.Function | None:
+def _called(mod: tvm.IRModule, call: relax.Call, which) -> relax.Function | None:
+    """The function of ``mod`` that ``call`` calls, when ``which(function)``."""
     if isinstance(call.op, tvm.ir.GlobalVar):
         func = mod[call.op]
-        if is_composite(func):
+        if which(func):
             return func
     return None
-
-
-def _one_shape(plans, gv: tvm.ir.GlobalVar) -> bool:
-    """Whether every call of composite ``gv`` binds structurally the same function."""
-    funcs = [f for plan in plans.values() for f, _, old in plan.values() if old.same_as(gv)]
-    return all(tvm_ffi.structural_equal(funcs[0], f) for f in funcs[1:])
 
 
 def _bind_shape_arguments(func: relax.Function, call: relax.Call
@@ -636,7 +644,7 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
                 continue
             gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op, log)
             if not gated:
-                return log.attach(_shorten_region_names(merged))
+                return log.attach(_shorten_region_names(_close_shape_arguments(merged, regions=True)))
             mod = _inline_composites(mod, gated)
 
     return stage

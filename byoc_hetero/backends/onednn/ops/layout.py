@@ -493,9 +493,8 @@ def fold_residual_adds(graph: RegionGraph) -> None:
             value, residual = node.inputs[k], node.inputs[1 - k]
             shape = graph.tensors[value]["shape"]
             if (value == residual or graph.tensors[residual]["shape"] != shape
-                    or graph.tensors[node.output]["shape"] != shape or graph.tensors[residual]["dtype"] != "float32"
-                    or any(not isinstance(d, int) for d in shape)):
-                continue
+                    or graph.tensors[node.output]["shape"] != shape or graph.tensors[residual]["dtype"] != "float32"):
+                continue  # (symbolic dims compare as expressions: equal text, equal for every binding)
             chain: list[Node] = []  # nearest the add first
             t = value
             while (readers.get(t, 0) == 1 and t not in outputs and t in producers
@@ -505,8 +504,6 @@ def fold_residual_adds(graph: RegionGraph) -> None:
             dense = producers.get(t)
             if (dense is None or dense.op != "dense" or readers.get(t, 0) != 1 or t in outputs
                     or dense.attrs.get("residual") or dense.attrs.get("post_activation", "none") != "none"):
-                continue
-            if any(not isinstance(d, int) for c in chain for d in graph.tensors[c.inputs[0]]["shape"]):
                 continue
             index = next(i for i, m in enumerate(graph.nodes) if m is dense)
             made_by = producers.get(residual)
