@@ -425,7 +425,8 @@ def test_head_split_to_a_symbolic_shape_joins_its_region():
 
 def test_reshape_whose_symbols_only_a_product_gives():
     """[n * m, 8] -> [n, m, 8]: the composite's tensor cannot define n and m, so the target shape
-    stays an argument of the region (``shape_args``); its size check proves n * m * 8 equal."""
+    stays an argument of the composite, and the region (whose input [n, m, 16] defines them) binds
+    it inside: the VM passes no shape (``shape_args``). The size check proves n * m * 8 equal."""
     import tvm
     from tvm import relax
 
@@ -446,7 +447,7 @@ def test_reshape_whose_symbols_only_a_product_gives():
     report = bh.report(part)
     assert len(report.regions) == 1 and not report.fallbacks, str(report)
     (entry,) = region_table(part).values()
-    assert entry.graph["shape_args"] == [1]
+    assert "shape_args" not in entry.graph and entry.ops["reshape"] == 2
     ex = build(part)
     for shape in [(1, 3, 16), (4, 5, 16)]:
         xv = rng.standard_normal(shape).astype("float32")
@@ -515,6 +516,8 @@ def test_region_that_sees_symbols_only_as_a_product(end):
     else:
         assert {"n", "m"} <= _symbols(part) and entry.ops["reshape"] == 1, str(bh.report(part))
         assert entry.graph["tensors"][entry.graph["outputs"][0]]["shape"] == ["n", "m", 8]
+        # the region's input [n * m, 16] cannot define n and m: the VM passes them as shapes
+        assert entry.graph["shape_args"], entry.graph
     ex = build(part)
     for shape in [(1, 3, 16), (4, 5, 16)]:
         xv = np.random.default_rng(shape[1]).standard_normal(shape).astype("float32")
