@@ -607,10 +607,14 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   // A version of its own, not an additive field: a runtime that predates it tolerates unknown
   // top-level keys and would run out-of-range calls unchecked; it rejects version 3 instead.
   if (doc.Has("dim_ranges")) {
-    if (version < 3) doc.Fail("dim_ranges", "needs version 3 of the format, the document has version " + std::to_string(version));
+    if (version < 3) {
+      doc.Fail("dim_ranges", "needs version 3 of the format, the document has version " + std::to_string(version));
+    }
     const Any& value = doc.Get("dim_ranges");
     auto obj = value.as<JsonObject>();
-    if (!obj.has_value()) doc.Fail("dim_ranges", "expected an object {symbol: [min, max]}, got " + TypeName(value) + " " + Render(value));
+    if (!obj.has_value()) {
+      doc.Fail("dim_ranges", "expected an object {symbol: [min, max]}, got " + TypeName(value) + " " + Render(value));
+    }
     g.ranges.assign(g.symbols.size(), {RegionGraph::kNoBound, RegionGraph::kNoBound});
     for (const auto& kv : *obj) {
       const std::string name = std::string(kv.first.cast<ffi::String>());
@@ -619,11 +623,13 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
       if (it == g.symbols.end()) {
         std::string known;
         for (const auto& s : g.symbols) known += (known.empty() ? "" : ", ") + s;
-        doc.Fail(field, "'" + name + "' is no symbol of the region (its symbols: " + (known.empty() ? "none" : known) + ")");
+        doc.Fail(field, "'" + name + "' is no symbol of the region (its symbols: " + (known.empty() ? "none" : known) +
+                            ")");
       }
       auto pair = kv.second.as<JsonArray>();
       if (!pair.has_value() || pair->size() != 2) {
-        doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + TypeName(kv.second) + " " + Render(kv.second));
+        doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + TypeName(kv.second) + " " +
+                            Render(kv.second));
       }
       int64_t bounds[2];
       for (int side = 0; side < 2; ++side) {

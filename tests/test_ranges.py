@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -107,7 +108,7 @@ def test_raw_vm_checks_declared_batch_range(path, cnn_onnx, tmp_path):
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
     for n, err in zip((LO - 1, HI + 1), errors):
         assert err is not None, f"batch {n} ran after reload"
-        assert __import__("re").search(_out_of_range(symbol, n), err), err
+        assert re.search(_out_of_range(symbol, n), err), err
 
 
 def _region(cnn_onnx, ranges):
