@@ -244,9 +244,9 @@ def _bind_shape_arguments(func: relax.Function, call: relax.Call
     renamed = {m: c for m, c in rename.items() if not m.same_as(c)}
     bound = func.bind_symbolic_vars(renamed) if renamed else func
     bound = bound.bind_params({bound.params[i]: call.args[i] for i in shape_positions})
-    # ... and back to variables of its own: inlining a function that shares the caller's
-    # variables into that caller (Function.inline_functions, the cost gate) leaves its
-    # dims on variables nothing defines
+    # ... and back to variables of its own, as every composite has: _splice_calls (the cost
+    # gate's inlining) maps a composite's variables to the caller's dims, which it cannot do
+    # for variables that already are the caller's
     own = {v: tvm.tirx.Var(str(v.name), v.ty) for v in relax.analysis.defined_symbolic_vars(bound)}
     bound = bound.bind_symbolic_vars(own) if own else bound
     return bound, [a for i, a in enumerate(call.args) if i not in shape_positions]
