@@ -97,6 +97,11 @@ def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
     which inlining the composite back into ``main`` (the cost gate) leaves undefined, and then
     MergeCompositeFunctions fails ("memo_.count", torch.export's BERT-like model with a
     dynamic batch and sequence length). The op copies nothing, so it is dropped before fusing.
+
+    Also ``matmul(a, broadcast_to(w, [B, K, N]))`` with a 2-D ``w`` and ``a`` of shape ``[B, M, K]``
+    becomes ``matmul(a, w)``: the same result (relax.matmul broadcasts), without repeating the weight
+    per batch (torch.export's Linear on the attention output of a transformers BertModel with a
+    dynamic batch: the broadcast stayed on llvm and split the model into regions).
     """
     def drop(_var, call):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.broadcast_to"):
@@ -109,9 +114,38 @@ def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
             return data
         return None
 
+    def unbroadcast_weight(values, call):
+        # matmul(a, broadcast_to(w, [*lead, K, N])) with a 2-D w and a of shape [*lead, M, K]:
+        # relax.matmul broadcasts w itself, so the result is the same without the copy (torch.export
+        # writes it for a Linear on a 3-D non-contiguous input, as bmm with an expanded weight)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
+            return None
+        lhs, rhs = call.args
+        bcast = values.get(rhs) if isinstance(rhs, relax.Var) else None
+        if not (isinstance(bcast, relax.Call) and isinstance(bcast.op, tvm.ir.Op)
+                and bcast.op.name == "relax.broadcast_to"):
+            return None
+        weight, target = bcast.args
+        w_shape, a_shape = getattr(weight.ty, "shape", None), getattr(lhs.ty, "shape", None)
+        if not (isinstance(target, relax.ShapeExpr) and isinstance(w_shape, relax.ShapeExpr)
+                and isinstance(a_shape, relax.ShapeExpr) and len(w_shape.values) == 2
+                and len(a_shape.values) == len(target.values) >= 3):
+            return None
+        same = tvm_ffi.structural_equal
+        if not (all(same(x, y) for x, y in zip(target.values[-2:], w_shape.values))
+                and all(same(x, y) for x, y in zip(target.values[:-2], a_shape.values[:-2]))):
+            return None
+        return relax.Call(call.op, [lhs, weight], call.attrs, call.ty_args, ret_ty=call.ty)
+
     changes = {}
     for name in entry_functions(mod):
-        func = _map_calls(mod[name], drop)
+        values = _bound_values(mod[name])
+
+        def change(var, call, values=values):
+            new = drop(var, call)
+            return new if new is not None else unbroadcast_weight(values, call)
+
+        func = _map_calls(mod[name], change)
         if not func.same_as(mod[name]):
             changes[mod.get_global_var(name)] = func
     return updated(mod, changes) if changes else mod
@@ -444,6 +478,14 @@ def _caller_symbols(func: relax.Function, call: relax.Call) -> dict[tvm.tirx.Var
             if isinstance(mine, tvm.tirx.Var) and not mine.same_as(caller):
                 symbols.setdefault(mine, caller)
     return symbols
+
+
+def _bound_values(func: relax.Function) -> dict:
+    """Each variable bound in ``func``'s body → its value."""
+    if not isinstance(func.body, relax.SeqExpr):
+        return {}
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings
+            if isinstance(b, relax.VarBinding)}
 
 
 def _map_calls(func: relax.Function, change) -> relax.Function:

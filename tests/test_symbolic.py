@@ -350,8 +350,10 @@ def test_transformers_bert_with_dynamic_batch_and_sequence_offloads():
     assert ops["matmul"] >= 12, ops  # 6 dense layers and 2 attention matmuls per layer
     # every float32 relabel and permute (the attention's head split and merge) is offloaded: the
     # regions are split only by the integer mask bookkeeping (13 regions before, now 3)
-    stayed = [f for f in report.fallbacks if f.op in ("reshape", "permute_dims") and "float32" in f.value
-              and "[64, 64]" not in f.value]  # a weight's transpose, read by a broadcast_to that repeats
+    # regions are split only by the integer mask bookkeeping (13 regions before); torch.export's
+    # broadcast of the attention output dense's weight to [B, 64, 64] is dropped (stages.py)
+    stayed = [f for f in report.fallbacks
+              if f.op in ("reshape", "permute_dims", "broadcast_to") and "float32" in f.value]
     assert not stayed, stayed
     assert len(report.regions) <= 3, str(report)
     ex = build(part)
