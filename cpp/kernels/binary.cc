@@ -15,7 +15,9 @@
  *   - otherwise (div with a broadcast dividend, or both inputs broadcast, as [B, 1, S] - [B, S, 1]):
  *     input 0 is first expanded to the output shape by a host step into a per-call temp.
  */
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "broadcast.h"
@@ -146,7 +148,17 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
     // the full-shape input in its producer's layout (when it has the output's rank)
     src0 = ctx.input(full).shape.size() == rank ? ctx.InputLayout(full) : PlainDesc(dst_dims);
   }
-  const memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
+  memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
+  // A broadcast operand with at most one dim > 1 (a squeeze-excitation's [1, C, 1, 1] scale) has
+  // the same bytes in any dense layout: read it as its producer stored it (e.g. a 1x1 conv's
+  // acdb:bf16 in a bf16 region) rather than reorder it to plain f32 per call.
+  const memory::desc other_stored = ctx.InputLayout(other);
+  const bool vector_like = std::count_if(other_dims.begin(), other_dims.end(), [](int64_t d) { return d > 1; }) <= 1;
+  const bool read_as_stored = !expand && other_dims != dst_dims && vector_like &&
+                              ctx.input(other).shape.size() == rank && other_stored != src1 &&
+                              other_stored.get_format_kind() == memory::format_kind::blocked &&
+                              other_stored.get_inner_nblks() == 0;
+  if (read_as_stored) src1 = other_stored;
 
   // MakeAttr puts the sum post-op only with residual; a sub swap uses act then post_act.
   Epilogue first;
@@ -157,14 +169,24 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
     ops.append_eltwise(post.post_act.alg, post.post_act.alpha, post.post_act.beta);
     attr.set_post_ops(ops);
   }
-  dnnl::binary::primitive_desc pd(ctx.engine, alg, src0, src1, AnyDesc(dst_dims), attr);
+  // bf16 region: the output is written bf16 where every reader rounds it to bf16 anyway
+  // (OutputOnlyFeedsBf16Convs: a squeeze-excitation's channel multiply read by the projection
+  // conv), so that conv reads it without a reorder; the operands may then arrive bf16 as well
+  // (their producers store them so: kernel.cc), which oneDNN's binary reads as they are.
+  const memory::desc dst_any = AnyDesc(dst_dims, OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
+                                                                              : memory::data_type::f32);
+  dnnl::binary::primitive_desc pd(ctx.engine, alg, src0, src1, dst_any, attr);
+  if (read_as_stored && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
+    src1 = PlainDesc(other_dims);  // no jit kernel reads that operand as stored: reorder it
+    pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, src1, dst_any, attr);
+  }
   if (!expand && src0 != PlainDesc(dst_dims) && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
     // oneDNN 3.2 has no jit binary for some blocked src0 with a broadcast src1 (measured: a
     // [1,16,112,112] aBcd16b conv output plus a [1,1,1,1] scalar ran "ref:any", 12 ms of
     // MobileNetV3's 15); reading src0 plain costs one jit reorder instead.
     src0 = PlainDesc(dst_dims);
     const memory::desc plain_src1 = other_dims == dst_dims ? src0 : src1;
-    pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, plain_src1, AnyDesc(dst_dims), attr);
+    pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, plain_src1, dst_any, attr);
   }
   std::vector<OperandLayout> inputs(2);
   std::vector<int> args(2);
