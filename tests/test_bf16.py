@@ -420,7 +420,7 @@ def test_squeeze_excitation_block_stays_bf16_between_the_convs():
     assert ":bf16 dst=" in pool and pool.endswith(":bf16"), pool
     (mul,) = [line for line in run_steps if "(binary) |" in line]
     assert mul.count(":bf16") == 3, mul  # both operands and the result
-    assert "ref" not in mul.split(" | ")[2].split(" ")[0], mul  # a jit kernel, not oneDNN's reference
+    assert "ref" not in mul.split(" | ")[2].split(" ")[0], mul  # the host loop or a jit kernel, not a reference one
     convs = [line for line in run_steps if "(conv2d) |" in line]
     assert len(convs) == 5 and all(c.endswith(":bf16") for c in convs[:4]) and not convs[4].endswith(":bf16")
     rnd = lambda v: to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)  # noqa: E731
@@ -428,6 +428,48 @@ def test_squeeze_excitation_block_stays_bf16_between_the_convs():
     assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
     # bf16 really ran: the unrounded reference is measurably off
     assert relative_error(got, ref(lambda v: np.asarray(v, dtype=np.float64))) > 1e-4
+
+
+@needs_native
+@pytest.mark.parametrize("channels,size", [(8, 9), (20, 7), (33, 5), (48, 16)])
+def test_squeeze_excitation_multiply_any_channel_count(channels, size):
+    """The channel multiply of a bf16 region (a host loop over channels-last rows, 16 channels a
+    vector, the rest masked) at channel counts below, between and above whole vectors: the numbers
+    are the reference rounded at every stored value."""
+    mod, x, ref = _squeeze_excitation_block(np.random.default_rng(channels), channels=channels, size=size)
+    part = bh.partition(mod, precision="bf16")
+    got = run(build(part), [x])
+    (mul,) = [line for line in _native_run_steps(part) if "(binary) |" in line]
+    assert mul.count(":bf16") == 3, mul
+    rnd = lambda v: to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)  # noqa: E731
+    err = relative_error(got, ref(rnd))
+    assert err <= ROUNDED_BOUND, f"{channels} channels: bf16 vs the rounded reference: {err:.2e}"
+
+
+@needs_native
+def test_channel_multiply_by_a_float32_scale():
+    """A per-channel scale that arrives float32 (here a region input) times a bf16 conv output
+    feeding a conv: the product of the rounded data and the unrounded scale, rounded once."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((1, 8, 6, 6)).astype("float32")
+    s = rng.standard_normal((1, 24, 1, 1)).astype("float32")
+    w1 = (rng.standard_normal((24, 8, 1, 1)) * 0.4).astype("float32")
+    w2 = (rng.standard_normal((16, 24, 1, 1)) * 0.3).astype("float32")
+
+    def body(emit, xv, sv):
+        y = emit(relax.op.nn.conv2d(xv, relax.const(w1)))
+        return relax.op.nn.conv2d(emit(relax.op.multiply(y, sv)), relax.const(w2))
+
+    def rnd(v):
+        return to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)
+
+    part = bh.partition(graph({"x": x.shape, "s": s.shape}, body), precision="bf16")
+    got = run(build(part), [x, s])
+    (mul,) = [line for line in _native_run_steps(part) if "(binary) |" in line]
+    assert mul.count(":bf16") == 2, mul  # the data and the result; the scale is read float32
+    want = conv2d_nchw(rnd(rnd(conv2d_nchw(rnd(x), rnd(w1))) * s), rnd(w2))
+    err = relative_error(got, want)
+    assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
 
 
 def test_squeeze_excitation_block_f32_matches_the_llvm_build():
