@@ -23,6 +23,7 @@ from ._relax import (
     region_target,
     short_op_name,
 )
+from .ranges import is_range_check
 
 HOST = "llvm"
 
@@ -80,7 +81,7 @@ def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: 
                 prof.composites[region.target] += len(region.composites)
                 return
         if op is not None:
-            if op not in ("call_tir", "call_dps_packed"):
+            if op not in ("call_tir", "call_dps_packed") and not is_range_check(expr):
                 prof.add(target, op)
             return
         callee = called_function(mod, expr, local)

@@ -50,6 +50,8 @@ from .backends.onednn import TARGET as DEFAULT_TARGET
 from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
 from .errors import CodegenError, RuleError, first_line
 from .fold import fold_int_constants
+from .ranges import codegen_options as range_codegen_options
+from .ranges import insert_range_checks
 from .rules import (
     CONST_DIGEST_ATTR,
     DecisionLog,
@@ -394,9 +396,15 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
     @tvm.transform.module_pass(opt_level=0, name="PartitionGraph")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         log = DecisionLog.from_module(mod)
-        mod = relax.transform.RunCodegen(dict(options or {}), entry_functions(mod))(mod)
+        # declared dim ranges: written into the regions' documents by the codegen, and checked at
+        # the start of each function, so that the built module enforces them however it is run
+        codegen_options = {target: dict(opts) for target, opts in (options or {}).items()}
+        ranges = range_codegen_options(mod, entry_functions(mod))
+        if ranges:
+            codegen_options.setdefault(DEFAULT_TARGET, {}).update(ranges)
+        mod = relax.transform.RunCodegen(codegen_options, entry_functions(mod))(mod)
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
-        return log.attach(mod)
+        return log.attach(insert_range_checks(mod, entry_functions(mod)))
 
     return stage
 

@@ -252,6 +252,11 @@ class DimParser {
 
 }  // namespace
 
+std::string RangeText(int64_t lo, int64_t hi) {
+  auto end = [](int64_t v) { return v == RegionGraph::kNoBound ? std::string("...") : std::to_string(v); };
+  return "[" + end(lo) + ", " + end(hi) + "]";
+}
+
 bool EvalDim(const DimExpr& e, const std::vector<int64_t>& values, int64_t* result, std::string* error) {
   std::vector<int64_t> stack;
   for (const DimExpr::Token& t : e.rpn) {
@@ -392,7 +397,7 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   int64_t version = doc.Int("version");
   if (version < 1 || version > kRegionVersion) {
     doc.Fail("version", "expected 1 to " + std::to_string(kRegionVersion) + ", got " +
-                            std::to_string(version) + " (this runtime reads versions 1 and 2)");
+                            std::to_string(version) + " (this runtime reads versions 1 to 3)");
   }
   std::string symbol = doc.Str("symbol");
   if (symbol.empty()) doc.Fail("symbol", "must be a non-empty string");
@@ -598,6 +603,51 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
                               "': it is no dim of its own in any region input or output, so no call can bind it");
     }
   }
+  // Declared ranges (version 3): {"N": [1, 64], "S": [null, 512]}, each key a symbol of the region.
+  // A version of its own, not an additive field: a runtime that predates it tolerates unknown
+  // top-level keys and would run out-of-range calls unchecked; it rejects version 3 instead.
+  if (doc.Has("dim_ranges")) {
+    if (version < 3) {
+      doc.Fail("dim_ranges", "needs version 3 of the format, the document has version " + std::to_string(version));
+    }
+    const Any& value = doc.Get("dim_ranges");
+    auto obj = value.as<JsonObject>();
+    if (!obj.has_value()) {
+      doc.Fail("dim_ranges", "expected an object {symbol: [min, max]}, got " + TypeName(value) + " " + Render(value));
+    }
+    g.ranges.assign(g.symbols.size(), {RegionGraph::kNoBound, RegionGraph::kNoBound});
+    for (const auto& kv : *obj) {
+      const std::string name = std::string(kv.first.cast<ffi::String>());
+      const std::string field = "dim_ranges." + name;
+      auto it = std::find(g.symbols.begin(), g.symbols.end(), name);
+      if (it == g.symbols.end()) {
+        std::string known;
+        for (const auto& s : g.symbols) known += (known.empty() ? "" : ", ") + s;
+        doc.Fail(field, "'" + name + "' is no symbol of the region (its symbols: " + (known.empty() ? "none" : known) +
+                            ")");
+      }
+      auto pair = kv.second.as<JsonArray>();
+      if (!pair.has_value() || pair->size() != 2) {
+        doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + TypeName(kv.second) + " " +
+                            Render(kv.second));
+      }
+      int64_t bounds[2];
+      for (int side = 0; side < 2; ++side) {
+        const Any& b = (*pair)[side];
+        if (b.type_index() == ffi::TypeIndex::kTVMFFINone) {
+          bounds[side] = RegionGraph::kNoBound;
+        } else if (b.type_index() == ffi::TypeIndex::kTVMFFIInt && b.cast<int64_t>() >= 1) {
+          bounds[side] = b.cast<int64_t>();
+        } else {
+          doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + Render(kv.second));
+        }
+      }
+      if (bounds[0] != RegionGraph::kNoBound && bounds[1] != RegionGraph::kNoBound && bounds[0] > bounds[1]) {
+        doc.Fail(field, "expected min <= max, got " + Render(kv.second));
+      }
+      g.ranges[it - g.symbols.begin()] = {bounds[0], bounds[1]};
+    }
+  }
   // Unknown top-level keys are tolerated (room for metadata such as a producer tag).
   return g;
 }
@@ -605,6 +655,7 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
 std::vector<int64_t> RegionGraph::BindSymbols(const std::vector<std::vector<int64_t>>& arg_shapes) const {
   std::vector<int64_t> values(symbols.size(), -1);
   std::vector<int> bound_by(symbols.size(), -1);
+  std::vector<size_t> bound_dim(symbols.size(), 0);
   const size_t num_in = inputs.size();
   auto arg_name = [&](size_t i) {
     return "argument " + std::to_string(i) + " (" + (i < num_in ? "input " + std::to_string(i) : "output " + std::to_string(i - num_in)) + ")";
@@ -628,6 +679,7 @@ std::vector<int64_t> RegionGraph::BindSymbols(const std::vector<std::vector<int6
       if (values[k] < 0) {
         values[k] = got[d];
         bound_by[k] = static_cast<int>(i);
+        bound_dim[k] = d;
       } else if (values[k] != got[d]) {
         ThrowInputError(where() + ": " + arg_name(i) + ": dim " + std::to_string(d) + " is symbol " + symbols[k] +
                         ", which " + arg_name(bound_by[k]) + " bound to " + std::to_string(values[k]) +
@@ -639,6 +691,16 @@ std::vector<int64_t> RegionGraph::BindSymbols(const std::vector<std::vector<int6
     if (values[k] < 0) {
       ThrowInputError(where() + ": symbol " + symbols[k] + " is a dim of no argument among the " +
                       std::to_string(arg_shapes.size()) + " shapes given");
+    }
+  }
+  // Declared ranges (a range can guard what the model computes beyond its ops, e.g. a table it
+  // slices by the sequence length; it is checked where the symbol binds, once per new shape).
+  for (size_t k = 0; k < ranges.size() && k < symbols.size(); ++k) {
+    const auto [lo, hi] = ranges[k];
+    if ((lo != kNoBound && values[k] < lo) || (hi != kNoBound && values[k] > hi)) {
+      ThrowInputError(where() + ": " + arg_name(bound_by[k]) + ": dim " + std::to_string(bound_dim[k]) + " (" +
+                      symbols[k] + ") is " + std::to_string(values[k]) + ", outside its declared range " +
+                      RangeText(lo, hi) + " (got shape " + ShapeToString(arg_shapes[bound_by[k]]) + ")");
     }
   }
   for (size_t i = 0; i < arg_shapes.size(); ++i) {
@@ -664,6 +726,7 @@ std::vector<int64_t> RegionGraph::BindSymbols(const std::vector<std::vector<int6
 RegionGraph RegionGraph::Bound(const std::vector<int64_t>& values, int64_t max_bytes) const {
   RegionGraph g = *this;
   g.symbols.clear();
+  g.ranges.clear();
   int64_t total_bytes = 0;
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     TensorInfo& info = g.tensors[t];

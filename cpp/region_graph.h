@@ -17,13 +17,17 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace byoc_hetero {
 
 constexpr const char* kRegionFormat = "byoc_hetero.region";
-/*! \brief The newest version this runtime reads (1: static shapes; 2: dims may be symbolic). */
-constexpr int64_t kRegionVersion = 2;
+/*!
+ * \brief The newest version this runtime reads (1: static shapes; 2: dims may be symbolic;
+ *        3: a version 2 document with declared symbol ranges, "dim_ranges").
+ */
+constexpr int64_t kRegionVersion = 3;
 
 /*!
  * \brief A symbolic dim: an expression over the region's symbols, ints, + - * // and parentheses,
@@ -99,6 +103,12 @@ struct RegionGraph {
   std::vector<std::string> symbols;
   /*! \brief Positions among a call's leading arguments of shape values (ignored), ascending. */
   std::vector<int> shape_args;
+  /*!
+   * \brief Per symbol (empty, or one entry per symbol): its declared range {min, max}, inclusive,
+   *        kNoBound for an open end (field "dim_ranges", version 3).  BindSymbols enforces it.
+   */
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  static constexpr int64_t kNoBound = -1;
 
   // Derived by the parser.
   std::vector<TensorRole> roles;  // per tensor
@@ -112,7 +122,8 @@ struct RegionGraph {
 
   /*!
    * \brief The symbol values the shapes of a call's arguments (region inputs, then outputs) bind.
-   *        Checks ranks, static dims and that every symbolic dim agrees with the bound symbols.
+   *        Checks ranks, static dims, that every symbolic dim agrees with the bound symbols and
+   *        that every symbol lies in its declared range (ranges).
    * \throws tvm::ffi::Error InputError naming the region, the argument, what was expected and
    *         what came.
    */
@@ -138,6 +149,9 @@ bool EvalDim(const DimExpr& e, const std::vector<int64_t>& values, int64_t* resu
  * \throws tvm::ffi::Error (ValueError) naming the symbol and the offending field.
  */
 RegionGraph ParseRegionGraph(const std::string& json_text);
+
+/*! \brief A declared range as messages show it: "[1, 64]", "[2, ...]" (as byoc_hetero.inputs.range_text). */
+std::string RangeText(int64_t lo, int64_t hi);
 
 /*! \brief Render a shape as "[1, 3, 224, 224]". */
 std::string ShapeToString(const std::vector<int64_t>& shape);

@@ -380,9 +380,52 @@ void DefineGlobalOnce(const char* name, F&& f) {
   tvm::ffi::reflection::GlobalDef().def(name, std::forward<F>(f));
 }
 
+/*!
+ * \brief byoc_hetero.runtime.check_dim_ranges(tensor, where, shape_text, (axis, symbol, min, max)...)
+ *        -> tensor: the check bh.partition puts at the start of a function whose symbolic dims
+ *        have declared ranges (byoc_hetero/ranges.py), so that the built module checks them
+ *        however it is run (a plain relax.VirtualMachine, after export_library/load_module).
+ *        min/max of -1: an open end.  A dim outside its range is an InputError, worded as
+ *        byoc_hetero.inputs.check words it; the tensor comes back unchanged (the function's
+ *        body reads it, so no pass drops the check or moves a use of the tensor before it).
+ */
+void CheckDimRanges(ffi::PackedArgs args, ffi::Any* rv) {
+  if (args.size() < 3 || (args.size() - 3) % 4 != 0) {
+    TVM_FFI_THROW(ValueError) << "byoc_hetero.runtime.check_dim_ranges: expected (tensor, where, shape, "
+                                 "then (axis, symbol, min, max) per checked dim), got "
+                              << args.size() << " arguments";
+  }
+  std::optional<DLTensor*> dl = args[0].try_cast<DLTensor*>();
+  if (!dl.has_value() || *dl == nullptr) {
+    TVM_FFI_THROW(ValueError) << "byoc_hetero.runtime.check_dim_ranges: expected a Tensor first, got "
+                              << args[0].GetTypeKey();
+  }
+  const DLTensor& t = **dl;
+  for (int i = 3; i < args.size(); i += 4) {
+    const int64_t axis = args[i].cast<int64_t>();
+    const int64_t lo = args[i + 2].cast<int64_t>(), hi = args[i + 3].cast<int64_t>();
+    if (axis < 0 || axis >= t.ndim) {
+      // the VM matched the shape against the signature before: a malformed check, not bad input
+      TVM_FFI_THROW(ValueError) << args[1].cast<ffi::String>() << ": the range check names dim " << axis
+                                << " of a rank-" << t.ndim << " tensor";
+    }
+    const int64_t n = t.shape[axis];
+    if ((lo != RegionGraph::kNoBound && n < lo) || (hi != RegionGraph::kNoBound && n > hi)) {
+      TVM_FFI_THROW(InputError) << args[1].cast<ffi::String>() << ": dim " << axis << " ("
+                                << args[i + 1].cast<ffi::String>() << ") is " << n
+                                << ", outside its declared range " << RangeText(lo, hi) << " (shape "
+                                << args[2].cast<ffi::String>() << ", got " << ShapeOf(t) << ")";
+    }
+  }
+  *rv = args[0];
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
+  if (!ffi::Function::GetGlobal("byoc_hetero.runtime.check_dim_ranges").has_value()) {
+    tvm::ffi::reflection::GlobalDef().def_packed("byoc_hetero.runtime.check_dim_ranges", CheckDimRanges);
+  }
   DefineGlobalOnce("byoc_hetero.runtime.create",
                    [](const ffi::String& graph_json) { return CreateRegionModule(graph_json); });
   DefineGlobalOnce("ffi.Module.load_from_bytes.byoc_hetero",

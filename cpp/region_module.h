@@ -15,6 +15,7 @@
  *   ffi.Module.load_from_bytes.byoc_hetero(bytes) -> Module
  *   byoc_hetero.runtime.save_to_bytes(Module) -> bytes
  *   byoc_hetero.runtime.supported_ops() -> Array<str>
+ *   byoc_hetero.runtime.check_dim_ranges(tensor, where, shape, (axis, symbol, min, max)...) -> tensor
  */
 #ifndef BYOC_HETERO_REGION_MODULE_H_
 #define BYOC_HETERO_REGION_MODULE_H_

@@ -605,7 +605,7 @@ def mutate(path, value):
         ("{not json", r"malformed JSON"),
         ("[1, 2]", r"must be a JSON object"),
         (mutate(["format"], "other"), r"doc_check.*'format'"),
-        (mutate(["version"], 3), r"doc_check.*'version'.*expected 1 to 2"),
+        (mutate(["version"], 4), r"doc_check.*'version'.*expected 1 to 3"),
         (mutate(["tensors", 0, "dtype"], "float16"), r"doc_check.*'tensors\[0\]\.dtype'"),
         (mutate(["tensors", 0, "shape"], [1, -4, 8, 8]), r"doc_check.*'tensors\[0\]\.shape'"),
         (mutate(["nodes", 0, "inputs"], [0, 7, 2]), r"doc_check.*'nodes\[0\]\.inputs\[1\]'.*out of range"),
@@ -660,7 +660,7 @@ def test_load_from_bytes_rejects_bad_blobs():
 def test_validate_helper():
     assert _C.validate(json.dumps(conv_doc())) == "doc_check"
     with pytest.raises(ValueError, match=r"doc_check.*'version'"):
-        _C.validate(mutate(["version"], 3))
+        _C.validate(mutate(["version"], 4))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ runtime reorders the weights into oneDNN's preferred layout.
 
 from __future__ import annotations
 
+import json
+
 import tvm
 import tvm_ffi
 
@@ -27,7 +29,10 @@ def relax_ext_codegen(funcs, options, constant_names):
     """Entry point RunCodegen calls: one runtime module per region.
 
     ``options`` (RunCodegen's target options for ``byoc_hetero``) may hold ``precision``
-    (``"f32"`` | ``"bf16"``), written into every region graph.
+    (``"f32"`` | ``"bf16"``), written into every region graph, and ``dim_ranges`` (JSON: the
+    declared range of each symbol), written into the regions that have those symbols.
     """
     precision = str(options["precision"]) if options is not None and "precision" in options else DEFAULT_PRECISION
-    return [create_module(lower_region(func, constant_names, precision)) for func in funcs]
+    # declared ranges of the symbolic dims ({"N": [1, 64]}, byoc_hetero/ranges.py codegen_options)
+    ranges = json.loads(str(options["dim_ranges"])) if options is not None and "dim_ranges" in options else {}
+    return [create_module(lower_region(func, constant_names, precision, ranges)) for func in funcs]

@@ -19,8 +19,9 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..._relax import function_outputs, op_name, opaque_dims, shape_of, short_op_name, tensor_dtype
+from ..._relax import function_outputs, op_name, opaque_dims, shape_of, shape_symbols, short_op_name, tensor_dtype
 from ...errors import CodegenError
+from ...ranges import region_ranges
 from .precision import DEFAULT_DTYPE, DEFAULT_PRECISION, check_precision
 from .table import TARGET, composite_lowering_for, graph_passes, lowering_for
 
@@ -29,6 +30,9 @@ VERSION = 1
 """The version written for a region with static shapes only (readable by every runtime)."""
 SYMBOLIC_VERSION = 2
 """The version written when a tensor has a symbolic dim (an expression string, docs/region-format.md)."""
+RANGES_VERSION = 3
+"""The version written when the document declares symbol ranges (``dim_ranges``): a runtime that
+predates them tolerates unknown top-level keys, and must not run such a region unchecked."""
 
 SHAPE_ARG = "shape argument"
 """The tensor id standing for a shape parameter of a region (read by no node)."""
@@ -68,6 +72,9 @@ class RegionGraph:
     #: compute precision of the anchors ("f32" | "bf16"); written only when not f32, so f32
     #: documents stay what they were
     precision: str = DEFAULT_PRECISION
+    #: symbol -> its declared [min, max] (None: an open end), checked by the runtime when the
+    #: symbols are bound (byoc_hetero/ranges.py); only symbols of the region's tensors
+    dim_ranges: dict[str, list[int | None]] = field(default_factory=dict)
     #: constant tensor id -> its value, for one-element float32 constants (not serialized): what
     #: graph passes read to fold a multiply by a constant into an attr (a matmul's ``scale``)
     scalar_values: dict[int, float] = field(default_factory=dict)
@@ -115,7 +122,7 @@ class RegionGraph:
         return json.dumps(
             {
                 "format": FORMAT,
-                "version": SYMBOLIC_VERSION if self.symbolic else VERSION,
+                "version": RANGES_VERSION if self.dim_ranges else SYMBOLIC_VERSION if self.symbolic else VERSION,
                 "symbol": self.symbol,
                 **precision,
                 "tensors": self.tensors,
@@ -123,6 +130,7 @@ class RegionGraph:
                 "outputs": self.outputs,
                 "constants": self.constants,
                 **({"shape_args": self.shape_args} if self.shape_args else {}),
+                **({"dim_ranges": self.dim_ranges} if self.dim_ranges else {}),
                 "nodes": [
                     {"op": n.op, "inputs": n.inputs, "output": n.output, "attrs": n.attrs}
                     for n in self.nodes
@@ -146,8 +154,10 @@ class RegionLowering:
     """
 
     def __init__(self, func: relax.Function, constant_names: Mapping[Any, str],
-                 precision: str = DEFAULT_PRECISION):
+                 precision: str = DEFAULT_PRECISION,
+                 dim_ranges: Mapping[str, tuple[int | None, int | None]] | None = None):
         self.func = func
+        self.dim_ranges = dict(dim_ranges or {})
         self.symbol = str(func.attrs["global_symbol"])
         self.graph = RegionGraph(self.symbol, target=str(func.attrs.get("Codegen", TARGET)),
                                  precision=check_precision(precision))
@@ -231,6 +241,9 @@ class RegionLowering:
             raise self.fail(reason)
         for t in tensors:
             t["shape"] = [names.get(d, d) if isinstance(d, str) else d for d in t["shape"]]
+        if self.dim_ranges:
+            symbols = shape_symbols(tuple(d for t in tensors for d in t["shape"]))
+            self.graph.dim_ranges = region_ranges(symbols, self.dim_ranges, {n: d for d, n in names.items()})
 
     def region_binding(self, var: relax.Var, value: relax.Expr) -> None:
         if isinstance(value, relax.Function):
@@ -320,6 +333,9 @@ class RegionLowering:
 
 
 def lower_region(func: relax.Function, constant_names: Mapping[Any, str],
-                 precision: str = DEFAULT_PRECISION) -> RegionGraph:
-    """Lower one outlined region function to its RegionGraph (computing in ``precision``)."""
-    return RegionLowering(func, constant_names, precision).run()
+                 precision: str = DEFAULT_PRECISION,
+                 dim_ranges: Mapping[str, Sequence[int | None]] | None = None) -> RegionGraph:
+    """Lower one outlined region function to its RegionGraph (computing in ``precision``; the
+    declared ``dim_ranges`` of its symbols, ``{"N": [1, 64]}``, written for the runtime to check)."""
+    ranges = {str(k): (v[0], v[1]) for k, v in (dim_ranges or {}).items()}
+    return RegionLowering(func, constant_names, precision, ranges).run()
