@@ -447,6 +447,20 @@ def test_squeeze_excitation_multiply_any_channel_count(channels, size):
 
 
 @needs_native
+@settings(max_examples=12, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(channels=st.integers(1, 70), size=st.integers(1, 12), squeeze=st.integers(1, 12))
+def test_squeeze_excitation_block_random_shapes(channels, size, squeeze):
+    """The squeeze-excitation block at random channel counts (whole 16-channel vectors and tails),
+    map sizes (1 row to 144) and squeeze widths: the rounded reference, whichever kernels run."""
+    mod, x, ref = _squeeze_excitation_block(np.random.default_rng(channels * 100 + size), channels=channels,
+                                            size=size, squeeze=squeeze)
+    got = run(build(bh.partition(mod, precision="bf16")), [x])
+    rnd = lambda v: to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)  # noqa: E731
+    err = relative_error(got, ref(rnd))
+    assert err <= ROUNDED_BOUND, f"{channels} channels, {size}x{size}, squeeze {squeeze}: {err:.2e}"
+
+
+@needs_native
 def test_channel_multiply_by_a_float32_scale():
     """A per-channel scale that arrives float32 (here a region input) times a bf16 conv output
     feeding a conv: the product of the rounded data and the unrounded scale, rounded once."""
