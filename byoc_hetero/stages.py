@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import tvm
@@ -80,9 +81,175 @@ def _targets(target: TargetSpec) -> list[str]:
 def _fuse(mod: tvm.IRModule, patterns: list) -> tvm.IRModule:
     """FuseOpsByPattern into composites (no codegen annotation) over every entry function."""
     mod = relax.transform.ConvertToDataflow(min_size=1)(mod)
-    return relax.transform.FuseOpsByPattern(
+    mod = relax.transform.FuseOpsByPattern(
         patterns, bind_constants=True, annotate_codegen=False, entry_functions=entry_functions(mod),
     )(mod)
+    return _close_shape_arguments(mod)
+
+
+def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
+    """``broadcast_to(x, s)`` where ``s`` is ``x``'s own shape becomes ``x``.
+
+    torch.export writes one before each batched matmul operand (``expand``). With symbolic dims it
+    harms: as a composite of its own, FuseOpsByPattern passes ``s`` in as a parameter, and
+    broadcast_to's type inference gives the composite a result of unknown shape
+    (``R.Tensor(param_0)``, rank only); that result type refers to the composite's parameter,
+    which inlining the composite back into ``main`` (the cost gate) leaves undefined, and then
+    MergeCompositeFunctions fails ("memo_.count", torch.export's BERT-like model with a
+    dynamic batch and sequence length). The op copies nothing, so it is dropped before fusing.
+    """
+    def drop(_var, call):
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.broadcast_to"):
+            return None
+        data, shape = call.args
+        before = getattr(data.ty, "shape", None)
+        if (isinstance(shape, relax.ShapeExpr) and isinstance(before, relax.ShapeExpr)
+                and isinstance(call.ty, relax.TensorType) and call.ty.dtype == data.ty.dtype
+                and tvm_ffi.structural_equal(before, shape)):
+            return data
+        return None
+
+    changes = {}
+    for name in entry_functions(mod):
+        func = _map_calls(mod[name], drop)
+        if not func.same_as(mod[name]):
+            changes[mod.get_global_var(name)] = func
+    return updated(mod, changes) if changes else mod
+
+
+def _close_shape_arguments(mod: tvm.IRModule, regions: bool = False) -> tvm.IRModule:
+    """Composites that FuseOpsByPattern gave a shape argument (``R.shape([s77, s27, 4, 16])`` of a
+    reshape) take it inside where their tensor parameters define its symbols.
+
+    FuseOpsByPattern lifts every non-constant argument to a parameter, a reshape's target shape
+    too. A composite with a shape parameter makes a region that the VM calls with the shape as an
+    argument (region format ``shape_args``), and inlining such a composite back into ``main``
+    (the cost gate) can leave its parameter in types (``R.Tensor(param_0)``). Where each symbol
+    of the shape is a bare dim of a tensor parameter (``[B, S, 64] -> [B, S, 4, 16]``), the shape
+    is bound into the composite instead (``Function.bind_params``; a copy per distinct shape); a
+    shape whose symbols only products give (``[B * S, 64] -> [B, S, 64]``) stays an argument.
+
+    ``regions=True`` does the same for the regions MergeCompositeFunctions made: such a shape
+    becomes a region parameter, and where the region's tensor parameters define its symbols (the
+    input ``[B, S, 64]`` of a region whose inner composites reshape ``[B * S, 64] -> [B, S, 64]``)
+    it is bound inside the region, so the VM does not build and pass it at every call (the
+    torch.export'ed BERT-like model passed 16 shapes per call). A region keeps its name (its
+    external symbol); one called with two different shapes is left as it is.
+    """
+    which = is_region if regions else is_composite
+    entries = entry_functions(mod)
+    plans: dict[str, dict[Any, tuple[relax.Function, list[relax.Expr], tvm.ir.GlobalVar]]] = {}
+    open_calls: set[str] = set()  # composites still called with a shape argument somewhere
+    for name in entries:
+        plan = plans.setdefault(name, {})
+
+        def visit(var, call, plan=plan):
+            func = _called(mod, call, which)
+            if func is None or not any(isinstance(a, relax.ShapeExpr) for a in call.args):
+                return None
+            bound = _bind_shape_arguments(func, call)
+            if bound is None:
+                open_calls.add(call.op.name_hint)
+                return None
+            plan[var] = (bound[0], bound[1], call.op)
+            return None
+
+        _map_calls(mod[name], visit)
+    if not any(plans.values()):
+        return mod
+
+    # distinct bound functions per composite, in call order
+    variants: dict[str, list[relax.Function]] = {}
+    for plan in plans.values():
+        for func, _args, old in plan.values():
+            known = variants.setdefault(old.name_hint, [])
+            if not any(tvm_ffi.structural_equal(func, f) for f in known):
+                known.append(func)
+    # a composite every call of which binds one shape keeps its name (a new GlobalVar: the old
+    # one carries the old signature as its type); others get numbered copies
+    keep = {name for name, funcs in variants.items() if len(funcs) == 1 and name not in open_calls}
+    if regions:
+        variants = {name: funcs for name, funcs in variants.items() if name in keep}
+        plans = {entry: {v: p for v, p in plan.items() if p[2].name_hint in keep} for entry, plan in plans.items()}
+        if not keep:
+            return mod
+    builder = relax.BlockBuilder(updated(mod, remove=[mod.get_global_var(n) for n in keep]))
+    taken = {gv.name_hint for gv in mod.get_global_vars()}
+    gvs: dict[str, list[tvm.ir.GlobalVar]] = {}
+    for name, funcs in variants.items():
+        for func in funcs:
+            new_name, k = name, 0
+            while name not in keep and new_name in taken:
+                k += 1
+                new_name = f"{name}_{k}"
+            taken.add(new_name)
+            gvs.setdefault(name, []).append(builder.add_func(func, new_name))
+
+    for name in entries:
+        plan = plans[name]
+
+        def rewrite(var, call, plan=plan):
+            if var not in plan:
+                return None
+            func, args, old = plan[var]
+            index = next(i for i, f in enumerate(variants[old.name_hint]) if tvm_ffi.structural_equal(func, f))
+            return relax.Call(gvs[old.name_hint][index], args)
+
+        func = _map_calls(mod[name], rewrite)
+        if not func.same_as(mod[name]):
+            builder.update_func(builder.get().get_global_var(name), func)
+    # a composite no call takes any more (every call got a bound copy of another name)
+    return relax.transform.DeadCodeElimination(entries)(builder.get())
+
+
+def _called(mod: tvm.IRModule, call: relax.Call, which) -> relax.Function | None:
+    """The function of ``mod`` that ``call`` calls, when ``which(function)``."""
+    if isinstance(call.op, tvm.ir.GlobalVar):
+        func = mod[call.op]
+        if which(func):
+            return func
+    return None
+
+
+def _bind_shape_arguments(func: relax.Function, call: relax.Call
+                          ) -> tuple[relax.Function, list[relax.Expr]] | None:
+    """``func`` with the shape arguments of ``call`` bound inside, and the arguments left; None
+    when a symbol of a shape argument is no bare dim of a tensor argument."""
+    # the composite has symbolic variables of its own: rename them to the caller's, read off
+    # the tensor parameters' dims, so that the caller's shape is valid inside
+    rename: dict[tvm.tirx.Var, tvm.tirx.Var] = {}
+    defined: list[tvm.tirx.Var] = []
+    shape_positions = []
+    for i, (param, arg) in enumerate(zip(func.params, call.args)):
+        if isinstance(arg, relax.ShapeExpr) and isinstance(param.ty, relax.ShapeType):
+            shape_positions.append(i)
+            continue
+        ours, theirs = getattr(param.ty, "shape", None), getattr(arg.ty, "shape", None)
+        if not isinstance(ours, relax.ShapeExpr) or not isinstance(theirs, relax.ShapeExpr):
+            continue
+        for mine, caller in zip(ours.values, theirs.values):
+            if isinstance(mine, tvm.tirx.Var):
+                if not isinstance(caller, tvm.tirx.Var):
+                    return None  # the composite is more general than this call: leave it
+                if mine in rename and not rename[mine].same_as(caller):
+                    return None
+                rename[mine] = caller
+                defined.append(caller)
+    if not shape_positions:
+        return None
+    for i in shape_positions:
+        for dim in call.args[i].values:
+            if tvm.tirx.analysis.undefined_vars(dim, defined):
+                return None
+    renamed = {m: c for m, c in rename.items() if not m.same_as(c)}
+    bound = func.bind_symbolic_vars(renamed) if renamed else func
+    bound = bound.bind_params({bound.params[i]: call.args[i] for i in shape_positions})
+    # ... and back to variables of its own, as every composite has: _splice_calls (the cost
+    # gate's inlining) maps a composite's variables to the caller's dims, which it cannot do
+    # for variables that already are the caller's
+    own = {v: tvm.tirx.Var(str(v.name), v.ty) for v in relax.analysis.defined_symbolic_vars(bound)}
+    bound = bound.bind_symbolic_vars(own) if own else bound
+    return bound, [a for i, a in enumerate(call.args) if i not in shape_positions]
 
 
 def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
@@ -98,7 +265,7 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
         # (a, b)[0] → a, then dead bindings go: values read only through a tuple nobody else reads
         # (the unused indices of PyTorch's max-pools) would become outputs of regions, and dead
         # bindings regions nobody calls (which RunCodegen never compiles)
-        mod = relax.transform.CanonicalizeBindings()(mod)
+        mod = relax.transform.CanonicalizeBindings()(_drop_identity_broadcasts(mod))
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
         if patterns:
             mod = _fuse(mod, patterns)
@@ -195,14 +362,116 @@ def _inline_composites(mod: tvm.IRModule, gated: set[tvm.ir.GlobalVar]) -> tvm.I
     """Turn calls of the ``gated`` composite functions back into plain ops (for TVM to compile)."""
     plain = {gv: mod[gv].without_attr("Composite").without_attr("Primitive").without_attr(TARGET_ATTR)
              for gv in gated}
-    inlined = {mod.get_global_var(name): mod[name].inline_functions(plain) for name in entry_functions(mod)}
+    inlined = {}
+    for name in entry_functions(mod):
+        func = _splice_calls(mod[name], plain)
+        inlined[mod.get_global_var(name)] = func.inline_functions(plain)
     return updated(mod, inlined, remove=gated)
+
+
+def _splice_calls(func: relax.Function, plain: Mapping[tvm.ir.GlobalVar, relax.Function]) -> relax.Function:
+    """``func`` with each call of a ``plain`` function whose body has dim expressions of its own
+    (a target shape bound in by :func:`_close_shape_arguments`) replaced by that body.
+
+    ``Function.inline_functions`` copies a body with fresh symbolic variables and does not map
+    them to the caller's dims, which only the types re-derived from the arguments hid: a
+    ``reshape(x, R.shape([n * m, 16]))`` kept variables nothing in ``func`` defines, and
+    ``relax.build`` failed ("has not been computed"). Here each call site gets a copy of the body
+    with its symbols replaced by the caller's dims and its parameters by the arguments, spliced
+    in before the call's binding. Only in dataflow blocks (a composite's body is one); other
+    calls are left to ``inline_functions``.
+    """
+    if not isinstance(func.body, relax.SeqExpr):
+        return func
+    blocks, changed = [], False
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        bindings = []
+        for b in block.bindings:
+            call = b.value if isinstance(b, relax.VarBinding) else None
+            callee = (plain.get(call.op) if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.GlobalVar)
+                      else None)
+            body = _spliced_body(callee, call) if callee is not None else None
+            if body is None:
+                bindings.append(b)
+                continue
+            for inner in body.blocks:
+                bindings.extend(inner.bindings)
+            bindings.append(relax.VarBinding(b.var, body.body))
+            changed = True
+        blocks.append(relax.DataflowBlock(bindings))
+    if not changed:
+        return func
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs)
+
+
+def _spliced_body(callee: relax.Function, call: relax.Call) -> relax.SeqExpr | None:
+    """The body of ``callee`` for ``call`` (fresh variables, the caller's symbols, the arguments),
+    or None when no op in it takes a symbolic shape (inline_functions then does)."""
+    if not any(isinstance(a, relax.ShapeExpr) and any(not isinstance(d, tvm.tirx.IntImm) for d in a.values)
+               for c in op_calls(callee) for a in c.args):
+        return None
+    copy = relax.utils.copy_with_new_vars(callee)
+    symbols = _caller_symbols(copy, call)
+    if len(symbols) != len(relax.analysis.defined_symbolic_vars(copy)):
+        return None
+    copy = copy.bind_symbolic_vars(symbols)
+    body = copy.bind_params(dict(zip(copy.params, call.args))).body
+    if not isinstance(body, relax.SeqExpr) or not all(isinstance(k, relax.DataflowBlock) for k in body.blocks):
+        return None
+    return body
+
+
+def _caller_symbols(func: relax.Function, call: relax.Call) -> dict[tvm.tirx.Var, tvm.ir.PrimExpr]:
+    """The caller's dim for each symbolic variable of ``func`` that a parameter's shape has as a
+    bare dim (``x: [n, m, 16]`` called with ``[s77, s27, 16]``: ``n -> s77``, ``m -> s27``)."""
+    symbols: dict[tvm.tirx.Var, tvm.ir.PrimExpr] = {}
+    for param, arg in zip(func.params, call.args):
+        ours = getattr(param.ty, "shape", None) if isinstance(param.ty, relax.TensorType) else None
+        theirs = getattr(arg.ty, "shape", None) if isinstance(arg.ty, relax.TensorType) else None
+        if isinstance(param.ty, relax.ShapeType):
+            ours = param.ty.values
+            theirs = arg.values if isinstance(arg, relax.ShapeExpr) else getattr(arg.ty, "values", None)
+        else:
+            ours = ours.values if isinstance(ours, relax.ShapeExpr) else None
+            theirs = theirs.values if isinstance(theirs, relax.ShapeExpr) else None
+        if ours is None or theirs is None:
+            continue
+        for mine, caller in zip(ours, theirs):
+            if isinstance(mine, tvm.tirx.Var) and not mine.same_as(caller):
+                symbols.setdefault(mine, caller)
+    return symbols
+
+
+def _map_calls(func: relax.Function, change) -> relax.Function:
+    """``func`` with the value of each binding ``v = call`` replaced by ``change(v, call)`` where
+    that is not None (an expression the binding's variable can hold); the bindings keep their
+    variables, so nothing else in the function changes. ``func`` itself when nothing did."""
+    if not isinstance(func.body, relax.SeqExpr):
+        return func
+    blocks, changed = [], False
+    for block in func.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call):
+                new = change(b.var, b.value)
+                if new is not None:
+                    b = relax.VarBinding(b.var, new)
+                    changed = True
+            bindings.append(b)
+        blocks.append((relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock)(bindings))
+    if not changed:
+        return func
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs)
 
 
 def _map_call_args(func: relax.Function, change) -> relax.Function:
     """``func`` with each argument ``a`` of each bound call (and each field of a tuple argument)
-    replaced by ``change(a)`` where that is not None; the bindings keep their variables and the
-    calls their types, so nothing else in the function changes. ``func`` itself when nothing did."""
+    replaced by ``change(a)`` where that is not None; the calls keep their types (:func:`_map_calls`)."""
     def arg(a):
         new = change(a)
         if new is not None:
@@ -213,25 +482,13 @@ def _map_call_args(func: relax.Function, change) -> relax.Function:
                 return relax.Tuple(fields)
         return a
 
-    if not isinstance(func.body, relax.SeqExpr):
-        return func
-    blocks, changed = [], False
-    for block in func.body.blocks:
-        bindings = []
-        for b in block.bindings:
-            value = b.value
-            if isinstance(b, relax.VarBinding) and isinstance(value, relax.Call):
-                args = [arg(a) for a in value.args]
-                if any(not n.same_as(a) for n, a in zip(args, value.args)):
-                    b = relax.VarBinding(b.var, relax.Call(value.op, args, value.attrs, value.ty_args,
-                                                           ret_ty=value.ty))
-                    changed = True
-            bindings.append(b)
-        blocks.append((relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock)(bindings))
-    if not changed:
-        return func
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
-                          func.attrs)
+    def call(_var, value):
+        args = [arg(a) for a in value.args]
+        if all(n.same_as(a) for n, a in zip(args, value.args)):
+            return None
+        return relax.Call(value.op, args, value.attrs, value.ty_args, ret_ty=value.ty)
+
+    return _map_calls(func, call)
 
 
 def _merge_main(mod: tvm.IRModule) -> tvm.IRModule:
@@ -350,10 +607,15 @@ def _unmergeable(mod: tvm.IRModule, log: DecisionLog, err: Exception) -> tvm.IRM
     """
     gated = {gv for gv, f in mod.functions_items() if is_composite(f)}
     names = ", ".join(entry_functions(mod))
+    # the check that fails ("memo_.count(vn)") does not say which value: name the variables a
+    # function reads that none of its bindings or parameters defines, the usual cause
+    stray = [f"{name} reads {', '.join(sorted({str(v.name) for v in free}))}, which nothing in it defines"
+             for name in entry_functions(mod) for free in [relax.analysis.free_vars(mod[name])] if free]
+    what = first_line(err) + ("; " + "; ".join(stray) if stray else "")
     if not gated:
-        raise CodegenError(f"TVM's MergeCompositeFunctions failed on {names}: {first_line(err)}") from err
+        raise CodegenError(f"TVM's MergeCompositeFunctions failed on {names}: {what}") from err
     reason = (f"TVM's MergeCompositeFunctions cannot group the composites of {names} "
-              f"({first_line(err)}); the function stays on llvm")
+              f"({what}); the function stays on llvm")
     for gv in gated:
         for call in op_calls(mod[gv]):
             log.add(str(mod[gv].attrs["Composite"]), call, reason)
@@ -384,7 +646,7 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
                 continue
             gated = _gated_composites(mod, merged, min_region_ops, require_heavy_op, log)
             if not gated:
-                return log.attach(_shorten_region_names(merged))
+                return log.attach(_shorten_region_names(_close_shape_arguments(merged, regions=True)))
             mod = _inline_composites(mod, gated)
 
     return stage

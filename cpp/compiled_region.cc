@@ -58,10 +58,12 @@ CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
   }
 }
 
-std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<std::vector<int64_t>>& input_shapes) const {
+std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<std::vector<int64_t>>& shapes,
+                                                    bool with_output_shapes) const {
   PlanRequest request;
   request.threads = threads_;
-  request.input_shapes = input_shapes;
+  request.input_shapes = shapes;
+  request.with_output_shapes = with_output_shapes;
   request.max_bytes = max_bytes_;
   // MakePlan raises InputError for shapes a symbolic region's ops reject (planner.h)
   return MakePlan(graph_, request, engine_);
@@ -168,8 +170,7 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
     // __init_ does.
     std::shared_ptr<const Plan> plan;
     if (!Find(key)) {
-      std::vector<std::vector<int64_t>> input_shapes(arg_shapes.begin(), arg_shapes.begin() + graph_.inputs.size());
-      plan = PlanFor(input_shapes);
+      plan = PlanFor(arg_shapes, /*with_output_shapes=*/true);  // an output may bind a symbol
     }
     std::unique_lock<std::shared_mutex> lock(consts_mu_);
     std::shared_ptr<Entry> entry = Find(key);

@@ -97,8 +97,10 @@ class CompiledRegion {
   /*! \brief The entry of the last call when \p arg_shapes are its shapes (else null). */
   std::shared_ptr<Entry> LastFor(const std::vector<std::vector<int64_t>>& arg_shapes);
   void Remember(const std::vector<std::vector<int64_t>>& arg_shapes, std::shared_ptr<Entry> entry);
-  /*! \brief The plan for these input shapes (InputError when the ops reject them). */
-  std::shared_ptr<const Plan> PlanFor(const std::vector<std::vector<int64_t>>& input_shapes) const;
+  /*! \brief The plan for these input shapes, followed by the outputs' when \p with_output_shapes
+   *         (PlanRequest; InputError when the ops reject them). */
+  std::shared_ptr<const Plan> PlanFor(const std::vector<std::vector<int64_t>>& shapes,
+                                      bool with_output_shapes = false) const;
   /*! \brief Reserve the plan's weights and make its executor (consts_mu_ held exclusively). */
   std::shared_ptr<Entry> MakeEntry(const std::vector<int64_t>& key, std::shared_ptr<const Plan> plan);
   void Fill(Entry& entry);

@@ -75,6 +75,9 @@ namespace {
 struct ValueState {
   bool is_const = false;       // known at __init_
   bool aliased = false;        // its storage slot is also another value's (reshape)
+  // Values of one order id hold their elements in the same row-major order (a value and its
+  // reshapes); -1: the value's own tensor id. A permute keeps the storage slot but not the order.
+  int order = -1;
   bool region_output = false;
   int last_use = -1;           // last node reading it
   int storage = -1;
@@ -327,8 +330,11 @@ class Planner {
       // Reshapes of one value (BERT's Q/K/V denses each read their own reshape of one layer norm)
       // are the same bytes: one conversion serves them all. Aliased storage is never written in
       // place (a residual sum reuses only unaliased buffers), so the bytes stay that value's.
+      // A permute of such a value shares its slot too but reads its elements in another order: a
+      // plain [M, K] view of the one is not a view of the other.
       const bool same_bytes = e.tensor == t || (values_[t].aliased && values_[e.tensor].aliased &&
-                                                values_[t].storage == values_[e.tensor].storage);
+                                                values_[t].storage == values_[e.tensor].storage &&
+                                                OrderOf(t) == OrderOf(e.tensor));
       if (same_bytes && e.view == layout.view && e.want == layout.want &&
           e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
         return e.mem;
@@ -402,6 +408,9 @@ class Planner {
     resolved_.push_back({t, layout.view, layout.want, "", result, init_only});
     return result;
   }
+
+  /*! \brief The order id of tensor t (ValueState::order). */
+  int OrderOf(int t) const { return values_[t].order >= 0 ? values_[t].order : t; }
 
   int OutputPosition(int t) const {
     for (size_t i = 0; i < g_.outputs.size(); ++i) {
@@ -711,6 +720,7 @@ class Planner {
         v.storage = src.slot;
         v.plain = bf16 ? -1 : src.slot;
         v.aliased = values_[t_in].aliased = true;
+        v.order = OrderOf(t_in);
       }
       return;
     }
@@ -895,7 +905,8 @@ std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest
     // Every problem with the shapes asked for is an InputError (the caller's input), whether the
     // binding finds it or an op of the bound graph rejects the shapes (a window larger than the
     // input): _C.plan_region and a region call raise the same class for the same shapes.
-    if (request.input_shapes.size() != graph.inputs.size()) {
+    if (request.input_shapes.size() !=
+        graph.inputs.size() + (request.with_output_shapes ? graph.outputs.size() : 0)) {
       TVM_FFI_THROW(InputError) << graph.where() << ": the region has symbolic dims ("
                                 << graph.tensors[graph.inputs.empty() ? 0 : graph.inputs[0]].Describe()
                                 << ", ...); planning it needs the shapes of its " << graph.inputs.size()

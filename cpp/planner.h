@@ -77,8 +77,13 @@ struct PlannedStep {
 
 /*! \brief What to plan for. */
 struct PlanRequest {
-  /*! \brief One shape per region input; empty = the graph's declared shapes. */
+  /*! \brief One shape per region input (then one per output with_output_shapes); empty = the
+   *         graph's declared shapes. */
   std::vector<std::vector<int64_t>> input_shapes;
+  /*! \brief input_shapes ends with the outputs' shapes (a region call's): a symbolic region may
+   *         have a symbol that only an output has as a dim of its own (a region ending in a
+   *         reshape [n * m, 8] -> [n, m, 8]); the call binds it there, and so does the plan. */
+  bool with_output_shapes = false;
   /*! \brief OpenMP threads the primitives are made and run with (oneDNN sizes some at creation). */
   int threads = 1;
   /*! \brief A symbolic region's tensors at these shapes may take at most this many bytes. */

@@ -351,6 +351,41 @@ def test_fuzz_permute_into_matmul(dims, data):
     assert "matmul" in [n["op"] for n in nodes(part)]
 
 
+def test_dense_reads_a_permute_of_a_reshaped_dense_output():
+    """dense -> reshape -> permute_dims -> dense: the second dense reads the permute flattened.
+    The reshape and the permute share the first dense's buffer; the planner took the reshape's
+    plain [M, K] view of it for the permute's (wrong numbers, no error) before values carried
+    their element order."""
+    def body(e, x):
+        h = e(relax.op.matmul(e(relax.op.reshape(x, [20, 16])), const(16, 8)))
+        p = e(relax.op.permute_dims(e(relax.op.reshape(h, [4, 5, 8])), [1, 0, 2]))
+        return relax.op.matmul(p, const(8, 3))
+
+    res = offload_and_compare(graph({"x": (4, 5, 16)}, body))
+    assert "llvm" not in res.profile.counts, res.profile
+    assert [n["op"] for n in nodes(res.partitioned)].count("dense") == 2
+
+
+@FUZZ
+@given(dims=st.lists(st.integers(1, 5), min_size=3, max_size=3), data=st.data())
+def test_fuzz_dense_reads_a_permuted_reshape(dims, data):
+    """A dense reading permute_dims(reshape(dense(x))) on random shapes and permutations, the
+    reshape read by a second op or not, vs llvm."""
+    a, b, c = dims
+    axes = data.draw(st.permutations(range(3)))
+    shared = data.draw(st.booleans())
+    last = [a, b, c][axes[-1]]
+
+    def body(e, x):
+        h = e(relax.op.reshape(e(relax.op.matmul(x, const(6, c))), [a, b, c]))
+        y = e(relax.op.matmul(e(relax.op.permute_dims(h, axes)), const(last, 4)))
+        if shared:  # the reshape has a plain reader too
+            return relax.Tuple([y, e(relax.op.nn.relu(h))])
+        return y
+
+    differential(graph({"x": (a * b, 6)}, body), [rng.standard_normal((a * b, 6)).astype("float32")])
+
+
 @FUZZ
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
 def test_fuzz_concat_and_slice(shape, data):
@@ -421,11 +456,14 @@ def test_tiny_transformer_matches_torch(kind, path):
     assert ops.count("matmul") == 2, ops
 
 
+@pytest.mark.parametrize("merged", [False, True])
 @pytest.mark.parametrize("kt_axes", [(0, 2, 3, 1), (0, 2, 1, 3)])
-def test_symbolic_attention_reads_q_k_v_through_strides(kt_axes):
+def test_symbolic_attention_reads_q_k_v_through_strides(kt_axes, merged):
     """With symbolic batch and sequence, the matmuls read Q, Kᵀ and V through permute axes (attrs
     a_axes / b_axes, strides computed from the bound shapes per plan): no permute copy step is
-    left but the output's head merge; the result matches numpy at several sizes."""
+    left but the output's head merge; the result matches numpy at several sizes. merged: the
+    batched matmuls are 3-D over [n * heads, ...] operands, as torch.export writes them (the
+    matmuls run on the unmerged 4-D operands: before, each permute behind a merge was a copy)."""
     import json
 
     import tvm
@@ -445,8 +483,17 @@ def test_symbolic_attention_reads_q_k_v_through_strides(kt_axes):
             if kt_axes == (0, 2, 1, 3):
                 kt = e(relax.op.permute_dims(kt, [0, 1, 3, 2]))  # chained permutes compose
             vh = e(relax.op.permute_dims(v, [0, 2, 1, 3]))
-            probs = e(relax.op.nn.softmax(e(relax.op.matmul(qh, kt)), axis=-1))
-            gv = bb.emit_output(e(relax.op.permute_dims(e(relax.op.matmul(probs, vh)), [0, 2, 1, 3])))
+
+            def matmul(a, b):
+                if not merged:
+                    return e(relax.op.matmul(a, b))
+                (_, _, m, _), (_, _, _, last) = (x.ty.shape.values for x in (a, b))
+                flat = [e(relax.op.reshape(x, relax.ShapeExpr([n * heads, *x.ty.shape.values[2:]])))
+                        for x in (a, b)]
+                return e(relax.op.reshape(e(relax.op.matmul(*flat)), relax.ShapeExpr([n, heads, m, last])))
+
+            probs = e(relax.op.nn.softmax(matmul(qh, kt), axis=-1))
+            gv = bb.emit_output(e(relax.op.permute_dims(matmul(probs, vh), [0, 2, 1, 3])))
         bb.emit_func_output(gv)
     part = bh.partition(bb.get())
     assert len(bh.report(part).regions) == 1 and "left on llvm: 0 ops" in str(bh.report(part)), bh.report(part)

@@ -202,6 +202,10 @@ class RegionLowering:
             return self.const_ids[name]
         if expr in self.tid:
             return self.tid[expr]
+        if isinstance(expr, relax.ShapeExpr):
+            # a reshape's target shape bound into the region (stages._close_shape_arguments):
+            # like a shape parameter, the runtime evaluates the reshape's shape itself
+            return SHAPE_ARG
         raise self.fail(f"value {expr} is used before it is defined")
 
     # -- the region function ------------------------------------------------------------------

@@ -8,7 +8,9 @@
   permute's input through strides instead (:func:`fold_views`), and the permute node is dropped
   when nothing else reads it. With symbolic dims the strides are not static: a permute read
   directly by a matmul (no reshape between) becomes attrs ``a_axes`` / ``b_axes``, whose strides
-  the kernel computes from the bound shapes per plan.
+  the kernel computes from the bound shapes per plan; a matmul over operands whose batch dims a
+  reshape merged (torch.export's ``[B * H, S, D]``) runs on the unmerged ones first
+  (:func:`unmerge_batch_dims`), so that the permutes behind the merges fold the same way.
 * ``concat`` becomes a ``concat`` node. In a batch-1 tensor, an input that only the concat reads
   is written by its producer straight into its slice of the concat's buffer (plain, or whole
   channel blocks: a conv feeding a channel concat writes channel blocks); the planner copies only
@@ -306,10 +308,50 @@ def permute_source(producers: dict[int, Node], t: int) -> tuple[int, list[int]] 
     return base, axes
 
 
+def unmerge_batch_dims(graph: RegionGraph) -> None:
+    """A symbolic batched matmul over operands whose batch dims a reshape merged
+    (``[B * H, S, D]`` from ``[B, H, S, D]``, torch.export's attention) runs on the unmerged operands
+    (``[B, H, S, D]``), its output reshaped back: the merge is then no copy and a permute behind it
+    becomes ``a_axes`` / ``b_axes`` (:func:`fold_views`).
+
+    Reading ``permute_dims(x, [0, 2, 1, 3])`` of ``x: [B, S, H, D]`` as ``[B * H, S, D]`` needs a
+    copy whenever ``B > 1`` (B and H are not adjacent in ``x``), so strides alone cannot do it;
+    keeping B and H apart as batch dims of the matmul can. Applies when both operands are such
+    reshapes of rank-4 values with the same two leading dims and the same last two dims as the
+    operand (so the merged dim is their product), and the matmul has no residual or mask (whose
+    shapes follow the merged output).
+    """
+    producers = {n.output: n for n in graph.nodes}
+    shape = lambda t: graph.tensors[t]["shape"]  # noqa: E731
+    for index, node in enumerate(list(graph.nodes)):
+        if (node.op != "matmul" or len(shape(node.output)) != 3 or node.attrs.get("residual")
+                or node.attrs.get("has_mask") or any(k in node.attrs for k in ("a_shape", "b_shape", "a_axes", "b_axes"))):
+            continue
+        if all(isinstance(d, int) for t in node.inputs[:2] for d in shape(t)):
+            continue  # static: fold_views reads it through static strides (or copies once)
+        sources = []
+        for t in node.inputs[:2]:
+            reshape = producers.get(t)
+            source = reshape.inputs[0] if reshape is not None and reshape.op == "reshape" else None
+            if source is None or len(shape(source)) != 4 or shape(source)[2:] != shape(t)[1:]:
+                break
+            sources.append(source)
+        if len(sources) != 2 or shape(sources[0])[:2] != shape(sources[1])[:2]:
+            continue
+        merged = node.output
+        out = shape(merged)
+        graph.tensors.append({"shape": list(shape(sources[0])[:2]) + list(out[1:]),
+                              "dtype": graph.tensors[merged]["dtype"]})
+        node.inputs[:2] = sources
+        node.output = len(graph.tensors) - 1
+        graph.nodes.insert(graph.nodes.index(node) + 1, Node("reshape", [node.output], merged, {}))
+
+
 @graph_pass
 def fold_views(graph: RegionGraph) -> None:
     """matmul operands that are permutes (of reshapes) read the permute's input through strides;
     then nodes nothing reads any more (such permutes) are dropped."""
+    unmerge_batch_dims(graph)
     producers = {n.output: n for n in graph.nodes}
     for node in graph.nodes:
         if node.op != "matmul":
@@ -451,9 +493,8 @@ def fold_residual_adds(graph: RegionGraph) -> None:
             value, residual = node.inputs[k], node.inputs[1 - k]
             shape = graph.tensors[value]["shape"]
             if (value == residual or graph.tensors[residual]["shape"] != shape
-                    or graph.tensors[node.output]["shape"] != shape or graph.tensors[residual]["dtype"] != "float32"
-                    or any(not isinstance(d, int) for d in shape)):
-                continue
+                    or graph.tensors[node.output]["shape"] != shape or graph.tensors[residual]["dtype"] != "float32"):
+                continue  # (symbolic dims compare as expressions: equal text, equal for every binding)
             chain: list[Node] = []  # nearest the add first
             t = value
             while (readers.get(t, 0) == 1 and t not in outputs and t in producers
@@ -463,8 +504,6 @@ def fold_residual_adds(graph: RegionGraph) -> None:
             dense = producers.get(t)
             if (dense is None or dense.op != "dense" or readers.get(t, 0) != 1 or t in outputs
                     or dense.attrs.get("residual") or dense.attrs.get("post_activation", "none") != "none"):
-                continue
-            if any(not isinstance(d, int) for c in chain for d in graph.tensors[c.inputs[0]]["shape"]):
                 continue
             index = next(i for i, m in enumerate(graph.nodes) if m is dense)
             made_by = producers.get(residual)

@@ -11,8 +11,9 @@ instead of splitting them (a region made only of them is still left to TVM by th
 
 from __future__ import annotations
 
-import math
+import functools
 
+import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
@@ -34,34 +35,38 @@ RELABELS = {
 def check_reshape(match: Match) -> str | None:
     """A relabel of a float32 tensor to a shape with the same number of elements.
 
-    With symbolic dims the sizes must be equal for every value of the symbols, which is checked
-    (conservatively) as: the same symbolic dims on both sides, and equal products of the static
-    ones (``[N, S, 64] -> [N, S, 4, 16]``, ``[N, 32, 1, 1] -> [N, 32]``).
+    With symbolic dims the sizes must be equal for every value of the symbols
+    (``[N, S, 64] -> [N, S, 4, 16]``, ``[N * S, 64] -> [N, S, 64]``). A reshape to a symbolic
+    shape is a composite like any other: the partition binds its target shape inside the composite
+    where the tensor's own dims define the symbols (``stages._close_shape_arguments``), and passes
+    it to the region as a shape argument otherwise (region format ``shape_args``).
     """
     call = match.expr("root")
     reason = tensor_reason(call.args[0], "data", symbolic=True) or tensor_reason(call, "result", symbolic=True)
     if reason:
         return reason
     before, after = shape_of(call.args[0]), shape_of(call)
-    if any(isinstance(d, str) for d in after) and call.op.name in ("relax.reshape", "relax.broadcast_to"):
-        # its target shape is a Relax value holding the symbols; as a composite of its own, TVM's
-        # MergeCompositeFunctions fails on it ("memo_.count") with a torch.export'ed BERT
-        return (f"{call.op.name.removeprefix('relax.')} to the symbolic shape {list(after)} on its own "
-                "(TVM's MergeCompositeFunctions cannot group its shape argument)")
     if call.op.name == "relax.broadcast_to" and tuple(before) != tuple(after):
         return (
             f"broadcast_to {list(before)} -> {list(after)} repeats elements; "
             "only a broadcast_to that keeps the shape is free"
         )
-    if _size(before) != _size(after):
+    if not _same_size(call.args[0], call):
         return (f"{call.op.name.removeprefix('relax.')} {list(before)} -> {list(after)} changes the number "
                 "of elements (or may, for some symbol values)")
     return None
 
 
-def _size(shape) -> tuple[int, list[str]]:
-    """The product of a shape's static dims, and its symbolic dims (sorted)."""
-    return math.prod(d for d in shape if isinstance(d, int)), sorted(d for d in shape if isinstance(d, str))
+def _same_size(a: relax.Expr, b: relax.Expr) -> bool:
+    """Whether two tensors have the same number of elements for every value of the symbols
+    (``[N * S, 64]`` and ``[N, S, 4, 16]``: TVM's arithmetic simplifier proves the products equal)."""
+    sa, sb = a.ty.shape, b.ty.shape
+    if not isinstance(sa, relax.ShapeExpr) or not isinstance(sb, relax.ShapeExpr):
+        return False
+    one = tvm.tirx.IntImm("int64", 1)
+    size_a = functools.reduce(lambda x, y: x * y, sa.values, one)
+    size_b = functools.reduce(lambda x, y: x * y, sb.values, one)
+    return bool(tvm.sym.Analyzer().can_prove_equal(size_a, size_b))
 
 
 @pattern_rules
