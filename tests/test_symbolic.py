@@ -286,6 +286,15 @@ def test_dim_expressions_are_parsed_strictly():
         _C.plan_region(_doc(["N", 8], ["N + 1", 8]), [[5, 8]])
 
 
+def test_a_bound_plan_keeps_the_requested_thread_count():
+    """Regression: the plan made at a binding of a symbolic region got the thread count in another
+    field (a positional initializer after a field was added) and a narrowed byte limit as its
+    thread count."""
+    for threads in (1, 2):
+        plan = _C.plan_region(_doc(["N", 8], ["N", 8]), [[3, 8]], threads=threads)
+        assert plan["threads"] == threads and plan["output_shapes"] == [[3, 8]]
+
+
 def test_ops_that_need_static_dims_stay_on_llvm_with_their_reason():
     import tvm
     from tvm import relax
