@@ -916,7 +916,10 @@ std::shared_ptr<const Plan> MakePlan(const RegionGraph& graph, const PlanRequest
     const RegionGraph bound = graph.Bound(values, request.max_bytes);
     std::shared_ptr<const Plan> made;
     try {
-      made = MakePlan(bound, PlanRequest{{}, request.threads, request.max_bytes}, engine);
+      PlanRequest declared;  // the bound graph's own shapes; named fields, not positions
+      declared.threads = request.threads;
+      declared.max_bytes = request.max_bytes;
+      made = MakePlan(bound, declared, engine);
     } catch (const tvm::ffi::Error& e) {
       if (e.kind() != "ValueError") throw;
       TVM_FFI_THROW(InputError) << "at " << graph.DescribeBinding(values) << ": " << e.message();

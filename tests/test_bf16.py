@@ -383,6 +383,144 @@ def test_torch_safe_softmax_writes_f32_and_zeroes_fully_masked_rows():
     assert 1e-6 < err <= MODEL_BOUND, f"bf16 vs torch float32 {err:.2e}"
 
 
+def _squeeze_excitation_block(rng, channels: int = 32, size: int = 14, squeeze: int = 8):
+    """An EfficientNet MBConv block without its residual: expand conv → silu → depthwise conv → silu
+    → squeeze-excitation (global average pool → 1x1 conv → silu → 1x1 conv → sigmoid → channel
+    multiply) → projection conv. Returns (module, input, reference(rnd)), where ``rnd`` is applied
+    to every value the bf16 build stores."""
+    x = rng.standard_normal((1, 8, size, size)).astype("float32")
+    w_exp = (rng.standard_normal((channels, 8, 1, 1)) * 0.4).astype("float32")
+    w_dw = (rng.standard_normal((channels, 1, 3, 3)) * 0.4).astype("float32")
+    w_s1 = (rng.standard_normal((squeeze, channels, 1, 1)) * 0.4).astype("float32")
+    w_s2 = (rng.standard_normal((channels, squeeze, 1, 1)) * 0.4).astype("float32")
+    b_s1, b_s2 = (rng.standard_normal(n).astype("float32") * 0.1 for n in (squeeze, channels))
+    w_prj = (rng.standard_normal((16, channels, 1, 1)) * 0.3).astype("float32")
+
+    def body(emit, xv):
+        def conv(v, w, **kw):
+            return emit(relax.op.nn.conv2d(v, relax.const(w), **kw))
+
+        def bias(v, b):
+            return emit(relax.op.add(v, relax.const(b.reshape(1, -1, 1, 1))))
+
+        e = emit(relax.op.nn.silu(conv(xv, w_exp)))
+        d = emit(relax.op.nn.silu(conv(e, w_dw, padding=1, groups=channels)))
+        p = emit(relax.op.nn.adaptive_avg_pool2d(d, output_size=1))
+        s = emit(relax.op.nn.silu(bias(conv(p, w_s1), b_s1)))
+        s = emit(relax.op.sigmoid(bias(conv(s, w_s2), b_s2)))
+        return relax.op.nn.conv2d(emit(relax.op.multiply(d, s)), relax.const(w_prj))
+
+    def ref(rnd):
+        def silu(v):
+            return v / (1 + np.exp(-v))
+
+        def conv(v, w, **kw):
+            return conv2d_nchw(rnd(v), rnd(w), **kw).astype(np.float64)
+
+        e = rnd(silu(conv(x, w_exp)))
+        d = rnd(silu(conv(e, w_dw, padding=(1,) * 4, groups=channels)))
+        p = rnd(d.mean(axis=(2, 3), keepdims=True))
+        s = rnd(silu(conv(p, w_s1) + b_s1.reshape(1, -1, 1, 1)))
+        s = rnd(1 / (1 + np.exp(-(conv(s, w_s2) + b_s2.reshape(1, -1, 1, 1)))))
+        return conv(rnd(d * s), w_prj)
+
+    return graph({"x": x.shape}, body), x, ref
+
+
+def test_squeeze_excitation_block_stays_bf16_between_the_convs():
+    """EfficientNet's MBConv block: the depthwise conv's output is read by the global average pool
+    and the channel multiply, whose outputs only convs read; all three are stored bf16 (the pool
+    averages the rounded values in f32 and rounds once, the multiply multiplies rounded operands and
+    rounds once, as OpenVINO's bf16 does), so the only run-time conversion is the region input's,
+    and the multiply reads the [1, C, 1, 1] scale as its conv stored it. The numbers are the
+    reference rounded to bf16 at every stored value."""
+    mod, x, ref = _squeeze_excitation_block(np.random.default_rng(21))
+    part = bh.partition(mod, precision="bf16")
+    got = run(build(part), [x])
+    run_steps = _native_run_steps(part)
+    conversions = [line for line in run_steps if "reorder" in line.split(" | ")[1] or "copied" in line]
+    assert len(conversions) == 1 and "reorder of tensor 0 " in conversions[0], run_steps
+    (pool,) = [line for line in run_steps if "(pool2d) |" in line]
+    assert ":bf16 dst=" in pool and pool.endswith(":bf16"), pool
+    (mul,) = [line for line in run_steps if "(binary) |" in line]
+    assert mul.count(":bf16") == 3, mul  # both operands and the result
+    assert "ref" not in mul.split(" | ")[2].split(" ")[0], mul  # the host loop or a jit kernel, not a reference one
+    convs = [line for line in run_steps if "(conv2d) |" in line]
+    assert len(convs) == 5 and all(c.endswith(":bf16") for c in convs[:4]) and not convs[4].endswith(":bf16")
+    rnd = lambda v: to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)  # noqa: E731
+    err = relative_error(got, ref(rnd))
+    assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
+    # bf16 really ran: the unrounded reference is measurably off
+    assert relative_error(got, ref(lambda v: np.asarray(v, dtype=np.float64))) > 1e-4
+
+
+@needs_native
+@pytest.mark.parametrize("channels,size", [(8, 9), (20, 7), (33, 5), (48, 16)])
+def test_squeeze_excitation_multiply_any_channel_count(channels, size):
+    """The channel multiply of a bf16 region (a host loop over channels-last rows, 16 channels a
+    vector, the rest masked) at channel counts below, between and above whole vectors: the numbers
+    are the reference rounded at every stored value."""
+    mod, x, ref = _squeeze_excitation_block(np.random.default_rng(channels), channels=channels, size=size)
+    part = bh.partition(mod, precision="bf16")
+    got = run(build(part), [x])
+    (mul,) = [line for line in _native_run_steps(part) if "(binary) |" in line]
+    assert mul.count(":bf16") == 3, mul
+    rnd = lambda v: to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)  # noqa: E731
+    err = relative_error(got, ref(rnd))
+    assert err <= ROUNDED_BOUND, f"{channels} channels: bf16 vs the rounded reference: {err:.2e}"
+
+
+@needs_native
+@settings(max_examples=12, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(channels=st.integers(1, 70), size=st.integers(1, 12), squeeze=st.integers(1, 12))
+def test_squeeze_excitation_block_random_shapes(channels, size, squeeze):
+    """The squeeze-excitation block at random channel counts (whole 16-channel vectors and tails),
+    map sizes (1 row to 144) and squeeze widths: the rounded reference, whichever kernels run."""
+    mod, x, ref = _squeeze_excitation_block(np.random.default_rng(channels * 100 + size), channels=channels,
+                                            size=size, squeeze=squeeze)
+    got = run(build(bh.partition(mod, precision="bf16")), [x])
+    rnd = lambda v: to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)  # noqa: E731
+    err = relative_error(got, ref(rnd))
+    assert err <= ROUNDED_BOUND, f"{channels} channels, {size}x{size}, squeeze {squeeze}: {err:.2e}"
+
+
+@needs_native
+def test_channel_multiply_by_a_float32_scale():
+    """A per-channel scale that arrives float32 (here a region input) times a bf16 conv output
+    feeding a conv: the product of the rounded data and the unrounded scale, rounded once."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((1, 8, 6, 6)).astype("float32")
+    s = rng.standard_normal((1, 24, 1, 1)).astype("float32")
+    w1 = (rng.standard_normal((24, 8, 1, 1)) * 0.4).astype("float32")
+    w2 = (rng.standard_normal((16, 24, 1, 1)) * 0.3).astype("float32")
+
+    def body(emit, xv, sv):
+        y = emit(relax.op.nn.conv2d(xv, relax.const(w1)))
+        return relax.op.nn.conv2d(emit(relax.op.multiply(y, sv)), relax.const(w2))
+
+    def rnd(v):
+        return to_bf16(np.asarray(v, dtype=np.float32)).astype(np.float64)
+
+    part = bh.partition(graph({"x": x.shape, "s": s.shape}, body), precision="bf16")
+    got = run(build(part), [x, s])
+    (mul,) = [line for line in _native_run_steps(part) if "(binary) |" in line]
+    assert mul.count(":bf16") == 2, mul  # the data and the result; the scale is read float32
+    want = conv2d_nchw(rnd(rnd(conv2d_nchw(rnd(x), rnd(w1))) * s), rnd(w2))
+    err = relative_error(got, want)
+    assert err <= ROUNDED_BOUND, f"bf16 vs the rounded reference: {err:.2e}"
+
+
+def test_squeeze_excitation_block_f32_matches_the_llvm_build():
+    """The same block in float32: the multiply reads the [1, C, 1, 1] scale in its producer's layout
+    (no reorder), with the float32 result of the llvm-only build."""
+    mod, x, _ = _squeeze_excitation_block(np.random.default_rng(22))
+    part = bh.partition(mod)
+    assert len(_regions(part)) == 1
+    got = run(build(part), [x])
+    want = run(build(mod), [x])
+    assert relative_error(got, want) <= TOLERANCE
+
+
 # -- the built-in models -----------------------------------------------------------------------------
 MODELS = [
     ("mlp", {}, MODEL_BOUND),

@@ -239,11 +239,16 @@ bool IsConvResidual(const NodeInfo& node, size_t k) {
  *        as the data of a conv2d, as either operand of a dense (data, run-time weight) or a
  *        matmul (a, b); or through a node whose output qualifies in turn: a reshape (the same
  *        bytes), a permute (a bf16 -> bf16 reorder), a max pool (a max of rounded values is the
- *        rounded max). Two readers change the numbers: the residual of a conv2d whose output qualifies (a bf16 residual stream: the
+ *        rounded max). Some readers change the numbers: the residual of a conv2d whose output qualifies (a bf16 residual stream: the
  *        sum post-op adds the rounded residual to the f32 accumulator, then rounds once, as
- *        OpenVINO's bf16 ResNet does; the bound is tests/test_bf16.py's); and likewise an eltwise
+ *        OpenVINO's bf16 ResNet does; the bound is tests/test_bf16.py's); likewise an eltwise
  *        whose output qualifies (gelu before a dense: the rounding moves before the activation,
- *        as oneDNN 3.2 has no f32 -> bf16 eltwise).
+ *        as oneDNN 3.2 has no f32 -> bf16 eltwise); an average pool and a binary mul whose
+ *        outputs qualify (a squeeze-excitation block: the depthwise conv's output is read by the
+ *        global pool and by the channel multiply feeding the projection conv; stored bf16, as
+ *        OpenVINO's bf16 EfficientNet stores it: EfficientNet-B0 had 16 f32 -> bf16 reorders of
+ *        the multiply's output per call, and its depthwise outputs, pools and multiplies moved
+ *        f32 bytes).
  */
 bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
   if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
@@ -260,9 +265,18 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
       } else if (node.op == "reshape" || node.op == "permute" || node.op == "eltwise") {
         ok = OnlyConvsRead(g, n, node.output);
       } else if (node.op == "pool2d") {
+        // max: exact (the max of rounded values is the rounded max); average: the mean of rounded
+        // values, rounded again (a squeeze-excitation's global pool, EfficientNet's pooler)
+        ok = OnlyConvsRead(g, n, node.output);
+      } else if (node.op == "binary") {
+        // mul: the product of rounded operands, rounded again (a squeeze-excitation's channel
+        // scale before the projection conv: relative errors add, no cancellation); max / min:
+        // exact. add / sub / div stay f32 (rounding operands before a cancelling sum loses more
+        // than rounding its result)
         auto alg = node.attrs.find("algorithm");
-        const bool max = alg != node.attrs.end() && alg->second.as<tvm::ffi::String>().value_or("") == "max";
-        ok = max && OnlyConvsRead(g, n, node.output);
+        const std::string name =
+            alg != node.attrs.end() ? std::string(alg->second.as<tvm::ffi::String>().value_or("")) : "";
+        ok = (name == "mul" || name == "max" || name == "min") && OnlyConvsRead(g, n, node.output);
       }
       if (!ok) return false;
       read = true;

@@ -9,6 +9,8 @@
  * Global average pooling is kernel = [H, W].  The op reads its input in whatever layout the
  * producer wrote (e.g. oneDNN's blocked layout after a conv) and writes the same layout.
  */
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "kernel.h"
@@ -65,12 +67,29 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
 
   const dnnl::algorithm alg = *FindEnum(PoolAlgorithms(), alg_name);
   const memory::desc src = ctx.InputLayout(0);
-  dnnl::pooling_forward::primitive_desc pd(
-      // dst in src's type: a bf16 src (a conv output in a bf16 region, see OutputOnlyFeedsBf16Convs)
-      // stays bf16 for the convs reading the pool; f32 otherwise
-      ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims, src.get_data_type()),
-      {strides[0], strides[1]}, {kernel[0], kernel[1]}, {dilation[0] - 1, dilation[1] - 1},
-      {padding[0], padding[1]}, {pad_end[0], pad_end[1]}, ctx.MakeAttr());
+  auto make = [&](memory::data_type dt) {
+    return dnnl::pooling_forward::primitive_desc(
+        ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims, dt), {strides[0], strides[1]},
+        {kernel[0], kernel[1]}, {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]},
+        {pad_end[0], pad_end[1]}, ctx.MakeAttr());
+  };
+  // dst bf16 where every reader rounds it to bf16 anyway (OutputOnlyFeedsBf16Convs: a max pool
+  // between convs, a squeeze-excitation's global pool before its first 1x1 conv), else f32. A
+  // bf16 src reaches here only in a bf16 region where the producer stored it so (kernel.cc).
+  // oneDNN 3.2 has jit pooling for mixed f32 / bf16 src and dst on avx512_core_bf16; where it
+  // has none (or only a reference kernel), the dst keeps the src's type.
+  const memory::data_type src_dt = src.get_data_type();
+  const memory::data_type want = OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
+  std::optional<dnnl::pooling_forward::primitive_desc> mixed;
+  if (want != src_dt) {
+    try {
+      mixed = make(want);
+      if (std::string(mixed->impl_info_str()).find("ref") != std::string::npos) mixed.reset();
+    } catch (const dnnl::error&) {
+      mixed.reset();
+    }
+  }
+  dnnl::pooling_forward::primitive_desc pd = mixed ? std::move(*mixed) : make(src_dt);
   std::vector<OperandLayout> inputs{{PlainDesc(src.get_dims()), pd.src_desc()}};
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
   return std::make_unique<PrimitiveKernel>(ctx.where(), "pool2d", std::move(pd),
