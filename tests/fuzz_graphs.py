@@ -93,6 +93,26 @@ def activation_chain(bb, name: str, src):
     return bb.emit(R.multiply(src, bb.emit(R.divide(r6, _scalar(6.0)))))  # hardswish_onnx
 
 
+def safe_softmax_chain(emit, x, axis: int, scalar_zero: bool = False):
+    """torch's ``_safe_softmax(x, axis)`` as torch.export's decomposition reaches Relax: softmax,
+    with the rows along ``axis`` whose inputs are all -inf set to 0 (ops/softmax.py)."""
+    out = emit(R.nn.softmax(x, axis=axis))
+    kept = emit(R.logical_not(emit(R.equal(x, relax.const(np.float32(-np.inf))))))
+    any_kept = emit(R.max(emit(R.astype(kept, "int8")), axis=[axis], keepdims=True))
+    rows = emit(R.logical_not(emit(R.astype(any_kept, "bool"))))
+    zero = relax.const(np.float32(0.0))
+    zeros = zero if scalar_zero else emit(R.full_like(out, zero))
+    return emit(R.where(rows, zeros, out))
+
+
+def minus_inf_mask(rng: np.random.Generator, shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """0 / -inf of ``shape``: about a third of the rows along ``axis`` all -inf, a fifth of the
+    other elements -inf (a partly masked row, as a padding or causal mask makes)."""
+    row_shape = tuple(1 if i == axis % len(shape) else d for i, d in enumerate(shape))
+    masked = (rng.random(shape) < 0.2) | (rng.random(row_shape) < 0.3)
+    return np.where(masked, -np.inf, 0.0).astype(F32)
+
+
 CHAINS = ("hardswish_torch", "hardswish_onnx", "hardsigmoid_torch", "hardsigmoid_onnx", "silu_chain")
 
 
@@ -380,8 +400,13 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         elif kind == "softmax":
             src = pick()
             axis = draw(st.integers(-len(_shape(src)), len(_shape(src)) - 1))
-            y = emit(R.nn.softmax(src, axis=axis), src)
-            recipe.steps.append(f"softmax({list(_shape(src))}, axis={axis})")
+            safe = draw(st.sampled_from(["no", "no", "full_like", "scalar"]))
+            if safe == "no":
+                y = emit(R.nn.softmax(src, axis=axis), src)
+            else:  # torch's _safe_softmax of src with rows and elements masked by -inf
+                masked = emit(R.add(src, relax.const(minus_inf_mask(rng, _shape(src), axis))), src)
+                y = safe_softmax_chain(bb.emit, masked, axis, scalar_zero=safe == "scalar")
+            recipe.steps.append(f"softmax({list(_shape(src))}, axis={axis}, safe={safe})")
             keep(y)
         elif kind == "reduce":
             src = pick()

@@ -1,6 +1,7 @@
-"""Transformer fusions (ops/gelu.py, ops/attention.py, take along any axis), each against the
-llvm-only build of the same module: gelu chains as one eltwise post-op, attention scale and mask as
-matmul post-ops, residual adds through reshapes, ViT's class-token select."""
+"""Transformer fusions (ops/gelu.py, ops/attention.py, ops/softmax.py, take along any axis), each
+against the llvm-only build of the same module (torch's safe softmax against numpy and torch): gelu
+chains as one eltwise post-op, attention scale and mask as matmul post-ops, torch's _safe_softmax
+chain as one softmax node, residual adds through reshapes, ViT's class-token select."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import math
 import numpy as np
 import pytest
 from conftest import TOLERANCE, graph, offload_and_compare
+from fuzz_graphs import minus_inf_mask, safe_softmax_chain
 from tvm import relax
 
 import byoc_hetero as bh
+from byoc_hetero.rules import rejections
 from byoc_hetero.timing import build, relative_error, run
 
 R = relax.op
@@ -118,6 +121,123 @@ def test_gelu_chain_whose_intermediate_is_also_read_elsewhere():
     arrays = [RNG.standard_normal((1, 8, 16)).astype("float32")]
     for g, w in zip(outputs(bh.partition(mod), arrays), outputs(mod, arrays)):
         assert relative_error(g, w) <= TOLERANCE
+
+
+# -- torch's safe softmax (ops/softmax.py) ------------------------------------------------------------
+def safe_softmax_reference(x: np.ndarray, axis: int) -> np.ndarray:
+    """torch's _safe_softmax in float64: softmax along ``axis``; a row whose inputs are all -inf is 0."""
+    x64 = x.astype(np.float64)
+    full = np.all(np.isneginf(x64), axis=axis, keepdims=True)
+    e = np.exp(x64 - np.where(full, 0.0, x64.max(axis=axis, keepdims=True)))
+    return np.where(full, 0.0, e / np.where(full, 1.0, e.sum(axis=axis, keepdims=True)))
+
+
+def masked_rows(shape: tuple[int, ...], axis: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random data with -inf rows and elements along ``axis`` (see :func:`minus_inf_mask`), one row
+    all -inf and one whose first element only is -inf for sure; and where the all -inf rows are."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype("float32") * 3 + minus_inf_mask(rng, shape, axis)
+    first = [0] * len(shape)
+    first[axis] = slice(None)
+    x[tuple(first)] = -np.inf
+    last: list = [d - 1 for d in shape]
+    last[axis] = slice(None)
+    x[tuple(last)] = rng.standard_normal(shape[axis]).astype("float32")
+    last[axis] = 0
+    x[tuple(last)] = -np.inf
+    full = np.all(np.isneginf(x), axis=axis, keepdims=True)
+    assert full.any() and not full.all()
+    return x, np.broadcast_to(full, shape)
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+@pytest.mark.parametrize("scalar_zero", [False, True])
+def test_safe_softmax_chain_is_one_softmax_node(axis, scalar_zero):
+    """The chain torch.export writes for _safe_softmax (equal -inf, logical_not, astype int8, max,
+    astype bool, logical_not, full_like or a scalar 0, where) is one ``softmax`` node with ``safe``
+    1: rows all -inf give 0 (oneDNN alone gives NaN), partly masked rows are the softmax of the
+    rest, within 1e-6 of the float64 reference and of torch."""
+    torch = pytest.importorskip("torch")
+    shape = (3, 5, 7)
+    mod = graph({"x": shape}, lambda emit, x: safe_softmax_chain(emit, x, axis, scalar_zero))
+    part = bh.partition(mod, require_heavy_op=False)
+    assert not bh.report(part).fallbacks, str(bh.report(part))
+    assert [(n["op"], n["attrs"]) for n in nodes(part)] == [("softmax", {"axis": axis, "safe": 1})]
+    for seed in range(3):
+        x, full = masked_rows(shape, axis, seed)
+        got = run(build(part), [x])
+        assert not np.isnan(got).any()
+        assert np.array_equal(got[full], np.zeros(int(full.sum()), "float32"))
+        assert not np.signbit(got[full]).any()
+        np.testing.assert_allclose(got, safe_softmax_reference(x, axis), rtol=0, atol=1e-6)
+        want = torch.ops.aten._safe_softmax(torch.from_numpy(x), axis).numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        # the plain softmax (the rule alone) keeps oneDNN's NaN rows, as torch.softmax does
+        plain = run(build(bh.partition(graph({"x": shape}, lambda emit, v: R.nn.softmax(v, axis=axis)),
+                                       require_heavy_op=False)), [x])
+        assert np.isnan(plain[full]).all() and not np.isnan(plain[~full]).any()
+
+
+def _chain_with(emit, x, minus_inf=-np.inf, reduce_axis=-1):
+    out = emit(R.nn.softmax(x, axis=-1))
+    kept = emit(R.logical_not(emit(R.equal(x, relax.const(np.float32(minus_inf))))))
+    any_kept = emit(R.max(emit(R.astype(kept, "int8")), axis=[reduce_axis], keepdims=True))
+    rows = emit(R.logical_not(emit(R.astype(any_kept, "bool"))))
+    return R.where(rows, emit(R.full_like(out, relax.const(np.float32(0.0)))), out)
+
+
+@pytest.mark.parametrize("variant,reason", [
+    ({"minus_inf": -1e4}, "compares with -10000.0, not -inf"),
+    ({"reduce_axis": 1}, "reduces over axes [1], the softmax runs over [2]"),
+])
+def test_chain_that_is_no_safe_softmax_runs_op_by_op(variant, reason):
+    """A chain comparing with another constant or reducing over another axis is not torch's safe
+    softmax: the rule says why, the ops run one by one, and the result is the llvm build's."""
+    mod = graph({"x": (2, 4, 6)}, lambda emit, x: _chain_with(emit, x, **variant))
+    part = bh.partition(mod, require_heavy_op=False)
+    assert any(reason in r.reason for r in rejections(part)), [r.reason for r in rejections(part)]
+    assert "softmax" in [n["op"] for n in nodes(part)]
+    x, _ = masked_rows((2, 4, 6), -1, 7)
+    x[0, 0, :] = -1e4
+    got, want = outputs(part, [x])[0], outputs(mod, [x])[0]
+    for special in (np.isnan, np.isneginf):
+        assert np.array_equal(special(got), special(want))
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-5, atol=1e-6)
+
+
+def sdpa_model():
+    """One attention layer through torch's scaled_dot_product_attention with an additive mask
+    (torch.export writes _safe_softmax for it)."""
+    torch = pytest.importorskip("torch")
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x, mask):
+            q, k, v = (t.reshape(x.shape[0], x.shape[1], 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    torch.manual_seed(0)
+    return Attention().eval()
+
+
+def test_torch_sdpa_with_fully_masked_rows_is_one_region_and_matches_torch():
+    torch = pytest.importorskip("torch")
+    model = sdpa_model()
+    x, mask = torch.randn(2, 6, 16), torch.randn(2, 2, 6, 6)
+    mask[0, 0, 1, :] = -math.inf  # a query row attending to nothing: zeros
+    mask[1, 1, 3, :4] = -math.inf  # partly masked
+    mod, params = bh.from_torch(model, (x, mask))
+    part = bh.partition(mod, params)
+    report = bh.report(part)
+    assert len(report.regions) == 1 and not report.fallbacks, str(report)
+    assert [n["attrs"] for n in nodes(part) if n["op"] == "softmax"] == [{"axis": -1, "safe": 1}]
+    got = run(build(part), [x.numpy(), mask.numpy()])
+    want = model(x, mask).detach().numpy()
+    assert np.array_equal(got[0, 0, 1], np.zeros(8, "float32"))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # -- attention --------------------------------------------------------------------------------------

@@ -357,14 +357,15 @@ def test_transformers_bert_with_dynamic_batch_and_sequence_offloads():
     assert "cannot group the composites" not in str(report)  # the whole function on llvm, as before
     ops = sum((e.ops for e in region_table(part).values()), start=__import__("collections").Counter())
     assert ops["matmul"] >= 12, ops  # 6 dense layers and 2 attention matmuls per layer
-    # every float32 relabel and permute (the attention's head split and merge) is offloaded: the
-    # regions are split only by the integer mask bookkeeping (13 regions before, now 3)
-    # regions are split only by the integer mask bookkeeping (13 regions before); torch.export's
-    # broadcast of the attention output dense's weight to [B, 64, 64] is dropped (stages.py)
+    # every float32 relabel and permute (the attention's head split and merge) is offloaded (13
+    # regions before); torch.export's broadcast of the attention output dense's weight to
+    # [B, 64, 64] is dropped (stages.py); each attention's _safe_softmax chain (int8 / logical_not
+    # ops between two regions: 3 regions before) is one softmax node (ops/softmax.py)
     stayed = [f for f in report.fallbacks
               if f.op in ("reshape", "permute_dims", "broadcast_to") and "float32" in f.value]
     assert not stayed, stayed
-    assert len(report.regions) <= 3, str(report)
+    assert len(report.regions) == 1, str(report)
+    assert ops["nn.softmax"] == 2 and not [f for f in report.fallbacks if f.op in ("logical_not", "max", "full_like")]
     ex = build(part)
     for shape in [(1, 7, 64), (3, 33, 64), (2, 128, 64)]:
         x = torch.randn(*shape)

@@ -27,6 +27,8 @@ rules                           match
 ``adaptive_avg_pool2d``         adaptive average pooling whose windows divide the input
 ``global_avg_pool``             mean over the spatial axes of NCHW data
 ``softmax``                     softmax along any axis
+``safe_softmax[_scalar_zero]``  torch's _safe_softmax chain (softmax; rows all -inf -> 0): one
+                                softmax node with ``safe`` 1
 ``add[_act]``, ``multiply[_act]`` with broadcasting on one side, [activation]
 ``activation``                  relu, clip, sigmoid, tanh, gelu, gelu_tanh, silu on their own
 ``hardswish``, ``hardsigmoid``  the chains the frontends spell them as (add 3, clip, divide by 6, or
