@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -71,11 +72,12 @@ def main() -> None:
     import tvm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--number", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--number", type=int, default=400)
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args()
     threads = _C.num_threads()
+    load = os.getloadavg()
     cases = {"cnn": [(1, 3, 32, 32), (8, 3, 32, 32), (32, 3, 32, 32)],
              "bert": [(1, 32, 64), (1, 128, 64), (1, 384, 64), (8, 128, 64)]}
     rows = []
@@ -99,11 +101,18 @@ def main() -> None:
                 for f in (dyn, static):
                     err = float(np.max(np.abs(f(xt).numpy() - ref)) / (np.max(np.abs(ref)) + 1e-12))
                     assert err < 1e-3, f"{name} {shape}: relative difference {err:.1e} to ONNX Runtime"
-                best = {"dyn": math.inf, "static": math.inf, "ort": math.inf}
-                for _ in range(args.rounds):  # interleaved rounds
-                    best["dyn"] = min(best["dyn"], _time(lambda: dyn(xt), args.number))
-                    best["static"] = min(best["static"], _time(lambda: static(xt), args.number))
-                    best["ort"] = min(best["ort"], _time(lambda: sess.run(None, {"x": x}), args.number))
+                calls = {"dyn": lambda: dyn(xt), "static": lambda: static(xt),
+                         "ort": lambda: sess.run(None, {"x": x})}
+                best = dict.fromkeys(calls, math.inf)
+                order = list(calls)
+                for r in range(args.rounds):  # interleaved rounds, the order rotated each round
+                    for key in order[r % 3:] + order[:r % 3]:
+                        # ONNX Runtime's pool threads spin after a run (allow_spinning) and, with
+                        # 2 threads on 2 cores, took the CPU from whatever ran right after it: the
+                        # dynamic build measured 1.5-1.8x its static build at 2 threads in that
+                        # slot, 1.0x at 1 thread. A pause lets every runtime's threads go idle.
+                        time.sleep(0.05)
+                        best[key] = min(best[key], _time(calls[key], args.number))
                 rows.append((name, shape, first, best["dyn"], best["static"], best["ort"]))
                 print(rows[-1], flush=True)
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name'"], capture_output=True, text=True).stdout
@@ -111,9 +120,11 @@ def main() -> None:
     lines = [
         "# Symbolic shapes: dynamic build vs static builds and ONNX Runtime",
         "",
-        f"Machine: {cpu or platform.processor()}, oneDNN ISA {_C.isa()}, {threads} thread(s); measured on a "
-        "shared, noisy machine (other jobs running), so differences of a few percent are within noise.",
-        f"`python3 bench/dynamic.py` ({args.rounds} interleaved rounds of {args.number} calls, best round; ms per call).",
+        f"Machine: {cpu or platform.processor()}, oneDNN ISA {_C.isa()}, {threads} thread(s); load average "
+        f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (on a shared machine differences of a few "
+        "percent are within noise).",
+        f"`python3 bench/dynamic.py` ({args.rounds} interleaved rounds of {args.number} calls in a rotating order, "
+        "best round; ms per call).",
         "",
         "| model | input shape | first call at the shape (plan) | dynamic build | static build | dynamic / static "
         "| ONNX Runtime (same dynamic file) |",
