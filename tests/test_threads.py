@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -91,7 +92,7 @@ def test_reinit_while_other_threads_run():
     doubled = [2 * v for v in values]
     new = run(build(bh.partition(mod, {k: 2 * v for k, v in params.items()})), [x])
     stop = threading.Event()
-    seen, errors = set(), []
+    seen, errors, calls = set(), [], []
     vms = [relax.VirtualMachine(ex, tvm.cpu()) for _ in range(3)]
     for vm in vms:  # creating a VM loads the executable's constants: do it before re-initializing
         vm["main"](tvm.runtime.tensor(x))
@@ -101,6 +102,7 @@ def test_reinit_while_other_threads_run():
         try:
             while not stop.is_set():
                 got = vm["main"](xt).numpy()
+                calls.append(1)
                 if np.allclose(got, old, rtol=1e-4, atol=1e-4):
                     seen.add("old")
                 elif np.allclose(got, new, rtol=1e-4, atol=1e-4):
@@ -114,8 +116,14 @@ def test_reinit_while_other_threads_run():
     for t in threads:
         t.start()
     init = region[f"__init_{region['get_symbol']()}"]
-    for i in range(20):
+    # re-initialize until the workers have made calls in between (on a loaded machine 20 re-inits
+    # could finish before a worker thread was scheduled at all), within a time limit
+    deadline = time.monotonic() + 30
+    i = 0
+    while (i < 20 or len(calls) < 20) and time.monotonic() < deadline:
         init([tvm.runtime.tensor(v) for v in (doubled if i % 2 == 0 else values)])
+        i += 1
+        time.sleep(0.001)  # lets the workers take the GIL between re-inits
     init([tvm.runtime.tensor(v) for v in doubled])
     stop.set()
     for t in threads:
