@@ -257,6 +257,15 @@ def local_functions(func: relax.Function) -> dict[relax.Var, relax.Function]:
     return found
 
 
+def bound_values(func: relax.Function) -> dict[relax.Var, relax.Expr]:
+    """Each variable bound in ``func``'s top-level body → its value (to follow a dataflow chain
+    back from an argument to the call that made it)."""
+    if not isinstance(func.body, relax.SeqExpr):
+        return {}
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings
+            if isinstance(b, relax.VarBinding)}
+
+
 def called_function(mod: tvm.IRModule, call: relax.Call,
                     local: Mapping[relax.Var, relax.Function] | None = None) -> relax.Function | None:
     """The Relax function a call calls: a global function of ``mod``, or one of ``local``

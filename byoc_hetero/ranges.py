@@ -28,6 +28,7 @@ from collections.abc import Mapping
 import tvm
 from tvm import relax
 
+from ._relax import op_name
 from .inputs import dim_ranges, tensor_spec
 
 CHECK_FUNC = "byoc_hetero.runtime.check_dim_ranges"
@@ -40,7 +41,7 @@ NO_BOUND = -1
 def is_range_check(call: relax.Call) -> bool:
     """Whether ``call`` is a check :func:`with_range_checks` inserted (no op of the model: profiles
     and reports leave it out)."""
-    return (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_pure_packed" and len(call.args) > 0
+    return (op_name(call) == "relax.call_pure_packed" and len(call.args) > 0
             and isinstance(call.args[0], relax.ExternFunc) and str(call.args[0].global_symbol) == CHECK_FUNC)
 
 

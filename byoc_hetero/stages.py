@@ -34,12 +34,15 @@ import tvm_ffi
 from tvm import relax
 
 from ._relax import (
+    bound_values,
+    called_function,
     composite_target,
     entry_functions,
     function_outputs,
     is_composite,
     is_region,
     op_calls,
+    op_name,
     opaque_dims,
     ops_in,
     region_composites,
@@ -87,8 +90,9 @@ def _fuse(mod: tvm.IRModule, patterns: list) -> tvm.IRModule:
     return _close_shape_arguments(mod)
 
 
-def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
-    """``broadcast_to(x, s)`` where ``s`` is ``x``'s own shape becomes ``x``.
+def _drop_needless_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
+    """Broadcasts that copy for nothing go: ``broadcast_to(x, s)`` where ``s`` is ``x``'s own shape
+    becomes ``x``.
 
     torch.export writes one before each batched matmul operand (``expand``). With symbolic dims it
     harms: as a composite of its own, FuseOpsByPattern passes ``s`` in as a parameter, and
@@ -104,7 +108,7 @@ def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
     dynamic batch: the broadcast stayed on llvm and split the model into regions).
     """
     def drop(_var, call):
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.broadcast_to"):
+        if op_name(call) != "relax.broadcast_to":
             return None
         data, shape = call.args
         before = getattr(data.ty, "shape", None)
@@ -118,12 +122,11 @@ def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
         # matmul(a, broadcast_to(w, [*lead, K, N])) with a 2-D w and a of shape [*lead, M, K]:
         # relax.matmul broadcasts w itself, so the result is the same without the copy (torch.export
         # writes it for a Linear on a 3-D non-contiguous input, as bmm with an expanded weight)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
+        if op_name(call) != "relax.matmul":
             return None
         lhs, rhs = call.args
         bcast = values.get(rhs) if isinstance(rhs, relax.Var) else None
-        if not (isinstance(bcast, relax.Call) and isinstance(bcast.op, tvm.ir.Op)
-                and bcast.op.name == "relax.broadcast_to"):
+        if not (isinstance(bcast, relax.Call) and op_name(bcast) == "relax.broadcast_to"):
             return None
         weight, target = bcast.args
         w_shape, a_shape = getattr(weight.ty, "shape", None), getattr(lhs.ty, "shape", None)
@@ -139,7 +142,7 @@ def _drop_identity_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
 
     changes = {}
     for name in entry_functions(mod):
-        values = _bound_values(mod[name])
+        values = bound_values(mod[name])
 
         def change(var, call, values=values):
             new = drop(var, call)
@@ -178,8 +181,8 @@ def _close_shape_arguments(mod: tvm.IRModule, regions: bool = False) -> tvm.IRMo
         plan = plans.setdefault(name, {})
 
         def visit(var, call, plan=plan):
-            func = _called(mod, call, which)
-            if func is None or not any(isinstance(a, relax.ShapeExpr) for a in call.args):
+            func = called_function(mod, call)
+            if func is None or not which(func) or not any(isinstance(a, relax.ShapeExpr) for a in call.args):
                 return None
             bound = _bind_shape_arguments(func, call)
             if bound is None:
@@ -236,15 +239,6 @@ def _close_shape_arguments(mod: tvm.IRModule, regions: bool = False) -> tvm.IRMo
     return relax.transform.DeadCodeElimination(entries)(builder.get())
 
 
-def _called(mod: tvm.IRModule, call: relax.Call, which) -> relax.Function | None:
-    """The function of ``mod`` that ``call`` calls, when ``which(function)``."""
-    if isinstance(call.op, tvm.ir.GlobalVar):
-        func = mod[call.op]
-        if which(func):
-            return func
-    return None
-
-
 def _bind_shape_arguments(func: relax.Function, call: relax.Call
                           ) -> tuple[relax.Function, list[relax.Expr]] | None:
     """``func`` with the shape arguments of ``call`` bound inside, and the arguments left; None
@@ -299,7 +293,7 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
         # (a, b)[0] → a, then dead bindings go: values read only through a tuple nobody else reads
         # (the unused indices of PyTorch's max-pools) would become outputs of regions, and dead
         # bindings regions nobody calls (which RunCodegen never compiles)
-        mod = relax.transform.CanonicalizeBindings()(_drop_identity_broadcasts(mod))
+        mod = relax.transform.CanonicalizeBindings()(_drop_needless_broadcasts(mod))
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
         if patterns:
             mod = _fuse(mod, patterns)
@@ -478,14 +472,6 @@ def _caller_symbols(func: relax.Function, call: relax.Call) -> dict[tvm.tirx.Var
             if isinstance(mine, tvm.tirx.Var) and not mine.same_as(caller):
                 symbols.setdefault(mine, caller)
     return symbols
-
-
-def _bound_values(func: relax.Function) -> dict:
-    """Each variable bound in ``func``'s body → its value."""
-    if not isinstance(func.body, relax.SeqExpr):
-        return {}
-    return {b.var: b.value for block in func.body.blocks for b in block.bindings
-            if isinstance(b, relax.VarBinding)}
 
 
 def _map_calls(func: relax.Function, change) -> relax.Function:

@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-from ...._relax import op_name, shape_of
+from ...._relax import bound_values, op_name, shape_of
 from ....rules import Match
 from ..epilogue import tensors_reason
 from ..precision import tensor_reason
@@ -256,7 +256,7 @@ def _rules():
 def lower_hard_activation(ctx, func: relax.Function) -> int:
     """The whole chain as one ``eltwise`` node (fused into its producer later, if it can be)."""
     kind = str(func.attrs["Composite"]).partition(".")[2]
-    values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    values = bound_values(func)
     root = func.body.body
     x = parse_chain(kind, root, lambda e: values.get(e, e) if isinstance(e, relax.Var) else e)
     if isinstance(x, str):
