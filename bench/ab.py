@@ -1,0 +1,103 @@
+"""A/B latency of two checkouts of byoc-hetero, measured side by side in one run.
+
+    python3 bench/ab.py --a /path/to/old/tree --b /path/to/new/tree [--models resnet18,mlp] [--rounds 5]
+
+Each tree must hold a built extension (``byoc_hetero/_C*.so``, e.g. from
+``cmake -S . -B build-dev -G Ninja && ninja -C build-dev _C && cp build-dev/_C*.so byoc_hetero/``).
+Every (tree, model) measurement runs in its own process that imports ``byoc_hetero`` from that
+tree, partitions the built-in model with ``bh.partition``, builds it and times one call (median of
+``--repeat`` calls after a warm-up). Rounds alternate the order of A and B and pause between
+measurements, so a load that drifts during the run falls on both alike. The table gives each
+side's median over the rounds and the ratio B / A; the header gives the CPU and oneDNN's ISA.
+Used to show a refactor leaves latency unchanged (issue 23): ratios within noise of 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+WORKLOADS = {
+    "vgg11": {},
+    "resnet18": {},
+    "mobilenet_v2": {},
+    "mlp": {},
+}
+
+WORKER = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np, tvm
+from tvm import relax
+import byoc_hetero as bh
+assert bh.__file__.startswith(sys.argv[1]), bh.__file__
+name, repeat = sys.argv[2], int(sys.argv[3])
+mod, params = getattr(bh.models, name)(batch=1)
+part = bh.partition(mod, params)
+ex = relax.build(part, target="llvm")
+vm = relax.VirtualMachine(ex, tvm.cpu())
+rng = np.random.default_rng(0)
+args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in v.ty.shape.values]).astype("float32"))
+        for v in mod["main"].params if v.name not in params]
+for _ in range(3):
+    vm["main"](*args)
+times = []
+for _ in range(repeat):
+    t0 = time.perf_counter(); vm["main"](*args); times.append(time.perf_counter() - t0)
+print(json.dumps({"median_ms": 1e3 * float(np.median(times))}))
+"""
+
+
+def _measure(tree: str, model: str, threads: int, repeat: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TVM_NUM_THREADS=str(threads),
+               BYOC_HETERO_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, "-c", WORKER, os.path.abspath(tree), model, str(repeat)],
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["median_ms"]
+
+
+def _machine() -> str:
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    isa = subprocess.run([sys.executable, "-c", "import byoc_hetero as bh; print(bh._C.isa())"],
+                         capture_output=True, text=True).stdout.strip() or "unknown"
+    return f"{model}; oneDNN ISA {isa}; load average {os.getloadavg()[0]:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--a", required=True, help="the reference tree")
+    ap.add_argument("--b", required=True, help="the tree under test")
+    ap.add_argument("--models", default=",".join(WORKLOADS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--pause", type=float, default=1.0, help="seconds of rest before each measurement")
+    args = ap.parse_args()
+    print(f"# A/B: {args.a} vs {args.b}; {_machine()}; {args.threads} threads", flush=True)
+    print("| model | A (ms) | B (ms) | B / A | rounds B/A |\n|---|---|---|---|---|")
+    for model in args.models.split(","):
+        a_ms, b_ms = [], []
+        for r in range(args.rounds):
+            order = [("a", args.a), ("b", args.b)] if r % 2 == 0 else [("b", args.b), ("a", args.a)]
+            for side, tree in order:
+                time.sleep(args.pause)
+                (a_ms if side == "a" else b_ms).append(_measure(tree, model, args.threads, args.repeat))
+        per_round = " ".join(f"{b / a:.3f}" for a, b in zip(a_ms, b_ms))
+        a_med, b_med = float(np.median(a_ms)), float(np.median(b_ms))
+        print(f"| {model} | {a_med:.3f} | {b_med:.3f} | {b_med / a_med:.3f} | {per_round} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
