@@ -17,10 +17,8 @@ void ConcatInPlace::FindConcatSlices() {
   }
   for (size_t n = 0; n < g_.nodes.size(); ++n) {
     const NodeInfo& node = g_.nodes[n];
-    if (node.op != "concat" || values_[node.output].region_output) continue;
-    auto axis_attr = node.attrs.find("axis");
-    if (axis_attr == node.attrs.end()) continue;
-    const std::optional<int64_t> axis = axis_attr->second.as<int64_t>();
+    if (values_[node.output].region_output) continue;
+    const std::optional<int64_t> axis = FindKernelTraits(node.op).JoinAxis(node);  // a concat's
     const std::vector<int64_t>& out_shape = g_.tensors[node.output].shape;
     const int64_t rank = static_cast<int64_t>(out_shape.size());
     if (!axis || *axis < 0 || *axis >= rank || g_.tensors[node.output].dtype != DType::kFloat32) continue;

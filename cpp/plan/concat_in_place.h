@@ -36,9 +36,10 @@ class ConcatInPlace : public LayoutResolver {
   };
 
   /*!
-   * \brief The concats whose inputs may be written in place: every dim before the axis is 1 (so
-   *        that in a plain or channel-blocked layout each input is one contiguous run of the
-   *        output's bytes) and the output is no region output.  An input qualifies when it is
+   * \brief The concats (ops whose kernels declare KernelTraits::joins_inputs_along) whose inputs
+   *        may be written in place: every dim before the axis is 1 (so that in a plain or
+   *        channel-blocked layout each input is one contiguous run of the output's bytes) and the
+   *        output is no region output.  An input qualifies when it is
    *        the output of a node, read by nothing else, and no region output; whether its producer
    *        writes it in place is decided when the producer is planned (WriteIntoConcat).
    */
