@@ -273,3 +273,16 @@ def test_user_backend_options_and_precision(restore_rules):
 
     assert codegen_options(["mynpu", "onednn"], "bf16", {"mynpu": {"cores": 4}}) == {
         "mynpu": {"cores": 4}, "onednn": {"precision": "bf16"}}
+
+
+def test_no_function_over_80_lines():
+    """House rule (issue 23): no Python function of byoc_hetero/ over 80 lines (tools/long_functions.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("long_functions", root / "tools" / "long_functions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.long_functions([root / "byoc_hetero"], 80) == []
+    assert module.long_functions([root / "byoc_hetero"], 40)  # it does find long ones
