@@ -1,7 +1,7 @@
 """byoc_hetero: a bring-your-own-codegen plugin for Apache TVM (Relax) with oneDNN kernels.
 
-Offload rules (:mod:`byoc_hetero.rules`) say which calls the ``byoc_hetero`` backend (or a backend
-of yours) can run; the four classic partition stages (:func:`stages`) group those calls into
+Offload rules (:mod:`byoc_hetero.rules`) say which calls the ``onednn`` backend (a
+:class:`Backend`; ``byoc_hetero`` is its earlier name, still accepted) or a backend of yours can run; the four classic partition stages (:func:`stages`) group those calls into
 regions; the codegen turns each region into a module of the C++ oneDNN runtime; stock
 ``relax.build`` compiles the rest for llvm and links the regions in.
 
@@ -15,7 +15,7 @@ regions; the codegen turns each region into a module of the C++ oneDNN runtime; 
 # compiled ``_C``: let the package also look in the installed copy's folder for it.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
-from . import backends, codegen, models, rules  # noqa: E402
+from . import backends, codegen, models, passes, rules  # noqa: E402
 from ._native import _C  # noqa: E402
 from .errors import (
     ByocError,
@@ -32,6 +32,7 @@ from .frontends import from_onnx, from_torch
 from .profile import OpProfile, op_profile
 from .report import PartitionReport, report
 from .rules import (
+    Backend,
     Match,
     op_rule,
     register_pattern,
@@ -59,6 +60,7 @@ from .stages import (
 __version__ = _C.__version__
 
 __all__ = [
+    "Backend",
     "ByocError",
     "CodegenError",
     "FrontendError",
@@ -82,6 +84,7 @@ __all__ = [
     "op_rule",
     "partition",
     "partition_graph",
+    "passes",
     "place",
     "placement",
     "placement_report",

@@ -12,7 +12,6 @@ copy. The names are stable: other packages (placement) call them.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,12 +20,12 @@ from typing import Any
 import tvm
 from tvm import relax
 
-#: The ``kind`` of the runtime modules the byoc_hetero (oneDNN) runtime creates.
-RUNTIME_KIND = "byoc_hetero"
-
 #: Function attributes TVM's BYOC passes use: a composite's rule name, a region's codegen.
 COMPOSITE_ATTR = "Composite"
 CODEGEN_ATTR = "Codegen"
+
+#: Attribute of a composite function: the backend that will run it (set by AnnotateTarget).
+TARGET_ATTR = "byoc_hetero.target"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,10 +325,15 @@ def external_modules(mod: tvm.IRModule) -> list[tvm.runtime.Module]:
 
 
 def region_graph_json(module: tvm.runtime.Module) -> dict[str, Any] | None:
-    """The region graph (docs/region-format.md) of a byoc_hetero runtime module, else None."""
-    if module.kind != RUNTIME_KIND:
+    """The region document of a runtime module made by a backend's codegen (for the oneDNN backend
+    the graph of docs/region-format.md), asked of the backend whose ``runtime_kind`` the module
+    has; None for any other module."""
+    from .rules.targets import backend_for_runtime  # rules import this module
+
+    backend = backend_for_runtime(str(module.kind))
+    if backend is None or backend.region_graph is None:
         return None
-    return json.loads(module["get_graph_json"]())
+    return backend.region_graph(module)
 
 
 @dataclass(frozen=True)
@@ -359,12 +363,16 @@ class RegionEntry:
 
 
 def region_table(mod: tvm.IRModule) -> dict[str, RegionEntry]:
-    """The byoc_hetero regions carried by a partitioned module, by external symbol."""
+    """The regions carried by a partitioned module whose backend can describe them, by external
+    symbol (:func:`region_graph_json`)."""
+    from .rules.targets import canonical_name
+
     table = {}
     for module in external_modules(mod):
         graph = region_graph_json(module)
         if graph is not None:
-            target = str(graph.get("source", {}).get("target", module.kind))
+            # a library built before the oneDNN backend was renamed says "byoc_hetero" here
+            target = canonical_name(str(graph.get("source", {}).get("target", module.kind)))
             table[str(graph["symbol"])] = RegionEntry(str(graph["symbol"]), target, module, graph)
     return table
 
@@ -394,14 +402,18 @@ def imported_modules(module: tvm.runtime.Module) -> Iterator[tvm.runtime.Module]
 
 
 def runtime_kinds(module: tvm.runtime.Module) -> set[str]:
-    """Kinds of a runtime module and of everything it imports (``llvm``, ``cuda``, ``byoc_hetero``)."""
+    """Kinds of a runtime module and of everything it imports (``llvm``, ``cuda``, ``byoc_hetero``
+    for the oneDNN backend's runtime)."""
     return {str(m.kind) for m in imported_modules(module)}
 
 
 def region_modules(executable: Any) -> list[tvm.runtime.Module]:
-    """The byoc_hetero runtime modules a ``relax.VirtualMachine`` on ``executable`` runs.
+    """The region runtime modules (of any backend with a ``runtime_kind``) a
+    ``relax.VirtualMachine`` on ``executable`` runs.
 
     They are found among the imports of ``executable.jit()`` (what the VM loads, possibly a
     reloaded copy), not of the module the executable was built from.
     """
-    return [m for m in imported_modules(executable.jit()) if m.kind == RUNTIME_KIND]
+    from .rules.targets import backend_for_runtime
+
+    return [m for m in imported_modules(executable.jit()) if backend_for_runtime(str(m.kind)) is not None]

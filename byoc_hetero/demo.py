@@ -6,6 +6,7 @@ import time
 
 from . import models
 from .profile import op_profile
+from .rules import default_target
 from .stages import bind_params, stages
 from .timing import build, median_latency, random_inputs, relative_error, run
 
@@ -27,7 +28,7 @@ def demo(image_size: int = 224, repeat: int = 3, out=print) -> dict[str, float]:
         m = stage(m)
         out(f"\n== after {stage.info.name} ({time.perf_counter() - start:.2f} s)")
         out(str(op_profile(m)))
-    regions = op_profile(m).regions.get("byoc_hetero", 0)
+    regions = op_profile(m).regions.get(default_target(), 0)
     out(f"\noffloaded regions: {regions}")
 
     start = time.perf_counter()

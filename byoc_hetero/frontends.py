@@ -20,7 +20,8 @@ import numpy as np
 import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
-from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges, dim_ranges
+from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges
+from .passes import ONNX_IMPORT, TORCH_IMPORT, run_passes
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
 
@@ -68,7 +69,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     :class:`UnsupportedModelError` names the importer's error on both.
 
     Convs with ``auto_pad`` SAME_UPPER/SAME_LOWER get the explicit ``pads`` it means for their static input
-    shape (:func:`_explicit_same_pads`; not when ``shape`` overrides input shapes), so that the padding is
+    shape (:mod:`byoc_hetero.passes.explicit_same_pads`; not when ``shape`` overrides input shapes), so that the padding is
     the conv's own and not a separate pad TVM runs on llvm.
 
     >>> mod, params = bh.from_onnx("model.onnx")
@@ -94,9 +95,8 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
         raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
     shape_dict = dict(shape) if shape else None
 
-    def same_pads(m: Any) -> Any:
-        # pads follow from the model's own input shapes: with shapes overridden, TVM's autopad decides
-        return _fold_zero_pads(m if shape_dict else _explicit_same_pads(m))
+    def same_pads(m: Any) -> Any:  # byoc_hetero.passes.ONNX_IMPORT, in order
+        return run_passes(ONNX_IMPORT, m, shape=shape_dict)
 
     model = same_pads(model)
     # TVM's importer prints "Error converting operator ..." before it raises; held back here and shown
@@ -158,141 +158,8 @@ def _declare_ranges(mod: tvm.IRModule, ranges: DimRanges) -> tvm.IRModule:
     return out
 
 
-def _explicit_same_pads(model: Any) -> Any:
-    """``model`` with each ``Conv`` whose ``auto_pad`` is ``SAME_UPPER``/``SAME_LOWER`` given the explicit
-    ``pads`` that rule means for its (static) input shape; ``model`` itself when there is none.
-
-    Why: TVM's importer turns a SAME conv into a separate pad (a TIR function, run on llvm outside any
-    region and not listed among the Relax ops left there) before a conv without padding; with explicit
-    pads the padding is the conv's own attribute. The TorchScript exporter writes ``padding="same"``
-    convs this way (EfficientNet: 31 of 36 convs). The pads are the ONNX spec's: output = ceil(input /
-    stride), total = max(0, (output - 1) * stride + (kernel - 1) * dilation + 1 - input), the odd unit at
-    the end for SAME_UPPER, at the beginning for SAME_LOWER. A conv whose input or kernel shape is not
-    static is left as it is.
-    """
-    import onnx
-
-    same = [n for n in model.graph.node if n.op_type == "Conv" and n.domain in ("", "ai.onnx")
-            and any(a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in n.attribute)]
-    if not same:
-        return model
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - no shapes, no rewrite: TVM's own autopad still applies
-        return model
-    shapes: dict[str, list[int]] = {}
-    for vi in [*inferred.graph.input, *inferred.graph.value_info]:
-        dims = vi.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[vi.name] = [d.dim_value for d in dims]
-    for init in inferred.graph.initializer:
-        shapes[init.name] = list(init.dims)
-    for node in inferred.graph.node:
-        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
-            continue
-        attrs = {a.name: a for a in node.attribute}
-        mode = attrs["auto_pad"].s if "auto_pad" in attrs else b""
-        if mode not in (b"SAME_UPPER", b"SAME_LOWER"):
-            continue
-        x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
-        if x is None or w is None or len(x) < 3 or len(w) != len(x):
-            continue
-        spatial = len(x) - 2
-        kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else w[2:]
-        strides = list(attrs["strides"].ints) if "strides" in attrs else [1] * spatial
-        dilations = list(attrs["dilations"].ints) if "dilations" in attrs else [1] * spatial
-        begins, ends = [], []
-        for size, k, st, d in zip(x[2:], kernel, strides, dilations):
-            out = -(-size // st)
-            total = max(0, (out - 1) * st + (k - 1) * d + 1 - size)
-            small, large = total // 2, total - total // 2
-            begins.append(small if mode == b"SAME_UPPER" else large)
-            ends.append(large if mode == b"SAME_UPPER" else small)
-        kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
-        del node.attribute[:]
-        node.attribute.extend(kept)
-        node.attribute.append(onnx.helper.make_attribute("pads", begins + ends))
-    return inferred
 
 
-def _fold_zero_pads(model: Any) -> Any:
-    """``model`` with each ``Pad`` of a constant zero on the spatial dims of 4-D data, read only by
-    ``Conv`` nodes (as their data), merged into those convs' ``pads`` and removed; ``model`` itself
-    when there is none.
-
-    Why: TVM's importer turns ``Pad`` into a TIR function (``call_tir``) that no rule sees; it runs
-    on llvm and splits the regions around it (EfficientNet-B0: 5 regions, one per stride-2
-    depthwise conv after an explicit ``nn.ZeroPad2d``). A conv pads with zeros itself, asymmetrically
-    if need be. A pad with another value or mode, of the batch / channel dims, cropping (negative),
-    with run-time pads, or read by anything else is left as it is (``bh.report`` lists it as a
-    ``call_tir`` left on llvm).
-    """
-    import onnx
-    from onnx import helper, numpy_helper
-
-    if not any(n.op_type == "Pad" for n in model.graph.node):
-        return model
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for n in model.graph.node for a in n.attribute):
-        return model  # a subgraph (If / Loop body) may read a pad's output unseen here
-    copy = type(model)()
-    copy.CopyFrom(model)  # the caller's ModelProto stays as it was
-    model, graph = copy, copy.graph
-    consts = {init.name: init for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output:
-            for a in node.attribute:
-                if a.name == "value":
-                    consts[node.output[0]] = a.t
-
-    def const(name: str):
-        return numpy_helper.to_array(consts[name]) if name in consts else None
-
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            readers.setdefault(name, []).append((node, i))
-    outputs = {o.name for o in graph.output}
-    folded = []
-    for pad in graph.node:
-        if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) > 3:
-            continue  # opset 18's axes input: not written by the exporters seen; left alone
-        attrs = {a.name: a for a in pad.attribute}
-        if attrs.get("mode") is not None and attrs["mode"].s not in (b"constant", b""):
-            continue
-        pads = const(pad.input[1]) if len(pad.input) > 1 else None
-        if pads is None and "pads" in attrs:  # opset < 11: pads and value are attributes
-            pads = list(attrs["pads"].ints)
-        value = const(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else None
-        if len(pad.input) > 2 and pad.input[2] and value is None:
-            continue  # a run-time pad value
-        if "value" in attrs:
-            value = attrs["value"].f
-        if pads is None or len(pads) != 8 or (value is not None and float(value) != 0.0):
-            continue
-        pads = [int(p) for p in pads]
-        if any(pads[i] != 0 for i in (0, 1, 4, 5)) or any(p < 0 for p in pads):
-            continue
-        users = readers.get(pad.output[0], [])
-        if not users or pad.output[0] in outputs or any(
-                n.op_type != "Conv" or n.domain not in ("", "ai.onnx") or i != 0 for n, i in users):
-            continue
-        if any(a.name == "auto_pad" and a.s not in (b"NOTSET", b"VALID", b"") for n, _ in users for a in n.attribute):
-            continue  # SAME_* left by _explicit_same_pads (no static shapes): TVM's autopad decides
-        for conv, _ in users:
-            old = next((list(a.ints) for a in conv.attribute if a.name == "pads"), [0, 0, 0, 0])
-            # ONNX pads: [x1_begin, x2_begin, x1_end, x2_end]; Pad's: [N, C, H, W begins, N, C, H, W ends]
-            new = [old[0] + pads[2], old[1] + pads[3], old[2] + pads[6], old[3] + pads[7]]
-            # auto_pad VALID (as ONNX Runtime's folding writes it) means pads 0: replaced by explicit pads
-            kept = [a for a in conv.attribute if a.name not in ("pads", "auto_pad")]
-            del conv.attribute[:]
-            conv.attribute.extend(kept)
-            conv.attribute.append(helper.make_attribute("pads", new))
-            conv.input[0] = pad.input[0]
-        folded.append(pad)
-    for pad in folded:
-        graph.node.remove(pad)
-    return model
 
 
 def _graph_domains(graph: Any) -> set[str]:
@@ -375,75 +242,6 @@ def from_torch(module: Any, example_inputs: Sequence[Any],
     except Exception as err:  # noqa: BLE001
         raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {first_line(err)}") from err
     num_inputs = int(mod["main"].attrs["num_input"]) if "num_input" in mod["main"].attrs else len(inputs)
-    return _split_params(_inbound_slices(mod), num_inputs)
+    return _split_params(run_passes(TORCH_IMPORT, mod), num_inputs)
 
 
-def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each ``strided_slice`` whose symbolic end is within the sliced dim for every
-    declared value of its symbol marked ``assume_inbound``, and the shapes after it re-inferred.
-
-    Why: Hugging Face models slice a fixed table by the sequence length (BERT's
-    ``position_ids[:, :seq_len]``, a (1, 512) buffer). TVM clips the end, so the slice's shape is
-    ``(1, min(S, 512))``; adding that to a ``(B, S, 64)`` value gives a tensor of unknown shape,
-    which TVM can neither legalize nor build ("CodeGenVM cannot emit this Relax operator"), and
-    every op after it has an unknown shape. ``torch.export.Dim("S", max=512)`` says ``S <= 512``
-    (TVM's importer keeps it as ``tir_var_upper_bound``), so the clip is the identity: marked in
-    bound, the slice is ``(1, S)`` and every shape after it is known again.
-    """
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
-
-    func = mod["main"]
-    upper = {name: hi for name, (_, hi) in dim_ranges(func).items() if hi is not None}
-    if not upper:
-        return mod
-
-    def within(end: Any, extent: Any, begin: Any, stride: Any) -> bool:
-        return (isinstance(end, tvm.tirx.Var) and str(end.name) in upper and isinstance(extent, tvm.tirx.IntImm)
-                and upper[str(end.name)] <= int(extent.value) and isinstance(begin, tvm.tirx.IntImm)
-                and 0 <= int(begin.value) and isinstance(stride, tvm.tirx.IntImm) and int(stride.value) == 1)
-
-    def unclip(e: Any) -> Any:
-        # min(S, c) with S <= c declared: S (the importer writes it into reshape targets too)
-        if isinstance(e, tvm.tirx.Min):
-            for v, c in ((e.a, e.b), (e.b, e.a)):
-                if isinstance(v, tvm.tirx.Var) and isinstance(c, tvm.tirx.IntImm) and \
-                        upper.get(str(v.name), int(c.value) + 1) <= int(c.value):
-                    return v
-        return e
-
-    changed = []  # (the @mutator class keeps no class attributes)
-
-    @mutator
-    class Inbound(PyExprMutator):
-
-        def visit_call_(self, call):  # noqa: N802 - TVM's visitor naming
-            call = super().visit_call_(call)
-            if not isinstance(call.op, tvm.ir.Op):
-                return call
-            if any(isinstance(a, relax.ShapeExpr) and any(not unclip(d).same_as(d) for d in a.values)
-                   for a in call.args):
-                changed.append(True)
-                args = [relax.ShapeExpr([unclip(d) for d in a.values]) if isinstance(a, relax.ShapeExpr) else a
-                        for a in call.args]
-                return relax.Call(call.op, args, call.attrs, call.ty_args)
-            if call.op.name != "relax.strided_slice":
-                return call
-            if bool(call.attrs.assume_inbound) or len(call.args) != 5:
-                return call
-            x, axes, begin, end, strides = call.args
-            shape = getattr(x.ty, "shape", None)
-            if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(t, relax.Tuple) for t in call.args[1:]):
-                return call
-            for a, b, e, st in zip(axes.fields, begin.fields, end.fields, strides.fields):
-                if not isinstance(a, tvm.tirx.IntImm) or not within(e, shape.values[int(a.value)], b, st):
-                    return call
-            changed.append(True)
-            return relax.op.strided_slice(x, axes, begin, end, strides, assume_inbound=True)
-
-    new = Inbound().visit_expr(func)
-    if not changed:
-        return mod
-    out = mod.clone()
-    out["main"] = new
-    return out

@@ -24,20 +24,52 @@ from ._relax import (
     short_op_name,
 )
 from .ranges import is_range_check
+from .rules.targets import canonical_name
 
 HOST = "llvm"
+
+
+class _AliasKeys:
+    """Keyed by backend name, also answering to a backend's aliases (``counts["byoc_hetero"]`` is
+    ``counts["onednn"]``: the oneDNN backend's earlier name keeps working)."""
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(canonical_name(key) if isinstance(key, str) else key)
+
+    def __missing__(self, key):
+        real = canonical_name(key) if isinstance(key, str) else key
+        if real != key and super().__contains__(real):
+            return self[real]
+        return self._absent(key)
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+
+class TargetCounter(_AliasKeys, Counter):
+    """A Counter by target name (aliases accepted)."""
+
+    def _absent(self, _key):
+        return 0
+
+
+class TargetDict(_AliasKeys, dict):
+    """A dict by target name (aliases accepted)."""
+
+    def _absent(self, key):
+        raise KeyError(key)
 
 
 @dataclass
 class OpProfile:
     """Op counts per target: ``counts[target][op] -> n``; plus composite and region counts."""
 
-    counts: dict[str, Counter] = field(default_factory=dict)
-    composites: Counter = field(default_factory=Counter)
-    regions: Counter = field(default_factory=Counter)
+    counts: dict[str, Counter] = field(default_factory=TargetDict)
+    composites: Counter = field(default_factory=TargetCounter)
+    regions: Counter = field(default_factory=TargetCounter)
 
     def add(self, target: str, op: str, n: int = 1) -> None:
-        self.counts.setdefault(target, Counter())[op] += n
+        self.counts.setdefault(canonical_name(target), Counter())[op] += n
 
     def total(self, target: str | None = None) -> int:
         """Number of ops on ``target`` (all targets when None)."""
@@ -88,9 +120,9 @@ def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: 
         if callee is not None:
             region, composite = region_target(callee), composite_target(callee)
             if region is not None:
-                prof.regions[region] += 1
+                prof.regions[canonical_name(region)] += 1
             elif composite is not None:
-                prof.composites[composite] += 1
+                prof.composites[canonical_name(composite)] += 1
             _count_function(callee, region or composite or target, mod, prof, ext)
 
     if isinstance(func.body, relax.SeqExpr):

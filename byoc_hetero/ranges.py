@@ -13,7 +13,7 @@ type):
   imported, so it works after a reload) at the start of the function, once per input that first
   carries a ranged symbol. Why it matters beyond the regions: TVM's memory planning sizes the
   buffers of the parts that run on llvm by the declared upper bounds (``tir_var_upper_bound``), and
-  the importers rely on a bound to drop clips (``byoc_hetero.frontends._inbound_slices``); a call
+  the importers rely on a bound to drop clips (``byoc_hetero.passes.inbound_slices``); a call
   past the bound would write past those buffers or read past a table.
 * :func:`codegen_options` hands the ranges to the codegen, which writes them into each region's
   document (``dim_ranges``, format version 3, docs/region-format.md); the runtime checks them where

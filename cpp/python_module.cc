@@ -131,6 +131,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("isa", []() { return IsaName(dnnl::get_effective_cpu_isa()); },
         "Effective CPU ISA oneDNN dispatches to (e.g. 'avx512_core').");
   m.def("kernels", &byoc_hetero::SupportedOps, "Node ops the runtime can execute.");
+  m.def(
+      "kernel_traits",
+      []() {
+        py::dict out;
+        for (const std::string& op : byoc_hetero::SupportedOps()) {
+          const byoc_hetero::KernelTraits& t = byoc_hetero::FindKernelTraits(op);
+          py::dict d;
+          d["bf16_input"] = t.bf16_input != nullptr;
+          d["joins_inputs"] = t.joins_inputs_along != nullptr;
+          d["accepts_int8"] = t.accepts_int8;
+          out[py::str(op)] = d;
+        }
+        return out;
+      },
+      "Per op, what its kernel declared when it registered (kernel.h, KernelTraits): bf16_input (it "
+      "says how a bf16 region reads its inputs), joins_inputs (its output is its inputs laid end to "
+      "end, planned in place), accepts_int8.");
   m.def("bf16_native", &byoc_hetero::Bf16Native,
         "Whether oneDNN runs bf16 natively here (effective ISA avx512_core_bf16 or later).");
   m.def(

@@ -250,6 +250,301 @@ class DimParser {
   TVM_FFI_UNREACHABLE();
 }
 
+// ---- the document's sections, in reading order (ParseRegionGraph) ----
+
+/*! \brief What a tensor of \p role is, for messages ("a region input", ...). */
+std::string RoleName(TensorRole role) {
+  switch (role) {
+    case TensorRole::kInput:
+      return "a region input";
+    case TensorRole::kConstant:
+      return "a constant";
+    case TensorRole::kNodeOutput:
+      return "a node output";
+    default:
+      return "unused";
+  }
+}
+
+/*! \brief check_id(reader, field, id): \p id as a tensor id of \p g, or a failure naming the field. */
+auto IdChecker(const RegionGraph& g) {
+  const int num_tensors = static_cast<int>(g.tensors.size());
+  return [num_tensors](const ObjectReader& r, const std::string& field, int64_t id) -> int {
+    if (id < 0 || id >= num_tensors) {
+      r.Fail(field, "tensor id " + std::to_string(id) + " out of range [0, " +
+                        std::to_string(num_tensors) + ")");
+    }
+    return static_cast<int>(id);
+  };
+}
+
+/*! \brief Envelope: format, version, symbol, precision; returns the version. */
+int64_t ReadEnvelope(ObjectReader& doc, RegionGraph& g) {
+  std::string format = doc.Str("format");
+  if (format != kRegionFormat) {
+    doc.Fail("format", std::string("expected \"") + kRegionFormat + "\", got \"" + format + "\"");
+  }
+  int64_t version = doc.Int("version");
+  if (version < 1 || version > kRegionVersion) {
+    doc.Fail("version", "expected 1 to " + std::to_string(kRegionVersion) + ", got " +
+                            std::to_string(version) + " (this runtime reads versions 1 to 3)");
+  }
+  std::string symbol = doc.Str("symbol");
+  if (symbol.empty()) doc.Fail("symbol", "must be a non-empty string");
+  for (char c : symbol) {
+    if (static_cast<unsigned char>(c) <= ' ') doc.Fail("symbol", "must not contain whitespace");
+  }
+  // Optional (absent = f32): an additive field, so version 1 stays; a runtime without it would
+  // compute f32, which the bf16 bound covers.
+  if (doc.Has("precision")) {
+    g.precision = doc.Str("precision");
+    if (g.precision != kPrecisionF32 && g.precision != kPrecisionBf16) {
+      doc.Fail("precision", std::string("expected \"") + kPrecisionF32 + "\" or \"" + kPrecisionBf16 +
+                                "\", got \"" + g.precision + "\"");
+    }
+  }
+  return version;
+}
+
+/*! \brief Tensors: shapes (dims or dim expressions, version 2), dtypes; sizes the roles. */
+void ReadTensors(ObjectReader& doc, int64_t version, RegionGraph& g) {
+  JsonArray tensors = doc.Array("tensors");
+  if (tensors.empty()) doc.Fail("tensors", "must not be empty");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ObjectReader t(g.where(), "tensors[" + std::to_string(i) + "]", tensors[i]);
+    TensorInfo info;
+    JsonArray dims = t.Array("shape");
+    for (size_t d = 0; d < dims.size(); ++d) {
+      const std::string field = "shape[" + std::to_string(d) + "]";
+      const Any& v = dims[d];
+      DimExpr expr;
+      if (v.type_index() == ffi::TypeIndex::kTVMFFIInt) {
+        const int64_t n = v.cast<int64_t>();
+        if (n < 1) t.Fail("shape", "dim " + std::to_string(d) + " must be >= 1, got " + Render(Any(dims)));
+        info.shape.push_back(n);
+      } else if (auto text = v.as<ffi::String>(); text.has_value()) {
+        if (version < 2) {
+          t.Fail(field, "symbolic dim \"" + std::string(*text) + "\" needs version 2 of the format");
+        }
+        DimParser parser(std::string(*text), &g.symbols);
+        if (!parser.Parse(&expr)) {
+          t.Fail(field, "ill-formed dim expression \"" + std::string(*text) + "\": " + parser.error());
+        }
+        info.shape.push_back(-1);
+      } else {
+        t.Fail(field, "expected an integer or a dim expression (string), got " + TypeName(v) + " " + Render(v));
+      }
+      info.dims.push_back(std::move(expr));
+    }
+    // "dtype" is optional (float32); a runtime that predates a dtype rejects it here, by name.
+    if (t.Has("dtype")) {
+      const std::string dtype = t.Str("dtype");
+      bool known = false;
+      for (DType d : {DType::kFloat32, DType::kInt64, DType::kInt32, DType::kBool}) {
+        if (dtype == DTypeName(d)) {
+          info.dtype = d;
+          known = true;
+        }
+      }
+      if (!known) {
+        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\" or \"bool\", got \"" + dtype + "\"");
+      }
+    }
+    t.CheckNoUnknown();
+    g.tensors.push_back(std::move(info));
+  }
+  const int num_tensors = static_cast<int>(g.tensors.size());
+  g.roles.assign(num_tensors, TensorRole::kUnused);
+  g.index_in_role.assign(num_tensors, -1);
+}
+
+/*! \brief Inputs: tensor ids, each listed once. */
+void ReadInputs(ObjectReader& doc, RegionGraph& g) {
+  auto check_id = IdChecker(g);
+  std::vector<int64_t> inputs = doc.IntArray("inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string field = "inputs[" + std::to_string(i) + "]";
+    int id = check_id(doc, field, inputs[i]);
+    if (g.roles[id] != TensorRole::kUnused) {
+      doc.Fail(field, "tensor " + std::to_string(id) + " is listed twice");
+    }
+    g.roles[id] = TensorRole::kInput;
+    g.index_in_role[id] = static_cast<int>(i);
+    g.inputs.push_back(id);
+  }
+}
+
+/*! \brief Constants: tensor and unique name each; static shapes. */
+void ReadConstants(ObjectReader& doc, RegionGraph& g) {
+  auto check_id = IdChecker(g);
+  JsonArray constants = doc.Has("constants") ? doc.Array("constants") : JsonArray();
+  std::set<std::string> const_names;
+  for (size_t i = 0; i < constants.size(); ++i) {
+    ObjectReader c(g.where(), "constants[" + std::to_string(i) + "]", constants[i]);
+    int id = check_id(c, "tensor", c.Int("tensor"));
+    std::string name = c.Str("name");
+    if (name.empty()) c.Fail("name", "must be a non-empty string");
+    if (!const_names.insert(name).second) c.Fail("name", "duplicate constant name '" + name + "'");
+    if (g.roles[id] != TensorRole::kUnused) {
+      c.Fail("tensor", "tensor " + std::to_string(id) + " is already " + RoleName(g.roles[id]));
+    }
+    c.CheckNoUnknown();
+    if (g.tensors[id].symbolic()) {
+      c.Fail("tensor", "constant tensor " + std::to_string(id) + " has the symbolic shape " +
+                           g.tensors[id].Describe() + "; constants are static");
+    }
+    g.roles[id] = TensorRole::kConstant;
+    g.index_in_role[id] = static_cast<int>(i);
+    g.constants.push_back({id, name});
+  }
+}
+
+/*! \brief Nodes, in topological order: each reads defined tensors and writes a fresh one. */
+void ReadNodes(ObjectReader& doc, RegionGraph& g) {
+  auto check_id = IdChecker(g);
+  JsonArray nodes = doc.Array("nodes");
+  if (nodes.empty()) doc.Fail("nodes", "must not be empty");
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    ObjectReader r(g.where(), "nodes[" + std::to_string(n) + "]", nodes[n]);
+    NodeInfo node;
+    node.op = r.Str("op");
+    std::vector<int64_t> node_inputs = r.IntArray("inputs");
+    for (size_t k = 0; k < node_inputs.size(); ++k) {
+      std::string field = "inputs[" + std::to_string(k) + "]";
+      int id = check_id(r, field, node_inputs[k]);
+      if (g.roles[id] == TensorRole::kUnused) {
+        r.Fail(field, "tensor " + std::to_string(id) +
+                          " is read before it is written (not a region input, a constant or the "
+                          "output of an earlier node)");
+      }
+      node.inputs.push_back(id);
+    }
+    int out = check_id(r, "output", r.Int("output"));
+    if (g.roles[out] != TensorRole::kUnused) {
+      std::string owner = RoleName(g.roles[out]);
+      if (g.roles[out] == TensorRole::kNodeOutput) {
+        owner = "written by node " + std::to_string(g.index_in_role[out]);
+      } else {
+        owner = "already " + owner;
+      }
+      r.Fail("output", "tensor " + std::to_string(out) + " is " + owner +
+                           "; every tensor has exactly one writer");
+    }
+    if (r.Has("attrs")) {
+      ObjectReader attrs(g.where(), r.Path("attrs"), r.Get("attrs"));
+      node.attrs = attrs.fields();
+    }
+    r.CheckNoUnknown();
+    node.output = out;
+    g.roles[out] = TensorRole::kNodeOutput;
+    g.index_in_role[out] = static_cast<int>(n);
+    g.nodes.push_back(std::move(node));
+  }
+}
+
+/*! \brief Outputs: node results, each listed once. */
+void ReadOutputs(ObjectReader& doc, RegionGraph& g) {
+  auto check_id = IdChecker(g);
+  std::vector<int64_t> outputs = doc.IntArray("outputs");
+  if (outputs.empty()) doc.Fail("outputs", "must not be empty");
+  std::set<int> seen_outputs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    std::string field = "outputs[" + std::to_string(i) + "]";
+    int id = check_id(doc, field, outputs[i]);
+    if (g.roles[id] != TensorRole::kNodeOutput) {
+      doc.Fail(field, "tensor " + std::to_string(id) + " is " + RoleName(g.roles[id]) +
+                          "; region outputs must be written by a node");
+    }
+    if (!seen_outputs.insert(id).second) {
+      doc.Fail(field, "tensor " + std::to_string(id) + " is listed twice");
+    }
+    g.outputs.push_back(id);
+  }
+}
+
+/*! \brief Shape arguments: positions among the inputs and themselves, where the VM passes a shape. */
+void ReadShapeArgs(ObjectReader& doc, RegionGraph& g) {
+  if (doc.Has("shape_args")) {
+    std::vector<int64_t> positions = doc.IntArray("shape_args");
+    const int64_t leading = static_cast<int64_t>(g.inputs.size() + positions.size());
+    for (size_t i = 0; i < positions.size(); ++i) {
+      if (positions[i] < 0 || positions[i] >= leading || (i > 0 && positions[i] <= positions[i - 1])) {
+        doc.Fail("shape_args[" + std::to_string(i) + "]",
+                 "expected ascending positions in [0, " + std::to_string(leading) + "), got " +
+                     std::to_string(positions[i]));
+      }
+      g.shape_args.push_back(static_cast<int>(positions[i]));
+    }
+  }
+}
+
+/*! \brief Every symbol must be a bare dim of an argument, so that a call's shapes bind it. */
+void CheckSymbolsBound(ObjectReader& doc, const RegionGraph& g) {
+  std::vector<bool> bound(g.symbols.size(), false);
+  for (const std::vector<int>* ids : {&g.inputs, &g.outputs}) {
+    for (int id : *ids) {
+      for (const DimExpr& d : g.tensors[id].dims) {
+        if (d.bare_symbol() >= 0) bound[d.bare_symbol()] = true;
+      }
+    }
+  }
+  for (size_t k = 0; k < g.symbols.size(); ++k) {
+    if (!bound[k]) {
+      doc.Fail("tensors", "unknown symbol '" + g.symbols[k] +
+                              "': it is no dim of its own in any region input or output, so no call can bind it");
+    }
+  }
+}
+
+/*!
+ * \brief Declared ranges (version 3): {"N": [1, 64], "S": [null, 512]}, each key a symbol of the region.
+ *        A version of its own, not an additive field: a runtime that predates it tolerates unknown
+ *        top-level keys and would run out-of-range calls unchecked; it rejects version 3 instead.
+ */
+void ReadDimRanges(ObjectReader& doc, int64_t version, RegionGraph& g) {
+  if (doc.Has("dim_ranges")) {
+    if (version < 3) {
+      doc.Fail("dim_ranges", "needs version 3 of the format, the document has version " + std::to_string(version));
+    }
+    const Any& value = doc.Get("dim_ranges");
+    auto obj = value.as<JsonObject>();
+    if (!obj.has_value()) {
+      doc.Fail("dim_ranges", "expected an object {symbol: [min, max]}, got " + TypeName(value) + " " + Render(value));
+    }
+    g.ranges.assign(g.symbols.size(), {RegionGraph::kNoBound, RegionGraph::kNoBound});
+    for (const auto& kv : *obj) {
+      const std::string name = std::string(kv.first.cast<ffi::String>());
+      const std::string field = "dim_ranges." + name;
+      auto it = std::find(g.symbols.begin(), g.symbols.end(), name);
+      if (it == g.symbols.end()) {
+        std::string known;
+        for (const auto& s : g.symbols) known += (known.empty() ? "" : ", ") + s;
+        doc.Fail(field, "'" + name + "' is no symbol of the region (its symbols: " + (known.empty() ? "none" : known) +
+                            ")");
+      }
+      auto pair = kv.second.as<JsonArray>();
+      if (!pair.has_value() || pair->size() != 2) {
+        doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + TypeName(kv.second) + " " +
+                            Render(kv.second));
+      }
+      int64_t bounds[2];
+      for (int side = 0; side < 2; ++side) {
+        const Any& b = (*pair)[side];
+        if (b.type_index() == ffi::TypeIndex::kTVMFFINone) {
+          bounds[side] = RegionGraph::kNoBound;
+        } else if (b.type_index() == ffi::TypeIndex::kTVMFFIInt && b.cast<int64_t>() >= 1) {
+          bounds[side] = b.cast<int64_t>();
+        } else {
+          doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + Render(kv.second));
+        }
+      }
+      if (bounds[0] != RegionGraph::kNoBound && bounds[1] != RegionGraph::kNoBound && bounds[0] > bounds[1]) {
+        doc.Fail(field, "expected min <= max, got " + Render(kv.second));
+      }
+      g.ranges[it - g.symbols.begin()] = {bounds[0], bounds[1]};
+    }
+  }
+}
 }  // namespace
 
 std::string RangeText(int64_t lo, int64_t hi) {
@@ -389,265 +684,15 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   }
   ObjectReader doc(g.where(), "", root);
 
-  // Envelope.
-  std::string format = doc.Str("format");
-  if (format != kRegionFormat) {
-    doc.Fail("format", std::string("expected \"") + kRegionFormat + "\", got \"" + format + "\"");
-  }
-  int64_t version = doc.Int("version");
-  if (version < 1 || version > kRegionVersion) {
-    doc.Fail("version", "expected 1 to " + std::to_string(kRegionVersion) + ", got " +
-                            std::to_string(version) + " (this runtime reads versions 1 to 3)");
-  }
-  std::string symbol = doc.Str("symbol");
-  if (symbol.empty()) doc.Fail("symbol", "must be a non-empty string");
-  for (char c : symbol) {
-    if (static_cast<unsigned char>(c) <= ' ') doc.Fail("symbol", "must not contain whitespace");
-  }
-  // Optional (absent = f32): an additive field, so version 1 stays; a runtime without it would
-  // compute f32, which the bf16 bound covers.
-  if (doc.Has("precision")) {
-    g.precision = doc.Str("precision");
-    if (g.precision != kPrecisionF32 && g.precision != kPrecisionBf16) {
-      doc.Fail("precision", std::string("expected \"") + kPrecisionF32 + "\" or \"" + kPrecisionBf16 +
-                                "\", got \"" + g.precision + "\"");
-    }
-  }
-
-  // Tensors.
-  JsonArray tensors = doc.Array("tensors");
-  if (tensors.empty()) doc.Fail("tensors", "must not be empty");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    ObjectReader t(g.where(), "tensors[" + std::to_string(i) + "]", tensors[i]);
-    TensorInfo info;
-    JsonArray dims = t.Array("shape");
-    for (size_t d = 0; d < dims.size(); ++d) {
-      const std::string field = "shape[" + std::to_string(d) + "]";
-      const Any& v = dims[d];
-      DimExpr expr;
-      if (v.type_index() == ffi::TypeIndex::kTVMFFIInt) {
-        const int64_t n = v.cast<int64_t>();
-        if (n < 1) t.Fail("shape", "dim " + std::to_string(d) + " must be >= 1, got " + Render(Any(dims)));
-        info.shape.push_back(n);
-      } else if (auto text = v.as<ffi::String>(); text.has_value()) {
-        if (version < 2) {
-          t.Fail(field, "symbolic dim \"" + std::string(*text) + "\" needs version 2 of the format");
-        }
-        DimParser parser(std::string(*text), &g.symbols);
-        if (!parser.Parse(&expr)) {
-          t.Fail(field, "ill-formed dim expression \"" + std::string(*text) + "\": " + parser.error());
-        }
-        info.shape.push_back(-1);
-      } else {
-        t.Fail(field, "expected an integer or a dim expression (string), got " + TypeName(v) + " " + Render(v));
-      }
-      info.dims.push_back(std::move(expr));
-    }
-    // "dtype" is optional (float32); a runtime that predates a dtype rejects it here, by name.
-    if (t.Has("dtype")) {
-      const std::string dtype = t.Str("dtype");
-      bool known = false;
-      for (DType d : {DType::kFloat32, DType::kInt64, DType::kInt32, DType::kBool}) {
-        if (dtype == DTypeName(d)) {
-          info.dtype = d;
-          known = true;
-        }
-      }
-      if (!known) {
-        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\" or \"bool\", got \"" + dtype + "\"");
-      }
-    }
-    t.CheckNoUnknown();
-    g.tensors.push_back(std::move(info));
-  }
-  const int num_tensors = static_cast<int>(g.tensors.size());
-  g.roles.assign(num_tensors, TensorRole::kUnused);
-  g.index_in_role.assign(num_tensors, -1);
-
-  auto check_id = [&](const ObjectReader& r, const std::string& field, int64_t id) -> int {
-    if (id < 0 || id >= num_tensors) {
-      r.Fail(field, "tensor id " + std::to_string(id) + " out of range [0, " +
-                        std::to_string(num_tensors) + ")");
-    }
-    return static_cast<int>(id);
-  };
-  auto role_name = [](TensorRole role) -> std::string {
-    switch (role) {
-      case TensorRole::kInput:
-        return "a region input";
-      case TensorRole::kConstant:
-        return "a constant";
-      case TensorRole::kNodeOutput:
-        return "a node output";
-      default:
-        return "unused";
-    }
-  };
-
-  // Inputs.
-  std::vector<int64_t> inputs = doc.IntArray("inputs");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    std::string field = "inputs[" + std::to_string(i) + "]";
-    int id = check_id(doc, field, inputs[i]);
-    if (g.roles[id] != TensorRole::kUnused) {
-      doc.Fail(field, "tensor " + std::to_string(id) + " is listed twice");
-    }
-    g.roles[id] = TensorRole::kInput;
-    g.index_in_role[id] = static_cast<int>(i);
-    g.inputs.push_back(id);
-  }
-
-  // Constants.
-  JsonArray constants = doc.Has("constants") ? doc.Array("constants") : JsonArray();
-  std::set<std::string> const_names;
-  for (size_t i = 0; i < constants.size(); ++i) {
-    ObjectReader c(g.where(), "constants[" + std::to_string(i) + "]", constants[i]);
-    int id = check_id(c, "tensor", c.Int("tensor"));
-    std::string name = c.Str("name");
-    if (name.empty()) c.Fail("name", "must be a non-empty string");
-    if (!const_names.insert(name).second) c.Fail("name", "duplicate constant name '" + name + "'");
-    if (g.roles[id] != TensorRole::kUnused) {
-      c.Fail("tensor", "tensor " + std::to_string(id) + " is already " + role_name(g.roles[id]));
-    }
-    c.CheckNoUnknown();
-    if (g.tensors[id].symbolic()) {
-      c.Fail("tensor", "constant tensor " + std::to_string(id) + " has the symbolic shape " +
-                           g.tensors[id].Describe() + "; constants are static");
-    }
-    g.roles[id] = TensorRole::kConstant;
-    g.index_in_role[id] = static_cast<int>(i);
-    g.constants.push_back({id, name});
-  }
-
-  // Nodes, in topological order: each reads defined tensors and writes a fresh one.
-  JsonArray nodes = doc.Array("nodes");
-  if (nodes.empty()) doc.Fail("nodes", "must not be empty");
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    ObjectReader r(g.where(), "nodes[" + std::to_string(n) + "]", nodes[n]);
-    NodeInfo node;
-    node.op = r.Str("op");
-    std::vector<int64_t> node_inputs = r.IntArray("inputs");
-    for (size_t k = 0; k < node_inputs.size(); ++k) {
-      std::string field = "inputs[" + std::to_string(k) + "]";
-      int id = check_id(r, field, node_inputs[k]);
-      if (g.roles[id] == TensorRole::kUnused) {
-        r.Fail(field, "tensor " + std::to_string(id) +
-                          " is read before it is written (not a region input, a constant or the "
-                          "output of an earlier node)");
-      }
-      node.inputs.push_back(id);
-    }
-    int out = check_id(r, "output", r.Int("output"));
-    if (g.roles[out] != TensorRole::kUnused) {
-      std::string owner = role_name(g.roles[out]);
-      if (g.roles[out] == TensorRole::kNodeOutput) {
-        owner = "written by node " + std::to_string(g.index_in_role[out]);
-      } else {
-        owner = "already " + owner;
-      }
-      r.Fail("output", "tensor " + std::to_string(out) + " is " + owner +
-                           "; every tensor has exactly one writer");
-    }
-    if (r.Has("attrs")) {
-      ObjectReader attrs(g.where(), r.Path("attrs"), r.Get("attrs"));
-      node.attrs = attrs.fields();
-    }
-    r.CheckNoUnknown();
-    node.output = out;
-    g.roles[out] = TensorRole::kNodeOutput;
-    g.index_in_role[out] = static_cast<int>(n);
-    g.nodes.push_back(std::move(node));
-  }
-
-  // Outputs: node results, each listed once.
-  std::vector<int64_t> outputs = doc.IntArray("outputs");
-  if (outputs.empty()) doc.Fail("outputs", "must not be empty");
-  std::set<int> seen_outputs;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    std::string field = "outputs[" + std::to_string(i) + "]";
-    int id = check_id(doc, field, outputs[i]);
-    if (g.roles[id] != TensorRole::kNodeOutput) {
-      doc.Fail(field, "tensor " + std::to_string(id) + " is " + role_name(g.roles[id]) +
-                          "; region outputs must be written by a node");
-    }
-    if (!seen_outputs.insert(id).second) {
-      doc.Fail(field, "tensor " + std::to_string(id) + " is listed twice");
-    }
-    g.outputs.push_back(id);
-  }
-  // Shape arguments: positions among the inputs and themselves, where the VM passes a shape.
-  if (doc.Has("shape_args")) {
-    std::vector<int64_t> positions = doc.IntArray("shape_args");
-    const int64_t leading = static_cast<int64_t>(g.inputs.size() + positions.size());
-    for (size_t i = 0; i < positions.size(); ++i) {
-      if (positions[i] < 0 || positions[i] >= leading || (i > 0 && positions[i] <= positions[i - 1])) {
-        doc.Fail("shape_args[" + std::to_string(i) + "]",
-                 "expected ascending positions in [0, " + std::to_string(leading) + "), got " +
-                     std::to_string(positions[i]));
-      }
-      g.shape_args.push_back(static_cast<int>(positions[i]));
-    }
-  }
-  // Every symbol must be a bare dim of an argument, so that a call's shapes bind it.
-  std::vector<bool> bound(g.symbols.size(), false);
-  for (const std::vector<int>* ids : {&g.inputs, &g.outputs}) {
-    for (int id : *ids) {
-      for (const DimExpr& d : g.tensors[id].dims) {
-        if (d.bare_symbol() >= 0) bound[d.bare_symbol()] = true;
-      }
-    }
-  }
-  for (size_t k = 0; k < g.symbols.size(); ++k) {
-    if (!bound[k]) {
-      doc.Fail("tensors", "unknown symbol '" + g.symbols[k] +
-                              "': it is no dim of its own in any region input or output, so no call can bind it");
-    }
-  }
-  // Declared ranges (version 3): {"N": [1, 64], "S": [null, 512]}, each key a symbol of the region.
-  // A version of its own, not an additive field: a runtime that predates it tolerates unknown
-  // top-level keys and would run out-of-range calls unchecked; it rejects version 3 instead.
-  if (doc.Has("dim_ranges")) {
-    if (version < 3) {
-      doc.Fail("dim_ranges", "needs version 3 of the format, the document has version " + std::to_string(version));
-    }
-    const Any& value = doc.Get("dim_ranges");
-    auto obj = value.as<JsonObject>();
-    if (!obj.has_value()) {
-      doc.Fail("dim_ranges", "expected an object {symbol: [min, max]}, got " + TypeName(value) + " " + Render(value));
-    }
-    g.ranges.assign(g.symbols.size(), {RegionGraph::kNoBound, RegionGraph::kNoBound});
-    for (const auto& kv : *obj) {
-      const std::string name = std::string(kv.first.cast<ffi::String>());
-      const std::string field = "dim_ranges." + name;
-      auto it = std::find(g.symbols.begin(), g.symbols.end(), name);
-      if (it == g.symbols.end()) {
-        std::string known;
-        for (const auto& s : g.symbols) known += (known.empty() ? "" : ", ") + s;
-        doc.Fail(field, "'" + name + "' is no symbol of the region (its symbols: " + (known.empty() ? "none" : known) +
-                            ")");
-      }
-      auto pair = kv.second.as<JsonArray>();
-      if (!pair.has_value() || pair->size() != 2) {
-        doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + TypeName(kv.second) + " " +
-                            Render(kv.second));
-      }
-      int64_t bounds[2];
-      for (int side = 0; side < 2; ++side) {
-        const Any& b = (*pair)[side];
-        if (b.type_index() == ffi::TypeIndex::kTVMFFINone) {
-          bounds[side] = RegionGraph::kNoBound;
-        } else if (b.type_index() == ffi::TypeIndex::kTVMFFIInt && b.cast<int64_t>() >= 1) {
-          bounds[side] = b.cast<int64_t>();
-        } else {
-          doc.Fail(field, "expected [min, max] (integers >= 1 or null), got " + Render(kv.second));
-        }
-      }
-      if (bounds[0] != RegionGraph::kNoBound && bounds[1] != RegionGraph::kNoBound && bounds[0] > bounds[1]) {
-        doc.Fail(field, "expected min <= max, got " + Render(kv.second));
-      }
-      g.ranges[it - g.symbols.begin()] = {bounds[0], bounds[1]};
-    }
-  }
+  const int64_t version = ReadEnvelope(doc, g);
+  ReadTensors(doc, version, g);
+  ReadInputs(doc, g);
+  ReadConstants(doc, g);
+  ReadNodes(doc, g);
+  ReadOutputs(doc, g);
+  ReadShapeArgs(doc, g);
+  CheckSymbolsBound(doc, g);
+  ReadDimRanges(doc, version, g);
   // Unknown top-level keys are tolerated (room for metadata such as a producer tag).
   return g;
 }

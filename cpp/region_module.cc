@@ -113,6 +113,106 @@ void* CheckTensor(const DLTensor& t, const TensorInfo& info, bool check_shape, c
   return ptr;
 }
 
+/*!
+ * \brief get_runtime_info's JSON: {"threads", "contexts", "shared_bytes", "context_bytes",
+ *        "contention_plans", "precision", "precision_requested", "precision_note", "symbols", "plans",
+ *        "plans_made", "plan_cache_limit", "bindings"}: how the module runs; contention_plans: the
+ *        thread counts of the plans made for contention; plans...bindings: the plan cache of a
+ *        symbolic region (its own thread count's).
+ */
+ffi::String RuntimeInfoJson(const RegionGraph& graph, const CompiledRegion& plan,
+                            const ffi::json::Array& contention_plans) {
+  ffi::json::Array symbols, bindings;
+  for (const auto& name : graph.symbols) symbols.push_back(name);
+  for (const auto& key : plan.cached_bindings()) {
+    ffi::json::Array values;
+    for (int64_t v : key) values.push_back(v);
+    bindings.push_back(values);
+  }
+  // what the plans compute in (the same for every plan: it depends on the request and the
+  // machine only, so a symbolic region can say it before its first plan)
+  std::string precision_note;
+  const std::string precision = EffectivePrecision(graph.precision, &precision_note);
+  ffi::json::Object info{{"threads", plan.threads()},
+                         {"precision", ffi::String(precision)},
+                         {"precision_requested", ffi::String(graph.precision)},
+                         {"precision_note", ffi::String(precision_note)},
+                         {"contexts", plan.contexts()},
+                         {"shared_bytes", plan.shared_bytes()},
+                         {"context_bytes", plan.context_bytes()},
+                         {"contention_plans", contention_plans},
+                         {"symbols", symbols},
+                         {"plans", plan.plans()},
+                         {"plans_made", plan.plans_made()},
+                         {"plan_cache_limit", PlanCacheLimit()},
+                         {"bindings", bindings}};
+  return ffi::json::Stringify(info);
+}
+
+/*! \brief get_profile's JSON: one object per step {phase, label, op, impl, layouts, calls, seconds}. */
+ffi::String ProfileJson(const CompiledRegion& plan) {
+  ffi::json::Array steps;
+  for (const StepProfile& p : plan.Profile()) {
+    steps.push_back(ffi::json::Object{{"phase", p.phase},     {"label", p.label},
+                                      {"op", p.op},           {"impl", p.impl},
+                                      {"layouts", p.layouts}, {"calls", p.calls},
+                                      {"seconds", p.seconds}});
+  }
+  return ffi::json::Stringify(steps);
+}
+
+/*!
+ * \brief Plans for fewer threads than a module's own (contention, threading.h), by thread count,
+ *        each made and filled on first need, and the constants that fill them.
+ *        oneDNN's OpenMP primitives fix their thread split at creation and ask the OpenMP
+ *        runtime for exactly that many threads (num_threads clause), so running the module's
+ *        primitives under omp_set_num_threads(1) would still start a team; fewer threads need
+ *        primitives (and possibly weight layouts) of their own.
+ */
+class FewerThreadPlans {
+ public:
+  explicit FewerThreadPlans(const RegionGraph& graph) : graph_(graph) {}
+
+  /*! \brief The plan made for `threads` (< the module's count). */
+  CompiledRegion& Get(int threads) {
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    if (fewer_.size() <= static_cast<size_t>(threads)) fewer_.resize(threads + 1);
+    if (!fewer_[threads]) {
+      auto plan = std::make_unique<CompiledRegion>(graph_, threads);
+      if (!const_data_.empty()) plan->LoadConstants(const_data_, consts_owner_);
+      fewer_[threads] = std::move(plan);
+    }
+    return *fewer_[threads];
+  }
+
+  /*! \brief Keep the constants for plans made later, and load them into those made already. */
+  void LoadConstants(const std::vector<const void*>& data, const std::shared_ptr<const void>& owner) {
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    consts_owner_ = owner;
+    const_data_ = data;
+    for (auto& plan : fewer_) {
+      if (plan) plan->LoadConstants(data, owner);
+    }
+  }
+
+  /*! \brief The thread counts of the plans made so far. */
+  ffi::json::Array ThreadCounts() const {
+    ffi::json::Array contention_plans;
+    std::lock_guard<std::mutex> lock(fewer_mu_);
+    for (size_t n = 0; n < fewer_.size(); ++n) {
+      if (fewer_[n]) contention_plans.push_back(static_cast<int64_t>(n));
+    }
+    return contention_plans;
+  }
+
+ private:
+  const RegionGraph& graph_;
+  mutable std::mutex fewer_mu_;
+  std::vector<std::unique_ptr<CompiledRegion>> fewer_;
+  std::shared_ptr<const void> consts_owner_;  // the constants' tensors (an ffi::Array<Tensor>)
+  std::vector<const void*> const_data_;
+};
+
 class RegionModuleObj : public ffi::ModuleObj {
  public:
   explicit RegionModuleObj(std::string graph_json)
@@ -150,45 +250,9 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { return ffi::String(graph_json_); });
     }
     if (name == "get_runtime_info") {
-      // {"threads", "contexts", "shared_bytes", "context_bytes", "contention_plans", "precision",
-      // "precision_requested", "precision_note", "symbols", "plans", "plans_made",
-      // "plan_cache_limit", "bindings"}: how the module runs; contention_plans: the thread counts
-      // of the plans made for contention; plans...bindings: the plan cache of a symbolic region
-      // (its own thread count's).
-      return ffi::Function::FromTyped([self, this]() {
-        ffi::json::Array contention_plans;
-        {
-          std::lock_guard<std::mutex> lock(fewer_mu_);
-          for (size_t n = 0; n < fewer_.size(); ++n) {
-            if (fewer_[n]) contention_plans.push_back(static_cast<int64_t>(n));
-          }
-        }
-        ffi::json::Array symbols, bindings;
-        for (const auto& name : graph_.symbols) symbols.push_back(name);
-        for (const auto& key : plan_->cached_bindings()) {
-          ffi::json::Array values;
-          for (int64_t v : key) values.push_back(v);
-          bindings.push_back(values);
-        }
-        // what the plans compute in (the same for every plan: it depends on the request and the
-        // machine only, so a symbolic region can say it before its first plan)
-        std::string precision_note;
-        const std::string precision = EffectivePrecision(graph_.precision, &precision_note);
-        ffi::json::Object info{{"threads", plan_->threads()},
-                               {"precision", ffi::String(precision)},
-                               {"precision_requested", ffi::String(graph_.precision)},
-                               {"precision_note", ffi::String(precision_note)},
-                               {"contexts", plan_->contexts()},
-                               {"shared_bytes", plan_->shared_bytes()},
-                               {"context_bytes", plan_->context_bytes()},
-                               {"contention_plans", contention_plans},
-                               {"symbols", symbols},
-                               {"plans", plan_->plans()},
-                               {"plans_made", plan_->plans_made()},
-                               {"plan_cache_limit", PlanCacheLimit()},
-                               {"bindings", bindings}};
-        return ffi::json::Stringify(info);
-      });
+      // RuntimeInfoJson: how the module runs
+      return ffi::Function::FromTyped(
+          [self, this]() { return RuntimeInfoJson(graph_, *plan_, fewer_.ThreadCounts()); });
     }
     if (name == "set_profiling") {
       return ffi::Function::FromTyped([self, this](bool on) {
@@ -200,17 +264,7 @@ class RegionModuleObj : public ffi::ModuleObj {
       return ffi::Function::FromTyped([self, this]() { plan_->ResetProfile(); });
     }
     if (name == "get_profile") {
-      // JSON list: one object per step {phase, label, op, impl, layouts, calls, seconds}.
-      return ffi::Function::FromTyped([self, this]() {
-        ffi::json::Array steps;
-        for (const StepProfile& p : plan_->Profile()) {
-          steps.push_back(ffi::json::Object{{"phase", p.phase},   {"label", p.label},
-                                            {"op", p.op},         {"impl", p.impl},
-                                            {"layouts", p.layouts}, {"calls", p.calls},
-                                            {"seconds", p.seconds}});
-        }
-        return ffi::json::Stringify(steps);
-      });
+      return ffi::Function::FromTyped([self, this]() { return ProfileJson(*plan_); });
     }
     if (name == "get_plan") {
       return ffi::Function::FromTyped([self, this]() {
@@ -273,26 +327,8 @@ class RegionModuleObj : public ffi::ModuleObj {
     const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
                        calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
     AdaptiveCall call(plan_->threads(), watch);
-    (call.threads() == plan_->threads() ? *plan_ : PlanWithFewer(call.threads())).Execute(buffers, shapes);
+    (call.threads() == plan_->threads() ? *plan_ : fewer_.Get(call.threads())).Execute(buffers, shapes);
     last_call_ns_.store(static_cast<int64_t>(call.elapsed() * 1e9), std::memory_order_relaxed);
-  }
-
-  /*!
-   * \brief The plan made for `threads` (< the module's count), made and filled on first need.
-   *        oneDNN's OpenMP primitives fix their thread split at creation and ask the OpenMP
-   *        runtime for exactly that many threads (num_threads clause), so running the module's
-   *        primitives under omp_set_num_threads(1) would still start a team; fewer threads need
-   *        primitives (and possibly weight layouts) of their own.
-   */
-  CompiledRegion& PlanWithFewer(int threads) {
-    std::lock_guard<std::mutex> lock(fewer_mu_);
-    if (fewer_.size() <= static_cast<size_t>(threads)) fewer_.resize(threads + 1);
-    if (!fewer_[threads]) {
-      auto plan = std::make_unique<CompiledRegion>(graph_, threads);
-      if (!const_data_.empty()) plan->LoadConstants(const_data_, consts_owner_);
-      fewer_[threads] = std::move(plan);
-    }
-    return *fewer_[threads];
   }
 
   void Init(const ffi::PackedArgs& args) {
@@ -325,12 +361,7 @@ class RegionModuleObj : public ffi::ModuleObj {
     // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.
     auto owner = std::make_shared<ffi::Array<ffi::Tensor>>(*consts);
     plan_->LoadConstants(data, owner);
-    std::lock_guard<std::mutex> lock(fewer_mu_);
-    consts_owner_ = owner;
-    const_data_ = data;
-    for (auto& plan : fewer_) {
-      if (plan) plan->LoadConstants(data, owner);
-    }
+    fewer_.LoadConstants(data, owner);
   }
 
   std::string NameList() const {
@@ -343,12 +374,7 @@ class RegionModuleObj : public ffi::ModuleObj {
   RegionGraph graph_;
   std::unique_ptr<CompiledRegion> plan_;
   ffi::Array<ffi::String> const_names_;
-  // Contention (threading.h): plans for fewer threads, by thread count, and the constants that
-  // fill them.
-  std::mutex fewer_mu_;
-  std::vector<std::unique_ptr<CompiledRegion>> fewer_;
-  std::shared_ptr<const void> consts_owner_;  // the constants' tensors (an ffi::Array<Tensor>)
-  std::vector<const void*> const_data_;
+  FewerThreadPlans fewer_{graph_};  // contention (threading.h)
   std::atomic<int64_t> last_call_ns_{0};
   std::atomic<uint32_t> calls_{0};
   std::atomic<bool> profiling_{false};

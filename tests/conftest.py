@@ -106,7 +106,10 @@ def saved_rules():
     finally:
         for name in list(registry._TARGETS):
             for op in registry.op_rule_ops(name):
-                tvm.ir.Op.get(op).reset_attr(registry.op_attr_key(name))
+                for key in map(registry.op_attr_key, registry.get_target(name).names):
+                    # only keys the op has: TVM 0.27 segfaults reading a key reset but never set
+                    if registry.op_rules._has_op_attr(tvm.ir.Op.get(op), key):
+                        tvm.ir.Op.get(op).reset_attr(key)
         registry._TARGETS.clear()
         registry._TARGETS.update(saved_targets)
         for name, patterns in saved.items():

@@ -1,6 +1,6 @@
 """hardswish / hardsigmoid / silu chains as one eltwise fused into the conv2d before them
 (ops/hardswish.py, epilogue.fuse_eltwise_into_producer), and a zero pad folded into the conv2d it
-feeds (ops/pad.py for the PyTorch path, frontends._fold_zero_pads for ONNX): offloaded vs the
+feeds (ops/pad.py for the PyTorch path, byoc_hetero.passes.fold_zero_pads for ONNX): offloaded vs the
 llvm-only build or ONNX Runtime, the region graphs they become, and what stays on llvm with which
 reason."""
 

@@ -232,7 +232,7 @@ def test_pre_activation_batch_norm_relu_is_one_node_and_a_conv_bn_stays_folded()
     (graph,) = [region_graph_json(m) for m in part.attrs["external_mods"]]
     (bn,) = [n for n in graph["nodes"] if n["op"] == "batch_norm"]
     assert bn["attrs"]["activation"] == "relu"
-    assert set(graph["source"]["composites"]) == {"byoc_hetero.batch_norm_relu", "byoc_hetero.conv2d_bn_act"}
+    assert set(graph["source"]["composites"]) == {"onednn.batch_norm_relu", "onednn.conv2d_bn_act"}
 
 
 @pytest.mark.parametrize("shape", [(2, 5), (1, 3, 7), (2, 16, 5, 5), (1, 3, 2, 3, 4)])

@@ -553,7 +553,7 @@ def region_bindings(mod, entry="main"):
     for b in main_bindings(mod, entry):
         v = b.value
         if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_dps_packed":
-            if v.args[0].global_symbol.endswith("byoc_hetero"):
+            if v.args[0].global_symbol.endswith("onednn"):
                 out.append(b)
     return out
 
@@ -572,7 +572,7 @@ def test_partition_then_place(sinnet):
     assert len(regions) >= 2 and "relax.sin" in op_devices(place(part, {}, fallback="cpu:0"))
     placed = place(part, {"byoc_hetero": "cpu:1"}, fallback="cpu:0")
     rep = placement_report(placed)
-    assert rep.regions == {"cpu:1": {"byoc_hetero": len(regions)}}
+    assert rep.regions == {"cpu:1": {"onednn": len(regions)}}
     for op, devs in op_devices(placed).items():
         if op != "relax.call_dps_packed":
             assert set(devs) == {"cpu:0"}, (op, devs)  # TVM's own ops stay on the fallback
@@ -620,7 +620,7 @@ def test_place_then_partition(net, request):
 def test_cpu_region_on_a_gpu_is_an_error(sinnet):
     mod, params, *_ = sinnet
     part = bh.partition(mod, params)
-    with pytest.raises(PlacementError, match="byoc_hetero, a CPU runtime.*cuda:0"):
+    with pytest.raises(PlacementError, match="onednn, a CPU runtime.*cuda:0"):
         place(part, {"byoc_hetero": "cuda"}, fallback="cpu")
     # without a rule, a CPU region stays on a CPU even when its input is on the GPU
     placed = place(part, {"relax.sin": "cuda"}, fallback="cpu")
@@ -717,7 +717,7 @@ def test_report_counts_the_ops_inside_regions_not_their_kinds():
             want[b.value.op.name] = want.get(b.value.op.name, 0) + 1
     assert want == {"relax.nn.conv2d": 2, "relax.add": 2, "relax.nn.relu": 2}
     assert dict(rep.region_ops["cpu:1"]) == want and "cpu:0" not in rep.region_ops
-    assert dict(rep.ops["cpu:1"]) == {"byoc_hetero": 1}
+    assert dict(rep.ops["cpu:1"]) == {"onednn": 1}
     text = str(rep)
     assert "inside the regions: 6 ops" in text and "nn.conv2d                        2" in text
     inputs = random_inputs(mod, params)

@@ -7,6 +7,8 @@ node and the field, plans independent of the constants' values, weights prepared
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,29 @@ def test_plans_share_one_copy_of_the_prepared_weights():
     assert out["init_steps_run"] == [len(plan["init_steps"]), 0, 0]
     with pytest.raises(ValueError, match="expected 3 constants, got 1"):
         _C.prepare_weights(r.json(), r.const_values[:1])
+
+
+
+@pytest.mark.skipif(not _C.bf16_native(), reason=f"needs native bf16 (this CPU: {_C.isa()})")
+@pytest.mark.parametrize("reader", ["pool2d", "softmax"])
+def test_bf16_storage_follows_the_traits_the_readers_declared(reader):
+    """In a bf16 region a conv stores its output bf16 exactly when every reader's kernel declared,
+    when it registered (KernelTraits::bf16_input), that it reads that input rounded or like its own
+    bf16 output: a max pool before a conv does (the max of rounded values is the rounded max), a
+    softmax declares nothing, so the conv before it keeps writing f32."""
+    traits = _C.kernel_traits()
+    assert set(traits) == set(_C.kernels())
+    r = Region("plan_traits")
+    x = r.input((1, 16, 8, 8))
+    a = r.node("conv2d", [x, r.const(rand(16, 16, 3, 3))], (1, 16, 8, 8), padding=[1, 1, 1, 1], has_bias=0)
+    if reader == "pool2d":
+        b, size = r.node("pool2d", [a], (1, 16, 4, 4), algorithm="max", kernel=[2, 2], strides=[2, 2]), 4
+    else:
+        b, size = r.node("softmax", [a], (1, 16, 8, 8), axis=1), 8
+    r.outputs = [r.node("conv2d", [b, r.const(rand(8, 16, 1, 1))], (1, 8, size, size), has_bias=0)]
+    doc = r.doc()
+    doc["precision"] = "bf16"
+    plan = _C.plan_region(json.dumps(doc), threads=1)
+    first_conv = next(s for s in plan["run_steps"] if s["op"] == "conv2d")
+    bf16_dst = first_conv["layouts"].split(" dst=")[1].endswith(":bf16")
+    assert bf16_dst == traits[reader]["bf16_input"] == (reader == "pool2d"), plan["run_steps"]

@@ -31,7 +31,7 @@ def test_counts_and_regions(resnet_report):
     assert len(rep.regions) == rep.profile.regions["byoc_hetero"] == 3  # conv1 | 8 blocks | fc
     first = rep.regions[0]
     assert first.inputs == ["float32[1, 3, 32, 32]"] and first.outputs == ["float32[1, 64, 16, 16]"]
-    assert first.rules == ["byoc_hetero.conv2d_bias_relu"]
+    assert first.rules == ["onednn.conv2d_bias_relu"]
     # conv1: 64 x 16 x 16 outputs, each 3 x 7 x 7 multiply-adds
     assert first.flops == 2 * 64 * 16 * 16 * 3 * 7 * 7
     assert rep.offloaded_flops == sum(r.flops for r in rep.regions)
@@ -51,17 +51,17 @@ def test_check_failure_reason_names_the_rule():
     mod = graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, lambda e, x, w: e(relax.op.nn.conv2d(x, w)),
                 dtype="float16")
     (fallback,) = bh.report(bh.partition(mod)).fallbacks
-    assert fallback.op == "nn.conv2d" and fallback.rule == "byoc_hetero.conv2d"
+    assert fallback.op == "nn.conv2d" and fallback.rule == "onednn.conv2d"
     assert "float16" in fallback.reason
 
 
 def test_text_and_dot(resnet_report, tmp_path):
     text = str(resnet_report)
-    assert "byoc_hetero" in text and "left on llvm" in text and "MFLOP" in text
+    assert "onednn" in text and "left on llvm" in text and "MFLOP" in text
     dot = resnet_report.to_dot()
     assert dot.startswith("digraph") and dot.rstrip().endswith("}")
     # one fill colour per target, every region node drawn
-    assert dot.count("byoc_hetero region") == len(resnet_report.regions)
+    assert dot.count("onednn region") == len(resnet_report.regions)
     colours = {line.split('fillcolor="')[1].split('"')[0] for line in dot.splitlines() if "fillcolor" in line}
     assert len(colours) == 2
     assert resnet_report.render(tmp_path / "g.dot").read_text() == dot

@@ -55,7 +55,7 @@ def test_single_supported_op():
     mod = graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, lambda e, x, w: e(R.nn.conv2d(x, w, padding=1)))
     rep = check(mod, {"w": rand(4, 4, 3, 3)})
     (region,) = regions(rep)
-    assert region.rules == ["byoc_hetero.conv2d"]
+    assert region.rules == ["onednn.conv2d"]
     assert region.inputs == ["float32[1, 4, 8, 8]"] and region.outputs == ["float32[1, 4, 8, 8]"]
     assert rep.fallbacks == []
 
@@ -202,9 +202,9 @@ def test_intermediate_value_escaping_a_match_is_not_fused():
     rep = check(graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, body), {"w": rand(4, 4, 3, 3)})
     (region,) = regions(rep)
     # conv and relu are separate composites (the relu on its own), c leaves the region
-    assert sorted(region.rules) == ["byoc_hetero.activation", "byoc_hetero.conv2d"]
+    assert sorted(region.rules) == ["onednn.activation", "onednn.conv2d"]
     assert len(region.outputs) == 2
-    assert any(r.rule == "byoc_hetero.conv2d_relu" and "used outside" in r.reason for r in rep.rejections)
+    assert any(r.rule == "onednn.conv2d_relu" and "used outside" in r.reason for r in rep.rejections)
 
 
 def test_symbolic_reduction_dim_is_rejected_with_the_reason_in_the_report():
@@ -220,7 +220,7 @@ def test_symbolic_reduction_dim_is_rejected_with_the_reason_in_the_report():
     rep = bh.report(bh.partition(bb.get()))
     assert rep.regions == []
     (fallback,) = rep.fallbacks
-    assert fallback.op == "matmul" and "symbolic" in fallback.reason and fallback.rule.startswith("byoc_hetero.dense")
+    assert fallback.op == "matmul" and "symbolic" in fallback.reason and fallback.rule.startswith("onednn.dense")
     ex = build(bh.partition(bb.get()))
     xs, ws = rand(2, 16), rand(16, 8)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
@@ -267,7 +267,7 @@ def test_cost_gate_sends_small_regions_back_with_the_reason():
     (region,) = rep.regions
     assert region.ops["nn.conv2d"] == 2
     (gated,) = [f for f in rep.fallbacks if "cost gate" in f.reason]
-    assert gated.op == "matmul" and gated.rule == "byoc_hetero.dense"
+    assert gated.op == "matmul" and gated.rule == "onednn.dense"
     assert "region of 1 ops is below the cost gate (min_region_ops=3)" in gated.reason
 
 

@@ -44,20 +44,20 @@ def test_each_stage_on_the_small_convnet():
     m = merge_composite(m)
     composites = _functions_with(m, "Composite")
     assert sorted(str(f.attrs["Composite"]) for f in composites.values()) == [
-        "byoc_hetero.conv2d_bias", "byoc_hetero.conv2d_bias_relu", "byoc_hetero.conv2d_relu",
-        "byoc_hetero.dense_bias", "byoc_hetero.dense_flat_bias_relu", "byoc_hetero.max_pool2d"]
+        "onednn.conv2d_bias", "onednn.conv2d_bias_relu", "onednn.conv2d_relu",
+        "onednn.dense_bias", "onednn.dense_flat_bias_relu", "onednn.max_pool2d"]
     prof = bh.op_profile(m)
     assert prof.composites["byoc_hetero"] == 6
     assert "llvm" not in prof.counts
 
     m = annotate(m)
-    assert all(str(f.attrs["byoc_hetero.target"]) == "byoc_hetero"
+    assert all(str(f.attrs["byoc_hetero.target"]) == "onednn"
                for f in _functions_with(m, "Composite").values())
 
     m = merge_regions(m)
     regions = _functions_with(m, "Codegen")
     assert len(regions) == 1  # the six composites are neighbours: one region
-    assert all(str(f.attrs["Codegen"]) == "byoc_hetero" for f in regions.values())
+    assert all(str(f.attrs["Codegen"]) == "onednn" for f in regions.values())
     assert bh.op_profile(m).regions["byoc_hetero"] == 1
     assert len(_composite_names(m)) == 6
 
@@ -170,7 +170,7 @@ def test_long_region_gets_a_short_name_and_matches_llvm():
     st = bh.stages()
     merged = st[2](st[1](st[0](mod)))
     (name,) = _functions_with(merged, "Codegen")
-    assert len(name) <= MAX_REGION_NAME and name.endswith("_byoc_hetero")
+    assert len(name) <= MAX_REGION_NAME and name.endswith("_onednn")
     assert str(merged[name].attrs["global_symbol"]) == name
 
     res = offload_and_compare(mod)
@@ -206,7 +206,7 @@ def test_module_with_two_functions_partitions_each_on_its_own():
         prof = bh.op_profile(part, name)
         assert prof.counts.get("llvm", {}) == {}, name
         assert prof.counts["byoc_hetero"] == {"nn.conv2d": 1, "nn.relu": 1}, name
-        assert bh.report(part, name).regions[0].target == "byoc_hetero"
+        assert bh.report(part, name).regions[0].target == "onednn"
     # each function calls a region of its own name
     symbols = sorted(str(region_graph_json(m)["symbol"]) for m in part.attrs["external_mods"])
     assert len(symbols) == 2 and symbols[1].startswith("second_"), symbols

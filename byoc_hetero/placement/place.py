@@ -266,19 +266,29 @@ def place(
         _declared(given, parsed, fb)  # a map naming an undeclared device fails before any work
     names = list(functions) if functions is not None else _relax.entry_functions(mod, (_ir.ATTR_CONSTANTS_FOR,))
     regions = region_table(mod)
-    plans = []
-    for name in names:
-        if name not in [gv.name_hint for gv in mod.get_global_vars()]:
-            raise PlacementError(f"module has no function {name!r} to place")
-        if not isinstance(mod[name], relax.Function):
-            raise PlacementError(f"{name} is not a Relax function")
-        plan = _Analysis(mod, name, parsed, fb, regions, given).run()
-        _check_regions(plan, regions)
-        plans.append(plan)
+    plans = [_plan_function(mod, name, parsed, fb, regions, given) for name in names]
     # the devices are known now (a policy names them as it answers): declare them, then rewrite
-    declared = _declared(given, parsed, fb)
-    existing = module_vdevices(mod)
-    vdevices = existing or [make_vdevice(d, targets) for d in declared]
+    out = _rewrite_module(mod, plans, _declared(given, parsed, fb), targets)
+    _warn_unused(parsed, regions, names)
+    return out
+
+
+def _plan_function(mod: tvm.IRModule, name: str, parsed: PlacementRules, fb, regions: dict[str, RegionInfo],
+                   given) -> FunctionPlan:
+    """Where each call of function ``name`` runs (PlacementError for a missing or non-Relax function)."""
+    if name not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise PlacementError(f"module has no function {name!r} to place")
+    if not isinstance(mod[name], relax.Function):
+        raise PlacementError(f"{name} is not a Relax function")
+    plan = _Analysis(mod, name, parsed, fb, regions, given).run()
+    _check_regions(plan, regions)
+    return plan
+
+
+def _rewrite_module(mod: tvm.IRModule, plans: list[FunctionPlan], declared: list,
+                    targets: Mapping[str, tvm.target.Target | str] | None) -> tvm.IRModule:
+    """``mod`` with the declared devices as its ``vdevice`` list and each planned function rewritten."""
+    vdevices = module_vdevices(mod) or [make_vdevice(d, targets) for d in declared]
     vd_of = dict(zip(declared, vdevices))
     infos = dict(mod.global_infos) if mod.global_infos is not None else {}
     infos["vdevice"] = vdevices
@@ -288,6 +298,11 @@ def place(
         out[plan.name] = new_func
         if loader is not None:
             out[loader[0]] = loader[1]
+    return out
+
+
+def _warn_unused(parsed: PlacementRules, regions: dict[str, RegionInfo], names: list[str]) -> None:
+    """A PlacementWarning for each rule that matched no call (with a hint for an op inside regions)."""
     inside = {op for info in regions.values() for op in info.ops}
     for rule in parsed.unused():
         hint = ""
@@ -297,9 +312,8 @@ def place(
         warnings.warn(
             PlacementWarning(f"placement rule {rule.label} → {rule.device} matched no call in "
                              f"{', '.join(names) or 'the module'}{hint}"),
-            stacklevel=2,
+            stacklevel=3,
         )
-    return out
 
 
 def _check_regions(plan: FunctionPlan, regions: dict[str, RegionInfo]) -> None:

@@ -21,7 +21,7 @@ from .. import _relax
 class RegionInfo:
     """An offloaded region (an external module's symbol) as placement sees it."""
 
-    #: the codegen (target) name, e.g. ``"byoc_hetero"``
+    #: the codegen (target) name, e.g. ``"onednn"``
     codegen: str
     #: full Relax op name → how many times the region contains it (``{"relax.nn.conv2d": 2}``)
     ops: Counter = field(default_factory=Counter)

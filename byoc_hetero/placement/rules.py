@@ -15,7 +15,8 @@ A **map** is a mapping (or a sequence of pairs) from a *rule key* to a device. K
 
 * an **op name**: ``"relax.nn.conv2d"`` (``"nn.conv2d"`` works too), the callee of ``call_tir`` /
   ``call_dps_packed`` / ``call_pure_packed`` (``"my.cpu_only_op"``), an offloaded region's codegen
-  name (``"byoc_hetero"``), symbol or composite name (``"byoc_hetero.conv2d_bias_relu"``);
+  name (``"onednn"``, or its alias ``"byoc_hetero"``), symbol or composite name
+  (``"onednn.conv2d_bias_relu"``);
 * a **dataflow pattern** (``tvm.relax.dpl``), matched against the call with the function's bindings
   visible (so ``is_op("relax.nn.relu")(is_op("relax.nn.conv2d")(wildcard(), wildcard()))`` works);
 * a **callable** taking a :class:`Site` and returning true for calls it places, e.g.
@@ -23,7 +24,7 @@ A **map** is a mapping (or a sequence of pairs) from a *rule key* to a device. K
 
 Rules are tried in map order; the first that matches decides. An offloaded region is one call:
 an op name inside it does not place it (``"relax.nn.conv2d"`` warns that it matched nothing when
-every conv2d is inside regions); name the region (``"byoc_hetero"``, its composite names) or use a
+every conv2d is inside regions); name the region (``"onednn"``, its composite names) or use a
 callable on :attr:`Site.contained_ops`. A region no rule places stays on the device of its inputs
 (a CPU device for a CPU runtime such as ``byoc_hetero``).
 """
@@ -38,6 +39,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern
 
 from ..errors import PlacementError
+from ..rules.targets import canonical_name
 from .devices import Device, DeviceLike, parse_device
 
 RuleKey = str | DFPattern | Callable[["Site"], bool]
@@ -64,7 +66,7 @@ class Site:
     name: str
     #: the function being placed
     function: str
-    #: the codegen name of an offloaded region (``"byoc_hetero"``), None for other calls
+    #: the codegen name of an offloaded region (``"onednn"``), None for other calls
     region: str | None = None
     #: op names inside an offloaded region (``"relax.nn.conv2d"``, ...)
     contained_ops: tuple[str, ...] = ()
@@ -81,9 +83,14 @@ class Site:
 
 
 def _normalize_name(name: str) -> str:
-    """``"nn.conv2d"`` → ``"relax.nn.conv2d"`` when that is a registered op; else unchanged."""
+    """``"nn.conv2d"`` → ``"relax.nn.conv2d"`` when that is a registered op; a backend alias (or a
+    composite name under one) → the backend's name (``"byoc_hetero"`` → ``"onednn"``); else
+    unchanged."""
     if name.startswith("relax."):
         return name
+    head, dot, rest = name.partition(".")
+    if canonical_name(head) != head:
+        return canonical_name(head) + dot + rest
     try:
         tvm.ir.Op.get("relax." + name)
     except Exception:  # noqa: BLE001  (TVM raises its own error types for unknown ops)

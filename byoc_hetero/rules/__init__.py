@@ -19,8 +19,8 @@ registration order; a larger pattern should therefore get a higher priority than
 Across targets, the order given to :func:`byoc_hetero.stages` decides: earlier targets win, for
 patterns and op rules alike (as ``AnnotateTarget([A, B])`` did in Relay).
 
-The built-in rules of target ``byoc_hetero`` live with their lowering in
-:mod:`byoc_hetero.backends.onednn`.
+The built-in rules of backend ``onednn`` (alias ``byoc_hetero``) live with their lowering in
+:mod:`byoc_hetero.backends.onednn`; :class:`Backend` is what a backend is.
 """
 
 from __future__ import annotations
@@ -50,7 +50,22 @@ from .patterns import (
     required_ops,
     unregister_pattern,
 )
-from .targets import _TARGETS, Codegen, Target, get_target, register_target, targets
+from .targets import (
+    _TARGETS,
+    Backend,
+    Codegen,
+    Option,
+    Target,
+    Variant,
+    backend_for_runtime,
+    canonical_name,
+    default_target,
+    get_backend,
+    get_target,
+    register_target,
+    set_default_target,
+    targets,
+)
 
 
 def all_rules_summary(names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -60,6 +75,14 @@ def all_rules_summary(names: Iterable[str] | None = None) -> dict[str, dict[str,
 
 
 __all__ = [
+    "Backend",
+    "Option",
+    "Variant",
+    "backend_for_runtime",
+    "canonical_name",
+    "default_target",
+    "get_backend",
+    "set_default_target",
     "CONST_DIGEST_ATTR",
     "DECISIONS_ATTR",
     "Check",

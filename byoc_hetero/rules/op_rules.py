@@ -14,7 +14,7 @@ from ..errors import RuleError
 from .decisions import DecisionLog
 from .match import Check, Match, run_check, single_call_match
 from .patterns import checked_fusion_pattern
-from .targets import get_target, register_target
+from .targets import default_target, get_target, register_target
 
 _OP_CHECKS: dict[tuple[str, str], Check] = {}
 
@@ -31,7 +31,12 @@ def op_attr_key(target: str) -> str:
     return f"target.{target}"
 
 
-def op_rule(op: str, target: str = "byoc_hetero", level: int = 11) -> Callable[[Check], Check]:
+def _attr_keys(target: str) -> list[str]:
+    """The op attributes that mark an op for ``target``: its name's and each alias's."""
+    return [op_attr_key(n) for n in get_target(target).names]
+
+
+def op_rule(op: str, target: str | None = None, level: int = 11) -> Callable[[Check], Check]:
     """Decorator: offload single calls of ``op`` to ``target`` when the check accepts.
 
     Equivalent to ``tvm.ir.register_op_attr(op, "target.<target>", fn)``, except that the
@@ -39,7 +44,7 @@ def op_rule(op: str, target: str = "byoc_hetero", level: int = 11) -> Callable[[
 
     Example
     -------
-    >>> @op_rule("relax.nn.conv2d", target="byoc_hetero")
+    >>> @op_rule("relax.nn.conv2d", target="onednn")
     ... def conv2d_ok(match):
     ...     return match.dtype("root") == "float32" or "only float32"
     """
@@ -48,35 +53,40 @@ def op_rule(op: str, target: str = "byoc_hetero", level: int = 11) -> Callable[[
     def decorate(check: Check) -> Check:
         if not callable(check):
             raise RuleError(f"op rule for {op}: the check must be callable")
-        register_target(target)
-        key = op_attr_key(target)
-        if _has_op_attr(tvm_op, key):
-            tvm_op.reset_attr(key)
+        target_name = register_target(target or default_target()).name
+        for key in _attr_keys(target_name):
+            if _has_op_attr(tvm_op, key):
+                tvm_op.reset_attr(key)
+        key = op_attr_key(target_name)
 
         def attr_fn(call: relax.Call) -> bool:
-            return run_check(check, single_call_match(call), f"{target}.{op}") is None
+            return run_check(check, single_call_match(call), f"{target_name}.{op}") is None
 
         tvm.ir.register_op_attr(op, key, attr_fn, level=level)
-        _OP_CHECKS[(target, op)] = check
+        _OP_CHECKS[(target_name, op)] = check
         return check
 
     return decorate
 
 
-def unregister_op_rule(op: str, target: str = "byoc_hetero") -> None:
+def unregister_op_rule(op: str, target: str | None = None) -> None:
     """Remove the op-attribute rule of ``op`` for ``target`` (also one set by register_op_attr)."""
     tvm_op = _get_op(op)
-    key = op_attr_key(target)
-    if not _has_op_attr(tvm_op, key):
+    name = get_target(target or default_target()).name
+    keys = [k for k in _attr_keys(name) if _has_op_attr(tvm_op, k)]
+    if not keys:
         raise RuleError(f"op {op} has no rule for target {target!r}")
-    tvm_op.reset_attr(key)
-    _OP_CHECKS.pop((target, op), None)
+    for key in keys:
+        tvm_op.reset_attr(key)
+    _OP_CHECKS.pop((name, op), None)
 
 
 def op_rule_ops(target: str) -> list[str]:
-    """Names of the ops carrying the ``target.<target>`` attribute (however it was set)."""
-    key = op_attr_key(target)
-    return sorted(n for n in tvm.ir.Op.list_op_names() if _has_op_attr(tvm.ir.Op.get(n), key))
+    """Names of the ops carrying the ``target.<target>`` attribute, or that of an alias of the
+    target (however it was set)."""
+    keys = _attr_keys(target)
+    return sorted(n for n in tvm.ir.Op.list_op_names()
+                  if any(_has_op_attr(tvm.ir.Op.get(n), k) for k in keys))
 
 
 def _has_op_attr(op: tvm.ir.Op, key: str) -> bool:
@@ -90,6 +100,7 @@ def check_op_rule(target: str, call: relax.Call) -> str | None:
     The target's ``can_lower`` guard, if any, is asked after the rule accepted.
     """
     name = op_name(call)
+    target = get_target(target).name
     rule_name = f"{target}.{name}"
     check = _OP_CHECKS.get((target, name))
     if check is not None:
@@ -104,8 +115,9 @@ def check_op_rule(target: str, call: relax.Call) -> str | None:
 
 def _attr_reason(target: str, call: relax.Call, name: str) -> str | None:
     """The verdict of an attribute set with ``tvm.ir.register_op_attr`` (a plain bool function)."""
-    key = op_attr_key(target)
-    fn = tvm.ir.Op.get(name).get_attr(key)
+    op = tvm.ir.Op.get(name)
+    key = next((k for k in _attr_keys(target) if _has_op_attr(op, k)), op_attr_key(target))
+    fn = op.get_attr(key) if _has_op_attr(op, key) else None
     if fn is None:
         return f"no rule of target {target} for {name}"
     try:
@@ -125,6 +137,7 @@ def single_op_pattern(op: str) -> DFPattern:
 def op_rule_pattern(target: str, op: str, log: DecisionLog) -> FusionPattern:
     """The op rule of ``op`` for ``target`` as a FusionPattern making composite
     ``<target>.op.<short op name>``; rejections go to ``log``."""
+    target = get_target(target).name
     rule_name = f"{target}.{op}"
 
     def decide(match: Match) -> str | None:

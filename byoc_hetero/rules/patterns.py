@@ -170,7 +170,7 @@ def register_pattern(
 
     Parameters
     ----------
-    target: the offload target, e.g. ``"byoc_hetero"`` or your backend's name.
+    target: the offload target, e.g. ``"onednn"`` or your backend's name (an alias is accepted).
     name: the rule's name; the composite function is named ``<target>.<name>``.
     pattern: a ``tvm.relax.dpl`` pattern.
     annotations: names for sub-patterns, visible to the check as ``match.expr(name)``.
@@ -200,7 +200,7 @@ def register_pattern(
     tgt = register_target(target)
     if any(r.name == name for r in tgt.patterns):
         raise RuleError(f"rule {target}.{name} is already registered; unregister it first")
-    rule = PatternRule(target, name, pattern, annotations, check, priority, next(_ORDER))
+    rule = PatternRule(tgt.name, name, pattern, annotations, check, priority, next(_ORDER))
     tgt.patterns.append(rule)
     return rule
 

@@ -1,8 +1,18 @@
-"""Offload targets (backends): a name, an optional guard for op rules, pattern rules, a codegen."""
+"""Offload backends (targets): what each can run, how it lowers, which options and variants it has.
+
+A :class:`Backend` is one object per offload target: its name (and aliases), its pattern rules, the
+guard of its op-attribute rules, its codegen, its lowering table and region-graph passes in run
+order, the options a partition may give it, and the implementation variants it can offer per op
+(what a tuner enumerates). The oneDNN backend (:mod:`byoc_hetero.backends.onednn`) is one instance,
+named ``onednn``; a user's backend is made the same way with :func:`register_target`.
+
+Nothing in the generic code names a particular backend: the stages ask :func:`default_target` for
+the backend used when none is given.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,58 +25,171 @@ if TYPE_CHECKING:  # only for annotations: patterns.py imports this module
     from .patterns import PatternRule
 
 
-@dataclass
-class Target:
-    """An offload target (a backend): its name and, optionally, what its codegen can lower.
+@dataclass(frozen=True)
+class Option:
+    """An option a backend accepts (``precision``, ``dim_ranges``, ...).
 
-    ``can_lower(call)`` returns None when the target's codegen can run a single call of that op,
-    or the reason it cannot; it guards op-attribute rules so that an op marked for a target whose
-    runtime has no kernel for it stays with TVM instead of failing at build time.
+    ``check(value)`` returns the value to hand the codegen (normalized) or raises
+    :class:`~byoc_hetero.RuleError` saying what was expected; ``default`` is what the backend does
+    when the option is not given (the stages leave a default out of the codegen's options).
+    """
+
+    name: str
+    doc: str
+    default: Any = None
+    check: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One implementation a backend can offer for an op (``conv2d``: ``direct``, ``winograd``, ...).
+
+    ``selected_by`` says how the variant is chosen today (an option value or an environment
+    variable of the runtime); ``applies`` says when it can run at all. A tuner enumerates
+    :meth:`Backend.variants_for` and times each.
+    """
+
+    op: str
+    name: str
+    doc: str
+    selected_by: str = ""
+    applies: str = "always"
+
+
+@dataclass
+class Backend:
+    """An offload target (a backend).
+
+    Parameters
+    ----------
+    name: composites are ``<name>.<rule>``, regions get ``Codegen=<name>``, PartitionGraph calls
+        ``relax.ext.<name>``.
+    can_lower: guard for op-attribute rules: ``can_lower(call)`` returns None when the codegen can
+        run a single call of that op, else the reason (the call then stays with TVM).
+    patterns: the pattern rules (filled by :func:`~byoc_hetero.register_pattern`).
+    aliases: other names accepted wherever a target name is (``target=``, rule targets, the op
+        attribute ``target.<alias>``, ``relax.ext.<alias>``, report keys).
+    options: the options a partition may pass (``bh.partition(..., options={...})``); any other
+        raises :class:`~byoc_hetero.RuleError` naming the option and the backend.
+    variants: the implementations per op (:class:`Variant`).
+    lowering: the backend's lowering table (for the oneDNN backend,
+        :class:`byoc_hetero.backends.onednn.table.LoweringTable`), None for a backend whose
+        codegen is a plain function.
+    region_passes: names of the region-graph passes, in run order (see :meth:`graph_passes`).
+    runtime_kind: the ``kind`` of the runtime modules its codegen makes; ``region_graph(module)``
+        reads one module's region document back (what reports and placement show), or None.
     """
 
     name: str
     can_lower: Callable[[relax.Call], str | None] | None = field(default=None, repr=False)
-    patterns: list["PatternRule"] = field(default_factory=list)
+    patterns: list["PatternRule"] = field(default_factory=list, repr=False)
+    aliases: tuple[str, ...] = ()
+    options: dict[str, Option] = field(default_factory=dict, repr=False)
+    variants: dict[str, tuple[Variant, ...]] = field(default_factory=dict, repr=False)
+    lowering: Any = field(default=None, repr=False)
+    region_passes: tuple[str, ...] = ()
+    runtime_kind: str | None = None
+    region_graph: Callable[[tvm.runtime.Module], dict | None] | None = field(default=None, repr=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The name and its aliases."""
+        return (self.name, *self.aliases)
+
+    def check_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``options`` validated and normalized for the codegen; RuleError for an unknown one."""
+        out = {}
+        for key, value in (options or {}).items():
+            opt = self.options.get(key)
+            if opt is None:
+                known = ", ".join(sorted(self.options)) or "none"
+                raise RuleError(f"backend {self.name!r} has no option {key!r} (its options: {known})")
+            out[key] = opt.check(value) if opt.check is not None else value
+        return out
+
+    def variants_for(self, op: str) -> tuple[Variant, ...]:
+        """The implementation variants the backend offers for ``op`` (short name, ``conv2d``)."""
+        return self.variants.get(op, ())
+
+    def graph_passes(self) -> list[tuple[str, Callable[[Any], None]]]:
+        """The region-graph passes of the lowering table as ``(name, fn)``, in run order.
+
+        The order is :attr:`region_passes`; a pass registered by an op module but not listed there
+        runs after them, in registration order (``tests/test_passes.py`` requires every pass to be
+        listed, so a new one gets its place on purpose).
+        """
+        if self.lowering is None:
+            return []
+        registered = dict(self.lowering.graph_passes_by_name())
+        missing = [n for n in self.region_passes if n not in registered]
+        if missing:
+            raise RuleError(f"backend {self.name!r} lists region passes no op module registers: {missing}")
+        listed = [(n, registered[n]) for n in self.region_passes]
+        return listed + [(n, f) for n, f in registered.items() if n not in self.region_passes]
 
 
-_TARGETS: dict[str, Target] = {}
+Target = Backend
+"""The earlier name of :class:`Backend`."""
+
+_TARGETS: dict[str, Backend] = {}
+_ALIASES: dict[str, str] = {}
+_DEFAULT: list[str] = []
 
 Codegen = Callable[[Any, Any, Any], list]
 """``codegen(funcs, options, constant_names) -> list[tvm.runtime.Module]`` (what RunCodegen calls)."""
+
+
+def canonical_name(name: str) -> str:
+    """The backend name ``name`` stands for (itself unless it is an alias)."""
+    return _ALIASES.get(name, name)
 
 
 def register_target(
     name: str,
     can_lower: Callable[[relax.Call], str | None] | None = None,
     codegen: str | Codegen | None = None,
-) -> Target:
-    """Declare an offload target. Registering an existing name returns it (updating what is given).
+    **fields: Any,
+) -> Backend:
+    """Declare an offload target (backend). Registering an existing name returns it, updating what
+    is given.
 
     Parameters
     ----------
-    name: the target (backend) name: composites are ``<name>.<rule>``, regions get
-        ``Codegen=<name>`` and PartitionGraph calls ``relax.ext.<name>``.
+    name: the target (backend) name (or an alias of a registered one).
     can_lower: optional guard for op-attribute rules (None = can run, else the reason).
     codegen: the codegen of the target's regions: a function ``(funcs, options, constant_names)
         -> list[Module]`` registered as ``relax.ext.<name>``, or the name of an existing target
-        whose codegen to reuse (e.g. ``"byoc_hetero"`` to run this target's regions on the oneDNN
+        whose codegen to reuse (e.g. ``"onednn"`` to run this target's regions on the oneDNN
         runtime too). Without one, PartitionGraph needs ``relax.ext.<name>`` registered elsewhere.
+    fields: further :class:`Backend` fields (``aliases``, ``options``, ``variants``, ``lowering``,
+        ``region_passes``, ``runtime_kind``, ``region_graph``).
     """
     if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
         raise RuleError(f"target name must be a non-empty identifier, got {name!r}")
+    unknown = set(fields) - set(Backend.__dataclass_fields__) - {"name", "patterns"}
+    if unknown:
+        raise RuleError(f"register_target({name!r}): unknown backend fields {sorted(unknown)}")
+    name = canonical_name(name)
     tgt = _TARGETS.get(name)
     if tgt is None:
-        tgt = _TARGETS[name] = Target(name, can_lower)
+        tgt = _TARGETS[name] = Backend(name, can_lower)
     elif can_lower is not None:
         tgt.can_lower = can_lower
+    for key, value in fields.items():
+        setattr(tgt, key, tuple(value) if key in ("aliases", "region_passes") else value)
+    for alias in tgt.aliases:
+        if alias in _TARGETS and alias != name:
+            raise RuleError(f"alias {alias!r} of backend {name!r} is a backend of its own")
+        _ALIASES[alias] = name
     if codegen is not None:
-        _register_codegen(name, codegen)
+        for each in tgt.names:
+            _register_codegen(each, codegen)
     return tgt
 
 
 def _register_codegen(name: str, codegen: str | Codegen) -> None:
     if isinstance(codegen, str):
-        if codegen == name:
+        if canonical_name(codegen) == canonical_name(name):
             raise RuleError(f"target {name!r} cannot reuse its own codegen")
         impl = tvm.get_global_func(f"relax.ext.{codegen}", allow_missing=True)
         if impl is None:
@@ -78,13 +201,34 @@ def _register_codegen(name: str, codegen: str | Codegen) -> None:
     tvm.register_global_func(f"relax.ext.{name}", impl, override=True)
 
 
-def get_target(name: str) -> Target:
-    """The registered target ``name``; RuleError listing the known targets otherwise."""
-    if name not in _TARGETS:
+def get_target(name: str) -> Backend:
+    """The registered target ``name`` (or alias); RuleError listing the known targets otherwise."""
+    tgt = _TARGETS.get(canonical_name(name))
+    if tgt is None:
         raise RuleError(f"unknown offload target {name!r}; registered targets: {sorted(_TARGETS)}")
-    return _TARGETS[name]
+    return tgt
+
+
+get_backend = get_target
 
 
 def targets() -> list[str]:
     """Names of the registered targets."""
     return sorted(_TARGETS)
+
+
+def set_default_target(name: str) -> None:
+    """Make ``name`` the target used when a stage is given none (the oneDNN backend does, at import)."""
+    _DEFAULT[:] = [get_target(name).name]
+
+
+def default_target() -> str:
+    """The target the stages use when given none."""
+    if not _DEFAULT:
+        raise RuleError("no default offload target is registered; pass target=")
+    return _DEFAULT[0]
+
+
+def backend_for_runtime(kind: str) -> Backend | None:
+    """The backend whose codegen makes runtime modules of ``kind``, else None."""
+    return next((b for b in _TARGETS.values() if b.runtime_kind == kind), None)

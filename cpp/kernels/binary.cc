@@ -320,6 +320,28 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
                                         std::move(host));
 }
 
-BYOC_HETERO_REGISTER_KERNEL("binary", BuildBinary);
+/*!
+ * \brief bf16 region: mul reads its operands bf16 when its output is stored bf16 (the product of
+ *        rounded operands, rounded again: a squeeze-excitation's channel scale before the projection
+ *        conv; relative errors add, no cancellation; stored bf16 as OpenVINO's bf16 EfficientNet
+ *        stores it: EfficientNet-B0 had 16 f32 -> bf16 reorders of the multiply's output per call,
+ *        and its depthwise outputs, pools and multiplies moved f32 bytes); max / min: exact.
+ *        add / sub / div stay f32 (rounding operands before a cancelling sum loses more than
+ *        rounding its result).
+ */
+static Bf16Read BinaryBf16Input(const NodeInfo& node, size_t /*k*/) {
+  auto alg = node.attrs.find("algorithm");
+  const std::string name =
+      alg != node.attrs.end() ? std::string(alg->second.as<tvm::ffi::String>().value_or("")) : "";
+  return name == "mul" || name == "max" || name == "min" ? Bf16Read::kLikeOutput : Bf16Read::kF32;
+}
+
+static KernelTraits BinaryTraits() {
+  KernelTraits traits;
+  traits.bf16_input = BinaryBf16Input;
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("binary", BuildBinary, BinaryTraits());
 
 }  // namespace byoc_hetero

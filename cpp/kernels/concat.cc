@@ -6,8 +6,10 @@
  * other dim; the output is plain.  The primitive copies each input once; it runs only where no
  * producer wrote its input in place: in a batch-1 tensor the planner lets the producer of an input
  * that only the concat reads write straight into its slice of the concat's buffer, and then
- * reorders the other inputs into their sub-memories itself (planner.cc, WriteIntoConcat).
+ * reorders the other inputs into their sub-memories itself (plan/concat_in_place.h); the planner
+ * knows this op joins its inputs from its traits (ConcatTraits).
  */
+#include <optional>
 #include <utility>
 
 #include "kernel.h"
@@ -52,6 +54,17 @@ static std::unique_ptr<Kernel> BuildConcat(const KernelContext& ctx) {
                                            std::move(inputs), OperandLayout{out, out});
 }
 
-BYOC_HETERO_REGISTER_KERNEL("concat", BuildConcat);
+/*! \brief The output is the inputs laid end to end along attr `axis` (in-place concat, planner). */
+static KernelTraits ConcatTraits() {
+  KernelTraits traits;
+  traits.joins_inputs_along = [](const NodeInfo& node) -> std::optional<int64_t> {
+    auto axis = node.attrs.find("axis");
+    if (axis == node.attrs.end()) return std::nullopt;
+    return axis->second.as<int64_t>();
+  };
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("concat", BuildConcat, ConcatTraits());
 
 }  // namespace byoc_hetero

@@ -21,10 +21,11 @@
 namespace byoc_hetero {
 
 /*!
- * \brief Whether node ctx's output is read only by one concat along the channels of a batch-1
- *        tensor (Inception branches, DenseNet's new features): then the planner can let the conv
- *        write its slice of the concat's buffer in place, if the conv writes a layout whose
- *        channel slices are contiguous (channel-blocked; oneDNN's own pick on AVX-512, NHWC, is not).
+ * \brief Whether node ctx's output is read only by one concat (an op joining its inputs,
+ *        KernelTraits::joins_inputs_along) along the channels of a batch-1 tensor (Inception
+ *        branches, DenseNet's new features): then the planner can let the conv write its slice of
+ *        the concat's buffer in place, if the conv writes a layout whose channel slices are
+ *        contiguous (channel-blocked; oneDNN's own pick on AVX-512, NHWC, is not).
  */
 static bool OutputFeedsOneChannelConcat(const KernelContext& ctx) {
   const RegionGraph& g = ctx.graph;
@@ -36,9 +37,7 @@ static bool OutputFeedsOneChannelConcat(const KernelContext& ctx) {
     for (int in : g.nodes[n].inputs) {
       if (in != t) continue;
       ++reads;
-      auto axis = g.nodes[n].attrs.find("axis");
-      concat = g.nodes[n].op == "concat" && axis != g.nodes[n].attrs.end() &&
-               axis->second.as<int64_t>().value_or(-1) == 1;
+      concat = FindKernelTraits(g.nodes[n].op).JoinAxis(g.nodes[n]).value_or(-1) == 1;
     }
   }
   return reads == 1 && concat;
@@ -243,6 +242,33 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
                           dst_dims, epilogue);
 }
 
-BYOC_HETERO_REGISTER_KERNEL("conv2d", BuildConv2D);
+/*! \brief Whether input k of \p node is its residual (its last input, a sum post-op). */
+static bool IsConvResidual(const NodeInfo& node, size_t k) {
+  if (k + 1 != node.inputs.size() || k < 2) return false;
+  auto it = node.attrs.find("residual");
+  if (it == node.attrs.end()) return false;
+  const tvm::ffi::Any& v = it->second;  // 0/1 or false/true, as AttrReader::Flag reads it
+  if (v.type_index() == tvm::ffi::TypeIndex::kTVMFFIBool) return v.cast<bool>();
+  return v.type_index() == tvm::ffi::TypeIndex::kTVMFFIInt && v.cast<int64_t>() == 1;
+}
+
+/*!
+ * \brief bf16 region: the data is rounded to bf16; the residual is stored bf16 when the output is
+ *        (a bf16 residual stream: the sum post-op adds the rounded residual to the f32
+ *        accumulator, then rounds once, as OpenVINO's bf16 ResNet does; the bound is
+ *        tests/test_bf16.py's); weights and bias stay f32 (constants, converted at __init_).
+ */
+static Bf16Read Conv2DBf16Input(const NodeInfo& node, size_t k) {
+  if (k == 0) return Bf16Read::kRounds;
+  return IsConvResidual(node, k) ? Bf16Read::kLikeOutput : Bf16Read::kF32;
+}
+
+static KernelTraits Conv2DTraits() {
+  KernelTraits traits;
+  traits.bf16_input = Conv2DBf16Input;
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("conv2d", BuildConv2D, Conv2DTraits());
 
 }  // namespace byoc_hetero

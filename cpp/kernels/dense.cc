@@ -75,6 +75,13 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
                           has_bias, dst_dims, epilogue);
 }
 
-BYOC_HETERO_REGISTER_KERNEL("dense", BuildDense);
+/*! \brief bf16 region: the data and a run-time weight are rounded to bf16; never the bias or a residual. */
+static KernelTraits DenseTraits() {
+  KernelTraits traits;
+  traits.bf16_input = [](const NodeInfo&, size_t k) { return k <= 1 ? Bf16Read::kRounds : Bf16Read::kF32; };
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("dense", BuildDense, DenseTraits());
 
 }  // namespace byoc_hetero

@@ -44,6 +44,17 @@ static std::unique_ptr<Kernel> BuildEltwise(const KernelContext& ctx) {
                                            std::move(output));
 }
 
-BYOC_HETERO_REGISTER_KERNEL("eltwise", BuildEltwise);
+/*!
+ * \brief bf16 region: the input is stored bf16 when the output is (a transformer MLP's gelu read by
+ *        the second dense): the rounding moves before the activation, as oneDNN 3.2 has no
+ *        f32 -> bf16 eltwise (BuildEltwise computes in the input's type).
+ */
+static KernelTraits EltwiseTraits() {
+  KernelTraits traits;
+  traits.bf16_input = Bf16ReadLikeOutput;
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("eltwise", BuildEltwise, EltwiseTraits());
 
 }  // namespace byoc_hetero

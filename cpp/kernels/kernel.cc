@@ -22,15 +22,21 @@ namespace byoc_hetero {
 // Registry
 
 namespace {
-/*! \brief op -> builder; filled by the registrars while the library loads, read-only afterwards. */
-std::map<std::string, KernelBuilder>& Registry() {
-  static std::map<std::string, KernelBuilder> registry;
+/*! \brief What an op registered: its kernel's builder and traits. */
+struct RegisteredKernel {
+  KernelBuilder builder;
+  KernelTraits traits;
+};
+
+/*! \brief op -> its kernel; filled by the registrars while the library loads, read-only afterwards. */
+std::map<std::string, RegisteredKernel>& Registry() {
+  static std::map<std::string, RegisteredKernel> registry;
   return registry;
 }
 }  // namespace
 
-KernelRegistrar::KernelRegistrar(const char* op, KernelBuilder builder) {
-  if (!Registry().emplace(op, builder).second) {
+KernelRegistrar::KernelRegistrar(const char* op, KernelBuilder builder, KernelTraits traits) {
+  if (!Registry().emplace(op, RegisteredKernel{builder, traits}).second) {
     std::fprintf(stderr, "byoc_hetero: two kernels registered for op '%s'\n", op);
     std::abort();
   }
@@ -38,8 +44,16 @@ KernelRegistrar::KernelRegistrar(const char* op, KernelBuilder builder) {
 
 KernelBuilder FindKernelBuilder(const std::string& op) {
   auto it = Registry().find(op);
-  return it == Registry().end() ? nullptr : it->second;
+  return it == Registry().end() ? nullptr : it->second.builder;
 }
+
+const KernelTraits& FindKernelTraits(const std::string& op) {
+  static const KernelTraits kNone;
+  auto it = Registry().find(op);
+  return it == Registry().end() ? kNone : it->second.traits;
+}
+
+Bf16Read Bf16ReadLikeOutput(const NodeInfo& /*node*/, size_t /*k*/) { return Bf16Read::kLikeOutput; }
 
 std::vector<std::string> SupportedOps() {
   std::vector<std::string> ops;
@@ -223,32 +237,16 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
 }
 
 namespace {
-/*! \brief Whether input k of \p node is the residual of a conv2d (its last input, a sum post-op). */
-bool IsConvResidual(const NodeInfo& node, size_t k) {
-  if (node.op != "conv2d" || k + 1 != node.inputs.size() || k < 2) return false;
-  auto it = node.attrs.find("residual");
-  if (it == node.attrs.end()) return false;
-  const tvm::ffi::Any& v = it->second;  // 0/1 or false/true, as AttrReader::Flag reads it
-  if (v.type_index() == tvm::ffi::TypeIndex::kTVMFFIBool) return v.cast<bool>();
-  return v.type_index() == tvm::ffi::TypeIndex::kTVMFFIInt && v.cast<int64_t>() == 1;
-}
-
 /*!
  * \brief Whether tensor t (written by node `producer`) is read only where a bf16 region rounds it
- *        to bf16 anyway, so that storing it rounded changes no number and saves the reorders:
- *        as the data of a conv2d, as either operand of a dense (data, run-time weight) or a
- *        matmul (a, b); or through a node whose output qualifies in turn: a reshape (the same
- *        bytes), a permute (a bf16 -> bf16 reorder), a max pool (a max of rounded values is the
- *        rounded max). Some readers change the numbers: the residual of a conv2d whose output qualifies (a bf16 residual stream: the
- *        sum post-op adds the rounded residual to the f32 accumulator, then rounds once, as
- *        OpenVINO's bf16 ResNet does; the bound is tests/test_bf16.py's); likewise an eltwise
- *        whose output qualifies (gelu before a dense: the rounding moves before the activation,
- *        as oneDNN 3.2 has no f32 -> bf16 eltwise); an average pool and a binary mul whose
- *        outputs qualify (a squeeze-excitation block: the depthwise conv's output is read by the
- *        global pool and by the channel multiply feeding the projection conv; stored bf16, as
- *        OpenVINO's bf16 EfficientNet stores it: EfficientNet-B0 had 16 f32 -> bf16 reorders of
- *        the multiply's output per call, and its depthwise outputs, pools and multiplies moved
- *        f32 bytes).
+ *        to bf16 anyway, so that storing it rounded saves the reorders: every reader's kernel
+ *        declares (KernelTraits::bf16_input) that it rounds that input to bf16 (kRounds: the data
+ *        of a conv2d, the operands of a dense or a matmul), or that it reads it like its own output
+ *        (kLikeOutput) and its output qualifies in turn.  Through a reshape (the same bytes), a
+ *        permute (a bf16 -> bf16 reorder) or a max pool (the max of rounded values is the rounded
+ *        max) no number changes; the other kLikeOutput readers round earlier than f32 would, each
+ *        for a reason and within a bound given where it declares the trait (conv2d.cc: the
+ *        residual stream; eltwise.cc, pool2d.cc, binary.cc: a squeeze-excitation block).
  */
 bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
   if (std::find(g.outputs.begin(), g.outputs.end(), t) != g.outputs.end()) return false;
@@ -257,27 +255,8 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
     const NodeInfo& node = g.nodes[n];
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (node.inputs[k] != t) continue;
-      bool ok = false;
-      if (node.op == "conv2d") {
-        ok = k == 0 || (IsConvResidual(node, k) && OnlyConvsRead(g, n, node.output));
-      } else if (node.op == "dense" || node.op == "matmul") {
-        ok = k <= 1;  // data / a and weight / b; never the bias or a residual
-      } else if (node.op == "reshape" || node.op == "permute" || node.op == "eltwise") {
-        ok = OnlyConvsRead(g, n, node.output);
-      } else if (node.op == "pool2d") {
-        // max: exact (the max of rounded values is the rounded max); average: the mean of rounded
-        // values, rounded again (a squeeze-excitation's global pool, EfficientNet's pooler)
-        ok = OnlyConvsRead(g, n, node.output);
-      } else if (node.op == "binary") {
-        // mul: the product of rounded operands, rounded again (a squeeze-excitation's channel
-        // scale before the projection conv: relative errors add, no cancellation); max / min:
-        // exact. add / sub / div stay f32 (rounding operands before a cancelling sum loses more
-        // than rounding its result)
-        auto alg = node.attrs.find("algorithm");
-        const std::string name =
-            alg != node.attrs.end() ? std::string(alg->second.as<tvm::ffi::String>().value_or("")) : "";
-        ok = (name == "mul" || name == "max" || name == "min") && OnlyConvsRead(g, n, node.output);
-      }
+      const Bf16Read how = FindKernelTraits(node.op).Bf16Input(node, k);
+      const bool ok = how == Bf16Read::kRounds || (how == Bf16Read::kLikeOutput && OnlyConvsRead(g, n, node.output));
       if (!ok) return false;
       read = true;
     }

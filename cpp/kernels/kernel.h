@@ -15,19 +15,33 @@
  * The planner owns all memory and all layout changes: it inserts the reorders view -> want
  * (once at __init_ for constants, per call for runtime values), keeps intermediates in the
  * producer's layout, and converts to plain only at the region boundary.  Bind() then maps the
- * planner's memory references onto the primitive's execution arguments.
+ * planner's memory references onto the primitive's execution arguments.  The planner's jobs live
+ * in cpp/plan/ (builder.h: slots, buffers, reorders; layouts.h: layout resolution;
+ * concat_in_place.h: producers writing into a concat's buffer; arena.h: arena placement) under
+ * the driver in planner.cc.
  *
- * Two special roles a kernel may declare:
- *   sum_input   a node input (the residual) that the primitive accumulates into its output with
- *               a sum post-op; the planner places that value in the output buffer before the
- *               primitive runs (in place when the residual dies there, else with one copy);
- *   alias_input the output is the same bytes as this input (reshape); no step runs.
+ * What a built kernel tells the planner about one node (members of Kernel):
+ *   sum_input    a node input (the residual) that the primitive accumulates into its output with
+ *                a sum post-op; the planner places that value in the output buffer before the
+ *                primitive runs (in place when the residual dies there, else with one copy);
+ *   alias_input  the output is the same bytes as this input (reshape); no step runs;
+ *   relabel_axes the output is the input's buffer under permuted axes (permute); no step runs.
+ *
+ * What an op's kernel can do, known before any kernel is built (KernelTraits, declared where the
+ * kernel registers; nothing outside the op's own file tests its name):
+ *   bf16_input          per input, how a bf16 region reads it (kF32 / kRounds / kLikeOutput):
+ *                       decides which values are stored bf16 (OutputOnlyFeedsBf16Convs);
+ *   joins_inputs_along  the output is the inputs laid end to end along an axis (concat): their
+ *                       producers may write into its buffer (plan/concat_in_place.h);
+ *   accepts_int8        reads quantized int8 / uint8 tensors (false everywhere for now).
+ * An op registered without traits gets the conservative defaults (f32 inputs, no joining, no int8).
  *
  * Adding an op: one file cpp/kernels/<op>.cc holding its builder and the line
- *   BYOC_HETERO_REGISTER_KERNEL("<op>", Build<Op>);
- * (CMakeLists.txt collects the files; _C.kernels() lists the op), and one row in
- * docs/region-format.md describing its inputs and attrs.  Attr names that are string enums shared
- * with Python (activations, algorithms) come from enums.h.
+ *   BYOC_HETERO_REGISTER_KERNEL("<op>", Build<Op>);            or, with traits,
+ *   BYOC_HETERO_REGISTER_KERNEL("<op>", Build<Op>, <Op>Traits());
+ * (CMakeLists.txt collects the files; _C.kernels() lists the op, _C.kernel_traits() its traits),
+ * and one row in docs/region-format.md describing its inputs and attrs.  Attr names that are
+ * string enums shared with Python (activations, algorithms) come from enums.h.
  */
 #ifndef BYOC_HETERO_KERNELS_KERNEL_H_
 #define BYOC_HETERO_KERNELS_KERNEL_H_
@@ -203,10 +217,10 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
 
 /*!
  * \brief In a bf16 region, whether node \p ctx's output may be stored as bf16: it is no region
- *        output and every node reading it rounds it to bf16 anyway (the data of a conv2d, the
- *        operands of a dense or a matmul; through a reshape, permute or max pool2d whose output qualifies
- *        in turn), so storing it rounded changes no result and saves the reorders; or it is the
- *        residual of a conv2d whose output qualifies (a bf16 residual stream). See kernel.cc.
+ *        output and every node reading it declares (KernelTraits::bf16_input) that it rounds it to
+ *        bf16 anyway (the data of a conv2d, the operands of a dense or a matmul) or reads it like
+ *        its own output, which qualifies in turn (a reshape, permute or pool2d; a conv2d's
+ *        residual: a bf16 residual stream).  See kernel.cc and the kernels' traits.
  */
 bool OutputOnlyFeedsBf16Convs(const KernelContext& ctx);
 /*! \brief \p plain as bf16 when OutputOnlyFeedsBf16Convs(ctx), else \p plain itself. */
@@ -324,6 +338,53 @@ class AliasKernel : public Kernel {
 
 using KernelBuilder = std::unique_ptr<Kernel> (*)(const KernelContext&);
 
+/*! \brief How a node reads one of its inputs in a bf16 region (KernelTraits::bf16_input). */
+enum class Bf16Read {
+  kF32,         // computes with the f32 value: it must stay f32 (the default)
+  kRounds,      // rounds it to bf16 anyway (a conv2d's data, a dense's or a matmul's operands)
+  kLikeOutput,  // reads it bf16 exactly when the node's own output is stored bf16 (a reshape, a max pool)
+};
+
+/*!
+ * \brief What an op's kernel can do, declared where it registers (BYOC_HETERO_REGISTER_KERNEL's
+ *        optional third argument), so that the planner and other kernels ask the op instead of
+ *        switching on op names.  The defaults are the conservative answers: an op registered
+ *        without traits keeps its inputs f32, joins nothing and reads no int8.
+ *
+ * Per-node facts that depend on a built kernel stay on Kernel (sum_input, alias_input,
+ * relabel_axes, each operand's view / want): these traits are what is known before any kernel of
+ * the region is built, from the node alone (op and attrs), which is when they are asked.
+ */
+struct KernelTraits {
+  /*!
+   * \brief Per node input, how a bf16 region reads it (Bf16Read); nullptr: kF32 for every input.
+   *        OutputOnlyFeedsBf16Convs asks it of every reader of a value to decide whether the
+   *        producer stores that value bf16; an op answering kLikeOutput for an input must then read
+   *        it bf16 (ctx.InputLayout) and write its output bf16 when OutputOnlyFeedsBf16Convs(ctx).
+   */
+  Bf16Read (*bf16_input)(const NodeInfo& node, size_t k) = nullptr;
+  /*!
+   * \brief The axis along which the node's output is its inputs laid end to end (a concat), or
+   *        nullopt; nullptr: never.  The planner then lets the producers of the inputs write their
+   *        slices of the output's buffer in place (plan/concat_in_place.h).
+   */
+  std::optional<int64_t> (*joins_inputs_along)(const NodeInfo& node) = nullptr;
+  /*! \brief The kernel reads quantized int8 / uint8 tensors (none does yet: the int8 kernels set it). */
+  bool accepts_int8 = false;
+
+  /*! \brief bf16_input(node, k), or kF32 when not declared. */
+  Bf16Read Bf16Input(const NodeInfo& node, size_t k) const {
+    return bf16_input != nullptr ? bf16_input(node, k) : Bf16Read::kF32;
+  }
+  /*! \brief joins_inputs_along(node), or nullopt when not declared. */
+  std::optional<int64_t> JoinAxis(const NodeInfo& node) const {
+    return joins_inputs_along != nullptr ? joins_inputs_along(node) : std::nullopt;
+  }
+};
+
+/*! \brief A KernelTraits::bf16_input: every input kLikeOutput (reshape, permute, eltwise, pool2d). */
+Bf16Read Bf16ReadLikeOutput(const NodeInfo& node, size_t k);
+
 /*!
  * \brief Registers a builder for an op when the library is loaded (use the macro below).  Two
  *        builders for one op abort at load: that is a build mistake, not a runtime condition.
@@ -333,18 +394,24 @@ using KernelBuilder = std::unique_ptr<Kernel> (*)(const KernelContext&);
  * every registrar; an archive would drop the files nothing else references.
  */
 struct KernelRegistrar {
-  KernelRegistrar(const char* op, KernelBuilder builder);
+  KernelRegistrar(const char* op, KernelBuilder builder, KernelTraits traits = KernelTraits());
 };
 
 #define BYOC_HETERO_KERNEL_CONCAT_(a, b) a##b
 #define BYOC_HETERO_KERNEL_CONCAT(a, b) BYOC_HETERO_KERNEL_CONCAT_(a, b)
-/*! \brief In a kernels/<op>.cc, at namespace scope: BYOC_HETERO_REGISTER_KERNEL("op", Build); */
-#define BYOC_HETERO_REGISTER_KERNEL(op, builder)                                                   \
+/*!
+ * \brief In a kernels/<op>.cc, at namespace scope: BYOC_HETERO_REGISTER_KERNEL("op", Build); or,
+ *        declaring what the kernel can do, BYOC_HETERO_REGISTER_KERNEL("op", Build, OpTraits());
+ *        with OpTraits() returning its KernelTraits.
+ */
+#define BYOC_HETERO_REGISTER_KERNEL(op, ...)                                                       \
   static const ::byoc_hetero::KernelRegistrar BYOC_HETERO_KERNEL_CONCAT(kernel_registrar_, __LINE__)( \
-      op, builder)
+      op, __VA_ARGS__)
 
 /*! \brief The builder for an op, or nullptr. */
 KernelBuilder FindKernelBuilder(const std::string& op);
+/*! \brief The traits an op's kernel declared (the defaults for an op without a kernel). */
+const KernelTraits& FindKernelTraits(const std::string& op);
 /*! \brief The ops this runtime can execute, sorted. */
 std::vector<std::string> SupportedOps();
 

@@ -278,6 +278,13 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
                                            std::move(output), sum_input);
 }
 
-BYOC_HETERO_REGISTER_KERNEL("matmul", BuildMatmul);
+/*! \brief bf16 region: a and b are rounded to bf16; never the bias or a residual. */
+static KernelTraits MatmulTraits() {
+  KernelTraits traits;
+  traits.bf16_input = [](const NodeInfo&, size_t k) { return k <= 1 ? Bf16Read::kRounds : Bf16Read::kF32; };
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("matmul", BuildMatmul, MatmulTraits());
 
 }  // namespace byoc_hetero

@@ -71,6 +71,13 @@ static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
   return std::make_unique<PermuteKernel>(ctx, std::move(pd), OperandLayout{view, src}, OperandLayout{out, dst}, axes);
 }
 
-BYOC_HETERO_REGISTER_KERNEL("permute", BuildPermute);
+/*! \brief bf16 region: a bf16 -> bf16 reorder when the output is stored bf16 (no number changes). */
+static KernelTraits PermuteTraits() {
+  KernelTraits traits;
+  traits.bf16_input = Bf16ReadLikeOutput;
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("permute", BuildPermute, PermuteTraits());
 
 }  // namespace byoc_hetero

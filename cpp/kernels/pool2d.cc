@@ -97,6 +97,17 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
                                            std::move(output));
 }
 
-BYOC_HETERO_REGISTER_KERNEL("pool2d", BuildPool2D);
+/*!
+ * \brief bf16 region: the input is stored bf16 when the output is.  max: exact (the max of rounded
+ *        values is the rounded max); average: the mean of rounded values, rounded again (a
+ *        squeeze-excitation's global pool, EfficientNet's pooler).
+ */
+static KernelTraits Pool2DTraits() {
+  KernelTraits traits;
+  traits.bf16_input = Bf16ReadLikeOutput;
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("pool2d", BuildPool2D, Pool2DTraits());
 
 }  // namespace byoc_hetero

@@ -26,6 +26,13 @@ static std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
                                        PlainDesc(memory::dims(out.begin(), out.end())));
 }
 
-BYOC_HETERO_REGISTER_KERNEL("reshape", BuildReshape);
+/*! \brief bf16 region: the same bytes, so bf16 exactly when the output is (the planner aliases them). */
+static KernelTraits ReshapeTraits() {
+  KernelTraits traits;
+  traits.bf16_input = Bf16ReadLikeOutput;
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("reshape", BuildReshape, ReshapeTraits());
 
 }  // namespace byoc_hetero

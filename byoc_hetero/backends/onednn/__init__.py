@@ -1,13 +1,19 @@
-"""The oneDNN backend: target ``byoc_hetero``, whose regions run in this package's C++ runtime.
+"""The oneDNN backend: backend ``onednn``, whose regions run in this package's C++ runtime.
 
 Naming contract (what tests, reports and placement rely on):
 
-* target ``byoc_hetero``; pattern-rule composites are ``byoc_hetero.<rule>`` (``conv2d_bias_relu``,
-  ``dense_flat_bias_relu``, ``max_pool2d``, ``softmax``, ``add_act``, ``activation``, ...);
-  op-rule composites ``byoc_hetero.op.<op>``;
-* regions carry ``Codegen="byoc_hetero"``; PartitionGraph calls ``relax.ext.byoc_hetero``
-  (:mod:`.codegen`), which writes each region as the graph of ``docs/region-format.md`` and
-  creates a runtime module of kind ``byoc_hetero`` from it.
+* backend ``onednn`` (alias ``byoc_hetero``, its earlier name, accepted wherever a target name is);
+  pattern-rule composites are ``onednn.<rule>`` (``conv2d_bias_relu``, ``dense_flat_bias_relu``,
+  ``max_pool2d``, ``softmax``, ``add_act``, ``activation``, ...); op-rule composites
+  ``onednn.op.<op>``;
+* regions carry ``Codegen="onednn"``; PartitionGraph calls ``relax.ext.onednn`` (also registered
+  as ``relax.ext.byoc_hetero``; :mod:`.codegen`), which writes each region as the graph of
+  ``docs/region-format.md`` and creates a runtime module of kind ``byoc_hetero`` from it.
+
+The backend object (:data:`BACKEND`, ``bh.rules.get_target("onednn")``) holds the rules, the
+lowering table (:data:`.table.TABLE`), the region-graph passes in run order
+(:data:`REGION_PASSES`), the options a partition may give (:data:`OPTIONS`) and the
+implementation variants per op (:data:`VARIANTS`).
 
 Layout: :mod:`.ops` holds one module per op family with its patterns, checks and lowering side by
 side (registered in :mod:`.table`); :mod:`.epilogue` the bias / batch norm / activation / residual
@@ -51,22 +57,93 @@ call stays with TVM.
 
 from __future__ import annotations
 
-from ...rules import register_pattern, register_target
+from typing import Any
+
+from ...errors import RuleError
+from ...rules import Option, Variant, register_pattern, register_target, set_default_target
 from . import codegen, ops
 from .ops.activation import ACTIVATIONS
-from .table import TARGET, can_lower, pattern_specs
+from .precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
+from .runtime import RUNTIME_KIND, region_graph
+from .table import ALIASES, TABLE, TARGET, can_lower
+
+REGION_PASSES: tuple[str, ...] = (
+    "fuse_matmul_epilogues",       # ops/attention.py: bias / scale / activation after a matmul
+    "fuse_eltwise_into_producer",  # epilogue.py: a lone eltwise becomes a post-op of its producer
+    "fold_views",                  # ops/layout.py: permutes / reshapes read as strided views
+    "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
+    "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
+    "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
+)
+"""The region-graph passes, in run order (each lowered region graph goes through them before it
+is serialized). This was the alphabetical import order of :mod:`.ops`; it is now stated here, and
+``tests/test_passes.py`` pins it."""
 
 
-def register() -> None:
-    """Register target ``byoc_hetero`` and its pattern rules (once per process; idempotent)."""
-    target = register_target(TARGET, can_lower)
-    if target.patterns:
-        return
-    for spec in pattern_specs():
+def _precision(value: Any) -> str:
+    precision = check_precision(str(value))
+    if precision != DEFAULT_PRECISION:
+        warn_if_fallback(precision)
+    return precision
+
+
+def _dim_ranges(value: Any) -> str:
+    if not isinstance(value, str):
+        raise RuleError(f"option dim_ranges of backend {TARGET!r} is a JSON string, got {type(value).__name__}")
+    return value
+
+
+OPTIONS = {
+    "precision": Option("precision", "compute precision of conv2d / dense / matmul: f32 or bf16 "
+                        "(bf16 falls back to f32, with a warning, where the CPU has no native bf16)",
+                        DEFAULT_PRECISION, _precision),
+    "dim_ranges": Option("dim_ranges", "declared ranges of the symbolic dims, JSON {symbol: [min, max]} "
+                         "(the stages fill it from the module's bounds)", None, _dim_ranges),
+}
+"""The options the oneDNN backend accepts (:meth:`byoc_hetero.rules.Backend.check_options`)."""
+
+_ALGO = "BYOC_HETERO_CONV_ALGO"
+VARIANTS = {
+    "conv2d": (
+        Variant("conv2d", "direct", "oneDNN's convolution primitive (its own algorithm choice)",
+                f"{_ALGO}=direct"),
+        Variant("conv2d", "winograd", "Winograd F(4x4, 3x3): batched GEMMs between input/output transforms",
+                f"{_ALGO}=winograd ('auto', the default, picks it where it pays off)",
+                "3x3, stride 1, no dilation, no groups, channels multiples of 16, constant weights"),
+        Variant("conv2d", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
+                "a CPU with native bf16 (avx512_core_bf16)"),
+    ),
+    "dense": (
+        Variant("dense", "f32", "oneDNN inner product / matmul in float32", "precision='f32'"),
+        Variant("dense", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
+                "a CPU with native bf16 (avx512_core_bf16)"),
+    ),
+    "matmul": (
+        Variant("matmul", "f32", "oneDNN matmul in float32", "precision='f32'"),
+        Variant("matmul", "bf16", "bf16 operands, f32 accumulation", "precision='bf16'",
+                "a CPU with native bf16 (avx512_core_bf16)"),
+    ),
+}
+"""The implementation variants the oneDNN backend offers per op (what a tuner enumerates)."""
+
+
+def register() -> Any:
+    """Register backend ``onednn`` and its pattern rules (once per process; idempotent)."""
+    backend = register_target(TARGET, can_lower, codegen.relax_ext_codegen, aliases=ALIASES,
+                              options=OPTIONS, variants=VARIANTS, lowering=TABLE,
+                              region_passes=REGION_PASSES, runtime_kind=RUNTIME_KIND,
+                              region_graph=region_graph)
+    set_default_target(TARGET)
+    if backend.patterns:
+        return backend
+    for spec in TABLE.pattern_specs():
         register_pattern(TARGET, spec.name, spec.pattern, spec.annotations, spec.check, spec.priority)
+    return backend
 
 
 ops.load()
-register()
+BACKEND = register()
+"""The oneDNN backend object."""
 
-__all__ = ["ACTIVATIONS", "TARGET", "can_lower", "codegen", "register"]
+__all__ = ["ACTIVATIONS", "BACKEND", "OPTIONS", "REGION_PASSES", "TARGET", "VARIANTS", "can_lower", "codegen",
+           "register"]

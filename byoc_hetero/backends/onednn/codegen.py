@@ -1,6 +1,7 @@
-"""The codegen entry of target ``byoc_hetero``: each region → one module of the C++ runtime.
+"""The codegen entry of backend ``onednn``: each region → one module of the C++ runtime.
 
-``RunCodegen`` calls the global ``relax.ext.byoc_hetero(funcs, options, constant_names)`` with the
+``RunCodegen`` calls the global ``relax.ext.onednn(funcs, options, constant_names)`` (also
+registered as ``relax.ext.byoc_hetero``, the backend's earlier name) with the
 outlined regions. Each is lowered (:mod:`.lowering`) to the JSON graph of ``docs/region-format.md``
 and handed to the runtime's ``byoc_hetero.runtime.create``. Constants bound inside a region become
 named constants: TVM's const loader gives them to the module once (``__init_<symbol>``), where the
@@ -12,11 +13,9 @@ from __future__ import annotations
 import json
 
 import tvm
-import tvm_ffi
 
 from .lowering import RegionGraph, lower_region
 from .precision import DEFAULT_PRECISION
-from .table import TARGET
 
 
 def create_module(graph: RegionGraph) -> tvm.runtime.Module:
@@ -24,11 +23,11 @@ def create_module(graph: RegionGraph) -> tvm.runtime.Module:
     return tvm.get_global_func("byoc_hetero.runtime.create")(graph.to_json())
 
 
-@tvm_ffi.register_global_func(f"relax.ext.{TARGET}", override=True)
 def relax_ext_codegen(funcs, options, constant_names):
-    """Entry point RunCodegen calls: one runtime module per region.
+    """Entry point RunCodegen calls: one runtime module per region (registered by the backend
+    object as ``relax.ext.onednn`` and ``relax.ext.byoc_hetero``).
 
-    ``options`` (RunCodegen's target options for ``byoc_hetero``) may hold ``precision``
+    ``options`` (RunCodegen's target options for ``onednn``, checked by the backend's options) may hold ``precision``
     (``"f32"`` | ``"bf16"``), written into every region graph, and ``dim_ranges`` (JSON: the
     declared range of each symbol), written into the regions that have those symbols.
     """

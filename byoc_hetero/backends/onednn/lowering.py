@@ -22,8 +22,9 @@ from tvm import relax
 from ..._relax import function_outputs, op_name, opaque_dims, shape_of, shape_symbols, short_op_name, tensor_dtype
 from ...errors import CodegenError
 from ...ranges import region_ranges
+from ...rules import get_target
 from .precision import DEFAULT_DTYPE, DEFAULT_PRECISION, check_precision
-from .table import TARGET, composite_lowering_for, graph_passes, lowering_for
+from .table import TARGET, composite_lowering_for, lowering_for
 
 FORMAT = "byoc_hetero.region"
 VERSION = 1
@@ -203,7 +204,7 @@ class RegionLowering:
         if expr in self.tid:
             return self.tid[expr]
         if isinstance(expr, relax.ShapeExpr):
-            # a reshape's target shape bound into the region (stages._close_shape_arguments):
+            # a reshape's target shape bound into the region (byoc_hetero.passes.close_shape_arguments):
             # like a shape parameter, the runtime evaluates the reshape's shape itself
             return SHAPE_ARG
         raise self.fail(f"value {expr} is used before it is defined")
@@ -229,7 +230,7 @@ class RegionLowering:
             if tid in self.graph.inputs or any(c["tensor"] == tid for c in self.graph.constants):
                 raise self.fail("a region output that is an input or constant is not supported")
             self.graph.outputs.append(tid)
-        for rewrite in graph_passes():
+        for _name, rewrite in get_target(TARGET).graph_passes():  # REGION_PASSES, in order
             rewrite(self.graph)
         self.bind_opaque_dims()
         return self.graph

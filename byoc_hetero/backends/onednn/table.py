@@ -11,7 +11,12 @@ patterns and checks:
   for patterns that are one kernel but several Relax ops none of which means much alone (a layer
   norm spelled out as mean / subtract / power / ... becomes one ``layer_norm`` node).
 
-The codegen dispatches on :func:`lowering_for`; nothing else lists ops.
+* ``@graph_pass`` registers a region-graph rewrite by its function name; the backend object lists
+  the names in run order (:data:`byoc_hetero.backends.onednn.REGION_PASSES`).
+
+All of it lives in one :class:`LoweringTable` (:data:`TABLE`), the backend object's ``lowering``;
+the module-level decorators are its methods. The codegen dispatches on :func:`lowering_for`;
+nothing else lists ops.
 """
 
 from __future__ import annotations
@@ -28,9 +33,13 @@ from ...rules import Check, Match
 if TYPE_CHECKING:
     from .lowering import RegionLowering
 
-TARGET = "byoc_hetero"
-"""The target name: composites ``byoc_hetero.<rule>``, regions ``Codegen="byoc_hetero"``,
-codegen ``relax.ext.byoc_hetero``."""
+TARGET = "onednn"
+"""The backend name: composites ``onednn.<rule>``, regions ``Codegen="onednn"``, codegen
+``relax.ext.onednn``."""
+
+ALIASES = ("byoc_hetero",)
+"""Earlier names of the backend, still accepted everywhere a target name is (and
+``relax.ext.byoc_hetero``, the op attribute ``target.byoc_hetero``)."""
 
 Lowering = Callable[["RegionLowering", relax.Var, relax.Call], Any]
 """``lower(ctx, var, call) -> tensor id`` (or a tuple of ids): emit the nodes of one call."""
@@ -39,10 +48,13 @@ CompositeLowering = Callable[["RegionLowering", relax.Function], Any]
 """``lower(ctx, composite) -> tensor id``: emit the nodes of a whole composite function (its
 parameters already have tensor ids)."""
 
+GraphPass = Callable[[Any], None]
+"""``rewrite(graph)``: changes a lowered region graph in place."""
+
 
 @dataclass(frozen=True)
 class PatternSpec:
-    """One pattern rule of the backend (registered as ``byoc_hetero.<name>``)."""
+    """One pattern rule of the backend (registered as ``onednn.<name>``)."""
 
     name: str
     pattern: DFPattern = field(repr=False)
@@ -51,73 +63,97 @@ class PatternSpec:
     priority: int = 0
 
 
-_LOWERINGS: dict[str, Lowering] = {}
-_SINGLE_CHECKS: dict[str, Check] = {}
-_PATTERN_SOURCES: list[Callable[[], Iterable[PatternSpec]]] = []
-_COMPOSITE_LOWERINGS: dict[str, CompositeLowering] = {}
-_GRAPH_PASSES: list[Callable[[Any], None]] = []
+class LoweringTable:
+    """What a region-graph backend knows per op: lowerings, single-call checks, pattern sources,
+    whole-composite lowerings and region-graph passes (by name; the backend orders them)."""
 
+    def __init__(self) -> None:
+        self.lowerings: dict[str, Lowering] = {}
+        self.single_checks: dict[str, Check] = {}
+        self.pattern_sources: list[Callable[[], Iterable[PatternSpec]]] = []
+        self.composite_lowerings: dict[str, CompositeLowering] = {}
+        self.passes: dict[str, GraphPass] = {}
 
-def lowers(*ops: str, check: Check | None = None) -> Callable[[Lowering], Lowering]:
-    """Decorator: ``fn`` lowers calls of ``ops``; ``check`` (if given) accepts a single call of them."""
+    def lowers(self, *ops: str, check: Check | None = None) -> Callable[[Lowering], Lowering]:
+        """Decorator: ``fn`` lowers calls of ``ops``; ``check`` (if given) accepts a single call."""
 
-    def decorate(fn: Lowering) -> Lowering:
-        for op in ops:
-            if op in _LOWERINGS:
-                raise ValueError(f"{op} already has a lowering ({_LOWERINGS[op].__module__})")
-            _LOWERINGS[op] = fn
-            if check is not None:
-                _SINGLE_CHECKS[op] = check
+        def decorate(fn: Lowering) -> Lowering:
+            for op in ops:
+                if op in self.lowerings:
+                    raise ValueError(f"{op} already has a lowering ({self.lowerings[op].__module__})")
+                self.lowerings[op] = fn
+                if check is not None:
+                    self.single_checks[op] = check
+            return fn
+
+        return decorate
+
+    def pattern_rules(self, source: Callable[[], Iterable[PatternSpec]]) -> Callable[[], Iterable[PatternSpec]]:
+        """Decorator: ``source()`` yields pattern rules of the backend (registered once, at import)."""
+        self.pattern_sources.append(source)
+        return source
+
+    def lowers_composite(self, *rules: str) -> Callable[[CompositeLowering], CompositeLowering]:
+        """Decorator: ``fn`` lowers whole composites of the pattern rules ``rules`` (names without
+        the target prefix) instead of their calls one by one."""
+
+        def decorate(fn: CompositeLowering) -> CompositeLowering:
+            for rule in rules:
+                if rule in self.composite_lowerings:
+                    raise ValueError(f"rule {rule} already has a composite lowering")
+                self.composite_lowerings[rule] = fn
+            return fn
+
+        return decorate
+
+    def graph_pass(self, fn: GraphPass) -> GraphPass:
+        """Decorator: ``fn(graph)`` rewrites every lowered region graph in place (e.g. folds
+        permutes into matmul operands) before it is serialized. It runs where the backend's
+        ``region_passes`` lists its name (the function's name)."""
+        name = fn.__name__
+        if name in self.passes and self.passes[name] is not fn:
+            raise ValueError(f"region pass {name} is already registered ({self.passes[name].__module__})")
+        self.passes[name] = fn
         return fn
 
-    return decorate
+    def graph_passes_by_name(self) -> list[tuple[str, GraphPass]]:
+        """The registered region-graph passes, in registration order."""
+        return list(self.passes.items())
+
+    def composite_lowering_for(self, composite: str) -> CompositeLowering | None:
+        """The lowering of a whole composite (``"<target>.<rule>"``), or None: lower its calls."""
+        return self.composite_lowerings.get(composite.partition(".")[2])
+
+    def lowering_for(self, op: str) -> Lowering | None:
+        """The lowering of ``op``, or None when the runtime has no kernel for it."""
+        return self.lowerings.get(op)
+
+    def pattern_specs(self) -> list[PatternSpec]:
+        """Every pattern rule the op families declare, in declaration order."""
+        return [spec for source in self.pattern_sources for spec in source()]
+
+    def can_lower(self, call: relax.Call) -> str | None:
+        """Whether the runtime has a kernel for this single call (guards op-attribute rules)."""
+        op = call.op.name
+        check = self.single_checks.get(op)
+        if check is None:
+            known = ", ".join(sorted(o.removeprefix("relax.") for o in self.single_checks))
+            return f"the {TARGET} runtime has no kernel for {op} (it runs {known})"
+        return check(Match(call, single_call_names(call)))
 
 
-def pattern_rules(source: Callable[[], Iterable[PatternSpec]]) -> Callable[[], Iterable[PatternSpec]]:
-    """Decorator: ``source()`` yields pattern rules of the backend (registered once, at import)."""
-    _PATTERN_SOURCES.append(source)
-    return source
+TABLE = LoweringTable()
+"""The oneDNN backend's table (``bh.rules.get_target("onednn").lowering``). The module-level
+decorators below fill it; op family modules use them as ``from ..table import lowers``."""
 
-
-def lowers_composite(*rules: str) -> Callable[[CompositeLowering], CompositeLowering]:
-    """Decorator: ``fn`` lowers whole composites of the pattern rules ``rules`` (names without
-    the target prefix) instead of their calls one by one."""
-
-    def decorate(fn: CompositeLowering) -> CompositeLowering:
-        for rule in rules:
-            if rule in _COMPOSITE_LOWERINGS:
-                raise ValueError(f"rule {rule} already has a composite lowering")
-            _COMPOSITE_LOWERINGS[rule] = fn
-        return fn
-
-    return decorate
-
-
-def composite_lowering_for(composite: str) -> CompositeLowering | None:
-    """The lowering of a whole composite (``"<target>.<rule>"``), or None: lower its calls."""
-    return _COMPOSITE_LOWERINGS.get(composite.partition(".")[2])
-
-
-def graph_pass(fn: Callable[[Any], None]) -> Callable[[Any], None]:
-    """Decorator: ``fn(graph)`` rewrites every lowered region graph in place (e.g. folds permutes
-    into matmul operands), in registration order, before it is serialized."""
-    _GRAPH_PASSES.append(fn)
-    return fn
-
-
-def graph_passes() -> list[Callable[[Any], None]]:
-    """The registered region-graph passes."""
-    return list(_GRAPH_PASSES)
-
-
-def lowering_for(op: str) -> Lowering | None:
-    """The lowering of ``op``, or None when the runtime has no kernel for it."""
-    return _LOWERINGS.get(op)
-
-
-def pattern_specs() -> list[PatternSpec]:
-    """Every pattern rule the op families declare, in declaration order."""
-    return [spec for source in _PATTERN_SOURCES for spec in source()]
+lowers = TABLE.lowers
+pattern_rules = TABLE.pattern_rules
+lowers_composite = TABLE.lowers_composite
+graph_pass = TABLE.graph_pass
+composite_lowering_for = TABLE.composite_lowering_for
+lowering_for = TABLE.lowering_for
+pattern_specs = TABLE.pattern_specs
+can_lower = TABLE.can_lower
 
 
 def single_call_names(call: relax.Call) -> dict[str, relax.Expr]:
@@ -129,12 +165,3 @@ def single_call_names(call: relax.Call) -> dict[str, relax.Expr]:
         names["weight"] = call.args[1]
     return names
 
-
-def can_lower(call: relax.Call) -> str | None:
-    """Whether the runtime has a kernel for this single call (guards op-attribute rules)."""
-    op = call.op.name
-    check = _SINGLE_CHECKS.get(op)
-    if check is None:
-        known = ", ".join(sorted(o.removeprefix("relax.") for o in _SINGLE_CHECKS))
-        return f"the byoc_hetero runtime has no kernel for {op} (it runs {known})"
-    return check(Match(call, single_call_names(call)))

@@ -38,7 +38,7 @@ def check_reshape(match: Match) -> str | None:
     With symbolic dims the sizes must be equal for every value of the symbols
     (``[N, S, 64] -> [N, S, 4, 16]``, ``[N * S, 64] -> [N, S, 64]``). A reshape to a symbolic
     shape is a composite like any other: the partition binds its target shape inside the composite
-    where the tensor's own dims define the symbols (``stages._close_shape_arguments``), and passes
+    where the tensor's own dims define the symbols (``byoc_hetero.passes.close_shape_arguments``), and passes
     it to the region as a shape argument otherwise (region format ``shape_args``).
     """
     call = match.expr("root")

@@ -1,0 +1,157 @@
+"""Every rewrite of the pipeline, one module each, listed here in the order they run.
+
+The pipeline, from a model file to the module ``relax.build`` takes:
+
+=====================  =======================================================================
+where                  passes, in run order
+=====================  =======================================================================
+``from_onnx``          :data:`ONNX_IMPORT` on the ONNX protobuf, before TVM's importer
+``from_torch``         :data:`TORCH_IMPORT` on the imported Relax module
+``partition``          :data:`BEFORE_STAGES` after the weights are bound
+MergeComposite         :data:`BEFORE_FUSION`, then FuseOpsByPattern over the pattern rules
+AnnotateTarget         FuseOpsByPattern over the op rules, then each composite marked with its
+                       backend
+MergeCompilerRegions   :data:`BEFORE_MERGE`, then MergeCompositeFunctions
+                       (:mod:`.merge_composite_functions`) with the cost gate (a refused region's
+                       composites go back through :mod:`.inline_composites` and the merge is
+                       redone), then :data:`AFTER_MERGE`
+PartitionGraph         RunCodegen: each backend lowers its regions; the oneDNN backend runs its
+                       region-graph passes (:meth:`byoc_hetero.rules.Backend.graph_passes`, in
+                       the order its ``region_passes`` lists)
+=====================  =======================================================================
+
+:func:`pipeline` returns the whole order as names (``tests/test_passes.py`` pins it). A new
+rewrite is a new module here with a docstring saying what it rewrites and why, and one entry in
+the list of its place; the stages (``byoc_hetero/stages.py``) run the lists and name no pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from .._relax import entry_functions
+from .close_shape_arguments import close_shape_arguments
+from .drop_needless_broadcasts import drop_needless_broadcasts
+from .explicit_same_pads import explicit_same_pads
+from .fold_int_constants import fold_int_constants
+from .fold_zero_pads import fold_zero_pads
+from .inbound_slices import inbound_slices
+from .inline_composites import inline_composites
+from .merge_composite_functions import merge_composite_functions
+from .shorten_region_names import MAX_REGION_NAME, shorten_region_names
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One rewrite of the pipeline: its name, what it works on, and the function.
+
+    ``level`` is ``"onnx"`` (an ``onnx.ModelProto`` in, one out) or ``"relax"`` (an IRModule in,
+    one out). ``run(x, **context)`` takes the context the caller has (``shape`` for the ONNX
+    passes) and ignores the rest.
+    """
+
+    name: str
+    level: str
+    fn: Callable[..., Any]
+
+    def run(self, x: Any, **context: Any) -> Any:
+        """Apply the pass."""
+        return self.fn(x, **context)
+
+    @property
+    def doc(self) -> str:
+        """The first line of the pass's docstring: what it rewrites."""
+        return (self.fn.__doc__ or "").strip().splitlines()[0]
+
+
+def _relax(fn: Callable[[tvm.IRModule], tvm.IRModule]) -> Callable[..., tvm.IRModule]:
+    def run(mod: tvm.IRModule, **_context: Any) -> tvm.IRModule:
+        return fn(mod)
+
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def canonicalize_bindings(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's CanonicalizeBindings: ``(a, b)[0]`` → ``a``, so values read only through a tuple
+    nobody else reads (the unused indices of PyTorch's max-pools) do not become region outputs."""
+    return relax.transform.CanonicalizeBindings()(mod)
+
+
+def dead_code_elimination(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's DeadCodeElimination over the entry functions: dead bindings would make regions
+    nobody calls (which RunCodegen never compiles)."""
+    return relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
+
+
+def close_region_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
+    """:func:`close_shape_arguments` for the regions MergeCompositeFunctions made: a shape the
+    region's tensor parameters define is bound inside, not passed at every call."""
+    return close_shape_arguments(mod, regions=True)
+
+
+ONNX_IMPORT: tuple[Pass, ...] = (
+    Pass("explicit_same_pads", "onnx", explicit_same_pads),
+    Pass("fold_zero_pads", "onnx", fold_zero_pads),
+)
+"""Edits of the ONNX protobuf before TVM imports it (``bh.from_onnx``)."""
+
+TORCH_IMPORT: tuple[Pass, ...] = (Pass("inbound_slices", "relax", _relax(inbound_slices)),)
+"""Rewrites of the module TVM's torch importer made (``bh.from_torch``)."""
+
+BEFORE_STAGES: tuple[Pass, ...] = (Pass("fold_int_constants", "relax", _relax(fold_int_constants)),)
+"""Run by ``bh.partition`` after binding the weights, before the four stages."""
+
+BEFORE_FUSION: tuple[Pass, ...] = (
+    Pass("drop_needless_broadcasts", "relax", _relax(drop_needless_broadcasts)),
+    Pass("canonicalize_bindings", "relax", _relax(canonicalize_bindings)),
+    Pass("dead_code_elimination", "relax", _relax(dead_code_elimination)),
+)
+"""MergeComposite, before FuseOpsByPattern groups the pattern rules' matches."""
+
+BEFORE_MERGE: tuple[Pass, ...] = (Pass("close_shape_arguments", "relax", _relax(close_shape_arguments)),)
+"""MergeCompilerRegions, before MergeCompositeFunctions: composites of both fusing stages."""
+
+AFTER_MERGE: tuple[Pass, ...] = (
+    Pass("close_region_shape_arguments", "relax", _relax(close_region_shape_arguments)),
+    Pass("shorten_region_names", "relax", _relax(shorten_region_names)),
+)
+"""MergeCompilerRegions, once the cost gate accepts every region."""
+
+
+def run_passes(passes: Sequence[Pass], x: Any, **context: Any) -> Any:
+    """Apply ``passes`` in order."""
+    for p in passes:
+        x = p.run(x, **context)
+    return x
+
+
+def pipeline(targets: Sequence[str] | None = None) -> list[str]:
+    """Every pass in run order, by name, for a partition to ``targets`` (default: the default
+    backend). The stages and the codegens' own steps are named in brackets; a backend's
+    region-graph passes are ``<backend>:<pass>``."""
+    from ..rules import default_target, get_target
+
+    names = [get_target(t).name for t in (targets or [default_target()])]
+    region = [f"{n}:{p}" for n in names for p, _ in get_target(n).graph_passes()]
+    return ([f"onnx:{p.name}" for p in ONNX_IMPORT] + [f"torch:{p.name}" for p in TORCH_IMPORT]
+            + [p.name for p in BEFORE_STAGES]
+            + ["[MergeComposite]", *(p.name for p in BEFORE_FUSION), "fuse_pattern_rules",
+               "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
+               "[MergeCompilerRegions]", *(p.name for p in BEFORE_MERGE), "merge_composite_functions",
+               "cost_gate", *(p.name for p in AFTER_MERGE),
+               "[PartitionGraph]", "run_codegen", *region, "insert_range_checks"])
+
+
+__all__ = [
+    "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT",
+    "TORCH_IMPORT", "Pass", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
+    "dead_code_elimination", "drop_needless_broadcasts", "explicit_same_pads", "fold_int_constants",
+    "fold_zero_pads", "inbound_slices", "inline_composites", "merge_composite_functions", "pipeline",
+    "run_passes", "shorten_region_names",
+]

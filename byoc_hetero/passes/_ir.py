@@ -1,0 +1,50 @@
+"""Helpers the Relax passes share: rewrite the bound calls of a function, keeping its variables."""
+
+from __future__ import annotations
+
+from tvm import relax
+
+
+def map_calls(func: relax.Function, change) -> relax.Function:
+    """``func`` with the value of each binding ``v = call`` replaced by ``change(v, call)`` where
+    that is not None (an expression the binding's variable can hold); the bindings keep their
+    variables, so nothing else in the function changes. ``func`` itself when nothing did."""
+    if not isinstance(func.body, relax.SeqExpr):
+        return func
+    blocks, changed = [], False
+    for block in func.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call):
+                new = change(b.var, b.value)
+                if new is not None:
+                    b = relax.VarBinding(b.var, new)
+                    changed = True
+            bindings.append(b)
+        blocks.append((relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock)(bindings))
+    if not changed:
+        return func
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs)
+
+
+def map_call_args(func: relax.Function, change) -> relax.Function:
+    """``func`` with each argument ``a`` of each bound call (and each field of a tuple argument)
+    replaced by ``change(a)`` where that is not None; the calls keep their types (:func:`map_calls`)."""
+    def arg(a):
+        new = change(a)
+        if new is not None:
+            return new
+        if isinstance(a, relax.Tuple):
+            fields = [arg(f) for f in a.fields]
+            if any(not n.same_as(f) for n, f in zip(fields, a.fields)):
+                return relax.Tuple(fields)
+        return a
+
+    def call(_var, value):
+        args = [arg(a) for a in value.args]
+        if all(n.same_as(a) for n, a in zip(args, value.args)):
+            return None
+        return relax.Call(value.op, args, value.attrs, value.ty_args, ret_ty=value.ty)
+
+    return map_calls(func, call)

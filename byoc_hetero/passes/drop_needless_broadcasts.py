@@ -1,0 +1,74 @@
+"""Pass ``drop_needless_broadcasts`` (Relax, before fusion): broadcasts that copy for nothing go."""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from .._relax import bound_values, entry_functions, op_name, updated
+from ._ir import map_calls
+
+
+def drop_needless_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
+    """Broadcasts that copy for nothing go: ``broadcast_to(x, s)`` where ``s`` is ``x``'s own shape
+    becomes ``x``.
+
+    torch.export writes one before each batched matmul operand (``expand``). With symbolic dims it
+    harms: as a composite of its own, FuseOpsByPattern passes ``s`` in as a parameter, and
+    broadcast_to's type inference gives the composite a result of unknown shape
+    (``R.Tensor(param_0)``, rank only); that result type refers to the composite's parameter,
+    which inlining the composite back into ``main`` (the cost gate) leaves undefined, and then
+    MergeCompositeFunctions fails ("memo_.count", torch.export's BERT-like model with a
+    dynamic batch and sequence length). The op copies nothing, so it is dropped before fusing.
+
+    Also ``matmul(a, broadcast_to(w, [B, K, N]))`` with a 2-D ``w`` and ``a`` of shape ``[B, M, K]``
+    becomes ``matmul(a, w)``: the same result (relax.matmul broadcasts), without repeating the weight
+    per batch (torch.export's Linear on the attention output of a transformers BertModel with a
+    dynamic batch: the broadcast stayed on llvm and split the model into regions).
+    """
+    def drop(_var, call):
+        if op_name(call) != "relax.broadcast_to":
+            return None
+        data, shape = call.args
+        before = getattr(data.ty, "shape", None)
+        if (isinstance(shape, relax.ShapeExpr) and isinstance(before, relax.ShapeExpr)
+                and isinstance(call.ty, relax.TensorType) and call.ty.dtype == data.ty.dtype
+                and tvm_ffi.structural_equal(before, shape)):
+            return data
+        return None
+
+    def unbroadcast_weight(values, call):
+        # matmul(a, broadcast_to(w, [*lead, K, N])) with a 2-D w and a of shape [*lead, M, K]:
+        # relax.matmul broadcasts w itself, so the result is the same without the copy (torch.export
+        # writes it for a Linear on a 3-D non-contiguous input, as bmm with an expanded weight)
+        if op_name(call) != "relax.matmul":
+            return None
+        lhs, rhs = call.args
+        bcast = values.get(rhs) if isinstance(rhs, relax.Var) else None
+        if not (isinstance(bcast, relax.Call) and op_name(bcast) == "relax.broadcast_to"):
+            return None
+        weight, target = bcast.args
+        w_shape, a_shape = getattr(weight.ty, "shape", None), getattr(lhs.ty, "shape", None)
+        if not (isinstance(target, relax.ShapeExpr) and isinstance(w_shape, relax.ShapeExpr)
+                and isinstance(a_shape, relax.ShapeExpr) and len(w_shape.values) == 2
+                and len(a_shape.values) == len(target.values) >= 3):
+            return None
+        same = tvm_ffi.structural_equal
+        if not (all(same(x, y) for x, y in zip(target.values[-2:], w_shape.values))
+                and all(same(x, y) for x, y in zip(target.values[:-2], a_shape.values[:-2]))):
+            return None
+        return relax.Call(call.op, [lhs, weight], call.attrs, call.ty_args, ret_ty=call.ty)
+
+    changes = {}
+    for name in entry_functions(mod):
+        values = bound_values(mod[name])
+
+        def change(var, call, values=values):
+            new = drop(var, call)
+            return new if new is not None else unbroadcast_weight(values, call)
+
+        func = map_calls(mod[name], change)
+        if not func.same_as(mod[name]):
+            changes[mod.get_global_var(name)] = func
+    return updated(mod, changes) if changes else mod

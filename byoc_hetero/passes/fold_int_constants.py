@@ -1,0 +1,163 @@
+"""Fold small integer / bool computations of constants and static shapes before partitioning.
+
+Exporters and frontends spell index and mask bookkeeping as int64 / bool op chains that depend only
+on constants and on static shapes: ``torch.onnx.export`` normalises ViT's class-token index
+``x[:, 0]`` as ``where(less(0, 0), add(0, take(shape_to_tensor(shape_of(x)), 1)), 0)``; TVM's torch
+frontend writes position ids and causal masks as ``arange``, ``expand_dims``, ``greater_equal``,
+``broadcast_to``, ``full``. None of it has a runtime kernel (the runtime computes float32), so it ran
+on llvm, and where it read a region's output (``shape_of``) it split the model into two regions.
+
+This pass evaluates such bindings with numpy, replaces their uses by constants and leaves the
+rest alone. It touches only bindings whose result is an integer or bool tensor (or a shape) of at
+most :data:`MAX_ELEMENTS` elements: weights are never folded (TVM's ``FoldConstant`` would also fold
+the transposes of every weight, measured 37 s on BERT-base, and change the layouts the rules see).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+MAX_ELEMENTS = 1 << 16
+"""The largest folded result (elements): masks of a few sequences, position ids."""
+
+_BINARY = {
+    "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
+    "relax.less": np.less, "relax.less_equal": np.less_equal, "relax.greater": np.greater,
+    "relax.greater_equal": np.greater_equal, "relax.equal": np.equal, "relax.not_equal": np.not_equal,
+    "relax.logical_and": np.logical_and, "relax.logical_or": np.logical_or,
+    "relax.bitwise_and": np.bitwise_and, "relax.bitwise_or": np.bitwise_or,
+}
+
+
+def _int(v) -> int | None:
+    value = getattr(v, "value", v)
+    value = getattr(value, "value", value)
+    return int(value) if isinstance(value, (int, np.integer)) else None
+
+
+def _ints(values) -> list[int] | None:
+    out = [_int(v) for v in values]
+    return None if any(v is None for v in out) else out
+
+
+class _Evaluator:
+    """Values of the bindings seen so far that are known (numpy arrays, or tuples for shapes)."""
+
+    def __init__(self):
+        self.known: dict[relax.Var, object] = {}
+
+    def value(self, expr):
+        if isinstance(expr, relax.Var):
+            return self.known.get(expr)
+        if isinstance(expr, relax.ShapeExpr):
+            dims = _ints(expr.values)
+            return tuple(dims) if dims is not None else None
+        if isinstance(expr, tvm.ir.GenericConst):
+            return expr.value.numpy()
+        if _int(expr) is not None and not isinstance(expr, relax.Var):
+            return _int(expr)  # a PrimValue (an IntImm here)
+        if isinstance(expr, tvm.ir.Constant) and hasattr(expr, "data"):
+            return expr.data.numpy()
+        return None
+
+    def call(self, call: relax.Call):  # noqa: C901 - one branch per op, each a line or two
+        op = call.op.name if isinstance(call.op, tvm.ir.Op) else None
+        if op is None:
+            return None
+        if op == "relax.shape_of":
+            shape = getattr(call.args[0].ty, "shape", None)
+            dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
+            return tuple(dims) if dims is not None else None
+        if op == "relax.arange":
+            bounds = [self.value(a) for a in call.args[:3]]
+            if any(not isinstance(b, int) for b in bounds):
+                return None
+            return np.arange(*bounds, dtype=str(call.attrs.dtype))
+        args = [self.value(a) for a in call.args]
+        if any(a is None for a in args):
+            return None
+        if op == "relax.shape_to_tensor":
+            return np.array(args[0], dtype="int64")
+        if op in _BINARY:
+            return _BINARY[op](np.asarray(args[0]), np.asarray(args[1]))
+        if op == "relax.logical_not":
+            return np.logical_not(args[0])
+        if op == "relax.where":
+            return np.where(args[0], args[1], args[2])
+        if op == "relax.astype":
+            return np.asarray(args[0]).astype(str(call.attrs.dtype))
+        if op == "relax.full":
+            return np.full(args[0], np.asarray(args[1]).reshape(()), dtype=str(call.attrs.dtype))
+        if op in ("relax.reshape", "relax.broadcast_to") and isinstance(args[1], tuple):
+            fn = np.reshape if op == "relax.reshape" else np.broadcast_to
+            return np.ascontiguousarray(fn(args[0], args[1]))
+        if op == "relax.expand_dims":
+            return np.expand_dims(args[0], tuple(int(a) for a in call.attrs.axis))
+        if op == "relax.take":
+            table, axis = np.asarray(args[0]), call.attrs.axis
+            axis = 0 if axis is None else int(axis)
+            mode = str(getattr(call.attrs, "mode", "fast"))
+            if mode == "fast" and (np.any(args[1] < 0) or np.any(args[1] >= table.shape[axis])):
+                return None  # out of range: leave it to the op's own checks
+            return np.take(table, args[1], axis=axis, mode="wrap" if mode == "wrap" else "clip")
+        return None
+
+
+def _foldable(var: relax.Var, value) -> bool:
+    if not isinstance(value, np.ndarray) or not isinstance(var.ty, relax.TensorType):
+        return False
+    dtype = str(var.ty.dtype)
+    if not (dtype.startswith(("int", "uint")) or dtype == "bool") or value.size > MAX_ELEMENTS:
+        return False
+    shape = getattr(var.ty, "shape", None)
+    dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
+    return dims is not None and tuple(dims) == value.shape
+
+
+@relax.expr_functor.mutator
+class _Substitute(relax.PyExprMutator):
+    def __init__(self, table: dict, mod=None):
+        super().__init__(mod)
+        self.table = table
+
+    def visit_var_(self, var):  # noqa: D102 - a use of a folded variable becomes its constant
+        return self.table.get(var, var)
+
+    def visit_dataflow_var_(self, var):  # noqa: D102 - likewise inside a dataflow block
+        return self.table.get(var, var)
+
+
+def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
+    """``mod`` with the integer / bool bindings of ``func`` that depend only on constants and static
+    shapes replaced by constants (then dead, and removed)."""
+    if func not in [gv.name_hint for gv in mod.get_global_vars()]:
+        return mod
+    fn = mod[func]
+    if not isinstance(fn, relax.Function) or not isinstance(fn.body, relax.SeqExpr):
+        return mod
+    ev = _Evaluator()
+    table: dict[relax.Var, relax.Expr] = {}
+    for block in fn.body.blocks:
+        for binding in block.bindings:
+            if not isinstance(getattr(binding, "value", None), relax.Call):
+                continue  # match_cast and the like
+            try:
+                value = ev.call(binding.value)
+            except (ValueError, TypeError, IndexError):
+                value = None  # numpy disagrees with the op's reading of its arguments: leave it
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                ev.known[binding.var] = value
+            elif _foldable(binding.var, np.asarray(value)):
+                value = np.asarray(value).astype(str(binding.var.ty.dtype))
+                ev.known[binding.var] = value
+                table[binding.var] = relax.const(value, str(binding.var.ty.dtype))
+    if not table:
+        return mod
+    new_fn = _Substitute(table, mod).visit_expr(fn)
+    mod = mod.clone()  # a pass does not change its input
+    mod[func] = new_fn
+    return relax.transform.DeadCodeElimination([func])(mod)

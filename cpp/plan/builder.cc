@@ -1,0 +1,109 @@
+/*!
+ * \file plan/builder.cc
+ * \brief PlanBuilder (see builder.h): slots, buffers, reorders and host copies.
+ */
+#include "builder.h"
+
+#include <tvm/ffi/error.h>
+
+#include <cstring>
+#include <utility>
+
+namespace byoc_hetero {
+namespace planning {
+
+int PlanBuilder::OwnSlot(bool at_init, const memory::desc& md, const std::string& key) {
+  if (at_init) {
+    for (size_t s = 0; s < plan_.slots.size(); ++s) {
+      const Slot& slot = plan_.slots[s];
+      if (slot.kind == SlotKind::kShared && plan_.shared[slot.index].key == key) return static_cast<int>(s);
+    }
+    plan_.shared.push_back({md.get_size(), key, node_where_});
+    return NewSlot(SlotKind::kShared, plan_.shared.size() - 1);
+  }
+  size_t numel = 1;
+  for (auto d : md.get_dims()) numel *= static_cast<size_t>(d);
+  plan_.privates.push_back({md.get_size(), md.get_size() != numel * memory::data_type_size(md.get_data_type())});
+  return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
+}
+
+std::string PlanBuilder::Key(int t, const memory::desc& view, const memory::desc& want,
+                             const std::string& transform) {
+  return "tensor " + std::to_string(t) + " " + DescribeDesc(view) + " -> " + DescribeDesc(want) +
+         (transform.empty() ? "" : " " + transform);
+}
+
+Step PlanBuilder::MakeReorder(const MemRef& src, const MemRef& dst, const std::string& label) {
+  const memory::data_type dt = src.md.get_data_type();
+  if (dt != memory::data_type::f32 && dt != memory::data_type::bf16) {
+    // int64 / int32 / bool bytes (f64 / s32 / u8 descriptors, PlainDescOf): oneDNN 3.2 has no
+    // reorder for f64 (an int64 constant failed to plan with "unimplemented"), and a value
+    // conversion is never wanted here: the bytes are copied as they are, on the host.
+    return MakeHostCopy(src, dst, label);
+  }
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  Step step;
+  step.label = label;
+  step.pd = GuardDnnl(label, "create a reorder", [&] {
+    return dnnl::reorder::primitive_desc(engine_, src.md, engine_, dst.md, attr);
+  });
+  step.args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+  return step;
+}
+
+Step PlanBuilder::MakeHostCopy(const MemRef& src, const MemRef& dst, const std::string& label) {
+  const memory::desc& s = src.md;
+  const memory::desc& d = dst.md;
+  if (s.get_data_type() != d.get_data_type() || s.get_dims() != d.get_dims() ||
+      s.get_format_kind() != memory::format_kind::blocked || d.get_format_kind() != memory::format_kind::blocked ||
+      s.get_inner_nblks() != 0 || d.get_inner_nblks() != 0) {
+    TVM_FFI_THROW(InternalError) << label << ": a copy of integer/bool bytes needs two plain strided "
+                                 << "descriptors of one type and shape, got " << DescribeDesc(s) << " -> "
+                                 << DescribeDesc(d);
+  }
+  const size_t esize = memory::data_type_size(s.get_data_type());
+  const memory::dims dims = s.get_dims();
+  const memory::dims ss = s.get_strides();
+  const memory::dims ds = d.get_strides();
+  const int64_t s_off = s.get_submemory_offset();
+  const int64_t d_off = d.get_submemory_offset();
+  int64_t numel = 1;
+  for (auto x : dims) numel *= x;
+  // Dense row-major on both sides: one memcpy.
+  bool dense = true;
+  int64_t expect = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    if (dims[i] != 1 && (ss[i] != expect || ds[i] != expect)) dense = false;
+    expect *= dims[i];
+  }
+  Step step;
+  step.label = label;
+  step.args = {{0, src}, {1, dst}};
+  step.host = [=](const std::vector<void*>& ptrs) {
+    const char* from = static_cast<const char*>(ptrs[0]) + s_off * esize;
+    char* to = static_cast<char*>(ptrs[1]) + d_off * esize;
+    if (numel == 0) return;
+    if (dense) {
+      std::memcpy(to, from, static_cast<size_t>(numel) * esize);
+      return;
+    }
+    std::vector<int64_t> idx(dims.size(), 0);
+    for (int64_t e = 0; e < numel; ++e) {
+      int64_t so = 0, dof = 0;
+      for (size_t i = 0; i < dims.size(); ++i) {
+        so += idx[i] * ss[i];
+        dof += idx[i] * ds[i];
+      }
+      std::memcpy(to + dof * esize, from + so * esize, esize);
+      for (size_t i = dims.size(); i-- > 0;) {
+        if (++idx[i] < dims[i]) break;
+        idx[i] = 0;
+      }
+    }
+  };
+  return step;
+}
+
+}  // namespace planning
+}  // namespace byoc_hetero

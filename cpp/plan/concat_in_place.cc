@@ -1,0 +1,150 @@
+/*!
+ * \file plan/concat_in_place.cc
+ * \brief ConcatInPlace (see concat_in_place.h).
+ */
+#include "concat_in_place.h"
+
+#include <string>
+#include <vector>
+
+namespace byoc_hetero {
+namespace planning {
+
+void ConcatInPlace::FindConcatSlices() {
+  std::vector<int> reads(g_.tensors.size(), 0);
+  for (const NodeInfo& node : g_.nodes) {
+    for (int t : node.inputs) ++reads[t];
+  }
+  for (size_t n = 0; n < g_.nodes.size(); ++n) {
+    const NodeInfo& node = g_.nodes[n];
+    if (values_[node.output].region_output) continue;
+    const std::optional<int64_t> axis = FindKernelTraits(node.op).JoinAxis(node);  // a concat's
+    const std::vector<int64_t>& out_shape = g_.tensors[node.output].shape;
+    const int64_t rank = static_cast<int64_t>(out_shape.size());
+    if (!axis || *axis < 0 || *axis >= rank || g_.tensors[node.output].dtype != DType::kFloat32) continue;
+    bool leading_ones = true;
+    for (int64_t d = 0; d < *axis; ++d) leading_ones = leading_ones && out_shape[d] == 1;
+    if (!leading_ones) continue;
+    int64_t offset = 0;
+    for (int t : node.inputs) {
+      const std::vector<int64_t>& shape = g_.tensors[t].shape;
+      if (static_cast<int64_t>(shape.size()) != rank) break;  // the kernel rejects it
+      if (g_.roles[t] == TensorRole::kNodeOutput && reads[t] == 1 && !values_[t].region_output) {
+        slice_targets_[t] = {n, offset};
+      }
+      offset += shape[*axis];
+    }
+    concat_axis_[n] = *axis;
+  }
+}
+
+std::optional<ConcatInPlace::SliceLayout> ConcatInPlace::SliceLayoutOf(const memory::desc& md, int64_t axis) {
+  if (md.get_data_type() != memory::data_type::f32 || md.get_format_kind() != memory::format_kind::blocked) {
+    return std::nullopt;
+  }
+  if (md == PlainDesc(md.get_dims())) return SliceLayout::kPlain;
+  if (axis != 1) return std::nullopt;  // channel blocks slice contiguously along the channels only
+  const std::optional<memory::format_tag> tag = ChannelBlockedTag(md);
+  if (!tag) return std::nullopt;
+  return *tag == memory::format_tag::aBcd8b ? SliceLayout::kBlocked8 : SliceLayout::kBlocked16;
+}
+
+memory::desc ConcatInPlace::SliceLayoutDesc(const memory::dims& dims, SliceLayout layout) {
+  switch (layout) {
+    case SliceLayout::kBlocked8:
+      return memory::desc(dims, memory::data_type::f32, memory::format_tag::aBcd8b);
+    case SliceLayout::kBlocked16:
+      return memory::desc(dims, memory::data_type::f32, memory::format_tag::aBcd16b);
+    default:
+      return PlainDesc(dims);
+  }
+}
+
+bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out) {
+  const int t = g_.nodes[n].output;
+  auto target = slice_targets_.find(t);
+  if (target == slice_targets_.end()) return false;
+  const size_t c = target->second.concat;
+  const int64_t axis = concat_axis_.at(c);
+  const std::optional<SliceLayout> kind = SliceLayoutOf(layout.want, axis);
+  if (!kind) return false;
+  const NodeInfo& concat = g_.nodes[c];
+  const std::vector<int64_t>& out_shape = g_.tensors[concat.output].shape;
+  const memory::dims out_dims(out_shape.begin(), out_shape.end());
+  const int64_t block = *kind == SliceLayout::kBlocked8 ? 8 : *kind == SliceLayout::kBlocked16 ? 16 : 1;
+  auto whole_blocks = [&](int64_t v) { return v % block == 0; };
+  if (!whole_blocks(target->second.offset) || !whole_blocks(g_.tensors[t].shape[axis])) return false;
+  auto found = concat_out_.find(c);
+  if (found == concat_out_.end()) {
+    // every input's run must be whole blocks too (the copied ones are written through
+    // sub-memories), and the buffer must have no padding
+    for (int in : concat.inputs) {
+      if (!whole_blocks(g_.tensors[in].shape[axis])) return false;
+    }
+    const memory::desc md = SliceLayoutDesc(out_dims, *kind);
+    if (md.get_size() != static_cast<size_t>(g_.tensors[concat.output].numel()) * sizeof(float)) return false;
+    found = concat_out_.emplace(c, ConcatBuffer{md, *kind, OwnSlot(false, md, "")}).first;
+  } else if (found->second.layout != *kind) {
+    return false;
+  }
+  int64_t inner = 1;  // elements per unit of the axis (the leading dims are 1)
+  for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
+  PrivateBuffer slice{layout.want.get_size(), false};
+  slice.parent = plan_.slots[found->second.slot].index;
+  slice.parent_offset = static_cast<size_t>(target->second.offset * inner) * sizeof(float);
+  plan_.privates.push_back(slice);
+  const int slot = NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
+  ValueState& v = values_[t];
+  v.is_const = false;
+  v.plain_md = layout.view;
+  v.storage_md = layout.want;
+  v.storage = slot;
+  v.plain = layout.want == layout.view ? slot : -1;
+  written_in_place_.insert(t);
+  *out = {layout.want, slot};
+  return true;
+}
+
+void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
+  const NodeInfo& node = g_.nodes[n];
+  const ConcatBuffer& buffer = concat_out_.at(n);
+  const int64_t axis = concat_axis_.at(n);
+  ValueState& v = values_[node.output];
+  v.is_const = false;
+  v.plain_md = kernel.output().view;
+  v.storage_md = buffer.md;
+  v.storage = buffer.slot;
+  v.plain = buffer.md == v.plain_md ? buffer.slot : -1;
+  std::string free_inputs, copied;
+  int64_t offset = 0;
+  for (size_t k = 0; k < node.inputs.size(); ++k) {
+    const int t = node.inputs[k];
+    const std::vector<int64_t>& shape = g_.tensors[t].shape;
+    const memory::dims dims(shape.begin(), shape.end());
+    if (written_in_place_.count(t) != 0) {
+      free_inputs += (free_inputs.empty() ? "" : ", ") + std::to_string(k);
+    } else {
+      memory::dims offsets(dims.size(), 0);
+      offsets[axis] = offset;
+      const MemRef dst{buffer.md.submemory_desc(dims, offsets), buffer.slot};
+      const ValueState& in = values_[t];
+      MemRef src;
+      if (!in.is_const && in.storage_md.get_dims() == dims) {
+        src = {in.storage_md, in.storage};  // straight from the producer's layout
+      } else {
+        const memory::desc plain = PlainDesc(dims);
+        src = Resolve(t, {plain, plain}, n, /*init_consumer=*/false);
+      }
+      AddReorder(false, src, dst, g_.where(n) + ": input " + std::to_string(k) + " (tensor " + std::to_string(t) +
+                                      ") copied into the output " + DescribeDesc(src.md) + " -> " +
+                                      DescribeDesc(dst.md));
+      copied += (copied.empty() ? "" : ", ") + std::to_string(k);
+    }
+    offset += shape[axis];
+  }
+  plan_.notes.push_back(g_.where(n) + ": output " + DescribeDesc(buffer.md) + "; inputs written in place by their producers: [" +
+                        free_inputs + "]; copied: [" + copied + "]");
+}
+
+}  // namespace planning
+}  // namespace byoc_hetero

@@ -1,0 +1,77 @@
+/*!
+ * \file plan/concat_in_place.h
+ * \brief Concat without copies: producers of a concat's inputs write their slices of the
+ *        concat's buffer in place; the plan notes which inputs were free and which were copied.
+ */
+#ifndef BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
+#define BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
+
+#include <map>
+#include <optional>
+#include <set>
+
+#include "layouts.h"
+
+namespace byoc_hetero {
+namespace planning {
+
+class ConcatInPlace : public LayoutResolver {
+ public:
+  using LayoutResolver::LayoutResolver;
+
+ protected:
+  /*! \brief A layout whose slices along one axis are contiguous runs of bytes. */
+  enum class SliceLayout { kPlain, kBlocked8, kBlocked16 };
+
+  /*! \brief A concat input its producer may write straight into the concat's buffer. */
+  struct SliceTarget {
+    size_t concat;      // the concat node
+    int64_t offset;     // where the input starts along the axis
+  };
+  /*! \brief The buffer of a concat some producer writes into (decided by the first such producer). */
+  struct ConcatBuffer {
+    memory::desc md;
+    SliceLayout layout;
+    int slot;
+  };
+
+  /*!
+   * \brief The concats (ops whose kernels declare KernelTraits::joins_inputs_along) whose inputs
+   *        may be written in place: every dim before the axis is 1 (so that in a plain or
+   *        channel-blocked layout each input is one contiguous run of the output's bytes) and the
+   *        output is no region output.  An input qualifies when it is
+   *        the output of a node, read by nothing else, and no region output; whether its producer
+   *        writes it in place is decided when the producer is planned (WriteIntoConcat).
+   */
+  void FindConcatSlices();
+
+  /*! \brief The SliceLayout \p md is in (f32, dims as they are), if any. */
+  static std::optional<SliceLayout> SliceLayoutOf(const memory::desc& md, int64_t axis);
+  static memory::desc SliceLayoutDesc(const memory::dims& dims, SliceLayout layout);
+
+  /*!
+   * \brief Node n's output is a concat input (FindConcatSlices) and the kernel writes it in a
+   *        layout whose slice of the concat's buffer is a contiguous run: give the kernel that
+   *        run (a slice buffer, PrivateBuffer::parent) as its output.  The first producer decides
+   *        the concat's buffer layout (its own); later ones must write the same.  In a
+   *        channel-blocked layout, the slice's offset and extent must be whole blocks.
+   */
+  bool WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out);
+
+  /*!
+   * \brief A concat some of whose producers wrote in place (WriteIntoConcat): the inputs they
+   *        did not write (read elsewhere too, region inputs, constants, another layout) are
+   *        reordered into their sub-memory of the buffer; the rest costs nothing.
+   */
+  void PlanConcat(size_t n, const Kernel& kernel);
+
+  std::map<int, SliceTarget> slice_targets_;     // tensor -> the concat it may be written into
+  std::map<size_t, int64_t> concat_axis_;        // concat node -> its axis (those considered)
+  std::map<size_t, ConcatBuffer> concat_out_;    // concat node -> its buffer, once a producer wrote into it
+  std::set<int> written_in_place_;               // tensors their producer wrote into a concat's buffer
+};
+
+}  // namespace planning
+}  // namespace byoc_hetero
+
+#endif  // BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_

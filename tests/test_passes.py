@@ -1,0 +1,288 @@
+"""The pipeline's passes, each on its own (small graphs, against an llvm-only build or exact IR
+expectations), the order they run in, and the backend object."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero import passes
+from byoc_hetero._relax import is_composite, op_calls, op_name
+from byoc_hetero.rules import get_target
+
+from byoc_hetero.timing import build, run
+
+
+def _module(params, body):
+    """``main(params)`` whose dataflow block is what ``body(bb, *params)`` emits (its last value returned)."""
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _ops(mod, func="main"):
+    return [op_name(c) for c in op_calls(mod[func])]
+
+
+# -- the order ----------------------------------------------------------------------------------------
+def test_pipeline_order_is_pinned():
+    """The whole order, by name: a pass added, removed or moved changes this list on purpose."""
+    assert passes.pipeline() == [
+        "onnx:explicit_same_pads", "onnx:fold_zero_pads", "torch:inbound_slices", "fold_int_constants",
+        "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
+        "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
+        "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
+        "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
+        "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fold_views",
+        "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads", "insert_range_checks",
+    ]
+
+
+def test_every_region_pass_has_its_place():
+    """A region-graph pass an op module registers must be listed in the backend's REGION_PASSES
+    (else it would run last, in import order: the order this replaced)."""
+    backend = get_target("onednn")
+    registered = [name for name, _ in backend.lowering.graph_passes_by_name()]
+    assert sorted(registered) == sorted(backend.region_passes)
+    assert [name for name, _ in backend.graph_passes()] == list(backend.region_passes)
+
+
+def test_every_pass_says_what_it_rewrites():
+    for group in (passes.ONNX_IMPORT, passes.TORCH_IMPORT, passes.BEFORE_STAGES, passes.BEFORE_FUSION,
+                  passes.BEFORE_MERGE, passes.AFTER_MERGE):
+        for p in group:
+            assert len(p.doc) > 20, p.name
+
+
+# -- Relax passes before fusion --------------------------------------------------------------------------
+def test_drop_needless_broadcasts():
+    """broadcast_to(x, x's own shape) goes; matmul(a, broadcast_to(w, [B, K, N])) reads w; the
+    results equal the original module's on llvm."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4)).astype("float32")
+    x = relax.Var("x", relax.TensorType([2, 3, 8], "float32"))
+
+    def body(bb, x):
+        same = bb.emit(relax.op.broadcast_to(x, relax.ShapeExpr([2, 3, 8])))
+        wide = bb.emit(relax.op.broadcast_to(relax.const(w), relax.ShapeExpr([2, 8, 4])))
+        return relax.op.matmul(same, wide)
+
+    mod = _module([x], body)
+    out = passes.drop_needless_broadcasts(mod)
+    assert "relax.broadcast_to" not in _ops(relax.transform.DeadCodeElimination(["main"])(out))
+    xv = rng.standard_normal((2, 3, 8)).astype("float32")
+    np.testing.assert_allclose(run(build(out), [xv]), xv @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(build(mod), [xv]), xv @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_int_constants():
+    """An int64 chain on constants (arange, add) becomes one constant; the float math stays."""
+    x = relax.Var("x", relax.TensorType([4], "float32"))
+
+    def body(bb, x):
+        idx = bb.emit(relax.op.add(relax.op.arange(0, 4, 1, dtype="int64"), relax.const(1, "int64")))
+        return relax.op.add(x, relax.op.astype(idx, "float32"))
+
+    mod = _module([x], body)
+    out = passes.fold_int_constants(mod)
+    assert "relax.arange" not in _ops(out) and "relax.add" in _ops(out)
+    xv = np.arange(4, dtype="float32")
+    np.testing.assert_allclose(run(build(out), [xv]), xv + np.arange(1, 5), rtol=0, atol=0)
+
+
+def test_inbound_slices():
+    """A slice of a (1, 512) table to S with S declared <= 512 is in bound: its shape is (1, S)."""
+
+    s = tvm.tirx.Var("S", "int64")
+    x = relax.Var("x", relax.TensorType([1, s], "float32"))
+    table = relax.const(np.arange(512, dtype="float32").reshape(1, 512))
+
+    def body(bb, x):
+        sl = bb.emit(relax.op.strided_slice(table, [1], [0], [s], [1]))
+        return relax.op.add(x, sl)
+
+    mod = _module([x], body)
+    mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {"S": 512})
+    out = passes.inbound_slices(mod)
+    (sl,) = [c for c in op_calls(out["main"]) if op_name(c) == "relax.strided_slice"]
+    assert bool(sl.attrs.assume_inbound)
+    assert "(1, S)" in str(out["main"].ret_ty) and "ndim=2" in str(mod["main"].ret_ty)  # unknown before
+    xv = np.ones((1, 7), "float32")
+    np.testing.assert_allclose(run(build(out), [xv]), 1 + np.arange(7, dtype="float32")[None])
+
+
+# -- ONNX protobuf passes -----------------------------------------------------------------------------
+def _onnx_conv(auto_pad=None, pad=False):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype("float32"), "w")
+    nodes, conv_in = [], "x"
+    if pad:
+        pads = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], "int64"), "pads")
+        nodes.append(helper.make_node("Pad", ["x", "pads"], ["xp"]))
+        conv_in = "xp"
+    attrs = {"auto_pad": auto_pad} if auto_pad else {}
+    nodes.append(helper.make_node("Conv", [conv_in, "w"], ["y"], **attrs))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [w] + ([pads] if pad else []))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _ort(model, x):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def test_explicit_same_pads():
+    model = _onnx_conv(auto_pad="SAME_UPPER")
+    out = passes.explicit_same_pads(model)
+    (conv,) = out.graph.node
+    attrs = {a.name: a for a in conv.attribute}
+    assert "auto_pad" not in attrs and list(attrs["pads"].ints) == [1, 1, 1, 1]
+    assert passes.explicit_same_pads(model, shape={"x": [1, 3, 8, 8]}) is model  # shapes overridden: left
+    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype("float32")
+    np.testing.assert_allclose(_ort(out, x), _ort(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_fold_zero_pads():
+    model = _onnx_conv(pad=True)
+    out = passes.fold_zero_pads(model)
+    assert [n.op_type for n in out.graph.node] == ["Conv"]
+    assert [n.op_type for n in model.graph.node] == ["Pad", "Conv"]  # the caller's model is unchanged
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype("float32")
+    np.testing.assert_allclose(_ort(out, x), _ort(model, x), rtol=1e-5, atol=1e-5)
+
+
+# -- Relax passes during merging ----------------------------------------------------------------------
+def _fused(mod):
+    for stage in bh.stages()[:2]:
+        mod = stage(mod)
+    return mod
+
+
+def _symbolic_dense_reshape():
+    n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
+    w = np.random.default_rng(4).standard_normal((64, 64)).astype("float32")
+    x = relax.Var("x", relax.TensorType([n, s, 64], "float32"))
+
+    def body(bb, x):
+        h = bb.emit(relax.op.matmul(x, relax.const(w)))
+        return relax.op.reshape(h, relax.ShapeExpr([n, s, 4, 16]))
+
+    return _module([x], body), w
+
+
+def test_close_shape_arguments():
+    """After fusing, the reshape's composite takes its target shape as a parameter; the pass binds
+    it inside (the tensor parameter defines n and s), so no composite has a shape parameter."""
+    mod, _ = _symbolic_dense_reshape()
+    fused = _fused(mod)
+
+    def shape_params(m):
+        return [p for f in m.functions.values() if is_composite(f) for p in f.params
+                if isinstance(p.ty, relax.ShapeType)]
+
+    assert shape_params(fused)
+    closed = passes.close_shape_arguments(fused)
+    assert not shape_params(closed)
+    assert passes.close_shape_arguments(closed) is closed  # nothing left to do: the module itself
+
+
+def test_inline_composites_gives_back_the_plain_ops():
+    """Every composite inlined: the module computes what the original did (llvm), with its ops."""
+    mod, w = _symbolic_dense_reshape()
+    fused = passes.close_shape_arguments(_fused(mod))
+    gated = {gv for gv, f in fused.functions_items() if is_composite(f)}
+    plain = passes.inline_composites(fused, gated)
+    assert not any(is_composite(f) for f in plain.functions.values())
+    assert sorted(_ops(plain)) == sorted(_ops(mod))
+    xv = np.random.default_rng(5).standard_normal((2, 3, 64)).astype("float32")
+    np.testing.assert_allclose(run(build(plain), [xv]), (xv @ w).reshape(2, 3, 4, 16), rtol=1e-5, atol=1e-5)
+
+
+def test_merge_then_after_merge_passes():
+    """merge_composite_functions makes one region of the dense and reshape; the region's shape
+    argument is closed and its name kept short."""
+    mod, _ = _symbolic_dense_reshape()
+    fused = passes.close_shape_arguments(_fused(mod))
+    merged = passes.merge_composite_functions(fused)
+    regions = {gv.name_hint: f for gv, f in merged.functions_items() if "Codegen" in (f.attrs or {})}
+    assert len(regions) == 1 and str(next(iter(regions.values())).attrs["Codegen"]) == "onednn"
+    after = passes.run_passes(passes.AFTER_MERGE, merged)
+    (region,) = [f for f in after.functions.values() if "Codegen" in (f.attrs or {})]
+    assert not [p for p in region.params if isinstance(p.ty, relax.ShapeType)]
+    assert all(len(gv.name_hint) <= passes.MAX_REGION_NAME for gv in after.get_global_vars())
+
+
+def test_cost_gate_names_the_composites_of_a_region_without_heavy_op():
+    from byoc_hetero.passes.cost_gate import gated_composites
+    from byoc_hetero.rules import DecisionLog
+
+    x = relax.Var("x", relax.TensorType([1, 4, 8, 8], "float32"))
+    mod = _module([x], lambda bb, x: relax.op.nn.max_pool2d(x, [2, 2], [2, 2]))
+    fused = _fused(mod)
+    merged = passes.merge_composite_functions(fused)
+    log = DecisionLog()
+    gated = gated_composites(fused, merged, 1, True, log)
+    assert gated == {gv for gv, f in fused.functions_items() if is_composite(f)} and gated
+    assert gated_composites(fused, merged, 1, False, DecisionLog()) == set()
+
+
+# -- the backend object ---------------------------------------------------------------------------------
+def test_backend_alias_and_options():
+    backend = get_target("byoc_hetero")
+    assert backend is get_target("onednn") and backend.name == "onednn"
+    assert {"precision", "dim_ranges"} <= set(backend.options)
+    with pytest.raises(bh.RuleError, match=r"backend 'onednn' has no option 'tile'"):
+        bh.stages(options={"onednn": {"tile": 4}})
+    with pytest.raises(bh.RuleError, match="precision must be one of"):
+        bh.stages(precision="fp16")
+    assert tvm.get_global_func("relax.ext.byoc_hetero") is not None
+    assert tvm.get_global_func("relax.ext.onednn") is not None
+
+
+def test_backend_variants_enumerate():
+    backend = get_target("onednn")
+    assert [v.name for v in backend.variants_for("conv2d")] == ["direct", "winograd", "bf16"]
+    assert [v.name for v in backend.variants_for("matmul")] == ["f32", "bf16"]
+    assert backend.variants_for("softmax") == ()
+
+
+def test_user_backend_options_and_precision(restore_rules):
+    """A user's backend declares its options like the oneDNN one; one without a precision option
+    is not given one, and a precision nobody takes is an error."""
+    from byoc_hetero.rules import Option
+
+    mine = bh.register_target("mynpu", codegen="onednn", options={"cores": Option("cores", "NPU cores", 1, int)})
+    assert mine.check_options({"cores": "2"}) == {"cores": 2}
+    with pytest.raises(bh.RuleError, match="backend 'mynpu' has no option 'precision'"):
+        mine.check_options({"precision": "bf16"})
+    with pytest.raises(bh.RuleError, match="none of the backends"):
+        bh.stages(target="mynpu", precision="bf16")
+    from byoc_hetero.stages import codegen_options
+
+    assert codegen_options(["mynpu", "onednn"], "bf16", {"mynpu": {"cores": 4}}) == {
+        "mynpu": {"cores": 4}, "onednn": {"precision": "bf16"}}
+
+
+def test_no_function_over_80_lines():
+    """House rule (issue 23): no Python function of byoc_hetero/ over 80 lines (tools/long_functions.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("long_functions", root / "tools" / "long_functions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.long_functions([root / "byoc_hetero"], 80) == []
+    assert module.long_functions([root / "byoc_hetero"], 40)  # it does find long ones
