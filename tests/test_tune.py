@@ -225,3 +225,40 @@ def test_time_call_measures_a_sleep():
     t = time_call(lambda: time.sleep(0.002), warmup=1, repeat=5)
     assert t.samples >= 4 and 0.0019 <= t.median_s < 0.05
     assert np.isfinite(t.spread)
+
+
+# ---- the algorithm level ---------------------------------------------------------------------
+
+def test_conv_sites_are_distinct_and_complete():
+    import byoc_hetero as bh
+    from byoc_hetero.tune.algorithms import ConvSite, conv_sites
+
+    mod, _ = bh.models.resnet18(image_size=32)
+    sites = conv_sites(mod)
+    assert len(sites) == len(set(sites)) == 11  # ResNet-18: 20 convolutions, 11 distinct
+    stem = sites[0]
+    assert stem == ConvSite((1, 3, 32, 32), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1)
+    assert stem.output_shape() == (1, 64, 16, 16)
+
+
+def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
+    from byoc_hetero.tune.algorithms import ConvSite, decisions_option, tune_conv_algorithms
+
+    wino = ConvSite((1, 16, 20, 20), (16, 16, 3, 3), padding=(1, 1, 1, 1))  # Winograd applies
+    strided = ConvSite((1, 16, 20, 20), (16, 16, 3, 3), strides=(2, 2), padding=(1, 1, 1, 1))
+    cache = TimingCache(tmp_path / "t.json", MACHINE)
+    d_wino, d_strided = tune_conv_algorithms([wino, strided], cache, repeat=5)
+    assert set(d_wino.timings) == {"direct", "winograd"} and not d_wino.cached
+    assert d_wino.chosen == min(d_wino.timings, key=lambda a: d_wino.timings[a].median_s)
+    assert d_wino.default == "winograd"  # 25 tiles: the thresholds pick Winograd
+    assert d_strided.timings == {} and d_strided.chosen == "direct" and "only algorithm" in d_strided.why()
+    assert len(cache) == 2
+    cache.save()
+    # a second tune reads the timings back and decides the same; a cached timing that says
+    # otherwise changes the decision (the cache is what is decided from)
+    again = TimingCache(tmp_path / "t.json", MACHINE)
+    slow = "winograd" if d_wino.chosen == "direct" else "direct"
+    again.put(wino.key(d_wino.chosen), Timing(1.0, 5))
+    (d2, _) = tune_conv_algorithms([wino, strided], again)
+    assert d2.cached and d2.chosen == slow and again.misses == 0
+    assert decisions_option([d2]) == {wino.key(): slow}
