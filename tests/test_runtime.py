@@ -1165,6 +1165,26 @@ def test_winograd_choice_follows_the_setting_and_the_shape(monkeypatch):
         conv_region(x.shape, w).module()
 
 
+def test_conv_algo_attribute_decides_per_node(monkeypatch):
+    """A node's `algo` (a tuner's measured decision) wins over the thresholds and the process-wide
+    setting; `auto` nodes follow the setting; both algorithms give the numpy result."""
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "auto")
+    small, big, w = rand(1, 16, 16, 16), rand(1, 16, 20, 20), rand(32, 16, 3, 3)
+    assert winograd_steps(conv_region(small.shape, w, algo="winograd").module())  # 16 tiles: forced
+    assert not winograd_steps(conv_region(big.shape, w, algo="direct").module())  # 25 tiles: refused
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "direct")
+    assert winograd_steps(conv_region(big.shape, w, algo="winograd").module())
+    assert not winograd_steps(conv_region(big.shape, w, algo="auto").module())
+    # where Winograd does not apply (stride 2), "winograd" runs the direct convolution
+    assert not winograd_steps(conv_region(big.shape, w, algo="winograd", strides=[2, 2]).module())
+    for algo in ("direct", "winograd"):
+        r = conv_region(small.shape, w, algo=algo)
+        (got,) = r.run(r.module(), small)
+        assert_close(got, conv2d_ref(small, w, padding=(1, 1, 1, 1)))
+    with pytest.raises(ValueError, match=r"attrs.algo': expected one of \"auto\", \"direct\", \"winograd\", got \"fft\""):
+        conv_region(small.shape, w, algo="fft").module()
+
+
 def test_winograd_not_chosen_when_its_tile_buffers_would_exceed_256_mib(monkeypatch):
     """512 -> 512 channels at 180x180: 2,025 tiles, 36 x 2,025 x 1,024 floats = 285 MiB of tiles."""
     monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "auto")

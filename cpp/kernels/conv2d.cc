@@ -100,6 +100,8 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   const Epilogue epilogue = ctx.ReadEpilogue(attrs);
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
+  // which algorithm: "auto" (the measured thresholds of winograd.cc), or a tuner's decision
+  const std::string algo = attrs.Choice("algo", {"auto", "direct", "winograd"}, "auto");
   attrs.CheckNoUnknown();
 
   for (int i = 0; i < 2; ++i) {
@@ -147,7 +149,7 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", {n, o, oh, ow});
 
   const ConvParams params{n,  c,  h,          wd,         o,      kh,      kw,       oh,
-                          ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue};
+                          ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue, algo};
   // bf16: the direct convolution reads bf16 data and weights (converted once at __init_) and
   // accumulates in f32; Winograd stays f32-only (its transforms would add bf16 rounding on top),
   // so bf16 regions use the direct convolution, which is also faster: the bf16 direct conv took

@@ -360,7 +360,8 @@ std::string EnvOr(const char* name, const char* fallback) {
 }  // namespace
 
 std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& p) {
-  const std::string algo = EnvOr("BYOC_HETERO_CONV_ALGO", "auto");
+  // a node's own algorithm (a tuner's measured decision) wins over the process-wide knob
+  const std::string algo = p.algo != "auto" ? p.algo : EnvOr("BYOC_HETERO_CONV_ALGO", "auto");
   if (algo == "direct") return nullptr;
   if (algo != "auto" && algo != "winograd") {
     ctx.Fail("BYOC_HETERO_CONV_ALGO must be auto, direct or winograd, got '" + algo + "'");

@@ -19,12 +19,15 @@ struct ConvParams {
   std::vector<int64_t> strides, dilation;
   bool has_bias;
   Epilogue epilogue;
+  std::string algo = "auto";  // the node's `algo` attribute: "auto", "direct" or "winograd"
 };
 
 /*!
  * \brief conv2d by Winograd F(4x4, 3x3) when it applies (3x3, stride 1, no dilation, no groups,
  *        channels in multiples of 16, weights known at __init_) and pays off; else nullptr.
- *        BYOC_HETERO_CONV_ALGO: "auto" (default), "direct" (never) or "winograd" (whenever it applies).
+ *        The node's `algo` ("direct": never; "winograd": whenever it applies) decides where it is
+ *        not "auto"; an "auto" node follows BYOC_HETERO_CONV_ALGO ("auto", the default: the
+ *        measured thresholds; "direct"; "winograd").
  */
 std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& params);
 

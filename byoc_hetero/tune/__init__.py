@@ -1,0 +1,33 @@
+"""Decisions from measurements (issue 26): the building blocks of the tuner.
+
+- :mod:`.cache`: the timing cache on disk, keyed by machine, library versions and the candidate's
+  signature; foreign, stale or corrupt files are ignored with a warning;
+- :mod:`.measure`: timing one candidate (warm-up, repeats, outliers dropped, median, spread);
+- :mod:`.solver`: one choice per region (device × codegen × precision × algorithm) minimising
+  time plus the copies the devices imply, within an error budget; exact, or the best so far when
+  the budget runs out.
+
+The driver that enumerates a model's candidates, measures them and applies the solution
+(``bh.tune``) is not written yet; these pieces are tested on their own (tests/test_tune.py).
+"""
+
+from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature
+from .measure import robust_timing, time_call
+from .solver import Choice, Problem, Region, Solution, linear_copy_cost, plan_cost, solve
+
+__all__ = [
+    "Choice",
+    "MachineKey",
+    "Problem",
+    "Region",
+    "Solution",
+    "Timing",
+    "TimingCache",
+    "TimingCacheWarning",
+    "linear_copy_cost",
+    "plan_cost",
+    "robust_timing",
+    "signature",
+    "solve",
+    "time_call",
+]

@@ -1,0 +1,169 @@
+"""The algorithm level: for each convolution, direct or Winograd, from timings taken on this machine.
+
+The runtime picks Winograd F(4x4, 3x3) by fixed thresholds (at least 25 output tiles, tile buffers
+under 256 MiB; ``cpp/kernels/winograd.cc``), measured once on one machine's benchmark layers. Here
+each distinct convolution of a model (its :class:`ConvSite`: shapes, strides, padding, dilation,
+groups) is built alone as a one-node region of the runtime with random weights of its real shape,
+once per algorithm, and timed (:func:`.measure.time_call`). The faster one is the decision; the
+decision is written into the convolution's region node as ``algo`` (docs/region-format.md), which
+wins over the thresholds. Sites where Winograd does not apply (not 3x3 stride 1, channels not in
+multiples of 16, ...) have one candidate and are not timed.
+
+Timings go through a :class:`.cache.TimingCache` under the site's signature and the algorithm, so
+a ResNet's repeated blocks are timed once, and a second tune of a model reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .._relax import op_name, static_shape, tensor_dtype
+from .cache import Timing, TimingCache, signature
+from .measure import time_call
+
+ALGORITHMS = ("direct", "winograd")
+
+
+@dataclass(frozen=True)
+class ConvSite:
+    """One distinct float32 NCHW/OIHW convolution (what its timing depends on)."""
+
+    data_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    strides: tuple[int, int] = (1, 1)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    def attrs(self) -> dict:
+        return {"strides": list(self.strides), "padding": list(self.padding),
+                "dilation": list(self.dilation), "groups": self.groups}
+
+    def key(self, algo: str = "") -> str:
+        """The timing-cache signature of this site run by ``algo`` ("" for the decision key)."""
+        return signature("conv2d", [self.data_shape, self.weight_shape], ["float32"], self.attrs(), algo)
+
+    def output_shape(self) -> tuple[int, int, int, int]:
+        n, _, h, w = self.data_shape
+        o, _, kh, kw = self.weight_shape
+        top, left, bottom, right = self.padding
+        oh = (h + top + bottom - ((kh - 1) * self.dilation[0] + 1)) // self.strides[0] + 1
+        ow = (w + left + right - ((kw - 1) * self.dilation[1] + 1)) // self.strides[1] + 1
+        return (n, o, oh, ow)
+
+    def __str__(self) -> str:
+        n, c, h, w = self.data_shape
+        o, _, kh, kw = self.weight_shape
+        return f"conv2d {c}->{o} {kh}x{kw} s{self.strides[0]} on {h}x{w} (batch {n})"
+
+
+def conv_sites(mod: tvm.IRModule) -> list[ConvSite]:
+    """The distinct static float32 NCHW/OIHW conv2d calls of every Relax function of ``mod``, in
+    the order first met."""
+    sites: dict[ConvSite, None] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and op_name(expr) == "relax.nn.conv2d":
+            a = expr.attrs
+            data, weight = (static_shape(arg) for arg in expr.args[:2])
+            if (data and weight and len(data) == 4 and str(a.data_layout) == "NCHW"
+                    and str(a.kernel_layout) == "OIHW" and tensor_dtype(expr.args[0]) == "float32"):
+                sites[ConvSite(data, weight, tuple(int(s) for s in a.strides),
+                               tuple(int(p) for p in a.padding), tuple(int(d) for d in a.dilation),
+                               int(a.groups))] = None
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return list(sites)
+
+
+def _region_doc(site: ConvSite, algo: str) -> str:
+    tensors = [{"shape": list(site.data_shape), "dtype": "float32"},
+               {"shape": list(site.weight_shape), "dtype": "float32"},
+               {"shape": list(site.output_shape()), "dtype": "float32"}]
+    node = {"op": "conv2d", "inputs": [0, 1], "output": 2, "attrs": dict(site.attrs(), algo=algo)}
+    return json.dumps({"format": "byoc_hetero.region", "version": 1, "symbol": "tune_conv",
+                       "tensors": tensors, "inputs": [0], "outputs": [2],
+                       "constants": [{"tensor": 1, "name": "tune_conv_w"}], "nodes": [node]})
+
+
+class _OneConv:
+    """A one-node region module running ``site`` with ``algo``, ready to call."""
+
+    def __init__(self, site: ConvSite, algo: str, seed: int = 0):
+        import byoc_hetero  # noqa: F401  (registers the runtime)
+
+        rng = np.random.default_rng(seed)
+        self.module = tvm.get_global_func("byoc_hetero.runtime.create")(_region_doc(site, algo))
+        w = (rng.standard_normal(site.weight_shape) * 0.1).astype("float32")
+        if self.module["__init_tune_conv"]([tvm.runtime.tensor(w)]) != 0:
+            raise RuntimeError(f"could not initialize the {algo} region of {site}")
+        self.args = [tvm.runtime.tensor(rng.standard_normal(site.data_shape).astype("float32")),
+                     tvm.runtime.tensor(np.zeros(site.output_shape(), "float32"))]
+        self.fn = self.module["tune_conv"]
+        self.winograd = any("winograd" in line for line in self.module["get_plan"]())
+
+    def __call__(self) -> None:
+        self.fn(*self.args)
+
+
+@dataclass
+class AlgorithmDecision:
+    """What was measured for one site and what won."""
+
+    site: ConvSite
+    timings: dict[str, Timing] = field(default_factory=dict)
+    chosen: str = "direct"
+    default: str = "direct"  # what the built-in thresholds pick
+    cached: bool = False
+
+    def why(self) -> str:
+        if len(self.timings) < 2:
+            return f"{self.chosen}: the only algorithm that applies"
+        parts = ", ".join(f"{a} {t.median_s * 1e6:.1f} µs" for a, t in sorted(self.timings.items()))
+        change = "" if self.chosen == self.default else f" (the thresholds pick {self.default})"
+        return f"{self.chosen} is fastest: {parts}{change}"
+
+
+def _measure(site: ConvSite, algo: str, cache: TimingCache, repeat: int) -> tuple[Timing, bool]:
+    key = site.key(algo)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit, True
+    timing = time_call(_OneConv(site, algo), warmup=3, repeat=repeat, min_total_s=0.05)
+    cache.put(key, timing)
+    return timing, False
+
+
+def tune_conv_algorithms(sites: Iterable[ConvSite], cache: TimingCache | None = None,
+                         repeat: int = 15) -> list[AlgorithmDecision]:
+    """Time each site's applicable algorithms (through ``cache``) and pick the fastest."""
+    cache = cache if cache is not None else TimingCache(None)
+    decisions = []
+    for site in sites:
+        d = AlgorithmDecision(site)
+        d.default = "winograd" if _OneConv(site, "auto").winograd else "direct"
+        if not _OneConv(site, "winograd").winograd:  # Winograd does not apply: nothing to time
+            d.chosen = "direct"
+            decisions.append(d)
+            continue
+        hits = []
+        for algo in ALGORITHMS:
+            d.timings[algo], hit = _measure(site, algo, cache, repeat)
+            hits.append(hit)
+        d.cached = all(hits)
+        d.chosen = min(d.timings, key=lambda a: d.timings[a].median_s)
+        decisions.append(d)
+    return decisions
+
+
+def decisions_option(decisions: Sequence[AlgorithmDecision]) -> dict[str, str]:
+    """The backend option that applies ``decisions``: site signature → algorithm."""
+    return {d.site.key(): d.chosen for d in decisions}

@@ -1,0 +1,180 @@
+"""A timing cache on disk, in the manner of TensorRT's: measured times keyed by what was measured.
+
+A tuner times many candidates (an op's implementation variants, a region's precisions, a region on
+each device, a copy of a tensor between two devices). The same candidate recurs within a model (a
+ResNet's repeated blocks) and across models, so each timing is stored under a *signature*: the op
+and its input shapes, dtypes and attributes plus the candidate's choice (see :func:`signature`).
+
+A timing is only as good as the machine it was taken on. The file therefore records a
+:class:`MachineKey` — CPU model and flags, oneDNN's version and ISA, TVM's and this package's
+versions, the GPU — and is used only where the key equals the current machine's:
+
+- a *foreign* file (another CPU, ISA or GPU) is ignored with a :class:`TimingCacheWarning`;
+- a *stale* file (same machine, other library versions) is ignored with a warning too: a new oneDNN
+  may pick other kernels, so its old timings would steer decisions wrongly;
+- a corrupt file (not JSON, wrong format name or version, malformed entries) is ignored with a
+  warning.
+
+Ignored files are never trusted in part. :meth:`TimingCache.save` replaces the file atomically (a
+temporary file renamed over it), so a tuner killed while saving leaves the old file intact. A file
+can be shipped with a model and replayed on the same kind of machine for the same decisions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+FORMAT = "byoc-hetero-timing-cache"
+VERSION = 1
+
+
+class TimingCacheWarning(UserWarning):
+    """A timing cache file was ignored (foreign machine, stale library versions, or corrupt)."""
+
+
+@dataclass(frozen=True)
+class MachineKey:
+    """What a timing depends on besides the candidate itself."""
+
+    cpu: str
+    cpu_flags: str  # a digest of the CPU flags: a KVM guest may hide AVX-512 on the same model name
+    isa: str  # oneDNN's effective ISA
+    onednn: str
+    tvm: str
+    byoc_hetero: str
+    gpu: str = ""
+
+    def machine_part(self) -> tuple[str, str, str, str]:
+        """The fields that name the hardware (differing: a *foreign* cache)."""
+        return (self.cpu, self.cpu_flags, self.isa, self.gpu)
+
+    @classmethod
+    def current(cls, gpu: str = "") -> "MachineKey":
+        """The key of this process's machine and libraries."""
+        import tvm
+
+        from .._native import _C
+
+        cpu, flags = platform.processor() or platform.machine(), ""
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("model name") and cpu in ("", platform.processor()):
+                        cpu = line.split(":", 1)[1].strip()
+                    elif line.startswith("flags") and not flags:
+                        flags = " ".join(sorted(line.split(":", 1)[1].split()))
+        except OSError:
+            pass
+        digest = hashlib.sha256(flags.encode()).hexdigest()[:16]
+        return cls(cpu=cpu, cpu_flags=digest, isa=_C.isa(), onednn=_C.onednn_version(),
+                   tvm=str(tvm.__version__), byoc_hetero=str(_C.__version__), gpu=gpu)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One measurement: the median of ``samples`` timed calls, and their spread (IQR / median)."""
+
+    median_s: float
+    samples: int
+    spread: float = 0.0
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> "Timing":
+        t = cls(float(obj["median_s"]), int(obj["samples"]), float(obj.get("spread", 0.0)))
+        if not (t.median_s >= 0.0 and t.samples >= 1 and t.spread >= 0.0):
+            raise ValueError(f"bad timing {dict(obj)}")
+        return t
+
+
+def signature(kind: str, shapes: Iterable[Iterable[int]] = (), dtypes: Iterable[str] = (),
+              attrs: Mapping | None = None, choice: str = "") -> str:
+    """The cache key of one candidate: ``kind`` (an op or ``"region"``/``"copy"``), the input
+    shapes and dtypes, attributes (any JSON-serializable mapping, keys sorted) and the choice
+    (e.g. ``"winograd"``, ``"bf16"``, ``"cuda:0"``). Equal candidates give equal keys whatever
+    model they came from."""
+    body = {"kind": kind, "shapes": [[int(d) for d in s] for s in shapes],
+            "dtypes": [str(d) for d in dtypes], "attrs": dict(attrs or {}), "choice": choice}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+
+
+class TimingCache:
+    """Timings on disk (``path``; None keeps them in memory only) for one :class:`MachineKey`."""
+
+    def __init__(self, path: str | os.PathLike | None = None, machine: MachineKey | None = None):
+        self.path = os.fspath(path) if path is not None else None
+        self.machine = machine if machine is not None else MachineKey.current()
+        self.entries: dict[str, Timing] = {}
+        self.hits = 0
+        self.misses = 0
+        self.ignored: str | None = None  # why a file on disk was not used
+        if self.path is not None and os.path.exists(self.path):
+            self._load()
+
+    def _ignore(self, why: str) -> None:
+        self.ignored = why
+        warnings.warn(f"timing cache {self.path} ignored: {why}", TimingCacheWarning, stacklevel=3)
+
+    def _load(self) -> None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            return self._ignore(f"not a readable JSON file ({type(err).__name__}: {err})")
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            return self._ignore(f"not a {FORMAT} file")
+        if doc.get("version") != VERSION:
+            return self._ignore(f"format version {doc.get('version')!r}, this reader takes {VERSION}")
+        try:
+            theirs = MachineKey(**doc["machine"])
+            entries = {str(k): Timing.from_json(v) for k, v in doc["entries"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            return self._ignore(f"malformed ({type(err).__name__}: {err})")
+        if theirs.machine_part() != self.machine.machine_part():
+            return self._ignore(f"foreign: measured on {theirs.cpu} / {theirs.isa} / gpu "
+                                f"{theirs.gpu or 'none'}, this is {self.machine.cpu} / "
+                                f"{self.machine.isa} / gpu {self.machine.gpu or 'none'}")
+        if theirs != self.machine:
+            return self._ignore(f"stale: libraries onednn {theirs.onednn}, tvm {theirs.tvm}, "
+                                f"byoc_hetero {theirs.byoc_hetero}; now onednn {self.machine.onednn}, "
+                                f"tvm {self.machine.tvm}, byoc_hetero {self.machine.byoc_hetero}")
+        self.entries = entries
+
+    def get(self, key: str) -> Timing | None:
+        """The stored timing of ``key`` (counted as a hit), or None (a miss)."""
+        found = self.entries.get(key)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+    def put(self, key: str, timing: Timing) -> None:
+        self.entries[key] = timing
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def save(self) -> None:
+        """Write the cache to ``path`` atomically (nothing to do without a path)."""
+        if self.path is None:
+            return
+        doc = {"format": FORMAT, "version": VERSION, "machine": asdict(self.machine),
+               "entries": {k: asdict(v) for k, v in sorted(self.entries.items())}}
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".timing-", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise

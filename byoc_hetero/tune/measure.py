@@ -1,0 +1,47 @@
+"""Timing one candidate: warm-up, repeats, outliers dropped, the median.
+
+On a shared machine single calls are disturbed by other work (on this project's 2-core machines a
+preempted call reads 2-10x its time). The median of the calls that remain after dropping those
+beyond 1.5 interquartile ranges of the quartiles is what the tuner compares; the relative spread
+(IQR / median) goes into the cache and the report so that a decision between two candidates
+closer than their spread can be called a tie.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .cache import Timing
+
+
+def robust_timing(samples_s: list[float]) -> Timing:
+    """The :class:`Timing` of raw call times: median after dropping outliers, and the spread."""
+    if not samples_s:
+        raise ValueError("no samples to summarise")
+    arr = np.asarray(samples_s, dtype="float64")
+    q1, q3 = np.percentile(arr, [25, 75])
+    iqr = q3 - q1
+    kept = arr[(arr >= q1 - 1.5 * iqr) & (arr <= q3 + 1.5 * iqr)]
+    median = float(np.median(kept))
+    spread = float(iqr / median) if median > 0 else 0.0
+    return Timing(median_s=median, samples=int(kept.size), spread=spread)
+
+
+def time_call(fn: Callable[[], object], warmup: int = 2, repeat: int = 15,
+              min_total_s: float = 0.0, max_repeat: int = 1000) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then at least ``repeat`` timed ones (more, up to
+    ``max_repeat``, until ``min_total_s`` has been spent), summarised by :func:`robust_timing`."""
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    spent = 0.0
+    while len(samples) < repeat or (spent < min_total_s and len(samples) < max_repeat):
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        samples.append(dt)
+        spent += dt
+    return robust_timing(samples)
