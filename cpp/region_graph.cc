@@ -340,14 +340,15 @@ void ReadTensors(ObjectReader& doc, int64_t version, RegionGraph& g) {
     if (t.Has("dtype")) {
       const std::string dtype = t.Str("dtype");
       bool known = false;
-      for (DType d : {DType::kFloat32, DType::kInt64, DType::kInt32, DType::kBool}) {
+      for (DType d : kAllDTypes) {
         if (dtype == DTypeName(d)) {
           info.dtype = d;
           known = true;
         }
       }
       if (!known) {
-        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\" or \"bool\", got \"" + dtype + "\"");
+        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\", \"bool\", \"uint8\" or \"int8\", got \"" +
+                             dtype + "\"");
       }
     }
     t.CheckNoUnknown();
@@ -624,6 +625,10 @@ const char* DTypeName(DType dtype) {
       return "int32";
     case DType::kBool:
       return "bool";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt8:
+      return "int8";
     default:
       return "float32";
   }
@@ -634,6 +639,8 @@ size_t DTypeSize(DType dtype) {
     case DType::kInt64:
       return 8;
     case DType::kBool:
+    case DType::kUInt8:
+    case DType::kInt8:
       return 1;
     default:
       return 4;

@@ -48,11 +48,18 @@ struct DimExpr {
 /*!
  * \brief The element types a tensor may have (field "dtype", default "float32").  Everything but
  *        float32 is plain memory that only host kernels read or write (take's indices, masks,
- *        casts); bool is one byte per element (0 or 1), as in DLPack.
+ *        casts); bool is one byte per element (0 or 1), as in DLPack.  uint8 / int8 are quantized
+ *        values: written by quantize, read by dequantize and by the int8 anchors (conv2d, dense),
+ *        pooling and the layout ops (docs/int8.md).
  */
-enum class DType { kFloat32, kInt64, kInt32, kBool };
+enum class DType { kFloat32, kInt64, kInt32, kBool, kUInt8, kInt8 };
+/*! \brief Every dtype, in enum order (what the parser and the calling convention accept). */
+inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kInt64, DType::kInt32,
+                                       DType::kBool,    DType::kUInt8, DType::kInt8};
+/*! \brief Whether \p dtype is a quantized 8-bit type (uint8 / int8). */
+inline bool IsInt8(DType dtype) { return dtype == DType::kUInt8 || dtype == DType::kInt8; }
 
-/*! \brief "float32", "int64", "int32", "bool". */
+/*! \brief "float32", "int64", "int32", "bool", "uint8", "int8". */
 const char* DTypeName(DType dtype);
 /*! \brief Bytes per element. */
 size_t DTypeSize(DType dtype);

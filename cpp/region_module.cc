@@ -82,7 +82,7 @@ void* CheckTensor(const DLTensor& t, const TensorInfo& info, bool check_shape, c
   // The region's dtypes as DLPack types, parsed once (not per call).
   static const std::vector<DLDataType> kDLTypes = [] {
     std::vector<DLDataType> types;
-    for (DType d : {DType::kFloat32, DType::kInt64, DType::kInt32, DType::kBool}) {
+    for (DType d : kAllDTypes) {
       types.push_back(ffi::StringToDLDataType(DTypeName(d)));
     }
     return types;

@@ -51,6 +51,9 @@ static std::unique_ptr<Kernel> BuildCast(const KernelContext& ctx) {
     ctx.Fail(std::string("float32 -> ") + DTypeName(to) +
              " is not run (out-of-range values have no defined result)");
   }
+  if (IsInt8(to)) {
+    ctx.Fail(std::string("a cast to ") + DTypeName(to) + " is not run (8-bit values come from quantize)");
+  }
   const int64_t n = ctx.input(0).numel();
   HostFn fn = VisitDType(from, [&](auto from_type) { return CastFrom<decltype(from_type)>(to, n); });
   return std::make_unique<HostKernel>(ctx.where(), "cast", std::move(fn),

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "int8.h"
 #include "kernel.h"
 #include "winograd.h"
 
@@ -91,6 +92,30 @@ static bool OutputOnlyReadByPointwiseOrDepthwise(const KernelContext& ctx) {
   return read;
 }
 
+/*!
+ * \brief An int8 conv2d (int8.h): u8/s8 data, s8 OIHW weights (reordered once at __init_), f32
+ *        bias, the activation as a post-op in f32, the output requantized to u8/s8 (or f32).
+ *        oneDNN picks the layouts (NHWC on AVX-512 VNNI/AMX); its readers run in that layout.
+ */
+static std::unique_ptr<Kernel> BuildInt8Conv2D(const KernelContext& ctx, const ConvParams& p,
+                                                const std::vector<int64_t>& padding, const Int8Params& q) {
+  if (p.epilogue.residual) ctx.Fail("an int8 conv2d does not take a residual (the add runs after requantizing)");
+  const memory::data_type src_t = DnnlType(ctx.input(0).dtype), dst_t = DnnlType(ctx.output().dtype);
+  const memory::dims src_dims{p.n, p.c, p.h, p.w}, dst_dims{p.n, p.k, p.oh, p.ow}, bias_dims{p.k};
+  memory::dims wei_dims{p.k, p.c / p.groups, p.kh, p.kw};
+  if (p.groups > 1) wei_dims = {p.groups, p.k / p.groups, p.c / p.groups, p.kh, p.kw};
+  dnnl::primitive_attr attr = ctx.MakeAttr(p.epilogue);
+  SetInt8Attrs(&attr, q, p.groups > 1 ? 3 : 1);  // per output channel: dims 0 (OIHW) or 0-1 (GOIHW)
+  dnnl::convolution_forward::primitive_desc pd(
+      ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, AnyDesc(src_dims, src_t),
+      AnyDesc(wei_dims, memory::data_type::s8), p.has_bias ? AnyDesc(bias_dims) : memory::desc(),
+      AnyDesc(dst_dims, dst_t), {p.strides[0], p.strides[1]}, {p.dilation[0] - 1, p.dilation[1] - 1},
+      {padding[0], padding[1]}, {padding[2], padding[3]}, attr);
+  return MakeInt8AnchorKernel(ctx, "conv2d", std::move(pd), WithType(PlainDesc(src_dims), src_t),
+                              WithType(PlainDesc(wei_dims), memory::data_type::s8),
+                              p.has_bias ? PlainDesc(bias_dims) : memory::desc(), WithType(PlainDesc(dst_dims), dst_t), q);
+}
+
 static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::vector<int64_t> strides = attrs.Ints("strides", 2, {1, 1});
@@ -102,6 +127,7 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   // which algorithm: "auto" (the measured thresholds of winograd.cc), or a tuner's decision
   const std::string algo = attrs.Choice("algo", {"auto", "direct", "winograd"}, "auto");
+  const Int8Params int8 = ReadInt8Params(ctx, attrs, ctx.input(1).shape.empty() ? 1 : ctx.input(1).shape[0]);
   attrs.CheckNoUnknown();
 
   for (int i = 0; i < 2; ++i) {
@@ -150,6 +176,7 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
 
   const ConvParams params{n,  c,  h,          wd,         o,      kh,      kw,       oh,
                           ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue, algo};
+  if (int8.enabled) return BuildInt8Conv2D(ctx, params, padding, int8);
   // bf16: the direct convolution reads bf16 data and weights (converted once at __init_) and
   // accumulates in f32; Winograd stays f32-only (its transforms would add bf16 rounding on top),
   // so bf16 regions use the direct convolution, which is also faster: the bf16 direct conv took

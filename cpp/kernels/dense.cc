@@ -10,6 +10,7 @@
  */
 #include <utility>
 
+#include "int8.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
@@ -20,6 +21,8 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   const Epilogue epilogue = ctx.ReadEpilogue(attrs);
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
+  const auto& w_shape = ctx.input(1).shape;
+  const Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
   attrs.CheckNoUnknown();
 
   ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
@@ -53,6 +56,19 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
 
   const memory::dims src_dims{m, k}, wei_dims{k, n}, bias_dims{1, n}, dst_dims{m, n};
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
+  if (int8.enabled) {
+    // int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N)
+    if (epilogue.residual) ctx.Fail("an int8 dense does not take a residual");
+    const memory::data_type src_t = DnnlType(ctx.input(0).dtype), dst_t = DnnlType(ctx.output().dtype);
+    dnnl::primitive_attr attr = ctx.MakeAttr(epilogue);
+    SetInt8Attrs(&attr, int8, 1 << 1);
+    dnnl::matmul::primitive_desc pd(ctx.engine, WithType(PlainDesc(src_dims), src_t), AnyDesc(wei_dims, memory::data_type::s8),
+                                    has_bias ? PlainDesc(bias_dims) : memory::desc(),
+                                    WithType(PlainDesc(dst_dims), dst_t), attr);
+    return MakeInt8AnchorKernel(ctx, "dense", std::move(pd), WithType(PlainDesc(src_dims), src_t),
+                                WithType(wei_view, memory::data_type::s8),
+                                has_bias ? PlainDesc(bias_dims) : memory::desc(), WithType(PlainDesc(dst_dims), dst_t), int8);
+  }
   // A constant weight is reordered once into the layout matmul prefers; one that arrives at run
   // time is read where it lies (no per-call reorder).
   const bool constant_weight = ctx.input_constant.size() > 1 && ctx.input_constant[1];

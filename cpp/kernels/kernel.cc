@@ -82,7 +82,11 @@ memory::desc PlainDescOf(const TensorInfo& tensor) {
       type = memory::data_type::s32;
       break;
     case DType::kBool:
+    case DType::kUInt8:
       type = memory::data_type::u8;
+      break;
+    case DType::kInt8:
+      type = memory::data_type::s8;
       break;
     default:
       return f32;

@@ -72,8 +72,8 @@ memory::desc PlainDesc(const memory::dims& dims);
 memory::desc PlainDescOf(const TensorInfo& tensor);
 
 /*!
- * \brief Calls f(T{}) with T the C++ element type of \p dtype (float, int64_t, int32_t, or uint8_t for
- *        bool): the one switch over dtypes that host kernels templated on the element type share.
+ * \brief Calls f(T{}) with T the C++ element type of \p dtype (float, int64_t, int32_t, int8_t, or uint8_t for
+ *        bool and uint8): the one switch over dtypes that host kernels templated on the element type share.
  */
 template <typename F>
 decltype(auto) VisitDType(DType dtype, F&& f) {
@@ -84,6 +84,8 @@ decltype(auto) VisitDType(DType dtype, F&& f) {
       return f(int64_t{});
     case DType::kInt32:
       return f(int32_t{});
+    case DType::kInt8:
+      return f(int8_t{});
     default:
       return f(uint8_t{});
   }

@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "int8.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
@@ -66,7 +67,15 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   ctx.ExpectOutputShape({x[0], x[1], out[0], out[1]});
 
   const dnnl::algorithm alg = *FindEnum(PoolAlgorithms(), alg_name);
-  const memory::desc src = ctx.InputLayout(0);
+  // uint8 / int8 data (a pool between a dequantize and a quantize of one scale, docs/int8.md)
+  // pools the 8-bit values themselves and writes the same type
+  const bool int8 = IsInt8(ctx.input(0).dtype);
+  const memory::data_type qdt = DnnlType(ctx.input(0).dtype);
+  if (ctx.output().dtype != ctx.input(0).dtype) {
+    ctx.Fail(std::string("the output must have the data's dtype ") + DTypeName(ctx.input(0).dtype));
+  }
+  memory::desc src = ctx.InputLayout(0);
+  if (int8 && src.get_data_type() != qdt) src = WithType(src, qdt);
   auto make = [&](memory::data_type dt) {
     return dnnl::pooling_forward::primitive_desc(
         ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims, dt), {strides[0], strides[1]},
@@ -79,7 +88,9 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   // oneDNN 3.2 has jit pooling for mixed f32 / bf16 src and dst on avx512_core_bf16; where it
   // has none (or only a reference kernel), the dst keeps the src's type.
   const memory::data_type src_dt = src.get_data_type();
-  const memory::data_type want = OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::data_type want = int8                           ? qdt
+                                 : OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
+                                                                 : memory::data_type::f32;
   std::optional<dnnl::pooling_forward::primitive_desc> mixed;
   if (want != src_dt) {
     try {
@@ -90,8 +101,9 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
     }
   }
   dnnl::pooling_forward::primitive_desc pd = mixed ? std::move(*mixed) : make(src_dt);
-  std::vector<OperandLayout> inputs{{PlainDesc(src.get_dims()), pd.src_desc()}};
-  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
+  const memory::data_type view_dt = int8 ? qdt : memory::data_type::f32;
+  std::vector<OperandLayout> inputs{{WithType(PlainDesc(src.get_dims()), view_dt), pd.src_desc()}};
+  OperandLayout output{WithType(PlainDesc(dst_dims), view_dt), pd.dst_desc()};
   return std::make_unique<PrimitiveKernel>(ctx.where(), "pool2d", std::move(pd),
                                            std::vector<int>{DNNL_ARG_SRC}, std::move(inputs),
                                            std::move(output));

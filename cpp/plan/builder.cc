@@ -35,7 +35,10 @@ std::string PlanBuilder::Key(int t, const memory::desc& view, const memory::desc
 
 Step PlanBuilder::MakeReorder(const MemRef& src, const MemRef& dst, const std::string& label) {
   const memory::data_type dt = src.md.get_data_type();
-  if (dt != memory::data_type::f32 && dt != memory::data_type::bf16) {
+  // u8 / s8 bytes: oneDNN reorders them (an int8 weight into its blocked layout with the
+  // compensation the int8 conv reads; activations between layouts)
+  const bool int8 = dt == memory::data_type::u8 || dt == memory::data_type::s8;
+  if (dt != memory::data_type::f32 && dt != memory::data_type::bf16 && !(int8 && dst.md.get_data_type() == dt)) {
     // int64 / int32 / bool bytes (f64 / s32 / u8 descriptors, PlainDescOf): oneDNN 3.2 has no
     // reorder for f64 (an int64 constant failed to plan with "unimplemented"), and a value
     // conversion is never wanted here: the bytes are copied as they are, on the host.

@@ -38,6 +38,9 @@ predates them tolerates unknown top-level keys, and must not run such a region u
 SHAPE_ARG = "shape argument"
 """The tensor id standing for a shape parameter of a region (read by no node)."""
 
+SMALL_CONSTANT = 8192
+"""Constants up to this many elements keep their values in :attr:`RegionGraph.small_constants`."""
+
 ANCHORS = ("conv2d", "dense", "matmul")
 """Node ops that absorb an epilogue (bias, batch norm, activations, residual) as oneDNN post-ops."""
 
@@ -79,6 +82,9 @@ class RegionGraph:
     #: constant tensor id -> its value, for one-element float32 constants (not serialized): what
     #: graph passes read to fold a multiply by a constant into an attr (a matmul's ``scale``)
     scalar_values: dict[int, float] = field(default_factory=dict)
+    #: constant tensor id -> its value, for constants of at most SMALL_CONSTANT elements (not
+    #: serialized): scales, zero points and biases that graph passes fold into attrs (int8)
+    small_constants: dict[int, Any] = field(default_factory=dict)
 
     def readers(self) -> dict[int, int]:
         """tensor id -> how many node inputs and region outputs read it."""
@@ -200,6 +206,8 @@ class RegionLowering:
                 value = (expr.value if isinstance(expr, tvm.ir.GenericConst) else expr.data).numpy()
                 if value.size == 1 and value.dtype == "float32":
                     self.graph.scalar_values[tid] = float(value.reshape(()))
+                if value.size <= SMALL_CONSTANT:
+                    self.graph.small_constants[tid] = value
             return self.const_ids[name]
         if expr in self.tid:
             return self.tid[expr]

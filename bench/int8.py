@@ -1,0 +1,236 @@
+"""int8 benchmark: QDQ models (ONNX Runtime's ``quantize_static``) on byoc-hetero, ONNX Runtime and OpenVINO.
+
+For each model of ``bench/zoo_models.py`` chosen with ``--models`` (ResNet-50, MobileNetV3-L,
+EfficientNet-B0, ViT-B/16, BERT-base; ``--small`` for the scaled-down versions), a *prepare* process
+exports the float32 model with ``torch.onnx.export`` and quantizes it with
+``onnxruntime.quantization.quantize_static`` (QDQ format, per-channel s8 weights, u8 activations, 8
+seeded calibration inputs); BERT also with ``quantize_dynamic`` (``bert_base_dynamic``). Then one
+*time* process per model and thread count (1, 2) loads the same quantized file in the three engines,
+times them interleaved (round-robin rounds, medians), and measures each one's error against the float32
+model (ONNX Runtime on the float32 file): ``max |y - y_f32| / max |y_f32|``. Our column also gives the
+number of regions and whether the compile failed (with its reason). The machine (``lscpu`` model name),
+oneDNN's version and ISA are printed with the table.
+
+    python3 bench/int8.py --small --models resnet50,mobilenet_v3_large
+    python3 bench/int8.py                      # every model, full size (slow to quantize and compile)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "vit_b_16", "bert_base", "bert_base_dynamic")
+ENGINES = ("ours", "ort", "openvino")
+
+
+def _files(workdir: str, model: str) -> dict[str, str]:
+    base = os.path.join(workdir, model)
+    return {"f32": base + ".f32.onnx", "q": base + ".qdq.onnx", "inputs": base + ".inputs.npz"}
+
+
+def prepare(model: str, small: bool, workdir: str) -> dict:
+    """Export the float32 model and quantize it (static QDQ, or dynamic for ``*_dynamic``)."""
+    sys.path.insert(0, HERE)
+    import torch
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+    from zoo_models import build
+
+    base = model.removesuffix("_dynamic")
+    f, fb = _files(workdir, model), _files(workdir, base)
+    zm = build(base, small)
+    if not os.path.exists(fb["f32"]):
+        torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"],
+                          opset_version=17, dynamo=False)
+    np.savez(f["inputs"], **{n: t.numpy() for n, t in zip(zm.input_names, zm.inputs)})
+    if model.endswith("_dynamic"):
+        quantize_dynamic(fb["f32"], f["q"], weight_type=QuantType.QInt8)
+        return {"quantized": "dynamic"}
+
+    def sample(i: int) -> dict:
+        rng = np.random.default_rng(100 + i)
+        out = {}
+        for name, t in zip(zm.input_names, zm.inputs):
+            if t.dtype.is_floating_point:
+                out[name] = rng.standard_normal(tuple(t.shape)).astype(np.float32)
+            else:  # token ids / masks: the example's own values
+                out[name] = t.numpy()
+        return out
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter([sample(i) for i in range(8)])
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    quantize_static(fb["f32"], f["q"], Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return {"quantized": "static"}
+
+
+def _engine(name: str, path: str, feed: dict, threads: int):
+    """A zero-argument callable running one inference, its output reader and extra facts."""
+    if name == "ours":
+        import tvm
+        from tvm import relax
+
+        import byoc_hetero as bh
+
+        mod, params = bh.from_onnx(path)
+        m = bh.partition(mod, params)
+        regions = len(m.attrs["external_mods"]) if m.attrs and "external_mods" in m.attrs else 0
+        vm = relax.VirtualMachine(relax.build(m, target="llvm"), tvm.cpu())
+        args = [tvm.runtime.tensor(feed[p.name]) for p in mod["main"].params if p.name in feed]
+        rep = bh.report(m)
+        facts = {"regions": regions, "llvm_ops": len(rep.fallbacks)}
+        return (lambda: vm["main"](*args)), (lambda out: (out if hasattr(out, "numpy") else out[0]).numpy()), facts
+    if name == "ort":
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        return (lambda: sess.run(None, feed)), (lambda out: out[0]), {}
+    import openvino as ov
+
+    config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(threads)}
+    request = ov.Core().compile_model(path, "CPU", config).create_infer_request()
+    return (lambda: request.infer(feed)), (lambda _: np.array(request.get_output_tensor(0).data)), {}
+
+
+def serve(engine: str, model: str, threads: int, workdir: str) -> None:
+    """One engine in its own process (so that no other engine's threads spin on the cores while it
+    is timed): prints its error against the float32 model, then times one round per "time <s>" line
+    read from stdin, printing the round's median."""
+    import onnxruntime as ort
+
+    f, fb = _files(workdir, model), _files(workdir, model.removesuffix("_dynamic"))
+    data = np.load(f["inputs"])
+    feed = {k: data[k] for k in data.files}
+    ref = ort.InferenceSession(fb["f32"], providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    try:
+        call, read, facts = _engine(engine, f["q"], feed, threads)
+        out = read(call())
+        err = float(np.max(np.abs(out.astype(np.float64) - ref))) / (float(np.max(np.abs(ref))) or 1.0)
+        print(json.dumps({"error": err, **facts}), flush=True)
+    except Exception as e:  # noqa: BLE001 - an engine that cannot run the file is reported
+        print(json.dumps({"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}), flush=True)
+        return
+    for line in sys.stdin:
+        if not line.startswith("time"):
+            return
+        t_end, times = time.perf_counter() + float(line.split()[1]), []
+        while time.perf_counter() < t_end or len(times) < 3:
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps({"median_s": float(np.median(times))}), flush=True)
+
+
+def time_model(model: str, threads: int, workdir: str, rounds: int, min_time: float) -> dict:
+    """Latency and error of every engine on the quantized file: one process per engine, timed in
+    turn (round-robin rounds; the median of the rounds' medians)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), BYOC_HETERO_NUM_THREADS=str(threads),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs, result = {}, {"model": model, "threads": threads}
+    for engine in ENGINES:
+        proc = subprocess.Popen([sys.executable, __file__, "--workdir", workdir, "--worker", "serve", model,
+                                 f"{engine}:{threads}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=env)
+        line = next((ln for ln in proc.stdout if ln.startswith("{")), '{"failed": "no output"}')
+        result[engine] = json.loads(line)
+        if "failed" in result[engine]:
+            proc.kill()
+        else:
+            procs[engine] = proc
+            result[engine]["rounds"] = []
+    for _ in range(rounds):
+        for engine, proc in procs.items():
+            proc.stdin.write(f"time {min_time}\n")
+            proc.stdin.flush()
+            line = next(ln for ln in proc.stdout if ln.startswith("{"))
+            result[engine]["rounds"].append(json.loads(line)["median_s"])
+    for engine, proc in procs.items():
+        proc.stdin.close()
+        proc.wait()
+        result[engine]["median_ms"] = 1e3 * float(np.median(result[engine].pop("rounds")))
+    return result
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), model)
+    except OSError:
+        pass
+    sys.path.insert(0, ROOT)
+    from byoc_hetero._native import _C
+
+    return f"{model}, {os.cpu_count()} CPUs; oneDNN {_C.onednn_version()} ISA {_C.isa()}"
+
+
+def _spawn(argv: list[str], threads: int, timeout: float) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), BYOC_HETERO_NUM_THREADS=str(threads),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(lines[-1])
+
+
+def _cell(r: dict) -> str:
+    if "failed" in r:
+        return "failed: " + r["failed"][:60]
+    extra = f", {r['regions']} regions" if "regions" in r else ""
+    return f"{r['median_ms']:.2f} ms (err {r['error']:.1e}{extra})"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--small", action="store_true", help="the scaled-down models of zoo_models.py")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--min-time", type=float, default=0.5, help="seconds per engine per round")
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--worker", nargs=3, metavar=("KIND", "MODEL", "ARG"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bh-int8-")
+    os.makedirs(workdir, exist_ok=True)
+    if args.worker:
+        kind, model, arg = args.worker
+        if kind == "serve":
+            engine, threads = arg.split(":")
+            serve(engine, model, int(threads), workdir)
+            return 0
+        print(json.dumps(prepare(model, arg == "small", workdir)))
+        return 0
+    print(f"machine: {machine()}; {'small' if args.small else 'full-size'} models; workdir {workdir}")
+    print("| model | threads | byoc-hetero | ONNX Runtime | OpenVINO |")
+    print("|---|---|---|---|---|")
+    for model in args.models.split(","):
+        prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, "small" if args.small else "full"], 2, 3600)
+        if "failed" in prep:
+            print(f"| {model} | - | quantization failed: {prep['failed']} | | |", flush=True)
+            continue
+        for threads in [int(t) for t in args.threads.split(",")]:
+            r = time_model(model, threads, workdir, args.rounds, args.min_time)
+            print(f"| {model} | {threads} | " + " | ".join(_cell(r[e]) for e in ENGINES) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""quantize / dequantize (ONNX QuantizeLinear / DequantizeLinear, Relax ``relax.quantize`` /
+``relax.dequantize``) and the int8 anchors they form with conv2d and dense.
+
+Each Q/DQ call whose runtime semantics are exact becomes a ``quantize`` / ``dequantize`` node
+(host kernels, round half to even and saturation as ONNX says), so a QDQ model is one region and
+not cut at every Q/DQ. The region-graph pass :func:`fuse_int8_anchors` then turns
+``dequantize(x) -> conv2d | dense (weight = dequantize(int8 constant)) [-> quantize]`` into one
+int8 node (u8/s8 data x s8 weights, oneDNN scales and zero points; cpp/kernels/int8.h) and
+``dequantize -> pool2d (max) -> quantize`` with one scale into a pool2d over the 8-bit values.
+What is left runs in float32 between its own Q/DQ nodes, inside the region (docs/int8.md).
+
+Rejected, with the reason, so they stay on llvm: 16-bit and float8 types, blocked (rank >= 2)
+scales, scales or zero points that are not constants, a zero point of another type than the data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+
+from ...._relax import shape_of, tensor_dtype
+from ....rules import Match
+from ..precision import tensor_reason
+from ..table import PatternSpec, graph_pass, lowers, pattern_rules
+
+QUANTIZED_DTYPES = ("uint8", "int8")
+"""The quantized types the runtime reads and writes (oneDNN's u8 / s8)."""
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    if isinstance(expr, tvm.ir.Constant):
+        return expr.data.numpy()
+    return None
+
+
+def qparams_reason(call: relax.Call, quantized: str, data: relax.Expr) -> str | None:
+    """Why the scale / zero point of a Q/DQ call cannot run exactly; None if they can."""
+    op = "quantize" if call.op.name == "relax.quantize" else "dequantize"
+    scale, zero_point = _constant(call.args[1]), _constant(call.args[2])
+    if scale is None or zero_point is None:
+        return f"{op} with a scale or zero point computed at run time; the runtime needs constants"
+    if scale.dtype != np.float32:
+        return f"{op} scale of dtype {scale.dtype}; the runtime takes float32 scales"
+    if scale.ndim > 1 or zero_point.ndim > 1:
+        return f"{op} with blocked scales {list(scale.shape)}; the runtime takes per-tensor or per-axis scales"
+    if zero_point.dtype != np.dtype(quantized):
+        return f"{op} zero point of dtype {zero_point.dtype} for {quantized} data"
+    if zero_point.size != scale.size:
+        return f"{op} with {scale.size} scales and {zero_point.size} zero points"
+    shape = shape_of(data)
+    if scale.size > 1:
+        axis = int(call.attrs.axis)
+        if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] != scale.size:
+            return f"{op} with {scale.size} scales along axis {axis} of {list(shape or [])}"
+    return None
+
+
+def check_quantize(match: Match) -> str | None:
+    """float32 data -> uint8 / int8 with constant per-tensor or per-axis scale and zero point."""
+    call = match.expr("root")
+    out = str(call.attrs.out_dtype)
+    if out not in QUANTIZED_DTYPES:
+        return f"quantize to {out}; the runtime quantizes to {' or '.join(QUANTIZED_DTYPES)} only"
+    return tensor_reason(call.args[0], "quantize data", symbolic=True) or qparams_reason(call, out, call.args[0])
+
+
+def check_dequantize(match: Match) -> str | None:
+    """uint8 / int8 data (int32: a bias) -> float32 with constant scale and zero point."""
+    call = match.expr("root")
+    data = call.args[0]
+    dtype = tensor_dtype(data)
+    if dtype not in (*QUANTIZED_DTYPES, "int32"):
+        return f"dequantize of {dtype}; the runtime dequantizes {', '.join(QUANTIZED_DTYPES)} and int32 only"
+    if str(call.attrs.out_dtype) != "float32":
+        return f"dequantize to {call.attrs.out_dtype}; the runtime dequantizes to float32 only"
+    if shape_of(data) is None:
+        return f"dequantize data of the shape {data.ty}, which the runtime cannot evaluate"
+    return qparams_reason(call, dtype, data)
+
+
+@pattern_rules
+def _rules():
+    for op, check in (("quantize", check_quantize), ("dequantize", check_dequantize)):
+        data = wildcard()
+        call = is_op(f"relax.{op}")(data, wildcard(), wildcard())
+        yield PatternSpec(op, call, {"data": data, "root": call}, check, priority=10)
+
+
+@lowers("relax.quantize", "relax.dequantize")
+def lower_qdq(ctx, var: relax.Var, call: relax.Call) -> int:
+    op = call.op.name.removeprefix("relax.")
+    inputs = [ctx.data_of(call.args[0]), ctx.lookup(call.args[1]), ctx.lookup(call.args[2])]
+    return ctx.emit(op, inputs, var, {"axis": int(call.attrs.axis)})
+
+
+# -- region-graph pass: int8 anchors ----------------------------------------------------------------
+def _qparams(graph, node) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """(scales, zero points, axis) of a quantize / dequantize node whose scale and zero point are
+    constants with known values; None otherwise."""
+    scale = graph.small_constants.get(node.inputs[1])
+    zero = graph.small_constants.get(node.inputs[2])
+    if scale is None or zero is None:
+        return None
+    return scale.reshape(-1).astype(np.float32), zero.reshape(-1).astype(np.int64), int(node.attrs["axis"])
+
+
+def _per_tensor(graph, node, op: str) -> tuple[float, int] | None:
+    """(scale, zero point) of ``node`` when it is an ``op`` node with one scale; else None."""
+    if node is None or node.op != op:
+        return None
+    q = _qparams(graph, node)
+    if q is None or q[0].size != 1:
+        return None
+    return float(q[0][0]), int(q[1][0])
+
+
+def _weight_scales(graph, node, out_channels: int, axis: int) -> list[float] | None:
+    """The per-output-channel scales of a dequantize of a constant int8 weight with zero points 0
+    along ``axis`` (or one scale for all); None when it is not one (it then stays a float32 weight
+    dequantized once at load: exact, just not int8)."""
+    if node is None or node.op != "dequantize" or graph.tensors[node.inputs[0]]["dtype"] != "int8":
+        return None
+    if not any(c["tensor"] == node.inputs[0] for c in graph.constants):
+        return None
+    q = _qparams(graph, node)
+    if q is None or np.any(q[1] != 0):
+        return None  # oneDNN 3.2 has no weight zero points for int8 conv / matmul
+    scales, _, w_axis = q
+    rank = len(graph.tensors[node.inputs[0]]["shape"])
+    if scales.size == 1:
+        return [float(scales[0])] * out_channels
+    if scales.size != out_channels or w_axis % rank != axis:
+        return None
+    return [float(s) for s in scales]
+
+
+def _sole_reader(graph, t: int, readers: dict[int, int]):
+    """The one node reading tensor ``t`` when exactly one node reads it and it is no region output."""
+    if readers.get(t, 0) != 1 or t in graph.outputs:
+        return None
+    return next(n for n in graph.nodes if t in n.inputs)
+
+
+def _fuse_anchor(graph, node, producers, readers) -> bool:
+    """Make one conv2d / dense int8 (see :func:`fuse_int8_anchors`); whether it did."""
+    if node.attrs.get("residual") or "src_scale" in node.attrs:
+        return False
+    source = producers.get(node.inputs[0])
+    src = _per_tensor(graph, source, "dequantize")
+    if src is None or graph.tensors[source.inputs[0]]["dtype"] not in QUANTIZED_DTYPES:
+        return False
+    wshape = graph.tensors[node.inputs[1]]["shape"]
+    if node.op == "conv2d":
+        out_channels, axis = wshape[0], 0
+    else:
+        nk = node.attrs["weight_layout"] == "NK"
+        out_channels, axis = (wshape[0], 0) if nk else (wshape[1], 1)
+    wnode = producers.get(node.inputs[1])
+    scales = _weight_scales(graph, wnode, out_channels, axis)
+    if scales is None:
+        return False
+    node.inputs[0], node.inputs[1] = source.inputs[0], wnode.inputs[0]
+    node.attrs.update(src_scale=src[0], src_zero_point=src[1], weight_scales=scales)
+    after = _sole_reader(graph, node.output, readers)
+    dst = _per_tensor(graph, after, "quantize")
+    if dst is not None:
+        node.attrs.update(dst_scale=dst[0], dst_zero_point=dst[1])
+        node.output = after.output
+        graph.nodes.remove(after)
+    return True
+
+
+def _fuse_pool(graph, node, producers, readers) -> bool:
+    """A max / average pool2d between a dequantize and a quantize of one scale and zero point
+    pools the 8-bit values (max pooling commutes with the monotone quantization; an average is
+    rounded once, as the quantize would)."""
+    source = producers.get(node.inputs[0])
+    src = _per_tensor(graph, source, "dequantize")
+    after = _sole_reader(graph, node.output, readers)
+    dst = _per_tensor(graph, after, "quantize")
+    if src is None or dst is None or src != dst:
+        return False
+    if graph.tensors[source.inputs[0]]["dtype"] != graph.tensors[after.output]["dtype"]:
+        return False
+    node.inputs[0] = source.inputs[0]
+    node.output = after.output
+    graph.nodes.remove(after)
+    return True
+
+
+def drop_dead_nodes(graph) -> None:
+    """Remove nodes whose output nothing reads (dequantizes an int8 anchor no longer reads)."""
+    while True:
+        readers = graph.readers()
+        dead = [n for n in graph.nodes if readers.get(n.output, 0) == 0]
+        if not dead:
+            return
+        for n in dead:
+            graph.nodes.remove(n)
+
+
+@graph_pass
+def fuse_int8_anchors(graph) -> None:
+    """``dequantize(x u8/s8) -> conv2d | dense (weight dequantize(int8 constant, zero points 0)) [->
+    quantize]`` becomes one int8 node (attrs ``src_scale``, ``src_zero_point``, ``weight_scales``
+    and, with the quantize, ``dst_scale``, ``dst_zero_point``: docs/region-format.md), so the
+    output is requantized straight into the next int8 op's input; ``dequantize -> pool2d ->
+    quantize`` of one scale pools the 8-bit values. Why: a QDQ model's convolutions otherwise run
+    in float32 between host Q/DQ steps, slower than its float32 original."""
+    changed = False
+    for node in list(graph.nodes):
+        producers, readers = graph.producers(), graph.readers()
+        if node.op in ("conv2d", "dense"):
+            changed |= _fuse_anchor(graph, node, producers, readers)
+        elif node.op == "pool2d":
+            changed |= _fuse_pool(graph, node, producers, readers)
+    if changed:
+        drop_dead_nodes(graph)

@@ -1,0 +1,150 @@
+/*!
+ * \file kernels/int8.cc
+ * \brief int8 conv2d / dense support (see int8.h): attrs, oneDNN attributes, the kernel.
+ */
+#include "int8.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+namespace byoc_hetero {
+
+memory::data_type DnnlType(DType dtype) {
+  switch (dtype) {
+    case DType::kUInt8:
+      return memory::data_type::u8;
+    case DType::kInt8:
+      return memory::data_type::s8;
+    default:
+      return memory::data_type::f32;
+  }
+}
+
+namespace {
+
+float CheckedScale(AttrReader& attrs, const char* key, double value) {
+  if (!std::isfinite(value) || value <= 0 || static_cast<float>(value) <= 0.f) {
+    attrs.Fail(key, "a scale must be finite and > 0, got " + std::to_string(value));
+  }
+  return static_cast<float>(value);
+}
+
+int32_t CheckedZeroPoint(AttrReader& attrs, const char* key, int64_t value, DType dtype) {
+  const int64_t lo = dtype == DType::kUInt8 ? 0 : -128, hi = dtype == DType::kUInt8 ? 255 : 127;
+  if (value < lo || value > hi) {
+    attrs.Fail(key, std::string("zero point ") + std::to_string(value) + " is outside " + DTypeName(dtype) +
+                        " [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<int32_t>(value);
+}
+
+/*! \brief The int8 anchor: a host step filling the scale / zero-point buffers, then the primitive. */
+class Int8AnchorKernel : public Kernel {
+ public:
+  Int8AnchorKernel(std::string label, std::string op, dnnl::primitive_desc_base pd, Int8Params q, bool has_bias)
+      : label_(std::move(label)), op_(std::move(op)), pd_(std::move(pd)), q_(std::move(q)), has_bias_(has_bias) {
+    const auto f32 = memory::data_type::f32, s32 = memory::data_type::s32;
+    temps_ = {memory::desc({1}, f32, {1}), memory::desc({static_cast<int64_t>(q_.wei_scales.size())}, f32, {1}),
+              memory::desc({1}, f32, {1}), memory::desc({1}, s32, {1}), memory::desc({1}, s32, {1})};
+  }
+
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& temps) const override {
+    Step fill;
+    fill.label = label_ + " (int8 scales)";
+    fill.op = op_;
+    for (size_t k = 0; k < temps.size(); ++k) fill.args.emplace_back(static_cast<int>(k), temps[k]);
+    const Int8Params q = q_;
+    fill.host = [q](const std::vector<void*>& p) {
+      *static_cast<float*>(p[0]) = q.src_scale;
+      std::memcpy(p[1], q.wei_scales.data(), q.wei_scales.size() * sizeof(float));
+      *static_cast<float*>(p[2]) = q.dst_scale;
+      *static_cast<int32_t*>(p[3]) = q.src_zp;
+      *static_cast<int32_t*>(p[4]) = q.dst_zp;
+    };
+    Step run;
+    run.pd = pd_;
+    run.label = label_;
+    run.op = op_;
+    run.args = {{DNNL_ARG_SRC, inputs[0]}, {DNNL_ARG_WEIGHTS, inputs[1]}, {DNNL_ARG_DST, output},
+                {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, temps[0]}, {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, temps[1]}};
+    if (has_bias_) run.args.emplace_back(DNNL_ARG_BIAS, inputs[2]);
+    if (q_.int8_dst) run.args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, temps[2]);
+    if (q_.src_zp != 0) run.args.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, temps[3]);
+    if (q_.int8_dst && q_.dst_zp != 0) run.args.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, temps[4]);
+    std::vector<Step> steps;
+    steps.push_back(std::move(fill));
+    steps.push_back(std::move(run));
+    return steps;
+  }
+
+  void SetLayouts(std::vector<OperandLayout> inputs, OperandLayout output) {
+    inputs_ = std::move(inputs);
+    output_ = std::move(output);
+  }
+
+ private:
+  std::string label_;
+  std::string op_;
+  dnnl::primitive_desc_base pd_;
+  Int8Params q_;
+  bool has_bias_;
+};
+
+}  // namespace
+
+Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t out_channels) {
+  Int8Params q;
+  const DType data = ctx.input(0).dtype;
+  q.enabled = IsInt8(data);
+  const bool has_attrs = attrs.Has("src_scale");
+  if (!q.enabled) {
+    if (has_attrs) attrs.Fail("src_scale", "int8 attrs on a node whose data is " + std::string(DTypeName(data)));
+    return q;
+  }
+  if (!has_attrs) ctx.Fail(std::string("data is ") + DTypeName(data) + " but attrs.src_scale is missing");
+  if (ctx.input(1).dtype != DType::kInt8) {
+    ctx.Fail(std::string("an int8 anchor needs int8 weights, got ") + DTypeName(ctx.input(1).dtype));
+  }
+  q.src_scale = CheckedScale(attrs, "src_scale", attrs.Float("src_scale", 1.0));
+  q.src_zp = CheckedZeroPoint(attrs, "src_zero_point", attrs.Int("src_zero_point", 0), data);
+  // one scale per output channel (the codegen repeats a per-tensor scale)
+  const std::vector<double> scales = attrs.Floats("weight_scales", static_cast<size_t>(out_channels), {});
+  if (scales.empty()) attrs.Fail("weight_scales", "required: " + std::to_string(out_channels) + " scales");
+  for (double s : scales) q.wei_scales.push_back(CheckedScale(attrs, "weight_scales", s));
+  const DType out = ctx.output().dtype;
+  q.int8_dst = IsInt8(out);
+  if (q.int8_dst) {
+    q.dst_scale = CheckedScale(attrs, "dst_scale", attrs.Float("dst_scale", 0.0));
+    q.dst_zp = CheckedZeroPoint(attrs, "dst_zero_point", attrs.Int("dst_zero_point", 0), out);
+  } else if (out != DType::kFloat32) {
+    ctx.Fail(std::string("the output must be uint8, int8 or float32, got ") + DTypeName(out));
+  }
+  return q;
+}
+
+void SetInt8Attrs(dnnl::primitive_attr* attr, const Int8Params& q, int wei_mask) {
+  attr->set_scales_mask(DNNL_ARG_SRC, 0);
+  attr->set_scales_mask(DNNL_ARG_WEIGHTS, wei_mask);
+  if (q.int8_dst) attr->set_scales_mask(DNNL_ARG_DST, 0);
+  if (q.src_zp != 0) attr->set_zero_points_mask(DNNL_ARG_SRC, 0);
+  if (q.int8_dst && q.dst_zp != 0) attr->set_zero_points_mask(DNNL_ARG_DST, 0);
+}
+
+std::unique_ptr<Kernel> MakeInt8AnchorKernel(const KernelContext& ctx, const char* op, dnnl::primitive_desc_base pd,
+                                             const memory::desc& src_view, const memory::desc& wei_view,
+                                             const memory::desc& bias_view, const memory::desc& dst_view,
+                                             const Int8Params& q) {
+  const bool has_bias = !bias_view.is_zero();
+  std::vector<OperandLayout> inputs{{src_view, pd.src_desc(0)}, {wei_view, pd.weights_desc(0)}};
+  if (has_bias) inputs.push_back({bias_view, pd.weights_desc(1)});
+  OperandLayout output{dst_view, pd.dst_desc(0)};
+  auto kernel = std::make_unique<Int8AnchorKernel>(ctx.where(), op, pd, q, has_bias);
+  kernel->SetLayouts(std::move(inputs), std::move(output));
+  return kernel;
+}
+
+}  // namespace byoc_hetero

@@ -1,0 +1,62 @@
+/*!
+ * \file kernels/int8.h
+ * \brief What conv2d and dense share to run int8: u8/s8 data x s8 weights, scales and zero points
+ *        as oneDNN 3.x runtime attributes (docs/int8.md).
+ *
+ * oneDNN 3.x computes, for an int8 anchor with these attributes,
+ *   dst = saturate(round(post_ops(src_scale * wei_scale[o] * sum((src - src_zp) * wei) + bias)
+ *                        / dst_scale + dst_zp))
+ * which is ONNX's DequantizeLinear -> conv / matmul (+ float32 bias, activations) -> QuantizeLinear
+ * with the accumulation exact in int32: the only rounding is the final one (to nearest even, as
+ * QuantizeLinear), and the float32 sum's order.  The scales arrive as run-time memories
+ * (DNNL_ARG_ATTR_SCALES | arg); they are node attrs here, copied into small per-call buffers by
+ * one host step before the primitive (a few hundred bytes).
+ */
+#ifndef BYOC_HETERO_KERNELS_INT8_H_
+#define BYOC_HETERO_KERNELS_INT8_H_
+
+#include <memory>
+#include <vector>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+/*! \brief The quantization of an int8 anchor (attrs src_scale, src_zero_point, weight_scales,
+ *         dst_scale, dst_zero_point). */
+struct Int8Params {
+  bool enabled = false;        // data is uint8/int8: the node runs int8
+  float src_scale = 1.f;
+  int32_t src_zp = 0;
+  std::vector<float> wei_scales;  // one per output channel
+  bool int8_dst = false;       // the output is uint8/int8 (else float32, no dst scale)
+  float dst_scale = 1.f;
+  int32_t dst_zp = 0;
+};
+
+/*!
+ * \brief Read and check the int8 attrs of an anchor with \p out_channels output channels: present
+ *        exactly when its data is uint8/int8 (then the weight must be int8); a scale must be finite
+ *        and > 0 and a zero point within its type's range.
+ */
+Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t out_channels);
+
+/*! \brief \p attr with the scales (weights along \p wei_mask) and zero points of \p q. */
+void SetInt8Attrs(dnnl::primitive_attr* attr, const Int8Params& q, int wei_mask);
+
+/*! \brief oneDNN's type for a tensor of dtype \p dtype (u8, s8 or f32). */
+memory::data_type DnnlType(DType dtype);
+
+/*!
+ * \brief The kernel of an int8 anchor: one primitive (\p pd, built with SetInt8Attrs) reading
+ *        data, weights and an optional float32 bias through their plain views, preceded by a host
+ *        step writing the scales and zero points into its per-call buffers.
+ */
+std::unique_ptr<Kernel> MakeInt8AnchorKernel(const KernelContext& ctx, const char* op, dnnl::primitive_desc_base pd,
+                                             const memory::desc& src_view, const memory::desc& wei_view,
+                                             const memory::desc& bias_view, const memory::desc& dst_view,
+                                             const Int8Params& q);
+
+}  // namespace byoc_hetero
+
+#endif  // BYOC_HETERO_KERNELS_INT8_H_

@@ -1,0 +1,151 @@
+/*!
+ * \file kernels/quantize.cc
+ * \brief quantize / dequantize as ONNX QuantizeLinear / DequantizeLinear define them (host kernels).
+ *
+ *   quantize:   y = saturate(round_half_to_even(x / scale) + zero_point)   float32 -> uint8 / int8
+ *   dequantize: y = (x - zero_point) * scale                                uint8 / int8 / int32 -> float32
+ *
+ * Inputs: data, scale (float32, 1 element or one per index of `axis`), zero_point (optional; as
+ * many elements as scale; the quantized type, or int32 for dequantize of an int32 bias).  Attr
+ * `axis` (default 1, ignored for a one-element scale): the axis a per-axis scale runs along.
+ * The division (not a multiply by 1/scale) and the rounding follow ONNX exactly, so the result
+ * equals numpy's `clip(round(x / s) + z, lo, hi)` bit for bit; NaN quantizes to the zero point.
+ * These run where no int8 primitive absorbed them (docs/int8.md): at region edges, around ops
+ * computed in float32, and for constants (a bias, a weight that stays float32) once at __init_.
+ */
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+namespace {
+
+/*! \brief The data seen as [outer, channels, inner] around the scale's axis (channels 1: per tensor). */
+struct AxisSplit {
+  int64_t outer = 1, channels = 1, inner = 1;
+};
+
+AxisSplit SplitAt(const KernelContext& ctx, int64_t scale_count, AttrReader& attrs) {
+  const auto& shape = ctx.input(0).shape;
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  int64_t axis = attrs.Int("axis", 1);
+  AxisSplit split;
+  split.inner = ctx.input(0).numel();
+  if (scale_count == 1) return split;
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank) attrs.Fail("axis", "must be in [-rank, rank) for shape " + ShapeToString(shape));
+  if (shape[axis] != scale_count) {
+    ctx.Fail("scale has " + std::to_string(scale_count) + " elements but data " + ShapeToString(shape) +
+             " has " + std::to_string(shape[axis]) + " along axis " + std::to_string(axis));
+  }
+  split.outer = 1;
+  for (int64_t d = 0; d < axis; ++d) split.outer *= shape[d];
+  split.channels = shape[axis];
+  split.inner = 1;
+  for (int64_t d = axis + 1; d < rank; ++d) split.inner *= shape[d];
+  return split;
+}
+
+template <typename Q>
+HostFn QuantizeFn(AxisSplit s, bool has_zp) {
+  return [s, has_zp](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    const float* scale = static_cast<const float*>(p[1]);
+    const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
+    Q* y = static_cast<Q*>(p[has_zp ? 3 : 2]);
+    constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
+#pragma omp parallel for collapse(2) schedule(static) if (s.outer * s.channels * s.inner > 4096)
+    for (int64_t o = 0; o < s.outer; ++o) {
+      for (int64_t c = 0; c < s.channels; ++c) {
+        const float sc = scale[c];
+        const float z = zp ? static_cast<float>(zp[c]) : 0.f;
+        const int64_t base = (o * s.channels + c) * s.inner;
+        for (int64_t i = 0; i < s.inner; ++i) {
+          // nearbyint rounds half to even in the default rounding mode (as ONNX requires)
+          const float v = std::nearbyint(x[base + i] / sc) + z;
+          y[base + i] = static_cast<Q>(v != v ? z : std::fmin(std::fmax(v, lo), hi));
+        }
+      }
+    }
+  };
+}
+
+template <typename Q>
+HostFn DequantizeFn(AxisSplit s, bool has_zp) {
+  return [s, has_zp](const std::vector<void*>& p) {
+    const Q* x = static_cast<const Q*>(p[0]);
+    const float* scale = static_cast<const float*>(p[1]);
+    const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
+    float* y = static_cast<float*>(p[has_zp ? 3 : 2]);
+#pragma omp parallel for collapse(2) schedule(static) if (s.outer * s.channels * s.inner > 4096)
+    for (int64_t o = 0; o < s.outer; ++o) {
+      for (int64_t c = 0; c < s.channels; ++c) {
+        const float sc = scale[c];
+        const int64_t z = zp ? static_cast<int64_t>(zp[c]) : 0;
+        const int64_t base = (o * s.channels + c) * s.inner;
+        for (int64_t i = 0; i < s.inner; ++i) {
+          y[base + i] = static_cast<float>(static_cast<int64_t>(x[base + i]) - z) * sc;
+        }
+      }
+    }
+  };
+}
+
+/*! \brief Checks shared by both directions: inputs, scale and zero point types and sizes. */
+AxisSplit CheckQuantOperands(const KernelContext& ctx, AttrReader& attrs, DType quantized) {
+  const size_t count = ctx.node().inputs.size();
+  if (count != 2 && count != 3) ctx.Fail("expected inputs data, scale[, zero_point], got " + std::to_string(count));
+  if (ctx.input(1).dtype != DType::kFloat32) ctx.Fail("scale must be float32");
+  const int64_t scales = ctx.input(1).numel();
+  if (count == 3 && (ctx.input(2).numel() != scales || ctx.input(2).dtype != quantized)) {
+    ctx.Fail(std::string("zero_point must be ") + DTypeName(quantized) + " with " + std::to_string(scales) +
+             " element(s) (as the scale), got " + DTypeName(ctx.input(2).dtype) + " " +
+             ShapeToString(ctx.input(2).shape));
+  }
+  ctx.ExpectOutputShape(ctx.input(0).shape);
+  return SplitAt(ctx, scales, attrs);
+}
+
+std::vector<memory::desc> PlainInputs(const KernelContext& ctx) {
+  std::vector<memory::desc> mds;
+  for (size_t k = 0; k < ctx.node().inputs.size(); ++k) mds.push_back(PlainDescOf(ctx.input(k)));
+  return mds;
+}
+
+}  // namespace
+
+static std::unique_ptr<Kernel> BuildQuantize(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const DType q = ctx.output().dtype;
+  if (!IsInt8(q)) ctx.Fail(std::string("the output must be uint8 or int8, got ") + DTypeName(q));
+  if (ctx.input(0).dtype != DType::kFloat32) ctx.Fail("data must be float32");
+  const AxisSplit split = CheckQuantOperands(ctx, attrs, q);
+  attrs.CheckNoUnknown();
+  const bool zp = ctx.node().inputs.size() == 3;
+  HostFn fn = q == DType::kUInt8 ? QuantizeFn<uint8_t>(split, zp) : QuantizeFn<int8_t>(split, zp);
+  return std::make_unique<HostKernel>(ctx.where(), "quantize", std::move(fn), PlainInputs(ctx),
+                                      PlainDescOf(ctx.output()));
+}
+
+static std::unique_ptr<Kernel> BuildDequantize(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const DType q = ctx.input(0).dtype;
+  if (!IsInt8(q) && q != DType::kInt32) ctx.Fail(std::string("data must be uint8, int8 or int32, got ") + DTypeName(q));
+  if (ctx.output().dtype != DType::kFloat32) ctx.Fail("the output must be float32");
+  const AxisSplit split = CheckQuantOperands(ctx, attrs, q);
+  attrs.CheckNoUnknown();
+  const bool zp = ctx.node().inputs.size() == 3;
+  HostFn fn = q == DType::kUInt8  ? DequantizeFn<uint8_t>(split, zp)
+              : q == DType::kInt8 ? DequantizeFn<int8_t>(split, zp)
+                                  : DequantizeFn<int32_t>(split, zp);
+  return std::make_unique<HostKernel>(ctx.where(), "dequantize", std::move(fn), PlainInputs(ctx),
+                                      PlainDescOf(ctx.output()));
+}
+
+BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize);
+BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize);
+
+}  // namespace byoc_hetero

@@ -1,0 +1,217 @@
+"""int8: QDQ models (ONNX Runtime's quantize_static) run as int8 oneDNN primitives in one region.
+
+References: ONNX Runtime on the same QDQ file, the llvm-only build of the same module (TVM's float
+emulation of Q/DQ) and numpy. An int8 anchor requantizes once, so it may differ from the float
+emulation by one quantization step of its output; Q/DQ themselves match exactly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import byoc_hetero as bh
+from byoc_hetero.timing import build, run
+
+ort = pytest.importorskip("onnxruntime")
+quant = pytest.importorskip("onnxruntime.quantization")
+
+
+def _conv_dense_model(rng, kind: str) -> onnx.ModelProto:
+    """A float32 ONNX model: conv (+relu) or a Gemm, small, seeded."""
+    init, nodes = [], []
+    if kind == "conv":
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 10])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 10])
+        init += [numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w"),
+                 numpy_helper.from_array(rng.standard_normal(16).astype(np.float32) * 0.1, "b")]
+        nodes += [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", ["c"], ["y"])]
+    elif kind == "depthwise":
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 5, 5])
+        init += [numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32) * 0.3, "w")]
+        nodes += [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2], group=8)]
+    else:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 24])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12])
+        init += [numpy_helper.from_array(rng.standard_normal((12, 24)).astype(np.float32) * 0.2, "w"),
+                 numpy_helper.from_array(rng.standard_normal(12).astype(np.float32) * 0.1, "b")]
+        nodes += [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
+    g = helper.make_graph(nodes, kind, [x], [y], init)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _cnn_model(rng) -> onnx.ModelProto:
+    """conv -> relu -> conv -> add(residual) -> relu -> maxpool -> global pool -> flatten -> gemm."""
+    def w(name, shape, s=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
+
+    init = [w("w1", (16, 3, 3, 3)), w("b1", (16,), 0.1), w("w2", (16, 16, 3, 3), 0.1), w("b2", (16,), 0.1),
+            w("wf", (10, 16)), w("bf", (10,), 0.1)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "r1"], ["a"]), helper.make_node("Relu", ["a"], ["r2"]),
+             helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], init)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _quantize(model: onnx.ModelProto, tmp_path, per_channel=True, activation="u8", symmetric=False) -> str:
+    """quantize_static (QDQ) with 4 seeded calibration inputs; the quantized file's path."""
+    src, dst = str(tmp_path / "f32.onnx"), str(tmp_path / "qdq.onnx")
+    onnx.save(model, src)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)} for i in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(src, dst, Reader(), quant_format=quant.QuantFormat.QDQ, per_channel=per_channel,
+                          activation_type=quant.QuantType.QUInt8 if activation == "u8" else quant.QuantType.QInt8,
+                          weight_type=quant.QuantType.QInt8,
+                          extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
+    return dst
+
+
+def _output_step(path: str) -> float:
+    """The scale of the DequantizeLinear that writes the graph output (one step of the result)."""
+    m = onnx.load(path)
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    out = m.graph.output[0].name
+    node = next(n for n in m.graph.node if out in n.output)
+    assert node.op_type == "DequantizeLinear"
+    return float(inits[node.input[1]].max())
+
+
+def _compare(path: str):
+    mod, params = bh.from_onnx(path)
+    part = bh.partition(mod, params)
+    shape = [int(d) for d in mod["main"].params[0].ty.shape]
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    got = run(build(part), [x])
+    emulated = run(build(bh.bind_params(mod, params)), [x])
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ort_out = sess.run(None, {"x": x})[0]
+    return part, got, emulated, ort_out
+
+
+def _region_nodes(part) -> list[dict]:
+    mods = part.attrs["external_mods"]
+    assert len(mods) == 1, f"{len(mods)} regions, expected one"
+    graph = json.loads(str(mods[0]["get_graph_json"]()))
+    return [dict(n, dtype=graph["tensors"][n["inputs"][0]]["dtype"]) for n in graph["nodes"]]
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "dense"])
+@pytest.mark.parametrize("per_channel,activation,symmetric", [
+    (True, "u8", False), (False, "u8", False), (True, "s8", True), (True, "s8", False)])
+def test_single_int8_anchor(tmp_path, kind, per_channel, activation, symmetric):
+    """One conv / depthwise conv / dense: one region, an int8 node, within one step of ORT and of
+    the float emulation."""
+    path = _quantize(_conv_dense_model(np.random.default_rng(0), kind), tmp_path, per_channel, activation, symmetric)
+    part, got, emulated, ort_out = _compare(path)
+    step = _output_step(path)
+    anchors = [n for n in _region_nodes(part) if n["op"] in ("conv2d", "dense")]
+    assert len(anchors) == 1 and "src_scale" in anchors[0]["attrs"], anchors
+    assert anchors[0]["dtype"] == ("uint8" if activation == "u8" else "int8")
+    assert "dst_scale" in anchors[0]["attrs"]  # requantized by the primitive itself
+    assert np.max(np.abs(got - emulated)) <= step * 1.001
+    assert np.max(np.abs(got - ort_out)) <= step * 1.001
+    # most outputs are equal: a one-step difference is a tie broken by float summation order
+    assert np.mean(np.abs(got - emulated) < step / 2) > 0.9
+
+
+def test_small_cnn_is_one_int8_region(tmp_path):
+    """conv/relu/residual add/max pool/global pool/gemm: one region; both convs and the gemm int8,
+    the max pool on the 8-bit values; within one output step of ORT."""
+    path = _quantize(_cnn_model(np.random.default_rng(1)), tmp_path)
+    part, got, emulated, ort_out = _compare(path)
+    nodes = _region_nodes(part)
+    int8_ops = sorted(n["op"] for n in nodes if n["dtype"] in ("uint8", "int8") and n["op"] != "dequantize")
+    assert int8_ops == ["conv2d", "conv2d", "dense", "pool2d"], int8_ops
+    # the first conv's output goes straight (as uint8) into the second one
+    step = _output_step(path)
+    assert np.max(np.abs(got - ort_out)) <= 2 * step * 1.001
+    assert np.max(np.abs(got - emulated)) <= 2 * step * 1.001
+
+
+def test_qdq_round_half_to_even_and_saturation():
+    """quantize -> dequantize on the runtime equals numpy's ONNX formula exactly (ties to even,
+    saturation, per-axis scales and zero points)."""
+    from tvm import relax
+
+    from conftest import graph
+
+    scale = np.array([0.5, 1.0, 0.25], np.float32)
+    zero = np.array([0, 10, 250], np.uint8)
+    x = np.array([[0.25, 0.75, 1.25, -0.25, 300.0, -300.0, 127.5, 2.5]] * 3, np.float32).T.reshape(1, 8, 3)
+    x = np.ascontiguousarray(np.transpose(x, (0, 2, 1)))  # [1, 3, 8], scales along axis 1
+
+    def body(emit, data):
+        s, z = relax.const(scale), relax.const(zero)
+        q = emit(relax.op.quantize(data, s, z, axis=1, out_dtype="uint8"))
+        return emit(relax.op.dequantize(q, s, z, axis=1, out_dtype="float32"))
+
+    mod = graph({"data": (1, 3, 8)}, body)
+    part = bh.partition(mod, require_heavy_op=False)
+    assert len(part.attrs["external_mods"]) == 1
+    got = run(build(part), [x])
+    s, z = scale.reshape(1, 3, 1), zero.reshape(1, 3, 1).astype(np.float32)
+    q = np.clip(np.round(x / s) + z, 0, 255)
+    np.testing.assert_array_equal(got, (q - z) * s)
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint16"])
+def test_unsupported_qdq_stays_on_llvm(dtype):
+    """16-bit quantization has no oneDNN int8 kernel: llvm runs it and the report says why."""
+    from tvm import relax
+
+    from conftest import graph
+
+    def body(emit, data):
+        s, z = relax.const(np.float32(0.1)), relax.const(np.array(0, dtype))
+        q = emit(relax.op.quantize(data, s, z, axis=1, out_dtype=dtype))
+        return emit(relax.op.dequantize(q, s, z, axis=1, out_dtype="float32"))
+
+    part = bh.partition(graph({"data": (2, 4)}, body), require_heavy_op=False)
+    reasons = [f.reason for f in bh.report(part).fallbacks if f.op == "quantize"]
+    assert reasons and "uint8 or int8 only" in reasons[0], reasons
+
+
+def test_weight_zero_point_stays_float_in_region():
+    """A conv weight with non-zero zero points (oneDNN's int8 conv has none): the conv runs float32
+    on the dequantized weight (exact), inside the one region."""
+    from tvm import relax
+
+    from conftest import graph
+
+    rng = np.random.default_rng(3)
+    wq = rng.integers(-100, 100, (4, 3, 3, 3)).astype(np.int8)
+
+    def body(emit, data):
+        sx, zx = relax.const(np.float32(0.02)), relax.const(np.uint8(128))
+        xq = emit(relax.op.quantize(data, sx, zx, axis=1, out_dtype="uint8"))
+        xd = emit(relax.op.dequantize(xq, sx, zx, axis=1, out_dtype="float32"))
+        wd = emit(relax.op.dequantize(relax.const(wq), relax.const(np.full(4, 0.01, np.float32)),
+                                      relax.const(np.array([0, 3, -2, 1], np.int8)), axis=0, out_dtype="float32"))
+        return emit(relax.op.nn.conv2d(xd, wd, padding=[1, 1]))
+
+    mod = graph({"data": (1, 3, 6, 6)}, body)
+    part = bh.partition(mod)
+    nodes = _region_nodes(part)
+    conv = next(n for n in nodes if n["op"] == "conv2d")
+    assert conv["dtype"] == "float32" and "src_scale" not in conv["attrs"]
+    x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(run(build(part), [x]), run(build(mod), [x]), rtol=1e-5, atol=1e-5)
