@@ -74,6 +74,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
+    "fuse_int8_anchors",           # ops/qdq.py: dequantize -> conv / dense / pool -> quantize as int8 nodes
 )
 """The region-graph passes, in run order (each lowered region graph goes through them before it
 is serialized). This was the alphabetical import order of :mod:`.ops`; it is now stated here, and
