@@ -41,6 +41,7 @@ from .rules import (
     unregister_pattern,
 )
 from . import placement  # noqa: E402
+from .tune import TuneReport, tune  # noqa: E402
 from .placement import (  # noqa: E402,A004
     compile,
     place,
@@ -95,6 +96,8 @@ __all__ = [
     "report",
     "rules",
     "stages",
+    "tune",
+    "TuneReport",
     "unregister_op_rule",
     "unregister_pattern",
 ]

@@ -233,8 +233,8 @@ def test_conv_sites_are_distinct_and_complete():
     import byoc_hetero as bh
     from byoc_hetero.tune.algorithms import ConvSite, conv_sites
 
-    mod, _ = bh.models.resnet18(image_size=32)
-    sites = conv_sites(mod)
+    mod, params = bh.models.resnet18(image_size=32)
+    sites = conv_sites(bh.partition(mod, params))
     assert len(sites) == len(set(sites)) == 11  # ResNet-18: 20 convolutions, 11 distinct
     stem = sites[0]
     assert stem == ConvSite((1, 3, 32, 32), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1)
@@ -258,7 +258,84 @@ def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
     # otherwise changes the decision (the cache is what is decided from)
     again = TimingCache(tmp_path / "t.json", MACHINE)
     slow = "winograd" if d_wino.chosen == "direct" else "direct"
-    again.put(wino.key(d_wino.chosen), Timing(1.0, 5))
+    again.put(wino.timing_key(d_wino.chosen), Timing(1.0, 5))
     (d2, _) = tune_conv_algorithms([wino, strided], again)
     assert d2.cached and d2.chosen == slow and again.misses == 0
-    assert decisions_option([d2]) == {wino.key(): slow}
+    option = json.loads(decisions_option([d2, d_strided]))
+    assert option == ({wino.key(): slow} if slow != d2.default else {})  # only changes are written
+
+
+# ---- bh.tune: decisions applied through the backend option, the never-slower guard -------------
+
+def _small_cnn():
+    import byoc_hetero as bh
+
+    return bh.models.resnet18(image_size=64)
+
+
+def test_algorithms_option_reaches_the_conv_nodes():
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.tune.algorithms import conv_sites
+
+    mod, params = _small_cnn()
+    sites = conv_sites(bh.partition(mod, params))
+    wanted = {s.key(): ("winograd" if i % 2 else "direct") for i, s in enumerate(sites)}
+    part = bh.partition(mod, params, options={"onednn": {"algorithms": json.dumps(wanted)}})
+    seen = {}
+    for entry in region_table(part).values():
+        tensors = entry.graph["tensors"]
+        for node in entry.graph["nodes"]:
+            if node["op"] == "conv2d":
+                from byoc_hetero.backends.onednn.ops.conv2d import conv_site_key
+
+                key = conv_site_key(tensors[node["inputs"][0]]["shape"], tensors[node["inputs"][1]]["shape"],
+                                    node.get("attrs", {}))
+                seen[key] = node["attrs"].get("algo")
+    assert seen == wanted
+    with pytest.raises(bh.RuleError, match="expected one of"):
+        bh.partition(mod, params, options={"onednn": {"algorithms": json.dumps({"x": "fft"})}})
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_tune_keeps_the_tuned_plan_only_when_measured_faster(monkeypatch, tmp_path, faster):
+    import tvm
+    from tvm import relax
+
+    import byoc_hetero as bh
+    from byoc_hetero.tune import tuner
+    from byoc_hetero.tune.algorithms import AlgorithmDecision
+
+    # every timed site decides the opposite of the thresholds, so the tuned plan differs
+    real = tuner.tune_conv_algorithms
+
+    def flipped(sites, cache, repeat=15):
+        out = real(sites, cache, repeat=3)
+        for d in out:
+            if d.timings:
+                d.chosen = "direct" if d.default == "winograd" else "winograd"
+        return out
+
+    monkeypatch.setattr(tuner, "tune_conv_algorithms", flipped)
+    monkeypatch.setattr(tuner, "_guard", lambda d, t, x, r, n: (Timing(2e-3, 5), Timing(1e-3 if faster else 3e-3, 5)))
+    mod, params = _small_cnn()
+    m, report = bh.tune(mod, params, cache=tmp_path / "c.json")
+    assert report.kept == ("tuned" if faster else "default")
+    assert any(d.chosen != d.default for d in report.algorithms)
+    assert "kept the" in str(report) and (faster or "not measured faster" in str(report))
+    x = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype("float32")
+    run = lambda mm: relax.VirtualMachine(relax.build(mm, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    want = run(bh.partition(mod, params))
+    np.testing.assert_allclose(run(m), want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
+
+
+def test_tune_rejects_levels_it_does_not_decide_yet():
+    import byoc_hetero as bh
+
+    mod, params = bh.models.mlp()
+    with pytest.raises(bh.PlacementError, match="cuda"):
+        bh.tune(mod, params, devices=("cpu", "cuda"))
+    with pytest.raises(bh.RuleError, match="precisions"):
+        bh.tune(mod, params, precisions=("f32", "bf16"))
+    with pytest.raises(bh.RuleError, match="tolerance"):
+        bh.tune(mod, params, tolerance=1e-2)

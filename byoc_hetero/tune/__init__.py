@@ -7,13 +7,17 @@
   time plus the copies the devices imply, within an error budget; exact, or the best so far when
   the budget runs out.
 
-The driver that enumerates a model's candidates, measures them and applies the solution
-(``bh.tune``) is not written yet; these pieces are tested on their own (tests/test_tune.py).
+- :mod:`.algorithms`: the algorithm level (direct or Winograd per convolution, timed alone);
+- :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
+  options, and keeps the tuned module only where it is measured faster end to end.
+
+The precision, codegen and device levels are not decided yet (``bh.tune`` says so when asked).
 """
 
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature
 from .measure import robust_timing, time_call
 from .solver import Choice, Problem, Region, Solution, linear_copy_cost, plan_cost, solve
+from .tuner import TuneReport, tune
 
 __all__ = [
     "Choice",
@@ -30,4 +34,6 @@ __all__ = [
     "signature",
     "solve",
     "time_call",
+    "tune",
+    "TuneReport",
 ]

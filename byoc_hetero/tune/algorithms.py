@@ -2,10 +2,11 @@
 
 The runtime picks Winograd F(4x4, 3x3) by fixed thresholds (at least 25 output tiles, tile buffers
 under 256 MiB; ``cpp/kernels/winograd.cc``), measured once on one machine's benchmark layers. Here
-each distinct convolution of a model (its :class:`ConvSite`: shapes, strides, padding, dilation,
-groups) is built alone as a one-node region of the runtime with random weights of its real shape,
+each distinct convolution of a partitioned model (its :class:`ConvSite`: shapes, strides,
+padding, dilation, groups, read from the regions as they run) is built alone as a one-node region of the runtime with random weights of its real shape,
 once per algorithm, and timed (:func:`.measure.time_call`). The faster one is the decision; the
-decision is written into the convolution's region node as ``algo`` (docs/region-format.md), which
+decision reaches the oneDNN backend as its option ``algorithms`` (site key → algorithm), whose
+last region pass writes it into the convolution's node as ``algo`` (docs/region-format.md), which
 wins over the thresholds. Sites where Winograd does not apply (not 3x3 stride 1, channels not in
 multiples of 16, ...) have one candidate and are not timed.
 
@@ -21,9 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
-from tvm import relax
 
-from .._relax import op_name, static_shape, tensor_dtype
+from ..backends.onednn.ops.conv2d import conv_site_key, float_conv_sites
 from .cache import Timing, TimingCache, signature
 from .measure import time_call
 
@@ -45,8 +45,12 @@ class ConvSite:
         return {"strides": list(self.strides), "padding": list(self.padding),
                 "dilation": list(self.dilation), "groups": self.groups}
 
-    def key(self, algo: str = "") -> str:
-        """The timing-cache signature of this site run by ``algo`` ("" for the decision key)."""
+    def key(self) -> str:
+        """The key the decision is given to the backend under (its option ``algorithms``)."""
+        return conv_site_key(self.data_shape, self.weight_shape, self.attrs())
+
+    def timing_key(self, algo: str) -> str:
+        """The timing-cache signature of this site run by ``algo``."""
         return signature("conv2d", [self.data_shape, self.weight_shape], ["float32"], self.attrs(), algo)
 
     def output_shape(self) -> tuple[int, int, int, int]:
@@ -63,24 +67,20 @@ class ConvSite:
         return f"conv2d {c}->{o} {kh}x{kw} s{self.strides[0]} on {h}x{w} (batch {n})"
 
 
-def conv_sites(mod: tvm.IRModule) -> list[ConvSite]:
-    """The distinct static float32 NCHW/OIHW conv2d calls of every Relax function of ``mod``, in
-    the order first met."""
+def conv_sites(partitioned: tvm.IRModule) -> list[ConvSite]:
+    """The distinct float32 convolutions of a partitioned module's oneDNN regions, as the regions
+    run them (after the region passes folded pads into them), in the order first met."""
+    from .._relax import region_table
+
     sites: dict[ConvSite, None] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and op_name(expr) == "relax.nn.conv2d":
-            a = expr.attrs
-            data, weight = (static_shape(arg) for arg in expr.args[:2])
-            if (data and weight and len(data) == 4 and str(a.data_layout) == "NCHW"
-                    and str(a.kernel_layout) == "OIHW" and tensor_dtype(expr.args[0]) == "float32"):
-                sites[ConvSite(data, weight, tuple(int(s) for s in a.strides),
-                               tuple(int(p) for p in a.padding), tuple(int(d) for d in a.dilation),
-                               int(a.groups))] = None
-
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
+    for entry in region_table(partitioned).values():
+        graph = entry.graph or {}
+        tensors = graph.get("tensors", [])
+        for node, _key in float_conv_sites(tensors, graph.get("nodes", [])):
+            a = node.get("attrs", {})
+            sites[ConvSite(tuple(tensors[node["inputs"][0]]["shape"]), tuple(tensors[node["inputs"][1]]["shape"]),
+                           tuple(a.get("strides", (1, 1))), tuple(a.get("padding", (0, 0, 0, 0))),
+                           tuple(a.get("dilation", (1, 1))), int(a.get("groups", 1)))] = None
     return list(sites)
 
 
@@ -133,7 +133,7 @@ class AlgorithmDecision:
 
 
 def _measure(site: ConvSite, algo: str, cache: TimingCache, repeat: int) -> tuple[Timing, bool]:
-    key = site.key(algo)
+    key = site.timing_key(algo)
     hit = cache.get(key)
     if hit is not None:
         return hit, True
@@ -164,6 +164,7 @@ def tune_conv_algorithms(sites: Iterable[ConvSite], cache: TimingCache | None = 
     return decisions
 
 
-def decisions_option(decisions: Sequence[AlgorithmDecision]) -> dict[str, str]:
-    """The backend option that applies ``decisions``: site signature → algorithm."""
-    return {d.site.key(): d.chosen for d in decisions}
+def decisions_option(decisions: Sequence[AlgorithmDecision]) -> str:
+    """The oneDNN backend's option ``algorithms`` that applies ``decisions`` (JSON: site key →
+    algorithm), naming only the sites where the decision differs from the thresholds'."""
+    return json.dumps({d.site.key(): d.chosen for d in decisions if d.chosen != d.default}, sort_keys=True)

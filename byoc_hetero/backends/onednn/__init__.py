@@ -63,6 +63,7 @@ from ...errors import RuleError
 from ...rules import Option, Variant, register_pattern, register_target, set_default_target
 from . import codegen, ops
 from .ops.activation import ACTIVATIONS
+from .ops.conv2d import check_algorithms
 from .precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
 from .runtime import RUNTIME_KIND, region_graph
 from .table import ALIASES, TABLE, TARGET, can_lower
@@ -75,6 +76,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_int8_anchors",           # ops/qdq.py: dequantize -> conv / dense / pool -> quantize as int8 nodes
+    "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
 )
 """The region-graph passes, in run order (each lowered region graph goes through them before it
 is serialized). This was the alphabetical import order of :mod:`.ops`; it is now stated here, and
@@ -100,6 +102,8 @@ OPTIONS = {
                         DEFAULT_PRECISION, _precision),
     "dim_ranges": Option("dim_ranges", "declared ranges of the symbolic dims, JSON {symbol: [min, max]} "
                          "(the stages fill it from the module's bounds)", None, _dim_ranges),
+    "algorithms": Option("algorithms", "per-convolution algorithm, JSON {site key: 'direct' | 'winograd' | "
+                         "'auto'} (what bh.tune measured; ops/conv2d.py conv_site_key)", None, check_algorithms),
 }
 """The options the oneDNN backend accepts (:meth:`byoc_hetero.rules.Backend.check_options`)."""
 

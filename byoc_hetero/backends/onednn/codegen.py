@@ -29,9 +29,11 @@ def relax_ext_codegen(funcs, options, constant_names):
 
     ``options`` (RunCodegen's target options for ``onednn``, checked by the backend's options) may hold ``precision``
     (``"f32"`` | ``"bf16"``), written into every region graph, and ``dim_ranges`` (JSON: the
-    declared range of each symbol), written into the regions that have those symbols.
+    declared range of each symbol), written into the regions that have those symbols; the other
+    options (``algorithms``) reach the region passes as ``graph.options``.
     """
     precision = str(options["precision"]) if options is not None and "precision" in options else DEFAULT_PRECISION
     # declared ranges of the symbolic dims ({"N": [1, 64]}, byoc_hetero/ranges.py codegen_options)
     ranges = json.loads(str(options["dim_ranges"])) if options is not None and "dim_ranges" in options else {}
-    return [create_module(lower_region(func, constant_names, precision, ranges)) for func in funcs]
+    others = {str(k): v for k, v in (options or {}).items() if str(k) not in ("precision", "dim_ranges")}
+    return [create_module(lower_region(func, constant_names, precision, ranges, others)) for func in funcs]

@@ -73,6 +73,9 @@ class RegionGraph:
     source_composites: list[str] = field(default_factory=list)
     source_ops: dict[str, int] = field(default_factory=dict)
     target: str = TARGET
+    #: the backend options of this partition (RunCodegen's, checked): region passes that act on a
+    #: decision taken outside the region (a tuner's ``algorithms``) read it; not serialized
+    options: dict[str, Any] = field(default_factory=dict)
     #: compute precision of the anchors ("f32" | "bf16"); written only when not f32, so f32
     #: documents stay what they were
     precision: str = DEFAULT_PRECISION
@@ -162,12 +165,13 @@ class RegionLowering:
 
     def __init__(self, func: relax.Function, constant_names: Mapping[Any, str],
                  precision: str = DEFAULT_PRECISION,
-                 dim_ranges: Mapping[str, tuple[int | None, int | None]] | None = None):
+                 dim_ranges: Mapping[str, tuple[int | None, int | None]] | None = None,
+                 options: Mapping[str, Any] | None = None):
         self.func = func
         self.dim_ranges = dict(dim_ranges or {})
         self.symbol = str(func.attrs["global_symbol"])
         self.graph = RegionGraph(self.symbol, target=str(func.attrs.get("Codegen", TARGET)),
-                                 precision=check_precision(precision))
+                                 precision=check_precision(precision), options=dict(options or {}))
         self.constant_names = constant_names
         self.const_ids: dict[str, int] = {}
         # value → tensor id; aliases (reshape of a bias, permute_dims of a weight) resolve here
@@ -347,8 +351,10 @@ class RegionLowering:
 
 def lower_region(func: relax.Function, constant_names: Mapping[Any, str],
                  precision: str = DEFAULT_PRECISION,
-                 dim_ranges: Mapping[str, Sequence[int | None]] | None = None) -> RegionGraph:
+                 dim_ranges: Mapping[str, Sequence[int | None]] | None = None,
+                 options: Mapping[str, Any] | None = None) -> RegionGraph:
     """Lower one outlined region function to its RegionGraph (computing in ``precision``; the
-    declared ``dim_ranges`` of its symbols, ``{"N": [1, 64]}``, written for the runtime to check)."""
+    declared ``dim_ranges`` of its symbols, ``{"N": [1, 64]}``, written for the runtime to check;
+    the partition's other backend ``options`` for the region passes that read them)."""
     ranges = {str(k): (v[0], v[1]) for k, v in (dim_ranges or {}).items()}
-    return RegionLowering(func, constant_names, precision, ranges).run()
+    return RegionLowering(func, constant_names, precision, ranges, options).run()

@@ -8,7 +8,10 @@ and bias by two nodes the runtime runs once, at load, when the statistics are co
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
@@ -17,7 +20,7 @@ from ...._relax import static_shape
 from ....rules import Match
 from ..epilogue import anchor_rules, epilogue_reason, tensors_reason
 from ..precision import out_dtype_reason, tensor_reason
-from ..table import lowers, pattern_rules
+from ..table import graph_pass, lowers, pattern_rules
 
 
 def conv2d_anchor() -> tuple[DFPattern, dict[str, DFPattern]]:
@@ -128,3 +131,69 @@ def fold_batch_norm(ctx, call: relax.Call) -> tuple[int, ...] | None:
     node.attrs["has_bias"] = 1
     node.folded = True
     return (node.output,)
+
+
+# -- per-convolution algorithm decisions (a tuner's; backend option ``algorithms``) ---------------
+
+CONV_ALGORITHMS = ("auto", "direct", "winograd")
+"""What a conv2d node's ``algo`` may say (docs/region-format.md)."""
+
+
+def conv_site_key(data_shape: Sequence[int], weight_shape: Sequence[int], attrs: Mapping[str, Any]) -> str:
+    """The key a per-convolution decision is stored under: what the convolution's speed depends on
+    (its data and weight shapes, strides, padding, dilation, groups), as canonical JSON. Equal
+    convolutions anywhere in any model get equal keys."""
+    body = {"data": [int(d) for d in data_shape], "weight": [int(d) for d in weight_shape],
+            "strides": [int(v) for v in attrs.get("strides", [1, 1])],
+            "padding": [int(v) for v in attrs.get("padding", [0, 0, 0, 0])],
+            "dilation": [int(v) for v in attrs.get("dilation", [1, 1])],
+            "groups": int(attrs.get("groups", 1))}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def float_conv_sites(tensors: Sequence[Mapping[str, Any]], nodes: Sequence[Any]) -> Iterator[tuple[Any, str]]:
+    """``(node, site key)`` of each float32 conv2d with static shapes among ``nodes`` (region-graph
+    :class:`~..lowering.Node` s or the documents' node dicts) over ``tensors``."""
+    for node in nodes:
+        op, inputs, attrs = ((node["op"], node["inputs"], node.get("attrs", {})) if isinstance(node, Mapping)
+                             else (node.op, node.inputs, node.attrs))
+        if op != "conv2d" or "src_scale" in attrs:  # int8 convolutions have one algorithm
+            continue
+        data, weight = tensors[inputs[0]], tensors[inputs[1]]
+        if any(t.get("dtype", "float32") != "float32" for t in (data, weight)):
+            continue
+        if not all(isinstance(d, int) for d in [*data["shape"], *weight["shape"]]):
+            continue
+        yield node, conv_site_key(data["shape"], weight["shape"], attrs)
+
+
+def check_algorithms(value: Any) -> str:
+    """Validate the ``algorithms`` option: JSON ``{site key: "auto" | "direct" | "winograd"}``."""
+    from ....errors import RuleError
+
+    try:
+        table = json.loads(str(value))
+    except json.JSONDecodeError as err:
+        raise RuleError(f"option algorithms of backend 'onednn' must be JSON, got {str(value)[:60]!r}: {err}") from err
+    if not isinstance(table, dict):
+        raise RuleError(f"option algorithms of backend 'onednn' must be a JSON object, got {type(table).__name__}")
+    for key, algo in table.items():
+        if algo not in CONV_ALGORITHMS:
+            raise RuleError(f"option algorithms: site {key} asks for {algo!r}; expected one of {list(CONV_ALGORITHMS)}")
+    return json.dumps(table, sort_keys=True)
+
+
+@graph_pass
+def apply_conv_algorithms(graph) -> None:
+    """Each float32 conv2d whose site the backend option ``algorithms`` names gets that ``algo``
+    (direct or Winograd); the others keep the runtime's built-in thresholds. Why: the thresholds
+    (Winograd from 25 output tiles) were measured once, on one machine; a tuner measures each
+    convolution on this one (``byoc_hetero.tune``) and the decision must reach the node the
+    convolution became, after the other passes changed its padding or inputs (so it runs last)."""
+    chosen = graph.options.get("algorithms")
+    if not chosen:
+        return
+    table = json.loads(str(chosen))
+    for node, key in float_conv_sites(graph.tensors, graph.nodes):
+        if table.get(key, "auto") != "auto":
+            node.attrs["algo"] = table[key]

@@ -1,0 +1,149 @@
+"""``bh.tune``: a partitioned module whose decisions come from measurements on this machine.
+
+What it decides today (the levels of issue 26 that exist so far):
+
+- **algorithm**: each float32 convolution of the oneDNN regions runs direct or Winograd by its own
+  timing (:mod:`.algorithms`) instead of the fixed thresholds.
+
+Every decision is checked end to end: the tuned module and the default ``bh.partition`` module are
+built and timed side by side (alternating, :func:`.measure.time_call` each) on inputs of the
+model's shapes, and the tuned one is returned only where it is measured faster — never slower than
+the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
+figures.
+
+Not yet here (planned on the same pieces: the :mod:`.solver` and the :class:`.cache.TimingCache`):
+per-region precision under a tolerance, the codegen level (offload or llvm per region), devices
+with copies, threads. Asking for them is an error that says so, never a silent no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import PlacementError, RuleError
+from .algorithms import AlgorithmDecision, conv_sites, decisions_option, tune_conv_algorithms
+from .cache import Timing, TimingCache
+from .measure import time_call
+
+
+@dataclass
+class TuneReport:
+    """What :func:`tune` measured and decided."""
+
+    algorithms: list[AlgorithmDecision] = field(default_factory=list)
+    default: Timing | None = None  # the default partition, end to end
+    tuned: Timing | None = None  # the tuned candidate, end to end (None: no decision changed)
+    kept: str = "default"  # "tuned" or "default": which module was returned
+    cache_hits: int = 0
+    cache_misses: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = ["tuning report"]
+        for d in self.algorithms:
+            if d.timings:
+                lines.append(f"  {d.site}: {d.why()}{' [cached]' if d.cached else ''}")
+        changed = sum(d.chosen != d.default for d in self.algorithms)
+        lines.append(f"  algorithm: {len(self.algorithms)} convolutions, {sum(bool(d.timings) for d in self.algorithms)}"
+                     f" with a choice, {changed} differ from the thresholds")
+        if self.default is not None:
+            tuned = f"{self.tuned.median_s * 1e3:.3f} ms" if self.tuned else "(no change to time)"
+            lines.append(f"  end to end: default {self.default.median_s * 1e3:.3f} ms, tuned {tuned}; "
+                         f"kept the {self.kept} plan")
+        lines.append(f"  timing cache: {self.cache_hits} hits, {self.cache_misses} misses")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _check_request(devices: Sequence[str], precisions: Sequence[str], tolerance: float | None,
+                   calibration: Any) -> None:
+    for d in devices:
+        if str(d).split(":")[0] != "cpu":
+            raise PlacementError(f"tune: device {d!r} is not tuned yet (only 'cpu'); place it with bh.place")
+    if len(precisions) != 1:
+        raise RuleError(f"tune: choosing among precisions {list(precisions)} is not implemented yet; "
+                        "give one precision (it applies to the whole model)")
+    if tolerance is not None or calibration is not None:
+        raise RuleError("tune: tolerance and calibration belong to the precision level, which is not "
+                        "implemented yet")
+
+
+def _inputs(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for var in mod["main"].params:
+        if params and var.name in params:
+            continue
+        shape = [int(d) for d in var.ty.shape.values]
+        arrays.append(rng.standard_normal(shape).astype(str(var.ty.dtype)))
+    return arrays
+
+
+def _timer(partitioned: tvm.IRModule, inputs: list[np.ndarray]):
+    vm = relax.VirtualMachine(relax.build(partitioned, target="llvm"), tvm.cpu())
+    args = [tvm.runtime.tensor(x) for x in inputs]
+    return lambda: vm["main"](*args)
+
+
+def _guard(default: tvm.IRModule, tuned: tvm.IRModule, inputs: list[np.ndarray], rounds: int,
+           repeat: int) -> tuple[Timing, Timing]:
+    """Both modules timed alternately; the median of each round's medians."""
+    run_default, run_tuned = _timer(default, inputs), _timer(tuned, inputs)
+    d_medians, t_medians = [], []
+    for r in range(rounds):
+        order = [(run_default, d_medians), (run_tuned, t_medians)]
+        for fn, out in order if r % 2 == 0 else reversed(order):
+            out.append(time_call(fn, warmup=2, repeat=repeat).median_s)
+    return (Timing(float(np.median(d_medians)), rounds * repeat),
+            Timing(float(np.median(t_medians)), rounds * repeat))
+
+
+def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
+         devices: Sequence[str] = ("cpu",), targets: Any = None, precisions: Sequence[str] = ("f32",),
+         tolerance: float | None = None, calibration: Any = None, cache: str | os.PathLike | TimingCache | None = None,
+         guard_rounds: int = 3, repeat: int = 15, progress: bool = False) -> tuple[tvm.IRModule, TuneReport]:
+    """Partition ``mod`` with decisions measured on this machine; returns ``(module, report)``.
+
+    The module builds, exports and reloads like any ``bh.partition`` result. ``cache``: a
+    :class:`TimingCache` or the path of its file (kept between runs; a foreign or stale file is
+    ignored with a warning). ``progress`` writes one line per measured site to stderr. See the
+    module docstring for which levels are decided today; asking for another (a GPU device, several
+    precisions, a tolerance) raises :class:`~byoc_hetero.RuleError` /
+    :class:`~byoc_hetero.PlacementError`.
+    """
+    from ..stages import partition
+
+    _check_request(devices, precisions, tolerance, calibration)
+    timing_cache = cache if isinstance(cache, TimingCache) else TimingCache(cache)
+    precision = precisions[0]
+    default = partition(mod, params, target=targets, precision=precision)
+    report = TuneReport()
+    sites = conv_sites(default)
+    for i, site in enumerate(sites):
+        report.algorithms.extend(tune_conv_algorithms([site], timing_cache, repeat=repeat))
+        if progress:
+            print(f"\rtune: algorithm {i + 1}/{len(sites)} {site}", end="", file=sys.stderr, flush=True)
+    if progress and sites:
+        print(file=sys.stderr)
+    timing_cache.save()
+    report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
+    option = decisions_option(report.algorithms)
+    if option == "{}":
+        report.notes.append("every measured decision equals the built-in thresholds: the default plan")
+        return default, report
+    tuned = partition(mod, params, target=targets, precision=precision,
+                      options={"onednn": {"algorithms": option}})
+    report.default, report.tuned = _guard(default, tuned, _inputs(mod, params, seed=0), guard_rounds, repeat)
+    if report.tuned.median_s < report.default.median_s:
+        report.kept = "tuned"
+        return tuned, report
+    report.notes.append("the tuned plan was not measured faster end to end: the default plan is kept")
+    return default, report
