@@ -25,6 +25,7 @@ from .errors import (
     ModelFileError,
     PlacementError,
     PlacementWarning,
+    QuantizationError,
     RuleError,
     UnsupportedModelError,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "PlacementError",
     "PlacementWarning",
     "PartitionReport",
+    "QuantizationError",
     "RuleError",
     "annotate_target",
     "bind_params",

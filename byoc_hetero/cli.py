@@ -6,7 +6,8 @@ the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build), ``benc
 
 Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
 file, a wrong input count, shape or dtype: :class:`~byoc_hetero.errors.InputError`,
-:class:`~byoc_hetero.errors.ModelFileError`); 3 a model TVM cannot import
+:class:`~byoc_hetero.errors.ModelFileError`, a malformed scale or zero point of a quantized model:
+:class:`~byoc_hetero.errors.QuantizationError`); 3 a model TVM cannot import
 (:class:`~byoc_hetero.errors.UnsupportedModelError`); 1 anything else, TVM's own errors included
 (whatever their Python class: TVM raises ``ValueError`` for its internal failures too). Every error
 is one line on stderr: ``byoc-hetero: error: ...``.
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import ByocError, InputError, ModelFileError, UnsupportedModelError, first_line
+from .errors import ByocError, InputError, ModelFileError, QuantizationError, UnsupportedModelError, first_line
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNSUPPORTED = 0, 1, 2, 3
 
@@ -178,7 +179,7 @@ def exit_code(err: BaseException) -> int:
     """The exit code for an error that ended a command: decided by our exception classes only."""
     if isinstance(err, UnsupportedModelError):
         return EXIT_UNSUPPORTED
-    if isinstance(err, InputError | ModelFileError):
+    if isinstance(err, InputError | ModelFileError | QuantizationError):
         return EXIT_INPUT
     return EXIT_INTERNAL
 

@@ -54,6 +54,7 @@ from .backends.onednn import TARGET as DEFAULT_TARGET
 from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
 from .errors import CodegenError, RuleError, first_line
 from .fold import fold_int_constants
+from .quant.validate import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
 from .rules import (
@@ -764,8 +765,11 @@ def partition(
 ) -> tvm.IRModule:
     """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes.
 
-    ``precision``: ``"f32"`` (default) or ``"bf16"`` (see :func:`stages`).
+    ``precision``: ``"f32"`` (default) or ``"bf16"`` (see :func:`stages`). A quantized module's
+    constant scales and zero points are checked first (:class:`~byoc_hetero.errors.QuantizationError`
+    naming the op and value for a malformed one).
     """
+    check_relax_qdq(mod, params)
     mod = bind_params(mod, params)
     # index / mask bookkeeping on constants and static shapes (int64, bool) becomes constants: it has
     # no runtime kernel and, reading a region's output shape, split ViT in two (byoc_hetero/fold.py)

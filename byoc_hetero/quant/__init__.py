@@ -1,0 +1,1 @@
+"""Quantization: our own post-training quantizer and the checks of quantized models."""
