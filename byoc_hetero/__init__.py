@@ -31,6 +31,7 @@ from .errors import (
 )
 from .frontends import from_onnx, from_torch
 from .profile import OpProfile, op_profile
+from .quant import QuantizedModel, quantize
 from .report import PartitionReport, report
 from .rules import (
     Match,
@@ -74,6 +75,7 @@ __all__ = [
     "PlacementWarning",
     "PartitionReport",
     "QuantizationError",
+    "QuantizedModel",
     "RuleError",
     "annotate_target",
     "bind_params",
@@ -91,6 +93,7 @@ __all__ = [
     "vm",
     "register_pattern",
     "register_target",
+    "quantize",
     "report",
     "rules",
     "stages",
