@@ -20,6 +20,7 @@ import numpy as np
 import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
+from .passes.dynamic_quantize_linear import dynamic_quantize_linear
 from .quant.validate import check_onnx as check_onnx_qdq
 from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges, dim_ranges
 
@@ -102,7 +103,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
         # pads follow from the model's own input shapes: with shapes overridden, TVM's autopad decides
         return _fold_zero_pads(m if shape_dict else _explicit_same_pads(m))
 
-    model = same_pads(model)
+    model = dynamic_quantize_linear(same_pads(model))
     # TVM's importer prints "Error converting operator ..." before it raises; held back here and shown
     # only if the import fails for good (a model the folding rescues would print a failure that was not).
     diagnostics = io.StringIO()

@@ -54,6 +54,7 @@ from .backends.onednn import TARGET as DEFAULT_TARGET
 from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
 from .errors import CodegenError, RuleError, first_line
 from .fold import fold_int_constants
+from .passes.matmul_integer_qdq import matmul_integer_qdq
 from .quant.validate import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
@@ -773,6 +774,9 @@ def partition(
     mod = bind_params(mod, params)
     # index / mask bookkeeping on constants and static shapes (int64, bool) becomes constants: it has
     # no runtime kernel and, reading a region's output shape, split ViT in two (byoc_hetero/fold.py)
+    # quantize_dynamic's MatMulInteger into the QDQ form (byoc_hetero/passes), before the folding
+    # below turns its weight's int32 casts into constants that no longer show the int8 weight
+    mod = matmul_integer_qdq(mod)
     mod = fold_int_constants(mod)
     for stage in stages(target, min_region_ops, require_heavy_op, precision):
         mod = stage(mod)
