@@ -145,12 +145,15 @@ def entropy_threshold(magnitudes: np.ndarray, signed: bool, bins: int = 2048) ->
     for i in range(levels, bins + 1, 16):
         ref = hist[:i].copy()
         ref[-1] += hist[i:].sum()
-        chunks = np.array_split(np.arange(i), levels)
-        q = np.zeros(i)
-        for idx in chunks:
-            nonzero = hist[idx] > 0
-            if nonzero.any():
-                q[idx[nonzero]] = hist[idx].sum() / nonzero.sum()
+        # the i bins merged into `levels` chunks (np.array_split's sizes), each chunk's mass spread
+        # evenly over its non-empty bins
+        lengths = np.full(levels, i // levels)
+        lengths[: i % levels] += 1  # as np.array_split sizes them (i >= levels: none empty)
+        starts = np.concatenate(([0], lengths.cumsum()[:-1]))
+        nonzero = hist[:i] > 0
+        mass = np.add.reduceat(hist[:i], starts)
+        count = np.add.reduceat(nonzero.astype(np.float64), starts)
+        q = np.repeat(np.divide(mass, count, out=np.zeros_like(mass), where=count > 0), lengths) * nonzero
         kl = _kl(ref / ref.sum(), q / max(q.sum(), 1e-12))
         if kl < best_kl:
             best, best_kl = i, kl

@@ -19,10 +19,8 @@ constants, and the weight parameters change type (float32 → int8), which chang
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
-import tvm
 from tvm import relax
 
 from .plan import Layer, Plan, weight_qparams

@@ -107,7 +107,8 @@ def _bias_of(call: relax.Call, out: relax.Var, values: Mapping[relax.Var, Any], 
         other = value.args[0]
     if isinstance(other, relax.Var) and other.ty.ndim == 1:
         shape = other.ty.shape
-        if isinstance(shape, relax.ShapeExpr) and int(shape.values[0]) == channels:
+        if isinstance(shape, relax.ShapeExpr) and isinstance(shape.values[0], tvm.tirx.IntImm) \
+                and int(shape.values[0]) == channels:
             return other.name
     return None
 
