@@ -357,3 +357,28 @@ def test_a_module_with_a_symbolic_batch_calibrates_on_any_sizes_and_runs_any_siz
     got = run(build(bh.partition(q.mod, q.params)), [x])
     want = net(torch.from_numpy(x)).detach().numpy()
     assert got.shape == (7, 4) and np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+
+
+def test_a_weight_also_read_outside_its_layer_stays_float_there():
+    # an embedding table tied to the output projection (GPT-2's wte): the matmul reads the int8 copy,
+    # the other reader the float parameter, as ONNX Runtime keeps the float initializer for it
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            z = bb.emit(relax.op.multiply(w, relax.const(2.0, "float32")))
+            out = bb.emit_output(relax.Tuple([y, z]))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((4, 8)).astype(np.float32)}
+    q = bh.quantize(bb.get(), params, calibration=[rng.standard_normal((2, 4)).astype(np.float32)], verbose=False)
+    assert q.params["w"].dtype == np.float32 and q.params["w_quantized"].dtype == np.int8
+    import tvm
+
+    vm = relax.VirtualMachine(build(bh.bind_params(q.mod, q.params)), tvm.cpu())
+    _, doubled = vm["main"](tvm.runtime.tensor(np.ones((2, 4), np.float32)))
+    np.testing.assert_array_equal(doubled.numpy(), 2 * params["w"])

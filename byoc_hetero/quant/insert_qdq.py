@@ -42,6 +42,10 @@ def _subst(expr: relax.Expr, env: Mapping[relax.Var, relax.Expr]) -> relax.Expr:
     return expr
 
 
+def _all_bindings(func: relax.Function) -> list[relax.Binding]:
+    return [b for block in func.body.blocks for b in block.bindings]
+
+
 def _free_vars(expr: relax.Expr) -> list[relax.Var]:
     found: list[relax.Var] = []
     relax.analysis.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
@@ -101,19 +105,26 @@ def insert_qdq(func: relax.Function, plan: Plan, qparams: Mapping[relax.Var, QPa
     """
     quantized = _Quantized(plan.layers, params, qparams, plan.points, per_channel)
     replaced = {p for p in func.params if p.name in quantized.vars}
-    new_params = [p for p in func.params if p not in replaced] + [quantized.vars[p.name] for p in replaced]
+    uses = set().union(*(layer.param_uses for layer in plan.layers)) if plan.layers else set()
+    # a weight also read outside its layers (an embedding table tied to the output projection, as
+    # GPT-2's) keeps its float parameter for those readers, as ONNX Runtime keeps the initializer
+    still_float = {v for b in _all_bindings(func) if b.var not in uses for v in _free_vars(b.value)} \
+        | set(_free_vars(func.body.body))
+    new_params = [p for p in func.params if p not in replaced or p in still_float] + \
+        [quantized.vars[p.name] for p in replaced]
     attrs = {k: v for k, v in (func.attrs or {}).items() if k != "params"} if func.attrs is not None else None
     bb = relax.BlockBuilder()
     env: dict[relax.Var, relax.Expr] = {}
+    dequantized: dict[relax.Var, relax.Expr] = {}  # a weight parameter -> its dequantized value
 
     def point(var: relax.Var, value: relax.Expr) -> relax.Expr:
         return _emit_qdq(bb, value, qparams[plan.points[var]]) if var in plan.points else value
 
     def dequantize_weights(expr: relax.Expr) -> None:
         for v in _free_vars(expr):
-            if v in replaced and v not in env:
+            if v in replaced and v not in dequantized:
                 scale, zp, axis = quantized.dq[v.name]
-                env[v] = bb.emit(relax.op.dequantize(
+                dequantized[v] = bb.emit(relax.op.dequantize(
                     quantized.vars[v.name], relax.const(scale, "float32"), relax.const(zp, str(zp.dtype)),
                     axis=axis, out_dtype="float32"))
 
@@ -124,11 +135,14 @@ def insert_qdq(func: relax.Function, plan: Plan, qparams: Mapping[relax.Var, QPa
                     env[p] = point(p, p)
             for block in func.body.blocks:
                 for b in block.bindings:
-                    dequantize_weights(b.value)
+                    reads = env
+                    if b.var in uses:
+                        dequantize_weights(b.value)
+                        reads = {**env, **dequantized}
                     if b.var in plan.dropped:  # relu(x): the output's range starts at 0, quantize clips
-                        env[b.var] = _emit_qdq(bb, _subst(b.value.args[0], env), qparams[plan.points[b.var]])
+                        env[b.var] = _emit_qdq(bb, _subst(b.value.args[0], reads), qparams[plan.points[b.var]])
                         continue
-                    value = _subst(b.value, env)
+                    value = _subst(b.value, reads)
                     if isinstance(b, relax.MatchCast):
                         new = bb.match_cast(value, b.ty)
                     else:

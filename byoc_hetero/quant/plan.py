@@ -58,6 +58,9 @@ class Layer:
     bias: str | None = None
     output: relax.Var | None = field(repr=False, default=None)
     dropped_relu: relax.Var | None = field(repr=False, default=None)
+    # the bindings that read the weight / bias parameters for this layer (the layer, a weight's
+    # permute_dims, a bias's reshape and add): only these read the quantized parameters
+    param_uses: set[relax.Var] = field(repr=False, default_factory=set)
 
 
 @dataclass
@@ -80,27 +83,31 @@ def _is_float_tensor(expr: relax.Expr) -> bool:
 
 
 def _weight_of(arg: relax.Expr, values: Mapping[relax.Var, Any], weights: set[str], op: str
-               ) -> tuple[str, int] | None:
-    """(parameter name, output-channel axis of that parameter) when ``arg`` is a weight of ``op``."""
+               ) -> tuple[str, int, list[relax.Var]] | None:
+    """(parameter name, output-channel axis of that parameter, the bindings between it and the layer)
+    when ``arg`` is a weight of ``op``."""
     if isinstance(arg, relax.Var) and arg.name in weights:
-        return arg.name, (0 if op == "relax.nn.conv2d" else arg.ty.ndim - 1)
+        return arg.name, (0 if op == "relax.nn.conv2d" else arg.ty.ndim - 1), []
     value = values.get(arg)
     if op == "relax.matmul" and isinstance(value, relax.Call) and op_name(value) == "relax.permute_dims":
         src = value.args[0]
         axes = value.attrs.axes
         if isinstance(src, relax.Var) and src.name in weights and src.ty.ndim == 2 and \
                 (axes is None or [int(a) for a in axes] == [1, 0]):
-            return src.name, 0
+            return src.name, 0, [arg]
     return None
 
 
 def _bias_of(call: relax.Call, out: relax.Var, values: Mapping[relax.Var, Any], weights: set[str],
-             channels: int) -> str | None:
-    """The name of the 1-D weight parameter of ``channels`` values that ``call`` (an add) adds to ``out``."""
+             channels: int) -> tuple[str, list[relax.Var]] | None:
+    """(name, bindings on the way) of the 1-D weight parameter of ``channels`` values that ``call``
+    (an add) adds to ``out``."""
     if op_name(call) != "relax.add" or len(call.args) != 2:
         return None
     other = call.args[1] if call.args[0].same_as(out) else call.args[0] if call.args[1].same_as(out) else None
+    path = []
     while isinstance(other, relax.Var) and other.name not in weights:
+        path.append(other)
         value = values.get(other)
         if not (isinstance(value, relax.Call) and op_name(value) in _BIAS_PATH_OPS):
             return None
@@ -109,7 +116,7 @@ def _bias_of(call: relax.Call, out: relax.Var, values: Mapping[relax.Var, Any], 
         shape = other.ty.shape
         if isinstance(shape, relax.ShapeExpr) and isinstance(shape.values[0], tvm.tirx.IntImm) \
                 and int(shape.values[0]) == channels:
-            return other.name
+            return other.name, path
     return None
 
 
@@ -146,13 +153,15 @@ def find_layers(func: relax.Function, weights: set[str]) -> list[Layer]:
             shape = tuple(int(d) for d in wvar.ty.shape.values)
         layer = Layer(len(layers), f"{short}_{k}", short, weight[0] if weight else None,
                       weight[1] if weight else None, shape, b.var, acts)
+        layer.param_uses = {b.var, *(weight[2] if weight else [])}
         out = b.var
         nxt = users.get(out, [])
         if weight is not None and len(nxt) == 1:
             channels = shape[weight[1]]
             bias = _bias_of(nxt[0].value, out, values, weights, channels)
             if bias is not None:
-                layer.bias, out = bias, nxt[0].var
+                layer.bias, out = bias[0], nxt[0].var
+                layer.param_uses.update([out, *bias[1]])
         nxt = users.get(out, [])
         if len(nxt) == 1 and isinstance(nxt[0].value, relax.Call) and op_name(nxt[0].value) == "relax.nn.relu":
             layer.dropped_relu = nxt[0].var
