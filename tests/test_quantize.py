@@ -276,6 +276,14 @@ def test_a_calibration_input_of_the_wrong_shape_is_an_input_error():
         bh.quantize(mod, params, calibration=[np.zeros((1, 3, 8, 8), np.float32)], verbose=False)
 
 
+def test_a_calibration_input_with_nan_is_named():
+    mod, params = bh.models.small_convnet()
+    bad = _inputs(mod, 1)[0]
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.raises(QuantizationError, match=r"tensor 'data' holds NaN or inf on a calibration input"):
+        bh.quantize(mod, params, calibration=[bad], verbose=False)
+
+
 def test_a_model_without_layers_is_a_quantization_error():
     from conftest import graph
     from tvm import relax

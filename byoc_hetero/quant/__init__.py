@@ -158,7 +158,7 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
     order = {p: -len(func.params) + i for i, p in enumerate(func.params)} | tensor_index(func)
     observed = sorted({v for v in the_plan.points.values()}, key=lambda v: order[v])
     vm = build_observer(mod, params, observed, calibrate_on)
-    stats = Observations(len(observed), keep_samples=method != "minmax")
+    stats = Observations([v.name for v in observed], keep_samples=method != "minmax")
     floats = []
     for sample in samples:
         outputs, values = run_observer(vm, sample)

@@ -83,7 +83,9 @@ class Observations:
     """Per observed tensor: its min and max over all inputs, and (for the histogram methods) a sample
     of its values (at most 2**20 per input, evenly strided)."""
 
-    def __init__(self, count: int, keep_samples: bool):
+    def __init__(self, names: list[str], keep_samples: bool):
+        self.names = names
+        count = len(names)
         self.low = np.full(count, np.inf)
         self.high = np.full(count, -np.inf)
         self.samples: list[list[np.ndarray]] | None = [[] for _ in range(count)] if keep_samples else None
@@ -93,8 +95,8 @@ class Observations:
             if a.size == 0:
                 continue
             if not np.all(np.isfinite(a)):
-                raise QuantizationError(f"observed tensor #{i} holds NaN or inf on a calibration input: "
-                                        "its range cannot be calibrated (check the inputs)")
+                raise QuantizationError(f"the float model's tensor {self.names[i]!r} holds NaN or inf on a "
+                                        "calibration input: its range cannot be calibrated (check the inputs)")
             self.low[i] = min(self.low[i], float(a.min()))
             self.high[i] = max(self.high[i], float(a.max()))
             if self.samples is not None:
