@@ -25,11 +25,13 @@ from .errors import (
     ModelFileError,
     PlacementError,
     PlacementWarning,
+    QuantizationError,
     RuleError,
     UnsupportedModelError,
 )
 from .frontends import from_onnx, from_torch
 from .profile import OpProfile, op_profile
+from .quant import QuantizedModel, quantize
 from .report import PartitionReport, report
 from .rules import (
     Backend,
@@ -75,6 +77,8 @@ __all__ = [
     "PlacementError",
     "PlacementWarning",
     "PartitionReport",
+    "QuantizationError",
+    "QuantizedModel",
     "RuleError",
     "annotate_target",
     "bind_params",
@@ -93,6 +97,7 @@ __all__ = [
     "vm",
     "register_pattern",
     "register_target",
+    "quantize",
     "report",
     "rules",
     "stages",

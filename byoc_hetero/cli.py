@@ -2,11 +2,14 @@
 
 Commands: ``demo`` (the README's main job), ``report MODEL.onnx`` (the partition report, optionally
 the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build), ``bench MODEL.onnx``
-(offloaded vs llvm-only latency), ``info`` (versions, oneDNN ISA, kernels).
+(offloaded vs llvm-only latency), ``info`` (versions, oneDNN ISA, kernels). ``report``, ``run`` and
+``bench`` take ``--quantize DIR``: the float model is first quantized to int8 by
+:func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR`` (docs/quantize.md).
 
 Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
 file, a wrong input count, shape or dtype: :class:`~byoc_hetero.errors.InputError`,
-:class:`~byoc_hetero.errors.ModelFileError`); 3 a model TVM cannot import
+:class:`~byoc_hetero.errors.ModelFileError`, a malformed scale or zero point of a quantized model:
+:class:`~byoc_hetero.errors.QuantizationError`); 3 a model TVM cannot import
 (:class:`~byoc_hetero.errors.UnsupportedModelError`); 1 anything else, TVM's own errors included
 (whatever their Python class: TVM raises ``ValueError`` for its internal failures too). Every error
 is one line on stderr: ``byoc-hetero: error: ...``.
@@ -19,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import ByocError, InputError, ModelFileError, UnsupportedModelError, first_line
+from .errors import ByocError, InputError, ModelFileError, QuantizationError, UnsupportedModelError, first_line
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNSUPPORTED = 0, 1, 2, 3
 
@@ -69,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
                              help="what offloaded conv2d/dense/matmul compute in (bf16: bf16 weights and "
                                   "activations, f32 accumulation, float32 inputs/outputs; runs f32 with a "
                                   "warning on CPUs without native bf16)")
+        command.add_argument("--quantize", type=Path, metavar="DIR",
+                             help="first quantize the float model to int8 with bh.quantize, calibrated on the "
+                                  "inputs in DIR: one .npy file per sample (one-input models) or one .npz per "
+                                  "sample with an array per input name")
+        command.add_argument("--quantize-method", choices=("minmax", "percentile", "entropy"), default="minmax",
+                             help="how --quantize calibrates activation ranges (default minmax)")
 
     sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
     return parser
@@ -78,12 +87,38 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _load_and_partition(path: Path, precision: str = "f32"):
+def _load_calibration(folder: Path) -> list:
+    """--quantize DIR: the samples, in file name order (InputError for a missing folder, no samples or
+    an unreadable file)."""
+    import numpy as np
+
+    if not folder.is_dir():
+        raise InputError(f"calibration folder {str(folder)!r} does not exist")
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz"))
+    if not files:
+        raise InputError(f"calibration folder {str(folder)!r} holds no .npy or .npz file")
+    samples = []
+    for path in files:
+        try:
+            data = np.load(path)
+            samples.append(dict(data) if path.suffix == ".npz" else data)
+        except Exception as err:  # noqa: BLE001 - numpy raises several kinds for a bad file
+            raise InputError(f"calibration file {str(path)!r} is not a readable numpy file: {first_line(err)}") from err
+    return samples
+
+
+def _load_and_partition(path: Path, precision: str = "f32", quantize: Path | None = None,
+                        method: str = "minmax"):
     import byoc_hetero as bh
 
     start = time.perf_counter()
     _progress(f"importing {path} ...")
     mod, params = bh.from_onnx(path)
+    if quantize is not None:
+        samples = _load_calibration(quantize)
+        _progress(f"quantizing on {len(samples)} calibration inputs ({method}) ...")
+        mod, params = q = bh.quantize(mod, params, calibration=samples, method=method, verbose=False)
+        _progress(f"  {q.summary()}")
     m = bh.bind_params(mod, params)
     for stage in bh.stages(precision=precision):
         t = time.perf_counter()
@@ -106,7 +141,7 @@ def _build(m, what: str):
 def _cmd_report(args) -> None:
     import byoc_hetero as bh
 
-    _, _, m = _load_and_partition(args.model, args.precision)
+    _, _, m = _load_and_partition(args.model, args.precision, args.quantize, args.quantize_method)
     rep = bh.report(m)
     print(rep)
     if args.render:
@@ -135,7 +170,7 @@ def _cmd_run(args) -> None:
     from .timing import run
 
     inputs = _load_inputs(args.input)
-    mod, params, m = _load_and_partition(args.model, args.precision)
+    mod, params, m = _load_and_partition(args.model, args.precision, args.quantize, args.quantize_method)
     check_inputs(mod, inputs, params)
     out = run(_build(m, "offloaded"), inputs)
     if args.output:
@@ -152,7 +187,7 @@ def _cmd_bench(args) -> None:
     from .inputs import check_inputs, signature
     from .timing import median_latency, random_inputs, relative_error, run
 
-    mod, params, m = _load_and_partition(args.model, args.precision)
+    mod, params, m = _load_and_partition(args.model, args.precision, args.quantize, args.quantize_method)
     if args.input:
         inputs = _load_inputs(args.input)  # their shapes pick the sizes of a dynamic model
         check_inputs(mod, inputs, params)
@@ -178,7 +213,7 @@ def exit_code(err: BaseException) -> int:
     """The exit code for an error that ended a command: decided by our exception classes only."""
     if isinstance(err, UnsupportedModelError):
         return EXIT_UNSUPPORTED
-    if isinstance(err, InputError | ModelFileError):
+    if isinstance(err, InputError | ModelFileError | QuantizationError):
         return EXIT_INPUT
     return EXIT_INTERNAL
 

@@ -10,7 +10,8 @@ found the problem, and the message names the rule, op, device, shape or dtype in
     ├── InputError              inputs that do not match a compiled model's signature
     ├── FrontendError           a model that cannot be imported
     │   ├── ModelFileError      missing, unreadable or invalid model file
-    │   └── UnsupportedModelError   TVM's importer cannot translate it
+    │   ├── UnsupportedModelError   TVM's importer cannot translate it
+    │   └── QuantizationError   malformed quantization parameters, or a quantizer option
     └── PlacementError          a placement that cannot be honoured
 
 :class:`PlacementWarning` (a ``UserWarning``) flags a placement rule that had no effect.
@@ -66,6 +67,13 @@ class ModelFileError(FrontendError):
 
 class UnsupportedModelError(FrontendError):
     """TVM's importer cannot translate the model (e.g. an op it does not know)."""
+
+
+class QuantizationError(FrontendError):
+    """A quantized model's parameters are malformed (a scale that is zero, negative, NaN or infinite;
+    a zero point outside its type's range; a scale or zero point whose shape does not fit its
+    tensor), or :func:`byoc_hetero.quantize` was given options or calibration data it cannot use.
+    The message names the node (or bound variable), the input and the value."""
 
 
 class PlacementError(ByocError, ValueError):

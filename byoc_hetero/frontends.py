@@ -22,6 +22,7 @@ import tvm
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
 from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges
 from .passes import ONNX_IMPORT, TORCH_IMPORT, run_passes
+from .quant.validate import check_onnx as check_onnx_qdq
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
 
@@ -57,7 +58,9 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     dim, the range and the value), and TVM's memory planning may use the upper bound. A name that
     is no symbolic dim of an input, or a range that is not ``1 <= min <= max``, is a
     :class:`FrontendError`. Raises
-    :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks.
+    :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks, and its
+    subclass :class:`~byoc_hetero.errors.QuantizationError` for a QDQ model with a malformed scale or
+    zero point (:func:`byoc_hetero.quant.validate.check_onnx`).
 
     When TVM's importer rejects the model as exported and ``onnxruntime`` is installed, the model is
     constant-folded by :func:`_fold_with_onnxruntime` (ONNX Runtime's *basic* graph optimizations only)
@@ -93,6 +96,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
         onnx.checker.check_model(model)
     except Exception as err:  # noqa: BLE001
         raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
+    check_onnx_qdq(model)  # QuantizationError naming the node: a bad scale would import silently
     shape_dict = dict(shape) if shape else None
 
     def same_pads(m: Any) -> Any:  # byoc_hetero.passes.ONNX_IMPORT, in order

@@ -53,6 +53,7 @@ from .passes import (
     run_passes,
 )
 from .passes.cost_gate import DEFAULT_MIN_REGION_OPS, HEAVY_OPS, gated_composites
+from .quant.validate import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
 from .rules import (
@@ -297,8 +298,10 @@ def partition(
     """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes.
 
     ``precision``: ``"f32"`` (the oneDNN backend's default) or ``"bf16"``; ``options``: per backend
-    (see :func:`stages`).
+    (see :func:`stages`). A quantized module's constant scales and zero points are checked first
+    (:class:`~byoc_hetero.errors.QuantizationError` naming the op and value for a malformed one).
     """
+    check_relax_qdq(mod, params)
     mod = run_passes(BEFORE_STAGES, bind_params(mod, params))
     for stage in stages(target, min_region_ops, require_heavy_op, precision, options):
         mod = stage(mod)

@@ -34,13 +34,15 @@ def _ops(mod, func="main"):
 def test_pipeline_order_is_pinned():
     """The whole order, by name: a pass added, removed or moved changes this list on purpose."""
     assert passes.pipeline() == [
-        "onnx:explicit_same_pads", "onnx:fold_zero_pads", "torch:inbound_slices", "fold_int_constants",
+        "onnx:explicit_same_pads", "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "torch:inbound_slices",
+        "matmul_integer_qdq", "fold_int_constants",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
         "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
         "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fold_views",
-        "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads", "onednn:fuse_int8_anchors", "onednn:apply_conv_algorithms",
+        "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads",
+        "onednn:fuse_int8_anchors", "onednn:apply_conv_algorithms",
         "insert_range_checks",
     ]
 

@@ -37,11 +37,13 @@ from tvm import relax
 from .._relax import entry_functions
 from .close_shape_arguments import close_shape_arguments
 from .drop_needless_broadcasts import drop_needless_broadcasts
+from .dynamic_quantize_linear import dynamic_quantize_linear
 from .explicit_same_pads import explicit_same_pads
 from .fold_int_constants import fold_int_constants
 from .fold_zero_pads import fold_zero_pads
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
+from .matmul_integer_qdq import matmul_integer_qdq
 from .merge_composite_functions import merge_composite_functions
 from .shorten_region_names import MAX_REGION_NAME, shorten_region_names
 
@@ -98,13 +100,19 @@ def close_region_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
 ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("explicit_same_pads", "onnx", explicit_same_pads),
     Pass("fold_zero_pads", "onnx", fold_zero_pads),
+    Pass("dynamic_quantize_linear", "onnx", dynamic_quantize_linear),
 )
 """Edits of the ONNX protobuf before TVM imports it (``bh.from_onnx``)."""
 
 TORCH_IMPORT: tuple[Pass, ...] = (Pass("inbound_slices", "relax", _relax(inbound_slices)),)
 """Rewrites of the module TVM's torch importer made (``bh.from_torch``)."""
 
-BEFORE_STAGES: tuple[Pass, ...] = (Pass("fold_int_constants", "relax", _relax(fold_int_constants)),)
+BEFORE_STAGES: tuple[Pass, ...] = (
+    # before the folding, which would turn the int8 weight's int32 casts into constants that no
+    # longer show the int8 weight
+    Pass("matmul_integer_qdq", "relax", _relax(matmul_integer_qdq)),
+    Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
+)
 """Run by ``bh.partition`` after binding the weights, before the four stages."""
 
 BEFORE_FUSION: tuple[Pass, ...] = (
@@ -151,7 +159,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT",
     "TORCH_IMPORT", "Pass", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
-    "dead_code_elimination", "drop_needless_broadcasts", "explicit_same_pads", "fold_int_constants",
-    "fold_zero_pads", "inbound_slices", "inline_composites", "merge_composite_functions", "pipeline",
+    "dead_code_elimination", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
+    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]

@@ -1,0 +1,204 @@
+"""Quantization: our own post-training quantizer (:func:`quantize`) and the checks of quantized
+models (:mod:`byoc_hetero.quant.validate`).
+
+:func:`quantize` turns a float Relax module into the QDQ form that ONNX Runtime's
+``quantize_static`` files import as (:mod:`.plan` decides where, :mod:`.calibrate` measures the
+ranges, :mod:`.insert_qdq` rewrites), so that ``bh.partition`` treats both alike.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+
+from ..errors import InputError, QuantizationError
+from .calibrate import METHODS, Observations, build_observer, run_observer
+from .insert_qdq import insert_qdq, replaced_weights
+from .plan import Layer, activation_qparams, plan, tensor_index
+
+__all__ = ["QuantizedLayer", "QuantizedModel", "quantize"]
+
+ACTIVATION_DTYPES = ("uint8", "int8")
+
+
+@dataclass
+class QuantizedLayer:
+    """A layer as quantized: ``inputs`` holds each activation input's ``(scale, zero_point)``,
+    ``output`` the output's, ``weight_scale`` the weight's scales (per output channel, or one)."""
+
+    index: int
+    name: str
+    op: str
+    weight: str | None
+    bias: str | None
+    inputs: list[tuple[float, int]]
+    output: tuple[float, int]
+    weight_scale: np.ndarray | None = field(repr=False, default=None)
+    relu: bool = False
+
+
+@dataclass
+class QuantizedModel:
+    """What :func:`quantize` returns; unpacks as ``mod, params = bh.quantize(...)``.
+
+    ``error`` is the largest relative error (max |quantized − float| / max |float|, over outputs and
+    calibration inputs) of the quantized module against the float one on the calibration inputs;
+    ``layers`` the quantized layers, ``kept_float`` the names of those left float32.
+    """
+
+    mod: tvm.IRModule
+    params: dict[str, np.ndarray]
+    error: float
+    layers: list[QuantizedLayer]
+    kept_float: list[str]
+    method: str
+    activation_dtype: str
+
+    def __iter__(self):
+        return iter((self.mod, self.params))
+
+    def summary(self) -> str:
+        """One line: layers quantized and kept, method, and the measured error."""
+        kept = f", {len(self.kept_float)} kept float ({', '.join(self.kept_float)})" if self.kept_float else ""
+        return (f"quantized {len(self.layers)} layers to int8{kept} ({self.method} ranges, "
+                f"{self.activation_dtype} activations, s8 weights); error vs float32 on the calibration "
+                f"inputs: {self.error:.2e} (max relative)")
+
+
+def _calibration_inputs(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: Any) -> list[list[np.ndarray]]:
+    """The calibration inputs as lists in ``main``'s input order, checked against its signature."""
+    from ..inputs import check_inputs
+
+    names = [p.name for p in mod["main"].params if p.name not in params]
+    if isinstance(calibration, np.ndarray) or calibration is None:
+        raise QuantizationError("calibration must be a non-empty list of inputs (each an array, a list of "
+                                "arrays in input order, or a dict by input name)")
+    samples = list(calibration)
+    if not samples:
+        raise QuantizationError("calibration is empty: at least one input is needed to measure ranges")
+    out = []
+    for k, sample in enumerate(samples):
+        if isinstance(sample, Mapping):
+            missing = [n for n in names if n not in sample]
+            if missing:
+                raise InputError(f"calibration input #{k} lacks {', '.join(missing)} (inputs: {', '.join(names)})")
+            arrays = [np.asarray(sample[n]) for n in names]
+        elif isinstance(sample, np.ndarray):
+            arrays = [sample]
+        else:
+            arrays = [np.asarray(a) for a in sample]
+        check_inputs(mod, arrays, params)
+        out.append(arrays)
+    return out
+
+
+def _check_options(method: str, activation_dtype: str, percentile: float) -> None:
+    if method not in METHODS:
+        raise QuantizationError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if activation_dtype not in ACTIVATION_DTYPES:
+        raise QuantizationError(f"activation_dtype must be 'uint8' or 'int8', got {activation_dtype!r}")
+    if not 50.0 < float(percentile) <= 100.0:
+        raise QuantizationError(f"percentile must lie in (50, 100], got {percentile!r}")
+
+
+def _layer_report(layers: list[Layer], qparams: Mapping, points: Mapping, scales: Mapping[str, np.ndarray]
+                  ) -> list[QuantizedLayer]:
+    def qp(var):
+        s, z, _ = qparams[points[var]]
+        return float(s), int(z)
+
+    return [QuantizedLayer(lyr.index, lyr.name, lyr.op, lyr.weight, lyr.bias, [qp(a) for a in lyr.inputs],
+                           qp(lyr.output), scales.get(lyr.weight) if lyr.weight else None,
+                           lyr.dropped_relu is not None) for lyr in layers]
+
+
+def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: Sequence[Any],
+             method: str = "minmax", keep_float: Sequence[int | str] | Callable[[Layer], bool] | None = None,
+             per_channel: bool = True, activation_dtype: str = "uint8", percentile: float = 99.99,
+             calibrate_on: str = "llvm", verbose: bool = True) -> QuantizedModel:
+    """Static post-training int8 quantization of a float module (weights as ``params``).
+
+    Each conv2d / matmul layer (:mod:`byoc_hetero.quant.plan`) gets int8 weights (symmetric, one
+    scale per output channel with ``per_channel``), an int32 bias, and ``activation_dtype`` activations
+    with calibrated asymmetric ranges at its inputs and output, in the QDQ form of ONNX Runtime's
+    ``quantize_static`` (relax.quantize / relax.dequantize): ``bh.partition`` treats the result as it
+    treats such a file.
+
+    ``calibration``: sample inputs, each an array (one-input model), a list of arrays in input order,
+    or a dict by input name. ``method``: ``"minmax"``, ``"percentile"`` (``percentile``-th, default
+    99.99) or ``"entropy"`` (KL divergence, :mod:`byoc_hetero.quant.calibrate`). ``keep_float``:
+    layers to leave float32, by index, name (``"conv2d_0"``, ``"matmul_2"``) or weight parameter name,
+    or a predicate on a :class:`~byoc_hetero.quant.plan.Layer`. ``calibrate_on``: ``"llvm"`` or
+    ``"onednn"`` (the offloaded float build) runs the calibration — one build returning every observed
+    activation — and the error measurement.
+
+    Returns a :class:`QuantizedModel` (``mod, params = bh.quantize(...)``), whose ``error`` is measured
+    on the calibration inputs against the float model and printed when ``verbose``. Raises
+    :class:`~byoc_hetero.errors.QuantizationError` for a bad option or a model without a layer to
+    quantize, :class:`~byoc_hetero.errors.InputError` for calibration inputs that do not fit ``main``.
+
+    >>> mod, params = bh.models.mlp()
+    >>> q = bh.quantize(mod, params, calibration=[np.random.rand(1, 64).astype("float32")])
+    >>> m = bh.partition(q.mod, q.params)
+    """
+    _check_options(method, activation_dtype, percentile)
+    params = dict(params)
+    func = mod["main"]
+    samples = _calibration_inputs(mod, params, calibration)
+    the_plan, kept = plan(func, set(params), keep_float)
+    if not the_plan.layers:
+        raise QuantizationError("no layer to quantize: no conv2d (NCHW/OIHW) or matmul whose weight is a "
+                                "parameter or whose operands are both activations"
+                                + (f" (kept float: {', '.join(k.name for k in kept)})" if kept else ""))
+    order = {p: -len(func.params) + i for i, p in enumerate(func.params)} | tensor_index(func)
+    observed = sorted({v for v in the_plan.points.values()}, key=lambda v: order[v])
+    vm = build_observer(mod, params, observed, calibrate_on)
+    stats = Observations([v.name for v in observed], keep_samples=method != "minmax")
+    floats = []
+    for sample in samples:
+        outputs, values = run_observer(vm, sample)
+        stats.add(values)
+        floats.append(outputs)
+    qparams = {}
+    for i, var in enumerate(observed):
+        scale, zp = activation_qparams(*stats.range(i, method, percentile), activation_dtype)
+        qparams[var] = (scale, zp, activation_dtype)
+    new_func, new_values, scales = insert_qdq(func, the_plan, qparams, params, per_channel)
+    out_mod = mod.clone()
+    out_mod["main"] = new_func
+    gone = replaced_weights(func, new_func)
+    out_params = {k: v for k, v in params.items() if k not in gone} | new_values
+    error = _measure(out_mod, out_params, samples, floats, calibrate_on)
+    result = QuantizedModel(out_mod, out_params, error, _layer_report(the_plan.layers, qparams, the_plan.points, scales),
+                            [k.name for k in kept], method, activation_dtype)
+    if verbose:
+        print(f"bh.quantize: {result.summary()}", file=sys.stdout)
+    return result
+
+
+def _measure(mod: tvm.IRModule, params: Mapping[str, np.ndarray], samples: list[list[np.ndarray]],
+             floats: list[list[np.ndarray]], on: str) -> float:
+    """Largest relative error of ``mod`` against the float outputs over the calibration inputs."""
+    from tvm import relax
+
+    from ..stages import bind_params, partition
+    from ..timing import build, relative_error
+
+    bound = bind_params(mod, params) if on == "llvm" else partition(mod, params)
+    vm = relax.VirtualMachine(build(bound), tvm.cpu())
+    worst = 0.0
+    for sample, want in zip(samples, floats):
+        result = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in sample])
+        got = [result.numpy()] if hasattr(result, "numpy") else _flat(result)
+        for g, w in zip(got, want):
+            worst = max(worst, relative_error(g, w))
+    return worst
+
+
+def _flat(value: Any) -> list[np.ndarray]:
+    return [value.numpy()] if hasattr(value, "numpy") else [a for item in value for a in _flat(item)]
