@@ -45,6 +45,30 @@ def _split_params(mod: tvm.IRModule, num_inputs: int | None = None) -> tuple[tvm
     return mod, {n: v.numpy() for n, v in zip(weight_names, values)}
 
 
+def _load_onnx(model: str | Path | Any) -> Any:
+    """The checked ``onnx.ModelProto`` of a path or a ModelProto: :class:`ModelFileError` for a
+    missing, unreadable or invalid file, :class:`~byoc_hetero.errors.QuantizationError` for a
+    malformed scale or zero point (a bad scale would import silently)."""
+    try:
+        import onnx
+    except ImportError as err:  # pragma: no cover - onnx is a dependency of the test extra
+        raise FrontendError("from_onnx needs the 'onnx' package: pip install onnx") from err
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.is_file():
+            raise ModelFileError(f"ONNX model file {str(path)!r} does not exist")
+        try:
+            model = onnx.load(str(path))
+        except Exception as err:  # noqa: BLE001 - protobuf raises several kinds
+            raise ModelFileError(f"{str(path)!r} is not a readable ONNX model: {err}") from err
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:  # noqa: BLE001
+        raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
+    check_onnx_qdq(model)
+    return model
+
+
 def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None = None,
               dim_ranges: DimRanges | None = None) -> tuple[tvm.IRModule, Params]:
     """Import an ONNX model (a path or an ``onnx.ModelProto``).
@@ -78,25 +102,9 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     >>> mod, params = bh.from_onnx("model.onnx")
     >>> m = bh.partition(mod, params)
     """
-    try:
-        import onnx
-    except ImportError as err:  # pragma: no cover - onnx is a dependency of the test extra
-        raise FrontendError("from_onnx needs the 'onnx' package: pip install onnx") from err
     from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
 
-    if isinstance(model, (str, Path)):
-        path = Path(model)
-        if not path.is_file():
-            raise ModelFileError(f"ONNX model file {str(path)!r} does not exist")
-        try:
-            model = onnx.load(str(path))
-        except Exception as err:  # noqa: BLE001 - protobuf raises several kinds
-            raise ModelFileError(f"{str(path)!r} is not a readable ONNX model: {err}") from err
-    try:
-        onnx.checker.check_model(model)
-    except Exception as err:  # noqa: BLE001
-        raise ModelFileError(f"invalid ONNX model: {str(err).splitlines()[0]}") from err
-    check_onnx_qdq(model)  # QuantizationError naming the node: a bad scale would import silently
+    model = _load_onnx(model)
     shape_dict = dict(shape) if shape else None
 
     def same_pads(m: Any) -> Any:  # byoc_hetero.passes.ONNX_IMPORT, in order

@@ -88,7 +88,7 @@ def _rewrite(values: Mapping[relax.Var, Any], call: relax.Call) -> relax.Expr | 
 def matmul_integer_qdq(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each ``MatMulInteger`` + scale multiply in QDQ form (see the module docstring);
     ``mod`` itself when there is none."""
-    from ..stages import _map_calls
+    from ._ir import map_calls as _map_calls
 
     changes = {}
     for name in entry_functions(mod):
