@@ -60,6 +60,7 @@ from .rules import (
     CONST_DIGEST_ATTR,
     DecisionLog,
     get_target,
+    require_codegens,
     op_rule_ops,
     op_rule_pattern,
     pattern_rules,
@@ -692,6 +693,7 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
         ranges = range_codegen_options(mod, entry_functions(mod))
         if ranges:
             codegen_options.setdefault(DEFAULT_TARGET, {}).update(ranges)
+        require_codegens(mod)  # a bh.RuleError naming the target, not TVM's "Codegen is not found"
         mod = relax.transform.RunCodegen(codegen_options, entry_functions(mod))(mod)
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
         return log.attach(insert_range_checks(mod, entry_functions(mod)))

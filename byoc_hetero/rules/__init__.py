@@ -50,7 +50,7 @@ from .patterns import (
     required_ops,
     unregister_pattern,
 )
-from .targets import _TARGETS, Codegen, Target, get_target, register_target, targets
+from .targets import _TARGETS, Codegen, Target, get_target, register_target, require_codegens, targets
 
 
 def all_rules_summary(names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -85,6 +85,7 @@ __all__ = [
     "pattern_rules",
     "register_pattern",
     "register_target",
+    "require_codegens",
     "rejections",
     "required_ops",
     "run_check",

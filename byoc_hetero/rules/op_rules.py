@@ -14,7 +14,7 @@ from ..errors import RuleError
 from .decisions import DecisionLog
 from .match import Check, Match, run_check, single_call_match
 from .patterns import checked_fusion_pattern
-from .targets import get_target, register_target
+from .targets import declared_target, get_target
 
 _OP_CHECKS: dict[tuple[str, str], Check] = {}
 
@@ -48,7 +48,7 @@ def op_rule(op: str, target: str = "byoc_hetero", level: int = 11) -> Callable[[
     def decorate(check: Check) -> Check:
         if not callable(check):
             raise RuleError(f"op rule for {op}: the check must be callable")
-        register_target(target)
+        declared_target(target, f"op rule {target}.{op}")
         key = op_attr_key(target)
         if _has_op_attr(tvm_op, key):
             tvm_op.reset_attr(key)
