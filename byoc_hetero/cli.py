@@ -2,7 +2,7 @@
 
 Commands: ``demo`` (the README's main job), ``report MODEL.onnx`` (the partition report, optionally
 the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build), ``bench MODEL.onnx``
-(offloaded vs llvm-only latency), ``info`` (versions, oneDNN ISA, kernels).
+(offloaded vs llvm-only latency), ``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA, kernels).
 
 Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
 file, a wrong input count, shape or dtype: :class:`~byoc_hetero.errors.InputError`,
@@ -92,8 +92,52 @@ def _parser() -> argparse.ArgumentParser:
                                   "activations, f32 accumulation, float32 inputs/outputs; runs f32 with a "
                                   "warning on CPUs without native bf16)")
 
+    srv = sub.add_parser("serve", help="serve an exported library on Ray Serve (pip install \"byoc-hetero[serve]\")")
+    srv.add_argument("library", type=Path, help="a library from byoc_hetero.serve.export (or an .onnx file "
+                                                "with --engine onnxruntime)")
+    srv.add_argument("--replicas", type=_positive, default=1, help="number of replicas")
+    srv.add_argument("--cpus", type=_positive, default=1, help="CPUs per replica (its runtime threads)")
+    srv.add_argument("--batch", action="store_true", help="batch concurrent requests (symbolic-batch build)")
+    srv.add_argument("--max-batch-rows", type=_positive, default=16, help="rows per batched call")
+    srv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
+    srv.add_argument("--port", type=_positive, default=8000, help="HTTP port on 127.0.0.1")
+    srv.add_argument("--engine", choices=("byoc", "onnxruntime"), default="byoc")
+
     sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
     return parser
+
+
+def _positive(text: str) -> int:
+    """A positive integer; else a usage error."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _cmd_serve(args) -> None:
+    """Start the deployment and serve until interrupted (Ctrl-C or SIGTERM shut Serve and Ray down)."""
+    import signal
+
+    from . import serve
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    application = serve.app(args.library, engine=args.engine, replicas=args.replicas, cpus=args.cpus,
+                            batch=args.batch, max_batch_rows=args.max_batch_rows,
+                            batch_wait_s=args.batch_wait_ms / 1e3)
+    _progress(f"starting Ray Serve: {args.replicas} replica(s) x {args.cpus} CPU(s) ...")
+    serve.start(application, port=args.port)
+    signal.signal(signal.SIGTERM, interrupt)  # after Ray's start, which installs its own handler
+    print(f"serving {args.library} on http://127.0.0.1:{args.port}/ (POST .npy, .npz or JSON; GET /info); "
+          "Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
 
 
 def _progress(message: str) -> None:
@@ -265,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             _cmd_run(args)
         elif args.command == "bench":
             _cmd_bench(args)
+        elif args.command == "serve":
+            _cmd_serve(args)
         elif args.command == "info":
             c = bh._C
             print(f"byoc_hetero {bh.__version__}, oneDNN {c.onednn_version()} ({c.isa()}), "
