@@ -165,6 +165,10 @@ const details=__DETAILS__;
 const full=svg.viewBox.baseVal; let vb={x:full.x,y:full.y,w:full.width,h:full.height};
 const home=Object.assign({},vb);
 function apply(){svg.setAttribute('viewBox',`${vb.x} ${vb.y} ${vb.w} ${vb.h}`);}
+const box=svg.getBoundingClientRect();
+if(full.height>2*box.height||full.width>2*box.width){  // a large graph opens at 1:1 on its top, not squeezed
+ vb={x:full.x+Math.max(0,full.width/2-box.width/2),y:full.y,w:box.width,h:box.height};apply();}
+function centre(n){const b=n.getBBox();vb.x=b.x+b.width/2-vb.w/2;vb.y=b.y+b.height/2-vb.h/2;apply();}
 svg.addEventListener('wheel',e=>{e.preventDefault();const r=svg.getBoundingClientRect();
  const s=e.deltaY>0?1.2:1/1.2; const px=vb.x+(e.clientX-r.left)/r.width*vb.w, py=vb.y+(e.clientY-r.top)/r.height*vb.h;
  vb={x:px-(px-vb.x)*s,y:py-(py-vb.y)*s,w:vb.w*s,h:vb.h*s};apply();},{passive:false});
@@ -181,7 +185,7 @@ document.querySelectorAll('.node').forEach(n=>{
 function search(q){q=q.trim().toLowerCase();let hits=0;
  document.querySelectorAll('.node').forEach(n=>{const ops=n.dataset.ops.toLowerCase();
   const hit=q&&ops.split(' ').some(o=>o.includes(q));n.classList.toggle('hit',!!hit);
-  n.classList.toggle('dim',!!q&&!hit);if(hit)hits++;});
+  n.classList.toggle('dim',!!q&&!hit);if(hit&&!hits++)centre(n);});
  document.getElementById('count').textContent=q?hits+' nodes':'';return hits;}
 document.getElementById('q').addEventListener('input',e=>search(e.target.value));
 const initial=new URLSearchParams(location.search).get('q');
