@@ -245,12 +245,14 @@ _TIR_CALLS = {"call_tir", "call_tir_inplace"}
 
 
 def _tir_fallback(call: relax.Call) -> FallbackOp:
-    """A TIR function the importer emitted (TVM's ONNX frontend writes Pad, and ops it has no Relax
-    op for, as ``call_tir``): it runs on llvm and, between offloaded ops, splits their regions."""
+    """A TIR function called from ``main``: one the importer emitted (TVM's ONNX frontend writes Pad, and
+    ops it has no Relax op for, as ``call_tir``) or one written by hand (docs/relax-kernels.md): it runs on
+    llvm and, between offloaded ops, splits their regions."""
     callee = call.args[0]
     name = getattr(callee, "name_hint", None) or str(callee)
     return FallbackOp(f"call_tir {name}", describe(call),
-                      f"TIR function {name!r} from the importer: rules match Relax ops, not TIR functions")
+                      f"TIR function {name!r} (from the importer or written by hand): rules match Relax ops, "
+                      "not TIR functions")
 
 
 class _Dot:

@@ -1,7 +1,8 @@
 """The documentation runs: every ```python block of README.md and docs/*.md, so the docs cannot go stale.
 
 Each file's blocks run in order in one namespace (a later block may use what an earlier one defined),
-in a fresh temporary directory (files the docs write land there). Blocks fenced otherwise (```bash,
+in a fresh temporary directory (files the docs write land there; each block is saved there as a file
+first, so that code reading its own source, as TVMScript does, works). Blocks fenced otherwise (```bash,
 ```text) are not run. A page may keep a block from running by fencing it ```text; a block that needs
 an optional package (Ray, ...) is skipped when the page says so with a first line
 ``# needs: <module>`` and the module is missing.
@@ -52,5 +53,7 @@ def test_python_blocks_run(page, tmp_path, monkeypatch, restore_rules):
         needs = NEEDS.match(block)
         if needs and importlib.util.find_spec(needs.group(1)) is None:
             pytest.skip(f"{page.name} block {i + 1} needs {needs.group(1)}")
-        code = compile(block, f"{page.name} (python block {i + 1})", "exec")
-        exec(code, namespace)  # noqa: S102 - running the documentation is the point
+        # a real file: TVMScript (``@T.prim_func``) reads its function's source through inspect
+        source = tmp_path / f"{page.stem.replace('-', '_')}_block{i + 1}.py"
+        source.write_text(block)
+        exec(compile(block, str(source), "exec"), namespace)  # noqa: S102 - running the docs is the point
