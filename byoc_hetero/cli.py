@@ -172,11 +172,28 @@ def _build(m, what: str):
 def _cmd_report(args) -> None:
     import byoc_hetero as bh
 
+    if args.render:
+        _check_picture_path(args.render)  # before the work, so a bad name costs nothing
     _, _, m = _load_and_partition(args.model, args.precision)
     rep = bh.report(m)
     print(rep)
     if args.render:
         print(f"picture: {rep.render(args.render)}")
+
+
+def _check_picture_path(path: Path) -> None:
+    """InputError for a picture ``report --render`` cannot write here: an unknown suffix, or one that
+    needs graphviz's ``dot`` where it is not installed (.svg, .html and .dot need nothing more)."""
+    import shutil
+
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in ("svg", "html", "htm", "dot", "gv"):
+        return
+    if suffix not in ("png", "pdf", "jpg", "ps"):
+        raise InputError(f"--render {path}: write .svg, .html or .dot (or .png/.pdf with graphviz)")
+    if shutil.which("dot") is None:
+        raise InputError(f"--render {path}: .{suffix} needs graphviz's 'dot' program, which is not installed; "
+                         ".svg and .html need nothing more")
 
 
 def _load_inputs(paths: list[Path]) -> list:

@@ -138,6 +138,21 @@ def test_usage_errors_are_one_line(args, needle):
     _one_line(cli(*args), 2, needle)
 
 
+def test_report_render_that_cannot_be_written_fails_before_any_work(tmp_path, monkeypatch):
+    import shutil
+
+    from byoc_hetero import cli as cli_module
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    called = []
+    monkeypatch.setattr(cli_module, "_load_and_partition", lambda *a: called.append(a))
+    for name, needle in (("g.png", "needs graphviz's 'dot' program"), ("g.txt", "write .svg, .html or .dot")):
+        with pytest.raises(bh.InputError, match=needle):
+            cli_module._cmd_report(type("Args", (), {"render": tmp_path / name, "model": "m.onnx",
+                                                     "precision": "f32"})())
+    assert called == []
+
+
 # -- 5. a text file named .npy ---------------------------------------------------------------------------
 
 def test_text_file_named_npy_says_it_is_not_a_npy_file(tmp_path):
