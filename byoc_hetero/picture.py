@@ -188,8 +188,10 @@ function search(q){q=q.trim().toLowerCase();let hits=0;
   n.classList.toggle('dim',!!q&&!hit);if(hit&&!hits++)centre(n);});
  document.getElementById('count').textContent=q?hits+' nodes':'';return hits;}
 document.getElementById('q').addEventListener('input',e=>search(e.target.value));
-const initial=new URLSearchParams(location.search).get('q');
+const params=new URLSearchParams(location.search), initial=params.get('q'), hover=params.get('hover');
 if(initial){document.getElementById('q').value=initial;search(initial);}
+if(hover!==null){const n=document.querySelector(`.node[data-index="${hover}"]`);  // ?hover=N: node N's details
+ if(n)n.dispatchEvent(new MouseEvent('mousemove',{clientX:40,clientY:60,bubbles:true}));}
 </script></body></html>
 """
 
@@ -197,7 +199,8 @@ if(initial){document.getElementById('q').value=initial;search(initial);}
 def page(graph: Graph, title: str = "byoc-hetero partition") -> str:
     """A self-contained HTML page: the SVG with zoom, pan, search by op and details on hover.
 
-    ``page.html?q=conv2d`` opens with that search applied."""
+    ``page.html?q=conv2d`` opens with that search applied, ``page.html?hover=3`` with node 3's details
+    shown (as when the mouse is on it)."""
     details = [node.details or "\n".join(node.lines) for node in graph.nodes]
     return (_PAGE.replace("__TITLE__", html.escape(title))
             .replace("__DETAILS__", json.dumps(details).replace("</", "<\\/"))

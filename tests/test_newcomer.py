@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ def _one_line(out, code: int, *needles: str) -> str:
 # -- 1. torch.onnx.export's default exporter needs onnxscript: the extras that export install it ---------
 
 def test_extras_that_export_install_onnxscript():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for extra in ("test", "bench", "zoo"):
         names = {req.split("[")[0].split("=")[0].split(">")[0].strip() for req in extras[extra]}

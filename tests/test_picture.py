@@ -95,6 +95,16 @@ def test_html_page_in_headless_chromium(resnet_report, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     hits = dom.stdout.count('class="node hit"')
     assert hits == len(resnet_report.regions) and f">{hits} nodes<" in dom.stdout
+    # hovering shows a region's ops and rules, and an llvm op's reason (the page's ?hover=N moves the mouse there)
+    nodes = resnet_report.graph.nodes
+    region = next(i for i, n in enumerate(nodes) if n.target == "byoc_hetero")
+    sin = next(i for i, n in enumerate(nodes) if n.ops == ["sin"])
+    for index, needles in ((region, ("byoc_hetero region", "ops: nn.conv2d", "rules: byoc_hetero.")),
+                           (sin, ("sin on llvm: no offload rule matches it",))):
+        shown = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                                f"file://{page}?hover={index}"], capture_output=True, text=True, timeout=120)
+        tip = shown.stdout.split('<div id="tip"', 1)[1].split("</div>", 1)[0]
+        assert "display: block" in tip and all(n in tip for n in needles), tip
     run = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                           "--window-size=800,600", f"file://{page}?q=conv2d"], capture_output=True, text=True,
                          timeout=120)
