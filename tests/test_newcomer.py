@@ -126,6 +126,18 @@ def test_cli_bench_runs_a_dynamic_model(dynamic_cnn):
     assert diff < 1e-4
 
 
+def test_cli_report_renders_svg_and_html_with_pip_only(dynamic_cnn, tmp_path):
+    """issue 28 item 3 from the command line: no graphviz needed (PATH without 'dot')."""
+    import os
+
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent))
+    for name in ("g.svg", "g.html"):
+        out = subprocess.run([sys.executable, "-m", "byoc_hetero", "report", str(dynamic_cnn), "--render",
+                              str(tmp_path / name)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+        assert out.returncode == 0, out.stderr
+        assert f"picture: {tmp_path / name}" in out.stdout and "<svg" in (tmp_path / name).read_text()
+
+
 # -- 4. usage errors are one line, like every other error ------------------------------------------------
 
 @pytest.mark.parametrize("args, needle", [
