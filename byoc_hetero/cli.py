@@ -2,9 +2,10 @@
 
 Commands: ``demo`` (the README's main job), ``report MODEL.onnx`` (the partition report, optionally
 the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build), ``bench MODEL.onnx``
-(offloaded vs llvm-only latency), ``info`` (versions, oneDNN ISA, kernels). ``report``, ``run`` and
-``bench`` take ``--quantize DIR``: the float model is first quantized to int8 by
-:func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR`` (docs/quantize.md).
+(offloaded vs llvm-only latency), ``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA,
+kernels). ``report``, ``run`` and ``bench`` take ``--quantize DIR``: the float model is first
+quantized to int8 by :func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR``
+(docs/quantize.md).
 
 Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
 file, a wrong input count, shape or dtype: :class:`~byoc_hetero.errors.InputError`,
@@ -38,8 +39,26 @@ def _multiple_of_32(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``byoc-hetero: error: ...`` and exit 2, like every other error
+    (argparse's own prints the usage block first). Subcommand parsers are of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        hint = f" (see {self.prog} --help)"
+        print(f"byoc-hetero: error: {message}{hint}", file=sys.stderr)
+        raise SystemExit(EXIT_INPUT)
+
+
+def _dim_value(text: str) -> tuple[str, int]:
+    """``--dim N=8``: a symbolic dim's name and a positive size; else a usage error."""
+    name, _, value = text.partition("=")
+    if not name or not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=SIZE with a positive SIZE")
+    return name, int(value)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="byoc-hetero",
         description="Offload conv2d/dense regions of TVM Relax models to oneDNN; the rest runs on llvm.",
         epilog="exit codes: 0 ok, 2 bad usage or input, 3 model cannot be imported, 1 internal error",
@@ -52,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="partition an ONNX model and print what went where, and why")
     report.add_argument("model", type=Path, help="the .onnx file")
     report.add_argument("--render", type=Path, metavar="PICTURE",
-                        help="also draw the partitioned graph (.dot, or .svg/.png with graphviz)")
+                        help="also draw the partitioned graph: .svg or .html (interactive) with pip "
+                             "packages only, .dot as text, .png/.pdf through graphviz's dot")
 
     run = sub.add_parser("run", help="run an ONNX model with its regions offloaded")
     run.add_argument("model", type=Path, help="the .onnx file")
@@ -66,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--input", type=Path, action="append", metavar="X.npy",
                        help="an input as a .npy file (repeat for several inputs, in order); needed for a "
                             "model with symbolic dims, whose sizes the inputs' shapes pick")
+    bench.add_argument("--dim", type=_dim_value, action="append", default=[], metavar="NAME=SIZE",
+                       help="the size of a symbolic dim for random inputs (default: the lower end of its "
+                            "declared range, else 1)")
 
     for command in (report, run, bench):
         command.add_argument("--precision", choices=("f32", "bf16"), default="f32",
@@ -79,8 +102,52 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--quantize-method", choices=("minmax", "percentile", "entropy"), default="minmax",
                              help="how --quantize calibrates activation ranges (default minmax)")
 
+    srv = sub.add_parser("serve", help="serve an exported library on Ray Serve (pip install \"byoc-hetero[serve]\")")
+    srv.add_argument("library", type=Path, help="a library from byoc_hetero.serve.export (or an .onnx file "
+                                                "with --engine onnxruntime)")
+    srv.add_argument("--replicas", type=_positive, default=1, help="number of replicas")
+    srv.add_argument("--cpus", type=_positive, default=1, help="CPUs per replica (its runtime threads)")
+    srv.add_argument("--batch", action="store_true", help="batch concurrent requests (symbolic-batch build)")
+    srv.add_argument("--max-batch-rows", type=_positive, default=16, help="rows per batched call")
+    srv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
+    srv.add_argument("--port", type=_positive, default=8000, help="HTTP port on 127.0.0.1")
+    srv.add_argument("--engine", choices=("byoc", "onnxruntime"), default="byoc")
+
     sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
     return parser
+
+
+def _positive(text: str) -> int:
+    """A positive integer; else a usage error."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _cmd_serve(args) -> None:
+    """Start the deployment and serve until interrupted (Ctrl-C or SIGTERM shut Serve and Ray down)."""
+    import signal
+
+    from . import serve
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    application = serve.app(args.library, engine=args.engine, replicas=args.replicas, cpus=args.cpus,
+                            batch=args.batch, max_batch_rows=args.max_batch_rows,
+                            batch_wait_s=args.batch_wait_ms / 1e3)
+    _progress(f"starting Ray Serve: {args.replicas} replica(s) x {args.cpus} CPU(s) ...")
+    serve.start(application, port=args.port)
+    signal.signal(signal.SIGTERM, interrupt)  # after Ray's start, which installs its own handler
+    print(f"serving {args.library} on http://127.0.0.1:{args.port}/ (POST .npy, .npz or JSON; GET /info); "
+          "Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
 
 
 def _progress(message: str) -> None:
@@ -141,11 +208,28 @@ def _build(m, what: str):
 def _cmd_report(args) -> None:
     import byoc_hetero as bh
 
+    if args.render:
+        _check_picture_path(args.render)  # before the work, so a bad name costs nothing
     _, _, m = _load_and_partition(args.model, args.precision, args.quantize, args.quantize_method)
     rep = bh.report(m)
     print(rep)
     if args.render:
         print(f"picture: {rep.render(args.render)}")
+
+
+def _check_picture_path(path: Path) -> None:
+    """InputError for a picture ``report --render`` cannot write here: an unknown suffix, or one that
+    needs graphviz's ``dot`` where it is not installed (.svg, .html and .dot need nothing more)."""
+    import shutil
+
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in ("svg", "html", "htm", "dot", "gv"):
+        return
+    if suffix not in ("png", "pdf", "jpg", "ps"):
+        raise InputError(f"--render {path}: write .svg, .html or .dot (or .png/.pdf with graphviz)")
+    if shutil.which("dot") is None:
+        raise InputError(f"--render {path}: .{suffix} needs graphviz's 'dot' program, which is not installed; "
+                         ".svg and .html need nothing more")
 
 
 def _load_inputs(paths: list[Path]) -> list:
@@ -156,11 +240,20 @@ def _load_inputs(paths: list[Path]) -> list:
     for path in paths:
         if not path.is_file():
             raise InputError(f"input file {str(path)!r} does not exist")
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+        if head != _NPY_MAGIC:
+            raise InputError(f"input file {str(path)!r} is not a readable .npy file: it does not start with NumPy's "
+                             f"header (it starts with {head[:6]!r}); write one with numpy.save")
         try:
-            inputs.append(np.load(path))
+            inputs.append(np.load(path, allow_pickle=False))
         except Exception as err:  # noqa: BLE001 - numpy raises several kinds for a bad file
             raise InputError(f"input file {str(path)!r} is not a readable .npy array: {first_line(err)}") from err
     return inputs
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+"""The first bytes of every .npy file (NumPy's format spec); a text file named .npy lacks them."""
 
 
 def _cmd_run(args) -> None:
@@ -184,20 +277,15 @@ def _cmd_run(args) -> None:
 def _cmd_bench(args) -> None:
     import byoc_hetero as bh
 
-    from .inputs import check_inputs, signature
-    from .timing import median_latency, random_inputs, relative_error, run
+    from .inputs import check_inputs
+    from .timing import median_latency, relative_error, run
 
     mod, params, m = _load_and_partition(args.model, args.precision, args.quantize, args.quantize_method)
     if args.input:
         inputs = _load_inputs(args.input)  # their shapes pick the sizes of a dynamic model
         check_inputs(mod, inputs, params)
     else:
-        symbolic = sorted({d for spec in signature(mod["main"], params) if spec and spec.shape
-                           for d in spec.shape if not isinstance(d, int)}, key=str)
-        if symbolic:
-            raise InputError(f"{args.model} has symbolic input dims ({', '.join(map(str, symbolic))}); "
-                             "give the inputs to time with --input X.npy")
-        inputs = random_inputs(mod, params)
+        inputs = _bench_inputs(mod, params, dict(args.dim))
     ex_off = _build(m, "offloaded")
     ex_ref = _build(bh.bind_params(mod, params), "llvm-only")
     err = relative_error(run(ex_off, inputs), run(ex_ref, inputs))
@@ -207,6 +295,39 @@ def _cmd_bench(args) -> None:
     print(f"offloaded  {t_off * 1e3:10.2f} ms")
     print(f"llvm-only  {t_ref * 1e3:10.2f} ms")
     print(f"speed-up   {t_ref / t_off:10.1f}x   (max relative difference {err:.1e})")
+
+
+def _bench_inputs(mod, params, given: dict[str, int]) -> list:
+    """Random inputs for ``bench``: a symbolic dim takes its ``--dim`` size, else the lower end of its
+    declared range, else 1 (a note on stderr says which sizes were picked)."""
+    import numpy as np
+
+    from .inputs import dim_ranges, signature
+
+    ranges, rng, picked, inputs = dim_ranges(mod["main"]), np.random.default_rng(1), {}, []
+    for spec in signature(mod["main"], params):
+        if spec is None or spec.shape is None or None in spec.shape:
+            raise InputError(f"main: input {spec.name if spec else '?'!r} has a shape bench cannot pick "
+                             "sizes for; give the inputs to time with --input X.npy")
+        shape = []
+        for d in spec.shape:
+            if isinstance(d, str):
+                picked[d] = given.get(d) or picked.get(d) or (ranges.get(d, (None, None))[0] or 1)
+                d = picked[d]
+            shape.append(d)
+        dtype = np.dtype(spec.dtype or "float32")
+        # small non-negative integers: valid token ids and indices for integer inputs
+        data = rng.integers(0, 2, shape) if dtype.kind in "iub" else rng.standard_normal(shape)
+        inputs.append(data.astype(dtype))
+    unknown = sorted(set(given) - set(picked))
+    if unknown:
+        raise InputError(f"--dim {', '.join(unknown)}: no such symbolic dim (the model has: "
+                         f"{', '.join(sorted(picked)) or 'none'})")
+    if picked:
+        _progress("note: symbolic dims timed at " + ", ".join(f"{k}={v}" for k, v in sorted(picked.items()))
+                  + " (--dim NAME=SIZE or --input X.npy for other sizes; default: the lower end of the "
+                  "declared range, else 1)")
+    return inputs
 
 
 def exit_code(err: BaseException) -> int:
@@ -241,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             _cmd_run(args)
         elif args.command == "bench":
             _cmd_bench(args)
+        elif args.command == "serve":
+            _cmd_serve(args)
         elif args.command == "info":
             c = bh._C
             print(f"byoc_hetero {bh.__version__}, oneDNN {c.onednn_version()} ({c.isa()}), "

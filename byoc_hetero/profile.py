@@ -81,15 +81,50 @@ class OpProfile:
         lines = []
         for target in sorted(self.counts, key=lambda t: (t != HOST, t)):
             ops = self.counts[target]
-            extra = ""
-            if target in self.regions or target in self.composites:
-                extra = f", {self.composites[target]} composites, {self.regions[target]} regions"
-            lines.append(f"{target}: {sum(ops.values())} ops{extra}")
+            lines.append(f"{target}: {self._headline(target)}")
             for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
                 lines.append(f"    {op:<28} {n}")
         return "\n".join(lines)
 
     __repr__ = __str__
+
+    def _headline(self, target: str) -> str:
+        """``12 ops``; for an offload target, whether they are offloaded (in regions) or only
+        marked for it (in composites, still compiled by TVM if no region takes them)."""
+        n = self.total(target)
+        if target == HOST or (target not in self.regions and target not in self.composites):
+            return f"{n} ops"
+        regions, composites = self.regions[target], self.composites[target]
+        if regions:
+            return f"{n} ops in {_plural(regions, 'region')} ({_plural(composites, 'composite')})"
+        return f"{n} ops marked in {_plural(composites, 'composite')}, not offloaded yet (0 regions)"
+
+    def changes(self, before: "OpProfile") -> list[str]:
+        """What changed from ``before`` to this profile, one line per target: ops moved, composites and
+        regions made or merged, and which op kinds moved (what the demo prints after each stage);
+        empty when nothing moved."""
+        lines = []
+        for target in sorted(set(self.counts) | set(before.counts), key=lambda t: (t != HOST, t)):
+            parts = []
+            was, now = before.total(target), self.total(target)
+            if was != now:
+                parts.append(f"ops {was} -> {now}")
+            for what, old, new in (("composites", before.composites[target], self.composites[target]),
+                                   ("regions", before.regions[target], self.regions[target])):
+                if old != new:
+                    parts.append(f"{what} {old} -> {new}")
+            delta = Counter(self.counts.get(target, {}))
+            delta.subtract(before.counts.get(target, {}))
+            moved = [f"{op} {n:+d}" for op, n in sorted(delta.items(), key=lambda kv: (-abs(kv[1]), kv[0])) if n]
+            if moved:
+                parts.append(", ".join(moved[:6]) + (", ..." if len(moved) > 6 else ""))
+            if parts:
+                lines.append(f"{target}: " + "; ".join(parts))
+        return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _count_function(func: relax.Function, target: str, mod: tvm.IRModule, prof: OpProfile,

@@ -4,7 +4,7 @@
 (its ops, inputs, outputs, FLOPs and the rules that matched) and, for every op left to TVM (llvm),
 the reason: no rule matched it; a rule's check rejected it (which rule, and what it said); or its
 region fell below the cost gate. ``print()`` shows a table; ``to_dot()``/``render()`` draw the
-partitioned graph with one colour per target.
+partitioned graph with one colour per target (``.svg``/``.html`` with pip packages only).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ._relax import (
     static_shape,
 )
 from .errors import ByocError
+from .picture import Graph, Node
 from .profile import HOST, OpProfile, op_profile
 from .rules import Rejection, latest_rejection, rejections
 
@@ -80,6 +81,8 @@ class PartitionReport:
     #: every rejection the partition stages recorded (including calls a larger rule took later)
     rejections: list[Rejection] = field(default_factory=list)
     dot: str = ""
+    #: the same graph as data, for the pip-only pictures (:mod:`byoc_hetero.picture`)
+    graph: Graph = field(default_factory=Graph, repr=False)
 
     @property
     def offloaded_flops(self) -> int:
@@ -112,21 +115,39 @@ class PartitionReport:
         """The partitioned ``main`` as a graphviz DOT graph, one fill colour per target."""
         return self.dot
 
-    def render(self, path: str | Path) -> Path:
-        """Write the graph: ``.dot`` as text; ``.svg``/``.png``/``.pdf`` through graphviz's ``dot``."""
+    def render(self, path: str | Path, engine: str = "auto") -> Path:
+        """Draw the graph into ``path``, by its suffix.
+
+        ``.svg``: laid out with igraph (a pip dependency), no system package needed; ``.html``: an
+        interactive page (zoom, pan, search by op, a node's ops and reasons on hover); ``.dot``/``.gv``:
+        the DOT text; ``.png``/``.pdf`` (and ``.svg`` with ``engine="dot"``): through graphviz's
+        ``dot`` program, which must be installed.
+        """
+        from . import picture
+
         path = Path(path)
         fmt = path.suffix.lstrip(".").lower()
+        if engine not in ("auto", "dot"):
+            raise ByocError(f"render engine must be 'auto' or 'dot', got {engine!r}")
         if fmt in ("dot", "gv"):
             path.write_text(self.dot)
-            return path
-        dot = shutil.which("dot")
-        if dot is None:
-            raise ByocError(
-                f"rendering {path.name} needs graphviz's 'dot' program (apt-get install graphviz); "
-                "render to a .dot file instead to get the graph as text"
-            )
-        subprocess.run([dot, f"-T{fmt}", "-o", str(path)], input=self.dot, text=True, check=True)
+        elif fmt in ("html", "htm"):
+            path.write_text(picture.page(self.graph), encoding="utf-8")
+        elif fmt == "svg" and engine == "auto":
+            path.write_text(picture.svg(self.graph), encoding="utf-8")
+        else:
+            _render_with_dot(self.dot, path, fmt)
         return path
+
+
+def _render_with_dot(dot_text: str, path: Path, fmt: str) -> None:
+    dot = shutil.which("dot")
+    if dot is None:
+        raise ByocError(
+            f"rendering {path.name} needs graphviz's 'dot' program (apt-get install graphviz); "
+            ".svg and .html need nothing more than this package, .dot gives the graph as text"
+        )
+    subprocess.run([dot, f"-T{fmt}", "-o", str(path)], input=dot_text, text=True, check=True)
 
 
 def _indent(text: str) -> str:
@@ -224,31 +245,38 @@ _TIR_CALLS = {"call_tir", "call_tir_inplace"}
 
 
 def _tir_fallback(call: relax.Call) -> FallbackOp:
-    """A TIR function the importer emitted (TVM's ONNX frontend writes Pad, and ops it has no Relax
-    op for, as ``call_tir``): it runs on llvm and, between offloaded ops, splits their regions."""
+    """A TIR function called from ``main``: one the importer emitted (TVM's ONNX frontend writes Pad, and
+    ops it has no Relax op for, as ``call_tir``) or one written by hand (docs/relax-kernels.md): it runs on
+    llvm and, between offloaded ops, splits their regions."""
     callee = call.args[0]
     name = getattr(callee, "name_hint", None) or str(callee)
     return FallbackOp(f"call_tir {name}", describe(call),
-                      f"TIR function {name!r} from the importer: rules match Relax ops, not TIR functions")
+                      f"TIR function {name!r} (from the importer or written by hand): rules match Relax ops, "
+                      "not TIR functions")
 
 
 class _Dot:
-    """Builds the DOT text of ``main``: one node per binding, coloured by where it runs."""
+    """Collects the picture of ``main``: one node per binding, coloured by where it runs, with its
+    details (for the tooltip); gives the DOT text and the :class:`~byoc_hetero.picture.Graph`."""
 
     def __init__(self):
         self.lines = ["digraph partitioned {", '  rankdir=TB; node [shape=box, style="rounded,filled", '
                       'fontname="Helvetica", fontsize=10];']
         self.ids: dict = {}
         self.colours: dict[str, str] = {HOST: HOST_COLOUR}
+        self.graph = Graph()
 
     def colour(self, target: str) -> str:
         if target not in self.colours:
             self.colours[target] = PALETTE[(len(self.colours) - 1) % len(PALETTE)]
         return self.colours[target]
 
-    def node(self, key, label: str, target: str, shape: str = "box") -> None:
+    def node(self, key, label: str, target: str, shape: str = "box", details: str = "",
+             ops: list[str] | None = None) -> None:
         nid = f"n{len(self.ids)}"
-        self.ids[key] = nid
+        self.ids[key] = len(self.graph.nodes)
+        self.graph.nodes.append(Node(nid, label.split("\\n"), target, self.colour(target), shape,
+                                     details, ops or []))
         label = label.replace('"', "'")
         self.lines.append(f'  {nid} [label="{label}", fillcolor="{self.colour(target)}", shape={shape}];')
 
@@ -260,14 +288,26 @@ class _Dot:
             src = self.ids.get(var)
             if src is not None and src not in seen:
                 seen.add(src)
-                self.lines.append(f"  {src} -> {self.ids[key]};")
+                self.graph.edges.append((src, self.ids[key]))
+                self.lines.append(f"  n{src} -> n{self.ids[key]};")
 
     def text(self) -> str:
         legend = " ".join(f"{t}" for t in self.colours)
         self.lines.append(f'  label="colours: {legend}"; labelloc=b;')
         for target, colour in self.colours.items():
             self.lines.append(f'  "legend_{target}" [label="{target}", fillcolor="{colour}", shape=note];')
+        self.graph.legend = dict(self.colours)
         return "\n".join(self.lines + ["}"])
+
+
+def _region_details(region: RegionReport) -> str:
+    ops = ", ".join(f"{op} x{n}" for op, n in sorted(region.ops.items()))
+    lines = [f"{region.target} region {region.symbol}", f"ops: {ops}", f"rules: {', '.join(sorted(set(region.rules)))}",
+             f"inputs: {', '.join(region.inputs)}", f"outputs: {', '.join(region.outputs)}",
+             f"{region.flops / 1e6:.1f} MFLOP"]
+    if region.precision:
+        lines.append(f"precision: {region.precision}")
+    return "\n".join(lines)
 
 
 def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
@@ -278,7 +318,7 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
     >>> m = bh.partition(mod, params)
     >>> rep = bh.report(m)
     >>> print(rep)                     # op counts, regions, what stayed on llvm and why
-    >>> rep.render("vgg11.svg")        # the graph, one colour per target (needs graphviz)
+    >>> rep.render("vgg11.svg")        # the graph, one colour per target (.html: interactive)
     """
     decisions = rejections(mod)
     graphs = region_table(mod)
@@ -286,44 +326,57 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
     dot = _Dot()
     func = mod[entry]
     for param in func.params:
-        dot.node(param, f"{param.name}\\n{describe(param)}", HOST, shape="ellipse")
+        dot.node(param, f"{param.name}\\n{describe(param)}", HOST, shape="ellipse",
+                 details=f"input {param.name}: {describe(param)}")
     local_funcs = local_functions(func)
     for block in func.body.blocks:
         for binding in block.bindings:
             var, value = binding.var, binding.value
             if isinstance(value, relax.Function):
                 continue
-            target, label = HOST, type(value).__name__
-            if isinstance(value, relax.Call):
-                callee = called_function(mod, value, local_funcs)
-                if op_name(value) == "relax.call_dps_packed":
-                    symbol = str(value.args[0].global_symbol)
-                    if symbol in graphs:
-                        region = _region_from_graph(graphs[symbol])
-                        rep.regions.append(region)
-                        target = region.target
-                        label = _region_label(region)
-                    else:
-                        label = f"packed {symbol}"
-                elif region_target(callee) is not None:
-                    region = _region_from_function(value.op.name_hint, callee)
-                    rep.regions.append(region)
-                    target, label = region.target, _region_label(region)
-                elif composite_name(callee) is not None:
-                    name = composite_name(callee)
-                    target, label = name.split(".", 1)[0], name
-                elif op_name(value) is not None:
-                    short = short_op_name(op_name(value))
-                    label = short
-                    if short in _TIR_CALLS:
-                        rep.fallbacks.append(_tir_fallback(value))
-                    elif short not in _PLUMBING:
-                        rep.fallbacks.append(_fallback(value, decisions))
-            label += f"\\n{describe(var)}"
-            dot.node(var, label, target)
+            target, label, details, ops = _binding(mod, value, local_funcs, graphs, decisions, rep)
+            dot.node(var, label + f"\\n{describe(var)}", target,
+                     details=f"{details}\n= {var.name}: {describe(var)}", ops=ops)
             dot.edges(var, value)
     rep.dot = dot.text()
+    rep.graph = dot.graph
     return rep
+
+
+def _binding(mod, value, local_funcs, graphs, decisions, rep: PartitionReport):
+    """What one binding of ``main`` is: (target, label, details, op names); regions and ops left
+    on llvm are added to ``rep`` on the way."""
+    target, label = HOST, type(value).__name__
+    if not isinstance(value, relax.Call):
+        return target, label, label, []
+    callee = called_function(mod, value, local_funcs)
+    if op_name(value) == "relax.call_dps_packed":
+        symbol = str(value.args[0].global_symbol)
+        if symbol not in graphs:
+            return target, f"packed {symbol}", f"packed function {symbol}", []
+        region = _region_from_graph(graphs[symbol])
+    elif region_target(callee) is not None:
+        region = _region_from_function(value.op.name_hint, callee)
+    elif composite_name(callee) is not None:
+        name = composite_name(callee)
+        ops = [short_op_name(op_name(c)) for c in op_calls(callee)]
+        return name.split(".", 1)[0], name, f"composite {name}: {', '.join(ops)}", ops
+    else:
+        if op_name(value) is None:
+            return target, label, label, []
+        short = short_op_name(op_name(value))
+        fallback = None
+        if short in _TIR_CALLS:
+            fallback = _tir_fallback(value)
+        elif short not in _PLUMBING:
+            fallback = _fallback(value, decisions)
+        if fallback is None:
+            return target, short, short, [short]
+        rep.fallbacks.append(fallback)
+        rule = f" [{fallback.rule}]" if fallback.rule else ""
+        return target, short, f"{short} on {HOST}: {fallback.reason}{rule}", [short]
+    rep.regions.append(region)
+    return region.target, _region_label(region), _region_details(region), sorted(region.ops)
 
 
 def _region_label(region: RegionReport) -> str:

@@ -60,6 +60,7 @@ from .rules import (
     DecisionLog,
     default_target,
     get_target,
+    require_codegens,
     op_rule_ops,
     op_rule_pattern,
     pattern_rules,
@@ -217,6 +218,7 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
         for name in list(given):
             for alias in get_target(name).aliases:
                 given.setdefault(alias, given[name])
+        require_codegens(mod)  # a bh.RuleError naming the target, not TVM's "Codegen is not found"
         mod = relax.transform.RunCodegen(given, entry_functions(mod))(mod)
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
         return log.attach(insert_range_checks(mod, entry_functions(mod)))

@@ -5,7 +5,7 @@ References:
 * single anchors (shapes and attrs drawn at random): numpy in float64 on the operands rounded to
   bf16 (round to nearest even, as oneDNN's f32 -> bf16 reorder) — the bf16 result must match it to
   float32 accumulation error, *and* differ from the unrounded reference, which shows bf16 ran;
-* the built-in models: the float32 llvm-only build, within the documented bounds (README "bf16");
+* the built-in models: the float32 llvm-only build, within the documented bounds (docs/precisions.md);
 * the fallback (BYOC_HETERO_BF16=off, as on a CPU without native bf16): the float32 result exactly
   as precision="f32" computes it, a warning and the report line.
 
@@ -43,7 +43,7 @@ needs_native = pytest.mark.skipif(
 
 #: bf16 vs the bf16-rounded float64 reference: only float32 accumulation and summation order differ
 ROUNDED_BOUND = 1e-4
-#: documented bounds of bf16 vs float32 on the built-in models (README "bf16")
+#: documented bounds of bf16 vs float32 on the built-in models (docs/precisions.md)
 MODEL_BOUND = 2e-2
 #: MobileNetV2 with its He-scaled random weights and random batch-norm statistics is ill-conditioned:
 #: its pre-ReLU6 activations have std 4-8 with 10-20% above the clip at 6, and rounding only its conv

@@ -68,9 +68,16 @@ def test_text_and_dot(resnet_report, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz 'dot' is not installed")
-def test_render_svg(resnet_report, tmp_path):
-    out = resnet_report.render(tmp_path / "g.svg")
+def test_render_svg_with_dot(resnet_report, tmp_path):
+    out = resnet_report.render(tmp_path / "g.svg", engine="dot")
     assert out.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_render_svg_and_html_need_no_graphviz(resnet_report, tmp_path, monkeypatch):
+    """issue 28: pip only (tests/test_picture.py checks the drawing itself)"""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert resnet_report.render(tmp_path / "g.svg").read_text().startswith("<svg")
+    assert "<svg" in resnet_report.render(tmp_path / "g.html").read_text()
 
 
 def test_render_without_graphviz_says_what_to_do(resnet_report, tmp_path, monkeypatch):

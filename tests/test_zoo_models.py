@@ -101,7 +101,7 @@ def test_zoo_model_matches_torch(zoo, name, path):
     assert err <= TOLERANCE, f"{name} via {path}: relative error {err:.2e} > {TOLERANCE}"
 
 
-#: README "bf16": bf16 vs float32 on the zoo's small configs (measured 7.8e-5 (BERT) to 5.7e-3 (ViT))
+#: docs/precisions.md: bf16 vs float32 on the zoo's small configs (measured 7.8e-5 (BERT) to 5.7e-3 (ViT))
 BF16_BOUND = 2e-2
 
 

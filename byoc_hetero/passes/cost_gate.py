@@ -23,7 +23,7 @@ HEAVY_OPS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", 
 
 
 DEFAULT_MIN_REGION_OPS = 1
-"""Default of the cost gate's minimum region size, in Relax ops (see README, "Cost gate")."""
+"""Default of the cost gate's minimum region size, in Relax ops (see docs/stages.md, "The cost gate")."""
 
 
 def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> str | None:

@@ -14,7 +14,7 @@ from ..errors import RuleError
 from .decisions import DecisionLog
 from .match import Check, Match, run_check, single_call_match
 from .patterns import checked_fusion_pattern
-from .targets import default_target, get_target, register_target
+from .targets import declared_target, default_target, get_target
 
 _OP_CHECKS: dict[tuple[str, str], Check] = {}
 
@@ -53,7 +53,7 @@ def op_rule(op: str, target: str | None = None, level: int = 11) -> Callable[[Ch
     def decorate(check: Check) -> Check:
         if not callable(check):
             raise RuleError(f"op rule for {op}: the check must be callable")
-        target_name = register_target(target or default_target()).name
+        target_name = declared_target(target or default_target(), f"op rule {target or default_target()}.{op}").name
         for key in _attr_keys(target_name):
             if _has_op_attr(tvm_op, key):
                 tvm_op.reset_attr(key)

@@ -22,7 +22,7 @@ from tvm.relax.transform import FusionPattern, PatternCheckContext
 from ..errors import ByocError, RuleError
 from .decisions import DecisionLog
 from .match import Check, Match, match_from_context, run_check
-from .targets import get_target, register_target
+from .targets import declared_target, get_target
 
 _ORDER = itertools.count()
 
@@ -166,7 +166,7 @@ def register_pattern(
     check: Check | None = None,
     priority: int = 0,
 ) -> PatternRule:
-    """Register a pattern rule for ``target`` (declared on first use).
+    """Register a pattern rule for ``target`` (declared before with :func:`register_target`).
 
     Parameters
     ----------
@@ -197,7 +197,7 @@ def register_pattern(
             )
     if check is not None and not callable(check):
         raise RuleError(f"rule {target}.{name}: check must be callable, got {type(check).__name__}")
-    tgt = register_target(target)
+    tgt = declared_target(target, f"rule {target}.{name}")
     if any(r.name == name for r in tgt.patterns):
         raise RuleError(f"rule {target}.{name} is already registered; unregister it first")
     rule = PatternRule(tgt.name, name, pattern, annotations, check, priority, next(_ORDER))

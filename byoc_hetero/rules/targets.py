@@ -212,6 +212,32 @@ def get_target(name: str) -> Backend:
 get_backend = get_target
 
 
+def declared_target(name: str, what: str) -> Backend:
+    """The target ``name`` that a rule (``what``) is registered for; RuleError unless it was declared.
+
+    Rules for a target nobody declared used to be accepted silently, and the partition then failed
+    inside TVM (``Codegen is not found: relax.ext.<name>``): declaring the target first is where its
+    codegen is given, so a rule cannot name a target that has none."""
+    tgt = _TARGETS.get(canonical_name(name))
+    if tgt is None:
+        raise RuleError(f"{what}: target {name!r} is not declared; call bh.register_target({name!r}, "
+                        f"codegen=...) first (registered targets: {sorted(_TARGETS)})")
+    return tgt
+
+
+def require_codegens(mod: tvm.IRModule) -> None:
+    """RuleError unless every region of ``mod`` (a function with TVM's ``Codegen`` attribute) has its
+    codegen ``relax.ext.<name>`` registered: called before RunCodegen, which would fail with TVM's
+    own ``InternalError: Codegen is not found``."""
+    names = {str(f.attrs["Codegen"]) for _, f in mod.functions_items()
+             if isinstance(f, relax.Function) and f.attrs is not None and "Codegen" in f.attrs}
+    for name in sorted(names):
+        if tvm.get_global_func(f"relax.ext.{name}", allow_missing=True) is None:
+            raise RuleError(f"target {name!r} has no codegen: give one with bh.register_target({name!r}, "
+                            f"codegen=my_codegen), or codegen='onednn' to run its regions on the "
+                            "oneDNN runtime")
+
+
 def targets() -> list[str]:
     """Names of the registered targets."""
     return sorted(_TARGETS)

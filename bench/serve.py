@@ -1,0 +1,210 @@
+"""Serving on Ray Serve: throughput and latency at 1, 2 and 4 replicas x threads, with and without
+batching, byoc-hetero against ONNX Runtime in the same deployment (issue 28).
+
+One CNN (ResNet-style blocks on 3x128x128 images, dynamic batch) is exported to ONNX once; byoc-hetero
+serves ``bh.from_onnx`` of that file, partitioned and exported with ``byoc_hetero.serve.export``;
+ONNX Runtime serves the file itself (``engine="onnxruntime"``, ``intra_op_num_threads`` from the
+same CPU budget). Both answer every request of the run; each answer is checked against a direct run.
+
+For each configuration (engine x replicas x CPUs per replica x batching) the app is deployed on a
+local Ray (127.0.0.1 only), warmed up, then ``--concurrency`` client threads send one-image requests
+until ``--requests`` answers or ``--seconds`` have passed, whichever comes first. Reported: answers
+per second, p50 and p99 latency seen by the client, the mean rows per model call (batching), errors.
+The client runs on the same machine and takes CPU too. Asserts nothing; not part of the tests.
+
+    python3 bench/serve.py --markdown bench/SERVE.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import byoc_hetero as bh  # noqa: E402
+from byoc_hetero import serve as bs  # noqa: E402
+
+
+def _model(tmp: Path) -> Path:
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.Conv2d(c, c, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(x + self.b(torch.relu(self.a(x))))
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, stride=2, padding=1), torch.nn.ReLU(), Block(32),
+                              torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.ReLU(), Block(64),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10)).eval()
+    path = tmp / "cnn.onnx"
+    torch.onnx.export(net, (torch.randn(2, 3, 128, 128),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "N"}, "y": {0: "N"}}, dynamo=False, opset_version=17)
+    return path
+
+
+def _load(url: str, xs: list[np.ndarray], want: list[np.ndarray], args) -> dict:
+    """Send requests from ``args.concurrency`` threads until the count or the time is reached."""
+    latencies, rows, errors, wrong = [], [], 0, 0
+    start = time.perf_counter()
+    stop = start + args.seconds
+
+    def one(i: int):
+        if time.perf_counter() > stop:
+            return None
+        t = time.perf_counter()
+        answer = bs.post(url, xs[i % len(xs)], timeout=60)
+        return i, time.perf_counter() - t, answer
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        for result in pool.map(one, range(args.requests)):
+            if result is None:
+                continue
+            i, seconds, answer = result
+            if answer.status != 200:
+                errors += 1
+                continue
+            if not np.allclose(answer.output, want[i % len(xs)], rtol=1e-4, atol=1e-4):
+                wrong += 1
+            latencies.append(seconds)
+            rows.append(answer.batch_rows)
+    elapsed = time.perf_counter() - start
+    lat = np.array(latencies or [float("nan")]) * 1e3
+    return {"answers": len(latencies), "per_s": len(latencies) / elapsed, "p50": float(np.percentile(lat, 50)),
+            "p99": float(np.percentile(lat, 99)), "rows": float(np.mean(rows)) if rows else 0.0,
+            "errors": errors, "wrong": wrong}
+
+
+def _direct(lib: Path, onnx_path: Path, rounds: int = 5) -> list[tuple[str, int, int, float]]:
+    """Median latency of one in-process call per engine, batch 1 and 8, 1 and 2 threads: what the model
+    costs without Serve (engines interleaved, best of ``rounds`` medians)."""
+    import onnxruntime as ort
+
+    from byoc_hetero import _C
+
+    out = []
+    for threads in (1, 2):
+        _C.set_num_threads(threads)
+        vm = bh.vm(__import__("tvm").runtime.load_module(str(lib)))  # modules loaded now get `threads`
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        for batch in (1, 8):
+            x = np.random.default_rng(batch).standard_normal((batch, 3, 128, 128)).astype("float32")
+            calls = {"byoc": lambda: vm["main"](x), "onnxruntime": lambda: sess.run(None, {"x": x})}
+            best = {k: float("inf") for k in calls}
+            for _ in range(rounds):
+                for name, call in calls.items():
+                    call()
+                    times = []
+                    for _ in range(10):
+                        t = time.perf_counter()
+                        call()
+                        times.append(time.perf_counter() - t)
+                    best[name] = min(best[name], float(np.median(times)))
+            out += [(name, threads, batch, best[name] * 1e3) for name in calls]
+    _C.set_num_threads(os.cpu_count() or 1)
+    return out
+
+
+def _configs(args) -> list[tuple[str, int, int, bool]]:
+    out = []
+    for replicas, cpus in (tuple(map(int, c.split("x"))) for c in args.splits.split(",") if c):
+        for batch in (False, True):
+            for engine in args.engines.split(","):
+                out.append((engine, replicas, cpus, batch))
+    return out
+
+
+def _machine() -> str:
+    model = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
+                  .stdout.splitlines() if ln.startswith("Model name")), platform.processor())
+    return (f"{model}, {os.cpu_count()} vCPUs, oneDNN {bh._C.onednn_version()} ISA {bh._C.isa()}, "
+            f"load average at start {os.getloadavg()[0]:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--splits", default="1x1,1x2,2x1,4x1", help="REPLICASxCPUS, comma-separated")
+    parser.add_argument("--engines", default="byoc,onnxruntime")
+    parser.add_argument("--requests", type=int, default=300, help="answers per configuration (at most)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="time per configuration (at most)")
+    parser.add_argument("--concurrency", type=int, default=8, help="client threads")
+    parser.add_argument("--port", type=int, default=8321)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    machine, started = _machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    tmp = Path(tempfile.mkdtemp())
+    onnx_path = _model(tmp)
+    mod, params = bh.from_onnx(onnx_path, dim_ranges={"N": (1, 64)})
+    lib = bs.export(bh.partition(mod, params), tmp / "cnn.so")
+    direct = bh.vm(__import__("tvm").runtime.load_module(str(lib)))
+    xs = [np.random.default_rng(i).standard_normal((1, 3, 128, 128)).astype("float32") for i in range(32)]
+    want = [direct["main"](x).numpy() for x in xs]
+    direct_rows = _direct(lib, onnx_path)
+    for row in direct_rows:
+        print("direct", row, flush=True)
+    configs = _configs(args)
+    max_cpus = max((r * c for _, r, c, _ in configs), default=1)
+    rows = []
+    for engine, replicas, cpus, batch in configs:
+        path = lib if engine == "byoc" else onnx_path
+        application = bs.app(path, engine=engine, replicas=replicas, cpus=cpus, batch=batch, max_batch_rows=8,
+                             batch_wait_s=0.002)
+        bs.start(application, port=args.port, num_cpus=max_cpus)
+        for x in xs[:4]:
+            bs.post(f"http://127.0.0.1:{args.port}/", x)  # warm-up: plans, first calls
+        result = _load(f"http://127.0.0.1:{args.port}/", xs, want, args)
+        rows.append((engine, replicas, cpus, batch, result))
+        print(engine, replicas, cpus, batch, {k: round(v, 2) for k, v in result.items()}, flush=True)
+        from ray import serve
+
+        serve.delete("byoc_hetero")
+    bs.shutdown()
+    _report(rows, direct_rows, machine, started, args)
+
+
+def _report(rows, direct_rows, machine: str, started: str, args) -> None:
+    lines = ["# Serving on Ray Serve (`bench/serve.py`)", "",
+             f"Machine: {machine}. Started {started}; Ray Serve {__import__('ray').__version__}. The machine was "
+             "shared with other work (loaded): compare rows of one run, not with other runs.", "",
+             f"Run: `python3 bench/serve.py --splits {args.splits} --requests {args.requests} --seconds "
+             f"{args.seconds} --concurrency {args.concurrency}`. One-image requests (1x3x128x128, a ResNet-style "
+             "CNN), sent over HTTP on 127.0.0.1 by client threads on the same machine. Ray schedules against "
+             f"{max((r * c for _, r, c, _, _ in rows), default=1)} logical CPUs, so 4 replicas oversubscribe the "
+             f"{os.cpu_count()} vCPUs. Batching: `@serve.batch`, at most 8 rows, 2 ms wait. Every answer is "
+             "checked against a direct run of the library (`wrong` counts mismatches).", "",
+             "| engine | replicas x CPUs | batching | answers/s | p50 ms | p99 ms | rows per call | answers | errors | wrong |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for engine, replicas, cpus, batch, r in rows:
+        lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {r['per_s']:.1f} | "
+                     f"{r['p50']:.1f} | {r['p99']:.1f} | {r['rows']:.2f} | {r['answers']} | {r['errors']} | "
+                     f"{r['wrong']} |")
+    lines += ["", "The model without Serve, in this process before the deployments (median of 10 calls, best of "
+              "5 interleaved rounds), ms per call:", "", "| threads | batch | byoc-hetero | ONNX Runtime | ONNX Runtime / ours |",
+              "|---|---|---|---|---|"]
+    table = {(e, t, b): ms for e, t, b, ms in direct_rows}
+    for threads, batch in sorted({(t, b) for _, t, b, _ in direct_rows}):
+        ours, ort_ms = table[("byoc", threads, batch)], table[("onnxruntime", threads, batch)]
+        lines.append(f"| {threads} | {batch} | {ours:.2f} | {ort_ms:.2f} | {ort_ms / ours:.2f}x |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

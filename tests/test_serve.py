@@ -1,0 +1,186 @@
+"""byoc_hetero.serve: a local Ray Serve app on 127.0.0.1, answers against a direct run, bad requests as
+HTTP 400, dynamic batching, a replica killed mid-load. Skipped where Ray Serve is not installed.
+
+One Ray instance serves the whole module (starting Ray takes most of the time); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+torch = pytest.importorskip("torch")
+
+import tvm  # noqa: E402
+
+import byoc_hetero as bh  # noqa: E402
+from byoc_hetero import serve as bs  # noqa: E402
+
+REPLICAS = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    """A small CNN with a symbolic batch (declared 1..64), partitioned and exported for serving."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 8 * 8, 10)).eval()
+    n = torch.export.Dim("N", min=1, max=64)
+    mod, params = bh.from_torch(net, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: n},))
+    path = bs.export(bh.partition(mod, params), tmp_path_factory.mktemp("serve") / "cnn.so")
+    direct = bh.vm(tvm.runtime.load_module(str(path)))
+    return path, lambda x: direct["main"](x).numpy()
+
+
+@pytest.fixture(scope="module")
+def served(library):
+    path, _ = library
+    port = _free_port()
+    bs.start(bs.app(path, replicas=REPLICAS, cpus=1, batch=True, max_batch_rows=16, batch_wait_s=0.05),
+             port=port, num_cpus=REPLICAS + 1)
+    yield f"http://127.0.0.1:{port}/"
+    bs.shutdown()
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def _inputs(seed: int, rows: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 3, 8, 8)).astype("float32")
+
+
+def test_answers_match_a_direct_run(library, served):
+    _, direct = library
+    xs = [_inputs(i, 1 + i % 3) for i in range(12)]
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda x: bs.post(served, x), xs))
+    for x, answer in zip(xs, answers):
+        assert answer.status == 200, answer.error
+        np.testing.assert_allclose(answer.output, direct(x), rtol=1e-5, atol=1e-5)
+
+
+def test_concurrent_requests_are_batched(library, served):
+    _, direct = library
+    for volley in range(3):  # batching depends on arrival times: a few volleys, bounded
+        xs = [_inputs(100 + i, 1) for i in range(16)]
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda x: bs.post(served, x), xs))
+        for x, answer in zip(xs, answers):
+            assert answer.status == 200, answer.error
+            np.testing.assert_allclose(answer.output, direct(x), rtol=1e-5, atol=1e-5)
+        if max(a.batch_rows for a in answers) > 1:
+            return
+    pytest.fail("48 concurrent one-row requests never shared a call")
+
+
+@pytest.mark.parametrize("body, needle", [
+    (np.zeros((2, 3, 9, 8), "float32"), "expected shape [s"),
+    (np.zeros((2, 3, 8, 8), "float64"), "expected dtype float32, got float64"),
+    (np.zeros((65, 3, 8, 8), "float32"), "outside its declared range [1, 64]"),
+    (np.zeros((17, 3, 8, 8), "float32"), "more than max_batch_rows=16"),
+])
+def test_bad_requests_get_the_input_error_as_400(library, served, body, needle):
+    answer = bs.post(served, body)
+    assert answer.status == 400 and needle in answer.error, answer
+    x = _inputs(7, 2)  # the replica is alive and answers right
+    good = bs.post(served, x)
+    assert good.status == 200
+    np.testing.assert_allclose(good.output, library[1](x), rtol=1e-5, atol=1e-5)
+
+
+def test_unreadable_bodies_are_400(served):
+    import urllib.error
+    import urllib.request
+
+    for data, ctype in ((b"hello", "text/plain"), (b"{\"x\": 1}", "application/json")):
+        req = urllib.request.Request(served, data=data, headers={"content-type": ctype})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=60)
+        assert err.value.code == 400 and b"request:" in err.value.read()
+
+
+def test_json_requests(library, served):
+    import json
+    import urllib.request
+
+    x = _inputs(3, 2)
+    req = urllib.request.Request(served, data=json.dumps({"inputs": [x.tolist()]}).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as reply:
+        doc = json.loads(reply.read())
+    assert doc["shape"] == [2, 10] and doc["dtype"] == "float32"
+    np.testing.assert_allclose(np.asarray(doc["outputs"][0], "float32"), library[1](x), rtol=1e-5, atol=1e-5)
+
+
+def test_replica_threads_come_from_its_cpu_budget(served):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(served + "info", timeout=60) as reply:
+        info = json.loads(reply.read())
+    assert info["cpus"] == 1 and info["runtime_threads"] == 1
+    assert info["env"] == {k: "1" for k in bs.THREAD_ENV}
+
+
+def test_killed_replica_is_replaced_and_no_answer_is_wrong(library, served):
+    import ray
+    from ray import serve
+
+    _, direct = library
+    xs = [_inputs(1000 + i, 1 + i % 2) for i in range(40)]
+    replicas = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith("SERVE_REPLICA::")]
+    assert len(replicas) == REPLICAS
+
+    def send(i):
+        if i == 10:  # mid-load: kill one replica (Ray Serve must replace it)
+            ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
+        return bs.post(served, xs[i], timeout=60)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(send, range(len(xs))))
+    ok = [(x, a) for x, a in zip(xs, answers) if a.status == 200]
+    for x, answer in ok:
+        np.testing.assert_allclose(answer.output, direct(x), rtol=1e-5, atol=1e-5)
+    assert len(ok) >= len(xs) // 2, [a.status for a in answers]
+    assert all(a.status in (200, 500, 502, 503) for a in answers), [(a.status, a.error) for a in answers]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = serve.status().applications["byoc_hetero"]
+        running = [r for r in ray.util.list_named_actors(all_namespaces=True)
+                   if r["name"].startswith("SERVE_REPLICA::") and r["name"] != replicas[0]]
+        if status.status == "RUNNING" and len(running) == REPLICAS:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("the killed replica was not replaced within 120 s")
+    x = _inputs(5, 3)
+    np.testing.assert_allclose(bs.post(served, x).output, direct(x), rtol=1e-5, atol=1e-5)
+
+
+def test_run_batch_groups_by_trailing_shape_and_splits_back():
+    calls = []
+
+    def run(inputs):
+        calls.append(inputs[0].shape)
+        return [inputs[0].sum(axis=tuple(range(1, inputs[0].ndim)))[:, None] * 2]
+
+    items = [[np.ones((2, 3))], [np.ones((1, 4))], [np.full((3, 3), 2.0)], [np.ones((1, 4))]]
+    answers = bs.run_batch(run, items)
+    assert sorted(calls) == [(2, 4), (5, 3)]
+    want = [np.full((2, 1), 6.0), np.full((1, 1), 8.0), np.full((3, 1), 12.0), np.full((1, 1), 8.0)]
+    assert len(answers) == 4
+    for (outputs, rows), w, r in zip(answers, want, (5, 2, 5, 2)):
+        np.testing.assert_array_equal(outputs[0], w)
+        assert rows == r

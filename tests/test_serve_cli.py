@@ -1,0 +1,57 @@
+"""``byoc-hetero serve lib.so``: starts, answers like a direct run, rejects a bad request, stops on SIGTERM.
+
+Skipped where Ray Serve is not installed. Its own file: the command starts its own Ray instance, which
+must not meet the one tests/test_serve.py keeps for its module.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+
+import tvm  # noqa: E402
+
+import byoc_hetero as bh  # noqa: E402
+from byoc_hetero import serve as bs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_serve_command(tmp_path):
+    mod, params = bh.models.mlp(batch=2, features=16, hidden=(8,))
+    lib = bs.export(bh.partition(mod, params), tmp_path / "mlp.so")
+    direct = bh.vm(tvm.runtime.load_module(str(lib)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "byoc_hetero", "serve", str(lib), "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        line = ""
+        while time.monotonic() < deadline and "serving" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "byoc-hetero serve exited before serving"
+        assert f"http://127.0.0.1:{port}/" in line
+        x = np.random.default_rng(0).standard_normal((2, 16)).astype("float32")
+        answer = bs.post(f"http://127.0.0.1:{port}/", x)
+        assert answer.status == 200, answer.error
+        np.testing.assert_allclose(answer.output, direct["main"](x).numpy(), rtol=1e-5, atol=1e-5)
+        bad = bs.post(f"http://127.0.0.1:{port}/", x[:, :15].copy())
+        assert bad.status == 400 and "expected shape [2, 16], got [2, 15]" in bad.error
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=120) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
