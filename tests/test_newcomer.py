@@ -194,11 +194,11 @@ def test_demo_output_shows_what_each_stage_changed():
     assert all("changed: " in s for s in sections)
     merge, _, regions, partition = sections
     assert "llvm: ops 49 -> 0" in merge and "composites 0 -> " in merge
-    assert "not offloaded yet (0 regions)" in merge  # marked, not offloaded: no bare "byoc_hetero: 49 ops"
-    assert "byoc_hetero: regions 0 -> 1" in regions
+    assert "not offloaded yet (0 regions)" in merge  # marked, not offloaded: no bare "onednn: 49 ops"
+    assert "onednn: regions 0 -> 1" in regions
     assert "1 region(s) now runtime modules" in partition
     for line in lines:
-        if line.startswith("byoc_hetero: ") and "ops" in line.split(";")[0] and "->" not in line:
+        if line.startswith("onednn: ") and "ops" in line.split(";")[0] and "->" not in line:
             assert "region" in line, line  # every headline says whether its ops are in regions yet
     assert figures["regions"] == 1 and figures["relative_error"] < 1e-4
 
@@ -210,5 +210,5 @@ def test_profile_changes_lists_moves_per_target():
     after = bh.op_profile(bh.partition(mod, params))
     changes = after.changes(before)
     assert any(c.startswith("llvm: ops ") and c.split("->")[1].split(";")[0].strip() == "0" for c in changes)
-    assert any(c.startswith("byoc_hetero: ") and "regions 0 -> 1" in c for c in changes)
+    assert any(c.startswith("onednn: ") and "regions 0 -> 1" in c for c in changes)
     assert after.changes(after) == []

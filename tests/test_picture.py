@@ -50,8 +50,8 @@ def test_svg_without_graphviz(resnet_report, tmp_path, monkeypatch):
     assert len(edges) == len(graph.edges)
     # one fill per target, the colours of the DOT text; region nodes carry their ops for search
     fills = {g.get("data-target"): g.find(f"{SVG}rect").get("fill") for g in nodes}
-    assert fills == {t: c for t, c in graph.legend.items() if t in fills} and "byoc_hetero" in fills
-    regions = [g for g in nodes if g.get("data-target") == "byoc_hetero"]
+    assert fills == {t: c for t, c in graph.legend.items() if t in fills} and "onednn" in fills
+    regions = [g for g in nodes if g.get("data-target") == "onednn"]
     assert len(regions) == len(resnet_report.regions)
     assert "nn.conv2d" in regions[0].get("data-ops").split()
     # every edge goes downwards: from its source's layer to a later one
@@ -97,9 +97,9 @@ def test_html_page_in_headless_chromium(resnet_report, tmp_path):
     assert hits == len(resnet_report.regions) and f">{hits} nodes<" in dom.stdout
     # hovering shows a region's ops and rules, and an llvm op's reason (the page's ?hover=N moves the mouse there)
     nodes = resnet_report.graph.nodes
-    region = next(i for i, n in enumerate(nodes) if n.target == "byoc_hetero")
+    region = next(i for i, n in enumerate(nodes) if n.target == "onednn")
     sin = next(i for i, n in enumerate(nodes) if n.ops == ["sin"])
-    for index, needles in ((region, ("byoc_hetero region", "ops: nn.conv2d", "rules: byoc_hetero.")),
+    for index, needles in ((region, ("onednn region", "ops: nn.conv2d", "rules: onednn.")),
                            (sin, ("sin on llvm: no offload rule matches it",))):
         shown = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                                 f"file://{page}?hover={index}"], capture_output=True, text=True, timeout=120)
