@@ -20,6 +20,11 @@ classic (Relay) stage      what the stage does here (Relax)
                            ``call_dps_packed`` of the external symbol; the compiled regions ride
                            along as external modules, so stock ``relax.build`` links them.
 =========================  ==================================================================
+
+This module drives the stages: the rewrites each stage runs are the lists of
+:mod:`byoc_hetero.passes` (``BEFORE_FUSION``, ``BEFORE_MERGE``, ``AFTER_MERGE``; ``BEFORE_STAGES``
+in :func:`partition`), in the order listed there, and the backends are asked by name
+(:func:`byoc_hetero.rules.get_target`): nothing here names a pass or a backend.
 """
 
 from __future__ import annotations
@@ -155,9 +160,6 @@ def _mark_composite_targets(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule
         if tgt in names and TARGET_ATTR not in func.attrs:
             updates[gv] = func.with_attr(TARGET_ATTR, tgt)
     return updated(mod, updates) if updates else mod
-
-
-"""Longest region (external symbol) name kept as MergeCompositeFunctions made it, in characters."""
 
 
 def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,

@@ -289,3 +289,21 @@ def test_no_function_over_80_lines():
     spec.loader.exec_module(module)
     assert module.long_functions([root / "byoc_hetero"], 80) == []
     assert module.long_functions([root / "byoc_hetero"], 40)  # it does find long ones
+
+
+def test_region_documents_of_the_old_name_read_as_onednn():
+    """A region made before the rename (source.target "byoc_hetero", as in libraries exported
+    earlier) is listed under the onednn backend."""
+    import json
+
+    from byoc_hetero._relax import external_modules, region_graph_json, region_table
+
+    part = bh.partition(*bh.models.small_convnet())
+    (module,) = external_modules(part)
+    graph = region_graph_json(module)
+    assert graph["source"]["target"] == "onednn"
+    graph["source"]["target"] = "byoc_hetero"
+    old = tvm.get_global_func("byoc_hetero.runtime.create")(json.dumps(graph))
+    assert old.kind == "byoc_hetero"  # the runtime kind never changed
+    (entry,) = region_table(part.with_attr("external_mods", [old])).values()
+    assert entry.target == "onednn"

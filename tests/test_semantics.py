@@ -43,7 +43,8 @@ def check(mod, params=None, target="byoc_hetero", **kwargs):
 
 
 def regions(rep, target="byoc_hetero"):
-    return [r for r in rep.regions if r.target == target]
+    # reports name the backend by its name (onednn); ``target`` may be an alias
+    return [r for r in rep.regions if r.target == bh.rules.get_target(target).name]
 
 
 def conv(emit, x, w, relu=True):
