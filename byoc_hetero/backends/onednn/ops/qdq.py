@@ -254,3 +254,25 @@ def fuse_int8_anchors(graph) -> None:
             changed |= _fuse_pool(graph, node, producers, readers)
     if changed:
         drop_dead_nodes(graph)
+        _restore_order(graph)
+
+
+def _restore_order(graph) -> None:
+    """Put the nodes back in a topological order, keeping the existing one where it is one: a
+    conv that took a residual computed after it (ResNet's downsampling branch) moves after it."""
+    producers = graph.producers()
+    done: set[int] = set()
+    ordered = []
+
+    def place(node) -> None:
+        if id(node) in done:
+            return
+        done.add(id(node))
+        for t in node.inputs:
+            if t in producers:
+                place(producers[t])
+        ordered.append(node)
+
+    for node in list(graph.nodes):
+        place(node)
+    graph.nodes[:] = ordered
