@@ -223,3 +223,23 @@ def test_weight_zero_point_stays_float_in_region():
     assert region.precision.startswith("mixed (0 of 1") and region.float32_ops["conv2d"] == 1
     x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
     np.testing.assert_allclose(run(build(part), [x]), run(build(mod), [x]), rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_zero_pad_joins_the_int8_conv(tmp_path):
+    """Pad(0) -> Conv quantized by quantize_static (EfficientNet's ZeroPad2d: the pad value itself
+    quantized, a Q/DQ pair after the pad): imports, and the pad becomes the int8 conv's padding (one
+    region, no pad left on llvm), within one step of ORT."""
+    rng = np.random.default_rng(4)
+    init = [numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "value"),
+            numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")]
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["p"]),
+             helper.make_node("Conv", ["p", "w"], ["y"], strides=[2, 2])]
+    g = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])], init)
+    path = _quantize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path)
+    part, got, emulated, ort_out = _compare(path)
+    assert not bh.report(part).fallbacks
+    conv = next(n for n in _region_nodes(part) if n["op"] == "conv2d")
+    assert "src_scale" in conv["attrs"] and conv["attrs"]["padding"] == [0, 0, 1, 1]
+    assert np.max(np.abs(got - ort_out)) <= _output_step(path) * 1.001
