@@ -53,6 +53,8 @@ def prepare(model: str, small: bool, workdir: str) -> dict:
         torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"],
                           opset_version=17, dynamo=False)
     np.savez(f["inputs"], **{n: t.numpy() for n, t in zip(zm.input_names, zm.inputs)})
+    if os.path.exists(f["q"]):
+        return {"quantized": "reused " + f["q"]}
     if model.endswith("_dynamic"):
         quantize_dynamic(fb["f32"], f["q"], weight_type=QuantType.QInt8)
         return {"quantized": "dynamic"}

@@ -59,6 +59,9 @@ class RegionReport:
     #: what the region computes in, as its runtime module says: "f32", "bf16", or
     #: "f32 (bf16 requested: <why not>)"; "" when unknown (not compiled yet, another runtime)
     precision: str = ""
+    #: in a region with int8 ops: the node ops that compute in float32 inside it (between their
+    #: own quantize / dequantize nodes), with counts; empty otherwise
+    float32_ops: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -102,6 +105,9 @@ class PartitionReport:
             lines.append(f"      rules: {', '.join(sorted(set(r.rules)))}")
             if r.precision:
                 lines.append(f"      precision: {r.precision}")
+            if r.float32_ops:
+                inside = ", ".join(f"{op} {n}" for op, n in sorted(r.float32_ops.items()))
+                lines.append(f"      float32 inside: {inside}")
         lines.append("")
         lines.append(f"left on {HOST}: {len(self.fallbacks)} ops")
         for f in self.fallbacks:
@@ -212,11 +218,37 @@ def _region_from_graph(region: RegionEntry) -> RegionReport:
         t = tensors[tid]
         return f"{t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
 
+    precision, float32_ops = _int8_precision(graph)
     return RegionReport(
         region.symbol, region.target, region.ops, region.composites, [desc(i) for i in graph["inputs"]],
         [desc(o) for o in graph["outputs"]], sum(graph_node_flops(n, tensors) for n in graph["nodes"]),
-        _region_precision(region),
+        precision or _region_precision(region), float32_ops,
     )
+
+
+_QUANTIZED = ("uint8", "int8")
+_ANCHOR_OPS = ("conv2d", "dense", "matmul")
+
+
+def _int8_precision(graph: dict) -> tuple[str, Counter]:
+    """For a region with quantized values: ``"int8"`` when every conv2d / dense / matmul reads 8-bit
+    data, else ``"mixed"``; and the ops that compute float32 inside it (``"pool2d avg"``,
+    ``"softmax"``, ...). ``("", Counter())`` for a region without 8-bit values."""
+    tensors, nodes = graph["tensors"], graph["nodes"]
+    if not any(tensors[n["output"]].get("dtype") in _QUANTIZED for n in nodes):
+        return "", Counter()
+    anchors = [n for n in nodes if n["op"] in _ANCHOR_OPS]
+    int8 = [n for n in anchors if tensors[n["inputs"][0]].get("dtype") in _QUANTIZED]
+    float32_ops: Counter = Counter()
+    for n in nodes:
+        if n["op"] in ("quantize", "dequantize") or tensors[n["output"]].get("dtype", "float32") != "float32":
+            continue
+        if n["op"] in _ANCHOR_OPS and n in int8:
+            continue  # an int8 anchor writing float32 (no quantize after it) still computes int8
+        algorithm = n["attrs"].get("algorithm")
+        float32_ops[f"{n['op']} {algorithm}" if algorithm else n["op"]] += 1
+    label = "int8" if anchors and len(int8) == len(anchors) else "mixed"
+    return f"{label} ({len(int8)} of {len(anchors)} conv2d/dense/matmul int8)", float32_ops
 
 
 def _region_precision(region: RegionEntry) -> str:

@@ -49,6 +49,10 @@ KINDS = CNN_KINDS + (
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
     "take", "compare_where", "mask", "cast",
 )
+#: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
+#: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
+INT8_KINDS = ("int8",)
+KINDS = KINDS + INT8_KINDS
 
 
 @dataclass
@@ -56,6 +60,8 @@ class Recipe:
     """What a drawn graph is made of (printed by hypothesis when a case fails)."""
 
     steps: list[str] = field(default_factory=list)
+    #: the largest output scale of an int8 step: one quantization step of its result
+    quant_step: float = 0.0
 
     def __repr__(self) -> str:
         return "Recipe(" + "; ".join(self.steps) + ")"
@@ -736,12 +742,61 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             used.add(src)
             recipe.steps.append(f"cast({path}, {list(_shape(src))})")
             keep(y)
+        elif kind == "int8":
+            return int8_step()
         else:
             raise ValueError(f"unknown kind {kind!r}")
         return True
 
+    def qconst(value, dtype):
+        return relax.const(np.array(value, dtype))
+
+    def int8_step() -> bool:
+        """quantize -> dequantize -> conv2d | dense (int8 weights, per channel or per tensor, zero
+        points 0) [+ bias] [relu] -> quantize -> dequantize, random scales and zero points: the
+        runtime's int8 anchor (docs/int8.md)."""
+        src = pick(lambda s: len(s) in (2, 4) and s[-1] >= 1)
+        if src is None:
+            return False
+        qdt = draw(st.sampled_from(["uint8", "int8"]))
+        lo, hi = (0, 255) if qdt == "uint8" else (-128, 127)
+        sx = draw(st.sampled_from([0.005, 0.01, 0.03]))
+        zx = draw(st.integers(lo, hi // 2 + 64)) if draw(st.booleans()) else (128 if qdt == "uint8" else 0)
+        xq = emit(R.quantize(src, qconst(sx, F32), qconst(zx, qdt), axis=1, out_dtype=qdt), src)
+        xd = bb.emit(R.dequantize(xq, qconst(sx, F32), qconst(zx, qdt), axis=1, out_dtype=F32))
+        shape, out = _shape(src), draw(st.integers(1, 12))
+        per_channel = draw(st.booleans())
+        w_scale = rng.uniform(0.002, 0.01, out).astype(F32) if per_channel else np.float32(0.005)
+        if len(shape) == 4:
+            k, stride = draw(st.sampled_from([1, 3])), draw(st.sampled_from([1, 2]))
+            wq = rng.integers(-127, 128, (out, shape[1], k, k)).astype("int8")
+            wd = bb.emit(R.dequantize(relax.const(wq), relax.const(w_scale), relax.const(np.zeros(np.shape(w_scale), "int8")),
+                                      axis=0, out_dtype=F32))
+            y = bb.emit(R.nn.conv2d(xd, wd, strides=[stride, stride], padding=[k // 2] * 4))
+            bias_shape = (1, out, 1, 1)
+        else:
+            wq = rng.integers(-127, 128, (out, shape[1])).astype("int8")
+            wd = bb.emit(R.dequantize(relax.const(wq), relax.const(w_scale), relax.const(np.zeros(np.shape(w_scale), "int8")),
+                                      axis=0, out_dtype=F32))
+            y = bb.emit(R.matmul(xd, bb.emit(R.permute_dims(wd, [1, 0]))))
+            bias_shape = (out,)
+        bias, relu = draw(st.booleans()), draw(st.booleans())
+        if bias:
+            y = bb.emit(R.add(y, relax.const((rng.standard_normal(bias_shape) * 0.1).astype(F32))))
+        if relu:
+            y = bb.emit(R.nn.relu(y))
+        so = draw(st.sampled_from([0.01, 0.03, 0.1]))
+        zo = draw(st.integers(lo, hi)) if draw(st.booleans()) else (0 if qdt == "int8" or relu else 128)
+        yq = bb.emit(R.quantize(y, qconst(so, F32), qconst(zo, qdt), axis=1, out_dtype=qdt))
+        keep(bb.emit(R.dequantize(yq, qconst(so, F32), qconst(zo, qdt), axis=1, out_dtype=F32)))
+        recipe.quant_step = max(recipe.quant_step, so)
+        recipe.steps.append(f"int8({qdt}, x {sx}/{zx}, out={out}, per_channel={per_channel}, bias={bias}, "
+                            f"relu={relu}, y {so}/{zo}, {'conv' if len(shape) == 4 else 'dense'})")
+        return True
+
     # graphs lean towards convs (wide ones most: the Winograd kind)
-    allowed = kinds or (("conv",) * 4 + CNN_KINDS if wide else ("conv",) + KINDS)
+    default = tuple(k for k in KINDS if k not in INT8_KINDS)
+    allowed = kinds or (("conv",) * 4 + CNN_KINDS if wide else ("conv",) + default)
     with bb.function("main"):
         with bb.dataflow():
             if kinds:  # the first applicable kind of those asked for, then any of them

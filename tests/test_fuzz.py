@@ -63,6 +63,22 @@ def test_offloaded_equals_llvm(case, disabled, require_heavy_op):
     differential(mod, inputs, sorted(disabled), require_heavy_op)
 
 
+@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(max_ops=0, kinds=("int8",)))
+def test_int8_offloaded_equals_llvm_within_one_step(case):
+    """One int8 conv2d / dense between random quantize / dequantize (u8 or s8, random scales and
+    zero points, per-channel or per-tensor weights): the runtime's int8 primitive requantizes once,
+    so it matches the llvm build (TVM's float emulation of Q/DQ) within one output step."""
+    mod, inputs, recipe = case
+    part = bh.partition(mod)
+    nodes = [n for m in part.attrs.get("external_mods", []) for n in region_graph_json(m)["nodes"]]
+    assert any("src_scale" in n["attrs"] for n in nodes), "no int8 anchor in the region"
+    got, want = run_all(build(part), inputs), run_all(build(mod), inputs)
+    for g, w in zip(got, want):
+        assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
+
+
 def region_node_ops(part) -> set[str]:
     """The runtime kernels (node ops) of every region a partitioned module holds."""
     return {node["op"] for m in part.attrs.get("external_mods", []) for node in region_graph_json(m)["nodes"]}

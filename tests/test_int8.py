@@ -141,6 +141,12 @@ def test_small_cnn_is_one_int8_region(tmp_path):
     nodes = _region_nodes(part)
     int8_ops = sorted(n["op"] for n in nodes if n["dtype"] in ("uint8", "int8") and n["op"] != "dequantize")
     assert int8_ops == ["conv2d", "conv2d", "dense", "pool2d"], int8_ops
+    # the residual add is the second conv's sum post-op, on the first conv's uint8 output
+    second = [n for n in nodes if n["op"] == "conv2d"][1]
+    assert second["attrs"].get("residual") == 1 and "sum_scale" in second["attrs"]
+    region = bh.report(part).regions[0]
+    assert region.precision.startswith("int8 (3 of 3")
+    assert region.float32_ops == {"pool2d avg_exclude_padding": 1, "reshape": 1}, region.float32_ops
     # the first conv's output goes straight (as uint8) into the second one
     step = _output_step(path)
     assert np.max(np.abs(got - ort_out)) <= 2 * step * 1.001
@@ -213,5 +219,27 @@ def test_weight_zero_point_stays_float_in_region():
     nodes = _region_nodes(part)
     conv = next(n for n in nodes if n["op"] == "conv2d")
     assert conv["dtype"] == "float32" and "src_scale" not in conv["attrs"]
+    region = bh.report(part).regions[0]
+    assert region.precision.startswith("mixed (0 of 1") and region.float32_ops["conv2d"] == 1
     x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
     np.testing.assert_allclose(run(build(part), [x]), run(build(mod), [x]), rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_zero_pad_joins_the_int8_conv(tmp_path):
+    """Pad(0) -> Conv quantized by quantize_static (EfficientNet's ZeroPad2d: the pad value itself
+    quantized, a Q/DQ pair after the pad): imports, and the pad becomes the int8 conv's padding (one
+    region, no pad left on llvm), within one step of ORT."""
+    rng = np.random.default_rng(4)
+    init = [numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "value"),
+            numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")]
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["p"]),
+             helper.make_node("Conv", ["p", "w"], ["y"], strides=[2, 2])]
+    g = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])], init)
+    path = _quantize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path)
+    part, got, emulated, ort_out = _compare(path)
+    assert not bh.report(part).fallbacks
+    conv = next(n for n in _region_nodes(part) if n["op"] == "conv2d")
+    assert "src_scale" in conv["attrs"] and conv["attrs"]["padding"] == [0, 0, 1, 1]
+    assert np.max(np.abs(got - ort_out)) <= _output_step(path) * 1.001

@@ -36,6 +36,7 @@ from tvm import relax
 
 from .._relax import entry_functions
 from .close_shape_arguments import close_shape_arguments
+from .dequantized_pad_values import dequantized_pad_values
 from .drop_needless_broadcasts import drop_needless_broadcasts
 from .dynamic_quantize_linear import dynamic_quantize_linear
 from .explicit_same_pads import explicit_same_pads
@@ -98,6 +99,7 @@ def close_region_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 ONNX_IMPORT: tuple[Pass, ...] = (
+    Pass("dequantized_pad_values", "onnx", dequantized_pad_values),
     Pass("explicit_same_pads", "onnx", explicit_same_pads),
     Pass("fold_zero_pads", "onnx", fold_zero_pads),
     Pass("dynamic_quantize_linear", "onnx", dynamic_quantize_linear),
@@ -159,7 +161,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT",
     "TORCH_IMPORT", "Pass", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
-    "dead_code_elimination", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]

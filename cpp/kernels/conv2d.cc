@@ -99,13 +99,13 @@ static bool OutputOnlyReadByPointwiseOrDepthwise(const KernelContext& ctx) {
  */
 static std::unique_ptr<Kernel> BuildInt8Conv2D(const KernelContext& ctx, const ConvParams& p,
                                                 const std::vector<int64_t>& padding, const Int8Params& q) {
-  if (p.epilogue.residual) ctx.Fail("an int8 conv2d does not take a residual (the add runs after requantizing)");
+  if (p.epilogue.residual != q.residual) ctx.Fail("an int8 residual needs attrs residual = 1 and sum_scale");
   const memory::data_type src_t = DnnlType(ctx.input(0).dtype), dst_t = DnnlType(ctx.output().dtype);
   const memory::dims src_dims{p.n, p.c, p.h, p.w}, dst_dims{p.n, p.k, p.oh, p.ow}, bias_dims{p.k};
   memory::dims wei_dims{p.k, p.c / p.groups, p.kh, p.kw};
   if (p.groups > 1) wei_dims = {p.groups, p.k / p.groups, p.c / p.groups, p.kh, p.kw};
-  dnnl::primitive_attr attr = ctx.MakeAttr(p.epilogue);
-  SetInt8Attrs(&attr, q, p.groups > 1 ? 3 : 1);  // per output channel: dims 0 (OIHW) or 0-1 (GOIHW)
+  // weight scales per output channel: dims 0 (OIHW) or 0-1 (GOIHW)
+  const dnnl::primitive_attr attr = MakeInt8Attr(ctx, p.epilogue, q, p.groups > 1 ? 3 : 1);
   dnnl::convolution_forward::primitive_desc pd(
       ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, AnyDesc(src_dims, src_t),
       AnyDesc(wei_dims, memory::data_type::s8), p.has_bias ? AnyDesc(bias_dims) : memory::desc(),

@@ -58,10 +58,9 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
   if (int8.enabled) {
     // int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N)
-    if (epilogue.residual) ctx.Fail("an int8 dense does not take a residual");
+    if (epilogue.residual != int8.residual) ctx.Fail("an int8 residual needs attrs residual = 1 and sum_scale");
     const memory::data_type src_t = DnnlType(ctx.input(0).dtype), dst_t = DnnlType(ctx.output().dtype);
-    dnnl::primitive_attr attr = ctx.MakeAttr(epilogue);
-    SetInt8Attrs(&attr, int8, 1 << 1);
+    const dnnl::primitive_attr attr = MakeInt8Attr(ctx, epilogue, int8, 1 << 1);
     dnnl::matmul::primitive_desc pd(ctx.engine, WithType(PlainDesc(src_dims), src_t), AnyDesc(wei_dims, memory::data_type::s8),
                                     has_bias ? PlainDesc(bias_dims) : memory::desc(),
                                     WithType(PlainDesc(dst_dims), dst_t), attr);

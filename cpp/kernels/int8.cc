@@ -81,9 +81,10 @@ class Int8AnchorKernel : public Kernel {
     return steps;
   }
 
-  void SetLayouts(std::vector<OperandLayout> inputs, OperandLayout output) {
+  void SetLayouts(std::vector<OperandLayout> inputs, OperandLayout output, int sum_input) {
     inputs_ = std::move(inputs);
     output_ = std::move(output);
+    sum_input_ = sum_input;
   }
 
  private:
@@ -123,15 +124,33 @@ Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t o
   } else if (out != DType::kFloat32) {
     ctx.Fail(std::string("the output must be uint8, int8 or float32, got ") + DTypeName(out));
   }
+  if (attrs.Has("sum_scale")) {
+    if (!q.int8_dst) attrs.Fail("sum_scale", "an int8 residual sum needs an 8-bit output");
+    q.residual = true;
+    q.sum_scale = CheckedScale(attrs, "sum_scale", attrs.Float("sum_scale", 1.0));
+    q.sum_zp = CheckedZeroPoint(attrs, "sum_zero_point", attrs.Int("sum_zero_point", 0), out);
+  }
   return q;
 }
 
-void SetInt8Attrs(dnnl::primitive_attr* attr, const Int8Params& q, int wei_mask) {
+dnnl::primitive_attr MakeInt8Attr(const KernelContext& ctx, const Epilogue& e, const Int8Params& q, int wei_mask) {
+  Epilogue without_sum = e;
+  without_sum.residual = false;
+  without_sum.post_act = Activation{};
+  dnnl::primitive_attr made = ctx.MakeAttr(without_sum);
+  dnnl::primitive_attr* attr = &made;
+  if (e.residual) {
+    dnnl::post_ops ops = made.get_post_ops();
+    ops.append_sum(q.sum_scale, q.sum_zp, DnnlType(ctx.output().dtype));
+    if (!e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
+    made.set_post_ops(ops);
+  }
   attr->set_scales_mask(DNNL_ARG_SRC, 0);
   attr->set_scales_mask(DNNL_ARG_WEIGHTS, wei_mask);
   if (q.int8_dst) attr->set_scales_mask(DNNL_ARG_DST, 0);
   if (q.src_zp != 0) attr->set_zero_points_mask(DNNL_ARG_SRC, 0);
   if (q.int8_dst && q.dst_zp != 0) attr->set_zero_points_mask(DNNL_ARG_DST, 0);
+  return made;
 }
 
 std::unique_ptr<Kernel> MakeInt8AnchorKernel(const KernelContext& ctx, const char* op, dnnl::primitive_desc_base pd,
@@ -142,8 +161,14 @@ std::unique_ptr<Kernel> MakeInt8AnchorKernel(const KernelContext& ctx, const cha
   std::vector<OperandLayout> inputs{{src_view, pd.src_desc(0)}, {wei_view, pd.weights_desc(0)}};
   if (has_bias) inputs.push_back({bias_view, pd.weights_desc(1)});
   OperandLayout output{dst_view, pd.dst_desc(0)};
+  if (q.residual) {
+    if (ctx.input(inputs.size()).dtype != ctx.output().dtype) {
+      ctx.Fail(std::string("the residual must have the output's dtype ") + DTypeName(ctx.output().dtype));
+    }
+    inputs.push_back(output);  // accumulated in place: the planner puts it in the destination
+  }
   auto kernel = std::make_unique<Int8AnchorKernel>(ctx.where(), op, pd, q, has_bias);
-  kernel->SetLayouts(std::move(inputs), std::move(output));
+  kernel->SetLayouts(std::move(inputs), std::move(output), q.residual ? static_cast<int>(2 + has_bias) : -1);
   return kernel;
 }
 

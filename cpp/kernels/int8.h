@@ -32,6 +32,9 @@ struct Int8Params {
   bool int8_dst = false;       // the output is uint8/int8 (else float32, no dst scale)
   float dst_scale = 1.f;
   int32_t dst_zp = 0;
+  bool residual = false;       // a sum post-op adds sum_scale * (residual - sum_zp) before the
+  float sum_scale = 1.f;       // post activation (the residual has the output's 8-bit type and
+  int32_t sum_zp = 0;          // sits in the destination, as for float32 residuals)
 };
 
 /*!
@@ -41,8 +44,9 @@ struct Int8Params {
  */
 Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t out_channels);
 
-/*! \brief \p attr with the scales (weights along \p wei_mask) and zero points of \p q. */
-void SetInt8Attrs(dnnl::primitive_attr* attr, const Int8Params& q, int wei_mask);
+/*! \brief The primitive attributes of an int8 anchor: \p e's activations and the residual sum of
+ *         \p q as post-ops, the scales (weights along \p wei_mask) and zero points of \p q. */
+dnnl::primitive_attr MakeInt8Attr(const KernelContext& ctx, const Epilogue& e, const Int8Params& q, int wei_mask);
 
 /*! \brief oneDNN's type for a tensor of dtype \p dtype (u8, s8 or f32). */
 memory::data_type DnnlType(DType dtype);

@@ -13,6 +13,7 @@
  * These run where no int8 primitive absorbed them (docs/int8.md): at region edges, around ops
  * computed in float32, and for constants (a bias, a weight that stays float32) once at __init_.
  */
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -49,6 +50,40 @@ AxisSplit SplitAt(const KernelContext& ctx, int64_t scale_count, AttrReader& att
   return split;
 }
 
+/*!
+ * \brief round_half_to_even(x / scale) + zero, saturated to [lo, hi]; NaN gives the zero point.
+ *        Rounds by adding and subtracting 1.5 * 2^23 (exact ties-to-even in the default rounding
+ *        mode for |v| < 2^22; larger values are clamped first, they saturate anyway), written with
+ *        selects only so that the loop vectorizes: std::nearbyint is a libm call per element
+ *        (35 ns/element measured on ResNet-50's 800K-element tensors).
+ */
+inline float QuantizeOne(float x, float scale, float zero, float lo, float hi) {
+  constexpr float kMagic = 12582912.f, kBig = 4194304.f;  // 1.5 * 2^23, 2^22
+  float v = x / scale;
+  v = v == v ? v : 0.f;
+  v = v > kBig ? kBig : (v < -kBig ? -kBig : v);
+  v = (v + kMagic) - kMagic + zero;  // IEEE arithmetic (no -ffast-math here) keeps both steps
+  return v > hi ? hi : (v < lo ? lo : v);
+}
+
+/*!
+ * \brief Calls f(c, begin, end) for every run [begin, end) of elements of one channel c of the data
+ *        seen as [outer, channels, inner], in blocks of at most 16K elements spread over the
+ *        threads (a per-tensor scale is one channel: its elements still split across threads).
+ */
+template <typename F>
+void ForChannelBlocks(const AxisSplit& s, const F& f) {
+  constexpr int64_t kBlock = 16384;
+  const int64_t blocks = (s.inner + kBlock - 1) / kBlock;
+  const int64_t total = s.outer * s.channels * blocks;
+#pragma omp parallel for schedule(static) if (s.outer * s.channels * s.inner > 4096)
+  for (int64_t t = 0; t < total; ++t) {
+    const int64_t row = t / blocks, c = row % s.channels;
+    const int64_t begin = row * s.inner + (t % blocks) * kBlock;
+    f(c, begin, std::min(begin + kBlock, (row + 1) * s.inner));
+  }
+}
+
 template <typename Q>
 HostFn QuantizeFn(AxisSplit s, bool has_zp) {
   return [s, has_zp](const std::vector<void*>& p) {
@@ -57,19 +92,10 @@ HostFn QuantizeFn(AxisSplit s, bool has_zp) {
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
     Q* y = static_cast<Q*>(p[has_zp ? 3 : 2]);
     constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
-#pragma omp parallel for collapse(2) schedule(static) if (s.outer * s.channels * s.inner > 4096)
-    for (int64_t o = 0; o < s.outer; ++o) {
-      for (int64_t c = 0; c < s.channels; ++c) {
-        const float sc = scale[c];
-        const float z = zp ? static_cast<float>(zp[c]) : 0.f;
-        const int64_t base = (o * s.channels + c) * s.inner;
-        for (int64_t i = 0; i < s.inner; ++i) {
-          // nearbyint rounds half to even in the default rounding mode (as ONNX requires)
-          const float v = std::nearbyint(x[base + i] / sc) + z;
-          y[base + i] = static_cast<Q>(v != v ? z : std::fmin(std::fmax(v, lo), hi));
-        }
-      }
-    }
+    ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
+      const float sc = scale[c], z = zp ? static_cast<float>(zp[c]) : 0.f;
+      for (int64_t i = begin; i < end; ++i) y[i] = static_cast<Q>(QuantizeOne(x[i], sc, z, lo, hi));
+    });
   };
 }
 
@@ -80,17 +106,11 @@ HostFn DequantizeFn(AxisSplit s, bool has_zp) {
     const float* scale = static_cast<const float*>(p[1]);
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
     float* y = static_cast<float*>(p[has_zp ? 3 : 2]);
-#pragma omp parallel for collapse(2) schedule(static) if (s.outer * s.channels * s.inner > 4096)
-    for (int64_t o = 0; o < s.outer; ++o) {
-      for (int64_t c = 0; c < s.channels; ++c) {
-        const float sc = scale[c];
-        const int64_t z = zp ? static_cast<int64_t>(zp[c]) : 0;
-        const int64_t base = (o * s.channels + c) * s.inner;
-        for (int64_t i = 0; i < s.inner; ++i) {
-          y[base + i] = static_cast<float>(static_cast<int64_t>(x[base + i]) - z) * sc;
-        }
-      }
-    }
+    ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
+      const float sc = scale[c];
+      const int64_t z = zp ? static_cast<int64_t>(zp[c]) : 0;
+      for (int64_t i = begin; i < end; ++i) y[i] = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
+    });
   };
 }
 

@@ -171,7 +171,41 @@ def _fuse_anchor(graph, node, producers, readers) -> bool:
         node.attrs.update(dst_scale=dst[0], dst_zero_point=dst[1])
         node.output = after.output
         graph.nodes.remove(after)
+        if node.op == "conv2d":
+            _fuse_residual(graph, node, dst)
     return True
+
+
+def _fuse_residual(graph, node, dst: tuple[float, int]) -> None:
+    """``int8 conv -> dequantize -> add(dequantize(r)) [-> relu] -> quantize``: the add becomes the
+    conv's sum post-op on ``r``'s 8-bit values (``sum_scale``, ``sum_zero_point``) and the conv writes
+    the add's quantized output: the residual stream of a quantized ResNet stays 8-bit, and the conv's
+    own output is rounded once instead of twice (within one step of the float emulation)."""
+    producers, readers = graph.producers(), graph.readers()
+    dq = _sole_reader(graph, node.output, readers)
+    if _per_tensor(graph, dq, "dequantize") != dst:
+        return
+    add = _sole_reader(graph, dq.output, readers)
+    if add is None or add.op != "binary" or add.attrs.get("algorithm") != "add" or \
+            add.attrs.get("activation", "none") not in ("none", "relu") or len(add.inputs) != 2:
+        return
+    other = add.inputs[1] if add.inputs[0] == dq.output else add.inputs[0]
+    source = producers.get(other)
+    res = _per_tensor(graph, source, "dequantize")
+    after = _sole_reader(graph, add.output, readers)
+    out = _per_tensor(graph, after, "quantize")
+    out_dtype = graph.tensors[node.output]["dtype"]
+    if res is None or out is None or graph.tensors[source.inputs[0]]["dtype"] != out_dtype or \
+            graph.tensors[after.output]["dtype"] != out_dtype or \
+            graph.tensors[source.inputs[0]]["shape"] != graph.tensors[node.output]["shape"]:
+        return
+    node.inputs.append(source.inputs[0])
+    node.attrs.update(residual=1, sum_scale=res[0], sum_zero_point=res[1], dst_scale=out[0], dst_zero_point=out[1])
+    if add.attrs.get("activation", "none") != "none":
+        node.attrs["post_activation"] = add.attrs["activation"]
+    node.output = after.output
+    for dead in (dq, add, after):
+        graph.nodes.remove(dead)
 
 
 def _fuse_pool(graph, node, producers, readers) -> bool:
@@ -220,3 +254,25 @@ def fuse_int8_anchors(graph) -> None:
             changed |= _fuse_pool(graph, node, producers, readers)
     if changed:
         drop_dead_nodes(graph)
+        _restore_order(graph)
+
+
+def _restore_order(graph) -> None:
+    """Put the nodes back in a topological order, keeping the existing one where it is one: a
+    conv that took a residual computed after it (ResNet's downsampling branch) moves after it."""
+    producers = graph.producers()
+    done: set[int] = set()
+    ordered = []
+
+    def place(node) -> None:
+        if id(node) in done:
+            return
+        done.add(id(node))
+        for t in node.inputs:
+            if t in producers:
+                place(producers[t])
+        ordered.append(node)
+
+    for node in list(graph.nodes):
+        place(node)
+    graph.nodes[:] = ordered
