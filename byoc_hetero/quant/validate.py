@@ -92,9 +92,12 @@ def check_zero_point(values: np.ndarray | Sequence[int], dtype: str, what: str) 
 def _check_shapes(scale_shape: Sequence[int], zp_shape: Sequence[int] | None, data_shape: Sequence[Any] | None,
                   axis: int, what: str) -> None:
     """A per-tensor scale is a scalar (or one element); a per-axis scale is 1-D with one value per
-    element of the data along ``axis``; the zero point has the scale's shape."""
+    element of the data along ``axis``; the zero point has the scale's shape (a scalar and a
+    one-element vector both mean per tensor: ONNX Runtime's quantize_static writes a bias's scale
+    as ``[1]`` and its zero point as a scalar)."""
     scale_shape, size = tuple(scale_shape), int(np.prod(scale_shape)) if len(scale_shape) else 1
-    if zp_shape is not None and tuple(zp_shape) != scale_shape:
+    per_tensor_pair = size == 1 and zp_shape is not None and int(np.prod(tuple(zp_shape) or (1,))) == 1
+    if zp_shape is not None and tuple(zp_shape) != scale_shape and not per_tensor_pair:
         raise QuantizationError(f"{what}: the zero point's shape {list(zp_shape)} differs from the scale's "
                                 f"shape {list(scale_shape)}")
     if len(scale_shape) > 1:
