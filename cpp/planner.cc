@@ -130,6 +130,7 @@ class Planner : public planning::ConcatInPlace {
 
     for (size_t n = 0; n < g_.nodes.size(); ++n) {
       const NodeInfo& node = g_.nodes[n];
+      CheckQuantizedOperands(n);
       KernelBuilder builder = FindKernelBuilder(node.op);
       if (builder == nullptr) {
         std::string ops;
@@ -183,6 +184,20 @@ class Planner : public planning::ConcatInPlace {
   }
 
  private:
+  /*! \brief An 8-bit (u8/s8) operand reaches only a kernel that declares it reads them. */
+  void CheckQuantizedOperands(size_t n) const {
+    const NodeInfo& node = g_.nodes[n];
+    if (FindKernelTraits(node.op).accepts_int8) return;
+    for (size_t k = 0; k <= node.inputs.size(); ++k) {
+      const int t = k < node.inputs.size() ? node.inputs[k] : node.output;
+      if (IsInt8(g_.tensors[t].dtype)) {
+        TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype " << DTypeName(g_.tensors[t].dtype)
+                                  << ", which op '" << node.op << "' does not read (8-bit tensors go to conv2d, "
+                                  << "dense, pool2d, quantize and dequantize)";
+      }
+    }
+  }
+
   /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
   void PlanNode(size_t n, const Kernel& kernel, bool at_init) {
     const NodeInfo& node = g_.nodes[n];

@@ -295,6 +295,7 @@ static Bf16Read Conv2DBf16Input(const NodeInfo& node, size_t k) {
 static KernelTraits Conv2DTraits() {
   KernelTraits traits;
   traits.bf16_input = Conv2DBf16Input;
+  traits.accepts_int8 = true;  // u8/s8 data x s8 weights (int8.cc)
   return traits;
 }
 

@@ -94,6 +94,7 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
 static KernelTraits DenseTraits() {
   KernelTraits traits;
   traits.bf16_input = [](const NodeInfo&, size_t k) { return k <= 1 ? Bf16Read::kRounds : Bf16Read::kF32; };
+  traits.accepts_int8 = true;  // u8/s8 data x s8 weights (int8.cc)
   return traits;
 }
 

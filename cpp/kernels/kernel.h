@@ -33,7 +33,7 @@
  *                       decides which values are stored bf16 (OutputOnlyFeedsBf16Convs);
  *   joins_inputs_along  the output is the inputs laid end to end along an axis (concat): their
  *                       producers may write into its buffer (plan/concat_in_place.h);
- *   accepts_int8        reads quantized int8 / uint8 tensors (false everywhere for now).
+ *   accepts_int8        reads or writes quantized int8 / uint8 tensors (the int8 kernels).
  * An op registered without traits gets the conservative defaults (f32 inputs, no joining, no int8).
  *
  * Adding an op: one file cpp/kernels/<op>.cc holding its builder and the line
@@ -371,7 +371,11 @@ struct KernelTraits {
    *        slices of the output's buffer in place (plan/concat_in_place.h).
    */
   std::optional<int64_t> (*joins_inputs_along)(const NodeInfo& node) = nullptr;
-  /*! \brief The kernel reads quantized int8 / uint8 tensors (none does yet: the int8 kernels set it). */
+  /*!
+   * \brief The kernel reads or writes quantized int8 / uint8 tensors (conv2d, dense, pool2d,
+   *        quantize, dequantize); the planner refuses an 8-bit operand of any other op, whose
+   *        kernel would read the bytes as another type.
+   */
   bool accepts_int8 = false;
 
   /*! \brief bf16_input(node, k), or kF32 when not declared. */

@@ -117,6 +117,7 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
 static KernelTraits Pool2DTraits() {
   KernelTraits traits;
   traits.bf16_input = Bf16ReadLikeOutput;
+  traits.accepts_int8 = true;  // pools 8-bit values between a dequantize and a quantize of one scale
   return traits;
 }
 

@@ -165,7 +165,13 @@ static std::unique_ptr<Kernel> BuildDequantize(const KernelContext& ctx) {
                                       PlainDescOf(ctx.output()));
 }
 
-BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize);
-BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize);
+static KernelTraits QuantizedTraits() {
+  KernelTraits traits;
+  traits.accepts_int8 = true;  // writes (quantize) or reads (dequantize) the 8-bit values
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, QuantizedTraits());
+BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, QuantizedTraits());
 
 }  // namespace byoc_hetero
