@@ -21,6 +21,7 @@ import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
 from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges, dim_ranges
+from .passes.bool_arith import bool_arith
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
 
@@ -98,7 +99,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
         # pads follow from the model's own input shapes: with shapes overridden, TVM's autopad decides
         return _fold_zero_pads(m if shape_dict else _explicit_same_pads(m))
 
-    model = same_pads(model)
+    model = same_pads(_shape_initializers_as_constants(model))
     # TVM's importer prints "Error converting operator ..." before it raises; held back here and shown
     # only if the import fails for good (a model the folding rescues would print a failure that was not).
     diagnostics = io.StringIO()
@@ -121,7 +122,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
             ) from err
     if dim_ranges:
         mod = _declare_ranges(mod, dim_ranges)
-    return _split_params(mod)
+    return _split_params(bool_arith(mod))
 
 
 def _declare_ranges(mod: tvm.IRModule, ranges: DimRanges) -> tvm.IRModule:
@@ -295,6 +296,49 @@ def _fold_zero_pads(model: Any) -> Any:
     return model
 
 
+#: ONNX tensor element types of shapes, axes, indices and flags (onnx.TensorProto's enum names)
+_INTEGER_TYPES = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "BOOL")
+
+
+def _shape_initializers_as_constants(model: Any) -> Any:
+    """``model`` with each integer or bool initializer of rank 0 or 1 (a shape, axes, starts/ends,
+    repeats, pads, a scalar) turned into a ``Constant`` node of the same name; ``model`` itself
+    when there is none.
+
+    Why: ``from_onnx`` imports with ``keep_params_in_input=True`` so that weights stay parameters,
+    and TVM's importer then makes *every* initializer a function parameter, shape vectors included.
+    An ``Expand`` / ``Reshape`` / ``Tile`` / ``Slice`` whose shape operand is a parameter has a shape
+    only known at run time: TVM writes a ``match_cast`` to recover it, and TVM's
+    ``MergeCompositeFunctions`` then raises ``TypeError: Invalid type: relax.expr.MatchCast``
+    (the default ONNX exporter of torch 2.13 writes GQA's ``repeat_kv`` shape as an initializer).
+    As constants the importer reads their values, and the shapes stay static or symbolic. Integer
+    tensors of rank 2 or more (a lookup table, a position buffer) stay parameters; an initializer
+    that is also a graph input (an overridable default) is left as it is.
+    """
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    types = {getattr(onnx.TensorProto, t) for t in _INTEGER_TYPES}
+    inputs = {i.name for i in graph.input}
+    moved = [init for init in graph.initializer
+             if init.data_type in types and len(init.dims) <= 1 and init.name not in inputs]
+    if not moved:
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)  # the caller's ModelProto stays as it was
+    names = {init.name for init in moved}
+    kept = [init for init in copy.graph.initializer if init.name not in names]
+    constants = [helper.make_node("Constant", [], [init.name], value=init, name=f"{init.name}__constant")
+                 for init in copy.graph.initializer if init.name in names]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    nodes = list(copy.graph.node)
+    del copy.graph.node[:]
+    copy.graph.node.extend(constants + nodes)
+    return copy
+
+
 def _graph_domains(graph: Any) -> set[str]:
     """The op domains of every node in ``graph`` and its subgraphs (``If``/``Loop`` bodies)."""
     import onnx
@@ -375,7 +419,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any],
     except Exception as err:  # noqa: BLE001
         raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {first_line(err)}") from err
     num_inputs = int(mod["main"].attrs["num_input"]) if "num_input" in mod["main"].attrs else len(inputs)
-    return _split_params(_inbound_slices(mod), num_inputs)
+    return _split_params(bool_arith(_inbound_slices(mod)), num_inputs)
 
 
 def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
