@@ -419,7 +419,59 @@ def from_torch(module: Any, example_inputs: Sequence[Any],
     except Exception as err:  # noqa: BLE001
         raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {first_line(err)}") from err
     num_inputs = int(mod["main"].attrs["num_input"]) if "num_input" in mod["main"].attrs else len(inputs)
-    return _split_params(bool_arith(_inbound_slices(mod)), num_inputs)
+    return _split_params(bool_arith(_inbound_slices(_nonempty_dims(mod))), num_inputs)
+
+
+def _nonempty_dims(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each declared lower bound of 0 raised to 1.
+
+    Why: ``torch.export.Dim("S", max=2048)`` declares ``0 <= S`` (torch's default min), but the
+    regions' documents (and the runtime's kernels) take dims of at least 1: a bound of 0 made the
+    codegen fail on a model that is otherwise fine ("field 'dim_ranges.s70': expected [min, max]
+    (integers >= 1 or null), got [0,2048]"). With 1, a call with an empty dim gets the range
+    check's :class:`InputError` instead.
+    """
+    func = mod["main"]
+    attrs = func.attrs if func.attrs is not None else {}
+    if LOWER_BOUND_ATTR not in attrs or all(int(v) >= 1 for v in attrs[LOWER_BOUND_ATTR].values()):
+        return mod
+    lower = {str(k): max(1, int(v)) for k, v in attrs[LOWER_BOUND_ATTR].items()}
+    out = mod.clone()
+    out["main"] = func.with_attr(LOWER_BOUND_ATTR, lower)
+    return out
+
+
+def _bounded_analyzer(func: Any) -> Any | None:
+    """A TIR analyzer that knows the declared ranges of ``func``'s symbols; None without any."""
+    ranges = dim_ranges(func)
+    if not ranges:
+        return None
+    symbols = {}
+    for p in func.params:
+        shape = getattr(p.ty, "shape", None)
+        for d in getattr(shape, "values", []):
+            if isinstance(d, tvm.tirx.Var):
+                symbols[str(d.name)] = d
+    analyzer = tvm.sym.Analyzer()
+    for name, (lo, hi) in ranges.items():
+        if name in symbols:
+            var = symbols[name]
+            low = tvm.tirx.IntImm("int64", lo if lo is not None else 0)
+            if hi is None:
+                analyzer.bind(var, tvm.ir.Range(low, tvm.tirx.IntImm("int64", 2**40)))
+            else:
+                analyzer.bind(var, tvm.ir.Range(low, tvm.tirx.IntImm("int64", hi + 1)))
+    return analyzer
+
+
+def _subexpressions(e: Any) -> list[Any]:
+    """``e`` and the operands below it (binary TIR nodes: ``a`` and ``b``)."""
+    found, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        found.append(x)
+        stack.extend(getattr(x, k) for k in ("a", "b") if hasattr(x, k))
+    return found
 
 
 def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
@@ -432,28 +484,31 @@ def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
     which TVM can neither legalize nor build ("CodeGenVM cannot emit this Relax operator"), and
     every op after it has an unknown shape. ``torch.export.Dim("S", max=512)`` says ``S <= 512``
     (TVM's importer keeps it as ``tir_var_upper_bound``), so the clip is the identity: marked in
-    bound, the slice is ``(1, S)`` and every shape after it is known again.
+    bound, the slice is ``(1, S)`` and every shape after it is known again. Lower bounds count
+    too: transformers' packed-sequence check slices ``position_ids[:, :1]``, ``(1, min(1, S))``
+    until ``S >= 1`` is known (then a bool ``cumsum`` of unknown shape failed to build).
     """
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     func = mod["main"]
-    upper = {name: hi for name, (_, hi) in dim_ranges(func).items() if hi is not None}
-    if not upper:
+    analyzer = _bounded_analyzer(func)
+    if analyzer is None:
         return mod
 
     def within(end: Any, extent: Any, begin: Any, stride: Any) -> bool:
-        return (isinstance(end, tvm.tirx.Var) and str(end.name) in upper and isinstance(extent, tvm.tirx.IntImm)
-                and upper[str(end.name)] <= int(extent.value) and isinstance(begin, tvm.tirx.IntImm)
-                and 0 <= int(begin.value) and isinstance(stride, tvm.tirx.IntImm) and int(stride.value) == 1)
+        return (isinstance(stride, tvm.tirx.IntImm) and int(stride.value) == 1
+                and bool(analyzer.can_prove(begin >= 0)) and bool(analyzer.can_prove(end <= extent))
+                and bool(analyzer.can_prove(begin <= end)))
 
     def unclip(e: Any) -> Any:
-        # min(S, c) with S <= c declared: S (the importer writes it into reshape targets too)
-        if isinstance(e, tvm.tirx.Min):
-            for v, c in ((e.a, e.b), (e.b, e.a)):
-                if isinstance(v, tvm.tirx.Var) and isinstance(c, tvm.tirx.IntImm) and \
-                        upper.get(str(v.name), int(c.value) + 1) <= int(c.value):
-                    return v
+        # min(S, c) with S <= c declared: S; min(1, S) with S >= 1: 1 (the importer writes such
+        # clips into reshape targets too)
+        if isinstance(e, (tvm.tirx.Min, tvm.tirx.Max)) or any(
+                isinstance(x, (tvm.tirx.Min, tvm.tirx.Max)) for x in _subexpressions(e)):
+            simpler = analyzer.simplify(e)
+            if not any(isinstance(x, (tvm.tirx.Min, tvm.tirx.Max)) for x in _subexpressions(simpler)):
+                return simpler
         return e
 
     changed = []  # (the @mutator class keeps no class attributes)
@@ -480,9 +535,12 @@ def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
             if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(t, relax.Tuple) for t in call.args[1:]):
                 return call
             for a, b, e, st in zip(axes.fields, begin.fields, end.fields, strides.fields):
-                if not isinstance(a, tvm.tirx.IntImm) or not within(e, shape.values[int(a.value)], b, st):
+                if not isinstance(a, tvm.tirx.IntImm) or not within(e, shape.values[int(a.value) % len(shape.values)], b, st):
                     return call
             changed.append(True)
+            # non-negative axes: TVM's in-bound legalization rejects -1 ("axis < src_tensor_dim")
+            rank = len(shape.values)
+            axes = [int(a.value) % rank for a in axes.fields]
             return relax.op.strided_slice(x, axes, begin, end, strides, assume_inbound=True)
 
     new = Inbound().visit_expr(func)
