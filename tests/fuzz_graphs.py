@@ -400,9 +400,13 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         elif kind == "softmax":
             src = pick()
             axis = draw(st.integers(-len(_shape(src)), len(_shape(src)) - 1))
-            safe = draw(st.sampled_from(["no", "no", "full_like", "scalar"]))
+            safe = draw(st.sampled_from(["no", "no", "full_like", "scalar", "isnan"]))
             if safe == "no":
                 y = emit(R.nn.softmax(src, axis=axis), src)
+            elif safe == "isnan":  # the default ONNX exporter's where(isnan(softmax), 0, softmax), rows masked
+                masked = emit(R.add(src, relax.const(minus_inf_mask(rng, _shape(src), axis))), src)
+                p = bb.emit(R.nn.softmax(masked, axis=axis))
+                y = bb.emit(R.where(bb.emit(R.isnan(p)), relax.const(np.float32(0.0)), p))
             else:  # torch's _safe_softmax of src with rows and elements masked by -inf
                 masked = emit(R.add(src, relax.const(minus_inf_mask(rng, _shape(src), axis))), src)
                 y = safe_softmax_chain(bb.emit, masked, axis, scalar_zero=safe == "scalar")
@@ -587,7 +591,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         elif kind == "reshape":
             src = pick()
             shape = _shape(src)
-            form = draw(st.sampled_from(["merge", "split", "expand_dims", "squeeze", "flat"]))
+            form = draw(st.sampled_from(["merge", "split", "expand_dims", "squeeze", "flat", "repeat"]))
             if form == "merge" and len(shape) >= 2:
                 i = draw(st.integers(0, len(shape) - 2))
                 y = emit(R.reshape(src, shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:]), src)
@@ -598,6 +602,14 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 y = emit(R.squeeze(src, axis=[shape.index(1)]), src)
             elif form == "flat":
                 y = emit(R.reshape(src, (math.prod(shape),)), src)
+            elif form == "repeat" and len(shape) < 5 and 3 * math.prod(shape) <= MAX_ELEMENTS:
+                # a broadcast_to that repeats (GQA's repeat_kv): a unit dim (or a new leading one) x2 or x3
+                times = draw(st.integers(2, 3))
+                if 1 in shape and draw(st.booleans()):
+                    i = shape.index(1)
+                    y = emit(R.broadcast_to(src, shape[:i] + (times,) + shape[i + 1:]), src)
+                else:
+                    y = emit(R.broadcast_to(src, (times,) + shape), src)
             elif len(shape) < 5:
                 y = emit(R.expand_dims(src, axis=draw(st.integers(0, len(shape)))), src)
             else:
