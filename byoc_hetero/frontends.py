@@ -534,8 +534,9 @@ def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
             shape = getattr(x.ty, "shape", None)
             if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(t, relax.Tuple) for t in call.args[1:]):
                 return call
+            dims = shape.values
             for a, b, e, st in zip(axes.fields, begin.fields, end.fields, strides.fields):
-                if not isinstance(a, tvm.tirx.IntImm) or not within(e, shape.values[int(a.value) % len(shape.values)], b, st):
+                if not isinstance(a, tvm.tirx.IntImm) or not within(e, dims[int(a.value) % len(dims)], b, st):
                     return call
             changed.append(True)
             # non-negative axes: TVM's in-bound legalization rejects -1 ("axis < src_tensor_dim")
