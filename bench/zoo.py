@@ -1,4 +1,4 @@
-"""Zoo benchmark: byoc-hetero on six real architectures, both import paths, vs ONNX Runtime, OpenVINO, torch.
+"""Zoo benchmark: byoc-hetero on eight real architectures, every import path, vs ONNX Runtime, OpenVINO, torch.
 
     python bench/zoo.py --markdown bench/ZOO.md                 # everything (hours on 2 busy cores)
     python bench/zoo.py --small --rounds 1 --threads 2          # scaled-down configs: a smoke run
@@ -8,19 +8,22 @@ Needs ``pip install ".[zoo]"`` (transformers, openvino, onnx, onnxruntime, torch
 tests: it asserts nothing, it reports.
 
 Models (``bench/zoo_models.py``, seeded random weights, batch 1, float32): ResNet-50, MobileNetV3-Large,
-EfficientNet-B0, ConvNeXt-T, ViT-B/16 (224x224 images) and BERT-base (sequence 128, int64 ``input_ids``
-and ``attention_mask``). Per model:
+EfficientNet-B0, ConvNeXt-T, ViT-B/16 (224x224 images), BERT-base (sequence 128, int64 ``input_ids``
+and ``attention_mask``), GPT-2 and a Llama-family decoder with SmolLM-135M's sizes (sequence 128,
+``input_ids``; ``bench/llm.py`` runs the decoder with a dynamic sequence). Per model:
 
-1. a *prepare* process builds the model, runs it in torch eager (the reference output) and exports it with
-   ``torch.onnx.export`` (the TorchScript exporter, opset 17);
-2. a *compile* process per import path — ``bh.from_torch`` (torch.export) and ``bh.from_onnx`` (the exported
+1. a *prepare* process builds the model, runs it in torch eager (the reference output) and exports it twice
+   with ``torch.onnx.export``: the TorchScript exporter (opset 17) and the default one (torch 2.13: dynamo,
+   opset 20, needs ``onnxscript``); ONNX Runtime and OpenVINO run the TorchScript file, or the default
+   exporter's where TorchScript's fails (GPT-2, the Llama decoder);
+2. a *compile* process per import path — ``bh.from_torch`` (torch.export) and ``bh.from_onnx`` (each exported
    file) — partitions (``bh.partition``), reports (``bh.report``: regions; every op left on llvm with its
    reason), builds for llvm, checks the output against torch's and exports the library;
 3. timing: each framework in its own process with ``OMP_NUM_THREADS`` / ``TVM_NUM_THREADS`` /
    ``BYOC_HETERO_NUM_THREADS`` / ``MKL_NUM_THREADS`` set to the thread count, in ``--rounds`` interleaved
    rounds (every framework once per round); the table gives the median over the rounds of each
-   process's median call latency. Frameworks: ``byoc_torch`` / ``byoc_onnx`` (the exported library of
-   each path, loaded in a Relax VM), ``ort`` (CPU execution provider, all graph optimizations,
+   process's median call latency. Frameworks: ``byoc_torch`` / ``byoc_onnx`` / ``byoc_onnx_dynamo`` (the
+   exported library of each path, loaded in a Relax VM), ``ort`` (CPU execution provider, all graph optimizations,
    ``intra_op_num_threads``), ``openvino`` (CPU, ``INFERENCE_PRECISION_HINT=f32``, latency hint, one
    stream, ``INFERENCE_NUM_THREADS``), ``openvino_default`` (the same without the precision hint: bf16 on
    CPUs with avx512_bf16 — reported beside, not comparable in accuracy), ``torch`` (eager,
@@ -50,10 +53,11 @@ sys.path.insert(0, HERE)
 from run import _spawn, _timed, fmt_ms, machine, wait_quiet  # noqa: E402
 from zoo_models import MODELS, build  # noqa: E402
 
-FRAMEWORKS = ["byoc_torch", "byoc_onnx", "ort", "openvino", "openvino_default", "torch"]
-LABELS = {"byoc_torch": "ours (from_torch)", "byoc_onnx": "ours (from_onnx)", "ort": "ONNX Runtime",
+FRAMEWORKS = ["byoc_torch", "byoc_onnx", "byoc_onnx_dynamo", "ort", "openvino", "openvino_default", "torch"]
+LABELS = {"byoc_torch": "ours (from_torch)", "byoc_onnx": "ours (from_onnx)",
+          "byoc_onnx_dynamo": "ours (from_onnx, default exporter)", "ort": "ONNX Runtime",
           "openvino": "OpenVINO f32", "openvino_default": "OpenVINO default", "torch": "torch eager"}
-PATHS = {"byoc_torch": "from_torch", "byoc_onnx": "from_onnx"}
+PATHS = {"byoc_torch": "from_torch", "byoc_onnx": "from_onnx", "byoc_onnx_dynamo": "from_onnx_dynamo"}
 TOLERANCE = 1e-3
 BF16_TOLERANCE = 2e-2  # --precision bf16: the bound README "bf16" documents for bf16 vs float32
 VERSIONED = ("apache-tvm", "torch", "transformers", "onnx", "onnxruntime", "openvino", "numpy")
@@ -68,6 +72,7 @@ def _first_line(err: BaseException | str) -> str:
 def _files(workdir: str, model: str) -> dict[str, str]:
     base = os.path.join(workdir, model)
     return {"inputs": base + "_inputs.npz", "ref": base + "_torch.npy", "onnx": base + ".onnx",
+            "onnx_dynamo": base + "_dynamo.onnx",
             "lib": base + "_{path}.so", "out": base + "_{fw}_{threads}.npy"}
 
 
@@ -88,14 +93,23 @@ def prepare_worker(model: str, small: bool, workdir: str) -> dict:
     info: dict = {"description": zm.description, "inputs": {n: list(t.shape) for n, t in zip(zm.input_names, zm.inputs)},
                   "output_shape": list(ref.shape),
                   "params_m": sum(p.numel() for p in zm.module.parameters()) / 1e6}
-    t0 = time.perf_counter()
-    try:
-        torch.onnx.export(zm.module, zm.inputs, f["onnx"], input_names=list(zm.input_names), output_names=["y"],
-                          opset_version=17, dynamo=False)
-        info["onnx_export_s"] = time.perf_counter() - t0
-    except Exception as err:  # noqa: BLE001 - any exporter failure is reported, not fatal
-        info["onnx_error"] = f"torch.onnx.export: {_first_line(err)}"
+    # both exporters: TorchScript's (opset 17) and torch.onnx.export's default (torch 2.13: dynamo, opset 20)
+    for key, kwargs in (("onnx", {"opset_version": 17, "dynamo": False}), ("onnx_dynamo", {})):
+        t0 = time.perf_counter()
+        try:
+            torch.onnx.export(zm.module, zm.inputs, f[key], input_names=list(zm.input_names), output_names=["y"],
+                              **kwargs)
+            info[f"{key}_export_s"] = time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001 - any exporter failure is reported, not fatal
+            info[f"{key}_error"] = f"torch.onnx.export({'dynamo' if key == 'onnx_dynamo' else 'TorchScript'}): " \
+                                   f"{_first_line(err)}"
     return info
+
+
+def baseline_file(f: dict[str, str]) -> str:
+    """The ONNX file ONNX Runtime and OpenVINO run: TorchScript's, or the default exporter's where
+    TorchScript's exporter failed (GPT-2, the Llama decoder: ``aten::diff``)."""
+    return f["onnx"] if os.path.exists(f["onnx"]) else f["onnx_dynamo"]
 
 
 def compile_worker(model: str, path: str, small: bool, workdir: str, precision: str = "f32") -> dict:
@@ -119,7 +133,7 @@ def compile_worker(model: str, path: str, small: bool, workdir: str, precision: 
             zm = build(model, small)
             mod, params = bh.from_torch(zm.module, zm.inputs)
         else:
-            mod, params = bh.from_onnx(f["onnx"])
+            mod, params = bh.from_onnx(f["onnx_dynamo" if path == "from_onnx_dynamo" else "onnx"])
         info["import_s"] = time.perf_counter() - t0
         stage = "partition"
         t0 = time.perf_counter()
@@ -179,7 +193,7 @@ def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, mi
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sess = ort.InferenceSession(f["onnx"], so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(baseline_file(f), so, providers=["CPUExecutionProvider"])
 
         def call():
             return sess.run(None, feed)
@@ -192,7 +206,7 @@ def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, mi
         config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(threads)}
         if fw == "openvino":
             config["INFERENCE_PRECISION_HINT"] = "f32"
-        compiled = ov.Core().compile_model(f["onnx"], "CPU", config)
+        compiled = ov.Core().compile_model(baseline_file(f), "CPU", config)
         precision = compiled.get_property("INFERENCE_PRECISION_HINT")
         info["precision"] = precision.to_string() if hasattr(precision, "to_string") else str(precision)
         request = compiled.create_infer_request()
@@ -287,6 +301,9 @@ class Zoo:
             if path == "from_onnx" and "onnx_error" in prep:
                 self.compiled[(model, path)] = {"error": prep["onnx_error"]}
                 continue
+            if path == "from_onnx_dynamo" and "onnx_dynamo_error" in prep:
+                self.compiled[(model, path)] = {"error": prep["onnx_dynamo_error"]}
+                continue
             self.log(f"{model}: compile {path}")
             t0 = time.time()
             r = self.spawn(["--compile", model, path], max(self.threads), self.args.timeout)
@@ -300,7 +317,7 @@ class Zoo:
                 for fw in self.frameworks:
                     if fw in PATHS and ("error" in self.compiled.get((model, PATHS[fw]), {"error": 1})):
                         continue
-                    if fw != "torch" and fw not in PATHS and "onnx_error" in prep:
+                    if fw != "torch" and fw not in PATHS and "onnx_error" in prep and "onnx_dynamo_error" in prep:
                         continue
                     busy = wait_quiet(self.args.quiet_wait)
                     r = self.spawn(["--worker", fw, model, str(threads)], threads, self.args.timeout)

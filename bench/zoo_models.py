@@ -2,7 +2,8 @@
 
 Every builder returns a :class:`ZooModel`: an eval-mode ``torch.nn.Module`` whose ``forward`` takes plain
 tensors and returns one tensor, the example inputs (batch 1) and their names. Nothing is downloaded: the
-Hugging Face architectures (ResNet-50, ConvNeXt-T, ViT-B/16, BERT-base, EfficientNet-B0) are instantiated
+Hugging Face architectures (ResNet-50, ConvNeXt-T, ViT-B/16, BERT-base, EfficientNet-B0, GPT-2 and a
+Llama-family decoder with SmolLM-135M's sizes) are instantiated
 from their configs, and MobileNetV3-Large (which ``transformers`` lacks) is defined here.
 
 ``small=True`` gives scaled-down versions (one block per stage, narrow channels, 64x64 images, two
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base")
+MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
+          "gpt2", "smollm_135m")
 SEED = 0
 
 
@@ -139,6 +141,77 @@ def bert_base(small: bool = False) -> ZooModel:
     mask[:, seq - seq // 8:] = 0
     return _hf("bert_base", model, (ids, mask), ("input_ids", "attention_mask"),
                f"HF BertModel (eager attention), last_hidden_state, seq {seq}")
+
+
+def _token_ids(vocab: int, seq: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(SEED + 1)
+    return torch.randint(0, vocab, (1, seq), generator=gen, dtype=torch.int64)
+
+
+class _NoCache(nn.Module):
+    """Calls a Hugging Face decoder with ``use_cache=False, return_dict=False`` on ``input_ids``
+    alone and returns the last hidden state: one forward pass over the whole sequence (a prefill
+    without a KV cache), the way an exporter sees it."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, use_cache=False, return_dict=False)[0]
+
+
+def _decoder(name: str, model: nn.Module, vocab: int, seq: int, description: str) -> ZooModel:
+    model.eval()
+    _randomise_norms(model)
+    _randomise_rms_norms(model)
+    return ZooModel(name, _NoCache(model).eval(), (_token_ids(vocab, seq),), ("input_ids",), description)
+
+
+def _randomise_rms_norms(module: nn.Module) -> None:
+    """RMSNorm weights (ones when fresh) made non-trivial, as :func:`_randomise_norms` does for
+    layer norms."""
+    gen = torch.Generator().manual_seed(SEED + 3)
+    with torch.no_grad():
+        for m in module.modules():
+            if type(m).__name__.endswith("RMSNorm"):
+                m.weight.copy_(1 + 0.1 * torch.randn(m.weight.shape, generator=gen))
+
+
+def gpt2(small: bool = False, seq: int | None = None) -> ZooModel:
+    """GPT-2 small (``transformers`` GPT2Model, default (sdpa) attention), sequence 128:
+    ``input_ids`` in, ``last_hidden_state`` out."""
+    from transformers import GPT2Config, GPT2Model
+
+    if small:
+        cfg = GPT2Config(vocab_size=1000, n_positions=128, n_embd=64, n_layer=2, n_head=4)
+    else:
+        cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+    seq = seq or (32 if small else 128)
+    torch.manual_seed(SEED)
+    return _decoder("gpt2", GPT2Model(cfg), cfg.vocab_size, seq,
+                    f"HF GPT2Model (sdpa attention), last_hidden_state, seq {seq}")
+
+
+def smollm_135m(small: bool = False, seq: int | None = None) -> ZooModel:
+    """A Llama-family decoder with SmolLM-135M's sizes (``transformers`` LlamaModel: 30 layers of
+    width 576, grouped-query attention with 9 query / 3 key-value heads, RMSNorm, RoPE, SiLU MLP of
+    1536; default (sdpa) attention), sequence 128: ``input_ids`` in, ``last_hidden_state`` out.
+    Small: 2 layers of width 96, 3 / 1 heads of 32, MLP 128."""
+    from transformers import LlamaConfig, LlamaModel
+
+    if small:
+        cfg = LlamaConfig(vocab_size=1000, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=3, num_key_value_heads=1, head_dim=32,
+                          max_position_embeddings=2048, rms_norm_eps=1e-5)
+    else:
+        cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                          rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+    seq = seq or (32 if small else 128)
+    torch.manual_seed(SEED)
+    return _decoder("smollm_135m", LlamaModel(cfg), cfg.vocab_size, seq,
+                    f"HF LlamaModel with SmolLM-135M sizes (GQA 9/3, sdpa attention), last_hidden_state, seq {seq}")
 
 
 def efficientnet_b0(small: bool = False) -> ZooModel:
@@ -285,6 +358,8 @@ BUILDERS = {
     "convnext_tiny": convnext_tiny,
     "vit_b_16": vit_b_16,
     "bert_base": bert_base,
+    "gpt2": gpt2,
+    "smollm_135m": smollm_135m,
 }
 
 

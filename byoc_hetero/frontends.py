@@ -21,7 +21,7 @@ import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
 from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges
-from .passes import ONNX_IMPORT, TORCH_IMPORT, run_passes
+from .passes import ONNX_IMPORT, ONNX_IMPORTED, TORCH_IMPORT, run_passes
 from .quant.validate import check_onnx as check_onnx_qdq
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
@@ -133,7 +133,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
             ) from err
     if dim_ranges:
         mod = _declare_ranges(mod, dim_ranges)
-    return _split_params(mod)
+    return _split_params(run_passes(ONNX_IMPORTED, mod))
 
 
 def _declare_ranges(mod: tvm.IRModule, ranges: DimRanges) -> tvm.IRModule:

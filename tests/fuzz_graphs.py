@@ -47,7 +47,7 @@ CNN_KINDS = ("conv", "pool", "act", "add", "concat", "branches", "flatten", "den
 KINDS = CNN_KINDS + (
     "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
-    "take", "compare_where", "mask", "cast",
+    "take", "compare_where", "mask", "cast", "repeat",
 )
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
@@ -406,9 +406,13 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         elif kind == "softmax":
             src = pick()
             axis = draw(st.integers(-len(_shape(src)), len(_shape(src)) - 1))
-            safe = draw(st.sampled_from(["no", "no", "full_like", "scalar"]))
+            safe = draw(st.sampled_from(["no", "no", "full_like", "scalar", "isnan"]))
             if safe == "no":
                 y = emit(R.nn.softmax(src, axis=axis), src)
+            elif safe == "isnan":  # the default ONNX exporter's where(isnan(softmax), 0, softmax), rows masked
+                masked = emit(R.add(src, relax.const(minus_inf_mask(rng, _shape(src), axis))), src)
+                p = bb.emit(R.nn.softmax(masked, axis=axis))
+                y = bb.emit(R.where(bb.emit(R.isnan(p)), relax.const(np.float32(0.0)), p))
             else:  # torch's _safe_softmax of src with rows and elements masked by -inf
                 masked = emit(R.add(src, relax.const(minus_inf_mask(rng, _shape(src), axis))), src)
                 y = safe_softmax_chain(bb.emit, masked, axis, scalar_zero=safe == "scalar")
@@ -609,6 +613,22 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             else:
                 return False
             recipe.steps.append(f"{form}({list(shape)} -> {list(_shape(y))})")
+            keep(y)
+        elif kind == "repeat":  # a broadcast_to that repeats (GQA's repeat_kv): a unit or new leading dim x2, x3
+            times = draw(st.integers(2, 3))
+            src = pick(lambda s: len(s) < 5 and times * math.prod(s) <= MAX_ELEMENTS)
+            if src is None:
+                return False
+            shape = _shape(src)
+            # computed inside the region and read there (a relabel-priority op at a region's edge is left to llvm)
+            z = emit(R.add(src, src), src)
+            if 1 in shape and draw(st.booleans()):
+                i = shape.index(1)
+                y = bb.emit(R.broadcast_to(z, shape[:i] + (times,) + shape[i + 1:]))
+            else:
+                y = bb.emit(R.broadcast_to(z, (times,) + shape))
+            y = bb.emit(R.add(y, y))
+            recipe.steps.append(f"repeat({list(shape)} -> {list(_shape(y))})")
             keep(y)
         elif kind == "slice":
             src = pick()

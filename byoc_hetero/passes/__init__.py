@@ -5,7 +5,8 @@ The pipeline, from a model file to the module ``relax.build`` takes:
 =====================  =======================================================================
 where                  passes, in run order
 =====================  =======================================================================
-``from_onnx``          :data:`ONNX_IMPORT` on the ONNX protobuf, before TVM's importer
+``from_onnx``          :data:`ONNX_IMPORT` on the ONNX protobuf, before TVM's importer, then
+                       :data:`ONNX_IMPORTED` on the imported Relax module
 ``from_torch``         :data:`TORCH_IMPORT` on the imported Relax module
 ``partition``          :data:`BEFORE_STAGES` after the weights are bound
 MergeComposite         :data:`BEFORE_FUSION`, then FuseOpsByPattern over the pattern rules
@@ -35,6 +36,7 @@ import tvm
 from tvm import relax
 
 from .._relax import entry_functions
+from .bool_arith import bool_arith
 from .close_shape_arguments import close_shape_arguments
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_needless_broadcasts import drop_needless_broadcasts
@@ -46,6 +48,8 @@ from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
 from .matmul_integer_qdq import matmul_integer_qdq
 from .merge_composite_functions import merge_composite_functions
+from .nonempty_dims import nonempty_dims
+from .shape_initializers_as_constants import shape_initializers_as_constants
 from .shorten_region_names import MAX_REGION_NAME, shorten_region_names
 
 
@@ -100,13 +104,22 @@ def close_region_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
 
 ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("dequantized_pad_values", "onnx", dequantized_pad_values),
+    # after dequantized_pad_values, which reads the pad value's zero point as an initializer
+    Pass("shape_initializers_as_constants", "onnx", shape_initializers_as_constants),
     Pass("explicit_same_pads", "onnx", explicit_same_pads),
     Pass("fold_zero_pads", "onnx", fold_zero_pads),
     Pass("dynamic_quantize_linear", "onnx", dynamic_quantize_linear),
 )
 """Edits of the ONNX protobuf before TVM imports it (``bh.from_onnx``)."""
 
-TORCH_IMPORT: tuple[Pass, ...] = (Pass("inbound_slices", "relax", _relax(inbound_slices)),)
+ONNX_IMPORTED: tuple[Pass, ...] = (Pass("bool_arith", "relax", _relax(bool_arith)),)
+"""Rewrites of the module TVM's ONNX importer made (``bh.from_onnx``)."""
+
+TORCH_IMPORT: tuple[Pass, ...] = (
+    Pass("nonempty_dims", "relax", _relax(nonempty_dims)),
+    Pass("inbound_slices", "relax", _relax(inbound_slices)),
+    Pass("bool_arith", "relax", _relax(bool_arith)),
+)
 """Rewrites of the module TVM's torch importer made (``bh.from_torch``)."""
 
 BEFORE_STAGES: tuple[Pass, ...] = (
@@ -149,7 +162,8 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
     names = [get_target(t).name for t in (targets or [default_target()])]
     region = [f"{n}:{p}" for n in names for p, _ in get_target(n).graph_passes()]
-    return ([f"onnx:{p.name}" for p in ONNX_IMPORT] + [f"torch:{p.name}" for p in TORCH_IMPORT]
+    return ([f"onnx:{p.name}" for p in ONNX_IMPORT] + [f"onnx:{p.name}" for p in ONNX_IMPORTED]
+            + [f"torch:{p.name}" for p in TORCH_IMPORT]
             + [p.name for p in BEFORE_STAGES]
             + ["[MergeComposite]", *(p.name for p in BEFORE_FUSION), "fuse_pattern_rules",
                "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
@@ -159,8 +173,8 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 
 __all__ = [
-    "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT",
-    "TORCH_IMPORT", "Pass", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
+    "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
+    "TORCH_IMPORT", "Pass", "bool_arith", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",

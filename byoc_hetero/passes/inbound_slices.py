@@ -1,5 +1,5 @@
 """Pass ``inbound_slices`` (Relax, after the torch import): slices whose end the declared range of
-its symbol keeps in bound are marked so."""
+its symbol keeps in bound are marked so, and clips the declared ranges make the identity go."""
 
 from __future__ import annotations
 
@@ -8,6 +8,39 @@ from typing import Any
 import tvm
 
 from ..inputs import dim_ranges
+
+
+def bounded_analyzer(func: Any) -> Any | None:
+    """A TIR analyzer that knows the declared ranges of ``func``'s symbols; None without any."""
+    ranges = dim_ranges(func)
+    if not ranges:
+        return None
+    symbols = {}
+    for p in func.params:
+        shape = getattr(p.ty, "shape", None)
+        for d in getattr(shape, "values", []):
+            if isinstance(d, tvm.tirx.Var):
+                symbols[str(d.name)] = d
+    analyzer = tvm.sym.Analyzer()
+    for name, (lo, hi) in ranges.items():
+        if name in symbols:
+            var = symbols[name]
+            low = tvm.tirx.IntImm("int64", lo if lo is not None else 0)
+            if hi is None:
+                analyzer.bind(var, tvm.ir.Range(low, tvm.tirx.IntImm("int64", 2**40)))
+            else:
+                analyzer.bind(var, tvm.ir.Range(low, tvm.tirx.IntImm("int64", hi + 1)))
+    return analyzer
+
+
+def _subexpressions(e: Any) -> list[Any]:
+    """``e`` and the operands below it (binary TIR nodes: ``a`` and ``b``)."""
+    found, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        found.append(x)
+        stack.extend(getattr(x, k) for k in ("a", "b") if hasattr(x, k))
+    return found
 
 
 def inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
@@ -20,28 +53,31 @@ def inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
     which TVM can neither legalize nor build ("CodeGenVM cannot emit this Relax operator"), and
     every op after it has an unknown shape. ``torch.export.Dim("S", max=512)`` says ``S <= 512``
     (TVM's importer keeps it as ``tir_var_upper_bound``), so the clip is the identity: marked in
-    bound, the slice is ``(1, S)`` and every shape after it is known again.
+    bound, the slice is ``(1, S)`` and every shape after it is known again. Lower bounds count
+    too: transformers' packed-sequence check slices ``position_ids[:, :1]``, ``(1, min(1, S))``
+    until ``S >= 1`` is known (then a bool ``cumsum`` of unknown shape failed to build).
     """
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     func = mod["main"]
-    upper = {name: hi for name, (_, hi) in dim_ranges(func).items() if hi is not None}
-    if not upper:
+    analyzer = bounded_analyzer(func)
+    if analyzer is None:
         return mod
 
     def within(end: Any, extent: Any, begin: Any, stride: Any) -> bool:
-        return (isinstance(end, tvm.tirx.Var) and str(end.name) in upper and isinstance(extent, tvm.tirx.IntImm)
-                and upper[str(end.name)] <= int(extent.value) and isinstance(begin, tvm.tirx.IntImm)
-                and 0 <= int(begin.value) and isinstance(stride, tvm.tirx.IntImm) and int(stride.value) == 1)
+        return (isinstance(stride, tvm.tirx.IntImm) and int(stride.value) == 1
+                and bool(analyzer.can_prove(begin >= 0)) and bool(analyzer.can_prove(end <= extent))
+                and bool(analyzer.can_prove(begin <= end)))
 
     def unclip(e: Any) -> Any:
-        # min(S, c) with S <= c declared: S (the importer writes it into reshape targets too)
-        if isinstance(e, tvm.tirx.Min):
-            for v, c in ((e.a, e.b), (e.b, e.a)):
-                if isinstance(v, tvm.tirx.Var) and isinstance(c, tvm.tirx.IntImm) and \
-                        upper.get(str(v.name), int(c.value) + 1) <= int(c.value):
-                    return v
+        # min(S, c) with S <= c declared: S; min(1, S) with S >= 1: 1 (the importer writes such
+        # clips into reshape targets too)
+        if isinstance(e, (tvm.tirx.Min, tvm.tirx.Max)) or any(
+                isinstance(x, (tvm.tirx.Min, tvm.tirx.Max)) for x in _subexpressions(e)):
+            simpler = analyzer.simplify(e)
+            if not any(isinstance(x, (tvm.tirx.Min, tvm.tirx.Max)) for x in _subexpressions(simpler)):
+                return simpler
         return e
 
     changed = []  # (the @mutator class keeps no class attributes)
@@ -67,10 +103,14 @@ def inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
             shape = getattr(x.ty, "shape", None)
             if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(t, relax.Tuple) for t in call.args[1:]):
                 return call
+            dims = shape.values
             for a, b, e, st in zip(axes.fields, begin.fields, end.fields, strides.fields):
-                if not isinstance(a, tvm.tirx.IntImm) or not within(e, shape.values[int(a.value)], b, st):
+                if not isinstance(a, tvm.tirx.IntImm) or not within(e, dims[int(a.value) % len(dims)], b, st):
                     return call
             changed.append(True)
+            # non-negative axes: TVM's in-bound legalization rejects -1 ("axis < src_tensor_dim")
+            rank = len(shape.values)
+            axes = [int(a.value) % rank for a in axes.fields]
             return relax.op.strided_slice(x, axes, begin, end, strides, assume_inbound=True)
 
     new = Inbound().visit_expr(func)

@@ -33,29 +33,6 @@ namespace byoc_hetero {
 
 namespace {
 
-/*!
- * \brief Copy a float32 tensor of \p shape into a plain buffer of \p out, repeating it along the
- *        broadcast dims.  OpenMP over output rows.
- */
-HostFn ExpandFn(const std::vector<int64_t>& shape, const std::vector<int64_t>& out) {
-  const BroadcastRows walk({shape}, out);
-  return [walk](const std::vector<void*>& ptrs) {
-    const float* src = static_cast<const float*>(ptrs[0]);
-    float* dst = static_cast<float*>(ptrs[1]);
-    const int64_t inner = walk.inner();
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < walk.rows(); ++row) {
-      float* d = dst + row * inner;
-      const float* s = src + walk.Offset(0, row);
-      if (walk.inner_stride(0) == 0) {
-        for (int64_t j = 0; j < inner; ++j) d[j] = s[0];
-      } else {
-        std::memcpy(d, s, sizeof(float) * static_cast<size_t>(inner));
-      }
-    }
-  };
-}
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define BYOC_HETERO_CHANNEL_MUL_BF16 1
 // GCC 12 warns about the intrinsics' own undefined-vector idiom (-Wmaybe-uninitialized in

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -75,6 +77,30 @@ class BroadcastRows {
   std::vector<int64_t> out_;
   std::vector<std::vector<int64_t>> strides_;
 };
+
+/*!
+ * \brief Copy a float32 tensor of \p shape into a plain buffer of \p out, repeating it along the
+ *        broadcast dims (binary's broadcast dividend, broadcast_to).  OpenMP over output rows.
+ */
+inline std::function<void(const std::vector<void*>&)> ExpandFn(const std::vector<int64_t>& shape,
+                                                               const std::vector<int64_t>& out) {
+  const BroadcastRows walk({shape}, out);
+  return [walk](const std::vector<void*>& ptrs) {
+    const float* src = static_cast<const float*>(ptrs[0]);
+    float* dst = static_cast<float*>(ptrs[1]);
+    const int64_t inner = walk.inner();
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < walk.rows(); ++row) {
+      float* d = dst + row * inner;
+      const float* s = src + walk.Offset(0, row);
+      if (walk.inner_stride(0) == 0) {
+        for (int64_t j = 0; j < inner; ++j) d[j] = s[0];
+      } else {
+        std::memcpy(d, s, sizeof(float) * static_cast<size_t>(inner));
+      }
+    }
+  };
+}
 
 }  // namespace byoc_hetero
 

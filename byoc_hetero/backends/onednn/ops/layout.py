@@ -39,9 +39,9 @@ MAX_CONCAT_INPUTS = 16
 """Concat rules are declared for 2..this many inputs (a pattern matches one tuple arity)."""
 
 
-def _tensors_reason(values: list[tuple[relax.Expr, str]]) -> str | None:
+def _tensors_reason(values: list[tuple[relax.Expr, str]], symbolic: bool = False) -> str | None:
     for expr, name in values:
-        reason = tensor_reason(expr, name)
+        reason = tensor_reason(expr, name, symbolic=symbolic)
         if reason:
             return reason
     return None
@@ -109,21 +109,26 @@ def swapped_last(axes: list[int]) -> bool:
 # concat
 # ----------------------------------------------------------------------------------------------
 def check_concat(match: Match) -> str | None:
-    """concat of float32 tensors of one rank with static shapes along one axis."""
+    """concat of float32 tensors of one rank along one axis; other dims may be symbolic when the
+    concatenated axis is static in every input (RoPE's rotate_half over [B, H, S, D])."""
     call = match.expr("root")
     fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else []
     if not fields:
         return "concat of a tuple that is not written out in the graph"
-    reason = _tensors_reason([(f, f"input {i}") for i, f in enumerate(fields)] + [(call, "result")])
+    reason = _tensors_reason([(f, f"input {i}") for i, f in enumerate(fields)] + [(call, "result")],
+                             symbolic=True)
     if reason:
         return reason
-    if len(static_shape(call)) == 0:
+    if len(shape_of(call)) == 0:
         return "concat of scalars"
+    if call.attrs.axis is not None and any(not isinstance(shape_of(f)[concat_axis(call)], int)
+                                           for f in [*fields, call]):
+        return f"concat along the symbolic axis {concat_axis(call)} of {list(shape_of(call))}"
     return None
 
 
 def concat_axis(call: relax.Call) -> int:
-    rank = len(static_shape(call))
+    rank = len(shape_of(call))
     return int(call.attrs.axis) % rank if call.attrs.axis is not None else 0
 
 
@@ -172,8 +177,9 @@ def lower_split(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:
 
 
 def slice_begin(call: relax.Call) -> list[int] | str:
-    """Per-axis begin offsets of a strided_slice with unit steps, or the reason it has none."""
-    shape = static_shape(call.args[0])
+    """Per-axis begin offsets of a strided_slice with unit steps, or the reason it has none (the
+    sliced axes must be static; the others may be symbolic)."""
+    shape = shape_of(call.args[0])
     axes, begin = _ints(call.args[1]), _ints(call.args[2])
     strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
     if None in axes or None in begin or None in strides:
@@ -184,18 +190,20 @@ def slice_begin(call: relax.Call) -> list[int] | str:
     out = [0] * len(shape)
     for axis, b in zip(axes, begin):
         dim = shape[axis % len(shape)]
+        if not isinstance(dim, int):
+            return f"strided_slice along the symbolic axis {axis % len(shape)} of {list(shape)}"
         b = b + dim if b < 0 else b
         out[axis % len(shape)] = min(max(b, 0), dim)
     return out
 
 
 def check_strided_slice(match: Match) -> str | None:
-    """strided_slice of a float32 tensor with static shapes, constant bounds and unit steps."""
+    """strided_slice of a float32 tensor with constant bounds and unit steps along static axes."""
     call = match.expr("root")
-    reason = _tensors_reason([(call.args[0], "data"), (call, "result")])
+    reason = _tensors_reason([(call.args[0], "data"), (call, "result")], symbolic=True)
     if reason:
         return reason
-    if len(static_shape(call.args[0])) == 0:
+    if len(shape_of(call.args[0])) == 0:
         return "strided_slice of a scalar"
     begin = slice_begin(call)
     return begin if isinstance(begin, str) else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from ...._relax import static_shape
+from ...._relax import shape_of, static_shape
 from ....rules import Match
 from ..epilogue import tensors_reason
 from ..table import PatternSpec, lowers, pattern_rules
@@ -28,7 +28,7 @@ REDUCTIONS = {
 
 def reduced_axes(call: relax.Call) -> list[int]:
     """The axes a reduction call reduces, non-negative and sorted (None = every axis)."""
-    rank = len(static_shape(call.args[0]))
+    rank = len(shape_of(call.args[0]))
     axes = call.attrs.axis
     if axes is None:
         return list(range(rank))
@@ -36,12 +36,21 @@ def reduced_axes(call: relax.Call) -> list[int]:
 
 
 def check_reduce(match: Match) -> str | None:
-    """A reduction of float32 data (rank >= 1) with static shapes."""
-    reason = tensors_reason(match, ["data", "root"])
+    """A reduction of float32 data (rank >= 1). Symbolic dims are allowed outside the reduced
+    axes when the reduced dims are kept (``keepdims``: RMSNorm's ``mean(x * x, -1, keepdims=True)``
+    over [B, S, D]); the kernel is planned per binding."""
+    reason = tensors_reason(match, ["data", "root"], symbolic=True)
     if reason:
         return reason
-    if len(match.shape("data")) == 0:
-        return f"{match.expr('root').op.name} of a scalar"
+    call, shape = match.expr("root"), match.shape("data")
+    if len(shape) == 0:
+        return f"{call.op.name} of a scalar"
+    if static_shape(call.args[0]) is None:
+        axes = reduced_axes(call)
+        if any(not isinstance(shape[a], int) for a in axes):
+            return f"{call.op.name} over the symbolic axes {axes} of {list(shape)}; the reduced dims must be static"
+        if not bool(call.attrs.keepdims):
+            return f"{call.op.name} of the symbolic shape {list(shape)} that drops the reduced axes"
     return None
 
 
@@ -57,11 +66,10 @@ def _rules():
 def lower_reduce(ctx, var: relax.Var, call: relax.Call) -> int:
     if call.op.name == "relax.mean" and spatial_mean_axes(call) is None:
         return lower_mean(ctx, var, call)
-    shape = static_shape(call.args[0])
-    axes = reduced_axes(call)
-    kept = [1 if i in axes else d for i, d in enumerate(shape)]
     attrs = {"algorithm": REDUCTIONS[call.op.name]}
     if bool(call.attrs.keepdims):
         return ctx.emit("reduce", [ctx.data_of(call.args[0])], var, attrs)
+    axes = reduced_axes(call)
+    kept = [1 if i in axes else d for i, d in enumerate(static_shape(call.args[0]))]
     out = ctx.emit("reduce", [ctx.data_of(call.args[0])], None, attrs, shape=kept)
     return ctx.emit("reshape", [out], var, {})

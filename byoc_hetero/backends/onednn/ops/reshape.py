@@ -1,5 +1,6 @@
 """Ops that only relabel memory: reshape, flatten, squeeze, expand_dims, and a broadcast_to that
-keeps the shape. Free inside a region: no step runs.
+keeps the shape. Free inside a region: no step runs. A broadcast_to that repeats elements is one
+``broadcast_to`` node: one copy (cpp/kernels/broadcast_to.cc).
 
 No node is emitted when the value is read by an anchor that absorbs it (a flatten before a dense,
 a bias reshaped to [1, C, 1, 1]); otherwise a ``reshape`` node (an alias of the producer's plain
@@ -7,6 +8,12 @@ bytes) is written when a node or another composite reads the value (``RegionLowe
 Each op has a single-op rule (``reshape``, ``flatten``, ``squeeze``, ``expand_dims``,
 ``broadcast_to``) at the lowest priority, so that such calls join the regions around them
 instead of splitting them (a region made only of them is still left to TVM by the cost gate).
+
+A ``broadcast_to`` that repeats elements (numpy broadcasting: dims of size 1 repeated, leading dims
+added) is how transformers write grouped-query attention's ``repeat_kv``: ``expand`` of K and V from
+``[B, kv, 1, S, D]`` to ``[B, kv, groups, S, D]``, then a reshape to the query heads. Left on llvm it
+cut each attention out of its region (SmolLM-135M: 31 / 61 regions); lowered, it is one host copy
+inside the region, a few rows of ``D`` floats per head next to the attention matmuls that read them.
 """
 
 from __future__ import annotations
@@ -47,13 +54,33 @@ def check_reshape(match: Match) -> str | None:
         return reason
     before, after = shape_of(call.args[0]), shape_of(call)
     if call.op.name == "relax.broadcast_to" and tuple(before) != tuple(after):
-        return (
-            f"broadcast_to {list(before)} -> {list(after)} repeats elements; "
-            "only a broadcast_to that keeps the shape is free"
-        )
+        return repeat_reason(call)
     if not _same_size(call.args[0], call):
         return (f"{call.op.name.removeprefix('relax.')} {list(before)} -> {list(after)} changes the number "
                 "of elements (or may, for some symbol values)")
+    return None
+
+
+def repeats(call: relax.Call) -> bool:
+    """Whether ``call`` is a ``broadcast_to`` whose output shape differs from its input's."""
+    return call.op.name == "relax.broadcast_to" and tuple(shape_of(call.args[0])) != tuple(shape_of(call))
+
+
+def repeat_reason(call: relax.Call) -> str | None:
+    """Why a repeating ``broadcast_to`` (a float32 tensor, checked by the caller) cannot be one
+    ``broadcast_to`` node: the input must broadcast to the output dim by dim (equal dims, or a
+    static 1 in the input; leading dims added)."""
+    before, after = call.args[0].ty.shape, call.ty.shape
+    if not isinstance(before, relax.ShapeExpr) or not isinstance(after, relax.ShapeExpr):
+        return "broadcast_to with an unknown shape"
+    if len(before.values) > len(after.values) or not after.values:
+        return f"broadcast_to {list(shape_of(call.args[0]))} -> {list(shape_of(call))} drops dims"
+    analyzer = tvm.sym.Analyzer()
+    for a, b in zip(reversed(before.values), reversed(after.values)):
+        one = isinstance(a, tvm.tirx.IntImm) and int(a.value) == 1
+        if not one and not analyzer.can_prove_equal(a, b):
+            return (f"broadcast_to {list(shape_of(call.args[0]))} -> {list(shape_of(call))}: dim {a} is "
+                    f"neither 1 nor {b}")
     return None
 
 
@@ -82,7 +109,10 @@ def _rules():
 
 @lowers(*RELABELS.values(), check=check_reshape)
 def lower_reshape(ctx, var: relax.Var, call: relax.Call) -> int:
-    """No node yet: the value is the source's bytes under ``var``'s shape (materialized on read)."""
+    """No node yet: the value is the source's bytes under ``var``'s shape (materialized on read);
+    a repeating ``broadcast_to``: a ``broadcast_to`` node."""
+    if repeats(call):
+        return ctx.emit("broadcast_to", [ctx.data_of(call.args[0])], var, {})
     source = ctx.lookup(call.args[0])  # a pending relabel of a relabel keeps the first source
     ctx.flattened[var] = (source, shape_of(var))
     return source

@@ -11,9 +11,14 @@
       where(rows, full_like(out, 0), out)        # or where(rows, 0, out)
 
   -> rule ``safe_softmax`` / ``safe_softmax_scalar_zero`` -> one ``softmax`` node with ``safe`` 1,
-  whose kernel zeroes those rows after oneDNN's softmax (cpp/kernels/softmax.cc).
+  whose kernel zeroes those rows after oneDNN's softmax (cpp/kernels/softmax.cc);
+* the same step as torch's default (dynamo) ONNX exporter writes it, ``where(isnan(y), 0, y)`` with
+  ``y = softmax(x, axis)`` (transformers' sdpa attention: Llama, BERT, GPT-2...) -> rule
+  ``isnan_softmax`` -> one ``softmax`` node with ``safe`` 2: every NaN of the result written 0, which
+  is what the ONNX graph computes (for finite inputs with -inf masks, the same values as ``safe`` 1).
 
-Why: the runtime runs no int8 and no logical_not, so op by op the chain left six ops per attention
+Why: the runtime runs no isnan (the ONNX form: Llama-family decoders 61 regions, BERT and GPT-2 13)
+and no int8 and no logical_not, so op by op the chain left six ops per attention
 on llvm between two regions: the transformers BertModel exported with dynamic batch and sequence
 was 3 regions (tests/test_symbolic.py), each boundary a copy of the [B, heads, S, S] scores.
 """
@@ -106,6 +111,26 @@ def _safe_chain(scalar_zero: bool) -> tuple[DFPattern, dict[str, DFPattern]]:
 SAFE_RULES = {"safe_softmax": False, "safe_softmax_scalar_zero": True}
 
 
+def check_isnan_softmax(match: Match) -> str | None:
+    """``where(isnan(y), 0, y)`` over ``y = softmax(x)`` of float32 data, the zero a +0.0 scalar."""
+    reason = tensors_reason(match, ["data", "softmax", "root"], symbolic=True)
+    if reason:
+        return reason
+    if len(match.shape("data")) == 0:
+        return "softmax of a scalar"
+    zero = _scalar(match.expr("zero"))
+    if not _is_positive_zero(zero):
+        return f"the isnan-guarded softmax writes {zero} for NaN, not 0"
+    return None
+
+
+def _isnan_chain() -> tuple[DFPattern, dict[str, DFPattern]]:
+    data, zero = wildcard(), is_const()
+    softmax = is_op("relax.nn.softmax")(data)
+    root = is_op("relax.where")(is_op("relax.isnan")(softmax), zero, softmax)
+    return root, {"data": data, "softmax": softmax, "zero": zero, "root": root}
+
+
 @pattern_rules
 def _rules():
     data = wildcard()
@@ -115,6 +140,8 @@ def _rules():
     for name, scalar_zero in SAFE_RULES.items():
         root, names = _safe_chain(scalar_zero)
         yield PatternSpec(name, root, names, check_safe_softmax, priority=55)
+    root, names = _isnan_chain()
+    yield PatternSpec("isnan_softmax", root, names, check_isnan_softmax, priority=55)
 
 
 @lowers("relax.nn.softmax", check=check_softmax)
@@ -122,9 +149,10 @@ def lower_softmax(ctx, var: relax.Var, call: relax.Call) -> int:
     return ctx.emit("softmax", [ctx.data_of(call.args[0])], var, {"axis": int(call.attrs.axis)})
 
 
-@lowers_composite(*SAFE_RULES)
+@lowers_composite(*SAFE_RULES, "isnan_softmax")
 def lower_safe_softmax(ctx, func: relax.Function) -> int:
-    """The chain as its softmax with ``safe`` 1 (the composite's one parameter is x)."""
+    """The chain as its softmax with ``safe`` 1 (torch's chain) or 2 (the isnan guard); the
+    composite's one parameter is x."""
     softmax = next((b.value for block in func.body.blocks for b in block.bindings
                     if isinstance(b.value, relax.Call) and b.value.op == tvm.ir.Op.get("relax.nn.softmax")),
                    None)
@@ -132,4 +160,9 @@ def lower_safe_softmax(ctx, func: relax.Function) -> int:
         raise ctx.fail(f"a safe softmax composite with {len(func.params)} parameters and "
                        f"{'a' if softmax is not None else 'no'} softmax (expected x only and one softmax)")
     return ctx.emit("softmax", [ctx.data_of(func.params[0])], func.body.body,
-                    {"axis": int(softmax.attrs.axis), "safe": 1})
+                    {"axis": int(softmax.attrs.axis), "safe": 2 if _has_isnan(func) else 1})
+
+
+def _has_isnan(func: relax.Function) -> bool:
+    return any(isinstance(b.value, relax.Call) and b.value.op == tvm.ir.Op.get("relax.isnan")
+               for block in func.body.blocks for b in block.bindings)

@@ -36,9 +36,10 @@ def check_erf(match: Match) -> str | None:
 
 
 def check_power(match: Match) -> str | None:
-    """x ** c with a scalar constant c the runtime has an eltwise for."""
+    """x ** c with a scalar constant c the runtime has an eltwise for (symbolic dims too: the
+    kernel is elementwise; RMSNorm's square over [B, S, D])."""
     call = match.expr("root")
-    reason = tensors_reason(match, ["data", "root"])
+    reason = tensors_reason(match, ["data", "root"], symbolic=True)
     if reason:
         return reason
     exponent = scalar_constant(call.args[1])

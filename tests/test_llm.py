@@ -1,0 +1,268 @@
+"""Transformers and LLM decoders (issue 25): import robustness, GQA's repeat_kv, the default ONNX
+exporter's isnan-guarded softmax, and a Llama-family decoder with a dynamic sequence length.
+
+References: torch eager (the models), ONNX Runtime (hand-written ONNX graphs), numpy, and TVM's
+llvm-only build of the same module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import byoc_hetero as bh
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+TOLERANCE = 1e-4
+
+
+def _run(mod, *arrays: np.ndarray) -> np.ndarray:
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got.astype("float64") - want)) / np.max(np.abs(want)))
+
+
+def _ops_left(part) -> list[str]:
+    return [entry.op for entry in bh.report(part).fallbacks]
+
+
+# ----------------------------------------------------------------------------------------------
+# item 3: a bool cumsum (and max / min of bool) builds
+# ----------------------------------------------------------------------------------------------
+class PackedSequenceIds(torch.nn.Module):
+    """transformers' find_packed_sequence_indices: (diff(position_ids) != 1).cumsum(-1)."""
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        first = positions[:, :1] - 1
+        diff = torch.diff(positions, prepend=first, dim=-1)
+        return (diff != 1).cumsum(-1)
+
+
+@pytest.mark.parametrize("partition", [False, True])
+def test_bool_cumsum_builds_and_counts_as_torch(partition):
+    """The importer typed a bool cumsum bool (wrong, and llvm could not build it); now int64, as torch."""
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 4]])
+    want = PackedSequenceIds()(positions).numpy()
+    assert want.dtype == np.int64 and want.max() == 2
+    mod, params = bh.from_torch(PackedSequenceIds(), (positions,))
+    if partition:
+        mod = bh.partition(mod, params)
+    got = _run(mod, positions.numpy())
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_bool_max_min_reduction_builds(op):
+    """max / min over bool (TVM: "Cannot decide min_value for type bool") as int8 arithmetic."""
+    from tvm import relax
+
+    from byoc_hetero.passes.bool_arith import bool_arith
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 5), "bool"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(getattr(relax.op, op)(x, axis=[1], keepdims=True))
+        bb.emit_func_output(y)
+    data = np.array([[1, 0, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=bool)
+    got = _run(bool_arith(bb.get()), data)
+    want = data.any(axis=1, keepdims=True) if op == "max" else data.all(axis=1, keepdims=True)
+    assert got.dtype == np.bool_
+    np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------------------------
+# item 3: ONNX shape initializers stay constants
+# ----------------------------------------------------------------------------------------------
+def _repeat_kv_onnx(seed: int = 0):
+    """x [1, 4, 8] @ wk -> k [1, 1, 4, 6] expanded (int64 initializer) to [1, 3, 4, 6], reshaped
+    (int64 initializer) to [3, 4, 6], then q @ k^T: GQA's repeat_kv as the default exporter writes it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 6)).astype("float32"), "wk"),
+             numpy_helper.from_array(rng.standard_normal((3, 4, 6)).astype("float32"), "q"),
+             numpy_helper.from_array(np.array([1, 1, 4, 6], dtype=np.int64), "kshape"),
+             numpy_helper.from_array(np.array([1, 3, 4, 6], dtype=np.int64), "expand_to"),
+             numpy_helper.from_array(np.array([3, 4, 6], dtype=np.int64), "heads")]
+    nodes = [helper.make_node("MatMul", ["x", "wk"], ["k0"]),
+             helper.make_node("Reshape", ["k0", "kshape"], ["k1"]),
+             helper.make_node("Expand", ["k1", "expand_to"], ["k2"]),
+             helper.make_node("Reshape", ["k2", "heads"], ["k"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["y"])]
+    graph = helper.make_graph(nodes, "repeat_kv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4, 4])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_onnx_shape_initializers_are_constants_and_the_model_is_one_region():
+    """Expand's and Reshape's int64 shapes were parameters: TVM wrote match_cast and
+    MergeCompositeFunctions raised "Invalid type: relax.expr.MatchCast". Now constants: static shapes,
+    one region, ONNX Runtime's values; the float weights stay parameters."""
+    ort = pytest.importorskip("onnxruntime")
+    model = _repeat_kv_onnx()
+    mod, params = bh.from_onnx(model)
+    assert "match_cast" not in str(mod["main"]), mod["main"]
+    assert set(params) == {"wk", "q"}
+    part = bh.partition(mod, params)
+    assert len(bh.report(part).regions) == 1 and not _ops_left(part), bh.report(part)
+    x = np.random.default_rng(1).standard_normal((1, 4, 8)).astype("float32")
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert _rel(_run(part, x), want) <= TOLERANCE
+
+
+def test_shape_initializer_that_is_a_graph_input_stays_a_parameter():
+    """An initializer also listed as a graph input is an overridable default: not frozen."""
+    from onnx import TensorProto, helper
+
+    from byoc_hetero.frontends import _shape_initializers_as_constants
+
+    model = _repeat_kv_onnx()
+    model.graph.input.append(helper.make_tensor_value_info("heads", TensorProto.INT64, [3]))
+    converted = _shape_initializers_as_constants(model)
+    assert "heads" in {i.name for i in converted.graph.initializer}
+    assert {"kshape", "expand_to"} <= {n.output[0] for n in converted.graph.node if n.op_type == "Constant"}
+    assert model.graph.initializer[2].name == "kshape"  # the caller's model is untouched
+
+
+# ----------------------------------------------------------------------------------------------
+# item 2 (GQA, safe softmax): the attention is one region
+# ----------------------------------------------------------------------------------------------
+class GroupedQueryAttention(torch.nn.Module):
+    """q of 6 heads, k / v of 2, repeat_kv as transformers writes it, sdpa with a causal mask."""
+
+    def __init__(self, dim: int = 48, heads: int = 6, kv_heads: int = 2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.head_dim)
+
+    def repeat_kv(self, t: torch.Tensor) -> torch.Tensor:
+        b, kv, s, d = t.shape
+        groups = self.heads // kv
+        return t[:, :, None, :, :].expand(b, kv, groups, s, d).reshape(b, kv * groups, s, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, self.repeat_kv(k), self.repeat_kv(v), is_causal=True)
+        return y.transpose(1, 2).reshape(b, s, -1)
+
+
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+def test_grouped_query_attention_is_one_region(path, tmp_path):
+    """repeat_kv's broadcast is a broadcast_to node (one copy) and the default exporter's
+    where(isnan(softmax), 0, softmax) one softmax node: nothing of the attention left on llvm."""
+    torch.manual_seed(0)
+    model = GroupedQueryAttention().eval()
+    x = torch.randn(1, 10, 48)
+    with torch.no_grad():
+        want = model(x).numpy()
+    if path == "from_torch":
+        mod, params = bh.from_torch(model, (x,))
+    else:
+        file = str(tmp_path / "gqa.onnx")
+        torch.onnx.export(model, (x,), file, input_names=["x"], output_names=["y"])  # the default: dynamo
+        mod, params = bh.from_onnx(file)
+    part = bh.partition(mod, params)
+    report = bh.report(part)
+    assert len(report.regions) == 1, report
+    assert not {"broadcast_to", "isnan", "where", "nn.softmax"} & set(_ops_left(part)), report
+    assert _rel(_run(part, x.numpy()), want) <= TOLERANCE
+
+
+def _isnan_softmax_onnx():
+    """scores = x @ w + mask; where(isnan(softmax(scores)), 0, softmax(scores)) @ v."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 5)).astype("float32"), "w"),
+             numpy_helper.from_array(rng.standard_normal((5, 3)).astype("float32"), "v"),
+             numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s0"]),
+             helper.make_node("Add", ["s0", "mask"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("IsNaN", ["p"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "p"], ["p0"]),
+             helper.make_node("MatMul", ["p0", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "isnan_softmax",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8]),
+                               helper.make_tensor_value_info("mask", TensorProto.FLOAT, [2, 4, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+@pytest.mark.parametrize("poison", ["none", "masked_row", "nan", "plus_inf"])
+def test_isnan_guarded_softmax_is_one_node_with_onnxruntimes_values(poison):
+    """Rows all -inf, a NaN or a +inf input: the ONNX graph writes 0 where softmax is NaN; so does
+    the region (softmax ``safe`` 2), and the result has no NaN where ONNX Runtime has none."""
+    ort = pytest.importorskip("onnxruntime")
+    from byoc_hetero._relax import region_graph_json
+
+    model = _isnan_softmax_onnx()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 4, 8)).astype("float32")
+    mask = np.zeros((2, 4, 5), dtype="float32")
+    mask[0, 1, 3:] = -np.inf  # a partly masked row
+    if poison == "masked_row":
+        mask[1, 2, :] = -np.inf
+    elif poison == "nan":
+        mask[0, 3, 1] = np.nan
+    elif poison == "plus_inf":
+        mask[1, 0, 4] = np.inf
+    mod, params = bh.from_onnx(model)
+    part = bh.partition(mod, params)
+    assert len(bh.report(part).regions) == 1 and not _ops_left(part), bh.report(part)
+    softmaxes = [n for m in part.attrs["external_mods"] for n in region_graph_json(m)["nodes"] if n["op"] == "softmax"]
+    assert [n["attrs"].get("safe") for n in softmaxes] == [2]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "mask": mask})[0]
+    got = _run(part, x, mask)
+    assert not np.isnan(want).any() and not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# item 5: a Llama-family decoder with a dynamic sequence length
+# ----------------------------------------------------------------------------------------------
+def test_llama_decoder_with_dynamic_sequence_serves_several_lengths_from_one_build():
+    """Dim("S", max=2048): one partition and one build run S = 7, 128 and 512 within 1e-4 of torch,
+    as one region (the mask / position bookkeeping on llvm before it)."""
+    pytest.importorskip("transformers")
+    from zoo_models import _token_ids, smollm_135m
+
+    zm = smollm_135m(small=True, seq=16)
+    seq = torch.export.Dim("S", max=2048)
+    mod, params = bh.from_torch(zm.module, zm.inputs, dynamic_shapes=({1: seq},))
+    part = bh.partition(mod, params)
+    report = bh.report(part)
+    assert len(report.regions) == 1, report
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(relax.build(part, target="llvm"), tvm.cpu())
+    for length in (7, 128, 512):
+        ids = _token_ids(1000, length)
+        with torch.no_grad():
+            want = zm.module(ids).numpy()
+        out = vm["main"](tvm.runtime.tensor(ids.numpy()))
+        got = (out if hasattr(out, "numpy") else out[0]).numpy()
+        assert got.shape == want.shape == (1, length, 96)
+        assert _rel(got, want) <= TOLERANCE, f"S={length}"
