@@ -21,6 +21,7 @@ import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
 from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges, dim_ranges
+from .passes.checked_take import checked_take
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
 
@@ -121,7 +122,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
             ) from err
     if dim_ranges:
         mod = _declare_ranges(mod, dim_ranges)
-    return _split_params(mod)
+    return _split_params(checked_take(mod))
 
 
 def _declare_ranges(mod: tvm.IRModule, ranges: DimRanges) -> tvm.IRModule:
@@ -375,7 +376,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any],
     except Exception as err:  # noqa: BLE001
         raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {first_line(err)}") from err
     num_inputs = int(mod["main"].attrs["num_input"]) if "num_input" in mod["main"].attrs else len(inputs)
-    return _split_params(_inbound_slices(mod), num_inputs)
+    return _split_params(checked_take(_inbound_slices(mod)), num_inputs)
 
 
 def _inbound_slices(mod: tvm.IRModule) -> tvm.IRModule:
