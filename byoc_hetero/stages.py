@@ -52,7 +52,7 @@ from ._relax import (
 )
 from .backends.onednn import TARGET as DEFAULT_TARGET
 from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
-from .errors import CodegenError, RuleError, first_line
+from .errors import CodegenError, FrontendError, RuleError, first_line
 from .fold import fold_int_constants
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
@@ -764,8 +764,12 @@ def partition(
 ) -> tvm.IRModule:
     """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes.
 
-    ``precision``: ``"f32"`` (default) or ``"bf16"`` (see :func:`stages`).
+    ``precision``: ``"f32"`` (default) or ``"bf16"`` (see :func:`stages`). Anything but a
+    ``tvm.IRModule`` as ``mod`` is a :class:`FrontendError`.
     """
+    if not isinstance(mod, tvm.IRModule):
+        raise FrontendError(f"partition expects a tvm.IRModule (as bh.from_onnx / bh.from_torch return it), "
+                            f"got {type(mod).__name__}")
     mod = bind_params(mod, params)
     # index / mask bookkeeping on constants and static shapes (int64, bool) becomes constants: it has
     # no runtime kernel and, reading a region's output shape, split ViT in two (byoc_hetero/fold.py)

@@ -397,7 +397,7 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   int64_t version = doc.Int("version");
   if (version < 1 || version > kRegionVersion) {
     doc.Fail("version", "expected 1 to " + std::to_string(kRegionVersion) + ", got " +
-                            std::to_string(version) + " (this runtime reads versions 1 to 3)");
+                            std::to_string(version) + " (this runtime reads versions 1 to 4)");
   }
   std::string symbol = doc.Str("symbol");
   if (symbol.empty()) doc.Fail("symbol", "must be a non-empty string");
@@ -505,6 +505,16 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
     int id = check_id(c, "tensor", c.Int("tensor"));
     std::string name = c.Str("name");
     if (name.empty()) c.Fail("name", "must be a non-empty string");
+    std::string digest;
+    if (version >= kDigestVersion) {  // required: a document that lost it must not load unchecked
+      digest = c.Str("digest");
+      bool hex = digest.size() == 16;
+      for (char ch : digest) hex = hex && ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'));
+      if (!hex) c.Fail("digest", "expected 16 lower-case hex digits, got '" + digest + "'");
+    } else if (c.Has("digest")) {
+      c.Fail("digest", "needs version " + std::to_string(kDigestVersion) + " of the format, the document has version " +
+                           std::to_string(version));
+    }
     if (!const_names.insert(name).second) c.Fail("name", "duplicate constant name '" + name + "'");
     if (g.roles[id] != TensorRole::kUnused) {
       c.Fail("tensor", "tensor " + std::to_string(id) + " is already " + role_name(g.roles[id]));
@@ -516,7 +526,7 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
     }
     g.roles[id] = TensorRole::kConstant;
     g.index_in_role[id] = static_cast<int>(i);
-    g.constants.push_back({id, name});
+    g.constants.push_back({id, name, digest});
   }
 
   // Nodes, in topological order: each reads defined tensors and writes a fresh one.

@@ -36,6 +36,8 @@ from byoc_hetero.timing import build
 
 EXAMPLES = int(os.environ.get("BYOC_FUZZ_EXAMPLES", "150"))
 RANDOM = os.environ.get("BYOC_FUZZ_RANDOM") == "1"
+#: A file to append one line per compared example to (long runs: how far they got).
+PROGRESS = os.environ.get("BYOC_FUZZ_PROGRESS")
 
 
 #: Ops that move or relabel values without arithmetic: the floor looks through them to the op that computed.
@@ -113,6 +115,9 @@ def differential(mod, inputs, disabled=(), require_heavy_op=True):
     if max(errors) > TOLERANCE:  # outputs near 0 in exact arithmetic: scale by their operands
         errors = [fuzz_error(g, w, f) for g, w, f in zip(got, want, operand_floors(mod, inputs))]
     assert max(errors) <= TOLERANCE, errors
+    if PROGRESS:
+        with open(PROGRESS, "a") as log:
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]} ok {max(errors):.1e}\n")
     return part
 
 
