@@ -410,6 +410,13 @@ ffi::Module CreateRegionModule(const std::string& graph_json) {
 
 namespace {
 
+/*! \brief Bytes of a damaged blob made fit for a message (UTF-8): non-printable ones become '?'. */
+std::string Printable(const char* data, size_t size) {
+  std::string s(data, size);
+  for (char& ch : s) ch = (ch >= 32 && ch < 127) ? ch : '?';
+  return s;
+}
+
 /*!
  * \brief The region's symbol as the (unverified) document text spells it, for naming a damaged
  *        region: printable characters after the first "symbol", at most 200; "?" when none.
@@ -431,7 +438,7 @@ std::string SymbolOfDamaged(const std::string& text) {
 
 ffi::Module LoadRegionModuleFromBytes(const ffi::Bytes& bytes) {
   const size_t magic_len = std::strlen(kBytesMagic), digest_len = 16;
-  const std::string head(bytes.data(), std::min<size_t>(bytes.size(), magic_len));
+  const std::string head = Printable(bytes.data(), std::min<size_t>(bytes.size(), magic_len));
   if (head == kBytesMagicV1) {
     TVM_FFI_THROW(IntegrityError) << "ffi.Module.load_from_bytes.byoc_hetero: the library was exported by an "
                                      "older byoc_hetero whose regions carry no digest ('"
@@ -443,7 +450,7 @@ ffi::Module LoadRegionModuleFromBytes(const ffi::Bytes& bytes) {
                                   << "' and a digest at the start of the " << bytes.size() << " bytes, got '"
                                   << head << "'";
   }
-  const std::string recorded(bytes.data() + magic_len, digest_len);
+  const std::string recorded = Printable(bytes.data() + magic_len, digest_len);
   std::string text(bytes.data() + magic_len + digest_len, bytes.size() - magic_len - digest_len);
   const std::string got = DigestHex(Digest(text.data(), text.size()));
   if (got != recorded) {

@@ -249,9 +249,10 @@ def test_regression_output_zero_in_exact_arithmetic_is_scaled_by_its_operands():
     x = (rng.standard_normal((4, 64)) * 3).astype("float32")
     gamma, beta = relax.const(np.ones(64, "float32")), relax.const(np.zeros(64, "float32"))
     mod = graph({"x": (4, 64)}, lambda e, v: R.mean(e(R.nn.layer_norm(v, gamma, beta, [-1])), axis=[1]))
-    differential(mod, [x], require_heavy_op=False)
+    part = differential(mod, [x], require_heavy_op=False)
+    got, want = run_all(build(part), [x])[0], run_all(build(mod), [x])[0]
+    assert fuzz_error(got, want) > TOLERANCE  # what stopped the long runs: both sides ~1e-8, not equal
     (floor,) = operand_floors(mod, [x])
     normalized = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(floor, np.abs(normalized).max(), rtol=1e-4)
-    want = run_all(build(mod), [x])[0]
     assert fuzz_error(want + 1e-2, want, floor) > TOLERANCE

@@ -22,6 +22,7 @@ import byoc_hetero as bh
 from byoc_hetero.timing import build, random_inputs, relative_error, run
 
 MAGIC = b"BYOCHG02"  # then the document's digest (16 hex digits), then the document
+DIGEST_LEN = 16
 
 
 def _python(script: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -45,8 +46,9 @@ def exported(tmp_path_factory):
 def _region_blob(lib) -> bytes:
     data = lib.read_bytes()
     start = data.index(MAGIC)
-    depth, end = 0, start + len(MAGIC)
-    for i in range(start + len(MAGIC), len(data)):  # the JSON object that follows the magic
+    body = start + len(MAGIC) + DIGEST_LEN
+    depth, end = 0, body
+    for i in range(body, len(data)):  # the JSON object that follows the magic and the digest
         depth += {ord("{"): 1, ord("}"): -1}.get(data[i], 0)
         if depth == 0:
             end = i + 1
@@ -124,7 +126,7 @@ def test_region_whose_constants_are_missing_is_refused(exported, tmp_path):
 
     lib, x, _ = exported
     blob = _region_blob(lib)
-    name = json.loads(blob[len(MAGIC):])["constants"][0]["name"].encode()
+    name = json.loads(blob[len(MAGIC) + DIGEST_LEN:])["constants"][0]["name"].encode()
     data = lib.read_bytes()
     at = data.index(name)  # TVM's constant table comes before the serialized region
     assert at < data.index(blob)
@@ -189,7 +191,7 @@ def test_bit_flips_in_constants_are_errors_naming_the_region(tmp_path):
     data = lib.read_bytes()
     spans = []
     for name, const in part.attrs["const_name_to_constant"].items():
-        raw = const.value.numpy().tobytes() if hasattr(const, "value") else const.data.numpy().tobytes()
+        raw = const.numpy().tobytes()
         at = data.find(raw)
         if len(raw) >= 64 and at >= 0 and data.find(raw, at + 1) < 0:
             spans.append((str(name), at, len(raw)))
