@@ -60,12 +60,16 @@ def _static_in_range(ids: relax.Expr, table: relax.Expr, axis: int, negative: bo
 
 @relax.expr_functor.mutator
 class _CheckTakes(relax.PyExprMutator):
+    """Puts the check in front of each fast-mode take it visits (module docstring); ``changed`` says
+    whether it did."""
+
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.changed = False
 
     def _onnx_negative_form(self, ids: relax.Expr):
-        """``(raw ids, n)`` when ``ids`` is ``where(less(raw, 0), add(raw, n), raw)``, else None."""
+        """``(raw, n, zero)`` when ``ids`` is ``where(less(raw, zero), add(raw, n), raw)`` with a constant
+        zero (TVM's ONNX importer's negative-index adjustment), else None."""
         value = self.lookup_binding(ids) if isinstance(ids, relax.Var) else None
         if not _op(value, "where"):
             return None
