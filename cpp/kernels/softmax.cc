@@ -72,7 +72,8 @@ class SoftmaxKernel : public Kernel {
       const float* x = static_cast<const float*>(ptrs[0]);
       float* y = static_cast<float*>(ptrs[1]);
       const float fill[3] = {0.f, std::numeric_limits<float>::quiet_NaN(), 0.f};
-#pragma omp parallel for collapse(2) schedule(static)
+      // One thread: the scan is one read of the input, memory-bound and short next to the primitive;
+      // an OpenMP team (and its barrier) cost as much as the whole softmax on a contended machine.
       for (int64_t o = 0; o < outer; ++o) {
         for (int64_t i = 0; i < inner; ++i) {
           const int64_t base = o * length * inner + i;
