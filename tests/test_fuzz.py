@@ -135,7 +135,7 @@ def test_offloaded_equals_llvm(case, disabled, require_heavy_op):
     differential(mod, inputs, sorted(disabled), require_heavy_op)
 
 
-@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
+@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=graphs(kinds=SPECIAL_KINDS, special=True), require_heavy_op=st.booleans())
 def test_special_values_land_where_llvm_puts_them(case, require_heavy_op):
