@@ -22,6 +22,7 @@ from .errors import (
     CodegenError,
     FrontendError,
     InputError,
+    IntegrityError,
     ModelFileError,
     PlacementError,
     PlacementWarning,
@@ -30,6 +31,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .frontends import from_onnx, from_torch
+from .library import check_library, load_module
 from .profile import OpProfile, op_profile
 from .quant import QuantizedModel, quantize
 from .report import PartitionReport, report
@@ -72,6 +74,7 @@ __all__ = [
     "from_onnx",
     "from_torch",
     "InputError",
+    "IntegrityError",
     "Match",
     "OpProfile",
     "PlacementError",
@@ -82,6 +85,8 @@ __all__ = [
     "RuleError",
     "annotate_target",
     "bind_params",
+    "check_library",
+    "load_module",
     "merge_compiler_regions",
     "merge_composite",
     "models",

@@ -1,16 +1,18 @@
 """Command line ``byoc-hetero`` (also ``python -m byoc_hetero``).
 
 Commands: ``demo`` (the README's main job), ``report MODEL.onnx`` (the partition report, optionally
-the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build), ``bench MODEL.onnx``
+the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build; ``run model.so`` runs an
+exported library, its file structure checked before loading), ``bench MODEL.onnx``
 (offloaded vs llvm-only latency), ``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA,
 kernels). ``report``, ``run`` and ``bench`` take ``--quantize DIR``: the float model is first
 quantized to int8 by :func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR``
 (docs/quantize.md).
 
 Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
-file, a wrong input count, shape or dtype: :class:`~byoc_hetero.errors.InputError`,
+file, a wrong input count, shape or dtype, an index out of range: :class:`~byoc_hetero.errors.InputError`,
 :class:`~byoc_hetero.errors.ModelFileError`, a malformed scale or zero point of a quantized model:
-:class:`~byoc_hetero.errors.QuantizationError`); 3 a model TVM cannot import
+:class:`~byoc_hetero.errors.QuantizationError`, a damaged library:
+:class:`~byoc_hetero.errors.IntegrityError`); 3 a model TVM cannot import
 (:class:`~byoc_hetero.errors.UnsupportedModelError`); 1 anything else, TVM's own errors included
 (whatever their Python class: TVM raises ``ValueError`` for its internal failures too). Every error
 is one line on stderr: ``byoc-hetero: error: ...``.
@@ -23,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import ByocError, InputError, ModelFileError, QuantizationError, UnsupportedModelError, first_line
+from .errors import (ByocError, InputError, IntegrityError, ModelFileError, QuantizationError,
+                     UnsupportedModelError, first_line)
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNSUPPORTED = 0, 1, 2, 3
 
@@ -74,8 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="also draw the partitioned graph: .svg or .html (interactive) with pip "
                              "packages only, .dot as text, .png/.pdf through graphviz's dot")
 
-    run = sub.add_parser("run", help="run an ONNX model with its regions offloaded")
-    run.add_argument("model", type=Path, help="the .onnx file")
+    run = sub.add_parser("run", help="run an ONNX model with its regions offloaded, or an exported library")
+    run.add_argument("model", type=Path, help="the .onnx file, or a library exported with export_library (.so)")
     run.add_argument("--input", type=Path, action="append", required=True, metavar="X.npy",
                      help="an input as a .npy file (repeat for several inputs, in order)")
     run.add_argument("--output", type=Path, metavar="Y.npy", help="save the (first) output here")
@@ -256,6 +259,19 @@ _NPY_MAGIC = b"\x93NUMPY"
 """The first bytes of every .npy file (NumPy's format spec); a text file named .npy lacks them."""
 
 
+def _run_library(path: Path, inputs: list):
+    """Run ``main`` of an exported library (``export_library``'s .so) on ``inputs``: the file's
+    structure is checked before it is loaded (:func:`byoc_hetero.load_module`)."""
+    import tvm
+    from tvm import relax
+
+    from .library import load_module
+
+    vm = relax.VirtualMachine(load_module(path), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
+    return out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+
+
 def _cmd_run(args) -> None:
     import numpy as np
 
@@ -263,9 +279,12 @@ def _cmd_run(args) -> None:
     from .timing import run
 
     inputs = _load_inputs(args.input)
-    mod, params, m = _load_and_partition(args.model, args.precision, args.quantize, args.quantize_method)
-    check_inputs(mod, inputs, params)
-    out = run(_build(m, "offloaded"), inputs)
+    if args.model.suffix == ".so":
+        out = _run_library(args.model, inputs)
+    else:
+        mod, params, m = _load_and_partition(args.model, args.precision, args.quantize, args.quantize_method)
+        check_inputs(mod, inputs, params)
+        out = run(_build(m, "offloaded"), inputs)
     if args.output:
         np.save(args.output, out)
         print(f"output {list(out.shape)} {out.dtype} saved to {args.output}")
@@ -334,7 +353,7 @@ def exit_code(err: BaseException) -> int:
     """The exit code for an error that ended a command: decided by our exception classes only."""
     if isinstance(err, UnsupportedModelError):
         return EXIT_UNSUPPORTED
-    if isinstance(err, InputError | ModelFileError | QuantizationError):
+    if isinstance(err, InputError | ModelFileError | QuantizationError | IntegrityError):
         return EXIT_INPUT
     return EXIT_INTERNAL
 

@@ -12,7 +12,9 @@ found the problem, and the message names the rule, op, device, shape or dtype in
     │   ├── ModelFileError      missing, unreadable or invalid model file
     │   ├── UnsupportedModelError   TVM's importer cannot translate it
     │   └── QuantizationError   malformed quantization parameters, or a quantizer option
-    └── PlacementError          a placement that cannot be honoured
+    ├── PlacementError          a placement that cannot be honoured
+    └── IntegrityError          a damaged artifact: an exported library cut short, a region
+                                document or constant whose digest does not match
 
 :class:`PlacementWarning` (a ``UserWarning``) flags a placement rule that had no effect.
 
@@ -80,6 +82,12 @@ class PlacementError(ByocError, ValueError):
     """A placement cannot be honoured: a bad placement map, an unknown or undeclared device, an op
     whose operands and output are not on one device, a kernel compiled for the wrong target, a
     missing GPU module. The message names the op (or rule) and the devices involved."""
+
+
+class IntegrityError(ByocError, ValueError):
+    """A compiled artifact is damaged: a library file whose structure does not fit its size (cut
+    short, overwritten), a region document or a region constant whose digest differs from the one
+    written at export. The message names the file or the region (and constant)."""
 
 
 class PlacementWarning(UserWarning):

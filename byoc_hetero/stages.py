@@ -46,7 +46,7 @@ from ._relax import (
     static_shape,
     updated,
 )
-from .errors import CodegenError, RuleError
+from .errors import CodegenError, FrontendError, RuleError
 from .passes import (
     AFTER_MERGE,
     BEFORE_FUSION,
@@ -305,6 +305,9 @@ def partition(
     (see :func:`stages`). A quantized module's constant scales and zero points are checked first
     (:class:`~byoc_hetero.errors.QuantizationError` naming the op and value for a malformed one).
     """
+    if not isinstance(mod, tvm.IRModule):
+        raise FrontendError(f"partition expects a tvm.IRModule (as bh.from_onnx / bh.from_torch return it), "
+                            f"got {type(mod).__name__}")
     check_relax_qdq(mod, params)
     mod = run_passes(BEFORE_STAGES, bind_params(mod, params))
     for stage in stages(target, min_region_ops, require_heavy_op, precision, options):

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "digest.h"
 #include "enums.h"
 #include "kernels/kernel.h"
 #include "executor.h"
@@ -125,6 +126,18 @@ PYBIND11_MODULE(_C, m) {
   m.attr("REGION_FORMAT") = byoc_hetero::kRegionFormat;
   m.attr("REGION_VERSION") = byoc_hetero::kRegionVersion;
 
+  m.def(
+      "digest",
+      [](const pybind11::array& data) {
+        if (!(data.flags() & pybind11::array::c_style)) throw pybind11::value_error("digest: expected C-contiguous data");
+        const void* ptr = data.data();
+        const size_t bytes = static_cast<size_t>(data.nbytes());
+        pybind11::gil_scoped_release release;
+        return byoc_hetero::DigestHex(byoc_hetero::Digest(ptr, bytes));
+      },
+      pybind11::arg("data"),
+      "The integrity digest (16 hex digits, cpp/digest.h) of a C-contiguous array's bytes, as region "
+      "documents record it for each constant.");
   m.def("onednn_version", &OneDnnVersion, "oneDNN version of the loaded library, e.g. '3.2.0'.");
   m.def("onednn_commit", []() { return std::string(dnnl::version()->hash); },
         "Git hash of the loaded oneDNN build.");

@@ -287,7 +287,7 @@ int64_t ReadEnvelope(ObjectReader& doc, RegionGraph& g) {
   int64_t version = doc.Int("version");
   if (version < 1 || version > kRegionVersion) {
     doc.Fail("version", "expected 1 to " + std::to_string(kRegionVersion) + ", got " +
-                            std::to_string(version) + " (this runtime reads versions 1 to 3)");
+                            std::to_string(version) + " (this runtime reads versions 1 to 4)");
   }
   std::string symbol = doc.Str("symbol");
   if (symbol.empty()) doc.Fail("symbol", "must be a non-empty string");
@@ -376,7 +376,7 @@ void ReadInputs(ObjectReader& doc, RegionGraph& g) {
 }
 
 /*! \brief Constants: tensor and unique name each; static shapes. */
-void ReadConstants(ObjectReader& doc, RegionGraph& g) {
+void ReadConstants(ObjectReader& doc, int64_t version, RegionGraph& g) {
   auto check_id = IdChecker(g);
   JsonArray constants = doc.Has("constants") ? doc.Array("constants") : JsonArray();
   std::set<std::string> const_names;
@@ -385,6 +385,16 @@ void ReadConstants(ObjectReader& doc, RegionGraph& g) {
     int id = check_id(c, "tensor", c.Int("tensor"));
     std::string name = c.Str("name");
     if (name.empty()) c.Fail("name", "must be a non-empty string");
+    std::string digest;
+    if (version >= kDigestVersion) {  // required: a document that lost it must not load unchecked
+      digest = c.Str("digest");
+      bool hex = digest.size() == 16;
+      for (char ch : digest) hex = hex && ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'));
+      if (!hex) c.Fail("digest", "expected 16 lower-case hex digits, got '" + digest + "'");
+    } else if (c.Has("digest")) {
+      c.Fail("digest", "needs version " + std::to_string(kDigestVersion) + " of the format, the document has version " +
+                           std::to_string(version));
+    }
     if (!const_names.insert(name).second) c.Fail("name", "duplicate constant name '" + name + "'");
     if (g.roles[id] != TensorRole::kUnused) {
       c.Fail("tensor", "tensor " + std::to_string(id) + " is already " + RoleName(g.roles[id]));
@@ -396,7 +406,7 @@ void ReadConstants(ObjectReader& doc, RegionGraph& g) {
     }
     g.roles[id] = TensorRole::kConstant;
     g.index_in_role[id] = static_cast<int>(i);
-    g.constants.push_back({id, name});
+    g.constants.push_back({id, name, digest});
   }
 }
 
@@ -694,7 +704,7 @@ RegionGraph ParseRegionGraph(const std::string& json_text) {
   const int64_t version = ReadEnvelope(doc, g);
   ReadTensors(doc, version, g);
   ReadInputs(doc, g);
-  ReadConstants(doc, g);
+  ReadConstants(doc, version, g);
   ReadNodes(doc, g);
   ReadOutputs(doc, g);
   ReadShapeArgs(doc, g);

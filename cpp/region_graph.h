@@ -25,9 +25,12 @@ namespace byoc_hetero {
 constexpr const char* kRegionFormat = "byoc_hetero.region";
 /*!
  * \brief The newest version this runtime reads (1: static shapes; 2: dims may be symbolic;
- *        3: a version 2 document with declared symbol ranges, "dim_ranges").
+ *        3: a version 2 document with declared symbol ranges, "dim_ranges"; 4: a version 3 document
+ *        whose every constant carries its "digest", checked when the data arrive).
  */
-constexpr int64_t kRegionVersion = 3;
+constexpr int64_t kRegionVersion = 4;
+/*! \brief The first version whose constants carry digests (required from it on). */
+constexpr int64_t kDigestVersion = 4;
 
 /*!
  * \brief A symbolic dim: an expression over the region's symbols, ints, + - * // and parentheses,
@@ -83,6 +86,7 @@ enum class TensorRole { kUnused, kInput, kConstant, kNodeOutput };
 struct ConstantInfo {
   int tensor;
   std::string name;
+  std::string digest;  // 16 hex digits of digest.h over the data's bytes (version 4); empty before
 };
 
 /*! \brief A node as written in the document; attrs stay raw until the kernel reads them. */

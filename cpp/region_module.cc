@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/kernel.h"
+#include "digest.h"
 #include "region_graph.h"
 #include "compiled_region.h"
 #include "threading.h"
@@ -278,6 +279,7 @@ class RegionModuleObj : public ffi::ModuleObj {
 
   ffi::Bytes SaveToBytes() const final {
     std::string out(kBytesMagic);
+    out += DigestHex(Digest(graph_json_.data(), graph_json_.size()));
     out += graph_json_;
     return ffi::Bytes(out);
   }
@@ -294,6 +296,7 @@ class RegionModuleObj : public ffi::ModuleObj {
                                 << (num_shape ? " and " + std::to_string(num_shape) + " shapes" : "")
                                 << " then " << num_out << " outputs), got " << args.size();
     }
+    if (graph_.symbolic() && EmptyCall(args)) return;
     std::vector<void*> buffers(num_in + num_out);
     std::vector<std::vector<int64_t>> shapes(num_in + num_out);
     size_t arg = 0;
@@ -356,12 +359,61 @@ class RegionModuleObj : public ffi::ModuleObj {
                          c.name + "', tensor " + std::to_string(c.tensor) + ")";
       if (!tensor.defined()) TVM_FFI_THROW(ValueError) << what << ": expected a Tensor, got None";
       data.push_back(CheckTensor(*tensor.GetDLTensorPtr(), graph_.tensors[c.tensor], true, [&] { return what; }));
+      // The first constants are those exported with the document (TVM's const loader calls __init_
+      // once, at the first call): they must match the digests.  A later __init_ replaces them on
+      // purpose (docs/region-format.md, "Calling convention") and is not compared.
+      if (!constants_checked_.load()) CheckConstantDigest(c, *tensor.GetDLTensorPtr(), data.back(), what);
     }
     // The tensors are kept (a reference, no copy; TVM's const loader holds them too): plans made
     // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.
+    constants_checked_.store(true);
     auto owner = std::make_shared<ffi::Array<ffi::Tensor>>(*consts);
     plan_->LoadConstants(data, owner);
     fewer_.LoadConstants(data, owner);
+  }
+
+  /*!
+   * \brief Whether a call of a symbolic region has an input with a zero-size dim (a batch of 0):
+   *        then every output must be empty too, and there is nothing to compute (the VM allocated
+   *        the empty outputs; llvm and ONNX Runtime return such empty results).  An output that
+   *        would not be empty (a reduction over the empty axis) is an InputError: the kernels
+   *        plan dims >= 1 only (docs/reliability.md).
+   */
+  bool EmptyCall(const ffi::PackedArgs& args) const {
+    const size_t num_in = graph_.inputs.size();
+    std::vector<int64_t> numel;
+    for (int i = 0; i < args.size(); ++i) {
+      std::optional<DLTensor*> dl = args[i].try_cast<DLTensor*>();
+      if (!dl.has_value() || *dl == nullptr) continue;  // a shape argument (or a bad one: Run says)
+      int64_t n = 1;
+      for (int d = 0; d < (*dl)->ndim; ++d) n *= (*dl)->shape[d];
+      numel.push_back(n);
+    }
+    if (numel.size() != num_in + graph_.outputs.size()) return false;  // Run reports the count
+    bool empty_input = false;
+    for (size_t i = 0; i < num_in; ++i) empty_input |= numel[i] == 0;
+    if (!empty_input) return false;
+    for (size_t o = 0; o < graph_.outputs.size(); ++o) {
+      if (numel[num_in + o] != 0) {
+        TVM_FFI_THROW(InputError) << graph_.where() << ": an input has a zero-size dim, but output " << o
+                                  << " would hold " << numel[num_in + o]
+                                  << " elements; the runtime runs a zero-size batch only when every output "
+                                     "of the region is empty too";
+      }
+    }
+    return true;
+  }
+
+  /*! \brief A constant whose document carries a digest (version 4) must have exactly those bytes. */
+  static void CheckConstantDigest(const ConstantInfo& c, const DLTensor& t, const void* data, const std::string& what) {
+    if (c.digest.empty()) return;
+    size_t bytes = (t.dtype.bits * t.dtype.lanes + 7) / 8;
+    for (int d = 0; d < t.ndim; ++d) bytes *= static_cast<size_t>(t.shape[d]);
+    const std::string got = DigestHex(Digest(data, bytes));
+    if (got != c.digest) {
+      TVM_FFI_THROW(IntegrityError) << what << ": the data are damaged (digest " << got << ", the region document "
+                                    << "recorded " << c.digest << " at export); re-export the library";
+    }
   }
 
   std::string NameList() const {
@@ -378,6 +430,7 @@ class RegionModuleObj : public ffi::ModuleObj {
   std::atomic<int64_t> last_call_ns_{0};
   std::atomic<uint32_t> calls_{0};
   std::atomic<bool> profiling_{false};
+  std::atomic<bool> constants_checked_{false};  // the first __init_ passed the digests
 };
 
 }  // namespace
@@ -386,15 +439,63 @@ ffi::Module CreateRegionModule(const std::string& graph_json) {
   return ffi::Module(ffi::make_object<RegionModuleObj>(graph_json));
 }
 
-ffi::Module LoadRegionModuleFromBytes(const ffi::Bytes& bytes) {
-  const size_t magic_len = std::strlen(kBytesMagic);
-  if (bytes.size() < magic_len || std::memcmp(bytes.data(), kBytesMagic, magic_len) != 0) {
-    std::string head(bytes.data(), std::min<size_t>(bytes.size(), magic_len));
-    TVM_FFI_THROW(ValueError) << "ffi.Module.load_from_bytes.byoc_hetero: expected the magic '"
-                              << kBytesMagic << "' at the start of the " << bytes.size()
-                              << " bytes, got '" << head << "'";
+namespace {
+
+/*! \brief Bytes of a damaged blob made fit for a message (UTF-8): non-printable ones become '?'. */
+std::string Printable(const char* data, size_t size) {
+  std::string s(data, size);
+  for (char& ch : s) ch = (ch >= 32 && ch < 127) ? ch : '?';
+  return s;
+}
+
+/*!
+ * \brief The region's symbol as the (unverified) document text spells it, for naming a damaged
+ *        region: printable characters after the first "symbol", at most 200; "?" when none.
+ */
+std::string SymbolOfDamaged(const std::string& text) {
+  const std::string key = "\"symbol\"";
+  size_t at = text.find(key);
+  if (at == std::string::npos) return "?";
+  at = text.find('"', text.find(':', at + key.size()));
+  if (at == std::string::npos) return "?";
+  std::string name;
+  for (size_t i = at + 1; i < text.size() && name.size() < 200 && text[i] != '"'; ++i) {
+    name += (text[i] >= 32 && text[i] < 127) ? text[i] : '?';
   }
-  return CreateRegionModule(std::string(bytes.data() + magic_len, bytes.size() - magic_len));
+  return name.empty() ? "?" : name;
+}
+
+}  // namespace
+
+ffi::Module LoadRegionModuleFromBytes(const ffi::Bytes& bytes) {
+  const size_t magic_len = std::strlen(kBytesMagic), digest_len = 16;
+  const std::string head = Printable(bytes.data(), std::min<size_t>(bytes.size(), magic_len));
+  if (head == kBytesMagicV1) {
+    // a library exported before the digests (format versions 1-3) loads as it did, unchecked: its
+    // documents carry no digest (issue 23: libraries exported earlier keep working); a re-export
+    // adds them.  Its document follows the magic directly; anything else is damage.
+    if (bytes.size() == magic_len || bytes.data()[magic_len] != '{') {
+      TVM_FFI_THROW(IntegrityError) << "ffi.Module.load_from_bytes.byoc_hetero: the bytes say '" << kBytesMagicV1
+                                    << "' (an older byoc_hetero's format, without digests), but no region "
+                                       "document follows: the library is damaged; re-export it";
+    }
+    return CreateRegionModule(std::string(bytes.data() + magic_len, bytes.size() - magic_len));
+  }
+  if (bytes.size() < magic_len + digest_len || head != kBytesMagic) {
+    TVM_FFI_THROW(IntegrityError) << "ffi.Module.load_from_bytes.byoc_hetero: expected the magic '" << kBytesMagic
+                                  << "' and a digest at the start of the " << bytes.size() << " bytes, got '"
+                                  << head << "'";
+  }
+  const std::string recorded = Printable(bytes.data() + magic_len, digest_len);
+  std::string text(bytes.data() + magic_len + digest_len, bytes.size() - magic_len - digest_len);
+  const std::string got = DigestHex(Digest(text.data(), text.size()));
+  if (got != recorded) {
+    TVM_FFI_THROW(IntegrityError) << "region '" << SymbolOfDamaged(text)
+                                  << "' (name read from the damaged document): the region document is damaged ("
+                                  << text.size() << " bytes with digest " << got << ", recorded at export: '"
+                                  << recorded << "'); re-export the library";
+  }
+  return CreateRegionModule(text);
 }
 
 namespace {

@@ -28,7 +28,10 @@
 namespace byoc_hetero {
 
 /*! \brief Magic prefix of SaveToBytes. */
-constexpr const char kBytesMagic[] = "BYOCHG01";
+// "02": the magic is followed by the document's digest (16 hex digits, digest.h), then the document.
+constexpr const char kBytesMagic[] = "BYOCHG02";
+/*! \brief The magic of libraries exported before documents carried digests (refused, by name). */
+constexpr const char kBytesMagicV1[] = "BYOCHG01";
 
 /*! \brief Parse, validate and compile a region document into a module. */
 tvm::ffi::Module CreateRegionModule(const std::string& graph_json);

@@ -55,6 +55,26 @@ INT8_KINDS = ("int8",)
 KINDS = KINDS + INT8_KINDS
 
 
+#: Kinds whose every op treats NaN and ±inf alike on llvm, in the runtime and in torch (arithmetic:
+#: a NaN or inf operand gives the IEEE result). The ordering ops are left out: relu, clip, maximum /
+#: minimum, max / min reductions and max pooling are a select on ``a > b`` in TVM's llvm lowering, so
+#: a NaN's fate there depends on its position (torch propagates it; oneDNN's clip and max pool pick
+#: differently again), see docs/reliability.md. ``graphs(special=True)`` draws from these only.
+SPECIAL_KINDS = (
+    "softmax", "layer_norm", "layer_norm_decomposed", "group_norm", "permute", "matmul", "attention",
+    "reshape", "slice", "split", "concat_any", "take", "mask",
+)
+
+
+def sprinkle_special_values(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
+    """``x`` with one to three elements set to NaN, +inf or -inf (each drawn), at random positions."""
+    x = x.copy()
+    flat = x.reshape(-1)
+    for _ in range(int(rng.integers(1, 4))):
+        flat[rng.integers(0, flat.size)] = rng.choice([np.nan, np.inf, -np.inf])
+    return x
+
+
 @dataclass
 class Recipe:
     """What a drawn graph is made of (printed by hypothesis when a case fails)."""
@@ -130,8 +150,12 @@ def _broadcast_shape(draw, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @st.composite
-def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | None = None):
+def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | None = None,
+           special: bool = False):
     """Draw ``(mod, inputs, recipe)``: a Relax module with static shapes and numpy inputs.
+
+    ``special``: the input ``x`` holds NaN / ±inf at a few places (:func:`sprinkle_special_values`);
+    pass ``kinds`` from :data:`SPECIAL_KINDS` with it.
 
     ``wide``: channel counts of 16 and 32 (the runtime's Winograd convolution needs multiples of
     16) and only the CNN steps. ``kinds``: draw only these kinds of steps (each must be in
@@ -833,6 +857,9 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 result = bb.emit_output(relax.Tuple(outputs))
         bb.emit_func_output(result, params=[x] + params)
     inputs = [(rng.standard_normal((n, c, h, w)) * 0.5).astype(F32)] + values
+    if special:
+        inputs[0] = sprinkle_special_values(rng, inputs[0])
+        recipe.steps.append("x with NaN/inf")
     return bb.get(), inputs, recipe
 
 

@@ -35,8 +35,8 @@ def test_pipeline_order_is_pinned():
     """The whole order, by name: a pass added, removed or moved changes this list on purpose."""
     assert passes.pipeline() == [
         "onnx:dequantized_pad_values", "onnx:shape_initializers_as_constants", "onnx:explicit_same_pads",
-        "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:bool_arith", "torch:nonempty_dims",
-        "torch:inbound_slices", "torch:bool_arith",
+        "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:bool_arith", "onnx:checked_take",
+        "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",

@@ -67,7 +67,7 @@ def test_raw_vm_checks_declared_batch_range(path, cnn_onnx, tmp_path):
     assert declared == (LO, HI)
     part = bh.partition(mod, params)
     (entry,) = region_table(part).values()
-    assert entry.graph["version"] == 3 and entry.graph["dim_ranges"] == {symbol: [LO, HI]}
+    assert entry.graph["version"] == 4 and entry.graph["dim_ranges"] == {symbol: [LO, HI]}
     # the check is no op of the model: the whole CNN is still one region, nothing left on llvm
     assert bh.op_profile(part).total("llvm") == 0
     ex = build(part)
@@ -138,7 +138,7 @@ def test_region_checks_its_declared_range(cnn_onnx):
     a repeated shape takes the one-comparison fast path, which only a checked binding reaches)."""
     module, entry, part = _region(cnn_onnx, {"N": (LO, HI)})
     ref_module, ref_entry, _ = _region(cnn_onnx, None)
-    assert "dim_ranges" not in ref_entry.graph and ref_entry.graph["version"] == 2
+    assert "dim_ranges" not in ref_entry.graph and ref_entry.graph["version"] == 4
     info = lambda: json.loads(module["get_runtime_info"]())  # noqa: E731
     for n in (LO, HI, HI):
         np.testing.assert_allclose(_region_call(module, entry, n), _region_call(ref_module, ref_entry, n),
@@ -178,7 +178,7 @@ def test_dim_ranges_field_is_parsed_strictly():
         (3, {"N": [1.5, 4]}, r"'dim_ranges.N': expected \[min, max\]"),
         (3, {"N": [1]}, r"'dim_ranges.N': expected \[min, max\]"),
         (3, [1, 4], r"'dim_ranges': expected an object"),
-        (4, None, r"'version': expected 1 to 3"),
+        (5, None, r"'version': expected 1 to 4"),
     ):
         with pytest.raises(ValueError, match=what):
             create(_doc(version, ranges))

@@ -473,8 +473,10 @@ def test_bytes_round_trip_in_process():
     r, x = small_conv_region()
     mod = r.module()
     blob = save_to_bytes(mod)
-    assert bytes(blob[:8]) == b"BYOCHG01"
-    assert json.loads(bytes(blob[8:]).decode()) == r.doc()
+    assert bytes(blob[:8]) == b"BYOCHG02"
+    text = bytes(blob[24:])  # after the magic, the document's digest (16 hex digits, cpp/digest.h)
+    assert bytes(blob[8:24]).decode() == _C.digest(np.frombuffer(text, np.uint8))
+    assert json.loads(text.decode()) == r.doc()
     mod2 = load_from_bytes(blob)
     assert mod2.kind == "byoc_hetero" and mod2["get_symbol"]() == r.symbol
     mod2[f"__init_{r.symbol}"]([tvm.runtime.tensor(v) for v in r.const_values])
@@ -605,7 +607,7 @@ def mutate(path, value):
         ("{not json", r"malformed JSON"),
         ("[1, 2]", r"must be a JSON object"),
         (mutate(["format"], "other"), r"doc_check.*'format'"),
-        (mutate(["version"], 4), r"doc_check.*'version'.*expected 1 to 3"),
+        (mutate(["version"], 5), r"doc_check.*'version'.*expected 1 to 4"),
         (mutate(["tensors", 0, "dtype"], "float16"), r"doc_check.*'tensors\[0\]\.dtype'"),
         (mutate(["tensors", 0, "shape"], [1, -4, 8, 8]), r"doc_check.*'tensors\[0\]\.shape'"),
         (mutate(["nodes", 0, "inputs"], [0, 7, 2]), r"doc_check.*'nodes\[0\]\.inputs\[1\]'.*out of range"),
@@ -651,16 +653,33 @@ def test_onednn_failure_is_a_python_error_naming_the_node():
 
 
 def test_load_from_bytes_rejects_bad_blobs():
-    with pytest.raises(ValueError, match="BYOCHG01"):
+    from byoc_hetero.errors import IntegrityError
+
+    def signed(text: bytes) -> bytes:
+        return b"BYOCHG02" + _C.digest(np.frombuffer(text, np.uint8)).encode() + text
+
+    with pytest.raises(IntegrityError, match="BYOCHG02"):
         load_from_bytes(b"NOTMAGIC{}")
+    with pytest.raises(IntegrityError, match="BYOCHG01.*older byoc_hetero.*damaged.*re-export"):
+        load_from_bytes(b"BYOCHG01" + b"0" * 16 + b"{}")  # the format before digests, with a digest: damage
+    # a library exported before the digests still loads (unchecked): its document follows the magic
+    old = Region("old_format")
+    old.outputs = [old.node("eltwise", [old.input((2, 3))], (2, 3), algorithm="relu")]
+    legacy = load_from_bytes(b"BYOCHG01" + json.dumps(dict(old.doc(), version=3)).encode())
+    np.testing.assert_array_equal(old.run(legacy, np.array([[-1, 2, -3], [4, -5, 6]], "float32"))[0],
+                                  [[0, 2, 0], [4, 0, 6]])
     with pytest.raises(ValueError, match="malformed JSON"):
-        load_from_bytes(b"BYOCHG01{")
+        load_from_bytes(signed(b"{"))
+    damaged = bytearray(signed(b'{"symbol": "r1", "x": 1}'))
+    damaged[-3] ^= 4
+    with pytest.raises(IntegrityError, match=r"region 'r1' .*damaged.*re-export"):
+        load_from_bytes(bytes(damaged))
 
 
 def test_validate_helper():
     assert _C.validate(json.dumps(conv_doc())) == "doc_check"
     with pytest.raises(ValueError, match=r"doc_check.*'version'"):
-        _C.validate(mutate(["version"], 4))
+        _C.validate(mutate(["version"], 5))
 
 
 # ------------------------------------------------------------------------------------------------

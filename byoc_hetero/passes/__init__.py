@@ -37,6 +37,7 @@ from tvm import relax
 
 from .._relax import entry_functions
 from .bool_arith import bool_arith
+from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_needless_broadcasts import drop_needless_broadcasts
@@ -112,13 +113,17 @@ ONNX_IMPORT: tuple[Pass, ...] = (
 )
 """Edits of the ONNX protobuf before TVM imports it (``bh.from_onnx``)."""
 
-ONNX_IMPORTED: tuple[Pass, ...] = (Pass("bool_arith", "relax", _relax(bool_arith)),)
+ONNX_IMPORTED: tuple[Pass, ...] = (
+    Pass("bool_arith", "relax", _relax(bool_arith)),
+    Pass("checked_take", "relax", _relax(checked_take)),
+)
 """Rewrites of the module TVM's ONNX importer made (``bh.from_onnx``)."""
 
 TORCH_IMPORT: tuple[Pass, ...] = (
     Pass("nonempty_dims", "relax", _relax(nonempty_dims)),
     Pass("inbound_slices", "relax", _relax(inbound_slices)),
     Pass("bool_arith", "relax", _relax(bool_arith)),
+    Pass("checked_take", "relax", _relax(checked_take)),
 )
 """Rewrites of the module TVM's torch importer made (``bh.from_torch``)."""
 
@@ -174,7 +179,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
+    "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",

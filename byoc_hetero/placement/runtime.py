@@ -10,6 +10,7 @@ copied to their devices once, when the VM was made.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,10 @@ class PlacedVM:
     """A VM over a compiled placement. ``vm["main"](*inputs)`` or ``vm.run("main", ...)``."""
 
     def __init__(self, compiled, memory_cfg: str | None = None):
+        if isinstance(compiled, str | os.PathLike):  # an exported library: structure checked first
+            from ..library import load_module
+
+            compiled = load_module(compiled)
         if isinstance(compiled, PlacedExecutable):
             executable, plan = compiled.executable, compiled.plan
         else:
@@ -129,8 +134,10 @@ class PlacedVM:
 
 
 def vm(compiled, memory_cfg: str | None = None) -> PlacedVM:
-    """A VM for a compiled placement (:func:`compile`'s result, or its exported library loaded with
-    ``tvm.runtime.load_module``): ``cpu:N`` runs on ``tvm.cpu(N)``, ``cuda:N`` on ``tvm.cuda(N)``.
+    """A VM for a compiled placement (:func:`compile`'s result, its exported library loaded with
+    :func:`byoc_hetero.load_module`, or the library's path, which is loaded that way: a damaged
+    file is an :class:`~byoc_hetero.errors.IntegrityError`): ``cpu:N`` runs on ``tvm.cpu(N)``,
+    ``cuda:N`` on ``tvm.cuda(N)``.
 
     ``memory_cfg`` is passed to ``relax.VirtualMachine`` (``"naive"`` or ``"pooled"``).
     """

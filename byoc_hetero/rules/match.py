@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
+import numpy as np
 from tvm import relax
 from tvm.relax.transform import PatternCheckContext
 
@@ -87,6 +88,8 @@ def run_check(check: Check | None, match: Match, rule_name: str) -> str | None:
             f"check of rule {rule_name!r} raised {type(err).__name__}: {err} "
             f"(on {op_name(match.call) or match.call.op})"
         ) from err
+    if isinstance(verdict, np.bool_):  # a check computed with numpy: as good as a bool
+        verdict = bool(verdict)
     if verdict is None or verdict is True:
         return None
     if verdict is False:

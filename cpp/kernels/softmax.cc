@@ -1,24 +1,25 @@
 /*!
  * \file kernels/softmax.cc
- * \brief softmax along one axis (one oneDNN softmax_forward, accurate algorithm).
+ * \brief softmax along one axis (one oneDNN softmax_forward, accurate algorithm, then a host step
+ *        that gives the rows holding NaN / +inf / only -inf the values IEEE arithmetic gives them).
  *
  * Attrs: axis (default -1; negative counts from the end); safe (0/1/2, default 0).  Any rank; runs
  * on plain data.
  *
- * safe=1 is torch's _safe_softmax (what torch.export writes for scaled_dot_product_attention with a
- * mask): a row (the elements along `axis` for fixed other indices) whose inputs are all -inf gives
- * zeros instead of NaN.  oneDNN computes exp(x - max) with max = -inf there, so the row comes out
- * NaN; a host step after the primitive finds those rows in the input and writes them zero.  Every
+ * Special values, as torch and TVM's llvm softmax (max, exp(x - max), sum, divide) have them: a row
+ * (the elements along `axis` for fixed other indices) holding a NaN or a +inf is all NaN (exp(inf -
+ * inf) and every term after a NaN are NaN); a row whose inputs are all -inf is NaN too (exp(-inf -
+ * -inf)), except with safe=1, torch's _safe_softmax (what torch.export writes for
+ * scaled_dot_product_attention with a mask), which writes such a row 0.  oneDNN 3.2 does not: its
+ * jit max ignores a NaN (vmaxps keeps the other operand), so `[nan, 1, 2]` came out `[nan, 0, 0]` and
+ * `[-inf, nan, 1]` `[0, nan, 0]` (issue 27) -- a NaN turned into confident probabilities.  The host
+ * step after the primitive reads each row of the input once and rewrites only those rows; every
  * other row is oneDNN's result unchanged (-inf elements of a partly masked row are exactly 0 in it,
- * tests/test_ops_norm.py), so a row with a NaN or +inf input stays NaN as in torch.  The step reads
- * each row only up to its first element that is not -inf: one read per row for attention masks,
- * which mask the end of a row (padding) or its future (causal), never its first key unless the
- * whole row is masked.
+ * tests/test_ops_norm.py).
  *
  * safe=2 is the ONNX form torch's default (dynamo) exporter writes for the same step,
- * where(isnan(softmax(x)), 0, softmax(x)): every NaN element of oneDNN's result is written 0 (one
- * pass over the output).  For finite inputs with -inf masks the two modes give the same values; with
- * a NaN or +inf input, mode 2 gives 0 wherever the plain softmax gives NaN, as the ONNX graph does.
+ * where(isnan(softmax(x)), 0, softmax(x)): every row the IEEE softmax makes NaN (a NaN or +inf in
+ * it, or all -inf) is written 0, as the ONNX graph does; other rows are oneDNN's.
  */
 #include <cmath>
 #include <cstring>
@@ -31,41 +32,29 @@ namespace byoc_hetero {
 
 namespace {
 
-/*! \brief Every NaN of the \p count floats at y written +0 (safe=2). */
-HostFn ZeroNans(int64_t count) {
-  return [count](const std::vector<void*>& ptrs) {
-    float* y = static_cast<float*>(ptrs[1]);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      if (std::isnan(y[i])) y[i] = 0.f;
-    }
-  };
+/*!
+ * \brief What a row of the input makes of the output: oneDNN's row (0), all NaN (1: a NaN or +inf
+ *        in it, or all -inf without `safe`), all 0 (2: all -inf with `safe`).
+ */
+inline int SpecialRow(const float* x, int64_t length, int64_t stride, int safe) {
+  const float inf = std::numeric_limits<float>::infinity();
+  bool nan_or_inf = false, all_minus_inf = true;
+  for (int64_t k = 0; k < length; ++k) {
+    const float v = x[k * stride];
+    nan_or_inf |= !(v < inf);  // true for NaN and +inf
+    all_minus_inf &= v == -inf;
+  }
+  if (nan_or_inf) return 1;
+  if (all_minus_inf) return safe ? 2 : 1;
+  return 0;
 }
 
-/*! \brief The rows (along the axis) whose inputs are all -inf written +0 (safe=1). */
-HostFn ZeroMaskedRows(int64_t outer, int64_t length, int64_t inner) {
-  return [outer, length, inner](const std::vector<void*>& ptrs) {
-    const float* x = static_cast<const float*>(ptrs[0]);
-    float* y = static_cast<float*>(ptrs[1]);
-    const float minus_inf = -std::numeric_limits<float>::infinity();
-    for (int64_t o = 0; o < outer; ++o) {
-      for (int64_t i = 0; i < inner; ++i) {
-        const int64_t base = o * length * inner + i;
-        int64_t k = 0;
-        while (k < length && x[base + k * inner] == minus_inf) ++k;
-        if (k < length) continue;  // some input is not -inf: oneDNN's row stands
-        for (k = 0; k < length; ++k) y[base + k * inner] = 0.f;
-      }
-    }
-  };
-}
-
-/*! \brief softmax, then a host step that writes zeros where the safe mode says (file comment). */
-class SafeSoftmaxKernel : public Kernel {
+/*! \brief softmax, then the rows with special inputs rewritten (see the file comment). */
+class SoftmaxKernel : public Kernel {
  public:
-  SafeSoftmaxKernel(std::string label, dnnl::softmax_forward::primitive_desc pd, memory::desc plain,
-                    HostFn fix, std::string fix_label)
-      : label_(std::move(label)), pd_(std::move(pd)), fix_(std::move(fix)), fix_label_(std::move(fix_label)) {
+  SoftmaxKernel(std::string label, dnnl::softmax_forward::primitive_desc pd, memory::desc plain, int safe,
+                int64_t outer, int64_t length, int64_t inner)
+      : label_(std::move(label)), pd_(std::move(pd)), safe_(safe), outer_(outer), length_(length), inner_(inner) {
     inputs_.push_back({plain, plain});
     output_ = {plain, pd_.dst_desc()};
   }
@@ -77,22 +66,41 @@ class SafeSoftmaxKernel : public Kernel {
     softmax.label = label_;
     softmax.op = "softmax";
     softmax.args = {{DNNL_ARG_SRC, inputs[0]}, {DNNL_ARG_DST, output}};
-    Step zero;
-    zero.label = label_ + " " + fix_label_;
-    zero.op = "softmax";
-    zero.args = {{0, inputs[0]}, {1, output}};
-    zero.host = fix_;
+    Step special;
+    special.label = label_ + (safe_ == 2 ? " rows with NaN/inf or all -inf -> 0"
+                              : safe_ ? " rows with NaN/+inf -> NaN, all -inf -> 0" : " rows with NaN/inf -> NaN");
+    special.op = "softmax";
+    special.args = {{0, inputs[0]}, {1, output}};
+    const int64_t outer = outer_, length = length_, inner = inner_;
+    const int safe = safe_;
+    special.host = [outer, length, inner, safe](const std::vector<void*>& ptrs) {
+      const float* x = static_cast<const float*>(ptrs[0]);
+      float* y = static_cast<float*>(ptrs[1]);
+      // by kind (SpecialRow): finite row (unused), NaN row, all -inf row; safe=2 zeroes every NaN
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const float fill[3] = {0.f, safe == 2 ? 0.f : nan, safe != 0 ? 0.f : nan};
+      // One thread: the scan is one read of the input, memory-bound and short next to the primitive;
+      // an OpenMP team (and its barrier) cost as much as the whole softmax on a contended machine.
+      for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t i = 0; i < inner; ++i) {
+          const int64_t base = o * length * inner + i;
+          const int kind = SpecialRow(x + base, length, inner, safe);
+          if (kind == 0) continue;  // finite or partly -inf: oneDNN's row stands
+          for (int64_t k = 0; k < length; ++k) y[base + k * inner] = fill[kind];
+        }
+      }
+    };
     std::vector<Step> steps;
     steps.push_back(std::move(softmax));
-    steps.push_back(std::move(zero));
+    steps.push_back(std::move(special));
     return steps;
   }
 
  private:
   std::string label_;
   dnnl::softmax_forward::primitive_desc pd_;
-  HostFn fix_;
-  std::string fix_label_;
+  int safe_;
+  int64_t outer_, length_, inner_;
 };
 
 }  // namespace
@@ -100,10 +108,11 @@ class SafeSoftmaxKernel : public Kernel {
 static std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   int64_t axis = attrs.Int("axis", -1);
-  const int64_t safe = attrs.Int("safe", 0);
-  if (safe < 0 || safe > 2) {
-    attrs.Fail("safe", "expected 0 (plain), 1 (rows all -inf -> 0) or 2 (NaN -> 0), got " + std::to_string(safe));
+  const int64_t safe_mode = attrs.Int("safe", 0);
+  if (safe_mode < 0 || safe_mode > 2) {
+    attrs.Fail("safe", "expected 0 (plain), 1 (rows all -inf -> 0) or 2 (NaN -> 0), got " + std::to_string(safe_mode));
   }
+  const int safe = static_cast<int>(safe_mode);
   attrs.CheckNoUnknown();
   ctx.ExpectInputCount(1, "data");
   const auto& shape = ctx.input(0).shape;
@@ -117,26 +126,14 @@ static std::unique_ptr<Kernel> BuildSoftmax(const KernelContext& ctx) {
   // Written f32 even in a bf16 region whose P @ V matmul rounds it anyway: oneDNN 3.2's jit softmax
   // with a bf16 destination is off by up to 2^-7 relative (1-2 bf16 ulps) from the rounded f32
   // result (measured on attention probabilities, tests/test_bf16.py), so the matmul's reorder
-  // rounds it instead (to nearest even).  The safe variant's host step relies on it too.
+  // rounds it instead (to nearest even).  The host step after it relies on it too (it reads f32 rows).
   dnnl::softmax_forward::primitive_desc pd(ctx.engine, dnnl::prop_kind::forward_inference,
                                            dnnl::algorithm::softmax_accurate, plain, plain,
                                            static_cast<int>(axis), ctx.MakeAttr());
-  if (safe != 0) {
-    int64_t outer = 1, inner = 1;
-    for (int64_t d = 0; d < axis; ++d) outer *= shape[d];
-    for (int64_t d = axis + 1; d < rank; ++d) inner *= shape[d];
-    if (safe == 1) {
-      return std::make_unique<SafeSoftmaxKernel>(ctx.where(), std::move(pd), plain,
-                                                 ZeroMaskedRows(outer, shape[axis], inner), "rows all -inf -> 0");
-    }
-    return std::make_unique<SafeSoftmaxKernel>(ctx.where(), std::move(pd), plain,
-                                               ZeroNans(outer * shape[axis] * inner), "NaN -> 0");
-  }
-  const memory::desc dst = pd.dst_desc();
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "softmax", std::move(pd),
-                                           std::vector<int>{DNNL_ARG_SRC},
-                                           std::vector<OperandLayout>{{plain, plain}},
-                                           OperandLayout{plain, dst});
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (int64_t d = axis + 1; d < rank; ++d) inner *= shape[d];
+  return std::make_unique<SoftmaxKernel>(ctx.where(), std::move(pd), plain, safe, outer, shape[axis], inner);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("softmax", BuildSoftmax);

@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
 from ..._relax import function_outputs, op_name, opaque_dims, shape_of, shape_symbols, short_op_name, tensor_dtype
+from ..._native import _C
 from ...errors import CodegenError
 from ...ranges import region_ranges
 from ...rules import get_target
@@ -27,13 +29,12 @@ from .precision import DEFAULT_DTYPE, DEFAULT_PRECISION, check_precision
 from .table import TARGET, composite_lowering_for, lowering_for
 
 FORMAT = "byoc_hetero.region"
-VERSION = 1
-"""The version written for a region with static shapes only (readable by every runtime)."""
-SYMBOLIC_VERSION = 2
-"""The version written when a tensor has a symbolic dim (an expression string, docs/region-format.md)."""
-RANGES_VERSION = 3
-"""The version written when the document declares symbol ranges (``dim_ranges``): a runtime that
-predates them tolerates unknown top-level keys, and must not run such a region unchecked."""
+VERSION = 4
+"""The version written for every region. The runtime reads 1 to 4: 1 static shapes, 2 symbolic dims,
+3 declared symbol ranges (``dim_ranges``), 4 (since the integrity digests, issue 27) version 3 with
+a ``digest`` on each constant, checked when the constants arrive (docs/region-format.md,
+"Integrity"). One version for all: every exported document carries digests, and a runtime that
+predates them must refuse it rather than load constants unchecked."""
 
 SHAPE_ARG = "shape argument"
 """The tensor id standing for a shape parameter of a region (read by no node)."""
@@ -132,7 +133,7 @@ class RegionGraph:
         return json.dumps(
             {
                 "format": FORMAT,
-                "version": RANGES_VERSION if self.dim_ranges else SYMBOLIC_VERSION if self.symbolic else VERSION,
+                "version": VERSION,
                 "symbol": self.symbol,
                 **precision,
                 "tensors": self.tensors,
@@ -206,8 +207,9 @@ class RegionLowering:
             if name not in self.const_ids:
                 tid = self.new_tensor(expr)
                 self.const_ids[name] = tid
-                self.graph.constants.append({"tensor": tid, "name": name})
                 value = (expr.value if isinstance(expr, tvm.ir.GenericConst) else expr.data).numpy()
+                self.graph.constants.append({"tensor": tid, "name": name,
+                                             "digest": _C.digest(np.ascontiguousarray(value))})
                 if value.size == 1 and value.dtype == "float32":
                     self.graph.scalar_values[tid] = float(value.reshape(()))
                 if value.size <= SMALL_CONSTANT:
