@@ -288,8 +288,8 @@ def merge_composite(target: TargetSpec = DEFAULT_TARGET) -> tvm.transform.Pass:
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         log = DecisionLog()  # the first stage starts the run's decisions afresh
         present = ops_in(mod)
-        patterns = [rule.fusion_pattern(log) for t in names for rule in pattern_rules(t)
-                    if required_ops(rule.pattern) <= present]
+        patterns = [fp for t in names for rule in pattern_rules(t) if required_ops(rule.pattern) <= present
+                    for fp in rule.fusion_patterns(log, mod)]
         # (a, b)[0] → a, then dead bindings go: values read only through a tuple nobody else reads
         # (the unused indices of PyTorch's max-pools) would become outputs of regions, and dead
         # bindings regions nobody calls (which RunCodegen never compiles)

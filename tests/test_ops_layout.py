@@ -171,6 +171,22 @@ def test_concat(axis):
     assert "llvm" not in res.profile.counts and "concat" in [n["op"] for n in nodes(res.partitioned)]
 
 
+@pytest.mark.parametrize("n", [2, 17, 33])
+def test_concat_of_any_number_of_inputs_is_one_rule(n):
+    """One variadic rule (``concat``) matches a concat of any arity: DenseNet-121 concatenates 33."""
+    def body(e, x):
+        a = e(relax.op.matmul(x, const(4, 4)))  # a compute-heavy op, for the cost gate
+        parts = [e(relax.op.nn.relu(e(relax.op.multiply(a, relax.const(float(i + 1), "float32")))))
+                 for i in range(n)]
+        return e(relax.op.concat(parts, axis=1))
+
+    res = offload_and_compare(graph({"x": (1, 2, 4)}, body))
+    assert "llvm" not in res.profile.counts
+    assert [n["op"] for n in nodes(res.partitioned)].count("concat") == 1
+    rules = {r for region in bh.report(res.partitioned).regions for r in region.rules}
+    assert "byoc_hetero.concat" in rules
+
+
 def conv(e, x, cin, cout, k=3):
     return e(relax.op.nn.relu(e(relax.op.nn.conv2d(x, const(cout, cin, k, k), padding=[k // 2] * 4))))
 

@@ -30,14 +30,10 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from ...._relax import shape_of, static_shape
-from ....rules import Match
+from ....rules import Match, Variadic
 from ..lowering import Node, RegionGraph
 from ..precision import tensor_reason
 from ..table import PatternSpec, graph_pass, lowers, pattern_rules
-
-MAX_CONCAT_INPUTS = 16
-"""Concat rules are declared for 2..this many inputs (a pattern matches one tuple arity)."""
-
 
 def _tensors_reason(values: list[tuple[relax.Expr, str]]) -> str | None:
     for expr, name in values:
@@ -216,14 +212,18 @@ def _rules():
         data = wildcard()
         call = is_op(op)(data)
         yield PatternSpec(name, call, {"data": data, "root": call}, check, priority=15)
-    for steps in (False, True):  # strided_slice(x, axes, begin, end[, strides])
-        data = wildcard()
-        call = is_op("relax.strided_slice")(data, *(wildcard() for _ in range(4 if steps else 3)))
-        yield PatternSpec("strided_slice_steps" if steps else "strided_slice", call,
-                          {"data": data, "root": call}, check_strided_slice, priority=15)
-    for n in range(2, MAX_CONCAT_INPUTS + 1):
-        call = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
-        yield PatternSpec(f"concat{n}", call, {"root": call}, check_concat, priority=15)
+    data = wildcard()  # strided_slice(x, axes, begin, end[, strides]): one rule, with or without steps
+    call = is_op("relax.strided_slice")(data, wildcard(), wildcard(), wildcard(), varg_default_wildcard=True)
+    yield PatternSpec("strided_slice", call, {"data": data, "root": call}, check_strided_slice, priority=15)
+    yield PatternSpec("concat", Variadic("relax.concat", _concat_pattern, min_arity=2), {}, check_concat,
+                      priority=15)
+
+
+def _concat_pattern(n: int):
+    """concat of an ``n``-tensor tuple written out in the graph (each tensor a parameter of the
+    composite)."""
+    call = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
+    return call, {"root": call}
 
 
 # ----------------------------------------------------------------------------------------------
