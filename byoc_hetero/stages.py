@@ -54,6 +54,8 @@ from .backends.onednn import TARGET as DEFAULT_TARGET
 from .backends.onednn.precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
 from .errors import CodegenError, RuleError, first_line
 from .fold import fold_int_constants
+from .passes.drop_zero_pads import drop_zero_pads
+from .passes.fold_weight_subgraphs import fold_weight_subgraphs
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
 from .rules import (
@@ -770,6 +772,7 @@ def partition(
     # index / mask bookkeeping on constants and static shapes (int64, bool) becomes constants: it has
     # no runtime kernel and, reading a region's output shape, split ViT in two (byoc_hetero/fold.py)
     mod = fold_int_constants(mod)
+    mod = drop_zero_pads(fold_weight_subgraphs(mod))  # byoc_hetero/passes/: one pass per module
     for stage in stages(target, min_region_ops, require_heavy_op, precision):
         mod = stage(mod)
     return mod
