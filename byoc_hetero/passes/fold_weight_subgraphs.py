@@ -7,7 +7,8 @@ forward. torch.export writes that chain (``abs``, ``power``, ``sum``, ``power``,
 region. Once the parameters are bound as constants, the chain depends on nothing the caller gives:
 its value is a constant.
 
-What: in each function, a binding whose op is one numpy can evaluate (below) and whose tensor
+What: in each function, a binding whose op is one numpy can evaluate (below; also ``full`` of a
+constant, wav2vec 2.0's scalar 0.0 for a ``where``) and whose tensor
 arguments are all constants (or bindings folded so), is evaluated with numpy; every such binding
 that *computes* (not only relabels or relayouts: reshape, permute_dims, expand_dims, squeeze,
 broadcast_to) is replaced by its value. Pure relabels of a weight are left as they are: the rules
@@ -53,12 +54,13 @@ def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
     elif name == "relax.permute_dims":
         axes = call.attrs.axes
         out = np.transpose(args[0], None if axes is None else [int(a) for a in axes])
-    elif name in RELABELS:
+    elif name in RELABELS or name == "relax.full":
         shape = getattr(call.ty, "shape", None)
         dims = [int(d) for d in shape.values] if shape is not None and all(
             isinstance(d, tvm.tirx.IntImm) for d in shape.values) else None
-        out = None if dims is None else np.broadcast_to(args[0], dims) if name == "relax.broadcast_to" \
-            else args[0].reshape(dims)
+        if dims is not None:
+            out = np.full(dims, args[-1]) if name == "relax.full" else \
+                np.broadcast_to(args[0], dims) if name == "relax.broadcast_to" else args[0].reshape(dims)
     if out is None:
         return None
     dtype = getattr(call.ty, "dtype", None)
