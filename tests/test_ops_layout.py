@@ -171,7 +171,7 @@ def test_concat(axis):
     assert "llvm" not in res.profile.counts and "concat" in [n["op"] for n in nodes(res.partitioned)]
 
 
-@pytest.mark.parametrize("n", [2, 17, 33])
+@pytest.mark.parametrize("n", [1, 2, 17, 33])
 def test_concat_of_any_number_of_inputs_is_one_rule(n):
     """One variadic rule (``concat``) matches a concat of any arity: DenseNet-121 concatenates 33."""
     def body(e, x):

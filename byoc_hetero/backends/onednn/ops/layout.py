@@ -223,7 +223,7 @@ def _rules():
     data = wildcard()  # strided_slice(x, axes, begin, end[, strides]): one rule, with or without steps
     call = is_op("relax.strided_slice")(data, wildcard(), wildcard(), wildcard(), varg_default_wildcard=True)
     yield PatternSpec("strided_slice", call, {"data": data, "root": call}, check_strided_slice, priority=15)
-    yield PatternSpec("concat", Variadic("relax.concat", _concat_pattern, min_arity=2), {}, check_concat,
+    yield PatternSpec("concat", Variadic("relax.concat", _concat_pattern), {}, check_concat,
                       priority=15)
 
 
