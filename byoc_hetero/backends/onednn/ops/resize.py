@@ -7,10 +7,11 @@ away from zero. A Relax resize2d runs here only where its attributes compute exa
 * ``linear``: ``half_pixel``, or ``pytorch_half_pixel`` (torch's ``align_corners=False``; the same
   mapping unless an output dim is 1, where torch takes 0: left to llvm then). DeepLabV3's upsampling
   of its logits and of its image-pooling branch.
-* ``nearest_neighbor``: ``half_pixel`` with ``round_prefer_ceil`` (oneDNN's own), and ``asymmetric``
-  with ``floor`` (torch's ``nearest``) where every output dim is a whole multiple of the input's:
-  then floor(o * I / O) = round((o + 0.5) * I / O - 0.5) for every o (o = q*k + r, 0 <= r < k: the
-  right side is q + (r + 0.5) / k - 0.5, within (q - 0.5, q + 0.5)).
+* ``nearest_neighbor``: ``half_pixel`` with ``round_prefer_ceil`` (oneDNN's own); ``half_pixel`` with
+  any round-to-nearest (TVM's torch frontend writes torch's ``nearest`` as ``half_pixel`` + ``round``)
+  and ``asymmetric`` with ``floor`` (the ONNX exporter's torch ``nearest``) where every output dim is a
+  whole multiple of the input's: then o = q*k + r (0 <= r < k) maps to q + (r + 0.5) / k - 0.5, strictly
+  within (q - 0.5, q + 0.5), so no rounding rule can differ and floor(o / k) = q as well.
 
 Everything else — ``align_corners`` (oneDNN has no such mapping), ``asymmetric`` linear,
 ``tf_half_pixel_for_nn``, other rounding modes, ``cubic``, layouts other than NCHW, non-float32 —
@@ -26,6 +27,11 @@ from ...._relax import static_shape
 from ....rules import Match
 from ..precision import tensor_reason
 from ..table import PatternSpec, lowers, pattern_rules
+
+
+#: on a whole-multiple upscale no half_pixel coordinate is a tie (x = q + (r + 0.5) / k - 0.5), so every
+#: round-to-nearest rule picks what oneDNN picks
+_ROUNDINGS = ("round", "round_prefer_floor", "round_prefer_ceil", "")
 
 
 def resize_reason(call: relax.Call) -> str | None:
@@ -46,9 +52,10 @@ def resize_reason(call: relax.Call) -> str | None:
         return (f"linear resize2d with coordinate mode {mode} (output {list(dst[2:])}); oneDNN's resampling maps "
                 "coordinates as half_pixel only (align_corners and asymmetric stay on llvm)")
     if method == "nearest_neighbor":
-        if mode == "half_pixel" and rounding == "round_prefer_ceil":
+        whole = all(o % i == 0 for o, i in zip(dst[2:], src[2:]))
+        if mode == "half_pixel" and (rounding == "round_prefer_ceil" or (whole and rounding in _ROUNDINGS)):
             return None
-        if mode == "asymmetric" and rounding in ("floor", "") and all(o % i == 0 for o, i in zip(dst[2:], src[2:])):
+        if mode == "asymmetric" and rounding in ("floor", "") and whole:
             return None
         return (f"nearest resize2d with coordinate mode {mode}, rounding {rounding or 'default'}, {list(src[2:])} -> "
                 f"{list(dst[2:])}; oneDNN's nearest is half_pixel with round-half-up, equal to asymmetric floor only "
