@@ -22,8 +22,26 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+def _stub_torchvision_operators() -> None:
+    """Let torchvision import without its C++ operators: the wheel that matches this torch registers
+    fake/autograd kernels for ``torchvision::nms`` in two modules at import, which raises when its own
+    operator library is not loadable ("operator torchvision::nms does not exist") — and transformers
+    imports torchvision whenever it is installed, so the Hugging Face models fail too. The models here
+    never call those operators; empty modules in their place are enough."""
+    import sys
+    import types
+
+    for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+
+
+_stub_torchvision_operators()
+
 MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
-          "gpt2", "smollm_135m")
+          "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
+          "deeplabv3_mobilenet_v3", "densenet121")
+#: the torchvision architectures (the rest are Hugging Face models or defined here)
+TORCHVISION_MODELS = ("deeplabv3_mobilenet_v3", "densenet121")
 SEED = 0
 
 
@@ -351,6 +369,122 @@ def mobilenet_v3_large(small: bool = False) -> ZooModel:
                     "MobileNetV3-Large defined in bench/zoo_models.py, logits")
 
 
+# ----------------------------------------------------------------------------------------------
+# Speech encoders, Swin, and the torchvision segmentation / DenseNet models
+# ----------------------------------------------------------------------------------------------
+
+
+def _audio(samples: int) -> tuple[torch.Tensor]:
+    gen = torch.Generator().manual_seed(SEED + 1)
+    return (torch.randn(1, samples, generator=gen),)
+
+
+def wav2vec2_base(small: bool = False) -> ZooModel:
+    """wav2vec 2.0 base (``transformers`` Wav2Vec2Model, eager attention): one second of 16 kHz audio in,
+    ``last_hidden_state`` out. Its positional convolution carries a weight norm (``weight_g``/``weight_v``)."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    if small:
+        cfg = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                             conv_dim=(16, 16, 16), conv_kernel=(10, 3, 3), conv_stride=(5, 2, 2),
+                             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+        samples = 1600
+    else:
+        cfg = Wav2Vec2Config()  # the base model's sizes: 12 layers of 768, 7 feature convolutions
+        samples = 16000
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    return _hf("wav2vec2_base", Wav2Vec2Model(cfg), _audio(samples), ("input_values",),
+               f"HF Wav2Vec2Model (eager attention), last_hidden_state, {samples} samples")
+
+
+def whisper_tiny_encoder(small: bool = False) -> ZooModel:
+    """Whisper-tiny's encoder (``transformers`` WhisperEncoder, eager attention): a 30 s log-mel
+    spectrogram (80 x 3000) in, the encoder states out. Two conv1d + GELU, then 4 transformer layers."""
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    if small:
+        cfg = WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
+                            num_mel_bins=16, max_source_positions=50)
+    else:
+        cfg = WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536,
+                            num_mel_bins=80, max_source_positions=1500)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    mel = torch.randn(1, cfg.num_mel_bins, 2 * cfg.max_source_positions, generator=gen)
+    return _hf("whisper_tiny_encoder", WhisperEncoder(cfg), (mel,), ("input_features",),
+               f"HF WhisperEncoder (eager attention), last_hidden_state, {tuple(mel.shape)} mel")
+
+
+def swin_t(small: bool = False) -> ZooModel:
+    """Swin-T (``transformers`` SwinForImageClassification, 1000 classes, 224x224): shifted windows,
+    patch merging."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    if small:
+        cfg = SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[2, 2, 2], num_heads=[2, 2, 4],
+                         window_size=4, num_labels=10)
+    else:
+        cfg = SwinConfig(image_size=224, patch_size=4, embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+                         window_size=7, num_labels=1000)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    return _hf("swin_t", SwinForImageClassification(cfg), _image(cfg.image_size), ("pixel_values",),
+               "HF SwinForImageClassification (eager attention), logits")
+
+
+def _torchvision():
+    """torchvision, imported after :func:`_stub_torchvision_operators`."""
+    import torchvision
+
+    return torchvision
+
+
+class _SegmentationOut(nn.Module):
+    """torchvision's segmentation models return ``{"out": ...}``; exporters want the tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)["out"]
+
+
+def deeplabv3_mobilenet_v3(small: bool = False) -> ZooModel:
+    """DeepLabV3 with a dilated MobileNetV3-Large backbone (torchvision, 21 classes, no auxiliary head),
+    520x520: ASPP (dilated 3x3 convs, image pooling upsampled bilinearly), logits upsampled to the input."""
+    tv = _torchvision()
+    from torchvision.models.segmentation.deeplabv3 import _deeplabv3_mobilenetv3
+
+    torch.manual_seed(SEED)
+    backbone = tv.models.mobilenet_v3_large(weights=None, dilated=True, width_mult=0.25 if small else 1.0)
+    model = _deeplabv3_mobilenetv3(backbone, num_classes=21, aux=False).eval()
+    _randomise_norms(model)
+    size = 64 if small else 520
+    return ZooModel("deeplabv3_mobilenet_v3", _SegmentationOut(model).eval(), _image(size), ("x",),
+                    f"torchvision deeplabv3_mobilenet_v3_large (random weights), out logits, {size}x{size}")
+
+
+def densenet121(small: bool = False) -> ZooModel:
+    """DenseNet-121 (torchvision, 1000 classes, 224x224): its blocks concatenate up to 33 tensors.
+    Small: growth 8 and blocks of (2, 18) layers, so one concat still has 19 inputs."""
+    tv = _torchvision()
+
+    torch.manual_seed(SEED)
+    if small:
+        model = tv.models.DenseNet(growth_rate=8, block_config=(2, 18), num_init_features=16, bn_size=2,
+                                   num_classes=10)
+    else:
+        model = tv.models.densenet121(weights=None)
+    model.eval()
+    _randomise_norms(model)
+    return ZooModel("densenet121", model, _image(64 if small else 224), ("x",),
+                    "torchvision densenet121 (random weights), logits")
+
+
 BUILDERS = {
     "resnet50": resnet50,
     "mobilenet_v3_large": mobilenet_v3_large,
@@ -360,6 +494,11 @@ BUILDERS = {
     "bert_base": bert_base,
     "gpt2": gpt2,
     "smollm_135m": smollm_135m,
+    "wav2vec2_base": wav2vec2_base,
+    "whisper_tiny_encoder": whisper_tiny_encoder,
+    "swin_t": swin_t,
+    "deeplabv3_mobilenet_v3": deeplabv3_mobilenet_v3,
+    "densenet121": densenet121,
 }
 
 

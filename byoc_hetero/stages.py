@@ -128,8 +128,8 @@ def merge_composite(target: TargetSpec = None) -> tvm.transform.Pass:
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         log = DecisionLog()  # the first stage starts the run's decisions afresh
         present = ops_in(mod)
-        patterns = [rule.fusion_pattern(log) for t in names for rule in pattern_rules(t)
-                    if required_ops(rule.pattern) <= present]
+        patterns = [fp for t in names for rule in pattern_rules(t) if required_ops(rule.pattern) <= present
+                    for fp in rule.fusion_patterns(log, mod)]
         mod = run_passes(BEFORE_FUSION, mod)
         if patterns:
             mod = _fuse(mod, patterns)

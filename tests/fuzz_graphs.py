@@ -47,7 +47,7 @@ CNN_KINDS = ("conv", "pool", "act", "add", "concat", "branches", "flatten", "den
 KINDS = CNN_KINDS + (
     "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
-    "take", "compare_where", "mask", "cast", "repeat",
+    "take", "compare_where", "mask", "cast", "repeat", "conv1d", "resize",
 )
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
@@ -667,8 +667,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 begin.append(b - d if draw(st.booleans()) else b)
                 end.append(d + 3 if e == d and draw(st.booleans()) else e)  # past the end: clamped
                 strides.append(1)
-            if draw(st.integers(0, 5)) == 5:  # a step the runtime does not take: stays on llvm
-                strides[-1] = draw(st.sampled_from([2, -1]))
+            if draw(st.integers(0, 3)) == 3:  # steps: 2 and 3 run strided (whole steps only), -1 stays on llvm
+                strides[-1] = draw(st.sampled_from([2, 3, -1]))
                 if strides[-1] == -1:
                     d = shape[axes[-1]]
                     begin[-1], end[-1] = d - 1, -d - 1
@@ -702,7 +702,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             axis = draw(st.integers(-rank, rank - 1))
             ax = axis % rank
             inputs = [a]
-            for _ in range(draw(st.integers(1, 2))):
+            # up to 20 inputs: one variadic rule takes any count (DenseNet concatenates 33)
+            for _ in range(draw(st.sampled_from([0, 1, 2, 2, 5, 19]))):
                 fits = [v for v in vals if len(_shape(v)) == rank
                         and all(_shape(v)[i] == shape[i] for i in range(rank) if i != ax)]
                 if draw(st.booleans()) and fits:
@@ -712,6 +713,50 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             inputs = draw(st.permutations(inputs))
             y = emit(R.concat(inputs, axis=axis), *[i for i in inputs if isinstance(i, relax.Var)])
             recipe.steps.append(f"concat({[list(_shape(i)) for i in inputs]}, axis={axis})")
+            keep(y)
+        elif kind == "conv1d":  # [N, C, W] data: the conv2d kernel with a unit height
+            src = pick(lambda s: len(s) == 3 and s[2] >= 2)
+            if src is None:  # read some value as one channel of a sequence
+                flat = pick(lambda s: math.prod(s) >= 2)
+                if flat is None:
+                    return False
+                src = emit(R.reshape(flat, (1, 1, math.prod(_shape(flat)))), flat)
+            n_, c_, w_ = _shape(src)
+            k = draw(st.sampled_from([1, 2, 3, 5]))
+            stride, dil = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 1, 2]))
+            pad = draw(st.integers(0, 2))
+            if (k - 1) * dil + 1 > w_ + 2 * pad:
+                return False
+            groups = draw(st.sampled_from([g for g in (1, c_) if c_ % g == 0]))
+            out_c = groups * draw(st.integers(1, 3))
+            y = emit(R.nn.conv1d(src, weight((out_c, c_ // groups, k)), strides=stride, padding=pad,
+                                 dilation=dil, groups=groups), src)
+            bias = draw(st.booleans())
+            if bias:
+                y = bb.emit(R.add(y, R.reshape(weight((out_c,)), (1, out_c, 1))))
+            act = draw(st.sampled_from(["none", "relu", "gelu"]))
+            if act != "none":
+                y = bb.emit(R.nn.relu(y) if act == "relu" else R.nn.gelu(y))
+            recipe.steps.append(f"conv1d(k={k}, s={stride}, pad={pad}, d={dil}, g={groups}, o={out_c}, "
+                                f"bias={bias}, act={act})")
+            keep(y)
+        elif kind == "resize":  # NCHW resize2d: oneDNN's resampling where exact, else llvm with a reason
+            src = pick(lambda s: len(s) == 4)
+            if src is None:
+                return False
+            h, w = _shape(src)[2:]
+            method, mode, rounding = draw(st.sampled_from([
+                ("linear", "half_pixel", ""), ("linear", "pytorch_half_pixel", ""), ("linear", "align_corners", ""),
+                ("nearest_neighbor", "half_pixel", "round_prefer_ceil"), ("nearest_neighbor", "asymmetric", "floor"),
+            ]))
+            if mode == "asymmetric":  # torch's nearest: exact on oneDNN for whole-multiple upscales only
+                size = (h * draw(st.integers(1, 3)), w * draw(st.integers(1, 3))) if draw(st.booleans()) else \
+                    (draw(st.integers(1, 2 * h)), draw(st.integers(1, 2 * w)))
+            else:
+                size = (draw(st.integers(1, 2 * h)), draw(st.integers(1, 2 * w)))
+            y = emit(R.image.resize2d(src, size, method=method, coordinate_transformation_mode=mode,
+                                      rounding_method=rounding), src)
+            recipe.steps.append(f"resize2d({[h, w]} -> {list(size)}, {method}, {mode}, {rounding})")
             keep(y)
         elif kind == "take":
             dtype = draw(st.sampled_from(["int64", "int32"]))

@@ -178,6 +178,22 @@ def test_concat(axis):
     assert "llvm" not in res.profile.counts and "concat" in [n["op"] for n in nodes(res.partitioned)]
 
 
+@pytest.mark.parametrize("n", [1, 2, 17, 33])
+def test_concat_of_any_number_of_inputs_is_one_rule(n):
+    """One variadic rule (``concat``) matches a concat of any arity: DenseNet-121 concatenates 33."""
+    def body(e, x):
+        a = e(relax.op.matmul(x, const(4, 4)))  # a compute-heavy op, for the cost gate
+        parts = [e(relax.op.nn.relu(e(relax.op.multiply(a, relax.const(float(i + 1), "float32")))))
+                 for i in range(n)]
+        return e(relax.op.concat(parts, axis=1))
+
+    res = offload_and_compare(graph({"x": (1, 2, 4)}, body))
+    assert "llvm" not in res.profile.counts
+    assert [n["op"] for n in nodes(res.partitioned)].count("concat") == 1
+    rules = {r for region in bh.report(res.partitioned).regions for r in region.rules}
+    assert "byoc_hetero.concat" in rules
+
+
 def conv(e, x, cin, cout, k=3):
     return e(relax.op.nn.relu(e(relax.op.nn.conv2d(x, const(cout, cin, k, k), padding=[k // 2] * 4))))
 
@@ -309,14 +325,29 @@ def test_strided_slice(begin, end):
     assert "llvm" not in res.profile.counts and "slice" in [n["op"] for n in nodes(res.partitioned)]
 
 
-@pytest.mark.parametrize("step,why", [(2, "non-unit strides"), (-1, "negative (reversing) strides")])
-def test_strided_slice_with_steps_stays_on_llvm(step, why):
+@pytest.mark.parametrize("axes,begin,end,steps", [
+    ([2], [0], [4], [2]), ([2], [1], [100], [2]), ([1, 2], [0, 1], [2, 5], [2, 2]),
+    ([0, 1, 2], [0, 1, 1], [2, 3, 5], [1, 2, 2]), ([2], [-4], [5], [2]),
+])
+def test_strided_slice_with_positive_steps(axes, begin, end, steps):
+    """Steps > 1 run as one strided reorder (Swin's patch merging: ``x[:, r::2, c::2, :]``)."""
     def body(e, x):
-        h = e(relax.op.matmul(x, const(4, 4)))
-        b, en = (0, 4) if step > 0 else (3, -5)
-        return relax.op.nn.relu(e(relax.op.strided_slice(h, [2], [b], [en], [step])))
+        h = e(relax.op.matmul(x, const(5, 5)))
+        return relax.op.nn.relu(e(relax.op.strided_slice(h, axes, begin, end, steps)))
 
-    res = offload_and_compare(graph({"x": (2, 3, 4)}, body))
+    res = offload_and_compare(graph({"x": (2, 3, 5)}, body))
+    assert "llvm" not in res.profile.counts
+    assert any(n["op"] == "slice" and "steps" in n.get("attrs", {}) for n in nodes(res.partitioned))
+
+
+@pytest.mark.parametrize("begin,end,step,why", [(3, -5, -1, "negative (reversing)"),
+                                                (0, 5, 2, "last partial step")])
+def test_strided_slice_the_runtime_cannot_read_stays_on_llvm(begin, end, step, why):
+    def body(e, x):
+        h = e(relax.op.matmul(x, const(5, 5)))
+        return relax.op.nn.relu(e(relax.op.strided_slice(h, [2], [begin], [end], [step])))
+
+    res = offload_and_compare(graph({"x": (2, 3, 5)}, body))
     assert why in llvm_reasons(res.partitioned)
 
 

@@ -38,6 +38,7 @@ def test_pipeline_order_is_pinned():
         "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:bool_arith", "onnx:checked_take",
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
+        "fold_weight_subgraphs", "drop_zero_pads",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",

@@ -27,14 +27,19 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-from zoo_models import MODELS, ZooModel, build  # noqa: E402
+from zoo_models import MODELS, TORCHVISION_MODELS, ZooModel, build  # noqa: E402
 
 TOLERANCE = 1e-4
 PATHS = ("from_torch", "from_onnx", "from_onnx_dynamo")
 #: the bf16 check runs on the first two (the dynamo file computes the same graph as TorchScript's)
 BF16_PATHS = ("from_torch", "from_onnx")
 #: one region through every import path (issue 25: the mask / position bookkeeping may stay on llvm)
-ONE_REGION = ("bert_base", "gpt2", "smollm_135m")
+ONE_REGION = ("bert_base", "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
+              "deeplabv3_mobilenet_v3", "densenet121")
+#: models whose default-exporter (dynamo) file was checked here; the speech and segmentation models
+#: were checked through TorchScript's file and torch.export only (issue 25 asks for both: not yet)
+DYNAMO_CHECKED = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
+                  "gpt2", "smollm_135m")
 # TVM's importer rejects these TorchScript exports as they are; from_onnx constant-folds them with
 # ONNX Runtime first (EfficientNet: Pad's pads from a Cast/Reshape chain; BERT: the mask's broadcast).
 NEEDS_FOLDING = ("efficientnet_b0", "bert_base")
@@ -50,10 +55,12 @@ def _has(module: str) -> bool:
 
 HAS_TRANSFORMERS = _has("transformers")
 HAS_ORT = _has("onnxruntime")
+HAS_TORCHVISION = _has("torchvision")
 
 
 def _needs_transformers(name: str) -> bool:
-    return name != "mobilenet_v3_large"  # defined in zoo_models itself; the rest are Hugging Face models
+    # defined in zoo_models itself or torchvision models; the rest are Hugging Face models
+    return name != "mobilenet_v3_large" and name not in TORCHVISION_MODELS
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +76,8 @@ def zoo(tmp_path_factory):
         if name not in models:
             if _needs_transformers(name) and not HAS_TRANSFORMERS:
                 pytest.skip(f"{name} is a Hugging Face model: needs 'transformers' (pip install transformers)")
+            if name in TORCHVISION_MODELS and not HAS_TORCHVISION:
+                pytest.skip(f"{name} is a torchvision model: needs 'torchvision'")
             zm = build(name, small=True)
             with torch.no_grad():
                 models[name] = (zm, zm.module(*zm.inputs).numpy())
@@ -77,13 +86,16 @@ def zoo(tmp_path_factory):
             return zm, want, ""
         if (name, exporter) not in files:
             path = str(workdir / f"{name}_{exporter}.onnx")
+            # exported from a second build: tracing can change a module (Swin stores its clamped window
+            # size as a traced tensor, which torch.export then cannot guard on)
+            module = build(name, small=True).module
             if exporter == "dynamo":
                 if not _has("onnxscript"):
                     pytest.skip("torch.onnx.export's default (dynamo) exporter needs 'onnxscript'")
-                torch.onnx.export(zm.module, zm.inputs, path, input_names=list(zm.input_names), output_names=["y"])
+                torch.onnx.export(module, zm.inputs, path, input_names=list(zm.input_names), output_names=["y"])
             else:
                 try:
-                    torch.onnx.export(zm.module, zm.inputs, path, input_names=list(zm.input_names),
+                    torch.onnx.export(module, zm.inputs, path, input_names=list(zm.input_names),
                                       output_names=["y"], opset_version=17, dynamo=False)
                 except torch.onnx.errors.UnsupportedOperatorError as err:
                     pytest.skip(f"the TorchScript exporter cannot export {name}: {str(err).splitlines()[0]}")
@@ -116,6 +128,8 @@ def _run(part, inputs) -> np.ndarray:
 def test_zoo_model_matches_torch(zoo, name, path):
     if path == "from_onnx" and name in NEEDS_FOLDING and not HAS_ORT:
         pytest.skip(f"TVM imports the {name} ONNX export only after folding with onnxruntime, not installed")
+    if path == "from_onnx_dynamo" and name not in DYNAMO_CHECKED:
+        pytest.skip(f"{name}: the default exporter's file is not checked yet")
     zm, want, onnx_path = zoo(name, EXPORTER[path])
     mod, params = _import(zm, onnx_path, path)
     part = bh.partition(mod, params)
@@ -130,7 +144,22 @@ def test_zoo_model_matches_torch(zoo, name, path):
     assert err <= TOLERANCE, f"{name} via {path}: relative error {err:.2e} > {TOLERANCE}"
 
 
-#: docs/precisions.md: bf16 vs float32 on the zoo's small configs (measured 7.8e-5 (BERT) to 5.7e-3 (ViT))
+#: nothing of these stays on llvm, not even integer bookkeeping
+ALL_OFFLOADED = ("wav2vec2_base", "whisper_tiny_encoder", "swin_t", "deeplabv3_mobilenet_v3", "densenet121")
+
+
+@pytest.mark.parametrize("path", BF16_PATHS)
+@pytest.mark.parametrize("name", ALL_OFFLOADED)
+def test_zoo_model_leaves_nothing_on_llvm(zoo, name, path):
+    """Every op of these models runs in one oneDNN region on both paths (nothing on llvm)."""
+    zm, _, onnx_path = zoo(name, EXPORTER[path])
+    mod, params = _import(zm, onnx_path, path)
+    rep = bh.report(bh.partition(mod, params))
+    assert len(rep.regions) == 1, f"{name} via {path}: {len(rep.regions)} regions\n{rep}"
+    assert not rep.fallbacks, f"{name} via {path}: left on llvm\n{rep}"
+
+
+#: README "bf16": bf16 vs float32 on the zoo's small configs (measured 7.8e-5 (BERT) to 5.7e-3 (ViT))
 BF16_BOUND = 2e-2
 
 

@@ -41,9 +41,11 @@ from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_needless_broadcasts import drop_needless_broadcasts
+from .drop_zero_pads import drop_zero_pads
 from .dynamic_quantize_linear import dynamic_quantize_linear
 from .explicit_same_pads import explicit_same_pads
 from .fold_int_constants import fold_int_constants
+from .fold_weight_subgraphs import fold_weight_subgraphs
 from .fold_zero_pads import fold_zero_pads
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
@@ -132,6 +134,9 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     # longer show the int8 weight
     Pass("matmul_integer_qdq", "relax", _relax(matmul_integer_qdq)),
     Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
+    # weight-only subgraphs (wav2vec2's weight norm) become constants once the weights are bound
+    Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
+    Pass("drop_zero_pads", "relax", _relax(drop_zero_pads)),
 )
 """Run by ``bh.partition`` after binding the weights, before the four stages."""
 
@@ -179,7 +184,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
+    "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",

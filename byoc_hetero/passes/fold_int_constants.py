@@ -28,6 +28,8 @@ _BINARY = {
     "relax.greater_equal": np.greater_equal, "relax.equal": np.equal, "relax.not_equal": np.not_equal,
     "relax.logical_and": np.logical_and, "relax.logical_or": np.logical_or,
     "relax.bitwise_and": np.bitwise_and, "relax.bitwise_or": np.bitwise_or,
+    # index arithmetic (torch.roll's indices in Swin's cyclic shift: (arange + shift) mod n)
+    "relax.floor_mod": np.mod, "relax.mod": np.fmod,
 }
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 def fold_zero_pads(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - every ONNX pass takes shape
     """``model`` with each ``Pad`` of a constant zero on the spatial dims of 4-D data, read only by
-    ``Conv`` nodes (as their data), merged into those convs' ``pads`` and removed; ``model`` itself
-    when there is none.
+    ``Conv`` nodes (as their data), merged into those convs' ``pads`` and removed, and each ``Pad``
+    of zero widths (any mode: it pads nothing; Swin's ``maybe_pad``) removed; ``model`` itself when
+    there is none.
 
     Why: TVM's importer turns ``Pad`` into a TIR function (``call_tir``) that no rule sees; it runs
     on llvm and splits the regions around it (EfficientNet-B0: 5 regions, one per stride-2
@@ -58,6 +59,11 @@ def fold_zero_pads(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - ever
             continue  # a run-time pad value
         if "value" in attrs:
             value = attrs["value"].f
+        if pads is not None and all(int(p) == 0 for p in pads) and pad.output[0] not in outputs:
+            for node, i in readers.get(pad.output[0], []):  # pads nothing (Swin's maybe_pad): the identity
+                node.input[i] = pad.input[0]
+            folded.append(pad)
+            continue
         if pads is None or len(pads) != 8 or (value is not None and float(value) != 0.0):
             continue
         pads = [int(p) for p in pads]

@@ -28,12 +28,47 @@ _ORDER = itertools.count()
 
 
 @dataclass(frozen=True)
+class Variadic:
+    """A pattern over calls of ``op`` whose first argument is a tuple of any length (concat's inputs).
+
+    TVM's dataflow patterns match a tuple of one fixed length (``is_tuple([...])``), and a wildcard
+    in its place would hand the composite one tuple-typed parameter instead of one per tensor. So a
+    variadic rule says how to build its pattern for ``n`` fields — ``make(n) -> (pattern,
+    annotations)`` — and the partitioner instantiates it once for each length the module's calls of
+    ``op`` have (:meth:`arities`). It stays one rule (one name, one check, one composite name),
+    whatever lengths occur: DenseNet-121 concatenates up to 33 tensors.
+    """
+
+    op: str
+    make: Callable[[int], tuple[DFPattern, Mapping[str, DFPattern]]] = field(repr=False)
+    min_arity: int = 1
+
+    def arities(self, mod: tvm.IRModule) -> list[int]:
+        """The tuple lengths of the first argument of every call of :attr:`op` in ``mod``."""
+        found: set[int] = set()
+        op = tvm.ir.Op.get(self.op)
+
+        def visit(expr) -> None:
+            if isinstance(expr, relax.Call) and expr.op.same_as(op) and expr.args:
+                fields = getattr(expr.args[0].ty, "fields", None)
+                if fields is not None and len(fields) >= self.min_arity:
+                    found.add(len(fields))
+
+        for func in mod.functions.values():
+            if isinstance(func, relax.Function):
+                relax.analysis.post_order_visit(func, visit)
+        return sorted(found)
+
+
+@dataclass(frozen=True)
 class PatternRule:
-    """A dataflow-pattern rule: ``pattern`` becomes composite ``<target>.<name>`` if ``check`` agrees."""
+    """A dataflow-pattern rule: ``pattern`` becomes composite ``<target>.<name>`` if ``check`` agrees.
+    ``pattern`` is a :class:`Variadic` for an op with a tuple of any length (then ``annotations``
+    is unused: each instance brings its own)."""
 
     target: str
     name: str
-    pattern: DFPattern = field(repr=False)
+    pattern: DFPattern | Variadic = field(repr=False)
     annotations: Mapping[str, DFPattern] = field(repr=False)
     check: Check | None = field(repr=False)
     priority: int = 0
@@ -44,7 +79,20 @@ class PatternRule:
         return f"{self.target}.{self.name}"
 
     def fusion_pattern(self, log: DecisionLog) -> FusionPattern:
-        """The rule as a TVM FusionPattern whose check runs ours and records rejections in ``log``."""
+        """The rule as a TVM FusionPattern whose check runs ours and records rejections in ``log``
+        (a fixed pattern only; see :meth:`fusion_patterns`)."""
+        if isinstance(self.pattern, Variadic):
+            raise RuleError(f"rule {self.composite_name} is variadic: use fusion_patterns(log, mod)")
+        return self._fusion(self.pattern, self.annotations, log)
+
+    def fusion_patterns(self, log: DecisionLog, mod: tvm.IRModule) -> list[FusionPattern]:
+        """The rule as FusionPatterns for ``mod``: one, or for a :class:`Variadic` rule one per
+        tuple length that ``mod``'s calls of its op have (all named ``<target>.<name>``)."""
+        if not isinstance(self.pattern, Variadic):
+            return [self._fusion(self.pattern, self.annotations, log)]
+        return [self._fusion(*self.pattern.make(n), log) for n in self.pattern.arities(mod)]
+
+    def _fusion(self, pattern: DFPattern, annotations: Mapping[str, DFPattern], log: DecisionLog) -> FusionPattern:
         rule_name, check = self.composite_name, self.check
 
         def decide(match: Match) -> str | None:
@@ -52,7 +100,7 @@ class PatternRule:
                 return "an intermediate value of the match is used outside it"
             return run_check(check, match, rule_name)
 
-        return checked_fusion_pattern(rule_name, self.pattern, self.annotations, decide, log)
+        return checked_fusion_pattern(rule_name, pattern, annotations, decide, log)
 
 
 def checked_fusion_pattern(name: str, pattern: DFPattern, annotations: Mapping[str, DFPattern],
@@ -137,6 +185,8 @@ def required_ops(pattern: DFPattern) -> frozenset[str]:
     Used to skip rules that cannot match a module at all, which keeps MergeComposite fast when a
     target has many rules.
     """
+    if isinstance(pattern, Variadic):
+        return frozenset({pattern.op})
     if isinstance(pattern, dpl.CallPattern):
         ops = set()
         if isinstance(pattern.op, dpl.ExprPattern) and isinstance(pattern.op.expr, tvm.ir.Op):
@@ -161,7 +211,7 @@ def required_ops(pattern: DFPattern) -> frozenset[str]:
 def register_pattern(
     target: str,
     name: str,
-    pattern: DFPattern,
+    pattern: DFPattern | Variadic,
     annotations: Mapping[str, DFPattern] | None = None,
     check: Check | None = None,
     priority: int = 0,
@@ -172,7 +222,8 @@ def register_pattern(
     ----------
     target: the offload target, e.g. ``"onednn"`` or your backend's name (an alias is accepted).
     name: the rule's name; the composite function is named ``<target>.<name>``.
-    pattern: a ``tvm.relax.dpl`` pattern.
+    pattern: a ``tvm.relax.dpl`` pattern, or a :class:`Variadic` for an op taking a tuple of any
+        length (one rule whatever the length; its ``make(n)`` gives each instance's annotations).
     annotations: names for sub-patterns, visible to the check as ``match.expr(name)``.
     check: ``check(match) -> True | None | False | "reason"``.
     priority: higher is tried first (ties: registration order).
@@ -184,9 +235,9 @@ def register_pattern(
     >>> register_pattern("mynpu", "dense", is_op("relax.matmul")(x, w), {"data": x, "weight": w},
     ...                  check=lambda m: m.dtype("data") == "float32" or "only float32")
     """
-    if not isinstance(pattern, DFPattern):
+    if not isinstance(pattern, (DFPattern, Variadic)):
         raise RuleError(
-            f"rule {target}.{name}: pattern must be a tvm.relax.dpl.DFPattern, "
+            f"rule {target}.{name}: pattern must be a tvm.relax.dpl.DFPattern or a Variadic, "
             f"got {type(pattern).__name__}"
         )
     annotations = dict(annotations or {})

@@ -7,6 +7,10 @@
  * whether a third input is present), and the epilogue (post-ops, in this order): activation
  * (+ clip), residual 0/1 (the last input is added: a sum post-op), post_activation (+ post_clip).
  * Inputs: data, weight, [bias], [residual].
+ *
+ * conv1d runs here too: rank-3 data [N, C, W] and weight [O, I, K] are read as [N, C, 1, W] and
+ * [O, I, 1, K] (the same bytes), with a unit height in the attrs (strides [1, s], padding
+ * [0, l, 0, r], dilation [1, d]); its output is rank 3 [N, O, OW].
  */
 #include <tvm/ffi/container/array.h>
 
@@ -142,10 +146,21 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
                        std::string(has_bias ? "data, weight, bias" : "data, weight") +
                            (epilogue.residual ? ", residual" : ""));
-  ctx.ExpectRank(0, "data", 4);
-  ctx.ExpectRank(1, "weight", 4);
-  const auto& x = ctx.input(0).shape;
-  const auto& w = ctx.input(1).shape;
+  // rank 3 is conv1d: the tensors are read with a unit height (the same bytes)
+  const bool unit_height = ctx.input(0).shape.size() == 3;
+  ctx.ExpectRank(0, "data", unit_height ? 3 : 4);
+  ctx.ExpectRank(1, "weight", unit_height ? 3 : 4);
+  const auto with_height = [unit_height](std::vector<int64_t> s) {
+    if (unit_height) s.insert(s.begin() + 2, 1);
+    return s;
+  };
+  if (unit_height && (strides[0] != 1 || dilation[0] != 1 || padding[0] != 0 || padding[2] != 0)) {
+    ctx.Fail("a rank-3 (conv1d) conv2d needs a unit height: strides[0] = dilation[0] = 1 and no top/bottom "
+             "padding, got strides " + ShapeToString(strides) + " dilation " + ShapeToString(dilation) +
+             " padding " + ShapeToString(padding));
+  }
+  const std::vector<int64_t> x = with_height(ctx.input(0).shape);
+  const std::vector<int64_t> w = with_height(ctx.input(1).shape);
   const int64_t n = x[0], c = x[1], h = x[2], wd = x[3];
   const int64_t o = w[0], kh = w[2], kw = w[3];
   if (c % groups != 0 || o % groups != 0) {
@@ -170,9 +185,10 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
              "x" + std::to_string(wd + padding[1] + padding[3]) + ")");
   }
   const int64_t oh = ph / strides[0] + 1, ow = pw / strides[1] + 1;
-  ctx.ExpectOutputShape({n, o, oh, ow});
+  const std::vector<int64_t> out_shape = unit_height ? std::vector<int64_t>{n, o, ow} : std::vector<int64_t>{n, o, oh, ow};
+  ctx.ExpectOutputShape(out_shape);
   const size_t residual_index = 2 + has_bias;
-  if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", {n, o, oh, ow});
+  if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
 
   const ConvParams params{n,  c,  h,          wd,         o,      kh,      kw,       oh,
                           ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue, algo};

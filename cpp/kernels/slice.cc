@@ -1,11 +1,19 @@
 /*!
  * \file kernels/slice.cc
- * \brief slice: a box of the input with unit steps, copied out by one oneDNN reorder.
+ * \brief slice: a box of the input with positive steps, copied out by one oneDNN reorder.
  *
- * Attrs: begin (required; one offset per axis).  The output tensor's shape is the box's extent:
- * out[i] = data[begin + i], and begin[d] + out[d] <= data[d] on every axis.  The reorder reads a
- * sub-memory descriptor of the input's plain bytes.  A split is one slice node per output.
- * Steps other than 1 are not supported (the codegen leaves such strided_slice calls to TVM).
+ * Attrs: begin (required; one offset per axis), steps (optional, default 1 on every axis; each >= 1).
+ * The output tensor's shape is the box's extent: out[i] = data[begin + i * steps], and
+ * begin[d] + (out[d] - 1) * steps[d] < data[d] on every axis.  The reorder reads a sub-memory
+ * descriptor of the input's plain bytes.  A split is one slice node per output.
+ *
+ * A step s > 1 on axis d splits that axis of the descriptor in two, [ceil(D / s), s] with strides
+ * [s * stride, stride], and takes the sub-memory [out, 1] at offsets [begin / s, begin % s]: element
+ * (q + i) * s + r = begin + i * s.  The split covers floor(D / s) whole steps (a descriptor reaching
+ * past the axis would overlap the next one, which oneDNN rejects), so begin / s + out <= D / s.  (A oneDNN descriptor has no settable base offset, so the offset
+ * of begin has to come from a sub-memory; the split gives the strided one.)  Swin's patch merging
+ * reads x[:, r::2, c::2, :] this way.  Negative (reversing) steps are not supported: the codegen
+ * leaves them to TVM.
  */
 #include <utility>
 
@@ -19,8 +27,9 @@ namespace {
 class SliceKernel : public Kernel {
  public:
   SliceKernel(std::string label, dnnl::reorder::primitive_desc pd, memory::desc in, memory::desc sub,
-              memory::desc out)
-      : label_(std::move(label)), pd_(std::move(pd)), sub_(std::move(sub)) {
+              memory::desc out, memory::desc out_box)
+      : label_(std::move(label)), pd_(std::move(pd)), sub_(std::move(sub)), out_box_(std::move(out_box)),
+        stepped_(out_box_.get_ndims() != out.get_ndims()) {
     inputs_.push_back({in, in});
     output_ = {out, out};
   }
@@ -30,7 +39,10 @@ class SliceKernel : public Kernel {
     step.pd = pd_;
     step.label = label_;
     step.op = "slice";
-    step.args = {{DNNL_ARG_FROM, MemRef{sub_, inputs[0].slot}}, {DNNL_ARG_TO, output}};
+    // with steps the output is written through its box dims (unit dims inserted: the same bytes,
+    // wherever the planner placed it)
+    const memory::desc to = stepped_ ? output.md.reshape(out_box_.get_dims()) : output.md;
+    step.args = {{DNNL_ARG_FROM, MemRef{sub_, inputs[0].slot}}, {DNNL_ARG_TO, MemRef{to, output.slot}}};
     return {std::move(step)};
   }
 
@@ -38,6 +50,8 @@ class SliceKernel : public Kernel {
   std::string label_;
   dnnl::reorder::primitive_desc pd_;
   memory::desc sub_;
+  memory::desc out_box_;
+  bool stepped_;
 };
 
 }  // namespace
@@ -48,23 +62,60 @@ static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
   const auto& in = ctx.input(0).shape;
   const auto& out = ctx.output().shape;
   const std::vector<int64_t> begin = attrs.Ints("begin", in.size(), {});
+  const std::vector<int64_t> steps = attrs.Ints("steps", in.size(), std::vector<int64_t>(in.size(), 1));
   attrs.CheckNoUnknown();
   if (in.empty()) ctx.Fail("cannot slice a scalar");
   if (out.size() != in.size()) {
     ctx.Fail("output shape " + ShapeToString(out) + " must have the rank of the input " + ShapeToString(in));
   }
+  size_t stepped = 0;
   for (size_t d = 0; d < in.size(); ++d) {
-    if (begin[d] < 0 || begin[d] + out[d] > in[d]) {
-      attrs.Fail("begin", "box begin " + ShapeToString(begin) + " extent " + ShapeToString(out) +
-                              " does not fit in the input " + ShapeToString(in));
+    if (steps[d] < 1) attrs.Fail("steps", "must be >= 1 on every axis, got " + ShapeToString(steps));
+    stepped += steps[d] > 1;
+    if (begin[d] < 0 || begin[d] + (out[d] - 1) * steps[d] >= in[d]) {
+      attrs.Fail("begin", "box begin " + ShapeToString(begin) + " extent " + ShapeToString(out) + " steps " +
+                              ShapeToString(steps) + " does not fit in the input " + ShapeToString(in));
     }
   }
+  if (in.size() + stepped > DNNL_MAX_NDIMS) {
+    attrs.Fail("steps", "rank " + std::to_string(in.size()) + " with " + std::to_string(stepped) +
+                            " stepped axes needs more than oneDNN's " + std::to_string(DNNL_MAX_NDIMS) + " dims");
+  }
+  // the input (plain strides) with each stepped axis split in two, and the box within it
+  memory::dims big_dims, big_strides, box_dims, offsets, box_strides;
+  int64_t stride = 1, out_stride = 1;
+  for (size_t k = in.size(); k-- > 0;) {
+    if (steps[k] > 1) {
+      // whole steps only: a descriptor whose split axis reached past the axis's end would overlap the
+      // next axis, which oneDNN rejects
+      if (begin[k] / steps[k] + out[k] > in[k] / steps[k]) {
+        attrs.Fail("steps", "axis " + std::to_string(k) + ": begin " + std::to_string(begin[k]) + " step " +
+                                std::to_string(steps[k]) + " extent " + std::to_string(out[k]) +
+                                " reaches into the last partial step of " + std::to_string(in[k]) +
+                                " elements (needs begin / step + extent <= dim / step)");
+      }
+      big_dims.insert(big_dims.begin(), {in[k] / steps[k], steps[k]});
+      big_strides.insert(big_strides.begin(), {stride * steps[k], stride});
+      box_dims.insert(box_dims.begin(), {out[k], 1});
+      offsets.insert(offsets.begin(), {begin[k] / steps[k], begin[k] % steps[k]});
+      box_strides.insert(box_strides.begin(), {out_stride, 1});
+    } else {
+      big_dims.insert(big_dims.begin(), in[k]);
+      big_strides.insert(big_strides.begin(), stride);
+      box_dims.insert(box_dims.begin(), out[k]);
+      offsets.insert(offsets.begin(), begin[k]);
+      box_strides.insert(box_strides.begin(), out_stride);
+    }
+    stride *= in[k];
+    out_stride *= out[k];
+  }
   const memory::desc in_md = PlainDesc(memory::dims(in.begin(), in.end()));
-  const memory::dims out_dims(out.begin(), out.end());
-  const memory::desc sub = in_md.submemory_desc(out_dims, memory::dims(begin.begin(), begin.end()));
-  const memory::desc out_md = PlainDesc(out_dims);
-  dnnl::reorder::primitive_desc pd(ctx.engine, sub, ctx.engine, out_md, ctx.MakeAttr());
-  return std::make_unique<SliceKernel>(ctx.where(), std::move(pd), in_md, sub, out_md);
+  const memory::desc big(big_dims, memory::data_type::f32, big_strides);
+  const memory::desc sub = big.submemory_desc(box_dims, offsets);
+  const memory::desc out_md = PlainDesc(memory::dims(out.begin(), out.end()));
+  const memory::desc out_box(box_dims, memory::data_type::f32, box_strides);
+  dnnl::reorder::primitive_desc pd(ctx.engine, sub, ctx.engine, out_box, ctx.MakeAttr());
+  return std::make_unique<SliceKernel>(ctx.where(), std::move(pd), in_md, sub, out_md, out_box);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("slice", BuildSlice);

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tvm import relax
 from tvm.relax.dpl import DFPattern
 
-from ...rules import Check, Match
+from ...rules import Check, Match, Variadic
 
 if TYPE_CHECKING:
     from .lowering import RegionLowering
@@ -57,7 +57,7 @@ class PatternSpec:
     """One pattern rule of the backend (registered as ``onednn.<name>``)."""
 
     name: str
-    pattern: DFPattern = field(repr=False)
+    pattern: DFPattern | Variadic = field(repr=False)
     annotations: dict[str, DFPattern] = field(repr=False)
     check: Check | None = field(repr=False)
     priority: int = 0

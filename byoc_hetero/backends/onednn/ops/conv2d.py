@@ -1,9 +1,16 @@
-"""conv2d (NCHW data, OIHW weights; strides, padding, dilation, groups) with its epilogue.
+"""conv2d (NCHW data, OIHW weights; strides, padding, dilation, groups) with its epilogue, and
+conv1d (NCW data, OIW weights) as a conv2d with a unit height.
 
 Rules ``conv2d[_bias][_bn][_act][_res|_res2[_act]]`` and the classic relu-only names
 (``conv2d_bias_relu``, ``conv2d_relu``, ...); lowered to a ``conv2d`` node whose bias, activations
 and residual are oneDNN post-ops. A batch norm after it (inference form) is folded into its weight
 and bias by two nodes the runtime runs once, at load, when the statistics are constants.
+
+``conv1d[...]`` has the same epilogues. It lowers to the same ``conv2d`` node over its rank-3
+tensors with attributes for a unit height (strides ``[1, s]``, padding ``[0, l, 0, r]``, dilation
+``[1, d]``): the kernel reads ``[N, C, W]`` as ``[N, C, 1, W]`` (the same bytes), so conv1d gets
+every conv2d implementation and layout choice, post-op and batch-norm fold without a kernel of its
+own (the speech encoders' feature extractors: wav2vec 2.0, Whisper).
 """
 
 from __future__ import annotations
@@ -59,28 +66,41 @@ def batch_norm_reason(match: Match) -> str | None:
     return inference_batch_norm_reason(match.expr("bn"), match.shape("anchor"))
 
 
+def conv1d_anchor() -> tuple[DFPattern, dict[str, DFPattern]]:
+    """conv1d(data, weight) and its parts."""
+    data, weight = wildcard(), wildcard()
+    anchor = is_op("relax.nn.conv1d")(data, weight)
+    return anchor, {"data": data, "weight": weight, "anchor": anchor}
+
+
+#: per convolution op: its name, the data / kernel layouts the runtime runs, the tensors' rank
+_CONV_KINDS = {"relax.nn.conv2d": ("conv2d", "NCHW", "OIHW", 4), "relax.nn.conv1d": ("conv1d", "NCW", "OIW", 3)}
+
+
 def check_conv2d(match: Match) -> str | None:
-    """conv2d with its optional epilogue, as the runtime runs it."""
+    """conv2d (or conv1d) with its optional epilogue, as the runtime runs it."""
     # batch and spatial dims may be symbolic (the output's are expressions of the input's); the
     # channels and the weight are static
     reason = tensors_reason(match, ["data", "weight", "anchor"], symbolic=True)
     if reason:
         return reason
-    attrs = match.expr("anchor").attrs
-    if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
+    anchor = match.expr("anchor")
+    name, data_layout, kernel_layout, rank = _CONV_KINDS[anchor.op.name]
+    attrs = anchor.attrs
+    if str(attrs.data_layout) != data_layout or str(attrs.kernel_layout) != kernel_layout:
         return (
-            f"conv2d layout {attrs.data_layout}/{attrs.kernel_layout}; "
-            "the runtime runs NCHW data with OIHW weights"
+            f"{name} layout {attrs.data_layout}/{attrs.kernel_layout}; "
+            f"the runtime runs {data_layout} data with {kernel_layout} weights"
         )
-    if str(attrs.out_layout) not in ("NCHW", ""):
-        return f"conv2d out_layout {attrs.out_layout}; the runtime writes NCHW"
-    reason = out_dtype_reason(attrs.out_dtype, "conv2d")
+    if str(attrs.out_layout) not in (data_layout, ""):
+        return f"{name} out_layout {attrs.out_layout}; the runtime writes {data_layout}"
+    reason = out_dtype_reason(attrs.out_dtype, name)
     if reason:
         return reason
-    if len(match.shape("data")) != 4 or len(match.shape("weight")) != 4:
-        return f"conv2d needs 4-D data and weight, got {match.shape('data')} and {match.shape('weight')}"
+    if len(match.shape("data")) != rank or len(match.shape("weight")) != rank:
+        return f"{name} needs {rank}-D data and weight, got {match.shape('data')} and {match.shape('weight')}"
     if static_shape(match.expr("weight")) is None or not isinstance(match.shape("data")[1], int):
-        return (f"conv2d with a symbolic weight {list(match.shape('weight'))} or data channels "
+        return (f"{name} with a symbolic weight {list(match.shape('weight'))} or data channels "
                 f"{list(match.shape('data'))}; the runtime needs them static")
     return epilogue_reason(match, match.shape("anchor"), channel_axis=1, batch_norm=batch_norm_reason)
 
@@ -88,15 +108,21 @@ def check_conv2d(match: Match) -> str | None:
 @pattern_rules
 def _rules():
     yield from anchor_rules("conv2d", conv2d_anchor, check_conv2d, with_bn=True)
+    yield from anchor_rules("conv1d", conv1d_anchor, check_conv2d, with_bn=True)
 
 
-@lowers("relax.nn.conv2d", check=check_conv2d)
+@lowers("relax.nn.conv2d", "relax.nn.conv1d", check=check_conv2d)
 def lower_conv2d(ctx, var: relax.Var, call: relax.Call) -> int:
+    """A ``conv2d`` node; a conv1d's attributes are a conv2d's with a unit height (its tensors
+    stay rank 3: the kernel reads them with a unit height)."""
     a = call.attrs
+    strides, padding, dilation = ([int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation))
+    if call.op.name == "relax.nn.conv1d":
+        strides, padding, dilation = [1, strides[0]], [0, padding[0], 0, padding[1]], [1, dilation[0]]
     attrs = {
-        "strides": [int(s) for s in a.strides],
-        "padding": [int(p) for p in a.padding],
-        "dilation": [int(d) for d in a.dilation],
+        "strides": strides,
+        "padding": padding,
+        "dilation": dilation,
         "groups": int(a.groups),
         "has_bias": 0,
         "activation": "none",

@@ -1,4 +1,4 @@
-"""Layout ops: permute_dims on any axes, concat, split and strided_slice (unit steps).
+"""Layout ops: permute_dims on any axes, concat (any number of inputs), split and strided_slice.
 
 * ``permute_dims`` becomes a ``permute`` node. The runtime's planner gives it no step: its output
   is the input's buffer under a permuted descriptor, and a consumer wanting another layout pays the
@@ -19,7 +19,7 @@
   (:func:`fold_channel_scales`), a residual add (:func:`fold_residual_adds`); an activation is
   folded by :func:`..epilogue.fuse_eltwise_into_producer`.
 * ``split`` becomes one ``slice`` node per output and ``strided_slice`` one ``slice`` node (a
-  reorder from a sub-memory of the input); steps other than 1 (including negative steps, which
+  reorder from a sub-memory of the input, strided where the steps are > 1); negative steps (which
   reverse) stay on TVM with their reason.
 """
 
@@ -30,14 +30,10 @@ from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from ...._relax import shape_of, static_shape
-from ....rules import Match
+from ....rules import Match, Variadic
 from ..lowering import Node, RegionGraph
 from ..precision import tensor_reason
 from ..table import PatternSpec, graph_pass, lowers, pattern_rules
-
-MAX_CONCAT_INPUTS = 16
-"""Concat rules are declared for 2..this many inputs (a pattern matches one tuple arity)."""
-
 
 def _tensors_reason(values: list[tuple[relax.Expr, str]], symbolic: bool = False) -> str | None:
     for expr, name in values:
@@ -176,45 +172,53 @@ def lower_split(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:
     return tuple(outs)
 
 
-def slice_begin(call: relax.Call) -> list[int] | str:
-    """Per-axis begin offsets of a strided_slice with unit steps, or the reason it has none (the
-    sliced axes must be static; the others may be symbolic)."""
+def slice_box(call: relax.Call) -> tuple[list[int], list[int]] | str:
+    """Per-axis begin offsets and steps of a strided_slice with positive steps, or the reason it
+    has none (the sliced axes must be static, the others may be symbolic; steps other than 1 are
+    read with strides: Swin's patch merging ``x[:, 0::2, 1::2]``)."""
     shape = shape_of(call.args[0])
     axes, begin = _ints(call.args[1]), _ints(call.args[2])
     strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
     if None in axes or None in begin or None in strides:
         return "strided_slice with non-constant axes, begin or strides"
-    if any(s != 1 for s in strides):
-        kind = "negative (reversing)" if any(s < 0 for s in strides) else "non-unit"
-        return f"strided_slice with {kind} strides {strides}; the runtime slices with step 1 only"
-    out = [0] * len(shape)
-    for axis, b in zip(axes, begin):
+    if any(s < 1 for s in strides):
+        return f"strided_slice with negative (reversing) or zero strides {strides}; the runtime slices with steps >= 1"
+    out, steps = [0] * len(shape), [1] * len(shape)
+    for axis, b, step in zip(axes, begin, strides):
         dim = shape[axis % len(shape)]
         if not isinstance(dim, int):
             return f"strided_slice along the symbolic axis {axis % len(shape)} of {list(shape)}"
         b = b + dim if b < 0 else b
         out[axis % len(shape)] = min(max(b, 0), dim)
-    return out
+        steps[axis % len(shape)] = step
+    extent = shape_of(call)
+    for axis, (b, step) in enumerate(zip(out, steps)):
+        if step > 1 and (not isinstance(extent[axis], int) or b // step + extent[axis] > shape[axis] // step):
+            return (f"strided_slice step {step} on axis {axis} of {shape[axis]} elements from {b} reaches into the "
+                    "last partial step; the runtime reads whole steps (begin // step + extent <= dim // step)")
+    return out, steps
 
 
 def check_strided_slice(match: Match) -> str | None:
-    """strided_slice of a float32 tensor with constant bounds and unit steps along static axes."""
+    """strided_slice of a float32 tensor with constant bounds and positive steps along static axes."""
     call = match.expr("root")
     reason = _tensors_reason([(call.args[0], "data"), (call, "result")], symbolic=True)
     if reason:
         return reason
     if len(shape_of(call.args[0])) == 0:
         return "strided_slice of a scalar"
-    begin = slice_begin(call)
-    return begin if isinstance(begin, str) else None
+    box = slice_box(call)
+    return box if isinstance(box, str) else None
 
 
 @lowers("relax.strided_slice", check=check_strided_slice)
 def lower_strided_slice(ctx, var: relax.Var, call: relax.Call) -> int:
-    begin = slice_begin(call)
-    if isinstance(begin, str):
-        raise ctx.fail(begin)
-    return ctx.emit("slice", [ctx.data_of(call.args[0])], var, {"begin": begin})
+    box = slice_box(call)
+    if isinstance(box, str):
+        raise ctx.fail(box)
+    begin, steps = box
+    attrs = {"begin": begin, "steps": steps} if any(s != 1 for s in steps) else {"begin": begin}
+    return ctx.emit("slice", [ctx.data_of(call.args[0])], var, attrs)
 
 
 @pattern_rules
@@ -224,14 +228,18 @@ def _rules():
         data = wildcard()
         call = is_op(op)(data)
         yield PatternSpec(name, call, {"data": data, "root": call}, check, priority=15)
-    for steps in (False, True):  # strided_slice(x, axes, begin, end[, strides])
-        data = wildcard()
-        call = is_op("relax.strided_slice")(data, *(wildcard() for _ in range(4 if steps else 3)))
-        yield PatternSpec("strided_slice_steps" if steps else "strided_slice", call,
-                          {"data": data, "root": call}, check_strided_slice, priority=15)
-    for n in range(2, MAX_CONCAT_INPUTS + 1):
-        call = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
-        yield PatternSpec(f"concat{n}", call, {"root": call}, check_concat, priority=15)
+    data = wildcard()  # strided_slice(x, axes, begin, end[, strides]): one rule, with or without steps
+    call = is_op("relax.strided_slice")(data, wildcard(), wildcard(), wildcard(), varg_default_wildcard=True)
+    yield PatternSpec("strided_slice", call, {"data": data, "root": call}, check_strided_slice, priority=15)
+    yield PatternSpec("concat", Variadic("relax.concat", _concat_pattern), {}, check_concat,
+                      priority=15)
+
+
+def _concat_pattern(n: int):
+    """concat of an ``n``-tensor tuple written out in the graph (each tensor a parameter of the
+    composite)."""
+    call = is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)]))
+    return call, {"root": call}
 
 
 # ----------------------------------------------------------------------------------------------

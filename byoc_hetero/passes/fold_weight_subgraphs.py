@@ -1,0 +1,108 @@
+"""Fold float computations on weights alone into constants, once, at bind time.
+
+Why: PyTorch's weight norm (``nn.utils.weight_norm``, wav2vec 2.0's positional convolution) is a
+parametrization: the conv's weight is ``g * v / ||v||``, computed from the two parameters in every
+forward. torch.export writes that chain (``abs``, ``power``, ``sum``, ``power``, ``divide``,
+``multiply`` on a 768x48x128 tensor) into the graph, so it ran on every call, on llvm or in a
+region. Once the parameters are bound as constants, the chain depends on nothing the caller gives:
+its value is a constant.
+
+What: in each function, a binding whose op is one numpy can evaluate (below; also ``full`` of a
+constant, wav2vec 2.0's scalar 0.0 for a ``where``) and whose tensor
+arguments are all constants (or bindings folded so), is evaluated with numpy; every such binding
+that *computes* (not only relabels or relayouts: reshape, permute_dims, expand_dims, squeeze,
+broadcast_to) is replaced by its value. Pure relabels of a weight are left as they are: the rules
+read ``matmul(x, permute_dims(W))`` and a folded transpose would change the layout they see (and
+folding every weight transpose of BERT-base took 37 s with TVM's FoldConstant). Integer / bool
+bookkeeping is :mod:`byoc_hetero.fold`'s job.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .._relax import op_name
+from ..fold import _Substitute
+
+_UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
+          "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square}
+_BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
+           "relax.divide": np.divide, "relax.power": np.power, "relax.maximum": np.maximum,
+           "relax.minimum": np.minimum}
+_REDUCE = {"relax.sum": np.sum, "relax.max": np.max, "relax.mean": np.mean}
+RELABELS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
+                      "relax.broadcast_to"})
+"""Ops that only relabel or relayout: evaluated to reach a computation, never folded on their own."""
+
+
+def _axes(attrs, rank: int) -> tuple[int, ...] | None:
+    axis = getattr(attrs, "axis", None)
+    return None if axis is None else tuple(int(a) % rank for a in axis)
+
+
+def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
+    """``call`` on numpy values, or None when it is not an op evaluated here."""
+    name, out = op_name(call), None
+    if name in _UNARY:
+        out = _UNARY[name](args[0])
+    elif name in _BINARY:
+        out = _BINARY[name](args[0], args[1])
+    elif name in _REDUCE:
+        out = _REDUCE[name](args[0], axis=_axes(call.attrs, args[0].ndim), keepdims=bool(call.attrs.keepdims))
+    elif name == "relax.permute_dims":
+        axes = call.attrs.axes
+        out = np.transpose(args[0], None if axes is None else [int(a) for a in axes])
+    elif name in RELABELS or name == "relax.full":
+        shape = getattr(call.ty, "shape", None)
+        dims = [int(d) for d in shape.values] if shape is not None and all(
+            isinstance(d, tvm.tirx.IntImm) for d in shape.values) else None
+        if dims is not None:
+            out = np.full(dims, args[-1]) if name == "relax.full" else \
+                np.broadcast_to(args[0], dims) if name == "relax.broadcast_to" else args[0].reshape(dims)
+    if out is None:
+        return None
+    dtype = getattr(call.ty, "dtype", None)
+    return np.ascontiguousarray(out).astype(str(dtype)) if dtype else None
+
+
+def _fold_function(func: relax.Function) -> dict[relax.Var, relax.Expr]:
+    known: dict[relax.Var, np.ndarray] = {}
+    folded: dict[relax.Var, relax.Expr] = {}
+    for block in getattr(func.body, "blocks", []):
+        for binding in block.bindings:
+            call = binding.value
+            if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+                continue
+            args = []
+            for arg in call.args:
+                if isinstance(arg, tvm.ir.GenericConst):
+                    args.append(arg.value.numpy())
+                elif isinstance(arg, relax.Var) and arg in known:
+                    args.append(known[arg])
+                elif isinstance(arg, relax.Expr) and isinstance(arg.ty, relax.TensorType):
+                    args = None
+                    break
+            if args is None or not args or not str(getattr(call.ty, "dtype", "")).startswith("float"):
+                continue
+            with np.errstate(all="ignore"):
+                value = _evaluate(call, args)
+            if value is None:
+                continue
+            known[binding.var] = value
+            if op_name(call) not in RELABELS:
+                folded[binding.var] = relax.const(value)
+    return folded
+
+
+def fold_weight_subgraphs(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every computation on constants alone replaced by its value (see the module doc)."""
+    out, changed = mod.clone(), []  # a pass does not change its input
+    for gvar, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            folded = _fold_function(func)
+            if folded:
+                out[gvar] = _Substitute(folded, mod).visit_expr(func)
+                changed.append(gvar.name_hint)
+    return relax.transform.DeadCodeElimination(changed)(out) if changed else mod
