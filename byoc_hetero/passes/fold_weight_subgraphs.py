@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from .._relax import op_name
-from ..fold import _Substitute
+from .fold_int_constants import _Substitute
 
 _UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
           "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square}
