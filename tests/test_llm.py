@@ -131,11 +131,11 @@ def test_shape_initializer_that_is_a_graph_input_stays_a_parameter():
     """An initializer also listed as a graph input is an overridable default: not frozen."""
     from onnx import TensorProto, helper
 
-    from byoc_hetero.frontends import _shape_initializers_as_constants
+    from byoc_hetero.passes.shape_initializers_as_constants import shape_initializers_as_constants
 
     model = _repeat_kv_onnx()
     model.graph.input.append(helper.make_tensor_value_info("heads", TensorProto.INT64, [3]))
-    converted = _shape_initializers_as_constants(model)
+    converted = shape_initializers_as_constants(model)
     assert "heads" in {i.name for i in converted.graph.initializer}
     assert {"kshape", "expand_to"} <= {n.output[0] for n in converted.graph.node if n.op_type == "Constant"}
     assert model.graph.initializer[2].name == "kshape"  # the caller's model is untouched

@@ -246,7 +246,7 @@ def test_same_auto_pad_conv_becomes_explicit_pads(mode, kernel, stride, dilation
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from byoc_hetero.frontends import _explicit_same_pads
+    from byoc_hetero.passes.explicit_same_pads import explicit_same_pads
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 3, 7, 9)).astype("float32")
@@ -257,7 +257,7 @@ def test_same_auto_pad_conv_becomes_explicit_pads(mode, kernel, stride, dilation
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
                               initializer=[numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    conv = next(n for n in _explicit_same_pads(model).graph.node if n.op_type == "Conv")
+    conv = next(n for n in explicit_same_pads(model).graph.node if n.op_type == "Conv")
     assert "auto_pad" not in {a.name for a in conv.attribute} and "pads" in {a.name for a in conv.attribute}
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

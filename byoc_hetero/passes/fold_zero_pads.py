@@ -19,7 +19,7 @@ def fold_zero_pads(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - ever
     ``call_tir`` left on llvm).
     """
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     if not any(n.op_type == "Pad" for n in model.graph.node):
         return model
@@ -46,46 +46,64 @@ def fold_zero_pads(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - ever
     outputs = {o.name for o in graph.output}
     folded = []
     for pad in graph.node:
-        if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) > 3:
-            continue  # opset 18's axes input: not written by the exporters seen; left alone
-        attrs = {a.name: a for a in pad.attribute}
-        if attrs.get("mode") is not None and attrs["mode"].s not in (b"constant", b""):
+        pads = _constant_zero_pad_widths(pad, const)
+        if pads is None:
             continue
-        pads = const(pad.input[1]) if len(pad.input) > 1 else None
-        if pads is None and "pads" in attrs:  # opset < 11: pads and value are attributes
-            pads = list(attrs["pads"].ints)
-        value = const(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else None
-        if len(pad.input) > 2 and pad.input[2] and value is None:
-            continue  # a run-time pad value
-        if "value" in attrs:
-            value = attrs["value"].f
-        if pads is not None and all(int(p) == 0 for p in pads) and pad.output[0] not in outputs:
+        if all(p == 0 for p in pads) and pad.output[0] not in outputs:
             for node, i in readers.get(pad.output[0], []):  # pads nothing (Swin's maybe_pad): the identity
                 node.input[i] = pad.input[0]
             folded.append(pad)
-            continue
-        if pads is None or len(pads) != 8 or (value is not None and float(value) != 0.0):
-            continue
-        pads = [int(p) for p in pads]
-        if any(pads[i] != 0 for i in (0, 1, 4, 5)) or any(p < 0 for p in pads):
-            continue
-        users = readers.get(pad.output[0], [])
-        if not users or pad.output[0] in outputs or any(
-                n.op_type != "Conv" or n.domain not in ("", "ai.onnx") or i != 0 for n, i in users):
-            continue
-        if any(a.name == "auto_pad" and a.s not in (b"NOTSET", b"VALID", b"") for n, _ in users for a in n.attribute):
-            continue  # SAME_* left by explicit_same_pads (no static shapes): TVM's autopad decides
-        for conv, _ in users:
-            old = next((list(a.ints) for a in conv.attribute if a.name == "pads"), [0, 0, 0, 0])
-            # ONNX pads: [x1_begin, x2_begin, x1_end, x2_end]; Pad's: [N, C, H, W begins, N, C, H, W ends]
-            new = [old[0] + pads[2], old[1] + pads[3], old[2] + pads[6], old[3] + pads[7]]
-            # auto_pad VALID (as ONNX Runtime's folding writes it) means pads 0: replaced by explicit pads
-            kept = [a for a in conv.attribute if a.name not in ("pads", "auto_pad")]
-            del conv.attribute[:]
-            conv.attribute.extend(kept)
-            conv.attribute.append(helper.make_attribute("pads", new))
-            conv.input[0] = pad.input[0]
-        folded.append(pad)
+        elif _merge_into_convs(pad, pads, readers.get(pad.output[0], []), outputs):
+            folded.append(pad)
     for pad in folded:
         graph.node.remove(pad)
     return model
+
+
+def _constant_zero_pad_widths(pad: Any, const: Any) -> list[int] | None:
+    """The widths of a ``Pad`` in constant mode with value zero (any widths when they are all 0:
+    then the value does not matter), or None when it is another node, mode, value or run-time."""
+    if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) > 3:
+        return None  # opset 18's axes input: not written by the exporters seen; left alone
+    attrs = {a.name: a for a in pad.attribute}
+    if attrs.get("mode") is not None and attrs["mode"].s not in (b"constant", b""):
+        return None
+    pads = const(pad.input[1]) if len(pad.input) > 1 else None
+    if pads is None and "pads" in attrs:  # opset < 11: pads and value are attributes
+        pads = list(attrs["pads"].ints)
+    if pads is None:
+        return None
+    pads = [int(p) for p in pads]
+    if all(p == 0 for p in pads):
+        return pads
+    value = const(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else None
+    if len(pad.input) > 2 and pad.input[2] and value is None:
+        return None  # a run-time pad value
+    if "value" in attrs:
+        value = attrs["value"].f
+    return None if value is not None and float(value) != 0.0 else pads
+
+
+def _merge_into_convs(pad: Any, pads: list[int], users: list, outputs: set[str]) -> bool:
+    """Merge a zero ``Pad`` of the spatial dims of 4-D data into the ``Conv`` nodes reading it (as
+    their data); False (nothing changed) when the widths or the readers do not allow it."""
+    from onnx import helper
+
+    if len(pads) != 8 or any(pads[i] != 0 for i in (0, 1, 4, 5)) or any(p < 0 for p in pads):
+        return False
+    if not users or pad.output[0] in outputs or any(
+            n.op_type != "Conv" or n.domain not in ("", "ai.onnx") or i != 0 for n, i in users):
+        return False
+    if any(a.name == "auto_pad" and a.s not in (b"NOTSET", b"VALID", b"") for n, _ in users for a in n.attribute):
+        return False  # SAME_* left by explicit_same_pads (no static shapes): TVM's autopad decides
+    for conv, _ in users:
+        old = next((list(a.ints) for a in conv.attribute if a.name == "pads"), [0, 0, 0, 0])
+        # ONNX pads: [x1_begin, x2_begin, x1_end, x2_end]; Pad's: [N, C, H, W begins, N, C, H, W ends]
+        new = [old[0] + pads[2], old[1] + pads[3], old[2] + pads[6], old[3] + pads[7]]
+        # auto_pad VALID (as ONNX Runtime's folding writes it) means pads 0: replaced by explicit pads
+        kept = [a for a in conv.attribute if a.name not in ("pads", "auto_pad")]
+        del conv.attribute[:]
+        conv.attribute.extend(kept)
+        conv.attribute.append(helper.make_attribute("pads", new))
+        conv.input[0] = pad.input[0]
+    return True
