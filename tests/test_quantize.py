@@ -172,6 +172,7 @@ def qdq_placement(mod) -> list[tuple]:
     """Per conv2d / matmul / add / max_pool2d / reshape of main, in order: the op, what each of its
     operands is (a dequantized activation, a dequantized int8 weight and its axis, a dequantized int32
     bias, or float) and whether its value is quantized next."""
+    import tvm
     from tvm import relax
 
     from byoc_hetero._relax import bound_values, op_name
@@ -193,7 +194,8 @@ def qdq_placement(mod) -> list[tuple]:
         if not (isinstance(value, relax.Call) and op_name(value) == "relax.dequantize"):
             return "float"
         src = value.args[0]
-        if isinstance(src, relax.Var) and src in [p for p in func.params]:
+        # a constant operand (a param, or a relax.Constant the importer kept in metadata)
+        if isinstance(src, tvm.ir.Constant) or (isinstance(src, relax.Var) and src in list(func.params)):
             return f"dq({src.ty.dtype} param, axis {int(value.attrs.axis)})"
         return "dq(activation)"
 
