@@ -38,7 +38,7 @@ def test_pipeline_order_is_pinned():
         "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:bool_arith", "onnx:checked_take",
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
-        "fold_weight_subgraphs", "drop_zero_pads",
+        "fold_weight_subgraphs", "drop_proven_index_checks", "drop_zero_pads",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
@@ -310,3 +310,37 @@ def test_region_documents_of_the_old_name_read_as_onednn():
     assert old.kind == "byoc_hetero"  # the runtime kind never changed
     (entry,) = region_table(part.with_attr("external_mods", [old])).values()
     assert entry.target == "onednn"
+
+
+# -- index checks once the weights are bound --------------------------------------------------------
+def _take_of_computed_indices(shift: int) -> tvm.IRModule:
+    """``take(x, add([0, 1, 2], shift), axis=1)`` on x of shape (2, 4): the indices are computed."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ids = bb.emit(relax.op.add(relax.const(np.array([0, 1, 2], "int64"), "int64"), relax.const(shift, "int64")))
+            gv = bb.emit_output(bb.emit(relax.op.take(x, ids, axis=1)))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _checks(mod) -> int:
+    return str(mod["main"]).count("byoc_hetero_check_indices")
+
+
+@pytest.mark.parametrize("shift,dropped", [(1, True), (2, False)])
+def test_drop_proven_index_checks(shift, dropped):
+    """The check checked_take puts on computed indices goes once folding proves them in range
+    (shift 1: [1, 2, 3] of 4 columns), and stays, and fires, when they are not (shift 2: 4 is out)."""
+    mod = passes.checked_take(_take_of_computed_indices(shift))
+    assert _checks(mod) == 1
+    out = passes.drop_proven_index_checks(passes.fold_int_constants(mod))
+    assert _checks(out) == (0 if dropped else 1)
+    x = np.arange(8, dtype="float32").reshape(2, 4)
+    vm = relax.VirtualMachine(relax.build(out, target="llvm"), tvm.cpu())
+    if dropped:
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x[:, [1, 2, 3]])
+    else:
+        with pytest.raises(Exception, match="index 4"):
+            vm["main"](tvm.runtime.tensor(x))

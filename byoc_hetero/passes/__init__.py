@@ -41,6 +41,7 @@ from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_needless_broadcasts import drop_needless_broadcasts
+from .drop_proven_index_checks import drop_proven_index_checks
 from .drop_zero_pads import drop_zero_pads
 from .dynamic_quantize_linear import dynamic_quantize_linear
 from .explicit_same_pads import explicit_same_pads
@@ -136,6 +137,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
     # weight-only subgraphs (wav2vec2's weight norm) become constants once the weights are bound
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
+    # after the folding, which turns computed indices (Swin's windows) into constants
+    Pass("drop_proven_index_checks", "relax", _relax(drop_proven_index_checks)),
     Pass("drop_zero_pads", "relax", _relax(drop_zero_pads)),
 )
 """Run by ``bh.partition`` after binding the weights, before the four stages."""
@@ -184,7 +187,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
+    "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",

@@ -1,0 +1,84 @@
+"""drop_proven_index_checks: index checks whose indices became constants in range are removed.
+
+What it rewrites. :mod:`.checked_take` runs right after import, when the indices of a ``take`` are
+often still computed (Swin's shifted windows and relative positions: ``arange``, ``add``, ``mod``
+of constants). Once the weights are bound and :mod:`.fold_int_constants` has folded that
+bookkeeping, such indices are constants; a check of constant indices that lie in ``[0, n)`` of a
+static axis can never fail, so the ``take`` reads the indices themselves and the check goes. Negative
+constants (allowed by the ONNX ``Gather`` form, ``[-n, n)``) keep their check: this pass only
+removes what it proves.
+
+Why. The check is a TIR function, which no rule matches: left in place it stays on llvm and cuts
+the region it sits in (Swin-T from PyTorch: 5 regions and 12 ops on llvm instead of one region).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .checked_take import CHECK_PRIMFUNC, _constant
+
+__all__ = ["drop_proven_index_checks"]
+
+
+def _proven_indices(take: relax.Call, lookup) -> relax.Expr | None:
+    """The constant indices of ``take`` when they come through a check and lie in ``[0, n)`` of
+    its static axis, else None."""
+    if not (isinstance(take, relax.Call) and getattr(take.op, "name", None) == "relax.take"):
+        return None
+    table, checked = take.args
+    check = lookup(checked) if isinstance(checked, relax.Var) else None
+    if not (isinstance(check, relax.Call) and getattr(check.op, "name", None) == "relax.call_tir"
+            and check.args[0].name_hint.startswith(CHECK_PRIMFUNC)):
+        return None
+    ids = check.args[1].fields[0]
+    bound = lookup(ids) if isinstance(ids, relax.Var) else None
+    ids = ids if bound is None else bound
+    values = _constant(ids)
+    shape = getattr(table.ty, "shape", None)
+    if values is None or not isinstance(shape, relax.ShapeExpr):
+        return None
+    axis = 0 if take.attrs.axis is None else int(take.attrs.axis)
+    length = shape.values[axis % len(shape.values)]
+    if not isinstance(length, tvm.tirx.IntImm):
+        return None
+    if values.size and (values.min() < 0 or values.max() >= int(length)):
+        return None
+    return ids
+
+
+def drop_proven_index_checks(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each index check of constant, in-range indices replaced by those indices
+    (``mod`` itself when there is none)."""
+
+    @relax.expr_functor.mutator
+    class _Dropper(relax.PyExprMutator):
+        def __init__(self, module: tvm.IRModule):
+            super().__init__(module)
+            self.changed = False
+
+        def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM's visitor name
+            call = super().visit_call_(call)
+            ids = _proven_indices(call, self.lookup_binding)
+            if ids is None:
+                return call
+            self.changed = True
+            return relax.op.take(call.args[0], ids, call.attrs.axis, mode="fast")
+
+    dropper = _Dropper(mod)
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        if func.attrs is not None and ("Composite" in func.attrs or "Codegen" in func.attrs):
+            continue
+        new = dropper.visit_expr(func)
+        if dropper.changed:
+            dropper.builder_.update_func(gv, new)
+    if not dropper.changed:
+        return mod
+    out = dropper.builder_.get()
+    names = [gv.name_hint for gv, f in out.functions_items() if isinstance(f, relax.Function)
+             and f.attrs is not None and "global_symbol" in f.attrs]
+    return relax.transform.DeadCodeElimination(names)(out) if names else out
+
