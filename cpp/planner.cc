@@ -138,7 +138,7 @@ class Planner : public planning::ConcatInPlace {
         TVM_FFI_THROW(ValueError) << g_.where() << ": field 'nodes[" << n << "].op': unknown op '"
                                   << node.op << "' (supported: " << ops << ")";
       }
-      KernelContext ctx{g_, n, engine_, {}, {}, plan_.precision == kPrecisionBf16};
+      KernelContext ctx{g_, n, engine_, {}, {}, NodeComputesBf16(g_, n)};
       bool all_const = !node.inputs.empty();
       for (int t : node.inputs) {
         ctx.input_storage.push_back(values_[t].storage_md);

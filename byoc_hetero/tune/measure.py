@@ -10,7 +10,7 @@ closer than their spread can be called a tie.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -45,3 +45,15 @@ def time_call(fn: Callable[[], object], warmup: int = 2, repeat: int = 15,
         samples.append(dt)
         spent += dt
     return robust_timing(samples)
+
+
+def time_alternately(fns: Sequence[Callable[[], object]], rounds: int = 3, repeat: int = 15) -> list[Timing]:
+    """Time several candidates side by side: ``rounds`` rounds of :func:`time_call` each, the order
+    reversed every other round (so drift in the machine's load favours none), and per candidate
+    the median of its round medians."""
+    medians: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        order = list(range(len(fns)))
+        for i in order if r % 2 == 0 else reversed(order):
+            medians[i].append(time_call(fns[i], warmup=2, repeat=repeat).median_s)
+    return [Timing(float(np.median(m)), rounds * repeat) for m in medians]

@@ -4,6 +4,9 @@ What it decides today (the levels of issue 26 that exist so far):
 
 - **algorithm**: each float32 convolution of the oneDNN regions runs direct or Winograd by its own
   timing (:mod:`.algorithms`) instead of the fixed thresholds.
+- **precision** (``precisions=("f32", "bf16")`` with a ``tolerance`` and ``calibration`` inputs):
+  each conv2d / dense / matmul (or layer group) runs f32 or bf16, the fastest mix within the
+  tolerance, checked on held-out inputs (:mod:`.precision`).
 
 Every decision is checked end to end: the tuned module and the default ``bh.partition`` module are
 built and timed side by side (alternating, :func:`.measure.time_call` each) on inputs of the
@@ -12,8 +15,8 @@ the default. :class:`TuneReport` lists each decision with the alternatives' time
 figures.
 
 Not yet here (planned on the same pieces: the :mod:`.solver` and the :class:`.cache.TimingCache`):
-per-region precision under a tolerance, the codegen level (offload or llvm per region), devices
-with copies, threads. Asking for them is an error that says so, never a silent no-op.
+int8 as a precision, the codegen level (offload or llvm per region), devices with copies, threads.
+Asking for them is an error that says so, never a silent no-op.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import PlacementError, RuleError
+from ..errors import PlacementError
 from .algorithms import AlgorithmDecision, conv_sites, decisions_option, tune_conv_algorithms
 from .cache import Timing, TimingCache
 from .measure import time_call
+from .precision import PrecisionReport, check_precisions, choose_precisions
 
 
 @dataclass
@@ -45,6 +49,7 @@ class TuneReport:
     cache_hits: int = 0
     cache_misses: int = 0
     notes: list[str] = field(default_factory=list)
+    precision: PrecisionReport | None = None  # the precision level, when several precisions were asked
 
     def __str__(self) -> str:
         lines = ["tuning report"]
@@ -59,21 +64,15 @@ class TuneReport:
             lines.append(f"  end to end: default {self.default.median_s * 1e3:.3f} ms, tuned {tuned}; "
                          f"kept the {self.kept} plan")
         lines.append(f"  timing cache: {self.cache_hits} hits, {self.cache_misses} misses")
+        lines.extend(self.precision.lines() if self.precision else [])
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
-def _check_request(devices: Sequence[str], precisions: Sequence[str], tolerance: float | None,
-                   calibration: Any) -> None:
+def _check_request(devices: Sequence[str]) -> None:
     for d in devices:
         if str(d).split(":")[0] != "cpu":
             raise PlacementError(f"tune: device {d!r} is not tuned yet (only 'cpu'); place it with bh.place")
-    if len(precisions) != 1:
-        raise RuleError(f"tune: choosing among precisions {list(precisions)} is not implemented yet; "
-                        "give one precision (it applies to the whole model)")
-    if tolerance is not None or calibration is not None:
-        raise RuleError("tune: tolerance and calibration belong to the precision level, which is not "
-                        "implemented yet")
 
 
 def _inputs(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, seed: int) -> list[np.ndarray]:
@@ -108,22 +107,28 @@ def _guard(default: tvm.IRModule, tuned: tvm.IRModule, inputs: list[np.ndarray],
 
 def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
          devices: Sequence[str] = ("cpu",), targets: Any = None, precisions: Sequence[str] = ("f32",),
-         tolerance: float | None = None, calibration: Any = None, cache: str | os.PathLike | TimingCache | None = None,
+         tolerance: float | None = None, calibration: Any = None, holdout: Any = None,
+         budget_s: float | None = None, cache: str | os.PathLike | TimingCache | None = None,
          guard_rounds: int = 3, repeat: int = 15, progress: bool = False) -> tuple[tvm.IRModule, TuneReport]:
     """Partition ``mod`` with decisions measured on this machine; returns ``(module, report)``.
 
     The module builds, exports and reloads like any ``bh.partition`` result. ``cache``: a
     :class:`TimingCache` or the path of its file (kept between runs; a foreign or stale file is
     ignored with a warning). ``progress`` writes one line per measured site to stderr. See the
-    module docstring for which levels are decided today; asking for another (a GPU device, several
-    precisions, a tolerance) raises :class:`~byoc_hetero.RuleError` /
-    :class:`~byoc_hetero.PlacementError`.
+    module docstring for which levels are decided today; asking for another (a GPU device, int8)
+    raises :class:`~byoc_hetero.RuleError` / :class:`~byoc_hetero.PlacementError`.
+
+    Precision level (:mod:`.precision`, docs/tuning.md): ``precisions`` with more than one entry
+    needs ``tolerance`` (max relative output error against the float32 build) and ``calibration``
+    (sample inputs); ``holdout`` (default: the last quarter of ``calibration``) checks the result;
+    ``budget_s`` bounds the search (the best plan so far when it runs out).
     """
     from ..stages import partition
 
-    _check_request(devices, precisions, tolerance, calibration)
+    _check_request(devices)
+    asked = check_precisions(precisions, tolerance, calibration, budget_s)
     timing_cache = cache if isinstance(cache, TimingCache) else TimingCache(cache)
-    precision = precisions[0]
+    precision = asked[0] if len(asked) == 1 else "f32"
     default = partition(mod, params, target=targets, precision=precision)
     report = TuneReport()
     sites = conv_sites(default)
@@ -136,6 +141,16 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
     timing_cache.save()
     report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
     option = decisions_option(report.algorithms)
+    if len(asked) > 1:
+        kept, report.precision = choose_precisions(
+            mod, params, default, precisions=asked, tolerance=tolerance, calibration=calibration, holdout=holdout,
+            targets=targets, options={"onednn": {"algorithms": option}}, budget_s=budget_s, cache=timing_cache,
+            rounds=guard_rounds, repeat=repeat, progress=progress)
+        report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
+        if kept is not None:
+            report.default, report.tuned = report.precision.plans[0].timing, kept.timing
+            report.kept = "default" if kept is report.precision.plans[0] else "tuned"
+            return kept.built.module, report
     if option == "{}":
         report.notes.append("every measured decision equals the built-in thresholds: the default plan")
         return default, report

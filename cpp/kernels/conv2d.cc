@@ -131,6 +131,7 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   // which algorithm: "auto" (the measured thresholds of winograd.cc), or a tuner's decision
   const std::string algo = attrs.Choice("algo", {"auto", "direct", "winograd"}, "auto");
+  ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
   const Int8Params int8 = ReadInt8Params(ctx, attrs, ctx.input(1).shape.empty() ? 1 : ctx.input(1).shape[0]);
   attrs.CheckNoUnknown();
 

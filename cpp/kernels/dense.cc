@@ -21,6 +21,7 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   const Epilogue epilogue = ctx.ReadEpilogue(attrs);
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
+  ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
   const auto& w_shape = ctx.input(1).shape;
   const Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
   attrs.CheckNoUnknown();

@@ -240,6 +240,22 @@ std::string EffectivePrecision(const std::string& requested, std::string* reason
   return kPrecisionBf16;
 }
 
+std::string RequestedNodePrecision(const RegionGraph& g, size_t n) {
+  const auto& attrs = g.nodes[n].attrs;
+  auto it = attrs.find("precision");
+  if (it == attrs.end()) return g.precision;
+  auto s = it->second.as<tvm::ffi::String>();
+  return s.has_value() && std::string(*s) == kPrecisionBf16 ? kPrecisionBf16 : kPrecisionF32;
+}
+
+bool NodeComputesBf16(const RegionGraph& g, size_t n) {
+  return EffectivePrecision(RequestedNodePrecision(g, n)) == kPrecisionBf16;
+}
+
+std::string ReadNodePrecision(const KernelContext& ctx, AttrReader& attrs) {
+  return attrs.Choice("precision", {kPrecisionF32, kPrecisionBf16}, ctx.graph.precision);
+}
+
 namespace {
 /*!
  * \brief Whether tensor t (written by node `producer`) is read only where a bf16 region rounds it
@@ -259,7 +275,8 @@ bool OnlyConvsRead(const RegionGraph& g, size_t producer, int t) {
     const NodeInfo& node = g.nodes[n];
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (node.inputs[k] != t) continue;
-      const Bf16Read how = FindKernelTraits(node.op).Bf16Input(node, k);
+      // a reader kept f32 (its own precision attr: a tuner's decision) reads the f32 value
+      const Bf16Read how = NodeComputesBf16(g, n) ? FindKernelTraits(node.op).Bf16Input(node, k) : Bf16Read::kF32;
       const bool ok = how == Bf16Read::kRounds || (how == Bf16Read::kLikeOutput && OnlyConvsRead(g, n, node.output));
       if (!ok) return false;
       read = true;

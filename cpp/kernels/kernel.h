@@ -166,8 +166,9 @@ struct KernelContext {
   std::vector<memory::desc> input_storage;
   /*! \brief Per node input: whether its value is known at __init_ (a constant or folded). */
   std::vector<bool> input_constant;
-  /*! \brief The region computes in bf16 (requested, native, not switched off): anchors read bf16
-   *         src/weights, accumulate and write f32 (see EffectivePrecision). */
+  /*! \brief This node computes in bf16 (requested by the region or the node's own `precision`,
+   *         native, not switched off): anchors read bf16 src/weights, accumulate and write f32
+   *         (see NodeComputesBf16). */
   bool bf16 = false;
 
   const NodeInfo& node() const { return graph.nodes[node_index]; }
@@ -216,6 +217,21 @@ bool Bf16Native();
  * \param reason Set to why a bf16 request runs f32 ("" otherwise).
  */
 std::string EffectivePrecision(const std::string& requested, std::string* reason = nullptr);
+
+/*!
+ * \brief What node \p n of \p g requests: its own attr `precision` ("f32" / "bf16", which a
+ *        conv2d, dense or matmul may carry: a tuner's per-node decision) or else the region's.
+ *        A value other than "bf16" counts as f32 here; the kernel's ReadNodePrecision rejects it.
+ */
+std::string RequestedNodePrecision(const RegionGraph& g, size_t n);
+/*! \brief Whether node \p n computes in bf16: EffectivePrecision of RequestedNodePrecision. */
+bool NodeComputesBf16(const RegionGraph& g, size_t n);
+/*!
+ * \brief Read (and so validate) the optional node attr `precision` of a conv2d / dense / matmul:
+ *        "f32" or "bf16", default the region's. What it computes in is KernelContext::bf16, set
+ *        from NodeComputesBf16 before the kernel is built.
+ */
+std::string ReadNodePrecision(const KernelContext& ctx, AttrReader& attrs);
 
 /*!
  * \brief In a bf16 region, whether node \p ctx's output may be stored as bf16: it is no region

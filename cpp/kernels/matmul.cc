@@ -127,6 +127,7 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   const bool has_mask = attrs.Flag("has_mask", false);
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0) - (has_mask ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
+  ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
   attrs.CheckNoUnknown();
 
   ctx.ExpectInputCount(2 + has_bias + has_mask + epilogue.residual,

@@ -64,7 +64,7 @@ from ...rules import Option, Variant, register_pattern, register_target, set_def
 from . import codegen, ops
 from .ops.activation import ACTIVATIONS
 from .ops.conv2d import check_algorithms
-from .precision import DEFAULT_PRECISION, check_precision, warn_if_fallback
+from .precision import DEFAULT_PRECISION, check_node_precisions, check_precision, warn_if_fallback
 from .runtime import RUNTIME_KIND, region_graph
 from .table import ALIASES, TABLE, TARGET, can_lower
 
@@ -77,6 +77,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_int8_anchors",           # ops/qdq.py: dequantize -> conv / dense / pool -> quantize as int8 nodes
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
+    "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per conv / dense / matmul node
 )
 """The region-graph passes, in run order (each lowered region graph goes through them before it
 is serialized). This was the alphabetical import order of :mod:`.ops`; it is now stated here, and
@@ -104,6 +105,9 @@ OPTIONS = {
                          "(the stages fill it from the module's bounds)", None, _dim_ranges),
     "algorithms": Option("algorithms", "per-convolution algorithm, JSON {site key: 'direct' | 'winograd' | "
                          "'auto'} (what bh.tune measured; ops/conv2d.py conv_site_key)", None, check_algorithms),
+    "node_precisions": Option("node_precisions", "per-node precision of conv2d / dense / matmul, JSON "
+                              "{'<region symbol>#<node index>': 'f32' | 'bf16'}, over the region's precision "
+                              "(what bh.tune decided; precision.py node_key)", None, check_node_precisions),
 }
 """The options the oneDNN backend accepts (:meth:`byoc_hetero.rules.Backend.check_options`)."""
 

@@ -5,14 +5,20 @@ Tensors the runtime reads and writes are float32 (:data:`RUNTIME_DTYPES`): a che
 *precision* (:data:`PRECISIONS`): with ``"bf16"`` the codegen writes ``"precision": "bf16"`` into
 each region graph and the runtime runs conv2d / dense / matmul on bf16 copies of their inputs
 (weights converted once at load) with f32 accumulation, where the CPU has native bf16
-(:func:`effective_precision`).
+(:func:`effective_precision`). A conv2d, dense or matmul node may carry its own ``precision``
+(the backend option ``node_precisions``: a tuner's per-node decision, :func:`apply_node_precisions`),
+which wins over the region's.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from tvm import relax
 
 from ..._relax import shape_of, static_shape, tensor_dtype
+from .table import graph_pass
 
 RUNTIME_DTYPES: tuple[str, ...] = ("float32",)
 """Tensor dtypes the runtime's kernels read and write."""
@@ -102,3 +108,60 @@ def warn_if_fallback(precision: str) -> str:
         warnings.warn(f"precision='bf16' requested, the regions run float32: {reason}",
                       RuntimeWarning, stacklevel=3)
     return effective
+
+
+# -- per-node precision (a tuner's decisions; backend option ``node_precisions``) -----------------
+PRECISION_OPS: tuple[str, ...] = ("conv2d", "dense", "matmul")
+"""The nodes whose compute precision a region's ``precision`` sets and a node's own may override."""
+
+
+def node_key(symbol: str, index: int) -> str:
+    """The key of node ``index`` of region ``symbol`` in the option ``node_precisions``: a place in
+    one partitioned model (equal convolutions at two places may get two precisions)."""
+    return f"{symbol}#{int(index)}"
+
+
+def check_node_precisions(value: Any) -> str:
+    """Validate the option ``node_precisions``: JSON ``{"<region symbol>#<node index>": "f32" | "bf16"}``."""
+    from ...errors import RuleError
+
+    try:
+        table = json.loads(str(value))
+    except json.JSONDecodeError as err:
+        raise RuleError(f"option node_precisions of backend 'onednn' must be JSON, got {str(value)[:60]!r}: "
+                        f"{err}") from err
+    if not isinstance(table, dict):
+        raise RuleError(f"option node_precisions of backend 'onednn' must be a JSON object, got {type(table).__name__}")
+    for key, precision in table.items():
+        symbol, _, index = str(key).rpartition("#")
+        if not symbol or not index.isdigit():
+            raise RuleError(f"option node_precisions: key {key!r} is not '<region symbol>#<node index>'")
+        if precision not in PRECISIONS:
+            raise RuleError(f"option node_precisions: node {key} asks for {precision!r}; "
+                            f"expected one of {list(PRECISIONS)}")
+    return json.dumps(table, sort_keys=True)
+
+
+@graph_pass
+def apply_node_precisions(graph) -> None:
+    """Each conv2d / dense / matmul node the backend option ``node_precisions`` names (by region
+    symbol and node index) gets that ``precision`` attr, which the runtime honours over the
+    region's (cpp/kernels/kernel.cc, NodeComputesBf16). Why: a whole model is often one region,
+    and a tuner keeps only the layers whose bf16 rounding moves the output most in f32; the
+    decision must reach the node the layer became, after every other pass (so it runs last).
+    A key naming another kind of node is a RuleError (only anchors have a precision)."""
+    chosen = graph.options.get("node_precisions")
+    if not chosen:
+        return
+    from ...errors import RuleError
+
+    for key, precision in json.loads(str(chosen)).items():
+        symbol, _, index = key.rpartition("#")
+        if symbol != graph.symbol:
+            continue
+        i = int(index)
+        if i >= len(graph.nodes) or graph.nodes[i].op not in PRECISION_OPS or "src_scale" in graph.nodes[i].attrs:
+            what = f"a {graph.nodes[i].op}" if i < len(graph.nodes) else "no node"
+            raise RuleError(f"option node_precisions: node {key} is {what}; only float "
+                            f"{', '.join(PRECISION_OPS)} nodes take a precision")
+        graph.nodes[i].attrs["precision"] = precision

@@ -1,0 +1,601 @@
+"""The precision level: which convolutions and matrix products run bf16, within an error tolerance.
+
+``bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-2, calibration=[...])`` decides,
+per *unit*, whether it computes in float32 or bf16. A unit is one conv2d / dense / matmul node of
+a oneDNN region (a whole model is often one region, so regions are too coarse), or a run of
+consecutive such nodes of one region when a model has more than ``max_units`` of them (a layer
+group). The decision reaches the nodes through the backend option ``node_precisions`` (region
+symbol and node index → ``"f32"`` / ``"bf16"``, written as each node's ``precision`` attr by the
+region pass ``apply_node_precisions``); every other op keeps float32 as in any bf16 region.
+
+Steps (each measured on this machine):
+
+1. **reference**: the default float32 partition runs the calibration and held-out inputs;
+2. **time gain**: the all-float32 and the all-bf16 builds run with the runtime's per-step
+   profiler, interleaved; a unit's time in each precision is the sum of its nodes' steps (the
+   reorders into a node included), the median over rounds;
+3. **sensitivity**: for each unit (largest gain first, so a cut search keeps the valuable ones),
+   the model is built with that unit alone in bf16 and its error on the calibration inputs is
+   measured: ``max |y - y_f32| / max |y_f32|`` over every output and input;
+4. **search**: :func:`.solver.solve` picks the fastest mix whose summed unit errors stay within
+   the tolerance; errors need not add, so the mix's real calibration error is measured and the
+   error budget rescaled by what was found (tighter when the mix missed, looser when it had room),
+   a few rounds;
+5. **check**: each candidate (the mix, all-bf16) is run on the *held-out* inputs and kept only
+   when its error there is within the tolerance too; the kept candidates and the float32 plan are
+   timed end to end, alternating, and the fastest wins — never slower than the default float32
+   plan, which wins ties.
+
+When no candidate meets the tolerance, the float32 plan comes back with a :class:`TuneWarning`
+giving the best error found. ``budget_s`` bounds steps 2-4: when it runs out, the units not yet
+measured stay float32, the search returns its best plan so far, and the report says the search
+was cut. On a CPU without native bf16 (oneDNN below ``avx512_core_bf16``, or
+``BYOC_HETERO_BF16=off``) the bf16 candidates are skipped with a note. int8 is not a precision of
+this level yet (:func:`check_precisions`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import InputError, RuleError
+from .cache import Timing, TimingCache, signature
+from .measure import time_call
+from .solver import Choice, Problem, Region, solve
+
+PRECISIONS = ("f32", "bf16")
+ANCHOR_OPS = ("conv2d", "dense", "matmul")
+MAX_UNITS = 16
+#: rounds of the mix search (re-solving with the error budget rescaled by the measured error)
+SEARCH_ROUNDS = 4
+
+
+class TuneWarning(UserWarning):
+    """A tuning request could not be met as asked (e.g. no plan within the tolerance)."""
+
+
+def check_precisions(precisions: Sequence[str], tolerance: float | None, calibration: Any,
+                     budget_s: float | None) -> tuple[str, ...]:
+    """The distinct precisions asked for, in order; a :class:`RuleError` naming what is wrong."""
+    asked = tuple(dict.fromkeys(str(p) for p in precisions))
+    if not asked:
+        raise RuleError("tune: precisions is empty; give at least one of " + ", ".join(PRECISIONS))
+    if "int8" in asked:
+        raise RuleError("tune: int8 is not a tune precision yet (bh.tune chooses among f32 and bf16); "
+                        "quantize the model with bh.quantize and partition it, or tune the float model")
+    unknown = [p for p in asked if p not in PRECISIONS]
+    if unknown:
+        raise RuleError(f"tune: unknown precision {unknown[0]!r}; expected some of {', '.join(PRECISIONS)}")
+    if budget_s is not None and not (isinstance(budget_s, (int, float)) and budget_s > 0):
+        raise RuleError(f"tune: budget_s must be a positive number of seconds or None, got {budget_s!r}")
+    if len(asked) == 1:
+        if tolerance is not None or calibration is not None:
+            raise RuleError("tune: tolerance and calibration are for choosing among several precisions "
+                            "(precisions=('f32', 'bf16')); with one precision there is nothing to choose")
+        return asked
+    if tolerance is None:
+        raise RuleError(f"tune: choosing among precisions {list(asked)} needs a tolerance: the largest "
+                        "relative output error accepted against the float32 build (e.g. 1e-2)")
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise RuleError(f"tune: tolerance must be a finite number >= 0, got {tolerance!r}")
+    if calibration is None:
+        raise RuleError("tune: a tolerance needs calibration inputs (calibration=[sample, ...], each an "
+                        "array, a list of arrays in input order, or a dict by input name): errors are "
+                        "measured on them, and random inputs would say little about a real model's")
+    return asked
+
+
+def input_samples(mod: tvm.IRModule, params: Mapping[str, Any] | None, samples: Any,
+                  what: str) -> list[list[np.ndarray]]:
+    """``samples`` (each an array, a list of arrays in ``main``'s input order, or a dict by input
+    name) as lists of arrays, checked against ``main``'s signature (:class:`InputError`)."""
+    from ..inputs import check_inputs
+
+    names = [p.name for p in mod["main"].params if not params or p.name not in params]
+    if samples is None or isinstance(samples, (np.ndarray, Mapping)) or not len(samples):
+        raise InputError(f"tune: {what} must be a non-empty list of inputs (each an array, a list of "
+                         "arrays in input order, or a dict by input name)")
+    out = []
+    for k, sample in enumerate(samples):
+        if isinstance(sample, Mapping):
+            missing = [n for n in names if n not in sample]
+            if missing:
+                raise InputError(f"tune: {what} input #{k} lacks {', '.join(missing)} (inputs: {', '.join(names)})")
+            arrays = [np.asarray(sample[n]) for n in names]
+        else:
+            arrays = [np.asarray(sample)] if isinstance(sample, np.ndarray) else [np.asarray(a) for a in sample]
+        check_inputs(mod, arrays, params)
+        out.append(arrays)
+    return out
+
+
+def split_holdout(calibration: list, holdout: list | None) -> tuple[list, list]:
+    """The calibration and held-out samples: ``holdout`` when given, else the last quarter (at
+    least one) of ``calibration``, which then needs two samples or more."""
+    if holdout is not None:
+        return calibration, holdout
+    if len(calibration) < 2:
+        raise InputError("tune: the chosen precisions are checked on held-out inputs: give at least 2 "
+                         "calibration inputs (the last quarter is held out) or holdout=[...]")
+    cut = len(calibration) - max(1, len(calibration) // 4)
+    return calibration[:cut], calibration[cut:]
+
+
+def relative_error(outputs: Sequence[Sequence[np.ndarray]], references: Sequence[Sequence[np.ndarray]]) -> float:
+    """``max |y - r| / max |r|`` over every output of every sample (inf for a non-finite output)."""
+    worst = 0.0
+    for ys, rs in zip(outputs, references):
+        for y, r in zip(ys, rs):
+            if not np.all(np.isfinite(y)):
+                return math.inf
+            scale = float(np.max(np.abs(r))) if r.size else 0.0
+            diff = float(np.max(np.abs(y.astype("float64") - r))) if r.size else 0.0
+            worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst
+
+
+def _flatten(value: Any) -> list[np.ndarray]:
+    if isinstance(value, (tvm.runtime.Tensor, np.ndarray)):
+        return [value.numpy() if hasattr(value, "numpy") else value]
+    return [a for v in value for a in _flatten(v)]
+
+
+class Built:
+    """A partitioned module built for llvm, ready to run samples."""
+
+    def __init__(self, partitioned: tvm.IRModule):
+        self.module = partitioned
+        self.vm = relax.VirtualMachine(relax.build(partitioned, target="llvm"), tvm.cpu())
+
+    def run(self, samples: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
+        """The outputs (flattened to arrays) of each sample."""
+        return [_flatten(self.vm["main"](*[tvm.runtime.tensor(a) for a in s])) for s in samples]
+
+    def caller(self, sample: Sequence[np.ndarray]):
+        args = [tvm.runtime.tensor(a) for a in sample]
+        return lambda: self.vm["main"](*args)
+
+
+def _node_text(graph: Mapping[str, Any], node: Mapping[str, Any]) -> str:
+    """A short description of an anchor node: its op and the shapes its speed depends on."""
+    tensors = graph["tensors"]
+    shapes = [tensors[t]["shape"] for t in node["inputs"][:2]]
+    attrs = node.get("attrs", {})
+    if node["op"] == "conv2d" and len(shapes[1]) == 4:
+        n, c, h, w = shapes[0] if len(shapes[0]) == 4 else (shapes[0][0], shapes[0][1], 1, shapes[0][-1])
+        o, _, kh, kw = shapes[1]
+        stride = attrs.get("strides", [1, 1])[0]
+        return f"conv2d {c}->{o} {kh}x{kw} s{stride} on {h}x{w}"
+    return f"{node['op']} {'x'.join(str(d) for d in shapes[0])} by {'x'.join(str(d) for d in shapes[1])}"
+
+
+@dataclass
+class PrecisionUnit:
+    """One decision of the precision level: a node (or a run of nodes) and what was measured."""
+
+    name: str
+    keys: tuple[str, ...]  # the nodes' keys in the option node_precisions
+    times: dict[str, float] = field(default_factory=dict)  # precision -> seconds per call
+    error: float | None = None  # calibration error with this unit alone in bf16 (None: not measured)
+    unmeasured: str = ""  # why the error was not measured
+    chosen: str = "f32"
+
+    def why(self) -> str:
+        parts = ", ".join(f"{p} {t * 1e6:.1f} µs" for p, t in self.times.items())
+        err = f"{self.error:.2g}" if self.error is not None else f"not measured ({self.unmeasured or 'search cut'})"
+        return f"{self.chosen}: {parts}; bf16 alone: error {err}"
+
+
+def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
+    """``(node key, description)`` of each float conv2d / dense / matmul of the module's oneDNN
+    regions with static shapes, in region and node order: what can change precision."""
+    from .._relax import region_table
+    from ..backends.onednn.precision import node_key
+
+    found = []
+    regions = [(s, e) for s, e in region_table(partitioned).items() if e.target == "onednn" and e.graph]
+    for r, (symbol, entry) in enumerate(regions):
+        graph = entry.graph
+        where = f"region {r} " if len(regions) > 1 else ""
+        tensors = graph.get("tensors", [])
+        for i, node in enumerate(graph.get("nodes", [])):
+            if node["op"] not in ANCHOR_OPS or "src_scale" in node.get("attrs", {}):
+                continue
+            ins = [tensors[t] for t in node["inputs"][:2]]
+            if any(t.get("dtype", "float32") != "float32" for t in ins):
+                continue
+            if not all(isinstance(d, int) for t in ins for d in t["shape"]):
+                continue
+            found.append((node_key(symbol, i), f"{where}node {i}: {_node_text(graph, node)}"))
+    return found
+
+
+def make_units(anchors: Sequence[tuple[str, str]], max_units: int = MAX_UNITS) -> list[PrecisionUnit]:
+    """One unit per anchor node (``(key, label)`` as :func:`anchor_nodes` gives them), or runs of
+    consecutive nodes of one region (about equal counts) when there are more than ``max_units``."""
+    per = max(1, math.ceil(len(anchors) / max(1, max_units)))
+    units: list[PrecisionUnit] = []
+    group: list[tuple[str, str]] = []
+
+    def close() -> None:
+        if group:
+            last = group[-1][0].rpartition("#")[2]
+            name = group[0][1] if len(group) == 1 else f"{group[0][1]} ... node {last} ({len(group)} ops)"
+            units.append(PrecisionUnit(name, tuple(k for k, _ in group)))
+            group.clear()
+
+    for key, text in anchors:
+        if group and (len(group) == per or group[-1][0].rpartition("#")[0] != key.rpartition("#")[0]):
+            close()
+        group.append((key, text))
+    close()
+    return units
+
+
+DEFAULT_PLAN = "default (float32)"
+
+
+@dataclass
+class PlanResult:
+    """One end-to-end alternative: its node precisions, errors and time."""
+
+    name: str
+    table: dict[str, str] = field(default_factory=dict)  # node key -> precision ({}: no override)
+    calibration_error: float | None = None
+    holdout_error: float | None = None
+    timing: Timing | None = None
+    modelled_s: float | None = None  # what the solver expected from the unit timings
+    built: Built | None = field(default=None, repr=False)
+
+    @property
+    def bf16_nodes(self) -> int:
+        return sum(p == "bf16" for p in self.table.values())
+
+    def text(self) -> str:
+        errs = [f"{what} {e:.2g}" for what, e in (("calibration", self.calibration_error),
+                                                  ("held-out", self.holdout_error)) if e is not None]
+        time_text = f"{self.timing.median_s * 1e3:.3f} ms" if self.timing else "not timed"
+        nodes = f" ({self.bf16_nodes}/{len(self.table)} nodes bf16)" if self.table else ""
+        return f"{self.name}{nodes}: {time_text}" + (f", error {', '.join(errs)}" if errs else "")
+
+
+@dataclass
+class PrecisionReport:
+    """What the precision level measured and decided (``TuneReport.precision``)."""
+
+    precisions: tuple[str, ...]
+    tolerance: float
+    calibration: int = 0  # how many calibration inputs
+    holdout: int = 0  # how many held-out inputs
+    units: list[PrecisionUnit] = field(default_factory=list)
+    plans: list[PlanResult] = field(default_factory=list)
+    kept: str = DEFAULT_PLAN
+    search_cut: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def plan(self, name: str) -> PlanResult | None:
+        return next((p for p in self.plans if p.name == name), None)
+
+    def lines(self) -> list[str]:
+        """The report's lines (indented for :class:`~.tuner.TuneReport`)."""
+        lines = [f"  precision: among {', '.join(self.precisions)}, tolerance {self.tolerance:g} "
+                 f"(max |y - y_f32| / max |y_f32|) on {self.calibration} calibration and "
+                 f"{self.holdout} held-out inputs"]
+        lines.extend(f"    {u.name}: {u.why()}" for u in self.units)
+        lines.extend(f"    plan {p.text()}" for p in self.plans)
+        lines.append(f"    kept the {self.kept} plan" + ("; the search was cut by budget_s" if self.search_cut else ""))
+        lines.extend(f"    note: {n}" for n in self.notes)
+        return lines
+
+
+class _Session:
+    """What every candidate build of one tune shares: the model, the base options, the reference
+    outputs, the deadline of the search and the progress lines."""
+
+    def __init__(self, mod: tvm.IRModule, params: Mapping[str, Any] | None, targets: Any,
+                 options: Mapping[str, Mapping[str, Any]] | None, budget_s: float | None, progress: bool):
+        self.mod, self.params, self.targets = mod, params, targets
+        self.options = {k: dict(v) for k, v in (options or {}).items()}
+        self.deadline = math.inf if budget_s is None else time.perf_counter() + float(budget_s)
+        self.progress = progress
+
+    def build(self, table: Mapping[str, str] | None) -> Built:
+        """The model partitioned with ``table`` (node key -> precision; None: plain float32) and built."""
+        from ..stages import partition
+
+        options = {k: dict(v) for k, v in self.options.items()}
+        precision = None
+        if table is not None:
+            options.setdefault("onednn", {})["node_precisions"] = json.dumps(dict(table), sort_keys=True)
+            precision = "bf16"
+        return Built(partition(self.mod, self.params, target=self.targets, precision=precision, options=options))
+
+    def left_s(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def say(self, text: str) -> None:
+        if self.progress:
+            print(f"tune: precision: {text}", file=sys.stderr, flush=True)
+
+
+def _constant_tensors(graph: Mapping[str, Any]) -> set[int]:
+    """Tensors known when a region is initialized: its constants and what nodes compute from
+    constants alone (a batch norm folded into a convolution's weights)."""
+    known = {c["tensor"] for c in graph["constants"]}
+    for node in graph["nodes"]:
+        if node["inputs"] and all(t in known for t in node["inputs"]):
+            known.add(node["output"])
+    return known
+
+
+class OneNode:
+    """Node ``index`` of a region document alone in a region of the runtime, computing in
+    ``precision``: run-time inputs become region inputs (random data), inputs known at init become
+    constants (random, of their shapes), its output the region output. What a unit's time is
+    measured on: no model around it, so repeated layers share one measurement (the cache)."""
+
+    def __init__(self, graph: Mapping[str, Any], index: int, precision: str, seed: int = 0):
+        import byoc_hetero  # noqa: F401  (registers the runtime)
+
+        node, known = graph["nodes"][index], _constant_tensors(graph)
+        ids = list(dict.fromkeys([*node["inputs"], node["output"]]))
+        local = {t: i for i, t in enumerate(ids)}
+        tensors = [{"shape": list(graph["tensors"][t]["shape"]), "dtype": graph["tensors"][t].get("dtype", "float32")}
+                   for t in ids]
+        consts = [t for t in node["inputs"] if t in known]
+        attrs = dict(node.get("attrs", {}), precision=precision)
+        self.doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "tune_node", "tensors": tensors,
+                    "inputs": [local[t] for t in node["inputs"] if t not in known],
+                    "outputs": [local[node["output"]]],
+                    "constants": [{"tensor": local[t], "name": f"tune_node_c{k}"} for k, t in enumerate(consts)],
+                    "nodes": [{"op": node["op"], "inputs": [local[t] for t in node["inputs"]],
+                               "output": local[node["output"]], "attrs": attrs}]}
+        rng = np.random.default_rng(seed)
+
+        def data(t: int) -> tvm.runtime.Tensor:
+            spec = tensors[local[t]]
+            return tvm.runtime.tensor((rng.standard_normal(spec["shape"]) * 0.1).astype(spec["dtype"]))
+
+        self.module = tvm.get_global_func("byoc_hetero.runtime.create")(json.dumps(self.doc))
+        if self.module["__init_tune_node"]([data(t) for t in consts]) != 0:
+            raise RuntimeError(f"could not initialize the one-node region of {node['op']}")
+        out = tensors[local[node["output"]]]
+        self.args = [data(t) for t in node["inputs"] if t not in known]
+        self.args.append(tvm.runtime.tensor(np.zeros(out["shape"], out["dtype"])))
+        self.fn = self.module["tune_node"]
+
+    def timing_key(self) -> str:
+        """The timing-cache signature: the node's op, shapes, dtypes and attrs (precision included)."""
+        node = self.doc["nodes"][0]
+        shapes = [self.doc["tensors"][t]["shape"] for t in node["inputs"]]
+        dtypes = [self.doc["tensors"][t]["dtype"] for t in node["inputs"]]
+        return signature(node["op"], shapes, dtypes, node["attrs"], node["attrs"]["precision"])
+
+    def __call__(self) -> None:
+        self.fn(*self.args)
+
+
+def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapping[str, Any]],
+                       cache: TimingCache, repeat: int = 15) -> None:
+    """Each unit's seconds per call in f32 and in bf16: the sum of its nodes' times, each node
+    timed alone (:class:`OneNode`, :func:`.measure.time_call`) through ``cache``."""
+    for unit in units:
+        for precision in PRECISIONS:
+            total = 0.0
+            for key in unit.keys:
+                symbol, _, index = key.rpartition("#")
+                one = OneNode(graphs[symbol], int(index), precision)
+                timing = cache.get(one.timing_key())
+                if timing is None:
+                    timing = time_call(one, warmup=3, repeat=repeat, min_total_s=0.05)
+                    cache.put(one.timing_key(), timing)
+                total += timing.median_s
+            unit.times[precision] = total
+
+
+def measure_sensitivity(units: Sequence[PrecisionUnit], session: _Session, keys: Sequence[str],
+                        calibration: list, reference: list, report: PrecisionReport) -> None:
+    """Each unit's calibration error with it alone in bf16 (the others float32), largest time
+    gain first; a unit where bf16 is not faster is not built; the budget may cut the rest."""
+    by_gain = sorted(units, key=lambda u: u.times["bf16"] - u.times["f32"])
+    for i, unit in enumerate(by_gain):
+        if unit.times["bf16"] >= unit.times["f32"]:
+            unit.unmeasured = "bf16 is not faster"
+            continue
+        if session.left_s() <= 0:
+            report.search_cut = True
+            report.notes.append(f"budget_s ran out after {i} of {len(units)} units' sensitivities: "
+                                "the others stay float32")
+            for rest in by_gain[i:]:
+                rest.unmeasured = "bf16 is not faster" if rest.times["bf16"] >= rest.times["f32"] else "search cut"
+            return
+        table = {k: "f32" for k in keys} | {k: "bf16" for k in unit.keys}
+        unit.error = relative_error(session.build(table).run(calibration), reference)
+        session.say(f"sensitivity {i + 1}/{len(units)} {unit.name}: error {unit.error:.2g}")
+
+
+def _problem(units: Sequence[PrecisionUnit]) -> Problem:
+    """The solver's view: one region per unit, f32 (no error) or bf16 (its measured error)."""
+    regions = []
+    for u in units:
+        choices = [Choice("f32", "cpu:0", u.times["f32"])]
+        if u.error is not None:
+            choices.append(Choice("bf16", "cpu:0", u.times["bf16"], u.error))
+        regions.append(Region(u.name, choices))
+    return Problem(regions, {}, lambda src, dst, nbytes: 0.0)
+
+
+def search_mix(units: Sequence[PrecisionUnit], session: _Session, tolerance: float, calibration: list,
+               reference: list, report: PrecisionReport) -> PlanResult | None:
+    """The fastest mix found whose real calibration error is within ``tolerance``, or None.
+
+    The solver bounds the *summed* unit errors; real errors add up less (or more), so each mix
+    is built and measured and the error budget rescaled by ``tolerance / measured`` (tighter after
+    a miss, looser when there was room) for up to :data:`SEARCH_ROUNDS` rounds."""
+    problem, budget, tried, best = _problem(units), tolerance, set(), None
+    for _ in range(SEARCH_ROUNDS):
+        left = session.left_s()
+        solution = solve(problem, budget, budget_s=None if math.isinf(left) else max(left, 1e-3))
+        if not solution.exact and any("budget" in n for n in solution.notes):
+            report.search_cut = True
+        table = {k: solution.choices[u.name].name for u in units for k in u.keys}
+        chosen = frozenset(k for k, p in table.items() if p == "bf16")
+        if not chosen or chosen in tried:
+            break
+        tried.add(chosen)
+        built = session.build(table)
+        plan = PlanResult("tuned mix", table, relative_error(built.run(calibration), reference),
+                          modelled_s=solution.time_s, built=built)
+        session.say(f"mix of {len(chosen)} bf16 nodes: calibration error {plan.calibration_error:.2g} "
+                    f"(summed unit errors {solution.error:.2g}, budget {budget:.2g})")
+        if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
+            best = plan
+        measured = plan.calibration_error
+        if measured > tolerance:
+            budget *= 0.8 * tolerance / measured
+        elif measured > 0 and tolerance / measured < 1.25:
+            break  # close to the tolerance already: little to gain from a looser budget
+        else:
+            budget *= 4.0 if measured == 0 else min(4.0, tolerance / measured)
+        if session.left_s() <= 0:
+            report.search_cut = True
+            break
+    return best
+
+
+def _mix(report: PrecisionReport, session: _Session, all_bf16: PlanResult, keys: Sequence[str],
+         calibration: list, reference: list) -> PlanResult | None:
+    """The mix of units to check end to end. When all-bf16 already meets the tolerance on the
+    calibration inputs, each unit takes its faster precision (no sensitivity needed: one build
+    checks the mix); otherwise the sensitivities are measured and the solver searches."""
+    units, tolerance = report.units, report.tolerance
+    if all_bf16.calibration_error > tolerance:
+        measure_sensitivity(units, session, keys, calibration, reference, report)
+        mix = search_mix(units, session, tolerance, calibration, reference, report)
+        if mix is None:
+            report.notes.append("no mix of bf16 units measured within the tolerance on the calibration inputs")
+        return mix
+    report.notes.append("all bf16 is within the tolerance on the calibration inputs: each unit takes its "
+                        "faster precision, and the units' own sensitivities were not measured")
+    table = {}
+    for unit in units:
+        unit.unmeasured = "all bf16 is within the tolerance"
+        faster = "bf16" if unit.times["bf16"] < unit.times["f32"] else "f32"
+        table.update({k: faster for k in unit.keys})
+    if "bf16" not in table.values() or "f32" not in table.values():
+        return None
+    built = session.build(table)
+    return PlanResult("tuned mix", table, relative_error(built.run(calibration), reference),
+                      modelled_s=sum(min(u.times.values()) for u in units), built=built)
+
+
+def _float_plans(session: _Session, default: tvm.IRModule, calibration: list) -> tuple[list[PlanResult], list]:
+    """The default float32 plan (the reference: its outputs are returned too) and, where the
+    algorithm level changed a convolution, the float32 plan with those algorithms."""
+    ref = Built(default)
+    reference = ref.run(calibration)
+    plans = [PlanResult(DEFAULT_PLAN, {}, 0.0, 0.0, built=ref)]
+    if json.loads(session.options.get("onednn", {}).get("algorithms", "{}") or "{}"):
+        tuned = session.build(None)
+        plans.append(PlanResult("float32, tuned algorithms", {}, relative_error(tuned.run(calibration), reference),
+                                built=tuned))
+    return plans, reference
+
+
+def _check_holdout(plans: Sequence[PlanResult], tolerance: float, holdout: list, ref_holdout: list) -> list[PlanResult]:
+    """The bf16 plans within ``tolerance`` on the calibration inputs and then on the held-out ones."""
+    kept = []
+    for plan in plans:
+        if plan.calibration_error is None or plan.calibration_error > tolerance:
+            continue
+        plan.holdout_error = relative_error(plan.built.run(holdout), ref_holdout)
+        if plan.holdout_error <= tolerance:
+            kept.append(plan)
+    return kept
+
+
+def _warn_unmet(report: PrecisionReport, tolerance: float) -> None:
+    errors = [max(e for e in (p.calibration_error, p.holdout_error) if e is not None)
+              for p in report.plans if p.table and p.calibration_error is not None]
+    errors += [u.error for u in report.units if u.error is not None]
+    best = min(errors) if errors else math.inf
+    text = (f"no precision plan meets tolerance {tolerance:g}: the best error found was {best:.3g} "
+            f"(max |y - y_f32| / max |y_f32|); the float32 plan is returned")
+    report.notes.append(text)
+    warnings.warn(f"tune: {text}", TuneWarning, stacklevel=4)
+
+
+def _pick(report: PrecisionReport, float_plans: list[PlanResult], candidates: list[PlanResult],
+          sample: Sequence[np.ndarray], rounds: int, repeat: int) -> PlanResult:
+    """Time the float32 plans and the candidates end to end, alternating; the fastest wins, the
+    default unless another is measured faster (never slower than the default)."""
+    from .measure import time_alternately
+
+    timed = float_plans + candidates
+    for plan, timing in zip(timed, time_alternately([p.built.caller(sample) for p in timed], rounds, repeat)):
+        plan.timing = timing
+    best = min(timed, key=lambda p: p.timing.median_s)
+    report.kept = best.name
+    return best
+
+
+def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, default: tvm.IRModule, *,
+                      precisions: Sequence[str], tolerance: float, calibration: Any, holdout: Any = None,
+                      targets: Any = None, options: Mapping[str, Mapping[str, Any]] | None = None,
+                      budget_s: float | None = None, cache: TimingCache | None = None, rounds: int = 3,
+                      repeat: int = 15, max_units: int = MAX_UNITS, progress: bool = False
+                      ) -> tuple[PlanResult | None, PrecisionReport]:
+    """The precision level (see the module docstring): the plan kept (its ``built.module`` is the
+    partitioned module; None when there was nothing to choose: no native bf16, no unit) and the
+    report. ``default`` is the default float32 partition, the reference; ``options`` the backend
+    options of the other levels (the algorithm level's ``algorithms``), kept in every candidate;
+    ``cache`` the timing cache the units' times go through (saved at the end)."""
+    from .._relax import region_table
+    from ..backends.onednn.precision import effective_precision
+
+    report = PrecisionReport(tuple(precisions), float(tolerance))
+    samples = input_samples(mod, params, calibration, "calibration")
+    held = None if holdout is None else input_samples(mod, params, holdout, "holdout")
+    calibration, holdout = split_holdout(samples, held)
+    report.calibration, report.holdout = len(calibration), len(holdout)
+    _, reason = effective_precision("bf16")
+    anchors = anchor_nodes(default)
+    if reason or not anchors:
+        report.notes.append(f"bf16 candidates skipped: {reason}" if reason else
+                            "no float conv2d / dense / matmul in a oneDNN region: no precision to choose")
+        return None, report
+    session = _Session(mod, params, targets, options, budget_s, progress)
+    float_plans, reference = _float_plans(session, default, calibration)
+    keys = [k for k, _ in anchors]
+    all_bf16 = session.build({k: "bf16" for k in keys})
+    report.units = make_units(anchors, max_units)
+    graphs = {symbol: entry.graph for symbol, entry in region_table(float_plans[-1].built.module).items()}
+    cache = cache if cache is not None else TimingCache(None)
+    measure_unit_times(report.units, graphs, cache, repeat)
+    cache.save()
+    candidates = [PlanResult("all bf16", {k: "bf16" for k in keys},
+                             relative_error(all_bf16.run(calibration), reference),
+                             modelled_s=sum(u.times["bf16"] for u in report.units), built=all_bf16)]
+    session.say(f"{len(report.units)} units timed; all bf16: calibration error {candidates[0].calibration_error:.2g}")
+    mix = _mix(report, session, candidates[0], keys, calibration, reference)
+    if mix is not None and mix.bf16_nodes < len(keys):
+        candidates.append(mix)
+    report.plans = float_plans + candidates
+    valid = _check_holdout(candidates, float(tolerance), holdout, float_plans[0].built.run(holdout))
+    if not valid:
+        _warn_unmet(report, float(tolerance))
+    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat)
+    for unit in report.units:
+        unit.chosen = "bf16" if best.table and all(best.table[k] == "bf16" for k in unit.keys) else "f32"
+    return best, report
