@@ -348,3 +348,199 @@ def test_tune_rejects_levels_it_does_not_decide_yet_and_bad_precision_requests()
     ]:
         with pytest.raises(bh.RuleError, match=match):
             bh.tune(mod, params, **kwargs)
+
+
+# ---- the precision level: per-node precision, sensitivities, tolerance, held-out check -----------
+
+def _llvm_outputs(mod, params, samples):
+    """The float32 reference: the model built for llvm alone (no region)."""
+    import tvm
+    from tvm import relax
+
+    import byoc_hetero as bh
+
+    vm = relax.VirtualMachine(relax.build(bh.bind_params(mod, params), target="llvm"), tvm.cpu())
+    return [[vm["main"](tvm.runtime.tensor(x)).numpy()] for x in samples]
+
+
+def _run(partitioned, samples):
+    from byoc_hetero.tune.precision import Built
+
+    return Built(partitioned).run([[x] for x in samples])
+
+
+def _error(outputs, reference):
+    return max(float(np.abs(y[0] - r[0]).max() / np.abs(r[0]).max()) for y, r in zip(outputs, reference))
+
+
+def _convnet_samples(n, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, 3, 16, 16)).astype("float32") for _ in range(n)]
+
+
+def _node_attrs(partitioned):
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.backends.onednn.precision import node_key
+
+    return {node_key(sym, i): n.get("attrs", {}) for sym, e in region_table(partitioned).items()
+            for i, n in enumerate(e.graph["nodes"])}
+
+
+def test_node_precisions_reach_the_runtime_and_change_only_those_nodes():
+    import byoc_hetero as bh
+    from byoc_hetero.backends.onednn.precision import effective_precision
+    from byoc_hetero.tune.precision import anchor_nodes
+
+    if effective_precision("bf16")[1]:
+        pytest.skip("no native bf16 here: " + effective_precision("bf16")[1])
+    mod, params = bh.models.small_convnet()
+    xs = _convnet_samples(2, 0)
+    ref = _llvm_outputs(mod, params, xs)
+    keys = [k for k, _ in anchor_nodes(bh.partition(mod, params))]
+    assert len(keys) == 5  # 3 conv2d, 2 dense
+
+    def with_table(table):
+        return bh.partition(mod, params, precision="bf16",
+                            options={"onednn": {"node_precisions": json.dumps(table)}})
+
+    kept_f32 = with_table({k: "f32" for k in keys})
+    assert _error(_run(kept_f32, xs), ref) < 1e-5  # every anchor kept f32: the float32 result
+    one = with_table({k: ("bf16" if k == keys[1] else "f32") for k in keys})
+    assert {k: a.get("precision") for k, a in _node_attrs(one).items() if k in keys} == \
+        {k: ("bf16" if k == keys[1] else "f32") for k in keys}
+    err_one, err_all = _error(_run(one, xs), ref), _error(_run(bh.partition(mod, params, precision="bf16"), xs), ref)
+    assert 1e-5 < err_one < 3e-2 and 1e-5 < err_all < 3e-2  # bf16 rounding, not a wrong result
+    with pytest.raises(bh.RuleError, match="is a pool2d"):
+        with_table({keys[0].rpartition("#")[0] + "#3": "f32"})
+    with pytest.raises(bh.RuleError, match="expected one of"):
+        with_table({keys[0]: "fp8"})
+    with pytest.raises(bh.RuleError, match="<region symbol>#<node index>"):
+        with_table({"conv0": "f32"})
+
+
+def _inject_unit_times(monkeypatch):
+    """Unit times as if bf16 halved every unit's time (the real ones on a tiny model favour f32:
+    a tiny convolution pays more for its conversions than bf16 saves); errors stay measured."""
+    from byoc_hetero.tune import precision
+
+    def fake(units, graphs, cache, repeat=15):
+        for i, unit in enumerate(units):
+            unit.times = {"f32": 2e-5 * (i + 1), "bf16": 1e-5 * (i + 1)}
+
+    monkeypatch.setattr(precision, "measure_unit_times", fake)
+
+
+def _fake_end_to_end(monkeypatch, faster: set[str]):
+    """End-to-end times where the plans named in ``faster`` beat the default and the others lose."""
+    from byoc_hetero.tune import precision
+
+    def fake(plans, sample, rounds, repeat):
+        return [Timing(1e-3 if p.name in faster else 2e-3 if i == 0 else 3e-3, 5) for i, p in enumerate(plans)]
+
+    monkeypatch.setattr(precision, "time_plans", fake)
+
+
+def _skip_without_bf16():
+    from byoc_hetero.backends.onednn.precision import effective_precision
+
+    if effective_precision("bf16")[1]:
+        pytest.skip("no native bf16 here: " + effective_precision("bf16")[1])
+
+
+def test_precision_mix_meets_the_tolerance_on_held_out_inputs(monkeypatch):
+    import byoc_hetero as bh
+    from byoc_hetero.tune.precision import anchor_nodes
+
+    _skip_without_bf16()
+    _inject_unit_times(monkeypatch)
+    _fake_end_to_end(monkeypatch, {"tuned mix", "tuned mix, tighter"})
+    mod, params = bh.models.small_convnet()
+    cal, held = _convnet_samples(3, 1), _convnet_samples(2, 2)
+    ref_cal, ref_held = _llvm_outputs(mod, params, cal), _llvm_outputs(mod, params, held)
+    all_bf16 = _error(_run(bh.partition(mod, params, precision="bf16"), cal), ref_cal)
+    tol = all_bf16 / 2  # all bf16 misses: a mix is needed
+    m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=tol, calibration=cal, holdout=held)
+    rep = report.precision
+    assert rep.calibration == 3 and rep.holdout == 2 and len(rep.units) == 5
+    assert rep.plan("all bf16").calibration_error > tol
+    # each unit's sensitivity: its error with it alone in bf16, as an independent build measures it
+    assert all(u.error is not None and u.error > 0 for u in rep.units)
+    unit = max(rep.units, key=lambda u: u.error)
+    keys = [k for k, _ in anchor_nodes(bh.partition(mod, params))]
+    alone = bh.partition(mod, params, precision="bf16", options={"onednn": {"node_precisions": json.dumps(
+        {k: "bf16" if k in unit.keys else "f32" for k in keys})}})
+    assert _error(_run(alone, cal), ref_cal) == pytest.approx(unit.error, rel=0.05, abs=1e-5)
+    # the kept plan: a mix (found at once, or after a miss on the held-out inputs, a tighter one),
+    # within the tolerance on the held-out inputs against llvm's float32
+    mix = rep.plan(rep.kept)
+    assert rep.kept.startswith("tuned mix") and report.kept == "tuned" and 0 < mix.bf16_nodes < 5, str(report)
+    assert _error(_run(m, held), ref_held) <= tol + 1e-5
+    assert mix.holdout_error <= tol and mix.calibration_error <= tol
+    assert all(p.holdout_error is None or p.holdout_error > tol or p.calibration_error <= tol for p in rep.plans)
+    assert {k: a.get("precision") for k, a in _node_attrs(m).items() if k in keys} == mix.table
+    assert [u.chosen for u in rep.units].count("bf16") == mix.bf16_nodes
+    text = str(report)
+    assert "precision: among f32, bf16" in text and f"kept the {rep.kept} plan" in text and "bf16 alone: error" in text
+
+
+def test_precision_never_slower_than_the_default(monkeypatch):
+    import byoc_hetero as bh
+
+    _skip_without_bf16()
+    _inject_unit_times(monkeypatch)
+    _fake_end_to_end(monkeypatch, set())  # every candidate measured slower than the default
+    mod, params = bh.models.small_convnet()
+    cal = _convnet_samples(4, 3)
+    m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-1, calibration=cal)
+    assert report.precision.kept == "default (float32)" and report.kept == "default"
+    assert report.precision.plan("all bf16").timing.median_s > report.default.median_s
+    held = cal[3:]  # the last quarter was held out
+    assert report.precision.holdout == 1
+    assert _error(_run(m, held), _llvm_outputs(mod, params, held)) < 1e-5
+
+
+def test_precision_tolerance_no_plan_meets_gives_float32_with_a_warning():
+    import byoc_hetero as bh
+    from byoc_hetero.tune.precision import TuneWarning
+
+    _skip_without_bf16()
+    mod, params = bh.models.small_convnet()
+    cal = _convnet_samples(3, 4)
+    with pytest.warns(TuneWarning, match=r"no precision plan meets tolerance 0: the best error found was \d"):
+        m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=0.0, calibration=cal)
+    assert report.precision.kept.startswith("default") or report.precision.kept.startswith("float32")
+    assert _error(_run(m, cal), _llvm_outputs(mod, params, cal)) < 1e-5
+    assert not any(a.get("precision") == "bf16" for a in _node_attrs(m).values())
+
+
+def test_precision_budget_cut_returns_the_best_plan_so_far(monkeypatch):
+    import byoc_hetero as bh
+
+    _skip_without_bf16()
+    _inject_unit_times(monkeypatch)
+    mod, params = bh.models.small_convnet()
+    cal = _convnet_samples(3, 5)
+    ref = _llvm_outputs(mod, params, cal)
+    tol = _error(_run(bh.partition(mod, params, precision="bf16"), cal), ref) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no plan may be found within the cut: then the float32 plan
+        m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=tol, calibration=cal,
+                            budget_s=1e-6)
+    assert report.precision.search_cut and "the search was cut by budget_s" in str(report)
+    assert any(u.error is None and u.unmeasured == "search cut" for u in report.precision.units)
+    assert _error(_run(m, cal[2:]), ref[2:]) <= tol + 1e-5
+
+
+def test_precision_without_native_bf16_skips_the_bf16_candidates(monkeypatch):
+    import byoc_hetero as bh
+
+    monkeypatch.setenv("BYOC_HETERO_BF16", "off")  # what a CPU without avx512_bf16 answers
+    mod, params = bh.models.mlp()
+    x = [np.random.default_rng(0).standard_normal((1, 784)).astype("float32") for _ in range(2)]
+    m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-2, calibration=x)
+    assert report.precision.units == [] and "bf16 candidates skipped" in str(report)
+    assert "BYOC_HETERO_BF16=off" in report.precision.notes[0]
+    with pytest.raises(bh.InputError, match="at least 2"):
+        bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-2, calibration=x[:1])
+    with pytest.raises(bh.InputError, match="expected shape"):
+        bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-2, calibration=[np.zeros((2, 3), "float32")] * 2)
