@@ -262,7 +262,20 @@ def _region_precision(region: RegionEntry) -> str:
     requested = str(info.get("precision_requested", precision))
     if requested != precision:
         return f"{precision} (bf16 requested, ran {precision}: {info.get('precision_note', '')})"
-    return precision
+    return _per_node_precision(region.graph or {}, precision) or precision
+
+
+def _per_node_precision(graph: dict, precision: str) -> str:
+    """``"mixed (k of n conv2d/dense/matmul bf16)"`` when the anchors' own ``precision`` attrs (a
+    tuner's per-node decisions, docs/region-format.md) make them compute in two precisions; else ""."""
+    from .backends.onednn.precision import effective_precision
+
+    anchors = [n for n in graph.get("nodes", []) if n["op"] in _ANCHOR_OPS and "src_scale" not in n.get("attrs", {})]
+    asked = [n.get("attrs", {}).get("precision", precision) for n in anchors]
+    bf16 = asked.count("bf16") if not effective_precision("bf16")[1] else 0
+    if 0 < bf16 < len(anchors):
+        return f"mixed ({bf16} of {len(anchors)} conv2d/dense/matmul bf16, per-node precision)"
+    return ""
 
 
 def _fallback(call: relax.Call, decisions: list[Rejection]) -> FallbackOp:

@@ -408,6 +408,7 @@ def test_node_precisions_reach_the_runtime_and_change_only_those_nodes():
     one = with_table({k: ("bf16" if k == keys[1] else "f32") for k in keys})
     assert {k: a.get("precision") for k, a in _node_attrs(one).items() if k in keys} == \
         {k: ("bf16" if k == keys[1] else "f32") for k in keys}
+    assert bh.report(one).regions[0].precision == "mixed (1 of 5 conv2d/dense/matmul bf16, per-node precision)"
     err_one, err_all = _error(_run(one, xs), ref), _error(_run(bh.partition(mod, params, precision="bf16"), xs), ref)
     assert 1e-5 < err_one < 3e-2 and 1e-5 < err_all < 3e-2  # bf16 rounding, not a wrong result
     with pytest.raises(bh.RuleError, match="is a pool2d"):
