@@ -155,3 +155,27 @@ def check_inputs(mod: tvm.IRModule, inputs: Sequence[Any], params: Mapping[str, 
     """Raise :class:`InputError` naming the input when ``inputs`` do not match the signature of
     ``mod[entry]`` (its parameters not in ``params``)."""
     check(entry, signature(mod[entry], params), inputs, dim_ranges(mod[entry]))
+
+
+def sample_lists(mod: tvm.IRModule, samples: Sequence[Any], params: Mapping[str, Any] | None = None,
+                 what: str = "calibration") -> list[list[Any]]:
+    """Sample inputs (each an array, a list of arrays in ``main``'s input order, or a dict by input
+    name) as lists of numpy arrays in input order, each checked by :func:`check_inputs`; a dict
+    missing an input is an :class:`InputError` naming it and ``what`` (``"calibration"``...)."""
+    import numpy as np
+
+    names = [p.name for p in mod["main"].params if not params or p.name not in params]
+    out = []
+    for k, sample in enumerate(samples):
+        if isinstance(sample, Mapping):
+            missing = [n for n in names if n not in sample]
+            if missing:
+                raise InputError(f"{what} input #{k} lacks {', '.join(missing)} (inputs: {', '.join(names)})")
+            arrays = [np.asarray(sample[n]) for n in names]
+        elif isinstance(sample, np.ndarray):
+            arrays = [sample]
+        else:
+            arrays = [np.asarray(a) for a in sample]
+        check_inputs(mod, arrays, params)
+        out.append(arrays)
+    return out

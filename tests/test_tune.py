@@ -448,7 +448,10 @@ def _skip_without_bf16():
         pytest.skip("no native bf16 here: " + effective_precision("bf16")[1])
 
 
-def test_precision_mix_meets_the_tolerance_on_held_out_inputs(monkeypatch):
+def test_precision_mix_meets_the_tolerance_on_held_out_inputs(monkeypatch, tmp_path):
+    import tvm
+    from tvm import relax
+
     import byoc_hetero as bh
     from byoc_hetero.tune.precision import anchor_nodes
 
@@ -482,6 +485,10 @@ def test_precision_mix_meets_the_tolerance_on_held_out_inputs(monkeypatch):
     assert [u.chosen for u in rep.units].count("bf16") == mix.bf16_nodes
     text = str(report)
     assert "precision: among f32, bf16" in text and f"kept the {rep.kept} plan" in text and "bf16 alone: error" in text
+    # an ordinary module: exported and reloaded, it keeps its per-node precisions
+    relax.build(m, target="llvm").export_library(str(tmp_path / "tuned.so"))
+    vm = relax.VirtualMachine(bh.load_module(tmp_path / "tuned.so"), tvm.cpu())
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(held[0])).numpy(), _run(m, held[:1])[0][0])
 
 
 def test_precision_never_slower_than_the_default(monkeypatch):

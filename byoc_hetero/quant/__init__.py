@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from ..errors import InputError, QuantizationError
+from ..errors import QuantizationError
 from .calibrate import METHODS, Observations, build_observer, run_observer
 from .insert_qdq import insert_qdq, replaced_weights
 from .plan import Layer, activation_qparams, plan, tensor_index
@@ -72,29 +72,15 @@ class QuantizedModel:
 
 def _calibration_inputs(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: Any) -> list[list[np.ndarray]]:
     """The calibration inputs as lists in ``main``'s input order, checked against its signature."""
-    from ..inputs import check_inputs
+    from ..inputs import sample_lists
 
-    names = [p.name for p in mod["main"].params if p.name not in params]
     if isinstance(calibration, np.ndarray) or calibration is None:
         raise QuantizationError("calibration must be a non-empty list of inputs (each an array, a list of "
                                 "arrays in input order, or a dict by input name)")
     samples = list(calibration)
     if not samples:
         raise QuantizationError("calibration is empty: at least one input is needed to measure ranges")
-    out = []
-    for k, sample in enumerate(samples):
-        if isinstance(sample, Mapping):
-            missing = [n for n in names if n not in sample]
-            if missing:
-                raise InputError(f"calibration input #{k} lacks {', '.join(missing)} (inputs: {', '.join(names)})")
-            arrays = [np.asarray(sample[n]) for n in names]
-        elif isinstance(sample, np.ndarray):
-            arrays = [sample]
-        else:
-            arrays = [np.asarray(a) for a in sample]
-        check_inputs(mod, arrays, params)
-        out.append(arrays)
-    return out
+    return sample_lists(mod, samples, params)
 
 
 def _check_options(method: str, activation_dtype: str, percentile: float) -> None:

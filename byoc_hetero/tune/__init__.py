@@ -8,20 +8,26 @@
   the budget runs out.
 
 - :mod:`.algorithms`: the algorithm level (direct or Winograd per convolution, timed alone);
+- :mod:`.precision`: the precision level (f32 or bf16 per conv2d / dense / matmul, the fastest mix
+  within an error tolerance, checked on held-out inputs);
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
-The precision, codegen and device levels are not decided yet (``bh.tune`` says so when asked).
+The codegen and device levels, and int8 as a precision, are not decided yet (``bh.tune`` says so
+when asked).
 """
 
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature
-from .measure import robust_timing, time_call
+from .measure import robust_timing, time_alternately, time_call
+from .precision import PrecisionReport, PrecisionUnit, TuneWarning
 from .solver import Choice, Problem, Region, Solution, linear_copy_cost, plan_cost, solve
 from .tuner import TuneReport, tune
 
 __all__ = [
     "Choice",
     "MachineKey",
+    "PrecisionReport",
+    "PrecisionUnit",
     "Problem",
     "Region",
     "Solution",
@@ -33,7 +39,9 @@ __all__ = [
     "robust_timing",
     "signature",
     "solve",
+    "time_alternately",
     "time_call",
     "tune",
     "TuneReport",
+    "TuneWarning",
 ]

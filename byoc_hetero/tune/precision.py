@@ -100,24 +100,12 @@ def input_samples(mod: tvm.IRModule, params: Mapping[str, Any] | None, samples: 
                   what: str) -> list[list[np.ndarray]]:
     """``samples`` (each an array, a list of arrays in ``main``'s input order, or a dict by input
     name) as lists of arrays, checked against ``main``'s signature (:class:`InputError`)."""
-    from ..inputs import check_inputs
+    from ..inputs import sample_lists
 
-    names = [p.name for p in mod["main"].params if not params or p.name not in params]
     if samples is None or isinstance(samples, (np.ndarray, Mapping)) or not len(samples):
         raise InputError(f"tune: {what} must be a non-empty list of inputs (each an array, a list of "
                          "arrays in input order, or a dict by input name)")
-    out = []
-    for k, sample in enumerate(samples):
-        if isinstance(sample, Mapping):
-            missing = [n for n in names if n not in sample]
-            if missing:
-                raise InputError(f"tune: {what} input #{k} lacks {', '.join(missing)} (inputs: {', '.join(names)})")
-            arrays = [np.asarray(sample[n]) for n in names]
-        else:
-            arrays = [np.asarray(sample)] if isinstance(sample, np.ndarray) else [np.asarray(a) for a in sample]
-        check_inputs(mod, arrays, params)
-        out.append(arrays)
-    return out
+    return sample_lists(mod, list(samples), params, f"tune: {what}")
 
 
 def split_holdout(calibration: list, holdout: list | None) -> tuple[list, list]:
