@@ -1,0 +1,82 @@
+"""The precision level of bh.tune against the single-precision builds (issue 26 targets).
+
+For a built-in model: tune with precisions=("f32", "bf16") at each tolerance (cold timing cache,
+then warm), then time side by side, interleaved in one process, the default float32 partition,
+the all-bf16 partition and each tuned module; errors are max |y - y_f32| / max |y_f32| against
+the llvm-only float32 build on held-out inputs the tuner never saw.
+
+    python3 bench/tune_precision.py --model resnet18 --image-size 128 --tolerances 1e-2 auto
+
+``auto`` is half of the all-bf16 build's held-out error: a tolerance all-bf16 misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero.tune.measure import time_alternately
+from byoc_hetero.tune.precision import Built, relative_error
+
+
+def _machine() -> str:
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
+            ["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines() if line.startswith("Model name"))
+    except StopIteration:
+        model = platform.processor()
+    return (f"{model}, {os.cpu_count()} CPUs, oneDNN {bh._C.onednn_version()} ISA {bh._C.isa()}, "
+            f"load average {os.getloadavg()[0]:.1f} at start (a shared machine: times are noisy)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--image-size", type=int, default=128)
+    ap.add_argument("--calibration", type=int, default=4)
+    ap.add_argument("--holdout", type=int, default=2)
+    ap.add_argument("--tolerances", nargs="+", default=["1e-2", "auto"])
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    mod, params = getattr(bh.models, args.model)(image_size=args.image_size)
+    shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
+    rng = np.random.default_rng(0)
+    cal = [rng.standard_normal(shape).astype("float32") for _ in range(args.calibration)]
+    held = [rng.standard_normal(shape).astype("float32") for _ in range(args.holdout)]
+    vm = relax.VirtualMachine(relax.build(bh.bind_params(mod, params), target="llvm"), tvm.cpu())
+    ref = [[vm["main"](tvm.runtime.tensor(x)).numpy()] for x in held]
+    builds = {"default f32": Built(bh.partition(mod, params)), "all bf16": Built(bh.partition(mod, params, precision="bf16"))}
+    bf16_err = relative_error(builds["all bf16"].run([[x] for x in held]), ref)
+    print(f"# {args.model} {args.image_size}x{args.image_size}: {_machine()}")
+    cache = os.path.join(tempfile.mkdtemp(), "timings.json")
+    for tol_text in args.tolerances:
+        tol = bf16_err / 2 if tol_text == "auto" else float(tol_text)
+        for run in ("cold", "warm"):
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=tol, calibration=cal,
+                                    holdout=held, cache=cache)
+            print(f"tune tolerance {tol:.2g} ({run} cache): {time.perf_counter() - t0:.1f} s, kept {report.precision.kept}")
+        print(report)
+        builds[f"tuned tol {tol:.2g}"] = Built(m)
+    timings = time_alternately([b.caller([cal[0]]) for b in builds.values()], args.rounds, 15)
+    base = timings[0].median_s
+    print("\n| build | median ms | / default | / all bf16 | held-out error vs llvm f32 |\n|---|---|---|---|---|")
+    for (name, b), t in zip(builds.items(), timings):
+        err = relative_error(b.run([[x] for x in held]), ref)
+        print(f"| {name} | {t.median_s * 1e3:.3f} | {t.median_s / base:.2f} | {t.median_s / timings[1].median_s:.2f} | {err:.2g} |")
+
+
+if __name__ == "__main__":
+    main()
