@@ -552,3 +552,25 @@ def test_precision_without_native_bf16_skips_the_bf16_candidates(monkeypatch):
         bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-2, calibration=x[:1])
     with pytest.raises(bh.InputError, match="expected shape"):
         bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-2, calibration=[np.zeros((2, 3), "float32")] * 2)
+
+
+def test_runtime_checks_the_node_precision_attr():
+    """The runtime reads ``precision`` on conv2d / dense / matmul only, and only f32 / bf16."""
+    import tvm
+
+    import byoc_hetero as bh  # noqa: F401  (registers the runtime)
+
+    def doc(op, attrs, shapes):
+        tensors = [{"shape": s, "dtype": "float32"} for s in shapes]
+        return json.dumps({"format": "byoc_hetero.region", "version": 1, "symbol": "r", "tensors": tensors,
+                           "inputs": list(range(len(shapes) - 1)), "outputs": [len(shapes) - 1], "constants": [],
+                           "nodes": [{"op": op, "inputs": list(range(len(shapes) - 1)), "output": len(shapes) - 1,
+                                      "attrs": attrs}]})
+
+    create = tvm.get_global_func("byoc_hetero.runtime.create")
+    create(doc("matmul", {"precision": "f32"}, [[2, 3], [3, 4], [2, 4]]))  # accepted
+    with pytest.raises(Exception, match=r"precision.*expected one of \"f32\", \"bf16\", got \"fp8\""):
+        create(doc("matmul", {"precision": "fp8"}, [[2, 3], [3, 4], [2, 4]]))
+    with pytest.raises(Exception, match="unknown attribute"):
+        create(doc("pool2d", {"algorithm": "max", "kernel": [2, 2], "precision": "bf16"},
+                   [[1, 1, 4, 4], [1, 1, 3, 3]]))
