@@ -30,11 +30,9 @@ from byoc_hetero.tune.precision import Built, relative_error
 
 
 def _machine() -> str:
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines() if line.startswith("Model name"))
-    except StopIteration:
-        model = platform.processor()
+    lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name")]
+    model = names[0] if names else platform.processor()
     return (f"{model}, {os.cpu_count()} CPUs, oneDNN {bh._C.onednn_version()} ISA {bh._C.isa()}, "
             f"load average {os.getloadavg()[0]:.1f} at start (a shared machine: times are noisy)")
 
@@ -55,19 +53,21 @@ def main() -> None:
     held = [rng.standard_normal(shape).astype("float32") for _ in range(args.holdout)]
     vm = relax.VirtualMachine(relax.build(bh.bind_params(mod, params), target="llvm"), tvm.cpu())
     ref = [[vm["main"](tvm.runtime.tensor(x)).numpy()] for x in held]
-    builds = {"default f32": Built(bh.partition(mod, params)), "all bf16": Built(bh.partition(mod, params, precision="bf16"))}
+    builds = {"default f32": Built(bh.partition(mod, params)),
+              "all bf16": Built(bh.partition(mod, params, precision="bf16"))}
     bf16_err = relative_error(builds["all bf16"].run([[x] for x in held]), ref)
     print(f"# {args.model} {args.image_size}x{args.image_size}: {_machine()}")
     cache = os.path.join(tempfile.mkdtemp(), "timings.json")
     for tol_text in args.tolerances:
         tol = bf16_err / 2 if tol_text == "auto" else float(tol_text)
-        for run in ("cold", "warm"):
+        for run in ("first", "second"):
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=tol, calibration=cal,
                                     holdout=held, cache=cache)
-            print(f"tune tolerance {tol:.2g} ({run} cache): {time.perf_counter() - t0:.1f} s, kept {report.precision.kept}")
+            print(f"tune tolerance {tol:.2g} ({run} tune, timing cache {report.cache_hits} hits / "
+                  f"{report.cache_misses} misses): {time.perf_counter() - t0:.1f} s, kept {report.precision.kept}")
         print(report)
         builds[f"tuned tol {tol:.2g}"] = Built(m)
     timings = time_alternately([b.caller([cal[0]]) for b in builds.values()], args.rounds, 15)
@@ -75,7 +75,8 @@ def main() -> None:
     print("\n| build | median ms | / default | / all bf16 | held-out error vs llvm f32 |\n|---|---|---|---|---|")
     for (name, b), t in zip(builds.items(), timings):
         err = relative_error(b.run([[x] for x in held]), ref)
-        print(f"| {name} | {t.median_s * 1e3:.3f} | {t.median_s / base:.2f} | {t.median_s / timings[1].median_s:.2f} | {err:.2g} |")
+        print(f"| {name} | {t.median_s * 1e3:.3f} | {t.median_s / base:.2f} | "
+              f"{t.median_s / timings[1].median_s:.2f} | {err:.2g} |")
 
 
 if __name__ == "__main__":
