@@ -249,6 +249,11 @@ def measure_region(c: RegionCandidate, cache: TimingCache, options: Mapping[str,
         for codegen, k in keys.items():
             cache.put(k, d.timings[codegen])
     d.chosen = _winner(d.timings, c.default)
+    best = min(d.timings, key=lambda k: d.timings[k].median_s)
+    if best != d.chosen:
+        gain = d.timings[d.chosen].median_s / d.timings[best].median_s - 1
+        spread = max(t.spread for t in d.timings.values())
+        d.note = f"{best} {gain:.0%} faster, within the spread ({spread:.0%}): a tie"
     return d
 
 
