@@ -11,18 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from test_cli import _one_line_error, cli  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    from test_frontends import _export_onnx, _make
-
-    net, x = _make("cnn")
-    tmp = tmp_path_factory.mktemp("tune_cli")
-    path = _export_onnx(net, x, tmp / "cnn.onnx")
-    np.save(tmp / "x.npy", x.numpy())
-    return path, tmp / "x.npy"
+# the small CNN exported to ONNX, and its input, as the other commands' tests use them
+from test_cli import _one_line_error, cli, model  # noqa: E402,F401
 
 
 def test_tune_writes_a_library_that_reloads_and_matches_onnxruntime(model, tmp_path):
