@@ -5,9 +5,9 @@ the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build; ``run m
 exported library, its file structure checked before loading), ``bench MODEL.onnx``
 (offloaded vs llvm-only latency), ``tune MODEL.onnx`` (``bh.tune``: decisions measured on this
 machine, a progress bar on stderr, the tuning report; ``-o lib.so`` writes the tuned library),
-``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA, kernels). ``report``, ``run`` and ``bench`` take ``--quantize DIR``: the float model is first
-quantized to int8 by :func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR``
-(docs/quantize.md).
+``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA, kernels). ``report``, ``run`` and
+``bench`` take ``--quantize DIR``: the float model is first quantized to int8 by
+:func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR`` (docs/quantize.md).
 
 Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
 file, a wrong input count, shape or dtype, an index out of range: :class:`~byoc_hetero.errors.InputError`,

@@ -329,7 +329,8 @@ def partition(
     """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes.
 
     ``precision``: ``"f32"`` (the oneDNN backend's default) or ``"bf16"``; ``options``: per backend;
-    ``region_codegen``: which regions run where, over the cost gate's rule (see :func:`stages`). A quantized module's constant scales and zero points are checked first
+    ``region_codegen``: which regions run where, over the cost gate's rule (see :func:`stages`). A
+    quantized module's constant scales and zero points are checked first
     (:class:`~byoc_hetero.errors.QuantizationError` naming the op and value for a malformed one).
     """
     if not isinstance(mod, tvm.IRModule):

@@ -8,10 +8,14 @@
   the budget runs out.
 
 - :mod:`.algorithms`: the algorithm level (direct or Winograd per convolution, timed alone);
+- :mod:`.codegen`: the codegen level (each candidate region offloaded or on llvm, timed both ways
+  with its boundary; applied as ``bh.partition``'s ``region_codegen``);
+- :mod:`.reuse`: the end-to-end check's figures kept in the cache for an unchanged model and plan;
+- :mod:`.progress`: the progress bar on stderr;
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
-The precision, codegen and device levels are not decided yet (``bh.tune`` says so when asked).
+The precision and device levels are not decided yet (``bh.tune`` says so when asked).
 """
 
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature

@@ -39,6 +39,7 @@ from tvm import relax
 
 from .._relax import is_composite, is_region, op_calls, region_composites, shape_of, static_shape, tensor_dtype
 from ..errors import PlacementWarning
+from ..rules import get_target
 from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason, region_key
 from .cache import Timing, TimingCache, signature
 from .measure import robust_timing
@@ -72,11 +73,16 @@ class RegionCandidate:
         return HOST if self.gate else self.target
 
     @property
-    def static(self) -> bool:
-        """Whether every parameter has a static shape (only those are timed)."""
-        return self.func is not None and all(
-            static_shape(p) is not None for p in self.func.params if isinstance(p.ty, relax.TensorType)
-        ) and all(isinstance(p.ty, relax.TensorType) for p in self.func.params)
+    def untimeable(self) -> str | None:
+        """Why the region cannot be timed alone (then the cost gate's rule decides), else None."""
+        for p in self.func.params if self.func is not None else ():
+            if not isinstance(p.ty, relax.TensorType) or static_shape(p) is None:
+                return f"parameter {p.name} has no static tensor shape: not timed"
+            try:
+                np.dtype(tensor_dtype(p))
+            except TypeError:
+                return f"parameter {p.name} is {tensor_dtype(p)}, which numpy cannot make inputs of: not timed"
+        return None
 
     def __str__(self) -> str:
         names = list(dict.fromkeys(self.ops))
@@ -110,9 +116,9 @@ def candidate_regions(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None
             found[key] = replace(found[key], count=found[key].count + 1)
             continue
         calls = [c for f in region_composites(func) for c in op_calls(f)]
-        found[key] = RegionCandidate(key, str(func.attrs["Codegen"]), tuple(c.op.name.removeprefix("relax.")
-                                     for c in calls), _gate_reason(calls, DEFAULT_MIN_REGION_OPS, True),
-                                     func=func)
+        found[key] = RegionCandidate(key, get_target(str(func.attrs["Codegen"])).name,
+                                     tuple(c.op.name.removeprefix("relax.") for c in calls),
+                                     _gate_reason(calls, DEFAULT_MIN_REGION_OPS, True), func=func)
     return list(found.values())
 
 
@@ -230,21 +236,29 @@ def _key(c: RegionCandidate, codegen: str, options: Mapping[str, Mapping[str, An
 
 
 def measure_region(c: RegionCandidate, cache: TimingCache, options: Mapping[str, Mapping[str, Any]] | None = None,
-                   repeat: int = 15, budget_s: float = 1.0) -> CodegenDecision:
+                   repeat: int = 15, budget_s: float = 1.0,
+                   step: Callable[[str], None] | None = None) -> CodegenDecision:
     """Time ``c`` offloaded and on llvm (through ``cache``) and decide; ``options`` as the codegen
-    is given them (``stages.codegen_options``)."""
+    is given them (``stages.codegen_options``); ``step(what)`` hears of each build and the timing
+    (a whole ResNet-50 on llvm takes a while)."""
+    step = step or (lambda _what: None)
     options = options or {}
     d = CodegenDecision(c)
-    if not c.static:
-        d.chosen, d.note = c.default, "symbolic shapes: not timed"
+    if c.untimeable:
+        d.chosen, d.note = c.default, c.untimeable
         return d
     keys = {codegen: _key(c, codegen, options) for codegen in (c.target, HOST)}
     found = {codegen: cache.get(k) for codegen, k in keys.items()}
     if all(found.values()):
+        step("timings from the cache")
         d.timings, d.cached = dict(found), True
     else:
         args = _inputs(c.func)
-        off, llvm = (_runner(_harness(c.func, offloaded), args, options) for offloaded in (True, False))
+        step(f"building it for {c.target}")
+        off = _runner(_harness(c.func, True), args, options)
+        step(f"building it for {HOST}")
+        llvm = _runner(_harness(c.func, False), args, options)
+        step("timing both")
         d.timings[c.target], d.timings[HOST], d.note = _time_pair(off, llvm, repeat, budget_s)
         for codegen, k in keys.items():
             cache.put(k, d.timings[codegen])
@@ -287,7 +301,8 @@ class CodegenPlan:
         """The report's lines for this level."""
         out = [f"  {d.region}: {d.why()}{' [cached]' if d.cached else ''}" for d in self.decisions]
         moved = sum(d.chosen != d.default for d in self.decisions)
-        out.append(f"  codegen: {len(self.decisions)} distinct regions, {moved} placed otherwise than the cost gate's rule")
+        out.append(f"  codegen: {len(self.decisions)} distinct regions, {moved} placed otherwise than the cost "
+                   "gate's rule")
         return out
 
 
@@ -309,9 +324,11 @@ def tune_codegen(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, cac
                                     region_codegen=applied)
         new = [c for c in current if c.key not in measured]
         for i, c in enumerate(new):
-            if progress is not None:
-                progress("codegen", i, len(new), str(c))
-            measured[c.key] = measure_region(c, cache, given, repeat)
+            def step(what: str, i: int = i, c: RegionCandidate = c) -> None:
+                if progress is not None:
+                    progress("codegen", i, len(new), f"{c}: {what}")
+
+            measured[c.key] = measure_region(c, cache, given, repeat, step=step)
         if progress is not None and new:
             progress("codegen", len(new), len(new), "done")
         if not new or all(d.chosen != HOST for d in measured.values()):
