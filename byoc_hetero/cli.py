@@ -3,10 +3,11 @@
 Commands: ``demo`` (the README's main job), ``report MODEL.onnx`` (the partition report, optionally
 the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build; ``run model.so`` runs an
 exported library, its file structure checked before loading), ``bench MODEL.onnx``
-(offloaded vs llvm-only latency), ``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA,
-kernels). ``report``, ``run`` and ``bench`` take ``--quantize DIR``: the float model is first
-quantized to int8 by :func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR``
-(docs/quantize.md).
+(offloaded vs llvm-only latency), ``tune MODEL.onnx`` (``bh.tune``: decisions measured on this
+machine, a progress bar on stderr, the tuning report; ``-o lib.so`` writes the tuned library),
+``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA, kernels). ``report``, ``run`` and
+``bench`` take ``--quantize DIR``: the float model is first quantized to int8 by
+:func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR`` (docs/quantize.md).
 
 Exit codes: 0 success; 2 bad usage or bad input (argparse, a missing or corrupt model or input
 file, a wrong input count, shape or dtype, an index out of range: :class:`~byoc_hetero.errors.InputError`,
@@ -105,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--quantize-method", choices=("minmax", "percentile", "entropy"), default="minmax",
                              help="how --quantize calibrates activation ranges (default minmax)")
 
+    _add_tune(sub)
+
     srv = sub.add_parser("serve", help="serve an exported library on Ray Serve (pip install \"byoc-hetero[serve]\")")
     srv.add_argument("library", type=Path, help="a library from byoc_hetero.serve.export (or an .onnx file "
                                                 "with --engine onnxruntime)")
@@ -118,6 +121,40 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
     return parser
+
+
+def _add_tune(sub) -> None:
+    tune = sub.add_parser("tune", help="partition with decisions measured on this machine (bh.tune); print the "
+                                       "tuning report; optionally write the tuned library")
+    tune.add_argument("model", type=Path, help="the .onnx file")
+    tune.add_argument("-o", "--output", type=Path, metavar="LIB.so",
+                      help="write the tuned module as a library (load it with bh.load_module or 'run LIB.so')")
+    tune.add_argument("--cache", type=Path, metavar="FILE",
+                      help="the timing cache (JSON; read when it was written on this machine with these library "
+                           "versions, else ignored with a warning; saved after tuning). Without it, timings are "
+                           "kept in memory only")
+    tune.add_argument("--precisions", nargs="+", choices=("f32", "bf16", "int8"), default=["f32"],
+                      metavar="P", help="precisions to choose among (f32, bf16, int8; default f32)")
+    tune.add_argument("--tolerance", type=float, help="the precision level's error bound relative to float32")
+    tune.add_argument("--calibration", type=Path, metavar="DIR",
+                      help="inputs for the precision level's error: one .npy (one-input models) or .npz per sample")
+    tune.add_argument("--shape", type=_input_shape, action="append", default=[], metavar="NAME=D1,D2,...",
+                      help="fix an input's shape (tuning times static shapes; a symbolic batch needs a size)")
+    tune.add_argument("--repeat", type=_positive, default=15, help="timed calls per candidate (default 15)")
+    tune.add_argument("--guard-rounds", type=_positive, default=3,
+                      help="alternating rounds of the end-to-end check against the default plan (default 3)")
+
+
+def _input_shape(text: str) -> tuple[str, list[int]]:
+    """``--shape x=1,3,224,224``: an input's name and its dims; else a usage error."""
+    name, _, dims = text.partition("=")
+    try:
+        shape = [int(d) for d in dims.split(",")]
+    except ValueError:
+        shape = []
+    if not name or not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,... with positive dims")
+    return name, shape
 
 
 def _positive(text: str) -> int:
@@ -349,6 +386,34 @@ def _bench_inputs(mod, params, given: dict[str, int]) -> list:
     return inputs
 
 
+def _cmd_tune(args) -> None:
+    """Tune, print the report, write the library when asked (and check it loads back)."""
+    import byoc_hetero as bh
+
+    from .library import load_module
+    from .tune.progress import ProgressBar
+
+    if args.output is not None and args.output.suffix != ".so":
+        raise InputError(f"-o {args.output}: the tuned library is a shared object; name it .so")
+    start = time.perf_counter()
+    _progress(f"importing {args.model} ...")
+    mod, params = bh.from_onnx(args.model, shape=dict(args.shape) or None)
+    calibration = _load_calibration(args.calibration) if args.calibration else None
+    bar = ProgressBar()
+    try:
+        m, report = bh.tune(mod, params, precisions=tuple(args.precisions), tolerance=args.tolerance,
+                            calibration=calibration, cache=args.cache, repeat=args.repeat,
+                            guard_rounds=args.guard_rounds, progress=bar)
+    finally:
+        bar.close()
+    _progress(f"tuned in {time.perf_counter() - start:.1f} s")
+    print(report)
+    if args.output is not None:
+        _build(m, "tuned").export_library(str(args.output))
+        load_module(args.output)  # what a user will do next: fails here, not later, for a bad file
+        print(f"tuned library: {args.output} (bh.load_module, or byoc-hetero run {args.output} --input X.npy)")
+
+
 def exit_code(err: BaseException) -> int:
     """The exit code for an error that ended a command: decided by our exception classes only."""
     if isinstance(err, UnsupportedModelError):
@@ -381,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             _cmd_run(args)
         elif args.command == "bench":
             _cmd_bench(args)
+        elif args.command == "tune":
+            _cmd_tune(args)
         elif args.command == "serve":
             _cmd_serve(args)
         elif args.command == "info":

@@ -29,6 +29,7 @@ in :func:`partition`), in the order listed there, and the backends are asked by 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ from ._relax import (
     static_shape,
     updated,
 )
-from .errors import CodegenError, FrontendError, RuleError
+from .errors import CodegenError, FrontendError, PlacementWarning, RuleError
 from .passes import (
     AFTER_MERGE,
     BEFORE_FUSION,
@@ -57,7 +58,7 @@ from .passes import (
     merge_composite_functions,
     run_passes,
 )
-from .passes.cost_gate import DEFAULT_MIN_REGION_OPS, HEAVY_OPS, gated_composites
+from .passes.cost_gate import DEFAULT_MIN_REGION_OPS, HEAVY_OPS, HOST, gated_composites
 from .quant.validate import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
@@ -69,7 +70,6 @@ from .rules import (
     op_rule_ops,
     op_rule_pattern,
     pattern_rules,
-    required_ops,
 )
 
 
@@ -128,7 +128,7 @@ def merge_composite(target: TargetSpec = None) -> tvm.transform.Pass:
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         log = DecisionLog()  # the first stage starts the run's decisions afresh
         present = ops_in(mod)
-        patterns = [fp for t in names for rule in pattern_rules(t) if required_ops(rule.pattern) <= present
+        patterns = [fp for t in names for rule in pattern_rules(t) if rule.ops_needed <= present
                     for fp in rule.fusion_patterns(log, mod)]
         mod = run_passes(BEFORE_FUSION, mod)
         if patterns:
@@ -163,13 +163,18 @@ def _mark_composite_targets(mod: tvm.IRModule, names: list[str]) -> tvm.IRModule
 
 
 def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
-                           require_heavy_op: bool = True) -> tvm.transform.Pass:
+                           require_heavy_op: bool = True,
+                           region_codegen: Mapping[str, str] | None = None) -> tvm.transform.Pass:
     """Stage 3 (MergeCompilerRegions, with PartitionGraph's outlining): MergeCompositeFunctions.
 
     Then the cost gate (as Torch-TensorRT's ``min_block_size``): a region with fewer than
     ``min_region_ops`` Relax ops, or (``require_heavy_op``) without a conv/dense/matmul, goes back
-    to TVM; the reason is recorded for every op of it.
+    to TVM; the reason is recorded for every op of it. ``region_codegen`` (region key, see
+    :func:`byoc_hetero.passes.cost_gate.region_key` → ``"llvm"`` or the region's backend) decides
+    instead of that rule for the regions it names; a key that names no region warns
+    (:class:`~byoc_hetero.PlacementWarning`).
     """
+    codegen = _codegen_map(region_codegen)
 
     @tvm.transform.module_pass(opt_level=0, name="MergeCompilerRegions")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -177,14 +182,32 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
         if not any(is_composite(f) for f in mod.functions.values()):
             return log.attach(mod)  # nothing to merge
         mod = run_passes(BEFORE_MERGE, mod)
+        used: set[str] = set()
         while True:
             merged = _merge(mod)
-            gated = gated_composites(mod, merged, min_region_ops, require_heavy_op, log)
+            gated = gated_composites(mod, merged, min_region_ops, require_heavy_op, log, codegen, used)
             if not gated:
+                _warn_unused_keys(codegen, used)
                 return log.attach(run_passes(AFTER_MERGE, merged))
             mod = inline_composites(mod, gated)
 
     return stage
+
+
+def _codegen_map(region_codegen: Mapping[str, str] | None) -> dict[str, str]:
+    """``region_codegen`` with backend aliases resolved (a RuleError names an unknown codegen)."""
+    out = {}
+    for key, codegen in (region_codegen or {}).items():
+        out[str(key)] = HOST if codegen == HOST else get_target(codegen).name
+    return out
+
+
+def _warn_unused_keys(codegen: Mapping[str, str], used: set[str]) -> None:
+    unused = sorted(set(codegen) - used)
+    if unused:
+        warnings.warn(f"region_codegen: no region has the key(s) {', '.join(unused)}; they changed nothing "
+                      "(the keys are those bh.tune's report or byoc_hetero.tune.codegen.candidate_regions give)",
+                      PlacementWarning, stacklevel=2)
 
 
 def _merge(mod: tvm.IRModule) -> tvm.IRModule:
@@ -230,11 +253,14 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
 
 def stages(target: TargetSpec = None, min_region_ops: int = DEFAULT_MIN_REGION_OPS,
            require_heavy_op: bool = True, precision: str | None = None,
-           options: Mapping[str, Mapping[str, Any]] | None = None) -> list[tvm.transform.Pass]:
+           options: Mapping[str, Mapping[str, Any]] | None = None,
+           region_codegen: Mapping[str, str] | None = None) -> list[tvm.transform.Pass]:
     """The four partition stages for ``target`` (a name, or names in priority order; None: the
     default backend, ``onednn``).
 
-    ``min_region_ops`` and ``require_heavy_op`` set the cost gate of MergeCompilerRegions.
+    ``min_region_ops`` and ``require_heavy_op`` set the cost gate of MergeCompilerRegions;
+    ``region_codegen`` (region key → ``"llvm"`` or the backend, as ``bh.tune`` decides it) overrides
+    the gate for the regions it names.
     ``precision`` goes to every chosen backend with a ``precision`` option: ``"bf16"`` makes the
     oneDNN regions compute conv2d / dense / matmul in bf16 (f32 accumulation; inputs and outputs
     stay float32); where the CPU has no native bf16 it warns once and the regions run float32
@@ -253,7 +279,7 @@ def stages(target: TargetSpec = None, min_region_ops: int = DEFAULT_MIN_REGION_O
     names = _targets(target)
     given = codegen_options(names, precision, options)
     return [merge_composite(names), annotate_target(names),
-            merge_compiler_regions(min_region_ops, require_heavy_op), partition_graph(given)]
+            merge_compiler_regions(min_region_ops, require_heavy_op, region_codegen), partition_graph(given)]
 
 
 def _region_backends(mod: tvm.IRModule) -> set[str]:
@@ -298,11 +324,13 @@ def partition(
     require_heavy_op: bool = True,
     precision: str | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    region_codegen: Mapping[str, str] | None = None,
 ) -> tvm.IRModule:
     """Bind ``params`` (if given) and run all four stages: the module ``relax.build`` takes.
 
-    ``precision``: ``"f32"`` (the oneDNN backend's default) or ``"bf16"``; ``options``: per backend
-    (see :func:`stages`). A quantized module's constant scales and zero points are checked first
+    ``precision``: ``"f32"`` (the oneDNN backend's default) or ``"bf16"``; ``options``: per backend;
+    ``region_codegen``: which regions run where, over the cost gate's rule (see :func:`stages`). A
+    quantized module's constant scales and zero points are checked first
     (:class:`~byoc_hetero.errors.QuantizationError` naming the op and value for a malformed one).
     """
     if not isinstance(mod, tvm.IRModule):
@@ -310,7 +338,7 @@ def partition(
                             f"got {type(mod).__name__}")
     check_relax_qdq(mod, params)
     mod = run_passes(BEFORE_STAGES, bind_params(mod, params))
-    for stage in stages(target, min_region_ops, require_heavy_op, precision, options):
+    for stage in stages(target, min_region_ops, require_heavy_op, precision, options, region_codegen):
         mod = stage(mod)
     return mod
 

@@ -574,3 +574,212 @@ def test_runtime_checks_the_node_precision_attr():
     with pytest.raises(Exception, match="unknown attribute"):
         create(doc("pool2d", {"algorithm": "max", "kernel": [2, 2], "precision": "bf16"},
                    [[1, 1, 4, 4], [1, 1, 3, 3]]))
+
+
+# ---- the codegen level: offloaded or llvm per region, measured ---------------------------------
+
+def _conv_and_island():
+    """conv2d+relu (a region the cost gate offloads), sin (llvm), relu (an island the gate keeps on
+    llvm: no heavy op), sin."""
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    w = relax.const(rng.standard_normal((8, 4, 3, 3)).astype("float32") * 0.2)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 12, 12), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w, padding=(1, 1)))))
+            y = bb.emit(relax.op.sin(bb.emit(relax.op.nn.relu(bb.emit(relax.op.sin(y))))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), {}
+
+
+def _outputs(mod, x):
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _candidates(mod, params=None):
+    from byoc_hetero.tune.codegen import candidate_regions
+
+    cands = candidate_regions(mod, params)
+    heavy = [c for c in cands if c.gate is None]
+    island = [c for c in cands if c.gate is not None]
+    return cands, heavy, island
+
+
+def test_region_key_names_the_structure_not_the_weights():
+    import byoc_hetero as bh
+
+    keys = {}
+    for seed, size in ((0, 16), (1, 16), (0, 32)):
+        cands, _, _ = _candidates(*bh.models.small_convnet(image_size=size, seed=seed))
+        keys[seed, size] = [c.key for c in cands]
+    assert keys[0, 16] == keys[1, 16]  # other weights: the same key
+    assert keys[0, 16] != keys[0, 32]  # other shapes: another key
+    resnet, _, _ = _candidates(*bh.models.resnet18(image_size=32))
+    assert len(resnet) == 1
+
+
+def test_region_codegen_overrides_the_cost_gate():
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+
+    mod, params = _conv_and_island()
+    x = np.random.default_rng(1).standard_normal((1, 4, 12, 12)).astype("float32")
+    want = _outputs(mod, x)  # llvm only
+    cands, (heavy,), (island,) = _candidates(mod)
+    assert island.ops == ("nn.relu",) and "no compute-heavy op" in island.gate
+    assert heavy.default == "onednn" and island.default == "llvm"
+    default = bh.partition(mod)
+    assert [e.ops["nn.conv2d"] for e in region_table(default).values()] == [1]
+
+    flipped = bh.partition(mod, region_codegen={heavy.key: "llvm", island.key: "onednn"})
+    (entry,) = region_table(flipped).values()
+    assert dict(entry.ops) == {"nn.relu": 1}  # the island offloaded, the conv region on llvm
+    assert any("region_codegen keeps region" in f.reason and f.op == "nn.conv2d" for f in bh.report(flipped).fallbacks)
+    np.testing.assert_allclose(_outputs(flipped, x), want, rtol=1e-5, atol=1e-5)
+    both = bh.partition(mod, region_codegen={island.key: "byoc_hetero"})  # an alias of the backend
+    assert len(region_table(both)) == 2
+    np.testing.assert_allclose(_outputs(both, x), want, rtol=1e-5, atol=1e-5)
+
+    with pytest.raises(bh.RuleError, match="gpu9"):
+        bh.partition(mod, region_codegen={island.key: "gpu9"})
+    with pytest.warns(bh.PlacementWarning, match="0123456789abcdef"):
+        bh.partition(mod, region_codegen={"0123456789abcdef": "llvm"})
+
+
+def test_isolated_region_harnesses_compute_the_region():
+    """What is timed is the region: offloaded and llvm harness give the same outputs (the llvm one is
+    TVM's own code: an independent reference for the offloaded one)."""
+    import byoc_hetero as bh
+    from byoc_hetero.tune.codegen import _harness, _inputs, _runner
+
+    for mod, params in (_conv_and_island(), bh.models.small_convnet()):
+        for c in _candidates(mod, params)[0]:
+            args = _inputs(c.func, seed=3)
+            got = [_runner(_harness(c.func, offloaded), args, {})().numpy() for offloaded in (True, False)]
+            np.testing.assert_allclose(got[0], got[1], rtol=1e-4, atol=1e-5)
+
+
+def _fake_pair(offloaded_s: float, llvm_s: float):
+    calls = []
+
+    def fake(off, llvm, repeat, budget_s):
+        calls.append(1)
+        return Timing(offloaded_s, 5), Timing(llvm_s, 5), ""
+
+    return fake, calls
+
+
+@pytest.mark.parametrize("llvm_faster", [True, False])
+def test_codegen_decisions_follow_the_measurements(monkeypatch, tmp_path, llvm_faster):
+    from byoc_hetero.tune import codegen
+
+    mod, params = _conv_and_island()
+    fake, calls = _fake_pair(2e-3, 1e-3) if llvm_faster else _fake_pair(1e-3, 2e-3)
+    monkeypatch.setattr(codegen, "_time_pair", fake)
+    cache = TimingCache(tmp_path / "c.json", MACHINE)
+    plan = codegen.tune_codegen(mod, params, cache, repeat=3)
+    want = "llvm" if llvm_faster else "onednn"
+    assert {d.chosen for d in plan.decisions} == {want} and len(plan.decisions) == 2
+    assert plan.changed  # one of the two regions is placed against the gate's rule either way
+    moved = [d for d in plan.decisions if d.chosen != d.default]
+    assert len(moved) == 1 and "overrides the rule" in moved[0].why()
+    assert "llvm 1.000 ms" in moved[0].why() or "llvm 2.000 ms" in moved[0].why()
+    assert len(calls) == 2 and len(cache) == 4  # two regions x (offloaded, llvm)
+    # a second run reads every timing back: nothing built or timed
+    monkeypatch.setattr(codegen, "_time_pair", lambda *a: pytest.fail("timed again despite the cache"))
+    again = codegen.tune_codegen(mod, params, cache)
+    assert again.region_codegen == plan.region_codegen and all(d.cached for d in again.decisions)
+
+
+def test_codegen_tie_within_the_spread_keeps_the_rule():
+    from byoc_hetero.tune.codegen import _winner
+
+    close = {"onednn": Timing(1.0e-3, 9, spread=0.2), "llvm": Timing(0.9e-3, 9, spread=0.1)}
+    assert _winner(close, "onednn") == "onednn"  # 10% apart, 20% spread: a tie
+    clear = {"onednn": Timing(1.0e-3, 9, spread=0.05), "llvm": Timing(0.5e-3, 9, spread=0.05)}
+    assert _winner(clear, "onednn") == "llvm"
+
+
+def test_measured_codegen_decision_is_the_faster_one(tmp_path):
+    """Real timings (no fakes): both candidates timed, the choice consistent with them."""
+    from byoc_hetero.tune.codegen import _winner, measure_region
+
+    mod, params = _conv_and_island()
+    cache = TimingCache(None, MACHINE)
+    for c in _candidates(mod, params)[0]:
+        d = measure_region(c, cache, repeat=6)
+        assert set(d.timings) == {"onednn", "llvm"} and all(t.median_s > 0 for t in d.timings.values())
+        assert d.chosen == _winner(d.timings, c.default)
+
+
+@pytest.mark.parametrize("llvm_faster", [True, False])
+def test_tune_applies_codegen_decisions_and_matches_llvm(monkeypatch, tmp_path, llvm_faster):
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.tune import codegen, tuner
+
+    mod, params = _conv_and_island()
+    monkeypatch.setattr(codegen, "_time_pair", _fake_pair(2e-3, 1e-3)[0] if llvm_faster else _fake_pair(1e-3, 2e-3)[0])
+    guards = []
+    monkeypatch.setattr(tuner, "_guard", lambda *a: guards.append(1) or (Timing(2e-3, 5), Timing(1e-3, 5)))
+    m, report = bh.tune(mod, params, cache=tmp_path / "c.json", repeat=3)
+    assert report.kept == "tuned" and len(guards) == 1
+    ops = [dict(e.ops) for e in region_table(m).values()]
+    # llvm measured faster everywhere: the conv region goes to llvm too; offloaded faster: the island joins
+    assert ops == ([] if llvm_faster else [{"nn.conv2d": 1, "nn.relu": 1}, {"nn.relu": 1}])
+    assert "codegen: 2 distinct regions, 1 placed otherwise" in str(report)
+    x = np.random.default_rng(2).standard_normal((1, 4, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+    # the same model and cache again: the end-to-end figures come back from the cache, no guard run
+    m2, again = bh.tune(mod, params, cache=tmp_path / "c.json", repeat=3)
+    assert len(guards) == 1 and again.kept == "tuned" and "from the timing cache" in str(again)
+    assert [dict(e.ops) for e in region_table(m2).values()] == ops
+
+
+def test_tune_refuses_symbolic_inputs():
+    import tvm
+    from tvm import relax
+
+    import byoc_hetero as bh
+
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(x)))
+        bb.emit_func_output(out)
+    with pytest.raises(bh.InputError, match="'x'.*static shapes"):
+        bh.tune(bb.get())
+
+
+def test_progress_bar_updates_one_line_on_a_terminal_and_writes_lines_elsewhere():
+    import io
+
+    from byoc_hetero.tune.progress import ProgressBar
+
+    term, log = io.StringIO(), io.StringIO()
+    for stream, tty in ((term, True), (log, False)):
+        bar = ProgressBar(stream, tty=tty)
+        bar("codegen", 0, 2, "region a long description")
+        bar("codegen", 1, 2, "region b")
+        bar("algorithm", 2, 2, "done")
+        bar.close()
+    assert term.getvalue().count("\n") == 1 and term.getvalue().count("\r") == 3
+    screen = ""  # what a terminal shows: each carriage return overwrites from the start of the line
+    for segment in term.getvalue().rstrip("\n").split("\r")[1:]:
+        screen = segment + screen[len(segment):]
+        assert screen.rstrip() == segment.rstrip()  # nothing of a longer earlier line is left
+    assert screen.rstrip() == "tune [####################] algorithm 2/2 done"
+    assert log.getvalue().splitlines() == [
+        "tune [....................] codegen 0/2 region a long description",
+        "tune [##########..........] codegen 1/2 region b",
+        "tune [####################] algorithm 2/2 done"]

@@ -5,16 +5,26 @@ As Torch-TensorRT's ``min_block_size``: a region with fewer than ``min_region_op
 symbols the runtime could not bind from its arguments' shapes; the reason is recorded for every
 op of it. :func:`gated_composites` names the composites; :mod:`.inline_composites` turns them
 back into plain ops, and the stage merges again.
+
+A *codegen map* (``region_codegen``: :func:`region_key` → ``"llvm"`` or the region's backend)
+overrides the fixed rule for the regions it names: ``bh.tune`` writes one from timings of each
+region offloaded and on llvm (``byoc_hetero/tune/codegen.py``), a user may write one by hand. A
+region the runtime cannot bind symbols for goes back whatever the map says (that is correctness,
+not cost).
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
 
 import tvm
 import tvm_ffi
 from tvm import relax
 
 from .._relax import function_outputs, is_composite, is_region, op_calls, opaque_dims, region_composites, shape_of
-from ..rules import CONST_DIGEST_ATTR, DecisionLog
+from ..errors import RuleError
+from ..rules import CONST_DIGEST_ATTR, DecisionLog, get_target
 
 
 HEAVY_OPS = frozenset({"relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul",
@@ -34,9 +44,32 @@ def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> st
     return None
 
 
+HOST = "llvm"
+"""The codegen a codegen map names for "leave this region to TVM"."""
+
+
+def region_key(region: relax.Function) -> str:
+    """A digest of what a region computes and at which shapes — its backend, parameter types, and
+    for each composite in order its rule and each op's name, attributes and argument types — but
+    not its weights' values nor its variables' names: a ResNet's repeated blocks share a key, so a
+    codegen map or a timing names them once."""
+    def arg(a: relax.Expr) -> str:
+        if isinstance(a, tvm.ir.Constant):
+            return f"const {a.ty}"
+        return str(a.ty) if isinstance(a, relax.Var) else str(a)  # a shape or prim value: as written
+
+    parts = [str(region.attrs["Codegen"])] + [str(p.ty) for p in region.params]
+    for comp in region_composites(region):
+        parts.append(str(comp.attrs["Composite"]))
+        parts.extend(f"{c.op.name} {c.attrs} ({', '.join(arg(a) for a in c.args)})" for c in op_calls(comp))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
 def gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
-                      require_heavy: bool, log: DecisionLog) -> set[tvm.ir.GlobalVar]:
-    """Composite functions of ``before`` that form regions of ``merged`` failing the cost gate."""
+                      require_heavy: bool, log: DecisionLog,
+                      codegen: Mapping[str, str] | None = None, used: set[str] | None = None) -> set[tvm.ir.GlobalVar]:
+    """Composite functions of ``before`` that form regions of ``merged`` failing the cost gate
+    (or sent to llvm by the codegen map ``codegen``; the keys it applied are added to ``used``)."""
     # a region holds copies of the composites it calls: find each one's original among those of
     # the same rule and constants digest (so not every composite is compared with every other)
     composites: dict[tuple[str, str], list[tvm.ir.GlobalVar]] = {}
@@ -49,7 +82,14 @@ def gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
             continue
         inner = region_composites(func)
         ops = [c for f in inner for c in op_calls(f)]
-        reason = _gate_reason(ops, min_ops, require_heavy) or _symbol_reason(func, inner)
+        reason = _symbol_reason(func, inner)
+        key = region_key(func) if codegen and reason is None else None
+        if key is not None and key in codegen:
+            reason = _mapped_reason(func, key, codegen[key])
+            if used is not None:
+                used.add(key)
+        elif reason is None:
+            reason = _gate_reason(ops, min_ops, require_heavy)
         if reason is None:
             continue
         for local in inner:
@@ -61,6 +101,17 @@ def gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
                     for call in op_calls(comp):
                         log.add(name, call, reason)
     return gated
+
+
+def _mapped_reason(region: relax.Function, key: str, codegen: str) -> str | None:
+    """The codegen map's verdict on a region: None (offload) for its own backend, the reason for llvm."""
+    own = get_target(str(region.attrs["Codegen"])).name
+    if codegen == own:
+        return None
+    if codegen == HOST:
+        return f"region_codegen keeps region {key} on {HOST}"
+    raise RuleError(f"region_codegen: region {key} is made of {own} composites; it can run on {own} or "
+                    f"{HOST}, not {codegen!r}")
 
 
 def _symbol_reason(region: relax.Function, inner: list[relax.Function]) -> str | None:

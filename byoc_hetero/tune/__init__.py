@@ -6,15 +6,17 @@
 - :mod:`.solver`: one choice per region (device × codegen × precision × algorithm) minimising
   time plus the copies the devices imply, within an error budget; exact, or the best so far when
   the budget runs out.
-
 - :mod:`.algorithms`: the algorithm level (direct or Winograd per convolution, timed alone);
 - :mod:`.precision`: the precision level (f32 or bf16 per conv2d / dense / matmul, the fastest mix
   within an error tolerance, checked on held-out inputs);
+- :mod:`.codegen`: the codegen level (each candidate region offloaded or on llvm, timed both ways
+  with its boundary; applied as ``bh.partition``'s ``region_codegen``);
+- :mod:`.reuse`: the end-to-end check's figures kept in the cache for an unchanged model and plan;
+- :mod:`.progress`: the progress bar on stderr;
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
-The codegen and device levels, and int8 as a precision, are not decided yet (``bh.tune`` says so
-when asked).
+The device level, and int8 as a precision, are not decided yet (``bh.tune`` says so when asked).
 """
 
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature

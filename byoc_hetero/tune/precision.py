@@ -299,7 +299,7 @@ class _Session:
     outputs, the deadline of the search and the progress lines."""
 
     def __init__(self, mod: tvm.IRModule, params: Mapping[str, Any] | None, targets: Any,
-                 options: Mapping[str, Mapping[str, Any]] | None, budget_s: float | None, progress: bool):
+                 options: Mapping[str, Mapping[str, Any]] | None, budget_s: float | None, progress: Any):
         self.mod, self.params, self.targets = mod, params, targets
         self.options = {k: dict(v) for k, v in (options or {}).items()}
         self.deadline = math.inf if budget_s is None else time.perf_counter() + float(budget_s)
@@ -320,7 +320,9 @@ class _Session:
         return self.deadline - time.perf_counter()
 
     def say(self, text: str) -> None:
-        if self.progress:
+        if callable(self.progress):  # the tuner's progress bar (or a caller's callback)
+            self.progress("precision", 0, 1, text)
+        elif self.progress:
             print(f"tune: precision: {text}", file=sys.stderr, flush=True)
 
 
@@ -588,7 +590,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
                       precisions: Sequence[str], tolerance: float, calibration: Any, holdout: Any = None,
                       targets: Any = None, options: Mapping[str, Mapping[str, Any]] | None = None,
                       budget_s: float | None = None, cache: TimingCache | None = None, rounds: int = 3,
-                      repeat: int = 15, max_units: int = MAX_UNITS, progress: bool = False
+                      repeat: int = 15, max_units: int = MAX_UNITS, progress: Any = False
                       ) -> tuple[PlanResult | None, PrecisionReport]:
     """The precision level (see the module docstring): the plan kept (its ``built.module`` is the
     partitioned module; None when there was nothing to choose: no native bf16, no unit) and the

@@ -2,6 +2,8 @@
 
 What it decides today (the levels of issue 26 that exist so far):
 
+- **codegen**: each candidate region offloaded or left to llvm, by timing it both ways with its
+  boundary (:mod:`.codegen`) instead of the cost gate's fixed rule;
 - **algorithm**: each float32 convolution of the oneDNN regions runs direct or Winograd by its own
   timing (:mod:`.algorithms`) instead of the fixed thresholds.
 - **precision** (``precisions=("f32", "bf16")`` with a ``tolerance`` and ``calibration`` inputs):
@@ -15,15 +17,15 @@ the default. :class:`TuneReport` lists each decision with the alternatives' time
 figures.
 
 Not yet here (planned on the same pieces: the :mod:`.solver` and the :class:`.cache.TimingCache`):
-int8 as a precision, the codegen level (offload or llvm per region), devices with copies, threads.
-Asking for them is an error that says so, never a silent no-op.
+devices with copies, threads, int8 as a precision. Asking for them is an error that says
+so, never a silent no-op.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +33,15 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import PlacementError
+from .._relax import shape_of, static_shape
+from ..errors import InputError, PlacementError
 from .algorithms import AlgorithmDecision, conv_sites, decisions_option, tune_conv_algorithms
 from .cache import Timing, TimingCache
+from .codegen import CodegenPlan, tune_codegen
 from .measure import time_call
 from .precision import PrecisionReport, check_precisions, choose_precisions
+from .progress import ProgressBar
+from .reuse import plan_digest, reused_guard
 
 
 @dataclass
@@ -43,6 +49,7 @@ class TuneReport:
     """What :func:`tune` measured and decided."""
 
     algorithms: list[AlgorithmDecision] = field(default_factory=list)
+    codegen: CodegenPlan = field(default_factory=CodegenPlan)  # offloaded or llvm, per region
     default: Timing | None = None  # the default partition, end to end
     tuned: Timing | None = None  # the tuned candidate, end to end (None: no decision changed)
     kept: str = "default"  # "tuned" or "default": which module was returned
@@ -52,7 +59,7 @@ class TuneReport:
     precision: PrecisionReport | None = None  # the precision level, when several precisions were asked
 
     def __str__(self) -> str:
-        lines = ["tuning report"]
+        lines = ["tuning report", *self.codegen.lines()]
         for d in self.algorithms:
             if d.timings:
                 lines.append(f"  {d.site}: {d.why()}{' [cached]' if d.cached else ''}")
@@ -73,6 +80,15 @@ def _check_request(devices: Sequence[str]) -> None:
     for d in devices:
         if str(d).split(":")[0] != "cpu":
             raise PlacementError(f"tune: device {d!r} is not tuned yet (only 'cpu'); place it with bh.place")
+
+
+def _check_static(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None) -> None:
+    """An :class:`~byoc_hetero.InputError` for an input with symbolic dims: timings need sizes."""
+    for var in mod["main"].params:
+        if not (params and var.name in params) and static_shape(var) is None:
+            raise InputError(f"tune: input {var.name!r} has the shape {list(shape_of(var) or ['?'])}; tuning times "
+                             "static shapes: fix it (bh.from_onnx(path, shape={name: dims}), byoc-hetero tune "
+                             "--shape NAME=D1,D2,...)")
 
 
 def _inputs(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, seed: int) -> list[np.ndarray]:
@@ -109,14 +125,16 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
          devices: Sequence[str] = ("cpu",), targets: Any = None, precisions: Sequence[str] = ("f32",),
          tolerance: float | None = None, calibration: Any = None, holdout: Any = None,
          budget_s: float | None = None, cache: str | os.PathLike | TimingCache | None = None,
-         guard_rounds: int = 3, repeat: int = 15, progress: bool = False) -> tuple[tvm.IRModule, TuneReport]:
+         guard_rounds: int = 3, repeat: int = 15,
+         progress: bool | Callable[[str, int, int, str], None] = False) -> tuple[tvm.IRModule, TuneReport]:
     """Partition ``mod`` with decisions measured on this machine; returns ``(module, report)``.
 
     The module builds, exports and reloads like any ``bh.partition`` result. ``cache``: a
     :class:`TimingCache` or the path of its file (kept between runs; a foreign or stale file is
-    ignored with a warning). ``progress`` writes one line per measured site to stderr. See the
-    module docstring for which levels are decided today; asking for another (a GPU device, int8)
-    raises :class:`~byoc_hetero.RuleError` / :class:`~byoc_hetero.PlacementError`.
+    ignored with a warning). ``progress``: True draws a :class:`.progress.ProgressBar` on stderr; a
+    callable ``(level, done, total, what)`` is told each step instead. See the module docstring for
+    which levels are decided today; asking for another (a GPU device, int8) raises
+    :class:`~byoc_hetero.RuleError` / :class:`~byoc_hetero.PlacementError`.
 
     Precision level (:mod:`.precision`, docs/tuning.md): ``precisions`` with more than one entry
     needs ``tolerance`` (max relative output error against the float32 build) and ``calibration``
@@ -127,17 +145,21 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
 
     _check_request(devices)
     asked = check_precisions(precisions, tolerance, calibration, budget_s)
+    _check_static(mod, params)
     timing_cache = cache if isinstance(cache, TimingCache) else TimingCache(cache)
     precision = asked[0] if len(asked) == 1 else "f32"
+    bar = ProgressBar() if progress is True else progress or None
     default = partition(mod, params, target=targets, precision=precision)
     report = TuneReport()
-    sites = conv_sites(default)
+    report.codegen = tune_codegen(mod, params, timing_cache, targets=targets, precision=precision, repeat=repeat,
+                                  progress=bar)
+    mapped = report.codegen.region_codegen if report.codegen.changed else None
+    base = partition(mod, params, target=targets, precision=precision, region_codegen=mapped) if mapped else default
+    sites = conv_sites(base)
     for i, site in enumerate(sites):
+        if bar:
+            bar("algorithm", i, len(sites), str(site))
         report.algorithms.extend(tune_conv_algorithms([site], timing_cache, repeat=repeat))
-        if progress:
-            print(f"\rtune: algorithm {i + 1}/{len(sites)} {site}", end="", file=sys.stderr, flush=True)
-    if progress and sites:
-        print(file=sys.stderr)
     timing_cache.save()
     report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
     option = decisions_option(report.algorithms)
@@ -145,20 +167,38 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
         kept, report.precision = choose_precisions(
             mod, params, default, precisions=asked, tolerance=tolerance, calibration=calibration, holdout=holdout,
             targets=targets, options={"onednn": {"algorithms": option}}, budget_s=budget_s, cache=timing_cache,
-            rounds=guard_rounds, repeat=repeat, progress=progress)
+            rounds=guard_rounds, repeat=repeat, progress=bar)
         report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
+        if kept is not None and mapped is not None:
+            report.notes.append("the precision level searched the cost gate's regions: its codegen decisions "
+                                "are not combined with per-node precisions yet (the codegen report is advice)")
         if kept is not None:
             report.default, report.tuned = report.precision.plans[0].timing, kept.timing
             report.kept = "default" if kept is report.precision.plans[0] else "tuned"
-            return kept.built.module, report
-    if option == "{}":
-        report.notes.append("every measured decision equals the built-in thresholds: the default plan")
-        return default, report
-    tuned = partition(mod, params, target=targets, precision=precision,
-                      options={"onednn": {"algorithms": option}})
-    report.default, report.tuned = _guard(default, tuned, _inputs(mod, params, seed=0), guard_rounds, repeat)
+            return _closed(bar, kept.built.module), report
+    if option == "{}" and mapped is None:
+        report.notes.append("every measured decision equals the built-in rules: the default plan")
+        return _closed(bar, default), report
+    # built only where needed: figures reused from the cache that keep the default need no tuned module
+    tuned = functools.cache(lambda: partition(mod, params, target=targets, precision=precision,
+                                              region_codegen=mapped, options={"onednn": {"algorithms": option}}))
+    if bar:
+        bar("end to end", 0, 1, "the default and the tuned plan, alternating")
+    report.default, report.tuned, reused = reused_guard(
+        timing_cache, mod, params, plan_digest(targets, precision, mapped, option, guard_rounds, repeat),
+        lambda: _guard(default, tuned(), _inputs(mod, params, seed=0), guard_rounds, repeat))
+    timing_cache.save()
+    if reused:
+        report.notes.append("end-to-end figures from the timing cache (same model, same plan): nothing rebuilt")
     if report.tuned.median_s < report.default.median_s:
         report.kept = "tuned"
-        return tuned, report
+        return _closed(bar, tuned()), report
     report.notes.append("the tuned plan was not measured faster end to end: the default plan is kept")
-    return default, report
+    return _closed(bar, default), report
+
+
+def _closed(bar: Callable[..., None] | None, module: tvm.IRModule) -> tvm.IRModule:
+    """``module``, once a progress bar :func:`tune` drew has ended its line."""
+    if isinstance(bar, ProgressBar):
+        bar.close()
+    return module

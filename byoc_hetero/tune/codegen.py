@@ -1,0 +1,340 @@
+"""The codegen level: for each candidate region, offloaded or left to TVM's llvm code, from timings.
+
+The cost gate of MergeCompilerRegions keeps a region on llvm when it has no conv, dense or matmul
+(``byoc_hetero/passes/cost_gate.py``) — a fixed rule, measured once on a lone relu. Here the
+candidates are the regions the stages form with that rule off (so the regions the gate refuses
+are tried offloaded too). Each distinct region (:func:`~byoc_hetero.passes.cost_gate.region_key`:
+its ops, attributes and shapes, not its weights) is built alone twice, with random inputs of its
+real shapes:
+
+- *offloaded*: a ``main`` that calls the region, through the backend's codegen — so the time
+  counts what the boundary costs: the VM's call into the region, the runtime's argument binding and
+  its layout conversions in and out;
+- *llvm*: the same ``main`` with the region's composites inlined back to plain ops, as
+  ``relax.build`` compiles what stays with TVM.
+
+Both run in the same VM harness and are timed (:func:`.measure.time_call`; a candidate already
+``GIVE_UP`` times slower than the other on its first call is not timed further). The faster wins;
+where the two are closer than their spread (IQR / median) the cost gate's verdict stays. The
+decisions reach the stages as a codegen map (``bh.partition(..., region_codegen=...)``: region key
+→ ``"llvm"`` or the backend), which overrides the gate for the regions it names.
+
+Timings go through the :class:`.cache.TimingCache` under the region's key, shapes and the backend
+options that change how it runs (the precision): repeated blocks are timed once, and a second tune
+reads them back without building anything.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .._relax import is_composite, is_region, op_calls, region_composites, shape_of, static_shape, tensor_dtype
+from ..errors import PlacementWarning
+from ..rules import get_target
+from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason, region_key
+from .cache import Timing, TimingCache, signature
+from .measure import robust_timing
+
+GIVE_UP = 5.0
+"""A candidate whose first call takes this many times the other's median is not timed further ..."""
+
+GIVE_UP_AFTER_S = 0.05
+"""... when that call took at least this long: a first call pays one-time costs of up to a few ms
+(an llvm ``not_equal`` on 32 elements read 4 ms on its first call, 2 µs after), which only a call
+this long makes negligible."""
+
+Progress = Callable[[str, int, int, str], None]
+"""``progress(level, done, total, what)``: told before each measurement."""
+
+
+@dataclass(frozen=True)
+class RegionCandidate:
+    """One distinct region the stages form with the cost gate off."""
+
+    key: str  # region_key: equal for repeated blocks
+    target: str  # the backend that would run it
+    ops: tuple[str, ...]  # its Relax ops, short names, in order
+    gate: str | None  # why the fixed rule keeps it on llvm; None: the rule offloads it
+    count: int = 1  # how many regions of the model have this key
+    func: relax.Function | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def default(self) -> str:
+        """What the cost gate's fixed rule decides: the backend or ``"llvm"``."""
+        return HOST if self.gate else self.target
+
+    @property
+    def untimeable(self) -> str | None:
+        """Why the region cannot be timed alone (then the cost gate's rule decides), else None."""
+        for p in self.func.params if self.func is not None else ():
+            if not isinstance(p.ty, relax.TensorType) or static_shape(p) is None:
+                return f"parameter {p.name} has no static tensor shape: not timed"
+            try:
+                np.dtype(tensor_dtype(p))
+            except TypeError:
+                return f"parameter {p.name} is {tensor_dtype(p)}, which numpy cannot make inputs of: not timed"
+        return None
+
+    def __str__(self) -> str:
+        names = list(dict.fromkeys(self.ops))
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        first = shape_of(self.func.params[0]) if self.func is not None and self.func.params else None
+        where = f" on {list(first)}" if first is not None else ""
+        times = f" (x{self.count})" if self.count > 1 else ""
+        return f"region {self.key} [{len(self.ops)} ops: {shown}]{where}{times}"
+
+
+def candidate_regions(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
+                      targets: Any = None, precision: str | None = None,
+                      options: Mapping[str, Mapping[str, Any]] | None = None,
+                      region_codegen: Mapping[str, str] | None = None) -> list[RegionCandidate]:
+    """The distinct regions of ``mod`` as MergeCompilerRegions forms them without the cost gate's
+    heavy-op rule (with ``region_codegen`` applied where given), in the order first met."""
+    from ..passes import BEFORE_STAGES, run_passes
+    from ..stages import bind_params, stages
+
+    merged = run_passes(BEFORE_STAGES, bind_params(mod, params))
+    with warnings.catch_warnings():  # keys of a region a decision removed: expected here
+        warnings.simplefilter("ignore", PlacementWarning)
+        for stage in stages(targets, 1, False, precision, options, region_codegen)[:3]:
+            merged = stage(merged)
+    found: dict[str, RegionCandidate] = {}
+    for func in merged.functions.values():
+        if not is_region(func):
+            continue
+        key = region_key(func)
+        if key in found:
+            found[key] = replace(found[key], count=found[key].count + 1)
+            continue
+        calls = [c for f in region_composites(func) for c in op_calls(f)]
+        found[key] = RegionCandidate(key, get_target(str(func.attrs["Codegen"])).name,
+                                     tuple(c.op.name.removeprefix("relax.") for c in calls),
+                                     _gate_reason(calls, DEFAULT_MIN_REGION_OPS, True), func=func)
+    return list(found.values())
+
+
+def _harness(region: relax.Function, offloaded: bool) -> tvm.IRModule:
+    """A module whose ``main`` runs ``region``: called as a region, or with its composites inlined
+    as plain ops for llvm."""
+    from ..passes import inline_composites
+
+    if offloaded:
+        symbol = str(region.attrs["global_symbol"])
+        bb = relax.BlockBuilder()
+        gv = bb.add_func(region, symbol)
+        params = [relax.Var(p.name, p.ty) for p in region.params]
+        with bb.function("main", params):
+            bb.emit_func_output(bb.emit(relax.Call(gv, params)))
+        return bb.get()
+    plain = relax.Function(region.params, region.body, region.ret_ty, region.is_pure).with_attr("global_symbol", "main")
+    lifted = relax.transform.LambdaLift()(tvm.IRModule({"main": plain}))
+    composites = {gv for gv, f in lifted.functions_items() if is_composite(f)}
+    return inline_composites(lifted, composites)
+
+
+def _inputs(region: relax.Function, seed: int = 0) -> list[tvm.runtime.Tensor]:
+    """Random arguments of the region's parameter types (integers 0: valid indices)."""
+    rng = np.random.default_rng(seed)
+    args = []
+    for p in region.params:
+        shape, dtype = static_shape(p), np.dtype(tensor_dtype(p))
+        data = np.zeros(shape, dtype) if dtype.kind in "iub" else rng.standard_normal(shape).astype(dtype)
+        args.append(tvm.runtime.tensor(data))
+    return args
+
+
+def _runner(harness: tvm.IRModule, args: list, options: Mapping[str, Mapping[str, Any]]) -> Callable[[], Any]:
+    from ..stages import partition_graph
+
+    if any(is_region(f) for f in harness.functions.values()):
+        harness = partition_graph(options)(harness)
+    fn = relax.VirtualMachine(relax.build(harness, target="llvm"), tvm.cpu())["main"]
+    return lambda: fn(*args)
+
+
+def _calls(fn: Callable[[], Any], n: int) -> list[float]:
+    """The durations of ``n`` calls of ``fn``."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _time_pair(offloaded: Callable[[], Any], llvm: Callable[[], Any], repeat: int,
+               budget_s: float) -> tuple[Timing, Timing, str]:
+    """Both candidates timed: a warm-up call each (the offloaded one makes the runtime's plan), then
+    three rounds alternating between them (so that load from other work hits both alike), each
+    round ``repeat / 3`` calls or as many as ``budget_s`` allows (at least 2). llvm stops after its
+    first call when that is :data:`GIVE_UP` times the offloaded median and long
+    (:data:`GIVE_UP_AFTER_S`)."""
+    offloaded()
+    off = _calls(offloaded, 3)
+    first = _calls(llvm, 1)[0]
+    median = float(np.median(off))
+    if first > max(GIVE_UP * median, GIVE_UP_AFTER_S):
+        return (robust_timing(off + _calls(offloaded, max(0, repeat - 3))), robust_timing([first]),
+                f"llvm's first call took {first / median:.0f}x the offloaded median: not timed further")
+    per_round = max(2, min(-(-repeat // 3), int(budget_s / 6 / max(first, median, 1e-9))))
+    samples: dict[int, list[float]] = {0: off, 1: []}
+    fns = (offloaded, llvm)
+    for r in range(3):
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            samples[i].extend(_calls(fns[i], per_round))
+    return robust_timing(samples[0]), robust_timing(samples[1]), ""
+
+
+@dataclass
+class CodegenDecision:
+    """What was measured for one candidate region and where it runs."""
+
+    region: RegionCandidate
+    timings: dict[str, Timing] = field(default_factory=dict)  # "llvm" and the backend
+    chosen: str = ""
+    cached: bool = False
+    note: str = ""
+
+    @property
+    def default(self) -> str:
+        return self.region.default
+
+    def why(self) -> str:
+        """The decision with both times and the reason."""
+        if len(self.timings) < 2:
+            return f"{self.chosen}: {self.note or 'not measured'} (the cost gate's rule decides)"
+        parts = ", ".join(f"{c} {_ms(t)}" for c, t in sorted(self.timings.items()))
+        rule = (f"the cost gate would keep it on llvm: {self.region.gate}" if self.region.gate
+                else "the cost gate would offload it")
+        verdict = "agrees with" if self.chosen == self.default else "overrides"
+        return f"{self.chosen}: {parts}{'; ' + self.note if self.note else ''} ({verdict} the rule; {rule})"
+
+
+def _ms(t: Timing) -> str:
+    text = f"{t.median_s * 1e3:.3f} ms" if t.median_s >= 1e-3 else f"{t.median_s * 1e6:.1f} µs"
+    return text + (" (one call)" if t.samples == 1 else "")
+
+
+def _key(c: RegionCandidate, codegen: str, options: Mapping[str, Mapping[str, Any]]) -> str:
+    """The timing-cache key: the region, its parameter shapes, and for the offloaded candidate the
+    backend options (the precision) that change how it runs."""
+    shapes = [static_shape(p) for p in c.func.params]
+    dtypes = [tensor_dtype(p) for p in c.func.params]
+    attrs = {"region": c.key}
+    if codegen != HOST:
+        attrs["options"] = json.dumps(options.get(codegen, {}), sort_keys=True, default=str)
+    return signature("region", shapes, dtypes, attrs, codegen)
+
+
+def measure_region(c: RegionCandidate, cache: TimingCache, options: Mapping[str, Mapping[str, Any]] | None = None,
+                   repeat: int = 15, budget_s: float = 1.0,
+                   step: Callable[[str], None] | None = None) -> CodegenDecision:
+    """Time ``c`` offloaded and on llvm (through ``cache``) and decide; ``options`` as the codegen
+    is given them (``stages.codegen_options``); ``step(what)`` hears of each build and the timing
+    (a whole ResNet-50 on llvm takes a while)."""
+    step = step or (lambda _what: None)
+    options = options or {}
+    d = CodegenDecision(c)
+    if c.untimeable:
+        d.chosen, d.note = c.default, c.untimeable
+        return d
+    keys = {codegen: _key(c, codegen, options) for codegen in (c.target, HOST)}
+    found = {codegen: cache.get(k) for codegen, k in keys.items()}
+    if all(found.values()):
+        step("timings from the cache")
+        d.timings, d.cached = dict(found), True
+    else:
+        args = _inputs(c.func)
+        step(f"building it for {c.target}")
+        off = _runner(_harness(c.func, True), args, options)
+        step(f"building it for {HOST}")
+        llvm = _runner(_harness(c.func, False), args, options)
+        step("timing both")
+        d.timings[c.target], d.timings[HOST], d.note = _time_pair(off, llvm, repeat, budget_s)
+        for codegen, k in keys.items():
+            cache.put(k, d.timings[codegen])
+    d.chosen = _winner(d.timings, c.default)
+    best = min(d.timings, key=lambda k: d.timings[k].median_s)
+    if best != d.chosen:
+        gain = d.timings[d.chosen].median_s / d.timings[best].median_s - 1
+        spread = max(t.spread for t in d.timings.values())
+        d.note = f"{best} {gain:.0%} faster, within the spread ({spread:.0%}): a tie"
+    return d
+
+
+def _winner(timings: Mapping[str, Timing], default: str) -> str:
+    """The faster candidate; the default where the other is not faster by more than the larger
+    spread of the two (a tie on a noisy machine keeps the rule's verdict)."""
+    best = min(timings, key=lambda k: timings[k].median_s)
+    if best == default:
+        return best
+    margin = max(t.spread for t in timings.values())
+    return best if timings[best].median_s * (1 + margin) < timings[default].median_s else default
+
+
+@dataclass
+class CodegenPlan:
+    """The codegen level's decisions and the map that applies them."""
+
+    decisions: list[CodegenDecision] = field(default_factory=list)
+
+    @property
+    def region_codegen(self) -> dict[str, str]:
+        """``bh.partition``'s ``region_codegen``: every measured region's codegen."""
+        return {d.region.key: d.chosen for d in self.decisions}
+
+    @property
+    def changed(self) -> bool:
+        """Whether any decision differs from the cost gate's rule."""
+        return any(d.chosen != d.default for d in self.decisions)
+
+    def lines(self) -> list[str]:
+        """The report's lines for this level."""
+        out = [f"  {d.region}: {d.why()}{' [cached]' if d.cached else ''}" for d in self.decisions]
+        moved = sum(d.chosen != d.default for d in self.decisions)
+        out.append(f"  codegen: {len(self.decisions)} distinct regions, {moved} placed otherwise than the cost "
+                   "gate's rule")
+        return out
+
+
+def tune_codegen(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, cache: TimingCache, *,
+                 targets: Any = None, precision: str | None = None,
+                 options: Mapping[str, Mapping[str, Any]] | None = None, repeat: int = 15,
+                 progress: Progress | None = None) -> CodegenPlan:
+    """Decide each candidate region's codegen from timings. Decisions can change how the rest
+    merges (a region sent to llvm may split a neighbour); regions that appear only then are
+    measured in a further round (at most three). The plan holds every measured region: the ones
+    sent to llvm are no longer regions once the map applies, but the map must still name them."""
+    from ..stages import _targets, codegen_options
+
+    given = codegen_options(_targets(targets), precision, options)
+    measured: dict[str, CodegenDecision] = {}
+    for _ in range(3):
+        applied = {k: d.chosen for k, d in measured.items()} or None
+        current = candidate_regions(mod, params, targets=targets, precision=precision, options=options,
+                                    region_codegen=applied)
+        new = [c for c in current if c.key not in measured]
+        for i, c in enumerate(new):
+            def step(what: str, i: int = i, c: RegionCandidate = c) -> None:
+                if progress is not None:
+                    progress("codegen", i, len(new), f"{c}: {what}")
+
+            measured[c.key] = measure_region(c, cache, given, repeat, step=step)
+        if progress is not None and new:
+            progress("codegen", len(new), len(new), "done")
+        if not new or all(d.chosen != HOST for d in measured.values()):
+            break  # nothing new, or nothing sent to llvm: the regions stay as they were
+    return CodegenPlan(list(measured.values()))
+
+
+__all__ = ["CodegenDecision", "CodegenPlan", "GIVE_UP", "RegionCandidate", "candidate_regions", "measure_region",
+           "tune_codegen"]
