@@ -101,20 +101,36 @@ void ForChannelBlocks(const AxisSplit& s, const F& f) {
  *        (the selects on floats stay branches under -ftrapping-math): they ran 1 to 12 ns per element
  *        on BERT's activations, 60% of an int8 BERT call (bench/INT8.md, session 2).
  */
+/*! \brief saturate(round_half_to_even(x / scale) + zero) of 8 floats, as floats (integral values). */
+template <typename Q>
+__attribute__((target("avx2"))) inline __m256 QuantizeEight(const float* x, __m256 vs, __m256 vz) {
+  const __m256 lo = _mm256_set1_ps(std::numeric_limits<Q>::min()), hi = _mm256_set1_ps(std::numeric_limits<Q>::max());
+  __m256 v = _mm256_div_ps(_mm256_loadu_ps(x), vs);
+  v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
+  v = _mm256_add_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+  return _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+}
+
 template <typename Q>
 __attribute__((target("avx2"))) int64_t QuantizeAvx2(const float* x, Q* y, int64_t n, float sc, float z) {
   const __m256 vs = _mm256_set1_ps(sc), vz = _mm256_set1_ps(z);
-  const __m256 lo = _mm256_set1_ps(std::numeric_limits<Q>::min()), hi = _mm256_set1_ps(std::numeric_limits<Q>::max());
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
-    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
-    v = _mm256_add_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
-    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-    const __m256i w = _mm256_cvtps_epi32(v);  // integral and in range: exact
+    const __m256i w = _mm256_cvtps_epi32(QuantizeEight<Q>(x + i, vs, vz));  // integral and in range: exact
     const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     const __m128i b = std::is_same_v<Q, uint8_t> ? _mm_packus_epi16(h, h) : _mm_packs_epi16(h, h);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(y + i), b);
+  }
+  return i;
+}
+
+/*! \brief dequantize(quantize(x)) in one pass: (q - zero) is an exact small integer in float32. */
+template <typename Q>
+__attribute__((target("avx2"))) int64_t RoundTripAvx2(const float* x, float* y, int64_t n, float sc, float z) {
+  const __m256 vs = _mm256_set1_ps(sc), vz = _mm256_set1_ps(z);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_sub_ps(QuantizeEight<Q>(x + i, vs, vz), vz), vs));
   }
   return i;
 }
@@ -158,6 +174,29 @@ void DequantizeRun(const Q* x, float* y, int64_t n, float sc, int64_t z) {
   }
 #endif
   for (; i < n; ++i) y[i] = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
+}
+
+template <typename Q>
+void RoundTripRun(const float* x, float* y, int64_t n, float sc, float z) {
+  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) i = RoundTripAvx2<Q>(x, y, n, sc, z);
+#endif
+  for (; i < n; ++i) y[i] = (QuantizeOne(x[i], sc, z, lo, hi) - z) * sc;
+}
+
+template <typename Q>
+HostFn RoundTripFn(AxisSplit s) {
+  return [s](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    const float* scale = static_cast<const float*>(p[1]);
+    const Q* zp = static_cast<const Q*>(p[2]);
+    float* y = static_cast<float*>(p[3]);
+    ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
+      RoundTripRun<Q>(x + begin, y + begin, end - begin, scale[c], static_cast<float>(zp[c]));
+    });
+  };
 }
 
 template <typename Q>
@@ -237,13 +276,36 @@ static std::unique_ptr<Kernel> BuildDequantize(const KernelContext& ctx) {
                                       PlainDescOf(ctx.output()));
 }
 
+/*!
+ * \brief quantize_dequantize: a quantize whose only readers were dequantizes of the same scale and
+ *        zero point (pass fuse_quantize_dequantize, ops/qdq.py), float32 in and out; the 8-bit
+ *        type is the zero point's.  Same bits as the two steps, in one pass over the data.
+ */
+static std::unique_ptr<Kernel> BuildQuantizeDequantize(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  if (ctx.node().inputs.size() != 3) {
+    ctx.Fail("expected inputs data, scale, zero_point, got " + std::to_string(ctx.node().inputs.size()));
+  }
+  const DType q = ctx.input(2).dtype;
+  if (!IsInt8(q)) ctx.Fail(std::string("the zero point must be uint8 or int8, got ") + DTypeName(q));
+  if (ctx.input(0).dtype != DType::kFloat32 || ctx.output().dtype != DType::kFloat32) {
+    ctx.Fail("data and output must be float32");
+  }
+  const AxisSplit split = CheckQuantOperands(ctx, attrs, q);
+  attrs.CheckNoUnknown();
+  HostFn fn = q == DType::kUInt8 ? RoundTripFn<uint8_t>(split) : RoundTripFn<int8_t>(split);
+  return std::make_unique<HostKernel>(ctx.where(), "quantize_dequantize", std::move(fn), PlainInputs(ctx),
+                                      PlainDescOf(ctx.output()));
+}
+
 static KernelTraits QuantizedTraits() {
   KernelTraits traits;
-  traits.accepts_int8 = true;  // writes (quantize) or reads (dequantize) the 8-bit values
+  traits.accepts_int8 = true;  // writes (quantize) or reads (dequantize) 8-bit values, or an 8-bit zero point
   return traits;
 }
 
 BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, QuantizedTraits());
 BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, QuantizedTraits());
+BYOC_HETERO_REGISTER_KERNEL("quantize_dequantize", BuildQuantizeDequantize, QuantizedTraits());
 
 }  // namespace byoc_hetero

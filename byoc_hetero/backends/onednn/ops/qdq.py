@@ -276,3 +276,55 @@ def _restore_order(graph) -> None:
     for node in list(graph.nodes):
         place(node)
     graph.nodes[:] = ordered
+
+
+# -- region-graph pass: quantize -> dequantize round trips ------------------------------------------
+def _same_qparams(a, b) -> bool:
+    """Whether two (scales, zero points, axis) describe the same quantization."""
+    if a is None or b is None or a[0].size != b[0].size:
+        return False
+    same_axis = a[0].size == 1 or a[2] == b[2]
+    return same_axis and bool(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]))
+
+
+def _round_trip_readers(graph, node, readers: dict[int, int]) -> list | None:
+    """The dequantize nodes reading a quantize node's output when every reader is a dequantize of
+    the same scale and zero point and only the first may be a region output; else None."""
+    if node.output in graph.outputs or len(node.inputs) != 3:
+        return None
+    q = _qparams(graph, node)
+    dqs = [n for n in graph.nodes if node.output in n.inputs]
+    if q is None or not dqs or len(dqs) != readers.get(node.output, 0):
+        return None
+    if any(n.op != "dequantize" or len(n.inputs) != 3 or not _same_qparams(q, _qparams(graph, n)) for n in dqs):
+        return None
+    if any(n.output in graph.outputs for n in dqs[1:]):
+        return None
+    return dqs
+
+
+@graph_pass
+def fuse_quantize_dequantize(graph) -> None:
+    """``quantize(x) -> dequantize`` of one scale and zero point, where nothing else reads the 8-bit
+    values, becomes one ``quantize_dequantize`` node (float32 in and out, the same bits in one pass
+    over the data: cpp/kernels/quantize.cc). Why: what the int8 anchors leave of a QDQ transformer
+    (softmax, layer norms, GELU, bias adds, reshapes) runs float32 between such pairs: 2 host steps
+    and an 8-bit buffer per pair, 130 steps a call in a 2-layer BERT; on a loaded machine each
+    OpenMP step may wait a time slice at its barrier (docs/int8.md, bench/INT8.md). Runs after
+    :func:`fuse_int8_anchors`, which takes the quantizes an int8 anchor reads."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "quantize":
+            continue
+        dqs = _round_trip_readers(graph, node, graph.readers())
+        if dqs is None:
+            continue
+        first, merged = dqs[0], {n.output for n in dqs[1:]}
+        for other in graph.nodes:
+            other.inputs[:] = [first.output if t in merged else t for t in other.inputs]
+        node.op, node.output = "quantize_dequantize", first.output
+        for dq in dqs:
+            graph.nodes.remove(dq)
+        changed = True
+    if changed:
+        _restore_order(graph)
