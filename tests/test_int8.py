@@ -179,6 +179,71 @@ def test_qdq_round_half_to_even_and_saturation():
     np.testing.assert_array_equal(got, (q - z) * s)
 
 
+def _onnx_quantize(x, scale, zero, dtype):
+    """numpy's ONNX QuantizeLinear: round half to even, saturation, NaN to the zero point."""
+    info = np.iinfo(dtype)
+    q = np.round(x / scale) + zero.astype(np.float32)
+    q = np.where(np.isnan(q), zero.astype(np.float32), q)
+    return np.clip(q, info.min, info.max).astype(np.float32)
+
+
+def _edge_values(rng, n: int, scale: float) -> np.ndarray:
+    """n float32 values: random ones, exact ties (k + 0.5) * scale, huge, inf and NaN."""
+    x = (rng.standard_normal(n) * 60 * scale).astype(np.float32)
+    x[: n // 4] = ((rng.integers(-200, 200, n // 4) + 0.5) * scale).astype(np.float32)
+    x[n // 4: n // 4 + 6] = [np.nan, np.inf, -np.inf, 3e38, -3e38, 1e7]
+    return rng.permutation(x)
+
+
+@pytest.mark.parametrize("dtype,zero,per_axis", [
+    ("uint8", 128, False), ("int8", -3, False), ("uint8", 7, True), ("int8", 0, True)])
+def test_quantize_dequantize_steps_match_onnx_formula(dtype, zero, per_axis):
+    """The vectorized host loops (AVX2, 8 at a time, then a scalar tail) equal numpy's ONNX formula
+    bit for bit on 1027 values a channel (ties, saturation, inf, NaN): both as one fused
+    ``quantize_dequantize`` step and as separate quantize / dequantize steps (a quantize read by two
+    dequantizes of different scales stays separate)."""
+    from tvm import relax
+
+    from conftest import graph
+
+    rng = np.random.default_rng(11)
+    channels = 3 if per_axis else 1
+    scale = np.array([0.05, 0.5, 0.013][:channels], np.float32)
+    zeros = np.full(channels, zero, dtype)
+    x = np.stack([_edge_values(rng, 1027, float(s)) for s in scale])[None]  # [1, C, 1027]
+
+    def body(emit, data):
+        s, z = relax.const(scale if per_axis else scale.reshape(())), relax.const(zeros if per_axis else zeros[0])
+        q = emit(relax.op.quantize(data, s, z, axis=1, out_dtype=dtype))
+        fused = emit(relax.op.dequantize(q, s, z, axis=1, out_dtype="float32"))
+        q2 = emit(relax.op.quantize(data, s, z, axis=1, out_dtype=dtype))
+        d1 = emit(relax.op.dequantize(q2, s, z, axis=1, out_dtype="float32"))
+        d2 = emit(relax.op.dequantize(q2, relax.const(np.float32(0.25)), relax.const(np.array(0, dtype)), axis=1,
+                                      out_dtype="float32"))
+        return relax.Tuple([fused, d1, d2])
+
+    mod = graph({"data": (1, channels, 1027)}, body)
+    part = bh.partition(mod, require_heavy_op=False)
+    ops = [n["op"] for m in part.attrs["external_mods"] for n in json.loads(str(m["get_graph_json"]()))["nodes"]]
+    assert ops.count("quantize_dequantize") == 1 and ops.count("quantize") == 1, ops
+    assert not bh.report(part).fallbacks
+    fused, d1, d2 = (a.numpy() for a in build_and_run_tuple(part, x))
+    s, z = scale.reshape(1, channels, 1), zeros.reshape(1, channels, 1).astype(np.float32)
+    q = _onnx_quantize(x, s, zeros.reshape(1, channels, 1), dtype)
+    np.testing.assert_array_equal(fused, (q - z) * s)
+    np.testing.assert_array_equal(d1, (q - z) * s)
+    np.testing.assert_array_equal(d2, q * np.float32(0.25))
+
+
+def build_and_run_tuple(part, x):
+    """Run a module returning a tuple on the VM."""
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(build(part), tvm.cpu())
+    return list(vm["main"](tvm.runtime.tensor(x)))
+
+
 @pytest.mark.parametrize("dtype", ["int16", "uint16"])
 def test_unsupported_qdq_stays_on_llvm(dtype):
     """16-bit quantization has no oneDNN int8 kernel: llvm runs it and the report says why."""
