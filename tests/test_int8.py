@@ -308,3 +308,27 @@ def test_quantized_zero_pad_joins_the_int8_conv(tmp_path):
     conv = next(n for n in _region_nodes(part) if n["op"] == "conv2d")
     assert "src_scale" in conv["attrs"] and conv["attrs"]["padding"] == [0, 0, 1, 1]
     assert np.max(np.abs(got - ort_out)) <= _output_step(path) * 1.001
+
+
+def test_vectorized_erf_matches_math_erf():
+    """The erf host kernel's AVX2 loop (GELU's erf in QDQ transformers, where the GELU pattern is
+    cut by Q/DQ): within 4e-7 absolute of math.erf on [-6, 6] and at the edges (±0, tiny, ±inf,
+    saturation), relative 3e-7 below 0.5, NaN stays NaN."""
+    import math
+
+    from tvm import relax
+
+    from conftest import graph
+
+    x = np.concatenate([np.linspace(-6, 6, 60001), [0.0, -0.0, 1e-30, -1e-8, 0.4999999, 0.5, np.inf, -np.inf,
+                                                    np.nan, 3.9, 4.1, 100.0]]).astype(np.float32)[None]
+    part = bh.partition(graph({"x": x.shape}, lambda emit, d: emit(relax.op.erf(d))), require_heavy_op=False)
+    assert [n["op"] for n in _region_nodes(part)] == ["unary"]
+    got = run(build(part), [x])[0].astype(np.float64)
+    ref = np.array([math.erf(float(v)) for v in x[0]])
+    nan = np.isnan(x[0])
+    assert np.isnan(got[nan]).all()
+    assert np.max(np.abs(got - ref)[~nan]) <= 4e-7
+    small = np.abs(x[0]) < 0.5
+    assert np.max(np.abs(got - ref)[small] / np.maximum(np.abs(ref[small]), 1e-30)) <= 3e-7
+    assert got[x[0] == 100.0][0] == 1.0 and got[x[0] == -np.inf][0] == -1.0
