@@ -332,3 +332,40 @@ def test_vectorized_erf_matches_math_erf():
     small = np.abs(x[0]) < 0.5
     assert np.max(np.abs(got - ref)[small] / np.maximum(np.abs(ref[small]), 1e-30)) <= 3e-7
     assert got[x[0] == 100.0][0] == 1.0 and got[x[0] == -np.inf][0] == -1.0
+
+
+def test_float_ops_between_int8_convs_keep_their_layout(tmp_path):
+    """conv -> HardSwish -> conv (MobileNetV3's pattern), quantized: the hardswish computes float32
+    between a dequantize and a quantize that read and write the int8 convs' own layout, so no
+    relayout runs between the convs (only at the region's plain float32 input); within one output
+    step of ONNX Runtime on the same file."""
+    import tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(5)
+
+    def w(name, shape, s=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c1"], ["h"]),
+             helper.make_node("Conv", ["h", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 12, 12])],
+                          [w("w1", (32, 16, 3, 3)), w("b1", (32,), 0.1), w("w2", (32, 32, 3, 3), 0.1),
+                           w("b2", (32,), 0.1)])
+    path = _quantize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path)
+    part, got, _, ort_out = _compare(path)
+    assert bh.report(part).regions[0].precision.startswith("int8 (2 of 2")
+    assert np.max(np.abs(got - ort_out)) <= _output_step(path) * 1.001
+    ex = build(part)
+    regions = bh.codegen.region_modules(ex)
+    regions[0]["set_profiling"](True)
+    x = np.random.default_rng(9).standard_normal((1, 16, 12, 12)).astype(np.float32)
+    relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    steps = [s for s in json.loads(regions[0]["get_profile"]()) if s["phase"] == "run"]
+    convs = [i for i, s in enumerate(steps) if s["op"] == "conv2d" and s["impl"] != "host"]  # not the scale fills
+    between = steps[convs[0] + 1: convs[-1]]
+    assert {"dequantize", "quantize"} <= {s["op"] for s in between}, between  # the float32 hardswish's edges
+    assert all(s["op"] for s in between), [s["layouts"] for s in between if not s["op"]]  # no reorder step
+    assert any(":acdb" in s["layouts"] for s in between if s["op"] == "dequantize"), between
