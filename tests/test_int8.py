@@ -227,7 +227,7 @@ def test_quantize_dequantize_steps_match_onnx_formula(dtype, zero, per_axis):
     ops = [n["op"] for m in part.attrs["external_mods"] for n in json.loads(str(m["get_graph_json"]()))["nodes"]]
     assert ops.count("quantize_dequantize") == 1 and ops.count("quantize") == 1, ops
     assert not bh.report(part).fallbacks
-    fused, d1, d2 = (a.numpy() for a in build_and_run_tuple(part, x))
+    fused, d1, d2 = (a.numpy() for a in _run_tuple(part, x))
     s, z = scale.reshape(1, channels, 1), zeros.reshape(1, channels, 1).astype(np.float32)
     q = _onnx_quantize(x, s, zeros.reshape(1, channels, 1), dtype)
     np.testing.assert_array_equal(fused, (q - z) * s)
@@ -235,7 +235,7 @@ def test_quantize_dequantize_steps_match_onnx_formula(dtype, zero, per_axis):
     np.testing.assert_array_equal(d2, q * np.float32(0.25))
 
 
-def build_and_run_tuple(part, x):
+def _run_tuple(part, x):
     """Run a module returning a tuple on the VM."""
     import tvm
     from tvm import relax
