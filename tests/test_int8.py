@@ -396,3 +396,60 @@ def test_matmul_bias_add_becomes_the_int8_dense_bias(tmp_path):
     x = np.random.default_rng(9).standard_normal((1, 5, 24)).astype(np.float32)  # _compare's input
     f32 = ort.InferenceSession(str(tmp_path / "f32.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert np.max(np.abs(got - f32)) <= 1.25 * np.max(np.abs(ort_out - f32))
+
+
+def test_requantize_after_a_permute_is_dropped_exactly():
+    """quantize -> dequantize -> permute -> quantize -> dequantize of one scale (quantize_static's
+    pair around every Transpose of an attention block): one quantize_dequantize step is left, and the
+    result equals numpy's ONNX formula bit for bit."""
+    from tvm import relax
+
+    from conftest import graph
+
+    scale, zero = np.float32(0.037), np.uint8(121)
+
+    def body(emit, data):
+        s, z = relax.const(scale), relax.const(zero)
+        a = emit(relax.op.dequantize(emit(relax.op.quantize(data, s, z, out_dtype="uint8")), s, z))
+        p = emit(relax.op.permute_dims(a, [0, 2, 1]))
+        b = emit(relax.op.dequantize(emit(relax.op.quantize(p, s, z, out_dtype="uint8")), s, z))
+        return emit(relax.op.negative(b))
+
+    part = bh.partition(graph({"data": (1, 6, 40)}, body), require_heavy_op=False)
+    ops = [n["op"] for m in part.attrs["external_mods"] for n in json.loads(str(m["get_graph_json"]()))["nodes"]]
+    assert ops.count("quantize_dequantize") == 1 and "quantize" not in ops and "dequantize" not in ops, ops
+    x = (np.random.default_rng(4).standard_normal((1, 6, 40)) * 3).astype(np.float32)
+    q = _onnx_quantize(x, scale, np.array(zero), "uint8")
+    np.testing.assert_array_equal(run(build(part), [x]), -np.transpose((q - np.float32(zero)) * scale, (0, 2, 1)))
+
+
+def test_gather_of_a_quantized_table_dequantizes_only_the_rows(tmp_path):
+    """Gather(DequantizeLinear(int8 table)) (a quantized embedding): the importer sees the gather of
+    the 8-bit rows and a dequantize of those rows only, never of the whole table; the result equals
+    ONNX Runtime on the same file exactly."""
+    rng = np.random.default_rng(6)
+    table = rng.integers(-128, 128, (500, 16)).astype(np.int8)
+    init = [numpy_helper.from_array(table, "t"), numpy_helper.from_array(np.array(0.02, np.float32), "s"),
+            numpy_helper.from_array(np.array(3, np.int8), "z")]
+    nodes = [helper.make_node("DequantizeLinear", ["t", "s", "z"], ["td"]),
+             helper.make_node("Gather", ["td", "ids"], ["y"], axis=0)]
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 7])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 7, 16])], init)
+    path = str(tmp_path / "emb.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    mod, params = bh.from_onnx(path)
+    shapes = [[int(d) for d in c.args[0].ty.shape] for c in _dequantize_calls(mod)]
+    assert shapes == [[2, 7, 16]], shapes
+    ids = rng.integers(0, 500, (2, 7)).astype(np.int64)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(run(build(bh.partition(mod, params)), [ids]), want)
+
+
+def _dequantize_calls(mod) -> list:
+    """Every relax.dequantize call of mod's main."""
+    from tvm import relax
+
+    calls = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e) if isinstance(e, relax.Call) and
+                                    getattr(e.op, "name", "") == "relax.dequantize" else None)
+    return calls

@@ -366,5 +366,39 @@ def fuse_quantize_dequantize(graph) -> None:
         for dq in dqs:
             graph.nodes.remove(dq)
         changed = True
+    changed |= _drop_repeated_round_trips(graph)
     if changed:
         _restore_order(graph)
+
+
+_MOVES = ("reshape", "permute")
+"""Ops that only move values: a value on a quantization grid stays on it."""
+
+
+def _drop_repeated_round_trips(graph) -> bool:
+    """``quantize_dequantize | dequantize (s, z) -> reshapes / permutes -> quantize_dequantize(s, z)``
+    with one scale: the second is the identity (its input is already (q - z) * s, and round((q - z) * s / s) = q - z
+    exactly for |q - z| <= 255), so its readers read the moved values (``quantize_static`` writes
+    such a pair around every Reshape / Transpose of an attention block)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "quantize_dequantize" or node.output in graph.outputs:
+            continue
+        producers = graph.producers()
+        move = producers.get(node.inputs[0])
+        if move is None or move.op not in _MOVES:
+            continue
+        first = producers.get(move.inputs[0])
+        while first is not None and first.op in _MOVES:  # reshape -> permute -> ...
+            first = producers.get(first.inputs[0])
+        if first is None or first.op not in ("quantize_dequantize", "dequantize") or len(first.inputs) != 3:
+            continue
+        mine, theirs = _qparams(graph, node), _qparams(graph, first)
+        same_type = graph.tensors[node.inputs[2]]["dtype"] == graph.tensors[first.inputs[2]]["dtype"]
+        if mine is None or mine[0].size != 1 or not same_type or not _same_qparams(mine, theirs):
+            continue
+        for other in graph.nodes:
+            other.inputs[:] = [move.output if t == node.output else t for t in other.inputs]
+        graph.nodes.remove(node)
+        changed = True
+    return changed
