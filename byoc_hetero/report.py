@@ -235,13 +235,13 @@ def _int8_precision(graph: dict) -> tuple[str, Counter]:
     data, else ``"mixed"``; and the ops that compute float32 inside it (``"pool2d avg"``,
     ``"softmax"``, ...). ``("", Counter())`` for a region without 8-bit values."""
     tensors, nodes = graph["tensors"], graph["nodes"]
-    if not any(tensors[n["output"]].get("dtype") in _QUANTIZED for n in nodes):
+    if not any(tensors[n["output"]].get("dtype") in _QUANTIZED or n["op"] == "quantize_dequantize" for n in nodes):
         return "", Counter()
     anchors = [n for n in nodes if n["op"] in _ANCHOR_OPS]
     int8 = [n for n in anchors if tensors[n["inputs"][0]].get("dtype") in _QUANTIZED]
     float32_ops: Counter = Counter()
     for n in nodes:
-        if n["op"] in ("quantize", "dequantize") or tensors[n["output"]].get("dtype", "float32") != "float32":
+        if n["op"] in ("quantize", "dequantize", "quantize_dequantize") or tensors[n["output"]].get("dtype", "float32") != "float32":
             continue
         if n["op"] in _ANCHOR_OPS and n in int8:
             continue  # an int8 anchor writing float32 (no quantize after it) still computes int8

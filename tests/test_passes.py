@@ -34,7 +34,7 @@ def _ops(mod, func="main"):
 def test_pipeline_order_is_pinned():
     """The whole order, by name: a pass added, removed or moved changes this list on purpose."""
     assert passes.pipeline() == [
-        "onnx:dequantized_pad_values", "onnx:shape_initializers_as_constants", "onnx:explicit_same_pads",
+        "onnx:dequantized_pad_values", "onnx:gather_before_dequantize", "onnx:shape_initializers_as_constants", "onnx:explicit_same_pads",
         "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:bool_arith", "onnx:checked_take",
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
@@ -45,7 +45,8 @@ def test_pipeline_order_is_pinned():
         "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
         "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fold_views",
         "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads",
-        "onednn:fuse_int8_anchors", "onednn:apply_conv_algorithms", "onednn:apply_node_precisions",
+        "onednn:fuse_int8_anchors", "onednn:fuse_quantize_dequantize", "onednn:apply_conv_algorithms",
+        "onednn:apply_node_precisions",
         "insert_range_checks",
     ]
 

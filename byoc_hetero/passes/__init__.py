@@ -40,6 +40,7 @@ from .bool_arith import bool_arith
 from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .dequantized_pad_values import dequantized_pad_values
+from .gather_before_dequantize import gather_before_dequantize
 from .drop_needless_broadcasts import drop_needless_broadcasts
 from .drop_proven_index_checks import drop_proven_index_checks
 from .drop_zero_pads import drop_zero_pads
@@ -108,6 +109,8 @@ def close_region_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
 
 ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("dequantized_pad_values", "onnx", dequantized_pad_values),
+    # before shape_initializers_as_constants, which turns the scale and zero point into Constant nodes
+    Pass("gather_before_dequantize", "onnx", gather_before_dequantize),
     # after dequantized_pad_values, which reads the pad value's zero point as an initializer
     Pass("shape_initializers_as_constants", "onnx", shape_initializers_as_constants),
     Pass("explicit_same_pads", "onnx", explicit_same_pads),
@@ -188,7 +191,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
-    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "gather_before_dequantize",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]

@@ -415,6 +415,11 @@ std::vector<Step> HostKernel::Bind(const std::vector<MemRef>& inputs, const MemR
   return {std::move(step)};
 }
 
+void HostKernel::FollowLayout(const memory::desc& input, const memory::desc& output) {
+  inputs_.at(0).want = input;
+  output_.want = output;
+}
+
 AliasKernel::AliasKernel(memory::desc input_view, memory::desc output_view) {
   inputs_.push_back({input_view, input_view});
   output_ = {output_view, output_view};

@@ -337,6 +337,9 @@ class HostKernel : public Kernel {
              memory::desc output);
   std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
                          const std::vector<MemRef>& temps) const override;
+  /*! \brief Read input 0 in layout \p input and write the output in \p output (same dims) instead of
+   *         the plain layouts: for element-wise functions that do not care where an element sits. */
+  void FollowLayout(const memory::desc& input, const memory::desc& output);
 
  private:
   std::string label_;

@@ -15,9 +15,14 @@
  */
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <limits>
 #include <utility>
 
+#include "int8.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
@@ -70,18 +75,129 @@ inline float QuantizeOne(float x, float scale, float zero, float lo, float hi) {
  * \brief Calls f(c, begin, end) for every run [begin, end) of elements of one channel c of the data
  *        seen as [outer, channels, inner], in blocks of at most 16K elements spread over the
  *        threads (a per-tensor scale is one channel: its elements still split across threads).
+ *        Tensors under 256K elements (about 50 us on one core with the AVX2 loops) run on the
+ *        calling thread: an OpenMP team costs a few us on a quiet machine, but on a loaded one each
+ *        team waits at its barrier for a descheduled thread (milliseconds; a 2-layer int8 BERT
+ *        ran 3-25x slower at 2 threads than at 1 with 130 such small steps a call, session 2).
  */
 template <typename F>
 void ForChannelBlocks(const AxisSplit& s, const F& f) {
   constexpr int64_t kBlock = 16384;
   const int64_t blocks = (s.inner + kBlock - 1) / kBlock;
   const int64_t total = s.outer * s.channels * blocks;
-#pragma omp parallel for schedule(static) if (s.outer * s.channels * s.inner > 4096)
+#pragma omp parallel for schedule(static) if (s.outer * s.channels * s.inner > (1 << 18))
   for (int64_t t = 0; t < total; ++t) {
     const int64_t row = t / blocks, c = row % s.channels;
     const int64_t begin = row * s.inner + (t % blocks) * kBlock;
     f(c, begin, std::min(begin + kBlock, (row + 1) * s.inner));
   }
+}
+
+#if defined(__x86_64__)
+/*!
+ * \brief The AVX2 loops (8 floats a step).  Same arithmetic as QuantizeOne / the scalar dequantize,
+ *        so the results are the same bits: an IEEE division (vdivps), rounding to nearest even
+ *        (vroundps), NaN to 0 before the zero point is added, then saturation; dequantize converts the
+ *        integer difference exactly and multiplies once.  GCC does not vectorize the scalar loops
+ *        (the selects on floats stay branches under -ftrapping-math): they ran 1 to 12 ns per element
+ *        on BERT's activations, 60% of an int8 BERT call (bench/INT8.md, session 2).
+ */
+/*! \brief saturate(round_half_to_even(x / scale) + zero) of 8 floats, as floats (integral values). */
+template <typename Q>
+__attribute__((target("avx2"))) inline __m256 QuantizeEight(const float* x, __m256 vs, __m256 vz) {
+  const __m256 lo = _mm256_set1_ps(std::numeric_limits<Q>::min()), hi = _mm256_set1_ps(std::numeric_limits<Q>::max());
+  __m256 v = _mm256_div_ps(_mm256_loadu_ps(x), vs);
+  v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
+  v = _mm256_add_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+  return _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+}
+
+template <typename Q>
+__attribute__((target("avx2"))) int64_t QuantizeAvx2(const float* x, Q* y, int64_t n, float sc, float z) {
+  const __m256 vs = _mm256_set1_ps(sc), vz = _mm256_set1_ps(z);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtps_epi32(QuantizeEight<Q>(x + i, vs, vz));  // integral and in range: exact
+    const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    const __m128i b = std::is_same_v<Q, uint8_t> ? _mm_packus_epi16(h, h) : _mm_packs_epi16(h, h);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(y + i), b);
+  }
+  return i;
+}
+
+/*! \brief dequantize(quantize(x)) in one pass: (q - zero) is an exact small integer in float32. */
+template <typename Q>
+__attribute__((target("avx2"))) int64_t RoundTripAvx2(const float* x, float* y, int64_t n, float sc, float z) {
+  const __m256 vs = _mm256_set1_ps(sc), vz = _mm256_set1_ps(z);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_sub_ps(QuantizeEight<Q>(x + i, vs, vz), vz), vs));
+  }
+  return i;
+}
+
+template <typename Q>
+__attribute__((target("avx2"))) int64_t DequantizeAvx2(const Q* x, float* y, int64_t n, float sc, int32_t z) {
+  const __m256 vs = _mm256_set1_ps(sc);
+  const __m256i vz = _mm256_set1_epi32(z);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + i));
+    const __m256i w = std::is_same_v<Q, uint8_t> ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, vz)), vs));
+  }
+  return i;
+}
+
+bool HaveAvx2() {
+  static const bool have = __builtin_cpu_supports("avx2");
+  return have;
+}
+#endif
+
+/*! \brief y[0, n) = quantize(x[0, n)) with one scale and zero point: AVX2 where the CPU has it. */
+template <typename Q>
+void QuantizeRun(const float* x, Q* y, int64_t n, float sc, float z) {
+  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) i = QuantizeAvx2(x, y, n, sc, z);
+#endif
+  for (; i < n; ++i) y[i] = static_cast<Q>(QuantizeOne(x[i], sc, z, lo, hi));
+}
+
+template <typename Q>
+void DequantizeRun(const Q* x, float* y, int64_t n, float sc, int64_t z) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if constexpr (sizeof(Q) == 1) {
+    if (HaveAvx2()) i = DequantizeAvx2(x, y, n, sc, static_cast<int32_t>(z));
+  }
+#endif
+  for (; i < n; ++i) y[i] = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
+}
+
+template <typename Q>
+void RoundTripRun(const float* x, float* y, int64_t n, float sc, float z) {
+  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) i = RoundTripAvx2<Q>(x, y, n, sc, z);
+#endif
+  for (; i < n; ++i) y[i] = (QuantizeOne(x[i], sc, z, lo, hi) - z) * sc;
+}
+
+template <typename Q>
+HostFn RoundTripFn(AxisSplit s) {
+  return [s](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    const float* scale = static_cast<const float*>(p[1]);
+    const Q* zp = static_cast<const Q*>(p[2]);
+    float* y = static_cast<float*>(p[3]);
+    ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
+      RoundTripRun<Q>(x + begin, y + begin, end - begin, scale[c], static_cast<float>(zp[c]));
+    });
+  };
 }
 
 template <typename Q>
@@ -91,10 +207,8 @@ HostFn QuantizeFn(AxisSplit s, bool has_zp) {
     const float* scale = static_cast<const float*>(p[1]);
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
     Q* y = static_cast<Q*>(p[has_zp ? 3 : 2]);
-    constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
     ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
-      const float sc = scale[c], z = zp ? static_cast<float>(zp[c]) : 0.f;
-      for (int64_t i = begin; i < end; ++i) y[i] = static_cast<Q>(QuantizeOne(x[i], sc, z, lo, hi));
+      QuantizeRun(x + begin, y + begin, end - begin, scale[c], zp ? static_cast<float>(zp[c]) : 0.f);
     });
   };
 }
@@ -107,9 +221,7 @@ HostFn DequantizeFn(AxisSplit s, bool has_zp) {
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
     float* y = static_cast<float*>(p[has_zp ? 3 : 2]);
     ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
-      const float sc = scale[c];
-      const int64_t z = zp ? static_cast<int64_t>(zp[c]) : 0;
-      for (int64_t i = begin; i < end; ++i) y[i] = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
+      DequantizeRun(x + begin, y + begin, end - begin, scale[c], zp ? static_cast<int64_t>(zp[c]) : 0);
     });
   };
 }
@@ -129,6 +241,23 @@ AxisSplit CheckQuantOperands(const KernelContext& ctx, AttrReader& attrs, DType 
   return SplitAt(ctx, scales, attrs);
 }
 
+/*!
+ * \brief With one scale the step is element-wise: it reads its data in the layout the producer
+ *        stored it in (the int8 convs' NHWC) and writes its output in the same strides, so that a
+ *        float32 op between int8 convs (MobileNetV3's hardswish, squeeze-excitation) costs no
+ *        relayout on either side (47 reorders, 25% of an int8 MobileNetV3-L call, before).  Only
+ *        strided layouts without blocks or padding: the loop runs over the buffer's numel elements.
+ */
+void FollowInputLayout(const KernelContext& ctx, const AxisSplit& split, HostKernel& kernel) {
+  if (split.channels != 1) return;
+  const memory::desc in = ctx.InputLayout(0);
+  if (in.get_format_kind() != dnnl::memory::format_kind::blocked || in.get_inner_nblks() != 0 ||
+      in.get_padded_dims() != in.get_dims() || in.get_size() != PlainDescOf(ctx.input(0)).get_size()) {
+    return;
+  }
+  kernel.FollowLayout(in, memory::desc(in.get_dims(), DnnlType(ctx.output().dtype), in.get_strides()));
+}
+
 std::vector<memory::desc> PlainInputs(const KernelContext& ctx) {
   std::vector<memory::desc> mds;
   for (size_t k = 0; k < ctx.node().inputs.size(); ++k) mds.push_back(PlainDescOf(ctx.input(k)));
@@ -146,8 +275,10 @@ static std::unique_ptr<Kernel> BuildQuantize(const KernelContext& ctx) {
   attrs.CheckNoUnknown();
   const bool zp = ctx.node().inputs.size() == 3;
   HostFn fn = q == DType::kUInt8 ? QuantizeFn<uint8_t>(split, zp) : QuantizeFn<int8_t>(split, zp);
-  return std::make_unique<HostKernel>(ctx.where(), "quantize", std::move(fn), PlainInputs(ctx),
-                                      PlainDescOf(ctx.output()));
+  auto kernel = std::make_unique<HostKernel>(ctx.where(), "quantize", std::move(fn), PlainInputs(ctx),
+                                             PlainDescOf(ctx.output()));
+  FollowInputLayout(ctx, split, *kernel);
+  return kernel;
 }
 
 static std::unique_ptr<Kernel> BuildDequantize(const KernelContext& ctx) {
@@ -161,17 +292,44 @@ static std::unique_ptr<Kernel> BuildDequantize(const KernelContext& ctx) {
   HostFn fn = q == DType::kUInt8  ? DequantizeFn<uint8_t>(split, zp)
               : q == DType::kInt8 ? DequantizeFn<int8_t>(split, zp)
                                   : DequantizeFn<int32_t>(split, zp);
-  return std::make_unique<HostKernel>(ctx.where(), "dequantize", std::move(fn), PlainInputs(ctx),
-                                      PlainDescOf(ctx.output()));
+  auto kernel = std::make_unique<HostKernel>(ctx.where(), "dequantize", std::move(fn), PlainInputs(ctx),
+                                             PlainDescOf(ctx.output()));
+  FollowInputLayout(ctx, split, *kernel);
+  return kernel;
+}
+
+/*!
+ * \brief quantize_dequantize: a quantize whose only readers were dequantizes of the same scale and
+ *        zero point (pass fuse_quantize_dequantize, ops/qdq.py), float32 in and out; the 8-bit
+ *        type is the zero point's.  Same bits as the two steps, in one pass over the data.
+ */
+static std::unique_ptr<Kernel> BuildQuantizeDequantize(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  if (ctx.node().inputs.size() != 3) {
+    ctx.Fail("expected inputs data, scale, zero_point, got " + std::to_string(ctx.node().inputs.size()));
+  }
+  const DType q = ctx.input(2).dtype;
+  if (!IsInt8(q)) ctx.Fail(std::string("the zero point must be uint8 or int8, got ") + DTypeName(q));
+  if (ctx.input(0).dtype != DType::kFloat32 || ctx.output().dtype != DType::kFloat32) {
+    ctx.Fail("data and output must be float32");
+  }
+  const AxisSplit split = CheckQuantOperands(ctx, attrs, q);
+  attrs.CheckNoUnknown();
+  HostFn fn = q == DType::kUInt8 ? RoundTripFn<uint8_t>(split) : RoundTripFn<int8_t>(split);
+  auto kernel = std::make_unique<HostKernel>(ctx.where(), "quantize_dequantize", std::move(fn), PlainInputs(ctx),
+                                             PlainDescOf(ctx.output()));
+  FollowInputLayout(ctx, split, *kernel);
+  return kernel;
 }
 
 static KernelTraits QuantizedTraits() {
   KernelTraits traits;
-  traits.accepts_int8 = true;  // writes (quantize) or reads (dequantize) the 8-bit values
+  traits.accepts_int8 = true;  // writes (quantize) or reads (dequantize) 8-bit values, or an 8-bit zero point
   return traits;
 }
 
 BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, QuantizedTraits());
 BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, QuantizedTraits());
+BYOC_HETERO_REGISTER_KERNEL("quantize_dequantize", BuildQuantizeDequantize, QuantizedTraits());
 
 }  // namespace byoc_hetero

@@ -173,7 +173,47 @@ def _fuse_anchor(graph, node, producers, readers) -> bool:
         graph.nodes.remove(after)
         if node.op == "conv2d":
             _fuse_residual(graph, node, dst)
+        else:
+            _fuse_bias_add(graph, node, dst, out_channels)
     return True
+
+
+def _bias_operand(graph, add, dq_output: int, n: int) -> int | None:
+    """The other operand of ``add`` when it is a float32 bias of ``n`` values along the last axis."""
+    if add is None or add.op != "binary" or add.attrs.get("algorithm") != "add" or len(add.inputs) != 2 or \
+            add.attrs.get("activation", "none") != "none" or add.inputs.count(dq_output) != 1:
+        return None
+    other = add.inputs[1] if add.inputs[0] == dq_output else add.inputs[0]
+    info = graph.tensors[other]
+    shape = [int(d) for d in info["shape"]]
+    if info.get("dtype", "float32") != "float32" or not shape or shape[-1] != n or int(np.prod(shape)) != n:
+        return None
+    return other
+
+
+def _fuse_bias_add(graph, node, dst: tuple[float, int], n: int) -> None:
+    """``int8 dense -> dequantize -> add(bias [N]) -> quantize`` (how ``quantize_static`` writes a
+    MatMul + Add: the MatMul's output quantized on its own) becomes the dense's bias, and the dense
+    writes the add's quantized output: one step instead of three (the bias adds were 19% of a
+    2-layer int8 ViT call), and the MatMul's own output is not rounded before the bias is added
+    (within one step of the float emulation, as the fused residual of a conv)."""
+    readers = graph.readers()
+    if len(node.inputs) != 2 or node.attrs.get("has_bias"):
+        return
+    dq = _sole_reader(graph, node.output, readers)
+    if _per_tensor(graph, dq, "dequantize") != dst:
+        return
+    add = _sole_reader(graph, dq.output, readers)
+    bias = _bias_operand(graph, add, dq.output, n)
+    after = _sole_reader(graph, add.output, readers) if bias is not None else None
+    out = _per_tensor(graph, after, "quantize")
+    if out is None or graph.tensors[after.output]["dtype"] not in QUANTIZED_DTYPES:
+        return
+    node.inputs.append(bias)
+    node.attrs.update(has_bias=1, dst_scale=out[0], dst_zero_point=out[1])
+    node.output = after.output
+    for dead in (dq, add, after):
+        graph.nodes.remove(dead)
 
 
 def _fuse_residual(graph, node, dst: tuple[float, int]) -> None:
@@ -276,3 +316,89 @@ def _restore_order(graph) -> None:
     for node in list(graph.nodes):
         place(node)
     graph.nodes[:] = ordered
+
+
+# -- region-graph pass: quantize -> dequantize round trips ------------------------------------------
+def _same_qparams(a, b) -> bool:
+    """Whether two (scales, zero points, axis) describe the same quantization."""
+    if a is None or b is None or a[0].size != b[0].size:
+        return False
+    same_axis = a[0].size == 1 or a[2] == b[2]
+    return same_axis and bool(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]))
+
+
+def _round_trip_readers(graph, node, readers: dict[int, int]) -> list | None:
+    """The dequantize nodes reading a quantize node's output when every reader is a dequantize of
+    the same scale and zero point and only the first may be a region output; else None."""
+    if node.output in graph.outputs or len(node.inputs) != 3:
+        return None
+    q = _qparams(graph, node)
+    dqs = [n for n in graph.nodes if node.output in n.inputs]
+    if q is None or not dqs or len(dqs) != readers.get(node.output, 0):
+        return None
+    if any(n.op != "dequantize" or len(n.inputs) != 3 or not _same_qparams(q, _qparams(graph, n)) for n in dqs):
+        return None
+    if any(n.output in graph.outputs for n in dqs[1:]):
+        return None
+    return dqs
+
+
+@graph_pass
+def fuse_quantize_dequantize(graph) -> None:
+    """``quantize(x) -> dequantize`` of one scale and zero point, where nothing else reads the 8-bit
+    values, becomes one ``quantize_dequantize`` node (float32 in and out, the same bits in one pass
+    over the data: cpp/kernels/quantize.cc). Why: what the int8 anchors leave of a QDQ transformer
+    (softmax, layer norms, GELU, bias adds, reshapes) runs float32 between such pairs: 2 host steps
+    and an 8-bit buffer per pair, 130 steps a call in a 2-layer BERT; on a loaded machine each
+    OpenMP step may wait a time slice at its barrier (docs/int8.md, bench/INT8.md). Runs after
+    :func:`fuse_int8_anchors`, which takes the quantizes an int8 anchor reads."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "quantize":
+            continue
+        dqs = _round_trip_readers(graph, node, graph.readers())
+        if dqs is None:
+            continue
+        first, merged = dqs[0], {n.output for n in dqs[1:]}
+        for other in graph.nodes:
+            other.inputs[:] = [first.output if t in merged else t for t in other.inputs]
+        node.op, node.output = "quantize_dequantize", first.output
+        for dq in dqs:
+            graph.nodes.remove(dq)
+        changed = True
+    changed |= _drop_repeated_round_trips(graph)
+    if changed:
+        _restore_order(graph)
+
+
+_MOVES = ("reshape", "permute")
+"""Ops that only move values: a value on a quantization grid stays on it."""
+
+
+def _drop_repeated_round_trips(graph) -> bool:
+    """``quantize_dequantize | dequantize (s, z) -> reshapes / permutes -> quantize_dequantize(s, z)``
+    with one scale: the second is the identity (its input is already (q - z) * s, and round((q - z) * s / s) = q - z
+    exactly for |q - z| <= 255), so its readers read the moved values (``quantize_static`` writes
+    such a pair around every Reshape / Transpose of an attention block)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "quantize_dequantize" or node.output in graph.outputs:
+            continue
+        producers = graph.producers()
+        move = producers.get(node.inputs[0])
+        if move is None or move.op not in _MOVES:
+            continue
+        first = producers.get(move.inputs[0])
+        while first is not None and first.op in _MOVES:  # reshape -> permute -> ...
+            first = producers.get(first.inputs[0])
+        if first is None or first.op not in ("quantize_dequantize", "dequantize") or len(first.inputs) != 3:
+            continue
+        mine, theirs = _qparams(graph, node), _qparams(graph, first)
+        same_type = graph.tensors[node.inputs[2]]["dtype"] == graph.tensors[first.inputs[2]]["dtype"]
+        if mine is None or mine[0].size != 1 or not same_type or not _same_qparams(mine, theirs):
+            continue
+        for other in graph.nodes:
+            other.inputs[:] = [move.output if t == node.output else t for t in other.inputs]
+        graph.nodes.remove(node)
+        changed = True
+    return changed
