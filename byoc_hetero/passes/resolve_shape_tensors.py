@@ -65,6 +65,9 @@ def _analyzer(func: relax.Function) -> Any:
 def _symbols_from_shape_tensors(func: relax.Function) -> dict[Any, Any]:
     """{symbol a match_cast binds: the expression its shape tensor holds}."""
     analyzer = _analyzer(func)
+    # symbols the parameters define are the model's own dims: a match_cast on them is a check
+    given = {d for p in func.params for d in getattr(getattr(p.ty, "shape", None), "values", [])
+             if isinstance(d, tvm.tirx.Var)}
     values: dict[relax.Var, list[Any]] = {}
     substitution: dict[Any, Any] = {}
     for block in func.body.blocks:
@@ -76,7 +79,7 @@ def _symbols_from_shape_tensors(func: relax.Function) -> dict[Any, Any]:
                 shape = getattr(b.ty, "values", None) if isinstance(b.ty, relax.ShapeType) else None
                 if shape is not None and len(shape) == len(held):
                     for symbol, value in zip(shape, held):
-                        if isinstance(symbol, tvm.tirx.Var) and symbol not in substitution:
+                        if isinstance(symbol, tvm.tirx.Var) and symbol not in substitution and symbol not in given:
                             substitution[symbol] = analyzer.simplify(value)
                 values[b.var] = held
             elif isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call):
