@@ -358,6 +358,11 @@ def test_onnx_sequence_arithmetic_is_one_region_for_every_length():
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
         assert got.shape == want.shape == (1, length, 8)
         assert _rel(got, want) <= TOLERANCE, f"S={length}"
+    # table[:, 1:S + 1] of 40 rows, which the importer assumes in bound: S <= 39 is declared and
+    # checked (beyond it the slice read past the table and could crash; ONNX Runtime's slice clips)
+    assert bh.inputs.dim_ranges(mod["main"]) == {"S": (1, 39)}
+    with pytest.raises(bh.InputError, match=r"dim 1 \(S\) is 40, outside its declared range \[1, 39\]"):
+        vm["main"](tvm.runtime.tensor(np.zeros((1, 40, 8), "float32")))
 
 
 def test_resolve_shape_tensors_substitutes_the_length_tvm_reads_back():
@@ -421,3 +426,9 @@ def test_dynamic_sequence_onnx_file_is_one_region_and_one_build_serves_two_lengt
         got = (out if hasattr(out, "numpy") else out[0]).numpy()
         assert got.shape == want.shape and got.shape[1] == length
         assert _rel(got, want) <= TOLERANCE, f"{name} ({exporter}) S={length}"
+    if name != "smollm_135m":
+        # past the position table (128 rows): a clear error, where the slice of BERT's position ids
+        # read past its buffer; ONNX Runtime raises on it too
+        long = np.zeros((1, 140), dtype=np.int64)
+        with pytest.raises(bh.InputError, match="128"):
+            vm["main"](*[tvm.runtime.tensor(long)] * len(zm.input_names))

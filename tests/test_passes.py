@@ -36,7 +36,7 @@ def test_pipeline_order_is_pinned():
     assert passes.pipeline() == [
         "onnx:dequantized_pad_values", "onnx:shape_initializers_as_constants", "onnx:explicit_same_pads",
         "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:scalar_reshapes", "onnx:drop_identity_expands",
-        "onnx:ranges_from_dims",         "onnx:resolve_shape_tensors", "onnx:bool_arith", "onnx:checked_take",
+        "onnx:ranges_from_dims", "onnx:resolve_shape_tensors", "onnx:bound_assumed_slices", "onnx:bool_arith", "onnx:checked_take",
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
         "fold_weight_subgraphs", "drop_proven_index_checks", "drop_zero_pads",

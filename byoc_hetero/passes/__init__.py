@@ -37,6 +37,7 @@ from tvm import relax
 
 from .._relax import entry_functions
 from .bool_arith import bool_arith
+from .bound_assumed_slices import bound_assumed_slices
 from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .dequantized_pad_values import dequantized_pad_values
@@ -127,6 +128,7 @@ ONNX_IMPORT: tuple[Pass, ...] = (
 ONNX_IMPORTED: tuple[Pass, ...] = (
     # first: the symbols it substitutes give the later passes (and the partition) known shapes
     Pass("resolve_shape_tensors", "relax", _relax(resolve_shape_tensors)),
+    Pass("bound_assumed_slices", "relax", _relax(bound_assumed_slices)),
     Pass("bool_arith", "relax", _relax(bool_arith)),
     Pass("checked_take", "relax", _relax(checked_take)),
 )
@@ -197,7 +199,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
+    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
