@@ -8,7 +8,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, dim_ranges
+from ..inputs import dim_ranges, with_dim_ranges
 
 
 def bound_assumed_slices(mod: tvm.IRModule) -> tvm.IRModule:
@@ -57,14 +57,8 @@ def bound_assumed_slices(mod: tvm.IRModule) -> tvm.IRModule:
         return mod
     if unbounded:
         func = _clip(func, unbounded)
-    lower = {n: r[0] for n, r in ranges.items() if r[0] is not None}
-    upper = {n: r[1] for n, r in ranges.items() if r[1] is not None}
-    if lower:
-        func = func.with_attr(LOWER_BOUND_ATTR, lower)
-    if upper:
-        func = func.with_attr(UPPER_BOUND_ATTR, upper)
     out = mod.clone()
-    out["main"] = func
+    out["main"] = with_dim_ranges(func, {n: (lo, hi) for n, (lo, hi) in ranges.items()})
     return out
 
 
