@@ -285,7 +285,8 @@ def _shape_arithmetic_onnx():
         return helper.make_node("Constant", [], [name], value=f(name, t, dims, values))
 
     nodes = [const("zero", [0], []), const("one", [1], []), const("two", [2], []), const("flat", [-1], [1]),
-             const("axis1", [1], [1]), const("begin1", [1], [1]), const("axes02", [0, 2], [2]), const("ones3", [1, 1, 1], [3]),
+             const("axis1", [1], [1]), const("begin1", [1], [1]), const("axes02", [0, 2], [2]),
+             const("ones3", [1, 1, 1], [3]),
              helper.make_node("Shape", ["x"], ["s1d"], start=1, end=2),
              helper.make_node("Squeeze", ["s1d"], ["s"]),
              helper.make_node("Add", ["s", "one"], ["s_plus_1"]),

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-#: a dim of an inferred shape: an int, a symbol's name, or None (unknown)
-Dim = "int | str | None"
-
 
 def integer_constants(model: Any) -> dict[str, Any]:
     """{name: numpy array} of the integer tensors ``model`` holds as ``Constant`` nodes or

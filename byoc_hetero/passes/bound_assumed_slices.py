@@ -135,7 +135,8 @@ def _proven_in_bound(call: relax.Call, analyzer: Any) -> bool:
 
 def _symbols_in(call: relax.Call, symbols: dict[str, Any]) -> list[str]:
     """The input symbols the bounds of the slice ``call`` use."""
-    used = {str(v.name) for a in call.args[1:] for f in getattr(a, "fields", []) for v in tvm.tirx.analysis.undefined_vars(f)}
+    used = {str(v.name) for a in call.args[1:] for f in getattr(a, "fields", [])
+            for v in tvm.tirx.analysis.undefined_vars(f)}
     return [n for n in symbols if n in used]
 
 
