@@ -10,6 +10,7 @@ weights; ``input_ids`` in, last hidden state out, no KV cache: a prefill). It is
 
 * ours: ``bh.from_torch(..., dynamic_shapes=...)``, one ``bh.partition`` and one ``relax.build`` serving every
   length (the region plans each new S once; a second call of the same S reuses the plan);
+* ours_onnx: the same through ``bh.from_onnx`` of the dynamic ONNX file the other two run;
 * ONNX Runtime (CPU provider, all graph optimizations) and OpenVINO (CPU, ``INFERENCE_PRECISION_HINT=f32``,
   latency hint, one stream) on the file ``torch.onnx.export`` writes with its defaults (torch 2.13:
   dynamo, opset 20) with the same dynamic S.
@@ -37,13 +38,16 @@ sys.path.insert(0, HERE)
 from run import _spawn, _timed, fmt_ms, machine  # noqa: E402
 from zoo_models import _token_ids, smollm_135m  # noqa: E402
 
-FRAMEWORKS = ("ours", "ort", "openvino")
-LABELS = {"ours": "ours (from_torch, one build)", "ort": "ONNX Runtime", "openvino": "OpenVINO f32"}
+FRAMEWORKS = ("ours", "ours_onnx", "ort", "openvino")
+OURS = ("ours", "ours_onnx")
+LABELS = {"ours": "ours (from_torch, one build)", "ours_onnx": "ours (from_onnx, one build)", "ort": "ONNX Runtime",
+          "openvino": "OpenVINO f32"}
 MAX_SEQ = 2048
 
 
 def _paths(workdir: str) -> dict[str, str]:
     return {"onnx": os.path.join(workdir, "llama.onnx"), "lib": os.path.join(workdir, "llama.so"),
+            "lib_onnx": os.path.join(workdir, "llama_onnx.so"),
             "out": os.path.join(workdir, "out_{fw}_{seq}.npy"), "ref": os.path.join(workdir, "ref_{seq}.npy")}
 
 
@@ -71,28 +75,29 @@ def compile_worker(workdir: str, small: bool, seqs: list[int]) -> dict:
     torch.onnx.export(zm.module, zm.inputs, p["onnx"], input_names=["input_ids"], output_names=["y"],
                       dynamic_shapes=({1: dim},))
     info["export_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    mod, params = bh.from_torch(zm.module, zm.inputs, dynamic_shapes=({1: dim},))
-    part = bh.partition(mod, params)
-    rep = bh.report(part)
-    info["regions"] = len(rep.regions)
-    info["llvm_ops"] = sorted({fb.op for fb in rep.fallbacks})
-    ex = relax.build(part, target="llvm")
-    ex.export_library(p["lib"])
-    info["compile_s"] = time.perf_counter() - t0
+    for fw, lib, load in (("ours", p["lib"], lambda: bh.from_torch(zm.module, zm.inputs, dynamic_shapes=({1: dim},))),
+                          ("ours_onnx", p["lib_onnx"], lambda: bh.from_onnx(p["onnx"]))):
+        t0 = time.perf_counter()
+        mod, params = load()
+        part = bh.partition(mod, params)
+        rep = bh.report(part)
+        info[f"regions_{fw}"] = len(rep.regions)
+        info[f"llvm_ops_{fw}"] = sorted({fb.op for fb in rep.fallbacks})
+        relax.build(part, target="llvm").export_library(lib)
+        info[f"compile_s_{fw}"] = time.perf_counter() - t0
     return info
 
 
 def time_worker(fw: str, workdir: str, threads: int, seqs: list[int], vocab: int, min_time: float) -> dict:
     """Per length: the median latency of one call on ``fw`` (the output saved for the error check)."""
     p = _paths(workdir)
-    if fw == "ours":
+    if fw in OURS:
         import tvm
         from tvm import relax
 
         import byoc_hetero  # noqa: F401 - registers the loader of our region modules
 
-        vm = relax.VirtualMachine(tvm.runtime.load_module(p["lib"]), tvm.cpu())
+        vm = relax.VirtualMachine(tvm.runtime.load_module(p["lib" if fw == "ours" else "lib_onnx"]), tvm.cpu())
 
         def make(ids):
             arg = tvm.runtime.tensor(ids)
@@ -148,24 +153,26 @@ def render(args, info: dict, timings: dict, workdir: str) -> list[str]:
     lines = [f"Machine: {machine()}", "",
              f"Model: transformers LlamaModel, {'scaled down (small)' if args.small else 'SmolLM-135M sizes'}, "
              f"{info['params_m']:.0f} M parameters, seeded random weights, batch 1, float32; dynamic sequence "
-             f"`Dim(\"S\", max={MAX_SEQ})`. Ours: one build, {info['regions']} region(s), compiled in "
-             f"{info['compile_s']:.0f} s; ops left on llvm: {', '.join(info['llvm_ops']) or 'none'}. "
-             f"{args.threads} threads, {args.rounds} interleaved round(s), median of per-process medians.", "",
-             "| S | " + " | ".join(f"{LABELS[fw]} ms" for fw in FRAMEWORKS) + " | ours / ORT | ours / OpenVINO f32 | "
+             f"`Dim(\"S\", max={MAX_SEQ})`. "
+             + " ".join(f"{LABELS[fw]}: {info[f'regions_{fw}']} region(s), compiled in {info[f'compile_s_{fw}']:.0f} s; "
+                        f"ops left on llvm: {', '.join(info[f'llvm_ops_{fw}']) or 'none'}." for fw in OURS)
+             + f" {args.threads} threads, {args.rounds} interleaved round(s), median of per-process medians.", "",
+             "| S | " + " | ".join(f"{LABELS[fw]} ms" for fw in FRAMEWORKS) + " | "
+             + " | ".join(f"{fw} / {other}" for fw in OURS for other in ("ORT", "OpenVINO f32")) + " | "
              + " | ".join(f"error {fw}" for fw in FRAMEWORKS) + " |",
-             "|---|" + "---|" * (2 * len(FRAMEWORKS) + 2)]
+             "|---|" + "---|" * (2 * len(FRAMEWORKS) + 2 * len(OURS))]
     for seq in seqs:
         med = {}
         for fw in FRAMEWORKS:
             runs = [r[str(seq)]["median_s"] for r in timings.get(fw, []) if str(seq) in r]
             med[fw] = float(np.median(runs)) if runs else None
-        ratio = {fw: (med["ours"] / med[fw] if med["ours"] and med[fw] else None) for fw in ("ort", "openvino")}
+        ratio = [med[a] / med[b] if med[a] and med[b] else None for a in OURS for b in ("ort", "openvino")]
         errs = []
         for fw in FRAMEWORKS:
             e = _error(workdir, fw, seq)
             errs.append("—" if e is None else f"{e:.1e}")
         lines.append(f"| {seq} | " + " | ".join(fmt_ms(med[fw]) for fw in FRAMEWORKS) + " | "
-                     + " | ".join("—" if ratio[fw] is None else f"{ratio[fw]:.2f}" for fw in ("ort", "openvino"))
+                     + " | ".join("—" if r is None else f"{r:.2f}" for r in ratio)
                      + " | " + " | ".join(errs) + " |")
     return lines
 
@@ -197,7 +204,8 @@ def main(argv=None) -> int:
     if "error" in info:
         print(info["error"], file=sys.stderr)
         return 1
-    print(f"compiled: {info['regions']} region(s) in {info['compile_s']:.0f} s", file=sys.stderr)
+    print("compiled: " + ", ".join(f"{fw} {info[f'regions_{fw}']} region(s) in {info[f'compile_s_{fw}']:.0f} s"
+                                   for fw in OURS), file=sys.stderr)
     timings: dict[str, list[dict]] = {}
     for rnd in range(args.rounds):
         for fw in FRAMEWORKS:

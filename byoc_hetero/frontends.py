@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
-from .inputs import LOWER_BOUND_ATTR, UPPER_BOUND_ATTR, DimRanges
+from .inputs import DimRanges, with_dim_ranges
 from .passes import ONNX_IMPORT, ONNX_IMPORTED, TORCH_IMPORT, run_passes
 from .quant.validate import check_onnx as check_onnx_qdq
 
@@ -143,7 +143,7 @@ def _declare_ranges(mod: tvm.IRModule, ranges: DimRanges) -> tvm.IRModule:
     func = mod["main"]
     symbols = {str(d.name) for p in func.params if isinstance(p.ty, relax.TensorType)
                and isinstance(p.ty.shape, relax.ShapeExpr) for d in p.ty.shape.values if isinstance(d, tvm.tirx.Var)}
-    lower, upper = {}, {}
+    checked = {}
     for name, bounds in ranges.items():
         if name not in symbols:
             raise FrontendError(f"dim_ranges names {name!r}, which is no symbolic dim of the model's inputs "
@@ -157,16 +157,9 @@ def _declare_ranges(mod: tvm.IRModule, ranges: DimRanges) -> tvm.IRModule:
                 raise FrontendError(f"dim_ranges[{name!r}] must hold ints or None, got {bounds!r}")
         if (lo is not None and lo < 1) or (hi is not None and hi < max(lo or 1, 1)):
             raise FrontendError(f"dim_ranges[{name!r}] = {bounds!r}: expected 1 <= min <= max")
-        if lo is not None:
-            lower[name] = lo
-        if hi is not None:
-            upper[name] = hi
-    if lower:
-        func = func.with_attr(LOWER_BOUND_ATTR, lower)
-    if upper:
-        func = func.with_attr(UPPER_BOUND_ATTR, upper)
+        checked[name] = (lo, hi)
     out = mod.clone()
-    out["main"] = func
+    out["main"] = with_dim_ranges(func, checked)
     return out
 
 

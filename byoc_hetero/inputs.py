@@ -81,6 +81,18 @@ LOWER_BOUND_ATTR, UPPER_BOUND_ATTR = "tir_var_lower_bound", "tir_var_upper_bound
 :func:`byoc_hetero.from_onnx` writes them from ``dim_ranges``."""
 
 
+def with_dim_ranges(func: relax.Function, ranges: DimRanges) -> relax.Function:
+    """``func`` with ``ranges`` written as the bound attributes :func:`dim_ranges` reads (an open
+    end is not written)."""
+    lower = {n: lo for n, (lo, _) in ranges.items() if lo is not None}
+    upper = {n: hi for n, (_, hi) in ranges.items() if hi is not None}
+    if lower:
+        func = func.with_attr(LOWER_BOUND_ATTR, lower)
+    if upper:
+        func = func.with_attr(UPPER_BOUND_ATTR, upper)
+    return func
+
+
 def dim_ranges(func: relax.Function) -> dict[str, tuple[int | None, int | None]]:
     """The declared range of each symbolic dim of ``func`` (:data:`DimRanges`); empty if none."""
     attrs = func.attrs if func.attrs is not None else {}

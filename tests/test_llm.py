@@ -266,3 +266,170 @@ def test_llama_decoder_with_dynamic_sequence_serves_several_lengths_from_one_bui
         got = (out if hasattr(out, "numpy") else out[0]).numpy()
         assert got.shape == want.shape == (1, length, 96)
         assert _rel(got, want) <= TOLERANCE, f"S={length}"
+
+
+# ----------------------------------------------------------------------------------------------
+# a symbolic sequence dim through from_onnx (both exporters): one build, several lengths
+# ----------------------------------------------------------------------------------------------
+def _shape_arithmetic_onnx():
+    """x [1, S, 8] -> MatMul(x + positions + table[:, 1:S+1] + (2..S+1), w), the sequence-length
+    arithmetic written as the default exporter writes it: a scalar S reshaped to [-1] (a slice end),
+    Range(0, S, 1) for the positions, an Expand to [1, 1, 1] (the identity) and Range(2, S + 2, 1),
+    which ranges_from_dims leaves to TVM (its start is positive)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    f = helper.make_tensor
+
+    def const(name, values, dims, t=TensorProto.INT64):
+        return helper.make_node("Constant", [], [name], value=f(name, t, dims, values))
+
+    nodes = [const("zero", [0], []), const("one", [1], []), const("two", [2], []), const("flat", [-1], [1]),
+             const("axis1", [1], [1]), const("begin1", [1], [1]), const("axes02", [0, 2], [2]),
+             const("ones3", [1, 1, 1], [3]),
+             helper.make_node("Shape", ["x"], ["s1d"], start=1, end=2),
+             helper.make_node("Squeeze", ["s1d"], ["s"]),
+             helper.make_node("Add", ["s", "one"], ["s_plus_1"]),
+             helper.make_node("Reshape", ["s_plus_1", "flat"], ["end"]),
+             helper.make_node("Slice", ["table", "begin1", "end", "axis1"], ["window"]),
+             helper.make_node("Range", ["zero", "s", "one"], ["pos"]),
+             helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["posf", "axes02"], ["pos3"]),
+             helper.make_node("Expand", ["pos3", "ones3"], ["pos_e"]),
+             helper.make_node("Add", ["s", "two"], ["s_plus_2"]),
+             helper.make_node("Range", ["two", "s_plus_2", "one"], ["late"]),
+             helper.make_node("Cast", ["late"], ["latef"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["latef", "axes02"], ["late3"]),
+             helper.make_node("Add", ["x", "pos_e"], ["a"]),
+             helper.make_node("Add", ["a", "window"], ["b"]),
+             helper.make_node("Add", ["b", "late3"], ["c"]),
+             helper.make_node("MatMul", ["c", "w"], ["y"])]
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 40, 8)).astype("float32"), "table"),
+             numpy_helper.from_array(rng.standard_normal((8, 8)).astype("float32"), "w")]
+    graph = helper.make_graph(nodes, "seq_arith", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "S", 8])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_onnx_sequence_arithmetic_passes_rewrite_what_the_importer_cannot_read():
+    """scalar_reshapes: the scalar's Reshape is an Unsqueeze; drop_identity_expands: no Expand;
+    ranges_from_dims: Range(0, S, 1) is a cumulative sum, Range(2, S + 2, 1) (positive start) stays."""
+    from byoc_hetero.passes import ONNX_IMPORT, run_passes
+
+    model = _shape_arithmetic_onnx()
+    ops = [n.op_type for n in run_passes(ONNX_IMPORT, model, shape=None).graph.node]
+    assert "Expand" not in ops and ops.count("Range") == 1 and "CumSum" in ops
+    assert ops.count("Reshape") == 0 and ops.count("Unsqueeze") == 4
+    assert [n.op_type for n in model.graph.node].count("Range") == 2  # the caller's model is untouched
+
+
+def test_range_up_to_data_is_left_to_the_importer():
+    """A limit that is data (a graph input), not a dim: its sign is unknown, so no rewrite."""
+    from onnx import TensorProto, helper
+
+    from byoc_hetero.passes.ranges_from_dims import ranges_from_dims
+
+    nodes = [helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [], [0])),
+             helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TensorProto.INT64, [], [1])),
+             helper.make_node("Range", ["zero", "n", "one"], ["y"])]
+    graph = helper.make_graph(nodes, "r", [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, ["L"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert ranges_from_dims(model) is model
+
+
+def test_onnx_sequence_arithmetic_is_one_region_for_every_length():
+    """The hand-written graph imports with the sequence dim symbolic and no match_cast (the Range
+    TVM imports through a length tensor is resolved to S by resolve_shape_tensors), is one region,
+    and one build matches ONNX Runtime at two lengths."""
+    ort = pytest.importorskip("onnxruntime")
+    import tvm
+    from tvm import relax
+
+    model = _shape_arithmetic_onnx()
+    mod, params = bh.from_onnx(model)
+    assert "match_cast" not in str(mod["main"]) and "range_len" not in str(mod["main"]), mod["main"]
+    part = bh.partition(mod, params)
+    assert len(bh.report(part).regions) == 1, bh.report(part)
+    vm = relax.VirtualMachine(relax.build(part, target="llvm"), tvm.cpu())
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for length in (5, 17):
+        x = np.random.default_rng(length).standard_normal((1, length, 8)).astype("float32")
+        want = sess.run(None, {"x": x})[0]
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        assert got.shape == want.shape == (1, length, 8)
+        assert _rel(got, want) <= TOLERANCE, f"S={length}"
+    # table[:, 1:S + 1] of 40 rows, which the importer assumes in bound: S <= 39 is declared and
+    # checked (beyond it the slice read past the table and could crash; ONNX Runtime's slice clips)
+    assert bh.inputs.dim_ranges(mod["main"]) == {"S": (1, 39)}
+    with pytest.raises(bh.InputError, match=r"dim 1 \(S\) is 40, outside its declared range \[1, 39\]"):
+        vm["main"](tvm.runtime.tensor(np.zeros((1, 40, 8), "float32")))
+
+
+def test_resolve_shape_tensors_substitutes_the_length_tvm_reads_back():
+    """Without the pass the positive-start Range leaves TVM's fresh symbol and its match_cast."""
+    from byoc_hetero import frontends
+    from byoc_hetero.passes import ONNX_IMPORTED
+
+    without = tuple(p for p in ONNX_IMPORTED if p.name != "resolve_shape_tensors")
+    original = frontends.ONNX_IMPORTED
+    frontends.ONNX_IMPORTED = without
+    try:
+        mod, _ = bh.from_onnx(_shape_arithmetic_onnx())
+    finally:
+        frontends.ONNX_IMPORTED = original
+    assert "match_cast" in str(mod["main"]) and "range_len" in str(mod["main"])
+
+
+#: (model, exporter) pairs exported with a symbolic sequence dim; the TorchScript exporter cannot
+#: export GPT-2 or the Llama decoder with transformers 5 (``aten::diff``)
+DYNAMIC_ONNX = [("bert_base", "torchscript"), ("bert_base", "dynamo"), ("gpt2", "dynamo"), ("smollm_135m", "dynamo")]
+
+
+def _export_dynamic_sequence(zm, exporter: str, path: str) -> None:
+    names = list(zm.input_names)
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+        seq = torch.export.Dim("S", max=128)
+        shapes = (tuple({1: seq} for _ in names),) if len(names) > 1 else ({1: seq},)  # *args of _FirstOutput
+        torch.onnx.export(zm.module, zm.inputs, path, input_names=names, output_names=["y"], dynamic_shapes=shapes)
+    else:
+        torch.onnx.export(zm.module, zm.inputs, path, input_names=names, output_names=["y"], opset_version=17,
+                          dynamo=False, dynamic_axes={**{n: {1: "S"} for n in names}, "y": {1: "S"}})
+
+
+@pytest.mark.parametrize("name,exporter", DYNAMIC_ONNX)
+def test_dynamic_sequence_onnx_file_is_one_region_and_one_build_serves_two_lengths(name, exporter, tmp_path):
+    """A transformer exported with a symbolic sequence dim imports through from_onnx, is one region
+    as its static export is, and one build computes ONNX Runtime's values at S = 5 and 23."""
+    pytest.importorskip("transformers")
+    ort = pytest.importorskip("onnxruntime")
+    import tvm
+    from tvm import relax
+    from zoo_models import build
+
+    zm = build(name, small=True)
+    path = str(tmp_path / f"{name}.onnx")
+    _export_dynamic_sequence(zm, exporter, path)
+    mod, params = bh.from_onnx(path)
+    part = bh.partition(mod, params)
+    report = bh.report(part)
+    assert len(report.regions) == 1, report
+    assert "S" in str(report), "the sequence dim must stay symbolic"
+    vm = relax.VirtualMachine(relax.build(part, target="llvm"), tvm.cpu())
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for length in (5, 23):
+        ids = np.random.default_rng(length).integers(0, 1000, (1, length), dtype=np.int64)
+        feed = [ids] + ([(np.arange(length) < length - length // 4).astype(np.int64)[None]]
+                        if len(zm.input_names) > 1 else [])
+        want = sess.run(None, dict(zip(zm.input_names, feed)))[0]
+        out = vm["main"](*[tvm.runtime.tensor(a) for a in feed])
+        got = (out if hasattr(out, "numpy") else out[0]).numpy()
+        assert got.shape == want.shape and got.shape[1] == length
+        assert _rel(got, want) <= TOLERANCE, f"{name} ({exporter}) S={length}"
+    if name != "smollm_135m":
+        # past the position table (128 rows): a clear error, where the slice of BERT's position ids
+        # read past its buffer; ONNX Runtime raises on it too
+        long = np.zeros((1, 140), dtype=np.int64)
+        with pytest.raises(bh.InputError, match="128"):
+            vm["main"](*[tvm.runtime.tensor(long)] * len(zm.input_names))

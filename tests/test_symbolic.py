@@ -747,3 +747,31 @@ def test_embedding_and_mask_ops_run_symbolic_dims():
         ev = table[iv]
         want = (np.where(ev > 0, ev, -1.0) @ wv) * (iv > 3).astype("float32")[..., None]
         np.testing.assert_allclose(run(ex, [iv]), want, rtol=1e-4, atol=1e-4)
+
+
+class FusedQkv(nn.Module):
+    """GPT-2's attention input: one projection to 3 * 16, split along the (static) last axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(16, dim=-1)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def test_split_along_a_static_axis_of_a_symbolic_tensor_joins_the_region():
+    """[1, S, 48] split along its last axis: one slice node per part, planned per S (it stayed on llvm
+    and cut GPT-2's dynamic-sequence ONNX file into 3 regions)."""
+    model = _model(FusedQkv)
+    s = torch.export.Dim("S", min=1, max=64)
+    mod, params = bh.from_torch(model, (torch.randn(1, 8, 16),), dynamic_shapes=({1: s},))
+    part = bh.partition(mod, params)
+    report = bh.report(part)
+    assert len(report.regions) == 1 and not report.fallbacks, report
+    ex = build(part)
+    for length in (3, 21):
+        x = torch.randn(1, length, 16)
+        with torch.no_grad():
+            np.testing.assert_allclose(run(ex, [x.numpy()]), model(x).numpy(), rtol=1e-5, atol=1e-5)

@@ -36,10 +36,11 @@ BF16_PATHS = ("from_torch", "from_onnx")
 #: one region through every import path (issue 25: the mask / position bookkeeping may stay on llvm)
 ONE_REGION = ("bert_base", "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
               "deeplabv3_mobilenet_v3", "densenet121")
-#: models whose default-exporter (dynamo) file was checked here; the speech and segmentation models
-#: were checked through TorchScript's file and torch.export only (issue 25 asks for both: not yet)
+#: models whose default-exporter (dynamo) file is checked here; Swin and the segmentation models are
+#: checked through TorchScript's file and torch.export only (Swin's dynamo file is 2 regions: the
+#: checked_take of its window indices stays on llvm)
 DYNAMO_CHECKED = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
-                  "gpt2", "smollm_135m")
+                  "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder")
 # TVM's importer rejects these TorchScript exports as they are; from_onnx constant-folds them with
 # ONNX Runtime first (EfficientNet: Pad's pads from a Cast/Reshape chain; BERT: the mask's broadcast).
 NEEDS_FOLDING = ("efficientnet_b0", "bert_base")
@@ -148,10 +149,12 @@ def test_zoo_model_matches_torch(zoo, name, path):
 ALL_OFFLOADED = ("wav2vec2_base", "whisper_tiny_encoder", "swin_t", "deeplabv3_mobilenet_v3", "densenet121")
 
 
-@pytest.mark.parametrize("path", BF16_PATHS)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ALL_OFFLOADED)
 def test_zoo_model_leaves_nothing_on_llvm(zoo, name, path):
-    """Every op of these models runs in one oneDNN region on both paths (nothing on llvm)."""
+    """Every op of these models runs in one oneDNN region on every path checked (nothing on llvm)."""
+    if path == "from_onnx_dynamo" and name not in DYNAMO_CHECKED:
+        pytest.skip(f"{name}: the default exporter's file is not checked yet")
     zm, _, onnx_path = zoo(name, EXPORTER[path])
     mod, params = _import(zm, onnx_path, path)
     rep = bh.report(bh.partition(mod, params))

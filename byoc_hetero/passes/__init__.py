@@ -37,11 +37,12 @@ from tvm import relax
 
 from .._relax import entry_functions
 from .bool_arith import bool_arith
+from .bound_assumed_slices import bound_assumed_slices
 from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .dequantized_pad_values import dequantized_pad_values
-from .gather_before_dequantize import gather_before_dequantize
 from .drop_needless_broadcasts import drop_needless_broadcasts
+from .drop_identity_expands import drop_identity_expands
 from .drop_proven_index_checks import drop_proven_index_checks
 from .drop_zero_pads import drop_zero_pads
 from .dynamic_quantize_linear import dynamic_quantize_linear
@@ -49,11 +50,15 @@ from .explicit_same_pads import explicit_same_pads
 from .fold_int_constants import fold_int_constants
 from .fold_weight_subgraphs import fold_weight_subgraphs
 from .fold_zero_pads import fold_zero_pads
+from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
 from .matmul_integer_qdq import matmul_integer_qdq
 from .merge_composite_functions import merge_composite_functions
 from .nonempty_dims import nonempty_dims
+from .ranges_from_dims import ranges_from_dims
+from .resolve_shape_tensors import resolve_shape_tensors
+from .scalar_reshapes import scalar_reshapes
 from .shape_initializers_as_constants import shape_initializers_as_constants
 from .shorten_region_names import MAX_REGION_NAME, shorten_region_names
 
@@ -116,10 +121,17 @@ ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("explicit_same_pads", "onnx", explicit_same_pads),
     Pass("fold_zero_pads", "onnx", fold_zero_pads),
     Pass("dynamic_quantize_linear", "onnx", dynamic_quantize_linear),
+    # symbolic sequence dims (the default exporter's shape arithmetic): forms TVM's importer reads
+    Pass("scalar_reshapes", "onnx", scalar_reshapes),
+    Pass("drop_identity_expands", "onnx", drop_identity_expands),
+    Pass("ranges_from_dims", "onnx", ranges_from_dims),
 )
 """Edits of the ONNX protobuf before TVM imports it (``bh.from_onnx``)."""
 
 ONNX_IMPORTED: tuple[Pass, ...] = (
+    # first: the symbols it substitutes give the later passes (and the partition) known shapes
+    Pass("resolve_shape_tensors", "relax", _relax(resolve_shape_tensors)),
+    Pass("bound_assumed_slices", "relax", _relax(bound_assumed_slices)),
     Pass("bool_arith", "relax", _relax(bool_arith)),
     Pass("checked_take", "relax", _relax(checked_take)),
 )
@@ -190,7 +202,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "checked_take", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
+    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "gather_before_dequantize",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",

@@ -140,26 +140,33 @@ def lower_concat(ctx, var: relax.Var, call: relax.Call) -> int:
 # split / strided_slice: slice nodes
 # ----------------------------------------------------------------------------------------------
 def check_split(match: Match) -> str | None:
-    """split of a float32 tensor with static shapes into static parts."""
+    """split of a float32 tensor along a static axis into parts of static extent on that axis; the
+    other dims may be symbolic (each part is a slice node the runtime plans per binding)."""
     call = match.expr("root")
-    reason = tensor_reason(call.args[0], "data")
+    reason = tensor_reason(call.args[0], "data", symbolic=True)
     if reason:
         return reason
+    shape = shape_of(call.args[0])
+    if not shape:
+        return "split of a scalar"
+    axis = int(call.attrs.axis) % len(shape)
+    if not isinstance(shape[axis], int):
+        return f"split along the symbolic axis {axis} of {list(shape)}"
     parts = split_shapes(call)
-    if not parts or any(p is None for p in parts):
-        return "split parts without static shapes"
+    if not parts or any(p is None or not isinstance(p[axis], int) for p in parts):
+        return "split parts without a static extent on the split axis"
     return None
 
 
-def split_shapes(call: relax.Call) -> list[tuple[int, ...] | None]:
-    """The static shape of every part of a split (None for a part without one)."""
-    return [static_shape(field) for field in getattr(call.ty, "fields", [])]
+def split_shapes(call: relax.Call) -> list[tuple[int | str, ...] | None]:
+    """The shape of every part of a split, symbolic dims as expressions (None for a part without one)."""
+    return [shape_of(field) for field in getattr(call.ty, "fields", [])]
 
 
 @lowers("relax.split", check=check_split)
 def lower_split(ctx, var: relax.Var, call: relax.Call) -> tuple[int, ...]:
     data = ctx.data_of(call.args[0])
-    rank = len(static_shape(call.args[0]))
+    rank = len(shape_of(call.args[0]))
     axis = int(call.attrs.axis) % rank
     outs, offset = [], 0
     for shape in split_shapes(call):
