@@ -15,6 +15,13 @@ output is 0 in exact arithmetic and ~1e-8 in float32 on either side, which read 
 without the floor and stopped long random runs on a false alarm (issue 27). The floor is computed
 only when the plain relative check fails (one more llvm build that returns every intermediate
 value), so the CI slice runs as fast as before.
+
+When both checks fail, llvm may be the inexact side: TVM's group norm computes the variance in one
+pass (E[x^2] - E[x]^2), which loses digits when a group's mean is large against its spread — on a
+group norm of a batch norm's output with mean -1 and std 0.04 llvm was 3.4e-4 off a float64
+evaluation, the offloaded build 1.8e-6 (a 2,000-example random run stopped there, issue 27). The
+graph is then evaluated once more in float64 (:func:`as_float64`, llvm) and the offloaded outputs
+must be within the tolerance of that; the assertion message gives both sides' errors against it.
 """
 
 from __future__ import annotations
@@ -84,6 +91,82 @@ def operand_floors(mod, inputs) -> list[float]:
     return floors
 
 
+def as_float64(mod: tvm.IRModule) -> tvm.IRModule:
+    """``main`` of ``mod`` with every float32 parameter, constant and cast in float64 (the same ops,
+    rebuilt so their types are inferred again)."""
+    func = relax.transform.ToNonDataflow()(mod)["main"]
+
+    def f64(ty):
+        if isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32":
+            return relax.TensorType(ty.shape, "float64")
+        return ty
+
+    new = {p: relax.Var(p.name, f64(p.ty)) for p in func.params}
+
+    def convert(e):
+        if isinstance(e, relax.Var):
+            return new[e]
+        if isinstance(e, tvm.ir.GenericConst):
+            a = e.value.numpy()
+            return relax.const(a.astype("float64") if a.dtype == np.float32 else a, "float64" if a.dtype == np.float32
+                               else str(a.dtype))
+        if isinstance(e, relax.Tuple):
+            return relax.Tuple([convert(f) for f in e.fields])
+        if isinstance(e, relax.TupleGetItem):
+            return relax.TupleGetItem(convert(e.tuple_value), e.index)
+        if isinstance(e, relax.Call):
+            args = [convert(a) for a in e.args]
+            if e.op.name == "relax.astype" and str(e.attrs.dtype) == "float32":
+                return relax.op.astype(args[0], "float64")
+            if e.op.name == "relax.nn.group_norm":  # TVM's has no float64 (and is the one-pass kind)
+                return _group_norm_two_pass(bb, *args, e.attrs)
+            return relax.Call(e.op, args, e.attrs, e.ty_args)
+        return e
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(new.values())):
+        for block in func.body.blocks:
+            for b in block.bindings:
+                new[b.var] = bb.emit(convert(b.value))
+        bb.emit_func_output(convert(func.body.body))
+    return bb.get()
+
+
+def _group_norm_two_pass(bb: relax.BlockBuilder, x, gamma, beta, attrs) -> relax.Expr:
+    """A group norm over channel axis 1 and every axis after it, spelled out with the mean taken
+    before the squared deviations (NotImplementedError for other layouts)."""
+    x = bb.emit(x) if not isinstance(x, relax.Var) else x
+    shape = [int(d) for d in x.ty.shape.values]
+    rank, groups = len(shape), int(attrs.num_groups)
+    if int(attrs.channel_axis) % rank != 1 or sorted(int(a) % rank for a in attrs.axes) != list(range(2, rank)):
+        raise NotImplementedError("group_norm layout")
+    n, c = shape[:2]
+    xs = bb.emit(relax.op.reshape(x, [n, groups, c // groups, *shape[2:]]))
+    axes = list(range(2, rank + 1))
+    d = bb.emit(relax.op.subtract(xs, bb.emit(relax.op.mean(xs, axes, keepdims=True))))
+    var = bb.emit(relax.op.mean(bb.emit(relax.op.multiply(d, d)), axes, keepdims=True))
+    eps = relax.const(float(attrs.epsilon), "float64")
+    y = bb.emit(relax.op.reshape(bb.emit(relax.op.divide(d, bb.emit(relax.op.sqrt(bb.emit(relax.op.add(var, eps)))))),
+                                 shape))
+    per_channel = [1, c] + [1] * (rank - 2)
+    if attrs.scale:
+        y = bb.emit(relax.op.multiply(y, bb.emit(relax.op.reshape(gamma, per_channel))))
+    if attrs.center:
+        y = bb.emit(relax.op.add(y, bb.emit(relax.op.reshape(beta, per_channel))))
+    return y
+
+
+def float64_outputs(mod: tvm.IRModule, inputs) -> list[np.ndarray] | None:
+    """The outputs of ``mod`` computed in float64 by llvm (cast back to each output's dtype is not
+    done: compared as float64), or None when the graph does not convert (an op fixed to float32)."""
+    try:
+        exact = as_float64(mod)
+        return run_all(build(exact), [np.asarray(x).astype("float64") if np.asarray(x).dtype == np.float32 else x
+                                      for x in inputs])
+    except Exception:  # noqa: BLE001 - the float64 reference is a second opinion, not the test
+        return None
+
+
 def fuzz_error(got: np.ndarray, want: np.ndarray, floor: float = 0.0) -> float:
     """max |got - want| over the finite reference values / max(max |want|, floor)."""
     finite = np.isfinite(want)
@@ -113,7 +196,15 @@ def differential(mod, inputs, disabled=(), require_heavy_op=True):
             assert np.array_equal(special(g), special(w)), f"{special.__name__} at different places"
     errors = [fuzz_error(g, w) for g, w in zip(got, want)]
     if max(errors) > TOLERANCE:  # outputs near 0 in exact arithmetic: scale by their operands
-        errors = [fuzz_error(g, w, f) for g, w, f in zip(got, want, operand_floors(mod, inputs))]
+        floors = operand_floors(mod, inputs)
+        errors = [fuzz_error(g, w, f) for g, w, f in zip(got, want, floors)]
+        if max(errors) > TOLERANCE:  # is llvm the inexact side? judge both against float64
+            exact = float64_outputs(mod, inputs)
+            if exact is not None:
+                ours = [fuzz_error(g, e, f) for g, e, f in zip(got, exact, floors)]
+                theirs = [fuzz_error(w, e, f) for w, e, f in zip(want, exact, floors)]
+                assert max(ours) <= TOLERANCE, (errors, "float64:", ours, "llvm vs float64:", theirs)
+                errors = ours
     assert max(errors) <= TOLERANCE, errors
     if PROGRESS:
         with open(PROGRESS, "a") as log:
@@ -270,3 +361,25 @@ def test_regression_output_zero_in_exact_arithmetic_is_scaled_by_its_operands():
     normalized = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(floor, np.abs(normalized).max(), rtol=1e-4)
     assert fuzz_error(want + 1e-2, want, floor) > TOLERANCE
+
+
+def test_regression_group_norm_of_a_shifted_channel_is_judged_against_float64():
+    """Found by a 2,000-example random run (issue 27): a group norm of a channel whose mean is far
+    larger than its spread (a batch norm's output, mean -1, std 0.04). TVM's llvm group norm
+    (one-pass variance) was 1e-4 off a float64 evaluation there, the offloaded one ~1e-6; the
+    comparison then judges the offloaded build against float64, where an error of 1e-2 still fails."""
+    from conftest import graph
+
+    R = relax.op
+    rng = np.random.default_rng(918)
+    x = (rng.standard_normal((2, 4, 7, 8)) * 0.04 - 1.0).astype("float32")
+    gamma, beta = relax.const(rng.uniform(0.5, 1.0, 4).astype("float32")), relax.const(np.zeros(4, "float32"))
+    mod = graph({"x": (2, 4, 7, 8)}, lambda e, v: R.nn.group_norm(v, gamma, beta, 4, 1, [2, 3]))
+    exact = float64_outputs(mod, [x])
+    assert exact is not None and exact[0].dtype == np.float64
+    xd = x.astype("float64")
+    mean, var = xd.mean((2, 3), keepdims=True), xd.var((2, 3), keepdims=True)
+    want = (xd - mean) / np.sqrt(var + 1e-5) * gamma.value.numpy()[None, :, None, None]
+    np.testing.assert_allclose(exact[0], want, rtol=1e-9, atol=1e-9)  # the float64 reference itself
+    differential(mod, [x], require_heavy_op=False)  # passes: against float64 if llvm strays
+    assert fuzz_error(exact[0] + 1e-2, exact[0]) > TOLERANCE
