@@ -879,10 +879,18 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         so = draw(st.sampled_from([0.01, 0.03, 0.1]))
         zo = draw(st.integers(lo, hi)) if draw(st.booleans()) else (0 if qdt == "int8" or relu else 128)
         yq = bb.emit(R.quantize(y, qconst(so, F32), qconst(zo, qdt), axis=1, out_dtype=qdt))
-        keep(bb.emit(R.dequantize(yq, qconst(so, F32), qconst(zo, qdt), axis=1, out_dtype=F32)))
+        yd = bb.emit(R.dequantize(yq, qconst(so, F32), qconst(zo, qdt), axis=1, out_dtype=F32))
         recipe.quant_step = max(recipe.quant_step, so)
+        edge = draw(st.booleans())
+        if edge:  # a float op between Q/DQ edges (MobileNetV3's hard-swish): one quantize_dequantize step
+            s2 = draw(st.sampled_from([0.004, 0.01]))
+            z2 = 0 if qdt == "int8" else 128
+            yq = bb.emit(R.quantize(bb.emit(R.sigmoid(yd)), qconst(s2, F32), qconst(z2, qdt), axis=1, out_dtype=qdt))
+            yd = bb.emit(R.dequantize(yq, qconst(s2, F32), qconst(z2, qdt), axis=1, out_dtype=F32))
+            recipe.quant_step = max(recipe.quant_step, s2)
+        keep(yd)
         recipe.steps.append(f"int8({qdt}, x {sx}/{zx}, out={out}, per_channel={per_channel}, bias={bias}, "
-                            f"relu={relu}, y {so}/{zo}, {'conv' if len(shape) == 4 else 'dense'})")
+                            f"relu={relu}, y {so}/{zo}, {'conv' if len(shape) == 4 else 'dense'}, sigmoid q/dq={edge})")
         return True
 
     # graphs lean towards convs (wide ones most: the Winograd kind)
