@@ -1,6 +1,7 @@
 """A/B latency of two checkouts of byoc-hetero, measured side by side in one run.
 
     python3 bench/ab.py --a /path/to/old/tree --b /path/to/new/tree [--models resnet18,mlp] [--rounds 5]
+    python3 bench/ab.py --a ... --b ... --models resnet50.onnx,vit_b_16.onnx   # ONNX files: bh.from_onnx
 
 Each tree must hold a built extension (``byoc_hetero/_C*.so``, e.g. from
 ``cmake -S . -B build-dev -G Ninja && ninja -C build-dev _C && cp build-dev/_C*.so byoc_hetero/``).
@@ -39,7 +40,10 @@ from tvm import relax
 import byoc_hetero as bh
 assert bh.__file__.startswith(sys.argv[1]), bh.__file__
 name, repeat = sys.argv[2], int(sys.argv[3])
-mod, params = getattr(bh.models, name)(batch=1)
+if name.endswith(".onnx"):  # a model file (e.g. a zoo model exported once for both trees)
+    mod, params = bh.from_onnx(name)
+else:
+    mod, params = getattr(bh.models, name)(batch=1)
 part = bh.partition(mod, params)
 ex = relax.build(part, target="llvm")
 vm = relax.VirtualMachine(ex, tvm.cpu())
