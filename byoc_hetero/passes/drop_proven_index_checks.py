@@ -17,6 +17,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .._relax import bound_values, entry_functions
+from ._ir import map_calls
 from .checked_take import CHECK_PRIMFUNC, _constant
 
 __all__ = ["drop_proven_index_checks"]
@@ -51,34 +53,19 @@ def _proven_indices(take: relax.Call, lookup) -> relax.Expr | None:
 def drop_proven_index_checks(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each index check of constant, in-range indices replaced by those indices
     (``mod`` itself when there is none)."""
+    out = None
+    for name in entry_functions(mod):
+        func = mod[name]
+        values = bound_values(func)
 
-    @relax.expr_functor.mutator
-    class _Dropper(relax.PyExprMutator):
-        def __init__(self, module: tvm.IRModule):
-            super().__init__(module)
-            self.changed = False
+        def change(_var, call):
+            ids = _proven_indices(call, values.get)
+            return None if ids is None else relax.op.take(call.args[0], ids, call.attrs.axis, mode="fast")
 
-        def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM's visitor name
-            call = super().visit_call_(call)
-            ids = _proven_indices(call, self.lookup_binding)
-            if ids is None:
-                return call
-            self.changed = True
-            return relax.op.take(call.args[0], ids, call.attrs.axis, mode="fast")
-
-    dropper = _Dropper(mod)
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function):
-            continue
-        if func.attrs is not None and ("Composite" in func.attrs or "Codegen" in func.attrs):
-            continue
-        new = dropper.visit_expr(func)
-        if dropper.changed:
-            dropper.builder_.update_func(gv, new)
-    if not dropper.changed:
+        new = map_calls(func, change)
+        if not new.same_as(func):
+            out = out if out is not None else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+            out[name] = new
+    if out is None:
         return mod
-    out = dropper.builder_.get()
-    names = [gv.name_hint for gv, f in out.functions_items() if isinstance(f, relax.Function)
-             and f.attrs is not None and "global_symbol" in f.attrs]
-    return relax.transform.DeadCodeElimination(names)(out) if names else out
-
+    return relax.transform.DeadCodeElimination(entry_functions(out))(out)  # the checks nobody reads

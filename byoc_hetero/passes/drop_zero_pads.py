@@ -4,7 +4,7 @@ Why: Swin's ``maybe_pad`` pads each window stage up to a multiple of the window 
 sizes where nothing is needed torch.export still writes ``pad(x, [0, 0, 0, 0, 0, 0])``. The call is
 the identity, but as a pad it matches no rule unless a conv2d reads it (which can absorb a pad into
 its own padding), so it stayed on llvm and split Swin-T into 16 regions. (The ONNX path's zero
-``Pad`` nodes are removed in the protobuf before import: ``frontends._fold_zero_pads``.)
+``Pad`` nodes are removed in the protobuf before import: :mod:`.fold_zero_pads`.)
 """
 
 from __future__ import annotations
