@@ -3,6 +3,8 @@
     python bench/zoo.py --markdown bench/ZOO.md                 # everything (hours on 2 busy cores)
     python bench/zoo.py --small --rounds 1 --threads 2          # scaled-down configs: a smoke run
     python bench/zoo.py --models resnet50,bert_base --threads 2 --frameworks byoc_torch,ort,torch
+    python bench/zoo.py --keep /tmp/z --phase build ...; python bench/zoo.py --keep /tmp/z --phase time ...
+                                                                # compile while busy, time when quiet
 
 Needs ``pip install ".[zoo]"`` (transformers, openvino, onnx, onnxruntime, torch 2.13.0). Not part of the
 tests: it asserts nothing, it reports.
@@ -37,6 +39,7 @@ written into the tables with the error's first line; the run always goes to the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -292,6 +295,23 @@ class Zoo:
         print(f"[{time.time() - self.started:7.0f}s] {msg}", file=sys.stderr, flush=True)
 
     def run_model(self, model: str) -> None:
+        state = os.path.join(self.workdir, model + "_built.json")
+        if self.args.phase == "time" and os.path.exists(state):
+            with open(state) as f:  # built by an earlier `--phase build` run in this --keep folder
+                saved = json.load(f)
+            self.prepared[model] = saved["prepared"]
+            self.compiled.update({tuple(k.split("|")): r for k, r in saved["compiled"].items()})
+            self.log(f"{model}: reusing the build of {state}")
+        else:
+            self.build_model(model)
+            with open(state, "w") as f:
+                json.dump({"prepared": self.prepared[model],
+                           "compiled": {f"{m}|{p}": r for (m, p), r in self.compiled.items() if m == model}}, f)
+        if "error" not in self.prepared[model] and self.args.phase != "build":
+            self.time_model(model, self.prepared[model])
+
+    def build_model(self, model: str) -> None:
+        """Prepare (torch reference, ONNX exports) and compile every import path of ``model``."""
         self.log(f"{model}: prepare")
         prep = self.spawn(["--prepare", model], 2, self.args.timeout)
         self.prepared[model] = prep
@@ -311,6 +331,9 @@ class Zoo:
             self.compiled[(model, path)] = r
             self.log(f"{model}: {path}: " + (r.get("error") or f"{r['regions']} regions, "
                                               f"{sum(n for *_, n in r['llvm_ops'])} ops on llvm, {r['wall_s']:.0f} s"))
+
+    def time_model(self, model: str, prep: dict) -> None:
+        """Every framework at every thread count, in interleaved rounds, each after a quiet wait."""
         ref = np.load(_files(self.workdir, model)["ref"])
         for threads in self.threads:
             for rnd in range(self.args.rounds):
@@ -495,6 +518,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet-wait", type=float, default=10.0, help="wait up to this long for idle CPUs before a timing")
     ap.add_argument("--markdown", help="write the report as markdown to this file (rewritten after every model)")
     ap.add_argument("--json", help="also write every measurement as JSON to this file (after every model)")
+    ap.add_argument("--keep", metavar="DIR", help="keep exports and builds in DIR (default: a temporary folder)")
+    ap.add_argument("--phase", choices=("all", "build", "time"), default="all",
+                    help="build: prepare and compile only (into --keep DIR); time: time what a build phase left in "
+                         "--keep DIR, so that compiling can run while the machine is busy and timing when it is quiet")
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     ap.add_argument("--compile", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
@@ -525,7 +552,12 @@ def main(argv=None) -> int:
             with open(args.markdown, "w") as f:
                 f.write("\n".join(lines) + "\n")
 
-    with tempfile.TemporaryDirectory(prefix="zoo-") as workdir:
+    if args.phase != "all" and not args.keep:
+        ap.error("--phase build/time needs --keep DIR (where the build phase leaves its files)")
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    with (contextlib.nullcontext(os.path.abspath(args.keep)) if args.keep
+          else tempfile.TemporaryDirectory(prefix="zoo-")) as workdir:
         zoo = Zoo(args, workdir)
         for model in zoo.models:
             zoo.run_model(model)
