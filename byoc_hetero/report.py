@@ -256,7 +256,7 @@ def _region_precision(region: RegionEntry) -> str:
     a bf16 request runs as float32."""
     try:
         info = json.loads(str(region.module["get_runtime_info"]()))
-    except (AttributeError, KeyError, ValueError, tvm.error.TVMError):
+    except (AttributeError, KeyError, ValueError, RuntimeError):  # TVM 0.27 errors are RuntimeErrors
         return ""  # a module of another runtime
     precision = str(info.get("precision", ""))
     requested = str(info.get("precision_requested", precision))

@@ -58,6 +58,7 @@ from .passes import (
     merge_composite_functions,
     run_passes,
 )
+from .passes.host_code_anchor import host_code_anchor
 from .passes.cost_gate import DEFAULT_MIN_REGION_OPS, HEAVY_OPS, HOST, gated_composites
 from .quant.validate import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
@@ -246,7 +247,7 @@ def partition_graph(options: Mapping[str, Mapping] | None = None) -> tvm.transfo
         require_codegens(mod)  # a bh.RuleError naming the target, not TVM's "Codegen is not found"
         mod = relax.transform.RunCodegen(given, entry_functions(mod))(mod)
         mod = relax.transform.DeadCodeElimination(entry_functions(mod))(mod)
-        return log.attach(insert_range_checks(mod, entry_functions(mod)))
+        return log.attach(host_code_anchor(insert_range_checks(mod, entry_functions(mod))))
 
     return stage
 

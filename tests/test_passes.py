@@ -48,7 +48,7 @@ def test_pipeline_order_is_pinned():
         "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads",
         "onednn:fuse_int8_anchors", "onednn:fuse_quantize_dequantize", "onednn:apply_conv_algorithms",
         "onednn:apply_node_precisions",
-        "insert_range_checks",
+        "insert_range_checks", "host_code_anchor",
     ]
 
 
@@ -346,3 +346,49 @@ def test_drop_proven_index_checks(shift, dropped):
     else:
         with pytest.raises(Exception, match="index 4"):
             vm["main"](tvm.runtime.tensor(x))
+
+
+def test_fully_offloaded_build_runs_without_the_c_compiler():
+    """A model that is one region still gets TVM's llvm host module (host_code_anchor): the VM runs
+    the executable as built — no ``Executable.jit`` export, C compile and reload (which leaked the
+    loaded library on every VM) — and the output is the llvm-only build's."""
+    import numpy as np
+    from tvm import relax
+
+    import byoc_hetero as bh
+    from byoc_hetero import models
+    from byoc_hetero.passes.host_code_anchor import ANCHOR
+    from byoc_hetero.timing import build
+
+    mod, params = models.small_convnet(image_size=16)
+    part = bh.partition(mod, params)
+    assert len(bh.report(part).regions) == 1 and ANCHOR in [gv.name_hint for gv in part.get_global_vars()]
+    ex = build(part)
+    kinds = []
+
+    def walk(m):
+        kinds.append(m.kind)
+        for imported in m.imports:
+            walk(imported)
+
+    walk(ex.mod)
+    assert "c" not in kinds and "llvm" in kinds, kinds
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    want = relax.VirtualMachine(build(relax.transform.BindParams("main", params)(mod)), tvm.cpu())["main"](
+        tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert ex.jit() is ex.mod  # runnable as built: nothing exported and reloaded
+
+
+def test_host_code_anchor_only_where_nothing_else_makes_host_code():
+    """No anchor when an op stays on TVM (its PrimFunc is the host module) or nothing is offloaded."""
+    import byoc_hetero as bh
+    from byoc_hetero import models
+    from byoc_hetero.passes.host_code_anchor import ANCHOR, host_code_anchor
+
+    mod, params = models.small_convnet(image_size=16)
+    assert host_code_anchor(mod) is mod  # no region offloaded
+    part = bh.partition(mod, params)
+    assert host_code_anchor(part) is part  # already anchored: added once
+    assert [gv.name_hint for gv in part.get_global_vars()].count(ANCHOR) == 1

@@ -197,7 +197,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
                "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
                "[MergeCompilerRegions]", *(p.name for p in BEFORE_MERGE), "merge_composite_functions",
                "cost_gate", *(p.name for p in AFTER_MERGE),
-               "[PartitionGraph]", "run_codegen", *region, "insert_range_checks"])
+               "[PartitionGraph]", "run_codegen", *region, "insert_range_checks", "host_code_anchor"])
 
 
 __all__ = [
