@@ -40,6 +40,20 @@ def _machine() -> str:
             f"load average {os.getloadavg()[0]:.1f} at start (a shared machine: times are noisy)")
 
 
+def _load(name: str, image_size: int):
+    """A built-in model (``resnet18``) at ``image_size``, or ``zoo:NAME`` (bench/zoo_models.py, its
+    own input size: torchvision's ResNet-50 with random weights at 224x224) through bh.from_torch."""
+    if not name.startswith("zoo:"):
+        return getattr(bh.models, name)(image_size=image_size)
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from zoo_models import build
+
+    zm = build(name[4:])
+    return bh.from_torch(zm.module, zm.inputs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet18")
@@ -51,7 +65,7 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["f32", "bf16"])
     ap.add_argument("--tunes", type=int, default=2, help="tunes per tolerance (the second reads the timing cache)")
     args = ap.parse_args()
-    mod, params = getattr(bh.models, args.model)(image_size=args.image_size)
+    mod, params = _load(args.model, args.image_size)
     shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
     rng = np.random.default_rng(0)
     cal = [rng.standard_normal(shape).astype("float32") for _ in range(args.calibration)]
@@ -65,7 +79,7 @@ def main() -> None:
         q = bh.quantize(mod, params, calibration=cal, verbose=False)
         builds["all int8"] = Built(bh.partition(q.mod, q.params))
         auto_err = relative_error(builds["all int8"].run([[x] for x in held]), ref)
-    print(f"# {args.model} {args.image_size}x{args.image_size}: {_machine()}")
+    print(f"# {args.model} input {shape}: {_machine()}")
     cache = os.path.join(tempfile.mkdtemp(), "timings.json")
     for tol_text in args.tolerances:
         tol = auto_err / 2 if tol_text == "auto" else float(tol_text)

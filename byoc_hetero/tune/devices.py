@@ -87,7 +87,7 @@ class CostTable:
 def _source(value: relax.Expr, alias: Mapping[str, str]) -> list[str]:
     """The tensors (by variable name, aliases resolved) an argument reads."""
     if isinstance(value, relax.Var):
-        return [alias.get(value.name_hint, value.name_hint)]
+        return [alias.get(value.name, value.name)]
     if isinstance(value, relax.Tuple):
         return [n for f in value.fields for n in _source(f, alias)]
     return []
@@ -97,17 +97,17 @@ def device_units(partitioned: tvm.IRModule) -> tuple[list[DeviceUnit], dict[str,
     """The calls of ``main`` as device units, the bytes of each tensor between them, and the
     model's inputs and outputs (variable names). Tuple projections and aliases are no units: they
     name their source tensor."""
-    from ..placement._ir import callee_name, nbytes
+    from ..placement._ir import nbytes, site_name
 
     func = partitioned["main"]
     alias: dict[str, str] = {}
     units, sizes = [], {}
-    inputs = [p.name_hint for p in func.params]
+    inputs = [p.name for p in func.params]
     for p in func.params:
-        sizes[p.name_hint] = nbytes(p.ty) or 0
+        sizes[p.name] = nbytes(p.ty) or 0
     for block in func.body.blocks:
         for b in block.bindings:
-            name, value = b.var.name_hint, b.value
+            name, value = b.var.name, b.value
             if isinstance(value, (relax.Var, relax.TupleGetItem)):
                 source = value.tuple_value if isinstance(value, relax.TupleGetItem) else value
                 alias[name] = (_source(source, alias) or [name])[0]
@@ -116,7 +116,7 @@ def device_units(partitioned: tvm.IRModule) -> tuple[list[DeviceUnit], dict[str,
                 continue
             sizes[name] = nbytes(b.var.ty) or 0
             region = isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_dps_packed"
-            what = f"region {callee_name(value)}" if region else (callee_name(value) or str(value.op))
+            what = f"region {site_name(value)}" if region else site_name(value)
             args = value.args[1].fields if region and isinstance(value.args[1], relax.Tuple) else value.args
             reads = list(dict.fromkeys(n for a in args for n in _source(a, alias)))
             units.append(DeviceUnit(name, what, reads, [name], cpu_only=region))
@@ -181,19 +181,16 @@ def device_problem(units: Sequence[DeviceUnit], sizes: Mapping[str, int], inputs
     pairs = [(a, b) for a in devices for b in devices if a < b]
     links = {p: measurer.link(*p) for p in pairs}
     copy = linear_copy_cost({p: lat for p, (lat, _) in links.items()}, {p: bw for p, (_, bw) in links.items()})
-    return Problem(regions, dict(sizes), copy, list(inputs), list(outputs), input_device=devices[0]), decisions
+    return Problem(regions, dict(sizes), copy, list(inputs), list(outputs), input_device=devices[0],
+                   inputs_follow_first_reader=True), decisions
 
 
 def count_copies(problem: Problem, placement: Mapping[str, str]) -> int:
-    """Copies per call a placement implies (each tensor once per other device reading it, and
-    outputs back to the input device)."""
-    where = {t: problem.input_device for t in problem.model_inputs}
-    for r in problem.regions:
-        where.update({t: placement[r.name] for t in r.outputs})
-    needed = {(t, placement[r.name]) for r in problem.regions for t in r.inputs
-              if where.get(t, problem.input_device) != placement[r.name]}
-    back = sum(where.get(t, problem.input_device) != problem.input_device for t in problem.model_outputs)
-    return len(needed) + back
+    """Copies per call a placement implies, as the solver counts them (:func:`.solver.plan_copies`)."""
+    from .solver import plan_copies
+
+    chosen = {r.name: next(c for c in r.choices if c.device == placement[r.name]) for r in problem.regions}
+    return len(plan_copies(problem, chosen))
 
 
 def apply_placement(partitioned: tvm.IRModule, placement: Mapping[str, str], fallback: str) -> tvm.IRModule:
@@ -212,7 +209,7 @@ def one_call_module(partitioned: tvm.IRModule, unit: DeviceUnit) -> tvm.IRModule
     """``partitioned`` whose ``main`` is the unit's call alone (its free variables the parameters;
     the regions, their external modules and constants kept): what :class:`GpuMeasurer` times."""
     binding = next(b for block in partitioned["main"].body.blocks for b in block.bindings
-                   if b.var.name_hint == unit.name)
+                   if b.var.name == unit.name)
     params = list(relax.analysis.free_vars(binding.value))
     out = relax.Var(unit.name, binding.var.struct_info)
     body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(out, binding.value)])], out)

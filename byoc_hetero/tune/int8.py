@@ -50,6 +50,8 @@ from .solver import Choice, Problem, Region, solve
 
 #: the attrs of an int8 node that hold quantization values: not part of its timing key
 _SCALE_ATTRS = ("src_scale", "src_zero_point", "weight_scales", "dst_scale", "dst_zero_point", "precision")
+#: rounds of the mix search (three choices per unit: more than the bf16 level's four)
+SEARCH_ROUNDS = 8
 _LAYER_NODE_OPS = {"conv2d": ("conv2d",), "matmul": ("dense", "matmul")}
 
 
@@ -259,39 +261,47 @@ class Int8Context:
         self.session, self.builder, self.layers, self.layer_of = session, builder, list(layers), dict(layer_of)
 
 
+def _next_budget(budget: float, measured: float, tolerance: float, lo: float, hi: float) -> float:
+    """Between the largest budget whose mix met the tolerance (``lo``) and the smallest whose mix
+    missed (``hi``): their geometric mean once both are known, else rescaled by what was measured."""
+    if lo > 0 and math.isfinite(hi):
+        return math.sqrt(lo * hi)
+    if measured > tolerance:
+        return budget * 0.8 * tolerance / measured
+    return budget * (4.0 if measured == 0 else min(4.0, max(2.0, tolerance / measured)))
+
+
 def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float, calibration: list,
            reference: list, report: PrecisionReport) -> PlanResult | None:
-    """The fastest mix found whose real calibration error is within ``tolerance`` (None: none):
-    the solver on summed unit errors, each mix built and measured, the budget rescaled by
-    ``tolerance / measured`` for up to :data:`.precision.SEARCH_ROUNDS` rounds."""
-    from .precision import SEARCH_ROUNDS
+    """The fastest mix found whose real calibration error is within ``tolerance`` (None: none).
 
-    problem, budget, tried, best = problem_of(units), tolerance, set(), None
+    The solver bounds the *summed* unit errors, which overstate or understate a mix's real error,
+    so each mix is built and measured and the error budget searched for: raised after a mix that
+    met the tolerance, lowered after one that missed, bisected once both are known, for up to
+    :data:`SEARCH_ROUNDS` rounds (a mix met twice is measured once)."""
+    problem, budget, seen, best = problem_of(units), tolerance, {}, None
+    lo, hi = 0.0, math.inf
     for _ in range(SEARCH_ROUNDS):
         left = ctx.session.left_s()
         solution = solve(problem, budget, budget_s=None if math.isinf(left) else max(left, 1e-3))
         report.search_cut |= not solution.exact and any("budget" in n for n in solution.notes)
-        chosen = {name: c.name for name, c in solution.choices.items()}
-        assignment = assignment_of(units, ctx.layer_of, chosen)
+        assignment = assignment_of(units, ctx.layer_of, {n: c.name for n, c in solution.choices.items()})
         frozen = frozenset(assignment.items())
-        if set(assignment.values()) == {"f32"} or frozen in tried:
+        if set(assignment.values()) == {"f32"}:
+            measured = 0.0
+        elif frozen not in seen:
+            plan = plan_result("tuned mix", units, assignment, ctx.layer_of, ctx.builder.build(assignment),
+                               calibration, reference)
+            ctx.session.say(f"mix {plan.text()} (summed unit errors {solution.error:.2g}, budget {budget:.2g})")
+            seen[frozen] = plan.calibration_error
+            if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
+                best = plan
+        measured = seen.get(frozen, 0.0)
+        lo, hi = (max(lo, budget), hi) if measured <= tolerance else (lo, min(hi, budget))
+        if hi < 1.1 * lo or ctx.session.left_s() <= 0:
+            report.search_cut |= ctx.session.left_s() <= 0
             break
-        tried.add(frozen)
-        plan = plan_result("tuned mix", units, assignment, ctx.layer_of, ctx.builder.build(assignment),
-                           calibration, reference)
-        ctx.session.say(f"mix {plan.text()} (summed unit errors {solution.error:.2g}, budget {budget:.2g})")
-        if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
-            best = plan
-        measured = plan.calibration_error
-        if measured > tolerance:
-            budget *= 0.8 * tolerance / measured
-        elif measured > 0 and tolerance / measured < 1.25:
-            break
-        else:
-            budget *= 4.0 if measured == 0 else min(4.0, tolerance / measured)
-        if ctx.session.left_s() <= 0:
-            report.search_cut = True
-            break
+        budget = _next_budget(budget, measured, tolerance, lo, hi)
     return best
 
 
