@@ -8,7 +8,11 @@ What it decides today (the levels of issue 26 that exist so far):
   timing (:mod:`.algorithms`) instead of the fixed thresholds.
 - **precision** (``precisions=("f32", "bf16")`` with a ``tolerance`` and ``calibration`` inputs):
   each conv2d / dense / matmul (or layer group) runs f32 or bf16, the fastest mix within the
-  tolerance, checked on held-out inputs (:mod:`.precision`).
+  tolerance, checked on held-out inputs (:mod:`.precision`), on the partition the codegen level
+  chose; with ``"int8"`` too, layer groups may also be quantized (:mod:`.int8`);
+- **device** (``devices=("cpu", "cuda")``): each call of the tuned module on the device where its
+  time plus the copies it implies is least (:mod:`.devices`), measured where the GPU exists, from
+  ``device_costs`` otherwise, skipped with a note on a CPU-only machine without them.
 
 Every decision is checked end to end: the tuned module and the default ``bh.partition`` module are
 built and timed side by side (alternating, :func:`.measure.time_call` each) on inputs of the
@@ -16,9 +20,7 @@ model's shapes, and the tuned one is returned only where it is measured faster â
 the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
 figures.
 
-Not yet here (planned on the same pieces: the :mod:`.solver` and the :class:`.cache.TimingCache`):
-devices with copies, threads, int8 as a precision. Asking for them is an error that says
-so, never a silent no-op.
+Not yet here: threads per region, a user-registered backend as a third codegen candidate.
 """
 
 from __future__ import annotations
