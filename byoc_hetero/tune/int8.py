@@ -321,32 +321,20 @@ def _fastest_each(units: Sequence[PrecisionUnit], ctx: Int8Context, asked: Seque
 
 def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[PlanResult], calibration: list,
                 reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
-    """Search a mix (appended to ``candidates``: all int8 first, all bf16 when asked) and return the
-    candidates within the tolerance on the held-out inputs; when those that met it on the
-    calibration inputs miss it there, one more search for a calibration error smaller by that ratio."""
-    from .precision import _check_holdout
+    """:func:`.precision.held_out_candidates` with the int8 level's mix (``candidates``: all int8
+    first, all bf16 when asked): each unit's fastest precision when all int8 is within the target,
+    else the sensitivities and the search."""
+    from .precision import held_out_candidates
 
-    target = report.tolerance
-    for attempt in range(2):
+    def find_mix(target: float) -> PlanResult | None:
         if candidates[0].calibration_error <= target:
             report.notes.append("all int8 is within the tolerance on the calibration inputs: each unit takes its "
                                 "fastest precision, and the units' own sensitivities were not measured")
-            mix = _fastest_each(report.units, ctx, report.precisions, calibration, reference)
-        else:
-            measure_sensitivities(report.units, ctx, calibration, reference, report)
-            mix = search(report.units, ctx, target, calibration, reference, report)
-        if mix is not None and mix.table not in [c.table for c in candidates]:
-            mix.name = "tuned mix" if attempt == 0 else "tuned mix, tighter"
-            candidates.append(mix)
-        valid = _check_holdout(candidates, report.tolerance, target, holdout, ref_holdout)
-        missed = [c.holdout_error for c in candidates if c.holdout_error is not None and c not in valid]
-        if valid or not missed or attempt:
-            return valid
-        target *= 0.9 * report.tolerance / max(missed)
-        report.notes.append(f"a plan within the tolerance on the calibration inputs missed it on the held-out "
-                            f"ones (error {max(missed):.2g}): searched again for a calibration error of at most "
-                            f"{target:.2g}")
-    return []
+            return _fastest_each(report.units, ctx, report.precisions, calibration, reference)
+        measure_sensitivities(report.units, ctx, calibration, reference, report)
+        return search(report.units, ctx, target, calibration, reference, report)
+
+    return held_out_candidates(report, candidates, find_mix, holdout, ref_holdout)
 
 
 def _units(report: PrecisionReport, session: _Session, quantizer: Quantizer, base: tvm.IRModule,

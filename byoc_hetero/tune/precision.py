@@ -48,7 +48,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -517,16 +517,18 @@ def _mix(report: PrecisionReport, session: _Session, all_bf16: PlanResult, keys:
                       modelled_s=sum(min(u.times.values()) for u in units), built=built)
 
 
-def _candidates(report: PrecisionReport, session: _Session, candidates: list[PlanResult], keys: Sequence[str],
-                calibration: list, reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
-    """Search a mix (appended to ``candidates``, which holds all-bf16) and return the candidates
-    within the tolerance on the held-out inputs. When those that met it on the calibration inputs
-    miss it on the held-out ones, search once more for a calibration error smaller by that ratio
-    (the held-out inputs still only check: the new mix is checked on them again)."""
+def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
+                        find_mix: Callable[[float], PlanResult | None], holdout: list,
+                        ref_holdout: list) -> list[PlanResult]:
+    """Search a mix (``find_mix(target calibration error)``, appended to ``candidates``) and return
+    the candidates within the tolerance on the held-out inputs. When those that met it on the
+    calibration inputs miss it on the held-out ones, search once more for a calibration error
+    smaller by that ratio (the held-out inputs still only check: the new mix is checked on them
+    again). Shared by the bf16 level and the int8 level (:mod:`.int8`)."""
     target = report.tolerance
     for attempt in range(2):
-        mix = _mix(report, session, candidates[0], keys, calibration, reference, target)
-        if mix is not None and mix.bf16_nodes < len(keys) and mix.table not in [c.table for c in candidates]:
+        mix = find_mix(target)
+        if mix is not None and mix.table not in [c.table for c in candidates]:
             mix.name = "tuned mix" if attempt == 0 else "tuned mix, tighter"
             candidates.append(mix)
         valid = _check_holdout(candidates, report.tolerance, target, holdout, ref_holdout)
@@ -538,6 +540,17 @@ def _candidates(report: PrecisionReport, session: _Session, candidates: list[Pla
                             f"ones (error {max(missed):.2g}): searched again for a calibration error of at most "
                             f"{target:.2g}")
     return []
+
+
+def _candidates(report: PrecisionReport, session: _Session, candidates: list[PlanResult], keys: Sequence[str],
+                calibration: list, reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
+    """:func:`held_out_candidates` with the bf16 level's mix (``candidates`` holds all-bf16)."""
+
+    def find_mix(target: float) -> PlanResult | None:
+        mix = _mix(report, session, candidates[0], keys, calibration, reference, target)
+        return mix if mix is not None and mix.bf16_nodes < len(keys) else None
+
+    return held_out_candidates(report, candidates, find_mix, holdout, ref_holdout)
 
 
 def _float_plans(session: _Session, default: tvm.IRModule, calibration: list) -> tuple[list[PlanResult], list]:
