@@ -158,3 +158,24 @@ def test_tune_places_its_module_from_a_measurer_object():
     problem, _ = device_problem(*device_units(part), ["cpu:0", "cuda:0"], _ByOp())
     chosen = {r.name: next(c for c in r.choices if c.device == rep.placement[r.name]) for r in problem.regions}
     assert plan_cost(problem, chosen)[0] == pytest.approx(rep.modelled_s["chosen"])
+
+
+def test_the_measurer_times_each_call_alone_on_a_device():
+    """GpuMeasurer's path, run on CPU devices here (the same placement and compile a GPU gets): a
+    call alone computes what it computes in the model, and every call and the link get a time."""
+    import numpy as np
+
+    from byoc_hetero.tune.devices import GpuMeasurer, one_call_module
+
+    _, _, part = _sin_net()
+    units = device_units(part)[0]
+    sin = next(u for u in units if u.what == "relax.sin")
+    alone = one_call_module(part, sin)
+    x = np.random.default_rng(0).standard_normal([int(d) for d in alone["main"].params[0].ty.shape.values])
+    vm = relax.VirtualMachine(relax.build(alone, target="llvm"), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x.astype("float32"))).numpy(), np.sin(x),
+                               rtol=1e-5, atol=1e-6)
+    measurer = GpuMeasurer(part, repeat=2)
+    assert all(measurer.time(u, "cpu:0") > 0 for u in units)  # regions (with their constants) too
+    latency, bandwidth = measurer.link("cpu:0", "cpu:1")
+    assert latency >= 0 and bandwidth > 0

@@ -211,10 +211,10 @@ def one_call_module(partitioned: tvm.IRModule, unit: DeviceUnit) -> tvm.IRModule
     binding = next(b for block in partitioned["main"].body.blocks for b in block.bindings
                    if b.var.name == unit.name)
     params = list(relax.analysis.free_vars(binding.value))
-    out = relax.Var(unit.name, binding.var.struct_info)
+    out = relax.Var(unit.name, binding.var.ty)
     body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(out, binding.value)])], out)
     mod = partitioned.clone()
-    mod["main"] = relax.Function(params, body, binding.var.struct_info).with_attr("global_symbol", "main")
+    mod["main"] = relax.Function(params, body, binding.var.ty).with_attr("global_symbol", "main")
     return mod
 
 
@@ -237,13 +237,13 @@ class GpuMeasurer:
         try:
             placed = place(one_call_module(self.partitioned, unit), {}, fallback=device)
             machine = vm(compile_placed(placed))
-        except (PlacementError, tvm.error.TVMError) as err:  # an op TVM cannot compile for the device
+        except (PlacementError, RuntimeError, ValueError) as err:  # an op TVM cannot compile for the device
             unit.what += f" (not on {device}: {first_line(err)})"
             return None
         rng = np.random.default_rng(0)
-        args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.struct_info.shape.values])
-                                   .astype(str(p.struct_info.dtype)), device=dev.runtime_device())
-                for p in placed["main"].params if isinstance(p.struct_info, relax.TensorStructInfo)]
+        args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape.values])
+                                   .astype(str(p.ty.dtype)), device=dev.runtime_device())
+                for p in placed["main"].params if isinstance(p.ty, relax.TensorType)]
         fn = machine["main"]
         return time_call(lambda: fn(*args), warmup=3, repeat=self.repeat).median_s
 
