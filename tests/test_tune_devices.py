@@ -165,7 +165,7 @@ def test_the_measurer_times_each_call_alone_on_a_device():
     call alone computes what it computes in the model, and every call and the link get a time."""
     import numpy as np
 
-    from byoc_hetero.tune.devices import GpuMeasurer, one_call_module
+    from byoc_hetero.tune.devices import GpuMeasurer, one_call_module  # noqa: I001
 
     _, _, part = _sin_net()
     units = device_units(part)[0]
@@ -179,3 +179,9 @@ def test_the_measurer_times_each_call_alone_on_a_device():
     assert all(measurer.time(u, "cpu:0") > 0 for u in units)  # regions (with their constants) too
     latency, bandwidth = measurer.link("cpu:0", "cpu:1")
     assert latency >= 0 and bandwidth > 0
+    # the end-to-end check a measured placement gets (here the sins on a second CPU device)
+    from byoc_hetero.tune.devices import apply_placement, end_to_end
+
+    placed = apply_placement(part, {u.name: "cpu:1" if u is sin else "cpu:0" for u in units}, "cpu:0")
+    assert dict(placement_report(placed).ops["cpu:1"]) == {"relax.sin": 1}
+    assert all(t > 0 for t in end_to_end(part, placed, repeat=2, rounds=1))

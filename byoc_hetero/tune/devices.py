@@ -317,6 +317,30 @@ def tune_devices(partitioned: tvm.IRModule, devices: Sequence[str], measurer: Me
     if set(placement.values()) == {names[0]}:
         report.notes.append(f"every call is fastest on {names[0]} once its copies are counted: nothing placed")
         return partitioned, report
-    if progress:
-        progress("devices", 1, 1, "placed")
-    return apply_placement(partitioned, placement, names[0]), report
+    placed = apply_placement(partitioned, placement, names[0])
+    if isinstance(measurer, GpuMeasurer):  # the devices are here: the placement must be measured faster
+        if progress:
+            progress("devices", 1, 2, "end to end: placed and unplaced, alternating")
+        before, after = end_to_end(partitioned, placed, measurer.repeat)
+        report.notes.append(f"end to end: unplaced {before * 1e3:.3f} ms, placed {after * 1e3:.3f} ms")
+        if after >= before:
+            report.notes.append("the placement was not measured faster end to end: the unplaced module is kept")
+            return partitioned, report
+    return placed, report
+
+
+def end_to_end(unplaced: tvm.IRModule, placed: tvm.IRModule, repeat: int, rounds: int = 3) -> tuple[float, float]:
+    """Both modules' median seconds per call, timed alternately on random inputs (the model's inputs
+    on the CPU, as a caller holds them). Needs the devices ``placed`` uses."""
+    from ..placement import compile as compile_placed
+    from ..placement import vm
+    from .measure import time_alternately
+
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype))
+              for p in unplaced["main"].params]
+    plain = relax.VirtualMachine(relax.build(unplaced, target="llvm"), tvm.cpu())["main"]
+    moved = vm(compile_placed(placed))["main"]
+    args = [tvm.runtime.tensor(x) for x in inputs]
+    t = time_alternately([lambda: plain(*args), lambda: moved(*args)], rounds, repeat)
+    return t[0].median_s, t[1].median_s
