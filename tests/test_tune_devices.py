@@ -182,6 +182,6 @@ def test_the_measurer_times_each_call_alone_on_a_device():
     # the end-to-end check a measured placement gets (here the sins on a second CPU device)
     from byoc_hetero.tune.devices import apply_placement, end_to_end
 
-    placed = apply_placement(part, {u.name: "cpu:1" if u is sin else "cpu:0" for u in units}, "cpu:0")
+    placed = apply_placement(part, units, {u.name: "cpu:1" if u is sin else "cpu:0" for u in units}, "cpu:0")
     assert dict(placement_report(placed).ops["cpu:1"]) == {"relax.sin": 1}
     assert all(t > 0 for t in end_to_end(part, placed, repeat=2, rounds=1))

@@ -47,6 +47,7 @@ class DeviceUnit:
     inputs: list[str]
     outputs: list[str]
     cpu_only: bool  # an offloaded region: this project's runtime runs on the CPU only
+    call: int = 0  # the call's identity (placement.\_ir.key): what the placement rule matches
 
     def __str__(self) -> str:
         return f"{self.name} = {self.what}"
@@ -84,44 +85,60 @@ class CostTable:
         raise PlacementError(f"tune: the cost table has no copy cost between {src} and {dst}")
 
 
-def _source(value: relax.Expr, alias: Mapping[str, str]) -> list[str]:
-    """The tensors (by variable name, aliases resolved) an argument reads."""
+def _source(value: relax.Expr, names: Mapping[int, str]) -> list[str]:
+    """The tensors an argument reads, by unique name (aliases and tuple projections resolved)."""
+    from ..placement._ir import key
+
     if isinstance(value, relax.Var):
-        return [alias.get(value.name, value.name)]
+        return [names[key(value)]] if key(value) in names else []
     if isinstance(value, relax.Tuple):
-        return [n for f in value.fields for n in _source(f, alias)]
+        return [n for f in value.fields for n in _source(f, names)]
+    if isinstance(value, relax.TupleGetItem):
+        return _source(value.tuple_value, names)
     return []
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name.K`` when a variable of ``main`` already has it (Relax names need not be unique)."""
+    k, out = 1, name
+    while out in taken:
+        k, out = k + 1, f"{name}.{k}"
+    taken.add(out)
+    return out
 
 
 def device_units(partitioned: tvm.IRModule) -> tuple[list[DeviceUnit], dict[str, int], list[str], list[str]]:
     """The calls of ``main`` as device units, the bytes of each tensor between them, and the
-    model's inputs and outputs (variable names). Tuple projections and aliases are no units: they
-    name their source tensor."""
-    from ..placement._ir import nbytes, site_name
+    model's inputs and outputs, by unique name (the variable's, ``.K`` added to a repeated one).
+    Tuple projections and aliases are no units: they name their source tensor."""
+    from ..placement._ir import key, nbytes, site_name
 
     func = partitioned["main"]
-    alias: dict[str, str] = {}
+    names: dict[int, str] = {}
+    taken: set[str] = set()
     units, sizes = [], {}
-    inputs = [p.name for p in func.params]
     for p in func.params:
-        sizes[p.name] = nbytes(p.ty) or 0
+        names[key(p)] = _unique(p.name, taken)
+        sizes[names[key(p)]] = nbytes(p.ty) or 0
     for block in func.body.blocks:
         for b in block.bindings:
-            name, value = b.var.name, b.value
+            value = b.value
             if isinstance(value, (relax.Var, relax.TupleGetItem)):
-                source = value.tuple_value if isinstance(value, relax.TupleGetItem) else value
-                alias[name] = (_source(source, alias) or [name])[0]
+                source = _source(value, names)
+                if source:
+                    names[key(b.var)] = source[0]
                 continue
             if not isinstance(value, relax.Call):
                 continue
+            name = names[key(b.var)] = _unique(b.var.name, taken)
             sizes[name] = nbytes(b.var.ty) or 0
             region = isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_dps_packed"
             what = f"region {site_name(value)}" if region else site_name(value)
             args = value.args[1].fields if region and isinstance(value.args[1], relax.Tuple) else value.args
-            reads = list(dict.fromkeys(n for a in args for n in _source(a, alias)))
-            units.append(DeviceUnit(name, what, reads, [name], cpu_only=region))
-    outputs = _source(func.body.body, alias)
-    return units, sizes, inputs, outputs
+            reads = list(dict.fromkeys(n for a in args for n in _source(a, names)))
+            units.append(DeviceUnit(name, what, reads, [name], cpu_only=region, call=key(value)))
+    inputs = [names[key(p)] for p in func.params]
+    return units, sizes, inputs, _source(func.body.body, names)
 
 
 @dataclass
@@ -193,14 +210,17 @@ def count_copies(problem: Problem, placement: Mapping[str, str]) -> int:
     return len(plan_copies(problem, chosen))
 
 
-def apply_placement(partitioned: tvm.IRModule, placement: Mapping[str, str], fallback: str) -> tvm.IRModule:
-    """``partitioned`` placed by :func:`byoc_hetero.place`: each unit on its device, the rest on
-    ``fallback`` (the model's inputs and outputs, regions)."""
+def apply_placement(partitioned: tvm.IRModule, units: Sequence[DeviceUnit], placement: Mapping[str, str],
+                    fallback: str) -> tvm.IRModule:
+    """``partitioned`` placed by :func:`byoc_hetero.place`: each unit (by its call) on its device;
+    ``fallback`` is device 0 (the model's inputs as the caller gives them, the constants)."""
     from ..placement import place
+    from ..placement._ir import key
 
-    off = {name for name, d in placement.items() if d != fallback}
-    rules = [(lambda s, d=d: s.function == "main" and s.name in off and placement[s.name] == d, d)
-             for d in sorted(set(placement.values()) - {fallback})]
+    device_of = {u.call: placement[u.name] for u in units}
+    # a rule for every device, the fallback's too: a call no rule names follows its inputs' device
+    rules = [(lambda s, d=d: s.function == "main" and device_of.get(key(s.call)) == d, d)
+             for d in sorted(set(placement.values()))]
     devices = [fallback, *sorted(set(placement.values()) - {fallback})]
     return place(partitioned, rules, fallback=fallback, devices=devices)
 
@@ -208,10 +228,12 @@ def apply_placement(partitioned: tvm.IRModule, placement: Mapping[str, str], fal
 def one_call_module(partitioned: tvm.IRModule, unit: DeviceUnit) -> tvm.IRModule:
     """``partitioned`` whose ``main`` is the unit's call alone (its free variables the parameters;
     the regions, their external modules and constants kept): what :class:`GpuMeasurer` times."""
+    from ..placement._ir import key
+
     binding = next(b for block in partitioned["main"].body.blocks for b in block.bindings
-                   if b.var.name == unit.name)
+                   if isinstance(b.value, relax.Call) and key(b.value) == unit.call)
     params = list(relax.analysis.free_vars(binding.value))
-    out = relax.Var(unit.name, binding.var.ty)
+    out = relax.Var(binding.var.name, binding.var.ty)
     body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(out, binding.value)])], out)
     mod = partitioned.clone()
     mod["main"] = relax.Function(params, body, binding.var.ty).with_attr("global_symbol", "main")
@@ -317,7 +339,7 @@ def tune_devices(partitioned: tvm.IRModule, devices: Sequence[str], measurer: Me
     if set(placement.values()) == {names[0]}:
         report.notes.append(f"every call is fastest on {names[0]} once its copies are counted: nothing placed")
         return partitioned, report
-    placed = apply_placement(partitioned, placement, names[0])
+    placed = apply_placement(partitioned, units, placement, names[0])
     if isinstance(measurer, GpuMeasurer):  # the devices are here: the placement must be measured faster
         if progress:
             progress("devices", 1, 2, "end to end: placed and unplaced, alternating")
