@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--precisions", nargs="+", default=["f32", "bf16"])
     ap.add_argument("--tunes", type=int, default=2, help="tunes per tolerance (the second reads the timing cache)")
+    ap.add_argument("--budget-s", type=float, default=None, help="bh.tune's budget_s (the search's time bound)")
     args = ap.parse_args()
     mod, params = _load(args.model, args.image_size)
     shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
@@ -88,7 +89,7 @@ def main() -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 m, report = bh.tune(mod, params, precisions=tuple(args.precisions), tolerance=tol, calibration=cal,
-                                    holdout=held, cache=cache)
+                                    holdout=held, cache=cache, budget_s=args.budget_s)
             print(f"tune tolerance {tol:.2g} ({run} tune, timing cache {report.cache_hits} hits / "
                   f"{report.cache_misses} misses): {time.perf_counter() - t0:.1f} s, kept {report.precision.kept}")
         print(report)
