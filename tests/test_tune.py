@@ -341,6 +341,7 @@ def test_tune_rejects_bad_device_and_precision_requests():
     for kwargs, match in [
         ({"precisions": ("f32", "fp8"), "tolerance": 1e-2, "calibration": x}, "unknown precision 'fp8'"),
         ({"precisions": ("bf16", "int8"), "tolerance": 1e-2, "calibration": x}, "leave out 'f32'"),
+        ({"precisions": ("int8",)}, r"precisions=\('int8',\) alone"),
         ({"precisions": ("f32", "bf16")}, "needs a tolerance"),
         ({"precisions": ("f32", "bf16"), "tolerance": 1e-2}, "needs calibration inputs"),
         ({"precisions": ("f32", "bf16"), "tolerance": -1.0, "calibration": x}, "finite number >= 0"),

@@ -83,6 +83,10 @@ def check_precisions(precisions: Sequence[str], tolerance: float | None, calibra
     unknown = [p for p in asked if p not in TUNE_PRECISIONS]
     if unknown:
         raise RuleError(f"tune: unknown precision {unknown[0]!r}; expected some of {', '.join(TUNE_PRECISIONS)}")
+    if asked == ("int8",):
+        raise RuleError("tune: precisions=('int8',) alone: the tuner chooses int8 per layer group against "
+                        "float32 within a tolerance (precisions=('f32', 'int8'), tolerance=..., calibration=...); "
+                        "to quantize every layer, use bh.quantize and partition the result")
     if "f32" not in asked and len(asked) > 1:
         raise RuleError(f"tune: precisions {list(asked)} leave out 'f32', the reference every error is "
                         "measured against and the plan kept when nothing else meets the tolerance")
