@@ -6,8 +6,11 @@ the all-bf16 partition and each tuned module; errors are max |y - y_f32| / max |
 the llvm-only float32 build on held-out inputs the tuner never saw.
 
     python3 bench/tune_precision.py --model resnet18 --image-size 128 --tolerances 1e-2 auto
+    python3 bench/tune_precision.py --model resnet18 --precisions f32 bf16 int8 --tunes 1
 
-``auto`` is half of the all-bf16 build's held-out error: a tolerance all-bf16 misses.
+``auto`` is half of the all-bf16 build's held-out error: a tolerance all-bf16 misses; with int8
+among ``--precisions``, half of the all-int8 build's (``bh.quantize`` of every layer on the same
+calibration inputs): a tolerance all-int8 misses. The int8 rows add the all-int8 build.
 """
 
 from __future__ import annotations
@@ -37,6 +40,20 @@ def _machine() -> str:
             f"load average {os.getloadavg()[0]:.1f} at start (a shared machine: times are noisy)")
 
 
+def _load(name: str, image_size: int):
+    """A built-in model (``resnet18``) at ``image_size``, or ``zoo:NAME`` (bench/zoo_models.py, its
+    own input size: torchvision's ResNet-50 with random weights at 224x224) through bh.from_torch."""
+    if not name.startswith("zoo:"):
+        return getattr(bh.models, name)(image_size=image_size)
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from zoo_models import build
+
+    zm = build(name[4:])
+    return bh.from_torch(zm.module, zm.inputs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet18")
@@ -45,8 +62,11 @@ def main() -> None:
     ap.add_argument("--holdout", type=int, default=2)
     ap.add_argument("--tolerances", nargs="+", default=["1e-2", "auto"])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--precisions", nargs="+", default=["f32", "bf16"])
+    ap.add_argument("--tunes", type=int, default=2, help="tunes per tolerance (the second reads the timing cache)")
+    ap.add_argument("--budget-s", type=float, default=None, help="bh.tune's budget_s (the search's time bound)")
     args = ap.parse_args()
-    mod, params = getattr(bh.models, args.model)(image_size=args.image_size)
+    mod, params = _load(args.model, args.image_size)
     shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
     rng = np.random.default_rng(0)
     cal = [rng.standard_normal(shape).astype("float32") for _ in range(args.calibration)]
@@ -55,17 +75,21 @@ def main() -> None:
     ref = [[vm["main"](tvm.runtime.tensor(x)).numpy()] for x in held]
     builds = {"default f32": Built(bh.partition(mod, params)),
               "all bf16": Built(bh.partition(mod, params, precision="bf16"))}
-    bf16_err = relative_error(builds["all bf16"].run([[x] for x in held]), ref)
-    print(f"# {args.model} {args.image_size}x{args.image_size}: {_machine()}")
+    auto_err = relative_error(builds["all bf16"].run([[x] for x in held]), ref)
+    if "int8" in args.precisions:
+        q = bh.quantize(mod, params, calibration=cal, verbose=False)
+        builds["all int8"] = Built(bh.partition(q.mod, q.params))
+        auto_err = relative_error(builds["all int8"].run([[x] for x in held]), ref)
+    print(f"# {args.model} input {shape}: {_machine()}")
     cache = os.path.join(tempfile.mkdtemp(), "timings.json")
     for tol_text in args.tolerances:
-        tol = bf16_err / 2 if tol_text == "auto" else float(tol_text)
-        for run in ("first", "second"):
+        tol = auto_err / 2 if tol_text == "auto" else float(tol_text)
+        for run in ("first", "second")[:args.tunes]:
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=tol, calibration=cal,
-                                    holdout=held, cache=cache)
+                m, report = bh.tune(mod, params, precisions=tuple(args.precisions), tolerance=tol, calibration=cal,
+                                    holdout=held, cache=cache, budget_s=args.budget_s)
             print(f"tune tolerance {tol:.2g} ({run} tune, timing cache {report.cache_hits} hits / "
                   f"{report.cache_misses} misses): {time.perf_counter() - t0:.1f} s, kept {report.precision.kept}")
         print(report)

@@ -329,16 +329,19 @@ def test_tune_keeps_the_tuned_plan_only_when_measured_faster(monkeypatch, tmp_pa
     np.testing.assert_allclose(run(m), want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
 
 
-def test_tune_rejects_levels_it_does_not_decide_yet_and_bad_precision_requests():
+def test_tune_rejects_bad_device_and_precision_requests():
     import byoc_hetero as bh
 
     mod, params = bh.models.mlp()
     x = [np.zeros((1, 784), "float32")] * 2
-    with pytest.raises(bh.PlacementError, match="cuda"):
-        bh.tune(mod, params, devices=("cpu", "cuda"))
+    with pytest.raises(bh.PlacementError, match="unknown device 'tpu'"):
+        bh.tune(mod, params, devices=("cpu", "tpu"))
+    with pytest.raises(bh.PlacementError, match="name no CPU"):
+        bh.tune(mod, params, devices=("cuda",))
     for kwargs, match in [
         ({"precisions": ("f32", "fp8"), "tolerance": 1e-2, "calibration": x}, "unknown precision 'fp8'"),
-        ({"precisions": ("f32", "int8"), "tolerance": 1e-2, "calibration": x}, "int8 is not a tune precision"),
+        ({"precisions": ("bf16", "int8"), "tolerance": 1e-2, "calibration": x}, "leave out 'f32'"),
+        ({"precisions": ("int8",)}, r"precisions=\('int8',\) alone"),
         ({"precisions": ("f32", "bf16")}, "needs a tolerance"),
         ({"precisions": ("f32", "bf16"), "tolerance": 1e-2}, "needs calibration inputs"),
         ({"precisions": ("f32", "bf16"), "tolerance": -1.0, "calibration": x}, "finite number >= 0"),

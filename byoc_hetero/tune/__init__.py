@@ -9,6 +9,10 @@
 - :mod:`.algorithms`: the algorithm level (direct or Winograd per convolution, timed alone);
 - :mod:`.precision`: the precision level (f32 or bf16 per conv2d / dense / matmul, the fastest mix
   within an error tolerance, checked on held-out inputs);
+- :mod:`.int8`: int8 as a precision of that level (layer groups quantized through
+  :func:`byoc_hetero.quantize`'s plan, calibrated once);
+- :mod:`.devices`: the device level (each call of the tuned module on a CPU or a GPU, from measured
+  or given costs, copies counted; applied with ``bh.place``);
 - :mod:`.codegen`: the codegen level (each candidate region offloaded or on llvm, timed both ways
   with its boundary; applied as ``bh.partition``'s ``region_codegen``);
 - :mod:`.reuse`: the end-to-end check's figures kept in the cache for an unchanged model and plan;
@@ -16,10 +20,11 @@
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
-The device level, and int8 as a precision, are not decided yet (``bh.tune`` says so when asked).
+Threads per region and a user's backend as a codegen candidate are not decided yet.
 """
 
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature
+from .devices import CostTable, DeviceReport, DeviceUnit, Measurer
 from .measure import robust_timing, time_alternately, time_call
 from .precision import PrecisionReport, PrecisionUnit, TuneWarning
 from .solver import Choice, Problem, Region, Solution, linear_copy_cost, plan_cost, solve
@@ -27,7 +32,11 @@ from .tuner import TuneReport, tune
 
 __all__ = [
     "Choice",
+    "CostTable",
+    "DeviceReport",
+    "DeviceUnit",
     "MachineKey",
+    "Measurer",
     "PrecisionReport",
     "PrecisionUnit",
     "Problem",

@@ -48,7 +48,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,8 @@ from .measure import time_call
 from .solver import Choice, Problem, Region, solve
 
 PRECISIONS = ("f32", "bf16")
+#: what ``bh.tune(precisions=...)`` accepts: int8 goes through :mod:`.int8` (a quantized module)
+TUNE_PRECISIONS = ("f32", "bf16", "int8")
 ANCHOR_OPS = ("conv2d", "dense", "matmul")
 MAX_UNITS = 16
 #: rounds of the mix search (re-solving with the error budget rescaled by the measured error)
@@ -77,13 +79,17 @@ def check_precisions(precisions: Sequence[str], tolerance: float | None, calibra
     """The distinct precisions asked for, in order; a :class:`RuleError` naming what is wrong."""
     asked = tuple(dict.fromkeys(str(p) for p in precisions))
     if not asked:
-        raise RuleError("tune: precisions is empty; give at least one of " + ", ".join(PRECISIONS))
-    if "int8" in asked:
-        raise RuleError("tune: int8 is not a tune precision yet (bh.tune chooses among f32 and bf16); "
-                        "quantize the model with bh.quantize and partition it, or tune the float model")
-    unknown = [p for p in asked if p not in PRECISIONS]
+        raise RuleError("tune: precisions is empty; give at least one of " + ", ".join(TUNE_PRECISIONS))
+    unknown = [p for p in asked if p not in TUNE_PRECISIONS]
     if unknown:
-        raise RuleError(f"tune: unknown precision {unknown[0]!r}; expected some of {', '.join(PRECISIONS)}")
+        raise RuleError(f"tune: unknown precision {unknown[0]!r}; expected some of {', '.join(TUNE_PRECISIONS)}")
+    if asked == ("int8",):
+        raise RuleError("tune: precisions=('int8',) alone: the tuner chooses int8 per layer group against "
+                        "float32 within a tolerance (precisions=('f32', 'int8'), tolerance=..., calibration=...); "
+                        "to quantize every layer, use bh.quantize and partition the result")
+    if "f32" not in asked and len(asked) > 1:
+        raise RuleError(f"tune: precisions {list(asked)} leave out 'f32', the reference every error is "
+                        "measured against and the plan kept when nothing else meets the tolerance")
     if budget_s is not None and not (isinstance(budget_s, (int, float)) and budget_s > 0):
         raise RuleError(f"tune: budget_s must be a positive number of seconds or None, got {budget_s!r}")
     if len(asked) == 1:
@@ -185,9 +191,13 @@ class PrecisionUnit:
     error: float | None = None  # calibration error with this unit alone in bf16 (None: not measured)
     unmeasured: str = ""  # why the error was not measured
     chosen: str = "f32"
+    errors: dict[str, float] = field(default_factory=dict)  # precision -> error alone in it (the int8 level)
 
     def why(self) -> str:
         parts = ", ".join(f"{p} {t * 1e6:.1f} µs" for p, t in self.times.items())
+        if "int8" in self.times:
+            errs = "; ".join(f"{p} alone: error {e:.2g}" for p, e in self.errors.items())
+            return f"{self.chosen}: {parts}; " + (errs or f"errors not measured ({self.unmeasured or 'search cut'})")
         err = f"{self.error:.2g}" if self.error is not None else f"not measured ({self.unmeasured or 'search cut'})"
         return f"{self.chosen}: {parts}; bf16 alone: error {err}"
 
@@ -261,7 +271,10 @@ class PlanResult:
         errs = [f"{what} {e:.2g}" for what, e in (("calibration", self.calibration_error),
                                                   ("held-out", self.holdout_error)) if e is not None]
         time_text = f"{self.timing.median_s * 1e3:.3f} ms" if self.timing else "not timed"
+        int8 = sum(p == "int8" for p in self.table.values())
         nodes = f" ({self.bf16_nodes}/{len(self.table)} nodes bf16)" if self.table else ""
+        if int8:
+            nodes = f" ({int8} int8, {self.bf16_nodes} bf16 of {len(self.table)} layers)"
         return f"{self.name}{nodes}: {time_text}" + (f", error {', '.join(errs)}" if errs else "")
 
 
@@ -299,8 +312,10 @@ class _Session:
     outputs, the deadline of the search and the progress lines."""
 
     def __init__(self, mod: tvm.IRModule, params: Mapping[str, Any] | None, targets: Any,
-                 options: Mapping[str, Mapping[str, Any]] | None, budget_s: float | None, progress: Any):
+                 options: Mapping[str, Mapping[str, Any]] | None, budget_s: float | None, progress: Any,
+                 region_codegen: Mapping[str, str] | None = None):
         self.mod, self.params, self.targets = mod, params, targets
+        self.region_codegen = dict(region_codegen) if region_codegen else None  # the codegen level's map
         self.options = {k: dict(v) for k, v in (options or {}).items()}
         self.deadline = math.inf if budget_s is None else time.perf_counter() + float(budget_s)
         self.progress = progress
@@ -314,7 +329,8 @@ class _Session:
         if table is not None:
             options.setdefault("onednn", {})["node_precisions"] = json.dumps(dict(table), sort_keys=True)
             precision = "bf16"
-        return Built(partition(self.mod, self.params, target=self.targets, precision=precision, options=options))
+        return Built(partition(self.mod, self.params, target=self.targets, precision=precision, options=options,
+                               region_codegen=self.region_codegen))
 
     def left_s(self) -> float:
         return self.deadline - time.perf_counter()
@@ -384,14 +400,14 @@ class OneNode:
 
 
 def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapping[str, Any]],
-                       cache: TimingCache, repeat: int = 15) -> None:
+                       cache: TimingCache, repeat: int = 15, precisions: Sequence[str] = PRECISIONS) -> None:
     """Each unit's seconds per call in f32 and in bf16: the sum of its nodes' times, each node
     timed alone (:class:`OneNode`, :func:`.measure.time_call`) through ``cache``."""
     from ..errors import first_line
 
     for unit in units:
         try:
-            for precision in PRECISIONS:
+            for precision in precisions:
                 total = 0.0
                 for key in unit.keys:
                     symbol, _, index = key.rpartition("#")
@@ -402,8 +418,8 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
                         cache.put(one.timing_key(), timing)
                     total += timing.median_s
                 unit.times[precision] = total
-        except (RuntimeError, ValueError, tvm.error.TVMError) as err:  # a node the runtime cannot run alone
-            unit.times = {p: 0.0 for p in PRECISIONS}  # no gain to measure: it stays f32 but in all-bf16
+        except (RuntimeError, ValueError) as err:  # a node the runtime cannot run alone
+            unit.times = {p: 0.0 for p in precisions}  # no gain to measure: it stays f32 but in all-bf16
             unit.unmeasured = f"could not be timed alone: {first_line(err)}"
 
 
@@ -505,16 +521,18 @@ def _mix(report: PrecisionReport, session: _Session, all_bf16: PlanResult, keys:
                       modelled_s=sum(min(u.times.values()) for u in units), built=built)
 
 
-def _candidates(report: PrecisionReport, session: _Session, candidates: list[PlanResult], keys: Sequence[str],
-                calibration: list, reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
-    """Search a mix (appended to ``candidates``, which holds all-bf16) and return the candidates
-    within the tolerance on the held-out inputs. When those that met it on the calibration inputs
-    miss it on the held-out ones, search once more for a calibration error smaller by that ratio
-    (the held-out inputs still only check: the new mix is checked on them again)."""
+def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
+                        find_mix: Callable[[float], PlanResult | None], holdout: list,
+                        ref_holdout: list) -> list[PlanResult]:
+    """Search a mix (``find_mix(target calibration error)``, appended to ``candidates``) and return
+    the candidates within the tolerance on the held-out inputs. When those that met it on the
+    calibration inputs miss it on the held-out ones, search once more for a calibration error
+    smaller by that ratio (the held-out inputs still only check: the new mix is checked on them
+    again). Shared by the bf16 level and the int8 level (:mod:`.int8`)."""
     target = report.tolerance
     for attempt in range(2):
-        mix = _mix(report, session, candidates[0], keys, calibration, reference, target)
-        if mix is not None and mix.bf16_nodes < len(keys) and mix.table not in [c.table for c in candidates]:
+        mix = find_mix(target)
+        if mix is not None and mix.table not in [c.table for c in candidates]:
             mix.name = "tuned mix" if attempt == 0 else "tuned mix, tighter"
             candidates.append(mix)
         valid = _check_holdout(candidates, report.tolerance, target, holdout, ref_holdout)
@@ -528,16 +546,30 @@ def _candidates(report: PrecisionReport, session: _Session, candidates: list[Pla
     return []
 
 
+def _candidates(report: PrecisionReport, session: _Session, candidates: list[PlanResult], keys: Sequence[str],
+                calibration: list, reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
+    """:func:`held_out_candidates` with the bf16 level's mix (``candidates`` holds all-bf16)."""
+
+    def find_mix(target: float) -> PlanResult | None:
+        mix = _mix(report, session, candidates[0], keys, calibration, reference, target)
+        return mix if mix is not None and mix.bf16_nodes < len(keys) else None
+
+    return held_out_candidates(report, candidates, find_mix, holdout, ref_holdout)
+
+
 def _float_plans(session: _Session, default: tvm.IRModule, calibration: list) -> tuple[list[PlanResult], list]:
     """The default float32 plan (the reference: its outputs are returned too) and, where the
-    algorithm level changed a convolution, the float32 plan with those algorithms."""
+    algorithm level changed a convolution or the codegen level a region, the float32 plan with
+    those decisions."""
     ref = Built(default)
     reference = ref.run(calibration)
     plans = [PlanResult(DEFAULT_PLAN, {}, 0.0, 0.0, built=ref)]
-    if json.loads(session.options.get("onednn", {}).get("algorithms", "{}") or "{}"):
+    changed = [what for what, on in (("algorithms", json.loads(session.options.get("onednn", {}).get(
+        "algorithms", "{}") or "{}")), ("codegen", session.region_codegen)) if on]
+    if changed:
         tuned = session.build(None)
-        plans.append(PlanResult("float32, tuned algorithms", {}, relative_error(tuned.run(calibration), reference),
-                                built=tuned))
+        plans.append(PlanResult(f"float32, tuned {' and '.join(changed)}", {},
+                                relative_error(tuned.run(calibration), reference), built=tuned))
     return plans, reference
 
 
@@ -590,13 +622,16 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
                       precisions: Sequence[str], tolerance: float, calibration: Any, holdout: Any = None,
                       targets: Any = None, options: Mapping[str, Mapping[str, Any]] | None = None,
                       budget_s: float | None = None, cache: TimingCache | None = None, rounds: int = 3,
-                      repeat: int = 15, max_units: int = MAX_UNITS, progress: Any = False
+                      repeat: int = 15, max_units: int = MAX_UNITS, progress: Any = False,
+                      region_codegen: Mapping[str, str] | None = None, base: tvm.IRModule | None = None
                       ) -> tuple[PlanResult | None, PrecisionReport]:
     """The precision level (see the module docstring): the plan kept (its ``built.module`` is the
     partitioned module; None when there was nothing to choose: no native bf16, no unit) and the
     report. ``default`` is the default float32 partition, the reference; ``options`` the backend
     options of the other levels (the algorithm level's ``algorithms``), kept in every candidate;
-    ``cache`` the timing cache the units' times go through (saved at the end)."""
+    ``region_codegen`` the codegen level's map and ``base`` the float32 partition it gives (the
+    candidates are built on it); ``cache`` the timing cache the units' times go through (saved at
+    the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides."""
     from .._relax import region_table
     from ..backends.onednn.precision import effective_precision
 
@@ -605,18 +640,25 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     held = None if holdout is None else input_samples(mod, params, holdout, "holdout")
     calibration, holdout = split_holdout(samples, held)
     report.calibration, report.holdout = len(calibration), len(holdout)
+    session = _Session(mod, params, targets, options, budget_s, progress, region_codegen)
+    base = default if base is None else base
+    if "int8" in precisions:
+        from .int8 import choose_with_int8
+
+        return choose_with_int8(report, session, default, base, calibration, holdout, cache=cache,
+                                rounds=rounds, repeat=repeat, max_units=max_units)
     _, reason = effective_precision("bf16")
-    anchors = anchor_nodes(default)
+    anchors = anchor_nodes(base)
     if reason or not anchors:
         report.notes.append(f"bf16 candidates skipped: {reason}" if reason else
                             "no float conv2d / dense / matmul in a oneDNN region: no precision to choose")
         return None, report
-    session = _Session(mod, params, targets, options, budget_s, progress)
     float_plans, reference = _float_plans(session, default, calibration)
     keys = [k for k, _ in anchors]
     all_bf16 = session.build({k: "bf16" for k in keys})
     report.units = make_units(anchors, max_units)
-    graphs = {symbol: entry.graph for symbol, entry in region_table(float_plans[-1].built.module).items()}
+    timed = float_plans[-1].built.module if len(float_plans) > 1 else base  # the algorithms apply in the graphs
+    graphs = {symbol: entry.graph for symbol, entry in region_table(timed).items()}
     cache = cache if cache is not None else TimingCache(None)
     measure_unit_times(report.units, graphs, cache, repeat)
     cache.save()

@@ -64,6 +64,10 @@ class Problem:
     model_inputs: Sequence[str] = ()
     model_outputs: Sequence[str] = ()
     input_device: str = "cpu:0"
+    #: a model input lives where its first reader runs (``bh.place``'s rule for parameters: the VM
+    #: moves it there when called, one copy when that is not ``input_device``), so a later reader on
+    #: another device copies it from there; False: it stays on ``input_device``
+    inputs_follow_first_reader: bool = False
 
 
 @dataclass
@@ -124,6 +128,9 @@ class _Search:
 
     def _source_device(self, tensor: str, chosen: list[Choice]) -> str:
         i = self.producer.get(tensor)
+        if i is None and self.p.inputs_follow_first_reader:
+            first = self.readers.get(tensor, [len(chosen)])[0]
+            return chosen[first].device if first < len(chosen) else self.p.input_device
         return self.p.input_device if i is None else chosen[i].device
 
     def copies_for(self, index: int, choice: Choice, chosen: list[Choice],
@@ -187,6 +194,25 @@ def plan_cost(problem: Problem, choices: Mapping[str, Choice]) -> tuple[float, f
         spent += choice.time_s + cost
         error += choice.error
     return spent, error
+
+
+def plan_copies(problem: Problem, choices: Mapping[str, Choice]) -> list[tuple[str, str]]:
+    """The copies a complete plan implies: ``(tensor, destination device)`` per copy, a model
+    output's copy back to the input device included."""
+    search = _Search(problem, math.inf, math.inf)
+    chosen: list[Choice] = []
+    copied: dict[str, set[str]] = {}
+    out = []
+    for i, region in enumerate(search.regions):
+        choice = choices[region.name]
+        _, added = search.copies_for(i, choice, chosen, copied)
+        for t, dev in added:
+            copied.setdefault(t, set()).add(dev)
+        out += added
+        out += [(t, problem.input_device) for t in region.outputs
+                if t in problem.model_outputs and choice.device != problem.input_device]
+        chosen.append(choice)
+    return out
 
 
 def solve(problem: Problem, tolerance: float | None = None, budget_s: float | None = None) -> Solution:

@@ -8,7 +8,11 @@ What it decides today (the levels of issue 26 that exist so far):
   timing (:mod:`.algorithms`) instead of the fixed thresholds.
 - **precision** (``precisions=("f32", "bf16")`` with a ``tolerance`` and ``calibration`` inputs):
   each conv2d / dense / matmul (or layer group) runs f32 or bf16, the fastest mix within the
-  tolerance, checked on held-out inputs (:mod:`.precision`).
+  tolerance, checked on held-out inputs (:mod:`.precision`), on the partition the codegen level
+  chose; with ``"int8"`` too, layer groups may also be quantized (:mod:`.int8`);
+- **device** (``devices=("cpu", "cuda")``): each call of the tuned module on the device where its
+  time plus the copies it implies is least (:mod:`.devices`), measured where the GPU exists, from
+  ``device_costs`` otherwise, skipped with a note on a CPU-only machine without them.
 
 Every decision is checked end to end: the tuned module and the default ``bh.partition`` module are
 built and timed side by side (alternating, :func:`.measure.time_call` each) on inputs of the
@@ -16,9 +20,7 @@ model's shapes, and the tuned one is returned only where it is measured faster â
 the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
 figures.
 
-Not yet here (planned on the same pieces: the :mod:`.solver` and the :class:`.cache.TimingCache`):
-devices with copies, threads, int8 as a precision. Asking for them is an error that says
-so, never a silent no-op.
+Not yet here: threads per region, a user-registered backend as a third codegen candidate.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ import tvm
 from tvm import relax
 
 from .._relax import shape_of, static_shape
-from ..errors import InputError, PlacementError
+from ..errors import InputError
 from .algorithms import AlgorithmDecision, conv_sites, decisions_option, tune_conv_algorithms
 from .cache import Timing, TimingCache
 from .codegen import CodegenPlan, tune_codegen
+from .devices import DeviceReport, Measurer, _check_devices, tune_devices
 from .measure import time_call
 from .precision import PrecisionReport, check_precisions, choose_precisions
 from .progress import ProgressBar
@@ -57,6 +60,7 @@ class TuneReport:
     cache_misses: int = 0
     notes: list[str] = field(default_factory=list)
     precision: PrecisionReport | None = None  # the precision level, when several precisions were asked
+    devices: DeviceReport | None = None  # the device level, when devices name a GPU
 
     def __str__(self) -> str:
         lines = ["tuning report", *self.codegen.lines()]
@@ -72,14 +76,9 @@ class TuneReport:
                          f"kept the {self.kept} plan")
         lines.append(f"  timing cache: {self.cache_hits} hits, {self.cache_misses} misses")
         lines.extend(self.precision.lines() if self.precision else [])
+        lines.extend(self.devices.lines() if self.devices else [])
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
-
-
-def _check_request(devices: Sequence[str]) -> None:
-    for d in devices:
-        if str(d).split(":")[0] != "cpu":
-            raise PlacementError(f"tune: device {d!r} is not tuned yet (only 'cpu'); place it with bh.place")
 
 
 def _check_static(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None) -> None:
@@ -126,7 +125,8 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
          tolerance: float | None = None, calibration: Any = None, holdout: Any = None,
          budget_s: float | None = None, cache: str | os.PathLike | TimingCache | None = None,
          guard_rounds: int = 3, repeat: int = 15,
-         progress: bool | Callable[[str, int, int, str], None] = False) -> tuple[tvm.IRModule, TuneReport]:
+         progress: bool | Callable[[str, int, int, str], None] = False,
+         device_costs: Measurer | None = None) -> tuple[tvm.IRModule, TuneReport]:
     """Partition ``mod`` with decisions measured on this machine; returns ``(module, report)``.
 
     The module builds, exports and reloads like any ``bh.partition`` result. ``cache``: a
@@ -139,16 +139,33 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
     Precision level (:mod:`.precision`, docs/tuning.md): ``precisions`` with more than one entry
     needs ``tolerance`` (max relative output error against the float32 build) and ``calibration``
     (sample inputs); ``holdout`` (default: the last quarter of ``calibration``) checks the result;
-    ``budget_s`` bounds the search (the best plan so far when it runs out).
-    """
-    from ..stages import partition
+    ``budget_s`` bounds the search (the best plan so far when it runs out). int8 among
+    ``precisions`` quantizes layer groups (:mod:`.int8`).
 
-    _check_request(devices)
+    Device level (:mod:`.devices`): with a GPU among ``devices`` (``("cpu", "cuda")``), each call of
+    the tuned module is placed where its time plus the copies it implies is least, from
+    measurements where the GPU exists, or from ``device_costs`` (a :class:`.devices.CostTable` or
+    another :class:`.devices.Measurer`); without either the level is skipped with a note.
+    """
+    names = _check_devices(devices)
     asked = check_precisions(precisions, tolerance, calibration, budget_s)
     _check_static(mod, params)
+    bar = ProgressBar() if progress is True else progress or None
+    module, report = _tune_cpu(mod, params, targets, asked, tolerance, calibration, holdout, budget_s, cache,
+                               guard_rounds, repeat, bar)
+    if len(names) > 1:
+        module, report.devices = tune_devices(module, names, device_costs, budget_s=budget_s, progress=bar)
+    return _closed(bar, module), report
+
+
+def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, targets: Any, asked: tuple[str, ...],
+              tolerance: float | None, calibration: Any, holdout: Any, budget_s: float | None, cache: Any,
+              guard_rounds: int, repeat: int, bar: Callable[..., None] | None) -> tuple[tvm.IRModule, TuneReport]:
+    """The CPU levels (codegen, algorithm, precision) and the never-slower check."""
+    from ..stages import partition
+
     timing_cache = cache if isinstance(cache, TimingCache) else TimingCache(cache)
     precision = asked[0] if len(asked) == 1 else "f32"
-    bar = ProgressBar() if progress is True else progress or None
     default = partition(mod, params, target=targets, precision=precision)
     report = TuneReport()
     report.codegen = tune_codegen(mod, params, timing_cache, targets=targets, precision=precision, repeat=repeat,
@@ -167,18 +184,18 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
         kept, report.precision = choose_precisions(
             mod, params, default, precisions=asked, tolerance=tolerance, calibration=calibration, holdout=holdout,
             targets=targets, options={"onednn": {"algorithms": option}}, budget_s=budget_s, cache=timing_cache,
-            rounds=guard_rounds, repeat=repeat, progress=bar)
+            rounds=guard_rounds, repeat=repeat, progress=bar, region_codegen=mapped, base=base)
         report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
-        if kept is not None and mapped is not None:
-            report.notes.append("the precision level searched the cost gate's regions: its codegen decisions "
-                                "are not combined with per-node precisions yet (the codegen report is advice)")
+        if kept is not None and mapped is not None and "int8" in kept.table.values():
+            report.notes.append("the kept plan quantizes layers to int8: a quantized module forms other regions, "
+                                "so the codegen level's map (float regions) does not apply to it")
         if kept is not None:
             report.default, report.tuned = report.precision.plans[0].timing, kept.timing
             report.kept = "default" if kept is report.precision.plans[0] else "tuned"
-            return _closed(bar, kept.built.module), report
+            return kept.built.module, report
     if option == "{}" and mapped is None:
         report.notes.append("every measured decision equals the built-in rules: the default plan")
-        return _closed(bar, default), report
+        return default, report
     # built only where needed: figures reused from the cache that keep the default need no tuned module
     tuned = functools.cache(lambda: partition(mod, params, target=targets, precision=precision,
                                               region_codegen=mapped, options={"onednn": {"algorithms": option}}))
@@ -192,9 +209,9 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
         report.notes.append("end-to-end figures from the timing cache (same model, same plan): nothing rebuilt")
     if report.tuned.median_s < report.default.median_s:
         report.kept = "tuned"
-        return _closed(bar, tuned()), report
+        return tuned(), report
     report.notes.append("the tuned plan was not measured faster end to end: the default plan is kept")
-    return _closed(bar, default), report
+    return default, report
 
 
 def _closed(bar: Callable[..., None] | None, module: tvm.IRModule) -> tvm.IRModule:

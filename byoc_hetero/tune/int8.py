@@ -1,0 +1,417 @@
+"""int8 as a precision of the tuner: which layer groups run int8, bf16 or float32, within a tolerance.
+
+``bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=..., calibration=[...])``
+decides per *unit* — one conv2d / matmul layer, or a run of consecutive layers of one region when a
+model has more than :data:`~.precision.MAX_UNITS` (a layer group) — among the precisions asked. int8
+is this project's post-training quantizer (:func:`byoc_hetero.quantize`): a layer in int8 gets
+quantize / dequantize pairs around it (the QDQ form), which the int8 region passes turn into an
+int8 kernel of the runtime. A layer's three forms are therefore two different modules: bf16 is a
+per-node option of the float partition (``node_precisions``), int8 a different Relax module.
+
+Steps (each measured on this machine):
+
+1. **calibration once** (:class:`Quantizer`): the float model runs the calibration inputs once with
+   every quantization point observed; the QDQ module of any subset of layers is then written from
+   those ranges without running the model again (a subset's points are the full plan's, and so are
+   their ranges; where a subset has a point the full plan lacks, :func:`byoc_hetero.quantize` runs
+   for that subset instead);
+2. **unit times**: f32 and bf16 as the bf16 level times them (each node alone as a one-node region,
+   :func:`.precision.measure_unit_times`); int8 likewise, on the node the layer became in the
+   all-int8 partition (its int8 weights and scales, quantize / dequantize steps not included),
+   through the timing cache under a key without the scale values (they do not change the time);
+3. **sensitivity**: when the all-int8 build misses the tolerance, each unit's error alone in int8
+   (the others float32) and, when bf16 is asked, alone in bf16, largest time gain first;
+4. **search**: :func:`.solver.solve` over three choices per unit, the fastest mix whose summed
+   errors fit the tolerance, each mix built and measured with the budget rescaled (as the bf16 level);
+5. **check**: the candidates (all int8, all bf16, the mix) are run on the held-out inputs and kept
+   only within the tolerance there; the kept ones and the float32 plans are timed end to end,
+   alternating, the fastest wins, the default float32 plan unless another is measured faster.
+
+Layers are matched to the partition's nodes by order (conv2d with conv2d, a matmul with a dense or
+matmul node); a model whose layers do not all reach a oneDNN region as one node each (a layer left to
+llvm) cannot be matched, and the int8 candidates are skipped with a note saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+
+from .cache import TimingCache, signature
+from .measure import time_call
+from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
+                        measure_unit_times, relative_error)
+from .solver import Choice, Problem, Region, solve
+
+#: the attrs of an int8 node that hold quantization values: not part of its timing key
+_SCALE_ATTRS = ("src_scale", "src_zero_point", "weight_scales", "dst_scale", "dst_zero_point", "precision")
+#: rounds of the mix search (three choices per unit: more than the bf16 level's four)
+SEARCH_ROUNDS = 8
+_LAYER_NODE_OPS = {"conv2d": ("conv2d",), "matmul": ("dense", "matmul")}
+
+
+class MatchError(ValueError):
+    """The quantizer's layers and a partition's conv2d / dense / matmul nodes do not correspond."""
+
+
+class Quantizer:
+    """The model's quantization plan, calibrated once; :meth:`module` writes the QDQ module of any
+    subset of layers from those ranges (uint8 activations, per-channel s8 weights, min-max ranges:
+    :func:`byoc_hetero.quantize`'s defaults)."""
+
+    def __init__(self, mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None,
+                 calibration: Sequence[Sequence[np.ndarray]]):
+        from ..quant.calibrate import Observations, build_observer, run_observer
+        from ..quant.plan import activation_qparams, plan, tensor_index
+
+        self.mod, self.params, self.samples = mod, dict(params or {}), list(calibration)
+        func = mod["main"]
+        full, _ = plan(func, set(self.params), None)
+        self.layers = full.layers
+        self.qparams: dict = {}
+        if not self.layers:
+            return
+        order = {p: -len(func.params) + i for i, p in enumerate(func.params)} | tensor_index(func)
+        observed = sorted(set(full.points.values()), key=lambda v: order[v])
+        vm = build_observer(mod, self.params, observed, "llvm")
+        stats = Observations([v.name for v in observed], keep_samples=False)
+        for sample in self.samples:
+            stats.add(run_observer(vm, sample)[1])
+        for i, var in enumerate(observed):
+            scale, zp = activation_qparams(*stats.range(i, "minmax", 100.0), "uint8")
+            self.qparams[var] = (scale, zp, "uint8")
+
+    def module(self, int8: set[int]) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+        """The model with the layers of index ``int8`` quantized, the others float32."""
+        from ..quant import quantize
+        from ..quant.insert_qdq import insert_qdq, replaced_weights
+        from ..quant.plan import plan
+
+        func = self.mod["main"]
+        keep = lambda layer: layer.index not in int8  # noqa: E731
+        the_plan, _ = plan(func, set(self.params), keep)
+        if any(v not in self.qparams for v in the_plan.points.values()):
+            q = quantize(self.mod, self.params, self.samples, keep_float=keep, verbose=False)
+            return q.mod, dict(q.params)
+        new_func, values, _ = insert_qdq(func, the_plan, self.qparams, self.params, True)
+        out = self.mod.clone()
+        out["main"] = new_func
+        gone = replaced_weights(func, new_func)
+        return out, {k: v for k, v in self.params.items() if k not in gone} | values
+
+
+def _anchors(partitioned: tvm.IRModule) -> list[tuple[str, str, bool]]:
+    """``(node key, op, is int8)`` of every conv2d / dense / matmul of the oneDNN regions, in order."""
+    from .._relax import region_table
+    from ..backends.onednn.precision import node_key
+
+    found = []
+    for symbol, entry in region_table(partitioned).items():
+        if entry.target != "onednn" or not entry.graph:
+            continue
+        for i, node in enumerate(entry.graph.get("nodes", [])):
+            if node["op"] in ANCHOR_OPS:
+                found.append((node_key(symbol, i), node["op"], "src_scale" in node.get("attrs", {})))
+    return found
+
+
+def layer_keys(partitioned: tvm.IRModule, layers: Sequence[Any], int8: set[int]
+               ) -> tuple[dict[int, str], dict[int, str]]:
+    """Which node each layer became in ``partitioned`` (the model with layers ``int8`` quantized):
+    ``(float layer index -> node key, int8 layer index -> node key)``, matched by order and op;
+    a :class:`MatchError` saying where they part."""
+    nodes = _anchors(partitioned)
+    out: tuple[dict[int, str], dict[int, str]] = ({}, {})
+    for quantized in (False, True):
+        mine = [(k, op) for k, op, q in nodes if q == quantized]
+        wanted = [lyr for lyr in layers if (lyr.index in int8) == quantized]
+        if len(mine) != len(wanted):
+            kind = "int8" if quantized else "float"
+            raise MatchError(f"{len(wanted)} {kind} conv2d/matmul layers but {len(mine)} {kind} conv2d/dense/"
+                             "matmul nodes in the oneDNN regions (a layer left to llvm, or fused away)")
+        for layer, (key, op) in zip(wanted, mine):
+            if op not in _LAYER_NODE_OPS.get(layer.op, ()):
+                raise MatchError(f"layer {layer.name} ({layer.op}) met node {key} ({op})")
+            out[int(quantized)][layer.index] = key
+    return out
+
+
+def int8_timing_key(graph: Mapping[str, Any], index: int) -> str:
+    """The timing-cache key of an int8 node: op, shapes, dtypes, attrs without the scale values."""
+    node = graph["nodes"][index]
+    tensors = graph["tensors"]
+    attrs = {k: v for k, v in node.get("attrs", {}).items() if k not in _SCALE_ATTRS}
+    return signature(node["op"], [tensors[t]["shape"] for t in node["inputs"]],
+                     [tensors[t].get("dtype", "float32") for t in node["inputs"]], attrs, "int8")
+
+
+def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], int8_keys: Mapping[int, str],
+                       graphs: Mapping[str, Mapping[str, Any]], cache: TimingCache, repeat: int = 15) -> None:
+    """Each unit's int8 seconds per call: its layers' int8 nodes, each alone as a one-node region
+    (:class:`.precision.OneNode`, random data of its dtypes), through ``cache``."""
+    from ..errors import first_line
+    from .precision import OneNode
+
+    for unit in units:
+        total = 0.0
+        try:
+            for key in unit.keys:
+                symbol, _, index = int8_keys[layer_of[key]].rpartition("#")
+                cache_key = int8_timing_key(graphs[symbol], int(index))
+                timing = cache.get(cache_key)
+                if timing is None:
+                    timing = time_call(OneNode(graphs[symbol], int(index), "f32"), warmup=3, repeat=repeat,
+                                       min_total_s=0.05)
+                    cache.put(cache_key, timing)
+                total += timing.median_s
+            unit.times["int8"] = total
+        except (RuntimeError, ValueError) as err:
+            unit.unmeasured = f"int8 could not be timed alone: {first_line(err)}"
+
+
+class MixBuilder:
+    """Builds a plan given as layer index -> ``"f32"`` / ``"bf16"`` / ``"int8"``."""
+
+    def __init__(self, session: _Session, quantizer: Quantizer, float_keys: Mapping[int, str]):
+        self.session, self.quantizer, self.float_keys = session, quantizer, dict(float_keys)
+
+    def build(self, assignment: Mapping[int, str]) -> Built:
+        from ..stages import partition
+
+        int8 = {i for i, p in assignment.items() if p == "int8"}
+        if not int8:
+            return self.session.build({self.float_keys[i]: p for i, p in assignment.items()})
+        qmod, qparams = self.quantizer.module(int8)
+        targets, options = self.session.targets, {k: dict(v) for k, v in self.session.options.items()}
+        plain = partition(qmod, qparams, target=targets, options=options)
+        if "bf16" not in assignment.values():
+            return Built(plain)
+        floats, _ = layer_keys(plain, self.quantizer.layers, int8)
+        options.setdefault("onednn", {})["node_precisions"] = json.dumps(
+            {key: assignment[i] for i, key in floats.items()}, sort_keys=True)
+        return Built(partition(qmod, qparams, target=targets, precision="bf16", options=options))
+
+
+def unit_layers(unit: PrecisionUnit, layer_of: Mapping[str, int]) -> list[int]:
+    return [layer_of[k] for k in unit.keys]
+
+
+def assignment_of(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], chosen: Mapping[str, str]
+                  ) -> dict[int, str]:
+    """Layer index -> precision, from unit name -> precision."""
+    return {i: chosen[u.name] for u in units for i in unit_layers(u, layer_of)}
+
+
+def plan_result(name: str, units: Sequence[PrecisionUnit], assignment: Mapping[int, str],
+                layer_of: Mapping[str, int], built: Built, calibration: list, reference: list) -> PlanResult:
+    """A measured plan: its table (float node key -> precision), calibration error and modelled time."""
+    table = {k: assignment[layer_of[k]] for u in units for k in u.keys}
+    modelled = sum(u.times.get(assignment[layer_of[u.keys[0]]], math.nan) for u in units)
+    return PlanResult(name, table, relative_error(built.run(calibration), reference), modelled_s=modelled,
+                      built=built)
+
+
+def measure_sensitivities(units: Sequence[PrecisionUnit], ctx: "Int8Context", calibration: list,
+                          reference: list, report: PrecisionReport) -> None:
+    """Each unit's calibration error alone in int8 and (when asked) alone in bf16, the others
+    float32; largest time gain first; a precision not faster than f32 is not built; the budget
+    may cut the rest (they stay float32)."""
+    gains = []
+    for unit in units:
+        faster = [p for p in ("int8", "bf16") if p in report.precisions and unit.times.get(p, math.inf)
+                  < unit.times["f32"]]
+        gains += [(unit.times[p] - unit.times["f32"], unit, p) for p in faster if p not in unit.errors]
+        if not faster:
+            unit.unmeasured = unit.unmeasured or "no precision faster than f32 alone"
+    gains.sort(key=lambda g: g[0])
+    for i, (_, unit, p) in enumerate(gains):
+        if ctx.session.left_s() <= 0:
+            report.search_cut = True
+            report.notes.append(f"budget_s ran out after {i} of {len(gains)} sensitivities: the others stay float32")
+            for _, rest, _ in gains[i:]:
+                rest.unmeasured = rest.unmeasured or "search cut"
+            return
+        assignment = {i_: "f32" for i_ in ctx.layers} | {i_: p for i_ in unit_layers(unit, ctx.layer_of)}
+        error = relative_error(ctx.builder.build(assignment).run(calibration), reference)
+        unit.errors[p] = error
+        if p == "bf16":
+            unit.error = error
+        ctx.session.say(f"sensitivity {i + 1}/{len(gains)} {unit.name} in {p}: error {error:.2g}")
+
+
+def problem_of(units: Sequence[PrecisionUnit]) -> Problem:
+    """The solver's view: per unit f32 (no error) and each precision whose error was measured."""
+    regions = []
+    for u in units:
+        choices = [Choice("f32", "cpu:0", u.times["f32"])]
+        choices += [Choice(p, "cpu:0", u.times[p], e) for p, e in u.errors.items() if p in u.times]
+        regions.append(Region(u.name, choices))
+    return Problem(regions, {}, lambda src, dst, nbytes: 0.0)
+
+
+class Int8Context:
+    """What the int8 search shares: the builder, the layers and the node key -> layer map."""
+
+    def __init__(self, session: _Session, builder: MixBuilder, layers: Sequence[int], layer_of: Mapping[str, int]):
+        self.session, self.builder, self.layers, self.layer_of = session, builder, list(layers), dict(layer_of)
+
+
+def _next_budget(budget: float, measured: float, tolerance: float, lo: float, hi: float) -> float:
+    """Between the largest budget whose mix met the tolerance (``lo``) and the smallest whose mix
+    missed (``hi``): their geometric mean once both are known, else rescaled by what was measured."""
+    if lo > 0 and math.isfinite(hi):
+        return math.sqrt(lo * hi)
+    if measured > tolerance:
+        return budget * 0.8 * tolerance / measured
+    return budget * (4.0 if measured == 0 else min(4.0, max(2.0, tolerance / measured)))
+
+
+def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float, calibration: list,
+           reference: list, report: PrecisionReport) -> PlanResult | None:
+    """The fastest mix found whose real calibration error is within ``tolerance`` (None: none).
+
+    The solver bounds the *summed* unit errors, which overstate or understate a mix's real error,
+    so each mix is built and measured and the error budget searched for: raised after a mix that
+    met the tolerance, lowered after one that missed, bisected once both are known, for up to
+    :data:`SEARCH_ROUNDS` rounds (a mix met twice is measured once)."""
+    problem, budget, seen, best = problem_of(units), tolerance, {}, None
+    lo, hi = 0.0, math.inf
+    for _ in range(SEARCH_ROUNDS):
+        left = ctx.session.left_s()
+        solution = solve(problem, budget, budget_s=None if math.isinf(left) else max(left, 1e-3))
+        report.search_cut |= not solution.exact and any("budget" in n for n in solution.notes)
+        assignment = assignment_of(units, ctx.layer_of, {n: c.name for n, c in solution.choices.items()})
+        frozen = frozenset(assignment.items())
+        if set(assignment.values()) == {"f32"}:
+            measured = 0.0
+        elif frozen not in seen:
+            plan = plan_result("tuned mix", units, assignment, ctx.layer_of, ctx.builder.build(assignment),
+                               calibration, reference)
+            ctx.session.say(f"mix {plan.text()} (summed unit errors {solution.error:.2g}, budget {budget:.2g})")
+            seen[frozen] = plan.calibration_error
+            if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
+                best = plan
+        measured = seen.get(frozen, 0.0)
+        lo, hi = (max(lo, budget), hi) if measured <= tolerance else (lo, min(hi, budget))
+        if hi < 1.1 * lo or ctx.session.left_s() <= 0:
+            report.search_cut |= ctx.session.left_s() <= 0
+            break
+        budget = _next_budget(budget, measured, tolerance, lo, hi)
+    return best
+
+
+def _fastest_each(units: Sequence[PrecisionUnit], ctx: Int8Context, asked: Sequence[str], calibration: list,
+                  reference: list) -> PlanResult | None:
+    """When all int8 is within the tolerance: each unit takes its fastest measured precision (one
+    build checks the mix); None when that is all int8 already."""
+    chosen = {u.name: min((p for p in asked if p in u.times), key=lambda p: u.times[p]) for u in units}
+    for u in units:
+        u.unmeasured = u.unmeasured or "all int8 is within the tolerance"
+    assignment = assignment_of(units, ctx.layer_of, chosen)
+    if len(set(assignment.values())) == 1:  # all int8 is a candidate already; all f32 the default
+        return None
+    return plan_result("tuned mix", units, assignment, ctx.layer_of, ctx.builder.build(assignment),
+                       calibration, reference)
+
+
+def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[PlanResult], calibration: list,
+                reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
+    """:func:`.precision.held_out_candidates` with the int8 level's mix (``candidates``: all int8
+    first, all bf16 when asked): each unit's fastest precision when all int8 is within the target,
+    else the sensitivities and the search."""
+    from .precision import held_out_candidates
+
+    def find_mix(target: float) -> PlanResult | None:
+        if candidates[0].calibration_error <= target:
+            report.notes.append("all int8 is within the tolerance on the calibration inputs: each unit takes its "
+                                "fastest precision, and the units' own sensitivities were not measured")
+            return _fastest_each(report.units, ctx, report.precisions, calibration, reference)
+        measure_sensitivities(report.units, ctx, calibration, reference, report)
+        return search(report.units, ctx, target, calibration, reference, report)
+
+    return held_out_candidates(report, candidates, find_mix, holdout, ref_holdout)
+
+
+def _units(report: PrecisionReport, session: _Session, quantizer: Quantizer, base: tvm.IRModule,
+           max_units: int) -> tuple[dict[int, str], dict[int, str], tvm.IRModule]:
+    """The units (layer groups, over the float nodes of ``base``) and the layers' node keys in the
+    float partition and in the all-int8 one (returned too): a :class:`MatchError` where they part."""
+    from ..stages import partition
+    from .precision import anchor_nodes
+
+    qmod, qparams = quantizer.module({lyr.index for lyr in quantizer.layers})
+    all_int8 = partition(qmod, qparams, target=session.targets, options=session.options)
+    float_keys, _ = layer_keys(base, quantizer.layers, set())
+    _, int8_keys = layer_keys(all_int8, quantizer.layers, {lyr.index for lyr in quantizer.layers})
+    labels = dict(anchor_nodes(base))
+    report.units = make_units([(float_keys[lyr.index], labels.get(float_keys[lyr.index], lyr.name))
+                               for lyr in quantizer.layers], max_units)
+    return float_keys, int8_keys, all_int8
+
+
+def _time_units(report: PrecisionReport, ctx: Int8Context, graphs: Mapping[str, Any], int8_keys: Mapping[int, str],
+                int8_graphs: Mapping[str, Any], cache: TimingCache, repeat: int) -> None:
+    floats = [p for p in ("f32", "bf16") if p in report.precisions]
+    measure_unit_times(report.units, graphs, cache, repeat, floats)
+    measure_int8_times(report.units, ctx.layer_of, int8_keys, int8_graphs, cache, repeat)
+    for unit in report.units:  # a unit that could not be timed in int8 stays out of int8
+        unit.times.setdefault("f32", 0.0)
+    cache.save()
+
+
+def _all_of(precision: str, report: PrecisionReport, ctx: Int8Context, calibration: list,
+            reference: list, built: Built | None = None) -> PlanResult:
+    assignment = {i: precision for i in ctx.layers}
+    built = built or ctx.builder.build(assignment)
+    return plan_result(f"all {precision}", report.units, assignment, ctx.layer_of, built, calibration, reference)
+
+
+def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IRModule, base: tvm.IRModule,
+                     calibration: list, holdout: list, *, cache: TimingCache | None, rounds: int, repeat: int,
+                     max_units: int) -> tuple[PlanResult | None, PrecisionReport]:
+    """The precision level with int8 among the precisions (module docstring): the plan kept (None:
+    nothing to choose) and ``report``. ``session`` builds float plans (the algorithm level's
+    options, the codegen level's map); ``default`` is the reference float32 partition, ``base`` the
+    float32 partition the candidates' float nodes are keyed on."""
+    from .._relax import region_table
+    from ..backends.onednn.precision import effective_precision
+    from .precision import _float_plans, _pick, _warn_unmet
+
+    bf16_off = effective_precision("bf16")[1]
+    if "bf16" in report.precisions and bf16_off:
+        report.precisions = tuple(p for p in report.precisions if p != "bf16")
+        report.notes.append(f"bf16 candidates skipped: {bf16_off}")
+    quantizer = Quantizer(session.mod, session.params, calibration)
+    if not quantizer.layers:
+        report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")
+        return None, report
+    try:
+        float_keys, int8_keys, all_int8 = _units(report, session, quantizer, base, max_units)
+    except MatchError as err:
+        report.notes.append(f"int8 candidates skipped: {err}")
+        return None, report
+    float_plans, reference = _float_plans(session, default, calibration)
+    ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys), [lyr.index for lyr in quantizer.layers],
+                      {k: i for i, k in float_keys.items()})
+    timed = float_plans[-1].built.module if len(float_plans) > 1 else base
+    _time_units(report, ctx, {s: e.graph for s, e in region_table(timed).items()}, int8_keys,
+                {s: e.graph for s, e in region_table(all_int8).items()}, cache or TimingCache(None), repeat)
+    candidates = [_all_of("int8", report, ctx, calibration, reference, Built(all_int8))]
+    if "bf16" in report.precisions:
+        candidates.append(_all_of("bf16", report, ctx, calibration, reference))
+    session.say(f"{len(report.units)} units timed; " + ", ".join(
+        f"{c.name}: calibration error {c.calibration_error:.2g}" for c in candidates))
+    valid = _candidates(report, ctx, candidates, calibration, reference, holdout, float_plans[0].built.run(holdout))
+    report.plans = float_plans + candidates
+    if not valid:
+        _warn_unmet(report, report.tolerance)
+    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat)
+    for unit in report.units:
+        got = {best.table.get(k, "f32") for k in unit.keys} if best.table else {"f32"}
+        unit.chosen = got.pop() if len(got) == 1 else "mixed"
+    return best, report

@@ -1,0 +1,150 @@
+"""int8 as a precision of ``bh.tune`` and the precision search on the codegen-tuned partition.
+
+Behaviour only (no timing asserts): unit times and end-to-end times are injected where the tiny
+models' real ones would decide nothing (a 16x16 convnet's layers take microseconds, all alike);
+errors are always measured, and checked against independent builds (llvm-only float32, and
+``bh.quantize`` + ``bh.partition`` for a layer alone in int8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero._relax import region_table
+from byoc_hetero.tune import Timing
+from byoc_hetero.tune.precision import Built
+
+
+def _samples(n, seed, shape=(1, 3, 16, 16)):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype("float32") for _ in range(n)]
+
+
+def _llvm(mod, params, samples):
+    vm = relax.VirtualMachine(relax.build(bh.bind_params(mod, params), target="llvm"), tvm.cpu())
+    return [vm["main"](tvm.runtime.tensor(x)).numpy() for x in samples]
+
+
+def _error(partitioned, samples, reference):
+    got = Built(partitioned).run([[x] for x in samples])
+    return max(float(np.abs(g[0] - r).max() / np.abs(r).max()) for g, r in zip(got, reference))
+
+
+def _int8_nodes(partitioned):
+    return sum("src_scale" in n.get("attrs", {}) for e in region_table(partitioned).values() if e.graph
+               for n in e.graph["nodes"] if n["op"] in ("conv2d", "dense", "matmul"))
+
+
+def _inject(monkeypatch, faster: set[str]):
+    """Unit times where int8 < bf16 < f32 for every unit (the solver then wants int8 wherever the
+    errors allow), and end-to-end times where the plans named in ``faster`` win."""
+    from byoc_hetero.tune import int8, precision
+
+    def unit_times(units, graphs, cache, repeat=15, precisions=("f32", "bf16")):
+        for i, u in enumerate(units):
+            u.times.update({p: {"f32": 4e-5, "bf16": 2e-5}[p] * (i + 1) for p in precisions})
+
+    def int8_times(units, layer_of, int8_keys, graphs, cache, repeat=15):
+        for i, u in enumerate(units):
+            u.times["int8"] = 1e-5 * (i + 1)
+
+    def end_to_end(plans, sample, rounds, repeat):
+        return [Timing(1e-3 if p.name in faster else 2e-3 if i == 0 else 3e-3, 5) for i, p in enumerate(plans)]
+
+    monkeypatch.setattr(int8, "measure_unit_times", unit_times)
+    monkeypatch.setattr(int8, "measure_int8_times", int8_times)
+    monkeypatch.setattr(precision, "time_plans", end_to_end)
+
+
+def _all_int8_error(mod, params, cal):
+    q = bh.quantize(mod, params, calibration=cal, verbose=False)
+    return _error(bh.partition(q.mod, q.params), cal, _llvm(mod, params, cal))
+
+
+def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch):
+    mod, params = bh.models.small_convnet()
+    # enough calibration inputs that the output layer's int8 range covers the held-out outputs (with
+    # 3, a mix with the last dense in int8 met the tolerance on them and missed it 30x on held-out ones)
+    cal, held = _samples(12, 1), _samples(2, 2)
+    tol = _all_int8_error(mod, params, cal) / 2  # all int8 misses it
+    _inject(monkeypatch, {"tuned mix", "tuned mix, tighter"})
+    m, report = bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=tol, calibration=cal,
+                        holdout=held, repeat=3, guard_rounds=1)
+    rep = report.precision
+    assert rep.plan("all int8").calibration_error > tol and len(rep.units) == 5
+    assert all("int8" in u.errors for u in rep.units)  # each unit alone in int8 was measured
+    # a unit's int8 sensitivity is what bh.quantize gives with every other layer kept float
+    unit = rep.units[1]
+    q = bh.quantize(mod, params, calibration=cal, keep_float=[0, 2, 3, 4], verbose=False)
+    assert unit.errors["int8"] == pytest.approx(_error(bh.partition(q.mod, q.params), cal, _llvm(mod, params, cal)),
+                                                rel=0.05, abs=1e-5)
+    kept = rep.plan(rep.kept)
+    assert rep.kept.startswith("tuned mix") and report.kept == "tuned", str(report)
+    n_int8 = sum(p == "int8" for p in kept.table.values())
+    assert 0 < n_int8 < 5 and _int8_nodes(m) == n_int8
+    # within the tolerance on the held-out inputs, against llvm's float32 build (independent)
+    assert _error(m, held, _llvm(mod, params, held)) <= tol + 1e-6
+    assert [u.chosen for u in rep.units].count("int8") == n_int8
+    text = str(report)
+    assert "among f32, bf16, int8" in text and "int8 alone: error" in text and "int8, " in text
+
+
+def test_int8_within_the_tolerance_and_never_slower_than_the_default(monkeypatch):
+    mod, params = bh.models.small_convnet()
+    cal, held = _samples(3, 3), _samples(1, 4)
+    _inject(monkeypatch, {"all int8"})
+    m, report = bh.tune(mod, params, precisions=("f32", "int8"), tolerance=0.5, calibration=cal, holdout=held,
+                        repeat=3, guard_rounds=1)
+    rep = report.precision
+    assert rep.kept == "all int8" and _int8_nodes(m) == 5 and "bf16" not in rep.units[0].times
+    assert "sensitivities were not measured" in str(report)
+    _inject(monkeypatch, set())  # every candidate measured slower: the default float32 plan
+    m, report = bh.tune(mod, params, precisions=("f32", "int8"), tolerance=0.5, calibration=cal, holdout=held,
+                        repeat=3, guard_rounds=1)
+    assert report.precision.kept == "default (float32)" and report.kept == "default" and _int8_nodes(m) == 0
+    assert _error(m, held, _llvm(mod, params, held)) < 1e-5
+
+
+def test_int8_without_a_layer_to_quantize_says_so():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(x)))
+        bb.emit_func_output(out)
+    m, report = bh.tune(bb.get(), {}, precisions=("f32", "int8"), tolerance=1e-2,
+                        calibration=_samples(2, 0, (1, 8)), repeat=3, guard_rounds=1)
+    assert "no conv2d or matmul layer to quantize" in str(report)
+
+
+def test_precision_search_runs_on_the_codegen_tuned_partition(monkeypatch):
+    """The codegen level offloads an island the cost gate keeps on llvm; the precision level's
+    candidates are built on that partition (the island stays offloaded in the kept plan)."""
+    from test_tune import _conv_and_island, _fake_pair
+
+    from byoc_hetero.backends.onednn.precision import effective_precision
+    from byoc_hetero.tune import codegen, precision
+
+    if effective_precision("bf16")[1]:
+        pytest.skip("no native bf16 here")
+    mod, params = _conv_and_island()
+    monkeypatch.setattr(codegen, "_time_pair", _fake_pair(1e-3, 2e-3)[0])  # offloaded faster everywhere
+    monkeypatch.setattr(precision, "time_plans", lambda plans, *a: [
+        Timing(1e-3 if p.name == "all bf16" else 2e-3, 5) for p in plans])
+    cal = _samples(3, 5, (1, 4, 12, 12))
+    m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=0.5, calibration=cal, repeat=3,
+                        guard_rounds=1)
+    assert report.codegen.changed and report.precision.kept == "all bf16"
+    assert [dict(e.ops) for e in region_table(m).values()] == [{"nn.conv2d": 1, "nn.relu": 1}, {"nn.relu": 1}]
+    assert any(a.get("precision") == "bf16" for e in region_table(m).values() for a in
+               (n.get("attrs", {}) for n in e.graph["nodes"]))
+    assert report.precision.plan("float32, tuned codegen") is not None
+    assert "advice" not in str(report)
+    x = cal[-1]
+    want = _llvm(mod, params, [x])[0]
+    got = Built(m).run([[x]])[0][0]
+    assert np.abs(got - want).max() / np.abs(want).max() < 3e-2
