@@ -57,7 +57,7 @@ def _erf(x):
 _X, _DIV, _ERF, _ADD, _MUL, _OUT = (0.031, 131), (0.022, 128), (0.0078, 127), (0.0079, 1), (0.04, 9), (0.02, 5)
 
 
-def _gelu_body(out_dtype: str, half_from_dequantize: bool):
+def _gelu_body(out_dtype: str, half_from: str):
     """x (float32) -> quantize -> dequantize -> div sqrt2 -> QDQ -> erf -> QDQ -> add 1 -> QDQ ->
     mul x -> QDQ -> mul 0.5 -> quantize [-> dequantize]: GELU as quantize_static writes it."""
     def body(emit, x):
@@ -70,9 +70,14 @@ def _gelu_body(out_dtype: str, half_from_dequantize: bool):
         e = qdq(emit(R.erf(a)), _ERF, "int8")
         p = qdq(emit(R.add(e, _c(1.0))), _ADD)
         m = qdq(emit(R.multiply(xd, p)), _MUL)
-        # quantize_static quantizes the 0.5 too: dequantize(127) * (0.5 / 127)
-        half = emit(R.dequantize(_c(127, "uint8"), _c(0.5 / 127), _c(0, "uint8"))) if half_from_dequantize \
-            else _c(0.5)
+        # quantize_static quantizes the 0.5 too: an initializer as dequantize(127) with scale 0.5 / 127,
+        # a Constant node's value as a quantize -> dequantize round trip of it
+        if half_from == "dequantize":
+            half = emit(R.dequantize(_c(127, "uint8"), _c(0.5 / 127), _c(0, "uint8")))
+        elif half_from == "round_trip":
+            half = qdq(_c(0.5), (0.5 / 127, 0))
+        else:
+            half = _c(0.5)
         y = emit(R.multiply(m, half))
         s, z = _c(_OUT[0]), _c(_OUT[1], "uint8")
         yq = emit(R.quantize(y, s, z, out_dtype="uint8"))
@@ -89,13 +94,13 @@ def _gelu_reference(x, half):
     return _q(m * np.float32(half), *_OUT, np.uint8)
 
 
-@pytest.mark.parametrize("half_from_dequantize", [False, True])
-def test_quantized_gelu_is_one_chain_equal_to_numpy(half_from_dequantize):
+@pytest.mark.parametrize("half_from", ["const", "dequantize", "round_trip"])
+def test_quantized_gelu_is_one_chain_equal_to_numpy(half_from):
     """The whole GELU (12 nodes, its input x round-tripped first) is one elementwise_chain node, with its
     constants as immediates (also the dequantized 0.5); its 8-bit output is within one step of
     numpy's ONNX formulas (erf's rounding) and almost all equal, and equals the llvm build the same way."""
     shape = (2, 7, 300)  # not a multiple of the kernel's block: the tail runs too
-    mod = graph({"x": shape}, _gelu_body("uint8", half_from_dequantize))
+    mod = graph({"x": shape}, _gelu_body("uint8", half_from))
     part = bh.partition(mod, require_heavy_op=False)
     ops = _ops(part)
     assert ops.count("elementwise_chain") == 1 and "unary" not in ops and "binary" not in ops, ops
@@ -103,7 +108,7 @@ def test_quantized_gelu_is_one_chain_equal_to_numpy(half_from_dequantize):
     assert chain["attrs"]["ops"].count("requantize") == 5 and "out_scale" in chain["attrs"], chain
     x = (np.random.default_rng(3).standard_normal(shape) * 2.5).astype(np.float32)
     got = run(build(part), [x])
-    half = np.float32(127 - 0) * np.float32(0.5 / 127) if half_from_dequantize else 0.5
+    half = np.float32(127 - 0) * np.float32(0.5 / 127) if half_from != "const" else 0.5
     want = _gelu_reference(x, half)
     assert got.dtype == np.uint8
     diff = np.abs(got.astype(np.int32) - want.astype(np.int32))

@@ -34,18 +34,29 @@ UNARY_OPS = ("erf",)
 
 def scalar_constants(graph) -> dict[int, float]:
     """tensor id -> value, for the one-element float32 values known when the graph is built:
-    constants, and the dequantize of a one-element 8-bit constant (how ``quantize_static`` writes
-    GELU's 1 and 0.5), computed as the dequantize kernel does ((q - z) in float32, times s)."""
+    constants, the dequantize of a one-element 8-bit constant (how ``quantize_static`` writes an
+    initializer such as GELU's 1 and 0.5) and the quantize -> dequantize round trip of a one-element
+    float32 constant (how it writes a Constant node's value), computed as the kernels do."""
     values = {t: float(v) for t, v in graph.scalar_values.items()}
     for t, v in graph.small_constants.items():
         if v.size == 1 and str(v.dtype) == "float32":
             values[t] = float(v.reshape(-1)[0])
-    for node in graph.nodes:
-        data = graph.small_constants.get(node.inputs[0]) if node.inputs else None
-        q = _per_tensor(graph, node, "dequantize")
-        if q is not None and data is not None and data.size == 1 and str(data.dtype) in QUANTIZED_DTYPES:
-            diff = np.float32(int(data.reshape(-1)[0]) - q[1])
-            values[node.output] = float(diff * np.float32(q[0]))
+    for node in graph.nodes:  # in graph order: a round trip of a dequantized constant folds too
+        data = values.get(node.inputs[0]) if node.inputs else None
+        if node.inputs and node.inputs[0] in graph.small_constants:
+            data = graph.small_constants[node.inputs[0]]
+        if data is None or np.size(data) != 1:
+            continue
+        data = np.asarray(data).reshape(-1)[0]
+        q = _per_tensor(graph, node, node.op) if node.op in ("dequantize", "quantize_dequantize") else None
+        if q is None:
+            continue
+        if node.op == "dequantize" and str(graph.tensors[node.inputs[0]]["dtype"]) in QUANTIZED_DTYPES:
+            values[node.output] = float(np.float32(int(data) - q[1]) * np.float32(q[0]))
+        elif node.op == "quantize_dequantize":  # ONNX's formulas in float32, as quantize.cc computes them
+            info = np.iinfo(graph.tensors[node.inputs[2]]["dtype"])
+            level = np.clip(np.rint(np.float32(data) / np.float32(q[0])) + q[1], info.min, info.max)
+            values[node.output] = float(np.float32(level - q[1]) * np.float32(q[0]))
     return values
 
 
