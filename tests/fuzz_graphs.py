@@ -897,7 +897,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
 
     def int8_chain_step() -> bool:
         """quantize -> dequantize -> 2 to 4 element-wise ops (div / mul / add / sub by a constant,
-        sometimes a dequantized 8-bit one, erf, add of an earlier value), each with or without its
+        sometimes a dequantized 8-bit one, erf, add of an earlier value or of an input repeating
+        over the trailing dims), each with or without its
         own quantize -> dequantize round trip (random u8 / s8 scales and zero points) -> quantize ->
         dequantize: what quantize_static leaves around GELU and residual adds, which the runtime
         computes as one elementwise_chain node (docs/int8.md). The tolerance is each rounding's step
@@ -917,9 +918,13 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         v, s = qdq(emit(R.multiply(src, _scalar(1.0)), src))
         values, steps, names = [v], [s], []  # steps: the tolerance of each rounding so far
         for _ in range(draw(st.integers(2, 4))):
-            op = draw(st.sampled_from(["div", "mul", "add", "sub", "erf", "add_value"]))
+            op = draw(st.sampled_from(["div", "mul", "add", "sub", "erf", "add_value", "add_repeating"]))
             gain = 1.0
-            if op == "erf":
+            if op == "add_repeating":  # an input of the trailing dims after leading 1s (a mask)
+                shape = _shape(src)
+                lead = draw(st.integers(1, len(shape)))
+                v = bb.emit(R.add(v, param((1,) * lead + shape[lead:])))
+            elif op == "erf":
                 v, gain = bb.emit(R.erf(v)), 1.13  # |erf'| <= 2 / sqrt(pi)
             elif op == "add_value":
                 v = bb.emit(R.add(v, draw(st.sampled_from(values))))

@@ -146,9 +146,9 @@ def test_residual_add_chain_float_output_is_exact():
 
 
 def test_broadcast_operand_and_shared_value_stay_separate_and_correct():
-    """A must-not-fuse case: an add of a broadcast [1, 1, 8] operand (an attention mask) is no
-    chain member, and a value read outside the chain (a region output too) keeps its own node; the
-    result equals the llvm build."""
+    """A must-not-fuse case: an add of an operand broadcast along a middle axis ([2, 1, 8] over
+    [2, 8, 8]: not a whole repeat) is no chain member, and a value read outside the chain (a region
+    output too) keeps its own node; the result equals the llvm build."""
     def body(emit, x, m):
         s, z = _c(0.05), _c(128, "uint8")
         xd = emit(R.dequantize(emit(R.quantize(x, s, z, out_dtype="uint8")), s, z))
@@ -159,7 +159,7 @@ def test_broadcast_operand_and_shared_value_stay_separate_and_correct():
     from tvm import relax as rx
 
     bb = rx.BlockBuilder()
-    x, m = rx.Var("x", rx.TensorType((2, 8, 8), "float32")), rx.Var("m", rx.TensorType((1, 1, 8), "float32"))
+    x, m = rx.Var("x", rx.TensorType((2, 8, 8), "float32")), rx.Var("m", rx.TensorType((2, 1, 8), "float32"))
     with bb.function("main", [x, m]):
         with bb.dataflow():
             out = bb.emit_output(body(bb.emit, x, m))
@@ -169,10 +169,38 @@ def test_broadcast_operand_and_shared_value_stay_separate_and_correct():
     for chain in _chains(part):
         assert chain["attrs"]["ops"].count("add") == 0, chain
     rng = np.random.default_rng(2)
-    xs, ms = rng.standard_normal((2, 8, 8)).astype(np.float32), rng.standard_normal((1, 1, 8)).astype(np.float32)
+    xs, ms = rng.standard_normal((2, 8, 8)).astype(np.float32), rng.standard_normal((2, 1, 8)).astype(np.float32)
     got, want = run(build(part), [xs, ms]), run(build(mod), [xs, ms])
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("seq", [5, 32])  # 5: blocks wrap around the mask; 32: they do not
+def test_attention_mask_add_joins_the_scores_chain_exactly(seq):
+    """The scores' QDQ -> multiply by the scale -> QDQ -> add of a [1, 1, S, S] mask -> QDQ (BERT's
+    attention as quantize_static writes it): one chain reading the mask modulo its size, equal to
+    numpy bit for bit."""
+    heads, (s1, z1), (s2, z2), (s3, z3) = 3, (0.05, 120), (0.01, 130), (0.2, 250)
+
+    def body(emit, x, m):
+        def qdq(v, s, z):
+            return emit(R.dequantize(emit(R.quantize(v, _c(s), _c(z, "uint8"), out_dtype="uint8")), _c(s),
+                                     _c(z, "uint8")))
+
+        a = qdq(emit(R.multiply(qdq(x, s1, z1), _c(0.125))), s2, z2)
+        return emit(R.nn.softmax(qdq(emit(R.add(a, m)), s3, z3), axis=-1))
+
+    mod = graph({"x": (1, heads, seq, seq), "m": (1, 1, seq, seq)}, body)
+    part = bh.partition(mod, require_heavy_op=False)
+    chains = _chains(part)
+    assert len(chains) == 1 and "add" in chains[0]["attrs"]["ops"].split(","), _ops(part)
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((1, heads, seq, seq)) * 3).astype(np.float32)
+    m = np.where(rng.random((1, 1, seq, seq)) < 0.3, np.float32(-3.4e38), np.float32(0)).astype(np.float32)
+    got = run(build(part), [x, m])
+    scores = _qdq(_qdq(_qdq(x, s1, z1, np.uint8) * np.float32(0.125), s2, z2, np.uint8) + m, s3, z3, np.uint8)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
 def test_chain_of_a_quantize_static_gelu_matches_onnxruntime(tmp_path):

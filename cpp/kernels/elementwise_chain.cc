@@ -10,8 +10,10 @@
  * The pass fuse_elementwise_chains (byoc_hetero/backends/onednn/ops/qdq_chain.py) joins them into
  * this node; here each block of kBlock elements runs the whole program while it sits in L1.
  *
- * Inputs: the chain's tensors, all of the output's shape (float32, or uint8 / int8 read by a
- * "dequantize" instruction).  Attrs (one entry per instruction, in run order; instruction k writes
+ * Inputs: the chain's tensors, of the output's shape (float32, or uint8 / int8 read by a
+ * "dequantize" instruction), or float32 of the output's trailing dims after leading 1s (an
+ * attention mask [1, 1, S, S] over [1, H, S, S]): element i of the output reads element i mod its
+ * size (then every operand is read in the plain layout).  Attrs (one entry per instruction, in run order; instruction k writes
  * value k):
  *   ops          comma-separated: load (input lhs[k], float32), dequantize (input lhs[k], 8-bit,
  *                scales[k], zero_points[k]), requantize_u8 | requantize_s8 (value lhs[k] rounded to
@@ -74,17 +76,29 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Arith(ChainOp 
 
 /*! \brief One block of \p n elements starting at \p begin: runs \p prog into \p regs (a value is
  *         kBlock floats), then writes the last value to \p out (quantized when \p q_out). */
+/*! \brief \p n floats of a float32 input of \p size elements from element \p begin mod \p size: a
+ *         pointer into it when they do not wrap, else copied, wrapping, into \p scratch. */
+const float* LoadRepeating(const float* in, int64_t size, int64_t begin, int64_t n, float* scratch) {
+  const int64_t at = begin % size;
+  if (at + n <= size) return in + at;
+  for (int64_t i = 0, j = at; i < n; ++i, j = j + 1 == size ? 0 : j + 1) scratch[i] = in[j];
+  return scratch;
+}
+
 void RunBlock(const std::vector<Instruction>& prog, const std::vector<void*>& p, int64_t begin, int64_t n,
               float* regs, const float** vals, const Instruction* q_out) {
   for (size_t k = 0; k < prog.size(); ++k) {
     const Instruction& ins = prog[k];
     float* dst = regs + k * kBlock;
     const float* a = ins.lhs >= 0 && ins.op != ChainOp::kLoad && ins.op != ChainOp::kDequantize ? vals[ins.lhs] : nullptr;
-    const float* b = ins.rhs >= 0 ? vals[ins.rhs] : nullptr;
+    const bool binary = ins.op == ChainOp::kAdd || ins.op == ChainOp::kSub || ins.op == ChainOp::kMul ||
+                        ins.op == ChainOp::kDiv;
+    const float* b = binary ? vals[ins.rhs] : nullptr;
     vals[k] = dst;
     switch (ins.op) {
-      case ChainOp::kLoad:
-        vals[k] = static_cast<const float*>(p[ins.lhs]) + begin;  // read in place
+      case ChainOp::kLoad:  // read in place (ins.rhs: the input's size when it repeats)
+        vals[k] = ins.rhs > 0 ? LoadRepeating(static_cast<const float*>(p[ins.lhs]), ins.rhs, begin, n, dst)
+                              : static_cast<const float*>(p[ins.lhs]) + begin;
         break;
       case ChainOp::kDequantize:
         DequantizeSpan(static_cast<const uint8_t*>(p[ins.lhs]) + begin, dst, n, ins.scale, ins.zero, ins.qtype);
@@ -237,18 +251,43 @@ memory::dims ChainStrides(const KernelContext& ctx) {
   return PlainDesc(dims).get_strides();
 }
 
+/*! \brief Whether \p in repeats whole over \p out: \p out's trailing dims after leading 1s. */
+bool RepeatsOver(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  if (in.empty() || in.size() > out.size()) return false;
+  size_t k = 0;
+  while (k < in.size() && in[k] == 1) ++k;  // leading 1s broadcast: drop them
+  return std::equal(in.begin() + k, in.end(), out.end() - (in.size() - k));
+}
+
+/*! \brief Check the inputs' shapes; whether one of them repeats (then every operand is read plain). */
+bool CheckChainInputs(const KernelContext& ctx, std::vector<Instruction>& prog) {
+  const std::vector<int64_t>& shape = ctx.output().shape;
+  bool repeats = false;
+  for (size_t k = 0; k < ctx.node().inputs.size(); ++k) {
+    const bool same = ctx.input(k).shape == shape;
+    if (!same && !(ctx.input(k).dtype == DType::kFloat32 && RepeatsOver(ctx.input(k).shape, shape))) {
+      ctx.Fail("input " + std::to_string(k) + " is " + ShapeToString(ctx.input(k).shape) +
+               "; an input of a chain has the output's shape " + ShapeToString(shape) +
+               " or, float32, its trailing dims after leading 1s");
+    }
+    repeats |= !same;
+  }
+  for (Instruction& ins : prog) {
+    if (ins.op == ChainOp::kLoad && ctx.input(ins.lhs).shape != shape) ins.rhs = ctx.input(ins.lhs).numel();
+    if (ins.op == ChainOp::kDequantize && ctx.input(ins.lhs).shape != shape) {
+      ctx.Fail("input " + std::to_string(ins.lhs) + " is dequantized but does not have the output's shape");
+    }
+  }
+  return repeats;
+}
+
 }  // namespace
 
 static std::unique_ptr<Kernel> BuildElementwiseChain(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::vector<int64_t>& shape = ctx.output().shape;
-  for (size_t k = 0; k < ctx.node().inputs.size(); ++k) {
-    if (ctx.input(k).shape != shape) {
-      ctx.Fail("input " + std::to_string(k) + " is " + ShapeToString(ctx.input(k).shape) +
-               "; every input of a chain has the output's shape " + ShapeToString(shape));
-    }
-  }
   std::vector<Instruction> prog = ReadProgram(ctx, attrs);
+  const bool repeats = CheckChainInputs(ctx, prog);
   std::unique_ptr<Instruction> q_out;
   const DType out = ctx.output().dtype;
   if (IsInt8(out)) {
@@ -261,11 +300,12 @@ static std::unique_ptr<Kernel> BuildElementwiseChain(const KernelContext& ctx) {
     ctx.Fail(std::string("the output must be float32, uint8 or int8, got ") + DTypeName(out));
   }
   attrs.CheckNoUnknown();
-  const memory::dims strides = ChainStrides(ctx);
   const memory::dims dims(shape.begin(), shape.end());
+  const memory::dims strides = repeats ? PlainDesc(dims).get_strides() : ChainStrides(ctx);
   std::vector<memory::desc> inputs;
   for (size_t k = 0; k < ctx.node().inputs.size(); ++k) {
-    inputs.emplace_back(dims, DnnlType(ctx.input(k).dtype), strides);
+    inputs.push_back(ctx.input(k).shape == shape ? memory::desc(dims, DnnlType(ctx.input(k).dtype), strides)
+                                                 : PlainDescOf(ctx.input(k)));
   }
   const int64_t numel = ctx.output().numel();
   std::shared_ptr<const Instruction> quantized(std::move(q_out));

@@ -12,8 +12,9 @@ block is in cache: the same bits as the nodes it replaces.
 A chain is a set of such nodes of one output shape whose intermediate values only the chain reads
 (so it has one exit, the last node, and no path leaves it and comes back). Its inputs are tensors
 of that shape (float32, or 8-bit read by a dequantize of the chain); a binary operand of one
-element that is a known constant becomes an immediate. Broadcast operands (an attention mask) end
-a chain: they stay separate nodes.
+element that is a known constant becomes an immediate, and one that repeats whole over the chain's
+shape (an attention mask [1, 1, S, S] over the scores [1, H, S, S]) is read modulo its size.
+Other broadcasts end a chain: they stay separate nodes.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def _shape(graph, t: int) -> list:
     return list(graph.tensors[t]["shape"])
 
 
+def repeats_over(operand: list, shape: list) -> bool:
+    """Whether a tensor of shape ``operand`` broadcasts over ``shape`` by repeating whole: its dims
+    are ``shape``'s trailing dims after leading 1s (an attention mask [1, 1, S, S] over the scores
+    [1, H, S, S]), so element i of the result reads its element i mod its size."""
+    if not operand or len(operand) > len(shape) or not all(isinstance(d, int) for d in operand + shape):
+        return False
+    k = 0
+    while k < len(operand) and operand[k] == 1:  # leading 1s broadcast: drop them
+        k += 1
+    rest = operand[k:]
+    return rest == shape[len(shape) - len(rest):]
+
+
 def _member(graph, node, shape: list, scalars: dict[int, float]) -> bool:
     """Whether ``node`` computes one element-wise step a chain of output shape ``shape`` can hold."""
     if _shape(graph, node.output) != shape:
@@ -81,7 +95,9 @@ def _member(graph, node, shape: list, scalars: dict[int, float]) -> bool:
         if node.attrs.get("algorithm") not in BINARY_OPS or set(node.attrs) - {"algorithm", "activation"} or \
                 node.attrs.get("activation", "none") != "none" or len(node.inputs) != 2:
             return False
-        return all(_shape(graph, t) == shape or t in scalars for t in node.inputs)
+        return all(_shape(graph, t) == shape or t in scalars or
+                   (repeats_over(_shape(graph, t), shape) and graph.tensors[t]["dtype"] == "float32")
+                   for t in node.inputs)
     return False
 
 
@@ -156,8 +172,8 @@ def _program(graph, members: list, scalars: dict[int, float]) -> tuple[list[int]
 @graph_pass
 def fuse_elementwise_chains(graph) -> None:
     """Join each chain of two or more element-wise nodes (``dequantize``, ``quantize_dequantize``,
-    a last ``quantize``, ``binary`` add / sub / mul / div of same-shape or one-element constant
-    operands, ``unary`` erf) into one ``elementwise_chain`` node computing the same bits in one
+    a last ``quantize``, ``binary`` add / sub / mul / div of same-shape, one-element constant or
+    whole-repeating (:func:`repeats_over`) operands, ``unary`` erf) into one ``elementwise_chain`` node computing the same bits in one
     pass over the data (see the module docstring). Runs after :func:`.qdq.fuse_int8_anchors` and
     :func:`.qdq.fuse_quantize_dequantize`, which take the Q/DQ nodes they can make int8 first."""
     assigned: set[int] = set()
