@@ -13,6 +13,14 @@ oneDNN's version and ISA are printed with the table.
 
     python3 bench/int8.py --small --models resnet50,mobilenet_v3_large
     python3 bench/int8.py                      # every model, full size (slow to quantize and compile)
+
+``--pre-process`` first runs ``onnxruntime.quantization.shape_inference.quant_pre_process`` on the
+float32 file (what ONNX Runtime's quantization guide asks for, and what ``quantize_static`` warns
+about without it: shape inference and ONNX Runtime's graph optimizations, which fold Constant nodes
+into initializers). Without it, OpenVINO 2026.4 fails to compile the QDQ transformers:
+``[MultiplyPartialTransformation] ... Check 'index < m_inputs.size()' failed`` on the attention
+scores' Mul by a quantized scalar Constant (bench/INT8.md, session 3). The pre-processed files live
+in ``<workdir>/pre``.
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ def _files(workdir: str, model: str) -> dict[str, str]:
     return {"f32": base + ".f32.onnx", "q": base + ".qdq.onnx", "inputs": base + ".inputs.npz"}
 
 
-def prepare(model: str, small: bool, workdir: str) -> dict:
-    """Export the float32 model and quantize it (static QDQ, or dynamic for ``*_dynamic``)."""
+def prepare(model: str, small: bool, workdir: str, pre_process: bool = False) -> dict:
+    """Export the float32 model and quantize it (static QDQ, or dynamic for ``*_dynamic``), from
+    the ``quant_pre_process``-ed float32 file with ``pre_process``."""
     sys.path.insert(0, HERE)
     import torch
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
@@ -55,8 +64,15 @@ def prepare(model: str, small: bool, workdir: str) -> dict:
     np.savez(f["inputs"], **{n: t.numpy() for n, t in zip(zm.input_names, zm.inputs)})
     if os.path.exists(f["q"]):
         return {"quantized": "reused " + f["q"]}
+    source = fb["f32"]
+    if pre_process:
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        source = os.path.join(workdir, base + ".pre.onnx")
+        if not os.path.exists(source):
+            quant_pre_process(fb["f32"], source)
     if model.endswith("_dynamic"):
-        quantize_dynamic(fb["f32"], f["q"], weight_type=QuantType.QInt8)
+        quantize_dynamic(source, f["q"], weight_type=QuantType.QInt8)
         return {"quantized": "dynamic"}
 
     def sample(i: int) -> dict:
@@ -76,7 +92,7 @@ def prepare(model: str, small: bool, workdir: str) -> dict:
         def get_next(self):
             return next(self.samples, None)
 
-    quantize_static(fb["f32"], f["q"], Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+    quantize_static(source, f["q"], Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     return {"quantized": "static"}
 
@@ -127,7 +143,9 @@ def serve(engine: str, model: str, threads: int, workdir: str) -> None:
         err = float(np.max(np.abs(out.astype(np.float64) - ref))) / (float(np.max(np.abs(ref))) or 1.0)
         print(json.dumps({"error": err, **facts}), flush=True)
     except Exception as e:  # noqa: BLE001 - an engine that cannot run the file is reported
-        print(json.dumps({"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}), flush=True)
+        # the whole message (OpenVINO's first lines only name the files of its call stack)
+        message = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+        print(json.dumps({"failed": f"{type(e).__name__}: {message[-400:]}"}), flush=True)
         return
     for line in sys.stdin:
         if not line.startswith("time"):
@@ -195,7 +213,7 @@ def _spawn(argv: list[str], threads: int, timeout: float) -> dict:
 
 def _cell(r: dict) -> str:
     if "failed" in r:
-        return "failed: " + r["failed"][:60]
+        return "failed: " + r["failed"][-160:]
     extra = f", {r['regions']} regions" if "regions" in r else ""
     return f"{r['median_ms']:.2f} ms (err {r['error']:.1e}{extra})"
 
@@ -208,9 +226,13 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--min-time", type=float, default=0.5, help="seconds per engine per round")
     p.add_argument("--workdir", default=None)
+    p.add_argument("--pre-process", action="store_true",
+                   help="quant_pre_process the float32 file before quantizing (files in <workdir>/pre)")
     p.add_argument("--worker", nargs=3, metavar=("KIND", "MODEL", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="bh-int8-")
+    if args.pre_process and not args.worker:
+        workdir = os.path.join(workdir, "pre")
     os.makedirs(workdir, exist_ok=True)
     if args.worker:
         kind, model, arg = args.worker
@@ -218,13 +240,15 @@ def main(argv=None) -> int:
             engine, threads = arg.split(":")
             serve(engine, model, int(threads), workdir)
             return 0
-        print(json.dumps(prepare(model, arg == "small", workdir)))
+        print(json.dumps(prepare(model, arg.startswith("small"), workdir, arg.endswith("+pre"))))
         return 0
-    print(f"machine: {machine()}; {'small' if args.small else 'full-size'} models; workdir {workdir}")
+    print(f"machine: {machine()}; {'small' if args.small else 'full-size'} models"
+          f"{', quant_pre_process-ed' if args.pre_process else ''}; workdir {workdir}")
     print("| model | threads | byoc-hetero | ONNX Runtime | OpenVINO |")
     print("|---|---|---|---|---|")
     for model in args.models.split(","):
-        prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, "small" if args.small else "full"], 2, 3600)
+        size = ("small" if args.small else "full") + ("+pre" if args.pre_process else "")
+        prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, size], 2, 3600)
         if "failed" in prep:
             print(f"| {model} | - | quantization failed: {prep['failed']} | | |", flush=True)
             continue

@@ -51,7 +51,7 @@ KINDS = CNN_KINDS + (
 )
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
-INT8_KINDS = ("int8",)
+INT8_KINDS = ("int8", "int8_chain")
 KINDS = KINDS + INT8_KINDS
 
 
@@ -835,6 +835,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             keep(y)
         elif kind == "int8":
             return int8_step()
+        elif kind == "int8_chain":
+            return int8_chain_step()
         else:
             raise ValueError(f"unknown kind {kind!r}")
         return True
@@ -891,6 +893,61 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         keep(yd)
         recipe.steps.append(f"int8({qdt}, x {sx}/{zx}, out={out}, per_channel={per_channel}, bias={bias}, "
                             f"relu={relu}, y {so}/{zo}, {'conv' if len(shape) == 4 else 'dense'}, sigmoid q/dq={edge})")
+        return True
+
+    def int8_chain_step() -> bool:
+        """quantize -> dequantize -> 2 to 4 element-wise ops (div / mul / add / sub by a constant,
+        sometimes a dequantized 8-bit one, erf, add of an earlier value or of an input repeating
+        over the trailing dims), each with or without its
+        own quantize -> dequantize round trip (random u8 / s8 scales and zero points) -> quantize ->
+        dequantize: what quantize_static leaves around GELU and residual adds, which the runtime
+        computes as one elementwise_chain node (docs/int8.md). The tolerance is each rounding's step
+        times how much the later ops can grow a one-step difference (an intermediate value on
+        another side of a rounding tie than llvm's emulation puts it)."""
+        src = pick()
+        if src is None:
+            return False
+
+        def qdq(v, allowed=("uint8", "int8")):
+            qdt = draw(st.sampled_from(allowed))
+            lo, hi = (0, 255) if qdt == "uint8" else (-128, 127)
+            s, z = draw(st.sampled_from([0.004, 0.01, 0.03])), draw(st.integers(lo, hi))
+            q = bb.emit(R.quantize(v, qconst(s, F32), qconst(z, qdt), axis=-1, out_dtype=qdt))
+            return bb.emit(R.dequantize(q, qconst(s, F32), qconst(z, qdt), axis=-1, out_dtype=F32)), s
+
+        v, s = qdq(emit(R.multiply(src, _scalar(1.0)), src))
+        values, steps, names = [v], [s], []  # steps: the tolerance of each rounding so far
+        for _ in range(draw(st.integers(2, 4))):
+            op = draw(st.sampled_from(["div", "mul", "add", "sub", "erf", "add_value", "add_repeating"]))
+            gain = 1.0
+            if op == "add_repeating":  # an input of the trailing dims after leading 1s (a mask)
+                shape = _shape(src)
+                lead = draw(st.integers(1, len(shape)))
+                v = bb.emit(R.add(v, param((1,) * lead + shape[lead:])))
+            elif op == "erf":
+                v, gain = bb.emit(R.erf(v)), 1.13  # |erf'| <= 2 / sqrt(pi)
+            elif op == "add_value":
+                v = bb.emit(R.add(v, draw(st.sampled_from(values))))
+                gain = 2.0  # both operands may carry the difference
+            else:
+                c = float(draw(st.sampled_from([0.5, 0.7071, 1.0])))
+                const = _scalar(1.0 / c if op == "div" else c)
+                if draw(st.booleans()):  # quantize_static's quantized constant: dequantize(q) of a u8 scalar
+                    const = bb.emit(R.dequantize(qconst(100, "uint8"), qconst(c / 100, F32), qconst(0, "uint8"),
+                                                 out_dtype=F32))
+                fn = {"div": R.divide, "mul": R.multiply, "add": R.add, "sub": R.subtract}[op]
+                v = bb.emit(fn(v, const) if draw(st.booleans()) or op == "div" else fn(const, v))
+                gain = 2.0 if op == "div" else 1.0
+            steps = [t * gain for t in steps]
+            if draw(st.booleans()):
+                v, s = qdq(v)
+                steps.append(s)
+            values.append(v)
+            names.append(op)
+        v, s = qdq(v)
+        recipe.quant_step = max(recipe.quant_step, s + sum(steps))
+        keep(v)
+        recipe.steps.append(f"int8_chain({', '.join(names)})")
         return True
 
     # graphs lean towards convs (wide ones most: the Winograd kind)

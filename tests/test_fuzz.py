@@ -240,6 +240,22 @@ def test_int8_offloaded_equals_llvm_within_one_step(case):
     got, want = run_all(build(part), inputs), run_all(build(mod), inputs)
     for g, w in zip(got, want):
         assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
+@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(max_ops=0, kinds=("int8_chain",)))
+def test_int8_chain_offloaded_equals_llvm_within_its_steps(case):
+    """Element-wise ops between random quantize / dequantize round trips: the runtime runs them as
+    one elementwise_chain node and matches the llvm build within the recipe's tolerance (each
+    rounding's step, grown by the ops after it)."""
+    mod, inputs, recipe = case
+    part = bh.partition(mod, require_heavy_op=False)
+    nodes = [n for m in part.attrs.get("external_mods", []) for n in region_graph_json(m)["nodes"]]
+    assert any(n["op"] == "elementwise_chain" for n in nodes), ("no chain", [n["op"] for n in nodes], recipe)
+    got, want = run_all(build(part), inputs), run_all(build(mod), inputs)
+    for g, w in zip(got, want):
+        assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
+
+
 @settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=graphs(kinds=SPECIAL_KINDS, special=True), require_heavy_op=st.booleans())

@@ -61,6 +61,14 @@ std::unique_ptr<Kernel> MakeInt8AnchorKernel(const KernelContext& ctx, const cha
                                              const memory::desc& bias_view, const memory::desc& dst_view,
                                              const Int8Params& q);
 
+/*! \brief The host Q/DQ loops of kernels/quantize.cc over n contiguous elements with one scale and
+ *         zero point (\p q: kUInt8 or kInt8), for kernels that quantize inside their own loops
+ *         (elementwise_chain.cc): the same bits as the quantize / dequantize / quantize_dequantize
+ *         nodes. */
+void QuantizeSpan(const float* x, void* y, int64_t n, float scale, int32_t zero, DType q);
+void DequantizeSpan(const void* x, float* y, int64_t n, float scale, int32_t zero, DType q);
+void RoundTripSpan(const float* x, float* y, int64_t n, float scale, int32_t zero, DType q);
+
 }  // namespace byoc_hetero
 
 #endif  // BYOC_HETERO_KERNELS_INT8_H_

@@ -266,6 +266,30 @@ std::vector<memory::desc> PlainInputs(const KernelContext& ctx) {
 
 }  // namespace
 
+void QuantizeSpan(const float* x, void* y, int64_t n, float scale, int32_t zero, DType q) {
+  if (q == DType::kUInt8) {
+    QuantizeRun(x, static_cast<uint8_t*>(y), n, scale, static_cast<float>(zero));
+  } else {
+    QuantizeRun(x, static_cast<int8_t*>(y), n, scale, static_cast<float>(zero));
+  }
+}
+
+void DequantizeSpan(const void* x, float* y, int64_t n, float scale, int32_t zero, DType q) {
+  if (q == DType::kUInt8) {
+    DequantizeRun(static_cast<const uint8_t*>(x), y, n, scale, zero);
+  } else {
+    DequantizeRun(static_cast<const int8_t*>(x), y, n, scale, zero);
+  }
+}
+
+void RoundTripSpan(const float* x, float* y, int64_t n, float scale, int32_t zero, DType q) {
+  if (q == DType::kUInt8) {
+    RoundTripRun<uint8_t>(x, y, n, scale, static_cast<float>(zero));
+  } else {
+    RoundTripRun<int8_t>(x, y, n, scale, static_cast<float>(zero));
+  }
+}
+
 static std::unique_ptr<Kernel> BuildQuantize(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const DType q = ctx.output().dtype;

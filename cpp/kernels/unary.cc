@@ -6,6 +6,8 @@
  * negative, rsqrt, square have oneDNN eltwise algorithms: they are activation names, run by
  * eltwise.cc or fused as post-ops.)
  */
+#include "unary.h"
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -70,6 +72,8 @@ bool HaveAvx2Fma() {
 }
 #endif
 
+}  // namespace
+
 void ErfRun(const float* x, float* y, int64_t n) {
   int64_t i = 0;
 #if defined(__x86_64__)
@@ -77,8 +81,6 @@ void ErfRun(const float* x, float* y, int64_t n) {
 #endif
   for (; i < n; ++i) y[i] = std::erf(x[i]);
 }
-
-}  // namespace
 
 static std::unique_ptr<Kernel> BuildUnary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
