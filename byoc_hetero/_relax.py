@@ -417,3 +417,12 @@ def region_modules(executable: Any) -> list[tvm.runtime.Module]:
     from .rules.targets import backend_for_runtime
 
     return [m for m in imported_modules(executable.jit()) if backend_for_runtime(str(m.kind)) is not None]
+
+
+def constant_value(expr: Any) -> Any:
+    """The value of a Relax constant (``GenericConst`` or ``Constant``) as a numpy array, else None."""
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    if isinstance(expr, tvm.ir.Constant) and hasattr(expr, "data"):
+        return expr.data.numpy()
+    return None

@@ -392,3 +392,39 @@ def test_a_weight_also_read_outside_its_layer_stays_float_there():
     vm = relax.VirtualMachine(build(bh.bind_params(q.mod, q.params)), tvm.cpu())
     _, doubled = vm["main"](tvm.runtime.tensor(np.ones((2, 4), np.float32)))
     np.testing.assert_array_equal(doubled.numpy(), 2 * params["w"])
+
+
+def test_batch_norms_fold_into_the_int8_convolutions_before_them():
+    """torch.export keeps each inference batch norm after its conv: bh.quantize folds it into the
+    conv's weights and bias (quant/fold_batch_norms), so the partitioned model runs the conv int8
+    with nothing float32 between the layers, and stays near torch's float output."""
+    import torch
+
+    from byoc_hetero.quant.fold_batch_norms import fold_batch_norms
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                              torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                              torch.nn.ReLU()).eval()
+    for m in net:
+        if isinstance(m, torch.nn.BatchNorm2d):  # fresh statistics are an identity: make them matter
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.3, 0.3)
+    x = torch.randn(1, 3, 12, 12)
+    mod, params = bh.from_torch(net, (x,))
+    folded, fparams = fold_batch_norms(mod["main"], params)
+    assert "batch_norm" in str(mod["main"]) and "batch_norm" not in str(folded)
+    assert not set(fparams) & {n for n in params if "running" in n or n.endswith(("1_weight", "1_bias"))}
+    rng = np.random.default_rng(0)
+    q = bh.quantize(mod, params, calibration=[rng.standard_normal((1, 3, 12, 12)).astype("float32")
+                                              for _ in range(4)] + [x.numpy()], verbose=False)
+    assert [layer.bias is not None for layer in q.layers] == [True, True]
+    part = bh.partition(q.mod, q.params)
+    rep = bh.report(part)
+    assert len(rep.regions) == 1 and not rep.fallbacks
+    assert "int8" in str(rep) and "batch_norm" not in str(rep)
+    got = run(build(part), [x.numpy()])[0]
+    want = net(x).detach().numpy()
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 0.05  # two int8 layers: a few steps

@@ -26,6 +26,8 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from .._relax import constant_value
+
 CHECK_FUNC = "byoc_hetero.runtime.check_indices"
 #: Name hint of the TIR functions that call it.
 CHECK_PRIMFUNC = "byoc_hetero_check_indices"
@@ -39,11 +41,7 @@ def _op(expr, name: str) -> bool:
 
 def _constant(expr) -> np.ndarray | None:
     """The value of a Relax constant, else None."""
-    if isinstance(expr, tvm.ir.GenericConst):
-        return expr.value.numpy()
-    if isinstance(expr, tvm.ir.Constant) and hasattr(expr, "data"):
-        return expr.data.numpy()
-    return None
+    return constant_value(expr)
 
 
 def _static_in_range(ids: relax.Expr, table: relax.Expr, axis: int, negative: bool) -> bool:

@@ -18,6 +18,7 @@ import tvm
 
 from ..errors import QuantizationError
 from .calibrate import METHODS, Observations, build_observer, run_observer
+from .fold_batch_norms import fold_batch_norms
 from .insert_qdq import insert_qdq, replaced_weights
 from .plan import Layer, activation_qparams, plan, tensor_index
 
@@ -109,6 +110,7 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
              calibrate_on: str = "llvm", verbose: bool = True) -> QuantizedModel:
     """Static post-training int8 quantization of a float module (weights as ``params``).
 
+    An inference batch norm after a convolution is folded into it first (:mod:`.fold_batch_norms`).
     Each conv2d / matmul layer (:mod:`byoc_hetero.quant.plan`) gets int8 weights (symmetric, one
     scale per output channel with ``per_channel``), an int32 bias, and ``activation_dtype`` activations
     with calibrated asymmetric ranges at its inputs and output, in the QDQ form of ONNX Runtime's
@@ -133,8 +135,10 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
     >>> m = bh.partition(q.mod, q.params)
     """
     _check_options(method, activation_dtype, percentile)
-    params = dict(params)
-    func = mod["main"]
+    func, params = fold_batch_norms(mod["main"], params)  # one int8 conv, not conv + float batch norm
+    if func is not mod["main"]:
+        mod = mod.clone()
+        mod["main"] = func
     samples = _calibration_inputs(mod, params, calibration)
     the_plan, kept = plan(func, set(params), keep_float)
     if not the_plan.layers:
