@@ -46,7 +46,8 @@ def test_pipeline_order_is_pinned():
         "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
         "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fold_views",
         "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads",
-        "onednn:fuse_int8_anchors", "onednn:fuse_quantize_dequantize", "onednn:apply_conv_algorithms",
+        "onednn:fuse_int8_anchors", "onednn:fuse_int8_activations", "onednn:fuse_quantize_dequantize",
+        "onednn:apply_conv_algorithms",
         "onednn:apply_node_precisions",
         "insert_range_checks",
     ]

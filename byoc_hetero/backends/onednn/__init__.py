@@ -76,6 +76,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_int8_anchors",           # ops/qdq.py: dequantize -> conv / dense / pool -> quantize as int8 nodes
+    "fuse_int8_activations",       # ops/int8_activation.py: activation between two quantizations as a post-op
     "fuse_quantize_dequantize",    # ops/qdq.py: quantize -> dequantize of one scale as one float32 step
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
     "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per conv / dense / matmul node

@@ -1,0 +1,133 @@
+"""Activations between two quantizations of an int8 anchor's output, as the anchor's post-op.
+
+``quantize_static`` puts a ``QuantizeLinear -> DequantizeLinear`` pair on every tensor, so the
+activation after an int8 conv reaches the region graph as
+
+    int8 conv (dst s1) -> dequantize(s1) -> hardswish -> quantize(s2)
+    int8 conv (dst s1) -> dequantize(s1) -> sigmoid -> quantize(s2) -> dequantize(s2) -+-> mul -> quantize(s3)
+                       -> dequantize(s1) -------------------------------------------+   (SiLU, EfficientNet)
+
+which runs as three to six host steps over float32 copies of the tensor. The pass
+:func:`fuse_int8_activations` makes the activation the anchor's oneDNN eltwise post-op (applied in
+float32 to the accumulated value, before the output scale) and the anchor writes the last
+quantize's 8-bit output directly: one primitive instead of the chain.
+
+The intermediate roundings inside the chain (to ``s1`` before the activation, to ``s2`` of the
+sigmoid in SiLU) are skipped: the result is the activation of the exact accumulator rounded once, as
+OpenVINO computes it. It is within one step of ``s_out`` of the float computation without those
+roundings; against ONNX's reference, which rounds at ``s1`` first, it differs by up to
+``max|f'| * s1 / 2`` more (hardswish: 0.75 ``s1``). The error vs the float32 model does not grow
+(one rounding fewer): bench/INT8.md, session 3.
+"""
+
+from __future__ import annotations
+
+from ..table import graph_pass
+from .activation import FUSES_ACTIVATION
+from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order
+
+GATES = {"sigmoid": "silu", "hardsigmoid": "hardswish"}
+"""``x * gate(x)`` written as a multiply: the oneDNN eltwise it is (x * sigmoid(x) is swish with
+alpha 1, x * hardsigmoid(x) is hardswish, both with the alpha / beta of cpp/enums.cc)."""
+
+
+class _NoMatch(Exception):
+    """The chain is not an activation of one anchor's output (internal to the pass)."""
+
+
+def _expr(graph, t: int, producers, visited: list) -> tuple:
+    """The chain computing tensor ``t`` as a tuple: ``("x", anchor)`` for a dequantize of an int8
+    anchor's output with the anchor's own output scale, ``("act", name, clip, e)``, ``("mul", a, b)``;
+    ``quantize -> dequantize`` round trips of one per-tensor scale are looked through. ``visited``
+    collects the nodes on the way; raises :class:`_NoMatch` for anything else."""
+    node = producers.get(t)
+    if node is None:
+        raise _NoMatch
+    visited.append(node)
+    if node.op == "dequantize":
+        dq = _per_tensor(graph, node, "dequantize")
+        source = producers.get(node.inputs[0])
+        if dq is None or source is None:
+            raise _NoMatch
+        if source.op in FUSES_ACTIVATION and "dst_scale" in source.attrs:
+            if (float(source.attrs["dst_scale"]), int(source.attrs["dst_zero_point"])) != dq:
+                raise _NoMatch
+            return ("x", source)
+        if _per_tensor(graph, source, "quantize") != dq:
+            raise _NoMatch
+        visited.append(source)  # a round trip inside the chain: its rounding is skipped
+        return _expr(graph, source.inputs[0], producers, visited)
+    if node.op == "eltwise" and len(node.inputs) == 1:
+        return ("act", node.attrs["algorithm"], node.attrs.get("clip"), _expr(graph, node.inputs[0], producers, visited))
+    if node.op == "binary" and node.attrs.get("algorithm") == "mul" and len(node.inputs) == 2 and \
+            node.attrs.get("activation", "none") == "none":
+        return ("mul", *(_expr(graph, i, producers, visited) for i in node.inputs))
+    raise _NoMatch
+
+
+def _activation(expr: tuple) -> tuple[str, object, object] | None:
+    """(activation name, its clip bounds, the anchor) when ``expr`` is one eltwise of an anchor's
+    output or ``x * gate(x)``; else None."""
+    if expr[0] == "act" and expr[3][0] == "x":
+        return expr[1], expr[2], expr[3][1]
+    if expr[0] == "mul":
+        for x, gate in ((expr[1], expr[2]), (expr[2], expr[1])):
+            if x[0] == "x" and gate[0] == "act" and gate[1] in GATES and gate[3] == x:
+                return GATES[gate[1]], None, x[1]
+    return None
+
+
+def _closed(graph, nodes: list, last) -> bool:
+    """Whether every tensor the chain's nodes write is read only inside the chain (by the nodes
+    or ``last``) and is no region output."""
+    inside = [t for n in (*nodes, last) for t in n.inputs]
+    readers = graph.readers()
+    outputs = {n.output for n in nodes}
+    return all(t not in graph.outputs and readers.get(t, 0) == inside.count(t) for t in outputs)
+
+
+def _fuse_chain(graph, q, producers) -> bool:
+    """Fuse the chain ending in quantize node ``q`` into its anchor; whether it did."""
+    out = _per_tensor(graph, q, "quantize")
+    if out is None or graph.tensors[q.output]["dtype"] not in QUANTIZED_DTYPES:
+        return False
+    visited: list = []
+    try:
+        found = _activation(_expr(graph, q.inputs[0], producers, visited))
+    except _NoMatch:
+        return False
+    if found is None:
+        return False
+    name, clip, anchor = found
+    visited = list({id(n): n for n in visited}.values())  # x may be dequantized once and read twice
+    key, clip_key = ("post_activation", "post_clip") if anchor.attrs.get("residual") else ("activation", "clip")
+    if anchor.attrs.get(key, "none") != "none" or anchor.output in graph.outputs:
+        return False
+    readers = graph.readers().get(anchor.output, 0)
+    if readers != sum(n.inputs.count(anchor.output) for n in visited) or not _closed(graph, visited, q):
+        return False
+    anchor.attrs[key] = name
+    if clip is not None:
+        anchor.attrs[clip_key] = clip
+    anchor.attrs.update(dst_scale=out[0], dst_zero_point=out[1])
+    anchor.output = q.output
+    for node in (*visited, q):
+        graph.nodes.remove(node)
+    return True
+
+
+@graph_pass
+def fuse_int8_activations(graph) -> None:
+    """``int8 anchor -> dequantize -> activation [-> quantize -> dequantize] -> quantize`` (one
+    eltwise, or ``x * sigmoid(x)`` / ``x * hardsigmoid(x)`` written as a multiply, with any round
+    trips of one scale inside) becomes the anchor's eltwise post-op, and the anchor writes the last
+    quantize's 8-bit output. Why: MobileNetV3's hardswish and EfficientNet's SiLU otherwise run as
+    host dequantize / eltwise / (multiply) / quantize steps over float32 copies, 37% of a
+    MobileNetV3-L call at 2 threads (bench/INT8.md). Runs after :func:`fuse_int8_anchors` (which
+    gives the anchors their output scale) and before :func:`fuse_quantize_dequantize`."""
+    changed = False
+    for q in [n for n in graph.nodes if n.op == "quantize"]:
+        if q in graph.nodes:
+            changed |= _fuse_chain(graph, q, graph.producers())
+    if changed:
+        _restore_order(graph)
