@@ -5,6 +5,7 @@
 #include "int8.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -23,7 +24,13 @@ memory::data_type DnnlType(DType dtype) {
   }
 }
 
-namespace {
+int64_t ParallelMinimum() {
+  static const int64_t minimum = [] {
+    const char* env = std::getenv("BYOC_HETERO_INT8_PARALLEL_MIN");  // measurement only (temporary)
+    return env != nullptr ? std::atoll(env) : int64_t{1} << 18;
+  }();
+  return minimum;
+}
 
 float CheckedScale(AttrReader& attrs, const char* key, double value) {
   if (!std::isfinite(value) || value <= 0 || static_cast<float>(value) <= 0.f) {
@@ -40,6 +47,8 @@ int32_t CheckedZeroPoint(AttrReader& attrs, const char* key, int64_t value, DTyp
   }
   return static_cast<int32_t>(value);
 }
+
+namespace {
 
 /*! \brief The int8 anchor: a host step filling the scale / zero-point buffers, then the primitive. */
 class Int8AnchorKernel : public Kernel {
@@ -124,6 +133,13 @@ Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t o
   } else if (out != DType::kFloat32) {
     ctx.Fail(std::string("the output must be uint8, int8 or float32, got ") + DTypeName(out));
   }
+  if (attrs.Has("saturate_range")) {
+    const std::vector<double> range = attrs.Floats("saturate_range", 2, {});
+    if (!(range[0] < range[1])) attrs.Fail("saturate_range", "needs lo < hi");
+    q.saturate = true;
+    q.saturate_lo = static_cast<float>(range[0]);
+    q.saturate_hi = static_cast<float>(range[1]);
+  }
   if (attrs.Has("sum_scale")) {
     if (!q.int8_dst) attrs.Fail("sum_scale", "an int8 residual sum needs an 8-bit output");
     q.residual = true;
@@ -137,12 +153,17 @@ dnnl::primitive_attr MakeInt8Attr(const KernelContext& ctx, const Epilogue& e, c
   Epilogue without_sum = e;
   without_sum.residual = false;
   without_sum.post_act = Activation{};
+  if (q.saturate) without_sum.act = Activation{};  // appended after the clamp below
   dnnl::primitive_attr made = ctx.MakeAttr(without_sum);
   dnnl::primitive_attr* attr = &made;
-  if (e.residual) {
+  if (e.residual || q.saturate) {
     dnnl::post_ops ops = made.get_post_ops();
-    ops.append_sum(q.sum_scale, q.sum_zp, DnnlType(ctx.output().dtype));
-    if (!e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
+    if (q.saturate) {
+      ops.append_eltwise(dnnl::algorithm::eltwise_clip, q.saturate_lo, q.saturate_hi);
+      if (!e.act.none()) ops.append_eltwise(e.act.alg, e.act.alpha, e.act.beta);
+    }
+    if (e.residual) ops.append_sum(q.sum_scale, q.sum_zp, DnnlType(ctx.output().dtype));
+    if (e.residual && !e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
     made.set_post_ops(ops);
   }
   attr->set_scales_mask(DNNL_ARG_SRC, 0);

@@ -22,6 +22,8 @@ roundings; against ONNX's reference, which rounds at ``s1`` first, it differs by
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..table import graph_pass
 from .activation import FUSES_ACTIVATION
 from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order
@@ -53,7 +55,7 @@ def _expr(graph, t: int, producers, visited: list) -> tuple:
             if (float(source.attrs["dst_scale"]), int(source.attrs["dst_zero_point"])) != dq:
                 raise _NoMatch
             return ("x", source)
-        if _per_tensor(graph, source, "quantize") != dq:
+        if _per_tensor(graph, source, "quantize") != dq or not _covers_unit_range(graph, source, producers):
             raise _NoMatch
         visited.append(source)  # a round trip inside the chain: its rounding is skipped
         return _expr(graph, source.inputs[0], producers, visited)
@@ -63,6 +65,27 @@ def _expr(graph, t: int, producers, visited: list) -> tuple:
             node.attrs.get("activation", "none") == "none":
         return ("mul", *(_expr(graph, i, producers, visited) for i in node.inputs))
     raise _NoMatch
+
+
+def _saturation(graph, node) -> tuple[float, float]:
+    """The float range [lo, hi] a per-tensor quantize (or the int8 output it wrote) saturates to."""
+    scale, zero = _per_tensor(graph, node, node.op) if node.op in ("quantize", "dequantize") else \
+        (float(node.attrs["dst_scale"]), int(node.attrs["dst_zero_point"]))
+    info = np.iinfo(graph.tensors[node.output]["dtype"])
+    return (info.min - zero) * scale, (info.max - zero) * scale
+
+
+def _covers_unit_range(graph, q, producers) -> bool:
+    """Whether the round trip at quantize ``q`` inside a chain may be skipped: it requantizes a
+    sigmoid / hardsigmoid (values in [0, 1]) and its saturation range reaches within one step of
+    both ends, so skipping it moves a value by at most one step, as its rounding would. Any other
+    round trip could clip values a calibration range cut off: the chain is then left alone."""
+    source = producers.get(q.inputs[0])
+    if source is None or source.op != "eltwise" or source.attrs.get("algorithm") not in GATES:
+        return False
+    scale = _per_tensor(graph, q, "quantize")[0]
+    lo, hi = _saturation(graph, q)
+    return lo <= scale and hi >= 1.0 - scale
 
 
 def _activation(expr: tuple) -> tuple[str, object, object] | None:
@@ -100,16 +123,17 @@ def _fuse_chain(graph, q, producers) -> bool:
         return False
     name, clip, anchor = found
     visited = list({id(n): n for n in visited}.values())  # x may be dequantized once and read twice
-    key, clip_key = ("post_activation", "post_clip") if anchor.attrs.get("residual") else ("activation", "clip")
-    if anchor.attrs.get(key, "none") != "none" or anchor.output in graph.outputs:
+    if anchor.attrs.get("residual") or anchor.attrs.get("activation", "none") != "none" or \
+            anchor.output in graph.outputs:
         return False
     readers = graph.readers().get(anchor.output, 0)
     if readers != sum(n.inputs.count(anchor.output) for n in visited) or not _closed(graph, visited, q):
         return False
-    anchor.attrs[key] = name
+    anchor.attrs["activation"] = name
     if clip is not None:
-        anchor.attrs[clip_key] = clip
-    anchor.attrs.update(dst_scale=out[0], dst_zero_point=out[1])
+        anchor.attrs["clip"] = clip
+    # the anchor's own quantize saturated before the activation: that stays, only its rounding goes
+    anchor.attrs.update(saturate_range=list(_saturation(graph, anchor)), dst_scale=out[0], dst_zero_point=out[1])
     anchor.output = q.output
     for node in (*visited, q):
         graph.nodes.remove(node)
