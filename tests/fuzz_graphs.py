@@ -878,11 +878,13 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             y, step = qdq(bb.emit(R.multiply(yd, gd)), 0.05), 0.05
         elif tail == "add":  # add of two 8-bit tensors of one shape
             y, step = qdq(bb.emit(R.add(yd, yd)), 2 * so), 2 * so
-        else:  # chain (drawn first: reaches the three kernels): tanh post-op, 8-bit add, float32 tanh
-            t = qdq(bb.emit(R.tanh(yd)), 1 / 64, 0)
+        else:  # chain (drawn first: reaches the four kernels): tanh post-op, 8-bit add, tanh table,
+            t = qdq(bb.emit(R.tanh(yd)), 1 / 64, 0)  # float32 subtract between Q/DQ steps
             g = qdq(bb.emit(R.add(t, t)), 1 / 32, 0)
-            y = qdq(bb.emit(R.tanh(g)), 1 / 64, 0)
-            step = 1 / 64 + 1 / 32 + 2 * (1 / 64 + skipped)
+            u = qdq(bb.emit(R.tanh(g)), 1 / 64, 0)
+            y = qdq(bb.emit(R.subtract(u, t)), 1 / 32, 0)
+            dt = 1 / 64 + skipped
+            step = (2 * dt + 1 / 32 + 1 / 64) + dt + 1 / 32
         recipe.quant_step = max(recipe.quant_step, step)
         return y
 

@@ -139,12 +139,15 @@ def test_silu_as_a_multiply_becomes_swish_when_the_gate_range_covers_it():
 
 def test_silu_whose_gate_quantize_clips_stays_exact():
     """The same with a gate quantize saturating at 0.5 (a calibration that saw small sigmoids, as
-    in the EfficientNet-B0 file of bench/INT8.md): fusing would drop that clamp, so the chain is left
-    alone (no swish) and the result stays within one step of the float emulation."""
+    in the EfficientNet-B0 file of bench/INT8.md): a swish post-op would drop that clamp, so the
+    conv takes no activation; the chain becomes a lookup table over its 8-bit output, which keeps
+    every rounding and clamp, within one step of the float emulation."""
     mod = _silu(0.5 / 255)
     part = bh.partition(mod)
-    convs = [n for n in _region_nodes(part) if n["op"] == "conv2d"]
+    nodes = _region_nodes(part)
+    convs = [n for n in nodes if n["op"] == "conv2d"]
     assert convs[0]["attrs"].get("activation", "none") == "none"
+    assert [n["op"] for n in nodes if n["op"] in ("lookup", "eltwise", "binary", "quantized_binary")] == ["lookup"]
     assert np.max(np.abs(run(build(part), [X]) - run(build(mod), [X]))) <= 0.015 * 1.001
 
 
@@ -248,3 +251,41 @@ def test_binary_with_a_per_channel_operand_stays_float():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((1, 24, 5, 7)).astype(F32), rng.standard_normal((1, 24, 5, 7)).astype(F32)
     assert np.max(np.abs(run(build(part), [a, b]) - run(build(mod), [a, b]))) <= 0.04 * 1.001
+
+
+@pytest.mark.parametrize("dtype,zero", [("uint8", 128), ("int8", -10)])
+@pytest.mark.parametrize("chain", ["hardswish", "silu_clipped_gate", "gelu"])
+def test_lookup_table_equals_the_float_emulation(dtype, zero, chain):
+    """An element-wise chain from one 8-bit tensor that no post-op takes (here a region input's
+    quantize; u8 / s8): one lookup node of 256 entries, computed with every rounding and
+    saturation of the chain; within one output step of the float emulation, almost all exact."""
+    def body(g, x):
+        xd = g.qdq(x, 0.05, zero, dtype)
+        if chain == "hardswish":
+            y = g.bb.emit(R.multiply(xd, g.bb.emit(R.clip(g.bb.emit(R.add(g.bb.emit(R.multiply(xd, _c(1 / 6, F32))),
+                                                                               _c(0.5, F32))), 0, 1))))
+        elif chain == "gelu":
+            y = g.bb.emit(R.nn.gelu(xd))
+        else:
+            y = g.bb.emit(R.multiply(xd, g.qdq(g.bb.emit(R.sigmoid(xd)), 0.6 / 255, 0)))
+        return g.qdq(y, 0.03, 5 if dtype == "int8" else 40, dtype)
+    mod = _module([(1, 8, 9, 11)], body)
+    part = bh.partition(mod, require_heavy_op=False)
+    nodes = _region_nodes(part)
+    assert [n["op"] for n in nodes if n["op"] not in ("quantize", "dequantize")] == ["lookup"], nodes
+    x = np.random.default_rng(7).standard_normal((1, 8, 9, 11)).astype(F32) * 4
+    got, want = run(build(part), [x]), run(build(mod), [x])
+    assert np.max(np.abs(got - want)) <= 0.03 * 1.001
+    assert np.mean(got == want) > 0.99
+
+
+def test_lookup_leaves_a_chain_with_two_sources():
+    """x * sigmoid(y) of two 8-bit tensors is no function of one byte: no lookup node."""
+    def body(g, x, y):
+        return g.qdq(g.bb.emit(R.multiply(g.qdq(x, 0.05, 128), g.bb.emit(R.sigmoid(g.qdq(y, 0.05, 128))))), 0.03, 100)
+    mod = _module([(1, 4, 5, 5), (1, 4, 5, 5)], body)
+    part = bh.partition(mod, require_heavy_op=False)
+    assert not [n for n in _region_nodes(part) if n["op"] == "lookup"]
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((1, 4, 5, 5)).astype(F32), rng.standard_normal((1, 4, 5, 5)).astype(F32)
+    assert np.max(np.abs(run(build(part), [x, y]) - run(build(mod), [x, y]))) <= 0.03 * 1.001

@@ -33,38 +33,57 @@ GATES = {"sigmoid": "silu", "hardsigmoid": "hardswish"}
 alpha 1, x * hardsigmoid(x) is hardswish, both with the alpha / beta of cpp/enums.cc)."""
 
 
-class _NoMatch(Exception):
-    """The chain is not an activation of one anchor's output (internal to the pass)."""
+class NoChain(Exception):
+    """The tensor is not computed by an element-wise chain the caller accepts."""
 
 
-def _expr(graph, t: int, producers, visited: list) -> tuple:
-    """The chain computing tensor ``t`` as a tuple: ``("x", anchor)`` for a dequantize of an int8
-    anchor's output with the anchor's own output scale, ``("act", name, clip, e)``, ``("mul", a, b)``;
-    ``quantize -> dequantize`` round trips of one per-tensor scale are looked through. ``visited``
-    collects the nodes on the way; raises :class:`_NoMatch` for anything else."""
+def chain_expr(graph, t: int, producers, visited: list, leaf, through) -> tuple:
+    """The element-wise chain computing tensor ``t`` as a tuple: ``leaf(dq)`` for a per-tensor
+    dequantize ``dq`` it accepts, ``("act", name, clip, e)`` for an eltwise, ``("mul", a, b)``,
+    ``("qdq", scale, zero, dtype, e)`` for a ``quantize -> dequantize`` round trip of one per-tensor
+    scale that ``through(quantize)`` accepts. ``visited`` collects the nodes on the way; raises
+    :class:`NoChain` for anything else. Shared with the lookup tables of :mod:`.int8_lookup`."""
     node = producers.get(t)
     if node is None:
-        raise _NoMatch
+        raise NoChain
     visited.append(node)
     if node.op == "dequantize":
         dq = _per_tensor(graph, node, "dequantize")
+        found = leaf(node) if dq is not None else None
+        if found is not None:
+            return found
         source = producers.get(node.inputs[0])
-        if dq is None or source is None:
-            raise _NoMatch
-        if source.op in FUSES_ACTIVATION and "dst_scale" in source.attrs:
-            if (float(source.attrs["dst_scale"]), int(source.attrs["dst_zero_point"])) != dq:
-                raise _NoMatch
-            return ("x", source)
-        if _per_tensor(graph, source, "quantize") != dq or not _covers_unit_range(graph, source, producers):
-            raise _NoMatch
-        visited.append(source)  # a round trip inside the chain: its rounding is skipped
-        return _expr(graph, source.inputs[0], producers, visited)
+        if dq is None or source is None or _per_tensor(graph, source, "quantize") != dq or not through(source):
+            raise NoChain
+        visited.append(source)
+        inner = chain_expr(graph, source.inputs[0], producers, visited, leaf, through)
+        return ("qdq", dq[0], dq[1], graph.tensors[source.output]["dtype"], inner)
     if node.op == "eltwise" and len(node.inputs) == 1:
-        return ("act", node.attrs["algorithm"], node.attrs.get("clip"), _expr(graph, node.inputs[0], producers, visited))
+        inner = chain_expr(graph, node.inputs[0], producers, visited, leaf, through)
+        return ("act", node.attrs["algorithm"], node.attrs.get("clip"), inner)
     if node.op == "binary" and node.attrs.get("algorithm") == "mul" and len(node.inputs) == 2 and \
             node.attrs.get("activation", "none") == "none":
-        return ("mul", *(_expr(graph, i, producers, visited) for i in node.inputs))
-    raise _NoMatch
+        return ("mul", *(chain_expr(graph, i, producers, visited, leaf, through) for i in node.inputs))
+    raise NoChain
+
+
+def _anchor_leaf(graph, producers):
+    """``("x", anchor)`` for a dequantize of an int8 anchor's output with its own output scale."""
+    def leaf(dq) -> tuple | None:
+        source = producers.get(dq.inputs[0])
+        if source is None or source.op not in FUSES_ACTIVATION or "dst_scale" not in source.attrs:
+            return None
+        if (float(source.attrs["dst_scale"]), int(source.attrs["dst_zero_point"])) != _per_tensor(graph, dq, "dequantize"):
+            raise NoChain
+        return ("x", source)
+    return leaf
+
+
+def _strip(expr: tuple) -> tuple:
+    """``expr`` without its outer round trips (their rounding is what a post-op skips)."""
+    while expr[0] == "qdq":
+        expr = expr[4]
+    return expr
 
 
 def _saturation(graph, node) -> tuple[float, float]:
@@ -91,11 +110,12 @@ def _covers_unit_range(graph, q, producers) -> bool:
 def _activation(expr: tuple) -> tuple[str, object, object] | None:
     """(activation name, its clip bounds, the anchor) when ``expr`` is one eltwise of an anchor's
     output or ``x * gate(x)``; else None."""
-    if expr[0] == "act" and expr[3][0] == "x":
-        return expr[1], expr[2], expr[3][1]
+    expr = _strip(expr)
+    if expr[0] == "act" and _strip(expr[3])[0] == "x":
+        return expr[1], expr[2], _strip(expr[3])[1]
     if expr[0] == "mul":
-        for x, gate in ((expr[1], expr[2]), (expr[2], expr[1])):
-            if x[0] == "x" and gate[0] == "act" and gate[1] in GATES and gate[3] == x:
+        for x, gate in ((_strip(expr[1]), _strip(expr[2])), (_strip(expr[2]), _strip(expr[1]))):
+            if x[0] == "x" and gate[0] == "act" and gate[1] in GATES and _strip(gate[3]) == x:
                 return GATES[gate[1]], None, x[1]
     return None
 
@@ -116,8 +136,9 @@ def _fuse_chain(graph, q, producers) -> bool:
         return False
     visited: list = []
     try:
-        found = _activation(_expr(graph, q.inputs[0], producers, visited))
-    except _NoMatch:
+        found = _activation(chain_expr(graph, q.inputs[0], producers, visited, _anchor_leaf(graph, producers),
+                                       lambda rq: _covers_unit_range(graph, rq, producers)))
+    except NoChain:
         return False
     if found is None:
         return False
