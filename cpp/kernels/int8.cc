@@ -5,7 +5,6 @@
 #include "int8.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -25,11 +24,10 @@ memory::data_type DnnlType(DType dtype) {
 }
 
 int64_t ParallelMinimum() {
-  static const int64_t minimum = [] {
-    const char* env = std::getenv("BYOC_HETERO_INT8_PARALLEL_MIN");  // measurement only (temporary)
-    return env != nullptr ? std::atoll(env) : int64_t{1} << 18;
-  }();
-  return minimum;
+  // 256K elements, about 50 us of the AVX2 quantize loop on one core: below it a call's OpenMP team
+  // costs more than it saves on a loaded machine (session 2, bench/INT8.md); the crossover on a
+  // quiet one was not measured (session 3 had no quiet machine)
+  return int64_t{1} << 18;
 }
 
 float CheckedScale(AttrReader& attrs, const char* key, double value) {
