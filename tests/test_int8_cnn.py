@@ -63,6 +63,15 @@ def _region_nodes(part) -> list[dict]:
     return json.loads(str(mods[0]["get_graph_json"]()))["nodes"]
 
 
+def _left_alone(mod, op: str, shapes, step: float, seed: int) -> None:
+    """No ``op`` node in ``mod``'s region, and within one step of the float emulation."""
+    part = bh.partition(mod, require_heavy_op=False)
+    assert not [n for n in _region_nodes(part) if n["op"] == op]
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(s).astype(F32) for s in shapes]
+    assert np.max(np.abs(run(build(part), inputs) - run(build(mod), inputs))) <= step * 1.001
+
+
 def _quantize(v, scale, zero, lo=0, hi=255):
     return np.clip(np.round(v / scale) + zero, lo, hi)
 
@@ -245,12 +254,8 @@ def test_binary_with_a_per_channel_operand_stays_float():
         bq = g.bb.emit(R.quantize(b, relax.const(scales), relax.const(np.zeros(24, "int8")), axis=1, out_dtype="int8"))
         bd = g.bb.emit(R.dequantize(bq, relax.const(scales), relax.const(np.zeros(24, "int8")), axis=1, out_dtype=F32))
         return g.qdq(g.bb.emit(R.add(g.qdq(a, 0.03, 128), bd)), 0.04, 60)
-    mod = _module([(1, 24, 5, 7), (1, 24, 5, 7)], body)
-    part = bh.partition(mod, require_heavy_op=False)
-    assert not [n for n in _region_nodes(part) if n["op"] == "quantized_binary"]
-    rng = np.random.default_rng(5)
-    a, b = rng.standard_normal((1, 24, 5, 7)).astype(F32), rng.standard_normal((1, 24, 5, 7)).astype(F32)
-    assert np.max(np.abs(run(build(part), [a, b]) - run(build(mod), [a, b]))) <= 0.04 * 1.001
+    shapes = [(1, 24, 5, 7), (1, 24, 5, 7)]
+    _left_alone(_module(shapes, body), "quantized_binary", shapes, 0.04, seed=5)
 
 
 @pytest.mark.parametrize("dtype,zero", [("uint8", 128), ("int8", -10)])
@@ -283,9 +288,5 @@ def test_lookup_leaves_a_chain_with_two_sources():
     """x * sigmoid(y) of two 8-bit tensors is no function of one byte: no lookup node."""
     def body(g, x, y):
         return g.qdq(g.bb.emit(R.multiply(g.qdq(x, 0.05, 128), g.bb.emit(R.sigmoid(g.qdq(y, 0.05, 128))))), 0.03, 100)
-    mod = _module([(1, 4, 5, 5), (1, 4, 5, 5)], body)
-    part = bh.partition(mod, require_heavy_op=False)
-    assert not [n for n in _region_nodes(part) if n["op"] == "lookup"]
-    rng = np.random.default_rng(8)
-    x, y = rng.standard_normal((1, 4, 5, 5)).astype(F32), rng.standard_normal((1, 4, 5, 5)).astype(F32)
-    assert np.max(np.abs(run(build(part), [x, y]) - run(build(mod), [x, y]))) <= 0.03 * 1.001
+    shapes = [(1, 4, 5, 5), (1, 4, 5, 5)]
+    _left_alone(_module(shapes, body), "lookup", shapes, 0.03, seed=8)

@@ -30,6 +30,21 @@ int64_t ParallelMinimum() {
   return int64_t{1} << 18;
 }
 
+memory::desc DenseProducerLayout(const KernelContext& ctx, size_t k) {
+  const memory::desc in = ctx.InputLayout(k);
+  if (in.get_format_kind() != dnnl::memory::format_kind::blocked || in.get_inner_nblks() != 0 ||
+      in.get_padded_dims() != in.get_dims() || in.get_size() != PlainDescOf(ctx.input(k)).get_size()) {
+    return memory::desc();
+  }
+  return in;
+}
+
+KernelTraits Int8HostTraits() {
+  KernelTraits traits;
+  traits.accepts_int8 = true;
+  return traits;
+}
+
 float CheckedScale(AttrReader& attrs, const char* key, double value) {
   if (!std::isfinite(value) || value <= 0 || static_cast<float>(value) <= 0.f) {
     attrs.Fail(key, "a scale must be finite and > 0, got " + std::to_string(value));

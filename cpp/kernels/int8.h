@@ -79,6 +79,16 @@ inline float QuantizeOne(float x, float scale, float zero, float lo, float hi) {
  */
 int64_t ParallelMinimum();
 
+/*!
+ * \brief The layout input \p k's producer stored when it is strided without blocks or padding, so
+ *        that an element-wise host loop can run over its bytes as over a plain buffer (the int8
+ *        convs' NHWC); a zero desc otherwise.
+ */
+memory::desc DenseProducerLayout(const KernelContext& ctx, size_t k);
+
+/*! \brief The traits of a host kernel that reads or writes 8-bit tensors. */
+KernelTraits Int8HostTraits();
+
 /*! \brief oneDNN's type for a tensor of dtype \p dtype (u8, s8 or f32). */
 memory::data_type DnnlType(DType dtype);
 

@@ -112,20 +112,13 @@ static std::unique_ptr<Kernel> BuildLookup(const KernelContext& ctx) {
   auto kernel = std::make_unique<HostKernel>(ctx.where(), "lookup", std::move(fn),
                                              std::vector<memory::desc>{PlainDescOf(ctx.input(0))},
                                              PlainDescOf(ctx.output()));
-  const memory::desc layout = ctx.InputLayout(0);
-  if (layout.get_format_kind() == dnnl::memory::format_kind::blocked && layout.get_inner_nblks() == 0 &&
-      layout.get_padded_dims() == layout.get_dims() && layout.get_size() == PlainDescOf(ctx.input(0)).get_size()) {
+  const memory::desc layout = DenseProducerLayout(ctx, 0);
+  if (!layout.is_zero()) {
     kernel->FollowLayout(layout, memory::desc(layout.get_dims(), DnnlType(out), layout.get_strides()));
   }
   return kernel;
 }
 
-static KernelTraits LookupTraits() {
-  KernelTraits traits;
-  traits.accepts_int8 = true;  // 8-bit in and out
-  return traits;
-}
-
-BYOC_HETERO_REGISTER_KERNEL("lookup", BuildLookup, LookupTraits());
+BYOC_HETERO_REGISTER_KERNEL("lookup", BuildLookup, Int8HostTraits());  // 8-bit in and out
 
 }  // namespace byoc_hetero

@@ -234,11 +234,8 @@ AxisSplit CheckQuantOperands(const KernelContext& ctx, AttrReader& attrs, DType 
  */
 void FollowInputLayout(const KernelContext& ctx, const AxisSplit& split, HostKernel& kernel) {
   if (split.channels != 1) return;
-  const memory::desc in = ctx.InputLayout(0);
-  if (in.get_format_kind() != dnnl::memory::format_kind::blocked || in.get_inner_nblks() != 0 ||
-      in.get_padded_dims() != in.get_dims() || in.get_size() != PlainDescOf(ctx.input(0)).get_size()) {
-    return;
-  }
+  const memory::desc in = DenseProducerLayout(ctx, 0);
+  if (in.is_zero()) return;
   kernel.FollowLayout(in, memory::desc(in.get_dims(), DnnlType(ctx.output().dtype), in.get_strides()));
 }
 
@@ -306,14 +303,9 @@ static std::unique_ptr<Kernel> BuildQuantizeDequantize(const KernelContext& ctx)
   return kernel;
 }
 
-static KernelTraits QuantizedTraits() {
-  KernelTraits traits;
-  traits.accepts_int8 = true;  // writes (quantize) or reads (dequantize) 8-bit values, or an 8-bit zero point
-  return traits;
-}
-
-BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, QuantizedTraits());
-BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, QuantizedTraits());
-BYOC_HETERO_REGISTER_KERNEL("quantize_dequantize", BuildQuantizeDequantize, QuantizedTraits());
+// they write (quantize) or read (dequantize) 8-bit values, or an 8-bit zero point
+BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, Int8HostTraits());
+BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, Int8HostTraits());
+BYOC_HETERO_REGISTER_KERNEL("quantize_dequantize", BuildQuantizeDequantize, Int8HostTraits());
 
 }  // namespace byoc_hetero

@@ -217,10 +217,8 @@ static std::unique_ptr<Kernel> BuildQuantizedBinary(const KernelContext& ctx) {
   bc.same_shape = ctx.input(1).shape == ctx.input(0).shape;
   const int64_t axis = bc.same_shape ? -1 : BroadcastAxis(ctx);
   // a (and b of a's shape) in the producer's layout when it is dense and strided, as quantize.cc
-  memory::desc a_layout = ctx.InputLayout(0);
-  const bool follow = a_layout.get_format_kind() == dnnl::memory::format_kind::blocked &&
-                      a_layout.get_inner_nblks() == 0 && a_layout.get_padded_dims() == a_layout.get_dims() &&
-                      a_layout.get_size() == PlainDescOf(ctx.input(0)).get_size();
+  memory::desc a_layout = DenseProducerLayout(ctx, 0);
+  const bool follow = !a_layout.is_zero();
   if (!follow) a_layout = PlainDescOf(ctx.input(0));
   if (axis >= 0) {
     bc.channels = ctx.input(0).shape[axis];
@@ -238,12 +236,6 @@ static std::unique_ptr<Kernel> BuildQuantizedBinary(const KernelContext& ctx) {
   return kernel;
 }
 
-static KernelTraits QuantizedBinaryTraits() {
-  KernelTraits traits;
-  traits.accepts_int8 = true;  // 8-bit operands and output
-  return traits;
-}
-
-BYOC_HETERO_REGISTER_KERNEL("quantized_binary", BuildQuantizedBinary, QuantizedBinaryTraits());
+BYOC_HETERO_REGISTER_KERNEL("quantized_binary", BuildQuantizedBinary, Int8HostTraits());  // 8-bit in and out
 
 }  // namespace byoc_hetero
