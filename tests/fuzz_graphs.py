@@ -875,7 +875,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             channels = _shape(yd)[1]
             gate = rng.integers(lo, hi + 1, (channels, 1, 1) if len(_shape(yd)) == 4 else (channels,)).astype(qdt)
             gd = bb.emit(R.dequantize(relax.const(gate), qconst(s2 * 4, F32), qconst(z2, qdt), axis=1, out_dtype=F32))
-            y, step = qdq(bb.emit(R.multiply(yd, gd)), 0.05), 0.05
+            # the anchor's own step (it may round the other way) scaled by the widest gate value
+            y, step = qdq(bb.emit(R.multiply(yd, gd)), 0.05), 0.05 + so * s2 * 4 * float(np.max(np.abs(gate.astype(int) - z2)))
         elif tail == "add":  # add of two 8-bit tensors of one shape
             y, step = qdq(bb.emit(R.add(yd, yd)), 2 * so), 2 * so
         else:  # chain (drawn first: reaches the four kernels): tanh post-op, 8-bit add, tanh table,
