@@ -14,10 +14,13 @@ quantize's 8-bit output directly: one primitive instead of the chain.
 
 The intermediate roundings inside the chain (to ``s1`` before the activation, to ``s2`` of the
 sigmoid in SiLU) are skipped: the result is the activation of the exact accumulator rounded once, as
-OpenVINO computes it. It is within one step of ``s_out`` of the float computation without those
-roundings; against ONNX's reference, which rounds at ``s1`` first, it differs by up to
-``max|f'| * s1 / 2`` more (hardswish: 0.75 ``s1``). The error vs the float32 model does not grow
-(one rounding fewer): bench/INT8.md, session 3.
+OpenVINO computes it. Their saturation is not skipped: the ``s1`` quantize's range stays as a clip
+post-op before the activation (attr ``saturate_range``; a uint8 quantize with zero point 0 is a
+relu), and a sigmoid's round trip is looked through only when its range covers [0, 1] within one
+step (else :mod:`.int8_lookup` takes the chain, exactly). The result is within one step of
+``s_out`` of that computation; against ONNX's reference, which rounds at ``s1`` first, it differs by
+up to ``max|f'| * s1 / 2`` more (hardswish: 0.75 ``s1``). The error vs the float32 model does not
+grow (one rounding fewer): bench/INT8.md, session 3.
 """
 
 from __future__ import annotations
