@@ -52,6 +52,8 @@ KINDS = CNN_KINDS + (
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
 INT8_KINDS = ("int8", "int8_chain")
+INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add")
+"""What may follow a fuzzed int8 anchor (fuzz_graphs int8_tail)."""
 KINDS = KINDS + INT8_KINDS
 
 
@@ -844,6 +846,51 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
     def qconst(value, dtype):
         return relax.const(np.array(value, dtype))
 
+    def int8_tail(tail: str, yd, yparams, relu: bool):
+        """What follows an int8 anchor's dequantized output ``yd`` (scale, zero point, type
+        ``yparams``): ``chain`` (below), an activation between Q/DQ edges (``sigmoid``, ``hardswish``; ``silu`` as
+        x * sigmoid(x) with the sigmoid's own Q/DQ), which the runtime makes the anchor's post-op
+        unless the anchor has a relu, or a multiply by a per-channel 8-bit gate / an add of two
+        8-bit tensors, which it computes on the 8-bit values. The recipe's step widens by the
+        roundings a post-op skips (docs/int8.md)."""
+        so, zo, qdt = yparams
+        lo, hi = (0, 255) if qdt == "uint8" else (-128, 127)
+        z2 = 0 if qdt == "int8" else 128
+        if tail == "none":
+            return yd
+
+        def qdq(x, scale, zero=z2):
+            xq = bb.emit(R.quantize(x, qconst(scale, F32), qconst(zero, qdt), axis=1, out_dtype=qdt))
+            return bb.emit(R.dequantize(xq, qconst(scale, F32), qconst(zero, qdt), axis=1, out_dtype=F32))
+
+        s2 = draw(st.sampled_from([0.004, 0.01]))
+        skipped = 0.0 if relu else so / 2  # the anchor's own rounding, skipped under a post-op
+        if tail in ("sigmoid", "hardswish"):
+            y = qdq(bb.emit(R.sigmoid(yd)) if tail == "sigmoid" else activation_chain(bb, "hardswish_onnx", yd), s2)
+            step = s2 + (0.25 if tail == "sigmoid" else 1.5) * skipped
+        elif tail == "silu":
+            s3 = draw(st.sampled_from([0.01, 0.03]))
+            y = qdq(bb.emit(R.multiply(yd, qdq(bb.emit(R.sigmoid(yd)), 1 / 256, 0 if qdt == "uint8" else -128))), s3)
+            widest = max(abs(lo - zo), abs(hi - zo)) * so
+            step = s3 + 1.1 * skipped + (0.0 if relu else widest / 256)  # the gate: one step at most
+        elif tail == "gate":
+            channels = _shape(yd)[1]
+            gate = rng.integers(lo, hi + 1, (channels, 1, 1) if len(_shape(yd)) == 4 else (channels,)).astype(qdt)
+            gd = bb.emit(R.dequantize(relax.const(gate), qconst(s2 * 4, F32), qconst(z2, qdt), axis=1, out_dtype=F32))
+            # the anchor's own step (it may round the other way) scaled by the widest gate value
+            y, step = qdq(bb.emit(R.multiply(yd, gd)), 0.05), 0.05 + so * s2 * 4 * float(np.max(np.abs(gate.astype(int) - z2)))
+        elif tail == "add":  # add of two 8-bit tensors of one shape
+            y, step = qdq(bb.emit(R.add(yd, yd)), 2 * so), 2 * so
+        else:  # chain (drawn first: reaches the four kernels): tanh post-op, 8-bit add, tanh table,
+            t = qdq(bb.emit(R.tanh(yd)), 1 / 64, 0)  # float32 subtract between Q/DQ steps
+            g = qdq(bb.emit(R.add(t, t)), 1 / 32, 0)
+            u = qdq(bb.emit(R.tanh(g)), 1 / 64, 0)
+            y = qdq(bb.emit(R.subtract(u, t)), 1 / 32, 0)
+            dt = 1 / 64 + skipped
+            step = (2 * dt + 1 / 32 + 1 / 64) + dt + 1 / 32
+        recipe.quant_step = max(recipe.quant_step, step)
+        return y
+
     def int8_step() -> bool:
         """quantize -> dequantize -> conv2d | dense (int8 weights, per channel or per tensor, zero
         points 0) [+ bias] [relu] -> quantize -> dequantize, random scales and zero points: the
@@ -883,16 +930,11 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         yq = bb.emit(R.quantize(y, qconst(so, F32), qconst(zo, qdt), axis=1, out_dtype=qdt))
         yd = bb.emit(R.dequantize(yq, qconst(so, F32), qconst(zo, qdt), axis=1, out_dtype=F32))
         recipe.quant_step = max(recipe.quant_step, so)
-        edge = draw(st.booleans())
-        if edge:  # a float op between Q/DQ edges (MobileNetV3's hard-swish): one quantize_dequantize step
-            s2 = draw(st.sampled_from([0.004, 0.01]))
-            z2 = 0 if qdt == "int8" else 128
-            yq = bb.emit(R.quantize(bb.emit(R.sigmoid(yd)), qconst(s2, F32), qconst(z2, qdt), axis=1, out_dtype=qdt))
-            yd = bb.emit(R.dequantize(yq, qconst(s2, F32), qconst(z2, qdt), axis=1, out_dtype=F32))
-            recipe.quant_step = max(recipe.quant_step, s2)
+        tail = draw(st.sampled_from(INT8_TAILS))
+        yd = int8_tail(tail, yd, (so, zo, qdt), relu)
         keep(yd)
         recipe.steps.append(f"int8({qdt}, x {sx}/{zx}, out={out}, per_channel={per_channel}, bias={bias}, "
-                            f"relu={relu}, y {so}/{zo}, {'conv' if len(shape) == 4 else 'dense'}, sigmoid q/dq={edge})")
+                            f"relu={relu}, y {so}/{zo}, {'conv' if len(shape) == 4 else 'dense'}, then {tail})")
         return True
 
     def int8_chain_step() -> bool:

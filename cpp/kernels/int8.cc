@@ -23,7 +23,27 @@ memory::data_type DnnlType(DType dtype) {
   }
 }
 
-namespace {
+int64_t ParallelMinimum() {
+  // 256K elements, about 50 us of the AVX2 quantize loop on one core: below it a call's OpenMP team
+  // costs more than it saves on a loaded machine (session 2, bench/INT8.md); the crossover on a
+  // quiet one was not measured (session 3 had no quiet machine)
+  return int64_t{1} << 18;
+}
+
+memory::desc DenseProducerLayout(const KernelContext& ctx, size_t k) {
+  const memory::desc in = ctx.InputLayout(k);
+  if (in.get_format_kind() != dnnl::memory::format_kind::blocked || in.get_inner_nblks() != 0 ||
+      in.get_padded_dims() != in.get_dims() || in.get_size() != PlainDescOf(ctx.input(k)).get_size()) {
+    return memory::desc();
+  }
+  return in;
+}
+
+KernelTraits Int8HostTraits() {
+  KernelTraits traits;
+  traits.accepts_int8 = true;
+  return traits;
+}
 
 float CheckedScale(AttrReader& attrs, const char* key, double value) {
   if (!std::isfinite(value) || value <= 0 || static_cast<float>(value) <= 0.f) {
@@ -40,6 +60,8 @@ int32_t CheckedZeroPoint(AttrReader& attrs, const char* key, int64_t value, DTyp
   }
   return static_cast<int32_t>(value);
 }
+
+namespace {
 
 /*! \brief The int8 anchor: a host step filling the scale / zero-point buffers, then the primitive. */
 class Int8AnchorKernel : public Kernel {
@@ -124,6 +146,13 @@ Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t o
   } else if (out != DType::kFloat32) {
     ctx.Fail(std::string("the output must be uint8, int8 or float32, got ") + DTypeName(out));
   }
+  if (attrs.Has("saturate_range")) {
+    const std::vector<double> range = attrs.Floats("saturate_range", 2, {});
+    if (!(range[0] < range[1])) attrs.Fail("saturate_range", "needs lo < hi");
+    q.saturate = true;
+    q.saturate_lo = static_cast<float>(range[0]);
+    q.saturate_hi = static_cast<float>(range[1]);
+  }
   if (attrs.Has("sum_scale")) {
     if (!q.int8_dst) attrs.Fail("sum_scale", "an int8 residual sum needs an 8-bit output");
     q.residual = true;
@@ -137,12 +166,17 @@ dnnl::primitive_attr MakeInt8Attr(const KernelContext& ctx, const Epilogue& e, c
   Epilogue without_sum = e;
   without_sum.residual = false;
   without_sum.post_act = Activation{};
+  if (q.saturate) without_sum.act = Activation{};  // appended after the clamp below
   dnnl::primitive_attr made = ctx.MakeAttr(without_sum);
   dnnl::primitive_attr* attr = &made;
-  if (e.residual) {
+  if (e.residual || q.saturate) {
     dnnl::post_ops ops = made.get_post_ops();
-    ops.append_sum(q.sum_scale, q.sum_zp, DnnlType(ctx.output().dtype));
-    if (!e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
+    if (q.saturate) {
+      ops.append_eltwise(dnnl::algorithm::eltwise_clip, q.saturate_lo, q.saturate_hi);
+      if (!e.act.none()) ops.append_eltwise(e.act.alg, e.act.alpha, e.act.beta);
+    }
+    if (e.residual) ops.append_sum(q.sum_scale, q.sum_zp, DnnlType(ctx.output().dtype));
+    if (e.residual && !e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
     made.set_post_ops(ops);
   }
   attr->set_scales_mask(DNNL_ARG_SRC, 0);

@@ -76,6 +76,9 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_int8_anchors",           # ops/qdq.py: dequantize -> conv / dense / pool -> quantize as int8 nodes
+    "fuse_int8_activations",       # ops/int8_activation.py: activation between two quantizations as a post-op
+    "fuse_int8_lookup_tables",     # ops/int8_lookup.py: an element-wise chain of one 8-bit tensor as a table
+    "fuse_int8_binaries",          # ops/int8_binary.py: dequantize -> add / mul -> quantize on the 8-bit values
     "fuse_quantize_dequantize",    # ops/qdq.py: quantize -> dequantize of one scale as one float32 step
     "fuse_elementwise_chains",     # ops/qdq_chain.py: element-wise ops + the Q/DQ between them as one step
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
