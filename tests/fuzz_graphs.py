@@ -52,7 +52,7 @@ KINDS = CNN_KINDS + (
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
 INT8_KINDS = ("int8", "int8_chain")
-INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add")
+INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax")
 """What may follow a fuzzed int8 anchor (fuzz_graphs int8_tail)."""
 KINDS = KINDS + INT8_KINDS
 
@@ -879,15 +879,23 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             gd = bb.emit(R.dequantize(relax.const(gate), qconst(s2 * 4, F32), qconst(z2, qdt), axis=1, out_dtype=F32))
             # the anchor's own step (it may round the other way) scaled by the widest gate value
             y, step = qdq(bb.emit(R.multiply(yd, gd)), 0.05), 0.05 + so * s2 * 4 * float(np.max(np.abs(gate.astype(int) - z2)))
+        elif tail == "softmax":  # a float op no chain takes: plain dequantize, softmax, quantize_dequantize
+            sq = 1 / 256
+            y = qdq(bb.emit(R.nn.softmax(yd, axis=1)), sq, 0 if qdt == "uint8" else -128)
+            step = sq + so  # the anchor's one-step difference moves a softmax value by less than it
         elif tail == "add":  # add of two 8-bit tensors of one shape
             y, step = qdq(bb.emit(R.add(yd, yd)), 2 * so), 2 * so
         else:  # chain (drawn first: reaches the four kernels): tanh post-op, 8-bit add, tanh table,
-            t = qdq(bb.emit(R.tanh(yd)), 1 / 64, 0)  # float32 subtract between Q/DQ steps
+            t = qdq(bb.emit(R.tanh(yd)), 1 / 64, 0)  # float32 subtract between Q/DQ steps, softmax
             g = qdq(bb.emit(R.add(t, t)), 1 / 32, 0)
             u = qdq(bb.emit(R.tanh(g)), 1 / 64, 0)
             y = qdq(bb.emit(R.subtract(u, t)), 1 / 32, 0)
             dt = 1 / 64 + skipped
             step = (2 * dt + 1 / 32 + 1 / 64) + dt + 1 / 32
+            # then a float op no chain takes (plain dequantize, softmax, a lone quantize_dequantize):
+            # a softmax moves by less than its input's difference, plus its own rounding
+            y = qdq(bb.emit(R.nn.softmax(y, axis=1)), 1 / 256, 0 if qdt == "uint8" else -128)
+            step += 1 / 256
         recipe.quant_step = max(recipe.quant_step, step)
         return y
 

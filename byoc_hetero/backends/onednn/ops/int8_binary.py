@@ -15,6 +15,8 @@ quantization, 16-bit types, an activation on the binary, a dequantized operand t
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..table import graph_pass
 from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, _sole_reader, drop_dead_nodes
 
@@ -43,6 +45,36 @@ def _operand(graph, t: int, producers) -> tuple[int, tuple[float, int]] | None:
     return dq.inputs[0], params
 
 
+def _elementwise(node) -> bool:
+    """Whether ``node`` is a float32 element-wise op :func:`.qdq_chain.fuse_elementwise_chains` joins."""
+    from .qdq_chain import BINARY_OPS, UNARY_OPS
+
+    return node is not None and ((node.op == "binary" and node.attrs.get("algorithm") in BINARY_OPS)
+                                 or (node.op == "unary" and node.attrs.get("algorithm") in UNARY_OPS))
+
+
+def _inside_float_chain(graph, q, operands, producers) -> bool:
+    """Whether the binary (same-shape operands) is better one link of a chain (:mod:`.qdq_chain`): an operand quantized on
+    the host from a float32 value, an output only dequantized (to float32 readers), or dequantized
+    into another float element-wise op (GELU's ``x * cdf(x)``). The chain pass makes such a run one
+    node (one pass over the data instead of three or four); a binary between int8 layers (a
+    squeeze-excitation gate, a residual add of two convs read by a conv) stays this pass's."""
+    (a, _), (b, _) = operands
+    if graph.tensors[a]["shape"] != graph.tensors[b]["shape"] and \
+            int(np.prod(graph.tensors[b]["shape"], dtype=np.int64)) != 1:
+        return False  # a broadcast (a per-channel gate) ends a chain: only this pass fuses it
+    if any(producers.get(t) is not None and producers[t].op == "quantize" for t, _ in operands):
+        return True  # a host quantize of a float32 value: the chain takes it in the same pass
+
+    def reading(t: int) -> list:
+        return [n for n in graph.nodes if t in n.inputs]
+
+    readers = reading(q.output)
+    only_float = bool(readers) and all(r.op == "dequantize" for r in readers) and q.output not in graph.outputs
+    return only_float or any(dq.op == "dequantize" and any(_elementwise(r) for r in reading(dq.output))
+                             for dq in readers)
+
+
 def _fuse(graph, q, producers, readers) -> bool:
     """Make ``quantize(binary(dequantize(a), dequantize(b)))`` one quantized_binary; whether it did."""
     out = _per_tensor(graph, q, "quantize")
@@ -52,7 +84,7 @@ def _fuse(graph, q, producers, readers) -> bool:
             binary.attrs.get("activation", "none") != "none" or _sole_reader(graph, binary.output, readers) is not q:
         return False
     operands = [_operand(graph, t, producers) for t in binary.inputs]
-    if None in operands:
+    if None in operands or _inside_float_chain(graph, q, operands, producers):
         return False
     (a, qa), (b, qb) = operands
     if graph.tensors[a]["shape"] != graph.tensors[q.output]["shape"]:
@@ -73,7 +105,8 @@ def fuse_int8_binaries(graph) -> None:
     it). Why: MobileNetV3-L's and EfficientNet-B0's squeeze-excitation multiplies were each two
     dequantize steps, a float32 binary and a quantize step (bench/INT8.md, session 3). Runs after
     :func:`fuse_int8_activations`, which leaves the gates 8-bit, and before
-    :func:`fuse_quantize_dequantize`, which would take the quantize."""
+    :func:`fuse_quantize_dequantize`, which would take the quantize; a binary inside a run of float
+    element-wise ops is left to :func:`.qdq_chain.fuse_elementwise_chains` (one node for the run)."""
     changed = False
     for q in [n for n in graph.nodes if n.op == "quantize"]:
         changed |= _fuse(graph, q, graph.producers(), graph.readers())
