@@ -39,7 +39,7 @@ def test_pipeline_order_is_pinned():
         "onnx:ranges_from_dims", "onnx:resolve_shape_tensors", "onnx:bound_assumed_slices", "onnx:bool_arith", "onnx:checked_take",
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
-        "fold_weight_subgraphs", "drop_proven_index_checks", "drop_zero_pads",
+        "fold_weight_subgraphs", "drop_proven_index_checks", "fold_negative_indices", "drop_zero_pads",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
@@ -345,4 +345,43 @@ def test_drop_proven_index_checks(shift, dropped):
         np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x[:, [1, 2, 3]])
     else:
         with pytest.raises(Exception, match="index 4"):
+            vm["main"](tvm.runtime.tensor(x))
+
+
+def _take_of_negative_form(shift: int) -> tvm.IRModule:
+    """TVM's ONNX Gather form on computed indices: ``take(x, where(i < 0, i + 4, i), axis=1)`` with
+    ``i = [-1, 0, 2] + shift`` on x of shape (2, 4)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            raw = bb.emit(relax.op.add(relax.const(np.array([-1, 0, 2], "int64"), "int64"),
+                                       relax.const(shift, "int64")))
+            ids = bb.emit(relax.op.where(bb.emit(relax.op.less(raw, relax.const(0, "int64"))),
+                                         bb.emit(relax.op.add(raw, relax.const(4, "int64"))), raw))
+            gv = bb.emit_output(bb.emit(relax.op.take(x, ids, axis=1)))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shift,dropped", [(0, True), (1, True), (-4, False)])
+def test_fold_negative_indices(shift, dropped):
+    """The check and the negative-index arithmetic between it and the take go once folding makes the
+    indices constants in [-n, n) (shift 0: [-1, 0, 2] reads columns [3, 0, 2]); out of range (shift -4:
+    -5 of 4 columns) the check stays and fires, naming the index the model wrote."""
+    mod = passes.checked_take(_take_of_negative_form(shift))
+    assert _checks(mod) == 1
+    folded = passes.drop_proven_index_checks(passes.fold_int_constants(mod))
+    assert _checks(folded) == 1  # the normalisation hides the constant from drop_proven_index_checks
+    out = passes.fold_negative_indices(folded)
+    assert _checks(out) == (0 if dropped else 1)
+    if dropped:
+        assert _ops(out) == ["relax.take"]  # less, add and where went with the check
+    x = np.arange(8, dtype="float32").reshape(2, 4)
+    vm = relax.VirtualMachine(relax.build(out, target="llvm"), tvm.cpu())
+    if dropped:
+        want = x[:, (np.array([-1, 0, 2]) + shift) % 4]
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), want)
+    else:
+        with pytest.raises(Exception, match="index -5"):
             vm["main"](tvm.runtime.tensor(x))

@@ -48,6 +48,7 @@ from .drop_zero_pads import drop_zero_pads
 from .dynamic_quantize_linear import dynamic_quantize_linear
 from .explicit_same_pads import explicit_same_pads
 from .fold_int_constants import fold_int_constants
+from .fold_negative_indices import fold_negative_indices
 from .fold_weight_subgraphs import fold_weight_subgraphs
 from .fold_zero_pads import fold_zero_pads
 from .gather_before_dequantize import gather_before_dequantize
@@ -154,6 +155,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
     # after the folding, which turns computed indices (Swin's windows) into constants
     Pass("drop_proven_index_checks", "relax", _relax(drop_proven_index_checks)),
+    # the same for the ONNX importer's Gather form, where(i < 0, i + n, i) between check and take
+    Pass("fold_negative_indices", "relax", _relax(fold_negative_indices)),
     Pass("drop_zero_pads", "relax", _relax(drop_zero_pads)),
 )
 """Run by ``bh.partition`` after binding the weights, before the four stages."""
@@ -203,7 +206,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
-    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "gather_before_dequantize",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]
