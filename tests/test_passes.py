@@ -40,6 +40,7 @@ def test_pipeline_order_is_pinned():
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
         "fold_weight_subgraphs", "drop_proven_index_checks", "fold_negative_indices", "drop_zero_pads",
+        "compose_permutes",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
@@ -385,3 +386,26 @@ def test_fold_negative_indices(shift, dropped):
     else:
         with pytest.raises(Exception, match="index -5"):
             vm["main"](tvm.runtime.tensor(x))
+
+
+def test_compose_permutes():
+    """torch's sdpa output chain (three permutes, the first two undoing each other) is one permute;
+    a chain that composes to the identity is its input; the results equal the original's on llvm."""
+    x = relax.Var("x", relax.TensorType([1, 3, 4, 5], "float32"))
+
+    def body(bb, x):
+        a = bb.emit(relax.op.permute_dims(x, [2, 0, 1, 3]))
+        b = bb.emit(relax.op.permute_dims(a, [1, 2, 0, 3]))
+        c = bb.emit(relax.op.permute_dims(b, [0, 2, 1, 3]))
+        back = bb.emit(relax.op.permute_dims(bb.emit(relax.op.permute_dims(x, [3, 2, 1, 0])), None))
+        return bb.emit(relax.op.add(relax.op.reshape(c, [1, 3, 4, 5]), back))
+
+    mod = _module([x], body)
+    out = passes.compose_permutes(mod)
+    permutes = [c for c in op_calls(out["main"]) if op_name(c) == "relax.permute_dims"]
+    assert [list(map(int, c.attrs.axes)) for c in permutes] == [[0, 2, 1, 3]]
+    data = np.random.default_rng(0).standard_normal((1, 3, 4, 5)).astype("float32")
+    want = data.transpose(0, 2, 1, 3).reshape(1, 3, 4, 5) + data
+    for m in (mod, out):
+        vm = relax.VirtualMachine(relax.build(m, target="llvm"), tvm.cpu())
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(data)).numpy(), want, rtol=0, atol=0)
