@@ -40,7 +40,7 @@ def test_pipeline_order_is_pinned():
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
         "fold_weight_subgraphs", "drop_proven_index_checks", "fold_negative_indices", "drop_zero_pads",
-        "compose_permutes",
+        "compose_permutes", "matmul_repeated_heads",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
@@ -409,3 +409,45 @@ def test_compose_permutes():
     for m in (mod, out):
         vm = relax.VirtualMachine(relax.build(m, target="llvm"), tvm.cpu())
         np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(data)).numpy(), want, rtol=0, atol=0)
+
+
+def _repeat_kv_attention(seq) -> tvm.IRModule:
+    """q [1, 6, S, 8] against k, v [1, 2, S, 8] repeated 3 times as transformers' repeat_kv writes
+    it (expand_dims, broadcast_to, reshape), k transposed and scaled after the repetition."""
+    q = relax.Var("q", relax.TensorType([1, 6, seq, 8], "float32"))
+    k = relax.Var("k", relax.TensorType([1, 2, seq, 8], "float32"))
+    v = relax.Var("v", relax.TensorType([1, 2, seq, 8], "float32"))
+
+    def repeat(bb, t):
+        t5 = bb.emit(relax.op.expand_dims(t, 2))
+        full = bb.emit(relax.op.broadcast_to(t5, relax.ShapeExpr([1, 2, 3, seq, 8])))
+        return bb.emit(relax.op.reshape(full, relax.ShapeExpr([1, 6, seq, 8])))
+
+    def body(bb, q, k, v):
+        kt = bb.emit(relax.op.permute_dims(repeat(bb, k), [0, 1, 3, 2]))
+        kt = bb.emit(relax.op.multiply(kt, relax.const(0.5, "float32")))
+        scores = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(q, kt))))
+        return bb.emit(relax.op.matmul(scores, repeat(bb, v)))
+
+    return _module([q, k, v], body)
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_matmul_repeated_heads(symbolic):
+    """Both attention matmuls read the 2 K / V heads once (broadcast along the group axis of a 5-D
+    matmul), the transpose and scale move before the repetition, no broadcast_to is left; the
+    results equal the original module's on llvm (at two lengths of a symbolic S)."""
+    seq = tvm.tirx.Var("S", "int64") if symbolic else 5
+    mod = _repeat_kv_attention(seq)
+    out = passes.matmul_repeated_heads(mod)
+    ops = _ops(out)
+    assert "relax.broadcast_to" not in ops, out["main"]
+    matmuls = [c for c in op_calls(out["main"]) if op_name(c) == "relax.matmul"]
+    assert [int(c.args[1].ty.shape.values[2]) for c in matmuls] == [1, 1]  # K / V heads not repeated
+    rng = np.random.default_rng(0)
+    before = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    after = relax.VirtualMachine(relax.build(out, target="llvm"), tvm.cpu())
+    for length in ((4, 9) if symbolic else (5,)):
+        args = [rng.standard_normal(s).astype("float32") for s in ((1, 6, length, 8), (1, 2, length, 8), (1, 2, length, 8))]
+        want = before["main"](*map(tvm.runtime.tensor, args)).numpy()
+        np.testing.assert_allclose(after["main"](*map(tvm.runtime.tensor, args)).numpy(), want, rtol=1e-6, atol=1e-6)

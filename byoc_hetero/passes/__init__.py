@@ -56,6 +56,7 @@ from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
 from .matmul_integer_qdq import matmul_integer_qdq
+from .matmul_repeated_heads import matmul_repeated_heads
 from .merge_composite_functions import merge_composite_functions
 from .nonempty_dims import nonempty_dims
 from .ranges_from_dims import ranges_from_dims
@@ -161,6 +162,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("drop_zero_pads", "relax", _relax(drop_zero_pads)),
     # torch's sdpa output: three permutes in a row, two of them undoing each other
     Pass("compose_permutes", "relax", _relax(compose_permutes)),
+    # grouped-query attention's repeat_kv: the matmuls broadcast the K / V heads instead of a copy
+    Pass("matmul_repeated_heads", "relax", _relax(matmul_repeated_heads)),
 )
 """Run by ``bh.partition`` after binding the weights, before the four stages."""
 
@@ -210,6 +213,6 @@ __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "compose_permutes",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
-    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
+    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]
