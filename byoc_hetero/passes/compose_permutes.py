@@ -19,8 +19,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .._relax import bound_values, entry_functions
-from ._ir import map_calls
+from ._ir import map_entry_calls
 
 __all__ = ["compose_permutes"]
 
@@ -58,14 +57,4 @@ def _composed(call: relax.Call, lookup) -> relax.Expr | None:
 def compose_permutes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each chain of ``permute_dims`` in its entry functions composed into one (see the
     module docstring); ``mod`` itself when there is none."""
-    out = None
-    for name in entry_functions(mod):
-        func = mod[name]
-        values = bound_values(func)
-        new = map_calls(func, lambda _var, call: _composed(call, values.get))
-        if not new.same_as(func):
-            out = out if out is not None else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-            out[name] = new
-    if out is None:
-        return mod
-    return relax.transform.DeadCodeElimination(entry_functions(out))(out)
+    return map_entry_calls(mod, lambda _var, call, lookup: _composed(call, lookup))

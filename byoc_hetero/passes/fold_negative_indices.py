@@ -22,8 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._relax import bound_values, entry_functions
-from ._ir import map_calls
+from ._ir import indices_in_range, map_entry_calls
 from .checked_take import CHECK_PRIMFUNC, _constant
 
 __all__ = ["fold_negative_indices"]
@@ -75,31 +74,13 @@ def _folded_take(call: relax.Call, lookup) -> relax.Expr | None:
     range of its static axis, else None."""
     if not _op(call, "take"):
         return None
-    table, ids = call.args
-    values = _normalised(ids, lookup)
-    shape = getattr(table.ty, "shape", None)
-    if values is None or not isinstance(shape, relax.ShapeExpr):
+    values = _normalised(call.args[1], lookup)
+    if values is None or not indices_in_range(values, call):
         return None
-    axis = 0 if call.attrs.axis is None else int(call.attrs.axis)
-    length = shape.values[axis % len(shape.values)]
-    if not isinstance(length, tvm.tirx.IntImm):
-        return None
-    if values.size and (values.min() < 0 or values.max() >= int(length)):
-        return None
-    return relax.op.take(table, relax.const(values, str(values.dtype)), call.attrs.axis, mode="fast")
+    return relax.op.take(call.args[0], relax.const(values, str(values.dtype)), call.attrs.axis, mode="fast")
 
 
 def fold_negative_indices(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each ``take`` of normalised constant in-range indices reading them as a constant
     (``mod`` itself when there is none); the checks and arithmetic nobody reads then go."""
-    out = None
-    for name in entry_functions(mod):
-        func = mod[name]
-        values = bound_values(func)
-        new = map_calls(func, lambda _var, call: _folded_take(call, values.get))
-        if not new.same_as(func):
-            out = out if out is not None else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-            out[name] = new
-    if out is None:
-        return mod
-    return relax.transform.DeadCodeElimination(entry_functions(out))(out)
+    return map_entry_calls(mod, lambda _var, call, lookup: _folded_take(call, lookup))
