@@ -264,7 +264,9 @@ def test_isnan_guarded_softmax_is_one_node_with_onnxruntimes_values(poison):
 # ----------------------------------------------------------------------------------------------
 def test_llama_decoder_with_dynamic_sequence_serves_several_lengths_from_one_build():
     """Dim("S", max=2048): one partition and one build run S = 7, 128 and 512 within 1e-4 of torch,
-    as one region (the mask / position bookkeeping on llvm before it)."""
+    as one region (the mask / position bookkeeping on llvm before it). In the region, with S symbolic,
+    GQA's K / V are read by the matmuls without a copy and the causal mask is the scores matmul's
+    post-op (its [1, 1, S, S] read as [1, 1, 1, S, S] against the 5-D scores)."""
     pytest.importorskip("transformers")
     from zoo_models import _token_ids, smollm_135m
 
@@ -274,6 +276,10 @@ def test_llama_decoder_with_dynamic_sequence_serves_several_lengths_from_one_bui
     part = bh.partition(mod, params)
     report = bh.report(part)
     assert len(report.regions) == 1, report
+    nodes = [n for n, _ in _region_nodes(part)]
+    assert "broadcast_to" not in [n["op"] for n in nodes]
+    masks = [n.get("attrs", {}).get("has_mask", 0) for n in nodes if n["op"] == "matmul"]
+    assert masks == [1, 0] * 2, masks  # 2 layers: scores with the mask, then @ V
     import tvm
     from tvm import relax
 
