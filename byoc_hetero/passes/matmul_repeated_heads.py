@@ -86,7 +86,8 @@ class _Rewrite(PyExprMutator):
         if out is None or full is None or xs is None or len(xs) != len(full) or len(full) < 4 or len(out) < 3:
             return None
         g = len(full) - 3
-        if not (_equal(xs[g], 1) and not _equal(full[g], 1) and _same_dims(xs[:g] + xs[g + 1:], full[:g] + full[g + 1:])):
+        repeats_one_axis = _same_dims(xs[:g] + xs[g + 1:], full[:g] + full[g + 1:])
+        if not (_equal(xs[g], 1) and not _equal(full[g], 1) and repeats_one_axis):
             return None
         if not (_same_dims(out[-2:], full[-2:]) and _equal(out[-3], full[g - 1] * full[g])
                 and _equal(_product(out[:-3]), _product(full[:g - 1]))):
