@@ -168,7 +168,8 @@ class GroupedQueryAttention(torch.nn.Module):
 
 @pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
 def test_grouped_query_attention_is_one_region(path, tmp_path):
-    """repeat_kv's broadcast is a broadcast_to node (one copy) and the default exporter's
+    """repeat_kv's broadcast is read by the attention matmuls (pass matmul_repeated_heads: no copy,
+    the K / V heads broadcast as a batch dim of the matmul) and the default exporter's
     where(isnan(softmax), 0, softmax) one softmax node: nothing of the attention left on llvm."""
     torch.manual_seed(0)
     model = GroupedQueryAttention().eval()
@@ -185,7 +186,26 @@ def test_grouped_query_attention_is_one_region(path, tmp_path):
     report = bh.report(part)
     assert len(report.regions) == 1, report
     assert not {"broadcast_to", "isnan", "where", "nn.softmax"} & set(_ops_left(part)), report
+    nodes = _region_nodes(part)
+    assert "broadcast_to" not in [n["op"] for n, _ in nodes], "repeat_kv is still a copy step"
+    # both attention matmuls: query heads as [B, kv, groups, S, *], K / V as [B, kv, 1, *, *]
+    matmuls = [shapes for n, shapes in nodes if n["op"] == "matmul"]
+    assert len(matmuls) == 2 and all(s[0][:3] == [1, 2, 3] for s in matmuls), matmuls
+    assert all((n.get("attrs", {}).get("b_shape") or s[1])[:3] == [1, 2, 1]
+               for (n, s) in nodes if n["op"] == "matmul"), matmuls
     assert _rel(_run(part, x.numpy()), want) <= TOLERANCE
+
+
+def _region_nodes(part) -> list[tuple[dict, list[list[int]]]]:
+    """Each node of the partition's regions with its inputs' shapes (the region document)."""
+    import json
+
+    out = []
+    for m in part.attrs["external_mods"]:
+        graph = json.loads(str(m["get_graph_json"]()))
+        shapes = [t["shape"] for t in graph["tensors"]]
+        out += [(n, [shapes[i] for i in n["inputs"]]) for n in graph["nodes"]]
+    return out
 
 
 def _isnan_softmax_onnx():
@@ -244,7 +264,9 @@ def test_isnan_guarded_softmax_is_one_node_with_onnxruntimes_values(poison):
 # ----------------------------------------------------------------------------------------------
 def test_llama_decoder_with_dynamic_sequence_serves_several_lengths_from_one_build():
     """Dim("S", max=2048): one partition and one build run S = 7, 128 and 512 within 1e-4 of torch,
-    as one region (the mask / position bookkeeping on llvm before it)."""
+    as one region (the mask / position bookkeeping on llvm before it). In the region, with S symbolic,
+    GQA's K / V are read by the matmuls without a copy and the causal mask is the scores matmul's
+    post-op (its [1, 1, S, S] read as [1, 1, 1, S, S] against the 5-D scores)."""
     pytest.importorskip("transformers")
     from zoo_models import _token_ids, smollm_135m
 
@@ -254,6 +276,10 @@ def test_llama_decoder_with_dynamic_sequence_serves_several_lengths_from_one_bui
     part = bh.partition(mod, params)
     report = bh.report(part)
     assert len(report.regions) == 1, report
+    nodes = [n for n, _ in _region_nodes(part)]
+    assert "broadcast_to" not in [n["op"] for n in nodes]
+    masks = [n.get("attrs", {}).get("has_mask", 0) for n in nodes if n["op"] == "matmul"]
+    assert masks == [1, 0] * 2, masks  # 2 layers: scores with the mask, then @ V
     import tvm
     from tvm import relax
 

@@ -39,7 +39,8 @@ def test_pipeline_order_is_pinned():
         "onnx:ranges_from_dims", "onnx:resolve_shape_tensors", "onnx:bound_assumed_slices", "onnx:bool_arith", "onnx:checked_take",
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "fold_int_constants",
-        "fold_weight_subgraphs", "drop_proven_index_checks", "drop_zero_pads",
+        "fold_weight_subgraphs", "drop_proven_index_checks", "fold_negative_indices", "drop_zero_pads",
+        "compose_permutes", "matmul_repeated_heads",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
@@ -394,3 +395,107 @@ def test_host_code_anchor_only_where_nothing_else_makes_host_code():
     part = bh.partition(mod, params)
     assert host_code_anchor(part) is part  # already anchored: added once
     assert [gv.name_hint for gv in part.get_global_vars()].count(ANCHOR) == 1
+
+
+def _take_of_negative_form(shift: int) -> tvm.IRModule:
+    """TVM's ONNX Gather form on computed indices: ``take(x, where(i < 0, i + 4, i), axis=1)`` with
+    ``i = [-1, 0, 2] + shift`` on x of shape (2, 4)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            raw = bb.emit(relax.op.add(relax.const(np.array([-1, 0, 2], "int64"), "int64"),
+                                       relax.const(shift, "int64")))
+            ids = bb.emit(relax.op.where(bb.emit(relax.op.less(raw, relax.const(0, "int64"))),
+                                         bb.emit(relax.op.add(raw, relax.const(4, "int64"))), raw))
+            gv = bb.emit_output(bb.emit(relax.op.take(x, ids, axis=1)))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shift,dropped", [(0, True), (1, True), (-4, False)])
+def test_fold_negative_indices(shift, dropped):
+    """The check and the negative-index arithmetic between it and the take go once folding makes the
+    indices constants in [-n, n) (shift 0: [-1, 0, 2] reads columns [3, 0, 2]); out of range (shift -4:
+    -5 of 4 columns) the check stays and fires, naming the index the model wrote."""
+    mod = passes.checked_take(_take_of_negative_form(shift))
+    assert _checks(mod) == 1
+    folded = passes.drop_proven_index_checks(passes.fold_int_constants(mod))
+    assert _checks(folded) == 1  # the normalisation hides the constant from drop_proven_index_checks
+    out = passes.fold_negative_indices(folded)
+    assert _checks(out) == (0 if dropped else 1)
+    if dropped:
+        assert _ops(out) == ["relax.take"]  # less, add and where went with the check
+    x = np.arange(8, dtype="float32").reshape(2, 4)
+    vm = relax.VirtualMachine(relax.build(out, target="llvm"), tvm.cpu())
+    if dropped:
+        want = x[:, (np.array([-1, 0, 2]) + shift) % 4]
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), want)
+    else:
+        with pytest.raises(Exception, match="index -5"):
+            vm["main"](tvm.runtime.tensor(x))
+
+
+def test_compose_permutes():
+    """torch's sdpa output chain (three permutes, the first two undoing each other) is one permute;
+    a chain that composes to the identity is its input; the results equal the original's on llvm."""
+    x = relax.Var("x", relax.TensorType([1, 3, 4, 5], "float32"))
+
+    def body(bb, x):
+        a = bb.emit(relax.op.permute_dims(x, [2, 0, 1, 3]))
+        b = bb.emit(relax.op.permute_dims(a, [1, 2, 0, 3]))
+        c = bb.emit(relax.op.permute_dims(b, [0, 2, 1, 3]))
+        back = bb.emit(relax.op.permute_dims(bb.emit(relax.op.permute_dims(x, [3, 2, 1, 0])), None))
+        return bb.emit(relax.op.add(relax.op.reshape(c, [1, 3, 4, 5]), back))
+
+    mod = _module([x], body)
+    out = passes.compose_permutes(mod)
+    permutes = [c for c in op_calls(out["main"]) if op_name(c) == "relax.permute_dims"]
+    assert [list(map(int, c.attrs.axes)) for c in permutes] == [[0, 2, 1, 3]]
+    data = np.random.default_rng(0).standard_normal((1, 3, 4, 5)).astype("float32")
+    want = data.transpose(0, 2, 1, 3).reshape(1, 3, 4, 5) + data
+    for m in (mod, out):
+        vm = relax.VirtualMachine(relax.build(m, target="llvm"), tvm.cpu())
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(data)).numpy(), want, rtol=0, atol=0)
+
+
+def _repeat_kv_attention(seq) -> tvm.IRModule:
+    """q [1, 6, S, 8] against k, v [1, 2, S, 8] repeated 3 times as transformers' repeat_kv writes
+    it (expand_dims, broadcast_to, reshape), k transposed and scaled after the repetition."""
+    q = relax.Var("q", relax.TensorType([1, 6, seq, 8], "float32"))
+    k = relax.Var("k", relax.TensorType([1, 2, seq, 8], "float32"))
+    v = relax.Var("v", relax.TensorType([1, 2, seq, 8], "float32"))
+
+    def repeat(bb, t):
+        t5 = bb.emit(relax.op.expand_dims(t, 2))
+        full = bb.emit(relax.op.broadcast_to(t5, relax.ShapeExpr([1, 2, 3, seq, 8])))
+        return bb.emit(relax.op.reshape(full, relax.ShapeExpr([1, 6, seq, 8])))
+
+    def body(bb, q, k, v):
+        kt = bb.emit(relax.op.permute_dims(repeat(bb, k), [0, 1, 3, 2]))
+        kt = bb.emit(relax.op.multiply(kt, relax.const(0.5, "float32")))
+        scores = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(q, kt))))
+        return bb.emit(relax.op.matmul(scores, repeat(bb, v)))
+
+    return _module([q, k, v], body)
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_matmul_repeated_heads(symbolic):
+    """Both attention matmuls read the 2 K / V heads once (broadcast along the group axis of a 5-D
+    matmul), the transpose and scale move before the repetition, no broadcast_to is left; the
+    results equal the original module's on llvm (at two lengths of a symbolic S)."""
+    seq = tvm.tirx.Var("S", "int64") if symbolic else 5
+    mod = _repeat_kv_attention(seq)
+    out = passes.matmul_repeated_heads(mod)
+    ops = _ops(out)
+    assert "relax.broadcast_to" not in ops, out["main"]
+    matmuls = [c for c in op_calls(out["main"]) if op_name(c) == "relax.matmul"]
+    assert [int(c.args[1].ty.shape.values[2]) for c in matmuls] == [1, 1]  # K / V heads not repeated
+    rng = np.random.default_rng(0)
+    before = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    after = relax.VirtualMachine(relax.build(out, target="llvm"), tvm.cpu())
+    for length in ((4, 9) if symbolic else (5,)):
+        args = [rng.standard_normal(s).astype("float32") for s in ((1, 6, length, 8), (1, 2, length, 8), (1, 2, length, 8))]
+        want = before["main"](*map(tvm.runtime.tensor, args)).numpy()
+        np.testing.assert_allclose(after["main"](*map(tvm.runtime.tensor, args)).numpy(), want, rtol=1e-6, atol=1e-6)

@@ -36,11 +36,10 @@ BF16_PATHS = ("from_torch", "from_onnx")
 #: one region through every import path (issue 25: the mask / position bookkeeping may stay on llvm)
 ONE_REGION = ("bert_base", "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
               "deeplabv3_mobilenet_v3", "densenet121")
-#: models whose default-exporter (dynamo) file is checked here; Swin and the segmentation models are
-#: checked through TorchScript's file and torch.export only (Swin's dynamo file is 2 regions: the
-#: checked_take of its window indices stays on llvm)
+#: models whose default-exporter (dynamo) file is checked here: every zoo model
 DYNAMO_CHECKED = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
-                  "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder")
+                  "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
+                  "deeplabv3_mobilenet_v3", "densenet121")
 # TVM's importer rejects these TorchScript exports as they are; from_onnx constant-folds them with
 # ONNX Runtime first (EfficientNet: Pad's pads from a Cast/Reshape chain; BERT: the mask's broadcast).
 NEEDS_FOLDING = ("efficientnet_b0", "bert_base")

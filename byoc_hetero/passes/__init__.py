@@ -40,6 +40,7 @@ from .bool_arith import bool_arith
 from .bound_assumed_slices import bound_assumed_slices
 from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
+from .compose_permutes import compose_permutes
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_needless_broadcasts import drop_needless_broadcasts
 from .drop_identity_expands import drop_identity_expands
@@ -48,12 +49,14 @@ from .drop_zero_pads import drop_zero_pads
 from .dynamic_quantize_linear import dynamic_quantize_linear
 from .explicit_same_pads import explicit_same_pads
 from .fold_int_constants import fold_int_constants
+from .fold_negative_indices import fold_negative_indices
 from .fold_weight_subgraphs import fold_weight_subgraphs
 from .fold_zero_pads import fold_zero_pads
 from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
 from .matmul_integer_qdq import matmul_integer_qdq
+from .matmul_repeated_heads import matmul_repeated_heads
 from .merge_composite_functions import merge_composite_functions
 from .nonempty_dims import nonempty_dims
 from .ranges_from_dims import ranges_from_dims
@@ -154,7 +157,13 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
     # after the folding, which turns computed indices (Swin's windows) into constants
     Pass("drop_proven_index_checks", "relax", _relax(drop_proven_index_checks)),
+    # the same for the ONNX importer's Gather form, where(i < 0, i + n, i) between check and take
+    Pass("fold_negative_indices", "relax", _relax(fold_negative_indices)),
     Pass("drop_zero_pads", "relax", _relax(drop_zero_pads)),
+    # torch's sdpa output: three permutes in a row, two of them undoing each other
+    Pass("compose_permutes", "relax", _relax(compose_permutes)),
+    # grouped-query attention's repeat_kv: the matmuls broadcast the K / V heads instead of a copy
+    Pass("matmul_repeated_heads", "relax", _relax(matmul_repeated_heads)),
 )
 """Run by ``bh.partition`` after binding the weights, before the four stages."""
 
@@ -202,8 +211,8 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments",
-    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "gather_before_dequantize",
-    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "merge_composite_functions", "pipeline",
+    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "compose_permutes",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
+    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import tvm
 from tvm import relax
 
 
@@ -48,3 +50,35 @@ def map_call_args(func: relax.Function, change) -> relax.Function:
         return relax.Call(value.op, args, value.attrs, value.ty_args, ret_ty=value.ty)
 
     return map_calls(func, call)
+
+
+def map_entry_calls(mod: tvm.IRModule, change) -> tvm.IRModule:
+    """:func:`map_calls` over each entry function of ``mod``, ``change(var, call, lookup)`` given
+    ``lookup`` (variable -> its bound value in that function); dead code removed after (the values
+    the changed calls no longer read). ``mod`` itself when nothing changed."""
+    from .._relax import bound_values, entry_functions
+
+    out = None
+    for name in entry_functions(mod):
+        func = mod[name]
+        values = bound_values(func)
+        new = map_calls(func, lambda var, call, get=values.get: change(var, call, get))
+        if not new.same_as(func):
+            out = out if out is not None else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+            out[name] = new
+    if out is None:
+        return mod
+    return relax.transform.DeadCodeElimination(entry_functions(out))(out)
+
+
+def indices_in_range(values: np.ndarray, take: relax.Call) -> bool:
+    """Whether constant indices ``values`` all lie in ``[0, n)`` of the static axis ``take`` reads."""
+    table = take.args[0]
+    shape = getattr(table.ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr):
+        return False
+    axis = 0 if take.attrs.axis is None else int(take.attrs.axis)
+    length = shape.values[axis % len(shape.values)]
+    if not isinstance(length, tvm.tirx.IntImm):
+        return False
+    return not values.size or bool(values.min() >= 0 and values.max() < int(length))

@@ -17,8 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .._relax import bound_values, entry_functions
-from ._ir import map_calls
+from ._ir import indices_in_range, map_entry_calls
 from .checked_take import CHECK_PRIMFUNC, _constant
 
 __all__ = ["drop_proven_index_checks"]
@@ -29,7 +28,7 @@ def _proven_indices(take: relax.Call, lookup) -> relax.Expr | None:
     its static axis, else None."""
     if not (isinstance(take, relax.Call) and getattr(take.op, "name", None) == "relax.take"):
         return None
-    table, checked = take.args
+    checked = take.args[1]
     check = lookup(checked) if isinstance(checked, relax.Var) else None
     if not (isinstance(check, relax.Call) and getattr(check.op, "name", None) == "relax.call_tir"
             and check.args[0].name_hint.startswith(CHECK_PRIMFUNC)):
@@ -38,14 +37,7 @@ def _proven_indices(take: relax.Call, lookup) -> relax.Expr | None:
     bound = lookup(ids) if isinstance(ids, relax.Var) else None
     ids = ids if bound is None else bound
     values = _constant(ids)
-    shape = getattr(table.ty, "shape", None)
-    if values is None or not isinstance(shape, relax.ShapeExpr):
-        return None
-    axis = 0 if take.attrs.axis is None else int(take.attrs.axis)
-    length = shape.values[axis % len(shape.values)]
-    if not isinstance(length, tvm.tirx.IntImm):
-        return None
-    if values.size and (values.min() < 0 or values.max() >= int(length)):
+    if values is None or not indices_in_range(values, take):
         return None
     return ids
 
@@ -53,19 +45,8 @@ def _proven_indices(take: relax.Call, lookup) -> relax.Expr | None:
 def drop_proven_index_checks(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each index check of constant, in-range indices replaced by those indices
     (``mod`` itself when there is none)."""
-    out = None
-    for name in entry_functions(mod):
-        func = mod[name]
-        values = bound_values(func)
+    def change(_var, call, lookup):
+        ids = _proven_indices(call, lookup)
+        return None if ids is None else relax.op.take(call.args[0], ids, call.attrs.axis, mode="fast")
 
-        def change(_var, call):
-            ids = _proven_indices(call, values.get)
-            return None if ids is None else relax.op.take(call.args[0], ids, call.attrs.axis, mode="fast")
-
-        new = map_calls(func, change)
-        if not new.same_as(func):
-            out = out if out is not None else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-            out[name] = new
-    if out is None:
-        return mod
-    return relax.transform.DeadCodeElimination(entry_functions(out))(out)  # the checks nobody reads
+    return map_entry_calls(mod, change)  # the checks nobody reads go with the dead code

@@ -68,6 +68,13 @@ def _reshaped(graph: RegionGraph, t: int, shape: list, before: Node) -> int:
     return out
 
 
+def _leading_ones(frame: list, shape: list) -> bool:
+    """Whether ``frame`` is ``shape`` with leading 1s added (a view of it whatever its symbolic dims:
+    the mask of a GQA matmul, [1, 1, S, S] read as [1, 1, 1, S, S])."""
+    lead = len(frame) - len(shape)
+    return lead >= 0 and list(frame[lead:]) == list(shape) and all(d == 1 for d in frame[:lead])
+
+
 def _static(*shapes: list) -> bool:
     return all(isinstance(d, int) for s in shapes for d in s)
 
@@ -113,7 +120,8 @@ def _fuse_one(graph: RegionGraph, node: Node) -> bool:
                 graph.tensors[anchor.output]["shape"] = list(chain_shape)
                 anchor_shape = list(chain_shape)
             frame = in_anchor_frame(other_shape, chain_shape, anchor_shape)
-            if frame is None or (frame != other_shape and not _static(frame, other_shape)):
+            if frame is None or (frame != other_shape and not _static(frame, other_shape)
+                                 and not _leading_ones(frame, other_shape)):
                 continue
             if any(d != 1 for d in frame[:-2]):
                 # a mask that differs per batch / head (e.g. [1, H, 1, S]) is a broadcast oneDNN 3.2
