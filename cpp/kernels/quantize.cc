@@ -290,6 +290,46 @@ void RoundTripSpan(const float* x, float* y, int64_t n, float scale, int32_t zer
   }
 }
 
+DynamicQParams DynamicUInt8Params(const float* x, int64_t n) {
+  // one vectorized pass (selects only: a comparison with NaN is false, so NaN never wins)
+  float lo = 0.f, hi = 0.f;  // min(min(x), 0) and max(max(x), 0) directly
+  for (int64_t i = 0; i < n; ++i) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+  }
+  DynamicQParams q;
+  const float range = hi - lo;
+  q.scale = range == 0.f ? 1.f : range / 255.f;  // float32 arithmetic, as ONNX Runtime's and the import's
+  const float zero = std::nearbyint(0.f - lo / q.scale);  // default rounding mode: half to even
+  // -lo / scale is in [0, 255] up to float error, which the rounding takes back; inf / inf is NaN -> 0
+  q.zero = std::isfinite(zero) ? static_cast<int32_t>(std::min(255.f, std::max(0.f, zero))) : 0;
+  return q;
+}
+
+/*!
+ * \brief dynamic_quantize_dequantize: ONNX's DynamicQuantizeLinear followed by the DequantizeLinear
+ *        of its own outputs (ops/qdq_dynamic.py), float32 in and out: the uint8 scale and zero point
+ *        of the whole tensor computed per call (DynamicUInt8Params), then the round trip in one pass.
+ *        Where an int8 dense reads it, fuse_dynamic_int8_sources folds it into the dense instead.
+ */
+static std::unique_ptr<Kernel> BuildDynamicQuantizeDequantize(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  attrs.CheckNoUnknown();
+  ctx.ExpectInputCount(1, "data");
+  if (ctx.input(0).dtype != DType::kFloat32 || ctx.output().dtype != DType::kFloat32) {
+    ctx.Fail("data and output must be float32");
+  }
+  ctx.ExpectOutputShape(ctx.input(0).shape);
+  const int64_t n = ctx.input(0).numel();
+  HostFn fn = [n](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    const DynamicQParams q = DynamicUInt8Params(x, n);
+    RoundTripSpan(x, static_cast<float*>(p[1]), n, q.scale, q.zero, DType::kUInt8);
+  };
+  return std::make_unique<HostKernel>(ctx.where(), "dynamic_quantize_dequantize", std::move(fn), PlainInputs(ctx),
+                                      PlainDescOf(ctx.output()));
+}
+
 static std::unique_ptr<Kernel> BuildQuantize(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const DType q = ctx.output().dtype;
@@ -355,5 +395,6 @@ static KernelTraits QuantizedTraits() {
 BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, QuantizedTraits());
 BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, QuantizedTraits());
 BYOC_HETERO_REGISTER_KERNEL("quantize_dequantize", BuildQuantizeDequantize, QuantizedTraits());
+BYOC_HETERO_REGISTER_KERNEL("dynamic_quantize_dequantize", BuildDynamicQuantizeDequantize);
 
 }  // namespace byoc_hetero
