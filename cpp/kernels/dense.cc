@@ -23,7 +23,10 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
   const auto& w_shape = ctx.input(1).shape;
-  const Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
+  Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
+  // a float32 residual of a dynamic-source dense (BERT's attention output + its input) is summed
+  // into the float32 output as it is: sum scale 1, no zero point
+  if (int8.dynamic_src && !int8.int8_dst && epilogue.residual) int8.residual = true;
   attrs.CheckNoUnknown();
 
   ctx.ExpectInputCount(2 + has_bias + epilogue.residual,

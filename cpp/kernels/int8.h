@@ -73,8 +73,8 @@ void RoundTripSpan(const float* x, float* y, int64_t n, float scale, int32_t zer
 
 /*! \brief The uint8 scale and zero point ONNX's DynamicQuantizeLinear computes for n floats:
  *         lo = min(min(x), 0), hi = max(max(x), 0), scale = (hi - lo) / 255 (1 when hi == lo),
- *         zero = round_half_even(-lo / scale).  NaN elements take no part in the min / max (they
- *         quantize to the zero point); an infinite element gives an infinite scale and zero point 0. */
+ *         zero = round_half_even(-lo / scale).  Any NaN element: scale NaN (what is dequantized with it
+ *         is NaN); an infinite element gives an infinite scale and zero point 0. */
 struct DynamicQParams {
   float scale = 1.f;
   int32_t zero = 0;

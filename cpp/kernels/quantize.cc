@@ -291,13 +291,23 @@ void RoundTripSpan(const float* x, float* y, int64_t n, float scale, int32_t zer
 }
 
 DynamicQParams DynamicUInt8Params(const float* x, int64_t n) {
-  // one vectorized pass (selects only: a comparison with NaN is false, so NaN never wins)
+  // one vectorized pass (selects only: a comparison with NaN is false, so NaN never wins the min / max;
+  // it is counted instead)
   float lo = 0.f, hi = 0.f;  // min(min(x), 0) and max(max(x), 0) directly
+  int32_t nan = 0;
   for (int64_t i = 0; i < n; ++i) {
     lo = x[i] < lo ? x[i] : lo;
     hi = x[i] > hi ? x[i] : hi;
+    nan |= x[i] != x[i];
   }
   DynamicQParams q;
+  if (nan) {
+    // ONNX leaves DynamicQuantizeLinear of NaN undefined (ONNX Runtime and TVM's llvm code give
+    // different finite numbers): a NaN scale makes every value dequantized with it NaN, never a
+    // finite number that looks right
+    q.scale = std::numeric_limits<float>::quiet_NaN();
+    return q;
+  }
   const float range = hi - lo;
   q.scale = range == 0.f ? 1.f : range / 255.f;  // float32 arithmetic, as ONNX Runtime's and the import's
   const float zero = std::nearbyint(0.f - lo / q.scale);  // default rounding mode: half to even
