@@ -29,8 +29,8 @@ from .._relax import bound_values, entry_functions, op_name, updated
 
 DQL_CONSTANTS = {"zero_span": 0.0, "qmax": 255.0, "one": 1.0, "zero_lo": 0.0, "zero_zp": 0.0, "mask": 255}
 """The constants of the import's DynamicQuantizeLinear computation, by the names
-:func:`dynamic_round_trip` gives them (``mask`` is the int32 ``& 255`` of TVM's uint8 cast); each name is used once, so that a pattern
-has one constant pattern per occurrence."""
+:func:`dynamic_round_trip` gives them (``mask`` is the int32 ``& 255`` of TVM's uint8 cast); each
+name is used once, so that a pattern has one constant pattern per occurrence."""
 
 
 def dynamic_round_trip(x: Any, call: Callable[..., Any], const: Callable[[str], Any]) -> Any:
@@ -68,14 +68,22 @@ def relax_round_trip(x: relax.Expr) -> relax.Expr:
     return dynamic_round_trip(x, lambda op, *args: _RELAX_OPS[op](*args), _relax_const)
 
 
-def _inline(expr: relax.Expr, values: Mapping[relax.Var, Any], stop: relax.Expr) -> relax.Expr:
-    """``expr`` with each bound variable replaced by its (inlined) value, up to ``stop``."""
-    if expr.same_as(stop):
+_MAX_DEPTH = 24
+"""Calls deeper than the round trip's own (17: dequantize, quantize, ..., min, x) are not inlined:
+a run-time scale computed otherwise (a long chain, a DAG that would be walked once per path) is told
+apart without walking it."""
+
+
+def _inline(expr: relax.Expr, values: Mapping[relax.Var, Any], stop: relax.Expr, depth: int = 0) -> relax.Expr:
+    """``expr`` with each bound variable replaced by its (inlined) value, up to ``stop`` and
+    :data:`_MAX_DEPTH` calls deep."""
+    if expr.same_as(stop) or depth > _MAX_DEPTH:
         return expr
     if isinstance(expr, relax.Var) and isinstance(values.get(expr), relax.Call):
-        return _inline(values[expr], values, stop)
+        return _inline(values[expr], values, stop, depth)
     if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_inline(a, values, stop) for a in expr.args], expr.attrs, expr.ty_args)
+        args = [_inline(a, values, stop, depth + 1) for a in expr.args]
+        return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
     return expr
 
 

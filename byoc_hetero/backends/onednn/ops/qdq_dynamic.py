@@ -92,7 +92,8 @@ def _out_channels(graph, node) -> tuple[int, int]:
 def fuse_dynamic_int8_sources(graph) -> None:
     """``dynamic_quantize_dequantize(x) -> dense (weight dequantize(int8 constant, zero points 0))``
     becomes one int8 dense reading ``x`` with attr ``src_dynamic = 1`` (weight scales as for a static
-    anchor, float32 output; a float32 residual the dense already took stays its sum post-op): the dense quantizes ``x`` per call and runs u8 x s8. A round trip read by
+    anchor, float32 output; a float32 residual the dense already took stays its sum post-op): the
+    dense quantizes ``x`` per call and runs u8 x s8. A round trip read by
     anything else stays a node of its own. Why: without it the matmuls of a ``quantize_dynamic``
     transformer run float32 on dequantized weights (92% of a BERT region's time, bench/INT8.md)."""
     ops = _dynamic_source_ops()
