@@ -156,3 +156,24 @@ def test_a_two_layer_bert_is_one_region_with_int8_dense_layers(tmp_path):
     # norms rescale it by up to 1/std: measured max 2e-6 here, bound well above ORT-vs-llvm's own
     llvm = run(build(bh.bind_params(mod, params)), [x])
     assert np.abs(got - want).max() <= max(2 * np.abs(llvm - want).max(), 1e-4 * np.abs(want).max())
+
+
+def test_uint8_weights_keep_a_float32_dense_after_the_round_trip(tmp_path):
+    # weight_type=QUInt8: weight zero points != 0, which oneDNN 3.2's int8 matmul lacks: the dense
+    # stays float32 on dequantized weights, reading the round trip's float32 output (one
+    # dynamic_quantize_dequantize node), still one region and ONNX Runtime's numbers
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(32, 24).eval()
+    torch.onnx.export(net, (torch.randn(4, 32),), str(tmp_path / "f.onnx"), input_names=["x"], output_names=["y"],
+                      dynamo=False, opset_version=17)
+    quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QUInt8)
+    part = bh.partition(*bh.from_onnx(tmp_path / "q.onnx"))
+    assert "llvm" not in bh.op_profile(part).counts
+    ops = [n["op"] for n in _region_nodes(part)]
+    assert "dynamic_quantize_dequantize" in ops and "dense" in ops
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    want = _ort(tmp_path / "q.onnx", [x])
+    # the same 8-bit products, summed in float32 instead of int32
+    assert np.abs(run(build(part), [x]) - want).max() <= 1e-5 * np.abs(want).max()
