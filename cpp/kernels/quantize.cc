@@ -153,6 +153,28 @@ bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2");
   return have;
 }
+
+/*! \brief min / max / any-NaN of x[0, i) for the largest i that is a multiple of 8 (DynamicUInt8Params):
+ *         _mm256_min_ps(a, b) is exactly a < b ? a : b, so a NaN never wins, as in the scalar loop. */
+__attribute__((target("avx2"))) int64_t MinMaxAvx2(const float* x, int64_t n, float* lo, float* hi, int32_t* nan) {
+  __m256 vlo = _mm256_set1_ps(*lo), vhi = _mm256_set1_ps(*hi), vnan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    vlo = _mm256_min_ps(v, vlo);
+    vhi = _mm256_max_ps(v, vhi);
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float l[8], h[8];
+  _mm256_store_ps(l, vlo);
+  _mm256_store_ps(h, vhi);
+  for (int k = 0; k < 8; ++k) {
+    *lo = l[k] < *lo ? l[k] : *lo;
+    *hi = h[k] > *hi ? h[k] : *hi;
+  }
+  *nan |= _mm256_movemask_ps(vnan) != 0;
+  return i;
+}
 #endif
 
 /*! \brief y[0, n) = quantize(x[0, n)) with one scale and zero point: AVX2 where the CPU has it. */
@@ -295,7 +317,11 @@ DynamicQParams DynamicUInt8Params(const float* x, int64_t n) {
   // it is counted instead)
   float lo = 0.f, hi = 0.f;  // min(min(x), 0) and max(max(x), 0) directly
   int32_t nan = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t start = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) start = MinMaxAvx2(x, n, &lo, &hi, &nan);
+#endif
+  for (int64_t i = start; i < n; ++i) {
     lo = x[i] < lo ? x[i] : lo;
     hi = x[i] > hi ? x[i] : hi;
     nan |= x[i] != x[i];
