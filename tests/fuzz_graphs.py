@@ -51,7 +51,7 @@ KINDS = CNN_KINDS + (
 )
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
-INT8_KINDS = ("int8", "int8_chain")
+INT8_KINDS = ("int8", "int8_chain", "int8_dynamic")
 INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax")
 """What may follow a fuzzed int8 anchor (fuzz_graphs int8_tail)."""
 KINDS = KINDS + INT8_KINDS
@@ -839,6 +839,8 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             return int8_step()
         elif kind == "int8_chain":
             return int8_chain_step()
+        elif kind == "int8_dynamic":
+            return int8_dynamic_step()
         else:
             raise ValueError(f"unknown kind {kind!r}")
         return True
@@ -943,6 +945,29 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         keep(yd)
         recipe.steps.append(f"int8({qdt}, x {sx}/{zx}, out={out}, per_channel={per_channel}, bias={bias}, "
                             f"relu={relu}, y {so}/{zo}, {'conv' if len(shape) == 4 else 'dense'}, then {tail})")
+        return True
+
+    def int8_dynamic_step() -> bool:
+        """DynamicQuantizeLinear's round trip of a value as the import writes it (the scale and
+        zero point computed from its min / max, passes/dynamic_quantize_per_reader.py), alone (the
+        runtime's dynamic_quantize_dequantize node) or read by a dense with int8 weights (the dense
+        quantizes its source per call, attr src_dynamic): same float32 steps as llvm's, int32 sums."""
+        from byoc_hetero.passes.dynamic_quantize_per_reader import _RELAX_OPS, _relax_const, dynamic_round_trip
+
+        src = pick(lambda s: len(s) >= 2)
+        if src is None:
+            return False
+        y = dynamic_round_trip(src, lambda op, *args: bb.emit(_RELAX_OPS[op](*args)), _relax_const)
+        dense = draw(st.booleans())
+        if dense:
+            out = draw(st.integers(1, 12))
+            wq = rng.integers(-127, 128, (_shape(src)[-1], out)).astype("int8")
+            wd = bb.emit(R.dequantize(relax.const(wq), relax.const(np.float32(0.01)), relax.const(np.int8(0)),
+                                      axis=1, out_dtype=F32))
+            y = bb.emit(R.matmul(y, wd))
+        used.add(src)
+        keep(y)
+        recipe.steps.append(f"int8_dynamic({list(_shape(src))}, dense={dense})")
         return True
 
     def int8_chain_step() -> bool:

@@ -242,6 +242,22 @@ def test_int8_offloaded_equals_llvm_within_one_step(case):
         assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
 @settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(max_ops=0, kinds=("int8_dynamic",)))
+def test_int8_dynamic_offloaded_equals_llvm(case):
+    """DynamicQuantizeLinear's round trip, alone or read by an int8 dense: the runtime computes the
+    scale and zero point with llvm's float32 steps and sums the 8-bit products in int32 (exact), so
+    only the float32 scaling of the sums and llvm's float32 sums differ (1e-5 relative)."""
+    mod, inputs, recipe = case
+    part = bh.partition(mod, require_heavy_op=False)
+    nodes = [n for m in part.attrs.get("external_mods", []) for n in region_graph_json(m)["nodes"]]
+    assert any(n["op"] == "dynamic_quantize_dequantize" or n["attrs"].get("src_dynamic") for n in nodes), recipe
+    got, want = run_all(build(part), inputs), run_all(build(mod), inputs)
+    for g, w in zip(got, want):
+        assert np.max(np.abs(g - w)) <= 1e-5 * max(1.0, np.max(np.abs(w))), (np.max(np.abs(g - w)), recipe)
+
+
+@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=graphs(max_ops=0, kinds=("int8_chain",)))
 def test_int8_chain_offloaded_equals_llvm_within_its_steps(case):
     """Element-wise ops between random quantize / dequantize round trips: the runtime runs them as

@@ -83,7 +83,7 @@ def test_quantize_dynamic_model_is_offloaded_and_matches_onnxruntime(dynamic_mod
     mod, params = bh.from_onnx(dynamic_model)
     part = bh.partition(mod, params)
     profile = bh.op_profile(part)
-    assert profile.counts["llvm"]["matmul"] == 0, profile  # no int32 matmul left on llvm
+    assert profile.counts.get("llvm", {}).get("matmul", 0) == 0, profile  # no int32 matmul left on llvm
     assert profile.counts["byoc_hetero"]["matmul"] >= types.count("MatMulInteger"), profile
     ex_part, ex_llvm = build(part), build(bh.bind_params(mod, params))
     for seed in range(2):
@@ -92,7 +92,8 @@ def test_quantize_dynamic_model_is_offloaded_and_matches_onnxruntime(dynamic_mod
         scale = np.abs(want).max()
         # TVM's int32 matmul on llvm: ONNX Runtime's numbers up to float rounding of the rest
         assert np.abs(run(ex_llvm, [x]) - want).max() <= 1e-5 * scale
-        # the QDQ form: float32 accumulation of the same products
+        # int8 dense layers quantizing their source per call (test_int8_dynamic.py); what is left
+        # (attention matmuls, softmax) in the QDQ form: float32 accumulation of the same products
         assert np.abs(run(ex_part, [x]) - want).max() <= 1e-4 * scale
 
 

@@ -57,6 +57,7 @@ from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
 from .matmul_integer_qdq import matmul_integer_qdq
 from .matmul_repeated_heads import matmul_repeated_heads
+from .dynamic_quantize_per_reader import dynamic_quantize_per_reader
 from .merge_composite_functions import merge_composite_functions
 from .nonempty_dims import nonempty_dims
 from .ranges_from_dims import ranges_from_dims
@@ -152,6 +153,7 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     # before the folding, which would turn the int8 weight's int32 casts into constants that no
     # longer show the int8 weight
     Pass("matmul_integer_qdq", "relax", _relax(matmul_integer_qdq)),
+    Pass("dynamic_quantize_per_reader", "relax", _relax(dynamic_quantize_per_reader)),
     Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
     # weight-only subgraphs (wav2vec2's weight norm) become constants once the weights are bound
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
@@ -212,7 +214,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "compose_permutes",
-    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]

@@ -23,7 +23,10 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
   const auto& w_shape = ctx.input(1).shape;
-  const Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
+  Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
+  // a float32 residual of a dynamic-source dense (BERT's attention output + its input) is summed
+  // into the float32 output as it is: sum scale 1, no zero point
+  if (int8.dynamic_src && !int8.int8_dst && epilogue.residual) int8.residual = true;
   attrs.CheckNoUnknown();
 
   ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
@@ -60,7 +63,8 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   if (int8.enabled) {
     // int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N)
     if (epilogue.residual != int8.residual) ctx.Fail("an int8 residual needs attrs residual = 1 and sum_scale");
-    const memory::data_type src_t = DnnlType(ctx.input(0).dtype), dst_t = DnnlType(ctx.output().dtype);
+    const memory::data_type src_t = int8.dynamic_src ? memory::data_type::u8 : DnnlType(ctx.input(0).dtype);
+    const memory::data_type dst_t = DnnlType(ctx.output().dtype);
     const dnnl::primitive_attr attr = MakeInt8Attr(ctx, epilogue, int8, 1 << 1);
     dnnl::matmul::primitive_desc pd(ctx.engine, WithType(PlainDesc(src_dims), src_t), AnyDesc(wei_dims, memory::data_type::s8),
                                     has_bias ? PlainDesc(bias_dims) : memory::desc(),
@@ -96,6 +100,7 @@ static KernelTraits DenseTraits() {
   KernelTraits traits;
   traits.bf16_input = [](const NodeInfo&, size_t k) { return k <= 1 ? Bf16Read::kRounds : Bf16Read::kF32; };
   traits.accepts_int8 = true;  // u8/s8 data x s8 weights (int8.cc)
+  traits.dynamic_int8_source = true;  // float32 data quantized per call (attr src_dynamic, int8.cc)
   return traits;
 }
 

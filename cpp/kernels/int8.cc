@@ -71,6 +71,7 @@ class Int8AnchorKernel : public Kernel {
     const auto f32 = memory::data_type::f32, s32 = memory::data_type::s32;
     temps_ = {memory::desc({1}, f32, {1}), memory::desc({static_cast<int64_t>(q_.wei_scales.size())}, f32, {1}),
               memory::desc({1}, f32, {1}), memory::desc({1}, s32, {1}), memory::desc({1}, s32, {1})};
+    if (q_.dynamic_src) temps_.push_back(pd_.src_desc(0));  // the source quantized per call (plain u8)
   }
 
   std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
@@ -80,22 +81,36 @@ class Int8AnchorKernel : public Kernel {
     fill.op = op_;
     for (size_t k = 0; k < temps.size(); ++k) fill.args.emplace_back(static_cast<int>(k), temps[k]);
     const Int8Params q = q_;
-    fill.host = [q](const std::vector<void*>& p) {
-      *static_cast<float*>(p[0]) = q.src_scale;
+    const int64_t n = q_.dynamic_src ? static_cast<int64_t>(inputs[0].md.get_size() / sizeof(float)) : 0;
+    if (q_.dynamic_src) {
+      fill.label = label_ + " (dynamic quantize)";
+      fill.args.emplace_back(static_cast<int>(temps.size()), inputs[0]);
+    }
+    fill.host = [q, n](const std::vector<void*>& p) {
+      float src_scale = q.src_scale;
+      int32_t src_zp = q.src_zp;
+      if (q.dynamic_src) {  // p[5]: the u8 source the primitive reads, p[6]: the float32 data
+        const float* x = static_cast<const float*>(p[6]);
+        const DynamicQParams d = DynamicUInt8Params(x, n);
+        QuantizeSpan(x, p[5], n, d.scale, d.zero, DType::kUInt8);
+        src_scale = d.scale;
+        src_zp = d.zero;
+      }
+      *static_cast<float*>(p[0]) = src_scale;
       std::memcpy(p[1], q.wei_scales.data(), q.wei_scales.size() * sizeof(float));
       *static_cast<float*>(p[2]) = q.dst_scale;
-      *static_cast<int32_t*>(p[3]) = q.src_zp;
+      *static_cast<int32_t*>(p[3]) = src_zp;
       *static_cast<int32_t*>(p[4]) = q.dst_zp;
     };
     Step run;
     run.pd = pd_;
     run.label = label_;
     run.op = op_;
-    run.args = {{DNNL_ARG_SRC, inputs[0]}, {DNNL_ARG_WEIGHTS, inputs[1]}, {DNNL_ARG_DST, output},
+    run.args = {{DNNL_ARG_SRC, q_.dynamic_src ? temps[5] : inputs[0]}, {DNNL_ARG_WEIGHTS, inputs[1]}, {DNNL_ARG_DST, output},
                 {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, temps[0]}, {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, temps[1]}};
     if (has_bias_) run.args.emplace_back(DNNL_ARG_BIAS, inputs[2]);
     if (q_.int8_dst) run.args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, temps[2]);
-    if (q_.src_zp != 0) run.args.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, temps[3]);
+    if (q_.src_zp != 0 || q_.dynamic_src) run.args.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, temps[3]);
     if (q_.int8_dst && q_.dst_zp != 0) run.args.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, temps[4]);
     std::vector<Step> steps;
     steps.push_back(std::move(fill));
@@ -122,8 +137,13 @@ class Int8AnchorKernel : public Kernel {
 Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t out_channels) {
   Int8Params q;
   const DType data = ctx.input(0).dtype;
-  q.enabled = IsInt8(data);
-  const bool has_attrs = attrs.Has("src_scale");
+  q.dynamic_src = attrs.Flag("src_dynamic", false);
+  if (q.dynamic_src && data != DType::kFloat32) {
+    attrs.Fail("src_dynamic", std::string("a source quantized per call must be float32, got ") + DTypeName(data));
+  }
+  if (q.dynamic_src && attrs.Has("src_scale")) attrs.Fail("src_scale", "given with src_dynamic = 1 (computed per call)");
+  q.enabled = IsInt8(data) || q.dynamic_src;
+  const bool has_attrs = attrs.Has("src_scale") || q.dynamic_src;
   if (!q.enabled) {
     if (has_attrs) attrs.Fail("src_scale", "int8 attrs on a node whose data is " + std::string(DTypeName(data)));
     return q;
@@ -132,8 +152,10 @@ Int8Params ReadInt8Params(const KernelContext& ctx, AttrReader& attrs, int64_t o
   if (ctx.input(1).dtype != DType::kInt8) {
     ctx.Fail(std::string("an int8 anchor needs int8 weights, got ") + DTypeName(ctx.input(1).dtype));
   }
-  q.src_scale = CheckedScale(attrs, "src_scale", attrs.Float("src_scale", 1.0));
-  q.src_zp = CheckedZeroPoint(attrs, "src_zero_point", attrs.Int("src_zero_point", 0), data);
+  if (!q.dynamic_src) {
+    q.src_scale = CheckedScale(attrs, "src_scale", attrs.Float("src_scale", 1.0));
+    q.src_zp = CheckedZeroPoint(attrs, "src_zero_point", attrs.Int("src_zero_point", 0), data);
+  }
   // one scale per output channel (the codegen repeats a per-tensor scale)
   const std::vector<double> scales = attrs.Floats("weight_scales", static_cast<size_t>(out_channels), {});
   if (scales.empty()) attrs.Fail("weight_scales", "required: " + std::to_string(out_channels) + " scales");
@@ -182,7 +204,7 @@ dnnl::primitive_attr MakeInt8Attr(const KernelContext& ctx, const Epilogue& e, c
   attr->set_scales_mask(DNNL_ARG_SRC, 0);
   attr->set_scales_mask(DNNL_ARG_WEIGHTS, wei_mask);
   if (q.int8_dst) attr->set_scales_mask(DNNL_ARG_DST, 0);
-  if (q.src_zp != 0) attr->set_zero_points_mask(DNNL_ARG_SRC, 0);
+  if (q.src_zp != 0 || q.dynamic_src) attr->set_zero_points_mask(DNNL_ARG_SRC, 0);  // dynamic: known per call
   if (q.int8_dst && q.dst_zp != 0) attr->set_zero_points_mask(DNNL_ARG_DST, 0);
   return made;
 }
@@ -192,7 +214,10 @@ std::unique_ptr<Kernel> MakeInt8AnchorKernel(const KernelContext& ctx, const cha
                                              const memory::desc& bias_view, const memory::desc& dst_view,
                                              const Int8Params& q) {
   const bool has_bias = !bias_view.is_zero();
-  std::vector<OperandLayout> inputs{{src_view, pd.src_desc(0)}, {wei_view, pd.weights_desc(0)}};
+  // a dynamic source is read as the float32 it is; the host step writes the u8 copy the primitive reads
+  const memory::desc f32_src = WithType(src_view, memory::data_type::f32);
+  std::vector<OperandLayout> inputs{q.dynamic_src ? OperandLayout{f32_src, f32_src} : OperandLayout{src_view, pd.src_desc(0)},
+                                    {wei_view, pd.weights_desc(0)}};
   if (has_bias) inputs.push_back({bias_view, pd.weights_desc(1)});
   OperandLayout output{dst_view, pd.dst_desc(0)};
   if (q.residual) {

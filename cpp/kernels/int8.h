@@ -25,7 +25,9 @@ namespace byoc_hetero {
 /*! \brief The quantization of an int8 anchor (attrs src_scale, src_zero_point, weight_scales,
  *         dst_scale, dst_zero_point). */
 struct Int8Params {
-  bool enabled = false;        // data is uint8/int8: the node runs int8
+  bool enabled = false;        // data is uint8/int8 (or src_dynamic): the node runs int8
+  bool dynamic_src = false;    // float32 data quantized per call to uint8 (ONNX DynamicQuantizeLinear):
+                               // src_scale / src_zp computed from the data by a host step before the primitive
   float src_scale = 1.f;
   int32_t src_zp = 0;
   std::vector<float> wei_scales;  // one per output channel
@@ -109,6 +111,16 @@ std::unique_ptr<Kernel> MakeInt8AnchorKernel(const KernelContext& ctx, const cha
 void QuantizeSpan(const float* x, void* y, int64_t n, float scale, int32_t zero, DType q);
 void DequantizeSpan(const void* x, float* y, int64_t n, float scale, int32_t zero, DType q);
 void RoundTripSpan(const float* x, float* y, int64_t n, float scale, int32_t zero, DType q);
+
+/*! \brief The uint8 scale and zero point ONNX's DynamicQuantizeLinear computes for n floats:
+ *         lo = min(min(x), 0), hi = max(max(x), 0), scale = (hi - lo) / 255 (1 when hi == lo),
+ *         zero = round_half_even(-lo / scale).  Any NaN element: scale NaN (what is dequantized with it
+ *         is NaN); an infinite element gives an infinite scale and zero point 0. */
+struct DynamicQParams {
+  float scale = 1.f;
+  int32_t zero = 0;
+};
+DynamicQParams DynamicUInt8Params(const float* x, int64_t n);
 
 }  // namespace byoc_hetero
 

@@ -33,7 +33,8 @@
  *                       decides which values are stored bf16 (OutputOnlyFeedsBf16Convs);
  *   joins_inputs_along  the output is the inputs laid end to end along an axis (concat): their
  *                       producers may write into its buffer (plan/concat_in_place.h);
- *   accepts_int8        reads or writes quantized int8 / uint8 tensors (the int8 kernels).
+ *   accepts_int8        reads or writes quantized int8 / uint8 tensors (the int8 kernels);
+ *   dynamic_int8_source quantizes a float32 source per call (DynamicQuantizeLinear) itself.
  * An op registered without traits gets the conservative defaults (f32 inputs, no joining, no int8).
  *
  * Adding an op: one file cpp/kernels/<op>.cc holding its builder and the line
@@ -396,6 +397,12 @@ struct KernelTraits {
    *        kernel would read the bytes as another type.
    */
   bool accepts_int8 = false;
+  /*!
+   * \brief The int8 kernel can read a float32 source and quantize it per call to uint8 with the
+   *        scale and zero point of ONNX's DynamicQuantizeLinear (attr src_dynamic = 1, int8.h):
+   *        the region pass fuse_dynamic_int8_sources (ops/qdq_dynamic.py) asks it, not the op name.
+   */
+  bool dynamic_int8_source = false;
 
   /*! \brief bf16_input(node, k), or kF32 when not declared. */
   Bf16Read Bf16Input(const NodeInfo& node, size_t k) const {

@@ -137,6 +137,28 @@ bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2");
   return have;
 }
+
+/*! \brief min / max / any-NaN of x[0, i) for the largest i that is a multiple of 8 (DynamicUInt8Params):
+ *         _mm256_min_ps(a, b) is exactly a < b ? a : b, so a NaN never wins, as in the scalar loop. */
+__attribute__((target("avx2"))) int64_t MinMaxAvx2(const float* x, int64_t n, float* lo, float* hi, int32_t* nan) {
+  __m256 vlo = _mm256_set1_ps(*lo), vhi = _mm256_set1_ps(*hi), vnan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    vlo = _mm256_min_ps(v, vlo);
+    vhi = _mm256_max_ps(v, vhi);
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float l[8], h[8];
+  _mm256_store_ps(l, vlo);
+  _mm256_store_ps(h, vhi);
+  for (int k = 0; k < 8; ++k) {
+    *lo = l[k] < *lo ? l[k] : *lo;
+    *hi = h[k] > *hi ? h[k] : *hi;
+  }
+  *nan |= _mm256_movemask_ps(vnan) != 0;
+  return i;
+}
 #endif
 
 /*! \brief y[0, n) = quantize(x[0, n)) with one scale and zero point: AVX2 where the CPU has it. */
@@ -271,6 +293,60 @@ void RoundTripSpan(const float* x, float* y, int64_t n, float scale, int32_t zer
   }
 }
 
+DynamicQParams DynamicUInt8Params(const float* x, int64_t n) {
+  // one vectorized pass (selects only: a comparison with NaN is false, so NaN never wins the min / max;
+  // it is counted instead)
+  float lo = 0.f, hi = 0.f;  // min(min(x), 0) and max(max(x), 0) directly
+  int32_t nan = 0;
+  int64_t start = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) start = MinMaxAvx2(x, n, &lo, &hi, &nan);
+#endif
+  for (int64_t i = start; i < n; ++i) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+    nan |= x[i] != x[i];
+  }
+  DynamicQParams q;
+  if (nan) {
+    // ONNX leaves DynamicQuantizeLinear of NaN undefined (ONNX Runtime and TVM's llvm code give
+    // different finite numbers): a NaN scale makes every value dequantized with it NaN, never a
+    // finite number that looks right
+    q.scale = std::numeric_limits<float>::quiet_NaN();
+    return q;
+  }
+  const float range = hi - lo;
+  q.scale = range == 0.f ? 1.f : range / 255.f;  // float32 arithmetic, as ONNX Runtime's and the import's
+  const float zero = std::nearbyint(0.f - lo / q.scale);  // default rounding mode: half to even
+  // -lo / scale is in [0, 255] up to float error, which the rounding takes back; inf / inf is NaN -> 0
+  q.zero = std::isfinite(zero) ? static_cast<int32_t>(std::min(255.f, std::max(0.f, zero))) : 0;
+  return q;
+}
+
+/*!
+ * \brief dynamic_quantize_dequantize: ONNX's DynamicQuantizeLinear followed by the DequantizeLinear
+ *        of its own outputs (ops/qdq_dynamic.py), float32 in and out: the uint8 scale and zero point
+ *        of the whole tensor computed per call (DynamicUInt8Params), then the round trip in one pass.
+ *        Where an int8 dense reads it, fuse_dynamic_int8_sources folds it into the dense instead.
+ */
+static std::unique_ptr<Kernel> BuildDynamicQuantizeDequantize(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  attrs.CheckNoUnknown();
+  ctx.ExpectInputCount(1, "data");
+  if (ctx.input(0).dtype != DType::kFloat32 || ctx.output().dtype != DType::kFloat32) {
+    ctx.Fail("data and output must be float32");
+  }
+  ctx.ExpectOutputShape(ctx.input(0).shape);
+  const int64_t n = ctx.input(0).numel();
+  HostFn fn = [n](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    const DynamicQParams q = DynamicUInt8Params(x, n);
+    RoundTripSpan(x, static_cast<float*>(p[1]), n, q.scale, q.zero, DType::kUInt8);
+  };
+  return std::make_unique<HostKernel>(ctx.where(), "dynamic_quantize_dequantize", std::move(fn), PlainInputs(ctx),
+                                      PlainDescOf(ctx.output()));
+}
+
 static std::unique_ptr<Kernel> BuildQuantize(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const DType q = ctx.output().dtype;
@@ -331,5 +407,6 @@ static std::unique_ptr<Kernel> BuildQuantizeDequantize(const KernelContext& ctx)
 BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, Int8HostTraits());
 BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, Int8HostTraits());
 BYOC_HETERO_REGISTER_KERNEL("quantize_dequantize", BuildQuantizeDequantize, Int8HostTraits());
+BYOC_HETERO_REGISTER_KERNEL("dynamic_quantize_dequantize", BuildDynamicQuantizeDequantize);
 
 }  // namespace byoc_hetero

@@ -75,6 +75,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
+    "fuse_dynamic_int8_sources",   # ops/qdq_dynamic.py: a per-call quantization into the int8 dense reading it
     "fuse_int8_anchors",           # ops/qdq.py: dequantize -> conv / dense / pool -> quantize as int8 nodes
     "fuse_int8_activations",       # ops/int8_activation.py: activation between two quantizations as a post-op
     "fuse_int8_lookup_tables",     # ops/int8_lookup.py: an element-wise chain of one 8-bit tensor as a table
