@@ -26,6 +26,11 @@ import numpy as np
 from ..table import graph_pass
 from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, drop_dead_nodes
 
+QDQ_MEMBERS = ("dequantize", "quantize_dequantize", "quantize")
+"""Chain members that make a chain a quantized model's: a chain of float32 ops alone (a float model's
+GELU, a broadcast add) is left to the oneDNN binary / eltwise kernels and their post-op fusions,
+which the float32 benchmarks were measured with."""
+
 BINARY_OPS = ("add", "sub", "mul", "div")
 """The binary algorithms a chain computes (the ``binary`` node's ``algorithm``)."""
 
@@ -175,7 +180,8 @@ def fuse_elementwise_chains(graph) -> None:
     a last ``quantize``, ``binary`` add / sub / mul / div of same-shape, one-element constant or
     whole-repeating (:func:`repeats_over`) operands, ``unary`` erf) into one ``elementwise_chain`` node computing the same bits in one
     pass over the data (see the module docstring). Runs after :func:`.qdq.fuse_int8_anchors` and
-    :func:`.qdq.fuse_quantize_dequantize`, which take the Q/DQ nodes they can make int8 first."""
+    :func:`.qdq.fuse_quantize_dequantize`, which take the Q/DQ nodes they can make int8 first. Only
+    chains with a Q/DQ member (:data:`QDQ_MEMBERS`) are joined."""
     assigned: set[int] = set()
     chains = []
     scalars = scalar_constants(graph)
@@ -184,7 +190,8 @@ def fuse_elementwise_chains(graph) -> None:
             continue
         members = _grow(graph, node, assigned, scalars)
         assigned.update(id(n) for n in members)
-        if len(members) >= 2 and any(n.op not in ("dequantize", "quantize") for n in members):
+        quantized = any(n.op in QDQ_MEMBERS for n in members)  # float32-only chains keep oneDNN's kernels
+        if len(members) >= 2 and quantized and any(n.op not in ("dequantize", "quantize") for n in members):
             chains.append(members)
     for members in chains:
         inputs, attrs = _program(graph, members, scalars)
