@@ -39,14 +39,9 @@ def _op(expr, name: str) -> bool:
     return isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == f"relax.{name}"
 
 
-def _constant(expr) -> np.ndarray | None:
-    """The value of a Relax constant, else None."""
-    return constant_value(expr)
-
-
 def _static_in_range(ids: relax.Expr, table: relax.Expr, axis: int, negative: bool) -> bool:
     """Whether ``ids`` is a constant whose every index lies in range of a static axis length."""
-    values = _constant(ids)
+    values = constant_value(ids)
     if values is None:
         return False
     shape = getattr(table.ty, "shape", None)
@@ -79,7 +74,7 @@ class _CheckTakes(relax.PyExprMutator):
         if not (cond.args[0].same_as(raw) and adjusted.args[0].same_as(raw)):
             return None
         zero = cond.args[1]
-        value = _constant(zero)
+        value = constant_value(zero)
         if value is None or value.size != 1 or value.item() != 0:
             return None
         return raw, adjusted.args[1], zero

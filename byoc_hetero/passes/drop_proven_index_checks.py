@@ -18,7 +18,8 @@ import tvm
 from tvm import relax
 
 from ._ir import indices_in_range, map_entry_calls
-from .checked_take import CHECK_PRIMFUNC, _constant
+from .._relax import constant_value as _constant
+from .checked_take import CHECK_PRIMFUNC
 
 __all__ = ["drop_proven_index_checks"]
 

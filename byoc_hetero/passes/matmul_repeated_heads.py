@@ -28,8 +28,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .._relax import constant_value as _constant
 from .._relax import entry_functions
-from .checked_take import _constant
 
 __all__ = ["matmul_repeated_heads"]
 

@@ -23,8 +23,9 @@ from .._relax import constant_value, op_name
 
 def _value(expr: relax.Expr, params: Mapping[str, np.ndarray]) -> np.ndarray | None:
     """A batch norm operand as an array: a parameter's or a constant's; None otherwise."""
-    if constant_value(expr) is not None:
-        return constant_value(expr)
+    value = constant_value(expr)
+    if value is not None:
+        return value
     if isinstance(expr, relax.Var) and expr.name in params:
         return np.asarray(params[expr.name])
     return None
