@@ -49,7 +49,7 @@ def test_pipeline_order_is_pinned():
         "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads",
         "onednn:fuse_dynamic_int8_sources", "onednn:fuse_int8_anchors", "onednn:fuse_int8_activations",
         "onednn:fuse_int8_lookup_tables", "onednn:fuse_int8_binaries", "onednn:fuse_quantize_dequantize",
-        "onednn:fuse_elementwise_chains",
+        "onednn:reshape_8bit_values", "onednn:fuse_elementwise_chains",
         "onednn:apply_conv_algorithms",
         "onednn:apply_node_precisions",
         "insert_range_checks", "host_code_anchor",

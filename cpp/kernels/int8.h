@@ -15,6 +15,7 @@
 #ifndef BYOC_HETERO_KERNELS_INT8_H_
 #define BYOC_HETERO_KERNELS_INT8_H_
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -87,6 +88,13 @@ int64_t ParallelMinimum();
  *        convs' NHWC); a zero desc otherwise.
  */
 memory::desc DenseProducerLayout(const KernelContext& ctx, size_t k);
+
+/*!
+ * \brief y = table[x] over \p n elements of 8-bit \p in values into 8-bit \p out values
+ *        (kernels/lookup.cc's loop): \p bytes holds the output's bits for input value lo + k at k
+ *        (lo = 0 for uint8, -128 for int8).
+ */
+HostFn TableLookupFn(DType in, DType out, const std::array<uint8_t, 256>& bytes, int64_t n);
 
 /*! \brief The traits of a host kernel that reads or writes 8-bit tensors. */
 KernelTraits Int8HostTraits();

@@ -96,7 +96,21 @@ HostFn LookupFnFor(AttrReader& attrs, DType out, int64_t n) {
   return LookupFn<X, int8_t>(ReadTable<int8_t>(attrs), n);
 }
 
+template <typename X, typename Y>
+HostFn LookupFromBytes(const std::array<uint8_t, 256>& bytes, int64_t n) {
+  std::array<Y, 256> table{};
+  for (size_t k = 0; k < 256; ++k) table[k] = static_cast<Y>(bytes[k]);  // the output type's bits
+  return LookupFn<X, Y>(table, n);
+}
+
 }  // namespace
+
+HostFn TableLookupFn(DType in, DType out, const std::array<uint8_t, 256>& bytes, int64_t n) {
+  if (in == DType::kUInt8) {
+    return out == DType::kUInt8 ? LookupFromBytes<uint8_t, uint8_t>(bytes, n) : LookupFromBytes<uint8_t, int8_t>(bytes, n);
+  }
+  return out == DType::kUInt8 ? LookupFromBytes<int8_t, uint8_t>(bytes, n) : LookupFromBytes<int8_t, int8_t>(bytes, n);
+}
 
 static std::unique_ptr<Kernel> BuildLookup(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);

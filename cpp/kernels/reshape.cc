@@ -6,6 +6,7 @@
  * as the input.  No step runs: the planner gives the output the input's plain bytes (making a
  * plain copy first only if the input is held in a blocked layout).
  */
+#include "int8.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
@@ -20,6 +21,15 @@ static std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
              ShapeToString(ctx.output().shape) + " (" + std::to_string(ctx.output().numel()) +
              " elements)");
   }
+  if (IsInt8(ctx.input(0).dtype) || IsInt8(ctx.output().dtype)) {
+    // the 8-bit values of a per-tensor quantization (ops/qdq_reshape.py moves reshapes there): the
+    // same bytes, so input and output must agree on the dtype
+    if (ctx.input(0).dtype != ctx.output().dtype) {
+      ctx.Fail(std::string("input is ") + DTypeName(ctx.input(0).dtype) + " but output is " +
+               DTypeName(ctx.output().dtype) + "; a reshape keeps the dtype");
+    }
+    return std::make_unique<AliasKernel>(PlainDescOf(ctx.input(0)), PlainDescOf(ctx.output()));
+  }
   const auto& in = ctx.input(0).shape;
   const auto& out = ctx.output().shape;
   return std::make_unique<AliasKernel>(PlainDesc(memory::dims(in.begin(), in.end())),
@@ -30,6 +40,7 @@ static std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
 static KernelTraits ReshapeTraits() {
   KernelTraits traits;
   traits.bf16_input = Bf16ReadLikeOutput;
+  traits.accepts_int8 = true;  // the same bytes whatever their dtype
   return traits;
 }
 
