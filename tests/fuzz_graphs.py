@@ -52,7 +52,7 @@ KINDS = CNN_KINDS + (
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
 INT8_KINDS = ("int8", "int8_chain", "int8_dynamic")
-INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax")
+INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax", "table")
 """What may follow a fuzzed int8 anchor (fuzz_graphs int8_tail)."""
 KINDS = KINDS + INT8_KINDS
 
@@ -885,6 +885,20 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             sq = 1 / 256
             y = qdq(bb.emit(R.nn.softmax(yd, axis=1)), sq, 0 if qdt == "uint8" else -128)
             step = sq + so  # the anchor's one-step difference moves a softmax value by less than it
+        elif tail == "table":  # erf between two int8 dense layers behind reshapes, as a QDQ transformer's
+            # GELU between its 2-D dense layers: the reshapes move to the 8-bit values and the chain
+            # (dequantize, erf, quantize) becomes a 256-entry table (ops/qdq_reshape.py, elementwise_chain.cc)
+            rows, n = _shape(yd)[0], int(np.prod(_shape(yd)[1:]))
+            e = bb.emit(R.reshape(bb.emit(R.erf(bb.emit(R.reshape(yd, (1, rows, n))))), (rows, n)))
+            se = draw(st.sampled_from([1 / 128, 1 / 64]))
+            eq = bb.emit(R.quantize(e, qconst(se, F32), qconst(0, "int8"), axis=1, out_dtype="int8"))
+            ed = bb.emit(R.dequantize(eq, qconst(se, F32), qconst(0, "int8"), axis=1, out_dtype=F32))
+            w2 = rng.integers(-127, 128, (n, 4)).astype("int8")
+            wd2 = bb.emit(R.dequantize(relax.const(w2), qconst(0.01, F32), qconst(0, "int8"), axis=1, out_dtype=F32))
+            y = bb.emit(R.matmul(ed, wd2))
+            # the anchor's one step (and what its post-op skips) through erf (|erf'| <= 1.13), the erf's
+            # own rounding, then summed over the second dense's widest column
+            step = (1.13 * (so + skipped) + se) * 0.01 * float(np.abs(w2.astype(np.int64)).sum(0).max())
         elif tail == "add":  # add of two 8-bit tensors of one shape
             y, step = qdq(bb.emit(R.add(yd, yd)), 2 * so), 2 * so
         else:  # chain (drawn first: reaches the four kernels): tanh post-op, 8-bit add, tanh table,

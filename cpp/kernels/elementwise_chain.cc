@@ -130,12 +130,15 @@ void RunBlock(const std::vector<Instruction>& prog, const std::vector<void*>& p,
   }
 }
 
-/*! \brief The whole tensor of \p numel elements, in blocks; one OpenMP team only above 256K
- *         elements, as the host Q/DQ steps (quantize.cc says why). */
+/*! \brief The whole tensor of \p numel elements, in blocks; one OpenMP team only when the work
+ *         (elements x instructions) is at least twice the host Q/DQ steps' minimum (int8.cc says
+ *         why there is one): a chain instruction costs about what a quantize costs an element, so
+ *         an attention's scores chain ([12, 128, 128], 8 instructions, 0.47 ms on 1 thread) gets
+ *         the team that its 196K elements alone were refused. */
 void RunChain(const std::vector<Instruction>& prog, const std::vector<void*>& p, int64_t numel,
               const Instruction* q_out) {
   const int64_t blocks = (numel + kBlock - 1) / kBlock;
-#pragma omp parallel if (numel > (1 << 18))
+#pragma omp parallel if (numel * static_cast<int64_t>(prog.size()) >= 2 * ParallelMinimum())
   {
     std::vector<float> regs(prog.size() * kBlock);
     std::vector<const float*> vals(prog.size());
@@ -338,7 +341,8 @@ static std::unique_ptr<Kernel> BuildElementwiseChain(const KernelContext& ctx) {
   const memory::desc out_md(dims, DnnlType(out), strides);
   if (OneByteFunction(ctx, prog, q_out.get())) {
     HostFn fn = TableLookupFn(ctx.input(0).dtype, out, Tabulate(prog, ctx.input(0).dtype, *q_out), numel);
-    return std::make_unique<HostKernel>(ctx.where(), "elementwise_chain", std::move(fn), std::move(inputs), out_md);
+    return std::make_unique<HostKernel>(ctx.where() + " as a 256-entry table", "elementwise_chain", std::move(fn),
+                                        std::move(inputs), out_md);
   }
   std::shared_ptr<const Instruction> quantized(std::move(q_out));
   HostFn fn = [prog = std::move(prog), quantized, numel](const std::vector<void*>& p) {
