@@ -20,6 +20,7 @@ from tvm import relax
 import byoc_hetero as bh
 from byoc_hetero.backends.onednn.lowering import Node, RegionGraph
 from byoc_hetero.backends.onednn.ops.qdq_reshape import reshape_8bit_values
+from byoc_hetero.backends.onednn.ops.qdq_share import share_repeated_quantizations
 from byoc_hetero.timing import build, run
 from conftest import graph
 
@@ -154,6 +155,27 @@ def test_reshapes_stay_where_moving_them_would_change_a_value():
     g.outputs.append(8)
     reshape_8bit_values(g)
     assert [n.op for n in g.nodes][:2] == ["dequantize", "reshape"]
+
+
+def test_equal_quantizations_of_one_tensor_are_computed_once():
+    """Three quantize -> reshape pairs of one tensor with one scale (quantize_static's Q, K and V
+    inputs) become one pair read by the three readers; one with another zero point stays."""
+    g = RegionGraph("t")
+    g.tensors = [{"shape": [1, 4, 8], "dtype": "float32"}, {"shape": [], "dtype": "float32"},
+                 {"shape": [], "dtype": "uint8"}, {"shape": [], "dtype": "uint8"}]
+    g.inputs = [0]
+    for zero in (2, 2, 2, 3):
+        q = len(g.tensors)
+        g.tensors += [{"shape": [1, 4, 8], "dtype": "uint8"}, {"shape": [4, 8], "dtype": "uint8"},
+                      {"shape": [4, 8], "dtype": "float32"}]
+        g.nodes += [Node("quantize", [0, 1, zero], q, {"axis": 1}), Node("reshape", [q], q + 1, {}),
+                    Node("dequantize", [q + 1, 1, zero], q + 2, {"axis": 1})]
+        g.outputs.append(q + 2)
+    share_repeated_quantizations(g)
+    assert [n.op for n in g.nodes].count("quantize") == 2 and [n.op for n in g.nodes].count("reshape") == 2
+    assert len(g.nodes) == 8  # the region outputs' dequantizes keep their own nodes
+    readers = {n.output: n.inputs[0] for n in g.nodes if n.op == "dequantize"}
+    assert len({readers[t] for t in g.outputs[:3]}) == 1 and readers[g.outputs[3]] != readers[g.outputs[0]]
 
 
 def test_reshape_that_changes_the_dtype_is_refused_by_the_runtime():
