@@ -887,7 +887,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             step = sq + so  # the anchor's one-step difference moves a softmax value by less than it
         elif tail == "table":  # erf between two int8 dense layers behind reshapes, as a QDQ transformer's
             # GELU between its 2-D dense layers: the reshapes move to the 8-bit values and the chain
-            # (dequantize, erf, quantize) becomes a 256-entry table (ops/qdq_reshape.py, elementwise_chain.cc)
+            # (dequantize, erf, quantize) becomes a 256-entry table (ops/qdq_views.py, elementwise_chain.cc)
             rows, n = _shape(yd)[0], int(np.prod(_shape(yd)[1:]))
             e = bb.emit(R.reshape(bb.emit(R.erf(bb.emit(R.reshape(yd, (1, rows, n))))), (rows, n)))
             se = draw(st.sampled_from([1 / 128, 1 / 64]))

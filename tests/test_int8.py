@@ -140,7 +140,7 @@ def test_small_cnn_is_one_int8_region(tmp_path):
     part, got, emulated, ort_out = _compare(path)
     nodes = _region_nodes(part)
     int8_ops = sorted(n["op"] for n in nodes if n["dtype"] in ("uint8", "int8") and n["op"] != "dequantize")
-    # the flatten before the gemm reshapes the pool's 8-bit values (ops/qdq_reshape.py)
+    # the flatten before the gemm reshapes the pool's 8-bit values (ops/qdq_views.py)
     assert int8_ops == ["conv2d", "conv2d", "dense", "pool2d", "reshape"], int8_ops
     # the residual add is the second conv's sum post-op, on the first conv's uint8 output
     second = [n for n in nodes if n["op"] == "conv2d"][1]

@@ -1,5 +1,5 @@
 """int8 transformers: reshapes moved to the 8-bit side of per-tensor Q/DQ (region pass
-``reshape_8bit_values``) and element-wise chains that are a function of one byte run as a 256-entry
+``move_views_to_8bit``) and element-wise chains that are a function of one byte run as a 256-entry
 table (cpp/kernels/elementwise_chain.cc).
 
 References: numpy computing ONNX's QuantizeLinear / DequantizeLinear formulas (round half to even,
@@ -19,7 +19,7 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero.backends.onednn.lowering import Node, RegionGraph
-from byoc_hetero.backends.onednn.ops.qdq_reshape import reshape_8bit_values
+from byoc_hetero.backends.onednn.ops.qdq_views import move_views_to_8bit
 from byoc_hetero.backends.onednn.ops.qdq_share import share_repeated_quantizations
 from byoc_hetero.timing import build, run
 from conftest import graph
@@ -133,7 +133,7 @@ def _region_graph(per_axis: bool = False) -> RegionGraph:
 
 def test_reshapes_move_to_the_8bit_side():
     g = _region_graph()
-    reshape_8bit_values(g)
+    move_views_to_8bit(g)
     ops = [(n.op, [g.tensors[t]["dtype"] for t in n.inputs[:1]], g.tensors[n.output]["dtype"]) for n in g.nodes]
     assert ops == [("reshape", ["uint8"], "uint8"), ("dequantize", ["uint8"], "float32"),
                    ("binary", ["float32"], "float32"), ("quantize", ["float32"], "uint8"),
@@ -147,13 +147,13 @@ def test_reshapes_stay_where_moving_them_would_change_a_value():
     keep the graph as it was."""
     g = _region_graph(per_axis=True)
     before = [(n.op, list(n.inputs), n.output) for n in g.nodes]
-    reshape_8bit_values(g)
+    move_views_to_8bit(g)
     assert [(n.op, list(n.inputs), n.output) for n in g.nodes] == before
     g = _region_graph()
     g.nodes.insert(2, Node("binary", [3, 3], 8, {"algorithm": "mul"}))  # the dequantized value read twice
     g.tensors.append({"shape": [2, 3], "dtype": "float32"})
     g.outputs.append(8)
-    reshape_8bit_values(g)
+    move_views_to_8bit(g)
     assert [n.op for n in g.nodes][:2] == ["dequantize", "reshape"]
 
 
@@ -245,3 +245,65 @@ def test_gelu_between_2d_dense_layers_matches_onnxruntime(tmp_path):
     last = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and "y" in n.output[0])
     step = float(inits[last.input[1]].max())
     assert np.max(np.abs(got - want)) <= 2 * step * 1.001  # the dense's fused rounding, as test_int8_chains
+
+
+def _qdq_emit(emit, x, scale, zero, dtype):
+    s, z = _c(scale), _c(zero, dtype)
+    return emit(R.dequantize(emit(R.quantize(x, s, z, out_dtype=dtype)), s, z))
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", [("uint8", "uint8"), ("int8", "uint8"), ("uint8", "int8")])
+@pytest.mark.parametrize("permuted", [False, True])
+def test_matmul_of_dequantized_8bit_values_is_int8_and_exact(a_dtype, b_dtype, permuted):
+    """Q.K^T as quantize_static writes it (both operands dequantized 8-bit activations, K through a
+    permute): one int8 matmul reading the 8-bit tensors (a uint8 b shifted to int8), not oneDNN's
+    reference implementation, equal to numpy's integer product scaled once within float32 rounding."""
+    (sa, za), (sb, zb) = (0.021, 130 if a_dtype == "uint8" else -7), (0.017, 121 if b_dtype == "uint8" else 5)
+
+    def body(emit, a, b):
+        qa = _qdq_emit(emit, a, sa, za, a_dtype)
+        qb = _qdq_emit(emit, b, sb, zb, b_dtype)
+        if permuted:  # b arrives as [1, 2, 8, 16] (keys) and is read transposed
+            qb = emit(R.permute_dims(qb, [0, 1, 3, 2]))
+        return emit(R.matmul(qa, qb))
+
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal((1, 2, 8, 16)) * 1.5).astype(np.float32)
+    b = (rng.standard_normal((1, 2, 8, 16) if permuted else (1, 2, 16, 8)) * 1.5).astype(np.float32)
+    mod = graph({"a": a.shape, "b": b.shape}, body)
+    part = bh.partition(mod, require_heavy_op=False)
+    matmuls = [(n, t) for n, t in _nodes(part) if n["op"] == "matmul"]
+    assert len(matmuls) == 1 and "a_scale" in matmuls[0][0]["attrs"], [n for n, _ in _nodes(part)]
+    node, tensors = matmuls[0]
+    assert [tensors[i]["dtype"] for i in node["inputs"]] == [a_dtype, b_dtype]
+    ex = build(part)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    regions = bh.codegen.region_modules(ex)
+    for m in regions:
+        m["set_profiling"](True)
+    got = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+    impls = [s["impl"] for m in regions for s in json.loads(str(m["get_profile"]())) if s["op"] == "matmul"]
+    assert impls and not any(i.startswith("ref") for i in impls), impls
+    qa = _q(a, sa, za, a_dtype).astype(np.int64) - za
+    qb = _q(b, sb, zb, b_dtype).astype(np.int64) - zb
+    if permuted:
+        qb = qb.transpose(0, 1, 3, 2)
+    want = (qa @ qb).astype(np.float64) * (np.float32(sa) * np.float64(np.float32(sb)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    np.testing.assert_allclose(got, run(build(mod), [a, b]), rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_int8_matmul_attrs_on_float_operands_are_refused():
+    """A matmul node with int8 attrs over float32 operands, or 8-bit operands with a bias: the runtime
+    names what it expected."""
+    g = RegionGraph("t")
+    g.tensors = [{"shape": [2, 3], "dtype": "float32"}, {"shape": [3, 4], "dtype": "float32"},
+                 {"shape": [2, 4], "dtype": "float32"}]
+    g.inputs, g.outputs = [0, 1], [2]
+    g.nodes = [Node("matmul", [0, 1], 2, {"a_scale": 0.1, "a_zero_point": 0, "b_scale": 0.1, "b_zero_point": 0})]
+    with pytest.raises(ValueError, match="needs 8-bit a and b"):
+        tvm.get_global_func("byoc_hetero.runtime.create")(g.to_json())
+    g.tensors[0]["dtype"] = g.tensors[1]["dtype"] = "uint8"
+    g.nodes[0].attrs["a_zero_point"] = 300
+    with pytest.raises(ValueError, match="zero point 300 is outside uint8"):
+        tvm.get_global_func("byoc_hetero.runtime.create")(g.to_json())

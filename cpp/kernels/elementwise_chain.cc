@@ -156,7 +156,7 @@ void RunChain(const std::vector<Instruction>& prog, const std::vector<void*>& p,
 /*!
  * \brief Whether the chain is a function of one byte: its only input is 8-bit, read by dequantize
  *        instructions alone, and its output is 8-bit (a QDQ transformer's GELU between two int8
- *        dense layers, once ops/qdq_reshape.py moved the reshapes off its ends).
+ *        dense layers, once ops/qdq_views.py moved the reshapes off its ends).
  */
 bool OneByteFunction(const KernelContext& ctx, const std::vector<Instruction>& prog, const Instruction* q_out) {
   if (q_out == nullptr || ctx.node().inputs.size() != 1 || !IsInt8(ctx.input(0).dtype)) return false;

@@ -23,10 +23,19 @@
  * (ranks aligned by leading 1s), is added after the scale and before the activation (a binary_add
  * post-op reading it with broadcasting), e.g. attention's additive mask [1, 1, S, S] over
  * [1, heads, S, S] scores: the scores are written once instead of three times.
+ * int8 operands (ops/int8_matmul.py: a QDQ transformer's Q.K^T and P.V): a and b uint8 / int8
+ * with attrs a_scale, a_zero_point, b_scale, b_zero_point (per tensor), float32 output =
+ * a_scale * b_scale * (a - a_zp) @ (b - b_zp) then the scale post-op; no bias, mask or residual.
+ * oneDNN 3.2's x86 int8 matmul takes s8 weights only (u8 x u8 has no implementation), so a uint8
+ * b is read as int8 b - 128 (its bytes XOR 0x80, one host pass into a temp) with zero point
+ * b_zp - 128: the same differences b - b_zp.  The brgemm AMX matmul takes the strided views and
+ * both zero points (Q.K^T 12 x [197, 64] x [64, 197] at 1 thread: 136-179 us against 409 us in
+ * float32, bench/INT8.md, session 4).
  */
 #include <algorithm>
 #include <utility>
 
+#include "int8.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
@@ -115,6 +124,101 @@ bool IsReferenceImpl(const dnnl::matmul::primitive_desc& pd) {
   return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
 }
 
+/*! \brief Per-tensor quantization of the int8 operands (the file comment). */
+struct Int8MatmulParams {
+  float a_scale = 1.f, b_scale = 1.f;
+  int32_t a_zp = 0, b_zp = 0;  // b_zp: of the int8 values the primitive reads (shifted for uint8 b)
+  bool shift_b = false;        // b is uint8: read as int8 b - 128
+};
+
+Int8MatmulParams ReadInt8MatmulParams(const KernelContext& ctx, AttrReader& attrs) {
+  const DType a = ctx.input(0).dtype, b = ctx.input(1).dtype;
+  if (!IsInt8(a) || !IsInt8(b)) {
+    ctx.Fail(std::string("an int8 matmul needs 8-bit a and b, got ") + DTypeName(a) + " and " + DTypeName(b));
+  }
+  Int8MatmulParams q;
+  q.a_scale = CheckedScale(attrs, "a_scale", attrs.Float("a_scale", 0.0));
+  q.b_scale = CheckedScale(attrs, "b_scale", attrs.Float("b_scale", 0.0));
+  q.a_zp = CheckedZeroPoint(attrs, "a_zero_point", attrs.Int("a_zero_point", 0), a);
+  q.b_zp = CheckedZeroPoint(attrs, "b_zero_point", attrs.Int("b_zero_point", 0), b);
+  q.shift_b = b == DType::kUInt8;
+  if (q.shift_b) q.b_zp -= 128;
+  return q;
+}
+
+/*! \brief A host step filling the scale / zero-point buffers (and int8 b from uint8 b), then the matmul. */
+class Int8MatmulKernel : public Kernel {
+ public:
+  Int8MatmulKernel(std::string label, dnnl::matmul::primitive_desc pd, Int8MatmulParams q,
+                   std::vector<OperandLayout> inputs, OperandLayout output)
+      : label_(std::move(label)), pd_(std::move(pd)), q_(q) {
+    const auto f32 = memory::data_type::f32, s32 = memory::data_type::s32;
+    temps_ = {memory::desc({1}, f32, {1}), memory::desc({1}, f32, {1}), memory::desc({1}, s32, {1}),
+              memory::desc({1}, s32, {1})};
+    if (q_.shift_b) temps_.push_back(pd_.weights_desc());  // b - 128, in b's own strides
+    inputs_ = std::move(inputs);
+    output_ = std::move(output);
+  }
+
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& temps) const override {
+    Step fill;
+    fill.label = label_ + (q_.shift_b ? " (int8 scales, b - 128)" : " (int8 scales)");
+    fill.op = "matmul";
+    for (size_t k = 0; k < temps.size(); ++k) fill.args.emplace_back(static_cast<int>(k), temps[k]);
+    if (q_.shift_b) fill.args.emplace_back(static_cast<int>(temps.size()), inputs[1]);
+    const Int8MatmulParams q = q_;
+    const int64_t bytes = q_.shift_b ? static_cast<int64_t>(inputs[1].md.get_size()) : 0;
+    fill.host = [q, bytes](const std::vector<void*>& p) {
+      *static_cast<float*>(p[0]) = q.a_scale;
+      *static_cast<float*>(p[1]) = q.b_scale;
+      *static_cast<int32_t*>(p[2]) = q.a_zp;
+      *static_cast<int32_t*>(p[3]) = q.b_zp;
+      if (!q.shift_b) return;
+      const uint8_t* b = static_cast<const uint8_t*>(p[5]);
+      uint8_t* out = static_cast<uint8_t*>(p[4]);
+      for (int64_t i = 0; i < bytes; ++i) out[i] = b[i] ^ 0x80;  // u8 v -> s8 v - 128
+    };
+    Step run;
+    run.pd = pd_;
+    run.label = label_;
+    run.op = "matmul";
+    run.args = {{DNNL_ARG_SRC, inputs[0]}, {DNNL_ARG_WEIGHTS, q_.shift_b ? temps[4] : inputs[1]},
+                {DNNL_ARG_DST, output}, {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, temps[0]},
+                {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, temps[1]}};
+    if (q_.a_zp != 0) run.args.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, temps[2]);
+    if (q_.b_zp != 0) run.args.emplace_back(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_WEIGHTS, temps[3]);
+    std::vector<Step> steps;
+    steps.push_back(std::move(fill));
+    steps.push_back(std::move(run));
+    return steps;
+  }
+
+ private:
+  std::string label_;
+  dnnl::matmul::primitive_desc pd_;
+  Int8MatmulParams q_;
+};
+
+/*! \brief The int8 matmul of a and b read through \p a_md / \p b_view (f32-typed views). */
+std::unique_ptr<Kernel> MakeInt8Matmul(const KernelContext& ctx, const Int8MatmulParams& q, const memory::desc& a_md,
+                                       const memory::desc& b_view, const memory::dims& dst_dims,
+                                       const Epilogue& epilogue) {
+  const memory::desc a_src = WithType(a_md, DnnlType(ctx.input(0).dtype));
+  const memory::desc b_in = WithType(b_view, DnnlType(ctx.input(1).dtype));
+  const memory::desc b_s8 = WithType(b_view, memory::data_type::s8);
+  dnnl::primitive_attr attr = ctx.MakeAttr(epilogue);
+  attr.set_scales_mask(DNNL_ARG_SRC, 0);
+  attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+  if (q.a_zp != 0) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+  if (q.b_zp != 0) attr.set_zero_points_mask(DNNL_ARG_WEIGHTS, 0);
+  dnnl::matmul::primitive_desc pd(ctx.engine, a_src, b_s8, memory::desc(), PlainDesc(dst_dims), attr);
+  // b is read where it lies (shifted into a temp of its strides, or as the s8 weights directly)
+  std::vector<OperandLayout> inputs{{a_src, pd.src_desc()}, {b_in, q.shift_b ? b_in : pd.weights_desc()}};
+  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
+  return std::make_unique<Int8MatmulKernel>(ctx.where(), std::move(pd), q, std::move(inputs), std::move(output));
+}
+
 }  // namespace
 
 static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
@@ -128,6 +232,11 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0) - (has_mask ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
+  const bool int8 = attrs.Has("a_scale") || IsInt8(ctx.input(0).dtype) || IsInt8(ctx.input(1).dtype);
+  const Int8MatmulParams q = int8 ? ReadInt8MatmulParams(ctx, attrs) : Int8MatmulParams{};
+  if (int8 && (has_bias || has_mask || epilogue.residual)) {
+    ctx.Fail("an int8 matmul takes no bias, mask or residual (ops/int8_matmul.py fuses none)");
+  }
   attrs.CheckNoUnknown();
 
   ctx.ExpectInputCount(2 + has_bias + has_mask + epilogue.residual,
@@ -212,6 +321,7 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   }
   memory::dims bias_dims(rank, 1);
   bias_dims[rank - 1] = n;
+  if (int8) return MakeInt8Matmul(ctx, q, a_md, b_view, dst_dims, epilogue);
 
   // A constant b is reordered once into the layout matmul prefers; one that arrives at run time is
   // read where it lies.
@@ -283,6 +393,7 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
 static KernelTraits MatmulTraits() {
   KernelTraits traits;
   traits.bf16_input = [](const NodeInfo&, size_t k) { return k <= 1 ? Bf16Read::kRounds : Bf16Read::kF32; };
+  traits.accepts_int8 = true;  // 8-bit a and b with attrs a_scale ... (the file comment)
   return traits;
 }
 

@@ -15,6 +15,7 @@
  */
 #include <utility>
 
+#include "int8.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
@@ -59,14 +60,21 @@ static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
     strides[i] = in_strides[axes[i]];
   }
   ctx.ExpectOutputShape(std::vector<int64_t>(dims.begin(), dims.end()));
-  const memory::desc view = StridedDesc(dims, strides);
-  const memory::desc out = PlainDesc(dims);
+  // 8-bit values (ops/qdq_views.py moves permutes there): the same reorder on bytes
+  const bool int8 = IsInt8(ctx.input(0).dtype);
+  if (int8 && ctx.output().dtype != ctx.input(0).dtype) {
+    ctx.Fail(std::string("input is ") + DTypeName(ctx.input(0).dtype) + " but output is " +
+             DTypeName(ctx.output().dtype) + "; a permute keeps the dtype");
+  }
+  const memory::data_type type = int8 ? DnnlType(ctx.input(0).dtype) : memory::data_type::f32;
+  const memory::desc view = WithType(StridedDesc(dims, strides), type);
+  const memory::desc out = WithType(PlainDesc(dims), type);
   // bf16 region: a bf16-stored input is read as bf16 and the output written as bf16 where its
   // readers round it anyway (OutputOnlyFeedsBf16Convs: attention's heads merged before the output
   // dense); the reorder converts when the two differ.  A relabel keeps the input's storage type.
   const bool bf16_in = !ctx.input_storage.empty() && ctx.input_storage[0].get_data_type() == memory::data_type::bf16;
   const memory::desc src = bf16_in ? WithType(view, memory::data_type::bf16) : view;
-  const memory::desc dst = Bf16OutputIfRounded(ctx, out);
+  const memory::desc dst = int8 ? out : Bf16OutputIfRounded(ctx, out);
   dnnl::reorder::primitive_desc pd(ctx.engine, src, ctx.engine, dst, ctx.MakeAttr());
   return std::make_unique<PermuteKernel>(ctx, std::move(pd), OperandLayout{view, src}, OperandLayout{out, dst}, axes);
 }
@@ -75,6 +83,7 @@ static std::unique_ptr<Kernel> BuildPermute(const KernelContext& ctx) {
 static KernelTraits PermuteTraits() {
   KernelTraits traits;
   traits.bf16_input = Bf16ReadLikeOutput;
+  traits.accepts_int8 = true;  // moves bytes of any dtype
   return traits;
 }
 

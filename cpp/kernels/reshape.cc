@@ -22,7 +22,7 @@ static std::unique_ptr<Kernel> BuildReshape(const KernelContext& ctx) {
              " elements)");
   }
   if (IsInt8(ctx.input(0).dtype) || IsInt8(ctx.output().dtype)) {
-    // the 8-bit values of a per-tensor quantization (ops/qdq_reshape.py moves reshapes there): the
+    // the 8-bit values of a per-tensor quantization (ops/qdq_views.py moves reshapes there): the
     // same bytes, so input and output must agree on the dtype
     if (ctx.input(0).dtype != ctx.output().dtype) {
       ctx.Fail(std::string("input is ") + DTypeName(ctx.input(0).dtype) + " but output is " +

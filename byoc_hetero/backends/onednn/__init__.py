@@ -81,8 +81,9 @@ REGION_PASSES: tuple[str, ...] = (
     "fuse_int8_lookup_tables",     # ops/int8_lookup.py: an element-wise chain of one 8-bit tensor as a table
     "fuse_int8_binaries",          # ops/int8_binary.py: dequantize -> add / mul -> quantize on the 8-bit values
     "fuse_quantize_dequantize",    # ops/qdq.py: quantize -> dequantize of one scale as one float32 step
-    "reshape_8bit_values",         # ops/qdq_reshape.py: reshapes to the 8-bit side of a per-tensor Q/DQ
+    "move_views_to_8bit",          # ops/qdq_views.py: reshapes / permutes to the 8-bit side of a per-tensor Q/DQ
     "share_repeated_quantizations",  # ops/qdq_share.py: equal Q/DQ / reshape nodes of one tensor once
+    "fuse_int8_matmuls",           # ops/int8_matmul.py: matmul of two dequantized 8-bit tensors as int8
     "fuse_elementwise_chains",     # ops/qdq_chain.py: element-wise ops + the Q/DQ between them as one step
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
     "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per conv / dense / matmul node

@@ -5,7 +5,7 @@ Why: ``quantize_static`` gives each reader of an activation its own QuantizeLine
 readers are the query, key and value dense layers of an attention block (ViT-B/16 after
 ``quant_pre_process``: ``layernorm -> Q/DQ -> reshape -> quantize`` three times, one per dense),
 the region quantized the same [197, 768] tensor three times with one scale and zero point (once
-:func:`.qdq_reshape.reshape_8bit_values` moved the reshapes, the three quantizes read the same
+:func:`.qdq_views.move_views_to_8bit` moved the reshapes, the three quantizes read the same
 tensor; bench/INT8.md, session 4). Two nodes of one op with the same inputs and attrs compute the
 same bytes: the later one's readers read the first one's output.
 """
