@@ -52,7 +52,7 @@ KINDS = CNN_KINDS + (
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
 INT8_KINDS = ("int8", "int8_chain", "int8_dynamic")
-INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax", "table")
+INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax", "table", "attention")
 """What may follow a fuzzed int8 anchor (fuzz_graphs int8_tail)."""
 KINDS = KINDS + INT8_KINDS
 
@@ -899,6 +899,20 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             # the anchor's one step (and what its post-op skips) through erf (|erf'| <= 1.13), the erf's
             # own rounding, then summed over the second dense's widest column
             step = (1.13 * (so + skipped) + se) * 0.01 * float(np.abs(w2.astype(np.int64)).sum(0).max())
+        elif tail == "attention":  # a product of two dequantized 8-bit activations, one permuted and
+            # round-tripped on its own grid (Q.K^T as quantize_static writes it): an int8 matmul
+            # (ops/int8_matmul.py) reading the anchor's 8-bit output and the permute's 8-bit values
+            rows, n = _shape(yd)[0], int(np.prod(_shape(yd)[1:]))
+            a = bb.emit(R.reshape(yd, (1, rows, n)))  # batched: a 2-D product of run-time values is a dense
+            sb, zb = draw(st.sampled_from([0.01, 0.05])), draw(st.integers(0, 255))
+            bq = bb.emit(R.quantize(bb.emit(R.permute_dims(a, [0, 2, 1])), qconst(sb, F32), qconst(zb, "uint8"),
+                                    axis=1, out_dtype="uint8"))
+            b = bb.emit(R.dequantize(bq, qconst(sb, F32), qconst(zb, "uint8"), axis=1, out_dtype=F32))
+            y = bb.emit(R.matmul(a, b))
+            # one step of the anchor's output (and what its post-op skips) in a, and the step it may
+            # cause in b, times the other operand's widest value, summed over n
+            widest = max(abs(lo - zo), abs(hi - zo)) * so
+            step = n * (so + skipped) * (widest + 255 * sb + sb) * 1.01
         elif tail == "add":  # add of two 8-bit tensors of one shape
             y, step = qdq(bb.emit(R.add(yd, yd)), 2 * so), 2 * so
         else:  # chain (drawn first: reaches the four kernels): tanh post-op, 8-bit add, tanh table,
