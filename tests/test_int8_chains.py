@@ -203,11 +203,35 @@ def test_attention_mask_add_joins_the_scores_chain_exactly(seq):
     np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+def quantize_static_file(g, tmp_path, shape: tuple) -> str:
+    """Save ONNX graph ``g`` (one float32 input ``x`` of ``shape``) and quantize it as
+    ``bench/int8.py`` does (quantize_static, QDQ, per-channel s8 weights, u8 activations, 4 seeded
+    calibration inputs); the QDQ file's path."""
+    import onnx
+    import onnxruntime.quantization as quant
+    from onnx import helper
+
+    src, dst = str(tmp_path / "f32.onnx"), str(tmp_path / "qdq.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)}
+                            for i in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(src, dst, Reader(), quant_format=quant.QuantFormat.QDQ, per_channel=True,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    return dst
+
+
 def test_chain_of_a_quantize_static_gelu_matches_onnxruntime(tmp_path):
     """A Linear -> GELU (erf) -> Linear model quantized with quantize_static: the GELU's Div, Erf,
     Add, Mul, Mul are one chain, and the result is within one output step of ONNX Runtime."""
     ort = pytest.importorskip("onnxruntime")
-    quant = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -223,19 +247,7 @@ def test_chain_of_a_quantize_static_gelu_matches_onnxruntime(tmp_path):
              helper.make_node("MatMul", ["g", "w2"], ["y"])]
     g = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], init)
-    src, dst = str(tmp_path / "f32.onnx"), str(tmp_path / "qdq.onnx")
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
-
-    class Reader(quant.CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": np.random.default_rng(i).standard_normal((1, 6, 16)).astype(np.float32)}
-                            for i in range(4)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quant.quantize_static(src, dst, Reader(), quant_format=quant.QuantFormat.QDQ, per_channel=True,
-                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    dst = quantize_static_file(g, tmp_path, (1, 6, 16))
     mod, params = bh.from_onnx(dst)
     part = bh.partition(mod, params)
     ops = _ops(part)

@@ -23,6 +23,7 @@ from byoc_hetero.backends.onednn.ops.qdq_views import move_views_to_8bit
 from byoc_hetero.backends.onednn.ops.qdq_share import share_repeated_quantizations
 from byoc_hetero.timing import build, run
 from conftest import graph
+from test_int8_chains import quantize_static_file
 
 R = relax.op
 
@@ -192,7 +193,7 @@ def test_gelu_between_2d_dense_layers_matches_onnxruntime(tmp_path):
     dequantize / quantize step is left between the dense layers, and the result is within the last
     dense's fused rounding of ONNX Runtime."""
     ort = pytest.importorskip("onnxruntime")
-    quant = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -214,19 +215,7 @@ def test_gelu_between_2d_dense_layers_matches_onnxruntime(tmp_path):
              helper.make_node("Reshape", ["y2", "y3d"], ["y"])]
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], init)
-    src, dst = str(tmp_path / "f32.onnx"), str(tmp_path / "qdq.onnx")
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
-
-    class Reader(quant.CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": np.random.default_rng(i).standard_normal((1, 6, 16)).astype(np.float32)}
-                            for i in range(4)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quant.quantize_static(src, dst, Reader(), quant_format=quant.QuantFormat.QDQ, per_channel=True,
-                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    dst = quantize_static_file(g, tmp_path, (1, 6, 16))
     mod, params = bh.from_onnx(dst)
     part = bh.partition(mod, params)
     nodes = _nodes(part)
