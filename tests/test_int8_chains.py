@@ -227,26 +227,42 @@ def quantize_static_file(g, tmp_path, shape: tuple) -> str:
     return dst
 
 
+def gelu_mlp_graph(seed: int, reshapes: bool = False):
+    """ONNX graph x [1, 6, 16] -> MatMul [16, 32] -> GELU (Div, Erf, Add, Mul, Mul) -> MatMul [32, 8];
+    with ``reshapes`` the MatMuls run 2-D between Reshapes, as a 3-D model's dense layers export."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    consts = {"w1": (rng.standard_normal((16, 32)) * 0.3).astype(np.float32),
+              "w2": (rng.standard_normal((32, 8)) * 0.3).astype(np.float32),
+              "sq": np.array(1.4142135, np.float32), "one": np.array(1.0, np.float32),
+              "half": np.array(0.5, np.float32)}
+    node = helper.make_node
+    if reshapes:
+        consts.update({"s2d": np.array([6, 16], np.int64), "h2d": np.array([6, 32], np.int64),
+                       "h3d": np.array([1, 6, 32], np.int64), "y3d": np.array([1, 6, 8], np.int64)})
+        first = [node("Reshape", ["x", "s2d"], ["x2"]), node("MatMul", ["x2", "w1"], ["h2"]),
+                 node("Reshape", ["h2", "h3d"], ["h"])]
+        last = [node("Reshape", ["g", "h2d"], ["g2"]), node("MatMul", ["g2", "w2"], ["y2"]),
+                node("Reshape", ["y2", "y3d"], ["y"])]
+    else:
+        first, last = [node("MatMul", ["x", "w1"], ["h"])], [node("MatMul", ["g", "w2"], ["y"])]
+    gelu = [node("Div", ["h", "sq"], ["d"]), node("Erf", ["d"], ["e"]), node("Add", ["e", "one"], ["p"]),
+            node("Mul", ["h", "p"], ["m"]), node("Mul", ["m", "half"], ["g"])]
+    return helper.make_graph(first + gelu + last, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])],
+                             [numpy_helper.from_array(v, k) for k, v in consts.items()])
+
+
 def test_chain_of_a_quantize_static_gelu_matches_onnxruntime(tmp_path):
     """A Linear -> GELU (erf) -> Linear model quantized with quantize_static: the GELU's Div, Erf,
     Add, Mul, Mul are one chain, and the result is within one output step of ONNX Runtime."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxruntime.quantization")
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
-    rng = np.random.default_rng(11)
-    init = [numpy_helper.from_array((rng.standard_normal((16, 32)) * 0.3).astype(np.float32), "w1"),
-            numpy_helper.from_array((rng.standard_normal((32, 8)) * 0.3).astype(np.float32), "w2"),
-            numpy_helper.from_array(np.array(1.4142135, np.float32), "sq"),
-            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
-            numpy_helper.from_array(np.array(0.5, np.float32), "half")]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Div", ["h", "sq"], ["d"]),
-             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["p"]),
-             helper.make_node("Mul", ["h", "p"], ["m"]), helper.make_node("Mul", ["m", "half"], ["g"]),
-             helper.make_node("MatMul", ["g", "w2"], ["y"])]
-    g = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], init)
+    g = gelu_mlp_graph(11)
     dst = quantize_static_file(g, tmp_path, (1, 6, 16))
     mod, params = bh.from_onnx(dst)
     part = bh.partition(mod, params)

@@ -23,7 +23,7 @@ from byoc_hetero.backends.onednn.ops.qdq_views import move_views_to_8bit
 from byoc_hetero.backends.onednn.ops.qdq_share import share_repeated_quantizations
 from byoc_hetero.timing import build, run
 from conftest import graph
-from test_int8_chains import quantize_static_file
+from test_int8_chains import gelu_mlp_graph, quantize_static_file
 
 R = relax.op
 
@@ -195,26 +195,9 @@ def test_gelu_between_2d_dense_layers_matches_onnxruntime(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxruntime.quantization")
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
-    rng = np.random.default_rng(5)
-    init = [numpy_helper.from_array((rng.standard_normal((16, 32)) * 0.3).astype(np.float32), "w1"),
-            numpy_helper.from_array((rng.standard_normal((32, 8)) * 0.3).astype(np.float32), "w2"),
-            numpy_helper.from_array(np.array([6, 16], np.int64), "s2d"),
-            numpy_helper.from_array(np.array([6, 32], np.int64), "h2d"),
-            numpy_helper.from_array(np.array([1, 6, 32], np.int64), "h3d"),
-            numpy_helper.from_array(np.array([1, 6, 8], np.int64), "y3d"),
-            numpy_helper.from_array(np.array(1.4142135, np.float32), "sq"),
-            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
-            numpy_helper.from_array(np.array(0.5, np.float32), "half")]
-    nodes = [helper.make_node("Reshape", ["x", "s2d"], ["x2"]), helper.make_node("MatMul", ["x2", "w1"], ["h2"]),
-             helper.make_node("Reshape", ["h2", "h3d"], ["h"]), helper.make_node("Div", ["h", "sq"], ["d"]),
-             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["p"]),
-             helper.make_node("Mul", ["h", "p"], ["m"]), helper.make_node("Mul", ["m", "half"], ["g"]),
-             helper.make_node("Reshape", ["g", "h2d"], ["g2"]), helper.make_node("MatMul", ["g2", "w2"], ["y2"]),
-             helper.make_node("Reshape", ["y2", "y3d"], ["y"])]
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], init)
+    g = gelu_mlp_graph(5, reshapes=True)
     dst = quantize_static_file(g, tmp_path, (1, 6, 16))
     mod, params = bh.from_onnx(dst)
     part = bh.partition(mod, params)
