@@ -183,6 +183,9 @@ void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
   v.plain = v.storage_md == v.plain_md ? v.storage : -1;
   std::string free_inputs, copied, earlier;
   auto append = [](std::string* list, size_t k) { *list += (list->empty() ? "" : ", ") + std::to_string(k); };
+  const std::vector<int64_t>& out_shape = g_.tensors[node.output].shape;
+  int64_t inner = 1;  // elements per unit of the axis
+  for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
   int64_t offset = 0;
   for (size_t k = 0; k < node.inputs.size(); ++k) {
     const int t = node.inputs[k];
@@ -193,9 +196,12 @@ void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
     } else if (!family_copied_.insert({root, k}).second) {
       append(&earlier, k);  // a smaller member of the family copied it (members share leading inputs)
     } else {
-      memory::dims offsets(dims.size(), 0);
-      offsets[axis] = offset;
-      const MemRef dst{buffer.md.submemory_desc(dims, offsets), buffer.slot};
+      // The input's run of the buffer is contiguous (leading dims 1, whole channel blocks): a dense
+      // tensor of its own, which oneDNN reorders with its fast kernels (into a sub-memory of the
+      // whole buffer it took as long as the batch norm reading the whole buffer: DenseNet-121).
+      const memory::desc slice_md = SliceLayoutDesc(dims, buffer.layout);
+      const MemRef dst{slice_md, SliceSlot(buffer.slot, slice_md.get_size(),
+                                           static_cast<size_t>(offset * inner) * sizeof(float))};
       const ValueState& in = values_[t];
       MemRef src;
       if (!in.is_const && in.storage_md.get_dims() == dims) {
