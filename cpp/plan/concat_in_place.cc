@@ -93,6 +93,17 @@ void ConcatInPlace::FindConcatFamilies(const std::vector<int>& reads) {
   }
 }
 
+memory::desc ConcatInPlace::ConcatSliceLayout(size_t n) const {
+  const int t = g_.nodes[n].output;
+  const auto target = slice_targets_.find(t);
+  if (target == slice_targets_.end()) return {};
+  const auto buffer = concat_out_.find(target->second.concat);
+  if (buffer == concat_out_.end()) return {};
+  const std::vector<int64_t>& shape = g_.tensors[t].shape;
+  // a family's buffer is blocked only where every input is whole blocks (FindConcatFamilies)
+  return SliceLayoutDesc(memory::dims(shape.begin(), shape.end()), buffer->second.layout);
+}
+
 int ConcatInPlace::SliceSlot(int buffer_slot, size_t bytes, size_t offset) {
   PrivateBuffer slice{bytes, false};
   slice.parent = plan_.slots[buffer_slot].index;

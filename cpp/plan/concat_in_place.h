@@ -79,6 +79,12 @@ class ConcatInPlace : public LayoutResolver {
    */
   bool WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out);
 
+  /*!
+   * \brief The layout node n's output would need to be written into its concat's buffer in place
+   *        (the buffer exists already: a concat family's, FindConcatFamilies), or an empty desc.
+   */
+  memory::desc ConcatSliceLayout(size_t n) const;
+
   /*! \brief A private slot for \p bytes at \p offset bytes into the private buffer of \p buffer_slot. */
   int SliceSlot(int buffer_slot, size_t bytes, size_t offset);
 
