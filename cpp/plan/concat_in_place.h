@@ -1,7 +1,8 @@
 /*!
  * \file plan/concat_in_place.h
  * \brief Concat without copies: producers of a concat's inputs write their slices of the
- *        concat's buffer in place; the plan notes which inputs were free and which were copied.
+ *        concat's buffer in place, and growing concats (a family: DenseNet's blocks) share one
+ *        buffer; the plan notes which inputs were free and which were copied.
  */
 #ifndef BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
 #define BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
