@@ -262,7 +262,7 @@ class Planner : public planning::ConcatInPlace {
                                r.storage_md.get_size() == want.get_size());
       const bool dies = r.aliased ? SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
       if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output && dies &&
-          reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && !IsConcatSlice(r.storage) && same_bytes) {
+          reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && !IsConcatStorage(r.storage) && same_bytes) {
         reuse = r.storage;  // the residual dies here: accumulate into its own buffer
       }
     }

@@ -62,9 +62,17 @@ class ConcatInPlace : public LayoutResolver {
   /*! \brief Whether node n is planned by PlanConcat (a concat writing into a shared buffer). */
   bool PlannedAsConcat(size_t n) const { return concat_out_.count(n) != 0 || family_root_.count(n) != 0; }
 
-  /*! \brief Whether \p slot is a slice of a concat's buffer (never overwritten by a sum post-op). */
-  bool IsConcatSlice(int slot) const {
-    return plan_.slots[slot].kind == SlotKind::kPrivate && plan_.privates[plan_.slots[slot].index].parent >= 0;
+  /*!
+   * \brief Whether \p slot is a slice of a concat's buffer or a concat family's whole buffer: never
+   *        overwritten by a sum post-op, since other values live in it (a family's shorter concats
+   *        may be read after the longest one dies).
+   */
+  bool IsConcatStorage(int slot) const {
+    if (plan_.slots[slot].kind == SlotKind::kPrivate && plan_.privates[plan_.slots[slot].index].parent >= 0) return true;
+    for (const auto& member : family_root_) {
+      if (concat_out_.at(member.second).slot == slot) return true;
+    }
+    return false;
   }
 
   /*! \brief The SliceLayout \p md is in (f32, dims as they are), if any. */
