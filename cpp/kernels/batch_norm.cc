@@ -76,6 +76,8 @@ std::unique_ptr<Kernel> BlockedBatchNormToNhwc(const KernelContext& ctx, const m
   const memory::dims dims = src.get_dims();
   const int64_t batch = dims[0], channels = dims[1], pixels = dims[2] * dims[3];
   const bool b16 = *tag == memory::format_tag::aBcd16b;
+  // whole blocks only: 8 channels stored nChw16c (a conv's pick for a few channels) are padded
+  if (channels % (b16 ? 16 : 8) != 0) return nullptr;
   HostFn fn = [=](const std::vector<void*>& p) {
     std::vector<float> scale(static_cast<size_t>(channels)), shift(static_cast<size_t>(channels));
     BatchNormScaleShift(static_cast<const float*>(p[1]), static_cast<const float*>(p[2]),
