@@ -139,6 +139,7 @@ class Planner : public planning::ConcatInPlace {
                                   << node.op << "' (supported: " << ops << ")";
       }
       KernelContext ctx{g_, n, engine_, {}, {}, NodeComputesBf16(g_, n)};
+      ctx.output_hint = ConcatSliceLayout(n);
       bool all_const = !node.inputs.empty();
       for (int t : node.inputs) {
         ctx.input_storage.push_back(values_[t].storage_md);
@@ -235,7 +236,7 @@ class Planner : public planning::ConcatInPlace {
     }
 
     if (!kernel.relabel_axes().empty() && Relabel(n, kernel)) return;
-    if (concat_out_.count(n) != 0) {
+    if (PlannedAsConcat(n)) {
       PlanConcat(n, kernel);
       return;
     }
@@ -261,7 +262,7 @@ class Planner : public planning::ConcatInPlace {
                                r.storage_md.get_size() == want.get_size());
       const bool dies = r.aliased ? SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
       if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output && dies &&
-          reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && same_bytes) {
+          reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && !IsConcatStorage(r.storage) && same_bytes) {
         reuse = r.storage;  // the residual dies here: accumulate into its own buffer
       }
     }

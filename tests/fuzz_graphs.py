@@ -43,7 +43,7 @@ F32 = "float32"
 MAX_ELEMENTS = 4096
 
 #: Every kind of step the generator draws (the first group only on NCHW maps, ``wide`` uses those).
-CNN_KINDS = ("conv", "pool", "act", "add", "concat", "branches", "flatten", "dense", "act2d")
+CNN_KINDS = ("conv", "pool", "act", "add", "concat", "branches", "dense_block", "flatten", "dense", "act2d")
 KINDS = CNN_KINDS + (
     "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
@@ -328,6 +328,29 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 parts.insert(draw(st.integers(0, len(parts))), src)
             y = emit(R.concat(parts, axis=1), *parts)
             recipe.steps.append(f"branches(convs={outs}, source_too={source_too})")
+            keep(y)
+        elif kind == "dense_block":
+            # DenseNet: layer k concatenates the source and every earlier feature (the concats
+            # share one buffer, channel-blocked when every part is whole blocks), batch norm (+relu)
+            # reads it (blocked -> nhwc host pass) and a conv makes the next feature
+            if not maps():
+                return False
+            src = draw(st.sampled_from(maps()))
+            growth = draw(st.sampled_from([16, 8, 16, 3] if wide else [8, 16, 3]))
+            feats, relus = [src], []
+            for _ in range(draw(st.integers(1, 3))):
+                joined = emit(R.concat(feats, axis=1), *feats)
+                c_ = _shape(joined)[1]
+                bn = emit(R.nn.batch_norm(joined, weight((c_,)), weight((c_,)), weight((c_,)), positive((c_,)),
+                                          axis=1, epsilon=1e-5, training=False), joined)
+                h = bb.emit(relax.TupleGetItem(bn, 0))
+                relus.append(draw(st.booleans()))
+                if relus[-1]:
+                    h = bb.emit(R.nn.relu(h))
+                k = draw(st.sampled_from([1, 3]))
+                feats.append(emit(R.nn.conv2d(h, weight((growth, c_, k, k)), padding=[k // 2] * 4), h))
+            y = emit(R.concat(feats, axis=1), *feats)
+            recipe.steps.append(f"dense_block({list(_shape(src))}, growth={growth}, relu={relus})")
             keep(y)
         elif kind == "flatten":
             if not maps():

@@ -326,6 +326,16 @@ def test_winograd_offloaded_equals_llvm(case):
             os.environ["BYOC_HETERO_CONV_ALGO"] = saved
 
 
+@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(wide=True, kinds=("dense_block", "conv", "pool", "act")))
+def test_dense_block_offloaded_equals_llvm(case):
+    """DenseNet blocks (growing concats sharing one buffer, batch norm on it, Winograd or direct
+    convs writing into it) among convs and pooling, channels of 16 and 32."""
+    mod, inputs, recipe = case
+    differential(mod, inputs)
+
+
 @settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=transformer_graphs())

@@ -507,3 +507,104 @@ def test_onnx_instance_norm_runs_as_one_group_norm_node(affine):
     assert gn["attrs"]["groups"] == 8 and gn["attrs"]["has_scale"] == gn["attrs"]["has_shift"] == 1
     got = run(build(part), [x.numpy()])
     assert relative_error(got, net(x).detach().numpy()) <= TOLERANCE
+
+
+def _dense_block(c0: int, growth: int, layers: int, relu: bool):
+    """A DenseNet block with constant weights: layer k runs bn(+relu) on the concat of the block
+    input and every earlier feature, then conv1x1 (2 * growth) and conv3x3 (growth)."""
+    rng = np.random.default_rng(7)
+
+    def const(*shape, positive=False):
+        a = rng.standard_normal(shape).astype(F32)
+        return relax.const(np.abs(a) + 0.5 if positive else a)
+
+    def body(emit, x):
+        feats = [x]
+        for k in range(layers):
+            c = c0 + k * growth
+            joined = emit(R.concat(feats, axis=1))
+            h = _bn(emit, joined, (const(c, positive=True), const(c), const(c), const(c, positive=True)))
+            if relu:
+                h = emit(R.nn.relu(h))
+            h = emit(R.nn.conv2d(h, const(2 * growth, c, 1, 1)))
+            feats.append(emit(R.nn.conv2d(h, const(growth, 2 * growth, 3, 3), padding=1)))
+        return R.nn.relu(emit(R.concat(feats, axis=1)))  # the block's output: no region output itself
+
+    return body
+
+
+@pytest.mark.parametrize("growth,hw,relu", [(16, 20, True), (8, 6, True), (16, 6, False)])
+def test_dense_block_concats_share_one_buffer(growth, hw, relu):
+    """DenseNet's growing concats: every concat is the leading channels of the block's last one
+    (one buffer, channel-blocked as the growth allows: nChw16c for 16, nChw8c for 8), each
+    feature written in place (the 3x3 conv's Winograd output at 20x20) or copied once; the batch
+    norms read the blocked buffer and write nhwc in one host pass.  Matches the llvm-only build."""
+    c0 = 2 * growth
+    mod = module({"x": (1, c0, hw, hw)}, _dense_block(c0, growth, 3, relu))
+    part = compare(mod, [randn(1, c0, hw, hw)])
+    plan = [line for m in part.attrs["external_mods"] for line in m["get_plan"]()]
+    notes = [line for line in plan if line.startswith("note") and "(concat)" in line]
+    tag = "aBcd16b" if growth == 16 else "aBcd8b"
+    assert len(notes) == 4 and all(f":{tag};" in n for n in notes), notes
+    assert sum("leading channels of node" in n for n in notes) == 3, notes
+    # the block input (a region input) is copied once, by the first concat; each feature at most once
+    assert "copied: [0]" in notes[0] and "already in the buffer: [0]" in notes[1], notes
+    if hw == 20 and growth == 16:  # Winograd writes its output straight into the buffer
+        assert all("copied: []" in n for n in notes[1:]), notes
+    bns = [line for line in plan if line.startswith("run") and "(batch_norm)" in line]
+    assert len(bns) == 3 and all("(blocked -> nhwc) | host" in b and "out=" in b and ":acdb" in b for b in bns), bns
+    assert not any("(concat) |" in line for line in plan if line.startswith("run")), plan
+
+
+def test_blocked_batch_norm_keeps_nan_and_matches_numpy():
+    """The blocked -> nhwc batch norm (+relu) against numpy, with a NaN in its input: the NaN stays
+    NaN (as in torch), every other element matches."""
+    c, hw = 32, 5
+    x = randn(1, c, hw, hw)
+    x[0, 3, 1, 2] = np.nan
+    g, b, m, v = randn(c) + 1, randn(c), randn(c), randn(c, positive=True)
+
+    def body(emit, xv):
+        r = emit(R.nn.relu(xv))
+        j1 = emit(R.concat([xv, r], axis=1))  # the leading channels of j2: a blocked view
+        j2 = emit(R.concat([xv, r, emit(R.multiply(xv, relax.const(np.float32(2))))], axis=1))
+        h = emit(R.nn.relu(_bn(emit, j1, tuple(relax.const(np.concatenate([t, t])) for t in (g, b, m, v)))))
+        return R.add(h, emit(R.strided_slice(j2, [1], [c], [3 * c])))
+
+    part = bh.partition(module({"x": x.shape}, body), require_heavy_op=False)
+    plan = [line for mod in part.attrs["external_mods"] for line in mod["get_plan"]()]
+    assert any("(batch_norm) (blocked -> nhwc) | host in=[1,64,5,5]:aBcd16b" in line for line in plan), plan
+    got = run(build(part), [x])
+    j1 = np.concatenate([x, np.maximum(x, 0)], axis=1).astype(np.float64)
+    scale = np.concatenate([g, g]) / np.sqrt(np.concatenate([v, v]).astype(np.float64) + 1e-5)
+    shift = np.concatenate([b, b]) - np.concatenate([m, m]) * scale
+    want = np.maximum(j1 * scale[None, :, None, None] + shift[None, :, None, None], 0)
+    want += np.concatenate([np.maximum(x, 0), 2 * x], axis=1)
+    assert np.isnan(got[0, 3, 1, 2])
+    ok = np.isfinite(want) & np.isfinite(got)
+    assert ok.sum() >= got.size - 2
+    assert relative_error(got[ok], want[ok].astype(F32)) <= TOLERANCE
+
+
+def test_residual_sum_never_overwrites_a_concat_family_buffer():
+    """A conv whose residual is a family's longest concat, where that concat dies, must not
+    accumulate into its buffer: a shorter concat of the family (the buffer's leading channels) is
+    read after it.  Matches the llvm-only build.  (On AVX-512 this conv writes nhwc, so the residual
+    is copied for its layout anyway; the planner's IsConcatStorage guard covers a conv writing the
+    buffer's own layout.)"""
+    rng = np.random.default_rng(3)
+
+    def w(*shape):
+        return relax.const((rng.standard_normal(shape) * 0.3).astype(F32))
+
+    def body(emit, x):
+        f1 = emit(R.nn.conv2d(x, w(16, 16, 1, 1)))
+        j1 = emit(R.concat([x, f1], axis=1))
+        f2 = emit(R.nn.conv2d(j1, w(16, 32, 1, 1)))
+        j2 = emit(R.concat([x, f1, f2], axis=1))
+        y = emit(R.add(emit(R.nn.conv2d(x, w(48, 16, 3, 3), padding=1)), j2))  # j2's last reader
+        return R.add(y, emit(R.nn.conv2d(j1, w(48, 32, 1, 1))))  # j1 read after j2 died
+
+    part = compare(module({"x": (1, 16, 6, 6)}, body), [randn(1, 16, 6, 6)])
+    notes = [line for m in part.attrs["external_mods"] for line in m["get_plan"]() if "(concat)" in line]
+    assert any("leading channels of node" in n for n in notes), notes

@@ -7,7 +7,9 @@
  * producer wrote its input in place: in a batch-1 tensor the planner lets the producer of an input
  * that only the concat reads write straight into its slice of the concat's buffer, and then
  * reorders the other inputs into their sub-memories itself (plan/concat_in_place.h); the planner
- * knows this op joins its inputs from its traits (ConcatTraits).
+ * knows this op joins its inputs from its traits (ConcatTraits).  Growing concats (DenseNet: each
+ * one's inputs the leading inputs of the next) share the longest one's buffer, and none of them
+ * runs this primitive (concat families, plan/concat_in_place.h).
  */
 #include <optional>
 #include <utility>

@@ -171,6 +171,10 @@ struct KernelContext {
    *         native, not switched off): anchors read bf16 src/weights, accumulate and write f32
    *         (see NodeComputesBf16). */
   bool bf16 = false;
+  /*! \brief A layout the planner would like the output in, or an empty desc: the output's run of
+   *         a concat's buffer (plan/concat_in_place.h), which a kernel writing that layout fills in
+   *         place.  Kernels free to pick their output layout (host kernels) may follow it. */
+  memory::desc output_hint;
 
   const NodeInfo& node() const { return graph.nodes[node_index]; }
   const TensorInfo& input(size_t k) const { return graph.tensors[node().inputs[k]]; }

@@ -391,8 +391,14 @@ std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const C
         {1, 1}, {p.pad_top, p.pad_left}, {p.oh + 2 - p.h - p.pad_top, p.ow + 2 - p.w - p.pad_left});
     blocked16 = direct.src_desc() == PixelDesc(src_dims, true);
   }
+  // The output in the layout the planner asks for when it is one of the two (a DenseNet feature
+  // written straight into its block's nChw16c concat buffer); the transform writes either.
+  const memory::dims dst_dims{p.n, p.k, p.oh, p.ow};
+  const bool follow_hint = forced.empty() && !p.epilogue.residual &&
+                           (ctx.output_hint == PixelDesc(dst_dims, true) || ctx.output_hint == PixelDesc(dst_dims, false));
+  const bool out_blocked16 = follow_hint ? ctx.output_hint == PixelDesc(dst_dims, true) : blocked16;
   WinoShape s{p.n, p.c, p.h, p.w, p.k, p.oh, p.ow, p.pad_top, p.pad_left,
-              StridesOf(blocked16, p.c, p.h, p.w), StridesOf(blocked16, p.k, p.oh, p.ow)};
+              StridesOf(blocked16, p.c, p.h, p.w), StridesOf(out_blocked16, p.k, p.oh, p.ow)};
   // Measured on the benchmark's layers (bench/RESULTS.md): at 16 tiles (14x14 outputs) Winograd
   // and the direct convolution take about the same time, at 49 (28x28) Winograd is 2x faster;
   // with fewer tiles the GEMMs are too short to pay for streaming the 4x larger weights.

@@ -4,6 +4,7 @@
  */
 #include "concat_in_place.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,79 @@ void ConcatInPlace::FindConcatSlices() {
     }
     concat_axis_[n] = *axis;
   }
+  FindConcatFamilies(reads);
+}
+
+void ConcatInPlace::FindConcatFamilies(const std::vector<int>& reads) {
+  std::vector<size_t> order;  // longest first: each concat joins the first root that starts with its inputs
+  for (const auto& entry : concat_axis_) order.push_back(entry.first);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return g_.nodes[a].inputs.size() > g_.nodes[b].inputs.size(); });
+  std::map<size_t, std::vector<size_t>> families;  // root -> its members, root included
+  for (size_t n : order) {
+    const std::vector<int>& ins = g_.nodes[n].inputs;
+    for (auto& [root, members] : families) {
+      const std::vector<int>& root_ins = g_.nodes[root].inputs;
+      if (concat_axis_.at(root) == concat_axis_.at(n) && ins.size() < root_ins.size() &&
+          std::equal(ins.begin(), ins.end(), root_ins.begin())) {
+        family_root_[n] = root;
+        members.push_back(n);
+        break;
+      }
+    }
+    if (family_root_.count(n) == 0) families[n] = {n};
+  }
+  for (const auto& [root, members] : families) {
+    if (members.size() < 2) continue;  // a lone concat: its producers decide (WriteIntoConcat)
+    const NodeInfo& node = g_.nodes[root];
+    const int64_t axis = concat_axis_.at(root);
+    const std::vector<int64_t>& out_shape = g_.tensors[node.output].shape;
+    SliceLayout kind = SliceLayout::kPlain;
+    if (axis == 1 && out_shape.size() == 4) {
+      for (const auto& [block, layout] : {std::pair{16, SliceLayout::kBlocked16}, std::pair{8, SliceLayout::kBlocked8}}) {
+        bool whole = true;
+        for (int t : node.inputs) whole = whole && g_.tensors[t].shape.size() == 4 && g_.tensors[t].shape[1] % block == 0;
+        if (whole) {
+          kind = layout;
+          break;
+        }
+      }
+    }
+    const memory::desc md = SliceLayoutDesc(memory::dims(out_shape.begin(), out_shape.end()), kind);
+    concat_out_.emplace(root, ConcatBuffer{md, kind, OwnSlot(false, md, "")});
+    std::map<int, int> family_reads;
+    for (size_t c : members) {
+      for (int t : g_.nodes[c].inputs) ++family_reads[t];
+    }
+    int64_t offset = 0;
+    for (int t : node.inputs) {
+      const bool once = std::count(node.inputs.begin(), node.inputs.end(), t) == 1;
+      if (g_.roles[t] == TensorRole::kNodeOutput && !values_[t].region_output && once &&
+          reads[t] == family_reads[t]) {
+        slice_targets_[t] = {root, offset};
+      }
+      offset += g_.tensors[t].shape[axis];
+    }
+  }
+}
+
+memory::desc ConcatInPlace::ConcatSliceLayout(size_t n) const {
+  const int t = g_.nodes[n].output;
+  const auto target = slice_targets_.find(t);
+  if (target == slice_targets_.end()) return {};
+  const auto buffer = concat_out_.find(target->second.concat);
+  if (buffer == concat_out_.end()) return {};
+  const std::vector<int64_t>& shape = g_.tensors[t].shape;
+  // a family's buffer is blocked only where every input is whole blocks (FindConcatFamilies)
+  return SliceLayoutDesc(memory::dims(shape.begin(), shape.end()), buffer->second.layout);
+}
+
+int ConcatInPlace::SliceSlot(int buffer_slot, size_t bytes, size_t offset) {
+  PrivateBuffer slice{bytes, false};
+  slice.parent = plan_.slots[buffer_slot].index;
+  slice.parent_offset = offset;
+  plan_.privates.push_back(slice);
+  return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
 }
 
 std::optional<ConcatInPlace::SliceLayout> ConcatInPlace::SliceLayoutOf(const memory::desc& md, int64_t axis) {
@@ -89,11 +163,8 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
   }
   int64_t inner = 1;  // elements per unit of the axis (the leading dims are 1)
   for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
-  PrivateBuffer slice{layout.want.get_size(), false};
-  slice.parent = plan_.slots[found->second.slot].index;
-  slice.parent_offset = static_cast<size_t>(target->second.offset * inner) * sizeof(float);
-  plan_.privates.push_back(slice);
-  const int slot = NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
+  const int slot = SliceSlot(found->second.slot, layout.want.get_size(),
+                             static_cast<size_t>(target->second.offset * inner) * sizeof(float));
   ValueState& v = values_[t];
   v.is_const = false;
   v.plain_md = layout.view;
@@ -107,26 +178,41 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
 
 void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
   const NodeInfo& node = g_.nodes[n];
-  const ConcatBuffer& buffer = concat_out_.at(n);
+  const auto member = family_root_.find(n);
+  const size_t root = member == family_root_.end() ? n : member->second;
+  const ConcatBuffer& buffer = concat_out_.at(root);
   const int64_t axis = concat_axis_.at(n);
   ValueState& v = values_[node.output];
   v.is_const = false;
   v.plain_md = kernel.output().view;
   v.storage_md = buffer.md;
   v.storage = buffer.slot;
-  v.plain = buffer.md == v.plain_md ? buffer.slot : -1;
-  std::string free_inputs, copied;
+  if (root != n) {  // the leading channels of the root's buffer: a dense tensor at offset 0
+    v.storage_md = SliceLayoutDesc(v.plain_md.get_dims(), buffer.layout);
+    v.storage = SliceSlot(buffer.slot, v.storage_md.get_size(), 0);
+  }
+  v.plain = v.storage_md == v.plain_md ? v.storage : -1;
+  std::string free_inputs, copied, earlier;
+  auto append = [](std::string* list, size_t k) { *list += (list->empty() ? "" : ", ") + std::to_string(k); };
+  const std::vector<int64_t>& out_shape = g_.tensors[node.output].shape;
+  int64_t inner = 1;  // elements per unit of the axis
+  for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
   int64_t offset = 0;
   for (size_t k = 0; k < node.inputs.size(); ++k) {
     const int t = node.inputs[k];
     const std::vector<int64_t>& shape = g_.tensors[t].shape;
     const memory::dims dims(shape.begin(), shape.end());
     if (written_in_place_.count(t) != 0) {
-      free_inputs += (free_inputs.empty() ? "" : ", ") + std::to_string(k);
+      append(&free_inputs, k);
+    } else if (!family_copied_.insert({root, k}).second) {
+      append(&earlier, k);  // a smaller member of the family copied it (members share leading inputs)
     } else {
-      memory::dims offsets(dims.size(), 0);
-      offsets[axis] = offset;
-      const MemRef dst{buffer.md.submemory_desc(dims, offsets), buffer.slot};
+      // The input's run of the buffer is contiguous (leading dims 1, whole channel blocks): a dense
+      // tensor of its own, which oneDNN reorders with its fast kernels (into a sub-memory of the
+      // whole buffer it took as long as the batch norm reading the whole buffer: DenseNet-121).
+      const memory::desc slice_md = SliceLayoutDesc(dims, buffer.layout);
+      const MemRef dst{slice_md, SliceSlot(buffer.slot, slice_md.get_size(),
+                                           static_cast<size_t>(offset * inner) * sizeof(float))};
       const ValueState& in = values_[t];
       MemRef src;
       if (!in.is_const && in.storage_md.get_dims() == dims) {
@@ -138,12 +224,15 @@ void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
       AddReorder(false, src, dst, g_.where(n) + ": input " + std::to_string(k) + " (tensor " + std::to_string(t) +
                                       ") copied into the output " + DescribeDesc(src.md) + " -> " +
                                       DescribeDesc(dst.md));
-      copied += (copied.empty() ? "" : ", ") + std::to_string(k);
+      append(&copied, k);
     }
     offset += shape[axis];
   }
-  plan_.notes.push_back(g_.where(n) + ": output " + DescribeDesc(buffer.md) + "; inputs written in place by their producers: [" +
-                        free_inputs + "]; copied: [" + copied + "]");
+  std::string note = g_.where(n) + ": output " + DescribeDesc(v.storage_md) + "; inputs written in place by their producers: [" +
+                     free_inputs + "]; copied: [" + copied + "]";
+  if (!earlier.empty()) note += "; already in the buffer: [" + earlier + "]";
+  if (root != n) note += "; the leading channels of node " + std::to_string(root) + "'s buffer";
+  plan_.notes.push_back(note);
 }
 
 }  // namespace planning

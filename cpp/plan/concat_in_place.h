@@ -1,7 +1,8 @@
 /*!
  * \file plan/concat_in_place.h
  * \brief Concat without copies: producers of a concat's inputs write their slices of the
- *        concat's buffer in place; the plan notes which inputs were free and which were copied.
+ *        concat's buffer in place, and growing concats (a family: DenseNet's blocks) share one
+ *        buffer; the plan notes which inputs were free and which were copied.
  */
 #ifndef BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
 #define BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
@@ -45,6 +46,35 @@ class ConcatInPlace : public LayoutResolver {
    */
   void FindConcatSlices();
 
+  /*!
+   * \brief Growing concats share one buffer (DenseNet: layer k concatenates the block's input and
+   *        the k-1 features before it, so every concat's inputs are the first inputs of the next
+   *        one's).  A concat whose inputs are the leading inputs of a longer considered concat (same
+   *        axis) joins that one's family; the longest is the root.  The root's buffer is made here,
+   *        in the channel-blocked layout when every input is whole 16 (or 8) channel blocks (then
+   *        each member's output, a leading run of channels, is a dense tensor at offset 0 in the
+   *        same layout), else plain; every member's output is a view of it.  An input is written
+   *        in place by its producer when every reader is a concat of the family; the others are
+   *        copied into the buffer once, by the first member that joins them.
+   */
+  void FindConcatFamilies(const std::vector<int>& reads);
+
+  /*! \brief Whether node n is planned by PlanConcat (a concat writing into a shared buffer). */
+  bool PlannedAsConcat(size_t n) const { return concat_out_.count(n) != 0 || family_root_.count(n) != 0; }
+
+  /*!
+   * \brief Whether \p slot is a slice of a concat's buffer or a concat family's whole buffer: never
+   *        overwritten by a sum post-op, since other values live in it (a family's shorter concats
+   *        may be read after the longest one dies).
+   */
+  bool IsConcatStorage(int slot) const {
+    if (plan_.slots[slot].kind == SlotKind::kPrivate && plan_.privates[plan_.slots[slot].index].parent >= 0) return true;
+    for (const auto& member : family_root_) {
+      if (concat_out_.at(member.second).slot == slot) return true;
+    }
+    return false;
+  }
+
   /*! \brief The SliceLayout \p md is in (f32, dims as they are), if any. */
   static std::optional<SliceLayout> SliceLayoutOf(const memory::desc& md, int64_t axis);
   static memory::desc SliceLayoutDesc(const memory::dims& dims, SliceLayout layout);
@@ -59,6 +89,15 @@ class ConcatInPlace : public LayoutResolver {
   bool WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out);
 
   /*!
+   * \brief The layout node n's output would need to be written into its concat's buffer in place
+   *        (the buffer exists already: a concat family's, FindConcatFamilies), or an empty desc.
+   */
+  memory::desc ConcatSliceLayout(size_t n) const;
+
+  /*! \brief A private slot for \p bytes at \p offset bytes into the private buffer of \p buffer_slot. */
+  int SliceSlot(int buffer_slot, size_t bytes, size_t offset);
+
+  /*!
    * \brief A concat some of whose producers wrote in place (WriteIntoConcat): the inputs they
    *        did not write (read elsewhere too, region inputs, constants, another layout) are
    *        reordered into their sub-memory of the buffer; the rest costs nothing.
@@ -69,6 +108,8 @@ class ConcatInPlace : public LayoutResolver {
   std::map<size_t, int64_t> concat_axis_;        // concat node -> its axis (those considered)
   std::map<size_t, ConcatBuffer> concat_out_;    // concat node -> its buffer, once a producer wrote into it
   std::set<int> written_in_place_;               // tensors their producer wrote into a concat's buffer
+  std::map<size_t, size_t> family_root_;         // a family member (not the root) -> its root
+  std::set<std::pair<size_t, size_t>> family_copied_;  // (root, input index): already copied into its buffer
 };
 
 }  // namespace planning
