@@ -132,7 +132,7 @@ def test_precision_search_runs_on_the_codegen_tuned_partition(monkeypatch):
     if effective_precision("bf16")[1]:
         pytest.skip("no native bf16 here")
     mod, params = _conv_and_island()
-    monkeypatch.setattr(codegen, "_time_pair", _fake_pair(1e-3, 2e-3)[0])  # offloaded faster everywhere
+    monkeypatch.setattr(codegen, "_time_all", _fake_pair(1e-3, 2e-3)[0])  # offloaded faster everywhere
     monkeypatch.setattr(precision, "time_plans", lambda plans, *a: [
         Timing(1e-3 if p.name == "all bf16" else 2e-3, 5) for p in plans])
     cal = _samples(3, 5, (1, 4, 12, 12))

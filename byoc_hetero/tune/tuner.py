@@ -2,8 +2,9 @@
 
 What it decides today (the levels of issue 26 that exist so far):
 
-- **codegen**: each candidate region offloaded or left to llvm, by timing it both ways with its
-  boundary (:mod:`.codegen`) instead of the cost gate's fixed rule;
+- **codegen**: each candidate region offloaded, left to llvm, or run by another backend of
+  ``targets`` (a user's, from ``bh.register_target``), by timing it every way with its boundary
+  (:mod:`.codegen`) instead of the cost gate's fixed rule;
 - **algorithm**: each float32 convolution of the oneDNN regions runs direct or Winograd by its own
   timing (:mod:`.algorithms`) instead of the fixed thresholds.
 - **precision** (``precisions=("f32", "bf16")`` with a ``tolerance`` and ``calibration`` inputs):
@@ -20,7 +21,7 @@ model's shapes, and the tuned one is returned only where it is measured faster â
 the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
 figures.
 
-Not yet here: threads per region, a user-registered backend as a third codegen candidate.
+Not yet here: threads per region.
 """
 
 from __future__ import annotations
