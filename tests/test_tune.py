@@ -497,6 +497,38 @@ def test_precision_mix_meets_the_tolerance_on_held_out_inputs(monkeypatch, tmp_p
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(held[0])).numpy(), _run(m, held[:1])[0][0])
 
 
+def test_precision_errors_come_from_the_cache_the_second_time(monkeypatch, tmp_path):
+    """Sensitivities, mix errors, held-out errors and the end-to-end figures go into the timing cache
+    under the model, the plan and the inputs' digest: a second tune with the same calibration runs no
+    candidate and times nothing, and reaches the same plan; another calibration set measures again."""
+    import byoc_hetero as bh
+    from byoc_hetero.tune import precision
+
+    _skip_without_bf16()
+    _inject_unit_times(monkeypatch)
+    runs, timed = [], []
+    real_run, real_time = precision.Built.run, precision.time_plans
+    monkeypatch.setattr(precision.Built, "run", lambda self, samples: runs.append(1) or real_run(self, samples))
+    monkeypatch.setattr(precision, "time_plans", lambda *a: timed.append(1) or real_time(*a))
+    mod, params = bh.models.small_convnet()
+    cal, held = _convnet_samples(3, 1), _convnet_samples(2, 2)
+    tol = _error(_run(bh.partition(mod, params, precision="bf16"), cal), _llvm_outputs(mod, params, cal)) / 2
+
+    def tune(calibration):
+        runs.clear(), timed.clear()
+        return bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=tol, calibration=calibration,
+                       holdout=held, cache=tmp_path / "c.json", repeat=3, guard_rounds=1)
+
+    m1, first = tune(cal)
+    assert runs and timed and all(u.error is not None for u in first.precision.units)  # sensitivities measured
+    m2, second = tune(cal)
+    assert runs == [] and timed == [] and second.cache_misses == 0 and second.cache_hits > first.cache_hits
+    assert [u.error for u in second.precision.units] == [u.error for u in first.precision.units]
+    assert second.precision.kept == first.precision.kept and _node_attrs(m2) == _node_attrs(m1)
+    _, third = tune(_convnet_samples(3, 7))  # other calibration inputs: other errors
+    assert runs and third.cache_misses > 0
+
+
 def test_precision_never_slower_than_the_default(monkeypatch):
     import byoc_hetero as bh
 
