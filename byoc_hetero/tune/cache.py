@@ -31,6 +31,7 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 FORMAT = "byoc-hetero-timing-cache"
 VERSION = 1
@@ -158,7 +159,10 @@ class TimingCache:
 
     def get(self, key: str) -> Timing | None:
         """The stored timing of ``key`` (counted as a hit), or None (a miss)."""
-        found = self.entries.get(key)
+        return self._counted(self.entries.get(key))
+
+    def _counted(self, found: Any) -> Any:
+        """``found``, counted as a hit, or as a miss when None."""
         if found is None:
             self.misses += 1
         else:
@@ -170,12 +174,7 @@ class TimingCache:
 
     def get_error(self, key: str) -> float | None:
         """The stored output error of ``key`` (a hit), or None (a miss)."""
-        found = self.errors.get(key)
-        if found is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return found
+        return self._counted(self.errors.get(key))
 
     def put_error(self, key: str, error: float) -> None:
         self.errors[key] = float(error)
