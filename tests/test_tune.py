@@ -892,3 +892,73 @@ def test_progress_bar_updates_one_line_on_a_terminal_and_writes_lines_elsewhere(
         "tune [....................] codegen 0/2 region a long description",
         "tune [##########..........] codegen 1/2 region b",
         "tune [####################] algorithm 2/2 done"]
+
+
+# ---- the threads level: the process's thread count or one, per region --------------------------
+
+@pytest.fixture
+def two_threads():
+    """The region runtime's process-wide count at 2 for modules made in the test (restored after)."""
+    import byoc_hetero as bh
+
+    before = bh._C.num_threads()
+    bh._C.set_num_threads(2)
+    yield 2
+    bh._C.set_num_threads(before)
+
+
+def test_region_threads_option_caps_a_region_document(two_threads):
+    import json as _json
+
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+
+    mod, params = _conv_and_island()
+    _, (heavy,), _ = _candidates(mod, params)
+    x = np.random.default_rng(4).standard_normal((1, 4, 12, 12)).astype("float32")
+    m = bh.partition(mod, params, options={"onednn": {"region_threads": _json.dumps({heavy.key: 1})}})
+    (entry,) = region_table(m).values()
+    assert entry.graph["threads"] == 1 and _json.loads(entry.module["get_runtime_info"]())["threads"] == 1
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+    (plain,) = region_table(bh.partition(mod, params)).values()
+    assert "threads" not in plain.graph and _json.loads(plain.module["get_runtime_info"]())["threads"] == 2
+    with pytest.raises(bh.RuleError, match="region_threads"):
+        bh.partition(mod, params, options={"onednn": {"region_threads": '{"k": 0}'}})
+    import tvm
+
+    doc = dict(plain.graph, threads=0)
+    with pytest.raises(Exception, match="threads.*expected an integer from 1"):
+        tvm.get_global_func("byoc_hetero.runtime.create")(_json.dumps(doc))
+
+
+def test_threads_level_measures_both_counts(two_threads):
+    from byoc_hetero.tune.codegen import _winner, candidate_regions
+    from byoc_hetero.tune.threads import measure_threads
+
+    mod, params = _conv_and_island()
+    heavy = next(c for c in candidate_regions(mod, params) if c.gate is None)
+    cache = TimingCache(None, MACHINE)
+    d = measure_threads(heavy, cache, {}, (2, 1), repeat=6)
+    assert set(d.timings) == {1, 2} and all(t.median_s > 0 for t in d.timings.values()) and len(cache) == 2
+    assert d.chosen == int(_winner({str(n): t for n, t in d.timings.items()}, "2"))
+    again = measure_threads(heavy, cache, {}, (2, 1), repeat=6)
+    assert again.cached and again.timings == d.timings
+
+
+def test_tune_threads_applies_one_thread_where_measured_faster(monkeypatch, tmp_path, two_threads):
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.tune import codegen, threads, tuner
+
+    mod, params = _conv_and_island()
+    monkeypatch.setattr(codegen, "_time_all", _fake_pair(1e-3, 2e-3)[0])  # both regions offloaded
+    monkeypatch.setattr(threads, "_time_all", lambda fns, repeat, budget_s: (
+        {n: Timing(1e-3 if n == "1" else 2e-3, 5) for n in fns}, ""))
+    monkeypatch.setattr(tuner, "_guard", lambda *a: (Timing(2e-3, 5), Timing(1e-3, 5)))
+    m, report = bh.tune(mod, params, cache=tmp_path / "c.json", repeat=3, threads=True)
+    assert [d.chosen for d in report.threads] == [1, 1] and report.kept == "tuned"
+    assert "1 thread: 1 thread 1.000 ms, 2 threads 2.000 ms" in str(report)
+    (entry,) = [e for e in region_table(m).values() if e.ops.get("nn.conv2d")]
+    assert entry.graph["threads"] == 1
+    x = np.random.default_rng(5).standard_normal((1, 4, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)

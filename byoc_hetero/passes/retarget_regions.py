@@ -30,6 +30,14 @@ RETARGET_ATTR = "byoc_hetero.retargeted_from"
 """Attribute of a retargeted region: the region key of the region it replaced."""
 
 
+def region_key_of(region: relax.Function) -> str:
+    """The key a codegen map names ``region`` by: :func:`.cost_gate.region_key`, or for a region
+    handed to another backend, the key of the region it replaced."""
+    from .cost_gate import region_key
+
+    return str(region.attrs[RETARGET_ATTR]) if RETARGET_ATTR in region.attrs else region_key(region)
+
+
 def region_as_main(region: relax.Function) -> tvm.IRModule:
     """A module whose ``main`` computes what ``region`` computes, its composites inlined as plain
     ops (what ``relax.build`` compiles for llvm)."""

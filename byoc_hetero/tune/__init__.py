@@ -21,7 +21,10 @@
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
-Threads per region are not decided yet.
+- :mod:`.threads`: the threads level (``threads=True``: each oneDNN region on the process's thread
+  count or one, timed both ways; applied as the backend option ``region_threads``);
+- :mod:`.plan_errors`: the precision level's measured errors (sensitivities, mixes) and end-to-end
+  figures in the timing cache, by model, plan and inputs.
 """
 
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature

@@ -44,8 +44,8 @@ from tvm import relax
 from .._relax import is_region, op_calls, region_composites, shape_of, static_shape, tensor_dtype
 from ..errors import PlacementWarning
 from ..rules import get_target
-from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason, region_key
-from ..passes.retarget_regions import RETARGET_ATTR, region_as_main, retarget_region
+from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason
+from ..passes.retarget_regions import region_as_main, region_key_of, retarget_region
 from .cache import Timing, TimingCache, signature
 from .measure import robust_timing
 
@@ -116,7 +116,7 @@ def candidate_regions(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None
     for func in merged.functions.values():
         if not is_region(func):
             continue
-        key = str(func.attrs[RETARGET_ATTR]) if RETARGET_ATTR in func.attrs else region_key(func)
+        key = region_key_of(func)
         if key in found:
             found[key] = replace(found[key], count=found[key].count + 1)
             continue
