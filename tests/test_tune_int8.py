@@ -66,7 +66,7 @@ def _all_int8_error(mod, params, cal):
 
 
 def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
-    from byoc_hetero.tune import precision
+    from byoc_hetero.tune import int8, precision
 
     mod, params = bh.models.small_convnet()
     # enough calibration inputs that the output layer's int8 range covers the held-out outputs (with
@@ -80,6 +80,7 @@ def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
     runs = []
     real_run = precision.Built.run
     monkeypatch.setattr(precision.Built, "run", lambda self, samples: runs.append(1) or real_run(self, samples))
+    monkeypatch.setattr(int8.Quantizer, "_observe", lambda *a: pytest.fail("activation ranges observed again"))
     m2, again = bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=tol, calibration=cal,
                         holdout=held, repeat=3, guard_rounds=1, cache=tmp_path / "c.json")
     assert runs == [] and again.precision.kept == report.precision.kept and _int8_nodes(m2) == _int8_nodes(m)

@@ -121,6 +121,7 @@ class TimingCache:
         self.machine = machine if machine is not None else MachineKey.current()
         self.entries: dict[str, Timing] = {}
         self.errors: dict[str, float] = {}  # measured output errors (the precision level's), by signature
+        self.values: dict[str, Any] = {}  # other measured values, JSON (the int8 level's activation ranges)
         self.hits = 0
         self.misses = 0
         self.ignored: str | None = None  # why a file on disk was not used
@@ -145,6 +146,7 @@ class TimingCache:
             theirs = MachineKey(**doc["machine"])
             entries = {str(k): Timing.from_json(v) for k, v in doc["entries"].items()}
             errors = {str(k): _error_from_json(v) for k, v in doc.get("errors", {}).items()}
+            values = dict(doc.get("values", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             return self._ignore(f"malformed ({type(err).__name__}: {err})")
         if theirs.machine_part() != self.machine.machine_part():
@@ -155,7 +157,7 @@ class TimingCache:
             return self._ignore(f"stale: libraries onednn {theirs.onednn}, tvm {theirs.tvm}, "
                                 f"byoc_hetero {theirs.byoc_hetero}; now onednn {self.machine.onednn}, "
                                 f"tvm {self.machine.tvm}, byoc_hetero {self.machine.byoc_hetero}")
-        self.entries, self.errors = entries, errors
+        self.entries, self.errors, self.values = entries, errors, values
 
     def get(self, key: str) -> Timing | None:
         """The stored timing of ``key`` (counted as a hit), or None (a miss)."""
@@ -179,6 +181,14 @@ class TimingCache:
     def put_error(self, key: str, error: float) -> None:
         self.errors[key] = float(error)
 
+    def get_value(self, key: str) -> Any:
+        """The stored value of ``key`` (a hit), or None (a miss)."""
+        return self._counted(self.values.get(key))
+
+    def put_value(self, key: str, value: Any) -> None:
+        """Store a JSON-serializable ``value``."""
+        self.values[key] = value
+
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -188,7 +198,7 @@ class TimingCache:
             return
         doc = {"format": FORMAT, "version": VERSION, "machine": asdict(self.machine),
                "entries": {k: asdict(v) for k, v in sorted(self.entries.items())},
-               "errors": dict(sorted(self.errors.items()))}
+               "errors": dict(sorted(self.errors.items())), "values": dict(sorted(self.values.items()))}
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".timing-", dir=folder)

@@ -44,7 +44,8 @@ import tvm
 
 from .cache import TimingCache, signature
 from .measure import time_call
-from .plan_errors import PlanErrors
+from .plan_errors import PlanErrors, inputs_digest
+from .reuse import model_digest
 from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
                         measure_unit_times)
 from .solver import Choice, Problem, Region, solve
@@ -66,8 +67,7 @@ class Quantizer:
     :func:`byoc_hetero.quantize`'s defaults)."""
 
     def __init__(self, mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None,
-                 calibration: Sequence[Sequence[np.ndarray]]):
-        from ..quant.calibrate import Observations, build_observer, run_observer
+                 calibration: Sequence[Sequence[np.ndarray]], cache: TimingCache | None = None, model: str = ""):
         from ..quant.plan import activation_qparams, plan, tensor_index
 
         self.mod, self.params, self.samples = mod, dict(params or {}), list(calibration)
@@ -79,13 +79,27 @@ class Quantizer:
             return
         order = {p: -len(func.params) + i for i, p in enumerate(func.params)} | tensor_index(func)
         observed = sorted(set(full.points.values()), key=lambda v: order[v])
-        vm = build_observer(mod, self.params, observed, "llvm")
+        key = signature("int8_ranges", attrs={"model": model, "inputs": inputs_digest(self.samples)})
+        ranges = cache.get_value(key) if cache is not None and model else None
+        if ranges is None or len(ranges) != len(observed):
+            ranges = self._observe(observed)
+            if cache is not None and model:
+                cache.put_value(key, ranges)
+        for var, (lo, hi) in zip(observed, ranges):
+            scale, zp = activation_qparams(lo, hi, "uint8")
+            self.qparams[var] = (scale, zp, "uint8")
+
+    def _observe(self, observed: list) -> list[list[float]]:
+        """The min-max range of each ``observed`` value over the calibration samples: the model
+        built for llvm with those values as outputs, run on each sample (the int8 level's slowest
+        step on a warm cache before the ranges were kept there: 4 ResNet-50 calls on llvm)."""
+        from ..quant.calibrate import Observations, build_observer, run_observer
+
+        vm = build_observer(self.mod, self.params, observed, "llvm")
         stats = Observations([v.name for v in observed], keep_samples=False)
         for sample in self.samples:
             stats.add(run_observer(vm, sample)[1])
-        for i, var in enumerate(observed):
-            scale, zp = activation_qparams(*stats.range(i, "minmax", 100.0), "uint8")
-            self.qparams[var] = (scale, zp, "uint8")
+        return [[float(x) for x in stats.range(i, "minmax", 100.0)] for i in range(len(observed))]
 
     def module(self, int8: set[int]) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
         """The model with the layers of index ``int8`` quantized, the others float32."""
@@ -388,7 +402,8 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     if "bf16" in report.precisions and bf16_off:
         report.precisions = tuple(p for p in report.precisions if p != "bf16")
         report.notes.append(f"bf16 candidates skipped: {bf16_off}")
-    quantizer = Quantizer(session.mod, session.params, calibration)
+    cache = cache or TimingCache(None)
+    quantizer = Quantizer(session.mod, session.params, calibration, cache, model_digest(session.mod, session.params))
     if not quantizer.layers:
         report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")
         return None, report
@@ -397,7 +412,6 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     except MatchError as err:
         report.notes.append(f"int8 candidates skipped: {err}")
         return None, report
-    cache = cache or TimingCache(None)
     float_plans = _float_plans(session, default, calibration, holdout, cache)
     ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys), [lyr.index for lyr in quantizer.layers],
                       {k: i for i, k in float_keys.items()})
