@@ -189,8 +189,9 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
         report.threads, note = tune_threads(report.codegen, timing_cache, codegen_options(
             _targets(targets), precision, None), repeat=repeat, progress=bar)
         report.notes.extend([note] if note else [])
-        backend_options.update({"region_threads": threads_option(report.threads)} if threads_option(report.threads)
-                               else {})
+        chosen = threads_option(report.threads)
+        if chosen:
+            backend_options["region_threads"] = chosen
     base = partition(mod, params, target=targets, precision=precision, region_codegen=mapped) if mapped else default
     sites = conv_sites(base)
     for i, site in enumerate(sites):
