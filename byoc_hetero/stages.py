@@ -59,7 +59,8 @@ from .passes import (
     run_passes,
 )
 from .passes.host_code_anchor import host_code_anchor
-from .passes.cost_gate import DEFAULT_MIN_REGION_OPS, HEAVY_OPS, HOST, gated_composites
+from .passes.cost_gate import DEFAULT_MIN_REGION_OPS, HEAVY_OPS, HOST, gated_composites, region_key
+from .passes.retarget_regions import retarget_regions
 from .quant.validate import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
@@ -189,10 +190,16 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
             gated = gated_composites(mod, merged, min_region_ops, require_heavy_op, log, codegen, used)
             if not gated:
                 _warn_unused_keys(codegen, used)
+                merged = retarget_regions(merged, codegen, _region_keys(merged) if codegen else {})
                 return log.attach(run_passes(AFTER_MERGE, merged))
             mod = inline_composites(mod, gated)
 
     return stage
+
+
+def _region_keys(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, str]:
+    """Each region of ``mod`` and its :func:`~byoc_hetero.passes.cost_gate.region_key`."""
+    return {gv: region_key(f) for gv, f in mod.functions_items() if is_region(f)}
 
 
 def _codegen_map(region_codegen: Mapping[str, str] | None) -> dict[str, str]:

@@ -303,6 +303,12 @@ int64_t ReadEnvelope(ObjectReader& doc, RegionGraph& g) {
                                 "\", got \"" + g.precision + "\"");
     }
   }
+  // Optional (absent = the process's knob): a tuner's per-region choice (bh.tune's threads level).
+  if (doc.Has("threads")) {
+    int64_t n = doc.Int("threads");
+    if (n < 1 || n > 4096) doc.Fail("threads", "expected an integer from 1 to 4096, got " + std::to_string(n));
+    g.threads = static_cast<int>(n);
+  }
   return version;
 }
 

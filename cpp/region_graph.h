@@ -105,6 +105,8 @@ struct RegionGraph {
   std::string symbol;
   /*! \brief Requested compute precision of the anchors: "f32" (default) or "bf16". */
   std::string precision = kPrecisionF32;
+  /*! \brief Optional "threads": at most this many OpenMP threads per call (0: the process's knob). */
+  int threads = 0;
   std::vector<TensorInfo> tensors;
   std::vector<int> inputs;
   std::vector<int> outputs;

@@ -218,7 +218,9 @@ class RegionModuleObj : public ffi::ModuleObj {
  public:
   explicit RegionModuleObj(std::string graph_json)
       : graph_json_(std::move(graph_json)), graph_(ParseRegionGraph(graph_json_)) {
-    plan_ = std::make_unique<CompiledRegion>(graph_, RegionThreads());
+    // a document's "threads" caps the process's count (a tuner measured this region faster so)
+    const int threads = graph_.threads > 0 ? std::min(graph_.threads, RegionThreads()) : RegionThreads();
+    plan_ = std::make_unique<CompiledRegion>(graph_, threads);
     for (const auto& c : graph_.constants) const_names_.push_back(c.name);
   }
 

@@ -497,6 +497,38 @@ def test_precision_mix_meets_the_tolerance_on_held_out_inputs(monkeypatch, tmp_p
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(held[0])).numpy(), _run(m, held[:1])[0][0])
 
 
+def test_precision_errors_come_from_the_cache_the_second_time(monkeypatch, tmp_path):
+    """Sensitivities, mix errors, held-out errors and the end-to-end figures go into the timing cache
+    under the model, the plan and the inputs' digest: a second tune with the same calibration runs no
+    candidate and times nothing, and reaches the same plan; another calibration set measures again."""
+    import byoc_hetero as bh
+    from byoc_hetero.tune import precision
+
+    _skip_without_bf16()
+    _inject_unit_times(monkeypatch)
+    runs, timed = [], []
+    real_run, real_time = precision.Built.run, precision.time_plans
+    monkeypatch.setattr(precision.Built, "run", lambda self, samples: runs.append(1) or real_run(self, samples))
+    monkeypatch.setattr(precision, "time_plans", lambda *a: timed.append(1) or real_time(*a))
+    mod, params = bh.models.small_convnet()
+    cal, held = _convnet_samples(3, 1), _convnet_samples(2, 2)
+    tol = _error(_run(bh.partition(mod, params, precision="bf16"), cal), _llvm_outputs(mod, params, cal)) / 2
+
+    def tune(calibration):
+        runs.clear(), timed.clear()
+        return bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=tol, calibration=calibration,
+                       holdout=held, cache=tmp_path / "c.json", repeat=3, guard_rounds=1)
+
+    m1, first = tune(cal)
+    assert runs and timed and all(u.error is not None for u in first.precision.units)  # sensitivities measured
+    m2, second = tune(cal)
+    assert runs == [] and timed == [] and second.cache_misses == 0 and second.cache_hits > first.cache_hits
+    assert [u.error for u in second.precision.units] == [u.error for u in first.precision.units]
+    assert second.precision.kept == first.precision.kept and _node_attrs(m2) == _node_attrs(m1)
+    _, third = tune(_convnet_samples(3, 7))  # other calibration inputs: other errors
+    assert runs and third.cache_misses > 0
+
+
 def test_precision_never_slower_than_the_default(monkeypatch):
     import byoc_hetero as bh
 
@@ -673,12 +705,15 @@ def test_isolated_region_harnesses_compute_the_region():
             np.testing.assert_allclose(got[0], got[1], rtol=1e-4, atol=1e-5)
 
 
-def _fake_pair(offloaded_s: float, llvm_s: float):
+def _fake_pair(offloaded_s: float, llvm_s: float, others_s: float | None = None):
+    """A stand-in for codegen._time_all: the region's own backend (the first candidate) takes
+    ``offloaded_s``, llvm ``llvm_s``, any other backend ``others_s``."""
     calls = []
 
-    def fake(off, llvm, repeat, budget_s):
-        calls.append(1)
-        return Timing(offloaded_s, 5), Timing(llvm_s, 5), ""
+    def fake(fns, repeat, budget_s):
+        calls.append(list(fns))
+        own = next(iter(fns))
+        return {n: Timing(offloaded_s if n == own else llvm_s if n == "llvm" else others_s, 5) for n in fns}, ""
 
     return fake, calls
 
@@ -689,7 +724,7 @@ def test_codegen_decisions_follow_the_measurements(monkeypatch, tmp_path, llvm_f
 
     mod, params = _conv_and_island()
     fake, calls = _fake_pair(2e-3, 1e-3) if llvm_faster else _fake_pair(1e-3, 2e-3)
-    monkeypatch.setattr(codegen, "_time_pair", fake)
+    monkeypatch.setattr(codegen, "_time_all", fake)
     cache = TimingCache(tmp_path / "c.json", MACHINE)
     plan = codegen.tune_codegen(mod, params, cache, repeat=3)
     want = "llvm" if llvm_faster else "onednn"
@@ -700,7 +735,7 @@ def test_codegen_decisions_follow_the_measurements(monkeypatch, tmp_path, llvm_f
     assert "llvm 1.000 ms" in moved[0].why() or "llvm 2.000 ms" in moved[0].why()
     assert len(calls) == 2 and len(cache) == 4  # two regions x (offloaded, llvm)
     # a second run reads every timing back: nothing built or timed
-    monkeypatch.setattr(codegen, "_time_pair", lambda *a: pytest.fail("timed again despite the cache"))
+    monkeypatch.setattr(codegen, "_time_all", lambda *a: pytest.fail("timed again despite the cache"))
     again = codegen.tune_codegen(mod, params, cache)
     assert again.region_codegen == plan.region_codegen and all(d.cached for d in again.decisions)
 
@@ -733,7 +768,7 @@ def test_tune_applies_codegen_decisions_and_matches_llvm(monkeypatch, tmp_path, 
     from byoc_hetero.tune import codegen, tuner
 
     mod, params = _conv_and_island()
-    monkeypatch.setattr(codegen, "_time_pair", _fake_pair(2e-3, 1e-3)[0] if llvm_faster else _fake_pair(1e-3, 2e-3)[0])
+    monkeypatch.setattr(codegen, "_time_all", _fake_pair(2e-3, 1e-3)[0] if llvm_faster else _fake_pair(1e-3, 2e-3)[0])
     guards = []
     monkeypatch.setattr(tuner, "_guard", lambda *a: guards.append(1) or (Timing(2e-3, 5), Timing(1e-3, 5)))
     m, report = bh.tune(mod, params, cache=tmp_path / "c.json", repeat=3)
@@ -767,6 +802,74 @@ def test_tune_refuses_symbolic_inputs():
         bh.tune(bb.get())
 
 
+@pytest.fixture
+def user_backend(restore_rules):
+    """A user's backend ``mine`` that takes relu only; its codegen (registered here) hands the
+    regions to the oneDNN codegen and counts the regions it was given."""
+    import tvm
+
+    import byoc_hetero as bh
+
+    onednn, compiled = tvm.get_global_func("relax.ext.onednn"), []
+
+    def mine_codegen(funcs, options, constant_names):
+        compiled.extend(str(f.attrs["global_symbol"]) for f in funcs)
+        return onednn(funcs, options, constant_names)
+
+    bh.register_target("mine", codegen=mine_codegen)
+    bh.op_rule("relax.nn.relu", target="mine")(lambda call: True)
+    return compiled
+
+
+def test_user_backend_is_timed_as_a_third_codegen_candidate(user_backend):
+    """Real timings: the island (a relu) is timed offloaded, on llvm and on the user's backend,
+    whose codegen really compiled it; the conv region, which ``mine`` cannot run, says why."""
+    from byoc_hetero.tune.codegen import _winner, candidate_regions, measure_region
+
+    mod, params = _conv_and_island()
+    cache = TimingCache(None, MACHINE)
+    decisions = [measure_region(c, cache, repeat=6, backends=("onednn", "mine"))
+                 for c in candidate_regions(mod, params, targets=("onednn", "mine"))]
+    conv, island = decisions
+    assert set(conv.timings) == {"onednn", "llvm"} and "mine takes 1 of its 2 ops" in conv.unable["mine"]
+    assert set(island.timings) == {"onednn", "llvm", "mine"} and all(t.median_s > 0 for t in island.timings.values())
+    assert island.chosen == _winner(island.timings, "llvm") and "mine " in island.why()
+    assert len(user_backend) == 1 and len(cache) == 5  # mine compiled the island once; 2 + 3 timings
+
+
+def test_tune_chooses_a_user_backend_and_matches_llvm(monkeypatch, tmp_path, user_backend):
+    """Measured fastest (injected times), the user's backend gets the island: the tuned module has a
+    region of ``mine``, built by its codegen, and computes what the llvm-only build does."""
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.tune import codegen, tuner
+
+    mod, params = _conv_and_island()
+    fake, calls = _fake_pair(2e-3, 3e-3, others_s=0.5e-3)
+    monkeypatch.setattr(codegen, "_time_all", fake)
+    monkeypatch.setattr(tuner, "_guard", lambda *a: (Timing(2e-3, 5), Timing(1e-3, 5)))
+    m, report = bh.tune(mod, params, targets=("onednn", "mine"), cache=tmp_path / "c.json", repeat=3)
+    assert calls == [["onednn", "llvm"], ["onednn", "llvm", "mine"]]
+    island = next(d for d in report.codegen.decisions if d.region.gate)
+    assert island.chosen == "mine" and "mine 500.0 µs" in str(report) and report.kept == "tuned"
+    placed = {e.target: dict(e.ops) for e in region_table(m).values()}
+    assert placed == {"onednn": {"nn.conv2d": 1, "nn.relu": 1}, "mine": {"nn.relu": 1}}
+    assert user_backend  # mine's codegen built the tuned module's island
+    x = np.random.default_rng(2).standard_normal((1, 4, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+
+
+def test_region_codegen_to_a_backend_that_cannot_run_the_region(user_backend):
+    import byoc_hetero as bh
+
+    mod, params = _conv_and_island()
+    _, (heavy,), _ = _candidates(mod, params)
+    with pytest.raises(bh.RuleError, match="cannot run on mine: mine takes 1 of its 2 ops"):
+        bh.partition(mod, params, target=("onednn", "mine"), region_codegen={heavy.key: "mine"})
+    with pytest.raises(bh.RuleError, match="nosuch"):
+        bh.tune(mod, params, targets=("onednn", "nosuch"))
+
+
 def test_progress_bar_updates_one_line_on_a_terminal_and_writes_lines_elsewhere():
     import io
 
@@ -789,3 +892,73 @@ def test_progress_bar_updates_one_line_on_a_terminal_and_writes_lines_elsewhere(
         "tune [....................] codegen 0/2 region a long description",
         "tune [##########..........] codegen 1/2 region b",
         "tune [####################] algorithm 2/2 done"]
+
+
+# ---- the threads level: the process's thread count or one, per region --------------------------
+
+@pytest.fixture
+def two_threads():
+    """The region runtime's process-wide count at 2 for modules made in the test (restored after)."""
+    import byoc_hetero as bh
+
+    before = bh._C.num_threads()
+    bh._C.set_num_threads(2)
+    yield 2
+    bh._C.set_num_threads(before)
+
+
+def test_region_threads_option_caps_a_region_document(two_threads):
+    import json as _json
+
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+
+    mod, params = _conv_and_island()
+    _, (heavy,), _ = _candidates(mod, params)
+    x = np.random.default_rng(4).standard_normal((1, 4, 12, 12)).astype("float32")
+    m = bh.partition(mod, params, options={"onednn": {"region_threads": _json.dumps({heavy.key: 1})}})
+    (entry,) = region_table(m).values()
+    assert entry.graph["threads"] == 1 and _json.loads(entry.module["get_runtime_info"]())["threads"] == 1
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+    (plain,) = region_table(bh.partition(mod, params)).values()
+    assert "threads" not in plain.graph and _json.loads(plain.module["get_runtime_info"]())["threads"] == 2
+    with pytest.raises(bh.RuleError, match="region_threads"):
+        bh.partition(mod, params, options={"onednn": {"region_threads": '{"k": 0}'}})
+    import tvm
+
+    doc = dict(plain.graph, threads=0)
+    with pytest.raises(Exception, match="threads.*expected an integer from 1"):
+        tvm.get_global_func("byoc_hetero.runtime.create")(_json.dumps(doc))
+
+
+def test_threads_level_measures_both_counts(two_threads):
+    from byoc_hetero.tune.codegen import _winner, candidate_regions
+    from byoc_hetero.tune.threads import measure_threads
+
+    mod, params = _conv_and_island()
+    heavy = next(c for c in candidate_regions(mod, params) if c.gate is None)
+    cache = TimingCache(None, MACHINE)
+    d = measure_threads(heavy, cache, {}, (2, 1), repeat=6)
+    assert set(d.timings) == {1, 2} and all(t.median_s > 0 for t in d.timings.values()) and len(cache) == 2
+    assert d.chosen == int(_winner({str(n): t for n, t in d.timings.items()}, "2"))
+    again = measure_threads(heavy, cache, {}, (2, 1), repeat=6)
+    assert again.cached and again.timings == d.timings
+
+
+def test_tune_threads_applies_one_thread_where_measured_faster(monkeypatch, tmp_path, two_threads):
+    import byoc_hetero as bh
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.tune import codegen, threads, tuner
+
+    mod, params = _conv_and_island()
+    monkeypatch.setattr(codegen, "_time_all", _fake_pair(1e-3, 2e-3)[0])  # both regions offloaded
+    monkeypatch.setattr(threads, "_time_all", lambda fns, repeat, budget_s: (
+        {n: Timing(1e-3 if n == "1" else 2e-3, 5) for n in fns}, ""))
+    monkeypatch.setattr(tuner, "_guard", lambda *a: (Timing(2e-3, 5), Timing(1e-3, 5)))
+    m, report = bh.tune(mod, params, cache=tmp_path / "c.json", repeat=3, threads=True)
+    assert [d.chosen for d in report.threads] == [1, 1] and report.kept == "tuned"
+    assert "1 thread: 1 thread 1.000 ms, 2 threads 2.000 ms" in str(report)
+    (entry,) = [e for e in region_table(m).values() if e.ops.get("nn.conv2d")]
+    assert entry.graph["threads"] == 1
+    x = np.random.default_rng(5).standard_normal((1, 4, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)

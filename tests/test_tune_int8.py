@@ -65,7 +65,9 @@ def _all_int8_error(mod, params, cal):
     return _error(bh.partition(q.mod, q.params), cal, _llvm(mod, params, cal))
 
 
-def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch):
+def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
+    from byoc_hetero.tune import int8, precision
+
     mod, params = bh.models.small_convnet()
     # enough calibration inputs that the output layer's int8 range covers the held-out outputs (with
     # 3, a mix with the last dense in int8 met the tolerance on them and missed it 30x on held-out ones)
@@ -73,7 +75,16 @@ def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch):
     tol = _all_int8_error(mod, params, cal) / 2  # all int8 misses it
     _inject(monkeypatch, {"tuned mix", "tuned mix, tighter"})
     m, report = bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=tol, calibration=cal,
-                        holdout=held, repeat=3, guard_rounds=1)
+                        holdout=held, repeat=3, guard_rounds=1, cache=tmp_path / "c.json")
+    # a second tune with the same calibration: every error from the timing cache, no candidate run
+    runs = []
+    real_run = precision.Built.run
+    monkeypatch.setattr(precision.Built, "run", lambda self, samples: runs.append(1) or real_run(self, samples))
+    monkeypatch.setattr(int8.Quantizer, "_observe", lambda *a: pytest.fail("activation ranges observed again"))
+    m2, again = bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=tol, calibration=cal,
+                        holdout=held, repeat=3, guard_rounds=1, cache=tmp_path / "c.json")
+    assert runs == [] and again.precision.kept == report.precision.kept and _int8_nodes(m2) == _int8_nodes(m)
+    assert [u.errors for u in again.precision.units] == [u.errors for u in report.precision.units]
     rep = report.precision
     assert rep.plan("all int8").calibration_error > tol and len(rep.units) == 5
     assert all("int8" in u.errors for u in rep.units)  # each unit alone in int8 was measured
@@ -132,7 +143,7 @@ def test_precision_search_runs_on_the_codegen_tuned_partition(monkeypatch):
     if effective_precision("bf16")[1]:
         pytest.skip("no native bf16 here")
     mod, params = _conv_and_island()
-    monkeypatch.setattr(codegen, "_time_pair", _fake_pair(1e-3, 2e-3)[0])  # offloaded faster everywhere
+    monkeypatch.setattr(codegen, "_time_all", _fake_pair(1e-3, 2e-3)[0])  # offloaded faster everywhere
     monkeypatch.setattr(precision, "time_plans", lambda plans, *a: [
         Timing(1e-3 if p.name == "all bf16" else 2e-3, 5) for p in plans])
     cal = _samples(3, 5, (1, 4, 12, 12))

@@ -13,14 +13,18 @@
   :func:`byoc_hetero.quantize`'s plan, calibrated once);
 - :mod:`.devices`: the device level (each call of the tuned module on a CPU or a GPU, from measured
   or given costs, copies counted; applied with ``bh.place``);
-- :mod:`.codegen`: the codegen level (each candidate region offloaded or on llvm, timed both ways
-  with its boundary; applied as ``bh.partition``'s ``region_codegen``);
+- :mod:`.codegen`: the codegen level (each candidate region offloaded, on llvm, or on another
+  backend of ``targets`` (a user's), timed every way with its boundary; applied as
+  ``bh.partition``'s ``region_codegen``);
 - :mod:`.reuse`: the end-to-end check's figures kept in the cache for an unchanged model and plan;
 - :mod:`.progress`: the progress bar on stderr;
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
-Threads per region and a user's backend as a codegen candidate are not decided yet.
+- :mod:`.threads`: the threads level (``threads=True``: each oneDNN region on the process's thread
+  count or one, timed both ways; applied as the backend option ``region_threads``);
+- :mod:`.plan_errors`: the precision level's measured errors (sensitivities, mixes) and end-to-end
+  figures in the timing cache, by model, plan and inputs.
 """
 
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature

@@ -15,7 +15,8 @@ versions, the GPU — and is used only where the key equals the current machine'
 - a corrupt file (not JSON, wrong format name or version, malformed entries) is ignored with a
   warning.
 
-Ignored files are never trusted in part. :meth:`TimingCache.save` replaces the file atomically (a
+Beside timings, the file keeps measured output errors (``errors``: the precision level's, keyed by
+model, plan and inputs, :mod:`.plan_errors`). Ignored files are never trusted in part. :meth:`TimingCache.save` replaces the file atomically (a
 temporary file renamed over it), so a tuner killed while saving leaves the old file intact. A file
 can be shipped with a model and replayed on the same kind of machine for the same decisions.
 """
@@ -30,6 +31,7 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 FORMAT = "byoc-hetero-timing-cache"
 VERSION = 1
@@ -104,6 +106,13 @@ def signature(kind: str, shapes: Iterable[Iterable[int]] = (), dtypes: Iterable[
     return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
 
 
+def _error_from_json(value: object) -> float:
+    """A stored error: a number >= 0 (``Infinity`` for a plan whose output was not finite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"bad error {value!r}")
+    return float(value)
+
+
 class TimingCache:
     """Timings on disk (``path``; None keeps them in memory only) for one :class:`MachineKey`."""
 
@@ -111,6 +120,8 @@ class TimingCache:
         self.path = os.fspath(path) if path is not None else None
         self.machine = machine if machine is not None else MachineKey.current()
         self.entries: dict[str, Timing] = {}
+        self.errors: dict[str, float] = {}  # measured output errors (the precision level's), by signature
+        self.values: dict[str, Any] = {}  # other measured values, JSON (the int8 level's activation ranges)
         self.hits = 0
         self.misses = 0
         self.ignored: str | None = None  # why a file on disk was not used
@@ -134,6 +145,8 @@ class TimingCache:
         try:
             theirs = MachineKey(**doc["machine"])
             entries = {str(k): Timing.from_json(v) for k, v in doc["entries"].items()}
+            errors = {str(k): _error_from_json(v) for k, v in doc.get("errors", {}).items()}
+            values = dict(doc.get("values", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             return self._ignore(f"malformed ({type(err).__name__}: {err})")
         if theirs.machine_part() != self.machine.machine_part():
@@ -144,11 +157,14 @@ class TimingCache:
             return self._ignore(f"stale: libraries onednn {theirs.onednn}, tvm {theirs.tvm}, "
                                 f"byoc_hetero {theirs.byoc_hetero}; now onednn {self.machine.onednn}, "
                                 f"tvm {self.machine.tvm}, byoc_hetero {self.machine.byoc_hetero}")
-        self.entries = entries
+        self.entries, self.errors, self.values = entries, errors, values
 
     def get(self, key: str) -> Timing | None:
         """The stored timing of ``key`` (counted as a hit), or None (a miss)."""
-        found = self.entries.get(key)
+        return self._counted(self.entries.get(key))
+
+    def _counted(self, found: Any) -> Any:
+        """``found``, counted as a hit, or as a miss when None."""
         if found is None:
             self.misses += 1
         else:
@@ -158,6 +174,21 @@ class TimingCache:
     def put(self, key: str, timing: Timing) -> None:
         self.entries[key] = timing
 
+    def get_error(self, key: str) -> float | None:
+        """The stored output error of ``key`` (a hit), or None (a miss)."""
+        return self._counted(self.errors.get(key))
+
+    def put_error(self, key: str, error: float) -> None:
+        self.errors[key] = float(error)
+
+    def get_value(self, key: str) -> Any:
+        """The stored value of ``key`` (a hit), or None (a miss)."""
+        return self._counted(self.values.get(key))
+
+    def put_value(self, key: str, value: Any) -> None:
+        """Store a JSON-serializable ``value``."""
+        self.values[key] = value
+
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -166,7 +197,8 @@ class TimingCache:
         if self.path is None:
             return
         doc = {"format": FORMAT, "version": VERSION, "machine": asdict(self.machine),
-               "entries": {k: asdict(v) for k, v in sorted(self.entries.items())}}
+               "entries": {k: asdict(v) for k, v in sorted(self.entries.items())},
+               "errors": dict(sorted(self.errors.items())), "values": dict(sorted(self.values.items()))}
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".timing-", dir=folder)

@@ -1,4 +1,5 @@
-"""The codegen level: for each candidate region, offloaded or left to TVM's llvm code, from timings.
+"""The codegen level: for each candidate region, offloaded, left to TVM's llvm code, or run by
+another backend of ``targets`` (a user's, from ``bh.register_target``), from timings.
 
 The cost gate of MergeCompilerRegions keeps a region on llvm when it has no conv, dense or matmul
 (``byoc_hetero/passes/cost_gate.py``) — a fixed rule, measured once on a lone relu. Here the
@@ -11,7 +12,10 @@ real shapes:
   counts what the boundary costs: the VM's call into the region, the runtime's argument binding and
   its layout conversions in and out;
 - *llvm*: the same ``main`` with the region's composites inlined back to plain ops, as
-  ``relax.build`` compiles what stays with TVM.
+  ``relax.build`` compiles what stays with TVM;
+- *another backend* of ``targets``: the region as that backend forms it from the plain ops
+  (:mod:`byoc_hetero.passes.retarget_regions`), where it can run all of them, called like the
+  offloaded one through that backend's codegen.
 
 Both run in the same VM harness and are timed (:func:`.measure.time_call`; a candidate already
 ``GIVE_UP`` times slower than the other on its first call is not timed further). The faster wins;
@@ -37,10 +41,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._relax import is_composite, is_region, op_calls, region_composites, shape_of, static_shape, tensor_dtype
+from .._relax import is_region, op_calls, region_composites, shape_of, static_shape, tensor_dtype
 from ..errors import PlacementWarning
 from ..rules import get_target
-from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason, region_key
+from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason
+from ..passes.retarget_regions import region_as_main, region_key_of, retarget_region
 from .cache import Timing, TimingCache, signature
 from .measure import robust_timing
 
@@ -111,7 +116,7 @@ def candidate_regions(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None
     for func in merged.functions.values():
         if not is_region(func):
             continue
-        key = region_key(func)
+        key = region_key_of(func)
         if key in found:
             found[key] = replace(found[key], count=found[key].count + 1)
             continue
@@ -125,8 +130,6 @@ def candidate_regions(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None
 def _harness(region: relax.Function, offloaded: bool) -> tvm.IRModule:
     """A module whose ``main`` runs ``region``: called as a region, or with its composites inlined
     as plain ops for llvm."""
-    from ..passes import inline_composites
-
     if offloaded:
         symbol = str(region.attrs["global_symbol"])
         bb = relax.BlockBuilder()
@@ -135,10 +138,22 @@ def _harness(region: relax.Function, offloaded: bool) -> tvm.IRModule:
         with bb.function("main", params):
             bb.emit_func_output(bb.emit(relax.Call(gv, params)))
         return bb.get()
-    plain = relax.Function(region.params, region.body, region.ret_ty, region.is_pure).with_attr("global_symbol", "main")
-    lifted = relax.transform.LambdaLift()(tvm.IRModule({"main": plain}))
-    composites = {gv for gv, f in lifted.functions_items() if is_composite(f)}
-    return inline_composites(lifted, composites)
+    return region_as_main(region)
+
+
+def _other_backends(c: RegionCandidate, names: Sequence[str]) -> tuple[dict[str, relax.Function], dict[str, str]]:
+    """The region as a region of each other backend of ``names`` that can run all of it, and why
+    each of the rest cannot."""
+    runs, why = {}, {}
+    for name in names:
+        if name == c.target:
+            continue
+        got = retarget_region(c.func, name)
+        if isinstance(got, str):
+            why[name] = got
+        else:
+            runs[name] = got
+    return runs, why
 
 
 def _inputs(region: relax.Function, seed: int = 0) -> list[tvm.runtime.Tensor]:
@@ -171,27 +186,36 @@ def _calls(fn: Callable[[], Any], n: int) -> list[float]:
     return out
 
 
-def _time_pair(offloaded: Callable[[], Any], llvm: Callable[[], Any], repeat: int,
-               budget_s: float) -> tuple[Timing, Timing, str]:
-    """Both candidates timed: a warm-up call each (the offloaded one makes the runtime's plan), then
-    three rounds alternating between them (so that load from other work hits both alike), each
-    round ``repeat / 3`` calls or as many as ``budget_s`` allows (at least 2). llvm stops after its
-    first call when that is :data:`GIVE_UP` times the offloaded median and long
-    (:data:`GIVE_UP_AFTER_S`)."""
-    offloaded()
-    off = _calls(offloaded, 3)
-    first = _calls(llvm, 1)[0]
-    median = float(np.median(off))
-    if first > max(GIVE_UP * median, GIVE_UP_AFTER_S):
-        return (robust_timing(off + _calls(offloaded, max(0, repeat - 3))), robust_timing([first]),
-                f"llvm's first call took {first / median:.0f}x the offloaded median: not timed further")
-    per_round = max(2, min(-(-repeat // 3), int(budget_s / 6 / max(first, median, 1e-9))))
-    samples: dict[int, list[float]] = {0: off, 1: []}
-    fns = (offloaded, llvm)
-    for r in range(3):
-        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-            samples[i].extend(_calls(fns[i], per_round))
-    return robust_timing(samples[0]), robust_timing(samples[1]), ""
+def _time_all(fns: Mapping[str, Callable[[], Any]], repeat: int, budget_s: float) -> tuple[dict[str, Timing], str]:
+    """Every candidate timed: the first (the region's own backend) warmed up and called three
+    times; each other one called once, and dropped from further timing when that first call is
+    :data:`GIVE_UP` times the first's median and long (:data:`GIVE_UP_AFTER_S`); then three rounds
+    alternating between those left, the order reversed every other round (so that load from other
+    work hits all alike), each round ``repeat / 3`` calls or as many as ``budget_s`` allows (at
+    least 2)."""
+    names = list(fns)
+    fns[names[0]]()
+    samples = {names[0]: _calls(fns[names[0]], 3)}
+    median = float(np.median(samples[names[0]]))
+    out, notes = {}, []
+    for name in names[1:]:
+        first = _calls(fns[name], 1)[0]
+        if first > max(GIVE_UP * median, GIVE_UP_AFTER_S):
+            out[name] = robust_timing([first])
+            notes.append(f"{name}'s first call took {first / median:.0f}x the offloaded median: not timed further")
+        else:
+            samples[name] = [first]
+    timed = list(samples)
+    if len(timed) == 1:
+        samples[names[0]] += _calls(fns[names[0]], max(0, repeat - 3))
+    else:
+        slowest = max(max(v) for v in samples.values())
+        per_round = max(2, min(-(-repeat // 3), int(budget_s / (3 * len(timed)) / max(slowest, 1e-9))))
+        for r in range(3):
+            for name in timed if r % 2 == 0 else reversed(timed):
+                samples[name].extend(_calls(fns[name], per_round))
+    out.update({name: robust_timing(v) for name, v in samples.items()})
+    return {name: out[name] for name in names}, "; ".join(notes)
 
 
 @dataclass
@@ -199,10 +223,11 @@ class CodegenDecision:
     """What was measured for one candidate region and where it runs."""
 
     region: RegionCandidate
-    timings: dict[str, Timing] = field(default_factory=dict)  # "llvm" and the backend
+    timings: dict[str, Timing] = field(default_factory=dict)  # "llvm", the backend, other backends
     chosen: str = ""
     cached: bool = False
     note: str = ""
+    unable: dict[str, str] = field(default_factory=dict)  # other backends asked for that cannot run it: why
 
     @property
     def default(self) -> str:
@@ -216,7 +241,8 @@ class CodegenDecision:
         rule = (f"the cost gate would keep it on llvm: {self.region.gate}" if self.region.gate
                 else "the cost gate would offload it")
         verdict = "agrees with" if self.chosen == self.default else "overrides"
-        return f"{self.chosen}: {parts}{'; ' + self.note if self.note else ''} ({verdict} the rule; {rule})"
+        unable = "".join(f"; {k} cannot run it: {v}" for k, v in sorted(self.unable.items()))
+        return f"{self.chosen}: {parts}{'; ' + self.note if self.note else ''}{unable} ({verdict} the rule; {rule})"
 
 
 def _ms(t: Timing) -> str:
@@ -237,29 +263,33 @@ def _key(c: RegionCandidate, codegen: str, options: Mapping[str, Mapping[str, An
 
 def measure_region(c: RegionCandidate, cache: TimingCache, options: Mapping[str, Mapping[str, Any]] | None = None,
                    repeat: int = 15, budget_s: float = 1.0,
-                   step: Callable[[str], None] | None = None) -> CodegenDecision:
-    """Time ``c`` offloaded and on llvm (through ``cache``) and decide; ``options`` as the codegen
-    is given them (``stages.codegen_options``); ``step(what)`` hears of each build and the timing
-    (a whole ResNet-50 on llvm takes a while)."""
+                   step: Callable[[str], None] | None = None, backends: Sequence[str] = ()) -> CodegenDecision:
+    """Time ``c`` offloaded, on llvm, and on each other backend of ``backends`` that can run all
+    of it (:func:`~byoc_hetero.passes.retarget_regions.retarget_region`), through ``cache``, and
+    decide; ``options`` as the codegens are given them (``stages.codegen_options``);
+    ``step(what)`` hears of each build and the timing (a whole ResNet-50 on llvm takes a while)."""
     step = step or (lambda _what: None)
     options = options or {}
     d = CodegenDecision(c)
     if c.untimeable:
         d.chosen, d.note = c.default, c.untimeable
         return d
-    keys = {codegen: _key(c, codegen, options) for codegen in (c.target, HOST)}
+    others, d.unable = _other_backends(c, backends)
+    keys = {codegen: _key(c, codegen, options) for codegen in (c.target, HOST, *others)}
     found = {codegen: cache.get(k) for codegen, k in keys.items()}
     if all(found.values()):
         step("timings from the cache")
         d.timings, d.cached = dict(found), True
     else:
         args = _inputs(c.func)
-        step(f"building it for {c.target}")
-        off = _runner(_harness(c.func, True), args, options)
-        step(f"building it for {HOST}")
-        llvm = _runner(_harness(c.func, False), args, options)
-        step("timing both")
-        d.timings[c.target], d.timings[HOST], d.note = _time_pair(off, llvm, repeat, budget_s)
+        regions = {c.target: _harness(c.func, True), HOST: _harness(c.func, False),
+                   **{name: _harness(f, True) for name, f in others.items()}}
+        runners = {}
+        for codegen, harness in regions.items():
+            step(f"building it for {codegen}")
+            runners[codegen] = _runner(harness, args, options)
+        step(f"timing {len(runners)} candidates")
+        d.timings, d.note = _time_all(runners, repeat, budget_s)
         for codegen, k in keys.items():
             cache.put(k, d.timings[codegen])
     d.chosen = _winner(d.timings, c.default)
@@ -316,7 +346,8 @@ def tune_codegen(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, cac
     sent to llvm are no longer regions once the map applies, but the map must still name them."""
     from ..stages import _targets, codegen_options
 
-    given = codegen_options(_targets(targets), precision, options)
+    names = _targets(targets)
+    given = codegen_options(names, precision, options)
     measured: dict[str, CodegenDecision] = {}
     for _ in range(3):
         applied = {k: d.chosen for k, d in measured.items()} or None
@@ -328,7 +359,7 @@ def tune_codegen(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, cac
                 if progress is not None:
                     progress("codegen", i, len(new), f"{c}: {what}")
 
-            measured[c.key] = measure_region(c, cache, given, repeat, step=step)
+            measured[c.key] = measure_region(c, cache, given, repeat, step=step, backends=names)
         if progress is not None and new:
             progress("codegen", len(new), len(new), "done")
         if not new or all(d.chosen != HOST for d in measured.values()):

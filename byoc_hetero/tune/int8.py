@@ -44,8 +44,10 @@ import tvm
 
 from .cache import TimingCache, signature
 from .measure import time_call
+from .plan_errors import PlanErrors, inputs_digest
+from .reuse import model_digest
 from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
-                        measure_unit_times, relative_error)
+                        measure_unit_times)
 from .solver import Choice, Problem, Region, solve
 
 #: the attrs of an int8 node that hold quantization values: not part of its timing key
@@ -65,8 +67,7 @@ class Quantizer:
     :func:`byoc_hetero.quantize`'s defaults)."""
 
     def __init__(self, mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None,
-                 calibration: Sequence[Sequence[np.ndarray]]):
-        from ..quant.calibrate import Observations, build_observer, run_observer
+                 calibration: Sequence[Sequence[np.ndarray]], cache: TimingCache | None = None, model: str = ""):
         from ..quant.plan import activation_qparams, plan, tensor_index
 
         self.mod, self.params, self.samples = mod, dict(params or {}), list(calibration)
@@ -78,13 +79,27 @@ class Quantizer:
             return
         order = {p: -len(func.params) + i for i, p in enumerate(func.params)} | tensor_index(func)
         observed = sorted(set(full.points.values()), key=lambda v: order[v])
-        vm = build_observer(mod, self.params, observed, "llvm")
+        key = signature("int8_ranges", attrs={"model": model, "inputs": inputs_digest(self.samples)})
+        ranges = cache.get_value(key) if cache is not None and model else None
+        if ranges is None or len(ranges) != len(observed):
+            ranges = self._observe(observed)
+            if cache is not None and model:
+                cache.put_value(key, ranges)
+        for var, (lo, hi) in zip(observed, ranges):
+            scale, zp = activation_qparams(lo, hi, "uint8")
+            self.qparams[var] = (scale, zp, "uint8")
+
+    def _observe(self, observed: list) -> list[list[float]]:
+        """The min-max range of each ``observed`` value over the calibration samples: the model
+        built for llvm with those values as outputs, run on each sample (the int8 level's slowest
+        step on a warm cache before the ranges were kept there: 4 ResNet-50 calls on llvm)."""
+        from ..quant.calibrate import Observations, build_observer, run_observer
+
+        vm = build_observer(self.mod, self.params, observed, "llvm")
         stats = Observations([v.name for v in observed], keep_samples=False)
         for sample in self.samples:
             stats.add(run_observer(vm, sample)[1])
-        for i, var in enumerate(observed):
-            scale, zp = activation_qparams(*stats.range(i, "minmax", 100.0), "uint8")
-            self.qparams[var] = (scale, zp, "uint8")
+        return [[float(x) for x in stats.range(i, "minmax", 100.0)] for i in range(len(observed))]
 
     def module(self, int8: set[int]) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
         """The model with the layers of index ``int8`` quantized, the others float32."""
@@ -181,20 +196,24 @@ class MixBuilder:
         self.session, self.quantizer, self.float_keys = session, quantizer, dict(float_keys)
 
     def build(self, assignment: Mapping[int, str]) -> Built:
+        """The plan ``assignment``, partitioned and built when first used (:class:`.precision.Built`)."""
+        return Built(lambda: self._partition(assignment))
+
+    def _partition(self, assignment: Mapping[int, str]) -> tvm.IRModule:
         from ..stages import partition
 
         int8 = {i for i, p in assignment.items() if p == "int8"}
         if not int8:
-            return self.session.build({self.float_keys[i]: p for i, p in assignment.items()})
+            return self.session.build({self.float_keys[i]: p for i, p in assignment.items()}).module
         qmod, qparams = self.quantizer.module(int8)
         targets, options = self.session.targets, {k: dict(v) for k, v in self.session.options.items()}
         plain = partition(qmod, qparams, target=targets, options=options)
         if "bf16" not in assignment.values():
-            return Built(plain)
+            return plain
         floats, _ = layer_keys(plain, self.quantizer.layers, int8)
         options.setdefault("onednn", {})["node_precisions"] = json.dumps(
             {key: assignment[i] for i, key in floats.items()}, sort_keys=True)
-        return Built(partition(qmod, qparams, target=targets, precision="bf16", options=options))
+        return partition(qmod, qparams, target=targets, precision="bf16", options=options)
 
 
 def unit_layers(unit: PrecisionUnit, layer_of: Mapping[str, int]) -> list[int]:
@@ -208,16 +227,15 @@ def assignment_of(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], c
 
 
 def plan_result(name: str, units: Sequence[PrecisionUnit], assignment: Mapping[int, str],
-                layer_of: Mapping[str, int], built: Built, calibration: list, reference: list) -> PlanResult:
-    """A measured plan: its table (float node key -> precision), calibration error and modelled time."""
+                layer_of: Mapping[str, int], built: Built, errors: PlanErrors) -> PlanResult:
+    """A measured plan: its table (float node key -> precision), calibration error (through the
+    cache: :mod:`.plan_errors`) and modelled time."""
     table = {k: assignment[layer_of[k]] for u in units for k in u.keys}
     modelled = sum(u.times.get(assignment[layer_of[u.keys[0]]], math.nan) for u in units)
-    return PlanResult(name, table, relative_error(built.run(calibration), reference), modelled_s=modelled,
-                      built=built)
+    return PlanResult(name, table, errors.error(table, "calibration", built), modelled_s=modelled, built=built)
 
 
-def measure_sensitivities(units: Sequence[PrecisionUnit], ctx: "Int8Context", calibration: list,
-                          reference: list, report: PrecisionReport) -> None:
+def measure_sensitivities(units: Sequence[PrecisionUnit], ctx: "Int8Context", report: PrecisionReport) -> None:
     """Each unit's calibration error alone in int8 and (when asked) alone in bf16, the others
     float32; largest time gain first; a precision not faster than f32 is not built; the budget
     may cut the rest (they stay float32)."""
@@ -237,7 +255,8 @@ def measure_sensitivities(units: Sequence[PrecisionUnit], ctx: "Int8Context", ca
                 rest.unmeasured = rest.unmeasured or "search cut"
             return
         assignment = {i_: "f32" for i_ in ctx.layers} | {i_: p for i_ in unit_layers(unit, ctx.layer_of)}
-        error = relative_error(ctx.builder.build(assignment).run(calibration), reference)
+        table = {k: assignment[i_] for k, i_ in ctx.layer_of.items()}
+        error = ctx.session.errors.error(table, "calibration", ctx.builder.build(assignment))
         unit.errors[p] = error
         if p == "bf16":
             unit.error = error
@@ -271,8 +290,8 @@ def _next_budget(budget: float, measured: float, tolerance: float, lo: float, hi
     return budget * (4.0 if measured == 0 else min(4.0, max(2.0, tolerance / measured)))
 
 
-def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float, calibration: list,
-           reference: list, report: PrecisionReport) -> PlanResult | None:
+def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float,
+           report: PrecisionReport) -> PlanResult | None:
     """The fastest mix found whose real calibration error is within ``tolerance`` (None: none).
 
     The solver bounds the *summed* unit errors, which overstate or understate a mix's real error,
@@ -291,7 +310,7 @@ def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float, c
             measured = 0.0
         elif frozen not in seen:
             plan = plan_result("tuned mix", units, assignment, ctx.layer_of, ctx.builder.build(assignment),
-                               calibration, reference)
+                               ctx.session.errors)
             ctx.session.say(f"mix {plan.text()} (summed unit errors {solution.error:.2g}, budget {budget:.2g})")
             seen[frozen] = plan.calibration_error
             if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
@@ -305,8 +324,7 @@ def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float, c
     return best
 
 
-def _fastest_each(units: Sequence[PrecisionUnit], ctx: Int8Context, asked: Sequence[str], calibration: list,
-                  reference: list) -> PlanResult | None:
+def _fastest_each(units: Sequence[PrecisionUnit], ctx: Int8Context, asked: Sequence[str]) -> PlanResult | None:
     """When all int8 is within the tolerance: each unit takes its fastest measured precision (one
     build checks the mix); None when that is all int8 already."""
     chosen = {u.name: min((p for p in asked if p in u.times), key=lambda p: u.times[p]) for u in units}
@@ -316,11 +334,10 @@ def _fastest_each(units: Sequence[PrecisionUnit], ctx: Int8Context, asked: Seque
     if len(set(assignment.values())) == 1:  # all int8 is a candidate already; all f32 the default
         return None
     return plan_result("tuned mix", units, assignment, ctx.layer_of, ctx.builder.build(assignment),
-                       calibration, reference)
+                       ctx.session.errors)
 
 
-def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[PlanResult], calibration: list,
-                reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
+def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[PlanResult]) -> list[PlanResult]:
     """:func:`.precision.held_out_candidates` with the int8 level's mix (``candidates``: all int8
     first, all bf16 when asked): each unit's fastest precision when all int8 is within the target,
     else the sensitivities and the search."""
@@ -330,11 +347,11 @@ def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[Plan
         if candidates[0].calibration_error <= target:
             report.notes.append("all int8 is within the tolerance on the calibration inputs: each unit takes its "
                                 "fastest precision, and the units' own sensitivities were not measured")
-            return _fastest_each(report.units, ctx, report.precisions, calibration, reference)
-        measure_sensitivities(report.units, ctx, calibration, reference, report)
-        return search(report.units, ctx, target, calibration, reference, report)
+            return _fastest_each(report.units, ctx, report.precisions)
+        measure_sensitivities(report.units, ctx, report)
+        return search(report.units, ctx, target, report)
 
-    return held_out_candidates(report, candidates, find_mix, holdout, ref_holdout)
+    return held_out_candidates(report, candidates, find_mix, ctx.session.errors)
 
 
 def _units(report: PrecisionReport, session: _Session, quantizer: Quantizer, base: tvm.IRModule,
@@ -364,11 +381,10 @@ def _time_units(report: PrecisionReport, ctx: Int8Context, graphs: Mapping[str, 
     cache.save()
 
 
-def _all_of(precision: str, report: PrecisionReport, ctx: Int8Context, calibration: list,
-            reference: list, built: Built | None = None) -> PlanResult:
+def _all_of(precision: str, report: PrecisionReport, ctx: Int8Context, built: Built | None = None) -> PlanResult:
     assignment = {i: precision for i in ctx.layers}
     built = built or ctx.builder.build(assignment)
-    return plan_result(f"all {precision}", report.units, assignment, ctx.layer_of, built, calibration, reference)
+    return plan_result(f"all {precision}", report.units, assignment, ctx.layer_of, built, ctx.session.errors)
 
 
 def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IRModule, base: tvm.IRModule,
@@ -386,7 +402,8 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     if "bf16" in report.precisions and bf16_off:
         report.precisions = tuple(p for p in report.precisions if p != "bf16")
         report.notes.append(f"bf16 candidates skipped: {bf16_off}")
-    quantizer = Quantizer(session.mod, session.params, calibration)
+    cache = cache or TimingCache(None)
+    quantizer = Quantizer(session.mod, session.params, calibration, cache, model_digest(session.mod, session.params))
     if not quantizer.layers:
         report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")
         return None, report
@@ -395,22 +412,23 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     except MatchError as err:
         report.notes.append(f"int8 candidates skipped: {err}")
         return None, report
-    float_plans, reference = _float_plans(session, default, calibration)
+    float_plans = _float_plans(session, default, calibration, holdout, cache)
     ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys), [lyr.index for lyr in quantizer.layers],
                       {k: i for i, k in float_keys.items()})
     timed = float_plans[-1].built.module if len(float_plans) > 1 else base
     _time_units(report, ctx, {s: e.graph for s, e in region_table(timed).items()}, int8_keys,
-                {s: e.graph for s, e in region_table(all_int8).items()}, cache or TimingCache(None), repeat)
-    candidates = [_all_of("int8", report, ctx, calibration, reference, Built(all_int8))]
+                {s: e.graph for s, e in region_table(all_int8).items()}, cache, repeat)
+    candidates = [_all_of("int8", report, ctx, Built(all_int8))]
     if "bf16" in report.precisions:
-        candidates.append(_all_of("bf16", report, ctx, calibration, reference))
+        candidates.append(_all_of("bf16", report, ctx))
     session.say(f"{len(report.units)} units timed; " + ", ".join(
         f"{c.name}: calibration error {c.calibration_error:.2g}" for c in candidates))
-    valid = _candidates(report, ctx, candidates, calibration, reference, holdout, float_plans[0].built.run(holdout))
+    valid = _candidates(report, ctx, candidates)
     report.plans = float_plans + candidates
     if not valid:
         _warn_unmet(report, report.tolerance)
-    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat)
+    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
+    cache.save()
     for unit in report.units:
         got = {best.table.get(k, "f32") for k in unit.keys} if best.table else {"f32"}
         unit.chosen = got.pop() if len(got) == 1 else "mixed"

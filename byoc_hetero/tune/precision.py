@@ -33,6 +33,9 @@ Steps (each measured on this machine):
    float32 plans are timed end to end, alternating, and the fastest wins — never slower than the
    default float32 plan, which wins ties.
 
+Every error of steps 3-5 and the end-to-end figures of step 5 go through the timing cache
+(:mod:`.plan_errors`): a second tune of the model with the same inputs builds no candidate.
+
 When no candidate meets the tolerance, the float32 plan comes back with a :class:`TuneWarning`
 giving the best error found. ``budget_s`` bounds steps 2-4: when it runs out, the units not yet
 measured stay float32, the search returns its best plan so far, and the report says the search
@@ -58,6 +61,7 @@ from tvm import relax
 
 from ..errors import InputError, RuleError
 from .cache import Timing, TimingCache, signature
+from .plan_errors import LazyOutputs, PlanErrors, settings_digest
 from .measure import time_call
 from .solver import Choice, Problem, Region, solve
 
@@ -153,11 +157,26 @@ def _flatten(value: Any) -> list[np.ndarray]:
 
 
 class Built:
-    """A partitioned module built for llvm, ready to run samples."""
+    """A partitioned module built for llvm, ready to run samples. Given a function that makes the
+    partitioned module, it is partitioned and built on first use only (a plan whose figures all
+    come from the timing cache is never built, :mod:`.plan_errors`)."""
 
-    def __init__(self, partitioned: tvm.IRModule):
-        self.module = partitioned
-        self.vm = relax.VirtualMachine(relax.build(partitioned, target="llvm"), tvm.cpu())
+    def __init__(self, partitioned: tvm.IRModule | Callable[[], tvm.IRModule]):
+        self._module = partitioned if isinstance(partitioned, tvm.IRModule) else None
+        self._make = None if self._module is not None else partitioned
+        self._vm = None
+
+    @property
+    def module(self) -> tvm.IRModule:
+        if self._module is None:
+            self._module = self._make()
+        return self._module
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(relax.build(self.module, target="llvm"), tvm.cpu())
+        return self._vm
 
     def run(self, samples: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
         """The outputs (flattened to arrays) of each sample."""
@@ -319,6 +338,7 @@ class _Session:
         self.options = {k: dict(v) for k, v in (options or {}).items()}
         self.deadline = math.inf if budget_s is None else time.perf_counter() + float(budget_s)
         self.progress = progress
+        self.errors: PlanErrors | None = None  # set by choose_precisions, with the input sets
 
     def build(self, table: Mapping[str, str] | None) -> Built:
         """The model partitioned with ``table`` (node key -> precision; None: plain float32) and built."""
@@ -329,8 +349,8 @@ class _Session:
         if table is not None:
             options.setdefault("onednn", {})["node_precisions"] = json.dumps(dict(table), sort_keys=True)
             precision = "bf16"
-        return Built(partition(self.mod, self.params, target=self.targets, precision=precision, options=options,
-                               region_codegen=self.region_codegen))
+        return Built(lambda: partition(self.mod, self.params, target=self.targets, precision=precision,
+                                       options=options, region_codegen=self.region_codegen))
 
     def left_s(self) -> float:
         return self.deadline - time.perf_counter()
@@ -424,7 +444,7 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
 
 
 def measure_sensitivity(units: Sequence[PrecisionUnit], session: _Session, keys: Sequence[str],
-                        calibration: list, reference: list, report: PrecisionReport) -> None:
+                        report: PrecisionReport) -> None:
     """Each unit's calibration error with it alone in bf16 (the others float32), largest time
     gain first; a unit where bf16 is not faster is not built; the budget may cut the rest."""
     by_gain = sorted(units, key=lambda u: u.times["bf16"] - u.times["f32"])
@@ -442,7 +462,7 @@ def measure_sensitivity(units: Sequence[PrecisionUnit], session: _Session, keys:
                 rest.unmeasured = "bf16 is not faster" if rest.times["bf16"] >= rest.times["f32"] else "search cut"
             return
         table = {k: "f32" for k in keys} | {k: "bf16" for k in unit.keys}
-        unit.error, unit.unmeasured = relative_error(session.build(table).run(calibration), reference), ""
+        unit.error, unit.unmeasured = session.errors.error(table, "calibration", session.build(table)), ""
         session.say(f"sensitivity {i + 1}/{len(units)} {unit.name}: error {unit.error:.2g}")
 
 
@@ -457,8 +477,8 @@ def _problem(units: Sequence[PrecisionUnit]) -> Problem:
     return Problem(regions, {}, lambda src, dst, nbytes: 0.0)
 
 
-def search_mix(units: Sequence[PrecisionUnit], session: _Session, tolerance: float, calibration: list,
-               reference: list, report: PrecisionReport) -> PlanResult | None:
+def search_mix(units: Sequence[PrecisionUnit], session: _Session, tolerance: float,
+               report: PrecisionReport) -> PlanResult | None:
     """The fastest mix found whose real calibration error is within ``tolerance``, or None.
 
     The solver bounds the *summed* unit errors; real errors add up less (or more), so each mix
@@ -476,7 +496,7 @@ def search_mix(units: Sequence[PrecisionUnit], session: _Session, tolerance: flo
             break
         tried.add(chosen)
         built = session.build(table)
-        plan = PlanResult("tuned mix", table, relative_error(built.run(calibration), reference),
+        plan = PlanResult("tuned mix", table, session.errors.error(table, "calibration", built),
                           modelled_s=solution.time_s, built=built)
         session.say(f"mix of {len(chosen)} bf16 nodes: calibration error {plan.calibration_error:.2g} "
                     f"(summed unit errors {solution.error:.2g}, budget {budget:.2g})")
@@ -496,14 +516,14 @@ def search_mix(units: Sequence[PrecisionUnit], session: _Session, tolerance: flo
 
 
 def _mix(report: PrecisionReport, session: _Session, all_bf16: PlanResult, keys: Sequence[str],
-         calibration: list, reference: list, target: float) -> PlanResult | None:
+         target: float) -> PlanResult | None:
     """The mix of units to check end to end, whose calibration error is at most ``target``. When
     all-bf16 already meets it, each unit takes its faster precision (no sensitivity needed: one
     build checks the mix); otherwise the sensitivities are measured and the solver searches."""
     units, tolerance = report.units, target
     if all_bf16.calibration_error > tolerance:
-        measure_sensitivity(units, session, keys, calibration, reference, report)
-        mix = search_mix(units, session, tolerance, calibration, reference, report)
+        measure_sensitivity(units, session, keys, report)
+        mix = search_mix(units, session, tolerance, report)
         if mix is None:
             report.notes.append("no mix of bf16 units measured within the tolerance on the calibration inputs")
         return mix
@@ -517,13 +537,12 @@ def _mix(report: PrecisionReport, session: _Session, all_bf16: PlanResult, keys:
     if "bf16" not in table.values() or "f32" not in table.values():
         return None
     built = session.build(table)
-    return PlanResult("tuned mix", table, relative_error(built.run(calibration), reference),
+    return PlanResult("tuned mix", table, session.errors.error(table, "calibration", built),
                       modelled_s=sum(min(u.times.values()) for u in units), built=built)
 
 
 def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
-                        find_mix: Callable[[float], PlanResult | None], holdout: list,
-                        ref_holdout: list) -> list[PlanResult]:
+                        find_mix: Callable[[float], PlanResult | None], errors: PlanErrors) -> list[PlanResult]:
     """Search a mix (``find_mix(target calibration error)``, appended to ``candidates``) and return
     the candidates within the tolerance on the held-out inputs. When those that met it on the
     calibration inputs miss it on the held-out ones, search once more for a calibration error
@@ -535,7 +554,7 @@ def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
         if mix is not None and mix.table not in [c.table for c in candidates]:
             mix.name = "tuned mix" if attempt == 0 else "tuned mix, tighter"
             candidates.append(mix)
-        valid = _check_holdout(candidates, report.tolerance, target, holdout, ref_holdout)
+        valid = _check_holdout(candidates, report.tolerance, target, errors)
         missed = [c.holdout_error for c in candidates if c.holdout_error is not None and c not in valid]
         if valid or not missed or attempt:
             return valid
@@ -546,35 +565,43 @@ def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
     return []
 
 
-def _candidates(report: PrecisionReport, session: _Session, candidates: list[PlanResult], keys: Sequence[str],
-                calibration: list, reference: list, holdout: list, ref_holdout: list) -> list[PlanResult]:
+def _candidates(report: PrecisionReport, session: _Session, candidates: list[PlanResult],
+                keys: Sequence[str]) -> list[PlanResult]:
     """:func:`held_out_candidates` with the bf16 level's mix (``candidates`` holds all-bf16)."""
 
     def find_mix(target: float) -> PlanResult | None:
-        mix = _mix(report, session, candidates[0], keys, calibration, reference, target)
+        mix = _mix(report, session, candidates[0], keys, target)
         return mix if mix is not None and mix.bf16_nodes < len(keys) else None
 
-    return held_out_candidates(report, candidates, find_mix, holdout, ref_holdout)
+    return held_out_candidates(report, candidates, find_mix, session.errors)
 
 
-def _float_plans(session: _Session, default: tvm.IRModule, calibration: list) -> tuple[list[PlanResult], list]:
-    """The default float32 plan (the reference: its outputs are returned too) and, where the
-    algorithm level changed a convolution or the codegen level a region, the float32 plan with
-    those decisions."""
+def _float_plans(session: _Session, default: tvm.IRModule, calibration: list, holdout: list,
+                 cache: TimingCache) -> list[PlanResult]:
+    """The default float32 plan (the reference) and, where the algorithm level changed a
+    convolution or the codegen level a region, the float32 plan with those decisions. Sets
+    ``session.errors`` (errors against the reference's outputs, computed when first needed,
+    through ``cache``: :mod:`.plan_errors`)."""
+    from .reuse import model_digest
+
     ref = Built(default)
-    reference = ref.run(calibration)
+    reference = LazyOutputs(lambda: ref.run(calibration))
+    session.errors = PlanErrors(cache, model_digest(session.mod, session.params),
+                                settings_digest(session.targets, session.options, session.region_codegen))
+    session.errors.inputs("calibration", calibration, reference)
+    session.errors.inputs("holdout", holdout, LazyOutputs(lambda: ref.run(holdout)))
     plans = [PlanResult(DEFAULT_PLAN, {}, 0.0, 0.0, built=ref)]
     changed = [what for what, on in (("algorithms", json.loads(session.options.get("onednn", {}).get(
         "algorithms", "{}") or "{}")), ("codegen", session.region_codegen)) if on]
     if changed:
         tuned = session.build(None)
         plans.append(PlanResult(f"float32, tuned {' and '.join(changed)}", {},
-                                relative_error(tuned.run(calibration), reference), built=tuned))
-    return plans, reference
+                                session.errors.error({"": "float32"}, "calibration", tuned), built=tuned))
+    return plans
 
 
-def _check_holdout(plans: Sequence[PlanResult], tolerance: float, target: float, holdout: list,
-                   ref_holdout: list) -> list[PlanResult]:
+def _check_holdout(plans: Sequence[PlanResult], tolerance: float, target: float,
+                   errors: PlanErrors) -> list[PlanResult]:
     """The bf16 plans within ``target`` on the calibration inputs and then within ``tolerance`` on
     the held-out ones."""
     kept = []
@@ -582,7 +609,7 @@ def _check_holdout(plans: Sequence[PlanResult], tolerance: float, target: float,
         if plan.calibration_error is None or plan.calibration_error > target:
             continue
         if plan.holdout_error is None:
-            plan.holdout_error = relative_error(plan.built.run(holdout), ref_holdout)
+            plan.holdout_error = errors.error(plan.table, "holdout", plan.built)
         if plan.holdout_error <= tolerance:
             kept.append(plan)
     return kept
@@ -607,11 +634,14 @@ def time_plans(plans: Sequence[PlanResult], sample: Sequence[np.ndarray], rounds
 
 
 def _pick(report: PrecisionReport, float_plans: list[PlanResult], candidates: list[PlanResult],
-          sample: Sequence[np.ndarray], rounds: int, repeat: int) -> PlanResult:
-    """Time the float32 plans and the candidates end to end, alternating; the fastest wins, the
-    default unless another is measured faster (never slower than the default)."""
+          sample: Sequence[np.ndarray], rounds: int, repeat: int, errors: PlanErrors) -> PlanResult:
+    """Time the float32 plans and the candidates end to end, alternating (or read those figures
+    from the cache, :meth:`.plan_errors.PlanErrors.timings`); the fastest wins, the default unless
+    another is measured faster (never slower than the default)."""
     timed = float_plans + candidates
-    for plan, timing in zip(timed, time_plans(timed, sample, rounds, repeat)):
+    tables = [p.table or {"": p.name} for p in timed]
+    for plan, timing in zip(timed, errors.timings(tables, sample, rounds, repeat,
+                                                  lambda: time_plans(timed, sample, rounds, repeat))):
         plan.timing = timing
     best = min(timed, key=lambda p: p.timing.median_s)
     report.kept = best.name
@@ -653,25 +683,25 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
         report.notes.append(f"bf16 candidates skipped: {reason}" if reason else
                             "no float conv2d / dense / matmul in a oneDNN region: no precision to choose")
         return None, report
-    float_plans, reference = _float_plans(session, default, calibration)
+    cache = cache if cache is not None else TimingCache(None)
+    float_plans = _float_plans(session, default, calibration, holdout, cache)
     keys = [k for k, _ in anchors]
     all_bf16 = session.build({k: "bf16" for k in keys})
     report.units = make_units(anchors, max_units)
     timed = float_plans[-1].built.module if len(float_plans) > 1 else base  # the algorithms apply in the graphs
     graphs = {symbol: entry.graph for symbol, entry in region_table(timed).items()}
-    cache = cache if cache is not None else TimingCache(None)
     measure_unit_times(report.units, graphs, cache, repeat)
     cache.save()
     candidates = [PlanResult("all bf16", {k: "bf16" for k in keys},
-                             relative_error(all_bf16.run(calibration), reference),
+                             session.errors.error({k: "bf16" for k in keys}, "calibration", all_bf16),
                              modelled_s=sum(u.times["bf16"] for u in report.units), built=all_bf16)]
     session.say(f"{len(report.units)} units timed; all bf16: calibration error {candidates[0].calibration_error:.2g}")
-    valid = _candidates(report, session, candidates, keys, calibration, reference, holdout,
-                        float_plans[0].built.run(holdout))
+    valid = _candidates(report, session, candidates, keys)
     report.plans = float_plans + candidates
     if not valid:
         _warn_unmet(report, float(tolerance))
-    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat)
+    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
+    cache.save()
     for unit in report.units:
         unit.chosen = "bf16" if best.table and all(best.table[k] == "bf16" for k in unit.keys) else "f32"
     return best, report

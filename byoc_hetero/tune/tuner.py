@@ -2,8 +2,9 @@
 
 What it decides today (the levels of issue 26 that exist so far):
 
-- **codegen**: each candidate region offloaded or left to llvm, by timing it both ways with its
-  boundary (:mod:`.codegen`) instead of the cost gate's fixed rule;
+- **codegen**: each candidate region offloaded, left to llvm, or run by another backend of
+  ``targets`` (a user's, from ``bh.register_target``), by timing it every way with its boundary
+  (:mod:`.codegen`) instead of the cost gate's fixed rule;
 - **algorithm**: each float32 convolution of the oneDNN regions runs direct or Winograd by its own
   timing (:mod:`.algorithms`) instead of the fixed thresholds.
 - **precision** (``precisions=("f32", "bf16")`` with a ``tolerance`` and ``calibration`` inputs):
@@ -20,12 +21,14 @@ model's shapes, and the tuned one is returned only where it is measured faster â
 the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
 figures.
 
-Not yet here: threads per region, a user-registered backend as a third codegen candidate.
+- **threads** (``threads=True``): each region the oneDNN runtime runs on the process's thread count
+  or one, by timing it both ways (:mod:`.threads`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +48,7 @@ from .measure import time_call
 from .precision import PrecisionReport, check_precisions, choose_precisions
 from .progress import ProgressBar
 from .reuse import plan_digest, reused_guard
+from .threads import ThreadsDecision, threads_option, tune_threads
 
 
 @dataclass
@@ -61,12 +65,17 @@ class TuneReport:
     notes: list[str] = field(default_factory=list)
     precision: PrecisionReport | None = None  # the precision level, when several precisions were asked
     devices: DeviceReport | None = None  # the device level, when devices name a GPU
+    threads: list[ThreadsDecision] = field(default_factory=list)  # the threads level, with threads=True
 
     def __str__(self) -> str:
         lines = ["tuning report", *self.codegen.lines()]
         for d in self.algorithms:
             if d.timings:
                 lines.append(f"  {d.site}: {d.why()}{' [cached]' if d.cached else ''}")
+        lines.extend(f"  {d.region}: {d.why()}" for d in self.threads)
+        if self.threads:
+            fewer = sum(d.chosen < max(d.timings) for d in self.threads)
+            lines.append(f"  threads: {len(self.threads)} regions timed, {fewer} run on fewer threads than the process's")
         changed = sum(d.chosen != d.default for d in self.algorithms)
         lines.append(f"  algorithm: {len(self.algorithms)} convolutions, {sum(bool(d.timings) for d in self.algorithms)}"
                      f" with a choice, {changed} differ from the thresholds")
@@ -126,7 +135,7 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
          budget_s: float | None = None, cache: str | os.PathLike | TimingCache | None = None,
          guard_rounds: int = 3, repeat: int = 15,
          progress: bool | Callable[[str, int, int, str], None] = False,
-         device_costs: Measurer | None = None) -> tuple[tvm.IRModule, TuneReport]:
+         device_costs: Measurer | None = None, threads: bool = False) -> tuple[tvm.IRModule, TuneReport]:
     """Partition ``mod`` with decisions measured on this machine; returns ``(module, report)``.
 
     The module builds, exports and reloads like any ``bh.partition`` result. ``cache``: a
@@ -146,13 +155,16 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
     the tuned module is placed where its time plus the copies it implies is least, from
     measurements where the GPU exists, or from ``device_costs`` (a :class:`.devices.CostTable` or
     another :class:`.devices.Measurer`); without either the level is skipped with a note.
+
+    Threads level (:mod:`.threads`, ``threads=True``): each region the oneDNN runtime runs gets the
+    process's thread count or one, whichever is measured faster.
     """
     names = _check_devices(devices)
     asked = check_precisions(precisions, tolerance, calibration, budget_s)
     _check_static(mod, params)
     bar = ProgressBar() if progress is True else progress or None
     module, report = _tune_cpu(mod, params, targets, asked, tolerance, calibration, holdout, budget_s, cache,
-                               guard_rounds, repeat, bar)
+                               guard_rounds, repeat, bar, threads)
     if len(names) > 1:
         module, report.devices = tune_devices(module, names, device_costs, budget_s=budget_s, progress=bar)
     return _closed(bar, module), report
@@ -160,9 +172,10 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
 
 def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, targets: Any, asked: tuple[str, ...],
               tolerance: float | None, calibration: Any, holdout: Any, budget_s: float | None, cache: Any,
-              guard_rounds: int, repeat: int, bar: Callable[..., None] | None) -> tuple[tvm.IRModule, TuneReport]:
-    """The CPU levels (codegen, algorithm, precision) and the never-slower check."""
-    from ..stages import partition
+              guard_rounds: int, repeat: int, bar: Callable[..., None] | None,
+              threads: bool = False) -> tuple[tvm.IRModule, TuneReport]:
+    """The CPU levels (codegen, threads, algorithm, precision) and the never-slower check."""
+    from ..stages import _targets, codegen_options, partition
 
     timing_cache = cache if isinstance(cache, TimingCache) else TimingCache(cache)
     precision = asked[0] if len(asked) == 1 else "f32"
@@ -171,6 +184,14 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
     report.codegen = tune_codegen(mod, params, timing_cache, targets=targets, precision=precision, repeat=repeat,
                                   progress=bar)
     mapped = report.codegen.region_codegen if report.codegen.changed else None
+    backend_options: dict[str, str] = {}
+    if threads:
+        report.threads, note = tune_threads(report.codegen, timing_cache, codegen_options(
+            _targets(targets), precision, None), repeat=repeat, progress=bar)
+        report.notes.extend([note] if note else [])
+        chosen = threads_option(report.threads)
+        if chosen:
+            backend_options["region_threads"] = chosen
     base = partition(mod, params, target=targets, precision=precision, region_codegen=mapped) if mapped else default
     sites = conv_sites(base)
     for i, site in enumerate(sites):
@@ -180,10 +201,11 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
     timing_cache.save()
     report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
     option = decisions_option(report.algorithms)
+    backend_options["algorithms"] = option
     if len(asked) > 1:
         kept, report.precision = choose_precisions(
             mod, params, default, precisions=asked, tolerance=tolerance, calibration=calibration, holdout=holdout,
-            targets=targets, options={"onednn": {"algorithms": option}}, budget_s=budget_s, cache=timing_cache,
+            targets=targets, options={"onednn": backend_options}, budget_s=budget_s, cache=timing_cache,
             rounds=guard_rounds, repeat=repeat, progress=bar, region_codegen=mapped, base=base)
         report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
         if kept is not None and mapped is not None and "int8" in kept.table.values():
@@ -193,16 +215,17 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
             report.default, report.tuned = report.precision.plans[0].timing, kept.timing
             report.kept = "default" if kept is report.precision.plans[0] else "tuned"
             return kept.built.module, report
-    if option == "{}" and mapped is None:
+    if option == "{}" and mapped is None and len(backend_options) == 1:
         report.notes.append("every measured decision equals the built-in rules: the default plan")
         return default, report
     # built only where needed: figures reused from the cache that keep the default need no tuned module
     tuned = functools.cache(lambda: partition(mod, params, target=targets, precision=precision,
-                                              region_codegen=mapped, options={"onednn": {"algorithms": option}}))
+                                              region_codegen=mapped, options={"onednn": backend_options}))
     if bar:
         bar("end to end", 0, 1, "the default and the tuned plan, alternating")
     report.default, report.tuned, reused = reused_guard(
-        timing_cache, mod, params, plan_digest(targets, precision, mapped, option, guard_rounds, repeat),
+        timing_cache, mod, params, plan_digest(targets, precision, mapped, json.dumps(backend_options, sort_keys=True),
+                                               guard_rounds, repeat),
         lambda: _guard(default, tuned(), _inputs(mod, params, seed=0), guard_rounds, repeat))
     timing_cache.save()
     if reused:

@@ -117,6 +117,8 @@ OPTIONS = {
     "node_precisions": Option("node_precisions", "per-node precision of conv2d / dense / matmul, JSON "
                               "{'<region symbol>#<node index>': 'f32' | 'bf16'}, over the region's precision "
                               "(what bh.tune decided; precision.py node_key)", None, check_node_precisions),
+    "region_threads": Option("region_threads", "threads per region call, JSON {region key: n}, at most the "
+                             "process's count (what bh.tune measured)", None, codegen.check_region_threads),
 }
 """The options the oneDNN backend accepts (:meth:`byoc_hetero.rules.Backend.check_options`)."""
 

@@ -11,6 +11,7 @@ runtime reorders the weights into oneDNN's preferred layout.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import tvm
 
@@ -36,4 +37,28 @@ def relax_ext_codegen(funcs, options, constant_names):
     # declared ranges of the symbolic dims ({"N": [1, 64]}, byoc_hetero/ranges.py codegen_options)
     ranges = json.loads(str(options["dim_ranges"])) if options is not None and "dim_ranges" in options else {}
     others = {str(k): v for k, v in (options or {}).items() if str(k) not in ("precision", "dim_ranges")}
-    return [create_module(lower_region(func, constant_names, precision, ranges, others)) for func in funcs]
+    # threads per region (bh.tune's threads level), by region key: written as the document's "threads"
+    from ...passes.retarget_regions import region_key_of
+
+    threads = json.loads(str(others["region_threads"])) if "region_threads" in others else {}
+    modules = []
+    for func in funcs:
+        graph = lower_region(func, constant_names, precision, ranges, others)
+        graph.threads = int(threads.get(region_key_of(func), 0)) if threads else 0
+        modules.append(create_module(graph))
+    return modules
+
+
+def check_region_threads(value: Any) -> str:
+    """Validate the ``region_threads`` option: JSON ``{region key: threads >= 1}``."""
+    from ...errors import RuleError
+
+    try:
+        table = json.loads(str(value))
+    except json.JSONDecodeError as err:
+        raise RuleError(f"option region_threads of backend 'onednn' must be JSON, got {str(value)[:60]!r}: {err}") from err
+    if not isinstance(table, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                              for n in table.values()):
+        raise RuleError(f"option region_threads of backend 'onednn' must be a JSON object of region key -> "
+                        f"threads (an integer >= 1), got {str(value)[:80]!r}")
+    return json.dumps(table, sort_keys=True)

@@ -83,6 +83,8 @@ class RegionGraph:
     #: symbol -> its declared [min, max] (None: an open end), checked by the runtime when the
     #: symbols are bound (byoc_hetero/ranges.py); only symbols of the region's tensors
     dim_ranges: dict[str, list[int | None]] = field(default_factory=dict)
+    #: at most this many threads per call (0: the process's count): the tuner's threads level
+    threads: int = 0
     #: constant tensor id -> its value, for one-element float32 constants (not serialized): what
     #: graph passes read to fold a multiply by a constant into an attr (a matmul's ``scale``)
     scalar_values: dict[int, float] = field(default_factory=dict)
@@ -136,6 +138,7 @@ class RegionGraph:
                 "version": VERSION,
                 "symbol": self.symbol,
                 **precision,
+                **({"threads": self.threads} if self.threads else {}),
                 "tensors": self.tensors,
                 "inputs": self.inputs,
                 "outputs": self.outputs,

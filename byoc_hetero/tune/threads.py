@@ -1,0 +1,99 @@
+"""The threads level: for each region the oneDNN runtime runs, all of the process's threads or one,
+from timings (``bh.tune(..., threads=True)``).
+
+A region module runs its calls with the process's thread count (``byoc_hetero._C.num_threads()``:
+``BYOC_HETERO_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the CPUs the process may use). A small
+region can lose more to waking and joining the OpenMP team than the second core wins; a region
+document's optional ``"threads"`` caps its calls' count (docs/region-format.md), and the backend
+option ``region_threads`` (JSON ``{region key: n}``) writes it per region.
+
+Each distinct offloaded region of the codegen level's plan (repeated blocks share a key) is built
+alone twice — with the process's count and with one thread — and both are timed alternately on
+random inputs of its real shapes (:func:`.codegen._time_all`), through the timing cache. One
+thread wins only where it is faster by more than the two timings' spread; otherwise the region
+keeps the process's count. With one thread in the process there is nothing to choose and the
+level says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cache import Timing, TimingCache
+from .codegen import CodegenPlan, RegionCandidate, _harness, _inputs, _key, _ms, _runner, _time_all, _winner
+
+BACKEND = "onednn"
+"""The backend whose runtime honours a region's thread count (its ``region_threads`` option)."""
+
+
+@dataclass
+class ThreadsDecision:
+    """One region's thread counts, their times, and the count chosen."""
+
+    region: RegionCandidate
+    timings: dict[int, Timing] = field(default_factory=dict)
+    chosen: int = 0
+    cached: bool = False
+
+    def why(self) -> str:
+        parts = ", ".join(f"{n} thread{'s' if n > 1 else ''} {_ms(t)}" for n, t in sorted(self.timings.items()))
+        return f"{self.chosen} thread{'s' if self.chosen > 1 else ''}: {parts}{' [cached]' if self.cached else ''}"
+
+
+def _options(options: Mapping[str, Mapping[str, Any]], key: str, n: int) -> dict[str, dict[str, Any]]:
+    out = {k: dict(v) for k, v in options.items()}
+    out.setdefault(BACKEND, {})["region_threads"] = json.dumps({key: n})
+    return out
+
+
+def measure_threads(c: RegionCandidate, cache: TimingCache, options: Mapping[str, Mapping[str, Any]],
+                    counts: tuple[int, int], repeat: int = 15, budget_s: float = 1.0) -> ThreadsDecision:
+    """Time region ``c`` offloaded with each of ``counts`` (the process's count first, the default)
+    through ``cache``, and choose."""
+    d = ThreadsDecision(c)
+    variants = {n: _options(options, c.key, n) for n in counts}
+    keys = {n: _key(c, BACKEND, opts) for n, opts in variants.items()}
+    found = {n: cache.get(k) for n, k in keys.items()}
+    if all(found.values()):
+        d.timings, d.cached = dict(found), True
+    else:
+        args, harness = _inputs(c.func), _harness(c.func, True)
+        runners = {str(n): _runner(harness, args, opts) for n, opts in variants.items()}
+        timed, _ = _time_all(runners, repeat, budget_s)
+        d.timings = {int(n): t for n, t in timed.items()}
+        for n, k in keys.items():
+            cache.put(k, d.timings[n])
+    d.chosen = int(_winner({str(n): t for n, t in d.timings.items()}, str(counts[0])))
+    return d
+
+
+def tune_threads(plan: CodegenPlan, cache: TimingCache, options: Mapping[str, Mapping[str, Any]], *,
+                 repeat: int = 15, progress: Callable[[str, int, int, str], None] | None = None
+                 ) -> tuple[list[ThreadsDecision], str]:
+    """The thread count of each region of ``plan`` that the oneDNN runtime runs; returns the
+    decisions and a note (empty, or why the level chose nothing)."""
+    from .._native import _C
+
+    most = int(_C.num_threads())
+    if most <= 1:
+        return [], "threads: the process runs regions on 1 thread: nothing to choose"
+    regions = [d.region for d in plan.decisions if d.chosen == BACKEND and d.region.target == BACKEND
+               and not d.region.untimeable]
+    decisions = []
+    for i, c in enumerate(regions):
+        if progress is not None:
+            progress("threads", i, len(regions), f"{c}: {most} threads or 1")
+        decisions.append(measure_threads(c, cache, options, (most, 1), repeat))
+    return decisions, ""
+
+
+def threads_option(decisions: list[ThreadsDecision]) -> str | None:
+    """The ``region_threads`` option of the decisions that differ from the process's count."""
+    table = {d.region.key: d.chosen for d in decisions if d.chosen != max(d.timings)}
+    return json.dumps(table, sort_keys=True) if table else None
+
+
+__all__ = ["ThreadsDecision", "measure_threads", "threads_option", "tune_threads"]
