@@ -1,0 +1,211 @@
+"""Scaled dot-product attention as one ``attention`` node (a pass over the lowered region graph,
+:func:`fuse_attention`).
+
+Rewrites ``matmul(Q, K) [scale, mask] -> softmax(last axis) -> matmul(P, V)`` (the reshapes between
+them adding or dropping leading 1s only, each value read by the next step only) into one node
+``attention(q, k, v[, mask])`` that reads Q, K and V through the views the matmuls had (the
+permutes of the torch and dynamo ONNX paths, already folded into ``a_shape`` / ``b_shape`` strides
+by ``fold_views``), with the first matmul's ``scale`` and mask and the softmax's ``safe`` mode
+(torch's safe softmax, the dynamo exporter's isnan guard). Its kernel (cpp/kernels/attention.cc)
+computes a block of query rows at a time, so the [heads, S, S] scores never reach memory.
+
+Why: Whisper-tiny's encoder (S = 1500) wrote 54 MB of scores per layer, read by the softmax, its
+special-row scan and the second matmul again; a per-step profile had the attention matmuls at 29%
+of the call and the softmax at 18%. Fused, those memory passes go (bench/ZOO.md, "session 4,
+attention").
+
+When it stays unfused (the old matmul -> softmax -> matmul path): bf16 regions or nodes (the
+unfused path rounds Q, K, V and the probabilities to bf16, this kernel computes f32); symbolic
+shapes (the views are static strides); a first matmul with a bias, activation or residual; a
+second one with anything but a plain P; and scores of at most :data:`MIN_KEYS` keys per row, where
+oneDNN's batched matmuls over the whole [heads, S, S] are as fast or faster (measured, see
+MIN_KEYS).
+"""
+
+from __future__ import annotations
+
+from ..lowering import Node, RegionGraph
+from ..table import graph_pass
+from .attention import _reshaped
+
+MIN_KEYS = 256
+"""Fuse only when a score row has more keys than this. Measured side by side on the loaded 2-vCPU
+Sapphire Rapids (bench/ZOO.md, "session 4, attention"): at S = 128 (BERT, GPT-2, the LLM's
+prompt) the unfused path keeps [heads, 128, 128] scores (768 KiB for 12 heads) in cache anyway and
+the fused kernel's per-block sgemm calls cost more than they save; from S = 512 on fused wins."""
+
+
+def _strip(shape: list) -> list:
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return list(shape[i:])
+
+
+def _plain_strides(shape: list) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.insert(0, step)
+        step *= d
+    return strides
+
+
+def _align(shape: list, strides: list, rank: int) -> tuple[list, list] | None:
+    """A view as ``rank`` dims: leading 1s dropped or added (their stride is never used)."""
+    shape, strides = list(shape), list(strides)
+    while len(shape) > rank:
+        if shape[0] != 1:
+            return None
+        shape, strides = shape[1:], strides[1:]
+    pad = rank - len(shape)
+    return [1] * pad + shape, [1] * pad + strides
+
+
+def _operand_view(graph: RegionGraph, node: Node, k: int, key: str, rank: int,
+                  transpose: bool) -> tuple[list, list] | None:
+    """Input ``k`` of a matmul as the view it reads (``key``: "a" or "b"), aligned to ``rank``,
+    the last two dims swapped when ``transpose``; None for a symbolic or axes view."""
+    attrs = node.attrs
+    if f"{key}_axes" in attrs:
+        return None
+    if f"{key}_shape" in attrs:
+        shape, strides = attrs[f"{key}_shape"], attrs[f"{key}_strides"]
+    else:
+        shape = graph.tensors[node.inputs[k]]["shape"]
+        strides = _plain_strides(shape) if all(isinstance(d, int) for d in shape) else None
+    if strides is None or not all(isinstance(d, int) for d in shape):
+        return None
+    view = _align(shape, strides, rank)
+    if view is None or len(view[0]) < 2:
+        return None
+    if transpose:
+        view[0][-2:], view[1][-2:] = view[0][-2:][::-1], view[1][-2:][::-1]
+    return view
+
+
+def _reader_through(graph: RegionGraph, t: int) -> tuple[Node, list[Node]] | None:
+    """The one node reading tensor ``t`` past reshapes, and those reshapes; None when a value on
+    the way has another reader or is a region output."""
+    count = graph.readers()
+    chain: list[Node] = []
+    while count.get(t, 0) == 1 and t not in graph.outputs:
+        reader = next(n for n in graph.nodes if t in n.inputs)
+        if reader.op != "reshape":
+            return reader, chain
+        chain.append(reader)
+        t = reader.output
+    return None
+
+
+def _plain_anchor(node: Node) -> bool:
+    a = node.attrs
+    return node.op == "matmul" and not a.get("has_bias") and not a.get("residual") \
+        and a.get("activation", "none") == "none" and a.get("post_activation", "none") == "none" \
+        and a.get("precision", "f32") == "f32" and "src_scale" not in a
+
+
+def _float32(graph: RegionGraph, *tensors: int) -> bool:
+    return all(graph.tensors[t]["dtype"] == "float32" for t in tensors)
+
+
+def _views(graph: RegionGraph, scores: Node, mix: Node, rank: int) -> dict | None:
+    """The attention node's q / k / v view attrs, or None."""
+    q = _operand_view(graph, scores, 0, "a", rank, False)
+    k = _operand_view(graph, scores, 1, "b", rank, not scores.attrs.get("transpose_b"))
+    v = _operand_view(graph, mix, 1, "b", rank, bool(mix.attrs.get("transpose_b")))
+    if q is None or k is None or v is None:
+        return None
+    return {"q_shape": q[0], "q_strides": q[1], "k_shape": k[0], "k_strides": k[1],
+            "v_shape": v[0], "v_strides": v[1]}
+
+
+def _fuse_one(graph: RegionGraph, softmax: Node) -> bool:
+    """Replace the matmul -> ``softmax`` -> matmul around this softmax by one attention node."""
+    found = graph.producer_through(softmax.inputs[0])
+    after = _reader_through(graph, softmax.output)
+    count = graph.readers()
+    if found is None or after is None or count.get(softmax.inputs[0], 0) != 1:
+        return False
+    (scores, before), (mix, between) = found, after
+    if not (_plain_anchor(scores) and _plain_anchor(mix)) or count.get(scores.output, 0) != 1 \
+            or scores.output in graph.outputs or mix.inputs[0] == mix.inputs[1] \
+            or mix.inputs[0] != (between[-1].output if between else softmax.output) \
+            or mix.attrs.get("has_mask") or mix.attrs.get("scale", 1.0) != 1.0 \
+            or any(k in mix.attrs for k in ("a_shape", "a_axes")):
+        return False
+    out = list(graph.tensors[mix.output]["shape"])
+    data = list(graph.tensors[softmax.inputs[0]]["shape"])
+    if not all(isinstance(d, int) for d in out + data) or len(out) < 2 or not data \
+            or int(softmax.attrs.get("axis", -1)) % len(data) != len(data) - 1:
+        return False
+    views = _views(graph, scores, mix, len(out))
+    if views is None or data[-1] <= MIN_KEYS:
+        return False
+    shape_of = [out[:-2] + [views["q_shape"][-2], views["k_shape"][-2]]]
+    same = [graph.tensors[t]["shape"] for t in (scores.output, softmax.inputs[0], mix.inputs[0])]
+    if any(_strip(list(s)) != _strip(shape_of[0]) for s in same):
+        return False
+    inputs = [scores.inputs[0], scores.inputs[1], mix.inputs[1]]
+    attrs = {**views, "scale": float(scores.attrs.get("scale", 1.0)), "safe": int(softmax.attrs.get("safe", 0))}
+    if scores.attrs.get("has_mask"):
+        mask = scores.inputs[2]
+        shape = list(graph.tensors[mask]["shape"])
+        if not all(isinstance(d, int) for d in shape) or len(_strip(shape)) > len(out):
+            return False
+        inputs.append(_reshaped(graph, mask, [1] * max(0, len(out) - len(shape)) + _strip(shape)
+                                if len(shape) > len(out) else shape, mix))
+        attrs["has_mask"] = 1
+    if not _float32(graph, *inputs, mix.output):
+        return False
+    fused = Node("attention", inputs, mix.output, attrs)
+    graph.nodes[graph.nodes.index(mix)] = fused
+    for n in [scores, *before, softmax, *between]:
+        graph.nodes.remove(n)
+    for k in (0, 1):
+        _absorb_scalar(graph, fused, k)
+    return True
+
+
+def _absorb_scalar(graph: RegionGraph, fused: Node, k: int) -> None:
+    """Q (``k`` 0) or K (1) computed as ``x * c`` or ``x / c`` (a one-element constant, through
+    reshapes, read by nothing else): the attention reads x and multiplies its ``scale`` by c.
+    Whisper scales Q by d^-0.5 after its projection, the dynamo exporter both Q and K by d^-0.25:
+    a pass over [S, d] each, and (q c) k^T equals c (q k^T) within rounding."""
+    t = fused.inputs[k]
+    if graph.readers().get(t, 0) != 1 or t in graph.outputs:
+        return
+    found = graph.producer_through(t)
+    if found is None or found[0].op != "binary" or found[0].attrs.get("activation", "none") != "none":
+        return
+    binary, chain = found
+    alg, (a, b) = binary.attrs.get("algorithm"), binary.inputs
+    if graph.readers().get(binary.output, 0) != 1 or binary.output in graph.outputs:
+        return
+    for data, c in ((a, b), (b, a)):
+        value = graph.scalar_values.get(c)
+        if value is None or data in graph.scalar_values \
+                or graph.tensors[data]["shape"] != graph.tensors[binary.output]["shape"]:
+            continue
+        if alg == "mul":
+            factor = value
+        elif alg == "div" and data == a and value != 0:
+            factor = 1.0 / value
+        else:
+            continue
+        fused.attrs["scale"] = fused.attrs["scale"] * factor
+        if chain:
+            chain[-1].inputs[0] = data
+        else:
+            fused.inputs[k] = data
+        graph.nodes.remove(binary)
+        return
+
+
+@graph_pass
+def fuse_attention(graph: RegionGraph) -> None:
+    """matmul (+scale, +mask) -> softmax -> matmul becomes one ``attention`` node (module doc)."""
+    if graph.precision != "f32":
+        return  # bf16 attention stays on the matmuls that round their operands as bf16 does
+    for node in list(graph.nodes):
+        if node.op == "softmax" and node in graph.nodes:
+            _fuse_one(graph, node)
