@@ -24,15 +24,32 @@ MIN_KEYS).
 
 from __future__ import annotations
 
+import os
+
+from ....errors import RuleError
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
-from .attention import _reshaped
+from .attention import _reshaped, in_anchor_frame
 
 MIN_KEYS = 256
 """Fuse only when a score row has more keys than this. Measured side by side on the loaded 2-vCPU
 Sapphire Rapids (bench/ZOO.md, "session 4, attention"): at S = 128 (BERT, GPT-2, the LLM's
 prompt) the unfused path keeps [heads, 128, 128] scores (768 KiB for 12 heads) in cache anyway and
 the fused kernel's per-block sgemm calls cost more than they save; from S = 512 on fused wins."""
+
+
+ENV = "BYOC_HETERO_ATTENTION"
+"""Environment knob, read each time the pass runs: ``auto`` (the default: fused above
+:data:`MIN_KEYS` keys), ``fused`` (wherever the pattern allows, whatever the size: how the tests
+and the differential fuzzer reach the kernel with small shapes) or ``off`` (never)."""
+
+
+def _min_keys() -> int | None:
+    """Fewest keys a fused score row has (exclusive), or None when the pass is switched off."""
+    mode = os.environ.get(ENV, "auto")
+    if mode not in ("auto", "fused", "off"):
+        raise RuleError(f"{ENV} must be auto, fused or off, got {mode!r}")
+    return {"auto": MIN_KEYS, "fused": 0, "off": None}[mode]
 
 
 def _strip(shape: list) -> list:
@@ -119,44 +136,77 @@ def _views(graph: RegionGraph, scores: Node, mix: Node, rank: int) -> dict | Non
             "v_shape": v[0], "v_strides": v[1]}
 
 
-def _fuse_one(graph: RegionGraph, softmax: Node) -> bool:
-    """Replace the matmul -> ``softmax`` -> matmul around this softmax by one attention node."""
-    found = graph.producer_through(softmax.inputs[0])
-    after = _reader_through(graph, softmax.output)
+def _scores_source(graph: RegionGraph, softmax: Node) -> tuple[Node, list[Node], tuple[int, list] | None] | None:
+    """(the Q K^T matmul, the nodes between it and ``softmax`` that the fused node replaces, the
+    additive mask as (tensor, its shape in the matmul output's frame) or None) for the scores this
+    softmax reads; None when they are not a plain matmul's (+ its mask post-op, or + one binary
+    add of a value broadcasting to them). Changes nothing."""
     count = graph.readers()
-    if found is None or after is None or count.get(softmax.inputs[0], 0) != 1:
+    found = graph.producer_through(softmax.inputs[0])
+    if found is None or count.get(softmax.inputs[0], 0) != 1 or softmax.inputs[0] in graph.outputs:
+        return None
+    node, chain = found
+    if node.op == "matmul" and _plain_anchor(node) and count.get(node.output, 0) == 1:
+        mask = node.inputs[2] if node.attrs.get("has_mask") else None
+        return node, chain, (mask, list(graph.tensors[mask]["shape"])) if mask is not None else None
+    if node.op != "binary" or node.attrs.get("algorithm") != "add" \
+            or node.attrs.get("activation", "none") != "none" or count.get(node.output, 0) != 1:
+        return None
+    for k in (0, 1):
+        scores_t, other = node.inputs[k], node.inputs[1 - k]
+        inner = graph.producer_through(scores_t)
+        if scores_t == other or inner is None or count.get(scores_t, 0) != 1 or scores_t in graph.outputs:
+            continue
+        scores, reshapes = inner
+        shape = list(graph.tensors[scores_t]["shape"])
+        if scores.op != "matmul" or not _plain_anchor(scores) or scores.attrs.get("has_mask") \
+                or count.get(scores.output, 0) != 1 or shape != list(graph.tensors[node.output]["shape"]):
+            continue
+        frame = in_anchor_frame(list(graph.tensors[other]["shape"]), shape,
+                                list(graph.tensors[scores.output]["shape"]))
+        if frame is not None and all(isinstance(d, int) for d in frame):
+            return scores, [*reshapes, node, *chain], (other, frame)
+    return None
+
+
+def _mask_shape(shape: list, rank: int) -> list | None:
+    """A mask's shape as at most ``rank`` dims (dropping leading 1s), or None."""
+    extra = len(shape) - rank
+    if not all(isinstance(d, int) for d in shape) or any(d != 1 for d in shape[:max(extra, 0)]):
+        return None
+    return shape[max(extra, 0):]
+
+
+def _fuse_one(graph: RegionGraph, softmax: Node, min_keys: int) -> bool:
+    """Replace the matmul -> ``softmax`` -> matmul around this softmax by one attention node."""
+    after = _reader_through(graph, softmax.output)
+    out = list(graph.tensors[after[0].output]["shape"]) if after else []
+    data = list(graph.tensors[softmax.inputs[0]]["shape"])
+    if after is None or not all(isinstance(d, int) for d in out + data) or len(out) < 2 or not data \
+            or data[-1] <= min_keys or int(softmax.attrs.get("axis", -1)) % len(data) != len(data) - 1:
         return False
-    (scores, before), (mix, between) = found, after
-    if not (_plain_anchor(scores) and _plain_anchor(mix)) or count.get(scores.output, 0) != 1 \
-            or scores.output in graph.outputs or mix.inputs[0] == mix.inputs[1] \
+    mix, between = after
+    if not _plain_anchor(mix) or mix.inputs[0] == mix.inputs[1] \
             or mix.inputs[0] != (between[-1].output if between else softmax.output) \
             or mix.attrs.get("has_mask") or mix.attrs.get("scale", 1.0) != 1.0 \
             or any(k in mix.attrs for k in ("a_shape", "a_axes")):
         return False
-    out = list(graph.tensors[mix.output]["shape"])
-    data = list(graph.tensors[softmax.inputs[0]]["shape"])
-    if not all(isinstance(d, int) for d in out + data) or len(out) < 2 or not data \
-            or int(softmax.attrs.get("axis", -1)) % len(data) != len(data) - 1:
+    source = _scores_source(graph, softmax)
+    views = _views(graph, source[0], mix, len(out)) if source else None
+    if views is None:
         return False
-    views = _views(graph, scores, mix, len(out))
-    if views is None or data[-1] <= MIN_KEYS:
-        return False
-    shape_of = [out[:-2] + [views["q_shape"][-2], views["k_shape"][-2]]]
+    scores, before, mask = source
+    frame = _strip(out[:-2] + [views["q_shape"][-2], views["k_shape"][-2]])
     same = [graph.tensors[t]["shape"] for t in (scores.output, softmax.inputs[0], mix.inputs[0])]
-    if any(_strip(list(s)) != _strip(shape_of[0]) for s in same):
+    inputs = [scores.inputs[0], scores.inputs[1], mix.inputs[1], *([mask[0]] if mask is not None else [])]
+    mask_shape = _mask_shape(mask[1], len(out)) if mask is not None else None
+    if any(_strip(list(s)) != frame for s in same) or not _float32(graph, *inputs, mix.output) \
+            or (mask is not None and mask_shape is None):
         return False
-    inputs = [scores.inputs[0], scores.inputs[1], mix.inputs[1]]
     attrs = {**views, "scale": float(scores.attrs.get("scale", 1.0)), "safe": int(softmax.attrs.get("safe", 0))}
-    if scores.attrs.get("has_mask"):
-        mask = scores.inputs[2]
-        shape = list(graph.tensors[mask]["shape"])
-        if not all(isinstance(d, int) for d in shape) or len(_strip(shape)) > len(out):
-            return False
-        inputs.append(_reshaped(graph, mask, [1] * max(0, len(out) - len(shape)) + _strip(shape)
-                                if len(shape) > len(out) else shape, mix))
+    if mask is not None:
+        inputs[3] = _reshaped(graph, mask[0], mask_shape, mix)
         attrs["has_mask"] = 1
-    if not _float32(graph, *inputs, mix.output):
-        return False
     fused = Node("attention", inputs, mix.output, attrs)
     graph.nodes[graph.nodes.index(mix)] = fused
     for n in [scores, *before, softmax, *between]:
@@ -204,8 +254,9 @@ def _absorb_scalar(graph: RegionGraph, fused: Node, k: int) -> None:
 @graph_pass
 def fuse_attention(graph: RegionGraph) -> None:
     """matmul (+scale, +mask) -> softmax -> matmul becomes one ``attention`` node (module doc)."""
-    if graph.precision != "f32":
+    min_keys = _min_keys()
+    if min_keys is None or graph.precision != "f32":
         return  # bf16 attention stays on the matmuls that round their operands as bf16 does
     for node in list(graph.nodes):
         if node.op == "softmax" and node in graph.nodes:
-            _fuse_one(graph, node)
+            _fuse_one(graph, node, min_keys)
