@@ -114,9 +114,10 @@ def _reader_through(graph: RegionGraph, t: int) -> tuple[Node, list[Node]] | Non
     return None
 
 
-def _plain_anchor(node: Node) -> bool:
+def _plain_anchor(node: Node, residual: bool = False) -> bool:
+    """A float matmul without bias, activation (or, unless ``residual``, a residual sum)."""
     a = node.attrs
-    return node.op == "matmul" and not a.get("has_bias") and not a.get("residual") \
+    return node.op == "matmul" and not a.get("has_bias") and (residual or not a.get("residual")) \
         and a.get("activation", "none") == "none" and a.get("post_activation", "none") == "none" \
         and a.get("precision", "f32") == "f32" and "src_scale" not in a
 
@@ -146,8 +147,10 @@ def _scores_source(graph: RegionGraph, softmax: Node) -> tuple[Node, list[Node],
     if found is None or count.get(softmax.inputs[0], 0) != 1 or softmax.inputs[0] in graph.outputs:
         return None
     node, chain = found
-    if node.op == "matmul" and _plain_anchor(node) and count.get(node.output, 0) == 1:
-        mask = node.inputs[2] if node.attrs.get("has_mask") else None
+    if node.op == "matmul" and _plain_anchor(node, residual=True) and count.get(node.output, 0) == 1:
+        # a mask of the scores' own shape arrives as the matmul's residual (fuse_matmul_epilogues):
+        # added after the scale as the mask post-op is
+        mask = node.inputs[2] if node.attrs.get("has_mask") or node.attrs.get("residual") else None
         return node, chain, (mask, list(graph.tensors[mask]["shape"])) if mask is not None else None
     if node.op != "binary" or node.attrs.get("algorithm") != "add" \
             or node.attrs.get("activation", "none") != "none" or count.get(node.output, 0) != 1:
