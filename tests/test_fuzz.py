@@ -294,17 +294,24 @@ def test_every_runtime_kernel_is_fuzzed():
     the ops that lower to it. Each kind of step is drawn on its own (a few derandomized graphs of
     that kind only), so that rare kinds are not left to chance."""
     seen: dict[str, set[str]] = {}
+    # the fused attention node fires by default only on rows longer than the drawn sequences
+    # (ops/fused_attention.py MIN_KEYS): the attention kind is drawn once more with it at every size
+    saved = os.environ.get(ATTENTION_ENV)
+    try:
+        for kind, mode in [(kind, "auto") for kind in KINDS] + [("attention", "fused")]:
+            os.environ[ATTENTION_ENV] = mode
 
-    for kind in KINDS:
-        @settings(max_examples=2, derandomize=True, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=graphs(max_ops=1, kinds=(kind,)))
-        def collect(case):
-            mod, _, _ = case
-            for op in region_node_ops(bh.partition(mod, require_heavy_op=False)):
-                seen.setdefault(op, set()).add(kind)  # noqa: B023 (called within this iteration)
+            @settings(max_examples=2, derandomize=True, deadline=None, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(case=graphs(max_ops=1, kinds=(kind,)))
+            def collect(case):
+                mod, _, _ = case
+                for op in region_node_ops(bh.partition(mod, require_heavy_op=False)):
+                    seen.setdefault(op, set()).add(kind)  # noqa: B023 (called within this iteration)
 
-        collect()
+            collect()
+    finally:
+        _restore(ATTENTION_ENV, saved)
     missing = sorted(set(bh._C.kernels()) - set(seen))
     assert not missing, f"runtime kernels no fuzzed graph reaches: {missing} (reached: {sorted(seen)})"
 
@@ -333,6 +340,31 @@ def test_transformer_offloaded_equals_llvm(case):
     """Attention (scale, mask post-ops), gelu chains, residuals through reshapes, take on any axis."""
     mod, inputs, recipe = case
     differential(mod, inputs)
+
+
+ATTENTION_ENV = "BYOC_HETERO_ATTENTION"
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=transformer_graphs())
+def test_fused_attention_offloaded_equals_llvm(case):
+    """The same attention blocks with matmul -> softmax -> matmul fused into one attention node at
+    every size (BYOC_HETERO_ATTENTION=fused: the default fuses long rows only)."""
+    mod, inputs, recipe = case
+    saved = os.environ.get(ATTENTION_ENV)
+    os.environ[ATTENTION_ENV] = "fused"
+    try:
+        differential(mod, inputs)
+    finally:
+        _restore(ATTENTION_ENV, saved)
 
 
 def test_regression_dead_bindings_do_not_become_uncompiled_regions():
