@@ -5,8 +5,10 @@ Rewrites ``matmul(Q, K) [scale, mask] -> softmax(last axis) -> matmul(P, V)`` (t
 them adding or dropping leading 1s only, each value read by the next step only) into one node
 ``attention(q, k, v[, mask])`` that reads Q, K and V through the views the matmuls had (the
 permutes of the torch and dynamo ONNX paths, already folded into ``a_shape`` / ``b_shape`` strides
-by ``fold_views``), with the first matmul's ``scale`` and mask and the softmax's ``safe`` mode
-(torch's safe softmax, the dynamo exporter's isnan guard). Its kernel (cpp/kernels/attention.cc)
+by ``fold_views``), with the first matmul's ``scale`` and mask (its mask post-op, a scores-shaped
+residual, or one binary add between it and the softmax: per-head masks that stayed binary nodes) and
+the softmax's ``safe`` mode (torch's safe softmax, the dynamo exporter's isnan guard). A scalar
+multiply of Q or K before the product (Whisper's query scaling) joins the ``scale`` too. Its kernel (cpp/kernels/attention.cc)
 computes a block of query rows at a time, so the [heads, S, S] scores never reach memory.
 
 Why: Whisper-tiny's encoder (S = 1500) wrote 54 MB of scores per layer, read by the softmax, its
@@ -16,10 +18,8 @@ attention").
 
 When it stays unfused (the old matmul -> softmax -> matmul path): bf16 regions or nodes (the
 unfused path rounds Q, K, V and the probabilities to bf16, this kernel computes f32); symbolic
-shapes (the views are static strides); a first matmul with a bias, activation or residual; a
-second one with anything but a plain P; and scores of at most :data:`MIN_KEYS` keys per row, where
-oneDNN's batched matmuls over the whole [heads, S, S] are as fast or faster (measured, see
-MIN_KEYS).
+shapes (the views are static strides); a first matmul with a bias or an activation; a second one with anything but a plain P; and rows of at most :data:`MIN_KEYS` keys (the scores fit
+in cache there, and fused measured no faster: see MIN_KEYS).
 """
 
 from __future__ import annotations
@@ -31,11 +31,15 @@ from ..lowering import Node, RegionGraph
 from ..table import graph_pass
 from .attention import _reshaped, in_anchor_frame
 
-MIN_KEYS = 256
-"""Fuse only when a score row has more keys than this. Measured side by side on the loaded 2-vCPU
-Sapphire Rapids (bench/ZOO.md, "session 4, attention"): at S = 128 (BERT, GPT-2, the LLM's
-prompt) the unfused path keeps [heads, 128, 128] scores (768 KiB for 12 heads) in cache anyway and
-the fused kernel's per-block sgemm calls cost more than they save; from S = 512 on fused wins."""
+MIN_KEYS = 128
+"""Fuse only when a score row has more keys than this. Measured side by side (interleaved A/B of the
+same model built with BYOC_HETERO_ATTENTION=off and fused, medians of 5; 2-vCPU Sapphire Rapids,
+heavily loaded; bench/ZOO.md, "session 4, attention"): fused/unfused whole-model latency 0.99 for
+BERT-base (S = 128), 0.94 for ViT-B/16 (S = 197), 0.72 for the Whisper-tiny encoder (S = 1500);
+one attention block alone 0.46-0.79 from S = 512 up. At S <= 128 the [heads, S, S] scores (768
+KiB for 12 heads) stay in cache on the unfused path too, so there is nothing to win: the gain
+measured there was within the noise, and the unfused path (matmul scale / mask post-ops) is the
+one earlier sessions tuned and measured quietly."""
 
 
 ENV = "BYOC_HETERO_ATTENTION"
