@@ -210,7 +210,7 @@ def _kernel_region(name, views, q, k, v, mask=None, **attrs):
 
 def test_kernel_reads_strided_and_transposed_views():
     """The kernel alone: Q as [S, H, D] bytes read [H, S, D], K stored D-major ([H, D, S]), V plain,
-    a [1, S] mask broadcasting over heads and rows; against float64 numpy."""
+    a [1, S] mask broadcasting over heads and rows, in blocks of 8 query rows; against float64 numpy."""
     heads, seq, dim = 3, 37, 5
     q = RNG.standard_normal((seq, heads, dim)).astype("float32")
     k = RNG.standard_normal((heads, dim, seq)).astype("float32")
@@ -220,7 +220,8 @@ def test_kernel_reads_strided_and_transposed_views():
     views = {"q_shape": [heads, seq, dim], "q_strides": [dim, heads * dim, 1],
              "k_shape": [heads, seq, dim], "k_strides": [dim * seq, 1, seq],
              "v_shape": [heads, seq, dim], "v_strides": [seq * dim, dim, 1]}
-    r = _kernel_region("att_views", views, q, k, v, mask, scale=0.7, has_mask=1)
+    # blocks of 8 query rows: 5 blocks per head, the last one short
+    r = _kernel_region("att_views", views, q, k, v, mask, scale=0.7, has_mask=1, block_rows=8)
     (got,) = r.run(r.module(), q, k, v, mask)
     s = np.einsum("shd,hdt->hst", q.astype("float64"), k) * 0.7 + mask
     p = np.exp(s - s.max(-1, keepdims=True))

@@ -9,7 +9,8 @@
  * K / V heads), and each matrix needs a unit stride along one of its last two dims (what the
  * permutes of Q, K, V in attention give).  The mask (has_mask 1) is a plain input whose shape,
  * ranks aligned by leading 1s, broadcasts to the scores [batch..., M, N].  Attrs: scale (default
- * 1), safe (0/1/2, as the softmax node's).  Output: [batch..., M, Dv], plain.
+ * 1), safe (0/1/2, as the softmax node's), block_rows (default 0: RowsPerBlock; query rows per
+ * block, for experiments and tests).  Output: [batch..., M, Dv], plain.
  *
  * Why: the region pass fuse_attention (backends/onednn/ops/attention_fused.py) replaces matmul ->
  * softmax -> matmul by this node.  Unfused, Whisper-tiny's encoder writes [6, 1500, 1500] scores
@@ -277,13 +278,14 @@ void RunAttention(const AttentionPlan& p, const std::string& label, const std::v
   }
 }
 
-/*! \brief Query rows per block: the [rows, N] score tile within ~256 KiB (L2-resident next to the
- *         K and V panels sgemm packs), at least 16 rows.  768 KiB measured the same within the
- *         noise of a loaded machine (S = 1500: 0.52 vs 0.54 of the unfused block; S = 512: 0.79
- *         vs 0.67, the smaller tile ahead). */
+/*! \brief Query rows per block: the [rows, N] score tile within ~256 KiB, but at least 128 rows:
+ *         every block's sgemm packs the head's K and V again, so short blocks on long rows repack
+ *         them often.  Whisper's S = 1500 (6 heads, interleaved A/B of block_rows on a heavily
+ *         loaded machine): 128-750 rows took 0.77-0.83 of the time of 43-row (256 KiB) blocks in
+ *         two runs; two later runs were noise (43 rows 0.97 and 1.27 of 128).  To re-measure quietly. */
 int64_t RowsPerBlock(int64_t m, int64_t n) {
   const int64_t budget = (256 << 10) / static_cast<int64_t>(sizeof(float));
-  return std::max<int64_t>(1, std::min(m, std::max<int64_t>(16, budget / std::max<int64_t>(n, 1))));
+  return std::max<int64_t>(1, std::min(m, std::max<int64_t>(128, budget / std::max<int64_t>(n, 1))));
 }
 
 }  // namespace
@@ -296,6 +298,8 @@ static std::unique_ptr<Kernel> BuildAttention(const KernelContext& ctx) {
   if (safe < 0 || safe > 2) attrs.Fail("safe", "expected 0, 1 or 2 (as softmax's), got " + std::to_string(safe));
   p.safe = static_cast<int>(safe);
   p.has_mask = attrs.Flag("has_mask", false);
+  const int64_t block_rows = attrs.Int("block_rows", 0);
+  if (block_rows < 0) attrs.Fail("block_rows", "expected >= 0 (0: sized by the kernel), got " + std::to_string(block_rows));
   ctx.ExpectInputCount(3 + p.has_mask, p.has_mask ? "q, k, v, mask" : "q, k, v");
   const std::vector<int64_t>& out = ctx.output().shape;
   if (out.size() < 2) ctx.Fail("output must have rank >= 2, got " + ShapeToString(out));
@@ -340,7 +344,7 @@ static std::unique_ptr<Kernel> BuildAttention(const KernelContext& ctx) {
     p.mask_row_stride = strides[rank - 2];
     p.mask_col_stride = strides[rank - 1];
   }
-  p.rows = RowsPerBlock(p.m, p.n);
+  p.rows = block_rows > 0 ? std::min(block_rows, p.m) : RowsPerBlock(p.m, p.n);
   p.avx512 = IsaHasAvx512();
   const std::string label = ctx.where();
   auto plan = std::make_shared<const AttentionPlan>(std::move(p));
