@@ -305,6 +305,22 @@ def test_every_runtime_kernel_is_fuzzed():
                 seen.setdefault(op, set()).add(kind)  # noqa: B023 (called within this iteration)
 
         collect()
+    # the fused attention node fires by default only on rows longer than the drawn sequences
+    # (ops/fused_attention.py MIN_KEYS): the attention kind once more, fused at every size
+    saved = os.environ.get(ATTENTION_ENV)
+    os.environ[ATTENTION_ENV] = "fused"
+    try:
+        @settings(max_examples=2, derandomize=True, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=graphs(max_ops=1, kinds=("attention",)))
+        def collect_fused(case):
+            mod, _, _ = case
+            for op in region_node_ops(bh.partition(mod, require_heavy_op=False)):
+                seen.setdefault(op, set()).add("attention, fused")
+
+        collect_fused()
+    finally:
+        _restore(ATTENTION_ENV, saved)
     missing = sorted(set(bh._C.kernels()) - set(seen))
     assert not missing, f"runtime kernels no fuzzed graph reaches: {missing} (reached: {sorted(seen)})"
 
@@ -343,6 +359,31 @@ def test_transformer_offloaded_equals_llvm(case):
     """Attention (scale, mask post-ops), gelu chains, residuals through reshapes, take on any axis."""
     mod, inputs, recipe = case
     differential(mod, inputs)
+
+
+ATTENTION_ENV = "BYOC_HETERO_ATTENTION"
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=transformer_graphs())
+def test_fused_attention_offloaded_equals_llvm(case):
+    """The same attention blocks with matmul -> softmax -> matmul fused into one attention node at
+    every size (BYOC_HETERO_ATTENTION=fused: the default fuses long rows only)."""
+    mod, inputs, recipe = case
+    saved = os.environ.get(ATTENTION_ENV)
+    os.environ[ATTENTION_ENV] = "fused"
+    try:
+        differential(mod, inputs)
+    finally:
+        _restore(ATTENTION_ENV, saved)
 
 
 def test_regression_dead_bindings_do_not_become_uncompiled_regions():

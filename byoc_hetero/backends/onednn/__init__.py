@@ -72,6 +72,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fuse_matmul_epilogues",       # ops/attention.py: bias / scale / activation after a matmul
     "fuse_eltwise_into_producer",  # epilogue.py: a lone eltwise becomes a post-op of its producer
     "fold_views",                  # ops/layout.py: permutes / reshapes read as strided views
+    "fuse_attention",              # ops/fused_attention.py: matmul -> softmax -> matmul as one attention node
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them

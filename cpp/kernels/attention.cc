@@ -1,0 +1,358 @@
+/*!
+ * \file kernels/attention.cc
+ * \brief attention: softmax(Q @ K^T * scale [+ mask]) @ V for every batch/head, one block of query
+ *        rows at a time, without writing the [batch..., M, N] scores to memory.
+ *
+ * Inputs: q, k, v, [mask].  Each of q, k, v is its input's row-major bytes read through a view
+ * (attrs q_shape + q_strides, k_shape + k_strides, v_shape + v_strides, the output's rank each):
+ * q [batch..., M, D], k [batch..., N, D], v [batch..., N, Dv]; a batch dim of 1 broadcasts (GQA's
+ * K / V heads), and each matrix needs a unit stride along one of its last two dims (what the
+ * permutes of Q, K, V in attention give).  The mask (has_mask 1) is a plain input whose shape,
+ * ranks aligned by leading 1s, broadcasts to the scores [batch..., M, N].  Attrs: scale (default
+ * 1), safe (0/1/2, as the softmax node's), block_rows (default 0: RowsPerBlock; query rows per
+ * block, for experiments and tests).  Output: [batch..., M, Dv], plain.
+ *
+ * Why: the region pass fuse_attention (backends/onednn/ops/attention_fused.py) replaces matmul ->
+ * softmax -> matmul by this node.  Unfused, Whisper-tiny's encoder writes [6, 1500, 1500] scores
+ * (54 MB) per layer, which the softmax reads and writes, its special-row scan reads and the P @ V
+ * matmul reads again: a per-step profile had the two matmuls at 29% of the call and the softmax
+ * at 18%, memory-bound.  Here a block of query rows of the scores ([rows, N], sized to stay in L2)
+ * is computed, turned into probabilities and multiplied by V while it is in cache; blocks of all
+ * batch/head pairs run in parallel on the OpenMP team, each block's two products on oneDNN's
+ * sgemm, which runs single-threaded inside a parallel region.
+ *
+ * Numerics: the unfused path's.  Scores are scale * (Q K^T) (+ mask); each row is the accurate
+ * softmax (max subtracted, exp, sum, multiplied by 1/sum) and gets the special-row treatment of
+ * kernels/softmax.cc: a row holding a NaN or +inf is all NaN (safe 2: all 0), a row of only -inf
+ * all NaN (safe 1 and 2: all 0); a -inf element of any other row is exactly 0.
+ */
+// GCC 12's avx512fintrin.h trips -Wuninitialized in its own _mm512_undefined_ps (masked loads,
+// reductions); the header's false positive, not this file's.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include <tvm/ffi/error.h>
+
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+namespace {
+
+/*! \brief How sgemm reads one matrix of a view: transposed or not, and its leading dimension. */
+struct MatrixArg {
+  char trans = 'N';
+  int64_t ld = 0;
+};
+
+/*! \brief One operand read through a view: per output batch dim its stride (0 = broadcast), and
+ *         the strides of its two matrix dims. */
+struct ViewInfo {
+  std::vector<int64_t> batch_strides;
+  int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 0;
+};
+
+/*! \brief sgemm's reading of a [rows, cols] matrix with those element strides, or nullopt. */
+std::optional<MatrixArg> AsMatrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  if (col_stride == 1 && (rows == 1 || row_stride >= cols)) return MatrixArg{'N', rows == 1 ? cols : row_stride};
+  if (row_stride == 1 && (cols == 1 || col_stride >= rows)) return MatrixArg{'T', cols == 1 ? rows : col_stride};
+  return std::nullopt;
+}
+
+ViewInfo ReadView(const KernelContext& ctx, AttrReader& attrs, size_t k, const char* shape_key, const char* strides_key,
+                  const std::vector<int64_t>& batch) {
+  const size_t rank = batch.size() + 2;
+  const std::vector<int64_t> shape = attrs.Ints(shape_key, rank, {});
+  const std::vector<int64_t> strides = attrs.Ints(strides_key, rank, {});
+  int64_t last = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    if (shape[d] < 1 || strides[d] < 0) {
+      attrs.Fail(shape_key, "view " + ShapeToString(shape) + " / strides " + ShapeToString(strides) +
+                                " must have extents >= 1 and strides >= 0");
+    }
+    last += (shape[d] - 1) * strides[d];
+  }
+  if (last >= ctx.input(k).numel()) {
+    attrs.Fail(shape_key, "view " + ShapeToString(shape) + " / strides " + ShapeToString(strides) +
+                              " reads past the " + std::to_string(ctx.input(k).numel()) + " elements of input " +
+                              std::to_string(k) + " " + ShapeToString(ctx.input(k).shape));
+  }
+  ViewInfo v;
+  for (size_t d = 0; d < batch.size(); ++d) {
+    if (shape[d] != batch[d] && shape[d] != 1) {
+      attrs.Fail(shape_key, "batch dims of " + ShapeToString(shape) + " do not broadcast to the output's " +
+                                ShapeToString(batch));
+    }
+    v.batch_strides.push_back(shape[d] == 1 ? 0 : strides[d]);
+  }
+  v.rows = shape[rank - 2];
+  v.cols = shape[rank - 1];
+  v.row_stride = strides[rank - 2];
+  v.col_stride = strides[rank - 1];
+  if (!AsMatrix(v.rows, v.cols, v.row_stride, v.col_stride)) {
+    attrs.Fail(strides_key, "strides " + ShapeToString(strides) + " of view " + ShapeToString(shape) +
+                                " have no unit stride in the last two dims (a matrix sgemm cannot read)");
+  }
+  return v;
+}
+
+/*! \brief Element offsets of each operand for every flattened batch index. */
+std::vector<int64_t> BatchOffsets(const std::vector<int64_t>& batch, const std::vector<int64_t>& strides) {
+  int64_t count = 1;
+  for (int64_t d : batch) count *= d;
+  std::vector<int64_t> out(count, 0);
+  for (int64_t g = 0; g < count; ++g) {
+    int64_t rest = g, offset = 0;
+    for (size_t d = batch.size(); d-- > 0;) {
+      offset += (rest % batch[d]) * strides[d];
+      rest /= batch[d];
+    }
+    out[g] = offset;
+  }
+  return out;
+}
+
+/*! \brief What the kernel computes, fixed at plan time. */
+struct AttentionPlan {
+  int64_t m = 0, n = 0, d = 0, dv = 0, rows = 0;  // rows: query rows per block
+  float scale = 1.f;
+  int safe = 0;
+  bool has_mask = false;
+  ViewInfo q, k, v;
+  std::vector<int64_t> q_off, k_off, v_off, mask_off;  // per flattened batch index
+  int64_t mask_row_stride = 0, mask_col_stride = 0;
+  bool avx512 = false;
+};
+
+/*! \brief exp(x) for x <= 0 (x - row max), 0 below ln(FLT_MIN) as oneDNN's exp, -inf included. */
+__attribute__((target("avx512f"))) inline __m512 ExpNonPositive(__m512 x) {
+  const __m512 clamped = _mm512_max_ps(x, _mm512_set1_ps(-88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  // Taylor to r^7 on |r| <= ln2/2: truncation below 4e-9 relative, under one float ulp
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654475f), _CMP_LT_OQ);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, n));
+}
+
+/*! \brief Row max, and whether the row holds a NaN or +inf. */
+__attribute__((target("avx512f"))) float RowMaxAvx512(const float* x, int64_t n, bool* nan_or_inf) {
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(live, x + j);
+    bad |= _mm512_mask_cmp_ps_mask(live, v, inf, _CMP_NLT_UQ);  // NaN or +inf
+    mx = _mm512_mask_max_ps(mx, live, mx, v);
+  }
+  *nan_or_inf = bad != 0;
+  return _mm512_reduce_max_ps(mx);
+}
+
+/*! \brief x = exp(x - max) in place, returns the sum. */
+__attribute__((target("avx512f"))) float ExpSumAvx512(float* x, int64_t n, float max) {
+  __m512 sum = _mm512_setzero_ps();
+  const __m512 mx = _mm512_set1_ps(max);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + j), mx));
+    _mm512_mask_storeu_ps(x + j, live, e);
+    sum = _mm512_mask_add_ps(sum, live, sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+__attribute__((target("avx512f"))) void ScaleAvx512(float* x, int64_t n, float s) {
+  const __m512 f = _mm512_set1_ps(s);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(x + j, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + j), f));
+  }
+}
+
+/*! \brief One row of scores -> probabilities in place, with softmax.cc's special rows. */
+void SoftmaxRow(float* x, int64_t n, int safe, bool avx512) {
+  const float inf = std::numeric_limits<float>::infinity();
+  bool nan_or_inf = false;
+  float max = -inf;
+  if (avx512) {
+    max = RowMaxAvx512(x, n, &nan_or_inf);
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      nan_or_inf |= !(x[j] < inf);
+      max = std::max(max, x[j]);
+    }
+  }
+  if (nan_or_inf || max == -inf) {  // kernels/softmax.cc's SpecialRow: NaN/+inf row, or all -inf
+    const bool zero = safe == 2 || (!nan_or_inf && safe == 1);
+    std::fill_n(x, n, zero ? 0.f : std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  float sum = 0.f;
+  if (avx512) {
+    sum = ExpSumAvx512(x, n, max);
+  } else {
+    for (int64_t j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - max));
+  }
+  if (avx512) {
+    ScaleAvx512(x, n, 1.f / sum);
+  } else {
+    for (int64_t j = 0; j < n; ++j) x[j] *= 1.f / sum;
+  }
+}
+
+/*! \brief C = alpha * op(A) @ op(B); oneDNN's status (no throw: it runs inside an OpenMP region). */
+dnnl::status Sgemm(const MatrixArg& a, const MatrixArg& b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* pa, const float* pb, float* pc, int64_t ldc) {
+  return dnnl::sgemm(a.trans, b.trans, m, n, k, alpha, pa, a.ld, pb, b.ld, 0.f, pc, ldc);
+}
+
+/*! \brief Rows [r0, r0 + rows) of batch index g: scores into tile, softmax, @ V into out. */
+dnnl::status RunBlock(const AttentionPlan& p, int64_t g, int64_t r0, int64_t rows, const float* q, const float* k,
+              const float* v, const float* mask, float* out, float* tile) {
+  const float* qg = q + p.q_off[g] + r0 * p.q.row_stride;
+  // tile = scale * Q[r0:r0+rows] @ K^T: K^T is k's view [N, D] read with rows and columns swapped
+  const MatrixArg qa = *AsMatrix(rows, p.d, p.q.row_stride, p.q.col_stride);
+  const MatrixArg kt = *AsMatrix(p.d, p.n, p.k.col_stride, p.k.row_stride);
+  const dnnl::status st = Sgemm(qa, kt, rows, p.n, p.d, p.scale, qg, k + p.k_off[g], tile, p.n);
+  if (st != dnnl::status::success) return st;
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = tile + i * p.n;
+    if (p.has_mask) {
+      const float* mrow = mask + p.mask_off[g] + (r0 + i) * p.mask_row_stride;
+      if (p.mask_col_stride == 1) {
+        for (int64_t j = 0; j < p.n; ++j) row[j] += mrow[j];
+      } else {
+        for (int64_t j = 0; j < p.n; ++j) row[j] += mrow[0];
+      }
+    }
+    SoftmaxRow(row, p.n, p.safe, p.avx512);
+  }
+  const MatrixArg pa{'N', p.n};
+  const MatrixArg vb = *AsMatrix(p.n, p.dv, p.v.row_stride, p.v.col_stride);
+  return Sgemm(pa, vb, rows, p.dv, p.n, 1.f, tile, v + p.v_off[g], out + (g * p.m + r0) * p.dv, p.dv);
+}
+
+void RunAttention(const AttentionPlan& p, const std::string& label, const std::vector<void*>& ptrs) {
+  const float* q = static_cast<const float*>(ptrs[0]);
+  const float* k = static_cast<const float*>(ptrs[1]);
+  const float* v = static_cast<const float*>(ptrs[2]);
+  const float* mask = p.has_mask ? static_cast<const float*>(ptrs[3]) : nullptr;
+  float* out = static_cast<float*>(ptrs[p.has_mask ? 4 : 3]);
+  const int64_t blocks = (p.m + p.rows - 1) / p.rows;
+  const int64_t tasks = static_cast<int64_t>(p.q_off.size()) * blocks;
+  int failed = 0;  // a oneDNN status other than success (sgemm's arguments are checked at plan time)
+#pragma omp parallel if (tasks > 1)
+  {
+    std::vector<float> tile(p.rows * p.n);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t g = t / blocks, r0 = (t % blocks) * p.rows;
+      const dnnl::status st = RunBlock(p, g, r0, std::min(p.rows, p.m - r0), q, k, v, mask, out, tile.data());
+      if (st != dnnl::status::success) {
+#pragma omp atomic write
+        failed = static_cast<int>(st);
+      }
+    }
+  }
+  if (failed != 0) {
+    TVM_FFI_THROW(RuntimeError) << label << ": oneDNN sgemm returned status " << failed << " for M=" << p.m
+                                << " N=" << p.n << " D=" << p.d << " Dv=" << p.dv;
+  }
+}
+
+/*! \brief Query rows per block: the [rows, N] score tile within ~256 KiB, but at least 128 rows:
+ *         every block's sgemm packs the head's K and V again, so short blocks on long rows repack
+ *         them often.  Whisper's S = 1500 (6 heads, interleaved A/B of block_rows on a heavily
+ *         loaded machine): 128-750 rows took 0.77-0.83 of the time of 43-row (256 KiB) blocks in
+ *         two runs; two later runs were noise (43 rows 0.97 and 1.27 of 128).  To re-measure quietly. */
+int64_t RowsPerBlock(int64_t m, int64_t n) {
+  const int64_t budget = (256 << 10) / static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(1, std::min(m, std::max<int64_t>(128, budget / std::max<int64_t>(n, 1))));
+}
+
+}  // namespace
+
+static std::unique_ptr<Kernel> BuildAttention(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  AttentionPlan p;
+  p.scale = static_cast<float>(attrs.Float("scale", 1.0));
+  const int64_t safe = attrs.Int("safe", 0);
+  if (safe < 0 || safe > 2) attrs.Fail("safe", "expected 0, 1 or 2 (as softmax's), got " + std::to_string(safe));
+  p.safe = static_cast<int>(safe);
+  p.has_mask = attrs.Flag("has_mask", false);
+  const int64_t block_rows = attrs.Int("block_rows", 0);
+  if (block_rows < 0) attrs.Fail("block_rows", "expected >= 0 (0: sized by the kernel), got " + std::to_string(block_rows));
+  ctx.ExpectInputCount(3 + p.has_mask, p.has_mask ? "q, k, v, mask" : "q, k, v");
+  const std::vector<int64_t>& out = ctx.output().shape;
+  if (out.size() < 2) ctx.Fail("output must have rank >= 2, got " + ShapeToString(out));
+  const std::vector<int64_t> batch(out.begin(), out.end() - 2);
+  p.q = ReadView(ctx, attrs, 0, "q_shape", "q_strides", batch);
+  p.k = ReadView(ctx, attrs, 1, "k_shape", "k_strides", batch);
+  p.v = ReadView(ctx, attrs, 2, "v_shape", "v_strides", batch);
+  attrs.CheckNoUnknown();
+  p.m = p.q.rows, p.d = p.q.cols, p.n = p.k.rows, p.dv = p.v.cols;
+  if (p.k.cols != p.d || p.v.rows != p.n || out[out.size() - 2] != p.m || out.back() != p.dv) {
+    ctx.Fail("q [M=" + std::to_string(p.m) + ", D=" + std::to_string(p.d) + "], k [N=" + std::to_string(p.k.rows) +
+             ", D=" + std::to_string(p.k.cols) + "], v [" + std::to_string(p.v.rows) + ", " + std::to_string(p.v.cols) +
+             "] do not make the output " + ShapeToString(out));
+  }
+  for (size_t d = 0; d < ctx.node().inputs.size(); ++d) {
+    if (ctx.input(d).dtype != DType::kFloat32) ctx.Fail("input " + std::to_string(d) + " must be float32");
+  }
+  p.q_off = BatchOffsets(batch, p.q.batch_strides);
+  p.k_off = BatchOffsets(batch, p.k.batch_strides);
+  p.v_off = BatchOffsets(batch, p.v.batch_strides);
+  std::vector<memory::desc> inputs;
+  for (size_t d = 0; d < ctx.node().inputs.size(); ++d) inputs.push_back(PlainDescOf(ctx.input(d)));
+  if (p.has_mask) {
+    // the mask's plain strides, ranks aligned by leading 1s, 0 along broadcast dims
+    const std::vector<int64_t>& ms = ctx.input(3).shape;
+    const size_t rank = out.size();
+    std::vector<int64_t> scores(batch);
+    scores.push_back(p.m);
+    scores.push_back(p.n);
+    if (ms.size() > rank) ctx.Fail("mask " + ShapeToString(ms) + " has a higher rank than the scores");
+    std::vector<int64_t> strides(rank, 0);
+    int64_t step = 1;
+    for (size_t i = ms.size(); i-- > 0;) {
+      const size_t d = rank - ms.size() + i;
+      if (ms[i] != scores[d] && ms[i] != 1) {
+        ctx.Fail("mask " + ShapeToString(ms) + " does not broadcast to the scores " + ShapeToString(scores));
+      }
+      strides[d] = ms[i] == 1 ? 0 : step;
+      step *= ms[i];
+    }
+    p.mask_off = BatchOffsets(batch, std::vector<int64_t>(strides.begin(), strides.end() - 2));
+    p.mask_row_stride = strides[rank - 2];
+    p.mask_col_stride = strides[rank - 1];
+  }
+  p.rows = block_rows > 0 ? std::min(block_rows, p.m) : RowsPerBlock(p.m, p.n);
+  p.avx512 = IsaHasAvx512();
+  const std::string label = ctx.where();
+  auto plan = std::make_shared<const AttentionPlan>(std::move(p));
+  return std::make_unique<HostKernel>(
+      label, "attention", [plan, label](const std::vector<void*>& ptrs) { RunAttention(*plan, label, ptrs); }, std::move(inputs),
+      PlainDesc(memory::dims(out.begin(), out.end())));
+}
+
+BYOC_HETERO_REGISTER_KERNEL("attention", BuildAttention);
+
+}  // namespace byoc_hetero

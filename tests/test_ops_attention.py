@@ -1,0 +1,262 @@
+"""The fused attention node (ops/fused_attention.py, cpp/kernels/attention.cc): matmul (+scale, +mask)
+-> softmax -> matmul as one node, against the llvm-only build of the same module and a float64 numpy
+reference (masked, causal and fully masked rows; NaN rows; GQA's broadcast K / V heads), where it
+fires and where it must not (short rows under ``auto``, bf16, switched off)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+from conftest import graph, offload_and_compare
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero.errors import RuleError
+from byoc_hetero.timing import build, run
+
+R = relax.op
+RNG = np.random.default_rng(25)
+ENV = "BYOC_HETERO_ATTENTION"
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """Fuse wherever the pattern allows (the default fuses rows of more than MIN_KEYS keys only)."""
+    monkeypatch.setenv(ENV, "fused")
+
+
+def ops_of(partitioned) -> list[str]:
+    return [n["op"] for m in bh.codegen.region_modules(build(partitioned))
+            for n in json.loads(m["get_graph_json"]())["nodes"]]
+
+
+def _weight(*shape):
+    return relax.const((RNG.standard_normal(shape) * 0.3).astype("float32"))
+
+
+def _heads(emit, x, seq, heads, dim, w=None):
+    """x [1, S, H*D] projected by w, as [1, H, S, D] (reshape + permute_dims: the views the kernel reads)."""
+    y = emit(R.matmul(x, _weight(heads * dim, heads * dim) if w is None else relax.const(w)))
+    return emit(R.permute_dims(emit(R.reshape(y, (1, seq, heads, dim))), [0, 2, 1, 3]))
+
+
+def attention_module(seq=12, heads=2, dim=4, scale="mul", mask_shape=None, softmax="plain", torch_style=False,
+                     q_scaled=False, weights=(None, None, None)):
+    """One self-attention block over x [1, S, H*D] (and a mask input when mask_shape is given)."""
+    inputs = {"x": (1, seq, heads * dim), **({"mask": mask_shape} if mask_shape else {})}
+
+    def body(emit, x, mask=None):
+        q, k, v = (_heads(emit, x, seq, heads, dim, w) for w in weights)
+        if q_scaled:  # Whisper: the query scaled before the product
+            q = emit(R.multiply(q, relax.const(np.float32(dim ** -0.5))))
+        kt = emit(R.permute_dims(k, [0, 1, 3, 2]))
+        if torch_style:  # TVM's torch frontend: batched [H, S, D] matmuls between reshapes
+            s = emit(R.reshape(emit(R.matmul(emit(R.reshape(q, (heads, seq, dim))),
+                                             emit(R.reshape(kt, (heads, dim, seq))))), (1, heads, seq, seq)))
+        else:
+            s = emit(R.matmul(q, kt))
+        if scale == "mul":
+            s = emit(R.multiply(s, relax.const(np.float32(dim ** -0.5))))
+        elif scale == "div":
+            s = emit(R.divide(s, relax.const(np.float32(dim ** 0.5))))
+        if mask is not None:
+            s = emit(R.add(s, mask))
+        p = emit(R.nn.softmax(s, axis=-1))
+        if softmax == "isnan":  # the dynamo ONNX exporter's guard
+            p = emit(R.where(emit(R.isnan(p)), relax.const(np.float32(0)), p))
+        elif softmax == "torch_safe":
+            from fuzz_graphs import safe_softmax_chain
+
+            p = safe_softmax_chain(emit, s, -1)
+        o = emit(R.matmul(p, v))
+        return R.reshape(emit(R.permute_dims(o, [0, 2, 1, 3])), (1, seq, heads * dim))
+
+    return graph(inputs, body)
+
+
+@pytest.mark.parametrize("torch_style", [False, True])
+@pytest.mark.parametrize("scale", ["mul", "div", "none"])
+@pytest.mark.parametrize("mask_shape", [None, (1, 1, 12, 12), (12, 12), (1, 2, 1, 12), (1, 2, 12, 12)])
+def test_attention_is_one_node_and_matches_llvm(fused, torch_style, scale, mask_shape):
+    mod = attention_module(scale=scale, mask_shape=mask_shape, torch_style=torch_style)
+    res = offload_and_compare(mod)
+    ops = ops_of(res.partitioned)
+    assert ops.count("attention") == 1
+    assert "softmax" not in ops and "matmul" not in ops and "binary" not in ops
+
+
+def test_query_scale_joins_the_node(fused):
+    """Whisper's q * d^-0.5 before the product becomes the node's scale (no binary node left)."""
+    res = offload_and_compare(attention_module(scale="none", q_scaled=True))
+    ops = ops_of(res.partitioned)
+    assert ops.count("attention") == 1 and "binary" not in ops
+
+
+def _reference(x, wq, wk, wv, mask, heads, dim, safe):
+    """float64 attention of x with softmax.cc's special rows (NaN/+inf row: NaN, all -inf: NaN;
+    safe 1: all -inf rows 0; safe 2: every NaN row 0)."""
+    seq = x.shape[1]
+
+    def split(w):
+        return (x[0].astype("float64") @ w).reshape(seq, heads, dim).transpose(1, 0, 2)
+
+    q, k, v = split(wq), split(wk), split(wv)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = q @ k.transpose(0, 2, 1) * dim ** -0.5 + mask
+        m = s.max(-1, keepdims=True)
+        e = np.exp(s - m)
+        p = e / e.sum(-1, keepdims=True)
+    all_minus_inf = np.all(s == -np.inf, -1)
+    if safe == 1:
+        p[all_minus_inf] = 0
+    if safe == 2:
+        p[np.isnan(p).any(-1)] = 0
+    with np.errstate(invalid="ignore"):
+        return (p @ v).transpose(1, 0, 2).reshape(1, seq, heads * dim)
+
+
+@pytest.mark.parametrize("softmax,safe", [("plain", 0), ("torch_safe", 1), ("isnan", 2)])
+def test_masked_causal_and_fully_masked_rows(fused, softmax, safe):
+    """A causal -inf mask with two rows masked entirely: partly masked rows as the unfused path,
+    fully masked ones NaN (plain softmax) or 0 (torch's safe softmax, the isnan guard)."""
+    seq, heads, dim = 10, 2, 4
+    mask = np.triu(np.full((seq, seq), -np.inf, "float32"), 1)
+    mask[3] = -np.inf
+    mask[7] = -np.inf
+    ws = [(RNG.standard_normal((heads * dim, heads * dim)) * 0.3).astype("float32") for _ in range(3)]
+    mod = attention_module(seq, heads, dim, mask_shape=(1, 1, seq, seq), softmax=softmax, weights=ws)
+    part = bh.partition(mod)
+    assert ops_of(part).count("attention") == 1
+    x = RNG.standard_normal((1, seq, heads * dim)).astype("float32")
+    got = run(build(part), [x, mask[None, None]])
+    want_llvm = run(build(mod), [x, mask[None, None]])
+    want = _reference(x, *ws, mask, heads, dim, safe)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want_llvm, rtol=1e-5, atol=1e-5)
+    if safe == 0:
+        assert np.isnan(got[0, 3]).all() and not np.isnan(got[0, 2]).any()
+    else:
+        assert (got[0, 3] == 0).all() and (got[0, 7] == 0).all()
+
+
+@pytest.mark.parametrize("safe_softmax", ["plain", "isnan"])
+def test_nan_in_a_score_row(fused, safe_softmax):
+    """A NaN in the mask poisons its row: NaN (plain softmax), 0 (the isnan guard); the others stand."""
+    seq = 9
+    mask = np.zeros((1, 1, seq, seq), "float32")
+    mask[0, 0, 4, 2] = np.nan
+    mod = attention_module(seq, 2, 4, mask_shape=mask.shape, softmax=safe_softmax)
+    part = bh.partition(mod)
+    assert ops_of(part).count("attention") == 1
+    x = RNG.standard_normal((1, seq, 8)).astype("float32")
+    got, want = run(build(part), [x, mask]), run(build(mod), [x, mask])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert (np.isnan(got[0, 4]).all()) == (safe_softmax == "plain")
+
+
+def test_grouped_query_heads_broadcast(fused):
+    """GQA: 4 query heads share 2 K / V heads through a broadcast batch dim ([1, 2, 1, S, D])."""
+    seq, dim = 11, 4
+
+    def body(emit, q, k, v):
+        s = emit(R.multiply(emit(R.matmul(q, emit(R.permute_dims(k, [0, 1, 2, 4, 3])))), relax.const(np.float32(0.5))))
+        return R.matmul(emit(R.nn.softmax(s, axis=-1)), v)
+
+    mod = graph({"q": (1, 2, 2, seq, dim), "k": (1, 2, 1, seq, dim), "v": (1, 2, 1, seq, dim)}, body)
+    res = offload_and_compare(mod)
+    assert ops_of(res.partitioned).count("attention") == 1
+
+
+def test_auto_fuses_long_rows_only(monkeypatch):
+    """The default (``auto``): rows of at most MIN_KEYS keys keep the matmul -> softmax -> matmul path."""
+    from byoc_hetero.backends.onednn.ops.fused_attention import MIN_KEYS
+
+    monkeypatch.delenv(ENV, raising=False)
+    short = ops_of(bh.partition(attention_module(seq=MIN_KEYS, heads=1, dim=2)))
+    assert "attention" not in short and short.count("matmul") >= 2
+    res = offload_and_compare(attention_module(seq=MIN_KEYS + 1, heads=1, dim=2))
+    assert ops_of(res.partitioned).count("attention") == 1
+
+
+def test_switched_off_and_bad_knob(monkeypatch):
+    monkeypatch.setenv(ENV, "off")
+    assert "attention" not in ops_of(bh.partition(attention_module()))
+    monkeypatch.setenv(ENV, "always")
+    with pytest.raises(RuleError, match=ENV):
+        bh.partition(attention_module())
+
+
+def test_bf16_region_keeps_the_unfused_path(fused):
+    """bf16 rounds Q, K, V and the probabilities in the unfused matmuls; the fused kernel is f32."""
+    assert "attention" not in ops_of(bh.partition(attention_module(), precision="bf16"))
+
+
+def _kernel_region(name, views, q, k, v, mask=None, **attrs):
+    """A region of one attention node over inputs q, k, v[, mask] (numpy), views as attrs."""
+    from test_runtime import Region
+
+    r = Region(name)
+    ins = [r.input(a.shape) for a in (q, k, v, *([mask] if mask is not None else []))]
+    out_shape = views["q_shape"][:-1] + views["v_shape"][-1:]
+    r.outputs = [r.node("attention", ins, out_shape, **views, **attrs)]
+    return r
+
+
+def test_kernel_reads_strided_and_transposed_views():
+    """The kernel alone: Q as [S, H, D] bytes read [H, S, D], K stored D-major ([H, D, S]), V plain,
+    a [1, S] mask broadcasting over heads and rows, in blocks of 8 query rows; against float64 numpy."""
+    heads, seq, dim = 3, 37, 5
+    q = RNG.standard_normal((seq, heads, dim)).astype("float32")
+    k = RNG.standard_normal((heads, dim, seq)).astype("float32")
+    v = RNG.standard_normal((heads, seq, dim)).astype("float32")
+    mask = np.where(RNG.random((1, seq)) < 0.3, -np.inf, 0).astype("float32")
+    mask[0, 0] = 0
+    views = {"q_shape": [heads, seq, dim], "q_strides": [dim, heads * dim, 1],
+             "k_shape": [heads, seq, dim], "k_strides": [dim * seq, 1, seq],
+             "v_shape": [heads, seq, dim], "v_strides": [seq * dim, dim, 1]}
+    # blocks of 8 query rows: 5 blocks per head, the last one short
+    r = _kernel_region("att_views", views, q, k, v, mask, scale=0.7, has_mask=1, block_rows=8)
+    (got,) = r.run(r.module(), q, k, v, mask)
+    s = np.einsum("shd,hdt->hst", q.astype("float64"), k) * 0.7 + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_rejects_a_view_past_its_input():
+    """A view reading past its input's elements is an error naming the node, not a wild read."""
+    from test_runtime import create
+
+    q = np.zeros((2, 4, 3), "float32")
+    views = {f"{n}_shape": [2, 4, 3] for n in "qkv"} | {f"{n}_strides": [16, 3, 1] for n in "qkv"}  # 16 > 4 * 3
+    r = _kernel_region("att_bad", views, q, q, q)
+    with pytest.raises(ValueError, match=r"att_bad.*attention.*reads past the 24 elements"):
+        create(r.json())
+
+
+ZOO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+
+
+@pytest.mark.parametrize("model", ["whisper_tiny_encoder", "gpt2", "smollm_135m"])
+def test_zoo_transformers_with_fused_attention_match_torch(fused, model):
+    """Whisper's encoder (scaled query), GPT-2 (causal mask), the Llama decoder (GQA, RoPE) scaled down,
+    through torch.export with every attention fused: within 1e-4 of torch eager."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, ZOO)
+    import zoo_models
+
+    zm = getattr(zoo_models, model)(small=True)
+    mod, params = bh.from_torch(zm.module.eval(), zm.inputs)
+    part = bh.partition(mod, params)
+    assert ops_of(part).count("attention") >= 2
+    got = run(build(part), [x.numpy() for x in zm.inputs])
+    with torch.no_grad():
+        want = zm.module(*zm.inputs).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
