@@ -121,3 +121,42 @@ def test_llama_decoder_norm_weights_folded_and_matches_torch(path, tmp_path):
     got = vm["main"](*[__import__("tvm").runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
     assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
     assert _vector_multiplies(ex, 96) == 1  # the final norm's; 2 layers x 2 norms folded
+
+
+# ----------------------------------------------------------------------------------------------
+# region pass merge_common_nodes: what torch.export repeats per layer is computed once
+# ----------------------------------------------------------------------------------------------
+def _ops(ex) -> list[str]:
+    return [node["op"] for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]]
+
+
+@pytest.mark.parametrize("second_axis, softmaxes", [(-1, 1), (1, 2)])
+def test_repeated_node_is_computed_once(second_axis, softmaxes):
+    """softmax(x) written twice (as torch.export writes a per-layer mask) is one node; a softmax
+    over another axis of the same input is not the same node. Both match the llvm build."""
+    w = _const(8, 8)
+
+    def body(emit, x):
+        a = emit(R.nn.softmax(x, axis=-1))
+        b = emit(R.nn.softmax(x, axis=second_axis))
+        return emit(R.matmul(emit(R.add(a, b)), w))
+
+    res = offload_and_compare(graph({"x": (1, 8, 8)}, body))
+    assert res.error < 1e-5, res.error
+    assert _ops(build(res.partitioned)).count("softmax") == softmaxes
+
+
+def test_llama_decoder_from_torch_builds_its_float_mask_once():
+    """The small Llama decoder through from_torch: the per-layer where(mask, 0, -inf) (2 layers) is
+    one node of the region, and the output is torch's within 1e-4."""
+    import tvm
+
+    pytest.importorskip("torch")
+    import zoo_models
+
+    zm = zoo_models.smollm_135m(small=True)
+    want = zm.module(*zm.inputs).detach().numpy()
+    ex = build(bh.partition(*bh.from_torch(zm.module, zm.inputs)))
+    assert _ops(ex).count("where") == 1
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
+    assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4

@@ -51,7 +51,7 @@ def test_pipeline_order_is_pinned():
         "onednn:fuse_int8_lookup_tables", "onednn:fuse_int8_binaries", "onednn:fuse_quantize_dequantize",
         "onednn:fuse_elementwise_chains",
         "onednn:apply_conv_algorithms",
-        "onednn:apply_node_precisions",
+        "onednn:apply_node_precisions", "onednn:merge_common_nodes",
         "insert_range_checks", "host_code_anchor",
     ]
 
