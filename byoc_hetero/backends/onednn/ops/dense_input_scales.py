@@ -13,11 +13,25 @@ constants that run once at ``__init_``, and the multiply node is gone.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
 
 _PLAIN_DENSE_ATTRS = frozenset({"weight_layout", "has_bias", "activation", "residual", "post_activation"})
 """The attrs of a float32 dense; one with any other (int8 scales, a precision) is left alone."""
+
+
+def constant_multiplies(graph: RegionGraph) -> Iterator[tuple[Node, int, int]]:
+    """(node, its constant operand, its other operand) for each multiply node (no post-op) of a
+    constant and a non-constant tensor, over a snapshot of the nodes (a caller may edit them)."""
+    constants = {c["tensor"] for c in graph.constants}
+    for node in list(graph.nodes):
+        if node.op != "binary" or node.attrs.get("algorithm") != "mul" or node.attrs.get("activation", "none") != "none":
+            continue
+        for k in (0, 1):
+            if node.inputs[k] in constants and node.inputs[1 - k] not in constants:
+                yield node, node.inputs[k], node.inputs[1 - k]
 
 
 def _per_last_axis(shape: list, n: int) -> bool:
@@ -54,27 +68,20 @@ def fold_dense_input_scales(graph: RegionGraph) -> None:
     """``dense(c * x)`` for a constant ``c`` of one value per input feature, where every reader of
     the product is such a dense (through reshapes): ``c`` goes into each dense's weight and the
     denses read ``x`` (see the module doc)."""
-    constants = {c["tensor"] for c in graph.constants}
     dead: set[int] = set()
-    for node in list(graph.nodes):
-        if node.op != "binary" or node.attrs.get("algorithm") != "mul" or node.attrs.get("activation", "none") != "none":
+    for node, scale, value in constant_multiplies(graph):
+        shape = graph.tensors[value]["shape"]
+        n = shape[-1] if shape else None
+        if (not isinstance(n, int) or not _per_last_axis(graph.tensors[scale]["shape"], n)
+                or graph.tensors[node.output]["shape"] != shape or graph.tensors[value]["dtype"] != "float32"):
             continue
-        for k in (0, 1):
-            scale, value = node.inputs[k], node.inputs[1 - k]
-            shape = graph.tensors[value]["shape"]
-            n = shape[-1] if shape else None
-            if (scale not in constants or value in constants or not isinstance(n, int)
-                    or not _per_last_axis(graph.tensors[scale]["shape"], n)
-                    or graph.tensors[node.output]["shape"] != shape or graph.tensors[value]["dtype"] != "float32"):
-                continue
-            readers = _dense_readers(graph, node.output, n)
-            if not readers:
-                continue
-            for dense, chain in readers:
-                _scale_weight(graph, dense, scale, n)
-                (chain[0] if chain else dense).inputs[0] = value
-            dead.add(id(node))
-            break
+        readers = _dense_readers(graph, node.output, n)
+        if not readers:
+            continue
+        for dense, chain in readers:
+            _scale_weight(graph, dense, scale, n)
+            (chain[0] if chain else dense).inputs[0] = value
+        dead.add(id(node))
     if dead:
         graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
 
