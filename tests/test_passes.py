@@ -46,13 +46,13 @@ def test_pipeline_order_is_pinned():
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
         "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
         "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fold_views", "onednn:fuse_attention",
-        "onednn:fold_channel_scales", "onednn:fold_residual_adds", "onednn:fold_pads",
+        "onednn:fold_channel_scales", "onednn:fold_dense_input_scales", "onednn:fold_residual_adds", "onednn:fold_pads",
         "onednn:fuse_dynamic_int8_sources", "onednn:fuse_int8_anchors", "onednn:fuse_int8_activations",
         "onednn:fuse_int8_lookup_tables", "onednn:fuse_int8_binaries", "onednn:fuse_quantize_dequantize",
         "onednn:move_views_to_8bit", "onednn:share_repeated_quantizations",
         "onednn:fuse_int8_matmuls", "onednn:fuse_elementwise_chains",
         "onednn:apply_conv_algorithms",
-        "onednn:apply_node_precisions",
+        "onednn:apply_node_precisions", "onednn:merge_common_nodes",
         "insert_range_checks", "host_code_anchor",
     ]
 

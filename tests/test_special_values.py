@@ -83,6 +83,40 @@ def test_safe_softmax_keeps_all_minus_inf_rows_zero_and_nan_rows_nan():
     np.testing.assert_allclose(got[5], torch.softmax(torch.from_numpy(ROWS[5]), 0).numpy(), rtol=1e-6)
 
 
+def _long_rows(length: int) -> np.ndarray:
+    """Rows long enough for the vectorized row scan's body and tail: finite, a causal mask's -inf
+    tail, all -inf, one NaN (last / in the middle, sign bit set), one +inf, -inf next to a NaN."""
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((8, length)).astype("float32")
+    rows[1, length // 3:] = -INF
+    rows[2, :] = -INF
+    rows[3, -1] = NAN
+    rows[4, length // 2] = -np.float32(NAN)  # a NaN with its sign bit set: 0xffc00000
+    rows[5, length // 4] = INF
+    rows[6, :length - 1] = -INF
+    rows[7, :5], rows[7, -1] = -INF, NAN
+    assert np.signbit(rows[4, length // 2])
+    return rows
+
+
+@pytest.mark.parametrize("length", [4, 133])
+@pytest.mark.parametrize("safe", [False, True])
+def test_softmax_row_scan_on_long_rows(length, safe):
+    """Each kind of special row, long enough that the contiguous row scan (integer counts of the
+    non-finite and the -inf elements) runs its vector body and its tail: the rows as TVM's llvm
+    softmax has them, all -inf rows 0 with ``safe``, the partly masked rows torch's values."""
+    rows = _long_rows(length)
+    body = (lambda e, v: safe_softmax_chain(e, v, -1)) if safe else (lambda e, v: R.nn.softmax(v, axis=-1))
+    got, llvm = offloaded_and_llvm(body, rows)
+    if safe:
+        np.testing.assert_array_equal(got[2], np.zeros(length, "float32"))
+        llvm[2] = 0.0
+    same_specials(got, llvm)
+    assert np.isnan(got[[3, 4, 5, 7]]).all()
+    for i in (0, 1, 6):
+        np.testing.assert_allclose(got[i], torch.softmax(torch.from_numpy(rows[i]), 0).numpy(), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("name, body", [
     ("relu", lambda e, v: R.nn.relu(v)),
     ("maximum", lambda e, v: R.maximum(v, relax.const(np.float32(0.5)))),

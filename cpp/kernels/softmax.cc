@@ -50,6 +50,30 @@ inline int SpecialRow(const float* x, int64_t length, int64_t stride, int safe) 
 }
 
 /*!
+ * \brief SpecialRow for a contiguous row, in integer operations only, which the compiler
+ *        vectorizes: counts of the non-finite elements (exponent bits all ones) and of the -inf
+ *        ones; a NaN or +inf is there exactly when the first count is larger.  A causal mask
+ *        written with -inf (torch's sdpa decomposition: where(mask, 0, -inf)) makes the
+ *        AnyNonFinite pass below true for every input, so every row is classified on every call:
+ *        SpecialRow's per-element float loop cost 0.5 ms per [9, 128, 128] softmax, 15.8 of the
+ *        ~480 ms of the SmolLM-135M decoder's from_torch call at 1 thread, on this step's one
+ *        thread at any team size -- the whole gap to its from_onnx build, whose exporter writes
+ *        the mask with float32's lowest finite value (per-step profile, bench/LLM.md session 4).
+ */
+inline int SpecialContiguousRow(const float* x, int64_t length, int safe) {
+  uint32_t nonfinite = 0, minus_inf = 0;
+  for (int64_t k = 0; k < length; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, x + k, sizeof bits);
+    nonfinite += (bits & 0x7f800000u) == 0x7f800000u;
+    minus_inf += bits == 0xff800000u;
+  }
+  if (nonfinite != minus_inf) return 1;  // a NaN or +inf
+  if (static_cast<int64_t>(minus_inf) == length) return safe ? 2 : 1;
+  return 0;
+}
+
+/*!
  * \brief Whether any of n contiguous floats is NaN or +-inf (exponent bits all ones), in integer
  *        operations only, which the compiler vectorizes: (bits & exponent) + one exponent step
  *        carries into the sign bit exactly for an all-ones exponent.  The row scan below reads
@@ -103,7 +127,8 @@ class SoftmaxKernel : public Kernel {
       for (int64_t o = 0; o < outer; ++o) {
         for (int64_t i = 0; i < inner; ++i) {
           const int64_t base = o * length * inner + i;
-          const int kind = SpecialRow(x + base, length, inner, safe);
+          const int kind = inner == 1 && length < (int64_t{1} << 32) ? SpecialContiguousRow(x + base, length, safe)
+                                      : SpecialRow(x + base, length, inner, safe);
           if (kind == 0) continue;  // finite or partly -inf: oneDNN's row stands
           for (int64_t k = 0; k < length; ++k) y[base + k * inner] = fill[kind];
         }

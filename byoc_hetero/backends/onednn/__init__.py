@@ -74,6 +74,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_views",                  # ops/layout.py: permutes / reshapes read as strided views
     "fuse_attention",              # ops/fused_attention.py: matmul -> softmax -> matmul as one attention node
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
+    "fold_dense_input_scales",     # ops/dense_input_scales.py: RMSNorm's per-feature weight into the denses reading it
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_dynamic_int8_sources",   # ops/qdq_dynamic.py: a per-call quantization into the int8 dense reading it
@@ -88,6 +89,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fuse_elementwise_chains",     # ops/qdq_chain.py: element-wise ops + the Q/DQ between them as one step
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
     "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per conv / dense / matmul node
+    "merge_common_nodes",          # ops/common_nodes.py: a node repeating an earlier one (op, inputs, attrs) is dropped
 )
 """The region-graph passes, in run order (each lowered region graph goes through them before it
 is serialized). This was the alphabetical import order of :mod:`.ops`; it is now stated here, and

@@ -1,0 +1,162 @@
+"""What the LLM decoder's region runs (session 4): RMSNorm's per-feature weight folded into the
+dense layers reading the norm (region pass ``fold_dense_input_scales``).
+
+References: the llvm-only build of the same module, torch eager for the decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+from conftest import graph, offload_and_compare
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero.timing import build
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+R = relax.op
+RNG = np.random.default_rng(25)
+HIDDEN, SEQ = 48, 6
+
+
+def _const(*shape, around: float = 0.0):
+    return relax.const((around + 0.3 * RNG.standard_normal(shape)).astype("float32"))
+
+
+def _rms_norm(emit, x, gamma):
+    """transformers' LlamaRMSNorm as torch.export writes it."""
+    mean = emit(R.mean(emit(R.power(x, relax.const(np.float32(2.0)))), axis=[-1], keepdims=True))
+    inv = emit(R.rsqrt(emit(R.add(mean, relax.const(np.float32(1e-5))))))
+    return emit(R.multiply(gamma, emit(R.multiply(x, inv))))
+
+
+def _linear(emit, x, w, layout: str):
+    """x @ W^T (torch's Linear: weight [N, K], permuted) or x @ W (the ONNX exporter's [K, N])."""
+    if layout == "NK":
+        w = emit(R.permute_dims(w, [1, 0]))
+    flat = emit(R.reshape(x, (SEQ, HIDDEN)))
+    return emit(R.reshape(emit(R.matmul(flat, w)), (1, SEQ, int(w.ty.shape[1]))))
+
+
+def _vector_multiplies(ex, n: int) -> int:
+    """Multiply nodes of the regions with an operand of shape [n] (a norm's weight, unfolded)."""
+    count = 0
+    for m in bh.codegen.region_modules(ex):
+        g = json.loads(m["get_graph_json"]())
+        count += sum(1 for node in g["nodes"] if node["op"] == "binary" and node["attrs"].get("algorithm") == "mul"
+                     and any(g["tensors"][i]["shape"] == [n] for i in node["inputs"]))
+    return count
+
+
+def _dense_count(ex) -> int:
+    return sum(1 for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]
+               if node["op"] == "dense")
+
+
+def _norm_then_projections(extra_reader: str | None):
+    """RMSNorm, then a [K, N] and an [N, K] projection of its output (and, with ``extra_reader``,
+    the norm's output also added to the result or returned)."""
+    gamma = _const(HIDDEN, around=1.0)
+    wq, wk = _const(HIDDEN, HIDDEN), _const(16, HIDDEN)
+
+    def body(emit, x):
+        h = _rms_norm(emit, x, gamma)
+        q = _linear(emit, h, wq, "KN")
+        k = _linear(emit, h, wk, "NK")
+        out = emit(R.concat([q, k], axis=-1))
+        if extra_reader == "add":
+            return emit(R.add(out, emit(R.concat([h, emit(R.strided_slice(h, [2], [0], [16]))], axis=-1))))
+        if extra_reader == "output":
+            return relax.Tuple([out, h])
+        return out
+
+    return graph({"x": (1, SEQ, HIDDEN)}, body)
+
+
+def test_rms_norm_weight_goes_into_the_dense_weights():
+    """The norm's ``gamma *`` is no node of the region: both projections (one KN, one NK weight)
+    run on weights scaled once at init; the result is the llvm build's."""
+    res = offload_and_compare(_norm_then_projections(None))
+    assert res.error < 1e-5, res.error
+    ex = build(res.partitioned)
+    assert _dense_count(ex) == 2
+    assert _vector_multiplies(ex, HIDDEN) == 0
+
+
+@pytest.mark.parametrize("extra_reader", ["add", "output"])
+def test_scale_read_by_anything_but_a_dense_stays(extra_reader):
+    """The product is also read by an add (or is a region output): the multiply stays a node, the
+    dense weights are the original ones, and the result is the llvm build's."""
+    res = offload_and_compare(_norm_then_projections(extra_reader))
+    assert res.error < 1e-5, res.error
+    assert _vector_multiplies(build(res.partitioned), HIDDEN) == 1  # gamma * (...) stays
+
+
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+def test_llama_decoder_norm_weights_folded_and_matches_torch(path, tmp_path):
+    """The small Llama decoder: every RMSNorm feeding dense layers (2 per layer) has its weight in
+    them; the final norm (the model's output) keeps its multiply; output within 1e-4 of torch."""
+    torch = pytest.importorskip("torch")
+    import zoo_models
+
+    zm = zoo_models.smollm_135m(small=True)
+    want = zm.module(*zm.inputs).detach().numpy()
+    if path == "from_torch":
+        mod, params = bh.from_torch(zm.module, zm.inputs)
+    else:
+        pytest.importorskip("onnxscript")
+        file = str(tmp_path / "llama.onnx")
+        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
+        mod, params = bh.from_onnx(file)
+    part = bh.partition(mod, params)
+    assert len(bh.report(part).regions) == 1
+    ex = build(part)
+    vm = relax.VirtualMachine(ex, __import__("tvm").cpu())
+    got = vm["main"](*[__import__("tvm").runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
+    assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
+    assert _vector_multiplies(ex, 96) == 1  # the final norm's; 2 layers x 2 norms folded
+
+
+# ----------------------------------------------------------------------------------------------
+# region pass merge_common_nodes: what torch.export repeats per layer is computed once
+# ----------------------------------------------------------------------------------------------
+def _ops(ex) -> list[str]:
+    return [node["op"] for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]]
+
+
+@pytest.mark.parametrize("second_axis, softmaxes", [(-1, 1), (1, 2)])
+def test_repeated_node_is_computed_once(second_axis, softmaxes):
+    """softmax(x) written twice (as torch.export writes a per-layer mask) is one node; a softmax
+    over another axis of the same input is not the same node. Both match the llvm build."""
+    w = _const(8, 8)
+
+    def body(emit, x):
+        a = emit(R.nn.softmax(x, axis=-1))
+        b = emit(R.nn.softmax(x, axis=second_axis))
+        return emit(R.matmul(emit(R.add(a, b)), w))
+
+    res = offload_and_compare(graph({"x": (1, 8, 8)}, body))
+    assert res.error < 1e-5, res.error
+    assert _ops(build(res.partitioned)).count("softmax") == softmaxes
+
+
+def test_llama_decoder_from_torch_builds_its_float_mask_once():
+    """The small Llama decoder through from_torch: the per-layer where(mask, 0, -inf) (2 layers) is
+    one node of the region, and the output is torch's within 1e-4."""
+    import tvm
+
+    pytest.importorskip("torch")
+    import zoo_models
+
+    zm = zoo_models.smollm_135m(small=True)
+    want = zm.module(*zm.inputs).detach().numpy()
+    ex = build(bh.partition(*bh.from_torch(zm.module, zm.inputs)))
+    assert _ops(ex).count("where") == 1
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
+    assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
