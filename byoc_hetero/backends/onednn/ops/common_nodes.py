@@ -14,24 +14,27 @@ The pass runs last (after the passes that give each reader its own copy on purpo
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 from ..lowering import RegionGraph
 from ..table import graph_pass
 
 
-@graph_pass
-def merge_common_nodes(graph: RegionGraph) -> None:
-    """Every node with the op, inputs (a constant counted by its content digest) and attrs of an
-    earlier node is dropped and its readers read the earlier node's output; a node writing a
-    region output stays."""
+def merge_equal_nodes(graph: RegionGraph, ops: Collection[str] | None = None) -> bool:
+    """Drop every node (of ``ops``; all ops when None) with the op, inputs (a constant counted by
+    its content digest), attrs and output tensor of an earlier node; its readers read the earlier
+    node's output. A node writing a region output stays. Returns whether anything was dropped."""
     digests = {c["tensor"]: (c["digest"], json.dumps(graph.tensors[c["tensor"]], sort_keys=True, default=str))
                for c in graph.constants if c.get("digest")}
     outputs = set(graph.outputs)
     same: dict[int, int] = {}
     seen: dict[tuple, int] = {}
     kept = []
-    for node in graph.nodes:
+    for node in graph.nodes:  # in graph order: a shared producer makes its readers equal too
         node.inputs = [same.get(t, t) for t in node.inputs]
+        if ops is not None and node.op not in ops:
+            kept.append(node)
+            continue
         key = (node.op, tuple(digests.get(t, t) for t in node.inputs),
                json.dumps(node.attrs, sort_keys=True, default=str),
                json.dumps(graph.tensors[node.output], sort_keys=True, default=str))
@@ -43,3 +46,10 @@ def merge_common_nodes(graph: RegionGraph) -> None:
         kept.append(node)
     if same:
         graph.nodes[:] = kept
+    return bool(same)
+
+
+@graph_pass
+def merge_common_nodes(graph: RegionGraph) -> None:
+    """Every node equal to an earlier one (see :func:`merge_equal_nodes`) is dropped."""
+    merge_equal_nodes(graph)

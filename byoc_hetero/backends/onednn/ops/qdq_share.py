@@ -12,36 +12,18 @@ same bytes: the later one's readers read the first one's output.
 
 from __future__ import annotations
 
-import json
-
 from ..table import graph_pass
-from .qdq import drop_dead_nodes
+from .common_nodes import merge_equal_nodes
 
 SHARED_OPS = ("quantize", "dequantize", "quantize_dequantize", "reshape")
-"""Ops whose equal nodes are shared: pure functions of their inputs and attrs that a QDQ model
-repeats per reader."""
-
-
-def _key(graph, node) -> tuple:
-    out = graph.tensors[node.output]
-    return (node.op, tuple(node.inputs), json.dumps(node.attrs, sort_keys=True), tuple(out["shape"]), out["dtype"])
+"""Ops whose equal nodes are shared here, before the int8 fusions read them: pure functions of their
+inputs and attrs that a QDQ model repeats per reader (``merge_common_nodes``, last in the list,
+shares every other op)."""
 
 
 @graph_pass
 def share_repeated_quantizations(graph) -> None:
-    """A :data:`SHARED_OPS` node with the same op, inputs, attrs and output shape and dtype as an
-    earlier node is dropped and its readers read the earlier node's output (see the module
-    docstring); region outputs keep their own node."""
-    first: dict[tuple, int] = {}
-    changed = False
-    for node in list(graph.nodes):  # in graph order: a shared producer makes its readers equal too
-        if node.op not in SHARED_OPS:
-            continue
-        key = _key(graph, node)
-        if key in first and node.output not in graph.outputs:
-            graph.replace_tensor(node.output, first[key])
-            changed = True
-        else:
-            first.setdefault(key, node.output)
-    if changed:
-        drop_dead_nodes(graph)
+    """A :data:`SHARED_OPS` node with the same op, inputs, attrs and output tensor as an earlier node
+    is dropped and its readers read the earlier node's output (see the module docstring); region
+    outputs keep their own node."""
+    merge_equal_nodes(graph, SHARED_OPS)
