@@ -12,7 +12,7 @@
  * 1), safe (0/1/2, as the softmax node's), block_rows (default 0: RowsPerBlock; query rows per
  * block, for experiments and tests).  Output: [batch..., M, Dv], plain.
  *
- * Why: the region pass fuse_attention (backends/onednn/ops/attention_fused.py) replaces matmul ->
+ * Why: the region pass fuse_attention (backends/onednn/ops/fused_attention.py) replaces matmul ->
  * softmax -> matmul by this node.  Unfused, Whisper-tiny's encoder writes [6, 1500, 1500] scores
  * (54 MB) per layer, which the softmax reads and writes, its special-row scan reads and the P @ V
  * matmul reads again: a per-step profile had the two matmuls at 29% of the call and the softmax
