@@ -123,3 +123,17 @@ def restore_rules():
     """A test may change rules freely: they are restored afterwards."""
     with saved_rules():
         yield
+
+
+def _int8_kernels_reason():
+    from byoc_hetero.backends.onednn.precision import int8_kernels_reason
+
+    return int8_kernels_reason()
+
+
+needs_int8_kernels = pytest.mark.skipif(
+    _int8_kernels_reason() is not None,
+    reason=f"asserts oneDNN int8 nodes, which this CPU does not get: {_int8_kernels_reason()}")
+"""For tests asserting that a region has int8 conv / dense / matmul nodes: below VNNI the int8 fusions
+do not fire (their numbers are checked by the same tests where they do, and by
+test_int8.py::test_without_vnni_int8_anchors_run_float32_between_their_qdq)."""

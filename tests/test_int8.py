@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import byoc_hetero as bh
 from byoc_hetero.timing import build, run
+from conftest import needs_int8_kernels
 
 ort = pytest.importorskip("onnxruntime")
 quant = pytest.importorskip("onnxruntime.quantization")
@@ -114,6 +115,7 @@ def _region_nodes(part) -> list[dict]:
     return [dict(n, dtype=graph["tensors"][n["inputs"][0]]["dtype"]) for n in graph["nodes"]]
 
 
+@needs_int8_kernels
 @pytest.mark.parametrize("kind", ["conv", "depthwise", "dense"])
 @pytest.mark.parametrize("per_channel,activation,symmetric", [
     (True, "u8", False), (False, "u8", False), (True, "s8", True), (True, "s8", False)])
@@ -133,6 +135,7 @@ def test_single_int8_anchor(tmp_path, kind, per_channel, activation, symmetric):
     assert np.mean(np.abs(got - emulated) < step / 2) > 0.9
 
 
+@needs_int8_kernels
 def test_small_cnn_is_one_int8_region(tmp_path):
     """conv/relu/residual add/max pool/global pool/gemm: one region; both convs and the gemm int8,
     the max pool on the 8-bit values; within one output step of ORT."""
@@ -291,6 +294,7 @@ def test_weight_zero_point_stays_float_in_region():
     np.testing.assert_allclose(run(build(part), [x]), run(build(mod), [x]), rtol=1e-5, atol=1e-5)
 
 
+@needs_int8_kernels
 def test_quantized_zero_pad_joins_the_int8_conv(tmp_path):
     """Pad(0) -> Conv quantized by quantize_static (EfficientNet's ZeroPad2d: the pad value itself
     quantized, a Q/DQ pair after the pad): imports, and the pad becomes the int8 conv's padding (one
@@ -335,6 +339,7 @@ def test_vectorized_erf_matches_math_erf():
     assert got[x[0] == 100.0][0] == 1.0 and got[x[0] == -np.inf][0] == -1.0
 
 
+@needs_int8_kernels
 def test_float_ops_between_int8_convs_keep_their_layout(tmp_path):
     """conv -> x * tanh(x) -> conv, quantized: no post-op computes x * tanh(x), so it becomes a
     lookup table over the first conv's 8-bit output (ops/int8_lookup.py), read and written in the
@@ -372,6 +377,7 @@ def test_float_ops_between_int8_convs_keep_their_layout(tmp_path):
     assert any(":acdb" in s["layouts"] for s in between if s["op"] == "lookup"), between
 
 
+@needs_int8_kernels
 def test_matmul_bias_add_becomes_the_int8_dense_bias(tmp_path):
     """MatMul + Add(bias) as quantize_static writes it (the MatMul's output quantized on its own,
     then dequantized for the add): the add becomes the int8 dense's bias, no binary step is left,
@@ -454,3 +460,38 @@ def _dequantize_calls(mod) -> list:
     relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e) if isinstance(e, relax.Call) and
                                     getattr(e.op, "name", "") == "relax.dequantize" else None)
     return calls
+
+
+_WITHOUT_VNNI = """
+import json, sys, warnings
+import numpy as np
+from byoc_hetero._native import _C
+from test_int8 import _compare, _region_nodes
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    part, got, emulated, _ = _compare(sys.argv[1])
+print(json.dumps({"isa": _C.isa(), "int8": any("src_scale" in n["attrs"] for n in _region_nodes(part)),
+                  "error": float(np.max(np.abs(got - emulated))),
+                  "warned": any("no VNNI" in str(w.message) for w in caught)}))
+"""
+
+
+def test_without_vnni_int8_anchors_run_float32_between_their_qdq(tmp_path):
+    """Below VNNI oneDNN's int8 conv sums u8 x s8 pairs in 16 bits and saturates (this conv was 29
+    steps off with ONEDNN_MAX_CPU_ISA=AVX2 before the gate): there the conv computes float32 between
+    its Q/DQ steps, within one step of the float emulation, and a warning says why."""
+    import os
+    import subprocess
+    import sys
+
+    path = _quantize(_conv_dense_model(np.random.default_rng(0), "conv"), tmp_path, True, "u8", False)
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("BYOC_HETERO_INT8", None)
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_VNNI, path], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if result["isa"] != "avx2":
+        pytest.skip(f"oneDNN runs {result['isa']} under ONEDNN_MAX_CPU_ISA=AVX2 (a CPU below AVX2)")
+    assert not result["int8"] and result["warned"], result
+    assert result["error"] <= _output_step(path) * 1.001, result

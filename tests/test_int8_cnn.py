@@ -14,6 +14,7 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero.timing import build, run
+from conftest import needs_int8_kernels
 
 R = relax.op
 F32 = "float32"
@@ -99,6 +100,7 @@ def _conv_act(act: str, s1: float, z1: int, s2: float, z2: int):
     return _module([X.shape], body)
 
 
+@needs_int8_kernels
 @pytest.mark.parametrize("act,s1,z1,s2,z2,slope", [
     ("hardswish", 0.02, 128, 0.015, 20, 1.5), ("sigmoid", 0.02, 128, 1 / 255, 0, 0.25),
     ("tanh", 0.01, 0, 1 / 128, 128, 1.0)])  # z1 = 0 (uint8): the quantize clamps negatives, a relu
@@ -134,6 +136,7 @@ def _silu(gate_scale: float):
     return _module([X.shape], body)
 
 
+@needs_int8_kernels
 def test_silu_as_a_multiply_becomes_swish_when_the_gate_range_covers_it():
     """x * sigmoid(x) with the sigmoid's own quantize over [0, 1] (EfficientNet's SiLU): the conv's
     swish post-op; within one step of numpy's fused value plus the gate's skipped rounding."""

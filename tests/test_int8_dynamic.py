@@ -11,6 +11,7 @@ import pytest
 import byoc_hetero as bh
 from byoc_hetero._relax import external_modules, region_graph_json
 from byoc_hetero.timing import build, run
+from conftest import needs_int8_kernels
 
 ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
@@ -56,6 +57,7 @@ def _step_bound(net, x):
     return s2 * np.abs(net[2].weight.detach().numpy()).sum(axis=1).max()
 
 
+@needs_int8_kernels
 def test_dense_layers_run_int8_in_one_region_and_match_onnxruntime(mlp):
     path, net = mlp
     mod, params = bh.from_onnx(path)
@@ -73,6 +75,7 @@ def test_dense_layers_run_int8_in_one_region_and_match_onnxruntime(mlp):
         assert np.abs(got - want).max() <= _step_bound(net, x) + 1e-5 * np.abs(want).max()
 
 
+@needs_int8_kernels
 def test_an_all_zero_input_is_quantized_with_scale_one(mlp):
     # DynamicQuantizeLinear of zeros: range 0, scale 1 and zero point 0 (not 0/0): the dense reads
     # zeros and the output is the bias path, exactly as ONNX Runtime computes it
@@ -83,6 +86,7 @@ def test_an_all_zero_input_is_quantized_with_scale_one(mlp):
     np.testing.assert_array_equal(got, _ort(path, [x]))
 
 
+@needs_int8_kernels
 def test_a_nan_input_makes_the_quantized_dense_nan(tmp_path):
     # ONNX leaves DynamicQuantizeLinear of NaN undefined: ONNX Runtime and TVM's llvm code return
     # different finite numbers (0.13 and 0.23 apart on this model's row with the NaN). The region
@@ -127,6 +131,7 @@ def test_a_scale_computed_otherwise_is_not_taken_for_dynamicquantizelinear():
     np.testing.assert_allclose(run(build(part), [x]), want, rtol=1e-6, atol=1e-6)
 
 
+@needs_int8_kernels
 def test_a_two_layer_bert_is_one_region_with_int8_dense_layers(tmp_path):
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -22,7 +22,7 @@ from byoc_hetero.backends.onednn.lowering import Node, RegionGraph
 from byoc_hetero.backends.onednn.ops.qdq_views import move_views_to_8bit
 from byoc_hetero.backends.onednn.ops.qdq_share import share_repeated_quantizations
 from byoc_hetero.timing import build, run
-from conftest import graph
+from conftest import graph, needs_int8_kernels
 from test_int8_chains import gelu_mlp_graph, quantize_static_file
 
 R = relax.op
@@ -187,6 +187,7 @@ def test_reshape_that_changes_the_dtype_is_refused_by_the_runtime():
         tvm.get_global_func("byoc_hetero.runtime.create")(g.to_json())
 
 
+@needs_int8_kernels
 def test_gelu_between_2d_dense_layers_matches_onnxruntime(tmp_path):
     """A 2-D Linear -> GELU (erf) -> 2-D Linear with the reshapes a 3-D model puts around its dense
     layers, quantized with quantize_static: GELU is one 8-bit chain (a table), no separate
@@ -224,6 +225,7 @@ def _qdq_emit(emit, x, scale, zero, dtype):
     return emit(R.dequantize(emit(R.quantize(x, s, z, out_dtype=dtype)), s, z))
 
 
+@needs_int8_kernels
 @pytest.mark.parametrize("a_dtype,b_dtype", [("uint8", "uint8"), ("int8", "uint8"), ("uint8", "int8")])
 @pytest.mark.parametrize("permuted", [False, True])
 def test_matmul_of_dequantized_8bit_values_is_int8_and_exact(a_dtype, b_dtype, permuted):

@@ -110,6 +110,43 @@ def warn_if_fallback(precision: str) -> str:
     return effective
 
 
+VNNI_ISAS: tuple[str, ...] = ("avx2_vnni", "avx2_vnni_2", "avx512_core_vnni", "avx512_core_bf16",
+                              "avx512_core_fp16", "avx512_core_amx", "avx512_core_amx_fp16")
+"""oneDNN ISAs with VNNI (``vpdpbusd``: u8 x s8 products summed in 32 bits)."""
+
+
+def int8_kernels_reason() -> str | None:
+    """Why oneDNN's int8 conv2d / dense / matmul would not be exact on this CPU; None where they are.
+
+    Below VNNI (plain AVX2 or AVX-512: Zen 2/3, Skylake-SP), oneDNN 3.2's x86 int8 kernels add each
+    pair of u8 x s8 products in 16 bits (``vpmaddubsw``), which saturates where two products exceed
+    32767 (255 x 127 x 2 does): with ``ONEDNN_MAX_CPU_ISA=AVX2`` a one-conv QDQ model was 29
+    quantization steps off numpy's exact result (tests/test_int8.py). There the int8 fusions do not
+    fire: the conv / dense / matmul compute float32 between the Q/DQ steps inside the region (exact,
+    slower). ``BYOC_HETERO_INT8=saturating`` keeps oneDNN's int8 kernels anyway.
+    """
+    import os
+
+    from ..._native import _C
+
+    isa = _C.isa()
+    if isa in VNNI_ISAS or os.environ.get("BYOC_HETERO_INT8", "") == "saturating":
+        return None
+    return (f"oneDNN's int8 kernels on {isa} (no VNNI) sum u8 x s8 pairs in 16 bits and saturate; "
+            "int8 conv2d / dense / matmul compute float32 between their Q/DQ steps")
+
+
+def int8_kernels_exact() -> bool:
+    """Whether the int8 fusions may run (see :func:`int8_kernels_reason`); warns once where not."""
+    import warnings
+
+    reason = int8_kernels_reason()
+    if reason and reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(reason, RuntimeWarning, stacklevel=3)
+    return reason is None
+
+
 # -- per-node precision (a tuner's decisions; backend option ``node_precisions``) -----------------
 PRECISION_OPS: tuple[str, ...] = ("conv2d", "dense", "matmul")
 """The nodes whose compute precision a region's ``precision`` sets and a node's own may override."""

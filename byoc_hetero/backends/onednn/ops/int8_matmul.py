@@ -18,6 +18,7 @@ activation, or a bf16 precision, is left alone.
 
 from __future__ import annotations
 
+from ..precision import int8_kernels_exact
 from ..table import graph_pass
 from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, _sole_reader, drop_dead_nodes
 
@@ -74,6 +75,8 @@ def fuse_int8_matmuls(graph) -> None:
         a, b = (_operand(graph, t, producers, readers, node) for t in node.inputs)
         if a is None or b is None or a[0] is b[0]:
             continue
+        if not int8_kernels_exact():  # without VNNI oneDNN's int8 saturates: float32 between the Q/DQ
+            return
         node.inputs = [_eight_bit(graph, a[0]), _eight_bit(graph, b[0])]
         node.attrs.update({"a_scale": a[1], "a_zero_point": a[2], "b_scale": b[1], "b_zero_point": b[2]})
         changed = True

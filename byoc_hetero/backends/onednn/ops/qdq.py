@@ -22,7 +22,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ...._relax import shape_of, tensor_dtype
 from ....rules import Match
-from ..precision import tensor_reason
+from ..precision import int8_kernels_exact, tensor_reason
 from ..table import PatternSpec, graph_pass, lowers, pattern_rules
 
 QUANTIZED_DTYPES = ("uint8", "int8")
@@ -152,6 +152,8 @@ def _fuse_anchor(graph, node, producers, readers) -> bool:
     source = producers.get(node.inputs[0])
     src = _per_tensor(graph, source, "dequantize")
     if src is None or graph.tensors[source.inputs[0]]["dtype"] not in QUANTIZED_DTYPES:
+        return False
+    if not int8_kernels_exact():  # without VNNI oneDNN's int8 saturates: float32 between the Q/DQ
         return False
     wshape = graph.tensors[node.inputs[1]]["shape"]
     if node.op == "conv2d":

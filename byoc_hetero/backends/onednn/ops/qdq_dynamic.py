@@ -23,7 +23,7 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ....passes.dynamic_quantize_per_reader import DQL_CONSTANTS, dynamic_round_trip
 from ....rules import Match
-from ..precision import tensor_reason
+from ..precision import int8_kernels_exact, tensor_reason
 from ..table import PatternSpec, graph_pass, lowers_composite, pattern_rules
 from .qdq import _constant, _restore_order, _weight_scales, drop_dead_nodes
 
@@ -105,6 +105,8 @@ def fuse_dynamic_int8_sources(graph) -> None:
         source = producers.get(node.inputs[0])
         if source is None or source.op != "dynamic_quantize_dequantize":
             continue
+        if not int8_kernels_exact():  # without VNNI oneDNN's int8 saturates: float32 dense
+            return
         out_channels, axis = _out_channels(graph, node)
         wnode = producers.get(node.inputs[1])
         scales = _weight_scales(graph, wnode, out_channels, axis)
