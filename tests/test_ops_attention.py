@@ -229,6 +229,73 @@ def test_kernel_reads_strided_and_transposed_views():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def np_attention(q, k, v, mask, scale, safe):
+    """float64 softmax(q @ k^T * scale + mask) @ v over broadcast batch dims, with kernels/softmax.cc's
+    special rows: a row holding NaN or +inf is NaN (safe 2: 0), a row of only -inf NaN (safe 1, 2: 0)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.matmul(q.astype("float64"), np.swapaxes(k.astype("float64"), -1, -2)) * scale + mask
+        bad = np.isnan(s).any(-1) | (s == np.inf).any(-1)
+        empty = (s == -np.inf).all(-1) & ~bad
+        e = np.exp(s - s.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+    p[bad | empty] = np.nan
+    if safe >= 1:
+        p[empty] = 0
+    if safe == 2:
+        p[bad] = 0
+    with np.errstate(invalid="ignore"):
+        return np.matmul(p, v.astype("float64"))
+
+
+def gqa_views(groups, per_group, seq, keys, dim, dv, k_major, rng=RNG):
+    """Inputs and attrs of a GQA attention node: q plain [G, P, M, D]; k and v one head per group,
+    stored D-major ([G, D, N], [G, Dv, N]) when k_major, else row-major ([G, N, D], [G, N, Dv]),
+    read as [G, 1, N, *] views broadcast over the P query heads of their group."""
+    q = rng.standard_normal((groups, per_group, seq, dim)).astype("float32")
+    k = rng.standard_normal((groups, keys, dim)).astype("float32")
+    v = rng.standard_normal((groups, keys, dv)).astype("float32")
+    stored_k = np.ascontiguousarray(k.transpose(0, 2, 1)) if k_major else k
+    stored_v = np.ascontiguousarray(v.transpose(0, 2, 1)) if k_major else v
+
+    def view(cols):
+        return [keys * cols, 0, 1, keys] if k_major else [keys * cols, 0, cols, 1]
+
+    views = {"q_shape": list(q.shape), "q_strides": [per_group * seq * dim, seq * dim, dim, 1],
+             "k_shape": [groups, 1, keys, dim], "k_strides": view(dim),
+             "v_shape": [groups, 1, keys, dv], "v_strides": view(dv)}
+    return q, k, v, stored_k, stored_v, views
+
+
+def special_rows_mask(seq, keys, rng=RNG):
+    """A [seq, keys] mask: random -inf entries, row 1 all -inf, a NaN in row 2, +inf in row 4."""
+    mask = np.where(rng.random((seq, keys)) < 0.3, -np.inf, 0).astype("float32")
+    mask[:, 0] = 0
+    mask[1] = -np.inf
+    mask[2, keys // 2] = np.nan
+    mask[4, 0] = np.inf
+    return mask
+
+
+@pytest.mark.parametrize("safe", [0, 1, 2])
+@pytest.mark.parametrize("k_major", [False, True])
+@pytest.mark.parametrize("block_rows", [3, 0])
+def test_kernel_packed_gqa_heads_and_special_rows(safe, k_major, block_rows):
+    """The kernel alone, GQA (2 groups of 3 query heads, one K / V head each, broadcast) with a mask
+    holding fully masked, NaN and +inf rows: in blocks of 3 query rows (several blocks per head: K^T
+    and V are packed once per distinct head and shared by the blocks) and in one block (block_rows 0
+    at 11 rows: read in place), K / V stored row-major or D-major; against float64 numpy."""
+    seq, keys, dim, dv = 11, 13, 5, 6
+    q, k, v, sk, sv, views = gqa_views(2, 3, seq, keys, dim, dv, k_major)
+    mask = special_rows_mask(seq, keys)
+    r = _kernel_region("att_gqa", views, q, sk, sv, mask, scale=0.4, has_mask=1, safe=safe, block_rows=block_rows)
+    (got,) = r.run(r.module(), q, sk, sv, mask)
+    want = np_attention(q, k[:, None], v[:, None], mask, 0.4, safe)
+    assert got.shape == want.shape == (2, 3, seq, dv)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(got[:, :, 1]).all() == (safe == 0) and (got[:, :, 2] == 0).all() == (safe == 2)
+
+
 def test_kernel_rejects_a_view_past_its_input():
     """A view reading past its input's elements is an error naming the node, not a wild read."""
     from test_runtime import create
