@@ -231,8 +231,8 @@ dnnl::status Sgemm(const MatrixArg& a, const MatrixArg& b, int64_t m, int64_t n,
  *         us reading K^T through the [S, 384] view; [128, 1500] x [1500, 64] 161-166 against
  *         191-193 us reading V with row stride 384), and K / V are read 12 times per head. */
 struct PackedOperands {
-  const float* kt = nullptr;  // [k slots, D, N]
-  const float* v = nullptr;   // [v slots, N, Dv]
+  float* kt = nullptr;  // [k slots, D, N]
+  float* v = nullptr;   // [v slots, N, Dv]
 };
 
 /*! \brief dst [cols, rows] = the transpose of the [rows, cols] view at src, 64 source rows at a time
@@ -262,23 +262,22 @@ void CopyInto(const float* src, int64_t rows, int64_t cols, int64_t row_stride, 
   }
 }
 
-/*! \brief Fills the packed copies of every distinct K and V head, in parallel over the heads. */
-PackedOperands Pack(const AttentionPlan& p, const float* k, const float* v, std::vector<float>& buffer) {
-  const int64_t k_size = p.d * p.n, v_size = p.n * p.dv;
-  const int64_t nk = static_cast<int64_t>(p.k_src.size()), nv = static_cast<int64_t>(p.v_src.size());
-  const size_t need = static_cast<size_t>(nk * k_size + nv * v_size);
+/*! \brief Where the packed copies go: buffer grown to hold every distinct K^T and V head. */
+PackedOperands PackedLayout(const AttentionPlan& p, std::vector<float>& buffer) {
+  const size_t need = p.k_src.size() * p.d * p.n + p.v_src.size() * p.n * p.dv;
   if (buffer.size() < need) buffer.resize(need);
-  float* kt = buffer.data();
-  float* vp = kt + nk * k_size;
-#pragma omp parallel for schedule(dynamic, 1) if (nk + nv > 1)
-  for (int64_t t = 0; t < nk + nv; ++t) {
-    if (t < nk) {
-      TransposeInto(k + p.k_src[t], p.n, p.d, p.k.row_stride, p.k.col_stride, kt + t * k_size);
-    } else {
-      CopyInto(v + p.v_src[t - nk], p.n, p.dv, p.v.row_stride, p.v.col_stride, vp + (t - nk) * v_size);
-    }
+  return {buffer.data(), buffer.data() + p.k_src.size() * p.d * p.n};
+}
+
+/*! \brief Copy number t of PackedLayout: the distinct K heads first (transposed), then the V heads. */
+void PackOne(const AttentionPlan& p, int64_t t, const float* k, const float* v, const PackedOperands& packed) {
+  const int64_t nk = static_cast<int64_t>(p.k_src.size());
+  if (t < nk) {
+    TransposeInto(k + p.k_src[t], p.n, p.d, p.k.row_stride, p.k.col_stride, packed.kt + t * p.d * p.n);
+  } else {
+    CopyInto(v + p.v_src[t - nk], p.n, p.dv, p.v.row_stride, p.v.col_stride,
+             packed.v + (t - nk) * p.n * p.dv);
   }
-  return {kt, vp};
 }
 
 /*! \brief Rows [r0, r0 + rows) of batch index g: scores into tile, softmax, @ V into out, each
@@ -327,14 +326,20 @@ void RunAttention(const AttentionPlan& p, const std::string& label, const std::v
   // Scratch kept per thread between calls (grow only): fresh multi-MiB vectors every call would be
   // fresh pages, faulted in and zeroed each time.
   thread_local std::vector<float> packed_buffer;
-  const PackedOperands packed = p.pack ? Pack(p, k, v, packed_buffer) : PackedOperands{};
+  const PackedOperands packed = p.pack ? PackedLayout(p, packed_buffer) : PackedOperands{};
+  const int64_t copies = p.pack ? static_cast<int64_t>(p.k_src.size() + p.v_src.size()) : 0;
   const int64_t blocks = (p.m + p.rows - 1) / p.rows;
   const int64_t tasks = static_cast<int64_t>(p.q_off.size()) * blocks;
   int failed = 0;  // a oneDNN status other than success (sgemm's arguments are checked at plan time)
+  // One parallel region for the copies and the blocks: a second fork / join cost more than the
+  // copies saved on the loaded 2-vCPU machine (a standalone copy of this loop, 2 threads, wall
+  // time: copies in their own region 1.2x the session-4 loop, in this region 0.92-1.04x).
 #pragma omp parallel if (tasks > 1)
   {
     thread_local std::vector<float> tile;
     if (tile.size() < static_cast<size_t>(p.rows * (p.n + 1))) tile.resize(p.rows * (p.n + 1));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < copies; ++t) PackOne(p, t, k, v, packed);  // the blocks wait at its barrier
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t g = t / blocks, r0 = (t % blocks) * p.rows;
