@@ -160,3 +160,131 @@ def test_llama_decoder_from_torch_builds_its_float_mask_once():
     assert _ops(ex).count("where") == 1
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
     assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# region pass fuse_gated_products: SwiGLU's act(x Wg) * (x Wu) as a post-op of a dense
+# ----------------------------------------------------------------------------------------------
+def _nodes(ex) -> list[dict]:
+    return [node for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]]
+
+
+def _gated_mlp(gate_shape: tuple[int, ...] | None = None):
+    """Llama's MLP on [1, SEQ, HIDDEN]: down(silu(gate(x)) * up(x)); with ``gate_shape`` the
+    product's other operand is a constant of that (broadcast) shape instead of the gate branch."""
+    inter = 40
+    wg, wu, wd = _const(inter, HIDDEN), _const(HIDDEN, inter), _const(inter, HIDDEN)
+    other = _const(*gate_shape) if gate_shape else None
+
+    def body(emit, x):
+        flat = emit(R.reshape(x, (SEQ, HIDDEN)))
+        up = emit(R.matmul(flat, wu))
+        gate = other if other is not None else emit(R.nn.silu(emit(R.matmul(flat, emit(R.permute_dims(wg, [1, 0]))))))
+        return emit(R.matmul(emit(R.multiply(gate, up)), wd))
+
+    return graph({"x": (1, SEQ, HIDDEN)}, body)
+
+
+def test_gated_product_is_a_post_op_of_a_dense():
+    """silu(x Wg) * (x Wu): no multiply node is left, one of the two denses writes the product
+    (attr ``multiply``), and the result is the llvm build's."""
+    res = offload_and_compare(_gated_mlp())
+    assert res.error < 1e-5, res.error
+    nodes = _nodes(build(res.partitioned))
+    assert [n["op"] for n in nodes].count("binary") == 0, [n["op"] for n in nodes]
+    assert sum(1 for n in nodes if n["op"] == "dense" and n["attrs"].get("multiply") == 1) == 1
+
+
+@pytest.mark.parametrize("gate_shape", [(1, 40), (SEQ, 1)])
+def test_broadcast_product_stays_a_binary_node(gate_shape):
+    """A product that broadcasts its other operand is no full-size multiplier: it stays a node,
+    and the result is the llvm build's."""
+    res = offload_and_compare(_gated_mlp(gate_shape))
+    assert res.error < 1e-5, res.error
+    nodes = _nodes(build(res.partitioned))
+    assert not any(n["attrs"].get("multiply") for n in nodes if n["op"] == "dense")
+    assert [n["op"] for n in nodes].count("binary") == 1
+
+
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+def test_llama_decoder_mlp_products_fused_and_matches_torch(path, tmp_path):
+    """The small Llama decoder (2 layers): each layer's silu(gate) * up is a dense's epilogue on
+    both import paths; output within 1e-4 of torch."""
+    torch = pytest.importorskip("torch")
+    import tvm
+    import zoo_models
+
+    zm = zoo_models.smollm_135m(small=True)
+    want = zm.module(*zm.inputs).detach().numpy()
+    if path == "from_torch":
+        mod, params = bh.from_torch(zm.module, zm.inputs)
+    else:
+        pytest.importorskip("onnxscript")
+        file = str(tmp_path / "llama.onnx")
+        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
+        mod, params = bh.from_onnx(file)
+    ex = build(bh.partition(mod, params))
+    assert sum(1 for n in _nodes(ex) if n["op"] == "dense" and n["attrs"].get("multiply") == 1) == 2
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
+    assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# region pass fuse_rms_statistics: square, mean, + eps, rsqrt (or sqrt and 1/.) as one reduce
+# ----------------------------------------------------------------------------------------------
+def _rms_then_dense(spelling: str, eps: float = 1e-5):
+    """x * (RMSNorm's statistic) -> dense, the statistic spelled as from_torch writes it
+    (``rsqrt``), as the ONNX exporter does (``sqrt`` then ``1 / (.)``), or with the mean squared
+    tensor also returned (``shared``: the square has a second reader)."""
+    w = _const(HIDDEN, 16)
+
+    def body(emit, x):
+        sq = emit(R.power(x, relax.const(np.float32(2.0))))
+        mean = emit(R.mean(sq, axis=[-1], keepdims=True))
+        shifted = emit(R.add(mean, relax.const(np.float32(eps))))
+        if spelling == "onnx":
+            inv = emit(R.divide(relax.const(np.float32(1.0)), emit(R.sqrt(shifted))))
+        else:
+            inv = emit(R.rsqrt(shifted))
+        out = emit(R.matmul(emit(R.reshape(emit(R.multiply(x, inv)), (SEQ, HIDDEN))), w))
+        return relax.Tuple([out, sq]) if spelling == "shared" else out
+
+    return graph({"x": (1, SEQ, HIDDEN)}, body)
+
+
+@pytest.mark.parametrize("spelling", ["torch", "onnx"])
+def test_rms_statistic_is_one_reduce_node(spelling):
+    """Both spellings of 1/sqrt(mean(x²) + eps) become one reduce node (mean_square, shift eps,
+    rsqrt): no eltwise, and the only binary left is x * statistic; the result is the llvm build's."""
+    res = offload_and_compare(_rms_then_dense(spelling))
+    assert res.error < 1e-5, res.error
+    nodes = _nodes(build(res.partitioned))
+    reduces = [n for n in nodes if n["op"] == "reduce"]
+    assert len(reduces) == 1, [n["op"] for n in nodes]
+    assert reduces[0]["attrs"]["algorithm"] == "mean_square"
+    assert reduces[0]["attrs"]["activation"] == "rsqrt"
+    assert abs(reduces[0]["attrs"]["shift"] - 1e-5) < 1e-12
+    assert [n["op"] for n in nodes].count("eltwise") == 0
+    assert [n["op"] for n in nodes].count("binary") == 1
+
+
+def test_rms_statistic_with_a_shared_square_keeps_it():
+    """The squared tensor is also a region output: the square stays a node, the mean reads it as
+    before (plain mean, no mean_square), and the results are the llvm build's."""
+    res = offload_and_compare(_rms_then_dense("shared"))
+    assert res.error < 1e-5, res.error
+    nodes = _nodes(build(res.partitioned))
+    assert not any(n["attrs"].get("algorithm") == "mean_square" for n in nodes if n["op"] == "reduce")
+    assert [n["op"] for n in nodes].count("eltwise") == 1
+
+
+def test_rms_statistic_of_large_values_has_no_overflow_or_nan():
+    """Rows of 1e19 (squares of 1e38, near float32's max: their sum of 48 overflows to inf; the llvm build
+    gives 0 for x * rsqrt(inf) and so must we) and rows of zeros (rsqrt(eps) finite): the fused
+    reduction matches the llvm build, no NaN."""
+    mod = _rms_then_dense("torch")
+    x = np.zeros((1, SEQ, HIDDEN), "float32")
+    x[0, 0] = 1e19
+    x[0, 1] = RNG.standard_normal(HIDDEN)
+    res = offload_and_compare(mod, inputs=[x])
+    assert not np.isnan(res.got).any()

@@ -75,6 +75,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fuse_attention",              # ops/fused_attention.py: matmul -> softmax -> matmul as one attention node
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
     "fold_dense_input_scales",     # ops/dense_input_scales.py: RMSNorm's per-feature weight into the denses reading it
+    "fuse_rms_statistics",         # ops/rms_statistic.py: square, mean, + eps, rsqrt as one reduce node
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_dynamic_int8_sources",   # ops/qdq_dynamic.py: a per-call quantization into the int8 dense reading it
@@ -86,6 +87,7 @@ REGION_PASSES: tuple[str, ...] = (
     "move_views_to_8bit",          # ops/qdq_views.py: reshapes / permutes to the 8-bit side of a per-tensor Q/DQ
     "share_repeated_quantizations",  # ops/qdq_share.py: equal Q/DQ / reshape nodes of one tensor once
     "fuse_int8_matmuls",           # ops/int8_matmul.py: matmul of two dequantized 8-bit tensors as int8
+    "fuse_gated_products",         # ops/gated_dense.py: act(x Wg) * (x Wu) as a binary_mul post-op of a dense
     "fuse_elementwise_chains",     # ops/qdq_chain.py: element-wise ops + the Q/DQ between them as one step
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
     "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per conv / dense / matmul node
