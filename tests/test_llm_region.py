@@ -162,71 +162,8 @@ def test_llama_decoder_from_torch_builds_its_float_mask_once():
     assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
 
 
-# ----------------------------------------------------------------------------------------------
-# region pass fuse_gated_products: SwiGLU's act(x Wg) * (x Wu) as a post-op of a dense
-# ----------------------------------------------------------------------------------------------
 def _nodes(ex) -> list[dict]:
     return [node for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]]
-
-
-def _gated_mlp(gate_shape: tuple[int, ...] | None = None):
-    """Llama's MLP on [1, SEQ, HIDDEN]: down(silu(gate(x)) * up(x)); with ``gate_shape`` the
-    product's other operand is a constant of that (broadcast) shape instead of the gate branch."""
-    inter = 40
-    wg, wu, wd = _const(inter, HIDDEN), _const(HIDDEN, inter), _const(inter, HIDDEN)
-    other = _const(*gate_shape) if gate_shape else None
-
-    def body(emit, x):
-        flat = emit(R.reshape(x, (SEQ, HIDDEN)))
-        up = emit(R.matmul(flat, wu))
-        gate = other if other is not None else emit(R.nn.silu(emit(R.matmul(flat, emit(R.permute_dims(wg, [1, 0]))))))
-        return emit(R.matmul(emit(R.multiply(gate, up)), wd))
-
-    return graph({"x": (1, SEQ, HIDDEN)}, body)
-
-
-def test_gated_product_is_a_post_op_of_a_dense():
-    """silu(x Wg) * (x Wu): no multiply node is left, one of the two denses writes the product
-    (attr ``multiply``), and the result is the llvm build's."""
-    res = offload_and_compare(_gated_mlp())
-    assert res.error < 1e-5, res.error
-    nodes = _nodes(build(res.partitioned))
-    assert [n["op"] for n in nodes].count("binary") == 0, [n["op"] for n in nodes]
-    assert sum(1 for n in nodes if n["op"] == "dense" and n["attrs"].get("multiply") == 1) == 1
-
-
-@pytest.mark.parametrize("gate_shape", [(1, 40), (SEQ, 1)])
-def test_broadcast_product_stays_a_binary_node(gate_shape):
-    """A product that broadcasts its other operand is no full-size multiplier: it stays a node,
-    and the result is the llvm build's."""
-    res = offload_and_compare(_gated_mlp(gate_shape))
-    assert res.error < 1e-5, res.error
-    nodes = _nodes(build(res.partitioned))
-    assert not any(n["attrs"].get("multiply") for n in nodes if n["op"] == "dense")
-    assert [n["op"] for n in nodes].count("binary") == 1
-
-
-@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
-def test_llama_decoder_mlp_products_fused_and_matches_torch(path, tmp_path):
-    """The small Llama decoder (2 layers): each layer's silu(gate) * up is a dense's epilogue on
-    both import paths; output within 1e-4 of torch."""
-    torch = pytest.importorskip("torch")
-    import tvm
-    import zoo_models
-
-    zm = zoo_models.smollm_135m(small=True)
-    want = zm.module(*zm.inputs).detach().numpy()
-    if path == "from_torch":
-        mod, params = bh.from_torch(zm.module, zm.inputs)
-    else:
-        pytest.importorskip("onnxscript")
-        file = str(tmp_path / "llama.onnx")
-        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
-        mod, params = bh.from_onnx(file)
-    ex = build(bh.partition(mod, params))
-    assert sum(1 for n in _nodes(ex) if n["op"] == "dense" and n["attrs"].get("multiply") == 1) == 2
-    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
-    assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
 
 
 # ----------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def test_pipeline_order_is_pinned():
         "onednn:fuse_dynamic_int8_sources", "onednn:fuse_int8_anchors", "onednn:fuse_int8_activations",
         "onednn:fuse_int8_lookup_tables", "onednn:fuse_int8_binaries", "onednn:fuse_quantize_dequantize",
         "onednn:move_views_to_8bit", "onednn:share_repeated_quantizations",
-        "onednn:fuse_int8_matmuls", "onednn:fuse_gated_products", "onednn:fuse_elementwise_chains",
+        "onednn:fuse_int8_matmuls", "onednn:fuse_elementwise_chains",
         "onednn:apply_conv_algorithms",
         "onednn:apply_node_precisions", "onednn:merge_common_nodes",
         "insert_range_checks", "host_code_anchor",

@@ -4,11 +4,7 @@
  *
  * Attrs: weight_layout "KN" (W stored [K, N]) | "NK" (W stored [N, K], i.e. x @ W^T) - required,
  * has_bias 0/1 (default: whether a third input is present), and the epilogue as for conv2d
- * (activation, residual, post_activation); or, instead of a residual, multiply 1: the output times
- * a node input of the output's shape after the activation (one binary_mul post-op applied while
- * the output tile is in registers: a gated unit's product, SwiGLU's silu(x Wg) * (x Wu), as the
- * epilogue of one of its denses; region pass fuse_gated_products, ops/gated_dense.py).
- * Inputs: data, weight, [bias], [residual | multiplier].
+ * (activation, residual, post_activation).  Inputs: data, weight, [bias], [residual].
  * Both weight layouts are the same logical [K, N] matrix with different strides, so one reorder
  * (once, for a constant weight) brings either into the layout matmul prefers.
  */
@@ -19,50 +15,11 @@
 
 namespace byoc_hetero {
 
-namespace {
-/*!
- * \brief The kernel of a float dense whose output is multiplied by a node input (attr multiply):
- *        the activation, then binary_mul with that input (last node input, read plain as the
- *        post-op's second source).  No residual: the pass that writes multiply checks it.
- */
-std::unique_ptr<Kernel> GatedDenseKernel(const KernelContext& ctx, const Epilogue& epilogue, bool constant_weight,
-                                         const memory::desc& wei_view, const memory::dims& bias_dims, bool has_bias,
-                                         const memory::dims& dst_dims) {
-  const memory::dims src_dims{dst_dims[0], wei_view.get_dims()[0]}, wei_dims = wei_view.get_dims();
-  const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  const memory::desc multiplier = PlainDesc(dst_dims);
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::post_ops ops;
-  if (!epilogue.act.none()) ops.append_eltwise(epilogue.act.alg, epilogue.act.alpha, epilogue.act.beta);
-  ops.append_binary(dnnl::algorithm::binary_mul, multiplier);
-  attr.set_post_ops(ops);
-  auto make = [&](const memory::desc& wei) {
-    return dnnl::matmul::primitive_desc(ctx.engine, WithType(PlainDesc(src_dims), cdt), wei,
-                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), PlainDesc(dst_dims), attr);
-  };
-  dnnl::matmul::primitive_desc pd = ctx.bf16 ? make(constant_weight ? AnyDesc(wei_dims, cdt) : WithType(wei_view, cdt))
-                                    : constant_weight ? MatmulForConstantWeight(make, wei_dims) : make(wei_view);
-  std::vector<OperandLayout> inputs{{PlainDesc(src_dims), pd.src_desc()}, {wei_view, pd.weights_desc()}};
-  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
-  if (has_bias) {
-    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
-    args.push_back(DNNL_ARG_BIAS);
-  }
-  inputs.push_back({multiplier, multiplier});
-  args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(epilogue.act.none() ? 0 : 1) | DNNL_ARG_SRC_1);
-  const OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "dense", std::move(pd), std::move(args), std::move(inputs),
-                                           output);
-}
-}  // namespace
-
 static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const bool nk = *FindEnum(DenseWeightLayouts(), attrs.Choice("weight_layout", EnumNamesOf(DenseWeightLayouts()), ""));
   const Epilogue epilogue = ctx.ReadEpilogue(attrs);
-  const bool multiply = attrs.Flag("multiply", false);
-  const size_t base = ctx.node().inputs.size() - (epilogue.residual || multiply ? 1 : 0);
+  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
   const auto& w_shape = ctx.input(1).shape;
@@ -71,14 +28,10 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // into the float32 output as it is: sum scale 1, no zero point
   if (int8.dynamic_src && !int8.int8_dst && epilogue.residual) int8.residual = true;
   attrs.CheckNoUnknown();
-  if (multiply && (int8.enabled || epilogue.residual)) {
-    ctx.Fail(std::string("multiply (a gating post-op) runs on a float dense without a residual; this one has ") +
-             (int8.enabled ? "int8 attrs" : "a residual"));
-  }
 
-  ctx.ExpectInputCount(2 + has_bias + (epilogue.residual || multiply),
+  ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
                        std::string(has_bias ? "data, weight, bias" : "data, weight") +
-                           (epilogue.residual ? ", residual" : multiply ? ", multiplier" : ""));
+                           (epilogue.residual ? ", residual" : ""));
   const auto& x = ctx.input(0).shape;
   if (x.size() < 2) {
     ctx.Fail("data (tensor " + std::to_string(ctx.node().inputs[0]) +
@@ -104,13 +57,6 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   ctx.ExpectOutputShape(out_shape);
   const size_t residual_index = 2 + has_bias;
   if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
-  if (multiply) {
-    ctx.ExpectInputShape(residual_index, "multiplier", out_shape);
-    if (ctx.input(residual_index).dtype != DType::kFloat32 || ctx.output().dtype != DType::kFloat32) {
-      ctx.Fail("multiply needs a float32 multiplier (tensor " + std::to_string(ctx.node().inputs[residual_index]) +
-               ") and output");
-    }
-  }
 
   const memory::dims src_dims{m, k}, wei_dims{k, n}, bias_dims{1, n}, dst_dims{m, n};
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
@@ -130,7 +76,6 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // A constant weight is reordered once into the layout matmul prefers; one that arrives at run
   // time is read where it lies (no per-call reorder).
   const bool constant_weight = ctx.input_constant.size() > 1 && ctx.input_constant[1];
-  if (multiply) return GatedDenseKernel(ctx, epilogue, constant_weight, wei_view, bias_dims, has_bias, dst_dims);
 
   // bf16: src and weight are read as bf16 (the weight converted once when constant, the data on
   // every call), accumulation stays f32; the output is f32 unless every reader rounds it to bf16

@@ -87,7 +87,6 @@ REGION_PASSES: tuple[str, ...] = (
     "move_views_to_8bit",          # ops/qdq_views.py: reshapes / permutes to the 8-bit side of a per-tensor Q/DQ
     "share_repeated_quantizations",  # ops/qdq_share.py: equal Q/DQ / reshape nodes of one tensor once
     "fuse_int8_matmuls",           # ops/int8_matmul.py: matmul of two dequantized 8-bit tensors as int8
-    "fuse_gated_products",         # ops/gated_dense.py: act(x Wg) * (x Wu) as a binary_mul post-op of a dense
     "fuse_elementwise_chains",     # ops/qdq_chain.py: element-wise ops + the Q/DQ between them as one step
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
     "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per conv / dense / matmul node
