@@ -168,6 +168,12 @@ def compile_worker(model: str, path: str, small: bool, workdir: str, precision: 
     return info
 
 
+def _adaptation_stats() -> dict:
+    from byoc_hetero import _C
+
+    return dict(_C.adaptation_stats())
+
+
 def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, min_time: float) -> dict:
     """Median latency of one call of ``model`` on framework ``fw``; saves the output for the error check."""
     f = _files(workdir, model)
@@ -238,8 +244,14 @@ def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, mi
     out = result(call())
     first = time.perf_counter() - t0
     slow = first > 0.5
+    stats = _adaptation_stats() if fw in PATHS else None
     times = _timed(call, min_time=min_time, min_iters=3 if slow else 10, max_iters=5 if slow else 400,
                    warmup=1 if slow else 3)
+    if stats is not None:
+        # region calls the runtime ran with fewer threads (contention from other processes): a
+        # median that mixes 1- and 2-thread calls is no 2-thread figure (bench/LLM.md, session 5)
+        after = _adaptation_stats()
+        info["reduced_calls"] = after["reduced"] - stats["reduced"]
     np.save(f["out"].format(fw=fw, threads=threads), np.asarray(out))
     return {"median_s": float(np.median(times)), "min_s": float(np.min(times)), "iters": len(times), **info}
 
@@ -346,7 +358,8 @@ class Zoo:
                     r = self.spawn(["--worker", fw, model, str(threads)], threads, self.args.timeout)
                     r["busy_before"] = busy
                     self.timings.setdefault((model, fw, threads), []).append(r)
-                    msg = r.get("error", "").splitlines()[-1:] or [f"{fmt_ms(r['median_s'])} ms"]
+                    msg = r.get("error", "").splitlines()[-1:] or [f"{fmt_ms(r['median_s'])} ms" + (
+                        f", {r['reduced_calls']} region calls with fewer threads" if r.get("reduced_calls") else "")]
                     self.log(f"  {model} {LABELS[fw]} {threads}T round {rnd + 1}: {msg[0]} (CPUs {busy:.0%} busy before)")
                     out_file = _files(self.workdir, model)["out"].format(fw=fw, threads=threads)
                     if "error" not in r and (model, fw, threads) not in self.errors and os.path.exists(out_file):

@@ -471,15 +471,23 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             src = pick()
             shape = _shape(src)
             rank = len(shape)
-            op = draw(st.sampled_from(["mean", "sum", "max", "min"]))
+            op = draw(st.sampled_from(["mean", "sum", "max", "min", "rms"]))
             if draw(st.integers(0, 4)) == 0:
                 axes = None
             else:
                 axes = sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank)))
                 axes = [a - rank if draw(st.booleans()) else a for a in axes]
             keepdims = draw(st.booleans())
-            y = emit(getattr(R, op)(src, axis=axes, keepdims=keepdims), src)
-            recipe.steps.append(f"{op}({list(shape)}, axis={axes}, keepdims={keepdims})")
+            if op == "rms":  # RMSNorm's statistic, as from_torch (rsqrt) and the ONNX exporter (1 / sqrt) write it
+                stat = draw(st.sampled_from(["mean", "rsqrt", "recip_sqrt"]))
+                y = emit(R.mean(emit(R.power(src, relax.const(np.float32(2.0))), src), axis=axes, keepdims=keepdims))
+                if stat != "mean":
+                    y = emit(R.add(y, relax.const(np.float32(draw(st.sampled_from([1e-6, 1e-5, 0.1]))))))
+                    y = emit(R.rsqrt(y)) if stat == "rsqrt" else emit(R.divide(relax.const(np.float32(1.0)), emit(R.sqrt(y))))
+                recipe.steps.append(f"rms {stat}({list(shape)}, axis={axes}, keepdims={keepdims})")
+            else:
+                y = emit(getattr(R, op)(src, axis=axes, keepdims=keepdims), src)
+                recipe.steps.append(f"{op}({list(shape)}, axis={axes}, keepdims={keepdims})")
             if len(_shape(y)) == 0:  # a scalar: add it to a value so that it is used
                 other = pick()
                 y = emit(R.add(other, y), other)

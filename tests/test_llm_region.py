@@ -160,3 +160,101 @@ def test_llama_decoder_from_torch_builds_its_float_mask_once():
     assert _ops(ex).count("where") == 1
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
     assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
+
+
+def _nodes(ex) -> list[dict]:
+    return [node for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]]
+
+
+# ----------------------------------------------------------------------------------------------
+# region pass fuse_rms_statistics: square, mean, + eps, rsqrt (or sqrt and 1/.) as one reduce
+# ----------------------------------------------------------------------------------------------
+def _rms_then_dense(spelling: str, eps: float = 1e-5):
+    """x * (RMSNorm's statistic) -> dense, the statistic spelled as from_torch writes it
+    (``rsqrt``), as the ONNX exporter does (``sqrt`` then ``1 / (.)``), or with the mean squared
+    tensor also returned (``shared``: the square has a second reader)."""
+    w = _const(HIDDEN, 16)
+
+    def body(emit, x):
+        sq = emit(R.power(x, relax.const(np.float32(2.0))))
+        mean = emit(R.mean(sq, axis=[-1], keepdims=True))
+        shifted = emit(R.add(mean, relax.const(np.float32(eps))))
+        if spelling == "onnx":
+            inv = emit(R.divide(relax.const(np.float32(1.0)), emit(R.sqrt(shifted))))
+        else:
+            inv = emit(R.rsqrt(shifted))
+        out = emit(R.matmul(emit(R.reshape(emit(R.multiply(x, inv)), (SEQ, HIDDEN))), w))
+        return relax.Tuple([out, sq]) if spelling == "shared" else out
+
+    return graph({"x": (1, SEQ, HIDDEN)}, body)
+
+
+@pytest.mark.parametrize("spelling", ["torch", "onnx"])
+def test_rms_statistic_is_one_reduce_node(spelling):
+    """Both spellings of 1/sqrt(mean(x²) + eps) become one reduce node (mean_square, shift eps,
+    rsqrt): no eltwise, and the only binary left is x * statistic; the result is the llvm build's."""
+    res = offload_and_compare(_rms_then_dense(spelling))
+    assert res.error < 1e-5, res.error
+    nodes = _nodes(build(res.partitioned))
+    reduces = [n for n in nodes if n["op"] == "reduce"]
+    assert len(reduces) == 1, [n["op"] for n in nodes]
+    assert reduces[0]["attrs"]["algorithm"] == "mean_square"
+    assert reduces[0]["attrs"]["activation"] == "rsqrt"
+    assert abs(reduces[0]["attrs"]["shift"] - 1e-5) < 1e-12
+    assert [n["op"] for n in nodes].count("eltwise") == 0
+    assert [n["op"] for n in nodes].count("binary") == 1
+    # oneDNN 3.2 runs the mean of squares (norm_lp_power_p_sum) only in its reference
+    # implementation, 40x slower here: the runtime's host loop runs it instead
+    assert _step_impls(res.partitioned, "reduce") == ["host"]
+
+
+def _step_impls(partitioned, op: str) -> list[str]:
+    """The implementations the run steps of ``op`` used in one call of the built module."""
+    import tvm
+
+    ex = build(partitioned)
+    regions = bh.codegen.region_modules(ex)
+    for m in regions:
+        m["set_profiling"](True)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    vm["main"](tvm.runtime.tensor(RNG.standard_normal((1, SEQ, HIDDEN)).astype("float32")))
+    return [s["impl"] for m in regions for s in json.loads(str(m["get_profile"]()))
+            if s["phase"] == "run" and s["op"] == op]
+
+
+def test_rms_statistic_with_a_shared_square_keeps_it():
+    """The squared tensor is also a region output: the square stays a node, the mean reads it as
+    before (plain mean, no mean_square), and the results are the llvm build's."""
+    res = offload_and_compare(_rms_then_dense("shared"))
+    assert res.error < 1e-5, res.error
+    nodes = _nodes(build(res.partitioned))
+    assert not any(n["attrs"].get("algorithm") == "mean_square" for n in nodes if n["op"] == "reduce")
+    assert [n["op"] for n in nodes].count("eltwise") == 1
+
+
+def test_rms_statistic_of_large_values_has_no_overflow_or_nan():
+    """Rows of 1e19 (squares of 1e38, near float32's max: their sum of 48 overflows to inf; the llvm build
+    gives 0 for x * rsqrt(inf) and so must we) and rows of zeros (rsqrt(eps) finite): the fused
+    reduction matches the llvm build, no NaN."""
+    mod = _rms_then_dense("torch")
+    x = np.zeros((1, SEQ, HIDDEN), "float32")
+    x[0, 0] = 1e19
+    x[0, 1] = RNG.standard_normal(HIDDEN)
+    res = offload_and_compare(mod, inputs=[x])
+    assert not np.isnan(res.got).any()
+
+
+def test_mean_square_over_a_leading_axis_matches_llvm():
+    """mean(x², axis=1) of [1, SEQ, HIDDEN] (not the trailing axes: oneDNN's primitive, not the
+    host loop) + eps, rsqrt: one reduce node, the llvm build's result."""
+    w = _const(HIDDEN, 16)
+
+    def body(emit, x):
+        mean = emit(R.mean(emit(R.power(x, relax.const(np.float32(2.0)))), axis=[1], keepdims=True))
+        inv = emit(R.rsqrt(emit(R.add(mean, relax.const(np.float32(1e-3))))))
+        return emit(R.matmul(emit(R.reshape(emit(R.multiply(x, inv)), (SEQ, HIDDEN))), w))
+
+    res = offload_and_compare(graph({"x": (1, SEQ, HIDDEN)}, body))
+    assert res.error < 1e-5, res.error
+    reduces = [n for n in _nodes(build(res.partitioned)) if n["op"] == "reduce"]
+    assert [r["attrs"]["algorithm"] for r in reduces] == ["mean_square"]

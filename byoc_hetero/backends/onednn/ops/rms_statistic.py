@@ -1,0 +1,86 @@
+"""RMSNorm's statistic ``1 / sqrt(mean(x²) + eps)`` as one reduction node.
+
+Both import paths write RMSNorm (Llama, Mistral, Qwen, Gemma, T5's layer norm) as separate steps
+over ``x``: ``square`` (a full ``[S, hidden]`` pass writing a second tensor), ``mean`` over the
+last axis, ``add eps`` with ``rsqrt`` (from_torch) or ``add eps`` with ``sqrt`` and ``1 / (.)``
+(the ONNX exporter's ``Sqrt`` + ``Reciprocal`` as ``div``), each a region step: 3-4 steps per norm,
+61 norms in a call of the SmolLM-135M decoder. oneDNN's reduction computes ``sum(|x|^p)`` (its
+``norm_lp_power_p_sum``) in one read of ``x`` and applies eltwise post-ops to the ``[S, 1]``
+result, so the runtime's ``reduce`` has the algorithm ``mean_square`` (that sum with p = 2 times
+``1/n``) with a ``shift`` and an ``activation`` (``cpp/kernels/reduce.cc``).
+
+What, each rewrite only where every intermediate tensor has that one reader and is no region
+output:
+
+* ``reduce mean(eltwise square(x))`` -> ``reduce mean_square(x)``;
+* ``add(reduce(...), c)`` with ``c`` a one-element float constant, the reduce without a shift or
+  activation yet -> the reduce with ``shift`` c and the add's activation;
+* ``div(1, reduce(...))`` with the reduce's activation ``sqrt`` -> activation ``rsqrt``.
+"""
+
+from __future__ import annotations
+
+from ..lowering import Node, RegionGraph
+from ..table import graph_pass
+
+_FOLDABLE_ACTIVATIONS = ("none", "sqrt", "rsqrt")
+
+
+def _only_reader(graph: RegionGraph, t: int) -> Node | None:
+    """The one node reading tensor ``t`` (once), or None (no reader, several, or a region output)."""
+    if t in graph.outputs:
+        return None
+    readers = [n for n in graph.nodes if t in n.inputs]
+    return readers[0] if len(readers) == 1 and readers[0].inputs.count(t) == 1 else None
+
+
+def _drop(graph: RegionGraph, node: Node, into: Node) -> None:
+    """``into`` takes over ``node``'s output tensor and ``node`` is removed."""
+    into.output = node.output
+    graph.nodes[:] = [m for m in graph.nodes if m is not node]
+
+
+def _fold_square(graph: RegionGraph, reduce: Node) -> None:
+    producer = graph.producers().get(reduce.inputs[0])
+    if (producer is not None and producer.op == "eltwise" and producer.attrs.get("algorithm") == "square"
+            and _only_reader(graph, producer.output) is reduce and graph.tensors[producer.inputs[0]]["dtype"] == "float32"):
+        reduce.inputs[0] = producer.inputs[0]
+        reduce.attrs["algorithm"] = "mean_square"
+        graph.nodes[:] = [m for m in graph.nodes if m is not producer]
+
+
+def _fold_shift(graph: RegionGraph, reduce: Node) -> bool:
+    add = _only_reader(graph, reduce.output)
+    if (add is None or add.op != "binary" or add.attrs.get("algorithm") != "add" or "shift" in reduce.attrs
+            or reduce.attrs.get("activation", "none") != "none"
+            or add.attrs.get("activation", "none") not in _FOLDABLE_ACTIVATIONS
+            or graph.tensors[add.output]["shape"] != graph.tensors[reduce.output]["shape"]):
+        return False
+    other = add.inputs[1] if add.inputs[0] == reduce.output else add.inputs[0]
+    if other not in graph.scalar_values:
+        return False
+    reduce.attrs["shift"] = graph.scalar_values[other]
+    if add.attrs.get("activation", "none") != "none":
+        reduce.attrs["activation"] = add.attrs["activation"]
+    _drop(graph, add, reduce)
+    return True
+
+
+def _fold_reciprocal(graph: RegionGraph, reduce: Node) -> None:
+    div = _only_reader(graph, reduce.output)
+    if (div is not None and div.op == "binary" and div.attrs.get("algorithm") == "div"
+            and div.attrs.get("activation", "none") == "none" and reduce.attrs.get("activation") == "sqrt"
+            and div.inputs[1] == reduce.output and graph.scalar_values.get(div.inputs[0]) == 1.0
+            and graph.tensors[div.output]["shape"] == graph.tensors[reduce.output]["shape"]):
+        reduce.attrs["activation"] = "rsqrt"
+        _drop(graph, div, reduce)
+
+
+@graph_pass
+def fuse_rms_statistics(graph: RegionGraph) -> None:
+    """Square, mean, ``+ eps`` and ``sqrt`` / ``rsqrt`` / ``1 / (.)`` over one tensor as one
+    ``reduce`` node (see the module doc)."""
+    for reduce in [n for n in graph.nodes if n.op == "reduce" and n.attrs.get("algorithm") == "mean"]:
+        _fold_square(graph, reduce)
+        if reduce.attrs.get("algorithm") == "mean_square" and _fold_shift(graph, reduce):
+            _fold_reciprocal(graph, reduce)
