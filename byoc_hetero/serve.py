@@ -18,6 +18,11 @@ HTTP 400 with the :class:`~byoc_hetero.errors.InputError` text; it never reaches
 cannot crash a replica or spoil a batch. The answer's header ``x-batch-rows`` says how many rows the
 call that computed it had. ``GET /info`` tells a replica's engine, threads and pid.
 
+Failures are bounded: Serve's proxy answers HTTP 408 to a request it has no answer for within
+``request_timeout_s`` (:func:`start`, 30 s by default; Ray's own default is no bound), and the controller
+health-checks replicas every :data:`HEALTH_CHECK_PERIOD_S`, replacing a dead one at the first failed check.
+Requests a dying replica had accepted fail with HTTP 500; none is answered wrongly.
+
 The library must carry its input signature: build it with :func:`export` (or ``bh.compile`` of a
 placed module). ``engine="onnxruntime"`` serves an ``.onnx`` file the same way (the benchmark's
 reference, with ``intra_op_num_threads`` from the same budget).
@@ -45,6 +50,23 @@ try:
 except ImportError as _err:  # the extra is optional
     raise ByocError("byoc_hetero.serve needs Ray Serve: pip install \"byoc-hetero[serve]\" "
                     "(or \"ray[serve]\")") from _err
+
+HEALTH_CHECK_PERIOD_S = 2.0
+"""How often Ray Serve's controller checks each replica. The controller starts a replacement for a dead
+replica only when a check fails, so this bounds how long a killed replica goes unnoticed (Ray's default,
+10 s, kept the deployment one replica short for up to 10 s before the replacement even began starting)."""
+
+REQUEST_TIMEOUT_S = 30.0
+"""Default end-to-end bound on one HTTP request in Serve's proxy (:func:`start`): a request that has no
+answer by then gets HTTP 408 from the proxy instead of waiting for the client to give up. Ray Serve sets
+no bound by default, and its router retries placing a request for as long as no replica accepts it."""
+
+PROXY_READY_CHECK_TIMEOUT_S = 20.0
+"""How long Serve's controller waits for the HTTP proxy's readiness check (``RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S``,
+set for the Ray that :func:`start` starts). The controller restarts a proxy that misses three checks in a row;
+Ray's 5 s default gave a new proxy process 16 s to start, which it missed on the 2-vCPU machine under load
+(load average 10-12), and every restart began again from nothing until ``serve.start``'s own 60 s wait gave up.
+Three checks of 20 s match that wait."""
 
 THREAD_ENV = ("BYOC_HETERO_NUM_THREADS", "OMP_NUM_THREADS", "TVM_NUM_THREADS", "MKL_NUM_THREADS")
 """Set to a replica's CPU budget in its environment: the runtime, libgomp and TVM's pool read them."""
@@ -254,22 +276,30 @@ def app(path: str | os.PathLike, *, engine: str = "byoc", replicas: int = 1, cpu
         raise ByocError(f"no such file: {path}")
     config = ServeConfig(str(Path(path).resolve()), engine, replicas, cpus, batch, max_batch_rows, batch_wait_s)
     deployment = serve.deployment(Replica, name=name, num_replicas=replicas, max_ongoing_requests=4 * max_batch_rows,
+                                  health_check_period_s=HEALTH_CHECK_PERIOD_S,
                                   ray_actor_options={"num_cpus": cpus,
                                                      "runtime_env": {"env_vars": _environment(cpus)}})
     return deployment.bind(asdict(config))
 
 
 def start(application: serve.Application, *, port: int = 8000, name: str = "byoc_hetero",
-          num_cpus: int | None = None) -> serve.handle.DeploymentHandle:
+          num_cpus: int | None = None,
+          request_timeout_s: float | None = REQUEST_TIMEOUT_S) -> serve.handle.DeploymentHandle:
     """Start Ray (locally, if it is not running yet) and Serve's HTTP proxy on 127.0.0.1:``port``, then
     ``application`` at route ``/``; returns its handle once every replica is up.
 
     ``num_cpus`` is the CPU count Ray schedules replicas against (default: this machine's CPUs; more
-    than that oversubscribes the cores, which a benchmark may want to show)."""
+    than that oversubscribes the cores, which a benchmark may want to show). ``request_timeout_s``
+    bounds each HTTP request in the proxy (HTTP 408 past it; ``None``: unbounded, Ray's default); it
+    applies when this call starts Serve's proxy."""
+    if request_timeout_s is not None and request_timeout_s <= 0:
+        raise ByocError(f"request_timeout_s must be > 0 or None, got {request_timeout_s}")
     if not ray.is_initialized():
+        ready_check = os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_CHECK_TIMEOUT_S))
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": _environment(1)["PYTHONPATH"]}})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+                 runtime_env={"env_vars": {"PYTHONPATH": _environment(1)["PYTHONPATH"],
+                                           "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": ready_check}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": request_timeout_s})
     return serve.run(application, name=name, route_prefix="/")
 
 
