@@ -87,26 +87,44 @@ void ForChannelBlocks(const AxisSplit& s, const F& f) {
  *        (the selects on floats stay branches under -ftrapping-math): they ran 1 to 12 ns per element
  *        on BERT's activations, 60% of an int8 BERT call (bench/INT8.md, session 2).
  */
-/*! \brief saturate(round_half_to_even(x / scale) + zero) of 8 floats, as floats (integral values). */
+/*! \brief saturate(round_half_to_even(v) + zero) of 8 floats already divided by the scale (NaN -> 0),
+ *         as floats (integral values). */
 template <typename Q>
-__attribute__((target("avx2"))) inline __m256 QuantizeEight(const float* x, __m256 vs, __m256 vz) {
+__attribute__((target("avx2"))) inline __m256 RoundSaturateEight(__m256 v, __m256 vz) {
   const __m256 lo = _mm256_set1_ps(std::numeric_limits<Q>::min()), hi = _mm256_set1_ps(std::numeric_limits<Q>::max());
-  __m256 v = _mm256_div_ps(_mm256_loadu_ps(x), vs);
   v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
   v = _mm256_add_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
   return _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+}
+
+/*! \brief saturate(round_half_to_even(x / scale) + zero) of 8 floats, as floats (integral values). */
+template <typename Q>
+__attribute__((target("avx2"))) inline __m256 QuantizeEight(const float* x, __m256 vs, __m256 vz) {
+  return RoundSaturateEight<Q>(_mm256_div_ps(_mm256_loadu_ps(x), vs), vz);
+}
+
+/*! \brief Stores 8 floats that are integral and within Q's range as Q (exact). */
+template <typename Q>
+__attribute__((target("avx2"))) inline void StoreEight(Q* y, __m256 v) {
+  const __m256i w = _mm256_cvtps_epi32(v);
+  const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+  const __m128i b = std::is_same_v<Q, uint8_t> ? _mm_packus_epi16(h, h) : _mm_packs_epi16(h, h);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(y), b);
+}
+
+/*! \brief (x - zero) * scale of 8 8-bit values, exact integer difference, one multiply. */
+template <typename Q>
+__attribute__((target("avx2"))) inline __m256 DequantizeEight(const Q* x, __m256 vs, __m256i vz) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x));
+  const __m256i w = std::is_same_v<Q, uint8_t> ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, vz)), vs);
 }
 
 template <typename Q>
 __attribute__((target("avx2"))) int64_t QuantizeAvx2(const float* x, Q* y, int64_t n, float sc, float z) {
   const __m256 vs = _mm256_set1_ps(sc), vz = _mm256_set1_ps(z);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i w = _mm256_cvtps_epi32(QuantizeEight<Q>(x + i, vs, vz));  // integral and in range: exact
-    const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-    const __m128i b = std::is_same_v<Q, uint8_t> ? _mm_packus_epi16(h, h) : _mm_packs_epi16(h, h);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(y + i), b);
-  }
+  for (; i + 8 <= n; i += 8) StoreEight(y + i, QuantizeEight<Q>(x + i, vs, vz));
   return i;
 }
 
@@ -126,11 +144,7 @@ __attribute__((target("avx2"))) int64_t DequantizeAvx2(const Q* x, float* y, int
   const __m256 vs = _mm256_set1_ps(sc);
   const __m256i vz = _mm256_set1_epi32(z);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + i));
-    const __m256i w = std::is_same_v<Q, uint8_t> ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, vz)), vs));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, DequantizeEight(x + i, vs, vz));
   return i;
 }
 
@@ -150,10 +164,7 @@ __attribute__((target("avx2"))) int64_t DequantizeBf16Avx2(const Q* x, uint16_t*
   const __m256i vz = _mm256_set1_epi32(z);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + i));
-    const __m256i w = std::is_same_v<Q, uint8_t> ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
-    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, vz)), vs);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), ToBf16Eight(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), ToBf16Eight(DequantizeEight(x + i, vs, vz)));
   }
   return i;
 }
@@ -164,17 +175,10 @@ __attribute__((target("avx2"))) int64_t DequantizeBf16Avx2(const Q* x, uint16_t*
 template <typename Q>
 __attribute__((target("avx2"))) int64_t QuantizeBf16Avx2(const uint16_t* x, Q* y, int64_t n, float sc, float z) {
   const __m256 vr = _mm256_set1_ps(1.f / sc), vz = _mm256_set1_ps(z);
-  const __m256 lo = _mm256_set1_ps(std::numeric_limits<Q>::min()), hi = _mm256_set1_ps(std::numeric_limits<Q>::max());
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
-    __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), vr);
-    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
-    v = _mm256_add_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
-    const __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
-    const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-    const __m128i b = std::is_same_v<Q, uint8_t> ? _mm_packus_epi16(h, h) : _mm_packs_epi16(h, h);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(y + i), b);
+    StoreEight(y + i, RoundSaturateEight<Q>(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), vr), vz));
   }
   return i;
 }
@@ -207,38 +211,6 @@ __attribute__((target("avx2"))) int64_t MinMaxAvx2(const float* x, int64_t n, fl
 }
 #endif
 
-/*! \brief y[0, n) = quantize(x[0, n)) with one scale and zero point: AVX2 where the CPU has it. */
-template <typename Q>
-void QuantizeRun(const float* x, Q* y, int64_t n, float sc, float z) {
-  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
-  int64_t i = 0;
-#if defined(__x86_64__)
-  if (HaveAvx2()) i = QuantizeAvx2(x, y, n, sc, z);
-#endif
-  for (; i < n; ++i) y[i] = static_cast<Q>(QuantizeOne(x[i], sc, z, lo, hi));
-}
-
-template <typename Q>
-void DequantizeRun(const Q* x, float* y, int64_t n, float sc, int64_t z) {
-  int64_t i = 0;
-#if defined(__x86_64__)
-  if constexpr (sizeof(Q) == 1) {
-    if (HaveAvx2()) i = DequantizeAvx2(x, y, n, sc, static_cast<int32_t>(z));
-  }
-#endif
-  for (; i < n; ++i) y[i] = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
-}
-
-template <typename Q>
-void RoundTripRun(const float* x, float* y, int64_t n, float sc, float z) {
-  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
-  int64_t i = 0;
-#if defined(__x86_64__)
-  if (HaveAvx2()) i = RoundTripAvx2<Q>(x, y, n, sc, z);
-#endif
-  for (; i < n; ++i) y[i] = (QuantizeOne(x[i], sc, z, lo, hi) - z) * sc;
-}
-
 /*! \brief float32 -> bf16 rounded to nearest even, NaN kept a quiet NaN (the scalar tail). */
 inline uint16_t Bf16Bits(float v) {
   uint32_t bits;
@@ -254,27 +226,67 @@ inline float Bf16Value(uint16_t b) {
   return v;
 }
 
-template <typename Q>
-void DequantizeBf16Run(const Q* x, uint16_t* y, int64_t n, float sc, int64_t z) {
+/*! \brief y[0, n) = quantize(x[0, n)) with one scale and zero point: AVX2 where the CPU has it.
+ *         In = float: ONNX's division; In = uint16_t (bf16 bits): widened, times 1 / scale. */
+template <typename Q, typename In>
+void QuantizeRun(const In* x, Q* y, int64_t n, float sc, float z) {
+  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
+  constexpr bool f32 = std::is_same_v<In, float>;
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) {
+    if constexpr (f32) {
+      i = QuantizeAvx2(x, y, n, sc, z);
+    } else {
+      i = QuantizeBf16Avx2(x, y, n, sc, z);
+    }
+  }
+#endif
+  const float r = 1.f / sc;
+  for (; i < n; ++i) {
+    if constexpr (f32) {
+      y[i] = static_cast<Q>(QuantizeOne(x[i], sc, z, lo, hi));
+    } else {
+      y[i] = static_cast<Q>(QuantizeOne(Bf16Value(x[i]) * r, 1.f, z, lo, hi));
+    }
+  }
+}
+
+/*! \brief y = dequantize(x) as float32 (Out = float) or as bf16 (Out = uint16_t, the bf16 bits). */
+template <typename Q, typename Out>
+void DequantizeRun(const Q* x, Out* y, int64_t n, float sc, int64_t z) {
   int64_t i = 0;
 #if defined(__x86_64__)
   if constexpr (sizeof(Q) == 1) {
-    if (HaveAvx2()) i = DequantizeBf16Avx2(x, y, n, sc, static_cast<int32_t>(z));
+    if (HaveAvx2()) {
+      if constexpr (std::is_same_v<Out, float>) {
+        i = DequantizeAvx2(x, y, n, sc, static_cast<int32_t>(z));
+      } else {
+        i = DequantizeBf16Avx2(x, y, n, sc, static_cast<int32_t>(z));
+      }
+    }
   }
 #endif
-  for (; i < n; ++i) y[i] = Bf16Bits(static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc);
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
+    if constexpr (std::is_same_v<Out, float>) {
+      y[i] = v;
+    } else {
+      y[i] = Bf16Bits(v);
+    }
+  }
 }
 
 template <typename Q>
-void QuantizeBf16Run(const uint16_t* x, Q* y, int64_t n, float sc, float z) {
+void RoundTripRun(const float* x, float* y, int64_t n, float sc, float z) {
   constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
   int64_t i = 0;
 #if defined(__x86_64__)
-  if (HaveAvx2()) i = QuantizeBf16Avx2(x, y, n, sc, z);
+  if (HaveAvx2()) i = RoundTripAvx2<Q>(x, y, n, sc, z);
 #endif
-  const float r = 1.f / sc;
-  for (; i < n; ++i) y[i] = static_cast<Q>(QuantizeOne(Bf16Value(x[i]) * r, 1.f, z, lo, hi));
+  for (; i < n; ++i) y[i] = (QuantizeOne(x[i], sc, z, lo, hi) - z) * sc;
 }
+
 
 /*! \brief quantize (In = float) or its bf16 reading (In = uint16_t, the bf16 bits). */
 template <typename Q, typename In>
@@ -285,12 +297,7 @@ HostFn QuantizeFromFn(AxisSplit s, bool has_zp) {
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
     Q* y = static_cast<Q*>(p[has_zp ? 3 : 2]);
     ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
-      const float z = zp ? static_cast<float>(zp[c]) : 0.f;
-      if constexpr (std::is_same_v<In, float>) {
-        QuantizeRun(x + begin, y + begin, end - begin, scale[c], z);
-      } else {
-        QuantizeBf16Run(x + begin, y + begin, end - begin, scale[c], z);
-      }
+      QuantizeRun(x + begin, y + begin, end - begin, scale[c], zp ? static_cast<float>(zp[c]) : 0.f);
     });
   };
 }
@@ -304,12 +311,7 @@ HostFn DequantizeToFn(AxisSplit s, bool has_zp) {
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
     Out* y = static_cast<Out*>(p[has_zp ? 3 : 2]);
     ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
-      const int64_t z = zp ? static_cast<int64_t>(zp[c]) : 0;
-      if constexpr (std::is_same_v<Out, float>) {
-        DequantizeRun(x + begin, y + begin, end - begin, scale[c], z);
-      } else {
-        DequantizeBf16Run(x + begin, y + begin, end - begin, scale[c], z);
-      }
+      DequantizeRun(x + begin, y + begin, end - begin, scale[c], zp ? static_cast<int64_t>(zp[c]) : 0);
     });
   };
 }
