@@ -129,6 +129,16 @@ def test_unit_edges_trace_through_non_anchor_ops():
     assert together.inputs["a"] == ["r:0"], "an edge inside a unit is no edge"
 
 
+def test_weights_computed_at_init_are_no_edge():
+    """A weight a node computes from constants (a folded batch norm) is known at init: no tensor,
+    no conversion (the first ResNet-50 run counted 3x3x512x512 folded weights as model inputs)."""
+    t = [{"shape": [1, 8, 4, 4]}, {"shape": [8, 8, 1, 1]}, {"shape": [8]}, {"shape": [8, 8, 1, 1]}, {"shape": [1, 8, 4, 4]}]
+    graph = {"tensors": t, "inputs": [0], "outputs": [4], "constants": [{"tensor": 1, "name": "w"}, {"tensor": 2, "name": "s"}],
+             "nodes": [{"op": "batch_norm_fold", "inputs": [1, 2], "output": 3}, {"op": "conv2d", "inputs": [0, 3], "output": 4}]}
+    edges = E.unit_edges({"a": ["r#1"]}, {"r": graph})
+    assert edges.inputs == {"a": ["r:0"]} and set(edges.elements) == {"r:0", "r:4"}
+
+
 def _chain(edge_s: float):
     """Units a -> b -> c, each int8 1 s / f32 2 s; b in int8 misses the tolerance."""
     units = [PrecisionUnit(n, (f"r#{i}",), times={"f32": 2.0, "int8": 1.0}, errors={"int8": e})

@@ -57,10 +57,15 @@ class UnitEdges:
 
 
 def _constants(graph: Mapping[str, Any]) -> set[int]:
-    return {c["tensor"] for c in graph.get("constants", [])}
+    """Tensors known at init (constants, and what nodes compute from them: a batch norm folded
+    into weights), which no conversion touches per call."""
+    from .precision import _constant_tensors
+
+    return _constant_tensors({"constants": graph.get("constants", []), "nodes": graph["nodes"]})
 
 
-def _nearest_anchor(graph: Mapping[str, Any], tensor: int, anchors: set[int], memo: dict) -> int | None:
+def _nearest_anchor(graph: Mapping[str, Any], tensor: int, anchors: set[int], memo: dict,
+                    consts: set[int] = frozenset()) -> int | None:
     """The node index of the anchor whose output ``tensor`` derives from through non-anchor ops
     (depth first, inputs in order), or None when it comes from the region's inputs only."""
     if tensor in memo:
@@ -72,10 +77,9 @@ def _nearest_anchor(graph: Mapping[str, Any], tensor: int, anchors: set[int], me
         if producer in anchors:
             found = producer
         else:
-            consts = _constants(graph)
             for t in graph["nodes"][producer]["inputs"]:
                 if t not in consts:
-                    found = _nearest_anchor(graph, t, anchors, memo)
+                    found = _nearest_anchor(graph, t, anchors, memo, consts)
                     if found is not None:
                         break
     memo[tensor] = found
@@ -105,7 +109,7 @@ def unit_edges(unit_keys: Mapping[str, Sequence[str]], graphs: Mapping[str, Mapp
             for t in dict.fromkeys(graph["nodes"][index]["inputs"]):
                 if t in consts:
                     continue
-                source = _nearest_anchor(graph, t, anchors, memo)
+                source = _nearest_anchor(graph, t, anchors, memo, consts)
                 src_unit = owner[f"{symbol}#{source}"] if source is not None else None
                 if src_unit == unit:
                     continue
@@ -116,7 +120,7 @@ def unit_edges(unit_keys: Mapping[str, Sequence[str]], graphs: Mapping[str, Mapp
                 elif tensor not in edges.outputs[src_unit]:
                     edges.outputs[src_unit].append(tensor)
         for t in graph.get("outputs", []):
-            source = _nearest_anchor(graph, t, anchors, memo)
+            source = _nearest_anchor(graph, t, anchors, memo, consts)
             if source is not None:
                 tensor = name(t)
                 _add(edges.outputs[owner[f"{symbol}#{source}"]], tensor)
