@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["f32", "bf16"])
     ap.add_argument("--tunes", type=int, default=2, help="tunes per tolerance (the second reads the timing cache)")
     ap.add_argument("--budget-s", type=float, default=None, help="bh.tune's budget_s (the search's time bound)")
+    ap.add_argument("--cache", default=None, help="timing cache file (default: a new empty one)")
     args = ap.parse_args()
     mod, params = _load(args.model, args.image_size)
     shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
@@ -81,7 +82,7 @@ def main() -> None:
         builds["all int8"] = Built(bh.partition(q.mod, q.params))
         auto_err = relative_error(builds["all int8"].run([[x] for x in held]), ref)
     print(f"# {args.model} input {shape}: {_machine()}")
-    cache = os.path.join(tempfile.mkdtemp(), "timings.json")
+    cache = args.cache or os.path.join(tempfile.mkdtemp(), "timings.json")
     for tol_text in args.tolerances:
         tol = auto_err / 2 if tol_text == "auto" else float(tol_text)
         for run in ("first", "second")[:args.tunes]:

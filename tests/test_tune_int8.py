@@ -72,7 +72,9 @@ def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
     # enough calibration inputs that the output layer's int8 range covers the held-out outputs (with
     # 3, a mix with the last dense in int8 met the tolerance on them and missed it 30x on held-out ones)
     cal, held = _samples(12, 1), _samples(2, 2)
-    tol = _all_int8_error(mod, params, cal) / 2  # all int8 misses it
+    # all int8 misses it; 0.6 rather than half: since the bf16 edges of session 5 (quantize reading a bf16
+    # conv's output) the one-int8-layer mix measured 0.0140 against half's 0.01415, a coin toss
+    tol = _all_int8_error(mod, params, cal) * 0.6
     _inject(monkeypatch, {"tuned mix", "tuned mix, tighter"})
     m, report = bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=tol, calibration=cal,
                         holdout=held, repeat=3, guard_rounds=1, cache=tmp_path / "c.json")

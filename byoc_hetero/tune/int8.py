@@ -48,7 +48,8 @@ from .plan_errors import PlanErrors, inputs_digest
 from .reuse import model_digest
 from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
                         measure_unit_times)
-from .solver import Choice, Problem, Region, solve
+from .edges import FLOAT, UnitEdges, domain, edge_cost, measure_edge_costs, unit_edges
+from .solver import Choice, Problem, Region, improve, solve
 
 #: the attrs of an int8 node that hold quantization values: not part of its timing key
 _SCALE_ATTRS = ("src_scale", "src_zero_point", "weight_scales", "dst_scale", "dst_zero_point", "precision")
@@ -263,21 +264,32 @@ def measure_sensitivities(units: Sequence[PrecisionUnit], ctx: "Int8Context", re
         ctx.session.say(f"sensitivity {i + 1}/{len(gains)} {unit.name} in {p}: error {error:.2g}")
 
 
-def problem_of(units: Sequence[PrecisionUnit]) -> Problem:
-    """The solver's view: per unit f32 (no error) and each precision whose error was measured."""
+def problem_of(units: Sequence[PrecisionUnit], edges: UnitEdges | None = None,
+               edge_costs: Mapping[tuple[str, str, int], float] | None = None) -> Problem:
+    """The solver's view: per unit f32 (no error) and each precision whose error was measured;
+    with ``edges`` and their measured ``edge_costs`` (:mod:`.edges`), each choice runs in its
+    precision's domain and every tensor crossing between the int8 and the float domain costs a
+    conversion (without them, units add up alone, as before session 5)."""
     regions = []
     for u in units:
-        choices = [Choice("f32", "cpu:0", u.times["f32"])]
-        choices += [Choice(p, "cpu:0", u.times[p], e) for p, e in u.errors.items() if p in u.times]
-        regions.append(Region(u.name, choices))
-    return Problem(regions, {}, lambda src, dst, nbytes: 0.0)
+        choices = [Choice("f32", FLOAT, u.times["f32"])]
+        choices += [Choice(p, domain(p), u.times[p], e) for p, e in u.errors.items() if p in u.times]
+        ins, outs = (edges.inputs.get(u.name, ()), edges.outputs.get(u.name, ())) if edges else ((), ())
+        regions.append(Region(u.name, choices, list(ins), list(outs)))
+    if edges is None or edge_costs is None:
+        return Problem(regions, {}, lambda src, dst, nbytes: 0.0, input_device=FLOAT)
+    return Problem(regions, edges.elements, edge_cost(edge_costs), edges.model_inputs, edges.model_outputs,
+                   input_device=FLOAT)
 
 
 class Int8Context:
-    """What the int8 search shares: the builder, the layers and the node key -> layer map."""
+    """What the int8 search shares: the builder, the layers, the node key -> layer map and the
+    int8 / float edges between units with their measured conversions (:mod:`.edges`)."""
 
     def __init__(self, session: _Session, builder: MixBuilder, layers: Sequence[int], layer_of: Mapping[str, int]):
         self.session, self.builder, self.layers, self.layer_of = session, builder, list(layers), dict(layer_of)
+        self.edges: UnitEdges | None = None
+        self.edge_costs: dict[tuple[str, str, int], float] | None = None
 
 
 def _next_budget(budget: float, measured: float, tolerance: float, lo: float, hi: float) -> float:
@@ -288,6 +300,17 @@ def _next_budget(budget: float, measured: float, tolerance: float, lo: float, hi
     if measured > tolerance:
         return budget * 0.8 * tolerance / measured
     return budget * (4.0 if measured == 0 else min(4.0, max(2.0, tolerance / measured)))
+
+
+def with_edges(units: Sequence[PrecisionUnit], ctx: Int8Context, solution: Any, budget: float) -> Any:
+    """``solution`` (the solver's, units alone) improved with the int8 / float edges counted
+    (:func:`.solver.improve` from it and from all float32; the faster), or as it is without edges."""
+    if ctx.edges is None or ctx.edge_costs is None:
+        return solution
+    problem = problem_of(units, ctx.edges, ctx.edge_costs)
+    starts = [solution.choices] if solution.error <= budget else []
+    starts.append({r.name: r.choices[0] for r in problem.regions})  # all f32: no error, always a start
+    return min((improve(problem, start, budget) for start in starts), key=lambda s: s.time_s)
 
 
 def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float,
@@ -304,6 +327,7 @@ def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float,
         left = ctx.session.left_s()
         solution = solve(problem, budget, budget_s=None if math.isinf(left) else max(left, 1e-3))
         report.search_cut |= not solution.exact and any("budget" in n for n in solution.notes)
+        solution = with_edges(units, ctx, solution, budget)
         assignment = assignment_of(units, ctx.layer_of, {n: c.name for n, c in solution.choices.items()})
         frozen = frozenset(assignment.items())
         if set(assignment.values()) == {"f32"}:
@@ -311,6 +335,7 @@ def search(units: Sequence[PrecisionUnit], ctx: Int8Context, tolerance: float,
         elif frozen not in seen:
             plan = plan_result("tuned mix", units, assignment, ctx.layer_of, ctx.builder.build(assignment),
                                ctx.session.errors)
+            plan.modelled_s = solution.time_s  # the unit times and the int8 / float edges it implies
             ctx.session.say(f"mix {plan.text()} (summed unit errors {solution.error:.2g}, budget {budget:.2g})")
             seen[frozen] = plan.calibration_error
             if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
@@ -378,7 +403,29 @@ def _time_units(report: PrecisionReport, ctx: Int8Context, graphs: Mapping[str, 
     measure_int8_times(report.units, ctx.layer_of, int8_keys, int8_graphs, cache, repeat)
     for unit in report.units:  # a unit that could not be timed in int8 stays out of int8
         unit.times.setdefault("f32", 0.0)
+    _measure_edges(report, ctx, graphs, cache, repeat)
     cache.save()
+
+
+def _measure_edges(report: PrecisionReport, ctx: Int8Context, graphs: Mapping[str, Any], cache: TimingCache,
+                   repeat: int) -> None:
+    """The tensors between units in the float partition (``graphs``) and each size's quantize and
+    dequantize time (:mod:`.edges`), for the search to count what a mix's int8 / float edges cost."""
+    from ..errors import first_line
+
+    try:
+        ctx.edges = unit_edges({u.name: u.keys for u in report.units}, graphs)
+        ctx.edge_costs = measure_edge_costs(ctx.edges.sizes(), cache, repeat)
+    except (RuntimeError, ValueError, KeyError) as err:
+        ctx.edges = ctx.edge_costs = None
+        report.notes.append(f"int8 / float edges not counted (units add up alone): {first_line(err)}")
+        return
+    largest = max(ctx.edges.sizes(), default=0)
+    if largest:
+        report.notes.append(
+            f"int8 / float edges counted: {len(ctx.edges.elements)} tensors between units, a conversion of the "
+            f"largest ({largest} elements) measured at quantize {ctx.edge_costs[(FLOAT, 'int8', largest)] * 1e6:.1f} "
+            f"µs, dequantize {ctx.edge_costs[('int8', FLOAT, largest)] * 1e6:.1f} µs")
 
 
 def _all_of(precision: str, report: PrecisionReport, ctx: Int8Context, built: Built | None = None) -> PlanResult:

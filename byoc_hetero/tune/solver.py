@@ -246,3 +246,45 @@ def solve(problem: Problem, tolerance: float | None = None, budget_s: float | No
     chosen = {r.name: c for r, c in zip(search.regions, search.best)}
     t, e = plan_cost(problem, chosen)
     return Solution(chosen, t, e, exact=not search.cut, explored=search.explored, notes=notes)
+
+
+def improve(problem: Problem, start: Mapping[str, Choice], tolerance: float | None = None,
+            max_run: int = 8, max_passes: int = 50) -> Solution:
+    """Local search from the complete plan ``start`` (whose summed error must be within
+    ``tolerance``): moves of one region to another choice, or of a run of up to ``max_run``
+    consecutive regions to one choice name (all int8, all bf16, ...), taken while one lowers the
+    modelled time (:func:`plan_cost`, copies included) within the tolerance, best move first.
+
+    Why: :func:`solve`'s bound ignores copies, which is tight when most regions' choices share a
+    device; when every region has choices in two domains with a cost between them (the int8 level's
+    precision domains, :mod:`.edges`) the exact search runs out of any budget on a ResNet-50's 54
+    units. Contiguous runs are the moves that matter there: they remove edges that single flips
+    cannot remove one at a time. Not exact: ``exact=False``."""
+    tol = math.inf if tolerance is None else float(tolerance)
+    names = [r.name for r in problem.regions]
+    by_name = {r.name: {c.name: c for c in r.choices} for r in problem.regions}
+    current = dict(start)
+    best_time, best_error = plan_cost(problem, current)
+    if best_error > tol:
+        raise ValueError(f"the start plan's summed error {best_error:.3g} exceeds the tolerance {tol:g}")
+    explored = 0
+    for _ in range(max_passes):
+        move = None
+        for i in range(len(names)):
+            for length in range(1, max_run + 1):
+                run = names[i:i + length]
+                if len(run) < length:
+                    break
+                for option in {c for n in run for c in by_name[n]}:
+                    if any(option not in by_name[n] for n in run) or all(current[n].name == option for n in run):
+                        continue
+                    trial = dict(current) | {n: by_name[n][option] for n in run}
+                    t, e = plan_cost(problem, trial)
+                    explored += 1
+                    if e <= tol and t < best_time - 1e-15:
+                        move, best_time, best_error = trial, t, e
+        if move is None:
+            break
+        current = move
+    return Solution(current, best_time, best_error, exact=False, explored=explored,
+                    notes=["local search over single regions and runs of regions (copies counted)"])

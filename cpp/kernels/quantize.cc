@@ -15,6 +15,7 @@
  */
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -86,26 +87,44 @@ void ForChannelBlocks(const AxisSplit& s, const F& f) {
  *        (the selects on floats stay branches under -ftrapping-math): they ran 1 to 12 ns per element
  *        on BERT's activations, 60% of an int8 BERT call (bench/INT8.md, session 2).
  */
-/*! \brief saturate(round_half_to_even(x / scale) + zero) of 8 floats, as floats (integral values). */
+/*! \brief saturate(round_half_to_even(v) + zero) of 8 floats already divided by the scale (NaN -> 0),
+ *         as floats (integral values). */
 template <typename Q>
-__attribute__((target("avx2"))) inline __m256 QuantizeEight(const float* x, __m256 vs, __m256 vz) {
+__attribute__((target("avx2"))) inline __m256 RoundSaturateEight(__m256 v, __m256 vz) {
   const __m256 lo = _mm256_set1_ps(std::numeric_limits<Q>::min()), hi = _mm256_set1_ps(std::numeric_limits<Q>::max());
-  __m256 v = _mm256_div_ps(_mm256_loadu_ps(x), vs);
   v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
   v = _mm256_add_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
   return _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+}
+
+/*! \brief saturate(round_half_to_even(x / scale) + zero) of 8 floats, as floats (integral values). */
+template <typename Q>
+__attribute__((target("avx2"))) inline __m256 QuantizeEight(const float* x, __m256 vs, __m256 vz) {
+  return RoundSaturateEight<Q>(_mm256_div_ps(_mm256_loadu_ps(x), vs), vz);
+}
+
+/*! \brief Stores 8 floats that are integral and within Q's range as Q (exact). */
+template <typename Q>
+__attribute__((target("avx2"))) inline void StoreEight(Q* y, __m256 v) {
+  const __m256i w = _mm256_cvtps_epi32(v);
+  const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+  const __m128i b = std::is_same_v<Q, uint8_t> ? _mm_packus_epi16(h, h) : _mm_packs_epi16(h, h);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(y), b);
+}
+
+/*! \brief (x - zero) * scale of 8 8-bit values, exact integer difference, one multiply. */
+template <typename Q>
+__attribute__((target("avx2"))) inline __m256 DequantizeEight(const Q* x, __m256 vs, __m256i vz) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x));
+  const __m256i w = std::is_same_v<Q, uint8_t> ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, vz)), vs);
 }
 
 template <typename Q>
 __attribute__((target("avx2"))) int64_t QuantizeAvx2(const float* x, Q* y, int64_t n, float sc, float z) {
   const __m256 vs = _mm256_set1_ps(sc), vz = _mm256_set1_ps(z);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i w = _mm256_cvtps_epi32(QuantizeEight<Q>(x + i, vs, vz));  // integral and in range: exact
-    const __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-    const __m128i b = std::is_same_v<Q, uint8_t> ? _mm_packus_epi16(h, h) : _mm_packs_epi16(h, h);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(y + i), b);
-  }
+  for (; i + 8 <= n; i += 8) StoreEight(y + i, QuantizeEight<Q>(x + i, vs, vz));
   return i;
 }
 
@@ -125,10 +144,41 @@ __attribute__((target("avx2"))) int64_t DequantizeAvx2(const Q* x, float* y, int
   const __m256 vs = _mm256_set1_ps(sc);
   const __m256i vz = _mm256_set1_epi32(z);
   int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, DequantizeEight(x + i, vs, vz));
+  return i;
+}
+
+/*! \brief 8 floats to bf16 rounded to nearest even (finite values: the dequantized integers). */
+__attribute__((target("avx2"))) inline __m128i ToBf16Eight(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // 0 <= r < 2^16: exact
+  return _mm256_castsi256_si128(packed);
+}
+
+/*! \brief dequantize of 8-bit values written as bf16: the float32 result of DequantizeAvx2, rounded once. */
+template <typename Q>
+__attribute__((target("avx2"))) int64_t DequantizeBf16Avx2(const Q* x, uint16_t* y, int64_t n, float sc, int32_t z) {
+  const __m256 vs = _mm256_set1_ps(sc);
+  const __m256i vz = _mm256_set1_epi32(z);
+  int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + i));
-    const __m256i w = std::is_same_v<Q, uint8_t> ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, vz)), vs));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), ToBf16Eight(DequantizeEight(x + i, vs, vz)));
+  }
+  return i;
+}
+
+/*! \brief quantize of bf16 values: widened exactly to float32, then multiplied by 1 / scale (the
+ *         input was rounded to bf16 already, so ONNX's division buys no exactness here; the divide
+ *         bounded the float32 loop at about 0.3 ns an element, ResNet-50's 800K-element tensors). */
+template <typename Q>
+__attribute__((target("avx2"))) int64_t QuantizeBf16Avx2(const uint16_t* x, Q* y, int64_t n, float sc, float z) {
+  const __m256 vr = _mm256_set1_ps(1.f / sc), vz = _mm256_set1_ps(z);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    StoreEight(y + i, RoundSaturateEight<Q>(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), vr), vz));
   }
   return i;
 }
@@ -161,26 +211,70 @@ __attribute__((target("avx2"))) int64_t MinMaxAvx2(const float* x, int64_t n, fl
 }
 #endif
 
-/*! \brief y[0, n) = quantize(x[0, n)) with one scale and zero point: AVX2 where the CPU has it. */
-template <typename Q>
-void QuantizeRun(const float* x, Q* y, int64_t n, float sc, float z) {
-  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
-  int64_t i = 0;
-#if defined(__x86_64__)
-  if (HaveAvx2()) i = QuantizeAvx2(x, y, n, sc, z);
-#endif
-  for (; i < n; ++i) y[i] = static_cast<Q>(QuantizeOne(x[i], sc, z, lo, hi));
+/*! \brief float32 -> bf16 rounded to nearest even, NaN kept a quiet NaN (the scalar tail). */
+inline uint16_t Bf16Bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  if (v != v) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
 
-template <typename Q>
-void DequantizeRun(const Q* x, float* y, int64_t n, float sc, int64_t z) {
+inline float Bf16Value(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+/*! \brief y[0, n) = quantize(x[0, n)) with one scale and zero point: AVX2 where the CPU has it.
+ *         In = float: ONNX's division; In = uint16_t (bf16 bits): widened, times 1 / scale. */
+template <typename Q, typename In>
+void QuantizeRun(const In* x, Q* y, int64_t n, float sc, float z) {
+  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
+  constexpr bool f32 = std::is_same_v<In, float>;
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) {
+    if constexpr (f32) {
+      i = QuantizeAvx2(x, y, n, sc, z);
+    } else {
+      i = QuantizeBf16Avx2(x, y, n, sc, z);
+    }
+  }
+#endif
+  const float r = 1.f / sc;
+  for (; i < n; ++i) {
+    if constexpr (f32) {
+      y[i] = static_cast<Q>(QuantizeOne(x[i], sc, z, lo, hi));
+    } else {
+      y[i] = static_cast<Q>(QuantizeOne(Bf16Value(x[i]) * r, 1.f, z, lo, hi));
+    }
+  }
+}
+
+/*! \brief y = dequantize(x) as float32 (Out = float) or as bf16 (Out = uint16_t, the bf16 bits). */
+template <typename Q, typename Out>
+void DequantizeRun(const Q* x, Out* y, int64_t n, float sc, int64_t z) {
   int64_t i = 0;
 #if defined(__x86_64__)
   if constexpr (sizeof(Q) == 1) {
-    if (HaveAvx2()) i = DequantizeAvx2(x, y, n, sc, static_cast<int32_t>(z));
+    if (HaveAvx2()) {
+      if constexpr (std::is_same_v<Out, float>) {
+        i = DequantizeAvx2(x, y, n, sc, static_cast<int32_t>(z));
+      } else {
+        i = DequantizeBf16Avx2(x, y, n, sc, static_cast<int32_t>(z));
+      }
+    }
   }
 #endif
-  for (; i < n; ++i) y[i] = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(static_cast<int64_t>(x[i]) - z) * sc;
+    if constexpr (std::is_same_v<Out, float>) {
+      y[i] = v;
+    } else {
+      y[i] = Bf16Bits(v);
+    }
+  }
 }
 
 template <typename Q>
@@ -193,23 +287,12 @@ void RoundTripRun(const float* x, float* y, int64_t n, float sc, float z) {
   for (; i < n; ++i) y[i] = (QuantizeOne(x[i], sc, z, lo, hi) - z) * sc;
 }
 
-template <typename Q>
-HostFn RoundTripFn(AxisSplit s) {
-  return [s](const std::vector<void*>& p) {
-    const float* x = static_cast<const float*>(p[0]);
-    const float* scale = static_cast<const float*>(p[1]);
-    const Q* zp = static_cast<const Q*>(p[2]);
-    float* y = static_cast<float*>(p[3]);
-    ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
-      RoundTripRun<Q>(x + begin, y + begin, end - begin, scale[c], static_cast<float>(zp[c]));
-    });
-  };
-}
 
-template <typename Q>
-HostFn QuantizeFn(AxisSplit s, bool has_zp) {
+/*! \brief quantize (In = float) or its bf16 reading (In = uint16_t, the bf16 bits). */
+template <typename Q, typename In>
+HostFn QuantizeFromFn(AxisSplit s, bool has_zp) {
   return [s, has_zp](const std::vector<void*>& p) {
-    const float* x = static_cast<const float*>(p[0]);
+    const In* x = static_cast<const In*>(p[0]);
     const float* scale = static_cast<const float*>(p[1]);
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
     Q* y = static_cast<Q*>(p[has_zp ? 3 : 2]);
@@ -219,15 +302,29 @@ HostFn QuantizeFn(AxisSplit s, bool has_zp) {
   };
 }
 
-template <typename Q>
-HostFn DequantizeFn(AxisSplit s, bool has_zp) {
+/*! \brief dequantize into float32 (Out = float) or into bf16 (Out = uint16_t, the bf16 bits). */
+template <typename Q, typename Out>
+HostFn DequantizeToFn(AxisSplit s, bool has_zp) {
   return [s, has_zp](const std::vector<void*>& p) {
     const Q* x = static_cast<const Q*>(p[0]);
     const float* scale = static_cast<const float*>(p[1]);
     const Q* zp = has_zp ? static_cast<const Q*>(p[2]) : nullptr;
-    float* y = static_cast<float*>(p[has_zp ? 3 : 2]);
+    Out* y = static_cast<Out*>(p[has_zp ? 3 : 2]);
     ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
       DequantizeRun(x + begin, y + begin, end - begin, scale[c], zp ? static_cast<int64_t>(zp[c]) : 0);
+    });
+  };
+}
+
+template <typename Q>
+HostFn RoundTripFn(AxisSplit s) {
+  return [s](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    const float* scale = static_cast<const float*>(p[1]);
+    const Q* zp = static_cast<const Q*>(p[2]);
+    float* y = static_cast<float*>(p[3]);
+    ForChannelBlocks(s, [&](int64_t c, int64_t begin, int64_t end) {
+      RoundTripRun<Q>(x + begin, y + begin, end - begin, scale[c], static_cast<float>(zp[c]));
     });
   };
 }
@@ -253,12 +350,18 @@ AxisSplit CheckQuantOperands(const KernelContext& ctx, AttrReader& attrs, DType 
  *        float32 op between int8 convs (MobileNetV3's hardswish, squeeze-excitation) costs no
  *        relayout on either side (47 reorders, 25% of an int8 MobileNetV3-L call, before).  Only
  *        strided layouts without blocks or padding: the loop runs over the buffer's numel elements.
+ *        \p in_type / \p out_type: the element types read and written (bf16 at a bf16 edge).
  */
-void FollowInputLayout(const KernelContext& ctx, const AxisSplit& split, HostKernel& kernel) {
+void FollowInputLayout(const KernelContext& ctx, const AxisSplit& split, HostKernel& kernel,
+                       memory::data_type in_type, memory::data_type out_type) {
   if (split.channels != 1) return;
-  const memory::desc in = DenseProducerLayout(ctx, 0);
-  if (in.is_zero()) return;
-  kernel.FollowLayout(in, memory::desc(in.get_dims(), DnnlType(ctx.output().dtype), in.get_strides()));
+  const memory::desc in = ctx.InputLayout(0);
+  if (in.get_format_kind() != dnnl::memory::format_kind::blocked || in.get_inner_nblks() != 0 ||
+      in.get_padded_dims() != in.get_dims() || in.get_data_type() != in_type ||
+      in.get_size() != static_cast<size_t>(ctx.input(0).numel()) * memory::data_type_size(in_type)) {
+    return;
+  }
+  kernel.FollowLayout(in, memory::desc(in.get_dims(), out_type, in.get_strides()));
 }
 
 std::vector<memory::desc> PlainInputs(const KernelContext& ctx) {
@@ -347,6 +450,14 @@ static std::unique_ptr<Kernel> BuildDynamicQuantizeDequantize(const KernelContex
                                       PlainDescOf(ctx.output()));
 }
 
+/*!
+ * \brief The int8 / bf16 edges of a bf16 region (a tuner's int8 + bf16 mix): a quantize reads its
+ *        data bf16 where the producer stored it so (its trait: it rounds the data, to 8 bits, anyway),
+ *        and a dequantize writes bf16 where every reader rounds its output to bf16 (a bf16 conv's
+ *        data).  Each edge is then one pass over the tensor, 2 bytes an element on the float side,
+ *        where it was a float32 write, a float32 read and a float32 -> bf16 reorder (bench/TUNE.md,
+ *        session 5: 27 such reorders, 26% of a ResNet-50 mix's non-conv time, were gone).
+ */
 static std::unique_ptr<Kernel> BuildQuantize(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const DType q = ctx.output().dtype;
@@ -355,11 +466,25 @@ static std::unique_ptr<Kernel> BuildQuantize(const KernelContext& ctx) {
   const AxisSplit split = CheckQuantOperands(ctx, attrs, q);
   attrs.CheckNoUnknown();
   const bool zp = ctx.node().inputs.size() == 3;
-  HostFn fn = q == DType::kUInt8 ? QuantizeFn<uint8_t>(split, zp) : QuantizeFn<int8_t>(split, zp);
+  const bool bf16 = ctx.bf16 && ctx.InputLayout(0).get_data_type() == memory::data_type::bf16;
+  HostFn fn = bf16 ? (q == DType::kUInt8 ? QuantizeFromFn<uint8_t, uint16_t>(split, zp)
+                                         : QuantizeFromFn<int8_t, uint16_t>(split, zp))
+                   : (q == DType::kUInt8 ? QuantizeFromFn<uint8_t, float>(split, zp)
+                                         : QuantizeFromFn<int8_t, float>(split, zp));
+  const memory::data_type in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   auto kernel = std::make_unique<HostKernel>(ctx.where(), "quantize", std::move(fn), PlainInputs(ctx),
                                              PlainDescOf(ctx.output()));
-  FollowInputLayout(ctx, split, *kernel);
+  // the views stay the tensors' own dtypes (the planner checks them); what is stored may be bf16
+  if (bf16) kernel->FollowLayout(WithType(PlainDescOf(ctx.input(0)), in_type), PlainDescOf(ctx.output()));
+  FollowInputLayout(ctx, split, *kernel, in_type, DnnlType(q));
   return kernel;
+}
+
+template <typename Out>
+HostFn DequantizeFnOf(DType q, const AxisSplit& split, bool zp) {
+  return q == DType::kUInt8  ? DequantizeToFn<uint8_t, Out>(split, zp)
+         : q == DType::kInt8 ? DequantizeToFn<int8_t, Out>(split, zp)
+                             : DequantizeToFn<int32_t, Out>(split, zp);
 }
 
 static std::unique_ptr<Kernel> BuildDequantize(const KernelContext& ctx) {
@@ -370,12 +495,13 @@ static std::unique_ptr<Kernel> BuildDequantize(const KernelContext& ctx) {
   const AxisSplit split = CheckQuantOperands(ctx, attrs, q);
   attrs.CheckNoUnknown();
   const bool zp = ctx.node().inputs.size() == 3;
-  HostFn fn = q == DType::kUInt8  ? DequantizeFn<uint8_t>(split, zp)
-              : q == DType::kInt8 ? DequantizeFn<int8_t>(split, zp)
-                                  : DequantizeFn<int32_t>(split, zp);
+  const bool bf16 = OutputOnlyFeedsBf16Convs(ctx);
+  HostFn fn = bf16 ? DequantizeFnOf<uint16_t>(q, split, zp) : DequantizeFnOf<float>(q, split, zp);
+  const memory::data_type out_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   auto kernel = std::make_unique<HostKernel>(ctx.where(), "dequantize", std::move(fn), PlainInputs(ctx),
                                              PlainDescOf(ctx.output()));
-  FollowInputLayout(ctx, split, *kernel);
+  if (bf16) kernel->FollowLayout(PlainDescOf(ctx.input(0)), WithType(PlainDescOf(ctx.output()), out_type));
+  FollowInputLayout(ctx, split, *kernel, DnnlType(q), out_type);
   return kernel;
 }
 
@@ -399,12 +525,25 @@ static std::unique_ptr<Kernel> BuildQuantizeDequantize(const KernelContext& ctx)
   HostFn fn = q == DType::kUInt8 ? RoundTripFn<uint8_t>(split) : RoundTripFn<int8_t>(split);
   auto kernel = std::make_unique<HostKernel>(ctx.where(), "quantize_dequantize", std::move(fn), PlainInputs(ctx),
                                              PlainDescOf(ctx.output()));
-  FollowInputLayout(ctx, split, *kernel);
+  FollowInputLayout(ctx, split, *kernel, memory::data_type::f32, memory::data_type::f32);
   return kernel;
 }
 
 // they write (quantize) or read (dequantize) 8-bit values, or an 8-bit zero point
-BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, Int8HostTraits());
+/*! \brief quantize's data (input 0) may be stored bf16 in a bf16 region: it is rounded to 8 bits
+ *         next, and bf16 carries 8 significant bits, so a value moves by at most one quantization
+ *         step, and only where f32 sat within bf16's rounding of a step boundary (the tests bound it). */
+static Bf16Read QuantizeBf16Input(const NodeInfo& /*node*/, size_t k) {
+  return k == 0 ? Bf16Read::kRounds : Bf16Read::kF32;
+}
+
+static KernelTraits QuantizeTraits() {
+  KernelTraits traits = Int8HostTraits();
+  traits.bf16_input = QuantizeBf16Input;
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("quantize", BuildQuantize, QuantizeTraits());
 BYOC_HETERO_REGISTER_KERNEL("dequantize", BuildDequantize, Int8HostTraits());
 BYOC_HETERO_REGISTER_KERNEL("quantize_dequantize", BuildQuantizeDequantize, Int8HostTraits());
 BYOC_HETERO_REGISTER_KERNEL("dynamic_quantize_dequantize", BuildDynamicQuantizeDequantize);
