@@ -174,6 +174,7 @@ def test_cache_round_trip_hits_and_misses(tmp_path):
     ({"gpu": "NVIDIA H100"}, "foreign"),
     ({"onednn": "3.3.0"}, "stale"),
     ({"byoc_hetero": "0.2.0"}, "stale"),
+    ({"runtime": "0123456789abcdef"}, "stale"),  # another build of the runtime, same version
 ])
 def test_foreign_or_stale_cache_is_ignored_with_a_warning(tmp_path, change, word):
     path = tmp_path / "timings.json"
@@ -184,6 +185,18 @@ def test_foreign_or_stale_cache_is_ignored_with_a_warning(tmp_path, change, word
         mine = TimingCache(path, MACHINE)
     assert len(mine) == 0 and mine.get("k") is None
     assert word in mine.ignored
+
+
+def test_machine_key_names_this_runtime_build():
+    """The key carries the digest of the loaded extension file, so timings of another build of
+    the runtime (kernels changed, version number not) are stale, not replayed."""
+    import hashlib
+
+    from byoc_hetero._native import _C
+
+    with open(_C.__file__, "rb") as f:
+        expected = hashlib.sha256(f.read()).hexdigest()[:16]
+    assert MachineKey.current().runtime == expected
 
 
 @pytest.mark.parametrize("content", [

@@ -23,6 +23,7 @@ can be shipped with a model and replayed on the same kind of machine for the sam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -52,6 +53,10 @@ class MachineKey:
     tvm: str
     byoc_hetero: str
     gpu: str = ""
+    # A digest of the runtime extension's binary: kernels change between builds of one version
+    # (session 5: a cache written before a kernel fix kept a 220 ms mix that now runs in 13 ms),
+    # and a wheel's users share one binary, so a shipped cache still replays for them.
+    runtime: str = ""
 
     def machine_part(self) -> tuple[str, str, str, str]:
         """The fields that name the hardware (differing: a *foreign* cache)."""
@@ -76,7 +81,23 @@ class MachineKey:
             pass
         digest = hashlib.sha256(flags.encode()).hexdigest()[:16]
         return cls(cpu=cpu, cpu_flags=digest, isa=_C.isa(), onednn=_C.onednn_version(),
-                   tvm=str(tvm.__version__), byoc_hetero=str(_C.__version__), gpu=gpu)
+                   tvm=str(tvm.__version__), byoc_hetero=str(_C.__version__), gpu=gpu,
+                   runtime=_runtime_digest(getattr(_C, "__file__", None)))
+
+
+@functools.lru_cache(maxsize=None)
+def _runtime_digest(path: str | None) -> str:
+    """The first 16 hex digits of the extension file's SHA-256 ("" when it cannot be read)."""
+    if not path:
+        return ""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return ""
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -155,8 +176,10 @@ class TimingCache:
                                 f"{self.machine.isa} / gpu {self.machine.gpu or 'none'}")
         if theirs != self.machine:
             return self._ignore(f"stale: libraries onednn {theirs.onednn}, tvm {theirs.tvm}, "
-                                f"byoc_hetero {theirs.byoc_hetero}; now onednn {self.machine.onednn}, "
-                                f"tvm {self.machine.tvm}, byoc_hetero {self.machine.byoc_hetero}")
+                                f"byoc_hetero {theirs.byoc_hetero} (runtime build "
+                                f"{theirs.runtime or 'unknown'}); now onednn {self.machine.onednn}, "
+                                f"tvm {self.machine.tvm}, byoc_hetero {self.machine.byoc_hetero} "
+                                f"(runtime build {self.machine.runtime or 'unknown'})")
         self.entries, self.errors, self.values = entries, errors, values
 
     def get(self, key: str) -> Timing | None:
