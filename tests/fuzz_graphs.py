@@ -1120,8 +1120,12 @@ def transformer_graphs(draw):
     # 260 keys: more query rows than one block of the fused kernel (cpp/kernels/attention.cc's
     # RowsPerBlock), so its packed K^T / V path runs too
     heads, seq, dim = draw(st.integers(1, 3)), draw(st.one_of(st.integers(2, 9), st.just(260))), draw(st.integers(1, 6))
-    hidden = heads * dim
     torch_style = draw(st.booleans())
+    # GQA as Llama's exporters write it: ``group`` query heads per K / V head, 5-D matmuls whose
+    # scores are merged to [1, heads, S, S] around the scale, mask and softmax
+    group = 1 if torch_style else draw(st.sampled_from([1, 1, 2, 3]))
+    kv_heads, heads = heads, heads * group
+    hidden = heads * dim
     scale_op = draw(st.sampled_from(["mul", "div", "none"]))
     scale = float(draw(st.sampled_from([0.125, 0.5, 1.7])))
     mask_shape = draw(st.sampled_from([None, (seq, seq), (1, 1, seq, seq), (1, heads, 1, seq), (1, 1, 1, seq),
@@ -1130,7 +1134,7 @@ def transformer_graphs(draw):
     arg, grouping, swap = draw(st.sampled_from(["div", "mul"])), draw(st.sampled_from(["xh_a", "xa_h", "x_ha", "div2"])), draw(st.booleans())
     wrong = draw(st.sampled_from([None, None, None, "half", "one", "inner"]))
     take_axis = draw(st.sampled_from([None, 0, 1, 2]))
-    recipe = Recipe([f"seed={seed}", f"heads={heads} seq={seq} dim={dim} torch_style={torch_style}",
+    recipe = Recipe([f"seed={seed}", f"heads={heads} kv_heads={kv_heads} seq={seq} dim={dim} torch_style={torch_style}",
                      f"scale {scale_op} {scale}", f"mask {mask_shape}", f"act {act} {arg} {grouping} swap={swap} wrong={wrong}",
                      f"take axis {take_axis}"])
 
@@ -1155,12 +1159,15 @@ def transformer_graphs(draw):
                     return e(R.reshape(e(R.add(e(R.matmul(rows, w)), b)), (1, seq, n)))
                 return e(R.add(e(R.matmul(v, w)), b))
 
-            def heads_of(v):
-                return e(R.permute_dims(e(R.reshape(v, (1, seq, heads, dim))), [0, 2, 1, 3]))
+            def heads_of(v, n):
+                return e(R.permute_dims(e(R.reshape(v, (1, seq, n, dim))), [0, 2, 1, 3]))
 
-            q, k, v = (heads_of(linear(x, hidden, hidden)) for _ in range(3))
+            q, k, v = (heads_of(linear(x, hidden, n * dim), n) for n in (heads, kv_heads, kv_heads))
             kt = e(R.permute_dims(k, [0, 1, 3, 2]))
-            if torch_style:
+            if group > 1:
+                kt = e(R.permute_dims(e(R.reshape(k, (1, kv_heads, 1, seq, dim))), [0, 1, 2, 4, 3]))
+                s = e(R.reshape(e(R.matmul(e(R.reshape(q, (1, kv_heads, group, seq, dim))), kt)), (1, heads, seq, seq)))
+            elif torch_style:
                 s = e(R.reshape(e(R.matmul(e(R.reshape(q, (heads, seq, dim))), e(R.reshape(kt, (heads, dim, seq))))),
                                 (1, heads, seq, seq)))
             else:
@@ -1172,7 +1179,13 @@ def transformer_graphs(draw):
             if mask is not None:
                 s = e(R.add(mask, s) if swap else R.add(s, mask))
             p = e(R.nn.softmax(s, axis=-1))
-            o = e(R.reshape(e(R.permute_dims(e(R.matmul(p, v)), [0, 2, 1, 3])), (1, seq, hidden)))
+            if group > 1:
+                pv = e(R.matmul(e(R.reshape(p, (1, kv_heads, group, seq, seq))),
+                                e(R.reshape(v, (1, kv_heads, 1, seq, dim)))))
+                pv = e(R.reshape(pv, (1, heads, seq, dim)))
+            else:
+                pv = e(R.matmul(p, v))
+            o = e(R.reshape(e(R.permute_dims(pv, [0, 2, 1, 3])), (1, seq, hidden)))
             h = e(R.add(linear(o, hidden, hidden), x))
             y = linear(h, hidden, 2 * hidden)
             half = 0.6 if wrong == "half" else 0.5
