@@ -1107,6 +1107,14 @@ def run_all(ex, arrays) -> list[np.ndarray]:
     return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
 
 
+def _gqa_product(e, a, b, kv_heads: int, group: int):
+    """``a`` [1, heads, S, X] times ``b`` [1, kv_heads, 1, X, Y] as Llama's exporters write GQA: ``a``
+    read as [1, kv_heads, group, S, X], the 5-D product read back as [1, heads, S, Y]."""
+    heads, rows, inner = _shape(a)[1:]
+    out = e(R.matmul(e(R.reshape(a, (1, kv_heads, group, rows, inner))), b))
+    return e(R.reshape(out, (1, heads, rows, _shape(out)[-1])))
+
+
 @st.composite
 def transformer_graphs(draw):
     """Draw ``(mod, inputs, recipe)``: one attention block with random heads / sequence / head size,
@@ -1165,8 +1173,8 @@ def transformer_graphs(draw):
             q, k, v = (heads_of(linear(x, hidden, n * dim), n) for n in (heads, kv_heads, kv_heads))
             kt = e(R.permute_dims(k, [0, 1, 3, 2]))
             if group > 1:
-                kt = e(R.permute_dims(e(R.reshape(k, (1, kv_heads, 1, seq, dim))), [0, 1, 2, 4, 3]))
-                s = e(R.reshape(e(R.matmul(e(R.reshape(q, (1, kv_heads, group, seq, dim))), kt)), (1, heads, seq, seq)))
+                s = _gqa_product(e, q, e(R.permute_dims(e(R.reshape(k, (1, kv_heads, 1, seq, dim))), [0, 1, 2, 4, 3])),
+                                 kv_heads, group)
             elif torch_style:
                 s = e(R.reshape(e(R.matmul(e(R.reshape(q, (heads, seq, dim))), e(R.reshape(kt, (heads, dim, seq))))),
                                 (1, heads, seq, seq)))
@@ -1179,12 +1187,8 @@ def transformer_graphs(draw):
             if mask is not None:
                 s = e(R.add(mask, s) if swap else R.add(s, mask))
             p = e(R.nn.softmax(s, axis=-1))
-            if group > 1:
-                pv = e(R.matmul(e(R.reshape(p, (1, kv_heads, group, seq, seq))),
-                                e(R.reshape(v, (1, kv_heads, 1, seq, dim)))))
-                pv = e(R.reshape(pv, (1, heads, seq, dim)))
-            else:
-                pv = e(R.matmul(p, v))
+            pv = _gqa_product(e, p, e(R.reshape(v, (1, kv_heads, 1, seq, dim))), kv_heads, group) if group > 1 \
+                else e(R.matmul(p, v))
             o = e(R.reshape(e(R.permute_dims(pv, [0, 2, 1, 3])), (1, seq, hidden)))
             h = e(R.add(linear(o, hidden, hidden), x))
             y = linear(h, hidden, 2 * hidden)

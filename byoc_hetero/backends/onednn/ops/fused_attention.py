@@ -8,7 +8,10 @@ permutes of the torch and dynamo ONNX paths, already folded into ``a_shape`` / `
 by ``fold_views``), with the first matmul's ``scale`` and mask (its mask post-op, a scores-shaped
 residual, or one binary add between it and the softmax: per-head masks that stayed binary nodes) and
 the softmax's ``safe`` mode (torch's safe softmax, the dynamo exporter's isnan guard). A scalar
-multiply of Q or K before the product (Whisper's query scaling) joins the ``scale`` too. Its kernel (cpp/kernels/attention.cc)
+multiply of Q or K before the product (Whisper's query scaling) joins the ``scale`` too. Grouped-query
+attention as Llama's exporters write it (5-D matmuls over [1, kv heads, group, S, D] with K / V
+broadcast over the group, the scores reshaped to [1, heads, S, S] for the mask add and the softmax
+and back) matches as well: those reshapes keep the rows and their order. Its kernel (cpp/kernels/attention.cc)
 computes a block of query rows at a time, so the [heads, S, S] scores never reach memory.
 
 Why: Whisper-tiny's encoder (S = 1500) wrote 54 MB of scores per layer, read by the softmax, its
