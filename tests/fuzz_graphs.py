@@ -1115,6 +1115,14 @@ def run_all(ex, arrays) -> list[np.ndarray]:
     return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
 
 
+def _gqa_product(e, a, b, kv_heads: int, group: int):
+    """``a`` [1, heads, S, X] times ``b`` [1, kv_heads, 1, X, Y] as Llama's exporters write GQA: ``a``
+    read as [1, kv_heads, group, S, X], the 5-D product read back as [1, heads, S, Y]."""
+    heads, rows, inner = _shape(a)[1:]
+    out = e(R.matmul(e(R.reshape(a, (1, kv_heads, group, rows, inner))), b))
+    return e(R.reshape(out, (1, heads, rows, _shape(out)[-1])))
+
+
 @st.composite
 def transformer_graphs(draw):
     """Draw ``(mod, inputs, recipe)``: one attention block with random heads / sequence / head size,
@@ -1128,8 +1136,12 @@ def transformer_graphs(draw):
     # 260 keys: more query rows than one block of the fused kernel (cpp/kernels/attention.cc's
     # RowsPerBlock), so its packed K^T / V path runs too
     heads, seq, dim = draw(st.integers(1, 3)), draw(st.one_of(st.integers(2, 9), st.just(260))), draw(st.integers(1, 6))
-    hidden = heads * dim
     torch_style = draw(st.booleans())
+    # GQA as Llama's exporters write it: ``group`` query heads per K / V head, 5-D matmuls whose
+    # scores are merged to [1, heads, S, S] around the scale, mask and softmax
+    group = 1 if torch_style else draw(st.sampled_from([1, 1, 2, 3]))
+    kv_heads, heads = heads, heads * group
+    hidden = heads * dim
     scale_op = draw(st.sampled_from(["mul", "div", "none"]))
     scale = float(draw(st.sampled_from([0.125, 0.5, 1.7])))
     mask_shape = draw(st.sampled_from([None, (seq, seq), (1, 1, seq, seq), (1, heads, 1, seq), (1, 1, 1, seq),
@@ -1138,7 +1150,7 @@ def transformer_graphs(draw):
     arg, grouping, swap = draw(st.sampled_from(["div", "mul"])), draw(st.sampled_from(["xh_a", "xa_h", "x_ha", "div2"])), draw(st.booleans())
     wrong = draw(st.sampled_from([None, None, None, "half", "one", "inner"]))
     take_axis = draw(st.sampled_from([None, 0, 1, 2]))
-    recipe = Recipe([f"seed={seed}", f"heads={heads} seq={seq} dim={dim} torch_style={torch_style}",
+    recipe = Recipe([f"seed={seed}", f"heads={heads} kv_heads={kv_heads} seq={seq} dim={dim} torch_style={torch_style}",
                      f"scale {scale_op} {scale}", f"mask {mask_shape}", f"act {act} {arg} {grouping} swap={swap} wrong={wrong}",
                      f"take axis {take_axis}"])
 
@@ -1163,12 +1175,15 @@ def transformer_graphs(draw):
                     return e(R.reshape(e(R.add(e(R.matmul(rows, w)), b)), (1, seq, n)))
                 return e(R.add(e(R.matmul(v, w)), b))
 
-            def heads_of(v):
-                return e(R.permute_dims(e(R.reshape(v, (1, seq, heads, dim))), [0, 2, 1, 3]))
+            def heads_of(v, n):
+                return e(R.permute_dims(e(R.reshape(v, (1, seq, n, dim))), [0, 2, 1, 3]))
 
-            q, k, v = (heads_of(linear(x, hidden, hidden)) for _ in range(3))
+            q, k, v = (heads_of(linear(x, hidden, n * dim), n) for n in (heads, kv_heads, kv_heads))
             kt = e(R.permute_dims(k, [0, 1, 3, 2]))
-            if torch_style:
+            if group > 1:
+                s = _gqa_product(e, q, e(R.permute_dims(e(R.reshape(k, (1, kv_heads, 1, seq, dim))), [0, 1, 2, 4, 3])),
+                                 kv_heads, group)
+            elif torch_style:
                 s = e(R.reshape(e(R.matmul(e(R.reshape(q, (heads, seq, dim))), e(R.reshape(kt, (heads, dim, seq))))),
                                 (1, heads, seq, seq)))
             else:
@@ -1180,7 +1195,9 @@ def transformer_graphs(draw):
             if mask is not None:
                 s = e(R.add(mask, s) if swap else R.add(s, mask))
             p = e(R.nn.softmax(s, axis=-1))
-            o = e(R.reshape(e(R.permute_dims(e(R.matmul(p, v)), [0, 2, 1, 3])), (1, seq, hidden)))
+            pv = _gqa_product(e, p, e(R.reshape(v, (1, kv_heads, 1, seq, dim))), kv_heads, group) if group > 1 \
+                else e(R.matmul(p, v))
+            o = e(R.reshape(e(R.permute_dims(pv, [0, 2, 1, 3])), (1, seq, hidden)))
             h = e(R.add(linear(o, hidden, hidden), x))
             y = linear(h, hidden, 2 * hidden)
             half = 0.6 if wrong == "half" else 0.5

@@ -173,6 +173,67 @@ def test_grouped_query_heads_broadcast(fused):
     assert ops_of(res.partitioned).count("attention") == 1
 
 
+@pytest.mark.parametrize("mask_shape", [(1, 1, 9, 9), (1, 6, 9, 9), (9, 9)])
+def test_gqa_scores_read_as_merged_heads(fused, mask_shape):
+    """Llama's GQA as torch.export / the dynamo exporter write it: 5-D matmuls over [1, kv, group, S, D]
+    whose scores are reshaped to [1, heads, S, S] for the mask add and the softmax (and back), K^T
+    scaled after its transpose, Q before its reshape; a mask shared by the heads or one per head."""
+    seq, dim = 9, 4
+
+    def body(emit, q, k, v, mask):
+        q = emit(R.reshape(emit(R.multiply(q, relax.const(np.float32(0.5)))), (1, 2, 3, seq, dim)))
+        kt = emit(R.multiply(emit(R.permute_dims(k, [0, 1, 2, 4, 3])), relax.const(np.float32(0.5))))
+        s = emit(R.add(emit(R.reshape(emit(R.matmul(q, kt)), (1, 6, seq, seq))), mask))
+        p = emit(R.reshape(emit(R.nn.softmax(s, axis=-1)), (1, 2, 3, seq, seq)))
+        return R.reshape(emit(R.matmul(p, v)), (1, 6, seq, dim))
+
+    mod = graph({"q": (1, 6, seq, dim), "k": (1, 2, 1, seq, dim), "v": (1, 2, 1, seq, dim), "mask": mask_shape}, body)
+    res = offload_and_compare(mod)
+    ops = ops_of(res.partitioned)
+    assert ops.count("attention") == 1 and not {"softmax", "permute", "matmul", "binary"} & set(ops), ops
+
+
+def _llama(impl: str, seq: int):
+    """A scaled-down Llama decoder (GQA 6 query / 2 key-value heads of 16, 2 layers) with the given
+    attention implementation: ``sdpa`` (the zoo's; torch's decomposition scales Q and K^T by
+    d^-0.25 each, the causal mask -inf from a where) or ``eager`` (repeat_kv, one scale on the
+    scores, the mask's finite float32 lowest)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    sys.path.insert(0, ZOO)
+    import zoo_models
+
+    cfg = LlamaConfig(vocab_size=200, hidden_size=96, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+    cfg._attn_implementation = impl
+    return zoo_models._decoder("llama", LlamaModel(cfg), cfg.vocab_size, seq, "")
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+def test_llama_gqa_attention_fused_by_default(monkeypatch, tmp_path, path, impl):
+    """The Llama decoder's GQA attention (5-D matmuls, heads merged around the softmax, scalar scales,
+    causal mask) is one attention node per layer under the default gate at 80 keys, through
+    torch.export and through the default (dynamo) ONNX exporter: within 1e-4 of torch eager."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.delenv(ENV, raising=False)
+    zm = _llama(impl, 80)
+    if path == "from_torch":
+        mod, params = bh.from_torch(zm.module, zm.inputs)
+    else:
+        file = str(tmp_path / "llama.onnx")
+        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
+        mod, params = bh.from_onnx(file)
+    part = bh.partition(mod, params)
+    ops = ops_of(part)
+    assert ops.count("attention") == 2 and "softmax" not in ops
+    got = run(build(part), [x.numpy() for x in zm.inputs])
+    with torch.no_grad():
+        want = zm.module(*zm.inputs).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
 def test_auto_fuses_long_rows_only(monkeypatch):
     """The default (``auto``): rows of at most MIN_KEYS keys keep the matmul -> softmax -> matmul path."""
     from byoc_hetero.backends.onednn.ops.fused_attention import MIN_KEYS

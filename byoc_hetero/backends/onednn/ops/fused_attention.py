@@ -8,7 +8,10 @@ permutes of the torch and dynamo ONNX paths, already folded into ``a_shape`` / `
 by ``fold_views``), with the first matmul's ``scale`` and mask (its mask post-op, a scores-shaped
 residual, or one binary add between it and the softmax: per-head masks that stayed binary nodes) and
 the softmax's ``safe`` mode (torch's safe softmax, the dynamo exporter's isnan guard). A scalar
-multiply of Q or K before the product (Whisper's query scaling) joins the ``scale`` too. Its kernel (cpp/kernels/attention.cc)
+multiply of Q or K before the product (Whisper's query scaling) joins the ``scale`` too. Grouped-query
+attention as Llama's exporters write it (5-D matmuls over [1, kv heads, group, S, D] with K / V
+broadcast over the group, the scores reshaped to [1, heads, S, S] for the mask add and the softmax
+and back) matches as well: those reshapes keep the rows and their order. Its kernel (cpp/kernels/attention.cc)
 computes a block of query rows at a time, so the [heads, S, S] scores never reach memory.
 
 Why: Whisper-tiny's encoder (S = 1500) wrote 54 MB of scores per layer, read by the softmax, its
@@ -26,10 +29,13 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from ....errors import RuleError
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
 from .attention import _reshaped, in_anchor_frame
+from .layout import drop_dead_nodes, strided_view
 
 MIN_KEYS = 64
 """Fuse only when a score row has more keys than this. Measured side by side (interleaved A/B of the
@@ -170,10 +176,39 @@ def _scores_source(graph: RegionGraph, softmax: Node) -> tuple[Node, list[Node],
         if scores.op != "matmul" or not _plain_anchor(scores) or scores.attrs.get("has_mask") \
                 or count.get(scores.output, 0) != 1 or shape != list(graph.tensors[node.output]["shape"]):
             continue
-        frame = in_anchor_frame(list(graph.tensors[other]["shape"]), shape,
-                                list(graph.tensors[scores.output]["shape"]))
+        frame = _mask_frame(list(graph.tensors[other]["shape"]), shape,
+                            list(graph.tensors[scores.output]["shape"]))
         if frame is not None and all(isinstance(d, int) for d in frame):
             return scores, [*reshapes, node, *chain], (other, frame)
+    return None
+
+
+def _same_rows(shape: list, frame: list) -> bool:
+    """``shape`` is ``frame`` (static, leading 1s stripped) up to a reshape of the dims before
+    the last two: GQA's [kv heads, group, S, keys] scores read as [heads, S, keys] around the
+    softmax (a no-copy reshape of a row-major tensor, the same rows in the same order)."""
+    shape = _strip(list(shape))
+    return shape[-2:] == frame[-2:] and len(shape) >= 2 \
+        and int(np.prod(shape[:-2], dtype=np.int64)) == int(np.prod(frame[:-2], dtype=np.int64))
+
+
+def _mask_frame(shape: list, chain: list, out: list) -> list | None:
+    """A mask of ``shape`` added to the scores as ``chain`` (a reshape of the matmul's ``out``),
+    as the shape broadcasting the same way to ``out``; None when there is none. Besides
+    :func:`in_anchor_frame`'s leading-1 reshapes, ``chain`` may merge ``out``'s head dims (GQA's
+    5-D product read as [1, heads, S, keys]): a mask shared by every head or one per merged head."""
+    frame = in_anchor_frame(shape, chain, out)
+    if frame is not None or len(shape) > len(chain) or len(chain) < 2 or len(out) < 2 \
+            or not all(isinstance(d, int) for d in [*shape, *chain, *out]) or not _same_rows(chain, _strip(out)):
+        return frame
+    aligned = [1] * (len(chain) - len(shape)) + list(shape)
+    rows = [d if d == c else 1 for d, c in zip(aligned[-2:], chain[-2:])]
+    if any(d not in (1, c) for d, c in zip(aligned[-2:], chain[-2:])):
+        return None
+    if all(d == 1 for d in aligned[:-2]):
+        return [1] * (len(out) - 2) + rows
+    if aligned[:-2] == list(chain[:-2]):
+        return list(out[:-2]) + rows
     return None
 
 
@@ -208,7 +243,7 @@ def _fuse_one(graph: RegionGraph, softmax: Node, min_keys: int) -> bool:
     same = [graph.tensors[t]["shape"] for t in (scores.output, softmax.inputs[0], mix.inputs[0])]
     inputs = [scores.inputs[0], scores.inputs[1], mix.inputs[1], *([mask[0]] if mask is not None else [])]
     mask_shape = _mask_shape(mask[1], len(out)) if mask is not None else None
-    if any(_strip(list(s)) != frame for s in same) or not _float32(graph, *inputs, mix.output) \
+    if not all(_same_rows(s, frame) for s in same) or not _float32(graph, *inputs, mix.output) \
             or (mask is not None and mask_shape is None):
         return False
     attrs = {**views, "scale": float(scores.attrs.get("scale", 1.0)), "safe": int(softmax.attrs.get("safe", 0))}
@@ -219,26 +254,51 @@ def _fuse_one(graph: RegionGraph, softmax: Node, min_keys: int) -> bool:
     graph.nodes[graph.nodes.index(mix)] = fused
     for n in [scores, *before, softmax, *between]:
         graph.nodes.remove(n)
-    for k in (0, 1):
-        _absorb_scalar(graph, fused, k)
+    for k, key, transpose in ((0, "q", False), (1, "k", not scores.attrs.get("transpose_b"))):
+        plain = ("a", "b")[k] + "_shape" not in scores.attrs
+        if _absorb_scalar(graph, fused, k) and plain:
+            _read_through_permute(graph, fused, k, key, transpose)
     return True
 
 
-def _absorb_scalar(graph: RegionGraph, fused: Node, k: int) -> None:
+def _read_through_permute(graph: RegionGraph, fused: Node, k: int, key: str, transpose: bool) -> None:
+    """Input ``k`` (read plainly) a permute (through reshapes) of a base tensor: the attention
+    reads the base through strides and the permute goes, as ``fold_views`` does for matmul
+    operands. The scalar absorbed by :func:`_absorb_scalar` stood between them when that pass ran:
+    Llama's K^T scaled after the transpose (torch's sdpa decomposition) kept a [kv heads, D, S]
+    copy per layer."""
+    t = fused.inputs[k]
+    if graph.readers().get(t, 0) != 1 or t in graph.outputs:
+        return
+    view = strided_view(graph, graph.producers(), t)
+    rank = len(fused.attrs[f"{key}_shape"])
+    aligned = _align(graph.tensors[t]["shape"], view[1], rank) if view is not None else None
+    if aligned is None:
+        return
+    if transpose:
+        aligned[0][-2:], aligned[1][-2:] = aligned[0][-2:][::-1], aligned[1][-2:][::-1]
+    if aligned[0] != fused.attrs[f"{key}_shape"]:
+        return
+    fused.attrs[f"{key}_strides"] = aligned[1]
+    fused.inputs[k] = view[0]
+    drop_dead_nodes(graph)
+
+
+def _absorb_scalar(graph: RegionGraph, fused: Node, k: int) -> bool:
     """Q (``k`` 0) or K (1) computed as ``x * c`` or ``x / c`` (a one-element constant, through
     reshapes, read by nothing else): the attention reads x and multiplies its ``scale`` by c.
     Whisper scales Q by d^-0.5 after its projection, the dynamo exporter both Q and K by d^-0.25:
     a pass over [S, d] each, and (q c) k^T equals c (q k^T) within rounding."""
     t = fused.inputs[k]
     if graph.readers().get(t, 0) != 1 or t in graph.outputs:
-        return
+        return False
     found = graph.producer_through(t)
     if found is None or found[0].op != "binary" or found[0].attrs.get("activation", "none") != "none":
-        return
+        return False
     binary, chain = found
     alg, (a, b) = binary.attrs.get("algorithm"), binary.inputs
     if graph.readers().get(binary.output, 0) != 1 or binary.output in graph.outputs:
-        return
+        return False
     for data, c in ((a, b), (b, a)):
         value = graph.scalar_values.get(c)
         if value is None or data in graph.scalar_values \
@@ -256,7 +316,8 @@ def _absorb_scalar(graph: RegionGraph, fused: Node, k: int) -> None:
         else:
             fused.inputs[k] = data
         graph.nodes.remove(binary)
-        return
+        return True
+    return False
 
 
 @graph_pass
