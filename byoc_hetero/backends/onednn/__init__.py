@@ -76,6 +76,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
     "fold_dense_input_scales",     # ops/dense_input_scales.py: RMSNorm's per-feature weight into the denses reading it
     "fuse_rms_statistics",         # ops/rms_statistic.py: square, mean, + eps, rsqrt as one reduce node
+    "fuse_rotary_embeddings",      # ops/rotary.py: x * cos + rotate_half(x) * sin (and its head permute) as one rope node
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_dynamic_int8_sources",   # ops/qdq_dynamic.py: a per-call quantization into the int8 dense reading it
