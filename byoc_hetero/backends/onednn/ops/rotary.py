@@ -15,7 +15,9 @@ What: an ``add`` of two ``mul`` nodes, one ``x * cos`` and one ``concat(-hi, lo)
 last axis, the negate an ``eltwise negative``); either operand order of each ``mul`` and of the
 ``add``. Every intermediate has that one reader and is no region output. When ``x`` is a
 ``permute`` that keeps the last axis last and is read by the rotation only, the node reads the
-permute's input in place (attr ``axes``, the permute's) and the permute goes too.
+permute's input in place (attr ``axes``, the permute's) and the permute goes too. A multiply of
+the result by a one-element constant, directly or after reshapes / permutes (sdpa's split scale
+of q and of kᵀ), becomes the node's attr ``scale`` (a scalar product commutes with views).
 
 Kept as separate steps, with the reason :func:`rope_match` returns: dtypes other than float32, an
 odd or symbolic ``D``, slices not at ``D/2``, ``cos`` / ``sin`` of different shapes or not
@@ -134,6 +136,26 @@ def _absorb_permute(graph: RegionGraph, match: RopeMatch) -> tuple[int, list[int
     return permute.inputs[0], axes, permute
 
 
+def _absorb_scale(graph: RegionGraph, rope: Node) -> None:
+    """A multiply by a one-element constant after ``rope``, through reshapes / permutes (torch's
+    sdpa scales q and k by sqrt(1 / sqrt(D)) each, k after its transpose), as its attr ``scale``."""
+    count = graph.readers()
+    t, node = rope.output, None
+    while count.get(t, 0) == 1 and t not in graph.outputs:
+        node = next(n for n in graph.nodes if t in n.inputs)
+        if node.op not in ("reshape", "permute"):
+            break
+        t = node.output
+    if node is None or not _binary(node, "mul") or "scale" in rope.attrs:
+        return
+    other = node.inputs[1] if node.inputs[0] == t else node.inputs[0]
+    if other == t or other not in graph.scalar_values or graph.tensors[node.output]["shape"] != graph.tensors[t]["shape"]:
+        return
+    rope.attrs["scale"] = graph.scalar_values[other]
+    graph.nodes[:] = [n for n in graph.nodes if n is not node]
+    graph.replace_tensor(node.output, t)
+
+
 @graph_pass
 def fuse_rotary_embeddings(graph: RegionGraph) -> None:
     """``x * cos + rotate_half(x) * sin`` (and a head permute before it) as one ``rope`` node
@@ -148,3 +170,4 @@ def fuse_rotary_embeddings(graph: RegionGraph) -> None:
         index = graph.nodes.index(add)
         graph.nodes[index] = rope
         graph.nodes[:] = [n for n in graph.nodes if not any(n is d for d in dropped)]
+        _absorb_scale(graph, rope)
