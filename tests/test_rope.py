@@ -14,13 +14,12 @@ import sys
 import numpy as np
 import pytest
 from conftest import graph, offload_and_compare
+from test_llm_region import small_llama
 from test_runtime import Region
 from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero.timing import build
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 
 R = relax.op
 RNG = np.random.default_rng(27)
@@ -172,19 +171,9 @@ def test_other_rotations_keep_their_steps(case):
 def test_llama_decoder_rope_is_one_step_and_matches_torch(path, tmp_path):
     """2 layers: 4 rope nodes (q and k per layer), no slice or concat left in the region, and the
     output within 1e-4 of torch's."""
-    torch = pytest.importorskip("torch")
     import tvm
-    import zoo_models
 
-    zm = zoo_models.smollm_135m(small=True)
-    want = zm.module(*zm.inputs).detach().numpy()
-    if path == "from_torch":
-        mod, params = bh.from_torch(zm.module, zm.inputs)
-    else:
-        pytest.importorskip("onnxscript")
-        file = str(tmp_path / "llama.onnx")
-        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
-        mod, params = bh.from_onnx(file)
+    zm, mod, params, want = small_llama(path, tmp_path)
     ex = build(bh.partition(mod, params))
     ops = [n["op"] for m in bh.codegen.region_modules(ex) for n in json.loads(m["get_graph_json"]())["nodes"]]
     assert ops.count("rope") == 4, ops
@@ -208,3 +197,37 @@ def test_kernel_without_avx512_matches_numpy():
                            "test_kernel_ and not without_avx512"], env=env, capture_output=True, text=True,
                           timeout=300, cwd=os.path.dirname(os.path.dirname(here)))
     assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def _hand_graph(d: int = 8, cut: int | None = None, dtype: str = "float32", cs_last: int | None = None):
+    """A region graph of x * cos + rotate_half(x) * sin written directly (tensors 0-2: x, cos, sin)."""
+    from byoc_hetero.backends.onednn.lowering import Node, RegionGraph
+
+    cut = d // 2 if cut is None else cut
+    x, cs = [1, 2, 3, d], [1, 1, 3, d if cs_last is None else cs_last]
+    shapes = [x, cs, cs, x[:3] + [cut], x[:3] + [d - cut], x[:3] + [d - cut], x, x, x, x]
+    g = RegionGraph("t", tensors=[{"shape": s, "dtype": dtype} for s in shapes], inputs=[0, 1, 2], outputs=[9])
+    g.nodes = [Node("slice", [0], 3, {"begin": [0, 0, 0, 0]}), Node("slice", [0], 4, {"begin": [0, 0, 0, cut]}),
+               Node("eltwise", [4], 5, {"algorithm": "negative"}), Node("concat", [5, 3], 6, {"axis": 3}),
+               Node("binary", [0, 1], 7, {"algorithm": "mul"}), Node("binary", [6, 2], 8, {"algorithm": "mul"}),
+               Node("binary", [7, 8], 9, {"algorithm": "add"})]
+    return g
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({}, None),
+    ({"d": 7, "cut": 3}, "not an even static size"),
+    ({"cut": 2}, "a slice is not x[..., 4:8]"),
+    ({"dtype": "float16"}, "not float32: float16"),
+    ({"cs_last": 1}, "do not span the last axis"),
+])
+def test_pass_says_why_a_rotation_stays(kwargs, reason):
+    """rope_match on hand-written graphs: the match, or the reason the steps stay."""
+    from byoc_hetero.backends.onednn.ops.rotary import RopeMatch, rope_match
+
+    g = _hand_graph(**kwargs)
+    got = rope_match(g, g.nodes[-1])
+    if reason is None:
+        assert isinstance(got, RopeMatch) and (got.x, got.cos, got.sin) == (0, 1, 2)
+    else:
+        assert isinstance(got, str) and reason in got, got

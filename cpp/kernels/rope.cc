@@ -122,7 +122,9 @@ void CheckShapes(const KernelContext& ctx, const std::vector<int64_t>& axes, std
   std::vector<int64_t> sorted(axes);
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < rank; ++i) {
-    if (sorted[i] != static_cast<int64_t>(i)) ctx.Fail("attr axes is no permutation of the " + std::to_string(rank) + " axes of x");
+    if (sorted[i] != static_cast<int64_t>(i)) {
+      ctx.Fail("attr axes " + ShapeToString(axes) + " is no permutation of the " + std::to_string(rank) + " axes of x");
+    }
   }
   if (axes[rank - 1] != static_cast<int64_t>(rank - 1)) ctx.Fail("attr axes moves the last axis; rope rotates it");
   for (size_t i = 0; i < rank; ++i) out->push_back(x[axes[i]]);

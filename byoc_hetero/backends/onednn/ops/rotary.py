@@ -93,15 +93,17 @@ def rope_match(graph: RegionGraph, add: Node) -> RopeMatch | str:
     muls = [producers.get(t) for t in add.inputs]
     if not all(_binary(m, "mul") for m in muls):
         return "the add's operands are not both products"
+    reasons = []
     for rot_mul, x_mul in (muls, muls[::-1]):
         for k in (0, 1):
             x = _rotate_half_source(graph, rot_mul.inputs[k])
             if isinstance(x, int):
                 break
+            reasons.append(x)
         if isinstance(x, int):
             break
-    if not isinstance(x, int):
-        return f"no rotate_half: {x}"
+    if not isinstance(x, int):  # the reason of an operand that is a concat, if one is
+        return "no rotate_half: " + min(reasons, key=lambda r: r.startswith("no concat"))
     rot, sin = rot_mul.inputs[k], rot_mul.inputs[1 - k]
     if x not in x_mul.inputs:
         return "the other product does not read the rotated tensor"
@@ -149,7 +151,8 @@ def _absorb_scale(graph: RegionGraph, rope: Node) -> None:
     if node is None or not _binary(node, "mul") or "scale" in rope.attrs:
         return
     other = node.inputs[1] if node.inputs[0] == t else node.inputs[0]
-    if other == t or other not in graph.scalar_values or graph.tensors[node.output]["shape"] != graph.tensors[t]["shape"]:
+    if (other == t or other not in graph.scalar_values
+            or graph.tensors[node.output]["shape"] != graph.tensors[t]["shape"]):
         return
     rope.attrs["scale"] = graph.scalar_values[other]
     graph.nodes[:] = [n for n in graph.nodes if n is not node]
