@@ -108,6 +108,8 @@ def rope_match(graph: RegionGraph, add: Node) -> RopeMatch | str:
     if x not in x_mul.inputs:
         return "the other product does not read the rotated tensor"
     cos = x_mul.inputs[1 - x_mul.inputs.index(x)]
+    if x in (cos, sin):
+        return "x is also the cos or sin operand"
     tensors = graph.tensors
     shape = tensors[x]["shape"]
     if any(tensors[t]["dtype"] != "float32" for t in (x, cos, sin)):
