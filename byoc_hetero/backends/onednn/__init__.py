@@ -71,12 +71,12 @@ from .table import ALIASES, TABLE, TARGET, can_lower
 REGION_PASSES: tuple[str, ...] = (
     "fuse_matmul_epilogues",       # ops/attention.py: bias / scale / activation after a matmul
     "fuse_eltwise_into_producer",  # epilogue.py: a lone eltwise becomes a post-op of its producer
+    "fuse_rotary_embeddings",      # ops/rotary.py: x * cos + rotate_half(x) * sin (and its head permute) as one rope node
     "fold_views",                  # ops/layout.py: permutes / reshapes read as strided views
     "fuse_attention",              # ops/fused_attention.py: matmul -> softmax -> matmul as one attention node
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
     "fold_dense_input_scales",     # ops/dense_input_scales.py: RMSNorm's per-feature weight into the denses reading it
     "fuse_rms_statistics",         # ops/rms_statistic.py: square, mean, + eps, rsqrt as one reduce node
-    "fuse_rotary_embeddings",      # ops/rotary.py: x * cos + rotate_half(x) * sin (and its head permute) as one rope node
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_dynamic_int8_sources",   # ops/qdq_dynamic.py: a per-call quantization into the int8 dense reading it
