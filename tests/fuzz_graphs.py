@@ -47,7 +47,7 @@ CNN_KINDS = ("conv", "pool", "act", "add", "concat", "branches", "dense_block", 
 KINDS = CNN_KINDS + (
     "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
-    "take", "compare_where", "mask", "cast", "repeat", "conv1d", "resize",
+    "take", "compare_where", "mask", "cast", "repeat", "conv1d", "resize", "rope",
 )
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
@@ -64,7 +64,7 @@ KINDS = KINDS + INT8_KINDS
 #: differently again), see docs/reliability.md. ``graphs(special=True)`` draws from these only.
 SPECIAL_KINDS = (
     "softmax", "layer_norm", "layer_norm_decomposed", "group_norm", "permute", "matmul", "attention",
-    "reshape", "slice", "split", "concat_any", "take", "mask",
+    "reshape", "slice", "split", "concat_any", "take", "mask", "rope",
 )
 
 
@@ -650,6 +650,26 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             ctx_ = bb.emit(R.matmul(probs, v))
             y = bb.emit(R.reshape(bb.emit(R.permute_dims(ctx_, [0, 2, 1, 3])), (b_, s_, inner)))
             recipe.steps.append(f"attention({[b_, s_, d_]}, heads={heads}, head_dim={hd}, scale={scale}, mask={mask})")
+            keep(y)
+        elif kind == "rope":  # transformers' x * cos + rotate_half(x) * sin, as from_torch / the ONNX exporter order it
+            src = pick(lambda s: len(s) >= 2 and s[-1] % 2 == 0)
+            if src is None:
+                return False
+            if len(_shape(src)) == 4 and draw(st.booleans()):  # the head permute before it
+                src = emit(R.permute_dims(src, [0, 2, 1, 3]), src)
+            shape = _shape(src)
+            rank, d = len(shape), shape[-1]
+            cs_shape = draw(st.sampled_from([shape, (1,) * (rank - 2) + shape[-2:], shape[-2:], (d,)]))
+            angles = rng.standard_normal(cs_shape)
+            cos, sin = weight(cs_shape, np.cos(angles)), weight(cs_shape, np.sin(angles))
+            lo = emit(R.strided_slice(src, [rank - 1], [0], [d // 2]), src)
+            hi = emit(R.strided_slice(src, [rank - 1], [d // 2], [d]), src)
+            rot = bb.emit(R.concat([bb.emit(R.negative(hi)), lo], axis=-1))
+            onnx = draw(st.booleans())
+            a = bb.emit(R.multiply(cos, src) if onnx else R.multiply(src, cos))
+            b = bb.emit(R.multiply(rot, sin))
+            y = bb.emit(R.add(b, a) if onnx else R.add(a, b))
+            recipe.steps.append(f"rope({list(shape)}, cos {list(cs_shape)}, {'onnx' if onnx else 'torch'} order)")
             keep(y)
         elif kind == "reshape":
             src = pick()

@@ -98,22 +98,27 @@ def test_scale_read_by_anything_but_a_dense_stays(extra_reader):
     assert _vector_multiplies(build(res.partitioned), HIDDEN) == 1  # gamma * (...) stays
 
 
-@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
-def test_llama_decoder_norm_weights_folded_and_matches_torch(path, tmp_path):
-    """The small Llama decoder: every RMSNorm feeding dense layers (2 per layer) has its weight in
-    them; the final norm (the model's output) keeps its multiply; output within 1e-4 of torch."""
+def small_llama(path: str, tmp_path):
+    """(zoo model, Relax module, params, torch's output) of the small Llama decoder imported by
+    ``path`` ("from_torch" or "from_onnx", the dynamo exporter's file in ``tmp_path``)."""
     torch = pytest.importorskip("torch")
     import zoo_models
 
     zm = zoo_models.smollm_135m(small=True)
     want = zm.module(*zm.inputs).detach().numpy()
     if path == "from_torch":
-        mod, params = bh.from_torch(zm.module, zm.inputs)
-    else:
-        pytest.importorskip("onnxscript")
-        file = str(tmp_path / "llama.onnx")
-        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
-        mod, params = bh.from_onnx(file)
+        return zm, *bh.from_torch(zm.module, zm.inputs), want
+    pytest.importorskip("onnxscript")
+    file = str(tmp_path / "llama.onnx")
+    torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
+    return zm, *bh.from_onnx(file), want
+
+
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+def test_llama_decoder_norm_weights_folded_and_matches_torch(path, tmp_path):
+    """The small Llama decoder: every RMSNorm feeding dense layers (2 per layer) has its weight in
+    them; the final norm (the model's output) keeps its multiply; output within 1e-4 of torch."""
+    zm, mod, params, want = small_llama(path, tmp_path)
     part = bh.partition(mod, params)
     assert len(bh.report(part).regions) == 1
     ex = build(part)

@@ -45,7 +45,7 @@ def test_pipeline_order_is_pinned():
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
         "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
-        "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fold_views", "onednn:fuse_attention",
+        "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fuse_rotary_embeddings", "onednn:fold_views", "onednn:fuse_attention",
         "onednn:fold_channel_scales", "onednn:fold_dense_input_scales", "onednn:fuse_rms_statistics",
         "onednn:fold_residual_adds", "onednn:fold_pads",
         "onednn:fuse_dynamic_int8_sources", "onednn:fuse_int8_anchors", "onednn:fuse_int8_activations",
