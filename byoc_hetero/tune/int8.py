@@ -69,10 +69,18 @@ class Quantizer:
 
     def __init__(self, mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None,
                  calibration: Sequence[Sequence[np.ndarray]], cache: TimingCache | None = None, model: str = ""):
+        from ..quant.fold_batch_norms import fold_batch_norms
         from ..quant.plan import activation_qparams, plan, tensor_index
 
-        self.mod, self.params, self.samples = mod, dict(params or {}), list(calibration)
-        func = mod["main"]
+        # As bh.quantize does: each inference batch norm folded into its conv first. Without it every
+        # int8 conv of ResNet-50 was followed by a float batch norm and its reorders (session 5, quiet:
+        # the tuner's 40 int8 + 14 bf16 mix 18.9 ms, 40 batch_norm + 33 reorder steps = 6.8 ms of it,
+        # against 5.5 ms for the same mix through bh.quantize and 5.4 ms all bf16).
+        func, folded = fold_batch_norms(mod["main"], dict(params or {}))
+        if func is not mod["main"]:
+            mod = mod.clone()
+            mod["main"] = func
+        self.mod, self.params, self.samples = mod, folded, list(calibration)
         full, _ = plan(func, set(self.params), None)
         self.layers = full.layers
         self.qparams: dict = {}
