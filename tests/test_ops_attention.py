@@ -357,6 +357,54 @@ def test_kernel_packed_gqa_heads_and_special_rows(safe, k_major, block_rows):
     assert np.isnan(got[:, :, 1]).all() == (safe == 0) and (got[:, :, 2] == 0).all() == (safe == 2)
 
 
+@pytest.mark.parametrize("keys", [1, 15, 16, 17, 31, 32, 33, 47, 70])
+@pytest.mark.parametrize("block_rows", [2, 0])
+def test_kernel_probabilities_across_the_exp_range(keys, block_rows):
+    """The kernel's softmax alone, scores exact in float32 (D = 1, q a power of two, k on a grid)
+    reaching below ln(FLT_MIN) - 1 = -88.3 from the row max, V the identity so that the output is
+    the probabilities: every one within 1e-6 of float64's exp-and-normalise, exactly 0 where x - max
+    < -87.34 (as oneDNN's exp), in rows of 1-70 keys (the unrolled pairs of vectors and every tail),
+    in one block and in packed blocks of 2 rows."""
+    k = -np.arange(keys, dtype="float32") * np.float32(3.125)  # 0 .. -215.6
+    if keys > 30:
+        k[[28, 29, 30]] = [-87.25, -87.375, -88.5]  # either side of the cut at -87.3365
+    q = np.array([[1.0], [0.5], [0.25], [2.0], [1.0]], "float32")[None]  # [1, 5, 1]
+    v = np.eye(keys, dtype="float32")[None]  # [1, keys, keys]
+    kk = k[None, :, None]
+    views = {"q_shape": [1, 5, 1], "q_strides": [5, 1, 1], "k_shape": [1, keys, 1], "k_strides": [keys, 1, 1],
+             "v_shape": [1, keys, keys], "v_strides": [keys * keys, keys, 1]}
+    r = _kernel_region("att_exp", views, q, kk, v, block_rows=block_rows)
+    (got,) = r.run(r.module(), q, kk, v)
+    x = q[0].astype("float64") * k.astype("float64")[None]  # [5, keys], exact
+    x -= x.max(-1, keepdims=True)
+    e = np.exp(x)
+    want = e / e.sum(-1, keepdims=True)
+    cut = x < -87.3365
+    assert (got[0][cut] == 0).all()
+    np.testing.assert_allclose(got[0][~cut], want[~cut], rtol=1e-6, atol=0)
+
+
+def test_kernel_nan_and_inf_found_in_the_unrolled_vectors():
+    """Rows of 70 keys whose NaN / +inf score sits in the second vector of an unrolled pair (index
+    40) or in the tail (index 66): the row is NaN (safe 0) or 0 (safe 2), the others unchanged."""
+    seq, keys, dim = 4, 70, 3
+    q = RNG.standard_normal((1, seq, dim)).astype("float32")
+    k = RNG.standard_normal((1, keys, dim)).astype("float32")
+    v = RNG.standard_normal((1, keys, dim)).astype("float32")
+    mask = np.zeros((seq, keys), "float32")
+    mask[1, 40], mask[2, 66] = np.nan, np.inf
+    views = {"q_shape": [1, seq, dim], "q_strides": [seq * dim, dim, 1],
+             "k_shape": [1, keys, dim], "k_strides": [keys * dim, dim, 1],
+             "v_shape": [1, keys, dim], "v_strides": [keys * dim, dim, 1]}
+    for safe in (0, 2):
+        r = _kernel_region("att_bad", views, q, k, v, mask, scale=0.5, has_mask=1, safe=safe)
+        (got,) = r.run(r.module(), q, k, v, mask)
+        want = np_attention(q, k, v, mask, 0.5, safe)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert np.isnan(got[0, 1:3]).all() == (safe == 0) and (got[0, 1:3] == 0).all() == (safe == 2)
+
+
 def test_kernel_rejects_a_view_past_its_input():
     """A view reading past its input's elements is an error naming the node, not a wild read."""
     from test_runtime import create
