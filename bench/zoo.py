@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.metadata
 import json
 import os
@@ -96,12 +97,18 @@ def prepare_worker(model: str, small: bool, workdir: str) -> dict:
     info: dict = {"description": zm.description, "inputs": {n: list(t.shape) for n, t in zip(zm.input_names, zm.inputs)},
                   "output_shape": list(ref.shape),
                   "params_m": sum(p.numel() for p in zm.module.parameters()) / 1e6}
-    # both exporters: TorchScript's (opset 17) and torch.onnx.export's default (torch 2.13: dynamo, opset 20)
+    # both exporters: TorchScript's (opset 17) and torch.onnx.export's default (torch 2.13: dynamo, opset 20),
+    # each on its own copy of the model: TorchScript's trace can change the module it runs. HF Swin's
+    # set_shift_and_window_size stores torch.min(torch.tensor(resolution)) in `window_size` when
+    # torch.jit.is_tracing(), so after the TorchScript export the last stage's window size is a 0-d
+    # tensor, and torch.export of the same object stops at `min(input_resolution) <= self.window_size`
+    # (GuardOnDataDependentSymNode: Eq(u0, 1)); a fresh copy exports (bench/ZOO.md, "session 6, harness")
+    pristine = copy.deepcopy(zm.module)
     for key, kwargs in (("onnx", {"opset_version": 17, "dynamo": False}), ("onnx_dynamo", {})):
         t0 = time.perf_counter()
         try:
-            torch.onnx.export(zm.module, zm.inputs, f[key], input_names=list(zm.input_names), output_names=["y"],
-                              **kwargs)
+            torch.onnx.export(copy.deepcopy(pristine), zm.inputs, f[key], input_names=list(zm.input_names),
+                              output_names=["y"], **kwargs)
             info[f"{key}_export_s"] = time.perf_counter() - t0
         except Exception as err:  # noqa: BLE001 - any exporter failure is reported, not fatal
             info[f"{key}_error"] = f"torch.onnx.export({'dynamo' if key == 'onnx_dynamo' else 'TorchScript'}): " \
