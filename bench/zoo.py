@@ -15,8 +15,9 @@ and ``attention_mask``), GPT-2 and a Llama-family decoder with SmolLM-135M's siz
 ``input_ids``; ``bench/llm.py`` runs the decoder with a dynamic sequence). Per model:
 
 1. a *prepare* process builds the model, runs it in torch eager (the reference output) and exports it twice
-   with ``torch.onnx.export``: the TorchScript exporter (opset 17) and the default one (torch 2.13: dynamo,
-   opset 20, needs ``onnxscript``); ONNX Runtime and OpenVINO run the TorchScript file, or the default
+   with ``torch.onnx.export``, each time from a fresh copy of the model (tracing can change a module): the
+   TorchScript exporter (opset 17) and the default one (torch 2.13: dynamo, opset 20, needs ``onnxscript``);
+   ONNX Runtime and OpenVINO run the TorchScript file, or the default
    exporter's where TorchScript's fails (GPT-2, the Llama decoder);
 2. a *compile* process per import path — ``bh.from_torch`` (torch.export) and ``bh.from_onnx`` (each exported
    file) — partitions (``bh.partition``), reports (``bh.report``: regions; every op left on llvm with its
