@@ -15,8 +15,9 @@ and ``attention_mask``), GPT-2 and a Llama-family decoder with SmolLM-135M's siz
 ``input_ids``; ``bench/llm.py`` runs the decoder with a dynamic sequence). Per model:
 
 1. a *prepare* process builds the model, runs it in torch eager (the reference output) and exports it twice
-   with ``torch.onnx.export``: the TorchScript exporter (opset 17) and the default one (torch 2.13: dynamo,
-   opset 20, needs ``onnxscript``); ONNX Runtime and OpenVINO run the TorchScript file, or the default
+   with ``torch.onnx.export``, each time from a fresh copy of the model (tracing can change a module): the
+   TorchScript exporter (opset 17) and the default one (torch 2.13: dynamo, opset 20, needs ``onnxscript``);
+   ONNX Runtime and OpenVINO run the TorchScript file, or the default
    exporter's where TorchScript's fails (GPT-2, the Llama decoder);
 2. a *compile* process per import path — ``bh.from_torch`` (torch.export) and ``bh.from_onnx`` (each exported
    file) — partitions (``bh.partition``), reports (``bh.report``: regions; every op left on llvm with its
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.metadata
 import json
 import os
@@ -96,12 +98,18 @@ def prepare_worker(model: str, small: bool, workdir: str) -> dict:
     info: dict = {"description": zm.description, "inputs": {n: list(t.shape) for n, t in zip(zm.input_names, zm.inputs)},
                   "output_shape": list(ref.shape),
                   "params_m": sum(p.numel() for p in zm.module.parameters()) / 1e6}
-    # both exporters: TorchScript's (opset 17) and torch.onnx.export's default (torch 2.13: dynamo, opset 20)
+    # both exporters: TorchScript's (opset 17) and torch.onnx.export's default (torch 2.13: dynamo, opset 20),
+    # each on its own copy of the model: TorchScript's trace can change the module it runs. HF Swin's
+    # set_shift_and_window_size stores torch.min(torch.tensor(resolution)) in `window_size` when
+    # torch.jit.is_tracing(), so after the TorchScript export the last stage's window size is a 0-d
+    # tensor, and torch.export of the same object stops at `min(input_resolution) <= self.window_size`
+    # (GuardOnDataDependentSymNode: Eq(u0, 1)); a fresh copy exports (bench/ZOO.md, "session 6, harness")
+    pristine = copy.deepcopy(zm.module)
     for key, kwargs in (("onnx", {"opset_version": 17, "dynamo": False}), ("onnx_dynamo", {})):
         t0 = time.perf_counter()
         try:
-            torch.onnx.export(zm.module, zm.inputs, f[key], input_names=list(zm.input_names), output_names=["y"],
-                              **kwargs)
+            torch.onnx.export(copy.deepcopy(pristine), zm.inputs, f[key], input_names=list(zm.input_names),
+                              output_names=["y"], **kwargs)
             info[f"{key}_export_s"] = time.perf_counter() - t0
         except Exception as err:  # noqa: BLE001 - any exporter failure is reported, not fatal
             info[f"{key}_error"] = f"torch.onnx.export({'dynamo' if key == 'onnx_dynamo' else 'TorchScript'}): " \

@@ -62,6 +62,9 @@ class RegionReport:
     #: in a region with int8 ops: the node ops that compute in float32 inside it (between their
     #: own quantize / dequantize nodes), with counts; empty otherwise
     float32_ops: Counter = field(default_factory=Counter)
+    #: matches the backend's region passes declined inside the region (they stay separate steps),
+    #: as rejections of rule ``<target>:<pass>``: RoPE's ``fuse_rotary_embeddings`` writes them
+    declined: list[Rejection] = field(default_factory=list)
 
 
 @dataclass
@@ -81,7 +84,8 @@ class PartitionReport:
     profile: OpProfile
     regions: list[RegionReport] = field(default_factory=list)
     fallbacks: list[FallbackOp] = field(default_factory=list)
-    #: every rejection the partition stages recorded (including calls a larger rule took later)
+    #: every rejection the partition stages recorded (including calls a larger rule took later),
+    #: then the matches the regions' passes declined (:attr:`RegionReport.declined`)
     rejections: list[Rejection] = field(default_factory=list)
     dot: str = ""
     #: the same graph as data, for the pip-only pictures (:mod:`byoc_hetero.picture`)
@@ -108,6 +112,7 @@ class PartitionReport:
             if r.float32_ops:
                 inside = ", ".join(f"{op} {n}" for op, n in sorted(r.float32_ops.items()))
                 lines.append(f"      float32 inside: {inside}")
+            lines.extend("      " + line for line in _declined_lines(r))
         lines.append("")
         lines.append(f"left on {HOST}: {len(self.fallbacks)} ops")
         for f in self.fallbacks:
@@ -219,10 +224,12 @@ def _region_from_graph(region: RegionEntry) -> RegionReport:
         return f"{t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
 
     precision, float32_ops = _int8_precision(graph)
+    declined = [Rejection(f"{region.target}:{d['pass']}", str(d["op"]), str(d["reason"]), str(d["value"]))
+                for d in graph.get("source", {}).get("declined", [])]
     return RegionReport(
         region.symbol, region.target, region.ops, region.composites, [desc(i) for i in graph["inputs"]],
         [desc(o) for o in graph["outputs"]], sum(graph_node_flops(n, tensors) for n in graph["nodes"]),
-        precision or _region_precision(region), float32_ops,
+        precision or _region_precision(region), float32_ops, declined,
     )
 
 
@@ -352,7 +359,14 @@ def _region_details(region: RegionReport) -> str:
              f"{region.flops / 1e6:.1f} MFLOP"]
     if region.precision:
         lines.append(f"precision: {region.precision}")
-    return "\n".join(lines)
+    return "\n".join(lines + _declined_lines(region))
+
+
+def _declined_lines(region: RegionReport) -> list[str]:
+    """The region passes' declined matches, one line per (rule, node, reason) with its count."""
+    groups = Counter((d.rule, d.op, d.reason) for d in region.declined)
+    return [f"not one {op} step{f' (x{n})' if n > 1 else ''}: {reason} [{rule}]"
+            for (rule, op, reason), n in groups.items()]
 
 
 def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
@@ -367,7 +381,7 @@ def report(mod: tvm.IRModule, entry: str = "main") -> PartitionReport:
     """
     decisions = rejections(mod)
     graphs = region_table(mod)
-    rep = PartitionReport(op_profile(mod, entry), rejections=decisions)
+    rep = PartitionReport(op_profile(mod, entry), rejections=list(decisions))
     dot = _Dot()
     func = mod[entry]
     for param in func.params:
@@ -421,6 +435,7 @@ def _binding(mod, value, local_funcs, graphs, decisions, rep: PartitionReport):
         rule = f" [{fallback.rule}]" if fallback.rule else ""
         return target, short, f"{short} on {HOST}: {fallback.reason}{rule}", [short]
     rep.regions.append(region)
+    rep.rejections.extend(region.declined)
     return region.target, _region_label(region), _region_details(region), sorted(region.ops)
 
 

@@ -164,6 +164,31 @@ def test_other_rotations_keep_their_steps(case):
     assert "rope" not in ops and "concat" in ops, ops
 
 
+@pytest.mark.parametrize("case, reason", [
+    ("odd", "no rotate_half: the last axis 7 is not an even static size"),
+    ("cut", "no rotate_half: a slice is not x[..., 4:8] (begin [0, 0, 0, 2])"),
+    ("broadcast", "cos / sin do not span the last axis of a static x [1, 3, 6, 8]"),
+])
+def test_report_says_why_a_rotation_stays(case, reason):
+    """bh.report lists each rotation the pass declined as a rejection of rule
+    onednn:fuse_rotary_embeddings (op rope, the sum's value, rope_match's reason), under its region
+    and in the printed table; the same graph with a rotation the pass takes, and a region with only
+    other adds, report none. Fails with the pass's recording removed."""
+    kwargs = {"odd": {"d": 7}, "cut": {"cut": 2}, "broadcast": {"cs_shape": (1, 1, S, 1)}}[case]
+    rep = bh.report(bh.partition(_rope_graph(**kwargs)))
+    got = [r for r in rep.rejections if r.rule == "onednn:fuse_rotary_embeddings"]
+    d = kwargs.get("d", D)
+    assert [(r.op, r.reason, r.value) for r in got] == [("rope", reason, f"float32[1, {H}, {S}, {d}]")], got
+    assert [r.declined for r in rep.regions] == [got]
+    assert f"not one rope step: {reason} [onednn:fuse_rotary_embeddings]" in str(rep)
+    taken = bh.report(bh.partition(_rope_graph()))
+    assert not [r for r in taken.rejections if "rotary" in r.rule] and not taken.regions[0].declined
+    plain = graph({"x": (2, 8)}, lambda emit, x: emit(R.add(emit(R.multiply(x, x)), emit(R.multiply(
+        emit(R.matmul(x, relax.const(np.eye(8, dtype="float32")))), x)))))
+    plain_rep = bh.report(bh.partition(plain))
+    assert plain_rep.regions and not any(r.declined for r in plain_rep.regions)
+
+
 # ----------------------------------------------------------------------------------------------
 # the small Llama decoder through both import paths, against torch
 # ----------------------------------------------------------------------------------------------

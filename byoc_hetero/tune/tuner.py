@@ -105,8 +105,9 @@ def _inputs(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, seed: in
     for var in mod["main"].params:
         if params and var.name in params:
             continue
-        shape = [int(d) for d in var.ty.shape.values]
-        arrays.append(rng.standard_normal(shape).astype(str(var.ty.dtype)))
+        shape, dtype = [int(d) for d in var.ty.shape.values], np.dtype(str(var.ty.dtype))
+        # integers 0, as the codegen level's region inputs: valid indices (token ids through a checked take)
+        arrays.append(np.zeros(shape, dtype) if dtype.kind in "iub" else rng.standard_normal(shape).astype(dtype))
     return arrays
 
 

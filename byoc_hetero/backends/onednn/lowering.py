@@ -91,6 +91,16 @@ class RegionGraph:
     #: constant tensor id -> its value, for constants of at most SMALL_CONSTANT elements (not
     #: serialized): scales, zero points and biases that graph passes fold into attrs (int8)
     small_constants: dict[int, Any] = field(default_factory=dict)
+    #: matches a region pass found and declined, for reports (written under ``source``, ignored by
+    #: the runtime): {"pass", "op" (the node it would have become), "value", "reason"}
+    declined: list[dict[str, str]] = field(default_factory=list)
+
+    def decline(self, graph_pass: str, op: str, tensor: int, reason: str) -> None:
+        """Record that ``graph_pass`` kept the match ending in ``tensor`` as separate steps (not one
+        ``op`` node) for ``reason``: ``bh.report`` lists it as a rejection of that pass."""
+        t = self.tensors[tensor]
+        value = f"{t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
+        self.declined.append({"pass": graph_pass, "op": op, "value": value, "reason": reason})
 
     def readers(self) -> dict[int, int]:
         """tensor id -> how many node inputs and region outputs read it."""
@@ -153,6 +163,7 @@ class RegionGraph:
                     "target": self.target,
                     "composites": self.source_composites,
                     "ops": self.source_ops,
+                    **({"declined": self.declined} if self.declined else {}),
                 },
             }
         )

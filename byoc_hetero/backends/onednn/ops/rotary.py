@@ -21,7 +21,10 @@ of q and of kᵀ), becomes the node's attr ``scale`` (a scalar product commutes 
 
 Kept as separate steps, with the reason :func:`rope_match` returns: dtypes other than float32, an
 odd or symbolic ``D``, slices not at ``D/2``, ``cos`` / ``sin`` of different shapes or not
-broadcasting to ``x`` without growing it, an intermediate read elsewhere.
+broadcasting to ``x`` without growing it, an intermediate read elsewhere. The pass records each
+such reason on the region graph (:meth:`RegionGraph.decline`); ``bh.report`` lists them under the
+region and among its rejections (rule ``onednn:fuse_rotary_embeddings``, op ``rope``), as it lists
+the pattern rules' rejections.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ from dataclasses import dataclass
 
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
+
+
+NOT_A_ROTATION = ("not an add without activation", "the add's operands are not both products",
+                  "no rotate_half: no concat")
+""":func:`rope_match` reasons that mean an add of no rotation at all (no product reads a concat of two
+tensors): not reported. Every other reason declines a rotation and ``bh.report`` lists it."""
 
 
 @dataclass
@@ -168,6 +177,8 @@ def fuse_rotary_embeddings(graph: RegionGraph) -> None:
     for add in [n for n in graph.nodes if n.op == "binary"]:
         match = rope_match(graph, add)
         if isinstance(match, str):
+            if not match.startswith(NOT_A_ROTATION):
+                graph.decline("fuse_rotary_embeddings", "rope", add.output, match)
             continue
         src, axes, permute = _absorb_permute(graph, match)
         dropped = match.nodes + ([permute] if permute is not None else [])
