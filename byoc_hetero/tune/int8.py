@@ -488,9 +488,8 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     nothing to choose) and ``report``. ``session`` builds float plans (the algorithm level's
     options, the codegen level's map); ``default`` is the reference float32 partition, ``base`` the
     float32 partition the candidates' float nodes are keyed on."""
-    from .._relax import region_table
     from ..backends.onednn.precision import effective_precision
-    from .precision import _float_plans, _pick, _warn_unmet
+    from .precision import _float_plans, _pick, _warn_unmet, timed_graphs
 
     bf16_off = effective_precision("bf16")[1]
     if "bf16" in report.precisions and bf16_off:
@@ -510,9 +509,7 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     float_plans = _float_plans(session, default, calibration, holdout, cache)
     ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys, maps),
                       [lyr.index for lyr in quantizer.layers], {k: i for i, k in float_keys.items()})
-    timed = float_plans[-1].built.module if len(float_plans) > 1 else base
-    _time_units(report, ctx, {s: e.graph for s, e in region_table(timed).items()}, int8_keys, all_int8, cache,
-                repeat)
+    _time_units(report, ctx, timed_graphs(session, float_plans, base, cache), int8_keys, all_int8, cache, repeat)
     candidates = [_all_of("int8", report, ctx, all_int8.built)]
     if "bf16" in report.precisions:
         candidates.append(_all_of("bf16", report, ctx))

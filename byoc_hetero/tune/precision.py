@@ -618,6 +618,26 @@ def _float_plans(session: _Session, default: tvm.IRModule, calibration: list, ho
     return plans
 
 
+def timed_graphs(session: _Session, float_plans: Sequence[PlanResult], base: tvm.IRModule,
+                 cache: TimingCache) -> dict[str, Any]:
+    """The region documents (symbol -> graph) the units' times and edges are read from: ``base``'s,
+    or, where the other levels changed a decision, those of the float32 plan with them
+    (``float_plans[-1]``). Those are kept in ``cache`` under the model and the settings they are
+    made from (the key of that plan's errors, :mod:`.plan_errors`): a warm tune of ResNet-50
+    partitioned the plan for nothing else, about 1 s of its 4 (loaded machine)."""
+    from .._relax import region_table
+
+    if len(float_plans) == 1:
+        return {symbol: entry.graph for symbol, entry in region_table(base).items()}
+    key = signature("region_graphs", attrs={"model": session.errors.model, "settings": session.errors.settings})
+    found = cache.get_value(key)
+    if isinstance(found, dict) and all(isinstance(g, dict) and "nodes" in g for g in found.values()):
+        return found
+    graphs = {symbol: entry.graph for symbol, entry in region_table(float_plans[-1].built.module).items()}
+    cache.put_value(key, {symbol: g for symbol, g in graphs.items() if g})
+    return graphs
+
+
 def _check_holdout(plans: Sequence[PlanResult], tolerance: float, target: float,
                    errors: PlanErrors) -> list[PlanResult]:
     """The bf16 plans within ``target`` on the calibration inputs and then within ``tolerance`` on
@@ -680,7 +700,6 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     ``region_codegen`` the codegen level's map and ``base`` the float32 partition it gives (the
     candidates are built on it); ``cache`` the timing cache the units' times go through (saved at
     the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides."""
-    from .._relax import region_table
     from ..backends.onednn.precision import effective_precision
 
     report = PrecisionReport(tuple(precisions), float(tolerance))
@@ -706,8 +725,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     keys = [k for k, _ in anchors]
     all_bf16 = session.build({k: "bf16" for k in keys})
     report.units = make_units(anchors, max_units)
-    timed = float_plans[-1].built.module if len(float_plans) > 1 else base  # the algorithms apply in the graphs
-    graphs = {symbol: entry.graph for symbol, entry in region_table(timed).items()}
+    graphs = timed_graphs(session, float_plans, base, cache)  # the algorithms apply in the graphs
     measure_unit_times(report.units, graphs, cache, repeat)
     cache.save()
     candidates = [PlanResult("all bf16", {k: "bf16" for k in keys},
