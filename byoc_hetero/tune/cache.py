@@ -57,6 +57,11 @@ class MachineKey:
     # (session 5: a cache written before a kernel fix kept a 220 ms mix that now runs in 13 ms),
     # and a wheel's users share one binary, so a shipped cache still replays for them.
     runtime: str = ""
+    # A digest of this package's Python sources: the cache also keeps what a partition looked like
+    # (the int8 level's node maps, the region documents units are timed on: :mod:`.node_maps`),
+    # which the passes decide; a change to them between two releases' version numbers must make
+    # those entries stale, not replayed onto another partition.
+    sources: str = ""
 
     def machine_part(self) -> tuple[str, str, str, str]:
         """The fields that name the hardware (differing: a *foreign* cache)."""
@@ -82,7 +87,7 @@ class MachineKey:
         digest = hashlib.sha256(flags.encode()).hexdigest()[:16]
         return cls(cpu=cpu, cpu_flags=digest, isa=_C.isa(), onednn=_C.onednn_version(),
                    tvm=str(tvm.__version__), byoc_hetero=str(_C.__version__), gpu=gpu,
-                   runtime=_runtime_digest(getattr(_C, "__file__", None)))
+                   runtime=_runtime_digest(getattr(_C, "__file__", None)), sources=_sources_digest())
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,6 +102,20 @@ def _runtime_digest(path: str | None) -> str:
                 h.update(block)
     except OSError:
         return ""
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _sources_digest() -> str:
+    """The first 16 hex digits of a SHA-256 over this package's ``.py`` files (paths and bytes)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = sorted(os.path.relpath(os.path.join(folder, name), root) for folder, _, files in os.walk(root)
+                   for name in files if name.endswith(".py"))
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.encode() + b"\0")
+        with open(os.path.join(root, path), "rb") as f:
+            h.update(f.read())
     return h.hexdigest()[:16]
 
 
@@ -177,9 +196,10 @@ class TimingCache:
         if theirs != self.machine:
             return self._ignore(f"stale: libraries onednn {theirs.onednn}, tvm {theirs.tvm}, "
                                 f"byoc_hetero {theirs.byoc_hetero} (runtime build "
-                                f"{theirs.runtime or 'unknown'}); now onednn {self.machine.onednn}, "
-                                f"tvm {self.machine.tvm}, byoc_hetero {self.machine.byoc_hetero} "
-                                f"(runtime build {self.machine.runtime or 'unknown'})")
+                                f"{theirs.runtime or 'unknown'}, sources {theirs.sources or 'unknown'}); now "
+                                f"onednn {self.machine.onednn}, tvm {self.machine.tvm}, byoc_hetero "
+                                f"{self.machine.byoc_hetero} (runtime build {self.machine.runtime or 'unknown'}, "
+                                f"sources {self.machine.sources or 'unknown'})")
         self.entries, self.errors, self.values = entries, errors, values
 
     def get(self, key: str) -> Timing | None:
