@@ -231,3 +231,29 @@ def test_a_warm_int8_tune_partitions_only_the_default_and_the_kept_plan(monkeypa
     x = [_samples(1, 9)[0]]
     monkeypatch.undo()
     assert np.array_equal(precision.Built(m).run([x])[0][0], precision.Built(m2).run([x])[0][0])
+
+
+# -- saving only what changed --------------------------------------------------------------------------
+
+
+def test_cache_saves_only_when_something_was_stored(tmp_path):
+    from byoc_hetero.tune import Timing, TimingCacheWarning
+
+    path = tmp_path / "c.json"
+    first = TimingCache(path)
+    first.put("k", Timing(1e-3, 5))
+    first.save()
+    inode = path.stat().st_ino
+    reader = TimingCache(path)
+    assert reader.get("k") == Timing(1e-3, 5)
+    reader.save()  # only read: the file is left as it is (an atomic save would give a new inode)
+    assert path.stat().st_ino == inode
+    reader.put_value("v", [1, 2])
+    reader.save()
+    assert path.stat().st_ino != inode and TimingCache(path).get_value("v") == [1, 2]
+    # an ignored (corrupt) file is replaced by the next save, even with nothing stored
+    path.write_text("not json {")
+    with pytest.warns(TimingCacheWarning):
+        broken = TimingCache(path)
+    broken.save()
+    assert len(TimingCache(path)) == 0 and json.loads(path.read_text())["format"] == "byoc-hetero-timing-cache"
