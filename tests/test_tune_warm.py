@@ -257,3 +257,18 @@ def test_cache_saves_only_when_something_was_stored(tmp_path):
         broken = TimingCache(path)
     broken.save()
     assert len(TimingCache(path)) == 0 and json.loads(path.read_text())["format"] == "byoc-hetero-timing-cache"
+
+
+def test_int8_level_stores_into_the_cache_it_is_given_even_an_empty_one(monkeypatch):
+    """An empty TimingCache is falsy (its length is 0): the int8 level once replaced it with a
+    throwaway one, so nothing it measured reached the caller's file."""
+    from test_tune_int8 import _inject
+
+    mod, params = bh.models.small_convnet()
+    _inject(monkeypatch, {"all int8"})
+    cache = TimingCache(None)
+    assert len(cache) == 0 and not cache
+    kept, report = precision.choose_precisions(mod, params, bh.partition(mod, params), precisions=("f32", "int8"),
+                                               tolerance=0.5, calibration=_samples(3, 1), holdout=_samples(1, 2),
+                                               cache=cache, rounds=1, repeat=3)
+    assert report.kept == "all int8" and cache.errors and any("int8_ranges" in k for k in cache.values)

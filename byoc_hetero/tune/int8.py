@@ -495,7 +495,7 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     if "bf16" in report.precisions and bf16_off:
         report.precisions = tuple(p for p in report.precisions if p != "bf16")
         report.notes.append(f"bf16 candidates skipped: {bf16_off}")
-    cache = cache or TimingCache(None)
+    cache = cache if cache is not None else TimingCache(None)  # not `or`: an empty cache is falsy (len 0)
     quantizer = Quantizer(session.mod, session.params, calibration, cache, session.model_digest())
     if not quantizer.layers:
         report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")
