@@ -11,8 +11,8 @@ A map is a pure function of what the partition is made from, so it is stored in 
 ``values`` under a signature of exactly that: the model (:func:`.reuse.model_digest`), the
 calibration inputs the quantization ranges came from (:func:`.plan_errors.inputs_digest`), the
 targets and backend options, the set of int8 layers, and which map it is. The cache itself is
-only read on the machine, library versions and runtime build it was written with
-(:class:`.cache.MachineKey`). Where the partition is made anyway (a mix that is built), the caller
+only read on the machine, library versions, runtime build and Python sources it was written with
+(:class:`.cache.MachineKey`: other sources may partition otherwise). Where the partition is made anyway (a mix that is built), the caller
 checks the map against it (:meth:`NodeMaps.check`) and a map that does not match is replaced.
 """
 
