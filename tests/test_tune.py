@@ -175,6 +175,7 @@ def test_cache_round_trip_hits_and_misses(tmp_path):
     ({"onednn": "3.3.0"}, "stale"),
     ({"byoc_hetero": "0.2.0"}, "stale"),
     ({"runtime": "0123456789abcdef"}, "stale"),  # another build of the runtime, same version
+    ({"sources": "0123456789abcdef"}, "stale"),  # other Python sources (passes), same version
 ])
 def test_foreign_or_stale_cache_is_ignored_with_a_warning(tmp_path, change, word):
     path = tmp_path / "timings.json"
@@ -197,6 +198,21 @@ def test_machine_key_names_this_runtime_build():
     with open(_C.__file__, "rb") as f:
         expected = hashlib.sha256(f.read()).hexdigest()[:16]
     assert MachineKey.current().runtime == expected
+
+
+def test_machine_key_names_these_python_sources():
+    """The key carries a digest of the package's Python files: the cache keeps partitions' node
+    maps and region documents, which the passes decide, so other sources make it stale."""
+    import hashlib
+    import pathlib
+
+    import byoc_hetero
+
+    root = pathlib.Path(byoc_hetero.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py"), key=lambda p: str(p.relative_to(root))):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    assert MachineKey.current().sources == h.hexdigest()[:16]
 
 
 @pytest.mark.parametrize("content", [

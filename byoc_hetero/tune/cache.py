@@ -57,6 +57,11 @@ class MachineKey:
     # (session 5: a cache written before a kernel fix kept a 220 ms mix that now runs in 13 ms),
     # and a wheel's users share one binary, so a shipped cache still replays for them.
     runtime: str = ""
+    # A digest of this package's Python sources: the cache also keeps what a partition looked like
+    # (the int8 level's node maps, the region documents units are timed on: :mod:`.node_maps`),
+    # which the passes decide; a change to them between two releases' version numbers must make
+    # those entries stale, not replayed onto another partition.
+    sources: str = ""
 
     def machine_part(self) -> tuple[str, str, str, str]:
         """The fields that name the hardware (differing: a *foreign* cache)."""
@@ -82,7 +87,7 @@ class MachineKey:
         digest = hashlib.sha256(flags.encode()).hexdigest()[:16]
         return cls(cpu=cpu, cpu_flags=digest, isa=_C.isa(), onednn=_C.onednn_version(),
                    tvm=str(tvm.__version__), byoc_hetero=str(_C.__version__), gpu=gpu,
-                   runtime=_runtime_digest(getattr(_C, "__file__", None)))
+                   runtime=_runtime_digest(getattr(_C, "__file__", None)), sources=_sources_digest())
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,6 +102,20 @@ def _runtime_digest(path: str | None) -> str:
                 h.update(block)
     except OSError:
         return ""
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _sources_digest() -> str:
+    """The first 16 hex digits of a SHA-256 over this package's ``.py`` files (paths and bytes)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = sorted(os.path.relpath(os.path.join(folder, name), root) for folder, _, files in os.walk(root)
+                   for name in files if name.endswith(".py"))
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.encode() + b"\0")
+        with open(os.path.join(root, path), "rb") as f:
+            h.update(f.read())
     return h.hexdigest()[:16]
 
 
@@ -146,11 +165,13 @@ class TimingCache:
         self.hits = 0
         self.misses = 0
         self.ignored: str | None = None  # why a file on disk was not used
+        self.dirty = False  # anything stored since the file was read or written
         if self.path is not None and os.path.exists(self.path):
             self._load()
 
     def _ignore(self, why: str) -> None:
         self.ignored = why
+        self.dirty = True  # the file on disk is not this cache: the next save replaces it
         warnings.warn(f"timing cache {self.path} ignored: {why}", TimingCacheWarning, stacklevel=3)
 
     def _load(self) -> None:
@@ -177,9 +198,10 @@ class TimingCache:
         if theirs != self.machine:
             return self._ignore(f"stale: libraries onednn {theirs.onednn}, tvm {theirs.tvm}, "
                                 f"byoc_hetero {theirs.byoc_hetero} (runtime build "
-                                f"{theirs.runtime or 'unknown'}); now onednn {self.machine.onednn}, "
-                                f"tvm {self.machine.tvm}, byoc_hetero {self.machine.byoc_hetero} "
-                                f"(runtime build {self.machine.runtime or 'unknown'})")
+                                f"{theirs.runtime or 'unknown'}, sources {theirs.sources or 'unknown'}); now "
+                                f"onednn {self.machine.onednn}, tvm {self.machine.tvm}, byoc_hetero "
+                                f"{self.machine.byoc_hetero} (runtime build {self.machine.runtime or 'unknown'}, "
+                                f"sources {self.machine.sources or 'unknown'})")
         self.entries, self.errors, self.values = entries, errors, values
 
     def get(self, key: str) -> Timing | None:
@@ -196,6 +218,7 @@ class TimingCache:
 
     def put(self, key: str, timing: Timing) -> None:
         self.entries[key] = timing
+        self.dirty = True
 
     def get_error(self, key: str) -> float | None:
         """The stored output error of ``key`` (a hit), or None (a miss)."""
@@ -203,6 +226,7 @@ class TimingCache:
 
     def put_error(self, key: str, error: float) -> None:
         self.errors[key] = float(error)
+        self.dirty = True
 
     def get_value(self, key: str) -> Any:
         """The stored value of ``key`` (a hit), or None (a miss)."""
@@ -211,13 +235,15 @@ class TimingCache:
     def put_value(self, key: str, value: Any) -> None:
         """Store a JSON-serializable ``value``."""
         self.values[key] = value
+        self.dirty = True
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def save(self) -> None:
-        """Write the cache to ``path`` atomically (nothing to do without a path)."""
-        if self.path is None:
+        """Write the cache to ``path`` atomically (nothing to do without a path, or when nothing was
+        stored since the file was read: a warm tune of ResNet-50 rewrote its 0.6 MB file 4 times)."""
+        if self.path is None or not (self.dirty or not os.path.exists(self.path)):
             return
         doc = {"format": FORMAT, "version": VERSION, "machine": asdict(self.machine),
                "entries": {k: asdict(v) for k, v in sorted(self.entries.items())},
@@ -229,6 +255,7 @@ class TimingCache:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1)
             os.replace(tmp, self.path)
+            self.dirty = False
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -34,9 +34,10 @@ llvm) cannot be matched, and the int8 candidates are skipped with a note saying 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,8 +45,8 @@ import tvm
 
 from .cache import TimingCache, signature
 from .measure import time_call
-from .plan_errors import PlanErrors, inputs_digest
-from .reuse import model_digest
+from .node_maps import NodeMaps
+from .plan_errors import PlanErrors, inputs_digest, settings_digest
 from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
                         measure_unit_times)
 from .edges import FLOAT, UnitEdges, domain, edge_cost, measure_edge_costs, unit_edges
@@ -81,6 +82,9 @@ class Quantizer:
             mod = mod.clone()
             mod["main"] = func
         self.mod, self.params, self.samples = mod, folded, list(calibration)
+        # what the QDQ modules are made from (the model, the inputs its ranges come from): the key of the
+        # partitions' node maps in the cache (:mod:`.node_maps`); None without a cache
+        self.identity = {"model": model, "inputs": inputs_digest(self.samples)} if cache is not None and model else None
         full, _ = plan(func, set(self.params), None)
         self.layers = full.layers
         self.qparams: dict = {}
@@ -88,11 +92,11 @@ class Quantizer:
             return
         order = {p: -len(func.params) + i for i, p in enumerate(func.params)} | tensor_index(func)
         observed = sorted(set(full.points.values()), key=lambda v: order[v])
-        key = signature("int8_ranges", attrs={"model": model, "inputs": inputs_digest(self.samples)})
-        ranges = cache.get_value(key) if cache is not None and model else None
+        key = signature("int8_ranges", attrs=self.identity or {})
+        ranges = cache.get_value(key) if self.identity else None
         if ranges is None or len(ranges) != len(observed):
             ranges = self._observe(observed)
-            if cache is not None and model:
+            if self.identity:
                 cache.put_value(key, ranges)
         for var, (lo, hi) in zip(observed, ranges):
             scale, zp = activation_qparams(lo, hi, "uint8")
@@ -174,10 +178,13 @@ def int8_timing_key(graph: Mapping[str, Any], index: int) -> str:
                      [tensors[t].get("dtype", "float32") for t in node["inputs"]], attrs, "int8")
 
 
-def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], int8_keys: Mapping[int, str],
-                       graphs: Mapping[str, Mapping[str, Any]], cache: TimingCache, repeat: int = 15) -> None:
-    """Each unit's int8 seconds per call: its layers' int8 nodes, each alone as a one-node region
-    (:class:`.precision.OneNode`, random data of its dtypes), through ``cache``."""
+def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], timing_keys: Mapping[int, str],
+                       locate: Callable[[int], tuple[Mapping[str, Any], int]], cache: TimingCache,
+                       repeat: int = 15) -> None:
+    """Each unit's int8 seconds per call: its layers' int8 nodes (``timing_keys``: layer index ->
+    :func:`int8_timing_key`), each alone as a one-node region (:class:`.precision.OneNode`, random
+    data of its dtypes), through ``cache``; ``locate(layer)`` gives the node's region document and
+    index, asked only for a node to time (:attr:`AllInt8.nodes`)."""
     from ..errors import first_line
     from .precision import OneNode
 
@@ -185,12 +192,11 @@ def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, in
         total = 0.0
         try:
             for key in unit.keys:
-                symbol, _, index = int8_keys[layer_of[key]].rpartition("#")
-                cache_key = int8_timing_key(graphs[symbol], int(index))
+                cache_key = timing_keys[layer_of[key]]
                 timing = cache.get(cache_key)
                 if timing is None:
-                    timing = time_call(OneNode(graphs[symbol], int(index), "f32"), warmup=3, repeat=repeat,
-                                       min_total_s=0.05)
+                    graph, index = locate(layer_of[key])
+                    timing = time_call(OneNode(graph, index, "f32"), warmup=3, repeat=repeat, min_total_s=0.05)
                     cache.put(cache_key, timing)
                 total += timing.median_s
             unit.times["int8"] = total
@@ -198,17 +204,47 @@ def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, in
             unit.unmeasured = f"int8 could not be timed alone: {first_line(err)}"
 
 
+class AllInt8:
+    """The all-int8 partition, made when first needed, and where each layer's int8 node is in it."""
+
+    def __init__(self, session: _Session, quantizer: Quantizer):
+        from ..stages import partition
+
+        self.quantizer, self.layers = quantizer, {lyr.index for lyr in quantizer.layers}
+        self.built = Built(lambda: partition(*quantizer.module(self.layers), target=session.targets,
+                                             options=session.options))
+
+    @functools.cached_property
+    def nodes(self) -> dict[int, tuple[Mapping[str, Any], int]]:
+        """Layer index -> (region document, node index) of its int8 node (a :class:`MatchError`
+        where layers and nodes part)."""
+        from .._relax import region_table
+
+        _, keys = layer_keys(self.built.module, self.quantizer.layers, self.layers)
+        graphs = {symbol: entry.graph for symbol, entry in region_table(self.built.module).items()}
+        return {i: (graphs[k.rpartition("#")[0]], int(k.rpartition("#")[2])) for i, k in keys.items()}
+
+    def timing_keys(self, maps: NodeMaps) -> dict[int, str]:
+        """Layer index -> timing-cache key of its int8 node: from ``maps`` (a warm cache: the
+        partition is not made), else worked out from the partition."""
+        return maps.get("int8 timing", self.layers,
+                        lambda: {i: int8_timing_key(g, n) for i, (g, n) in self.nodes.items()})
+
+
 class MixBuilder:
     """Builds a plan given as layer index -> ``"f32"`` / ``"bf16"`` / ``"int8"``."""
 
-    def __init__(self, session: _Session, quantizer: Quantizer, float_keys: Mapping[int, str]):
-        self.session, self.quantizer, self.float_keys = session, quantizer, dict(float_keys)
+    def __init__(self, session: _Session, quantizer: Quantizer, float_keys: Mapping[int, str], maps: NodeMaps):
+        self.session, self.quantizer, self.float_keys, self.maps = session, quantizer, dict(float_keys), maps
 
     def build(self, assignment: Mapping[int, str]) -> Built:
         """The plan ``assignment``, partitioned and built when first used (:class:`.precision.Built`)."""
         return Built(lambda: self._partition(assignment))
 
-    def _partition(self, assignment: Mapping[int, str]) -> tvm.IRModule:
+    def _partition(self, assignment: Mapping[int, str], retry: bool = True) -> tvm.IRModule:
+        """The mix's module. With bf16 layers, their nodes are named by key in ``node_precisions``:
+        the keys of the mix's float nodes come from :attr:`maps` (else from the mix partitioned
+        without bf16 first), and are checked against the module made with them."""
         from ..stages import partition
 
         int8 = {i for i, p in assignment.items() if p == "int8"}
@@ -216,13 +252,17 @@ class MixBuilder:
             return self.session.build({self.float_keys[i]: p for i, p in assignment.items()}).module
         qmod, qparams = self.quantizer.module(int8)
         targets, options = self.session.targets, {k: dict(v) for k, v in self.session.options.items()}
-        plain = partition(qmod, qparams, target=targets, options=options)
+        layers = self.quantizer.layers
         if "bf16" not in assignment.values():
-            return plain
-        floats, _ = layer_keys(plain, self.quantizer.layers, int8)
+            return partition(qmod, qparams, target=targets, options=options)
+        floats = self.maps.get("float", int8, lambda: layer_keys(partition(qmod, qparams, target=targets,
+                                                                           options=options), layers, int8)[0])
         options.setdefault("onednn", {})["node_precisions"] = json.dumps(
             {key: assignment[i] for i, key in floats.items()}, sort_keys=True)
-        return partition(qmod, qparams, target=targets, precision="bf16", options=options)
+        mixed = partition(qmod, qparams, target=targets, precision="bf16", options=options)
+        if self.maps.check("float", int8, floats, layer_keys(mixed, layers, int8)[0]) or not retry:
+            return mixed
+        return self._partition(assignment, retry=False)  # a stored map the module contradicted: replaced
 
 
 def unit_layers(unit: PrecisionUnit, layer_of: Mapping[str, int]) -> list[int]:
@@ -388,27 +428,26 @@ def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[Plan
 
 
 def _units(report: PrecisionReport, session: _Session, quantizer: Quantizer, base: tvm.IRModule,
-           max_units: int) -> tuple[dict[int, str], dict[int, str], tvm.IRModule]:
-    """The units (layer groups, over the float nodes of ``base``) and the layers' node keys in the
-    float partition and in the all-int8 one (returned too): a :class:`MatchError` where they part."""
-    from ..stages import partition
+           max_units: int, maps: NodeMaps) -> tuple[dict[int, str], AllInt8, dict[int, str]]:
+    """The units (layer groups, over the float nodes of ``base``), the layers' node keys in the
+    float partition, the all-int8 partition (lazy) and its int8 nodes' timing keys: a
+    :class:`MatchError` where layers and nodes part."""
     from .precision import anchor_nodes
 
-    qmod, qparams = quantizer.module({lyr.index for lyr in quantizer.layers})
-    all_int8 = partition(qmod, qparams, target=session.targets, options=session.options)
+    all_int8 = AllInt8(session, quantizer)
     float_keys, _ = layer_keys(base, quantizer.layers, set())
-    _, int8_keys = layer_keys(all_int8, quantizer.layers, {lyr.index for lyr in quantizer.layers})
+    timing_keys = all_int8.timing_keys(maps)
     labels = dict(anchor_nodes(base))
     report.units = make_units([(float_keys[lyr.index], labels.get(float_keys[lyr.index], lyr.name))
                                for lyr in quantizer.layers], max_units)
-    return float_keys, int8_keys, all_int8
+    return float_keys, all_int8, timing_keys
 
 
 def _time_units(report: PrecisionReport, ctx: Int8Context, graphs: Mapping[str, Any], int8_keys: Mapping[int, str],
-                int8_graphs: Mapping[str, Any], cache: TimingCache, repeat: int) -> None:
+                all_int8: AllInt8, cache: TimingCache, repeat: int) -> None:
     floats = [p for p in ("f32", "bf16") if p in report.precisions]
     measure_unit_times(report.units, graphs, cache, repeat, floats)
-    measure_int8_times(report.units, ctx.layer_of, int8_keys, int8_graphs, cache, repeat)
+    measure_int8_times(report.units, ctx.layer_of, int8_keys, lambda layer: all_int8.nodes[layer], cache, repeat)
     for unit in report.units:  # a unit that could not be timed in int8 stays out of int8
         unit.times.setdefault("f32", 0.0)
     _measure_edges(report, ctx, graphs, cache, repeat)
@@ -449,31 +488,29 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     nothing to choose) and ``report``. ``session`` builds float plans (the algorithm level's
     options, the codegen level's map); ``default`` is the reference float32 partition, ``base`` the
     float32 partition the candidates' float nodes are keyed on."""
-    from .._relax import region_table
     from ..backends.onednn.precision import effective_precision
-    from .precision import _float_plans, _pick, _warn_unmet
+    from .precision import _float_plans, _pick, _warn_unmet, timed_graphs
 
     bf16_off = effective_precision("bf16")[1]
     if "bf16" in report.precisions and bf16_off:
         report.precisions = tuple(p for p in report.precisions if p != "bf16")
         report.notes.append(f"bf16 candidates skipped: {bf16_off}")
-    cache = cache or TimingCache(None)
-    quantizer = Quantizer(session.mod, session.params, calibration, cache, model_digest(session.mod, session.params))
+    cache = cache if cache is not None else TimingCache(None)  # not `or`: an empty cache is falsy (len 0)
+    quantizer = Quantizer(session.mod, session.params, calibration, cache, session.model_digest())
     if not quantizer.layers:
         report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")
         return None, report
+    maps = NodeMaps(cache, quantizer.identity, settings_digest(session.targets, session.options, None))
     try:
-        float_keys, int8_keys, all_int8 = _units(report, session, quantizer, base, max_units)
+        float_keys, all_int8, int8_keys = _units(report, session, quantizer, base, max_units, maps)
     except MatchError as err:
         report.notes.append(f"int8 candidates skipped: {err}")
         return None, report
     float_plans = _float_plans(session, default, calibration, holdout, cache)
-    ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys), [lyr.index for lyr in quantizer.layers],
-                      {k: i for i, k in float_keys.items()})
-    timed = float_plans[-1].built.module if len(float_plans) > 1 else base
-    _time_units(report, ctx, {s: e.graph for s, e in region_table(timed).items()}, int8_keys,
-                {s: e.graph for s, e in region_table(all_int8).items()}, cache, repeat)
-    candidates = [_all_of("int8", report, ctx, Built(all_int8))]
+    ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys, maps),
+                      [lyr.index for lyr in quantizer.layers], {k: i for i, k in float_keys.items()})
+    _time_units(report, ctx, timed_graphs(session, float_plans, base, cache), int8_keys, all_int8, cache, repeat)
+    candidates = [_all_of("int8", report, ctx, all_int8.built)]
     if "bf16" in report.precisions:
         candidates.append(_all_of("bf16", report, ctx))
     session.say(f"{len(report.units)} units timed; " + ", ".join(

@@ -339,6 +339,16 @@ class _Session:
         self.deadline = math.inf if budget_s is None else time.perf_counter() + float(budget_s)
         self.progress = progress
         self.errors: PlanErrors | None = None  # set by choose_precisions, with the input sets
+        self._model_digest: str | None = None
+
+    def model_digest(self) -> str:
+        """:func:`.reuse.model_digest` of the model, worked out once (hashing ResNet-50's 100 MB of
+        weights took 0.1 s, and the int8 level asked twice)."""
+        from .reuse import model_digest
+
+        if self._model_digest is None:
+            self._model_digest = model_digest(self.mod, self.params)
+        return self._model_digest
 
     def build(self, table: Mapping[str, str] | None) -> Built:
         """The model partitioned with ``table`` (node key -> precision; None: plain float32) and built."""
@@ -370,6 +380,18 @@ def _constant_tensors(graph: Mapping[str, Any]) -> set[int]:
         if node["inputs"] and all(t in known for t in node["inputs"]):
             known.add(node["output"])
     return known
+
+
+def node_timing_key(graph: Mapping[str, Any], index: int, precision: str) -> str:
+    """The timing-cache signature of node ``index`` of a region document computing in ``precision``
+    (its op, input shapes and dtypes, attrs with the precision): what :meth:`OneNode.timing_key`
+    gives, without creating and initializing the one-node region. A warm tune of ResNet-50 spent
+    3.0-3.2 s (of 9.2, loaded machine) creating 108 one-node regions, random weights included,
+    only to read their keys."""
+    node, tensors = graph["nodes"][index], graph["tensors"]
+    shapes = [list(tensors[t]["shape"]) for t in node["inputs"]]
+    dtypes = [tensors[t].get("dtype", "float32") for t in node["inputs"]]
+    return signature(node["op"], shapes, dtypes, dict(node.get("attrs", {}), precision=precision), precision)
 
 
 class OneNode:
@@ -410,10 +432,7 @@ class OneNode:
 
     def timing_key(self) -> str:
         """The timing-cache signature: the node's op, shapes, dtypes and attrs (precision included)."""
-        node = self.doc["nodes"][0]
-        shapes = [self.doc["tensors"][t]["shape"] for t in node["inputs"]]
-        dtypes = [self.doc["tensors"][t]["dtype"] for t in node["inputs"]]
-        return signature(node["op"], shapes, dtypes, node["attrs"], node["attrs"]["precision"])
+        return node_timing_key(self.doc, 0, self.doc["nodes"][0]["attrs"]["precision"])
 
     def __call__(self) -> None:
         self.fn(*self.args)
@@ -431,11 +450,12 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
                 total = 0.0
                 for key in unit.keys:
                     symbol, _, index = key.rpartition("#")
-                    one = OneNode(graphs[symbol], int(index), precision)
-                    timing = cache.get(one.timing_key())
-                    if timing is None:
-                        timing = time_call(one, warmup=3, repeat=repeat, min_total_s=0.05)
-                        cache.put(one.timing_key(), timing)
+                    cache_key = node_timing_key(graphs[symbol], int(index), precision)
+                    timing = cache.get(cache_key)
+                    if timing is None:  # the region is created only to be timed
+                        timing = time_call(OneNode(graphs[symbol], int(index), precision), warmup=3,
+                                           repeat=repeat, min_total_s=0.05)
+                        cache.put(cache_key, timing)
                     total += timing.median_s
                 unit.times[precision] = total
         except (RuntimeError, ValueError) as err:  # a node the runtime cannot run alone
@@ -582,11 +602,9 @@ def _float_plans(session: _Session, default: tvm.IRModule, calibration: list, ho
     convolution or the codegen level a region, the float32 plan with those decisions. Sets
     ``session.errors`` (errors against the reference's outputs, computed when first needed,
     through ``cache``: :mod:`.plan_errors`)."""
-    from .reuse import model_digest
-
     ref = Built(default)
     reference = LazyOutputs(lambda: ref.run(calibration))
-    session.errors = PlanErrors(cache, model_digest(session.mod, session.params),
+    session.errors = PlanErrors(cache, session.model_digest(),
                                 settings_digest(session.targets, session.options, session.region_codegen))
     session.errors.inputs("calibration", calibration, reference)
     session.errors.inputs("holdout", holdout, LazyOutputs(lambda: ref.run(holdout)))
@@ -598,6 +616,26 @@ def _float_plans(session: _Session, default: tvm.IRModule, calibration: list, ho
         plans.append(PlanResult(f"float32, tuned {' and '.join(changed)}", {},
                                 session.errors.error({"": "float32"}, "calibration", tuned), built=tuned))
     return plans
+
+
+def timed_graphs(session: _Session, float_plans: Sequence[PlanResult], base: tvm.IRModule,
+                 cache: TimingCache) -> dict[str, Any]:
+    """The region documents (symbol -> graph) the units' times and edges are read from: ``base``'s,
+    or, where the other levels changed a decision, those of the float32 plan with them
+    (``float_plans[-1]``). Those are kept in ``cache`` under the model and the settings they are
+    made from (the key of that plan's errors, :mod:`.plan_errors`): a warm tune of ResNet-50
+    partitioned the plan for nothing else, about 1 s of its 4 (loaded machine)."""
+    from .._relax import region_table
+
+    if len(float_plans) == 1:
+        return {symbol: entry.graph for symbol, entry in region_table(base).items()}
+    key = signature("region_graphs", attrs={"model": session.errors.model, "settings": session.errors.settings})
+    found = cache.get_value(key)
+    if isinstance(found, dict) and all(isinstance(g, dict) and "nodes" in g for g in found.values()):
+        return found
+    graphs = {symbol: entry.graph for symbol, entry in region_table(float_plans[-1].built.module).items()}
+    cache.put_value(key, {symbol: g for symbol, g in graphs.items() if g})
+    return graphs
 
 
 def _check_holdout(plans: Sequence[PlanResult], tolerance: float, target: float,
@@ -662,7 +700,6 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     ``region_codegen`` the codegen level's map and ``base`` the float32 partition it gives (the
     candidates are built on it); ``cache`` the timing cache the units' times go through (saved at
     the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides."""
-    from .._relax import region_table
     from ..backends.onednn.precision import effective_precision
 
     report = PrecisionReport(tuple(precisions), float(tolerance))
@@ -688,8 +725,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     keys = [k for k, _ in anchors]
     all_bf16 = session.build({k: "bf16" for k in keys})
     report.units = make_units(anchors, max_units)
-    timed = float_plans[-1].built.module if len(float_plans) > 1 else base  # the algorithms apply in the graphs
-    graphs = {symbol: entry.graph for symbol, entry in region_table(timed).items()}
+    graphs = timed_graphs(session, float_plans, base, cache)  # the algorithms apply in the graphs
     measure_unit_times(report.units, graphs, cache, repeat)
     cache.save()
     candidates = [PlanResult("all bf16", {k: "bf16" for k in keys},

@@ -215,7 +215,10 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
         if kept is not None:
             report.default, report.tuned = report.precision.plans[0].timing, kept.timing
             report.kept = "default" if kept is report.precision.plans[0] else "tuned"
-            return kept.built.module, report
+            module = kept.built.module  # a warm tune partitions the kept plan only now: what it looked up is saved
+            timing_cache.save()
+            report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
+            return module, report
     if option == "{}" and mapped is None and len(backend_options) == 1:
         report.notes.append("every measured decision equals the built-in rules: the default plan")
         return default, report
