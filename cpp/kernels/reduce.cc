@@ -4,7 +4,11 @@
  *        primitive), with an optional shift and activation applied to the result as post-ops.
  *
  * Attrs: algorithm "mean" | "sum" | "max" | "min" | "mean_square" (required); shift (a number,
- * default 0: added to the result) and activation (+ clip), as in binary: act(reduce(x) + shift).
+ * default 0: added to the result) and activation (+ clip), as in binary: act(reduce(x) + shift);
+ * normalize (0/1, default 0; only mean_square over trailing axes with activation rsqrt): the output
+ * is x * act(mean(x^2) + shift), the data's shape, instead of the statistic: RMSNorm's x * r
+ * without gamma, where the statistic and the broadcast multiply were two steps (61 of each per
+ * SmolLM-135M call).  Each element is the same float product the binary step computed.
  * "mean_square" (the mean of x^2): with shift eps and activation rsqrt it is RMSNorm's
  * 1/sqrt(mean(x^2) + eps) in one pass over x (region pass fuse_rms_statistics,
  * ops/rms_statistic.py), where square, mean and add were three steps.  oneDNN 3.2 has it only as
@@ -46,12 +50,21 @@ bool TrailingAxes(const std::vector<int64_t>& in, const std::vector<int64_t>& ou
   return true;
 }
 
-/*! \brief mean_square over the trailing axes as a host loop: act(sum(x^2) / n + shift) per row. */
-std::unique_ptr<Kernel> MeanSquareRows(const KernelContext& ctx, double shift, const std::string& act) {
-  const int64_t rows = ctx.output().numel(), n = ctx.input(0).numel() / rows;
+/*! \brief y = x * s over one row.  Element j reads only x[j], after the row's statistic is summed, so
+ *         the loop stays right even on an output placed on the input's own bytes. */
+void ScaleRow(const float* __restrict x, float s, float* __restrict y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = x[j] * s;
+}
+
+/*! \brief mean_square over the trailing axes as a host loop: act(sum(x^2) / n + shift) per row;
+ *         with \p normalize, x times that per row (the output has the data's shape). */
+std::unique_ptr<Kernel> MeanSquareRows(const KernelContext& ctx, double shift, const std::string& act,
+                                       bool normalize) {
+  const int64_t n = normalize ? ctx.input(0).shape.back() : ctx.input(0).numel() / ctx.output().numel();
+  const int64_t rows = ctx.input(0).numel() / n;
   const float inv_n = static_cast<float>(1.0 / static_cast<double>(n)), add = static_cast<float>(shift);
   const int mode = act == "sqrt" ? 1 : act == "rsqrt" ? 2 : 0;
-  HostFn fn = [rows, n, inv_n, add, mode](const std::vector<void*>& p) {
+  HostFn fn = [rows, n, inv_n, add, mode, normalize](const std::vector<void*>& p) {
     const float* x = static_cast<const float*>(p[0]);
     float* y = static_cast<float*>(p[1]);
     constexpr int64_t kLanes = 16;
@@ -65,11 +78,32 @@ std::unique_ptr<Kernel> MeanSquareRows(const KernelContext& ctx, double shift, c
       for (; i < n; ++i) sum += x[i] * x[i];
       for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
       const float v = sum * inv_n + add;
-      y[r] = mode == 0 ? v : mode == 1 ? std::sqrt(v) : 1.f / std::sqrt(v);
+      const float stat = mode == 0 ? v : mode == 1 ? std::sqrt(v) : 1.f / std::sqrt(v);
+      if (!normalize) {
+        y[r] = stat;
+        continue;
+      }
+      ScaleRow(x, stat, y + r * n, n);
     }
   };
   return std::make_unique<HostKernel>(ctx.where(), "reduce", std::move(fn),
                                       std::vector<memory::desc>{PlainDescOf(ctx.input(0))}, PlainDescOf(ctx.output()));
+}
+/*! \brief normalize = 1: x * rsqrt(mean(x^2) over the last axis + shift), the data's shape. */
+std::unique_ptr<Kernel> NormalizeRows(const KernelContext& ctx, const std::string& alg, double shift,
+                                      const Activation& act) {
+  if (alg != "mean_square" || act.name != "rsqrt") {
+    ctx.Fail("normalize = 1 needs algorithm mean_square with activation rsqrt (x * rsqrt(mean(x^2) + shift)), got "
+             "algorithm " + alg + " with activation " + act.name);
+  }
+  if (ctx.output().shape != ctx.input(0).shape) {
+    ctx.Fail("normalize = 1 writes the data's shape " + ShapeToString(ctx.input(0).shape) + ", but the output has " +
+             ShapeToString(ctx.output().shape));
+  }
+  if (ctx.input(0).dtype != DType::kFloat32 || ctx.output().dtype != DType::kFloat32) {
+    ctx.Fail("normalize = 1 runs on float32 data and output only");
+  }
+  return MeanSquareRows(ctx, shift, act.name, true);
 }
 }  // namespace
 
@@ -80,12 +114,14 @@ static std::unique_ptr<Kernel> BuildReduce(const KernelContext& ctx) {
   const std::string alg_name = attrs.Choice("algorithm", names, "");
   const double shift = attrs.Float("shift", 0.0);
   const Activation act = ctx.ReadActivation(attrs, "activation", "clip");
+  const bool normalize = attrs.Flag("normalize", false);
   attrs.CheckNoUnknown();
   if (!std::isfinite(shift)) attrs.Fail("shift", "expected a finite number");
   ctx.ExpectInputCount(1, "data");
   const auto& in = ctx.input(0).shape;
-  const auto& out = ctx.output().shape;
   if (in.empty()) ctx.Fail("data must have rank >= 1, got a scalar");
+  if (normalize) return NormalizeRows(ctx, alg_name, shift, act);
+  const auto& out = ctx.output().shape;
   bool ok = out.size() == in.size();
   for (size_t i = 0; ok && i < in.size(); ++i) ok = out[i] == in[i] || out[i] == 1;
   if (!ok) {
@@ -106,7 +142,7 @@ static std::unique_ptr<Kernel> BuildReduce(const KernelContext& ctx) {
   }
   if (square && TrailingAxes(in, out) && (act.none() || act.name == "sqrt" || act.name == "rsqrt") &&
       ctx.input(0).dtype == DType::kFloat32 && ctx.output().dtype == DType::kFloat32) {
-    return MeanSquareRows(ctx, shift, act.name);
+    return MeanSquareRows(ctx, shift, act.name, false);
   }
   int64_t n = 1;  // elements per output element
   for (size_t i = 0; i < in.size(); ++i) n *= in[i] / out[i];
