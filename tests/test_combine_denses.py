@@ -87,6 +87,21 @@ def test_activated_projection_stays_separate():
     assert len(widths) == 2, widths
 
 
+def test_projections_with_biases_stay_separate():
+    """Q / K / V with a constant bias each (BERT, GPT-2): each dense takes its bias as an epilogue,
+    so none is combined (three dense nodes, no split); results are the llvm build's."""
+    ws = [(_const(HIDDEN, 16), _const(16)) for _ in range(3)]
+
+    def body(emit, x):
+        return emit(R.concat([emit(R.add(emit(R.matmul(x, w)), b)) for w, b in ws], axis=-1))
+
+    res = offload_and_compare(graph({"x": (1, SEQ, HIDDEN)}, body))
+    assert res.error < 1e-5, res.error
+    nodes = [n for m in bh.codegen.region_modules(build(res.partitioned))
+             for n in json.loads(m["get_graph_json"]())["nodes"]]
+    assert [n["op"] for n in nodes].count("dense") == 3 and "slice" not in [n["op"] for n in nodes]
+
+
 def test_runtime_weight_is_not_combined():
     """Weights that are parameters (not bound): nothing to concatenate at bind time, the module
     is returned unchanged."""

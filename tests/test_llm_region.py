@@ -80,12 +80,13 @@ def _norm_then_projections(extra_reader: str | None):
 
 
 def test_rms_norm_weight_goes_into_the_dense_weights():
-    """The norm's ``gamma *`` is no node of the region: both projections (one KN, one NK weight)
-    run on weights scaled once at init; the result is the llvm build's."""
+    """The norm's ``gamma *`` is no node of the region: both projections (one KN, one NK weight,
+    one dense since combine_parallel_denses) run on weights scaled once at init; the result is the
+    llvm build's."""
     res = offload_and_compare(_norm_then_projections(None))
     assert res.error < 1e-5, res.error
     ex = build(res.partitioned)
-    assert _dense_count(ex) == 2
+    assert _dense_count(ex) == 1
     assert _vector_multiplies(ex, HIDDEN) == 0
 
 

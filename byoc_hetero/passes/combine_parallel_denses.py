@@ -9,10 +9,12 @@ bind time (one ``[K, sum N_i]`` constant), then ``split`` along the last axis; e
 variable is bound to its part of the split. Each output column is the same dot product over
 ``K`` as before, in the same order, so the values do not change.
 
-Left as they are: a member whose output (directly or through reshapes) is read by an activation
-(SwiGLU's ``silu(x W_gate)``; the others of its group are still combined): separate, that dense
-runs the activation as a post-op on its own output; combined, the activation would read a column
-slice and be a step of its own. Groups of one; weights that are no constants; other dtypes.
+Left as they are: a member whose output (directly or through reshapes) is read by what the
+dense runs as its epilogue: an activation (SwiGLU's ``silu(x W_gate)``) or an add / subtract /
+multiply by a constant (BERT's and GPT-2's Q / K / V biases); the others of its group are still
+combined. Separate, that dense applies it as a bias or post-op of its own output; combined, it
+would read a column slice and be a step of its own. Groups of one; weights that are no
+constants; other dtypes.
 
 Why. The Llama-family decoder projects each layer's normalized input three times (Q, K, V:
 SmolLM-135M's ``[576, 576]``, ``[576, 192]``, ``[576, 192]``). On 2 threads oneDNN runs the two
@@ -38,6 +40,7 @@ _ACTIVATIONS = frozenset({
     "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.leakyrelu",
     "relax.sigmoid", "relax.tanh", "relax.nn.softplus", "relax.nn.selu", "relax.exp", "relax.erf",
 })
+_CONSTANT_EPILOGUES = frozenset({"relax.add", "relax.subtract", "relax.multiply"})
 
 
 def _op(value) -> str | None:
@@ -87,12 +90,15 @@ def _candidate(call: relax.Call, lookup: Callable):
     return _lhs_key(a, lookup), weight
 
 
-def _activated(var: relax.Var, readers: dict) -> bool:
-    """Whether ``var`` (or a reshape of it, at any depth) is read by an activation."""
+def _has_epilogue(var: relax.Var, readers: dict) -> bool:
+    """Whether ``var`` (or a reshape of it, at any depth) is read by what a dense runs as its
+    epilogue: an activation, or a bias / scale (add, subtract, multiply by a constant)."""
     for reader_var, reader in readers.get(var, []):
         if _op(reader) in _ACTIVATIONS:
             return True
-        if _op(reader) == "relax.reshape" and _activated(reader_var, readers):
+        if _op(reader) in _CONSTANT_EPILOGUES and any(isinstance(a, tvm.ir.GenericConst) for a in reader.args):
+            return True
+        if _op(reader) == "relax.reshape" and _has_epilogue(reader_var, readers):
             return True
     return False
 
@@ -118,7 +124,7 @@ def _groups(block: relax.DataflowBlock, lookup: Callable, readers: dict) -> list
                 by_key.setdefault(found[0], []).append((b, found[1]))
     groups = []
     for members in by_key.values():
-        members = [(b, w) for b, w in members if not _activated(b.var, readers)]
+        members = [(b, w) for b, w in members if not _has_epilogue(b.var, readers)]
         if len(members) >= 2 and len({w.shape[0] for _, w in members}) == 1:
             groups.append(members)
     return groups
