@@ -1,5 +1,6 @@
 """Pass combine_parallel_denses: matmuls of one input by constant weights (a Llama layer's Q, K, V
-projections) run as one wider dense and a split.
+projections) run as one wider dense and a split; a dense on a constant weight runs as oneDNN's
+inner product.
 
 References: the llvm-only build of the same module (small graphs); torch eager for the small Llama
 decoder through both import paths.
@@ -16,6 +17,7 @@ from test_llm_region import small_llama
 from tvm import relax
 
 import byoc_hetero as bh
+from byoc_hetero import _C
 from byoc_hetero import passes
 from byoc_hetero.timing import build
 
@@ -125,3 +127,29 @@ def test_llama_decoder_projections_combined_and_match_torch(path, tmp_path):
         *[__import__("tvm").runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
     assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
     assert len(_dense_nodes(ex)) == 2 * 5
+
+
+@pytest.mark.parametrize("layout", ["KN", "NK"])
+def test_constant_weight_dense_runs_as_inner_product(layout):
+    """A float32 dense on a constant weight (either layout) with a residual add runs as oneDNN's
+    brgemm inner product where the CPU has one (AVX-512 here; else the matmul), and equals the
+    llvm build."""
+    import tvm
+
+    w, r = _const(HIDDEN, 24) if layout == "KN" else _const(24, HIDDEN), _const(SEQ, 24)
+
+    def body(emit, x):
+        wt = emit(R.permute_dims(w, [1, 0])) if layout == "NK" else w
+        return emit(R.add(emit(R.matmul(emit(R.reshape(x, (SEQ, HIDDEN))), wt)), r))
+
+    res = offload_and_compare(graph({"x": (1, SEQ, HIDDEN)}, body))
+    assert res.error < 1e-5, res.error
+    ex = build(res.partitioned)
+    regions = bh.codegen.region_modules(ex)
+    for m in regions:
+        m["set_profiling"](True)
+    relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(RNG.standard_normal((1, SEQ, HIDDEN)).astype("float32")))
+    impls = [s["impl"] for m in regions for s in json.loads(str(m["get_profile"]())) if s["phase"] == "run" and s["op"] == "dense"]
+    assert len(impls) == 1, impls
+    if _C.isa().startswith("avx512_core"):
+        assert impls[0].startswith("brgemm:"), impls  # inner product; the matmul's brgemm is "brg:"
