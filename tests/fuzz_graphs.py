@@ -485,6 +485,9 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                     y = emit(R.add(y, relax.const(np.float32(draw(st.sampled_from([1e-6, 1e-5, 0.1]))))))
                     y = emit(R.rsqrt(y)) if stat == "rsqrt" else emit(R.divide(relax.const(np.float32(1.0)), emit(R.sqrt(y))))
                 recipe.steps.append(f"rms {stat}({list(shape)}, axis={axes}, keepdims={keepdims})")
+                if stat != "mean" and keepdims and draw(st.booleans()):  # x * r: the reduce's normalize
+                    y = emit(R.multiply(src, y))
+                    recipe.steps[-1] += " * x"
             else:
                 y = emit(getattr(R, op)(src, axis=axes, keepdims=keepdims), src)
                 recipe.steps.append(f"{op}({list(shape)}, axis={axes}, keepdims={keepdims})")

@@ -80,12 +80,13 @@ def _norm_then_projections(extra_reader: str | None):
 
 
 def test_rms_norm_weight_goes_into_the_dense_weights():
-    """The norm's ``gamma *`` is no node of the region: both projections (one KN, one NK weight)
-    run on weights scaled once at init; the result is the llvm build's."""
+    """The norm's ``gamma *`` is no node of the region: both projections (one KN, one NK weight,
+    one dense since combine_parallel_denses) run on weights scaled once at init; the result is the
+    llvm build's."""
     res = offload_and_compare(_norm_then_projections(None))
     assert res.error < 1e-5, res.error
     ex = build(res.partitioned)
-    assert _dense_count(ex) == 2
+    assert _dense_count(ex) == 1
     assert _vector_multiplies(ex, HIDDEN) == 0
 
 
@@ -196,8 +197,9 @@ def _rms_then_dense(spelling: str, eps: float = 1e-5):
 
 @pytest.mark.parametrize("spelling", ["torch", "onnx"])
 def test_rms_statistic_is_one_reduce_node(spelling):
-    """Both spellings of 1/sqrt(mean(x²) + eps) become one reduce node (mean_square, shift eps,
-    rsqrt): no eltwise, and the only binary left is x * statistic; the result is the llvm build's."""
+    """Both spellings of x * 1/sqrt(mean(x²) + eps) become one reduce node (mean_square, shift eps,
+    rsqrt, normalize: its output is x times the statistic): no eltwise, no binary; the result is
+    the llvm build's."""
     res = offload_and_compare(_rms_then_dense(spelling))
     assert res.error < 1e-5, res.error
     nodes = _nodes(build(res.partitioned))
@@ -206,8 +208,9 @@ def test_rms_statistic_is_one_reduce_node(spelling):
     assert reduces[0]["attrs"]["algorithm"] == "mean_square"
     assert reduces[0]["attrs"]["activation"] == "rsqrt"
     assert abs(reduces[0]["attrs"]["shift"] - 1e-5) < 1e-12
+    assert reduces[0]["attrs"]["normalize"] == 1
     assert [n["op"] for n in nodes].count("eltwise") == 0
-    assert [n["op"] for n in nodes].count("binary") == 1
+    assert [n["op"] for n in nodes].count("binary") == 0
     # oneDNN 3.2 runs the mean of squares (norm_lp_power_p_sum) only in its reference
     # implementation, 40x slower here: the runtime's host loop runs it instead
     assert _step_impls(res.partitioned, "reduce") == ["host"]
@@ -263,3 +266,59 @@ def test_mean_square_over_a_leading_axis_matches_llvm():
     assert res.error < 1e-5, res.error
     reduces = [n for n in _nodes(build(res.partitioned)) if n["op"] == "reduce"]
     assert [r["attrs"]["algorithm"] for r in reduces] == ["mean_square"]
+
+
+def _reduce_doc(shape, out_shape, attrs) -> str:
+    node = {"op": "reduce", "inputs": [0], "output": 1, "attrs": attrs}
+    return json.dumps({"format": "byoc_hetero.region", "version": 1, "symbol": "t",
+                       "tensors": [{"shape": list(shape)}, {"shape": list(out_shape)}],
+                       "inputs": [0], "outputs": [1], "nodes": [node]})
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 48), (7, 19), (3, 1)])
+def test_normalize_reduce_node_against_numpy(shape):
+    """The runtime's reduce with normalize = 1 alone (odd row lengths included: the host loop's
+    16-lane tail): x * 1/sqrt(mean(x²) + eps) per last-axis row, as numpy computes it in float32."""
+    import tvm
+
+    create = tvm.get_global_func("byoc_hetero.runtime.create")
+    m = create(_reduce_doc(shape, shape, {"algorithm": "mean_square", "shift": 1e-5, "activation": "rsqrt",
+                                          "normalize": 1}))
+    x = RNG.standard_normal(shape).astype("float32")
+    out = tvm.runtime.tensor(np.zeros(shape, "float32"))
+    m["t"](tvm.runtime.tensor(x), out)
+    stat = (np.float32(1) / np.sqrt(np.mean(x.astype("float64") ** 2, axis=-1, keepdims=True) + 1e-5)).astype("float32")
+    np.testing.assert_allclose(out.numpy(), x * stat, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("attrs, out_shape, match", [
+    ({"algorithm": "mean", "activation": "rsqrt"}, (4, 8), "normalize = 1 needs algorithm mean_square"),
+    ({"algorithm": "mean_square", "activation": "sqrt"}, (4, 8), "normalize = 1 needs .* activation rsqrt"),
+    ({"algorithm": "mean_square", "activation": "rsqrt"}, (4, 1), r"writes the data.s shape \[4, 8\], but the output has \[4, 1\]"),
+])
+def test_normalize_reduce_node_rejects_what_it_cannot_run(attrs, out_shape, match):
+    """normalize = 1 with another algorithm, activation or a statistic-shaped output: a clear
+    error naming what was expected, when the module is created."""
+    import tvm
+
+    create = tvm.get_global_func("byoc_hetero.runtime.create")
+    with pytest.raises(Exception, match=match):
+        create(_reduce_doc((4, 8), out_shape, {**attrs, "normalize": 1}))
+
+
+def test_rms_statistic_read_elsewhere_keeps_the_multiply():
+    """The statistic is also a region output: the reduce keeps writing it (no normalize) and x * r
+    stays a binary; the results are the llvm build's."""
+    w = _const(HIDDEN, 16)
+
+    def body(emit, x):
+        mean = emit(R.mean(emit(R.power(x, relax.const(np.float32(2.0)))), axis=[-1], keepdims=True))
+        inv = emit(R.rsqrt(emit(R.add(mean, relax.const(np.float32(1e-5))))))
+        out = emit(R.matmul(emit(R.reshape(emit(R.multiply(x, inv)), (SEQ, HIDDEN))), w))
+        return relax.Tuple([out, inv])
+
+    res = offload_and_compare(graph({"x": (1, SEQ, HIDDEN)}, body))
+    assert res.error < 1e-5, res.error
+    nodes = _nodes(build(res.partitioned))
+    assert [n["attrs"].get("normalize", 0) for n in nodes if n["op"] == "reduce"] == [0]
+    assert [n["op"] for n in nodes].count("binary") == 1

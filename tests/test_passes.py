@@ -40,7 +40,7 @@ def test_pipeline_order_is_pinned():
         "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "dynamic_quantize_per_reader", "fold_int_constants",
         "fold_weight_subgraphs", "drop_proven_index_checks", "fold_negative_indices", "drop_zero_pads",
-        "compose_permutes", "matmul_repeated_heads",
+        "compose_permutes", "matmul_repeated_heads", "combine_parallel_denses",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",

@@ -40,6 +40,7 @@ from .bool_arith import bool_arith
 from .bound_assumed_slices import bound_assumed_slices
 from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
+from .combine_parallel_denses import combine_parallel_denses
 from .compose_permutes import compose_permutes
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_needless_broadcasts import drop_needless_broadcasts
@@ -166,6 +167,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("compose_permutes", "relax", _relax(compose_permutes)),
     # grouped-query attention's repeat_kv: the matmuls broadcast the K / V heads instead of a copy
     Pass("matmul_repeated_heads", "relax", _relax(matmul_repeated_heads)),
+    # last: the weights are constants; Q / K / V projections of one input as one wider dense
+    Pass("combine_parallel_denses", "relax", _relax(combine_parallel_denses)),
 )
 """Run by ``bh.partition`` after binding the weights, before the four stages."""
 
@@ -213,7 +216,8 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "compose_permutes",
+    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
+    "compose_permutes",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",

@@ -15,7 +15,12 @@ output:
 * ``reduce mean(eltwise square(x))`` -> ``reduce mean_square(x)``;
 * ``add(reduce(...), c)`` with ``c`` a one-element float constant, the reduce without a shift or
   activation yet -> the reduce with ``shift`` c and the add's activation;
-* ``div(1, reduce(...))`` with the reduce's activation ``sqrt`` -> activation ``rsqrt``.
+* ``div(1, reduce(...))`` with the reduce's activation ``sqrt`` -> activation ``rsqrt``;
+* ``mul(x, reduce(x))`` (either operand order) of that statistic over the last axis only -> the
+  reduce with ``normalize`` 1, whose output is ``x * r`` in ``x``'s shape: the norm without its
+  weight (``fold_dense_input_scales`` has put that into the dense layers reading it). The
+  statistic and the broadcast multiply were two steps per norm; the host loop multiplies each row
+  while it is in cache, the same float product the binary step wrote.
 """
 
 from __future__ import annotations
@@ -76,11 +81,29 @@ def _fold_reciprocal(graph: RegionGraph, reduce: Node) -> None:
         _drop(graph, div, reduce)
 
 
+def _last_axis_only(graph: RegionGraph, reduce: Node) -> bool:
+    data, out = graph.tensors[reduce.inputs[0]]["shape"], graph.tensors[reduce.output]["shape"]
+    return len(data) == len(out) and list(out[:-1]) == list(data[:-1]) and out[-1] == 1 != data[-1]
+
+
+def _fold_normalize(graph: RegionGraph, reduce: Node) -> None:
+    mul = _only_reader(graph, reduce.output)
+    x = reduce.inputs[0]
+    if (mul is not None and mul.op == "binary" and mul.attrs.get("algorithm") == "mul"
+            and mul.attrs.get("activation", "none") == "none" and sorted(mul.inputs) == sorted([x, reduce.output])
+            and reduce.attrs.get("activation") == "rsqrt" and _last_axis_only(graph, reduce)
+            and graph.tensors[mul.output]["shape"] == graph.tensors[x]["shape"]
+            and graph.tensors[mul.output]["dtype"] == "float32"):
+        reduce.attrs["normalize"] = 1
+        _drop(graph, mul, reduce)
+
+
 @graph_pass
 def fuse_rms_statistics(graph: RegionGraph) -> None:
-    """Square, mean, ``+ eps`` and ``sqrt`` / ``rsqrt`` / ``1 / (.)`` over one tensor as one
-    ``reduce`` node (see the module doc)."""
+    """Square, mean, ``+ eps``, ``sqrt`` / ``rsqrt`` / ``1 / (.)`` and the product with the data over
+    one tensor as one ``reduce`` node (see the module doc)."""
     for reduce in [n for n in graph.nodes if n.op == "reduce" and n.attrs.get("algorithm") == "mean"]:
         _fold_square(graph, reduce)
         if reduce.attrs.get("algorithm") == "mean_square" and _fold_shift(graph, reduce):
             _fold_reciprocal(graph, reduce)
+            _fold_normalize(graph, reduce)

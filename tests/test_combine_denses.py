@@ -1,0 +1,155 @@
+"""Pass combine_parallel_denses: matmuls of one input by constant weights (a Llama layer's Q, K, V
+projections) run as one wider dense and a split; a dense on a constant weight runs as oneDNN's
+inner product.
+
+References: the llvm-only build of the same module (small graphs); torch eager for the small Llama
+decoder through both import paths.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import graph, offload_and_compare
+from test_llm_region import small_llama
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero import _C
+from byoc_hetero import passes
+from byoc_hetero.timing import build
+
+R = relax.op
+RNG = np.random.default_rng(256)
+SEQ, HIDDEN = 6, 40
+
+
+def _const(*shape):
+    return relax.const((0.3 * RNG.standard_normal(shape)).astype("float32"))
+
+
+def _dense_nodes(ex) -> list[dict]:
+    return [node for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]
+            if node["op"] == "dense"]
+
+
+def _projections(activation: str | None = None, reshape_each: bool = True):
+    """Three projections of one input (as torch writes them: a reshape of x per projection and a
+    permuted [N, K] weight; or, ``reshape_each`` False, the ONNX exporter's [K, N] weights on x
+    itself), the first optionally read by an activation; the results concatenated."""
+    weights = [(_const(HIDDEN, HIDDEN), "NK"), (_const(HIDDEN, 16), "KN"), (_const(8, HIDDEN), "NK")]
+
+    def body(emit, x):
+        outs = []
+        for w, layout in weights:
+            if layout == "NK":
+                w = emit(R.permute_dims(w, [1, 0]))
+            a = emit(R.reshape(x, (SEQ, HIDDEN))) if reshape_each else x
+            y = emit(R.matmul(a, w))
+            outs.append(emit(R.reshape(y, (1, SEQ, int(w.ty.shape[1])))))
+        if activation:
+            outs[0] = emit(getattr(R.nn, activation)(outs[0]))
+        return emit(R.concat(outs, axis=-1))
+
+    return graph({"x": (1, SEQ, HIDDEN)}, body)
+
+
+@pytest.mark.parametrize("reshape_each", [True, False])
+def test_projections_of_one_input_run_as_one_dense(reshape_each):
+    """Three projections (two [N, K] weights, one [K, N]) of one input: one dense node of width
+    40 + 16 + 8 = 64 in the region, whose parts equal the llvm build's three products."""
+    res = offload_and_compare(_projections(reshape_each=reshape_each))
+    assert res.error < 1e-5, res.error
+    denses = _dense_nodes(build(res.partitioned))
+    assert len(denses) == 1, denses
+
+
+def test_pass_concatenates_constant_weights_once():
+    """After the pass the module has one matmul whose weight is the [K, 64] concatenation of the
+    three (the permuted ones transposed at bind time), and a split into 40, 16, 8 columns."""
+    mod = passes.combine_parallel_denses(_projections())
+    calls = [b.value for b in mod["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    names = [c.op.name for c in calls]
+    assert names.count("relax.matmul") == 1 and names.count("relax.split") == 1
+    matmul = calls[names.index("relax.matmul")]
+    assert [int(d) for d in matmul.args[1].ty.shape] == [HIDDEN, 64]
+    assert [int(d) for d in calls[names.index("relax.split")].attrs.indices_or_sections] == [40, 56]
+
+
+def test_activated_projection_stays_separate():
+    """The first projection is read by silu (SwiGLU's gate): combined, silu could no longer be the
+    dense's post-op, so that one stays its own dense; the other two are combined; results are the
+    llvm build's."""
+    res = offload_and_compare(_projections(activation="silu"))
+    assert res.error < 1e-5, res.error
+    widths = sorted(d for node in _dense_nodes(build(res.partitioned))
+                    for d in [node["attrs"].get("weight_layout")] if d)
+    assert len(widths) == 2, widths
+
+
+def test_projections_with_biases_stay_separate():
+    """Q / K / V with a constant bias each (BERT, GPT-2): each dense takes its bias as an epilogue,
+    so none is combined (three dense nodes, no split); results are the llvm build's."""
+    ws = [(_const(HIDDEN, 16), _const(16)) for _ in range(3)]
+
+    def body(emit, x):
+        return emit(R.concat([emit(R.add(emit(R.matmul(x, w)), b)) for w, b in ws], axis=-1))
+
+    res = offload_and_compare(graph({"x": (1, SEQ, HIDDEN)}, body))
+    assert res.error < 1e-5, res.error
+    nodes = [n for m in bh.codegen.region_modules(build(res.partitioned))
+             for n in json.loads(m["get_graph_json"]())["nodes"]]
+    assert [n["op"] for n in nodes].count("dense") == 3 and "slice" not in [n["op"] for n in nodes]
+
+
+def test_runtime_weight_is_not_combined():
+    """Weights that are parameters (not bound): nothing to concatenate at bind time, the module
+    is returned unchanged."""
+    def body(emit, x, w1, w2):
+        return emit(R.concat([emit(R.matmul(x, w1)), emit(R.matmul(x, w2))], axis=-1))
+
+    mod = graph({"x": (SEQ, HIDDEN), "w1": (HIDDEN, 8), "w2": (HIDDEN, 8)}, body)
+    assert passes.combine_parallel_denses(mod).same_as(mod)
+
+
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+def test_llama_decoder_projections_combined_and_match_torch(path, tmp_path):
+    """The small Llama decoder (2 layers) through both import paths: per layer Q, K and V are one
+    dense (5 dense nodes per layer instead of 7: QKV, O, gate, up, down), one region, output within
+    1e-4 of torch."""
+    zm, mod, params, want = small_llama(path, tmp_path)
+    part = bh.partition(mod, params)
+    assert len(bh.report(part).regions) == 1
+    ex = build(part)
+    got = relax.VirtualMachine(ex, __import__("tvm").cpu())["main"](
+        *[__import__("tvm").runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
+    assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
+    assert len(_dense_nodes(ex)) == 2 * 5
+
+
+@pytest.mark.parametrize("layout", ["KN", "NK"])
+def test_constant_weight_dense_runs_as_inner_product(layout):
+    """A float32 dense on a constant weight (either layout) with a residual add runs as oneDNN's
+    brgemm inner product where the CPU has one (AVX-512 here; else the matmul), and equals the
+    llvm build."""
+    import tvm
+
+    w, r = _const(HIDDEN, 24) if layout == "KN" else _const(24, HIDDEN), _const(SEQ, 24)
+
+    def body(emit, x):
+        wt = emit(R.permute_dims(w, [1, 0])) if layout == "NK" else w
+        return emit(R.add(emit(R.matmul(emit(R.reshape(x, (SEQ, HIDDEN))), wt)), r))
+
+    res = offload_and_compare(graph({"x": (1, SEQ, HIDDEN)}, body))
+    assert res.error < 1e-5, res.error
+    ex = build(res.partitioned)
+    regions = bh.codegen.region_modules(ex)
+    for m in regions:
+        m["set_profiling"](True)
+    relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(RNG.standard_normal((1, SEQ, HIDDEN)).astype("float32")))
+    impls = [s["impl"] for m in regions for s in json.loads(str(m["get_profile"]())) if s["phase"] == "run" and s["op"] == "dense"]
+    assert len(impls) == 1, impls
+    if _C.isa().startswith("avx512_core"):
+        assert impls[0].startswith("brgemm:"), impls  # inner product; the matmul's brgemm is "brg:"
