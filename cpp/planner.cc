@@ -140,6 +140,7 @@ class Planner : public planning::ConcatInPlace {
       }
       KernelContext ctx{g_, n, engine_, {}, {}, NodeComputesBf16(g_, n)};
       ctx.output_hint = ConcatSliceLayout(n);
+      ctx.threads = plan_.threads;
       bool all_const = !node.inputs.empty();
       for (int t : node.inputs) {
         ctx.input_storage.push_back(values_[t].storage_md);

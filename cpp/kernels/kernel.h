@@ -175,6 +175,10 @@ struct KernelContext {
    *         a concat's buffer (plan/concat_in_place.h), which a kernel writing that layout fills in
    *         place.  Kernels free to pick their output layout (host kernels) may follow it. */
   memory::desc output_hint;
+  /*! \brief OpenMP threads the plan's primitives are made and run with (a plan per thread count:
+   *         the module's own, fewer under contention).  Kernels whose best implementation depends
+   *         on it read it here (dense: the inner product only from 2 threads). */
+  int threads = 1;
 
   const NodeInfo& node() const { return graph.nodes[node_index]; }
   const TensorInfo& input(size_t k) const { return graph.tensors[node().inputs[k]]; }
