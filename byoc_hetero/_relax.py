@@ -324,6 +324,11 @@ def external_modules(mod: tvm.IRModule) -> list[tvm.runtime.Module]:
     return list(attrs["external_mods"])
 
 
+def document_tensor_text(tensor: Mapping[str, Any]) -> str:
+    """A region document's tensor as ``dtype[d0, d1, ...]`` (for reports)."""
+    return f"{tensor['dtype']}[{', '.join(str(d) for d in tensor['shape'])}]"
+
+
 def region_graph_json(module: tvm.runtime.Module) -> dict[str, Any] | None:
     """The region document of a runtime module made by a backend's codegen (for the oneDNN backend
     the graph of docs/region-format.md), asked of the backend whose ``runtime_kind`` the module

@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 from ._relax import (
+    document_tensor_text,
     called_function,
     local_functions,
     composite_name,
@@ -220,8 +221,7 @@ def _region_from_graph(region: RegionEntry) -> RegionReport:
     tensors = graph["tensors"]
 
     def desc(tid):
-        t = tensors[tid]
-        return f"{t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
+        return document_tensor_text(tensors[tid])
 
     precision, float32_ops = _int8_precision(graph)
     declined = [Rejection(f"{region.target}:{d['pass']}", str(d["op"]), str(d["reason"]), str(d["value"]))

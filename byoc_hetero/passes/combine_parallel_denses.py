@@ -32,7 +32,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._relax import bound_values, entry_functions
+from .._relax import bound_values, entry_functions, op_name as _op
 
 __all__ = ["combine_parallel_denses"]
 
@@ -41,10 +41,6 @@ _ACTIVATIONS = frozenset({
     "relax.sigmoid", "relax.tanh", "relax.nn.softplus", "relax.nn.selu", "relax.exp", "relax.erf",
 })
 _CONSTANT_EPILOGUES = frozenset({"relax.add", "relax.subtract", "relax.multiply"})
-
-
-def _op(value) -> str | None:
-    return getattr(getattr(value, "op", None), "name", None) if isinstance(value, relax.Call) else None
 
 
 def _weight(w: relax.Expr, lookup: Callable) -> np.ndarray | None:

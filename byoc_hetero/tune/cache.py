@@ -243,7 +243,7 @@ class TimingCache:
     def save(self) -> None:
         """Write the cache to ``path`` atomically (nothing to do without a path, or when nothing was
         stored since the file was read: a warm tune of ResNet-50 rewrote its 0.6 MB file 4 times)."""
-        if self.path is None or not (self.dirty or not os.path.exists(self.path)):
+        if self.path is None or (not self.dirty and os.path.exists(self.path)):
             return
         doc = {"format": FORMAT, "version": VERSION, "machine": asdict(self.machine),
                "entries": {k: asdict(v) for k, v in sorted(self.entries.items())},

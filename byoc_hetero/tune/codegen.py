@@ -47,7 +47,7 @@ from ..rules import get_target
 from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason
 from ..passes.retarget_regions import region_as_main, region_key_of, retarget_region
 from .cache import Timing, TimingCache, signature
-from .measure import robust_timing
+from .measure import random_input, robust_timing
 
 GIVE_UP = 5.0
 """A candidate whose first call takes this many times the other's median is not timed further ..."""
@@ -161,9 +161,7 @@ def _inputs(region: relax.Function, seed: int = 0) -> list[tvm.runtime.Tensor]:
     rng = np.random.default_rng(seed)
     args = []
     for p in region.params:
-        shape, dtype = static_shape(p), np.dtype(tensor_dtype(p))
-        data = np.zeros(shape, dtype) if dtype.kind in "iub" else rng.standard_normal(shape).astype(dtype)
-        args.append(tvm.runtime.tensor(data))
+        args.append(tvm.runtime.tensor(random_input(rng, static_shape(p), tensor_dtype(p))))
     return args
 
 

@@ -20,6 +20,7 @@ decides anyway.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import numpy as np
 import tvm
 
 from .cache import TimingCache, signature
-from .measure import time_call
+from .measure import time_cached
 
 INT8, FLOAT = "int8", "float"
 #: the direction of a conversion: (source domain, destination domain) -> the runtime op doing it
@@ -180,11 +181,8 @@ def measure_edge_costs(sizes: Iterable[int], cache: TimingCache, repeat: int = 1
     costs = {}
     for n in sorted(set(sizes)):
         for (src, dst), op in CONVERSIONS.items():
-            key = edge_timing_key(op, n)
-            timing = cache.get(key)
-            if timing is None:
-                timing = time_call(Conversion(op, n), warmup=3, repeat=repeat, min_total_s=0.02)
-                cache.put(key, timing)
+            timing = time_cached(cache, edge_timing_key(op, n), functools.partial(Conversion, op, n), repeat,
+                                 min_total_s=0.02)
             costs[(src, dst, n)] = timing.median_s
     return costs
 

@@ -44,11 +44,11 @@ import numpy as np
 import tvm
 
 from .cache import TimingCache, signature
-from .measure import time_call
+from .measure import time_cached
 from .node_maps import NodeMaps
 from .plan_errors import PlanErrors, inputs_digest, settings_digest
 from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
-                        measure_unit_times)
+                        measure_unit_times, node_signature)
 from .edges import FLOAT, UnitEdges, domain, edge_cost, measure_edge_costs, unit_edges
 from .solver import Choice, Problem, Region, improve, solve
 
@@ -171,11 +171,8 @@ def layer_keys(partitioned: tvm.IRModule, layers: Sequence[Any], int8: set[int]
 
 def int8_timing_key(graph: Mapping[str, Any], index: int) -> str:
     """The timing-cache key of an int8 node: op, shapes, dtypes, attrs without the scale values."""
-    node = graph["nodes"][index]
-    tensors = graph["tensors"]
-    attrs = {k: v for k, v in node.get("attrs", {}).items() if k not in _SCALE_ATTRS}
-    return signature(node["op"], [tensors[t]["shape"] for t in node["inputs"]],
-                     [tensors[t].get("dtype", "float32") for t in node["inputs"]], attrs, "int8")
+    attrs = {k: v for k, v in graph["nodes"][index].get("attrs", {}).items() if k not in _SCALE_ATTRS}
+    return node_signature(graph, index, attrs, "int8")
 
 
 def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], timing_keys: Mapping[int, str],
@@ -192,13 +189,9 @@ def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, in
         total = 0.0
         try:
             for key in unit.keys:
-                cache_key = timing_keys[layer_of[key]]
-                timing = cache.get(cache_key)
-                if timing is None:
-                    graph, index = locate(layer_of[key])
-                    timing = time_call(OneNode(graph, index, "f32"), warmup=3, repeat=repeat, min_total_s=0.05)
-                    cache.put(cache_key, timing)
-                total += timing.median_s
+                layer = layer_of[key]
+                total += time_cached(cache, timing_keys[layer], lambda: OneNode(*locate(layer), "f32"),
+                                     repeat).median_s
             unit.times["int8"] = total
         except (RuntimeError, ValueError) as err:
             unit.unmeasured = f"int8 could not be timed alone: {first_line(err)}"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .cache import Timing
+from .cache import Timing, TimingCache
 
 
 def robust_timing(samples_s: list[float]) -> Timing:
@@ -57,3 +57,21 @@ def time_alternately(fns: Sequence[Callable[[], object]], rounds: int = 3, repea
         for i in order if r % 2 == 0 else reversed(order):
             medians[i].append(time_call(fns[i], warmup=2, repeat=repeat).median_s)
     return [Timing(float(np.median(m)), rounds * repeat) for m in medians]
+
+
+def time_cached(cache: TimingCache, key: str, make: Callable[[], Callable[[], object]], repeat: int = 15,
+                min_total_s: float = 0.05) -> Timing:
+    """The timing of ``key`` from ``cache``, else ``make()``'s callable timed (3 warm-up calls,
+    :func:`time_call`) and stored: the candidate is created only on a miss."""
+    timing = cache.get(key)
+    if timing is None:
+        timing = time_call(make(), warmup=3, repeat=repeat, min_total_s=min_total_s)
+        cache.put(key, timing)
+    return timing
+
+
+def random_input(rng: np.random.Generator, shape: Sequence[int], dtype: str | np.dtype) -> np.ndarray:
+    """A made-up input of ``shape`` and ``dtype`` to time or check with: standard normals, integers
+    0 (valid indices: token ids through a checked take)."""
+    dt = np.dtype(dtype)
+    return np.zeros(shape, dt) if dt.kind in "iub" else rng.standard_normal(shape).astype(dt)

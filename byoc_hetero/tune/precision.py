@@ -46,6 +46,7 @@ this level yet (:func:`check_precisions`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -62,7 +63,7 @@ from tvm import relax
 from ..errors import InputError, RuleError
 from .cache import Timing, TimingCache, signature
 from .plan_errors import LazyOutputs, PlanErrors, settings_digest
-from .measure import time_call
+from .measure import time_cached
 from .solver import Choice, Problem, Region, solve
 
 PRECISIONS = ("f32", "bf16")
@@ -388,10 +389,15 @@ def node_timing_key(graph: Mapping[str, Any], index: int, precision: str) -> str
     gives, without creating and initializing the one-node region. A warm tune of ResNet-50 spent
     3.0-3.2 s (of 9.2, loaded machine) creating 108 one-node regions, random weights included,
     only to read their keys."""
+    return node_signature(graph, index, dict(graph["nodes"][index].get("attrs", {}), precision=precision), precision)
+
+
+def node_signature(graph: Mapping[str, Any], index: int, attrs: Mapping[str, Any], choice: str) -> str:
+    """The timing-cache signature of node ``index`` of a region document: its op, its inputs'
+    shapes and dtypes, ``attrs`` (the node's, as the caller keys them) and ``choice``."""
     node, tensors = graph["nodes"][index], graph["tensors"]
-    shapes = [list(tensors[t]["shape"]) for t in node["inputs"]]
-    dtypes = [tensors[t].get("dtype", "float32") for t in node["inputs"]]
-    return signature(node["op"], shapes, dtypes, dict(node.get("attrs", {}), precision=precision), precision)
+    return signature(node["op"], [list(tensors[t]["shape"]) for t in node["inputs"]],
+                     [tensors[t].get("dtype", "float32") for t in node["inputs"]], attrs, choice)
 
 
 class OneNode:
@@ -451,12 +457,8 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
                 for key in unit.keys:
                     symbol, _, index = key.rpartition("#")
                     cache_key = node_timing_key(graphs[symbol], int(index), precision)
-                    timing = cache.get(cache_key)
-                    if timing is None:  # the region is created only to be timed
-                        timing = time_call(OneNode(graphs[symbol], int(index), precision), warmup=3,
-                                           repeat=repeat, min_total_s=0.05)
-                        cache.put(cache_key, timing)
-                    total += timing.median_s
+                    total += time_cached(cache, cache_key, functools.partial(OneNode, graphs[symbol], int(index),
+                                                                             precision), repeat).median_s
                 unit.times[precision] = total
         except (RuntimeError, ValueError) as err:  # a node the runtime cannot run alone
             unit.times = {p: 0.0 for p in precisions}  # no gain to measure: it stays f32 but in all-bf16

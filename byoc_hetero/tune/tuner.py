@@ -44,7 +44,7 @@ from .algorithms import AlgorithmDecision, conv_sites, decisions_option, tune_co
 from .cache import Timing, TimingCache
 from .codegen import CodegenPlan, tune_codegen
 from .devices import DeviceReport, Measurer, _check_devices, tune_devices
-from .measure import time_call
+from .measure import random_input, time_call
 from .precision import PrecisionReport, check_precisions, choose_precisions
 from .progress import ProgressBar
 from .reuse import plan_digest, reused_guard
@@ -105,9 +105,7 @@ def _inputs(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, seed: in
     for var in mod["main"].params:
         if params and var.name in params:
             continue
-        shape, dtype = [int(d) for d in var.ty.shape.values], np.dtype(str(var.ty.dtype))
-        # integers 0, as the codegen level's region inputs: valid indices (token ids through a checked take)
-        arrays.append(np.zeros(shape, dtype) if dtype.kind in "iub" else rng.standard_normal(shape).astype(dtype))
+        arrays.append(random_input(rng, [int(d) for d in var.ty.shape.values], str(var.ty.dtype)))
     return arrays
 
 

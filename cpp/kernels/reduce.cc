@@ -142,6 +142,7 @@ std::unique_ptr<Kernel> MeanSquareRows(const KernelContext& ctx, double shift, c
   return std::make_unique<HostKernel>(ctx.where(), "reduce", std::move(fn),
                                       std::vector<memory::desc>{PlainDescOf(ctx.input(0))}, PlainDescOf(ctx.output()));
 }
+
 /*! \brief normalize = 1: x * rsqrt(mean(x^2) over the last axis + shift), the data's shape. */
 std::unique_ptr<Kernel> NormalizeRows(const KernelContext& ctx, const std::string& alg, double shift,
                                       const Activation& act) {

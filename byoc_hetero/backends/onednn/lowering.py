@@ -20,7 +20,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..._relax import function_outputs, op_name, opaque_dims, shape_of, shape_symbols, short_op_name, tensor_dtype
+from ..._relax import (document_tensor_text, function_outputs, op_name, opaque_dims, shape_of, shape_symbols,
+                       short_op_name, tensor_dtype)
 from ..._native import _C
 from ...errors import CodegenError
 from ...ranges import region_ranges
@@ -98,8 +99,7 @@ class RegionGraph:
     def decline(self, graph_pass: str, op: str, tensor: int, reason: str) -> None:
         """Record that ``graph_pass`` kept the match ending in ``tensor`` as separate steps (not one
         ``op`` node) for ``reason``: ``bh.report`` lists it as a rejection of that pass."""
-        t = self.tensors[tensor]
-        value = f"{t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
+        value = document_tensor_text(self.tensors[tensor])
         self.declined.append({"pass": graph_pass, "op": op, "value": value, "reason": reason})
 
     def readers(self) -> dict[int, int]:
