@@ -109,15 +109,19 @@ def _parser() -> argparse.ArgumentParser:
     _add_tune(sub)
 
     srv = sub.add_parser("serve", help="serve an exported library on Ray Serve (pip install \"byoc-hetero[serve]\")")
-    srv.add_argument("library", type=Path, help="a library from byoc_hetero.serve.export (or an .onnx file "
-                                                "with --engine onnxruntime)")
+    srv.add_argument("library", type=Path, nargs="?", help="a library from byoc_hetero.serve.export (or an "
+                                                           ".onnx file); its name is the file's stem")
+    srv.add_argument("--model", action="append", default=[], metavar="NAME[:VERSION]=PATH",
+                     help="a model to serve (repeatable; after LIBRARY if both are given)")
+    srv.add_argument("--max-request-mb", type=float, default=64.0, help="larger request bodies get HTTP 413")
     srv.add_argument("--replicas", type=_positive, default=1, help="number of replicas")
     srv.add_argument("--cpus", type=_positive, default=1, help="CPUs per replica (its runtime threads)")
     srv.add_argument("--batch", action="store_true", help="batch concurrent requests (symbolic-batch build)")
     srv.add_argument("--max-batch-rows", type=_positive, default=16, help="rows per batched call")
     srv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
     srv.add_argument("--port", type=_positive, default=8000, help="HTTP port on 127.0.0.1")
-    srv.add_argument("--engine", choices=("byoc", "onnxruntime"), default="byoc")
+    srv.add_argument("--engine", choices=("byoc", "onnxruntime"), default=None,
+                     help="default: onnxruntime for .onnx files, byoc otherwise")
 
     sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
     return parser
@@ -173,14 +177,18 @@ def _cmd_serve(args) -> None:
     def interrupt(*_):
         raise KeyboardInterrupt
 
-    application = serve.app(args.library, engine=args.engine, replicas=args.replicas, cpus=args.cpus,
+    models = ([str(args.library)] if args.library else []) + args.model
+    if not models:
+        raise ByocError("serve: give a LIBRARY or --model NAME=PATH")
+    application = serve.app(models, engine=args.engine, replicas=args.replicas, cpus=args.cpus,
                             batch=args.batch, max_batch_rows=args.max_batch_rows,
-                            batch_wait_s=args.batch_wait_ms / 1e3)
+                            batch_wait_s=args.batch_wait_ms / 1e3,
+                            max_request_bytes=int(args.max_request_mb * (1 << 20)))
     _progress(f"starting Ray Serve: {args.replicas} replica(s) x {args.cpus} CPU(s) ...")
     serve.start(application, port=args.port)
     signal.signal(signal.SIGTERM, interrupt)  # after Ray's start, which installs its own handler
-    print(f"serving {args.library} on http://127.0.0.1:{args.port}/ (POST .npy, .npz or JSON; GET /info); "
-          "Ctrl-C stops", flush=True)
+    print(f"serving {', '.join(models)} on http://127.0.0.1:{args.port}/ (KServe v2 at /v2, metrics at "
+          "/metrics; POST / .npy, .npz or JSON; GET /info); Ctrl-C stops", flush=True)
     try:
         while True:
             time.sleep(3600)

@@ -51,7 +51,11 @@ class TensorSpec:
 
 def tensor_spec(var: relax.Var) -> TensorSpec | None:
     """The spec of a Relax parameter; None when it is not a tensor (a tuple, a shape...)."""
-    ty = var.ty
+    return type_spec(var.name, var.ty)
+
+
+def type_spec(name: str, ty) -> TensorSpec | None:
+    """The spec of a value named ``name`` of Relax type ``ty``; None when it is not a tensor."""
     if not isinstance(ty, relax.TensorType):
         return None
     dtype = str(ty.dtype) if ty.dtype is not None and str(ty.dtype) else None
@@ -61,7 +65,7 @@ def tensor_spec(var: relax.Var) -> TensorSpec | None:
         shape = (None,) * int(ty.ndim)
     else:
         shape = None
-    return TensorSpec(var.name, dtype, shape)
+    return TensorSpec(name, dtype, shape)
 
 
 def _dim(expr) -> Dim:
@@ -115,6 +119,14 @@ def signature(func: relax.Function, skip: Mapping[str, Any] | Sequence[str] | No
     """The spec of each parameter of ``func`` whose name is not in ``skip`` (e.g. weights in ``params``)."""
     skipped = set(skip or ())
     return [tensor_spec(v) for v in func.params if v.name not in skipped]
+
+
+def output_signature(func: relax.Function) -> list[TensorSpec | None]:
+    """The spec of each output of ``func``, named ``output0``, ``output1``...: one for a tensor result,
+    one per field of a tuple result (None for a field that is not a tensor)."""
+    ty = func.ret_ty
+    fields = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+    return [type_spec(f"output{i}", t) for i, t in enumerate(fields)]
 
 
 def check_count(function: str, specs: Sequence[TensorSpec | None], count: int) -> None:

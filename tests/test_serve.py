@@ -31,26 +31,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    """A small CNN with a symbolic batch (declared 1..64), partitioned and exported for serving."""
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                              torch.nn.Linear(8 * 8 * 8, 10)).eval()
+def _cnn(seed: int):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(8 * 8 * 8, 10)).eval()
+
+
+def _export(net, path):
     n = torch.export.Dim("N", min=1, max=64)
     mod, params = bh.from_torch(net, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: n},))
-    path = bs.export(bh.partition(mod, params), tmp_path_factory.mktemp("serve") / "cnn.so")
+    path = bs.export(bh.partition(mod, params), path)
     direct = bh.vm(tvm.runtime.load_module(str(path)))
     return path, lambda x: direct["main"](x).numpy()
 
 
 @pytest.fixture(scope="module")
-def served(library):
+def library(tmp_path_factory):
+    """A small CNN with a symbolic batch (declared 1..64), partitioned and exported for serving."""
+    return _export(_cnn(0), tmp_path_factory.mktemp("serve") / "cnn.so")
+
+
+@pytest.fixture(scope="module")
+def others(tmp_path_factory):
+    """The deployment's other models: version 2 of "cnn" (other weights), and "cnn_ort", the first CNN as
+    ONNX on ONNX Runtime; each with its direct run."""
+    import onnxruntime as ort
+
+    tmp = tmp_path_factory.mktemp("serve_more")
+    v2 = _export(_cnn(1), tmp / "cnn2.so")
+    onnx_path = tmp / "cnn_ort.onnx"
+    torch.onnx.export(_cnn(0), (torch.randn(2, 3, 8, 8),), str(onnx_path), input_names=["input"],
+                      output_names=["output0"], dynamic_axes={"input": {0: "N"}, "output0": {0: "N"}},
+                      dynamo=False, opset_version=17)
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    return {"v2": v2, "ort": (onnx_path, lambda x: sess.run(None, {"input": x})[0])}
+
+
+MAX_REQUEST_BYTES = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def served(library, others):
     path, _ = library
     port = _free_port()
     began = time.monotonic()
-    bs.start(bs.app(path, replicas=REPLICAS, cpus=1, batch=True, max_batch_rows=16, batch_wait_s=0.05),
-             port=port, num_cpus=REPLICAS + 1)
+    models = [str(path), f"cnn:2={others['v2'][0]}", str(others["ort"][0])]  # names: cnn (stem), cnn, cnn_ort
+    bs.start(bs.app(models, replicas=REPLICAS, cpus=1, batch=True, max_batch_rows=16, batch_wait_s=0.05,
+                    max_request_bytes=MAX_REQUEST_BYTES), port=port, num_cpus=REPLICAS + 1)
     _STARTUP_S.append(time.monotonic() - began)
     yield f"http://127.0.0.1:{port}/"
     bs.shutdown()
@@ -148,11 +175,152 @@ def test_requests_are_bounded_and_dead_replicas_noticed_fast(served):
     assert deployment["deployment_config"]["health_check_period_s"] == bs.HEALTH_CHECK_PERIOD_S
 
 
+# -- the Open Inference Protocol (KServe v2), driven by tritonclient unchanged --------------------------
+
+def _client(url: str):
+    httpclient = pytest.importorskip("tritonclient.http")
+    return httpclient, httpclient.InferenceServerClient(url.split("//")[1].rstrip("/"), network_timeout=120.0)
+
+
+def _infer_input(httpclient, x, datatype="FP32", binary=True, name="input"):
+    inp = httpclient.InferInput(name, list(x.shape), datatype)
+    inp.set_data_from_numpy(x, binary_data=binary)
+    return inp
+
+
+def test_v2_health_metadata_and_versions(served):
+    _, client = _client(served)
+    assert client.is_server_live() and client.is_server_ready()
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    assert client.is_model_ready("cnn") and client.is_model_ready("cnn", "2") and client.is_model_ready("cnn_ort")
+    meta = client.get_model_metadata("cnn")
+    assert meta["versions"] == ["1", "2"] and meta["platform"] == "byoc_hetero"
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 8, 8]}]
+    assert meta["outputs"] == [{"name": "output0", "datatype": "FP32", "shape": [-1, 10]}]
+    ort_meta = client.get_model_metadata("cnn_ort", "1")
+    assert ort_meta["platform"] == "onnxruntime_onnx" and ort_meta["inputs"][0]["shape"] == [-1, 3, 8, 8]
+
+
+def test_v2_infer_binary_and_json_tensors_per_model_and_version(library, others, served):
+    httpclient, client = _client(served)
+    x = _inputs(11, 3)
+    binary = client.infer("cnn", [_infer_input(httpclient, x)])  # tritonclient's default: binary both ways
+    np.testing.assert_array_equal(binary.as_numpy("output0"), library[1](x))
+    as_json = client.infer("cnn", [_infer_input(httpclient, x, binary=False)], model_version="2",
+                           outputs=[httpclient.InferRequestedOutput("output0", binary_data=False)])
+    assert as_json.get_response()["model_version"] == "2" and "data" in as_json.get_response()["outputs"][0]
+    np.testing.assert_array_equal(as_json.as_numpy("output0"), others["v2"][1](x))
+    assert not np.allclose(others["v2"][1](x), library[1](x))  # version 2 is another model
+    on_ort = client.infer("cnn_ort", [_infer_input(httpclient, x)]).as_numpy("output0")
+    np.testing.assert_allclose(on_ort, others["ort"][1](x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(on_ort, library[1](x), rtol=1e-4, atol=1e-4)
+
+
+def test_v2_concurrent_requests_are_batched_and_answered_as_unbatched(library, served):
+    """Each answer is bit for bit the direct, unbatched run of its own request."""
+    httpclient, _ = _client(served)
+
+    def one(x):
+        _, client = _client(served)  # a client per thread (tritonclient's http client is not thread-safe)
+        result = client.infer("cnn", [_infer_input(httpclient, x)])
+        return result.as_numpy("output0"), result.get_response()["parameters"]["batch_rows"]
+
+    for volley in range(3):  # batching depends on arrival times: a few volleys, bounded
+        xs = [_inputs(200 + 16 * volley + i, 1 + i % 2) for i in range(16)]
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(one, xs))
+        for x, (y, _) in zip(xs, answers):
+            np.testing.assert_array_equal(y, library[1](x))
+        if max(rows for _, rows in answers) > 2:
+            return
+    pytest.fail("48 concurrent v2 requests never shared a call")
+
+
+def _status(call) -> tuple[int, str]:
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as err:
+        call()
+    return int(err.value.status()), err.value.message()
+
+
+def test_v2_bad_requests_never_reach_a_model(library, served):
+    import urllib.error
+    import urllib.request
+
+    httpclient, client = _client(served)
+    x = _inputs(5, 2)
+    assert _status(lambda: client.infer("nope", [_infer_input(httpclient, x)]))[0] == 404
+    assert _status(lambda: client.infer("cnn", [_infer_input(httpclient, x)], model_version="3"))[0] == 404
+    assert _status(lambda: client.get_model_metadata("nope"))[0] == 404
+    for bad, needle in ((_infer_input(httpclient, x.astype("float64"), "FP64"), "expected dtype float32, got float64"),
+                        (_infer_input(httpclient, x[:, :, :7].copy()), "expected shape [s"),
+                        (_infer_input(httpclient, x, name="image"), "takes inputs ['input'], got ['image']"),
+                        (_infer_input(httpclient, np.zeros((17, 3, 8, 8), "float32")), "more than max_batch_rows=16")):
+        status, message = _status(lambda: client.infer("cnn", [bad]))
+        assert status == 400 and needle in message, (status, message)
+    url = served + "v2/models/cnn/infer"
+    for body, headers, code in ((b"{not json", {}, 400),
+                                (b'{"inputs": []}xx', {"Inference-Header-Content-Length": "14"}, 400),
+                                (b"{}" + b" " * MAX_REQUEST_BYTES, {}, 413)):
+        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **headers})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=60)
+        assert err.value.code == code, err.value.read()
+    good = client.infer("cnn", [_infer_input(httpclient, x)])  # the replicas are alive and answer right
+    np.testing.assert_array_equal(good.as_numpy("output0"), library[1](x))
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple], float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "metrics", timeout=60) as reply:
+        text = reply.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _total(samples, name: str, **labels) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and labels.items() <= dict(ls).items())
+
+
+def test_metrics_count_requests_failures_latency_and_batches(served):
+    """After the v2 tests above: requests and failures by model and code, queue and compute histograms,
+    batch rows, all labelled by replica (records arrive within bs metrics' flush period)."""
+    from byoc_hetero.serve import metrics
+
+    deadline = time.monotonic() + 30
+    while True:
+        samples = _scrape(served)
+        done = (_total(samples, "byoc_hetero_requests_total", model="cnn", protocol="v2", code="200") >= 50
+                and _total(samples, "byoc_hetero_request_failures_total", code="404") >= 3
+                and _total(samples, "byoc_hetero_request_failures_total", model="cnn", code="413") >= 1)
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(metrics.FLUSH_PERIOD_S)
+    assert done, {k: v for k, v in samples.items() if k[0].endswith("_total")}
+    assert _total(samples, "byoc_hetero_request_failures_total", model="cnn", version="1", code="400") >= 6
+    assert _total(samples, "byoc_hetero_requests_total", model="cnn", version="2", code="200") >= 1
+    assert _total(samples, "byoc_hetero_requests_total", model="cnn_ort", code="200") >= 1
+    calls = _total(samples, "byoc_hetero_batch_rows_count", model="cnn")
+    rows = _total(samples, "byoc_hetero_batch_rows_sum", model="cnn")
+    assert 0 < calls < rows  # some calls ran several rows
+    assert _total(samples, "byoc_hetero_compute_seconds_count", model="cnn") == calls
+    assert _total(samples, "byoc_hetero_queue_seconds_count", model="cnn") >= calls
+    assert _total(samples, "byoc_hetero_request_seconds_count", protocol="v2") >= 50
+    replicas = {dict(ls)["replica"] for (n, ls) in samples if n == "byoc_hetero_requests_total"}
+    assert 1 <= len(replicas) <= REPLICAS
+    for name in metrics.METRICS:  # every documented metric is exported
+        assert any(n.startswith(name) for n, _ in samples), name
+
+
 def _replica_names() -> set[str]:
     import ray
 
-    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].startswith("SERVE_REPLICA::")}
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)  # not the metrics deployment's
+            if a["name"].startswith("SERVE_REPLICA::byoc_hetero#byoc_hetero#")}
 
 
 def _replica_pids(url: str, tries: int) -> set[int]:

@@ -28,7 +28,7 @@ from tvm import relax
 
 from .. import _relax
 from ..errors import PlacementError
-from ..inputs import dim_ranges, signature
+from ..inputs import dim_ranges, output_signature, signature
 from . import _ir
 from .devices import Device, device_of_vdevice, module_vdevices, parse_device
 from .validate import validate, validate_lowered
@@ -45,7 +45,7 @@ class PlacedExecutable:
     #: the placed module that was compiled (before lowering)
     module: tvm.IRModule
     #: the plan: ``{"devices": [...], "functions": {name: {"params": [...], "inputs": [...],
-    #: "constants": loader, ...}}}`` (``inputs``: each input's name, dtype and shape)
+    #: "constants": loader, ...}}}`` (``inputs``/``outputs``: each input's and output's name, dtype and shape)
     plan: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -97,6 +97,7 @@ def make_plan(mod: tvm.IRModule) -> dict[str, Any]:
             num_inputs -= entry["num_constants"]
         specs = signature(func)[:num_inputs]
         entry["inputs"] = [spec.to_json() if spec is not None else None for spec in specs]
+        entry["outputs"] = [spec.to_json() if spec is not None else None for spec in output_signature(func)]
         ranges = dim_ranges(func)
         if ranges:
             entry["dim_ranges"] = {name: list(r) for name, r in ranges.items()}

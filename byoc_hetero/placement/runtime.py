@@ -91,6 +91,11 @@ class PlacedVM:
         specs = entry.get("inputs") or [None] * n
         return [TensorSpec.from_json(s) if s is not None else None for s in specs]
 
+    def output_specs(self, function: str = "main") -> list[TensorSpec | None]:
+        """The name (``output0``...), dtype and shape of each output of ``function`` (empty for a library
+        compiled before the plan carried them)."""
+        return [TensorSpec.from_json(s) if s is not None else None for s in self._entry(function).get("outputs", [])]
+
     def dim_ranges(self, function: str = "main") -> dict[str, tuple[int | None, int | None]]:
         """The declared range of each symbolic dim of ``function``'s inputs (empty if none)."""
         return {name: (lo, hi) for name, (lo, hi) in self._entry(function).get("dim_ranges", {}).items()}
