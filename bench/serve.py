@@ -13,6 +13,10 @@ per second, p50 and p99 latency seen by the client, the mean rows per model call
 The client runs on the same machine and takes CPU too. Asserts nothing; not part of the tests.
 
     python3 bench/serve.py --markdown bench/SERVE.md
+
+``--protocol v2`` measures the Open Inference Protocol path instead: one deployment serves both engines
+as two models (``byoc`` and ``onnxruntime``), and ``tritonclient.http`` clients (binary tensors, one
+client per thread) load each model in turn at 1, 8 and 32 client threads (``--v2-concurrency``).
 """
 
 from __future__ import annotations
@@ -56,8 +60,9 @@ def _model(tmp: Path) -> Path:
     return path
 
 
-def _load(url: str, xs: list[np.ndarray], want: list[np.ndarray], args) -> dict:
-    """Send requests from ``args.concurrency`` threads until the count or the time is reached."""
+def _load(send, want: list[np.ndarray], args, concurrency: int) -> dict:
+    """Call ``send(i) -> (status, output, batch_rows)`` from ``concurrency`` threads until the count or the
+    time is reached; every answer is checked against ``want[i % len(want)]``."""
     latencies, rows, errors, wrong = [], [], 0, 0
     start = time.perf_counter()
     stop = start + args.seconds
@@ -66,26 +71,58 @@ def _load(url: str, xs: list[np.ndarray], want: list[np.ndarray], args) -> dict:
         if time.perf_counter() > stop:
             return None
         t = time.perf_counter()
-        answer = bs.post(url, xs[i % len(xs)], timeout=60)
+        answer = send(i)
         return i, time.perf_counter() - t, answer
 
-    with ThreadPoolExecutor(args.concurrency) as pool:
+    with ThreadPoolExecutor(concurrency) as pool:
         for result in pool.map(one, range(args.requests)):
             if result is None:
                 continue
-            i, seconds, answer = result
-            if answer.status != 200:
+            i, seconds, (status, output, batch_rows) = result
+            if status != 200:
                 errors += 1
                 continue
-            if not np.allclose(answer.output, want[i % len(xs)], rtol=1e-4, atol=1e-4):
+            if not np.allclose(output, want[i % len(want)], rtol=1e-4, atol=1e-4):
                 wrong += 1
             latencies.append(seconds)
-            rows.append(answer.batch_rows)
+            rows.append(batch_rows)
     elapsed = time.perf_counter() - start
     lat = np.array(latencies or [float("nan")]) * 1e3
     return {"answers": len(latencies), "per_s": len(latencies) / elapsed, "p50": float(np.percentile(lat, 50)),
             "p99": float(np.percentile(lat, 99)), "rows": float(np.mean(rows)) if rows else 0.0,
             "errors": errors, "wrong": wrong}
+
+
+def _legacy_sender(url: str, xs: list[np.ndarray]):
+    def send(i: int):
+        answer = bs.post(url, xs[i % len(xs)], timeout=60)
+        return answer.status, answer.output, answer.batch_rows
+    return send
+
+
+def _v2_sender(host: str, model: str, xs: list[np.ndarray]):
+    """KServe v2 through tritonclient (binary tensors, its default), one client per thread."""
+    import threading
+
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    local = threading.local()
+    name = httpclient.InferenceServerClient(host).get_model_metadata(model)["inputs"][0]["name"]
+
+    def send(i: int):
+        if not hasattr(local, "client"):
+            local.client = httpclient.InferenceServerClient(host, network_timeout=60.0)
+        x = xs[i % len(xs)]
+        inp = httpclient.InferInput(name, list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        try:
+            result = local.client.infer(model, [inp])
+        except InferenceServerException as err:
+            return int(err.status() or 0), None, 0
+        return 200, result.as_numpy(result.get_response()["outputs"][0]["name"]), \
+            result.get_response()["parameters"]["batch_rows"]
+    return send
 
 
 def _direct(lib: Path, onnx_path: Path, rounds: int = 5) -> list[tuple[str, int, int, float]]:
@@ -144,6 +181,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="time per configuration (at most)")
     parser.add_argument("--concurrency", type=int, default=8, help="client threads")
     parser.add_argument("--port", type=int, default=8321)
+    parser.add_argument("--protocol", choices=("legacy", "v2"), default="legacy",
+                        help="v2: both engines as two models of one deployment, driven over KServe v2 by "
+                             "tritonclient at each of --v2-concurrency")
+    parser.add_argument("--v2-concurrency", default="1,8,32", help="client threads of the v2 runs")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     machine, started = _machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -159,6 +200,11 @@ def main() -> None:
         print("direct", row, flush=True)
     configs = _configs(args)
     max_cpus = max((r * c for _, r, c, _ in configs), default=1)
+    if args.protocol == "v2":
+        rows = _run_v2(args, {"byoc": lib, "onnxruntime": onnx_path}, xs, want, max_cpus)
+        bs.shutdown()
+        _report_v2(rows, direct_rows, machine, started, args)
+        return
     rows = []
     for engine, replicas, cpus, batch in configs:
         path = lib if engine == "byoc" else onnx_path
@@ -167,7 +213,7 @@ def main() -> None:
         bs.start(application, port=args.port, num_cpus=max_cpus)
         for x in xs[:4]:
             bs.post(f"http://127.0.0.1:{args.port}/", x)  # warm-up: plans, first calls
-        result = _load(f"http://127.0.0.1:{args.port}/", xs, want, args)
+        result = _load(_legacy_sender(f"http://127.0.0.1:{args.port}/", xs), want, args, args.concurrency)
         rows.append((engine, replicas, cpus, batch, result))
         print(engine, replicas, cpus, batch, {k: round(v, 2) for k, v in result.items()}, flush=True)
         from ray import serve
@@ -175,6 +221,62 @@ def main() -> None:
         serve.delete("byoc_hetero")
     bs.shutdown()
     _report(rows, direct_rows, machine, started, args)
+
+
+def _run_v2(args, models: dict[str, Path], xs, want, max_cpus: int) -> list[tuple]:
+    """Per split and batching: one deployment serving both engines' models; each model under each
+    concurrency of ``--v2-concurrency``, engines alternating."""
+    from ray import serve
+
+    rows = []
+    host = f"127.0.0.1:{args.port}"
+    for replicas, cpus, batch in sorted({(r, c, b) for _, r, c, b in _configs(args)}, key=lambda t: (t[0], t[1], t[2])):
+        bs.start(bs.app({k: str(v) for k, v in models.items()}, replicas=replicas, cpus=cpus, batch=batch,
+                        max_batch_rows=8, batch_wait_s=0.002), port=args.port, num_cpus=max_cpus)
+        senders = {engine: _v2_sender(host, engine, xs) for engine in models}
+        for send in senders.values():
+            for i in range(4):
+                send(i)  # warm-up: plans, first calls
+        for concurrency in (int(c) for c in args.v2_concurrency.split(",")):
+            for engine, send in senders.items():
+                result = _load(send, want, args, concurrency)
+                rows.append((engine, replicas, cpus, batch, concurrency, result))
+                print("v2", engine, replicas, cpus, batch, concurrency, {k: round(v, 2) for k, v in result.items()},
+                      flush=True)
+        serve.delete("byoc_hetero")
+    return rows
+
+
+def _direct_table(direct_rows) -> list[str]:
+    lines = ["", "The model without Serve, in this process before the deployments (median of 10 calls, best of "
+             "5 interleaved rounds), ms per call:", "", "| threads | batch | byoc-hetero | ONNX Runtime | ONNX Runtime / ours |",
+             "|---|---|---|---|---|"]
+    table = {(e, t, b): ms for e, t, b, ms in direct_rows}
+    for threads, batch in sorted({(t, b) for _, t, b, _ in direct_rows}):
+        ours, ort_ms = table[("byoc", threads, batch)], table[("onnxruntime", threads, batch)]
+        lines.append(f"| {threads} | {batch} | {ours:.2f} | {ort_ms:.2f} | {ort_ms / ours:.2f}x |")
+    return lines
+
+
+def _report_v2(rows, direct_rows, machine: str, started: str, args) -> None:
+    lines = ["## The Open Inference Protocol path (`--protocol v2`)", "",
+             f"Machine: {machine}. Started {started}; Ray Serve {__import__('ray').__version__}; the machine was "
+             "shared with other work (loaded): compare rows of one run, not with other runs.", "",
+             f"Run: `python3 bench/serve.py --protocol v2 --splits {args.splits} --requests {args.requests} "
+             f"--seconds {args.seconds} --v2-concurrency {args.v2_concurrency}`. One deployment serves both "
+             "engines as two models (`byoc`: the library, `onnxruntime`: the ONNX file); `tritonclient.http` "
+             "clients (one per thread, binary tensors) send one-image requests to `/v2/models/{model}/infer`, "
+             "the engines alternating at each concurrency. Every answer is checked against a direct run.", "",
+             "| model | replicas x CPUs | batching | clients | answers/s | p50 ms | p99 ms | rows per call | answers | errors | wrong |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for engine, replicas, cpus, batch, concurrency, r in rows:
+        lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {concurrency} | {r['per_s']:.1f} | "
+                     f"{r['p50']:.1f} | {r['p99']:.1f} | {r['rows']:.2f} | {r['answers']} | {r['errors']} | "
+                     f"{r['wrong']} |")
+    text = "\n".join(lines + _direct_table(direct_rows)) + "\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
 
 
 def _report(rows, direct_rows, machine: str, started: str, args) -> None:
@@ -193,13 +295,7 @@ def _report(rows, direct_rows, machine: str, started: str, args) -> None:
         lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {r['per_s']:.1f} | "
                      f"{r['p50']:.1f} | {r['p99']:.1f} | {r['rows']:.2f} | {r['answers']} | {r['errors']} | "
                      f"{r['wrong']} |")
-    lines += ["", "The model without Serve, in this process before the deployments (median of 10 calls, best of "
-              "5 interleaved rounds), ms per call:", "", "| threads | batch | byoc-hetero | ONNX Runtime | ONNX Runtime / ours |",
-              "|---|---|---|---|---|"]
-    table = {(e, t, b): ms for e, t, b, ms in direct_rows}
-    for threads, batch in sorted({(t, b) for _, t, b, _ in direct_rows}):
-        ours, ort_ms = table[("byoc", threads, batch)], table[("onnxruntime", threads, batch)]
-        lines.append(f"| {threads} | {batch} | {ours:.2f} | {ort_ms:.2f} | {ort_ms / ours:.2f}x |")
+    lines += _direct_table(direct_rows)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:

@@ -20,6 +20,7 @@ import tvm  # noqa: E402
 
 import byoc_hetero as bh  # noqa: E402
 from byoc_hetero import serve as bs  # noqa: E402
+from byoc_hetero.inputs import TensorSpec  # noqa: E402
 
 REPLICAS = 2
 _STARTUP_S: list[float] = []  # how long the fixture's start took on this machine, under its present load
@@ -271,6 +272,37 @@ def test_v2_bad_requests_never_reach_a_model(library, served):
     np.testing.assert_array_equal(good.as_numpy("output0"), library[1](x))
 
 
+def _docs_client_blocks() -> tuple[str, str]:
+    """The ```py (tritonclient) and ```bash (curl) blocks of docs/serving.md's clients section."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
+    section = text.split("## Clients", 1)[1].split("\n## ", 1)[0]
+    py = re.findall(r"^```py\n(.*?)^```", section, re.S | re.M)
+    sh = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
+    assert len(py) == 1 and len(sh) == 1, (py, sh)
+    return py[0], sh[0]
+
+
+def test_the_docs_client_calls_run(library, served):
+    import json
+    import subprocess
+
+    pytest.importorskip("tritonclient.http")
+    py, sh = _docs_client_blocks()
+    host = served.split("//")[1].rstrip("/")
+    namespace: dict = {}
+    exec(compile(py.replace("127.0.0.1:8000", host), "serving_md_client.py", "exec"), namespace)  # noqa: S102
+    np.testing.assert_array_equal(namespace["y"], library[1](namespace["x"]))
+    lines = subprocess.run(["bash", "-c", sh.replace("127.0.0.1:8000", host)], capture_output=True, text=True,
+                           timeout=120, check=True).stdout.splitlines()
+    assert lines[0] == "200", lines
+    answer = json.loads(lines[1])
+    y = np.asarray(answer["outputs"][0]["data"], "float32").reshape(answer["outputs"][0]["shape"])
+    np.testing.assert_array_equal(y, library[1](np.full((1, 3, 8, 8), 0.5, "float32")))
+
+
 def _scrape(url: str) -> dict[tuple[str, tuple], float]:
     import urllib.request
 
@@ -413,3 +445,73 @@ def test_run_batch_groups_by_trailing_shape_and_splits_back():
     for (outputs, rows), w, r in zip(answers, want, (5, 2, 5, 2)):
         np.testing.assert_array_equal(outputs[0], w)
         assert rows == r
+
+
+class _FakeEngine:
+    entry, ranges = "main", {}
+    specs = [TensorSpec("a", "float32", ("n", 2)), TensorSpec("b", "int64", ("n",))]
+    outputs = [TensorSpec("output0", "float32", ("n", 2))]
+
+
+def _fake_model():
+    from byoc_hetero.serve.core import Model, ModelSpec
+
+    return Model(ModelSpec("m", "1", "m.so", "byoc"), _FakeEngine())
+
+
+def test_v2_binary_and_json_tensors_parse_in_the_models_order():
+    import json
+
+    from byoc_hetero.serve import kserve
+
+    a, b = np.arange(6, dtype="float32").reshape(3, 2), np.array([1, -2, 3], "int64")
+    head = json.dumps({"id": "7", "inputs": [
+        {"name": "b", "datatype": "INT64", "shape": [3], "data": b.tolist()},
+        {"name": "a", "datatype": "FP32", "shape": [3, 2], "parameters": {"binary_data_size": a.nbytes}}],
+        "outputs": [{"name": "output0", "parameters": {"binary_data": True}}]}).encode()
+    doc, inputs = kserve.parse_infer(head + a.tobytes(), str(len(head)), _fake_model())
+    np.testing.assert_array_equal(inputs[0], a)
+    np.testing.assert_array_equal(inputs[1], b)
+    assert inputs[1].dtype == np.int64
+    body, headers = kserve.format_infer(doc, _fake_model(), [a * 2], batch_rows=3)
+    n = int(headers[kserve.HEADER_LENGTH])
+    answer = json.loads(body[:n])
+    assert answer["id"] == "7" and answer["parameters"] == {"batch_rows": 3}
+    assert answer["outputs"] == [{"name": "output0", "datatype": "FP32", "shape": [3, 2],
+                                  "parameters": {"binary_data_size": 24}}]
+    np.testing.assert_array_equal(np.frombuffer(body[n:], "float32").reshape(3, 2), a * 2)
+
+
+@pytest.mark.parametrize("inputs, header, needle", [
+    ([{"name": "a", "datatype": "BYTES", "shape": [1], "data": ["x"]}], None, "datatype 'BYTES' is not supported"),
+    ([{"name": "a", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}], None, "3 values for shape [2, 2]"),
+    ([{"name": "a", "datatype": "FP32", "shape": [1, -2], "data": []}], None, "shape must be a list of sizes"),
+    ([{"name": "a", "datatype": "FP32", "shape": [1], "data": ["x"]}], None, "data is not FP32"),
+    ([{"name": "a", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}}], "0",
+     "8 binary bytes announced, 0 left"),
+    ([{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}], None, "takes inputs ['a', 'b'], got ['a']"),
+])
+def test_v2_requests_that_do_not_parse_are_400s(inputs, header, needle):
+    import json
+
+    from byoc_hetero.serve import RequestError, kserve
+
+    body = json.dumps({"inputs": inputs}).encode()
+    with pytest.raises(RequestError) as err:
+        kserve.parse_infer(body, None if header is None else str(len(body)), _fake_model())
+    assert err.value.status == 400 and needle in str(err.value), str(err.value)
+
+
+def test_model_specs_name_version_and_engine(tmp_path):
+    lib, onnx_file = tmp_path / "cnn.so", tmp_path / "ref.onnx"
+    lib.write_bytes(b"x")
+    onnx_file.write_bytes(b"x")
+    specs = bs.model_specs([str(lib), f"cnn:2={lib}", str(onnx_file)])
+    assert [(s.name, s.version, s.engine) for s in specs] == [("cnn", "1", "byoc"), ("cnn", "2", "byoc"),
+                                                              ("ref", "1", "onnxruntime")]
+    with pytest.raises(bh.ByocError, match="cnn version 1 given twice"):
+        bs.model_specs({"cnn": lib, "cnn:1": lib})
+    with pytest.raises(bh.ByocError, match="no such file"):
+        bs.model_spec("x=missing.so")
+    with pytest.raises(bh.ByocError, match="model name 'a/b'"):
+        bs.model_spec(f"a/b={lib}")

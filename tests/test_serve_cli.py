@@ -1,4 +1,5 @@
-"""``byoc-hetero serve lib.so``: starts, answers like a direct run, rejects a bad request, stops on SIGTERM.
+"""``byoc-hetero serve lib.so --model NAME:VERSION=PATH``: starts, answers like a direct run, rejects a bad
+request (400) and a large one (413), serves both models by name over KServe v2, stops on SIGTERM.
 
 Skipped where Ray Serve is not installed. Its own file: the command starts its own Ray instance, which
 must not meet the one tests/test_serve.py keeps for its module.
@@ -33,7 +34,8 @@ def test_serve_command(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "byoc_hetero", "serve", str(lib), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "byoc_hetero", "serve", str(lib), "--model", f"other:3={lib}",
+                             "--port", str(port), "--max-request-mb", "0.01"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -48,6 +50,11 @@ def test_serve_command(tmp_path):
         np.testing.assert_allclose(answer.output, direct["main"](x).numpy(), rtol=1e-5, atol=1e-5)
         bad = bs.post(f"http://127.0.0.1:{port}/", x[:, :15].copy())
         assert bad.status == 400 and "expected shape [2, 16], got [2, 15]" in bad.error
+        big = bs.post(f"http://127.0.0.1:{port}/", np.zeros((2, 2000), "float32"))  # > 0.01 MiB
+        assert big.status == 413 and "max_request_bytes=10485" in big.error
+        for route, code in (("v2/models/mlp", 200), ("v2/models/other/versions/3/ready", 200),
+                            ("v2/models/other/versions/1", 404)):  # the stem names the first; --model the other
+            assert _get(f"http://127.0.0.1:{port}/{route}") == code, route
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -55,3 +62,14 @@ def test_serve_command(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def _get(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=60) as reply:
+            return reply.status
+    except urllib.error.HTTPError as err:
+        return err.code
