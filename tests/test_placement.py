@@ -738,3 +738,5 @@ def test_exported_library_carries_its_plan(tmp_path):
     np.testing.assert_allclose(machine["main"](a, b, c).numpy(), (a + b) - (b + c))
     with pytest.raises(bh.InputError, match="input 1 \\('b'\\): expected dtype float32, got float64"):
         machine["main"](a, b.astype("float64"), c)  # the signature travels with the library
+    assert [s.name for s in machine.input_specs("main")] == ["a", "b", "c"]
+    assert [(s.name, s.dtype, s.shape) for s in machine.output_specs("main")] == [("output0", "float32", (2, 3))]
