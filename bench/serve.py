@@ -270,10 +270,18 @@ def _report_v2(rows, direct_rows, machine: str, started: str, args) -> None:
              "| model | replicas x CPUs | batching | clients | answers/s | p50 ms | p99 ms | rows per call | answers | errors | wrong |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for engine, replicas, cpus, batch, concurrency, r in rows:
-        lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {concurrency} | {r['per_s']:.1f} | "
-                     f"{r['p50']:.1f} | {r['p99']:.1f} | {r['rows']:.2f} | {r['answers']} | {r['errors']} | "
-                     f"{r['wrong']} |")
-    text = "\n".join(lines + _direct_table(direct_rows)) + "\n"
+        lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {concurrency} | {_cells(r)}")
+    _write(lines + _direct_table(direct_rows), args)
+
+
+def _cells(r: dict) -> str:
+    """A result's cells: answers/s, p50, p99, rows per call, answers, errors, wrong."""
+    return (f"{r['per_s']:.1f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['rows']:.2f} | {r['answers']} | "
+            f"{r['errors']} | {r['wrong']} |")
+
+
+def _write(lines: list[str], args) -> None:
+    text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
@@ -292,14 +300,8 @@ def _report(rows, direct_rows, machine: str, started: str, args) -> None:
              "| engine | replicas x CPUs | batching | answers/s | p50 ms | p99 ms | rows per call | answers | errors | wrong |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for engine, replicas, cpus, batch, r in rows:
-        lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {r['per_s']:.1f} | "
-                     f"{r['p50']:.1f} | {r['p99']:.1f} | {r['rows']:.2f} | {r['answers']} | {r['errors']} | "
-                     f"{r['wrong']} |")
-    lines += _direct_table(direct_rows)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+        lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {_cells(r)}")
+    _write(lines + _direct_table(direct_rows), args)
 
 
 if __name__ == "__main__":

@@ -208,8 +208,6 @@ class RequestPath:
         when batching). A 400 (RequestError) when the inputs do not match the model."""
         try:
             self.check(model, inputs)
-        except RequestError:
-            raise
         except InputError as err:
             raise RequestError(400, str(err)) from err
         item = _Item(model, inputs)
