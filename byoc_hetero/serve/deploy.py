@@ -110,7 +110,7 @@ class Replica:
                 response = PlainTextResponse(await self.recorder.text(),
                                              media_type="text/plain; version=0.0.4; charset=utf-8")
             else:
-                response = await legacy.handle(self.path, request, call, self.info())
+                response = await legacy.handle(self.path, request, call, self.info)
             status = response.status_code
             return response
         except RequestError as err:

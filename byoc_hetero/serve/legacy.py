@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +54,12 @@ def encode(outputs: list[np.ndarray], kind: str) -> tuple[bytes, str]:
     return buf.getvalue(), "application/octet-stream"
 
 
-async def handle(path: RequestPath, request, call: Call, info: dict[str, Any]):
-    """``GET /`` or ``/info``: ``info``; ``POST /``: run the first model."""
+async def handle(path: RequestPath, request, call: Call, info: Callable[[], dict[str, Any]]):
+    """``GET /`` or ``/info``: ``info()``; ``POST /``: run the first model."""
     from starlette.responses import JSONResponse, Response
 
     if request.method == "GET":
-        return JSONResponse(info)
+        return JSONResponse(info())
     model = path.default
     call.model, call.version = model.name, model.version
     body = await path.read_body(request)

@@ -24,7 +24,7 @@ ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "byoc_hetero_requests": ("counter", ("model", "version", "protocol", "code", "replica"),
-                             "HTTP requests answered, by model, protocol (legacy, v2, metrics) and status code"),
+                             "HTTP requests answered, by model, protocol (v2, legacy) and status code"),
     "byoc_hetero_request_failures": ("counter", ("model", "version", "protocol", "code", "replica"),
                                      "requests answered with a status code of 400 or more"),
     "byoc_hetero_request_seconds": ("histogram", ("model", "version", "protocol", "replica"),
