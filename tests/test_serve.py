@@ -213,6 +213,8 @@ def test_v2_infer_binary_and_json_tensors_per_model_and_version(library, others,
     assert as_json.get_response()["model_version"] == "2" and "data" in as_json.get_response()["outputs"][0]
     np.testing.assert_array_equal(as_json.as_numpy("output0"), others["v2"][1](x))
     assert not np.allclose(others["v2"][1](x), library[1](x))  # version 2 is another model
+    gzipped = client.infer("cnn", [_infer_input(httpclient, x)], "1", request_compression_algorithm="gzip")
+    np.testing.assert_array_equal(gzipped.as_numpy("output0"), library[1](x))
     on_ort = client.infer("cnn_ort", [_infer_input(httpclient, x)]).as_numpy("output0")
     np.testing.assert_allclose(on_ort, others["ort"][1](x), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(on_ort, library[1](x), rtol=1e-4, atol=1e-4)
@@ -516,3 +518,40 @@ def test_model_specs_name_version_and_engine(tmp_path):
         bs.model_spec("x=missing.so")
     with pytest.raises(bh.ByocError, match="model name 'a/b'"):
         bs.model_spec(f"a/b={lib}")
+
+
+def test_a_failing_model_call_fails_its_own_requests_only():
+    from byoc_hetero.serve.core import Model, ModelSpec, _Item, _run_items
+
+    class Broken(_FakeEngine):
+        def run(self, inputs):
+            raise RuntimeError("kernel failed")
+
+    class Doubling(_FakeEngine):
+        def run(self, inputs):
+            return [inputs[0] * 2]
+
+    good, bad = (Model(ModelSpec(n, "1", f"{n}.so", "byoc"), e()) for n, e in (("good", Doubling), ("bad", Broken)))
+    x = np.ones((2, 2), "float32")
+    answers, calls = _run_items([_Item(good, [x]), _Item(bad, [x]), _Item(good, [x + 1])])
+    np.testing.assert_array_equal(answers[0][0][0], x * 2)
+    np.testing.assert_array_equal(answers[2][0][0], (x + 1) * 2)
+    assert answers[0][1] == answers[2][1] == 4  # one call of both requests' rows
+    assert isinstance(answers[1], RuntimeError) and len(calls) == 1
+
+
+def test_gzip_and_deflate_bodies_are_inflated_within_the_limit():
+    import zlib
+
+    from byoc_hetero.serve import RequestError
+    from byoc_hetero.serve.core import _decompress
+
+    body = b'{"inputs": []}' * 10
+    assert _decompress(zlib.compress(body), "deflate", 1000) == body
+    gz = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    assert _decompress(gz.compress(body) + gz.flush(), "gzip", 1000) == body
+    for data, encoding, limit, code in ((zlib.compress(b"0" * 5000), "deflate", 1000, 413), (body, "gzip", 1000, 400),
+                                        (body, "br", 1000, 400)):
+        with pytest.raises(RequestError) as err:
+            _decompress(data, encoding, limit)
+        assert err.value.status == code, err.value

@@ -145,6 +145,26 @@ def run_batch(run: Callable, items: list[list[np.ndarray]],
     return answers
 
 
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` inflated from ``encoding`` (identity, gzip, deflate), at most ``limit`` bytes."""
+    import zlib
+
+    windows = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in windows:
+        raise RequestError(400, f"request: Content-Encoding {encoding!r} is not supported (gzip, deflate, identity)")
+    inflater = zlib.decompressobj(windows[encoding])
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as err:
+        raise RequestError(400, f"request: body is not valid {encoding}: {err}") from err
+    if len(out) > limit:
+        raise RequestError(413, f"request: body inflates to more than max_request_bytes={limit} bytes")
+    return out
+
+
 def rows(inputs: list[np.ndarray]) -> int:
     """The rows (first dim) of a request's first input; 1 for a scalar or no input."""
     return int(inputs[0].shape[0]) if inputs and inputs[0].ndim else 1
@@ -182,7 +202,8 @@ class RequestPath:
         return sorted(self.models[name], key=_version_key)
 
     async def read_body(self, request) -> bytes:
-        """The request's body; 413 past ``max_request_bytes`` (by its Content-Length or as it streams)."""
+        """The request's body, inflated if its Content-Encoding is gzip or deflate; 413 past
+        ``max_request_bytes`` (by its Content-Length, as it streams, or inflated)."""
         limit = self.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -193,7 +214,7 @@ class RequestPath:
             if size > limit:
                 raise RequestError(413, f"request: body of more than max_request_bytes={limit} bytes")
             chunks.append(chunk)
-        return b"".join(chunks)
+        return _decompress(b"".join(chunks), request.headers.get("content-encoding", "identity"), limit)
 
     def check(self, model: Model, inputs: list[np.ndarray]) -> None:
         """InputError unless ``inputs`` match ``model``'s signature (and, batching, fit one batch)."""
@@ -212,8 +233,12 @@ class RequestPath:
             raise RequestError(400, str(err)) from err
         item = _Item(model, inputs)
         if self._batched is not None:
-            return await self._batched(item)
-        return (await self._run([item]))[0]
+            answer = await self._batched(item)
+        else:
+            answer = (await self._run([item]))[0]
+        if isinstance(answer, Exception):  # its model's call failed (other models' requests were answered)
+            raise answer
+        return answer
 
     async def _run(self, items: list[_Item]) -> list[tuple[list[np.ndarray], int]]:
         """Run ``items`` in the worker thread, one batch per model, and record each call."""
@@ -226,7 +251,8 @@ class RequestPath:
 
 def _run_items(items: list[_Item]):
     """Worker thread: group ``items`` by model, run each model's group with :func:`run_batch`; returns the
-    answers in order and the calls made (model, rows, start, seconds, the members' enqueue times)."""
+    answers in order (the exception, for the requests of a model whose call failed) and the calls made
+    (model, rows, start, seconds, the members' enqueue times)."""
     by_model: dict[int, list[int]] = {}
     for i, item in enumerate(items):
         by_model.setdefault(id(item.model), []).append(i)
@@ -238,7 +264,11 @@ def _run_items(items: list[_Item]):
         def on_call(group, n, started, seconds, members=members, model=model):
             calls.append((model, n, started, seconds, [items[members[g]].enqueued for g in group]))
 
-        for i, answer in zip(members, run_batch(model.engine.run, [items[i].inputs for i in members], on_call)):
+        try:
+            group = run_batch(model.engine.run, [items[i].inputs for i in members], on_call)
+        except Exception as err:  # noqa: BLE001 - this model's requests fail; the others' answers stand
+            group = [err] * len(members)
+        for i, answer in zip(members, group):
             answers[i] = answer
     return answers, calls
 
