@@ -260,8 +260,7 @@ def _direct_table(direct_rows) -> list[str]:
 
 def _report_v2(rows, direct_rows, machine: str, started: str, args) -> None:
     lines = ["## The Open Inference Protocol path (`--protocol v2`)", "",
-             f"Machine: {machine}. Started {started}; Ray Serve {__import__('ray').__version__}; the machine was "
-             "shared with other work (loaded): compare rows of one run, not with other runs.", "",
+             _machine_line(machine, started), "",
              f"Run: `python3 bench/serve.py --protocol v2 --splits {args.splits} --requests {args.requests} "
              f"--seconds {args.seconds} --v2-concurrency {args.v2_concurrency}`. One deployment serves both "
              "engines as two models (`byoc`: the library, `onnxruntime`: the ONNX file); `tritonclient.http` "
@@ -272,6 +271,11 @@ def _report_v2(rows, direct_rows, machine: str, started: str, args) -> None:
     for engine, replicas, cpus, batch, concurrency, r in rows:
         lines.append(f"| {engine} | {replicas}x{cpus} | {'yes' if batch else 'no'} | {concurrency} | {_cells(r)}")
     _write(lines + _direct_table(direct_rows), args)
+
+
+def _machine_line(machine: str, started: str) -> str:
+    return (f"Machine: {machine}. Started {started}; Ray Serve {__import__('ray').__version__}. The machine was "
+            "shared with other work (loaded): compare rows of one run, not with other runs.")
 
 
 def _cells(r: dict) -> str:
@@ -289,8 +293,7 @@ def _write(lines: list[str], args) -> None:
 
 def _report(rows, direct_rows, machine: str, started: str, args) -> None:
     lines = ["# Serving on Ray Serve (`bench/serve.py`)", "",
-             f"Machine: {machine}. Started {started}; Ray Serve {__import__('ray').__version__}. The machine was "
-             "shared with other work (loaded): compare rows of one run, not with other runs.", "",
+             _machine_line(machine, started), "",
              f"Run: `python3 bench/serve.py --splits {args.splits} --requests {args.requests} --seconds "
              f"{args.seconds} --concurrency {args.concurrency}`. One-image requests (1x3x128x128, a ResNet-style "
              "CNN), sent over HTTP on 127.0.0.1 by client threads on the same machine. Ray schedules against "
