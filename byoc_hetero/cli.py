@@ -179,7 +179,7 @@ def _cmd_serve(args) -> None:
 
     models = ([str(args.library)] if args.library else []) + args.model
     if not models:
-        raise ByocError("serve: give a LIBRARY or --model NAME=PATH")
+        raise InputError("serve: give a LIBRARY or --model NAME=PATH")
     application = serve.app(models, engine=args.engine, replicas=args.replicas, cpus=args.cpus,
                             batch=args.batch, max_batch_rows=args.max_batch_rows,
                             batch_wait_s=args.batch_wait_ms / 1e3,

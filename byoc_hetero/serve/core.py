@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ByocError, InputError
+from ..errors import ByocError, InputError, ModelFileError
 from ..inputs import check
 from . import metrics as _metrics
 from .engines import engine_for, open_engine
@@ -57,9 +57,9 @@ def model_spec(text: str | Path, engine: str | None = None) -> ModelSpec:
     version = version or "1"
     for what, value in (("name", name), ("version", version)):
         if not _NAME.match(value):
-            raise ByocError(f"model {what} {value!r} in {text!r}: use letters, digits, '_', '.' and '-'")
+            raise InputError(f"model {what} {value!r} in {text!r}: use letters, digits, '_', '.' and '-'")
     if not Path(path).is_file():
-        raise ByocError(f"no such file: {path}")
+        raise ModelFileError(f"no such file: {path}")
     return ModelSpec(name, version, str(Path(path).resolve()), engine_for(path, engine))
 
 
@@ -73,12 +73,12 @@ def model_specs(models, engine: str | None = None) -> list[ModelSpec]:
     else:
         items = list(models)
     if not items:
-        raise ByocError("no model to serve")
+        raise InputError("no model to serve")
     specs = [model_spec(item, engine) for item in items]
     seen: dict[tuple[str, str], str] = {}
     for s in specs:
         if (s.name, s.version) in seen:
-            raise ByocError(f"model {s.name} version {s.version} given twice: {seen[s.name, s.version]} and {s.path}")
+            raise InputError(f"model {s.name} version {s.version} given twice: {seen[s.name, s.version]} and {s.path}")
         seen[s.name, s.version] = s.path
     return specs
 
