@@ -37,8 +37,8 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 def tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
     """A tensor's entry in model metadata: -1 for every dim that is not a fixed size."""
     shape = [-1] if spec.shape is None else [d if isinstance(d, int) else -1 for d in spec.shape]
-    return {"name": spec.name, "datatype": V2_DATATYPE.get(spec.dtype or "", str(spec.dtype).upper()),
-            "shape": shape}
+    datatype = V2_DATATYPE.get(spec.dtype, spec.dtype.upper()) if spec.dtype else ""  # "": the model leaves it open
+    return {"name": spec.name, "datatype": datatype, "shape": shape}
 
 
 def model_metadata(path: RequestPath, model: Model) -> dict[str, Any]:
