@@ -216,6 +216,12 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
     def mats():
         return [v for v in vals if len(_shape(v)) == 2]
 
+    def folded_batch_norm(y, channels: int):
+        """An inference batch norm of a conv's output (the rules fold it into the conv: bn_fold_* steps)."""
+        return bb.emit(relax.TupleGetItem(bb.emit(R.nn.batch_norm(
+            y, weight((channels,)), weight((channels,)), weight((channels,)), positive((channels,)), axis=1,
+            epsilon=1e-5, training=False)), 0))
+
     def volume():
         """A 5-D value: one the graph has, else a 4-D map (x at least) read as one depth or one channel."""
         src = pick(lambda s: len(s) == 5)
@@ -265,9 +271,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 y = bb.emit(R.add(y, _const(rng, (1, out_c, 1, 1))))
             bn = not wide and draw(st.sampled_from([True, False, False, False]))
             if bn:  # folded into the conv's weight and bias (bn_fold_* steps)
-                y = bb.emit(relax.TupleGetItem(bb.emit(R.nn.batch_norm(
-                    y, weight((out_c,)), weight((out_c,)), weight((out_c,)), positive((out_c,)), axis=1,
-                    epsilon=1e-5, training=False)), 0))
+                y = folded_batch_norm(y, out_c)
             relu = draw(st.booleans())
             if relu:
                 y = bb.emit(R.nn.relu(y))
@@ -824,9 +828,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 y = bb.emit(R.add(y, R.reshape(weight((out_c,)), (1, out_c, 1, 1, 1))))
             bn = draw(st.booleans())
             if bn:  # folded into the conv's weight and bias (bn_fold_* steps)
-                y = bb.emit(relax.TupleGetItem(bb.emit(R.nn.batch_norm(
-                    y, weight((out_c,)), weight((out_c,)), weight((out_c,)), positive((out_c,)), axis=1,
-                    epsilon=1e-5, training=False)), 0))
+                y = folded_batch_norm(y, out_c)
             residual = draw(st.booleans()) and _shape(y) == _shape(src)
             if residual:  # R3D's basic block: the sum post-op
                 y = bb.emit(R.add(y, src))

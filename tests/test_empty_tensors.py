@@ -9,8 +9,6 @@ a rotary factor of 1) through both import paths against torch.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import tvm
@@ -19,6 +17,7 @@ from tvm import relax
 import byoc_hetero as bh
 from byoc_hetero import passes
 from byoc_hetero._relax import region_graph_json
+from model_paths import PATHS, import_model
 
 R = relax.op
 
@@ -112,16 +111,10 @@ def phi3():
     return model, ids, want
 
 
-@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+@pytest.mark.parametrize("path", PATHS[:2])
 def test_phi3_with_an_empty_rotary_pass_through_is_one_region(phi3, path, tmp_path):
     model, ids, want = phi3
-    if path == "from_torch":
-        mod, params = bh.from_torch(model, (ids,))
-    else:
-        pytest.importorskip("onnxscript")
-        file = os.path.join(tmp_path, "phi3.onnx")
-        torch.onnx.export(model, (ids,), file, input_names=["input_ids"], output_names=["logits"])
-        mod, params = bh.from_onnx(file)
+    mod, params = import_model(model, (ids,), path, tmp_path)
     part = bh.partition(mod, params)
     assert len(bh.report(part).regions) == 1
     got = _run(part, ids.numpy())[0]

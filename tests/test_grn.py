@@ -6,14 +6,13 @@ reductions of several shapes, and on a small ConvNeXt-V2 through both import pat
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
 import byoc_hetero as bh
+from model_paths import PATHS, import_model
 
 R = relax.op
 
@@ -81,16 +80,10 @@ def convnextv2():
     return model, x, want
 
 
-@pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
+@pytest.mark.parametrize("path", PATHS[:2])
 def test_convnextv2_grn_runs_no_reference_reduction(convnextv2, path, tmp_path):
     model, x, want = convnextv2
-    if path == "from_torch":
-        mod, params = bh.from_torch(model, (x,))
-    else:
-        pytest.importorskip("onnxscript")
-        file = os.path.join(tmp_path, "convnextv2.onnx")
-        torch.onnx.export(model, (x,), file, input_names=["pixels"], output_names=["features"])
-        mod, params = bh.from_onnx(file)
+    mod, params = import_model(model, (x,), path, tmp_path)
     part = bh.partition(mod, params)
     report = bh.report(part)
     assert len(report.regions) == 1 and not report.fallbacks, report

@@ -5,8 +5,6 @@ torch: one region, nothing on llvm, every conv3d a ``conv2d`` node over rank-5 t
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import tvm
@@ -14,6 +12,7 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero._relax import region_graph_json
+from model_paths import PATHS, import_model
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -67,17 +66,10 @@ def r3d():
     return model, x, want
 
 
-@pytest.mark.parametrize("path", ["from_torch", "from_onnx", "from_onnx_torchscript"])
+@pytest.mark.parametrize("path", PATHS)
 def test_r3d_block_is_one_region_and_matches_torch(r3d, path, tmp_path):
     model, x, want = r3d
-    if path == "from_torch":
-        mod, params = bh.from_torch(model, (x,))
-    else:
-        if path == "from_onnx":
-            pytest.importorskip("onnxscript")
-        file = os.path.join(tmp_path, "r3d.onnx")
-        torch.onnx.export(model, (x,), file, input_names=["x"], output_names=["y"], dynamo=path == "from_onnx")
-        mod, params = bh.from_onnx(file)
+    mod, params = import_model(model, (x,), path, tmp_path)
     part = bh.partition(mod, params)
     report = bh.report(part)
     assert len(report.regions) == 1 and not report.fallbacks, report
