@@ -206,7 +206,7 @@ std::unique_ptr<Kernel> MiddleReduce(const KernelContext& ctx, const MiddleBlock
       }
     }
   };
-  return std::make_unique<HostKernel>(ctx.where() + " (middle axes)", "reduce", std::move(fn),
+  return std::make_unique<HostKernel>(ctx.where(), "reduce", std::move(fn),
                                       std::vector<memory::desc>{PlainDescOf(ctx.input(0))}, PlainDescOf(ctx.output()));
 }
 
