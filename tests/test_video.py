@@ -80,3 +80,26 @@ def test_r3d_block_is_one_region_and_matches_torch(r3d, path, tmp_path):
     got = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def _conv3d_document(attrs: dict, out_shape: list[int]) -> str:
+    """A region of one conv2d node over rank-5 tensors (data and weight passed at run time)."""
+    import json
+
+    return json.dumps({
+        "format": "byoc_hetero.region", "version": 4, "symbol": "conv3d_doc",
+        "tensors": [{"shape": [1, 2, 3, 6, 6]}, {"shape": [4, 2, 3, 3, 3]}, {"shape": out_shape}],
+        "inputs": [0, 1], "outputs": [2],
+        "nodes": [{"op": "conv2d", "inputs": [0, 1], "output": 2, "attrs": attrs}],
+    })
+
+
+def test_conv3d_document_checks_its_spatial_attrs():
+    """Rank-5 data takes three entries per spatial attr (six paddings); a 2-D attr is an error naming it,
+    and the output shape is checked over all three spatial dims."""
+    plan = bh._C.plan_region(_conv3d_document({"padding": [1, 1, 1, 1, 1, 1], "strides": [1, 2, 2]}, [1, 4, 3, 3, 3]))
+    assert plan
+    with pytest.raises(ValueError, match="padding"):
+        bh._C.plan_region(_conv3d_document({"padding": [1, 1, 1, 1]}, [1, 4, 3, 6, 6]))
+    with pytest.raises(ValueError, match=r"\[1,4,1,4,4\]|\[1, 4, 1, 4, 4\]"):
+        bh._C.plan_region(_conv3d_document({}, [1, 4, 3, 6, 6]))

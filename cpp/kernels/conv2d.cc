@@ -11,6 +11,11 @@
  * conv1d runs here too: rank-3 data [N, C, W] and weight [O, I, K] are read as [N, C, 1, W] and
  * [O, I, 1, K] (the same bytes), with a unit height in the attrs (strides [1, s], padding
  * [0, l, 0, r], dilation [1, d]); its output is rank 3 [N, O, OW].
+ *
+ * conv3d too: rank-5 data [N, C, D, H, W] and weight [O, I, KD, KH, KW], every spatial attr with
+ * three entries (padding [front, top, left, back, bottom, right]); CheckConvGeometry checks the
+ * shapes over either spatial rank, and BuildConv3D makes oneDNN's direct 3-D convolution (the 2-D
+ * layout picks, Winograd and int8 below are 2-D only).
  */
 #include <tvm/ffi/container/array.h>
 
