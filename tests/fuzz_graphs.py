@@ -4,9 +4,9 @@ A graph is a short chain-with-branches over float32 values of rank 1..5 (NCHW fe
 matrices, [batch, sequence, hidden] tensors, ...), drawn from every op the rules know, with random
 shapes and attributes:
 
-* CNN ops: conv2d (strides, padding, dilation, groups, bias, relu, a batch norm folded into it;
+* CNN ops: conv2d and conv3d (strides, padding, dilation, groups, bias, relu, a batch norm folded into it;
   sometimes after an explicit nn.pad, zero or not), Inception/DenseNet-like branches of fresh convs
-  concatenated on channels (the planner lets them write into the concat's buffer), pooling, batch_norm on its own (+relu),
+  concatenated on channels (the planner lets them write into the concat's buffer), 2-D and 3-D pooling, batch_norm on its own (+relu),
   group_norm, activations (also hardswish / hardsigmoid / silu spelled out as the frontends write them);
 * matmuls: dense (plain and transposed weight, bias, relu), batched matmul with broadcast batch
   dims and permuted operands, attention blocks (head split by reshape + permute_dims, Q·Kᵀ, scale,
@@ -47,7 +47,7 @@ CNN_KINDS = ("conv", "pool", "act", "add", "concat", "branches", "dense_block", 
 KINDS = CNN_KINDS + (
     "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
-    "take", "compare_where", "mask", "cast", "repeat", "conv1d", "resize", "rope",
+    "take", "compare_where", "mask", "cast", "repeat", "conv1d", "resize", "rope", "conv3d", "pool3d",
 )
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
@@ -216,6 +216,22 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
     def mats():
         return [v for v in vals if len(_shape(v)) == 2]
 
+    def folded_batch_norm(y, channels: int):
+        """An inference batch norm of a conv's output (the rules fold it into the conv: bn_fold_* steps)."""
+        return bb.emit(relax.TupleGetItem(bb.emit(R.nn.batch_norm(
+            y, weight((channels,)), weight((channels,)), weight((channels,)), positive((channels,)), axis=1,
+            epsilon=1e-5, training=False)), 0))
+
+    def volume():
+        """A 5-D value: one the graph has, else a 4-D map (x at least) read as one depth or one channel."""
+        src = pick(lambda s: len(s) == 5)
+        if src is not None and draw(st.booleans()):
+            return src
+        src = draw(st.sampled_from(maps()))
+        n_, c_, h_, w_ = _shape(src)
+        shape = (n_, c_, 1, h_, w_) if draw(st.booleans()) else (n_, 1, c_, h_, w_)
+        return emit(R.reshape(src, shape), src)
+
     def step(kind: str) -> bool:  # noqa: C901, PLR0911, PLR0912, PLR0915 (one branch per kind)
         """Emit one step of ``kind``; False when no value fits it."""
         if kind == "conv":
@@ -255,9 +271,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 y = bb.emit(R.add(y, _const(rng, (1, out_c, 1, 1))))
             bn = not wide and draw(st.sampled_from([True, False, False, False]))
             if bn:  # folded into the conv's weight and bias (bn_fold_* steps)
-                y = bb.emit(relax.TupleGetItem(bb.emit(R.nn.batch_norm(
-                    y, weight((out_c,)), weight((out_c,)), weight((out_c,)), positive((out_c,)), axis=1,
-                    epsilon=1e-5, training=False)), 0))
+                y = folded_batch_norm(y, out_c)
             relu = draw(st.booleans())
             if relu:
                 y = bb.emit(R.nn.relu(y))
@@ -795,6 +809,54 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 y = bb.emit(R.nn.relu(y) if act == "relu" else R.nn.gelu(y))
             recipe.steps.append(f"conv1d(k={k}, s={stride}, pad={pad}, d={dil}, g={groups}, o={out_c}, "
                                 f"bias={bias}, act={act})")
+            keep(y)
+        elif kind == "conv3d":  # NCDHW data: the conv2d kernel over rank-5 tensors (video models)
+            src = volume()
+            n_, c_, *spatial = _shape(src)
+            ks = [draw(st.sampled_from([1, 2, 3])) for _ in range(3)]
+            stride = [draw(st.sampled_from([1, 1, 2])) for _ in range(3)]
+            dil = [draw(st.sampled_from([1, 1, 2])) for _ in range(3)]
+            pads = [draw(st.integers(0, k - 1)) for k in ks] * 2
+            if any(d + 2 * p < dl * (k - 1) + 1 for d, p, dl, k in zip(spatial, pads, dil, ks)):
+                return False
+            groups = draw(st.sampled_from([g for g in (1, 1, c_) if c_ % g == 0]))
+            out_c = groups * draw(st.integers(1, 3)) if groups > 1 else draw(st.sampled_from([1, 4, 8, 16]))
+            y = emit(R.nn.conv3d(src, weight((out_c, c_ // groups, *ks)), strides=stride, padding=pads,
+                                 dilation=dil, groups=groups), src)
+            bias = draw(st.booleans())
+            if bias:
+                y = bb.emit(R.add(y, R.reshape(weight((out_c,)), (1, out_c, 1, 1, 1))))
+            bn = draw(st.booleans())
+            if bn:  # folded into the conv's weight and bias (bn_fold_* steps)
+                y = folded_batch_norm(y, out_c)
+            residual = draw(st.booleans()) and _shape(y) == _shape(src)
+            if residual:  # R3D's basic block: the sum post-op
+                y = bb.emit(R.add(y, src))
+            relu = draw(st.booleans())
+            if relu:
+                y = bb.emit(R.nn.relu(y))
+            recipe.steps.append(f"conv3d(k={ks}, s={stride}, pad={pads}, d={dil}, g={groups}, o={out_c}, "
+                                f"bias={bias}, bn={bn}, residual={residual}, relu={relu})")
+            keep(y)
+        elif kind == "pool3d":  # NCDHW pooling: the pool2d kernel over rank-5 tensors
+            src = volume()
+            spatial = _shape(src)[2:]
+            pool = draw(st.sampled_from(["max", "avg", "avg_pad", "adaptive", "mean"]))
+            if pool in ("max", "avg", "avg_pad"):
+                k = [draw(st.integers(1, min(3, d))) for d in spatial]
+                stride = [draw(st.sampled_from([1, 2])) for _ in spatial]
+                pads = [draw(st.integers(0, (kk - 1) // 2)) for kk in k] * 2
+                if pool == "max":
+                    y = emit(R.nn.max_pool3d(src, pool_size=k, strides=stride, padding=pads), src)
+                else:
+                    y = emit(R.nn.avg_pool3d(src, pool_size=k, strides=stride, padding=pads,
+                                             count_include_pad=pool == "avg_pad"), src)
+                pool = f"{pool}(k={k}, s={stride}, pad={pads})"
+            elif pool == "adaptive":
+                y = emit(R.nn.adaptive_avg_pool3d(src, output_size=1), src)
+            else:  # global average pooling as torch's mean over D, H, W
+                y = emit(R.mean(src, axis=[2, 3, 4], keepdims=draw(st.booleans())), src)
+            recipe.steps.append(f"pool3d({pool})")
             keep(y)
         elif kind == "resize":  # NCHW resize2d: oneDNN's resampling where exact, else llvm with a reason
             src = pick(lambda s: len(s) == 4)

@@ -354,6 +354,16 @@ def test_dense_block_offloaded_equals_llvm(case):
 
 @settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(kinds=("conv3d", "pool3d", "batch_norm", "act", "add")))
+def test_volume_offloaded_equals_llvm(case):
+    """Video models' ops on NCDHW data: 3-D convolutions (groups, dilation, bias, folded batch norm,
+    residual, relu), 3-D max / average / adaptive pooling and spatial means, batch norm on its own."""
+    mod, inputs, recipe = case
+    differential(mod, inputs, require_heavy_op=False)
+
+
+@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=transformer_graphs())
 def test_transformer_offloaded_equals_llvm(case):
     """Attention (scale, mask post-ops), gelu chains, residuals through reshapes, take on any axis."""

@@ -43,6 +43,7 @@ from .close_shape_arguments import close_shape_arguments
 from .combine_parallel_denses import combine_parallel_denses
 from .compose_permutes import compose_permutes
 from .dequantized_pad_values import dequantized_pad_values
+from .drop_empty_operands import drop_empty_operands
 from .drop_needless_broadcasts import drop_needless_broadcasts
 from .drop_identity_expands import drop_identity_expands
 from .drop_proven_index_checks import drop_proven_index_checks
@@ -163,6 +164,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     # the same for the ONNX importer's Gather form, where(i < 0, i + n, i) between check and take
     Pass("fold_negative_indices", "relax", _relax(fold_negative_indices)),
     Pass("drop_zero_pads", "relax", _relax(drop_zero_pads)),
+    # partial rotary's empty pass-through slice: a concat operand of no elements
+    Pass("drop_empty_operands", "relax", _relax(drop_empty_operands)),
     # torch's sdpa output: three permutes in a row, two of them undoing each other
     Pass("compose_permutes", "relax", _relax(compose_permutes)),
     # grouped-query attention's repeat_kv: the matmuls broadcast the K / V heads instead of a copy
@@ -216,7 +219,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
+    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
     "compose_permutes",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_repeated_heads", "merge_composite_functions", "pipeline",

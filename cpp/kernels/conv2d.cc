@@ -11,6 +11,11 @@
  * conv1d runs here too: rank-3 data [N, C, W] and weight [O, I, K] are read as [N, C, 1, W] and
  * [O, I, 1, K] (the same bytes), with a unit height in the attrs (strides [1, s], padding
  * [0, l, 0, r], dilation [1, d]); its output is rank 3 [N, O, OW].
+ *
+ * conv3d too: rank-5 data [N, C, D, H, W] and weight [O, I, KD, KH, KW], every spatial attr with
+ * three entries (padding [front, top, left, back, bottom, right]); CheckConvGeometry checks the
+ * shapes over either spatial rank, and BuildConv3D makes oneDNN's direct 3-D convolution (the 2-D
+ * layout picks, Winograd and int8 below are 2-D only).
  */
 #include <tvm/ffi/container/array.h>
 
@@ -120,11 +125,110 @@ static std::unique_ptr<Kernel> BuildInt8Conv2D(const KernelContext& ctx, const C
                               p.has_bias ? PlainDesc(bias_dims) : memory::desc(), WithType(PlainDesc(dst_dims), dst_t), q);
 }
 
+/*! \brief A convolution's geometry, as CheckConvGeometry checked it against the node's attrs. */
+struct ConvGeometry {
+  memory::dims src, wei, dst, bias;  // oneDNN's dims (weights goi... with groups; a conv1d with a unit height)
+  memory::dims strides, dilation, pad_begin, pad_end;  // per spatial dim; dilation in oneDNN's form (0 = dense)
+  std::vector<int64_t> kernel;                         // the kernel's spatial dims
+  std::vector<int64_t> out_shape;                      // the output tensor's shape (rank 3 for a conv1d)
+};
+
+/*!
+ * \brief Checks node ctx's data, weight, bias and output shapes against the attrs, over the
+ *        spatial dims strides.size() says (2: rank-4 data, or rank 3 read with a unit height; 3:
+ *        rank-5 data) and returns the geometry the primitive is made with.
+ */
+static ConvGeometry CheckConvGeometry(const KernelContext& ctx, const std::vector<int64_t>& strides,
+                                      const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation,
+                                      int64_t groups, bool has_bias, bool residual) {
+  const size_t s = strides.size();
+  // rank 3 is conv1d: the tensors are read with a unit height (the same bytes)
+  const bool unit_height = s == 2 && ctx.input(0).shape.size() == 3;
+  ctx.ExpectRank(0, "data", unit_height ? 3 : s + 2);
+  ctx.ExpectRank(1, "weight", unit_height ? 3 : s + 2);
+  if (unit_height && (strides[0] != 1 || dilation[0] != 1 || padding[0] != 0 || padding[2] != 0)) {
+    ctx.Fail("a rank-3 (conv1d) conv2d needs a unit height: strides[0] = dilation[0] = 1 and no top/bottom "
+             "padding, got strides " + ShapeToString(strides) + " dilation " + ShapeToString(dilation) +
+             " padding " + ShapeToString(padding));
+  }
+  std::vector<int64_t> x = ctx.input(0).shape, w = ctx.input(1).shape;
+  if (unit_height) {
+    x.insert(x.begin() + 2, 1);
+    w.insert(w.begin() + 2, 1);
+  }
+  const int64_t n = x[0], c = x[1], o = w[0];
+  if (c % groups != 0 || o % groups != 0) {
+    ctx.Fail("groups=" + std::to_string(groups) + " must divide both the input channels (" +
+             std::to_string(c) + ") and the output channels (" + std::to_string(o) + ")");
+  }
+  if (w[1] != c / groups) {
+    ctx.Fail("weight shape " + ShapeToString(w) + " does not match data shape " + ShapeToString(x) +
+             " with groups=" + std::to_string(groups) + ": expected weight dim 1 = " + std::to_string(c / groups));
+  }
+  if (has_bias && ctx.input(2).numel() != o) {
+    ctx.Fail("bias must have " + std::to_string(o) + " elements (one per output channel), got shape " +
+             ShapeToString(ctx.input(2).shape));
+  }
+  ConvGeometry g{x, {o, c / groups}, {n, o}, {o}, {}, {}, {}, {}, {}, {}};
+  if (groups > 1) g.wei = {groups, o / groups, c / groups};  // goi...: the same bytes as OI...
+  std::vector<int64_t> extents, padded;
+  for (size_t i = 0; i < s; ++i) {
+    const int64_t k = w[2 + i], extent = (k - 1) * dilation[i] + 1;
+    extents.push_back(extent);
+    padded.push_back(x[2 + i] + padding[i] + padding[s + i]);
+    g.kernel.push_back(k);
+    g.wei.push_back(k);
+    g.dst.push_back((padded.back() - extent) / strides[i] + 1);
+    g.strides.push_back(strides[i]);
+    g.dilation.push_back(dilation[i] - 1);
+    g.pad_begin.push_back(padding[i]);
+    g.pad_end.push_back(padding[s + i]);
+  }
+  for (size_t i = 0; i < s; ++i) {
+    if (padded[i] < extents[i]) {
+      ctx.Fail("the dilated kernel " + ShapeToString(extents) + " is larger than the padded input " +
+               ShapeToString(padded));
+    }
+  }
+  g.out_shape = unit_height ? std::vector<int64_t>{n, o, g.dst[3]} : std::vector<int64_t>(g.dst);
+  ctx.ExpectOutputShape(g.out_shape);
+  if (residual) ctx.ExpectInputShape(2 + has_bias, "residual", g.out_shape);
+  return g;
+}
+
+/*! \brief oneDNN's direct convolution of \p g from \p src to \p dst, weights of type \p wdt (layout any). */
+static dnnl::convolution_forward::primitive_desc MakeConvPd(const KernelContext& ctx, const ConvGeometry& g,
+                                                            const memory::desc& src, memory::data_type wdt,
+                                                            bool has_bias, const memory::desc& dst,
+                                                            const Epilogue& epilogue) {
+  return dnnl::convolution_forward::primitive_desc(
+      ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, AnyDesc(g.wei, wdt),
+      has_bias ? AnyDesc(g.bias) : memory::desc(), dst, g.strides, g.dilation, g.pad_begin, g.pad_end,
+      ctx.MakeAttr(epilogue));
+}
+
+/*!
+ * \brief A 3-D convolution (rank-5 data NCDHW, weight OIDHW): oneDNN's direct convolution in the
+ *        layouts it picks (f32, or bf16 operands in a bf16 region), the epilogue as post-ops. The
+ *        2-D layout choices and Winograd below do not apply to it; int8 is not offered.
+ */
+static std::unique_ptr<Kernel> BuildConv3D(const KernelContext& ctx, const ConvGeometry& g, bool has_bias,
+                                           const Epilogue& epilogue, bool int8) {
+  if (int8) ctx.Fail("an int8 convolution of rank-5 (3-D) data is not supported; int8 convolutions are 1-D or 2-D");
+  const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::data_type odt = OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
+  auto pd = MakeConvPd(ctx, g, AnyDesc(g.src, cdt), cdt, has_bias, AnyDesc(g.dst, odt), epilogue);
+  return MakeAnchorKernel(ctx, "conv2d", std::move(pd), PlainDesc(g.src), PlainDesc(g.wei), g.bias, has_bias, g.dst,
+                          epilogue);
+}
+
 static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
-  const std::vector<int64_t> strides = attrs.Ints("strides", 2, {1, 1});
-  const std::vector<int64_t> padding = attrs.Ints("padding", 4, {0, 0, 0, 0});
-  const std::vector<int64_t> dilation = attrs.Ints("dilation", 2, {1, 1});
+  // the spatial dims the attrs describe: 3 for rank-5 data (a 3-D convolution), else 2
+  const size_t s = ctx.input(0).shape.size() == 5 ? 3 : 2;
+  const std::vector<int64_t> strides = attrs.Ints("strides", s, std::vector<int64_t>(s, 1));
+  const std::vector<int64_t> padding = attrs.Ints("padding", 2 * s, std::vector<int64_t>(2 * s, 0));
+  const std::vector<int64_t> dilation = attrs.Ints("dilation", s, std::vector<int64_t>(s, 1));
   const int64_t groups = attrs.Int("groups", 1);
   const Epilogue epilogue = ctx.ReadEpilogue(attrs);
   const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
@@ -135,11 +239,11 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   const Int8Params int8 = ReadInt8Params(ctx, attrs, ctx.input(1).shape.empty() ? 1 : ctx.input(1).shape[0]);
   attrs.CheckNoUnknown();
 
-  for (int i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < s; ++i) {
     if (strides[i] < 1) attrs.Fail("strides", "must be >= 1, got " + ShapeToString(strides));
     if (dilation[i] < 1) attrs.Fail("dilation", "must be >= 1 (1 = dense), got " + ShapeToString(dilation));
   }
-  for (int i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < 2 * s; ++i) {
     if (padding[i] < 0) attrs.Fail("padding", "must be >= 0, got " + ShapeToString(padding));
   }
   if (groups < 1) attrs.Fail("groups", "must be >= 1, got " + std::to_string(groups));
@@ -147,49 +251,10 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
                        std::string(has_bias ? "data, weight, bias" : "data, weight") +
                            (epilogue.residual ? ", residual" : ""));
-  // rank 3 is conv1d: the tensors are read with a unit height (the same bytes)
-  const bool unit_height = ctx.input(0).shape.size() == 3;
-  ctx.ExpectRank(0, "data", unit_height ? 3 : 4);
-  ctx.ExpectRank(1, "weight", unit_height ? 3 : 4);
-  const auto with_height = [unit_height](std::vector<int64_t> s) {
-    if (unit_height) s.insert(s.begin() + 2, 1);
-    return s;
-  };
-  if (unit_height && (strides[0] != 1 || dilation[0] != 1 || padding[0] != 0 || padding[2] != 0)) {
-    ctx.Fail("a rank-3 (conv1d) conv2d needs a unit height: strides[0] = dilation[0] = 1 and no top/bottom "
-             "padding, got strides " + ShapeToString(strides) + " dilation " + ShapeToString(dilation) +
-             " padding " + ShapeToString(padding));
-  }
-  const std::vector<int64_t> x = with_height(ctx.input(0).shape);
-  const std::vector<int64_t> w = with_height(ctx.input(1).shape);
-  const int64_t n = x[0], c = x[1], h = x[2], wd = x[3];
-  const int64_t o = w[0], kh = w[2], kw = w[3];
-  if (c % groups != 0 || o % groups != 0) {
-    ctx.Fail("groups=" + std::to_string(groups) + " must divide both the input channels (" +
-             std::to_string(c) + ") and the output channels (" + std::to_string(o) + ")");
-  }
-  if (w[1] != c / groups) {
-    ctx.Fail("weight shape " + ShapeToString(w) + " does not match data shape " + ShapeToString(x) +
-             " with groups=" + std::to_string(groups) + ": expected weight dim 1 = " +
-             std::to_string(c / groups));
-  }
-  if (has_bias && ctx.input(2).numel() != o) {
-    ctx.Fail("bias must have " + std::to_string(o) + " elements (one per output channel), got shape " +
-             ShapeToString(ctx.input(2).shape));
-  }
-  const int64_t eff_kh = (kh - 1) * dilation[0] + 1, eff_kw = (kw - 1) * dilation[1] + 1;
-  const int64_t ph = h + padding[0] + padding[2] - eff_kh;
-  const int64_t pw = wd + padding[1] + padding[3] - eff_kw;
-  if (ph < 0 || pw < 0) {
-    ctx.Fail("the dilated kernel (" + std::to_string(eff_kh) + "x" + std::to_string(eff_kw) +
-             ") is larger than the padded input (" + std::to_string(h + padding[0] + padding[2]) +
-             "x" + std::to_string(wd + padding[1] + padding[3]) + ")");
-  }
-  const int64_t oh = ph / strides[0] + 1, ow = pw / strides[1] + 1;
-  const std::vector<int64_t> out_shape = unit_height ? std::vector<int64_t>{n, o, ow} : std::vector<int64_t>{n, o, oh, ow};
-  ctx.ExpectOutputShape(out_shape);
-  const size_t residual_index = 2 + has_bias;
-  if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
+  const ConvGeometry geo = CheckConvGeometry(ctx, strides, padding, dilation, groups, has_bias, epilogue.residual);
+  if (s == 3) return BuildConv3D(ctx, geo, has_bias, epilogue, int8.enabled);
+  const int64_t n = geo.src[0], c = geo.src[1], h = geo.src[2], wd = geo.src[3], o = geo.dst[1];
+  const int64_t kh = geo.kernel[0], kw = geo.kernel[1], oh = geo.dst[2], ow = geo.dst[3];
 
   const ConvParams params{n,  c,  h,          wd,         o,      kh,      kw,       oh,
                           ow, padding[0], padding[1], groups, strides, dilation, has_bias, epilogue, algo};
@@ -203,17 +268,9 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
     if (std::unique_ptr<Kernel> winograd = TryBuildWinogradConv2D(ctx, params)) return winograd;
   }
   const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-
-  const memory::dims src_dims{n, c, h, wd}, dst_dims{n, o, oh, ow}, bias_dims{o};
-  memory::dims wei_dims{o, c / groups, kh, kw};
-  if (groups > 1) wei_dims = {groups, o / groups, c / groups, kh, kw};  // goihw: same bytes as OIHW
-
+  const memory::dims &src_dims = geo.src, &dst_dims = geo.dst, &wei_dims = geo.wei, &bias_dims = geo.bias;
   auto make_pd = [&](const memory::desc& src, const memory::desc& dst) {
-    return dnnl::convolution_forward::primitive_desc(
-        ctx.engine, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src,
-        AnyDesc(wei_dims, cdt), has_bias ? AnyDesc(bias_dims) : memory::desc(), dst, {strides[0], strides[1]},
-        {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]}, {padding[2], padding[3]},
-        ctx.MakeAttr(epilogue));
+    return MakeConvPd(ctx, geo, src, cdt, has_bias, dst, epilogue);
   };
   // The epilogue is applied in f32 either way. The output is written bf16 where every reader
   // rounds it to bf16 anyway, or reads it as a conv residual into a bf16 output (a bf16 residual

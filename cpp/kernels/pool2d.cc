@@ -1,6 +1,7 @@
 /*!
  * \file kernels/pool2d.cc
- * \brief pool2d: max / average pooling over NCHW data (one oneDNN pooling_forward).
+ * \brief pool2d: max / average pooling over NCHW data, or NCDHW (3-D pooling: every spatial attr
+ *        then has 3 entries, padding 6), one oneDNN pooling_forward.
  *
  * Attrs: algorithm "max" | "avg_include_padding" | "avg_exclude_padding" (required),
  * kernel [kh, kw] (required), strides [sh, sw] (default [1, 1]), padding [top, left, bottom, right]
@@ -9,6 +10,7 @@
  * Global average pooling is kernel = [H, W].  The op reads its input in whatever layout the
  * producer wrote (e.g. oneDNN's blocked layout after a conv) and writes the same layout.
  */
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,53 +20,76 @@
 
 namespace byoc_hetero {
 
+/*! \brief The window geometry of one pooling, per spatial dim, as PoolWindows checked it. */
+struct PoolWindows {
+  memory::dims out, pad_end;  // output sizes; the end padding oneDNN needs for them (ceil_mode adds some)
+};
+
+/*!
+ * \brief Checks the windows of node ctx over the spatial dims of \p in (kernel.size() of them)
+ *        and returns the output sizes and end paddings (oneDNN wants
+ *        (in + pad_begin + pad_end - extent) / stride + 1 == out exactly).
+ */
+static PoolWindows CheckPoolWindows(const KernelContext& ctx, const std::vector<int64_t>& in,
+                                    const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
+                                    const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation,
+                                    bool ceil_mode, bool include_padding) {
+  const size_t s = kernel.size();
+  PoolWindows win;
+  for (size_t i = 0; i < s; ++i) {
+    const int64_t extent = (kernel[i] - 1) * dilation[i] + 1;
+    const int64_t span = in[i] + padding[i] + padding[i + s] - extent;
+    if (span < 0) {
+      ctx.Fail("the dilated window (" + std::to_string(extent) + ") is larger than the padded input (" +
+               std::to_string(in[i] + padding[i] + padding[i + s]) + ")");
+    }
+    const int64_t floor_out = span / strides[i] + 1;
+    const int64_t out = ceil_mode ? (span + strides[i] - 1) / strides[i] + 1 : floor_out;
+    if (ceil_mode && out != floor_out && include_padding) {
+      ctx.Fail("ceil_mode with avg_include_padding changes the output size; not supported");
+    }
+    const int64_t pad_end = std::max((out - 1) * strides[i] + extent - in[i] - padding[i], padding[i + s]);
+    if (padding[i] >= extent || pad_end >= extent) {
+      ctx.Fail("padding " + ShapeToString(padding) + (ceil_mode ? " (with ceil_mode)" : "") +
+               " would put a whole pooling window of extent " + std::to_string(extent) + " in the padding");
+    }
+    win.out.push_back(out);
+    win.pad_end.push_back(pad_end);
+  }
+  return win;
+}
+
 static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(PoolAlgorithms()), "");
-  if (!attrs.Has("kernel")) attrs.Fail("kernel", "missing (required, [kh, kw])");
-  const std::vector<int64_t> kernel = attrs.Ints("kernel", 2, {});
-  const std::vector<int64_t> strides = attrs.Ints("strides", 2, {1, 1});
-  const std::vector<int64_t> padding = attrs.Ints("padding", 4, {0, 0, 0, 0});
-  const std::vector<int64_t> dilation = attrs.Ints("dilation", 2, {1, 1});
+  // the spatial dims the attrs describe: 3 for rank-5 data (NCDHW), else 2
+  const size_t s = ctx.input(0).shape.size() == 5 ? 3 : 2;
+  if (!attrs.Has("kernel")) attrs.Fail("kernel", s == 3 ? "missing (required, [kd, kh, kw])" : "missing (required, [kh, kw])");
+  const std::vector<int64_t> kernel = attrs.Ints("kernel", s, {});
+  const std::vector<int64_t> strides = attrs.Ints("strides", s, std::vector<int64_t>(s, 1));
+  const std::vector<int64_t> padding = attrs.Ints("padding", 2 * s, std::vector<int64_t>(2 * s, 0));
+  const std::vector<int64_t> dilation = attrs.Ints("dilation", s, std::vector<int64_t>(s, 1));
   const bool ceil_mode = attrs.Flag("ceil_mode", false);
   attrs.CheckNoUnknown();
-  for (int i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < s; ++i) {
     if (kernel[i] < 1) attrs.Fail("kernel", "must be >= 1, got " + ShapeToString(kernel));
     if (strides[i] < 1) attrs.Fail("strides", "must be >= 1, got " + ShapeToString(strides));
     if (dilation[i] < 1) attrs.Fail("dilation", "must be >= 1 (1 = dense), got " + ShapeToString(dilation));
   }
-  for (int i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < 2 * s; ++i) {
     if (padding[i] < 0) attrs.Fail("padding", "must be >= 0, got " + ShapeToString(padding));
   }
 
   ctx.ExpectInputCount(1, "data");
-  ctx.ExpectRank(0, "data", 4);
+  ctx.ExpectRank(0, "data", s + 2);
   const auto& x = ctx.input(0).shape;
-  const int64_t in[2] = {x[2], x[3]};
-  int64_t out[2], pad_end[2];
-  for (int i = 0; i < 2; ++i) {
-    const int64_t extent = (kernel[i] - 1) * dilation[i] + 1;
-    const int64_t span = in[i] + padding[i] + padding[i + 2] - extent;
-    if (span < 0) {
-      ctx.Fail("the dilated window (" + std::to_string(extent) + ") is larger than the padded input (" +
-               std::to_string(in[i] + padding[i] + padding[i + 2]) + ")");
-    }
-    const int64_t floor_out = span / strides[i] + 1;
-    out[i] = ceil_mode ? (span + strides[i] - 1) / strides[i] + 1 : floor_out;
-    if (ceil_mode && out[i] != floor_out && alg_name == "avg_include_padding") {
-      ctx.Fail("ceil_mode with avg_include_padding changes the output size; not supported");
-    }
-    // oneDNN wants (in + pad_begin + pad_end - extent) / stride + 1 == out exactly.
-    pad_end[i] = (out[i] - 1) * strides[i] + extent - in[i] - padding[i];
-    if (pad_end[i] < padding[i + 2]) pad_end[i] = padding[i + 2];
-    if (padding[i] >= extent || pad_end[i] >= extent) {
-      ctx.Fail("padding " + ShapeToString(padding) + (ceil_mode ? " (with ceil_mode)" : "") +
-               " would put a whole pooling window of extent " + std::to_string(extent) +
-               " in the padding");
-    }
-  }
-  const memory::dims dst_dims{x[0], x[1], out[0], out[1]};
-  ctx.ExpectOutputShape({x[0], x[1], out[0], out[1]});
+  const PoolWindows win = CheckPoolWindows(ctx, std::vector<int64_t>(x.begin() + 2, x.end()), kernel, strides,
+                                           padding, dilation, ceil_mode, alg_name == "avg_include_padding");
+  memory::dims dst_dims{x[0], x[1]};
+  dst_dims.insert(dst_dims.end(), win.out.begin(), win.out.end());
+  ctx.ExpectOutputShape(dst_dims);
+  memory::dims dilation_m1, pad_begin(padding.begin(), padding.begin() + s);
+  for (int64_t d : dilation) dilation_m1.push_back(d - 1);
 
   const dnnl::algorithm alg = *FindEnum(PoolAlgorithms(), alg_name);
   // uint8 / int8 data (a pool between a dequantize and a quantize of one scale, docs/int8.md)
@@ -78,9 +103,8 @@ static std::unique_ptr<Kernel> BuildPool2D(const KernelContext& ctx) {
   if (int8 && src.get_data_type() != qdt) src = WithType(src, qdt);
   auto make = [&](memory::data_type dt) {
     return dnnl::pooling_forward::primitive_desc(
-        ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims, dt), {strides[0], strides[1]},
-        {kernel[0], kernel[1]}, {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]},
-        {pad_end[0], pad_end[1]}, ctx.MakeAttr());
+        ctx.engine, dnnl::prop_kind::forward_inference, alg, src, AnyDesc(dst_dims, dt), strides, kernel,
+        dilation_m1, pad_begin, win.pad_end, ctx.MakeAttr());
   };
   // dst bf16 where every reader rounds it to bf16 anyway (OutputOnlyFeedsBf16Convs: a max pool
   // between convs, a squeeze-excitation's global pool before its first 1x1 conv), else f32. A

@@ -22,7 +22,10 @@
  * that drops its axes (keepdims=False) is this node followed by a `reshape`.  The data is read in
  * its producer's layout; the output is plain.
  */
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <utility>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -143,6 +146,70 @@ std::unique_ptr<Kernel> MeanSquareRows(const KernelContext& ctx, double shift, c
                                       std::vector<memory::desc>{PlainDescOf(ctx.input(0))}, PlainDescOf(ctx.output()));
 }
 
+/*! \brief The data viewed as [outer, mid, inner] with the reduced axes exactly the middle block.*/
+struct MiddleBlock {
+  int64_t outer = 1, mid = 1, inner = 1;
+};
+
+/*! \brief The [outer, mid, inner] view when the reduced axes (output dim 1, data dim not) lie in one
+ *         block of axes with only size-1 or reduced axes between them; nullopt otherwise. */
+std::optional<MiddleBlock> MiddleAxes(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  size_t first = in.size(), last = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (out[i] == 1 && in[i] != 1) {
+      first = std::min(first, i);
+      last = i;
+    }
+  }
+  if (first == in.size()) return std::nullopt;
+  MiddleBlock b;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (i >= first && i <= last && out[i] != 1) return std::nullopt;
+    (i < first ? b.outer : i > last ? b.inner : b.mid) *= in[i];
+  }
+  return b;
+}
+
+constexpr int64_t kChunk = 64;  // output elements per task of MiddleReduce (4 AVX-512 vectors)
+
+/*!
+ * \brief sum / mean / mean_square over the middle block of axes as a host loop: y[o, i] =
+ *        act(scale * sum_m f(x[o, m, i]) + shift), f the identity or the square. Parallel over
+ *        chunks of kChunk output elements; each chunk reads its columns row by row (contiguous
+ *        runs), accumulating in float in row order.
+ */
+std::unique_ptr<Kernel> MiddleReduce(const KernelContext& ctx, const MiddleBlock& b, bool square, float scale,
+                                     float shift, int mode) {
+  const int64_t chunks_per_outer = (b.inner + kChunk - 1) / kChunk;
+  HostFn fn = [b, square, scale, shift, mode, chunks_per_outer](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    float* y = static_cast<float*>(p[1]);
+#pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < b.outer * chunks_per_outer; ++task) {
+      const int64_t o = task / chunks_per_outer, i0 = (task % chunks_per_outer) * kChunk;
+      const int64_t len = std::min(kChunk, b.inner - i0);
+      float acc[kChunk] = {};
+      for (int64_t m = 0; m < b.mid; ++m) {
+        const float* row = x + (o * b.mid + m) * b.inner + i0;
+        if (square) {
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) acc[i] += row[i] * row[i];
+        } else {
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) acc[i] += row[i];
+        }
+      }
+      float* dst = y + o * b.inner + i0;
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = acc[i] * scale + shift;
+        dst[i] = mode == 0 ? v : mode == 1 ? std::sqrt(v) : 1.f / std::sqrt(v);
+      }
+    }
+  };
+  return std::make_unique<HostKernel>(ctx.where(), "reduce", std::move(fn),
+                                      std::vector<memory::desc>{PlainDescOf(ctx.input(0))}, PlainDescOf(ctx.output()));
+}
+
 /*! \brief normalize = 1: x * rsqrt(mean(x^2) over the last axis + shift), the data's shape. */
 std::unique_ptr<Kernel> NormalizeRows(const KernelContext& ctx, const std::string& alg, double shift,
                                       const Activation& act) {
@@ -209,6 +276,17 @@ static std::unique_ptr<Kernel> BuildReduce(const KernelContext& ctx) {
   const memory::desc src = ctx.InputLayout(0);
   // norm_lp_power_p_sum: sum(|x|^p) + eps, here p = 2 and eps = 0; the other algorithms ignore p, eps
   dnnl::reduction::primitive_desc pd(ctx.engine, alg, src, dst, square ? 2.f : 0.f, 0.f, attr);
+  // oneDNN 3.2 reduces axes between kept ones (ConvNeXt-V2's GRN: the L2 norm over H, W of
+  // [N, H, W, C]) with its reference kernel only: there, a sum / mean / mean_square with
+  // activation none, sqrt or rsqrt is a host loop instead (MiddleReduce)
+  const std::optional<MiddleBlock> block = MiddleAxes(in, out);
+  if (block && std::string(pd.impl_info_str()).find("ref") != std::string::npos && alg_name != "max" &&
+      alg_name != "min" && (act.none() || act.name == "sqrt" || act.name == "rsqrt") &&
+      ctx.input(0).dtype == DType::kFloat32 && ctx.output().dtype == DType::kFloat32) {
+    const float mid_scale = alg_name == "sum" ? 1.f : static_cast<float>(1.0 / static_cast<double>(block->mid));
+    return MiddleReduce(ctx, *block, square, mid_scale, static_cast<float>(shift),
+                        act.none() ? 0 : act.name == "sqrt" ? 1 : 2);
+  }
   return std::make_unique<PrimitiveKernel>(ctx.where(), "reduce", std::move(pd), std::vector<int>{DNNL_ARG_SRC},
                                            std::vector<OperandLayout>{{PlainDesc(src.get_dims()), pd.src_desc()}},
                                            OperandLayout{dst, dst});

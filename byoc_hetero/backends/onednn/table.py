@@ -22,13 +22,14 @@ nothing else lists ops.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tvm import relax
 from tvm.relax.dpl import DFPattern
 
-from ...rules import Check, Match, Variadic
+from ..._relax import shape_of
+from ...rules import Check, CheckResult, Match, Variadic
 
 if TYPE_CHECKING:
     from .lowering import RegionLowering
@@ -129,8 +130,10 @@ class LoweringTable:
         return self.lowerings.get(op)
 
     def pattern_specs(self) -> list[PatternSpec]:
-        """Every pattern rule the op families declare, in declaration order."""
-        return [spec for source in self.pattern_sources for spec in source()]
+        """Every pattern rule the op families declare, in declaration order, each check preceded by
+        :func:`empty_tensor_reason`."""
+        return [replace(spec, check=_refusing_empty(spec.check)) for source in self.pattern_sources
+                for spec in source()]
 
     def can_lower(self, call: relax.Call) -> str | None:
         """Whether the runtime has a kernel for this single call (guards op-attribute rules)."""
@@ -139,7 +142,8 @@ class LoweringTable:
         if check is None:
             known = ", ".join(sorted(o.removeprefix("relax.") for o in self.single_checks))
             return f"the {TARGET} runtime has no kernel for {op} (it runs {known})"
-        return check(Match(call, single_call_names(call)))
+        match = Match(call, single_call_names(call))
+        return empty_tensor_reason(match) or check(match)
 
 
 TABLE = LoweringTable()
@@ -154,6 +158,29 @@ composite_lowering_for = TABLE.composite_lowering_for
 lowering_for = TABLE.lowering_for
 pattern_specs = TABLE.pattern_specs
 can_lower = TABLE.can_lower
+
+
+def empty_tensor_reason(match: Match) -> str | None:
+    """Why a match cannot run in a region because one of its tensors holds no elements (a static
+    dim of 0: the region format takes dims >= 1); None when none does. Every check of the table
+    runs it first, so an empty tensor the import passes could not drop (``drop_empty_operands``)
+    stays on llvm, which computes it, with this reason."""
+    values = [*match.exprs.values(), *match.call.args, *match.bindings.keys()]
+    for value in values:
+        for v in value.fields if isinstance(value, relax.Tuple) else (value,):
+            shape = shape_of(v)
+            if shape is not None and 0 in shape:
+                return f"a tensor of shape {list(shape)} holds no elements; empty tensors stay on llvm"
+    return None
+
+
+def _refusing_empty(check: Check | None) -> Check:
+    """``check`` preceded by :func:`empty_tensor_reason`."""
+    def checked(match: Match) -> CheckResult:
+        return empty_tensor_reason(match) or (check(match) if check is not None else None)
+
+    checked.__doc__ = check.__doc__ if check is not None else None
+    return checked
 
 
 def single_call_names(call: relax.Call) -> dict[str, relax.Expr]:

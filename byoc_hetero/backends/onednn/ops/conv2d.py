@@ -1,5 +1,6 @@
-"""conv2d (NCHW data, OIHW weights; strides, padding, dilation, groups) with its epilogue, and
-conv1d (NCW data, OIW weights) as a conv2d with a unit height.
+"""conv2d (NCHW data, OIHW weights; strides, padding, dilation, groups) with its epilogue,
+conv1d (NCW data, OIW weights) as a conv2d with a unit height, and conv3d (NCDHW data, OIDHW
+weights: video models' R3D / R(2+1)D blocks) as a conv2d node over rank-5 tensors.
 
 Rules ``conv2d[_bias][_bn][_act][_res|_res2[_act]]`` and the classic relu-only names
 (``conv2d_bias_relu``, ``conv2d_relu``, ...); lowered to a ``conv2d`` node whose bias, activations
@@ -11,6 +12,9 @@ tensors with attributes for a unit height (strides ``[1, s]``, padding ``[0, l, 
 ``[1, d]``): the kernel reads ``[N, C, W]`` as ``[N, C, 1, W]`` (the same bytes), so conv1d gets
 every conv2d implementation and layout choice, post-op and batch-norm fold without a kernel of its
 own (the speech encoders' feature extractors: wav2vec 2.0, Whisper).
+
+``conv3d[...]`` too, with the same epilogues and batch-norm fold: the ``conv2d`` kernel runs
+oneDNN's 3-D convolution for rank-5 tensors (its spatial attributes have three entries).
 """
 
 from __future__ import annotations
@@ -73,8 +77,16 @@ def conv1d_anchor() -> tuple[DFPattern, dict[str, DFPattern]]:
     return anchor, {"data": data, "weight": weight, "anchor": anchor}
 
 
+def conv3d_anchor() -> tuple[DFPattern, dict[str, DFPattern]]:
+    """conv3d(data, weight) and its parts."""
+    data, weight = wildcard(), wildcard()
+    anchor = is_op("relax.nn.conv3d")(data, weight)
+    return anchor, {"data": data, "weight": weight, "anchor": anchor}
+
+
 #: per convolution op: its name, the data / kernel layouts the runtime runs, the tensors' rank
-_CONV_KINDS = {"relax.nn.conv2d": ("conv2d", "NCHW", "OIHW", 4), "relax.nn.conv1d": ("conv1d", "NCW", "OIW", 3)}
+_CONV_KINDS = {"relax.nn.conv2d": ("conv2d", "NCHW", "OIHW", 4), "relax.nn.conv1d": ("conv1d", "NCW", "OIW", 3),
+               "relax.nn.conv3d": ("conv3d", "NCDHW", "OIDHW", 5)}
 
 
 def check_conv2d(match: Match) -> str | None:
@@ -109,12 +121,15 @@ def check_conv2d(match: Match) -> str | None:
 def _rules():
     yield from anchor_rules("conv2d", conv2d_anchor, check_conv2d, with_bn=True)
     yield from anchor_rules("conv1d", conv1d_anchor, check_conv2d, with_bn=True)
+    yield from anchor_rules("conv3d", conv3d_anchor, check_conv2d, with_bn=True)
 
 
-@lowers("relax.nn.conv2d", "relax.nn.conv1d", check=check_conv2d)
+@lowers("relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv3d", check=check_conv2d)
 def lower_conv2d(ctx, var: relax.Var, call: relax.Call) -> int:
     """A ``conv2d`` node; a conv1d's attributes are a conv2d's with a unit height (its tensors
-    stay rank 3: the kernel reads them with a unit height)."""
+    stay rank 3: the kernel reads them with a unit height); a conv3d's have three entries per
+    spatial attribute (padding ``[front, top, left, back, bottom, right]``, Relax's order) over
+    its rank-5 tensors."""
     a = call.attrs
     strides, padding, dilation = ([int(v) for v in vs] for vs in (a.strides, a.padding, a.dilation))
     if call.op.name == "relax.nn.conv1d":
@@ -186,6 +201,8 @@ def float_conv_sites(tensors: Sequence[Mapping[str, Any]], nodes: Sequence[Any])
         if op != "conv2d" or "src_scale" in attrs:  # int8 convolutions have one algorithm
             continue
         data, weight = tensors[inputs[0]], tensors[inputs[1]]
+        if len(weight["shape"]) == 5:  # so do 3-D ones (Winograd is 2-D)
+            continue
         if any(t.get("dtype", "float32") != "float32" for t in (data, weight)):
             continue
         if not all(isinstance(d, int) for d in [*data["shape"], *weight["shape"]]):

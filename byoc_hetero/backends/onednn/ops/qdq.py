@@ -149,6 +149,8 @@ def _fuse_anchor(graph, node, producers, readers) -> bool:
     """Make one conv2d / dense int8 (see :func:`fuse_int8_anchors`); whether it did."""
     if node.attrs.get("residual") or "src_scale" in node.attrs:
         return False
+    if len(graph.tensors[node.inputs[0]]["shape"]) == 5:  # 3-D convolutions run in float32 only
+        return False
     source = producers.get(node.inputs[0])
     src = _per_tensor(graph, source, "dequantize")
     if src is None or graph.tensors[source.inputs[0]]["dtype"] not in QUANTIZED_DTYPES:

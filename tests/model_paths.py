@@ -1,0 +1,29 @@
+"""The import paths a model test runs a torch module through, by name."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import byoc_hetero as bh
+
+PATHS = ("from_torch", "from_onnx", "from_onnx_torchscript")
+"""``bh.from_torch`` (torch.export); ``bh.from_onnx`` of the file torch's default (dynamo) exporter
+writes; ``bh.from_onnx`` of the TorchScript exporter's file (``dynamo=False``)."""
+
+
+def import_model(model, inputs: tuple, path: str, tmp_path) -> tuple:
+    """``(mod, params)`` of ``model`` called on ``inputs`` through the import path ``path`` (one of
+    :data:`PATHS`); ONNX files are written under ``tmp_path``. Skips where the default exporter's
+    ``onnxscript`` is missing."""
+    if path == "from_torch":
+        return bh.from_torch(model, inputs)
+    import torch
+
+    if path == "from_onnx":
+        pytest.importorskip("onnxscript")
+    file = os.path.join(tmp_path, "model.onnx")
+    names = [f"input_{i}" for i in range(len(inputs))]
+    torch.onnx.export(model, inputs, file, input_names=names, output_names=["output"], dynamo=path == "from_onnx")
+    return bh.from_onnx(file)
