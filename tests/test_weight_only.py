@@ -1,0 +1,179 @@
+"""Weight-only int8 / int4 dense layers (issue 37): the runtime's dense_wq kernels against numpy's
+exact dequantize-then-matmul, on this machine's ISA and capped to AVX2 / generic C++
+(BYOC_HETERO_WQ_ISA, read when a module is created); the region format's checks; bh.quantize's
+weight-only form on llvm and on the oneDNN backend."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+
+import byoc_hetero as bh
+from byoc_hetero.errors import QuantizationError
+from byoc_hetero.quant.weight_only import WeightCodes, dequantize_codes, quantize_matrix
+
+create = tvm.get_global_func("byoc_hetero.runtime.create")
+
+
+def _region(x_shape, codes: WeightCodes, bias: np.ndarray | None, symbol: str = "wq", **attrs) -> tuple[str, list]:
+    """A one-node dense_wq document and its constants (codes, scales[, zero points][, bias])."""
+    n, _ = codes.shape
+    consts = [codes.codes, codes.scales] + ([codes.zero_points] if codes.zero_points is not None else []) \
+        + ([bias] if bias is not None else [])
+    tensors = [{"shape": list(x_shape), "dtype": "float32"}]
+    tensors += [{"shape": list(c.shape), "dtype": str(c.dtype)} for c in consts]
+    tensors.append({"shape": list(x_shape[:-1]) + [n], "dtype": "float32"})
+    node_attrs = {"bits": codes.bits, "block": codes.block, "has_zero_point": int(codes.zero_points is not None),
+                  "has_bias": int(bias is not None)} | attrs
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": symbol, "tensors": tensors, "inputs": [0],
+           "outputs": [len(tensors) - 1],
+           "constants": [{"tensor": i + 1, "name": f"{symbol}_c{i}"} for i in range(len(consts))],
+           "nodes": [{"op": "dense_wq", "inputs": list(range(len(tensors) - 1)), "output": len(tensors) - 1,
+                      "attrs": node_attrs}]}
+    return json.dumps(doc), consts
+
+
+def _run(x: np.ndarray, codes: WeightCodes, bias=None) -> tuple[np.ndarray, list[str]]:
+    text, consts = _region(x.shape, codes, bias)
+    mod = create(text)
+    assert mod["__init_wq"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+    out = tvm.runtime.tensor(np.full(x.shape[:-1] + (codes.shape[0],), np.nan, np.float32))
+    mod["wq"](tvm.runtime.tensor(x), out)
+    return out.numpy(), list(mod["get_plan"]())
+
+
+def _reference(x: np.ndarray, codes: WeightCodes, bias=None) -> np.ndarray:
+    w = dequantize_codes(codes).astype(np.float64)  # exact dequantize, then the product in float64
+    y = x.astype(np.float64) @ w.T
+    return (y + bias if bias is not None else y).astype(np.float32)
+
+
+def _close(got, want):
+    scale = max(float(np.abs(want).max()), 1e-6)
+    assert np.abs(got - want).max() <= 2e-5 * scale * max(1, np.sqrt(want.shape[-1] / 64)), \
+        f"max error {np.abs(got - want).max()} at scale {scale}"
+
+
+CASES = [  # (bits, block or None: per channel, zero points, scale dtype)
+    (8, None, False, "float32"), (8, None, False, "float16"), (8, 32, True, "float32"), (8, 64, False, "float16"),
+    (4, 32, False, "float32"), (4, 32, True, "float16"), (4, 64, True, "float32"), (4, 64, False, "float16"),
+    (4, 128, False, "float32"), (4, 128, True, "float16"),
+]
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("bits,block,zp,scale_dtype", CASES)
+def test_kernel_matches_numpy(monkeypatch, isa, bits, block, zp, scale_dtype):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    rng = np.random.default_rng(bits * 1000 + (block or 0) + zp)
+    k = 384 if block != 128 else 256
+    n = 37  # odd: a partial last tile of 16 columns
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (1, 3, 6):  # odd rows: a partial group of 4
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got, plan = _run(x, codes, bias if m != 3 else None)
+        _close(got, _reference(x, codes, bias if m != 3 else None))
+    step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+    if isa != "auto":
+        assert f"({isa})" in step, step
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_kernel_odd_k_per_channel_and_3d_data(monkeypatch, isa):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    rng = np.random.default_rng(3)
+    codes = quantize_matrix(rng.standard_normal((21, 75)).astype(np.float32), 8)  # K odd, one block of 75
+    x = rng.standard_normal((2, 5, 75)).astype(np.float32)
+    got, _ = _run(x, codes)
+    _close(got, _reference(x, codes))
+
+
+def test_kernel_64_rows_many_tiles():
+    rng = np.random.default_rng(4)
+    codes = quantize_matrix(rng.standard_normal((200, 256)).astype(np.float32), 4, 64, True)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    got, _ = _run(x, codes)
+    _close(got, _reference(x, codes))
+
+
+def test_isa_switch_rejects_unknown(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", "sse9")
+    codes = quantize_matrix(np.ones((16, 32), np.float32), 8)
+    with pytest.raises(ValueError, match="BYOC_HETERO_WQ_ISA must be auto, avx512, avx2 or generic"):
+        _run(np.ones((1, 32), np.float32), codes)
+
+
+# -- bad input: errors naming the field, never a crash ---------------------------------------------
+
+
+def _codes(bits=4, block=32, zp=True, n=16, k=64):
+    return quantize_matrix(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32), bits, block, zp)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(block=48), "attrs.block': expected K = 64 or a power of two >= 16 dividing K, got 48"),
+    (dict(block=128), "attrs.block': expected K = 64 or a power of two >= 16"),
+    (dict(bits=3), "attrs.bits': expected 4 or 8, got 3"),
+    (dict(bits=8), "weight \\(tensor 1\\) must have shape \\[16, 64\\], got \\[16, 32\\]"),
+])
+def test_region_rejects_bad_attrs(change, message):
+    text, _ = _region((1, 64), _codes(), None, **change)
+    with pytest.raises(ValueError, match=message):
+        create(text)
+
+
+def test_region_rejects_scales_of_the_wrong_shape():
+    codes = _codes()
+    codes.scales = codes.scales[:, :1].copy()
+    text, _ = _region((1, 64), codes, None)
+    with pytest.raises(ValueError, match="scales \\(tensor 2\\) must have shape \\[16, 2\\], got \\[16, 1\\]"):
+        create(text)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 0.0])
+def test_region_rejects_bad_scale_values_at_init(bad):
+    codes = _codes()
+    codes.scales[3, 1] = bad
+    text, consts = _region((1, 64), codes, None)
+    mod = create(text)
+    with pytest.raises(Exception, match=r"scales\[3, 1\] is .*expected a finite, nonzero scale"):
+        mod["__init_wq"]([tvm.runtime.tensor(c) for c in consts])
+
+
+def test_region_rejects_zero_point_beyond_the_bits():
+    codes = _codes()
+    codes.zero_points[0, 0] = 16
+    text, consts = _region((1, 64), codes, None)
+    with pytest.raises(Exception, match=r"zero_points\[0, 0\] is 16"):
+        create(text)["__init_wq"]([tvm.runtime.tensor(c) for c in consts])
+
+
+def test_float16_only_reaches_dense_wq():
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "h",
+           "tensors": [{"shape": [4], "dtype": "float32"}, {"shape": [4], "dtype": "float16"},
+                       {"shape": [4], "dtype": "float32"}],
+           "inputs": [0], "outputs": [2], "constants": [{"tensor": 1, "name": "h_c"}],
+           "nodes": [{"op": "binary", "inputs": [0, 1], "output": 2, "attrs": {"algorithm": "add"}}]}
+    with pytest.raises(ValueError, match="float16, which op 'binary' does not read"):
+        create(json.dumps(doc))
+
+
+@pytest.mark.parametrize("codes_change,message", [
+    (lambda c: setattr(c, "block", 48), "block 48 must be K = 64"),
+    (lambda c: setattr(c, "scales", c.scales[:, :1]), "scales must be float32 or float16 of shape \\[16, 2\\]"),
+    (lambda c: c.scales.__setitem__((0, 0), np.nan), "scales\\[0, 0\\] is nan"),
+])
+def test_python_codes_check(codes_change, message):
+    codes = _codes()
+    codes_change(codes)
+    with pytest.raises(QuantizationError, match=message):
+        codes.check()
+
+
+def test_quantize_matrix_rejects_a_group_not_dividing_k():
+    with pytest.raises(QuantizationError, match="group size 32 does not divide K = 48"):
+        quantize_matrix(np.ones((4, 48), np.float32), 4, 32)
