@@ -177,3 +177,75 @@ def test_python_codes_check(codes_change, message):
 def test_quantize_matrix_rejects_a_group_not_dividing_k():
     with pytest.raises(QuantizationError, match="group size 32 does not divide K = 48"):
         quantize_matrix(np.ones((4, 48), np.float32), 4, 32)
+
+
+# -- bh.quantize(weights=...): the Relax form on llvm (the reference) and on the oneDNN backend ------
+
+
+def _vm(mod):
+    from tvm import relax
+
+    from byoc_hetero.timing import build
+
+    return relax.VirtualMachine(build(mod), tvm.cpu())
+
+
+def _region_nodes(partitioned) -> list[dict]:
+    return [n for m in partitioned.attrs["external_mods"] for n in json.loads(str(m["get_graph_json"]()))["nodes"]]
+
+
+def _mlp_reference(x, q, params) -> np.ndarray:
+    """numpy: each layer x @ dequant(codes)^T + bias, relu between (bh.models.mlp's layers)."""
+    y = x.astype(np.float64)
+    for i in (1, 2):
+        name = f"fc{i}_weight"
+        codes = WeightCodes(8 if q.weights == "int8" else 4, 0, q.params[f"{name}.codes"],
+                            q.params[f"{name}.scales"], q.params.get(f"{name}.zero_points"))
+        codes.block = codes.shape[1] if q.group_size is None else q.group_size
+        y = y @ dequantize_codes(codes).T.astype(np.float64) + params[f"fc{i}_bias"]
+        y = np.maximum(y, 0) if i == 1 else y
+    return y.astype(np.float32)
+
+
+@pytest.mark.parametrize("weights,group,zp,scale_dtype", [("int8", None, False, "float32"), ("int4", 32, True, "float16"),
+                                                          ("int4", 64, False, "float32"), ("int8", 128, True, "float16")])
+def test_quantize_weights_llvm_and_onednn(weights, group, zp, scale_dtype):
+    mod, params = bh.models.mlp(batch=3, features=256, hidden=(128,), num_classes=21)
+    q = bh.quantize(mod, params, weights=weights, group_size=group, zero_points=zp, scale_dtype=scale_dtype,
+                    verbose=False)
+    assert [lyr.shape for lyr in q.layers] == [(256, 128), (128, 21)]
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    want = _mlp_reference(x, q, params)
+    llvm = _vm(bh.bind_params(q.mod, q.params))["main"](tvm.runtime.tensor(x)).numpy()
+    _close(llvm, want)
+    part = bh.partition(q.mod, q.params)
+    ops = [n["op"] for n in _region_nodes(part)]
+    assert ops.count("dense_wq") == len(q.layers) and "dense" not in ops and "matmul" not in ops, ops
+    onednn = _vm(part)["main"](tvm.runtime.tensor(x)).numpy()
+    _close(onednn, want)
+    # the reported error: the layers' outputs on random inputs, against the float weights
+    bound = 0.02 if weights == "int8" else 0.3
+    assert 0 < q.error < bound, q.summary()
+
+
+def test_quantize_weights_error_shrinks_with_bits_and_groups():
+    mod, params = bh.models.mlp(batch=1, features=256, hidden=(128,), num_classes=16)
+    errors = [bh.quantize(mod, params, weights=w, group_size=g, verbose=False).error
+              for w, g in (("int4", 128), ("int4", 32), ("int8", None))]
+    assert errors[0] > errors[1] > errors[2] > 0, errors
+
+
+def test_quantize_weights_keep_float_and_bad_options():
+    mod, params = bh.models.mlp(batch=1, features=64, hidden=(32,), num_classes=16)
+    q = bh.quantize(mod, params, weights="int8", keep_float=["fc2_weight"], verbose=False)
+    assert [lyr.weight for lyr in q.layers] == ["fc1_weight"] and q.kept_float == ["fc2_weight"]
+    assert "fc2_weight" in q.params and "fc1_weight" not in q.params
+    part = bh.partition(q.mod, q.params)
+    ops = [n["op"] for n in _region_nodes(part)]
+    assert ops.count("dense_wq") == 1 and ops.count("dense") == 1, ops
+    with pytest.raises(QuantizationError, match="weights must be 'int8' or 'int4'"):
+        bh.quantize(mod, params, weights="int2")
+    with pytest.raises(QuantizationError, match="group_size must be one of 32, 64, 128"):
+        bh.quantize(mod, params, weights="int4", group_size=48)
+    with pytest.raises(QuantizationError, match="fc1_weight: group size 128 does not divide K = 64"):
+        bh.quantize(mod, params, weights="int4", group_size=128)

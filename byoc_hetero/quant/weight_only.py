@@ -33,6 +33,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .._relax import constant_value
 from ..errors import QuantizationError
 
 __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
@@ -269,13 +270,13 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     if scale_dtype not in ("float32", "float16"):
         raise QuantizationError(f"scale_dtype must be 'float32' or 'float16', got {scale_dtype!r}")
     func = mod["main"]
-    by_name = {p.name_hint: p for p in func.params}
+    by_name = {p.name: p for p in func.params}
     values: dict[relax.Expr, np.ndarray] = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
     rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed)
     new_func = rewriter.rewrite(func)
     out_mod = mod.clone()
     out_mod["main"] = new_func
-    kept_names = {p.name_hint for p in new_func.params}
+    kept_names = {p.name for p in new_func.params}
     out_params = {k: v for k, v in params.items() if k in kept_names} | rewriter.new_values
     error = max((lyr.error for lyr in rewriter.layers), default=0.0)
     result = WeightOnlyModel(out_mod, out_params, error, rewriter.layers, rewriter.kept, weights, group_size,
@@ -302,19 +303,22 @@ class _WeightOnlyRewriter:
         self.codes: dict[relax.Expr, tuple[WeightCodes, list[relax.Var]]] = {}
 
     def _name(self, w: relax.Expr) -> str:
-        return w.name_hint if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
+        return w.name if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
 
     def _parts(self, w: relax.Expr, w_kn: np.ndarray) -> tuple[WeightCodes, list[relax.Var]]:
         if w not in self.codes:
             name = self._name(w)
-            codes = quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+            try:
+                codes = quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+            except QuantizationError as err:
+                raise QuantizationError(f"{name}: {err}") from None
             arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points}
             parts = []
             for suffix, array in arrays.items():
                 if array is None:
                     continue
                 var = relax.Var(f"{name}.{suffix}", relax.TensorType(array.shape, str(array.dtype)))
-                self.new_values[var.name_hint] = array
+                self.new_values[var.name] = array
                 self.new_params.append(var)
                 parts.append(var)
             self.codes[w] = (codes, parts)
@@ -324,12 +328,12 @@ class _WeightOnlyRewriter:
         from .insert_qdq import _all_bindings, _free_vars, _subst
 
         for b in _all_bindings(func):
-            if isinstance(b.value, relax.Constant):
+            if isinstance(b.value, tvm.ir.Constant):
                 continue
             if isinstance(b.value, relax.Call):
                 for a in b.value.args:
-                    if isinstance(a, relax.Constant) and a.data.numpy().ndim == 2:
-                        self.values.setdefault(a, a.data.numpy())
+                    if isinstance(a, tvm.ir.Constant) and constant_value(a).ndim == 2:
+                        self.values.setdefault(a, constant_value(a))
         targets = {}
         for b in _all_bindings(func):
             found = _weight_of(b.value, self.values)

@@ -64,6 +64,17 @@ float HalfToFloat(uint16_t h) {
   return value;
 }
 
+/*! \brief Input \p k holds one value per column and block: [N, K / block], or [N, K / block, 1] (the
+ *         shape the Relax form broadcasts, which the partition may have folded a reshape into). */
+void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, const WqShape& s) {
+  const auto& shape = ctx.input(k).shape;
+  if (shape.size() == 3 && shape[2] == 1) {
+    ctx.ExpectInputShape(k, name, {s.n, s.blocks(), 1});
+  } else {
+    ctx.ExpectInputShape(k, name, {s.n, s.blocks()});
+  }
+}
+
 /*! \brief Attrs and input shapes, checked; failures name the attr or input. */
 WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
   WqShape s;
@@ -104,12 +115,12 @@ WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
   if (scales.dtype != DType::kFloat32 && !s.f16_scales) {
     ctx.Fail(std::string("scales must be float32 or float16, got ") + DTypeName(scales.dtype));
   }
-  ctx.ExpectInputShape(2, "scales", {s.n, s.blocks()});
+  ExpectPerBlock(ctx, 2, "scales", s);
   if (s.has_zero_point) {
     if (ctx.input(3).dtype != DType::kUInt8) {
       ctx.Fail(std::string("zero_points must be uint8, got ") + DTypeName(ctx.input(3).dtype));
     }
-    ctx.ExpectInputShape(3, "zero_points", {s.n, s.blocks()});
+    ExpectPerBlock(ctx, 3, "zero_points", s);
   }
   if (s.has_bias && (ctx.input(base).numel() != s.n || ctx.input(base).dtype != DType::kFloat32)) {
     ctx.Fail("bias must be float32 with N = " + std::to_string(s.n) + " elements, got " +
