@@ -41,7 +41,7 @@ struct WqShape {
   bool has_zero_point = false, has_bias = false, f16_scales = false;
   int64_t tiles() const { return (n + kTile - 1) / kTile; }
   int64_t blocks() const { return k / block; }
-  int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile
+  int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile (on average)
   float implicit_zero() const { return signed_codes ? 128.f : static_cast<float>(1 << (bits - 1)); }
 };
 
@@ -137,7 +137,8 @@ WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
   return s;
 }
 
-/*! \brief The codes [N, K*bits/8] into tiles of kTile columns, K-contiguous (dense_wq.h). */
+/*! \brief The codes [N, K*bits/8] into tiles of kTile columns, K-contiguous (dense_wq.h): 8-bit codes
+ *         16 bytes a k; 4-bit ones 16 bytes a pair of k, column c's byte holding k low, k + 1 high. */
 void PackCodes(const WqShape& s, const uint8_t* w, uint8_t* packed) {
   const int64_t row = s.k * s.bits / 8, step = s.step();
   for (int64_t n = 0; n < s.n; ++n) {
@@ -148,8 +149,8 @@ void PackCodes(const WqShape& s, const uint8_t* w, uint8_t* packed) {
       if (s.bits == 8) {
         tile[k * step + c] = static_cast<uint8_t>(src[k] + (s.signed_codes ? 128 : 0));
       } else {
-        const uint8_t code = (src[k / 2] >> (4 * (k % 2))) & 0x0F;
-        tile[k * step + c / 2] |= static_cast<uint8_t>(code << (4 * (c % 2)));
+        const uint8_t code = (src[k / 2] >> (4 * (k % 2))) & 0x0F;  // k even low, as stored
+        tile[(k / 2) * kTile + c] |= static_cast<uint8_t>(code << (4 * (k % 2)));
       }
     }
   }

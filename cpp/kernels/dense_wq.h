@@ -12,7 +12,9 @@
  * Packed layout (made once, at __init_, by the operand transforms of dense_wq.cc):
  *   data    per N-tile of kTile = 16 columns, K-contiguous: for each k, the 16 columns' codes —
  *           8-bit: 16 bytes (unsigned; a signed int8 weight is stored + 128 with zero point 128);
- *           4-bit: 8 bytes, column 2j in the low nibble of byte j, 2j+1 in the high one.
+ *           4-bit: for each pair of k (k even), 16 bytes, column c's byte holding k in its low
+ *           nibble and k + 1 in its high one: one 16-byte load widens to 16 lanes of two codes,
+ *           separated by an and and a shift (half the unpacking work of nibbles along N).
  *   scales  per tile, per block: 16 float32 (fp16 scales widened once; columns past N: 0).
  *   zeros   per tile, per block: 16 float32 zero points (only with explicit zero points; else
  *           one constant, 2^(bits-1) for unsigned codes).
