@@ -249,3 +249,76 @@ def test_quantize_weights_keep_float_and_bad_options():
         bh.quantize(mod, params, weights="int4", group_size=48)
     with pytest.raises(QuantizationError, match="fc1_weight: group size 128 does not divide K = 64"):
         bh.quantize(mod, params, weights="int4", group_size=128)
+
+
+# -- ONNX Runtime's MatMulNBits (bh.from_onnx, passes/matmul_nbits.py) --------------------------------
+
+
+def _float_matmul_model(k: int, n: int, seed: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, n])],
+                              [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ort(model, x):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("bits,block,symmetric", [(4, 32, True), (4, 16, False), (4, 128, False), (8, 32, False),
+                                                  (8, 64, True)])
+def test_matmul_nbits_matches_onnxruntime(bits, block, symmetric):
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    k, n = 128, 40
+    quantizer = MatMulNBitsQuantizer(_float_matmul_model(k, n, bits + block), algo_config=DefaultWeightOnlyQuantConfig(
+        block_size=block, is_symmetric=symmetric, bits=bits))
+    quantizer.process()
+    model = quantizer.model.model
+    assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits"]
+    x = np.random.default_rng(7).standard_normal((2, 3, k)).astype(np.float32)
+    want = _ort(model, x)
+    mod, params = bh.from_onnx(model)
+    llvm = _vm(bh.bind_params(mod, params))["main"](tvm.runtime.tensor(x)).numpy()
+    _close(llvm, want)
+    part = bh.partition(mod, params)
+    assert [nd["op"] for nd in _region_nodes(part)] == ["dense_wq"]
+    _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), want)
+
+
+def _nbits_model(scales: np.ndarray, g_idx: bool = False):
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n, block = 64, 16, 32
+    codes = np.random.default_rng(0).integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    inputs = ["x", "B", "scales"] + (["", "g_idx"] if g_idx else [])
+    inits = [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "scales")]
+    if g_idx:
+        inits.append(numpy_helper.from_array(np.arange(k, dtype=np.int32) // block, "g_idx"))
+    node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=4, block_size=block)
+    graph = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("scales,message", [
+    (np.ones(31, np.float32), "scales must have N \\* K / block_size = 32 elements, got 31"),
+    (np.r_[np.ones(31), np.nan].astype(np.float32), "scales\\[15, 1\\] is nan: expected a finite, nonzero scale"),
+    (np.r_[np.zeros(1), np.ones(31)].astype(np.float16), "scales\\[0, 0\\] is 0.0: expected a finite, nonzero"),
+])
+def test_matmul_nbits_bad_scales(scales, message):
+    with pytest.raises(QuantizationError, match="MatMulNBits y: " + message):
+        bh.from_onnx(_nbits_model(scales))
+
+
+def test_matmul_nbits_with_g_idx_is_left_to_the_importer():
+    with pytest.raises(bh.errors.FrontendError, match="MatMulNBits"):
+        bh.from_onnx(_nbits_model(np.ones(32, np.float32), g_idx=True))

@@ -30,7 +30,10 @@ def _dequantized(bits: int) -> tuple[DFPattern, dict[str, DFPattern]]:
         as_float = unpacked
         high = is_op("relax.floor")(is_op("relax.multiply")(as_float, is_const()))
         low = is_op("relax.subtract")(as_float, is_op("relax.multiply")(high, is_const()))
-        unpacked = is_op("relax.stack")(is_tuple([low, high]))
+        # stacked (quant/weight_only.py), or concatenated after expand_dims (ONNX's Unsqueeze + Concat:
+        # passes/matmul_nbits.py)
+        unpacked = is_op("relax.stack")(is_tuple([low, high])) | is_op("relax.concat")(
+            is_tuple([is_op("relax.expand_dims")(low), is_op("relax.expand_dims")(high)]))
     blocks = is_op("relax.reshape")(unpacked, wildcard())
     zero_points = is_const()
     # the partition folds the reshape of small integer constants (passes/fold_int_constants.py)
@@ -128,7 +131,7 @@ def lower_dense_wq(ctx, func: relax.Function) -> int:
     reshapes = [c for _, c in ops if c.op.name == "relax.reshape"]
     blocks = static_shape(reshapes[0])  # the codes' [N, K / block, block] view comes first
     block = int(blocks[2])
-    bits = 4 if any(c.op.name == "relax.stack" for _, c in ops) else 8
+    bits = 4 if any(c.op.name in ("relax.stack", "relax.concat") for _, c in ops) else 8
     sub = first("relax.subtract") if bits == 8 else [c for _, c in ops if c.op.name == "relax.subtract"][-1]
     zero = through(sub.args[1])
     mul = [c for _, c in ops if c.op.name == "relax.multiply"][-1]
