@@ -240,7 +240,7 @@ def test_int8_offloaded_equals_llvm_within_one_step(case):
     got, want = run_all(build(part), inputs), run_all(build(mod), inputs)
     for g, w in zip(got, want):
         assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
-@settings(max_examples=max(6, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
+@settings(max_examples=max(4, EXAMPLES // 15), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=graphs(max_ops=2, kinds=("dense_wq", "dense", "act")))
 def test_weight_only_dense_offloaded_equals_llvm(case):
