@@ -322,3 +322,29 @@ def test_matmul_nbits_bad_scales(scales, message):
 def test_matmul_nbits_with_g_idx_is_left_to_the_importer():
     with pytest.raises(bh.errors.FrontendError, match="MatMulNBits"):
         bh.from_onnx(_nbits_model(np.ones(32, np.float32), g_idx=True))
+
+
+def test_quantize_weights_transposed_weight_and_symbolic_rows():
+    """matmul(x, permute_dims(W)) as decoders write it, on [1, S, K] data with S symbolic: the float
+    weight and its permute go, one dense_wq region serves every S."""
+    from tvm import relax, tirx
+
+    seq = tirx.Var("S", "int64")
+    x = relax.Var("x", relax.TensorType((1, seq, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(w, [1, 0]))
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, wt)))
+        bb.emit_func_output(out)
+    weight = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    q = bh.quantize(bb.get(), {"w": weight}, weights="int4", group_size=64, verbose=False)
+    assert [p.name for p in q.mod["main"].params] == ["x", "w.codes", "w.scales"] and "w" not in q.params
+    part = bh.partition(q.mod, q.params)
+    assert [n["op"] for n in _region_nodes(part)] == ["dense_wq"]
+    vm = _vm(part)
+    codes = WeightCodes(4, 64, q.params["w.codes"], q.params["w.scales"])
+    for s in (1, 7):
+        xv = np.random.default_rng(s).standard_normal((1, s, 64)).astype(np.float32)
+        _close(vm["main"](tvm.runtime.tensor(xv)).numpy(), _reference(xv, codes))

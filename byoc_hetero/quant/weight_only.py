@@ -216,20 +216,26 @@ class WeightOnlyModel:
                 f"{self.scale_dtype} scales); largest layer error on random inputs: {self.error:.2e} (max relative)")
 
 
-def _weight_of(call: relax.Call, values: Mapping[relax.Expr, np.ndarray]) -> tuple[relax.Expr, bool] | None:
-    """The 2-D float32 weight a matmul reads (and whether through permute_dims), when it has a value."""
+def _weight_of(call: relax.Expr, values: Mapping[relax.Expr, np.ndarray], bound: Mapping[relax.Var, relax.Expr]
+               ) -> tuple[relax.Expr, bool, relax.Var | None] | None:
+    """The 2-D float32 weight a matmul reads, whether through permute_dims, and the variable bound
+    to that permute_dims (None when inline), when the weight has a value."""
     if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.matmul"):
         return None
-    w, transposed = call.args[1], False
+    w, transposed, permute = call.args[1], False, None
+    if isinstance(w, relax.Var) and w in bound:
+        permute, w = w, bound[w]
     if isinstance(w, relax.Call) and getattr(w.op, "name", "") == "relax.permute_dims":
         axes = w.attrs.axes
         if axes is not None and [int(a) for a in axes] != [1, 0]:
             return None
         w, transposed = w.args[0], True
+    elif permute is not None:
+        return None  # a weight computed in the graph
     value = values.get(w)
     if value is None or value.ndim != 2 or value.dtype != np.float32:
         return None
-    return w, transposed
+    return w, transposed, permute
 
 
 def _layer_error(w_kn: np.ndarray, dq_kn: np.ndarray, rng: np.random.Generator) -> float:
@@ -334,9 +340,10 @@ class _WeightOnlyRewriter:
                 for a in b.value.args:
                     if isinstance(a, tvm.ir.Constant) and constant_value(a).ndim == 2:
                         self.values.setdefault(a, constant_value(a))
+        bound = {b.var: b.value for b in _all_bindings(func)}
         targets = {}
         for b in _all_bindings(func):
-            found = _weight_of(b.value, self.values)
+            found = _weight_of(b.value, self.values, bound)
             if found is None:
                 continue
             name = f"matmul_{len(targets) + len(self.kept)}"
@@ -346,14 +353,22 @@ class _WeightOnlyRewriter:
                 self.kept.append(weight_name)
                 continue
             targets[b.var] = (name, *found)
-        replaced = {w for _, w, _ in targets.values() if isinstance(w, relax.Var)}
-        still_float = {v for b in _all_bindings(func) if b.var not in targets for v in _free_vars(b.value)} \
-            | set(_free_vars(func.body.body))
+        replaced = {w for _, w, _, _ in targets.values() if isinstance(w, relax.Var)}
+        # a weight's permute_dims read only by quantized matmuls goes with them
+        readers: dict[relax.Var, set] = {}
+        for b in _all_bindings(func):
+            for v in _free_vars(b.value):
+                readers.setdefault(v, set()).add(b.var)
+        outputs = set(_free_vars(func.body.body))
+        dropped = {p for _, _, _, p in targets.values()
+                   if p is not None and p not in outputs and readers.get(p, set()) <= set(targets)}
+        skipped = set(targets) | dropped
+        still_float = {v for b in _all_bindings(func) if b.var not in skipped for v in _free_vars(b.value)} | outputs
         attrs = {k: v for k, v in (func.attrs or {}).items() if k != "params"} if func.attrs is not None else None
         bb = relax.BlockBuilder()
         env: dict[relax.Var, relax.Expr] = {}
         # the new parameters are known only after the bindings are visited: quantize first
-        for var, (name, w, transposed) in targets.items():
+        for var, (name, w, transposed, _) in targets.items():
             value = self.values[w]
             w_kn = value.T if transposed else value
             codes, _ = self._parts(w, w_kn)
@@ -364,8 +379,10 @@ class _WeightOnlyRewriter:
         with bb.function("main", params, attrs=attrs, pure=True):
             with bb.dataflow():
                 for b in _all_bindings(func):
+                    if b.var in dropped:
+                        continue
                     if b.var in targets:
-                        _, w, _ = targets[b.var]
+                        _, w, _, _ = targets[b.var]
                         codes, parts = self.codes[w]
                         env[b.var] = emit_weight_only_dense(bb, _subst(b.value.args[0], env), codes, parts)
                     elif isinstance(b, relax.MatchCast):
