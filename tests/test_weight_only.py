@@ -348,3 +348,15 @@ def test_quantize_weights_transposed_weight_and_symbolic_rows():
     for s in (1, 7):
         xv = np.random.default_rng(s).standard_normal((1, s, 64)).astype(np.float32)
         _close(vm["main"](tvm.runtime.tensor(xv)).numpy(), _reference(xv, codes))
+
+
+def test_without_the_dense_wq_rules_llvm_dequantizes(restore_rules):
+    """An op the backend does not take runs the Relax form on llvm: the same values."""
+    for rule in ("dense_wq8", "dense_wq8_bias", "dense_wq4", "dense_wq4_bias"):
+        bh.unregister_pattern("onednn", rule)
+    mod, params = bh.models.mlp(batch=2, features=64, hidden=(32,), num_classes=16)
+    q = bh.quantize(mod, params, weights="int4", group_size=32, zero_points=True, verbose=False)
+    part = bh.partition(q.mod, q.params)
+    assert "dense_wq" not in [n["op"] for n in _region_nodes(part)]
+    x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), _mlp_reference(x, q, params))
