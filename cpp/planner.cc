@@ -189,6 +189,13 @@ class Planner : public planning::ConcatInPlace {
   /*! \brief An 8-bit (u8/s8) operand reaches only a kernel that declares it reads them. */
   void CheckQuantizedOperands(size_t n) const {
     const NodeInfo& node = g_.nodes[n];
+    for (size_t k = 0; k <= node.inputs.size() && !FindKernelTraits(node.op).accepts_float16; ++k) {
+      const int t = k < node.inputs.size() ? node.inputs[k] : node.output;
+      if (g_.tensors[t].dtype == DType::kFloat16) {
+        TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype float16, which op '" << node.op
+                                  << "' does not read (float16 tensors go to dense_wq's scales)";
+      }
+    }
     if (FindKernelTraits(node.op).accepts_int8) return;
     for (size_t k = 0; k <= node.inputs.size(); ++k) {
       const int t = k < node.inputs.size() ? node.inputs[k] : node.output;

@@ -353,7 +353,7 @@ void ReadTensors(ObjectReader& doc, int64_t version, RegionGraph& g) {
         }
       }
       if (!known) {
-        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\", \"bool\", \"uint8\" or \"int8\", got \"" +
+        t.Fail("dtype", "expected \"float32\", \"int64\", \"int32\", \"bool\", \"uint8\", \"int8\" or \"float16\", got \"" +
                              dtype + "\"");
       }
     }
@@ -645,6 +645,8 @@ const char* DTypeName(DType dtype) {
       return "uint8";
     case DType::kInt8:
       return "int8";
+    case DType::kFloat16:
+      return "float16";
     default:
       return "float32";
   }
@@ -654,6 +656,8 @@ size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kInt64:
       return 8;
+    case DType::kFloat16:
+      return 2;
     case DType::kBool:
     case DType::kUInt8:
     case DType::kInt8:

@@ -55,14 +55,15 @@ struct DimExpr {
  *        values: written by quantize, read by dequantize and by the int8 anchors (conv2d, dense),
  *        pooling and the layout ops (docs/int8.md).
  */
-enum class DType { kFloat32, kInt64, kInt32, kBool, kUInt8, kInt8 };
+enum class DType { kFloat32, kInt64, kInt32, kBool, kUInt8, kInt8, kFloat16 };
 /*! \brief Every dtype, in enum order (what the parser and the calling convention accept). */
 inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kInt64, DType::kInt32,
-                                       DType::kBool,    DType::kUInt8, DType::kInt8};
+                                       DType::kBool,    DType::kUInt8, DType::kInt8,
+                                       DType::kFloat16};
 /*! \brief Whether \p dtype is a quantized 8-bit type (uint8 / int8). */
 inline bool IsInt8(DType dtype) { return dtype == DType::kUInt8 || dtype == DType::kInt8; }
 
-/*! \brief "float32", "int64", "int32", "bool", "uint8", "int8". */
+/*! \brief "float32", "int64", "int32", "bool", "uint8", "int8", "float16". */
 const char* DTypeName(DType dtype);
 /*! \brief Bytes per element. */
 size_t DTypeSize(DType dtype);

@@ -36,6 +36,8 @@ import tvm
 from hypothesis import strategies as st
 from tvm import relax
 
+from byoc_hetero.quant.weight_only import emit_weight_only_dense, quantize_matrix
+
 R = relax.op
 F32 = "float32"
 
@@ -55,6 +57,10 @@ INT8_KINDS = ("int8", "int8_chain", "int8_dynamic")
 INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax", "table", "attention")
 """What may follow a fuzzed int8 anchor (fuzz_graphs int8_tail)."""
 KINDS = KINDS + INT8_KINDS
+#: Kinds drawn only when asked for: a dense on weight-only int8 / int4 codes (quant/weight_only.py),
+#: which the float steps' default mix leaves out so that their derandomized draws stay as they were.
+WEIGHT_ONLY_KINDS = ("dense_wq",)
+KINDS = KINDS + WEIGHT_ONLY_KINDS
 
 
 #: Kinds whose every op treats NaN and ±inf alike on llvm, in the runtime and in torch (arithmetic:
@@ -951,6 +957,21 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             used.add(src)
             recipe.steps.append(f"cast({path}, {list(_shape(src))})")
             keep(y)
+        elif kind == "dense_wq":
+            src = pick(lambda s: len(s) == 2)
+            if src is None:  # flatten a map first (alone, the step would find no matrix)
+                src = draw(st.sampled_from(maps()))
+                src = emit(R.reshape(src, (_shape(src)[0], math.prod(_shape(src)[1:]))), src)
+            k_dim, out = _shape(src)[1], draw(st.integers(1, 40))
+            bits = draw(st.sampled_from([4, 8])) if k_dim % 2 == 0 else 8  # two 4-bit codes a byte along K
+            zero_points = draw(st.booleans())
+            codes = quantize_matrix(rng.standard_normal((out, k_dim)).astype(F32) * 0.5, bits, None, zero_points,
+                                    draw(st.sampled_from(["float32", "float16"])))
+            parts = [relax.const(a) for a in (codes.codes, codes.scales, codes.zero_points) if a is not None]
+            used.add(src)
+            y = emit_weight_only_dense(bb, src, codes, parts)
+            recipe.steps.append(f"dense_wq(bits={bits}, out={out}, zero_points={zero_points})")
+            keep(y)
         elif kind == "int8":
             return int8_step()
         elif kind == "int8_chain":
@@ -1170,7 +1191,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         return True
 
     # graphs lean towards convs (wide ones most: the Winograd kind)
-    default = tuple(k for k in KINDS if k not in INT8_KINDS)
+    default = tuple(k for k in KINDS if k not in INT8_KINDS + WEIGHT_ONLY_KINDS)
     allowed = kinds or (("conv",) * 4 + CNN_KINDS if wide else ("conv",) + default)
     with bb.function("main"):
         with bb.dataflow():

@@ -240,6 +240,18 @@ def test_int8_offloaded_equals_llvm_within_one_step(case):
     got, want = run_all(build(part), inputs), run_all(build(mod), inputs)
     for g, w in zip(got, want):
         assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
+@settings(max_examples=max(4, EXAMPLES // 15), derandomize=not RANDOM, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=graphs(max_ops=2, kinds=("dense_wq", "dense", "act")))
+def test_weight_only_dense_offloaded_equals_llvm(case):
+    """A dense on int8 / int4 codes (per channel, symmetric or with zero points, float32 / float16
+    scales) among float steps: one dense_wq node, against llvm's dequantize-then-matmul."""
+    mod, inputs, recipe = case
+    part = differential(mod, inputs, require_heavy_op=False)
+    nodes = [n for m in part.attrs.get("external_mods", []) for n in region_graph_json(m)["nodes"]]
+    assert any(n["op"] == "dense_wq" for n in nodes), recipe
+
+
 @settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=graphs(max_ops=0, kinds=("int8_dynamic",)))

@@ -58,6 +58,7 @@ from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
 from .matmul_integer_qdq import matmul_integer_qdq
+from .matmul_nbits import matmul_nbits
 from .matmul_repeated_heads import matmul_repeated_heads
 from .dynamic_quantize_per_reader import dynamic_quantize_per_reader
 from .merge_composite_functions import merge_composite_functions
@@ -119,6 +120,8 @@ def close_region_shape_arguments(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 ONNX_IMPORT: tuple[Pass, ...] = (
+    # ONNX Runtime's MatMulNBits (int4 / int8 weights) as the weight-only form TVM's importer reads
+    Pass("matmul_nbits", "onnx", matmul_nbits),
     Pass("dequantized_pad_values", "onnx", dequantized_pad_values),
     # before shape_initializers_as_constants, which turns the scale and zero point into Constant nodes
     Pass("gather_before_dequantize", "onnx", gather_before_dequantize),
@@ -222,6 +225,6 @@ __all__ = [
     "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
     "compose_permutes",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
-    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
+    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]

@@ -21,8 +21,9 @@ from .calibrate import METHODS, Observations, build_observer, run_observer
 from .fold_batch_norms import fold_batch_norms
 from .insert_qdq import insert_qdq, replaced_weights
 from .plan import Layer, activation_qparams, plan, tensor_index
+from .weight_only import WeightOnlyModel, quantize_weights
 
-__all__ = ["QuantizedLayer", "QuantizedModel", "quantize"]
+__all__ = ["QuantizedLayer", "QuantizedModel", "WeightOnlyModel", "quantize"]
 
 ACTIVATION_DTYPES = ("uint8", "int8")
 
@@ -104,11 +105,23 @@ def _layer_report(layers: list[Layer], qparams: Mapping, points: Mapping, scales
                            lyr.dropped_relu is not None) for lyr in layers]
 
 
-def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: Sequence[Any],
+def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: Sequence[Any] | None = None,
              method: str = "minmax", keep_float: Sequence[int | str] | Callable[[Layer], bool] | None = None,
              per_channel: bool = True, activation_dtype: str = "uint8", percentile: float = 99.99,
-             calibrate_on: str = "llvm", verbose: bool = True) -> QuantizedModel:
-    """Static post-training int8 quantization of a float module (weights as ``params``).
+             calibrate_on: str = "llvm", verbose: bool = True, weights: str | None = None,
+             group_size: int | None = None, zero_points: bool = False,
+             scale_dtype: str = "float32") -> QuantizedModel | WeightOnlyModel:
+    """Static post-training int8 quantization of a float module (weights as ``params``), or, with
+    ``weights``, weight-only quantization of its dense layers.
+
+    **Weight-only** (``weights="int8"`` or ``"int4"``; no calibration): every matmul on a 2-D float32
+    weight reads int8 / int4 codes with ``group_size`` (None: per output channel, int8's default;
+    32 / 64 / 128 consecutive k, int4's default 32) scales of ``scale_dtype`` (``"float32"`` /
+    ``"float16"``), symmetric or with ``zero_points``; activations stay float32. ``keep_float``
+    then names matmuls by index or weight name (or is a predicate on the weight name). Returns a
+    :class:`~byoc_hetero.quant.weight_only.WeightOnlyModel` whose ``error`` is the largest relative
+    error of a layer's output on random inputs (:mod:`byoc_hetero.quant.weight_only`); the oneDNN
+    backend runs each such layer as one ``dense_wq`` node, llvm dequantizes and multiplies.
 
     An inference batch norm after a convolution is folded into it first (:mod:`.fold_batch_norms`).
     Each conv2d / matmul layer (:mod:`byoc_hetero.quant.plan`) gets int8 weights (symmetric, one
@@ -134,6 +147,9 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
     >>> q = bh.quantize(mod, params, calibration=[np.random.rand(1, 64).astype("float32")])
     >>> m = bh.partition(q.mod, q.params)
     """
+    if weights is not None:
+        return quantize_weights(mod, params, weights, group_size, zero_points, scale_dtype, keep_float,
+                                verbose=verbose)
     _check_options(method, activation_dtype, percentile)
     func, params = fold_batch_norms(mod["main"], params)  # one int8 conv, not conv + float batch norm
     if func is not mod["main"]:

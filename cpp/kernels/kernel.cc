@@ -88,6 +88,9 @@ memory::desc PlainDescOf(const TensorInfo& tensor) {
     case DType::kInt8:
       type = memory::data_type::s8;
       break;
+    case DType::kFloat16:
+      type = memory::data_type::f16;
+      break;
     default:
       return f32;
   }

@@ -411,6 +411,11 @@ struct KernelTraits {
    *        the region pass fuse_dynamic_int8_sources (ops/qdq_dynamic.py) asks it, not the op name.
    */
   bool dynamic_int8_source = false;
+  /*!
+   * \brief The kernel reads float16 tensors (dense_wq's scales); the planner refuses a float16
+   *        operand of any other op (VisitDType and the float32 kernels do not know the type).
+   */
+  bool accepts_float16 = false;
 
   /*! \brief bf16_input(node, k), or kF32 when not declared. */
   Bf16Read Bf16Input(const NodeInfo& node, size_t k) const {

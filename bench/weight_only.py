@@ -1,0 +1,112 @@
+"""Weight-only GEMV benchmark: the runtime's dense_wq kernels against oneDNN's float32 dense.
+
+One-node regions built by hand (the runtime alone, no TVM build), at the shapes of SmolLM-135M's
+decoder (K=576 -> N=1536, the MLP's up projection; K=1536 -> N=576, its down projection), M rows
+(default 1: the decode step). Per shape: oneDNN's f32 ``dense`` (the node bh.partition writes for a
+float weight), ``dense_wq`` int8 per output channel, int4 groups of 32 symmetric and with zero points.
+The engines are timed interleaved (round-robin rounds of ``--calls`` calls, the median per call), each
+with the GB/s of weights it streams (float32: 4 bytes a weight; the weight-only ones: codes plus
+their float32 scales and zero points as repacked).
+
+    python3 bench/weight_only.py                 # M = 1, the process's threads
+    python3 bench/weight_only.py --rows 1,8,64 --threads 1
+
+Prints ``lscpu``'s model name and oneDNN's ISA with the table. Results: bench/WEIGHT_ONLY.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import tvm  # noqa: E402
+
+import byoc_hetero as bh  # noqa: E402
+from byoc_hetero.quant.weight_only import quantize_matrix  # noqa: E402
+
+SHAPES = ((576, 1536), (1536, 576))
+create = tvm.get_global_func("byoc_hetero.runtime.create")
+
+
+def _module(symbol: str, m: int, k: int, n: int, op: str, consts: list[np.ndarray], attrs: dict):
+    tensors = [{"shape": [m, k]}] + [{"shape": list(c.shape), "dtype": str(c.dtype)} for c in consts]
+    tensors.append({"shape": [m, n]})
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": symbol, "tensors": tensors, "inputs": [0],
+           "outputs": [len(tensors) - 1],
+           "constants": [{"tensor": i + 1, "name": f"{symbol}_{i}"} for i in range(len(consts))],
+           "nodes": [{"op": op, "inputs": list(range(len(tensors) - 1)), "output": len(tensors) - 1, "attrs": attrs}]}
+    mod = create(json.dumps(doc))
+    mod[f"__init_{symbol}"]([tvm.runtime.tensor(c) for c in consts])
+    return mod[symbol]
+
+
+def engines(m: int, k: int, n: int, rng: np.random.Generator) -> dict[str, tuple]:
+    """name -> (function, bytes of weights one call streams)."""
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    out = {"f32 dense (oneDNN)": (_module("f32", m, k, n, "dense", [w], {"weight_layout": "NK", "has_bias": 0}),
+                                  w.nbytes)}
+    for name, bits, group, zp in (("int8 per channel", 8, None, False), ("int4 g32", 4, 32, False),
+                                  ("int4 g32 + zero points", 4, 32, True)):
+        codes = quantize_matrix(w, bits, group, zp)
+        consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
+        attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
+        streamed = codes.codes.nbytes + codes.scales.size * 4 * (2 if zp else 1)
+        out[name] = (_module(f"wq{bits}{int(zp)}", m, k, n, "dense_wq", consts, attrs), streamed)
+    return out
+
+
+def time_all(fns: dict[str, tuple], x, y, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
+    """name -> (median wall seconds per call, median process CPU seconds per call). On a loaded
+    machine the CPU time (time.process_time: what this process's threads ran) is the steadier of
+    the two; with one thread it is the kernel's own time plus the call's overhead."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, (fn, _) in fns.items():
+            start, cpu = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                fn(x, y)
+            samples[name].append(((time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls))
+    return {name: (float(np.median([s[0] for s in v])), float(np.median([s[1] for s in v])))
+            for name, v in samples.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="1", help="comma-separated M values (default 1)")
+    ap.add_argument("--threads", type=int, default=0, help="region threads (default: the process's)")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=200)
+    args = ap.parse_args()
+    if args.threads:
+        bh._C.set_num_threads(args.threads)
+    model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in model.splitlines() if line.startswith("Model name")), "?")
+    print(f"# {model}; oneDNN {bh._C.onednn_version()} ISA {bh._C.isa()}; {bh._C.num_threads()} threads; "
+          f"BYOC_HETERO_WQ_ISA={os.environ.get('BYOC_HETERO_WQ_ISA', 'auto')}")
+    print("| M | K -> N | weights | wall us / call | CPU us / call | GB/s of weights (CPU time) | vs f32 (CPU time) |")
+    print("|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for m in (int(r) for r in args.rows.split(",")):
+        for k, n in SHAPES:
+            fns = engines(m, k, n, rng)
+            x = tvm.runtime.tensor(rng.standard_normal((m, k)).astype(np.float32))
+            y = tvm.runtime.tensor(np.zeros((m, n), np.float32))
+            times = time_all(fns, x, y, args.rounds, args.calls)
+            base = times["f32 dense (oneDNN)"][1]
+            for name, (_, streamed) in fns.items():
+                wall, cpu = times[name]
+                print(f"| {m} | {k} -> {n} | {name} | {wall * 1e6:.1f} | {cpu * 1e6:.1f} | {streamed / cpu / 1e9:.1f} | "
+                      f"{base / cpu:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

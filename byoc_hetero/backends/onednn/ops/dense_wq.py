@@ -1,0 +1,150 @@
+"""dense_wq: a dense layer on weight-only quantized weights (int8 / int4 codes, block scales).
+
+The pattern is the weight-only form :mod:`byoc_hetero.quant.weight_only` writes (and the ONNX
+``MatMulNBits`` import will): the constant codes unpacked and dequantized in Relax, then
+``matmul(x, permute_dims(W))`` with an optional constant bias. The whole chain becomes one
+``dense_wq`` node reading the codes, scales and zero points as they are (the runtime repacks them
+once, at load, into the tiles its kernels stream: cpp/kernels/dense_wq.h). Rules ``dense_wq8``,
+``dense_wq4`` and their ``_bias`` forms, above every dense rule (priority 200), so the matmul is never
+taken alone with a float weight computed per call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
+
+from ...._relax import constant_value, static_shape, tensor_dtype
+from ....rules import Match
+from ..precision import tensor_reason
+from ..table import PatternSpec, lowers_composite, pattern_rules
+
+
+def _dequantized(bits: int) -> tuple[DFPattern, dict[str, DFPattern]]:
+    """codes → float [N, K] as quant/weight_only.py emits it; the parts by name."""
+    codes = is_const()
+    unpacked = is_op("relax.astype")(codes)
+    if bits == 4:
+        as_float = unpacked
+        high = is_op("relax.floor")(is_op("relax.multiply")(as_float, is_const()))
+        low = is_op("relax.subtract")(as_float, is_op("relax.multiply")(high, is_const()))
+        # stacked (quant/weight_only.py), or concatenated after expand_dims (ONNX's Unsqueeze + Concat:
+        # passes/matmul_nbits.py)
+        unpacked = is_op("relax.stack")(is_tuple([low, high])) | is_op("relax.concat")(
+            is_tuple([is_op("relax.expand_dims")(low), is_op("relax.expand_dims")(high)]))
+    blocks = is_op("relax.reshape")(unpacked, wildcard())
+    zero_points = is_const()
+    # the partition folds the reshape of small integer constants (passes/fold_int_constants.py)
+    zero = is_op("relax.astype")(is_op("relax.reshape")(zero_points, wildcard()) | zero_points) | is_const()
+    scales = is_const()
+    scale_view = is_op("relax.reshape")(scales, wildcard())
+    scale = is_op("relax.astype")(scale_view) | scale_view
+    weight = is_op("relax.reshape")(is_op("relax.multiply")(is_op("relax.subtract")(blocks, zero), scale), wildcard())
+    return weight, {"codes": codes, "scales": scales, "zero_points": zero_points, "zero": zero, "blocks": blocks}
+
+
+@pattern_rules
+def _rules():
+    for bits in (8, 4):
+        for with_bias in (True, False):
+            weight, names = _dequantized(bits)
+            data = wildcard()
+            anchor = is_op("relax.matmul")(data, is_op("relax.permute_dims")(weight))
+            root = anchor
+            names.update(data=data, anchor=anchor)
+            if with_bias:
+                names["bias"] = bias = is_const()
+                root = is_op("relax.add")(anchor, bias)
+            names["root"] = root
+            yield PatternSpec(f"dense_wq{bits}" + ("_bias" if with_bias else ""), root, names, check_dense_wq,
+                              priority=200 + with_bias)
+
+
+def check_dense_wq(match: Match) -> str | None:
+    """The weight-only chain with the shapes and dtypes the runtime's dense_wq reads."""
+    reason = tensor_reason(match.expr("data"), "data", symbolic=True, static_dims=(-1,))
+    if reason:
+        return reason
+    data_shape, blocks = match.shape("data"), static_shape(match.expr("blocks"))
+    if len(data_shape) < 2 or tensor_dtype(match.expr("data")) != "float32":
+        return f"weight-only dense data must be float32 of rank >= 2, got {tensor_dtype(match.expr('data'))}{list(data_shape)}"
+    if blocks is None or len(blocks) != 3:
+        return "weight-only dense: the codes' block view is not [N, K / block, block]"
+    n, nb, block = blocks
+    k = nb * block
+    if data_shape[-1] != k:
+        return f"weight-only dense: K {k} of the weight does not match data {list(data_shape)}"
+    bits = 4 if tensor_dtype(match.expr("codes")) == "uint8" and static_shape(match.expr("codes"))[1] * 2 == k else 8
+    codes_shape = static_shape(match.expr("codes"))
+    if tuple(codes_shape) != (n, k * bits // 8):
+        return f"weight-only dense: codes of shape {list(codes_shape)} for a [{n}, {k}] weight"
+    if block != k and (block < 16 or block & (block - 1)):
+        return f"weight-only dense: block {block} is neither K nor a power of two >= 16"
+    if tensor_dtype(match.expr("scales")) not in ("float32", "float16"):
+        return f"weight-only dense: scales of dtype {tensor_dtype(match.expr('scales'))}"
+    if static_shape(match.expr("scales")) not in ((n, nb),):
+        return f"weight-only dense: scales of shape {list(static_shape(match.expr('scales')) or [])}, expected [{n}, {nb}]"
+    scales = constant_value(match.expr("scales"))
+    if scales is not None and (~np.isfinite(scales) | (scales == 0)).any():
+        return "weight-only dense: a scale is zero, NaN or infinite"
+    if _zero_kind(match, bits) is None:
+        return "weight-only dense: the zero point is neither the codes' implicit one nor uint8 [N, K / block]"
+    if match.has("bias"):
+        bias = match.shape("bias")
+        if bias is None or int(np.prod(bias)) != n or tensor_dtype(match.expr("bias")) != "float32":
+            return f"weight-only dense: bias {tensor_dtype(match.expr('bias'))}{list(bias or [])} is not N = {n} floats"
+    return None
+
+
+def _zero_kind(match: Match, bits: int) -> str | None:
+    """"explicit" (uint8 zero points of [N, blocks]), "implicit" (the constant the runtime assumes
+    without zero points: 0 for int8 codes, 2^(bits-1) for uint8 ones), or None."""
+    zero = match.value(match.expr("zero"))
+    codes_dtype = tensor_dtype(match.expr("codes"))
+    if isinstance(zero, tvm.ir.Constant):
+        value = constant_value(zero)
+        implicit = 0.0 if codes_dtype == "int8" else float(1 << (bits - 1))
+        return "implicit" if value.size == 1 and float(value.reshape(())) == implicit else None
+    zp = match.expr("zero_points")
+    if tensor_dtype(zp) != "uint8" or codes_dtype != "uint8":
+        return None
+    blocks = static_shape(match.expr("blocks"))
+    return "explicit" if tuple(static_shape(zp) or ()) in ((blocks[0], blocks[1]), (blocks[0], blocks[1], 1)) else None
+
+
+@lowers_composite("dense_wq8", "dense_wq8_bias", "dense_wq4", "dense_wq4_bias")
+def lower_dense_wq(ctx, func: relax.Function) -> int:
+    """The whole weight-only chain as one ``dense_wq`` node."""
+    bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    ops = [(v, c) for v, c in bindings.items() if isinstance(c, relax.Call) and isinstance(c.op, tvm.ir.Op)]
+
+    def first(name: str) -> relax.Call:
+        return next(c for _, c in ops if c.op.name == name)
+
+    def through(expr: relax.Expr) -> relax.Expr:
+        return bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    matmul = first("relax.matmul")
+    codes = first("relax.astype").args[0]
+    reshapes = [c for _, c in ops if c.op.name == "relax.reshape"]
+    blocks = static_shape(reshapes[0])  # the codes' [N, K / block, block] view comes first
+    block = int(blocks[2])
+    bits = 4 if any(c.op.name in ("relax.stack", "relax.concat") for _, c in ops) else 8
+    sub = first("relax.subtract") if bits == 8 else [c for _, c in ops if c.op.name == "relax.subtract"][-1]
+    zero = through(sub.args[1])
+    mul = [c for _, c in ops if c.op.name == "relax.multiply"][-1]
+    scale = through(mul.args[1])
+    scales = through(scale.args[0]) if scale.op.name == "relax.astype" else scale
+    scales = scales.args[0]
+    inputs = [ctx.data_of(matmul.args[0]), ctx.lookup(codes), ctx.lookup(scales)]
+    has_zp = not isinstance(zero, tvm.ir.Constant)
+    if has_zp:
+        zp = through(zero.args[0])
+        inputs.append(ctx.lookup(zp.args[0] if isinstance(zp, relax.Call) else zp))
+    adds = [c for _, c in ops if c.op.name == "relax.add"]
+    if adds:
+        inputs.append(ctx.lookup(adds[0].args[1]))
+    attrs = {"bits": bits, "block": block, "has_zero_point": int(has_zp), "has_bias": int(bool(adds))}
+    return ctx.emit("dense_wq", inputs, func.body.body, attrs)

@@ -1,0 +1,394 @@
+"""Weight-only quantization: int8 / int4 weights of dense layers, float32 activations.
+
+:func:`quantize_weights` (what ``bh.quantize(mod, params, weights="int8" | "int4")`` runs) turns
+every ``matmul(x, W)`` / ``matmul(x, permute_dims(W))`` whose ``W`` is a 2-D weight (a parameter
+with a value, or a constant) into the *weight-only form*: the weight's codes, scales and zero
+points as parameters, dequantized in Relax and multiplied::
+
+    c = astype(codes, "float32")                    # [N, K] (8-bit) or [N, K/2] (4-bit, 2 per byte)
+    # 4-bit: hi = floor(c * 1/16); lo = c - hi * 16; c = stack([lo, hi], axis=2)  (low nibble first)
+    u = reshape(c, [N, K / block, block])
+    w = (u - zero) * reshape(scales, [N, K / block, 1])   # zero: a constant, or astype(zero_points)
+    y = matmul(x, permute_dims(reshape(w, [N, K])))
+
+That is its meaning and its llvm reference: an op the oneDNN backend does not take runs this
+dequantize-then-matmul on llvm. The oneDNN backend matches the whole chain
+(:mod:`byoc_hetero.backends.onednn.ops.dense_wq`) and runs one ``dense_wq`` node on the packed
+codes (docs/region-format.md). The unpacking is float arithmetic on ``astype(codes)`` rather than
+integer shifts so that the partition's folding of small integer computations
+(:mod:`byoc_hetero.passes.fold_int_constants`) leaves it for the pattern.
+
+The codes follow ONNX Runtime's ``MatMulNBits``: per output column ``n`` and block ``b`` of
+``block`` consecutive ``k``, ``W[k, n] = (code - zero) * scale``; 4-bit codes two per byte, the
+even ``k`` in the low nibble.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .._relax import constant_value
+from ..errors import QuantizationError
+
+__all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
+           "dequantize_codes", "emit_weight_only_dense"]
+
+WEIGHT_FORMATS = {"int8": 8, "int4": 4}
+GROUP_SIZES = (32, 64, 128)
+
+
+@dataclass
+class WeightCodes:
+    """One weight [N, K] (output columns first) in weight-only form.
+
+    ``codes``: uint8 [N, K / 2] (4-bit, two per byte, even k low) or int8 / uint8 [N, K] (8-bit);
+    ``scales`` float32 / float16 [N, K / block]; ``zero_points`` uint8 [N, K / block] or None (zero
+    0 for int8 codes, 2^(bits-1) for uint8 codes).
+    """
+
+    bits: int
+    block: int
+    codes: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, K) of the weight."""
+        return int(self.codes.shape[0]), int(self.codes.shape[1]) * 8 // self.bits
+
+    @property
+    def implicit_zero(self) -> int:
+        return 0 if self.codes.dtype == np.int8 else 1 << (self.bits - 1)
+
+    def check(self, where: str = "weight") -> None:
+        """Raise :class:`QuantizationError` naming the field when the parts do not fit together
+        (block not dividing K, scales or zero points of the wrong shape, non-finite or zero scales)."""
+        n, k = self.shape
+        if self.bits not in (4, 8):
+            raise QuantizationError(f"{where}: bits must be 4 or 8, got {self.bits}")
+        if self.block < 1 or k % self.block or (self.block != k and (self.block < 16 or self.block & (self.block - 1))):
+            raise QuantizationError(f"{where}: block {self.block} must be K = {k} or a power of two >= 16 dividing K")
+        want = (n, k // self.block)
+        if tuple(self.scales.shape) != want or self.scales.dtype not in (np.float32, np.float16):
+            raise QuantizationError(f"{where}: scales must be float32 or float16 of shape {list(want)}, got "
+                                    f"{self.scales.dtype}{list(self.scales.shape)}")
+        bad = ~np.isfinite(self.scales) | (self.scales == 0)
+        if bad.any():
+            i = tuple(int(v) for v in np.argwhere(bad)[0])
+            raise QuantizationError(f"{where}: scales{list(i)} is {self.scales[i]}: expected a finite, nonzero scale")
+        if self.zero_points is not None:
+            if tuple(self.zero_points.shape) != want or self.zero_points.dtype != np.uint8:
+                raise QuantizationError(f"{where}: zero_points must be uint8 of shape {list(want)}, got "
+                                        f"{self.zero_points.dtype}{list(self.zero_points.shape)}")
+            if int(self.zero_points.max(initial=0)) >= 1 << self.bits:
+                raise QuantizationError(f"{where}: zero point {int(self.zero_points.max())} outside {self.bits} bits")
+
+
+def _unpack(codes: WeightCodes) -> np.ndarray:
+    """The integer codes [N, K] as int32."""
+    c = codes.codes
+    if codes.bits == 4:
+        return np.stack([c & 0x0F, c >> 4], axis=2).reshape(c.shape[0], -1).astype(np.int32)
+    return c.astype(np.int32)
+
+
+def dequantize_codes(codes: WeightCodes) -> np.ndarray:
+    """The float32 weight [N, K] the codes stand for: ``(code - zero) * scale`` per block (exact
+    in float32: the difference is a small integer, one rounding for the product)."""
+    n, k = codes.shape
+    nb = k // codes.block
+    q = _unpack(codes).reshape(n, nb, codes.block)
+    z = codes.zero_points.astype(np.int32)[:, :, None] if codes.zero_points is not None else codes.implicit_zero
+    s = codes.scales.astype(np.float32)[:, :, None]
+    return ((q - z).astype(np.float32) * s).reshape(n, k)
+
+
+def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_points: bool = False,
+                    scale_dtype: str = "float32") -> WeightCodes:
+    """Quantize a float weight [N, K] (output columns first) per block of ``block`` consecutive k
+    (None: one block, per output channel): symmetric (``zero_points`` False; 8-bit: int8 codes in
+    [-127, 127], 4-bit: uint8 codes around 8) or asymmetric (uint8 codes with a zero point per
+    block, covering [min(w, 0), max(w, 0)]). Scales are rounded to ``scale_dtype`` before the codes
+    are computed, so the codes fit the scales stored. An all-zero block gets scale 1."""
+    w = np.asarray(w_nk, dtype=np.float32)
+    n, k = w.shape
+    block = k if block is None else int(block)
+    if k % block:
+        raise QuantizationError(f"group size {block} does not divide K = {k}")
+    if bits == 4 and k % 2:
+        raise QuantizationError(f"int4 weights need an even K, got K = {k}")
+    if not np.isfinite(w).all():
+        raise QuantizationError("the weight has non-finite values (NaN or inf): it cannot be quantized")
+    blocks = w.reshape(n, k // block, block).astype(np.float64)
+    top = (1 << bits) - 1
+    if zero_points:
+        lo, hi = np.minimum(blocks.min(axis=2), 0), np.maximum(blocks.max(axis=2), 0)
+        scale = (hi - lo) / top
+    else:
+        scale = np.abs(blocks).max(axis=2) / ((1 << (bits - 1)) - 1)
+    scale = np.where(scale > 0, scale, 1.0).astype(scale_dtype)
+    s = scale.astype(np.float64)[:, :, None]
+    if zero_points:
+        zp = np.clip(np.rint(-lo / scale.astype(np.float64)), 0, top).astype(np.uint8)
+        q = np.clip(np.rint(blocks / s) + zp[:, :, None], 0, top).astype(np.uint8)
+    else:
+        half = 1 << (bits - 1)
+        q = np.clip(np.rint(blocks / s), -half + 1, half - 1)
+        q = q.astype(np.int8) if bits == 8 else (q + half).astype(np.uint8)
+        zp = None
+    q = q.reshape(n, k)
+    if bits == 4:
+        q = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return WeightCodes(bits, block, np.ascontiguousarray(q), np.ascontiguousarray(scale), zp)
+
+
+def emit_weight_only_dense(bb: relax.BlockBuilder, data: relax.Expr, codes: WeightCodes,
+                           parts: Sequence[relax.Expr]) -> relax.Var:
+    """Emit ``data @ dequant(W)^T`` (the chain of the module docstring) for ``codes``' layout,
+    reading the codes, scales [and zero points] from ``parts`` (parameters or constants)."""
+    n, k = codes.shape
+    nb = k // codes.block
+    f32 = relax.const
+    c = bb.emit(relax.op.astype(parts[0], "float32"))
+    if codes.bits == 4:
+        hi = bb.emit(relax.op.floor(bb.emit(relax.op.multiply(c, f32(1 / 16, "float32")))))
+        lo = bb.emit(relax.op.subtract(c, bb.emit(relax.op.multiply(hi, f32(16.0, "float32")))))
+        c = bb.emit(relax.op.stack(relax.Tuple([lo, hi]), axis=2))
+    u = bb.emit(relax.op.reshape(c, (n, nb, codes.block)))
+    if codes.zero_points is not None:
+        zero = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(parts[2], (n, nb, 1))), "float32"))
+    else:
+        zero = f32(float(codes.implicit_zero), "float32")
+    scale = bb.emit(relax.op.reshape(parts[1], (n, nb, 1)))
+    if codes.scales.dtype == np.float16:
+        scale = bb.emit(relax.op.astype(scale, "float32"))
+    w = bb.emit(relax.op.multiply(bb.emit(relax.op.subtract(u, zero)), scale))
+    w = bb.emit(relax.op.reshape(w, (n, k)))
+    return bb.emit(relax.op.matmul(data, bb.emit(relax.op.permute_dims(w, [1, 0]))))
+
+
+@dataclass
+class WeightOnlyLayer:
+    """One dense layer as quantized: its weight (parameter name, or ``const_<i>``), shape [K, N]
+    as the matmul reads it, and the relative error of its output on random inputs."""
+
+    name: str
+    weight: str
+    shape: tuple[int, int]
+    error: float
+
+
+@dataclass
+class WeightOnlyModel:
+    """What :func:`quantize_weights` returns; unpacks as ``mod, params = bh.quantize(...)``.
+
+    ``error`` is the largest relative error (max |quantized − float| / max |float|) of a layer's
+    output on random inputs (calibration-free: standard normal rows) against its float weight.
+    """
+
+    mod: tvm.IRModule
+    params: dict[str, np.ndarray]
+    error: float
+    layers: list[WeightOnlyLayer]
+    kept_float: list[str]
+    weights: str
+    group_size: int | None
+    zero_points: bool
+    scale_dtype: str
+    method: str = field(default="weight-only", repr=False)
+
+    def __iter__(self):
+        return iter((self.mod, self.params))
+
+    def summary(self) -> str:
+        """One line: layers quantized and kept, format, and the measured error."""
+        kept = f", {len(self.kept_float)} kept float ({', '.join(self.kept_float)})" if self.kept_float else ""
+        group = "per output channel" if self.group_size is None else f"groups of {self.group_size} along K"
+        scheme = "with zero points" if self.zero_points else "symmetric"
+        return (f"quantized {len(self.layers)} dense weights to {self.weights}{kept} ({group}, {scheme}, "
+                f"{self.scale_dtype} scales); largest layer error on random inputs: {self.error:.2e} (max relative)")
+
+
+def _weight_of(call: relax.Expr, values: Mapping[relax.Expr, np.ndarray], bound: Mapping[relax.Var, relax.Expr]
+               ) -> tuple[relax.Expr, bool, relax.Var | None] | None:
+    """The 2-D float32 weight a matmul reads, whether through permute_dims, and the variable bound
+    to that permute_dims (None when inline), when the weight has a value."""
+    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.matmul"):
+        return None
+    w, transposed, permute = call.args[1], False, None
+    if isinstance(w, relax.Var) and w in bound:
+        permute, w = w, bound[w]
+    if isinstance(w, relax.Call) and getattr(w.op, "name", "") == "relax.permute_dims":
+        axes = w.attrs.axes
+        if axes is not None and [int(a) for a in axes] != [1, 0]:
+            return None
+        w, transposed = w.args[0], True
+    elif permute is not None:
+        return None  # a weight computed in the graph
+    value = values.get(w)
+    if value is None or value.ndim != 2 or value.dtype != np.float32:
+        return None
+    return w, transposed, permute
+
+
+def _layer_error(w_kn: np.ndarray, dq_kn: np.ndarray, rng: np.random.Generator) -> float:
+    x = rng.standard_normal((8, w_kn.shape[0])).astype(np.float32)
+    want = x @ w_kn
+    return float(np.abs(x @ dq_kn - want).max() / max(float(np.abs(want).max()), 1e-30))
+
+
+def _selected(keep_float, index: int, name: str) -> bool:
+    if keep_float is None:
+        return False
+    if callable(keep_float):
+        return bool(keep_float(name))
+    return index in keep_float or name in keep_float
+
+
+def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weights: str = "int8",
+                     group_size: int | None = None, zero_points: bool = False, scale_dtype: str = "float32",
+                     keep_float: Sequence[int | str] | Callable[[str], bool] | None = None,
+                     seed: int = 0, verbose: bool = True) -> WeightOnlyModel:
+    """The weight-only form of ``mod`` (module docstring): every matmul on a 2-D float32 weight.
+
+    ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: None (one scale per output channel;
+    int8's default) or 32 / 64 / 128 consecutive k per scale (int4's default: 32). ``zero_points``:
+    asymmetric codes with a zero point per group. ``scale_dtype``: ``"float32"`` or ``"float16"``.
+    ``keep_float``: matmuls left float, by index (in order of appearance) or weight name, or a
+    predicate on the weight name (the LM head of a decoder, say). The new parameters are
+    ``<weight>.codes``, ``<weight>.scales`` (and ``<weight>.zero_points``); a weight read elsewhere
+    too (an embedding tied to the LM head) keeps its float parameter for those readers.
+    """
+    if weights not in WEIGHT_FORMATS:
+        raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
+    bits = WEIGHT_FORMATS[weights]
+    if group_size is None and bits == 4:
+        group_size = 32
+    if group_size is not None and group_size not in GROUP_SIZES:
+        raise QuantizationError(f"group_size must be one of {', '.join(map(str, GROUP_SIZES))} or None, got {group_size!r}")
+    if scale_dtype not in ("float32", "float16"):
+        raise QuantizationError(f"scale_dtype must be 'float32' or 'float16', got {scale_dtype!r}")
+    func = mod["main"]
+    by_name = {p.name: p for p in func.params}
+    values: dict[relax.Expr, np.ndarray] = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
+    rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed)
+    new_func = rewriter.rewrite(func)
+    out_mod = mod.clone()
+    out_mod["main"] = new_func
+    kept_names = {p.name for p in new_func.params}
+    out_params = {k: v for k, v in params.items() if k in kept_names} | rewriter.new_values
+    error = max((lyr.error for lyr in rewriter.layers), default=0.0)
+    result = WeightOnlyModel(out_mod, out_params, error, rewriter.layers, rewriter.kept, weights, group_size,
+                             zero_points, scale_dtype)
+    if not result.layers:
+        raise QuantizationError("no dense layer to quantize: no matmul whose weight is a 2-D float32 parameter or "
+                                "constant" + (f" (kept float: {', '.join(result.kept_float)})" if result.kept_float else ""))
+    if verbose:
+        print(f"bh.quantize: {result.summary()}", file=sys.stdout)
+    return result
+
+
+class _WeightOnlyRewriter:
+    """Re-emits ``main`` binding by binding, replacing the matmuls on weights (see quantize_weights)."""
+
+    def __init__(self, values, bits, group_size, zero_points, scale_dtype, keep_float, seed):
+        self.values, self.bits, self.group_size = values, bits, group_size
+        self.zero_points, self.scale_dtype, self.keep_float = zero_points, scale_dtype, keep_float
+        self.rng = np.random.default_rng(seed)
+        self.layers: list[WeightOnlyLayer] = []
+        self.kept: list[str] = []
+        self.new_values: dict[str, np.ndarray] = {}
+        self.new_params: list[relax.Var] = []
+        self.codes: dict[relax.Expr, tuple[WeightCodes, list[relax.Var]]] = {}
+
+    def _name(self, w: relax.Expr) -> str:
+        return w.name if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
+
+    def _parts(self, w: relax.Expr, w_kn: np.ndarray) -> tuple[WeightCodes, list[relax.Var]]:
+        if w not in self.codes:
+            name = self._name(w)
+            try:
+                codes = quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+            except QuantizationError as err:
+                raise QuantizationError(f"{name}: {err}") from None
+            arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points}
+            parts = []
+            for suffix, array in arrays.items():
+                if array is None:
+                    continue
+                var = relax.Var(f"{name}.{suffix}", relax.TensorType(array.shape, str(array.dtype)))
+                self.new_values[var.name] = array
+                self.new_params.append(var)
+                parts.append(var)
+            self.codes[w] = (codes, parts)
+        return self.codes[w]
+
+    def rewrite(self, func: relax.Function) -> relax.Function:
+        from .insert_qdq import _all_bindings, _free_vars, _subst
+
+        for b in _all_bindings(func):
+            if isinstance(b.value, tvm.ir.Constant):
+                continue
+            if isinstance(b.value, relax.Call):
+                for a in b.value.args:
+                    if isinstance(a, tvm.ir.Constant) and constant_value(a).ndim == 2:
+                        self.values.setdefault(a, constant_value(a))
+        bound = {b.var: b.value for b in _all_bindings(func)}
+        targets = {}
+        for b in _all_bindings(func):
+            found = _weight_of(b.value, self.values, bound)
+            if found is None:
+                continue
+            name = f"matmul_{len(targets) + len(self.kept)}"
+            weight_name = self._name(found[0]) if isinstance(found[0], relax.Var) else name
+            if _selected(self.keep_float, len(targets) + len(self.kept), weight_name) or _selected(
+                    self.keep_float, len(targets) + len(self.kept), name):
+                self.kept.append(weight_name)
+                continue
+            targets[b.var] = (name, *found)
+        replaced = {w for _, w, _, _ in targets.values() if isinstance(w, relax.Var)}
+        # a weight's permute_dims read only by quantized matmuls goes with them
+        readers: dict[relax.Var, set] = {}
+        for b in _all_bindings(func):
+            for v in _free_vars(b.value):
+                readers.setdefault(v, set()).add(b.var)
+        outputs = set(_free_vars(func.body.body))
+        dropped = {p for _, _, _, p in targets.values()
+                   if p is not None and p not in outputs and readers.get(p, set()) <= set(targets)}
+        skipped = set(targets) | dropped
+        still_float = {v for b in _all_bindings(func) if b.var not in skipped for v in _free_vars(b.value)} | outputs
+        attrs = {k: v for k, v in (func.attrs or {}).items() if k != "params"} if func.attrs is not None else None
+        bb = relax.BlockBuilder()
+        env: dict[relax.Var, relax.Expr] = {}
+        # the new parameters are known only after the bindings are visited: quantize first
+        for var, (name, w, transposed, _) in targets.items():
+            value = self.values[w]
+            w_kn = value.T if transposed else value
+            codes, _ = self._parts(w, w_kn)
+            dq = dequantize_codes(codes).T
+            self.layers.append(WeightOnlyLayer(name, self._name(w) if isinstance(w, relax.Var) else name,
+                                               tuple(w_kn.shape), _layer_error(w_kn, dq, self.rng)))
+        params = [p for p in func.params if p not in replaced or p in still_float] + self.new_params
+        with bb.function("main", params, attrs=attrs, pure=True):
+            with bb.dataflow():
+                for b in _all_bindings(func):
+                    if b.var in dropped:
+                        continue
+                    if b.var in targets:
+                        _, w, _, _ = targets[b.var]
+                        codes, parts = self.codes[w]
+                        env[b.var] = emit_weight_only_dense(bb, _subst(b.value.args[0], env), codes, parts)
+                    elif isinstance(b, relax.MatchCast):
+                        env[b.var] = bb.match_cast(_subst(b.value, env), b.ty)
+                    else:
+                        env[b.var] = bb.emit(_subst(b.value, env))
+                out = bb.emit_output(_subst(func.body.body, env))
+            bb.emit_func_output(out)
+        return bb.get()["main"]

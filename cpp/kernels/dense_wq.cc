@@ -1,0 +1,289 @@
+/*!
+ * \file kernels/dense_wq.cc
+ * \brief dense_wq: a dense layer on weight-only quantized weights (8 or 4 bits, block scales along
+ *        K, optional zero points), float32 data and output; our own kernels (dense_wq.h): oneDNN
+ *        3.2 has no weight decompression.
+ *
+ * Inputs: data [..., K] (float32; leading dims flattened into M), weight (constant; [N, K] int8 /
+ * uint8 codes for bits 8, [N, K / 2] uint8 for bits 4, k even in the low nibble as ONNX's
+ * MatMulNBits), scales (constant [N, K / block], float32 or float16), zero points (constant
+ * uint8 [N, K / block], with has_zero_point), bias (float32, N elements, with has_bias).
+ * Attrs: bits (4 | 8), block (K, or a power of two >= 16 dividing K), has_zero_point (0/1,
+ * default 0: the zero point is 0 for int8 codes, 2^(bits-1) for uint8 ones), has_bias.
+ * The weight, scales and zero points are repacked once, at __init_, by operand transforms into the
+ * tile layout of dense_wq.h; a call streams the tiles, threads splitting the columns.
+ */
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dense_wq.h"
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+namespace {
+
+using wq::kTile;
+
+/*! \brief What the attrs and shapes of one node say. */
+struct WqShape {
+  int64_t m = 0, k = 0, n = 0;
+  int bits = 8;
+  int64_t block = 0;
+  bool signed_codes = false;  // int8 weight: codes + 128, zero point 128
+  bool has_zero_point = false, has_bias = false, f16_scales = false;
+  int64_t tiles() const { return (n + kTile - 1) / kTile; }
+  int64_t blocks() const { return k / block; }
+  int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile (on average)
+  float implicit_zero() const { return signed_codes ? 128.f : static_cast<float>(1 << (bits - 1)); }
+};
+
+/*! \brief IEEE half -> float (the scales are widened once, at __init_). */
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  float value;
+  if (exp == 0) {
+    value = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal
+  } else if (exp == 31) {
+    value = mant == 0 ? INFINITY : NAN;
+  } else {
+    value = std::ldexp(static_cast<float>(mant | 0x400u), static_cast<int>(exp) - 25);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits |= sign;
+  std::memcpy(&value, &bits, sizeof(bits));
+  return value;
+}
+
+/*! \brief Input \p k holds one value per column and block: [N, K / block], or [N, K / block, 1] (the
+ *         shape the Relax form broadcasts, which the partition may have folded a reshape into). */
+void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, const WqShape& s) {
+  const auto& shape = ctx.input(k).shape;
+  if (shape.size() == 3 && shape[2] == 1) {
+    ctx.ExpectInputShape(k, name, {s.n, s.blocks(), 1});
+  } else {
+    ctx.ExpectInputShape(k, name, {s.n, s.blocks()});
+  }
+}
+
+/*! \brief Attrs and input shapes, checked; failures name the attr or input. */
+WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
+  WqShape s;
+  s.bits = static_cast<int>(attrs.Int("bits", 0));
+  if (s.bits != 4 && s.bits != 8) attrs.Fail("bits", "expected 4 or 8, got " + std::to_string(s.bits));
+  s.block = attrs.Int("block", 0);
+  s.has_zero_point = attrs.Flag("has_zero_point", false);
+  const size_t base = 3 + (s.has_zero_point ? 1 : 0);
+  s.has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == base + 1);
+  attrs.CheckNoUnknown();
+  ctx.ExpectInputCount(base + (s.has_bias ? 1 : 0), std::string("data, weight, scales") +
+                                                        (s.has_zero_point ? ", zero_points" : "") +
+                                                        (s.has_bias ? ", bias" : ""));
+  const auto& x = ctx.input(0).shape;
+  if (x.size() < 2 || ctx.input(0).dtype != DType::kFloat32) {
+    ctx.Fail("data must be float32 of rank >= 2, got " + std::string(DTypeName(ctx.input(0).dtype)) + " " +
+             ShapeToString(x));
+  }
+  s.k = x.back();
+  s.m = ctx.input(0).numel() / s.k;
+  if (s.block < 1 || s.k % s.block != 0 ||
+      (s.block != s.k && (s.block < 16 || (s.block & (s.block - 1)) != 0))) {
+    attrs.Fail("block", "expected K = " + std::to_string(s.k) + " or a power of two >= 16 dividing K, got " +
+                            std::to_string(s.block));
+  }
+  ctx.ExpectRank(1, "weight", 2);
+  const TensorInfo& w = ctx.input(1);
+  s.n = w.shape[0];
+  s.signed_codes = w.dtype == DType::kInt8;
+  if (!IsInt8(w.dtype) || (s.signed_codes && (s.bits != 8 || s.has_zero_point))) {
+    ctx.Fail(std::string("weight must be uint8 codes (or int8 for bits 8 without zero points), got ") +
+             DTypeName(w.dtype));
+  }
+  if (s.bits == 4 && s.k % 2 != 0) ctx.Fail("bits 4 needs an even K, got K = " + std::to_string(s.k));
+  ctx.ExpectInputShape(1, "weight", {s.n, s.k * s.bits / 8});
+  const TensorInfo& scales = ctx.input(2);
+  s.f16_scales = scales.dtype == DType::kFloat16;
+  if (scales.dtype != DType::kFloat32 && !s.f16_scales) {
+    ctx.Fail(std::string("scales must be float32 or float16, got ") + DTypeName(scales.dtype));
+  }
+  ExpectPerBlock(ctx, 2, "scales", s);
+  if (s.has_zero_point) {
+    if (ctx.input(3).dtype != DType::kUInt8) {
+      ctx.Fail(std::string("zero_points must be uint8, got ") + DTypeName(ctx.input(3).dtype));
+    }
+    ExpectPerBlock(ctx, 3, "zero_points", s);
+  }
+  if (s.has_bias && (ctx.input(base).numel() != s.n || ctx.input(base).dtype != DType::kFloat32)) {
+    ctx.Fail("bias must be float32 with N = " + std::to_string(s.n) + " elements, got " +
+             DTypeName(ctx.input(base).dtype) + " " + ShapeToString(ctx.input(base).shape));
+  }
+  for (size_t i = 1; i < base; ++i) {
+    if (ctx.input_constant.size() <= i || !ctx.input_constant[i]) {
+      ctx.Fail("input " + std::to_string(i) + " (weight, scales, zero points) must be a constant");
+    }
+  }
+  std::vector<int64_t> out(x.begin(), x.end() - 1);
+  out.push_back(s.n);
+  ctx.ExpectOutputShape(out);
+  return s;
+}
+
+/*! \brief The codes [N, K*bits/8] into tiles of kTile columns, K-contiguous (dense_wq.h): 8-bit codes
+ *         16 bytes a k; 4-bit ones 16 bytes a pair of k, column c's byte holding k low, k + 1 high. */
+void PackCodes(const WqShape& s, const uint8_t* w, uint8_t* packed) {
+  const int64_t row = s.k * s.bits / 8, step = s.step();
+  for (int64_t n = 0; n < s.n; ++n) {
+    const int64_t t = n / kTile, c = n % kTile;
+    uint8_t* tile = packed + t * s.k * step;
+    const uint8_t* src = w + n * row;
+    for (int64_t k = 0; k < s.k; ++k) {
+      if (s.bits == 8) {
+        tile[k * step + c] = static_cast<uint8_t>(src[k] + (s.signed_codes ? 128 : 0));
+      } else {
+        const uint8_t code = (src[k / 2] >> (4 * (k % 2))) & 0x0F;  // k even low, as stored
+        tile[(k / 2) * kTile + c] |= static_cast<uint8_t>(code << (4 * (k % 2)));
+      }
+    }
+  }
+}
+
+/*! \brief [N, blocks] per-block values into [tiles][blocks][kTile] float32, each checked by
+ *         \p check (which throws naming the element); columns past N stay 0. */
+template <typename Get, typename Check>
+void PackPerBlock(const WqShape& s, float* packed, const Get& get, const Check& check) {
+  const int64_t blocks = s.blocks();
+  std::fill(packed, packed + s.tiles() * blocks * kTile, 0.f);
+  for (int64_t n = 0; n < s.n; ++n) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float v = get(n * blocks + b);
+      check(v, n, b);
+      packed[((n / kTile) * blocks + b) * kTile + n % kTile] = v;
+    }
+  }
+}
+
+class DenseWqKernel : public Kernel {
+ public:
+  DenseWqKernel(const KernelContext& ctx, const WqShape& s) : label_(ctx.where()), s_(s), isa_(wq::SelectIsa()) {
+    inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
+    const std::string where = ctx.where();
+    const WqShape shape = s;
+    OperandLayout codes{PlainDescOf(ctx.input(1)), Bytes(s.tiles() * s.k * s.step())};
+    codes.transform_name = "dense_wq " + std::to_string(s.bits) + "-bit tiles";
+    codes.transform = [shape](const std::vector<void*>& p) {
+      std::memset(p[1], 0, static_cast<size_t>(shape.tiles() * shape.k * shape.step()));
+      PackCodes(shape, static_cast<const uint8_t*>(p[0]), static_cast<uint8_t*>(p[1]));
+    };
+    inputs_.push_back(std::move(codes));
+    const memory::desc per_block = PlainDesc({s.tiles() * s.blocks() * kTile});
+    OperandLayout scales{PlainDescOf(ctx.input(2)), per_block};
+    scales.transform_name = "dense_wq scale tiles";
+    scales.transform = [shape, where](const std::vector<void*>& p) {
+      auto get = [&](int64_t i) {
+        return shape.f16_scales ? HalfToFloat(static_cast<const uint16_t*>(p[0])[i]) : static_cast<const float*>(p[0])[i];
+      };
+      PackPerBlock(shape, static_cast<float*>(p[1]), get, [&](float v, int64_t n, int64_t b) {
+        if (!std::isfinite(v) || v == 0.f) BadValue(where, "scales", v, n, b, "a finite, nonzero scale");
+      });
+    };
+    inputs_.push_back(std::move(scales));
+    if (s.has_zero_point) {
+      OperandLayout zeros{PlainDescOf(ctx.input(3)), per_block};
+      zeros.transform_name = "dense_wq zero point tiles";
+      zeros.transform = [shape, where](const std::vector<void*>& p) {
+        auto get = [&](int64_t i) { return static_cast<float>(static_cast<const uint8_t*>(p[0])[i]); };
+        PackPerBlock(shape, static_cast<float*>(p[1]), get, [&](float v, int64_t n, int64_t b) {
+          if (v >= static_cast<float>(1 << shape.bits)) BadValue(where, "zero_points", v, n, b, "a code of the weight's bits");
+        });
+      };
+      inputs_.push_back(std::move(zeros));
+    }
+    if (s.has_bias) inputs_.push_back({PlainDesc({s.n}), PlainDesc({s.n})});
+    output_ = {PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})};
+  }
+
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& /*temps*/) const override {
+    Step step;
+    const WqShape s = s_;
+    const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
+    step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
+    step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + wq::IsaName(isa_) + ")";
+    step.op = "dense_wq";
+    for (size_t k = 0; k < inputs.size(); ++k) step.args.emplace_back(static_cast<int>(k), inputs[k]);
+    step.args.emplace_back(static_cast<int>(inputs.size()), output);
+    return {std::move(step)};
+  }
+
+ private:
+  static memory::desc Bytes(int64_t n) { return memory::desc({n}, memory::data_type::u8, {1}); }
+
+  [[noreturn]] static void BadValue(const std::string& where, const char* what, float v, int64_t n, int64_t b,
+                                    const char* expected) {
+    std::ostringstream os;
+    os << where << ": " << what << "[" << n << ", " << b << "] is " << v << ": expected " << expected;
+    TVM_FFI_THROW(ValueError) << os.str();
+  }
+
+  /*! \brief One call: tiles split across the threads, each tile's rows kMaxRows at a time. */
+  static void Run(const WqShape& s, wq::TileFn tile_fn, const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    const uint8_t* codes = static_cast<const uint8_t*>(p[1]);
+    const float* scales = static_cast<const float*>(p[2]);
+    const float* zeros = s.has_zero_point ? static_cast<const float*>(p[3]) : nullptr;
+    const float* bias = s.has_bias ? static_cast<const float*>(p[3 + s.has_zero_point]) : nullptr;
+    float* y = static_cast<float*>(p.back());
+    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step();
+    // below ~64K multiply-adds a fork/join costs more than the split saves
+    const bool parallel = tiles > 1 && s.m * s.k * s.n >= (1 << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < tiles; ++t) {
+      alignas(64) float out[wq::kMaxRows * kTile];
+      const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, s.n - n0);
+      for (int64_t r0 = 0; r0 < s.m; r0 += wq::kMaxRows) {
+        const int64_t rows = std::min<int64_t>(wq::kMaxRows, s.m - r0);
+        wq::TileJob job{x + r0 * s.k, codes + t * tile_bytes, scales + t * blocks * kTile,
+                        zeros != nullptr ? zeros + t * blocks * kTile : nullptr, s.implicit_zero(),
+                        s.k, s.block, rows, out};
+        tile_fn(job);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dst = y + (r0 + r) * s.n + n0;
+          for (int64_t c = 0; c < cols; ++c) dst[c] = out[r * kTile + c] + (bias != nullptr ? bias[n0 + c] : 0.f);
+        }
+      }
+    }
+  }
+
+  std::string label_;
+  WqShape s_;
+  wq::Isa isa_;
+};
+
+std::unique_ptr<Kernel> BuildDenseWq(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const WqShape s = ReadWqShape(ctx, attrs);
+  return std::make_unique<DenseWqKernel>(ctx, s);
+}
+
+/*! \brief Reads 8-bit codes and zero points and float16 scales. */
+KernelTraits DenseWqTraits() {
+  KernelTraits traits;
+  traits.accepts_int8 = true;
+  traits.accepts_float16 = true;
+  return traits;
+}
+
+}  // namespace
+
+BYOC_HETERO_REGISTER_KERNEL("dense_wq", BuildDenseWq, DenseWqTraits());
+
+}  // namespace byoc_hetero

@@ -1,0 +1,362 @@
+"""Weight-only int8 / int4 dense layers (issue 37): the runtime's dense_wq kernels against numpy's
+exact dequantize-then-matmul, on this machine's ISA and capped to AVX2 / generic C++
+(BYOC_HETERO_WQ_ISA, read when a module is created); the region format's checks; bh.quantize's
+weight-only form on llvm and on the oneDNN backend."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+
+import byoc_hetero as bh
+from byoc_hetero.errors import QuantizationError
+from byoc_hetero.quant.weight_only import WeightCodes, dequantize_codes, quantize_matrix
+
+create = tvm.get_global_func("byoc_hetero.runtime.create")
+
+
+def _region(x_shape, codes: WeightCodes, bias: np.ndarray | None, symbol: str = "wq", **attrs) -> tuple[str, list]:
+    """A one-node dense_wq document and its constants (codes, scales[, zero points][, bias])."""
+    n, _ = codes.shape
+    consts = [codes.codes, codes.scales] + ([codes.zero_points] if codes.zero_points is not None else []) \
+        + ([bias] if bias is not None else [])
+    tensors = [{"shape": list(x_shape), "dtype": "float32"}]
+    tensors += [{"shape": list(c.shape), "dtype": str(c.dtype)} for c in consts]
+    tensors.append({"shape": list(x_shape[:-1]) + [n], "dtype": "float32"})
+    node_attrs = {"bits": codes.bits, "block": codes.block, "has_zero_point": int(codes.zero_points is not None),
+                  "has_bias": int(bias is not None)} | attrs
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": symbol, "tensors": tensors, "inputs": [0],
+           "outputs": [len(tensors) - 1],
+           "constants": [{"tensor": i + 1, "name": f"{symbol}_c{i}"} for i in range(len(consts))],
+           "nodes": [{"op": "dense_wq", "inputs": list(range(len(tensors) - 1)), "output": len(tensors) - 1,
+                      "attrs": node_attrs}]}
+    return json.dumps(doc), consts
+
+
+def _run(x: np.ndarray, codes: WeightCodes, bias=None) -> tuple[np.ndarray, list[str]]:
+    text, consts = _region(x.shape, codes, bias)
+    mod = create(text)
+    assert mod["__init_wq"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+    out = tvm.runtime.tensor(np.full(x.shape[:-1] + (codes.shape[0],), np.nan, np.float32))
+    mod["wq"](tvm.runtime.tensor(x), out)
+    return out.numpy(), list(mod["get_plan"]())
+
+
+def _reference(x: np.ndarray, codes: WeightCodes, bias=None) -> np.ndarray:
+    w = dequantize_codes(codes).astype(np.float64)  # exact dequantize, then the product in float64
+    y = x.astype(np.float64) @ w.T
+    return (y + bias if bias is not None else y).astype(np.float32)
+
+
+def _close(got, want):
+    scale = max(float(np.abs(want).max()), 1e-6)
+    assert np.abs(got - want).max() <= 2e-5 * scale * max(1, np.sqrt(want.shape[-1] / 64)), \
+        f"max error {np.abs(got - want).max()} at scale {scale}"
+
+
+CASES = [  # (bits, block or None: per channel, zero points, scale dtype)
+    (8, None, False, "float32"), (8, None, False, "float16"), (8, 32, True, "float32"), (8, 64, False, "float16"),
+    (4, 32, False, "float32"), (4, 32, True, "float16"), (4, 64, True, "float32"), (4, 64, False, "float16"),
+    (4, 128, False, "float32"), (4, 128, True, "float16"), (4, None, True, "float32"),
+]
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("bits,block,zp,scale_dtype", CASES)
+def test_kernel_matches_numpy(monkeypatch, isa, bits, block, zp, scale_dtype):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    rng = np.random.default_rng(bits * 1000 + (block or 0) + zp)
+    k = 384 if block != 128 else 256
+    n = 37  # odd: a partial last tile of 16 columns
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (1, 3, 6):  # odd rows: a partial group of 4
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got, plan = _run(x, codes, bias if m != 3 else None)
+        _close(got, _reference(x, codes, bias if m != 3 else None))
+    step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+    if isa != "auto":
+        assert f"({isa})" in step, step
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_kernel_odd_k_per_channel_and_3d_data(monkeypatch, isa):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    rng = np.random.default_rng(3)
+    codes = quantize_matrix(rng.standard_normal((21, 75)).astype(np.float32), 8)  # K odd, one block of 75
+    x = rng.standard_normal((2, 5, 75)).astype(np.float32)
+    got, _ = _run(x, codes)
+    _close(got, _reference(x, codes))
+
+
+def test_kernel_64_rows_many_tiles():
+    rng = np.random.default_rng(4)
+    codes = quantize_matrix(rng.standard_normal((200, 256)).astype(np.float32), 4, 64, True)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    got, _ = _run(x, codes)
+    _close(got, _reference(x, codes))
+
+
+def test_isa_switch_rejects_unknown(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", "sse9")
+    codes = quantize_matrix(np.ones((16, 32), np.float32), 8)
+    with pytest.raises(ValueError, match="BYOC_HETERO_WQ_ISA must be auto, avx512, avx2 or generic"):
+        _run(np.ones((1, 32), np.float32), codes)
+
+
+# -- bad input: errors naming the field, never a crash ---------------------------------------------
+
+
+def _codes(bits=4, block=32, zp=True, n=16, k=64):
+    return quantize_matrix(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32), bits, block, zp)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(block=48), "attrs.block': expected K = 64 or a power of two >= 16 dividing K, got 48"),
+    (dict(block=128), "attrs.block': expected K = 64 or a power of two >= 16"),
+    (dict(bits=3), "attrs.bits': expected 4 or 8, got 3"),
+    (dict(bits=8), "weight \\(tensor 1\\) must have shape \\[16, 64\\], got \\[16, 32\\]"),
+])
+def test_region_rejects_bad_attrs(change, message):
+    text, _ = _region((1, 64), _codes(), None, **change)
+    with pytest.raises(ValueError, match=message):
+        create(text)
+
+
+def test_region_rejects_scales_of_the_wrong_shape():
+    codes = _codes()
+    codes.scales = codes.scales[:, :1].copy()
+    text, _ = _region((1, 64), codes, None)
+    with pytest.raises(ValueError, match="scales \\(tensor 2\\) must have shape \\[16, 2\\], got \\[16, 1\\]"):
+        create(text)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 0.0])
+def test_region_rejects_bad_scale_values_at_init(bad):
+    codes = _codes()
+    codes.scales[3, 1] = bad
+    text, consts = _region((1, 64), codes, None)
+    mod = create(text)
+    with pytest.raises(Exception, match=r"scales\[3, 1\] is .*expected a finite, nonzero scale"):
+        mod["__init_wq"]([tvm.runtime.tensor(c) for c in consts])
+
+
+def test_region_rejects_zero_point_beyond_the_bits():
+    codes = _codes()
+    codes.zero_points[0, 0] = 16
+    text, consts = _region((1, 64), codes, None)
+    with pytest.raises(Exception, match=r"zero_points\[0, 0\] is 16"):
+        create(text)["__init_wq"]([tvm.runtime.tensor(c) for c in consts])
+
+
+def test_float16_only_reaches_dense_wq():
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "h",
+           "tensors": [{"shape": [4], "dtype": "float32"}, {"shape": [4], "dtype": "float16"},
+                       {"shape": [4], "dtype": "float32"}],
+           "inputs": [0], "outputs": [2], "constants": [{"tensor": 1, "name": "h_c"}],
+           "nodes": [{"op": "binary", "inputs": [0, 1], "output": 2, "attrs": {"algorithm": "add"}}]}
+    with pytest.raises(ValueError, match="float16, which op 'binary' does not read"):
+        create(json.dumps(doc))
+
+
+@pytest.mark.parametrize("codes_change,message", [
+    (lambda c: setattr(c, "block", 48), "block 48 must be K = 64"),
+    (lambda c: setattr(c, "scales", c.scales[:, :1]), "scales must be float32 or float16 of shape \\[16, 2\\]"),
+    (lambda c: c.scales.__setitem__((0, 0), np.nan), "scales\\[0, 0\\] is nan"),
+])
+def test_python_codes_check(codes_change, message):
+    codes = _codes()
+    codes_change(codes)
+    with pytest.raises(QuantizationError, match=message):
+        codes.check()
+
+
+def test_quantize_matrix_rejects_a_group_not_dividing_k():
+    with pytest.raises(QuantizationError, match="group size 32 does not divide K = 48"):
+        quantize_matrix(np.ones((4, 48), np.float32), 4, 32)
+
+
+# -- bh.quantize(weights=...): the Relax form on llvm (the reference) and on the oneDNN backend ------
+
+
+def _vm(mod):
+    from tvm import relax
+
+    from byoc_hetero.timing import build
+
+    return relax.VirtualMachine(build(mod), tvm.cpu())
+
+
+def _region_nodes(partitioned) -> list[dict]:
+    return [n for m in partitioned.attrs["external_mods"] for n in json.loads(str(m["get_graph_json"]()))["nodes"]]
+
+
+def _mlp_reference(x, q, params) -> np.ndarray:
+    """numpy: each layer x @ dequant(codes)^T + bias, relu between (bh.models.mlp's layers)."""
+    y = x.astype(np.float64)
+    for i in (1, 2):
+        name = f"fc{i}_weight"
+        codes = WeightCodes(8 if q.weights == "int8" else 4, 0, q.params[f"{name}.codes"],
+                            q.params[f"{name}.scales"], q.params.get(f"{name}.zero_points"))
+        codes.block = codes.shape[1] if q.group_size is None else q.group_size
+        y = y @ dequantize_codes(codes).T.astype(np.float64) + params[f"fc{i}_bias"]
+        y = np.maximum(y, 0) if i == 1 else y
+    return y.astype(np.float32)
+
+
+@pytest.mark.parametrize("weights,group,zp,scale_dtype", [("int8", None, False, "float32"), ("int4", 32, True, "float16"),
+                                                          ("int4", 64, False, "float32"), ("int8", 128, True, "float16")])
+def test_quantize_weights_llvm_and_onednn(weights, group, zp, scale_dtype):
+    mod, params = bh.models.mlp(batch=3, features=256, hidden=(128,), num_classes=21)
+    q = bh.quantize(mod, params, weights=weights, group_size=group, zero_points=zp, scale_dtype=scale_dtype,
+                    verbose=False)
+    assert [lyr.shape for lyr in q.layers] == [(256, 128), (128, 21)]
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    want = _mlp_reference(x, q, params)
+    llvm = _vm(bh.bind_params(q.mod, q.params))["main"](tvm.runtime.tensor(x)).numpy()
+    _close(llvm, want)
+    part = bh.partition(q.mod, q.params)
+    ops = [n["op"] for n in _region_nodes(part)]
+    assert ops.count("dense_wq") == len(q.layers) and "dense" not in ops and "matmul" not in ops, ops
+    onednn = _vm(part)["main"](tvm.runtime.tensor(x)).numpy()
+    _close(onednn, want)
+    # the reported error: the layers' outputs on random inputs, against the float weights
+    bound = 0.02 if weights == "int8" else 0.3
+    assert 0 < q.error < bound, q.summary()
+
+
+def test_quantize_weights_error_shrinks_with_bits_and_groups():
+    mod, params = bh.models.mlp(batch=1, features=256, hidden=(128,), num_classes=16)
+    errors = [bh.quantize(mod, params, weights=w, group_size=g, verbose=False).error
+              for w, g in (("int4", 128), ("int4", 32), ("int8", None))]
+    assert errors[0] > errors[1] > errors[2] > 0, errors
+
+
+def test_quantize_weights_keep_float_and_bad_options():
+    mod, params = bh.models.mlp(batch=1, features=64, hidden=(32,), num_classes=16)
+    q = bh.quantize(mod, params, weights="int8", keep_float=["fc2_weight"], verbose=False)
+    assert [lyr.weight for lyr in q.layers] == ["fc1_weight"] and q.kept_float == ["fc2_weight"]
+    assert "fc2_weight" in q.params and "fc1_weight" not in q.params
+    part = bh.partition(q.mod, q.params)
+    ops = [n["op"] for n in _region_nodes(part)]
+    assert ops.count("dense_wq") == 1 and ops.count("dense") == 1, ops
+    with pytest.raises(QuantizationError, match="weights must be 'int8' or 'int4'"):
+        bh.quantize(mod, params, weights="int2")
+    with pytest.raises(QuantizationError, match="group_size must be one of 32, 64, 128"):
+        bh.quantize(mod, params, weights="int4", group_size=48)
+    with pytest.raises(QuantizationError, match="fc1_weight: group size 128 does not divide K = 64"):
+        bh.quantize(mod, params, weights="int4", group_size=128)
+
+
+# -- ONNX Runtime's MatMulNBits (bh.from_onnx, passes/matmul_nbits.py) --------------------------------
+
+
+def _float_matmul_model(k: int, n: int, seed: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, n])],
+                              [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ort(model, x):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("bits,block,symmetric", [(4, 32, True), (4, 16, False), (4, 128, False), (8, 32, False),
+                                                  (8, 64, True)])
+def test_matmul_nbits_matches_onnxruntime(bits, block, symmetric):
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    k, n = 128, 40
+    quantizer = MatMulNBitsQuantizer(_float_matmul_model(k, n, bits + block), algo_config=DefaultWeightOnlyQuantConfig(
+        block_size=block, is_symmetric=symmetric, bits=bits))
+    quantizer.process()
+    model = quantizer.model.model
+    assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits"]
+    x = np.random.default_rng(7).standard_normal((2, 3, k)).astype(np.float32)
+    want = _ort(model, x)
+    mod, params = bh.from_onnx(model)
+    llvm = _vm(bh.bind_params(mod, params))["main"](tvm.runtime.tensor(x)).numpy()
+    _close(llvm, want)
+    part = bh.partition(mod, params)
+    assert [nd["op"] for nd in _region_nodes(part)] == ["dense_wq"]
+    _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), want)
+
+
+def _nbits_model(scales: np.ndarray, g_idx: bool = False):
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n, block = 64, 16, 32
+    codes = np.random.default_rng(0).integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    inputs = ["x", "B", "scales"] + (["", "g_idx"] if g_idx else [])
+    inits = [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "scales")]
+    if g_idx:
+        inits.append(numpy_helper.from_array(np.arange(k, dtype=np.int32) // block, "g_idx"))
+    node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=4, block_size=block)
+    graph = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("scales,message", [
+    (np.ones(31, np.float32), "scales must have N \\* K / block_size = 32 elements, got 31"),
+    (np.r_[np.ones(31), np.nan].astype(np.float32), "scales\\[15, 1\\] is nan: expected a finite, nonzero scale"),
+    (np.r_[np.zeros(1), np.ones(31)].astype(np.float16), "scales\\[0, 0\\] is 0.0: expected a finite, nonzero"),
+])
+def test_matmul_nbits_bad_scales(scales, message):
+    with pytest.raises(QuantizationError, match="MatMulNBits y: " + message):
+        bh.from_onnx(_nbits_model(scales))
+
+
+def test_matmul_nbits_with_g_idx_is_left_to_the_importer():
+    with pytest.raises(bh.errors.FrontendError, match="MatMulNBits"):
+        bh.from_onnx(_nbits_model(np.ones(32, np.float32), g_idx=True))
+
+
+def test_quantize_weights_transposed_weight_and_symbolic_rows():
+    """matmul(x, permute_dims(W)) as decoders write it, on [1, S, K] data with S symbolic: the float
+    weight and its permute go, one dense_wq region serves every S."""
+    from tvm import relax, tirx
+
+    seq = tirx.Var("S", "int64")
+    x = relax.Var("x", relax.TensorType((1, seq, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(w, [1, 0]))
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, wt)))
+        bb.emit_func_output(out)
+    weight = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    q = bh.quantize(bb.get(), {"w": weight}, weights="int4", group_size=64, verbose=False)
+    assert [p.name for p in q.mod["main"].params] == ["x", "w.codes", "w.scales"] and "w" not in q.params
+    part = bh.partition(q.mod, q.params)
+    assert [n["op"] for n in _region_nodes(part)] == ["dense_wq"]
+    vm = _vm(part)
+    codes = WeightCodes(4, 64, q.params["w.codes"], q.params["w.scales"])
+    for s in (1, 7):
+        xv = np.random.default_rng(s).standard_normal((1, s, 64)).astype(np.float32)
+        _close(vm["main"](tvm.runtime.tensor(xv)).numpy(), _reference(xv, codes))
+
+
+def test_without_the_dense_wq_rules_llvm_dequantizes(restore_rules):
+    """An op the backend does not take runs the Relax form on llvm: the same values."""
+    for rule in ("dense_wq8", "dense_wq8_bias", "dense_wq4", "dense_wq4_bias"):
+        bh.unregister_pattern("onednn", rule)
+    mod, params = bh.models.mlp(batch=2, features=64, hidden=(32,), num_classes=16)
+    q = bh.quantize(mod, params, weights="int4", group_size=32, zero_points=True, verbose=False)
+    part = bh.partition(q.mod, q.params)
+    assert "dense_wq" not in [n["op"] for n in _region_nodes(part)]
+    x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), _mlp_reference(x, q, params))
