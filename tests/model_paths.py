@@ -27,3 +27,30 @@ def import_model(model, inputs: tuple, path: str, tmp_path) -> tuple:
     names = [f"input_{i}" for i in range(len(inputs))]
     torch.onnx.export(model, inputs, file, input_names=names, output_names=["output"], dynamo=path == "from_onnx")
     return bh.from_onnx(file)
+
+
+def one_region(model, inputs: tuple, path: str, tmp_path, nothing_on_llvm: bool = True):
+    """``model`` imported through ``path`` (:func:`import_model`) and partitioned; asserts it is one
+    region and, with ``nothing_on_llvm``, that no op stays on llvm. Returns the partitioned module."""
+    mod, params = import_model(model, inputs, path, tmp_path)
+    part = bh.partition(mod, params)
+    report = bh.report(part)
+    assert len(report.regions) == 1, report
+    assert not (nothing_on_llvm and report.fallbacks), report
+    return part
+
+
+def first_output(model, **kwargs):
+    """A torch module calling ``model(*inputs, **kwargs)`` and returning its first output (what an
+    exporter sees of a transformers model called with ``return_dict=False``)."""
+    import torch
+
+    class FirstOutput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            return self.model(*inputs, **kwargs)[0]
+
+    return FirstOutput().eval()

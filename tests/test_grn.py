@@ -12,7 +12,7 @@ import tvm
 from tvm import relax
 
 import byoc_hetero as bh
-from model_paths import PATHS, import_model
+from model_paths import PATHS, first_output, one_region
 
 R = relax.op
 
@@ -56,20 +56,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-class _Features(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixels):
-        return self.model(pixels, return_dict=False)[0]
-
-
 @pytest.fixture(scope="module")
 def convnextv2():
     config = transformers.ConvNextV2Config(num_channels=3, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
     torch.manual_seed(0)
-    model = _Features(transformers.ConvNextV2Model(config).eval()).eval()
+    model = first_output(transformers.ConvNextV2Model(config).eval(), return_dict=False)
     for m in model.modules():  # GRN's gamma and beta start at 0 (GRN = identity): make them matter
         if type(m).__name__ == "ConvNextV2GRN":
             torch.nn.init.normal_(m.weight, std=0.5)
@@ -83,11 +74,7 @@ def convnextv2():
 @pytest.mark.parametrize("path", PATHS[:2])
 def test_convnextv2_grn_runs_no_reference_reduction(convnextv2, path, tmp_path):
     model, x, want = convnextv2
-    mod, params = import_model(model, (x,), path, tmp_path)
-    part = bh.partition(mod, params)
-    report = bh.report(part)
-    assert len(report.regions) == 1 and not report.fallbacks, report
-    ex, vm = _vm(part)
+    ex, vm = _vm(one_region(model, (x,), path, tmp_path))
     reductions = _plan_lines(ex, "(reduce)")
     assert len(_plan_lines(ex, "(reduce) | host")) == 4  # one GRN norm per stage
     assert not [line for line in reductions if "| ref" in line], reductions

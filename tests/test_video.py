@@ -12,7 +12,7 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero._relax import region_graph_json
-from model_paths import PATHS, import_model
+from model_paths import PATHS, one_region
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -69,10 +69,7 @@ def r3d():
 @pytest.mark.parametrize("path", PATHS)
 def test_r3d_block_is_one_region_and_matches_torch(r3d, path, tmp_path):
     model, x, want = r3d
-    mod, params = import_model(model, (x,), path, tmp_path)
-    part = bh.partition(mod, params)
-    report = bh.report(part)
-    assert len(report.regions) == 1 and not report.fallbacks, report
+    part = one_region(model, (x,), path, tmp_path)
     graphs = [region_graph_json(m) for m in part.attrs["external_mods"]]
     ranks = {(n["op"], len(g["tensors"][n["inputs"][0]]["shape"])) for g in graphs for n in g["nodes"]}
     assert {("conv2d", 5), ("pool2d", 5)} <= ranks

@@ -21,6 +21,7 @@ nothing else lists ops.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -179,8 +180,7 @@ def _refusing_empty(check: Check | None) -> Check:
     def checked(match: Match) -> CheckResult:
         return empty_tensor_reason(match) or (check(match) if check is not None else None)
 
-    checked.__doc__ = check.__doc__ if check is not None else None
-    return checked
+    return functools.wraps(check)(checked) if check is not None else checked
 
 
 def single_call_names(call: relax.Call) -> dict[str, relax.Expr]:
