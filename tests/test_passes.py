@@ -53,7 +53,7 @@ def test_pipeline_order_is_pinned():
         "onednn:move_views_to_8bit", "onednn:share_repeated_quantizations",
         "onednn:fuse_int8_matmuls", "onednn:fuse_elementwise_chains",
         "onednn:apply_conv_algorithms",
-        "onednn:apply_node_precisions", "onednn:merge_common_nodes",
+        "onednn:merge_common_nodes", "onednn:apply_node_precisions",
         "insert_range_checks", "host_code_anchor",
     ]
 

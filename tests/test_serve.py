@@ -77,14 +77,32 @@ def served(library, others):
     port = _free_port()
     began = time.monotonic()
     models = [str(path), f"cnn:2={others['v2'][0]}", str(others["ort"][0])]  # names: cnn (stem), cnn, cnn_ort
-    bs.start(bs.app(models, replicas=REPLICAS, cpus=1, batch=True, max_batch_rows=16, batch_wait_s=0.05,
-                    max_request_bytes=MAX_REQUEST_BYTES), port=port, num_cpus=REPLICAS + 1)
+    _start_until_the_node_registers(models, port)
     _STARTUP_S.append(time.monotonic() - began)
     yield f"http://127.0.0.1:{port}/"
     bs.shutdown()
     import ray
 
     assert not ray.is_initialized()
+
+
+def _start_until_the_node_registers(models: list[str], port: int, starts: int = 3) -> None:
+    """``bs.start`` of the module's app. Ray waits a fixed 30 s for its new node to register with the GCS
+    (``raylet_start_wait_time_s`` in ray/_private/node.py, not configurable) and raises "The current node
+    timed out during startup"; under the full suite's load on 2 cores the raylet took longer (issue 35).
+    The event the fixture needs is that registration, so a start that failed only on Ray's fixed wait is
+    shut down and made again, at most ``starts`` times; any other error is raised at once."""
+    import ray
+
+    for attempt in range(starts):
+        try:
+            bs.start(bs.app(models, replicas=REPLICAS, cpus=1, batch=True, max_batch_rows=16, batch_wait_s=0.05,
+                            max_request_bytes=MAX_REQUEST_BYTES), port=port, num_cpus=REPLICAS + 1)
+            return
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(err) or attempt == starts - 1:
+                raise
+            ray.shutdown()
 
 
 def _inputs(seed: int, rows: int) -> np.ndarray:
@@ -358,15 +376,28 @@ def _replica_names() -> set[str]:
             if a["name"].startswith("SERVE_REPLICA::byoc_hetero#byoc_hetero#")}
 
 
+def _patience_s() -> float:
+    """How long a client waits for the proxy's answer: the proxy's own bound (bs.REQUEST_TIMEOUT_S, then
+    HTTP 408) plus three times what the fixture's start took on this machine under its present load.
+    A fixed 60 s socket timeout failed this test once under the full suite's load on 2 cores (issue 35):
+    the proxy's 408 itself came late there, so the client must wait for it longer than on a quiet machine."""
+    return bs.REQUEST_TIMEOUT_S + 3 * max(_STARTUP_S + [20.0])
+
+
 def _replica_pids(url: str, tries: int) -> set[int]:
-    """The pids of the replicas that answer ``GET /info`` in ``tries`` requests (the router picks at random)."""
+    """The pids of the replicas that answer ``GET /info`` in ``tries`` requests (the router picks at random);
+    a request the proxy has not answered in :func:`_patience_s` counts as no answer (the caller polls again)."""
     import json
+    import urllib.error
     import urllib.request
 
     pids = set()
     for _ in range(tries):
-        with urllib.request.urlopen(url + "info", timeout=2 * bs.REQUEST_TIMEOUT_S) as reply:
-            pids.add(json.loads(reply.read())["pid"])
+        try:
+            with urllib.request.urlopen(url + "info", timeout=_patience_s()) as reply:
+                pids.add(json.loads(reply.read())["pid"])
+        except (TimeoutError, urllib.error.URLError):
+            continue
         if len(pids) == REPLICAS:
             break
     return pids
@@ -414,8 +445,9 @@ def test_killed_replica_is_replaced_and_no_answer_is_wrong(library, served):
     def send(i):
         if i == 10:  # mid-load: kill one replica (Ray Serve must replace it)
             ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
-        # the proxy answers within bs.REQUEST_TIMEOUT_S (408 past it), well before this socket timeout
-        return bs.post(served, xs[i], timeout=2 * bs.REQUEST_TIMEOUT_S)
+        # the event waited for is the proxy's answer: within bs.REQUEST_TIMEOUT_S (408 past it) on a
+        # quiet machine, later under load; the socket's bound is only a backstop scaled to that load
+        return bs.post(served, xs[i], timeout=_patience_s())
 
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(send, range(len(xs))))
@@ -428,7 +460,7 @@ def test_killed_replica_is_replaced_and_no_answer_is_wrong(library, served):
     _wait_for_replacement(served, replicas[0], set(replicas[1:]))
     for i in range(4):
         x = _inputs(5 + i, 3)
-        answer = bs.post(served, x, timeout=2 * bs.REQUEST_TIMEOUT_S)
+        answer = bs.post(served, x, timeout=_patience_s())
         assert answer.status == 200, answer
         np.testing.assert_allclose(answer.output, direct(x), rtol=1e-5, atol=1e-5)
 

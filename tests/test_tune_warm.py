@@ -143,12 +143,12 @@ def test_a_mix_with_bf16_uses_a_stored_map_and_replaces_a_stale_one(monkeypatch)
     monkeypatch.setattr(stages, "partition", lambda *a, **k: calls.append(k.get("precision")) or real(*a, **k))
     builder = int8.MixBuilder(session, quantizer, floats, maps)
     first = builder._partition(assignment)  # a miss: the mix without bf16 first, then with it
-    assert calls == [None, "bf16"] and _node_precisions(first) == ["bf16", "bf16", "f32", "f32"]
+    assert calls == [None, None] and _node_precisions(first) == ["bf16", "bf16", "f32", "f32"]
     # a second tune (the map from the cache, a new builder): one partition, the same module
     calls.clear()
     again = int8.MixBuilder(session, quantizer, floats, node_maps.NodeMaps(cache, quantizer.identity, "settings"))
     second = again._partition(assignment)
-    assert calls == ["bf16"] and _node_precisions(second) == _node_precisions(first)
+    assert calls == [None] and _node_precisions(second) == _node_precisions(first)
     x = [_samples(1, 7)[0]]
     assert np.array_equal(precision.Built(first).run([x])[0][0], precision.Built(second).run([x])[0][0])
     # a stale map (its keys name other nodes: a changed partition) is caught by the module made with it,
@@ -160,7 +160,7 @@ def test_a_mix_with_bf16_uses_a_stored_map_and_replaces_a_stale_one(monkeypatch)
     stale = node_maps.NodeMaps(cache, quantizer.identity, "settings")
     third = int8.MixBuilder(session, quantizer, floats, stale)._partition(assignment)
     assert stale.replaced == 1 and cache.values[key] == stored
-    assert _node_precisions(third) == ["bf16", "bf16", "f32", "f32"] and calls == ["bf16", "bf16"]
+    assert _node_precisions(third) == ["bf16", "bf16", "f32", "f32"] and calls == [None, None]
 
 
 def test_all_int8_partition_is_made_only_for_a_timing_key_not_in_the_cache(monkeypatch):

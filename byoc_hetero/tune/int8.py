@@ -35,7 +35,6 @@ llvm) cannot be matched, and the int8 candidates are skipped with a note saying 
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,7 +47,7 @@ from .measure import time_cached
 from .node_maps import NodeMaps
 from .plan_errors import PlanErrors, inputs_digest, settings_digest
 from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
-                        measure_unit_times, node_signature)
+                        measure_unit_times, node_signature, partition_with_node_precisions)
 from .edges import FLOAT, UnitEdges, domain, edge_cost, measure_edge_costs, unit_edges
 from .solver import Choice, Problem, Region, improve, solve
 
@@ -250,10 +249,11 @@ class MixBuilder:
             return partition(qmod, qparams, target=targets, options=options)
         floats = self.maps.get("float", int8, lambda: layer_keys(partition(qmod, qparams, target=targets,
                                                                            options=options), layers, int8)[0])
-        options.setdefault("onednn", {})["node_precisions"] = json.dumps(
-            {key: assignment[i] for i, key in floats.items()}, sort_keys=True)
-        mixed = partition(qmod, qparams, target=targets, precision="bf16", options=options)
+        skipped: dict[str, str] = {}
+        mixed = partition_with_node_precisions(qmod, qparams, {key: assignment[i] for i, key in floats.items()},
+                                               targets=targets, options=options, skipped=skipped)
         if self.maps.check("float", int8, floats, layer_keys(mixed, layers, int8)[0]) or not retry:
+            self.session.skipped.update(skipped)
             return mixed
         return self._partition(assignment, retry=False)  # a stored map the module contradicted: replaced
 
@@ -517,4 +517,5 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     for unit in report.units:
         got = {best.table.get(k, "f32") for k in unit.keys} if best.table else {"f32"}
         unit.chosen = got.pop() if len(got) == 1 else "mixed"
+    report.notes.extend(n for n in [session.skipped_note()] if n)
     return best, report

@@ -327,6 +327,49 @@ class PrecisionReport:
         return lines
 
 
+def partition_with_node_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None,
+                                   table: Mapping[str, str] | None, *, targets: Any,
+                                   options: Mapping[str, Mapping[str, Any]],
+                                   region_codegen: Mapping[str, str] | None = None,
+                                   skipped: dict[str, str] | None = None) -> tvm.IRModule:
+    """``mod`` partitioned as a float32 plan whose nodes ``table`` names (node key -> ``"f32"`` /
+    ``"bf16"``; None: none) compute in that precision (the backend option ``node_precisions``).
+
+    The regions stay float32 and only the named nodes change: a bf16 region would run other passes
+    (it leaves attention unfused, fused_attention.py), so node indices read from the float32
+    partition named other nodes in it (issue 35: BERT-base's keys met a reshape). A key that still
+    names no float conv2d / dense / matmul (``apply_node_precisions`` raises) is left out, its node
+    keeps float32, and ``skipped`` gets the key and why: a tuner keeps the default for a decision
+    it cannot apply instead of failing."""
+    from .._relax import region_table
+    from ..backends.onednn.precision import node_precision_reason
+    from ..errors import RuleError
+    from ..stages import partition
+
+    def run(chosen: Mapping[str, str] | None) -> tvm.IRModule:
+        opts = {k: dict(v) for k, v in options.items()}
+        if chosen:
+            opts.setdefault("onednn", {})["node_precisions"] = json.dumps(dict(chosen), sort_keys=True)
+        return partition(mod, params, target=targets, options=opts, region_codegen=region_codegen)
+
+    try:
+        return run(table)
+    except RuleError as err:
+        if "node_precisions" not in str(err):
+            raise
+    graphs = {symbol: entry.graph for symbol, entry in region_table(run(None)).items() if entry.graph}
+    kept = {}
+    for key, precision in dict(table or {}).items():
+        symbol, _, index = key.rpartition("#")
+        why = (node_precision_reason(graphs[symbol]["nodes"], int(index)) if symbol in graphs
+               else "no oneDNN region of that name")
+        if why is None:
+            kept[key] = precision
+        elif skipped is not None:
+            skipped[key] = f"names {why} in the partition the plan is built on"
+    return run(kept)
+
+
 class _Session:
     """What every candidate build of one tune shares: the model, the base options, the reference
     outputs, the deadline of the search and the progress lines."""
@@ -340,6 +383,7 @@ class _Session:
         self.deadline = math.inf if budget_s is None else time.perf_counter() + float(budget_s)
         self.progress = progress
         self.errors: PlanErrors | None = None  # set by choose_precisions, with the input sets
+        self.skipped: dict[str, str] = {}  # node key -> why a plan's decision for it was not applied
         self._model_digest: str | None = None
 
     def model_digest(self) -> str:
@@ -352,16 +396,24 @@ class _Session:
         return self._model_digest
 
     def build(self, table: Mapping[str, str] | None) -> Built:
-        """The model partitioned with ``table`` (node key -> precision; None: plain float32) and built."""
-        from ..stages import partition
+        """The model partitioned with ``table`` (node key -> precision; None: plain float32) and
+        built (:func:`partition_with_node_precisions`: keys that name no anchor go to :attr:`skipped`)."""
+        return Built(lambda: self.partition(self.mod, self.params, table))
 
-        options = {k: dict(v) for k, v in self.options.items()}
-        precision = None
-        if table is not None:
-            options.setdefault("onednn", {})["node_precisions"] = json.dumps(dict(table), sort_keys=True)
-            precision = "bf16"
-        return Built(lambda: partition(self.mod, self.params, target=self.targets, precision=precision,
-                                       options=options, region_codegen=self.region_codegen))
+    def partition(self, mod: tvm.IRModule, params: Mapping[str, Any] | None,
+                  table: Mapping[str, str] | None) -> tvm.IRModule:
+        """``mod`` partitioned with this tune's targets, options and codegen map, its nodes
+        ``table`` names in their precision (:func:`partition_with_node_precisions`)."""
+        return partition_with_node_precisions(mod, params, table, targets=self.targets, options=self.options,
+                                              region_codegen=self.region_codegen, skipped=self.skipped)
+
+    def skipped_note(self) -> str | None:
+        """The report's note on :attr:`skipped`, None when every decision reached its node."""
+        if not self.skipped:
+            return None
+        listed = "; ".join(f"{k}: {why}" for k, why in sorted(self.skipped.items()))
+        return (f"{len(self.skipped)} node decisions could not be applied, those nodes kept float32 "
+                f"({listed})")
 
     def left_s(self) -> float:
         return self.deadline - time.perf_counter()
@@ -740,6 +792,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
         _warn_unmet(report, float(tolerance))
     best = _pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
     cache.save()
+    report.notes.extend(n for n in [session.skipped_note()] if n)
     for unit in report.units:
         unit.chosen = "bf16" if best.table and all(best.table[k] == "bf16" for k in unit.keys) else "f32"
     return best, report

@@ -281,6 +281,32 @@ memory::dims ChainStrides(const KernelContext& ctx) {
   return PlainDesc(dims).get_strides();
 }
 
+/*! \brief Each input's plain layout: the view the chain reads it under (its logical dims). */
+std::vector<memory::desc> PlainInputs(const KernelContext& ctx) {
+  std::vector<memory::desc> inputs;
+  for (size_t k = 0; k < ctx.node().inputs.size(); ++k) inputs.push_back(PlainDescOf(ctx.input(k)));
+  return inputs;
+}
+
+/*!
+ * \brief Read every input of the output's shape, and write the output, in \p strides (ChainStrides):
+ *        the element-wise program does not care where an element sits as long as all operands
+ *        agree.  Those are the layouts the chain *wants*; each input's *view* stays its plain layout,
+ *        so the planner reorders an input stored otherwise (a permute's plain output next to an int8
+ *        conv's NHWC one) instead of reading its plain bytes as if they were NHWC (issue 35:
+ *        int8 ConvNeXt-T's stage-2 residual sum, whose permuted operand was read scrambled).
+ */
+void FollowStrides(const KernelContext& ctx, const memory::dims& strides, HostKernel* kernel) {
+  const memory::dims dims(ctx.output().shape.begin(), ctx.output().shape.end());
+  if (strides == PlainDesc(dims).get_strides()) return;
+  for (size_t k = 0; k < ctx.node().inputs.size(); ++k) {
+    if (ctx.input(k).shape == ctx.output().shape) {
+      kernel->ReadInputIn(k, memory::desc(dims, DnnlType(ctx.input(k).dtype), strides));
+    }
+  }
+  kernel->FollowLayout(kernel->inputs()[0].want, memory::desc(dims, DnnlType(ctx.output().dtype), strides));
+}
+
 /*! \brief Whether \p in repeats whole over \p out: \p out's trailing dims after leading 1s. */
 bool RepeatsOver(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
   if (in.empty() || in.size() > out.size()) return false;
@@ -332,23 +358,22 @@ static std::unique_ptr<Kernel> BuildElementwiseChain(const KernelContext& ctx) {
   attrs.CheckNoUnknown();
   const memory::dims dims(shape.begin(), shape.end());
   const memory::dims strides = repeats ? PlainDesc(dims).get_strides() : ChainStrides(ctx);
-  std::vector<memory::desc> inputs;
-  for (size_t k = 0; k < ctx.node().inputs.size(); ++k) {
-    inputs.push_back(ctx.input(k).shape == shape ? memory::desc(dims, DnnlType(ctx.input(k).dtype), strides)
-                                                 : PlainDescOf(ctx.input(k)));
-  }
   const int64_t numel = ctx.output().numel();
-  const memory::desc out_md(dims, DnnlType(out), strides);
+  std::unique_ptr<HostKernel> kernel;
   if (OneByteFunction(ctx, prog, q_out.get())) {
     HostFn fn = TableLookupFn(ctx.input(0).dtype, out, Tabulate(prog, ctx.input(0).dtype, *q_out), numel);
-    return std::make_unique<HostKernel>(ctx.where() + " as a 256-entry table", "elementwise_chain", std::move(fn),
-                                        std::move(inputs), out_md);
+    kernel = std::make_unique<HostKernel>(ctx.where() + " as a 256-entry table", "elementwise_chain", std::move(fn),
+                                          PlainInputs(ctx), PlainDescOf(ctx.output()));
+  } else {
+    std::shared_ptr<const Instruction> quantized(std::move(q_out));
+    HostFn fn = [prog = std::move(prog), quantized, numel](const std::vector<void*>& p) {
+      RunChain(prog, p, numel, quantized.get());
+    };
+    kernel = std::make_unique<HostKernel>(ctx.where(), "elementwise_chain", std::move(fn), PlainInputs(ctx),
+                                          PlainDescOf(ctx.output()));
   }
-  std::shared_ptr<const Instruction> quantized(std::move(q_out));
-  HostFn fn = [prog = std::move(prog), quantized, numel](const std::vector<void*>& p) {
-    RunChain(prog, p, numel, quantized.get());
-  };
-  return std::make_unique<HostKernel>(ctx.where(), "elementwise_chain", std::move(fn), std::move(inputs), out_md);
+  FollowStrides(ctx, strides, kernel.get());
+  return kernel;
 }
 
 static KernelTraits ChainTraits() {

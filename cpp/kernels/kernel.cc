@@ -423,6 +423,8 @@ void HostKernel::FollowLayout(const memory::desc& input, const memory::desc& out
   output_.want = output;
 }
 
+void HostKernel::ReadInputIn(size_t k, const memory::desc& want) { inputs_.at(k).want = want; }
+
 AliasKernel::AliasKernel(memory::desc input_view, memory::desc output_view) {
   inputs_.push_back({input_view, input_view});
   output_ = {output_view, output_view};

@@ -349,6 +349,9 @@ class HostKernel : public Kernel {
   /*! \brief Read input 0 in layout \p input and write the output in \p output (same dims) instead of
    *         the plain layouts: for element-wise functions that do not care where an element sits. */
   void FollowLayout(const memory::desc& input, const memory::desc& output);
+  /*! \brief Read input \p k in layout \p want (its dims) instead of the plain one: the planner
+   *         reorders the value there unless it is stored that way. */
+  void ReadInputIn(size_t k, const memory::desc& want);
 
  private:
   std::string label_;

@@ -158,13 +158,6 @@ HostFn MakeQBinaryFn(DType a, DType b, DType out, const QBinary& q, const Broadc
   return b == DType::kUInt8 ? QBinaryFnFor<int8_t, uint8_t>(out, q, bc) : QBinaryFnFor<int8_t, int8_t>(out, q, bc);
 }
 
-/*! \brief The host kernel, with b read in a's layout when b has a's shape. */
-class QuantizedBinaryKernel : public HostKernel {
- public:
-  using HostKernel::HostKernel;
-  void ReadSecondAs(const memory::desc& want) { inputs_.at(1).want = want; }
-};
-
 /*! \brief The one axis of a along which b varies (b's other dims 1, right-aligned), or -1 when
  *         b has one element; fails for any other shape. */
 int64_t BroadcastAxis(const KernelContext& ctx) {
@@ -225,13 +218,13 @@ static std::unique_ptr<Kernel> BuildQuantizedBinary(const KernelContext& ctx) {
     bc.stride = a_layout.get_strides()[axis];
   }
   HostFn fn = MakeQBinaryFn(ctx.input(0).dtype, ctx.input(1).dtype, ctx.output().dtype, q, bc);
-  auto kernel = std::make_unique<QuantizedBinaryKernel>(
+  auto kernel = std::make_unique<HostKernel>(
       ctx.where(), "quantized_binary", std::move(fn),
       std::vector<memory::desc>{PlainDescOf(ctx.input(0)), PlainDescOf(ctx.input(1))}, PlainDescOf(ctx.output()));
   if (follow) {
     const memory::dims strides = a_layout.get_strides();
     kernel->FollowLayout(a_layout, memory::desc(a_layout.get_dims(), DnnlType(ctx.output().dtype), strides));
-    if (bc.same_shape) kernel->ReadSecondAs(memory::desc(a_layout.get_dims(), DnnlType(ctx.input(1).dtype), strides));
+    if (bc.same_shape) kernel->ReadInputIn(1, memory::desc(a_layout.get_dims(), DnnlType(ctx.input(1).dtype), strides));
   }
   return kernel;
 }

@@ -90,8 +90,8 @@ REGION_PASSES: tuple[str, ...] = (
     "fuse_int8_matmuls",           # ops/int8_matmul.py: matmul of two dequantized 8-bit tensors as int8
     "fuse_elementwise_chains",     # ops/qdq_chain.py: element-wise ops + the Q/DQ between them as one step
     "apply_conv_algorithms",       # ops/conv2d.py: a tuner's direct / Winograd decision per conv site
-    "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per conv / dense / matmul node
     "merge_common_nodes",          # ops/common_nodes.py: a node repeating an earlier one (op, inputs, attrs) is dropped
+    "apply_node_precisions",       # precision.py: a tuner's f32 / bf16 decision per node index of the final graph
 )
 """The region-graph passes, in run order (each lowered region graph goes through them before it
 is serialized). This was the alphabetical import order of :mod:`.ops`; it is now stated here, and

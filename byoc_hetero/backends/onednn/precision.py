@@ -179,14 +179,30 @@ def check_node_precisions(value: Any) -> str:
     return json.dumps(table, sort_keys=True)
 
 
+def node_precision_reason(nodes: list[Any], index: int) -> str | None:
+    """Why node ``index`` of a region graph's ``nodes`` (:class:`~.lowering.Node` s or the
+    document's node dicts) takes no ``precision``; None when it is a float conv2d / dense / matmul."""
+    if index >= len(nodes):
+        return f"no node (the region has {len(nodes)})"
+    node = nodes[index]
+    op, attrs = (node["op"], node.get("attrs", {})) if isinstance(node, dict) else (node.op, node.attrs)
+    if op not in PRECISION_OPS:
+        return f"{'an' if op[:1] in 'aeiou' else 'a'} {op}"
+    if "src_scale" in attrs:
+        return f"an int8 {op}"
+    return None
+
+
 @graph_pass
 def apply_node_precisions(graph) -> None:
     """Each conv2d / dense / matmul node the backend option ``node_precisions`` names (by region
     symbol and node index) gets that ``precision`` attr, which the runtime honours over the
     region's (cpp/kernels/kernel.cc, NodeComputesBf16). Why: a whole model is often one region,
     and a tuner keeps only the layers whose bf16 rounding moves the output most in f32; the
-    decision must reach the node the layer became, after every other pass (so it runs last).
-    A key naming another kind of node is a RuleError (only anchors have a precision)."""
+    decision must reach the node the layer became, after every other pass: it runs last, so a
+    node index is the one of the serialized graph (what ``bh.report`` and a tuner read), and it
+    changes no node's place. A key naming another kind of node is a RuleError (only anchors have
+    a precision)."""
     chosen = graph.options.get("node_precisions")
     if not chosen:
         return
@@ -196,9 +212,8 @@ def apply_node_precisions(graph) -> None:
         symbol, _, index = key.rpartition("#")
         if symbol != graph.symbol:
             continue
-        i = int(index)
-        if i >= len(graph.nodes) or graph.nodes[i].op not in PRECISION_OPS or "src_scale" in graph.nodes[i].attrs:
-            what = f"a {graph.nodes[i].op}" if i < len(graph.nodes) else "no node"
+        what = node_precision_reason(graph.nodes, int(index))
+        if what:
             raise RuleError(f"option node_precisions: node {key} is {what}; only float "
                             f"{', '.join(PRECISION_OPS)} nodes take a precision")
-        graph.nodes[i].attrs["precision"] = precision
+        graph.nodes[int(index)].attrs["precision"] = precision
