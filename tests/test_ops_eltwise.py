@@ -221,7 +221,10 @@ def test_region_format_dtype_field():
     create = tvm.get_global_func("byoc_hetero.runtime.create")
     relu = [{"op": "eltwise", "inputs": [0], "output": 1, "attrs": {"algorithm": "relu"}}]
     create(_doc([{"shape": [2]}, {"shape": [2]}], [0], relu, [1]))
-    with pytest.raises(ValueError, match=r"tensors\[0\].dtype.*float16"):
+    with pytest.raises(ValueError, match=r"tensors\[0\].dtype.*float64"):
+        create(_doc([{"shape": [2], "dtype": "float64"}, {"shape": [2]}], [0], relu, [1]))
+    # float16 is a region dtype for dense_wq's scales only
+    with pytest.raises(ValueError, match="tensor 0 has dtype float16, which op 'eltwise' does not read"):
         create(_doc([{"shape": [2], "dtype": "float16"}, {"shape": [2]}], [0], relu, [1]))
     with pytest.raises(ValueError, match="tensor 0 has dtype int64, which this op does not read"):
         create(_doc([{"shape": [2], "dtype": "int64"}, {"shape": [2]}], [0], relu, [1]))

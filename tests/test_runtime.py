@@ -608,7 +608,9 @@ def mutate(path, value):
         ("[1, 2]", r"must be a JSON object"),
         (mutate(["format"], "other"), r"doc_check.*'format'"),
         (mutate(["version"], 5), r"doc_check.*'version'.*expected 1 to 4"),
-        (mutate(["tensors", 0, "dtype"], "float16"), r"doc_check.*'tensors\[0\]\.dtype'"),
+        (mutate(["tensors", 0, "dtype"], "float64"), r"doc_check.*'tensors\[0\]\.dtype'"),
+        # float16 is a region dtype, for dense_wq's scales only
+        (mutate(["tensors", 0, "dtype"], "float16"), r"doc_check.*tensor 0 has dtype float16, which op 'conv2d' does not read"),
         (mutate(["tensors", 0, "shape"], [1, -4, 8, 8]), r"doc_check.*'tensors\[0\]\.shape'"),
         (mutate(["nodes", 0, "inputs"], [0, 7, 2]), r"doc_check.*'nodes\[0\]\.inputs\[1\]'.*out of range"),
         (mutate(["nodes", 0, "output"], 99), r"doc_check.*'nodes\[0\]\.output'.*out of range"),
