@@ -216,3 +216,21 @@ def test_unsupported_family_is_a_frontend_error():
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(bh.FrontendError, match="model_type 'gpt2' is not supported"):
         bh.llm.from_hf(model, max_length=16)
+
+
+def test_cli_generate_from_a_saved_generator_and_a_hugging_face_folder(tmp_path, capsys):
+    from byoc_hetero.cli import main
+
+    model, gen = _built("llama")
+    want = gen.generate(PROMPT, max_new_tokens=6)[0, PROMPT.shape[1]:]
+    gen.save(tmp_path / "saved")
+    ids = ",".join(str(t) for t in PROMPT[0])
+    assert main(["generate", str(tmp_path / "saved"), "--ids", ids, "--max-new-tokens", "6"]) == 0
+    assert [int(t) for t in capsys.readouterr().out.split()] == want.tolist()
+    model.save_pretrained(tmp_path / "hf")
+    unused = next(t for t in range(VOCAB) if t not in want)  # instead of the config's eos, which may come
+    assert main(["generate", str(tmp_path / "hf"), "--ids", ids, "--max-new-tokens", "6", "--max-length", "32",
+                 "--stop", str(unused)]) == 0
+    assert [int(t) for t in capsys.readouterr().out.split()] == want.tolist()
+    assert main(["generate", str(tmp_path / "saved"), "--ids", f"1,{VOCAB}"]) == 2
+    assert f"token id {VOCAB}, outside the vocabulary" in capsys.readouterr().err
