@@ -6,6 +6,8 @@ query row may see; the caches compared row by row to what must (and must not) ha
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -94,3 +96,57 @@ def test_mismatched_shapes_and_dtypes_say_which_argument():
     bad = dict(c, q=c["q"][:, :, :3].copy())  # 3 query heads over 2 kv heads
     with pytest.raises(ValueError, match="3 query heads over 2 kv heads"):
         _call(bad, [0, 0], [1, 1])
+
+
+def _region_documents(gen):
+    return [json.loads(m["get_graph_json"]()) for m in bh.codegen.region_modules(gen._executable)]
+
+
+def _llama(layers: int = 2):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.4)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_the_step_is_one_region_with_a_kv_attention_node_per_layer_and_matches_the_llvm_build():
+    """Every layer's attention is a node of the step's region (the caches are region inputs), the LM
+    head on the last rows a second region; the llvm-only build (the packed function through
+    call_tir_inplace) gives the same logits and caches."""
+    from tvm import relax
+
+    from byoc_hetero.llm import model as llm_model
+
+    model = _llama()
+    gen = bh.llm.from_hf(model, max_length=16)
+    docs = _region_documents(gen)
+    assert len(docs) == 2
+    assert sum(n["op"] == "kv_attention" for d in docs for n in d["nodes"]) == 2
+    spec = gen.spec
+    mod = llm_model.step_module(spec, 16)
+    params = llm_model.decoder_weights(spec, model)
+    plain = bh.llm.Generator(relax.build(bh.bind_params(mod, params), target="llvm"), spec, 16)
+    tokens = np.array([[3, 9, 27, 5], [40, 2, 0, 0]])
+    caches = [gen.new_cache(2), plain.new_cache(2)]
+    for step in range(3):
+        past, lengths = (np.array([0, 0]), np.array([4, 2])) if step == 0 else (np.array([3 + step, 1 + step]),
+                                                                                 np.array([1, 1]))
+        feed = tokens if step == 0 else np.array([[step], [step + 7]])
+        got, want = (g.step(feed, past, lengths, c) for g, c in zip((gen, plain), caches))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    for a, b in zip(*caches):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_written_input_that_is_no_region_input_is_refused_when_the_region_loads():
+    gen = bh.llm.from_hf(_llama(1), max_length=16)
+    doc = next(d for d in _region_documents(gen) if any(n["op"] == "kv_attention" for n in d["nodes"]))
+    node = next(n for n in doc["nodes"] if n["op"] == "kv_attention")
+    shapes = [[1 if isinstance(d, str) else d for d in doc["tensors"][t]["shape"]] for t in doc["inputs"]]
+    assert bh._C.plan_region(json.dumps(doc), shapes)["run_steps"]  # B = S = 1: the document as built plans
+    node["inputs"][3] = node["inputs"][0]  # k_cache := q, a node output
+    with pytest.raises(ValueError, match=r"input 3 \(tensor \d+\) is written in place by 'kv_attention' and so must "
+                                         r"be a float32 region input read by this node only; it is no region input"):
+        bh._C.plan_region(json.dumps(doc), shapes)

@@ -4,9 +4,9 @@
 >>> out = gen.generate(input_ids, max_new_tokens=32)   # int64 [batch, prompt + 32], greedy
 >>> gen.save("smollm"); gen = bh.llm.load("smollm")
 
-The decoder step is written from the model's config and weights (:mod:`.model`), partitioned (its
-denses, norms and MLP in oneDNN regions) and built once; each layer's attention is the runtime's
-``kv_attention`` (``cpp/kernels/kv_attention.cc``), which appends the step's K / V to caches the
+The decoder step is written from the model's config and weights (:mod:`.model`), partitioned (the
+whole decoder stack one oneDNN region, each layer's attention a ``kv_attention`` node of it) and
+built once; ``kv_attention`` (``cpp/kernels/kv_attention.cc``) appends the step's K / V to caches the
 generator preallocates (:mod:`.generator`) and attends over them in place.
 """
 

@@ -12,9 +12,12 @@ with symbolic ``B`` and ``S``: one module serves the prefill (any prompt length)
 are its new tokens (the rest padding), ``last[b]`` the flat row ``b * S + lengths[b] - 1`` whose
 hidden state the LM head reads (logits for each sequence's last position only). Each cache is
 ``[B, kv_heads, max_length, head_dim]`` float32, preallocated by the generator and written in place
-by each layer's ``byoc_hetero.runtime.kv_attention`` call (``R.call_tir_inplace`` of a TIR function calling it,
-``cpp/kernels/kv_attention.cc``): RoPE at the position offset, the new K / V rows appended at
-``past``, causal (sliding-window) grouped-query attention over the cache, no [S, S] mask.
+by each layer's attention, ``R.call_tir_inplace`` of the TIR function ``byoc_hetero_kv_attention``
+(q and both caches in place; ``cpp/kernels/kv_attention.cc``): RoPE at the position offset, the new
+K / V rows appended at ``past``, causal (sliding-window) grouped-query attention over the cache, no
+[S, S] mask. ``bh.partition`` makes that call a ``kv_attention`` node of the decoder's one region
+(backends/onednn/ops/kv_attention.py); the llvm-only build runs the TIR function, which calls the
+same kernel as the packed function ``byoc_hetero.runtime.kv_attention``.
 
 Everything else is ordinary Relax: denses are ``matmul(x, permute_dims(W))`` with ``W`` a weight
 parameter (bound as a constant by ``bh.partition``: what the oneDNN backend offloads and what a
@@ -161,17 +164,25 @@ def decoder_weights(spec: DecoderSpec, model) -> dict[str, np.ndarray]:
     return params
 
 
+KERNEL_FUNC = "byoc_hetero_kv_attention"
+"""The TIR function's name: the oneDNN backend's rule offloads calls of it (ops/kv_attention.py)."""
+
+
+def kv_params(spec: DecoderSpec) -> np.ndarray:
+    """The layer constants kv_attention takes as its last argument: scale, window, rope scale."""
+    return np.array([spec.head_dim ** -0.5, spec.sliding_window, spec.rope_scale], dtype="float32")
+
+
 def kv_attention_func(spec: DecoderSpec, max_length: int):
     """The TIR function the step calls with ``R.call_tir_inplace`` (q, k_cache, v_cache in place):
     it passes its buffers and the layer constants to the runtime's ``kv_attention``."""
     from tvm.script import tirx as T
 
     heads, kv_heads, dim, length = spec.heads, spec.kv_heads, spec.head_dim, max_length
-    scale, window, rope_scale = float(dim ** -0.5), int(spec.sliding_window), float(spec.rope_scale)
 
     @T.prim_func(private=True)
     def kv_attention(vq: T.handle, vk: T.handle, vv: T.handle, vkc: T.handle, vvc: T.handle, vpast: T.handle,
-                     vlengths: T.handle, vinv: T.handle):
+                     vlengths: T.handle, vinv: T.handle, vparams: T.handle):
         batch, rows = T.int64(), T.int64()
         q = T.match_buffer(vq, (batch, rows, heads, dim), "float32")
         k = T.match_buffer(vk, (batch, rows, kv_heads, dim), "float32")
@@ -181,8 +192,10 @@ def kv_attention_func(spec: DecoderSpec, max_length: int):
         past = T.match_buffer(vpast, (batch,), "int64")
         lengths = T.match_buffer(vlengths, (batch,), "int64")
         inv_freq = T.match_buffer(vinv, (dim // 2,), "float32")
-        T.evaluate(T.call_packed(KV_ATTENTION, q, k, v, k_cache, v_cache, past, lengths,
-                                 inv_freq, T.float64(scale), T.int64(window), T.float64(rope_scale)))
+        params = T.match_buffer(vparams, (3,), "float32")
+        T.evaluate(T.call_packed(KV_ATTENTION, q, k, v, k_cache, v_cache, past, lengths, inv_freq,
+                                 T.Cast("float64", params[0]), T.Cast("int64", params[1]),
+                                 T.Cast("float64", params[2])))
 
     return kv_attention
 
@@ -193,7 +206,8 @@ class _Step:
     def __init__(self, spec: DecoderSpec, max_length: int, weights: dict[str, relax.Var]):
         self.spec, self.max_length, self.w = spec, max_length, weights
         self.bb = relax.BlockBuilder.current()
-        self.kernel = self.bb.add_func(kv_attention_func(spec, max_length), "kv_attention")
+        self.kernel = self.bb.add_func(kv_attention_func(spec, max_length), KERNEL_FUNC)
+        self.kv_params = relax.const(kv_params(spec))
 
     def emit(self, expr: relax.Expr) -> relax.Var:
         return self.bb.emit(expr)
@@ -220,7 +234,7 @@ class _Step:
         cache = io[f"k_cache_{i}"].ty
         out = self.emit(R.call_tir_inplace(
             self.kernel, [q, k, v, io[f"k_cache_{i}"], io[f"v_cache_{i}"], io["past"], io["lengths"],
-                          self.w["inv_freq"]],
+                          self.w["inv_freq"], self.kv_params],
             inplace_indices=[0, 3, 4], out_ty=[q_type, cache, cache]))
         attended = self.emit(relax.TupleGetItem(out, 0))
         return self.linear(self.emit(R.reshape(attended, (b, s, spec.heads * spec.head_dim))), f"l{i}.o")

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "../threading.h"
+#include "kernel.h"
 
 namespace byoc_hetero {
 
@@ -54,16 +55,18 @@ namespace ffi = tvm::ffi;
 
 constexpr const char* kName = "byoc_hetero.runtime.kv_attention";
 
+using Shape = std::vector<int64_t>;
+
+std::string ShapeText(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 /*! \brief The geometry of one call, read from the arguments' shapes. */
 struct KvGeometry {
   int64_t batch = 0, rows = 0, heads = 0, kv_heads = 0, dim = 0, max_length = 0;
 };
-
-std::string ShapeText(const DLTensor& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + "]";
-}
 
 const DLTensor& TensorArg(const ffi::PackedArgs& args, int i, const char* name, int ndim, DLDataTypeCode code,
                           int bits) {
@@ -76,7 +79,7 @@ const DLTensor& TensorArg(const ffi::PackedArgs& args, int i, const char* name, 
   if (t.ndim != ndim || t.dtype.code != code || t.dtype.bits != bits || t.dtype.lanes != 1) {
     TVM_FFI_THROW(ValueError) << kName << ": " << name << " must be a rank-" << ndim << " "
                               << (code == kDLFloat ? "float" : "int") << bits << " tensor, got rank " << t.ndim
-                              << " shape " << ShapeText(t) << " dtype code " << int(t.dtype.code) << " bits "
+                              << " shape " << ShapeText(Shape(t.shape, t.shape + t.ndim)) << " dtype code " << int(t.dtype.code) << " bits "
                               << int(t.dtype.bits);
   }
   if (t.strides != nullptr) {
@@ -97,41 +100,40 @@ T* Data(const DLTensor& t) {
   return reinterpret_cast<T*>(static_cast<char*>(t.data) + t.byte_offset);
 }
 
-void ExpectShape(const DLTensor& t, const char* name, const std::vector<int64_t>& want) {
-  if (std::vector<int64_t>(t.shape, t.shape + t.ndim) != want) {
-    std::string w = "[";
-    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
-    TVM_FFI_THROW(ValueError) << kName << ": " << name << " must have shape " << w << "], got " << ShapeText(t);
+void ExpectShape(const Shape& shape, const char* name, const Shape& want, const std::string& where) {
+  if (shape != want) {
+    TVM_FFI_THROW(ValueError) << where << ": " << name << " must have shape " << ShapeText(want) << ", got "
+                              << ShapeText(shape);
   }
 }
 
-/*! \brief The call's geometry; every shape checked against it. */
-KvGeometry CheckShapes(const DLTensor& q, const DLTensor& k, const DLTensor& v, const DLTensor& kc,
-                       const DLTensor& vc, const DLTensor& past, const DLTensor& lengths, const DLTensor& inv) {
-  KvGeometry g{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], kc.shape[2]};
-  ExpectShape(k, "k", {g.batch, g.rows, g.kv_heads, g.dim});
-  ExpectShape(v, "v", {g.batch, g.rows, g.kv_heads, g.dim});
-  ExpectShape(kc, "k_cache", {g.batch, g.kv_heads, g.max_length, g.dim});
-  ExpectShape(vc, "v_cache", {g.batch, g.kv_heads, g.max_length, g.dim});
-  ExpectShape(past, "past", {g.batch});
-  ExpectShape(lengths, "lengths", {g.batch});
-  ExpectShape(inv, "inv_freq", {g.dim / 2});
+/*!
+ * \brief The geometry of q, k, v, k_cache, v_cache, past, lengths, inv_freq (ranks 4, 4, 4, 4, 4, 1, 1, 1
+ *        checked by the caller); every shape checked against it.
+ */
+KvGeometry CheckShapes(const std::vector<Shape>& s, const std::string& where) {
+  KvGeometry g{s[0][0], s[0][1], s[0][2], s[1][2], s[0][3], s[3][2]};
+  const char* names[] = {"q", "k", "v", "k_cache", "v_cache", "past", "lengths", "inv_freq"};
+  const std::vector<Shape> want = {s[0], {g.batch, g.rows, g.kv_heads, g.dim}, {g.batch, g.rows, g.kv_heads, g.dim},
+                                   {g.batch, g.kv_heads, g.max_length, g.dim},
+                                   {g.batch, g.kv_heads, g.max_length, g.dim}, {g.batch}, {g.batch}, {g.dim / 2}};
+  for (size_t k = 1; k < want.size(); ++k) ExpectShape(s[k], names[k], want[k], where);
   if (g.kv_heads == 0 || g.heads % g.kv_heads != 0 || g.dim % 2 != 0) {
-    TVM_FFI_THROW(ValueError) << kName << ": " << g.heads << " query heads over " << g.kv_heads
+    TVM_FFI_THROW(ValueError) << where << ": " << g.heads << " query heads over " << g.kv_heads
                               << " kv heads of dim " << g.dim << " (expected a whole group per kv head, even dim)";
   }
   return g;
 }
 
 /*! \brief Past and lengths within the cache: checked for every sequence before any write. */
-void CheckOffsets(const KvGeometry& g, const int64_t* past, const int64_t* lengths) {
+void CheckOffsets(const KvGeometry& g, const int64_t* past, const int64_t* lengths, const std::string& where) {
   for (int64_t b = 0; b < g.batch; ++b) {
     if (past[b] < 0 || lengths[b] < 0 || lengths[b] > g.rows) {
-      TVM_FFI_THROW(InputError) << kName << ": sequence " << b << " has past " << past[b] << " and " << lengths[b]
+      TVM_FFI_THROW(InputError) << where << ": sequence " << b << " has past " << past[b] << " and " << lengths[b]
                                 << " new tokens (expected past >= 0 and 0 <= new <= " << g.rows << ")";
     }
     if (past[b] + lengths[b] > g.max_length) {
-      TVM_FFI_THROW(InputError) << kName << ": sequence " << b << " would grow to " << past[b] + lengths[b]
+      TVM_FFI_THROW(InputError) << where << ": sequence " << b << " would grow to " << past[b] + lengths[b]
                                 << " tokens, past the cache's max_length " << g.max_length;
     }
   }
@@ -150,7 +152,8 @@ void Rotate(const float* x, float* y, const float* inv, int64_t half, int64_t po
 
 struct KvCall {
   KvGeometry g;
-  float *q, *kc, *vc;
+  const float* q;
+  float *out, *kc, *vc;
   const float *k, *v, *inv;
   const int64_t *past, *lengths;
   float scale, rope_scale;
@@ -174,11 +177,13 @@ void Append(const KvCall& c) {
   }
 }
 
-/*! \brief One query row (sequence b, new row s, head h) over its keys, written over its q row. */
+/*! \brief One query row (sequence b, new row s, head h) over its keys, written to its output row (which
+ *         may be its q row: q is read first). */
 void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<float>* scratch) {
   const KvGeometry& g = c.g;
   const int64_t d = g.dim;
-  float* out = c.q + ((b * g.rows + s) * g.heads + h) * d;
+  const int64_t row = ((b * g.rows + s) * g.heads + h) * d;
+  float* out = c.out + row;
   if (s >= c.lengths[b]) {
     std::fill(out, out + d, 0.f);
     return;
@@ -191,7 +196,7 @@ void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<flo
   scratch->resize(static_cast<size_t>(d + pos + 1));
   float* qr = scratch->data();
   float* w = qr + d;
-  Rotate(out, qr, c.inv, d / 2, pos, c.rope_scale);
+  Rotate(c.q + row, qr, c.inv, d / 2, pos, c.rope_scale);
   float top = -INFINITY;
   for (int64_t j = first; j <= pos; ++j) {
     const float* kr = keys + j * d;
@@ -214,6 +219,22 @@ void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<flo
   for (int64_t e = 0; e < d; ++e) out[e] *= inv_sum;
 }
 
+/*! \brief The whole call: offsets checked (before any write), rows appended, query rows attended. */
+void Run(const KvCall& c, const std::string& where, int max_threads) {
+  CheckOffsets(c.g, c.past, c.lengths, where);
+  Append(c);
+  const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks)));
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) {
+      AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
+    }
+  }
+}
+
 void KvAttention(ffi::PackedArgs args, ffi::Any* rv) {
   if (args.size() != 11) {
     TVM_FFI_THROW(ValueError) << kName << ": expected 11 arguments (q, k, v, k_cache, v_cache, past, lengths, "
@@ -227,26 +248,63 @@ void KvAttention(ffi::PackedArgs args, ffi::Any* rv) {
   const DLTensor& past = TensorArg(args, 5, "past", 1, kDLInt, 64);
   const DLTensor& lengths = TensorArg(args, 6, "lengths", 1, kDLInt, 64);
   const DLTensor& inv = TensorArg(args, 7, "inv_freq", 1, kDLFloat, 32);
-  KvCall c{CheckShapes(q, k, v, kc, vc, past, lengths, inv),
-           Data<float>(q), Data<float>(kc), Data<float>(vc), Data<float>(k), Data<float>(v), Data<float>(inv),
-           Data<int64_t>(past), Data<int64_t>(lengths),
+  std::vector<Shape> shapes;
+  for (const DLTensor* t : {&q, &k, &v, &kc, &vc, &past, &lengths, &inv}) shapes.emplace_back(t->shape, t->shape + t->ndim);
+  KvCall c{CheckShapes(shapes, kName),
+           Data<float>(q), Data<float>(q), Data<float>(kc), Data<float>(vc), Data<float>(k), Data<float>(v),
+           Data<float>(inv), Data<int64_t>(past), Data<int64_t>(lengths),
            static_cast<float>(args[8].cast<double>()), static_cast<float>(args[10].cast<double>()),
            args[9].cast<int64_t>()};
-  CheckOffsets(c.g, c.past, c.lengths);
-  Append(c);
-  const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(RegionThreads(), tasks)));
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<float> scratch;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tasks; ++t) {
-      AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
-    }
-  }
+  Run(c, kName, RegionThreads());
 }
 
 }  // namespace
+
+/*! \brief The region node: inputs q, k, v, k_cache, v_cache, past, lengths, inv_freq; attrs scale, window,
+ *         rope_scale; output [B, S, H, D]; k_cache and v_cache written in place (writes_inputs). */
+static std::unique_ptr<Kernel> BuildKvAttention(const KernelContext& ctx) {
+  ctx.ExpectInputCount(8, "q, k, v, k_cache, v_cache, past, lengths, inv_freq");
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const double scale = attrs.Float("scale", 1.0), rope_scale = attrs.Float("rope_scale", 1.0);
+  const int64_t window = attrs.Int("window", 0);
+  attrs.CheckNoUnknown();
+  if (!std::isfinite(scale) || !std::isfinite(rope_scale)) attrs.Fail("scale", "expected finite scale and rope_scale");
+  if (window < 0) attrs.Fail("window", "expected >= 0 (0: no sliding window)");
+  const size_t ranks[] = {4, 4, 4, 4, 4, 1, 1, 1};
+  const char* names[] = {"q", "k", "v", "k_cache", "v_cache", "past", "lengths", "inv_freq"};
+  std::vector<Shape> shapes;
+  std::vector<memory::desc> inputs;
+  for (size_t k = 0; k < 8; ++k) {
+    ctx.ExpectRank(k, names[k], ranks[k]);
+    const DType want = k == 5 || k == 6 ? DType::kInt64 : DType::kFloat32;
+    if (ctx.input(k).dtype != want) {
+      ctx.Fail(std::string(names[k]) + " is " + DTypeName(ctx.input(k).dtype) + ", expected " + DTypeName(want));
+    }
+    shapes.push_back(ctx.input(k).shape);
+    inputs.push_back(PlainDescOf(ctx.input(k)));  // plain: the caches are read and written where the caller has them
+  }
+  const KvGeometry g = CheckShapes(shapes, ctx.where());
+  ctx.ExpectOutputShape(shapes[0]);
+  const std::string where = ctx.where();
+  const int threads = ctx.threads;
+  HostFn fn = [g, scale, rope_scale, window, where, threads](const std::vector<void*>& p) {
+    auto f = [&](size_t k) { return static_cast<float*>(p[k]); };
+    const KvCall c{g, f(0), f(8), f(3), f(4), f(1), f(2), f(7), static_cast<const int64_t*>(p[5]),
+                   static_cast<const int64_t*>(p[6]), static_cast<float>(scale), static_cast<float>(rope_scale),
+                   window};
+    Run(c, where, threads);
+  };
+  return std::make_unique<HostKernel>(where, "kv_attention", std::move(fn), std::move(inputs),
+                                      PlainDescOf(ctx.output()));
+}
+
+static KernelTraits KvAttentionTraits() {
+  KernelTraits traits;
+  traits.writes_inputs = {3, 4};
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("kv_attention", BuildKvAttention, KvAttentionTraits());
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   if (!ffi::Function::GetGlobal(kName).has_value()) {
