@@ -155,6 +155,7 @@ PYBIND11_MODULE(_C, m) {
           d["joins_inputs"] = t.joins_inputs_along != nullptr;
           d["accepts_int8"] = t.accepts_int8;
           d["dynamic_int8_source"] = t.dynamic_int8_source;
+          d["writes_inputs"] = t.writes_inputs;
           out[py::str(op)] = d;
         }
         return out;

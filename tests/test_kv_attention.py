@@ -141,6 +141,9 @@ def test_the_step_is_one_region_with_a_kv_attention_node_per_layer_and_matches_t
 
 
 def test_a_written_input_that_is_no_region_input_is_refused_when_the_region_loads():
+    traits = bh._C.kernel_traits()
+    assert traits["kv_attention"]["writes_inputs"] == [3, 4]  # declared where the kernel registers
+    assert not any(t["writes_inputs"] for op, t in traits.items() if op != "kv_attention")
     gen = bh.llm.from_hf(_llama(1), max_length=16)
     doc = next(d for d in _region_documents(gen) if any(n["op"] == "kv_attention" for n in d["nodes"]))
     node = next(n for n in doc["nodes"] if n["op"] == "kv_attention")
