@@ -173,6 +173,15 @@ def test_cache_growth_past_max_length_is_an_input_error_and_writes_nothing():
     assert gen.generate(PROMPT, max_new_tokens=41).shape == (1, MAX_LENGTH)  # exactly full is fine
 
 
+def test_a_cache_of_another_shape_is_an_input_error():
+    _, gen = _built("llama")
+    with pytest.raises(bh.InputError, match=r"cache tensor 0 is float32 \[2, 2, 48, 16\]; this model's are float32 "
+                                            r"\[1, 2, 48, 16\]"):
+        gen.step(PROMPT, np.array([0]), np.array([7]), gen.new_cache(2))
+    with pytest.raises(bh.InputError, match="the cache holds 2 tensors"):
+        gen.step(PROMPT, np.array([0]), np.array([7]), gen.new_cache(1)[:2])
+
+
 def test_bad_prompts_are_input_errors_naming_them():
     _, gen = _built("llama")
     with pytest.raises(bh.InputError, match=r"the prompt \(50 tokens with a prompt of 50\) is longer than the cache"):

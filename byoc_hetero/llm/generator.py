@@ -100,11 +100,23 @@ class Generator:
         shape = (batch, self.spec.kv_heads, self.max_length, self.spec.head_dim)
         return [_tensor(np.zeros(shape, "float32")) for _ in range(2 * self.spec.layers)]
 
+    def _check_cache(self, cache: list[Any], batch: int) -> None:
+        want = (batch, self.spec.kv_heads, self.max_length, self.spec.head_dim)
+        if len(cache) != 2 * self.spec.layers:
+            raise InputError(f"the cache holds {len(cache)} tensors; this model's has {2 * self.spec.layers} "
+                             f"(K and V of {self.spec.layers} layers)")
+        for i, c in enumerate(cache):
+            if tuple(c.shape) != want or str(c.dtype) != "float32":
+                raise InputError(f"cache tensor {i} is {str(c.dtype)} {list(c.shape)}; this model's are float32 "
+                                 f"{list(want)} (batch, kv_heads, max_length, head_dim): a cache of another model or "
+                                 "batch")
+
     def step(self, tokens: np.ndarray, past: np.ndarray, lengths: np.ndarray, cache: list[Any]) -> np.ndarray:
         """One call of the decoder step: ``tokens`` [batch, S] int64 after ``past`` [batch] cached
         tokens, ``lengths`` [batch] of its rows real; appends them to ``cache`` in place and returns
         the logits of each sequence's last new row, float32 [batch, vocab]."""
         batch, rows = tokens.shape
+        self._check_cache(cache, batch)
         last = np.arange(batch, dtype="int64") * rows + np.maximum(lengths, 1) - 1
         out = self._main(_tensor(np.ascontiguousarray(tokens, dtype="int64")), _tensor(past.astype("int64")),
                          _tensor(lengths.astype("int64")), _tensor(last), *cache)

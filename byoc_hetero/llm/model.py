@@ -259,7 +259,8 @@ class _Step:
 def weight_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape of every weight :func:`step_module` declares."""
     q, kv, hd = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.hidden
-    shapes: dict[str, tuple[int, ...]] = {"embed": (spec.vocab, hd), "final_norm": (hd,), "inv_freq": (spec.head_dim // 2,)}
+    shapes: dict[str, tuple[int, ...]] = {"embed": (spec.vocab, hd), "final_norm": (hd,),
+                                          "inv_freq": (spec.head_dim // 2,)}
     for i in range(spec.layers):
         per = {"in_norm": (hd,), "post_norm": (hd,), "q": (q, hd), "k": (kv, hd), "v": (kv, hd), "o": (hd, q),
                "gate": (spec.intermediate, hd), "up": (spec.intermediate, hd), "down": (hd, spec.intermediate)}
