@@ -44,7 +44,7 @@ from .rules import (
     unregister_op_rule,
     unregister_pattern,
 )
-from . import placement  # noqa: E402
+from . import llm, placement  # noqa: E402
 from .tune import TuneReport, tune  # noqa: E402
 from .placement import (  # noqa: E402,A004
     compile,
@@ -75,6 +75,7 @@ __all__ = [
     "from_torch",
     "InputError",
     "IntegrityError",
+    "llm",
     "Match",
     "OpProfile",
     "PlacementError",

@@ -5,7 +5,8 @@ the picture), ``run MODEL.onnx --input x.npy`` (run the offloaded build; ``run m
 exported library, its file structure checked before loading), ``bench MODEL.onnx``
 (offloaded vs llvm-only latency), ``tune MODEL.onnx`` (``bh.tune``: decisions measured on this
 machine, a progress bar on stderr, the tuning report; ``-o lib.so`` writes the tuned library),
-``serve LIB.so`` (Ray Serve), ``info`` (versions, oneDNN ISA, kernels). ``report``, ``run`` and
+``serve LIB.so`` (Ray Serve), ``generate FOLDER --ids 1,2,3`` (``bh.llm``: tokens from a Hugging
+Face decoder folder or a saved generator, streamed), ``info`` (versions, oneDNN ISA, kernels). ``report``, ``run`` and
 ``bench`` take ``--quantize DIR``: the float model is first quantized to int8 by
 :func:`byoc_hetero.quantize`, calibrated on the samples in ``DIR`` (docs/quantize.md).
 
@@ -124,7 +125,41 @@ def _parser() -> argparse.ArgumentParser:
                      help="default: onnxruntime for .onnx files, byoc otherwise")
 
     sub.add_parser("info", help="versions, oneDNN ISA, native bf16 and the runtime's kernels")
+    _add_generate(sub)
     return parser
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser("generate", help="generate tokens with a decoder (bh.llm): a Hugging Face model folder or "
+                                          "a generator saved with gen.save")
+    gen.add_argument("model", type=Path, help="a folder: a transformers ...ForCausalLM (config.json + weights, "
+                                              "built here) or a generator saved by Generator.save")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--ids", type=_token_ids, help="the prompt as token ids, comma-separated")
+    prompt.add_argument("--prompt", help="the prompt as text (needs the model folder's tokenizer)")
+    gen.add_argument("--max-new-tokens", type=_positive, default=32, help="tokens to generate (default 32)")
+    gen.add_argument("--max-length", type=_positive, default=512,
+                     help="cache length when building from a Hugging Face folder (default 512)")
+    gen.add_argument("--weights", choices=("f32", "bf16", "int8", "int4"), default="f32",
+                     help="weight precision when building (int8/int4: not yet, an error)")
+    gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", type=_token_ids, help="token ids that end the sequence (default: the model's eos)")
+    gen.add_argument("--save", type=Path, metavar="DIR", help="also save the built generator to DIR (bh.llm.load)")
+
+
+def _token_ids(text: str) -> list[int]:
+    """``--ids 1,2,3``: token ids; else a usage error."""
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated token ids")
+    return ids
 
 
 def _add_tune(sub) -> None:
@@ -431,6 +466,41 @@ def exit_code(err: BaseException) -> int:
     return EXIT_INTERNAL
 
 
+def _cmd_generate(args) -> None:
+    """Build (or load) a generator and stream its tokens to stdout: text with a tokenizer, else ids."""
+    import numpy as np
+
+    from . import llm
+
+    folder = args.model
+    if (folder / llm.generator.MANIFEST).is_file():
+        gen, tokenizer, eos = llm.load(folder), None, None
+    elif (folder / "config.json").is_file():
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype="float32")
+        gen = llm.from_hf(model, max_length=args.max_length, weights=args.weights)
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        tokenizer = None
+        if args.prompt is not None:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    else:
+        raise ModelFileError(f"{folder} holds neither a generator (generator.json) nor a Hugging Face model "
+                             "(config.json)")
+    if args.save is not None:
+        gen.save(args.save)
+    if args.prompt is not None and tokenizer is None:
+        raise InputError("--prompt needs a tokenizer: give a Hugging Face model folder with one, or use --ids")
+    ids = args.ids if args.prompt is None else tokenizer(args.prompt)["input_ids"]
+    stop = args.stop if args.stop is not None else eos
+    stream = gen.stream(np.array([ids], dtype="int64"), args.max_new_tokens, do_sample=args.sample,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=stop)
+    for step in stream:
+        token = int(step[0])
+        print(tokenizer.decode([token]) if tokenizer else token, end="" if tokenizer else " ", flush=True)
+    print()
+
+
 def _describe(err: BaseException) -> str:
     """For stderr: our messages as they are, anything else as its class name and first line."""
     if isinstance(err, ByocError):
@@ -458,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
             _cmd_tune(args)
         elif args.command == "serve":
             _cmd_serve(args)
+        elif args.command == "generate":
+            _cmd_generate(args)
         elif args.command == "info":
             c = bh._C
             print(f"byoc_hetero {bh.__version__}, oneDNN {c.onednn_version()} ({c.isa()}), "

@@ -131,6 +131,7 @@ class Planner : public planning::ConcatInPlace {
     for (size_t n = 0; n < g_.nodes.size(); ++n) {
       const NodeInfo& node = g_.nodes[n];
       CheckQuantizedOperands(n);
+      CheckWrittenInputs(n);
       KernelBuilder builder = FindKernelBuilder(node.op);
       if (builder == nullptr) {
         std::string ops;
@@ -186,6 +187,33 @@ class Planner : public planning::ConcatInPlace {
   }
 
  private:
+  /*! \brief An input the kernel writes in place (KernelTraits::writes_inputs) is the caller's own buffer:
+   *         a float32 region input, read by no other node, no region output. */
+  void CheckWrittenInputs(size_t n) const {
+    const NodeInfo& node = g_.nodes[n];
+    for (size_t k : FindKernelTraits(node.op).writes_inputs) {
+      if (k >= node.inputs.size()) continue;  // the kernel reports the input count
+      const int t = node.inputs[k];
+      size_t readers = 0;
+      for (const NodeInfo& other : g_.nodes) readers += std::count(other.inputs.begin(), other.inputs.end(), t);
+      std::string why;  // the first reason that applies
+      if (g_.roles[t] != TensorRole::kInput) {
+        why = "is no region input";
+      } else if (g_.tensors[t].dtype != DType::kFloat32) {
+        why = "is not float32";
+      } else if (std::count(g_.outputs.begin(), g_.outputs.end(), t) > 0) {
+        why = "is also a region output";
+      } else if (readers != 1) {
+        why = "is read by " + std::to_string(readers) + " node inputs";
+      }
+      if (!why.empty()) {
+        TVM_FFI_THROW(ValueError) << g_.where(n) << ": input " << k << " (tensor " << t << ") is written in place by '"
+                                  << node.op << "' and so must be a float32 region input read by this node only; it "
+                                  << why;
+      }
+    }
+  }
+
   /*! \brief An 8-bit (u8/s8) operand reaches only a kernel that declares it reads them. */
   void CheckQuantizedOperands(size_t n) const {
     const NodeInfo& node = g_.nodes[n];

@@ -156,13 +156,14 @@ PYBIND11_MODULE(_C, m) {
           d["accepts_int8"] = t.accepts_int8;
           d["dynamic_int8_source"] = t.dynamic_int8_source;
           d["accepts_float16"] = t.accepts_float16;
+          d["writes_inputs"] = t.writes_inputs;
           out[py::str(op)] = d;
         }
         return out;
       },
       "Per op, what its kernel declared when it registered (kernel.h, KernelTraits): bf16_input (it "
       "says how a bf16 region reads its inputs), joins_inputs (its output is its inputs laid end to "
-      "end, planned in place), accepts_int8, dynamic_int8_source, accepts_float16.");
+      "end, planned in place), accepts_int8, dynamic_int8_source, accepts_float16, writes_inputs.");
   m.def("bf16_native", &byoc_hetero::Bf16Native,
         "Whether oneDNN runs bf16 natively here (effective ISA avx512_core_bf16 or later).");
   m.def(

@@ -419,6 +419,14 @@ struct KernelTraits {
    *        operand of any other op (VisitDType and the float32 kernels do not know the type).
    */
   bool accepts_float16 = false;
+  /*!
+   * \brief Node inputs the kernel writes in place (kv_attention's KV caches), besides its output.
+   *        The planner accepts such an input only as a region input (the caller's buffer, read
+   *        zero-copy: the kernel declares it plain), float32, read by no other node and no region
+   *        output (CompiledRegion refuses any other document: docs/region-format.md, "Written
+   *        inputs").  Empty: the kernel writes only its output.
+   */
+  std::vector<size_t> writes_inputs;
 
   /*! \brief bf16_input(node, k), or kF32 when not declared. */
   Bf16Read Bf16Input(const NodeInfo& node, size_t k) const {

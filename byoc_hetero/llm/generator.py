@@ -1,0 +1,218 @@
+"""The generator: a built decoder step, its KV caches and the token loop.
+
+One :class:`Generator` holds the built step function (``model.step_module``, partitioned and built
+for llvm + oneDNN regions). ``generate`` / ``stream`` allocate one cache per layer and K / V for
+the batch, ``[batch, kv_heads, max_length, head_dim]`` float32, once per call; every step passes
+the same cache tensors and the kernel appends to them in place (no copy of a cache per token).
+A step is one call of the VM function: the prefill with all prompt rows (prompts of different
+lengths padded on the right, ``lengths`` telling the kernel which rows are real), then one call per
+new token with ``S`` = 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import InputError
+from .model import DecoderSpec
+from .sampling import Sampler
+
+FORMAT = "byoc_hetero.llm"
+VERSION = 1
+LIBRARY = "model.so"
+MANIFEST = "generator.json"
+
+
+def _tensor(array: np.ndarray) -> Any:
+    return tvm.runtime.tensor(array, tvm.cpu())
+
+
+def _stop_ids(stop: int | Iterable[int] | None) -> set[int]:
+    if stop is None:
+        return set()
+    if isinstance(stop, (int, np.integer)):
+        return {int(stop)}
+    return {int(s) for s in stop}
+
+
+class Generator:
+    """Token generation with a decoder built by :func:`byoc_hetero.llm.from_hf` (or loaded by
+    :func:`byoc_hetero.llm.load`).
+
+    >>> gen = bh.llm.from_hf(model, max_length=64)
+    >>> out = gen.generate(np.array([[1, 2, 3]]), max_new_tokens=8)   # int64 [1, 3 + 8]
+    """
+
+    def __init__(self, executable: Any, spec: DecoderSpec, max_length: int, weights: str = "f32"):
+        self._executable = executable
+        self.spec = spec
+        self.max_length = int(max_length)
+        self.weights = weights
+        self._vm = relax.VirtualMachine(executable, tvm.cpu())
+        self._main = self._vm["main"]
+
+    # ---- inputs ---------------------------------------------------------------------------------
+    def _prompts(self, input_ids: Any) -> tuple[list[np.ndarray], bool]:
+        """(one int64 row per sequence, whether the input was rectangular), checked."""
+        if hasattr(input_ids, "detach"):  # a torch tensor
+            input_ids = input_ids.detach().cpu().numpy()
+        rectangular = isinstance(input_ids, np.ndarray)
+        if rectangular:
+            if input_ids.ndim == 1:
+                input_ids = input_ids[None]
+            if input_ids.ndim != 2:
+                raise InputError(f"input_ids must be [batch, length] (or a list of sequences), got shape "
+                                 f"{list(input_ids.shape)}")
+        rows = [np.asarray(r) for r in input_ids]
+        if not rows:
+            raise InputError("input_ids holds no sequence")
+        for b, row in enumerate(rows):
+            if row.ndim != 1 or row.size == 0 or not np.issubdtype(row.dtype, np.integer):
+                raise InputError(f"input_ids sequence {b} must be a non-empty list of integer token ids, got "
+                                 f"shape {list(row.shape)} dtype {row.dtype}")
+            bad = row[(row < 0) | (row >= self.spec.vocab)]
+            if bad.size:
+                raise InputError(f"input_ids sequence {b} has token id {int(bad[0])}, outside the vocabulary "
+                                 f"[0, {self.spec.vocab})")
+        return [r.astype("int64") for r in rows], rectangular
+
+    def _check_room(self, prompts: list[np.ndarray], max_new_tokens: int) -> None:
+        if int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens}")
+        for b, row in enumerate(prompts):
+            if row.size + max_new_tokens > self.max_length:
+                what = "the prompt" if row.size > self.max_length else f"the prompt + max_new_tokens {max_new_tokens}"
+                raise InputError(f"input_ids sequence {b}: {what} ({row.size + max_new_tokens} tokens with a "
+                                 f"prompt of {row.size}) is longer than the cache's max_length {self.max_length}")
+
+    # ---- the step -------------------------------------------------------------------------------
+    def new_cache(self, batch: int) -> list[Any]:
+        """Fresh KV caches for ``batch`` sequences: per layer K then V, [batch, kv_heads, max_length,
+        head_dim] float32 (what :meth:`step` takes and writes in place)."""
+        shape = (batch, self.spec.kv_heads, self.max_length, self.spec.head_dim)
+        return [_tensor(np.zeros(shape, "float32")) for _ in range(2 * self.spec.layers)]
+
+    def _check_cache(self, cache: list[Any], batch: int) -> None:
+        want = (batch, self.spec.kv_heads, self.max_length, self.spec.head_dim)
+        if len(cache) != 2 * self.spec.layers:
+            raise InputError(f"the cache holds {len(cache)} tensors; this model's has {2 * self.spec.layers} "
+                             f"(K and V of {self.spec.layers} layers)")
+        for i, c in enumerate(cache):
+            if tuple(c.shape) != want or str(c.dtype) != "float32":
+                raise InputError(f"cache tensor {i} is {str(c.dtype)} {list(c.shape)}; this model's are float32 "
+                                 f"{list(want)} (batch, kv_heads, max_length, head_dim): a cache of another model or "
+                                 "batch")
+
+    def step(self, tokens: np.ndarray, past: np.ndarray, lengths: np.ndarray, cache: list[Any]) -> np.ndarray:
+        """One call of the decoder step: ``tokens`` [batch, S] int64 after ``past`` [batch] cached
+        tokens, ``lengths`` [batch] of its rows real; appends them to ``cache`` in place and returns
+        the logits of each sequence's last new row, float32 [batch, vocab]."""
+        batch, rows = tokens.shape
+        self._check_cache(cache, batch)
+        last = np.arange(batch, dtype="int64") * rows + np.maximum(lengths, 1) - 1
+        out = self._main(_tensor(np.ascontiguousarray(tokens, dtype="int64")), _tensor(past.astype("int64")),
+                         _tensor(lengths.astype("int64")), _tensor(last), *cache)
+        return out.numpy()
+
+    # ---- generation -----------------------------------------------------------------------------
+    def stream(self, input_ids: Any, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+               stop: int | Iterable[int] | None = None) -> Iterator[np.ndarray]:
+        """Yield the next token of every sequence (int64 [batch]) as it comes, at most
+        ``max_new_tokens`` times; a sequence that produced a token of ``stop`` repeats that token
+        from then on, and the stream ends when every sequence has stopped. Arguments as
+        :meth:`generate`'s."""
+        sampler = Sampler(do_sample, temperature, top_k, top_p, seed)
+        prompts, _ = self._prompts(input_ids)
+        self._check_room(prompts, max_new_tokens)
+        yield from self._tokens(prompts, int(max_new_tokens), sampler, _stop_ids(stop))
+
+    def _tokens(self, prompts: list[np.ndarray], max_new_tokens: int, sampler: Sampler,
+                stop: set[int]) -> Iterator[np.ndarray]:
+        if max_new_tokens == 0:
+            return
+        batch = len(prompts)
+        lengths = np.array([p.size for p in prompts], dtype="int64")
+        tokens = np.zeros((batch, int(lengths.max())), dtype="int64")
+        for b, p in enumerate(prompts):
+            tokens[b, :p.size] = p
+        cache, rng = self.new_cache(batch), sampler.rng()
+        past = np.zeros(batch, dtype="int64")
+        done = np.zeros(batch, dtype=bool)
+        for n in range(max_new_tokens):
+            chosen = sampler.choose(self.step(tokens, past, lengths, cache), rng)
+            nxt = np.where(done, tokens[:, 0], chosen)  # a stopped sequence repeats its stop token
+            done |= np.isin(nxt, sorted(stop))
+            yield nxt
+            if done.all() or n + 1 == max_new_tokens:
+                return
+            past = past + lengths
+            lengths = np.where(done, 0, 1).astype("int64")  # a stopped sequence writes nothing more
+            tokens = nxt[:, None]
+
+    def generate(self, input_ids: Any, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 stop: int | Iterable[int] | None = None) -> np.ndarray | list[np.ndarray]:
+        """Generate up to ``max_new_tokens`` tokens after each prompt, as transformers' ``generate``.
+
+        ``input_ids``: int [batch, length] (numpy or torch), or a list of sequences of different
+        lengths. Greedy by default; ``do_sample`` draws with ``temperature`` / ``top_k`` / ``top_p``
+        from a generator seeded with ``seed`` (reproducible). ``stop``: a token id or ids that end a
+        sequence (included in it). Returns int64 [batch, length + new] for a rectangular input
+        (sequences that stopped early padded with their stop token, as transformers pads with
+        ``eos``), else one int64 array per sequence (its prompt and new tokens up to its stop).
+        A prompt (plus ``max_new_tokens``) longer than ``max_length``, or a token id outside the
+        vocabulary, raises :class:`~byoc_hetero.InputError` before anything runs.
+        """
+        sampler = Sampler(do_sample, temperature, top_k, top_p, seed)
+        prompts, rectangular = self._prompts(input_ids)
+        self._check_room(prompts, max_new_tokens)
+        stop_ids = _stop_ids(stop)
+        new = list(self._tokens(prompts, int(max_new_tokens), sampler, stop_ids))
+        steps = np.stack(new, axis=1) if new else np.zeros((len(prompts), 0), dtype="int64")
+        if rectangular:
+            return np.concatenate([np.stack(prompts), steps], axis=1)
+        out = []
+        for b, p in enumerate(prompts):
+            row = steps[b]
+            ends = [i for i, t in enumerate(row) if int(t) in stop_ids]
+            out.append(np.concatenate([p, row[: ends[0] + 1] if ends else row]))
+        return out
+
+    # ---- files ----------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the generator to the folder ``path``: the built library (``model.so``, weights
+        inside) and ``generator.json`` (the decoder's sizes, max_length, weights). Returns the folder."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._executable.export_library(str(folder / LIBRARY))
+        manifest = {"format": FORMAT, "version": VERSION, "max_length": self.max_length, "weights": self.weights,
+                    "spec": self.spec.to_json()}
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        return folder
+
+
+def load(path: str | os.PathLike) -> Generator:
+    """A :class:`Generator` saved by :meth:`Generator.save` in the folder ``path``."""
+    from ..errors import ModelFileError
+    from ..library import load_module
+
+    folder = Path(path)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        raise ModelFileError(f"bh.llm.load: {folder / MANIFEST} is not a readable generator manifest: {err}") from err
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ModelFileError(f"bh.llm.load: {folder / MANIFEST} is format {manifest.get('format')!r} version "
+                             f"{manifest.get('version')!r}; expected {FORMAT!r} version {VERSION}")
+    spec = DecoderSpec(**manifest["spec"])
+    return Generator(load_module(folder / LIBRARY), spec, manifest["max_length"], manifest.get("weights", "f32"))
+

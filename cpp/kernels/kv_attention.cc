@@ -1,0 +1,315 @@
+/*!
+ * \file kernels/kv_attention.cc
+ * \brief kv_attention: one decoder layer's attention over a KV cache kept in place (generation,
+ *        byoc_hetero/llm): RoPE at each sequence's position offset, the new K / V rows appended to
+ *        the cache at that offset, causal (optionally sliding-window) attention of the new query rows
+ *        over [0, offset + row], grouped-query heads.  No [S, S] mask, no copy of the cache.
+ *
+ * The packed function byoc_hetero.runtime.kv_attention, returning nothing: it writes q, k_cache and
+ * v_cache in place.  The step function calls it from a TIR function (T.call_packed with the
+ * buffers) that Relax calls with R.call_tir_inplace, inplace_indices [0, 3, 4]: the in-place writes
+ * are declared in the IR, not a side effect hidden from it (byoc_hetero/llm/model.py):
+ *
+ *   kv_attention(q, k, v, k_cache, v_cache, past, lengths, inv_freq, scale, window, rope_scale)
+ *
+ *   q         [B, S, H, D]   float32, the query rows before RoPE; the output is written here (in place:
+ *                            each row's output is computed from its own q row, read first)
+ *   k, v      [B, S, KV, D]  float32, the new key (before RoPE) and value rows
+ *   k_cache,  [B, KV, M, D]  float32, written in place: row past[b] + s of sequence b gets the rotated
+ *   v_cache                  k / the v of new row s, for s < lengths[b]; nothing else is written
+ *   past      [B] int64      tokens already in each sequence's cache
+ *   lengths   [B] int64      new rows of each sequence (<= S; rows from lengths[b] on are padding:
+ *                            their output is 0 and they write no cache row)
+ *   inv_freq  [D / 2] float32  RoPE's inverse frequencies (transformers' rotary init for the config)
+ *   scale     float  softmax scale (1 / sqrt(D) for these models)
+ *   window    int    sliding window (key j is seen from position p when p - j < window), 0: none
+ *   rope_scale float  factor on cos and sin (transformers' attention_scaling, 1 for the default RoPE)
+ *
+ * Every argument is checked before anything is written: a sequence whose past + length exceeds M,
+ * a negative past or length, a length above S is an InputError naming the sequence; shapes and
+ * dtypes that do not fit a ValueError naming the argument.  Numerics: RoPE as transformers computes
+ * it (float32 angle = position * inv_freq, cos / sin in float32), scores scaled and soft-maxed
+ * with the running maximum subtracted (f32 throughout), so results match torch within rounding.
+ */
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../threading.h"
+#include "kernel.h"
+
+namespace byoc_hetero {
+
+namespace {
+
+namespace ffi = tvm::ffi;
+
+constexpr const char* kName = "byoc_hetero.runtime.kv_attention";
+
+using Shape = std::vector<int64_t>;
+
+std::string ShapeText(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/*! \brief The geometry of one call, read from the arguments' shapes. */
+struct KvGeometry {
+  int64_t batch = 0, rows = 0, heads = 0, kv_heads = 0, dim = 0, max_length = 0;
+};
+
+const DLTensor& TensorArg(const ffi::PackedArgs& args, int i, const char* name, int ndim, DLDataTypeCode code,
+                          int bits) {
+  std::optional<DLTensor*> dl = args[i].try_cast<DLTensor*>();
+  if (!dl.has_value() || *dl == nullptr) {
+    TVM_FFI_THROW(ValueError) << kName << ": argument " << i << " (" << name << ") must be a tensor, got "
+                              << args[i].GetTypeKey();
+  }
+  const DLTensor& t = **dl;
+  if (t.ndim != ndim || t.dtype.code != code || t.dtype.bits != bits || t.dtype.lanes != 1) {
+    TVM_FFI_THROW(ValueError) << kName << ": " << name << " must be a rank-" << ndim << " "
+                              << (code == kDLFloat ? "float" : "int") << bits << " tensor, got rank " << t.ndim
+                              << " shape " << ShapeText(Shape(t.shape, t.shape + t.ndim)) << " dtype code " << int(t.dtype.code) << " bits "
+                              << int(t.dtype.bits);
+  }
+  if (t.strides != nullptr) {
+    int64_t step = 1;
+    for (int d = ndim; d-- > 0;) {
+      if (t.shape[d] != 1 && t.strides[d] != step) {
+        TVM_FFI_THROW(ValueError) << kName << ": " << name << " must be contiguous (row-major)";
+      }
+      step *= t.shape[d];
+    }
+  }
+  if (t.device.device_type != kDLCPU) TVM_FFI_THROW(ValueError) << kName << ": " << name << " is not on the CPU";
+  return t;
+}
+
+template <typename T>
+T* Data(const DLTensor& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data) + t.byte_offset);
+}
+
+void ExpectShape(const Shape& shape, const char* name, const Shape& want, const std::string& where) {
+  if (shape != want) {
+    TVM_FFI_THROW(ValueError) << where << ": " << name << " must have shape " << ShapeText(want) << ", got "
+                              << ShapeText(shape);
+  }
+}
+
+/*!
+ * \brief The geometry of q, k, v, k_cache, v_cache, past, lengths, inv_freq (ranks 4, 4, 4, 4, 4, 1, 1, 1
+ *        checked by the caller); every shape checked against it.
+ */
+KvGeometry CheckShapes(const std::vector<Shape>& s, const std::string& where) {
+  KvGeometry g{s[0][0], s[0][1], s[0][2], s[1][2], s[0][3], s[3][2]};
+  const char* names[] = {"q", "k", "v", "k_cache", "v_cache", "past", "lengths", "inv_freq"};
+  const std::vector<Shape> want = {s[0], {g.batch, g.rows, g.kv_heads, g.dim}, {g.batch, g.rows, g.kv_heads, g.dim},
+                                   {g.batch, g.kv_heads, g.max_length, g.dim},
+                                   {g.batch, g.kv_heads, g.max_length, g.dim}, {g.batch}, {g.batch}, {g.dim / 2}};
+  for (size_t k = 1; k < want.size(); ++k) ExpectShape(s[k], names[k], want[k], where);
+  if (g.kv_heads == 0 || g.heads % g.kv_heads != 0 || g.dim % 2 != 0) {
+    TVM_FFI_THROW(ValueError) << where << ": " << g.heads << " query heads over " << g.kv_heads
+                              << " kv heads of dim " << g.dim << " (expected a whole group per kv head, even dim)";
+  }
+  return g;
+}
+
+/*! \brief Past and lengths within the cache: checked for every sequence before any write. */
+void CheckOffsets(const KvGeometry& g, const int64_t* past, const int64_t* lengths, const std::string& where) {
+  for (int64_t b = 0; b < g.batch; ++b) {
+    if (past[b] < 0 || lengths[b] < 0 || lengths[b] > g.rows) {
+      TVM_FFI_THROW(InputError) << where << ": sequence " << b << " has past " << past[b] << " and " << lengths[b]
+                                << " new tokens (expected past >= 0 and 0 <= new <= " << g.rows << ")";
+    }
+    if (past[b] + lengths[b] > g.max_length) {
+      TVM_FFI_THROW(InputError) << where << ": sequence " << b << " would grow to " << past[b] + lengths[b]
+                                << " tokens, past the cache's max_length " << g.max_length;
+    }
+  }
+}
+
+/*! \brief y = rope(x) at position pos: transformers' x * cos + rotate_half(x) * sin (times rope_scale). */
+void Rotate(const float* x, float* y, const float* inv, int64_t half, int64_t pos, float rope_scale) {
+  for (int64_t j = 0; j < half; ++j) {
+    const float angle = static_cast<float>(pos) * inv[j];
+    const float c = std::cos(angle) * rope_scale, s = std::sin(angle) * rope_scale;
+    const float lo = x[j], hi = x[j + half];
+    y[j] = lo * c + (-hi) * s;
+    y[j + half] = hi * c + lo * s;
+  }
+}
+
+struct KvCall {
+  KvGeometry g;
+  const float* q;
+  float *out, *kc, *vc;
+  const float *k, *v, *inv;
+  const int64_t *past, *lengths;
+  float scale, rope_scale;
+  int64_t window;
+};
+
+/*! \brief Append the new K (rotated) / V rows of every sequence at its offset. */
+void Append(const KvCall& c) {
+  const KvGeometry& g = c.g;
+  const int64_t d = g.dim;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t s = 0; s < c.lengths[b]; ++s) {
+      const int64_t pos = c.past[b] + s;
+      for (int64_t h = 0; h < g.kv_heads; ++h) {
+        const int64_t src = ((b * g.rows + s) * g.kv_heads + h) * d;
+        const int64_t dst = ((b * g.kv_heads + h) * g.max_length + pos) * d;
+        Rotate(c.k + src, c.kc + dst, c.inv, d / 2, pos, c.rope_scale);
+        std::memcpy(c.vc + dst, c.v + src, sizeof(float) * d);
+      }
+    }
+  }
+}
+
+/*! \brief One query row (sequence b, new row s, head h) over its keys, written to its output row (which
+ *         may be its q row: q is read first). */
+void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<float>* scratch) {
+  const KvGeometry& g = c.g;
+  const int64_t d = g.dim;
+  const int64_t row = ((b * g.rows + s) * g.heads + h) * d;
+  float* out = c.out + row;
+  if (s >= c.lengths[b]) {
+    std::fill(out, out + d, 0.f);
+    return;
+  }
+  const int64_t pos = c.past[b] + s;
+  const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+  const int64_t kvh = h / (g.heads / g.kv_heads);
+  const float* keys = c.kc + (b * g.kv_heads + kvh) * g.max_length * d;
+  const float* values = c.vc + (b * g.kv_heads + kvh) * g.max_length * d;
+  scratch->resize(static_cast<size_t>(d + pos + 1));
+  float* qr = scratch->data();
+  float* w = qr + d;
+  Rotate(c.q + row, qr, c.inv, d / 2, pos, c.rope_scale);
+  float top = -INFINITY;
+  for (int64_t j = first; j <= pos; ++j) {
+    const float* kr = keys + j * d;
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t e = 0; e < d; ++e) dot += qr[e] * kr[e];
+    w[j] = dot * c.scale;
+    top = std::max(top, w[j]);
+  }
+  float sum = 0.f;
+  for (int64_t j = first; j <= pos; ++j) sum += (w[j] = std::exp(w[j] - top));
+  std::fill(out, out + d, 0.f);
+  for (int64_t j = first; j <= pos; ++j) {
+    const float p = w[j];
+    const float* vr = values + j * d;
+#pragma omp simd
+    for (int64_t e = 0; e < d; ++e) out[e] += p * vr[e];
+  }
+  const float inv_sum = 1.f / sum;
+  for (int64_t e = 0; e < d; ++e) out[e] *= inv_sum;
+}
+
+/*! \brief The whole call: offsets checked (before any write), rows appended, query rows attended. */
+void Run(const KvCall& c, const std::string& where, int max_threads) {
+  CheckOffsets(c.g, c.past, c.lengths, where);
+  Append(c);
+  const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks)));
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) {
+      AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
+    }
+  }
+}
+
+void KvAttention(ffi::PackedArgs args, ffi::Any* rv) {
+  if (args.size() != 11) {
+    TVM_FFI_THROW(ValueError) << kName << ": expected 11 arguments (q, k, v, k_cache, v_cache, past, lengths, "
+                              << "inv_freq, scale, window, rope_scale), got " << args.size();
+  }
+  const DLTensor& q = TensorArg(args, 0, "q", 4, kDLFloat, 32);
+  const DLTensor& k = TensorArg(args, 1, "k", 4, kDLFloat, 32);
+  const DLTensor& v = TensorArg(args, 2, "v", 4, kDLFloat, 32);
+  const DLTensor& kc = TensorArg(args, 3, "k_cache", 4, kDLFloat, 32);
+  const DLTensor& vc = TensorArg(args, 4, "v_cache", 4, kDLFloat, 32);
+  const DLTensor& past = TensorArg(args, 5, "past", 1, kDLInt, 64);
+  const DLTensor& lengths = TensorArg(args, 6, "lengths", 1, kDLInt, 64);
+  const DLTensor& inv = TensorArg(args, 7, "inv_freq", 1, kDLFloat, 32);
+  std::vector<Shape> shapes;
+  for (const DLTensor* t : {&q, &k, &v, &kc, &vc, &past, &lengths, &inv}) shapes.emplace_back(t->shape, t->shape + t->ndim);
+  KvCall c{CheckShapes(shapes, kName),
+           Data<float>(q), Data<float>(q), Data<float>(kc), Data<float>(vc), Data<float>(k), Data<float>(v),
+           Data<float>(inv), Data<int64_t>(past), Data<int64_t>(lengths),
+           static_cast<float>(args[8].cast<double>()), static_cast<float>(args[10].cast<double>()),
+           args[9].cast<int64_t>()};
+  Run(c, kName, RegionThreads());
+}
+
+}  // namespace
+
+/*! \brief The region node: inputs q, k, v, k_cache, v_cache, past, lengths, inv_freq; attrs scale, window,
+ *         rope_scale; output [B, S, H, D]; k_cache and v_cache written in place (writes_inputs). */
+static std::unique_ptr<Kernel> BuildKvAttention(const KernelContext& ctx) {
+  ctx.ExpectInputCount(8, "q, k, v, k_cache, v_cache, past, lengths, inv_freq");
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const double scale = attrs.Float("scale", 1.0), rope_scale = attrs.Float("rope_scale", 1.0);
+  const int64_t window = attrs.Int("window", 0);
+  attrs.CheckNoUnknown();
+  if (!std::isfinite(scale) || !std::isfinite(rope_scale)) attrs.Fail("scale", "expected finite scale and rope_scale");
+  if (window < 0) attrs.Fail("window", "expected >= 0 (0: no sliding window)");
+  const size_t ranks[] = {4, 4, 4, 4, 4, 1, 1, 1};
+  const char* names[] = {"q", "k", "v", "k_cache", "v_cache", "past", "lengths", "inv_freq"};
+  std::vector<Shape> shapes;
+  std::vector<memory::desc> inputs;
+  for (size_t k = 0; k < 8; ++k) {
+    ctx.ExpectRank(k, names[k], ranks[k]);
+    const DType want = k == 5 || k == 6 ? DType::kInt64 : DType::kFloat32;
+    if (ctx.input(k).dtype != want) {
+      ctx.Fail(std::string(names[k]) + " is " + DTypeName(ctx.input(k).dtype) + ", expected " + DTypeName(want));
+    }
+    shapes.push_back(ctx.input(k).shape);
+    inputs.push_back(PlainDescOf(ctx.input(k)));  // plain: the caches are read and written where the caller has them
+  }
+  const KvGeometry g = CheckShapes(shapes, ctx.where());
+  ctx.ExpectOutputShape(shapes[0]);
+  const std::string where = ctx.where();
+  const int threads = ctx.threads;
+  HostFn fn = [g, scale, rope_scale, window, where, threads](const std::vector<void*>& p) {
+    auto f = [&](size_t k) { return static_cast<float*>(p[k]); };
+    const KvCall c{g, f(0), f(8), f(3), f(4), f(1), f(2), f(7), static_cast<const int64_t*>(p[5]),
+                   static_cast<const int64_t*>(p[6]), static_cast<float>(scale), static_cast<float>(rope_scale),
+                   window};
+    Run(c, where, threads);
+  };
+  return std::make_unique<HostKernel>(where, "kv_attention", std::move(fn), std::move(inputs),
+                                      PlainDescOf(ctx.output()));
+}
+
+static KernelTraits KvAttentionTraits() {
+  KernelTraits traits;
+  traits.writes_inputs = {3, 4};
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("kv_attention", BuildKvAttention, KvAttentionTraits());
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  if (!ffi::Function::GetGlobal(kName).has_value()) {
+    tvm::ffi::reflection::GlobalDef().def_packed(kName, KvAttention);
+  }
+}
+
+}  // namespace byoc_hetero

@@ -1,0 +1,245 @@
+"""Generation with a KV cache kept in place (bh.llm, issue 36) against transformers.
+
+Reference: the same transformers model (small random configs of each family): its full-sequence
+forward for the logits, its ``generate(do_sample=False)`` for the tokens. Weights are drawn with a
+wide init (``initializer_range`` 0.4) so that greedy decoding wanders over the vocabulary instead of
+repeating one token, and so that a wrong cache row or position shows in the tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import byoc_hetero as bh
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.4)
+
+
+def _config(family: str):
+    t = transformers
+    if family == "llama":
+        return t.LlamaConfig(**COMMON, tie_word_embeddings=True)
+    if family == "qwen2":  # q / k / v biases
+        return t.Qwen2Config(**COMMON, tie_word_embeddings=False)
+    if family == "mistral":  # a sliding window shorter than the sequences
+        return t.MistralConfig(**COMMON, head_dim=16, sliding_window=7)
+    if family == "gemma":  # (1 + weight) norms, sqrt(hidden) embedding scale, gelu-tanh MLP
+        return t.GemmaConfig(**COMMON, head_dim=16)
+    if family == "phi3":  # fused qkv and gate_up projections
+        return t.Phi3Config(**COMMON, pad_token_id=0)
+    raise AssertionError(family)
+
+
+FAMILIES = ["llama", "qwen2", "mistral", "gemma", "phi3"]
+MAX_LENGTH = 48
+PROMPT = np.array([[5, 71, 13, 88, 2, 40, 19]], dtype="int64")
+
+
+def _model(family: str):
+    torch.manual_seed(36)
+    cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+           "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM"}[family]
+    model = getattr(transformers, cls)(_config(family)).eval()
+    if family == "qwen2":  # transformers initializes biases to 0: make them matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.5)
+    return model
+
+
+_BUILT: dict[str, tuple] = {}
+
+
+def _built(family: str):
+    """(transformers model, generator) per family, built once per test session."""
+    if family not in _BUILT:
+        model = _model(family)
+        _BUILT[family] = (model, bh.llm.from_hf(model, max_length=MAX_LENGTH))
+    return _BUILT[family]
+
+
+def _hf_generate(model, ids: np.ndarray, new: int) -> np.ndarray:
+    with torch.no_grad():
+        out = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                             max_new_tokens=new, do_sample=False, pad_token_id=0)
+    return out.numpy()
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefill_then_decode_steps_match_the_full_forward(family):
+    """Prefill of 7 tokens, then 12 single-token steps on the same cache: each step's logits are
+    those of transformers' full-sequence forward at that position."""
+    model, gen = _built(family)
+    tokens = np.concatenate([PROMPT, np.array([[1, 60, 33, 7, 94, 21, 50, 8, 77, 3, 45, 66]])], axis=1)
+    with torch.no_grad():
+        want = model(torch.tensor(tokens)).logits.numpy()[0]
+    cache = gen.new_cache(1)
+    n = PROMPT.shape[1]
+    errors = [_rel(gen.step(PROMPT, np.array([0]), np.array([n]), cache)[0], want[n - 1])]
+    for pos in range(n, tokens.shape[1]):
+        logits = gen.step(tokens[:, pos:pos + 1], np.array([pos]), np.array([1]), cache)
+        errors.append(_rel(logits[0], want[pos]))
+    assert max(errors) < 1e-4, errors
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generate_is_transformers_token_for_token(family):
+    model, gen = _built(family)
+    want = _hf_generate(model, PROMPT, 24)
+    got = gen.generate(PROMPT, max_new_tokens=24)
+    assert got.dtype == np.int64 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    assert len(set(want[0, PROMPT.shape[1]:].tolist())) > 3  # the reference does not just repeat a token
+
+
+def test_stream_yields_the_tokens_generate_returns():
+    _, gen = _built("llama")
+    steps = list(gen.stream(PROMPT, max_new_tokens=10))
+    assert len(steps) == 10 and all(s.shape == (1,) for s in steps)
+    np.testing.assert_array_equal(np.concatenate([PROMPT[0], np.concatenate(steps)]),
+                                  gen.generate(PROMPT, max_new_tokens=10)[0])
+
+
+def test_batch_of_different_prompt_lengths_equals_each_run_alone():
+    model, gen = _built("qwen2")
+    prompts = [[5, 71, 13], [9, 8, 7, 6, 5, 4, 3, 2, 1, 60], [44, 2, 90, 17, 33]]
+    batch = gen.generate(prompts, max_new_tokens=12)
+    for prompt, got in zip(prompts, batch):
+        alone = gen.generate(np.array([prompt]), max_new_tokens=12)[0]
+        np.testing.assert_array_equal(got, alone)
+        np.testing.assert_array_equal(got, _hf_generate(model, np.array([prompt]), 12)[0])
+
+
+def test_stop_token_ends_a_sequence_and_pads_with_it():
+    _, gen = _built("llama")
+    free = gen.generate(PROMPT, max_new_tokens=16)[0, PROMPT.shape[1]:]
+    stop = int(free[4])
+    first = int(np.flatnonzero(free == stop)[0])
+    got = gen.generate(PROMPT, max_new_tokens=16, stop=stop)
+    assert got.shape == (1, PROMPT.shape[1] + first + 1)
+    np.testing.assert_array_equal(got[0, PROMPT.shape[1]:], free[:first + 1])
+    ragged = gen.generate([PROMPT[0].tolist(), [3, 4]], max_new_tokens=16, stop=stop)
+    np.testing.assert_array_equal(ragged[0], got[0])  # a list input: each sequence up to its stop
+
+
+def test_sampling_is_reproducible_with_a_seed_and_respects_top_k():
+    _, gen = _built("llama")
+    kwargs = dict(max_new_tokens=16, do_sample=True, temperature=1.5, top_p=0.9)
+    a = gen.generate(PROMPT, seed=7, **kwargs)
+    np.testing.assert_array_equal(a, gen.generate(PROMPT, seed=7, **kwargs))
+    draws = {tuple(gen.generate(PROMPT, seed=s, **kwargs)[0].tolist()) for s in range(4)}
+    assert len(draws) > 1  # the seed matters
+    greedy = gen.generate(PROMPT, max_new_tokens=16)
+    np.testing.assert_array_equal(gen.generate(PROMPT, max_new_tokens=16, do_sample=True, top_k=1, seed=3), greedy)
+
+
+def test_sampler_draws_follow_the_distribution():
+    """top-k / top-p / temperature against numpy: only allowed tokens, frequencies near p."""
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype="float32"))
+    sampler = bh.llm.Sampler(do_sample=True, top_p=0.8, seed=0)
+    rng = sampler.rng()
+    draws = np.array([sampler.choose(logits, rng)[0] for _ in range(4000)])
+    assert set(draws.tolist()) == {0, 1}  # 0.5 + 0.3 reaches top_p 0.8
+    assert abs((draws == 0).mean() - 0.5 / 0.8) < 0.03
+    topk = bh.llm.Sampler(do_sample=True, top_k=3, temperature=0.5, seed=1)
+    rng = topk.rng()
+    draws = np.array([topk.choose(logits, rng)[0] for _ in range(4000)])
+    p = np.array([0.5, 0.3, 0.15]) ** 2
+    assert set(draws.tolist()) <= {0, 1, 2} and abs((draws == 0).mean() - p[0] / p.sum()) < 0.03
+
+
+def test_cache_growth_past_max_length_is_an_input_error_and_writes_nothing():
+    _, gen = _built("llama")
+    cache = gen.new_cache(1)
+    before = [c.numpy().copy() for c in cache]
+    with pytest.raises(bh.InputError, match=r"sequence 0 would grow to 49 tokens, past the cache's max_length 48"):
+        gen.step(np.array([[1, 2]]), np.array([MAX_LENGTH - 1]), np.array([2]), cache)
+    for old, new in zip(before, cache):
+        np.testing.assert_array_equal(old, new.numpy())
+    with pytest.raises(bh.InputError, match=r"prompt \+ max_new_tokens 42 \(49 tokens with a prompt of 7\) is longer "
+                                            r"than the cache's max_length 48"):
+        gen.generate(PROMPT, max_new_tokens=42)
+    assert gen.generate(PROMPT, max_new_tokens=41).shape == (1, MAX_LENGTH)  # exactly full is fine
+
+
+def test_a_cache_of_another_shape_is_an_input_error():
+    _, gen = _built("llama")
+    with pytest.raises(bh.InputError, match=r"cache tensor 0 is float32 \[2, 2, 48, 16\]; this model's are float32 "
+                                            r"\[1, 2, 48, 16\]"):
+        gen.step(PROMPT, np.array([0]), np.array([7]), gen.new_cache(2))
+    with pytest.raises(bh.InputError, match="the cache holds 2 tensors"):
+        gen.step(PROMPT, np.array([0]), np.array([7]), gen.new_cache(1)[:2])
+
+
+def test_bad_prompts_are_input_errors_naming_them():
+    _, gen = _built("llama")
+    with pytest.raises(bh.InputError, match=r"the prompt \(50 tokens with a prompt of 50\) is longer than the cache"):
+        gen.generate(np.ones((1, 50), dtype="int64"), max_new_tokens=0)
+    with pytest.raises(bh.InputError, match=rf"sequence 1 has token id {VOCAB}, outside the vocabulary \[0, {VOCAB}\)"):
+        gen.generate([[1, 2], [3, VOCAB]], max_new_tokens=2)
+    with pytest.raises(bh.InputError, match="token id -1"):
+        gen.generate(np.array([[4, -1]]), max_new_tokens=2)
+    with pytest.raises(bh.InputError, match="non-empty"):
+        gen.generate([[]], max_new_tokens=2)
+    with pytest.raises(bh.InputError, match="temperature"):
+        gen.generate(PROMPT, max_new_tokens=2, do_sample=True, temperature=0)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4", "fp8"])
+def test_unbuilt_weight_precisions_are_input_errors(weights):
+    with pytest.raises(bh.InputError, match="quantization" if weights != "fp8" else "must be one of"):
+        bh.llm.from_hf(_built("llama")[0], max_length=16, weights=weights)
+
+
+def test_bf16_weights_without_native_bf16_say_why():
+    if bh._C.bf16_native():
+        pytest.skip("this machine has native bf16")
+    with pytest.raises(bh.InputError, match="native bf16"):
+        bh.llm.from_hf(_built("llama")[0], max_length=16, weights="bf16")
+
+
+def test_save_and_load_generate_the_same_tokens(tmp_path):
+    _, gen = _built("gemma")
+    want = gen.generate(PROMPT, max_new_tokens=8)
+    gen.save(tmp_path / "gen")
+    loaded = bh.llm.load(tmp_path / "gen")
+    assert loaded.max_length == MAX_LENGTH and loaded.spec == gen.spec
+    np.testing.assert_array_equal(loaded.generate(PROMPT, max_new_tokens=8), want)
+    (tmp_path / "gen" / "generator.json").write_text("{}")
+    with pytest.raises(bh.ModelFileError, match="expected 'byoc_hetero.llm'"):
+        bh.llm.load(tmp_path / "gen")
+
+
+def test_unsupported_family_is_a_frontend_error():
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(bh.FrontendError, match="model_type 'gpt2' is not supported"):
+        bh.llm.from_hf(model, max_length=16)
+
+
+def test_cli_generate_from_a_saved_generator_and_a_hugging_face_folder(tmp_path, capsys):
+    from byoc_hetero.cli import main
+
+    model, gen = _built("llama")
+    want = gen.generate(PROMPT, max_new_tokens=6)[0, PROMPT.shape[1]:]
+    gen.save(tmp_path / "saved")
+    ids = ",".join(str(t) for t in PROMPT[0])
+    assert main(["generate", str(tmp_path / "saved"), "--ids", ids, "--max-new-tokens", "6"]) == 0
+    assert [int(t) for t in capsys.readouterr().out.split()] == want.tolist()
+    model.save_pretrained(tmp_path / "hf")
+    unused = next(t for t in range(VOCAB) if t not in want)  # instead of the config's eos, which may come
+    assert main(["generate", str(tmp_path / "hf"), "--ids", ids, "--max-new-tokens", "6", "--max-length", "32",
+                 "--stop", str(unused)]) == 0
+    assert [int(t) for t in capsys.readouterr().out.split()] == want.tolist()
+    assert main(["generate", str(tmp_path / "saved"), "--ids", f"1,{VOCAB}"]) == 2
+    assert f"token id {VOCAB}, outside the vocabulary" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""The runtime's kv_attention (cpp/kernels/kv_attention.cc) called directly, against numpy.
+
+Reference: numpy RoPE (transformers' rotate_half form) and softmax attention over the cache rows each
+query row may see; the caches compared row by row to what must (and must not) have been written.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+
+import byoc_hetero as bh  # noqa: F401  (registers byoc_hetero.runtime.kv_attention)
+
+KV_ATTENTION = tvm.get_global_func("byoc_hetero.runtime.kv_attention")
+RNG = np.random.default_rng(36)
+
+
+def _rope(x: np.ndarray, pos: int, inv: np.ndarray, scale: float) -> np.ndarray:
+    angle = (np.float32(pos) * inv).astype("float32")
+    c, s = np.cos(np.concatenate([angle, angle])) * scale, np.sin(np.concatenate([angle, angle])) * scale
+    half = x.shape[-1] // 2
+    return x * c + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * s
+
+
+def _reference(q, k, v, kc, vc, past, lengths, inv, scale, window, rope_scale):
+    kc, vc, out = kc.copy(), vc.copy(), np.zeros_like(q)
+    batch, rows, heads, _ = q.shape
+    group = heads // k.shape[2]
+    for b in range(batch):
+        for s in range(lengths[b]):
+            pos = past[b] + s
+            kc[b, :, pos] = _rope(k[b, s], pos, inv, rope_scale)
+            vc[b, :, pos] = v[b, s]
+        for s in range(lengths[b]):
+            pos = past[b] + s
+            first = max(0, pos - window + 1) if window else 0
+            for h in range(heads):
+                qr = _rope(q[b, s, h], pos, inv, rope_scale)
+                keys, values = kc[b, h // group, first:pos + 1], vc[b, h // group, first:pos + 1]
+                w = keys.astype("float64") @ qr * scale
+                p = np.exp(w - w.max())
+                out[b, s, h] = (p / p.sum()) @ values
+    return out, kc, vc
+
+
+def _case(batch=2, rows=3, heads=4, kv_heads=2, dim=8, length=12):
+    f = lambda *s: RNG.standard_normal(s).astype("float32")  # noqa: E731
+    return dict(q=f(batch, rows, heads, dim), k=f(batch, rows, kv_heads, dim), v=f(batch, rows, kv_heads, dim),
+                kc=f(batch, kv_heads, length, dim), vc=f(batch, kv_heads, length, dim),
+                inv=(1.0 / 10000 ** (np.arange(0, dim, 2) / dim)).astype("float32"))
+
+
+def _call(c, past, lengths, scale=0.35, window=0, rope_scale=1.0):
+    t = {n: tvm.runtime.tensor(a) for n, a in c.items()}
+    KV_ATTENTION(t["q"], t["k"], t["v"], t["kc"], t["vc"], tvm.runtime.tensor(np.array(past, "int64")),
+                 tvm.runtime.tensor(np.array(lengths, "int64")), t["inv"], scale, window, rope_scale)
+    return t["q"].numpy(), t["kc"].numpy(), t["vc"].numpy()
+
+
+@pytest.mark.parametrize("window,rope_scale", [(0, 1.0), (4, 1.0), (0, 1.25)])
+def test_matches_numpy_with_padding_rows_gqa_and_window(window, rope_scale):
+    """Two sequences (past 5 and 2; 3 and 1 real rows of 3): outputs, appended cache rows, and
+    every other cache row untouched (the caches start as noise: rows past the offsets are read by nobody)."""
+    c = _case()
+    past, lengths = [5, 2], [3, 1]
+    out, kc, vc = _call(c, past, lengths, window=window, rope_scale=rope_scale)
+    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
+                                            window, rope_scale)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(vc, want_vc)
+    assert not out[1, 1:].any()  # padding rows: 0
+
+
+def test_overflowing_sequence_is_an_input_error_before_any_write():
+    c = _case()
+    with pytest.raises(bh.InputError, match="sequence 1 would grow to 13 tokens, past the cache's max_length 12"):
+        _call(c, [0, 10], [3, 3])
+    t_kc = c["kc"].copy()
+    with pytest.raises(bh.InputError, match="sequence 0 has past -1"):
+        _call(c, [-1, 0], [1, 1])
+    np.testing.assert_array_equal(c["kc"], t_kc)
+
+
+def test_mismatched_shapes_and_dtypes_say_which_argument():
+    c = _case()
+    bad = dict(c, vc=c["vc"][:, :1].copy())
+    with pytest.raises(ValueError, match=r"v_cache must have shape \[2, 2, 12, 8\], got \[2, 1, 12, 8\]"):
+        _call(bad, [0, 0], [1, 1])
+    bad = dict(c, q=c["q"].astype("float64"))
+    with pytest.raises(ValueError, match="q must be a rank-4 float32 tensor"):
+        _call(bad, [0, 0], [1, 1])
+    bad = dict(c, q=c["q"][:, :, :3].copy())  # 3 query heads over 2 kv heads
+    with pytest.raises(ValueError, match="3 query heads over 2 kv heads"):
+        _call(bad, [0, 0], [1, 1])
+
+
+def _region_documents(gen):
+    return [json.loads(m["get_graph_json"]()) for m in bh.codegen.region_modules(gen._executable)]
+
+
+def _llama(layers: int = 2):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.4)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_the_step_is_one_region_with_a_kv_attention_node_per_layer_and_matches_the_llvm_build():
+    """Every layer's attention is a node of the step's region (the caches are region inputs), the LM
+    head on the last rows a second region; the llvm-only build (the packed function through
+    call_tir_inplace) gives the same logits and caches."""
+    from tvm import relax
+
+    from byoc_hetero.llm import model as llm_model
+
+    model = _llama()
+    gen = bh.llm.from_hf(model, max_length=16)
+    docs = _region_documents(gen)
+    assert len(docs) == 2
+    assert sum(n["op"] == "kv_attention" for d in docs for n in d["nodes"]) == 2
+    spec = gen.spec
+    mod = llm_model.step_module(spec, 16)
+    params = llm_model.decoder_weights(spec, model)
+    plain = bh.llm.Generator(relax.build(bh.bind_params(mod, params), target="llvm"), spec, 16)
+    tokens = np.array([[3, 9, 27, 5], [40, 2, 0, 0]])
+    caches = [gen.new_cache(2), plain.new_cache(2)]
+    for step in range(3):
+        past, lengths = (np.array([0, 0]), np.array([4, 2])) if step == 0 else (np.array([3 + step, 1 + step]),
+                                                                                 np.array([1, 1]))
+        feed = tokens if step == 0 else np.array([[step], [step + 7]])
+        got, want = (g.step(feed, past, lengths, c) for g, c in zip((gen, plain), caches))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    for a, b in zip(*caches):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_written_input_that_is_no_region_input_is_refused_when_the_region_loads():
+    traits = bh._C.kernel_traits()
+    assert traits["kv_attention"]["writes_inputs"] == [3, 4]  # declared where the kernel registers
+    assert not any(t["writes_inputs"] for op, t in traits.items() if op != "kv_attention")
+    gen = bh.llm.from_hf(_llama(1), max_length=16)
+    doc = next(d for d in _region_documents(gen) if any(n["op"] == "kv_attention" for n in d["nodes"]))
+    node = next(n for n in doc["nodes"] if n["op"] == "kv_attention")
+    shapes = [[1 if isinstance(d, str) else d for d in doc["tensors"][t]["shape"]] for t in doc["inputs"]]
+    assert bh._C.plan_region(json.dumps(doc), shapes)["run_steps"]  # B = S = 1: the document as built plans
+    node["inputs"][3] = node["inputs"][0]  # k_cache := q, a node output
+    with pytest.raises(ValueError, match=r"input 3 \(tensor \d+\) is written in place by 'kv_attention' and so must "
+                                         r"be a float32 region input read by this node only; it is no region input"):
+        bh._C.plan_region(json.dumps(doc), shapes)
