@@ -89,7 +89,7 @@ def save_model(name: str, small: bool, folder: str) -> dict:
 
     cfg = model_config(name, small)
     torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.ndim == 1 and "norm" in pname:
@@ -174,7 +174,7 @@ class HF:
         torch.set_num_threads(threads)
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[fmt]
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(hf, dtype=dtype).eval()
 
     def generate(self, ids: np.ndarray, n: int) -> list[int]:
         x = self.torch.from_numpy(ids[None])
@@ -204,7 +204,7 @@ class Ours:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(threads)
-        model = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
         self.gen = llm.from_hf(model, max_length=max_length, weights=fmt)
         del model
         gc.collect()
