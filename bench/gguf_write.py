@@ -68,13 +68,20 @@ def halves_to_pairs(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def rope_settings(cfg: dict) -> tuple[float, dict]:
+    """RoPE's base and scaling of a config dict: transformers 5 writes both into ``rope_parameters``, earlier
+    versions ``rope_theta`` and ``rope_scaling``."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or params
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))), scaling
+
+
 def llama3_rope_divisors(cfg: dict) -> np.ndarray | None:
     """The ``rope_freqs`` tensor for Llama 3's ``rope_scaling`` (None when the config has none)."""
-    scaling = cfg.get("rope_scaling") or {}
+    base, scaling = rope_settings(cfg)
     if scaling.get("rope_type", scaling.get("type")) != "llama3":
         return None
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    base = cfg.get("rope_theta", 10000.0)
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_ctx = scaling["original_max_position_embeddings"]
     divisors = []
@@ -105,7 +112,7 @@ def _metadata(writer, cfg: dict, arch: str, fmt: str) -> None:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(rope_settings(cfg)[0])
     writer.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_file_type(FILE_TYPES[fmt])
