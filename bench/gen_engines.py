@@ -214,11 +214,13 @@ class Ours:
         return out[0, len(ids):].tolist()
 
     def logits(self, ids: np.ndarray) -> np.ndarray | None:
-        fn = getattr(self.gen, "logits", None)  # not in issue 36's API; used once it exists
-        if fn is None:
+        """The prompt's last logits through the generator's one-step call (``new_cache`` / ``step``, beside
+        issue 36's API) where it has it."""
+        if not (hasattr(self.gen, "step") and hasattr(self.gen, "new_cache")):
             return None
-        out = np.asarray(fn(ids[None]), dtype=np.float32)
-        return out.reshape(-1, out.shape[-1])[-1]
+        out = self.gen.step(ids[None], np.zeros(1, dtype=np.int64), np.array([len(ids)], dtype=np.int64),
+                            self.gen.new_cache(1))
+        return np.asarray(out, dtype=np.float32)[0]
 
 
 class LlamaCpp:
