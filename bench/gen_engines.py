@@ -333,7 +333,6 @@ LABELS = {"ours": "ours (bh.llm)", "hf": "transformers generate", "llama_cpp": "
 #: ORT GenAI's int4: blocks of 32 with an f32 scale; NNCF's int8 per channel, int4 groups of 128 with f16 scales)
 WIDTH = {"f32": 4.0, "fp32": 4.0, "bf16": 2.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "int8": 1.0,
          "int4": 0.5 + 4 / 32}
-FLOAT_FORMATS = ("f32", "fp32")
 
 
 def load_engine(engine: str, hf: str, files_dir: str, fmt: str, threads: int, max_length: int):

@@ -38,7 +38,6 @@ token, with bytes = the weights read per token (every matrix and the LM head, at
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -52,9 +51,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from gen_engines import (ENGINES, FLOAT_FORMATS, LABELS, MODELS, WIDTH, Unavailable,  # noqa: E402
+from gen_engines import (ENGINES, LABELS, MODELS, WIDTH, Unavailable,  # noqa: E402
                          load_engine, prompt_ids, save_model)
-from run import _env, wait_quiet  # noqa: E402
+import run  # noqa: E402
+from run import package_versions, wait_quiet  # noqa: E402
 
 VERSIONED = ("byoc-hetero", "apache-tvm", "torch", "transformers", "llama_cpp_python", "gguf", "onnxruntime-genai",
              "openvino-genai", "optimum-intel", "numpy")
@@ -71,16 +71,6 @@ def machine() -> str:
     except Exception as err:  # noqa: BLE001 - reported, not fatal
         isa = f"oneDNN ISA unknown ({type(err).__name__}: {err})"
     return f"{cpu}, {isa}, {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}"
-
-
-def versions() -> str:
-    parts = []
-    for name in VERSIONED:
-        try:
-            parts.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{name} (not installed)")
-    return ", ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -159,18 +149,8 @@ def bandwidth_worker(threads: int, mib: int = 512, reps: int = 5) -> dict:
 
 
 def _spawn(argv: list[str], threads: int, timeout: float) -> dict:
-    env = _env(threads)
-    env.update(OPENBLAS_NUM_THREADS="1")
-    try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-4:])
-        return {"error": f"exit {proc.returncode}: {tail}"}
-    return json.loads(lines[-1])
+    """This script's ``argv`` in a process with the thread variables set (``run._spawn``)."""
+    return run._spawn(argv, threads, timeout=timeout, script=os.path.abspath(__file__))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,7 +247,7 @@ class Bench:
         self.started = time.time()
         self.bandwidth = {t: _spawn(["--bandwidth", str(t)], t, 600) for t in self.threads}
         self.lines = [f"## Generation benchmark{' (--small configs)' if args.small else ''}", "",
-                      f"Machine: {machine()}", "", f"Versions: {versions()}", "",
+                      f"Machine: {machine()}", "", f"Versions: {package_versions(VERSIONED)}", "",
                       f"Prompt {'/'.join(map(str, self.prompts))} tokens, {args.new} new, batch 1, greedy; "
                       f"threads {args.threads}; best of {args.rounds} interleaved round(s).", ""]
         self.lines += self.bandwidth_lines()
@@ -359,7 +339,7 @@ class Bench:
                          f"{s['peak_rss_mib']:.0f} | {err} | {match} | {s['load_s']:.1f} |")
         lines.append("")
         for (engine, fmt), why in skipped.items():
-            lines.append(f"- not run: {LABELS[engine]} {fmt}: {why}")
+            lines.append(f"- not run: {LABELS[engine]} {fmt}: {' | '.join(str(why).splitlines())}")
         return lines + [""]
 
 
@@ -415,6 +395,7 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         if name not in MODELS:
             ap.error(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the bandwidth test's threads are its own
     if args.optimum_cli:
         os.environ["OPTIMUM_CLI"] = args.optimum_cli
     keep = args.keep or tempfile.mkdtemp(prefix="generate-")
