@@ -326,7 +326,7 @@ class Bench:
         head = " | ".join(f"prefill {p} tok/s" for p in self.prompts)
         lines += [f"| Engine | Format | Threads | {head} | TTFT {p0} ms | decode tok/s | bound tok/s | % of bound "
                   f"| peak RSS MiB | logits err vs f32 | tokens = transformers f32 | load s |",
-                  "|---|---|---|" + "---|" * (len(self.prompts) + 9)]
+                  "|---|---|---|" + "---|" * (len(self.prompts) + 8)]
         for (engine, fmt, t), rs in sorted(runs.items(), key=lambda kv: (kv[0][2], list(ENGINES).index(kv[0][0]))):
             s = summarise(rs, self.prompts, new)
             bw = self.bandwidth.get(t, {})
