@@ -146,6 +146,17 @@ def ort_genai_folder(hf: str, out_dir: str, fmt: str) -> str:
     return path
 
 
+def int4_group(hf: str) -> int:
+    """NNCF's int4 group: its default 128, halved until it divides every layer's input width (the small
+    configs' 64)."""
+    with open(os.path.join(hf, "config.json")) as f:
+        cfg = json.load(f)
+    group = 128
+    while group > 16 and (cfg["hidden_size"] % group or cfg["intermediate_size"] % group):
+        group //= 2
+    return group
+
+
 def openvino_folder(hf: str, out_dir: str, fmt: str) -> str:
     """optimum-intel's OpenVINO export of ``hf`` (``--weight-format`` fp32, int8 or int4 by NNCF), once; by
     ``$OPTIMUM_CLI`` where set (optimum-intel may need other transformers than the rest: another environment)."""
@@ -155,8 +166,9 @@ def openvino_folder(hf: str, out_dir: str, fmt: str) -> str:
     path = os.path.join(out_dir, f"openvino_{fmt}")
     if not os.path.exists(os.path.join(path, "openvino_model.xml")):
         cli = os.environ.get("OPTIMUM_CLI") or os.path.join(os.path.dirname(sys.executable), "optimum-cli")
+        extra = ["--group-size", str(int4_group(hf))] if fmt == "int4" else []
         _run([cli, "export", "openvino", "--model", hf, "--task", "text-generation-with-past",
-              "--weight-format", fmt, path], f"optimum-cli export openvino --weight-format {fmt}")
+              "--weight-format", fmt, *extra, path], f"optimum-cli export openvino --weight-format {fmt}")
     return path
 
 
