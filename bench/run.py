@@ -407,6 +407,19 @@ class Report:
                 f.write("\n".join(self.lines) + "\n")
 
 
+def package_versions(names) -> str:
+    """``name version`` of each installed distribution in ``names`` (``(not installed)`` for the others)."""
+    import importlib.metadata
+
+    parts = []
+    for name in names:
+        try:
+            parts.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{name} (not installed)")
+    return ", ".join(parts)
+
+
 def fmt_ms(s: float | None) -> str:
     if s is None:
         return "—"

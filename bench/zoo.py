@@ -55,7 +55,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from run import _spawn, _timed, fmt_ms, machine, wait_quiet  # noqa: E402
+from run import _spawn, _timed, fmt_ms, machine, package_versions, wait_quiet  # noqa: E402
 from zoo_models import MODELS, build  # noqa: E402
 
 FRAMEWORKS = ["byoc_torch", "byoc_onnx", "byoc_onnx_dynamo", "ort", "openvino", "openvino_default", "torch"]
@@ -270,17 +270,11 @@ def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, mi
 
 def versions() -> str:
     """Versions of the frameworks and libraries compared."""
-    parts = []
-    for name in VERSIONED:
-        try:
-            parts.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{name} (not installed)")
+    text = package_versions(VERSIONED)
     try:
-        parts.insert(0, f"byoc-hetero {importlib.metadata.version('byoc-hetero')}")
+        return f"byoc-hetero {importlib.metadata.version('byoc-hetero')}, {text}"
     except importlib.metadata.PackageNotFoundError:
-        pass
-    return ", ".join(parts)
+        return text
 
 
 def _err_cell(err: float | None) -> str:
