@@ -277,7 +277,7 @@ def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
     def nodes(part) -> list[Counter]:
         return [Counter(n["op"] for n in r.graph["nodes"]) for r in region_table(part).values()]
 
-    floats, part, _ = _built_quant(weights)
+    _, part, _ = _built_quant(weights)
     float_ops, ops = nodes(_QUANT["f32"][0]), nodes(part)
     assert len(ops) == len(float_ops) == 2, (ops, float_ops)
     layers = COMMON["num_hidden_layers"]
