@@ -141,7 +141,10 @@ def _add_generate(sub) -> None:
     gen.add_argument("--max-length", type=_positive, default=512,
                      help="cache length when building from a Hugging Face folder (default 512)")
     gen.add_argument("--weights", choices=("f32", "bf16", "int8", "int4"), default="f32",
-                     help="weight precision when building (int8/int4: not yet, an error)")
+                     help="weight precision when building (int8/int4: weight-only quantized decoder denses, "
+                          "the LM head float)")
+    gen.add_argument("--group-size", type=int, choices=(32, 64, 128),
+                     help="int8/int4: consecutive k per scale (default: int4 32, int8 one scale per output channel)")
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     gen.add_argument("--temperature", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -479,7 +482,8 @@ def _cmd_generate(args) -> None:
         import transformers
 
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype="float32")
-        gen = llm.from_hf(model, max_length=args.max_length, weights=args.weights)
+        gen = llm.from_hf(model, max_length=args.max_length, weights=args.weights,
+                          group_size=args.group_size)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         tokenizer = None
         if args.prompt is not None:

@@ -196,10 +196,111 @@ def test_bad_prompts_are_input_errors_naming_them():
         gen.generate(PROMPT, max_new_tokens=2, do_sample=True, temperature=0)
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4", "fp8"])
-def test_unbuilt_weight_precisions_are_input_errors(weights):
-    with pytest.raises(bh.InputError, match="quantization" if weights != "fp8" else "must be one of"):
+@pytest.mark.parametrize("weights", ["int3", "fp8"])
+def test_unknown_weight_precisions_are_input_errors_naming_them(weights):
+    with pytest.raises(bh.InputError, match=rf"weights must be one of f32, bf16, int8, int4, got '{weights}'"):
         bh.llm.from_hf(_built("llama")[0], max_length=16, weights=weights)
+
+
+def test_group_size_needs_quantized_weights_and_a_fitting_size():
+    model = _built("llama")[0]
+    with pytest.raises(bh.InputError, match="group_size=32 applies to weights='int8' / 'int4', not 'f32'"):
+        bh.llm.from_hf(model, max_length=16, group_size=32)
+    with pytest.raises(bh.InputError, match="group_size=48"):
+        bh.llm.from_hf(model, max_length=16, weights="int4", group_size=48)
+
+
+_QUANT: dict[str, tuple] = {}
+
+
+def _quant_model():
+    """A Llama whose greedy tokens have wide top-1 margins: small decoder-layer weights (init 0.05) so
+    the unquantized embedding dominates the residual stream (std 4), LM head std 1."""
+    torch.manual_seed(38)
+    config = transformers.LlamaConfig(**{**COMMON, "initializer_range": 0.05}, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 4.0)
+        model.lm_head.weight.normal_(0.0, 1.0)
+    return model
+
+
+def _built_quant(weights: str):
+    """(float generator, partitioned step, generator) for :func:`_quant_model` with ``weights``."""
+    if not _QUANT:
+        model = _quant_model()
+        _QUANT["model"] = model
+        _QUANT["f32"] = (bh.llm.partitioned_step(model, max_length=MAX_LENGTH)[0],
+                         bh.llm.from_hf(model, max_length=MAX_LENGTH))
+    if weights not in _QUANT:
+        model = _QUANT["model"]
+        _QUANT[weights] = (bh.llm.partitioned_step(model, max_length=MAX_LENGTH, weights=weights)[0],
+                           bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights))
+    return _QUANT["f32"][1], *_QUANT[weights]
+
+
+def _forced_logits(gen, tokens: np.ndarray) -> np.ndarray:
+    """The logits of each position from the prompt's last on, feeding ``tokens`` (teacher forcing)."""
+    cache, n = gen.new_cache(1), PROMPT.shape[1]
+    rows = [gen.step(tokens[:, :n], np.array([0]), np.array([n]), cache)[0]]
+    for pos in range(n, tokens.shape[1] - 1):
+        rows.append(gen.step(tokens[:, pos:pos + 1], np.array([pos]), np.array([1]), cache)[0])
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("weights,logit_bound,layer_bound", [("int8", 2e-3, 2e-2), ("int4", 2e-2, 2e-1)])
+def test_int8_int4_weights_keep_the_float_tokens_within_a_logit_bound(weights, logit_bound, layer_bound):
+    """Weight-only int8 / int4 decoder denses: every step's logits within ``logit_bound`` (relative to
+    the largest) of the float generator's on the same tokens, and, since each step's top-1 margin is
+    more than twice the largest logit difference (asserted: the equality cannot hold vacuously), the
+    same greedy tokens."""
+    floats, _, gen = _built_quant(weights)
+    assert gen.weights == weights and 0.0 < gen.weight_error < layer_bound, gen.weight_error
+    want = floats.generate(PROMPT, max_new_tokens=12)
+    assert len(set(want[0, PROMPT.shape[1]:].tolist())) > 3
+    float_logits, quant_logits = _forced_logits(floats, want), _forced_logits(gen, want)
+    diff = np.abs(quant_logits - float_logits)
+    assert 0.0 < diff.max() / np.abs(float_logits).max() < logit_bound
+    top2 = np.sort(float_logits, axis=-1)[:, -2:]
+    assert (top2[:, 1] - top2[:, 0]).min() > 2.0 * diff.max()  # the margin condition
+    np.testing.assert_array_equal(gen.generate(PROMPT, max_new_tokens=12), want)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
+    """The same regions (so the same region calls per step), every dense of the decoder stack a
+    dense_wq node, the LM head still a float dense."""
+    from collections import Counter
+
+    from byoc_hetero._relax import region_table
+
+    def nodes(part) -> list[Counter]:
+        return [Counter(n["op"] for n in r.graph["nodes"]) for r in region_table(part).values()]
+
+    _, part, _ = _built_quant(weights)
+    float_ops, ops = nodes(_QUANT["f32"][0]), nodes(part)
+    assert len(ops) == len(float_ops) == 2, (ops, float_ops)
+    layers = COMMON["num_hidden_layers"]
+    assert sum(o["dense_wq"] for o in ops) == 7 * layers, ops  # q k v o gate up down
+    assert sum(o["dense"] for o in ops) == 1 and sum(o["dense_wq"] for o in float_ops) == 0, ops  # the LM head
+    assert sum(o["kv_attention"] for o in ops) == sum(o["kv_attention"] for o in float_ops) == layers, ops
+
+
+def test_quantized_generator_saves_loads_and_runs_from_the_cli(tmp_path, capsys):
+    from byoc_hetero.cli import main
+
+    _, _, gen = _built_quant("int8")
+    want = gen.generate(PROMPT, max_new_tokens=6)
+    gen.save(tmp_path / "q")
+    loaded = bh.llm.load(tmp_path / "q")
+    assert loaded.weights == "int8" and loaded.weight_error == gen.weight_error
+    np.testing.assert_array_equal(loaded.generate(PROMPT, max_new_tokens=6), want)
+    _QUANT["model"].save_pretrained(tmp_path / "hf")
+    ids = ",".join(str(t) for t in PROMPT[0])
+    unused = next(t for t in range(VOCAB) if t not in want[0, PROMPT.shape[1]:])
+    assert main(["generate", str(tmp_path / "hf"), "--ids", ids, "--max-new-tokens", "6", "--max-length", "32",
+                 "--weights", "int8", "--stop", str(unused)]) == 0
+    assert [int(t) for t in capsys.readouterr().out.split()] == want[0, PROMPT.shape[1]:].tolist()
 
 
 def test_bf16_weights_without_native_bf16_say_why():

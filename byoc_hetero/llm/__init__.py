@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import tvm
 from tvm import relax
 
 from ..errors import InputError
@@ -25,17 +27,18 @@ WEIGHTS = ("f32", "bf16")
 """Weight precisions :func:`from_hf` builds."""
 
 QUANTIZED_WEIGHTS = ("int8", "int4")
-"""Weight-only quantized precisions: they come with ``bh.quantize(mod, params, weights=...)``."""
+"""Weight-only quantized precisions (``bh.quantize(mod, params, weights=...)`` on the step's denses)."""
+
+KEPT_FLOAT = ("lm_head",)
+"""Weights :func:`from_hf` leaves float32 under int8 / int4: the LM head (the embedding is a ``take``,
+never a dense)."""
 
 
 def _precision(weights: str) -> str | None:
     """The ``bh.partition`` precision for ``weights``, or an InputError saying why not."""
     from .. import _C
 
-    if weights in QUANTIZED_WEIGHTS:
-        raise InputError(f"bh.llm.from_hf: weights={weights!r} comes with weight-only quantization "
-                         "(bh.quantize(mod, params, weights=...)), not built here yet; use 'f32' or 'bf16'")
-    if weights not in WEIGHTS:
+    if weights not in WEIGHTS + QUANTIZED_WEIGHTS:
         raise InputError(f"bh.llm.from_hf: weights must be one of {', '.join(WEIGHTS + QUANTIZED_WEIGHTS)}, "
                          f"got {weights!r}")
     if weights == "bf16" and not _C.bf16_native():
@@ -45,24 +48,58 @@ def _precision(weights: str) -> str | None:
     return "bf16" if weights == "bf16" else None
 
 
-def from_hf(model: Any, *, max_length: int, weights: str = "f32") -> Generator:
-    """A :class:`Generator` for a transformers ``...ForCausalLM`` (Llama / SmolLM, Qwen2, Mistral,
-    Gemma, Phi-3), its caches ``max_length`` tokens long (prompt plus new tokens).
+def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, group_size: int | None
+               ) -> tuple[tvm.IRModule, dict[str, np.ndarray], float | None]:
+    """(module, params, weight error): the step's denses in weight-only form for int8 / int4 (the
+    :data:`KEPT_FLOAT` ones aside); ``mod`` and ``params`` as they were, error None, otherwise."""
+    import byoc_hetero as bh
 
-    ``weights``: ``"f32"``, or ``"bf16"`` where oneDNN runs bf16 natively (else an InputError);
-    ``"int8"`` / ``"int4"`` raise an InputError (weight-only quantization is a separate pass).
-    The model is read (config and weights), not run; its forward code and cache classes are not used.
-    """
+    from ..errors import QuantizationError
+
+    if weights not in QUANTIZED_WEIGHTS:
+        if group_size is not None:
+            raise InputError(f"bh.llm.from_hf: group_size={group_size!r} applies to weights='int8' / 'int4', "
+                             f"not {weights!r}")
+        return mod, params, None
+    try:
+        q = bh.quantize(mod, params, weights=weights, group_size=group_size,
+                        keep_float=lambda name: name in KEPT_FLOAT, verbose=False)
+    except QuantizationError as err:
+        raise InputError(f"bh.llm.from_hf: weights={weights!r} group_size={group_size!r}: {err}") from None
+    return q.mod, q.params, q.error
+
+
+def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None
+                     ) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
+    """What :func:`from_hf` builds, before the build: (the partitioned step module, its
+    :class:`DecoderSpec`, the weight quantization error or None). For inspecting the regions."""
     import byoc_hetero as bh
 
     precision = _precision(weights)
     if int(max_length) != max_length or max_length < 1:
         raise InputError(f"bh.llm.from_hf: max_length must be a positive integer, got {max_length!r}")
     spec = decoder_spec(model)
-    mod = step_module(spec, int(max_length))
-    part = bh.partition(mod, decoder_weights(spec, model), precision=precision)
-    return Generator(relax.build(part, target="llvm"), spec, int(max_length), weights)
+    mod, params, error = _quantized(step_module(spec, int(max_length)), decoder_weights(spec, model), weights,
+                                    group_size)
+    return bh.partition(mod, params, precision=precision), spec, error
+
+
+def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None) -> Generator:
+    """A :class:`Generator` for a transformers ``...ForCausalLM`` (Llama / SmolLM, Qwen2, Mistral,
+    Gemma, Phi-3), its caches ``max_length`` tokens long (prompt plus new tokens).
+
+    ``weights``: ``"f32"``; ``"bf16"`` where oneDNN runs bf16 natively (else an InputError); or
+    ``"int8"`` / ``"int4"``: weight-only quantization (``bh.quantize(mod, params, weights=...)``) of
+    every dense of the decoder stack before the partition, each then a ``dense_wq`` node, activations
+    float32; the LM head and the embedding stay float32. ``group_size``: 32 / 64 / 128 consecutive k
+    per scale (int4's default 32), None for one scale per output channel (int8's default); the
+    hidden and intermediate sizes must be multiples of it. The generator's ``weight_error`` is the
+    quantization's measured error (:class:`~byoc_hetero.quant.WeightOnlyModel`), None for float.
+    The model is read (config and weights), not run; its forward code and cache classes are not used.
+    """
+    part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size)
+    return Generator(relax.build(part, target="llvm"), spec, int(max_length), weights, weight_error=error)
 
 
 __all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_hf", "load",
-           "step_module"]
+           "partitioned_step", "step_module"]

@@ -51,11 +51,15 @@ class Generator:
     >>> out = gen.generate(np.array([[1, 2, 3]]), max_new_tokens=8)   # int64 [1, 3 + 8]
     """
 
-    def __init__(self, executable: Any, spec: DecoderSpec, max_length: int, weights: str = "f32"):
+    def __init__(self, executable: Any, spec: DecoderSpec, max_length: int, weights: str = "f32",
+                 weight_error: float | None = None):
         self._executable = executable
         self.spec = spec
         self.max_length = int(max_length)
         self.weights = weights
+        self.weight_error = weight_error
+        """int8 / int4 weights: the quantization's largest relative layer error (``WeightOnlyModel.error``,
+        max |x W_q - x W| / max |x W| on random rows); None for float weights."""
         self._vm = relax.VirtualMachine(executable, tvm.cpu())
         self._main = self._vm["main"]
 
@@ -190,12 +194,13 @@ class Generator:
     # ---- files ----------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write the generator to the folder ``path``: the built library (``model.so``, weights
-        inside) and ``generator.json`` (the decoder's sizes, max_length, weights). Returns the folder."""
+        inside) and ``generator.json`` (the decoder's sizes, max_length, weights and their quantization
+        error). Returns the folder."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         self._executable.export_library(str(folder / LIBRARY))
         manifest = {"format": FORMAT, "version": VERSION, "max_length": self.max_length, "weights": self.weights,
-                    "spec": self.spec.to_json()}
+                    "weight_error": self.weight_error, "spec": self.spec.to_json()}
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
         return folder
 
@@ -214,5 +219,6 @@ def load(path: str | os.PathLike) -> Generator:
         raise ModelFileError(f"bh.llm.load: {folder / MANIFEST} is format {manifest.get('format')!r} version "
                              f"{manifest.get('version')!r}; expected {FORMAT!r} version {VERSION}")
     spec = DecoderSpec(**manifest["spec"])
-    return Generator(load_module(folder / LIBRARY), spec, manifest["max_length"], manifest.get("weights", "f32"))
+    return Generator(load_module(folder / LIBRARY), spec, manifest["max_length"], manifest.get("weights", "f32"),
+                     manifest.get("weight_error"))
 
