@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 import tvm
-from conftest import TOLERANCE, saved_rules
+from conftest import TOLERANCE, saved_rules, needs_int8_kernels
 from fuzz_graphs import KINDS, SPECIAL_KINDS, graphs, run_all, transformer_graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -226,6 +226,7 @@ def test_offloaded_equals_llvm(case, disabled, require_heavy_op):
     differential(mod, inputs, sorted(disabled), require_heavy_op)
 
 
+@needs_int8_kernels
 @settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=graphs(max_ops=0, kinds=("int8",)))

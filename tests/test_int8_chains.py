@@ -275,4 +275,12 @@ def test_chain_of_a_quantize_static_gelu_matches_onnxruntime(tmp_path):
     inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
     last = next(n for n in m.graph.node if "y" in n.output)
     step = float(inits[last.input[1]].max())
-    assert np.max(np.abs(got - want)) <= 2 * step * 1.001  # the dense's fused rounding: as test_int8's bias add
+    # the same QDQ semantics computed by TVM's llvm-only build: exact on every CPU
+    ref = run(build(bh.bind_params(mod, params)), [x])
+    assert np.max(np.abs(got - ref)) <= 2 * step * 1.001  # the dense's fused rounding: as test_int8's bias add
+    from byoc_hetero.backends.onednn.precision import int8_kernels_reason
+
+    if int8_kernels_reason() is None:
+        # below VNNI ONNX Runtime's own u8 x s8 kernels saturate (7 steps off the llvm build on a Skylake-SP
+        # while ours equals it): it is the reference only where int8 arithmetic is exact
+        assert np.max(np.abs(got - want)) <= 2 * step * 1.001

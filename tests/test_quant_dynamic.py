@@ -9,6 +9,7 @@ import pytest
 
 import byoc_hetero as bh
 from byoc_hetero.timing import build, run
+from conftest import needs_int8_kernels
 
 ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
@@ -75,6 +76,7 @@ def _ort(path, x):
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
+@needs_int8_kernels
 def test_quantize_dynamic_model_is_offloaded_and_matches_onnxruntime(dynamic_model):
     import onnx
 
@@ -97,6 +99,7 @@ def test_quantize_dynamic_model_is_offloaded_and_matches_onnxruntime(dynamic_mod
         assert np.abs(run(ex_part, [x]) - want).max() <= 1e-4 * scale
 
 
+@needs_int8_kernels
 def test_a_zero_input_to_a_dynamically_quantized_matmul(dynamic_model):
     # the token positions a padded batch zeroes: DynamicQuantizeLinear's range is empty there
     mod, params = bh.from_onnx(dynamic_model)

@@ -17,6 +17,7 @@ import byoc_hetero as bh
 from byoc_hetero._relax import region_table
 from byoc_hetero.tune import Timing
 from byoc_hetero.tune.precision import Built
+from conftest import needs_int8_kernels
 
 
 def _samples(n, seed, shape=(1, 3, 16, 16)):
@@ -65,6 +66,7 @@ def _all_int8_error(mod, params, cal):
     return _error(bh.partition(q.mod, q.params), cal, _llvm(mod, params, cal))
 
 
+@needs_int8_kernels
 def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
     from byoc_hetero.tune import int8, precision
 
@@ -106,6 +108,7 @@ def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
     assert "among f32, bf16, int8" in text and "int8 alone: error" in text and "int8, " in text
 
 
+@needs_int8_kernels
 def test_int8_within_the_tolerance_and_never_slower_than_the_default(monkeypatch):
     mod, params = bh.models.small_convnet()
     cal, held = _samples(3, 3), _samples(1, 4)

@@ -17,6 +17,7 @@ import byoc_hetero as bh
 from byoc_hetero._relax import region_table
 from byoc_hetero.tune import TimingCache
 from byoc_hetero.tune.cache import signature
+from conftest import needs_int8_kernels
 
 precision = importlib.import_module("byoc_hetero.tune.precision")
 int8 = importlib.import_module("byoc_hetero.tune.int8")
@@ -163,6 +164,7 @@ def test_a_mix_with_bf16_uses_a_stored_map_and_replaces_a_stale_one(monkeypatch)
     assert _node_precisions(third) == ["bf16", "bf16", "f32", "f32"] and calls == [None, None]
 
 
+@needs_int8_kernels
 def test_all_int8_partition_is_made_only_for_a_timing_key_not_in_the_cache(monkeypatch):
     cache = TimingCache(None)
     session, quantizer, maps, _ = _quantizer_session(cache)
@@ -209,6 +211,7 @@ def test_timed_graphs_hit_miss_and_malformed():
 # -- a warm int8 tune, end to end ----------------------------------------------------------------------
 
 
+@needs_int8_kernels
 def test_a_warm_int8_tune_partitions_only_the_default_and_the_kept_plan(monkeypatch, tmp_path):
     """The second tune of the same model with the same inputs and cache: every timing, error and
     node map from the cache; it partitions the default plan and the plan it returns, nothing else,
@@ -259,6 +262,7 @@ def test_cache_saves_only_when_something_was_stored(tmp_path):
     assert len(TimingCache(path)) == 0 and json.loads(path.read_text())["format"] == "byoc-hetero-timing-cache"
 
 
+@needs_int8_kernels
 def test_int8_level_stores_into_the_cache_it_is_given_even_an_empty_one(monkeypatch):
     """An empty TimingCache is falsy (its length is 0): the int8 level once replaced it with a
     throwaway one, so nothing it measured reached the caller's file."""
