@@ -20,6 +20,7 @@ from tvm import relax
 
 from ..errors import InputError
 from .generator import Generator, load
+from .gguf import from_gguf
 from .model import FAMILIES, DecoderSpec, decoder_spec, decoder_weights, step_module
 from .sampling import Sampler
 
@@ -101,5 +102,5 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     return Generator(relax.build(part, target="llvm"), spec, int(max_length), weights, weight_error=error)
 
 
-__all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_hf", "load",
+__all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_gguf", "from_hf", "load",
            "partitioned_step", "step_module"]

@@ -255,7 +255,8 @@ def _selected(keep_float, index: int, name: str) -> bool:
 def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weights: str = "int8",
                      group_size: int | None = None, zero_points: bool = False, scale_dtype: str = "float32",
                      keep_float: Sequence[int | str] | Callable[[str], bool] | None = None,
-                     seed: int = 0, verbose: bool = True) -> WeightOnlyModel:
+                     seed: int = 0, verbose: bool = True,
+                     given: Mapping[str, WeightCodes] | None = None) -> WeightOnlyModel:
     """The weight-only form of ``mod`` (module docstring): every matmul on a 2-D float32 weight.
 
     ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: None (one scale per output channel;
@@ -265,6 +266,9 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     predicate on the weight name (the LM head of a decoder, say). The new parameters are
     ``<weight>.codes``, ``<weight>.scales`` (and ``<weight>.zero_points``); a weight read elsewhere
     too (an embedding tied to the LM head) keeps its float parameter for those readers.
+    ``given``: weight name -> codes already quantized (a file's, ``bh.llm.from_gguf``), used as they
+    are instead of quantizing that weight (its float value in ``params`` is then what the layer
+    error is measured against).
     """
     if weights not in WEIGHT_FORMATS:
         raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
@@ -279,6 +283,7 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     by_name = {p.name: p for p in func.params}
     values: dict[relax.Expr, np.ndarray] = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
     rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed)
+    rewriter.given = dict(given or {})
     new_func = rewriter.rewrite(func)
     out_mod = mod.clone()
     out_mod["main"] = new_func
@@ -307,6 +312,7 @@ class _WeightOnlyRewriter:
         self.new_values: dict[str, np.ndarray] = {}
         self.new_params: list[relax.Var] = []
         self.codes: dict[relax.Expr, tuple[WeightCodes, list[relax.Var]]] = {}
+        self.given: dict[str, WeightCodes] = {}
 
     def _name(self, w: relax.Expr) -> str:
         return w.name if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
@@ -315,7 +321,8 @@ class _WeightOnlyRewriter:
         if w not in self.codes:
             name = self._name(w)
             try:
-                codes = quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+                codes = self.given.get(name) or quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points,
+                                                                self.scale_dtype)
             except QuantizationError as err:
                 raise QuantizationError(f"{name}: {err}") from None
             arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points}

@@ -1,0 +1,357 @@
+"""GGUF files of Llama-family decoders (llama.cpp's format) as generators: ``bh.llm.from_gguf``.
+
+The file is read here (no ``gguf`` package needed at run time): the header, the metadata of the
+``{arch}.*`` keys, the tensor table, then each tensor's bytes through a memory map. Tensor types:
+
+* ``F32``, ``F16``, ``BF16``: float weights (widened to float32);
+* ``Q8_0``: blocks of 32 weights along K, an f16 scale ``d`` and 32 int8 codes: ``w = q * d``;
+* ``Q4_0``: blocks of 32, an f16 scale ``d`` and 16 bytes, byte j holding element j (low nibble)
+  and element j + 16 (high): ``w = (q - 8) * d``.
+
+Q8_0 / Q4_0 weights of the decoder's denses (and of a separate LM head) stay quantized: their codes
+are rearranged (not requantized) into the weight-only form of :mod:`byoc_hetero.quant.weight_only`
+(int8 codes with f16 scales per block of 32, or 4-bit codes two a byte with implicit zero point 8)
+and run as ``dense_wq`` nodes; ``weights="f32"`` dequantizes everything instead. The embedding is a
+``take`` and is always dequantized. A block whose scale is 0 holds zeros whatever its codes: it is
+stored with scale 1 and the zero code (same values; dense_wq refuses zero scales).
+
+llama.cpp's ``llama`` architecture rotates adjacent pairs (x0, x1) of each head where Hugging Face
+(and our ``kv_attention``) rotate the two halves (x_i, x_{i + d/2}); its converter therefore reorders
+the rows of the query / key projections per head (half i -> positions 2i, 2i + 1). :func:`pairs_to_halves`
+undoes that, so the rotation our kernel applies is the one the file's weights expect. ``qwen2`` files
+use the halves form and are read as they are.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import FrontendError, InputError, ModelFileError, UnsupportedModelError
+from ..quant.weight_only import WeightCodes
+from .model import DecoderSpec
+
+MAGIC = b"GGUF"
+ARCHS = {"llama": False, "qwen2": True}
+"""Architectures read -> whether they have q / k / v biases."""
+
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
+              11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
+              18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
+              26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
+"""ggml's tensor type codes, for reading and for naming the ones not supported."""
+
+BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18)}
+"""Supported tensor types -> (weights per block, bytes per block)."""
+
+# metadata value types: code -> struct format (8 string, 9 array are read apart)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+@dataclass
+class GgufTensor:
+    """One entry of the tensor table: name, shape (numpy order: slowest first), type name, byte offset
+    and size in the file."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: str
+    offset: int
+    nbytes: int
+
+
+class _Cursor:
+    """Little-endian reads from the file's bytes; running past the end is a ModelFileError."""
+
+    def __init__(self, buf: Any, path: str):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int, what: str) -> bytes:
+        if self.pos + n > len(self.buf):
+            raise ModelFileError(f"bh.llm.from_gguf: {self.path} ends inside its header ({what} at byte {self.pos}): "
+                                 "the file is truncated")
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, fmt: str, what: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        return bytes(self.take(self.scalar("<Q", what), what)).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str):
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype], what)
+        if vtype == 8:
+            return self.string(what)
+        if vtype == 9:
+            etype, count = self.scalar("<I", what), self.scalar("<Q", what)
+            if etype in _SCALARS:  # numeric arrays in one read
+                size = struct.calcsize(_SCALARS[etype])
+                return np.frombuffer(self.take(size * count, what), dtype=np.dtype(_SCALARS[etype])).copy()
+            return [self.value(etype, what) for _ in range(count)]
+        raise ModelFileError(f"bh.llm.from_gguf: {self.path}: {what} has metadata value type {vtype}, not a GGUF one")
+
+
+class GgufFile:
+    """A GGUF file's metadata (``meta``: key -> value) and tensor table (``tensors``: name ->
+    :class:`GgufTensor`), its tensor bytes read on demand through a memory map."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        try:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.path.getsize(self.path) else b""
+        except OSError as err:
+            raise ModelFileError(f"bh.llm.from_gguf: cannot read {self.path}: {err}") from None
+        cur = _Cursor(self._map, self.path)
+        if bytes(cur.take(4, "the magic")) != MAGIC:
+            raise ModelFileError(f"bh.llm.from_gguf: {self.path} is not a GGUF file (it does not start with 'GGUF')")
+        version = cur.scalar("<I", "the version")
+        if version not in (2, 3):
+            raise ModelFileError(f"bh.llm.from_gguf: {self.path} is GGUF version {version}; versions 2 and 3 are read")
+        n_tensors, n_kv = cur.scalar("<Q", "the tensor count"), cur.scalar("<Q", "the metadata count")
+        self.meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string("a metadata key")
+            self.meta[key] = cur.value(cur.scalar("<I", key), key)
+        table = [self._tensor_info(cur) for _ in range(n_tensors)]
+        align = self.meta.get("general.alignment", 32)
+        if not isinstance(align, int) or align < 1:
+            raise ModelFileError(f"bh.llm.from_gguf: {self.path}: general.alignment is {align!r}, not a positive integer")
+        start = -(-cur.pos // align) * align
+        self.tensors = {t.name: GgufTensor(t.name, t.shape, t.type, start + t.offset, t.nbytes) for t in table}
+
+    @staticmethod
+    def _tensor_info(cur: _Cursor) -> GgufTensor:
+        name = cur.string("a tensor name")
+        dims = [cur.scalar("<Q", name) for _ in range(cur.scalar("<I", name))]
+        code = cur.scalar("<I", name)
+        offset = cur.scalar("<Q", name)
+        tname = GGML_TYPES.get(code, f"type {code}")
+        shape = tuple(reversed(dims))  # GGUF lists the fastest dimension first
+        count = int(np.prod(shape, dtype=np.int64))
+        per, size = BLOCKS.get(tname, (1, 0))
+        return GgufTensor(name, shape, tname, offset, count // per * size)
+
+    def key(self, key: str, default: Any = None) -> Any:
+        """The metadata value of ``key``; a FrontendError naming it when missing and no default."""
+        if key in self.meta:
+            return self.meta[key]
+        if default is None:
+            raise FrontendError(f"bh.llm.from_gguf: {self.path} has no metadata key {key!r}")
+        return default
+
+    def raw(self, name: str) -> tuple[GgufTensor, np.ndarray]:
+        """The tensor's entry and bytes (uint8), checked: present, of a supported type, inside the file."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise FrontendError(f"bh.llm.from_gguf: {self.path} has no tensor {name!r}")
+        if t.type not in BLOCKS:
+            raise UnsupportedModelError(f"bh.llm.from_gguf: tensor {name!r} is {t.type}; supported tensor types: "
+                                        f"{', '.join(BLOCKS)}")
+        per = BLOCKS[t.type][0]
+        if t.shape[-1] % per:
+            raise ModelFileError(f"bh.llm.from_gguf: tensor {name!r} ({t.type}) has rows of {t.shape[-1]}, not a "
+                                 f"multiple of its block of {per}")
+        if t.offset + t.nbytes > len(self._map):
+            raise ModelFileError(f"bh.llm.from_gguf: {self.path} ends inside tensor {name!r} (bytes {t.offset} to "
+                                 f"{t.offset + t.nbytes}, the file has {len(self._map)}): the file is truncated")
+        return t, np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def float32(self, name: str) -> np.ndarray:
+        """The tensor dequantized to float32, in numpy order."""
+        t, data = self.raw(name)
+        if t.type == "F32":
+            return data.view("<f4").reshape(t.shape).copy()
+        if t.type == "F16":
+            return data.view("<f2").astype(np.float32).reshape(t.shape)
+        if t.type == "BF16":
+            return (data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+        return dequantize_weight(block_codes(self, name))
+
+
+def block_codes(f: GgufFile, name: str) -> WeightCodes:
+    """A 2-D Q8_0 / Q4_0 tensor [N, K] as weight-only codes (blocks of 32 along K, f16 scales),
+    rearranged from the file's blocks without requantizing."""
+    t, data = f.raw(name)
+    if t.type not in ("Q8_0", "Q4_0") or len(t.shape) != 2:
+        raise FrontendError(f"bh.llm.from_gguf: tensor {name!r} is {t.type} {list(t.shape)}; expected a 2-D Q8_0 "
+                            "or Q4_0 weight")
+    n, k = t.shape
+    blocks = data.reshape(n, k // 32, BLOCKS[t.type][1])
+    scales = blocks[:, :, :2].copy().view("<f2")[:, :, 0].astype(np.float16)
+    if not np.isfinite(scales).all():
+        i = tuple(int(v) for v in np.argwhere(~np.isfinite(scales))[0])
+        raise ModelFileError(f"bh.llm.from_gguf: tensor {name!r} block {list(i)} has scale {scales[i]}")
+    zero = scales == 0  # a block of zeros: any codes; stored as scale 1 and the zero code
+    scales[zero] = 1.0
+    if t.type == "Q8_0":
+        q = blocks[:, :, 2:].view(np.int8).copy()
+        q[zero] = 0
+        return WeightCodes(8, 32, q.reshape(n, k), scales)
+    qs = blocks[:, :, 2:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # element j low, j + 16 high -> 32 codes in order
+    q[zero] = 8
+    q = q.reshape(n, k)
+    return WeightCodes(4, 32, np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)), scales)
+
+
+def dequantize_weight(codes: WeightCodes) -> np.ndarray:
+    from ..quant.weight_only import dequantize_codes
+
+    return dequantize_codes(codes)
+
+
+def pairs_to_halves(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's reordering of a query / key projection's rows (``[heads * d, ...]``): from
+    the pair layout (rotation pairs 2i, 2i + 1) back to the halves one (i, i + d/2)."""
+    d = w.shape[0] // heads
+    return np.ascontiguousarray(w.reshape(heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def _permuted(value: np.ndarray | WeightCodes, heads: int) -> np.ndarray | WeightCodes:
+    """``pairs_to_halves`` on a float weight, or on the rows of codes and scales."""
+    if isinstance(value, np.ndarray):
+        return pairs_to_halves(value, heads)
+    return WeightCodes(value.bits, value.block, pairs_to_halves(value.codes, heads),
+                       pairs_to_halves(value.scales, heads))
+
+
+def gguf_spec(f: GgufFile) -> DecoderSpec:
+    """The :class:`DecoderSpec` of the file's ``{arch}.*`` metadata (and its rope_freqs tensor)."""
+    arch = f.key("general.architecture")
+    if arch not in ARCHS:
+        raise UnsupportedModelError(f"bh.llm.from_gguf: architecture {arch!r} is not supported "
+                                    f"(supported: {', '.join(ARCHS)})")
+    hidden, heads = int(f.key(f"{arch}.embedding_length")), int(f.key(f"{arch}.attention.head_count"))
+    kv_heads = int(f.key(f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(f.key(f"{arch}.attention.key_length", hidden // heads))
+    rot = int(f.key(f"{arch}.rope.dimension_count", head_dim))
+    if rot != head_dim:
+        raise UnsupportedModelError(f"bh.llm.from_gguf: RoPE over {rot} of the head's {head_dim} dims (partial "
+                                    "rotary) is not supported")
+    base = float(f.key(f"{arch}.rope.freq_base", 10000.0))
+    inv = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    scaling = f.key(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        inv /= float(f.key(f"{arch}.rope.scaling.factor"))
+    elif scaling != "none":
+        raise UnsupportedModelError(f"bh.llm.from_gguf: rope scaling {scaling!r} is not supported (none, linear, "
+                                    "and Llama 3's rope_freqs tensor are)")
+    if "rope_freqs.weight" in f.tensors:  # Llama 3: one divisor per frequency
+        inv /= f.float32("rope_freqs.weight").astype(np.float64).reshape(-1)
+    vocab = f.meta.get(f"{arch}.vocab_size") or f.raw("token_embd.weight")[0].shape[0]
+    return DecoderSpec(
+        family="llama" if arch == "llama" else arch, layers=int(f.key(f"{arch}.block_count")), hidden=hidden,
+        heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=int(f.key(f"{arch}.feed_forward_length")),
+        vocab=int(vocab),
+        eps=float(f.key(f"{arch}.attention.layer_norm_rms_epsilon")), activation="silu",
+        qkv_bias=ARCHS[arch], sliding_window=0, embed_scale=1.0, rope_scale=1.0, inv_freq=[float(v) for v in inv])
+
+
+_LAYER = {"in_norm": "attn_norm.weight", "post_norm": "ffn_norm.weight", "q": "attn_q.weight", "k": "attn_k.weight",
+          "v": "attn_v.weight", "o": "attn_output.weight", "gate": "ffn_gate.weight", "up": "ffn_up.weight",
+          "down": "ffn_down.weight", "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias"}
+"""Our per-layer parameter names -> llama.cpp's (``blk.{i}.`` before them)."""
+
+
+def gguf_names(spec: DecoderSpec) -> dict[str, str]:
+    """Parameter name of :func:`~byoc_hetero.llm.model.step_module` -> tensor name in the file."""
+    from .model import weight_shapes
+
+    names = {"embed": "token_embd.weight", "final_norm": "output_norm.weight", "lm_head": "output.weight"}
+    for p in weight_shapes(spec):
+        layer, _, short = p.partition(".")
+        if short in _LAYER:
+            names[p] = f"blk.{layer[1:]}.{_LAYER[short]}"
+    return names
+
+
+def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
+                 ) -> tuple[dict[str, np.ndarray], dict[str, WeightCodes]]:
+    """(float32 params, codes): every weight :func:`step_module` declares, by its name, shape-checked;
+    Q8_0 / Q4_0 denses also in ``codes`` (unless ``dequantize``), their float value the exact dequantize."""
+    from .model import weight_shapes
+
+    shapes, names = weight_shapes(spec), gguf_names(spec)
+    if "output.weight" not in f.tensors:  # tied: llama.cpp takes the embedding as the LM head
+        names["lm_head"] = "token_embd.weight"
+    params: dict[str, np.ndarray] = {"inv_freq": np.asarray(spec.inv_freq, dtype=np.float32)}
+    codes: dict[str, WeightCodes] = {}
+    for p, tensor in names.items():
+        t = f.raw(tensor)[0]
+        if tuple(t.shape) != shapes[p] and not (len(shapes[p]) == 1 and t.shape == (1,) + shapes[p]):
+            raise FrontendError(f"bh.llm.from_gguf: tensor {tensor!r} is {list(t.shape)}; the metadata says "
+                                f"{list(shapes[p])}")
+        keep = t.type in ("Q8_0", "Q4_0") and not dequantize and p != "embed" and tensor != "token_embd.weight"
+        value: np.ndarray | WeightCodes = block_codes(f, tensor) if keep else f.float32(tensor).reshape(shapes[p])
+        short = p.partition(".")[2]
+        if spec.family == "llama" and short in ("q", "k"):
+            value = _permuted(value, spec.heads if short == "q" else spec.kv_heads)
+        if isinstance(value, WeightCodes):
+            codes[p], value = value, dequantize_weight(value)
+        params[p] = value
+    return params, codes
+
+
+def read_gguf(path: str | os.PathLike, dequantize: bool = False
+              ) -> tuple[DecoderSpec, dict[str, np.ndarray], dict[str, WeightCodes], int]:
+    """(spec, float32 params, codes of the weights kept quantized, context length) of a GGUF file."""
+    f = GgufFile(path)
+    spec = gguf_spec(f)
+    params, codes = gguf_weights(f, spec, dequantize)
+    return spec, params, codes, int(f.key(f"{f.key('general.architecture')}.context_length"))
+
+
+WEIGHTS = (None, "f32")
+"""``from_gguf``'s ``weights``: None (as the file stores them) or ``"f32"`` (all dequantized)."""
+
+
+def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None = None):
+    """What :func:`from_gguf` builds, before the build: (partitioned step module, spec, weights label)."""
+    import byoc_hetero as bh
+
+    from ..quant.weight_only import quantize_weights
+    from .model import step_module
+
+    if weights not in WEIGHTS:
+        raise InputError(f"bh.llm.from_gguf: weights must be None (as stored) or 'f32', got {weights!r}")
+    if int(max_length) != max_length or max_length < 1:
+        raise InputError(f"bh.llm.from_gguf: max_length must be a positive integer, got {max_length!r}")
+    spec, params, codes, context = read_gguf(path, dequantize=weights == "f32")
+    if max_length > context:
+        raise InputError(f"bh.llm.from_gguf: max_length {max_length} is longer than the model's context length "
+                         f"{context} ({os.fspath(path)})")
+    mod = step_module(spec, int(max_length))
+    if codes:
+        floats = [name for name, value in params.items() if value.ndim == 2 and name not in codes]
+        q = quantize_weights(mod, params, "int8", keep_float=floats, verbose=False, given=codes)
+        mod, params = q.mod, q.params
+    kinds = sorted({"q8_0" if c.bits == 8 else "q4_0" for c in codes.values()})
+    return bh.partition(mod, params), spec, "gguf:" + "+".join(kinds or ["f32"])
+
+
+def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None = None):
+    """A :class:`~byoc_hetero.llm.Generator` for a GGUF file of a Llama-family decoder (architectures
+    ``llama`` and ``qwen2``), its caches ``max_length`` tokens long (at most the file's context length).
+
+    ``weights``: None keeps Q8_0 / Q4_0 denses quantized (``dense_wq`` nodes: int8 codes, or 4-bit
+    ones, with the file's f16 scale per block of 32) and reads F32 / F16 / BF16 ones as float32;
+    ``"f32"`` dequantizes every tensor. The embedding is always float32. Another tensor type (Q4_K,
+    Q6_K, ...), a missing metadata key or tensor, or a truncated file raise a
+    :class:`~byoc_hetero.errors.FrontendError` naming it. The generator's ``weights`` says what ran
+    (``"gguf:q8_0"``, ``"gguf:q4_0"``, ``"gguf:f32"``).
+    """
+    from tvm import relax
+
+    from .generator import Generator
+
+    part, spec, label = partitioned_gguf(path, max_length=max_length, weights=weights)
+    return Generator(relax.build(part, target="llvm"), spec, int(max_length), label)
