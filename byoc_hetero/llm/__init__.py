@@ -102,5 +102,5 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     return Generator(relax.build(part, target="llvm"), spec, int(max_length), weights, weight_error=error)
 
 
-__all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_gguf", "from_hf", "load",
-           "partitioned_step", "step_module"]
+__all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_gguf", "from_hf",
+           "load", "partitioned_step", "step_module"]

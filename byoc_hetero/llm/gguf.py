@@ -124,7 +124,8 @@ class GgufFile:
         table = [self._tensor_info(cur) for _ in range(n_tensors)]
         align = self.meta.get("general.alignment", 32)
         if not isinstance(align, int) or align < 1:
-            raise ModelFileError(f"bh.llm.from_gguf: {self.path}: general.alignment is {align!r}, not a positive integer")
+            raise ModelFileError(f"bh.llm.from_gguf: {self.path}: general.alignment is {align!r}, not a positive "
+                                 "integer")
         start = -(-cur.pos // align) * align
         self.tensors = {t.name: GgufTensor(t.name, t.shape, t.type, start + t.offset, t.nbytes) for t in table}
 
