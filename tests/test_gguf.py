@@ -35,14 +35,36 @@ CONFIG = dict(vocab_size=300, hidden_size=64, intermediate_size=256, num_hidden_
               num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.1)
 
 
+_SAVED: dict = {}
+
+
+def _saved(tmp_path_factory, key: str, cls=None, **overrides):
+    """A random decoder (``cls``, default Llama, CONFIG with ``overrides``) with norms and biases drawn away from
+    their defaults, saved once per module run: (folder, model)."""
+    if key not in _SAVED:
+        cls = cls or transformers.LlamaForCausalLM
+        torch.manual_seed(1)
+        model = cls(cls.config_class(**(CONFIG | overrides))).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.ndim == 1:
+                    p.copy_((1.0 if "norm" in name else 0.0) + 0.1 * torch.randn_like(p))
+        folder = tmp_path_factory.mktemp(key)
+        model.save_pretrained(folder)
+        _SAVED[key] = (str(folder), model)
+    return _SAVED[key]
+
+
 @pytest.fixture(scope="module", params=[False, True], ids=["output", "tied"])
 def hf_folder(request, tmp_path_factory):
     """A saved random Llama (LM head separate, or tied to the embedding) and the model."""
-    torch.manual_seed(1)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG, tie_word_embeddings=request.param)).eval()
-    folder = tmp_path_factory.mktemp("hf")
-    model.save_pretrained(folder)
-    return str(folder), model
+    return _saved(tmp_path_factory, f"llama_tied{request.param}", tie_word_embeddings=request.param)
+
+
+@pytest.fixture(scope="module")
+def one_folder(tmp_path_factory):
+    """The Llama with a separate LM head (the bad-file tests)."""
+    return _saved(tmp_path_factory, "llama_tiedFalse", tie_word_embeddings=False)
 
 
 def _file(hf_folder, tmp_path, fmt: str) -> str:
@@ -75,15 +97,52 @@ def _dequantized_model(path: str, like):
             continue
         value = tensors[gguf_write.gguf_name(name)].reshape(w.shape)
         heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}.get(name.split(".")[-2])
-        if heads and name.endswith("weight"):
+        if heads and name.endswith("weight") and cfg.model_type == "llama":
             order = gguf_write.halves_to_pairs(np.arange(w.shape[0])[:, None], heads)[:, 0]
             value = value[np.argsort(order)]  # the inverse of the writer's row permutation
         state[name] = torch.tensor(np.ascontiguousarray(value, dtype=np.float32))
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = type(like)(cfg).eval()
     model.load_state_dict(state, strict=False)
     if cfg.tie_word_embeddings:
         model.tie_weights()
     return model
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3_rope"])
+def test_other_families_f32_equal_transformers(tmp_path_factory, tmp_path, family):
+    """Qwen2 (q / k / v biases, rows not reordered) and Llama 3's RoPE scaling (the rope_freqs divisors)."""
+    if family == "qwen2":
+        hf = _saved(tmp_path_factory, "qwen2", transformers.Qwen2ForCausalLM, use_sliding_window=False)
+    else:
+        scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                       original_max_position_embeddings=32)
+        hf = _saved(tmp_path_factory, "llama3", rope_scaling=scaling, rope_theta=500000.0)
+    gen = bh.llm.from_gguf(_file(hf, tmp_path, "f32"), max_length=LENGTH)
+    tokens = hf[1].generate(torch.tensor(PROMPT), max_new_tokens=20, do_sample=False).numpy()[:, :-1]
+    n = PROMPT.shape[1]
+    _close(_step_logits(gen, tokens, n), _torch_logits(hf[1], tokens, n), 1e-4)  # positions up to 25 > 8
+
+
+@pytest.mark.parametrize("fmt", ["f16", "bf16"])
+def test_f16_bf16_files_equal_their_weights_in_float(one_folder, tmp_path, monkeypatch, fmt):
+    """Half-precision files: the logits of transformers run on the gguf package's reading of the same file."""
+    if fmt == "bf16":  # the writer has no bf16: the 2-D weights truncated to their top 16 bits
+        encode = gguf_write.encode_tensor
+
+        def bf16(name, w, _fmt):
+            if w.ndim == 1:
+                return encode(name, w, "f32")
+            bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32) >> 16
+            return bits.astype(np.uint16).view(np.uint8).reshape(w.shape[0], -1), gguf.GGMLQuantizationType.BF16
+
+        monkeypatch.setattr(gguf_write, "encode_tensor", bf16)
+    path = gguf_write.write_gguf(one_folder[0], str(tmp_path / "m.gguf"), "f16")
+    types = {t.type for t in bh.llm.gguf.GgufFile(path).tensors.values()}
+    assert types == {"F32", fmt.upper()}, types
+    tokens = one_folder[1].generate(torch.tensor(PROMPT), max_new_tokens=6, do_sample=False).numpy()[:, :-1]
+    n = PROMPT.shape[1]
+    got = _step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n)
+    _close(got, _torch_logits(_dequantized_model(path, one_folder[1]), tokens, n), 1e-4)
 
 
 def _close(got: np.ndarray, want: np.ndarray, bound: float) -> float:
@@ -136,7 +195,7 @@ def test_quantized_file_runs_its_codes(hf_folder, tmp_path, fmt, float_bound):
     assert _node_counts(path, weights="f32")["dense_wq"] == 0
 
 
-def test_unsupported_tensor_type_names_type_and_tensor(hf_folder, tmp_path, monkeypatch):
+def test_unsupported_tensor_type_names_type_and_tensor(one_folder, tmp_path, monkeypatch):
     encode = gguf_write.encode_tensor
 
     def q4_k_down(name, w, fmt):  # ffn_down [64, 256]: one Q4_K super-block (144 bytes) per row
@@ -145,14 +204,14 @@ def test_unsupported_tensor_type_names_type_and_tensor(hf_folder, tmp_path, monk
         return encode(name, w, fmt)
 
     monkeypatch.setattr(gguf_write, "encode_tensor", q4_k_down)
-    path = _file(hf_folder, tmp_path, "q8_0")
+    path = _file(one_folder, tmp_path, "q8_0")
     with pytest.raises(bh.FrontendError, match=r"tensor 'blk.1.ffn_down.weight' is Q4_K; supported tensor types: "
                                                r"F32, F16, BF16, Q8_0, Q4_0"):
         bh.llm.from_gguf(path, max_length=LENGTH)
 
 
-def test_truncated_file_names_the_tensor(hf_folder, tmp_path):
-    path = _file(hf_folder, tmp_path, "q4_0")
+def test_truncated_file_names_the_tensor(one_folder, tmp_path):
+    path = _file(one_folder, tmp_path, "q4_0")
     table = bh.llm.gguf.GgufFile(path).tensors
     last = max(table.values(), key=lambda t: t.offset)
     cut = tmp_path / "cut.gguf"
@@ -168,9 +227,9 @@ def test_truncated_file_names_the_tensor(hf_folder, tmp_path):
         bh.llm.from_gguf(cut, max_length=LENGTH)
 
 
-def test_missing_metadata_key_and_tensor(hf_folder, tmp_path, monkeypatch):
+def test_missing_metadata_key_and_tensor(one_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(gguf.GGUFWriter, "add_layer_norm_rms_eps", lambda self, value: None)
-    path = _file(hf_folder, tmp_path, "f32")
+    path = _file(one_folder, tmp_path, "f32")
     with pytest.raises(bh.FrontendError, match="has no metadata key 'llama.attention.layer_norm_rms_epsilon'"):
         bh.llm.from_gguf(path, max_length=LENGTH)
     monkeypatch.undo()
@@ -181,13 +240,13 @@ def test_missing_metadata_key_and_tensor(hf_folder, tmp_path, monkeypatch):
             add(self, name, *args, **kw)
 
     monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", without_ffn_norm_0)
-    path = _file(hf_folder, tmp_path, "f32")
+    path = _file(one_folder, tmp_path, "f32")
     with pytest.raises(bh.FrontendError, match="has no tensor 'blk.0.ffn_norm.weight'"):
         bh.llm.from_gguf(path, max_length=LENGTH)
 
 
-def test_bad_arguments(hf_folder, tmp_path):
-    path = _file(hf_folder, tmp_path, "f32")
+def test_bad_arguments(one_folder, tmp_path):
+    path = _file(one_folder, tmp_path, "f32")
     with pytest.raises(bh.InputError, match="weights must be None .* or 'f32', got 'int4'"):
         bh.llm.from_gguf(path, max_length=LENGTH, weights="int4")
     with pytest.raises(bh.InputError, match="max_length 4096 is longer than the model's context length 128"):
