@@ -175,8 +175,8 @@ def test_f32_file_logits_and_tokens_equal_transformers(hf_folder, tmp_path):
 @pytest.mark.parametrize("fmt,float_bound", [("q8_0", 4e-2), ("q4_0", 6e-1)])
 def test_quantized_file_runs_its_codes(hf_folder, tmp_path, fmt, float_bound):
     """dense_wq on the file's blocks equals the exact dequantize run in float (torch), tightly; the float
-    model within ``float_bound`` (relative to its largest logit; measured on the separate-head model: 0.022
-    for Q8_0, 0.42 for Q4_0, every 2-D weight quantized, the embedding and LM head included, as llama.cpp's
+    model within ``float_bound`` (relative to its largest logit; measured: 0.023-0.026
+    for Q8_0, 0.39-0.40 for Q4_0 (a random model's logits are flat), every 2-D weight quantized, the embedding and LM head included, as llama.cpp's
     writer does; bench/gguf_check.py compares with llama.cpp's own error on the same files)."""
     folder, model = hf_folder
     path = _file(hf_folder, tmp_path, fmt)
