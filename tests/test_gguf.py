@@ -251,3 +251,25 @@ def test_bad_arguments(one_folder, tmp_path):
         bh.llm.from_gguf(path, max_length=LENGTH, weights="int4")
     with pytest.raises(bh.InputError, match="max_length 4096 is longer than the model's context length 128"):
         bh.llm.from_gguf(path, max_length=4096)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_zero_and_nan_block_scales(one_folder, tmp_path, fmt):
+    """A block whose f16 scale is 0 holds zeros (stored with scale 1 and the zero code: dense_wq refuses zero
+    scales), as the gguf package reads it; a NaN scale is an error naming the tensor and the block."""
+    path = _file(one_folder, tmp_path, fmt)
+    t = bh.llm.gguf.GgufFile(path).tensors["blk.0.attn_q.weight"]
+    data = bytearray(open(path, "rb").read())
+    block = 18 if fmt == "q4_0" else 34
+    for b in (0, 1, 5):  # blocks of row 0 (two blocks a row of 64) and of row 2
+        data[t.offset + b * block:t.offset + b * block + 2] = np.float16(0).tobytes()
+    zeroed = tmp_path / "zero.gguf"
+    zeroed.write_bytes(bytes(data))
+    tokens = one_folder[1].generate(torch.tensor(PROMPT), max_new_tokens=4, do_sample=False).numpy()[:, :-1]
+    n = PROMPT.shape[1]
+    got = _step_logits(bh.llm.from_gguf(zeroed, max_length=LENGTH), tokens, n)
+    _close(got, _torch_logits(_dequantized_model(str(zeroed), one_folder[1]), tokens, n), 1e-4)
+    data[t.offset + 3 * block:t.offset + 3 * block + 2] = np.float16(np.nan).tobytes()
+    zeroed.write_bytes(bytes(data))
+    with pytest.raises(bh.FrontendError, match=r"tensor 'blk.0.attn_q.weight' block \[1, 1\] has scale nan"):
+        bh.llm.from_gguf(zeroed, max_length=LENGTH)

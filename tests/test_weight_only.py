@@ -59,6 +59,7 @@ def _close(got, want):
 
 CASES = [  # (bits, block or None: per channel, zero points, scale dtype)
     (8, None, False, "float32"), (8, None, False, "float16"), (8, 32, True, "float32"), (8, 64, False, "float16"),
+    (8, 32, False, "float16"),  # GGUF's Q8_0: int8 codes, an f16 scale per block of 32
     (4, 32, False, "float32"), (4, 32, True, "float16"), (4, 64, True, "float32"), (4, 64, False, "float16"),
     (4, 128, False, "float32"), (4, 128, True, "float16"), (4, None, True, "float32"),
 ]
