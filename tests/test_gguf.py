@@ -227,10 +227,16 @@ def test_truncated_file_names_the_tensor(one_folder, tmp_path):
         bh.llm.from_gguf(cut, max_length=LENGTH)
 
 
-def test_missing_metadata_key_and_tensor(one_folder, tmp_path, monkeypatch):
+def test_missing_or_bad_metadata_key_and_missing_tensor(one_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(gguf.GGUFWriter, "add_layer_norm_rms_eps", lambda self, value: None)
     path = _file(one_folder, tmp_path, "f32")
     with pytest.raises(bh.FrontendError, match="has no metadata key 'llama.attention.layer_norm_rms_epsilon'"):
+        bh.llm.from_gguf(path, max_length=LENGTH)
+    monkeypatch.undo()
+    monkeypatch.setattr(gguf.GGUFWriter, "add_head_count",
+                        lambda self, count: self.add_string("llama.attention.head_count", "four"))
+    path = _file(one_folder, tmp_path, "f32")
+    with pytest.raises(bh.FrontendError, match="key 'llama.attention.head_count' is 'four'; expected a positive integer"):
         bh.llm.from_gguf(path, max_length=LENGTH)
     monkeypatch.undo()
     add = gguf.GGUFWriter.add_tensor

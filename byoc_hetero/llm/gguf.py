@@ -141,13 +141,20 @@ class GgufFile:
         per, size = BLOCKS.get(tname, (1, 0))
         return GgufTensor(name, shape, tname, offset, count // per * size)
 
-    def key(self, key: str, default: Any = None) -> Any:
-        """The metadata value of ``key``; a FrontendError naming it when missing and no default."""
-        if key in self.meta:
-            return self.meta[key]
-        if default is None:
-            raise FrontendError(f"bh.llm.from_gguf: {self.path} has no metadata key {key!r}")
-        return default
+    def key(self, key: str, default: Any = None, kind: type | None = None) -> Any:
+        """The metadata value of ``key`` (``default`` when missing; a FrontendError naming it when missing
+        and no default); ``kind`` int: a positive integer, float: a finite number (else a FrontendError)."""
+        if key not in self.meta:
+            if default is None:
+                raise FrontendError(f"bh.llm.from_gguf: {self.path} has no metadata key {key!r}")
+            return default
+        value = self.meta[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind is int and not (number and value == int(value) and value > 0):
+            raise FrontendError(f"bh.llm.from_gguf: metadata key {key!r} is {value!r}; expected a positive integer")
+        if kind is float and not (number and np.isfinite(value)):
+            raise FrontendError(f"bh.llm.from_gguf: metadata key {key!r} is {value!r}; expected a finite number")
+        return kind(value) if kind else value
 
     def raw(self, name: str) -> tuple[GgufTensor, np.ndarray]:
         """The tensor's entry and bytes (uint8), checked: present, of a supported type, inside the file."""
@@ -231,18 +238,18 @@ def gguf_spec(f: GgufFile) -> DecoderSpec:
     if arch not in ARCHS:
         raise UnsupportedModelError(f"bh.llm.from_gguf: architecture {arch!r} is not supported "
                                     f"(supported: {', '.join(ARCHS)})")
-    hidden, heads = int(f.key(f"{arch}.embedding_length")), int(f.key(f"{arch}.attention.head_count"))
-    kv_heads = int(f.key(f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(f.key(f"{arch}.attention.key_length", hidden // heads))
-    rot = int(f.key(f"{arch}.rope.dimension_count", head_dim))
+    hidden, heads = f.key(f"{arch}.embedding_length", kind=int), f.key(f"{arch}.attention.head_count", kind=int)
+    kv_heads = f.key(f"{arch}.attention.head_count_kv", heads, kind=int)
+    head_dim = f.key(f"{arch}.attention.key_length", hidden // heads, kind=int)
+    rot = f.key(f"{arch}.rope.dimension_count", head_dim, kind=int)
     if rot != head_dim:
         raise UnsupportedModelError(f"bh.llm.from_gguf: RoPE over {rot} of the head's {head_dim} dims (partial "
                                     "rotary) is not supported")
-    base = float(f.key(f"{arch}.rope.freq_base", 10000.0))
+    base = f.key(f"{arch}.rope.freq_base", 10000.0, kind=float)
     inv = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     scaling = f.key(f"{arch}.rope.scaling.type", "none")
     if scaling == "linear":
-        inv /= float(f.key(f"{arch}.rope.scaling.factor"))
+        inv /= f.key(f"{arch}.rope.scaling.factor", kind=float)
     elif scaling != "none":
         raise UnsupportedModelError(f"bh.llm.from_gguf: rope scaling {scaling!r} is not supported (none, linear, "
                                     "and Llama 3's rope_freqs tensor are)")
@@ -250,10 +257,10 @@ def gguf_spec(f: GgufFile) -> DecoderSpec:
         inv /= f.float32("rope_freqs.weight").astype(np.float64).reshape(-1)
     vocab = f.meta.get(f"{arch}.vocab_size") or f.raw("token_embd.weight")[0].shape[0]
     return DecoderSpec(
-        family="llama" if arch == "llama" else arch, layers=int(f.key(f"{arch}.block_count")), hidden=hidden,
-        heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=int(f.key(f"{arch}.feed_forward_length")),
+        family="llama" if arch == "llama" else arch, layers=f.key(f"{arch}.block_count", kind=int), hidden=hidden,
+        heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=f.key(f"{arch}.feed_forward_length", kind=int),
         vocab=int(vocab),
-        eps=float(f.key(f"{arch}.attention.layer_norm_rms_epsilon")), activation="silu",
+        eps=f.key(f"{arch}.attention.layer_norm_rms_epsilon", kind=float), activation="silu",
         qkv_bias=ARCHS[arch], sliding_window=0, embed_scale=1.0, rope_scale=1.0, inv_freq=[float(v) for v in inv])
 
 
@@ -308,7 +315,7 @@ def read_gguf(path: str | os.PathLike, dequantize: bool = False
     f = GgufFile(path)
     spec = gguf_spec(f)
     params, codes = gguf_weights(f, spec, dequantize)
-    return spec, params, codes, int(f.key(f"{f.key('general.architecture')}.context_length"))
+    return spec, params, codes, f.key(f"{f.key('general.architecture')}.context_length", kind=int)
 
 
 WEIGHTS = (None, "f32")
