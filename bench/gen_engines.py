@@ -235,6 +235,19 @@ class Ours:
         return np.asarray(out, dtype=np.float32)[0]
 
 
+class OursGguf(Ours):
+    """byoc-hetero on llama.cpp's own file: ``bh.llm.from_gguf`` (Q8_0 / Q4_0 as ``dense_wq`` nodes)."""
+
+    def __init__(self, gguf: str, fmt: str, threads: int, max_length: int):
+        import importlib.util
+
+        if importlib.util.find_spec("byoc_hetero.llm.gguf") is None:
+            raise Unavailable("byoc_hetero.llm.from_gguf is missing in this build (issue 37's GGUF reader)")
+        import byoc_hetero.llm as llm
+
+        self.gen = llm.from_gguf(gguf, max_length=max_length)
+
+
 class LlamaCpp:
     """llama.cpp through ``llama-cpp-python`` on a GGUF file of the same weights; greedy by argmax of the
     last logits after each ``eval`` (so the end-of-sequence token does not stop it)."""
@@ -334,12 +347,13 @@ class OpenVINOGenAI:
 #: engine -> (adapter, the formats it runs, the default ones, how its files are made from the HF folder)
 ENGINES = {
     "ours": (Ours, ("f32", "bf16", "int8", "int4"), ("f32",), None),
+    "ours_gguf": (OursGguf, ("f32", "f16", "q8_0", "q4_0"), ("q8_0", "q4_0"), gguf_file),
     "hf": (HF, ("f32", "bf16"), ("f32",), None),
     "llama_cpp": (LlamaCpp, ("f32", "f16", "q8_0", "q4_0"), ("f32", "f16", "q8_0", "q4_0"), gguf_file),
     "ort_genai": (OrtGenAI, ("fp32", "int4"), ("fp32", "int4"), ort_genai_folder),
     "openvino_genai": (OpenVINOGenAI, ("fp32", "int8", "int4"), ("fp32", "int8", "int4"), openvino_folder),
 }
-LABELS = {"ours": "ours (bh.llm)", "hf": "transformers generate", "llama_cpp": "llama.cpp",
+LABELS = {"ours": "ours (bh.llm)", "ours_gguf": "ours (bh.llm.from_gguf)", "hf": "transformers generate", "llama_cpp": "llama.cpp",
           "ort_genai": "ONNX Runtime GenAI", "openvino_genai": "OpenVINO GenAI"}
 #: nominal bytes per weight of each format (Q8_0: 32 int8 + an f16 scale; Q4_0: 32 nibbles + an f16 scale;
 #: ORT GenAI's int4: blocks of 32 with an f32 scale; NNCF's int8 per channel, int4 groups of 128 with f16 scales)

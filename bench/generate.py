@@ -13,7 +13,8 @@ saved once as a Hugging Face folder under ``--keep DIR``, and every engine's fil
 all engines run the same weights.
 
 Engines and formats (``--engines``, ``--formats ENGINE=F,F``): ``ours`` f32 (``bh.llm.from_hf``; skipped with
-the reason where ``byoc_hetero.llm`` is missing), ``hf`` f32 (transformers ``generate``), ``llama_cpp`` f32 /
+the reason where ``byoc_hetero.llm`` is missing), ``ours_gguf`` q8_0 / q4_0 (also f32 / f16: ``bh.llm.from_gguf``
+on the same GGUF files as llama.cpp), ``hf`` f32 (transformers ``generate``), ``llama_cpp`` f32 /
 f16 / q8_0 / q4_0 (``llama-cpp-python``), ``ort_genai`` fp32 / int4, ``openvino_genai`` fp32 / int8 / int4.
 Each engine gets the same random prompt ids (batch 1) and decodes greedily, the end-of-sequence token ignored.
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FrontendError, InputError, ModelFileError, UnsupportedModelError
-from ..quant.weight_only import WeightCodes
+from ..quant.weight_only import WeightCodes, dequantize_codes
 from .model import DecoderSpec
 
 MAGIC = b"GGUF"
@@ -182,7 +182,7 @@ class GgufFile:
             return data.view("<f2").astype(np.float32).reshape(t.shape)
         if t.type == "BF16":
             return (data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
-        return dequantize_weight(block_codes(self, name))
+        return dequantize_codes(block_codes(self, name))
 
 
 def block_codes(f: GgufFile, name: str) -> WeightCodes:
@@ -209,12 +209,6 @@ def block_codes(f: GgufFile, name: str) -> WeightCodes:
     q[zero] = 8
     q = q.reshape(n, k)
     return WeightCodes(4, 32, np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)), scales)
-
-
-def dequantize_weight(codes: WeightCodes) -> np.ndarray:
-    from ..quant.weight_only import dequantize_codes
-
-    return dequantize_codes(codes)
 
 
 def pairs_to_halves(w: np.ndarray, heads: int) -> np.ndarray:
@@ -304,7 +298,7 @@ def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
         if spec.family == "llama" and short in ("q", "k"):
             value = _permuted(value, spec.heads if short == "q" else spec.kv_heads)
         if isinstance(value, WeightCodes):
-            codes[p], value = value, dequantize_weight(value)
+            codes[p], value = value, dequantize_codes(value)
         params[p] = value
     return params, codes
 
