@@ -206,7 +206,7 @@ def test_unsupported_tensor_type_names_type_and_tensor(one_folder, tmp_path, mon
     monkeypatch.setattr(gguf_write, "encode_tensor", q4_k_down)
     path = _file(one_folder, tmp_path, "q8_0")
     with pytest.raises(bh.FrontendError, match=r"tensor 'blk.1.ffn_down.weight' is Q4_K; supported tensor types: "
-                                               r"F32, F16, BF16, Q8_0, Q4_0"):
+                                               r"F32, F16, BF16, Q8_0, Q4_0, Q6_K"):
         bh.llm.from_gguf(path, max_length=LENGTH)
 
 
@@ -279,3 +279,25 @@ def test_zero_and_nan_block_scales(one_folder, tmp_path, fmt):
     zeroed.write_bytes(bytes(data))
     with pytest.raises(bh.FrontendError, match=r"tensor 'blk.0.attn_q.weight' block \[1, 1\] has scale nan"):
         bh.llm.from_gguf(zeroed, max_length=LENGTH)
+
+
+def test_q6_k_tensor_reads_as_the_gguf_package_dequantizes(tmp_path):
+    """Q6_K (llama.cpp's usual type for the LM head of a Q4_0 file) is read as float32: random super-blocks
+    (finite f16 d) against the gguf package's dequantize."""
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, size=(3, 2 * 210), dtype=np.uint8)  # 3 rows of 512 weights
+    d = rng.standard_normal((3, 2)).astype(np.float16).view(np.uint8).reshape(3, 2, 2)
+    data.reshape(3, 2, 210)[:, :, 208:] = d
+    writer = gguf.GGUFWriter(str(tmp_path / "q6k.gguf"), "llama")
+    writer.add_tensor("output.weight", data, raw_dtype=gguf.GGMLQuantizationType.Q6_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = bh.llm.gguf.GgufFile(tmp_path / "q6k.gguf")
+    got = f.float32("output.weight")
+    want = dequantize(data, gguf.GGMLQuantizationType.Q6_K).reshape(3, 512)
+    assert got.shape == (3, 512) and np.abs(want).max() > 0
+    np.testing.assert_array_equal(got, want)

@@ -6,7 +6,8 @@ The file is read here (no ``gguf`` package needed at run time): the header, the 
 * ``F32``, ``F16``, ``BF16``: float weights (widened to float32);
 * ``Q8_0``: blocks of 32 weights along K, an f16 scale ``d`` and 32 int8 codes: ``w = q * d``;
 * ``Q4_0``: blocks of 32, an f16 scale ``d`` and 16 bytes, byte j holding element j (low nibble)
-  and element j + 16 (high): ``w = (q - 8) * d``.
+  and element j + 16 (high): ``w = (q - 8) * d``;
+* ``Q6_K``: dequantized to float32 (:func:`dequantize_q6_k`; llama.cpp's type for a Q4_0 file's LM head).
 
 Q8_0 / Q4_0 weights of the decoder's denses (and of a separate LM head) stay quantized: their codes
 are rearranged (not requantized) into the weight-only form of :mod:`byoc_hetero.quant.weight_only`
@@ -46,7 +47,7 @@ GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8:
               26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
 """ggml's tensor type codes, for reading and for naming the ones not supported."""
 
-BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18)}
+BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q6_K": (256, 210)}
 """Supported tensor types -> (weights per block, bytes per block)."""
 
 # metadata value types: code -> struct format (8 string, 9 array are read apart)
@@ -182,6 +183,8 @@ class GgufFile:
             return data.view("<f2").astype(np.float32).reshape(t.shape)
         if t.type == "BF16":
             return (data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+        if t.type == "Q6_K":
+            return dequantize_q6_k(data.reshape(-1, BLOCKS["Q6_K"][1])).reshape(t.shape)
         return dequantize_codes(block_codes(self, name))
 
 
@@ -209,6 +212,25 @@ def block_codes(f: GgufFile, name: str) -> WeightCodes:
     q[zero] = 8
     q = q.reshape(n, k)
     return WeightCodes(4, 32, np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)), scales)
+
+
+def dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks [n, 210] (bytes) -> float32 [n, 256]. A block: ql[128] (low 4 bits), qh[64] (high
+    2 bits), 16 int8 sub-block scales, an f16 ``d``; each half of 128 weights takes 64 bytes of ql and 32
+    of qh: weight l + 32 j (l < 32, j < 4) is ``d * scale[8 h + 2 j + l // 16] * (q - 32)`` with q's low
+    bits from ql[l] (j = 0, 2: low / high nibble) or ql[l + 32] (j = 1, 3) and its high bits qh[l] >> 2 j."""
+    n = blocks.shape[0]
+    ql, qh = blocks[:, :128], blocks[:, 128:192]
+    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)
+    d = blocks[:, 208:210].copy().view("<f2").astype(np.float32)
+    out = np.empty((n, 2, 4, 32), dtype=np.float32)
+    for h in range(2):
+        low, high = ql[:, 64 * h:64 * h + 64], qh[:, 32 * h:32 * h + 32]
+        nibbles = (low[:, :32] & 15, low[:, 32:] & 15, low[:, :32] >> 4, low[:, 32:] >> 4)
+        for j in range(4):
+            q = (nibbles[j] | (((high >> (2 * j)) & 3) << 4)).astype(np.float32) - 32.0
+            out[:, h, j] = q * np.repeat(scales[:, 8 * h + 2 * j:8 * h + 2 * j + 2], 16, axis=1)
+    return out.reshape(n, 256) * d
 
 
 def pairs_to_halves(w: np.ndarray, heads: int) -> np.ndarray:
@@ -346,8 +368,8 @@ def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None =
 
     ``weights``: None keeps Q8_0 / Q4_0 denses quantized (``dense_wq`` nodes: int8 codes, or 4-bit
     ones, with the file's f16 scale per block of 32) and reads F32 / F16 / BF16 ones as float32;
-    ``"f32"`` dequantizes every tensor. The embedding is always float32. Another tensor type (Q4_K,
-    Q6_K, ...), a missing metadata key or tensor, or a truncated file raise a
+    ``"f32"`` dequantizes every tensor. The embedding and Q6_K tensors are always float32. Another tensor
+    type (Q4_K, Q5_K, ...), a missing metadata key or tensor, or a truncated file raise a
     :class:`~byoc_hetero.errors.FrontendError` naming it. The generator's ``weights`` says what ran
     (``"gguf:q8_0"``, ``"gguf:q4_0"``, ``"gguf:f32"``).
     """
