@@ -13,6 +13,8 @@ batcher, model call, metrics):
 - :mod:`.kserve`: the Open Inference Protocol (KServe v2) at ``/v2/...``, JSON and binary tensors, what
   ``tritonclient.http`` and KServe's clients speak;
 - :mod:`.legacy`: ``POST /`` with ``.npy``/``.npz``/JSON bodies to the first model, ``GET /info``;
+- :mod:`.openai`: the OpenAI API at ``/v1/...`` for generator folders (``bh.llm``), requests decoded
+  together step by step by a :class:`~byoc_hetero.serve.scheduler.Scheduler` (continuous batching);
 - :mod:`.metrics`: Prometheus text at ``/metrics``, every replica's counts.
 
 With ``batch=True`` the replica groups concurrent requests with Ray Serve's ``@serve.batch``: the rows
