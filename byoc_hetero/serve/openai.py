@@ -194,7 +194,8 @@ def parse(doc: Any, engine: LlmEngine, chat: bool) -> Job:
     max_tokens = _field(doc, "max_completion_tokens" if chat and "max_completion_tokens" in doc else "max_tokens",
                         (int,))
     if max_tokens is None:
-        max_tokens = engine.generator.max_length - len(prompt) if chat else DEFAULT_MAX_TOKENS
+        # chat: the room left (at least 1, so that a prompt that fills the cache is told so)
+        max_tokens = max(engine.generator.max_length - len(prompt), 1) if chat else DEFAULT_MAX_TOKENS
     stream = bool(_field(doc, "stream", (bool,), False))
     options = _field(doc, "stream_options", (dict,)) or {}
     stop_ids, stop_text = _stops(doc, engine)
