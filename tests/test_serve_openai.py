@@ -315,7 +315,9 @@ def test_llm_metrics(served, client):
     assert delta["steps"] >= 4
     assert _total(_scrape(served + "/"), "byoc_hetero_requests_total", protocol="openai", code="404") >= 1
     doc = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
-    for name in bs.METRICS:
+    from byoc_hetero.serve.metrics import LLM_METRICS
+
+    for name in LLM_METRICS:
         assert f"`{name}" in doc, f"docs/serving.md does not name {name}"
 
 

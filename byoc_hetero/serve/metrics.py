@@ -35,6 +35,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "byoc_hetero_compute_seconds": ("histogram", ("model", "version", "replica"),
                                     "time of one model call (once per call, however many requests it ran)"),
     "byoc_hetero_batch_rows": ("histogram", ("model", "version", "replica"), "rows of one model call"),
+}
+"""Every metric of the tensor protocols: its kind, label names and help text (counters are exported with a
+``_total`` suffix)."""
+
+LLM_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "byoc_hetero_llm_requests": ("counter", ("model", "version", "endpoint", "finish_reason", "replica"),
                                  "generation requests (OpenAI API) that ran, by endpoint (completions, chat) and "
                                  "finish reason (stop, length, error, cancelled)"),
@@ -47,7 +52,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "byoc_hetero_llm_decode_sequences": ("histogram", ("model", "version", "replica"),
                                          "sequences of one decode step of the continuous batcher"),
 }
-"""Every metric: its kind, label names and help text (counters are exported with a ``_total`` suffix)."""
+"""The metrics of generator models (the OpenAI API, :mod:`.openai`), as :data:`METRICS`; exported once a
+generator model has answered."""
+
+ALL_METRICS = {**METRICS, **LLM_METRICS}
 
 
 def prometheus():
@@ -67,7 +75,7 @@ class Collector:
         prom.disable_created_metrics()  # no *_created series: counters and histograms only
         self._registry = prom.CollectorRegistry()
         self._metrics: dict[str, Any] = {}
-        for name, (kind, labels, text) in METRICS.items():
+        for name, (kind, labels, text) in ALL_METRICS.items():
             if kind == "counter":
                 self._metrics[name] = prom.Counter(name, text, labels, registry=self._registry)
             else:
@@ -78,7 +86,7 @@ class Collector:
         """Add ``records``: (metric name, label values without the replica, value) each."""
         for name, labels, value in records:
             metric = self._metrics[name].labels(*labels, replica)
-            if METRICS[name][0] == "counter":
+            if ALL_METRICS[name][0] == "counter":
                 metric.inc(value)
             else:
                 metric.observe(value)
