@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ByocError, InputError, ModelFileError
 from ..inputs import check
+from ..llm.generator import MANIFEST
 from . import metrics as _metrics
 from .engines import engine_for, open_engine
 
@@ -58,8 +59,8 @@ def model_spec(text: str | Path, engine: str | None = None) -> ModelSpec:
     for what, value in (("name", name), ("version", version)):
         if not _NAME.match(value):
             raise InputError(f"model {what} {value!r} in {text!r}: use letters, digits, '_', '.' and '-'")
-    if Path(path).is_dir() and not (Path(path) / "generator.json").is_file():
-        raise ModelFileError(f"{path} is a folder without generator.json (a bh.llm Generator.save folder)")
+    if Path(path).is_dir() and not (Path(path) / MANIFEST).is_file():
+        raise ModelFileError(f"{path} is a folder without {MANIFEST} (a bh.llm Generator.save folder)")
     if not Path(path).exists():
         raise ModelFileError(f"no such file: {path}")
     return ModelSpec(name, version, str(Path(path).resolve()), engine_for(path, engine))

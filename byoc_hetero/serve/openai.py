@@ -75,13 +75,6 @@ def _tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def is_generator(path: str | Path) -> bool:
-    """Whether ``path`` is a generator folder (``Generator.save``'s ``generator.json`` in it)."""
-    from ..llm.generator import MANIFEST
-
-    return (Path(path) / MANIFEST).is_file()
-
-
 # ---- requests ------------------------------------------------------------------------------------
 
 @dataclass
