@@ -351,3 +351,12 @@ def test_the_docs_llm_calls_run(generator, served, tmp_path):
     assert events[-1] == "[DONE]"
     tokens = [t for e in events[:-1] for t in json.loads(e)["choices"][0]["token_ids"]]
     assert tokens == _greedy(gen, [1, 7, 8], 5)
+
+
+def test_a_generator_folder_is_a_model_spec(generator, tmp_path):
+    _, tmp = generator
+    spec = bs.model_spec(str(tmp / "tiny"))
+    assert (spec.name, spec.version, spec.engine) == ("tiny", "1", "llm")
+    assert bs.model_spec(f"chat:3={tmp / 'tiny'}").engine == "llm"
+    with pytest.raises(bh.ModelFileError, match="a folder without generator.json"):
+        bs.model_spec(str(tmp_path))
