@@ -360,3 +360,19 @@ def test_a_generator_folder_is_a_model_spec(generator, tmp_path):
     assert bs.model_spec(f"chat:3={tmp / 'tiny'}").engine == "llm"
     with pytest.raises(bh.ModelFileError, match="a folder without generator.json"):
         bs.model_spec(str(tmp_path))
+
+
+def test_chat_without_a_template_uses_the_plain_one():
+    """A tokenizer without a chat template: each message as "role: content" and a newline, then "assistant:"
+    (docs/serving.md), here with token ids a word-level tokenizer gives for that text."""
+    from types import SimpleNamespace
+
+    from byoc_hetero.serve import openai as endpoint
+
+    tok = _tokenizer()
+    tok.chat_template = None
+    messages = [{"role": "system", "content": "a dog"},
+                {"role": "user", "content": [{"type": "text", "text": "hello"}]}]  # content parts: their text
+    ids = endpoint._messages({"messages": messages}, SimpleNamespace(tokenizer=tok))
+    words = ["system", ":", "a", "dog", "user", ":", "hello", "assistant", ":"]
+    assert ids == [WORDS.index(w) for w in words]
