@@ -17,6 +17,13 @@ The client runs on the same machine and takes CPU too. Asserts nothing; not part
 ``--protocol v2`` measures the Open Inference Protocol path instead: one deployment serves both engines
 as two models (``byoc`` and ``onnxruntime``), and ``tritonclient.http`` clients (binary tensors, one
 client per thread) load each model in turn at 1, 8 and 32 client threads (``--v2-concurrency``).
+
+``--protocol openai`` measures the LLM path: a random Llama (``--llm-size``: hidden, layers; the weights
+do not matter to the time) built with ``bh.llm.from_hf`` and saved as a generator folder, served on the
+OpenAI API; ``openai`` clients send greedy completions of token-id prompts (8 to 31 tokens, ``--llm-tokens``
+new tokens each) at 1 and 8 client threads, with continuous batching (``llm_slots=8``) and sequentially
+(``llm_slots=1``: one request decodes at a time). Every answer's tokens are checked against
+``Generator.generate`` run directly.
 """
 
 from __future__ import annotations
@@ -181,14 +188,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="time per configuration (at most)")
     parser.add_argument("--concurrency", type=int, default=8, help="client threads")
     parser.add_argument("--port", type=int, default=8321)
-    parser.add_argument("--protocol", choices=("legacy", "v2"), default="legacy",
+    parser.add_argument("--protocol", choices=("legacy", "v2", "openai"), default="legacy",
                         help="v2: both engines as two models of one deployment, driven over KServe v2 by "
                              "tritonclient at each of --v2-concurrency")
     parser.add_argument("--v2-concurrency", default="1,8,32", help="client threads of the v2 runs")
+    parser.add_argument("--llm-size", default="256,4", help="openai: hidden size, layers of the random Llama")
+    parser.add_argument("--llm-tokens", type=int, default=32, help="openai: new tokens per request")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     machine, started = _machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     tmp = Path(tempfile.mkdtemp())
+    if args.protocol == "openai":
+        _report_llm(_run_llm(args, tmp), machine, started, args)
+        return
     onnx_path = _model(tmp)
     mod, params = bh.from_onnx(onnx_path, dim_ranges={"N": (1, 64)})
     lib = bs.export(bh.partition(mod, params), tmp / "cnn.so")
@@ -245,6 +257,89 @@ def _run_v2(args, models: dict[str, Path], xs, want, max_cpus: int) -> list[tupl
                       flush=True)
         serve.delete("byoc_hetero")
     return rows
+
+
+LLM_SLOTS = {"continuous batching": 8, "sequential": 1}
+"""The openai runs: scheduler slots of each way of serving."""
+
+
+def _llm(args, tmp: Path) -> tuple[Path, list[list[int]], list[np.ndarray]]:
+    """A random Llama saved as a generator folder, prompts of token ids, and the tokens of each, greedy."""
+    import torch
+    import transformers
+
+    hidden, layers = (int(v) for v in args.llm_size.split(","))
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=2048, hidden_size=hidden, intermediate_size=2 * hidden,
+                                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4)
+    gen = bh.llm.from_hf(transformers.LlamaForCausalLM(config).eval(), max_length=32 + args.llm_tokens)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 2048, int(rng.integers(8, 32))).tolist() for _ in range(16)]
+    want = [gen.generate([np.array(p)], max_new_tokens=args.llm_tokens)[0][len(p):] for p in prompts]
+    return gen.save(tmp / "llm"), prompts, want
+
+
+def _openai_sender(host: str, prompts: list[list[int]], tokens: int):
+    """Greedy completions through the openai client, one client per thread."""
+    import threading
+
+    import openai
+
+    local = threading.local()
+
+    def send(i: int):
+        if not hasattr(local, "client"):
+            local.client = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", timeout=120, max_retries=0)
+        try:
+            answer = local.client.completions.create(model="llm", prompt=prompts[i % len(prompts)],
+                                                     max_tokens=tokens, temperature=0)
+        except openai.APIStatusError as err:
+            return err.status_code, None, 0
+        return 200, np.array(answer.choices[0].token_ids), answer.model_extra["batch_sequences_max"]
+    return send
+
+
+def _run_llm(args, tmp: Path) -> list[tuple]:
+    from ray import serve
+
+    folder, prompts, want = _llm(args, tmp)
+    rows = []
+    for way, slots in LLM_SLOTS.items():
+        for attempt in range(3):  # Ray's fixed 30 s wait for its node can run out on a loaded machine
+            try:
+                bs.start(bs.app({"llm": str(folder)}, llm_slots=slots), port=args.port, num_cpus=2)
+                break
+            except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
+                if "timed out during startup" not in str(err) or attempt == 2:
+                    raise
+                __import__("ray").shutdown()
+        send = _openai_sender(f"127.0.0.1:{args.port}", prompts, args.llm_tokens)
+        for i in range(2):
+            send(i)  # warm-up
+        for concurrency in (1, 8):
+            result = _load(send, want, args, concurrency)
+            rows.append((way, concurrency, result))
+            print("openai", way, concurrency, {k: round(v, 2) for k, v in result.items()}, flush=True)
+        serve.delete("byoc_hetero")
+    bs.shutdown()
+    return rows
+
+
+def _report_llm(rows, machine: str, started: str, args) -> None:
+    lines = ["## The LLM path (`--protocol openai`)", "", _machine_line(machine, started), "",
+             f"Run: `python3 bench/serve.py --protocol openai --llm-size {args.llm_size} --llm-tokens "
+             f"{args.llm_tokens} --requests {args.requests} --seconds {args.seconds}`. A random Llama (hidden, "
+             f"layers = {args.llm_size}, vocab 2048, f32) served as a generator folder on one replica of 1 CPU; "
+             "`openai` clients send greedy completions of token-id prompts (8-31 tokens), "
+             f"{args.llm_tokens} new tokens each. Continuous batching: 8 scheduler slots; sequential: 1. "
+             "`sequences per step`: the mean of each answer's `batch_sequences_max`. Every answer's tokens are "
+             "checked against `Generator.generate` run directly (`wrong`).", "",
+             "| serving | clients | requests/s | tokens/s | p50 ms | p99 ms | sequences per step | answers | errors "
+             "| wrong |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for way, concurrency, r in rows:
+        lines.append(f"| {way} | {concurrency} | {r['per_s']:.2f} | {r['per_s'] * args.llm_tokens:.1f} | "
+                     + _cells(r).split(" | ", 1)[1])
+    _write(lines, args)
 
 
 def _direct_table(direct_rows) -> list[str]:

@@ -104,6 +104,19 @@ class Generator:
         shape = (batch, self.spec.kv_heads, self.max_length, self.spec.head_dim)
         return [_tensor(np.zeros(shape, "float32")) for _ in range(2 * self.spec.layers)]
 
+    def slot_cache(self, cache: list[Any], slot: int) -> list[Any]:
+        """Views of sequence ``slot`` of ``cache`` (from :meth:`new_cache`): per layer K then V,
+        [1, kv_heads, max_length, head_dim], sharing the cache's memory. A :meth:`step` with them (a
+        prefill of one sequence, say) writes that sequence's rows only and leaves the others as they
+        were (the continuous batching of ``byoc_hetero.serve``: a request joins a running batch)."""
+        self._check_cache(cache, int(cache[0].shape[0]) if cache else 0)
+        batch = int(cache[0].shape[0])
+        if int(slot) != slot or not 0 <= slot < batch:
+            raise InputError(f"slot {slot!r} is not a sequence of this cache of {batch}")
+        shape = (1, self.spec.kv_heads, self.max_length, self.spec.head_dim)
+        size = 4 * self.spec.kv_heads * self.max_length * self.spec.head_dim  # float32 bytes of one sequence
+        return [c._create_view(shape, relative_byte_offset=int(slot) * size) for c in cache]
+
     def _check_cache(self, cache: list[Any], batch: int) -> None:
         want = (batch, self.spec.kv_heads, self.max_length, self.spec.head_dim)
         if len(cache) != 2 * self.spec.layers:

@@ -13,6 +13,8 @@ batcher, model call, metrics):
 - :mod:`.kserve`: the Open Inference Protocol (KServe v2) at ``/v2/...``, JSON and binary tensors, what
   ``tritonclient.http`` and KServe's clients speak;
 - :mod:`.legacy`: ``POST /`` with ``.npy``/``.npz``/JSON bodies to the first model, ``GET /info``;
+- :mod:`.openai`: the OpenAI API at ``/v1/...`` for generator folders (``bh.llm``), requests decoded
+  together step by step by a :class:`~byoc_hetero.serve.scheduler.Scheduler` (continuous batching);
 - :mod:`.metrics`: Prometheus text at ``/metrics``, every replica's counts.
 
 With ``batch=True`` the replica groups concurrent requests with Ray Serve's ``@serve.batch``: the rows
@@ -50,9 +52,9 @@ from .deploy import (HEALTH_CHECK_PERIOD_S, MAX_REQUEST_BYTES, PROXY_READY_CHECK
                      THREAD_ENV, Replica, ServeConfig, app, export, shutdown, start)
 from .engines import load_engine, open_engine
 from .legacy import Answer, decode, encode, post
-from .metrics import METRICS
+from .metrics import LLM_METRICS, METRICS
 
-__all__ = ["HEALTH_CHECK_PERIOD_S", "MAX_REQUEST_BYTES", "METRICS", "PROXY_READY_CHECK_TIMEOUT_S",
+__all__ = ["HEALTH_CHECK_PERIOD_S", "LLM_METRICS", "MAX_REQUEST_BYTES", "METRICS", "PROXY_READY_CHECK_TIMEOUT_S",
            "REQUEST_TIMEOUT_S", "THREAD_ENV", "Answer", "ModelSpec", "Replica", "RequestError", "RequestPath",
            "ServeConfig", "app", "decode", "encode", "export", "load_engine", "model_spec", "model_specs",
            "open_engine", "post", "run_batch", "shutdown", "start"]

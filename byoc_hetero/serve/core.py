@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ByocError, InputError, ModelFileError
 from ..inputs import check
+from ..llm.generator import MANIFEST
 from . import metrics as _metrics
 from .engines import engine_for, open_engine
 
@@ -58,7 +59,9 @@ def model_spec(text: str | Path, engine: str | None = None) -> ModelSpec:
     for what, value in (("name", name), ("version", version)):
         if not _NAME.match(value):
             raise InputError(f"model {what} {value!r} in {text!r}: use letters, digits, '_', '.' and '-'")
-    if not Path(path).is_file():
+    if Path(path).is_dir() and not (Path(path) / MANIFEST).is_file():
+        raise ModelFileError(f"{path} is a folder without {MANIFEST} (a bh.llm Generator.save folder)")
+    if not Path(path).exists():
         raise ModelFileError(f"no such file: {path}")
     return ModelSpec(name, version, str(Path(path).resolve()), engine_for(path, engine))
 
@@ -174,10 +177,11 @@ class RequestPath:
     """Models by name and version, their checks, the batcher and the one worker thread of a replica."""
 
     def __init__(self, specs: list[ModelSpec], *, cpus: int, entry: str, batch: bool, max_batch_rows: int,
-                 batch_wait_s: float, max_request_bytes: int, recorder: _metrics.Recorder) -> None:
+                 batch_wait_s: float, max_request_bytes: int, recorder: _metrics.Recorder, llm_slots: int = 8) -> None:
         self.models: dict[str, dict[str, Model]] = {}
         for s in specs:
-            self.models.setdefault(s.name, {})[s.version] = Model(s, open_engine(s.path, s.engine, cpus, entry))
+            engine = open_engine(s.path, s.engine, cpus, entry, llm_slots)
+            self.models.setdefault(s.name, {})[s.version] = Model(s, engine)
         self.default = self.get(specs[0].name, specs[0].version)
         self.batch, self.max_batch_rows, self.max_request_bytes = batch, max_batch_rows, max_request_bytes
         self.recorder = recorder
@@ -219,6 +223,8 @@ class RequestPath:
     def check(self, model: Model, inputs: list[np.ndarray]) -> None:
         """InputError unless ``inputs`` match ``model``'s signature (and, batching, fit one batch)."""
         engine = model.engine
+        if model.spec.engine == "llm":
+            raise InputError(f"model {model.name!r} is a generator: POST /v1/completions or /v1/chat/completions")
         check(engine.entry, engine.specs, inputs, engine.ranges)
         if self.batch and inputs and inputs[0].ndim and inputs[0].shape[0] > self.max_batch_rows:
             raise InputError(f"{engine.entry}: {inputs[0].shape[0]} rows in one request, more than "

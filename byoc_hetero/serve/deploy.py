@@ -17,7 +17,7 @@ import ray
 from ray import serve
 
 from ..errors import ByocError
-from . import kserve, legacy
+from . import kserve, legacy, openai
 from . import metrics as _metrics
 from .core import Call as _Call
 from .core import ModelSpec, RequestError, RequestPath, model_specs
@@ -62,6 +62,7 @@ class ServeConfig:
     entry: str = "main"
     models: tuple[str, ...] = ()
     max_request_bytes: int = MAX_REQUEST_BYTES
+    llm_slots: int = 8
 
     def model_specs(self) -> list[ModelSpec]:
         """The specs of every model served (the first model alone when ``models`` is empty)."""
@@ -78,7 +79,8 @@ class Replica:
         self.path = RequestPath(self.config.model_specs(), cpus=self.config.cpus, entry=self.config.entry,
                                 batch=self.config.batch, max_batch_rows=self.config.max_batch_rows,
                                 batch_wait_s=self.config.batch_wait_s,
-                                max_request_bytes=self.config.max_request_bytes, recorder=self.recorder)
+                                max_request_bytes=self.config.max_request_bytes, recorder=self.recorder,
+                                llm_slots=self.config.llm_slots)
         self.engine = self.path.default.engine  # the first model's, as before several models
 
     def info(self) -> dict[str, Any]:
@@ -101,11 +103,14 @@ class Replica:
         from starlette.responses import JSONResponse, PlainTextResponse
 
         url = request.url.path
-        call = _Call("v2" if url.startswith("/v2") else "metrics" if url == "/metrics" else "legacy")
+        call = _Call("v2" if url.startswith("/v2") else "openai" if url.startswith("/v1/")
+                     else "metrics" if url == "/metrics" else "legacy")
         began, status = _metrics.now(), 500
         try:
             if call.protocol == "v2":
                 response = await kserve.handle(self.path, request, call, _server_metadata())
+            elif call.protocol == "openai":
+                response = await openai.handle(self.path, request, call, self.recorder)
             elif call.protocol == "metrics":
                 response = PlainTextResponse(await self.recorder.text(),
                                              media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -140,22 +145,24 @@ def _environment(cpus: int) -> dict[str, str]:
 
 def app(models, *, engine: str | None = None, replicas: int = 1, cpus: int = 1, batch: bool = False,
         max_batch_rows: int = 16, batch_wait_s: float = 0.005, name: str = "byoc_hetero",
-        max_request_bytes: int = MAX_REQUEST_BYTES) -> serve.Application:
+        max_request_bytes: int = MAX_REQUEST_BYTES, llm_slots: int = 8) -> serve.Application:
     """A Ray Serve application serving ``models``: one library or ONNX file, ``NAME[:VERSION]=PATH`` text,
     a list of those, or a mapping of ``NAME[:VERSION]`` to path (a name defaults to the file's stem, a
     version to ``1``; ``engine``: ``"byoc"``, ``"onnxruntime"``, or None for ONNX Runtime on ``.onnx``
     files and byoc-hetero otherwise). ``replicas`` replicas of ``cpus`` CPUs each (the runtime's
     threads), each holding every model, optionally batching concurrent requests up to ``max_batch_rows``
     rows, waiting at most ``batch_wait_s`` for a batch; a request body over ``max_request_bytes`` is a
-    413. A second deployment, ``<name>_metrics``, keeps the replicas' Prometheus metrics."""
-    if replicas < 1 or cpus < 1 or max_batch_rows < 1 or max_request_bytes < 1:
-        raise ByocError(f"replicas, cpus, max_batch_rows and max_request_bytes must be >= 1, got {replicas}, "
-                        f"{cpus}, {max_batch_rows}, {max_request_bytes}")
+    413. A generator folder (``bh.llm``'s ``Generator.save``) is served by the OpenAI API at ``/v1/...``
+    (:mod:`.openai`), its requests decoded ``llm_slots`` at a time by continuous batching. A second
+    deployment, ``<name>_metrics``, keeps the replicas' Prometheus metrics."""
+    if min(replicas, cpus, max_batch_rows, max_request_bytes, llm_slots) < 1:
+        raise ByocError(f"replicas, cpus, max_batch_rows, max_request_bytes and llm_slots must be >= 1, got "
+                        f"{replicas}, {cpus}, {max_batch_rows}, {max_request_bytes}, {llm_slots}")
     specs = model_specs(models, engine)
     _metrics.prometheus()  # installed (else a ByocError saying how to get it)
     config = ServeConfig(specs[0].path, specs[0].engine, replicas, cpus, batch, max_batch_rows, batch_wait_s,
                          models=tuple(f"{s.name}:{s.version}={s.path}" for s in specs),
-                         max_request_bytes=max_request_bytes)
+                         max_request_bytes=max_request_bytes, llm_slots=llm_slots)
     collector = serve.deployment(_metrics.Collector, name=f"{name}_metrics", num_replicas=1,
                                  ray_actor_options={"num_cpus": 0}).bind()
     deployment = serve.deployment(Replica, name=name, num_replicas=replicas, max_ongoing_requests=4 * max_batch_rows,

@@ -16,12 +16,14 @@ import numpy as np
 from ..errors import ByocError
 from ..inputs import TensorSpec
 
-ENGINES = ("byoc", "onnxruntime")
+ENGINES = ("byoc", "onnxruntime", "llm")
 
 
 def engine_for(path: str | Path, engine: str | None) -> str:
     """The engine that serves ``path``: ``engine`` when given, else ONNX Runtime for ``.onnx`` files and
-    byoc-hetero for everything else."""
+    byoc-hetero for everything else; a generator folder (``bh.llm``'s ``Generator.save``) is ``"llm"``."""
+    if Path(path).is_dir():
+        return "llm"
     if engine is None or engine == "auto":
         return "onnxruntime" if str(path).endswith(".onnx") else "byoc"
     if engine not in ENGINES:
@@ -82,10 +84,15 @@ class OrtEngine:
         return list(self._sess.run(None, dict(zip(self._names, inputs))))
 
 
-def open_engine(path: str, engine: str | None, cpus: int, entry: str = "main") -> ByocEngine | OrtEngine:
+def open_engine(path: str, engine: str | None, cpus: int, entry: str = "main", llm_slots: int = 8) -> Any:
     """The model at ``path`` loaded in this process on ``engine`` (see :func:`engine_for`) with ``cpus``
-    threads."""
-    return {"byoc": ByocEngine, "onnxruntime": OrtEngine}[engine_for(path, engine)](path, cpus, entry)
+    threads; a generator folder with its continuous batcher of ``llm_slots`` sequences."""
+    kind = engine_for(path, engine)
+    if kind == "llm":
+        from .openai import LlmEngine
+
+        return LlmEngine(path, cpus, entry, llm_slots)
+    return {"byoc": ByocEngine, "onnxruntime": OrtEngine}[kind](path, cpus, entry)
 
 
 def load_engine(config) -> ByocEngine | OrtEngine:

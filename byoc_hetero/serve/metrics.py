@@ -36,7 +36,26 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
                                     "time of one model call (once per call, however many requests it ran)"),
     "byoc_hetero_batch_rows": ("histogram", ("model", "version", "replica"), "rows of one model call"),
 }
-"""Every metric: its kind, label names and help text (counters are exported with a ``_total`` suffix)."""
+"""Every metric of the tensor protocols: its kind, label names and help text (counters are exported with a
+``_total`` suffix)."""
+
+LLM_METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "byoc_hetero_llm_requests": ("counter", ("model", "version", "endpoint", "finish_reason", "replica"),
+                                 "generation requests (OpenAI API) that ran, by endpoint (completions, chat) and "
+                                 "finish reason (stop, length, error, cancelled)"),
+    "byoc_hetero_llm_prompt_tokens": ("counter", ("model", "version", "replica"), "prompt tokens prefilled"),
+    "byoc_hetero_llm_generated_tokens": ("counter", ("model", "version", "replica"), "tokens generated"),
+    "byoc_hetero_llm_time_to_first_token_seconds": ("histogram", ("model", "version", "replica"),
+                                                    "time from a request's arrival to its first token"),
+    "byoc_hetero_llm_time_per_output_token_seconds": ("histogram", ("model", "version", "replica"),
+                                                      "time between two consecutive tokens of a request"),
+    "byoc_hetero_llm_decode_sequences": ("histogram", ("model", "version", "replica"),
+                                         "sequences of one decode step of the continuous batcher"),
+}
+"""The metrics of generator models (the OpenAI API, :mod:`.openai`), as :data:`METRICS`; exported once a
+generator model has answered."""
+
+ALL_METRICS = {**METRICS, **LLM_METRICS}
 
 
 def prometheus():
@@ -56,18 +75,18 @@ class Collector:
         prom.disable_created_metrics()  # no *_created series: counters and histograms only
         self._registry = prom.CollectorRegistry()
         self._metrics: dict[str, Any] = {}
-        for name, (kind, labels, text) in METRICS.items():
+        for name, (kind, labels, text) in ALL_METRICS.items():
             if kind == "counter":
                 self._metrics[name] = prom.Counter(name, text, labels, registry=self._registry)
             else:
-                buckets = ROWS_BUCKETS if name.endswith("rows") else LATENCY_BUCKETS
+                buckets = ROWS_BUCKETS if name.endswith(("rows", "sequences")) else LATENCY_BUCKETS
                 self._metrics[name] = prom.Histogram(name, text, labels, registry=self._registry, buckets=buckets)
 
     def record(self, replica: str, records: list[tuple[str, tuple[str, ...], float]]) -> None:
         """Add ``records``: (metric name, label values without the replica, value) each."""
         for name, labels, value in records:
             metric = self._metrics[name].labels(*labels, replica)
-            if METRICS[name][0] == "counter":
+            if ALL_METRICS[name][0] == "counter":
                 metric.inc(value)
             else:
                 metric.observe(value)
@@ -98,6 +117,21 @@ class Recorder:
         self._add(("byoc_hetero_compute_seconds", (model, version), compute_s))
         for q in queue_s:
             self._add(("byoc_hetero_queue_seconds", (model, version), q))
+
+    def llm(self, model: str, version: str, endpoint: str, finish: str, prompt_tokens: int,
+            first_token_s: list[float], token_gaps_s: list[float], decode_steps: list[int]) -> None:
+        """One generation request: its finish reason, prompt tokens, time to its first token (none if it
+        made none), the times between its tokens (one per token after the first), and the sizes of the
+        scheduler's decode steps since the last record."""
+        labels = (model, version)
+        self._add(("byoc_hetero_llm_requests", (*labels, endpoint, finish), 1.0))
+        self._add(("byoc_hetero_llm_prompt_tokens", labels, float(prompt_tokens)))
+        self._add(("byoc_hetero_llm_generated_tokens", labels, float(len(first_token_s) + len(token_gaps_s))))
+        for name, values in (("byoc_hetero_llm_time_to_first_token_seconds", first_token_s),
+                             ("byoc_hetero_llm_time_per_output_token_seconds", token_gaps_s),
+                             ("byoc_hetero_llm_decode_sequences", decode_steps)):
+            for value in values:
+                self._add((name, labels, float(value)))
 
     def _add(self, record) -> None:
         self._pending.append(record)
