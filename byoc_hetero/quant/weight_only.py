@@ -37,7 +37,7 @@ from .._relax import constant_value
 from ..errors import QuantizationError
 
 __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
-           "dequantize_codes", "emit_weight_only_dense"]
+           "dequantize_codes", "emit_weight_only_dense", "apply_weight_codes"]
 
 WEIGHT_FORMATS = {"int8": 8, "int4": 4}
 GROUP_SIZES = (32, 64, 128)
@@ -311,13 +311,16 @@ class _WeightOnlyRewriter:
     def _name(self, w: relax.Expr) -> str:
         return w.name if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
 
+    def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
+        try:
+            return quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+        except QuantizationError as err:
+            raise QuantizationError(f"{name}: {err}") from None
+
     def _parts(self, w: relax.Expr, w_kn: np.ndarray) -> tuple[WeightCodes, list[relax.Var]]:
         if w not in self.codes:
             name = self._name(w)
-            try:
-                codes = quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
-            except QuantizationError as err:
-                raise QuantizationError(f"{name}: {err}") from None
+            codes = self._quantize(name, w_kn)
             arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points}
             parts = []
             for suffix, array in arrays.items():
@@ -392,3 +395,37 @@ class _WeightOnlyRewriter:
                 out = bb.emit_output(_subst(func.body.body, env))
             bb.emit_func_output(out)
         return bb.get()["main"]
+
+
+class _GivenCodes(_WeightOnlyRewriter):
+    """The rewriter with each weight's codes given (read from a file) rather than computed."""
+
+    def __init__(self, values, given: Mapping[str, WeightCodes]):
+        super().__init__(values, 0, None, False, "float32", lambda name: name not in given, 0)
+        self.given = given
+
+    def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
+        return self.given[name]
+
+
+def apply_weight_codes(mod: tvm.IRModule, params: Mapping[str, np.ndarray], codes: Mapping[str, WeightCodes]
+                       ) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """``mod`` with every matmul on a weight parameter named in ``codes`` in the weight-only form of
+    those codes (weights quantized by a file's producer: ONNX ``MatMulNBits``, GGUF blocks), the
+    other matmuls as they were. ``params`` holds every weight as float32 [K, N] or [N, K] as the
+    matmul reads it (those in ``codes``: their dequantized value, used to find the matmuls; it is
+    replaced by ``<name>.codes`` / ``.scales`` / ``.zero_points``). Returns (module, params)."""
+    for name, c in codes.items():
+        c.check(name)
+    func = mod["main"]
+    by_name = {p.name: p for p in func.params}
+    missing = sorted(set(codes) - set(by_name))
+    if missing:
+        raise QuantizationError(f"weight codes for {missing}: no such parameter of main")
+    values = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
+    rewriter = _GivenCodes(values, codes)
+    new_func = rewriter.rewrite(func)
+    out = mod.clone()
+    out["main"] = new_func
+    kept = {p.name for p in new_func.params}
+    return out, {k: v for k, v in params.items() if k in kept} | rewriter.new_values
