@@ -137,14 +137,23 @@ def generator_from_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_le
     float32); ``"f32"`` dequantizes the codes; ``"bf16"``, ``"int8"`` / ``"int4"`` (with
     ``group_size``) as :func:`from_hf`, for float weights only. ``inv_freq`` comes from the spec.
     """
-    if int(max_length) != max_length or max_length < 1:
-        raise InputError(f"bh.llm: max_length must be a positive integer, got {max_length!r}")
+    part, label, error = partitioned_weights(spec, weights, max_length=max_length, weights_format=weights_format,
+                                             group_size=group_size)
+    return Generator(relax.build(part, target="llvm"), spec, int(max_length), label, weight_error=error)
+
+
+def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_length: int,
+                        weights_format: str | None = None, group_size: int | None = None
+                        ) -> tuple[tvm.IRModule, str, float | None]:
+    """What :func:`generator_from_weights` builds, before the build: (the partitioned step module,
+    the weights' label, the quantization error or None). For inspecting the regions."""
     import byoc_hetero as bh
 
+    if int(max_length) != max_length or max_length < 1:
+        raise InputError(f"bh.llm: max_length must be a positive integer, got {max_length!r}")
     precision = _precision(weights_format) if weights_format is not None else None
     mod, params, error, label = _file_weights(spec, weights, int(max_length), weights_format, group_size)
-    part = bh.partition(mod, params, precision=precision)
-    return Generator(relax.build(part, target="llvm"), spec, int(max_length), label, weight_error=error)
+    return bh.partition(mod, params, precision=precision), label, error
 
 
 def from_onnx(path: str, *, max_length: int, weights: str | None = None, group_size: int | None = None
@@ -174,4 +183,4 @@ def from_onnx(path: str, *, max_length: int, weights: str | None = None, group_s
 
 
 __all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_hf",
-           "from_onnx", "generator_from_weights", "load", "partitioned_step", "step_module"]
+           "from_onnx", "generator_from_weights", "load", "partitioned_step", "partitioned_weights", "step_module"]

@@ -86,9 +86,13 @@ class _Graph:
         """The one node reading ``value`` (an output of ``after``); its op type must be in ``ops``."""
         readers = self.consumers.get(value, [])
         if len(readers) != 1 or readers[0].op_type not in ops:
-            got = ", ".join(f"{r.op_type} {r.name!r}" for r in readers) or "nothing"
-            raise self.fail(after, f"its output {value!r} read by one {' / '.join(ops)} node, got {got}")
+            raise self.fail(after, f"its output {value!r} read by one {' / '.join(ops)} node, got "
+                                   f"{self.readers(value)}")
         return readers[0]
+
+    def readers(self, value: str) -> str:
+        """The nodes reading ``value``, as text for an error."""
+        return ", ".join(f"{r.op_type} {r.name!r}" for r in self.consumers.get(value, [])) or "nothing"
 
     def consumers_of(self, value: str, op: str) -> list[Any]:
         return [n for n in self.consumers.get(value, []) if n.op_type == op]
@@ -243,8 +247,9 @@ def _mlp(g: _Graph, normed: str, after: Any) -> tuple[dict[str, Any], str, Any]:
     linears = [n for n in g.consumers.get(normed, []) if n.op_type in LINEAR_OPS]
     gate = [n for n in linears if g.consumers_of(n.output[0], "Sigmoid")]
     if len(linears) != 2 or len(gate) != 1:
+        got = "; ".join(f"{n.op_type} {n.name!r} read by {g.readers(n.output[0])}" for n in linears)
         raise g.fail(after, f"its output {normed!r} read by two MatMul / MatMulNBits (gate, up) with "
-                            "Sigmoid(gate) * gate (SiLU) after the gate")
+                            f"Sigmoid(gate) * gate (SiLU) after the gate; got {got or 'no MatMul'}")
     gate = gate[0]
     up = next(n for n in linears if n is not gate)
     sig = g.consumers_of(gate.output[0], "Sigmoid")[0]

@@ -311,6 +311,10 @@ class _WeightOnlyRewriter:
     def _name(self, w: relax.Expr) -> str:
         return w.name if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
 
+    def _kept(self, index: int, weight_name: str, name: str) -> bool:
+        """Whether the ``index``-th matmul (on ``weight_name``, labelled ``name``) stays float."""
+        return _selected(self.keep_float, index, weight_name) or _selected(self.keep_float, index, name)
+
     def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
         try:
             return quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
@@ -351,8 +355,7 @@ class _WeightOnlyRewriter:
                 continue
             name = f"matmul_{len(targets) + len(self.kept)}"
             weight_name = self._name(found[0]) if isinstance(found[0], relax.Var) else name
-            if _selected(self.keep_float, len(targets) + len(self.kept), weight_name) or _selected(
-                    self.keep_float, len(targets) + len(self.kept), name):
+            if self._kept(len(targets) + len(self.kept), weight_name, name):
                 self.kept.append(weight_name)
                 continue
             targets[b.var] = (name, *found)
@@ -401,8 +404,11 @@ class _GivenCodes(_WeightOnlyRewriter):
     """The rewriter with each weight's codes given (read from a file) rather than computed."""
 
     def __init__(self, values, given: Mapping[str, WeightCodes]):
-        super().__init__(values, 0, None, False, "float32", lambda name: name not in given, 0)
+        super().__init__(values, 0, None, False, "float32", None, 0)
         self.given = given
+
+    def _kept(self, index: int, weight_name: str, name: str) -> bool:
+        return weight_name not in self.given
 
     def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
         return self.given[name]

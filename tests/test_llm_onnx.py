@@ -1,0 +1,279 @@
+"""bh.llm.from_onnx: ONNX Runtime GenAI model builder files (GroupQueryAttention, MatMul / MatMulNBits)
+against ONNX Runtime running the same file with its own past / present loop.
+
+The files are written by ``python -m onnxruntime_genai.models.builder`` from Hugging Face folders of small
+random Llama and Qwen2 configs (``save_pretrained`` of a model built from a config and a word-level
+tokenizer: nothing downloads). The reference is ``onnxruntime.InferenceSession`` on the file: the prompt
+with empty past tensors, then one token at a time with the previous step's present tensors as past.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import byoc_hetero as bh
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai (its model builder writes the files) not installed")
+
+VOCAB = 96  # not the intermediate size: the builder then mistakes a gate projection for the LM head
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.4)
+PROMPT = np.array([[5, 17, 3, 40, 89, 7], [60, 2, 11, 90, 33, 1]], dtype=np.int64)
+MAX_LENGTH = 32
+
+BUILD = """
+import runpy, sys
+for folder, out, precision in {jobs!r}:
+    sys.argv = ["builder", "-i", folder, "-o", out, "-p", precision, "-e", "cpu", "-c", {cache!r}]
+    runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+"""
+
+
+def _hf_folder(root: Path, family: str) -> Path:
+    """A Hugging Face folder of a small random decoder with a word-level tokenizer (what the builder reads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rms_norm_eps=1e-5))
+    else:  # Qwen2: q / k / v biases (made nonzero: the builder drops all-zero ones), tied embedding
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON, rms_norm_eps=1e-6,
+                                                                       tie_word_embeddings=True))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    folder = root / f"hf_{family}"
+    model.save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",
+                                         eos_token="t2").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """{"llama": fp32 file, "llama_int4": the builder's int4 (MatMulNBits) file, "qwen2": fp32, tied, biases;
+    "hf_qwen2": the Hugging Face folder of the last}."""
+    root = tmp_path_factory.mktemp("onnx_llm")
+    llama, qwen = _hf_folder(root, "llama"), _hf_folder(root, "qwen2")
+    out = {"llama": root / "llama", "llama_int4": root / "llama_int4", "qwen2": root / "qwen2"}
+    jobs = [(str(llama), str(out["llama"]), "fp32"), (str(llama), str(out["llama_int4"]), "int4"),
+            (str(qwen), str(out["qwen2"]), "fp32")]
+    done = subprocess.run([sys.executable, "-c", BUILD.format(jobs=jobs, cache=str(root / "cache"))],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {**{k: v / "model.onnx" for k, v in out.items()}, "hf_qwen2": qwen}
+
+
+_GENS: dict[tuple[str, str | None], bh.llm.Generator] = {}
+
+
+def _gen(files, name: str, weights: str | None = None) -> bh.llm.Generator:
+    if (name, weights) not in _GENS:
+        _GENS[name, weights] = bh.llm.from_onnx(files[name], max_length=MAX_LENGTH, weights=weights)
+    return _GENS[name, weights]
+
+
+class _OrtLoop:
+    """ONNX Runtime on the file with its own past / present loop (no padding: equal-length rows)."""
+
+    def __init__(self, path: Path):
+        self.sess = ort.InferenceSession(str(path))
+        self.names = [o.name for o in self.sess.get_outputs()]
+        past = [i for i in self.sess.get_inputs() if i.name.startswith("past_key_values.")]
+        self.layers = len(past) // 2
+
+    def run(self, tokens: np.ndarray, past: list[np.ndarray] | None) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(the last row's logits [B, vocab], the presents) after ``tokens`` [B, S]."""
+        b = tokens.shape[0]
+        if past is None:
+            empty = (b, COMMON["num_key_value_heads"], 0, COMMON["hidden_size"] // COMMON["num_attention_heads"])
+            past = [np.zeros(empty, np.float32) for _ in range(2 * self.layers)]
+        total = past[0].shape[2] + tokens.shape[1]
+        feed = {"input_ids": tokens, "attention_mask": np.ones((b, total), np.int64)}
+        for i in range(self.layers):
+            feed[f"past_key_values.{i}.key"], feed[f"past_key_values.{i}.value"] = past[2 * i], past[2 * i + 1]
+        out = dict(zip(self.names, self.sess.run(None, feed)))
+        return out["logits"][:, -1], [out[f"present.{i}.{kv}"] for i in range(self.layers) for kv in ("key", "value")]
+
+    def forced(self, prompt: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """Logits [steps, B, vocab]: the prompt's, then after each column of ``nxt`` [B, n] in turn."""
+        logits, past = self.run(prompt, None)
+        out = [logits]
+        for j in range(nxt.shape[1]):
+            logits, past = self.run(nxt[:, j:j + 1], past)
+            out.append(logits)
+        return np.stack(out)
+
+    def greedy(self, prompt: np.ndarray, new: int) -> np.ndarray:
+        logits, past = self.run(prompt, None)
+        tokens = [logits.argmax(-1)]
+        for _ in range(new - 1):
+            logits, past = self.run(tokens[-1][:, None].astype(np.int64), past)
+            tokens.append(logits.argmax(-1))
+        return np.concatenate([prompt, np.stack(tokens, axis=1)], axis=1)
+
+
+def _ours_forced(gen: bh.llm.Generator, prompt: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    """Our logits for the same steps as :meth:`_OrtLoop.forced`, through ``gen.step`` and one cache."""
+    b, s = prompt.shape
+    cache = gen.new_cache(b)
+    out = [gen.step(prompt, np.zeros(b, np.int64), np.full(b, s, np.int64), cache)]
+    for j in range(nxt.shape[1]):
+        out.append(gen.step(nxt[:, j:j + 1], np.full(b, s + j, np.int64), np.ones(b, np.int64), cache))
+    return np.stack(out)
+
+
+NEXT = np.array([[8, 90, 4, 4, 63, 21, 9, 77], [1, 2, 3, 50, 95, 94, 0, 64]], dtype=np.int64)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_prefill_and_decode_steps_match_onnxruntime(files, name):
+    want = _OrtLoop(files[name]).forced(PROMPT, NEXT)
+    got = _ours_forced(_gen(files, name), PROMPT, NEXT)
+    assert np.abs(want).max() > 0.1  # logits that say something
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_greedy_tokens_equal_onnxruntime(files, name):
+    want = _OrtLoop(files[name]).greedy(PROMPT, 12)
+    np.testing.assert_array_equal(_gen(files, name).generate(PROMPT, max_new_tokens=12), want)
+
+
+def test_the_file_is_read_into_the_models_sizes_rope_and_biases(files):
+    from byoc_hetero.llm.onnx import read_decoder
+
+    spec, params, positions = read_decoder(files["qwen2"])
+    assert (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab) == (
+        2, 64, 4, 2, 16, 128, VOCAB)
+    assert spec.qkv_bias and positions == COMMON["max_position_embeddings"]
+    assert spec.eps == pytest.approx(1e-6) and spec.rope_scale == 1.0
+    hf = transformers.Qwen2ForCausalLM.from_pretrained(files["hf_qwen2"])
+    np.testing.assert_allclose(spec.inv_freq, hf.model.rotary_emb.inv_freq.numpy(), rtol=1e-5)
+    np.testing.assert_array_equal(params["l1.k_bias"],
+                                  hf.model.layers[1].self_attn.k_proj.bias.detach().numpy())
+    np.testing.assert_array_equal(params["lm_head"], params["embed"])  # tied
+
+
+def test_int4_matmulnbits_file_within_1_25x_onnxruntimes_error(files):
+    """The builder's int4 file (MatMulNBits, kept quantized: dense_wq) against ONNX Runtime on the float
+    file, within 1.25x ONNX Runtime's own error on the int4 file (its accuracy_level 4 also quantizes
+    activations)."""
+    ref = _OrtLoop(files["llama"]).forced(PROMPT, NEXT)
+    theirs = _OrtLoop(files["llama_int4"]).forced(PROMPT, NEXT)
+    ours = _ours_forced(_gen(files, "llama_int4"), PROMPT, NEXT)
+    ort_error, our_error = np.abs(theirs - ref).max(), np.abs(ours - ref).max()
+    assert 0 < our_error <= 1.25 * ort_error, (our_error, ort_error)
+    # dequantized at build (weights="f32") computes what the dense_wq nodes compute
+    dq = _ours_forced(_gen(files, "llama_int4", "f32"), PROMPT, NEXT)
+    np.testing.assert_allclose(ours, dq, rtol=0, atol=1e-4 * np.abs(dq).max())
+
+
+def test_int4_file_runs_its_codes_as_dense_wq_nodes_of_the_regions(files):
+    from collections import Counter
+
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.llm.onnx import read_decoder
+
+    spec, params, _ = read_decoder(files["llama_int4"])
+    part, label, error = bh.llm.partitioned_weights(spec, params, max_length=MAX_LENGTH)
+    assert label == "int4" and error is None
+    ops = sum((Counter(n["op"] for n in r.graph["nodes"]) for r in region_table(part).values()), Counter())
+    layers = COMMON["num_hidden_layers"]
+    assert ops["dense_wq"] == 7 * layers + 1, ops  # q k v o gate up down, and the LM head (MatMulNBits too)
+    assert ops["kv_attention"] == layers and ops["dense"] == 0, ops
+
+
+def test_save_and_load_an_onnx_generator(files, tmp_path):
+    gen = _gen(files, "qwen2")
+    loaded = bh.llm.load(gen.save(tmp_path / "g"))
+    np.testing.assert_array_equal(loaded.generate(PROMPT, max_new_tokens=5), gen.generate(PROMPT, max_new_tokens=5))
+
+
+# ---- bad files --------------------------------------------------------------------------------------------------
+def _edited(files, tmp_path, edit) -> Path:
+    import onnx
+
+    model = onnx.load(str(files["llama"]))
+    edit(model)
+    path = tmp_path / "edited.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _set_attr(node, name, value):
+    from onnx import helper
+
+    for a in list(node.attribute):
+        if a.name == name:
+            node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def _gqa(model, i=0):
+    return [n for n in model.graph.node if n.op_type == "GroupQueryAttention"][i]
+
+
+def test_a_file_without_past_and_present_is_a_frontend_error(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["input_ids"], ["logits"])], "plain",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph), str(tmp_path / "plain.onnx"))
+    with pytest.raises(bh.FrontendError, match="past_key_values.N.key"):
+        bh.llm.from_onnx(tmp_path / "plain.onnx", max_length=8)
+
+
+@pytest.mark.parametrize("attr,value", [("local_window_size", 4), ("rotary_interleaved", 1), ("softcap", 30.0),
+                                        ("do_rotary", 0)])
+def test_a_gqa_attribute_the_step_does_not_implement_names_the_node(files, tmp_path, attr, value):
+    path = _edited(files, tmp_path, lambda m: _set_attr(_gqa(m, 1), attr, value))
+    with pytest.raises(bh.FrontendError, match=f"layers.1/attn/GroupQueryAttention.*GroupQueryAttention.*{attr}"):
+        bh.llm.from_onnx(path, max_length=8)
+
+
+def test_a_scale_other_than_one_over_sqrt_head_dim_is_a_frontend_error(files, tmp_path):
+    path = _edited(files, tmp_path, lambda m: _set_attr(_gqa(m), "scale", 0.5))
+    with pytest.raises(bh.FrontendError, match="scale 1 / sqrt"):
+        bh.llm.from_onnx(path, max_length=8)
+
+
+def test_another_activation_names_the_node_and_what_was_expected(files, tmp_path):
+    def edit(model):
+        next(n for n in model.graph.node if n.op_type == "Sigmoid").op_type = "Tanh"
+
+    with pytest.raises(bh.FrontendError, match=r"expected .*Sigmoid\(gate\).*got .*gate_proj.* read by Tanh"):
+        bh.llm.from_onnx(_edited(files, tmp_path, edit), max_length=8)
+
+
+def test_corrupted_cos_cache_is_a_frontend_error(files, tmp_path):
+    from onnx import numpy_helper
+
+    def edit(model):
+        init = next(i for i in model.graph.initializer if i.name == "cos_cache")
+        value = numpy_helper.to_array(init).copy()
+        value[5, 3] += 0.1
+        init.CopyFrom(numpy_helper.from_array(value, "cos_cache"))
+
+    with pytest.raises(bh.FrontendError, match="cos / sin caches of RoPE"):
+        bh.llm.from_onnx(_edited(files, tmp_path, edit), max_length=8)
+
+
+def test_weight_choices_that_do_not_fit_the_file_are_input_errors(files):
+    with pytest.raises(bh.InputError, match="cos / sin caches"):
+        bh.llm.from_onnx(files["llama"], max_length=COMMON["max_position_embeddings"] + 1)
+    with pytest.raises(bh.InputError, match="quantized already"):
+        bh.llm.from_onnx(files["llama_int4"], max_length=8, weights="int8")
