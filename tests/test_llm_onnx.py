@@ -277,3 +277,43 @@ def test_weight_choices_that_do_not_fit_the_file_are_input_errors(files):
         bh.llm.from_onnx(files["llama"], max_length=COMMON["max_position_embeddings"] + 1)
     with pytest.raises(bh.InputError, match="quantized already"):
         bh.llm.from_onnx(files["llama_int4"], max_length=8, weights="int8")
+
+
+def _to_matmul_nbits(model, bits: int, block: int) -> None:
+    """Every MatMul on a weight of ``model`` as a MatMulNBits with zero points (``bits``, ``block``), the
+    weights quantized by byoc_hetero's quantize_matrix (uint8 codes with a zero point per block)."""
+    from onnx import helper, numpy_helper
+
+    from byoc_hetero.quant.weight_only import quantize_matrix
+
+    inits = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        w = numpy_helper.to_array(inits[node.input[1]])  # [K, N]
+        k, n = w.shape
+        c = quantize_matrix(w.T, bits, block, zero_points=True)
+        zp = c.zero_points
+        if bits == 4:  # two a byte, the even block low; a row's count rounded up
+            zp = np.pad(zp, ((0, 0), (0, zp.shape[1] % 2)))
+            zp = (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)
+        name = node.input[1]
+        model.graph.initializer.extend([
+            numpy_helper.from_array(c.codes.reshape(n, k // block, block * bits // 8), f"{name}.q"),
+            numpy_helper.from_array(c.scales.reshape(-1), f"{name}.s"),
+            numpy_helper.from_array(zp.reshape(-1), f"{name}.z")])
+        new = helper.make_node("MatMulNBits", [node.input[0], f"{name}.q", f"{name}.s", f"{name}.z"],
+                               list(node.output), name=node.name + "_nbits", domain="com.microsoft",
+                               K=k, N=n, bits=bits, block_size=block)
+        node.CopyFrom(new)
+
+
+@pytest.mark.parametrize("bits,block", [(4, 16), (8, 32)])
+def test_matmul_nbits_with_zero_points_matches_onnxruntime(files, tmp_path, bits, block):
+    """MatMulNBits of other widths and blocks, with zero points (the builder writes int4 block 32 without):
+    ONNX Runtime (accuracy_level 0: float compute) on the same file is the reference."""
+    path = _edited(files, tmp_path, lambda m: _to_matmul_nbits(m, bits, block))
+    want = _OrtLoop(path).forced(PROMPT, NEXT)
+    gen = bh.llm.from_onnx(path, max_length=MAX_LENGTH)
+    assert gen.weights == f"int{bits}"
+    np.testing.assert_allclose(_ours_forced(gen, PROMPT, NEXT), want, rtol=0, atol=1e-4 * np.abs(want).max())
