@@ -237,8 +237,8 @@ def test_a_file_without_past_and_present_is_a_frontend_error(tmp_path):
         bh.llm.from_onnx(tmp_path / "plain.onnx", max_length=8)
 
 
-@pytest.mark.parametrize("attr,value", [("local_window_size", 4), ("rotary_interleaved", 1), ("softcap", 30.0),
-                                        ("do_rotary", 0)])
+@pytest.mark.parametrize("attr,value", [("rotary_interleaved", 1), ("softcap", 30.0), ("do_rotary", 0),
+                                        ("local_window_size", 0)])
 def test_a_gqa_attribute_the_step_does_not_implement_names_the_node(files, tmp_path, attr, value):
     path = _edited(files, tmp_path, lambda m: _set_attr(_gqa(m, 1), attr, value))
     with pytest.raises(bh.FrontendError, match=f"layers.1/attn/GroupQueryAttention.*GroupQueryAttention.*{attr}"):
@@ -317,3 +317,27 @@ def test_matmul_nbits_with_zero_points_matches_onnxruntime(files, tmp_path, bits
     gen = bh.llm.from_onnx(path, max_length=MAX_LENGTH)
     assert gen.weights == f"int{bits}"
     np.testing.assert_allclose(_ours_forced(gen, PROMPT, NEXT), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_local_window_attends_what_onnxruntime_attends(files, tmp_path):
+    """local_window_size W (Mistral's sliding window as the builder writes it): ONNX Runtime attends W
+    keys, the query's own position included (as transformers' sliding_window); prefill of 6 and 8 decode
+    steps cross a window of 3."""
+    def edit(model):
+        for node in model.graph.node:
+            if node.op_type == "GroupQueryAttention":
+                _set_attr(node, "local_window_size", 3)
+
+    path = _edited(files, tmp_path, edit)
+    gen = bh.llm.from_onnx(path, max_length=MAX_LENGTH)
+    assert gen.spec.sliding_window == 3
+    want = _OrtLoop(path).forced(PROMPT, NEXT)
+    np.testing.assert_allclose(_ours_forced(gen, PROMPT, NEXT), want, rtol=0, atol=2e-5 * np.abs(want).max())
+    full = _OrtLoop(files["llama"]).forced(PROMPT, NEXT)
+    assert np.abs(full - want).max() > 1e-2 * np.abs(want).max()  # the window changes the logits
+
+
+def test_layers_with_different_windows_are_a_frontend_error(files, tmp_path):
+    path = _edited(files, tmp_path, lambda m: _set_attr(_gqa(m, 1), "local_window_size", 3))
+    with pytest.raises(bh.FrontendError, match="layer 1's attention .*window 3.* differs from layer 0's"):
+        bh.llm.from_onnx(path, max_length=8)

@@ -8,7 +8,7 @@ run or imported: the step that runs is the same one :func:`byoc_hetero.llm.from_
 build for prefill and decode, the cache kept in place by ``kv_attention``), so the file gets the
 same runtime. What it reads is the layout ONNX Runtime GenAI's model builder writes
 (``python -m onnxruntime_genai.models.builder``) for Llama-style decoders (Llama / SmolLM, Qwen2,
-Mistral without a window)::
+Mistral with its window as ``local_window_size``)::
 
     Gather(embed | Transpose(lm_head), input_ids)                    # tied embedding: the LM head's weight
     per layer:  [Skip]SimplifiedLayerNormalization                    # RMSNorm (+ residual add)
@@ -25,7 +25,7 @@ positions 1, 2, 4, ...) and the attention scaling (their magnitude), checked by 
 caches. ``MatMulNBits`` weights stay quantized (:class:`~byoc_hetero.quant.weight_only.WeightCodes`,
 decoded as :mod:`byoc_hetero.passes.matmul_nbits` decodes them; the step runs them as ``dense_wq``)
 or are dequantized when asked. Anything else (another op, an attribute the step does not implement:
-a sliding window, softcap, interleaved rotary, rotary outside the op, a bias where the step has none,
+softcap, interleaved rotary, rotary outside the op, a bias where the step has none,
 a file without past / present) raises :class:`~byoc_hetero.errors.FrontendError` naming the node,
 its op type and what was expected. optimum-style files (attention spelled in plain ops) are not
 read yet.
@@ -199,8 +199,18 @@ def rotary(g: _Graph, node: Any, head_dim: int) -> tuple[list[float], float]:
     return [float(f) for f in inv], scale
 
 
-GQA_ATTRS = {"do_rotary": 1, "rotary_interleaved": 0, "softcap": 0.0, "local_window_size": -1}
+GQA_ATTRS = {"do_rotary": 1, "rotary_interleaved": 0, "softcap": 0.0}
 """GroupQueryAttention attributes the step implements, with the one value it implements."""
+
+
+def _window(g: _Graph, node: Any, a: dict[str, Any]) -> int:
+    """The step's ``sliding_window`` (keys a query attends, itself included; 0: all) for the
+    attribute ``local_window_size``: the same count (what ONNX Runtime 1.32's CPU kernel attends,
+    measured in tests/test_llm_onnx.py; the builder writes transformers' ``sliding_window`` there)."""
+    w = int(a.get("local_window_size", -1))
+    if w == 0 or w < -1:
+        raise g.fail(node, f"local_window_size -1 (none) or > 0, got {w}")
+    return max(w, 0)
 
 
 def _attention(g: _Graph, i: int, node: Any, normed: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -237,7 +247,8 @@ def _attention(g: _Graph, i: int, node: Any, normed: str) -> tuple[dict[str, Any
     if bq is not None:
         weights.update({"q_bias": bq, "k_bias": bk, "v_bias": bv})
     inv_freq, rope_scale = rotary(g, node, head_dim)
-    sizes = {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "inv_freq": inv_freq,
+    sizes = {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "window": _window(g, node, a),
+             "inv_freq": inv_freq,
              "rope_scale": rope_scale, "positions": g.init(node.input[7], node, "cos_cache").shape[0]}
     return sizes, weights
 
@@ -371,11 +382,11 @@ def _spec(sizes: list[dict[str, Any]], epsilons: list[float], params: dict[str, 
     """The DecoderSpec of what :func:`read_decoder` read; layers must agree with one another."""
     first = sizes[0]
     for i, s in enumerate(sizes):
-        if any(s[k] != first[k] for k in ("heads", "kv_heads", "head_dim")) or not np.allclose(
+        if any(s[k] != first[k] for k in ("heads", "kv_heads", "head_dim", "window")) or not np.allclose(
                 s["inv_freq"], first["inv_freq"], rtol=1e-5) or not math.isclose(s["rope_scale"], first["rope_scale"],
                                                                                  rel_tol=1e-5):
             raise FrontendError(f"{WHO}: layer {i}'s attention ({s['heads']} heads, {s['kv_heads']} kv heads, "
-                                f"head_dim {s['head_dim']}, its RoPE) differs from layer 0's; the step needs one")
+                                f"head_dim {s['head_dim']}, window {s['window']}, its RoPE) differs from layer 0's; the step needs one")
     if not np.allclose(epsilons, epsilons[0], rtol=1e-5):
         raise FrontendError(f"{WHO}: the norms' epsilons differ ({sorted(set(epsilons))}); the step takes one")
     layers = len(sizes)
@@ -387,7 +398,7 @@ def _spec(sizes: list[dict[str, Any]], epsilons: list[float], params: dict[str, 
     return DecoderSpec(family="onnx", layers=layers, hidden=int(embed.shape[1]), heads=first["heads"],
                        kv_heads=first["kv_heads"], head_dim=first["head_dim"], intermediate=int(intermediate),
                        vocab=int(embed.shape[0]), eps=float(epsilons[0]), activation="silu", qkv_bias=bias[0],
-                       sliding_window=0, embed_scale=1.0, rope_scale=first["rope_scale"],
+                       sliding_window=first["window"], embed_scale=1.0, rope_scale=first["rope_scale"],
                        inv_freq=first["inv_freq"])
 
 
