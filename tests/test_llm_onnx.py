@@ -62,13 +62,14 @@ def _hf_folder(root: Path, family: str) -> Path:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    """{"llama": fp32 file, "llama_int4": the builder's int4 (MatMulNBits) file, "qwen2": fp32, tied, biases;
-    "hf_qwen2": the Hugging Face folder of the last}."""
+    """{"llama": fp32 file, "llama_int4": the builder's int4 (MatMulNBits) file, "qwen2": fp32, tied, biases,
+    "qwen2_int4" (its embedding a GatherBlockQuantized of the int4 LM head); "hf_qwen2": the Qwen2 folder}."""
     root = tmp_path_factory.mktemp("onnx_llm")
     llama, qwen = _hf_folder(root, "llama"), _hf_folder(root, "qwen2")
-    out = {"llama": root / "llama", "llama_int4": root / "llama_int4", "qwen2": root / "qwen2"}
+    out = {"llama": root / "llama", "llama_int4": root / "llama_int4", "qwen2": root / "qwen2",
+           "qwen2_int4": root / "qwen2_int4"}
     jobs = [(str(llama), str(out["llama"]), "fp32"), (str(llama), str(out["llama_int4"]), "int4"),
-            (str(qwen), str(out["qwen2"]), "fp32")]
+            (str(qwen), str(out["qwen2"]), "fp32"), (str(qwen), str(out["qwen2_int4"]), "int4")]
     done = subprocess.run([sys.executable, "-c", BUILD.format(jobs=jobs, cache=str(root / "cache"))],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -166,17 +167,18 @@ def test_the_file_is_read_into_the_models_sizes_rope_and_biases(files):
     np.testing.assert_array_equal(params["lm_head"], params["embed"])  # tied
 
 
-def test_int4_matmulnbits_file_within_1_25x_onnxruntimes_error(files):
-    """The builder's int4 file (MatMulNBits, kept quantized: dense_wq) against ONNX Runtime on the float
-    file, within 1.25x ONNX Runtime's own error on the int4 file (its accuracy_level 4 also quantizes
-    activations)."""
-    ref = _OrtLoop(files["llama"]).forced(PROMPT, NEXT)
-    theirs = _OrtLoop(files["llama_int4"]).forced(PROMPT, NEXT)
-    ours = _ours_forced(_gen(files, "llama_int4"), PROMPT, NEXT)
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_int4_matmulnbits_file_within_1_25x_onnxruntimes_error(files, name):
+    """The builder's int4 file (MatMulNBits, kept quantized: dense_wq; Qwen2's tied embedding a
+    GatherBlockQuantized of the LM head's codes) against ONNX Runtime on the float file, within 1.25x
+    ONNX Runtime's own error on the int4 file (its accuracy_level 4 also quantizes activations)."""
+    ref = _OrtLoop(files[name]).forced(PROMPT, NEXT)
+    theirs = _OrtLoop(files[f"{name}_int4"]).forced(PROMPT, NEXT)
+    ours = _ours_forced(_gen(files, f"{name}_int4"), PROMPT, NEXT)
     ort_error, our_error = np.abs(theirs - ref).max(), np.abs(ours - ref).max()
     assert 0 < our_error <= 1.25 * ort_error, (our_error, ort_error)
     # dequantized at build (weights="f32") computes what the dense_wq nodes compute
-    dq = _ours_forced(_gen(files, "llama_int4", "f32"), PROMPT, NEXT)
+    dq = _ours_forced(_gen(files, f"{name}_int4", "f32"), PROMPT, NEXT)
     np.testing.assert_allclose(ours, dq, rtol=0, atol=1e-4 * np.abs(dq).max())
 
 

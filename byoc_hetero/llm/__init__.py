@@ -13,6 +13,7 @@ generator preallocates (:mod:`.generator`) and attends over them in place.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -156,7 +157,7 @@ def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_lengt
     return bh.partition(mod, params, precision=precision), label, error
 
 
-def from_onnx(path: str, *, max_length: int, weights: str | None = None, group_size: int | None = None
+def from_onnx(path: str | os.PathLike, *, max_length: int, weights: str | None = None, group_size: int | None = None
               ) -> Generator:
     """A :class:`Generator` for an ONNX decoder file with ``past_key_values.N.key / value`` inputs
     and ``present.N.key / value`` outputs, as ONNX Runtime GenAI's model builder writes it

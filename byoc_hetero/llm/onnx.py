@@ -11,6 +11,7 @@ same runtime. What it reads is the layout ONNX Runtime GenAI's model builder wri
 Mistral with its window as ``local_window_size``)::
 
     Gather(embed | Transpose(lm_head), input_ids)                    # tied embedding: the LM head's weight
+    | GatherBlockQuantized(Reshape(lm_head codes), input_ids, scales) # tied to an int4 LM head: dequantized
     per layer:  [Skip]SimplifiedLayerNormalization                    # RMSNorm (+ residual add)
                 MatMul | MatMulNBits (q, k, v packed or separate) [+ Add bias]
                 GroupQueryAttention(com.microsoft)                    # cos / sin caches, rotary in the op
@@ -275,13 +276,53 @@ def _mlp(g: _Graph, normed: str, after: Any) -> tuple[dict[str, Any], str, Any]:
     return weights, down.output[0], down
 
 
+def _quantized_table(g: _Graph, node: Any) -> np.ndarray:
+    """The float32 table [vocab, hidden] a ``GatherBlockQuantized`` node (com.microsoft; uint8 codes,
+    4-bit two a byte as MatMulNBits packs them, blocks along the hidden axis) gathers from, dequantized
+    (the embedding the builder ties to an int4 LM head: its codes, reshaped, and its scales)."""
+    from ..quant.weight_only import WeightCodes, dequantize_codes
+
+    a = _attrs(node)
+    bits, block = int(a.get("bits", 4)), int(a.get("block_size", 128))
+    inputs = list(node.input) + [""] * (4 - len(node.input))
+    if a.get("gather_axis", 0) != 0 or a.get("quantize_axis", 1) not in (1, -1) or bits not in (4, 8) or (
+            node.input[1] != "input_ids"):
+        raise g.fail(node, f"GatherBlockQuantized(codes, input_ids, scales) on gather_axis 0, quantize_axis 1, "
+                           f"bits 4 / 8; got {a}")
+    src, reshape = inputs[0], g.producer.get(inputs[0])
+    if reshape is not None:  # the LM head's [N, K / block, block * bits / 8] codes reshaped to [N, K * bits / 8]
+        if reshape.op_type != "Reshape":
+            raise g.fail(reshape, "the codes as an initializer or Reshape of one")
+        src = reshape.input[0]
+    data = g.init(src, reshape or node, "the embedding codes")
+    scales = g.init(inputs[2], node, "the embedding scales")
+    zero = g.init(inputs[3], node, "the zero points") if inputs[3] else None
+    if data.dtype != np.uint8 or scales.ndim != 2 or (zero is not None and zero.dtype != np.uint8):
+        raise g.fail(node, f"uint8 codes, scales [vocab, hidden / block] and uint8 zero points; got "
+                           f"{data.dtype}{list(data.shape)}, {scales.dtype}{list(scales.shape)}")
+    vocab, blocks = scales.shape
+    if data.size != vocab * blocks * block * bits // 8:
+        raise g.fail(node, f"codes of vocab {vocab} x hidden {blocks * block} at {bits} bits, got {data.size} bytes")
+    if zero is not None and bits == 4:
+        zero = np.stack([zero & 0x0F, zero >> 4], axis=-1).reshape(vocab, -1)[:, :blocks]
+    codes = WeightCodes(bits, block, np.ascontiguousarray(data.reshape(vocab, -1)), scales.astype(np.float32),
+                        None if zero is None else np.ascontiguousarray(zero.reshape(vocab, blocks)))
+    try:
+        codes.check(f"GatherBlockQuantized {node.name!r}")
+    except QuantizationError as err:
+        raise g.fail(node, f"well-formed codes: {err}") from None
+    return dequantize_codes(codes)
+
+
 def _embedding(g: _Graph) -> tuple[np.ndarray, str]:
     """(embedding [vocab, hidden], its Gather's output)."""
-    gathers = g.consumers_of("input_ids", "Gather")
-    if len(gathers) != 1 or len(g.consumers.get("input_ids", [])) != 1:
-        raise FrontendError(f"{WHO}: expected input_ids read by one Gather (the embedding), got "
-                            f"{[n.op_type for n in g.consumers.get('input_ids', [])]}")
-    node = gathers[0]
+    readers = g.consumers.get("input_ids", [])
+    if len(readers) != 1 or readers[0].op_type not in ("Gather", "GatherBlockQuantized"):
+        raise FrontendError(f"{WHO}: expected input_ids read by one Gather or GatherBlockQuantized (the "
+                            f"embedding), got {g.readers('input_ids')}")
+    node = readers[0]
+    if node.op_type == "GatherBlockQuantized":
+        return _quantized_table(g, node), node.output[0]
     src = node.input[0]
     if src in g.producer:  # a tied embedding: Transpose of the LM head's [hidden, vocab] weight
         t = g.producer[src]
