@@ -343,3 +343,27 @@ def test_layers_with_different_windows_are_a_frontend_error(files, tmp_path):
     path = _edited(files, tmp_path, lambda m: _set_attr(_gqa(m, 1), "local_window_size", 3))
     with pytest.raises(bh.FrontendError, match="layer 1's attention .*window 3.* differs from layer 0's"):
         bh.llm.from_onnx(path, max_length=8)
+
+
+def test_an_unreadable_file_is_a_model_file_error(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"not a protobuf at all")
+    with pytest.raises(bh.errors.ModelFileError, match="not a readable ONNX file"):
+        bh.llm.from_onnx(tmp_path, max_length=8)  # the folder: its model.onnx
+
+
+def test_matmul_nbits_with_a_nan_scale_names_the_node(files, tmp_path):
+    from onnx import numpy_helper
+
+    def edit(model):
+        init = next(i for i in model.graph.initializer if i.name.endswith("o_proj.MatMul.weight_scales"))
+        value = numpy_helper.to_array(init).copy()
+        value.flat[3] = np.nan
+        init.CopyFrom(numpy_helper.from_array(value, init.name))
+
+    import onnx
+
+    model = onnx.load(str(files["llama_int4"]))
+    edit(model)
+    onnx.save(model, str(tmp_path / "nan.onnx"))
+    with pytest.raises(bh.FrontendError, match=r"o_proj/MatMul_Q4.*\(MatMulNBits\).*scales.*nan"):
+        bh.llm.from_onnx(tmp_path / "nan.onnx", max_length=8)
