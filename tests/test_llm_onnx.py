@@ -367,3 +367,13 @@ def test_matmul_nbits_with_a_nan_scale_names_the_node(files, tmp_path):
     onnx.save(model, str(tmp_path / "nan.onnx"))
     with pytest.raises(bh.FrontendError, match=r"o_proj/MatMul_Q4.*\(MatMulNBits\).*scales.*nan"):
         bh.llm.from_onnx(tmp_path / "nan.onnx", max_length=8)
+
+
+def test_cli_generate_from_an_onnxruntime_genai_folder(files, capsys):
+    from byoc_hetero.cli import main
+
+    folder = files["llama_int4"].parent
+    assert main(["generate", str(folder), "--ids", "5,17,3,40", "--max-new-tokens", "6", "--max-length", "32"]) == 0
+    printed = [int(t) for t in capsys.readouterr().out.split()]
+    want = _gen(files, "llama_int4").generate(np.array([[5, 17, 3, 40]]), max_new_tokens=6, stop=2)[0, 4:]
+    assert printed == want[:len(printed)].tolist() and len(printed) >= 1
