@@ -377,3 +377,17 @@ def test_cli_generate_from_an_onnxruntime_genai_folder(files, capsys):
     printed = [int(t) for t in capsys.readouterr().out.split()]
     want = _gen(files, "llama_int4").generate(np.array([[5, 17, 3, 40]]), max_new_tokens=6, stop=2)[0, 4:]
     assert printed == want[:len(printed)].tolist() and len(printed) >= 1
+
+
+def test_a_branch_the_walk_does_not_read_is_a_frontend_error(files, tmp_path):
+    """A node hanging off a block (here an extra graph output of layer 0's post-attention norm): its
+    meaning would be dropped, so the file is refused naming it."""
+    from onnx import TensorProto, helper
+
+    def edit(model):
+        norm = next(n for n in model.graph.node if n.name.endswith("layers.0/post_attention_layernorm/SkipLayerNorm"))
+        model.graph.node.append(helper.make_node("Relu", [norm.output[0]], ["extra"], name="extra_relu"))
+        model.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, None))
+
+    with pytest.raises(bh.FrontendError, match="'extra_relu' \\(Relu\\).*no part of the blocks read"):
+        bh.llm.from_onnx(_edited(files, tmp_path, edit), max_length=8)

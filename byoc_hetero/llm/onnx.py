@@ -70,6 +70,27 @@ class _Graph:
         self._inits = {i.name: i for i in self.graph.initializer}
         self._arrays: dict[str, np.ndarray] = {}
         self._to_array = numpy_helper.to_array
+        self.taken: set[int] = set()
+
+    def take(self, *nodes: Any) -> None:
+        """Mark ``nodes`` as read into the spec (see :meth:`check_all_read`)."""
+        self.taken.update(id(n) for n in nodes)
+
+    def check_all_read(self) -> None:
+        """A FrontendError naming the first node that is neither read into the spec nor computes an
+        input of one that is (the attention mask's reformatting, a shape constant): a branch the walk
+        did not follow, whose meaning the step would drop."""
+        needed, stack = set(self.taken), [n for n in self.graph.node if id(n) in self.taken]
+        while stack:
+            for i in stack.pop().input:
+                src = self.producer.get(i)
+                if src is not None and id(src) not in needed:
+                    needed.add(id(src))
+                    stack.append(src)
+        for n in self.graph.node:
+            if id(n) not in needed:
+                raise self.fail(n, f"nothing the decoder step does not read: it is no part of the blocks read "
+                                   f"(its outputs {list(n.output)} go to {self.readers(n.output[0])})")
 
     def fail(self, node: Any, expected: str) -> FrontendError:
         name = node.name or (node.output[0] if node.output else "?")
@@ -120,6 +141,7 @@ def _linear(g: _Graph, node: Any, data: str) -> Any:
     node that reads ``data``."""
     if node.op_type not in LINEAR_OPS or node.input[0] != data:
         raise g.fail(node, f"a MatMul / MatMulNBits reading {data!r}")
+    g.take(node)
     if node.op_type == "MatMulNBits":
         return _codes(g, node)
     w = g.init(node.input[1], node, "the weight")
@@ -151,6 +173,7 @@ def _projection(g: _Graph, value: str, data: str) -> tuple[Any, Any, np.ndarray 
         if len(src) != 1:
             raise g.fail(node, "Add(MatMul(x, W), bias) with the bias an initializer")
         bias = g.init(next(x for x in node.input if x != src[0]), node, "the bias").astype(np.float32).ravel()
+        g.take(node)
         node = g.producer[src[0]]
     return node, _linear(g, node, data), bias
 
@@ -162,6 +185,7 @@ def _norm(g: _Graph, node: Any, skip: bool, residual: str | None, x: str | None)
     a = _attrs(node)
     if node.op_type != op or a.get("axis", -1) != -1:
         raise g.fail(node, f"{op} over the last axis")
+    g.take(node)
     if skip:
         if len([i for i in node.input if i]) != 3 or sorted(node.input[:2]) != sorted([residual, x]):
             raise g.fail(node, f"inputs (residual {residual!r}, {x!r}, weight) and no bias, got {list(node.input)}")
@@ -175,7 +199,8 @@ def _norm(g: _Graph, node: Any, skip: bool, residual: str | None, x: str | None)
 
 def rotary(g: _Graph, node: Any, head_dim: int) -> tuple[list[float], float]:
     """(inverse frequencies, attention scaling) that ``cos / sin`` caches [positions, head_dim / 2]
-    of a GroupQueryAttention ``node`` were computed from, checked by recomputing the caches."""
+    of a GroupQueryAttention ``node`` were computed from, checked by recomputing the caches. Every node must be read into the spec or compute an input of one
+that is (the attention mask's reformatting): a branch off a block is refused, not dropped."""
     cos = g.init(node.input[7], node, "cos_cache").astype(np.float64)
     sin = g.init(node.input[8], node, "sin_cache").astype(np.float64)
     if cos.shape != sin.shape or cos.ndim != 2 or cos.shape[1] != head_dim // 2 or cos.shape[0] < 2:
@@ -272,6 +297,7 @@ def _mlp(g: _Graph, normed: str, after: Any) -> tuple[dict[str, Any], str, Any]:
     if sorted(prod.input) != sorted([act.output[0], up.output[0]]):
         raise g.fail(prod, "Mul(SiLU(gate), up)")
     down = g.only_consumer(prod.output[0], LINEAR_OPS, prod)
+    g.take(sig, act, prod)
     weights = {"gate": _linear(g, gate, normed), "up": _linear(g, up, normed), "down": _linear(g, down, prod.output[0])}
     return weights, down.output[0], down
 
@@ -294,6 +320,7 @@ def _quantized_table(g: _Graph, node: Any) -> np.ndarray:
         if reshape.op_type != "Reshape":
             raise g.fail(reshape, "the codes as an initializer or Reshape of one")
         src = reshape.input[0]
+        g.take(reshape)
     data = g.init(src, reshape or node, "the embedding codes")
     scales = g.init(inputs[2], node, "the embedding scales")
     zero = g.init(inputs[3], node, "the zero points") if inputs[3] else None
@@ -321,6 +348,7 @@ def _embedding(g: _Graph) -> tuple[np.ndarray, str]:
         raise FrontendError(f"{WHO}: expected input_ids read by one Gather or GatherBlockQuantized (the "
                             f"embedding), got {g.readers('input_ids')}")
     node = readers[0]
+    g.take(node)
     if node.op_type == "GatherBlockQuantized":
         return _quantized_table(g, node), node.output[0]
     src = node.input[0]
@@ -329,6 +357,7 @@ def _embedding(g: _Graph) -> tuple[np.ndarray, str]:
         if t.op_type != "Transpose" or list(_attrs(t).get("perm", [1, 0])) != [1, 0]:
             raise g.fail(t, "the embedding as an initializer or Transpose(perm=[1, 0]) of one")
         table = g.init(t.input[0], t, "the tied embedding").T
+        g.take(t)
     else:
         table = g.init(src, node, "the embedding")
     if table.ndim != 2 or table.dtype != np.float32 or _attrs(node).get("axis", 0) != 0:
@@ -369,6 +398,7 @@ def _layer(g: _Graph, i: int, residual: str, normed: str, params: dict[str, Any]
                             f"GroupQueryAttention, got {found or 'nothing'} (attention spelled out in plain ops, as "
                             "optimum's exports write it, is not read yet)")
     sizes, weights = _attention(g, i, attn[0], normed)
+    g.take(attn[0])
     o_node = g.only_consumer(attn[0].output[0], LINEAR_OPS, attn[0])
     weights["o"] = _linear(g, o_node, attn[0].output[0])
     post = g.only_consumer(o_node.output[0], ("SkipSimplifiedLayerNormalization",), o_node)
@@ -416,6 +446,7 @@ def read_decoder(path: str | os.PathLike) -> tuple[DecoderSpec, dict[str, Any], 
     if head.output[0] != "logits":
         raise g.fail(head, "the LM head writing the graph output 'logits'")
     params["lm_head"] = _linear(g, head, normed)
+    g.check_all_read()
     return _spec(sizes, epsilons, params), params, int(sizes[0]["positions"])
 
 
