@@ -130,19 +130,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_generate(sub) -> None:
-    gen = sub.add_parser("generate", help="generate tokens with a decoder (bh.llm): a Hugging Face model folder or "
-                                          "a generator saved with gen.save")
+    gen = sub.add_parser("generate", help="generate tokens with a decoder (bh.llm): a Hugging Face model folder, "
+                                          "an ONNX past/present decoder or a generator saved with gen.save")
     gen.add_argument("model", type=Path, help="a folder: a transformers ...ForCausalLM (config.json + weights, "
-                                              "built here) or a generator saved by Generator.save")
+                                              "built here), an ONNX Runtime GenAI folder (model.onnx) or a "
+                                              "generator saved by Generator.save; or a decoder .onnx file")
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--ids", type=_token_ids, help="the prompt as token ids, comma-separated")
     prompt.add_argument("--prompt", help="the prompt as text (needs the model folder's tokenizer)")
     gen.add_argument("--max-new-tokens", type=_positive, default=32, help="tokens to generate (default 32)")
     gen.add_argument("--max-length", type=_positive, default=512,
                      help="cache length when building from a Hugging Face folder (default 512)")
-    gen.add_argument("--weights", choices=("f32", "bf16", "int8", "int4"), default="f32",
+    gen.add_argument("--weights", choices=("f32", "bf16", "int8", "int4"), default=None,
                      help="weight precision when building (int8/int4: weight-only quantized decoder denses, "
-                          "the LM head float)")
+                          "the LM head float; default f32, an ONNX file's own: its MatMulNBits kept)")
     gen.add_argument("--group-size", type=int, choices=(32, 64, 128),
                      help="int8/int4: consecutive k per scale (default: int4 32, int8 one scale per output channel)")
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -478,19 +479,21 @@ def _cmd_generate(args) -> None:
     folder = args.model
     if (folder / llm.generator.MANIFEST).is_file():
         gen, tokenizer, eos = llm.load(folder), None, None
+    elif folder.suffix == ".onnx" or (folder / "model.onnx").is_file():
+        gen, tokenizer, eos = _onnx_generator(args)
     elif (folder / "config.json").is_file():
         import transformers
 
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype="float32")
-        gen = llm.from_hf(model, max_length=args.max_length, weights=args.weights,
+        gen = llm.from_hf(model, max_length=args.max_length, weights=args.weights or "f32",
                           group_size=args.group_size)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         tokenizer = None
         if args.prompt is not None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
     else:
-        raise ModelFileError(f"{folder} holds neither a generator (generator.json) nor a Hugging Face model "
-                             "(config.json)")
+        raise ModelFileError(f"{folder} holds neither a generator (generator.json), an ONNX decoder (model.onnx) "
+                             "nor a Hugging Face model (config.json)")
     if args.save is not None:
         gen.save(args.save)
     if args.prompt is not None and tokenizer is None:
@@ -503,6 +506,25 @@ def _cmd_generate(args) -> None:
         token = int(step[0])
         print(tokenizer.decode([token]) if tokenizer else token, end="" if tokenizer else " ", flush=True)
     print()
+
+
+def _onnx_generator(args) -> tuple:
+    """(generator, tokenizer or None, eos or None) for ``generate`` on an ONNX decoder file or an ONNX
+    Runtime GenAI folder (``model.onnx``, ``genai_config.json``, its tokenizer files)."""
+    import json
+
+    from . import llm
+
+    gen = llm.from_onnx(args.model, max_length=args.max_length, weights=args.weights, group_size=args.group_size)
+    folder = args.model.parent if args.model.suffix == ".onnx" else args.model
+    config = folder / "genai_config.json"
+    eos = json.loads(config.read_text()).get("model", {}).get("eos_token_id") if config.is_file() else None
+    tokenizer = None
+    if args.prompt is not None and (folder / "tokenizer.json").is_file():
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    return gen, tokenizer, eos
 
 
 def _describe(err: BaseException) -> str:

@@ -3,6 +3,7 @@
 >>> gen = bh.llm.from_hf(model, max_length=256)        # a transformers ...ForCausalLM
 >>> out = gen.generate(input_ids, max_new_tokens=32)   # int64 [batch, prompt + 32], greedy
 >>> gen.save("smollm"); gen = bh.llm.load("smollm")
+>>> gen = bh.llm.from_onnx("qwen2-int4/model.onnx", max_length=256)  # ONNX Runtime GenAI's builder output
 
 The decoder step is written from the model's config and weights (:mod:`.model`), partitioned (the
 whole decoder stack one oneDNN region, each layer's attention a ``kv_attention`` node of it) and
@@ -12,6 +13,7 @@ generator preallocates (:mod:`.generator`) and attends over them in place.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -102,5 +104,85 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     return Generator(relax.build(part, target="llvm"), spec, int(max_length), weights, weight_error=error)
 
 
-__all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_gguf", "from_hf",
-           "load", "partitioned_step", "step_module"]
+def _file_weights(spec: DecoderSpec, weights: dict[str, Any], max_length: int, weights_format: str | None,
+                  group_size: int | None) -> tuple[tvm.IRModule, dict[str, np.ndarray], float | None, str]:
+    """(step module, params, weight error, the weights' label) for weights that may hold
+    WeightCodes (see :func:`generator_from_weights`)."""
+    from ..quant.weight_only import WeightCodes, apply_weight_codes, dequantize_codes
+
+    codes = {n: w for n, w in weights.items() if isinstance(w, WeightCodes)}
+    floats = {n: dequantize_codes(w) if n in codes else np.asarray(w, dtype="float32") for n, w in weights.items()}
+    floats["inv_freq"] = np.asarray(spec.inv_freq, dtype="float32")
+    mod = step_module(spec, max_length)
+    if weights_format is not None or not codes:
+        if codes and weights_format != "f32":
+            raise InputError(f"weights={weights_format!r}: {len(codes)} weights ({', '.join(sorted(codes)[:3])}, ...) "
+                             "are quantized already; keep them (weights=None) or dequantize them (weights='f32')")
+        fmt = weights_format or "f32"
+        mod, params, error = _quantized(mod, floats, fmt, group_size)
+        return mod, params, error, fmt
+    if group_size is not None:
+        raise InputError(f"group_size={group_size!r} applies to weights='int8' / 'int4'")
+    bits = sorted({c.bits for c in codes.values()})
+    mod, params = apply_weight_codes(mod, floats, codes)
+    return mod, params, None, "/".join(f"int{b}" for b in bits)
+
+
+def generator_from_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_length: int,
+                           weights_format: str | None = None, group_size: int | None = None) -> Generator:
+    """A :class:`Generator` for a decoder given as its :class:`DecoderSpec` and its weights by
+    :func:`step_module`'s parameter names (what a file reader produces: :func:`from_onnx`).
+
+    A weight is a float array ([N, K] for a dense, as torch stores it) or a
+    :class:`~byoc_hetero.quant.weight_only.WeightCodes` (quantized by the file's producer).
+    ``weights_format``: None keeps each weight as given (codes run as ``dense_wq`` nodes, floats as
+    float32); ``"f32"`` dequantizes the codes; ``"bf16"``, ``"int8"`` / ``"int4"`` (with
+    ``group_size``) as :func:`from_hf`, for float weights only. ``inv_freq`` comes from the spec.
+    """
+    part, label, error = partitioned_weights(spec, weights, max_length=max_length, weights_format=weights_format,
+                                             group_size=group_size)
+    return Generator(relax.build(part, target="llvm"), spec, int(max_length), label, weight_error=error)
+
+
+def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_length: int,
+                        weights_format: str | None = None, group_size: int | None = None
+                        ) -> tuple[tvm.IRModule, str, float | None]:
+    """What :func:`generator_from_weights` builds, before the build: (the partitioned step module,
+    the weights' label, the quantization error or None). For inspecting the regions."""
+    import byoc_hetero as bh
+
+    if int(max_length) != max_length or max_length < 1:
+        raise InputError(f"bh.llm: max_length must be a positive integer, got {max_length!r}")
+    precision = _precision(weights_format) if weights_format is not None else None
+    mod, params, error, label = _file_weights(spec, weights, int(max_length), weights_format, group_size)
+    return bh.partition(mod, params, precision=precision), label, error
+
+
+def from_onnx(path: str | os.PathLike, *, max_length: int, weights: str | None = None, group_size: int | None = None
+              ) -> Generator:
+    """A :class:`Generator` for an ONNX decoder file with ``past_key_values.N.key / value`` inputs
+    and ``present.N.key / value`` outputs, as ONNX Runtime GenAI's model builder writes it
+    (``GroupQueryAttention``, ``[Skip]SimplifiedLayerNormalization``, ``MatMul`` or
+    ``MatMulNBits``); ``path`` is the ``.onnx`` file or its folder (``model.onnx``).
+
+    The graph is read, not imported (:mod:`byoc_hetero.llm.onnx`): its weights, sizes, epsilon and
+    RoPE frequencies go into the same decoder step :func:`from_hf` builds, so prefill and decode are
+    one build with the cache kept in place. ``weights``: None keeps the file's form (``MatMulNBits``
+    weights quantized, run as ``dense_wq``; float ones float32); ``"f32"`` dequantizes
+    ``MatMulNBits``; ``"bf16"`` / ``"int8"`` / ``"int4"`` (and ``group_size``) as :func:`from_hf`
+    for a float file. ``max_length`` may not exceed the positions of the file's cos / sin caches
+    (what ONNX Runtime can run). A graph it cannot map raises
+    :class:`~byoc_hetero.errors.FrontendError` naming the node, its op type and what was expected.
+    """
+    from .onnx import WHO, checked_shapes, file_path, read_decoder
+
+    spec, params, positions = read_decoder(file_path(path))
+    checked_shapes(spec, params)
+    if int(max_length) == max_length and max_length > positions:
+        raise InputError(f"{WHO}: max_length {max_length} is longer than the file's cos / sin caches "
+                         f"({positions} positions): the file defines no rotary angle past them")
+    return generator_from_weights(spec, params, max_length=max_length, weights_format=weights, group_size=group_size)
+
+
+__all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_gguf",
+           "from_hf", "from_onnx", "generator_from_weights", "load", "partitioned_step", "partitioned_weights", "step_module"]

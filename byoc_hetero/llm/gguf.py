@@ -342,7 +342,7 @@ def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str |
     """What :func:`from_gguf` builds, before the build: (partitioned step module, spec, weights label)."""
     import byoc_hetero as bh
 
-    from ..quant.weight_only import quantize_weights
+    from ..quant.weight_only import apply_weight_codes
     from .model import step_module
 
     if weights not in WEIGHTS:
@@ -355,9 +355,7 @@ def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str |
                          f"{context} ({os.fspath(path)})")
     mod = step_module(spec, int(max_length))
     if codes:
-        floats = [name for name, value in params.items() if value.ndim == 2 and name not in codes]
-        q = quantize_weights(mod, params, "int8", keep_float=floats, verbose=False, given=codes)
-        mod, params = q.mod, q.params
+        mod, params = apply_weight_codes(mod, params, codes)
     kinds = sorted({"q8_0" if c.bits == 8 else "q4_0" for c in codes.values()})
     return bh.partition(mod, params), spec, "gguf:" + "+".join(kinds or ["f32"])
 

@@ -37,7 +37,7 @@ from .._relax import constant_value
 from ..errors import QuantizationError
 
 __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
-           "dequantize_codes", "emit_weight_only_dense"]
+           "dequantize_codes", "emit_weight_only_dense", "apply_weight_codes"]
 
 WEIGHT_FORMATS = {"int8": 8, "int4": 4}
 GROUP_SIZES = (32, 64, 128)
@@ -255,8 +255,7 @@ def _selected(keep_float, index: int, name: str) -> bool:
 def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weights: str = "int8",
                      group_size: int | None = None, zero_points: bool = False, scale_dtype: str = "float32",
                      keep_float: Sequence[int | str] | Callable[[str], bool] | None = None,
-                     seed: int = 0, verbose: bool = True,
-                     given: Mapping[str, WeightCodes] | None = None) -> WeightOnlyModel:
+                     seed: int = 0, verbose: bool = True) -> WeightOnlyModel:
     """The weight-only form of ``mod`` (module docstring): every matmul on a 2-D float32 weight.
 
     ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: None (one scale per output channel;
@@ -266,9 +265,6 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     predicate on the weight name (the LM head of a decoder, say). The new parameters are
     ``<weight>.codes``, ``<weight>.scales`` (and ``<weight>.zero_points``); a weight read elsewhere
     too (an embedding tied to the LM head) keeps its float parameter for those readers.
-    ``given``: weight name -> codes already quantized (a file's, ``bh.llm.from_gguf``), used as they
-    are instead of quantizing that weight (its float value in ``params`` is then what the layer
-    error is measured against).
     """
     if weights not in WEIGHT_FORMATS:
         raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
@@ -283,7 +279,6 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     by_name = {p.name: p for p in func.params}
     values: dict[relax.Expr, np.ndarray] = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
     rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed)
-    rewriter.given = dict(given or {})
     new_func = rewriter.rewrite(func)
     out_mod = mod.clone()
     out_mod["main"] = new_func
@@ -312,19 +307,24 @@ class _WeightOnlyRewriter:
         self.new_values: dict[str, np.ndarray] = {}
         self.new_params: list[relax.Var] = []
         self.codes: dict[relax.Expr, tuple[WeightCodes, list[relax.Var]]] = {}
-        self.given: dict[str, WeightCodes] = {}
 
     def _name(self, w: relax.Expr) -> str:
         return w.name if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
 
+    def _kept(self, index: int, weight_name: str, name: str) -> bool:
+        """Whether the ``index``-th matmul (on ``weight_name``, labelled ``name``) stays float."""
+        return _selected(self.keep_float, index, weight_name) or _selected(self.keep_float, index, name)
+
+    def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
+        try:
+            return quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+        except QuantizationError as err:
+            raise QuantizationError(f"{name}: {err}") from None
+
     def _parts(self, w: relax.Expr, w_kn: np.ndarray) -> tuple[WeightCodes, list[relax.Var]]:
         if w not in self.codes:
             name = self._name(w)
-            try:
-                codes = self.given.get(name) or quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points,
-                                                                self.scale_dtype)
-            except QuantizationError as err:
-                raise QuantizationError(f"{name}: {err}") from None
+            codes = self._quantize(name, w_kn)
             arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points}
             parts = []
             for suffix, array in arrays.items():
@@ -355,8 +355,7 @@ class _WeightOnlyRewriter:
                 continue
             name = f"matmul_{len(targets) + len(self.kept)}"
             weight_name = self._name(found[0]) if isinstance(found[0], relax.Var) else name
-            if _selected(self.keep_float, len(targets) + len(self.kept), weight_name) or _selected(
-                    self.keep_float, len(targets) + len(self.kept), name):
+            if self._kept(len(targets) + len(self.kept), weight_name, name):
                 self.kept.append(weight_name)
                 continue
             targets[b.var] = (name, *found)
@@ -399,3 +398,40 @@ class _WeightOnlyRewriter:
                 out = bb.emit_output(_subst(func.body.body, env))
             bb.emit_func_output(out)
         return bb.get()["main"]
+
+
+class _GivenCodes(_WeightOnlyRewriter):
+    """The rewriter with each weight's codes given (read from a file) rather than computed."""
+
+    def __init__(self, values, given: Mapping[str, WeightCodes]):
+        super().__init__(values, 0, None, False, "float32", None, 0)
+        self.given = given
+
+    def _kept(self, index: int, weight_name: str, name: str) -> bool:
+        return weight_name not in self.given
+
+    def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
+        return self.given[name]
+
+
+def apply_weight_codes(mod: tvm.IRModule, params: Mapping[str, np.ndarray], codes: Mapping[str, WeightCodes]
+                       ) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """``mod`` with every matmul on a weight parameter named in ``codes`` in the weight-only form of
+    those codes (weights quantized by a file's producer: ONNX ``MatMulNBits``, GGUF blocks), the
+    other matmuls as they were. ``params`` holds every weight as float32 [K, N] or [N, K] as the
+    matmul reads it (those in ``codes``: their dequantized value, used to find the matmuls; it is
+    replaced by ``<name>.codes`` / ``.scales`` / ``.zero_points``). Returns (module, params)."""
+    for name, c in codes.items():
+        c.check(name)
+    func = mod["main"]
+    by_name = {p.name: p for p in func.params}
+    missing = sorted(set(codes) - set(by_name))
+    if missing:
+        raise QuantizationError(f"weight codes for {missing}: no such parameter of main")
+    values = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
+    rewriter = _GivenCodes(values, codes)
+    new_func = rewriter.rewrite(func)
+    out = mod.clone()
+    out["main"] = new_func
+    kept = {p.name for p in new_func.params}
+    return out, {k: v for k, v in params.items() if k in kept} | rewriter.new_values
