@@ -268,7 +268,7 @@ def test_int8_int4_weights_keep_the_float_tokens_within_a_logit_bound(weights, l
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
-    """The same regions (so the same region calls per step), every dense of the decoder stack a
+    """The same one region (so one region call per step), every dense of the decoder stack a
     dense_wq node, the LM head still a float dense."""
     from collections import Counter
 
@@ -279,7 +279,7 @@ def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
 
     _, part, _ = _built_quant(weights)
     float_ops, ops = nodes(_QUANT["f32"][0]), nodes(part)
-    assert len(ops) == len(float_ops) == 2, (ops, float_ops)
+    assert len(ops) == len(float_ops) == 1, (ops, float_ops)  # the whole step: one region call
     layers = COMMON["num_hidden_layers"]
     assert sum(o["dense_wq"] for o in ops) == 7 * layers, ops  # q k v o gate up down
     assert sum(o["dense"] for o in ops) == 1 and sum(o["dense_wq"] for o in float_ops) == 0, ops  # the LM head
