@@ -103,6 +103,27 @@ def test_greedy_generate_is_transformers_token_for_token(family):
     assert len(set(want[0, PROMPT.shape[1]:].tolist())) > 3  # the reference does not just repeat a token
 
 
+def test_tied_embedding_is_one_weight_read_by_the_take_and_the_lm_head():
+    """A tied model (llama here: the LM head's weight is the embedding's storage) is built with one
+    ``embed`` constant read by the embedding's take and the LM head's dense, not a second copy; an
+    untied one (qwen2) keeps its own ``lm_head``. Both generate transformers' tokens (the tests above)."""
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.llm import model as llm_model
+
+    for family, tied in (("llama", True), ("qwen2", False)):
+        model = _model(family)
+        spec = llm_model.decoder_spec(model)
+        assert spec.tied_embeddings is tied
+        assert ("lm_head" in llm_model.decoder_weights(spec, model)) is not tied
+        part, _, _ = bh.llm.partitioned_step(model, max_length=MAX_LENGTH)
+        (graph,) = [r.graph for r in region_table(part).values()]
+        table = next(n["inputs"][0] for n in graph["nodes"] if n["op"] == "take")  # the embedding's
+        assert table in {c["tensor"] for c in graph["constants"]}
+        head = [n for n in graph["nodes"] if n["op"] == "dense"][-1]["inputs"][1]  # the LM head's weight:
+        made = {n["output"]: n["inputs"] for n in graph["nodes"]}  # the table itself, or final_norm folded in
+        assert (table == head or table in made.get(head, [])) is tied, (table, head, made.get(head))
+
+
 def test_stream_yields_the_tokens_generate_returns():
     _, gen = _built("llama")
     steps = list(gen.stream(PROMPT, max_new_tokens=10))
