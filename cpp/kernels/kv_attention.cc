@@ -260,7 +260,7 @@ void KvAttention(ffi::PackedArgs args, ffi::Any* rv) {
            Data<float>(q), Data<float>(q), Data<float>(kc), Data<float>(vc), Data<float>(k), Data<float>(v),
            Data<float>(inv), Data<int64_t>(past), Data<int64_t>(lengths),
            static_cast<float>(args[8].cast<double>()), static_cast<float>(args[10].cast<double>()),
-           args[9].cast<int64_t>(), kv::FindRowFn(kv::SelectIsa()), {}};
+           args[9].cast<int64_t>(), kv::FindRowFn(SelectSimdIsa(kv::kIsaVariable)), {}};
   Run(c, kName, RegionThreads());
 }
 
@@ -293,7 +293,7 @@ static std::unique_ptr<Kernel> BuildKvAttention(const KernelContext& ctx) {
   ctx.ExpectOutputShape(shapes[0]);
   const std::string where = ctx.where();
   const int threads = ctx.threads;
-  const kv::RowFn row = kv::FindRowFn(kv::SelectIsa());
+  const kv::RowFn row = kv::FindRowFn(SelectSimdIsa(kv::kIsaVariable));
   HostFn fn = [g, scale, rope_scale, window, where, threads, row](const std::vector<void*>& p) {
     auto f = [&](size_t k) { return static_cast<float*>(p[k]); };
     KvCall c{g, f(0), f(8), f(3), f(4), f(1), f(2), f(7), static_cast<const int64_t*>(p[5]),

@@ -1,23 +1,21 @@
 /*!
  * \file kernels/kv_attention.h
  * \brief kv_attention's per-row attention in three implementations (AVX-512, AVX2, generic C++), chosen
- *        once per CPU and capped by BYOC_HETERO_KV_ISA (kv_attention_micro.cc).
+ *        by SelectSimdIsa(kIsaVariable): the CPU's best, capped by BYOC_HETERO_KV_ISA (kv_attention_micro.cc).
  */
 #ifndef BYOC_HETERO_KERNELS_KV_ATTENTION_H_
 #define BYOC_HETERO_KERNELS_KV_ATTENTION_H_
 
 #include <cstdint>
 
+#include "simd_isa.h"
+
 namespace byoc_hetero {
 namespace kv {
 
-/*! \brief The row implementations, best first. */
-enum class Isa { kAvx512, kAvx2, kGeneric };
-/*! \brief "avx512", "avx2", "generic". */
-const char* IsaName(Isa isa);
-/*! \brief The best ISA of this CPU, capped by BYOC_HETERO_KV_ISA (avx512 | avx2 | generic | auto; read
- *         when called); another value is a ValueError naming the variable. */
-Isa SelectIsa();
+/*! \brief The variable capping the ISA (avx512 | avx2 | generic | auto), read when a node is built and at
+ *         each packed call. */
+constexpr const char* kIsaVariable = "BYOC_HETERO_KV_ISA";
 
 /*! \brief One query row over the key / value rows [first, last] of its kv head. */
 struct RowJob {
@@ -33,7 +31,7 @@ struct RowJob {
 /*! \brief out = softmax(scale * q . k_j) weighted sum of v_j: the scores in scratch, their maximum
  *         subtracted before exp (float32 throughout). */
 using RowFn = void (*)(const RowJob& job);
-RowFn FindRowFn(Isa isa);
+RowFn FindRowFn(SimdIsa isa);
 
 }  // namespace kv
 }  // namespace byoc_hetero

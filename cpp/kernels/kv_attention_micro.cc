@@ -3,8 +3,8 @@
  * \brief kv_attention's per-row attention (kv_attention.h): the head_dim dot products of the scores,
  *        exp of the shifted scores and the weighted sum of the value rows, in AVX-512 (16 lanes, the
  *        head_dim tail masked), AVX2 + FMA (8 lanes, a scalar tail) and generic C++.  Each ISA's
- *        functions carry their own target attribute, so the extension builds for any x86-64 and
- *        SelectIsa picks at run time.  The vector exp is 2^n * p(r) with r = x - n ln2 (|r| <= ln2/2)
+ *        functions carry their own target attribute, so the extension builds for any x86-64;
+ *        SelectSimdIsa("BYOC_HETERO_KV_ISA") picks at run time (simd_isa.h).  The vector exp is 2^n * p(r) with r = x - n ln2 (|r| <= ln2/2)
  *        and p degree-6 Taylor: relative error ~1e-7, as std::exp within float rounding.
  */
 #if defined(__x86_64__)
@@ -16,13 +16,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-#include <tvm/ffi/error.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string>
-
 #include "kv_attention.h"
 
 namespace byoc_hetero {
@@ -169,49 +164,12 @@ __attribute__((target("avx2,fma"))) void Row256(const RowJob& j) {
 }
 #endif
 
-bool CpuHas(Isa isa) {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (isa == Isa::kAvx512) return __builtin_cpu_supports("avx512f");
-  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-  return isa == Isa::kGeneric;
-}
-
 }  // namespace
 
-const char* IsaName(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    default:
-      return "generic";
-  }
-}
-
-Isa SelectIsa() {
-  const char* env = std::getenv("BYOC_HETERO_KV_ISA");
-  const std::string cap = env == nullptr || *env == '\0' ? "auto" : env;
-  Isa limit = Isa::kAvx512;
-  if (cap == "avx2") {
-    limit = Isa::kAvx2;
-  } else if (cap == "generic") {
-    limit = Isa::kGeneric;
-  } else if (cap != "auto" && cap != "avx512") {
-    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_KV_ISA must be auto, avx512, avx2 or generic, got '" << cap << "'";
-  }
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kGeneric}) {
-    if (static_cast<int>(isa) >= static_cast<int>(limit) && CpuHas(isa)) return isa;
-  }
-  return Isa::kGeneric;
-}
-
-RowFn FindRowFn(Isa isa) {
+RowFn FindRowFn(SimdIsa isa) {
 #if defined(__x86_64__)
-  if (isa == Isa::kAvx512) return Row512;
-  if (isa == Isa::kAvx2) return Row256;
+  if (isa == SimdIsa::kAvx512) return Row512;
+  if (isa == SimdIsa::kAvx2) return Row256;
 #endif
   return RowGeneric;
 }
