@@ -37,13 +37,14 @@ float MaxOf(const float* w, int64_t first, int64_t last) {
   return top;
 }
 
-// ---- generic C++ --------------------------------------------------------------------------------
+// ---- generic C++ (OpenMP simd: SSE2 on any x86-64) -------------------------------------------------
 
 void RowGeneric(const RowJob& j) {
   const int64_t d = j.dim;
   for (int64_t k = j.first; k <= j.last; ++k) {
     const float* kr = j.keys + k * d;
     float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
     for (int64_t e = 0; e < d; ++e) dot += j.q[e] * kr[e];
     j.scores[k] = dot * j.scale;
   }
@@ -54,6 +55,7 @@ void RowGeneric(const RowJob& j) {
   for (int64_t k = j.first; k <= j.last; ++k) {
     const float p = j.scores[k];
     const float* vr = j.values + k * d;
+#pragma omp simd
     for (int64_t e = 0; e < d; ++e) j.out[e] += p * vr[e];
   }
   const float inv = 1.f / sum;
