@@ -37,7 +37,8 @@ def _config(family: str):
 
 
 FAMILIES = ["llama", "qwen2", "mistral", "gemma", "phi3"]
-MAX_LENGTH = 48
+MAX_LENGTH = 72  # a prompt of 7 and 64 new tokens, as issue 36 asks
+NEW = 64
 PROMPT = np.array([[5, 71, 13, 88, 2, 40, 19]], dtype="int64")
 
 
@@ -65,10 +66,10 @@ def _built(family: str):
     return _BUILT[family]
 
 
-def _hf_generate(model, ids: np.ndarray, new: int) -> np.ndarray:
+def _hf_generate(model, ids: np.ndarray, new: int, **kw) -> np.ndarray:
     with torch.no_grad():
         out = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-                             max_new_tokens=new, do_sample=False, pad_token_id=0)
+                             max_new_tokens=new, do_sample=False, pad_token_id=0, **kw)
     return out.numpy()
 
 
@@ -96,11 +97,32 @@ def test_prefill_then_decode_steps_match_the_full_forward(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_generate_is_transformers_token_for_token(family):
     model, gen = _built(family)
-    want = _hf_generate(model, PROMPT, 24)
-    got = gen.generate(PROMPT, max_new_tokens=24)
+    want = _hf_generate(model, PROMPT, NEW, eos_token_id=None)  # all 64 tokens: no stop at the config's eos
+    got = gen.generate(PROMPT, max_new_tokens=NEW)
     assert got.dtype == np.int64 and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
     assert len(set(want[0, PROMPT.shape[1]:].tolist())) > 3  # the reference does not just repeat a token
+
+
+def test_tied_embedding_is_one_weight_read_by_the_take_and_the_lm_head():
+    """A tied model (llama here: the LM head's weight is the embedding's storage) is built with one
+    ``embed`` constant read by the embedding's take and the LM head's dense, not a second copy; an
+    untied one (qwen2) keeps its own ``lm_head``. Both generate transformers' tokens (the tests above)."""
+    from byoc_hetero._relax import region_table
+    from byoc_hetero.llm import model as llm_model
+
+    for family, tied in (("llama", True), ("qwen2", False)):
+        model = _model(family)
+        spec = llm_model.decoder_spec(model)
+        assert spec.tied_embeddings is tied
+        assert ("lm_head" in llm_model.decoder_weights(spec, model)) is not tied
+        part, _, _ = bh.llm.partitioned_step(model, max_length=MAX_LENGTH)
+        (graph,) = [r.graph for r in region_table(part).values()]
+        table = next(n["inputs"][0] for n in graph["nodes"] if n["op"] == "take")  # the embedding's
+        assert table in {c["tensor"] for c in graph["constants"]}
+        head = [n for n in graph["nodes"] if n["op"] == "dense"][-1]["inputs"][1]  # the LM head's weight:
+        made = {n["output"]: n["inputs"] for n in graph["nodes"]}  # the table itself, or final_norm folded in
+        assert (table == head or table in made.get(head, [])) is tied, (table, head, made.get(head))
 
 
 def test_stream_yields_the_tokens_generate_returns():
@@ -163,20 +185,22 @@ def test_cache_growth_past_max_length_is_an_input_error_and_writes_nothing():
     _, gen = _built("llama")
     cache = gen.new_cache(1)
     before = [c.numpy().copy() for c in cache]
-    with pytest.raises(bh.InputError, match=r"sequence 0 would grow to 49 tokens, past the cache's max_length 48"):
+    with pytest.raises(bh.InputError, match=rf"sequence 0 would grow to {MAX_LENGTH + 1} tokens, past the cache's "
+                                            rf"max_length {MAX_LENGTH}"):
         gen.step(np.array([[1, 2]]), np.array([MAX_LENGTH - 1]), np.array([2]), cache)
     for old, new in zip(before, cache):
         np.testing.assert_array_equal(old, new.numpy())
-    with pytest.raises(bh.InputError, match=r"prompt \+ max_new_tokens 42 \(49 tokens with a prompt of 7\) is longer "
-                                            r"than the cache's max_length 48"):
-        gen.generate(PROMPT, max_new_tokens=42)
-    assert gen.generate(PROMPT, max_new_tokens=41).shape == (1, MAX_LENGTH)  # exactly full is fine
+    room = MAX_LENGTH - PROMPT.shape[1]
+    with pytest.raises(bh.InputError, match=rf"prompt \+ max_new_tokens {room + 1} \({MAX_LENGTH + 1} tokens with a "
+                                            rf"prompt of 7\) is longer than the cache's max_length {MAX_LENGTH}"):
+        gen.generate(PROMPT, max_new_tokens=room + 1)
+    assert gen.generate(PROMPT, max_new_tokens=room).shape == (1, MAX_LENGTH)  # exactly full is fine
 
 
 def test_a_cache_of_another_shape_is_an_input_error():
     _, gen = _built("llama")
-    with pytest.raises(bh.InputError, match=r"cache tensor 0 is float32 \[2, 2, 48, 16\]; this model's are float32 "
-                                            r"\[1, 2, 48, 16\]"):
+    with pytest.raises(bh.InputError, match=rf"cache tensor 0 is float32 \[2, 2, {MAX_LENGTH}, 16\]; this model's are "
+                                            rf"float32 \[1, 2, {MAX_LENGTH}, 16\]"):
         gen.step(PROMPT, np.array([0]), np.array([7]), gen.new_cache(2))
     with pytest.raises(bh.InputError, match="the cache holds 2 tensors"):
         gen.step(PROMPT, np.array([0]), np.array([7]), gen.new_cache(1)[:2])
@@ -184,8 +208,10 @@ def test_a_cache_of_another_shape_is_an_input_error():
 
 def test_bad_prompts_are_input_errors_naming_them():
     _, gen = _built("llama")
-    with pytest.raises(bh.InputError, match=r"the prompt \(50 tokens with a prompt of 50\) is longer than the cache"):
-        gen.generate(np.ones((1, 50), dtype="int64"), max_new_tokens=0)
+    long = MAX_LENGTH + 2
+    with pytest.raises(bh.InputError, match=rf"the prompt \({long} tokens with a prompt of {long}\) is longer than the "
+                                            "cache"):
+        gen.generate(np.ones((1, long), dtype="int64"), max_new_tokens=0)
     with pytest.raises(bh.InputError, match=rf"sequence 1 has token id {VOCAB}, outside the vocabulary \[0, {VOCAB}\)"):
         gen.generate([[1, 2], [3, VOCAB]], max_new_tokens=2)
     with pytest.raises(bh.InputError, match="token id -1"):
@@ -268,7 +294,7 @@ def test_int8_int4_weights_keep_the_float_tokens_within_a_logit_bound(weights, l
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
-    """The same regions (so the same region calls per step), every dense of the decoder stack a
+    """The same one region (so one region call per step), every dense of the decoder stack a
     dense_wq node, the LM head still a float dense."""
     from collections import Counter
 
@@ -279,7 +305,7 @@ def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
 
     _, part, _ = _built_quant(weights)
     float_ops, ops = nodes(_QUANT["f32"][0]), nodes(part)
-    assert len(ops) == len(float_ops) == 2, (ops, float_ops)
+    assert len(ops) == len(float_ops) == 1, (ops, float_ops)  # the whole step: one region call
     layers = COMMON["num_hidden_layers"]
     assert sum(o["dense_wq"] for o in ops) == 7 * layers, ops  # q k v o gate up down
     assert sum(o["dense"] for o in ops) == 1 and sum(o["dense_wq"] for o in float_ops) == 0, ops  # the LM head

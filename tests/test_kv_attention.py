@@ -75,6 +75,33 @@ def test_matches_numpy_with_padding_rows_gqa_and_window(window, rope_scale):
     assert not out[1, 1:].any()  # padding rows: 0
 
 
+ISAS = ["avx512", "avx2", "generic"]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dim,window", [(6, 0), (18, 5), (40, 0), (64, 0), (72, 9), (130, 0)])
+def test_each_isa_matches_numpy_on_head_dims_off_the_vector_width(monkeypatch, isa, dim, window):
+    """The AVX-512 (masked tail), AVX2 (scalar tail) and generic row implementations
+    (BYOC_HETERO_KV_ISA caps the choice; a CPU without the ISA falls back to the next) against numpy:
+    head_dim not a multiple of 16 or 8, GQA with groups of 3, a context of 30-33 keys (the exp's vector
+    loop and its tail), decode (1 row) and prefill (3 rows) in one batch, a sliding window."""
+    monkeypatch.setenv("BYOC_HETERO_KV_ISA", isa)
+    c = _case(batch=2, rows=3, heads=6, kv_heads=2, dim=dim, length=40)
+    past, lengths = [30, 29], [1, 3]
+    out, kc, vc = _call(c, past, lengths, window=window)
+    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
+                                            window, 1.0)
+    np.testing.assert_allclose(out, want_out, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(vc, want_vc)
+
+
+def test_an_unknown_isa_cap_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_KV_ISA", "sse9")
+    with pytest.raises(ValueError, match="BYOC_HETERO_KV_ISA must be auto, avx512, avx2 or generic, got 'sse9'"):
+        _call(_case(), [0, 0], [1, 1])
+
+
 def test_overflowing_sequence_is_an_input_error_before_any_write():
     c = _case()
     with pytest.raises(bh.InputError, match="sequence 1 would grow to 13 tokens, past the cache's max_length 12"):
@@ -112,18 +139,23 @@ def _llama(layers: int = 2):
 
 
 def test_the_step_is_one_region_with_a_kv_attention_node_per_layer_and_matches_the_llvm_build():
-    """Every layer's attention is a node of the step's region (the caches are region inputs), the LM
-    head on the last rows a second region; the llvm-only build (the packed function through
-    call_tir_inplace) gives the same logits and caches."""
+    """The whole step is one region call: every layer's attention a node of it (the caches are
+    region inputs), the last-row gather a take node and the LM head after it, nothing on llvm; the
+    llvm-only build (the packed function through call_tir_inplace) gives the same logits and
+    caches."""
     from tvm import relax
 
     from byoc_hetero.llm import model as llm_model
 
     model = _llama()
+    part, _, _ = bh.llm.partitioned_step(model, max_length=16)
+    rep = bh.report(part)
+    assert not rep.fallbacks and len(rep.regions) == 1, str(rep)
     gen = bh.llm.from_hf(model, max_length=16)
     docs = _region_documents(gen)
-    assert len(docs) == 2
-    assert sum(n["op"] == "kv_attention" for d in docs for n in d["nodes"]) == 2
+    assert len(docs) == 1
+    ops = [n["op"] for n in docs[0]["nodes"]]
+    assert ops.count("kv_attention") == 2 and ops.count("take") == 2, ops  # embedding and last rows
     spec = gen.spec
     mod = llm_model.step_module(spec, 16)
     params = llm_model.decoder_weights(spec, model)

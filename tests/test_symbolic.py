@@ -749,6 +749,44 @@ def test_embedding_and_mask_ops_run_symbolic_dims():
         np.testing.assert_allclose(run(ex, [iv]), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_take_of_an_activation_with_runtime_indices_runs_in_the_region(axis):
+    """take of an activation (a decoder step's last-row gather: rows of ``reshape(h, [B * S, 16])``
+    at runtime indices) with symbolic dims is a node of the region (before: "table has a symbolic
+    shape", on llvm between two regions); it matches numpy at several bindings, and an index out of
+    range raises InputError naming it."""
+    import tvm
+    from tvm import relax
+
+    b, s = tvm.tirx.Var("B", "int64"), tvm.tirx.Var("S", "int64")
+    rng = np.random.default_rng(1)
+    w1, w2 = (rng.standard_normal((16, 16)).astype("float32") for _ in range(2))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([b, s, 16], "float32"))
+    idx = relax.Var("idx", relax.TensorType([b], "int64"))
+    with bb.function("main", [x, idx]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(w1))))
+            table = bb.emit(relax.op.reshape(h, (b * s, 16)) if axis == 0 else relax.op.permute_dims(h, [0, 2, 1]))
+            rows = bb.emit(relax.op.take(table, idx, axis=axis))
+            gv = bb.emit_output(relax.op.matmul(rows, relax.const(w2)) if axis == 0 else rows)
+        bb.emit_func_output(gv)
+    part = bh.partition(bb.get())
+    rep = bh.report(part)
+    assert not rep.fallbacks and len(rep.regions) == 1, str(rep)
+    assert rep.regions[0].ops["take"] == 1, str(rep)
+    ex = build(part)
+    for shape in [(1, 1), (3, 5)]:
+        xv = rng.standard_normal((*shape, 16)).astype("float32")
+        hv = np.maximum(xv @ w1, 0)
+        extent = shape[0] * shape[1] if axis == 0 else 16
+        iv = rng.integers(0, extent, shape[0]).astype("int64")
+        want = hv.reshape(-1, 16)[iv] @ w2 if axis == 0 else hv.transpose(0, 2, 1)[:, iv]
+        np.testing.assert_allclose(run(ex, [xv, iv]), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(bh.InputError, match=rf"\(take\): index {extent} at position 0 .*expected 0 <= index < {extent}"):
+        run(ex, [xv, np.full(shape[0], extent, "int64")])
+
+
 class FusedQkv(nn.Module):
     """GPT-2's attention input: one projection to 3 * 16, split along the (static) last axis."""
 

@@ -32,9 +32,9 @@ WEIGHTS = ("f32", "bf16")
 QUANTIZED_WEIGHTS = ("int8", "int4")
 """Weight-only quantized precisions (``bh.quantize(mod, params, weights=...)`` on the step's denses)."""
 
-KEPT_FLOAT = ("lm_head",)
-"""Weights :func:`from_hf` leaves float32 under int8 / int4: the LM head (the embedding is a ``take``,
-never a dense)."""
+KEPT_FLOAT = ("lm_head", "embed")
+"""Weights :func:`from_hf` leaves float32 under int8 / int4: the LM head (``embed`` itself where the
+model ties them; the embedding is read by a ``take``)."""
 
 
 def _precision(weights: str) -> str | None:

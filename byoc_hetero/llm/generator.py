@@ -132,8 +132,12 @@ class Generator:
         """One call of the decoder step: ``tokens`` [batch, S] int64 after ``past`` [batch] cached
         tokens, ``lengths`` [batch] of its rows real; appends them to ``cache`` in place and returns
         the logits of each sequence's last new row, float32 [batch, vocab]."""
+        self._check_cache(cache, tokens.shape[0])
+        return self._call(tokens, past, lengths, cache)
+
+    def _call(self, tokens: np.ndarray, past: np.ndarray, lengths: np.ndarray, cache: list[Any]) -> np.ndarray:
+        """:meth:`step` without the cache check (the token loop's own caches, checked once)."""
         batch, rows = tokens.shape
-        self._check_cache(cache, batch)
         last = np.arange(batch, dtype="int64") * rows + np.maximum(lengths, 1) - 1
         out = self._main(_tensor(np.ascontiguousarray(tokens, dtype="int64")), _tensor(past.astype("int64")),
                          _tensor(lengths.astype("int64")), _tensor(last), *cache)
@@ -164,8 +168,9 @@ class Generator:
         cache, rng = self.new_cache(batch), sampler.rng()
         past = np.zeros(batch, dtype="int64")
         done = np.zeros(batch, dtype=bool)
+        self._check_cache(cache, batch)
         for n in range(max_new_tokens):
-            chosen = sampler.choose(self.step(tokens, past, lengths, cache), rng)
+            chosen = sampler.choose(self._call(tokens, past, lengths, cache), rng)
             nxt = np.where(done, tokens[:, 0], chosen)  # a stopped sequence repeats its stop token
             done |= np.isin(nxt, sorted(stop))
             yield nxt

@@ -19,8 +19,10 @@ K / V rows appended at ``past``, causal (sliding-window) grouped-query attention
 (backends/onednn/ops/kv_attention.py); the llvm-only build runs the TIR function, which calls the
 same kernel as the packed function ``byoc_hetero.runtime.kv_attention``.
 
-Everything else is ordinary Relax: denses are ``matmul(x, permute_dims(W))`` with ``W`` a weight
-parameter (bound as a constant by ``bh.partition``: what the oneDNN backend offloads and what a
+A model whose LM head is its embedding table (tied, as SmolLM, Gemma and Llama 3.2 are) has one
+``embed`` weight, read by the embedding's ``take`` and by the LM head's dense: one constant, not
+two copies of the largest matrix. Everything else is ordinary Relax: denses are
+``matmul(x, permute_dims(W))`` with ``W`` a weight parameter (bound as a constant by ``bh.partition``: what the oneDNN backend offloads and what a
 weight-quantization pass rewrites), RMSNorm spelled as transformers computes it.
 """
 
@@ -58,6 +60,7 @@ class DecoderSpec:
     embed_scale: float  # Gemma: sqrt(hidden); else 1
     rope_scale: float  # transformers' attention_scaling
     inv_freq: list[float] = field(repr=False)
+    tied_embeddings: bool = False  # the LM head reads the embedding table (one weight, not two)
 
     def to_json(self) -> dict[str, Any]:
         """The spec as JSON-serializable values (what ``Generator.save`` writes)."""
@@ -117,7 +120,14 @@ def decoder_spec(model) -> DecoderSpec:
         intermediate=config.intermediate_size, vocab=config.vocab_size, eps=float(config.rms_norm_eps),
         activation=want, qkv_bias=family == "qwen2" or bool(getattr(config, "attention_bias", False)),
         sliding_window=int(window or 0), embed_scale=float(config.hidden_size ** 0.5) if family == "gemma" else 1.0,
-        rope_scale=rope_scale, inv_freq=inv_freq)
+        rope_scale=rope_scale, inv_freq=inv_freq, tied_embeddings=_tied(model))
+
+
+def _tied(model) -> bool:
+    """Whether the LM head's weight is the embedding table itself (the same storage, as transformers
+    ties them): then the step reads one ``embed`` weight for both."""
+    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
+    return head is embed or (head.shape == embed.shape and head.data_ptr() == embed.data_ptr())
 
 
 def _np(t) -> np.ndarray:
@@ -159,7 +169,8 @@ def decoder_weights(spec: DecoderSpec, model) -> dict[str, np.ndarray]:
         params[f"l{i}.post_norm"] = _norm_weight(spec, layer.post_attention_layernorm)
         for name, w in {**_attention_weights(spec, layer.self_attn), **_mlp_weights(spec, layer.mlp)}.items():
             params[f"l{i}.{name}"] = w
-    params["lm_head"] = _np(model.lm_head.weight)
+    if not spec.tied_embeddings:
+        params["lm_head"] = _np(model.lm_head.weight)
     params["inv_freq"] = np.asarray(spec.inv_freq, dtype="float32")
     return params
 
@@ -253,7 +264,7 @@ class _Step:
             h = self.emit(R.add(h, self.attention(i, self.rms_norm(h, f"l{i}.in_norm"), io, b, s)))
             h = self.emit(R.add(h, self.mlp(i, self.rms_norm(h, f"l{i}.post_norm"))))
         rows = self.emit(R.take(self.emit(R.reshape(h, (b * s, spec.hidden))), io["last"], axis=0))
-        return self.linear(self.rms_norm(rows, "final_norm"), "lm_head")
+        return self.linear(self.rms_norm(rows, "final_norm"), "embed" if spec.tied_embeddings else "lm_head")
 
 
 def weight_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
@@ -267,7 +278,8 @@ def weight_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
         if spec.qkv_bias:
             per.update({"q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,)})
         shapes.update({f"l{i}.{n}": s for n, s in per.items()})
-    shapes["lm_head"] = (spec.vocab, hd)
+    if not spec.tied_embeddings:
+        shapes["lm_head"] = (spec.vocab, hd)
     return shapes
 
 

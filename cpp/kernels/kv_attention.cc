@@ -28,8 +28,11 @@
  * Every argument is checked before anything is written: a sequence whose past + length exceeds M,
  * a negative past or length, a length above S is an InputError naming the sequence; shapes and
  * dtypes that do not fit a ValueError naming the argument.  Numerics: RoPE as transformers computes
- * it (float32 angle = position * inv_freq, cos / sin in float32), scores scaled and soft-maxed
- * with the running maximum subtracted (f32 throughout), so results match torch within rounding.
+ * it (float32 angle = position * inv_freq, cos / sin in float32; computed once per new row and
+ * shared by its heads), scores scaled and soft-maxed with their maximum subtracted (f32
+ * throughout), so results match torch within rounding.  The per-row attention (head_dim dot
+ * products, exp, the weighted value sum) is kv_attention_micro.cc's AVX-512 / AVX2 / generic
+ * implementation, chosen when a region node is built or per packed call (BYOC_HETERO_KV_ISA caps it).
  */
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -46,6 +49,7 @@
 
 #include "../threading.h"
 #include "kernel.h"
+#include "kv_attention.h"
 
 namespace byoc_hetero {
 
@@ -139,11 +143,11 @@ void CheckOffsets(const KvGeometry& g, const int64_t* past, const int64_t* lengt
   }
 }
 
-/*! \brief y = rope(x) at position pos: transformers' x * cos + rotate_half(x) * sin (times rope_scale). */
-void Rotate(const float* x, float* y, const float* inv, int64_t half, int64_t pos, float rope_scale) {
+/*! \brief y = rope(x): transformers' x * cos + rotate_half(x) * sin, with cs = the position's half
+ *         cosines then half sines (rope_scale applied). */
+void Rotate(const float* x, float* y, const float* cs, int64_t half) {
   for (int64_t j = 0; j < half; ++j) {
-    const float angle = static_cast<float>(pos) * inv[j];
-    const float c = std::cos(angle) * rope_scale, s = std::sin(angle) * rope_scale;
+    const float c = cs[j], s = cs[half + j];
     const float lo = x[j], hi = x[j + half];
     y[j] = lo * c + (-hi) * s;
     y[j + half] = hi * c + lo * s;
@@ -158,7 +162,28 @@ struct KvCall {
   const int64_t *past, *lengths;
   float scale, rope_scale;
   int64_t window;
+  kv::RowFn row;
+  /*! \brief Per new row (b, s): D / 2 cosines then D / 2 sines of its position (Angles fills it). */
+  std::vector<float> cs;
 };
+
+/*! \brief c.cs: the RoPE cosines and sines (times rope_scale) of every real new row's position. */
+void Angles(KvCall* c) {
+  const KvGeometry& g = c->g;
+  const int64_t half = g.dim / 2;
+  c->cs.assign(static_cast<size_t>(g.batch * g.rows * g.dim), 0.f);
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t s = 0; s < c->lengths[b]; ++s) {
+      const int64_t pos = c->past[b] + s;
+      float* cs = c->cs.data() + (b * g.rows + s) * g.dim;
+      for (int64_t j = 0; j < half; ++j) {
+        const float angle = static_cast<float>(pos) * c->inv[j];
+        cs[j] = std::cos(angle) * c->rope_scale;
+        cs[half + j] = std::sin(angle) * c->rope_scale;
+      }
+    }
+  }
+}
 
 /*! \brief Append the new K (rotated) / V rows of every sequence at its offset. */
 void Append(const KvCall& c) {
@@ -170,7 +195,7 @@ void Append(const KvCall& c) {
       for (int64_t h = 0; h < g.kv_heads; ++h) {
         const int64_t src = ((b * g.rows + s) * g.kv_heads + h) * d;
         const int64_t dst = ((b * g.kv_heads + h) * g.max_length + pos) * d;
-        Rotate(c.k + src, c.kc + dst, c.inv, d / 2, pos, c.rope_scale);
+        Rotate(c.k + src, c.kc + dst, c.cs.data() + (b * g.rows + s) * d, d / 2);
         std::memcpy(c.vc + dst, c.v + src, sizeof(float) * d);
       }
     }
@@ -191,43 +216,24 @@ void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<flo
   const int64_t pos = c.past[b] + s;
   const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
   const int64_t kvh = h / (g.heads / g.kv_heads);
-  const float* keys = c.kc + (b * g.kv_heads + kvh) * g.max_length * d;
-  const float* values = c.vc + (b * g.kv_heads + kvh) * g.max_length * d;
-  scratch->resize(static_cast<size_t>(d + pos + 1));
+  if (scratch->size() < static_cast<size_t>(d + pos + 1)) scratch->resize(static_cast<size_t>(d + pos + 1));
   float* qr = scratch->data();
-  float* w = qr + d;
-  Rotate(c.q + row, qr, c.inv, d / 2, pos, c.rope_scale);
-  float top = -INFINITY;
-  for (int64_t j = first; j <= pos; ++j) {
-    const float* kr = keys + j * d;
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t e = 0; e < d; ++e) dot += qr[e] * kr[e];
-    w[j] = dot * c.scale;
-    top = std::max(top, w[j]);
-  }
-  float sum = 0.f;
-  for (int64_t j = first; j <= pos; ++j) sum += (w[j] = std::exp(w[j] - top));
-  std::fill(out, out + d, 0.f);
-  for (int64_t j = first; j <= pos; ++j) {
-    const float p = w[j];
-    const float* vr = values + j * d;
-#pragma omp simd
-    for (int64_t e = 0; e < d; ++e) out[e] += p * vr[e];
-  }
-  const float inv_sum = 1.f / sum;
-  for (int64_t e = 0; e < d; ++e) out[e] *= inv_sum;
+  Rotate(c.q + row, qr, c.cs.data() + (b * g.rows + s) * d, d / 2);
+  const kv::RowJob job{qr, c.kc + (b * g.kv_heads + kvh) * g.max_length * d,
+                       c.vc + (b * g.kv_heads + kvh) * g.max_length * d, first, pos, d, c.scale, qr + d, out};
+  c.row(job);
 }
 
-/*! \brief The whole call: offsets checked (before any write), rows appended, query rows attended. */
-void Run(const KvCall& c, const std::string& where, int max_threads) {
+/*! \brief The whole call: offsets checked (before any write), angles, rows appended, query rows attended. */
+void Run(KvCall& c, const std::string& where, int max_threads) {
   CheckOffsets(c.g, c.past, c.lengths, where);
+  Angles(&c);
   Append(c);
   const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks)));
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> scratch;
+    thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; ++t) {
       AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
@@ -254,7 +260,7 @@ void KvAttention(ffi::PackedArgs args, ffi::Any* rv) {
            Data<float>(q), Data<float>(q), Data<float>(kc), Data<float>(vc), Data<float>(k), Data<float>(v),
            Data<float>(inv), Data<int64_t>(past), Data<int64_t>(lengths),
            static_cast<float>(args[8].cast<double>()), static_cast<float>(args[10].cast<double>()),
-           args[9].cast<int64_t>()};
+           args[9].cast<int64_t>(), kv::FindRowFn(SelectSimdIsa(kv::kIsaVariable)), {}};
   Run(c, kName, RegionThreads());
 }
 
@@ -287,11 +293,12 @@ static std::unique_ptr<Kernel> BuildKvAttention(const KernelContext& ctx) {
   ctx.ExpectOutputShape(shapes[0]);
   const std::string where = ctx.where();
   const int threads = ctx.threads;
-  HostFn fn = [g, scale, rope_scale, window, where, threads](const std::vector<void*>& p) {
+  const kv::RowFn row = kv::FindRowFn(SelectSimdIsa(kv::kIsaVariable));
+  HostFn fn = [g, scale, rope_scale, window, where, threads, row](const std::vector<void*>& p) {
     auto f = [&](size_t k) { return static_cast<float*>(p[k]); };
-    const KvCall c{g, f(0), f(8), f(3), f(4), f(1), f(2), f(7), static_cast<const int64_t*>(p[5]),
-                   static_cast<const int64_t*>(p[6]), static_cast<float>(scale), static_cast<float>(rope_scale),
-                   window};
+    KvCall c{g, f(0), f(8), f(3), f(4), f(1), f(2), f(7), static_cast<const int64_t*>(p[5]),
+             static_cast<const int64_t*>(p[6]), static_cast<float>(scale), static_cast<float>(rope_scale),
+             window, row, {}};
     Run(c, where, threads);
   };
   return std::make_unique<HostKernel>(where, "kv_attention", std::move(fn), std::move(inputs),

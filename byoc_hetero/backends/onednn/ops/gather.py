@@ -1,9 +1,13 @@
 """take (gather) of table slices by int64 / int32 indices along any axis: a ``take`` node.
 
 ``take(table float32, ids int64|int32, axis)``: embedding rows (axis 0), ViT's class token
-``x[:, 0]`` (axis 1, which split ViT into two regions); the runtime checks every index against the
-axis' extent at run time (an out-of-range id raises :class:`byoc_hetero.InputError` naming it). The
-``wrap`` / ``clip`` / ``nan`` modes stay on llvm.
+``x[:, 0]`` (axis 1, which split ViT into two regions), and rows of an activation with runtime
+indices -- a decoder step's ``take(reshape(h, [B * S, hidden]), last)``, the hidden state of each
+sequence's last row, which kept the step's LM head in a second region behind an llvm op until the
+table could have symbolic dims (the runtime plans each binding of the symbols, so the kernel sees
+concrete extents). The runtime checks every index against the axis' extent at run time (an
+out-of-range id raises :class:`byoc_hetero.InputError` naming it). The ``wrap`` / ``clip`` /
+``nan`` modes stay on llvm.
 """
 
 from __future__ import annotations
@@ -30,18 +34,18 @@ def _constant_index(expr: relax.Expr) -> int | None:
 
 
 def check_take(match: Match) -> str | None:
-    """A float32 table of static shape, integer indices (symbolic dims allowed: batch, sequence),
-    axis 0, the default mode."""
+    """A float32 table and integer indices (symbolic dims allowed in both: batch, sequence), any
+    axis, the default mode."""
     call = match.expr("root")
     table, ids = call.args[0], call.args[1]
-    reason = tensor_reason(table, "table") or tensor_reason(call, "result", symbolic=True)
+    reason = tensor_reason(table, "table", symbolic=True) or tensor_reason(call, "result", symbolic=True)
     if reason:
         return reason
     if tensor_dtype(ids) not in INDEX_DTYPES:
         return f"indices have dtype {tensor_dtype(ids)}; the runtime takes {' or '.join(INDEX_DTYPES)} indices"
     if shape_of(ids) is None:
         return f"indices have the shape {ids.ty}, which the runtime cannot evaluate"
-    rank = len(static_shape(table))
+    rank = len(shape_of(table))
     axis = call.attrs.axis
     if rank == 0 or axis is None or not -rank <= int(axis) < rank:
         return f"take along axis {axis} of a rank-{rank} table (the runtime takes along one axis of rank >= 1)"
@@ -60,10 +64,10 @@ def _rules():
 
 @lowers("relax.take", check=check_take)
 def lower_take(ctx, var: relax.Var, call: relax.Call) -> int:
-    shape = list(static_shape(call.args[0]))
+    shape = list(shape_of(call.args[0]))
     axis = int(call.attrs.axis) % len(shape)
     index = _constant_index(call.args[1])
-    if index is not None and 0 <= index < shape[axis]:
+    if index is not None and static_shape(call.args[0]) is not None and 0 <= index < shape[axis]:
         # one constant index (ViT's x[:, 0]): a slice of extent 1 on the axis, then a reshape
         # dropping it -- no host step, and no int64 constant for the planner to place
         begin = [index if a == axis else 0 for a in range(len(shape))]

@@ -1,0 +1,76 @@
+"""kv_attention's row implementations side by side: the decode step's attention of one layer (one new row,
+grouped-query heads, a cache of ``context`` positions) through the packed function, per ISA cap
+(``BYOC_HETERO_KV_ISA`` = generic / avx2 / avx512), in one process, interleaved.
+
+    python bench/kv_attention_isa.py                       # SmolLM-135M and Llama-3.2-1B head shapes
+    python bench/kv_attention_isa.py --contexts 128,1024 --reps 200
+
+Prints microseconds per call (the fastest call of ``--rounds`` x ``--reps``) and the speedup over generic. Not part of the
+tests: it asserts nothing (the tests check each ISA against numpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+
+import numpy as np
+import tvm
+
+import byoc_hetero as bh
+
+SHAPES = {"smollm_135m": (9, 3, 64), "llama_1b": (32, 8, 64)}  # query heads, kv heads, head_dim
+ISAS = ("generic", "avx2", "avx512")
+
+
+def _args(heads: int, kv_heads: int, dim: int, context: int):
+    rng = np.random.default_rng(0)
+    f = lambda *s: tvm.runtime.tensor(rng.standard_normal(s).astype("float32"))  # noqa: E731
+    length = context + 1
+    inv = (1.0 / 10000 ** (np.arange(0, dim, 2) / dim)).astype("float32")
+    return [f(1, 1, heads, dim), f(1, 1, kv_heads, dim), f(1, 1, kv_heads, dim), f(1, kv_heads, length, dim),
+            f(1, kv_heads, length, dim), tvm.runtime.tensor(np.array([context], "int64")),
+            tvm.runtime.tensor(np.array([1], "int64")), tvm.runtime.tensor(inv), dim ** -0.5, 0, 1.0]
+
+
+def _best_us(fn, args, reps: int) -> float:
+    """The fastest of ``reps`` calls (the least disturbed one: these machines are shared)."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--contexts", default="128,1024")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    fn = tvm.get_global_func("byoc_hetero.runtime.kv_attention")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
+                .stdout.splitlines() if ln.startswith("Model name")), "cpu ?")
+    print(f"{cpu}, oneDNN ISA {bh._C.isa()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    print("| shape | heads / kv / dim | context | " + " | ".join(f"{i} us" for i in ISAS) + " | avx512 / generic |")
+    print("|---|---|---|" + "---|" * (len(ISAS) + 1))
+    for name, (heads, kv_heads, dim) in SHAPES.items():
+        for context in (int(c) for c in args.contexts.split(",")):
+            call = _args(heads, kv_heads, dim, context)
+            best = {isa: float("inf") for isa in ISAS}
+            for _ in range(args.rounds):
+                for isa in ISAS:
+                    os.environ["BYOC_HETERO_KV_ISA"] = isa
+                    best[isa] = min(best[isa], _best_us(fn, call, args.reps))
+            cells = " | ".join(f"{best[i]:.1f}" for i in ISAS)
+            print(f"| {name} | {heads} / {kv_heads} / {dim} | {context} | {cells} | "
+                  f"{best['generic'] / best['avx512']:.2f}x |")
+    os.environ.pop("BYOC_HETERO_KV_ISA", None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

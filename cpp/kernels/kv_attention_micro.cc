@@ -1,0 +1,180 @@
+/*!
+ * \file kernels/kv_attention_micro.cc
+ * \brief kv_attention's per-row attention (kv_attention.h): the head_dim dot products of the scores,
+ *        exp of the shifted scores and the weighted sum of the value rows, in AVX-512 (16 lanes, the
+ *        head_dim tail masked), AVX2 + FMA (8 lanes, a scalar tail) and generic C++.  Each ISA's
+ *        functions carry their own target attribute, so the extension builds for any x86-64;
+ *        SelectSimdIsa("BYOC_HETERO_KV_ISA") picks at run time (simd_isa.h).  The vector exp is 2^n * p(r) with r = x - n ln2 (|r| <= ln2/2)
+ *        and p degree-6 Taylor: relative error ~1e-7, as std::exp within float rounding.
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+// GCC 12 warns "'__Y' is used uninitialized" inside avx512fintrin.h's _mm512_reduce_add_ps (the undefined
+// source of its unmasked extracts): a false positive of the headers, not of this file.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include <algorithm>
+#include <cmath>
+#include "kv_attention.h"
+
+namespace byoc_hetero {
+namespace kv {
+
+namespace {
+
+// exp(x) = 2^n * exp(r): n = round(x / ln2), r = x - n * ln2 in two parts (Cody-Waite)
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpMin = -87.3f, kExpMax = 88.7f;  // 2^n stays a normal float
+constexpr float kC[] = {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};  // Horner, highest first
+
+/*! \brief The maximum of scores[first..last]: the shift of the softmax. */
+float MaxOf(const float* w, int64_t first, int64_t last) {
+  float top = -INFINITY;
+  for (int64_t j = first; j <= last; ++j) top = std::max(top, w[j]);
+  return top;
+}
+
+// ---- generic C++ (OpenMP simd: SSE2 on any x86-64) -------------------------------------------------
+
+void RowGeneric(const RowJob& j) {
+  const int64_t d = j.dim;
+  for (int64_t k = j.first; k <= j.last; ++k) {
+    const float* kr = j.keys + k * d;
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t e = 0; e < d; ++e) dot += j.q[e] * kr[e];
+    j.scores[k] = dot * j.scale;
+  }
+  const float top = MaxOf(j.scores, j.first, j.last);
+  float sum = 0.f;
+  for (int64_t k = j.first; k <= j.last; ++k) sum += (j.scores[k] = std::exp(j.scores[k] - top));
+  std::fill(j.out, j.out + d, 0.f);
+  for (int64_t k = j.first; k <= j.last; ++k) {
+    const float p = j.scores[k];
+    const float* vr = j.values + k * d;
+#pragma omp simd
+    for (int64_t e = 0; e < d; ++e) j.out[e] += p * vr[e];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t e = 0; e < d; ++e) j.out[e] *= inv;
+}
+
+#if defined(__x86_64__)
+// ---- AVX-512F: 16 lanes, the head_dim tail masked -------------------------------------------------
+
+__attribute__((target("avx512f"))) inline __m512 Exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kC[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC[i]));
+  return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx512f"))) void Row512(const RowJob& j) {
+  const int64_t d = j.dim, full = d / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (d - full)) - 1u);
+  for (int64_t k = j.first; k <= j.last; ++k) {
+    const float* kr = j.keys + k * d;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t e = 0; e < full; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(j.q + e), _mm512_loadu_ps(kr + e), acc);
+    if (tail) acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, j.q + full), _mm512_maskz_loadu_ps(tail, kr + full), acc);
+    j.scores[k] = _mm512_reduce_add_ps(acc) * j.scale;
+  }
+  const __m512 top = _mm512_set1_ps(MaxOf(j.scores, j.first, j.last));
+  __m512 sums = _mm512_setzero_ps();
+  int64_t k = j.first;
+  for (; k + 16 <= j.last + 1; k += 16) {
+    const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(j.scores + k), top));
+    _mm512_storeu_ps(j.scores + k, p);
+    sums = _mm512_add_ps(sums, p);
+  }
+  if (k <= j.last) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (j.last + 1 - k)) - 1u);
+    const __m512 p = _mm512_maskz_mov_ps(m, Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, j.scores + k), top)));
+    _mm512_mask_storeu_ps(j.scores + k, m, p);
+    sums = _mm512_add_ps(sums, p);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sums));
+  for (int64_t e = 0; e < d; e += 16) {  // 16 output lanes at a time over every value row
+    const __mmask16 m = e < full ? static_cast<__mmask16>(0xFFFF) : tail;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t r = j.first; r <= j.last; ++r) {
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(j.scores[r]), _mm512_maskz_loadu_ps(m, j.values + r * d + e), acc);
+    }
+    _mm512_mask_storeu_ps(j.out + e, m, _mm512_mul_ps(acc, inv));
+  }
+}
+
+// ---- AVX2 + FMA: 8 lanes, a scalar tail ---------------------------------------------------------
+
+__attribute__((target("avx2,fma"))) inline __m256 Exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kC[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+__attribute__((target("avx2,fma"))) inline float Sum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+__attribute__((target("avx2,fma"))) void Row256(const RowJob& j) {
+  const int64_t d = j.dim, full = d / 8 * 8;
+  for (int64_t k = j.first; k <= j.last; ++k) {
+    const float* kr = j.keys + k * d;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t e = 0; e < full; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(j.q + e), _mm256_loadu_ps(kr + e), acc);
+    float dot = Sum256(acc);
+    for (int64_t e = full; e < d; ++e) dot += j.q[e] * kr[e];
+    j.scores[k] = dot * j.scale;
+  }
+  const float top = MaxOf(j.scores, j.first, j.last);
+  __m256 sums = _mm256_setzero_ps();
+  int64_t k = j.first;
+  for (; k + 8 <= j.last + 1; k += 8) {
+    const __m256 p = Exp256(_mm256_sub_ps(_mm256_loadu_ps(j.scores + k), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(j.scores + k, p);
+    sums = _mm256_add_ps(sums, p);
+  }
+  float sum = Sum256(sums);
+  for (; k <= j.last; ++k) sum += (j.scores[k] = std::exp(j.scores[k] - top));
+  const float inv = 1.f / sum;
+  int64_t e = 0;
+  for (; e < full; e += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t r = j.first; r <= j.last; ++r) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(j.scores[r]), _mm256_loadu_ps(j.values + r * d + e), acc);
+    }
+    _mm256_storeu_ps(j.out + e, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+  }
+  for (; e < d; ++e) {
+    float acc = 0.f;
+    for (int64_t r = j.first; r <= j.last; ++r) acc += j.scores[r] * j.values[r * d + e];
+    j.out[e] = acc * inv;
+  }
+}
+#endif
+
+}  // namespace
+
+RowFn FindRowFn(SimdIsa isa) {
+#if defined(__x86_64__)
+  if (isa == SimdIsa::kAvx512) return Row512;
+  if (isa == SimdIsa::kAvx2) return Row256;
+#endif
+  return RowGeneric;
+}
+
+}  // namespace kv
+}  // namespace byoc_hetero
