@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..._relax import static_shape
+from ..._relax import constant_value, static_shape
 from ...rules import Match, op_rule, register_target
 from . import codegen, schedule
 from .schedule import build, cpu_pipeline, schedule_cpu
@@ -31,9 +31,10 @@ _SKIPPED_NAMESPACES = ("relax.ccl.", "relax.dist.", "relax.grad.", "relax.inspec
 
 
 def _arg_reason(arg: relax.Expr) -> str | None:
-    if isinstance(arg, tvm.ir.Constant) and hasattr(arg, "data"):
-        return None if len(arg.data.shape) == 0 else (
-            f"a constant argument of shape {list(arg.data.shape)}: tvm_cpu compiles a region into a plain llvm "
+    value = constant_value(arg)
+    if value is not None:
+        return None if value.ndim == 0 else (
+            f"a constant argument of shape {list(value.shape)}: tvm_cpu compiles a region into a plain llvm "
             "module, which has no place for constant data (only scalars, which become immediates)")
     if isinstance(arg.ty, relax.TensorType) and static_shape(arg) is None:
         return "a tensor of symbolic shape: tvm_cpu schedules static shapes"

@@ -39,9 +39,25 @@ def _as_primitive(mod: tvm.IRModule) -> tvm.IRModule:
     return bb.get()
 
 
+def _compact(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each parameter buffer of a symbolic element offset (what ``te.extern``
+    kernels such as scatter_nd declare) given offset 0, as every other legalized kernel declares
+    it: FuseTIR refuses one tensor seen through buffers of two types. The region's tensors are
+    compact and start at their data pointer (TVM's argument checks say so otherwise)."""
+    remap = {}
+    for param in func.params:  # in TVM 0.27 a parameter is its buffer
+        offset = getattr(param, "elem_offset", None)
+        if offset is not None and not isinstance(offset, tirx.IntImm):
+            remap[param] = tirx.decl_buffer(param.shape, param.dtype, param.name)
+    return func.specialize(remap) if remap else func
+
+
 def region_prim_func(region: relax.Function) -> tirx.PrimFunc:
     """The region as one PrimFunc: inputs, then outputs (one per tensor of its result)."""
     mod = relax.transform.LegalizeOps()(region_as_main(region))
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):
+            mod[gv] = _compact(func)
     mod = relax.transform.AnnotateTIROpPattern()(mod)
     mod = relax.transform.FuseTIR()(_as_primitive(mod))
     prims = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
