@@ -189,3 +189,36 @@ def test_llvm_fallback_scheduled_by_bh_build():
     got = _outputs(bh.build(mod), inputs)[0]
     want = _outputs(relax.build(mod, target="llvm"), inputs)[0]
     assert relative_error(got, want) <= TOLERANCE
+
+
+def test_tuner_measures_tvm_cpu_per_region_and_applies_its_decisions(tmp_path):
+    """The codegen level with targets onednn and tvm_cpu: the matmul region (a constant weight:
+    oneDNN's, which tvm_cpu cannot take) and the flip / tile / log_softmax region oneDNN refuses
+    (tvm_cpu's) are each timed on their backends and on plain llvm; the returned module is the one
+    the decisions make, and its outputs equal the llvm-only build's."""
+    w = np.random.default_rng(2).standard_normal((96, 96)).astype("float32") / 10
+
+    def body(emit, x):
+        d = emit(relax.op.nn.relu(emit(relax.op.matmul(x, relax.const(w)))))
+        f = emit(relax.op.flip(d, 1))
+        t = emit(relax.op.tile(f, [1, 2, 1]))
+        return relax.op.nn.log_softmax(t, axis=-1)
+
+    mod = graph({"x": (4, 196, 96)}, body)
+    targets = ["onednn", "tvm_cpu"]
+    tuned, rep = bh.tune(mod, targets=targets, cache=str(tmp_path / "cache.json"), repeat=6, guard_rounds=1)
+    by_target = {d.region.target: d for d in rep.codegen.decisions}
+    assert set(by_target) == {"onednn", "tvm_cpu"}, rep
+    assert {"tvm_cpu", "llvm"} <= set(by_target["tvm_cpu"].timings), rep
+    assert "takes 1 of its 2 ops" in by_target["onednn"].unable["tvm_cpu"]  # not the matmul of a constant
+    for d in rep.codegen.decisions:
+        assert d.chosen in d.timings and d.chosen in ("onednn", "tvm_cpu", "llvm")
+    applied = bh.partition(mod, target=targets, region_codegen=rep.codegen.region_codegen)
+    kinds = sorted(str(m.kind) for m in applied.attrs["external_mods"])
+    assert ("llvm" in kinds) == (by_target["tvm_cpu"].chosen == "tvm_cpu"), (kinds, rep)
+    expected = applied if rep.kept == "tuned" else bh.partition(mod, target=targets)
+    assert tvm_ffi.structural_equal(tuned["main"], expected["main"], map_free_vars=True), rep
+    inputs = random_inputs(mod)
+    want = _outputs(relax.build(mod, target="llvm"), inputs)[0]
+    for module in (tuned, applied):
+        assert relative_error(_outputs(relax.build(module, target="llvm"), inputs)[0], want) <= 1e-4
