@@ -11,8 +11,9 @@ timed side by side (:func:`byoc_hetero.tune.measure.time_alternately`):
   on llvm (the rolls, the window permutes, ...) is TVM's single-threaded scalar code;
 - ``onednn + scheduled llvm``: the same partition built by ``bh.build``: what stays on llvm gets
   the CPU schedules of ``byoc_hetero/backends/tvm_cpu/schedule.py`` (parallel, vectorized);
-- ``onednn + tvm_cpu``: ``target=["onednn", "tvm_cpu"]`` with the cost gate's heavy-op rule off,
-  so the regions oneDNN refuses go to the tvm_cpu backend, built by ``bh.build``.
+- ``onednn + tvm_cpu``: ``target=["onednn", "tvm_cpu"]``, the regions of oneDNN as the cost gate
+  decides them and every region tvm_cpu forms (of what oneDNN refuses) kept on tvm_cpu (a codegen
+  map over :func:`byoc_hetero.tune.codegen.candidate_regions`), built by ``bh.build``.
 
 Every output is checked against the llvm-only build (max relative difference <= 1e-4). Prints a
 markdown row per build: median ms and the ratio to ``onednn + plain llvm``.
@@ -30,6 +31,7 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero.timing import relative_error
+from byoc_hetero.tune.codegen import candidate_regions
 from byoc_hetero.tune.measure import time_alternately
 
 
@@ -103,7 +105,10 @@ def main() -> None:
     x = np.random.default_rng(0).standard_normal((1, args.size, args.size, 96)).astype("float32")
     mod, params = bh.from_torch(swin_block(), (torch.from_numpy(x),))
     default = bh.partition(mod, params)
-    tvm_cpu_part = bh.partition(mod, params, target=["onednn", "tvm_cpu"], require_heavy_op=False)
+    targets = ["onednn", "tvm_cpu"]
+    keep = {c.key: c.target if c.target == "tvm_cpu" else c.default
+            for c in candidate_regions(mod, params, targets=targets)}
+    tvm_cpu_part = bh.partition(mod, params, target=targets, region_codegen=keep)
     builds = {
         "llvm only": relax.build(bh.bind_params(mod, params), target="llvm"),
         "onednn + plain llvm": relax.build(default, target="llvm"),
@@ -121,7 +126,8 @@ def main() -> None:
           f"TVM threads {tvm.runtime.num_threads()} (TVM_NUM_THREADS; TVM's default counts physical cores)")
     for name in ("onednn + plain llvm", "onednn + tvm_cpu"):
         part = default if name == "onednn + plain llvm" else tvm_cpu_part
-        print(f"{name}: {bh.op_profile(part)}".replace("\n", "; "))
+        calls = str(part["main"]).count("R.call_dps_packed(")
+        print(f"{name}: {calls} region calls; {bh.op_profile(part)}".replace("\n", "; "))
     print("| build | median ms | vs onednn + plain llvm |")
     print("|---|---:|---:|")
     for name, t in timings.items():

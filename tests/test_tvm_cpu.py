@@ -60,6 +60,11 @@ def test_elementwise_chain():
         emit(relax.op.add(emit(relax.op.multiply(emit(relax.op.exp(x)), relax.const(0.5))), x)))))
 
 
+def test_concat_of_a_tuple():
+    _on_tvm_cpu(graph({"x": (2, 7, 96), "y": (2, 5, 96)}, lambda emit, x, y: relax.op.sin(
+        emit(relax.op.concat([x, y], axis=1)))))
+
+
 def test_transpose_and_reshape():
     # a window partition as Swin spells it: reshape, permute, reshape
     def body(emit, x):

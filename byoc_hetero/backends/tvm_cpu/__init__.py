@@ -79,6 +79,17 @@ def _legalize_reason(text: str, call_mod: tvm.IRModule) -> str | None:
     return None
 
 
+def _as_parameters(arg: relax.Expr, params: list[relax.Var]) -> relax.Expr:
+    """``arg`` with each variable (also inside a tuple, as concat takes them) replaced by a new
+    parameter appended to ``params``: the call alone, as a function of its own."""
+    if isinstance(arg, relax.Var):
+        params.append(relax.Var(f"a{len(params)}", arg.ty))
+        return params[-1]
+    if isinstance(arg, relax.Tuple):
+        return relax.Tuple([_as_parameters(f, params) for f in arg.fields])
+    return arg
+
+
 def check_call(match: Match) -> str | None:
     """The op rule of backend ``tvm_cpu``: None when TVM can compile the call as part of a region,
     else the reason (the call then stays on llvm)."""
@@ -86,14 +97,8 @@ def check_call(match: Match) -> str | None:
     reason = next((r for r in map(_arg_reason, call.args) if r), None) or _result_reason(call.ty)
     if reason:
         return reason
-    params, args = [], []
-    for i, a in enumerate(call.args):
-        if isinstance(a, relax.Var):
-            p = relax.Var(f"a{i}", a.ty)
-            params.append(p)
-            args.append(p)
-        else:
-            args.append(a)
+    params: list[relax.Var] = []
+    args = [_as_parameters(a, params) for a in call.args]
     bb = relax.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():
