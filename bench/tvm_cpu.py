@@ -17,6 +17,9 @@ timed side by side (:func:`byoc_hetero.tune.measure.time_alternately`):
 
 Every output is checked against the llvm-only build (max relative difference <= 1e-4). Prints a
 markdown row per build: median ms and the ratio to ``onednn + plain llvm``.
+
+``--ops`` adds a table of single ops at Swin-T stage-1 sizes (1x56x56x96, batch 8 where noted),
+each built by stock ``relax.build`` (plain) and by ``bh.build`` (scheduled), timed side by side.
 """
 
 from __future__ import annotations
@@ -80,6 +83,43 @@ def swin_block(dim: int = 96, heads: int = 3, window: int = 7, shift: int = 3):
     return Block().eval()
 
 
+def single_ops() -> dict:
+    """Single-op modules at Swin-T stage-1 sizes: what the scheduled fallback does per op kind."""
+    shape = (8, 56, 56, 96)
+    idx = relax.const(np.array([(i + 3) % 56 for i in range(56)], dtype="int64"))
+    ops = {
+        "permute_dims (window partition)": lambda x: relax.op.permute_dims(
+            relax.op.reshape(x, (8, 8, 7, 8, 7, 96)), [0, 1, 3, 2, 4, 5]),
+        "take (roll by 3 along H)": lambda x: relax.op.take(x, idx, axis=1),
+        "strided_slice": lambda x: relax.op.strided_slice(x, axes=[1], begin=[3], end=[56]),
+        "multiply + add": lambda x: relax.op.add(relax.op.multiply(x, relax.const(0.5)), x),
+        "exp": relax.op.exp,
+        "sum over C": lambda x: relax.op.sum(x, axis=[3]),
+        "softmax over C": lambda x: relax.op.nn.softmax(x, axis=-1),
+    }
+    out = {}
+    for name, op in ops.items():
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType(shape, "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit_output(relax.op.reshape(op(x), (-1,)) if "partition" in name else op(x))
+            bb.emit_func_output(y)
+        out[name] = bb.get()
+    return out
+
+
+def _ops_table(rounds: int, repeat: int) -> None:
+    x = np.random.default_rng(0).standard_normal((8, 56, 56, 96)).astype("float32")
+    print("| op (8x56x56x96 float32) | plain ms | scheduled ms | plain / scheduled |")
+    print("|---|---:|---:|---:|")
+    for name, mod in single_ops().items():
+        plain, sched = _runner(relax.build(mod, target="llvm"), x), _runner(bh.build(mod), x)
+        assert relative_error(sched().numpy(), plain().numpy()) <= 1e-5, name
+        tp, ts = time_alternately([plain, sched], rounds=rounds, repeat=repeat)
+        print(f"| {name} | {tp.median_s * 1e3:.2f} | {ts.median_s * 1e3:.2f} | {tp.median_s / ts.median_s:.2f}x |")
+
+
 def _runner(ex: relax.VMExecutable, x: np.ndarray):
     fn = relax.VirtualMachine(ex, tvm.cpu())["main"]
     arg = tvm.runtime.tensor(x)
@@ -101,6 +141,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=28, help="the block's height = width (a multiple of 7)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--ops", action="store_true", help="also the single-op table")
     args = parser.parse_args()
     x = np.random.default_rng(0).standard_normal((1, args.size, args.size, 96)).astype("float32")
     mod, params = bh.from_torch(swin_block(), (torch.from_numpy(x),))
@@ -132,6 +173,8 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, t in timings.items():
         print(f"| {name} | {t.median_s * 1e3:.2f} | {base / t.median_s:.2f}x |")
+    if args.ops:
+        _ops_table(args.rounds, args.repeat)
 
 
 if __name__ == "__main__":

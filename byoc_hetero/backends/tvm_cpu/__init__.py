@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..._relax import constant_value, static_shape
-from ...rules import Match, op_rule, register_target
+from ...rules import Backend, Match, op_rule, register_target
 from . import codegen, schedule
 from .schedule import build, cpu_pipeline, schedule_cpu
 
@@ -118,7 +118,7 @@ def legalizable_ops() -> list[str]:
     return sorted(out)
 
 
-def register() -> object:
+def register() -> Backend:
     """Register backend ``tvm_cpu`` and its op rules (idempotent)."""
     backend = register_target(TARGET, codegen=codegen.relax_ext_codegen, aliases=ALIASES)
     for op in legalizable_ops():
