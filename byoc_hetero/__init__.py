@@ -46,6 +46,7 @@ from .rules import (
 )
 from . import llm, placement  # noqa: E402
 from .tune import TuneReport, tune  # noqa: E402
+from .backends.tvm_cpu.schedule import build, cpu_pipeline  # noqa: E402
 from .placement import (  # noqa: E402,A004
     compile,
     place,
@@ -86,7 +87,9 @@ __all__ = [
     "RuleError",
     "annotate_target",
     "bind_params",
+    "build",
     "check_library",
+    "cpu_pipeline",
     "load_module",
     "merge_compiler_regions",
     "merge_composite",

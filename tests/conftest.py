@@ -116,6 +116,8 @@ def saved_rules():
             registry._TARGETS[name].patterns[:] = patterns
         registry._OP_CHECKS.clear()
         registry._OP_CHECKS.update(saved_checks)
+        for (name, op), check in saved_checks.items():  # the op rules registered before (tvm_cpu's)
+            registry.op_rule(op, name)(check)
 
 
 @pytest.fixture

@@ -4,9 +4,12 @@ A backend package registers its target, its rules (patterns and checks) and its 
 (``relax.ext.<target>``) when it is imported. The generic machinery they use is
 :mod:`byoc_hetero.rules` (what a backend can run) and :mod:`byoc_hetero.stages` (the passes).
 
-* :mod:`.onednn`: target ``byoc_hetero``, regions run by this package's C++ runtime on oneDNN.
+* :mod:`.onednn`: target ``onednn`` (alias ``byoc_hetero``), regions run by this package's C++
+  runtime on oneDNN.
+* :mod:`.tvm_cpu`: target ``tvm_cpu`` (alias ``tvm-cpu``), regions compiled by TVM itself with
+  parallel, vectorized CPU schedules (registered through ``register_target`` like a user's).
 """
 
-from . import onednn
+from . import onednn, tvm_cpu
 
-__all__ = ["onednn"]
+__all__ = ["onednn", "tvm_cpu"]

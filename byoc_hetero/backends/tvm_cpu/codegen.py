@@ -1,0 +1,106 @@
+"""Codegen of backend ``tvm_cpu`` (``relax.ext.tvm_cpu``): each region compiled by TVM itself.
+
+A region (a Relax function of one-op composites) becomes one PrimFunc: its composites inlined back
+to plain ops (:func:`~byoc_hetero.passes.retarget_regions.region_as_main`), legalized to TIR
+(``LegalizeOps``), the whole region marked as one primitive function and fused (``FuseTIR``): one
+PrimFunc in destination-passing style, its parameters the region's inputs then its outputs — the
+calling convention of RunCodegen's ``call_dps_packed``. It is scheduled for this CPU
+(:func:`.schedule.schedule_func`: parallel, vectorized) and named by the region's global symbol;
+all regions of a module are compiled by one ``tvm.tirx.build`` for the host's llvm target into one
+runtime module, which ``relax.build`` links like any external module (and ``export_library``
+compiles into the shared library: it is an llvm module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tvm
+from tvm import relax, tirx
+
+from ...errors import CodegenError
+from ...passes.retarget_regions import region_as_main
+from .schedule import host_target, schedule_func
+
+
+def _as_primitive(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` (a legalized ``main`` of ``call_tir`` bindings) with ``main``'s body moved into a
+    primitive function ``fused`` that ``main`` calls, so that ``FuseTIR`` makes it one PrimFunc."""
+    main = mod["main"]
+    params = [relax.Var(p.name, p.ty) for p in main.params]
+    inner = relax.Function(main.params, main.body, main.ret_ty, True).with_attr("Primitive", 1)
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}))
+    gv = bb.add_func(inner, "fused")
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Call(gv, params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _compact(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each parameter buffer of a symbolic element offset (what ``te.extern``
+    kernels such as scatter_nd declare) given offset 0, as every other legalized kernel declares
+    it: FuseTIR refuses one tensor seen through buffers of two types. The region's tensors are
+    compact and start at their data pointer (TVM's argument checks say so otherwise)."""
+    remap = {}
+    for param in func.params:  # in TVM 0.27 a parameter is its buffer
+        offset = getattr(param, "elem_offset", None)
+        if offset is not None and not isinstance(offset, tirx.IntImm):
+            remap[param] = tirx.decl_buffer(param.shape, param.dtype, param.name)
+    return func.specialize(remap) if remap else func
+
+
+def region_prim_func(region: relax.Function) -> tirx.PrimFunc:
+    """The region as one PrimFunc: inputs, then outputs (one per tensor of its result)."""
+    mod = relax.transform.LegalizeOps()(region_as_main(region))
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):
+            mod[gv] = _compact(func)
+    mod = relax.transform.AnnotateTIROpPattern()(mod)
+    mod = relax.transform.FuseTIR()(_as_primitive(mod))
+    prims = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    calls = [b.value for block in mod["main"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and b.value.op.same_as(tvm.ir.Op.get("relax.call_tir"))]
+    if len(prims) != 1 or len(calls) != 1:
+        raise CodegenError(f"tvm_cpu: region {region.attrs['global_symbol']} did not fuse into one PrimFunc "
+                           f"({len(prims)} PrimFuncs, {len(calls)} call_tir)")
+    ret = region.ret_ty
+    outputs = len(ret.fields) if isinstance(ret, relax.TupleType) else 1
+    func = prims[0]
+    if len(func.params) != len(region.params) + outputs:
+        raise CodegenError(f"tvm_cpu: region {region.attrs['global_symbol']} fused into a PrimFunc of "
+                           f"{len(func.params)} parameters, expected {len(region.params)} inputs + {outputs} outputs "
+                           "(an input the region does not read?)")
+    return func
+
+
+def compile_regions(funcs: Sequence[relax.Function], target: tvm.target.Target | None = None) -> tvm.runtime.Module:
+    """One llvm runtime module holding each region of ``funcs`` as a scheduled PrimFunc under the
+    region's global symbol."""
+    target = target or host_target()
+    prims = {}
+    for region in funcs:
+        symbol = str(region.attrs["global_symbol"])
+        func = region_prim_func(region)
+        func = schedule_func(func, target) or func
+        prims[symbol] = func.with_attr("global_symbol", symbol).with_attr("target", target)
+    return tvm.tirx.build(tvm.IRModule(prims), target=target)
+
+
+def relax_ext_codegen(funcs: Sequence[relax.Function], _options: Mapping[str, Any] | None = None,
+                      _constant_names: Any = None) -> list[tvm.runtime.Module]:
+    """``relax.ext.tvm_cpu``: RunCodegen's call for the regions of backend ``tvm_cpu``."""
+    if not funcs:
+        return []
+    try:
+        return [compile_regions(list(funcs))]
+    except CodegenError:
+        raise
+    except Exception as err:  # noqa: BLE001 - TVM's errors name no region
+        names = ", ".join(str(f.attrs["global_symbol"]) for f in funcs)
+        raise CodegenError(f"tvm_cpu: compiling regions {names} failed: {err}") from err
+
+
+__all__ = ["compile_regions", "region_prim_func", "relax_ext_codegen"]
