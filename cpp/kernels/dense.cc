@@ -8,10 +8,12 @@
  * Both weight layouts are the same logical [K, N] matrix with different strides, so one reorder
  * (once, for a constant weight) brings either into the layout matmul prefers.  A float32 dense on
  * a constant weight runs as oneDNN's brgemm inner product instead (InnerProductDense: 9-11 %
- * faster than the matmul at the SmolLM decoder's shapes on 2 threads, bench/LLM.md session 6).
+ * faster than the matmul at the SmolLM decoder's shapes on 2 threads, bench/LLM.md session 6); one
+ * of at most kGemvDefaultRows rows without an activation runs our own GEMV (dense_gemv.h).
  */
 #include <utility>
 
+#include "dense_gemv.h"
 #include "int8.h"
 #include "kernel.h"
 
@@ -117,6 +119,12 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // A plan for one thread keeps the matmul too: the SmolLM-135M decoder (S = 128) ran 213-228 ms a call
   // with inner products against 194-198 ms with matmuls at 1 thread, and 103-105 against 110-112 ms at
   // 2 (alternating processes, quiet, session 6).
+  // A plan of few rows (the decode step's M = 1) streams the weight once: our GEMV over 16-column
+  // panels (dense_gemv.h) replaces the matmul's blocked copy for that plan.
+  if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
+    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue);
+    if (gemv) return gemv;
+  }
   constexpr int64_t kInnerProductMinRows = 64;
   if (!ctx.bf16 && constant_weight && m >= kInnerProductMinRows && ctx.threads >= 2 &&
       dst.get_data_type() == memory::data_type::f32) {

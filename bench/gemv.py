@@ -1,0 +1,95 @@
+"""The float32 dense of few rows, our GEMV (cpp/kernels/dense_gemv.h) against oneDNN's matmul, side by side in one
+process: one-node dense regions at the SmolLM-135M decoder's shapes, the same weights, made once with
+``BYOC_HETERO_GEMV_ROWS=0`` (oneDNN) and once with it at the row count (ours), called interleaved.  Each engine
+gets enough copies of the weight to exceed the last-level cache (``--mib``), called round-robin, so that every
+call streams its weight from memory as a decode step does.
+
+    python bench/gemv.py                          # M = 1, 2, 4, 8 at 1 and 2 threads
+    python bench/gemv.py --rows 1 --threads 1 --reps 50
+
+Prints microseconds per call (the median of ``--reps`` rounds over the copies), the GB/s of weight it streams
+and oneDNN / ours.  Not part of the tests: it asserts nothing (tests/test_gemv.py checks the numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+import tvm
+
+import byoc_hetero as bh
+
+# SmolLM-135M (hidden 576, 9 heads / 3 kv heads of 64, MLP 1536): q/o, k/v, gate/up, down (K, N)
+SHAPES = {"q_proj/o_proj": (576, 576), "k_proj/v_proj": (576, 192), "gate/up": (576, 1536), "down": (1536, 576)}
+create = tvm.get_global_func("byoc_hetero.runtime.create")
+
+
+def _module(m: int, k: int, n: int, w: np.ndarray, gemv_rows: int, threads: int):
+    """One dense region (weight [N, K] constant, M rows) planned with BYOC_HETERO_GEMV_ROWS = gemv_rows."""
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "g",
+           "tensors": [{"shape": [m, k], "dtype": "float32"}, {"shape": [n, k], "dtype": "float32"},
+                       {"shape": [m, n], "dtype": "float32"}],
+           "inputs": [0], "outputs": [2], "constants": [{"tensor": 1, "name": "g_w"}],
+           "nodes": [{"op": "dense", "inputs": [0, 1], "output": 2, "attrs": {"weight_layout": "NK"}}]}
+    os.environ["BYOC_HETERO_GEMV_ROWS"] = str(gemv_rows)
+    os.environ["BYOC_HETERO_NUM_THREADS"] = str(threads)
+    mod = create(json.dumps(doc))
+    assert mod["__init_g"]([tvm.runtime.tensor(w)]) == 0
+    plan = " ".join(mod["get_plan"]())
+    return mod, ": gemv (" in plan
+
+
+def _median_us(mods, x, out, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for mod in mods:
+            mod["g"](x, out)
+        times.append((time.perf_counter() - t0) / len(mods))
+    return float(np.median(times)) * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--mib", type=float, default=96.0, help="weight bytes per engine and shape, above the LLC")
+    args = ap.parse_args(argv)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
+                .stdout.splitlines() if ln.startswith("Model name")), "cpu ?")
+    print(f"{cpu}, oneDNN ISA {bh._C.isa()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    print("| shape | K x N | M | threads | oneDNN us | ours us | oneDNN GB/s | ours GB/s | oneDNN / ours |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for threads in [int(t) for t in args.threads.split(",")]:
+        for name, (k, n) in SHAPES.items():
+            copies = max(1, int(args.mib * 2**20 / (4 * k * n)))
+            weights = [rng.standard_normal((n, k)).astype(np.float32) for _ in range(copies)]
+            for m in [int(r) for r in args.rows.split(",")]:
+                x = tvm.runtime.tensor(rng.standard_normal((m, k)).astype(np.float32))
+                out = tvm.runtime.tensor(np.zeros((m, n), np.float32))
+                theirs = [_module(m, k, n, w, 0, threads)[0] for w in weights]
+                built = [_module(m, k, n, w, max(m, 1), threads) for w in weights]
+                assert all(g for _, g in built), "the GEMV was not chosen"
+                ours = [mod for mod, _ in built]
+                t_theirs, t_ours = [], []
+                for _ in range(3):  # interleaved rounds
+                    t_theirs.append(_median_us(theirs, x, out, args.reps))
+                    t_ours.append(_median_us(ours, x, out, args.reps))
+                a, b = min(t_theirs), min(t_ours)
+                gb = 4 * k * n / 1e3
+                print(f"| {name} | {k} x {n} | {m} | {threads} | {a:.1f} | {b:.1f} | {gb / a:.1f} | {gb / b:.1f} | "
+                      f"{a / b:.2f}x |", flush=True)
+                del theirs, built, ours
+    os.environ.pop("BYOC_HETERO_GEMV_ROWS", None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+/*!
+ * \file kernels/dense_gemv.cc
+ * \brief GemvDense (dense_gemv.h): a float32 dense of few rows over 16-column weight panels, one
+ *        micro-kernel per ISA (each with its own target attribute: the choice is made at run time).
+ */
+#include "dense_gemv.h"
+
+#include <immintrin.h>
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "simd_isa.h"
+
+namespace byoc_hetero {
+
+namespace {
+
+constexpr int64_t kPanel = 16;  // columns per weight panel: one AVX-512 vector
+constexpr int kMaxRows = 4;     // rows one micro-kernel call keeps in registers
+
+/*! \brief One micro-kernel call: rows [0, rows) of x times one panel, into out [rows][16]. */
+struct PanelJob {
+  const float* x;  // row stride k
+  const float* w;  // the panel: k rows of 16 floats
+  int64_t k, rows;
+  float* out;
+};
+using PanelFn = void (*)(const PanelJob&);
+
+template <int R>
+__attribute__((target("avx512f"))) void Panel512(const PanelJob& j) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+  int64_t kk = 0;
+  for (; kk + 4 <= j.k; kk += 4) {  // 4 k a loop into 4 independent accumulators per row
+    __m512 w[4];
+    for (int u = 0; u < 4; ++u) w[u] = _mm512_loadu_ps(j.w + (kk + u) * kPanel);
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(_mm512_set1_ps(j.x[r * j.k + kk + u]), w[u], acc[r][u]);
+  }
+  for (; kk < j.k; ++kk) {
+    const __m512 w = _mm512_loadu_ps(j.w + kk * kPanel);
+    for (int r = 0; r < R; ++r) acc[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(j.x[r * j.k + kk]), w, acc[r][0]);
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(j.out + r * kPanel,
+                     _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])));
+  }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"))) void Panel256(const PanelJob& j) {
+  __m256 acc[R][2][2];  // [row][k parity][half]: 16 registers at R = 4
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 2; ++u) acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
+  int64_t kk = 0;
+  for (; kk + 2 <= j.k; kk += 2) {
+    __m256 w[2][2];
+    for (int u = 0; u < 2; ++u) {
+      w[u][0] = _mm256_loadu_ps(j.w + (kk + u) * kPanel);
+      w[u][1] = _mm256_loadu_ps(j.w + (kk + u) * kPanel + 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int u = 0; u < 2; ++u) {
+        const __m256 xv = _mm256_set1_ps(j.x[r * j.k + kk + u]);
+        acc[r][u][0] = _mm256_fmadd_ps(xv, w[u][0], acc[r][u][0]);
+        acc[r][u][1] = _mm256_fmadd_ps(xv, w[u][1], acc[r][u][1]);
+      }
+    }
+  }
+  for (; kk < j.k; ++kk) {
+    const __m256 w0 = _mm256_loadu_ps(j.w + kk * kPanel), w1 = _mm256_loadu_ps(j.w + kk * kPanel + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_set1_ps(j.x[r * j.k + kk]);
+      acc[r][0][0] = _mm256_fmadd_ps(xv, w0, acc[r][0][0]);
+      acc[r][0][1] = _mm256_fmadd_ps(xv, w1, acc[r][0][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(j.out + r * kPanel, _mm256_add_ps(acc[r][0][0], acc[r][1][0]));
+    _mm256_storeu_ps(j.out + r * kPanel + 8, _mm256_add_ps(acc[r][0][1], acc[r][1][1]));
+  }
+}
+
+template <int R>
+void PanelGeneric(const PanelJob& j) {
+  float acc[R][kPanel] = {};
+  for (int64_t kk = 0; kk < j.k; ++kk) {
+    const float* w = j.w + kk * kPanel;
+    for (int r = 0; r < R; ++r) {
+      const float xv = j.x[r * j.k + kk];
+      for (int c = 0; c < kPanel; ++c) acc[r][c] += xv * w[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kPanel; ++c) j.out[r * kPanel + c] = acc[r][c];
+}
+
+/*! \brief Dispatches a job's row count (1..kMaxRows) to the kernel instantiated for it. */
+template <template <int> class K>
+void ByRows(const PanelJob& j) {
+  switch (j.rows) {
+    case 1:
+      return K<1>::Run(j);
+    case 2:
+      return K<2>::Run(j);
+    case 3:
+      return K<3>::Run(j);
+    default:
+      return K<4>::Run(j);
+  }
+}
+template <int R>
+struct Avx512K {
+  static void Run(const PanelJob& j) { Panel512<R>(j); }
+};
+template <int R>
+struct Avx2K {
+  static void Run(const PanelJob& j) { Panel256<R>(j); }
+};
+template <int R>
+struct GenericK {
+  static void Run(const PanelJob& j) { PanelGeneric<R>(j); }
+};
+
+PanelFn FindPanelFn(SimdIsa isa) {
+  switch (isa) {
+    case SimdIsa::kAvx512:
+      return ByRows<Avx512K>;
+    case SimdIsa::kAvx2:
+      return ByRows<Avx2K>;
+    default:
+      return ByRows<GenericK>;
+  }
+}
+
+/*! \brief BYOC_HETERO_GEMV_ROWS (an integer >= 0), else kGemvDefaultRows. */
+int64_t GemvMaxRows() {
+  const char* env = std::getenv("BYOC_HETERO_GEMV_ROWS");
+  if (env == nullptr || *env == '\0') return kGemvDefaultRows;
+  char* end = nullptr;
+  const long value = std::strtol(env, &end, 10);
+  if (*end != '\0' || value < 0) {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_GEMV_ROWS must be an integer >= 0, got '" << env << "'";
+  }
+  return value;
+}
+
+/*! \brief What one call needs: shapes, the epilogue's parts, the micro-kernel, the threads. */
+struct GemvShape {
+  int64_t m = 0, k = 0, n = 0;
+  bool has_bias = false, residual = false;
+  int threads = 1;
+  int64_t panels() const { return (n + kPanel - 1) / kPanel; }
+  int64_t panel_floats() const { return (k + 15) / 16 * 16 * kPanel; }  // K padded to BA16a16b's 16
+};
+
+/*! \brief One call: panels split across the threads, each panel's rows kMaxRows at a time. */
+void RunGemv(const GemvShape& s, PanelFn fn, const std::vector<void*>& p) {
+  const float* x = static_cast<const float*>(p[0]);
+  const float* w = static_cast<const float*>(p[1]);
+  const float* bias = s.has_bias ? static_cast<const float*>(p[2]) : nullptr;
+  float* y = static_cast<float*>(p.back());  // holds the residual when s.residual
+  const int64_t panels = s.panels();
+  // below ~64K multiply-adds a fork/join costs more than the split saves
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(s.threads, panels)));
+  const bool parallel = threads > 1 && s.m * s.k * s.n >= (1 << 16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+  for (int64_t t = 0; t < panels; ++t) {
+    alignas(64) float out[kMaxRows * kPanel];
+    const int64_t n0 = t * kPanel, cols = std::min<int64_t>(kPanel, s.n - n0);
+    for (int64_t r0 = 0; r0 < s.m; r0 += kMaxRows) {
+      const int64_t rows = std::min<int64_t>(kMaxRows, s.m - r0);
+      fn(PanelJob{x + r0 * s.k, w + t * s.panel_floats(), s.k, rows, out});
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = y + (r0 + r) * s.n + n0;
+        for (int64_t c = 0; c < cols; ++c) {
+          // oneDNN's order: (x @ W + bias), then the sum post-op adds the residual
+          const float v = out[r * kPanel + c] + (bias != nullptr ? bias[n0 + c] : 0.f);
+          dst[c] = s.residual ? dst[c] + v : v;
+        }
+      }
+    }
+  }
+}
+
+class GemvDenseKernel : public Kernel {
+ public:
+  GemvDenseKernel(const KernelContext& ctx, const GemvShape& s, const memory::desc& wei_view)
+      : label_(ctx.where()), s_(s), isa_(SelectSimdIsa("BYOC_HETERO_GEMV_ISA")) {
+    inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
+    inputs_.push_back({wei_view, memory::desc({s.k, s.n}, memory::data_type::f32, memory::format_tag::BA16a16b)});
+    if (s.has_bias) inputs_.push_back({PlainDesc({1, s.n}), PlainDesc({1, s.n})});
+    output_ = {PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})};
+    if (s.residual) {
+      inputs_.push_back(output_);
+      sum_input_ = static_cast<int>(inputs_.size() - 1);
+    }
+  }
+
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& /*temps*/) const override {
+    Step step;
+    const GemvShape s = s_;
+    const PanelFn fn = FindPanelFn(isa_);
+    step.host = [s, fn](const std::vector<void*>& p) { RunGemv(s, fn, p); };
+    step.label = label_ + ": gemv (" + SimdIsaName(isa_) + ")";
+    step.op = "dense";
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (static_cast<int>(k) != sum_input_) step.args.emplace_back(static_cast<int>(k), inputs[k]);
+    }
+    step.args.emplace_back(static_cast<int>(inputs.size()), output);
+    return {std::move(step)};
+  }
+
+ private:
+  std::string label_;
+  GemvShape s_;
+  SimdIsa isa_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k, int64_t n, bool nk,
+                                  bool has_bias, const Epilogue& epilogue) {
+  const bool plain_epilogue = epilogue.scale == 1.f && epilogue.act.none() && epilogue.post_act.none();
+  if (m < 1 || m > GemvMaxRows() || k < 1 || n < 1 || !plain_epilogue) return nullptr;
+  GemvShape s;
+  s.m = m;
+  s.k = k;
+  s.n = n;
+  s.has_bias = has_bias;
+  s.residual = epilogue.residual;
+  s.threads = ctx.threads;
+  const memory::desc wei_view = nk ? StridedDesc({k, n}, {1, k}) : PlainDesc({k, n});
+  return std::make_unique<GemvDenseKernel>(ctx, s, wei_view);
+}
+
+}  // namespace byoc_hetero

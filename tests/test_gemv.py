@@ -1,0 +1,139 @@
+"""The float32 dense of a plan with few rows runs our own GEMV (cpp/kernels/dense_gemv.h) instead of oneDNN's
+matmul: one-node dense regions at M = 1..4 on odd N and K, both weight layouts, with bias and residual, against
+numpy in float64, on each ISA path (BYOC_HETERO_GEMV_ISA, read when a plan is made); more rows, an activation
+or BYOC_HETERO_GEMV_ROWS=0 keep oneDNN's matmul, and say so in the plan."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+
+create = tvm.get_global_func("byoc_hetero.runtime.create")
+
+
+def _dense(x: np.ndarray, w: np.ndarray, layout: str, bias=None, residual=None, **attrs) -> tuple[np.ndarray, list]:
+    """Run one dense node (weight and bias constants, data and residual region inputs); its output and plan."""
+    n = w.shape[0] if layout == "NK" else w.shape[1]
+    out_shape = list(x.shape[:-1]) + [n]
+    consts = [w] + ([bias] if bias is not None else [])
+    tensors = [{"shape": list(x.shape), "dtype": "float32"}]
+    tensors += [{"shape": list(c.shape), "dtype": "float32"} for c in consts]
+    inputs = [0]
+    if residual is not None:
+        tensors.append({"shape": out_shape, "dtype": "float32"})
+        inputs.append(len(tensors) - 1)
+    tensors.append({"shape": out_shape, "dtype": "float32"})
+    node_attrs = {"weight_layout": layout, "has_bias": int(bias is not None),
+                  "residual": int(residual is not None)} | attrs
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "gv", "tensors": tensors, "inputs": inputs,
+           "outputs": [len(tensors) - 1],
+           "constants": [{"tensor": i + 1, "name": f"gv_c{i}"} for i in range(len(consts))],
+           "nodes": [{"op": "dense", "inputs": list(range(len(tensors) - 1)), "output": len(tensors) - 1,
+                      "attrs": node_attrs}]}
+    mod = create(json.dumps(doc))
+    assert mod["__init_gv"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, np.float32))
+    args = [tvm.runtime.tensor(x)] + ([tvm.runtime.tensor(residual)] if residual is not None else [])
+    mod["gv"](*args, out)
+    return out.numpy(), list(mod["get_plan"]())
+
+
+def _reference(x, w, layout, bias=None, residual=None, relu=False) -> np.ndarray:
+    wk = (w.T if layout == "NK" else w).astype(np.float64)
+    y = x.astype(np.float64) @ wk
+    if bias is not None:
+        y = y + bias.astype(np.float64)
+    if relu:
+        y = np.maximum(y, 0)
+    if residual is not None:
+        y = y + residual
+    return y
+
+
+def _close(got, want, k):
+    # float32 accumulation over K terms: the error grows like sqrt(K) ulps of the dot products' magnitude
+    scale = max(float(np.abs(want).max()), 1e-6)
+    tol = 4e-7 * scale * max(8.0, np.sqrt(k) * 4)
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    assert err <= tol, f"max error {err} > {tol} (scale {scale})"
+    assert np.isfinite(got).all()
+
+
+def _best_isa() -> str:
+    """What `auto` picks on this CPU (simd_isa.h): AVX-512F, else AVX2 with FMA, else generic."""
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return "generic"
+    return "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "generic"
+
+
+def _gemv_steps(plan) -> list[str]:
+    return [s for s in plan if ": gemv (" in s]
+
+
+def _operands(rng, m, k, n, layout, bias, residual, lead=()):
+    x = rng.standard_normal(lead + (m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k) if layout == "NK" else (k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    r = rng.standard_normal(lead + (m, n)).astype(np.float32) if residual else None
+    return x, w, b, r
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout,bias,residual", [("NK", False, False), ("KN", True, False), ("NK", True, True)])
+def test_gemv_matches_numpy(monkeypatch, isa, m, layout, bias, residual):
+    monkeypatch.setenv("BYOC_HETERO_GEMV_ISA", isa)
+    rng = np.random.default_rng(m * 10 + len(isa))
+    k, n = 53, 37  # odd: a partial K block of 16, a partial last panel of 16 columns
+    x, w, b, r = _operands(rng, m, k, n, layout, bias, residual)
+    got, plan = _dense(x, w, layout, b, r)
+    _close(got, _reference(x, w, layout, b, r), k)
+    steps = _gemv_steps(plan)
+    assert len(steps) == 1 and f"gemv ({_best_isa() if isa == 'auto' else isa})" in steps[0], plan
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+def test_gemv_many_panels_threaded_3d_data(monkeypatch, isa):
+    """Enough work to split the panels across threads; leading data dims flattened into M = 2."""
+    monkeypatch.setenv("BYOC_HETERO_GEMV_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_NUM_THREADS", "2")
+    rng = np.random.default_rng(7)
+    x, w, b, r = _operands(rng, 1, 301, 999, "NK", True, True, lead=(2,))
+    got, plan = _dense(x, w, "NK", b, r)
+    _close(got, _reference(x, w, "NK", b, r), 301)
+    assert _gemv_steps(plan), plan
+
+
+def test_more_rows_or_activation_keep_onednn(monkeypatch):
+    rng = np.random.default_rng(11)
+    x, w, b, _ = _operands(rng, 5, 40, 24, "NK", True, False)
+    got, plan = _dense(x, w, "NK", b)
+    _close(got, _reference(x, w, "NK", b), 40)
+    assert not _gemv_steps(plan), plan
+    x1 = x[:1]
+    got, plan = _dense(x1, w, "NK", b, activation="relu")
+    _close(got, _reference(x1, w, "NK", b, relu=True), 40)
+    assert not _gemv_steps(plan), plan
+    monkeypatch.setenv("BYOC_HETERO_GEMV_ROWS", "0")
+    got, plan = _dense(x1, w, "NK", b)
+    _close(got, _reference(x1, w, "NK", b), 40)
+    assert not _gemv_steps(plan), plan
+    monkeypatch.setenv("BYOC_HETERO_GEMV_ROWS", "8")
+    got, plan = _dense(x, w, "NK", b)
+    _close(got, _reference(x, w, "NK", b), 40)
+    assert _gemv_steps(plan), plan
+
+
+@pytest.mark.parametrize("var,value,message", [
+    ("BYOC_HETERO_GEMV_ISA", "sse9", "BYOC_HETERO_GEMV_ISA must be auto, avx512, avx2 or generic"),
+    ("BYOC_HETERO_GEMV_ROWS", "two", "BYOC_HETERO_GEMV_ROWS must be an integer >= 0"),
+])
+def test_switches_reject_unknown_values(monkeypatch, var, value, message):
+    monkeypatch.setenv(var, value)
+    w = np.ones((16, 32), np.float32)
+    with pytest.raises(ValueError, match=message):
+        _dense(np.ones((1, 32), np.float32), w, "NK")
