@@ -4,8 +4,8 @@ process: one-node dense regions at the SmolLM-135M decoder's shapes, the same we
 gets enough copies of the weight to exceed the last-level cache (``--mib``), called round-robin, so that every
 call streams its weight from memory as a decode step does.
 
-    python bench/gemv.py                          # M = 1, 2, 4, 8 at 1 and 2 threads
-    python bench/gemv.py --rows 1 --threads 1 --reps 50
+    PYTHONPATH=. python bench/gemv.py             # M = 1, 2, 4, 8 at 1 and 2 threads
+    PYTHONPATH=. python bench/gemv.py --rows 1 --threads 1 --reps 50
 
 Prints microseconds per call (the median of ``--reps`` rounds over the copies), the GB/s of weight it streams
 and oneDNN / ours.  Not part of the tests: it asserts nothing (tests/test_gemv.py checks the numbers).
@@ -76,7 +76,8 @@ def main(argv=None) -> int:
                 out = tvm.runtime.tensor(np.zeros((m, n), np.float32))
                 theirs = [_module(m, k, n, w, 0, threads)[0] for w in weights]
                 built = [_module(m, k, n, w, max(m, 1), threads) for w in weights]
-                assert all(g for _, g in built), "the GEMV was not chosen"
+                missing = [i for i, (mod, g) in enumerate(built) if not g]
+                assert not missing, f"no GEMV in copies {missing}: {list(built[missing[0]][0]['get_plan']())}"
                 ours = [mod for mod, _ in built]
                 t_theirs, t_ours = [], []
                 for _ in range(3):  # interleaved rounds

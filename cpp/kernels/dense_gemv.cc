@@ -22,6 +22,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;  // columns per weight panel: one AVX-512 vector
 constexpr int kMaxRows = 4;     // rows one micro-kernel call keeps in registers
+constexpr int64_t kPrefetchRows = 32;  // software prefetch distance in panel rows (2 KiB)
 
 /*! \brief One micro-kernel call: rows [0, rows) of x times one panel, into out [rows][16]. */
 struct PanelJob {
@@ -35,19 +36,30 @@ using PanelFn = void (*)(const PanelJob&);
 template <int R>
 __attribute__((target("avx512f"))) void Panel512(const PanelJob& j) {
   __m512 acc[R][4];
+  #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
   int64_t kk = 0;
   for (; kk + 4 <= j.k; kk += 4) {  // 4 k a loop into 4 independent accumulators per row
     __m512 w[4];
-    for (int u = 0; u < 4; ++u) w[u] = _mm512_loadu_ps(j.w + (kk + u) * kPanel);
+    #pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      // a row of the panel is one cache line: ask for the one kPrefetchRows ahead (into the next panel at the end)
+      _mm_prefetch(reinterpret_cast<const char*>(j.w + (kk + u + kPrefetchRows) * kPanel), _MM_HINT_T0);
+      w[u] = _mm512_loadu_ps(j.w + (kk + u) * kPanel);
+    }
+    #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(_mm512_set1_ps(j.x[r * j.k + kk + u]), w[u], acc[r][u]);
   }
   for (; kk < j.k; ++kk) {
     const __m512 w = _mm512_loadu_ps(j.w + kk * kPanel);
+    #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) acc[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(j.x[r * j.k + kk]), w, acc[r][0]);
   }
+  #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(j.out + r * kPanel,
                      _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])));
@@ -57,16 +69,21 @@ __attribute__((target("avx512f"))) void Panel512(const PanelJob& j) {
 template <int R>
 __attribute__((target("avx2,fma"))) void Panel256(const PanelJob& j) {
   __m256 acc[R][2][2];  // [row][k parity][half]: 16 registers at R = 4
+  #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
     for (int u = 0; u < 2; ++u) acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
   int64_t kk = 0;
   for (; kk + 2 <= j.k; kk += 2) {
     __m256 w[2][2];
+    #pragma GCC unroll 4
     for (int u = 0; u < 2; ++u) {
       w[u][0] = _mm256_loadu_ps(j.w + (kk + u) * kPanel);
       w[u][1] = _mm256_loadu_ps(j.w + (kk + u) * kPanel + 8);
     }
+    #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
+      #pragma GCC unroll 4
       for (int u = 0; u < 2; ++u) {
         const __m256 xv = _mm256_set1_ps(j.x[r * j.k + kk + u]);
         acc[r][u][0] = _mm256_fmadd_ps(xv, w[u][0], acc[r][u][0]);
@@ -76,12 +93,14 @@ __attribute__((target("avx2,fma"))) void Panel256(const PanelJob& j) {
   }
   for (; kk < j.k; ++kk) {
     const __m256 w0 = _mm256_loadu_ps(j.w + kk * kPanel), w1 = _mm256_loadu_ps(j.w + kk * kPanel + 8);
+    #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_set1_ps(j.x[r * j.k + kk]);
       acc[r][0][0] = _mm256_fmadd_ps(xv, w0, acc[r][0][0]);
       acc[r][0][1] = _mm256_fmadd_ps(xv, w1, acc[r][0][1]);
     }
   }
+  #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(j.out + r * kPanel, _mm256_add_ps(acc[r][0][0], acc[r][1][0]));
     _mm256_storeu_ps(j.out + r * kPanel + 8, _mm256_add_ps(acc[r][0][1], acc[r][1][1]));
@@ -93,11 +112,13 @@ void PanelGeneric(const PanelJob& j) {
   float acc[R][kPanel] = {};
   for (int64_t kk = 0; kk < j.k; ++kk) {
     const float* w = j.w + kk * kPanel;
+    #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const float xv = j.x[r * j.k + kk];
       for (int c = 0; c < kPanel; ++c) acc[r][c] += xv * w[c];
     }
   }
+  #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kPanel; ++c) j.out[r * kPanel + c] = acc[r][c];
 }
