@@ -25,8 +25,11 @@
 
 namespace byoc_hetero {
 
-/*! \brief Plans with at most this many rows take the GEMV unless BYOC_HETERO_GEMV_ROWS says otherwise. */
-constexpr int64_t kGemvDefaultRows = 4;
+/*! \brief Plans with at most this many rows take the GEMV unless BYOC_HETERO_GEMV_ROWS says otherwise: at
+ *         the SmolLM-135M decoder's shapes (bench/gemv.py, weights streamed from memory, 1 and 2 threads,
+ *         Skylake-SP avx512_core, loaded) ours was 1.01-1.15x oneDNN's matmul at M = 1 and 2, 0.96-1.07x at
+ *         3 and 4, 0.71-1.02x at 8 (bench/GENERATE.md, session 8 s8-gemv). */
+constexpr int64_t kGemvDefaultRows = 2;
 
 /*!
  * \brief The GEMV kernel of a float32 dense (x [m, k] @ W [k, n], W constant, \p nk: stored [N, K])
