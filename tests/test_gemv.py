@@ -139,3 +139,30 @@ def test_switches_reject_unknown_values(monkeypatch, var, value, message):
     w = np.ones((16, 32), np.float32)
     with pytest.raises(ValueError, match=message):
         _dense(np.ones((1, 32), np.float32), w, "NK")
+
+
+def test_decode_step_denses_run_the_gemv_and_generate_transformers_tokens(monkeypatch):
+    """A small Llama through bh.llm: greedy tokens equal transformers', and the decode step's plan (one row) runs
+    its denses without an activation as the GEMV (the prefill's rows keep oneDNN)."""
+    monkeypatch.setenv("BYOC_HETERO_NUM_THREADS", "1")  # no contention plans: get_plan is the last call's
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import byoc_hetero as bh
+
+    torch.manual_seed(8)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      initializer_range=0.4, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = np.array([[5, 71, 13, 88, 2, 40, 19]], dtype="int64")
+    gen = bh.llm.from_hf(model, max_length=32)
+    got = gen.generate(prompt, max_new_tokens=12)
+    with torch.no_grad():
+        want = model.generate(torch.from_numpy(prompt), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                              pad_token_id=0).numpy()
+    np.testing.assert_array_equal(got, want)
+    (region,) = bh.codegen.region_modules(gen._executable)
+    run = [s for s in region["get_plan"]() if s.startswith("run |") and "(dense)" in s]
+    gemv = _gemv_steps(run)
+    assert len(gemv) >= 2 * config.num_hidden_layers + 1, run  # o_proj and down (residual) per layer, the head
+    assert all("[1," in s.split("in=")[1] for s in gemv), gemv  # the decode plan: one row
