@@ -1,7 +1,7 @@
 """The float32 dense of a plan with few rows runs our own GEMV (cpp/kernels/dense_gemv.h) instead of oneDNN's
 matmul: one-node dense regions at M = 1..4 on odd N and K, both weight layouts, with bias and residual, against
-numpy in float64, on each ISA path (BYOC_HETERO_GEMV_ISA, read when a plan is made); more rows, an activation
-or BYOC_HETERO_GEMV_ROWS=0 keep oneDNN's matmul, and say so in the plan."""
+numpy in float64, on each ISA path (BYOC_HETERO_GEMV_ISA, read when a plan is made), then an activation; more
+rows, an activation before a residual sum or BYOC_HETERO_GEMV_ROWS=0 keep oneDNN's matmul, and say so in the plan."""
 from __future__ import annotations
 
 import json
@@ -109,16 +109,48 @@ def test_gemv_many_panels_threaded_3d_data(monkeypatch, isa):
     assert _gemv_steps(plan), plan
 
 
-def test_more_rows_or_activation_keep_onednn(monkeypatch):
+ACTIVATIONS = {  # float64 references of the activations the tests run
+    "relu": lambda y: np.maximum(y, 0),
+    "silu": lambda y: y / (1 + np.exp(-y)),
+    "gelu_tanh": lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3))),
+    "sigmoid": lambda y: 1 / (1 + np.exp(-y)),
+}
+
+
+@pytest.mark.parametrize("isa", ["auto", "generic"])
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("m", [1, 2])
+def test_gemv_then_activation(monkeypatch, isa, act, m):
+    """act(x @ W + bias) without a residual: the GEMV, then oneDNN's eltwise in place (a second step)."""
+    monkeypatch.setenv("BYOC_HETERO_GEMV_ISA", isa)
+    rng = np.random.default_rng(20 + m)
+    x, w, b, _ = _operands(rng, m, 45, 33, "NK", True, False)
+    got, plan = _dense(x, w, "NK", b, activation=act)
+    _close(got, ACTIVATIONS[act](_reference(x, w, "NK", b)), 45)
+    assert _gemv_steps(plan) and any(f"{act} after the gemv" in s for s in plan), plan
+
+
+def test_gemv_residual_then_post_activation_and_clip():
+    rng = np.random.default_rng(30)
+    x, w, b, r = _operands(rng, 1, 29, 21, "KN", True, True)
+    got, plan = _dense(x, w, "KN", b, r, post_activation="silu")
+    _close(got, ACTIVATIONS["silu"](_reference(x, w, "KN", b, r)), 29)
+    assert _gemv_steps(plan), plan
+    got, plan = _dense(x, w, "KN", b, activation="clip", clip=[-0.5, 0.25])
+    _close(got, np.clip(_reference(x, w, "KN", b), -0.5, 0.25), 29)
+    assert _gemv_steps(plan), plan
+
+
+def test_more_rows_or_activation_before_residual_keep_onednn(monkeypatch):
     rng = np.random.default_rng(11)
-    x, w, b, _ = _operands(rng, 5, 40, 24, "NK", True, False)
+    x, w, b, r = _operands(rng, 5, 40, 24, "NK", True, True)
     for rows in (3, 5):  # more than the default 2
         got, plan = _dense(x[:rows], w, "NK", b)
         _close(got, _reference(x[:rows], w, "NK", b), 40)
         assert not _gemv_steps(plan), plan
-    x1 = x[:1]
-    got, plan = _dense(x1, w, "NK", b, activation="relu")
-    _close(got, _reference(x1, w, "NK", b, relu=True), 40)
+    x1, r1 = x[:1], r[:1]
+    got, plan = _dense(x1, w, "NK", b, r1, activation="relu")  # relu(x @ W + b) + r: oneDNN's post-op chain
+    _close(got, _reference(x1, w, "NK", b, r1, relu=True), 40)
     assert not _gemv_steps(plan), plan
     monkeypatch.setenv("BYOC_HETERO_GEMV_ROWS", "0")
     got, plan = _dense(x1, w, "NK", b)
@@ -143,8 +175,8 @@ def test_switches_reject_unknown_values(monkeypatch, var, value, message):
 
 def test_decode_step_denses_run_the_gemv_and_generate_transformers_tokens(monkeypatch):
     """A small Llama through bh.llm: greedy tokens equal transformers', and the decode step's plan (one row) runs
-    its denses without an activation as the GEMV (the prefill's rows keep oneDNN)."""
-    monkeypatch.setenv("BYOC_HETERO_NUM_THREADS", "1")  # no contention plans: get_plan is the last call's
+    every dense as the GEMV (the prefill's rows keep oneDNN)."""
+    monkeypatch.setenv("BYOC_HETERO_NUM_THREADS", "1")  # no contention plans of fewer threads beside the profiled ones
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import byoc_hetero as bh
@@ -156,13 +188,19 @@ def test_decode_step_denses_run_the_gemv_and_generate_transformers_tokens(monkey
     model = transformers.LlamaForCausalLM(config).eval()
     prompt = np.array([[5, 71, 13, 88, 2, 40, 19]], dtype="int64")
     gen = bh.llm.from_hf(model, max_length=32)
+    (region,) = bh.codegen.region_modules(gen._executable)
+    region["set_profiling"](True)
     got = gen.generate(prompt, max_new_tokens=12)
     with torch.no_grad():
         want = model.generate(torch.from_numpy(prompt), max_new_tokens=12, do_sample=False, eos_token_id=None,
                               pad_token_id=0).numpy()
     np.testing.assert_array_equal(got, want)
-    (region,) = bh.codegen.region_modules(gen._executable)
-    run = [s for s in region["get_plan"]() if s.startswith("run |") and "(dense)" in s]
-    gemv = _gemv_steps(run)
-    assert len(gemv) >= 2 * config.num_hidden_layers + 1, run  # o_proj and down (residual) per layer, the head
-    assert all("[1," in s.split("in=")[1] for s in gemv), gemv  # the decode plan: one row
+    steps = [s for s in json.loads(region["get_profile"]()) if s["phase"] == "run" and s["op"] == "dense"
+             and "after the gemv" not in s["label"]]
+    decode = [s for s in steps if s["label"].endswith("S=1")]  # the decode plan's binding: one row
+    prefill = [s for s in steps if s["label"].endswith("S=7")]
+    # q/k/v, o (residual), gate (silu), up, down (residual) per layer, and the LM head
+    assert len(decode) == 5 * config.num_hidden_layers + 1, decode
+    assert all(": gemv (" in s["label"] and s["calls"] == 11 for s in decode), decode
+    # the prefill's 7 rows keep oneDNN, but for the LM head, which reads the last row only
+    assert [": gemv (" in s["label"] for s in prefill] == [False] * (5 * config.num_hidden_layers) + [True], prefill

@@ -9,7 +9,7 @@
  * (once, for a constant weight) brings either into the layout matmul prefers.  A float32 dense on
  * a constant weight runs as oneDNN's brgemm inner product instead (InnerProductDense: 9-11 %
  * faster than the matmul at the SmolLM decoder's shapes on 2 threads, bench/LLM.md session 6); one
- * of at most kGemvDefaultRows rows without an activation runs our own GEMV (dense_gemv.h).
+ * of at most kGemvDefaultRows rows runs our own GEMV (dense_gemv.h).
  */
 #include <utility>
 

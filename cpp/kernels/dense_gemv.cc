@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,10 +212,19 @@ void RunGemv(const GemvShape& s, PanelFn fn, const std::vector<void*>& p) {
   }
 }
 
+/*! \brief The activation after the GEMV's sum (act without a residual, post_act after one), or none. */
+const Activation& ActivationAfter(const Epilogue& e) { return e.residual ? e.post_act : e.act; }
+
 class GemvDenseKernel : public Kernel {
  public:
-  GemvDenseKernel(const KernelContext& ctx, const GemvShape& s, const memory::desc& wei_view)
+  GemvDenseKernel(const KernelContext& ctx, const GemvShape& s, const memory::desc& wei_view, const Activation& act)
       : label_(ctx.where()), s_(s), isa_(SelectSimdIsa("BYOC_HETERO_GEMV_ISA")) {
+    if (!act.none()) {  // oneDNN's own eltwise, in place on the output: the post-op the matmul would apply
+      act_ = dnnl::eltwise_forward::primitive_desc(ctx.engine, dnnl::prop_kind::forward_inference, act.alg,
+                                                   PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n}), act.alpha, act.beta,
+                                                   ctx.MakeAttr());
+      act_name_ = act.name;
+    }
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     inputs_.push_back({wei_view, memory::desc({s.k, s.n}, memory::data_type::f32, memory::format_tag::BA16a16b)});
     if (s.has_bias) inputs_.push_back({PlainDesc({1, s.n}), PlainDesc({1, s.n})});
@@ -237,21 +247,33 @@ class GemvDenseKernel : public Kernel {
       if (static_cast<int>(k) != sum_input_) step.args.emplace_back(static_cast<int>(k), inputs[k]);
     }
     step.args.emplace_back(static_cast<int>(inputs.size()), output);
-    return {std::move(step)};
+    std::vector<Step> steps{std::move(step)};
+    if (act_) {
+      Step act;
+      act.pd = *act_;
+      act.args = {{DNNL_ARG_SRC, output}, {DNNL_ARG_DST, output}};
+      act.label = label_ + ": " + act_name_ + " after the gemv";
+      act.op = "dense";
+      steps.push_back(std::move(act));
+    }
+    return steps;
   }
 
  private:
   std::string label_;
   GemvShape s_;
   SimdIsa isa_;
+  std::optional<dnnl::eltwise_forward::primitive_desc> act_;
+  std::string act_name_;
 };
 
 }  // namespace
 
 std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k, int64_t n, bool nk,
                                   bool has_bias, const Epilogue& epilogue) {
-  const bool plain_epilogue = epilogue.scale == 1.f && epilogue.act.none() && epilogue.post_act.none();
-  if (m < 1 || m > GemvMaxRows() || k < 1 || n < 1 || !plain_epilogue) return nullptr;
+  // one activation, applied after the sum: act(x @ W + bias), or post_act(x @ W + bias + residual)
+  const bool one_activation = epilogue.scale == 1.f && (epilogue.act.none() || !epilogue.residual);
+  if (m < 1 || m > GemvMaxRows() || k < 1 || n < 1 || !one_activation) return nullptr;
   GemvShape s;
   s.m = m;
   s.k = k;
@@ -260,7 +282,7 @@ std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k
   s.residual = epilogue.residual;
   s.threads = ctx.threads;
   const memory::desc wei_view = nk ? StridedDesc({k, n}, {1, k}) : PlainDesc({k, n});
-  return std::make_unique<GemvDenseKernel>(ctx, s, wei_view);
+  return std::make_unique<GemvDenseKernel>(ctx, s, wei_view, ActivationAfter(epilogue));
 }
 
 }  // namespace byoc_hetero
