@@ -113,18 +113,18 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
                                         has_bias ? PlainDesc(bias_dims) : memory::desc(), dst,
                                         ctx.MakeAttr(epilogue));
   };
-  // Fewer rows than kInnerProductMinRows keep the matmul: at wav2vec2-base's 49 rows (K, N of 768 /
-  // 3072) the inner product's 73 denses took 36.9 ms against the matmul's 36.0 (per-step minima of 10
-  // calls, 2 threads, quiet Sapphire Rapids class, session 6), while at 128 and 1500 rows it wins.
-  // A plan for one thread keeps the matmul too: the SmolLM-135M decoder (S = 128) ran 213-228 ms a call
-  // with inner products against 194-198 ms with matmuls at 1 thread, and 103-105 against 110-112 ms at
-  // 2 (alternating processes, quiet, session 6).
   // A plan of few rows (the decode step's M = 1) streams the weight once: our GEMV over 16-column
   // panels (dense_gemv.h) replaces the matmul's blocked copy for that plan.
   if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
     std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue);
     if (gemv) return gemv;
   }
+  // Fewer rows than kInnerProductMinRows keep the matmul: at wav2vec2-base's 49 rows (K, N of 768 /
+  // 3072) the inner product's 73 denses took 36.9 ms against the matmul's 36.0 (per-step minima of 10
+  // calls, 2 threads, quiet Sapphire Rapids class, session 6), while at 128 and 1500 rows it wins.
+  // A plan for one thread keeps the matmul too: the SmolLM-135M decoder (S = 128) ran 213-228 ms a call
+  // with inner products against 194-198 ms with matmuls at 1 thread, and 103-105 against 110-112 ms at
+  // 2 (alternating processes, quiet, session 6).
   constexpr int64_t kInnerProductMinRows = 64;
   if (!ctx.bf16 && constant_weight && m >= kInnerProductMinRows && ctx.threads >= 2 &&
       dst.get_data_type() == memory::data_type::f32) {

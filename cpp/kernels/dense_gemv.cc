@@ -174,7 +174,7 @@ int64_t GemvMaxRows() {
   return value;
 }
 
-/*! \brief What one call needs: shapes, the epilogue's parts, the micro-kernel, the threads. */
+/*! \brief What one call needs: the shapes, the epilogue's sums, the threads. */
 struct GemvShape {
   int64_t m = 0, k = 0, n = 0;
   bool has_bias = false, residual = false;
