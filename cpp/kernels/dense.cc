@@ -113,12 +113,6 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
                                         has_bias ? PlainDesc(bias_dims) : memory::desc(), dst,
                                         ctx.MakeAttr(epilogue));
   };
-  // A plan of few rows (the decode step's M = 1) streams the weight once: our GEMV over 16-column
-  // panels (dense_gemv.h) replaces the matmul's blocked copy for that plan.
-  if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
-    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue);
-    if (gemv) return gemv;
-  }
   // Fewer rows than kInnerProductMinRows keep the matmul: at wav2vec2-base's 49 rows (K, N of 768 /
   // 3072) the inner product's 73 denses took 36.9 ms against the matmul's 36.0 (per-step minima of 10
   // calls, 2 threads, quiet Sapphire Rapids class, session 6), while at 128 and 1500 rows it wins.
@@ -133,6 +127,12 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   }
   dnnl::matmul::primitive_desc pd = ctx.bf16 ? make(constant_weight ? AnyDesc(wei_dims, cdt) : WithType(wei_view, cdt))
                                     : constant_weight ? MatmulForConstantWeight(make, wei_dims) : make(wei_view);
+  // A plan of few rows (the decode step's M = 1) streams the weight once: our GEMV reads the
+  // matmul's own blocked copy (dense_gemv.h) when its panels allow.
+  if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
+    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc());
+    if (gemv) return gemv;
+  }
 
   return MakeAnchorKernel(ctx, "dense", std::move(pd), PlainDesc(src_dims), wei_view, bias_dims,
                           has_bias, dst_dims, epilogue);

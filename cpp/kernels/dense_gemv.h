@@ -4,11 +4,13 @@
  *        of oneDNN's matmul: at M = 1 a dense streams its weight once and does two flops per weight,
  *        so it runs at the memory bandwidth only when the weight is read in one contiguous pass.
  *
- * Weight layout: oneDNN's BA16a16b of the logical [K, N] weight, made once at __init_ by the
- * planner's reorder in place of the oneDNN matmul's blocked copy for that plan (no extra memory):
- * panels of 16 columns, each a contiguous row-major [K padded to 16, 16] block, so that one panel is
- * one sequential stream and one AVX-512 vector (two AVX2 ones) holds a row of it.  Threads split
- * the panels.  Micro-kernels per ISA (kernels/simd_isa.h: AVX-512F, AVX2 + FMA, portable C++),
+ * Weight layout: the very copy oneDNN's matmul would read for that plan (\p matmul_weights, its
+ * `any` choice, made once at __init_ by the planner's reorder), when it is BA16a<W>b, W = 16, 32,
+ * 48 or 64 (oneDNN 3.2's choice for f32 on AVX-512, 64 at every shape seen): panels of W columns,
+ * each a contiguous row-major [K padded to 16, W] block, one sequential stream.  So the GEMV costs
+ * no weight memory, and a prefill plan whose matmul picks the same layout shares the copy.  Another
+ * layout keeps the matmul.  AVX-512 reads a panel's rows whole (W / 16 vectors); AVX2 and C++ go
+ * slice by slice of 16 columns.  Threads split the panels.  Micro-kernels per ISA (kernels/simd_isa.h: AVX-512F, AVX2 + FMA, portable C++),
  * capped by BYOC_HETERO_GEMV_ISA; the rows a plan may have to take this path by
  * BYOC_HETERO_GEMV_ROWS (default kGemvDefaultRows, 0: never), both read when a plan is made.
  *
@@ -38,7 +40,7 @@ constexpr int64_t kGemvDefaultRows = 2;
  *        when this plan's rows and epilogue take it, else null (the caller builds oneDNN's).
  */
 std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k, int64_t n, bool nk,
-                                  bool has_bias, const Epilogue& epilogue);
+                                  bool has_bias, const Epilogue& epilogue, const memory::desc& matmul_weights);
 
 }  // namespace byoc_hetero
 
