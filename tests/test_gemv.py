@@ -89,7 +89,7 @@ def test_gemv_matches_numpy(monkeypatch, isa, m, layout, bias, residual):
     monkeypatch.setenv("BYOC_HETERO_GEMV_ISA", isa)
     monkeypatch.setenv("BYOC_HETERO_GEMV_ROWS", "4")  # the default is 2 (bench/gemv.py): the kernel takes up to 4
     rng = np.random.default_rng(m * 10 + len(isa))
-    k, n = 53, 37  # odd: a partial K block of 16, a partial last panel of 16 columns
+    k, n = 53, 37  # odd: a partial K block of 16, a partial panel
     x, w, b, r = _operands(rng, m, k, n, layout, bias, residual)
     got, plan = _dense(x, w, layout, b, r)
     _close(got, _reference(x, w, layout, b, r), k)

@@ -1,6 +1,6 @@
 /*!
  * \file kernels/dense_gemv.cc
- * \brief GemvDense (dense_gemv.h): a float32 dense of few rows over 16-column weight panels, one
+ * \brief GemvDense (dense_gemv.h): a float32 dense of few rows over the matmul's weight panels, one
  *        micro-kernel per ISA (each with its own target attribute: the choice is made at run time).
  */
 #include "dense_gemv.h"
