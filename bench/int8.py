@@ -158,6 +158,63 @@ def serve(engine: str, model: str, threads: int, workdir: str) -> None:
         print(json.dumps({"median_s": float(np.median(times))}), flush=True)
 
 
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    """``max |a - b| / max |b|`` in float64 (the distance every row of the differential mode prints)."""
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / (float(np.max(np.abs(b))) or 1.0))
+
+
+def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", "saturating")) -> dict:
+    """Ours against ONNX Runtime on each prepared quantized file, under this process's oneDNN ISA
+    (``ONEDNN_MAX_CPU_ISA`` is read once, when oneDNN starts: one process per cap).
+
+    Per model: ``ort_vs_f32`` (ONNX Runtime on the quantized file against the float32 file),
+    ``llvm_vs_f32`` (the llvm-only build of our import of the quantized file: TVM's float emulation
+    of the Q/DQ steps, exact on every CPU), and per int8 mode (``default``: the int8 fusions as this
+    ISA gets them; ``saturating``: ``BYOC_HETERO_INT8=saturating``, oneDNN's int8 kernels even below
+    VNNI, the path a VNNI CPU takes) ours against float32, against ONNX Runtime and against the
+    llvm-only build, with the regions' precision. A compile or run that raises is a row's ``failed``.
+    """
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    import byoc_hetero as bh
+    from byoc_hetero._native import _C
+
+    def run(module, feed_args):
+        vm = relax.VirtualMachine(relax.build(module, target="llvm"), tvm.cpu())
+        out = vm["main"](*feed_args)
+        return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+    result = {"isa": _C.isa()}
+    for model in models:
+        f, fb = _files(workdir, model), _files(workdir, model.removesuffix("_dynamic"))
+        data = np.load(f["inputs"])
+        feed = {k: data[k] for k in data.files}
+        want = ort.InferenceSession(fb["f32"], providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        theirs = ort.InferenceSession(f["q"], providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        row = {"ort_vs_f32": _relative(theirs, want)}
+        try:
+            mod, params = bh.from_onnx(f["q"])
+            args = [tvm.runtime.tensor(feed[p.name]) for p in mod["main"].params if p.name in feed]
+            llvm = run(bh.bind_params(mod, params), args)
+            row["llvm_vs_f32"], row["llvm_vs_ort"] = _relative(llvm, want), _relative(llvm, theirs)
+            for mode in modes:
+                os.environ["BYOC_HETERO_INT8"] = mode
+                part = bh.partition(mod, params)
+                ours = run(part, args)
+                regions = bh.report(part).regions
+                row[mode or "default"] = {"vs_f32": _relative(ours, want), "vs_ort": _relative(ours, theirs),
+                                          "vs_llvm": _relative(ours, llvm), "regions": len(regions),
+                                          "precision": sorted({r.precision for r in regions})}
+        except Exception as e:  # noqa: BLE001 - a file we cannot compile is the row's finding
+            row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        finally:
+            os.environ.pop("BYOC_HETERO_INT8", None)
+        result[model] = row
+    return result
+
+
 def time_model(model: str, threads: int, workdir: str, rounds: int, min_time: float) -> dict:
     """Latency and error of every engine on the quantized file: one process per engine, timed in
     turn (round-robin rounds; the median of the rounds' medians)."""
@@ -236,6 +293,10 @@ def main(argv=None) -> int:
     os.makedirs(workdir, exist_ok=True)
     if args.worker:
         kind, model, arg = args.worker
+        if kind == "differential":
+            modes = tuple("" if m == "default" else m for m in arg.split(","))
+            print(json.dumps(differential(model.split(","), workdir, modes)))
+            return 0
         if kind == "serve":
             engine, threads = arg.split(":")
             serve(engine, model, int(threads), workdir)
