@@ -13,6 +13,13 @@ oneDNN's version and ISA are printed with the table.
 
     python3 bench/int8.py --small --models resnet50,mobilenet_v3_large
     python3 bench/int8.py                      # every model, full size (slow to quantize and compile)
+    python3 bench/int8.py --differential ,AVX2 --pre-process --models convnext_tiny,bert_base_dynamic
+
+``--differential [ISAS]`` times nothing: per model, oneDNN ISA cap (``ONEDNN_MAX_CPU_ISA``, one process
+each) and int8 path (the fusions as that ISA gets them; ``BYOC_HETERO_INT8=saturating``) it prints ONNX
+Runtime's and ours' error against the float32 model, ours against ONNX Runtime, and the llvm-only
+build of our import of the same file (the reference where ONNX Runtime's int8 is not exact: below VNNI
+its u8 x s8 kernels saturate). tests/test_int8_zoo.py checks the small configs the same way.
 
 ``--pre-process`` first runs ``onnxruntime.quantization.shape_inference.quant_pre_process`` on the
 float32 file (what ONNX Runtime's quantization guide asks for, and what ``quantize_static`` warns
@@ -59,8 +66,11 @@ def prepare(model: str, small: bool, workdir: str, pre_process: bool = False) ->
     f, fb = _files(workdir, model), _files(workdir, base)
     zm = build(base, small)
     if not os.path.exists(fb["f32"]):
-        torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"],
-                          opset_version=17, dynamo=False)
+        try:
+            torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"],
+                              opset_version=17, dynamo=False)
+        except torch.onnx.errors.UnsupportedOperatorError:  # GPT-2's aten::diff: torch's default exporter
+            torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"])
     np.savez(f["inputs"], **{n: t.numpy() for n, t in zip(zm.input_names, zm.inputs)})
     if os.path.exists(f["q"]):
         return {"quantized": "reused " + f["q"]}
@@ -258,14 +268,40 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} CPUs; oneDNN {_C.onednn_version()} ISA {_C.isa()}"
 
 
-def _spawn(argv: list[str], threads: int, timeout: float) -> dict:
+def _spawn(argv: list[str], threads: int, timeout: float, extra_env: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), BYOC_HETERO_NUM_THREADS=str(threads),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {}))
     proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     return json.loads(lines[-1])
+
+
+def differential_table(models: list[str], small: bool, workdir: str, isas: list[str], pre_process: bool) -> None:
+    """The differential mode's table: per model, ISA cap and int8 path the three distances (ours and
+    ONNX Runtime against float32, ours against ONNX Runtime) and ours against the llvm-only build."""
+    print("| model | ISA | int8 path | ORT vs f32 | llvm-only vs f32 | ours vs f32 | ours vs ORT | ours vs llvm-only |"
+          " regions, precision |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model in models:
+        size = ("small" if small else "full") + ("+pre" if pre_process else "")
+        prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, size], 2, 3600)
+        if "failed" in prep:
+            print(f"| {model} | - | - | quantization failed: {prep['failed']} |||||", flush=True)
+            continue
+        for isa in isas:
+            env = {"ONEDNN_MAX_CPU_ISA": isa} if isa else {}
+            r = _spawn(["--workdir", workdir, "--worker", "differential", model, "default,saturating"], 2, 7200, env)
+            row = r.get(model, r)
+            if "failed" in row:
+                print(f"| {model} | {isa or 'own'} | - | failed: {row['failed'][-200:]} |||||", flush=True)
+                continue
+            for mode in ("default", "saturating"):
+                o = row[mode]
+                print(f"| {model} | {r['isa']} | {mode} | {row['ort_vs_f32']:.2e} | {row['llvm_vs_f32']:.2e} | "
+                      f"{o['vs_f32']:.2e} | {o['vs_ort']:.2e} | {o['vs_llvm']:.2e} | {o['regions']}, "
+                      f"{'; '.join(o['precision'])} |", flush=True)
 
 
 def _cell(r: dict) -> str:
@@ -285,6 +321,9 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None)
     p.add_argument("--pre-process", action="store_true",
                    help="quant_pre_process the float32 file before quantizing (files in <workdir>/pre)")
+    p.add_argument("--differential", nargs="?", const=",AVX2", default=None, metavar="ISAS",
+                   help="print ours / ONNX Runtime / float32 / llvm-only distances instead of timing, per oneDNN "
+                        "ISA cap (comma-separated ONEDNN_MAX_CPU_ISA values, empty: the CPU's own; default ',AVX2')")
     p.add_argument("--worker", nargs=3, metavar=("KIND", "MODEL", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="bh-int8-")
@@ -305,6 +344,10 @@ def main(argv=None) -> int:
         return 0
     print(f"machine: {machine()}; {'small' if args.small else 'full-size'} models"
           f"{', quant_pre_process-ed' if args.pre_process else ''}; workdir {workdir}")
+    if args.differential is not None:
+        differential_table(args.models.split(","), args.small, workdir, args.differential.split(","),
+                           args.pre_process)
+        return 0
     print("| model | threads | byoc-hetero | ONNX Runtime | OpenVINO |")
     print("|---|---|---|---|---|")
     for model in args.models.split(","):
