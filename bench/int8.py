@@ -222,6 +222,7 @@ def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", 
         finally:
             os.environ.pop("BYOC_HETERO_INT8", None)
         result[model] = row
+        print(json.dumps({"model": model, **row}), flush=True)  # each row as it comes (a slow loaded machine)
     return result
 
 

@@ -12,6 +12,7 @@ the fix in cpp/kernels/elementwise_chain.cc ours was 1.7 off ONNX Runtime on the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -117,32 +118,44 @@ ISA_CAPS = ("", "AVX2", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX2_VNNI")
 
 
 @pytest.fixture(scope="module")
-def zoo_files(tmp_path_factory):
-    """The quantized files of every family (bench/int8.py's ``prepare``: the TorchScript exporter,
+def zoo_files(request, tmp_path_factory):
+    """The quantized files of the families this session selected (``-k`` picks some; bench/int8.py's
+    ``prepare``: the TorchScript exporter (torch's default one where it cannot export, GPT-2),
     ``quant_pre_process``, ``quantize_static`` QDQ per-channel or ``quantize_dynamic``) in one folder;
     a family whose model cannot be built here (torchvision missing) is left out, with the reason."""
     import int8 as bench_int8
 
-    work, skipped = str(tmp_path_factory.mktemp("int8_zoo_all")), {}
+    selected = {item.callspec.params["model"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_zoo_int8_matches_the_reference_on_every_isa_path"}
+    work, skipped, models = str(tmp_path_factory.mktemp("int8_zoo_all")), {}, []
     for model in STATIC_FAMILIES + tuple(m + "_dynamic" for m in DYNAMIC_FAMILIES):
-        if model.removesuffix("_dynamic") in skipped:
+        base = model.removesuffix("_dynamic")
+        if model not in selected or base in skipped:
             continue
         try:
             bench_int8.prepare(model, True, work, pre_process=True)
+            models.append(model)
         except ModuleNotFoundError as e:
-            skipped[model.removesuffix("_dynamic")] = str(e)
-    return work, skipped
+            skipped[base] = str(e)
+    return work, skipped, models
 
 
 _RESULTS: dict[str, dict] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _isa_under(cap: str) -> str:
+    """The ISA oneDNN runs with ``ONEDNN_MAX_CPU_ISA=cap`` (a cap above the CPU's ISA gives the CPU's)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), ONEDNN_MAX_CPU_ISA=cap)
+    proc = subprocess.run([sys.executable, "-c", "from byoc_hetero._native import _C; print(_C.isa())"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"? ({proc.stderr[-300:]})"
+
+
 def _differential(zoo_files, isa: str) -> dict:
     """bench/int8.py's differential mode over every prepared file, in one subprocess per ISA cap."""
     if isa not in _RESULTS:
-        work, skipped = zoo_files
-        models = [m for m in STATIC_FAMILIES + tuple(m + "_dynamic" for m in DYNAMIC_FAMILIES)
-                  if m.removesuffix("_dynamic") not in skipped]
+        work, _, models = zoo_files
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         env.pop("ONEDNN_MAX_CPU_ISA", None)
         env.pop("BYOC_HETERO_INT8", None)
@@ -187,9 +200,9 @@ def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa)
     Runtime)."""
     if model.removesuffix("_dynamic") in zoo_files[1]:
         pytest.skip(f"{model}: {zoo_files[1][model.removesuffix('_dynamic')]}")
+    if isa and _isa_under(isa) != isa.lower():
+        pytest.skip(f"this CPU cannot emulate {isa}: oneDNN runs {_isa_under(isa)} under ONEDNN_MAX_CPU_ISA={isa}")
     result = _differential(zoo_files, isa)
-    if isa and result["isa"] != isa.lower():
-        pytest.skip(f"this CPU cannot emulate {isa}: oneDNN runs {result['isa']} under ONEDNN_MAX_CPU_ISA={isa}")
     row = result[model]
     assert "failed" not in row, row
     exact = _ort_exact()
