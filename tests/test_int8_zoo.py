@@ -195,9 +195,11 @@ def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa)
     The reference is ONNX Runtime on the same file where its int8 is exact (a VNNI CPU). Below VNNI
     ONNX Runtime's u8 x s8 kernels saturate (each pair of products summed in 16 bits), so the
     reference is the llvm-only build of our import of the same file (TVM's float emulation of the
-    Q/DQ steps, exact on every CPU); the saturating path, which saturates the same way as ONNX
-    Runtime there, is held to the looser of the two (the larger error of the llvm build and ONNX
-    Runtime)."""
+    Q/DQ steps, exact on every CPU) for the default path, which computes float32 between the Q/DQ
+    steps there; the saturating path, whose oneDNN int8 kernels saturate as ONNX Runtime's do on such a
+    CPU, is held to ONNX Runtime (small ConvNeXt-T, Skylake-SP: llvm-only 4.1e-2 from float32, ONNX
+    Runtime 0.23, ours saturating 0.26 and 6.7e-2 from ONNX Runtime; MobileNetV3 saturating equals ONNX
+    Runtime's output exactly)."""
     if model.removesuffix("_dynamic") in zoo_files[1]:
         pytest.skip(f"{model}: {zoo_files[1][model.removesuffix('_dynamic')]}")
     if isa and _isa_under(isa) != isa.lower():
@@ -210,8 +212,8 @@ def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa)
         ours = row[mode]
         if exact:
             ref_err, apart = row["ort_vs_f32"], ours["vs_ort"]
-        elif _int8_nodes(ours["precision"]):
-            ref_err, apart = max(row["llvm_vs_f32"], row["ort_vs_f32"]), ours["vs_llvm"]
+        elif _int8_nodes(ours["precision"]):  # saturating like ONNX Runtime's kernels on this CPU
+            ref_err, apart = row["ort_vs_f32"], ours["vs_ort"]
         else:
             ref_err, apart = row["llvm_vs_f32"], ours["vs_llvm"]
         assert ours["vs_f32"] <= 1.25 * ref_err, (result["isa"], mode, ours, row)
