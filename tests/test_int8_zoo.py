@@ -12,7 +12,6 @@ the fix in cpp/kernels/elementwise_chain.cc ours was 1.7 off ONNX Runtime on the
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ pytest.importorskip("onnxscript")
 ort = pytest.importorskip("onnxruntime")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from zoo_models import build  # noqa: E402
+from conftest import isa_under  # noqa: E402
 
 _OURS = """
 import json, os, sys
@@ -143,15 +143,6 @@ def zoo_files(request, tmp_path_factory):
 _RESULTS: dict[str, dict] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _isa_under(cap: str) -> str:
-    """The ISA oneDNN runs with ``ONEDNN_MAX_CPU_ISA=cap`` (a cap above the CPU's ISA gives the CPU's)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), ONEDNN_MAX_CPU_ISA=cap)
-    proc = subprocess.run([sys.executable, "-c", "from byoc_hetero._native import _C; print(_C.isa())"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"? ({proc.stderr[-300:]})"
-
-
 def _differential(zoo_files, isa: str) -> dict:
     """bench/int8.py's differential mode over every prepared file, in one subprocess per ISA cap."""
     if isa not in _RESULTS:
@@ -202,8 +193,8 @@ def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa)
     Runtime's output exactly)."""
     if model.removesuffix("_dynamic") in zoo_files[1]:
         pytest.skip(f"{model}: {zoo_files[1][model.removesuffix('_dynamic')]}")
-    if isa and _isa_under(isa) != isa.lower():
-        pytest.skip(f"this CPU cannot emulate {isa}: oneDNN runs {_isa_under(isa)} under ONEDNN_MAX_CPU_ISA={isa}")
+    if isa and isa_under(isa) != isa.lower():
+        pytest.skip(f"this CPU cannot emulate {isa}: oneDNN runs {isa_under(isa)} under ONEDNN_MAX_CPU_ISA={isa}")
     result = _differential(zoo_files, isa)
     row = result[model]
     assert "failed" not in row, row
