@@ -17,7 +17,10 @@ With ``"int8"`` among the precisions (f32 / bf16 / int8) the tuner also quantize
 matmul groups) and ConvNeXt-T (whose float32 partition fuses its layers into nodes the int8 level
 cannot name: it keeps the default for them and the report says so, issue 35's bad-input rule). The
 codegen and algorithm levels run in every ``bh.tune`` call. bench/tune_precision.py ``--model
-zoo:NAME`` runs the full sizes; the other families were swept there (small configs) this session.
+zoo:NAME`` runs the full sizes. The other families' small configs (ViT, GPT-2, Whisper's encoder,
+wav2vec2) were tuned with f32 / bf16 / int8 outside the suite in session 8 (minutes each on a loaded
+2-core machine); Whisper's conv1d made the algorithm level raise, now tests/test_tune.py's
+test_conv1d_sites_keep_the_default_and_say_why.
 """
 
 from __future__ import annotations
