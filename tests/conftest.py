@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 
@@ -139,3 +140,16 @@ needs_int8_kernels = pytest.mark.skipif(
 """For tests asserting that a region has int8 conv / dense / matmul nodes: below VNNI the int8 fusions
 do not fire (their numbers are checked by the same tests where they do, and by
 test_int8.py::test_without_vnni_int8_anchors_run_float32_between_their_qdq)."""
+
+
+@functools.lru_cache(maxsize=None)
+def isa_under(cap: str) -> str:
+    """The ISA oneDNN runs with ``ONEDNN_MAX_CPU_ISA=cap`` (read when oneDNN starts: asked in a
+    subprocess). A cap above the CPU's own ISA gives the CPU's: such a cap cannot be emulated here."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), ONEDNN_MAX_CPU_ISA=cap)
+    proc = subprocess.run([sys.executable, "-c", "from byoc_hetero._native import _C; print(_C.isa())"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"? ({proc.stderr[-300:]})"

@@ -297,6 +297,48 @@ def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
     assert option == ({wino.key(): slow} if slow != d2.default else {})  # only changes are written
 
 
+def test_conv1d_sites_keep_the_default_and_say_why():
+    """Issue 35's bad-input rule: Whisper's and wav2vec2's conv1d (the runtime's conv2d node on rank-3
+    tensors) made the algorithm level raise "not enough values to unpack" out of ``bh.tune``. A site
+    that is not a 2-D convolution (conv1d; conv3d alike) keeps the runtime's default, unbuilt, and the
+    report says why."""
+    import torch
+
+    import byoc_hetero as bh
+    from byoc_hetero.tune.algorithms import conv_sites
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv1d(16, 16, 3, padding=1)
+            self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.c1(x))
+            return self.c2(y.reshape(1, 16, 5, 8))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    inputs = (torch.randn(1, 16, 40),)
+    mod, params = bh.from_torch(net, inputs)
+    ranks = sorted(len(s.data_shape) for s in conv_sites(bh.partition(mod, params)))
+    assert ranks == [3, 4], ranks  # both reach the algorithm level
+    tuned, report = bh.tune(mod, params, guard_rounds=1, repeat=2)
+    kept = [d for d in report.algorithms if d.kept_because]
+    assert len(kept) == 1 and kept[0].chosen == "direct" and not kept[0].timings, str(report)
+    assert len(report.algorithms) == 2, str(report)  # the conv2d is still decided
+    text = str(report)
+    assert "conv1d 16->16 3 s1 on 40 (batch 1): direct: a 1-D convolution" in text, text
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(relax.build(tuned, target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(t.numpy()) for t in inputs]).numpy()
+    with torch.no_grad():
+        want = net(*inputs).numpy()
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), np.abs(got - want).max()
+
+
 # ---- bh.tune: decisions applied through the backend option, the never-slower guard -------------
 
 def _small_cnn():

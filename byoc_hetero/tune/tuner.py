@@ -70,7 +70,7 @@ class TuneReport:
     def __str__(self) -> str:
         lines = ["tuning report", *self.codegen.lines()]
         for d in self.algorithms:
-            if d.timings:
+            if d.timings or d.kept_because:
                 lines.append(f"  {d.site}: {d.why()}{' [cached]' if d.cached else ''}")
         lines.extend(f"  {d.region}: {d.why()}" for d in self.threads)
         if self.threads:
