@@ -175,8 +175,16 @@ def _int8_nodes(precisions: list[str]) -> bool:
     return any(int(m.group(1)) > 0 for p in precisions for m in [re.search(r"\((\d+) of \d+", p)] if m)
 
 
+#: what the suite runs by default (each family costs about a minute per ISA cap on two cores, five caps on a
+#: VNNI CPU): the CNN whose int8 was wrong (ConvNeXt-T), a depthwise / hard-swish CNN, a dynamically quantized
+#: transformer; ``BYOC_HETERO_INT8_ZOO=all`` runs every family above (bench/int8.py --differential: full sizes)
+SUITE_FAMILIES = ("convnext_tiny", "mobilenet_v3_large", "bert_base_dynamic")
+TESTED = (STATIC_FAMILIES + tuple(m + "_dynamic" for m in DYNAMIC_FAMILIES)
+          if os.environ.get("BYOC_HETERO_INT8_ZOO") == "all" else SUITE_FAMILIES)
+
+
 @pytest.mark.parametrize("isa", ISA_CAPS)
-@pytest.mark.parametrize("model", STATIC_FAMILIES + tuple(m + "_dynamic" for m in DYNAMIC_FAMILIES))
+@pytest.mark.parametrize("model", TESTED)
 def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa):
     """Ours (``bh.from_onnx`` -> ``bh.partition`` -> llvm build) on the file ONNX Runtime quantized,
     each int8 path (``default``: the int8 fusions as this ISA gets them; ``saturating``: oneDNN's int8
