@@ -1,0 +1,61 @@
+"""House rules checked on the code itself (issue 38): no import circles in byoc_hetero/, no private
+name taken across its modules (tools/import_circles.py), and no C++ function of cpp/ over 80 lines
+(tools/long_functions_cpp.py), beside the Python length rule of tests/test_passes.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_circles_and_no_private_imports():
+    """Every import counts (function-level ones too: a later dependency is still one); printed so a
+    failure shows each circle with the imports that close it."""
+    tool = _tool("import_circles")
+    lines = tool.describe(tool.imports(ROOT / "byoc_hetero"), ROOT / "byoc_hetero")
+    print("\n".join(lines))
+    assert lines == []
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp_path / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path / "pkg"
+
+
+def test_import_rule_finds_circles_through_functions_packages_and_private_names(tmp_path):
+    """The rule on a made-up package: a circle closed by a function-level relative import, one
+    through a package ``__init__`` (importing ``sub.b`` runs ``sub/__init__``), a private name taken
+    across modules; a ``TYPE_CHECKING`` import and a private name listed in ``__all__`` are not."""
+    tool = _tool("import_circles")
+    pkg = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from .b import f\n",
+        "b.py": "def f():\n    from . import a\n    return a\n",
+        "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import D\nfrom .sub.leaf import g\n",
+        "d.py": "from .c import g\n",
+        "sub/__init__.py": "from .leaf import g\nfrom .e import h\n",
+        "sub/leaf.py": "def g():\n    return 1\n",
+        "sub/e.py": "def h():\n    from ..x import _hidden, _shared\n    return _hidden, _shared\n",
+        "x.py": "__all__ = ['_shared']\n_hidden = 1\n_shared = 2\nfrom .sub.leaf import g\n",
+    })
+    found = tool.imports(pkg)
+    assert tool.circles(found) == [["pkg.a", "pkg.b"], ["pkg.sub", "pkg.sub.e", "pkg.x"]]
+    assert [(i.source, i.target) for i in tool.private_imports(found, pkg)] == [("pkg.sub.e", "pkg.x")]
+    lines = tool.describe(found, pkg)
+    assert lines[0].startswith("circle of 2: pkg.a, pkg.b") and "pkg.b:2 -> pkg.a" in lines[0]
+    assert lines[-1] == "private import pkg.sub.e:2 takes _hidden from pkg.x"
