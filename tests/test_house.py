@@ -61,6 +61,37 @@ def test_import_rule_finds_circles_through_functions_packages_and_private_names(
     assert lines[-1] == "private import pkg.sub.e:2 takes _hidden from pkg.x"
 
 
+def _doc_table(heading: str) -> list[list[str]]:
+    """The rows (cells, backticks stripped) of the first table under ``heading`` in docs/backends.md."""
+    text = (ROOT / "docs" / "backends.md").read_text()
+    assert heading in text, f"docs/backends.md lost its section {heading!r}"
+    rows = []
+    for line in text[text.index(heading):].splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = [c.strip().replace("\\|", "|") for c in line.replace("\\|", "\x00").strip("|").split("|")]
+            rows.append([c.replace("\x00", "|").strip("`") for c in cells])
+        elif rows and not line.startswith("|"):
+            break
+    return rows[1:]  # the header row left out
+
+
+def test_backends_doc_lists_every_option_and_variant_of_the_onednn_backend():
+    """docs/backends.md's two tables against what the onednn backend declares: the same options
+    (with their defaults) and the same variants (op, name, how each is selected), no more, no less."""
+    import byoc_hetero as bh
+
+    backend = bh.rules.get_target("onednn")
+    options = {row[0]: row[1] for row in _doc_table("### Every option of the `onednn` backend")}
+    assert options == {name: "none" if o.default is None else str(o.default) for name, o in backend.options.items()}
+    variants = {(row[0], row[1]): row[3] for row in _doc_table("### Every variant of the `onednn` backend")}
+    declared = {(op, v.name): v for op, vs in backend.variants.items() for v in vs}
+    assert set(variants) == set(declared)
+    for key, selected_by in variants.items():  # the doc's words for it name what the code names
+        assert selected_by.replace("`", "").split(" ")[0] == declared[key].selected_by.split(" ")[0], key
+
+
 def test_no_cpp_function_over_80_lines():
     """House rule (issue 38): no C++ function of cpp/ over 80 lines, as tests/test_passes.py asks of
     the Python; a file in the tool's KNOWN list (named, with why) is reported but allowed."""
