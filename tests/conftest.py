@@ -98,25 +98,27 @@ def saved_rules():
     import tvm
 
     from byoc_hetero import rules as registry
+    from byoc_hetero import targets as backends
+    from byoc_hetero.rules import op_rules
 
-    saved = {name: list(t.patterns) for name, t in registry._TARGETS.items()}
-    saved_targets = dict(registry._TARGETS)
-    saved_checks = dict(registry._OP_CHECKS)
+    saved = {name: list(t.patterns) for name, t in backends._TARGETS.items()}
+    saved_targets = dict(backends._TARGETS)
+    saved_checks = dict(op_rules._OP_CHECKS)
     try:
         yield
     finally:
-        for name in list(registry._TARGETS):
+        for name in list(backends._TARGETS):
             for op in registry.op_rule_ops(name):
                 for key in map(registry.op_attr_key, registry.get_target(name).names):
                     # only keys the op has: TVM 0.27 segfaults reading a key reset but never set
                     if registry.op_rules._has_op_attr(tvm.ir.Op.get(op), key):
                         tvm.ir.Op.get(op).reset_attr(key)
-        registry._TARGETS.clear()
-        registry._TARGETS.update(saved_targets)
+        backends._TARGETS.clear()
+        backends._TARGETS.update(saved_targets)
         for name, patterns in saved.items():
-            registry._TARGETS[name].patterns[:] = patterns
-        registry._OP_CHECKS.clear()
-        registry._OP_CHECKS.update(saved_checks)
+            backends._TARGETS[name].patterns[:] = patterns
+        op_rules._OP_CHECKS.clear()
+        op_rules._OP_CHECKS.update(saved_checks)
         for (name, op), check in saved_checks.items():  # the op rules registered before (tvm_cpu's)
             registry.op_rule(op, name)(check)
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import QuantizationError
+from ..weight_codes import WeightCodes
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -39,8 +40,6 @@ def _attrs(node: Any) -> dict[str, Any]:
 
 def _codes_of(node: Any, inits: dict[str, np.ndarray]):
     """The node's WeightCodes and bias name, or None when it is left for the importer."""
-    from ..quant.weight_only import WeightCodes
-
     a = _attrs(node)
     bits, block, k, n = int(a.get("bits", 4)), int(a.get("block_size", 0)), int(a.get("K", 0)), int(a.get("N", 0))
     inputs = list(node.input) + [""] * (6 - len(node.input))

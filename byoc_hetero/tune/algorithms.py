@@ -103,7 +103,7 @@ class _OneConv:
     timings all come from the cache never pays for them (0.8 s for ResNet-18's 22 probes)."""
 
     def __init__(self, site: ConvSite, algo: str, seed: int = 0):
-        import byoc_hetero  # noqa: F401  (registers the runtime)
+        from .._native import _C  # noqa: F401  (registers the runtime)
 
         self.site, self.algo, self.seed = site, algo, seed
         self.module = tvm.get_global_func("byoc_hetero.runtime.create")(_region_doc(site, algo))
