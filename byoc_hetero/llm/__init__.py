@@ -148,13 +148,13 @@ def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_lengt
                         ) -> tuple[tvm.IRModule, str, float | None]:
     """What :func:`generator_from_weights` builds, before the build: (the partitioned step module,
     the weights' label, the quantization error or None). For inspecting the regions."""
-    import byoc_hetero as bh
+    from ..stages import partition
 
     if int(max_length) != max_length or max_length < 1:
         raise InputError(f"bh.llm: max_length must be a positive integer, got {max_length!r}")
     precision = _precision(weights_format) if weights_format is not None else None
     mod, params, error, label = _file_weights(spec, weights, int(max_length), weights_format, group_size)
-    return bh.partition(mod, params, precision=precision), label, error
+    return partition(mod, params, precision=precision), label, error
 
 
 def from_onnx(path: str | os.PathLike, *, max_length: int, weights: str | None = None, group_size: int | None = None
