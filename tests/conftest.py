@@ -155,3 +155,17 @@ def isa_under(cap: str) -> str:
     proc = subprocess.run([sys.executable, "-c", "from byoc_hetero._native import _C; print(_C.isa())"], env=env,
                           capture_output=True, text=True, timeout=300)
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"? ({proc.stderr[-300:]})"
+
+
+def docs_blocks(page: str, section: str) -> tuple[str, str]:
+    """The one ```py and the one ```bash block of ``section`` (a ``## `` heading's text) of docs/``page``:
+    the calls the serving tests run exactly as the page shows them."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / page).read_text()
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    py = re.findall(r"^```py\n(.*?)^```", body, re.S | re.M)
+    sh = re.findall(r"^```bash\n(.*?)^```", body, re.S | re.M)
+    assert len(py) == 1 and len(sh) == 1, (page, section, py, sh)
+    return py[0], sh[0]
