@@ -13,6 +13,13 @@ oneDNN's version and ISA are printed with the table.
 
     python3 bench/int8.py --small --models resnet50,mobilenet_v3_large
     python3 bench/int8.py                      # every model, full size (slow to quantize and compile)
+    python3 bench/int8.py --differential ,AVX2 --pre-process --models convnext_tiny,bert_base_dynamic
+
+``--differential [ISAS]`` times nothing: per model, oneDNN ISA cap (``ONEDNN_MAX_CPU_ISA``, one process
+each) and int8 path (the fusions as that ISA gets them; ``BYOC_HETERO_INT8=saturating``) it prints ONNX
+Runtime's and ours' error against the float32 model, ours against ONNX Runtime, and the llvm-only
+build of our import of the same file (the reference where ONNX Runtime's int8 is not exact: below VNNI
+its u8 x s8 kernels saturate). tests/test_int8_zoo.py checks the small configs the same way.
 
 ``--pre-process`` first runs ``onnxruntime.quantization.shape_inference.quant_pre_process`` on the
 float32 file (what ONNX Runtime's quantization guide asks for, and what ``quantize_static`` warns
@@ -59,8 +66,11 @@ def prepare(model: str, small: bool, workdir: str, pre_process: bool = False) ->
     f, fb = _files(workdir, model), _files(workdir, base)
     zm = build(base, small)
     if not os.path.exists(fb["f32"]):
-        torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"],
-                          opset_version=17, dynamo=False)
+        try:
+            torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"],
+                              opset_version=17, dynamo=False)
+        except torch.onnx.errors.UnsupportedOperatorError:  # GPT-2's aten::diff: torch's default exporter
+            torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"])
     np.savez(f["inputs"], **{n: t.numpy() for n, t in zip(zm.input_names, zm.inputs)})
     if os.path.exists(f["q"]):
         return {"quantized": "reused " + f["q"]}
@@ -158,6 +168,64 @@ def serve(engine: str, model: str, threads: int, workdir: str) -> None:
         print(json.dumps({"median_s": float(np.median(times))}), flush=True)
 
 
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    """``max |a - b| / max |b|`` in float64 (the distance every row of the differential mode prints)."""
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / (float(np.max(np.abs(b))) or 1.0))
+
+
+def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", "saturating")) -> dict:
+    """Ours against ONNX Runtime on each prepared quantized file, under this process's oneDNN ISA
+    (``ONEDNN_MAX_CPU_ISA`` is read once, when oneDNN starts: one process per cap).
+
+    Per model: ``ort_vs_f32`` (ONNX Runtime on the quantized file against the float32 file),
+    ``llvm_vs_f32`` (the llvm-only build of our import of the quantized file: TVM's float emulation
+    of the Q/DQ steps, exact on every CPU), and per int8 mode (``default``: the int8 fusions as this
+    ISA gets them; ``saturating``: ``BYOC_HETERO_INT8=saturating``, oneDNN's int8 kernels even below
+    VNNI, the path a VNNI CPU takes) ours against float32, against ONNX Runtime and against the
+    llvm-only build, with the regions' precision. A compile or run that raises is a row's ``failed``.
+    """
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    import byoc_hetero as bh
+    from byoc_hetero._native import _C
+
+    def run(module, feed_args):
+        vm = relax.VirtualMachine(relax.build(module, target="llvm"), tvm.cpu())
+        out = vm["main"](*feed_args)
+        return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+    result = {"isa": _C.isa()}
+    for model in models:
+        f, fb = _files(workdir, model), _files(workdir, model.removesuffix("_dynamic"))
+        data = np.load(f["inputs"])
+        feed = {k: data[k] for k in data.files}
+        want = ort.InferenceSession(fb["f32"], providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        theirs = ort.InferenceSession(f["q"], providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        row = {"ort_vs_f32": _relative(theirs, want)}
+        try:
+            mod, params = bh.from_onnx(f["q"])
+            args = [tvm.runtime.tensor(feed[p.name]) for p in mod["main"].params if p.name in feed]
+            llvm = run(bh.bind_params(mod, params), args)
+            row["llvm_vs_f32"], row["llvm_vs_ort"] = _relative(llvm, want), _relative(llvm, theirs)
+            for mode in modes:
+                os.environ["BYOC_HETERO_INT8"] = mode
+                part = bh.partition(mod, params)
+                ours = run(part, args)
+                regions = bh.report(part).regions
+                row[mode or "default"] = {"vs_f32": _relative(ours, want), "vs_ort": _relative(ours, theirs),
+                                          "vs_llvm": _relative(ours, llvm), "regions": len(regions),
+                                          "precision": sorted({r.precision for r in regions})}
+        except Exception as e:  # noqa: BLE001 - a file we cannot compile is the row's finding
+            row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        finally:
+            os.environ.pop("BYOC_HETERO_INT8", None)
+        result[model] = row
+        print(json.dumps({"model": model, **row}), flush=True)  # each row as it comes (a slow loaded machine)
+    return result
+
+
 def time_model(model: str, threads: int, workdir: str, rounds: int, min_time: float) -> dict:
     """Latency and error of every engine on the quantized file: one process per engine, timed in
     turn (round-robin rounds; the median of the rounds' medians)."""
@@ -201,14 +269,40 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} CPUs; oneDNN {_C.onednn_version()} ISA {_C.isa()}"
 
 
-def _spawn(argv: list[str], threads: int, timeout: float) -> dict:
+def _spawn(argv: list[str], threads: int, timeout: float, extra_env: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), BYOC_HETERO_NUM_THREADS=str(threads),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {}))
     proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     return json.loads(lines[-1])
+
+
+def differential_table(models: list[str], small: bool, workdir: str, isas: list[str], pre_process: bool) -> None:
+    """The differential mode's table: per model, ISA cap and int8 path the three distances (ours and
+    ONNX Runtime against float32, ours against ONNX Runtime) and ours against the llvm-only build."""
+    print("| model | ISA | int8 path | ORT vs f32 | llvm-only vs f32 | ours vs f32 | ours vs ORT | ours vs llvm-only |"
+          " regions, precision |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model in models:
+        size = ("small" if small else "full") + ("+pre" if pre_process else "")
+        prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, size], 2, 3600)
+        if "failed" in prep:
+            print(f"| {model} | - | - | quantization failed: {prep['failed']} |||||", flush=True)
+            continue
+        for isa in isas:
+            env = {"ONEDNN_MAX_CPU_ISA": isa} if isa else {}
+            r = _spawn(["--workdir", workdir, "--worker", "differential", model, "default,saturating"], 2, 7200, env)
+            row = r.get(model, r)
+            if "failed" in row:
+                print(f"| {model} | {isa or 'own'} | - | failed: {row['failed'][-200:]} |||||", flush=True)
+                continue
+            for mode in ("default", "saturating"):
+                o = row[mode]
+                print(f"| {model} | {r['isa']} | {mode} | {row['ort_vs_f32']:.2e} | {row['llvm_vs_f32']:.2e} | "
+                      f"{o['vs_f32']:.2e} | {o['vs_ort']:.2e} | {o['vs_llvm']:.2e} | {o['regions']}, "
+                      f"{'; '.join(o['precision'])} |", flush=True)
 
 
 def _cell(r: dict) -> str:
@@ -228,6 +322,9 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None)
     p.add_argument("--pre-process", action="store_true",
                    help="quant_pre_process the float32 file before quantizing (files in <workdir>/pre)")
+    p.add_argument("--differential", nargs="?", const=",AVX2", default=None, metavar="ISAS",
+                   help="print ours / ONNX Runtime / float32 / llvm-only distances instead of timing, per oneDNN "
+                        "ISA cap (comma-separated ONEDNN_MAX_CPU_ISA values, empty: the CPU's own; default ',AVX2')")
     p.add_argument("--worker", nargs=3, metavar=("KIND", "MODEL", "ARG"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="bh-int8-")
@@ -236,6 +333,10 @@ def main(argv=None) -> int:
     os.makedirs(workdir, exist_ok=True)
     if args.worker:
         kind, model, arg = args.worker
+        if kind == "differential":
+            modes = tuple("" if m == "default" else m for m in arg.split(","))
+            print(json.dumps(differential(model.split(","), workdir, modes)))
+            return 0
         if kind == "serve":
             engine, threads = arg.split(":")
             serve(engine, model, int(threads), workdir)
@@ -244,6 +345,10 @@ def main(argv=None) -> int:
         return 0
     print(f"machine: {machine()}; {'small' if args.small else 'full-size'} models"
           f"{', quant_pre_process-ed' if args.pre_process else ''}; workdir {workdir}")
+    if args.differential is not None:
+        differential_table(args.models.split(","), args.small, workdir, args.differential.split(","),
+                           args.pre_process)
+        return 0
     print("| model | threads | byoc-hetero | ONNX Runtime | OpenVINO |")
     print("|---|---|---|---|---|")
     for model in args.models.split(","):

@@ -29,7 +29,8 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero.tune.measure import time_alternately
-from byoc_hetero.tune.precision import Built, relative_error
+from byoc_hetero.tune.plan_errors import relative_error
+from byoc_hetero.tune.plans import Built
 
 
 def _machine() -> str:

@@ -20,6 +20,8 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from .targets import backend_for_runtime, canonical_name
+
 #: Function attributes TVM's BYOC passes use: a composite's rule name, a region's codegen.
 COMPOSITE_ATTR = "Composite"
 CODEGEN_ATTR = "Codegen"
@@ -333,8 +335,6 @@ def region_graph_json(module: tvm.runtime.Module) -> dict[str, Any] | None:
     """The region document of a runtime module made by a backend's codegen (for the oneDNN backend
     the graph of docs/region-format.md), asked of the backend whose ``runtime_kind`` the module
     has; None for any other module."""
-    from .rules.targets import backend_for_runtime  # rules import this module
-
     backend = backend_for_runtime(str(module.kind))
     if backend is None or backend.region_graph is None:
         return None
@@ -370,8 +370,6 @@ class RegionEntry:
 def region_table(mod: tvm.IRModule) -> dict[str, RegionEntry]:
     """The regions carried by a partitioned module whose backend can describe them, by external
     symbol (:func:`region_graph_json`)."""
-    from .rules.targets import canonical_name
-
     table = {}
     for module in external_modules(mod):
         graph = region_graph_json(module)
@@ -419,8 +417,6 @@ def region_modules(executable: Any) -> list[tvm.runtime.Module]:
     They are found among the imports of ``executable.jit()`` (what the VM loads, possibly a
     reloaded copy), not of the module the executable was built from.
     """
-    from .rules.targets import backend_for_runtime
-
     return [m for m in imported_modules(executable.jit()) if backend_for_runtime(str(m.kind)) is not None]
 
 

@@ -22,7 +22,7 @@ import tvm
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
 from .inputs import DimRanges, with_dim_ranges
 from .passes import ONNX_IMPORT, ONNX_IMPORTED, TORCH_IMPORT, run_passes
-from .quant.validate import check_onnx as check_onnx_qdq
+from .qdq_checks import check_onnx as check_onnx_qdq
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
 
@@ -84,7 +84,7 @@ def from_onnx(model: str | Path | Any, shape: Mapping[str, Sequence[int]] | None
     :class:`FrontendError`. Raises
     :class:`FrontendError` for a missing or unreadable file, or an op TVM's importer lacks, and its
     subclass :class:`~byoc_hetero.errors.QuantizationError` for a QDQ model with a malformed scale or
-    zero point (:func:`byoc_hetero.quant.validate.check_onnx`).
+    zero point (:func:`byoc_hetero.qdq_checks.check_onnx`).
 
     When TVM's importer rejects the model as exported and ``onnxruntime`` is installed, the model is
     constant-folded by :func:`_fold_with_onnxruntime` (ONNX Runtime's *basic* graph optimizations only)

@@ -24,7 +24,7 @@ from ._relax import (
     short_op_name,
 )
 from .ranges import is_range_check
-from .rules.targets import canonical_name
+from .targets import canonical_name
 
 HOST = "llvm"
 

@@ -43,7 +43,9 @@ from ._relax import (
     entry_functions,
     is_composite,
     is_region,
+    op_calls,
     ops_in,
+    region_composites,
     static_shape,
     updated,
 )
@@ -60,8 +62,8 @@ from .passes import (
 )
 from .passes.host_code_anchor import host_code_anchor
 from .passes.cost_gate import DEFAULT_MIN_REGION_OPS, HEAVY_OPS, HOST, gated_composites, region_key
-from .passes.retarget_regions import retarget_regions
-from .quant.validate import check_relax as check_relax_qdq
+from .passes.retarget_regions import region_as_main, retarget_regions
+from .qdq_checks import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
 from .rules import (
@@ -79,7 +81,7 @@ TargetSpec = str | Sequence[str] | None
 """A backend name (or alias), names in priority order, or None for the default backend."""
 
 
-def _targets(target: TargetSpec) -> list[str]:
+def target_names(target: TargetSpec) -> list[str]:
     """The backends' names (aliases resolved); RuleError naming the known targets otherwise."""
     names = [default_target()] if target is None else [target] if isinstance(target, str) else list(target)
     if not names:
@@ -124,7 +126,7 @@ def _fuse(mod: tvm.IRModule, patterns: list) -> tvm.IRModule:
 
 def merge_composite(target: TargetSpec = None) -> tvm.transform.Pass:
     """Stage 1 (MergeComposite): group pattern-rule matches into composite functions."""
-    names = _targets(target)
+    names = target_names(target)
 
     @tvm.transform.module_pass(opt_level=0, name="MergeComposite")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -142,7 +144,7 @@ def merge_composite(target: TargetSpec = None) -> tvm.transform.Pass:
 
 def annotate_target(target: TargetSpec = None) -> tvm.transform.Pass:
     """Stage 2 (AnnotateTarget): op-attribute rules → one-op composites; mark composites' targets."""
-    names = _targets(target)
+    names = target_names(target)
 
     @tvm.transform.module_pass(opt_level=0, name="AnnotateTarget")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -190,11 +192,55 @@ def merge_compiler_regions(min_region_ops: int = DEFAULT_MIN_REGION_OPS,
             gated = gated_composites(mod, merged, min_region_ops, require_heavy_op, log, codegen, used)
             if not gated:
                 _warn_unused_keys(codegen, used)
-                merged = retarget_regions(merged, codegen, _region_keys(merged) if codegen else {})
+                merged = retarget_regions(merged, codegen, _region_keys(merged) if codegen else {}, retarget_region)
                 return log.attach(run_passes(AFTER_MERGE, merged))
             mod = inline_composites(mod, gated)
 
     return stage
+
+
+def _op_count(region: relax.Function) -> int:
+    return sum(len(op_calls(f)) for f in region_composites(region))
+
+
+def retarget_region(region: relax.Function, backend: str) -> relax.Function | str:
+    """``region`` as a region of ``backend`` (a registered target's name), or why it cannot be."""
+    mod = region_as_main(region)
+    try:
+        for stage in stages(backend, 1, False)[:3]:
+            mod = stage(mod)
+    except Exception as err:  # noqa: BLE001 - a backend's rules may fail on ops they never saw
+        return f"its stages failed on the region's ops: {err}"
+    found = [(gv, f) for gv, f in mod.functions_items() if is_region(f)]
+    if len(found) != 1:
+        return f"{backend} forms {len(found)} regions of its ops, not one"
+    ((gv, new),) = found
+    if _op_count(new) != _op_count(region):
+        return f"{backend} takes {_op_count(new)} of its {_op_count(region)} ops"
+    order = _param_order(mod["main"], gv)
+    if order is None:
+        return f"{backend}'s region does not take the region's parameters one to one"
+    params = [new.params[j] for j in order]
+    out = relax.Function(params, new.body, new.ret_ty, new.is_pure, new.attrs)
+    return out.with_attr("global_symbol", region.attrs["global_symbol"])
+
+
+def _param_order(main: relax.Function, gv: tvm.ir.GlobalVar) -> list[int] | None:
+    """For each parameter of ``main`` in order, the index of the argument of the one call of
+    ``gv`` that passes it; None unless ``main`` is only that call on its parameters, returned."""
+    body = main.body
+    bindings = [b for block in body.blocks for b in block.bindings]
+    calls = [b for b in bindings if isinstance(b.value, relax.Call) and b.value.op.same_as(gv)]
+    if len(calls) != 1 or len(bindings) > 2:
+        return None
+    call = calls[0]
+    returned = body.body
+    if not (returned.same_as(call.var) or (len(bindings) == 2 and bindings[1].value.same_as(call.var)
+                                           and returned.same_as(bindings[1].var))):
+        return None
+    args = list(call.value.args)
+    order = [next((j for j, a in enumerate(args) if a.same_as(p)), -1) for p in main.params]
+    return order if sorted(order) == list(range(len(args))) else None
 
 
 def _region_keys(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, str]:
@@ -284,7 +330,7 @@ def stages(target: TargetSpec = None, min_region_ops: int = DEFAULT_MIN_REGION_O
             m = stage(m)
             print(stage.info.name, bh.op_profile(m))
     """
-    names = _targets(target)
+    names = target_names(target)
     given = codegen_options(names, precision, options)
     return [merge_composite(names), annotate_target(names),
             merge_compiler_regions(min_region_ops, require_heavy_op, region_codegen), partition_graph(given)]

@@ -100,6 +100,26 @@ class Planner : public planning::ConcatInPlace {
   using ConcatInPlace::ConcatInPlace;
 
   void Run() {
+    SetUpValues();
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      const NodeInfo& node = g_.nodes[n];
+      CheckQuantizedOperands(n);
+      CheckWrittenInputs(n);
+      bool all_const = !node.inputs.empty();
+      for (int t : node.inputs) all_const = all_const && values_[t].is_const;
+      const std::unique_ptr<Kernel> kernel = MakeKernel(n);
+      const bool at_init = all_const && !values_[node.output].region_output;
+      node_where_ = g_.where(n);
+      GuardDnnl(g_.where(n), "set up buffers and reorders", [&] { PlanNode(n, *kernel, at_init); });
+    }
+    Compile(&init_, &plan_.init_steps, &plan_.init_scratch_bytes);
+    Compile(&run_, &plan_.run_steps, &plan_.run_scratch_bytes);
+    planning::PlaceIntermediates(plan_);
+  }
+
+ private:
+  /*! \brief The plan's header, its argument slots, and the state of each region input and constant. */
+  void SetUpValues() {
     plan_.where = g_.where();
     plan_.symbol = g_.symbol;
     plan_.num_constants = g_.constants.size();
@@ -127,66 +147,58 @@ class Planner : public planning::ConcatInPlace {
       v.plain_md = v.storage_md = PlainDescOf(g_.tensors[g_.constants[i].tensor]);
       v.storage = v.plain = const_arg_slot_[i];
     }
+  }
 
-    for (size_t n = 0; n < g_.nodes.size(); ++n) {
-      const NodeInfo& node = g_.nodes[n];
-      CheckQuantizedOperands(n);
-      CheckWrittenInputs(n);
-      KernelBuilder builder = FindKernelBuilder(node.op);
-      if (builder == nullptr) {
-        std::string ops;
-        for (const auto& op : SupportedOps()) ops += (ops.empty() ? "" : ", ") + op;
-        TVM_FFI_THROW(ValueError) << g_.where() << ": field 'nodes[" << n << "].op': unknown op '"
-                                  << node.op << "' (supported: " << ops << ")";
-      }
-      KernelContext ctx{g_, n, engine_, {}, {}, NodeComputesBf16(g_, n)};
-      ctx.output_hint = ConcatSliceLayout(n);
-      ctx.threads = plan_.threads;
-      bool all_const = !node.inputs.empty();
+  /*! \brief Node \p n's kernel, built from its context; the operands it declares checked against the
+   *         node's inputs and their dtypes. */
+  std::unique_ptr<Kernel> MakeKernel(size_t n) {
+    const NodeInfo& node = g_.nodes[n];
+    KernelBuilder builder = FindKernelBuilder(node.op);
+    if (builder == nullptr) {
+      std::string ops;
+      for (const auto& op : SupportedOps()) ops += (ops.empty() ? "" : ", ") + op;
+      TVM_FFI_THROW(ValueError) << g_.where() << ": field 'nodes[" << n << "].op': unknown op '"
+                                << node.op << "' (supported: " << ops << ")";
+    }
+    KernelContext ctx{g_, n, engine_, {}, {}, NodeComputesBf16(g_, n)};
+    ctx.output_hint = ConcatSliceLayout(n);
+    ctx.threads = plan_.threads;
+    for (int t : node.inputs) {
+      ctx.input_storage.push_back(values_[t].storage_md);
+      ctx.input_constant.push_back(values_[t].is_const);
+    }
+    std::unique_ptr<Kernel> kernel;
+    try {
+      kernel = builder(ctx);
+    } catch (const dnnl::error& e) {
+      // A float32 kernel handed a non-float32 tensor fails in oneDNN first: say why.
       for (int t : node.inputs) {
-        ctx.input_storage.push_back(values_[t].storage_md);
-        ctx.input_constant.push_back(values_[t].is_const);
-        all_const = all_const && values_[t].is_const;
-      }
-      std::unique_ptr<Kernel> kernel;
-      try {
-        kernel = builder(ctx);
-      } catch (const dnnl::error& e) {
-        // A float32 kernel handed a non-float32 tensor fails in oneDNN first: say why.
-        for (int t : node.inputs) {
-          if (g_.tensors[t].dtype != DType::kFloat32) {
-            TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype "
-                                      << DTypeName(g_.tensors[t].dtype) << ", which this op does not read"
-                                      << " (it runs on float32 tensors)";
-          }
-        }
-        ThrowDnnlError(g_.where(n), "create the primitive", e);
-      }
-      if (kernel->inputs().size() != node.inputs.size()) {
-        TVM_FFI_THROW(InternalError) << g_.where(n) << ": kernel declared " << kernel->inputs().size()
-                                     << " operands for " << node.inputs.size() << " inputs";
-      }
-      // A kernel reads each tensor in the tensor's own dtype; a float32-only kernel handed an int64
-      // tensor (a codegen bug, or a hand-written document) must fail here, not read wrong bytes.
-      for (size_t k = 0; k <= node.inputs.size(); ++k) {
-        const int t = k < node.inputs.size() ? node.inputs[k] : node.output;
-        const memory::desc& view = k < node.inputs.size() ? kernel->inputs()[k].view : kernel->output().view;
-        if (view.get_data_type() != PlainDescOf(g_.tensors[t]).get_data_type()) {
+        if (g_.tensors[t].dtype != DType::kFloat32) {
           TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype "
                                     << DTypeName(g_.tensors[t].dtype) << ", which this op does not read"
                                     << " (it runs on float32 tensors)";
         }
       }
-      const bool at_init = all_const && !values_[node.output].region_output;
-      node_where_ = g_.where(n);
-      GuardDnnl(g_.where(n), "set up buffers and reorders", [&] { PlanNode(n, *kernel, at_init); });
+      ThrowDnnlError(g_.where(n), "create the primitive", e);
     }
-    Compile(&init_, &plan_.init_steps, &plan_.init_scratch_bytes);
-    Compile(&run_, &plan_.run_steps, &plan_.run_scratch_bytes);
-    planning::PlaceIntermediates(plan_);
+    if (kernel->inputs().size() != node.inputs.size()) {
+      TVM_FFI_THROW(InternalError) << g_.where(n) << ": kernel declared " << kernel->inputs().size()
+                                   << " operands for " << node.inputs.size() << " inputs";
+    }
+    // A kernel reads each tensor in the tensor's own dtype; a float32-only kernel handed an int64
+    // tensor (a codegen bug, or a hand-written document) must fail here, not read wrong bytes.
+    for (size_t k = 0; k <= node.inputs.size(); ++k) {
+      const int t = k < node.inputs.size() ? node.inputs[k] : node.output;
+      const memory::desc& view = k < node.inputs.size() ? kernel->inputs()[k].view : kernel->output().view;
+      if (view.get_data_type() != PlainDescOf(g_.tensors[t]).get_data_type()) {
+        TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype "
+                                  << DTypeName(g_.tensors[t].dtype) << ", which this op does not read"
+                                  << " (it runs on float32 tensors)";
+      }
+    }
+    return kernel;
   }
 
- private:
   /*! \brief An input the kernel writes in place (KernelTraits::writes_inputs) is the caller's own buffer:
    *         a float32 region input, read by no other node, no region output. */
   void CheckWrittenInputs(size_t n) const {
@@ -235,39 +247,66 @@ class Planner : public planning::ConcatInPlace {
     }
   }
 
+  /*! \brief A node that only views its input (a reshape): its output is the input's bytes. */
+  void PlanAlias(size_t n, const Kernel& kernel) {
+    const NodeInfo& node = g_.nodes[n];
+    const int t_out = node.output;
+    const size_t k = static_cast<size_t>(kernel.alias_input());
+    const int t_in = node.inputs[k];
+    // A value stored bf16 (only where every reader rounds it: OutputOnlyFeedsBf16Convs) is
+    // aliased as plain bf16 bytes, so the readers of the reshape still read it without a reorder.
+    OperandLayout in_layout = kernel.inputs()[k];
+    const bool bf16 = values_[t_in].storage_md.get_data_type() == memory::data_type::bf16 &&
+                      in_layout.view.get_data_type() == memory::data_type::f32;
+    if (bf16) in_layout.want = WithType(in_layout.view, memory::data_type::bf16);
+    // Plain bytes of the input that outlive __init_ (never a constant's own data).
+    const MemRef src = Resolve(t_in, in_layout, n, /*init_consumer=*/false);
+    ValueState& v = values_[t_out];
+    v.is_const = values_[t_in].is_const;
+    v.plain_md = v.storage_md = kernel.output().view;
+    if (bf16) v.storage_md = WithType(v.plain_md, memory::data_type::bf16);
+    const int out_pos = OutputPosition(t_out);
+    if (out_pos >= 0) {
+      const int user = run_arg_slot_[g_.inputs.size() + out_pos];
+      AddReorder(false, {v.storage_md, src.slot}, {kernel.output().view, user},
+                 g_.where(n) + ": output tensor " + std::to_string(t_out) + " copied out");
+      v.storage = v.plain = user;
+      v.storage_md = v.plain_md;
+    } else {
+      v.storage = src.slot;
+      v.plain = bf16 ? -1 : src.slot;
+      v.aliased = values_[t_in].aliased = true;
+      v.order = OrderOf(t_in);
+    }
+  }
+
+  /*! \brief The slot of node \p n's residual (its sum input) when the node may accumulate into it
+   *         in place (the residual dies here, private, same bytes as the output), else -1. */
+  int ReusableResidual(size_t n, const Kernel& kernel, bool at_init) {
+    const NodeInfo& node = g_.nodes[n];
+    const int residual = node.inputs[kernel.sum_input()];
+    const ValueState& r = values_[residual];
+    int reads = 0;
+    for (int in : node.inputs) reads += in == residual;
+    const memory::desc& want = kernel.output().want;
+    // the same bytes: equal descriptors, or both row-major over the same number of elements (a
+    // residual relabelled [N,H,W,C] read by a dense writing [N*H*W, C])
+    const bool same_bytes = r.storage_md == want ||
+                            (r.storage_md == PlainDesc(r.storage_md.get_dims()) && want == PlainDesc(want.get_dims()) &&
+                             r.storage_md.get_size() == want.get_size());
+    const bool dies = r.aliased ? SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
+    if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output && dies &&
+        reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && !IsConcatStorage(r.storage) && same_bytes) {
+      return r.storage;  // the residual dies here: accumulate into its own buffer
+    }
+    return -1;
+  }
+
   /*! \brief Plan one node: resolve its inputs, place its output, append its steps. */
   void PlanNode(size_t n, const Kernel& kernel, bool at_init) {
     const NodeInfo& node = g_.nodes[n];
-    const int t_out = node.output;
-
     if (kernel.alias_input() >= 0) {
-      const size_t k = static_cast<size_t>(kernel.alias_input());
-      const int t_in = node.inputs[k];
-      // A value stored bf16 (only where every reader rounds it: OutputOnlyFeedsBf16Convs) is
-      // aliased as plain bf16 bytes, so the readers of the reshape still read it without a reorder.
-      OperandLayout in_layout = kernel.inputs()[k];
-      const bool bf16 = values_[t_in].storage_md.get_data_type() == memory::data_type::bf16 &&
-                        in_layout.view.get_data_type() == memory::data_type::f32;
-      if (bf16) in_layout.want = WithType(in_layout.view, memory::data_type::bf16);
-      // Plain bytes of the input that outlive __init_ (never a constant's own data).
-      const MemRef src = Resolve(t_in, in_layout, n, /*init_consumer=*/false);
-      ValueState& v = values_[t_out];
-      v.is_const = values_[t_in].is_const;
-      v.plain_md = v.storage_md = kernel.output().view;
-      if (bf16) v.storage_md = WithType(v.plain_md, memory::data_type::bf16);
-      const int out_pos = OutputPosition(t_out);
-      if (out_pos >= 0) {
-        const int user = run_arg_slot_[g_.inputs.size() + out_pos];
-        AddReorder(false, {v.storage_md, src.slot}, {kernel.output().view, user},
-                   g_.where(n) + ": output tensor " + std::to_string(t_out) + " copied out");
-        v.storage = v.plain = user;
-        v.storage_md = v.plain_md;
-      } else {
-        v.storage = src.slot;
-        v.plain = bf16 ? -1 : src.slot;
-        v.aliased = values_[t_in].aliased = true;
-        v.order = OrderOf(t_in);
-      }
+      PlanAlias(n, kernel);
       return;
     }
 
@@ -283,25 +322,8 @@ class Planner : public planning::ConcatInPlace {
       if (static_cast<int>(k) == sum) continue;
       ins[k] = Resolve(node.inputs[k], kernel.inputs()[k], n, at_init);
     }
-    int reuse = -1;
-    int residual = -1;
-    if (sum >= 0) {
-      residual = node.inputs[sum];
-      const ValueState& r = values_[residual];
-      int reads = 0;
-      for (int in : node.inputs) reads += in == residual;
-      const memory::desc& want = kernel.output().want;
-      // the same bytes: equal descriptors, or both row-major over the same number of elements (a
-      // residual relabelled [N,H,W,C] read by a dense writing [N*H*W, C])
-      const bool same_bytes = r.storage_md == want ||
-                              (r.storage_md == PlainDesc(r.storage_md.get_dims()) && want == PlainDesc(want.get_dims()) &&
-                               r.storage_md.get_size() == want.get_size());
-      const bool dies = r.aliased ? SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
-      if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output && dies &&
-          reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && !IsConcatStorage(r.storage) && same_bytes) {
-        reuse = r.storage;  // the residual dies here: accumulate into its own buffer
-      }
-    }
+    const int residual = sum >= 0 ? node.inputs[sum] : -1;
+    const int reuse = sum >= 0 ? ReusableResidual(n, kernel, at_init) : -1;
     std::vector<Step> trailing;
     MemRef out;
     if (at_init || reuse >= 0 || !WriteIntoConcat(n, kernel.output(), &out)) {

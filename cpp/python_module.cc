@@ -118,14 +118,8 @@ py::dict Counters(std::initializer_list<std::pair<const char*, int64_t>> items) 
   return d;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "byoc_hetero native extension: oneDNN runtime for offloaded Relax regions";
-  m.attr("__version__") = BYOC_HETERO_VERSION;
-  m.attr("REGION_FORMAT") = byoc_hetero::kRegionFormat;
-  m.attr("REGION_VERSION") = byoc_hetero::kRegionVersion;
-
+/*! \brief The runtime's facts: versions, ISA, kernels and their traits, precisions, enums, validation. */
+void DefineInfo(py::module_& m) {
   m.def(
       "digest",
       [](const pybind11::array& data) {
@@ -193,7 +187,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("graph_json"),
       "Structurally validate a region document (no op checks, no oneDNN); returns its symbol. "
       "Raises ValueError naming the field on failure.");
+}
 
+/*! \brief Planning a region without running it, and preparing its weights. */
+void DefinePlanning(py::module_& m) {
   m.def(
       "plan_region",
       [](const std::string& graph_json, std::optional<std::vector<std::vector<int64_t>>> input_shapes,
@@ -240,7 +237,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("graph_json"), py::arg("constants"), py::arg("plans") = 2,
       "Plan a region `plans` times into one store of prepared weights and fill it from `constants` "
       "(float32 arrays): {buffers, bytes, init_steps_run: per plan}. Shows that plans share weights.");
+}
 
+/*! \brief Threads per region call, the plan cache, the admission gate and the adaptation to contention. */
+void DefineThreads(py::module_& m) {
   m.def("plan_cache_limit", &byoc_hetero::PlanCacheLimit,
         "Most plans a symbolic region keeps (least recently used evicted): BYOC_HETERO_PLAN_CACHE, default 8.");
   m.def("set_plan_cache_limit", &byoc_hetero::SetPlanCacheLimit, py::arg("n"),
@@ -293,5 +293,17 @@ PYBIND11_MODULE(_C, m) {
       "module's >> level).");
   m.def("reset_adaptation", &byoc_hetero::ResetAdaptation,
         "Back to full threads and zero counters (the mode stays).");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "byoc_hetero native extension: oneDNN runtime for offloaded Relax regions";
+  m.attr("__version__") = BYOC_HETERO_VERSION;
+  m.attr("REGION_FORMAT") = byoc_hetero::kRegionFormat;
+  m.attr("REGION_VERSION") = byoc_hetero::kRegionVersion;
+  DefineInfo(m);
+  DefinePlanning(m);
+  DefineThreads(m);
   byoc_hetero::RegisterFfiErrorTranslator();
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 
@@ -97,25 +98,27 @@ def saved_rules():
     import tvm
 
     from byoc_hetero import rules as registry
+    from byoc_hetero import targets as backends
+    from byoc_hetero.rules import op_rules
 
-    saved = {name: list(t.patterns) for name, t in registry._TARGETS.items()}
-    saved_targets = dict(registry._TARGETS)
-    saved_checks = dict(registry._OP_CHECKS)
+    saved = {name: list(t.patterns) for name, t in backends._TARGETS.items()}
+    saved_targets = dict(backends._TARGETS)
+    saved_checks = dict(op_rules._OP_CHECKS)
     try:
         yield
     finally:
-        for name in list(registry._TARGETS):
+        for name in list(backends._TARGETS):
             for op in registry.op_rule_ops(name):
                 for key in map(registry.op_attr_key, registry.get_target(name).names):
                     # only keys the op has: TVM 0.27 segfaults reading a key reset but never set
                     if registry.op_rules._has_op_attr(tvm.ir.Op.get(op), key):
                         tvm.ir.Op.get(op).reset_attr(key)
-        registry._TARGETS.clear()
-        registry._TARGETS.update(saved_targets)
+        backends._TARGETS.clear()
+        backends._TARGETS.update(saved_targets)
         for name, patterns in saved.items():
-            registry._TARGETS[name].patterns[:] = patterns
-        registry._OP_CHECKS.clear()
-        registry._OP_CHECKS.update(saved_checks)
+            backends._TARGETS[name].patterns[:] = patterns
+        op_rules._OP_CHECKS.clear()
+        op_rules._OP_CHECKS.update(saved_checks)
         for (name, op), check in saved_checks.items():  # the op rules registered before (tvm_cpu's)
             registry.op_rule(op, name)(check)
 
@@ -139,3 +142,30 @@ needs_int8_kernels = pytest.mark.skipif(
 """For tests asserting that a region has int8 conv / dense / matmul nodes: below VNNI the int8 fusions
 do not fire (their numbers are checked by the same tests where they do, and by
 test_int8.py::test_without_vnni_int8_anchors_run_float32_between_their_qdq)."""
+
+
+@functools.lru_cache(maxsize=None)
+def isa_under(cap: str) -> str:
+    """The ISA oneDNN runs with ``ONEDNN_MAX_CPU_ISA=cap`` (read when oneDNN starts: asked in a
+    subprocess). A cap above the CPU's own ISA gives the CPU's: such a cap cannot be emulated here."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), ONEDNN_MAX_CPU_ISA=cap)
+    proc = subprocess.run([sys.executable, "-c", "from byoc_hetero._native import _C; print(_C.isa())"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"? ({proc.stderr[-300:]})"
+
+
+def docs_blocks(page: str, section: str) -> tuple[str, str]:
+    """The one ```py and the one ```bash block of ``section`` (a ``## `` heading's text) of docs/``page``:
+    the calls the serving tests run exactly as the page shows them."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / page).read_text()
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    py = re.findall(r"^```py\n(.*?)^```", body, re.S | re.M)
+    sh = re.findall(r"^```bash\n(.*?)^```", body, re.S | re.M)
+    assert len(py) == 1 and len(sh) == 1, (page, section, py, sh)
+    return py[0], sh[0]

@@ -159,11 +159,13 @@ def _broadcast_shape(draw, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @st.composite
 def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | None = None,
-           special: bool = False):
+           special: bool = False, int8_weight_bound: int = 127):
     """Draw ``(mod, inputs, recipe)``: a Relax module with static shapes and numpy inputs.
 
     ``special``: the input ``x`` holds NaN / ±inf at a few places (:func:`sprinkle_special_values`);
-    pass ``kinds`` from :data:`SPECIAL_KINDS` with it.
+    pass ``kinds`` from :data:`SPECIAL_KINDS` with it. ``int8_weight_bound``: the int8 anchors'
+    weights are drawn in ``[-bound, bound]`` (64: no pair of u8 x s8 products exceeds 16 bits, the
+    sums oneDNN's int8 kernels make below VNNI).
 
     ``wide``: channel counts of 16 and 32 (the runtime's Winograd convolution needs multiples of
     16) and only the CNN steps. ``kinds``: draw only these kinds of steps (each must be in
@@ -1030,7 +1032,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             se = draw(st.sampled_from([1 / 128, 1 / 64]))
             eq = bb.emit(R.quantize(e, qconst(se, F32), qconst(0, "int8"), axis=1, out_dtype="int8"))
             ed = bb.emit(R.dequantize(eq, qconst(se, F32), qconst(0, "int8"), axis=1, out_dtype=F32))
-            w2 = rng.integers(-127, 128, (n, 4)).astype("int8")
+            w2 = rng.integers(-int8_weight_bound, int8_weight_bound + 1, (n, 4)).astype("int8")
             wd2 = bb.emit(R.dequantize(relax.const(w2), qconst(0.01, F32), qconst(0, "int8"), axis=1, out_dtype=F32))
             y = bb.emit(R.matmul(ed, wd2))
             # the anchor's one step (and what its post-op skips) through erf (|erf'| <= 1.13), the erf's
@@ -1084,13 +1086,13 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         w_scale = rng.uniform(0.002, 0.01, out).astype(F32) if per_channel else np.float32(0.005)
         if len(shape) == 4:
             k, stride = draw(st.sampled_from([1, 3])), draw(st.sampled_from([1, 2]))
-            wq = rng.integers(-127, 128, (out, shape[1], k, k)).astype("int8")
+            wq = rng.integers(-int8_weight_bound, int8_weight_bound + 1, (out, shape[1], k, k)).astype("int8")
             wd = bb.emit(R.dequantize(relax.const(wq), relax.const(w_scale), relax.const(np.zeros(np.shape(w_scale), "int8")),
                                       axis=0, out_dtype=F32))
             y = bb.emit(R.nn.conv2d(xd, wd, strides=[stride, stride], padding=[k // 2] * 4))
             bias_shape = (1, out, 1, 1)
         else:
-            wq = rng.integers(-127, 128, (out, shape[1])).astype("int8")
+            wq = rng.integers(-int8_weight_bound, int8_weight_bound + 1, (out, shape[1])).astype("int8")
             wd = bb.emit(R.dequantize(relax.const(wq), relax.const(w_scale), relax.const(np.zeros(np.shape(w_scale), "int8")),
                                       axis=0, out_dtype=F32))
             y = bb.emit(R.matmul(xd, bb.emit(R.permute_dims(wd, [1, 0]))))

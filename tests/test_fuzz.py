@@ -29,8 +29,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 import tvm
-from conftest import TOLERANCE, saved_rules, needs_int8_kernels
+from conftest import TOLERANCE, isa_under, saved_rules
 from fuzz_graphs import KINDS, SPECIAL_KINDS, graphs, run_all, transformer_graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,6 +39,7 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero._relax import region_graph_json
+from byoc_hetero.backends.onednn.precision import VNNI_ISAS, int8_kernels_reason
 from byoc_hetero.rules import pattern_rules
 from byoc_hetero.timing import build
 
@@ -226,21 +228,79 @@ def test_offloaded_equals_llvm(case, disabled, require_heavy_op):
     differential(mod, inputs, sorted(disabled), require_heavy_op)
 
 
-@needs_int8_kernels
+INT8_PATH = os.environ.get("BYOC_FUZZ_INT8_PATH", "")
+"""Which int8 path the fuzzer's int8 anchors take: "" (as this CPU gets them) or "saturating"
+(``BYOC_HETERO_INT8=saturating``: oneDNN's int8 kernels even below VNNI, what a VNNI CPU runs);
+test_int8_fuzz_under_a_capped_isa sets it, with ``ONEDNN_MAX_CPU_ISA``, in a subprocess."""
+_PAIRS_IN_16_BITS = INT8_PATH == "saturating" and bh._C.isa() not in VNNI_ISAS
+"""oneDNN's int8 kernels below VNNI sum each pair of u8 x s8 products in 16 bits (``vpmaddubsw``),
+saturating above 32767 (up to 11 output steps off llvm in the fuzzer's draws): there the weights
+are drawn in [-64, 64], where no pair can saturate (255 x 64 x 2 = 32640), so the result is exact."""
+
+
 @settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(case=graphs(max_ops=0, kinds=("int8",)))
+@given(case=graphs(max_ops=0, kinds=("int8",), int8_weight_bound=64 if _PAIRS_IN_16_BITS else 127))
 def test_int8_offloaded_equals_llvm_within_one_step(case):
     """One int8 conv2d / dense between random quantize / dequantize (u8 or s8, random scales and
-    zero points, per-channel or per-tensor weights): the runtime's int8 primitive requantizes once,
-    so it matches the llvm build (TVM's float emulation of Q/DQ) within one output step."""
+    zero points, per-channel or per-tensor weights), on the int8 path of :data:`INT8_PATH` and this
+    process's oneDNN ISA. Where the int8 fusions fire (a VNNI ISA, or the saturating path) the
+    runtime's int8 primitive requantizes once, so it matches the llvm build (TVM's float emulation of
+    Q/DQ) within one output step (below VNNI on weights that cannot saturate its 16-bit pair sums,
+    :data:`_PAIRS_IN_16_BITS`); where they do not (below VNNI, by default) the anchor computes
+    float32 between its Q/DQ steps and matches llvm within one step."""
     mod, inputs, recipe = case
-    part = bh.partition(mod)
+    saved = os.environ.get("BYOC_HETERO_INT8")
+    os.environ["BYOC_HETERO_INT8"] = INT8_PATH
+    try:
+        part = bh.partition(mod)
+        fused = int8_kernels_reason() is None
+    finally:
+        os.environ.pop("BYOC_HETERO_INT8") if saved is None else os.environ.__setitem__("BYOC_HETERO_INT8", saved)
     nodes = [n for m in part.attrs.get("external_mods", []) for n in region_graph_json(m)["nodes"]]
-    assert any("src_scale" in n["attrs"] for n in nodes), "no int8 anchor in the region"
+    anchors = [n for n in nodes if "src_scale" in n["attrs"]]
+    assert bool(anchors) == fused, (fused, [n["op"] for n in nodes], recipe)
     got, want = run_all(build(part), inputs), run_all(build(mod), inputs)
     for g, w in zip(got, want):
         assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
+
+
+_CAPPED_RUN = """
+import sys
+import pytest
+from byoc_hetero._native import _C
+print("isa", _C.isa(), flush=True)
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("isa,path", [("", "saturating"), ("AVX2", ""), ("AVX2", "saturating"),
+                                      ("AVX512_CORE_VNNI", ""), ("AVX2_VNNI", "")])
+def test_int8_fuzz_under_a_capped_isa(isa, path):
+    """The int8 fuzz step above on another oneDNN ISA path (``ONEDNN_MAX_CPU_ISA`` is read when oneDNN
+    starts: a subprocess) and int8 path (:data:`INT8_PATH`), against the same llvm reference: the
+    in-process run covers this CPU's own ISA as it gets it. A cap above this CPU's ISA (the VNNI ones
+    on a Skylake-SP) cannot be emulated and is skipped with the ISA oneDNN ran; a VNNI machine runs it."""
+    import subprocess
+    import sys
+
+    if isa and isa_under(isa) != isa.lower():
+        pytest.skip(f"this CPU cannot emulate {isa}: oneDNN runs {isa_under(isa)} under ONEDNN_MAX_CPU_ISA={isa}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, BYOC_FUZZ_INT8_PATH=path, BYOC_FUZZ_EXAMPLES="15",
+               PYTHONPATH=os.pathsep.join([here, *sys.path]))
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    if isa:
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    node = os.path.join(here, "test_fuzz.py") + "::test_int8_offloaded_equals_llvm_within_one_step"
+    proc = subprocess.run([sys.executable, "-c", _CAPPED_RUN, node], env=env, capture_output=True, text=True,
+                          timeout=900)
+    ran = next((ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("isa ")), "?")
+    assert ran == (isa.lower() or ran), (isa, ran)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout, proc.stdout[-2000:]
+
+
 @settings(max_examples=max(4, EXAMPLES // 15), derandomize=not RANDOM, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=graphs(max_ops=2, kinds=("dense_wq", "dense", "act")))
@@ -522,3 +582,4 @@ def test_regression_group_norm_of_a_shifted_channel_is_judged_against_float64():
     np.testing.assert_allclose(exact[0], want, rtol=1e-9, atol=1e-9)  # the float64 reference itself
     differential(mod, [x], require_heavy_op=False)  # passes: against float64 if llvm strays
     assert fuzz_error(exact[0] + 1e-2, exact[0]) > TOLERANCE
+

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 import tvm  # noqa: E402
 
 import byoc_hetero as bh  # noqa: E402
+from conftest import docs_blocks  # noqa: E402
 from byoc_hetero import serve as bs  # noqa: E402
 from byoc_hetero.inputs import TensorSpec  # noqa: E402
 
@@ -293,25 +294,12 @@ def test_v2_bad_requests_never_reach_a_model(library, served):
     np.testing.assert_array_equal(good.as_numpy("output0"), library[1](x))
 
 
-def _docs_client_blocks() -> tuple[str, str]:
-    """The ```py (tritonclient) and ```bash (curl) blocks of docs/serving.md's clients section."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
-    section = text.split("## Clients", 1)[1].split("\n## ", 1)[0]
-    py = re.findall(r"^```py\n(.*?)^```", section, re.S | re.M)
-    sh = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
-    assert len(py) == 1 and len(sh) == 1, (py, sh)
-    return py[0], sh[0]
-
-
 def test_the_docs_client_calls_run(library, served):
     import json
     import subprocess
 
     pytest.importorskip("tritonclient.http")
-    py, sh = _docs_client_blocks()
+    py, sh = docs_blocks("serving.md", "Clients")
     host = served.split("//")[1].rstrip("/")
     namespace: dict = {}
     exec(compile(py.replace("127.0.0.1:8000", host), "serving_md_client.py", "exec"), namespace)  # noqa: S102

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import byoc_hetero as bh  # noqa: E402
+from conftest import docs_blocks  # noqa: E402
 from byoc_hetero import serve as bs  # noqa: E402
 from byoc_hetero.llm import Sampler  # noqa: E402
 from byoc_hetero.serve.scheduler import Event, Scheduler, Sequence  # noqa: E402
@@ -321,23 +322,12 @@ def test_llm_metrics(served, client):
         assert f"`{name}" in doc, f"docs/serving.md does not name {name}"
 
 
-def _docs_llm_blocks() -> tuple[str, str]:
-    import re
-
-    text = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
-    section = text.split("## LLMs", 1)[1].split("\n## ", 1)[0]
-    py = re.findall(r"^```py\n(.*?)^```", section, re.S | re.M)
-    sh = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
-    assert len(py) == 1 and len(sh) == 1, (py, sh)
-    return py[0], sh[0]
-
-
 def test_the_docs_llm_calls_run(generator, served, tmp_path):
     """docs/serving.md's openai and curl calls, against this deployment (its model is "tiny" here)."""
     import subprocess
 
     gen, tmp = generator
-    py, sh = _docs_llm_blocks()
+    py, sh = docs_blocks("serving.md", "LLMs")
     host = served.split("//")[1]
     namespace: dict = {}
     exec(compile(py.replace("127.0.0.1:8000", host).replace('"smollm"', '"tiny"'), "serving_md_llm.py", "exec"),

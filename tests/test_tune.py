@@ -297,6 +297,48 @@ def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
     assert option == ({wino.key(): slow} if slow != d2.default else {})  # only changes are written
 
 
+def test_conv1d_sites_keep_the_default_and_say_why():
+    """Issue 35's bad-input rule: Whisper's and wav2vec2's conv1d (the runtime's conv2d node on rank-3
+    tensors) made the algorithm level raise "not enough values to unpack" out of ``bh.tune``. A site
+    that is not a 2-D convolution (conv1d; conv3d alike) keeps the runtime's default, unbuilt, and the
+    report says why."""
+    import torch
+
+    import byoc_hetero as bh
+    from byoc_hetero.tune.algorithms import conv_sites
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv1d(16, 16, 3, padding=1)
+            self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.c1(x))
+            return self.c2(y.reshape(1, 16, 5, 8))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    inputs = (torch.randn(1, 16, 40),)
+    mod, params = bh.from_torch(net, inputs)
+    ranks = sorted(len(s.data_shape) for s in conv_sites(bh.partition(mod, params)))
+    assert ranks == [3, 4], ranks  # both reach the algorithm level
+    tuned, report = bh.tune(mod, params, guard_rounds=1, repeat=2)
+    kept = [d for d in report.algorithms if d.kept_because]
+    assert len(kept) == 1 and kept[0].chosen == "direct" and not kept[0].timings, str(report)
+    assert len(report.algorithms) == 2, str(report)  # the conv2d is still decided
+    text = str(report)
+    assert "conv1d 16->16 3 s1 on 40 (batch 1): direct: a 1-D convolution" in text, text
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(relax.build(tuned, target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(t.numpy()) for t in inputs]).numpy()
+    with torch.no_grad():
+        want = net(*inputs).numpy()
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), np.abs(got - want).max()
+
+
 # ---- bh.tune: decisions applied through the backend option, the never-slower guard -------------
 
 def _small_cnn():
@@ -399,7 +441,7 @@ def _llvm_outputs(mod, params, samples):
 
 
 def _run(partitioned, samples):
-    from byoc_hetero.tune.precision import Built
+    from byoc_hetero.tune.plans import Built
 
     return Built(partitioned).run([[x] for x in samples])
 
@@ -424,7 +466,7 @@ def _node_attrs(partitioned):
 def test_node_precisions_reach_the_runtime_and_change_only_those_nodes():
     import byoc_hetero as bh
     from byoc_hetero.backends.onednn.precision import effective_precision
-    from byoc_hetero.tune.precision import anchor_nodes
+    from byoc_hetero.tune.plans import anchor_nodes
 
     if effective_precision("bf16")[1]:
         pytest.skip("no native bf16 here: " + effective_precision("bf16")[1])
@@ -468,12 +510,12 @@ def _inject_unit_times(monkeypatch):
 
 def _fake_end_to_end(monkeypatch, faster: set[str]):
     """End-to-end times where the plans named in ``faster`` beat the default and the others lose."""
-    from byoc_hetero.tune import precision
+    from byoc_hetero.tune import plans as tune_plans
 
     def fake(plans, sample, rounds, repeat):
         return [Timing(1e-3 if p.name in faster else 2e-3 if i == 0 else 3e-3, 5) for i, p in enumerate(plans)]
 
-    monkeypatch.setattr(precision, "time_plans", fake)
+    monkeypatch.setattr(tune_plans, "time_plans", fake)
 
 
 def _skip_without_bf16():
@@ -488,7 +530,7 @@ def test_precision_mix_meets_the_tolerance_on_held_out_inputs(monkeypatch, tmp_p
     from tvm import relax
 
     import byoc_hetero as bh
-    from byoc_hetero.tune.precision import anchor_nodes
+    from byoc_hetero.tune.plans import anchor_nodes
 
     _skip_without_bf16()
     _inject_unit_times(monkeypatch)
@@ -531,7 +573,7 @@ def test_precision_errors_come_from_the_cache_the_second_time(monkeypatch, tmp_p
     under the model, the plan and the inputs' digest: a second tune with the same calibration runs no
     candidate and times nothing, and reaches the same plan; another calibration set measures again."""
     import byoc_hetero as bh
-    from byoc_hetero.tune import precision
+    from byoc_hetero.tune import plans as precision
 
     _skip_without_bf16()
     _inject_unit_times(monkeypatch)
@@ -576,7 +618,7 @@ def test_precision_never_slower_than_the_default(monkeypatch):
 
 def test_precision_tolerance_no_plan_meets_gives_float32_with_a_warning():
     import byoc_hetero as bh
-    from byoc_hetero.tune.precision import TuneWarning
+    from byoc_hetero.tune.plans import TuneWarning
 
     _skip_without_bf16()
     mod, params = bh.models.small_convnet()
@@ -725,17 +767,17 @@ def test_isolated_region_harnesses_compute_the_region():
     """What is timed is the region: offloaded and llvm harness give the same outputs (the llvm one is
     TVM's own code: an independent reference for the offloaded one)."""
     import byoc_hetero as bh
-    from byoc_hetero.tune.codegen import _harness, _inputs, _runner
+    from byoc_hetero.tune.codegen import harness_module, random_inputs, runner
 
     for mod, params in (_conv_and_island(), bh.models.small_convnet()):
         for c in _candidates(mod, params)[0]:
-            args = _inputs(c.func, seed=3)
-            got = [_runner(_harness(c.func, offloaded), args, {})().numpy() for offloaded in (True, False)]
+            args = random_inputs(c.func, seed=3)
+            got = [runner(harness_module(c.func, offloaded), args, {})().numpy() for offloaded in (True, False)]
             np.testing.assert_allclose(got[0], got[1], rtol=1e-4, atol=1e-5)
 
 
 def _fake_pair(offloaded_s: float, llvm_s: float, others_s: float | None = None):
-    """A stand-in for codegen._time_all: the region's own backend (the first candidate) takes
+    """A stand-in for codegen.time_all: the region's own backend (the first candidate) takes
     ``offloaded_s``, llvm ``llvm_s``, any other backend ``others_s``."""
     calls = []
 
@@ -753,7 +795,7 @@ def test_codegen_decisions_follow_the_measurements(monkeypatch, tmp_path, llvm_f
 
     mod, params = _conv_and_island()
     fake, calls = _fake_pair(2e-3, 1e-3) if llvm_faster else _fake_pair(1e-3, 2e-3)
-    monkeypatch.setattr(codegen, "_time_all", fake)
+    monkeypatch.setattr(codegen, "time_all", fake)
     cache = TimingCache(tmp_path / "c.json", MACHINE)
     plan = codegen.tune_codegen(mod, params, cache, repeat=3)
     want = "llvm" if llvm_faster else "onednn"
@@ -764,30 +806,30 @@ def test_codegen_decisions_follow_the_measurements(monkeypatch, tmp_path, llvm_f
     assert "llvm 1.000 ms" in moved[0].why() or "llvm 2.000 ms" in moved[0].why()
     assert len(calls) == 2 and len(cache) == 4  # two regions x (offloaded, llvm)
     # a second run reads every timing back: nothing built or timed
-    monkeypatch.setattr(codegen, "_time_all", lambda *a: pytest.fail("timed again despite the cache"))
+    monkeypatch.setattr(codegen, "time_all", lambda *a: pytest.fail("timed again despite the cache"))
     again = codegen.tune_codegen(mod, params, cache)
     assert again.region_codegen == plan.region_codegen and all(d.cached for d in again.decisions)
 
 
 def test_codegen_tie_within_the_spread_keeps_the_rule():
-    from byoc_hetero.tune.codegen import _winner
+    from byoc_hetero.tune.codegen import winner
 
     close = {"onednn": Timing(1.0e-3, 9, spread=0.2), "llvm": Timing(0.9e-3, 9, spread=0.1)}
-    assert _winner(close, "onednn") == "onednn"  # 10% apart, 20% spread: a tie
+    assert winner(close, "onednn") == "onednn"  # 10% apart, 20% spread: a tie
     clear = {"onednn": Timing(1.0e-3, 9, spread=0.05), "llvm": Timing(0.5e-3, 9, spread=0.05)}
-    assert _winner(clear, "onednn") == "llvm"
+    assert winner(clear, "onednn") == "llvm"
 
 
 def test_measured_codegen_decision_is_the_faster_one(tmp_path):
     """Real timings (no fakes): both candidates timed, the choice consistent with them."""
-    from byoc_hetero.tune.codegen import _winner, measure_region
+    from byoc_hetero.tune.codegen import winner, measure_region
 
     mod, params = _conv_and_island()
     cache = TimingCache(None, MACHINE)
     for c in _candidates(mod, params)[0]:
         d = measure_region(c, cache, repeat=6)
         assert set(d.timings) == {"onednn", "llvm"} and all(t.median_s > 0 for t in d.timings.values())
-        assert d.chosen == _winner(d.timings, c.default)
+        assert d.chosen == winner(d.timings, c.default)
 
 
 @pytest.mark.parametrize("llvm_faster", [True, False])
@@ -797,7 +839,7 @@ def test_tune_applies_codegen_decisions_and_matches_llvm(monkeypatch, tmp_path, 
     from byoc_hetero.tune import codegen, tuner
 
     mod, params = _conv_and_island()
-    monkeypatch.setattr(codegen, "_time_all", _fake_pair(2e-3, 1e-3)[0] if llvm_faster else _fake_pair(1e-3, 2e-3)[0])
+    monkeypatch.setattr(codegen, "time_all", _fake_pair(2e-3, 1e-3)[0] if llvm_faster else _fake_pair(1e-3, 2e-3)[0])
     guards = []
     monkeypatch.setattr(tuner, "_guard", lambda *a: guards.append(1) or (Timing(2e-3, 5), Timing(1e-3, 5)))
     m, report = bh.tune(mod, params, cache=tmp_path / "c.json", repeat=3)
@@ -853,7 +895,7 @@ def user_backend(restore_rules):
 def test_user_backend_is_timed_as_a_third_codegen_candidate(user_backend):
     """Real timings: the island (a relu) is timed offloaded, on llvm and on the user's backend,
     whose codegen really compiled it; the conv region, which ``mine`` cannot run, says why."""
-    from byoc_hetero.tune.codegen import _winner, candidate_regions, measure_region
+    from byoc_hetero.tune.codegen import winner, candidate_regions, measure_region
 
     mod, params = _conv_and_island()
     cache = TimingCache(None, MACHINE)
@@ -862,7 +904,7 @@ def test_user_backend_is_timed_as_a_third_codegen_candidate(user_backend):
     conv, island = decisions
     assert set(conv.timings) == {"onednn", "llvm"} and "mine takes 1 of its 2 ops" in conv.unable["mine"]
     assert set(island.timings) == {"onednn", "llvm", "mine"} and all(t.median_s > 0 for t in island.timings.values())
-    assert island.chosen == _winner(island.timings, "llvm") and "mine " in island.why()
+    assert island.chosen == winner(island.timings, "llvm") and "mine " in island.why()
     assert len(user_backend) == 1 and len(cache) == 5  # mine compiled the island once; 2 + 3 timings
 
 
@@ -875,7 +917,7 @@ def test_tune_chooses_a_user_backend_and_matches_llvm(monkeypatch, tmp_path, use
 
     mod, params = _conv_and_island()
     fake, calls = _fake_pair(2e-3, 3e-3, others_s=0.5e-3)
-    monkeypatch.setattr(codegen, "_time_all", fake)
+    monkeypatch.setattr(codegen, "time_all", fake)
     monkeypatch.setattr(tuner, "_guard", lambda *a: (Timing(2e-3, 5), Timing(1e-3, 5)))
     m, report = bh.tune(mod, params, targets=("onednn", "mine"), cache=tmp_path / "c.json", repeat=3)
     assert calls == [["onednn", "llvm"], ["onednn", "llvm", "mine"]]
@@ -961,7 +1003,7 @@ def test_region_threads_option_caps_a_region_document(two_threads):
 
 
 def test_threads_level_measures_both_counts(two_threads):
-    from byoc_hetero.tune.codegen import _winner, candidate_regions
+    from byoc_hetero.tune.codegen import winner, candidate_regions
     from byoc_hetero.tune.threads import measure_threads
 
     mod, params = _conv_and_island()
@@ -969,7 +1011,7 @@ def test_threads_level_measures_both_counts(two_threads):
     cache = TimingCache(None, MACHINE)
     d = measure_threads(heavy, cache, {}, (2, 1), repeat=6)
     assert set(d.timings) == {1, 2} and all(t.median_s > 0 for t in d.timings.values()) and len(cache) == 2
-    assert d.chosen == int(_winner({str(n): t for n, t in d.timings.items()}, "2"))
+    assert d.chosen == int(winner({str(n): t for n, t in d.timings.items()}, "2"))
     again = measure_threads(heavy, cache, {}, (2, 1), repeat=6)
     assert again.cached and again.timings == d.timings
 
@@ -980,8 +1022,8 @@ def test_tune_threads_applies_one_thread_where_measured_faster(monkeypatch, tmp_
     from byoc_hetero.tune import codegen, threads, tuner
 
     mod, params = _conv_and_island()
-    monkeypatch.setattr(codegen, "_time_all", _fake_pair(1e-3, 2e-3)[0])  # both regions offloaded
-    monkeypatch.setattr(threads, "_time_all", lambda fns, repeat, budget_s: (
+    monkeypatch.setattr(codegen, "time_all", _fake_pair(1e-3, 2e-3)[0])  # both regions offloaded
+    monkeypatch.setattr(threads, "time_all", lambda fns, repeat, budget_s: (
         {n: Timing(1e-3 if n == "1" else 2e-3, 5) for n in fns}, ""))
     monkeypatch.setattr(tuner, "_guard", lambda *a: (Timing(2e-3, 5), Timing(1e-3, 5)))
     m, report = bh.tune(mod, params, cache=tmp_path / "c.json", repeat=3, threads=True)

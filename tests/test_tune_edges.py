@@ -15,7 +15,7 @@ from byoc_hetero.tune import edges as E
 from byoc_hetero.tune import measure
 from byoc_hetero.tune.cache import TimingCache
 from byoc_hetero.tune.int8 import problem_of
-from byoc_hetero.tune.precision import PrecisionUnit
+from byoc_hetero.tune.plans import PrecisionUnit
 from byoc_hetero.tune.solver import improve, plan_cost, solve
 
 needs_bf16 = pytest.mark.skipif(not bh._C.bf16_native(), reason="no native bf16 on this CPU")

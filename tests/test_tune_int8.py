@@ -16,7 +16,7 @@ from tvm import relax
 import byoc_hetero as bh
 from byoc_hetero._relax import region_table
 from byoc_hetero.tune import Timing
-from byoc_hetero.tune.precision import Built
+from byoc_hetero.tune.plans import Built
 from conftest import needs_int8_kernels
 
 
@@ -43,7 +43,7 @@ def _int8_nodes(partitioned):
 def _inject(monkeypatch, faster: set[str]):
     """Unit times where int8 < bf16 < f32 for every unit (the solver then wants int8 wherever the
     errors allow), and end-to-end times where the plans named in ``faster`` win."""
-    from byoc_hetero.tune import int8, precision
+    from byoc_hetero.tune import int8, plans
 
     def unit_times(units, graphs, cache, repeat=15, precisions=("f32", "bf16")):
         for i, u in enumerate(units):
@@ -58,7 +58,7 @@ def _inject(monkeypatch, faster: set[str]):
 
     monkeypatch.setattr(int8, "measure_unit_times", unit_times)
     monkeypatch.setattr(int8, "measure_int8_times", int8_times)
-    monkeypatch.setattr(precision, "time_plans", end_to_end)
+    monkeypatch.setattr(plans, "time_plans", end_to_end)
 
 
 def _all_int8_error(mod, params, cal):
@@ -68,7 +68,7 @@ def _all_int8_error(mod, params, cal):
 
 @needs_int8_kernels
 def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
-    from byoc_hetero.tune import int8, precision
+    from byoc_hetero.tune import int8, plans
 
     mod, params = bh.models.small_convnet()
     # enough calibration inputs that the output layer's int8 range covers the held-out outputs (with
@@ -82,8 +82,8 @@ def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
                         holdout=held, repeat=3, guard_rounds=1, cache=tmp_path / "c.json")
     # a second tune with the same calibration: every error from the timing cache, no candidate run
     runs = []
-    real_run = precision.Built.run
-    monkeypatch.setattr(precision.Built, "run", lambda self, samples: runs.append(1) or real_run(self, samples))
+    real_run = plans.Built.run
+    monkeypatch.setattr(plans.Built, "run", lambda self, samples: runs.append(1) or real_run(self, samples))
     monkeypatch.setattr(int8.Quantizer, "_observe", lambda *a: pytest.fail("activation ranges observed again"))
     m2, again = bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=tol, calibration=cal,
                         holdout=held, repeat=3, guard_rounds=1, cache=tmp_path / "c.json")
@@ -143,13 +143,14 @@ def test_precision_search_runs_on_the_codegen_tuned_partition(monkeypatch):
     from test_tune import _conv_and_island, _fake_pair
 
     from byoc_hetero.backends.onednn.precision import effective_precision
-    from byoc_hetero.tune import codegen, precision
+    from byoc_hetero.tune import codegen
+    from byoc_hetero.tune import plans as tune_plans
 
     if effective_precision("bf16")[1]:
         pytest.skip("no native bf16 here")
     mod, params = _conv_and_island()
-    monkeypatch.setattr(codegen, "_time_all", _fake_pair(1e-3, 2e-3)[0])  # offloaded faster everywhere
-    monkeypatch.setattr(precision, "time_plans", lambda plans, *a: [
+    monkeypatch.setattr(codegen, "time_all", _fake_pair(1e-3, 2e-3)[0])  # offloaded faster everywhere
+    monkeypatch.setattr(tune_plans, "time_plans", lambda plans, *a: [
         Timing(1e-3 if p.name == "all bf16" else 2e-3, 5) for p in plans])
     cal = _samples(3, 5, (1, 4, 12, 12))
     m, report = bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=0.5, calibration=cal, repeat=3,

@@ -25,7 +25,7 @@ from tvm import relax
 import byoc_hetero as bh
 from byoc_hetero._relax import region_table
 from byoc_hetero.backends.onednn import precision as backend_precision
-from byoc_hetero.tune.precision import _Session, anchor_nodes, partition_with_node_precisions
+from byoc_hetero.tune.plans import Session, anchor_nodes, partition_with_node_precisions
 
 R = relax.op
 SEQ, HEADS, DIM = 72, 2, 8  # 72 keys: more than MIN_KEYS, so the float32 partition fuses the attention
@@ -71,7 +71,7 @@ def test_float_partition_keys_name_the_same_nodes_in_every_candidate(layer):
     mod, base = layer
     keys = [k for k, _ in anchor_nodes(base)]
     assert len(keys) == 4  # Q, K, V as one dense (combine_parallel_denses), output projection, two MLP denses
-    session = _Session(mod, None, None, {}, None, False)
+    session = Session(mod, None, None, {}, None, False)
     for table in ({k: "bf16" for k in keys}, {k: "bf16" if i % 2 else "f32" for i, k in enumerate(keys)}):
         built = session.build(table).module
         assert _precisions(built) == table

@@ -20,6 +20,7 @@ from byoc_hetero.tune.cache import signature
 from conftest import needs_int8_kernels
 
 precision = importlib.import_module("byoc_hetero.tune.precision")
+tune_plans = importlib.import_module("byoc_hetero.tune.plans")
 int8 = importlib.import_module("byoc_hetero.tune.int8")
 node_maps = importlib.import_module("byoc_hetero.tune.node_maps")
 stages = importlib.import_module("byoc_hetero.stages")
@@ -35,7 +36,7 @@ def _graphs(partitioned):
 
 
 def _anchors(partitioned):
-    return precision.anchor_nodes(partitioned)
+    return tune_plans.anchor_nodes(partitioned)
 
 
 # -- node timing keys without a region -----------------------------------------------------------------
@@ -49,27 +50,27 @@ def test_node_timing_key_is_the_one_node_regions_key():
     for key, _ in anchors:
         symbol, _, index = key.rpartition("#")
         for p in ("f32", "bf16"):
-            assert precision.node_timing_key(graphs[symbol], int(index), p) == \
-                precision.OneNode(graphs[symbol], int(index), p).timing_key()
+            assert tune_plans.node_timing_key(graphs[symbol], int(index), p) == \
+                tune_plans.OneNode(graphs[symbol], int(index), p).timing_key()
     # another precision, another key (the key is not blind to what is timed)
     symbol, _, index = anchors[0][0].rpartition("#")
-    assert precision.node_timing_key(graphs[symbol], int(index), "f32") != \
-        precision.node_timing_key(graphs[symbol], int(index), "bf16")
+    assert tune_plans.node_timing_key(graphs[symbol], int(index), "f32") != \
+        tune_plans.node_timing_key(graphs[symbol], int(index), "bf16")
 
 
 def test_unit_times_from_the_cache_create_no_region(monkeypatch):
     mod, params = bh.models.small_convnet()
     partitioned = bh.partition(mod, params)
-    units = precision.make_units(_anchors(partitioned))
+    units = tune_plans.make_units(_anchors(partitioned))
     cache = TimingCache(None)
     created = []
-    real = precision.OneNode.__init__
-    monkeypatch.setattr(precision.OneNode, "__init__", lambda self, *a, **k: created.append(1) or real(self, *a, **k))
-    precision.measure_unit_times(units, _graphs(partitioned), cache, repeat=3)  # a miss: each node timed
+    real = tune_plans.OneNode.__init__
+    monkeypatch.setattr(tune_plans.OneNode, "__init__", lambda self, *a, **k: created.append(1) or real(self, *a, **k))
+    tune_plans.measure_unit_times(units, _graphs(partitioned), cache, repeat=3)  # a miss: each node timed
     assert len(created) == 10 and cache.misses == 10 and len(cache) == 10
-    again = precision.make_units(_anchors(partitioned))
+    again = tune_plans.make_units(_anchors(partitioned))
     created.clear()
-    precision.measure_unit_times(again, _graphs(partitioned), cache, repeat=3)  # a hit: none created
+    tune_plans.measure_unit_times(again, _graphs(partitioned), cache, repeat=3)  # a hit: none created
     assert created == [] and cache.hits == 10
     assert [u.times for u in again] == [u.times for u in units]
 
@@ -117,7 +118,7 @@ def test_node_maps_hit_miss_and_malformed(tmp_path):
 
 def _quantizer_session(cache):
     mod, params = bh.models.small_convnet()
-    session = precision._Session(mod, params, None, {}, None, False)
+    session = tune_plans.Session(mod, params, None, {}, None, False)
     quantizer = int8.Quantizer(mod, params, [[x] for x in _samples(3, 1)], cache, session.model_digest())
     maps = node_maps.NodeMaps(cache, quantizer.identity, "settings")
     base = bh.partition(mod, params)
@@ -151,7 +152,7 @@ def test_a_mix_with_bf16_uses_a_stored_map_and_replaces_a_stale_one(monkeypatch)
     second = again._partition(assignment)
     assert calls == [None] and _node_precisions(second) == _node_precisions(first)
     x = [_samples(1, 7)[0]]
-    assert np.array_equal(precision.Built(first).run([x])[0][0], precision.Built(second).run([x])[0][0])
+    assert np.array_equal(tune_plans.Built(first).run([x])[0][0], tune_plans.Built(second).run([x])[0][0])
     # a stale map (its keys name other nodes: a changed partition) is caught by the module made with it,
     # replaced, and the mix made again with the right keys
     key = next(k for k in cache.values if '"float"' in k)
@@ -186,26 +187,26 @@ def test_timed_graphs_hit_miss_and_malformed():
 
     mod, params = bh.models.small_convnet()
     partitioned = bh.partition(mod, params)
-    session = precision._Session(mod, params, None, {}, None, False)
+    session = tune_plans.Session(mod, params, None, {}, None, False)
     cache = TimingCache(None)
     session.errors = PlanErrors(cache, "model", "settings")
     builds = []
-    plans = [precision.PlanResult("default", built=precision.Built(partitioned)),
-             precision.PlanResult("tuned", built=precision.Built(lambda: builds.append(1) or partitioned))]
-    graphs = precision.timed_graphs(session, plans, partitioned, cache)  # a miss: the plan is partitioned
+    plans = [tune_plans.PlanResult("default", built=tune_plans.Built(partitioned)),
+             tune_plans.PlanResult("tuned", built=tune_plans.Built(lambda: builds.append(1) or partitioned))]
+    graphs = tune_plans.timed_graphs(session, plans, partitioned, cache)  # a miss: the plan is partitioned
     assert builds == [1] and graphs == _graphs(partitioned)
-    plans[1] = precision.PlanResult("tuned", built=precision.Built(lambda: pytest.fail("partitioned again")))
+    plans[1] = tune_plans.PlanResult("tuned", built=tune_plans.Built(lambda: pytest.fail("partitioned again")))
     # JSON round trip, as a file would give it back: the same documents, the same timing keys
     cache.values = json.loads(json.dumps(cache.values))
-    again = precision.timed_graphs(session, plans, partitioned, cache)  # a hit
+    again = tune_plans.timed_graphs(session, plans, partitioned, cache)  # a hit
     assert again == graphs
     key = signature("region_graphs", attrs={"model": "model", "settings": "settings"})
     cache.values[key] = {"r": {"no nodes": []}}  # malformed: worked out again
-    plans[1] = precision.PlanResult("tuned", built=precision.Built(lambda: builds.append(2) or partitioned))
-    assert precision.timed_graphs(session, plans, partitioned, cache) == graphs and builds == [1, 2]
+    plans[1] = tune_plans.PlanResult("tuned", built=tune_plans.Built(lambda: builds.append(2) or partitioned))
+    assert tune_plans.timed_graphs(session, plans, partitioned, cache) == graphs and builds == [1, 2]
     # one float plan (no decision of the other levels changed): the base's documents, nothing stored
     cache.values.clear()
-    assert precision.timed_graphs(session, plans[:1], partitioned, cache) == graphs and cache.values == {}
+    assert tune_plans.timed_graphs(session, plans[:1], partitioned, cache) == graphs and cache.values == {}
 
 
 # -- a warm int8 tune, end to end ----------------------------------------------------------------------
@@ -228,12 +229,12 @@ def test_a_warm_int8_tune_partitions_only_the_default_and_the_kept_plan(monkeypa
     calls = []
     real = stages.partition
     monkeypatch.setattr(stages, "partition", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(precision.Built, "run", lambda *a: pytest.fail("a plan run again on a warm cache"))
+    monkeypatch.setattr(tune_plans.Built, "run", lambda *a: pytest.fail("a plan run again on a warm cache"))
     m2, again = bh.tune(mod, params, **args)
     assert again.cache_misses == 0 and again.precision.kept == "all int8" and len(calls) == 2
     x = [_samples(1, 9)[0]]
     monkeypatch.undo()
-    assert np.array_equal(precision.Built(m).run([x])[0][0], precision.Built(m2).run([x])[0][0])
+    assert np.array_equal(tune_plans.Built(m).run([x])[0][0], tune_plans.Built(m2).run([x])[0][0])
 
 
 # -- saving only what changed --------------------------------------------------------------------------

@@ -55,9 +55,8 @@ def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, g
                ) -> tuple[tvm.IRModule, dict[str, np.ndarray], float | None]:
     """(module, params, weight error): the step's denses in weight-only form for int8 / int4 (the
     :data:`KEPT_FLOAT` ones aside); ``mod`` and ``params`` as they were, error None, otherwise."""
-    import byoc_hetero as bh
-
     from ..errors import QuantizationError
+    from ..quant import quantize
 
     if weights not in QUANTIZED_WEIGHTS:
         if group_size is not None:
@@ -65,8 +64,8 @@ def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, g
                              f"not {weights!r}")
         return mod, params, None
     try:
-        q = bh.quantize(mod, params, weights=weights, group_size=group_size,
-                        keep_float=lambda name: name in KEPT_FLOAT, verbose=False)
+        q = quantize(mod, params, weights=weights, group_size=group_size,
+                     keep_float=lambda name: name in KEPT_FLOAT, verbose=False)
     except QuantizationError as err:
         raise InputError(f"bh.llm.from_hf: weights={weights!r} group_size={group_size!r}: {err}") from None
     return q.mod, q.params, q.error
@@ -76,7 +75,7 @@ def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group
                      ) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
     """What :func:`from_hf` builds, before the build: (the partitioned step module, its
     :class:`DecoderSpec`, the weight quantization error or None). For inspecting the regions."""
-    import byoc_hetero as bh
+    from ..stages import partition
 
     precision = _precision(weights)
     if int(max_length) != max_length or max_length < 1:
@@ -84,7 +83,7 @@ def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group
     spec = decoder_spec(model)
     mod, params, error = _quantized(step_module(spec, int(max_length)), decoder_weights(spec, model), weights,
                                     group_size)
-    return bh.partition(mod, params, precision=precision), spec, error
+    return partition(mod, params, precision=precision), spec, error
 
 
 def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None) -> Generator:
@@ -149,13 +148,13 @@ def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_lengt
                         ) -> tuple[tvm.IRModule, str, float | None]:
     """What :func:`generator_from_weights` builds, before the build: (the partitioned step module,
     the weights' label, the quantization error or None). For inspecting the regions."""
-    import byoc_hetero as bh
+    from ..stages import partition
 
     if int(max_length) != max_length or max_length < 1:
         raise InputError(f"bh.llm: max_length must be a positive integer, got {max_length!r}")
     precision = _precision(weights_format) if weights_format is not None else None
     mod, params, error, label = _file_weights(spec, weights, int(max_length), weights_format, group_size)
-    return bh.partition(mod, params, precision=precision), label, error
+    return partition(mod, params, precision=precision), label, error
 
 
 def from_onnx(path: str | os.PathLike, *, max_length: int, weights: str | None = None, group_size: int | None = None

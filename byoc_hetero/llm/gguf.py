@@ -340,9 +340,8 @@ WEIGHTS = (None, "f32")
 
 def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None = None):
     """What :func:`from_gguf` builds, before the build: (partitioned step module, spec, weights label)."""
-    import byoc_hetero as bh
-
     from ..quant.weight_only import apply_weight_codes
+    from ..stages import partition
     from .model import step_module
 
     if weights not in WEIGHTS:
@@ -357,7 +356,7 @@ def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str |
     if codes:
         mod, params = apply_weight_codes(mod, params, codes)
     kinds = sorted({"q8_0" if c.bits == 8 else "q4_0" for c in codes.values()})
-    return bh.partition(mod, params), spec, "gguf:" + "+".join(kinds or ["f32"])
+    return partition(mod, params), spec, "gguf:" + "+".join(kinds or ["f32"])
 
 
 def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None = None):

@@ -122,12 +122,12 @@ class _Graph:
 
 def _codes(g: _Graph, node: Any) -> Any:
     """The WeightCodes of a MatMulNBits node (B [N, K] as codes), or a FrontendError saying why not."""
-    from ..passes.matmul_nbits import _codes_of
+    from ..passes.matmul_nbits import codes_of
 
     inputs = list(node.input) + [""] * (6 - len(node.input))
     inits = {x: g.init(x, node, "B / scales / zero_points") for x in inputs[1:4] if x}
     try:
-        found = _codes_of(node, inits)
+        found = codes_of(node, inits)
     except QuantizationError as err:
         raise g.fail(node, f"well-formed MatMulNBits values: {err}") from None
     if found is None or found[1]:

@@ -36,7 +36,7 @@ DEFAULT_MIN_REGION_OPS = 1
 """Default of the cost gate's minimum region size, in Relax ops (see docs/stages.md, "The cost gate")."""
 
 
-def _gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> str | None:
+def gate_reason(ops: list[relax.Call], min_ops: int, require_heavy: bool) -> str | None:
     if len(ops) < min_ops:
         return f"region of {len(ops)} ops is below the cost gate (min_region_ops={min_ops})"
     if require_heavy and not any(c.op.name in HEAVY_OPS for c in ops):
@@ -89,7 +89,7 @@ def gated_composites(before: tvm.IRModule, merged: tvm.IRModule, min_ops: int,
             if used is not None:
                 used.add(key)
         elif reason is None:
-            reason = _gate_reason(ops, min_ops, require_heavy)
+            reason = gate_reason(ops, min_ops, require_heavy)
         if reason is None:
             continue
         for local in inner:

@@ -119,7 +119,7 @@ def _foldable(var: relax.Var, value) -> bool:
 
 
 @relax.expr_functor.mutator
-class _Substitute(relax.PyExprMutator):
+class Substitute(relax.PyExprMutator):
     def __init__(self, table: dict, mod=None):
         super().__init__(mod)
         self.table = table
@@ -159,7 +159,7 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
                 table[binding.var] = relax.const(value, str(binding.var.ty.dtype))
     if not table:
         return mod
-    new_fn = _Substitute(table, mod).visit_expr(fn)
+    new_fn = Substitute(table, mod).visit_expr(fn)
     mod = mod.clone()  # a pass does not change its input
     mod[func] = new_fn
     return relax.transform.DeadCodeElimination([func])(mod)

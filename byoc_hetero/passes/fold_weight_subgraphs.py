@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from .._relax import op_name
-from .fold_int_constants import _Substitute
+from .fold_int_constants import Substitute
 
 _UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
           "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square}
@@ -103,6 +103,6 @@ def fold_weight_subgraphs(mod: tvm.IRModule) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             folded = _fold_function(func)
             if folded:
-                out[gvar] = _Substitute(folded, mod).visit_expr(func)
+                out[gvar] = Substitute(folded, mod).visit_expr(func)
                 changed.append(gvar.name_hint)
     return relax.transform.DeadCodeElimination(changed)(out) if changed else mod

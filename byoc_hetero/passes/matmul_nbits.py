@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import QuantizationError
+from ..weight_codes import WeightCodes
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -37,10 +38,8 @@ def _attrs(node: Any) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _codes_of(node: Any, inits: dict[str, np.ndarray]):
+def codes_of(node: Any, inits: dict[str, np.ndarray]):
     """The node's WeightCodes and bias name, or None when it is left for the importer."""
-    from ..quant.weight_only import WeightCodes
-
     a = _attrs(node)
     bits, block, k, n = int(a.get("bits", 4)), int(a.get("block_size", 0)), int(a.get("K", 0)), int(a.get("N", 0))
     inputs = list(node.input) + [""] * (6 - len(node.input))
@@ -138,7 +137,7 @@ def matmul_nbits(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - every 
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     nodes, replaced = [], set()
     for node in graph.node:
-        found = _codes_of(node, inits) if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" else None
+        found = codes_of(node, inits) if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" else None
         if found is None:
             nodes.append(node)
             continue

@@ -9,7 +9,8 @@ backend.
 
 How: the region's composites are inlined back into plain ops (a ``main`` computing what the region
 computes, from its parameters), and the first three stages run on that ``main`` for the other
-backend alone, with the cost gate's heavy-op rule off. The other backend can run the region when
+backend alone, with the cost gate's heavy-op rule off (:func:`byoc_hetero.stages.retarget_region`,
+handed to this pass by the stage that runs it: a pass does not run the stages). The other backend can run the region when
 that leaves exactly one region of it that computes everything: ``main`` only calls it, on its own
 parameters, and returns its result. That region (its parameters put in the original's order)
 replaces the original under the original's global symbol, marked with :data:`RETARGET_ATTR` (the
@@ -19,12 +20,12 @@ reason comes back (``region_codegen`` then raises it as a :class:`~byoc_hetero.R
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import tvm
 from tvm import relax
 
-from .._relax import is_composite, is_region, op_calls, region_composites, updated
+from .._relax import is_composite, updated
 
 RETARGET_ATTR = "byoc_hetero.retargeted_from"
 """Attribute of a retargeted region: the region key of the region it replaced."""
@@ -49,57 +50,12 @@ def region_as_main(region: relax.Function) -> tvm.IRModule:
     return inline_composites(lifted, composites)
 
 
-def _op_count(region: relax.Function) -> int:
-    return sum(len(op_calls(f)) for f in region_composites(region))
-
-
-def retarget_region(region: relax.Function, backend: str) -> relax.Function | str:
-    """``region`` as a region of ``backend`` (a registered target's name), or why it cannot be."""
-    from ..stages import stages
-
-    mod = region_as_main(region)
-    try:
-        for stage in stages(backend, 1, False)[:3]:
-            mod = stage(mod)
-    except Exception as err:  # noqa: BLE001 - a backend's rules may fail on ops they never saw
-        return f"its stages failed on the region's ops: {err}"
-    found = [(gv, f) for gv, f in mod.functions_items() if is_region(f)]
-    if len(found) != 1:
-        return f"{backend} forms {len(found)} regions of its ops, not one"
-    ((gv, new),) = found
-    if _op_count(new) != _op_count(region):
-        return f"{backend} takes {_op_count(new)} of its {_op_count(region)} ops"
-    order = _param_order(mod["main"], gv)
-    if order is None:
-        return f"{backend}'s region does not take the region's parameters one to one"
-    params = [new.params[j] for j in order]
-    out = relax.Function(params, new.body, new.ret_ty, new.is_pure, new.attrs)
-    return out.with_attr("global_symbol", region.attrs["global_symbol"])
-
-
-def _param_order(main: relax.Function, gv: tvm.ir.GlobalVar) -> list[int] | None:
-    """For each parameter of ``main`` in order, the index of the argument of the one call of
-    ``gv`` that passes it; None unless ``main`` is only that call on its parameters, returned."""
-    body = main.body
-    bindings = [b for block in body.blocks for b in block.bindings]
-    calls = [b for b in bindings if isinstance(b.value, relax.Call) and b.value.op.same_as(gv)]
-    if len(calls) != 1 or len(bindings) > 2:
-        return None
-    call = calls[0]
-    returned = body.body
-    if not (returned.same_as(call.var) or (len(bindings) == 2 and bindings[1].value.same_as(call.var)
-                                           and returned.same_as(bindings[1].var))):
-        return None
-    args = list(call.value.args)
-    order = [next((j for j, a in enumerate(args) if a.same_as(p)), -1) for p in main.params]
-    return order if sorted(order) == list(range(len(args))) else None
-
-
-def retarget_regions(mod: tvm.IRModule, codegen: Mapping[str, str], keys: Mapping[tvm.ir.GlobalVar, str]
-                     ) -> tvm.IRModule:
+def retarget_regions(mod: tvm.IRModule, codegen: Mapping[str, str], keys: Mapping[tvm.ir.GlobalVar, str],
+                     retarget_region: Callable[[relax.Function, str], relax.Function | str]) -> tvm.IRModule:
     """Each region ``gv`` of ``mod`` with ``keys[gv]`` mapped by ``codegen`` to a backend other than
-    its own replaced by that backend's region; a :class:`~byoc_hetero.RuleError` names the region
-    and the backend where it cannot be."""
+    its own replaced by that backend's region (``retarget_region(region, backend)``: the region
+    formed by that backend's stages, :func:`byoc_hetero.stages.retarget_region`, or why it cannot
+    be); a :class:`~byoc_hetero.RuleError` names the region and the backend where it cannot be."""
     from ..errors import RuleError
     from ..rules import get_target
 

@@ -39,7 +39,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern
 
 from ..errors import PlacementError
-from ..rules.targets import canonical_name
+from ..targets import canonical_name
 from .devices import Device, DeviceLike, parse_device
 
 RuleKey = str | DFPattern | Callable[["Site"], bool]

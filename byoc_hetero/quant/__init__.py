@@ -1,5 +1,5 @@
 """Quantization: our own post-training quantizer (:func:`quantize`) and the checks of quantized
-models (:mod:`byoc_hetero.quant.validate`).
+models (:mod:`byoc_hetero.qdq_checks`).
 
 :func:`quantize` turns a float Relax module into the QDQ form that ONNX Runtime's
 ``quantize_static`` files import as (:mod:`.plan` decides where, :mod:`.calibrate` measures the

@@ -33,7 +33,7 @@ _SAMPLE_LIMIT = 1 << 20  # values kept per tensor and input for the histogram me
 def observer_function(func: relax.Function, tensors: Sequence[relax.Var]) -> relax.Function:
     """``func`` returning ``(its result, (tensors...))``; its bindings re-emitted outside dataflow
     blocks, so that any bound value can be returned."""
-    from .insert_qdq import _subst
+    from .insert_qdq import substitute
 
     bb = relax.BlockBuilder()
     env: dict[relax.Var, relax.Expr] = {}
@@ -41,9 +41,9 @@ def observer_function(func: relax.Function, tensors: Sequence[relax.Var]) -> rel
     with bb.function("main", list(func.params), attrs=attrs, pure=True):
         for block in func.body.blocks:
             for b in block.bindings:
-                value = _subst(b.value, env)
+                value = substitute(b.value, env)
                 env[b.var] = bb.match_cast(value, b.ty) if isinstance(b, relax.MatchCast) else bb.emit(value)
-        out = relax.Tuple([_subst(func.body.body, env), relax.Tuple([env.get(t, t) for t in tensors])])
+        out = relax.Tuple([substitute(func.body.body, env), relax.Tuple([env.get(t, t) for t in tensors])])
         bb.emit_func_output(out)
     return bb.get()["main"]
 

@@ -29,24 +29,24 @@ QParams = tuple[np.float32, int, str]
 """(scale, zero point, quantized dtype) of an activation point."""
 
 
-def _subst(expr: relax.Expr, env: Mapping[relax.Var, relax.Expr]) -> relax.Expr:
+def substitute(expr: relax.Expr, env: Mapping[relax.Var, relax.Expr]) -> relax.Expr:
     """``expr`` with the variables of ``env`` replaced (calls, tuples and tuple items rebuilt)."""
     if isinstance(expr, relax.Var):
         return env.get(expr, expr)
     if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_subst(f, env) for f in expr.fields])
+        return relax.Tuple([substitute(f, env) for f in expr.fields])
     if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(_subst(expr.tuple_value, env), expr.index)
+        return relax.TupleGetItem(substitute(expr.tuple_value, env), expr.index)
     if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_subst(a, env) for a in expr.args], expr.attrs, expr.ty_args)
+        return relax.Call(expr.op, [substitute(a, env) for a in expr.args], expr.attrs, expr.ty_args)
     return expr
 
 
-def _all_bindings(func: relax.Function) -> list[relax.Binding]:
+def all_bindings(func: relax.Function) -> list[relax.Binding]:
     return [b for block in func.body.blocks for b in block.bindings]
 
 
-def _free_vars(expr: relax.Expr) -> list[relax.Var]:
+def free_vars(expr: relax.Expr) -> list[relax.Var]:
     found: list[relax.Var] = []
     relax.analysis.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
     return found
@@ -108,8 +108,8 @@ def insert_qdq(func: relax.Function, plan: Plan, qparams: Mapping[relax.Var, QPa
     uses = set().union(*(layer.param_uses for layer in plan.layers)) if plan.layers else set()
     # a weight also read outside its layers (an embedding table tied to the output projection, as
     # GPT-2's) keeps its float parameter for those readers, as ONNX Runtime keeps the initializer
-    still_float = {v for b in _all_bindings(func) if b.var not in uses for v in _free_vars(b.value)} \
-        | set(_free_vars(func.body.body))
+    still_float = {v for b in all_bindings(func) if b.var not in uses for v in free_vars(b.value)} \
+        | set(free_vars(func.body.body))
     new_params = [p for p in func.params if p not in replaced or p in still_float] + \
         [quantized.vars[p.name] for p in replaced]
     attrs = {k: v for k, v in (func.attrs or {}).items() if k != "params"} if func.attrs is not None else None
@@ -121,7 +121,7 @@ def insert_qdq(func: relax.Function, plan: Plan, qparams: Mapping[relax.Var, QPa
         return _emit_qdq(bb, value, qparams[plan.points[var]]) if var in plan.points else value
 
     def dequantize_weights(expr: relax.Expr) -> None:
-        for v in _free_vars(expr):
+        for v in free_vars(expr):
             if v in replaced and v not in dequantized:
                 scale, zp, axis = quantized.dq[v.name]
                 dequantized[v] = bb.emit(relax.op.dequantize(
@@ -140,15 +140,15 @@ def insert_qdq(func: relax.Function, plan: Plan, qparams: Mapping[relax.Var, QPa
                         dequantize_weights(b.value)
                         reads = {**env, **dequantized}
                     if b.var in plan.dropped:  # relu(x): the output's range starts at 0, quantize clips
-                        env[b.var] = _emit_qdq(bb, _subst(b.value.args[0], reads), qparams[plan.points[b.var]])
+                        env[b.var] = _emit_qdq(bb, substitute(b.value.args[0], reads), qparams[plan.points[b.var]])
                         continue
-                    value = _subst(b.value, reads)
+                    value = substitute(b.value, reads)
                     if isinstance(b, relax.MatchCast):
                         new = bb.match_cast(value, b.ty)
                     else:
                         new = bb.emit(value)
                     env[b.var] = point(b.var, new)
-            out = bb.emit_output(_subst(func.body.body, env))
+            out = bb.emit_output(substitute(func.body.body, env))
         bb.emit_func_output(out)
     return bb.get()["main"], quantized.values, quantized.weight_scales
 

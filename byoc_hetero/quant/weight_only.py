@@ -35,60 +35,13 @@ from tvm import relax
 
 from .._relax import constant_value
 from ..errors import QuantizationError
+from ..weight_codes import WeightCodes
 
 __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
            "dequantize_codes", "emit_weight_only_dense", "apply_weight_codes"]
 
 WEIGHT_FORMATS = {"int8": 8, "int4": 4}
 GROUP_SIZES = (32, 64, 128)
-
-
-@dataclass
-class WeightCodes:
-    """One weight [N, K] (output columns first) in weight-only form.
-
-    ``codes``: uint8 [N, K / 2] (4-bit, two per byte, even k low) or int8 / uint8 [N, K] (8-bit);
-    ``scales`` float32 / float16 [N, K / block]; ``zero_points`` uint8 [N, K / block] or None (zero
-    0 for int8 codes, 2^(bits-1) for uint8 codes).
-    """
-
-    bits: int
-    block: int
-    codes: np.ndarray
-    scales: np.ndarray
-    zero_points: np.ndarray | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(N, K) of the weight."""
-        return int(self.codes.shape[0]), int(self.codes.shape[1]) * 8 // self.bits
-
-    @property
-    def implicit_zero(self) -> int:
-        return 0 if self.codes.dtype == np.int8 else 1 << (self.bits - 1)
-
-    def check(self, where: str = "weight") -> None:
-        """Raise :class:`QuantizationError` naming the field when the parts do not fit together
-        (block not dividing K, scales or zero points of the wrong shape, non-finite or zero scales)."""
-        n, k = self.shape
-        if self.bits not in (4, 8):
-            raise QuantizationError(f"{where}: bits must be 4 or 8, got {self.bits}")
-        if self.block < 1 or k % self.block or (self.block != k and (self.block < 16 or self.block & (self.block - 1))):
-            raise QuantizationError(f"{where}: block {self.block} must be K = {k} or a power of two >= 16 dividing K")
-        want = (n, k // self.block)
-        if tuple(self.scales.shape) != want or self.scales.dtype not in (np.float32, np.float16):
-            raise QuantizationError(f"{where}: scales must be float32 or float16 of shape {list(want)}, got "
-                                    f"{self.scales.dtype}{list(self.scales.shape)}")
-        bad = ~np.isfinite(self.scales) | (self.scales == 0)
-        if bad.any():
-            i = tuple(int(v) for v in np.argwhere(bad)[0])
-            raise QuantizationError(f"{where}: scales{list(i)} is {self.scales[i]}: expected a finite, nonzero scale")
-        if self.zero_points is not None:
-            if tuple(self.zero_points.shape) != want or self.zero_points.dtype != np.uint8:
-                raise QuantizationError(f"{where}: zero_points must be uint8 of shape {list(want)}, got "
-                                        f"{self.zero_points.dtype}{list(self.zero_points.shape)}")
-            if int(self.zero_points.max(initial=0)) >= 1 << self.bits:
-                raise QuantizationError(f"{where}: zero point {int(self.zero_points.max())} outside {self.bits} bits")
 
 
 def _unpack(codes: WeightCodes) -> np.ndarray:
@@ -338,18 +291,18 @@ class _WeightOnlyRewriter:
         return self.codes[w]
 
     def rewrite(self, func: relax.Function) -> relax.Function:
-        from .insert_qdq import _all_bindings, _free_vars, _subst
+        from .insert_qdq import all_bindings, free_vars, substitute
 
-        for b in _all_bindings(func):
+        for b in all_bindings(func):
             if isinstance(b.value, tvm.ir.Constant):
                 continue
             if isinstance(b.value, relax.Call):
                 for a in b.value.args:
                     if isinstance(a, tvm.ir.Constant) and constant_value(a).ndim == 2:
                         self.values.setdefault(a, constant_value(a))
-        bound = {b.var: b.value for b in _all_bindings(func)}
+        bound = {b.var: b.value for b in all_bindings(func)}
         targets = {}
-        for b in _all_bindings(func):
+        for b in all_bindings(func):
             found = _weight_of(b.value, self.values, bound)
             if found is None:
                 continue
@@ -362,14 +315,14 @@ class _WeightOnlyRewriter:
         replaced = {w for _, w, _, _ in targets.values() if isinstance(w, relax.Var)}
         # a weight's permute_dims read only by quantized matmuls goes with them
         readers: dict[relax.Var, set] = {}
-        for b in _all_bindings(func):
-            for v in _free_vars(b.value):
+        for b in all_bindings(func):
+            for v in free_vars(b.value):
                 readers.setdefault(v, set()).add(b.var)
-        outputs = set(_free_vars(func.body.body))
+        outputs = set(free_vars(func.body.body))
         dropped = {p for _, _, _, p in targets.values()
                    if p is not None and p not in outputs and readers.get(p, set()) <= set(targets)}
         skipped = set(targets) | dropped
-        still_float = {v for b in _all_bindings(func) if b.var not in skipped for v in _free_vars(b.value)} | outputs
+        still_float = {v for b in all_bindings(func) if b.var not in skipped for v in free_vars(b.value)} | outputs
         attrs = {k: v for k, v in (func.attrs or {}).items() if k != "params"} if func.attrs is not None else None
         bb = relax.BlockBuilder()
         env: dict[relax.Var, relax.Expr] = {}
@@ -384,18 +337,18 @@ class _WeightOnlyRewriter:
         params = [p for p in func.params if p not in replaced or p in still_float] + self.new_params
         with bb.function("main", params, attrs=attrs, pure=True):
             with bb.dataflow():
-                for b in _all_bindings(func):
+                for b in all_bindings(func):
                     if b.var in dropped:
                         continue
                     if b.var in targets:
                         _, w, _, _ = targets[b.var]
                         codes, parts = self.codes[w]
-                        env[b.var] = emit_weight_only_dense(bb, _subst(b.value.args[0], env), codes, parts)
+                        env[b.var] = emit_weight_only_dense(bb, substitute(b.value.args[0], env), codes, parts)
                     elif isinstance(b, relax.MatchCast):
-                        env[b.var] = bb.match_cast(_subst(b.value, env), b.ty)
+                        env[b.var] = bb.match_cast(substitute(b.value, env), b.ty)
                     else:
-                        env[b.var] = bb.emit(_subst(b.value, env))
-                out = bb.emit_output(_subst(func.body.body, env))
+                        env[b.var] = bb.emit(substitute(b.value, env))
+                out = bb.emit_output(substitute(func.body.body, env))
             bb.emit_func_output(out)
         return bb.get()["main"]
 

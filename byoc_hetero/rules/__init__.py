@@ -31,7 +31,6 @@ from typing import Any
 from .decisions import DECISIONS_ATTR, DecisionLog, Rejection, latest_rejection, rejections
 from .match import Check, CheckResult, Match, run_check, single_call_match
 from .op_rules import (
-    _OP_CHECKS,
     check_op_rule,
     op_attr_key,
     op_rule,
@@ -51,8 +50,7 @@ from .patterns import (
     required_ops,
     unregister_pattern,
 )
-from .targets import (
-    _TARGETS,
+from ..targets import (
     Backend,
     Codegen,
     Option,
@@ -97,8 +95,6 @@ __all__ = [
     "PatternRule",
     "Rejection",
     "Target",
-    "_OP_CHECKS",
-    "_TARGETS",
     "all_rules_summary",
     "check_op_rule",
     "checked_fusion_pattern",

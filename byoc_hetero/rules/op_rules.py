@@ -14,7 +14,7 @@ from ..errors import RuleError
 from .decisions import DecisionLog
 from .match import Check, Match, run_check, single_call_match
 from .patterns import checked_fusion_pattern
-from .targets import declared_target, default_target, get_target
+from ..targets import declared_target, default_target, get_target
 
 _OP_CHECKS: dict[tuple[str, str], Check] = {}
 

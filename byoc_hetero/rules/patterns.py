@@ -23,7 +23,7 @@ from tvm.relax.transform import FusionPattern, PatternCheckContext
 from ..errors import ByocError, RuleError
 from .decisions import DecisionLog
 from .match import Check, Match, match_from_context, run_check
-from .targets import declared_target, get_target
+from ..targets import declared_target, get_target
 
 _ORDER = itertools.count()
 

@@ -2,8 +2,9 @@
 
 An engine has ``entry`` (the function served), ``specs`` (the inputs' :class:`~byoc_hetero.inputs.TensorSpec`),
 ``outputs`` (the outputs' specs; empty when the file does not say), ``ranges`` (declared ranges of symbolic
-dims) and ``run(inputs) -> outputs``. Two kinds: an exported byoc-hetero library (``"byoc"``) and an ONNX
-file on ONNX Runtime's CPU provider (``"onnxruntime"``, the benchmark's reference).
+dims) and ``run(inputs) -> outputs``. Three kinds: an exported byoc-hetero library (``"byoc"``), an ONNX
+file on ONNX Runtime's CPU provider (``"onnxruntime"``, the benchmark's reference) and a generator folder
+(``"llm"``: ``bh.llm``'s ``Generator.save``, answered through the OpenAI API of :mod:`.openai`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ByocError
+from ..errors import ByocError, InputError
 from ..inputs import TensorSpec
+from ..llm import load
+from .scheduler import SLOTS, Scheduler
 
 ENGINES = ("byoc", "onnxruntime", "llm")
 
@@ -84,13 +87,38 @@ class OrtEngine:
         return list(self._sess.run(None, dict(zip(self._names, inputs))))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+class LlmEngine:
+    """A generator folder in a replica: the generator, its tokenizer (None without one) and its scheduler."""
+
+    def __init__(self, path: str, cpus: int, entry: str = "main", slots: int = SLOTS) -> None:
+        from .. import _C
+
+        _C.set_num_threads(cpus)
+        self.generator = load(path)
+        self.tokenizer = _tokenizer(Path(path))
+        self.scheduler = Scheduler(self.generator, slots, Path(path).name)
+        self.entry, self.specs, self.outputs, self.ranges = "generate", [], [], {}
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        raise InputError("a generator model answers /v1/completions and /v1/chat/completions, not tensors")
+
+
+def _tokenizer(folder: Path):
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
 def open_engine(path: str, engine: str | None, cpus: int, entry: str = "main", llm_slots: int = 8) -> Any:
     """The model at ``path`` loaded in this process on ``engine`` (see :func:`engine_for`) with ``cpus``
     threads; a generator folder with its continuous batcher of ``llm_slots`` sequences."""
     kind = engine_for(path, engine)
     if kind == "llm":
-        from .openai import LlmEngine
-
         return LlmEngine(path, cpus, entry, llm_slots)
     return {"byoc": ByocEngine, "onnxruntime": OrtEngine}[kind](path, cpus, entry)
 

@@ -25,22 +25,21 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import InputError
-from ..llm import Sampler, load
+from ..llm import Sampler
 from . import metrics as _metrics
 from .core import Call, Model, RequestError, RequestPath
-from .scheduler import SLOTS, Event, Scheduler, Sequence
+from .engines import LlmEngine
+from .scheduler import Event, Sequence
 
 PLAIN_TEMPLATE = "{role}: {content}\n"
 """The chat template of a tokenizer without one: each message as ``role: content`` and a newline, then
 ``assistant:`` for the answer."""
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` of a completion that gives none (OpenAI's default); a chat answer's default is the
 room left in the cache."""
@@ -49,30 +48,6 @@ UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": 
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
                "suffix": (None, ""), "tools": (None, []), "response_format": (None,)}
 """Request fields this server does not implement, with the values that mean "not used" (others: a 400)."""
-
-
-class LlmEngine:
-    """A generator folder in a replica: the generator, its tokenizer (None without one) and its scheduler."""
-
-    def __init__(self, path: str, cpus: int, entry: str = "main", slots: int = SLOTS) -> None:
-        from .. import _C
-
-        _C.set_num_threads(cpus)
-        self.generator = load(path)
-        self.tokenizer = _tokenizer(Path(path))
-        self.scheduler = Scheduler(self.generator, slots, Path(path).name)
-        self.entry, self.specs, self.outputs, self.ranges = "generate", [], [], {}
-
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        raise InputError("a generator model answers /v1/completions and /v1/chat/completions, not tensors")
-
-
-def _tokenizer(folder: Path):
-    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 # ---- requests ------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 - :mod:`.algorithms`: the algorithm level (direct or Winograd per convolution, timed alone);
 - :mod:`.precision`: the precision level (f32 or bf16 per conv2d / dense / matmul, the fastest mix
   within an error tolerance, checked on held-out inputs);
+- :mod:`.plans`: what both choices of the precision level share (units, a plan's build, the
+  session of one tune, one node timed alone, the held-out check, the end-to-end pick);
 - :mod:`.int8`: int8 as a precision of that level (layer groups quantized through
   :func:`byoc_hetero.quantize`'s plan, calibrated once);
 - :mod:`.devices`: the device level (each call of the tuned module on a CPU or a GPU, from measured
@@ -30,7 +32,7 @@
 from .cache import MachineKey, Timing, TimingCache, TimingCacheWarning, signature
 from .devices import CostTable, DeviceReport, DeviceUnit, Measurer
 from .measure import robust_timing, time_alternately, time_call
-from .precision import PrecisionReport, PrecisionUnit, TuneWarning
+from .plans import PrecisionReport, PrecisionUnit, TuneWarning
 from .solver import Choice, Problem, Region, Solution, linear_copy_cost, plan_cost, solve
 from .tuner import TuneReport, tune
 

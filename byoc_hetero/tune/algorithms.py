@@ -62,9 +62,10 @@ class ConvSite:
         return (n, o, oh, ow)
 
     def __str__(self) -> str:
-        n, c, h, w = self.data_shape
-        o, _, kh, kw = self.weight_shape
-        return f"conv2d {c}->{o} {kh}x{kw} s{self.strides[0]} on {h}x{w} (batch {n})"
+        n, c, *space = self.data_shape
+        o, _, *kernel = self.weight_shape
+        return (f"conv{len(space)}d {c}->{o} {'x'.join(map(str, kernel))} s{self.strides[0]} on "
+                f"{'x'.join(map(str, space))} (batch {n})")
 
 
 def conv_sites(partitioned: tvm.IRModule) -> list[ConvSite]:
@@ -102,7 +103,7 @@ class _OneConv:
     timings all come from the cache never pays for them (0.8 s for ResNet-18's 22 probes)."""
 
     def __init__(self, site: ConvSite, algo: str, seed: int = 0):
-        import byoc_hetero  # noqa: F401  (registers the runtime)
+        from .._native import _C  # noqa: F401  (registers the runtime)
 
         self.site, self.algo, self.seed = site, algo, seed
         self.module = tvm.get_global_func("byoc_hetero.runtime.create")(_region_doc(site, algo))
@@ -133,8 +134,11 @@ class AlgorithmDecision:
     chosen: str = "direct"
     default: str = "direct"  # what the built-in thresholds pick
     cached: bool = False
+    kept_because: str = ""  # why the level kept the default without building the site (bad input)
 
     def why(self) -> str:
+        if self.kept_because:
+            return f"{self.chosen}: {self.kept_because}"
         if len(self.timings) < 2:
             return f"{self.chosen}: the only algorithm that applies"
         parts = ", ".join(f"{a} {t.median_s * 1e6:.1f} µs" for a, t in sorted(self.timings.items()))
@@ -160,6 +164,11 @@ def tune_conv_algorithms(sites: Iterable[ConvSite], cache: TimingCache | None = 
     decisions = []
     for site in sites:
         d = AlgorithmDecision(site)
+        if len(site.data_shape) != 4:  # Whisper's / wav2vec2's conv1d, conv3d: one algorithm, not built here
+            d.kept_because = (f"a {len(site.data_shape) - 2}-D convolution: Winograd F(4x4, 3x3) applies to 2-D "
+                              "ones only, the runtime's default is kept")
+            decisions.append(d)
+            continue
         d.default = "winograd" if _OneConv(site, "auto").winograd else "direct"
         probe = _OneConv(site, "winograd")
         if not probe.winograd:  # Winograd does not apply: nothing to time

@@ -44,8 +44,9 @@ from tvm import relax
 from .._relax import is_region, op_calls, region_composites, shape_of, static_shape, tensor_dtype
 from ..errors import PlacementWarning
 from ..rules import get_target
-from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, _gate_reason
-from ..passes.retarget_regions import region_as_main, region_key_of, retarget_region
+from ..passes.cost_gate import DEFAULT_MIN_REGION_OPS, HOST, gate_reason
+from ..passes.retarget_regions import region_as_main, region_key_of
+from ..stages import retarget_region
 from .cache import Timing, TimingCache, signature
 from .measure import random_input, robust_timing
 
@@ -123,11 +124,11 @@ def candidate_regions(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None
         calls = [c for f in region_composites(func) for c in op_calls(f)]
         found[key] = RegionCandidate(key, get_target(str(func.attrs["Codegen"])).name,
                                      tuple(c.op.name.removeprefix("relax.") for c in calls),
-                                     _gate_reason(calls, DEFAULT_MIN_REGION_OPS, True), func=func)
+                                     gate_reason(calls, DEFAULT_MIN_REGION_OPS, True), func=func)
     return list(found.values())
 
 
-def _harness(region: relax.Function, offloaded: bool) -> tvm.IRModule:
+def harness_module(region: relax.Function, offloaded: bool) -> tvm.IRModule:
     """A module whose ``main`` runs ``region``: called as a region, or with its composites inlined
     as plain ops for llvm."""
     if offloaded:
@@ -156,7 +157,7 @@ def _other_backends(c: RegionCandidate, names: Sequence[str]) -> tuple[dict[str,
     return runs, why
 
 
-def _inputs(region: relax.Function, seed: int = 0) -> list[tvm.runtime.Tensor]:
+def random_inputs(region: relax.Function, seed: int = 0) -> list[tvm.runtime.Tensor]:
     """Random arguments of the region's parameter types (integers 0: valid indices)."""
     rng = np.random.default_rng(seed)
     args = []
@@ -165,7 +166,7 @@ def _inputs(region: relax.Function, seed: int = 0) -> list[tvm.runtime.Tensor]:
     return args
 
 
-def _runner(harness: tvm.IRModule, args: list, options: Mapping[str, Mapping[str, Any]]) -> Callable[[], Any]:
+def runner(harness: tvm.IRModule, args: list, options: Mapping[str, Mapping[str, Any]]) -> Callable[[], Any]:
     from ..stages import partition_graph
 
     if any(is_region(f) for f in harness.functions.values()):
@@ -184,7 +185,7 @@ def _calls(fn: Callable[[], Any], n: int) -> list[float]:
     return out
 
 
-def _time_all(fns: Mapping[str, Callable[[], Any]], repeat: int, budget_s: float) -> tuple[dict[str, Timing], str]:
+def time_all(fns: Mapping[str, Callable[[], Any]], repeat: int, budget_s: float) -> tuple[dict[str, Timing], str]:
     """Every candidate timed: the first (the region's own backend) warmed up and called three
     times; each other one called once, and dropped from further timing when that first call is
     :data:`GIVE_UP` times the first's median and long (:data:`GIVE_UP_AFTER_S`); then three rounds
@@ -235,7 +236,7 @@ class CodegenDecision:
         """The decision with both times and the reason."""
         if len(self.timings) < 2:
             return f"{self.chosen}: {self.note or 'not measured'} (the cost gate's rule decides)"
-        parts = ", ".join(f"{c} {_ms(t)}" for c, t in sorted(self.timings.items()))
+        parts = ", ".join(f"{c} {ms_text(t)}" for c, t in sorted(self.timings.items()))
         rule = (f"the cost gate would keep it on llvm: {self.region.gate}" if self.region.gate
                 else "the cost gate would offload it")
         verdict = "agrees with" if self.chosen == self.default else "overrides"
@@ -243,12 +244,12 @@ class CodegenDecision:
         return f"{self.chosen}: {parts}{'; ' + self.note if self.note else ''}{unable} ({verdict} the rule; {rule})"
 
 
-def _ms(t: Timing) -> str:
+def ms_text(t: Timing) -> str:
     text = f"{t.median_s * 1e3:.3f} ms" if t.median_s >= 1e-3 else f"{t.median_s * 1e6:.1f} µs"
     return text + (" (one call)" if t.samples == 1 else "")
 
 
-def _key(c: RegionCandidate, codegen: str, options: Mapping[str, Mapping[str, Any]]) -> str:
+def timing_key(c: RegionCandidate, codegen: str, options: Mapping[str, Mapping[str, Any]]) -> str:
     """The timing-cache key: the region, its parameter shapes, and for the offloaded candidate the
     backend options (the precision) that change how it runs."""
     shapes = [static_shape(p) for p in c.func.params]
@@ -263,7 +264,7 @@ def measure_region(c: RegionCandidate, cache: TimingCache, options: Mapping[str,
                    repeat: int = 15, budget_s: float = 1.0,
                    step: Callable[[str], None] | None = None, backends: Sequence[str] = ()) -> CodegenDecision:
     """Time ``c`` offloaded, on llvm, and on each other backend of ``backends`` that can run all
-    of it (:func:`~byoc_hetero.passes.retarget_regions.retarget_region`), through ``cache``, and
+    of it (:func:`~byoc_hetero.stages.retarget_region`), through ``cache``, and
     decide; ``options`` as the codegens are given them (``stages.codegen_options``);
     ``step(what)`` hears of each build and the timing (a whole ResNet-50 on llvm takes a while)."""
     step = step or (lambda _what: None)
@@ -273,24 +274,24 @@ def measure_region(c: RegionCandidate, cache: TimingCache, options: Mapping[str,
         d.chosen, d.note = c.default, c.untimeable
         return d
     others, d.unable = _other_backends(c, backends)
-    keys = {codegen: _key(c, codegen, options) for codegen in (c.target, HOST, *others)}
+    keys = {codegen: timing_key(c, codegen, options) for codegen in (c.target, HOST, *others)}
     found = {codegen: cache.get(k) for codegen, k in keys.items()}
     if all(found.values()):
         step("timings from the cache")
         d.timings, d.cached = dict(found), True
     else:
-        args = _inputs(c.func)
-        regions = {c.target: _harness(c.func, True), HOST: _harness(c.func, False),
-                   **{name: _harness(f, True) for name, f in others.items()}}
+        args = random_inputs(c.func)
+        regions = {c.target: harness_module(c.func, True), HOST: harness_module(c.func, False),
+                   **{name: harness_module(f, True) for name, f in others.items()}}
         runners = {}
         for codegen, harness in regions.items():
             step(f"building it for {codegen}")
-            runners[codegen] = _runner(harness, args, options)
+            runners[codegen] = runner(harness, args, options)
         step(f"timing {len(runners)} candidates")
-        d.timings, d.note = _time_all(runners, repeat, budget_s)
+        d.timings, d.note = time_all(runners, repeat, budget_s)
         for codegen, k in keys.items():
             cache.put(k, d.timings[codegen])
-    d.chosen = _winner(d.timings, c.default)
+    d.chosen = winner(d.timings, c.default)
     best = min(d.timings, key=lambda k: d.timings[k].median_s)
     if best != d.chosen:
         gain = d.timings[d.chosen].median_s / d.timings[best].median_s - 1
@@ -299,7 +300,7 @@ def measure_region(c: RegionCandidate, cache: TimingCache, options: Mapping[str,
     return d
 
 
-def _winner(timings: Mapping[str, Timing], default: str) -> str:
+def winner(timings: Mapping[str, Timing], default: str) -> str:
     """The faster candidate; the default where the other is not faster by more than the larger
     spread of the two (a tie on a noisy machine keeps the rule's verdict)."""
     best = min(timings, key=lambda k: timings[k].median_s)
@@ -342,9 +343,9 @@ def tune_codegen(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, cac
     merges (a region sent to llvm may split a neighbour); regions that appear only then are
     measured in a further round (at most three). The plan holds every measured region: the ones
     sent to llvm are no longer regions once the map applies, but the map must still name them."""
-    from ..stages import _targets, codegen_options
+    from ..stages import codegen_options, target_names
 
-    names = _targets(targets)
+    names = target_names(targets)
     given = codegen_options(names, precision, options)
     measured: dict[str, CodegenDecision] = {}
     for _ in range(3):

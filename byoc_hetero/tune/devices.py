@@ -283,7 +283,7 @@ class GpuMeasurer:
         return max(times[0] - 4096 * per_byte, 0.0), 1.0 / per_byte
 
 
-def _check_devices(devices: Sequence[str]) -> list[str]:
+def check_devices(devices: Sequence[str]) -> list[str]:
     """The devices as ``kind:index`` strings, the first CPU first (the model's inputs live there);
     :class:`PlacementError` for an unknown device or none on a CPU."""
     from ..placement import parse_device
@@ -313,7 +313,7 @@ def tune_devices(partitioned: tvm.IRModule, devices: Sequence[str], measurer: Me
     comes back unplaced and the report says why."""
     from ..placement import parse_device
 
-    names = _check_devices(devices)
+    names = check_devices(devices)
     report = DeviceReport(tuple(names))
     gpus = [d for d in names if not d.startswith("cpu")]
     if measurer is None:

@@ -31,6 +31,7 @@ import tvm
 
 from .cache import TimingCache, signature
 from .measure import time_cached
+from .plans import constant_tensors
 
 INT8, FLOAT = "int8", "float"
 #: the direction of a conversion: (source domain, destination domain) -> the runtime op doing it
@@ -60,9 +61,7 @@ class UnitEdges:
 def _constants(graph: Mapping[str, Any]) -> set[int]:
     """Tensors known at init (constants, and what nodes compute from them: a batch norm folded
     into weights), which no conversion touches per call."""
-    from .precision import _constant_tensors
-
-    return _constant_tensors({"constants": graph.get("constants", []), "nodes": graph["nodes"]})
+    return constant_tensors({"constants": graph.get("constants", []), "nodes": graph["nodes"]})
 
 
 def _nearest_anchor(graph: Mapping[str, Any], tensor: int, anchors: set[int], memo: dict,
@@ -151,7 +150,7 @@ class Conversion:
     an int8 / float edge of that size costs (callable: one run)."""
 
     def __init__(self, op: str, elements: int, seed: int = 0):
-        import byoc_hetero  # noqa: F401  (registers the runtime)
+        from .._native import _C  # noqa: F401  (registers the runtime)
 
         doc = _conversion_doc(op, elements)
         rng = np.random.default_rng(seed)

@@ -2,7 +2,7 @@
 
 ``bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=..., calibration=[...])``
 decides per *unit* — one conv2d / matmul layer, or a run of consecutive layers of one region when a
-model has more than :data:`~.precision.MAX_UNITS` (a layer group) — among the precisions asked. int8
+model has more than :data:`~.plans.MAX_UNITS` (a layer group) — among the precisions asked. int8
 is this project's post-training quantizer (:func:`byoc_hetero.quantize`): a layer in int8 gets
 quantize / dequantize pairs around it (the QDQ form), which the int8 region passes turn into an
 int8 kernel of the runtime. A layer's three forms are therefore two different modules: bf16 is a
@@ -46,8 +46,9 @@ from .cache import TimingCache, signature
 from .measure import time_cached
 from .node_maps import NodeMaps
 from .plan_errors import PlanErrors, inputs_digest, settings_digest
-from .precision import (ANCHOR_OPS, Built, PlanResult, PrecisionReport, PrecisionUnit, _Session, make_units,
-                        measure_unit_times, node_signature, partition_with_node_precisions)
+from .plans import (ANCHOR_OPS, Built, OneNode, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
+                    float32_plans, held_out_candidates, make_units, measure_unit_times, node_signature,
+                    partition_with_node_precisions, pick, timed_graphs, warn_unmet)
 from .edges import FLOAT, UnitEdges, domain, edge_cost, measure_edge_costs, unit_edges
 from .solver import Choice, Problem, Region, improve, solve
 
@@ -182,7 +183,6 @@ def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, in
     data of its dtypes), through ``cache``; ``locate(layer)`` gives the node's region document and
     index, asked only for a node to time (:attr:`AllInt8.nodes`)."""
     from ..errors import first_line
-    from .precision import OneNode
 
     for unit in units:
         total = 0.0
@@ -199,7 +199,7 @@ def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, in
 class AllInt8:
     """The all-int8 partition, made when first needed, and where each layer's int8 node is in it."""
 
-    def __init__(self, session: _Session, quantizer: Quantizer):
+    def __init__(self, session: Session, quantizer: Quantizer):
         from ..stages import partition
 
         self.quantizer, self.layers = quantizer, {lyr.index for lyr in quantizer.layers}
@@ -226,7 +226,7 @@ class AllInt8:
 class MixBuilder:
     """Builds a plan given as layer index -> ``"f32"`` / ``"bf16"`` / ``"int8"``."""
 
-    def __init__(self, session: _Session, quantizer: Quantizer, float_keys: Mapping[int, str], maps: NodeMaps):
+    def __init__(self, session: Session, quantizer: Quantizer, float_keys: Mapping[int, str], maps: NodeMaps):
         self.session, self.quantizer, self.float_keys, self.maps = session, quantizer, dict(float_keys), maps
 
     def build(self, assignment: Mapping[int, str]) -> Built:
@@ -327,7 +327,7 @@ class Int8Context:
     """What the int8 search shares: the builder, the layers, the node key -> layer map and the
     int8 / float edges between units with their measured conversions (:mod:`.edges`)."""
 
-    def __init__(self, session: _Session, builder: MixBuilder, layers: Sequence[int], layer_of: Mapping[str, int]):
+    def __init__(self, session: Session, builder: MixBuilder, layers: Sequence[int], layer_of: Mapping[str, int]):
         self.session, self.builder, self.layers, self.layer_of = session, builder, list(layers), dict(layer_of)
         self.edges: UnitEdges | None = None
         self.edge_costs: dict[tuple[str, str, int], float] | None = None
@@ -407,7 +407,6 @@ def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[Plan
     """:func:`.precision.held_out_candidates` with the int8 level's mix (``candidates``: all int8
     first, all bf16 when asked): each unit's fastest precision when all int8 is within the target,
     else the sensitivities and the search."""
-    from .precision import held_out_candidates
 
     def find_mix(target: float) -> PlanResult | None:
         if candidates[0].calibration_error <= target:
@@ -420,12 +419,11 @@ def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[Plan
     return held_out_candidates(report, candidates, find_mix, ctx.session.errors)
 
 
-def _units(report: PrecisionReport, session: _Session, quantizer: Quantizer, base: tvm.IRModule,
+def _units(report: PrecisionReport, session: Session, quantizer: Quantizer, base: tvm.IRModule,
            max_units: int, maps: NodeMaps) -> tuple[dict[int, str], AllInt8, dict[int, str]]:
     """The units (layer groups, over the float nodes of ``base``), the layers' node keys in the
     float partition, the all-int8 partition (lazy) and its int8 nodes' timing keys: a
     :class:`MatchError` where layers and nodes part."""
-    from .precision import anchor_nodes
 
     all_int8 = AllInt8(session, quantizer)
     float_keys, _ = layer_keys(base, quantizer.layers, set())
@@ -474,7 +472,7 @@ def _all_of(precision: str, report: PrecisionReport, ctx: Int8Context, built: Bu
     return plan_result(f"all {precision}", report.units, assignment, ctx.layer_of, built, ctx.session.errors)
 
 
-def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IRModule, base: tvm.IRModule,
+def choose_with_int8(report: PrecisionReport, session: Session, default: tvm.IRModule, base: tvm.IRModule,
                      calibration: list, holdout: list, *, cache: TimingCache | None, rounds: int, repeat: int,
                      max_units: int) -> tuple[PlanResult | None, PrecisionReport]:
     """The precision level with int8 among the precisions (module docstring): the plan kept (None:
@@ -482,7 +480,6 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     options, the codegen level's map); ``default`` is the reference float32 partition, ``base`` the
     float32 partition the candidates' float nodes are keyed on."""
     from ..backends.onednn.precision import effective_precision
-    from .precision import _float_plans, _pick, _warn_unmet, timed_graphs
 
     bf16_off = effective_precision("bf16")[1]
     if "bf16" in report.precisions and bf16_off:
@@ -499,7 +496,7 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     except MatchError as err:
         report.notes.append(f"int8 candidates skipped: {err}")
         return None, report
-    float_plans = _float_plans(session, default, calibration, holdout, cache)
+    float_plans = float32_plans(session, default, calibration, holdout, cache)
     ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys, maps),
                       [lyr.index for lyr in quantizer.layers], {k: i for i, k in float_keys.items()})
     _time_units(report, ctx, timed_graphs(session, float_plans, base, cache), int8_keys, all_int8, cache, repeat)
@@ -511,8 +508,8 @@ def choose_with_int8(report: PrecisionReport, session: _Session, default: tvm.IR
     valid = _candidates(report, ctx, candidates)
     report.plans = float_plans + candidates
     if not valid:
-        _warn_unmet(report, report.tolerance)
-    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
+        warn_unmet(report, report.tolerance)
+    best = pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
     cache.save()
     for unit in report.units:
         got = {best.table.get(k, "f32") for k in unit.keys} if best.table else {"f32"}

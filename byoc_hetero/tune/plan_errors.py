@@ -14,7 +14,7 @@ error of one *plan* (node key → precision) of one model on one set of inputs. 
 
 The end-to-end timings of the plans compared at the end go into the cache the same way (the plans'
 tables, the sample's digest, the rounds and repeats), as :mod:`.reuse` does for the codegen and
-algorithm levels. Builds are lazy (:class:`.precision.Built`), so a plan whose figures all come
+algorithm levels. Builds are lazy (:class:`.plans.Built`), so a plan whose figures all come
 from the cache is never built, and the reference outputs (the default float32 partition run on
 the inputs) are computed only when some error must be measured.
 
@@ -29,9 +29,24 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import math
+
 import numpy as np
 
 from .cache import Timing, TimingCache, signature
+
+
+def relative_error(outputs: Sequence[Sequence[np.ndarray]], references: Sequence[Sequence[np.ndarray]]) -> float:
+    """``max |y - r| / max |r|`` over every output of every sample (inf for a non-finite output)."""
+    worst = 0.0
+    for ys, rs in zip(outputs, references):
+        for y, r in zip(ys, rs):
+            if not np.all(np.isfinite(y)):
+                return math.inf
+            scale = float(np.max(np.abs(r))) if r.size else 0.0
+            diff = float(np.max(np.abs(y.astype("float64") - r))) if r.size else 0.0
+            worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst
 
 
 def inputs_digest(samples: Sequence[Sequence[np.ndarray]]) -> str:
@@ -95,9 +110,7 @@ class PlanErrors:
 
     def error(self, table: Mapping[str, str], which: str, built: Any) -> float:
         """The relative error of the plan ``table`` on the ``which`` inputs: from the cache, or by
-        running ``built`` (a :class:`.precision.Built`, built only then)."""
-        from .precision import relative_error
-
+        running ``built`` (a :class:`.plans.Built`, built only then)."""
         key = self._key(table, which)
         found = self.cache.get_error(key)
         if found is None:

@@ -46,37 +46,23 @@ this level yet (:func:`check_precisions`).
 
 from __future__ import annotations
 
-import functools
-import json
 import math
-import sys
-import time
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from ..errors import InputError, RuleError
-from .cache import Timing, TimingCache, signature
-from .plan_errors import LazyOutputs, PlanErrors, settings_digest
-from .measure import time_cached
+from .cache import TimingCache
+from .plans import (MAX_UNITS, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
+                    float32_plans, held_out_candidates, make_units, measure_unit_times, pick, timed_graphs, warn_unmet)
 from .solver import Choice, Problem, Region, solve
 
-PRECISIONS = ("f32", "bf16")
 #: what ``bh.tune(precisions=...)`` accepts: int8 goes through :mod:`.int8` (a quantized module)
 TUNE_PRECISIONS = ("f32", "bf16", "int8")
-ANCHOR_OPS = ("conv2d", "dense", "matmul")
-MAX_UNITS = 16
 #: rounds of the mix search (re-solving with the error budget rescaled by the measured error)
 SEARCH_ROUNDS = 4
-
-
-class TuneWarning(UserWarning):
-    """A tuning request could not be met as asked (e.g. no plan within the tolerance)."""
 
 
 def check_precisions(precisions: Sequence[str], tolerance: float | None, calibration: Any,
@@ -138,386 +124,7 @@ def split_holdout(calibration: list, holdout: list | None) -> tuple[list, list]:
     return calibration[:cut], calibration[cut:]
 
 
-def relative_error(outputs: Sequence[Sequence[np.ndarray]], references: Sequence[Sequence[np.ndarray]]) -> float:
-    """``max |y - r| / max |r|`` over every output of every sample (inf for a non-finite output)."""
-    worst = 0.0
-    for ys, rs in zip(outputs, references):
-        for y, r in zip(ys, rs):
-            if not np.all(np.isfinite(y)):
-                return math.inf
-            scale = float(np.max(np.abs(r))) if r.size else 0.0
-            diff = float(np.max(np.abs(y.astype("float64") - r))) if r.size else 0.0
-            worst = max(worst, diff / scale if scale > 0 else diff)
-    return worst
-
-
-def _flatten(value: Any) -> list[np.ndarray]:
-    if isinstance(value, (tvm.runtime.Tensor, np.ndarray)):
-        return [value.numpy() if hasattr(value, "numpy") else value]
-    return [a for v in value for a in _flatten(v)]
-
-
-class Built:
-    """A partitioned module built for llvm, ready to run samples. Given a function that makes the
-    partitioned module, it is partitioned and built on first use only (a plan whose figures all
-    come from the timing cache is never built, :mod:`.plan_errors`)."""
-
-    def __init__(self, partitioned: tvm.IRModule | Callable[[], tvm.IRModule]):
-        self._module = partitioned if isinstance(partitioned, tvm.IRModule) else None
-        self._make = None if self._module is not None else partitioned
-        self._vm = None
-
-    @property
-    def module(self) -> tvm.IRModule:
-        if self._module is None:
-            self._module = self._make()
-        return self._module
-
-    @property
-    def vm(self) -> relax.VirtualMachine:
-        if self._vm is None:
-            self._vm = relax.VirtualMachine(relax.build(self.module, target="llvm"), tvm.cpu())
-        return self._vm
-
-    def run(self, samples: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
-        """The outputs (flattened to arrays) of each sample."""
-        return [_flatten(self.vm["main"](*[tvm.runtime.tensor(a) for a in s])) for s in samples]
-
-    def caller(self, sample: Sequence[np.ndarray]):
-        args = [tvm.runtime.tensor(a) for a in sample]
-        return lambda: self.vm["main"](*args)
-
-
-def _node_text(graph: Mapping[str, Any], node: Mapping[str, Any]) -> str:
-    """A short description of an anchor node: its op and the shapes its speed depends on."""
-    tensors = graph["tensors"]
-    shapes = [tensors[t]["shape"] for t in node["inputs"][:2]]
-    attrs = node.get("attrs", {})
-    if node["op"] == "conv2d" and len(shapes[1]) == 4:
-        n, c, h, w = shapes[0] if len(shapes[0]) == 4 else (shapes[0][0], shapes[0][1], 1, shapes[0][-1])
-        o, _, kh, kw = shapes[1]
-        stride = attrs.get("strides", [1, 1])[0]
-        return f"conv2d {c}->{o} {kh}x{kw} s{stride} on {h}x{w}"
-    return f"{node['op']} {'x'.join(str(d) for d in shapes[0])} by {'x'.join(str(d) for d in shapes[1])}"
-
-
-@dataclass
-class PrecisionUnit:
-    """One decision of the precision level: a node (or a run of nodes) and what was measured."""
-
-    name: str
-    keys: tuple[str, ...]  # the nodes' keys in the option node_precisions
-    times: dict[str, float] = field(default_factory=dict)  # precision -> seconds per call
-    error: float | None = None  # calibration error with this unit alone in bf16 (None: not measured)
-    unmeasured: str = ""  # why the error was not measured
-    chosen: str = "f32"
-    errors: dict[str, float] = field(default_factory=dict)  # precision -> error alone in it (the int8 level)
-
-    def why(self) -> str:
-        parts = ", ".join(f"{p} {t * 1e6:.1f} µs" for p, t in self.times.items())
-        if "int8" in self.times:
-            errs = "; ".join(f"{p} alone: error {e:.2g}" for p, e in self.errors.items())
-            return f"{self.chosen}: {parts}; " + (errs or f"errors not measured ({self.unmeasured or 'search cut'})")
-        err = f"{self.error:.2g}" if self.error is not None else f"not measured ({self.unmeasured or 'search cut'})"
-        return f"{self.chosen}: {parts}; bf16 alone: error {err}"
-
-
-def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
-    """``(node key, description)`` of each float conv2d / dense / matmul of the module's oneDNN
-    regions with static shapes, in region and node order: what can change precision."""
-    from .._relax import region_table
-    from ..backends.onednn.precision import node_key
-
-    found = []
-    regions = [(s, e) for s, e in region_table(partitioned).items() if e.target == "onednn" and e.graph]
-    for r, (symbol, entry) in enumerate(regions):
-        graph = entry.graph
-        where = f"region {r} " if len(regions) > 1 else ""
-        tensors = graph.get("tensors", [])
-        for i, node in enumerate(graph.get("nodes", [])):
-            if node["op"] not in ANCHOR_OPS or "src_scale" in node.get("attrs", {}):
-                continue
-            ins = [tensors[t] for t in node["inputs"][:2]]
-            if any(t.get("dtype", "float32") != "float32" for t in ins):
-                continue
-            if not all(isinstance(d, int) for t in ins for d in t["shape"]):
-                continue
-            found.append((node_key(symbol, i), f"{where}node {i}: {_node_text(graph, node)}"))
-    return found
-
-
-def make_units(anchors: Sequence[tuple[str, str]], max_units: int = MAX_UNITS) -> list[PrecisionUnit]:
-    """One unit per anchor node (``(key, label)`` as :func:`anchor_nodes` gives them), or runs of
-    consecutive nodes of one region (about equal counts) when there are more than ``max_units``."""
-    per = max(1, math.ceil(len(anchors) / max(1, max_units)))
-    units: list[PrecisionUnit] = []
-    group: list[tuple[str, str]] = []
-
-    def close() -> None:
-        if group:
-            last = group[-1][0].rpartition("#")[2]
-            name = group[0][1] if len(group) == 1 else f"{group[0][1]} ... node {last} ({len(group)} ops)"
-            units.append(PrecisionUnit(name, tuple(k for k, _ in group)))
-            group.clear()
-
-    for key, text in anchors:
-        if group and (len(group) == per or group[-1][0].rpartition("#")[0] != key.rpartition("#")[0]):
-            close()
-        group.append((key, text))
-    close()
-    return units
-
-
-DEFAULT_PLAN = "default (float32)"
-
-
-@dataclass
-class PlanResult:
-    """One end-to-end alternative: its node precisions, errors and time."""
-
-    name: str
-    table: dict[str, str] = field(default_factory=dict)  # node key -> precision ({}: no override)
-    calibration_error: float | None = None
-    holdout_error: float | None = None
-    timing: Timing | None = None
-    modelled_s: float | None = None  # what the solver expected from the unit timings
-    built: Built | None = field(default=None, repr=False)
-
-    @property
-    def bf16_nodes(self) -> int:
-        return sum(p == "bf16" for p in self.table.values())
-
-    def text(self) -> str:
-        errs = [f"{what} {e:.2g}" for what, e in (("calibration", self.calibration_error),
-                                                  ("held-out", self.holdout_error)) if e is not None]
-        time_text = f"{self.timing.median_s * 1e3:.3f} ms" if self.timing else "not timed"
-        int8 = sum(p == "int8" for p in self.table.values())
-        nodes = f" ({self.bf16_nodes}/{len(self.table)} nodes bf16)" if self.table else ""
-        if int8:
-            nodes = f" ({int8} int8, {self.bf16_nodes} bf16 of {len(self.table)} layers)"
-        return f"{self.name}{nodes}: {time_text}" + (f", error {', '.join(errs)}" if errs else "")
-
-
-@dataclass
-class PrecisionReport:
-    """What the precision level measured and decided (``TuneReport.precision``)."""
-
-    precisions: tuple[str, ...]
-    tolerance: float
-    calibration: int = 0  # how many calibration inputs
-    holdout: int = 0  # how many held-out inputs
-    units: list[PrecisionUnit] = field(default_factory=list)
-    plans: list[PlanResult] = field(default_factory=list)
-    kept: str = DEFAULT_PLAN
-    search_cut: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    def plan(self, name: str) -> PlanResult | None:
-        return next((p for p in self.plans if p.name == name), None)
-
-    def lines(self) -> list[str]:
-        """The report's lines (indented for :class:`~.tuner.TuneReport`)."""
-        lines = [f"  precision: among {', '.join(self.precisions)}, tolerance {self.tolerance:g} "
-                 f"(max |y - y_f32| / max |y_f32|) on {self.calibration} calibration and "
-                 f"{self.holdout} held-out inputs"]
-        lines.extend(f"    {u.name}: {u.why()}" for u in self.units)
-        lines.extend(f"    plan {p.text()}" for p in self.plans)
-        lines.append(f"    kept the {self.kept} plan" + ("; the search was cut by budget_s" if self.search_cut else ""))
-        lines.extend(f"    note: {n}" for n in self.notes)
-        return lines
-
-
-def partition_with_node_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None,
-                                   table: Mapping[str, str] | None, *, targets: Any,
-                                   options: Mapping[str, Mapping[str, Any]],
-                                   region_codegen: Mapping[str, str] | None = None,
-                                   skipped: dict[str, str] | None = None) -> tvm.IRModule:
-    """``mod`` partitioned as a float32 plan whose nodes ``table`` names (node key -> ``"f32"`` /
-    ``"bf16"``; None: none) compute in that precision (the backend option ``node_precisions``).
-
-    The regions stay float32 and only the named nodes change: a bf16 region would run other passes
-    (it leaves attention unfused, fused_attention.py), so node indices read from the float32
-    partition named other nodes in it (issue 35: BERT-base's keys met a reshape). A key that still
-    names no float conv2d / dense / matmul (``apply_node_precisions`` raises) is left out, its node
-    keeps float32, and ``skipped`` gets the key and why: a tuner keeps the default for a decision
-    it cannot apply instead of failing."""
-    from .._relax import region_table
-    from ..backends.onednn.precision import node_precision_reason
-    from ..errors import RuleError
-    from ..stages import partition
-
-    def run(chosen: Mapping[str, str] | None) -> tvm.IRModule:
-        opts = {k: dict(v) for k, v in options.items()}
-        if chosen:
-            opts.setdefault("onednn", {})["node_precisions"] = json.dumps(dict(chosen), sort_keys=True)
-        return partition(mod, params, target=targets, options=opts, region_codegen=region_codegen)
-
-    try:
-        return run(table)
-    except RuleError as err:
-        if "node_precisions" not in str(err):
-            raise
-    graphs = {symbol: entry.graph for symbol, entry in region_table(run(None)).items() if entry.graph}
-    kept = {}
-    for key, precision in dict(table or {}).items():
-        symbol, _, index = key.rpartition("#")
-        why = (node_precision_reason(graphs[symbol]["nodes"], int(index)) if symbol in graphs
-               else "no oneDNN region of that name")
-        if why is None:
-            kept[key] = precision
-        elif skipped is not None:
-            skipped[key] = f"names {why} in the partition the plan is built on"
-    return run(kept)
-
-
-class _Session:
-    """What every candidate build of one tune shares: the model, the base options, the reference
-    outputs, the deadline of the search and the progress lines."""
-
-    def __init__(self, mod: tvm.IRModule, params: Mapping[str, Any] | None, targets: Any,
-                 options: Mapping[str, Mapping[str, Any]] | None, budget_s: float | None, progress: Any,
-                 region_codegen: Mapping[str, str] | None = None):
-        self.mod, self.params, self.targets = mod, params, targets
-        self.region_codegen = dict(region_codegen) if region_codegen else None  # the codegen level's map
-        self.options = {k: dict(v) for k, v in (options or {}).items()}
-        self.deadline = math.inf if budget_s is None else time.perf_counter() + float(budget_s)
-        self.progress = progress
-        self.errors: PlanErrors | None = None  # set by choose_precisions, with the input sets
-        self.skipped: dict[str, str] = {}  # node key -> why a plan's decision for it was not applied
-        self._model_digest: str | None = None
-
-    def model_digest(self) -> str:
-        """:func:`.reuse.model_digest` of the model, worked out once (hashing ResNet-50's 100 MB of
-        weights took 0.1 s, and the int8 level asked twice)."""
-        from .reuse import model_digest
-
-        if self._model_digest is None:
-            self._model_digest = model_digest(self.mod, self.params)
-        return self._model_digest
-
-    def build(self, table: Mapping[str, str] | None) -> Built:
-        """The model partitioned with ``table`` (node key -> precision; None: plain float32) and
-        built (:func:`partition_with_node_precisions`: keys that name no anchor go to :attr:`skipped`)."""
-        return Built(lambda: self.partition(self.mod, self.params, table))
-
-    def partition(self, mod: tvm.IRModule, params: Mapping[str, Any] | None,
-                  table: Mapping[str, str] | None) -> tvm.IRModule:
-        """``mod`` partitioned with this tune's targets, options and codegen map, its nodes
-        ``table`` names in their precision (:func:`partition_with_node_precisions`)."""
-        return partition_with_node_precisions(mod, params, table, targets=self.targets, options=self.options,
-                                              region_codegen=self.region_codegen, skipped=self.skipped)
-
-    def skipped_note(self) -> str | None:
-        """The report's note on :attr:`skipped`, None when every decision reached its node."""
-        if not self.skipped:
-            return None
-        listed = "; ".join(f"{k}: {why}" for k, why in sorted(self.skipped.items()))
-        return (f"{len(self.skipped)} node decisions could not be applied, those nodes kept float32 "
-                f"({listed})")
-
-    def left_s(self) -> float:
-        return self.deadline - time.perf_counter()
-
-    def say(self, text: str) -> None:
-        if callable(self.progress):  # the tuner's progress bar (or a caller's callback)
-            self.progress("precision", 0, 1, text)
-        elif self.progress:
-            print(f"tune: precision: {text}", file=sys.stderr, flush=True)
-
-
-def _constant_tensors(graph: Mapping[str, Any]) -> set[int]:
-    """Tensors known when a region is initialized: its constants and what nodes compute from
-    constants alone (a batch norm folded into a convolution's weights)."""
-    known = {c["tensor"] for c in graph["constants"]}
-    for node in graph["nodes"]:
-        if node["inputs"] and all(t in known for t in node["inputs"]):
-            known.add(node["output"])
-    return known
-
-
-def node_timing_key(graph: Mapping[str, Any], index: int, precision: str) -> str:
-    """The timing-cache signature of node ``index`` of a region document computing in ``precision``
-    (its op, input shapes and dtypes, attrs with the precision): what :meth:`OneNode.timing_key`
-    gives, without creating and initializing the one-node region. A warm tune of ResNet-50 spent
-    3.0-3.2 s (of 9.2, loaded machine) creating 108 one-node regions, random weights included,
-    only to read their keys."""
-    return node_signature(graph, index, dict(graph["nodes"][index].get("attrs", {}), precision=precision), precision)
-
-
-def node_signature(graph: Mapping[str, Any], index: int, attrs: Mapping[str, Any], choice: str) -> str:
-    """The timing-cache signature of node ``index`` of a region document: its op, its inputs'
-    shapes and dtypes, ``attrs`` (the node's, as the caller keys them) and ``choice``."""
-    node, tensors = graph["nodes"][index], graph["tensors"]
-    return signature(node["op"], [list(tensors[t]["shape"]) for t in node["inputs"]],
-                     [tensors[t].get("dtype", "float32") for t in node["inputs"]], attrs, choice)
-
-
-class OneNode:
-    """Node ``index`` of a region document alone in a region of the runtime, computing in
-    ``precision``: run-time inputs become region inputs (random data), inputs known at init become
-    constants (random, of their shapes), its output the region output. What a unit's time is
-    measured on: no model around it, so repeated layers share one measurement (the cache)."""
-
-    def __init__(self, graph: Mapping[str, Any], index: int, precision: str, seed: int = 0):
-        import byoc_hetero  # noqa: F401  (registers the runtime)
-
-        node, known = graph["nodes"][index], _constant_tensors(graph)
-        ids = list(dict.fromkeys([*node["inputs"], node["output"]]))
-        local = {t: i for i, t in enumerate(ids)}
-        tensors = [{"shape": list(graph["tensors"][t]["shape"]), "dtype": graph["tensors"][t].get("dtype", "float32")}
-                   for t in ids]
-        consts = [t for t in node["inputs"] if t in known]
-        attrs = dict(node.get("attrs", {}), precision=precision)
-        self.doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "tune_node", "tensors": tensors,
-                    "inputs": [local[t] for t in node["inputs"] if t not in known],
-                    "outputs": [local[node["output"]]],
-                    "constants": [{"tensor": local[t], "name": f"tune_node_c{k}"} for k, t in enumerate(consts)],
-                    "nodes": [{"op": node["op"], "inputs": [local[t] for t in node["inputs"]],
-                               "output": local[node["output"]], "attrs": attrs}]}
-        rng = np.random.default_rng(seed)
-
-        def data(t: int) -> tvm.runtime.Tensor:
-            spec = tensors[local[t]]
-            return tvm.runtime.tensor((rng.standard_normal(spec["shape"]) * 0.1).astype(spec["dtype"]))
-
-        self.module = tvm.get_global_func("byoc_hetero.runtime.create")(json.dumps(self.doc))
-        if self.module["__init_tune_node"]([data(t) for t in consts]) != 0:
-            raise RuntimeError(f"could not initialize the one-node region of {node['op']}")
-        out = tensors[local[node["output"]]]
-        self.args = [data(t) for t in node["inputs"] if t not in known]
-        self.args.append(tvm.runtime.tensor(np.zeros(out["shape"], out["dtype"])))
-        self.fn = self.module["tune_node"]
-
-    def timing_key(self) -> str:
-        """The timing-cache signature: the node's op, shapes, dtypes and attrs (precision included)."""
-        return node_timing_key(self.doc, 0, self.doc["nodes"][0]["attrs"]["precision"])
-
-    def __call__(self) -> None:
-        self.fn(*self.args)
-
-
-def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapping[str, Any]],
-                       cache: TimingCache, repeat: int = 15, precisions: Sequence[str] = PRECISIONS) -> None:
-    """Each unit's seconds per call in f32 and in bf16: the sum of its nodes' times, each node
-    timed alone (:class:`OneNode`, :func:`.measure.time_call`) through ``cache``."""
-    from ..errors import first_line
-
-    for unit in units:
-        try:
-            for precision in precisions:
-                total = 0.0
-                for key in unit.keys:
-                    symbol, _, index = key.rpartition("#")
-                    cache_key = node_timing_key(graphs[symbol], int(index), precision)
-                    total += time_cached(cache, cache_key, functools.partial(OneNode, graphs[symbol], int(index),
-                                                                             precision), repeat).median_s
-                unit.times[precision] = total
-        except (RuntimeError, ValueError) as err:  # a node the runtime cannot run alone
-            unit.times = {p: 0.0 for p in precisions}  # no gain to measure: it stays f32 but in all-bf16
-            unit.unmeasured = f"could not be timed alone: {first_line(err)}"
-
-
-def measure_sensitivity(units: Sequence[PrecisionUnit], session: _Session, keys: Sequence[str],
+def measure_sensitivity(units: Sequence[PrecisionUnit], session: Session, keys: Sequence[str],
                         report: PrecisionReport) -> None:
     """Each unit's calibration error with it alone in bf16 (the others float32), largest time
     gain first; a unit where bf16 is not faster is not built; the budget may cut the rest."""
@@ -551,7 +158,7 @@ def _problem(units: Sequence[PrecisionUnit]) -> Problem:
     return Problem(regions, {}, lambda src, dst, nbytes: 0.0)
 
 
-def search_mix(units: Sequence[PrecisionUnit], session: _Session, tolerance: float,
+def search_mix(units: Sequence[PrecisionUnit], session: Session, tolerance: float,
                report: PrecisionReport) -> PlanResult | None:
     """The fastest mix found whose real calibration error is within ``tolerance``, or None.
 
@@ -589,7 +196,7 @@ def search_mix(units: Sequence[PrecisionUnit], session: _Session, tolerance: flo
     return best
 
 
-def _mix(report: PrecisionReport, session: _Session, all_bf16: PlanResult, keys: Sequence[str],
+def _mix(report: PrecisionReport, session: Session, all_bf16: PlanResult, keys: Sequence[str],
          target: float) -> PlanResult | None:
     """The mix of units to check end to end, whose calibration error is at most ``target``. When
     all-bf16 already meets it, each unit takes its faster precision (no sensitivity needed: one
@@ -615,31 +222,7 @@ def _mix(report: PrecisionReport, session: _Session, all_bf16: PlanResult, keys:
                       modelled_s=sum(min(u.times.values()) for u in units), built=built)
 
 
-def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
-                        find_mix: Callable[[float], PlanResult | None], errors: PlanErrors) -> list[PlanResult]:
-    """Search a mix (``find_mix(target calibration error)``, appended to ``candidates``) and return
-    the candidates within the tolerance on the held-out inputs. When those that met it on the
-    calibration inputs miss it on the held-out ones, search once more for a calibration error
-    smaller by that ratio (the held-out inputs still only check: the new mix is checked on them
-    again). Shared by the bf16 level and the int8 level (:mod:`.int8`)."""
-    target = report.tolerance
-    for attempt in range(2):
-        mix = find_mix(target)
-        if mix is not None and mix.table not in [c.table for c in candidates]:
-            mix.name = "tuned mix" if attempt == 0 else "tuned mix, tighter"
-            candidates.append(mix)
-        valid = _check_holdout(candidates, report.tolerance, target, errors)
-        missed = [c.holdout_error for c in candidates if c.holdout_error is not None and c not in valid]
-        if valid or not missed or attempt:
-            return valid
-        target *= 0.9 * report.tolerance / max(missed)
-        report.notes.append(f"a plan within the tolerance on the calibration inputs missed it on the held-out "
-                            f"ones (error {max(missed):.2g}): searched again for a calibration error of at most "
-                            f"{target:.2g}")
-    return []
-
-
-def _candidates(report: PrecisionReport, session: _Session, candidates: list[PlanResult],
+def _candidates(report: PrecisionReport, session: Session, candidates: list[PlanResult],
                 keys: Sequence[str]) -> list[PlanResult]:
     """:func:`held_out_candidates` with the bf16 level's mix (``candidates`` holds all-bf16)."""
 
@@ -648,96 +231,6 @@ def _candidates(report: PrecisionReport, session: _Session, candidates: list[Pla
         return mix if mix is not None and mix.bf16_nodes < len(keys) else None
 
     return held_out_candidates(report, candidates, find_mix, session.errors)
-
-
-def _float_plans(session: _Session, default: tvm.IRModule, calibration: list, holdout: list,
-                 cache: TimingCache) -> list[PlanResult]:
-    """The default float32 plan (the reference) and, where the algorithm level changed a
-    convolution or the codegen level a region, the float32 plan with those decisions. Sets
-    ``session.errors`` (errors against the reference's outputs, computed when first needed,
-    through ``cache``: :mod:`.plan_errors`)."""
-    ref = Built(default)
-    reference = LazyOutputs(lambda: ref.run(calibration))
-    session.errors = PlanErrors(cache, session.model_digest(),
-                                settings_digest(session.targets, session.options, session.region_codegen))
-    session.errors.inputs("calibration", calibration, reference)
-    session.errors.inputs("holdout", holdout, LazyOutputs(lambda: ref.run(holdout)))
-    plans = [PlanResult(DEFAULT_PLAN, {}, 0.0, 0.0, built=ref)]
-    changed = [what for what, on in (("algorithms", json.loads(session.options.get("onednn", {}).get(
-        "algorithms", "{}") or "{}")), ("codegen", session.region_codegen)) if on]
-    if changed:
-        tuned = session.build(None)
-        plans.append(PlanResult(f"float32, tuned {' and '.join(changed)}", {},
-                                session.errors.error({"": "float32"}, "calibration", tuned), built=tuned))
-    return plans
-
-
-def timed_graphs(session: _Session, float_plans: Sequence[PlanResult], base: tvm.IRModule,
-                 cache: TimingCache) -> dict[str, Any]:
-    """The region documents (symbol -> graph) the units' times and edges are read from: ``base``'s,
-    or, where the other levels changed a decision, those of the float32 plan with them
-    (``float_plans[-1]``). Those are kept in ``cache`` under the model and the settings they are
-    made from (the key of that plan's errors, :mod:`.plan_errors`): a warm tune of ResNet-50
-    partitioned the plan for nothing else, about 1 s of its 4 (loaded machine)."""
-    from .._relax import region_table
-
-    if len(float_plans) == 1:
-        return {symbol: entry.graph for symbol, entry in region_table(base).items()}
-    key = signature("region_graphs", attrs={"model": session.errors.model, "settings": session.errors.settings})
-    found = cache.get_value(key)
-    if isinstance(found, dict) and all(isinstance(g, dict) and "nodes" in g for g in found.values()):
-        return found
-    graphs = {symbol: entry.graph for symbol, entry in region_table(float_plans[-1].built.module).items()}
-    cache.put_value(key, {symbol: g for symbol, g in graphs.items() if g})
-    return graphs
-
-
-def _check_holdout(plans: Sequence[PlanResult], tolerance: float, target: float,
-                   errors: PlanErrors) -> list[PlanResult]:
-    """The bf16 plans within ``target`` on the calibration inputs and then within ``tolerance`` on
-    the held-out ones."""
-    kept = []
-    for plan in plans:
-        if plan.calibration_error is None or plan.calibration_error > target:
-            continue
-        if plan.holdout_error is None:
-            plan.holdout_error = errors.error(plan.table, "holdout", plan.built)
-        if plan.holdout_error <= tolerance:
-            kept.append(plan)
-    return kept
-
-
-def _warn_unmet(report: PrecisionReport, tolerance: float) -> None:
-    errors = [max(e for e in (p.calibration_error, p.holdout_error) if e is not None)
-              for p in report.plans if p.table and p.calibration_error is not None]
-    errors += [u.error for u in report.units if u.error is not None]
-    best = min(errors) if errors else math.inf
-    text = (f"no precision plan meets tolerance {tolerance:g}: the best error found was {best:.3g} "
-            f"(max |y - y_f32| / max |y_f32|); the float32 plan is returned")
-    report.notes.append(text)
-    warnings.warn(f"tune: {text}", TuneWarning, stacklevel=4)
-
-
-def time_plans(plans: Sequence[PlanResult], sample: Sequence[np.ndarray], rounds: int, repeat: int) -> list[Timing]:
-    """Each plan's end-to-end time on ``sample``, the plans timed alternately (:func:`.measure.time_alternately`)."""
-    from .measure import time_alternately
-
-    return time_alternately([p.built.caller(sample) for p in plans], rounds, repeat)
-
-
-def _pick(report: PrecisionReport, float_plans: list[PlanResult], candidates: list[PlanResult],
-          sample: Sequence[np.ndarray], rounds: int, repeat: int, errors: PlanErrors) -> PlanResult:
-    """Time the float32 plans and the candidates end to end, alternating (or read those figures
-    from the cache, :meth:`.plan_errors.PlanErrors.timings`); the fastest wins, the default unless
-    another is measured faster (never slower than the default)."""
-    timed = float_plans + candidates
-    tables = [p.table or {"": p.name} for p in timed]
-    for plan, timing in zip(timed, errors.timings(tables, sample, rounds, repeat,
-                                                  lambda: time_plans(timed, sample, rounds, repeat))):
-        plan.timing = timing
-    best = min(timed, key=lambda p: p.timing.median_s)
-    report.kept = best.name
-    return best
 
 
 def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, default: tvm.IRModule, *,
@@ -761,7 +254,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     held = None if holdout is None else input_samples(mod, params, holdout, "holdout")
     calibration, holdout = split_holdout(samples, held)
     report.calibration, report.holdout = len(calibration), len(holdout)
-    session = _Session(mod, params, targets, options, budget_s, progress, region_codegen)
+    session = Session(mod, params, targets, options, budget_s, progress, region_codegen)
     base = default if base is None else base
     if "int8" in precisions:
         from .int8 import choose_with_int8
@@ -775,7 +268,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
                             "no float conv2d / dense / matmul in a oneDNN region: no precision to choose")
         return None, report
     cache = cache if cache is not None else TimingCache(None)
-    float_plans = _float_plans(session, default, calibration, holdout, cache)
+    float_plans = float32_plans(session, default, calibration, holdout, cache)
     keys = [k for k, _ in anchors]
     all_bf16 = session.build({k: "bf16" for k in keys})
     report.units = make_units(anchors, max_units)
@@ -789,8 +282,8 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     valid = _candidates(report, session, candidates, keys)
     report.plans = float_plans + candidates
     if not valid:
-        _warn_unmet(report, float(tolerance))
-    best = _pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
+        warn_unmet(report, float(tolerance))
+    best = pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
     cache.save()
     report.notes.extend(n for n in [session.skipped_note()] if n)
     for unit in report.units:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cache import Timing, TimingCache
-from .codegen import CodegenPlan, RegionCandidate, _harness, _inputs, _key, _ms, _runner, _time_all, _winner
+from .codegen import CodegenPlan, RegionCandidate, harness_module, random_inputs, timing_key, ms_text, runner, time_all, winner
 
 BACKEND = "onednn"
 """The backend whose runtime honours a region's thread count (its ``region_threads`` option)."""
@@ -39,7 +39,7 @@ class ThreadsDecision:
     cached: bool = False
 
     def why(self) -> str:
-        parts = ", ".join(f"{n} thread{'s' if n > 1 else ''} {_ms(t)}" for n, t in sorted(self.timings.items()))
+        parts = ", ".join(f"{n} thread{'s' if n > 1 else ''} {ms_text(t)}" for n, t in sorted(self.timings.items()))
         return f"{self.chosen} thread{'s' if self.chosen > 1 else ''}: {parts}{' [cached]' if self.cached else ''}"
 
 
@@ -55,18 +55,18 @@ def measure_threads(c: RegionCandidate, cache: TimingCache, options: Mapping[str
     through ``cache``, and choose."""
     d = ThreadsDecision(c)
     variants = {n: _options(options, c.key, n) for n in counts}
-    keys = {n: _key(c, BACKEND, opts) for n, opts in variants.items()}
+    keys = {n: timing_key(c, BACKEND, opts) for n, opts in variants.items()}
     found = {n: cache.get(k) for n, k in keys.items()}
     if all(found.values()):
         d.timings, d.cached = dict(found), True
     else:
-        args, harness = _inputs(c.func), _harness(c.func, True)
-        runners = {str(n): _runner(harness, args, opts) for n, opts in variants.items()}
-        timed, _ = _time_all(runners, repeat, budget_s)
+        args, harness = random_inputs(c.func), harness_module(c.func, True)
+        runners = {str(n): runner(harness, args, opts) for n, opts in variants.items()}
+        timed, _ = time_all(runners, repeat, budget_s)
         d.timings = {int(n): t for n, t in timed.items()}
         for n, k in keys.items():
             cache.put(k, d.timings[n])
-    d.chosen = int(_winner({str(n): t for n, t in d.timings.items()}, str(counts[0])))
+    d.chosen = int(winner({str(n): t for n, t in d.timings.items()}, str(counts[0])))
     return d
 
 

@@ -43,9 +43,10 @@ from ..errors import InputError
 from .algorithms import AlgorithmDecision, conv_sites, decisions_option, tune_conv_algorithms
 from .cache import Timing, TimingCache
 from .codegen import CodegenPlan, tune_codegen
-from .devices import DeviceReport, Measurer, _check_devices, tune_devices
+from .devices import DeviceReport, Measurer, check_devices, tune_devices
 from .measure import random_input, time_call
-from .precision import PrecisionReport, check_precisions, choose_precisions
+from .plans import PrecisionReport
+from .precision import check_precisions, choose_precisions
 from .progress import ProgressBar
 from .reuse import plan_digest, reused_guard
 from .threads import ThreadsDecision, threads_option, tune_threads
@@ -70,7 +71,7 @@ class TuneReport:
     def __str__(self) -> str:
         lines = ["tuning report", *self.codegen.lines()]
         for d in self.algorithms:
-            if d.timings:
+            if d.timings or d.kept_because:
                 lines.append(f"  {d.site}: {d.why()}{' [cached]' if d.cached else ''}")
         lines.extend(f"  {d.region}: {d.why()}" for d in self.threads)
         if self.threads:
@@ -158,7 +159,7 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
     Threads level (:mod:`.threads`, ``threads=True``): each region the oneDNN runtime runs gets the
     process's thread count or one, whichever is measured faster.
     """
-    names = _check_devices(devices)
+    names = check_devices(devices)
     asked = check_precisions(precisions, tolerance, calibration, budget_s)
     _check_static(mod, params)
     bar = ProgressBar() if progress is True else progress or None
@@ -174,7 +175,7 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
               guard_rounds: int, repeat: int, bar: Callable[..., None] | None,
               threads: bool = False) -> tuple[tvm.IRModule, TuneReport]:
     """The CPU levels (codegen, threads, algorithm, precision) and the never-slower check."""
-    from ..stages import _targets, codegen_options, partition
+    from ..stages import codegen_options, partition, target_names
 
     timing_cache = cache if isinstance(cache, TimingCache) else TimingCache(cache)
     precision = asked[0] if len(asked) == 1 else "f32"
@@ -186,7 +187,7 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
     backend_options: dict[str, str] = {}
     if threads:
         report.threads, note = tune_threads(report.codegen, timing_cache, codegen_options(
-            _targets(targets), precision, None), repeat=repeat, progress=bar)
+            target_names(targets), precision, None), repeat=repeat, progress=bar)
         report.notes.extend([note] if note else [])
         chosen = threads_option(report.threads)
         if chosen:

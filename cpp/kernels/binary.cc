@@ -180,6 +180,65 @@ class BinaryKernel : public Kernel {
 
 }  // namespace
 
+/*!
+ * \brief Whether the broadcast operand \p other (at most one dim > 1: a squeeze-excitation's
+ *        [1, C, 1, 1] scale) is read as its producer stored it: such an operand has the same bytes in
+ *        any dense layout (e.g. a 1x1 conv's acdb:bf16 in a bf16 region), so no per-call reorder to
+ *        plain f32.
+ */
+static bool ReadAsStored(const KernelContext& ctx, size_t other, size_t rank, const memory::desc& src1) {
+  const memory::desc other_stored = ctx.InputLayout(other);
+  const std::vector<int64_t>& dims = ctx.input(other).shape;
+  const bool vector_like = std::count_if(dims.begin(), dims.end(), [](int64_t d) { return d > 1; }) <= 1;
+  return vector_like && dims.size() == rank && other_stored != src1 &&
+         other_stored.get_format_kind() == memory::format_kind::blocked && other_stored.get_inner_nblks() == 0;
+}
+
+/*! \brief The post-ops of \p post: MakeAttr puts the sum post-op only with residual; a sub swap uses
+ *         act then post_act. */
+static dnnl::primitive_attr BinaryAttr(const KernelContext& ctx, const Epilogue& post) {
+  Epilogue first;
+  first.act = post.act;
+  dnnl::primitive_attr attr = ctx.MakeAttr(first);
+  if (!post.post_act.none()) {
+    dnnl::post_ops ops = attr.get_post_ops();
+    ops.append_eltwise(post.post_act.alg, post.post_act.alpha, post.post_act.beta);
+    attr.set_post_ops(ops);
+  }
+  return attr;
+}
+
+/*! \brief The binary primitive of src0 and src1, read plain instead where only a reference
+ *         implementation reads them as given, and writing f32 where only one writes bf16. */
+static dnnl::binary::primitive_desc BinaryPd(const KernelContext& ctx, dnnl::algorithm alg, memory::desc src0,
+                                             memory::desc src1, const memory::desc& dst_any,
+                                             const dnnl::primitive_attr& attr, bool read_as_stored,
+                                             bool src0_may_be_plain, const memory::dims& other_dims,
+                                             const memory::dims& dst_dims) {
+  dnnl::binary::primitive_desc pd(ctx.engine, alg, src0, src1, dst_any, attr);
+  if (read_as_stored && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
+    src1 = PlainDesc(other_dims);  // no jit kernel reads that operand as stored: reorder it
+    pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, src1, dst_any, attr);
+  }
+  if (src0_may_be_plain && src0 != PlainDesc(dst_dims) && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
+    // oneDNN 3.2 has no jit binary for some blocked src0 with a broadcast src1 (measured: a
+    // [1,16,112,112] aBcd16b conv output plus a [1,1,1,1] scalar ran "ref:any", 12 ms of
+    // MobileNetV3's 15); reading src0 plain costs one jit reorder instead.
+    src0 = PlainDesc(dst_dims);
+    const memory::desc plain_src1 = other_dims == dst_dims ? src0 : src1;
+    pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, plain_src1, dst_any, attr);
+  }
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0 && memory::desc(pd.dst_desc()).get_data_type() ==
+                                                                 memory::data_type::bf16) {
+    // no jit binary writes bf16 from these operands (float32 plain [1,1024,14,14] + float32 into bf16
+    // ran "ref:any", 16.6 ms of a 28.5 ms int8 + bf16 ResNet-50 mix at 1 thread, 392 ms at 2, once a
+    // quantize reader made the output bf16-eligible): write float32, which that reader takes as well
+    pd = dnnl::binary::primitive_desc(ctx.engine, alg, pd.src0_desc(), pd.src1_desc(),
+                                      AnyDesc(dst_dims, memory::data_type::f32), attr);
+  }
+  return pd;
+}
+
 static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(BinaryAlgorithms()), "");
@@ -190,20 +249,11 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
 
   const auto& a = ctx.input(0).shape;
   const auto& b = ctx.input(1).shape;
-  const size_t rank = std::max<size_t>(1, std::max(a.size(), b.size()));
-  auto align = [&](const std::vector<int64_t>& s) {
-    std::vector<int64_t> out(rank - s.size(), 1);
-    out.insert(out.end(), s.begin(), s.end());
-    return out;
-  };
-  const std::vector<int64_t> as = align(a), bs = align(b);
-  std::vector<int64_t> out_shape(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    if (as[i] != bs[i] && as[i] != 1 && bs[i] != 1) {
-      ctx.Fail("shapes " + ShapeToString(a) + " and " + ShapeToString(b) + " do not broadcast");
-    }
-    out_shape[i] = std::max(as[i], bs[i]);
-  }
+  const std::optional<std::vector<int64_t>> broadcast = BroadcastShape({a, b});
+  if (!broadcast) ctx.Fail("shapes " + ShapeToString(a) + " and " + ShapeToString(b) + " do not broadcast");
+  const std::vector<int64_t>& out_shape = *broadcast;
+  const size_t rank = out_shape.size();
+  const std::vector<int64_t> as = AlignRank(a, rank), bs = AlignRank(b, rank);
   ctx.ExpectOutputShape(a.empty() && b.empty() ? std::vector<int64_t>{} : out_shape);
   const dnnl::algorithm alg = *FindEnum(BinaryAlgorithms(), alg_name);
   const bool commutes = alg_name == "add" || alg_name == "mul" || alg_name == "max" || alg_name == "min";
@@ -236,53 +286,17 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
     src0 = ctx.input(full).shape.size() == rank ? ctx.InputLayout(full) : PlainDesc(dst_dims);
   }
   memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
-  // A broadcast operand with at most one dim > 1 (a squeeze-excitation's [1, C, 1, 1] scale) has
-  // the same bytes in any dense layout: read it as its producer stored it (e.g. a 1x1 conv's
-  // acdb:bf16 in a bf16 region) rather than reorder it to plain f32 per call.
-  const memory::desc other_stored = ctx.InputLayout(other);
-  const bool vector_like = std::count_if(other_dims.begin(), other_dims.end(), [](int64_t d) { return d > 1; }) <= 1;
-  const bool read_as_stored = !expand && other_dims != dst_dims && vector_like &&
-                              ctx.input(other).shape.size() == rank && other_stored != src1 &&
-                              other_stored.get_format_kind() == memory::format_kind::blocked &&
-                              other_stored.get_inner_nblks() == 0;
-  if (read_as_stored) src1 = other_stored;
-
-  // MakeAttr puts the sum post-op only with residual; a sub swap uses act then post_act.
-  Epilogue first;
-  first.act = post.act;
-  dnnl::primitive_attr attr = ctx.MakeAttr(first);
-  if (!post.post_act.none()) {
-    dnnl::post_ops ops = attr.get_post_ops();
-    ops.append_eltwise(post.post_act.alg, post.post_act.alpha, post.post_act.beta);
-    attr.set_post_ops(ops);
-  }
+  const bool read_as_stored = !expand && other_dims != dst_dims && ReadAsStored(ctx, other, rank, src1);
+  if (read_as_stored) src1 = ctx.InputLayout(other);
+  const dnnl::primitive_attr attr = BinaryAttr(ctx, post);
   // bf16 region: the output is written bf16 where every reader rounds it to bf16 anyway
   // (OutputOnlyFeedsBf16Convs: a squeeze-excitation's channel multiply read by the projection
   // conv), so that conv reads it without a reorder; the operands may then arrive bf16 as well
   // (their producers store them so: kernel.cc), which oneDNN's binary reads as they are.
   const memory::desc dst_any = AnyDesc(dst_dims, OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
                                                                               : memory::data_type::f32);
-  dnnl::binary::primitive_desc pd(ctx.engine, alg, src0, src1, dst_any, attr);
-  if (read_as_stored && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
-    src1 = PlainDesc(other_dims);  // no jit kernel reads that operand as stored: reorder it
-    pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, src1, dst_any, attr);
-  }
-  if (!expand && src0 != PlainDesc(dst_dims) && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
-    // oneDNN 3.2 has no jit binary for some blocked src0 with a broadcast src1 (measured: a
-    // [1,16,112,112] aBcd16b conv output plus a [1,1,1,1] scalar ran "ref:any", 12 ms of
-    // MobileNetV3's 15); reading src0 plain costs one jit reorder instead.
-    src0 = PlainDesc(dst_dims);
-    const memory::desc plain_src1 = other_dims == dst_dims ? src0 : src1;
-    pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, plain_src1, dst_any, attr);
-  }
-  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0 && memory::desc(pd.dst_desc()).get_data_type() ==
-                                                                 memory::data_type::bf16) {
-    // no jit binary writes bf16 from these operands (float32 plain [1,1024,14,14] + float32 into bf16
-    // ran "ref:any", 16.6 ms of a 28.5 ms int8 + bf16 ResNet-50 mix at 1 thread, 392 ms at 2, once a
-    // quantize reader made the output bf16-eligible): write float32, which that reader takes as well
-    pd = dnnl::binary::primitive_desc(ctx.engine, alg, pd.src0_desc(), pd.src1_desc(),
-                                      AnyDesc(dst_dims, memory::data_type::f32), attr);
-  }
+  dnnl::binary::primitive_desc pd =
+      BinaryPd(ctx, alg, src0, src1, dst_any, attr, read_as_stored, !expand, other_dims, dst_dims);
   std::vector<OperandLayout> inputs(2);
   std::vector<int> args(2);
   if (expand) {

@@ -20,6 +20,7 @@
 #include <tvm/ffi/container/array.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -222,6 +223,81 @@ static std::unique_ptr<Kernel> BuildConv3D(const KernelContext& ctx, const ConvG
                           epilogue);
 }
 
+/*! \brief \p pd replaced by \p make()'s primitive when oneDNN makes one and it is no reference
+ *         implementation; otherwise \p pd stays (oneDNN's own pick). */
+template <typename Pd, typename Make>
+static void PreferJit(Pd* pd, Make make) {
+  try {
+    Pd other = make();
+    if (std::string(other.impl_info_str()).find("ref") == std::string::npos) *pd = std::move(other);
+  } catch (const dnnl::error&) {
+    // no implementation for that layout
+  }
+}
+
+using ConvPdMaker = std::function<dnnl::convolution_forward::primitive_desc(const memory::desc&, const memory::desc&)>;
+
+/*! \brief The layouts a float conv's input and output take where its readers or its producer
+ *         favour one over oneDNN's own pick (each kept only where a jit implementation takes it). */
+static void PreferConvLayouts(const KernelContext& ctx, const ConvGeometry& geo, int64_t groups, bool residual,
+                              memory::data_type odt, const ConvPdMaker& make_pd,
+                              dnnl::convolution_forward::primitive_desc* pd) {
+  const memory::data_type cdt = ctx.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::dims &src_dims = geo.src, &dst_dims = geo.dst;
+  const int64_t c = geo.src[1], o = geo.dst[1], kh = geo.kernel[0], kw = geo.kernel[1];
+  // A 1x1 or depthwise conv whose input arrives channel-blocked (e.g. nChw8c, as the stem conv
+  // of a MobileNet writes it) keeps that layout for its input and output where oneDNN has a
+  // jit kernel for it, rather than oneDNN's own pick (nhwc on AVX2), which would cost a reorder
+  // and, measured on AVX2 in a network, runs slower than the blocked jit kernels (MobileNetV2 at
+  // 2 threads: 4-5% less end to end). AVX-512 machines keep oneDNN's pick (not measured there).
+  const bool one_by_one = kh == 1 && kw == 1;
+  const bool depthwise = groups > 1 && groups == c && groups == o;
+  if ((one_by_one || depthwise) && !IsaHasAvx512() && !ctx.bf16) {
+    if (const std::optional<memory::format_tag> block = ChannelBlockedTag(ctx.InputLayout(0))) {
+      // where no implementation takes that layout, oneDNN's pick stays
+      PreferJit(pd, [&] {
+        return make_pd(memory::desc(src_dims, memory::data_type::f32, *block),
+                       memory::desc(dst_dims, memory::data_type::f32, *block));
+      });
+    }
+  }
+
+  // A conv whose output is only permuted to channels-last writes NHWC, so that the permute is a
+  // relabel of its buffer (planner.cc, Relabel) and the layer norm after it reads it in place
+  // (oneDNN's own pick on AVX-512 is NHWC already; elsewhere it may be channel-blocked, which
+  // would cost a reorder to plain).
+  if (!ctx.bf16 && !dnnl::memory::desc(pd->dst_desc()).is_zero() &&
+      pd->dst_desc() != memory::desc(dst_dims, memory::data_type::f32, memory::format_tag::acdb) &&
+      OutputOnlyPermutedToChannelsLast(ctx)) {
+    // where no implementation writes NHWC, oneDNN's pick stays (the consumer reorders once)
+    PreferJit(pd, [&] {
+      return make_pd(AnyDesc(src_dims), memory::desc(dst_dims, memory::data_type::f32, memory::format_tag::acdb));
+    });
+  }
+  // bf16: a conv whose bf16 output only depthwise and 1x1 convs read writes NHWC, the layout those
+  // convs' bf16 kernels (brgconv_1x1, jit_dw, brdgmm_dw) read on AVX-512, where oneDNN's own pick
+  // for a conv with few input channels is channel-blocked and cost a relayout per call
+  // (EfficientNet-B0's stem, 3 -> 32 channels at 112x112 feeding a depthwise conv: region input
+  // reorder 6 us + conv 78 us + aBcd16b -> acdb relayout 38 us, vs 27 us (the input reorder to
+  // NHWC) + 79 us; 2 threads, Zen 5).
+  if (ctx.bf16 && odt == memory::data_type::bf16 &&
+      pd->dst_desc() != memory::desc(dst_dims, odt, memory::format_tag::acdb) && OutputOnlyReadByPointwiseOrDepthwise(ctx)) {
+    // where no implementation writes NHWC, oneDNN's pick stays (the readers relayout once)
+    PreferJit(pd, [&] { return make_pd(AnyDesc(src_dims, cdt), memory::desc(dst_dims, odt, memory::format_tag::acdb)); });
+  }
+  // A conv feeding a channel concat writes channel blocks, whole ones (the planner then puts its
+  // output straight into the concat's buffer: no copy; on AVX-512 oneDNN's jit convolution for
+  // nChw16c, instead of brgconv for NHWC plus a reorder and a concat copy per input).
+  const int64_t block = IsaHasAvx512() ? 16 : 8;
+  if (!ctx.bf16 && o % block == 0 && !residual && OutputFeedsOneChannelConcat(ctx)) {
+    // where no implementation writes that layout, oneDNN's pick stays (the concat copies)
+    PreferJit(pd, [&] {
+      return make_pd(AnyDesc(src_dims), memory::desc(dst_dims, memory::data_type::f32,
+                                                     block == 16 ? memory::format_tag::aBcd16b : memory::format_tag::aBcd8b));
+    });
+  }
+}
+
 static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   // the spatial dims the attrs describe: 3 for rank-5 data (a 3-D convolution), else 2
@@ -278,68 +354,7 @@ static std::unique_ptr<Kernel> BuildConv2D(const KernelContext& ctx) {
   // normalizations, eltwise, region outputs read it as before).
   const memory::data_type odt = OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16 : memory::data_type::f32;
   dnnl::convolution_forward::primitive_desc pd = make_pd(AnyDesc(src_dims, cdt), AnyDesc(dst_dims, odt));
-  // A 1x1 or depthwise conv whose input arrives channel-blocked (e.g. nChw8c, as the stem conv
-  // of a MobileNet writes it) keeps that layout for its input and output where oneDNN has a
-  // jit kernel for it, rather than oneDNN's own pick (nhwc on AVX2), which would cost a reorder
-  // and, measured on AVX2 in a network, runs slower than the blocked jit kernels (MobileNetV2 at
-  // 2 threads: 4-5% less end to end). AVX-512 machines keep oneDNN's pick (not measured there).
-  const bool one_by_one = kh == 1 && kw == 1;
-  const bool depthwise = groups > 1 && groups == c && groups == o;
-  if ((one_by_one || depthwise) && !IsaHasAvx512() && !ctx.bf16) {
-    if (const std::optional<memory::format_tag> block = ChannelBlockedTag(ctx.InputLayout(0))) {
-      try {
-        auto blocked = make_pd(memory::desc(src_dims, memory::data_type::f32, *block),
-                               memory::desc(dst_dims, memory::data_type::f32, *block));
-        if (std::string(blocked.impl_info_str()).find("ref") == std::string::npos) pd = std::move(blocked);
-      } catch (const dnnl::error&) {
-        // no implementation for that layout: keep oneDNN's pick
-      }
-    }
-  }
-
-  // A conv whose output is only permuted to channels-last writes NHWC, so that the permute is a
-  // relabel of its buffer (planner.cc, Relabel) and the layer norm after it reads it in place
-  // (oneDNN's own pick on AVX-512 is NHWC already; elsewhere it may be channel-blocked, which
-  // would cost a reorder to plain).
-  if (!ctx.bf16 && !dnnl::memory::desc(pd.dst_desc()).is_zero() &&
-      pd.dst_desc() != memory::desc(dst_dims, memory::data_type::f32, memory::format_tag::acdb) &&
-      OutputOnlyPermutedToChannelsLast(ctx)) {
-    try {
-      auto nhwc = make_pd(AnyDesc(src_dims), memory::desc(dst_dims, memory::data_type::f32, memory::format_tag::acdb));
-      if (std::string(nhwc.impl_info_str()).find("ref") == std::string::npos) pd = std::move(nhwc);
-    } catch (const dnnl::error&) {
-      // no implementation writes NHWC here: keep oneDNN's pick (the consumer reorders once)
-    }
-  }
-  // bf16: a conv whose bf16 output only depthwise and 1x1 convs read writes NHWC, the layout those
-  // convs' bf16 kernels (brgconv_1x1, jit_dw, brdgmm_dw) read on AVX-512, where oneDNN's own pick
-  // for a conv with few input channels is channel-blocked and cost a relayout per call
-  // (EfficientNet-B0's stem, 3 -> 32 channels at 112x112 feeding a depthwise conv: region input
-  // reorder 6 us + conv 78 us + aBcd16b -> acdb relayout 38 us, vs 27 us (the input reorder to
-  // NHWC) + 79 us; 2 threads, Zen 5).
-  if (ctx.bf16 && odt == memory::data_type::bf16 &&
-      pd.dst_desc() != memory::desc(dst_dims, odt, memory::format_tag::acdb) && OutputOnlyReadByPointwiseOrDepthwise(ctx)) {
-    try {
-      auto nhwc = make_pd(AnyDesc(src_dims, cdt), memory::desc(dst_dims, odt, memory::format_tag::acdb));
-      if (std::string(nhwc.impl_info_str()).find("ref") == std::string::npos) pd = std::move(nhwc);
-    } catch (const dnnl::error&) {
-      // no implementation writes NHWC here: keep oneDNN's pick (the readers relayout once)
-    }
-  }
-  // A conv feeding a channel concat writes channel blocks, whole ones (the planner then puts its
-  // output straight into the concat's buffer: no copy; on AVX-512 oneDNN's jit convolution for
-  // nChw16c, instead of brgconv for NHWC plus a reorder and a concat copy per input).
-  const int64_t block = IsaHasAvx512() ? 16 : 8;
-  if (!ctx.bf16 && o % block == 0 && !epilogue.residual && OutputFeedsOneChannelConcat(ctx)) {
-    try {
-      auto blocked = make_pd(AnyDesc(src_dims),
-                             memory::desc(dst_dims, memory::data_type::f32,
-                                          block == 16 ? memory::format_tag::aBcd16b : memory::format_tag::aBcd8b));
-      if (std::string(blocked.impl_info_str()).find("ref") == std::string::npos) pd = std::move(blocked);
-    } catch (const dnnl::error&) {
-      // no implementation writes that layout: keep oneDNN's pick (the concat copies)
-    }
-  }
+  PreferConvLayouts(ctx, geo, groups, epilogue.residual, odt, make_pd, &pd);
 
   return MakeAnchorKernel(ctx, "conv2d", std::move(pd), PlainDesc(src_dims), PlainDesc(wei_dims), bias_dims, has_bias,
                           dst_dims, epilogue);

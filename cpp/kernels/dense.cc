@@ -40,6 +40,23 @@ static std::unique_ptr<Kernel> InnerProductDense(const KernelContext& ctx, int64
   return MakeAnchorKernel(ctx, "dense", std::move(pd), PlainDesc({m, k}), wei_view, {n}, has_bias, {m, n}, epilogue);
 }
 
+/*! \brief int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N). */
+static std::unique_ptr<Kernel> Int8Dense(const KernelContext& ctx, const Int8Params& int8, const Epilogue& epilogue,
+                                         const memory::dims& src_dims, const memory::dims& wei_dims,
+                                         const memory::desc& wei_view, bool has_bias, const memory::dims& bias_dims,
+                                         const memory::dims& dst_dims) {
+  if (epilogue.residual != int8.residual) ctx.Fail("an int8 residual needs attrs residual = 1 and sum_scale");
+  const memory::data_type src_t = int8.dynamic_src ? memory::data_type::u8 : DnnlType(ctx.input(0).dtype);
+  const memory::data_type dst_t = DnnlType(ctx.output().dtype);
+  const dnnl::primitive_attr attr = MakeInt8Attr(ctx, epilogue, int8, 1 << 1);
+  dnnl::matmul::primitive_desc pd(ctx.engine, WithType(PlainDesc(src_dims), src_t), AnyDesc(wei_dims, memory::data_type::s8),
+                                  has_bias ? PlainDesc(bias_dims) : memory::desc(),
+                                  WithType(PlainDesc(dst_dims), dst_t), attr);
+  return MakeInt8AnchorKernel(ctx, "dense", std::move(pd), WithType(PlainDesc(src_dims), src_t),
+                              WithType(wei_view, memory::data_type::s8),
+                              has_bias ? PlainDesc(bias_dims) : memory::desc(), WithType(PlainDesc(dst_dims), dst_t), int8);
+}
+
 static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const bool nk = *FindEnum(DenseWeightLayouts(), attrs.Choice("weight_layout", EnumNamesOf(DenseWeightLayouts()), ""));
@@ -85,19 +102,7 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
 
   const memory::dims src_dims{m, k}, wei_dims{k, n}, bias_dims{1, n}, dst_dims{m, n};
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
-  if (int8.enabled) {
-    // int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N)
-    if (epilogue.residual != int8.residual) ctx.Fail("an int8 residual needs attrs residual = 1 and sum_scale");
-    const memory::data_type src_t = int8.dynamic_src ? memory::data_type::u8 : DnnlType(ctx.input(0).dtype);
-    const memory::data_type dst_t = DnnlType(ctx.output().dtype);
-    const dnnl::primitive_attr attr = MakeInt8Attr(ctx, epilogue, int8, 1 << 1);
-    dnnl::matmul::primitive_desc pd(ctx.engine, WithType(PlainDesc(src_dims), src_t), AnyDesc(wei_dims, memory::data_type::s8),
-                                    has_bias ? PlainDesc(bias_dims) : memory::desc(),
-                                    WithType(PlainDesc(dst_dims), dst_t), attr);
-    return MakeInt8AnchorKernel(ctx, "dense", std::move(pd), WithType(PlainDesc(src_dims), src_t),
-                                WithType(wei_view, memory::data_type::s8),
-                                has_bias ? PlainDesc(bias_dims) : memory::desc(), WithType(PlainDesc(dst_dims), dst_t), int8);
-  }
+  if (int8.enabled) return Int8Dense(ctx, int8, epilogue, src_dims, wei_dims, wei_view, has_bias, bias_dims, dst_dims);
   // A constant weight is reordered once into the layout matmul prefers; one that arrives at run
   // time is read where it lies (no per-call reorder).
   const bool constant_weight = ctx.input_constant.size() > 1 && ctx.input_constant[1];

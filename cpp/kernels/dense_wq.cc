@@ -173,7 +173,7 @@ void PackPerBlock(const WqShape& s, float* packed, const Get& get, const Check& 
 
 class DenseWqKernel : public Kernel {
  public:
-  DenseWqKernel(const KernelContext& ctx, const WqShape& s) : label_(ctx.where()), s_(s), isa_(wq::SelectIsa()) {
+  DenseWqKernel(const KernelContext& ctx, const WqShape& s) : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
     const WqShape shape = s;
@@ -217,7 +217,7 @@ class DenseWqKernel : public Kernel {
     const WqShape s = s_;
     const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
     step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
-    step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + wq::IsaName(isa_) + ")";
+    step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
     step.op = "dense_wq";
     for (size_t k = 0; k < inputs.size(); ++k) step.args.emplace_back(static_cast<int>(k), inputs[k]);
     step.args.emplace_back(static_cast<int>(inputs.size()), output);

@@ -31,18 +31,18 @@
 #include <cstdint>
 #include <string>
 
+#include "simd_isa.h"
+
 namespace byoc_hetero {
 namespace wq {
 
 constexpr int64_t kTile = 16;  // columns per packed tile (one AVX-512 vector, two AVX2 ones)
 constexpr int kMaxRows = 4;    // rows one micro-kernel call keeps in registers
 
-/*! \brief The micro-kernel implementations, best first. */
-enum class Isa { kAvx512, kAvx2, kGeneric };
-const char* IsaName(Isa isa);
-/*! \brief The best ISA of this CPU, capped by BYOC_HETERO_WQ_ISA (avx512 | avx2 | generic | auto,
- *         read when a kernel is built); another value is a ValueError naming the variable. */
-Isa SelectIsa();
+/*! \brief The micro-kernel implementations (simd_isa.h), chosen when a kernel is built: the best of the
+ *         CPU capped by BYOC_HETERO_WQ_ISA (avx512 | avx2 | generic | auto). */
+using Isa = SimdIsa;
+constexpr const char* kIsaVariable = "BYOC_HETERO_WQ_ISA";
 
 /*! \brief What one micro-kernel call computes: rows [r0, r0 + rows) of tile t. */
 struct TileJob {

@@ -213,42 +213,7 @@ struct GenericK {
   static void Run(const TileJob& j) { TileGeneric<Bits, R>(j); }
 };
 
-bool CpuHas(Isa isa) {
-  __builtin_cpu_init();
-  if (isa == Isa::kAvx512) return __builtin_cpu_supports("avx512f");
-  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return true;
-}
-
 }  // namespace
-
-const char* IsaName(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    default:
-      return "generic";
-  }
-}
-
-Isa SelectIsa() {
-  const char* env = std::getenv("BYOC_HETERO_WQ_ISA");
-  const std::string cap = env == nullptr || *env == '\0' ? "auto" : env;
-  Isa limit = Isa::kAvx512;
-  if (cap == "avx2") {
-    limit = Isa::kAvx2;
-  } else if (cap == "generic") {
-    limit = Isa::kGeneric;
-  } else if (cap != "auto" && cap != "avx512") {
-    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_WQ_ISA must be auto, avx512, avx2 or generic, got '" << cap << "'";
-  }
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kGeneric}) {
-    if (static_cast<int>(isa) >= static_cast<int>(limit) && CpuHas(isa)) return isa;
-  }
-  return Isa::kGeneric;
-}
 
 TileFn FindTileFn(Isa isa, int bits) {
   switch (isa) {

@@ -36,6 +36,7 @@
 #include <cstring>
 #include <utility>
 
+#include "broadcast.h"
 #include "int8.h"
 #include "kernel.h"
 
@@ -230,6 +231,157 @@ std::unique_ptr<Kernel> MakeInt8Matmul(const KernelContext& ctx, const Int8Matmu
   return std::make_unique<Int8MatmulKernel>(ctx.where(), std::move(pd), q, std::move(inputs), std::move(output));
 }
 
+/*! \brief The aligned shapes of a matmul's operands (leading 1s up to the output's rank) and its output. */
+struct MatmulShapes {
+  size_t rank;
+  std::vector<int64_t> as, bs, out_shape;
+  int64_t n;
+};
+
+/*! \brief a @ b's shapes checked (ranks, K, broadcastable batch dims) against each other and the output. */
+MatmulShapes CheckMatmulShapes(const KernelContext& ctx, const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                               bool transpose_b) {
+  if (a.size() < 2 || b.size() < 2) {
+    ctx.Fail("a and b must have rank >= 2, got shapes " + ShapeToString(a) + " and " +
+             ShapeToString(b));
+  }
+  // The output may declare more leading 1s than either operand (the codegen writes attention
+  // scores [H, S, S] as [1, H, S, S] so that the mask post-op runs outside the reference matmul).
+  const size_t rank = std::max({a.size(), b.size(), ctx.output().shape.size()});
+  if (rank > 12) ctx.Fail("rank " + std::to_string(rank) + " exceeds the 12 dims oneDNN supports");
+  const std::vector<int64_t> as = AlignRank(a, rank), bs = AlignRank(b, rank);
+  const int64_t m = as[rank - 2], k = as[rank - 1];
+  const int64_t bk = transpose_b ? bs[rank - 1] : bs[rank - 2];
+  const int64_t n = transpose_b ? bs[rank - 2] : bs[rank - 1];
+  if (bk != k) {
+    ctx.Fail("a shape " + ShapeToString(a) + " has K=" + std::to_string(k) + " but b shape " +
+             ShapeToString(b) + (transpose_b ? " (transposed)" : "") + " has K=" + std::to_string(bk));
+  }
+  std::vector<int64_t> out_shape(rank);
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    if (as[i] != bs[i] && as[i] != 1 && bs[i] != 1) {
+      ctx.Fail("batch dims of " + ShapeToString(a) + " and " + ShapeToString(b) +
+               " do not broadcast (dim " + std::to_string(i) + ")");
+    }
+    out_shape[i] = std::max(as[i], bs[i]);
+  }
+  out_shape[rank - 2] = m;
+  out_shape[rank - 1] = n;
+  ctx.ExpectOutputShape(out_shape);
+  return {rank, as, bs, out_shape, n};
+}
+
+/*! \brief The mask's dims aligned to the output's rank, checked to broadcast to the output. */
+memory::dims MaskDims(const KernelContext& ctx, size_t mask_index, const std::vector<int64_t>& out_shape) {
+  const size_t rank = out_shape.size();
+  memory::dims mask_dims;
+  const std::vector<int64_t>& ms = ctx.input(mask_index).shape;
+  bool ok = ms.size() <= rank;
+  mask_dims.assign(rank, 1);
+  for (size_t i = 0; ok && i < ms.size(); ++i) {
+    const size_t d = rank - ms.size() + i;
+    ok = ms[i] == out_shape[d] || ms[i] == 1;
+    mask_dims[d] = ms[i];
+  }
+  if (!ok) {
+    ctx.Fail("mask of shape " + ShapeToString(ms) + " does not broadcast to the output shape " +
+             ShapeToString(out_shape));
+  }
+  return mask_dims;
+}
+
+/*! \brief The element strides of an operand read through \p view (its leading aligned dims stride 1),
+ *         or the row-major strides of \p dims when it is read as stored. */
+memory::dims ViewStrides(const OperandView& view, const memory::dims& dims) {
+  if (!view.strided) return PlainDesc(dims).get_strides();
+  memory::dims strides(dims.size() - view.shape.size(), 1);
+  strides.insert(strides.end(), view.strides.begin(), view.strides.end());
+  return strides;
+}
+
+/*! \brief Post-ops in the order the region format states: scale, mask add, activation, sum,
+ *         post-activation (MakeAttr's order, with the mask's binary add after the scale);
+ *         \p mask_post_op gets the index of the mask's add. */
+dnnl::primitive_attr MaskedMatmulAttr(const KernelContext& ctx, const Epilogue& epilogue, const memory::dims& mask_dims,
+                                      int* mask_post_op) {
+  dnnl::primitive_attr attr = ctx.MakeAttr();
+  dnnl::post_ops ops;
+  if (epilogue.scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, epilogue.scale, 0.f);
+  *mask_post_op = ops.len();
+  ops.append_binary(dnnl::algorithm::binary_add, PlainDesc(mask_dims));
+  if (!epilogue.act.none()) ops.append_eltwise(epilogue.act.alg, epilogue.act.alpha, epilogue.act.beta);
+  if (epilogue.residual) ops.append_sum(1.f);
+  if (!epilogue.post_act.none()) ops.append_eltwise(epilogue.post_act.alg, epilogue.post_act.alpha, epilogue.post_act.beta);
+  attr.set_post_ops(ops);
+  return attr;
+}
+
+/*! \brief A float matmul's a and b as read: a's plain dims and descriptor, b's view over its bytes. */
+struct MatmulOperands {
+  memory::desc a_md;
+  memory::dims a_dims;
+  bool a_strided;
+  memory::desc b_view;
+  memory::dims b_dims;
+  bool b_strided;
+  bool b_constant;
+};
+
+/*!
+ * \brief The float matmul primitive. A constant b is reordered once into the layout matmul prefers;
+ *        one that arrives at run time is read where it lies.
+ *        bf16: a and b are read as bf16 copies (a constant b converted once, run-time operands on every
+ *        call, a strided view through one reorder), accumulation and the output stay f32.
+ *        A strided bf16 a (Q of attention, a permuted dense output stored bf16) is read where it lies
+ *        when a jit matmul takes those strides, else through a plain bf16 copy.
+ */
+dnnl::matmul::primitive_desc MatmulPd(const KernelContext& ctx, const MatmulOperands& o, const memory::desc& bias,
+                                      const memory::dims& dst_dims, const dnnl::primitive_attr& attr) {
+  memory::desc a_src = ctx.bf16 ? WithType(o.a_md, memory::data_type::bf16) : o.a_md;
+  // The output is f32 unless every reader rounds it to bf16 anyway (OutputOnlyFeedsBf16Convs).
+  const memory::desc dst = WithType(PlainDesc(dst_dims), OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
+                                                                                      : memory::data_type::f32);
+  auto make = [&](const memory::desc& b) { return dnnl::matmul::primitive_desc(ctx.engine, a_src, b, bias, dst, attr); };
+  auto make_bf16 = [&] {
+    return make(o.b_constant ? AnyDesc(o.b_dims, memory::data_type::bf16) : WithType(o.b_view, memory::data_type::bf16));
+  };
+  dnnl::matmul::primitive_desc pd =
+      ctx.bf16 ? make_bf16() : o.b_constant ? MatmulForConstantWeight(make, o.b_dims) : make(o.b_view);
+  if (ctx.bf16 && o.a_strided && IsReferenceImpl(pd)) {
+    a_src = WithType(PlainDesc(o.a_dims), memory::data_type::bf16);
+    pd = make_bf16();
+  }
+  if (!ctx.bf16 && IsReferenceImpl(pd) && (o.a_strided || (o.b_strided && !o.b_constant))) {
+    // Only the reference matmul reads these strides: read plain copies (the planner reorders).
+    a_src = PlainDesc(o.a_dims);
+    pd = o.b_constant ? MatmulForConstantWeight(make, o.b_dims) : make(o.b_strided ? AnyDesc(o.b_dims) : o.b_view);
+  }
+  return pd;
+}
+
+/*! \brief As MakeAnchorKernel, with the mask read plain as the binary post-op's second source
+ *         (\p residual_index: the residual input's index, -1 without one). */
+std::unique_ptr<Kernel> MakeMaskedMatmul(const KernelContext& ctx, dnnl::matmul::primitive_desc pd,
+                                         const memory::desc& a_md, const memory::desc& b_view, bool has_bias,
+                                         const memory::dims& bias_dims, const memory::dims& mask_dims, int mask_post_op,
+                                         const memory::dims& dst_dims, int residual_index) {
+  std::vector<OperandLayout> inputs{{a_md, pd.src_desc()}, {b_view, pd.weights_desc()}};
+  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
+  if (has_bias) {
+    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
+    args.push_back(DNNL_ARG_BIAS);
+  }
+  inputs.push_back({PlainDesc(mask_dims), PlainDesc(mask_dims)});
+  args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(mask_post_op) | DNNL_ARG_SRC_1);
+  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
+  if (residual_index >= 0) {
+    inputs.push_back(output);
+    args.push_back(0);
+  }
+  return std::make_unique<PrimitiveKernel>(ctx.where(), "matmul", std::move(pd), std::move(args), std::move(inputs),
+                                           std::move(output), residual_index);
+}
+
 }  // namespace
 
 static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
@@ -253,151 +405,46 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   ctx.ExpectInputCount(2 + has_bias + has_mask + epilogue.residual,
                        std::string(has_bias ? "a, b, bias" : "a, b") + (has_mask ? ", mask" : "") +
                            (epilogue.residual ? ", residual" : ""));
-  const auto& a = a_view.shape;
-  const auto& b = b_in.shape;
-  if (a.size() < 2 || b.size() < 2) {
-    ctx.Fail("a and b must have rank >= 2, got shapes " + ShapeToString(a) + " and " +
-             ShapeToString(b));
-  }
-  // The output may declare more leading 1s than either operand (the codegen writes attention
-  // scores [H, S, S] as [1, H, S, S] so that the mask post-op runs outside the reference matmul).
-  const size_t rank = std::max({a.size(), b.size(), ctx.output().shape.size()});
-  if (rank > 12) ctx.Fail("rank " + std::to_string(rank) + " exceeds the 12 dims oneDNN supports");
-  auto align = [&](const std::vector<int64_t>& s) {
-    std::vector<int64_t> out(rank - s.size(), 1);
-    out.insert(out.end(), s.begin(), s.end());
-    return out;
-  };
-  const std::vector<int64_t> as = align(a), bs = align(b);
-  const int64_t m = as[rank - 2], k = as[rank - 1];
-  const int64_t bk = transpose_b ? bs[rank - 1] : bs[rank - 2];
-  const int64_t n = transpose_b ? bs[rank - 2] : bs[rank - 1];
-  if (bk != k) {
-    ctx.Fail("a shape " + ShapeToString(a) + " has K=" + std::to_string(k) + " but b shape " +
-             ShapeToString(b) + (transpose_b ? " (transposed)" : "") + " has K=" + std::to_string(bk));
-  }
-  std::vector<int64_t> out_shape(rank);
-  for (size_t i = 0; i + 2 < rank; ++i) {
-    if (as[i] != bs[i] && as[i] != 1 && bs[i] != 1) {
-      ctx.Fail("batch dims of " + ShapeToString(a) + " and " + ShapeToString(b) +
-               " do not broadcast (dim " + std::to_string(i) + ")");
-    }
-    out_shape[i] = std::max(as[i], bs[i]);
-  }
-  out_shape[rank - 2] = m;
-  out_shape[rank - 1] = n;
-  ctx.ExpectOutputShape(out_shape);
+  const MatmulShapes shapes = CheckMatmulShapes(ctx, a_view.shape, b_in.shape, transpose_b);
+  const size_t rank = shapes.rank;
+  const int64_t n = shapes.n;
+  const std::vector<int64_t>& as = shapes.as;
+  const std::vector<int64_t>& bs = shapes.bs;
+  const std::vector<int64_t>& out_shape = shapes.out_shape;
   if (has_bias && ctx.input(2).numel() != n) {
     ctx.Fail("bias must have N=" + std::to_string(n) + " elements, got shape " +
              ShapeToString(ctx.input(2).shape));
   }
-  const size_t mask_index = 2 + has_bias;
-  memory::dims mask_dims;
-  if (has_mask) {
-    const std::vector<int64_t>& ms = ctx.input(mask_index).shape;
-    bool ok = ms.size() <= rank;
-    mask_dims.assign(rank, 1);
-    for (size_t i = 0; ok && i < ms.size(); ++i) {
-      const size_t d = rank - ms.size() + i;
-      ok = ms[i] == out_shape[d] || ms[i] == 1;
-      mask_dims[d] = ms[i];
-    }
-    if (!ok) {
-      ctx.Fail("mask of shape " + ShapeToString(ms) + " does not broadcast to the output shape " +
-               ShapeToString(out_shape));
-    }
-  }
+  const memory::dims mask_dims = has_mask ? MaskDims(ctx, 2 + has_bias, out_shape) : memory::dims{};
   const size_t residual_index = 2 + has_bias + has_mask;
   if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
 
   // b as the logical [..., K, N] matrix over its stored bytes (a leading 1 stride for aligned dims).
   memory::dims b_dims(bs.begin(), bs.end());
-  memory::dims b_strides = PlainDesc(b_dims).get_strides();
-  if (b_in.strided) {
-    b_strides.assign(rank - b.size(), 1);
-    b_strides.insert(b_strides.end(), b_in.strides.begin(), b_in.strides.end());
-  }
+  memory::dims b_strides = ViewStrides(b_in, b_dims);
   if (transpose_b) {
     std::swap(b_dims[rank - 2], b_dims[rank - 1]);
     std::swap(b_strides[rank - 2], b_strides[rank - 1]);
   }
   const memory::desc b_view = StridedDesc(b_dims, b_strides);
-  const bool b_constant = ctx.input_constant.size() > 1 && ctx.input_constant[1];
   const memory::dims a_dims(as.begin(), as.end()), dst_dims(out_shape.begin(), out_shape.end());
-  memory::desc a_md = PlainDesc(a_dims);
-  if (a_view.strided) {
-    memory::dims a_strides(rank - a.size(), 1);
-    a_strides.insert(a_strides.end(), a_view.strides.begin(), a_view.strides.end());
-    a_md = StridedDesc(a_dims, a_strides);
-  }
+  const memory::desc a_md = a_view.strided ? StridedDesc(a_dims, ViewStrides(a_view, a_dims)) : PlainDesc(a_dims);
   memory::dims bias_dims(rank, 1);
   bias_dims[rank - 1] = n;
   if (int8) return MakeInt8Matmul(ctx, q, a_md, b_view, dst_dims, epilogue);
 
-  // A constant b is reordered once into the layout matmul prefers; one that arrives at run time is
-  // read where it lies.
-  // bf16: a and b are read as bf16 copies (a constant b converted once, run-time operands on every
-  // call, a strided view through one reorder), accumulation and the output stay f32.
-  // A strided bf16 a (Q of attention, a permuted dense output stored bf16) is read where it lies
-  // when a jit matmul takes those strides, else through a plain bf16 copy (below).
-  memory::desc a_src = ctx.bf16 ? WithType(a_md, memory::data_type::bf16) : a_md;
-  // The output is f32 unless every reader rounds it to bf16 anyway (OutputOnlyFeedsBf16Convs).
-  const memory::desc dst = WithType(PlainDesc(dst_dims), OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
-                                                                                      : memory::data_type::f32);
-  // Post-ops in the order the region format states: scale, mask add, activation, sum, post-activation
-  // (MakeAttr's order, with the mask's binary add after the scale).
   int mask_post_op = -1;
-  dnnl::primitive_attr attr = ctx.MakeAttr(epilogue);
-  if (has_mask) {
-    attr = ctx.MakeAttr();
-    dnnl::post_ops ops;
-    if (epilogue.scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, epilogue.scale, 0.f);
-    mask_post_op = ops.len();
-    ops.append_binary(dnnl::algorithm::binary_add, PlainDesc(mask_dims));
-    if (!epilogue.act.none()) ops.append_eltwise(epilogue.act.alg, epilogue.act.alpha, epilogue.act.beta);
-    if (epilogue.residual) ops.append_sum(1.f);
-    if (!epilogue.post_act.none()) ops.append_eltwise(epilogue.post_act.alg, epilogue.post_act.alpha, epilogue.post_act.beta);
-    attr.set_post_ops(ops);
-  }
-  auto make = [&](const memory::desc& b) {
-    return dnnl::matmul::primitive_desc(ctx.engine, a_src, b,
-                                        has_bias ? PlainDesc(bias_dims) : memory::desc(), dst, attr);
-  };
-  auto make_bf16 = [&] {
-    return make(b_constant ? AnyDesc(b_dims, memory::data_type::bf16) : WithType(b_view, memory::data_type::bf16));
-  };
+  const dnnl::primitive_attr attr =
+      has_mask ? MaskedMatmulAttr(ctx, epilogue, mask_dims, &mask_post_op) : ctx.MakeAttr(epilogue);
+  const MatmulOperands operands{a_md, a_dims, a_view.strided, b_view, b_dims, b_in.strided,
+                                ctx.input_constant.size() > 1 && ctx.input_constant[1]};
   dnnl::matmul::primitive_desc pd =
-      ctx.bf16 ? make_bf16() : b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_view);
-  if (ctx.bf16 && a_view.strided && IsReferenceImpl(pd)) {
-    a_src = WithType(PlainDesc(a_dims), memory::data_type::bf16);
-    pd = make_bf16();
-  }
-  if (!ctx.bf16 && IsReferenceImpl(pd) && (a_view.strided || (b_in.strided && !b_constant))) {
-    // Only the reference matmul reads these strides: read plain copies (the planner reorders).
-    a_src = PlainDesc(a_dims);
-    pd = b_constant ? MatmulForConstantWeight(make, b_dims) : make(b_in.strided ? AnyDesc(b_dims) : b_view);
-  }
+      MatmulPd(ctx, operands, has_bias ? PlainDesc(bias_dims) : memory::desc(), dst_dims, attr);
   if (!has_mask) {
     return MakeAnchorKernel(ctx, "matmul", std::move(pd), a_md, b_view, bias_dims, has_bias, dst_dims, epilogue);
   }
-  // As MakeAnchorKernel, with the mask read plain as the binary post-op's second source.
-  std::vector<OperandLayout> inputs{{a_md, pd.src_desc()}, {b_view, pd.weights_desc()}};
-  std::vector<int> args{DNNL_ARG_SRC, DNNL_ARG_WEIGHTS};
-  if (has_bias) {
-    inputs.push_back({PlainDesc(bias_dims), pd.bias_desc()});
-    args.push_back(DNNL_ARG_BIAS);
-  }
-  inputs.push_back({PlainDesc(mask_dims), PlainDesc(mask_dims)});
-  args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(mask_post_op) | DNNL_ARG_SRC_1);
-  OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
-  int sum_input = -1;
-  if (epilogue.residual) {
-    inputs.push_back(output);
-    args.push_back(0);
-    sum_input = static_cast<int>(residual_index);
-  }
-  return std::make_unique<PrimitiveKernel>(ctx.where(), "matmul", std::move(pd), std::move(args), std::move(inputs),
-                                           std::move(output), sum_input);
+  return MakeMaskedMatmul(ctx, std::move(pd), a_md, b_view, has_bias, bias_dims, mask_dims, mask_post_op, dst_dims,
+                          epilogue.residual ? static_cast<int>(residual_index) : -1);
 }
 
 /*! \brief bf16 region: a and b are rounded to bf16; never the bias or a residual. */

@@ -11,7 +11,7 @@
 namespace byoc_hetero {
 namespace planning {
 
-MemRef LayoutResolver::Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) {
+const MemRef* LayoutResolver::FindResolved(int t, const OperandLayout& layout, bool init_consumer) const {
   for (const auto& e : resolved_) {
     // Reshapes of one value (BERT's Q/K/V denses each read their own reshape of one layer norm)
     // are the same bytes: one conversion serves them all. Aliased storage is never written in
@@ -23,9 +23,14 @@ MemRef LayoutResolver::Resolve(int t, const OperandLayout& layout, size_t consum
                                               OrderOf(t) == OrderOf(e.tensor));
     if (same_bytes && e.view == layout.view && e.want == layout.want &&
         e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
-      return e.mem;
+      return &e.mem;
     }
   }
+  return nullptr;
+}
+
+MemRef LayoutResolver::Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) {
+  if (const MemRef* found = FindResolved(t, layout, init_consumer)) return *found;
   ValueState& v = values_[t];
   const bool at_init = v.is_const;
   if (layout.transform) {

@@ -72,6 +72,10 @@ class LayoutResolver : public PlanBuilder {
    */
   bool SlotDiesAt(int slot, size_t n) const;
 
+  /*! \brief The bytes an earlier Resolve of the same bytes (tensor t, or a reshape of it sharing
+   *         its storage) in \p layout gave, or null: one conversion serves every reader. */
+  const MemRef* FindResolved(int t, const OperandLayout& layout, bool init_consumer) const;
+
   struct Resolved {
     int tensor;
     memory::desc view, want;

@@ -58,7 +58,7 @@ def _move_down(graph: RegionGraph, nodes: list[Node], before: Node) -> None:
     graph.nodes[index:index] = nodes
 
 
-def _reshaped(graph: RegionGraph, t: int, shape: list, before: Node) -> int:
+def reshaped_operand(graph: RegionGraph, t: int, shape: list, before: Node) -> int:
     """Tensor ``t`` read as ``shape`` (a reshape node inserted before ``before``; no copy)."""
     if list(graph.tensors[t]["shape"]) == list(shape):
         return t
@@ -128,14 +128,14 @@ def _fuse_one(graph: RegionGraph, node: Node) -> bool:
                 # runs only in its reference matmul (measured): it stays a binary node
                 continue
             _move_down(graph, [anchor, *reshapes], node)
-            mask = _reshaped(graph, other, frame, anchor)
+            mask = reshaped_operand(graph, other, frame, anchor)
             anchor.inputs.insert(2 + int(bool(anchor.attrs.get("has_bias"))), mask)
             anchor.attrs["has_mask"] = 1
         elif alg == "add" and other_shape == out_shape:
             if chain_shape != anchor_shape and not _static(chain_shape, anchor_shape):
                 continue
             _move_down(graph, [anchor, *reshapes], node)
-            anchor.inputs.append(_reshaped(graph, other, anchor_shape, anchor))
+            anchor.inputs.append(reshaped_operand(graph, other, anchor_shape, anchor))
             anchor.attrs["residual"] = 1
             anchor.attrs["post_activation"] = act
             if "clip" in node.attrs:

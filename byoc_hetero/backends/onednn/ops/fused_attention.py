@@ -34,7 +34,7 @@ import numpy as np
 from ....errors import RuleError
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
-from .attention import _reshaped, in_anchor_frame
+from .attention import reshaped_operand, in_anchor_frame
 from .layout import drop_dead_nodes, strided_view
 
 MIN_KEYS = 64
@@ -248,7 +248,7 @@ def _fuse_one(graph: RegionGraph, softmax: Node, min_keys: int) -> bool:
         return False
     attrs = {**views, "scale": float(scores.attrs.get("scale", 1.0)), "safe": int(softmax.attrs.get("safe", 0))}
     if mask is not None:
-        inputs[3] = _reshaped(graph, mask[0], mask_shape, mix)
+        inputs[3] = reshaped_operand(graph, mask[0], mask_shape, mix)
         attrs["has_mask"] = 1
     fused = Node("attention", inputs, mix.output, attrs)
     graph.nodes[graph.nodes.index(mix)] = fused

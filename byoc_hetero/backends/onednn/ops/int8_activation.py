@@ -29,7 +29,7 @@ import numpy as np
 
 from ..table import graph_pass
 from .activation import FUSES_ACTIVATION
-from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order
+from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order
 
 GATES = {"sigmoid": "silu", "hardsigmoid": "hardswish"}
 """``x * gate(x)`` written as a multiply: the oneDNN eltwise it is (x * sigmoid(x) is swish with
@@ -51,12 +51,12 @@ def chain_expr(graph, t: int, producers, visited: list, leaf, through) -> tuple:
         raise NoChain
     visited.append(node)
     if node.op == "dequantize":
-        dq = _per_tensor(graph, node, "dequantize")
+        dq = per_tensor_qparams(graph, node, "dequantize")
         found = leaf(node) if dq is not None else None
         if found is not None:
             return found
         source = producers.get(node.inputs[0])
-        if dq is None or source is None or _per_tensor(graph, source, "quantize") != dq or not through(source):
+        if dq is None or source is None or per_tensor_qparams(graph, source, "quantize") != dq or not through(source):
             raise NoChain
         visited.append(source)
         inner = chain_expr(graph, source.inputs[0], producers, visited, leaf, through)
@@ -76,7 +76,7 @@ def _anchor_leaf(graph, producers):
         source = producers.get(dq.inputs[0])
         if source is None or source.op not in FUSES_ACTIVATION or "dst_scale" not in source.attrs:
             return None
-        if (float(source.attrs["dst_scale"]), int(source.attrs["dst_zero_point"])) != _per_tensor(graph, dq, "dequantize"):
+        if (float(source.attrs["dst_scale"]), int(source.attrs["dst_zero_point"])) != per_tensor_qparams(graph, dq, "dequantize"):
             raise NoChain
         return ("x", source)
     return leaf
@@ -91,7 +91,7 @@ def _strip(expr: tuple) -> tuple:
 
 def _saturation(graph, node) -> tuple[float, float]:
     """The float range [lo, hi] a per-tensor quantize (or the int8 output it wrote) saturates to."""
-    scale, zero = _per_tensor(graph, node, node.op) if node.op in ("quantize", "dequantize") else \
+    scale, zero = per_tensor_qparams(graph, node, node.op) if node.op in ("quantize", "dequantize") else \
         (float(node.attrs["dst_scale"]), int(node.attrs["dst_zero_point"]))
     info = np.iinfo(graph.tensors[node.output]["dtype"])
     return (info.min - zero) * scale, (info.max - zero) * scale
@@ -105,7 +105,7 @@ def _covers_unit_range(graph, q, producers) -> bool:
     source = producers.get(q.inputs[0])
     if source is None or source.op != "eltwise" or source.attrs.get("algorithm") not in GATES:
         return False
-    scale = _per_tensor(graph, q, "quantize")[0]
+    scale = per_tensor_qparams(graph, q, "quantize")[0]
     lo, hi = _saturation(graph, q)
     return lo <= scale and hi >= 1.0 - scale
 
@@ -123,7 +123,7 @@ def _activation(expr: tuple) -> tuple[str, object, object] | None:
     return None
 
 
-def _closed(graph, nodes: list, last) -> bool:
+def closed_under(graph, nodes: list, last) -> bool:
     """Whether every tensor the chain's nodes write is read only inside the chain (by the nodes
     or ``last``) and is no region output."""
     inside = [t for n in (*nodes, last) for t in n.inputs]
@@ -134,7 +134,7 @@ def _closed(graph, nodes: list, last) -> bool:
 
 def _fuse_chain(graph, q, producers) -> bool:
     """Fuse the chain ending in quantize node ``q`` into its anchor; whether it did."""
-    out = _per_tensor(graph, q, "quantize")
+    out = per_tensor_qparams(graph, q, "quantize")
     if out is None or graph.tensors[q.output]["dtype"] not in QUANTIZED_DTYPES:
         return False
     visited: list = []
@@ -151,7 +151,7 @@ def _fuse_chain(graph, q, producers) -> bool:
             anchor.output in graph.outputs:
         return False
     readers = graph.readers().get(anchor.output, 0)
-    if readers != sum(n.inputs.count(anchor.output) for n in visited) or not _closed(graph, visited, q):
+    if readers != sum(n.inputs.count(anchor.output) for n in visited) or not closed_under(graph, visited, q):
         return False
     anchor.attrs["activation"] = name
     if clip is not None:
@@ -178,4 +178,4 @@ def fuse_int8_activations(graph) -> None:
         if q in graph.nodes:
             changed |= _fuse_chain(graph, q, graph.producers())
     if changed:
-        _restore_order(graph)
+        restore_order(graph)

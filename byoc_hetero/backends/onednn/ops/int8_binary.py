@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..table import graph_pass
-from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, _sole_reader, drop_dead_nodes
+from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order, sole_reader, drop_dead_nodes
 
 ALGORITHMS = ("add", "mul")
 """The binary algorithms the kernel computes (both commute: the full-shape operand goes first)."""
@@ -39,7 +39,7 @@ def _broadcasts(graph, big: int, small: int) -> bool:
 def _operand(graph, t: int, producers) -> tuple[int, tuple[float, int]] | None:
     """(the 8-bit tensor, its scale and zero point) when tensor ``t`` is a per-tensor dequantize of one."""
     dq = producers.get(t)
-    params = _per_tensor(graph, dq, "dequantize")
+    params = per_tensor_qparams(graph, dq, "dequantize")
     if params is None or graph.tensors[dq.inputs[0]]["dtype"] not in QUANTIZED_DTYPES:
         return None
     return dq.inputs[0], params
@@ -77,11 +77,11 @@ def _inside_float_chain(graph, q, operands, producers) -> bool:
 
 def _fuse(graph, q, producers, readers) -> bool:
     """Make ``quantize(binary(dequantize(a), dequantize(b)))`` one quantized_binary; whether it did."""
-    out = _per_tensor(graph, q, "quantize")
+    out = per_tensor_qparams(graph, q, "quantize")
     binary = producers.get(q.inputs[0])
     if out is None or graph.tensors[q.output]["dtype"] not in QUANTIZED_DTYPES or binary is None or \
             binary.op != "binary" or binary.attrs.get("algorithm") not in ALGORITHMS or len(binary.inputs) != 2 or \
-            binary.attrs.get("activation", "none") != "none" or _sole_reader(graph, binary.output, readers) is not q:
+            binary.attrs.get("activation", "none") != "none" or sole_reader(graph, binary.output, readers) is not q:
         return False
     operands = [_operand(graph, t, producers) for t in binary.inputs]
     if None in operands or _inside_float_chain(graph, q, operands, producers):
@@ -112,4 +112,4 @@ def fuse_int8_binaries(graph) -> None:
         changed |= _fuse(graph, q, graph.producers(), graph.readers())
     if changed:
         drop_dead_nodes(graph)
-        _restore_order(graph)
+        restore_order(graph)

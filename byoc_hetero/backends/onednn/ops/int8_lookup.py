@@ -22,8 +22,8 @@ import math
 import numpy as np
 
 from ..table import graph_pass
-from .int8_activation import NoChain, _closed, chain_expr
-from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, drop_dead_nodes
+from .int8_activation import NoChain, closed_under, chain_expr
+from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order, drop_dead_nodes
 
 F32 = np.float32
 _ERF = np.vectorize(math.erf, otypes=[np.float64])
@@ -81,17 +81,17 @@ def _table(graph, q, producers, through: bool):
     """(the 8-bit source, the table, the chain's nodes but the source's dequantizes) of the chain
     ending in quantize ``q``; ``through``: walk into round trips of the source (a SiLU's gate) rather
     than taking their 8-bit values as the source. Raises :class:`NoChain`."""
-    out = _per_tensor(graph, q, "quantize")
+    out = per_tensor_qparams(graph, q, "quantize")
     sources: set = set()
 
     def leaf(dq):
         if graph.tensors[dq.inputs[0]]["dtype"] not in QUANTIZED_DTYPES:
             return None
         rq = producers.get(dq.inputs[0])
-        if through and _per_tensor(graph, rq, "quantize") == _per_tensor(graph, dq, "dequantize") and \
+        if through and per_tensor_qparams(graph, rq, "quantize") == per_tensor_qparams(graph, dq, "dequantize") and \
                 getattr(producers.get(rq.inputs[0]), "op", None) in ("eltwise", "binary"):
             return None  # a round trip of a value the chain computes (a SiLU's gate): in the table too
-        sources.add((dq.inputs[0], _per_tensor(graph, dq, "dequantize")))
+        sources.add((dq.inputs[0], per_tensor_qparams(graph, dq, "dequantize")))
         return ("x",)
 
     visited: list = []
@@ -108,14 +108,14 @@ def _table(graph, q, producers, through: bool):
 
 def _fuse(graph, q, producers) -> bool:
     """Make the chain ending in quantize ``q`` one lookup node; whether it did."""
-    if _per_tensor(graph, q, "quantize") is None or graph.tensors[q.output]["dtype"] not in QUANTIZED_DTYPES:
+    if per_tensor_qparams(graph, q, "quantize") is None or graph.tensors[q.output]["dtype"] not in QUANTIZED_DTYPES:
         return False
     for through in (True, False):
         try:
             source, table, inner = _table(graph, q, producers, through)
         except NoChain:
             continue
-        if _closed(graph, inner, q):
+        if closed_under(graph, inner, q):
             for node in inner:
                 graph.nodes.remove(node)
             q.op, q.inputs, q.attrs = "lookup", [source], {"table": [int(v) for v in table]}
@@ -137,4 +137,4 @@ def fuse_int8_lookup_tables(graph) -> None:
             changed |= _fuse(graph, q, graph.producers())
     if changed:
         drop_dead_nodes(graph)
-        _restore_order(graph)
+        restore_order(graph)

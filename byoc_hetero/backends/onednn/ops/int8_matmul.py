@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..precision import int8_kernels_exact
 from ..table import graph_pass
-from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, _sole_reader, drop_dead_nodes
+from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order, sole_reader, drop_dead_nodes
 
 VIEW_ATTRS = {"transpose_b", "scale", "a_shape", "a_strides", "a_axes", "b_shape", "b_strides", "b_axes"}
 """Matmul attrs the int8 matmul keeps (cpp/kernels/matmul.cc reads them the same way)."""
@@ -40,11 +40,11 @@ def _operand(graph, t: int, producers, readers, matmul):
     node = producers.get(t)
     if node is None or len(node.inputs) != 3 or node.op not in ("dequantize", "quantize_dequantize"):
         return None
-    q = _per_tensor(graph, node, node.op)
+    q = per_tensor_qparams(graph, node, node.op)
     data = node.inputs[0] if node.op == "dequantize" else node.inputs[2]
     if q is None or graph.tensors[data]["dtype"] not in QUANTIZED_DTYPES:
         return None
-    if node.op == "quantize_dequantize" and _sole_reader(graph, t, readers) is not matmul:
+    if node.op == "quantize_dequantize" and sole_reader(graph, t, readers) is not matmul:
         return None
     return node, q[0], q[1]
 
@@ -82,4 +82,4 @@ def fuse_int8_matmuls(graph) -> None:
         changed = True
     if changed:
         drop_dead_nodes(graph)
-        _restore_order(graph)
+        restore_order(graph)

@@ -29,7 +29,7 @@ QUANTIZED_DTYPES = ("uint8", "int8")
 """The quantized types the runtime reads and writes (oneDNN's u8 / s8)."""
 
 
-def _constant(expr: relax.Expr) -> np.ndarray | None:
+def constant_operand(expr: relax.Expr) -> np.ndarray | None:
     if isinstance(expr, tvm.ir.GenericConst):
         return expr.value.numpy()
     if isinstance(expr, tvm.ir.Constant):
@@ -40,7 +40,7 @@ def _constant(expr: relax.Expr) -> np.ndarray | None:
 def qparams_reason(call: relax.Call, quantized: str, data: relax.Expr) -> str | None:
     """Why the scale / zero point of a Q/DQ call cannot run exactly; None if they can."""
     op = "quantize" if call.op.name == "relax.quantize" else "dequantize"
-    scale, zero_point = _constant(call.args[1]), _constant(call.args[2])
+    scale, zero_point = constant_operand(call.args[1]), constant_operand(call.args[2])
     if scale is None or zero_point is None:
         return f"{op} with a scale or zero point computed at run time; the runtime needs constants"
     if scale.dtype != np.float32:
@@ -108,7 +108,7 @@ def _qparams(graph, node) -> tuple[np.ndarray, np.ndarray, int] | None:
     return scale.reshape(-1).astype(np.float32), zero.reshape(-1).astype(np.int64), int(node.attrs["axis"])
 
 
-def _per_tensor(graph, node, op: str) -> tuple[float, int] | None:
+def per_tensor_qparams(graph, node, op: str) -> tuple[float, int] | None:
     """(scale, zero point) of ``node`` when it is an ``op`` node with one scale; else None."""
     if node is None or node.op != op:
         return None
@@ -118,7 +118,7 @@ def _per_tensor(graph, node, op: str) -> tuple[float, int] | None:
     return float(q[0][0]), int(q[1][0])
 
 
-def _weight_scales(graph, node, out_channels: int, axis: int) -> list[float] | None:
+def weight_scale_values(graph, node, out_channels: int, axis: int) -> list[float] | None:
     """The per-output-channel scales of a dequantize of a constant int8 weight with zero points 0
     along ``axis`` (or one scale for all); None when it is not one (it then stays a float32 weight
     dequantized once at load: exact, just not int8)."""
@@ -138,7 +138,7 @@ def _weight_scales(graph, node, out_channels: int, axis: int) -> list[float] | N
     return [float(s) for s in scales]
 
 
-def _sole_reader(graph, t: int, readers: dict[int, int]):
+def sole_reader(graph, t: int, readers: dict[int, int]):
     """The one node reading tensor ``t`` when exactly one node reads it and it is no region output."""
     if readers.get(t, 0) != 1 or t in graph.outputs:
         return None
@@ -152,7 +152,7 @@ def _fuse_anchor(graph, node, producers, readers) -> bool:
     if len(graph.tensors[node.inputs[0]]["shape"]) == 5:  # 3-D convolutions run in float32 only
         return False
     source = producers.get(node.inputs[0])
-    src = _per_tensor(graph, source, "dequantize")
+    src = per_tensor_qparams(graph, source, "dequantize")
     if src is None or graph.tensors[source.inputs[0]]["dtype"] not in QUANTIZED_DTYPES:
         return False
     if not int8_kernels_exact():  # without VNNI oneDNN's int8 saturates: float32 between the Q/DQ
@@ -164,13 +164,13 @@ def _fuse_anchor(graph, node, producers, readers) -> bool:
         nk = node.attrs["weight_layout"] == "NK"
         out_channels, axis = (wshape[0], 0) if nk else (wshape[1], 1)
     wnode = producers.get(node.inputs[1])
-    scales = _weight_scales(graph, wnode, out_channels, axis)
+    scales = weight_scale_values(graph, wnode, out_channels, axis)
     if scales is None:
         return False
     node.inputs[0], node.inputs[1] = source.inputs[0], wnode.inputs[0]
     node.attrs.update(src_scale=src[0], src_zero_point=src[1], weight_scales=scales)
-    after = _sole_reader(graph, node.output, readers)
-    dst = _per_tensor(graph, after, "quantize")
+    after = sole_reader(graph, node.output, readers)
+    dst = per_tensor_qparams(graph, after, "quantize")
     if dst is not None:
         node.attrs.update(dst_scale=dst[0], dst_zero_point=dst[1])
         node.output = after.output
@@ -204,13 +204,13 @@ def _fuse_bias_add(graph, node, dst: tuple[float, int], n: int) -> None:
     readers = graph.readers()
     if len(node.inputs) != 2 or node.attrs.get("has_bias"):
         return
-    dq = _sole_reader(graph, node.output, readers)
-    if _per_tensor(graph, dq, "dequantize") != dst:
+    dq = sole_reader(graph, node.output, readers)
+    if per_tensor_qparams(graph, dq, "dequantize") != dst:
         return
-    add = _sole_reader(graph, dq.output, readers)
+    add = sole_reader(graph, dq.output, readers)
     bias = _bias_operand(graph, add, dq.output, n)
-    after = _sole_reader(graph, add.output, readers) if bias is not None else None
-    out = _per_tensor(graph, after, "quantize")
+    after = sole_reader(graph, add.output, readers) if bias is not None else None
+    out = per_tensor_qparams(graph, after, "quantize")
     if out is None or graph.tensors[after.output]["dtype"] not in QUANTIZED_DTYPES:
         return
     node.inputs.append(bias)
@@ -226,18 +226,18 @@ def _fuse_residual(graph, node, dst: tuple[float, int]) -> None:
     the add's quantized output: the residual stream of a quantized ResNet stays 8-bit, and the conv's
     own output is rounded once instead of twice (within one step of the float emulation)."""
     producers, readers = graph.producers(), graph.readers()
-    dq = _sole_reader(graph, node.output, readers)
-    if _per_tensor(graph, dq, "dequantize") != dst:
+    dq = sole_reader(graph, node.output, readers)
+    if per_tensor_qparams(graph, dq, "dequantize") != dst:
         return
-    add = _sole_reader(graph, dq.output, readers)
+    add = sole_reader(graph, dq.output, readers)
     if add is None or add.op != "binary" or add.attrs.get("algorithm") != "add" or \
             add.attrs.get("activation", "none") not in ("none", "relu") or len(add.inputs) != 2:
         return
     other = add.inputs[1] if add.inputs[0] == dq.output else add.inputs[0]
     source = producers.get(other)
-    res = _per_tensor(graph, source, "dequantize")
-    after = _sole_reader(graph, add.output, readers)
-    out = _per_tensor(graph, after, "quantize")
+    res = per_tensor_qparams(graph, source, "dequantize")
+    after = sole_reader(graph, add.output, readers)
+    out = per_tensor_qparams(graph, after, "quantize")
     out_dtype = graph.tensors[node.output]["dtype"]
     if res is None or out is None or graph.tensors[source.inputs[0]]["dtype"] != out_dtype or \
             graph.tensors[after.output]["dtype"] != out_dtype or \
@@ -257,9 +257,9 @@ def _fuse_pool(graph, node, producers, readers) -> bool:
     pools the 8-bit values (max pooling commutes with the monotone quantization; an average is
     rounded once, as the quantize would)."""
     source = producers.get(node.inputs[0])
-    src = _per_tensor(graph, source, "dequantize")
-    after = _sole_reader(graph, node.output, readers)
-    dst = _per_tensor(graph, after, "quantize")
+    src = per_tensor_qparams(graph, source, "dequantize")
+    after = sole_reader(graph, node.output, readers)
+    dst = per_tensor_qparams(graph, after, "quantize")
     if src is None or dst is None or src != dst:
         return False
     if graph.tensors[source.inputs[0]]["dtype"] != graph.tensors[after.output]["dtype"]:
@@ -298,10 +298,10 @@ def fuse_int8_anchors(graph) -> None:
             changed |= _fuse_pool(graph, node, producers, readers)
     if changed:
         drop_dead_nodes(graph)
-        _restore_order(graph)
+        restore_order(graph)
 
 
-def _restore_order(graph) -> None:
+def restore_order(graph) -> None:
     """Put the nodes back in a topological order, keeping the existing one where it is one: a
     conv that took a residual computed after it (ResNet's downsampling branch) moves after it."""
     producers = graph.producers()
@@ -372,7 +372,7 @@ def fuse_quantize_dequantize(graph) -> None:
         changed = True
     changed |= _drop_repeated_round_trips(graph)
     if changed:
-        _restore_order(graph)
+        restore_order(graph)
 
 
 _MOVES = ("reshape", "permute")

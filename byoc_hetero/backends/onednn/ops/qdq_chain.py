@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..table import graph_pass
-from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, drop_dead_nodes
+from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order, drop_dead_nodes
 
 QDQ_MEMBERS = ("dequantize", "quantize_dequantize", "quantize")
 """Chain members that make a chain a quantized model's: a chain of float32 ops alone (a float model's
@@ -54,7 +54,7 @@ def scalar_constants(graph) -> dict[int, float]:
         if data is None or np.size(data) != 1:
             continue
         data = np.asarray(data).reshape(-1)[0]
-        q = _per_tensor(graph, node, node.op) if node.op in ("dequantize", "quantize_dequantize") else None
+        q = per_tensor_qparams(graph, node, node.op) if node.op in ("dequantize", "quantize_dequantize") else None
         if q is None:
             continue
         if node.op == "dequantize" and str(graph.tensors[node.inputs[0]]["dtype"]) in QUANTIZED_DTYPES:
@@ -88,7 +88,7 @@ def _member(graph, node, shape: list, scalars: dict[int, float]) -> bool:
     if _shape(graph, node.output) != shape:
         return False
     if node.op in ("dequantize", "quantize_dequantize", "quantize"):
-        q = _per_tensor(graph, node, node.op)
+        q = per_tensor_qparams(graph, node, node.op)
         data = graph.tensors[node.inputs[0]]["dtype"]
         want = QUANTIZED_DTYPES if node.op == "dequantize" else ("float32",)
         return q is not None and len(node.inputs) == 3 and data in want and _shape(graph, node.inputs[0]) == shape
@@ -154,16 +154,16 @@ def _program(graph, members: list, scalars: dict[int, float]) -> tuple[list[int]
     out_attrs: dict[str, Any] = {}
     for node in members:
         if node.op == "dequantize":
-            s, z = _per_tensor(graph, node, "dequantize")
+            s, z = per_tensor_qparams(graph, node, "dequantize")
             if node.inputs[0] not in inputs:
                 inputs.append(node.inputs[0])
             value_of[node.output] = emit("dequantize", inputs.index(node.inputs[0]), scale=s, zero=z)
         elif node.op == "quantize_dequantize":
-            s, z = _per_tensor(graph, node, "quantize_dequantize")
+            s, z = per_tensor_qparams(graph, node, "quantize_dequantize")
             kind = "u8" if graph.tensors[node.inputs[2]]["dtype"] == "uint8" else "s8"
             value_of[node.output] = emit(f"requantize_{kind}", operand(node.inputs[0]), scale=s, zero=z)
         elif node.op == "quantize":  # the last member only (_grow never takes one as a producer)
-            s, z = _per_tensor(graph, node, "quantize")
+            s, z = per_tensor_qparams(graph, node, "quantize")
             operand(node.inputs[0])
             out_attrs = {"out_scale": s, "out_zero_point": z}
         elif node.op == "unary":
@@ -201,4 +201,4 @@ def fuse_elementwise_chains(graph) -> None:
         last.op, last.inputs, last.attrs = "elementwise_chain", inputs, attrs
     if chains:
         drop_dead_nodes(graph)  # the dequantizes of scalar constants the chains now hold as immediates
-        _restore_order(graph)
+        restore_order(graph)

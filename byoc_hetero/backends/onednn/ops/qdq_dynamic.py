@@ -25,7 +25,7 @@ from ....passes.dynamic_quantize_per_reader import DQL_CONSTANTS, dynamic_round_
 from ....rules import Match
 from ..precision import int8_kernels_exact, tensor_reason
 from ..table import PatternSpec, graph_pass, lowers_composite, pattern_rules
-from .qdq import _constant, _restore_order, _weight_scales, drop_dead_nodes
+from .qdq import constant_operand, restore_order, weight_scale_values, drop_dead_nodes
 
 _PATTERN_OPS = {"relu": "relax.nn.relu", "astype_int32": "relax.astype", "astype_uint8": "relax.astype"}
 
@@ -43,7 +43,7 @@ def _pattern():
 
 
 def _value(expr: relax.Expr) -> float | None:
-    data = _constant(expr)
+    data = constant_operand(expr)
     return float(data.reshape(-1)[0]) if data is not None and data.size == 1 else None
 
 
@@ -109,7 +109,7 @@ def fuse_dynamic_int8_sources(graph) -> None:
             return
         out_channels, axis = _out_channels(graph, node)
         wnode = producers.get(node.inputs[1])
-        scales = _weight_scales(graph, wnode, out_channels, axis)
+        scales = weight_scale_values(graph, wnode, out_channels, axis)
         if scales is None:
             continue
         node.inputs[0], node.inputs[1] = source.inputs[0], wnode.inputs[0]
@@ -117,4 +117,4 @@ def fuse_dynamic_int8_sources(graph) -> None:
         changed = True
     if changed:
         drop_dead_nodes(graph)
-        _restore_order(graph)
+        restore_order(graph)

@@ -18,7 +18,7 @@ the 8-bit tensors itself and the matmul reads the 8-bit views.
 from __future__ import annotations
 
 from ..table import graph_pass
-from .qdq import QUANTIZED_DTYPES, _per_tensor, _restore_order, _sole_reader
+from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order, sole_reader
 
 VIEWS = ("reshape", "permute")
 """Nodes that only move elements (their kernels run on 8-bit tensors too)."""
@@ -32,11 +32,11 @@ def _new_tensor(graph, like: int, dtype: str) -> int:
 
 def _dequantize_then_view(graph, dq, readers) -> bool:
     """``dequantize(q) -> view`` (the view its only reader) as ``view(q) -> dequantize``."""
-    if _per_tensor(graph, dq, "dequantize") is None or len(dq.inputs) != 3:
+    if per_tensor_qparams(graph, dq, "dequantize") is None or len(dq.inputs) != 3:
         return False
     if graph.tensors[dq.inputs[0]]["dtype"] not in QUANTIZED_DTYPES:
         return False
-    view = _sole_reader(graph, dq.output, readers)
+    view = sole_reader(graph, dq.output, readers)
     if view is None or view.op not in VIEWS or len(view.inputs) != 1:
         return False
     moved = _new_tensor(graph, view.output, graph.tensors[dq.inputs[0]]["dtype"])
@@ -49,8 +49,8 @@ def _view_then_quantize(graph, view, readers) -> bool:
     """``view(x) -> quantize`` (the quantize its only reader) as ``quantize(x) -> view``."""
     if view.op not in VIEWS or len(view.inputs) != 1:
         return False
-    q = _sole_reader(graph, view.output, readers)
-    if _per_tensor(graph, q, "quantize") is None or len(q.inputs) != 3:
+    q = sole_reader(graph, view.output, readers)
+    if per_tensor_qparams(graph, q, "quantize") is None or len(q.inputs) != 3:
         return False
     moved = _new_tensor(graph, view.inputs[0], graph.tensors[q.output]["dtype"])
     quantized = q.output  # what the quantize's readers read: now the view's output
@@ -78,4 +78,4 @@ def move_views_to_8bit(graph) -> None:
                 moved |= _view_then_quantize(graph, node, readers)
         changed |= moved
     if changed:
-        _restore_order(graph)
+        restore_order(graph)

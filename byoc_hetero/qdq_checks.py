@@ -19,6 +19,9 @@ naming the node (ONNX) or the bound variable (Relax), the input and the offendin
 
 Scales or zero points computed at run time (``DynamicQuantizeLinear``'s) are not constants and
 are not checked here.
+
+(Formerly ``byoc_hetero.quant.validate``: the stages and the frontends check here, below
+:mod:`byoc_hetero.quant`, which itself partitions through the stages.)
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import QuantizationError
+from .errors import QuantizationError
 
 __all__ = ["check_onnx", "check_relax", "check_scale", "check_zero_point", "integer_range"]
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import tvm
 from tvm import relax
 
-from ..errors import RuleError
+from .errors import RuleError
 
 if TYPE_CHECKING:  # only for annotations: patterns.py imports this module
-    from .patterns import PatternRule
+    from .rules.patterns import PatternRule
 
 
 @dataclass(frozen=True)
