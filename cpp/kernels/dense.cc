@@ -57,23 +57,14 @@ static std::unique_ptr<Kernel> Int8Dense(const KernelContext& ctx, const Int8Par
                               has_bias ? PlainDesc(bias_dims) : memory::desc(), WithType(PlainDesc(dst_dims), dst_t), int8);
 }
 
-static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
-  AttrReader attrs(ctx.graph, ctx.node_index);
-  const bool nk = *FindEnum(DenseWeightLayouts(), attrs.Choice("weight_layout", EnumNamesOf(DenseWeightLayouts()), ""));
-  const Epilogue epilogue = ctx.ReadEpilogue(attrs);
-  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
-  const bool has_bias = attrs.Flag("has_bias", base == 3);
-  ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
-  const auto& w_shape = ctx.input(1).shape;
-  Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
-  // a float32 residual of a dynamic-source dense (BERT's attention output + its input) is summed
-  // into the float32 output as it is: sum scale 1, no zero point
-  if (int8.dynamic_src && !int8.int8_dst && epilogue.residual) int8.residual = true;
-  attrs.CheckNoUnknown();
-
-  ctx.ExpectInputCount(2 + has_bias + epilogue.residual,
+/*! \brief The dense's operands checked against each other: (M rows, K, N); fails naming the operand. */
+struct DenseDims {
+  int64_t m, k, n;
+};
+static DenseDims CheckDenseShapes(const KernelContext& ctx, bool nk, bool has_bias, bool residual) {
+  ctx.ExpectInputCount(2 + has_bias + residual,
                        std::string(has_bias ? "data, weight, bias" : "data, weight") +
-                           (epilogue.residual ? ", residual" : ""));
+                           (residual ? ", residual" : ""));
   const auto& x = ctx.input(0).shape;
   if (x.size() < 2) {
     ctx.Fail("data (tensor " + std::to_string(ctx.node().inputs[0]) +
@@ -97,8 +88,25 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   std::vector<int64_t> out_shape(x.begin(), x.end() - 1);
   out_shape.push_back(n);
   ctx.ExpectOutputShape(out_shape);
-  const size_t residual_index = 2 + has_bias;
-  if (epilogue.residual) ctx.ExpectInputShape(residual_index, "residual", out_shape);
+  if (residual) ctx.ExpectInputShape(2 + has_bias, "residual", out_shape);
+  return {m, k, n};
+}
+
+static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
+  AttrReader attrs(ctx.graph, ctx.node_index);
+  const bool nk = *FindEnum(DenseWeightLayouts(), attrs.Choice("weight_layout", EnumNamesOf(DenseWeightLayouts()), ""));
+  const Epilogue epilogue = ctx.ReadEpilogue(attrs);
+  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
+  const bool has_bias = attrs.Flag("has_bias", base == 3);
+  ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
+  const auto& w_shape = ctx.input(1).shape;
+  Int8Params int8 = ReadInt8Params(ctx, attrs, w_shape.size() == 2 ? (nk ? w_shape[0] : w_shape[1]) : 1);
+  // a float32 residual of a dynamic-source dense (BERT's attention output + its input) is summed
+  // into the float32 output as it is: sum scale 1, no zero point
+  if (int8.dynamic_src && !int8.int8_dst && epilogue.residual) int8.residual = true;
+  attrs.CheckNoUnknown();
+
+  const auto [m, k, n] = CheckDenseShapes(ctx, nk, has_bias, epilogue.residual);
 
   const memory::dims src_dims{m, k}, wei_dims{k, n}, bias_dims{1, n}, dst_dims{m, n};
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);
