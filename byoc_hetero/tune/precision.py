@@ -246,7 +246,8 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     options of the other levels (the algorithm level's ``algorithms``), kept in every candidate;
     ``region_codegen`` the codegen level's map and ``base`` the float32 partition it gives (the
     candidates are built on it); ``cache`` the timing cache the units' times go through (saved at
-    the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides."""
+    the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides; where it
+    cannot apply int8 (a note says why), the float precisions are chosen as without it."""
     from ..backends.onednn.precision import effective_precision
 
     report = PrecisionReport(tuple(precisions), float(tolerance))
@@ -259,8 +260,12 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     if "int8" in precisions:
         from .int8 import choose_with_int8
 
-        return choose_with_int8(report, session, default, base, calibration, holdout, cache=cache,
-                                rounds=rounds, repeat=repeat, max_units=max_units)
+        best, report = choose_with_int8(report, session, default, base, calibration, holdout, cache=cache,
+                                        rounds=rounds, repeat=repeat, max_units=max_units)
+        if best is not None or report.plans:
+            return best, report
+        # int8 could not apply here (its note says why): the float precisions are still chosen
+        report.precisions = tuple(p for p in report.precisions if p != "int8")
     _, reason = effective_precision("bf16")
     anchors = anchor_nodes(base)
     if reason or not anchors:
