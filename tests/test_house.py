@@ -29,6 +29,20 @@ def test_no_import_circles_and_no_private_imports():
     assert lines == []
 
 
+def test_import_rule_holds_on_a_checkout_without_the_built_extension(tmp_path):
+    """CI installs the wheel (``pip install .``): its checkout has no ``byoc_hetero/_C*.so``, so
+    ``from . import _C`` must still read as the extension module CMakeLists.txt installs there, not
+    as a name of the package (session 8's CI failed on exactly that: a circle of 27 modules)."""
+    import shutil
+
+    shutil.copytree(ROOT / "byoc_hetero", tmp_path / "byoc_hetero", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy(ROOT / "CMakeLists.txt", tmp_path / "CMakeLists.txt")
+    tool = _tool("import_circles")
+    assert tool.describe(tool.imports(tmp_path / "byoc_hetero"), tmp_path / "byoc_hetero") == []
+    (tmp_path / "CMakeLists.txt").write_text("")  # without the install rule the same tree is a circle
+    assert tool.describe(tool.imports(tmp_path / "byoc_hetero"), tmp_path / "byoc_hetero") != []
+
+
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = tmp_path / "pkg" / name

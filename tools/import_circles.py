@@ -6,7 +6,9 @@ Exit status 1 when any is found (tests/test_house.py runs it). The graph is buil
 ``ast``: every ``import``/``from ... import`` counts, at module level and inside functions alike (an
 import inside a function is still a dependency, only a later one); relative imports are resolved;
 imports under ``if TYPE_CHECKING:`` are left out (they never run). ``from pkg import name`` is an
-edge to ``pkg.name`` when that is a module of the package, else to ``pkg`` itself. A circle is a
+edge to ``pkg.name`` when that is a module of the package — a ``.py``, a compiled extension beside
+it, or one the ``CMakeLists.txt`` next to the package installs into it (a non-editable install
+builds ``_C`` elsewhere: CI's checkout has no ``_C*.so``) — else to ``pkg`` itself. A circle is a
 strongly connected component of two or more modules (or a module importing itself). A private
 name is one that starts with ``_`` (not a dunder, not a module) imported from another module.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +46,18 @@ def package_modules(package: Path) -> dict[str, Path]:
     for ext in package.rglob("*.so"):  # compiled extensions are modules too (never part of a circle)
         parts = list(ext.relative_to(package.parent).parts)
         modules.setdefault(".".join(parts[:-1] + [ext.name.split(".")[0]]), ext)
+    for target, folder in _installed_extensions(package.parent / "CMakeLists.txt"):
+        if folder.split("/")[0] == package.name:
+            modules.setdefault(".".join(folder.split("/") + [target]), package / f"{target}.so")
     return modules
+
+
+def _installed_extensions(cmake: Path) -> list[tuple[str, str]]:
+    """(target, folder) of every ``install(TARGETS t LIBRARY DESTINATION folder)`` in ``cmake``."""
+    if not cmake.is_file():
+        return []
+    pattern = r"install\(\s*TARGETS\s+(\w+)\s+LIBRARY\s+DESTINATION\s+([\w/]+)\s*\)"
+    return re.findall(pattern, cmake.read_text())
 
 
 def _is_type_checking(test: ast.expr) -> bool:
