@@ -18,6 +18,28 @@ from byoc_hetero.timing import build, random_inputs, relative_error, run  # noqa
 TOLERANCE = 1e-4
 
 
+def fuzz_seed() -> int:
+    """The seed of this run's fuzz examples (tests/test_fuzz.py): ``BYOC_FUZZ_SEED`` where set, else today's
+    UTC date as ``YYYYMMDD`` (a new slice of the example space each day; the same one all day, so a failure
+    seen in CI repeats on a developer's machine that day, and with ``BYOC_FUZZ_SEED`` on any later one)."""
+    import time
+
+    return int(os.environ.get("BYOC_FUZZ_SEED") or time.strftime("%Y%m%d", time.gmtime()))
+
+
+def pytest_report_header(config):
+    return f"byoc_hetero fuzz seed: {fuzz_seed()} (repeat with BYOC_FUZZ_SEED={fuzz_seed()})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under a failing fuzz test, the seed that repeats it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and item.path.name == "test_fuzz.py":
+        report.sections.append(("fuzz seed", f"repeat with BYOC_FUZZ_SEED={fuzz_seed()} (BYOC_FUZZ_RANDOM unset)"))
+
+
 def graph(inputs: dict, body, dtype: str = "float32"):
     """A module whose ``main(**inputs)`` dataflow block is emitted by ``body(emit, *params)``.
 
