@@ -1,9 +1,10 @@
 """Differential fuzzing: random graphs and random rule sets, offloaded build vs llvm-only build.
 
 Each run draws a third of the full count of examples (``test_offloaded_equals_llvm``: 50 of 150) from a
-seed that changes every day (UTC date, ``YYYYMMDD``; :func:`conftest.fuzz_seed`), so that successive CI runs
-cover what one run of the full count covered, the time of one third. The seed is printed in pytest's header
-and under every failing fuzz test; ``BYOC_FUZZ_SEED=<seed>`` repeats a run exactly. The full count:
+seed that changes every day (UTC date, ``YYYYMMDD``; :func:`conftest.fuzz_seed`): three days' CI runs draw as
+many graphs as one run of the full count did, each run in a third of its time. The seed is printed in
+pytest's header (without ``-q``) and under every failing fuzz test; ``BYOC_FUZZ_SEED=<seed>`` repeats a run
+exactly. The full count:
 
     BYOC_HETERO_FUZZ=long python -m pytest -q tests/test_fuzz.py
 
