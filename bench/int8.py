@@ -173,7 +173,22 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b)) / (float(np.max(np.abs(b))) or 1.0))
 
 
-def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", "saturating")) -> dict:
+def _llvm_reference(mod, params, args, run, cache: str | None) -> np.ndarray:
+    """The llvm-only build's output on ``args``. With ``cache`` (a .npy path): read from it when there,
+    else computed and written to it, so that the processes of the other ISA caps skip that build (it runs
+    no oneDNN kernel: ``ONEDNN_MAX_CPU_ISA`` cannot change it). Only for one workdir of one checkout."""
+    if cache and os.path.exists(cache):
+        return np.load(cache)
+    import byoc_hetero as bh
+
+    out = run(bh.bind_params(mod, params), args)
+    if cache:
+        np.save(cache, out)
+    return out
+
+
+def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", "saturating"),
+                 share_llvm: bool = False) -> dict:
     """Ours against ONNX Runtime on each prepared quantized file, under this process's oneDNN ISA
     (``ONEDNN_MAX_CPU_ISA`` is read once, when oneDNN starts: one process per cap).
 
@@ -183,6 +198,7 @@ def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", 
     ISA gets them; ``saturating``: ``BYOC_HETERO_INT8=saturating``, oneDNN's int8 kernels even below
     VNNI, the path a VNNI CPU takes) ours against float32, against ONNX Runtime and against the
     llvm-only build, with the regions' precision. A compile or run that raises is a row's ``failed``.
+    ``share_llvm``: the llvm-only output is kept in ``workdir`` for the next process (:func:`_llvm_reference`).
     """
     import onnxruntime as ort
     import tvm
@@ -207,7 +223,7 @@ def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", 
         try:
             mod, params = bh.from_onnx(f["q"])
             args = [tvm.runtime.tensor(feed[p.name]) for p in mod["main"].params if p.name in feed]
-            llvm = run(bh.bind_params(mod, params), args)
+            llvm = _llvm_reference(mod, params, args, run, f["q"] + ".llvm.npy" if share_llvm else None)
             row["llvm_vs_f32"], row["llvm_vs_ort"] = _relative(llvm, want), _relative(llvm, theirs)
             for mode in modes:
                 os.environ["BYOC_HETERO_INT8"] = mode
@@ -326,6 +342,7 @@ def main(argv=None) -> int:
                    help="print ours / ONNX Runtime / float32 / llvm-only distances instead of timing, per oneDNN "
                         "ISA cap (comma-separated ONEDNN_MAX_CPU_ISA values, empty: the CPU's own; default ',AVX2')")
     p.add_argument("--worker", nargs=3, metavar=("KIND", "MODEL", "ARG"), help=argparse.SUPPRESS)
+    p.add_argument("--share-llvm-reference", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="bh-int8-")
     if args.pre_process and not args.worker:
@@ -335,7 +352,7 @@ def main(argv=None) -> int:
         kind, model, arg = args.worker
         if kind == "differential":
             modes = tuple("" if m == "default" else m for m in arg.split(","))
-            print(json.dumps(differential(model.split(","), workdir, modes)))
+            print(json.dumps(differential(model.split(","), workdir, modes, args.share_llvm_reference)))
             return 0
         if kind == "serve":
             engine, threads = arg.split(":")

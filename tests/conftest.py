@@ -18,6 +18,28 @@ from byoc_hetero.timing import build, random_inputs, relative_error, run  # noqa
 TOLERANCE = 1e-4
 
 
+def fuzz_seed() -> int:
+    """The seed of this run's fuzz examples (tests/test_fuzz.py): ``BYOC_FUZZ_SEED`` where set, else today's
+    UTC date as ``YYYYMMDD`` (a new slice of the example space each day; the same one all day, so a failure
+    seen in CI repeats on a developer's machine that day, and with ``BYOC_FUZZ_SEED`` on any later one)."""
+    import time
+
+    return int(os.environ.get("BYOC_FUZZ_SEED") or time.strftime("%Y%m%d", time.gmtime()))
+
+
+def pytest_report_header(config):
+    return f"byoc_hetero fuzz seed: {fuzz_seed()} (repeat with BYOC_FUZZ_SEED={fuzz_seed()})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under a failing fuzz test, the seed that repeats it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and item.path.name == "test_fuzz.py":
+        report.sections.append(("fuzz seed", f"repeat with BYOC_FUZZ_SEED={fuzz_seed()} (BYOC_FUZZ_RANDOM unset)"))
+
+
 def graph(inputs: dict, body, dtype: str = "float32"):
     """A module whose ``main(**inputs)`` dataflow block is emitted by ``body(emit, *params)``.
 
@@ -169,3 +191,35 @@ def docs_blocks(page: str, section: str) -> tuple[str, str]:
     sh = re.findall(r"^```bash\n(.*?)^```", body, re.S | re.M)
     assert len(py) == 1 and len(sh) == 1, (page, section, py, sh)
     return py[0], sh[0]
+
+
+def run_cli(*args, cwd=None):
+    """``python -m byoc_hetero *args`` run in this process (``byoc_hetero.cli.main``, the function that
+    entry point calls) with Python's stdout and stderr captured, as a ``subprocess.CompletedProcess``.
+
+    A fresh interpreter costs about 7 s of CPU importing TVM and torch per call on two cores; the CLI's
+    output is all Python's ``print`` (one error line, progress, reports), so the captured text is what a
+    subprocess would print. tests/test_cli.py still runs the real entry point in a subprocess (``--help``,
+    bad usage, and ``run`` on a model end to end)."""
+    import contextlib
+    import io
+    import subprocess
+
+    from byoc_hetero.cli import main
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as stop:  # argparse's usage errors, and --help
+                if isinstance(stop.code, str):
+                    print(stop.code, file=sys.stderr)
+                code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["byoc_hetero", *argv], code, out.getvalue(), err.getvalue())

@@ -1,4 +1,8 @@
-"""The command line: each command on a small ONNX model; errors give one line and an exit code."""
+"""The command line: each command on a small ONNX model; errors give one line and an exit code.
+
+``cli`` runs a command in this process (conftest.run_cli: ``byoc_hetero.cli.main``, what ``python -m
+byoc_hetero`` calls, without a fresh interpreter's ~7 s of imports per call); ``cli_process`` runs the real
+entry point in a subprocess, for ``--help``, bad usage and one command on a model end to end."""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
 
-def cli(*args, cwd=None):
+from conftest import run_cli as cli  # noqa: E402  (test_tune_cli and test_quantize_cli import it from here)
+
+
+def cli_process(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "byoc_hetero", *map(str, args)], capture_output=True,
                           text=True, timeout=600, cwd=cwd)
 
@@ -29,7 +36,7 @@ def model(tmp_path_factory):
 
 
 def test_help_lists_the_commands():
-    out = cli("--help")
+    out = cli_process("--help")
     assert out.returncode == 0
     for command in ("demo", "report", "run", "bench", "info"):
         assert command in out.stdout
@@ -50,7 +57,7 @@ def test_report_and_picture(model, tmp_path):
 
 def test_run_matches_onnxruntime(model, tmp_path):
     path, x = model
-    out = cli("run", path, "--input", x, "--output", tmp_path / "y.npy")
+    out = cli_process("run", path, "--input", x, "--output", tmp_path / "y.npy")
     assert out.returncode == 0, out.stderr
     got = np.load(tmp_path / "y.npy")
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": np.load(x)})[0]
@@ -100,7 +107,7 @@ def test_unsupported_op_exit_code(tmp_path):
 
 
 def test_bad_usage_exit_code():
-    assert cli("frobnicate").returncode == 2
+    assert cli_process("frobnicate").returncode == 2
     out = cli("demo", "--image-size", "100")  # VGG-11 needs a multiple of 32: usage, before any work
     assert out.returncode == 2 and "not a positive multiple of 32" in out.stderr
 

@@ -1,6 +1,14 @@
 """Differential fuzzing: random graphs and random rule sets, offloaded build vs llvm-only build.
 
-CI runs a fixed-seed slice (``derandomize``); a longer random run:
+Each run draws a third of the full count of examples (``test_offloaded_equals_llvm``: 50 of 150) from a
+seed that changes every day (UTC date, ``YYYYMMDD``; :func:`conftest.fuzz_seed`): three days' CI runs draw as
+many graphs as one run of the full count did, each run in a third of its time. The seed is printed in
+pytest's header (without ``-q``) and under every failing fuzz test; ``BYOC_FUZZ_SEED=<seed>`` repeats a run
+exactly. The full count:
+
+    BYOC_HETERO_FUZZ=long python -m pytest -q tests/test_fuzz.py
+
+and a longer random run (hypothesis's own random seed, ``--hypothesis-seed`` to repeat one):
 
     BYOC_FUZZ_EXAMPLES=2000 BYOC_FUZZ_RANDOM=1 python -m pytest -q tests/test_fuzz.py
 
@@ -31,9 +39,9 @@ import os
 import numpy as np
 import pytest
 import tvm
-from conftest import TOLERANCE, isa_under, saved_rules
+from conftest import TOLERANCE, fuzz_seed, isa_under, saved_rules
 from fuzz_graphs import KINDS, SPECIAL_KINDS, graphs, run_all, transformer_graphs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from tvm import relax
 
@@ -43,10 +51,30 @@ from byoc_hetero.backends.onednn.precision import VNNI_ISAS, int8_kernels_reason
 from byoc_hetero.rules import pattern_rules
 from byoc_hetero.timing import build
 
-EXAMPLES = int(os.environ.get("BYOC_FUZZ_EXAMPLES", "150"))
+LONG = os.environ.get("BYOC_HETERO_FUZZ") == "long"
+#: ``test_offloaded_equals_llvm``'s count; the other fuzz tests draw a share of it (:func:`fuzzed`).
+EXAMPLES = int(os.environ.get("BYOC_FUZZ_EXAMPLES", "150" if LONG else "50"))
 RANDOM = os.environ.get("BYOC_FUZZ_RANDOM") == "1"
+SEED = fuzz_seed()
 #: A file to append one line per compared example to (long runs: how far they got).
 PROGRESS = os.environ.get("BYOC_FUZZ_PROGRESS")
+#: The fewest examples a fuzz test draws whatever its share (a fraction of :data:`EXAMPLES`).
+MIN_EXAMPLES = 4
+
+
+def fuzzed(share: int = 1, **extra):
+    """hypothesis's settings of a fuzz test: ``EXAMPLES // share`` examples (at least :data:`MIN_EXAMPLES`),
+    drawn from :data:`SEED` without the example database (the seed alone repeats a run); with
+    ``BYOC_FUZZ_RANDOM=1`` hypothesis's own random seed and its database."""
+    count = max(MIN_EXAMPLES, EXAMPLES // share)
+    health = extra.pop("suppress_health_check", [HealthCheck.too_slow, HealthCheck.data_too_large])
+    chosen = settings(max_examples=count, derandomize=False, deadline=None, print_blob=True,
+                      suppress_health_check=health, **({} if RANDOM else {"database": None}), **extra)
+
+    def apply(test):
+        test = chosen(test)
+        return test if RANDOM else seed(SEED)(test)
+    return apply
 
 
 #: Ops that move or relabel values without arithmetic: the floor looks through them to the op that computed.
@@ -217,8 +245,7 @@ def differential(mod, inputs, disabled=(), require_heavy_op=True):
 RULE_NAMES = sorted(r.name for r in pattern_rules("byoc_hetero"))
 
 
-@settings(max_examples=EXAMPLES, derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed()
 @given(case=graphs(), disabled=st.sets(st.sampled_from(RULE_NAMES), max_size=len(RULE_NAMES)),
        require_heavy_op=st.booleans())
 def test_offloaded_equals_llvm(case, disabled, require_heavy_op):
@@ -238,8 +265,7 @@ saturating above 32767 (up to 11 output steps off llvm in the fuzzer's draws): t
 are drawn in [-64, 64], where no pair can saturate (255 x 64 x 2 = 32640), so the result is exact."""
 
 
-@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(3)
 @given(case=graphs(max_ops=0, kinds=("int8",), int8_weight_bound=64 if _PAIRS_IN_16_BITS else 127))
 def test_int8_offloaded_equals_llvm_within_one_step(case):
     """One int8 conv2d / dense between random quantize / dequantize (u8 or s8, random scales and
@@ -287,8 +313,9 @@ def test_int8_fuzz_under_a_capped_isa(isa, path):
     if isa and isa_under(isa) != isa.lower():
         pytest.skip(f"this CPU cannot emulate {isa}: oneDNN runs {isa_under(isa)} under ONEDNN_MAX_CPU_ISA={isa}")
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, BYOC_FUZZ_INT8_PATH=path, BYOC_FUZZ_EXAMPLES="15",
-               PYTHONPATH=os.pathsep.join([here, *sys.path]))
+    # the in-process test draws EXAMPLES // 3: 10 examples per cap in a long run (as before), 4 by default
+    env = dict(os.environ, BYOC_FUZZ_INT8_PATH=path, BYOC_FUZZ_EXAMPLES=str(3 * (10 if LONG else MIN_EXAMPLES)),
+               BYOC_FUZZ_SEED=str(SEED), PYTHONPATH=os.pathsep.join([here, *sys.path]))
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
@@ -301,8 +328,7 @@ def test_int8_fuzz_under_a_capped_isa(isa, path):
     assert " passed" in proc.stdout, proc.stdout[-2000:]
 
 
-@settings(max_examples=max(4, EXAMPLES // 15), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(15)
 @given(case=graphs(max_ops=2, kinds=("dense_wq", "dense", "act")))
 def test_weight_only_dense_offloaded_equals_llvm(case):
     """A dense on int8 / int4 codes (per channel, symmetric or with zero points, float32 / float16
@@ -313,8 +339,7 @@ def test_weight_only_dense_offloaded_equals_llvm(case):
     assert any(n["op"] == "dense_wq" for n in nodes), recipe
 
 
-@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(3)
 @given(case=graphs(max_ops=0, kinds=("int8_dynamic",)))
 def test_int8_dynamic_offloaded_equals_llvm(case):
     """DynamicQuantizeLinear's round trip, alone or read by an int8 dense: the runtime computes the
@@ -329,8 +354,7 @@ def test_int8_dynamic_offloaded_equals_llvm(case):
         assert np.max(np.abs(g - w)) <= 1e-5 * max(1.0, np.max(np.abs(w))), (np.max(np.abs(g - w)), recipe)
 
 
-@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(3)
 @given(case=graphs(max_ops=0, kinds=("int8_chain",)))
 def test_int8_chain_offloaded_equals_llvm_within_its_steps(case):
     """Element-wise ops between random quantize / dequantize round trips: the runtime runs them as
@@ -345,8 +369,7 @@ def test_int8_chain_offloaded_equals_llvm_within_its_steps(case):
         assert np.max(np.abs(g - w)) <= recipe.quant_step * 1.001, (np.max(np.abs(g - w)), recipe)
 
 
-@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(5)
 @given(case=graphs(kinds=SPECIAL_KINDS, special=True), require_heavy_op=st.booleans())
 def test_special_values_land_where_llvm_puts_them(case, require_heavy_op):
     """NaN / ±inf in the input on purpose (fuzz_graphs.SPECIAL_KINDS: the arithmetic ops, whose
@@ -405,8 +428,7 @@ def test_every_runtime_kernel_is_fuzzed():
     assert not missing, f"runtime kernels no fuzzed graph reaches: {missing} (reached: {sorted(seen)})"
 
 
-@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(3)
 @given(case=graphs(wide=True))
 def test_winograd_offloaded_equals_llvm(case):
     """Channels of 16 and 32 with every eligible conv (3x3, stride 1) forced onto Winograd F(4x4,3x3)."""
@@ -422,8 +444,7 @@ def test_winograd_offloaded_equals_llvm(case):
             os.environ["BYOC_HETERO_CONV_ALGO"] = saved
 
 
-@settings(max_examples=max(10, EXAMPLES // 3), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(3)
 @given(case=graphs(wide=True, kinds=("dense_block", "conv", "pool", "act")))
 def test_dense_block_offloaded_equals_llvm(case):
     """DenseNet blocks (growing concats sharing one buffer, batch norm on it, Winograd or direct
@@ -432,8 +453,7 @@ def test_dense_block_offloaded_equals_llvm(case):
     differential(mod, inputs)
 
 
-@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(5)
 @given(case=graphs(kinds=("conv3d", "pool3d", "batch_norm", "act", "add")))
 def test_volume_offloaded_equals_llvm(case):
     """Video models' ops on NCDHW data: 3-D convolutions (groups, dilation, bias, folded batch norm,
@@ -442,8 +462,7 @@ def test_volume_offloaded_equals_llvm(case):
     differential(mod, inputs, require_heavy_op=False)
 
 
-@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(5)
 @given(case=transformer_graphs())
 def test_transformer_offloaded_equals_llvm(case):
     """Attention (scale, mask post-ops), gelu chains, residuals through reshapes, take on any axis."""
@@ -461,8 +480,7 @@ def _restore(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fuzzed(5)
 @given(case=transformer_graphs())
 def test_fused_attention_offloaded_equals_llvm(case):
     """The same attention blocks with matmul -> softmax -> matmul fused into one attention node at
@@ -476,8 +494,7 @@ def test_fused_attention_offloaded_equals_llvm(case):
         _restore(ATTENTION_ENV, saved)
 
 
-@settings(max_examples=max(10, EXAMPLES // 5), derandomize=not RANDOM, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@fuzzed(5, suppress_health_check=[HealthCheck.too_slow])
 @given(groups=st.integers(1, 3), per_group=st.integers(1, 3), seq=st.integers(1, 20), keys=st.integers(1, 40),
        dim=st.integers(1, 9), dv=st.integers(1, 9), k_major=st.booleans(), block_rows=st.integers(0, 7),
        masked=st.booleans(), safe=st.integers(0, 2), scale=st.sampled_from([0.3, 3.0, 30.0]),

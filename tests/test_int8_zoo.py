@@ -144,7 +144,9 @@ _RESULTS: dict[str, dict] = {}
 
 
 def _differential(zoo_files, isa: str) -> dict:
-    """bench/int8.py's differential mode over every prepared file, in one subprocess per ISA cap."""
+    """bench/int8.py's differential mode over every prepared file, in one subprocess per ISA cap; the
+    llvm-only reference (no oneDNN kernel: the same under every cap) is built by the first cap's process and
+    read by the others (``--share-llvm-reference``)."""
     if isa not in _RESULTS:
         work, _, models = zoo_files
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -154,8 +156,8 @@ def _differential(zoo_files, isa: str) -> dict:
             env["ONEDNN_MAX_CPU_ISA"] = isa
         bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "int8.py")
         proc = subprocess.run([sys.executable, bench, "--workdir", work, "--worker", "differential",
-                               ",".join(models), "default,saturating"], env=env, capture_output=True, text=True,
-                              timeout=1800)
+                               ",".join(models), "default,saturating", "--share-llvm-reference"], env=env,
+                              capture_output=True, text=True, timeout=1800)
         assert proc.returncode == 0, proc.stderr[-3000:]
         _RESULTS[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
     return _RESULTS[isa]

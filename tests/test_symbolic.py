@@ -552,15 +552,11 @@ def test_opaque_dims():
 
 
 def test_cli_on_a_dynamic_file(cnn_onnx, tmp_path):
-    """report shows N by name; run and bench take the batch from the input file."""
-    import subprocess
-    import sys
+    """report shows N by name; run and bench take the batch from the input file (each command run in this
+    process: conftest.run_cli)."""
+    from conftest import run_cli as cli
 
     ort = pytest.importorskip("onnxruntime")
-
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "byoc_hetero", *map(str, args)], capture_output=True,
-                              text=True, timeout=600)
 
     out = cli("report", cnn_onnx)
     assert out.returncode == 0, out.stderr
