@@ -281,26 +281,30 @@ QTileFn FindQTileFn(IntDot dot, int bits) {
 }
 
 void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss) {
+  // round half to even without a libm call: adding and subtracting 1.5 * 2^23 rounds |v| < 2^22 to an
+  // integer in the default rounding mode (the loops vectorize; the file is built without fast-math)
+  constexpr float kMagic = 12582912.f;
   const int64_t xblocks = k / kActBlock;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t a = 0; a < xblocks; ++a) {
       const float* src = x + r * k + a * kActBlock;
-      float amax = 0.f;
-      bool finite = true;
+      int8_t* dst = xq + r * k + a * kActBlock;
+      float amax = 0.f, probe = 0.f;  // probe: NaN when the block holds a NaN or an infinity
       for (int64_t i = 0; i < kActBlock; ++i) {
         amax = std::max(amax, std::fabs(src[i]));
-        finite = finite && std::isfinite(src[i]);
+        probe += src[i] * 0.f;
       }
-      if (!finite) amax = NAN;  // a NaN or infinite input gives NaN outputs, as the float path's do
+      const bool finite = probe == 0.f;
       const float inv = amax > 0.f && finite ? 127.f / amax : 0.f;
       int32_t sum = 0;
       for (int64_t i = 0; i < kActBlock; ++i) {
-        const int32_t v = static_cast<int32_t>(std::nearbyint(src[i] * inv));  // round half to even
-        xq[r * k + a * kActBlock + i] = static_cast<int8_t>(v);
+        const int32_t v = static_cast<int32_t>((src[i] * inv + kMagic) - kMagic);
+        dst[i] = static_cast<int8_t>(v);
         sum += v;
       }
-      xs[r * xblocks + a] = amax / 127.f;
-      xss[r * xblocks + a] = amax / 127.f * static_cast<float>(sum);
+      const float scale = finite ? amax / 127.f : NAN;  // a NaN or infinite input gives NaN outputs, as the float path's do
+      xs[r * xblocks + a] = scale;
+      xss[r * xblocks + a] = scale * static_cast<float>(sum);
     }
   }
 }
