@@ -136,6 +136,29 @@ def test_int8_activation_kernel_matches_numpy(monkeypatch, isa, bits, block, zp,
     assert f"int8 activations ({want})" in step, step
 
 
+def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
+    """The AVX-512 VNNI kernels, which this project's test machine cannot run: tests/native/wq_vnni_emulated.cc
+    compiles cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly and compares every kernel with the
+    portable one (itself checked against numpy above). A VNNI CPU runs the real instruction in the tests above."""
+    import os
+    import shutil
+    import subprocess
+
+    import tvm_ffi
+
+    if shutil.which("g++") is None or "avx512bw" not in open("/proc/cpuinfo").read():
+        pytest.skip("needs g++ and an AVX-512BW CPU")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ffi = os.path.dirname(tvm_ffi.__file__)
+    exe = str(tmp_path / "wq_vnni_emulated")
+    subprocess.run(["g++", "-O1", "-std=c++17", "-I", os.path.join(root, "cpp"), "-isystem", os.path.join(ffi, "include"),
+                    os.path.join(root, "tests", "native", "wq_vnni_emulated.cc"), "-o", exe, "-Wl,--no-as-needed",
+                    os.path.join(ffi, "lib", "libtvm_ffi.so"), "-Wl,-rpath," + os.path.join(ffi, "lib")],
+                   check=True, capture_output=True)
+    run = subprocess.run([exe], capture_output=True, text=True)
+    assert run.returncode == 0 and "0 of 48 cases differ" in run.stdout, run.stdout + run.stderr
+
+
 def test_int8_activations_extremes_and_nan(monkeypatch):
     """Codes at both ends (8-bit: -127 / 127 weights and 0 / 255 unsigned codes; 4-bit 0 / 15), activations
     of one large value per block (codes of +-127), an all-zero row; a NaN input gives NaN, not a number."""
