@@ -3,7 +3,9 @@
 One-node regions built by hand (the runtime alone, no TVM build), at the shapes of SmolLM-135M's
 decoder (K=576 -> N=1536, the MLP's up projection; K=1536 -> N=576, its down projection), M rows
 (default 1: the decode step). Per shape: oneDNN's f32 ``dense`` (the node bh.partition writes for a
-float weight), ``dense_wq`` int8 per output channel, int4 groups of 32 symmetric and with zero points.
+float weight), ``dense_wq`` int8 per output channel and in blocks of 32 with float16 scales (GGUF's Q8_0),
+int4 in groups of 32 symmetric with float16 scales (Q4_0's form) and with zero points, each with float32
+activations and with int8 activations quantized per call (``--acts``; BYOC_HETERO_WQ_ACT).
 The engines are timed interleaved (round-robin rounds of ``--calls`` calls, the median per call), each
 with the GB/s of weights it streams (float32: 4 bytes a weight; the weight-only ones: codes plus
 their float32 scales and zero points as repacked).
@@ -49,18 +51,31 @@ def _module(symbol: str, m: int, k: int, n: int, op: str, consts: list[np.ndarra
     return mod[symbol]
 
 
-def engines(m: int, k: int, n: int, rng: np.random.Generator) -> dict[str, tuple]:
-    """name -> (function, bytes of weights one call streams)."""
+VARIANTS = (("int8 per channel", 8, None, False, "float32"), ("int8 g32 f16 (Q8_0)", 8, 32, False, "float16"),
+            ("int4 g32 f16 (Q4_0)", 4, 32, False, "float16"), ("int4 g32 + zero points", 4, 32, True, "float32"))
+
+
+def engines(m: int, k: int, n: int, rng: np.random.Generator, acts: list[str]) -> dict[str, tuple]:
+    """name -> (function, bytes of weights one call streams); each weight-only variant once per activation
+    mode of ``acts`` (BYOC_HETERO_WQ_ACT, read when the module is created: f32 | int8)."""
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
     out = {"f32 dense (oneDNN)": (_module("f32", m, k, n, "dense", [w], {"weight_layout": "NK", "has_bias": 0}),
                                   w.nbytes)}
-    for name, bits, group, zp in (("int8 per channel", 8, None, False), ("int4 g32", 4, 32, False),
-                                  ("int4 g32 + zero points", 4, 32, True)):
-        codes = quantize_matrix(w, bits, group, zp)
-        consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
-        attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
-        streamed = codes.codes.nbytes + codes.scales.size * 4 * (2 if zp else 1)
-        out[name] = (_module(f"wq{bits}{int(zp)}", m, k, n, "dense_wq", consts, attrs), streamed)
+    before = os.environ.get("BYOC_HETERO_WQ_ACT")
+    try:
+        for act in acts:
+            os.environ["BYOC_HETERO_WQ_ACT"] = act
+            for i, (name, bits, group, zp, scale_dtype) in enumerate(VARIANTS):
+                codes = quantize_matrix(w, bits, group, zp, scale_dtype)
+                consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
+                attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
+                streamed = codes.codes.nbytes + codes.scales.size * 4 * (2 if zp else 1)
+                out[f"{name}, {act} act"] = (_module(f"wq{i}{act}", m, k, n, "dense_wq", consts, attrs), streamed)
+    finally:
+        if before is None:
+            os.environ.pop("BYOC_HETERO_WQ_ACT", None)
+        else:
+            os.environ["BYOC_HETERO_WQ_ACT"] = before
     return out
 
 
@@ -85,6 +100,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="region threads (default: the process's)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--acts", default="f32,int8", help="dense_wq activation modes (BYOC_HETERO_WQ_ACT values)")
     args = ap.parse_args()
     if args.threads:
         bh._C.set_num_threads(args.threads)
@@ -97,7 +113,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for m in (int(r) for r in args.rows.split(",")):
         for k, n in SHAPES:
-            fns = engines(m, k, n, rng)
+            fns = engines(m, k, n, rng, args.acts.split(","))
             x = tvm.runtime.tensor(rng.standard_normal((m, k)).astype(np.float32))
             y = tvm.runtime.tensor(np.zeros((m, n), np.float32))
             times = time_all(fns, x, y, args.rounds, args.calls)

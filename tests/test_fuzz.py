@@ -332,9 +332,18 @@ def test_int8_fuzz_under_a_capped_isa(isa, path):
 @given(case=graphs(max_ops=2, kinds=("dense_wq", "dense", "act")))
 def test_weight_only_dense_offloaded_equals_llvm(case):
     """A dense on int8 / int4 codes (per channel, symmetric or with zero points, float32 / float16
-    scales) among float steps: one dense_wq node, against llvm's dequantize-then-matmul."""
+    scales) among float steps: one dense_wq node, against llvm's dequantize-then-matmul (float32
+    activations: the int8-activation kernels are tested against numpy in tests/test_weight_only.py)."""
     mod, inputs, recipe = case
-    part = differential(mod, inputs, require_heavy_op=False)
+    before = os.environ.get("BYOC_HETERO_WQ_ACT")
+    os.environ["BYOC_HETERO_WQ_ACT"] = "f32"
+    try:
+        part = differential(mod, inputs, require_heavy_op=False)
+    finally:
+        if before is None:
+            del os.environ["BYOC_HETERO_WQ_ACT"]
+        else:
+            os.environ["BYOC_HETERO_WQ_ACT"] = before
     nodes = [n for m in part.attrs.get("external_mods", []) for n in region_graph_json(m)["nodes"]]
     assert any(n["op"] == "dense_wq" for n in nodes), recipe
 

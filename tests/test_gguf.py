@@ -173,21 +173,24 @@ def test_f32_file_logits_and_tokens_equal_transformers(hf_folder, tmp_path):
 
 
 @pytest.mark.parametrize("fmt,float_bound", [("q8_0", 4e-2), ("q4_0", 6e-1)])
-def test_quantized_file_runs_its_codes(hf_folder, tmp_path, fmt, float_bound):
-    """dense_wq on the file's blocks equals the exact dequantize run in float (torch), tightly; the float
-    model within ``float_bound`` (relative to its largest logit; measured 0.023-0.026 for Q8_0, 0.39-0.40 for
-    Q4_0: a random model's logits are flat, and every 2-D weight is quantized, the embedding and LM head
-    included, as llama.cpp's writer does; bench/gguf_check.py compares with llama.cpp's own error)."""
+def test_quantized_file_runs_its_codes(hf_folder, tmp_path, fmt, float_bound, monkeypatch):
+    """dense_wq on the file's blocks with float32 activations (BYOC_HETERO_WQ_ACT=f32) equals the exact
+    dequantize run in float (torch), tightly; with int8 activations per block of 32 (the default, as
+    llama.cpp's Q8_0 activations) the float model within ``float_bound`` (relative to its largest
+    logit; measured 0.023-0.026 for Q8_0, 0.39-0.40 for Q4_0: a random model's logits are flat, and every
+    2-D weight is quantized, the embedding and LM head included, as llama.cpp's writer does;
+    bench/gguf_check.py compares with llama.cpp's own error)."""
     folder, model = hf_folder
     path = _file(hf_folder, tmp_path, fmt)
     tokens = model.generate(torch.tensor(PROMPT), max_new_tokens=8, do_sample=False).numpy()[:, :-1]
     n = PROMPT.shape[1]
     gen = bh.llm.from_gguf(path, max_length=LENGTH)
     assert gen.weights == f"gguf:{fmt}"
-    got = _step_logits(gen, tokens, n)
-    _close(got, _torch_logits(_dequantized_model(path, model), tokens, n), 1e-4)
-    error = _close(got, _torch_logits(model, tokens, n), float_bound)
+    error = _close(_step_logits(gen, tokens, n), _torch_logits(model, tokens, n), float_bound)
     assert error > 1e-4  # the file is quantized: its logits are not the float model's
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")
+    got = _step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n)
+    _close(got, _torch_logits(_dequantized_model(path, model), tokens, n), 1e-4)
     f32 = bh.llm.from_gguf(path, max_length=LENGTH, weights="f32")
     _close(_step_logits(f32, tokens, n), got, 1e-4)
     layers, lm_head = CONFIG["num_hidden_layers"], 0 if model.config.tie_word_embeddings else 1
@@ -260,7 +263,7 @@ def test_bad_arguments(one_folder, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-def test_zero_and_nan_block_scales(one_folder, tmp_path, fmt):
+def test_zero_and_nan_block_scales(one_folder, tmp_path, fmt, monkeypatch):
     """A block whose f16 scale is 0 holds zeros (stored with scale 1 and the zero code: dense_wq refuses zero
     scales), as the gguf package reads it; a NaN scale is an error naming the tensor and the block."""
     path = _file(one_folder, tmp_path, fmt)
@@ -273,6 +276,7 @@ def test_zero_and_nan_block_scales(one_folder, tmp_path, fmt):
     zeroed.write_bytes(bytes(data))
     tokens = one_folder[1].generate(torch.tensor(PROMPT), max_new_tokens=4, do_sample=False).numpy()[:, :-1]
     n = PROMPT.shape[1]
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")  # the exact float path: compared with the dequantized model
     got = _step_logits(bh.llm.from_gguf(zeroed, max_length=LENGTH), tokens, n)
     _close(got, _torch_logits(_dequantized_model(str(zeroed), one_folder[1]), tokens, n), 1e-4)
     data[t.offset + 3 * block:t.offset + 3 * block + 2] = np.float16(np.nan).tobytes()

@@ -1,6 +1,8 @@
 """Weight-only int8 / int4 dense layers (issue 37): the runtime's dense_wq kernels against numpy's
 exact dequantize-then-matmul, on this machine's ISA and capped to AVX2 / generic C++
-(BYOC_HETERO_WQ_ISA, read when a module is created); the region format's checks; bh.quantize's
+(BYOC_HETERO_WQ_ISA, read when a module is created): the float-activation kernels
+(BYOC_HETERO_WQ_ACT=f32) exactly, the int8-activation ones (the default where the block is a multiple
+of 32) against numpy on the same activation quantization; the region format's checks; bh.quantize's
 weight-only form on llvm and on the oneDNN backend."""
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ CASES = [  # (bits, block or None: per channel, zero points, scale dtype)
 ]
 
 
+@pytest.fixture(autouse=True)
+def float_activations(monkeypatch):
+    """The exact float path unless a test asks for the int8 one (tests of the integer kernels)."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")
+
+
 @pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
 @pytest.mark.parametrize("bits,block,zp,scale_dtype", CASES)
 def test_kernel_matches_numpy(monkeypatch, isa, bits, block, zp, scale_dtype):
@@ -81,6 +89,112 @@ def test_kernel_matches_numpy(monkeypatch, isa, bits, block, zp, scale_dtype):
     step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
     if isa != "auto":
         assert f"({isa})" in step, step
+
+
+def _quantize_rows(x: np.ndarray) -> np.ndarray:
+    """numpy's form of the kernels' activation quantization (dense_wq.h): per row and block of 32,
+    scale = max|x| / 127, code = round-half-even(x * (127 / max|x|)), all in float32; returns
+    code * scale in float64 (what the integer dot products stand for)."""
+    xb = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(xb).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv)
+    assert np.abs(q).max() <= 127
+    return (q.astype(np.float64) * (amax / np.float32(127)).astype(np.float32)).reshape(x.shape)
+
+
+def _has_vnni() -> bool:
+    return "avx512_vnni" in open("/proc/cpuinfo").read()
+
+
+INT_CASES = [c for c in CASES if (c[1] or 384) % 32 == 0] + [(8, None, True, "float32")]
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("bits,block,zp,scale_dtype", INT_CASES)
+def test_int8_activation_kernel_matches_numpy(monkeypatch, isa, bits, block, zp, scale_dtype):
+    """The integer kernels (VNNI where the CPU has it, else AVX-512BW; AVX2; C++) against numpy's
+    dequantize-then-matmul on the same quantized activations; and the activation quantization's own
+    error against the exact product, within what llama.cpp's Q8_0 activations give (the same scheme)."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
+    rng = np.random.default_rng(bits * 1000 + (block or 0) + zp + 7)
+    k = 384 if block != 128 else 256
+    n = 37
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (1, 2, 3, 4, 5, 9):  # every row count of a micro-kernel call, and partial groups of 4
+        x = rng.standard_normal((m, k)).astype(np.float32) * 3
+        b = bias if m % 2 else None
+        got, plan = _run(x, codes, b)
+        _close(got, _reference(_quantize_rows(x), codes, b))
+        exact = _reference(x, codes, b)
+        assert np.abs(got - exact).max() <= 0.03 * np.abs(exact).max()
+    step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+    want = {"auto": "avx512 vnni" if _has_vnni() else "avx512bw", "avx2": "avx2", "generic": "generic"}[isa]
+    assert f"int8 activations ({want})" in step, step
+
+
+def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
+    """The AVX-512 VNNI kernels, which this project's test machine cannot run: tests/native/wq_vnni_emulated.cc
+    compiles cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly and compares every kernel with the
+    portable one (itself checked against numpy above). A VNNI CPU runs the real instruction in the tests above."""
+    import os
+    import shutil
+    import subprocess
+
+    import tvm_ffi
+
+    if shutil.which("g++") is None or "avx512bw" not in open("/proc/cpuinfo").read():
+        pytest.skip("needs g++ and an AVX-512BW CPU")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ffi = os.path.dirname(tvm_ffi.__file__)
+    exe = str(tmp_path / "wq_vnni_emulated")
+    subprocess.run(["g++", "-O1", "-std=c++17", "-I", os.path.join(root, "cpp"), "-isystem", os.path.join(ffi, "include"),
+                    os.path.join(root, "tests", "native", "wq_vnni_emulated.cc"), "-o", exe, "-Wl,--no-as-needed",
+                    os.path.join(ffi, "lib", "libtvm_ffi.so"), "-Wl,-rpath," + os.path.join(ffi, "lib")],
+                   check=True, capture_output=True)
+    run = subprocess.run([exe], capture_output=True, text=True)
+    assert run.returncode == 0 and "0 of 48 cases differ" in run.stdout, run.stdout + run.stderr
+
+
+def test_int8_activations_extremes_and_nan(monkeypatch):
+    """Codes at both ends (8-bit: -127 / 127 weights and 0 / 255 unsigned codes; 4-bit 0 / 15), activations
+    of one large value per block (codes of +-127), an all-zero row; a NaN input gives NaN, not a number."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
+    k, n = 64, 20
+    x = np.zeros((3, k), np.float32)
+    x[0] = np.where(np.arange(k) % 2, 1.0, -1.0) * 1e3
+    x[1, ::32] = -5.0
+    x[1, 1::32] = 5.0
+    for bits, zp in ((8, False), (8, True), (4, False), (4, True)):
+        w = np.where((np.arange(n * k).reshape(n, k) // 3) % 2, 1.0, -1.0).astype(np.float32)
+        codes = quantize_matrix(w, bits, 32, zp)
+        got, _ = _run(x, codes)
+        _close(got, _reference(_quantize_rows(x), codes))
+        assert np.all(got[2] == 0)
+    xn = x.copy()
+    xn[1, 40] = np.nan
+    got, _ = _run(xn, codes)
+    assert np.isnan(got[1]).all() and np.isfinite(got[0]).all()
+
+
+def test_int8_activations_fall_back_to_float_for_a_block_of_16(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
+    rng = np.random.default_rng(11)
+    codes = quantize_matrix(rng.standard_normal((16, 64)).astype(np.float32), 4, 16)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    got, plan = _run(x, codes)
+    _close(got, _reference(x, codes))
+    assert not any("int8 activations" in line for line in plan), plan
+
+
+def test_act_switch_rejects_unknown(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "fp8")
+    codes = quantize_matrix(np.ones((16, 32), np.float32), 8)
+    with pytest.raises(ValueError, match="BYOC_HETERO_WQ_ACT must be auto, int8 or f32, got 'fp8'"):
+        _run(np.ones((1, 32), np.float32), codes)
 
 
 @pytest.mark.parametrize("isa", ["auto", "avx2"])

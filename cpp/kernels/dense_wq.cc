@@ -156,6 +156,25 @@ void PackCodes(const WqShape& s, const uint8_t* w, uint8_t* packed) {
   }
 }
 
+/*! \brief The codes into tiles of the quad layout of the int8-activation kernels (dense_wq.h): 8-bit,
+ *         per 4 k, column c's 4 codes - 128 at bytes c * 4..; 4-bit, per 8 k, k + i low, k + 4 + i high. */
+void PackQuadCodes(const WqShape& s, const uint8_t* w, uint8_t* packed) {
+  const int64_t row = s.k * s.bits / 8, step = s.step();
+  for (int64_t n = 0; n < s.n; ++n) {
+    const int64_t c = n % kTile;
+    uint8_t* tile = packed + (n / kTile) * s.k * step;
+    const uint8_t* src = w + n * row;
+    for (int64_t k = 0; k < s.k; ++k) {
+      if (s.bits == 8) {
+        tile[(k / 4) * 64 + c * 4 + k % 4] = static_cast<uint8_t>(src[k] + (s.signed_codes ? 0 : 128));
+      } else {
+        const uint8_t code = (src[k / 2] >> (4 * (k % 2))) & 0x0F;
+        tile[(k / 8) * 64 + c * 4 + k % 4] |= static_cast<uint8_t>(code << (4 * ((k % 8) / 4)));
+      }
+    }
+  }
+}
+
 /*! \brief [N, blocks] per-block values into [tiles][blocks][kTile] float32, each checked by
  *         \p check (which throws naming the element); columns past N stay 0. */
 template <typename Get, typename Check>
@@ -173,15 +192,17 @@ void PackPerBlock(const WqShape& s, float* packed, const Get& get, const Check& 
 
 class DenseWqKernel : public Kernel {
  public:
-  DenseWqKernel(const KernelContext& ctx, const WqShape& s) : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)) {
+  DenseWqKernel(const KernelContext& ctx, const WqShape& s)
+      : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
     const WqShape shape = s;
     OperandLayout codes{PlainDescOf(ctx.input(1)), Bytes(s.tiles() * s.k * s.step())};
-    codes.transform_name = "dense_wq " + std::to_string(s.bits) + "-bit tiles";
-    codes.transform = [shape](const std::vector<void*>& p) {
+    const bool quad = dot_ != wq::IntDot::kNone;
+    codes.transform_name = "dense_wq " + std::to_string(s.bits) + "-bit tiles" + (quad ? " (quad layout)" : "");
+    codes.transform = [shape, quad](const std::vector<void*>& p) {
       std::memset(p[1], 0, static_cast<size_t>(shape.tiles() * shape.k * shape.step()));
-      PackCodes(shape, static_cast<const uint8_t*>(p[0]), static_cast<uint8_t*>(p[1]));
+      (quad ? PackQuadCodes : PackCodes)(shape, static_cast<const uint8_t*>(p[0]), static_cast<uint8_t*>(p[1]));
     };
     inputs_.push_back(std::move(codes));
     const memory::desc per_block = PlainDesc({s.tiles() * s.blocks() * kTile});
@@ -215,9 +236,16 @@ class DenseWqKernel : public Kernel {
                          const std::vector<MemRef>& /*temps*/) const override {
     Step step;
     const WqShape s = s_;
-    const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
-    step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
-    step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
+    if (dot_ == wq::IntDot::kNone) {
+      const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
+      step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
+      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
+    } else {
+      const wq::QTileFn tile_fn = wq::FindQTileFn(dot_, s.bits);
+      step.host = [s, tile_fn](const std::vector<void*>& p) { RunInt8(s, tile_fn, p); };
+      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights, int8 activations (" +
+                   wq::IntDotName(dot_) + ")";
+    }
     step.op = "dense_wq";
     for (size_t k = 0; k < inputs.size(); ++k) step.args.emplace_back(static_cast<int>(k), inputs[k]);
     step.args.emplace_back(static_cast<int>(inputs.size()), output);
@@ -234,31 +262,68 @@ class DenseWqKernel : public Kernel {
     TVM_FFI_THROW(ValueError) << os.str();
   }
 
-  /*! \brief One call: tiles split across the threads, each tile's rows kMaxRows at a time. */
+  /*! \brief A call's operands (inputs in the order of the node, the output last). */
+  struct Operands {
+    const float* x;
+    const uint8_t* codes;
+    const float *scales, *zeros, *bias;
+    float* y;
+    Operands(const WqShape& s, const std::vector<void*>& p)
+        : x(static_cast<const float*>(p[0])), codes(static_cast<const uint8_t*>(p[1])),
+          scales(static_cast<const float*>(p[2])),
+          zeros(s.has_zero_point ? static_cast<const float*>(p[3]) : nullptr),
+          bias(s.has_bias ? static_cast<const float*>(p[3 + s.has_zero_point]) : nullptr),
+          y(static_cast<float*>(p.back())) {}
+  };
+
+  /*! \brief Rows [r0, r0 + rows) of tile t from the micro-kernel's out[rows][16] into y (+ bias). */
+  static void StoreTile(const WqShape& s, const Operands& o, const float* out, int64_t t, int64_t r0, int64_t rows) {
+    const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, s.n - n0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = o.y + (r0 + r) * s.n + n0;
+      for (int64_t c = 0; c < cols; ++c) dst[c] = out[r * kTile + c] + (o.bias != nullptr ? o.bias[n0 + c] : 0.f);
+    }
+  }
+
+  // below ~64K multiply-adds a fork/join costs more than the split saves
+  static bool Parallel(const WqShape& s) { return s.tiles() > 1 && s.m * s.k * s.n >= (1 << 16); }
+
+  /*! \brief One call, float32 activations: tiles split across the threads, each tile's rows kMaxRows at a time. */
   static void Run(const WqShape& s, wq::TileFn tile_fn, const std::vector<void*>& p) {
-    const float* x = static_cast<const float*>(p[0]);
-    const uint8_t* codes = static_cast<const uint8_t*>(p[1]);
-    const float* scales = static_cast<const float*>(p[2]);
-    const float* zeros = s.has_zero_point ? static_cast<const float*>(p[3]) : nullptr;
-    const float* bias = s.has_bias ? static_cast<const float*>(p[3 + s.has_zero_point]) : nullptr;
-    float* y = static_cast<float*>(p.back());
+    const Operands o(s, p);
     const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step();
-    // below ~64K multiply-adds a fork/join costs more than the split saves
-    const bool parallel = tiles > 1 && s.m * s.k * s.n >= (1 << 16);
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for schedule(static) if (Parallel(s))
     for (int64_t t = 0; t < tiles; ++t) {
       alignas(64) float out[wq::kMaxRows * kTile];
-      const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, s.n - n0);
       for (int64_t r0 = 0; r0 < s.m; r0 += wq::kMaxRows) {
         const int64_t rows = std::min<int64_t>(wq::kMaxRows, s.m - r0);
-        wq::TileJob job{x + r0 * s.k, codes + t * tile_bytes, scales + t * blocks * kTile,
-                        zeros != nullptr ? zeros + t * blocks * kTile : nullptr, s.implicit_zero(),
+        wq::TileJob job{o.x + r0 * s.k, o.codes + t * tile_bytes, o.scales + t * blocks * kTile,
+                        o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, s.implicit_zero(),
                         s.k, s.block, rows, out};
         tile_fn(job);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* dst = y + (r0 + r) * s.n + n0;
-          for (int64_t c = 0; c < cols; ++c) dst[c] = out[r * kTile + c] + (bias != nullptr ? bias[n0 + c] : 0.f);
-        }
+        StoreTile(s, o, out, t, r0, rows);
+      }
+    }
+  }
+
+  /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run. */
+  static void RunInt8(const WqShape& s, wq::QTileFn tile_fn, const std::vector<void*>& p) {
+    const Operands o(s, p);
+    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step(), xb = s.k / wq::kActBlock;
+    std::vector<int8_t> xq(static_cast<size_t>(s.m * s.k));
+    std::vector<float> xs(static_cast<size_t>(s.m * xb)), xss(xs.size());
+    wq::QuantizeRows(o.x, s.m, s.k, xq.data(), xs.data(), xss.data());
+    const float zero = s.implicit_zero();
+#pragma omp parallel for schedule(static) if (Parallel(s))
+    for (int64_t t = 0; t < tiles; ++t) {
+      alignas(64) float out[wq::kMaxRows * kTile];
+      for (int64_t r0 = 0; r0 < s.m; r0 += wq::kMaxRows) {
+        const int64_t rows = std::min<int64_t>(wq::kMaxRows, s.m - r0);
+        wq::QTileJob job{xq.data() + r0 * s.k, xs.data() + r0 * xb, xss.data() + r0 * xb,
+                         o.codes + t * tile_bytes, o.scales + t * blocks * kTile,
+                         o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, zero, s.k, s.block, rows, out};
+        tile_fn(job);
+        StoreTile(s, o, out, t, r0, rows);
       }
     }
   }
@@ -266,6 +331,7 @@ class DenseWqKernel : public Kernel {
   std::string label_;
   WqShape s_;
   wq::Isa isa_;
+  wq::IntDot dot_;
 };
 
 std::unique_ptr<Kernel> BuildDenseWq(const KernelContext& ctx) {

@@ -21,9 +21,18 @@
  * The sum over one block accumulates x * (q - z) (q - z is exact in float32), then adds
  * s * block-sum to the row's total: one multiply per block and column, not per weight.
  *
- * VNNI (not done: this project's test machine has none): llama.cpp and MLAS quantize the
- * activations per call to int8 and use VPDPBUSD on the codes, 4 multiply-adds per lane and
- * instruction; a `kAvx512Vnni` micro-kernel would add that path behind the same selection.
+ * int8 activations (the default where the block is a multiple of kActBlock; BYOC_HETERO_WQ_ACT =
+ * auto | int8 | f32): as llama.cpp's Q8_0 activations and MLAS, each call quantizes the data rows per
+ * block of 32 along K (symmetric: scale = max |x| / 127, q = round-half-even(x * 127 / max |x|)),
+ * and the micro-kernels take integer dot products of those codes with the weight codes, one float
+ * multiply per 32 k and column: sum_k x q_w ~ sx * (sum_k q_x q_w - z * sum_k q_x).  Its layout (the
+ * "quad" layout) puts 4 consecutive k of a column in one 32-bit lane, what VPMADDUBSW + VPMADDWD
+ * (AVX-512BW, AVX2) and VPDPBUSD (AVX-512 VNNI) multiply and add:
+ *   8-bit: per 4 k, 64 bytes, byte c * 4 + i = code(k + i, c) - 128 (signed; the BW / AVX2 kernels
+ *          multiply |w| by x with w's sign, < 2^15 for the 16-bit pair sums; VNNI flips it back
+ *          to the unsigned code);
+ *   4-bit: per 8 k, 64 bytes, byte c * 4 + i = code(k + i, c) | code(k + 4 + i, c) << 4.
+ * The float path (float32 activations, the layouts above) stays as the exact reference.
  */
 #ifndef BYOC_HETERO_KERNELS_DENSE_WQ_H_
 #define BYOC_HETERO_KERNELS_DENSE_WQ_H_
@@ -58,6 +67,37 @@ struct TileJob {
 /*! \brief One micro-kernel per (ISA, bits): out = sum over blocks of s * sum_k x * (q - z). */
 using TileFn = void (*)(const TileJob& job);
 TileFn FindTileFn(Isa isa, int bits);
+
+// ---- int8 activations ---------------------------------------------------------------------------
+
+constexpr int64_t kActBlock = 32;  // k per activation scale (llama.cpp's Q8_0 block)
+constexpr const char* kActVariable = "BYOC_HETERO_WQ_ACT";
+
+/*! \brief The integer dot-product implementations; kNone: float32 activations (TileFn). */
+enum class IntDot { kNone, kAvx512Vnni, kAvx512Bw, kAvx2, kGeneric };
+const char* IntDotName(IntDot dot);
+/*! \brief The integer kernel for \p isa on this CPU (VNNI where present, else BW, else AVX2), or kNone
+ *         when BYOC_HETERO_WQ_ACT says f32 or \p block is not a multiple of kActBlock; another
+ *         value of the variable is a ValueError naming it. */
+IntDot SelectIntDot(Isa isa, int64_t block);
+
+/*! \brief What one integer micro-kernel call computes: rows [r0, r0 + rows) of tile t, quad layout. */
+struct QTileJob {
+  const int8_t* xq;      // row r0's activation codes (row stride k)
+  const float* xs;       // row r0's scale per activation block (row stride k / kActBlock)
+  const float* xss;      // row r0's scale * sum of codes per activation block (same strides)
+  const uint8_t* codes;  // tile t's codes (quad layout)
+  const float* scales;   // tile t's scales [blocks][16]
+  const float* zeros;    // tile t's zero points [blocks][16], or null: zero for every code
+  float zero;            // the unsigned code's zero point (8-bit signed weights: 128)
+  int64_t k, block, rows;
+  float* out;            // rows x 16 floats, row stride 16
+};
+using QTileFn = void (*)(const QTileJob& job);
+QTileFn FindQTileFn(IntDot dot, int bits);
+
+/*! \brief Quantizes \p rows rows of \p x [rows, k] per kActBlock: codes, scales, scale * code sums. */
+void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss);
 
 }  // namespace wq
 }  // namespace byoc_hetero
