@@ -110,3 +110,22 @@ def test_a_convinteger_without_its_scale_multiply_keeps_its_int32_meaning():
     got = run(build(bh.partition(mod, params)), [x])
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, want)
+
+
+def test_whispers_conv1d_front_end_quantized_dynamically_matches_onnxruntime(tmp_path):
+    # Whisper's encoder front end (two Conv1d + GELU, the second strided): 1-D ConvInteger, uint8 weights
+    # (ONNX Runtime exact on every CPU)
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv1d(16, 32, 3, padding=1), torch.nn.GELU(),
+                              torch.nn.Conv1d(32, 32, 3, stride=2, padding=1), torch.nn.GELU()).eval()
+    torch.onnx.export(net, (torch.randn(1, 16, 40),), str(tmp_path / "f.onnx"), input_names=["x"], output_names=["y"],
+                      dynamo=False, opset_version=17)
+    quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QUInt8)
+    part = bh.partition(*bh.from_onnx(tmp_path / "q.onnx"))
+    assert "llvm" not in bh.op_profile(part).counts
+    x = np.random.default_rng(3).standard_normal((1, 16, 40)).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = run(build(part), [x])
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
