@@ -98,16 +98,17 @@ def conv_integer_qdq(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - ev
     copy = copy_of(model)
     graph = copy.graph
     shapes = inferred_shapes(copy)
-    by_output = {o: n for n in graph.node for o in n.output}
+    old = list(graph.node)  # held here: the ids below name these objects while they live
+    by_output = {o: n for n in old for o in n.output}
     readers: dict[str, list] = {}
-    for n in graph.node:
+    for n in old:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     for o in graph.output:
         readers.setdefault(o.name, []).append(o)
     replaced: dict[int, list] = {}  # id of the node whose place the new nodes take -> them
     dropped: set[int] = set()
-    for k, node in enumerate(graph.node):
+    for k, node in enumerate(old):
         if node.op_type != "ConvInteger" or node.domain not in ("", "ai.onnx"):
             continue
         x_q, w_q, x_zp, w_zp = (list(node.input) + ["", "", ""])[:4]
@@ -134,7 +135,7 @@ def conv_integer_qdq(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - ev
             conv,
             helper.make_node("Cast", [p + "acc"], [node.output[0]], to=TensorProto.INT32)]
     nodes = []
-    for node in graph.node:
+    for node in old:
         if id(node) in replaced:
             nodes += replaced[id(node)]
         elif id(node) not in dropped:
