@@ -14,6 +14,7 @@ oneDNN's version and ISA are printed with the table.
     python3 bench/int8.py --small --models resnet50,mobilenet_v3_large
     python3 bench/int8.py                      # every model, full size (slow to quantize and compile)
     python3 bench/int8.py --differential ,AVX2 --pre-process --models convnext_tiny,bert_base_dynamic
+    python3 bench/int8.py --differential "" --pre-process --small --default-exporter --models gpt2,wav2vec2_base_dynamic
 
 ``--differential [ISAS]`` times nothing: per model, oneDNN ISA cap (``ONEDNN_MAX_CPU_ISA``, one process
 each) and int8 path (the fusions as that ISA gets them; ``BYOC_HETERO_INT8=saturating``) it prints ONNX
@@ -359,7 +360,8 @@ def main(argv=None) -> int:
     print("| model | threads | byoc-hetero | ONNX Runtime | OpenVINO |")
     print("|---|---|---|---|---|")
     for model in args.models.split(","):
-        size = ("small" if args.small else "full") + ("+pre" if args.pre_process else "")
+        size = (("small" if args.small else "full") + ("+pre" if args.pre_process else "")
+                + ("+default" if args.default_exporter else ""))
         prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, size], 2, 3600)
         if "failed" in prep:
             print(f"| {model} | - | quantization failed: {prep['failed']} | | |", flush=True)
