@@ -14,6 +14,7 @@ oneDNN's version and ISA are printed with the table.
     python3 bench/int8.py --small --models resnet50,mobilenet_v3_large
     python3 bench/int8.py                      # every model, full size (slow to quantize and compile)
     python3 bench/int8.py --differential ,AVX2 --pre-process --models convnext_tiny,bert_base_dynamic
+    python3 bench/int8.py --differential "" --pre-process --small --default-exporter --models gpt2,wav2vec2_base_dynamic
 
 ``--differential [ISAS]`` times nothing: per model, oneDNN ISA cap (``ONEDNN_MAX_CPU_ISA``, one process
 each) and int8 path (the fusions as that ISA gets them; ``BYOC_HETERO_INT8=saturating``) it prints ONNX
@@ -53,9 +54,11 @@ def _files(workdir: str, model: str) -> dict[str, str]:
     return {"f32": base + ".f32.onnx", "q": base + ".qdq.onnx", "inputs": base + ".inputs.npz"}
 
 
-def prepare(model: str, small: bool, workdir: str, pre_process: bool = False) -> dict:
+def prepare(model: str, small: bool, workdir: str, pre_process: bool = False, default_exporter: bool = False) -> dict:
     """Export the float32 model and quantize it (static QDQ, or dynamic for ``*_dynamic``), from
-    the ``quant_pre_process``-ed float32 file with ``pre_process``."""
+    the ``quant_pre_process``-ed float32 file with ``pre_process``. The export is TorchScript's
+    (``dynamo=False``) unless ``default_exporter`` asks for torch's default one (``torch.export``
+    based), the one a user who passes no option gets."""
     sys.path.insert(0, HERE)
     import torch
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
@@ -65,7 +68,9 @@ def prepare(model: str, small: bool, workdir: str, pre_process: bool = False) ->
     base = model.removesuffix("_dynamic")
     f, fb = _files(workdir, model), _files(workdir, base)
     zm = build(base, small)
-    if not os.path.exists(fb["f32"]):
+    if not os.path.exists(fb["f32"]) and default_exporter:
+        torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"])
+    elif not os.path.exists(fb["f32"]):
         try:
             torch.onnx.export(zm.module, zm.inputs, fb["f32"], input_names=list(zm.input_names), output_names=["y"],
                               opset_version=17, dynamo=False)
@@ -295,14 +300,15 @@ def _spawn(argv: list[str], threads: int, timeout: float, extra_env: dict | None
     return json.loads(lines[-1])
 
 
-def differential_table(models: list[str], small: bool, workdir: str, isas: list[str], pre_process: bool) -> None:
+def differential_table(models: list[str], small: bool, workdir: str, isas: list[str], pre_process: bool,
+                       default_exporter: bool = False) -> None:
     """The differential mode's table: per model, ISA cap and int8 path the three distances (ours and
     ONNX Runtime against float32, ours against ONNX Runtime) and ours against the llvm-only build."""
     print("| model | ISA | int8 path | ORT vs f32 | llvm-only vs f32 | ours vs f32 | ours vs ORT | ours vs llvm-only |"
           " regions, precision |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in models:
-        size = ("small" if small else "full") + ("+pre" if pre_process else "")
+        size = ("small" if small else "full") + ("+pre" if pre_process else "") + ("+default" if default_exporter else "")
         prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, size], 2, 3600)
         if "failed" in prep:
             print(f"| {model} | - | - | quantization failed: {prep['failed']} |||||", flush=True)
@@ -338,6 +344,8 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None)
     p.add_argument("--pre-process", action="store_true",
                    help="quant_pre_process the float32 file before quantizing (files in <workdir>/pre)")
+    p.add_argument("--default-exporter", action="store_true",
+                   help="export with torch's default (torch.export-based) exporter, not TorchScript's")
     p.add_argument("--differential", nargs="?", const=",AVX2", default=None, metavar="ISAS",
                    help="print ours / ONNX Runtime / float32 / llvm-only distances instead of timing, per oneDNN "
                         "ISA cap (comma-separated ONEDNN_MAX_CPU_ISA values, empty: the CPU's own; default ',AVX2')")
@@ -358,18 +366,19 @@ def main(argv=None) -> int:
             engine, threads = arg.split(":")
             serve(engine, model, int(threads), workdir)
             return 0
-        print(json.dumps(prepare(model, arg.startswith("small"), workdir, arg.endswith("+pre"))))
+        print(json.dumps(prepare(model, arg.startswith("small"), workdir, "+pre" in arg, "+default" in arg)))
         return 0
     print(f"machine: {machine()}; {'small' if args.small else 'full-size'} models"
           f"{', quant_pre_process-ed' if args.pre_process else ''}; workdir {workdir}")
     if args.differential is not None:
         differential_table(args.models.split(","), args.small, workdir, args.differential.split(","),
-                           args.pre_process)
+                           args.pre_process, args.default_exporter)
         return 0
     print("| model | threads | byoc-hetero | ONNX Runtime | OpenVINO |")
     print("|---|---|---|---|---|")
     for model in args.models.split(","):
-        size = ("small" if args.small else "full") + ("+pre" if args.pre_process else "")
+        size = (("small" if args.small else "full") + ("+pre" if args.pre_process else "")
+                + ("+default" if args.default_exporter else ""))
         prep = _spawn(["--workdir", workdir, "--worker", "prepare", model, size], 2, 3600)
         if "failed" in prep:
             print(f"| {model} | - | quantization failed: {prep['failed']} | | |", flush=True)

@@ -240,15 +240,18 @@ _ANCHOR_OPS = ("conv2d", "dense", "matmul")
 def _int8_precision(graph: dict) -> tuple[str, Counter]:
     """For a region with quantized values: ``"int8"`` when every conv2d / dense / matmul reads 8-bit
     data, else ``"mixed"``; and the ops that compute float32 inside it (``"pool2d avg"``,
-    ``"softmax"``, ...). ``("", Counter())`` for a region without 8-bit values."""
+    ``"softmax"``, ...). ``("", Counter())`` for a region without 8-bit values. An anchor that
+    quantizes its float32 source per call (attr ``src_dynamic``: ``quantize_dynamic``'s dense layers)
+    computes int8 too, and a region with a per-call quantization round trip has quantized values."""
     tensors, nodes = graph["tensors"], graph["nodes"]
-    if not any(tensors[n["output"]].get("dtype") in _QUANTIZED or n["op"] == "quantize_dequantize" for n in nodes):
+    if not any(tensors[n["output"]].get("dtype") in _QUANTIZED or n["attrs"].get("src_dynamic")
+               or n["op"] in ("quantize_dequantize", "dynamic_quantize_dequantize") for n in nodes):
         return "", Counter()
     anchors = [n for n in nodes if n["op"] in _ANCHOR_OPS]
-    int8 = [n for n in anchors if tensors[n["inputs"][0]].get("dtype") in _QUANTIZED]
+    int8 = [n for n in anchors if tensors[n["inputs"][0]].get("dtype") in _QUANTIZED or n["attrs"].get("src_dynamic")]
     float32_ops: Counter = Counter()
     for n in nodes:
-        if n["op"] in ("quantize", "dequantize", "quantize_dequantize") or tensors[n["output"]].get("dtype", "float32") != "float32":
+        if n["op"] in ("quantize", "dequantize", "quantize_dequantize", "dynamic_quantize_dequantize") or tensors[n["output"]].get("dtype", "float32") != "float32":
             continue
         if n["op"] in _ANCHOR_OPS and n in int8:
             continue  # an int8 anchor writing float32 (no quantize after it) still computes int8

@@ -182,3 +182,22 @@ def test_uint8_weights_keep_a_float32_dense_after_the_round_trip(tmp_path):
     want = _ort(tmp_path / "q.onnx", [x])
     # the same 8-bit products, summed in float32 instead of int32
     assert np.abs(run(build(part), [x]) - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("mode", ["", "saturating"])
+def test_the_report_counts_dense_layers_quantized_per_call_as_int8(mlp, monkeypatch, mode):
+    # a quantize_dynamic region was reported "f32" even where its dense layers ran int8 (src_dynamic), so
+    # tests/test_int8_zoo.py held the saturating path to the wrong reference (issue 35, session 9). With
+    # BYOC_HETERO_INT8=saturating (or a VNNI CPU) both dense layers quantize their source per call; where
+    # the fusions do not fire the region still has the per-call round trips: "mixed (0 of 2 ...)"
+    from byoc_hetero.backends.onednn.precision import int8_kernels_reason
+
+    monkeypatch.setenv("BYOC_HETERO_INT8", mode)
+    part = bh.partition(*bh.from_onnx(mlp[0]))
+    build(part)
+    region = bh.report(part).regions[0]
+    dense = [n for n in _region_nodes(part) if n["op"] == "dense"]
+    fused = int8_kernels_reason() is None
+    assert sum(n["attrs"].get("src_dynamic") == 1 for n in dense) == (2 if fused else 0)
+    assert region.precision == ("int8 (2 of 2" if fused else "mixed (0 of 2") + " conv2d/dense/matmul int8)"
+    assert "dynamic_quantize_dequantize" not in region.float32_ops

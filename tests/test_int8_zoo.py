@@ -111,8 +111,9 @@ def test_convnext_int8_matches_onnxruntime_on_every_isa_path(convnext_qdq, isa):
 #: (encoder, vision, audio, decoder), segmentation; DenseNet / DeepLabV3 need torchvision
 STATIC_FAMILIES = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "densenet121", "vit_b_16",
                    "bert_base", "gpt2", "whisper_tiny_encoder", "wav2vec2_base", "deeplabv3_mobilenet_v3")
-#: quantize_dynamic quantizes MatMul / Gemm (MatMulInteger) and Conv (ConvInteger): the transformers
-DYNAMIC_FAMILIES = ("bert_base", "vit_b_16", "gpt2", "whisper_tiny_encoder")
+#: quantize_dynamic quantizes MatMul / Gemm (MatMulInteger) and Conv (ConvInteger: Whisper's and wav2vec2's
+#: front ends, imported by passes/conv_integer_qdq.py): the transformers
+DYNAMIC_FAMILIES = ("bert_base", "vit_b_16", "gpt2", "whisper_tiny_encoder", "wav2vec2_base")
 #: the oneDNN ISA caps: "" is the machine's own; the VNNI ones (Zen 4 / Ice Lake class) only where the CPU has them
 ISA_CAPS = ("", "AVX2", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX2_VNNI")
 

@@ -42,6 +42,7 @@ from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .combine_parallel_denses import combine_parallel_denses
 from .compose_permutes import compose_permutes
+from .conv_integer_qdq import conv_integer_qdq
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_empty_operands import drop_empty_operands
 from .drop_needless_broadcasts import drop_needless_broadcasts
@@ -130,6 +131,8 @@ ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("explicit_same_pads", "onnx", explicit_same_pads),
     Pass("fold_zero_pads", "onnx", fold_zero_pads),
     Pass("dynamic_quantize_linear", "onnx", dynamic_quantize_linear),
+    # after dynamic_quantize_linear: a ConvInteger's source is then a QuantizeLinear whose scale it finds
+    Pass("conv_integer_qdq", "onnx", conv_integer_qdq),
     # symbolic sequence dims (the default exporter's shape arithmetic): forms TVM's importer reads
     Pass("scalar_reshapes", "onnx", scalar_reshapes),
     Pass("drop_identity_expands", "onnx", drop_identity_expands),
@@ -223,7 +226,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
-    "compose_permutes",
+    "compose_permutes", "conv_integer_qdq",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
