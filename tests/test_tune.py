@@ -263,7 +263,8 @@ def test_time_call_measures_a_sleep():
 
 def test_conv_sites_are_distinct_and_complete():
     import byoc_hetero as bh
-    from byoc_hetero.tune.algorithms import ConvSite, conv_sites
+    from byoc_hetero.backends.onednn.tuning import ConvSite
+    from byoc_hetero.tune.algorithms import conv_sites
 
     mod, params = bh.models.resnet18(image_size=32)
     sites = conv_sites(bh.partition(mod, params))
@@ -274,7 +275,8 @@ def test_conv_sites_are_distinct_and_complete():
 
 
 def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
-    from byoc_hetero.tune.algorithms import ConvSite, decisions_option, tune_conv_algorithms
+    from byoc_hetero.backends.onednn.tuning import ConvSite
+    from byoc_hetero.tune.algorithms import decisions_option, timing_key, tune_conv_algorithms
 
     wino = ConvSite((1, 16, 20, 20), (16, 16, 3, 3), padding=(1, 1, 1, 1))  # Winograd applies
     strided = ConvSite((1, 16, 20, 20), (16, 16, 3, 3), strides=(2, 2), padding=(1, 1, 1, 1))
@@ -290,7 +292,7 @@ def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
     # otherwise changes the decision (the cache is what is decided from)
     again = TimingCache(tmp_path / "t.json", MACHINE)
     slow = "winograd" if d_wino.chosen == "direct" else "direct"
-    again.put(wino.timing_key(d_wino.chosen), Timing(1.0, 5))
+    again.put(timing_key(wino, d_wino.chosen), Timing(1.0, 5))
     (d2, _) = tune_conv_algorithms([wino, strided], again)
     assert d2.cached and d2.chosen == slow and again.misses == 0
     option = json.loads(decisions_option([d2, d_strided]))
@@ -377,20 +379,18 @@ def test_tune_keeps_the_tuned_plan_only_when_measured_faster(monkeypatch, tmp_pa
     from tvm import relax
 
     import byoc_hetero as bh
-    from byoc_hetero.tune import tuner
-    from byoc_hetero.tune.algorithms import AlgorithmDecision
+    from byoc_hetero.tune import levels, tuner
 
     # every timed site decides the opposite of the thresholds, so the tuned plan differs
-    real = tuner.tune_conv_algorithms
+    real = levels.decide_unit
 
-    def flipped(sites, cache, repeat=15):
-        out = real(sites, cache, repeat=3)
-        for d in out:
-            if d.timings:
-                d.chosen = "direct" if d.default == "winograd" else "winograd"
-        return out
+    def flipped(site, cache, repeat=15, choices=None):
+        d = real(site, cache, 3, choices)
+        if d.timings:
+            d.chosen = "direct" if d.default == "winograd" else "winograd"
+        return d
 
-    monkeypatch.setattr(tuner, "tune_conv_algorithms", flipped)
+    monkeypatch.setattr(levels, "decide_unit", flipped)
     monkeypatch.setattr(tuner, "_guard", lambda d, t, x, r, n: (Timing(2e-3, 5), Timing(1e-3 if faster else 3e-3, 5)))
     mod, params = _small_cnn()
     m, report = bh.tune(mod, params, cache=tmp_path / "c.json")
