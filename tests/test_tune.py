@@ -930,6 +930,88 @@ def test_tune_chooses_a_user_backend_and_matches_llvm(monkeypatch, tmp_path, use
     np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
 
 
+def _user_knob_backend(compiled_options):
+    """A user's backend ``mine2`` (relu only; its regions run by the oneDNN codegen) with its own
+    relu variants of level ``algorithm`` and an ``algorithm`` knob, through the public API only:
+    the units are the relu nodes of its regions, the probe runs a relu on numpy (``slow`` sleeps 2
+    ms each call), the option ``relu_kernels`` applies the decisions (its codegen records it)."""
+    import time
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    import tvm
+
+    import byoc_hetero as bh
+    from byoc_hetero.rules import Knob, Option, Variant
+
+    @dataclass(frozen=True)
+    class ReluSite:
+        shape: tuple
+        backend: ClassVar[str] = "mine2"
+
+        def key(self):
+            return "x".join(map(str, self.shape))
+
+        def timing_parts(self):
+            return "mine2_relu", [self.shape], ["float32"], {}
+
+        def __str__(self):
+            return f"relu on {list(self.shape)}"
+
+    def units(graph):
+        tensors = graph.get("tensors", [])
+        for node in graph.get("nodes", []):
+            if node.get("attrs", {}).get("algorithm") == "relu":  # the oneDNN codegen writes an eltwise node
+                yield ReluSite(tuple(tensors[node["inputs"][0]]["shape"]))
+
+    def probe(site, choice):
+        x = np.ones(site.shape, "float32")
+        return (lambda: (time.sleep(2e-3), np.maximum(x, 0))) if choice == "slow" else (lambda: np.maximum(x, 0))
+
+    onednn = tvm.get_global_func("relax.ext.onednn")
+
+    def codegen(funcs, options, constant_names):
+        compiled_options.append(dict(options or {}))
+        return onednn(funcs, {k: v for k, v in (options or {}).items() if k != "relu_kernels"}, constant_names)
+
+    bh.register_target(
+        "mine2", codegen=codegen,
+        options={"relu_kernels": Option("relu_kernels", "relu kernel per site, JSON {site: kernel}")},
+        variants={"relu": (Variant("relu", "slow", "a deliberately slow kernel", level="algorithm"),
+                           Variant("relu", "plain", "numpy's maximum", level="algorithm"))},
+        knobs={"algorithm": Knob("algorithm", "relu_kernels", "relu", units=units, probe=probe,
+                                 default=lambda site: "slow")})
+    bh.op_rule("relax.nn.relu", target="mine2")(lambda call: True)
+    return ReluSite
+
+
+def test_user_backend_variants_are_measured_by_the_algorithm_level(monkeypatch, tmp_path, restore_rules):
+    """Issue 38: a backend registered through ``bh.register_target`` with its own variants and an
+    ``algorithm`` knob gets those variants timed by the same algorithm level the oneDNN backend's
+    convolutions go through (nothing in tune/ names it): each of its relu sites is timed both ways
+    through the timing cache, the faster (real timings: ``slow`` sleeps 2 ms) is chosen, the decision
+    reaches its codegen as its option, and the tuned module still computes what llvm does."""
+    import byoc_hetero as bh
+    from byoc_hetero.tune import codegen, tuner
+
+    seen: list = []
+    site_type = _user_knob_backend(seen)
+    mod, params = _conv_and_island()
+    fake, _ = _fake_pair(2e-3, 3e-3, others_s=0.5e-3)  # the island measured fastest on mine2
+    monkeypatch.setattr(codegen, "time_all", fake)
+    monkeypatch.setattr(tuner, "_guard", lambda *a: (Timing(2e-3, 5), Timing(1e-3, 5)))
+    m, report = bh.tune(mod, params, targets=("onednn", "mine2"), cache=tmp_path / "c.json", repeat=3)
+    (mine,) = [d for d in report.algorithms if isinstance(d.site, site_type)]
+    assert set(mine.timings) == {"slow", "plain"} and mine.chosen == "plain" and mine.default == "slow"
+    assert mine.timings["slow"].median_s > 2e-3 > mine.timings["plain"].median_s
+    assert report.kept == "tuned" and any(o.get("relu_kernels") == f'{{"{mine.site.key()}": "plain"}}' for o in seen)
+    x = np.random.default_rng(3).standard_normal((1, 4, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+    _, again = bh.tune(mod, params, targets=("onednn", "mine2"), cache=tmp_path / "c.json", repeat=3)
+    (warm,) = [d for d in again.algorithms if isinstance(d.site, site_type)]
+    assert warm.cached and warm.timings == mine.timings  # through the shared timing cache
+
+
 def test_region_codegen_to_a_backend_that_cannot_run_the_region(user_backend):
     import byoc_hetero as bh
 

@@ -25,7 +25,8 @@ import tvm
 
 from ...targets import Knob
 from .ops.conv2d import conv_site_key, float_conv_sites
-from .precision import effective_precision, node_key, node_precision_reason
+from . import precision
+from .precision import node_key, node_precision_reason
 from .table import TARGET
 
 
@@ -144,8 +145,10 @@ def _locate_node(key: str) -> tuple[str, int] | None:
     return (symbol, int(index)) if symbol and index.isdigit() else None
 
 
-def _precision_native(precision: str) -> str:
-    return effective_precision(precision)[1]
+def _precision_native(asked: str) -> str:
+    """Why ``asked`` runs as another precision on this machine ("" where it runs as asked); read
+    through the module at each call (a test may stand in for the CPU's answer)."""
+    return precision.effective_precision(asked)[1]
 
 
 KNOBS = {
