@@ -158,7 +158,7 @@ def layer_keys(partitioned: tvm.IRModule, layers: Sequence[Any], int8: set[int]
         if len(mine) != len(wanted):
             kind = "int8" if quantized else "float"
             raise MatchError(f"{len(wanted)} {kind} conv2d/matmul layers but {len(mine)} {kind} conv2d/dense/"
-                             "matmul nodes in the oneDNN regions (a layer left to llvm, or fused away)")
+                             "matmul nodes in the regions with a precision knob (a layer left to llvm, or fused away)")
         for layer, (key, op) in zip(wanted, mine):
             if op not in _LAYER_NODE_OPS.get(layer.op, ()):
                 raise MatchError(f"layer {layer.name} ({layer.op}) met node {key} ({op})")

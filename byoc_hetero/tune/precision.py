@@ -56,8 +56,8 @@ import tvm
 from ..errors import InputError, RuleError
 from .cache import TimingCache
 from .plans import (MAX_UNITS, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
-                    float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason, pick, timed_graphs,
-                    warn_unmet)
+                    float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason, pick,
+                    timed_graphs, warn_unmet)
 from .solver import Choice, Problem, Region, solve
 
 #: what ``bh.tune(precisions=...)`` accepts: int8 goes through :mod:`.int8` (a quantized module)

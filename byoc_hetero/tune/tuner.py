@@ -21,8 +21,12 @@ model's shapes, and the tuned one is returned only where it is measured faster â
 the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
 figures.
 
-- **threads** (``threads=True``): each region the oneDNN runtime runs on the process's thread count
-  or one, by timing it both ways (:mod:`.threads`).
+- **threads** (``threads=True``): each region of a backend with a threads knob (the oneDNN
+  runtime's) on the process's thread count or one, by timing it both ways (:mod:`.threads`).
+
+Each level is a :class:`.levels.Level` (units, choices read from the backend, measure through the
+timing cache, apply as backend options); this module is the loop over them, the guard and the
+report. The report's timing-cache counts are read once, when the CPU levels end.
 """
 
 from __future__ import annotations
@@ -157,7 +161,7 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
     measurements where the GPU exists, or from ``device_costs`` (a :class:`.devices.CostTable` or
     another :class:`.devices.Measurer`); without either the level is skipped with a note.
 
-    Threads level (:mod:`.threads`, ``threads=True``): each region the oneDNN runtime runs gets the
+    Threads level (:mod:`.threads`, ``threads=True``): each region of a backend with a threads knob gets the
     process's thread count or one, whichever is measured faster.
     """
     names = check_devices(devices)

@@ -154,7 +154,8 @@ def _precision_native(asked: str) -> str:
 KNOBS = {
     "algorithm": Knob("algorithm", "algorithms", "conv2d", units=conv_sites_of, probe=_conv_probe,
                       default=_conv_default, fixed=_conv_fixed),
-    "precision": Knob("precision", "node_precisions", key=node_key, locate=_locate_node, node_reason=node_precision_reason,
+    "precision": Knob("precision", "node_precisions", key=node_key, locate=_locate_node,
+                      node_reason=node_precision_reason,
                       native=_precision_native),
     "threads": Knob("threads", "region_threads"),
 }
