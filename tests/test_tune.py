@@ -1115,3 +1115,23 @@ def test_tune_threads_applies_one_thread_where_measured_faster(monkeypatch, tmp_
     assert entry.graph["threads"] == 1
     x = np.random.default_rng(5).standard_normal((1, 4, 12, 12)).astype("float32")
     np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+
+
+def test_tune_names_no_backend():
+    """Issue 38: the tuner reads what it may decide from the backend objects (their knobs and
+    variants); no module of byoc_hetero/tune/ imports a backend package or names one in its code."""
+    import ast
+    import pathlib
+
+    import byoc_hetero as bh
+
+    names = {n for b in bh.rules.targets() for n in bh.rules.get_target(b).names} | {"onednn", "tvm_cpu"}
+    found = []
+    for path in sorted((pathlib.Path(bh.__file__).parent / "tune").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and "backends" in (node.module or "").split("."):
+                found.append(f"{path.name}:{node.lineno} imports {node.module}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} names {node.value!r}")
+    assert found == []

@@ -22,7 +22,7 @@ the same way.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,8 +54,8 @@ class AlgorithmDecision:
 
     site: Any
     timings: dict[str, Timing] = field(default_factory=dict)
-    chosen: str = "direct"
-    default: str = "direct"  # what the backend picks without a decision
+    chosen: str = ""  # set by :func:`decide_unit`: the backend's first choice until measured otherwise
+    default: str = ""  # what the backend picks without a decision
     cached: bool = False
     kept_because: str = ""  # why the level kept the default without building the unit
 
@@ -65,7 +65,7 @@ class AlgorithmDecision:
         if len(self.timings) < 2:
             return f"{self.chosen}: the only algorithm that applies"
         parts = ", ".join(f"{a} {t.median_s * 1e6:.1f} µs" for a, t in sorted(self.timings.items()))
-        change = "" if self.chosen == self.default else f" (the thresholds pick {self.default})"
+        change = "" if self.chosen == self.default else f" (the backend's default picks {self.default})"
         return f"{self.chosen} is fastest: {parts}{change}"
 
 
@@ -136,12 +136,3 @@ def decisions_options(decisions: Sequence[AlgorithmDecision], backends: Iterable
 def decisions_option(decisions: Sequence[AlgorithmDecision]) -> str:
     """The JSON table (unit key → choice) of the decisions that differ from the default."""
     return json.dumps({d.site.key(): d.chosen for d in decisions if d.chosen != d.default}, sort_keys=True)
-
-
-def merge_options(*parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Backend options (``{backend: {option: value}}``) merged, later parts winning."""
-    out: dict[str, dict[str, Any]] = {}
-    for part in parts:
-        for backend, opts in part.items():
-            out.setdefault(backend, {}).update(opts)
-    return out

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..errors import RuleError
 from ..targets import Knob, get_target
 
 
@@ -21,7 +22,7 @@ def knob_of(backend: str, level: str) -> Knob | None:
     """The knob of level ``level`` that backend ``backend`` declares, else None."""
     try:
         return get_target(backend).knobs.get(level)
-    except Exception:  # noqa: BLE001 - a region of a backend no longer registered has no knobs
+    except RuleError:  # a region of a backend no longer registered has no knobs
         return None
 
 
@@ -49,4 +50,13 @@ def option_value(options: Mapping[str, Mapping[str, Any]], level: str) -> dict[s
     return found
 
 
-__all__ = ["backends_with", "knob_of", "option_value", "with_option"]
+def merge_options(*parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Backend options (``{backend: {option: value}}``) merged, later parts winning."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for backend, opts in part.items():
+            out.setdefault(backend, {}).update(opts)
+    return out
+
+
+__all__ = ["backends_with", "knob_of", "merge_options", "option_value", "with_option"]

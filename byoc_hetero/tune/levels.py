@@ -31,10 +31,10 @@ import numpy as np
 import tvm
 
 from .algorithms import LEVEL as ALGORITHM
-from .algorithms import conv_sites, decide_unit, decisions_options, merge_options
+from .algorithms import conv_sites, decide_unit, decisions_options
 from .cache import TimingCache
 from .codegen import tune_codegen
-from .knobs import knob_of
+from .knobs import knob_of, merge_options
 from .threads import LEVEL as THREADS
 from .threads import measure_threads, threads_options
 
