@@ -54,6 +54,7 @@ class TuneContext:
     region_codegen: dict[str, str] | None = None  # the codegen level's map, where it changed anything
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend options the levels applied
     codegen: Any = None  # the codegen level's plan (its regions are the threads level's units)
+    notes: list[str] = field(default_factory=list)  # what the levels say for the report
 
     @property
     def names(self) -> list[str]:
@@ -81,6 +82,11 @@ class Level:
     """One level of the tuner: :meth:`units`, :meth:`choices`, :meth:`measure`, :meth:`apply`."""
 
     name = ""
+    #: the :class:`.tuner.TuneReport` field that holds :meth:`result`
+    report_field = ""
+    #: a level that ends the tune with a plan it measured end to end itself (:attr:`kept`)
+    final = False
+    kept: Any = None
 
     def units(self, ctx: TuneContext) -> list[Any]:
         raise NotImplementedError
@@ -93,6 +99,10 @@ class Level:
 
     def apply(self, ctx: TuneContext, decisions: list[Any]) -> dict[str, dict[str, Any]]:
         return {}
+
+    def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
+        """What the report keeps of this level: its decisions."""
+        return decisions
 
     def decide(self, ctx: TuneContext) -> list[Any]:
         """Each unit measured over its choices, in order, with the progress line."""
@@ -114,7 +124,10 @@ class CodegenLevel(Level):
     """Each candidate region offloaded, on llvm or on another backend of ``targets``
     (:mod:`.codegen`); applied as ``bh.partition``'s ``region_codegen`` rather than as an option."""
 
-    name = "codegen"
+    name = report_field = "codegen"
+
+    def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
+        return ctx.codegen
 
     def decide(self, ctx: TuneContext) -> list[Any]:  # rounds: a region sent to llvm may form new ones
         ctx.codegen = tune_codegen(ctx.mod, ctx.params, ctx.cache, targets=ctx.targets, precision=ctx.precision,
@@ -127,16 +140,13 @@ class ThreadsLevel(Level):
     """Each region of a backend with a threads knob on the process's thread count or one
     (:mod:`.threads`); applied as the knob's option."""
 
-    name = THREADS
-
-    def __init__(self) -> None:
-        self.note = ""
+    name = report_field = THREADS
 
     def units(self, ctx: TuneContext) -> list[Any]:
         from .._native import _C
 
         if int(_C.num_threads()) <= 1:
-            self.note = "threads: the process runs regions on 1 thread: nothing to choose"
+            ctx.notes.append("threads: the process runs regions on 1 thread: nothing to choose")
             return []
         return [d.region for d in ctx.codegen.decisions if d.chosen == d.region.target
                 and knob_of(d.region.target, THREADS) is not None and not d.region.untimeable]
@@ -168,6 +178,7 @@ class AlgorithmLevel(Level):
     applied as the knob's option (an empty table for a backend where nothing changed)."""
 
     name = ALGORITHM
+    report_field = "algorithms"
 
     def units(self, ctx: TuneContext) -> list[Any]:
         return conv_sites(ctx.base)
@@ -193,14 +204,17 @@ class PrecisionLevel(Level):
     applied as the knob's option (:func:`.plans.partition_with_node_precisions`). It ends the
     tune: :attr:`kept` is the plan it measured fastest end to end (None: nothing to choose)."""
 
-    name = "precision"
+    name = report_field = "precision"
+    final = True
 
     def __init__(self, asked: tuple[str, ...], tolerance: float | None, calibration: Any, holdout: Any,
                  budget_s: float | None, rounds: int):
         self.asked, self.tolerance, self.calibration, self.holdout = asked, tolerance, calibration, holdout
         self.budget_s, self.rounds = budget_s, rounds
-        self.kept: Any = None
         self.report: Any = None
+
+    def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
+        return self.report
 
     def decide(self, ctx: TuneContext) -> list[Any]:
         from .precision import choose_precisions

@@ -209,15 +209,10 @@ def _run_levels(ctx: TuneContext, report: TuneReport, levels: list[Level],
                 guard_rounds: int) -> tuple[tvm.IRModule, TuneReport]:
     for level in levels:
         decisions = level.run(ctx)
-        if isinstance(level, CodegenLevel):
-            report.codegen = ctx.codegen
-        elif isinstance(level, ThreadsLevel):
-            report.threads = decisions
-            report.notes.extend([level.note] if level.note else [])
-        elif isinstance(level, AlgorithmLevel):
-            report.algorithms = decisions
-        elif isinstance(level, PrecisionLevel):
-            report.precision = level.report
+        setattr(report, level.report_field, level.result(ctx, decisions))
+        report.notes.extend(ctx.notes)
+        ctx.notes.clear()
+        if level.final:
             return _kept_precision(ctx, report, level.kept, guard_rounds)
     return _guarded(ctx, report, guard_rounds)
 
