@@ -104,12 +104,17 @@ class Level:
         """What the report keeps of this level: its decisions."""
         return decisions
 
+    def label(self, unit: Any, choices: tuple[Any, ...]) -> str:
+        """The progress line's words for ``unit``."""
+        return str(unit)
+
     def decide(self, ctx: TuneContext) -> list[Any]:
         """Each unit measured over its choices, in order, with the progress line."""
         units, out = self.units(ctx), []
         for i, unit in enumerate(units):
-            ctx.say(self.name, i, len(units), str(unit))
-            out.append(self.measure(ctx, unit, self.choices(ctx, unit)))
+            choices = self.choices(ctx, unit)
+            ctx.say(self.name, i, len(units), self.label(unit, choices))
+            out.append(self.measure(ctx, unit, choices))
         return out
 
     def run(self, ctx: TuneContext) -> list[Any]:
@@ -161,13 +166,8 @@ class ThreadsLevel(Level):
 
         return measure_threads(unit, ctx.cache, codegen_options(ctx.names, ctx.precision, None), choices, ctx.repeat)
 
-    def decide(self, ctx: TuneContext) -> list[Any]:
-        units, out = self.units(ctx), []
-        for i, unit in enumerate(units):
-            counts = self.choices(ctx, unit)
-            ctx.say(self.name, i, len(units), f"{unit}: {counts[0]} threads or {counts[1]}")
-            out.append(self.measure(ctx, unit, counts))
-        return out
+    def label(self, unit: Any, choices: tuple[Any, ...]) -> str:
+        return f"{unit}: {choices[0]} threads or {choices[1]}"
 
     def apply(self, ctx: TuneContext, decisions: list[Any]) -> dict[str, dict[str, Any]]:
         return threads_options(decisions)
