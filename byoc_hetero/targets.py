@@ -54,6 +54,41 @@ class Variant:
     doc: str
     selected_by: str = ""
     applies: str = "always"
+    level: str = ""  # the tuning level that chooses among the op's variants of this level ("algorithm", ...)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A decision a backend lets a tuner take (``bh.tune``): the backend owns its keys and says how
+    a decision is applied; the tuner's level of the same name measures and chooses.
+
+    ``level``: the tuning level (``"algorithm"``, ``"precision"``, ``"threads"``); ``option``: the
+    backend option that applies the decisions (JSON ``{unit key: choice}``); ``op``: the op whose
+    :class:`Variant` s of this level are the choices. Hooks, each optional:
+
+    * ``units(graph)``: the units of one region document (e.g. its convolution sites); each has
+      ``key()`` (its key in ``option``), ``timing_parts()`` (``(op, shapes, dtypes, attrs)``, what
+      its timing depends on) and a readable ``str``;
+    * ``probe(unit, choice)``: the unit alone with ``choice``, ready to call (what is timed), or
+      None where the choice does not apply; ``default(unit)``: what the backend picks undecided;
+      ``fixed(unit)``: why the unit keeps the default without being built ("" when it is tuned);
+    * ``key(symbol, index)``: the key of node ``index`` of region ``symbol`` (per-node decisions),
+      ``locate(key)`` its inverse (``(symbol, index)``, None for a key of another form);
+      ``node_reason(nodes, index)``: why that node takes no decision (None when it does);
+      ``native(choice)``: why ``choice`` runs as another on this machine ("" when it runs as asked).
+    """
+
+    level: str
+    option: str
+    op: str = ""
+    units: Callable[[Mapping[str, Any]], Any] | None = field(default=None, repr=False, compare=False)
+    probe: Callable[[Any, str], Callable[[], object] | None] | None = field(default=None, repr=False, compare=False)
+    default: Callable[[Any], str] | None = field(default=None, repr=False, compare=False)
+    fixed: Callable[[Any], str] | None = field(default=None, repr=False, compare=False)
+    key: Callable[[str, int], str] | None = field(default=None, repr=False, compare=False)
+    locate: Callable[[str], tuple[str, int] | None] | None = field(default=None, repr=False, compare=False)
+    node_reason: Callable[[Any, int], str | None] | None = field(default=None, repr=False, compare=False)
+    native: Callable[[str], str] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -72,6 +107,7 @@ class Backend:
     options: the options a partition may pass (``bh.partition(..., options={...})``); any other
         raises :class:`~byoc_hetero.RuleError` naming the option and the backend.
     variants: the implementations per op (:class:`Variant`).
+    knobs: the decisions a tuner may take for its regions, by level (:class:`Knob`).
     lowering: the backend's lowering table (for the oneDNN backend,
         :class:`byoc_hetero.backends.onednn.table.LoweringTable`), None for a backend whose
         codegen is a plain function.
@@ -86,6 +122,7 @@ class Backend:
     aliases: tuple[str, ...] = ()
     options: dict[str, Option] = field(default_factory=dict, repr=False)
     variants: dict[str, tuple[Variant, ...]] = field(default_factory=dict, repr=False)
+    knobs: dict[str, Knob] = field(default_factory=dict, repr=False)
     lowering: Any = field(default=None, repr=False)
     region_passes: tuple[str, ...] = ()
     runtime_kind: str | None = None
@@ -110,6 +147,10 @@ class Backend:
     def variants_for(self, op: str) -> tuple[Variant, ...]:
         """The implementation variants the backend offers for ``op`` (short name, ``conv2d``)."""
         return self.variants.get(op, ())
+
+    def choices(self, level: str, op: str) -> tuple[str, ...]:
+        """The names of ``op``'s variants that the tuning level ``level`` chooses among."""
+        return tuple(v.name for v in self.variants_for(op) if v.level == level)
 
     def graph_passes(self) -> list[tuple[str, Callable[[Any], None]]]:
         """The region-graph passes of the lowering table as ``(name, fn)``, in run order.
@@ -161,7 +202,7 @@ def register_target(
         -> list[Module]`` registered as ``relax.ext.<name>``, or the name of an existing target
         whose codegen to reuse (e.g. ``"onednn"`` to run this target's regions on the oneDNN
         runtime too). Without one, PartitionGraph needs ``relax.ext.<name>`` registered elsewhere.
-    fields: further :class:`Backend` fields (``aliases``, ``options``, ``variants``, ``lowering``,
+    fields: further :class:`Backend` fields (``aliases``, ``options``, ``variants``, ``knobs``, ``lowering``,
         ``region_passes``, ``runtime_kind``, ``region_graph``).
     """
     if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():

@@ -263,7 +263,8 @@ def test_time_call_measures_a_sleep():
 
 def test_conv_sites_are_distinct_and_complete():
     import byoc_hetero as bh
-    from byoc_hetero.tune.algorithms import ConvSite, conv_sites
+    from byoc_hetero.backends.onednn.tuning import ConvSite
+    from byoc_hetero.tune.algorithms import conv_sites
 
     mod, params = bh.models.resnet18(image_size=32)
     sites = conv_sites(bh.partition(mod, params))
@@ -274,7 +275,8 @@ def test_conv_sites_are_distinct_and_complete():
 
 
 def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
-    from byoc_hetero.tune.algorithms import ConvSite, decisions_option, tune_conv_algorithms
+    from byoc_hetero.backends.onednn.tuning import ConvSite
+    from byoc_hetero.tune.algorithms import decisions_option, timing_key, tune_conv_algorithms
 
     wino = ConvSite((1, 16, 20, 20), (16, 16, 3, 3), padding=(1, 1, 1, 1))  # Winograd applies
     strided = ConvSite((1, 16, 20, 20), (16, 16, 3, 3), strides=(2, 2), padding=(1, 1, 1, 1))
@@ -290,7 +292,7 @@ def test_conv_algorithm_decisions_follow_the_measurements(tmp_path):
     # otherwise changes the decision (the cache is what is decided from)
     again = TimingCache(tmp_path / "t.json", MACHINE)
     slow = "winograd" if d_wino.chosen == "direct" else "direct"
-    again.put(wino.timing_key(d_wino.chosen), Timing(1.0, 5))
+    again.put(timing_key(wino, d_wino.chosen), Timing(1.0, 5))
     (d2, _) = tune_conv_algorithms([wino, strided], again)
     assert d2.cached and d2.chosen == slow and again.misses == 0
     option = json.loads(decisions_option([d2, d_strided]))
@@ -377,20 +379,18 @@ def test_tune_keeps_the_tuned_plan_only_when_measured_faster(monkeypatch, tmp_pa
     from tvm import relax
 
     import byoc_hetero as bh
-    from byoc_hetero.tune import tuner
-    from byoc_hetero.tune.algorithms import AlgorithmDecision
+    from byoc_hetero.tune import levels, tuner
 
     # every timed site decides the opposite of the thresholds, so the tuned plan differs
-    real = tuner.tune_conv_algorithms
+    real = levels.decide_unit
 
-    def flipped(sites, cache, repeat=15):
-        out = real(sites, cache, repeat=3)
-        for d in out:
-            if d.timings:
-                d.chosen = "direct" if d.default == "winograd" else "winograd"
-        return out
+    def flipped(site, cache, repeat=15, choices=None):
+        d = real(site, cache, 3, choices)
+        if d.timings:
+            d.chosen = "direct" if d.default == "winograd" else "winograd"
+        return d
 
-    monkeypatch.setattr(tuner, "tune_conv_algorithms", flipped)
+    monkeypatch.setattr(levels, "decide_unit", flipped)
     monkeypatch.setattr(tuner, "_guard", lambda d, t, x, r, n: (Timing(2e-3, 5), Timing(1e-3 if faster else 3e-3, 5)))
     mod, params = _small_cnn()
     m, report = bh.tune(mod, params, cache=tmp_path / "c.json")
@@ -930,6 +930,88 @@ def test_tune_chooses_a_user_backend_and_matches_llvm(monkeypatch, tmp_path, use
     np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
 
 
+def _user_knob_backend(compiled_options):
+    """A user's backend ``mine2`` (relu only; its regions run by the oneDNN codegen) with its own
+    relu variants of level ``algorithm`` and an ``algorithm`` knob, through the public API only:
+    the units are the relu nodes of its regions, the probe runs a relu on numpy (``slow`` sleeps 2
+    ms each call), the option ``relu_kernels`` applies the decisions (its codegen records it)."""
+    import time
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    import tvm
+
+    import byoc_hetero as bh
+    from byoc_hetero.rules import Knob, Option, Variant
+
+    @dataclass(frozen=True)
+    class ReluSite:
+        shape: tuple
+        backend: ClassVar[str] = "mine2"
+
+        def key(self):
+            return "x".join(map(str, self.shape))
+
+        def timing_parts(self):
+            return "mine2_relu", [self.shape], ["float32"], {}
+
+        def __str__(self):
+            return f"relu on {list(self.shape)}"
+
+    def units(graph):
+        tensors = graph.get("tensors", [])
+        for node in graph.get("nodes", []):
+            if node.get("attrs", {}).get("algorithm") == "relu":  # the oneDNN codegen writes an eltwise node
+                yield ReluSite(tuple(tensors[node["inputs"][0]]["shape"]))
+
+    def probe(site, choice):
+        x = np.ones(site.shape, "float32")
+        return (lambda: (time.sleep(2e-3), np.maximum(x, 0))) if choice == "slow" else (lambda: np.maximum(x, 0))
+
+    onednn = tvm.get_global_func("relax.ext.onednn")
+
+    def codegen(funcs, options, constant_names):
+        compiled_options.append(dict(options or {}))
+        return onednn(funcs, {k: v for k, v in (options or {}).items() if k != "relu_kernels"}, constant_names)
+
+    bh.register_target(
+        "mine2", codegen=codegen,
+        options={"relu_kernels": Option("relu_kernels", "relu kernel per site, JSON {site: kernel}")},
+        variants={"relu": (Variant("relu", "slow", "a deliberately slow kernel", level="algorithm"),
+                           Variant("relu", "plain", "numpy's maximum", level="algorithm"))},
+        knobs={"algorithm": Knob("algorithm", "relu_kernels", "relu", units=units, probe=probe,
+                                 default=lambda site: "slow")})
+    bh.op_rule("relax.nn.relu", target="mine2")(lambda call: True)
+    return ReluSite
+
+
+def test_user_backend_variants_are_measured_by_the_algorithm_level(monkeypatch, tmp_path, restore_rules):
+    """Issue 38: a backend registered through ``bh.register_target`` with its own variants and an
+    ``algorithm`` knob gets those variants timed by the same algorithm level the oneDNN backend's
+    convolutions go through (nothing in tune/ names it): each of its relu sites is timed both ways
+    through the timing cache, the faster (real timings: ``slow`` sleeps 2 ms) is chosen, the decision
+    reaches its codegen as its option, and the tuned module still computes what llvm does."""
+    import byoc_hetero as bh
+    from byoc_hetero.tune import codegen, tuner
+
+    seen: list = []
+    site_type = _user_knob_backend(seen)
+    mod, params = _conv_and_island()
+    fake, _ = _fake_pair(2e-3, 3e-3, others_s=0.5e-3)  # the island measured fastest on mine2
+    monkeypatch.setattr(codegen, "time_all", fake)
+    monkeypatch.setattr(tuner, "_guard", lambda *a: (Timing(2e-3, 5), Timing(1e-3, 5)))
+    m, report = bh.tune(mod, params, targets=("onednn", "mine2"), cache=tmp_path / "c.json", repeat=3)
+    (mine,) = [d for d in report.algorithms if isinstance(d.site, site_type)]
+    assert set(mine.timings) == {"slow", "plain"} and mine.chosen == "plain" and mine.default == "slow"
+    assert mine.timings["slow"].median_s > 2e-3 > mine.timings["plain"].median_s
+    assert report.kept == "tuned" and any(o.get("relu_kernels") == f'{{"{mine.site.key()}": "plain"}}' for o in seen)
+    x = np.random.default_rng(3).standard_normal((1, 4, 12, 12)).astype("float32")
+    np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+    _, again = bh.tune(mod, params, targets=("onednn", "mine2"), cache=tmp_path / "c.json", repeat=3)
+    (warm,) = [d for d in again.algorithms if isinstance(d.site, site_type)]
+    assert warm.cached and warm.timings == mine.timings  # through the shared timing cache
+
+
 def test_region_codegen_to_a_backend_that_cannot_run_the_region(user_backend):
     import byoc_hetero as bh
 
@@ -1033,3 +1115,23 @@ def test_tune_threads_applies_one_thread_where_measured_faster(monkeypatch, tmp_
     assert entry.graph["threads"] == 1
     x = np.random.default_rng(5).standard_normal((1, 4, 12, 12)).astype("float32")
     np.testing.assert_allclose(_outputs(m, x), _outputs(mod, x), rtol=1e-5, atol=1e-5)
+
+
+def test_tune_names_no_backend():
+    """Issue 38: the tuner reads what it may decide from the backend objects (their knobs and
+    variants); no module of byoc_hetero/tune/ imports a backend package or names one in its code."""
+    import ast
+    import pathlib
+
+    import byoc_hetero as bh
+
+    names = {n for b in bh.rules.targets() for n in bh.rules.get_target(b).names} | {"onednn", "tvm_cpu"}
+    found = []
+    for path in sorted((pathlib.Path(bh.__file__).parent / "tune").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and "backends" in (node.module or "").split("."):
+                found.append(f"{path.name}:{node.lineno} imports {node.module}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} names {node.value!r}")
+    assert found == []

@@ -147,13 +147,10 @@ class _ByOp:
 def test_tune_places_its_module_from_a_measurer_object(monkeypatch):
     # the device level alone: the codegen level's own timings (tiny regions, offloaded or llvm within
     # noise on a busy machine) could move a region to llvm and change which calls there are to place
-    import importlib
-
+    from byoc_hetero.tune import levels
     from byoc_hetero.tune.codegen import CodegenPlan
 
-    tuner = importlib.import_module("byoc_hetero.tune.tuner")  # (bh.tune, the function, hides the package)
-
-    monkeypatch.setattr(tuner, "tune_codegen", lambda *args, **kwargs: CodegenPlan())
+    monkeypatch.setattr(levels, "tune_codegen", lambda *args, **kwargs: CodegenPlan())
     mod, params, part = _sin_net()
     m, report = bh.tune(mod, params, devices=("cpu", "cuda"), device_costs=_ByOp(), repeat=3, guard_rounds=1)
     rep = report.devices

@@ -53,6 +53,7 @@ from .patterns import (
 from ..targets import (
     Backend,
     Codegen,
+    Knob,
     Option,
     Target,
     Variant,
@@ -77,6 +78,7 @@ def all_rules_summary(names: Iterable[str] | None = None) -> dict[str, dict[str,
 
 __all__ = [
     "Backend",
+    "Knob",
     "Option",
     "Variant",
     "backend_for_runtime",

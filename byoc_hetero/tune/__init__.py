@@ -1,12 +1,18 @@
 """Decisions from measurements (issue 26): the building blocks of the tuner.
 
+- :mod:`.levels`: the protocol every level follows (its units, the choices per unit read from the
+  backend, measurement through the timing cache, the decisions applied as backend options);
+- :mod:`.knobs`: where a level finds a backend's :class:`~byoc_hetero.rules.Knob` (nothing here
+  names a backend);
+
 - :mod:`.cache`: the timing cache on disk, keyed by machine, library versions and the candidate's
   signature; foreign, stale or corrupt files are ignored with a warning;
 - :mod:`.measure`: timing one candidate (warm-up, repeats, outliers dropped, median, spread);
 - :mod:`.solver`: one choice per region (device × codegen × precision × algorithm) minimising
   time plus the copies the devices imply, within an error budget; exact, or the best so far when
   the budget runs out.
-- :mod:`.algorithms`: the algorithm level (direct or Winograd per convolution, timed alone);
+- :mod:`.algorithms`: the algorithm level (each unit of a backend's algorithm knob on the fastest of
+  its variants of that level: direct or Winograd per oneDNN convolution, timed alone);
 - :mod:`.precision`: the precision level (f32 or bf16 per conv2d / dense / matmul, the fastest mix
   within an error tolerance, checked on held-out inputs);
 - :mod:`.plans`: what both choices of the precision level share (units, a plan's build, the
@@ -23,8 +29,8 @@
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
-- :mod:`.threads`: the threads level (``threads=True``: each oneDNN region on the process's thread
-  count or one, timed both ways; applied as the backend option ``region_threads``);
+- :mod:`.threads`: the threads level (``threads=True``: each region of a backend with a threads knob
+  on the process's thread count or one, timed both ways; applied as the knob's option);
 - :mod:`.plan_errors`: the precision level's measured errors (sensitivities, mixes) and end-to-end
   figures in the timing cache, by model, plan and inputs.
 """

@@ -1,17 +1,22 @@
-"""The algorithm level: for each convolution, direct or Winograd, from timings taken on this machine.
+"""The algorithm level: for each unit a backend's ``algorithm`` knob names (the oneDNN backend: each
+convolution, direct or Winograd), the variant measured fastest on this machine.
 
-The runtime picks Winograd F(4x4, 3x3) by fixed thresholds (at least 25 output tiles, tile buffers
-under 256 MiB; ``cpp/kernels/winograd.cc``), measured once on one machine's benchmark layers. Here
-each distinct convolution of a partitioned model (its :class:`ConvSite`: shapes, strides,
-padding, dilation, groups, read from the regions as they run) is built alone as a one-node region of the runtime with random weights of its real shape,
-once per algorithm, and timed (:func:`.measure.time_call`). The faster one is the decision; the
-decision reaches the oneDNN backend as its option ``algorithms`` (site key → algorithm), whose
-last region pass writes it into the convolution's node as ``algo`` (docs/region-format.md), which
-wins over the thresholds. Sites where Winograd does not apply (not 3x3 stride 1, channels not in
-multiples of 16, ...) have one candidate and are not timed.
+The oneDNN runtime picks Winograd F(4x4, 3x3) by fixed thresholds (at least 25 output tiles, tile
+buffers under 256 MiB; ``cpp/kernels/winograd.cc``), measured once on one machine's benchmark
+layers. Here each distinct unit of a partitioned model's regions (read from the regions as they
+run by the backend's knob: :class:`~byoc_hetero.rules.Knob` ``units``; the oneDNN backend's are
+its convolution sites, shapes, strides, padding, dilation, groups) is built alone by the knob's
+``probe`` once per choice — the backend's variants of level ``algorithm``
+(``Backend.choices``) — and timed (:func:`.measure.time_call`). The fastest is the decision; the
+decisions reach the backend as the knob's option (the oneDNN backend's ``algorithms``: site key →
+algorithm, written into the node as ``algo`` by its last region pass, docs/region-format.md),
+which wins over the thresholds. A choice the probe says does not apply (Winograd on a 1x1 conv)
+is not timed; a unit with one choice left is not timed at all.
 
-Timings go through a :class:`.cache.TimingCache` under the site's signature and the algorithm, so
-a ResNet's repeated blocks are timed once, and a second tune of a model reads them back.
+Timings go through a :class:`.cache.TimingCache` under the unit's signature and the choice, so a
+ResNet's repeated blocks are timed once, and a second tune of a model reads them back. Nothing here
+names a backend: a user's backend with an ``algorithm`` knob and variants of that level is tuned
+the same way.
 """
 
 from __future__ import annotations
@@ -19,122 +24,40 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
 import tvm
 
-from ..backends.onednn.ops.conv2d import conv_site_key, float_conv_sites
 from .cache import Timing, TimingCache, signature
+from .knobs import knob_of
 from .measure import time_call
 
-ALGORITHMS = ("direct", "winograd")
+LEVEL = "algorithm"
 
 
-@dataclass(frozen=True)
-class ConvSite:
-    """One distinct float32 NCHW/OIHW convolution (what its timing depends on)."""
-
-    data_shape: tuple[int, ...]
-    weight_shape: tuple[int, ...]
-    strides: tuple[int, int] = (1, 1)
-    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
-    dilation: tuple[int, int] = (1, 1)
-    groups: int = 1
-
-    def attrs(self) -> dict:
-        return {"strides": list(self.strides), "padding": list(self.padding),
-                "dilation": list(self.dilation), "groups": self.groups}
-
-    def key(self) -> str:
-        """The key the decision is given to the backend under (its option ``algorithms``)."""
-        return conv_site_key(self.data_shape, self.weight_shape, self.attrs())
-
-    def timing_key(self, algo: str) -> str:
-        """The timing-cache signature of this site run by ``algo``."""
-        return signature("conv2d", [self.data_shape, self.weight_shape], ["float32"], self.attrs(), algo)
-
-    def output_shape(self) -> tuple[int, int, int, int]:
-        n, _, h, w = self.data_shape
-        o, _, kh, kw = self.weight_shape
-        top, left, bottom, right = self.padding
-        oh = (h + top + bottom - ((kh - 1) * self.dilation[0] + 1)) // self.strides[0] + 1
-        ow = (w + left + right - ((kw - 1) * self.dilation[1] + 1)) // self.strides[1] + 1
-        return (n, o, oh, ow)
-
-    def __str__(self) -> str:
-        n, c, *space = self.data_shape
-        o, _, *kernel = self.weight_shape
-        return (f"conv{len(space)}d {c}->{o} {'x'.join(map(str, kernel))} s{self.strides[0]} on "
-                f"{'x'.join(map(str, space))} (batch {n})")
-
-
-def conv_sites(partitioned: tvm.IRModule) -> list[ConvSite]:
-    """The distinct float32 convolutions of a partitioned module's oneDNN regions, as the regions
-    run them (after the region passes folded pads into them), in the order first met."""
+def conv_sites(partitioned: tvm.IRModule) -> list[Any]:
+    """The distinct units of the algorithm knobs of a partitioned module's regions (for the oneDNN
+    backend: its float32 convolutions as the regions run them), in the order first met."""
     from .._relax import region_table
 
-    sites: dict[ConvSite, None] = {}
+    sites: dict[Any, None] = {}
     for entry in region_table(partitioned).values():
-        graph = entry.graph or {}
-        tensors = graph.get("tensors", [])
-        for node, _key in float_conv_sites(tensors, graph.get("nodes", [])):
-            a = node.get("attrs", {})
-            sites[ConvSite(tuple(tensors[node["inputs"][0]]["shape"]), tuple(tensors[node["inputs"][1]]["shape"]),
-                           tuple(a.get("strides", (1, 1))), tuple(a.get("padding", (0, 0, 0, 0))),
-                           tuple(a.get("dilation", (1, 1))), int(a.get("groups", 1)))] = None
+        knob = knob_of(entry.target, LEVEL)
+        if knob is not None and knob.units is not None:
+            sites.update(dict.fromkeys(knob.units(entry.graph or {})))
     return list(sites)
-
-
-def _region_doc(site: ConvSite, algo: str) -> str:
-    tensors = [{"shape": list(site.data_shape), "dtype": "float32"},
-               {"shape": list(site.weight_shape), "dtype": "float32"},
-               {"shape": list(site.output_shape()), "dtype": "float32"}]
-    node = {"op": "conv2d", "inputs": [0, 1], "output": 2, "attrs": dict(site.attrs(), algo=algo)}
-    return json.dumps({"format": "byoc_hetero.region", "version": 1, "symbol": "tune_conv",
-                       "tensors": tensors, "inputs": [0], "outputs": [2],
-                       "constants": [{"tensor": 1, "name": "tune_conv_w"}], "nodes": [node]})
-
-
-class _OneConv:
-    """A one-node region module running ``site`` with ``algo``, ready to call.
-
-    Which algorithm the runtime picks is read from its plan at creation (``get_plan`` answers before
-    the weights are given); the weights are prepared on the first call only, so a tune whose
-    timings all come from the cache never pays for them (0.8 s for ResNet-18's 22 probes)."""
-
-    def __init__(self, site: ConvSite, algo: str, seed: int = 0):
-        from .._native import _C  # noqa: F401  (registers the runtime)
-
-        self.site, self.algo, self.seed = site, algo, seed
-        self.module = tvm.get_global_func("byoc_hetero.runtime.create")(_region_doc(site, algo))
-        self.winograd = any("winograd" in line for line in self.module["get_plan"]())
-        self.args: list | None = None
-
-    def _prepare(self) -> None:
-        rng = np.random.default_rng(self.seed)
-        w = (rng.standard_normal(self.site.weight_shape) * 0.1).astype("float32")
-        if self.module["__init_tune_conv"]([tvm.runtime.tensor(w)]) != 0:
-            raise RuntimeError(f"could not initialize the {self.algo} region of {self.site}")
-        self.args = [tvm.runtime.tensor(rng.standard_normal(self.site.data_shape).astype("float32")),
-                     tvm.runtime.tensor(np.zeros(self.site.output_shape(), "float32"))]
-        self.fn = self.module["tune_conv"]
-
-    def __call__(self) -> None:
-        if self.args is None:
-            self._prepare()
-        self.fn(*self.args)
 
 
 @dataclass
 class AlgorithmDecision:
-    """What was measured for one site and what won."""
+    """What was measured for one unit and what won."""
 
-    site: ConvSite
+    site: Any
     timings: dict[str, Timing] = field(default_factory=dict)
-    chosen: str = "direct"
-    default: str = "direct"  # what the built-in thresholds pick
+    chosen: str = ""  # set by :func:`decide_unit`: the backend's first choice until measured otherwise
+    default: str = ""  # what the backend picks without a decision
     cached: bool = False
-    kept_because: str = ""  # why the level kept the default without building the site (bad input)
+    kept_because: str = ""  # why the level kept the default without building the unit
 
     def why(self) -> str:
         if self.kept_because:
@@ -142,50 +65,74 @@ class AlgorithmDecision:
         if len(self.timings) < 2:
             return f"{self.chosen}: the only algorithm that applies"
         parts = ", ".join(f"{a} {t.median_s * 1e6:.1f} µs" for a, t in sorted(self.timings.items()))
-        change = "" if self.chosen == self.default else f" (the thresholds pick {self.default})"
+        change = "" if self.chosen == self.default else f" (the backend's default picks {self.default})"
         return f"{self.chosen} is fastest: {parts}{change}"
 
 
-def _measure(site: ConvSite, algo: str, cache: TimingCache, repeat: int,
-             built: _OneConv | None = None) -> tuple[Timing, bool]:
-    key = site.timing_key(algo)
+def timing_key(site: Any, choice: str) -> str:
+    """The timing-cache signature of ``site`` run with ``choice``."""
+    op, shapes, dtypes, attrs = site.timing_parts()
+    return signature(op, shapes, dtypes, attrs, choice)
+
+
+def _measure(site: Any, algo: str, cache: TimingCache, repeat: int, built: Any) -> tuple[Timing, bool]:
+    key = timing_key(site, algo)
     hit = cache.get(key)
     if hit is not None:
         return hit, True
-    timing = time_call(built or _OneConv(site, algo), warmup=3, repeat=repeat, min_total_s=0.05)
+    timing = time_call(built, warmup=3, repeat=repeat, min_total_s=0.05)
     cache.put(key, timing)
     return timing, False
 
 
-def tune_conv_algorithms(sites: Iterable[ConvSite], cache: TimingCache | None = None,
+def decide_unit(site: Any, cache: TimingCache, repeat: int = 15,
+                choices: Sequence[str] | None = None) -> AlgorithmDecision:
+    """One unit's decision: ``choices`` (default: its backend's variants of level ``algorithm``)
+    where they apply, each timed (through ``cache``), the fastest chosen."""
+    from ..targets import get_target
+
+    backend = get_target(site.backend)
+    knob = backend.knobs[LEVEL]
+    choices = tuple(choices) if choices is not None else backend.choices(LEVEL, knob.op)
+    d = AlgorithmDecision(site, chosen=choices[0], default=choices[0])
+    d.kept_because = knob.fixed(site) if knob.fixed is not None else ""
+    if d.kept_because:
+        return d
+    d.default = knob.default(site) if knob.default is not None else choices[0]
+    probes = {c: knob.probe(site, c) for c in choices}
+    probes = {c: p for c, p in probes.items() if p is not None}
+    if len(probes) < 2:  # one choice applies: nothing to time
+        d.chosen = next(iter(probes), d.default)
+        return d
+    hits = []
+    for algo, probe in probes.items():
+        d.timings[algo], hit = _measure(site, algo, cache, repeat, probe)
+        hits.append(hit)
+    d.cached = all(hits)
+    d.chosen = min(d.timings, key=lambda a: d.timings[a].median_s)
+    return d
+
+
+def tune_conv_algorithms(sites: Iterable[Any], cache: TimingCache | None = None,
                          repeat: int = 15) -> list[AlgorithmDecision]:
-    """Time each site's applicable algorithms (through ``cache``) and pick the fastest."""
+    """Time each unit's applicable choices (through ``cache``) and pick the fastest."""
     cache = cache if cache is not None else TimingCache(None)
-    decisions = []
-    for site in sites:
-        d = AlgorithmDecision(site)
-        if len(site.data_shape) != 4:  # Whisper's / wav2vec2's conv1d, conv3d: one algorithm, not built here
-            d.kept_because = (f"a {len(site.data_shape) - 2}-D convolution: Winograd F(4x4, 3x3) applies to 2-D "
-                              "ones only, the runtime's default is kept")
-            decisions.append(d)
-            continue
-        d.default = "winograd" if _OneConv(site, "auto").winograd else "direct"
-        probe = _OneConv(site, "winograd")
-        if not probe.winograd:  # Winograd does not apply: nothing to time
-            d.chosen = "direct"
-            decisions.append(d)
-            continue
-        hits = []
-        for algo in ALGORITHMS:  # the probe is the Winograd module: timed as it is, not built again
-            d.timings[algo], hit = _measure(site, algo, cache, repeat, probe if algo == "winograd" else None)
-            hits.append(hit)
-        d.cached = all(hits)
-        d.chosen = min(d.timings, key=lambda a: d.timings[a].median_s)
-        decisions.append(d)
-    return decisions
+    return [decide_unit(site, cache, repeat) for site in sites]
+
+
+def decisions_options(decisions: Sequence[AlgorithmDecision], backends: Iterable[str] = ()
+                      ) -> dict[str, dict[str, str]]:
+    """The backend options that apply ``decisions`` (``{backend: {knob option: JSON unit key →
+    choice}}``), naming only the units where the decision differs from the default; every backend
+    of ``backends`` with an algorithm knob gets its option, an empty table where nothing changed."""
+    tables: dict[str, dict[str, str]] = {b: {} for b in backends if knob_of(b, LEVEL) is not None}
+    for d in decisions:
+        table = tables.setdefault(d.site.backend, {})
+        if d.chosen != d.default:
+            table[d.site.key()] = d.chosen
+    return {b: {knob_of(b, LEVEL).option: json.dumps(t, sort_keys=True)} for b, t in tables.items()}
 
 
 def decisions_option(decisions: Sequence[AlgorithmDecision]) -> str:
-    """The oneDNN backend's option ``algorithms`` that applies ``decisions`` (JSON: site key →
-    algorithm), naming only the sites where the decision differs from the thresholds'."""
+    """The JSON table (unit key → choice) of the decisions that differ from the default."""
     return json.dumps({d.site.key(): d.chosen for d in decisions if d.chosen != d.default}, sort_keys=True)

@@ -48,7 +48,8 @@ from .node_maps import NodeMaps
 from .plan_errors import PlanErrors, inputs_digest, settings_digest
 from .plans import (ANCHOR_OPS, Built, OneNode, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
                     float32_plans, held_out_candidates, make_units, measure_unit_times, node_signature,
-                    partition_with_node_precisions, pick, timed_graphs, warn_unmet)
+                    native_reason, partition_with_node_precisions, pick, precision_regions, timed_graphs,
+                    warn_unmet)
 from .edges import FLOAT, UnitEdges, domain, edge_cost, measure_edge_costs, unit_edges
 from .solver import Choice, Problem, Region, improve, solve
 
@@ -134,17 +135,13 @@ class Quantizer:
 
 
 def _anchors(partitioned: tvm.IRModule) -> list[tuple[str, str, bool]]:
-    """``(node key, op, is int8)`` of every conv2d / dense / matmul of the oneDNN regions, in order."""
-    from .._relax import region_table
-    from ..backends.onednn.precision import node_key
-
+    """``(node key, op, is int8)`` of every conv2d / dense / matmul of the regions whose backend
+    has a precision knob, in order."""
     found = []
-    for symbol, entry in region_table(partitioned).items():
-        if entry.target != "onednn" or not entry.graph:
-            continue
-        for i, node in enumerate(entry.graph.get("nodes", [])):
+    for symbol, graph, knob in precision_regions(partitioned):
+        for i, node in enumerate(graph.get("nodes", [])):
             if node["op"] in ANCHOR_OPS:
-                found.append((node_key(symbol, i), node["op"], "src_scale" in node.get("attrs", {})))
+                found.append((knob.key(symbol, i), node["op"], "src_scale" in node.get("attrs", {})))
     return found
 
 
@@ -161,7 +158,7 @@ def layer_keys(partitioned: tvm.IRModule, layers: Sequence[Any], int8: set[int]
         if len(mine) != len(wanted):
             kind = "int8" if quantized else "float"
             raise MatchError(f"{len(wanted)} {kind} conv2d/matmul layers but {len(mine)} {kind} conv2d/dense/"
-                             "matmul nodes in the oneDNN regions (a layer left to llvm, or fused away)")
+                             "matmul nodes in the regions with a precision knob (a layer left to llvm, or fused away)")
         for layer, (key, op) in zip(wanted, mine):
             if op not in _LAYER_NODE_OPS.get(layer.op, ()):
                 raise MatchError(f"layer {layer.name} ({layer.op}) met node {key} ({op})")
@@ -479,9 +476,7 @@ def choose_with_int8(report: PrecisionReport, session: Session, default: tvm.IRM
     nothing to choose) and ``report``. ``session`` builds float plans (the algorithm level's
     options, the codegen level's map); ``default`` is the reference float32 partition, ``base`` the
     float32 partition the candidates' float nodes are keyed on."""
-    from ..backends.onednn.precision import effective_precision
-
-    bf16_off = effective_precision("bf16")[1]
+    bf16_off = native_reason(session.targets, "bf16")
     if "bf16" in report.precisions and bf16_off:
         report.precisions = tuple(p for p in report.precisions if p != "bf16")
         report.notes.append(f"bf16 candidates skipped: {bf16_off}")

@@ -25,7 +25,10 @@ from tvm import relax
 
 from .cache import Timing, TimingCache, signature
 from .measure import time_cached
+from .knobs import backends_with, knob_of, option_value, with_option
 from .plan_errors import LazyOutputs, PlanErrors, settings_digest
+
+PRECISION = "precision"
 
 
 PRECISIONS = ("f32", "bf16")
@@ -112,16 +115,26 @@ class PrecisionUnit:
         return f"{self.chosen}: {parts}; bf16 alone: error {err}"
 
 
-def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
-    """``(node key, description)`` of each float conv2d / dense / matmul of the module's oneDNN
-    regions with static shapes, in region and node order: what can change precision."""
+def precision_regions(partitioned: tvm.IRModule) -> list[tuple[str, dict, Any]]:
+    """``(symbol, region document, precision knob)`` of each region of ``partitioned`` whose backend
+    declares a precision knob with node keys, in region order."""
     from .._relax import region_table
-    from ..backends.onednn.precision import node_key
 
+    out = []
+    for symbol, entry in region_table(partitioned).items():
+        knob = knob_of(entry.target, PRECISION)
+        if knob is not None and knob.key is not None and entry.graph:
+            out.append((symbol, entry.graph, knob))
+    return out
+
+
+def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
+    """``(node key, description)`` of each float conv2d / dense / matmul of the module's regions
+    whose backend has a precision knob (keyed by it), with static shapes, in region and node order:
+    what can change precision."""
     found = []
-    regions = [(s, e) for s, e in region_table(partitioned).items() if e.target == "onednn" and e.graph]
-    for r, (symbol, entry) in enumerate(regions):
-        graph = entry.graph
+    regions = precision_regions(partitioned)
+    for r, (symbol, graph, knob) in enumerate(regions):
         where = f"region {r} " if len(regions) > 1 else ""
         tensors = graph.get("tensors", [])
         for i, node in enumerate(graph.get("nodes", [])):
@@ -132,7 +145,7 @@ def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
                 continue
             if not all(isinstance(d, int) for t in ins for d in t["shape"]):
                 continue
-            found.append((node_key(symbol, i), f"{where}node {i}: {_node_text(graph, node)}"))
+            found.append((knob.key(symbol, i), f"{where}node {i}: {_node_text(graph, node)}"))
     return found
 
 
@@ -231,33 +244,52 @@ def partition_with_node_precisions(mod: tvm.IRModule, params: Mapping[str, Any] 
     names no float conv2d / dense / matmul (``apply_node_precisions`` raises) is left out, its node
     keeps float32, and ``skipped`` gets the key and why: a tuner keeps the default for a decision
     it cannot apply instead of failing."""
-    from .._relax import region_table
-    from ..backends.onednn.precision import node_precision_reason
     from ..errors import RuleError
-    from ..stages import partition
+    from ..stages import partition, target_names
+
+    takers = backends_with(PRECISION, target_names(targets))
 
     def run(chosen: Mapping[str, str] | None) -> tvm.IRModule:
         opts = {k: dict(v) for k, v in options.items()}
-        if chosen:
-            opts.setdefault("onednn", {})["node_precisions"] = json.dumps(dict(chosen), sort_keys=True)
+        for backend in takers if chosen else ():  # a backend applies the keys of its own regions
+            opts = with_option(opts, backend, PRECISION, chosen)
         return partition(mod, params, target=targets, options=opts, region_codegen=region_codegen)
 
     try:
         return run(table)
     except RuleError as err:
-        if "node_precisions" not in str(err):
+        if not any(get_option(b) in str(err) for b in takers):
             raise
-    graphs = {symbol: entry.graph for symbol, entry in region_table(run(None)).items() if entry.graph}
+    regions = {symbol: (knob, graph["nodes"]) for symbol, graph, knob in precision_regions(run(None))}
     kept = {}
     for key, precision in dict(table or {}).items():
-        symbol, _, index = key.rpartition("#")
-        why = (node_precision_reason(graphs[symbol]["nodes"], int(index)) if symbol in graphs
-               else "no oneDNN region of that name")
+        place = next((k.locate(key) for k, _ in regions.values() if k.locate is not None and k.locate(key)), None)
+        knob, graph_nodes = regions.get(place[0], (None, None)) if place else (None, None)
+        why = ("no region of that name" if knob is None else
+               knob.node_reason(graph_nodes, place[1]) if knob.node_reason is not None else None)
         if why is None:
             kept[key] = precision
         elif skipped is not None:
             skipped[key] = f"names {why} in the partition the plan is built on"
     return run(kept)
+
+
+def native_reason(targets: Any, precision: str) -> str:
+    """Why ``precision`` runs as another on this machine in the backends of ``targets`` with a
+    precision knob (their knob's ``native``; the first reason given), "" where it runs as asked."""
+    from ..stages import target_names
+
+    for backend in backends_with(PRECISION, target_names(targets)):
+        knob = knob_of(backend, PRECISION)
+        reason = knob.native(precision) if knob.native is not None else ""
+        if reason:
+            return reason
+    return ""
+
+
+def get_option(backend: str) -> str:
+    """The option name of ``backend``'s precision knob."""
+    return knob_of(backend, PRECISION).option
 
 
 class Session:
@@ -444,8 +476,8 @@ def float32_plans(session: Session, default: tvm.IRModule, calibration: list, ho
     session.errors.inputs("calibration", calibration, reference)
     session.errors.inputs("holdout", holdout, LazyOutputs(lambda: ref.run(holdout)))
     plans = [PlanResult(DEFAULT_PLAN, {}, 0.0, 0.0, built=ref)]
-    changed = [what for what, on in (("algorithms", json.loads(session.options.get("onednn", {}).get(
-        "algorithms", "{}") or "{}")), ("codegen", session.region_codegen)) if on]
+    changed = [what for what, on in (("algorithms", option_value(session.options, "algorithm")),
+                                     ("codegen", session.region_codegen)) if on]
     if changed:
         tuned = session.build(None)
         plans.append(PlanResult(f"float32, tuned {' and '.join(changed)}", {},

@@ -56,7 +56,8 @@ import tvm
 from ..errors import InputError, RuleError
 from .cache import TimingCache
 from .plans import (MAX_UNITS, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
-                    float32_plans, held_out_candidates, make_units, measure_unit_times, pick, timed_graphs, warn_unmet)
+                    float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason, pick,
+                    timed_graphs, warn_unmet)
 from .solver import Choice, Problem, Region, solve
 
 #: what ``bh.tune(precisions=...)`` accepts: int8 goes through :mod:`.int8` (a quantized module)
@@ -248,8 +249,6 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     candidates are built on it); ``cache`` the timing cache the units' times go through (saved at
     the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides; where it
     cannot apply int8 (a note says why), the float precisions are chosen as without it."""
-    from ..backends.onednn.precision import effective_precision
-
     report = PrecisionReport(tuple(precisions), float(tolerance))
     samples = input_samples(mod, params, calibration, "calibration")
     held = None if holdout is None else input_samples(mod, params, holdout, "holdout")
@@ -266,11 +265,12 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
             return best, report
         # int8 could not apply here (its note says why): the float precisions are still chosen
         report.precisions = tuple(p for p in report.precisions if p != "int8")
-    _, reason = effective_precision("bf16")
+    reason = native_reason(targets, "bf16")
     anchors = anchor_nodes(base)
     if reason or not anchors:
         report.notes.append(f"bf16 candidates skipped: {reason}" if reason else
-                            "no float conv2d / dense / matmul in a oneDNN region: no precision to choose")
+                            "no float conv2d / dense / matmul in a region with a precision knob: no precision "
+                            "to choose")
         return None, report
     cache = cache if cache is not None else TimingCache(None)
     float_plans = float32_plans(session, default, calibration, holdout, cache)

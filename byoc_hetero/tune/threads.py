@@ -1,11 +1,12 @@
-"""The threads level: for each region the oneDNN runtime runs, all of the process's threads or one,
-from timings (``bh.tune(..., threads=True)``).
+"""The threads level: for each region run by a backend with a ``threads`` knob
+(:class:`~byoc_hetero.rules.Knob`; the oneDNN backend's runtime), all of the process's threads or
+one, from timings (``bh.tune(..., threads=True)``).
 
-A region module runs its calls with the process's thread count (``byoc_hetero._C.num_threads()``:
+The oneDNN backend's region module runs its calls with the process's thread count (``byoc_hetero._C.num_threads()``:
 ``BYOC_HETERO_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the CPUs the process may use). A small
 region can lose more to waking and joining the OpenMP team than the second core wins; a region
 document's optional ``"threads"`` caps its calls' count (docs/region-format.md), and the backend
-option ``region_threads`` (JSON ``{region key: n}``) writes it per region.
+option ``region_threads`` (JSON ``{region key: n}``, the knob's option) writes it per region.
 
 Each distinct offloaded region of the codegen level's plan (repeated blocks share a key) is built
 alone twice — with the process's count and with one thread — and both are timed alternately on
@@ -18,15 +19,15 @@ level says so.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cache import Timing, TimingCache
-from .codegen import CodegenPlan, RegionCandidate, harness_module, random_inputs, timing_key, ms_text, runner, time_all, winner
+from .codegen import RegionCandidate, harness_module, random_inputs, timing_key, ms_text, runner, time_all, winner
+from .knobs import knob_of, with_option
 
-BACKEND = "onednn"
-"""The backend whose runtime honours a region's thread count (its ``region_threads`` option)."""
+LEVEL = "threads"
 
 
 @dataclass
@@ -43,10 +44,8 @@ class ThreadsDecision:
         return f"{self.chosen} thread{'s' if self.chosen > 1 else ''}: {parts}{' [cached]' if self.cached else ''}"
 
 
-def _options(options: Mapping[str, Mapping[str, Any]], key: str, n: int) -> dict[str, dict[str, Any]]:
-    out = {k: dict(v) for k, v in options.items()}
-    out.setdefault(BACKEND, {})["region_threads"] = json.dumps({key: n})
-    return out
+def _options(options: Mapping[str, Mapping[str, Any]], c: RegionCandidate, n: int) -> dict[str, dict[str, Any]]:
+    return with_option(options, c.target, LEVEL, {c.key: n})
 
 
 def measure_threads(c: RegionCandidate, cache: TimingCache, options: Mapping[str, Mapping[str, Any]],
@@ -54,8 +53,8 @@ def measure_threads(c: RegionCandidate, cache: TimingCache, options: Mapping[str
     """Time region ``c`` offloaded with each of ``counts`` (the process's count first, the default)
     through ``cache``, and choose."""
     d = ThreadsDecision(c)
-    variants = {n: _options(options, c.key, n) for n in counts}
-    keys = {n: timing_key(c, BACKEND, opts) for n, opts in variants.items()}
+    variants = {n: _options(options, c, n) for n in counts}
+    keys = {n: timing_key(c, c.target, opts) for n, opts in variants.items()}
     found = {n: cache.get(k) for n, k in keys.items()}
     if all(found.values()):
         d.timings, d.cached = dict(found), True
@@ -70,30 +69,21 @@ def measure_threads(c: RegionCandidate, cache: TimingCache, options: Mapping[str
     return d
 
 
-def tune_threads(plan: CodegenPlan, cache: TimingCache, options: Mapping[str, Mapping[str, Any]], *,
-                 repeat: int = 15, progress: Callable[[str, int, int, str], None] | None = None
-                 ) -> tuple[list[ThreadsDecision], str]:
-    """The thread count of each region of ``plan`` that the oneDNN runtime runs; returns the
-    decisions and a note (empty, or why the level chose nothing)."""
-    from .._native import _C
-
-    most = int(_C.num_threads())
-    if most <= 1:
-        return [], "threads: the process runs regions on 1 thread: nothing to choose"
-    regions = [d.region for d in plan.decisions if d.chosen == BACKEND and d.region.target == BACKEND
-               and not d.region.untimeable]
-    decisions = []
-    for i, c in enumerate(regions):
-        if progress is not None:
-            progress("threads", i, len(regions), f"{c}: {most} threads or 1")
-        decisions.append(measure_threads(c, cache, options, (most, 1), repeat))
-    return decisions, ""
-
-
 def threads_option(decisions: list[ThreadsDecision]) -> str | None:
-    """The ``region_threads`` option of the decisions that differ from the process's count."""
+    """The ``region_threads`` table (JSON) of the decisions that differ from the process's count."""
     table = {d.region.key: d.chosen for d in decisions if d.chosen != max(d.timings)}
     return json.dumps(table, sort_keys=True) if table else None
 
 
-__all__ = ["ThreadsDecision", "measure_threads", "threads_option", "tune_threads"]
+def threads_options(decisions: list[ThreadsDecision]) -> dict[str, dict[str, str]]:
+    """The backend options (``{backend: {knob option: JSON}}``) of the decisions that differ from
+    the process's count; empty when none does."""
+    out: dict[str, dict[str, str]] = {}
+    for backend in dict.fromkeys(d.region.target for d in decisions):
+        table = threads_option([d for d in decisions if d.region.target == backend])
+        if table:
+            out[backend] = {knob_of(backend, LEVEL).option: table}
+    return out
+
+
+__all__ = ["ThreadsDecision", "measure_threads", "threads_option", "threads_options"]

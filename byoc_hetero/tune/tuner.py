@@ -21,8 +21,12 @@ model's shapes, and the tuned one is returned only where it is measured faster â
 the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
 figures.
 
-- **threads** (``threads=True``): each region the oneDNN runtime runs on the process's thread count
-  or one, by timing it both ways (:mod:`.threads`).
+- **threads** (``threads=True``): each region of a backend with a threads knob (the oneDNN
+  runtime's) on the process's thread count or one, by timing it both ways (:mod:`.threads`).
+
+Each level is a :class:`.levels.Level` (units, choices read from the backend, measure through the
+timing cache, apply as backend options); this module is the loop over them, the guard and the
+report. The report's timing-cache counts are read once, when the CPU levels end.
 """
 
 from __future__ import annotations
@@ -40,16 +44,17 @@ from tvm import relax
 
 from .._relax import shape_of, static_shape
 from ..errors import InputError
-from .algorithms import AlgorithmDecision, conv_sites, decisions_option, tune_conv_algorithms
+from .algorithms import AlgorithmDecision
 from .cache import Timing, TimingCache
-from .codegen import CodegenPlan, tune_codegen
+from .codegen import CodegenPlan
 from .devices import DeviceReport, Measurer, check_devices, tune_devices
 from .measure import random_input, time_call
 from .plans import PrecisionReport
-from .precision import check_precisions, choose_precisions
+from .levels import AlgorithmLevel, CodegenLevel, Level, PrecisionLevel, ThreadsLevel, TuneContext
+from .precision import check_precisions
 from .progress import ProgressBar
 from .reuse import plan_digest, reused_guard
-from .threads import ThreadsDecision, threads_option, tune_threads
+from .threads import ThreadsDecision
 
 
 @dataclass
@@ -156,7 +161,7 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
     measurements where the GPU exists, or from ``device_costs`` (a :class:`.devices.CostTable` or
     another :class:`.devices.Measurer`); without either the level is skipped with a note.
 
-    Threads level (:mod:`.threads`, ``threads=True``): each region the oneDNN runtime runs gets the
+    Threads level (:mod:`.threads`, ``threads=True``): each region of a backend with a threads knob gets the
     process's thread count or one, whichever is measured faster.
     """
     names = check_devices(devices)
@@ -174,70 +179,90 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
               tolerance: float | None, calibration: Any, holdout: Any, budget_s: float | None, cache: Any,
               guard_rounds: int, repeat: int, bar: Callable[..., None] | None,
               threads: bool = False) -> tuple[tvm.IRModule, TuneReport]:
-    """The CPU levels (codegen, threads, algorithm, precision) and the never-slower check."""
-    from ..stages import codegen_options, partition, target_names
+    """The CPU levels (codegen, threads, algorithm, precision: :mod:`.levels`, run in that order),
+    the never-slower check, and the timing cache's hit and miss counts in the report."""
+    from ..stages import partition
 
     timing_cache = cache if isinstance(cache, TimingCache) else TimingCache(cache)
     precision = asked[0] if len(asked) == 1 else "f32"
-    default = partition(mod, params, target=targets, precision=precision)
+    ctx = TuneContext(mod, params, targets, precision, timing_cache, repeat, bar,
+                      default=partition(mod, params, target=targets, precision=precision))
     report = TuneReport()
-    report.codegen = tune_codegen(mod, params, timing_cache, targets=targets, precision=precision, repeat=repeat,
-                                  progress=bar)
-    mapped = report.codegen.region_codegen if report.codegen.changed else None
-    backend_options: dict[str, str] = {}
-    if threads:
-        report.threads, note = tune_threads(report.codegen, timing_cache, codegen_options(
-            target_names(targets), precision, None), repeat=repeat, progress=bar)
-        report.notes.extend([note] if note else [])
-        chosen = threads_option(report.threads)
-        if chosen:
-            backend_options["region_threads"] = chosen
-    base = partition(mod, params, target=targets, precision=precision, region_codegen=mapped) if mapped else default
-    sites = conv_sites(base)
-    for i, site in enumerate(sites):
-        if bar:
-            bar("algorithm", i, len(sites), str(site))
-        report.algorithms.extend(tune_conv_algorithms([site], timing_cache, repeat=repeat))
-    timing_cache.save()
-    report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
-    option = decisions_option(report.algorithms)
-    backend_options["algorithms"] = option
-    if len(asked) > 1:
-        kept, report.precision = choose_precisions(
-            mod, params, default, precisions=asked, tolerance=tolerance, calibration=calibration, holdout=holdout,
-            targets=targets, options={"onednn": backend_options}, budget_s=budget_s, cache=timing_cache,
-            rounds=guard_rounds, repeat=repeat, progress=bar, region_codegen=mapped, base=base)
+    try:
+        return _run_levels(ctx, report, _levels(asked, tolerance, calibration, holdout, budget_s, guard_rounds,
+                                                threads), guard_rounds)
+    finally:
+        timing_cache.save()
         report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
-        if kept is not None and mapped is not None and "int8" in kept.table.values():
-            report.notes.append("the kept plan quantizes layers to int8: a quantized module forms other regions, "
-                                "so the codegen level's map (float regions) does not apply to it")
-        if kept is not None:
-            report.default, report.tuned = report.precision.plans[0].timing, kept.timing
-            report.kept = "default" if kept is report.precision.plans[0] else "tuned"
-            module = kept.built.module  # a warm tune partitions the kept plan only now: what it looked up is saved
-            timing_cache.save()
-            report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses
-            return module, report
-    if option == "{}" and mapped is None and len(backend_options) == 1:
+
+
+def _levels(asked: tuple[str, ...], tolerance: float | None, calibration: Any, holdout: Any,
+            budget_s: float | None, rounds: int, threads: bool) -> list[Level]:
+    """The CPU levels a tune with these arguments runs, in order."""
+    levels: list[Level] = [CodegenLevel(), *([ThreadsLevel()] if threads else []), AlgorithmLevel()]
+    if len(asked) > 1:
+        levels.append(PrecisionLevel(asked, tolerance, calibration, holdout, budget_s, rounds))
+    return levels
+
+
+def _run_levels(ctx: TuneContext, report: TuneReport, levels: list[Level],
+                guard_rounds: int) -> tuple[tvm.IRModule, TuneReport]:
+    for level in levels:
+        decisions = level.run(ctx)
+        setattr(report, level.report_field, level.result(ctx, decisions))
+        report.notes.extend(ctx.notes)
+        ctx.notes.clear()
+        if level.final:
+            return _kept_precision(ctx, report, level.kept, guard_rounds)
+    return _guarded(ctx, report, guard_rounds)
+
+
+def _kept_precision(ctx: TuneContext, report: TuneReport, kept: Any,
+                    guard_rounds: int) -> tuple[tvm.IRModule, TuneReport]:
+    """The precision level's kept plan (it was timed end to end against the default there), or,
+    where it had nothing to choose, the float levels' plan through the guard."""
+    if kept is None:
+        return _guarded(ctx, report, guard_rounds)
+    if ctx.region_codegen is not None and "int8" in kept.table.values():
+        report.notes.append("the kept plan quantizes layers to int8: a quantized module forms other regions, "
+                            "so the codegen level's map (float regions) does not apply to it")
+    report.default, report.tuned = report.precision.plans[0].timing, kept.timing
+    report.kept = "default" if kept is report.precision.plans[0] else "tuned"
+    return kept.built.module, report  # a warm tune partitions the kept plan only now: what it looked up is saved
+
+
+def _guarded(ctx: TuneContext, report: TuneReport, guard_rounds: int) -> tuple[tvm.IRModule, TuneReport]:
+    """The tuned partition where it is measured faster end to end than the default one, else the
+    default (never slower); the default outright where every decision equals the built-in rules."""
+    from ..stages import partition
+
+    mod, params, targets, precision, mapped = ctx.mod, ctx.params, ctx.targets, ctx.precision, ctx.region_codegen
+    changed = any(v not in ("{}", None) for opts in ctx.options.values() for v in opts.values())
+    if not changed and mapped is None:
         report.notes.append("every measured decision equals the built-in rules: the default plan")
-        return default, report
+        return ctx.default, report
     # built only where needed: figures reused from the cache that keep the default need no tuned module
     tuned = functools.cache(lambda: partition(mod, params, target=targets, precision=precision,
-                                              region_codegen=mapped, options={"onednn": backend_options}))
-    if bar:
-        bar("end to end", 0, 1, "the default and the tuned plan, alternating")
+                                              region_codegen=mapped, options=ctx.options))
+    ctx.say("end to end", 0, 1, "the default and the tuned plan, alternating")
     report.default, report.tuned, reused = reused_guard(
-        timing_cache, mod, params, plan_digest(targets, precision, mapped, json.dumps(backend_options, sort_keys=True),
-                                               guard_rounds, repeat),
-        lambda: _guard(default, tuned(), _inputs(mod, params, seed=0), guard_rounds, repeat))
-    timing_cache.save()
+        ctx.cache, mod, params, plan_digest(targets, precision, mapped, _options_text(ctx.options),
+                                            guard_rounds, ctx.repeat),
+        lambda: _guard(ctx.default, tuned(), _inputs(mod, params, seed=0), guard_rounds, ctx.repeat))
     if reused:
         report.notes.append("end-to-end figures from the timing cache (same model, same plan): nothing rebuilt")
     if report.tuned.median_s < report.default.median_s:
         report.kept = "tuned"
         return tuned(), report
     report.notes.append("the tuned plan was not measured faster end to end: the default plan is kept")
-    return default, report
+    return ctx.default, report
+
+
+def _options_text(options: Mapping[str, Mapping[str, Any]]) -> str:
+    """The backend options as the end-to-end figures' key knows them: one backend's own table
+    (what the key held before the options named their backend), else every backend's."""
+    only = list(options.values())[0] if len(options) == 1 else options
+    return json.dumps(only, sort_keys=True)
 
 
 def _closed(bar: Callable[..., None] | None, module: tvm.IRModule) -> tvm.IRModule:

@@ -13,7 +13,8 @@ Naming contract (what tests, reports and placement rely on):
 The backend object (:data:`BACKEND`, ``bh.rules.get_target("onednn")``) holds the rules, the
 lowering table (:data:`.table.TABLE`), the region-graph passes in run order
 (:data:`REGION_PASSES`), the options a partition may give (:data:`OPTIONS`) and the
-implementation variants per op (:data:`VARIANTS`).
+implementation variants per op (:data:`VARIANTS`) and the knobs a tuner may set
+(:data:`.tuning.KNOBS`).
 
 Layout: :mod:`.ops` holds one module per op family with its patterns, checks and lowering side by
 side (registered in :mod:`.table`); :mod:`.epilogue` the bias / batch norm / activation / residual
@@ -67,6 +68,7 @@ from .ops.conv2d import check_algorithms
 from .precision import DEFAULT_PRECISION, check_node_precisions, check_precision, warn_if_fallback
 from .runtime import RUNTIME_KIND, region_graph
 from .table import ALIASES, TABLE, TARGET, can_lower
+from .tuning import KNOBS
 
 REGION_PASSES: tuple[str, ...] = (
     "fuse_matmul_epilogues",       # ops/attention.py: bias / scale / activation after a matmul
@@ -131,22 +133,22 @@ _ALGO = "BYOC_HETERO_CONV_ALGO"
 VARIANTS = {
     "conv2d": (
         Variant("conv2d", "direct", "oneDNN's convolution primitive (its own algorithm choice)",
-                f"{_ALGO}=direct"),
+                f"{_ALGO}=direct", level="algorithm"),
         Variant("conv2d", "winograd", "Winograd F(4x4, 3x3): batched GEMMs between input/output transforms",
                 f"{_ALGO}=winograd ('auto', the default, picks it where it pays off)",
-                "3x3, stride 1, no dilation, no groups, channels multiples of 16, constant weights"),
+                "3x3, stride 1, no dilation, no groups, channels multiples of 16, constant weights", "algorithm"),
         Variant("conv2d", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
-                "a CPU with native bf16 (avx512_core_bf16)"),
+                "a CPU with native bf16 (avx512_core_bf16)", "precision"),
     ),
     "dense": (
-        Variant("dense", "f32", "oneDNN inner product / matmul in float32", "precision='f32'"),
+        Variant("dense", "f32", "oneDNN inner product / matmul in float32", "precision='f32'", level="precision"),
         Variant("dense", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
-                "a CPU with native bf16 (avx512_core_bf16)"),
+                "a CPU with native bf16 (avx512_core_bf16)", "precision"),
     ),
     "matmul": (
-        Variant("matmul", "f32", "oneDNN matmul in float32", "precision='f32'"),
+        Variant("matmul", "f32", "oneDNN matmul in float32", "precision='f32'", level="precision"),
         Variant("matmul", "bf16", "bf16 operands, f32 accumulation", "precision='bf16'",
-                "a CPU with native bf16 (avx512_core_bf16)"),
+                "a CPU with native bf16 (avx512_core_bf16)", "precision"),
     ),
 }
 """The implementation variants the oneDNN backend offers per op (what a tuner enumerates)."""
@@ -155,7 +157,7 @@ VARIANTS = {
 def register() -> Any:
     """Register backend ``onednn`` and its pattern rules (once per process; idempotent)."""
     backend = register_target(TARGET, can_lower, codegen.relax_ext_codegen, aliases=ALIASES,
-                              options=OPTIONS, variants=VARIANTS, lowering=TABLE,
+                              options=OPTIONS, variants=VARIANTS, knobs=KNOBS, lowering=TABLE,
                               region_passes=REGION_PASSES, runtime_kind=RUNTIME_KIND,
                               region_graph=region_graph)
     set_default_target(TARGET)

@@ -1,0 +1,230 @@
+"""The tuning protocol: each level of ``bh.tune`` is an object with the same four steps.
+
+1. ``units(ctx)``: what the level decides over, read from the partitioned module (the codegen
+   level: candidate regions; threads: the regions of backends with a threads knob; algorithm: the
+   units of the backends' algorithm knobs, e.g. the oneDNN backend's convolution sites);
+2. ``choices(ctx, unit)``: the alternatives for one unit, read from the backend (its
+   :class:`~byoc_hetero.rules.Variant` s of the level, ``Backend.choices``; the codegen level: the
+   region's backend, llvm and the other backends of ``targets``; threads: the process's count or one);
+3. ``measure(ctx, unit, choices)``: each choice timed through the shared
+   :class:`.cache.TimingCache` (a repeated unit is timed once, a warm tune builds nothing) and the
+   unit's decision taken;
+4. ``apply(ctx, decisions)``: the decisions as backend options (``{backend: {option: value}}``,
+   the option the backend's :class:`~byoc_hetero.rules.Knob` names), merged into
+   :attr:`TuneContext.options` for the levels after it and the tuned partition.
+
+:meth:`Level.run` is the loop over units with the progress line; a level whose decisions are a
+search rather than one per unit (codegen's rounds, the precision level's mix within an error
+tolerance) overrides :meth:`Level.decide`. The tuner (:mod:`.tuner`) is the loop over levels, then
+the never-slower guard and the report. No level names a backend: what a backend lets be tuned is
+what its knobs and variants say.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+
+from .algorithms import LEVEL as ALGORITHM
+from .algorithms import conv_sites, decide_unit, decisions_options
+from .cache import TimingCache
+from .codegen import tune_codegen
+from .knobs import knob_of, merge_options
+from .threads import LEVEL as THREADS
+from .threads import measure_threads, threads_options
+
+
+@dataclass
+class TuneContext:
+    """What the levels of one tune share: the model, the targets, the cache, the decisions so far."""
+
+    mod: tvm.IRModule
+    params: Mapping[str, np.ndarray] | None
+    targets: Any
+    precision: str
+    cache: TimingCache
+    repeat: int = 15
+    progress: Callable[[str, int, int, str], None] | None = None
+    default: tvm.IRModule | None = None  # the default partition
+    region_codegen: dict[str, str] | None = None  # the codegen level's map, where it changed anything
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend options the levels applied
+    codegen: Any = None  # the codegen level's plan (its regions are the threads level's units)
+    notes: list[str] = field(default_factory=list)  # what the levels say for the report
+
+    @property
+    def names(self) -> list[str]:
+        """The backends of ``targets`` (canonical names)."""
+        from ..stages import target_names
+
+        return target_names(self.targets)
+
+    @functools.cached_property
+    def base(self) -> tvm.IRModule:
+        """The partition the codegen level's map gives (the default one where it changed nothing)."""
+        from ..stages import partition
+
+        if not self.region_codegen:
+            return self.default
+        return partition(self.mod, self.params, target=self.targets, precision=self.precision,
+                         region_codegen=self.region_codegen)
+
+    def say(self, level: str, done: int, total: int, what: str) -> None:
+        if self.progress is not None:
+            self.progress(level, done, total, what)
+
+
+class Level:
+    """One level of the tuner: :meth:`units`, :meth:`choices`, :meth:`measure`, :meth:`apply`."""
+
+    name = ""
+    #: the :class:`.tuner.TuneReport` field that holds :meth:`result`
+    report_field = ""
+    #: a level that ends the tune with a plan it measured end to end itself (:attr:`kept`)
+    final = False
+    kept: Any = None
+
+    def units(self, ctx: TuneContext) -> list[Any]:
+        raise NotImplementedError
+
+    def choices(self, ctx: TuneContext, unit: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def measure(self, ctx: TuneContext, unit: Any, choices: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
+
+    def apply(self, ctx: TuneContext, decisions: list[Any]) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
+        """What the report keeps of this level: its decisions."""
+        return decisions
+
+    def label(self, unit: Any, choices: tuple[Any, ...]) -> str:
+        """The progress line's words for ``unit``."""
+        return str(unit)
+
+    def decide(self, ctx: TuneContext) -> list[Any]:
+        """Each unit measured over its choices, in order, with the progress line."""
+        units, out = self.units(ctx), []
+        for i, unit in enumerate(units):
+            choices = self.choices(ctx, unit)
+            ctx.say(self.name, i, len(units), self.label(unit, choices))
+            out.append(self.measure(ctx, unit, choices))
+        return out
+
+    def run(self, ctx: TuneContext) -> list[Any]:
+        """:meth:`decide`, then :meth:`apply` into ``ctx.options``; returns the decisions."""
+        decisions = self.decide(ctx)
+        ctx.options = merge_options(ctx.options, self.apply(ctx, decisions))
+        ctx.cache.save()
+        return decisions
+
+
+class CodegenLevel(Level):
+    """Each candidate region offloaded, on llvm or on another backend of ``targets``
+    (:mod:`.codegen`); applied as ``bh.partition``'s ``region_codegen`` rather than as an option."""
+
+    name = report_field = "codegen"
+
+    def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
+        return ctx.codegen
+
+    def decide(self, ctx: TuneContext) -> list[Any]:  # rounds: a region sent to llvm may form new ones
+        ctx.codegen = tune_codegen(ctx.mod, ctx.params, ctx.cache, targets=ctx.targets, precision=ctx.precision,
+                                   repeat=ctx.repeat, progress=ctx.progress)
+        ctx.region_codegen = ctx.codegen.region_codegen if ctx.codegen.changed else None
+        return ctx.codegen.decisions
+
+
+class ThreadsLevel(Level):
+    """Each region of a backend with a threads knob on the process's thread count or one
+    (:mod:`.threads`); applied as the knob's option."""
+
+    name = report_field = THREADS
+
+    def units(self, ctx: TuneContext) -> list[Any]:
+        from .._native import _C
+
+        if int(_C.num_threads()) <= 1:
+            ctx.notes.append("threads: the process runs regions on 1 thread: nothing to choose")
+            return []
+        return [d.region for d in ctx.codegen.decisions if d.chosen == d.region.target
+                and knob_of(d.region.target, THREADS) is not None and not d.region.untimeable]
+
+    def choices(self, ctx: TuneContext, unit: Any) -> tuple[int, int]:
+        from .._native import _C
+
+        return int(_C.num_threads()), 1
+
+    def measure(self, ctx: TuneContext, unit: Any, choices: tuple[Any, ...]) -> Any:
+        from ..stages import codegen_options
+
+        return measure_threads(unit, ctx.cache, codegen_options(ctx.names, ctx.precision, None), choices, ctx.repeat)
+
+    def label(self, unit: Any, choices: tuple[Any, ...]) -> str:
+        return f"{unit}: {choices[0]} threads or {choices[1]}"
+
+    def apply(self, ctx: TuneContext, decisions: list[Any]) -> dict[str, dict[str, Any]]:
+        return threads_options(decisions)
+
+
+class AlgorithmLevel(Level):
+    """Each unit of the backends' algorithm knobs on its fastest variant (:mod:`.algorithms`);
+    applied as the knob's option (an empty table for a backend where nothing changed)."""
+
+    name = ALGORITHM
+    report_field = "algorithms"
+
+    def units(self, ctx: TuneContext) -> list[Any]:
+        return conv_sites(ctx.base)
+
+    def choices(self, ctx: TuneContext, unit: Any) -> tuple[str, ...]:
+        from ..targets import get_target
+
+        backend = get_target(unit.backend)
+        return backend.choices(ALGORITHM, backend.knobs[ALGORITHM].op)
+
+    def measure(self, ctx: TuneContext, unit: Any, choices: tuple[Any, ...]) -> Any:
+        return decide_unit(unit, ctx.cache, ctx.repeat, choices)
+
+    def apply(self, ctx: TuneContext, decisions: list[Any]) -> dict[str, dict[str, Any]]:
+        return decisions_options(decisions, ctx.names)
+
+
+class PrecisionLevel(Level):
+    """The precision of each conv2d / dense / matmul (or layer group) of the regions with a
+    precision knob: the fastest mix within ``tolerance`` (:mod:`.precision`; :mod:`.int8` with
+    ``"int8"`` asked). Its units (:func:`.plans.make_units`) are timed per precision through the
+    cache (:func:`.plans.measure_unit_times`) and their errors measured; the search's plan is
+    applied as the knob's option (:func:`.plans.partition_with_node_precisions`). It ends the
+    tune: :attr:`kept` is the plan it measured fastest end to end (None: nothing to choose)."""
+
+    name = report_field = "precision"
+    final = True
+
+    def __init__(self, asked: tuple[str, ...], tolerance: float | None, calibration: Any, holdout: Any,
+                 budget_s: float | None, rounds: int):
+        self.asked, self.tolerance, self.calibration, self.holdout = asked, tolerance, calibration, holdout
+        self.budget_s, self.rounds = budget_s, rounds
+        self.report: Any = None
+
+    def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
+        return self.report
+
+    def decide(self, ctx: TuneContext) -> list[Any]:
+        from .precision import choose_precisions
+
+        self.kept, self.report = choose_precisions(
+            ctx.mod, ctx.params, ctx.default, precisions=self.asked, tolerance=self.tolerance,
+            calibration=self.calibration, holdout=self.holdout, targets=ctx.targets, options=ctx.options,
+            budget_s=self.budget_s, cache=ctx.cache, rounds=self.rounds, repeat=ctx.repeat, progress=ctx.progress,
+            region_codegen=ctx.region_codegen, base=ctx.base)
+        return self.report.units
+
+
+__all__ = ["AlgorithmLevel", "CodegenLevel", "Level", "PrecisionLevel", "ThreadsLevel", "TuneContext"]
