@@ -27,18 +27,9 @@ from ..table import graph_pass
 from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order, drop_dead_nodes
 
 QDQ_MEMBERS = ("dequantize", "quantize_dequantize", "quantize")
-"""Chain members that make a chain a quantized model's. A chain with one of them is joined from two
-steps on; a chain of float32 ops alone from :data:`MIN_FLOAT_CHAIN` on."""
-
-MIN_FLOAT_CHAIN = 3
-"""The fewest float32 steps a chain without Q/DQ members must have to be joined. Shorter float32
-runs (a broadcast add, a pair left after the post-op fusions) stay with the oneDNN binary / eltwise
-kernels, which read blocked layouts as they are; the chain reads every operand plain, so a chain
-over a blocked conv output can cost a reorder in and out, two passes, which three or more joined
-steps (two or more passes saved) pay for. What this joins in a float model: ConvNeXt-V2's Global
-Response Normalization tail ``gamma * (x * Nx) + beta + x`` over ``[N, H, W, C]`` with ``Nx``,
-``gamma`` and ``beta`` of shape ``[1, 1, 1, C]`` (issue 39 item 7): four passes over the
-activations, each reading one or two full tensors, become one."""
+"""Chain members that make a chain a quantized model's: a chain of float32 ops alone (a float model's
+GELU, a broadcast add) is left to the oneDNN binary / eltwise kernels and their post-op fusions,
+which the float32 benchmarks were measured with."""
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 """The binary algorithms a chain computes (the ``binary`` node's ``algorithm``)."""
@@ -189,9 +180,8 @@ def fuse_elementwise_chains(graph) -> None:
     a last ``quantize``, ``binary`` add / sub / mul / div of same-shape, one-element constant or
     whole-repeating (:func:`repeats_over`) operands, ``unary`` erf) into one ``elementwise_chain`` node computing the same bits in one
     pass over the data (see the module docstring). Runs after :func:`.qdq.fuse_int8_anchors` and
-    :func:`.qdq.fuse_quantize_dequantize`, which take the Q/DQ nodes they can make int8 first. Chains
-    with a Q/DQ member (:data:`QDQ_MEMBERS`) are joined from two nodes on, float32-only chains from
-    :data:`MIN_FLOAT_CHAIN` on."""
+    :func:`.qdq.fuse_quantize_dequantize`, which take the Q/DQ nodes they can make int8 first. Only
+    chains with a Q/DQ member (:data:`QDQ_MEMBERS`) are joined."""
     assigned: set[int] = set()
     chains = []
     scalars = scalar_constants(graph)
@@ -200,9 +190,8 @@ def fuse_elementwise_chains(graph) -> None:
             continue
         members = _grow(graph, node, assigned, scalars)
         assigned.update(id(n) for n in members)
-        quantized = any(n.op in QDQ_MEMBERS for n in members)
-        least = 2 if quantized else MIN_FLOAT_CHAIN  # short float32-only chains keep oneDNN's kernels
-        if len(members) >= least and any(n.op not in ("dequantize", "quantize") for n in members):
+        quantized = any(n.op in QDQ_MEMBERS for n in members)  # float32-only chains keep oneDNN's kernels
+        if len(members) >= 2 and quantized and any(n.op not in ("dequantize", "quantize") for n in members):
             chains.append(members)
     for members in chains:
         inputs, attrs = _program(graph, members, scalars)
