@@ -29,7 +29,12 @@ from .qdq import QUANTIZED_DTYPES, per_tensor_qparams, restore_order, drop_dead_
 QDQ_MEMBERS = ("dequantize", "quantize_dequantize", "quantize")
 """Chain members that make a chain a quantized model's: a chain of float32 ops alone (a float model's
 GELU, a broadcast add) is left to the oneDNN binary / eltwise kernels and their post-op fusions,
-which the float32 benchmarks were measured with."""
+which the float32 benchmarks were measured with. Measured (session 9, loaded 2-core Skylake-SP,
+interleaved calls): ConvNeXt-V2's GRN tail ``gamma * (x * Nx) + beta + x`` over ``[1, 56, 56, 96]``
+with ``[1, 1, 1, C]`` operands took 2-4x the time as one chain as it did as four oneDNN binaries
+(6.1 against 1.5 ms and 11.2 against 5.6 ms in two runs; 2x at 28x28x192 and 14x14x384, bench/ZOO.md
+"session 9"): the chain's per-block copies of the operands read modulo their size cost more than
+the passes it saves, so float32-only chains stay unjoined."""
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 """The binary algorithms a chain computes (the ``binary`` node's ``algorithm``)."""

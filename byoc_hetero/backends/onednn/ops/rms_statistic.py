@@ -99,6 +99,22 @@ def _fold_normalize(graph: RegionGraph, reduce: Node) -> None:
 
 
 @graph_pass
+def drop_abs_before_square(graph: RegionGraph) -> None:
+    """An ``eltwise abs`` whose only reader is an ``eltwise square`` is dropped: the square reads the
+    abs's operand (``|x|² = x²``, the same bits). ``torch.linalg.vector_norm`` (ConvNeXt-V2's Global
+    Response Normalization, issue 39 item 7) reaches the region as abs, square, sum, sqrt: the abs
+    was a pass over the whole activation tensor, writing a second one, that changes nothing. Runs
+    before :func:`fuse_rms_statistics`, whose mean of a square then sees the square directly."""
+    producers = graph.producers()
+    for square in [n for n in graph.nodes if n.op == "eltwise" and n.attrs.get("algorithm") == "square"]:
+        abs_node = producers.get(square.inputs[0])
+        if (abs_node is not None and abs_node.op == "eltwise" and abs_node.attrs.get("algorithm") == "abs"
+                and _only_reader(graph, abs_node.output) is square):
+            square.inputs[0] = abs_node.inputs[0]
+            graph.nodes[:] = [m for m in graph.nodes if m is not abs_node]
+
+
+@graph_pass
 def fuse_rms_statistics(graph: RegionGraph) -> None:
     """Square, mean, ``+ eps``, ``sqrt`` / ``rsqrt`` / ``1 / (.)`` and the product with the data over
     one tensor as one ``reduce`` node (see the module doc)."""
