@@ -37,7 +37,7 @@ def test_pipeline_order_is_pinned():
         "onnx:matmul_nbits", "onnx:dequantized_pad_values", "onnx:gather_before_dequantize", "onnx:shape_initializers_as_constants", "onnx:explicit_same_pads",
         "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:scalar_reshapes", "onnx:drop_identity_expands",
         "onnx:ranges_from_dims", "onnx:resolve_shape_tensors", "onnx:bound_assumed_slices", "onnx:bool_arith", "onnx:checked_take",
-        "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
+        "torch:float_ops_on_integers", "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "dynamic_quantize_per_reader", "fold_int_constants",
         "fold_weight_subgraphs", "drop_proven_index_checks", "fold_negative_indices", "drop_zero_pads", "drop_empty_operands",
         "compose_permutes", "matmul_repeated_heads", "combine_parallel_denses",
