@@ -56,6 +56,7 @@ from .fold_int_constants import fold_int_constants
 from .fold_negative_indices import fold_negative_indices
 from .fold_weight_subgraphs import fold_weight_subgraphs
 from .fold_zero_pads import fold_zero_pads
+from .gather_elements_as_take import gather_elements_as_take
 from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
@@ -170,6 +171,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
     # weight-only subgraphs (wav2vec2's weight norm) become constants once the weights are bound
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
+    # after the folding, which turns DeBERTa's relative-position indices into constants
+    Pass("gather_elements_as_take", "relax", _relax(gather_elements_as_take)),
     # after the folding, which turns computed indices (Swin's windows) into constants
     Pass("drop_proven_index_checks", "relax", _relax(drop_proven_index_checks)),
     # the same for the ONNX importer's Gather form, where(i < 0, i + n, i) between check and take
@@ -232,7 +235,7 @@ __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_EXPORTED", "TORCH_IMPORT", "Pass", "float_ops_on_integers", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
     "compose_permutes",
-    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]
