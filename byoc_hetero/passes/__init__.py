@@ -50,6 +50,7 @@ from .drop_identity_expands import drop_identity_expands
 from .drop_proven_index_checks import drop_proven_index_checks
 from .drop_zero_pads import drop_zero_pads
 from .dynamic_quantize_linear import dynamic_quantize_linear
+from .einsum_as_matmul import einsum_as_matmul
 from .explicit_same_pads import explicit_same_pads
 from .float_ops_on_integers import float_ops_on_integers
 from .fold_int_constants import fold_int_constants
@@ -133,6 +134,8 @@ ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("explicit_same_pads", "onnx", explicit_same_pads),
     Pass("fold_zero_pads", "onnx", fold_zero_pads),
     Pass("dynamic_quantize_linear", "onnx", dynamic_quantize_linear),
+    # MaxViT's attention products: a TIR function on llvm as Einsum, a MatMul the rules take
+    Pass("einsum_as_matmul", "onnx", einsum_as_matmul),
     # symbolic sequence dims (the default exporter's shape arithmetic): forms TVM's importer reads
     Pass("scalar_reshapes", "onnx", scalar_reshapes),
     Pass("drop_identity_expands", "onnx", drop_identity_expands),
@@ -235,7 +238,7 @@ __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_EXPORTED", "TORCH_IMPORT", "Pass", "float_ops_on_integers", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
     "compose_permutes",
-    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "einsum_as_matmul", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]
