@@ -210,3 +210,17 @@ def test_maxvit_block_and_grid_attention_are_one_region(maxvit, path, tmp_path):
     part = one_region(model, (x,), path, tmp_path)
     got = run(build(part), [x.numpy()])
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_onnx_tile_by_ones_is_an_identity():
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    reps = helper.make_tensor("reps", TensorProto.INT64, [2], [1, 1])
+    grow = helper.make_tensor("grow", TensorProto.INT64, [2], [1, 2])
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "reps"], ["y"]), helper.make_node("Tile", ["y", "grow"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 6])], initializer=[reps, grow])
+    out = passes.drop_identity_expands(helper.make_model(graph))
+    assert [n.op_type for n in out.graph.node] == ["Identity", "Tile"]
