@@ -41,7 +41,7 @@ _UNARY = {
     "relax.logical_not": np.logical_not, "relax.bitwise_not": np.invert, "relax.negative": np.negative,
     "relax.abs": np.abs, "relax.sign": np.sign,
     # float steps of position bucketing (DeBERTa-v2's log buckets)
-    "relax.log": np.log, "relax.ceil": np.ceil, "relax.floor": np.floor, "relax.round": np.round,
+    "relax.log": np.log, "relax.ceil": np.ceil, "relax.floor": np.floor,
     "relax.sqrt": np.sqrt, "relax.exp": np.exp,
 }
 
