@@ -43,6 +43,8 @@ _UNARY = {
     # float steps of position bucketing (DeBERTa-v2's log buckets)
     "relax.log": np.log, "relax.ceil": np.ceil, "relax.floor": np.floor,
     "relax.sqrt": np.sqrt, "relax.exp": np.exp,
+    # the default exporter's guard before a float -> int cast: where(not isfinite(x), 0, x)
+    "relax.isfinite": np.isfinite, "relax.isnan": np.isnan, "relax.isinf": np.isinf,
 }
 
 
