@@ -21,7 +21,7 @@ import tvm
 
 from .errors import FrontendError, ModelFileError, UnsupportedModelError, first_line
 from .inputs import DimRanges, with_dim_ranges
-from .passes import ONNX_IMPORT, ONNX_IMPORTED, TORCH_IMPORT, run_passes
+from .passes import ONNX_IMPORT, ONNX_IMPORTED, TORCH_EXPORTED, TORCH_IMPORT, run_passes
 from .qdq_checks import check_onnx as check_onnx_qdq
 
 __all__ = ["FrontendError", "ModelFileError", "Params", "UnsupportedModelError", "from_onnx", "from_torch"]
@@ -219,6 +219,17 @@ def _fold_with_onnxruntime(model: Any) -> Any | None:
     return folded
 
 
+def _has_sparse_tensors(exported: Any) -> bool:
+    """Whether a weight, buffer or constant of ``exported`` is a sparse tensor (not decomposed)."""
+    import itertools
+
+    import torch
+
+    values = itertools.chain((t for _, t in exported.named_parameters()), (t for _, t in exported.named_buffers()),
+                             exported.constants.values())
+    return any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in values)
+
+
 def from_torch(module: Any, example_inputs: Sequence[Any],
                dynamic_shapes: Any = None) -> tuple[tvm.IRModule, Params]:
     """Import a ``torch.nn.Module`` through ``torch.export`` (inputs shaped like ``example_inputs``).
@@ -243,7 +254,10 @@ def from_torch(module: Any, example_inputs: Sequence[Any],
         raise UnsupportedModelError(f"torch.export cannot export this PyTorch module {what}: "
                                     f"{first_line(err)}") from err
     try:
-        mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+        if not _has_sparse_tensors(exported):  # TVM's importer leaves those undecomposed too
+            exported = run_passes(TORCH_EXPORTED, exported.run_decompositions())
+        mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True,
+                                    run_ep_decomposition=False)
     except Exception as err:  # noqa: BLE001
         raise UnsupportedModelError(f"TVM cannot import this PyTorch module: {first_line(err)}") from err
     num_inputs = int(mod["main"].attrs["num_input"]) if "num_input" in mod["main"].attrs else len(inputs)

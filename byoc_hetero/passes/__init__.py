@@ -7,7 +7,8 @@ where                  passes, in run order
 =====================  =======================================================================
 ``from_onnx``          :data:`ONNX_IMPORT` on the ONNX protobuf, before TVM's importer, then
                        :data:`ONNX_IMPORTED` on the imported Relax module
-``from_torch``         :data:`TORCH_IMPORT` on the imported Relax module
+``from_torch``         :data:`TORCH_EXPORTED` on the decomposed ``torch.export`` program, before
+                       TVM's importer, then :data:`TORCH_IMPORT` on the imported Relax module
 ``partition``          :data:`BEFORE_STAGES` after the weights are bound
 MergeComposite         :data:`BEFORE_FUSION`, then FuseOpsByPattern over the pattern rules
 AnnotateTarget         FuseOpsByPattern over the op rules, then each composite marked with its
@@ -50,11 +51,14 @@ from .drop_identity_expands import drop_identity_expands
 from .drop_proven_index_checks import drop_proven_index_checks
 from .drop_zero_pads import drop_zero_pads
 from .dynamic_quantize_linear import dynamic_quantize_linear
+from .einsum_as_matmul import einsum_as_matmul
 from .explicit_same_pads import explicit_same_pads
+from .float_ops_on_integers import float_ops_on_integers
 from .fold_int_constants import fold_int_constants
 from .fold_negative_indices import fold_negative_indices
 from .fold_weight_subgraphs import fold_weight_subgraphs
 from .fold_zero_pads import fold_zero_pads
+from .gather_elements_as_take import gather_elements_as_take
 from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
@@ -75,8 +79,8 @@ from .shorten_region_names import MAX_REGION_NAME, shorten_region_names
 class Pass:
     """One rewrite of the pipeline: its name, what it works on, and the function.
 
-    ``level`` is ``"onnx"`` (an ``onnx.ModelProto`` in, one out) or ``"relax"`` (an IRModule in,
-    one out). ``run(x, **context)`` takes the context the caller has (``shape`` for the ONNX
+    ``level`` is ``"onnx"`` (an ``onnx.ModelProto`` in, one out), ``"torch"`` (a decomposed
+    ``torch.export.ExportedProgram`` in, one out) or ``"relax"`` (an IRModule in, one out). ``run(x, **context)`` takes the context the caller has (``shape`` for the ONNX
     passes) and ignores the rest.
     """
 
@@ -133,6 +137,8 @@ ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("dynamic_quantize_linear", "onnx", dynamic_quantize_linear),
     # after dynamic_quantize_linear: a ConvInteger's source is then a QuantizeLinear whose scale it finds
     Pass("conv_integer_qdq", "onnx", conv_integer_qdq),
+    # MaxViT's attention products: a TIR function on llvm as Einsum, a MatMul the rules take
+    Pass("einsum_as_matmul", "onnx", einsum_as_matmul),
     # symbolic sequence dims (the default exporter's shape arithmetic): forms TVM's importer reads
     Pass("scalar_reshapes", "onnx", scalar_reshapes),
     Pass("drop_identity_expands", "onnx", drop_identity_expands),
@@ -148,6 +154,12 @@ ONNX_IMPORTED: tuple[Pass, ...] = (
     Pass("checked_take", "relax", _relax(checked_take)),
 )
 """Rewrites of the module TVM's ONNX importer made (``bh.from_onnx``)."""
+
+TORCH_EXPORTED: tuple[Pass, ...] = (
+    # torch's int -> float promotion (true division, log of int64 positions), which TVM's importer skips
+    Pass("float_ops_on_integers", "torch", float_ops_on_integers),
+)
+"""Edits of the decomposed ``torch.export`` program before TVM imports it (``bh.from_torch``)."""
 
 TORCH_IMPORT: tuple[Pass, ...] = (
     Pass("nonempty_dims", "relax", _relax(nonempty_dims)),
@@ -165,6 +177,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
     # weight-only subgraphs (wav2vec2's weight norm) become constants once the weights are bound
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
+    # after the folding, which turns DeBERTa's relative-position indices into constants
+    Pass("gather_elements_as_take", "relax", _relax(gather_elements_as_take)),
     # after the folding, which turns computed indices (Swin's windows) into constants
     Pass("drop_proven_index_checks", "relax", _relax(drop_proven_index_checks)),
     # the same for the ONNX importer's Gather form, where(i < 0, i + n, i) between check and take
@@ -214,7 +228,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
     names = [get_target(t).name for t in (targets or [default_target()])]
     region = [f"{n}:{p}" for n in names for p, _ in get_target(n).graph_passes()]
     return ([f"onnx:{p.name}" for p in ONNX_IMPORT] + [f"onnx:{p.name}" for p in ONNX_IMPORTED]
-            + [f"torch:{p.name}" for p in TORCH_IMPORT]
+            + [f"torch:{p.name}" for p in TORCH_EXPORTED + TORCH_IMPORT]
             + [p.name for p in BEFORE_STAGES]
             + ["[MergeComposite]", *(p.name for p in BEFORE_FUSION), "fuse_pattern_rules",
                "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
@@ -225,9 +239,9 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_IMPORT", "Pass", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
+    "TORCH_EXPORTED", "TORCH_IMPORT", "Pass", "float_ops_on_integers", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
     "compose_permutes", "conv_integer_qdq",
-    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize",
+    "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "einsum_as_matmul", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names",
 ]

@@ -12,7 +12,7 @@ from ._ir import map_calls
 
 def drop_needless_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
     """Broadcasts that copy for nothing go: ``broadcast_to(x, s)`` where ``s`` is ``x``'s own shape
-    becomes ``x``.
+    becomes ``x``, and so does ``tile(x, [1, ...])`` (no more repeats than ``x`` has dims).
 
     torch.export writes one before each batched matmul operand (``expand``). With symbolic dims it
     harms: as a composite of its own, FuseOpsByPattern passes ``s`` in as a parameter, and
@@ -28,6 +28,10 @@ def drop_needless_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
     dynamic batch: the broadcast stayed on llvm and split the model into regions).
     """
     def drop(_var, call):
+        if op_name(call) == "relax.tile":  # repeats of 1 (torch's x.repeat(1, 1, 1): DeBERTa-v2)
+            reps = [int(r) for r in call.attrs.repeats]
+            rank = call.args[0].ty.ndim if isinstance(call.args[0].ty, relax.TensorType) else -1
+            return call.args[0] if reps and all(r == 1 for r in reps) and len(reps) <= rank else None
         if op_name(call) != "relax.broadcast_to":
             return None
         data, shape = call.args

@@ -8,8 +8,13 @@ frontend writes position ids and causal masks as ``arange``, ``expand_dims``, ``
 on llvm, and where it read a region's output (``shape_of``) it split the model into two regions.
 
 This pass evaluates such bindings with numpy, replaces their uses by constants and leaves the
-rest alone. It touches only bindings whose result is an integer or bool tensor (or a shape) of at
-most :data:`MAX_ELEMENTS` elements: weights are never folded (TVM's ``FoldConstant`` would also fold
+rest alone. It replaces only bindings whose result is an integer or bool tensor (or a shape) of at
+most :data:`MAX_ELEMENTS` elements. Small float steps between such bindings are evaluated too but
+not replaced: DeBERTa-v2's relative positions are int64 ``arange`` differences bucketed through
+float ``log`` / ``ceil`` / ``where`` and cast back to int64 (issue 39), its attention mask a float
+``ones`` cast to bool; the int64 positions and the bool mask become constants, and the float steps
+between, read by nothing else, go with the dead code. Float steps that are never cast back are
+:mod:`.fold_weight_subgraphs`' job. weights are never folded (TVM's ``FoldConstant`` would also fold
 the transposes of every weight, measured 37 s on BERT-base, and change the layouts the rules see).
 """
 
@@ -29,7 +34,17 @@ _BINARY = {
     "relax.logical_and": np.logical_and, "relax.logical_or": np.logical_or,
     "relax.bitwise_and": np.bitwise_and, "relax.bitwise_or": np.bitwise_or,
     # index arithmetic (torch.roll's indices in Swin's cyclic shift: (arange + shift) mod n)
-    "relax.floor_mod": np.mod, "relax.mod": np.fmod,
+    "relax.floor_mod": np.mod, "relax.mod": np.fmod, "relax.floor_divide": np.floor_divide,
+    "relax.maximum": np.maximum, "relax.minimum": np.minimum,
+}
+_UNARY = {
+    "relax.logical_not": np.logical_not, "relax.bitwise_not": np.invert, "relax.negative": np.negative,
+    "relax.abs": np.abs, "relax.sign": np.sign,
+    # float steps of position bucketing (DeBERTa-v2's log buckets)
+    "relax.log": np.log, "relax.ceil": np.ceil, "relax.floor": np.floor,
+    "relax.sqrt": np.sqrt, "relax.exp": np.exp,
+    # the default exporter's guard before a float -> int cast: where(not isfinite(x), 0, x)
+    "relax.isfinite": np.isfinite, "relax.isnan": np.isnan, "relax.isinf": np.isinf,
 }
 
 
@@ -62,7 +77,17 @@ class _Evaluator:
             return _int(expr)  # a PrimValue (an IntImm here)
         if isinstance(expr, tvm.ir.Constant) and hasattr(expr, "data"):
             return expr.data.numpy()
+        if isinstance(expr, tvm.tirx.FloatImm):
+            return float(expr.value)  # clip's float bounds
         return None
+
+    def strided_slice(self, call: relax.Call):
+        """``strided_slice(x, axes, begin, end[, strides])`` of a known ``x`` with constant bounds."""
+        data = self.value(call.args[0])
+        bounds = [_ints(a.fields) if isinstance(a, relax.Tuple) else None for a in call.args[1:]]
+        if data is None or any(b is None for b in bounds) or len(bounds) < 3:
+            return None
+        return _strided_slice(np.asarray(data), *bounds)
 
     def call(self, call: relax.Call):  # noqa: C901 - one branch per op, each a line or two
         op = call.op.name if isinstance(call.op, tvm.ir.Op) else None
@@ -77,6 +102,8 @@ class _Evaluator:
             if any(not isinstance(b, int) for b in bounds):
                 return None
             return np.arange(*bounds, dtype=str(call.attrs.dtype))
+        if op == "relax.strided_slice":
+            return self.strided_slice(call)
         args = [self.value(a) for a in call.args]
         if any(a is None for a in args):
             return None
@@ -84,8 +111,14 @@ class _Evaluator:
             return np.array(args[0], dtype="int64")
         if op in _BINARY:
             return _BINARY[op](np.asarray(args[0]), np.asarray(args[1]))
-        if op == "relax.logical_not":
-            return np.logical_not(args[0])
+        if op in _UNARY:
+            return _UNARY[op](np.asarray(args[0]))
+        if op == "relax.divide" and str(getattr(call.ty, "dtype", "")).startswith("float"):
+            return np.true_divide(args[0], args[1])  # integer division's rounding is the op's to define
+        if op == "relax.clip":
+            return np.clip(args[0], args[1], args[2])
+        if op in ("relax.ones", "relax.zeros") and isinstance(args[0], tuple):
+            return (np.ones if op == "relax.ones" else np.zeros)(args[0], dtype=str(call.attrs.dtype))
         if op == "relax.where":
             return np.where(args[0], args[1], args[2])
         if op == "relax.astype":
@@ -97,6 +130,12 @@ class _Evaluator:
             return np.ascontiguousarray(fn(args[0], args[1]))
         if op == "relax.expand_dims":
             return np.expand_dims(args[0], tuple(int(a) for a in call.attrs.axis))
+        if op == "relax.squeeze":
+            axis = call.attrs.axis
+            return np.squeeze(args[0], None if axis is None else tuple(int(a) for a in axis))
+        if op == "relax.permute_dims":
+            axes = call.attrs.axes
+            return np.transpose(args[0], None if axes is None else [int(a) for a in axes])
         if op == "relax.take":
             table, axis = np.asarray(args[0]), call.attrs.axis
             axis = 0 if axis is None else int(axis)
@@ -107,11 +146,28 @@ class _Evaluator:
         return None
 
 
-def _foldable(var: relax.Var, value) -> bool:
+def _strided_slice(data: np.ndarray, axes, begin, end, strides) -> np.ndarray:
+    index = [slice(None)] * data.ndim
+    for axis, b, e, step in zip(axes, begin, end, strides or [1] * len(axes)):
+        index[axis] = slice(b, e, step)
+    return data[tuple(index)]
+
+
+def _small(var: relax.Var) -> bool:
+    """Whether ``var`` is not a tensor of more than :data:`MAX_ELEMENTS` elements (as far as known)."""
+    shape = getattr(var.ty, "shape", None) if isinstance(var.ty, relax.TensorType) else None
+    dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
+    return dims is None or int(np.prod(dims)) <= MAX_ELEMENTS
+
+
+def _foldable(var: relax.Var, value, floats: bool = False) -> bool:
+    """Whether ``value`` may stand for ``var``: a small tensor of ``var``'s static shape, of an integer
+    or bool dtype (``floats``: or a float one)."""
     if not isinstance(value, np.ndarray) or not isinstance(var.ty, relax.TensorType):
         return False
     dtype = str(var.ty.dtype)
-    if not (dtype.startswith(("int", "uint")) or dtype == "bool") or value.size > MAX_ELEMENTS:
+    kinds = ("int", "uint", "bool", "float") if floats else ("int", "uint", "bool")
+    if not dtype.startswith(kinds) or value.size > MAX_ELEMENTS:
         return False
     shape = getattr(var.ty, "shape", None)
     dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
@@ -143,20 +199,23 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     table: dict[relax.Var, relax.Expr] = {}
     for block in fn.body.blocks:
         for binding in block.bindings:
-            if not isinstance(getattr(binding, "value", None), relax.Call):
-                continue  # match_cast and the like
+            if not isinstance(getattr(binding, "value", None), relax.Call) or not _small(binding.var):
+                continue  # match_cast and the like; a large result (a weight's) is never evaluated
             try:
-                value = ev.call(binding.value)
+                with np.errstate(all="ignore"):  # log(0) is -inf here as in the op
+                    value = ev.call(binding.value)
             except (ValueError, TypeError, IndexError):
                 value = None  # numpy disagrees with the op's reading of its arguments: leave it
             if value is None:
                 continue
             if isinstance(value, tuple):
                 ev.known[binding.var] = value
-            elif _foldable(binding.var, np.asarray(value)):
+            elif _foldable(binding.var, np.asarray(value), floats=True):
+                # each step rounded to its declared dtype (float32 math, as the op computes it)
                 value = np.asarray(value).astype(str(binding.var.ty.dtype))
                 ev.known[binding.var] = value
-                table[binding.var] = relax.const(value, str(binding.var.ty.dtype))
+                if _foldable(binding.var, value):
+                    table[binding.var] = relax.const(value, str(binding.var.ty.dtype))
     if not table:
         return mod
     new_fn = Substitute(table, mod).visit_expr(fn)

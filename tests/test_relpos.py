@@ -1,0 +1,228 @@
+"""Relative-position attention (issue 39 items 2 and 4): DeBERTa-v2's disentangled attention and
+MaxViT's relative position bias, through ``bh.from_torch`` and ``bh.from_onnx`` (torch's default
+exporter), against torch; and the pieces that make them one region, each on a small graph against
+numpy or the llvm-only build: torch's int -> float promotion at import
+(:mod:`byoc_hetero.passes.float_ops_on_integers`), position bucketing folded to constants
+(:mod:`byoc_hetero.passes.fold_int_constants`), ``gather_elements`` of constant indices as a ``take``
+(:mod:`byoc_hetero.passes.gather_elements_as_take`)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero import passes
+from byoc_hetero._relax import op_calls, op_name
+from byoc_hetero.passes.einsum_as_matmul import matmul_plan
+from byoc_hetero.timing import build, run
+from model_paths import first_output, import_model, one_region
+
+torch = pytest.importorskip("torch")
+for _name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    # torchvision (imported by transformers too) without its C++ operators: bench/zoo_models.py says why
+    sys.modules.setdefault(_name, types.ModuleType(_name))
+
+
+def _module(params, body):
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _ops(mod) -> list[str]:
+    return [op_name(c) for c in op_calls(mod["main"])]
+
+
+# -- the pieces ------------------------------------------------------------------------------------------
+class LogPositions(torch.nn.Module):
+    """Scales x by log((position + 1) / 2): true division and log of int64 positions (torch gives
+    float32; TVM's importer kept int64 and refused the log)."""
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[-1]) + 1
+        return x * torch.log(pos / 2) + torch.sqrt(pos)
+
+
+def test_float_ops_on_integers_match_torch():
+    model, x = LogPositions().eval(), torch.randn(2, 6)
+    mod, params = bh.from_torch(model, (x,))
+    got = run(build(bh.partition(mod, params, require_heavy_op=False)), [x.numpy()])
+    np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-5)  # float32 log, sqrt
+
+
+def test_fold_int_constants_through_float_steps():
+    """int64 positions bucketed through float log / ceil and cast back to int64 (DeBERTa-v2's
+    log buckets) fold to one constant index; the take reading it is all that is left."""
+    table = relax.Var("table", relax.TensorType([8, 3], "float32"))
+
+    def body(bb, table):
+        pos = bb.emit(relax.op.arange(1, 11, 1, dtype="int64"))
+        half = bb.emit(relax.op.divide(relax.op.astype(pos, "float32"), relax.const(2.0, "float32")))
+        bucket = bb.emit(relax.op.ceil(relax.op.log(half)))
+        bad = bb.emit(relax.op.logical_not(relax.op.isfinite(bucket)))  # the default exporter's guard
+        bucket = bb.emit(relax.op.where(bad, relax.const(0.0, "float32"), bucket))
+        ids = bb.emit(relax.op.clip(relax.op.astype(bucket, "int64"), 0, 7))
+        return relax.op.take(table, ids, axis=0)
+
+    mod = _module([table], body)
+    out = passes.fold_int_constants(mod)
+    assert _ops(out) == ["relax.take"], _ops(out)
+    want_ids = np.clip(np.ceil(np.log(np.arange(1, 11, dtype=np.float32) / np.float32(2))).astype(np.int64), 0, 7)
+    tv = np.random.default_rng(0).standard_normal((8, 3)).astype("float32")
+    np.testing.assert_array_equal(run(build(out), [tv]), tv[want_ids])
+
+
+@pytest.mark.parametrize(("shape", "index_shape", "axis", "shared"), [
+    ((2, 3, 5), (2, 3, 4), -1, False),   # a different index per batch row
+    ((2, 3, 5), (2, 3, 4), -1, True),    # one index broadcast over the batch (DeBERTa's heads)
+    ((4, 6, 3), (4, 2, 3), 1, False),    # along a middle axis, fewer rows than the data
+])
+def test_gather_elements_as_take_matches_llvm(shape, index_shape, axis, shared):
+    rng = np.random.default_rng(len(shape) + axis)
+    n = shape[axis]
+    index = rng.integers(0, n, index_shape if not shared else (1, *index_shape[1:]))
+    index = np.ascontiguousarray(np.broadcast_to(index, index_shape)).astype("int64")
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    mod = _module([x], lambda bb, x: relax.op.gather_elements(relax.op.multiply(x, x), relax.const(index), axis))
+    out = passes.gather_elements_as_take(mod)
+    assert "relax.gather_elements" not in _ops(out) and "relax.take" in _ops(out)
+    if shared:  # the constant offsets hold one copy, not one per batch row
+        (take,) = [c for c in op_calls(out["main"]) if op_name(c) == "relax.take"]
+        assert take.args[1].value.numpy().shape == index_shape[1:]
+    data = rng.standard_normal(shape).astype("float32")
+    want = np.take_along_axis(data * data, index, axis=axis)
+    np.testing.assert_array_equal(run(build(mod), [data]), want)
+    part = bh.partition(mod, require_heavy_op=False)
+    report = bh.report(part)
+    assert len(report.regions) == 1 and not report.fallbacks, report
+    np.testing.assert_allclose(run(build(part), [data]), want, rtol=1e-6)
+
+
+def test_gather_elements_out_of_range_is_left_alone():
+    x = relax.Var("x", relax.TensorType([2, 4], "float32"))
+    index = relax.const(np.array([[0, 4], [1, 2]], dtype="int64"))  # 4 is outside [0, 4)
+    mod = _module([x], lambda bb, x: relax.op.gather_elements(x, index, 1))
+    assert _ops(passes.gather_elements_as_take(mod)) == ["relax.gather_elements"]
+
+
+def test_identity_tile_is_dropped():
+    x = relax.Var("x", relax.TensorType([2, 3], "float32"))
+    mod = _module([x], lambda bb, x: relax.op.add(relax.op.tile(x, [1, 1]), x))
+    assert _ops(passes.drop_needless_broadcasts(mod)) == ["relax.add"]
+    grow = _module([x], lambda bb, x: relax.op.tile(x, [1, 1, 1]))  # a new leading dim: not an identity
+    assert _ops(passes.drop_needless_broadcasts(grow)) == ["relax.tile"]
+
+
+@pytest.mark.parametrize(("equation", "a_shape", "b_shape"), [
+    ("B G H I D, B G H J D -> B G H I J", (1, 2, 2, 4, 3), (1, 2, 2, 5, 3)),  # MaxViT's q @ k^T
+    ("bhij,bhjd->bhid", (2, 2, 4, 5), (2, 2, 5, 3)),                          # a plain batched matmul
+    ("bkm,bkn->bnm", (2, 3, 4), (2, 3, 5)),                                   # both operands and the result transposed
+])
+def test_einsum_as_matmul_matches_onnxruntime(equation, a_shape, b_shape):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)
+    out_shape = np.einsum(equation.replace(" ", ""), np.zeros(a_shape), np.zeros(b_shape)).shape
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape),
+                                            helper.make_tensor_value_info("b", TensorProto.FLOAT, b_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten = passes.einsum_as_matmul(model)
+    assert "Einsum" not in [n.op_type for n in rewritten.graph.node]
+    onnx.checker.check_model(rewritten)
+    rng = np.random.default_rng(len(equation))
+    feeds = {"a": rng.standard_normal(a_shape).astype("float32"), "b": rng.standard_normal(b_shape).astype("float32")}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_einsum_other_than_a_product_is_kept():
+    for equation in ("ij->ji", "bij,bjk,bkl->bil", "bij,bij->bij", "...ij,...jk->...ik", "bii,bij->bj"):
+        assert matmul_plan(equation) is None, equation
+
+
+# -- the models --------------------------------------------------------------------------------------------
+PATHS = ("from_torch", "from_onnx")
+#: what stays on llvm of DeBERTa: the token ids' bounds check before the embedding lookup (and through
+#: ONNX, Gather's wrap of negative ids, where(i < 0, i + n, i)) -- on the caller's ids, a few integer
+#: ops on [1, S], as for every text model
+IDS_OPS = {"call_tir byoc_hetero_check_indices", "astype", "reshape", "less", "add", "where"}
+
+
+@pytest.fixture(scope="module")
+def deberta():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DebertaV2Config(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        max_position_embeddings=64, relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
+        max_relative_positions=-1, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True)
+    torch.manual_seed(0)
+    model = first_output(transformers.DebertaV2Model(config).eval(), return_dict=False)
+    ids = torch.randint(0, 100, (1, 12))  # > position_buckets: the log buckets are used
+    with torch.no_grad():
+        return model, ids, model(ids).numpy()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_deberta_v2_is_one_region(deberta, path, tmp_path):
+    model, ids, want = deberta
+    mod, params = import_model(model, (ids,), path, tmp_path)
+    part = bh.partition(mod, params)
+    report = bh.report(part)
+    assert len(report.regions) == 1, report
+    assert "gather_elements" not in str(part) and "relax.log" not in str(part)
+    left = {str(f.op) for f in report.fallbacks}
+    assert left <= IDS_OPS, report
+    got = run(build(part), [ids.numpy()])
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+@pytest.fixture(scope="module")
+def maxvit():
+    pytest.importorskip("torchvision")
+    from torchvision.models.maxvit import MaxVit
+
+    torch.manual_seed(0)
+    model = MaxVit(input_size=(32, 32), stem_channels=8, partition_size=4, block_channels=[16], block_layers=[1],
+                   head_dim=8, stochastic_depth_prob=0.0, num_classes=5).eval()
+    with torch.no_grad():  # a relative position bias table that matters (it starts near 0)
+        for m in model.modules():
+            if hasattr(m, "relative_position_bias_table"):
+                m.relative_position_bias_table.normal_(std=1.0)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        return model, x, model(x).numpy()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_maxvit_block_and_grid_attention_are_one_region(maxvit, path, tmp_path):
+    model, x, want = maxvit
+    part = one_region(model, (x,), path, tmp_path)
+    got = run(build(part), [x.numpy()])
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_onnx_tile_by_ones_is_an_identity():
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    reps = helper.make_tensor("reps", TensorProto.INT64, [2], [1, 1])
+    grow = helper.make_tensor("grow", TensorProto.INT64, [2], [1, 2])
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "reps"], ["y"]), helper.make_node("Tile", ["y", "grow"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 6])], initializer=[reps, grow])
+    out = passes.drop_identity_expands(helper.make_model(graph))
+    assert [n.op_type for n in out.graph.node] == ["Identity", "Tile"]
