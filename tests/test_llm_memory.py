@@ -8,9 +8,10 @@ growth of the resident size from before the build to after the generation is com
 weight bytes; the tokens with transformers' greedy ``generate`` (the reference).
 
 What the growth holds: the constants TVM's loader keeps (1x the weights), the prepared weights
-(the layouts the plans read: one per dense and plan kind, weights.h) and the code. Before session 9
-it was about 6x the weights (the contention plans kept prepared weights of their own, and the
-RMSNorm-folded intermediates and the embedding's plain copy stayed after __init_).
+(the layouts the plans read: one per dense and plan kind, weights.h), and what the build leaves
+(code, about 100 MiB whatever the model, so the ratio is larger at this size than at SmolLM's).
+Before session 9 it was 6.6x the weights (the contention plans kept prepared weights of their own,
+and the RMSNorm-folded intermediates and the embedding's plain copy stayed after __init_); 4.5x after.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def test_generation_memory_stays_near_the_weights():
     weights = out["weights"]
     assert 60 * 2**20 < weights < 70 * 2**20
     # one prepared copy per dense layout: the decode plans' (shared by the 1-thread plans) and the
-    # 2-thread prefill's inner-product layout, each at most the weights
-    assert out["prepared"] <= 2.1 * weights, out
-    # constants (1x) + prepared weights (<= 2.1x) + KV cache, code and plans
-    assert out["growth"] <= 3.6 * weights, out
+    # 2-thread prefill's inner-product layout of the layers' denses; the embedding read in place.
+    # Session 9: 1.75x the weights (before: 2.75x in the module's own store, the contention plans' aside)
+    assert out["prepared"] <= 1.9 * weights, out
+    # constants (1x) + prepared weights + the build's code and plans. Session 9: 4.5x (before: 6.6x)
+    assert out["growth"] <= 5.0 * weights, out
