@@ -49,13 +49,13 @@ void SetPlanCacheLimit(int n) {
   PlanCacheLimitRef() = n;
 }
 
-CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads)
+CompiledRegion::CompiledRegion(const RegionGraph& graph, int threads, std::shared_ptr<PreparedWeights> weights)
     : graph_(graph), where_(graph.where()), symbol_(graph.symbol), threads_(std::max(1, threads)),
-      max_bytes_(PhysicalMemoryBytes()) {
-  ready_ = graph.constants.empty();
-  if (!graph.symbolic()) {
-    cache_.push_front(MakeEntry({}, PlanFor({})));
-  }
+      max_bytes_(PhysicalMemoryBytes()), weights_(std::move(weights)) {
+  std::shared_ptr<const Plan> plan = graph.symbolic() ? nullptr : PlanFor({});  // planning reads only the graph
+  std::unique_lock<std::shared_mutex> lock(weights_->mutex());
+  if (graph.constants.empty()) weights_->set_ready(true);
+  if (plan) cache_.push_front(MakeEntry({}, std::move(plan)));
 }
 
 std::shared_ptr<const Plan> CompiledRegion::PlanFor(const std::vector<std::vector<int64_t>>& shapes,
@@ -73,7 +73,7 @@ std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(const std::vect
                                                                  std::shared_ptr<const Plan> plan) {
   auto entry = std::make_shared<Entry>();
   entry->key = key;
-  std::vector<void*> weights = weights_.Reserve(*plan);  // the caller holds consts_mu_ exclusively
+  std::vector<void*> weights = weights_->Reserve(*plan);  // the caller holds the weights' mutex exclusively
   entry->executor = std::make_shared<Executor>(std::move(plan), engine_, std::move(weights));
   entry->executor->SetProfiling(profiling_);
   ++plans_made_;
@@ -81,22 +81,19 @@ std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(const std::vect
 }
 
 void CompiledRegion::Fill(Entry& entry) {
-  if (!constants_.empty() || graph_.constants.empty()) {
-    entry.executor->FillWeights(weights_, constants_);
+  if (!weights_->constants().empty() || graph_.constants.empty()) {
+    entry.executor->FillWeights(*weights_);
   }
-  entry.generation = generation_;
+  entry.generation = weights_->generation();
 }
 
 void CompiledRegion::LoadConstants(const std::vector<const void*>& data, std::shared_ptr<const void> keep_alive) {
-  std::unique_lock<std::shared_mutex> lock(consts_mu_);
-  ready_ = false;
-  weights_.Invalidate();
-  constants_ = data;
-  constants_owner_ = std::move(keep_alive);
-  ++generation_;
+  std::unique_lock<std::shared_mutex> lock(weights_->mutex());
+  weights_->set_ready(false);
+  weights_->SetConstants(data, std::move(keep_alive));
   std::lock_guard<std::mutex> cache_lock(cache_mu_);
   for (const auto& entry : cache_) Fill(*entry);
-  ready_ = true;
+  weights_->set_ready(true);
 }
 
 std::shared_ptr<CompiledRegion::Entry> CompiledRegion::Find(const std::vector<int64_t>& key) {
@@ -141,8 +138,8 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
     // Shapes equal to the last call's bind the same symbols (binding is a function of the
     // shapes), so that call's checks and plan hold: one compare instead of binding and search.
     if (std::shared_ptr<Entry> hit = LastFor(arg_shapes)) {
-      std::shared_lock<std::shared_mutex> lock(consts_mu_);
-      if (ready_ && hit->generation == generation_) {
+      std::shared_lock<std::shared_mutex> lock(weights_->mutex());
+      if (weights_->ready() && hit->generation == weights_->generation()) {
         hit->executor->Run(buffers);
         return;
       }
@@ -151,15 +148,15 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
   const std::vector<int64_t> key = graph_.symbolic() ? graph_.BindSymbols(arg_shapes) : std::vector<int64_t>{};
   for (;;) {
     {
-      std::shared_lock<std::shared_mutex> lock(consts_mu_);
-      if (!ready_) {
+      std::shared_lock<std::shared_mutex> lock(weights_->mutex());
+      if (!weights_->ready()) {
         TVM_FFI_THROW(RuntimeError) << where_ << ": the region has " << graph_.constants.size()
                                     << " constants but __init_" << symbol_
                                     << " was never called (or failed); initialize the module with "
                                        "its constants before running it";
       }
       std::shared_ptr<Entry> entry = Find(key);
-      if (entry && entry->generation == generation_) {
+      if (entry && entry->generation == weights_->generation()) {
         if (graph_.symbolic()) Remember(arg_shapes, entry);
         entry->executor->Run(buffers);
         return;
@@ -172,7 +169,7 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
     if (!Find(key)) {
       plan = PlanFor(arg_shapes, /*with_output_shapes=*/true);  // an output may bind a symbol
     }
-    std::unique_lock<std::shared_mutex> lock(consts_mu_);
+    std::unique_lock<std::shared_mutex> lock(weights_->mutex());
     std::shared_ptr<Entry> entry = Find(key);
     if (!entry) {
       if (!plan) continue;  // evicted meanwhile: plan again
@@ -188,7 +185,7 @@ void CompiledRegion::Execute(const std::vector<void*>& buffers,
       }
       entry = made;
     }
-    if (entry->generation != generation_) Fill(*entry);
+    if (entry->generation != weights_->generation()) Fill(*entry);
   }
 }
 
@@ -205,7 +202,10 @@ int CompiledRegion::contexts() const {
   return n;
 }
 
-int64_t CompiledRegion::shared_bytes() const { return weights_.bytes(); }
+int64_t CompiledRegion::shared_bytes() const {
+  std::shared_lock<std::shared_mutex> lock(weights_->mutex());
+  return weights_->bytes();
+}
 
 int64_t CompiledRegion::context_bytes() const {
   std::lock_guard<std::mutex> lock(cache_mu_);

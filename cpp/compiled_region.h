@@ -7,13 +7,14 @@
  * fails at creation).  A region with symbolic dims (docs/region-format.md, "Symbolic shapes") is
  * planned on the first call at each new binding of its symbols; the plans live in a
  * least-recently-used cache of at most PlanCacheLimit() entries (BYOC_HETERO_PLAN_CACHE, default
- * 8; _C.set_plan_cache_limit).  All plans read one PreparedWeights: a weight is prepared once per
- * (tensor, layout, transform), whatever the shapes, and a plan made later fills only the layouts
- * no earlier plan wanted, from the constants kept since __init_.
+ * 8; _C.set_plan_cache_limit).  All plans read one PreparedWeights, shared with the module's
+ * regions for fewer threads (region_module.cc): a weight is prepared once per (tensor, layout,
+ * transform), whatever the shapes and thread counts, and a plan made later fills only the layouts
+ * no earlier plan wanted, from the constants the store keeps since __init_.
  *
  * Concurrency: calls from several threads run at the same time (each in its own execution
  * context, executor.h); LoadConstants and the making of a new plan's weights wait for running
- * calls and hold new ones while they write the weights.
+ * calls (of every region sharing the weights) and hold new ones while they write the weights.
  */
 #ifndef BYOC_HETERO_COMPILED_REGION_H_
 #define BYOC_HETERO_COMPILED_REGION_H_
@@ -52,16 +53,20 @@ class CompiledRegion {
    * \throws tvm::ffi::Error: ValueError for attrs/shapes the ops reject, RuntimeError when
    *         oneDNN cannot create a primitive or memory runs out; messages name the region and node.
    */
-  CompiledRegion(const RegionGraph& graph, int threads);
+  CompiledRegion(const RegionGraph& graph, int threads,
+                 std::shared_ptr<PreparedWeights> weights = std::make_shared<PreparedWeights>());
 
   /*!
    * \brief Take new constants (the plain row-major float32 data of each graph.constants entry)
-   *        and fill the weights of every cached plan.  \p keep_alive owns the data: it is kept,
-   *        because plans made later prepare their weights from it.
+   *        and fill the weights of every cached plan.  \p keep_alive owns the data: the store
+   *        keeps it, because plans made later prepare their weights from it.  Another region
+   *        sharing the store fills its own plans' weights at its next call.
    */
   void LoadConstants(const std::vector<const void*>& data, std::shared_ptr<const void> keep_alive);
   /*! \brief True once LoadConstants succeeded, or when the region has no constants. */
-  bool ready() const { return ready_; }
+  bool ready() const { return weights_->ready(); }
+  /*! \brief The prepared weights (to share with a region of the same graph for fewer threads). */
+  const std::shared_ptr<PreparedWeights>& weights() const { return weights_; }
 
   /*!
    * \brief Run on the region inputs then outputs (plain float32, checked by the caller), whose
@@ -91,7 +96,7 @@ class CompiledRegion {
   struct Entry {
     std::vector<int64_t> key;  // symbol values (empty: the static plan)
     std::shared_ptr<Executor> executor;
-    int64_t generation = -1;   // constants generation its weights were filled for
+    int64_t generation = -1;   // the weights' generation (constants) it was filled for
   };
   std::shared_ptr<Entry> Find(const std::vector<int64_t>& key);
   /*! \brief The entry of the last call when \p arg_shapes are its shapes (else null). */
@@ -101,7 +106,7 @@ class CompiledRegion {
    *         (PlanRequest; InputError when the ops reject them). */
   std::shared_ptr<const Plan> PlanFor(const std::vector<std::vector<int64_t>>& shapes,
                                       bool with_output_shapes = false) const;
-  /*! \brief Reserve the plan's weights and make its executor (consts_mu_ held exclusively). */
+  /*! \brief Reserve the plan's weights and make its executor (the weights' mutex held exclusively). */
   std::shared_ptr<Entry> MakeEntry(const std::vector<int64_t>& key, std::shared_ptr<const Plan> plan);
   void Fill(Entry& entry);
 
@@ -111,11 +116,8 @@ class CompiledRegion {
   int threads_;
   int64_t max_bytes_;
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
-  PreparedWeights weights_;
-  std::vector<const void*> constants_;
-  std::shared_ptr<const void> constants_owner_;
-  int64_t generation_ = 0;          // bumped by LoadConstants
-  mutable std::mutex cache_mu_;     // guards cache_
+  std::shared_ptr<PreparedWeights> weights_;  // its mutex: shared by running calls, exclusive when writing
+  mutable std::mutex cache_mu_;     // guards cache_ (taken after the weights' mutex, never before)
   std::list<std::shared_ptr<Entry>> cache_;  // most recently used first
   // The last call's argument shapes (each rank, then its dims) and its entry: a call at the
   // same shapes (the common case: a model called at one size) skips binding the symbols and the
@@ -124,8 +126,6 @@ class CompiledRegion {
   std::shared_ptr<Entry> last_entry_;
   std::atomic<int64_t> plans_made_{0};
   std::atomic<bool> profiling_{false};
-  std::shared_mutex consts_mu_;  // shared: running calls; exclusive: writing the weights
-  std::atomic<bool> ready_{false};
 };
 
 }  // namespace byoc_hetero

@@ -60,7 +60,7 @@ Executor::Executor(std::shared_ptr<const Plan> plan, const dnnl::engine& engine,
   OmpThreadsScope omp(plan_->threads);
   GuardDnnl(plan_->where, "allocate buffers or create a primitive", [&] {
     run_->MakePrimitives(nullptr);
-    std::unique_ptr<Context> first = MakeContext(*run_, plan_->run_scratch_bytes, /*with_private=*/true);
+    std::unique_ptr<Context> first = MakeContext(*run_, plan_->run_scratch_bytes, /*with_private=*/true, weights_);
     context_bytes_ = first->bytes;
     pool_.push_back(std::move(first));
   });
@@ -70,7 +70,8 @@ Executor::Executor(std::shared_ptr<const Plan> plan, const dnnl::engine& engine,
 Executor::~Executor() = default;
 
 std::unique_ptr<Executor::Context> Executor::MakeContext(const Program& prog, size_t scratch_bytes,
-                                                         bool with_private) const {
+                                                         bool with_private,
+                                                         const std::vector<void*>& weights) const {
   const Plan& p = *plan_;
   auto ctx = std::make_unique<Context>();
   ctx->stream = dnnl::stream(engine_);
@@ -87,7 +88,7 @@ std::unique_ptr<Executor::Context> Executor::MakeContext(const Program& prog, si
       void* ptr = nullptr;
       switch (slot.kind) {
         case SlotKind::kShared:
-          ptr = weights_[slot.index];
+          ptr = weights[slot.index];
           break;
         case SlotKind::kPrivate:
           if (!with_private) {
@@ -148,23 +149,88 @@ void Executor::RunProgram(const Program& prog, Context& ctx, const std::vector<b
   }
 }
 
-void Executor::FillWeights(PreparedWeights& store, const std::vector<const void*>& constants) {
+namespace {
+
+/*!
+ * \brief The init steps to run so that every buffer the run program reads holds its value, given
+ *        which buffers do (\p filled), and in \p used the buffers those steps touch.  Backwards:
+ *        a step completing a buffer runs when that buffer is wanted and not filled; a step that
+ *        completes none (a kernel's temps) when it touches a wanted buffer not filled; every
+ *        buffer a running step touches is wanted (its inputs must hold their values).
+ */
+std::vector<bool> InitStepsToRun(const Plan& p, const std::vector<bool>& filled, std::vector<bool>* used) {
+  std::vector<bool> want(p.shared.size());
+  for (size_t b = 0; b < want.size(); ++b) want[b] = p.shared[b].run;
+  auto pending = [&](int b) { return want[b] && !filled[b]; };
+  std::vector<bool> run(p.init_steps.size(), false);
+  for (size_t i = p.init_steps.size(); i-- > 0;) {
+    const PlannedStep& s = p.init_steps[i];
+    std::vector<int> touched;
+    for (const auto& [arg, ref] : s.args) {
+      if (p.slots[ref.slot].kind == SlotKind::kShared) touched.push_back(p.slots[ref.slot].index);
+    }
+    bool needed = s.writes >= 0 && pending(s.writes);
+    for (int b : touched) needed = needed || (s.writes < 0 && pending(b));
+    if (!needed) continue;
+    run[i] = true;
+    for (int b : touched) want[b] = true;
+  }
+  used->assign(p.shared.size(), false);
+  for (size_t i = 0; i < run.size(); ++i) {
+    if (!run[i]) continue;
+    for (const auto& [arg, ref] : p.init_steps[i].args) {
+      if (p.slots[ref.slot].kind == SlotKind::kShared) (*used)[p.slots[ref.slot].index] = true;
+    }
+  }
+  return run;
+}
+
+}  // namespace
+
+void Executor::PointAtConstants(const PreparedWeights& store) {
   const Plan& p = *plan_;
+  bool any = false;
+  for (size_t b = 0; b < p.shared.size(); ++b) {
+    if (p.shared[b].constant < 0) continue;
+    weights_[b] = store.Constant(p, b);
+    any = true;
+  }
+  if (!any) return;
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  for (const auto& ctx : pool_) {
+    for (size_t i = 0; i < p.run_steps.size(); ++i) {
+      const auto& args = p.run_steps[i].args;
+      for (size_t k = 0; k < args.size(); ++k) {
+        const Slot& slot = p.slots[args[k].second.slot];
+        if (slot.kind == SlotKind::kShared && p.shared[slot.index].constant >= 0) {
+          ctx->execs[i].mems[k].set_data_handle(weights_[slot.index]);
+        }
+      }
+    }
+  }
+}
+
+void Executor::FillWeights(PreparedWeights& store) {
+  const Plan& p = *plan_;
+  const std::vector<const void*>& constants = store.constants();
   if (constants.size() != p.num_constants) {
     TVM_FFI_THROW(InternalError) << p.where << ": FillWeights got " << constants.size() << " buffers for "
                                  << p.num_constants << " constants";
   }
-  const std::vector<bool> filled = store.Filled(p);
-  // A step whose weight another plan (or an earlier load) already filled is skipped; steps that
-  // complete no weight (a kernel's temps at init) always run.
-  std::vector<bool> skip(p.init_steps.size());
-  for (size_t i = 0; i < skip.size(); ++i) skip[i] = p.init_steps[i].writes >= 0 && filled[p.init_steps[i].writes];
+  // A step whose weight another plan (or an earlier load) already filled is skipped, and so is one
+  // only such steps read from; init-only buffers are allocated for this call (weights.h).
+  std::vector<bool> used;
+  const std::vector<bool> run = InitStepsToRun(p, store.Filled(p), &used);
+  std::vector<bool> skip(run.size());
+  for (size_t i = 0; i < run.size(); ++i) skip[i] = !run[i];
+  const std::vector<void*> weights = store.ForInit(p, used);
+  PointAtConstants(store);
   OmpThreadsScope omp(p.threads);
   // The init primitives and context live for this call only: they run once per set of constants.
   std::unique_ptr<Context> ctx;
   GuardDnnl(p.where, "allocate buffers or create a primitive", [&] {
     init_->MakePrimitives(&skip);
-    ctx = MakeContext(*init_, p.init_scratch_bytes, /*with_private=*/false);
+    ctx = MakeContext(*init_, p.init_scratch_bytes, /*with_private=*/false, weights);
   });
   for (auto& [index, mem] : ctx->bindings) mem.set_data_handle(const_cast<void*>(constants[index]));
   try {
@@ -175,8 +241,8 @@ void Executor::FillWeights(PreparedWeights& store, const std::vector<const void*
   }
   init_->prims.assign(init_->prims.size(), dnnl::primitive());
   std::vector<bool> done(p.shared.size(), false);
-  for (size_t i = 0; i < skip.size(); ++i) {
-    if (!skip[i] && p.init_steps[i].writes >= 0) done[p.init_steps[i].writes] = true;
+  for (size_t i = 0; i < run.size(); ++i) {
+    if (run[i] && p.init_steps[i].writes >= 0) done[p.init_steps[i].writes] = true;
   }
   store.MarkFilled(p, done);
 }
@@ -196,7 +262,7 @@ void Executor::Run(const std::vector<void*>& buffers) {
   }
   if (!ctx) {
     contexts_created_.fetch_add(1);
-    ctx = MakeContext(*run_, plan_->run_scratch_bytes, /*with_private=*/true);
+    ctx = MakeContext(*run_, plan_->run_scratch_bytes, /*with_private=*/true, weights_);
   }
   struct GiveBack {
     Executor& e;

@@ -50,11 +50,10 @@ class Executor {
 
   /*!
    * \brief Fill the plan's weights that \p store does not hold yet: run the init steps that
-   *        complete them (and the steps they read from), with the constants' plain data.
-   *        The caller keeps calls of this executor from running meanwhile.
-   * \param constants One pointer per graph constant, valid during the call only.
+   *        complete the ones its run program reads (and the steps they read from), with the
+   *        store's constants.  The caller holds store.mutex() exclusively.
    */
-  void FillWeights(PreparedWeights& store, const std::vector<const void*>& constants);
+  void FillWeights(PreparedWeights& store);
 
   /*! \brief Run the plan on the region inputs then outputs (plain, checked by the caller). */
   void Run(const std::vector<void*>& buffers);
@@ -72,8 +71,12 @@ class Executor {
  private:
   struct Program;
   struct Context;
-  std::unique_ptr<Context> MakeContext(const Program& prog, size_t scratch_bytes, bool with_private) const;
+  std::unique_ptr<Context> MakeContext(const Program& prog, size_t scratch_bytes, bool with_private,
+                                       const std::vector<void*>& weights) const;
   void RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip);
+  /*! \brief Point the run program's reads of constants in place (SharedBuffer::constant) at the
+   *         store's constants, in every pooled context (no call runs meanwhile). */
+  void PointAtConstants(const PreparedWeights& store);
 
   std::shared_ptr<const Plan> plan_;
   dnnl::engine engine_;

@@ -56,7 +56,7 @@ void ThrowDnnlError(const std::string& where, const char* action, const dnnl::er
 
 int64_t Plan::shared_bytes() const {
   int64_t total = 0;
-  for (const SharedBuffer& b : shared) total += static_cast<int64_t>(b.bytes);
+  for (const SharedBuffer& b : shared) total += b.constant < 0 ? static_cast<int64_t>(b.bytes) : 0;
   return total;
 }
 
@@ -114,6 +114,11 @@ class Planner : public planning::ConcatInPlace {
     }
     Compile(&init_, &plan_.init_steps, &plan_.init_scratch_bytes);
     Compile(&run_, &plan_.run_steps, &plan_.run_scratch_bytes);
+    for (const PlannedStep& s : plan_.run_steps) {
+      for (const auto& [arg, ref] : s.args) {
+        if (SharedIndex(ref.slot) >= 0) plan_.shared[SharedIndex(ref.slot)].run = true;
+      }
+    }
     planning::PlaceIntermediates(plan_);
   }
 

@@ -13,7 +13,8 @@
  *   run arg    a caller's buffer (region input or output), bound on every call;
  *   const arg  a constant's data, reachable only while the weights are prepared;
  *   shared     a prepared weight: filled by the init program, read-only while running, named by
- *              a key (tensor, layout, transform) so that plans wanting the same one share it;
+ *              a key (tensor, layout, transform) so that plans wanting the same one share it; or
+ *              a constant a run step reads in its own plain layout, in place (SharedBuffer::constant);
  *   private    one per execution context: intermediates of the run program.  Private buffers
  *              whose lifetimes (first to last step using them) do not overlap share memory: they
  *              are laid out in one arena per context (buffers with blocked-layout padding, which
@@ -47,6 +48,10 @@ struct SharedBuffer {
   size_t bytes;
   std::string key;   // what it holds: "tensor <t> <view> -> <want> [<transform>]", plan-independent
   std::string what;  // the node that asked for it (allocation messages)
+  bool run = false;  // the run program reads it; else only init steps do (freed once filled, weights.h)
+  /*! \brief A constant read in place (a run step wants its plain bytes): its index, no buffer
+   *         and no init step (the executor points the steps at the constant's data); else -1. */
+  int constant = -1;
 };
 
 /*! \brief An intermediate of the run program, placed in the context's arena. */

@@ -87,7 +87,8 @@ py::dict PlanDict(const byoc_hetero::Plan& plan) {
   d["run_scratch_bytes"] = plan.run_scratch_bytes;
   d["shared_bytes"] = plan.shared_bytes();
   py::list shared, priv, init, run;
-  for (const auto& b : plan.shared) shared.append(py::dict(py::arg("key") = b.key, py::arg("bytes") = b.bytes));
+  for (const auto& b : plan.shared) shared.append(py::dict(py::arg("key") = b.key, py::arg("bytes") = b.bytes, py::arg("run") = b.run,
+                                             py::arg("constant") = b.constant));
   for (const auto& b : plan.privates) {
     priv.append(py::dict(py::arg("bytes") = b.bytes, py::arg("offset") = b.offset, py::arg("first") = b.first,
                          py::arg("last") = b.last, py::arg("padded") = b.padded));
@@ -201,7 +202,7 @@ void DefinePlanning(py::module_& m) {
       },
       py::arg("graph_json"), py::arg("input_shapes") = py::none(), py::arg("threads") = py::none(),
       "Plan a region without running it: {symbol, threads, input_shapes, output_shapes, slots, "
-      "arena_bytes, init/run_scratch_bytes, shared_bytes, shared: [{key, bytes}], private: [{bytes, "
+      "arena_bytes, init/run_scratch_bytes, shared_bytes, shared: [{key, bytes, run, constant}], private: [{bytes, "
       "offset, first, last, padded}], init_steps/run_steps: [{label, op, impl, layouts, writes}]}. "
       "input_shapes: one per region input (default: the declared ones). Raises ValueError naming "
       "the node and field for attrs/shapes the ops reject.");
@@ -218,12 +219,13 @@ void DefinePlanning(py::module_& m) {
         for (const auto& c : constants) data.push_back(c.data());
         const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
         byoc_hetero::PreparedWeights store;
+        store.SetConstants(data, nullptr);
         py::list init_steps_run;
         for (int i = 0; i < plans; ++i) {
           auto plan = byoc_hetero::MakePlan(g, Request(std::nullopt, std::nullopt), engine);
           byoc_hetero::Executor executor(plan, engine, store.Reserve(*plan));
           executor.SetProfiling(true);
-          executor.FillWeights(store, data);
+          executor.FillWeights(store);
           int64_t ran = 0;
           for (const auto& p : executor.Profile()) ran += p.phase == "init" ? p.calls : 0;
           init_steps_run.append(ran);

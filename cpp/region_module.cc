@@ -164,7 +164,7 @@ ffi::String ProfileJson(const CompiledRegion& plan) {
 
 /*!
  * \brief Plans for fewer threads than a module's own (contention, threading.h), by thread count,
- *        each made and filled on first need, and the constants that fill them.
+ *        each made and filled on first need; they share the module's prepared weights.
  *        oneDNN's OpenMP primitives fix their thread split at creation and ask the OpenMP
  *        runtime for exactly that many threads (num_threads clause), so running the module's
  *        primitives under omp_set_num_threads(1) would still start a team; fewer threads need
@@ -174,26 +174,13 @@ class FewerThreadPlans {
  public:
   explicit FewerThreadPlans(const RegionGraph& graph) : graph_(graph) {}
 
-  /*! \brief The plan made for `threads` (< the module's count). */
-  CompiledRegion& Get(int threads) {
+  /*! \brief The plan made for `threads` (< the module's count); it reads \p main's prepared
+   *         weights (a layout both want is one copy) and fills those only it wants at its first call. */
+  CompiledRegion& Get(int threads, const CompiledRegion& main) {
     std::lock_guard<std::mutex> lock(fewer_mu_);
     if (fewer_.size() <= static_cast<size_t>(threads)) fewer_.resize(threads + 1);
-    if (!fewer_[threads]) {
-      auto plan = std::make_unique<CompiledRegion>(graph_, threads);
-      if (!const_data_.empty()) plan->LoadConstants(const_data_, consts_owner_);
-      fewer_[threads] = std::move(plan);
-    }
+    if (!fewer_[threads]) fewer_[threads] = std::make_unique<CompiledRegion>(graph_, threads, main.weights());
     return *fewer_[threads];
-  }
-
-  /*! \brief Keep the constants for plans made later, and load them into those made already. */
-  void LoadConstants(const std::vector<const void*>& data, const std::shared_ptr<const void>& owner) {
-    std::lock_guard<std::mutex> lock(fewer_mu_);
-    consts_owner_ = owner;
-    const_data_ = data;
-    for (auto& plan : fewer_) {
-      if (plan) plan->LoadConstants(data, owner);
-    }
   }
 
   /*! \brief The thread counts of the plans made so far. */
@@ -210,8 +197,6 @@ class FewerThreadPlans {
   const RegionGraph& graph_;
   mutable std::mutex fewer_mu_;
   std::vector<std::unique_ptr<CompiledRegion>> fewer_;
-  std::shared_ptr<const void> consts_owner_;  // the constants' tensors (an ffi::Array<Tensor>)
-  std::vector<const void*> const_data_;
 };
 
 class RegionModuleObj : public ffi::ModuleObj {
@@ -332,7 +317,7 @@ class RegionModuleObj : public ffi::ModuleObj {
     const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
                        calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
     AdaptiveCall call(plan_->threads(), watch);
-    (call.threads() == plan_->threads() ? *plan_ : fewer_.Get(call.threads())).Execute(buffers, shapes);
+    (call.threads() == plan_->threads() ? *plan_ : fewer_.Get(call.threads(), *plan_)).Execute(buffers, shapes);
     last_call_ns_.store(static_cast<int64_t>(call.elapsed() * 1e9), std::memory_order_relaxed);
   }
 
@@ -370,8 +355,7 @@ class RegionModuleObj : public ffi::ModuleObj {
     // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.
     constants_checked_.store(true);
     auto owner = std::make_shared<ffi::Array<ffi::Tensor>>(*consts);
-    plan_->LoadConstants(data, owner);
-    fewer_.LoadConstants(data, owner);
+    plan_->LoadConstants(data, owner);  // the contention plans share its weights (FewerThreadPlans)
   }
 
   /*!

@@ -4,15 +4,38 @@
  */
 #include "weights.h"
 
+#include <sys/mman.h>
 #include <tvm/ffi/error.h>
 
 #include <cstring>
 
 namespace byoc_hetero {
 
+namespace {
+/*! \brief Buffers from this size on are mappings of their own (weights.h). */
+constexpr size_t kMapBytes = size_t{1} << 20;
+}  // namespace
+
+void BufferFree::operator()(void* p) const {
+  if (mapped > 0) {
+    munmap(p, mapped);
+  } else {
+    std::free(p);
+  }
+}
+
 AlignedBuffer::AlignedBuffer(size_t bytes, const std::string& what) {
   if (bytes == 0) return;
   const size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded >= kMapBytes) {
+    // page-aligned (so 64-byte aligned) zero pages, backed by memory only once written
+    void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      TVM_FFI_THROW(RuntimeError) << what << ": out of memory: cannot map " << bytes << " bytes";
+    }
+    ptr_ = std::unique_ptr<void, BufferFree>(p, BufferFree{rounded});
+    return;
+  }
   ptr_.reset(std::aligned_alloc(64, rounded));
   if (!ptr_) {
     TVM_FFI_THROW(RuntimeError) << what << ": out of memory: cannot allocate " << bytes << " bytes";
@@ -20,17 +43,39 @@ AlignedBuffer::AlignedBuffer(size_t bytes, const std::string& what) {
   std::memset(ptr_.get(), 0, rounded);
 }
 
+void PreparedWeights::SetConstants(const std::vector<const void*>& data, std::shared_ptr<const void> owner) {
+  if (owner != nullptr && owner == owner_) return;
+  constants_ = data;
+  owner_ = std::move(owner);
+  ++generation_;
+}
+
+PreparedWeights::Entry& PreparedWeights::Find(const SharedBuffer& b) {
+  auto it = entries_.find(b.key);
+  if (it == entries_.end()) {
+    it = entries_.emplace(b.key, Entry{b.bytes, b.what}).first;
+  } else if (it->second.bytes != b.bytes) {
+    TVM_FFI_THROW(InternalError) << b.what << ": prepared weight '" << b.key << "' has " << it->second.bytes
+                                 << " bytes, the plan wants " << b.bytes;
+  }
+  return it->second;
+}
+
 std::vector<void*> PreparedWeights::Reserve(const Plan& plan) {
   std::vector<void*> ptrs;
   for (const SharedBuffer& b : plan.shared) {
-    auto it = entries_.find(b.key);
-    if (it == entries_.end()) {
-      it = entries_.emplace(b.key, Entry{b.bytes, AlignedBuffer(b.bytes, b.what)}).first;
-    } else if (it->second.bytes != b.bytes) {
-      TVM_FFI_THROW(InternalError) << b.what << ": prepared weight '" << b.key << "' has "
-                                   << it->second.bytes << " bytes, the plan wants " << b.bytes;
+    if (b.constant >= 0) {  // the executor points at the constant's data when it has arrived
+      ptrs.push_back(nullptr);
+      continue;
     }
-    ptrs.push_back(it->second.buffer.get());
+    Entry& e = Find(b);
+    if (b.run && !e.allocated) {
+      e.buffer = AlignedBuffer(b.bytes, b.what);
+      e.allocated = true;
+      e.filled = -1;
+    }
+    e.run = e.run || b.run;
+    ptrs.push_back(b.run ? e.buffer.get() : nullptr);
   }
   return ptrs;
 }
@@ -39,24 +84,50 @@ std::vector<bool> PreparedWeights::Filled(const Plan& plan) const {
   std::vector<bool> filled;
   for (const SharedBuffer& b : plan.shared) {
     auto it = entries_.find(b.key);
-    filled.push_back(it != entries_.end() && it->second.filled);
+    filled.push_back(b.constant >= 0 ||it != entries_.end() && it->second.allocated && it->second.filled == generation_);
   }
   return filled;
 }
 
-void PreparedWeights::MarkFilled(const Plan& plan, const std::vector<bool>& which) {
+std::vector<void*> PreparedWeights::ForInit(const Plan& plan, const std::vector<bool>& used) {
+  std::vector<void*> ptrs;
   for (size_t i = 0; i < plan.shared.size(); ++i) {
-    if (which[i]) entries_.at(plan.shared[i].key).filled = true;
+    if (plan.shared[i].constant >= 0) {
+      ptrs.push_back(Constant(plan, i));
+      continue;
+    }
+    Entry& e = Find(plan.shared[i]);
+    if (used[i] && !e.allocated) {
+      e.buffer = AlignedBuffer(e.bytes, e.what);
+      e.allocated = true;
+      e.filled = -1;
+    }
+    ptrs.push_back(e.buffer.get());
   }
+  return ptrs;
 }
 
-void PreparedWeights::Invalidate() {
-  for (auto& [key, e] : entries_) e.filled = false;
+void* PreparedWeights::Constant(const Plan& plan, size_t i) const {
+  const size_t c = static_cast<size_t>(plan.shared[i].constant);
+  return c < constants_.size() ? const_cast<void*>(constants_[c]) : nullptr;
+}
+
+void PreparedWeights::MarkFilled(const Plan& plan, const std::vector<bool>& which) {
+  for (size_t i = 0; i < plan.shared.size(); ++i) {
+    if (which[i] && plan.shared[i].constant < 0) entries_.at(plan.shared[i].key).filled = generation_;
+  }
+  for (auto& [key, e] : entries_) {
+    if (!e.run && e.allocated) {
+      e.buffer = AlignedBuffer();
+      e.allocated = false;
+      e.filled = -1;
+    }
+  }
 }
 
 int64_t PreparedWeights::bytes() const {
   int64_t total = 0;
-  for (const auto& [key, e] : entries_) total += static_cast<int64_t>(e.bytes);
+  for (const auto& [key, e] : entries_) total += e.allocated ? static_cast<int64_t>(e.bytes) : 0;
   return total;
 }
 

@@ -1,21 +1,34 @@
 /*!
  * \file weights.h
  * \brief Prepared weights: the constants of a module copied, reordered, transformed and folded
- *        into the layouts its plans want, once, and shared by every plan.
+ *        into the layouts its plans want, once, and shared by every plan of the module (its own
+ *        plans and its plans for fewer threads under contention, threading.h).
  *
  * A buffer is named by its plan-independent key (planner.h: tensor, layout, transform), so two
- * plans of one module that want a constant in the same layout read one copy.  A buffer is
- * allocated (zero-filled) when the first plan wanting it is made, so that a weight too large to
- * allocate fails the module's creation; it is filled by that plan's init program when the
- * constants arrive (executor.h) and stays read-only while calls run.
+ * plans of one module that want a constant in the same layout read one copy.  A buffer some
+ * plan's run program reads is allocated (zero pages) when the first such plan is made, so that a
+ * weight too large to allocate fails the module's creation; it is filled by that plan's init
+ * program when the constants arrive (executor.h) and stays read-only while calls run.  A buffer
+ * only init programs read (an intermediate such as an RMSNorm weight folded into a dense before
+ * the reorder into the dense's layout) is allocated while an init program fills, and freed once it
+ * has: a plan made later that needs it computes it again from the constants, which the store keeps.
+ *
+ * A constant a run step reads in its own plain layout has no buffer: the steps read its data in
+ * place (SharedBuffer::constant; the executor points them at it when the constants arrive).
+ *
+ * The store also holds the constants themselves (the caller's data, kept alive by an owner) and
+ * the lock of everything that reads the buffers: running calls of every plan sharing the store
+ * hold it shared, whoever writes a buffer (new constants, a new plan's weights) exclusively.
  */
 #ifndef BYOC_HETERO_WEIGHTS_H_
 #define BYOC_HETERO_WEIGHTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -23,7 +36,17 @@
 
 namespace byoc_hetero {
 
-/*! \brief 64-byte aligned, zero-filled bytes (zero padding of blocked layouts starts valid). */
+/*! \brief Frees an AlignedBuffer's bytes: unmaps a mapping of its own, else frees heap. */
+struct BufferFree {
+  size_t mapped = 0;  // bytes of the mapping, 0: from the heap
+  void operator()(void* p) const;
+};
+
+/*!
+ * \brief 64-byte aligned, zero-filled bytes (zero padding of blocked layouts starts valid).
+ *        Large buffers are their own anonymous mapping: the pages cost memory only once written,
+ *        and go back to the system when the buffer dies (the allocator would keep freed heap).
+ */
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
@@ -32,35 +55,64 @@ class AlignedBuffer {
   void* get() const { return ptr_.get(); }
 
  private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, Free> ptr_;
+  std::unique_ptr<void, BufferFree> ptr_;
 };
 
 class PreparedWeights {
  public:
+  /*! \brief Held shared by running calls, exclusively by whoever writes the buffers or constants. */
+  std::shared_mutex& mutex() { return mu_; }
+
   /*!
-   * \brief The buffers of plan.shared, in order: existing ones by key, missing ones allocated.
-   *        The addresses stay valid as long as this object.
+   * \brief New constants (one pointer per graph constant, owned by \p owner): every buffer must
+   *        be filled again.  The same owner as the current constants changes nothing (one __init_
+   *        reaches the module's own plans and its contention plans). Caller holds mutex().
+   */
+  void SetConstants(const std::vector<const void*>& data, std::shared_ptr<const void> owner);
+  const std::vector<const void*>& constants() const { return constants_; }
+  /*! \brief Bumped by every SetConstants with new constants. */
+  int64_t generation() const { return generation_; }
+  /*! \brief Whether the constants were loaded (or none are needed) and the load succeeded. */
+  bool ready() const { return ready_.load(); }
+  void set_ready(bool ready) { ready_ = ready; }
+
+  /*!
+   * \brief The buffers of plan.shared, in order, for its run program: existing ones by key,
+   *        missing ones allocated; null for those only init programs read.  The addresses stay
+   *        valid as long as this object.  Caller holds mutex() exclusively.
    */
   std::vector<void*> Reserve(const Plan& plan);
-  /*! \brief Whether plan.shared[i] has been filled since the constants last changed. */
+  /*! \brief Whether plan.shared[i] holds its value for the current constants. */
   std::vector<bool> Filled(const Plan& plan) const;
+  /*! \brief The buffers of plan.shared for its init program: those in \p used allocated (an
+   *         init-only one again after it was freed), the others as they are (maybe null). */
+  std::vector<void*> ForInit(const Plan& plan, const std::vector<bool>& used);
+  /*! \brief The data of the constant plan.shared[i] reads in place (null before constants came). */
+  void* Constant(const Plan& plan, size_t i) const;
+  /*! \brief plan.shared[i] for each \p which[i] now holds its value; then the buffers no run
+   *         program reads are freed. */
   void MarkFilled(const Plan& plan, const std::vector<bool>& which);
-  /*! \brief New constants are coming: every buffer must be filled again. */
-  void Invalidate();
 
   size_t count() const { return entries_.size(); }
+  /*! \brief Bytes of the buffers allocated now. */
   int64_t bytes() const;
 
  private:
   struct Entry {
     size_t bytes;
+    std::string what;
     AlignedBuffer buffer;
-    bool filled = false;
+    bool allocated = false;
+    bool run = false;  // a plan's run program reads it: never freed
+    int64_t filled = -1;  // the generation it was filled for
   };
+  Entry& Find(const SharedBuffer& b);
   std::map<std::string, Entry> entries_;
+  std::vector<const void*> constants_;
+  std::shared_ptr<const void> owner_;
+  int64_t generation_ = 0;
+  std::atomic<bool> ready_{false};
+  std::shared_mutex mu_;
 };
 
 }  // namespace byoc_hetero

@@ -42,8 +42,13 @@ def test_conv_relu_conv_plans_one_step_per_node_and_prepares_its_weights():
     assert between["op"] == "eltwise", plan["run_steps"]
     # constants only go through the init program, each step completing one prepared weight
     assert all(s["op"] == "" and s["writes"] >= 0 for s in plan["init_steps"])
-    assert plan["shared_bytes"] == sum(b["bytes"] for b in plan["shared"]) > 0
-    assert all(b["key"].startswith("tensor ") for b in plan["shared"])
+    # the bias (16 floats), wanted in its own plain layout, is read in place: no buffer, no step
+    (bias,) = [b for b in plan["shared"] if b["constant"] >= 0]
+    assert bias["key"] == "constant 1" and bias["bytes"] == 64 and bias["run"]
+    prepared = [b for b in plan["shared"] if b["constant"] < 0]
+    assert plan["shared_bytes"] == sum(b["bytes"] for b in prepared) > 0
+    assert len(plan["init_steps"]) == len(prepared) == 2
+    assert all(b["key"].startswith("tensor ") and b["run"] for b in prepared)
     assert all(s["impl"] for s in plan["init_steps"] + plan["run_steps"])
 
 
@@ -108,7 +113,8 @@ def test_plans_share_one_copy_of_the_prepared_weights():
     r = conv_relu_conv()
     plan = _C.plan_region(r.json())
     out = _C.prepare_weights(r.json(), r.const_values, plans=3)
-    assert out["buffers"] == len(plan["shared"]) and out["bytes"] == plan["shared_bytes"]
+    assert out["buffers"] == len([b for b in plan["shared"] if b["constant"] < 0])
+    assert out["bytes"] == plan["shared_bytes"]
     # the first plan fills every weight; the others find them filled and run nothing
     assert out["init_steps_run"] == [len(plan["init_steps"]), 0, 0]
     with pytest.raises(ValueError, match="expected 3 constants, got 1"):

@@ -71,6 +71,20 @@ def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, g
     return q.mod, q.params, q.error
 
 
+def _return_freed_heap() -> None:
+    """Hand the heap a build freed (the step module's weights as Relax constants, the partition's
+    copies: about the weights' size again) back to the system: glibc keeps freed heap mapped
+    otherwise, and the process's resident size with it. Not glibc: nothing to do."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None
                      ) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
     """What :func:`from_hf` builds, before the build: (the partitioned step module, its
@@ -100,7 +114,10 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     The model is read (config and weights), not run; its forward code and cache classes are not used.
     """
     part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size)
-    return Generator(relax.build(part, target="llvm"), spec, int(max_length), weights, weight_error=error)
+    executable = relax.build(part, target="llvm")
+    del part
+    _return_freed_heap()
+    return Generator(executable, spec, int(max_length), weights, weight_error=error)
 
 
 def _file_weights(spec: DecoderSpec, weights: dict[str, Any], max_length: int, weights_format: str | None,
@@ -140,7 +157,10 @@ def generator_from_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_le
     """
     part, label, error = partitioned_weights(spec, weights, max_length=max_length, weights_format=weights_format,
                                              group_size=group_size)
-    return Generator(relax.build(part, target="llvm"), spec, int(max_length), label, weight_error=error)
+    executable = relax.build(part, target="llvm")
+    del part
+    _return_freed_heap()
+    return Generator(executable, spec, int(max_length), label, weight_error=error)
 
 
 def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_length: int,

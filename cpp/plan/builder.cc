@@ -27,6 +27,23 @@ int PlanBuilder::OwnSlot(bool at_init, const memory::desc& md, const std::string
   return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
 }
 
+int PlanBuilder::ConstantSlot(int t) {
+  size_t c = 0;
+  while (c < g_.constants.size() && g_.constants[c].tensor != t) ++c;
+  if (c == g_.constants.size()) {
+    TVM_FFI_THROW(InternalError) << node_where_ << ": tensor " << t << " is no constant of the region";
+  }
+  const std::string key = "constant " + std::to_string(c);
+  for (size_t s = 0; s < plan_.slots.size(); ++s) {
+    const Slot& slot = plan_.slots[s];
+    if (slot.kind == SlotKind::kShared && plan_.shared[slot.index].key == key) return static_cast<int>(s);
+  }
+  SharedBuffer b{PlainDescOf(g_.tensors[t]).get_size(), key, node_where_};
+  b.constant = static_cast<int>(c);
+  plan_.shared.push_back(std::move(b));
+  return NewSlot(SlotKind::kShared, plan_.shared.size() - 1);
+}
+
 std::string PlanBuilder::Key(int t, const memory::desc& view, const memory::desc& want,
                              const std::string& transform) {
   return "tensor " + std::to_string(t) + " " + DescribeDesc(view) + " -> " + DescribeDesc(want) +

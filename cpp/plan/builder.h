@@ -56,6 +56,8 @@ class PlanBuilder {
    *        private buffer).  Asking twice for one key gives one buffer.
    */
   int OwnSlot(bool at_init, const memory::desc& md, const std::string& key);
+  /*! \brief The shared slot of constant tensor \p t read in place by run steps (SharedBuffer::constant). */
+  int ConstantSlot(int t);
   static std::string Key(int t, const memory::desc& view, const memory::desc& want,
                          const std::string& transform = "");
   /*! \brief The shared buffer a slot is, or -1. */

@@ -61,6 +61,8 @@ MemRef LayoutResolver::Resolve(int t, const OperandLayout& layout, size_t consum
     if (init_consumer && layout.want == layout.view) {
       result = src;  // read in place during __init_
       init_only = true;
+    } else if (layout.want == layout.view) {
+      result = {layout.view, ConstantSlot(t)};  // read in place by the run program: no copy
     } else {
       result = {layout.want, OwnSlot(true, layout.want, key)};
       AddReorder(true, src, result, label);
