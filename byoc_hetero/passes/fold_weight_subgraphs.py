@@ -33,10 +33,11 @@ from .._relax import op_name
 from .fold_int_constants import Evaluator, Substitute
 
 _UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
-          "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square}
+          "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square,
+          "relax.nn.relu": lambda x: np.maximum(x, 0), "relax.sigmoid": lambda x: 1 / (1 + np.exp(-x))}
 _BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
            "relax.divide": np.divide, "relax.power": np.power, "relax.maximum": np.maximum,
-           "relax.minimum": np.minimum}
+           "relax.minimum": np.minimum, "relax.matmul": np.matmul}
 _REDUCE = {"relax.sum": np.sum, "relax.max": np.max, "relax.mean": np.mean}
 RELABELS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
                       "relax.broadcast_to"})
@@ -48,6 +49,12 @@ def _axes(attrs, rank: int) -> tuple[int, ...] | None:
     return None if axis is None else tuple(int(a) % rank for a in axis)
 
 
+def _float(value) -> float:
+    """A PrimValue's number (``clip``'s bounds)."""
+    value = getattr(value, "value", value)
+    return float(getattr(value, "value", value))
+
+
 def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
     """``call`` on numpy values, or None when it is not an op evaluated here."""
     name, out = op_name(call), None
@@ -55,6 +62,10 @@ def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
         out = _UNARY[name](args[0])
     elif name in _BINARY:
         out = _BINARY[name](args[0], args[1])
+    elif name == "relax.clip":  # Swin-V2's logit scale: clamp(max=log(100)).exp() of a parameter
+        out = np.clip(args[0], _float(call.args[1]), _float(call.args[2]))
+    elif name == "relax.full_like":  # torchvision Swin-V2's qkv bias: its K third zeroed in every forward
+        out = np.full_like(args[0], args[1])
     elif name in _REDUCE:
         out = _REDUCE[name](args[0], axis=_axes(call.attrs, args[0].ndim), keepdims=bool(call.attrs.keepdims))
     elif name == "relax.permute_dims":
