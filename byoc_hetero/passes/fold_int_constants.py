@@ -160,15 +160,30 @@ def _slice_scatter(call: relax.Call, args: list) -> np.ndarray | None:
     return out
 
 
+def _gather_nd(call: relax.Call, args: list) -> np.ndarray | None:
+    """ONNX GatherND with ``batch_dims`` 0: ``out[i] = data[indices[i]]``; indices out of range are left
+    alone (Swin-V2's relative position bias, gathered from its table by the default exporter)."""
+    data, indices = np.asarray(args[0]), np.asarray(args[1])
+    if int(getattr(call.attrs, "batch_dims", 0)) != 0 or indices.ndim == 0:
+        return None
+    depth = indices.shape[-1]
+    rows = indices.reshape(-1, depth)
+    if np.any(rows < 0) or np.any(rows >= np.array(data.shape[:depth])):
+        return None
+    return data[tuple(rows.T)].reshape(indices.shape[:-1] + data.shape[depth:])
+
+
 def _permute_dims(call: relax.Call, args: list) -> np.ndarray:
     axes = call.attrs.axes
     return np.transpose(args[0], None if axes is None else [int(a) for a in axes])
 
 
 _LAYOUT = {"relax.strided_slice": _strided_slice, "relax.scatter_nd": _scatter_nd,
-           "relax.slice_scatter": _slice_scatter, "relax.permute_dims": _permute_dims}
+           "relax.slice_scatter": _slice_scatter, "relax.permute_dims": _permute_dims,
+           "relax.gather_nd": _gather_nd, "relax.isnan": lambda call, args: np.isnan(args[0])}
 """Index and layout ops, evaluated for any dtype: the masks Swin's shifted windows build from zeros
-(``slice_scatter`` from torch.export, ``strided_slice`` + ``scatter_nd`` from the default ONNX exporter)."""
+(``slice_scatter`` from torch.export, ``strided_slice`` + ``scatter_nd`` from the default ONNX exporter),
+and ``isnan`` of a constant (TVM's ONNX Clip guards its bounds with ``where(isnan(b), -inf, b)``)."""
 
 
 def _foldable(var: relax.Var, value) -> bool:

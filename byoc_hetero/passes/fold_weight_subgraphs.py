@@ -83,7 +83,7 @@ def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
 
 INDEX_OPS = frozenset({"relax.strided_slice", "relax.scatter_nd", "relax.slice_scatter", "relax.where",
                        "relax.take", "relax.equal", "relax.not_equal", "relax.less", "relax.greater",
-                       "relax.logical_not"})
+                       "relax.logical_not", "relax.gather_nd", "relax.isnan"})
 """Index, select and compare ops evaluated by :class:`.fold_int_constants.Evaluator` when their tensor
 arguments are constants: the attention masks of Swin's shifted windows, built from zeros on every
 call (``full`` + ``slice_scatter`` from torch.export; ``strided_slice`` + ``scatter_nd`` from the
@@ -113,7 +113,7 @@ def _value(call: relax.Call, args: list[np.ndarray], ev: Evaluator) -> np.ndarra
                 value = None  # numpy disagrees with the op's reading of its arguments: leave it
     if value is None or isinstance(value, tuple):
         return None
-    value = np.ascontiguousarray(value).astype(dtype)
+    value = np.array(value, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
     return value if value.shape == _static_dims(call.ty) else None
 
 
