@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import zoo_models  # noqa: E402,F401 - stubs torchvision's C++ operators before torchvision is imported
+from zoo_models import SEED  # noqa: E402 - importing it stubs torchvision's C++ operators
 
 
 def _median_ms(fn, min_time: float) -> float:
@@ -37,7 +37,7 @@ def _model(name: str):
     import torch
     import torchvision
 
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
