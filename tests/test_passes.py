@@ -40,7 +40,8 @@ def test_pipeline_order_is_pinned():
         "onnx:ranges_from_dims", "onnx:resolve_shape_tensors", "onnx:bound_assumed_slices", "onnx:bool_arith", "onnx:checked_take",
         "torch:float_ops_on_integers", "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "dynamic_quantize_per_reader", "fold_int_constants",
-        "fold_weight_subgraphs", "gather_elements_as_take", "drop_proven_index_checks", "fold_negative_indices", "drop_zero_pads", "drop_empty_operands",
+        "fold_weight_subgraphs", "te_clips", "gather_elements_as_take", "drop_proven_index_checks", "fold_negative_indices",
+        "drop_zero_pads", "drop_empty_operands",
         "compose_permutes", "matmul_repeated_heads", "combine_parallel_denses",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
@@ -504,3 +505,45 @@ def test_matmul_repeated_heads(symbolic):
         args = [rng.standard_normal(s).astype("float32") for s in ((1, 6, length, 8), (1, 2, length, 8), (1, 2, length, 8))]
         want = before["main"](*map(tvm.runtime.tensor, args)).numpy()
         np.testing.assert_allclose(after["main"](*map(tvm.runtime.tensor, args)).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+# -- te_clips and the folding of constant masks (torchvision Swin, issue 39) ----------------------------
+@pytest.mark.parametrize("bound", [1e-3, float("nan")])
+def test_te_clips(bound):
+    """A TE maximum of a tensor and a constant scalar (TVM's ONNX Clip) becomes relax.clip; a NaN bound
+    (ONNX: unbounded) is left to the TIR function."""
+    from tvm import topi
+
+    x = relax.Var("x", relax.TensorType([2, 3], "float32"))
+    mod = _module([x], lambda bb, x: bb.emit_te(topi.maximum, x, relax.const(bound, "float32")))
+    out = passes.te_clips(mod)
+    if bound != bound:
+        assert out is mod
+        return
+    assert _ops(out) == ["relax.clip"]
+    data = np.array([[-1, 0, 5e-4], [2e-3, 1, -3]], "float32")
+    np.testing.assert_array_equal(run(build(out), [data]), np.maximum(data, np.float32(bound)))
+
+
+def test_fold_weight_subgraphs_builds_masks_from_constants():
+    """Swin's shifted-window mask, as torch.export and the default ONNX exporter write it (zeros,
+    slice_scatter / strided_slice + scatter_nd, not_equal, where), is one constant after the folding."""
+    x = relax.Var("x", relax.TensorType([4, 4], "float32"))
+
+    def body(bb, x):
+        zeros = bb.emit(relax.op.full((4, 4), relax.const(0.0, "float32"), "float32"))
+        rows = bb.emit(relax.op.strided_slice(zeros, [0], [2], [4]))  # rows 2..3
+        ones = bb.emit(relax.op.full((2, 4), relax.const(1.0, "float32"), "float32"))
+        marked = bb.emit(relax.op.slice_scatter(zeros, ones, 2, 4, 1, axis=0))
+        cols = bb.emit(relax.op.scatter_nd(relax.op.permute_dims(marked), relax.const(np.array([[3]], "int64")),
+                                           relax.const(np.full((1, 4), 2.0, "float32"))))
+        mask = bb.emit(relax.op.where(relax.op.not_equal(cols, relax.const(0.0, "float32")),
+                                      relax.const(-100.0, "float32"), cols))
+        return relax.op.add(relax.op.add(x, mask), relax.op.sum(rows))
+    out = passes.fold_weight_subgraphs(_module([x], body))
+    assert _ops(out) == ["relax.add", "relax.add"]
+    want = np.zeros((4, 4), "float32")
+    want[:, 2:] = -100.0
+    want[3, :] = -100.0
+    data = np.arange(16, dtype="float32").reshape(4, 4)
+    np.testing.assert_array_equal(run(build(out), [data]), data + want)

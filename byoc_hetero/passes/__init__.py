@@ -73,6 +73,7 @@ from .resolve_shape_tensors import resolve_shape_tensors
 from .scalar_reshapes import scalar_reshapes
 from .shape_initializers_as_constants import shape_initializers_as_constants
 from .shorten_region_names import MAX_REGION_NAME, shorten_region_names
+from .te_clips import te_clips
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
     # weight-only subgraphs (wav2vec2's weight norm) become constants once the weights are bound
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
+    # after the folding, which makes the ONNX importer's NaN-guarded Clip bounds constants
+    Pass("te_clips", "relax", _relax(te_clips)),
     # after the folding, which turns DeBERTa's relative-position indices into constants
     Pass("gather_elements_as_take", "relax", _relax(gather_elements_as_take)),
     # after the folding, which turns computed indices (Swin's windows) into constants
@@ -243,5 +246,5 @@ __all__ = [
     "compose_permutes", "conv_integer_qdq",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "einsum_as_matmul", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
     "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
-    "run_passes", "shorten_region_names",
+    "run_passes", "shorten_region_names", "te_clips",
 ]

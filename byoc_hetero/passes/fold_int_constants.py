@@ -59,8 +59,12 @@ def _ints(values) -> list[int] | None:
     return None if any(v is None for v in out) else out
 
 
-class _Evaluator:
-    """Values of the bindings seen so far that are known (numpy arrays, or tuples for shapes)."""
+class Evaluator:
+    """Values of the bindings seen so far that are known (numpy arrays, or tuples for shapes).
+
+    :meth:`call` evaluates one op on the known values with numpy (None when an argument is unknown
+    or the op is not one read here); :mod:`.fold_weight_subgraphs` uses it for the index and layout
+    ops of float computations on constants alone."""
 
     def __init__(self):
         self.known: dict[relax.Var, object] = {}
@@ -79,15 +83,10 @@ class _Evaluator:
             return expr.data.numpy()
         if isinstance(expr, tvm.tirx.FloatImm):
             return float(expr.value)  # clip's float bounds
+        if isinstance(expr, relax.Tuple):
+            values = tuple(self.value(f) for f in expr.fields)
+            return None if any(v is None for v in values) else values
         return None
-
-    def strided_slice(self, call: relax.Call):
-        """``strided_slice(x, axes, begin, end[, strides])`` of a known ``x`` with constant bounds."""
-        data = self.value(call.args[0])
-        bounds = [_ints(a.fields) if isinstance(a, relax.Tuple) else None for a in call.args[1:]]
-        if data is None or any(b is None for b in bounds) or len(bounds) < 3:
-            return None
-        return _strided_slice(np.asarray(data), *bounds)
 
     def call(self, call: relax.Call):  # noqa: C901 - one branch per op, each a line or two
         op = call.op.name if isinstance(call.op, tvm.ir.Op) else None
@@ -102,8 +101,6 @@ class _Evaluator:
             if any(not isinstance(b, int) for b in bounds):
                 return None
             return np.arange(*bounds, dtype=str(call.attrs.dtype))
-        if op == "relax.strided_slice":
-            return self.strided_slice(call)
         args = [self.value(a) for a in call.args]
         if any(a is None for a in args):
             return None
@@ -143,14 +140,74 @@ class _Evaluator:
             if mode == "fast" and (np.any(args[1] < 0) or np.any(args[1] >= table.shape[axis])):
                 return None  # out of range: leave it to the op's own checks
             return np.take(table, args[1], axis=axis, mode="wrap" if mode == "wrap" else "clip")
+        if op in _LAYOUT:
+            return _LAYOUT[op](call, args)
         return None
 
 
-def _strided_slice(data: np.ndarray, axes, begin, end, strides) -> np.ndarray:
-    index = [slice(None)] * data.ndim
-    for axis, b, e, step in zip(axes, begin, end, strides or [1] * len(axes)):
-        index[axis] = slice(b, e, step)
-    return data[tuple(index)]
+def _strided_slice(call: relax.Call, args: list) -> np.ndarray | None:
+    """``strided_slice(x, axes, begin, end, strides)`` with Python's slice semantics (negative bounds
+    count from the end, bounds past it are clamped); negative strides are left alone."""
+    x, axes, begin, end = np.asarray(args[0]), args[1], args[2], args[3]
+    strides = args[4] if len(args) > 4 and args[4] is not None else (1,) * len(axes)
+    if len(strides) == 1 and len(axes) > 1:
+        strides = strides * len(axes)
+    index = [slice(None)] * x.ndim
+    for axis, b, e, s in zip(axes, begin, end, strides):
+        if s <= 0:
+            return None
+        index[axis % x.ndim] = slice(b, e, s)
+    return x[tuple(index)]
+
+
+def _scatter_nd(call: relax.Call, args: list) -> np.ndarray | None:
+    """ONNX ScatterND with reduction "update": ``out[indices[i]] = updates[i]``; indices out of range or
+    repeated (whose order ONNX leaves undefined) are left alone."""
+    data, indices, updates = (np.asarray(a) for a in args[:3])
+    if str(getattr(call.attrs, "reduction", "update")) != "update" or indices.ndim == 0:
+        return None
+    depth = indices.shape[-1]
+    rows = indices.reshape(-1, depth)
+    bounds = np.array(data.shape[:depth])
+    if np.any(rows < 0) or np.any(rows >= bounds) or len(np.unique(rows, axis=0)) != len(rows):
+        return None
+    out = data.copy()
+    out[tuple(rows.T)] = updates.reshape(len(rows), *data.shape[depth:])
+    return out
+
+
+def _slice_scatter(call: relax.Call, args: list) -> np.ndarray | None:
+    """torch's ``slice_scatter(x, src, start, end, step, axis)``: ``x`` with ``x[..., start:end:step]``
+    (along ``axis``) replaced by ``src``."""
+    x, src, start, end, step = np.asarray(args[0]), np.asarray(args[1]), args[2], args[3], args[4]
+    if not all(isinstance(v, int) for v in (start, end, step)) or step <= 0:
+        return None
+    out = x.copy()
+    index = [slice(None)] * x.ndim
+    index[int(call.attrs.axis) % x.ndim] = slice(start, end, step)
+    out[tuple(index)] = src
+    return out
+
+
+def _gather_nd(call: relax.Call, args: list) -> np.ndarray | None:
+    """ONNX GatherND with ``batch_dims`` 0: ``out[i] = data[indices[i]]``; indices out of range are left
+    alone (Swin-V2's relative position bias, gathered from its table by the default exporter)."""
+    data, indices = np.asarray(args[0]), np.asarray(args[1])
+    if int(getattr(call.attrs, "batch_dims", 0)) != 0 or indices.ndim == 0:
+        return None
+    depth = indices.shape[-1]
+    rows = indices.reshape(-1, depth)
+    if np.any(rows < 0) or np.any(rows >= np.array(data.shape[:depth])):
+        return None
+    return data[tuple(rows.T)].reshape(indices.shape[:-1] + data.shape[depth:])
+
+
+_LAYOUT = {"relax.strided_slice": _strided_slice, "relax.scatter_nd": _scatter_nd,
+           "relax.slice_scatter": _slice_scatter, "relax.gather_nd": _gather_nd}
+"""Index and layout ops, evaluated for any dtype: the masks Swin's shifted windows build from zeros
+(``slice_scatter`` from torch.export, ``strided_slice`` + ``scatter_nd`` from the default ONNX exporter).
+``isnan`` of a constant (TVM's ONNX Clip guards its bounds with ``where(isnan(b), -inf, b)``) is in
+``_UNARY``."""
 
 
 def _small(var: relax.Var) -> bool:
@@ -195,7 +252,7 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     fn = mod[func]
     if not isinstance(fn, relax.Function) or not isinstance(fn.body, relax.SeqExpr):
         return mod
-    ev = _Evaluator()
+    ev = Evaluator()
     table: dict[relax.Var, relax.Expr] = {}
     for block in fn.body.blocks:
         for binding in block.bindings:

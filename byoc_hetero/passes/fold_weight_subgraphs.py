@@ -15,6 +15,12 @@ broadcast_to) is replaced by its value. Pure relabels of a weight are left as th
 read ``matmul(x, permute_dims(W))`` and a folded transpose would change the layout they see (and
 folding every weight transpose of BERT-base took 37 s with TVM's FoldConstant). Integer / bool
 bookkeeping is :mod:`byoc_hetero.fold`'s job.
+
+The index, select and compare ops of :data:`INDEX_OPS` are evaluated too (by
+:class:`.fold_int_constants.Evaluator`): Swin's shifted-window attention masks are built from zeros
+on every call (``full`` + ``slice_scatter`` + ``not_equal`` + ``where`` from torch.export,
+``strided_slice`` + ``scatter_nd`` from the default ONNX exporter) — dozens of small ops on llvm per
+block, all constants once computed; so is the relative position bias gathered from its table.
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import tvm
 from tvm import relax
 
 from .._relax import op_name
-from .fold_int_constants import Substitute
+from .fold_int_constants import Evaluator, Substitute
 
 _UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
-          "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square}
+          "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square,
+          "relax.nn.relu": lambda x: np.maximum(x, 0), "relax.sigmoid": lambda x: 1 / (1 + np.exp(-x))}
 _BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
            "relax.divide": np.divide, "relax.power": np.power, "relax.maximum": np.maximum,
-           "relax.minimum": np.minimum}
+           "relax.minimum": np.minimum, "relax.matmul": np.matmul}
 _REDUCE = {"relax.sum": np.sum, "relax.max": np.max, "relax.mean": np.mean}
 RELABELS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
                       "relax.broadcast_to"})
@@ -42,6 +49,12 @@ def _axes(attrs, rank: int) -> tuple[int, ...] | None:
     return None if axis is None else tuple(int(a) % rank for a in axis)
 
 
+def _float(value) -> float:
+    """A PrimValue's number (``clip``'s bounds)."""
+    value = getattr(value, "value", value)
+    return float(getattr(value, "value", value))
+
+
 def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
     """``call`` on numpy values, or None when it is not an op evaluated here."""
     name, out = op_name(call), None
@@ -49,6 +62,10 @@ def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
         out = _UNARY[name](args[0])
     elif name in _BINARY:
         out = _BINARY[name](args[0], args[1])
+    elif name == "relax.clip":  # Swin-V2's logit scale: clamp(max=log(100)).exp() of a parameter
+        out = np.clip(args[0], _float(call.args[1]), _float(call.args[2]))
+    elif name == "relax.full_like":  # torchvision Swin-V2's qkv bias: its K third zeroed in every forward
+        out = np.full_like(args[0], args[1])
     elif name in _REDUCE:
         out = _REDUCE[name](args[0], axis=_axes(call.attrs, args[0].ndim), keepdims=bool(call.attrs.keepdims))
     elif name == "relax.permute_dims":
@@ -61,14 +78,48 @@ def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
         if dims is not None:
             out = np.full(dims, args[-1]) if name == "relax.full" else \
                 np.broadcast_to(args[0], dims) if name == "relax.broadcast_to" else args[0].reshape(dims)
-    if out is None:
+    return out
+
+
+INDEX_OPS = frozenset({"relax.strided_slice", "relax.scatter_nd", "relax.slice_scatter", "relax.where",
+                       "relax.take", "relax.equal", "relax.not_equal", "relax.less", "relax.greater",
+                       "relax.logical_not", "relax.gather_nd", "relax.isnan"})
+"""Index, select and compare ops evaluated by :class:`.fold_int_constants.Evaluator` when their tensor
+arguments are constants: the attention masks of Swin's shifted windows, built from zeros on every
+call (``full`` + ``slice_scatter`` from torch.export; ``strided_slice`` + ``scatter_nd`` from the
+default ONNX exporter; then ``not_equal`` / ``where``). Their bool results are folded too: a
+compare of a constant is a constant."""
+
+
+def _static_dims(ty) -> tuple[int, ...] | None:
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
         return None
-    dtype = getattr(call.ty, "dtype", None)
-    return np.ascontiguousarray(out).astype(str(dtype)) if dtype else None
+    return tuple(int(d) for d in values)
+
+
+def _value(call: relax.Call, args: list[np.ndarray], ev: Evaluator) -> np.ndarray | None:
+    """``call``'s value on constant arguments, or None: a float result, or a compare's bool one."""
+    dtype = str(getattr(call.ty, "dtype", ""))
+    if not (dtype.startswith("float") or (dtype == "bool" and op_name(call) in INDEX_OPS)):
+        return None
+    with np.errstate(all="ignore"):
+        value = _evaluate(call, args) if args else None
+        if value is None and op_name(call) in INDEX_OPS:
+            try:
+                value = ev.call(call)
+            except (ValueError, TypeError, IndexError):
+                value = None  # numpy disagrees with the op's reading of its arguments: leave it
+    if value is None or isinstance(value, tuple):
+        return None
+    value = np.array(value, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
+    return value if value.shape == _static_dims(call.ty) else None
 
 
 def _fold_function(func: relax.Function) -> dict[relax.Var, relax.Expr]:
-    known: dict[relax.Var, np.ndarray] = {}
+    ev = Evaluator()
+    known = ev.known  # numpy values of the bindings evaluated so far
     folded: dict[relax.Var, relax.Expr] = {}
     for block in getattr(func.body, "blocks", []):
         for binding in block.bindings:
@@ -84,10 +135,9 @@ def _fold_function(func: relax.Function) -> dict[relax.Var, relax.Expr]:
                 elif isinstance(arg, relax.Expr) and isinstance(arg.ty, relax.TensorType):
                     args = None
                     break
-            if args is None or not args or not str(getattr(call.ty, "dtype", "")).startswith("float"):
+            if args is None:
                 continue
-            with np.errstate(all="ignore"):
-                value = _evaluate(call, args)
+            value = _value(call, args, ev)
             if value is None:
                 continue
             known[binding.var] = value

@@ -1,0 +1,96 @@
+"""torchvision's Swin-T / Swin-V2-T (random weights, 224x224): regions, ops left on llvm and latency
+through ``bh.from_torch`` and ``bh.from_onnx`` of torch's default exporter's file, next to torch eager
+and ONNX Runtime on the same file (issue 39 item 1; results in bench/ZOO.md).
+
+    python bench/swin_torchvision.py [--models swin_t,swin_v2_t] [--paths from_torch,from_onnx_dynamo]
+                                     [--threads 2] [--min-time 1.0] [--size 224]
+
+torchvision is imported with its C++ operators stubbed out (bench/zoo_models.py's way); OpenVINO is used
+when installed. Latency: median of the calls made in at least ``--min-time`` seconds, in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zoo_models import SEED  # noqa: E402 - importing it stubs torchvision's C++ operators
+
+
+def _median_ms(fn, min_time: float) -> float:
+    fn()  # warm-up
+    times, start = [], time.perf_counter()
+    while time.perf_counter() - start < min_time or len(times) < 3:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(times))
+
+
+def _model(name: str):
+    import torch
+    import torchvision
+
+    torch.manual_seed(SEED)
+    return getattr(torchvision.models, name)(weights=None).eval()
+
+
+def main() -> None:
+    import torch
+    import tvm
+    from tvm import relax
+
+    import byoc_hetero as bh
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="swin_t,swin_v2_t")
+    ap.add_argument("--paths", default="from_torch,from_onnx_dynamo")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--min-time", type=float, default=1.0)
+    ap.add_argument("--size", type=int, default=224)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    print("| model | path | regions | ops on llvm | ours (ms) | torch eager (ms) | ONNX Runtime (ms) | rel. error |")
+    print("|---|---|---|---|---|---|---|---|")
+    workdir = tempfile.mkdtemp()
+    for name in args.models.split(","):
+        model = _model(name)
+        x = torch.randn(1, 3, args.size, args.size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            want = model(x).numpy()
+            eager = _median_ms(lambda: model(x), args.min_time)
+        onnx_path = os.path.join(workdir, f"{name}.onnx")
+        torch.onnx.export(_model(name), (x,), onnx_path, input_names=["x"], output_names=["y"])
+        ort = "-"
+        try:
+            import onnxruntime as ort_
+
+            so = ort_.SessionOptions()
+            so.intra_op_num_threads = args.threads
+            sess = ort_.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+            ort = f"{_median_ms(lambda: sess.run(None, {'x': x.numpy()}), args.min_time):.1f}"
+        except ImportError:
+            pass
+        for path in args.paths.split(","):
+            mod, params = bh.from_torch(model, (x,)) if path == "from_torch" else bh.from_onnx(onnx_path)
+            part = bh.partition(mod, params)
+            rep = bh.report(part)
+            vm = relax.VirtualMachine(relax.build(part, target="llvm"), tvm.cpu())
+            inp = tvm.runtime.tensor(x.numpy())
+            out = vm["main"](inp)
+            got = (out if hasattr(out, "numpy") else out[0]).numpy()
+            err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+            ours = _median_ms(lambda: vm["main"](inp), args.min_time)
+            print(f"| {name} | {path} | {len(rep.regions)} | {len(rep.fallbacks)} | {ours:.1f} | {eager:.1f} | {ort} "
+                  f"| {err:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
