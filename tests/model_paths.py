@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from tvm import relax
 
 import byoc_hetero as bh
 
@@ -54,3 +55,13 @@ def first_output(model, **kwargs):
             return self.model(*inputs, **kwargs)[0]
 
     return FirstOutput().eval()
+
+
+def dataflow_module(params, body):
+    """``main(params)`` whose dataflow block is what ``body(bb, *params)`` emits (its last value returned)."""
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()

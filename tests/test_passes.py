@@ -14,16 +14,7 @@ from byoc_hetero._relax import is_composite, op_calls, op_name
 from byoc_hetero.rules import get_target
 
 from byoc_hetero.timing import build, run
-
-
-def _module(params, body):
-    """``main(params)`` whose dataflow block is what ``body(bb, *params)`` emits (its last value returned)."""
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
+from model_paths import dataflow_module as _module
 
 
 def _ops(mod, func="main"):

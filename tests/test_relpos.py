@@ -13,7 +13,6 @@ import types
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
 import byoc_hetero as bh
@@ -21,21 +20,12 @@ from byoc_hetero import passes
 from byoc_hetero._relax import op_calls, op_name
 from byoc_hetero.passes.einsum_as_matmul import matmul_plan
 from byoc_hetero.timing import build, run
-from model_paths import first_output, import_model, one_region
+from model_paths import dataflow_module as _module, first_output, import_model, one_region
 
 torch = pytest.importorskip("torch")
 for _name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
     # torchvision (imported by transformers too) without its C++ operators: bench/zoo_models.py says why
     sys.modules.setdefault(_name, types.ModuleType(_name))
-
-
-def _module(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def _ops(mod) -> list[str]:
