@@ -230,10 +230,12 @@ class DenseWqKernel : public Kernel {
     }
     if (s.has_bias) inputs_.push_back({PlainDesc({s.n}), PlainDesc({s.n})});
     output_ = {PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})};
+    // the quantized rows and their per-block scales and sums: planned memory, not an allocation per call
+    if (quad) temps_ = {Bytes(ScratchBytes(s))};
   }
 
   std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
-                         const std::vector<MemRef>& /*temps*/) const override {
+                         const std::vector<MemRef>& temps) const override {
     Step step;
     const WqShape s = s_;
     if (dot_ == wq::IntDot::kNone) {
@@ -249,11 +251,18 @@ class DenseWqKernel : public Kernel {
     step.op = "dense_wq";
     for (size_t k = 0; k < inputs.size(); ++k) step.args.emplace_back(static_cast<int>(k), inputs[k]);
     step.args.emplace_back(static_cast<int>(inputs.size()), output);
+    for (const MemRef& t : temps) step.args.emplace_back(static_cast<int>(step.args.size()), t);
     return {std::move(step)};
   }
 
  private:
   static memory::desc Bytes(int64_t n) { return memory::desc({n}, memory::data_type::u8, {1}); }
+
+  /*! rief RunInt8's scratch: int8 rows [M, K] (K a multiple of kActBlock, so the floats after stay
+   *         aligned), then the rows' scales and sums, [M, K / kActBlock] float32 each. */
+  static int64_t ScratchBytes(const WqShape& s) {
+    return s.m * s.k + 2 * s.m * (s.k / wq::kActBlock) * static_cast<int64_t>(sizeof(float));
+  }
 
   [[noreturn]] static void BadValue(const std::string& where, const char* what, float v, int64_t n, int64_t b,
                                     const char* expected) {
@@ -262,7 +271,7 @@ class DenseWqKernel : public Kernel {
     TVM_FFI_THROW(ValueError) << os.str();
   }
 
-  /*! \brief A call's operands (inputs in the order of the node, the output last). */
+  /*! \brief A call's operands (inputs in the order of the node, then the output, then the scratch). */
   struct Operands {
     const float* x;
     const uint8_t* codes;
@@ -273,7 +282,7 @@ class DenseWqKernel : public Kernel {
           scales(static_cast<const float*>(p[2])),
           zeros(s.has_zero_point ? static_cast<const float*>(p[3]) : nullptr),
           bias(s.has_bias ? static_cast<const float*>(p[3 + s.has_zero_point]) : nullptr),
-          y(static_cast<float*>(p.back())) {}
+          y(static_cast<float*>(p[3 + s.has_zero_point + s.has_bias])) {}
   };
 
   /*! \brief Rows [r0, r0 + rows) of tile t from the micro-kernel's out[rows][16] into y (+ bias). */
@@ -310,16 +319,17 @@ class DenseWqKernel : public Kernel {
   static void RunInt8(const WqShape& s, wq::QTileFn tile_fn, const std::vector<void*>& p) {
     const Operands o(s, p);
     const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step(), xb = s.k / wq::kActBlock;
-    std::vector<int8_t> xq(static_cast<size_t>(s.m * s.k));
-    std::vector<float> xs(static_cast<size_t>(s.m * xb)), xss(xs.size());
-    wq::QuantizeRows(o.x, s.m, s.k, xq.data(), xs.data(), xss.data());
+    int8_t* xq = static_cast<int8_t*>(p.back());  // ScratchBytes' layout
+    float* xs = reinterpret_cast<float*>(xq + s.m * s.k);
+    float* xss = xs + s.m * xb;
+    wq::QuantizeRows(o.x, s.m, s.k, xq, xs, xss);
     const float zero = s.implicit_zero();
 #pragma omp parallel for schedule(static) if (Parallel(s))
     for (int64_t t = 0; t < tiles; ++t) {
       alignas(64) float out[wq::kMaxRows * kTile];
       for (int64_t r0 = 0; r0 < s.m; r0 += wq::kMaxRows) {
         const int64_t rows = std::min<int64_t>(wq::kMaxRows, s.m - r0);
-        wq::QTileJob job{xq.data() + r0 * s.k, xs.data() + r0 * xb, xss.data() + r0 * xb,
+        wq::QTileJob job{xq + r0 * s.k, xs + r0 * xb, xss + r0 * xb,
                          o.codes + t * tile_bytes, o.scales + t * blocks * kTile,
                          o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, zero, s.k, s.block, rows, out};
         tile_fn(job);
