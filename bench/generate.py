@@ -29,7 +29,10 @@ its rounds). A process loads the engine, warms it up, then measures:
   that repetition's decode time: a slow moment hits one pair, not a TTFT measured apart and subtracted from
   another run, which once read 312 tok/s, 150% of the bound), the median of the ``--reps`` pairs;
   the table gives the best and the median of the rounds, and flags (and does not count as its best) a round
-  above the bandwidth bound, which no engine can reach: a timing glitch;
+  above twice the measured bandwidth bound: a timing glitch. Rounds between the bound and twice it are kept:
+  numpy's read is a lower estimate of what the memory delivers (session 10, quiet: llama.cpp f32 decoded a
+  0.5B model at 8.0 tok/s against a "bound" of 7.1 from a 14.1 GB/s numpy read, and our GEMV steps streamed
+  ~20 GB/s), so "% of bound" above 100% means the bound was low, not the timing;
 * its peak resident size (``VmHWM``: loading, conversion of weights and the measurement included);
 * the last position's logits after the 128 prompt where the engine exposes them: error = max |l - l_ref| /
   max |l_ref| against transformers' f32 logits; the 128 new tokens against transformers' f32 tokens.
@@ -360,11 +363,11 @@ class Bench:
         for (engine, fmt, t), rs in sorted(runs.items(), key=lambda kv: (kv[0][2], list(ENGINES).index(kv[0][0]))):
             bw = self.bandwidth.get(t, {})
             bound = bound_tps(cfg, fmt, bw["read_gbs"], ctx) if "read_gbs" in bw else float("nan")
-            s = summarise(rs, self.prompts, new, bound if bound == bound else float("inf"))
+            s = summarise(rs, self.prompts, new, 2 * bound if bound == bound else float("inf"))
             if s["glitches"]:
                 glitches.append(f"- {LABELS[engine]} {fmt} {t} threads: round(s) at "
                                 f"{', '.join(f'{g:.1f}' for g in s['glitches'])} tok/s, above the bound "
-                                f"{bound:.1f}: a timing glitch, left out")
+                                f"{bound:.1f} twice over: a timing glitch, left out")
             match = "—" if "error" in ref else token_match(s["tokens"], ref["tokens"])
             err = "—" if "error" in ref else logits_error(s["logits"], ref["logits"])
             pre = " | ".join(f"{s['prefill_tps'][p]:.0f}" for p in self.prompts)
