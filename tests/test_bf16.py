@@ -16,14 +16,11 @@ fallback, the validation, the report and the export tests run everywhere.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tvm
-from conftest import TOLERANCE, graph, run_exported_in_fresh_process
+from conftest import TOLERANCE, graph, run_cli, run_exported_in_fresh_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import conv2d_nchw
@@ -604,12 +601,9 @@ def test_export_and_reload_keeps_the_precision(tmp_path):
 
 
 def test_cli_precision_option_and_info():
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(bh.__file__)))
-    env = dict(os.environ, PYTHONPATH=package_root)
-    out = subprocess.run([sys.executable, "-m", "byoc_hetero", "info"], capture_output=True, text=True,
-                         timeout=300, env=env)
+    """In this process (conftest.run_cli: what ``python -m byoc_hetero`` calls, output captured)."""
+    out = run_cli("info")
     assert out.returncode == 0, out.stderr
     assert ("bf16 native" if NATIVE else "bf16 not native") in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "byoc_hetero", "report", "x.onnx", "--precision", "fp16"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    bad = run_cli("report", "x.onnx", "--precision", "fp16")
     assert bad.returncode == 2 and "invalid choice: 'fp16'" in bad.stderr

@@ -6,7 +6,6 @@ one-line usage errors; a text file named ``.npy``; a demo whose output shows wha
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,8 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "byoc_hetero", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
+    """``byoc-hetero *args`` run in this process from the repository root (conftest.run_cli: the function
+    the entry point calls, output captured, no fresh interpreter's imports); tests/test_cli.py runs the real
+    entry point in a subprocess for usage errors and a command end to end."""
+    from conftest import run_cli
+
+    return run_cli(*args, cwd=ROOT)
 
 
 def _one_line(out, code: int, *needles: str) -> str:
@@ -126,14 +129,12 @@ def test_cli_bench_runs_a_dynamic_model(dynamic_cnn):
     assert diff < 1e-4
 
 
-def test_cli_report_renders_svg_and_html_with_pip_only(dynamic_cnn, tmp_path):
-    """issue 28 item 3 from the command line: no graphviz needed (PATH without 'dot')."""
-    import os
-
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent))
+def test_cli_report_renders_svg_and_html_with_pip_only(dynamic_cnn, tmp_path, monkeypatch):
+    """issue 28 item 3 from the command line: no graphviz needed (PATH without 'dot', which the command
+    looks up with shutil.which on the PATH of the moment)."""
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
     for name in ("g.svg", "g.html"):
-        out = subprocess.run([sys.executable, "-m", "byoc_hetero", "report", str(dynamic_cnn), "--render",
-                              str(tmp_path / name)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+        out = cli("report", dynamic_cnn, "--render", tmp_path / name)
         assert out.returncode == 0, out.stderr
         assert f"picture: {tmp_path / name}" in out.stdout and "<svg" in (tmp_path / name).read_text()
 

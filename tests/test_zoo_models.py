@@ -114,6 +114,29 @@ def _import(zm: ZooModel, onnx_path: str, path: str):
     return bh.from_onnx(onnx_path)
 
 
+@pytest.fixture(scope="module")
+def imported(zoo):
+    """``imported(name, path)`` -> (model, torch output, (mod, params), float32 partition): each model
+    imported and partitioned once per module for the tests that check the same import (its numbers, what
+    stays on llvm, bf16); the partition is made on first use of ``partition()``."""
+    cache: dict[tuple[str, str], tuple] = {}
+    parts: dict[tuple[str, str], object] = {}
+
+    def get(name: str, path: str):
+        if (name, path) not in cache:
+            zm, want, onnx_path = zoo(name, EXPORTER[path])
+            cache[(name, path)] = (zm, want, _import(zm, onnx_path, path))
+
+        def partition():
+            if (name, path) not in parts:
+                parts[(name, path)] = bh.partition(*cache[(name, path)][2])
+            return parts[(name, path)]
+
+        return (*cache[(name, path)], partition)
+
+    return get
+
+
 def _run(part, inputs) -> np.ndarray:
     import tvm
     from tvm import relax
@@ -125,14 +148,13 @@ def _run(part, inputs) -> np.ndarray:
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", MODELS)
-def test_zoo_model_matches_torch(zoo, name, path):
+def test_zoo_model_matches_torch(imported, name, path):
     if path == "from_onnx" and name in NEEDS_FOLDING and not HAS_ORT:
         pytest.skip(f"TVM imports the {name} ONNX export only after folding with onnxruntime, not installed")
     if path == "from_onnx_dynamo" and name not in DYNAMO_CHECKED:
         pytest.skip(f"{name}: the default exporter's file is not checked yet")
-    zm, want, onnx_path = zoo(name, EXPORTER[path])
-    mod, params = _import(zm, onnx_path, path)
-    part = bh.partition(mod, params)
+    zm, want, _, partition = imported(name, path)
+    part = partition()
     report = bh.report(part)
     assert report.regions, f"{name} via {path}: nothing was offloaded"
     if name in ONE_REGION:
@@ -150,13 +172,12 @@ ALL_OFFLOADED = ("wav2vec2_base", "whisper_tiny_encoder", "swin_t", "deeplabv3_m
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ALL_OFFLOADED)
-def test_zoo_model_leaves_nothing_on_llvm(zoo, name, path):
-    """Every op of these models runs in one oneDNN region on every path checked (nothing on llvm)."""
+def test_zoo_model_leaves_nothing_on_llvm(imported, name, path):
+    """Every op of these models runs in one oneDNN region on every path checked (nothing on llvm); the
+    partition is the one test_zoo_model_matches_torch checked the numbers of (made once per module)."""
     if path == "from_onnx_dynamo" and name not in DYNAMO_CHECKED:
         pytest.skip(f"{name}: the default exporter's file is not checked yet")
-    zm, _, onnx_path = zoo(name, EXPORTER[path])
-    mod, params = _import(zm, onnx_path, path)
-    rep = bh.report(bh.partition(mod, params))
+    rep = bh.report(imported(name, path)[3]())
     assert len(rep.regions) == 1, f"{name} via {path}: {len(rep.regions)} regions\n{rep}"
     assert not rep.fallbacks, f"{name} via {path}: left on llvm\n{rep}"
 
@@ -167,7 +188,7 @@ BF16_BOUND = 2e-2
 
 @pytest.mark.parametrize("path", BF16_PATHS)
 @pytest.mark.parametrize("name", MODELS)
-def test_zoo_model_bf16_within_the_documented_bound(zoo, name, path):
+def test_zoo_model_bf16_within_the_documented_bound(imported, name, path):
     """precision="bf16": convs, denses and matmuls (attention's batched ones included) in bf16, layer
     norms, softmax and reductions in f32; the output stays within the documented bound of torch f32."""
     from byoc_hetero._native import _C
@@ -176,8 +197,7 @@ def test_zoo_model_bf16_within_the_documented_bound(zoo, name, path):
         pytest.skip(f"needs native bf16 (oneDNN ISA avx512_core_bf16 or later; this CPU: {_C.isa()})")
     if path == "from_onnx" and name in NEEDS_FOLDING and not HAS_ORT:
         pytest.skip(f"TVM imports the {name} ONNX export only after folding with onnxruntime, not installed")
-    zm, want, onnx_path = zoo(name, EXPORTER[path])
-    mod, params = _import(zm, onnx_path, path)
+    zm, want, (mod, params), _ = imported(name, path)
     part = bh.partition(mod, params, precision="bf16")
     assert "precision: bf16" in str(bh.report(part))
     got = _run(part, zm.inputs)
