@@ -14,8 +14,12 @@ round, two repeats): speed is the benchmark's (bench/tune_precision.py), not thi
 
 With ``"int8"`` among the precisions (f32 / bf16 / int8) the tuner also quantizes layer groups
 (``bh.quantize`` on the calibration inputs): on ResNet-50 (conv layer groups), BERT (dense /
-matmul groups) and ConvNeXt-T (whose float32 partition fuses its layers into nodes the int8 level
-cannot name: it keeps the default for them and the report says so, issue 35's bad-input rule). The
+matmul groups) and ConvNeXt-T. On ResNet-50 and ConvNeXt-T the int8 choice must be measured, not
+skipped (issue 35): the layers are matched to their nodes by content (the order match paired
+ResNet-50's shortcut convs with their neighbours), and below VNNI, where the backend says int8
+runs as float32 between its Q/DQ steps, ``int8_native`` keeps oneDNN's (saturating) int8 kernels
+so that it is measured here too; a layer the level cannot name keeps the default and the report
+says so (issue 35's bad-input rule). The
 codegen and algorithm levels run in every ``bh.tune`` call. bench/tune_precision.py ``--model
 zoo:NAME`` runs the full sizes. The other families' small configs (ViT, GPT-2, Whisper's encoder,
 wav2vec2) were tuned with f32 / bf16 / int8 outside the suite in session 8 (minutes each on a loaded

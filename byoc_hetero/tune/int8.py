@@ -544,7 +544,7 @@ def choose_with_int8(report: PrecisionReport, session: Session, default: tvm.IRM
     nothing to choose) and ``report``. ``session`` builds float plans (the algorithm level's
     options, the codegen level's map); ``default`` is the reference float32 partition, ``base`` the
     float32 partition the candidates' float nodes are keyed on; ``skipped`` the precisions asked
-    that no unit may take here, and why (int8 is not among them)."""
+    that no unit may take here, and why."""
     if "bf16" in report.precisions and skipped.get("bf16"):
         report.precisions = tuple(p for p in report.precisions if p != "bf16")
         report.notes.append(f"bf16 candidates skipped: {skipped['bf16']}")
@@ -552,6 +552,9 @@ def choose_with_int8(report: PrecisionReport, session: Session, default: tvm.IRM
     quantizer = Quantizer(session.mod, session.params, calibration, cache, session.model_digest())
     if not quantizer.layers:
         report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")
+        return None, report
+    if skipped.get("int8"):
+        report.notes.append(f"int8 candidates skipped: {skipped['int8']}")
         return None, report
     maps = NodeMaps(cache, quantizer.identity, settings_digest(session.targets, session.options, None))
     try:

@@ -262,15 +262,13 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     base = default if base is None else base
     if skipped is None:
         skipped = {p: r for p in precisions if p != "f32" for r in [native_reason(targets, p)] if r}
-    if "int8" in precisions and "int8" not in skipped:
+    if "int8" in precisions:
         from .int8 import choose_with_int8
 
         best, report = choose_with_int8(report, session, default, base, calibration, holdout, cache=cache,
                                         rounds=rounds, repeat=repeat, max_units=max_units, skipped=skipped)
         if best is not None or report.plans:
             return best, report
-    elif "int8" in precisions:
-        report.notes.append(f"int8 candidates skipped: {skipped['int8']}")
     # int8 not asked, or it could not apply here (a note says why): the float precisions are chosen
     report.precisions = tuple(p for p in report.precisions if p != "int8")
     if "bf16" not in report.precisions:
