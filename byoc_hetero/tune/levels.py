@@ -237,7 +237,7 @@ class PrecisionLevel(Level):
     def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
         return self.report
 
-    def skipped(self, ctx: TuneContext) -> dict[str, str]:
+    def skipped(self, ctx: TuneContext) -> dict[str, str] | None:
         """Each precision asked that no unit may take, and why (the backend's words; None where
         there is no unit: the level then says so itself)."""
         from .plans import precision_choices
