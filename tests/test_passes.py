@@ -261,8 +261,8 @@ def test_backend_alias_and_options():
 
 def test_backend_variants_enumerate():
     backend = get_target("onednn")
-    assert [v.name for v in backend.variants_for("conv2d")] == ["direct", "winograd", "bf16"]
-    assert [v.name for v in backend.variants_for("matmul")] == ["f32", "bf16"]
+    assert [v.name for v in backend.variants_for("conv2d")] == ["direct", "winograd", "f32", "bf16", "int8"]
+    assert [v.name for v in backend.variants_for("matmul")] == ["f32", "bf16", "int8"]
     assert backend.variants_for("softmax") == ()
 
 

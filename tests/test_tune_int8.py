@@ -186,3 +186,43 @@ def test_int8_mixes_fold_batch_norms_as_bh_quantize_does():
                        verbose=False)
     ref, got = _llvm(same.mod, same.params, held), _llvm(qmod, qparams, held)
     assert np.abs(got[0] - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
+
+
+def _weight_shapes(partitioned, keys):
+    """Layer index -> the shape of the weight tensor of the node ``keys`` names (from the region document)."""
+    graphs = {symbol: e.graph for symbol, e in region_table(partitioned).items()}
+    out = {}
+    for layer, key in keys.items():
+        symbol, _, index = key.rpartition("#")
+        graph = graphs[symbol]
+        out[layer] = tuple(graph["tensors"][graph["nodes"][int(index)]["inputs"][1]]["shape"])
+    return out
+
+
+def test_layers_are_matched_to_their_nodes_by_content_not_order(monkeypatch):
+    """Issue 35: the float partition of a ResNet lists a stage's downsample conv and the conv beside it
+    in another order than the quantizer its layers (program order), so the order match paired the two
+    layers with each other's nodes — same op, same count, no error: the int8 level timed and applied
+    decisions on the wrong layers. Matched by the weights' content, each layer names the node whose
+    weight has the layer's shape (checked against the region documents), in the float partition and
+    in the all-int8 one (oneDNN's int8 kernels kept on a CPU without VNNI, where they saturate: only
+    which node is which matters here)."""
+    from byoc_hetero.tune import int8
+
+    monkeypatch.setenv("BYOC_HETERO_INT8", "saturating")
+    mod, params = bh.models.resnet18(image_size=32, num_classes=10)
+    quantizer = int8.Quantizer(mod, params, [[x] for x in _samples(1, 0, (1, 3, 32, 32))])
+    want = {lyr.index: tuple(lyr.weight_shape) for lyr in quantizer.layers if lyr.op == "conv2d"}
+    base = bh.partition(mod, params)
+    floats, _ = int8.layer_keys(base, quantizer, set())
+    assert len(floats) == len(quantizer.layers)
+    assert {i: s for i, s in _weight_shapes(base, floats).items() if i in want} == want
+    # by order, the i-th conv node is not the i-th conv layer: what the order match got wrong
+    in_order = [k for k, _ in sorted(((k, int(k.rpartition("#")[2])) for k in floats.values()), key=lambda p: p[1])]
+    by_order = dict(zip(sorted(want), in_order))
+    assert _weight_shapes(base, by_order) != want
+    everything = {lyr.index for lyr in quantizer.layers}
+    all_int8 = bh.partition(*quantizer.module(everything))
+    _, int8_keys = int8.layer_keys(all_int8, quantizer, everything)
+    assert len(int8_keys) == len(quantizer.layers)
+    assert {i: s for i, s in _weight_shapes(all_int8, int8_keys).items() if i in want} == want

@@ -122,7 +122,7 @@ def _quantizer_session(cache):
     quantizer = int8.Quantizer(mod, params, [[x] for x in _samples(3, 1)], cache, session.model_digest())
     maps = node_maps.NodeMaps(cache, quantizer.identity, "settings")
     base = bh.partition(mod, params)
-    floats, _ = int8.layer_keys(base, quantizer.layers, set())
+    floats, _ = int8.layer_keys(base, quantizer, set())
     return session, quantizer, maps, floats
 
 
@@ -168,12 +168,12 @@ def test_a_mix_with_bf16_uses_a_stored_map_and_replaces_a_stale_one(monkeypatch)
 @needs_int8_kernels
 def test_all_int8_partition_is_made_only_for_a_timing_key_not_in_the_cache(monkeypatch):
     cache = TimingCache(None)
-    session, quantizer, maps, _ = _quantizer_session(cache)
-    all_int8 = int8.AllInt8(session, quantizer)
+    session, quantizer, maps, floats = _quantizer_session(cache)
+    all_int8 = int8.AllInt8(session, quantizer, set(floats))
     keys = all_int8.timing_keys(maps)  # a miss: the partition is made
     assert all_int8.built._module is not None and len(keys) == 5
     assert keys == {i: int8.int8_timing_key(g, n) for i, (g, n) in all_int8.nodes.items()}
-    fresh = int8.AllInt8(session, quantizer)
+    fresh = int8.AllInt8(session, quantizer, set(floats))
     monkeypatch.setattr(stages, "partition", lambda *a, **k: pytest.fail("all-int8 partition made again"))
     assert fresh.timing_keys(node_maps.NodeMaps(cache, quantizer.identity, "settings")) == keys
     assert fresh.built._module is None

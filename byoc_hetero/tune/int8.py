@@ -27,9 +27,18 @@ Steps (each measured on this machine):
    only within the tolerance there; the kept ones and the float32 plans are timed end to end,
    alternating, the fastest wins, the default float32 plan unless another is measured faster.
 
-Layers are matched to the partition's nodes by order (conv2d with conv2d, a matmul with a dense or
-matmul node); a model whose layers do not all reach a oneDNN region as one node each (a layer left to
-llvm) cannot be matched, and the int8 candidates are skipped with a note saying why.
+int8 is one choice of the precision level (:class:`.levels.PrecisionLevel` reads it from the
+backend's variants and knob, as bf16); this module holds what that choice needs: the quantizer, the
+layer-to-node maps, the int8 unit times and the three-way search. Layers are matched to a
+partition's nodes by content (:func:`layer_keys`: the node whose weight constant is made from the
+layer's weight, float, folded or quantized; the region documents carry each constant's digest), not
+by order: the zoo ResNet-50's float partition lists each stage's shortcut conv before the block's
+third conv, the quantizer (program order) after it, so the order match paired those layers with each
+other's nodes (same op, same count: silently), while its all-int8 partition keeps program order; and
+one layer without a node of its own made the whole int8 choice skipped. A layer that became no node
+of its own keeps float32 (the report counts them); where none did, the int8 candidates are skipped
+with a note saying why. Below VNNI the backend says int8 runs as float32 between Q/DQ steps (its
+knob's ``native``): the level then leaves int8 out, as bf16 without native bf16.
 """
 
 from __future__ import annotations
@@ -47,9 +56,8 @@ from .measure import time_cached
 from .node_maps import NodeMaps
 from .plan_errors import PlanErrors, inputs_digest, settings_digest
 from .plans import (ANCHOR_OPS, Built, OneNode, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
-                    float32_plans, held_out_candidates, make_units, measure_unit_times, node_signature,
-                    native_reason, partition_with_node_precisions, pick, precision_regions, timed_graphs,
-                    warn_unmet)
+                    constant_tensors, float32_plans, held_out_candidates, make_units, measure_unit_times,
+                    node_signature, partition_with_node_precisions, pick, precision_regions, timed_graphs, warn_unmet)
 from .edges import FLOAT, UnitEdges, domain, edge_cost, measure_edge_costs, unit_edges
 from .solver import Choice, Problem, Region, improve, solve
 
@@ -83,6 +91,7 @@ class Quantizer:
             mod = mod.clone()
             mod["main"] = func
         self.mod, self.params, self.samples = mod, folded, list(calibration)
+        self.original = dict(params or {})  # the weights before the batch norms were folded
         # what the QDQ modules are made from (the model, the inputs its ranges come from): the key of the
         # partitions' node maps in the cache (:mod:`.node_maps`); None without a cache
         self.identity = {"model": model, "inputs": inputs_digest(self.samples)} if cache is not None and model else None
@@ -102,6 +111,28 @@ class Quantizer:
         for var, (lo, hi) in zip(observed, ranges):
             scale, zp = activation_qparams(lo, hi, "uint8")
             self.qparams[var] = (scale, zp, "uint8")
+
+    @functools.cached_property
+    def digests(self) -> dict[str, int]:
+        """Content digest (the region documents' constant ``digest``) -> layer index, for each form
+        a layer's weight may take in a partition: as given, with its batch norm folded in, quantized
+        (per-channel s8), each 2-D one transposed too. A digest two layers share (tied weights) is
+        left out: those layers are matched as weightless ones."""
+        from .._native import _C
+        from ..quant.plan import weight_qparams
+
+        found: dict[str, set[int]] = {}
+        for layer in self.layers:
+            if layer.weight is None or layer.weight not in self.params:
+                continue
+            w = np.asarray(self.params[layer.weight], np.float32)
+            forms = [w, weight_qparams(w, layer.weight_axis)[0]]
+            if layer.weight.endswith("_bn") and layer.weight[:-3] in self.original:
+                forms.append(np.asarray(self.original[layer.weight[:-3]]))
+            for form in forms:
+                for arr in (form, form.T) if form.ndim == 2 else (form,):
+                    found.setdefault(str(_C.digest(np.ascontiguousarray(arr))), set()).add(layer.index)
+        return {d: next(iter(s)) for d, s in found.items() if len(s) == 1}
 
     def _observe(self, observed: list) -> list[list[float]]:
         """The min-max range of each ``observed`` value over the calibration samples: the model
@@ -134,35 +165,63 @@ class Quantizer:
         return out, {k: v for k, v in self.params.items() if k not in gone} | values
 
 
-def _anchors(partitioned: tvm.IRModule) -> list[tuple[str, str, bool]]:
-    """``(node key, op, is int8)`` of every conv2d / dense / matmul of the regions whose backend
-    has a precision knob, in order."""
+def _weight_source(graph: Mapping[str, Any], node: Mapping[str, Any], known: set[int]) -> str | None:
+    """The content digest of the constant node ``node``'s weight (its second input) is made from:
+    traced back through the nodes that compute from constants alone (a batch norm folded into the
+    weights, a dequantize of int8 weights) to their first input; None for a weight known only at
+    run time (a matmul of two activations)."""
+    if len(node["inputs"]) < 2 or node["inputs"][1] not in known:
+        return None
+    digests = {c["tensor"]: c.get("digest") for c in graph.get("constants", [])}
+    producers = {n["output"]: n for n in graph["nodes"]}
+    tensor = node["inputs"][1]
+    while tensor not in digests and tensor in producers and producers[tensor]["inputs"]:
+        tensor = producers[tensor]["inputs"][0]
+    return digests.get(tensor)
+
+
+def _anchors(partitioned: tvm.IRModule) -> list[tuple[str, str, bool, str | None]]:
+    """``(node key, op, is int8, weight digest)`` of every conv2d / dense / matmul of the regions
+    whose backend has a precision knob, in order."""
     found = []
     for symbol, graph, knob in precision_regions(partitioned):
+        known = constant_tensors(graph)
         for i, node in enumerate(graph.get("nodes", [])):
             if node["op"] in ANCHOR_OPS:
-                found.append((knob.key(symbol, i), node["op"], "src_scale" in node.get("attrs", {})))
+                found.append((knob.key(symbol, i), node["op"], "src_scale" in node.get("attrs", {}),
+                              _weight_source(graph, node, known)))
     return found
 
 
-def layer_keys(partitioned: tvm.IRModule, layers: Sequence[Any], int8: set[int]
+def _fits(layer: Any, op: str) -> bool:
+    return op in _LAYER_NODE_OPS.get(layer.op, ())
+
+
+def layer_keys(partitioned: tvm.IRModule, quantizer: "Quantizer", int8: set[int]
                ) -> tuple[dict[int, str], dict[int, str]]:
     """Which node each layer became in ``partitioned`` (the model with layers ``int8`` quantized):
-    ``(float layer index -> node key, int8 layer index -> node key)``, matched by order and op;
-    a :class:`MatchError` saying where they part."""
-    nodes = _anchors(partitioned)
+    ``(float layer index -> node key, int8 layer index -> node key)``.
+
+    Matched by content (:attr:`Quantizer.digests`: a node whose weight is made from a layer's
+    weight, float, folded or quantized, is that layer's), which no pass changes; the layers without
+    a weight (a matmul of two activations) are matched by order and op among the nodes left, where
+    their counts agree. A layer that became no node of its own (fused into another, left to llvm)
+    is in neither map: it keeps float32."""
+    by_index = {lyr.index: lyr for lyr in quantizer.layers}
     out: tuple[dict[int, str], dict[int, str]] = ({}, {})
+    rest: tuple[list, list] = ([], [])
+    for key, op, quantized, digest in _anchors(partitioned):
+        layer = by_index.get(quantizer.digests.get(digest, -1))
+        if layer is not None and (layer.index in int8) == quantized and _fits(layer, op) \
+                and layer.index not in out[quantized]:
+            out[quantized][layer.index] = key
+        elif digest is None:
+            rest[quantized].append((key, op))
     for quantized in (False, True):
-        mine = [(k, op) for k, op, q in nodes if q == quantized]
-        wanted = [lyr for lyr in layers if (lyr.index in int8) == quantized]
-        if len(mine) != len(wanted):
-            kind = "int8" if quantized else "float"
-            raise MatchError(f"{len(wanted)} {kind} conv2d/matmul layers but {len(mine)} {kind} conv2d/dense/"
-                             "matmul nodes in the regions with a precision knob (a layer left to llvm, or fused away)")
-        for layer, (key, op) in zip(wanted, mine):
-            if op not in _LAYER_NODE_OPS.get(layer.op, ()):
-                raise MatchError(f"layer {layer.name} ({layer.op}) met node {key} ({op})")
-            out[int(quantized)][layer.index] = key
+        wanted = [lyr for lyr in quantizer.layers if lyr.weight is None and (lyr.index in int8) == quantized]
+        mine = rest[quantized]
+        if len(mine) == len(wanted) and all(_fits(lyr, op) for lyr, (_, op) in zip(wanted, mine)):
+            out[quantized].update({lyr.index: key for lyr, (key, _) in zip(wanted, mine)})
     return out
 
 
@@ -186,6 +245,8 @@ def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, in
         try:
             for key in unit.keys:
                 layer = layer_of[key]
+                if layer not in timing_keys:
+                    raise ValueError(f"layer {layer} is no int8 node of its own in the all-int8 partition")
                 total += time_cached(cache, timing_keys[layer], lambda: OneNode(*locate(layer), "f32"),
                                      repeat).median_s
             unit.times["int8"] = total
@@ -196,20 +257,20 @@ def measure_int8_times(units: Sequence[PrecisionUnit], layer_of: Mapping[str, in
 class AllInt8:
     """The all-int8 partition, made when first needed, and where each layer's int8 node is in it."""
 
-    def __init__(self, session: Session, quantizer: Quantizer):
+    def __init__(self, session: Session, quantizer: Quantizer, layers: set[int]):
         from ..stages import partition
 
-        self.quantizer, self.layers = quantizer, {lyr.index for lyr in quantizer.layers}
+        self.quantizer, self.layers = quantizer, set(layers)
         self.built = Built(lambda: partition(*quantizer.module(self.layers), target=session.targets,
                                              options=session.options))
 
     @functools.cached_property
     def nodes(self) -> dict[int, tuple[Mapping[str, Any], int]]:
-        """Layer index -> (region document, node index) of its int8 node (a :class:`MatchError`
-        where layers and nodes part)."""
+        """Layer index -> (region document, node index) of its int8 node (a layer whose int8 form
+        is no node of its own is left out)."""
         from .._relax import region_table
 
-        _, keys = layer_keys(self.built.module, self.quantizer.layers, self.layers)
+        _, keys = layer_keys(self.built.module, self.quantizer, self.layers)
         graphs = {symbol: entry.graph for symbol, entry in region_table(self.built.module).items()}
         return {i: (graphs[k.rpartition("#")[0]], int(k.rpartition("#")[2])) for i, k in keys.items()}
 
@@ -241,15 +302,14 @@ class MixBuilder:
             return self.session.build({self.float_keys[i]: p for i, p in assignment.items()}).module
         qmod, qparams = self.quantizer.module(int8)
         targets, options = self.session.targets, {k: dict(v) for k, v in self.session.options.items()}
-        layers = self.quantizer.layers
         if "bf16" not in assignment.values():
             return partition(qmod, qparams, target=targets, options=options)
         floats = self.maps.get("float", int8, lambda: layer_keys(partition(qmod, qparams, target=targets,
-                                                                           options=options), layers, int8)[0])
+                                                                           options=options), self.quantizer, int8)[0])
         skipped: dict[str, str] = {}
         mixed = partition_with_node_precisions(qmod, qparams, {key: assignment[i] for i, key in floats.items()},
                                                targets=targets, options=options, skipped=skipped)
-        if self.maps.check("float", int8, floats, layer_keys(mixed, layers, int8)[0]) or not retry:
+        if self.maps.check("float", int8, floats, layer_keys(mixed, self.quantizer, int8)[0]) or not retry:
             self.session.skipped.update(skipped)
             return mixed
         return self._partition(assignment, retry=False)  # a stored map the module contradicted: replaced
@@ -418,16 +478,24 @@ def _candidates(report: PrecisionReport, ctx: Int8Context, candidates: list[Plan
 
 def _units(report: PrecisionReport, session: Session, quantizer: Quantizer, base: tvm.IRModule,
            max_units: int, maps: NodeMaps) -> tuple[dict[int, str], AllInt8, dict[int, str]]:
-    """The units (layer groups, over the float nodes of ``base``), the layers' node keys in the
-    float partition, the all-int8 partition (lazy) and its int8 nodes' timing keys: a
-    :class:`MatchError` where layers and nodes part."""
-
-    all_int8 = AllInt8(session, quantizer)
-    float_keys, _ = layer_keys(base, quantizer.layers, set())
+    """The units (layer groups, over the float nodes of ``base`` a layer became), the layers' node
+    keys in the float partition, the all-int8 partition of those layers (lazy) and its int8 nodes'
+    timing keys: a :class:`MatchError` where no layer became a node of its own (a layer that did
+    not keeps float32, and a note says how many)."""
+    float_keys, _ = layer_keys(base, quantizer, set())
+    if not float_keys:
+        raise MatchError(f"none of the {len(quantizer.layers)} conv2d/matmul layers is a conv2d/dense/matmul node "
+                         "of its own in a region with a precision knob (left to llvm, or fused into another node)")
+    left = [lyr.name for lyr in quantizer.layers if lyr.index not in float_keys]
+    if left:
+        report.notes.append(f"{len(left)} of {len(quantizer.layers)} layers are no conv2d/dense/matmul node of their "
+                            f"own in the float partition and keep float32 ({', '.join(left[:6])}"
+                            f"{', ...' if len(left) > 6 else ''})")
+    all_int8 = AllInt8(session, quantizer, set(float_keys))
     timing_keys = all_int8.timing_keys(maps)
     labels = dict(anchor_nodes(base))
     report.units = make_units([(float_keys[lyr.index], labels.get(float_keys[lyr.index], lyr.name))
-                               for lyr in quantizer.layers], max_units)
+                               for lyr in quantizer.layers if lyr.index in float_keys], max_units)
     return float_keys, all_int8, timing_keys
 
 
@@ -471,19 +539,22 @@ def _all_of(precision: str, report: PrecisionReport, ctx: Int8Context, built: Bu
 
 def choose_with_int8(report: PrecisionReport, session: Session, default: tvm.IRModule, base: tvm.IRModule,
                      calibration: list, holdout: list, *, cache: TimingCache | None, rounds: int, repeat: int,
-                     max_units: int) -> tuple[PlanResult | None, PrecisionReport]:
+                     max_units: int, skipped: Mapping[str, str]) -> tuple[PlanResult | None, PrecisionReport]:
     """The precision level with int8 among the precisions (module docstring): the plan kept (None:
     nothing to choose) and ``report``. ``session`` builds float plans (the algorithm level's
     options, the codegen level's map); ``default`` is the reference float32 partition, ``base`` the
-    float32 partition the candidates' float nodes are keyed on."""
-    bf16_off = native_reason(session.targets, "bf16")
-    if "bf16" in report.precisions and bf16_off:
+    float32 partition the candidates' float nodes are keyed on; ``skipped`` the precisions asked
+    that no unit may take here, and why."""
+    if "bf16" in report.precisions and skipped.get("bf16"):
         report.precisions = tuple(p for p in report.precisions if p != "bf16")
-        report.notes.append(f"bf16 candidates skipped: {bf16_off}")
+        report.notes.append(f"bf16 candidates skipped: {skipped['bf16']}")
     cache = cache if cache is not None else TimingCache(None)  # not `or`: an empty cache is falsy (len 0)
     quantizer = Quantizer(session.mod, session.params, calibration, cache, session.model_digest())
     if not quantizer.layers:
         report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")
+        return None, report
+    if skipped.get("int8"):
+        report.notes.append(f"int8 candidates skipped: {skipped['int8']}")
         return None, report
     maps = NodeMaps(cache, quantizer.identity, settings_digest(session.targets, session.options, None))
     try:
@@ -493,7 +564,7 @@ def choose_with_int8(report: PrecisionReport, session: Session, default: tvm.IRM
         return None, report
     float_plans = float32_plans(session, default, calibration, holdout, cache)
     ctx = Int8Context(session, MixBuilder(session, quantizer, float_keys, maps),
-                      [lyr.index for lyr in quantizer.layers], {k: i for i, k in float_keys.items()})
+                      sorted(float_keys), {k: i for i, k in float_keys.items()})
     _time_units(report, ctx, timed_graphs(session, float_plans, base, cache), int8_keys, all_int8, cache, repeat)
     candidates = [_all_of("int8", report, ctx, all_int8.built)]
     if "bf16" in report.precisions:

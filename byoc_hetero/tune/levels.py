@@ -198,11 +198,22 @@ class AlgorithmLevel(Level):
 
 class PrecisionLevel(Level):
     """The precision of each conv2d / dense / matmul (or layer group) of the regions with a
-    precision knob: the fastest mix within ``tolerance`` (:mod:`.precision`; :mod:`.int8` with
-    ``"int8"`` asked). Its units (:func:`.plans.make_units`) are timed per precision through the
-    cache (:func:`.plans.measure_unit_times`) and their errors measured; the search's plan is
-    applied as the knob's option (:func:`.plans.partition_with_node_precisions`). It ends the
-    tune: :attr:`kept` is the plan it measured fastest end to end (None: nothing to choose)."""
+    precision knob: the fastest mix within ``tolerance``.
+
+    1. ``units``: the partition's float conv2d / dense / matmul nodes (:func:`.plans.precision_nodes`,
+       keyed by the backend's knob);
+    2. ``choices``: f32 and the backend's variants of level ``precision`` for the node's op that
+       run as asked here (:func:`.plans.precision_choices`: bf16 without avx512_core_bf16, int8
+       without VNNI are left out, with the backend's reason in the report); int8 applies to a node
+       that is a layer of the calibrated quantizer (its scales come from the calibration inputs);
+    3. ``measure``: each unit timed per choice through the timing cache, its errors measured, and
+       the mix searched within the tolerance (:mod:`.precision`; with int8 among the choices, the
+       three-way search of :mod:`.int8`);
+    4. ``apply``: bf16 through the knob's option (:func:`.plans.partition_with_node_precisions`),
+       int8 by the Q/DQ steps around the chosen layers.
+
+    It ends the tune: :attr:`kept` is the plan it measured fastest end to end (None: nothing to
+    choose), never slower than the default, which wins ties."""
 
     name = report_field = "precision"
     final = True
@@ -213,8 +224,33 @@ class PrecisionLevel(Level):
         self.budget_s, self.rounds = budget_s, rounds
         self.report: Any = None
 
+    def units(self, ctx: TuneContext) -> list[Any]:
+        from .plans import precision_nodes
+
+        return precision_nodes(ctx.base)
+
+    def choices(self, ctx: TuneContext, unit: Any) -> tuple[str, ...]:
+        from .plans import precision_choices
+
+        return precision_choices(unit, self.asked)[0]
+
     def result(self, ctx: TuneContext, decisions: list[Any]) -> Any:
         return self.report
+
+    def skipped(self, ctx: TuneContext) -> dict[str, str] | None:
+        """Each precision asked that no unit may take, and why (the backend's words; None where
+        there is no unit: the level then says so itself)."""
+        from .plans import precision_choices
+
+        offered: set[str] = set()
+        why: dict[str, str] = {}
+        units = self.units(ctx)
+        for unit in units:
+            got, reasons = precision_choices(unit, self.asked)
+            offered.update(got)
+            for p, reason in reasons.items():
+                why.setdefault(p, reason)
+        return {p: why.get(p, "") for p in self.asked if p not in offered} if units else None
 
     def decide(self, ctx: TuneContext) -> list[Any]:
         from .precision import choose_precisions
@@ -223,7 +259,7 @@ class PrecisionLevel(Level):
             ctx.mod, ctx.params, ctx.default, precisions=self.asked, tolerance=self.tolerance,
             calibration=self.calibration, holdout=self.holdout, targets=ctx.targets, options=ctx.options,
             budget_s=self.budget_s, cache=ctx.cache, rounds=self.rounds, repeat=ctx.repeat, progress=ctx.progress,
-            region_codegen=ctx.region_codegen, base=ctx.base)
+            region_codegen=ctx.region_codegen, base=ctx.base, skipped=self.skipped(ctx))
         return self.report.units
 
 

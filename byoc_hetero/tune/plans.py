@@ -118,23 +118,38 @@ class PrecisionUnit:
 def precision_regions(partitioned: tvm.IRModule) -> list[tuple[str, dict, Any]]:
     """``(symbol, region document, precision knob)`` of each region of ``partitioned`` whose backend
     declares a precision knob with node keys, in region order."""
+    return [(symbol, graph, knob) for symbol, graph, knob, _ in _precision_regions(partitioned)]
+
+
+def _precision_regions(partitioned: tvm.IRModule) -> list[tuple[str, dict, Any, str]]:
+    """:func:`precision_regions` with each region's backend name."""
     from .._relax import region_table
 
     out = []
     for symbol, entry in region_table(partitioned).items():
         knob = knob_of(entry.target, PRECISION)
         if knob is not None and knob.key is not None and entry.graph:
-            out.append((symbol, entry.graph, knob))
+            out.append((symbol, entry.graph, knob, entry.target))
     return out
 
 
-def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
-    """``(node key, description)`` of each float conv2d / dense / matmul of the module's regions
-    whose backend has a precision knob (keyed by it), with static shapes, in region and node order:
-    what can change precision."""
+@dataclass(frozen=True)
+class PrecisionNode:
+    """A unit of the precision level as the partition has it: one float conv2d / dense / matmul
+    node (static shapes) of a region whose backend has a precision knob."""
+
+    key: str  # the node's key in the knob's option (the backend's ``key(symbol, index)``)
+    op: str
+    label: str  # what the report calls it
+    backend: str  # whose knob and variants decide it
+
+
+def precision_nodes(partitioned: tvm.IRModule) -> list[PrecisionNode]:
+    """The float conv2d / dense / matmul nodes of the module's regions whose backend has a precision
+    knob (keyed by it), with static shapes, in region and node order: what can change precision."""
+    regions = _precision_regions(partitioned)
     found = []
-    regions = precision_regions(partitioned)
-    for r, (symbol, graph, knob) in enumerate(regions):
+    for r, (symbol, graph, knob, backend) in enumerate(regions):
         where = f"region {r} " if len(regions) > 1 else ""
         tensors = graph.get("tensors", [])
         for i, node in enumerate(graph.get("nodes", [])):
@@ -145,8 +160,34 @@ def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
                 continue
             if not all(isinstance(d, int) for t in ins for d in t["shape"]):
                 continue
-            found.append((knob.key(symbol, i), f"{where}node {i}: {_node_text(graph, node)}"))
+            found.append(PrecisionNode(knob.key(symbol, i), node["op"], f"{where}node {i}: {_node_text(graph, node)}",
+                                       backend))
     return found
+
+
+def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
+    """``(node key, description)`` of each :func:`precision_nodes` node."""
+    return [(n.key, n.label) for n in precision_nodes(partitioned)]
+
+
+def precision_choices(node: PrecisionNode, asked: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The precisions of ``asked`` that ``node`` may take — f32 (the reference) and the backend's
+    variants of level ``precision`` for its op (``Backend.choices``) that run as asked on this
+    machine (the knob's ``native``) — and why each other one asked may not."""
+    from ..targets import get_target
+
+    backend = get_target(node.backend)
+    knob, offered = backend.knobs[PRECISION], backend.choices(PRECISION, node.op)
+    out, why = ["f32"], {}
+    for p in dict.fromkeys(asked):
+        reason = "" if p == "f32" else (knob.native(p) if knob.native is not None else "")
+        if p != "f32" and p not in offered:
+            why[p] = f"backend {backend.name!r} offers no {p} {node.op}"
+        elif reason:
+            why[p] = reason
+        elif p != "f32":
+            out.append(p)
+    return tuple(out), why
 
 
 def make_units(anchors: Sequence[tuple[str, str]], max_units: int = MAX_UNITS) -> list[PrecisionUnit]:

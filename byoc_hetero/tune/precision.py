@@ -40,8 +40,10 @@ When no candidate meets the tolerance, the float32 plan comes back with a :class
 giving the best error found. ``budget_s`` bounds steps 2-4: when it runs out, the units not yet
 measured stay float32, the search returns its best plan so far, and the report says the search
 was cut. On a CPU without native bf16 (oneDNN below ``avx512_core_bf16``, or
-``BYOC_HETERO_BF16=off``) the bf16 candidates are skipped with a note. int8 is not a precision of
-this level yet (:func:`check_precisions`).
+``BYOC_HETERO_BF16=off``) the bf16 candidates are skipped with a note. int8 is one more choice of
+this level, read from the backend as bf16 is (:class:`.levels.PrecisionLevel`): where a unit may take
+it, the three-way search of :mod:`.int8` decides; where the backend says it runs as another
+precision here (no VNNI) or no layer can take it, the float choices are searched as above.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from .plans import (MAX_UNITS, PlanResult, PrecisionReport, PrecisionUnit, Sessi
                     timed_graphs, warn_unmet)
 from .solver import Choice, Problem, Region, solve
 
-#: what ``bh.tune(precisions=...)`` accepts: int8 goes through :mod:`.int8` (a quantized module)
+#: what ``bh.tune(precisions=...)`` accepts (int8's units are quantized layers: :mod:`.int8`)
 TUNE_PRECISIONS = ("f32", "bf16", "int8")
 #: rounds of the mix search (re-solving with the error budget rescaled by the measured error)
 SEARCH_ROUNDS = 4
@@ -239,8 +241,8 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
                       targets: Any = None, options: Mapping[str, Mapping[str, Any]] | None = None,
                       budget_s: float | None = None, cache: TimingCache | None = None, rounds: int = 3,
                       repeat: int = 15, max_units: int = MAX_UNITS, progress: Any = False,
-                      region_codegen: Mapping[str, str] | None = None, base: tvm.IRModule | None = None
-                      ) -> tuple[PlanResult | None, PrecisionReport]:
+                      region_codegen: Mapping[str, str] | None = None, base: tvm.IRModule | None = None,
+                      skipped: Mapping[str, str] | None = None) -> tuple[PlanResult | None, PrecisionReport]:
     """The precision level (see the module docstring): the plan kept (its ``built.module`` is the
     partitioned module; None when there was nothing to choose: no native bf16, no unit) and the
     report. ``default`` is the default float32 partition, the reference; ``options`` the backend
@@ -248,7 +250,9 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     ``region_codegen`` the codegen level's map and ``base`` the float32 partition it gives (the
     candidates are built on it); ``cache`` the timing cache the units' times go through (saved at
     the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides; where it
-    cannot apply int8 (a note says why), the float precisions are chosen as without it."""
+    cannot apply int8 (a note says why), the float precisions are chosen as without it. ``skipped``:
+    each precision asked that no unit may take and why (:meth:`.levels.PrecisionLevel.skipped`,
+    read from the backends' variants and knobs; None: from the knobs' ``native`` alone)."""
     report = PrecisionReport(tuple(precisions), float(tolerance))
     samples = input_samples(mod, params, calibration, "calibration")
     held = None if holdout is None else input_samples(mod, params, holdout, "holdout")
@@ -256,16 +260,21 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     report.calibration, report.holdout = len(calibration), len(holdout)
     session = Session(mod, params, targets, options, budget_s, progress, region_codegen)
     base = default if base is None else base
+    if skipped is None:
+        skipped = {p: r for p in precisions if p != "f32" for r in [native_reason(targets, p)] if r}
     if "int8" in precisions:
         from .int8 import choose_with_int8
 
         best, report = choose_with_int8(report, session, default, base, calibration, holdout, cache=cache,
-                                        rounds=rounds, repeat=repeat, max_units=max_units)
+                                        rounds=rounds, repeat=repeat, max_units=max_units, skipped=skipped)
         if best is not None or report.plans:
             return best, report
-        # int8 could not apply here (its note says why): the float precisions are still chosen
-        report.precisions = tuple(p for p in report.precisions if p != "int8")
-    reason = native_reason(targets, "bf16")
+    # int8 not asked, or it could not apply here (a note says why): the float precisions are chosen
+    report.precisions = tuple(p for p in report.precisions if p != "int8")
+    if "bf16" not in report.precisions:
+        report.notes.append("no float precision but f32 asked: nothing to choose")
+        return None, report
+    reason = skipped.get("bf16", "")
     anchors = anchor_nodes(base)
     if reason or not anchors:
         report.notes.append(f"bf16 candidates skipped: {reason}" if reason else

@@ -131,6 +131,9 @@ OPTIONS = {
 """The options the oneDNN backend accepts (:meth:`byoc_hetero.rules.Backend.check_options`)."""
 
 _ALGO = "BYOC_HETERO_CONV_ALGO"
+_INT8_BY = "Q/DQ around the node (bh.quantize, a QDQ ONNX file; bh.tune's quantizer per layer)"
+_INT8_WHEN = ("calibration-derived scales; exact int8 kernels need VNNI (below it the node computes float32 "
+              "between its Q/DQ steps, BYOC_HETERO_INT8=saturating keeps oneDNN's saturating ones)")
 VARIANTS = {
     "conv2d": (
         Variant("conv2d", "direct", "oneDNN's convolution primitive (its own algorithm choice)",
@@ -138,18 +141,24 @@ VARIANTS = {
         Variant("conv2d", "winograd", "Winograd F(4x4, 3x3): batched GEMMs between input/output transforms",
                 f"{_ALGO}=winograd ('auto', the default, picks it where it pays off)",
                 "3x3, stride 1, no dilation, no groups, channels multiples of 16, constant weights", "algorithm"),
+        Variant("conv2d", "f32", "oneDNN convolution in float32", "precision='f32'", level="precision"),
         Variant("conv2d", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
+        Variant("conv2d", "int8", "u8 activations, per-channel s8 weights, s32 accumulation", _INT8_BY, _INT8_WHEN,
+                "precision"),
     ),
     "dense": (
         Variant("dense", "f32", "oneDNN inner product / matmul in float32", "precision='f32'", level="precision"),
         Variant("dense", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
+        Variant("dense", "int8", "u8 activations, per-channel s8 weights, s32 accumulation", _INT8_BY, _INT8_WHEN,
+                "precision"),
     ),
     "matmul": (
         Variant("matmul", "f32", "oneDNN matmul in float32", "precision='f32'", level="precision"),
         Variant("matmul", "bf16", "bf16 operands, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
+        Variant("matmul", "int8", "u8 / s8 operands, s32 accumulation", _INT8_BY, _INT8_WHEN, "precision"),
     ),
 }
 """The implementation variants the oneDNN backend offers per op (what a tuner enumerates)."""

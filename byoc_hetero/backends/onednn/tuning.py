@@ -147,7 +147,11 @@ def _locate_node(key: str) -> tuple[str, int] | None:
 
 def _precision_native(asked: str) -> str:
     """Why ``asked`` runs as another precision on this machine ("" where it runs as asked); read
-    through the module at each call (a test may stand in for the CPU's answer)."""
+    through the module at each call (a test may stand in for the CPU's answer). int8 runs as asked
+    where oneDNN's int8 kernels are exact (VNNI, or ``BYOC_HETERO_INT8=saturating``); elsewhere
+    its conv2d / dense / matmul compute float32 between their Q/DQ steps."""
+    if asked == "int8":
+        return precision.int8_kernels_reason() or ""
     return precision.effective_precision(asked)[1]
 
 

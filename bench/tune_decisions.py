@@ -1,0 +1,100 @@
+"""The tuner's decisions of two checkouts of byoc-hetero on one model, from the same timing cache.
+
+    python3 bench/tune_decisions.py --a /work/main --b . --model zoo:resnet50 --small \
+        --precisions f32 bf16 int8
+
+Checkout A tunes the model with a new timing cache (cold), then again from it (warm); checkout B
+tunes it from a copy of that cache, adopted as its own (the cache's key names the package's
+sources, so a second checkout would otherwise ignore it as stale). With every timing and error read
+from the same figures, the decisions must be equal where the tuning logic is: codegen per region,
+algorithm per convolution, the precision level's kept plan and each unit's choice, and the plan
+returned. Each run is its own process importing ``byoc_hetero`` from its tree (each tree needs its
+built extension, ``byoc_hetero/_C*.so``). Prints both sets and whether they match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+WORKER = r"""
+import json, os, sys, warnings
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.join(sys.argv[1], "bench"))
+import numpy as np
+import byoc_hetero as bh
+from byoc_hetero.tune.cache import MachineKey
+
+model, small, cache, adopt = sys.argv[2], sys.argv[3] == "1", sys.argv[4], sys.argv[5] == "1"
+precisions = tuple(sys.argv[6].split(","))
+if adopt:  # the other checkout's cache as this one's: same machine, libraries and runtime build
+    doc = json.load(open(cache))
+    doc["machine"]["sources"] = MachineKey.current().sources
+    json.dump(doc, open(cache, "w"))
+if model.startswith("zoo:"):
+    from zoo_models import build
+    zm = build(model[4:], small=small)
+    mod, params = bh.from_torch(zm.module, zm.inputs)
+    shapes = [tuple(t.shape) for t in zm.inputs]
+else:
+    mod, params = getattr(bh.models, model)()
+    shapes = [tuple(int(d) for d in mod["main"].params[0].ty.shape.values)]
+rng = np.random.default_rng(3)
+cal = [[rng.standard_normal(s).astype("float32") for s in shapes] for _ in range(4)]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    tuned, report = bh.tune(mod, params, precisions=precisions, tolerance=5e-2 if len(precisions) > 1 else None,
+                            calibration=cal if len(precisions) > 1 else None, cache=cache, guard_rounds=1, repeat=3)
+rep = report.precision
+print(json.dumps({
+    "codegen": [[str(d.region), str(d.chosen)] for d in report.codegen.decisions],
+    "algorithms": [[str(d.site), d.chosen] for d in report.algorithms],
+    "precision kept": rep.kept if rep else None,
+    "units": [[u.name, u.chosen] for u in rep.units] if rep else [],
+    "notes": [n for n in (rep.notes if rep else []) if "skipped" in n],
+    "returned": report.kept,
+    "cache": [report.cache_hits, report.cache_misses],
+}))
+"""
+
+
+def run(tree: str, model: str, small: bool, cache: str, adopt: bool, precisions: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=tree)
+    proc = subprocess.run([sys.executable, "-c", WORKER, os.path.abspath(tree), model, "1" if small else "0", cache,
+                           "1" if adopt else "0", ",".join(precisions)], capture_output=True, text=True, env=env,
+                          cwd=tree, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{tree}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--a", required=True)
+    ap.add_argument("--b", required=True)
+    ap.add_argument("--model", default="zoo:resnet50")
+    ap.add_argument("--small", action="store_true", help="the zoo model's small config")
+    ap.add_argument("--precisions", nargs="+", default=["f32", "bf16", "int8"])
+    args = ap.parse_args()
+    folder = tempfile.mkdtemp()
+    cache_a, cache_b = os.path.join(folder, "a.json"), os.path.join(folder, "b.json")
+    cold = run(args.a, args.model, args.small, cache_a, False, args.precisions)
+    warm = run(args.a, args.model, args.small, cache_a, False, args.precisions)
+    shutil.copy(cache_a, cache_b)
+    other = run(args.b, args.model, args.small, cache_b, True, args.precisions)
+    for name, got in (("A cold", cold), ("A warm", warm), ("B from A's cache", other)):
+        print(f"{name}: {json.dumps(got)}")
+    keys = ("codegen", "algorithms", "precision kept", "units", "returned")
+    same = all(warm[k] == other[k] for k in keys)
+    print(f"decisions equal (A warm vs B from A's cache): {same}")
+    if not same:
+        print("differ: " + ", ".join(k for k in keys if warm[k] != other[k]))
+
+
+if __name__ == "__main__":
+    main()
