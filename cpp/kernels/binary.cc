@@ -3,8 +3,12 @@
  * \brief binary: elementwise add / mul / sub / div / max / min with numpy broadcasting on either
  *        side (one oneDNN binary), with an optional activation fused as a post-op.
  *
- * Attrs: algorithm "add" | "mul" | "sub" | "div" | "max" | "min" (required), activation (+ clip)
- * (default "none").  The output shape is the broadcast of the two input shapes.
+ * Attrs: algorithm "add" | "mul" | "sub" | "div" | "max" | "min" (required), shift (a number, default
+ * 0), activation (+ clip) (default "none").  Inputs a, b and optionally an addend c: the output is
+ * act(a op b + shift + c), the shift an eltwise linear post-op and c a binary add post-op (c
+ * broadcasts to the output, which is the broadcast of a and b).  Region pass fuse_affine_tails
+ * writes them: GRN's gamma * (x * Nx) + beta + x as one pass, x * (gamma * Nx + 1) + beta, the
+ * small factor gamma * Nx + 1 a binary with shift 1.
  *
  * oneDNN 3.2's binary broadcasts only its second source (src0 must have the destination's dims),
  * so the kernel picks one of three forms:
@@ -16,8 +20,10 @@
  *     input 0 is first expanded to the output shape by a host step into a per-call temp.
  */
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,7 +155,8 @@ class BinaryKernel : public Kernel {
       expand.op = "binary";
       expand.args = {{0, inputs[0]}, {1, temps[0]}};
       steps.push_back(std::move(expand));
-      run.args = {{DNNL_ARG_SRC_0, temps[0]}, {DNNL_ARG_SRC_1, inputs[1]}};
+      run.args = {{DNNL_ARG_SRC_0, temps[0]}};
+      for (size_t k = 1; k < inputs.size(); ++k) run.args.emplace_back(args_[k], inputs[k]);
     } else if (host_) {
       // the host loop in place of the primitive: (src0, src1, dst) in this order
       run.pd = dnnl::primitive_desc_base();
@@ -194,18 +201,54 @@ static bool ReadAsStored(const KernelContext& ctx, size_t other, size_t rank, co
          other_stored.get_format_kind() == memory::format_kind::blocked && other_stored.get_inner_nblks() == 0;
 }
 
-/*! \brief The post-ops of \p post: MakeAttr puts the sum post-op only with residual; a sub swap uses
- *         act then post_act. */
-static dnnl::primitive_attr BinaryAttr(const KernelContext& ctx, const Epilogue& post) {
-  Epilogue first;
-  first.act = post.act;
-  dnnl::primitive_attr attr = ctx.MakeAttr(first);
-  if (!post.post_act.none()) {
-    dnnl::post_ops ops = attr.get_post_ops();
-    ops.append_eltwise(post.post_act.alg, post.post_act.alpha, post.post_act.beta);
-    attr.set_post_ops(ops);
+/*! \brief What follows the op, as post-ops in this order: a sub swap's negation and the shift (one
+ *         eltwise linear), the addend (a binary add of \p addend: post-op 1 after that linear, else
+ *         0; addend_post_op), the activation. */
+struct BinaryTail {
+  bool negate = false;  // a sub computed as b - a: * -1 gives a - b back
+  float shift = 0.f;
+  std::optional<memory::desc> addend;
+  Activation act;
+
+  bool none() const { return !negate && shift == 0.f && !addend && act.none(); }
+  int addend_post_op() const { return negate || shift != 0.f ? 1 : 0; }
+};
+
+static dnnl::primitive_attr BinaryAttr(const KernelContext& ctx, const BinaryTail& tail) {
+  dnnl::primitive_attr attr = ctx.MakeAttr();
+  dnnl::post_ops ops;
+  if (tail.negate || tail.shift != 0.f) {
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, tail.negate ? -1.f : 1.f, tail.shift);
   }
+  if (tail.addend) ops.append_binary(dnnl::algorithm::binary_add, *tail.addend);
+  if (!tail.act.none()) ops.append_eltwise(tail.act.alg, tail.act.alpha, tail.act.beta);
+  if (ops.len() > 0) attr.set_post_ops(ops);
   return attr;
+}
+
+/*! \brief The attrs shift and activation (+ clip) of a binary node. */
+static BinaryTail ReadTail(const KernelContext& ctx, AttrReader& attrs) {
+  BinaryTail tail;
+  tail.act = ctx.ReadActivation(attrs);
+  const double shift = attrs.Float("shift", 0.0);
+  if (!std::isfinite(shift)) attrs.Fail("shift", "expected a finite number");
+  tail.shift = static_cast<float>(shift);
+  return tail;
+}
+
+/*! \brief The addend (input 2), if any, as the binary add post-op reads it: its dims aligned to the
+ *         output's rank, each the output's or 1. */
+static std::optional<memory::desc> ReadAddend(const KernelContext& ctx, const std::vector<int64_t>& out_shape) {
+  if (ctx.node().inputs.size() < 3) return std::nullopt;
+  const std::vector<int64_t>& c = ctx.input(2).shape;
+  const std::optional<std::vector<int64_t>> joint = BroadcastShape({out_shape, c});
+  if (c.size() > out_shape.size() || !joint || *joint != out_shape) {
+    ctx.Fail("addend (input 2) of shape " + ShapeToString(c) + " does not broadcast to the output shape " +
+             ShapeToString(out_shape) + " of a and b");
+  }
+  if (ctx.input(2).dtype != DType::kFloat32) ctx.Fail("addend (input 2) must be float32");
+  const std::vector<int64_t> cs = AlignRank(c, out_shape.size());
+  return PlainDesc(memory::dims(cs.begin(), cs.end()));
 }
 
 /*! \brief The binary primitive of src0 and src1, read plain instead where only a reference
@@ -242,10 +285,9 @@ static dnnl::binary::primitive_desc BinaryPd(const KernelContext& ctx, dnnl::alg
 static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(BinaryAlgorithms()), "");
-  Epilogue epilogue;
-  epilogue.act = ctx.ReadActivation(attrs);
+  BinaryTail tail = ReadTail(ctx, attrs);
   attrs.CheckNoUnknown();
-  ctx.ExpectInputCount(2, "a, b");
+  if (ctx.node().inputs.size() != 3) ctx.ExpectInputCount(2, "a, b[, addend]");
 
   const auto& a = ctx.input(0).shape;
   const auto& b = ctx.input(1).shape;
@@ -257,20 +299,15 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   ctx.ExpectOutputShape(a.empty() && b.empty() ? std::vector<int64_t>{} : out_shape);
   const dnnl::algorithm alg = *FindEnum(BinaryAlgorithms(), alg_name);
   const bool commutes = alg_name == "add" || alg_name == "mul" || alg_name == "max" || alg_name == "min";
+  tail.addend = ReadAddend(ctx, out_shape);
   // Which input oneDNN reads as src0 (full shape), and whether input 0 must be expanded first.
   size_t full = 0;
   bool expand = false;
-  Epilogue post = epilogue;
   if (as == out_shape) {
     full = 0;
   } else if (bs == out_shape && (commutes || alg_name == "sub")) {
     full = 1;
-    if (alg_name == "sub") {
-      // (b - a) * -1 = a - b, then the node's own activation
-      post.act = Activation{"negative", dnnl::algorithm::eltwise_linear, -1.f, 0.f};
-      post.residual = false;
-      post.post_act = epilogue.act;
-    }
+    tail.negate = alg_name == "sub";  // (b - a) * -1 = a - b, then the shift, addend, activation
   } else {
     expand = true;
   }
@@ -288,7 +325,7 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
   const bool read_as_stored = !expand && other_dims != dst_dims && ReadAsStored(ctx, other, rank, src1);
   if (read_as_stored) src1 = ctx.InputLayout(other);
-  const dnnl::primitive_attr attr = BinaryAttr(ctx, post);
+  const dnnl::primitive_attr attr = BinaryAttr(ctx, tail);
   // bf16 region: the output is written bf16 where every reader rounds it to bf16 anyway
   // (OutputOnlyFeedsBf16Convs: a squeeze-excitation's channel multiply read by the projection
   // conv), so that conv reads it without a reorder; the operands may then arrive bf16 as well
@@ -299,6 +336,10 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
       BinaryPd(ctx, alg, src0, src1, dst_any, attr, read_as_stored, !expand, other_dims, dst_dims);
   std::vector<OperandLayout> inputs(2);
   std::vector<int> args(2);
+  if (tail.addend) {
+    inputs.push_back({*tail.addend, *tail.addend});
+    args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(tail.addend_post_op()) | DNNL_ARG_SRC_1);
+  }
   if (expand) {
     inputs[0] = {PlainDesc(memory::dims(as.begin(), as.end())), PlainDesc(memory::dims(as.begin(), as.end()))};
     inputs[1] = {PlainDesc(memory::dims(bs.begin(), bs.end())), pd.src1_desc()};
@@ -311,7 +352,7 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   }
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
   HostFn host;
-  if (!expand && alg == dnnl::algorithm::binary_mul && post.act.none() && post.post_act.none()) {
+  if (!expand && alg == dnnl::algorithm::binary_mul && tail.none()) {
     host = ChannelMulBf16Fn(pd.src0_desc(), pd.src1_desc(), pd.dst_desc());
   }
   return std::make_unique<BinaryKernel>(ctx.where(), std::move(pd), std::move(args), std::move(inputs),
@@ -328,7 +369,8 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
  *        add / sub / div stay f32 (rounding operands before a cancelling sum loses more than
  *        rounding its result).
  */
-static Bf16Read BinaryBf16Input(const NodeInfo& node, size_t /*k*/) {
+static Bf16Read BinaryBf16Input(const NodeInfo& node, size_t k) {
+  if (k == 2) return Bf16Read::kF32;  // the addend: a float32 post-op operand
   auto alg = node.attrs.find("algorithm");
   const std::string name =
       alg != node.attrs.end() ? std::string(alg->second.as<tvm::ffi::String>().value_or("")) : "";
