@@ -107,34 +107,43 @@ def _next_step(graph: RegionGraph, tail: AffineTail, constants: set[int]) -> tup
     return None
 
 
-def _step_reason(graph: RegionGraph, tail: AffineTail, step: tuple[str, int | None], s_shape) -> str | None:
-    """Why ``step`` cannot join the chain ``tail`` whose ``s`` has ``s_shape`` (None: it can)."""
+def _factor_shapes(graph: RegionGraph, tail: AffineTail, steps) -> tuple[tuple, tuple | None]:
+    """The shapes of ``s`` and ``t`` (None: no ``t``) after ``steps``."""
+    s_shape, t_shape = tuple(graph.tensors[tail.r]["shape"]), None
+    for kind, k in steps:
+        if kind == "add_x":
+            continue
+        k_shape = tuple(graph.tensors[k]["shape"])
+        if kind == "mul":
+            s_shape = np.broadcast_shapes(s_shape, k_shape)
+        if kind == "add" or t_shape is not None:
+            t_shape = k_shape if t_shape is None else np.broadcast_shapes(t_shape, k_shape)
+    return s_shape, t_shape
+
+
+def _step_reason(graph: RegionGraph, tail: AffineTail, step: tuple[str, int | None]) -> str | None:
+    """Why ``step`` cannot join the chain ``tail`` (None: it can)."""
     full = graph.tensors[tail.nodes[0].output]["shape"]
-    kind, k = step
-    if kind == "add_x" and not any(done == "mul" for done, _ in tail.steps):
+    if step[0] == "add_x" and not any(done == "mul" for done, _ in tail.steps):
         return ("x * r + x before any multiply by a constant: no small step to carry the + 1 "
                 "(x * (r + 1) would need one of its own)")
-    if kind == "add":
-        return addend_reason(graph.tensors[k]["shape"], full)
-    if kind == "mul" and _numel(np.broadcast_shapes(s_shape, tuple(graph.tensors[k]["shape"]))) >= _numel(full):
+    s_shape, t_shape = _factor_shapes(graph, tail, tail.steps + [step])
+    if _numel(s_shape) >= _numel(full):
         return "the multiply by the constant would make the factor s as large as x"
-    return None
+    return addend_reason(t_shape, full) if t_shape is not None else None
 
 
 def _grow(graph: RegionGraph, tail: AffineTail, constants: set[int]) -> str | None:
     """Extend ``tail`` while the next node is a step that can join; why the last one could not
     (None: the chain simply ends)."""
-    s_shape = tuple(graph.tensors[tail.r]["shape"])
     while True:
         found = _next_step(graph, tail, constants)
         if found is None:
             return None
         node, step = found
-        reason = _step_reason(graph, tail, step, s_shape)
+        reason = _step_reason(graph, tail, step)
         if reason:
             return reason
-        if step[0] == "mul":
-            s_shape = np.broadcast_shapes(s_shape, tuple(graph.tensors[step[1]]["shape"]))
         tail.nodes.append(node)
         tail.steps.append(step)
 
