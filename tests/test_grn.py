@@ -114,7 +114,9 @@ def test_grn_reads_its_data_twice_and_writes_once(shape):
     """GRN over channels-last data (torch's vector_norm: abs, square, sum, sqrt; then the tail):
     the abs and the square are gone, x is read by two nodes only (the sum_square reduction and
     the tail's one binary, beta its addend), and only that binary writes a tensor of x's size.
-    The result equals the llvm-only build's and float64 numpy's."""
+    With a batch of 2 (Nx per image: [2, 1, 1, C], beta shared) beta is a second binary after it,
+    where the post-op form runs oneDNN's reference kernel. The result equals the llvm-only
+    build's and float64 numpy's."""
     mod = _grn_module(shape)
     data = np.random.default_rng(shape[-1]).standard_normal(shape).astype("float32")
     _, ref = _vm(mod)
@@ -123,8 +125,9 @@ def test_grn_reads_its_data_twice_and_writes_once(shape):
     (graph,) = _graphs(ex)
     x = graph["inputs"][0]
     readers = [(n["op"], n["attrs"].get("algorithm"), len(n["inputs"])) for n in graph["nodes"] if x in n["inputs"]]
-    assert readers == [("reduce", "sum_square", 1), ("binary", "mul", 3)], graph["nodes"]
-    assert [n["op"] for n in _full_size_nodes(graph, shape)] == ["binary"], graph["nodes"]
+    batch = shape[0]
+    assert readers == [("reduce", "sum_square", 1), ("binary", "mul", 3 if batch == 1 else 2)], graph["nodes"]
+    assert [n["op"] for n in _full_size_nodes(graph, shape)] == ["binary"] * (1 if batch == 1 else 2), graph["nodes"]
     assert "eltwise" not in [n["op"] for n in graph["nodes"]], graph["nodes"]
     got = vm["main"](tvm.runtime.tensor(data)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -163,12 +166,15 @@ def _tail_module(shape, steps, r_shape, seed=3):
 
 
 TAILS = {  # name: (x shape, r shape, steps, full-size nodes left, declined)
-    "grn": ((2, 5, 3, 24), (2, 1, 1, 24), [("mul", (1, 1, 1, 24)), ("add", (1, 1, 1, 24)), ("add_x",)], 1, None),
+    "grn": ((1, 5, 3, 24), (1, 1, 1, 24), [("mul", (1, 1, 1, 24)), ("add", (1, 1, 1, 24)), ("add_x",)], 1, None),
+    "grn_batch2": ((2, 5, 3, 24), (2, 1, 1, 24), [("mul", (1, 1, 1, 24)), ("add", (1, 1, 1, 24)), ("add_x",)], 2,
+                   None),
     "scale_shift": ((3, 20), (1, 20), [("add", (20,))], 1, None),
-    "shift_then_scale": ((2, 4, 6), (2, 4, 1), [("add", (1,)), ("mul", (1, 4, 1)), ("add", (2, 4, 6))], 1, None),
+    "shift_then_scale": ((2, 4, 6), (1, 1, 6), [("add", (1,)), ("mul", (6,)), ("add", (1, 1, 6))], 1, None),
     "residual_twice": ((1, 3, 3, 8), (1, 1, 1, 8), [("mul", (8,)), ("add_x",), ("mul", (1,)), ("add_x",)], 1, None),
     "x_r_plus_x": ((1, 3, 3, 8), (1, 1, 1, 8), [("add_x",)], 2, "x * r + x before any multiply"),
-    "channel_first_add": ((1, 8, 3, 3), (1, 8, 1, 1), [("add", (1, 8, 1, 1))], 2, "otherwise than per element"),
+    "channel_first_add": ((1, 8, 3, 3), (1, 8, 1, 1), [("add", (1, 8, 1, 1))], 2, "two steps (x * s, then + t)"),
+    "channel_first_two": ((1, 8, 3, 3), (1, 8, 1, 1), [("mul", (8, 1, 1)), ("add", (1, 8, 1, 1)), ("add_x",)], 2, None),
 }
 
 

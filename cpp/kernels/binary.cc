@@ -236,9 +236,10 @@ static BinaryTail ReadTail(const KernelContext& ctx, AttrReader& attrs) {
   return tail;
 }
 
-/*! \brief The addend (input 2), if any, as the binary add post-op reads it: its dims aligned to the
- *         output's rank, each the output's or 1. */
-static std::optional<memory::desc> ReadAddend(const KernelContext& ctx, const std::vector<int64_t>& out_shape) {
+/*! \brief The addend's (input 2) dims aligned to the output's rank, each the output's or 1; nullopt
+ *         without an addend. */
+static std::optional<std::vector<int64_t>> ReadAddend(const KernelContext& ctx,
+                                                      const std::vector<int64_t>& out_shape) {
   if (ctx.node().inputs.size() < 3) return std::nullopt;
   const std::vector<int64_t>& c = ctx.input(2).shape;
   const std::optional<std::vector<int64_t>> joint = BroadcastShape({out_shape, c});
@@ -247,8 +248,45 @@ static std::optional<memory::desc> ReadAddend(const KernelContext& ctx, const st
              ShapeToString(out_shape) + " of a and b");
   }
   if (ctx.input(2).dtype != DType::kFloat32) ctx.Fail("addend (input 2) must be float32");
-  const std::vector<int64_t> cs = AlignRank(c, out_shape.size());
-  return PlainDesc(memory::dims(cs.begin(), cs.end()));
+  return AlignRank(c, out_shape.size());
+}
+
+/*! \brief The output's dims and each operand's (rank-aligned, each dim the output's or 1) with the
+ *         output's axes of size 1 dropped and neighbouring axes merged where every operand has both
+ *         or broadcasts along both: the same row-major bytes in the fewest dims (a leading 1 kept
+ *         before [C, S] with a per-row [C, 1] operand: oneDNN's per-channel form). */
+struct CollapsedDims {
+  memory::dims dst;
+  std::vector<memory::dims> operands;
+};
+
+static CollapsedDims CollapseAxes(const std::vector<int64_t>& out, const std::vector<std::vector<int64_t>>& operands) {
+  CollapsedDims c;
+  c.operands.resize(operands.size());
+  int64_t prev = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == 1) continue;
+    bool same = prev >= 0;
+    for (const auto& op : operands) same = same && (op[i] == 1) == (op[static_cast<size_t>(prev)] == 1);
+    if (!same) {
+      c.dst.push_back(1);
+      for (auto& op : c.operands) op.push_back(1);
+    }
+    c.dst.back() *= out[i];
+    for (size_t k = 0; k < operands.size(); ++k) c.operands[k].back() *= operands[k][i];
+    prev = static_cast<int64_t>(i);
+  }
+  if (c.dst.empty()) {  // one element
+    c.dst = {1};
+    for (auto& op : c.operands) op = {1};
+  }
+  const bool per_row = std::any_of(c.operands.begin(), c.operands.end(),
+                                   [](const memory::dims& op) { return op.size() == 2 && op[0] > 1 && op[1] == 1; });
+  if (c.dst.size() == 2 && per_row) {  // [C, S] + [C, 1] runs as oneDNN's reference: [1, C, S] + [1, C, 1] jitted
+    c.dst.insert(c.dst.begin(), 1);
+    for (auto& op : c.operands) op.insert(op.begin(), 1);
+  }
+  return c;
 }
 
 /*! \brief The binary primitive of src0 and src1, read plain instead where only a reference
@@ -282,6 +320,38 @@ static dnnl::binary::primitive_desc BinaryPd(const KernelContext& ctx, dnnl::alg
   return pd;
 }
 
+/*! \brief Which input oneDNN reads as src0 (it has the output shape): 0 or 1; 2 when input 0 must be
+ *         expanded to the output shape first. */
+static size_t FullInput(const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
+                        const std::vector<int64_t>& out_shape, const std::string& alg_name) {
+  const bool commutes = alg_name == "add" || alg_name == "mul" || alg_name == "max" || alg_name == "min";
+  if (as == out_shape) return 0;
+  if (bs == out_shape && (commutes || alg_name == "sub")) return 1;
+  return 2;
+}
+
+/*! \brief The operands' layouts and the exec args they bind to, node input order (a, b[, addend]). */
+static void BindOperands(const dnnl::binary::primitive_desc& pd, const BinaryTail& tail, size_t full, bool expand,
+                         const std::vector<int64_t>& as, const memory::dims& dst_dims,
+                         const memory::dims& other_dims, std::vector<OperandLayout>* inputs, std::vector<int>* args) {
+  inputs->assign(2, OperandLayout{});
+  args->assign(2, 0);
+  if (expand) {  // input 0 expanded into the temp by a host step, input 1 the primitive's src1
+    (*inputs)[0] = {PlainDesc(memory::dims(as.begin(), as.end())), PlainDesc(memory::dims(as.begin(), as.end()))};
+    (*inputs)[1] = {PlainDesc(other_dims), pd.src1_desc()};
+    (*args)[1] = DNNL_ARG_SRC_1;
+  } else {
+    (*inputs)[full] = {PlainDesc(dst_dims), pd.src0_desc()};
+    (*args)[full] = DNNL_ARG_SRC_0;
+    (*inputs)[1 - full] = {PlainDesc(other_dims), pd.src1_desc()};
+    (*args)[1 - full] = DNNL_ARG_SRC_1;
+  }
+  if (tail.addend) {
+    inputs->push_back({*tail.addend, *tail.addend});
+    args->push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(tail.addend_post_op()) | DNNL_ARG_SRC_1);
+  }
+}
+
 static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(BinaryAlgorithms()), "");
@@ -298,58 +368,41 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   const std::vector<int64_t> as = AlignRank(a, rank), bs = AlignRank(b, rank);
   ctx.ExpectOutputShape(a.empty() && b.empty() ? std::vector<int64_t>{} : out_shape);
   const dnnl::algorithm alg = *FindEnum(BinaryAlgorithms(), alg_name);
-  const bool commutes = alg_name == "add" || alg_name == "mul" || alg_name == "max" || alg_name == "min";
-  tail.addend = ReadAddend(ctx, out_shape);
-  // Which input oneDNN reads as src0 (full shape), and whether input 0 must be expanded first.
-  size_t full = 0;
-  bool expand = false;
-  if (as == out_shape) {
-    full = 0;
-  } else if (bs == out_shape && (commutes || alg_name == "sub")) {
-    full = 1;
-    tail.negate = alg_name == "sub";  // (b - a) * -1 = a - b, then the shift, addend, activation
-  } else {
-    expand = true;
-  }
+  const size_t which = FullInput(as, bs, out_shape, alg_name);
+  const bool expand = which == 2;
+  const size_t full = expand ? 0 : which;
+  tail.negate = full == 1 && alg_name == "sub";  // (b - a) * -1 = a - b, then the shift, addend, activation
   const size_t other = 1 - full;
-  const memory::dims dst_dims(out_shape.begin(), out_shape.end());
+  memory::dims dst_dims(out_shape.begin(), out_shape.end());
   const std::vector<int64_t>& os = full == 0 ? bs : as;
-  const memory::dims other_dims(os.begin(), os.end());
-  memory::desc src0;
-  if (expand) {
-    src0 = PlainDesc(dst_dims);  // the temp input 0 is expanded into
-  } else {
-    // the full-shape input in its producer's layout (when it has the output's rank)
-    src0 = ctx.input(full).shape.size() == rank ? ctx.InputLayout(full) : PlainDesc(dst_dims);
+  memory::dims other_dims(os.begin(), os.end());
+  const std::optional<std::vector<int64_t>> addend = ReadAddend(ctx, out_shape);
+  if (addend) {
+    // with an addend every operand is read plain in the fewest dims: oneDNN 3.2's jit binary adds a
+    // [1, C, 1] post-op operand wrongly to [N, C, 1] (N > 1), and runs its reference kernel for a
+    // [1, 1, 1, C] one over [1, H, W, C] (GRN's beta) where [1, C] over [H * W, C] is jitted
+    const CollapsedDims c = CollapseAxes(out_shape, {os, *addend});
+    dst_dims = c.dst;
+    other_dims = c.operands[0];
+    tail.addend = PlainDesc(c.operands[1]);
   }
+  memory::desc src0 = PlainDesc(dst_dims);  // the temp input 0 is expanded into, or a plain read
+  if (!expand && !addend && ctx.input(full).shape.size() == rank) src0 = ctx.InputLayout(full);  // as stored
   memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
-  const bool read_as_stored = !expand && other_dims != dst_dims && ReadAsStored(ctx, other, rank, src1);
+  const bool read_as_stored =
+      !expand && !addend && other_dims != dst_dims && ReadAsStored(ctx, other, rank, src1);
   if (read_as_stored) src1 = ctx.InputLayout(other);
-  const dnnl::primitive_attr attr = BinaryAttr(ctx, tail);
   // bf16 region: the output is written bf16 where every reader rounds it to bf16 anyway
   // (OutputOnlyFeedsBf16Convs: a squeeze-excitation's channel multiply read by the projection
   // conv), so that conv reads it without a reorder; the operands may then arrive bf16 as well
   // (their producers store them so: kernel.cc), which oneDNN's binary reads as they are.
   const memory::desc dst_any = AnyDesc(dst_dims, OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
                                                                               : memory::data_type::f32);
-  dnnl::binary::primitive_desc pd =
-      BinaryPd(ctx, alg, src0, src1, dst_any, attr, read_as_stored, !expand, other_dims, dst_dims);
-  std::vector<OperandLayout> inputs(2);
-  std::vector<int> args(2);
-  if (tail.addend) {
-    inputs.push_back({*tail.addend, *tail.addend});
-    args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(tail.addend_post_op()) | DNNL_ARG_SRC_1);
-  }
-  if (expand) {
-    inputs[0] = {PlainDesc(memory::dims(as.begin(), as.end())), PlainDesc(memory::dims(as.begin(), as.end()))};
-    inputs[1] = {PlainDesc(memory::dims(bs.begin(), bs.end())), pd.src1_desc()};
-    args = {0, DNNL_ARG_SRC_1};
-  } else {
-    inputs[full] = {PlainDesc(dst_dims), pd.src0_desc()};
-    args[full] = DNNL_ARG_SRC_0;
-    inputs[other] = {PlainDesc(other_dims), pd.src1_desc()};
-    args[other] = DNNL_ARG_SRC_1;
-  }
+  dnnl::binary::primitive_desc pd = BinaryPd(ctx, alg, src0, src1, dst_any, BinaryAttr(ctx, tail), read_as_stored,
+                                             !expand, other_dims, dst_dims);
+  std::vector<OperandLayout> inputs;
+  std::vector<int> args;
+  BindOperands(pd, tail, full, expand, as, dst_dims, other_dims, &inputs, &args);
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
   HostFn host;
   if (!expand && alg == dnnl::algorithm::binary_mul && tail.none()) {

@@ -20,9 +20,11 @@ binaries over ``[N, H, W, C]`` (``x * Nx``, ``* gamma``, ``+ beta``, ``+ x``), h
 ``x * (gamma * Nx + 1) + beta``. The products are those of another association (``x * (gamma *
 Nx)`` against ``gamma * (x * Nx)``), within float32 rounding of torch's.
 
-Declined, with the reason for ``bh.report``: an add of ``x`` before any multiply by a constant
-(``x * r + x``: no step computing ``s`` to carry the ``+ 1``), an addend of a shape whose binary
-post-op oneDNN 3.2 runs with its reference kernel only (:func:`addend_reason`).
+Where oneDNN 3.2 runs the binary with that post-op on its reference kernel only (:func:`addend_reason`:
+a per-batch ``s`` with a shared ``t``, per-channel maps of NCHW data), ``t`` is a second binary after
+it: two passes, still fewer than the chain's. Declined, with the reason for ``bh.report``, where
+that saves nothing (``x * r + b`` of such shapes), and an add of ``x`` before any multiply by a
+constant (``x * r + x``: no step computing ``s`` to carry the ``+ 1``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from ..lowering import Node, RegionGraph
 from ..table import graph_pass
 
 PASS = "fuse_affine_tails"
+NO_CARRIER = ("x * r + x before any multiply by a constant: no small step to carry the + 1 "
+              "(x * (r + 1) would need one of its own)")
 
 
 @dataclass
@@ -125,12 +129,11 @@ def _step_reason(graph: RegionGraph, tail: AffineTail, step: tuple[str, int | No
     """Why ``step`` cannot join the chain ``tail`` (None: it can)."""
     full = graph.tensors[tail.nodes[0].output]["shape"]
     if step[0] == "add_x" and not any(done == "mul" for done, _ in tail.steps):
-        return ("x * r + x before any multiply by a constant: no small step to carry the + 1 "
-                "(x * (r + 1) would need one of its own)")
-    s_shape, t_shape = _factor_shapes(graph, tail, tail.steps + [step])
+        return NO_CARRIER
+    s_shape, _ = _factor_shapes(graph, tail, tail.steps + [step])
     if _numel(s_shape) >= _numel(full):
         return "the multiply by the constant would make the factor s as large as x"
-    return addend_reason(t_shape, full) if t_shape is not None else None
+    return None
 
 
 def _grow(graph: RegionGraph, tail: AffineTail, constants: set[int]) -> str | None:
@@ -148,18 +151,24 @@ def _grow(graph: RegionGraph, tail: AffineTail, constants: set[int]) -> str | No
         tail.steps.append(step)
 
 
-def addend_reason(addend_shape, full) -> str | None:
-    """Why a binary add post-op of ``addend_shape`` onto ``full`` is left as a step of its own; None
-    when oneDNN 3.2 runs it jitted: the output's own shape, one element, or one value per index of
-    the last axis (``[1, ..., 1, C]``: GRN's beta over channels-last data)."""
-    shape = [1] * (len(full) - len(addend_shape)) + list(addend_shape)
-    if shape == list(full) or _numel(shape) == 1:
+def _jitted_form(shape, full) -> bool:
+    """Whether an operand of ``shape`` broadcast over ``full`` is the output's own shape, one element,
+    or one value per index of the last axis (``[1, ..., 1, C]``: GRN's gamma and beta over
+    channels-last data)."""
+    shape = [1] * (len(full) - len(shape)) + list(shape)
+    return shape == list(full) or _numel(shape) == 1 or (all(d == 1 for d in shape[:-1]) and shape[-1] == full[-1])
+
+
+def addend_reason(s_shape, t_shape, full) -> str | None:
+    """Why ``x * s`` cannot take ``+ t`` as its binary-add post-op (None: it can). It can where ``s``
+    and ``t`` each are of a :func:`_jitted_form`: measured on oneDNN 3.2 (avx512_core), the binary
+    with that post-op then runs jitted (the kernel reads them as ``[H * W, C]`` and ``[1, C]``),
+    where a per-batch ``s`` with a shared ``t`` (``[N, 1, 1, C]`` and ``[1, 1, 1, C]``) or an
+    ``[N, C, H, W]`` map with a per-channel ``t`` and a spatial ``s`` ran its reference kernel."""
+    if _jitted_form(s_shape, full) and _jitted_form(t_shape, full):
         return None
-    if all(d == 1 for d in shape[:-1]) and shape[-1] == full[-1]:
-        return None
-    return (f"the addend's shape {list(addend_shape)} broadcasts over {list(full)} otherwise than per "
-            "element, as one value or along the last axis only (oneDNN 3.2's binary post-op then "
-            "runs its reference kernel)")
+    return (f"x * s + t with s {list(s_shape)} and t {list(t_shape)} over {list(full)} runs oneDNN's reference "
+            "binary as one step with a post-op: two steps (x * s, then + t)")
 
 
 def _new_tensor(graph: RegionGraph, shape) -> int:
@@ -167,8 +176,9 @@ def _new_tensor(graph: RegionGraph, shape) -> int:
     return len(graph.tensors) - 1
 
 
-def _rewrite(graph: RegionGraph, tail: AffineTail) -> None:
-    """Replace the chain by the steps computing ``s`` and ``t`` and one ``binary mul`` of ``x``."""
+def _rewrite(graph: RegionGraph, tail: AffineTail, fused: bool) -> None:
+    """Replace the chain by the steps computing ``s`` and ``t`` and one ``binary mul`` of ``x`` (with
+    ``t`` its addend when ``fused``, else a ``binary add`` of ``t`` after it)."""
     made: list[Node] = []
     s, s_node, t = tail.r, None, None
 
@@ -189,8 +199,13 @@ def _rewrite(graph: RegionGraph, tail: AffineTail) -> None:
         else:  # add_x: s + 1, the shift of the step that computed s (after a mul: _step_reason)
             s_node.attrs["shift"] = float(s_node.attrs.get("shift", 0.0)) + 1.0
     last = tail.nodes[-1]
-    made.append(Node("binary", [tail.x, s] + ([t] if t is not None else []), last.output,
-                     {"algorithm": "mul", "activation": "none"}))
+    if t is not None and not fused:
+        y = _new_tensor(graph, graph.tensors[last.output]["shape"])
+        made.append(Node("binary", [tail.x, s], y, {"algorithm": "mul", "activation": "none"}))
+        made.append(Node("binary", [y, t], last.output, {"algorithm": "add", "activation": "none"}))
+    else:
+        made.append(Node("binary", [tail.x, s] + ([t] if t is not None else []), last.output,
+                         {"algorithm": "mul", "activation": "none"}))
     index = graph.nodes.index(tail.nodes[0])
     dropped = {id(n) for n in tail.nodes}
     graph.nodes[index:index] = made
@@ -209,7 +224,12 @@ def fuse_affine_tails(graph: RegionGraph) -> None:
         if tail is None:
             continue
         reason = _grow(graph, tail, constants)
-        if tail.steps:
-            _rewrite(graph, tail)
-        elif reason:
+        full = graph.tensors[node.output]["shape"]
+        s_shape, t_shape = _factor_shapes(graph, tail, tail.steps)
+        fused = t_shape is None or addend_reason(s_shape, t_shape, full) is None
+        if len(tail.nodes) > (1 if fused else 2):  # fewer passes over x
+            _rewrite(graph, tail, fused)
+        elif tail.steps:  # x * r + b whose t cannot be a post-op
+            graph.decline(PASS, "binary", tail.nodes[-1].output, addend_reason(s_shape, t_shape, full))
+        elif reason == NO_CARRIER:
             graph.decline(PASS, "binary", tail.nodes[-1].output, reason)

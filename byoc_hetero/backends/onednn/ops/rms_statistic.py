@@ -13,7 +13,8 @@ What, each rewrite only where every intermediate tensor has that one reader and 
 output:
 
 * ``reduce mean(eltwise square(x))`` -> ``reduce mean_square(x)``, and ``reduce sum(eltwise
-  square(x))`` -> ``reduce sum_square(x)`` (with a ``sqrt`` after it as the reduce's activation):
+  square(x))`` -> ``reduce sum_square(x)`` (a ``sqrt`` after either, without a shift between, as
+  the reduce's activation):
   an L2 norm's sum of squares in one read of ``x``. ConvNeXt-V2's Global Response Normalization
   (issue 39 item 7) takes ``vector_norm`` over H, W of ``[N, H, W, C]``: the square was a full
   pass writing a tensor of ``x``'s size, then the sum read it again (the host loop of
@@ -174,5 +175,5 @@ def fuse_rms_statistics(graph: RegionGraph) -> None:
         if reduce.attrs.get("algorithm") == "mean_square" and _fold_shift(graph, reduce):
             _fold_reciprocal(graph, reduce)
             _fold_normalize(graph, reduce)
-        elif reduce.attrs.get("algorithm") == "sum_square":
+        elif reduce.attrs.get("algorithm") in _OF_SQUARES.values():
             _fold_sqrt(graph, reduce)
