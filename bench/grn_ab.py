@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -108,8 +109,23 @@ def grn_alone(args) -> None:
               f"{t['B']:.3f} | {t['B'] / t['A']:.2f} |", flush=True)
 
 
+def _without_broken_torchvision() -> None:
+    """transformers imports torchvision for its image utilities wherever it is installed; where that
+    torchvision does not load against this torch (a venv with OpenVINO and its own torch over the
+    system packages), transformers is told it is absent (ConvNeXt-V2 needs none of it)."""
+    try:
+        importlib.import_module("torchvision")
+    except Exception:  # noqa: BLE001 (torchvision raises RuntimeError on a torch it was not built for)
+        import transformers.utils as tu
+        import transformers.utils.import_utils as iu
+
+        tu.is_torchvision_available = iu.is_torchvision_available = lambda: False
+
+
 def whole_model(args) -> None:
     import torch
+
+    _without_broken_torchvision()
     import transformers
     from model_paths import first_output
 
@@ -158,13 +174,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model", action="store_true", help="also the whole ConvNeXt-V2-T")
     ap.add_argument("--openvino", action="store_true", help="with --model: OpenVINO f32 in the same rounds")
+    ap.add_argument("--skip-grn", action="store_true", help="only the whole model")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", "2")))
     args = ap.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
     print(f"CPU: {cpu}; oneDNN ISA {bh._C.isa()}; load average {os.getloadavg()[0]:.1f}; "
           f"threads {args.threads} (TVM_NUM_THREADS / OMP_NUM_THREADS as set)")
-    grn_alone(args)
+    if not args.skip_grn:
+        grn_alone(args)
     if args.model:
         whole_model(args)
 
