@@ -92,12 +92,12 @@ def interleaved(calls_by_side: dict, calls: int, rounds: int) -> dict:
 
 
 def grn_alone(args) -> None:
-    from test_grn import _grn_module
+    from test_grn import grn_module
 
     print("| GRN input | full passes A -> B | A (ms) | B (ms) | B / A |")
     print("|---|---|---|---|---|")
     for shape in STAGES:
-        mod = _grn_module(shape)
+        mod = grn_module(shape)
         with before():
             ex_a, vm_a = compiled(bh.partition(mod, require_heavy_op=False))
         ex_b, vm_b = compiled(bh.partition(mod, require_heavy_op=False))
@@ -126,15 +126,9 @@ def whole_model(args) -> None:
     import torch
 
     _without_broken_torchvision()
-    import transformers
-    from model_paths import first_output
+    from test_grn import convnextv2_model
 
-    torch.manual_seed(0)
-    model = first_output(transformers.ConvNextV2Model(transformers.ConvNextV2Config()).eval(), return_dict=False)
-    for m in model.modules():  # GRN's gamma and beta start at 0 (GRN = identity): make them matter
-        if type(m).__name__ == "ConvNextV2GRN":
-            torch.nn.init.normal_(m.weight, std=0.5)
-            torch.nn.init.normal_(m.bias, std=0.5)
+    model = convnextv2_model()  # the default config: ConvNeXt-V2-T
     pixels = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         want = model(pixels).numpy()

@@ -81,7 +81,7 @@ def _graph_ops(ex) -> list[str]:
             for m in bh.codegen.region_modules(ex) for n in json.loads(m["get_graph_json"]())["nodes"]]
 
 
-def _grn_module(shape):
+def grn_module(shape):
     """x -> abs -> square -> sum over H, W -> sqrt -> mean over C -> + eps -> Nx = Gx / (.) ->
     gamma * (x * Nx) + beta + x (GRN over channels-last data)."""
     c = shape[-1]
@@ -117,7 +117,7 @@ def test_grn_reads_its_data_twice_and_writes_once(shape):
     With a batch of 2 (Nx per image: [2, 1, 1, C], beta shared) beta is a second binary after it,
     where the post-op form runs oneDNN's reference kernel. The result equals the llvm-only
     build's and float64 numpy's."""
-    mod = _grn_module(shape)
+    mod = grn_module(shape)
     data = np.random.default_rng(shape[-1]).standard_normal(shape).astype("float32")
     _, ref = _vm(mod)
     want = ref["main"](tvm.runtime.tensor(data)).numpy()
@@ -131,7 +131,7 @@ def test_grn_reads_its_data_twice_and_writes_once(shape):
     assert "eltwise" not in [n["op"] for n in graph["nodes"]], graph["nodes"]
     got = vm["main"](tvm.runtime.tensor(data)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    rng = np.random.default_rng(7)  # _grn_module's gamma and beta
+    rng = np.random.default_rng(7)  # grn_module's gamma and beta
     gamma, beta = (rng.standard_normal((1, 1, 1, shape[-1])).astype("float32") for _ in range(2))
     exact = _grn_numpy(data, gamma, beta)
     assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max()
@@ -251,15 +251,25 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def convnextv2():
-    config = transformers.ConvNextV2Config(num_channels=3, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
+def convnextv2_model(**config):
+    """transformers' ConvNextV2Model of ``config`` (its first output), seeded, with GRN's gamma and
+    beta drawn N(0, 0.5): they start at 0, where GRN is the identity. bench/grn_ab.py uses it too."""
+    import torch
+    import transformers
+
     torch.manual_seed(0)
-    model = first_output(transformers.ConvNextV2Model(config).eval(), return_dict=False)
-    for m in model.modules():  # GRN's gamma and beta start at 0 (GRN = identity): make them matter
+    model = first_output(transformers.ConvNextV2Model(transformers.ConvNextV2Config(**config)).eval(),
+                         return_dict=False)
+    for m in model.modules():
         if type(m).__name__ == "ConvNextV2GRN":
             torch.nn.init.normal_(m.weight, std=0.5)
             torch.nn.init.normal_(m.bias, std=0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def convnextv2():
+    model = convnextv2_model(num_channels=3, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         want = model(x).numpy()
