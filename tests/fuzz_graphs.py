@@ -12,10 +12,13 @@ shapes and attributes:
   dims and permuted operands, attention blocks (head split by reshape + permute_dims, Q·Kᵀ, scale,
   additive mask, softmax, ·V);
 * elementwise: add / subtract / multiply / divide / maximum / minimum broadcasting on either side,
+  ``x * r`` by a broadcast factor (a mean of ``x`` or a weight) then multiplies / adds of broadcast
+  weights and adds of ``x`` (GRN's tail; one binary with a shift and an addend post-op),
   unary functions (sqrt, rsqrt, exp, log, erf, abs, negative, power by a constant, clip with finite
   or infinite bounds, gelu, silu, ...);
 * normalizations and reductions: layer_norm over trailing axes (also decomposed as exporters write
-  it), softmax on any axis, mean / sum / max / min over random axes with or without keepdims;
+  it), softmax on any axis, mean / sum / max / min over random axes with or without keepdims, sums
+  of squares (``square`` or ``x * x``, a ``sqrt`` after it: an L2 norm's ``sum_square``);
 * layout: permute_dims, reshape / expand_dims / squeeze, concat on any axis, split, strided_slice;
 * masks and gathers: take with int64 / int32 indices (constants or inputs), comparisons, where,
   astype between the dtypes the runtime casts.
@@ -50,6 +53,7 @@ KINDS = CNN_KINDS + (
     "batch_norm", "group_norm", "layer_norm", "layer_norm_decomposed", "softmax", "reduce",
     "unary", "binary", "permute", "matmul", "attention", "reshape", "slice", "split", "concat_any",
     "take", "compare_where", "mask", "cast", "repeat", "conv1d", "resize", "rope", "conv3d", "pool3d",
+    "affine",
 )
 #: Kinds drawn only when asked for (``graphs(kinds=...)``): their results match the llvm build within
 #: one quantization step, not within the float tolerance (tests/test_fuzz.py compares them so).
@@ -493,7 +497,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             src = pick()
             shape = _shape(src)
             rank = len(shape)
-            op = draw(st.sampled_from(["mean", "sum", "max", "min", "rms"]))
+            op = draw(st.sampled_from(["mean", "sum", "max", "min", "rms", "l2"]))
             if draw(st.integers(0, 4)) == 0:
                 axes = None
             else:
@@ -510,6 +514,13 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
                 if stat != "mean" and keepdims and draw(st.booleans()):  # x * r: the reduce's normalize
                     y = emit(R.multiply(src, y))
                     recipe.steps[-1] += " * x"
+            elif op == "l2":  # an L2 norm's sum of squares (GRN's vector_norm; ONNX ReduceL2's x * x)
+                spelled = draw(st.sampled_from(["square", "mul"]))
+                sq = emit(R.square(src) if spelled == "square" else R.multiply(src, src), src)
+                y = bb.emit(R.sum(sq, axis=axes, keepdims=keepdims))
+                root = draw(st.booleans())
+                y = bb.emit(R.sqrt(y)) if root else y
+                recipe.steps.append(f"sum of {spelled}({list(shape)}, axis={axes}, keepdims={keepdims}, sqrt={root})")
             else:
                 y = emit(getattr(R, op)(src, axis=axes, keepdims=keepdims), src)
                 recipe.steps.append(f"{op}({list(shape)}, axis={axes}, keepdims={keepdims})")
@@ -577,6 +588,28 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             if act != "none":
                 y = bb.emit({"relu": R.nn.relu, "tanh": R.tanh}[act](y))
             recipe.steps.append(f"{op}({form}: {list(_shape(lhs))}, {list(_shape(rhs))}, act={act})")
+            keep(y)
+        elif kind == "affine":  # x * r, then * c / + b / + x: fuse_affine_tails's x * s + t
+            src = pick()
+            shape = _shape(src)
+            drawn = _broadcast_shape(draw, shape)
+            r_shape = (1,) * (len(shape) - len(drawn)) + drawn
+            if math.prod(r_shape) >= math.prod(shape):
+                return False
+            if draw(st.booleans()):  # a statistic of x itself (GRN's Nx), else a weight
+                axes = [i for i, (d, e) in enumerate(zip(shape, r_shape)) if d != e]
+                r = emit(R.mean(src, axis=axes, keepdims=True), src)
+            else:
+                r = weight(r_shape)
+            y = emit(R.multiply(src, r) if draw(st.booleans()) else R.multiply(r, src), src)
+            steps = draw(st.lists(st.sampled_from(["mul", "add", "add", "add_x"]), min_size=1, max_size=3))
+            for step in steps:
+                if step == "add_x":
+                    y = bb.emit(R.add(y, src) if draw(st.booleans()) else R.add(src, y))
+                else:
+                    c = weight(_broadcast_shape(draw, shape))
+                    y = bb.emit(R.multiply(y, c) if step == "mul" else R.add(c, y))
+            recipe.steps.append(f"affine({list(shape)} * {list(r_shape)}, {steps})")
             keep(y)
         elif kind == "permute":
             src = pick(lambda s: len(s) >= 2)

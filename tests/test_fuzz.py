@@ -471,6 +471,17 @@ def test_volume_offloaded_equals_llvm(case):
     differential(mod, inputs, require_heavy_op=False)
 
 
+@fuzzed(3)
+@given(case=graphs(kinds=("affine", "reduce", "conv", "act")))
+def test_affine_tails_offloaded_equals_llvm(case):
+    """x * r by a broadcast factor (a mean of x or a weight) and the multiplies / adds of broadcast
+    weights and adds of x after it (fuse_affine_tails: one binary with a shift and an addend post-op,
+    operands in any broadcast, conv outputs in blocked layouts among them), sums of squares and L2
+    norms (sum_square)."""
+    mod, inputs, recipe = case
+    differential(mod, inputs, require_heavy_op=False)
+
+
 @fuzzed(5)
 @given(case=transformer_graphs())
 def test_transformer_offloaded_equals_llvm(case):

@@ -40,7 +40,7 @@ def test_pipeline_order_is_pinned():
         "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
         "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fuse_rotary_embeddings", "onednn:fold_views", "onednn:fuse_attention",
         "onednn:fold_channel_scales", "onednn:fold_dense_input_scales", "onednn:drop_abs_before_square",
-        "onednn:fuse_rms_statistics",
+        "onednn:fuse_rms_statistics", "onednn:fuse_affine_tails",
         "onednn:fold_residual_adds", "onednn:fold_pads",
         "onednn:fuse_dynamic_int8_sources", "onednn:fuse_int8_anchors", "onednn:fuse_int8_activations",
         "onednn:fuse_int8_lookup_tables", "onednn:fuse_int8_binaries", "onednn:fuse_quantize_dequantize",

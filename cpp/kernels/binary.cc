@@ -3,8 +3,12 @@
  * \brief binary: elementwise add / mul / sub / div / max / min with numpy broadcasting on either
  *        side (one oneDNN binary), with an optional activation fused as a post-op.
  *
- * Attrs: algorithm "add" | "mul" | "sub" | "div" | "max" | "min" (required), activation (+ clip)
- * (default "none").  The output shape is the broadcast of the two input shapes.
+ * Attrs: algorithm "add" | "mul" | "sub" | "div" | "max" | "min" (required), shift (a number, default
+ * 0), activation (+ clip) (default "none").  Inputs a, b and optionally an addend c: the output is
+ * act(a op b + shift + c), the shift an eltwise linear post-op and c a binary add post-op (c
+ * broadcasts to the output, which is the broadcast of a and b).  Region pass fuse_affine_tails
+ * writes them: GRN's gamma * (x * Nx) + beta + x as one pass, x * (gamma * Nx + 1) + beta, the
+ * small factor gamma * Nx + 1 a binary with shift 1.
  *
  * oneDNN 3.2's binary broadcasts only its second source (src0 must have the destination's dims),
  * so the kernel picks one of three forms:
@@ -16,8 +20,10 @@
  *     input 0 is first expanded to the output shape by a host step into a per-call temp.
  */
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,7 +155,8 @@ class BinaryKernel : public Kernel {
       expand.op = "binary";
       expand.args = {{0, inputs[0]}, {1, temps[0]}};
       steps.push_back(std::move(expand));
-      run.args = {{DNNL_ARG_SRC_0, temps[0]}, {DNNL_ARG_SRC_1, inputs[1]}};
+      run.args = {{DNNL_ARG_SRC_0, temps[0]}};
+      for (size_t k = 1; k < inputs.size(); ++k) run.args.emplace_back(args_[k], inputs[k]);
     } else if (host_) {
       // the host loop in place of the primitive: (src0, src1, dst) in this order
       run.pd = dnnl::primitive_desc_base();
@@ -194,18 +201,92 @@ static bool ReadAsStored(const KernelContext& ctx, size_t other, size_t rank, co
          other_stored.get_format_kind() == memory::format_kind::blocked && other_stored.get_inner_nblks() == 0;
 }
 
-/*! \brief The post-ops of \p post: MakeAttr puts the sum post-op only with residual; a sub swap uses
- *         act then post_act. */
-static dnnl::primitive_attr BinaryAttr(const KernelContext& ctx, const Epilogue& post) {
-  Epilogue first;
-  first.act = post.act;
-  dnnl::primitive_attr attr = ctx.MakeAttr(first);
-  if (!post.post_act.none()) {
-    dnnl::post_ops ops = attr.get_post_ops();
-    ops.append_eltwise(post.post_act.alg, post.post_act.alpha, post.post_act.beta);
-    attr.set_post_ops(ops);
+/*! \brief What follows the op, as post-ops in this order: a sub swap's negation and the shift (one
+ *         eltwise linear), the addend (a binary add of \p addend: post-op 1 after that linear, else
+ *         0; addend_post_op), the activation. */
+struct BinaryTail {
+  bool negate = false;  // a sub computed as b - a: * -1 gives a - b back
+  float shift = 0.f;
+  std::optional<memory::desc> addend;
+  Activation act;
+
+  bool none() const { return !negate && shift == 0.f && !addend && act.none(); }
+  int addend_post_op() const { return negate || shift != 0.f ? 1 : 0; }
+};
+
+static dnnl::primitive_attr BinaryAttr(const KernelContext& ctx, const BinaryTail& tail) {
+  dnnl::primitive_attr attr = ctx.MakeAttr();
+  dnnl::post_ops ops;
+  if (tail.negate || tail.shift != 0.f) {
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, tail.negate ? -1.f : 1.f, tail.shift);
   }
+  if (tail.addend) ops.append_binary(dnnl::algorithm::binary_add, *tail.addend);
+  if (!tail.act.none()) ops.append_eltwise(tail.act.alg, tail.act.alpha, tail.act.beta);
+  if (ops.len() > 0) attr.set_post_ops(ops);
   return attr;
+}
+
+/*! \brief The attrs shift and activation (+ clip) of a binary node. */
+static BinaryTail ReadTail(const KernelContext& ctx, AttrReader& attrs) {
+  BinaryTail tail;
+  tail.act = ctx.ReadActivation(attrs);
+  const double shift = attrs.Float("shift", 0.0);
+  if (!std::isfinite(shift)) attrs.Fail("shift", "expected a finite number");
+  tail.shift = static_cast<float>(shift);
+  return tail;
+}
+
+/*! \brief The addend's (input 2) dims aligned to the output's rank, each the output's or 1; nullopt
+ *         without an addend. */
+static std::optional<std::vector<int64_t>> ReadAddend(const KernelContext& ctx,
+                                                      const std::vector<int64_t>& out_shape) {
+  if (ctx.node().inputs.size() < 3) return std::nullopt;
+  const std::vector<int64_t>& c = ctx.input(2).shape;
+  const std::optional<std::vector<int64_t>> joint = BroadcastShape({out_shape, c});
+  if (c.size() > out_shape.size() || !joint || *joint != out_shape) {
+    ctx.Fail("addend (input 2) of shape " + ShapeToString(c) + " does not broadcast to the output shape " +
+             ShapeToString(out_shape) + " of a and b");
+  }
+  if (ctx.input(2).dtype != DType::kFloat32) ctx.Fail("addend (input 2) must be float32");
+  return AlignRank(c, out_shape.size());
+}
+
+/*! \brief The output's dims and each operand's (rank-aligned, each dim the output's or 1) with the
+ *         output's axes of size 1 dropped and neighbouring axes merged where every operand has both
+ *         or broadcasts along both: the same row-major bytes in the fewest dims (a leading 1 kept
+ *         before [C, S] with a per-row [C, 1] operand: oneDNN's per-channel form). */
+struct CollapsedDims {
+  memory::dims dst;
+  std::vector<memory::dims> operands;
+};
+
+static CollapsedDims CollapseAxes(const std::vector<int64_t>& out, const std::vector<std::vector<int64_t>>& operands) {
+  CollapsedDims c;
+  c.operands.resize(operands.size());
+  int64_t prev = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == 1) continue;
+    bool same = prev >= 0;
+    for (const auto& op : operands) same = same && (op[i] == 1) == (op[static_cast<size_t>(prev)] == 1);
+    if (!same) {
+      c.dst.push_back(1);
+      for (auto& op : c.operands) op.push_back(1);
+    }
+    c.dst.back() *= out[i];
+    for (size_t k = 0; k < operands.size(); ++k) c.operands[k].back() *= operands[k][i];
+    prev = static_cast<int64_t>(i);
+  }
+  if (c.dst.empty()) {  // one element
+    c.dst = {1};
+    for (auto& op : c.operands) op = {1};
+  }
+  const bool per_row = std::any_of(c.operands.begin(), c.operands.end(),
+                                   [](const memory::dims& op) { return op.size() == 2 && op[0] > 1 && op[1] == 1; });
+  if (c.dst.size() == 2 && per_row) {  // [C, S] + [C, 1] runs as oneDNN's reference: [1, C, S] + [1, C, 1] jitted
+    c.dst.insert(c.dst.begin(), 1);
+    for (auto& op : c.operands) op.insert(op.begin(), 1);
+  }
+  return c;
 }
 
 /*! \brief The binary primitive of src0 and src1, read plain instead where only a reference
@@ -239,13 +320,44 @@ static dnnl::binary::primitive_desc BinaryPd(const KernelContext& ctx, dnnl::alg
   return pd;
 }
 
+/*! \brief Which input oneDNN reads as src0 (it has the output shape): 0 or 1; 2 when input 0 must be
+ *         expanded to the output shape first. */
+static size_t FullInput(const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
+                        const std::vector<int64_t>& out_shape, const std::string& alg_name) {
+  const bool commutes = alg_name == "add" || alg_name == "mul" || alg_name == "max" || alg_name == "min";
+  if (as == out_shape) return 0;
+  if (bs == out_shape && (commutes || alg_name == "sub")) return 1;
+  return 2;
+}
+
+/*! \brief The operands' layouts and the exec args they bind to, node input order (a, b[, addend]). */
+static void BindOperands(const dnnl::binary::primitive_desc& pd, const BinaryTail& tail, size_t full, bool expand,
+                         const std::vector<int64_t>& as, const memory::dims& dst_dims,
+                         const memory::dims& other_dims, std::vector<OperandLayout>* inputs, std::vector<int>* args) {
+  inputs->assign(2, OperandLayout{});
+  args->assign(2, 0);
+  if (expand) {  // input 0 expanded into the temp by a host step, input 1 the primitive's src1
+    (*inputs)[0] = {PlainDesc(memory::dims(as.begin(), as.end())), PlainDesc(memory::dims(as.begin(), as.end()))};
+    (*inputs)[1] = {PlainDesc(other_dims), pd.src1_desc()};
+    (*args)[1] = DNNL_ARG_SRC_1;
+  } else {
+    (*inputs)[full] = {PlainDesc(dst_dims), pd.src0_desc()};
+    (*args)[full] = DNNL_ARG_SRC_0;
+    (*inputs)[1 - full] = {PlainDesc(other_dims), pd.src1_desc()};
+    (*args)[1 - full] = DNNL_ARG_SRC_1;
+  }
+  if (tail.addend) {
+    inputs->push_back({*tail.addend, *tail.addend});
+    args->push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(tail.addend_post_op()) | DNNL_ARG_SRC_1);
+  }
+}
+
 static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const std::string alg_name = attrs.Choice("algorithm", EnumNamesOf(BinaryAlgorithms()), "");
-  Epilogue epilogue;
-  epilogue.act = ctx.ReadActivation(attrs);
+  BinaryTail tail = ReadTail(ctx, attrs);
   attrs.CheckNoUnknown();
-  ctx.ExpectInputCount(2, "a, b");
+  if (ctx.node().inputs.size() != 3) ctx.ExpectInputCount(2, "a, b[, addend]");
 
   const auto& a = ctx.input(0).shape;
   const auto& b = ctx.input(1).shape;
@@ -256,62 +368,44 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
   const std::vector<int64_t> as = AlignRank(a, rank), bs = AlignRank(b, rank);
   ctx.ExpectOutputShape(a.empty() && b.empty() ? std::vector<int64_t>{} : out_shape);
   const dnnl::algorithm alg = *FindEnum(BinaryAlgorithms(), alg_name);
-  const bool commutes = alg_name == "add" || alg_name == "mul" || alg_name == "max" || alg_name == "min";
-  // Which input oneDNN reads as src0 (full shape), and whether input 0 must be expanded first.
-  size_t full = 0;
-  bool expand = false;
-  Epilogue post = epilogue;
-  if (as == out_shape) {
-    full = 0;
-  } else if (bs == out_shape && (commutes || alg_name == "sub")) {
-    full = 1;
-    if (alg_name == "sub") {
-      // (b - a) * -1 = a - b, then the node's own activation
-      post.act = Activation{"negative", dnnl::algorithm::eltwise_linear, -1.f, 0.f};
-      post.residual = false;
-      post.post_act = epilogue.act;
-    }
-  } else {
-    expand = true;
-  }
+  const size_t which = FullInput(as, bs, out_shape, alg_name);
+  const bool expand = which == 2;
+  const size_t full = expand ? 0 : which;
+  tail.negate = full == 1 && alg_name == "sub";  // (b - a) * -1 = a - b, then the shift, addend, activation
   const size_t other = 1 - full;
-  const memory::dims dst_dims(out_shape.begin(), out_shape.end());
+  memory::dims dst_dims(out_shape.begin(), out_shape.end());
   const std::vector<int64_t>& os = full == 0 ? bs : as;
-  const memory::dims other_dims(os.begin(), os.end());
-  memory::desc src0;
-  if (expand) {
-    src0 = PlainDesc(dst_dims);  // the temp input 0 is expanded into
-  } else {
-    // the full-shape input in its producer's layout (when it has the output's rank)
-    src0 = ctx.input(full).shape.size() == rank ? ctx.InputLayout(full) : PlainDesc(dst_dims);
+  memory::dims other_dims(os.begin(), os.end());
+  const std::optional<std::vector<int64_t>> addend = ReadAddend(ctx, out_shape);
+  if (addend) {
+    // with an addend every operand is read plain in the fewest dims: oneDNN 3.2's jit binary adds a
+    // [1, C, 1] post-op operand wrongly to [N, C, 1] (N > 1), and runs its reference kernel for a
+    // [1, 1, 1, C] one over [1, H, W, C] (GRN's beta) where [1, C] over [H * W, C] is jitted
+    const CollapsedDims c = CollapseAxes(out_shape, {os, *addend});
+    dst_dims = c.dst;
+    other_dims = c.operands[0];
+    tail.addend = PlainDesc(c.operands[1]);
   }
+  memory::desc src0 = PlainDesc(dst_dims);  // the temp input 0 is expanded into, or a plain read
+  if (!expand && !addend && ctx.input(full).shape.size() == rank) src0 = ctx.InputLayout(full);  // as stored
   memory::desc src1 = other_dims == dst_dims && !expand ? src0 : PlainDesc(other_dims);
-  const bool read_as_stored = !expand && other_dims != dst_dims && ReadAsStored(ctx, other, rank, src1);
+  const bool read_as_stored =
+      !expand && !addend && other_dims != dst_dims && ReadAsStored(ctx, other, rank, src1);
   if (read_as_stored) src1 = ctx.InputLayout(other);
-  const dnnl::primitive_attr attr = BinaryAttr(ctx, post);
   // bf16 region: the output is written bf16 where every reader rounds it to bf16 anyway
   // (OutputOnlyFeedsBf16Convs: a squeeze-excitation's channel multiply read by the projection
   // conv), so that conv reads it without a reorder; the operands may then arrive bf16 as well
   // (their producers store them so: kernel.cc), which oneDNN's binary reads as they are.
   const memory::desc dst_any = AnyDesc(dst_dims, OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
                                                                               : memory::data_type::f32);
-  dnnl::binary::primitive_desc pd =
-      BinaryPd(ctx, alg, src0, src1, dst_any, attr, read_as_stored, !expand, other_dims, dst_dims);
-  std::vector<OperandLayout> inputs(2);
-  std::vector<int> args(2);
-  if (expand) {
-    inputs[0] = {PlainDesc(memory::dims(as.begin(), as.end())), PlainDesc(memory::dims(as.begin(), as.end()))};
-    inputs[1] = {PlainDesc(memory::dims(bs.begin(), bs.end())), pd.src1_desc()};
-    args = {0, DNNL_ARG_SRC_1};
-  } else {
-    inputs[full] = {PlainDesc(dst_dims), pd.src0_desc()};
-    args[full] = DNNL_ARG_SRC_0;
-    inputs[other] = {PlainDesc(other_dims), pd.src1_desc()};
-    args[other] = DNNL_ARG_SRC_1;
-  }
+  dnnl::binary::primitive_desc pd = BinaryPd(ctx, alg, src0, src1, dst_any, BinaryAttr(ctx, tail), read_as_stored,
+                                             !expand, other_dims, dst_dims);
+  std::vector<OperandLayout> inputs;
+  std::vector<int> args;
+  BindOperands(pd, tail, full, expand, as, dst_dims, other_dims, &inputs, &args);
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
   HostFn host;
-  if (!expand && alg == dnnl::algorithm::binary_mul && post.act.none() && post.post_act.none()) {
+  if (!expand && alg == dnnl::algorithm::binary_mul && tail.none()) {
     host = ChannelMulBf16Fn(pd.src0_desc(), pd.src1_desc(), pd.dst_desc());
   }
   return std::make_unique<BinaryKernel>(ctx.where(), std::move(pd), std::move(args), std::move(inputs),
@@ -328,7 +422,8 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
  *        add / sub / div stay f32 (rounding operands before a cancelling sum loses more than
  *        rounding its result).
  */
-static Bf16Read BinaryBf16Input(const NodeInfo& node, size_t /*k*/) {
+static Bf16Read BinaryBf16Input(const NodeInfo& node, size_t k) {
+  if (k == 2) return Bf16Read::kF32;  // the addend: a float32 post-op operand
   auto alg = node.attrs.find("algorithm");
   const std::string name =
       alg != node.attrs.end() ? std::string(alg->second.as<tvm::ffi::String>().value_or("")) : "";

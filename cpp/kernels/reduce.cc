@@ -3,7 +3,7 @@
  * \brief reduce: mean / sum / max / min / mean of squares over some axes (one oneDNN reduction
  *        primitive), with an optional shift and activation applied to the result as post-ops.
  *
- * Attrs: algorithm "mean" | "sum" | "max" | "min" | "mean_square" (required); shift (a number,
+ * Attrs: algorithm "mean" | "sum" | "max" | "min" | "mean_square" | "sum_square" (required); shift (a number,
  * default 0: added to the result) and activation (+ clip), as in binary: act(reduce(x) + shift);
  * normalize (0/1, default 0; only mean_square over trailing axes with activation rsqrt): the output
  * is x * act(mean(x^2) + shift), the data's shape, instead of the statistic: RMSNorm's x * r
@@ -16,7 +16,10 @@
  * decoder: 2 ms per [128, 576] norm at 1 thread, against 0.05 ms for the three jit steps), so a
  * reduction over trailing axes with activation none / sqrt / rsqrt is a host loop instead (one
  * read of each row, 16 partial sums the compiler keeps in one vector register); other shapes
- * keep the primitive.  The reduced axes are those where
+ * keep the primitive.  "sum_square" (the sum of x^2, the same kernels with scale 1 instead of 1/n):
+ * an L2 norm's sum in one read of x (ConvNeXt-V2's GRN over H, W; region pass fuse_rms_statistics),
+ * where square and sum were two passes, the square writing a tensor of the data's size.
+ * The reduced axes are those where
  * the output tensor (same rank as the data) has 1 and the data does not, as in oneDNN: every
  * output dim equals the data's or is 1 (reducing an axis of size 1 changes nothing).  A reduction
  * that drops its axes (keepdims=False) is this node followed by a `reshape`.  The data is read in
@@ -43,6 +46,7 @@ const std::vector<std::pair<std::string, dnnl::algorithm>>& ReduceAlgorithms() {
       {"max", dnnl::algorithm::reduction_max},
       {"min", dnnl::algorithm::reduction_min},
       {"mean_square", dnnl::algorithm::reduction_norm_lp_power_p_sum},
+      {"sum_square", dnnl::algorithm::reduction_norm_lp_power_p_sum},
   };
   return algs;
 }
@@ -120,13 +124,15 @@ RowFns PickRowFns() {
   return fns;
 }
 
-/*! \brief mean_square over the trailing axes as a host loop: act(sum(x^2) / n + shift) per row;
- *         with \p normalize, x times that per row (the output has the data's shape). */
+/*! \brief mean_square / sum_square (\p mean false) over the trailing axes as a host loop:
+ *         act(sum(x^2) / n + shift) per row, or act(sum(x^2) + shift); with \p normalize, x times that
+ *         per row (the output has the data's shape). */
 std::unique_ptr<Kernel> MeanSquareRows(const KernelContext& ctx, double shift, const std::string& act,
-                                       bool normalize) {
+                                       bool normalize, bool mean = true) {
   const int64_t n = normalize ? ctx.input(0).shape.back() : ctx.input(0).numel() / ctx.output().numel();
   const int64_t rows = ctx.input(0).numel() / n;
-  const float inv_n = static_cast<float>(1.0 / static_cast<double>(n)), add = static_cast<float>(shift);
+  const float inv_n = mean ? static_cast<float>(1.0 / static_cast<double>(n)) : 1.f;
+  const float add = static_cast<float>(shift);
   const int mode = act == "sqrt" ? 1 : act == "rsqrt" ? 2 : 0;
   const RowFns row = PickRowFns();
   HostFn fn = [rows, n, inv_n, add, mode, normalize, row](const std::vector<void*>& p) {
@@ -173,7 +179,7 @@ std::optional<MiddleBlock> MiddleAxes(const std::vector<int64_t>& in, const std:
 constexpr int64_t kChunk = 64;  // output elements per task of MiddleReduce (4 AVX-512 vectors)
 
 /*!
- * \brief sum / mean / mean_square over the middle block of axes as a host loop: y[o, i] =
+ * \brief sum / mean / mean_square / sum_square over the middle block of axes as a host loop: y[o, i] =
  *        act(scale * sum_m f(x[o, m, i]) + shift), f the identity or the square. Parallel over
  *        chunks of kChunk output elements; each chunk reads its columns row by row (contiguous
  *        runs), accumulating in float in row order.
@@ -256,20 +262,21 @@ static std::unique_ptr<Kernel> BuildReduce(const KernelContext& ctx) {
   }
   const memory::dims dst_dims(out.begin(), out.end());
   const memory::desc dst = PlainDesc(dst_dims);
-  const bool square = alg_name == "mean_square";
+  const bool square = alg_name == "mean_square" || alg_name == "sum_square";
+  const bool mean = alg_name == "mean" || alg_name == "mean_square";
   if (in == out && !square && shift == 0.0 && act.none()) {
     // nothing is reduced (every reduced axis has size 1): the output is the input's bytes
     return std::make_unique<AliasKernel>(PlainDesc(memory::dims(in.begin(), in.end())), dst);
   }
   if (square && TrailingAxes(in, out) && (act.none() || act.name == "sqrt" || act.name == "rsqrt") &&
       ctx.input(0).dtype == DType::kFloat32 && ctx.output().dtype == DType::kFloat32) {
-    return MeanSquareRows(ctx, shift, act.name, false);
+    return MeanSquareRows(ctx, shift, act.name, false, mean);
   }
   int64_t n = 1;  // elements per output element
   for (size_t i = 0; i < in.size(); ++i) n *= in[i] / out[i];
   dnnl::primitive_attr attr = ctx.MakeAttr();
   dnnl::post_ops ops;
-  const float scale = square ? static_cast<float>(1.0 / static_cast<double>(n)) : 1.f;
+  const float scale = square && mean ? static_cast<float>(1.0 / static_cast<double>(n)) : 1.f;
   if (scale != 1.f || shift != 0.0) ops.append_eltwise(dnnl::algorithm::eltwise_linear, scale, static_cast<float>(shift));
   if (!act.none()) ops.append_eltwise(act.alg, act.alpha, act.beta);
   if (ops.len() > 0) attr.set_post_ops(ops);
@@ -278,12 +285,13 @@ static std::unique_ptr<Kernel> BuildReduce(const KernelContext& ctx) {
   dnnl::reduction::primitive_desc pd(ctx.engine, alg, src, dst, square ? 2.f : 0.f, 0.f, attr);
   // oneDNN 3.2 reduces axes between kept ones (ConvNeXt-V2's GRN: the L2 norm over H, W of
   // [N, H, W, C]) with its reference kernel only: there, a sum / mean / mean_square with
-  // activation none, sqrt or rsqrt is a host loop instead (MiddleReduce)
+  // activation none, sqrt or rsqrt is a host loop instead (MiddleReduce); so is a sum_square (the
+  // GRN's L2 norm) there
   const std::optional<MiddleBlock> block = MiddleAxes(in, out);
   if (block && std::string(pd.impl_info_str()).find("ref") != std::string::npos && alg_name != "max" &&
       alg_name != "min" && (act.none() || act.name == "sqrt" || act.name == "rsqrt") &&
       ctx.input(0).dtype == DType::kFloat32 && ctx.output().dtype == DType::kFloat32) {
-    const float mid_scale = alg_name == "sum" ? 1.f : static_cast<float>(1.0 / static_cast<double>(block->mid));
+    const float mid_scale = mean ? static_cast<float>(1.0 / static_cast<double>(block->mid)) : 1.f;
     return MiddleReduce(ctx, *block, square, mid_scale, static_cast<float>(shift),
                         act.none() ? 0 : act.name == "sqrt" ? 1 : 2);
   }

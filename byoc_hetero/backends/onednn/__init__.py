@@ -79,7 +79,8 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights
     "fold_dense_input_scales",     # ops/dense_input_scales.py: RMSNorm's per-feature weight into the denses reading it
     "drop_abs_before_square",      # ops/rms_statistic.py: square(abs(x)) reads x (a vector norm's abs)
-    "fuse_rms_statistics",         # ops/rms_statistic.py: square, mean, + eps, rsqrt as one reduce node
+    "fuse_rms_statistics",         # ops/rms_statistic.py: square, mean / sum, + eps, rsqrt as one reduce node
+    "fuse_affine_tails",           # ops/affine_tail.py: x * r, then * c, + b, + x as one binary x * s + t
     "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_dynamic_int8_sources",   # ops/qdq_dynamic.py: a per-call quantization into the int8 dense reading it

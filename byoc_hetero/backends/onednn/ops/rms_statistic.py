@@ -12,7 +12,14 @@ result, so the runtime's ``reduce`` has the algorithm ``mean_square`` (that sum 
 What, each rewrite only where every intermediate tensor has that one reader and is no region
 output:
 
-* ``reduce mean(eltwise square(x))`` -> ``reduce mean_square(x)``;
+* ``reduce mean(eltwise square(x))`` -> ``reduce mean_square(x)``, and ``reduce sum(eltwise
+  square(x))`` -> ``reduce sum_square(x)`` (a ``sqrt`` after either, without a shift between, as
+  the reduce's activation):
+  an L2 norm's sum of squares in one read of ``x``. ConvNeXt-V2's Global Response Normalization
+  (issue 39 item 7) takes ``vector_norm`` over H, W of ``[N, H, W, C]``: the square was a full
+  pass writing a tensor of ``x``'s size, then the sum read it again (the host loop of
+  ``cpp/kernels/reduce.cc`` squares as it reads). Where the square has another reader the match is
+  declined, with the reason, for ``bh.report``;
 * ``add(reduce(...), c)`` with ``c`` a one-element float constant, the reduce without a shift or
   activation yet -> the reduce with ``shift`` c and the add's activation;
 * ``div(1, reduce(...))`` with the reduce's activation ``sqrt`` -> activation ``rsqrt``;
@@ -45,13 +52,57 @@ def _drop(graph: RegionGraph, node: Node, into: Node) -> None:
     graph.nodes[:] = [m for m in graph.nodes if m is not node]
 
 
+#: reduce algorithm -> the algorithm of the same reduction of the data's squares
+_OF_SQUARES = {"mean": "mean_square", "sum": "sum_square"}
+
+
+def _is_square(node: Node | None) -> bool:
+    """An ``eltwise square``, or a ``binary mul`` of a tensor by itself (``x * x``, TVM's ONNX
+    ReduceL2 / ReduceSumSquare), without an activation."""
+    if node is None:
+        return False
+    if node.op == "eltwise":
+        return node.attrs.get("algorithm") == "square"
+    return (node.op == "binary" and node.attrs.get("algorithm") == "mul" and len(node.inputs) == 2
+            and node.inputs[0] == node.inputs[1] and node.attrs.get("activation", "none") == "none"
+            and not node.attrs.get("shift"))
+
+
+def _square_fold_reason(graph: RegionGraph, reduce: Node, square: Node) -> str | None:
+    """Why ``reduce`` of the squares ``square`` computes cannot read their operand itself
+    (algorithm ``mean_square`` / ``sum_square``); None when it can."""
+    if reduce.attrs.get("shift") or reduce.attrs.get("activation", "none") != "none":
+        return "the reduce already has a shift or an activation (applied after its statistic)"
+    dtype = graph.tensors[square.inputs[0]]["dtype"]
+    if dtype != "float32":
+        return f"the squared data is {dtype}; the reduction of squares reads float32"
+    if _only_reader(graph, square.output) is not reduce:
+        return ("the squares have another reader or are a region output: the square is computed and "
+                "stored anyway")
+    return None
+
+
 def _fold_square(graph: RegionGraph, reduce: Node) -> None:
     producer = graph.producers().get(reduce.inputs[0])
-    if (producer is not None and producer.op == "eltwise" and producer.attrs.get("algorithm") == "square"
-            and _only_reader(graph, producer.output) is reduce and graph.tensors[producer.inputs[0]]["dtype"] == "float32"):
-        reduce.inputs[0] = producer.inputs[0]
-        reduce.attrs["algorithm"] = "mean_square"
-        graph.nodes[:] = [m for m in graph.nodes if m is not producer]
+    if not _is_square(producer):
+        return
+    reason = _square_fold_reason(graph, reduce, producer)
+    if reason is not None:
+        graph.decline("fuse_rms_statistics", f"reduce {_OF_SQUARES.get(reduce.attrs.get('algorithm'), '')}",
+                      reduce.output, reason)
+        return
+    reduce.inputs[0] = producer.inputs[0]
+    reduce.attrs["algorithm"] = _OF_SQUARES[reduce.attrs["algorithm"]]
+    graph.nodes[:] = [m for m in graph.nodes if m is not producer]
+
+
+def _fold_sqrt(graph: RegionGraph, reduce: Node) -> None:
+    """An ``eltwise sqrt`` read from the reduce alone becomes its activation (an L2 norm)."""
+    sqrt = _only_reader(graph, reduce.output)
+    if (sqrt is not None and sqrt.op == "eltwise" and sqrt.attrs.get("algorithm") == "sqrt"
+            and reduce.attrs.get("activation", "none") == "none"):
+        reduce.attrs["activation"] = "sqrt"
+        _drop(graph, sqrt, reduce)
 
 
 def _fold_shift(graph: RegionGraph, reduce: Node) -> bool:
@@ -117,9 +168,12 @@ def drop_abs_before_square(graph: RegionGraph) -> None:
 @graph_pass
 def fuse_rms_statistics(graph: RegionGraph) -> None:
     """Square, mean, ``+ eps``, ``sqrt`` / ``rsqrt`` / ``1 / (.)`` and the product with the data over
-    one tensor as one ``reduce`` node (see the module doc)."""
-    for reduce in [n for n in graph.nodes if n.op == "reduce" and n.attrs.get("algorithm") == "mean"]:
+    one tensor as one ``reduce`` node; square, sum and ``sqrt`` (an L2 norm) as another (see the
+    module doc)."""
+    for reduce in [n for n in graph.nodes if n.op == "reduce" and n.attrs.get("algorithm") in _OF_SQUARES]:
         _fold_square(graph, reduce)
         if reduce.attrs.get("algorithm") == "mean_square" and _fold_shift(graph, reduce):
             _fold_reciprocal(graph, reduce)
             _fold_normalize(graph, reduce)
+        elif reduce.attrs.get("algorithm") in _OF_SQUARES.values():
+            _fold_sqrt(graph, reduce)
