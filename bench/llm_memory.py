@@ -1,9 +1,9 @@
 """Where the resident memory of ``bh.llm`` generation goes, stage by stage (issue 36's memory target).
 
-    PYTHONPATH=. python bench/llm_memory.py --model smollm_135m --threads 2 [--contention]
+    PYTHONPATH=. python bench/llm_memory.py --model smollm_135m --threads 2 [--contention] [--weights int8]
 
 One fresh process: imports, a seeded random transformers model of the named sizes (gen_engines.py),
-``bh.llm.from_hf`` (f32, max_length = prompt + new), the transformers model deleted, then a
+``bh.llm.from_hf`` (``--weights``, f32 by default; max_length = prompt + new), the transformers model deleted, then a
 generation (a prefill of ``--prompt`` tokens and ``--new`` decode steps); with ``--contention`` a second
 one on the 1-thread contention plans (forced: what a busy machine makes). After each stage: VmRSS and
 VmHWM (MiB), and at the end the regions' prepared-weight bytes (get_runtime_info's shared_bytes).
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--contention", action="store_true", help="then generate on the 1-thread contention plans")
+    ap.add_argument("--weights", default="f32", help="from_hf's weights: f32 (default), int8, int4")
     args = ap.parse_args()
     os.environ.setdefault("BYOC_HETERO_ADAPT_THREADS", "off")
     rows = []
@@ -57,8 +58,8 @@ def main() -> None:
     model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     rows.append(("+ the transformers model", *status()))
-    gen = bh.llm.from_hf(model, max_length=args.prompt + args.new)
-    rows.append(("`from_hf` done", *status()))
+    gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)
+    rows.append((f"`from_hf` done ({args.weights})", *status()))
     vocab = model.config.vocab_size
     del model
     gc.collect()

@@ -145,3 +145,25 @@ def test_bf16_storage_follows_the_traits_the_readers_declared(reader):
     first_conv = next(s for s in plan["run_steps"] if s["op"] == "conv2d")
     bf16_dst = first_conv["layouts"].split(" dst=")[1].endswith(":bf16")
     assert bf16_dst == traits[reader]["bf16_input"] == (reader == "pool2d"), plan["run_steps"]
+
+
+def test_prefill_and_decode_plans_of_a_dense_share_one_prepared_weight():
+    """A symbolic dense planned for many rows (2 threads: oneDNN's inner product, its weight [N, K] in
+    AB16b64a) and for one row (the GEMV on the matmul's layout, [K, N] in BA16a64b) asks for the same
+    bytes under two axis orders: one prepared-weight key, so a generator holds one copy (issue 36)."""
+    r = Region("dense_rows")
+    x = r.input(["S", 128])
+    r.outputs = [r.node("dense", [x, r.const(rand(192, 128))], ["S", 192], weight_layout="NK", has_bias=0)]
+    doc = dict(r.doc(), version=2)
+    graph = json.dumps(doc)
+
+    def prepared(rows, threads):
+        plan = _C.plan_region(graph, [[rows, 128]], threads=threads)
+        dense = [s for s in plan["run_steps"] if s["op"] == "dense"]
+        assert len(dense) == 1, plan["run_steps"]
+        return {b["key"] for b in plan["shared"] if b["run"] and b["constant"] < 0}, dense[0]["impl"]
+
+    decode, decode_impl = prepared(1, 2)
+    prefill, prefill_impl = prepared(128, 2)
+    assert len(decode) == 1 and prefill == decode, (prefill_impl, prefill, decode_impl, decode)
+    assert prepared(128, 1)[0] == decode and prepared(1, 1)[0] == decode

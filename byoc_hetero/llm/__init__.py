@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from ..errors import InputError
-from .generator import Generator, load
+from .generator import Generator, load, return_freed_heap
 from .gguf import from_gguf
 from .model import FAMILIES, DecoderSpec, decoder_spec, decoder_weights, step_module
 from .sampling import Sampler
@@ -71,20 +71,6 @@ def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, g
     return q.mod, q.params, q.error
 
 
-def _return_freed_heap() -> None:
-    """Hand the heap a build freed (the step module's weights as Relax constants, the partition's
-    copies: about the weights' size again) back to the system: glibc keeps freed heap mapped
-    otherwise, and the process's resident size with it. Not glibc: nothing to do."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None
                      ) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
     """What :func:`from_hf` builds, before the build: (the partitioned step module, its
@@ -116,7 +102,7 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size)
     executable = relax.build(part, target="llvm")
     del part
-    _return_freed_heap()
+    return_freed_heap()
     return Generator(executable, spec, int(max_length), weights, weight_error=error)
 
 
@@ -159,7 +145,7 @@ def generator_from_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_le
                                              group_size=group_size)
     executable = relax.build(part, target="llvm")
     del part
-    _return_freed_heap()
+    return_freed_heap()
     return Generator(executable, spec, int(max_length), label, weight_error=error)
 
 

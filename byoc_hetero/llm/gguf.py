@@ -372,7 +372,10 @@ def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None =
     """
     from tvm import relax
 
-    from .generator import Generator
+    from .generator import Generator, return_freed_heap
 
     part, spec, label = partitioned_gguf(path, max_length=max_length, weights=weights)
-    return Generator(relax.build(part, target="llvm"), spec, int(max_length), label)
+    executable = relax.build(part, target="llvm")
+    del part
+    return_freed_heap()  # the file's dequantized weights and the build's copies
+    return Generator(executable, spec, int(max_length), label)

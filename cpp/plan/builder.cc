@@ -6,8 +6,11 @@
 
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
+#include <vector>
 
 namespace byoc_hetero {
 namespace planning {
@@ -44,9 +47,41 @@ int PlanBuilder::ConstantSlot(int t) {
   return NewSlot(SlotKind::kShared, plan_.shared.size() - 1);
 }
 
+namespace {
+
+/*!
+ * \brief (view, want) with their logical axes permuted alike so that the view's strides decrease:
+ *        the same bytes of a tensor laid out the same way, whatever axis order a kernel names them
+ *        in.  A dense's matmul views its [N, K] weight as [K, N] with strides (1, K) and asks for
+ *        BA16a64b; the inner product views it as plain [N, K] and asks for AB16b64a: one buffer.
+ *        A view with blocks of its own (a value stored blocked), or a pair oneDNN cannot
+ *        permute, is returned as it is.
+ */
+std::pair<memory::desc, memory::desc> InViewOrder(const memory::desc& view, const memory::desc& want) {
+  if (view.get_format_kind() != memory::format_kind::blocked || view.get_inner_nblks() != 0 ||
+      want.get_format_kind() != memory::format_kind::blocked || view.get_ndims() != want.get_ndims()) {
+    return {view, want};
+  }
+  const memory::dims strides = view.get_strides();
+  std::vector<int> order(strides.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return strides[a] > strides[b]; });
+  std::vector<int> permutation(order.size());  // axis order[j] becomes axis j
+  for (size_t j = 0; j < order.size(); ++j) permutation[order[j]] = static_cast<int>(j);
+  if (std::is_sorted(order.begin(), order.end())) return {view, want};
+  memory::desc v = view.permute_axes(permutation, /*allow_empty=*/true);
+  memory::desc w = want.permute_axes(permutation, /*allow_empty=*/true);
+  if (v.get_ndims() == 0 || w.get_ndims() == 0) return {view, want};
+  return {v, w};
+}
+
+}  // namespace
+
 std::string PlanBuilder::Key(int t, const memory::desc& view, const memory::desc& want,
                              const std::string& transform) {
-  return "tensor " + std::to_string(t) + " " + DescribeDesc(view) + " -> " + DescribeDesc(want) +
+  // A transform reads the view's elements in the view's order: only a relayout is renamed.
+  const auto [v, w] = transform.empty() ? InViewOrder(view, want) : std::make_pair(view, want);
+  return "tensor " + std::to_string(t) + " " + DescribeDesc(v) + " -> " + DescribeDesc(w) +
          (transform.empty() ? "" : " " + transform);
 }
 

@@ -58,6 +58,10 @@ class PlanBuilder {
   int OwnSlot(bool at_init, const memory::desc& md, const std::string& key);
   /*! \brief The shared slot of constant tensor \p t read in place by run steps (SharedBuffer::constant). */
   int ConstantSlot(int t);
+  /*! \brief A shared buffer's name: tensor, view -> want (and transform).  A relayout's view and
+   *         want are named in the view's stride order, so that two kernels asking for the same
+   *         bytes under different axis orders (a matmul's [K, N] and an inner product's [N, K] of
+   *         one weight) share one buffer. */
   static std::string Key(int t, const memory::desc& view, const memory::desc& want,
                          const std::string& transform = "");
   /*! \brief The shared buffer a slot is, or -1. */
