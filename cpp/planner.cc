@@ -2,14 +2,16 @@
  * \file planner.cc
  * \brief The planner (see planner.h): builds each node's kernel and plans it.
  *
- * The planner is layered, one job per unit:
- *   PlanBuilder     plan/builder.h          ValueStates, slots, buffers, the two step programs,
- *                                           reorders and host byte copies;
- *   LayoutResolver  plan/layouts.h          where each value lives, in which layout, and the
- *                                           reorders (or zero-copy views) a consumer needs;
+ * The Planner is the per-node driver; it owns the parts that do each job, each holding a
+ * reference to the parts it needs (none shares another's state):
+ *   ValueTable      plan/values.h           where each tensor's value lives (ValueStates);
+ *   Buffers         plan/buffers.h          the slots and the buffers behind them (buffer assignment);
+ *   Programs        plan/programs.h         the init and run step programs, reorders, host byte copies;
+ *   LayoutResolver  plan/layouts.h          which layout each value lives in, and the reorders (or
+ *                                           zero-copy views: reshapes, permutes) a consumer needs;
  *   ConcatInPlace   plan/concat_in_place.h  producers writing into a concat's buffer, and the notes;
- *   Planner         here                    builds each node's kernel and plans the node;
- *   PlaceIntermediates  plan/arena.h        the arena offsets of the private buffers.
+ *   PlaceIntermediates  plan/arena.h        the arena offsets of the private buffers, at the end.
+ * The Planner builds each node's kernel (checking its operands) and plans the node with them.
  *
  * A sum post-op (residual add) accumulates into the destination: the planner reuses the
  * residual's own buffer as the destination when the residual is an intermediate in the same
@@ -20,15 +22,14 @@
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
-#include <cstring>
-#include <map>
-#include <optional>
-#include <set>
-#include <sstream>
 #include <utility>
 
 #include "plan/arena.h"
+#include "plan/buffers.h"
 #include "plan/concat_in_place.h"
+#include "plan/layouts.h"
+#include "plan/programs.h"
+#include "plan/values.h"
 #include "threading.h"
 
 namespace byoc_hetero {
@@ -72,32 +73,19 @@ std::vector<std::string> Plan::Describe() const {
 
 namespace {
 
-using planning::Pending;
 using planning::ValueState;
 
-/*! \brief " src=... wei=... dst=..." for a primitive, " in=... out=..." for a host step. */
-std::string StepLayouts(const PlannedStep& s) {
-  std::ostringstream os;
-  if (s.host) {
-    for (size_t k = 0; k < s.args.size(); ++k) {
-      os << (k + 1 == s.args.size() ? " out=" : " in=") << DescribeDesc(s.args[k].second.md);
-    }
-    return os.str();
-  }
-  const std::pair<int, const char*> names[] = {{DNNL_ARG_SRC, "src"},     {DNNL_ARG_SRC_1, "src1"},
-                                               {DNNL_ARG_WEIGHTS, "wei"}, {DNNL_ARG_BIAS, "bia"},
-                                               {DNNL_ARG_DST, "dst"}};
-  for (const auto& [arg, name] : names) {
-    for (const auto& [a, ref] : s.args) {
-      if (a == arg) os << " " << name << "=" << DescribeDesc(ref.md);
-    }
-  }
-  return os.str();
-}
-
-class Planner : public planning::ConcatInPlace {
+class Planner {
  public:
-  using ConcatInPlace::ConcatInPlace;
+  Planner(const RegionGraph& g, const dnnl::engine& engine, Plan* plan)
+      : g_(g),
+        engine_(engine),
+        plan_(*plan),
+        values_(g),
+        buffers_(g, plan),
+        programs_(engine, buffers_),
+        layouts_(g, &values_, &buffers_, &programs_),
+        concats_(g, &values_, &buffers_, &programs_, &layouts_) {}
 
   void Run() {
     SetUpValues();
@@ -109,48 +97,34 @@ class Planner : public planning::ConcatInPlace {
       for (int t : node.inputs) all_const = all_const && values_[t].is_const;
       const std::unique_ptr<Kernel> kernel = MakeKernel(n);
       const bool at_init = all_const && !values_[node.output].region_output;
-      node_where_ = g_.where(n);
+      buffers_.SetNode(g_.where(n));
       GuardDnnl(g_.where(n), "set up buffers and reorders", [&] { PlanNode(n, *kernel, at_init); });
     }
-    Compile(&init_, &plan_.init_steps, &plan_.init_scratch_bytes);
-    Compile(&run_, &plan_.run_steps, &plan_.run_scratch_bytes);
-    for (const PlannedStep& s : plan_.run_steps) {
-      for (const auto& [arg, ref] : s.args) {
-        if (SharedIndex(ref.slot) >= 0) plan_.shared[SharedIndex(ref.slot)].run = true;
-      }
-    }
+    programs_.Compile(&plan_);
+    buffers_.MarkReadByRun(plan_.run_steps);
     planning::PlaceIntermediates(plan_);
   }
 
  private:
-  /*! \brief The plan's header, its argument slots, and the state of each region input and constant. */
+  /*! \brief The plan's header, the concats written in place, and the state of each region input and constant. */
   void SetUpValues() {
     plan_.where = g_.where();
     plan_.symbol = g_.symbol;
     plan_.num_constants = g_.constants.size();
     plan_.precision = EffectivePrecision(g_.precision, &plan_.precision_note);
     for (int t : g_.outputs) plan_.output_shapes.push_back(g_.tensors[t].shape);
-
-    for (size_t i = 0; i < plan_.num_buffers(); ++i) run_arg_slot_.push_back(NewSlot(SlotKind::kRunArg, i));
-    for (size_t i = 0; i < g_.constants.size(); ++i) const_arg_slot_.push_back(NewSlot(SlotKind::kConstArg, i));
-    scratch_slot_ = NewSlot(SlotKind::kScratch, 0);
-
-    values_.resize(g_.tensors.size());
-    for (size_t n = 0; n < g_.nodes.size(); ++n) {
-      for (int t : g_.nodes[n].inputs) values_[t].last_use = static_cast<int>(n);
-    }
-    for (int t : g_.outputs) values_[t].region_output = true;
-    FindConcatSlices();
+    // the argument slots (Buffers) and every value's last reader (ValueTable) exist already
+    concats_.FindConcatSlices();
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       ValueState& v = values_[g_.inputs[i]];
       v.plain_md = v.storage_md = PlainDescOf(g_.tensors[g_.inputs[i]]);
-      v.storage = v.plain = run_arg_slot_[i];
+      v.storage = v.plain = buffers_.RunArg(i);
     }
     for (size_t i = 0; i < g_.constants.size(); ++i) {
       ValueState& v = values_[g_.constants[i].tensor];
       v.is_const = true;
       v.plain_md = v.storage_md = PlainDescOf(g_.tensors[g_.constants[i].tensor]);
-      v.storage = v.plain = const_arg_slot_[i];
+      v.storage = v.plain = buffers_.ConstArg(i);
     }
   }
 
@@ -166,7 +140,7 @@ class Planner : public planning::ConcatInPlace {
                                 << node.op << "' (supported: " << ops << ")";
     }
     KernelContext ctx{g_, n, engine_, {}, {}, NodeComputesBf16(g_, n)};
-    ctx.output_hint = ConcatSliceLayout(n);
+    ctx.output_hint = concats_.ConcatSliceLayout(n);
     ctx.threads = plan_.threads;
     for (int t : node.inputs) {
       ctx.input_storage.push_back(values_[t].storage_md);
@@ -252,39 +226,6 @@ class Planner : public planning::ConcatInPlace {
     }
   }
 
-  /*! \brief A node that only views its input (a reshape): its output is the input's bytes. */
-  void PlanAlias(size_t n, const Kernel& kernel) {
-    const NodeInfo& node = g_.nodes[n];
-    const int t_out = node.output;
-    const size_t k = static_cast<size_t>(kernel.alias_input());
-    const int t_in = node.inputs[k];
-    // A value stored bf16 (only where every reader rounds it: OutputOnlyFeedsBf16Convs) is
-    // aliased as plain bf16 bytes, so the readers of the reshape still read it without a reorder.
-    OperandLayout in_layout = kernel.inputs()[k];
-    const bool bf16 = values_[t_in].storage_md.get_data_type() == memory::data_type::bf16 &&
-                      in_layout.view.get_data_type() == memory::data_type::f32;
-    if (bf16) in_layout.want = WithType(in_layout.view, memory::data_type::bf16);
-    // Plain bytes of the input that outlive __init_ (never a constant's own data).
-    const MemRef src = Resolve(t_in, in_layout, n, /*init_consumer=*/false);
-    ValueState& v = values_[t_out];
-    v.is_const = values_[t_in].is_const;
-    v.plain_md = v.storage_md = kernel.output().view;
-    if (bf16) v.storage_md = WithType(v.plain_md, memory::data_type::bf16);
-    const int out_pos = OutputPosition(t_out);
-    if (out_pos >= 0) {
-      const int user = run_arg_slot_[g_.inputs.size() + out_pos];
-      AddReorder(false, {v.storage_md, src.slot}, {kernel.output().view, user},
-                 g_.where(n) + ": output tensor " + std::to_string(t_out) + " copied out");
-      v.storage = v.plain = user;
-      v.storage_md = v.plain_md;
-    } else {
-      v.storage = src.slot;
-      v.plain = bf16 ? -1 : src.slot;
-      v.aliased = values_[t_in].aliased = true;
-      v.order = OrderOf(t_in);
-    }
-  }
-
   /*! \brief The slot of node \p n's residual (its sum input) when the node may accumulate into it
    *         in place (the residual dies here, private, same bytes as the output), else -1. */
   int ReusableResidual(size_t n, const Kernel& kernel, bool at_init) {
@@ -299,9 +240,9 @@ class Planner : public planning::ConcatInPlace {
     const bool same_bytes = r.storage_md == want ||
                             (r.storage_md == PlainDesc(r.storage_md.get_dims()) && want == PlainDesc(want.get_dims()) &&
                              r.storage_md.get_size() == want.get_size());
-    const bool dies = r.aliased ? SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
+    const bool dies = r.aliased ? values_.SlotDiesAt(r.storage, n) : r.last_use == static_cast<int>(n);
     if (!at_init && !r.is_const && g_.roles[residual] == TensorRole::kNodeOutput && !r.region_output && dies &&
-        reads == 1 && plan_.slots[r.storage].kind == SlotKind::kPrivate && !IsConcatStorage(r.storage) && same_bytes) {
+        reads == 1 && buffers_.IsPrivate(r.storage) && !concats_.IsConcatStorage(r.storage) && same_bytes) {
       return r.storage;  // the residual dies here: accumulate into its own buffer
     }
     return -1;
@@ -311,13 +252,12 @@ class Planner : public planning::ConcatInPlace {
   void PlanNode(size_t n, const Kernel& kernel, bool at_init) {
     const NodeInfo& node = g_.nodes[n];
     if (kernel.alias_input() >= 0) {
-      PlanAlias(n, kernel);
+      layouts_.Alias(n, kernel);
       return;
     }
-
-    if (!kernel.relabel_axes().empty() && Relabel(n, kernel)) return;
-    if (PlannedAsConcat(n)) {
-      PlanConcat(n, kernel);
+    if (!kernel.relabel_axes().empty() && layouts_.Relabel(n, kernel)) return;
+    if (concats_.PlannedAsConcat(n)) {
+      plan_.notes.push_back(concats_.PlanConcat(n, kernel));
       return;
     }
 
@@ -325,61 +265,44 @@ class Planner : public planning::ConcatInPlace {
     const int sum = kernel.sum_input();
     for (size_t k = 0; k < node.inputs.size(); ++k) {
       if (static_cast<int>(k) == sum) continue;
-      ins[k] = Resolve(node.inputs[k], kernel.inputs()[k], n, at_init);
+      ins[k] = layouts_.Resolve(node.inputs[k], kernel.inputs()[k], n, at_init);
     }
     const int residual = sum >= 0 ? node.inputs[sum] : -1;
     const int reuse = sum >= 0 ? ReusableResidual(n, kernel, at_init) : -1;
     std::vector<Step> trailing;
     MemRef out;
-    if (at_init || reuse >= 0 || !WriteIntoConcat(n, kernel.output(), &out)) {
-      out = DefineOutput(n, kernel.output(), at_init, reuse, &trailing);
+    if (at_init || reuse >= 0 || !concats_.WriteIntoConcat(n, kernel.output(), &out)) {
+      out = layouts_.DefineOutput(n, kernel.output(), at_init, reuse, &trailing);
     }
     if (sum >= 0) {
       if (out.slot != reuse || reuse < 0) {
-        const MemRef res = Resolve(residual, kernel.inputs()[sum], n, at_init);
-        AddReorder(at_init, res, out,
-                   g_.where(n) + ": residual tensor " + std::to_string(residual) + " copied into the output");
+        const MemRef res = layouts_.Resolve(residual, kernel.inputs()[sum], n, at_init);
+        programs_.AddReorder(at_init, res, out,
+                             g_.where(n) + ": residual tensor " + std::to_string(residual) + " copied into the output");
       }
       ins[sum] = out;
     }
     std::vector<MemRef> temps;
     for (size_t k = 0; k < kernel.temps().size(); ++k) {
       const memory::desc& md = kernel.temps()[k];
-      temps.push_back({md, OwnSlot(at_init, md, g_.where(n) + " temp " + std::to_string(k))});
+      temps.push_back({md, buffers_.Own(at_init, md, g_.where(n) + " temp " + std::to_string(k))});
     }
     std::vector<Step> steps = kernel.Bind(ins, out, temps);
     // At init, the kernel's last step completes its output; earlier ones fill temps (always run).
-    for (size_t i = 0; i < steps.size(); ++i) Add(at_init, std::move(steps[i]), i + 1 == steps.size() ? out.slot : -1);
-    for (Step& s : trailing) Add(false, std::move(s), -1);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      programs_.Add(at_init, std::move(steps[i]), i + 1 == steps.size() ? out.slot : -1);
+    }
+    for (Step& s : trailing) programs_.Add(false, std::move(s), -1);
   }
 
-  /*! \brief Steps -> planned steps: implementation names, layouts, scratchpad sizes. */
-  void Compile(std::vector<Pending>* pending, std::vector<PlannedStep>* out, size_t* scratch) {
-    for (Pending& p : *pending) {
-      PlannedStep s;
-      s.label = std::move(p.step.label);
-      s.op = std::move(p.step.op);
-      s.args = std::move(p.step.args);
-      s.writes = p.writes;
-      if (p.step.host) {
-        s.host = std::move(p.step.host);
-        s.impl = "host";
-      } else {
-        s.pd = std::move(p.step.pd);
-        s.impl = s.pd.impl_info_str();
-      }
-      s.layouts = StepLayouts(s);
-      if (!s.host) {
-        const memory::desc sp = s.pd.scratchpad_desc();
-        if (sp.get_size() > 0) {
-          *scratch = std::max(*scratch, sp.get_size());
-          s.args.emplace_back(DNNL_ARG_SCRATCHPAD, MemRef{sp, scratch_slot_});
-        }
-      }
-      out->push_back(std::move(s));
-    }
-    pending->clear();
-  }
+  const RegionGraph& g_;
+  const dnnl::engine& engine_;
+  Plan& plan_;
+  planning::ValueTable values_;
+  planning::Buffers buffers_;
+  planning::Programs programs_;
+  planning::LayoutResolver layouts_;
+  planning::ConcatInPlace concats_;
 };
 
 }  // namespace

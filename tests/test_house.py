@@ -148,3 +148,30 @@ def test_cpp_length_rule_counts_functions_not_classes_or_literals(tmp_path):
     assert tool.functions(source) == [("S", 4, 6), ("Get", 7, 7), ("Free", 10, 15), ("a::S::Other", 17, 18),
                                       ("MODULE", 19, 21)]
     assert tool.long_functions([source], 5) == [(str(source) + ":10", "Free", 6)]
+
+
+def _inheritance(text: str) -> list[str]:
+    """What makes parts share state instead of owning it: each ``protected:`` section and each class
+    or struct with a base (``class A : public B``), with comments taken out first."""
+    import re
+
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)  # lines kept
+    found = [f"protected section at line {code[:m.start()].count(chr(10)) + 1}"
+             for m in re.finditer(r"\bprotected\s*:", code)]
+    found += [f"{m.group(1)} derives from {m.group(2).strip()}"
+              for m in re.finditer(r"(?<!enum )\b(?:class|struct)\s+(\w+)(?:\s+final)?\s*:\s*(?!:)([^{;]*)\{", code)]
+    return found
+
+
+def test_planner_is_parts_it_owns():
+    """House rule (issue 38): the planner is composition, not a chain of base classes sharing
+    protected state: no class of cpp/planner.* or cpp/plan/ derives from another or has a
+    protected section (the Planner owns its parts; each holds references to those it needs)."""
+    files = [ROOT / "cpp" / "planner.h", ROOT / "cpp" / "planner.cc", *sorted((ROOT / "cpp" / "plan").glob("*.[hc]*"))]
+    found = {str(f.relative_to(ROOT)): _inheritance(f.read_text()) for f in files}
+    assert {f: what for f, what in found.items() if what} == {}
+    # the check finds both on a made-up chain, and passes plain members and initializer lists
+    chain = "class A {\n protected:\n  int x_;\n};\n// class C : public A {\nclass B final : public A {\n};\n"
+    assert _inheritance(chain) == ["protected section at line 2", "B derives from public A"]
+    plain = "enum class E : int { kA };\nclass P {\n public:\n  P(int x) : x_(x) {}\n private:\n  int x_;\n};\n"
+    assert _inheritance(plain) == []

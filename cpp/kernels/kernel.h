@@ -16,9 +16,9 @@
  * (once at __init_ for constants, per call for runtime values), keeps intermediates in the
  * producer's layout, and converts to plain only at the region boundary.  Bind() then maps the
  * planner's memory references onto the primitive's execution arguments.  The planner's jobs live
- * in cpp/plan/ (builder.h: slots, buffers, reorders; layouts.h: layout resolution;
- * concat_in_place.h: producers writing into a concat's buffer; arena.h: arena placement) under
- * the driver in planner.cc.
+ * in cpp/plan/ (values.h: the tensor table; buffers.h: slots and buffers; programs.h: the step
+ * programs and reorders; layouts.h: layout resolution; concat_in_place.h: producers writing into a
+ * concat's buffer; arena.h: arena placement), parts owned by the driver in planner.cc.
  *
  * What a built kernel tells the planner about one node (members of Kernel):
  *   sum_input    a node input (the residual) that the primitive accumulates into its output with

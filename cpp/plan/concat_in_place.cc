@@ -76,7 +76,7 @@ void ConcatInPlace::FindConcatFamilies(const std::vector<int>& reads) {
       }
     }
     const memory::desc md = SliceLayoutDesc(memory::dims(out_shape.begin(), out_shape.end()), kind);
-    concat_out_.emplace(root, ConcatBuffer{md, kind, OwnSlot(false, md, "")});
+    concat_out_.emplace(root, ConcatBuffer{md, kind, buffers_.Own(false, md, "")});
     std::map<int, int> family_reads;
     for (size_t c : members) {
       for (int t : g_.nodes[c].inputs) ++family_reads[t];
@@ -104,12 +104,12 @@ memory::desc ConcatInPlace::ConcatSliceLayout(size_t n) const {
   return SliceLayoutDesc(memory::dims(shape.begin(), shape.end()), buffer->second.layout);
 }
 
-int ConcatInPlace::SliceSlot(int buffer_slot, size_t bytes, size_t offset) {
-  PrivateBuffer slice{bytes, false};
-  slice.parent = plan_.slots[buffer_slot].index;
-  slice.parent_offset = offset;
-  plan_.privates.push_back(slice);
-  return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
+bool ConcatInPlace::IsConcatStorage(int slot) const {
+  if (buffers_.IsSlice(slot)) return true;
+  for (const auto& member : family_root_) {
+    if (concat_out_.at(member.second).slot == slot) return true;
+  }
+  return false;
 }
 
 std::optional<ConcatInPlace::SliceLayout> ConcatInPlace::SliceLayoutOf(const memory::desc& md, int64_t axis) {
@@ -157,14 +157,14 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
     }
     const memory::desc md = SliceLayoutDesc(out_dims, *kind);
     if (md.get_size() != static_cast<size_t>(g_.tensors[concat.output].numel()) * sizeof(float)) return false;
-    found = concat_out_.emplace(c, ConcatBuffer{md, *kind, OwnSlot(false, md, "")}).first;
+    found = concat_out_.emplace(c, ConcatBuffer{md, *kind, buffers_.Own(false, md, "")}).first;
   } else if (found->second.layout != *kind) {
     return false;
   }
   int64_t inner = 1;  // elements per unit of the axis (the leading dims are 1)
   for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
-  const int slot = SliceSlot(found->second.slot, layout.want.get_size(),
-                             static_cast<size_t>(target->second.offset * inner) * sizeof(float));
+  const int slot = buffers_.Slice(found->second.slot, layout.want.get_size(),
+                                  static_cast<size_t>(target->second.offset * inner) * sizeof(float));
   ValueState& v = values_[t];
   v.is_const = false;
   v.plain_md = layout.view;
@@ -176,7 +176,7 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
   return true;
 }
 
-void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
+std::string ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
   const NodeInfo& node = g_.nodes[n];
   const auto member = family_root_.find(n);
   const size_t root = member == family_root_.end() ? n : member->second;
@@ -189,7 +189,7 @@ void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
   v.storage = buffer.slot;
   if (root != n) {  // the leading channels of the root's buffer: a dense tensor at offset 0
     v.storage_md = SliceLayoutDesc(v.plain_md.get_dims(), buffer.layout);
-    v.storage = SliceSlot(buffer.slot, v.storage_md.get_size(), 0);
+    v.storage = buffers_.Slice(buffer.slot, v.storage_md.get_size(), 0);
   }
   v.plain = v.storage_md == v.plain_md ? v.storage : -1;
   std::string free_inputs, copied, earlier;
@@ -211,19 +211,19 @@ void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
       // tensor of its own, which oneDNN reorders with its fast kernels (into a sub-memory of the
       // whole buffer it took as long as the batch norm reading the whole buffer: DenseNet-121).
       const memory::desc slice_md = SliceLayoutDesc(dims, buffer.layout);
-      const MemRef dst{slice_md, SliceSlot(buffer.slot, slice_md.get_size(),
-                                           static_cast<size_t>(offset * inner) * sizeof(float))};
+      const MemRef dst{slice_md, buffers_.Slice(buffer.slot, slice_md.get_size(),
+                                                static_cast<size_t>(offset * inner) * sizeof(float))};
       const ValueState& in = values_[t];
       MemRef src;
       if (!in.is_const && in.storage_md.get_dims() == dims) {
         src = {in.storage_md, in.storage};  // straight from the producer's layout
       } else {
         const memory::desc plain = PlainDesc(dims);
-        src = Resolve(t, {plain, plain}, n, /*init_consumer=*/false);
+        src = layouts_.Resolve(t, {plain, plain}, n, /*init_consumer=*/false);
       }
-      AddReorder(false, src, dst, g_.where(n) + ": input " + std::to_string(k) + " (tensor " + std::to_string(t) +
-                                      ") copied into the output " + DescribeDesc(src.md) + " -> " +
-                                      DescribeDesc(dst.md));
+      programs_.AddReorder(false, src, dst,
+                           g_.where(n) + ": input " + std::to_string(k) + " (tensor " + std::to_string(t) +
+                               ") copied into the output " + DescribeDesc(src.md) + " -> " + DescribeDesc(dst.md));
       append(&copied, k);
     }
     offset += shape[axis];
@@ -232,7 +232,7 @@ void ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
                      free_inputs + "]; copied: [" + copied + "]";
   if (!earlier.empty()) note += "; already in the buffer: [" + earlier + "]";
   if (root != n) note += "; the leading channels of node " + std::to_string(root) + "'s buffer";
-  plan_.notes.push_back(note);
+  return note;
 }
 
 }  // namespace planning

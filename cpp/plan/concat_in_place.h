@@ -3,6 +3,10 @@
  * \brief Concat without copies: producers of a concat's inputs write their slices of the
  *        concat's buffer in place, and growing concats (a family: DenseNet's blocks) share one
  *        buffer; the plan notes which inputs were free and which were copied.
+ *
+ * The planner owns one ConcatInPlace; it places the values it decides in the planner's ValueTable,
+ * takes its buffers and slices from the planner's Buffers, and hands inputs it copies to the
+ * LayoutResolver and Programs.  Which concats qualify and what was written where is its own.
  */
 #ifndef BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
 #define BYOC_HETERO_PLAN_CONCAT_IN_PLACE_H_
@@ -11,16 +15,65 @@
 #include <optional>
 #include <set>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "layouts.h"
 
 namespace byoc_hetero {
 namespace planning {
 
-class ConcatInPlace : public LayoutResolver {
+class ConcatInPlace {
  public:
-  using LayoutResolver::LayoutResolver;
+  ConcatInPlace(const RegionGraph& g, ValueTable* values, Buffers* buffers, Programs* programs,
+                LayoutResolver* layouts)
+      : g_(g), values_(*values), buffers_(*buffers), programs_(*programs), layouts_(*layouts) {}
 
- protected:
+  /*!
+   * \brief The concats (ops whose kernels declare KernelTraits::joins_inputs_along) whose inputs
+   *        may be written in place: every dim before the axis is 1 (so that in a plain or
+   *        channel-blocked layout each input is one contiguous run of the output's bytes) and the
+   *        output is no region output.  An input qualifies when it is
+   *        the output of a node, read by nothing else, and no region output; whether its producer
+   *        writes it in place is decided when the producer is planned (WriteIntoConcat).
+   */
+  void FindConcatSlices();
+
+  /*! \brief Whether node n is planned by PlanConcat (a concat writing into a shared buffer). */
+  bool PlannedAsConcat(size_t n) const { return concat_out_.count(n) != 0 || family_root_.count(n) != 0; }
+
+  /*!
+   * \brief Whether \p slot is a slice of a concat's buffer or a concat family's whole buffer: never
+   *        overwritten by a sum post-op, since other values live in it (a family's shorter concats
+   *        may be read after the longest one dies).
+   */
+  bool IsConcatStorage(int slot) const;
+
+  /*!
+   * \brief The layout node n's output would need to be written into its concat's buffer in place
+   *        (the buffer exists already: a concat family's, FindConcatFamilies), or an empty desc.
+   */
+  memory::desc ConcatSliceLayout(size_t n) const;
+
+  /*!
+   * \brief Node n's output is a concat input (FindConcatSlices) and the kernel writes it in a
+   *        layout whose slice of the concat's buffer is a contiguous run: give the kernel that
+   *        run (a slice buffer, PrivateBuffer::parent) as its output.  The first producer decides
+   *        the concat's buffer layout (its own); later ones must write the same.  In a
+   *        channel-blocked layout, the slice's offset and extent must be whole blocks.
+   */
+  bool WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out);
+
+  /*!
+   * \brief A concat some of whose producers wrote in place (WriteIntoConcat): the inputs they
+   *        did not write (read elsewhere too, region inputs, constants, another layout) are
+   *        reordered into their sub-memory of the buffer; the rest costs nothing.  Returns the
+   *        plan's note on it (Plan::notes): which inputs were free, which were copied.
+   */
+  std::string PlanConcat(size_t n, const Kernel& kernel);
+
+ private:
   /*! \brief A layout whose slices along one axis are contiguous runs of bytes. */
   enum class SliceLayout { kPlain, kBlocked8, kBlocked16 };
 
@@ -37,16 +90,6 @@ class ConcatInPlace : public LayoutResolver {
   };
 
   /*!
-   * \brief The concats (ops whose kernels declare KernelTraits::joins_inputs_along) whose inputs
-   *        may be written in place: every dim before the axis is 1 (so that in a plain or
-   *        channel-blocked layout each input is one contiguous run of the output's bytes) and the
-   *        output is no region output.  An input qualifies when it is
-   *        the output of a node, read by nothing else, and no region output; whether its producer
-   *        writes it in place is decided when the producer is planned (WriteIntoConcat).
-   */
-  void FindConcatSlices();
-
-  /*!
    * \brief Growing concats share one buffer (DenseNet: layer k concatenates the block's input and
    *        the k-1 features before it, so every concat's inputs are the first inputs of the next
    *        one's).  A concat whose inputs are the leading inputs of a longer considered concat (same
@@ -59,51 +102,15 @@ class ConcatInPlace : public LayoutResolver {
    */
   void FindConcatFamilies(const std::vector<int>& reads);
 
-  /*! \brief Whether node n is planned by PlanConcat (a concat writing into a shared buffer). */
-  bool PlannedAsConcat(size_t n) const { return concat_out_.count(n) != 0 || family_root_.count(n) != 0; }
-
-  /*!
-   * \brief Whether \p slot is a slice of a concat's buffer or a concat family's whole buffer: never
-   *        overwritten by a sum post-op, since other values live in it (a family's shorter concats
-   *        may be read after the longest one dies).
-   */
-  bool IsConcatStorage(int slot) const {
-    if (plan_.slots[slot].kind == SlotKind::kPrivate && plan_.privates[plan_.slots[slot].index].parent >= 0) return true;
-    for (const auto& member : family_root_) {
-      if (concat_out_.at(member.second).slot == slot) return true;
-    }
-    return false;
-  }
-
   /*! \brief The SliceLayout \p md is in (f32, dims as they are), if any. */
   static std::optional<SliceLayout> SliceLayoutOf(const memory::desc& md, int64_t axis);
   static memory::desc SliceLayoutDesc(const memory::dims& dims, SliceLayout layout);
 
-  /*!
-   * \brief Node n's output is a concat input (FindConcatSlices) and the kernel writes it in a
-   *        layout whose slice of the concat's buffer is a contiguous run: give the kernel that
-   *        run (a slice buffer, PrivateBuffer::parent) as its output.  The first producer decides
-   *        the concat's buffer layout (its own); later ones must write the same.  In a
-   *        channel-blocked layout, the slice's offset and extent must be whole blocks.
-   */
-  bool WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out);
-
-  /*!
-   * \brief The layout node n's output would need to be written into its concat's buffer in place
-   *        (the buffer exists already: a concat family's, FindConcatFamilies), or an empty desc.
-   */
-  memory::desc ConcatSliceLayout(size_t n) const;
-
-  /*! \brief A private slot for \p bytes at \p offset bytes into the private buffer of \p buffer_slot. */
-  int SliceSlot(int buffer_slot, size_t bytes, size_t offset);
-
-  /*!
-   * \brief A concat some of whose producers wrote in place (WriteIntoConcat): the inputs they
-   *        did not write (read elsewhere too, region inputs, constants, another layout) are
-   *        reordered into their sub-memory of the buffer; the rest costs nothing.
-   */
-  void PlanConcat(size_t n, const Kernel& kernel);
-
+  const RegionGraph& g_;
+  ValueTable& values_;
+  Buffers& buffers_;
+  Programs& programs_;
+  LayoutResolver& layouts_;
   std::map<int, SliceTarget> slice_targets_;     // tensor -> the concat it may be written into
   std::map<size_t, int64_t> concat_axis_;        // concat node -> its axis (those considered)
   std::map<size_t, ConcatBuffer> concat_out_;    // concat node -> its buffer, once a producer wrote into it

@@ -18,10 +18,7 @@ const MemRef* LayoutResolver::FindResolved(int t, const OperandLayout& layout, b
     // place (a residual sum reuses only unaliased buffers), so the bytes stay that value's.
     // A permute of such a value shares its slot too but reads its elements in another order: a
     // plain [M, K] view of the one is not a view of the other.
-    const bool same_bytes = e.tensor == t || (values_[t].aliased && values_[e.tensor].aliased &&
-                                              values_[t].storage == values_[e.tensor].storage &&
-                                              OrderOf(t) == OrderOf(e.tensor));
-    if (same_bytes && e.view == layout.view && e.want == layout.want &&
+    if (values_.SameBytes(t, e.tensor) && e.view == layout.view && e.want == layout.want &&
         e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
       return &e.mem;
     }
@@ -29,23 +26,45 @@ const MemRef* LayoutResolver::FindResolved(int t, const OperandLayout& layout, b
   return nullptr;
 }
 
+MemRef LayoutResolver::ResolveTransformed(int t, const OperandLayout& layout, size_t consumer) {
+  // Another tensor computed from the plain value (at __init_ when the value is known then).
+  const bool at_init = values_[t].is_const;
+  const MemRef src = Resolve(t, {layout.view, layout.view}, consumer, /*init_consumer=*/at_init);
+  const MemRef result{layout.want, buffers_.Own(at_init, layout.want,
+                                                Buffers::Key(t, layout.view, layout.want, layout.transform_name))};
+  Step step;
+  step.host = layout.transform;
+  step.label = g_.where(consumer) + ": " + layout.transform_name + " from tensor " + std::to_string(t);
+  step.args = {{0, src}, {1, result}};
+  programs_.Add(at_init, std::move(step), result.slot);
+  resolved_.push_back({t, layout.view, layout.want, layout.transform_name, result, false});
+  return result;
+}
+
+MemRef LayoutResolver::InLayout(const MemRef& src, const memory::desc& want, bool at_init, const std::string& key,
+                                const std::string& label) {
+  if (want == src.md) return src;
+  const MemRef result{want, buffers_.Own(at_init, want, key)};
+  programs_.AddReorder(at_init, src, result, label);
+  return result;
+}
+
+MemRef LayoutResolver::ResolveConstant(int t, const OperandLayout& layout, const std::string& label,
+                                       bool init_consumer, bool* init_only) {
+  const MemRef src{layout.view, values_[t].storage};
+  if (init_consumer && layout.want == layout.view) {
+    *init_only = true;
+    return src;  // read in place during __init_
+  }
+  if (layout.want == layout.view) return {layout.view, buffers_.Constant(t)};  // read in place by the run program
+  return InLayout(src, layout.want, /*at_init=*/true, Buffers::Key(t, layout.view, layout.want), label);
+}
+
 MemRef LayoutResolver::Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) {
   if (const MemRef* found = FindResolved(t, layout, init_consumer)) return *found;
+  if (layout.transform) return ResolveTransformed(t, layout, consumer);
   ValueState& v = values_[t];
   const bool at_init = v.is_const;
-  if (layout.transform) {
-    // Another tensor computed from the plain value (at __init_ when the value is known then).
-    const MemRef src = Resolve(t, {layout.view, layout.view}, consumer, /*init_consumer=*/at_init);
-    const MemRef result{layout.want,
-                        OwnSlot(at_init, layout.want, Key(t, layout.view, layout.want, layout.transform_name))};
-    Step step;
-    step.host = layout.transform;
-    step.label = g_.where(consumer) + ": " + layout.transform_name + " from tensor " + std::to_string(t);
-    step.args = {{0, src}, {1, result}};
-    Add(at_init, std::move(step), result.slot);
-    resolved_.push_back({t, layout.view, layout.want, layout.transform_name, result, false});
-    return result;
-  }
   const std::string label = g_.where(consumer) + ": reorder of tensor " + std::to_string(t) + " " +
                             DescribeDesc(layout.view) + " -> " + DescribeDesc(layout.want);
   if (layout.view.get_size() != v.plain_md.get_size()) {
@@ -53,50 +72,28 @@ MemRef LayoutResolver::Resolve(int t, const OperandLayout& layout, size_t consum
                                  << DescribeDesc(layout.view) << ", which does not cover its "
                                  << DescribeDesc(v.plain_md);
   }
-  const std::string key = Key(t, layout.view, layout.want);
+  const std::string key = Buffers::Key(t, layout.view, layout.want);
   MemRef result;
   bool init_only = false;
   if (g_.roles[t] == TensorRole::kConstant) {
-    const MemRef src{layout.view, v.storage};
-    if (init_consumer && layout.want == layout.view) {
-      result = src;  // read in place during __init_
-      init_only = true;
-    } else if (layout.want == layout.view) {
-      result = {layout.view, ConstantSlot(t)};  // read in place by the run program: no copy
-    } else {
-      result = {layout.want, OwnSlot(true, layout.want, key)};
-      AddReorder(true, src, result, label);
-    }
+    result = ResolveConstant(t, layout, label, init_consumer, &init_only);
   } else if (layout.view == v.plain_md && layout.want == v.storage_md) {
     result = {v.storage_md, v.storage};  // zero-copy
   } else if (layout.view == v.plain_md && v.plain < 0) {
-    result = {layout.want, OwnSlot(at_init, layout.want, key)};  // blocked -> other layout
-    AddReorder(at_init, {v.storage_md, v.storage}, result, label);
+    result = InLayout({v.storage_md, v.storage}, layout.want, at_init, key, label);  // blocked -> other layout
   } else if (v.plain < 0 && v.storage_md == WithType(v.plain_md, memory::data_type::bf16) &&
              layout.view.get_data_type() == memory::data_type::f32) {
     // Plain bf16 bytes read through another view (a dense's [M, K], a matmul's strides): the
     // same view over the bf16 bytes, no f32 copy.
-    const MemRef src{WithType(layout.view, memory::data_type::bf16), v.storage};
-    if (layout.want == src.md) {
-      result = src;
-    } else {
-      result = {layout.want, OwnSlot(at_init, layout.want, key)};
-      AddReorder(at_init, src, result, label);
-    }
+    result = InLayout({WithType(layout.view, memory::data_type::bf16), v.storage}, layout.want, at_init, key, label);
   } else {
     if (v.plain < 0) {
       // The consumer reads the bytes differently (e.g. flattened): materialize plain bytes.
-      v.plain = OwnSlot(at_init, v.plain_md, Key(t, v.storage_md, v.plain_md));
-      AddReorder(at_init, {v.storage_md, v.storage}, {v.plain_md, v.plain},
-                 g_.where(consumer) + ": plain copy of tensor " + std::to_string(t));
+      v.plain = buffers_.Own(at_init, v.plain_md, Buffers::Key(t, v.storage_md, v.plain_md));
+      programs_.AddReorder(at_init, {v.storage_md, v.storage}, {v.plain_md, v.plain},
+                           g_.where(consumer) + ": plain copy of tensor " + std::to_string(t));
     }
-    const MemRef src{layout.view, v.plain};
-    if (layout.want == layout.view) {
-      result = src;
-    } else {
-      result = {layout.want, OwnSlot(at_init, layout.want, key)};
-      AddReorder(at_init, src, result, label);
-    }
+    result = InLayout({layout.view, v.plain}, layout.want, at_init, key, label);
   }
   resolved_.push_back({t, layout.view, layout.want, "", result, init_only});
   return result;
@@ -114,23 +111,53 @@ MemRef LayoutResolver::DefineOutput(size_t n, const OperandLayout& layout, bool 
   v.is_const = at_init;
   v.plain_md = layout.view;
   v.storage_md = layout.want;
-  const int out_pos = OutputPosition(t);
+  const int out_pos = values_.OutputPosition(t);
   if (out_pos >= 0) {
-    const int user = run_arg_slot_[g_.inputs.size() + out_pos];
+    const int user = buffers_.OutputArg(static_cast<size_t>(out_pos));
     v.plain = user;
     if (layout.want == layout.view) {
       v.storage = user;  // the kernel writes straight into the caller's buffer
     } else {
-      v.storage = reuse >= 0 ? reuse : OwnSlot(false, layout.want, "");
-      trailing->push_back(MakeReorder({layout.want, v.storage}, {layout.view, user},
-                                      g_.where(n) + ": output tensor " + std::to_string(t) + " " +
-                                          DescribeDesc(layout.want) + " -> plain"));
+      v.storage = reuse >= 0 ? reuse : buffers_.Own(false, layout.want, "");
+      trailing->push_back(programs_.MakeReorder({layout.want, v.storage}, {layout.view, user},
+                                                g_.where(n) + ": output tensor " + std::to_string(t) + " " +
+                                                    DescribeDesc(layout.want) + " -> plain"));
     }
   } else {
-    v.storage = reuse >= 0 ? reuse : OwnSlot(at_init, layout.want, Key(t, layout.view, layout.want));
+    v.storage = reuse >= 0 ? reuse : buffers_.Own(at_init, layout.want, Buffers::Key(t, layout.view, layout.want));
     if (layout.want == layout.view) v.plain = v.storage;
   }
   return {layout.want, v.storage};
+}
+
+void LayoutResolver::Alias(size_t n, const Kernel& kernel) {
+  const NodeInfo& node = g_.nodes[n];
+  const int t_out = node.output;
+  const size_t k = static_cast<size_t>(kernel.alias_input());
+  const int t_in = node.inputs[k];
+  OperandLayout in_layout = kernel.inputs()[k];
+  const bool bf16 = values_[t_in].storage_md.get_data_type() == memory::data_type::bf16 &&
+                    in_layout.view.get_data_type() == memory::data_type::f32;
+  if (bf16) in_layout.want = WithType(in_layout.view, memory::data_type::bf16);
+  // Plain bytes of the input that outlive __init_ (never a constant's own data).
+  const MemRef src = Resolve(t_in, in_layout, n, /*init_consumer=*/false);
+  ValueState& v = values_[t_out];
+  v.is_const = values_[t_in].is_const;
+  v.plain_md = v.storage_md = kernel.output().view;
+  if (bf16) v.storage_md = WithType(v.plain_md, memory::data_type::bf16);
+  const int out_pos = values_.OutputPosition(t_out);
+  if (out_pos >= 0) {
+    const int user = buffers_.OutputArg(static_cast<size_t>(out_pos));
+    programs_.AddReorder(false, {v.storage_md, src.slot}, {kernel.output().view, user},
+                         g_.where(n) + ": output tensor " + std::to_string(t_out) + " copied out");
+    v.storage = v.plain = user;
+    v.storage_md = v.plain_md;
+  } else {
+    v.storage = src.slot;
+    v.plain = bf16 ? -1 : src.slot;
+    v.aliased = values_[t_in].aliased = true;
+    v.order = values_.OrderOf(t_in);
+  }
 }
 
 bool LayoutResolver::Relabel(size_t n, const Kernel& kernel) {
@@ -156,11 +183,11 @@ bool LayoutResolver::Relabel(size_t n, const Kernel& kernel) {
   ValueState& v = values_[t_out];
   v.is_const = false;
   v.plain_md = kernel.output().view;
-  const int out_pos = OutputPosition(t_out);
+  const int out_pos = values_.OutputPosition(t_out);
   if (out_pos >= 0) {
-    const int user = run_arg_slot_[g_.inputs.size() + out_pos];
-    AddReorder(false, {md, src.slot}, {v.plain_md, user},
-               g_.where(n) + ": output tensor " + std::to_string(t_out) + " " + DescribeDesc(md) + " -> plain");
+    const int user = buffers_.OutputArg(static_cast<size_t>(out_pos));
+    programs_.AddReorder(false, {md, src.slot}, {v.plain_md, user},
+                         g_.where(n) + ": output tensor " + std::to_string(t_out) + " " + DescribeDesc(md) + " -> plain");
     v.storage_md = v.plain_md;
     v.storage = v.plain = user;
     return true;
@@ -169,15 +196,6 @@ bool LayoutResolver::Relabel(size_t n, const Kernel& kernel) {
   v.storage = src.slot;
   v.plain = md == v.plain_md ? src.slot : -1;
   v.aliased = in.aliased = true;
-  return true;
-}
-
-bool LayoutResolver::SlotDiesAt(int slot, size_t n) const {
-  for (const ValueState& v : values_) {
-    if ((v.storage == slot || v.plain == slot) && (v.region_output || v.last_use > static_cast<int>(n))) {
-      return false;
-    }
-  }
   return true;
 }
 

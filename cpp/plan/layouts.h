@@ -3,7 +3,7 @@
  * \brief Layout resolution: which slot and layout each value lives in, and the reorders (or
  *        zero-copy views) that hand a consumer the layout it wants.
  *
- * Every tensor of the region gets a ValueState (builder.h):
+ * Every tensor of the region gets a ValueState (values.h):
  *   storage     the slot its value lives in during a run, in storage_md (the producer's layout,
  *               possibly blocked; plain for region inputs and constants);
  *   plain       a slot holding the same value in plain row-major bytes (plain_md), when one
@@ -13,6 +13,10 @@
  * agree, and otherwise inserts one reorder.  A value known at __init_ (a constant, or the output
  * of a node whose inputs are all such values) is converted in the init program, once; everything
  * else goes to the run program, in node order.
+ *
+ * The planner owns one LayoutResolver; it places values in the planner's ValueTable, asks the
+ * planner's Buffers for slots and appends the reorders to its Programs.  What it has resolved
+ * (one conversion serves every reader) is its own.
  */
 #ifndef BYOC_HETERO_PLAN_LAYOUTS_H_
 #define BYOC_HETERO_PLAN_LAYOUTS_H_
@@ -20,16 +24,18 @@
 #include <string>
 #include <vector>
 
-#include "builder.h"
+#include "buffers.h"
+#include "programs.h"
+#include "values.h"
 
 namespace byoc_hetero {
 namespace planning {
 
-class LayoutResolver : public PlanBuilder {
+class LayoutResolver {
  public:
-  using PlanBuilder::PlanBuilder;
+  LayoutResolver(const RegionGraph& g, ValueTable* values, Buffers* buffers, Programs* programs)
+      : g_(g), values_(*values), buffers_(*buffers), programs_(*programs) {}
 
- protected:
   /*!
    * \brief A memory with layout.want holding tensor t, for node `consumer`.
    * \param init_consumer The consumer runs in the init program: a constant's own data may be
@@ -37,21 +43,20 @@ class LayoutResolver : public PlanBuilder {
    */
   MemRef Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer);
 
-  /*! \brief The order id of tensor t (ValueState::order). */
-  int OrderOf(int t) const { return values_[t].order >= 0 ? values_[t].order : t; }
-
-  int OutputPosition(int t) const {
-    for (size_t i = 0; i < g_.outputs.size(); ++i) {
-      if (g_.outputs[i] == t) return static_cast<int>(i);
-    }
-    return -1;
-  }
-
   /*!
    * \brief Decide where node n's output lives; returns the memory the kernel writes.
    * \param reuse A private slot the output may take over (a dying residual), or -1.
+   * \param trailing Receives the steps to run after the kernel's (a copy into the caller's buffer).
    */
   MemRef DefineOutput(size_t n, const OperandLayout& layout, bool at_init, int reuse, std::vector<Step>* trailing);
+
+  /*!
+   * \brief Plan a node that only views its input (Kernel::alias_input: a reshape) with no step:
+   *        its output is the input's plain bytes (a region output: copied out).  A value stored
+   *        bf16 (only where every reader rounds it: OutputOnlyFeedsBf16Convs) is aliased as plain
+   *        bf16 bytes, so the readers of the reshape still read it without a reorder.
+   */
+  void Alias(size_t n, const Kernel& kernel);
 
   /*!
    * \brief Plan a permute (Kernel::relabel_axes) as a new descriptor over its input's buffer,
@@ -65,16 +70,18 @@ class LayoutResolver : public PlanBuilder {
    */
   bool Relabel(size_t n, const Kernel& kernel);
 
-  /*!
-   * \brief Whether every value living in \p slot (a value and its relabels: reshapes, permutes)
-   *        is read for the last time by node n at the latest, and none is a region output: then
-   *        node n may overwrite the slot (a sum post-op accumulating into its residual).
-   */
-  bool SlotDiesAt(int slot, size_t n) const;
-
+ private:
   /*! \brief The bytes an earlier Resolve of the same bytes (tensor t, or a reshape of it sharing
    *         its storage) in \p layout gave, or null: one conversion serves every reader. */
   const MemRef* FindResolved(int t, const OperandLayout& layout, bool init_consumer) const;
+  /*! \brief Resolve for a kernel reading a tensor computed from the plain value (OperandLayout::transform). */
+  MemRef ResolveTransformed(int t, const OperandLayout& layout, size_t consumer);
+  /*! \brief Resolve for a constant: its own data, read in place, or one reorder at __init_. */
+  MemRef ResolveConstant(int t, const OperandLayout& layout, const std::string& label, bool init_consumer,
+                         bool* init_only);
+  /*! \brief \p src, or a copy of it in \p want (one reorder) when that is another layout. */
+  MemRef InLayout(const MemRef& src, const memory::desc& want, bool at_init, const std::string& key,
+                  const std::string& label);
 
   struct Resolved {
     int tensor;
@@ -84,6 +91,10 @@ class LayoutResolver : public PlanBuilder {
     bool init_only;
   };
 
+  const RegionGraph& g_;
+  ValueTable& values_;
+  Buffers& buffers_;
+  Programs& programs_;
   std::vector<Resolved> resolved_;
 };
 
