@@ -141,7 +141,7 @@ def test_einsum_as_matmul_matches_onnxruntime(equation, a_shape, b_shape):
 
 @pytest.mark.parametrize("bounds", [("lo", "hi"), ("lo", ""), ("", "hi")])
 def test_integer_clips_match_onnxruntime(bounds):
-    """An int64 Clip becomes Max / Min (which fold_int_constants reads); a float Clip stays."""
+    """An int64 Clip becomes Less / Greater + Where (which fold_int_constants reads); a float Clip stays."""
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
@@ -156,7 +156,7 @@ def test_integer_clips_match_onnxruntime(bounds):
          helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 5])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     rewritten = passes.integer_clips(model)
-    want_ops = [op for op, b in zip(("Max", "Min"), bounds) if b] + ["Clip"]
+    want_ops = [op for cmp, b in zip(("Less", "Greater"), bounds) if b for op in (cmp, "Where")] + ["Clip"]
     assert [n.op_type for n in rewritten.graph.node] == want_ops
     assert [n.op_type for n in model.graph.node] == ["Clip", "Clip"]  # the caller's model is not modified
     onnx.checker.check_model(rewritten)
@@ -180,18 +180,21 @@ PATHS = ("from_torch", "from_onnx")
 IDS_OPS = {"call_tir byoc_hetero_check_indices", "astype", "reshape", "less", "add", "where"}
 
 
-@pytest.fixture(scope="module", params=[12, 64])
+@pytest.fixture(scope="module", params=[(12, 8), (128, 256)], ids=["seq12", "seq128"])
 def deberta(request):
+    """(model, ids, torch's output). Sequence 12 > 8 buckets: the log buckets are used (the default
+    exporter folds the [12, 12] bucketing itself). Sequence 128 with 256 buckets (DeBERTa-v3's): the
+    exporter keeps the bucketing, and its int64 clamp as ``Clip`` (passes.integer_clips)."""
     transformers = pytest.importorskip("transformers")
+    seq, buckets = request.param
     config = transformers.DebertaV2Config(
         vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-        max_position_embeddings=64, relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
-        max_relative_positions=-1, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True)
+        max_position_embeddings=max(64, seq), relative_attention=True, position_buckets=buckets,
+        pos_att_type=["p2c", "c2p"], max_relative_positions=-1, type_vocab_size=0, norm_rel_ebd="layer_norm",
+        share_att_key=True)
     torch.manual_seed(0)
     model = first_output(transformers.DebertaV2Model(config).eval(), return_dict=False)
-    # > position_buckets: the log buckets are used; at 64 the default exporter no longer folds the
-    # [S, S] bucketing itself and the int64 clamp (Clip) reaches TVM (passes.integer_clips)
-    ids = torch.randint(0, 100, (1, request.param))
+    ids = torch.randint(0, 100, (1, seq))
     with torch.no_grad():
         return model, ids, model(ids).numpy()
 

@@ -142,7 +142,7 @@ ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("conv_integer_qdq", "onnx", conv_integer_qdq),
     # MaxViT's attention products: a TIR function on llvm as Einsum, a MatMul the rules take
     Pass("einsum_as_matmul", "onnx", einsum_as_matmul),
-    # DeBERTa's clamp of bucketed int64 positions: Max / Min, which fold_int_constants evaluates
+    # DeBERTa's clamp of bucketed int64 positions: Where selects, which fold_int_constants evaluates
     Pass("integer_clips", "onnx", integer_clips),
     # symbolic sequence dims (the default exporter's shape arithmetic): forms TVM's importer reads
     Pass("scalar_reshapes", "onnx", scalar_reshapes),
