@@ -19,7 +19,8 @@ shapes and attributes:
 * normalizations and reductions: layer_norm over trailing axes (also decomposed as exporters write
   it), softmax on any axis, mean / sum / max / min over random axes with or without keepdims, sums
   of squares (``square`` or ``x * x``, a ``sqrt`` after it: an L2 norm's ``sum_square``);
-* layout: permute_dims, reshape / expand_dims / squeeze, concat on any axis, split, strided_slice;
+* layout: permute_dims, reshape / expand_dims / squeeze, concat on any axis, split, strided_slice,
+  constant pads of any axes (only when asked for: ``PAD_KINDS``);
 * masks and gathers: take with int64 / int32 indices (constants or inputs), comparisons, where,
   astype between the dtypes the runtime casts.
 
@@ -65,6 +66,10 @@ KINDS = KINDS + INT8_KINDS
 #: which the float steps' default mix leaves out so that their derandomized draws stay as they were.
 WEIGHT_ONLY_KINDS = ("dense_wq",)
 KINDS = KINDS + WEIGHT_ONLY_KINDS
+#: Kinds drawn only when asked for, for the same reason: a constant pad of any axes with any value
+#: (the runtime's ``pad`` node; Swin-V2's window pad of ``[N, H, W, C]``).
+PAD_KINDS = ("pad",)
+KINDS = KINDS + PAD_KINDS
 
 
 #: Kinds whose every op treats NaN and ±inf alike on llvm, in the runtime and in torch (arithmetic:
@@ -259,7 +264,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             if h_ + pads[0] + pads[2] < span or w_ + pads[1] + pads[3] < span:
                 pads = [k // 2 * dil] * 4
             # an explicit pad (EfficientNet's ZeroPad2d): zero folds into the conv's padding, a
-            # non-zero value stays on llvm
+            # non-zero value is a pad node
             pre_pad = draw(st.sampled_from(["none", "none", "zero", "one"])) if not wide else "none"
             if pre_pad != "none":
                 extra = [draw(st.integers(0, 2)) for _ in range(4)]
@@ -806,6 +811,14 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             for i in range(count):
                 keep(bb.emit(relax.TupleGetItem(parts, i)))
             recipe.steps.append(f"split({list(shape)}, {how}, axis={axis})")
+        elif kind == "pad":  # any axes, any value, a side or both
+            src = pick()
+            shape = _shape(src)
+            widths = [draw(st.sampled_from([0, 0, 1, 2])) for _ in range(2 * len(shape))]
+            value = draw(st.sampled_from([0.0, 0.5, -2.0]))
+            y = emit(R.nn.pad(src, widths, "constant", value), src)
+            recipe.steps.append(f"pad({list(shape)}, {widths}, {value})")
+            keep(y)
         elif kind == "concat_any":
             a = pick()
             shape = _shape(a)
@@ -1226,7 +1239,7 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
         return True
 
     # graphs lean towards convs (wide ones most: the Winograd kind)
-    default = tuple(k for k in KINDS if k not in INT8_KINDS + WEIGHT_ONLY_KINDS)
+    default = tuple(k for k in KINDS if k not in INT8_KINDS + WEIGHT_ONLY_KINDS + PAD_KINDS)
     allowed = kinds or (("conv",) * 4 + CNN_KINDS if wide else ("conv",) + default)
     with bb.function("main"):
         with bb.dataflow():

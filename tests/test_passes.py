@@ -26,9 +26,10 @@ def test_pipeline_order_is_pinned():
     """The whole order, by name: a pass added, removed or moved changes this list on purpose."""
     assert passes.pipeline() == [
         "onnx:matmul_nbits", "onnx:dequantized_pad_values", "onnx:gather_before_dequantize", "onnx:shape_initializers_as_constants", "onnx:explicit_same_pads",
-        "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:conv_integer_qdq", "onnx:einsum_as_matmul", "onnx:scalar_reshapes",
+        "onnx:fold_zero_pads", "onnx:dynamic_quantize_linear", "onnx:conv_integer_qdq", "onnx:einsum_as_matmul", "onnx:integer_clips", "onnx:scalar_reshapes",
         "onnx:drop_identity_expands",
         "onnx:ranges_from_dims", "onnx:resolve_shape_tensors", "onnx:bound_assumed_slices", "onnx:bool_arith", "onnx:checked_take",
+        "onnx:te_pads",
         "torch:float_ops_on_integers", "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "dynamic_quantize_per_reader", "fold_int_constants",
         "fold_weight_subgraphs", "te_clips", "gather_elements_as_take", "drop_proven_index_checks", "fold_negative_indices",

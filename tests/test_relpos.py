@@ -4,7 +4,8 @@ exporter), against torch; and the pieces that make them one region, each on a sm
 numpy or the llvm-only build: torch's int -> float promotion at import
 (:mod:`byoc_hetero.passes.float_ops_on_integers`), position bucketing folded to constants
 (:mod:`byoc_hetero.passes.fold_int_constants`), ``gather_elements`` of constant indices as a ``take``
-(:mod:`byoc_hetero.passes.gather_elements_as_take`)."""
+(:mod:`byoc_hetero.passes.gather_elements_as_take`), an int64 ``Clip`` read as ``Max`` / ``Min``
+(:mod:`byoc_hetero.passes.integer_clips`)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,34 @@ def test_einsum_as_matmul_matches_onnxruntime(equation, a_shape, b_shape):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("bounds", [("lo", "hi"), ("lo", ""), ("", "hi")])
+def test_integer_clips_match_onnxruntime(bounds):
+    """An int64 Clip becomes Less / Greater + Where (which fold_int_constants reads); a float Clip stays."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array(-2, "int64"), "lo"), numpy_helper.from_array(np.array(3, "int64"), "hi"),
+             numpy_helper.from_array(np.array(0.5, "float32"), "flo")]
+    graph = helper.make_graph(
+        [helper.make_node("Clip", ["i", *bounds], ["j"]), helper.make_node("Clip", ["f", "flo"], ["g"])], "g",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 5]),
+         helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor_value_info("j", TensorProto.INT64, [2, 5]),
+         helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten = passes.integer_clips(model)
+    want_ops = [op for cmp, b in zip(("Less", "Greater"), bounds) if b for op in (cmp, "Where")] + ["Clip"]
+    assert [n.op_type for n in rewritten.graph.node] == want_ops
+    assert [n.op_type for n in model.graph.node] == ["Clip", "Clip"]  # the caller's model is not modified
+    onnx.checker.check_model(rewritten)
+    feeds = {"i": np.arange(-5, 5, dtype="int64").reshape(2, 5), "f": np.linspace(-1, 1, 10, dtype="float32").reshape(2, 5)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_einsum_other_than_a_product_is_kept():
     for equation in ("ij->ji", "bij,bjk,bkl->bil", "bij,bij->bij", "...ij,...jk->...ik", "bii,bij->bj"):
         assert matmul_plan(equation) is None, equation
@@ -151,16 +180,21 @@ PATHS = ("from_torch", "from_onnx")
 IDS_OPS = {"call_tir byoc_hetero_check_indices", "astype", "reshape", "less", "add", "where"}
 
 
-@pytest.fixture(scope="module")
-def deberta():
+@pytest.fixture(scope="module", params=[(12, 8), (128, 256)], ids=["seq12", "seq128"])
+def deberta(request):
+    """(model, ids, torch's output). Sequence 12 > 8 buckets: the log buckets are used (the default
+    exporter folds the [12, 12] bucketing itself). Sequence 128 with 256 buckets (DeBERTa-v3's): the
+    exporter keeps the bucketing, and its int64 clamp as ``Clip`` (passes.integer_clips)."""
     transformers = pytest.importorskip("transformers")
+    seq, buckets = request.param
     config = transformers.DebertaV2Config(
         vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-        max_position_embeddings=64, relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
-        max_relative_positions=-1, type_vocab_size=0, norm_rel_ebd="layer_norm", share_att_key=True)
+        max_position_embeddings=max(64, seq), relative_attention=True, position_buckets=buckets,
+        pos_att_type=["p2c", "c2p"], max_relative_positions=-1, type_vocab_size=0, norm_rel_ebd="layer_norm",
+        share_att_key=True)
     torch.manual_seed(0)
     model = first_output(transformers.DebertaV2Model(config).eval(), return_dict=False)
-    ids = torch.randint(0, 100, (1, 12))  # > position_buckets: the log buckets are used
+    ids = torch.randint(0, 100, (1, seq))
     with torch.no_grad():
         return model, ids, model(ids).numpy()
 

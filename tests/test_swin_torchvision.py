@@ -7,7 +7,8 @@ constant table (``gather_nd``), zeroes the K third of its qkv bias (``full_like`
 and clamps its cosine attention norms with ``Clip`` (which TVM's importer writes as TE ``maximum`` of
 a NaN-guarded bound: ``where(isnan(eps), -inf, eps)``). All of it depends on constants alone:
 :mod:`byoc_hetero.passes.fold_weight_subgraphs` folds it at bind time and
-:mod:`byoc_hetero.passes.te_clips` turns the Clip back into a ``clip`` the rules read. Each model must
+:mod:`byoc_hetero.passes.te_clips` turns the Clip back into a ``clip`` the rules read; the pad of a token grid that is not a multiple of the window is
+the runtime's ``pad`` node (:mod:`byoc_hetero.passes.te_pads` on the ONNX path). Each model must
 be one region with nothing left on llvm, and within 1e-4 (relative) of torch.
 
 Needs torchvision (imported with its C++ operators stubbed out, as bench/zoo_models.py does) and, for
@@ -37,8 +38,10 @@ from torchvision.models.swin_transformer import (  # noqa: E402
 
 TOLERANCE = 1e-4
 #: 32x32 image, patch 4: 8x8 tokens in windows of 4; one stage of two blocks, the second shifted by 2
-#: (the masks); patch merging is Hugging Face Swin's part of tests/test_zoo_models.py
-IMAGE = 32
+#: (the masks); patch merging is Hugging Face Swin's part of tests/test_zoo_models.py. 40x40: 10x10
+#: tokens, which torchvision pads on H and W of [N, H, W, C] to 12x12 before each window attention (as
+#: full-size Swin-V2-T's window 8 on 28x28 / 14x14 / 7x7 grids): the runtime's ``pad`` node
+IMAGES = (32, 40)
 
 
 def _swin(version: str) -> torch.nn.Module:
@@ -63,13 +66,14 @@ def _import(model, x, path, tmp_path):
 
 
 @pytest.mark.parametrize("path", ["from_torch", "from_onnx_dynamo"])
+@pytest.mark.parametrize("image", IMAGES)
 @pytest.mark.parametrize("version", ["v1", "v2"])
-def test_torchvision_swin_is_one_region_with_nothing_on_llvm(version, path, tmp_path):
+def test_torchvision_swin_is_one_region_with_nothing_on_llvm(version, image, path, tmp_path):
     import tvm
     from tvm import relax
 
     model = _swin(version)
-    x = torch.randn(1, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(1, 3, image, image, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(x).numpy()
     mod, params = _import(model, x, path, tmp_path)

@@ -62,6 +62,7 @@ from .gather_elements_as_take import gather_elements_as_take
 from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
+from .integer_clips import integer_clips
 from .matmul_integer_qdq import matmul_integer_qdq
 from .matmul_nbits import matmul_nbits
 from .matmul_repeated_heads import matmul_repeated_heads
@@ -74,6 +75,7 @@ from .scalar_reshapes import scalar_reshapes
 from .shape_initializers_as_constants import shape_initializers_as_constants
 from .shorten_region_names import MAX_REGION_NAME, shorten_region_names
 from .te_clips import te_clips
+from .te_pads import te_pads
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,8 @@ ONNX_IMPORT: tuple[Pass, ...] = (
     Pass("conv_integer_qdq", "onnx", conv_integer_qdq),
     # MaxViT's attention products: a TIR function on llvm as Einsum, a MatMul the rules take
     Pass("einsum_as_matmul", "onnx", einsum_as_matmul),
+    # DeBERTa's clamp of bucketed int64 positions: Where selects, which fold_int_constants evaluates
+    Pass("integer_clips", "onnx", integer_clips),
     # symbolic sequence dims (the default exporter's shape arithmetic): forms TVM's importer reads
     Pass("scalar_reshapes", "onnx", scalar_reshapes),
     Pass("drop_identity_expands", "onnx", drop_identity_expands),
@@ -153,6 +157,8 @@ ONNX_IMPORTED: tuple[Pass, ...] = (
     Pass("bound_assumed_slices", "relax", _relax(bound_assumed_slices)),
     Pass("bool_arith", "relax", _relax(bool_arith)),
     Pass("checked_take", "relax", _relax(checked_take)),
+    # Swin-V2's channels-last Pad to the window: the importer's TIR pad as nn.pad, which the rules read
+    Pass("te_pads", "relax", _relax(te_pads)),
 )
 """Rewrites of the module TVM's ONNX importer made (``bh.from_onnx``)."""
 
@@ -245,6 +251,6 @@ __all__ = [
     "TORCH_EXPORTED", "TORCH_IMPORT", "Pass", "float_ops_on_integers", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
     "compose_permutes", "conv_integer_qdq",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "einsum_as_matmul", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
-    "fold_zero_pads", "inbound_slices", "inline_composites", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
-    "run_passes", "shorten_region_names", "te_clips",
+    "fold_zero_pads", "inbound_slices", "inline_composites", "integer_clips", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
+    "run_passes", "shorten_region_names", "te_clips", "te_pads",
 ]

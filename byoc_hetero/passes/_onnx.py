@@ -21,15 +21,21 @@ def integer_constants(model: Any) -> dict[str, Any]:
     return {k: v for k, v in found.items() if v.dtype.kind in "iu"}
 
 
-def inferred_shapes(model: Any) -> dict[str, list[int | str | None]]:
-    """{value name: its dims} as ONNX's shape inference (on top of the file's own ``value_info``)
-    knows them; values of unknown rank are absent."""
+def _inferred(model: Any) -> Any:
+    """``model`` with ONNX's shape inference's ``value_info`` (on top of the file's own); ``model``
+    itself when the checker rejects it."""
     import onnx
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        return onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - a model the checker rejects: the file's own value_info only
-        inferred = model
+        return model
+
+
+def inferred_shapes(model: Any) -> dict[str, list[int | str | None]]:
+    """{value name: its dims} as ONNX's shape inference (on top of the file's own ``value_info``)
+    knows them; values of unknown rank are absent."""
+    inferred = _inferred(model)
     shapes: dict[str, list[int | str | None]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         tt = vi.type.tensor_type
@@ -41,8 +47,27 @@ def inferred_shapes(model: Any) -> dict[str, list[int | str | None]]:
     return shapes
 
 
+def inferred_elem_types(model: Any) -> dict[str, int]:
+    """{value name: its ``TensorProto`` element type} as ONNX's shape inference knows them (values
+    of unknown type are absent)."""
+    inferred = _inferred(model)
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+             if vi.type.tensor_type.elem_type}
+    types.update({init.name: init.data_type for init in inferred.graph.initializer})
+    return types
+
+
 def copy_of(model: Any) -> Any:
     """A copy of ``model`` (the caller's ModelProto stays as it was)."""
     copy = type(model)()
     copy.CopyFrom(model)
+    return copy
+
+
+def detached(node: Any) -> Any:
+    """A copy of ``node`` that outlives its graph's node list being cleared (passes that rebuild the
+    list)."""
+    copy = type(node)()
+    copy.CopyFrom(node)
     return copy

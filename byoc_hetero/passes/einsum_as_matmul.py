@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._onnx import copy_of
+from ._onnx import copy_of, detached
 
 
 def matmul_plan(equation: str) -> tuple[list[int], list[int], list[int]] | None:
@@ -68,13 +68,6 @@ def _nodes(node: Any, plan: tuple[list[int], list[int], list[int]]) -> list[Any]
     return nodes
 
 
-def _detached(node: Any) -> Any:
-    """A copy of ``node`` that outlives the graph's node list being cleared."""
-    copy = type(node)()
-    copy.CopyFrom(node)
-    return copy
-
-
 def _equation(node: Any) -> str:
     for attr in node.attribute:
         if attr.name == "equation":
@@ -92,7 +85,7 @@ def einsum_as_matmul(model: Any, shape: Any = None) -> Any:  # noqa: ARG001 - ev
     copy = copy_of(model)
     nodes = []
     for node, plan in zip(copy.graph.node, plans):
-        nodes.extend(_nodes(node, plan) if plan else [_detached(node)])
+        nodes.extend(_nodes(node, plan) if plan else [detached(node)])
     del copy.graph.node[:]
     copy.graph.node.extend(nodes)
     return copy
