@@ -79,7 +79,8 @@ def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, g
                      keep_float=lambda name: head != weights and name in LM_HEAD, verbose=False)
         if head in (weights, "f32"):
             return q.mod, q.params, q.error
-        h = quantize(q.mod, q.params, weights=head, keep_float=lambda name: name not in LM_HEAD, verbose=False)
+        # the head is the step's one float matmul left: the second pass quantizes it alone
+        h = quantize(q.mod, q.params, weights=head, verbose=False)
     except QuantizationError as err:
         raise InputError(f"bh.llm.from_hf: weights={weights!r} group_size={group_size!r} lm_head={lm_head!r}: "
                          f"{err}") from None
