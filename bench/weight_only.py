@@ -4,11 +4,12 @@ One-node regions built by hand (the runtime alone, no TVM build), at the shapes 
 decoder (K=576 -> N=1536, the MLP's up projection; K=1536 -> N=576, its down projection), M rows
 (default 1: the decode step). Per shape: oneDNN's f32 ``dense`` (the node bh.partition writes for a
 float weight), ``dense_wq`` int8 per output channel and in blocks of 32 with float16 scales (GGUF's Q8_0),
-int4 in groups of 32 symmetric with float16 scales (Q4_0's form) and with zero points, each with float32
-activations and with int8 activations quantized per call (``--acts``; BYOC_HETERO_WQ_ACT).
+int4 in groups of 32 symmetric with float32 and with float16 scales (Q4_0's form) and with zero points, each
+with float32 activations and with int8 activations quantized per call (``--acts``; BYOC_HETERO_WQ_ACT).
 The engines are timed interleaved (round-robin rounds of ``--calls`` calls, the median per call), each
 with the GB/s of weights it streams (float32: 4 bytes a weight; the weight-only ones: codes plus
-their float32 scales and zero points as repacked).
+their scales and zero points as repacked: float32, but float16 scales stay 2 bytes for the int8-activation
+kernels).
 
     python3 bench/weight_only.py                 # M = 1, the process's threads
     python3 bench/weight_only.py --rows 1,8,64 --threads 1
@@ -52,7 +53,8 @@ def _module(symbol: str, m: int, k: int, n: int, op: str, consts: list[np.ndarra
 
 
 VARIANTS = (("int8 per channel", 8, None, False, "float32"), ("int8 g32 f16 (Q8_0)", 8, 32, False, "float16"),
-            ("int4 g32 f16 (Q4_0)", 4, 32, False, "float16"), ("int4 g32 + zero points", 4, 32, True, "float32"))
+            ("int4 g32 f32 scales", 4, 32, False, "float32"), ("int4 g32 f16 (Q4_0)", 4, 32, False, "float16"),
+            ("int4 g32 + zero points", 4, 32, True, "float32"))
 
 
 def engines(m: int, k: int, n: int, rng: np.random.Generator, acts: list[str]) -> dict[str, tuple]:
@@ -69,7 +71,8 @@ def engines(m: int, k: int, n: int, rng: np.random.Generator, acts: list[str]) -
                 codes = quantize_matrix(w, bits, group, zp, scale_dtype)
                 consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
                 attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
-                streamed = codes.codes.nbytes + codes.scales.size * 4 * (2 if zp else 1)
+                half = scale_dtype == "float16" and act != "f32"  # kept float16 by the int8-activation kernels
+                streamed = codes.codes.nbytes + codes.scales.size * ((2 if half else 4) + (4 if zp else 0))
                 out[f"{name}, {act} act"] = (_module(f"wq{i}{act}", m, k, n, "dense_wq", consts, attrs), streamed)
     finally:
         if before is None:

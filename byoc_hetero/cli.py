@@ -142,10 +142,12 @@ def _add_generate(sub) -> None:
     gen.add_argument("--max-length", type=_positive, default=512,
                      help="cache length when building from a Hugging Face folder (default 512)")
     gen.add_argument("--weights", choices=("f32", "bf16", "int8", "int4"), default=None,
-                     help="weight precision when building (int8/int4: weight-only quantized decoder denses, "
-                          "the LM head float; default f32, an ONNX file's own: its MatMulNBits kept)")
+                     help="weight precision when building (int8/int4: weight-only quantized decoder denses "
+                          "and LM head; default f32, an ONNX file's own: its MatMulNBits kept)")
     gen.add_argument("--group-size", type=int, choices=(32, 64, 128),
                      help="int8/int4: consecutive k per scale (default: int4 32, int8 one scale per output channel)")
+    gen.add_argument("--lm-head", choices=("int8", "int4", "f32"), default=None,
+                     help="int8/int4: the LM head's format (default: the --weights one; f32 keeps it float)")
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     gen.add_argument("--temperature", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -486,7 +488,7 @@ def _cmd_generate(args) -> None:
 
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype="float32")
         gen = llm.from_hf(model, max_length=args.max_length, weights=args.weights or "f32",
-                          group_size=args.group_size)
+                          group_size=args.group_size, lm_head=args.lm_head)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         tokenizer = None
         if args.prompt is not None:

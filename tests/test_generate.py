@@ -234,9 +234,13 @@ def test_group_size_needs_quantized_weights_and_a_fitting_size():
         bh.llm.from_hf(model, max_length=16, group_size=32)
     with pytest.raises(bh.InputError, match="group_size=48"):
         bh.llm.from_hf(model, max_length=16, weights="int4", group_size=48)
+    with pytest.raises(bh.InputError, match="lm_head='int8' applies to weights='int8' / 'int4', not 'f32'"):
+        bh.llm.from_hf(model, max_length=16, lm_head="int8")
+    with pytest.raises(bh.InputError, match="lm_head must be None .*int8, int4, f32; got 'int2'"):
+        bh.llm.from_hf(model, max_length=16, weights="int4", lm_head="int2")
 
 
-_QUANT: dict[str, tuple] = {}
+_QUANT: dict = {}
 
 
 def _quant_model():
@@ -251,18 +255,20 @@ def _quant_model():
     return model
 
 
-def _built_quant(weights: str):
-    """(float generator, partitioned step, generator) for :func:`_quant_model` with ``weights``."""
+def _built_quant(weights: str, lm_head: str | None = None):
+    """(float generator, partitioned step, generator) for :func:`_quant_model` with ``weights`` and
+    ``lm_head``."""
     if not _QUANT:
         model = _quant_model()
         _QUANT["model"] = model
         _QUANT["f32"] = (bh.llm.partitioned_step(model, max_length=MAX_LENGTH)[0],
                          bh.llm.from_hf(model, max_length=MAX_LENGTH))
-    if weights not in _QUANT:
+    if (weights, lm_head) not in _QUANT:
         model = _QUANT["model"]
-        _QUANT[weights] = (bh.llm.partitioned_step(model, max_length=MAX_LENGTH, weights=weights)[0],
-                           bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights))
-    return _QUANT["f32"][1], *_QUANT[weights]
+        _QUANT[weights, lm_head] = (
+            bh.llm.partitioned_step(model, max_length=MAX_LENGTH, weights=weights, lm_head=lm_head)[0],
+            bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights, lm_head=lm_head))
+    return _QUANT["f32"][1], *_QUANT[weights, lm_head]
 
 
 def _forced_logits(gen, tokens: np.ndarray) -> np.ndarray:
@@ -276,11 +282,12 @@ def _forced_logits(gen, tokens: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("weights,logit_bound,layer_bound", [("int8", 2e-3, 2e-2), ("int4", 2e-2, 2e-1)])
 def test_int8_int4_weights_keep_the_float_tokens_within_a_logit_bound(weights, logit_bound, layer_bound):
-    """Weight-only int8 / int4 decoder denses: every step's logits within ``logit_bound`` (relative to
-    the largest) of the float generator's on the same tokens, and, since each step's top-1 margin is
-    more than twice the largest logit difference (asserted: the equality cannot hold vacuously), the
-    same greedy tokens."""
-    floats, _, gen = _built_quant(weights)
+    """Weight-only int8 / int4 decoder denses (the LM head kept float: ``lm_head="f32"``; the quantized
+    head is checked by the node test below and by tests/test_gguf.py): every step's logits within
+    ``logit_bound`` (relative to the largest) of the float generator's on the same tokens, and, since each
+    step's top-1 margin is more than twice the largest logit difference (asserted: the equality cannot
+    hold vacuously), the same greedy tokens."""
+    floats, _, gen = _built_quant(weights, "f32")
     assert gen.weights == weights and 0.0 < gen.weight_error < layer_bound, gen.weight_error
     want = floats.generate(PROMPT, max_new_tokens=12)
     assert len(set(want[0, PROMPT.shape[1]:].tolist())) > 3
@@ -292,10 +299,10 @@ def test_int8_int4_weights_keep_the_float_tokens_within_a_logit_bound(weights, l
     np.testing.assert_array_equal(gen.generate(PROMPT, max_new_tokens=12), want)
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
+@pytest.mark.parametrize("weights,lm_head", [("int8", None), ("int4", None), ("int4", "int8"), ("int4", "f32")])
+def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights, lm_head):
     """The same one region (so one region call per step), every dense of the decoder stack a
-    dense_wq node, the LM head still a float dense."""
+    dense_wq node, the LM head too (in ``lm_head``'s format) unless ``lm_head="f32"`` keeps it a float dense."""
     from collections import Counter
 
     from byoc_hetero._relax import region_table
@@ -303,12 +310,17 @@ def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights):
     def nodes(part) -> list[Counter]:
         return [Counter(n["op"] for n in r.graph["nodes"]) for r in region_table(part).values()]
 
-    _, part, _ = _built_quant(weights)
+    _, part, _ = _built_quant(weights, lm_head)
     float_ops, ops = nodes(_QUANT["f32"][0]), nodes(part)
     assert len(ops) == len(float_ops) == 1, (ops, float_ops)  # the whole step: one region call
-    layers = COMMON["num_hidden_layers"]
-    assert sum(o["dense_wq"] for o in ops) == 7 * layers, ops  # q k v o gate up down
-    assert sum(o["dense"] for o in ops) == 1 and sum(o["dense_wq"] for o in float_ops) == 0, ops  # the LM head
+    layers, float_head = COMMON["num_hidden_layers"], lm_head == "f32"
+    assert sum(o["dense_wq"] for o in ops) == 7 * layers + (not float_head), ops  # q k v o gate up down (head)
+    assert sum(o["dense"] for o in ops) == float_head and sum(o["dense_wq"] for o in float_ops) == 0, ops
+    denses = [n for r in region_table(part).values() for n in r.graph["nodes"] if n["op"] in ("dense", "dense_wq")]
+    head = denses[-1]  # the step's last dense: the LM head
+    assert head["op"] == ("dense" if float_head else "dense_wq"), head
+    if not float_head:  # its bits: the weights' own, or lm_head's
+        assert head["attrs"]["bits"] == int((lm_head or weights)[3:]), head
     assert sum(o["kv_attention"] for o in ops) == sum(o["kv_attention"] for o in float_ops) == layers, ops
 
 

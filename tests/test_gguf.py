@@ -3,7 +3,8 @@
 
 * F32 files: logits of the prefill and of each decode step equal transformers' on the same model within 1e-4
   (relative to the largest logit), greedy tokens equal ``model.generate``'s; tied and separate LM heads.
-* Q8_0 / Q4_0 files: every dense of the decoder stack a ``dense_wq`` node on the file's codes; logits equal
+* Q8_0 / Q4_0 files: every dense of the decoder stack and the LM head (tied: the embedding's codes) a
+  ``dense_wq`` node on the file's codes; logits equal
   (within 1e-4) transformers' run on the weights the ``gguf`` package's own ``dequantize`` reads from the same
   file (its query / key rows put back in Hugging Face's order by inverting the writer's permutation here), and
   within a stated bound of the float model's; ``weights="f32"`` gives the same logits with no ``dense_wq``.
@@ -193,9 +194,40 @@ def test_quantized_file_runs_its_codes(hf_folder, tmp_path, fmt, float_bound, mo
     _close(got, _torch_logits(_dequantized_model(path, model), tokens, n), 1e-4)
     f32 = bh.llm.from_gguf(path, max_length=LENGTH, weights="f32")
     _close(_step_logits(f32, tokens, n), got, 1e-4)
-    layers, lm_head = CONFIG["num_hidden_layers"], 0 if model.config.tie_word_embeddings else 1
-    assert _node_counts(path)["dense_wq"] == 7 * layers + lm_head  # q k v o gate up down (+ a separate head)
+    assert _node_counts(path)["dense_wq"] == 7 * CONFIG["num_hidden_layers"] + 1  # q k v o gate up down, head
     assert _node_counts(path, weights="f32")["dense_wq"] == 0
+
+
+@pytest.mark.parametrize("fmt,bound", [("q8_0", 2e-2), ("q4_0", 1e-1)])
+def test_tied_lm_head_is_a_dense_wq_on_the_embeddings_codes(tmp_path_factory, tmp_path, fmt, bound):
+    """A file without ``output.weight`` (SmolLM's tied head): the LM head reads ``token_embd.weight``'s
+    codes as a ``dense_wq`` node (llama.cpp reads it in the file's type; an f32 dense over the dequantized
+    table would read 8x / 4x the bytes), the embedding's take its dequantized rows; the logits (int8
+    activations, the default) within ``bound`` of the same file dequantized to f32 (relative to its largest
+    logit: the int8 activations' rounding, larger against 4-bit weights)."""
+    from byoc_hetero._relax import region_table
+
+    folder, model = _saved(tmp_path_factory, "llama_tiedTrue", tie_word_embeddings=True)
+    path = _file((folder, model), tmp_path, fmt)
+    table = bh.llm.gguf.GgufFile(path).tensors
+    assert "output.weight" not in table and table["token_embd.weight"].type == fmt.upper()
+    part, spec, _ = bh.llm.gguf.partitioned_gguf(path, max_length=LENGTH)
+    assert spec.tied_embeddings
+    heads = []  # every node whose output is [rows, vocab]: the LM head
+    for region in region_table(part).values():
+        tensors = region.graph["tensors"]
+        for node in region.graph["nodes"]:
+            if tensors[node["output"]]["shape"][-1] == CONFIG["vocab_size"]:
+                heads.append((node["op"], tensors[node["inputs"][1]]))
+    assert len(heads) == 1 and heads[0][0] == "dense_wq", heads
+    width = 8 if fmt == "q8_0" else 4  # the codes' bytes: [vocab, hidden * bits / 8], not float32
+    assert heads[0][1]["shape"] == [CONFIG["vocab_size"], CONFIG["hidden_size"] * width // 8], heads
+    assert heads[0][1]["dtype"] in ("int8", "uint8"), heads
+    tokens = model.generate(torch.tensor(PROMPT), max_new_tokens=8, do_sample=False).numpy()[:, :-1]
+    n = PROMPT.shape[1]
+    want = _step_logits(bh.llm.from_gguf(path, max_length=LENGTH, weights="f32"), tokens, n)
+    error = _close(_step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n), want, bound)
+    assert error > 1e-6  # the int8 activations round: not the float run itself
 
 
 def test_unsupported_tensor_type_names_type_and_tensor(one_folder, tmp_path, monkeypatch):

@@ -9,12 +9,15 @@ The file is read here (no ``gguf`` package needed at run time): the header, the 
   and element j + 16 (high): ``w = (q - 8) * d``;
 * ``Q6_K``: dequantized to float32 (:func:`dequantize_q6_k`; llama.cpp's type for a Q4_0 file's LM head).
 
-Q8_0 / Q4_0 weights of the decoder's denses (and of a separate LM head) stay quantized: their codes
-are rearranged (not requantized) into the weight-only form of :mod:`byoc_hetero.quant.weight_only`
+Q8_0 / Q4_0 weights of the decoder's denses and of the LM head stay quantized: their codes are
+rearranged (not requantized) into the weight-only form of :mod:`byoc_hetero.quant.weight_only`
 (int8 codes with f16 scales per block of 32, or 4-bit codes two a byte with implicit zero point 8)
-and run as ``dense_wq`` nodes; ``weights="f32"`` dequantizes everything instead. The embedding is a
-``take`` and is always dequantized. A block whose scale is 0 holds zeros whatever its codes: it is
-stored with scale 1 and the zero code (same values; dense_wq refuses zero scales).
+and run as ``dense_wq`` nodes; ``weights="f32"`` dequantizes everything instead. A file without
+``output.weight`` ties the LM head to ``token_embd.weight`` (as llama.cpp reads it): the spec's
+``tied_embeddings``, one ``embed`` weight whose codes the LM head's ``dense_wq`` reads and whose
+dequantized rows the embedding's ``take`` reads (the embedding is always dequantized). A block whose
+scale is 0 holds zeros whatever its codes: it is stored with scale 1 and the zero code (same values;
+dense_wq refuses zero scales).
 
 llama.cpp's ``llama`` architecture rotates adjacent pairs (x0, x1) of each head where Hugging Face
 (and our ``kv_attention``) rotate the two halves (x_i, x_{i + d/2}); its converter therefore reorders
@@ -277,7 +280,8 @@ def gguf_spec(f: GgufFile) -> DecoderSpec:
         heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=f.key(f"{arch}.feed_forward_length", kind=int),
         vocab=int(vocab),
         eps=f.key(f"{arch}.attention.layer_norm_rms_epsilon", kind=float), activation="silu",
-        qkv_bias=ARCHS[arch], sliding_window=0, embed_scale=1.0, rope_scale=1.0, inv_freq=[float(v) for v in inv])
+        qkv_bias=ARCHS[arch], sliding_window=0, embed_scale=1.0, rope_scale=1.0, inv_freq=[float(v) for v in inv],
+        tied_embeddings="output.weight" not in f.tensors)  # llama.cpp's LM head is then the embedding
 
 
 _LAYER = {"in_norm": "attn_norm.weight", "post_norm": "ffn_norm.weight", "q": "attn_q.weight", "k": "attn_k.weight",
@@ -290,7 +294,9 @@ def gguf_names(spec: DecoderSpec) -> dict[str, str]:
     """Parameter name of :func:`~byoc_hetero.llm.model.step_module` -> tensor name in the file."""
     from .model import weight_shapes
 
-    names = {"embed": "token_embd.weight", "final_norm": "output_norm.weight", "lm_head": "output.weight"}
+    names = {"embed": "token_embd.weight", "final_norm": "output_norm.weight"}
+    if not spec.tied_embeddings:
+        names["lm_head"] = "output.weight"
     for p in weight_shapes(spec):
         layer, _, short = p.partition(".")
         if short in _LAYER:
@@ -301,12 +307,12 @@ def gguf_names(spec: DecoderSpec) -> dict[str, str]:
 def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
                  ) -> tuple[dict[str, np.ndarray], dict[str, WeightCodes]]:
     """(float32 params, codes): every weight :func:`step_module` declares, by its name, shape-checked;
-    Q8_0 / Q4_0 denses also in ``codes`` (unless ``dequantize``), their float value the exact dequantize."""
+    Q8_0 / Q4_0 denses also in ``codes`` (unless ``dequantize``), their float value the exact dequantize.
+    The embedding has codes only when it is the (tied) LM head: the head's dense reads them, the
+    embedding's take the float value."""
     from .model import weight_shapes
 
     shapes, names = weight_shapes(spec), gguf_names(spec)
-    if "output.weight" not in f.tensors:  # tied: llama.cpp takes the embedding as the LM head
-        names["lm_head"] = "token_embd.weight"
     params: dict[str, np.ndarray] = {"inv_freq": np.asarray(spec.inv_freq, dtype=np.float32)}
     codes: dict[str, WeightCodes] = {}
     for p, tensor in names.items():
@@ -314,7 +320,7 @@ def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
         if tuple(t.shape) != shapes[p] and not (len(shapes[p]) == 1 and t.shape == (1,) + shapes[p]):
             raise FrontendError(f"bh.llm.from_gguf: tensor {tensor!r} is {list(t.shape)}; the metadata says "
                                 f"{list(shapes[p])}")
-        keep = t.type in ("Q8_0", "Q4_0") and not dequantize and p != "embed" and tensor != "token_embd.weight"
+        keep = t.type in ("Q8_0", "Q4_0") and not dequantize and (p != "embed" or spec.tied_embeddings)
         value: np.ndarray | WeightCodes = block_codes(f, tensor) if keep else f.float32(tensor).reshape(shapes[p])
         short = p.partition(".")[2]
         if spec.family == "llama" and short in ("q", "k"):
@@ -364,8 +370,10 @@ def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None =
     ``llama`` and ``qwen2``), its caches ``max_length`` tokens long (at most the file's context length).
 
     ``weights``: None keeps Q8_0 / Q4_0 denses quantized (``dense_wq`` nodes: int8 codes, or 4-bit
-    ones, with the file's f16 scale per block of 32) and reads F32 / F16 / BF16 ones as float32;
-    ``"f32"`` dequantizes every tensor. The embedding and Q6_K tensors are always float32. Another tensor
+    ones, with the file's f16 scale per block of 32), the LM head included (``output.weight``, or
+    ``token_embd.weight`` where the file ties them, as llama.cpp reads it), and reads F32 / F16 /
+    BF16 ones as float32; ``"f32"`` dequantizes every tensor. The embedding's lookup and Q6_K
+    tensors are always float32. Another tensor
     type (Q4_K, Q5_K, ...), a missing metadata key or tensor, or a truncated file raise a
     :class:`~byoc_hetero.errors.FrontendError` naming it. The generator's ``weights`` says what ran
     (``"gguf:q8_0"``, ``"gguf:q4_0"``, ``"gguf:f32"``).

@@ -67,7 +67,9 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
                     scale_dtype: str = "float32") -> WeightCodes:
     """Quantize a float weight [N, K] (output columns first) per block of ``block`` consecutive k
     (None: one block, per output channel): symmetric (``zero_points`` False; 8-bit: int8 codes in
-    [-127, 127], 4-bit: uint8 codes around 8) or asymmetric (uint8 codes with a zero point per
+    [-127, 127]; 4-bit: uint8 codes ``q + 8``, q in [-8, 7], as llama.cpp's Q4_0: the scale is the
+    block's value of largest magnitude over -8, sign kept, so that value is code 0 and all 16 codes
+    are used) or asymmetric (uint8 codes with a zero point per
     block, covering [min(w, 0), max(w, 0)]). Scales are rounded to ``scale_dtype`` before the codes
     are computed, so the codes fit the scales stored. An all-zero block gets scale 1."""
     w = np.asarray(w_nk, dtype=np.float32)
@@ -84,16 +86,26 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
     if zero_points:
         lo, hi = np.minimum(blocks.min(axis=2), 0), np.maximum(blocks.max(axis=2), 0)
         scale = (hi - lo) / top
+    elif bits == 4:  # Q4_0's 16 levels: the extreme (sign kept) / -8; the other side reaches 7
+        extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[:, :, None], axis=2)[:, :, 0]
+        scale = extreme / -8.0
     else:
-        scale = np.abs(blocks).max(axis=2) / ((1 << (bits - 1)) - 1)
-    scale = np.where(scale > 0, scale, 1.0).astype(scale_dtype)
+        scale = np.abs(blocks).max(axis=2) / 127.0
+    scale = np.where(scale != 0, scale, 1.0)
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = scale.astype(scale_dtype)
+    if not np.isfinite(rounded).all():
+        i = tuple(int(v) for v in np.argwhere(~np.isfinite(rounded))[0])
+        raise QuantizationError(f"block {list(i)}'s scale {scale[i]:.3g} overflows {scale_dtype}")
+    tiny = np.finfo(scale_dtype).smallest_subnormal  # a block of values below float16's range: its codes round to 0
+    scale = np.where(rounded != 0, rounded, np.copysign(tiny, scale)).astype(scale_dtype)
     s = scale.astype(np.float64)[:, :, None]
     if zero_points:
         zp = np.clip(np.rint(-lo / scale.astype(np.float64)), 0, top).astype(np.uint8)
         q = np.clip(np.rint(blocks / s) + zp[:, :, None], 0, top).astype(np.uint8)
     else:
         half = 1 << (bits - 1)
-        q = np.clip(np.rint(blocks / s), -half + 1, half - 1)
+        q = np.clip(np.rint(blocks / s), -half if bits == 4 else -half + 1, half - 1)
         q = q.astype(np.int8) if bits == 8 else (q + half).astype(np.uint8)
         zp = None
     q = q.reshape(n, k)

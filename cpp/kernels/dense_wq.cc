@@ -30,6 +30,7 @@ namespace byoc_hetero {
 
 namespace {
 
+using wq::HalfToFloat;
 using wq::kTile;
 
 /*! \brief What the attrs and shapes of one node say. */
@@ -44,25 +45,6 @@ struct WqShape {
   int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile (on average)
   float implicit_zero() const { return signed_codes ? 128.f : static_cast<float>(1 << (bits - 1)); }
 };
-
-/*! \brief IEEE half -> float (the scales are widened once, at __init_). */
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
-  float value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal
-  } else if (exp == 31) {
-    value = mant == 0 ? INFINITY : NAN;
-  } else {
-    value = std::ldexp(static_cast<float>(mant | 0x400u), static_cast<int>(exp) - 25);
-  }
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  bits |= sign;
-  std::memcpy(&value, &bits, sizeof(bits));
-  return value;
-}
 
 /*! \brief Input \p k holds one value per column and block: [N, K / block], or [N, K / block, 1] (the
  *         shape the Relax form broadcasts, which the partition may have folded a reshape into). */
@@ -175,15 +157,15 @@ void PackQuadCodes(const WqShape& s, const uint8_t* w, uint8_t* packed) {
   }
 }
 
-/*! \brief [N, blocks] per-block values into [tiles][blocks][kTile] float32, each checked by
- *         \p check (which throws naming the element); columns past N stay 0. */
-template <typename Get, typename Check>
-void PackPerBlock(const WqShape& s, float* packed, const Get& get, const Check& check) {
+/*! \brief [N, blocks] per-block values into [tiles][blocks][kTile] (float32, or the float16 bits of
+ *         half scales), each checked by \p check (which throws naming the element); columns past N stay 0. */
+template <typename T, typename Get, typename Check>
+void PackPerBlock(const WqShape& s, T* packed, const Get& get, const Check& check) {
   const int64_t blocks = s.blocks();
-  std::fill(packed, packed + s.tiles() * blocks * kTile, 0.f);
+  std::fill(packed, packed + s.tiles() * blocks * kTile, T{0});
   for (int64_t n = 0; n < s.n; ++n) {
     for (int64_t b = 0; b < blocks; ++b) {
-      const float v = get(n * blocks + b);
+      const T v = get(n * blocks + b);
       check(v, n, b);
       packed[((n / kTile) * blocks + b) * kTile + n % kTile] = v;
     }
@@ -193,7 +175,8 @@ void PackPerBlock(const WqShape& s, float* packed, const Get& get, const Check& 
 class DenseWqKernel : public Kernel {
  public:
   DenseWqKernel(const KernelContext& ctx, const WqShape& s)
-      : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)) {
+      : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)),
+        half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
     const WqShape shape = s;
@@ -206,17 +189,7 @@ class DenseWqKernel : public Kernel {
     };
     inputs_.push_back(std::move(codes));
     const memory::desc per_block = PlainDesc({s.tiles() * s.blocks() * kTile});
-    OperandLayout scales{PlainDescOf(ctx.input(2)), per_block};
-    scales.transform_name = "dense_wq scale tiles";
-    scales.transform = [shape, where](const std::vector<void*>& p) {
-      auto get = [&](int64_t i) {
-        return shape.f16_scales ? HalfToFloat(static_cast<const uint16_t*>(p[0])[i]) : static_cast<const float*>(p[0])[i];
-      };
-      PackPerBlock(shape, static_cast<float*>(p[1]), get, [&](float v, int64_t n, int64_t b) {
-        if (!std::isfinite(v) || v == 0.f) BadValue(where, "scales", v, n, b, "a finite, nonzero scale");
-      });
-    };
-    inputs_.push_back(std::move(scales));
+    inputs_.push_back(ScalesOperand(ctx, s, half_));
     if (s.has_zero_point) {
       OperandLayout zeros{PlainDescOf(ctx.input(3)), per_block};
       zeros.transform_name = "dense_wq zero point tiles";
@@ -244,9 +217,10 @@ class DenseWqKernel : public Kernel {
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
     } else {
       const wq::QTileFn tile_fn = wq::FindQTileFn(dot_, s.bits);
-      step.host = [s, tile_fn](const std::vector<void*>& p) { RunInt8(s, tile_fn, p); };
-      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights, int8 activations (" +
-                   wq::IntDotName(dot_) + ")";
+      const bool half = half_;
+      step.host = [s, tile_fn, half](const std::vector<void*>& p) { RunInt8(s, tile_fn, half, p); };
+      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half ? ", float16 scales" : "") +
+                   ", int8 activations (" + wq::IntDotName(dot_) + ")";
     }
     step.op = "dense_wq";
     for (size_t k = 0; k < inputs.size(); ++k) step.args.emplace_back(static_cast<int>(k), inputs[k]);
@@ -257,6 +231,39 @@ class DenseWqKernel : public Kernel {
 
  private:
   static memory::desc Bytes(int64_t n) { return memory::desc({n}, memory::data_type::u8, {1}); }
+
+  /*! \brief Whether the int8-activation kernel \p dot can widen float16 scales (VCVTPH2PS: AVX-512F, or F16C
+   *         beside AVX2; the portable kernel converts in C++). */
+  static bool HalfScalesRun(wq::IntDot dot) {
+#if defined(__x86_64__)
+    if (dot == wq::IntDot::kAvx2) return __builtin_cpu_supports("f16c");
+#endif
+    return true;
+  }
+
+  /*! \brief The scales operand: per tile, per block, 16 float32 — or, with \p half, the node's float16
+   *         scales kept as they are (2 bytes each, widened by the int8-activation kernels) — each checked
+   *         finite and nonzero at __init_. */
+  static OperandLayout ScalesOperand(const KernelContext& ctx, const WqShape& s, bool half) {
+    const int64_t count = s.tiles() * s.blocks() * kTile;
+    OperandLayout scales{PlainDescOf(ctx.input(2)), half ? Bytes(count * 2) : PlainDesc({count})};
+    scales.transform_name = half ? "dense_wq float16 scale tiles" : "dense_wq scale tiles";
+    const std::string where = ctx.where();
+    scales.transform = [s, where, half](const std::vector<void*>& p) {
+      auto check = [&](float v, int64_t n, int64_t b) {
+        if (!std::isfinite(v) || v == 0.f) BadValue(where, "scales", v, n, b, "a finite, nonzero scale");
+      };
+      const uint16_t* halves = static_cast<const uint16_t*>(p[0]);
+      if (half) {
+        PackPerBlock(s, static_cast<uint16_t*>(p[1]), [&](int64_t i) { return halves[i]; },
+                     [&](uint16_t h, int64_t n, int64_t b) { check(HalfToFloat(h), n, b); });
+        return;
+      }
+      auto get = [&](int64_t i) { return s.f16_scales ? HalfToFloat(halves[i]) : static_cast<const float*>(p[0])[i]; };
+      PackPerBlock(s, static_cast<float*>(p[1]), get, check);
+    };
+    return scales;
+  }
 
   /*! rief RunInt8's scratch: int8 rows [M, K] (K a multiple of kActBlock, so the floats after stay
    *         aligned), then the rows' scales and sums, [M, K / kActBlock] float32 each. */
@@ -315,8 +322,9 @@ class DenseWqKernel : public Kernel {
     }
   }
 
-  /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run. */
-  static void RunInt8(const WqShape& s, wq::QTileFn tile_fn, const std::vector<void*>& p) {
+  /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run; \p half:
+   *         the scale tiles are float16. */
+  static void RunInt8(const WqShape& s, wq::QTileFn tile_fn, bool half, const std::vector<void*>& p) {
     const Operands o(s, p);
     const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step(), xb = s.k / wq::kActBlock;
     int8_t* xq = static_cast<int8_t*>(p.back());  // ScratchBytes' layout
@@ -330,8 +338,9 @@ class DenseWqKernel : public Kernel {
       for (int64_t r0 = 0; r0 < s.m; r0 += wq::kMaxRows) {
         const int64_t rows = std::min<int64_t>(wq::kMaxRows, s.m - r0);
         wq::QTileJob job{xq + r0 * s.k, xs + r0 * xb, xss + r0 * xb,
-                         o.codes + t * tile_bytes, o.scales + t * blocks * kTile,
-                         o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, zero, s.k, s.block, rows, out};
+                         o.codes + t * tile_bytes, half ? nullptr : o.scales + t * blocks * kTile,
+                         o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, zero, s.k, s.block, rows, out,
+                         half ? static_cast<const uint16_t*>(p[2]) + t * blocks * kTile : nullptr};
         tile_fn(job);
         StoreTile(s, o, out, t, r0, rows);
       }
@@ -342,6 +351,7 @@ class DenseWqKernel : public Kernel {
   WqShape s_;
   wq::Isa isa_;
   wq::IntDot dot_;
+  bool half_;  // the int8-activation kernels read the node's float16 scales as they are
 };
 
 std::unique_ptr<Kernel> BuildDenseWq(const KernelContext& ctx) {

@@ -32,12 +32,17 @@
  *          multiply |w| by x with w's sign, < 2^15 for the 16-bit pair sums; VNNI flips it back
  *          to the unsigned code);
  *   4-bit: per 8 k, 64 bytes, byte c * 4 + i = code(k + i, c) | code(k + 4 + i, c) << 4.
+ * Its scales stay float16 where the node's are (GGUF's Q8_0 / Q4_0, MatMulNBits' fp16 scales): per tile,
+ * per block, 16 halves, widened in registers (VCVTPH2PS), 2 bytes per block and column instead of 4: a
+ * 4-bit block of 32 reads 18 bytes, as llama.cpp's Q4_0 block does, not 20.
  * The float path (float32 activations, the layouts above) stays as the exact reference.
  */
 #ifndef BYOC_HETERO_KERNELS_DENSE_WQ_H_
 #define BYOC_HETERO_KERNELS_DENSE_WQ_H_
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "simd_isa.h"
@@ -92,9 +97,29 @@ struct QTileJob {
   float zero;            // the unsigned code's zero point (8-bit signed weights: 128)
   int64_t k, block, rows;
   float* out;            // rows x 16 floats, row stride 16
+  const uint16_t* half_scales = nullptr;  // when set: tile t's scales as float16 [blocks][16] (scales unused)
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
+
+/*! \brief IEEE half -> float, exactly (subnormals, infinities and NaN included). */
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  float value;
+  if (exp == 0) {
+    value = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal
+  } else if (exp == 31) {
+    value = mant == 0 ? INFINITY : NAN;
+  } else {
+    value = std::ldexp(static_cast<float>(mant | 0x400u), static_cast<int>(exp) - 25);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits |= sign;
+  std::memcpy(&value, &bits, sizeof(bits));
+  return value;
+}
 
 /*! \brief Quantizes \p rows rows of \p x [rows, k] per kActBlock: codes, scales, scale * code sums. */
 void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss);

@@ -91,6 +91,14 @@ WQ_AVX512_TARGET inline const uint8_t* Dot512x4(const uint8_t* q, const int8_t* 
   return q;
 }
 
+/*! \brief Block b's 16 column scales: float16 widened in the register, or float32. */
+WQ_AVX512_TARGET inline __m512 Scales512(const QTileJob& j, int64_t b) {
+  if (j.half_scales != nullptr) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.half_scales + b * kTile)));
+  }
+  return _mm512_loadu_ps(j.scales + b * kTile);
+}
+
 template <int Bits, int R, bool Vnni>
 WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
   __m512 total[R];
@@ -101,7 +109,7 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
   for (int64_t b = 0; b < j.k / j.block; ++b) {
     const __m512 z = _mm512_sub_ps(j.zeros != nullptr ? _mm512_loadu_ps(j.zeros + b * kTile) : _mm512_set1_ps(j.zero),
                                    _mm512_set1_ps(bias));
-    const __m512 s = _mm512_loadu_ps(j.scales + b * kTile);
+    const __m512 s = Scales512(j, b);
     for (int64_t a = b * per; a < (b + 1) * per; ++a) {
       __m512i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
@@ -118,7 +126,15 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
 
 // ---- AVX2: two 8-lane int32 accumulators per row (columns 0-7, 8-15) ----------------------------
 
-#define WQ_AVX2_TARGET __attribute__((target("avx2,fma")))
+#define WQ_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))  // every AVX2 CPU has F16C
+
+/*! \brief Columns 8h..8h+7 of block b's scales: float16 widened in the register, or float32. */
+WQ_AVX2_TARGET inline __m256 Scales256(const QTileJob& j, int64_t b, int h) {
+  if (j.half_scales != nullptr) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(j.half_scales + b * kTile + 8 * h)));
+  }
+  return _mm256_loadu_ps(j.scales + b * kTile + 8 * h);
+}
 
 template <int R>
 WQ_AVX2_TARGET inline const uint8_t* Dot256x8(const uint8_t* q, const int8_t* x, int64_t ldx, __m256i (*acc)[2]) {
@@ -169,7 +185,7 @@ WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
     __m256 z[2], s[2];
     for (int h = 0; h < 2; ++h) {
       z[h] = _mm256_sub_ps(j.zeros != nullptr ? _mm256_loadu_ps(j.zeros + b * kTile + 8 * h) : _mm256_set1_ps(j.zero), bias);
-      s[h] = _mm256_loadu_ps(j.scales + b * kTile + 8 * h);
+      s[h] = Scales256(j, b, h);
     }
     for (int64_t a = b * per; a < (b + 1) * per; ++a) {
       __m256i acc[R][2];
@@ -211,7 +227,8 @@ void TileGenericQ(const QTileJob& j) {
         for (int c = 0; c < kTile; ++c) acc[c] += j.xq[r * j.k + k] * QuadCode<Bits>(j.codes, k, c);
       for (int c = 0; c < kTile; ++c) {
         const float z = j.zeros != nullptr ? j.zeros[b * kTile + c] : j.zero;
-        total[c] += j.scales[b * kTile + c] * (static_cast<float>(acc[c]) * j.xs[r * xblocks + a] - z * j.xss[r * xblocks + a]);
+        const float s = j.half_scales != nullptr ? HalfToFloat(j.half_scales[b * kTile + c]) : j.scales[b * kTile + c];
+        total[c] += s * (static_cast<float>(acc[c]) * j.xs[r * xblocks + a] - z * j.xss[r * xblocks + a]);
       }
     }
     std::copy(total, total + kTile, j.out + r * kTile);
