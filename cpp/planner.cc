@@ -29,6 +29,7 @@
 
 #include "plan/arena.h"
 #include "plan/concat_in_place.h"
+#include "kernels/reshape.h"
 #include "threading.h"
 
 namespace byoc_hetero {
@@ -252,6 +253,28 @@ class Planner : public planning::ConcatInPlace {
     }
   }
 
+  /*!
+   * \brief A reshape of a value held only in a permuted plain layout (a dense's tokens [1, S, C]
+   *        relabelled [1, C, S]:acb) that splits or merges dims lying next to each other there:
+   *        the output is the same bytes under strides (ReshapedView), no copy.  SegFormer's
+   *        tokens <-> NHWC images around Mix-FFN's depthwise conv and before its decoder's resizes.
+   */
+  bool ViewWithoutCopy(size_t n, int t_in, int t_out) {
+    ValueState& in = values_[t_in];
+    if (in.is_const || in.plain >= 0 || OutputPosition(t_out) >= 0) return false;
+    const memory::desc md = ReshapedView(in.storage_md, PlainDescOf(g_.tensors[t_out]).get_dims());
+    if (md.is_zero()) return false;
+    ValueState& v = values_[t_out];
+    v.is_const = false;
+    v.plain_md = PlainDescOf(g_.tensors[t_out]);
+    v.storage_md = md;
+    v.storage = in.storage;
+    v.plain = md == v.plain_md ? in.storage : -1;
+    v.aliased = in.aliased = true;
+    v.order = OrderOf(t_in);
+    return true;
+  }
+
   /*! \brief A node that only views its input (a reshape): its output is the input's bytes. */
   void PlanAlias(size_t n, const Kernel& kernel) {
     const NodeInfo& node = g_.nodes[n];
@@ -264,6 +287,7 @@ class Planner : public planning::ConcatInPlace {
     const bool bf16 = values_[t_in].storage_md.get_data_type() == memory::data_type::bf16 &&
                       in_layout.view.get_data_type() == memory::data_type::f32;
     if (bf16) in_layout.want = WithType(in_layout.view, memory::data_type::bf16);
+    if (!bf16 && ViewWithoutCopy(n, t_in, t_out)) return;
     // Plain bytes of the input that outlive __init_ (never a constant's own data).
     const MemRef src = Resolve(t_in, in_layout, n, /*init_consumer=*/false);
     ValueState& v = values_[t_out];
