@@ -41,6 +41,10 @@ memory::desc ReshapedView(const memory::desc& stored, const memory::dims& dims) 
     }
   }
   if (out_d != -1) return memory::desc();
+  // Leading unit dims (a batch of 1) outermost, as oneDNN's own tags have them: any stride is the
+  // same bytes, but oneDNN picks its optimized kernels by the strides' order (acdb, not cadb).
+  const int64_t numel = stored.get_size() / static_cast<int64_t>(sizeof(float));
+  for (size_t d = 0; d < dims.size() && dims[d] == 1; ++d) strides[d] = numel;
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
