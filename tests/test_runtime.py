@@ -1345,3 +1345,28 @@ def test_bare_chain_times_each_layer_and_rejects_bad_layers(bench_module):
     mod = r.module()
     args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((1, 8, 8, 8), "float32"))]
     assert 0 < tvm.get_global_func("byoc_hetero.bench.time_call")(mod[r.symbol], args, 3) < 1
+
+
+def test_reshape_of_a_permuted_value_is_a_view(monkeypatch):
+    """SegFormer's Mix-FFN: tokens [S, C] from a dense, permuted to [1, C, S] and reshaped to the
+    image [1, C, H, W] for a depthwise 3x3 conv, then back to tokens. The reshapes split / merge dims
+    that lie next to each other in the permuted storage, so they view the same bytes (NHWC): no
+    reorder runs between the dense and the conv, nor after it; the result matches numpy."""
+    h, wd, c = 6, 5, 16
+    x, w1, wdw = rand(h * wd, 8), rand(8, c), rand(c, 1, 3, 3)
+    r = Region("token_image_views")
+    tok = r.node("dense", [r.input(x.shape), r.const(w1)], (h * wd, c), weight_layout="KN")
+    t3 = r.node("reshape", [tok], (1, h * wd, c))
+    cs = r.node("permute", [t3], (1, c, h * wd), axes=[0, 2, 1])
+    img = r.node("reshape", [cs], (1, c, h, wd))
+    y = r.node("conv2d", [img, r.const(wdw)], (1, c, h, wd), padding=[1, 1, 1, 1], groups=c)
+    back = r.node("reshape", [y], (1, c, h * wd))
+    r.outputs = [r.node("permute", [back], (1, h * wd, c), axes=[0, 2, 1])]
+    mod = r.module()
+    run_steps = [line for line in mod["get_plan"]() if line.startswith("run")]
+    assert not any("reorder of tensor" in line for line in run_steps[:2]), run_steps  # dense, then the conv
+    assert "(conv2d) |" in run_steps[1] and "src=[1,16,6,5]:acdb" in run_steps[1], run_steps
+    (got,) = r.run(mod, x)
+    image = (x.astype("float64") @ w1).T.reshape(1, c, h, wd)
+    want = conv2d_ref(image, wdw, padding=(1, 1, 1, 1), groups=c).reshape(1, c, h * wd).transpose(0, 2, 1)
+    assert_close(got, want)
