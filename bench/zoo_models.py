@@ -39,7 +39,7 @@ _stub_torchvision_operators()
 
 MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
           "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
-          "deeplabv3_mobilenet_v3", "densenet121")
+          "deeplabv3_mobilenet_v3", "densenet121", "segformer_b0")
 #: the torchvision architectures (the rest are Hugging Face models or defined here)
 TORCHVISION_MODELS = ("deeplabv3_mobilenet_v3", "densenet121")
 SEED = 0
@@ -435,6 +435,28 @@ def swin_t(small: bool = False) -> ZooModel:
                "HF SwinForImageClassification (eager attention), logits")
 
 
+def segformer_b0(small: bool = False) -> ZooModel:
+    """SegFormer-B0 (``transformers`` SegformerForSemanticSegmentation with nvidia/mit-b0's sizes, 150
+    labels, 512x512): efficient attention over keys and values of a spatial-reduction conv, Mix-FFN's
+    depthwise 3x3 between token and image layouts, and a decode head that upsamples four stages
+    bilinearly to 1/4 of the input and concatenates them; logits at 128x128.
+    Small: one block per stage, hidden sizes [16, 32, 40, 64] (the same heads and reductions), 64x64."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    if small:
+        cfg = SegformerConfig(hidden_sizes=[16, 32, 40, 64], depths=[1, 1, 1, 1], decoder_hidden_size=32,
+                              num_labels=10)
+    else:
+        cfg = SegformerConfig(hidden_sizes=[32, 64, 160, 256], depths=[2, 2, 2, 2], decoder_hidden_size=256,
+                              num_labels=150)
+    # mit-b0's: sr_ratios [8, 4, 2, 1], heads [1, 2, 5, 8], patch sizes [7, 3, 3, 3], strides [4, 2, 2, 2]
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    size = 64 if small else 512
+    return _hf("segformer_b0", SegformerForSemanticSegmentation(cfg), _image(size), ("pixel_values",),
+               f"HF SegformerForSemanticSegmentation (mit-b0 sizes), logits at 1/4 of {size}x{size}")
+
+
 def _torchvision():
     """torchvision, imported after :func:`_stub_torchvision_operators`."""
     import torchvision
@@ -499,6 +521,7 @@ BUILDERS = {
     "swin_t": swin_t,
     "deeplabv3_mobilenet_v3": deeplabv3_mobilenet_v3,
     "densenet121": densenet121,
+    "segformer_b0": segformer_b0,
 }
 
 

@@ -66,6 +66,9 @@ class RegionReport:
     #: matches the backend's region passes declined inside the region (they stay separate steps),
     #: as rejections of rule ``<target>:<pass>``: RoPE's ``fuse_rotary_embeddings`` writes them
     declined: list[Rejection] = field(default_factory=list)
+    #: which algorithm the region's float32 2-D convolutions run (direct / Winograd) and why, from
+    #: its runtime's plan: "winograd 4, direct 12 (...)"; "" without such convs or plan
+    algorithms: str = ""
 
 
 @dataclass
@@ -113,6 +116,8 @@ class PartitionReport:
             if r.float32_ops:
                 inside = ", ".join(f"{op} {n}" for op, n in sorted(r.float32_ops.items()))
                 lines.append(f"      float32 inside: {inside}")
+            if r.algorithms:
+                lines.append(f"      conv2d algorithms: {r.algorithms}")
             lines.extend("      " + line for line in _declined_lines(r))
         lines.append("")
         lines.append(f"left on {HOST}: {len(self.fallbacks)} ops")
@@ -229,8 +234,25 @@ def _region_from_graph(region: RegionEntry) -> RegionReport:
     return RegionReport(
         region.symbol, region.target, region.ops, region.composites, [desc(i) for i in graph["inputs"]],
         [desc(o) for o in graph["outputs"]], sum(graph_node_flops(n, tensors) for n in graph["nodes"]),
-        precision or _region_precision(region), float32_ops, declined,
+        precision or _region_precision(region), float32_ops, declined, _conv_algorithms(region),
     )
+
+
+def _conv_algorithms(region: RegionEntry) -> str:
+    """The oneDNN runtime's direct / Winograd choice for the region's convs (its ``get_plan``), with
+    the reason where ``auto`` chose direct for accuracy; "" for another runtime."""
+    import os
+
+    from .backends.onednn.ops.conv2d import algorithm_summary
+
+    try:
+        from ._native import _C
+
+        plan = [str(line) for line in region.module["get_plan"]()]
+        max_taps = int(_C.winograd_auto_max_taps())
+    except (AttributeError, KeyError, ImportError, RuntimeError):  # another runtime; TVM 0.27 errors are RuntimeErrors
+        return ""
+    return algorithm_summary(region.graph or {}, plan, max_taps, os.environ.get("BYOC_HETERO_CONV_ALGO", ""))
 
 
 _QUANTIZED = ("uint8", "int8")
@@ -362,6 +384,8 @@ def _region_details(region: RegionReport) -> str:
              f"{region.flops / 1e6:.1f} MFLOP"]
     if region.precision:
         lines.append(f"precision: {region.precision}")
+    if region.algorithms:
+        lines.append(f"conv2d algorithms: {region.algorithms}")
     return "\n".join(lines + _declined_lines(region))
 
 

@@ -21,6 +21,7 @@
 #include "digest.h"
 #include "enums.h"
 #include "kernels/kernel.h"
+#include "kernels/winograd.h"
 #include "executor.h"
 #include "compiled_region.h"
 #include "planner.h"
@@ -159,6 +160,9 @@ void DefineInfo(py::module_& m) {
       "Per op, what its kernel declared when it registered (kernel.h, KernelTraits): bf16_input (it "
       "says how a bf16 region reads its inputs), joins_inputs (its output is its inputs laid end to "
       "end, planned in place), accepts_int8, dynamic_int8_source, accepts_float16, writes_inputs.");
+  m.def("winograd_auto_max_taps", &byoc_hetero::WinogradAutoMaxTaps,
+        "The most input taps (C x 3 x 3) a conv2d may have for algorithm 'auto' to run Winograd "
+        "F(4x4, 3x3): above it float32 would drift past 1e-5 of float64, so 'auto' runs direct.");
   m.def("bf16_native", &byoc_hetero::Bf16Native,
         "Whether oneDNN runs bf16 natively here (effective ISA avx512_core_bf16 or later).");
   m.def(

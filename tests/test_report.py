@@ -84,3 +84,21 @@ def test_render_without_graphviz_says_what_to_do(resnet_report, tmp_path, monkey
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(bh.ByocError, match="graphviz"):
         resnet_report.render(tmp_path / "g.png")
+
+
+def test_report_says_which_conv_algorithm_ran_and_why(monkeypatch):
+    """A 1024-channel 3x3 conv runs direct under "auto" for float32 accuracy (and the report says
+    so); a 32-channel one at the same size runs Winograd; BYOC_HETERO_CONV_ALGO=winograd runs both so."""
+    torch = pytest.importorskip("torch")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1024, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 32, 3, padding=1)).eval()
+    x = torch.randn(1, 1024, 20, 20)
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "auto")
+    (region,) = bh.report(bh.partition(*bh.from_torch(model, (x,)))).regions
+    assert region.algorithms.startswith("winograd 1, direct 1 (1 direct by 'auto' for float32 accuracy"), region.algorithms
+    monkeypatch.setenv("BYOC_HETERO_CONV_ALGO", "winograd")
+    rep = bh.report(bh.partition(*bh.from_torch(model, (x,))))
+    assert rep.regions[0].algorithms == "winograd 2"
+    assert "conv2d algorithms: winograd 2" in str(rep)

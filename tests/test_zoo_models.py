@@ -35,7 +35,7 @@ PATHS = ("from_torch", "from_onnx", "from_onnx_dynamo")
 BF16_PATHS = ("from_torch", "from_onnx")
 #: one region through every import path (issue 25: the mask / position bookkeeping may stay on llvm)
 ONE_REGION = ("bert_base", "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
-              "deeplabv3_mobilenet_v3", "densenet121")
+              "deeplabv3_mobilenet_v3", "densenet121", "segformer_b0")
 #: models whose default-exporter (dynamo) file is checked here: every zoo model
 DYNAMO_CHECKED = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
                   "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
@@ -167,7 +167,8 @@ def test_zoo_model_matches_torch(imported, name, path):
 
 
 #: nothing of these stays on llvm, not even integer bookkeeping
-ALL_OFFLOADED = ("wav2vec2_base", "whisper_tiny_encoder", "swin_t", "deeplabv3_mobilenet_v3", "densenet121")
+ALL_OFFLOADED = ("wav2vec2_base", "whisper_tiny_encoder", "swin_t", "deeplabv3_mobilenet_v3", "densenet121",
+                 "segformer_b0")
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -359,6 +359,16 @@ std::string EnvOr(const char* name, const char* fallback) {
 
 }  // namespace
 
+int64_t WinogradAutoMaxTaps() {
+  // Winograd F(4x4, 3x3)'s transforms scale the data and weights by up to 10x (the points +-2,
+  // +-1/2 ...), so its float32 rounding grows with the reduction length C x 9, about 10x the direct
+  // convolution's.  Measured per layer against float64 (3x3, 28x28, 64 outputs, post-relu data,
+  // 3 to 8 seeds, He-scaled weights; bench/ZOO.md, session 10): Winograd 4.1e-6 at 16 channels,
+  // 6.3e-6 at 64, 8.9e-6 at 112, 1.0e-5 at 128, 1.1e-5 at 256, 1.5e-5 at 1024, 2.0e-5 at 2048;
+  // direct 0.4e-6 to 1.9e-6 throughout.  So "auto" takes Winograd up to 112 channels (1008 taps).
+  return 1008;
+}
+
 std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& p) {
   // a node's own algorithm (a tuner's measured decision) wins over the process-wide knob
   const std::string algo = p.algo != "auto" ? p.algo : EnvOr("BYOC_HETERO_CONV_ALGO", "auto");
@@ -366,6 +376,8 @@ std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const C
   if (algo != "auto" && algo != "winograd") {
     ctx.Fail("BYOC_HETERO_CONV_ALGO must be auto, direct or winograd, got '" + algo + "'");
   }
+  // Accuracy first: "auto" keeps float32 within 1e-5 of a float64 reference (WinogradAutoMaxTaps).
+  if (algo == "auto" && p.c * p.kh * p.kw > WinogradAutoMaxTaps()) return nullptr;
   const bool shape_ok = p.kh == 3 && p.kw == 3 && p.strides[0] == 1 && p.strides[1] == 1 &&
                         p.dilation[0] == 1 && p.dilation[1] == 1 && p.groups == 1 &&
                         p.c % kLanes == 0 && p.k % kLanes == 0;

@@ -31,6 +31,13 @@ struct ConvParams {
  */
 std::unique_ptr<Kernel> TryBuildWinogradConv2D(const KernelContext& ctx, const ConvParams& params);
 
+/*!
+ * \brief The most input taps (C x 3 x 3) per output a convolution may have for "auto" to pick
+ *        Winograd: above it Winograd's float32 error would pass 1e-5 of a float64 reference, so
+ *        "auto" runs the direct convolution; an explicit "winograd" still runs it at any size.
+ */
+int64_t WinogradAutoMaxTaps();
+
 }  // namespace byoc_hetero
 
 #endif  // BYOC_HETERO_KERNELS_WINOGRAD_H_

@@ -6,6 +6,8 @@
 
 #include <tvm/ffi/error.h>
 
+#include "../kernels/reshape.h"
+
 #include <utility>
 
 namespace byoc_hetero {
@@ -139,6 +141,7 @@ void LayoutResolver::Alias(size_t n, const Kernel& kernel) {
   const bool bf16 = values_[t_in].storage_md.get_data_type() == memory::data_type::bf16 &&
                     in_layout.view.get_data_type() == memory::data_type::f32;
   if (bf16) in_layout.want = WithType(in_layout.view, memory::data_type::bf16);
+  if (!bf16 && ViewWithoutCopy(t_in, t_out)) return;
   // Plain bytes of the input that outlive __init_ (never a constant's own data).
   const MemRef src = Resolve(t_in, in_layout, n, /*init_consumer=*/false);
   ValueState& v = values_[t_out];
@@ -158,6 +161,22 @@ void LayoutResolver::Alias(size_t n, const Kernel& kernel) {
     v.aliased = values_[t_in].aliased = true;
     v.order = values_.OrderOf(t_in);
   }
+}
+
+bool LayoutResolver::ViewWithoutCopy(int t_in, int t_out) {
+  ValueState& in = values_[t_in];
+  if (in.is_const || in.plain >= 0 || values_.OutputPosition(t_out) >= 0) return false;
+  const memory::desc md = ReshapedView(in.storage_md, PlainDescOf(g_.tensors[t_out]).get_dims());
+  if (md.is_zero()) return false;
+  ValueState& v = values_[t_out];
+  v.is_const = false;
+  v.plain_md = PlainDescOf(g_.tensors[t_out]);
+  v.storage_md = md;
+  v.storage = in.storage;
+  v.plain = md == v.plain_md ? in.storage : -1;
+  v.aliased = in.aliased = true;
+  v.order = values_.OrderOf(t_in);
+  return true;
 }
 
 bool LayoutResolver::Relabel(size_t n, const Kernel& kernel) {

@@ -71,6 +71,14 @@ class LayoutResolver {
   bool Relabel(size_t n, const Kernel& kernel);
 
  private:
+  /*!
+   * \brief A reshape of a value held only in a permuted plain layout (a dense's tokens [1, S, C]
+   *        relabelled [1, C, S]:acb) that splits or merges dims lying next to each other there:
+   *        the output is the same bytes under strides (ReshapedView), no copy; false where it
+   *        cannot (a constant, a value with plain bytes, a region output, dims not adjacent).
+   *        SegFormer's tokens <-> NHWC images around Mix-FFN's depthwise conv and its resizes.
+   */
+  bool ViewWithoutCopy(int t_in, int t_out);
   /*! \brief The bytes an earlier Resolve of the same bytes (tensor t, or a reshape of it sharing
    *         its storage) in \p layout gave, or null: one conversion serves every reader. */
   const MemRef* FindResolved(int t, const OperandLayout& layout, bool init_consumer) const;

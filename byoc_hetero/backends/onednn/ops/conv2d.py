@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -208,6 +209,45 @@ def float_conv_sites(tensors: Sequence[Mapping[str, Any]], nodes: Sequence[Any])
         if not all(isinstance(d, int) for d in [*data["shape"], *weight["shape"]]):
             continue
         yield node, conv_site_key(data["shape"], weight["shape"], attrs)
+
+
+def _node_index(plan_line: str) -> int | None:
+    """The node index in a plan line's step label (``... node 12 (conv2d): winograd ...``)."""
+    head, sep, rest = plan_line.partition(" node ")
+    digits = rest.split(" ", 1)[0] if sep else ""
+    return int(digits) if digits.isdigit() else None
+
+
+def algorithm_summary(graph: Mapping[str, Any], plan: Sequence[str], max_taps: int, env_algo: str = "") -> str:
+    """Which algorithm each float32 2-D conv2d of a region runs and why, from the region's plan
+    (``get_plan``: Winograd's steps name their node): ``"winograd 4, direct 12 (...)"``, or "" for a
+    region without such convs. ``max_taps``: the runtime's ``winograd_auto_max_taps()``;
+    ``env_algo``: ``BYOC_HETERO_CONV_ALGO`` as the runtime read it. The direct convs that Winograd
+    would fit but ``auto`` kept direct for float32 accuracy (C x 3 x 3 > ``max_taps``) are named."""
+    tensors, nodes = graph.get("tensors", []), graph.get("nodes", [])
+    wino = {i for i in map(_node_index, (ln for ln in plan if "winograd" in ln)) if i is not None}
+    position = {id(node): i for i, node in enumerate(nodes)}
+    convs = [node for node, _ in float_conv_sites(tensors, nodes)]
+    if not convs:
+        return ""
+    ran = Counter("winograd" if position[id(node)] in wino else "direct" for node in convs)
+    for_accuracy = 0
+    for node in convs:
+        attrs = node.get("attrs", {})
+        k, c_per_group, kh, kw = tensors[node["inputs"][1]]["shape"]
+        fits = ((kh, kw) == (3, 3) and list(attrs.get("strides", [1, 1])) == [1, 1]
+                and list(attrs.get("dilation", [1, 1])) == [1, 1] and int(attrs.get("groups", 1)) == 1
+                and c_per_group % 16 == 0 and k % 16 == 0)
+        chose = attrs.get("algo", "auto") if attrs.get("algo", "auto") != "auto" else (env_algo or "auto")
+        bf16 = attrs.get("precision", graph.get("precision", "f32")) == "bf16"  # bf16 runs direct anyway
+        if fits and not bf16 and chose == "auto" and c_per_group * 9 > max_taps and position[id(node)] not in wino:
+            for_accuracy += 1
+    text = ", ".join(f"{algo} {n}" for algo, n in sorted(ran.items(), reverse=True))
+    if for_accuracy:
+        text += (f" ({for_accuracy} direct by 'auto' for float32 accuracy: 3x3 convs over more than {max_taps}"
+                 " input taps (C x 9), where Winograd F(4x4, 3x3) would pass 1e-5 of float64;"
+                 " BYOC_HETERO_CONV_ALGO=winograd or option 'algorithms' runs Winograd there)")
+    return text
 
 
 def check_algorithms(value: Any) -> str:
