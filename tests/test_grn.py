@@ -137,6 +137,11 @@ def test_grn_reads_its_data_twice_and_writes_once(shape):
     assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
+def _erf(v):
+    import math
+    return np.vectorize(math.erf)(v)
+
+
 def _tail_module(shape, steps, r_shape, seed=3):
     """x * r (r a second input of ``r_shape``), then ``steps``: ("mul", c_shape), ("add", b_shape) of
     constants, ("add_x",) an add of x; also the numpy function computing it in float64."""
@@ -151,6 +156,8 @@ def _tail_module(shape, steps, r_shape, seed=3):
             for step, c in zip(steps, consts):
                 if step[0] == "add_x":
                     y = bb.emit(R.add(x, y))
+                elif step[0] == "erf":
+                    y = bb.emit(R.erf(y))
                 else:
                     y = bb.emit({"mul": R.multiply, "add": R.add}[step[0]](y, relax.const(c)))
             out = bb.emit_output(y)
@@ -160,7 +167,8 @@ def _tail_module(shape, steps, r_shape, seed=3):
         xv = xv.astype(np.float64)
         yv = xv * rv
         for step, c in zip(steps, consts):
-            yv = yv + xv if step[0] == "add_x" else yv * c if step[0] == "mul" else yv + c
+            yv = (yv + xv if step[0] == "add_x" else _erf(yv) if step[0] == "erf"
+                  else yv * c if step[0] == "mul" else yv + c)
         return yv
     return bb.get(), numpy
 
@@ -175,6 +183,8 @@ TAILS = {  # name: (x shape, r shape, steps, full-size nodes left, declined)
     "x_r_plus_x": ((1, 3, 3, 8), (1, 1, 1, 8), [("add_x",)], 2, "x * r + x before any multiply"),
     "channel_first_add": ((1, 8, 3, 3), (1, 8, 1, 1), [("add", (1, 8, 1, 1))], 2, "two steps (x * s, then + t)"),
     "channel_first_two": ((1, 8, 3, 3), (1, 8, 1, 1), [("mul", (8, 1, 1)), ("add", (1, 8, 1, 1)), ("add_x",)], 2, None),
+    # a unary reader ends the chain (the fuzzer's attention draw once crashed the pass on it)
+    "then_unary": ((1, 3, 3, 8), (1, 1, 1, 8), [("mul", (8,)), ("erf",)], 2, None),
 }
 
 

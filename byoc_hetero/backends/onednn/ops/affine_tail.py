@@ -98,8 +98,8 @@ def _next_step(graph: RegionGraph, tail: AffineTail, constants: set[int]) -> tup
     t = tail.nodes[-1].output
     node = _sole_reader(graph, t)
     full = graph.tensors[tail.nodes[0].output]["shape"]
-    if node is None or graph.tensors[node.output]["shape"] != full:
-        return None
+    if node is None or len(node.inputs) != 2 or graph.tensors[node.output]["shape"] != full:
+        return None  # a unary reader (gelu, erf, ...) or a third input ends the chain
     other = node.inputs[1] if node.inputs[0] == t else node.inputs[0]
     if _plain_binary(node, "add") and other == tail.x:
         return node, ("add_x", None)
