@@ -102,3 +102,15 @@ def test_report_says_which_conv_algorithm_ran_and_why(monkeypatch):
     rep = bh.report(bh.partition(*bh.from_torch(model, (x,))))
     assert rep.regions[0].algorithms == "winograd 2"
     assert "conv2d algorithms: winograd 2" in str(rep)
+
+
+def test_conv_algorithm_line_counts_1d_and_3d_convs_as_direct():
+    """conv1d and conv3d also run as the conv2d node (3-D / 5-D weights); Winograd is 2-D only, so
+    the report counts them direct (it once unpacked every weight as 4-D and raised on a conv1d)."""
+    torch = pytest.importorskip("torch")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv1d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv1d(16, 16, 3, padding=1)).eval()
+    (region,) = bh.report(bh.partition(*bh.from_torch(model, (torch.randn(1, 16, 40),)))).regions
+    assert region.algorithms == "direct 2", region.algorithms

@@ -234,7 +234,10 @@ def algorithm_summary(graph: Mapping[str, Any], plan: Sequence[str], max_taps: i
     for_accuracy = 0
     for node in convs:
         attrs = node.get("attrs", {})
-        k, c_per_group, kh, kw = tensors[node["inputs"][1]]["shape"]
+        weight = tensors[node["inputs"][1]]["shape"]
+        if len(weight) != 4:  # a conv1d / conv3d on the conv2d node: Winograd is 2-D only
+            continue
+        k, c_per_group, kh, kw = weight
         fits = ((kh, kw) == (3, 3) and list(attrs.get("strides", [1, 1])) == [1, 1]
                 and list(attrs.get("dilation", [1, 1])) == [1, 1] and int(attrs.get("groups", 1)) == 1
                 and c_per_group % 16 == 0 and k % 16 == 0)
