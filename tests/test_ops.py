@@ -283,7 +283,8 @@ def test_mlp_with_softmax():
 
 
 def test_elementwise_broadcasting_in_a_region():
-    """conv outputs scaled per channel, added, multiplied by a scalar and a row: binary nodes."""
+    """conv outputs scaled per channel, added, multiplied by a scalar and a row: binary nodes (the
+    scalar multiply and the row add as one, x * s with the row as its addend: fuse_affine_tails)."""
     params = {"w1": w(8, 4, 3, 3), "w2": w(8, 4, 1, 1), "scale": w(8, 1, 1, scale=1.0),
               "row": w(6, scale=1.0), "s": np.array(0.5, F32)}
 
@@ -298,7 +299,8 @@ def test_elementwise_broadcasting_in_a_region():
     mod, params = build_module({"x": (2, 4, 6, 6)}, body, params)
     res = offload_and_compare(mod, params)
     fully_offloaded(res)
-    assert [n["op"] for n in nodes(res)].count("binary") >= 3
+    binaries = [n for n in nodes(res) if n["op"] == "binary"]
+    assert len(binaries) == 2 and [len(n["inputs"]) for n in binaries] == [2, 3], binaries
 
 
 def test_two_sided_broadcast_add_is_offloaded():

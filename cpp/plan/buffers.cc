@@ -89,7 +89,12 @@ namespace {
  *        permute, is returned as it is.
  */
 std::pair<memory::desc, memory::desc> InViewOrder(const memory::desc& view, const memory::desc& want) {
-  if (view.get_format_kind() != memory::format_kind::blocked || view.get_inner_nblks() != 0 ||
+  // Float weights only: an int8 weight's wanted layout may carry compensation bytes after the
+  // weights (extra flags, not in DescribeDesc), which two readers in different axis orders need
+  // differently; sharing one buffer between them made MobileNetV3's int8 dense fail in oneDNN.
+  const auto f32 = memory::data_type::f32;
+  if (view.get_data_type() != f32 || want.get_data_type() != f32 ||
+      view.get_format_kind() != memory::format_kind::blocked || view.get_inner_nblks() != 0 ||
       want.get_format_kind() != memory::format_kind::blocked || view.get_ndims() != want.get_ndims()) {
     return {view, want};
   }
