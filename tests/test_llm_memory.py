@@ -9,7 +9,7 @@ weight bytes; the tokens with transformers' greedy ``generate`` (the reference).
 
 What the growth holds: the constants TVM's loader keeps (1x the weights), the prepared weights
 (the layouts the plans read, weights.h: one blocked copy of each dense, which the 128-row prefill's
-inner product and the decode's GEMV share, plan/builder.cc Key), and what the build leaves (code,
+inner product and the decode's GEMV share, plan/buffers.cc Buffers::Key), and what the build leaves (code,
 about 100 MiB whatever the model, so the ratio is larger at this size than at SmolLM's).
 Before session 9 it was 6.6x the weights (the contention plans kept prepared weights of their own,
 and the RMSNorm-folded intermediates and the embedding's plain copy stayed after __init_, and the

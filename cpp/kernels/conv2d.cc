@@ -263,7 +263,7 @@ static void PreferConvLayouts(const KernelContext& ctx, const ConvGeometry& geo,
   }
 
   // A conv whose output is only permuted to channels-last writes NHWC, so that the permute is a
-  // relabel of its buffer (planner.cc, Relabel) and the layer norm after it reads it in place
+  // relabel of its buffer (plan/layouts.cc, LayoutResolver::Relabel) and the layer norm after it reads it in place
   // (oneDNN's own pick on AVX-512 is NHWC already; elsewhere it may be channel-blocked, which
   // would cost a reorder to plain).
   if (!ctx.bf16 && !dnnl::memory::desc(pd->dst_desc()).is_zero() &&

@@ -9,7 +9,7 @@
  * 48 or 64 (oneDNN 3.2's choice for f32 on AVX-512, 64 at every shape seen): panels of W columns,
  * each a contiguous row-major [K padded to 16, W] block, one sequential stream.  So the GEMV costs
  * no weight memory, and a prefill plan whose matmul picks the same layout, or whose inner product picks
- * its transpose (AB16b64a over [N, K]: the same bytes, plan/builder.cc Key), shares the copy.  Another
+ * its transpose (AB16b64a over [N, K]: the same bytes, plan/buffers.cc Buffers::Key), shares the copy.  Another
  * layout keeps the matmul.  AVX-512 reads a panel's rows whole (W / 16 vectors); AVX2 and C++ go
  * slice by slice of 16 columns.  Threads split the panels.  Micro-kernels per ISA (kernels/simd_isa.h: AVX-512F, AVX2 + FMA, portable C++),
  * capped by BYOC_HETERO_GEMV_ISA; the rows a plan may have to take this path by

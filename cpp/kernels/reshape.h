@@ -1,7 +1,7 @@
 /*!
  * \file kernels/reshape.h
  * \brief A reshape as a view: the descriptor under which a reshape's output reads the bytes of an
- *        input held in a permuted plain layout, when no copy is needed (planner.cc, PlanAlias).
+ *        input held in a permuted plain layout, when no copy is needed (plan/layouts.cc, LayoutResolver::ViewWithoutCopy).
  */
 #ifndef BYOC_HETERO_KERNELS_RESHAPE_H_
 #define BYOC_HETERO_KERNELS_RESHAPE_H_
