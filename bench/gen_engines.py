@@ -123,15 +123,33 @@ def _need(module: str, package: str) -> None:
         raise Unavailable(f"{package} is not installed (pip install {package})")
 
 
+#: formats made by llama.cpp's own quantizer (``llama_model_quantize``) from the F32 file: its mixes
+LLAMA_MIXES = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
 def gguf_file(hf: str, out_dir: str, fmt: str) -> str:
-    """The GGUF file of ``hf`` in ``fmt`` (written once by ``gguf_write``)."""
+    """The GGUF file of ``hf`` in ``fmt`` (written once by ``gguf_write``; a mix of :data:`LLAMA_MIXES` by
+    llama.cpp's quantizer from the F32 file, as ``llama-quantize`` makes the files users download)."""
     _need("gguf", "gguf")
     from gguf_write import write_gguf
 
     path = os.path.join(out_dir, f"model.{fmt}.gguf")
-    if not os.path.exists(path):
+    if os.path.exists(path):
+        return path
+    if fmt in LLAMA_MIXES:
+        _need("llama_cpp", "llama-cpp-python")
+        import ctypes
+
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, LLAMA_MIXES[fmt])
+        source = gguf_file(hf, out_dir, "f32")
+        if llama_cpp.llama_model_quantize(source.encode(), (path + ".part").encode(), ctypes.byref(params)) != 0:
+            raise RuntimeError(f"llama_model_quantize failed on {source} ({fmt})")
+    else:
         write_gguf(hf, path + ".part", fmt)
-        os.replace(path + ".part", path)
+    os.replace(path + ".part", path)
     return path
 
 
@@ -347,9 +365,9 @@ class OpenVINOGenAI:
 #: engine -> (adapter, the formats it runs, the default ones, how its files are made from the HF folder)
 ENGINES = {
     "ours": (Ours, ("f32", "bf16", "int8", "int4"), ("f32",), None),
-    "ours_gguf": (OursGguf, ("f32", "f16", "q8_0", "q4_0"), ("q8_0", "q4_0"), gguf_file),
+    "ours_gguf": (OursGguf, ("f32", "f16", "q8_0", "q4_0", "q4_k_m"), ("q8_0", "q4_0"), gguf_file),
     "hf": (HF, ("f32", "bf16"), ("f32",), None),
-    "llama_cpp": (LlamaCpp, ("f32", "f16", "q8_0", "q4_0"), ("f32", "f16", "q8_0", "q4_0"), gguf_file),
+    "llama_cpp": (LlamaCpp, ("f32", "f16", "q8_0", "q4_0", "q4_k_m"), ("f32", "f16", "q8_0", "q4_0"), gguf_file),
     "ort_genai": (OrtGenAI, ("fp32", "int4"), ("fp32", "int4"), ort_genai_folder),
     "openvino_genai": (OpenVINOGenAI, ("fp32", "int8", "int4"), ("fp32", "int8", "int4"), openvino_folder),
 }
@@ -358,7 +376,7 @@ LABELS = {"ours": "ours (bh.llm)", "ours_gguf": "ours (bh.llm.from_gguf)", "hf":
 #: nominal bytes per weight of each format (Q8_0: 32 int8 + an f16 scale; Q4_0: 32 nibbles + an f16 scale;
 #: ORT GenAI's int4: blocks of 32 with an f32 scale; NNCF's int8 per channel, int4 groups of 128 with f16 scales)
 WIDTH = {"f32": 4.0, "fp32": 4.0, "bf16": 2.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "int8": 1.0,
-         "int4": 0.5 + 4 / 32}
+         "int4": 0.5 + 4 / 32, "q4_k_m": 144 / 256}  # Q4_K_M: Q4_K's (the mix has Q5_0 / Q6_K / Q8_0 tensors too)
 
 
 def load_engine(engine: str, hf: str, files_dir: str, fmt: str, threads: int, max_length: int):

@@ -26,9 +26,13 @@ import os
 
 import numpy as np
 
-FORMATS = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
-#: llama.cpp's file-type codes (``LLAMA_FTYPE_*``) of the formats
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}
+FORMATS = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0",
+           "q5_1": "Q5_1", "q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K"}
+#: llama.cpp's file-type codes (``LLAMA_FTYPE_*``) of the formats (K-quants: the ``_S`` mixes' codes)
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q4_k": 14, "q5_k": 16,
+              "q6_k": 18}
+#: what llama.cpp writes for a K-quant tensor whose rows do not split into super-blocks of 256
+K_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 #: Hugging Face's per-layer names -> llama.cpp's
 LAYER_TENSORS = {
@@ -145,13 +149,78 @@ def encode_tensor(name: str, w: np.ndarray, fmt: str) -> tuple[np.ndarray, objec
         return w, None
     if fmt == "f16" or w.shape[-1] % 32:
         return w.astype(np.float16), None
+    if fmt in K_FALLBACK and name == "lm_head.weight":
+        fmt = "q6_k"  # llama.cpp's K-quant mixes write the LM head in Q6_K
+    if fmt in K_FALLBACK and w.shape[-1] % 256:
+        fmt = K_FALLBACK[fmt]
     qtype = getattr(gguf.GGMLQuantizationType, FORMATS[fmt])
+    if fmt in K_FALLBACK:  # the gguf package dequantizes K-quants but does not quantize them
+        return (quantize_q6_k(w) if fmt == "q6_k" else quantize_k(w, fmt == "q5_k")), qtype
     return quantize(w, qtype), qtype
+
+
+def quantize_q6_k(w: np.ndarray) -> np.ndarray:
+    """A float weight [N, K] (K a multiple of 256) as Q6_K super-blocks (bytes [N, K / 256 * 210]): per
+    sub-block of 16 a scale max|w| / 31 as an int8 multiple of the super-block's f16 ``d``, codes q + 32
+    (q in [-32, 31]); ql (low nibbles), qh (high 2 bits), the 16 scales, ``d``, in llama.cpp's order."""
+    n, k = w.shape
+    x = w.reshape(n, k // 256, 16, 16).astype(np.float64)
+    scale = np.abs(x).max(axis=-1) / 31
+    d = (scale.max(axis=-1) / 127).astype(np.float16)
+    unit = d.astype(np.float64)[..., None]
+    sc = (np.clip(np.rint(scale / np.where(unit > 0, unit, 1.0)), 0, 127) * (unit > 0)).astype(np.int8)
+    step = (unit * sc)[..., None]
+    q = np.where(step > 0, np.clip(np.rint(x / np.where(step > 0, step, 1.0)), -32, 31), 0).astype(np.int16) + 32
+    q = q.astype(np.uint8).reshape(n, k // 256, 2, 4, 32)  # half h, j, l: weight 128 h + 32 j + l
+    low, high = q & 15, q >> 4
+    ql = (low[:, :, :, 0:2] | (low[:, :, :, 2:4] << 4)).reshape(n, k // 256, 128)
+    qh = np.bitwise_or.reduce(high << (2 * np.arange(4, dtype=np.uint8))[:, None], axis=3).reshape(n, k // 256, 64)
+    parts = [ql, qh, sc.view(np.uint8), d[..., None].view(np.uint8)]
+    return np.concatenate(parts, axis=-1).reshape(n, -1)
+
+
+def _pack_scale_min(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """8 scales and 8 mins (6 bits each) -> K-quants' 12 bytes: sub-blocks 0-3 in the low 6 bits of bytes
+    0-3 / 4-7, sub-blocks 4-7's low nibbles in bytes 8-11 (scale low, min high), their top 2 bits in the top
+    bits of bytes 0-3 (scale) / 4-7 (min)."""
+    a = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    b = (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6)
+    c = (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)
+    return np.concatenate([a, b, c], axis=-1).astype(np.uint8)
+
+
+def quantize_k(w: np.ndarray, fifth: bool) -> np.ndarray:
+    """A float weight [N, K] (K a multiple of 256) as Q4_K (``fifth`` False) or Q5_K super-blocks (bytes
+    [N, K / 256 * 144 or 176]): per sub-block of 32 the range [min(w, 0), max(w)] over 16 (32) levels,
+    ``w ~ d * sc * q - dmin * m`` with the 6-bit ``sc`` / ``m`` relative to the super-block's f16 ``d`` /
+    ``dmin``. A plain round-to-nearest quantizer (llama.cpp searches its scales; the layout is the same)."""
+    top = 31 if fifth else 15
+    n, k = w.shape
+    x = w.reshape(n, k // 256, 8, 32).astype(np.float64)
+    lo = np.minimum(x.min(axis=-1), 0.0)
+    scale, mins = (np.maximum(x.max(axis=-1), lo) - lo) / top, -lo
+    d, dmin = (scale.max(axis=-1) / 63).astype(np.float16), (mins.max(axis=-1) / 63).astype(np.float16)
+
+    def six_bits(v, unit):
+        unit = unit.astype(np.float64)[..., None]
+        return np.clip(np.rint(v / np.where(unit > 0, unit, 1.0)), 0, 63).astype(np.uint8) * (unit > 0)
+
+    sc, m = six_bits(scale, d), six_bits(mins, dmin)
+    step = d.astype(np.float64)[..., None] * sc
+    offset = dmin.astype(np.float64)[..., None] * m
+    q = np.rint((x + offset[..., None]) / np.where(step > 0, step, 1.0)[..., None])
+    q = np.clip(np.where(step[..., None] > 0, q, 0), 0, top).astype(np.uint8)  # [n, super-blocks, 8, 32]
+    pairs = q.reshape(n, k // 256, 4, 2, 32)
+    qs = ((pairs[:, :, :, 0] & 15) | ((pairs[:, :, :, 1] & 15) << 4)).reshape(n, k // 256, 128)
+    parts = [d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), _pack_scale_min(sc, m)]
+    if fifth:  # bit j of byte l: sub-block j's element l's fifth bit
+        parts.append(np.bitwise_or.reduce(((q >> 4) & 1) << np.arange(8, dtype=np.uint8)[:, None], axis=2))
+    return np.concatenate(parts + [qs], axis=-1).reshape(n, -1)
 
 
 def write_gguf(hf_folder: str, path: str, fmt: str = "f32") -> str:
     """Write the decoder saved in ``hf_folder`` as the GGUF file ``path`` with 2-D weights in ``fmt``
-    (``f32``, ``f16``, ``q8_0``, ``q4_0``); returns ``path``."""
+    (one of :data:`FORMATS`; K-quants fall back as llama.cpp's do: :data:`K_FALLBACK`); returns ``path``."""
     import gguf
     from safetensors.numpy import load_file
 

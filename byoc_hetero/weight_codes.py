@@ -21,7 +21,9 @@ class WeightCodes:
 
     ``codes``: uint8 [N, K / 2] (4-bit, two per byte, even k low) or int8 / uint8 [N, K] (8-bit);
     ``scales`` float32 / float16 [N, K / block]; ``zero_points`` uint8 [N, K / block] or None (zero
-    0 for int8 codes, 2^(bits-1) for uint8 codes).
+    0 for int8 codes, 2^(bits-1) for uint8 codes); ``offsets`` float32 [N, K / block] or None: a value
+    added to every weight of the block, ``w = (code - zero) * scale + offset`` (llama.cpp's Q4_1 / Q5_1
+    ``q * d + m`` and K-quants' ``d * sc * q - dmin * m``), the codes then unsigned from 0 (zero 0).
     """
 
     bits: int
@@ -29,6 +31,7 @@ class WeightCodes:
     codes: np.ndarray
     scales: np.ndarray
     zero_points: np.ndarray | None = None
+    offsets: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -37,7 +40,8 @@ class WeightCodes:
 
     @property
     def implicit_zero(self) -> int:
-        return 0 if self.codes.dtype == np.int8 else 1 << (self.bits - 1)
+        """The zero point without ``zero_points``: 0 for int8 codes and for codes with offsets, else 2^(bits-1)."""
+        return 0 if self.codes.dtype == np.int8 or self.offsets is not None else 1 << (self.bits - 1)
 
     def check(self, where: str = "weight") -> None:
         """Raise :class:`QuantizationError` naming the field when the parts do not fit together
@@ -61,3 +65,12 @@ class WeightCodes:
                                         f"{self.zero_points.dtype}{list(self.zero_points.shape)}")
             if int(self.zero_points.max(initial=0)) >= 1 << self.bits:
                 raise QuantizationError(f"{where}: zero point {int(self.zero_points.max())} outside {self.bits} bits")
+        if self.offsets is not None:
+            if tuple(self.offsets.shape) != want or self.offsets.dtype != np.float32:
+                raise QuantizationError(f"{where}: offsets must be float32 of shape {list(want)}, got "
+                                        f"{self.offsets.dtype}{list(self.offsets.shape)}")
+            if self.zero_points is not None:
+                raise QuantizationError(f"{where}: offsets and zero_points together: a block has one or the other")
+            if not np.isfinite(self.offsets).all():
+                i = tuple(int(v) for v in np.argwhere(~np.isfinite(self.offsets))[0])
+                raise QuantizationError(f"{where}: offsets{list(i)} is {self.offsets[i]}: expected a finite offset")

@@ -8,7 +8,10 @@
   (within 1e-4) transformers' run on the weights the ``gguf`` package's own ``dequantize`` reads from the same
   file (its query / key rows put back in Hugging Face's order by inverting the writer's permutation here), and
   within a stated bound of the float model's; ``weights="f32"`` gives the same logits with no ``dense_wq``.
-* Bad files: a tensor type not supported (Q4_K), a file truncated inside a tensor or inside its header, a
+* Q5_0 / Q4_1 / Q5_1 / Q4_K / Q5_K blocks read exactly as the ``gguf`` package dequantizes them; a
+  K-quant file (``bench/gguf_write.py``'s own Q4_K / Q5_K quantizer, llama.cpp's fallback types where a
+  row does not split into super-blocks of 256) runs its codes as ``dense_wq`` nodes with offsets.
+* Bad files: a tensor type not supported (Q3_K), a file truncated inside a tensor or inside its header, a
   missing metadata key, a missing tensor: a FrontendError naming it.
 """
 
@@ -233,15 +236,15 @@ def test_tied_lm_head_is_a_dense_wq_on_the_embeddings_codes(tmp_path_factory, tm
 def test_unsupported_tensor_type_names_type_and_tensor(one_folder, tmp_path, monkeypatch):
     encode = gguf_write.encode_tensor
 
-    def q4_k_down(name, w, fmt):  # ffn_down [64, 256]: one Q4_K super-block (144 bytes) per row
+    def q3_k_down(name, w, fmt):  # ffn_down [64, 256]: one Q3_K super-block (110 bytes) per row
         if name.endswith("layers.1.mlp.down_proj.weight"):
-            return np.zeros((w.shape[0], 144), np.uint8), gguf.GGMLQuantizationType.Q4_K
+            return np.zeros((w.shape[0], 110), np.uint8), gguf.GGMLQuantizationType.Q3_K
         return encode(name, w, fmt)
 
-    monkeypatch.setattr(gguf_write, "encode_tensor", q4_k_down)
+    monkeypatch.setattr(gguf_write, "encode_tensor", q3_k_down)
     path = _file(one_folder, tmp_path, "q8_0")
-    with pytest.raises(bh.FrontendError, match=r"tensor 'blk.1.ffn_down.weight' is Q4_K; supported tensor types: "
-                                               r"F32, F16, BF16, Q8_0, Q4_0, Q6_K"):
+    with pytest.raises(bh.FrontendError, match=r"tensor 'blk.1.ffn_down.weight' is Q3_K; supported tensor types: "
+                                               r"F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K"):
         bh.llm.from_gguf(path, max_length=LENGTH)
 
 
@@ -318,7 +321,7 @@ def test_zero_and_nan_block_scales(one_folder, tmp_path, fmt, monkeypatch):
 
 
 def test_q6_k_tensor_reads_as_the_gguf_package_dequantizes(tmp_path):
-    """Q6_K (llama.cpp's usual type for the LM head of a Q4_0 file) is read as float32: random super-blocks
+    """Q6_K (llama.cpp's usual type for the LM head of a Q4_0 file) read as float32: random super-blocks
     (finite f16 d) against the gguf package's dequantize."""
     from gguf.quants import dequantize
 
@@ -337,3 +340,120 @@ def test_q6_k_tensor_reads_as_the_gguf_package_dequantizes(tmp_path):
     want = dequantize(data, gguf.GGMLQuantizationType.Q6_K).reshape(3, 512)
     assert got.shape == (3, 512) and np.abs(want).max() > 0
     np.testing.assert_array_equal(got, want)
+
+
+def _random_blocks(kind: str, rows: int, k: int, rng) -> np.ndarray:
+    """Random bytes of ``rows`` rows of ``k`` weights of type ``kind``, its f16 fields finite (one block's
+    scale 0: a block of zeros, or of its offset)."""
+    per, size = bh.llm.gguf.BLOCKS[kind]
+    data = rng.integers(0, 256, size=(rows, k // per, size), dtype=np.uint8)
+    halves = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q6_K": (208,)}.get(kind, (0, 2))
+    for at in halves:
+        value = (rng.standard_normal((rows, k // per)) * 0.05).astype(np.float16)
+        data[:, :, at:at + 2] = value.view(np.uint8).reshape(rows, k // per, 2)
+    data[1, 0, halves[0]:halves[0] + 2] = np.float16(0).view(np.uint8)
+    return data.reshape(rows, -1)
+
+
+def _one_tensor_file(path, name: str, data: np.ndarray, kind: str) -> str:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor(name, data, raw_dtype=getattr(gguf.GGMLQuantizationType, kind))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_block_types_read_as_the_gguf_package_dequantizes(tmp_path, kind):
+    """Each block type's codes (rearranged into blocks of 32, scales, offsets) dequantize to exactly what the
+    gguf package's ``dequantize`` reads from the same random bytes (K-quants: every 6-bit scale / min
+    pattern, fifth bits; Q6_K's codes in blocks of 16; a zero scale)."""
+    from gguf.quants import dequantize
+
+    from byoc_hetero.quant.weight_only import dequantize_codes
+
+    data = _random_blocks(kind, 3, 512, np.random.default_rng(len(kind) + ord(kind[1])))
+    f = bh.llm.gguf.GgufFile(_one_tensor_file(tmp_path / "t.gguf", "w", data, kind))
+    codes = bh.llm.gguf.block_codes(f, "w")
+    codes.check("w")
+    want = dequantize(data, getattr(gguf.GGMLQuantizationType, kind)).reshape(3, 512)
+    assert np.abs(want).max() > 0 and (codes.offsets is not None) == (kind in ("Q4_1", "Q5_1", "Q4_K", "Q5_K"))
+    np.testing.assert_array_equal(dequantize_codes(codes), want)
+    np.testing.assert_array_equal(f.float32("w"), want)
+
+
+K_CONFIG = dict(hidden_size=256, intermediate_size=288, num_attention_heads=4, num_key_value_heads=2)
+"""Rows of 256 (Q4_K / Q5_K super-blocks) but ffn_down's of 288: llama.cpp's fallback (Q5_0 / Q5_1) there."""
+
+
+@pytest.mark.parametrize("fmt,fallback", [("q4_k", "q5_0"), ("q5_k", "q5_1")])
+def test_k_quant_file_runs_its_codes(tmp_path_factory, tmp_path, monkeypatch, fmt, fallback):
+    """A Llama file of K-quants (the fallback type where a row is not 256 long, the LM head Q6_K, as
+    llama.cpp's mixes): every dense and the head a dense_wq node, with offsets for Q4_K / Q5_K / Q5_1 (Q5_0:
+    int8 codes; Q6_K: int8 codes in blocks of 16); with float32 activations the
+    logits of transformers on the gguf package's dequantize of the same file (1e-4); with int8 activations
+    (the default) close to them and the greedy tokens equal wherever that run's top-2 margin exceeds twice
+    the error."""
+    folder, model = _saved(tmp_path_factory, "llama_k", tie_word_embeddings=False, **K_CONFIG)
+    path = gguf_write.write_gguf(folder, str(tmp_path / f"m.{fmt}.gguf"), fmt)
+    types = Counter(t.type for t in bh.llm.gguf.GgufFile(path).tensors.values())
+    # q k v o gate up of each layer and the embedding; ffn_down (rows of 288) the fallback; the head Q6_K
+    assert types[fmt.upper()] == 6 * 2 + 1 and types[fallback.upper()] == 2 and types["Q6_K"] == 1, types
+    tokens = model.generate(torch.tensor(PROMPT), max_new_tokens=8, do_sample=False).numpy()[:, :-1]
+    n = PROMPT.shape[1]
+    reference = _torch_logits(_dequantized_model(path, model), tokens, n)
+    gen = bh.llm.from_gguf(path, max_length=LENGTH)
+    assert gen.weights == "gguf:" + "+".join(sorted([fmt, fallback, "q6_k"]))
+    got = _step_logits(gen, tokens, n)
+    error = _close(got, reference, 1e-1)
+    top2 = np.sort(reference, axis=-1)[:, -2:]
+    sure = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(got - reference).max()
+    assert sure.sum() >= 3, sure
+    np.testing.assert_array_equal(got.argmax(-1)[sure], reference.argmax(-1)[sure])
+    assert error > 1e-6  # the int8 activations round
+    assert _node_counts(path)["dense_wq"] == 7 * CONFIG["num_hidden_layers"] + 1
+    part = bh.llm.gguf.partitioned_gguf(path, max_length=LENGTH)[0]
+    from byoc_hetero._relax import region_table
+
+    offsets = [node["attrs"].get("has_offset") for r in region_table(part).values() for node in r.graph["nodes"]
+               if node["op"] == "dense_wq"]
+    assert offsets.count(1) == 6 * 2 + (2 if fallback == "q5_1" else 0), offsets
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")
+    _close(_step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n), reference, 1e-4)
+    _close(_step_logits(bh.llm.from_gguf(path, max_length=LENGTH, weights="f32"), tokens, n), reference, 1e-4)
+
+
+def test_k_quant_bad_files_name_the_tensor(tmp_path_factory, tmp_path, monkeypatch):
+    """A Q4_K file truncated inside a tensor, a Q4_K tensor whose shape is not the metadata's, a Q4_K block
+    with a NaN d: FrontendErrors naming the tensor."""
+    folder, model = _saved(tmp_path_factory, "llama_k", tie_word_embeddings=False, **K_CONFIG)
+    path = gguf_write.write_gguf(folder, str(tmp_path / "m.gguf"), "q4_k")
+    table = bh.llm.gguf.GgufFile(path).tensors
+    last = max((t for t in table.values() if t.type == "Q4_K"), key=lambda t: t.offset)
+    data = open(path, "rb").read()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:last.offset + last.nbytes // 2])
+    with pytest.raises(bh.FrontendError, match=rf"ends inside tensor '{last.name}' .*truncated"):
+        bh.llm.gguf.block_codes(bh.llm.gguf.GgufFile(cut), last.name)
+    with pytest.raises(bh.FrontendError, match="ends inside tensor .*truncated"):
+        bh.llm.from_gguf(cut, max_length=LENGTH)
+    t = table["blk.0.attn_q.weight"]
+    bad = bytearray(data)
+    bad[t.offset + 144:t.offset + 146] = np.float16(np.nan).tobytes()  # row 1's d (one super-block a row)
+    cut.write_bytes(bytes(bad))
+    with pytest.raises(bh.FrontendError, match=r"tensor 'blk.0.attn_q.weight' block \[1, 0\] has scale nan"):
+        bh.llm.from_gguf(cut, max_length=LENGTH)
+    encode = gguf_write.encode_tensor
+
+    def short_down(name, w, fmt):  # ffn_down [256, 288] written as [256, 256] of Q4_K
+        if name.endswith("layers.1.mlp.down_proj.weight"):
+            return encode(name, w[:, :256], fmt)
+        return encode(name, w, fmt)
+
+    monkeypatch.setattr(gguf_write, "encode_tensor", short_down)
+    path = gguf_write.write_gguf(folder, str(tmp_path / "short.gguf"), "q4_k")
+    with pytest.raises(bh.FrontendError, match=r"tensor 'blk.1.ffn_down.weight' is \[256, 256\]; the metadata says "
+                                               r"\[256, 288\]"):
+        bh.llm.from_gguf(path, max_length=LENGTH)

@@ -21,15 +21,14 @@ create = tvm.get_global_func("byoc_hetero.runtime.create")
 
 
 def _region(x_shape, codes: WeightCodes, bias: np.ndarray | None, symbol: str = "wq", **attrs) -> tuple[str, list]:
-    """A one-node dense_wq document and its constants (codes, scales[, zero points][, bias])."""
+    """A one-node dense_wq document and its constants (codes, scales[, zero points][, offsets][, bias])."""
     n, _ = codes.shape
-    consts = [codes.codes, codes.scales] + ([codes.zero_points] if codes.zero_points is not None else []) \
-        + ([bias] if bias is not None else [])
+    consts = [codes.codes, codes.scales] + [a for a in (codes.zero_points, codes.offsets, bias) if a is not None]
     tensors = [{"shape": list(x_shape), "dtype": "float32"}]
     tensors += [{"shape": list(c.shape), "dtype": str(c.dtype)} for c in consts]
     tensors.append({"shape": list(x_shape[:-1]) + [n], "dtype": "float32"})
     node_attrs = {"bits": codes.bits, "block": codes.block, "has_zero_point": int(codes.zero_points is not None),
-                  "has_bias": int(bias is not None)} | attrs
+                  "has_offset": int(codes.offsets is not None), "has_bias": int(bias is not None)} | attrs
     doc = {"format": "byoc_hetero.region", "version": 1, "symbol": symbol, "tensors": tensors, "inputs": [0],
            "outputs": [len(tensors) - 1],
            "constants": [{"tensor": i + 1, "name": f"{symbol}_c{i}"} for i in range(len(consts))],
@@ -134,6 +133,82 @@ def test_int8_activation_kernel_matches_numpy(monkeypatch, isa, bits, block, zp,
     step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
     want = {"auto": "avx512 vnni" if _has_vnni() else "avx512bw", "avx2": "avx2", "generic": "generic"}[isa]
     assert f"int8 activations ({want})" in step, step
+
+
+def _offset_codes(bits: int, n: int, k: int, rng, scale_dtype: str = "float32") -> WeightCodes:
+    """Unsigned codes from 0 (4-bit, or 8-bit holding 0..31) with a scale and an offset per block of 32:
+    llama.cpp's Q4_1 / Q5_1 / K-quants' ``w = s * q + o``."""
+    q = rng.integers(0, 16 if bits == 4 else 32, size=(n, k), dtype=np.uint8)
+    if bits == 4:
+        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    scales = (rng.random((n, k // 32)) * 0.1 + 0.01).astype(scale_dtype)
+    offsets = (-rng.random((n, k // 32)) * (16 if bits == 4 else 32) * 0.06).astype(np.float32)
+    return WeightCodes(bits, 32, np.ascontiguousarray(q), scales, offsets=offsets)
+
+
+@pytest.mark.parametrize("act", ["f32", "int8"])
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("bits,scale_dtype", [(4, "float32"), (4, "float16"), (8, "float32")])
+def test_kernel_offsets_match_numpy(monkeypatch, act, isa, bits, scale_dtype):
+    """A float offset per block (has_offset; the codes' zero 0): numpy's dequantize-then-matmul on the exact
+    activations (float path) or on the same quantized ones (int8 path: o times the block's quantized sum)."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", act)
+    rng = np.random.default_rng(bits * 10 + (scale_dtype == "float16"))
+    n, k = 37, 512
+    codes = _offset_codes(bits, n, k, rng, scale_dtype)
+    codes.check()
+    assert codes.implicit_zero == 0
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (1, 2, 3, 5):
+        x = rng.standard_normal((m, k)).astype(np.float32) + 0.5  # a nonzero mean: the offsets' term counts
+        b = bias if m % 2 else None
+        got, plan = _run(x, codes, b)
+        _close(got, _reference(x if act == "f32" else _quantize_rows(x), codes, b))
+        without = WeightCodes(codes.bits, 32, codes.codes, codes.scales, offsets=np.zeros_like(codes.offsets))
+        assert np.abs(got - _reference(x, without, b)).max() > 0.1 * np.abs(got).max()  # the offsets were used
+    step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+    assert ("int8 activations" in step) == (act == "int8"), step
+
+
+def test_region_rejects_bad_offsets():
+    rng = np.random.default_rng(3)
+    codes = _offset_codes(4, 16, 64, rng)
+    codes.offsets[2, 1] = np.nan
+    text, consts = _region((1, 64), codes, None)
+    with pytest.raises(Exception, match=r"offsets\[2, 1\] is nan: expected a finite offset"):
+        create(text)["__init_wq"]([tvm.runtime.tensor(c) for c in consts])
+    with pytest.raises(ValueError, match="attrs.has_offset': expected zero points or offsets, not both"):
+        create(_region((1, 64), codes, None, has_zero_point=1)[0])
+    codes.offsets = codes.offsets.astype(np.float16)
+    with pytest.raises(ValueError, match="offsets must be float32, got float16"):
+        create(_region((1, 64), codes, None)[0])
+    with pytest.raises(QuantizationError, match="offsets must be float32 of shape \\[16, 2\\]"):
+        codes.check()
+
+
+def test_offset_codes_relax_form_llvm_and_onednn():
+    """apply_weight_codes with offsets (the form GGUF's Q4_1 / K-quants become): llvm runs the Relax
+    dequantize (+ offsets), the oneDNN backend one dense_wq node with has_offset; both equal numpy."""
+    from byoc_hetero.quant.weight_only import apply_weight_codes
+
+    rng = np.random.default_rng(5)
+    mod, params = bh.models.mlp(batch=3, features=256, hidden=(96,), num_classes=21)
+    given = {"fc1_weight": _offset_codes(4, 96, 256, rng), "fc2_weight": _offset_codes(8, 21, 96, rng)}
+    floats = dict(params)
+    for name, c in given.items():
+        transposed = params[name].shape != c.shape
+        floats[name] = dequantize_codes(c).T.copy() if transposed else dequantize_codes(c)
+    qmod, qparams = apply_weight_codes(mod, floats, given)
+    assert "fc1_weight.offsets" in qparams and "fc1_weight" not in qparams
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    want = np.maximum(x.astype(np.float64) @ dequantize_codes(given["fc1_weight"]).T + params["fc1_bias"], 0)
+    want = (want @ dequantize_codes(given["fc2_weight"]).T + params["fc2_bias"]).astype(np.float32)
+    _close(_vm(bh.bind_params(qmod, qparams))["main"](tvm.runtime.tensor(x)).numpy(), want)
+    part = bh.partition(qmod, qparams)
+    nodes = [n for n in _region_nodes(part) if n["op"] == "dense_wq"]
+    assert len(nodes) == 2 and all(n["attrs"]["has_offset"] == 1 for n in nodes), nodes
+    _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), want)
 
 
 def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):

@@ -7,12 +7,25 @@ The file is read here (no ``gguf`` package needed at run time): the header, the 
 * ``Q8_0``: blocks of 32 weights along K, an f16 scale ``d`` and 32 int8 codes: ``w = q * d``;
 * ``Q4_0``: blocks of 32, an f16 scale ``d`` and 16 bytes, byte j holding element j (low nibble)
   and element j + 16 (high): ``w = (q - 8) * d``;
-* ``Q6_K``: dequantized to float32 (:func:`dequantize_q6_k`; llama.cpp's type for a Q4_0 file's LM head).
+* ``Q5_0``: as Q4_0 with a fifth bit per weight (4 bytes ``qh``, bit j for element j): ``w = (q - 16) * d``;
+* ``Q4_1`` / ``Q5_1``: as Q4_0 / Q5_0 with an f16 ``m`` after ``d``, unsigned codes: ``w = q * d + m``;
+* ``Q4_K`` / ``Q5_K``: super-blocks of 256 = 8 sub-blocks of 32, f16 ``d`` and ``dmin``, 12 bytes of
+  6-bit sub-block scales ``sc`` and mins ``m``, then (Q5_K: 32 bytes of fifth bits, bit j of byte l for
+  sub-block j) 128 bytes of nibbles, each 64 weights' 32 bytes holding sub-block 2c low and 2c + 1 high:
+  ``w = d * sc * q - dmin * m`` (:func:`k_quant_blocks`);
+* ``Q6_K``: super-blocks of 256 = 16 sub-blocks of 16, 6-bit codes, an int8 scale per sub-block and an
+  f16 ``d``: ``w = d * scale * (q - 32)`` (:func:`q6_k_blocks`; llama.cpp's type for the LM head of Q4_0
+  and Q4_K_M files, and some of a Q4_K_M file's ffn_down / attn_v).
 
-Q8_0 / Q4_0 weights of the decoder's denses and of the LM head stay quantized: their codes are
-rearranged (not requantized) into the weight-only form of :mod:`byoc_hetero.quant.weight_only`
-(int8 codes with f16 scales per block of 32, or 4-bit codes two a byte with implicit zero point 8)
-and run as ``dense_wq`` nodes; ``weights="f32"`` dequantizes everything instead. A file without
+Weights of these block types in the decoder's denses and the LM head stay quantized:
+their codes are rearranged (not requantized) into the weight-only form of
+:mod:`byoc_hetero.quant.weight_only`, blocks of 32 (Q8_0 / Q5_0: int8 codes, f16 scales; Q4_0: 4-bit
+codes two a byte, implicit zero point 8; Q4_1 / Q4_K: 4-bit codes with a float offset per block,
+``w = s * q + o``; Q5_1 / Q5_K: 8-bit codes 0..31 with offsets; K-quants' scales ``d * sc`` and offsets
+``-dmin * m`` exact in float32; Q6_K: int8 codes ``q - 32`` in blocks of 16, scales ``d * scale``, which
+dense_wq runs with float32 activations: its int8-activation kernels take blocks of 32) and run as
+``dense_wq`` nodes; ``weights="f32"`` dequantizes everything
+instead. A file without
 ``output.weight`` ties the LM head to ``token_embd.weight`` (as llama.cpp reads it): the spec's
 ``tied_embeddings``, one ``embed`` weight whose codes the LM head's ``dense_wq`` reads and whose
 dequantized rows the embedding's ``take`` reads (the embedding is always dequantized). A block whose
@@ -50,8 +63,12 @@ GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8:
               26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
 """ggml's tensor type codes, for reading and for naming the ones not supported."""
 
-BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q6_K": (256, 210)}
+BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q5_0": (32, 22),
+          "Q4_1": (32, 20), "Q5_1": (32, 24), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 """Supported tensor types -> (weights per block, bytes per block)."""
+
+CODE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+"""Types read as weight-only codes (:func:`block_codes`)."""
 
 # metadata value types: code -> struct format (8 string, 9 array are read apart)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -186,54 +203,122 @@ class GgufFile:
             return data.view("<f2").astype(np.float32).reshape(t.shape)
         if t.type == "BF16":
             return (data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
-        if t.type == "Q6_K":
-            return dequantize_q6_k(data.reshape(-1, BLOCKS["Q6_K"][1])).reshape(t.shape)
         return dequantize_codes(block_codes(self, name))
 
 
-def block_codes(f: GgufFile, name: str) -> WeightCodes:
-    """A 2-D Q8_0 / Q4_0 tensor [N, K] as weight-only codes (blocks of 32 along K, f16 scales),
-    rearranged from the file's blocks without requantizing."""
-    t, data = f.raw(name)
-    if t.type not in ("Q8_0", "Q4_0") or len(t.shape) != 2:
-        raise FrontendError(f"bh.llm.from_gguf: tensor {name!r} is {t.type} {list(t.shape)}; expected a 2-D Q8_0 "
-                            "or Q4_0 weight")
-    n, k = t.shape
-    blocks = data.reshape(n, k // 32, BLOCKS[t.type][1])
-    scales = blocks[:, :, :2].copy().view("<f2")[:, :, 0].astype(np.float16)
-    if not np.isfinite(scales).all():
-        i = tuple(int(v) for v in np.argwhere(~np.isfinite(scales))[0])
-        raise ModelFileError(f"bh.llm.from_gguf: tensor {name!r} block {list(i)} has scale {scales[i]}")
-    zero = scales == 0  # a block of zeros: any codes; stored as scale 1 and the zero code
-    scales[zero] = 1.0
-    if t.type == "Q8_0":
-        q = blocks[:, :, 2:].view(np.int8).copy()
-        q[zero] = 0
-        return WeightCodes(8, 32, q.reshape(n, k), scales)
-    qs = blocks[:, :, 2:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # element j low, j + 16 high -> 32 codes in order
-    q[zero] = 8
-    q = q.reshape(n, k)
-    return WeightCodes(4, 32, np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)), scales)
+def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The f16 at byte ``at`` of each block, as float16."""
+    return blocks[..., at:at + 2].copy().view("<f2")[..., 0].astype(np.float16)
 
 
-def dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
-    """Q6_K super-blocks [n, 210] (bytes) -> float32 [n, 256]. A block: ql[128] (low 4 bits), qh[64] (high
-    2 bits), 16 int8 sub-block scales, an f16 ``d``; each half of 128 weights takes 64 bytes of ql and 32
-    of qh: weight l + 32 j (l < 32, j < 4) is ``d * scale[8 h + 2 j + l // 16] * (q - 32)`` with q's low
-    bits from ql[l] (j = 0, 2: low / high nibble) or ql[l + 32] (j = 1, 3) and its high bits qh[l] >> 2 j."""
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """16 bytes -> 32 codes in order: byte j's low nibble is element j, its high one element j + 16."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """4 bytes (one little-endian uint32) -> 32 values 0 / 16: bit j is element j's fifth bit."""
+    bits = qh.copy().view("<u4")
+    return (((bits >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+
+
+def _scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """K-quants' 12 bytes -> 8 sub-block scales and 8 mins (6 bits each; llama.cpp's get_scale_min_k4):
+    sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 in the nibbles of bytes
+    8-11 (scale low, min high) with their top 2 bits in the top bits of bytes 0-3 / 4-7."""
+    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
+    m = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    return sc, m
+
+
+def k_quant_blocks(blocks: np.ndarray, fifth: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K (``fifth`` False) / Q5_K super-blocks [..., bytes] -> (codes [..., 8, 32] uint8 in order,
+    scales ``d * sc`` [..., 8] float32, offsets ``-dmin * m`` [..., 8] float32): both exact in float32
+    (an f16 times a 6-bit integer)."""
+    d, dmin = _half(blocks, 0).astype(np.float32), _half(blocks, 2).astype(np.float32)
+    sc, m = _scale_min_k4(blocks[..., 4:16])
+    qs = blocks[..., 48:176] if fifth else blocks[..., 16:144]
+    qs = qs.reshape(*qs.shape[:-1], 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    q = (qs & 0x0F).reshape(*blocks.shape[:-1], 8, 32)  # chunk c: sub-block 2c low nibbles, 2c + 1 high
+    if fifth:
+        qh = blocks[..., 16:48]
+        q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
+    return q, d[..., None] * sc.astype(np.float32), -(dmin[..., None] * m.astype(np.float32))
+
+
+def _codes_of(kind: str, blocks: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray | None]:
+    """One type's blocks [N, K / per, bytes] -> (bits, block, codes [N, K / block, block] in order, scales
+    [N, K / block], offsets [N, K / block] float32 or None); block 32 (Q6_K: 16)."""
     n = blocks.shape[0]
-    ql, qh = blocks[:, :128], blocks[:, 128:192]
-    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)
-    d = blocks[:, 208:210].copy().view("<f2").astype(np.float32)
-    out = np.empty((n, 2, 4, 32), dtype=np.float32)
-    for h in range(2):
-        low, high = ql[:, 64 * h:64 * h + 64], qh[:, 32 * h:32 * h + 32]
-        nibbles = (low[:, :32] & 15, low[:, 32:] & 15, low[:, :32] >> 4, low[:, 32:] >> 4)
-        for j in range(4):
-            q = (nibbles[j] | (((high >> (2 * j)) & 3) << 4)).astype(np.float32) - 32.0
-            out[:, h, j] = q * np.repeat(scales[:, 8 * h + 2 * j:8 * h + 2 * j + 2], 16, axis=1)
-    return out.reshape(n, 256) * d
+    if kind == "Q6_K":
+        q, scales = q6_k_blocks(blocks)
+        return 8, 16, q.reshape(n, -1, 16), scales.reshape(n, -1), None
+    if kind in ("Q4_K", "Q5_K"):
+        q, scales, offsets = k_quant_blocks(blocks, kind == "Q5_K")
+        return (4 if kind == "Q4_K" else 8), 32, q.reshape(n, -1, 32), scales.reshape(n, -1), offsets.reshape(n, -1)
+    d = _half(blocks, 0)
+    if kind == "Q8_0":
+        return 8, 32, blocks[:, :, 2:].view(np.int8), d, None
+    if kind == "Q4_0":
+        return 4, 32, _nibbles(blocks[:, :, 2:]), d, None
+    if kind == "Q5_0":
+        q = (_nibbles(blocks[:, :, 6:]) | _fifth_bits(blocks[:, :, 2:6])).astype(np.int16) - 16
+        return 8, 32, q.astype(np.int8), d, None
+    offsets = _half(blocks, 2).astype(np.float32)
+    if kind == "Q4_1":
+        return 4, 32, _nibbles(blocks[:, :, 4:]), d, offsets
+    return 8, 32, _nibbles(blocks[:, :, 8:]) | _fifth_bits(blocks[:, :, 4:8]), d, offsets  # Q5_1
+
+
+def block_codes(f: GgufFile, name: str) -> WeightCodes:
+    """A 2-D tensor [N, K] of a type in :data:`CODE_TYPES` as weight-only codes (blocks of 32 along K),
+    rearranged from the file's blocks without requantizing. A block whose scale is 0 is stored with
+    scale 1 and the code of value 0 (or, with an offset, code 0: the block's value is its offset)."""
+    t, data = f.raw(name)
+    if t.type not in CODE_TYPES or len(t.shape) != 2:
+        raise FrontendError(f"bh.llm.from_gguf: tensor {name!r} is {t.type} {list(t.shape)}; expected a 2-D weight "
+                            f"of type {', '.join(CODE_TYPES)}")
+    n, k = t.shape
+    per, size = BLOCKS[t.type]
+    return _finished(name, t.type, (n, k), *_codes_of(t.type, data.reshape(n, k // per, size)))
+
+
+def _finished(name: str, kind: str, shape: tuple[int, int], bits: int, block: int, q: np.ndarray,
+              scales: np.ndarray, offsets: np.ndarray | None) -> WeightCodes:
+    """:func:`_codes_of`'s parts as WeightCodes [N, K]: scales and offsets checked finite (else a
+    ModelFileError naming the tensor and block), zero-scale blocks stored with scale 1 and the code of 0."""
+    n, k = shape
+    for what, values in (("scale", scales), ("offset", offsets)):
+        if values is not None and not np.isfinite(values).all():
+            i = tuple(int(v) for v in np.argwhere(~np.isfinite(values))[0])
+            raise ModelFileError(f"bh.llm.from_gguf: tensor {name!r} block {list(i)} has {what} {values[i]}")
+    zero = scales == 0
+    scales = np.where(zero, 1.0, scales).astype(scales.dtype)
+    q = q.copy()
+    q[zero] = 8 if kind == "Q4_0" else 0
+    q = q.reshape(n, k)
+    if bits == 4:
+        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    return WeightCodes(bits, block, np.ascontiguousarray(q), np.ascontiguousarray(scales), offsets=offsets)
+
+
+def q6_k_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K super-blocks [..., 210] (bytes) -> (codes ``q - 32`` int8 [..., 16, 16] in order, scales ``d *
+    scale`` float32 [..., 16]: one per 16 weights, exact in float32, as is each weight ``d * scale * (q -
+    32)``). A block: ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8 sub-block scales, an f16 ``d``;
+    each half h of 128 weights takes 64 bytes of ql and 32 of qh: its weight l + 32 j (l < 32, j < 4) has
+    its low bits in ql[l] (j = 0, 2: low / high nibble) or ql[l + 32] (j = 1, 3), its high bits in
+    qh[l] >> 2 j. Per-16 scales do not fold into blocks of 32 without requantizing (two sub-blocks' scales
+    differ and an int8 code has no room for their ratio): the codes keep blocks of 16."""
+    lead = blocks.shape[:-1]
+    ql = blocks[..., :128].reshape(*lead, 2, 2, 32)
+    qh = blocks[..., 128:192].reshape(*lead, 2, 1, 32)
+    low = np.concatenate([ql & 15, ql >> 4], axis=-2)  # j = 0, 1: low nibbles of ql[l], ql[l + 32]; 2, 3: high
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3
+    q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(*lead, 16, 16)
+    d = _half(blocks, 208).astype(np.float32)
+    return q, blocks[..., 192:208].view(np.int8).astype(np.float32) * d[..., None]
 
 
 def pairs_to_halves(w: np.ndarray, heads: int) -> np.ndarray:
@@ -247,8 +332,9 @@ def _permuted(value: np.ndarray | WeightCodes, heads: int) -> np.ndarray | Weigh
     """``pairs_to_halves`` on a float weight, or on the rows of codes and scales."""
     if isinstance(value, np.ndarray):
         return pairs_to_halves(value, heads)
+    rows = [None if a is None else pairs_to_halves(a, heads) for a in (value.zero_points, value.offsets)]
     return WeightCodes(value.bits, value.block, pairs_to_halves(value.codes, heads),
-                       pairs_to_halves(value.scales, heads))
+                       pairs_to_halves(value.scales, heads), *rows)
 
 
 def gguf_spec(f: GgufFile) -> DecoderSpec:
@@ -307,7 +393,8 @@ def gguf_names(spec: DecoderSpec) -> dict[str, str]:
 def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
                  ) -> tuple[dict[str, np.ndarray], dict[str, WeightCodes]]:
     """(float32 params, codes): every weight :func:`step_module` declares, by its name, shape-checked;
-    Q8_0 / Q4_0 denses also in ``codes`` (unless ``dequantize``), their float value the exact dequantize.
+    denses of :data:`CODE_TYPES` also in ``codes`` (unless ``dequantize``), their float value the exact
+    dequantize.
     The embedding has codes only when it is the (tied) LM head: the head's dense reads them, the
     embedding's take the float value."""
     from .model import weight_shapes
@@ -320,7 +407,7 @@ def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
         if tuple(t.shape) != shapes[p] and not (len(shapes[p]) == 1 and t.shape == (1,) + shapes[p]):
             raise FrontendError(f"bh.llm.from_gguf: tensor {tensor!r} is {list(t.shape)}; the metadata says "
                                 f"{list(shapes[p])}")
-        keep = t.type in ("Q8_0", "Q4_0") and not dequantize and (p != "embed" or spec.tied_embeddings)
+        keep = t.type in CODE_TYPES and not dequantize and (p != "embed" or spec.tied_embeddings)
         value: np.ndarray | WeightCodes = block_codes(f, tensor) if keep else f.float32(tensor).reshape(shapes[p])
         short = p.partition(".")[2]
         if spec.family == "llama" and short in ("q", "k"):
@@ -332,12 +419,15 @@ def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
 
 
 def read_gguf(path: str | os.PathLike, dequantize: bool = False
-              ) -> tuple[DecoderSpec, dict[str, np.ndarray], dict[str, WeightCodes], int]:
-    """(spec, float32 params, codes of the weights kept quantized, context length) of a GGUF file."""
+              ) -> tuple[DecoderSpec, dict[str, np.ndarray], dict[str, WeightCodes], int, list[str]]:
+    """(spec, float32 params, codes of the weights kept quantized, context length, the file types of
+    those codes, lower case and sorted) of a GGUF file."""
     f = GgufFile(path)
     spec = gguf_spec(f)
     params, codes = gguf_weights(f, spec, dequantize)
-    return spec, params, codes, f.key(f"{f.key('general.architecture')}.context_length", kind=int)
+    names = gguf_names(spec)
+    kinds = sorted({f.tensors[names[p]].type.lower() for p in codes})
+    return spec, params, codes, f.key(f"{f.key('general.architecture')}.context_length", kind=int), kinds
 
 
 WEIGHTS = (None, "f32")
@@ -354,14 +444,13 @@ def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str |
         raise InputError(f"bh.llm.from_gguf: weights must be None (as stored) or 'f32', got {weights!r}")
     if int(max_length) != max_length or max_length < 1:
         raise InputError(f"bh.llm.from_gguf: max_length must be a positive integer, got {max_length!r}")
-    spec, params, codes, context = read_gguf(path, dequantize=weights == "f32")
+    spec, params, codes, context, kinds = read_gguf(path, dequantize=weights == "f32")
     if max_length > context:
         raise InputError(f"bh.llm.from_gguf: max_length {max_length} is longer than the model's context length "
                          f"{context} ({os.fspath(path)})")
     mod = step_module(spec, int(max_length))
     if codes:
         mod, params = apply_weight_codes(mod, params, codes)
-    kinds = sorted({"q8_0" if c.bits == 8 else "q4_0" for c in codes.values()})
     return partition(mod, params), spec, "gguf:" + "+".join(kinds or ["f32"])
 
 
@@ -369,14 +458,15 @@ def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None =
     """A :class:`~byoc_hetero.llm.Generator` for a GGUF file of a Llama-family decoder (architectures
     ``llama`` and ``qwen2``), its caches ``max_length`` tokens long (at most the file's context length).
 
-    ``weights``: None keeps Q8_0 / Q4_0 denses quantized (``dense_wq`` nodes: int8 codes, or 4-bit
-    ones, with the file's f16 scale per block of 32), the LM head included (``output.weight``, or
-    ``token_embd.weight`` where the file ties them, as llama.cpp reads it), and reads F32 / F16 /
-    BF16 ones as float32; ``"f32"`` dequantizes every tensor. The embedding's lookup and Q6_K
-    tensors are always float32. Another tensor
-    type (Q4_K, Q5_K, ...), a missing metadata key or tensor, or a truncated file raise a
-    :class:`~byoc_hetero.errors.FrontendError` naming it. The generator's ``weights`` says what ran
-    (``"gguf:q8_0"``, ``"gguf:q4_0"``, ``"gguf:f32"``).
+    ``weights``: None keeps Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / Q4_K / Q5_K / Q6_K denses quantized
+    (``dense_wq`` nodes on the file's codes rearranged into blocks of 32, Q6_K's of 16: int8 or 4-bit
+    codes, the file's scales, and a float offset per block for Q4_1 / Q5_1 / Q4_K / Q5_K), the LM head included
+    (``output.weight``, or ``token_embd.weight`` where the file ties them, as llama.cpp reads it),
+    and reads F32 / F16 / BF16 ones as float32; ``"f32"`` dequantizes every tensor. The embedding's
+    lookup is always float32 (a dequantized table). Another tensor type (Q3_K, IQ4_NL, ...), a missing
+    metadata key or tensor, or a truncated file raise a :class:`~byoc_hetero.errors.FrontendError`
+    naming it. The generator's ``weights`` says what ran: ``"gguf:"`` and the types kept as codes
+    (``"gguf:q8_0"``, ``"gguf:q4_k+q5_0"``), or ``"gguf:f32"``.
     """
     from tvm import relax
 

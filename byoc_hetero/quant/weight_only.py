@@ -9,6 +9,7 @@ points as parameters, dequantized in Relax and multiplied::
     # 4-bit: hi = floor(c * 1/16); lo = c - hi * 16; c = stack([lo, hi], axis=2)  (low nibble first)
     u = reshape(c, [N, K / block, block])
     w = (u - zero) * reshape(scales, [N, K / block, 1])   # zero: a constant, or astype(zero_points)
+    # with offsets (llama.cpp's Q4_1 / K-quants; zero 0): w = w + reshape(offsets, [N, K / block, 1])
     y = matmul(x, permute_dims(reshape(w, [N, K])))
 
 That is its meaning and its llvm reference: an op the oneDNN backend does not take runs this
@@ -53,14 +54,17 @@ def _unpack(codes: WeightCodes) -> np.ndarray:
 
 
 def dequantize_codes(codes: WeightCodes) -> np.ndarray:
-    """The float32 weight [N, K] the codes stand for: ``(code - zero) * scale`` per block (exact
-    in float32: the difference is a small integer, one rounding for the product)."""
+    """The float32 weight [N, K] the codes stand for: ``(code - zero) * scale (+ offset)`` per block
+    (the difference is a small integer: one rounding for the product, one for the offset's sum)."""
     n, k = codes.shape
     nb = k // codes.block
     q = _unpack(codes).reshape(n, nb, codes.block)
     z = codes.zero_points.astype(np.int32)[:, :, None] if codes.zero_points is not None else codes.implicit_zero
     s = codes.scales.astype(np.float32)[:, :, None]
-    return ((q - z).astype(np.float32) * s).reshape(n, k)
+    w = (q - z).astype(np.float32) * s
+    if codes.offsets is not None:  # one more rounding: llama.cpp's ``d * q - m`` to the bit
+        w += codes.offsets[:, :, None]
+    return w.reshape(n, k)
 
 
 def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_points: bool = False,
@@ -117,7 +121,7 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
 def emit_weight_only_dense(bb: relax.BlockBuilder, data: relax.Expr, codes: WeightCodes,
                            parts: Sequence[relax.Expr]) -> relax.Var:
     """Emit ``data @ dequant(W)^T`` (the chain of the module docstring) for ``codes``' layout,
-    reading the codes, scales [and zero points] from ``parts`` (parameters or constants)."""
+    reading the codes, scales [, zero points] [, offsets] from ``parts`` (parameters or constants)."""
     n, k = codes.shape
     nb = k // codes.block
     f32 = relax.const
@@ -135,6 +139,8 @@ def emit_weight_only_dense(bb: relax.BlockBuilder, data: relax.Expr, codes: Weig
     if codes.scales.dtype == np.float16:
         scale = bb.emit(relax.op.astype(scale, "float32"))
     w = bb.emit(relax.op.multiply(bb.emit(relax.op.subtract(u, zero)), scale))
+    if codes.offsets is not None:
+        w = bb.emit(relax.op.add(w, bb.emit(relax.op.reshape(parts[-1], (n, nb, 1)))))
     w = bb.emit(relax.op.reshape(w, (n, k)))
     return bb.emit(relax.op.matmul(data, bb.emit(relax.op.permute_dims(w, [1, 0]))))
 
@@ -290,7 +296,8 @@ class _WeightOnlyRewriter:
         if w not in self.codes:
             name = self._name(w)
             codes = self._quantize(name, w_kn)
-            arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points}
+            arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points,
+                      "offsets": codes.offsets}
             parts = []
             for suffix, array in arrays.items():
                 if array is None:

@@ -7,9 +7,11 @@
  * Inputs: data [..., K] (float32; leading dims flattened into M), weight (constant; [N, K] int8 /
  * uint8 codes for bits 8, [N, K / 2] uint8 for bits 4, k even in the low nibble as ONNX's
  * MatMulNBits), scales (constant [N, K / block], float32 or float16), zero points (constant
- * uint8 [N, K / block], with has_zero_point), bias (float32, N elements, with has_bias).
+ * uint8 [N, K / block], with has_zero_point), offsets (constant float32 [N, K / block], with
+ * has_offset: added to each dequantized weight of the block), bias (float32, N elements, with has_bias).
  * Attrs: bits (4 | 8), block (K, or a power of two >= 16 dividing K), has_zero_point (0/1,
- * default 0: the zero point is 0 for int8 codes, 2^(bits-1) for uint8 ones), has_bias.
+ * default 0: the zero point is 0 for int8 codes, 2^(bits-1) for uint8 ones, 0 with offsets),
+ * has_offset (0/1, default 0; not with has_zero_point), has_bias.
  * The weight, scales and zero points are repacked once, at __init_, by operand transforms into the
  * tile layout of dense_wq.h; a call streams the tiles, threads splitting the columns.
  */
@@ -39,11 +41,15 @@ struct WqShape {
   int bits = 8;
   int64_t block = 0;
   bool signed_codes = false;  // int8 weight: codes + 128, zero point 128
-  bool has_zero_point = false, has_bias = false, f16_scales = false;
+  bool has_zero_point = false, has_offset = false, has_bias = false, f16_scales = false;
   int64_t tiles() const { return (n + kTile - 1) / kTile; }
   int64_t blocks() const { return k / block; }
   int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile (on average)
-  float implicit_zero() const { return signed_codes ? 128.f : static_cast<float>(1 << (bits - 1)); }
+  float implicit_zero() const {
+    if (signed_codes) return 128.f;
+    return has_offset ? 0.f : static_cast<float>(1 << (bits - 1));  // with offsets the codes start at 0
+  }
+  size_t offset_input() const { return 3 + (has_zero_point ? 1 : 0); }
 };
 
 /*! \brief Input \p k holds one value per column and block: [N, K / block], or [N, K / block, 1] (the
@@ -64,11 +70,14 @@ WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
   if (s.bits != 4 && s.bits != 8) attrs.Fail("bits", "expected 4 or 8, got " + std::to_string(s.bits));
   s.block = attrs.Int("block", 0);
   s.has_zero_point = attrs.Flag("has_zero_point", false);
-  const size_t base = 3 + (s.has_zero_point ? 1 : 0);
+  s.has_offset = attrs.Flag("has_offset", false);
+  if (s.has_zero_point && s.has_offset) attrs.Fail("has_offset", "expected zero points or offsets, not both");
+  const size_t base = 3 + (s.has_zero_point ? 1 : 0) + (s.has_offset ? 1 : 0);
   s.has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == base + 1);
   attrs.CheckNoUnknown();
   ctx.ExpectInputCount(base + (s.has_bias ? 1 : 0), std::string("data, weight, scales") +
                                                         (s.has_zero_point ? ", zero_points" : "") +
+                                                        (s.has_offset ? ", offsets" : "") +
                                                         (s.has_bias ? ", bias" : ""));
   const auto& x = ctx.input(0).shape;
   if (x.size() < 2 || ctx.input(0).dtype != DType::kFloat32) {
@@ -104,13 +113,19 @@ WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
     }
     ExpectPerBlock(ctx, 3, "zero_points", s);
   }
+  if (s.has_offset) {
+    if (ctx.input(s.offset_input()).dtype != DType::kFloat32) {
+      ctx.Fail(std::string("offsets must be float32, got ") + DTypeName(ctx.input(s.offset_input()).dtype));
+    }
+    ExpectPerBlock(ctx, s.offset_input(), "offsets", s);
+  }
   if (s.has_bias && (ctx.input(base).numel() != s.n || ctx.input(base).dtype != DType::kFloat32)) {
     ctx.Fail("bias must be float32 with N = " + std::to_string(s.n) + " elements, got " +
              DTypeName(ctx.input(base).dtype) + " " + ShapeToString(ctx.input(base).shape));
   }
   for (size_t i = 1; i < base; ++i) {
     if (ctx.input_constant.size() <= i || !ctx.input_constant[i]) {
-      ctx.Fail("input " + std::to_string(i) + " (weight, scales, zero points) must be a constant");
+      ctx.Fail("input " + std::to_string(i) + " (weight, scales, zero points, offsets) must be a constant");
     }
   }
   std::vector<int64_t> out(x.begin(), x.end() - 1);
@@ -201,6 +216,7 @@ class DenseWqKernel : public Kernel {
       };
       inputs_.push_back(std::move(zeros));
     }
+    if (s.has_offset) inputs_.push_back(OffsetsOperand(ctx, s));
     if (s.has_bias) inputs_.push_back({PlainDesc({s.n}), PlainDesc({s.n})});
     output_ = {PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})};
     // the quantized rows and their per-block scales and sums: planned memory, not an allocation per call
@@ -265,7 +281,21 @@ class DenseWqKernel : public Kernel {
     return scales;
   }
 
-  /*! rief RunInt8's scratch: int8 rows [M, K] (K a multiple of kActBlock, so the floats after stay
+  /*! \brief The offsets operand: per tile, per block, 16 float32, each checked finite at __init_. */
+  static OperandLayout OffsetsOperand(const KernelContext& ctx, const WqShape& s) {
+    OperandLayout offsets{PlainDescOf(ctx.input(s.offset_input())), PlainDesc({s.tiles() * s.blocks() * kTile})};
+    offsets.transform_name = "dense_wq offset tiles";
+    const std::string where = ctx.where();
+    offsets.transform = [s, where](const std::vector<void*>& p) {
+      const float* src = static_cast<const float*>(p[0]);
+      PackPerBlock(s, static_cast<float*>(p[1]), [&](int64_t i) { return src[i]; }, [&](float v, int64_t n, int64_t b) {
+        if (!std::isfinite(v)) BadValue(where, "offsets", v, n, b, "a finite offset");
+      });
+    };
+    return offsets;
+  }
+
+  /*! \brief RunInt8's scratch: int8 rows [M, K] (K a multiple of kActBlock, so the floats after stay
    *         aligned), then the rows' scales and sums, [M, K / kActBlock] float32 each. */
   static int64_t ScratchBytes(const WqShape& s) {
     return s.m * s.k + 2 * s.m * (s.k / wq::kActBlock) * static_cast<int64_t>(sizeof(float));
@@ -282,14 +312,15 @@ class DenseWqKernel : public Kernel {
   struct Operands {
     const float* x;
     const uint8_t* codes;
-    const float *scales, *zeros, *bias;
+    const float *scales, *zeros, *offsets, *bias;
     float* y;
     Operands(const WqShape& s, const std::vector<void*>& p)
         : x(static_cast<const float*>(p[0])), codes(static_cast<const uint8_t*>(p[1])),
           scales(static_cast<const float*>(p[2])),
           zeros(s.has_zero_point ? static_cast<const float*>(p[3]) : nullptr),
-          bias(s.has_bias ? static_cast<const float*>(p[3 + s.has_zero_point]) : nullptr),
-          y(static_cast<float*>(p[3 + s.has_zero_point + s.has_bias])) {}
+          offsets(s.has_offset ? static_cast<const float*>(p[s.offset_input()]) : nullptr),
+          bias(s.has_bias ? static_cast<const float*>(p[s.offset_input() + s.has_offset]) : nullptr),
+          y(static_cast<float*>(p[s.offset_input() + s.has_offset + s.has_bias])) {}
   };
 
   /*! \brief Rows [r0, r0 + rows) of tile t from the micro-kernel's out[rows][16] into y (+ bias). */
@@ -316,6 +347,7 @@ class DenseWqKernel : public Kernel {
         wq::TileJob job{o.x + r0 * s.k, o.codes + t * tile_bytes, o.scales + t * blocks * kTile,
                         o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, s.implicit_zero(),
                         s.k, s.block, rows, out};
+        job.offsets = o.offsets != nullptr ? o.offsets + t * blocks * kTile : nullptr;
         tile_fn(job);
         StoreTile(s, o, out, t, r0, rows);
       }
@@ -341,6 +373,7 @@ class DenseWqKernel : public Kernel {
                          o.codes + t * tile_bytes, half ? nullptr : o.scales + t * blocks * kTile,
                          o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, zero, s.k, s.block, rows, out,
                          half ? static_cast<const uint16_t*>(p[2]) + t * blocks * kTile : nullptr};
+        job.offsets = o.offsets != nullptr ? o.offsets + t * blocks * kTile : nullptr;
         tile_fn(job);
         StoreTile(s, o, out, t, r0, rows);
       }

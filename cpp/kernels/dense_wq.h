@@ -4,7 +4,9 @@
  *        its micro-kernels, one per ISA (AVX-512F, AVX2 + FMA, portable C++), chosen at run time.
  *
  * y[M, N] = x[M, K] @ dequant(W)[K, N] (+ bias), float32 activations, weights of 8 or 4 bits:
- *   dequant(W)[k, n] = (q[n, k] - z[n, b]) * s[n, b],  b = k / block
+ *   dequant(W)[k, n] = (q[n, k] - z[n, b]) * s[n, b] (+ o[n, b]),  b = k / block
+ * The optional offset o (llama.cpp's Q4_1 / Q5_1 / K-quants, whose codes start at 0: z = 0) adds
+ * o * sum(x over the block) per block and column: one multiply-add per block, not per weight.
  * (8-bit per-output-channel is block = K).  oneDNN 3.2 has no weight decompression, so the
  * weights are unpacked to float32 in registers and multiplied there: the decode GEMV (M = 1) is
  * bound by the bytes of weights it streams, 1 (8-bit) or 0.5 (4-bit) per weight against f32's 4.
@@ -17,7 +19,8 @@
  *           separated by an and and a shift (half the unpacking work of nibbles along N).
  *   scales  per tile, per block: 16 float32 (fp16 scales widened once; columns past N: 0).
  *   zeros   per tile, per block: 16 float32 zero points (only with explicit zero points; else
- *           one constant, 2^(bits-1) for unsigned codes).
+ *           one constant, 2^(bits-1) for unsigned codes, 0 with offsets).
+ *   offsets per tile, per block: 16 float32 (only with offsets).
  * The sum over one block accumulates x * (q - z) (q - z is exact in float32), then adds
  * s * block-sum to the row's total: one multiply per block and column, not per weight.
  *
@@ -67,9 +70,10 @@ struct TileJob {
   float zero;
   int64_t k, block, rows;
   float* out;            // rows x 16 floats, row stride 16
+  const float* offsets = nullptr;  // tile t's offsets [blocks][16], or null: none
 };
 
-/*! \brief One micro-kernel per (ISA, bits): out = sum over blocks of s * sum_k x * (q - z). */
+/*! \brief One micro-kernel per (ISA, bits): out = sum over blocks of s * sum_k x * (q - z) (+ o * sum_k x). */
 using TileFn = void (*)(const TileJob& job);
 TileFn FindTileFn(Isa isa, int bits);
 
@@ -98,6 +102,7 @@ struct QTileJob {
   int64_t k, block, rows;
   float* out;            // rows x 16 floats, row stride 16
   const uint16_t* half_scales = nullptr;  // when set: tile t's scales as float16 [blocks][16] (scales unused)
+  const float* offsets = nullptr;         // tile t's offsets [blocks][16] (+ o * xss per block), or null
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);

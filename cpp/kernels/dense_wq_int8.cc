@@ -118,6 +118,10 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
       for (int r = 0; r < R; ++r) {  // total += s * sx * (acc - z * sum q_x)
         const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(j.xs[r * xblocks + a]));
         total[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(j.xss[r * xblocks + a]), v), s, total[r]);
+        if (j.offsets != nullptr) {  // + o * sum x (the block's activations as quantized)
+          total[r] = _mm512_fmadd_ps(_mm512_loadu_ps(j.offsets + b * kTile), _mm512_set1_ps(j.xss[r * xblocks + a]),
+                                     total[r]);
+        }
       }
     }
   }
@@ -196,6 +200,7 @@ WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
         for (int h = 0; h < 2; ++h) {
           const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), sx);
           total[r][h] = _mm256_fmadd_ps(_mm256_fnmadd_ps(z[h], sxs, v), s[h], total[r][h]);
+          if (j.offsets != nullptr) total[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(j.offsets + b * kTile + 8 * h), sxs, total[r][h]);
         }
       }
     }
@@ -229,6 +234,7 @@ void TileGenericQ(const QTileJob& j) {
         const float z = j.zeros != nullptr ? j.zeros[b * kTile + c] : j.zero;
         const float s = j.half_scales != nullptr ? HalfToFloat(j.half_scales[b * kTile + c]) : j.scales[b * kTile + c];
         total[c] += s * (static_cast<float>(acc[c]) * j.xs[r * xblocks + a] - z * j.xss[r * xblocks + a]);
+        if (j.offsets != nullptr) total[c] += j.offsets[b * kTile + c] * j.xss[r * xblocks + a];
       }
     }
     std::copy(total, total + kTile, j.out + r * kTile);

@@ -1,8 +1,10 @@
-"""dense_wq: a dense layer on weight-only quantized weights (int8 / int4 codes, block scales).
+"""dense_wq: a dense layer on weight-only quantized weights (int8 / int4 codes, block scales, optional
+zero points or per-block offsets).
 
 The pattern is the weight-only form :mod:`byoc_hetero.quant.weight_only` writes (and the ONNX
 ``MatMulNBits`` import will): the constant codes unpacked and dequantized in Relax, then
-``matmul(x, permute_dims(W))`` with an optional constant bias. The whole chain becomes one
+``matmul(x, permute_dims(W))`` with an optional constant bias; the dequantized blocks may add a float
+offset per block (llama.cpp's Q4_1 / Q5_1 and K-quants: ``w = s * q + o``). The whole chain becomes one
 ``dense_wq`` node reading the codes, scales and zero points as they are (the runtime repacks them
 once, at load, into the tiles its kernels stream: cpp/kernels/dense_wq.h). Rules ``dense_wq8``,
 ``dense_wq4`` and their ``_bias`` forms, above every dense rule (priority 200), so the matmul is never
@@ -41,8 +43,12 @@ def _dequantized(bits: int) -> tuple[DFPattern, dict[str, DFPattern]]:
     scales = is_const()
     scale_view = is_op("relax.reshape")(scales, wildcard())
     scale = is_op("relax.astype")(scale_view) | scale_view
-    weight = is_op("relax.reshape")(is_op("relax.multiply")(is_op("relax.subtract")(blocks, zero), scale), wildcard())
-    return weight, {"codes": codes, "scales": scales, "zero_points": zero_points, "zero": zero, "blocks": blocks}
+    scaled = is_op("relax.multiply")(is_op("relax.subtract")(blocks, zero), scale)
+    offsets = is_const()  # llama.cpp's Q4_1 / Q5_1 / K-quants: + offset per block (the codes' zero 0)
+    dequantized = is_op("relax.add")(scaled, is_op("relax.reshape")(offsets, wildcard()) | offsets) | scaled
+    weight = is_op("relax.reshape")(dequantized, wildcard())
+    return weight, {"codes": codes, "scales": scales, "zero_points": zero_points, "zero": zero, "blocks": blocks,
+                    "offsets": offsets, "dequantized": dequantized}
 
 
 @pattern_rules
@@ -89,7 +95,15 @@ def check_dense_wq(match: Match) -> str | None:
     scales = constant_value(match.expr("scales"))
     if scales is not None and (~np.isfinite(scales) | (scales == 0)).any():
         return "weight-only dense: a scale is zero, NaN or infinite"
-    if _zero_kind(match, bits) is None:
+    offsets = _offsets(match)
+    if offsets is not None:
+        if tensor_dtype(offsets) != "float32" or tuple(static_shape(offsets) or ()) not in ((n, nb), (n, nb, 1)):
+            return (f"weight-only dense: offsets {tensor_dtype(offsets)}{list(static_shape(offsets) or [])}, expected "
+                    f"float32 [{n}, {nb}]")
+        value = constant_value(offsets)
+        if value is not None and not np.isfinite(value).all():
+            return "weight-only dense: an offset is NaN or infinite"
+    if _zero_kind(match, bits, offsets is not None) is None:
         return "weight-only dense: the zero point is neither the codes' implicit one nor uint8 [N, K / block]"
     if match.has("bias"):
         bias = match.shape("bias")
@@ -98,17 +112,27 @@ def check_dense_wq(match: Match) -> str | None:
     return None
 
 
-def _zero_kind(match: Match, bits: int) -> str | None:
+def _offsets(match: Match) -> relax.Expr | None:
+    """The constant of offsets added to the dequantized blocks, or None (no offset term)."""
+    dequantized = match.value(match.expr("dequantized"))
+    if not (isinstance(dequantized, relax.Call) and dequantized.op.name == "relax.add"):
+        return None
+    term = match.value(dequantized.args[1])
+    return term if isinstance(term, tvm.ir.Constant) else match.value(term.args[0])
+
+
+def _zero_kind(match: Match, bits: int, with_offsets: bool = False) -> str | None:
     """"explicit" (uint8 zero points of [N, blocks]), "implicit" (the constant the runtime assumes
-    without zero points: 0 for int8 codes, 2^(bits-1) for uint8 ones), or None."""
+    without zero points: 0 for int8 codes and for codes with offsets, 2^(bits-1) for other uint8 ones),
+    or None."""
     zero = match.value(match.expr("zero"))
     codes_dtype = tensor_dtype(match.expr("codes"))
     if isinstance(zero, tvm.ir.Constant):
         value = constant_value(zero)
-        implicit = 0.0 if codes_dtype == "int8" else float(1 << (bits - 1))
+        implicit = 0.0 if codes_dtype == "int8" or with_offsets else float(1 << (bits - 1))
         return "implicit" if value.size == 1 and float(value.reshape(())) == implicit else None
     zp = match.expr("zero_points")
-    if tensor_dtype(zp) != "uint8" or codes_dtype != "uint8":
+    if with_offsets or tensor_dtype(zp) != "uint8" or codes_dtype != "uint8":
         return None
     blocks = static_shape(match.expr("blocks"))
     return "explicit" if tuple(static_shape(zp) or ()) in ((blocks[0], blocks[1]), (blocks[0], blocks[1], 1)) else None
@@ -143,8 +167,15 @@ def lower_dense_wq(ctx, func: relax.Function) -> int:
     if has_zp:
         zp = through(zero.args[0])
         inputs.append(ctx.lookup(zp.args[0] if isinstance(zp, relax.Call) else zp))
+    matmul_var = next(v for v, c in ops if c.same_as(matmul))
     adds = [c for _, c in ops if c.op.name == "relax.add"]
-    if adds:
-        inputs.append(ctx.lookup(adds[0].args[1]))
-    attrs = {"bits": bits, "block": block, "has_zero_point": int(has_zp), "has_bias": int(bool(adds))}
+    biases = [c for c in adds if c.args[0].same_as(matmul_var)]
+    offsets = [c for c in adds if not c.args[0].same_as(matmul_var)]  # the dequantized blocks + offsets
+    if offsets:
+        term = through(offsets[0].args[1])
+        inputs.append(ctx.lookup(term.args[0] if isinstance(term, relax.Call) else term))
+    if biases:
+        inputs.append(ctx.lookup(biases[0].args[1]))
+    attrs = {"bits": bits, "block": block, "has_zero_point": int(has_zp), "has_offset": int(bool(offsets)),
+             "has_bias": int(bool(biases))}
     return ctx.emit("dense_wq", inputs, func.body.body, attrs)
