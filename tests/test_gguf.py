@@ -351,7 +351,7 @@ def _random_blocks(kind: str, rows: int, k: int, rng) -> np.ndarray:
     for at in halves:
         value = (rng.standard_normal((rows, k // per)) * 0.05).astype(np.float16)
         data[:, :, at:at + 2] = value.view(np.uint8).reshape(rows, k // per, 2)
-    data[1, 0, halves[0]:halves[0] + 2] = np.float16(0).view(np.uint8)
+    data[1, 0, halves[0]:halves[0] + 2] = 0  # f16 zero
     return data.reshape(rows, -1)
 
 
