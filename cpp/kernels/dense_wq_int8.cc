@@ -200,7 +200,9 @@ WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
         for (int h = 0; h < 2; ++h) {
           const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), sx);
           total[r][h] = _mm256_fmadd_ps(_mm256_fnmadd_ps(z[h], sxs, v), s[h], total[r][h]);
-          if (j.offsets != nullptr) total[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(j.offsets + b * kTile + 8 * h), sxs, total[r][h]);
+          if (j.offsets != nullptr) {
+            total[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(j.offsets + b * kTile + 8 * h), sxs, total[r][h]);
+          }
         }
       }
     }

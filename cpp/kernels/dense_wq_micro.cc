@@ -85,7 +85,9 @@ __attribute__((target("avx512f"))) void Tile512(const TileJob& j) {
     }
     if (j.offsets != nullptr) {
       const __m512 o = _mm512_loadu_ps(j.offsets + b * kTile);
-      for (int r = 0; r < R; ++r) total[r] = _mm512_fmadd_ps(_mm512_set1_ps(BlockSum(x + r * j.k, j.block)), o, total[r]);
+      for (int r = 0; r < R; ++r) {
+        total[r] = _mm512_fmadd_ps(_mm512_set1_ps(BlockSum(x + r * j.k, j.block)), o, total[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + r * kTile, total[r]);
@@ -201,7 +203,8 @@ void TileGeneric(const TileJob& j) {
     for (int r = 0; r < R; ++r) {
       const float xs = j.offsets != nullptr ? BlockSum(j.x + r * j.k + b * j.block, j.block) : 0.f;
       for (int c = 0; c < kTile; ++c) {
-        total[r][c] += acc[r][c] * j.scales[b * kTile + c] + (j.offsets != nullptr ? xs * j.offsets[b * kTile + c] : 0.f);
+        const float offset = j.offsets != nullptr ? xs * j.offsets[b * kTile + c] : 0.f;
+        total[r][c] += acc[r][c] * j.scales[b * kTile + c] + offset;
       }
     }
   }
