@@ -392,7 +392,7 @@ def apply_weight_codes(mod: tvm.IRModule, params: Mapping[str, np.ndarray], code
     those codes (weights quantized by a file's producer: ONNX ``MatMulNBits``, GGUF blocks), the
     other matmuls as they were. ``params`` holds every weight as float32 [K, N] or [N, K] as the
     matmul reads it (those in ``codes``: their dequantized value, used to find the matmuls; it is
-    replaced by ``<name>.codes`` / ``.scales`` / ``.zero_points``). Returns (module, params)."""
+    replaced by ``<name>.codes`` / ``.scales`` / ``.zero_points`` / ``.offsets``). Returns (module, params)."""
     for name, c in codes.items():
         c.check(name)
     func = mod["main"]
