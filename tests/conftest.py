@@ -152,6 +152,23 @@ def restore_rules():
         yield
 
 
+@pytest.fixture
+def codegen_by_the_rule(monkeypatch):
+    """``bh.tune``'s codegen level pinned to the cost gate's rule, untimed: each candidate region is decided
+    as the rule decides it (its report line says the rule decided). For tests whose assertions need the
+    regions where the rule puts them (the precision level's units, the algorithm level's sites): the level
+    times tiny regions in microseconds, and once (CI, session 10) one glitch read oneDNN at 5.5 ms against
+    llvm's 0.2 ms, sent a region to llvm and left the test nothing to see. No measured timing may decide
+    what a test asserts (issue 35); the level's own decisions are tested on injected timings
+    (tests/test_tune.py)."""
+    from byoc_hetero.tune import codegen
+
+    def by_the_rule(c, cache, options=None, repeat=15, budget_s=1.0, step=None, backends=()):
+        return codegen.CodegenDecision(c, chosen=c.default, note="pinned to the cost gate's rule by the test")
+
+    monkeypatch.setattr(codegen, "measure_region", by_the_rule)
+
+
 def _int8_kernels_reason():
     from byoc_hetero.backends.onednn.precision import int8_kernels_reason
 
