@@ -19,20 +19,13 @@ torch = pytest.importorskip("torch")
 import tvm  # noqa: E402
 
 import byoc_hetero as bh  # noqa: E402
-from conftest import docs_blocks  # noqa: E402
+from conftest import HANG_GUARD_S, docs_blocks, start_serving, until  # noqa: E402
 from byoc_hetero import serve as bs  # noqa: E402
 from byoc_hetero.inputs import TensorSpec  # noqa: E402
 
 REPLICAS = 2
 _STARTUP_S: list[float] = []  # how long the fixture's start took on this machine, under its present load
 
-HANG_GUARD_S = 900.0
-"""The socket bound of a request whose answer a test needs, and of the waits on Ray's state: a guard against a
-hang only, never the bound of how slow a loaded machine may be. A fixed 60 s socket timeout failed the
-killed-replica test once under the full suite's load on 2 cores (issue 35), and a bound scaled to the fixture's
-start (session 7) still assumed the load at the start is the load later. The waits end on the event they need
-(the proxy's answer: within bs.REQUEST_TIMEOUT_S, HTTP 408 past it, later under load; Ray's state reaching what
-is waited for), and fail at once on what shows it will not come (the deployment DEPLOY_FAILED)."""
 
 
 def _free_port() -> int:
@@ -86,7 +79,8 @@ def served(library, others):
     port = _free_port()
     began = time.monotonic()
     models = [str(path), f"cnn:2={others['v2'][0]}", str(others["ort"][0])]  # names: cnn (stem), cnn, cnn_ort
-    _start_until_the_node_registers(models, port)
+    start_serving(bs.app(models, replicas=REPLICAS, cpus=1, batch=True, max_batch_rows=16, batch_wait_s=0.05,
+                         max_request_bytes=MAX_REQUEST_BYTES), port, num_cpus=REPLICAS + 1)
     _STARTUP_S.append(time.monotonic() - began)
     yield f"http://127.0.0.1:{port}/"
     bs.shutdown()
@@ -95,25 +89,10 @@ def served(library, others):
     assert not ray.is_initialized()
 
 
-def _start_until_the_node_registers(models: list[str], port: int) -> None:
-    """``bs.start`` of the module's app. Ray waits a fixed 30 s for its new node to register with the GCS
-    (``raylet_start_wait_time_s`` in ray/_private/node.py, not configurable) and raises "The current node
-    timed out during startup"; under the full suite's load on 2 cores the raylet took longer (issue 35; at a
-    load average of 24 here three starts in a row failed so). The event the fixture needs is that
-    registration, so a start that failed only on Ray's fixed wait is shut down and made again until one
-    registers (past :data:`HANG_GUARD_S` the last error is raised); any other error is raised at once."""
-    import ray
-
-    guard = time.monotonic() + HANG_GUARD_S
-    while True:
-        try:
-            bs.start(bs.app(models, replicas=REPLICAS, cpus=1, batch=True, max_batch_rows=16, batch_wait_s=0.05,
-                            max_request_bytes=MAX_REQUEST_BYTES), port=port, num_cpus=REPLICAS + 1)
-            return
-        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(err) or time.monotonic() > guard:
-                raise
-            ray.shutdown()
+def _post(url: str, x: np.ndarray):
+    """``bs.post`` bounded only against a hang (:data:`HANG_GUARD_S`): the proxy answers within
+    bs.REQUEST_TIMEOUT_S (HTTP 408 past it), later on a loaded machine."""
+    return bs.post(url, x, timeout=HANG_GUARD_S)
 
 
 def _inputs(seed: int, rows: int) -> np.ndarray:
@@ -124,7 +103,7 @@ def test_answers_match_a_direct_run(library, served):
     _, direct = library
     xs = [_inputs(i, 1 + i % 3) for i in range(12)]
     with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda x: bs.post(served, x), xs))
+        answers = list(pool.map(lambda x: _post(served, x), xs))
     for x, answer in zip(xs, answers):
         assert answer.status == 200, answer.error
         np.testing.assert_allclose(answer.output, direct(x), rtol=1e-5, atol=1e-5)
@@ -135,7 +114,7 @@ def test_concurrent_requests_are_batched(library, served):
     for volley in range(3):  # batching depends on arrival times: a few volleys, bounded
         xs = [_inputs(100 + i, 1) for i in range(16)]
         with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda x: bs.post(served, x), xs))
+            answers = list(pool.map(lambda x: _post(served, x), xs))
         for x, answer in zip(xs, answers):
             assert answer.status == 200, answer.error
             np.testing.assert_allclose(answer.output, direct(x), rtol=1e-5, atol=1e-5)
@@ -151,10 +130,10 @@ def test_concurrent_requests_are_batched(library, served):
     (np.zeros((17, 3, 8, 8), "float32"), "more than max_batch_rows=16"),
 ])
 def test_bad_requests_get_the_input_error_as_400(library, served, body, needle):
-    answer = bs.post(served, body)
+    answer = _post(served, body)
     assert answer.status == 400 and needle in answer.error, answer
     x = _inputs(7, 2)  # the replica is alive and answers right
-    good = bs.post(served, x)
+    good = _post(served, x)
     assert good.status == 200
     np.testing.assert_allclose(good.output, library[1](x), rtol=1e-5, atol=1e-5)
 
@@ -166,7 +145,7 @@ def test_unreadable_bodies_are_400(served):
     for data, ctype in ((b"hello", "text/plain"), (b"{\"x\": 1}", "application/json")):
         req = urllib.request.Request(served, data=data, headers={"content-type": ctype})
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(req, timeout=60)
+            urllib.request.urlopen(req, timeout=HANG_GUARD_S)
         assert err.value.code == 400 and b"request:" in err.value.read()
 
 
@@ -177,7 +156,7 @@ def test_json_requests(library, served):
     x = _inputs(3, 2)
     req = urllib.request.Request(served, data=json.dumps({"inputs": [x.tolist()]}).encode(),
                                  headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as reply:
+    with urllib.request.urlopen(req, timeout=HANG_GUARD_S) as reply:
         doc = json.loads(reply.read())
     assert doc["shape"] == [2, 10] and doc["dtype"] == "float32"
     np.testing.assert_allclose(np.asarray(doc["outputs"][0], "float32"), library[1](x), rtol=1e-5, atol=1e-5)
@@ -187,7 +166,7 @@ def test_replica_threads_come_from_its_cpu_budget(served):
     import json
     import urllib.request
 
-    with urllib.request.urlopen(served + "info", timeout=60) as reply:
+    with urllib.request.urlopen(served + "info", timeout=HANG_GUARD_S) as reply:
         info = json.loads(reply.read())
     assert info["cpus"] == 1 and info["runtime_threads"] == 1
     assert info["env"] == {k: "1" for k in bs.THREAD_ENV}
@@ -199,7 +178,7 @@ def test_requests_are_bounded_and_dead_replicas_noticed_fast(served):
     import ray
 
     controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
-    details = ray.get(controller.get_serve_instance_details.remote(), timeout=60)
+    details = ray.get(controller.get_serve_instance_details.remote(), timeout=HANG_GUARD_S)
     assert details["http_options"]["request_timeout_s"] == bs.REQUEST_TIMEOUT_S
     deployment = details["applications"]["byoc_hetero"]["deployments"]["byoc_hetero"]
     assert deployment["deployment_config"]["health_check_period_s"] == bs.HEALTH_CHECK_PERIOD_S
@@ -209,7 +188,7 @@ def test_requests_are_bounded_and_dead_replicas_noticed_fast(served):
 
 def _client(url: str):
     httpclient = pytest.importorskip("tritonclient.http")
-    return httpclient, httpclient.InferenceServerClient(url.split("//")[1].rstrip("/"), network_timeout=120.0)
+    return httpclient, httpclient.InferenceServerClient(url.split("//")[1].rstrip("/"), network_timeout=HANG_GUARD_S)
 
 
 def _infer_input(httpclient, x, datatype="FP32", binary=True, name="input"):
@@ -298,7 +277,7 @@ def test_v2_bad_requests_never_reach_a_model(library, served):
                                 (b"{}" + b" " * MAX_REQUEST_BYTES, {}, 413)):
         req = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **headers})
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(req, timeout=60)
+            urllib.request.urlopen(req, timeout=HANG_GUARD_S)
         assert err.value.code == code, err.value.read()
     good = client.infer("cnn", [_infer_input(httpclient, x)], "1")  # the replicas are alive and answer right
     np.testing.assert_array_equal(good.as_numpy("output0"), library[1](x))
@@ -315,7 +294,7 @@ def test_the_docs_client_calls_run(library, served):
     exec(compile(py.replace("127.0.0.1:8000", host), "serving_md_client.py", "exec"), namespace)  # noqa: S102
     np.testing.assert_array_equal(namespace["y"], library[1](namespace["x"]))
     lines = subprocess.run(["bash", "-c", sh.replace("127.0.0.1:8000", host)], capture_output=True, text=True,
-                           timeout=120, check=True).stdout.splitlines()
+                           timeout=HANG_GUARD_S, check=True).stdout.splitlines()
     assert lines[0] == "200", lines
     answer = json.loads(lines[1])
     y = np.asarray(answer["outputs"][0]["data"], "float32").reshape(answer["outputs"][0]["shape"])
@@ -327,7 +306,7 @@ def _scrape(url: str) -> dict[tuple[str, tuple], float]:
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(url + "metrics", timeout=60) as reply:
+    with urllib.request.urlopen(url + "metrics", timeout=HANG_GUARD_S) as reply:
         text = reply.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -342,17 +321,18 @@ def test_metrics_count_requests_failures_latency_and_batches(served):
     batch rows, all labelled by replica (records arrive within bs metrics' flush period)."""
     from byoc_hetero.serve import metrics
 
-    deadline = time.monotonic() + 30
-    while True:
-        samples = _scrape(served)
-        done = (_total(samples, "byoc_hetero_requests_total", model="cnn", version="1", protocol="v2",
+    samples: dict = {}
+
+    def recorded() -> bool:  # the event waited for: the records of the tests above reached the exporter
+        samples.clear()
+        samples.update(_scrape(served))
+        return (_total(samples, "byoc_hetero_requests_total", model="cnn", version="1", protocol="v2",
                        code="200") >= 21  # what the tests above answered at least
                 and _total(samples, "byoc_hetero_request_failures_total", code="404") >= 3
                 and _total(samples, "byoc_hetero_request_failures_total", model="cnn", code="413") >= 1)
-        if done or time.monotonic() > deadline:
-            break
-        time.sleep(metrics.FLUSH_PERIOD_S)
-    assert done, {k: v for k, v in samples.items() if k[0].endswith("_total")}
+
+    until(recorded, "the metrics of the requests above", metrics.FLUSH_PERIOD_S,
+          lambda: {k: v for k, v in samples.items() if k[0].endswith("_total")})
     assert _total(samples, "byoc_hetero_request_failures_total", model="cnn", version="2", code="400") >= 6
     assert _total(samples, "byoc_hetero_requests_total", model="cnn_ort", code="200") >= 1
     calls = _total(samples, "byoc_hetero_batch_rows_count", model="cnn")
@@ -391,12 +371,13 @@ def _deployment_state() -> tuple[str, str, dict]:
 
 def _until(event, what: str, poll_s: float = 0.5) -> None:
     """Poll ``event()`` until it is true; fail at once when the deployment failed, or past HANG_GUARD_S."""
-    guard = time.monotonic() + HANG_GUARD_S
-    while not event():
+
+    def deployed():
         state = _deployment_state()
         assert state[1] != "DEPLOY_FAILED", (what, state)
-        assert time.monotonic() < guard, f"{what}: nothing after {HANG_GUARD_S:.0f} s (a hang): {state}"
-        time.sleep(poll_s)
+        return state
+
+    until(event, what, poll_s, deployed)
 
 
 def _replica_pids(url: str, tries: int) -> set[int]:
@@ -448,7 +429,7 @@ def test_killed_replica_is_replaced_and_no_answer_is_wrong(library, served):
             ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
         # the event waited for is the proxy's answer: within bs.REQUEST_TIMEOUT_S (408 past it) on a
         # quiet machine, later under load; the socket's bound is only a guard against a hang
-        return bs.post(served, xs[i], timeout=HANG_GUARD_S)
+        return _post(served, xs[i])
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(send, i) for i in range(len(xs))]
@@ -463,7 +444,7 @@ def test_killed_replica_is_replaced_and_no_answer_is_wrong(library, served):
     _wait_for_replacement(served, replicas[0], set(replicas[1:]))
     for i in range(4):
         x = _inputs(5 + i, 3)
-        answer = bs.post(served, x, timeout=HANG_GUARD_S)
+        answer = _post(served, x)
         assert answer.status == 200, answer
         np.testing.assert_allclose(answer.output, direct(x), rtol=1e-5, atol=1e-5)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import byoc_hetero as bh  # noqa: E402
-from conftest import docs_blocks  # noqa: E402
+from conftest import HANG_GUARD_S, docs_blocks, start_serving, until  # noqa: E402
 from byoc_hetero import serve as bs  # noqa: E402
 from byoc_hetero.llm import Sampler  # noqa: E402
 from byoc_hetero.serve.scheduler import Event, Scheduler, Sequence  # noqa: E402
@@ -69,28 +68,14 @@ def served(generator):
     _, tmp = generator
     port = _free_port()
     application = bs.app([str(tmp / "tiny"), str(tmp / "tiny_ids")], replicas=1, cpus=1, llm_slots=SLOTS)
-    _start(application, port)
+    start_serving(application, port, num_cpus=2)
     yield f"http://127.0.0.1:{port}"
     bs.shutdown()
 
 
-def _start(application, port: int, starts: int = 3) -> None:
-    """``bs.start``, made again when Ray's fixed 30 s wait for its node ran out (see test_serve.py)."""
-    import ray
-
-    for attempt in range(starts):
-        try:
-            bs.start(application, port=port, num_cpus=2)
-            return
-        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(err) or attempt == starts - 1:
-                raise
-            ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=served + "/v1", api_key="none", timeout=120, max_retries=0)
+    return openai.OpenAI(base_url=served + "/v1", api_key="none", timeout=HANG_GUARD_S, max_retries=0)
 
 
 def _greedy(gen, ids: list[int], max_tokens: int, stop: int | None = 2) -> list[int]:
@@ -139,11 +124,11 @@ def test_scheduler_tokens_do_not_depend_on_the_batch(generator):
         alone = []
         for p, s, n in zip(prompts, samplers, lengths):
             events, done = _submit(scheduler, p, n, s)
-            assert done.wait(120)
+            assert done.wait(HANG_GUARD_S)
             alone.append([e.token for e in events])
         runs = [_submit(scheduler, p, n, s) for p, s, n in zip(prompts, samplers, lengths)]
         for _, done in runs:
-            assert done.wait(120)
+            assert done.wait(HANG_GUARD_S)
     finally:
         scheduler.close()
     for (events, _), want, n in zip(runs, alone, lengths):
@@ -274,7 +259,8 @@ def test_bad_requests_are_answered_and_the_replica_goes_on(served, client, body,
     import httpx
 
     path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
-    reply = httpx.post(served + path, content=body if isinstance(body, bytes) else json.dumps(body), timeout=60)
+    reply = httpx.post(served + path, content=body if isinstance(body, bytes) else json.dumps(body),
+                       timeout=HANG_GUARD_S)
     assert reply.status_code == status, reply.text
     assert needle in reply.json()["error"]["message"], reply.text
     ok = client.completions.create(model="tiny_ids", prompt=[1, 2], max_tokens=2, temperature=0)
@@ -304,13 +290,15 @@ def test_llm_metrics(served, client):
 
     before = counts()
     client.completions.create(model="tiny_ids", prompt=[1, 2, 3], max_tokens=5, temperature=0)
-    deadline = time.monotonic() + 30
-    while True:
+    want = {"requests": 1, "prompt": 3, "generated": 5, "first": 1, "gaps": 4, "steps": 4}
+    delta: dict[str, float] = {}
+
+    def recorded() -> bool:  # the event waited for: every record of the request reached the exporter
         after = counts()
-        if after["requests"] > before["requests"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    delta = {k: after[k] - before[k] for k in names}
+        delta.update({k: after[k] - before[k] for k in names})
+        return all(delta[k] >= n for k, n in want.items())
+
+    until(recorded, "the metrics of one completion", 0.5, lambda: dict(delta))
     assert {k: delta[k] for k in ("requests", "prompt", "generated", "first", "gaps")} == \
         {"requests": 1, "prompt": 3, "generated": 5, "first": 1, "gaps": 4}
     assert delta["steps"] >= 4
@@ -336,7 +324,7 @@ def test_the_docs_llm_calls_run(generator, served, tmp_path):
     assert namespace["text"] == tok.decode(_greedy(gen, tok(namespace["prompt"])["input_ids"], 16),
                                            skip_special_tokens=True)
     out = subprocess.run(["bash", "-c", sh.replace("127.0.0.1:8000", host).replace('"smollm"', '"tiny"')],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+                         capture_output=True, text=True, timeout=HANG_GUARD_S, check=True).stdout
     events = [line[len("data: "):] for line in out.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     tokens = [t for e in events[:-1] for t in json.loads(e)["choices"][0]["token_ids"]]

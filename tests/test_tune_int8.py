@@ -67,7 +67,7 @@ def _all_int8_error(mod, params, cal):
 
 
 @needs_int8_kernels
-def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
+def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path, codegen_by_the_rule):
     from byoc_hetero.tune import int8, plans
 
     mod, params = bh.models.small_convnet()
@@ -109,7 +109,7 @@ def test_int8_mix_within_a_tolerance_all_int8_misses(monkeypatch, tmp_path):
 
 
 @needs_int8_kernels
-def test_int8_within_the_tolerance_and_never_slower_than_the_default(monkeypatch):
+def test_int8_within_the_tolerance_and_never_slower_than_the_default(monkeypatch, codegen_by_the_rule):
     mod, params = bh.models.small_convnet()
     cal, held = _samples(3, 3), _samples(1, 4)
     _inject(monkeypatch, {"all int8"})

@@ -109,7 +109,7 @@ def _samples(n: int, seed: int) -> list[np.ndarray]:
     return [rng.standard_normal((1, SEQ, HEADS * DIM)).astype("float32") for _ in range(n)]
 
 
-def test_tune_with_bf16_on_a_transformer_layer_never_raises(layer, bf16_native):
+def test_tune_with_bf16_on_a_transformer_layer_never_raises(layer, bf16_native, codegen_by_the_rule):
     import tvm
 
     mod, base = layer
@@ -129,7 +129,7 @@ def test_tune_with_bf16_on_a_transformer_layer_never_raises(layer, bf16_native):
     np.testing.assert_allclose(vm["main"](x).numpy(), ref["main"](x).numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_tune_reports_a_decision_it_cannot_apply(layer, bf16_native, monkeypatch):
+def test_tune_reports_a_decision_it_cannot_apply(layer, bf16_native, monkeypatch, codegen_by_the_rule):
     """A unit whose key names no anchor of the candidates' partition (as BERT-base's did): the tune
     finishes, those nodes keep float32, and the report names them with the reason."""
     from byoc_hetero.tune import precision as tune_precision

@@ -213,7 +213,7 @@ def test_timed_graphs_hit_miss_and_malformed():
 
 
 @needs_int8_kernels
-def test_a_warm_int8_tune_partitions_only_the_default_and_the_kept_plan(monkeypatch, tmp_path):
+def test_a_warm_int8_tune_partitions_only_the_default_and_the_kept_plan(monkeypatch, tmp_path, codegen_by_the_rule):
     """The second tune of the same model with the same inputs and cache: every timing, error and
     node map from the cache; it partitions the default plan and the plan it returns, nothing else,
     and returns a module computing what the first tune's did."""
