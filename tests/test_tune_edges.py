@@ -14,7 +14,7 @@ import byoc_hetero as bh
 from byoc_hetero.tune import edges as E
 from byoc_hetero.tune import measure
 from byoc_hetero.tune.cache import TimingCache
-from byoc_hetero.tune.int8 import problem_of
+from byoc_hetero.tune.precision import problem_of
 from byoc_hetero.tune.plans import PrecisionUnit
 from byoc_hetero.tune.solver import improve, plan_cost, solve
 

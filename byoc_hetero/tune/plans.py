@@ -480,13 +480,33 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
             unit.unmeasured = f"could not be timed alone: {first_line(err)}"
 
 
+def unit_layers(unit: PrecisionUnit, layer_of: Mapping[str, int]) -> list[int]:
+    """The layer indices of ``unit``'s node keys (``layer_of``: node key -> layer index)."""
+    return [layer_of[k] for k in unit.keys]
+
+
+def assignment_of(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], chosen: Mapping[str, str]
+                  ) -> dict[int, str]:
+    """Layer index -> precision, from unit name -> precision."""
+    return {i: chosen[u.name] for u in units for i in unit_layers(u, layer_of)}
+
+
+def plan_result(name: str, units: Sequence[PrecisionUnit], assignment: Mapping[int, str],
+                layer_of: Mapping[str, int], built: Built, errors: PlanErrors) -> PlanResult:
+    """A measured plan: its table (float node key -> precision), calibration error (through the
+    cache: :mod:`.plan_errors`) and modelled time (the sum of its units' times)."""
+    table = {k: assignment[layer_of[k]] for u in units for k in u.keys}
+    modelled = sum(u.times.get(assignment[layer_of[u.keys[0]]], math.nan) for u in units)
+    return PlanResult(name, table, errors.error(table, "calibration", built), modelled_s=modelled, built=built)
+
+
 def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
                         find_mix: Callable[[float], PlanResult | None], errors: PlanErrors) -> list[PlanResult]:
     """Search a mix (``find_mix(target calibration error)``, appended to ``candidates``) and return
     the candidates within the tolerance on the held-out inputs. When those that met it on the
     calibration inputs miss it on the held-out ones, search once more for a calibration error
     smaller by that ratio (the held-out inputs still only check: the new mix is checked on them
-    again). Shared by the bf16 level and the int8 level (:mod:`.int8`)."""
+    again)."""
     target = report.tolerance
     for attempt in range(2):
         mix = find_mix(target)

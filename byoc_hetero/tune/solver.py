@@ -38,7 +38,7 @@ CopyCost = Callable[[str, str, int], float]
 class Choice:
     """One way to run a region: where and how, and what it costs."""
 
-    name: str  # e.g. "onednn/bf16/winograd"
+    name: str  # e.g. "bf16", "winograd"
     device: str  # e.g. "cpu:0", "cuda:0"
     time_s: float
     error: float = 0.0  # its contribution to the output error (0 for the float32 reference)
@@ -291,3 +291,52 @@ def improve(problem: Problem, start: Mapping[str, Choice], tolerance: float | No
         current = move
     return Solution(current, best_time, best_error, exact=False, explored=explored,
                     notes=["local search over single regions and runs of regions (copies counted)"])
+
+
+class RescaledBudget:
+    """The error budget of a mix search whose summed errors stand in for a mix's real one, rescaled
+    by what each mix measured: ``tolerance / measured`` (times 0.8 after a miss, at most 4x after a
+    hit); the search stops on a mix close to the tolerance (within 1.25x), on nothing to build (all
+    float32) and on a mix measured before. The budget of a space whose choices are one domain
+    (float32 and bf16 nodes of one partition), up to :attr:`rounds` rounds."""
+
+    rounds = 4
+
+    def next(self, budget: float, measured: float, tolerance: float, fresh: bool) -> float | None:
+        """The next round's budget after a mix that measured ``measured`` (``fresh``: built this
+        round, not all float32 nor seen before); None: stop."""
+        if not fresh:
+            return None
+        if measured > tolerance:
+            return budget * 0.8 * tolerance / measured
+        if measured > 0 and tolerance / measured < 1.25:
+            return None  # close to the tolerance already: little to gain from a looser budget
+        return budget * (4.0 if measured == 0 else min(4.0, tolerance / measured))
+
+
+class BisectedBudget:
+    """The error budget searched between the largest budget whose mix met the tolerance (``lo``)
+    and the smallest whose mix missed (``hi``): their geometric mean once both are known, else
+    rescaled by what was measured (lowered after a miss, raised at least 2x after a hit); stops
+    once they are within 10%. The budget of a space with choices in two domains (the int8 one and
+    the float one, a conversion between them): its summed errors stand in less well, so it takes
+    up to :attr:`rounds` rounds, a mix met twice (or all float32, error 0) measured once."""
+
+    rounds = 8
+
+    def __init__(self) -> None:
+        self.lo, self.hi = 0.0, math.inf
+
+    def next(self, budget: float, measured: float, tolerance: float, fresh: bool) -> float | None:
+        """The next round's budget after a mix that measured ``measured``; None: stop."""
+        if measured <= tolerance:
+            self.lo = max(self.lo, budget)
+        else:
+            self.hi = min(self.hi, budget)
+        if self.hi < 1.1 * self.lo:
+            return None
+        if self.lo > 0 and math.isfinite(self.hi):
+            return math.sqrt(self.lo * self.hi)
+        if measured > tolerance:
+            return budget * 0.8 * tolerance / measured
+        return budget * (4.0 if measured == 0 else min(4.0, max(2.0, tolerance / measured)))
