@@ -58,7 +58,7 @@ class MachineKey:
     # and a wheel's users share one binary, so a shipped cache still replays for them.
     runtime: str = ""
     # A digest of this package's Python sources: the cache also keeps what a partition looked like
-    # (the int8 level's node maps, the region documents units are timed on: :mod:`.node_maps`),
+    # (the int8 choice's node maps, the region documents units are timed on: :mod:`.node_maps`),
     # which the passes decide; a change to them between two releases' version numbers must make
     # those entries stale, not replayed onto another partition.
     sources: str = ""
@@ -161,7 +161,7 @@ class TimingCache:
         self.machine = machine if machine is not None else MachineKey.current()
         self.entries: dict[str, Timing] = {}
         self.errors: dict[str, float] = {}  # measured output errors (the precision level's), by signature
-        self.values: dict[str, Any] = {}  # other measured values, JSON (the int8 level's activation ranges)
+        self.values: dict[str, Any] = {}  # other measured values, JSON (the int8 choice's activation ranges)
         self.hits = 0
         self.misses = 0
         self.ignored: str | None = None  # why a file on disk was not used

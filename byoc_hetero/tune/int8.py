@@ -128,7 +128,7 @@ class Quantizer:
 
     def _observe(self, observed: list) -> list[list[float]]:
         """The min-max range of each ``observed`` value over the calibration samples: the model
-        built for llvm with those values as outputs, run on each sample (the int8 level's slowest
+        built for llvm with those values as outputs, run on each sample (the int8 choice's slowest
         step on a warm cache before the ranges were kept there: 4 ResNet-50 calls on llvm)."""
         from ..quant.calibrate import Observations, build_observer, run_observer
 

@@ -1,7 +1,8 @@
-"""The plans of the precision level, shared by its float choices (:mod:`.precision`) and its int8
-choice (:mod:`.int8`): units and their anchor nodes, a plan's build (:class:`Built`), the session
-every candidate build of one tune shares (:class:`Session`), one node timed alone
-(:class:`OneNode`), the held-out check and the end-to-end pick (never slower than the default).
+"""The plans of the precision level, shared by its one search (:mod:`.precision`) and its plan
+spaces (the float choices' there, the quantized one of :mod:`.int8`): units and their anchor nodes,
+a plan's build (:class:`Built`) and measured result (:func:`plan_result`), the session every
+candidate build of one tune shares (:class:`Session`), one node timed alone (:class:`OneNode`),
+the held-out check and the end-to-end pick (never slower than the default).
 
 Moved here from ``precision.py`` (issue 38): ``int8.py`` and ``edges.py`` took these names, some
 private, from it while it imported ``int8.py`` — a circle.
@@ -104,7 +105,7 @@ class PrecisionUnit:
     error: float | None = None  # calibration error with this unit alone in bf16 (None: not measured)
     unmeasured: str = ""  # why the error was not measured
     chosen: str = "f32"
-    errors: dict[str, float] = field(default_factory=dict)  # precision -> error alone in it (the int8 level)
+    errors: dict[str, float] = field(default_factory=dict)  # precision -> error alone in it (the others f32)
 
     def why(self) -> str:
         parts = ", ".join(f"{p} {t * 1e6:.1f} µs" for p, t in self.times.items())
@@ -351,7 +352,7 @@ class Session:
 
     def model_digest(self) -> str:
         """:func:`.reuse.model_digest` of the model, worked out once (hashing ResNet-50's 100 MB of
-        weights took 0.1 s, and the int8 level asked twice)."""
+        weights took 0.1 s, and the int8 choice asked twice)."""
         from .reuse import model_digest
 
         if self._model_digest is None:

@@ -258,7 +258,7 @@ def improve(problem: Problem, start: Mapping[str, Choice], tolerance: float | No
     modelled time (:func:`plan_cost`, copies included) within the tolerance, best move first.
 
     Why: :func:`solve`'s bound ignores copies, which is tight when most regions' choices share a
-    device; when every region has choices in two domains with a cost between them (the int8 level's
+    device; when every region has choices in two domains with a cost between them (the int8 choice's
     precision domains, :mod:`.edges`) the exact search runs out of any budget on a ResNet-50's 54
     units. Contiguous runs are the moves that matter there: they remove edges that single flips
     cannot remove one at a time. Not exact: ``exact=False``."""
