@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tvm
@@ -479,6 +479,31 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
         except (RuntimeError, ValueError) as err:  # a node the runtime cannot run alone
             unit.times = {p: 0.0 for p in precisions}  # no gain to measure: it stays f32 but in all-bf16
             unit.unmeasured = f"could not be timed alone: {first_line(err)}"
+
+
+class PlanSpace(Protocol):
+    """What the precision level's one search (:mod:`.precision`) asks of a plan space: how the
+    per-unit choices become a plan (``FloatSpace`` there, ``QuantizedSpace`` in :mod:`.int8`)."""
+
+    session: "Session"
+    units: list[PrecisionUnit]
+    layers: list[int]  # the layer indices a plan assigns a precision to
+    layer_of: dict[str, int]  # float node key -> layer index
+    edges: Any  # :class:`.edges.UnitEdges` between units in two domains, or None
+    edge_costs: dict[tuple[str, str, int], float] | None
+
+    def schedule(self) -> Any:
+        """How the search's error budget moves (:class:`.solver.RescaledBudget` or ``BisectedBudget``)."""
+
+    def build(self, assignment: Mapping[int, str]) -> Built:
+        """The plan ``assignment`` (layer index -> precision), built when first used."""
+
+    def prebuilt(self, precision: str) -> Built | None:
+        """The all-``precision`` plan where the space made it already, else None."""
+
+    def time_units(self, report: "PrecisionReport", graphs: Mapping[str, Any], cache: TimingCache,
+                   repeat: int) -> None:
+        """Each unit's seconds per call in each of its precisions, into ``unit.times``."""
 
 
 def unit_layers(unit: PrecisionUnit, layer_of: Mapping[str, int]) -> list[int]:

@@ -72,9 +72,9 @@ import tvm
 from ..errors import InputError, RuleError
 from .cache import TimingCache
 from .edges import FLOAT, UnitEdges, domain, edge_cost
-from .plans import (MAX_UNITS, Built, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes, assignment_of,
-                    float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason, pick,
-                    plan_result, timed_graphs, unit_layers, warn_unmet)
+from .plans import (MAX_UNITS, Built, PlanResult, PlanSpace, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
+                    assignment_of, float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason,
+                    pick, plan_result, timed_graphs, unit_layers, warn_unmet)
 from .solver import Choice, Problem, Region, RescaledBudget, Solution, improve, solve
 
 #: what ``bh.tune(precisions=...)`` accepts (int8's units are quantized layers: :mod:`.int8`)
@@ -175,7 +175,7 @@ class FloatSpace:
         cache.save()
 
 
-def measure_sensitivities(space: Any, report: PrecisionReport) -> None:
+def measure_sensitivities(space: PlanSpace, report: PrecisionReport) -> None:
     """Each unit's calibration error alone in each precision faster than f32 for it (the others
     float32), largest time gain first; a precision not faster than f32 is not built; the budget
     may cut the rest (they stay float32)."""
@@ -221,7 +221,7 @@ def problem_of(units: Sequence[PrecisionUnit], edges: UnitEdges | None = None,
                    input_device=FLOAT)
 
 
-def with_edges(space: Any, solution: Solution, budget: float) -> Solution:
+def with_edges(space: PlanSpace, solution: Solution, budget: float) -> Solution:
     """``solution`` (the solver's, units alone) improved with the space's int8 / float edges counted
     (:func:`.solver.improve` from it and from all float32; the faster), or as it is without edges."""
     if space.edges is None or space.edge_costs is None:
@@ -232,7 +232,7 @@ def with_edges(space: Any, solution: Solution, budget: float) -> Solution:
     return min((improve(problem, start, budget) for start in starts), key=lambda s: s.time_s)
 
 
-def search(space: Any, tolerance: float, report: PrecisionReport) -> PlanResult | None:
+def search(space: PlanSpace, tolerance: float, report: PrecisionReport) -> PlanResult | None:
     """The fastest mix found whose real calibration error is within ``tolerance`` (None: none).
 
     The solver bounds the *summed* unit errors, which overstate or understate a mix's real error,
@@ -267,7 +267,7 @@ def search(space: Any, tolerance: float, report: PrecisionReport) -> PlanResult 
     return best
 
 
-def fastest_each(space: Any, report: PrecisionReport) -> PlanResult | None:
+def fastest_each(space: PlanSpace, report: PrecisionReport) -> PlanResult | None:
     """When the first all-one-precision plan is within the tolerance: each unit takes its fastest
     measured precision (one build checks the mix); None when that is one precision throughout."""
     units = space.units
@@ -286,7 +286,7 @@ def candidate_order(report: PrecisionReport) -> list[str]:
     return [p for p in LOWEST_FIRST if p in report.precisions]
 
 
-def _candidates(report: PrecisionReport, space: Any, candidates: list[PlanResult]) -> list[PlanResult]:
+def _candidates(report: PrecisionReport, space: PlanSpace, candidates: list[PlanResult]) -> list[PlanResult]:
     """:func:`.plans.held_out_candidates` with the space's mix: each unit's fastest precision when
     the first all-one plan (``candidates[0]``) is within the target, else the sensitivities and the
     search."""
@@ -306,13 +306,13 @@ def _candidates(report: PrecisionReport, space: Any, candidates: list[PlanResult
     return held_out_candidates(report, candidates, find_mix, space.session.errors)
 
 
-def _all_of(precision: str, report: PrecisionReport, space: Any) -> PlanResult:
+def _all_of(precision: str, report: PrecisionReport, space: PlanSpace) -> PlanResult:
     assignment = {i: precision for i in space.layers}
     built = space.prebuilt(precision) or space.build(assignment)
     return plan_result(f"all {precision}", space.units, assignment, space.layer_of, built, space.session.errors)
 
 
-def decide(report: PrecisionReport, space: Any, float_plans: list[PlanResult], graphs: Mapping[str, Any],
+def decide(report: PrecisionReport, space: PlanSpace, float_plans: list[PlanResult], graphs: Mapping[str, Any],
            calibration: list, cache: TimingCache, rounds: int, repeat: int) -> PlanResult:
     """The level's one search over ``space`` (:class:`FloatSpace`, :class:`.int8.QuantizedSpace`):
     the units timed, the all-one plans of each precision, the mix, the held-out check and the
@@ -381,7 +381,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     if skipped is None:
         skipped = {p: r for p in precisions if p != "f32" for r in [native_reason(targets, p)] if r}
     cache = cache if cache is not None else TimingCache(None)  # not `or`: an empty cache is falsy (len 0)
-    space: Any = None
+    space: PlanSpace | None = None
     if "int8" in precisions:
         from .int8 import quantized_space
 
