@@ -126,21 +126,25 @@ class _Search:
         self.explored = 0
         self.cut = False
 
-    def _source_device(self, tensor: str, chosen: list[Choice]) -> str:
+    def _source_device(self, tensor: str, chosen: list[Choice], plan: Sequence[Choice] | None = None) -> str:
         i = self.producer.get(tensor)
         if i is None and self.p.inputs_follow_first_reader:
             first = self.readers.get(tensor, [len(chosen)])[0]
             return chosen[first].device if first < len(chosen) else self.p.input_device
+        if i is not None and i >= len(chosen) and plan is not None:
+            return plan[i].device  # produced by a region listed later (a complete plan knows its device)
         return self.p.input_device if i is None else chosen[i].device
 
-    def copies_for(self, index: int, choice: Choice, chosen: list[Choice],
-                   copied: dict[str, set[str]]) -> tuple[float, list[tuple[str, str]]]:
+    def copies_for(self, index: int, choice: Choice, chosen: list[Choice], copied: dict[str, set[str]],
+                   plan: Sequence[Choice] | None = None) -> tuple[float, list[tuple[str, str]]]:
         """The copies region ``index`` adds by running on ``choice.device`` (each tensor is copied
-        once per destination device), and the (tensor, device) pairs it adds to ``copied``."""
+        once per destination device), and the (tensor, device) pairs it adds to ``copied``.
+        ``plan``: every region's choice, for a complete plan whose regions are not in topological
+        order (the precision level's layer groups: a group may read a later group's output)."""
         cost, added = 0.0, []
         region = self.regions[index]
         for t in region.inputs:
-            src = self._source_device(t, chosen)
+            src = self._source_device(t, chosen, plan)
             if src != choice.device and choice.device not in copied.get(t, ()):
                 cost += self.p.copy_cost(src, choice.device, int(self.p.tensor_bytes.get(t, 0)))
                 added.append((t, choice.device))
@@ -185,11 +189,12 @@ def plan_cost(problem: Problem, choices: Mapping[str, Choice], search: _Search |
     them was half of :func:`improve`'s time, which costs thousands of plans)."""
     search = search if search is not None else _Search(problem, math.inf, math.inf)
     chosen: list[Choice] = []
+    plan = [choices[r.name] for r in search.regions]
     copied: dict[str, set[str]] = {}
     spent = error = 0.0
     for i, region in enumerate(search.regions):
-        choice = choices[region.name]
-        cost, added = search.copies_for(i, choice, chosen, copied)
+        choice = plan[i]
+        cost, added = search.copies_for(i, choice, chosen, copied, plan)
         for t, dev in added:
             copied.setdefault(t, set()).add(dev)
         chosen.append(choice)
@@ -203,11 +208,12 @@ def plan_copies(problem: Problem, choices: Mapping[str, Choice]) -> list[tuple[s
     output's copy back to the input device included."""
     search = _Search(problem, math.inf, math.inf)
     chosen: list[Choice] = []
+    plan = [choices[r.name] for r in search.regions]
     copied: dict[str, set[str]] = {}
     out = []
     for i, region in enumerate(search.regions):
-        choice = choices[region.name]
-        _, added = search.copies_for(i, choice, chosen, copied)
+        choice = plan[i]
+        _, added = search.copies_for(i, choice, chosen, copied, plan)
         for t, dev in added:
             copied.setdefault(t, set()).add(dev)
         out += added
