@@ -52,12 +52,14 @@ if model.startswith("zoo:"):
     from zoo_models import build
     zm = build(model[4:], small=small)
     mod, params = bh.from_torch(zm.module, zm.inputs)
-    shapes = [tuple(t.shape) for t in zm.inputs]
+    given = [t.numpy() for t in zm.inputs]
 else:
     mod, params = getattr(bh.models, model)()
-    shapes = [tuple(int(d) for d in mod["main"].params[0].ty.shape.values)]
+    given = [np.zeros([int(d) for d in mod["main"].params[0].ty.shape.values], "float32")]
 rng = np.random.default_rng(3)
-cal = [[rng.standard_normal(s).astype("float32") for s in shapes] for _ in range(4)]
+# float inputs drawn at random, integer ones (token ids, masks) as the model was exported with
+cal = [[rng.standard_normal(x.shape).astype(x.dtype) if x.dtype == np.float32 else x for x in given]
+       for _ in range(4)]
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     tuned, report = bh.tune(mod, params, precisions=precisions, tolerance=tolerance if len(precisions) > 1 else None,
