@@ -14,7 +14,7 @@ import byoc_hetero as bh
 from byoc_hetero.tune import edges as E
 from byoc_hetero.tune import measure
 from byoc_hetero.tune.cache import TimingCache
-from byoc_hetero.tune.int8 import problem_of
+from byoc_hetero.tune.precision import problem_of
 from byoc_hetero.tune.plans import PrecisionUnit
 from byoc_hetero.tune.solver import improve, plan_cost, solve
 
@@ -182,6 +182,29 @@ def test_improve_moves_runs_and_respects_the_tolerance():
     picked = "".join("i" if capped.choices[n].name == "int8" else "f" for n in names)
     assert picked.count("i") == 2 and "ii" in picked and capped.error <= 0.25
     assert capped.time_s == pytest.approx(7.6)
+
+
+def test_edges_count_a_unit_reading_a_later_units_output():
+    """Layer groups are not in topological order where a model's program order differs from its
+    dataflow (ResNet-50's shortcut conv: group a = conv1 + conv3 reads group b's shortcut output):
+    plan_cost and improve raised IndexError there (bench/tune_decisions.py on the zoo ResNet-50,
+    f32 / bf16 / int8 at 1e-2); a complete plan knows the later producer's domain."""
+    units = [PrecisionUnit(n, (f"r#{i}",), times={"f32": 2.0, "int8": 1.0}, errors={"int8": 0.1}) for i, n in
+             enumerate("ab")]
+    # a reads the model input t0 and b's output t1 and writes the model output t2; b reads t0
+    edges = E.UnitEdges({"a": ["t0", "t1"], "b": ["t0"]}, {"a": ["t2"], "b": ["t1"]}, {"t0": 10, "t1": 10, "t2": 10},
+                        ["t0"], ["t2"])
+    costs = {(E.FLOAT, E.INT8, 10): 0.5, (E.INT8, E.FLOAT, 10): 0.25}
+    problem = problem_of(units, edges, costs)
+    by = {r.name: {c.name: c for c in r.choices} for r in problem.regions}
+    mixed = {"a": by["a"]["f32"], "b": by["b"]["int8"]}
+    # a (f32) reads t1 from b (int8): one dequantize; b quantizes the model input t0: one quantize
+    assert plan_cost(problem, mixed)[0] == pytest.approx(2.0 + 1.0 + 0.25 + 0.5)
+    both = {"a": by["a"]["int8"], "b": by["b"]["int8"]}
+    # t0 quantized once for both readers, t1 stays int8, t2 dequantized back: 2 + 0.5 + 0.25
+    assert plan_cost(problem, both)[0] == pytest.approx(2.0 + 0.5 + 0.25)
+    best = improve(problem, {"a": by["a"]["f32"], "b": by["b"]["f32"]}, tolerance=1.0)
+    assert [best.choices[n].name for n in "ab"] == ["int8", "int8"] and best.time_s == pytest.approx(2.75)
 
 
 def test_edge_timings_are_cached(tmp_path, monkeypatch):

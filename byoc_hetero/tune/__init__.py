@@ -12,13 +12,14 @@
   time plus the copies the devices imply, within an error budget; exact, or the best so far when
   the budget runs out.
 - :mod:`.algorithms`: the algorithm level (each unit of a backend's algorithm knob on the fastest of
-  its variants of that level: direct or Winograd per oneDNN convolution, timed alone);
-- :mod:`.precision`: the precision level (f32 or bf16 per conv2d / dense / matmul, the fastest mix
-  within an error tolerance, checked on held-out inputs);
-- :mod:`.plans`: what both choices of the precision level share (units, a plan's build, the
-  session of one tune, one node timed alone, the held-out check, the end-to-end pick);
-- :mod:`.int8`: int8 as a precision of that level (layer groups quantized through
-  :func:`byoc_hetero.quantize`'s plan, calibrated once);
+  its variants of that level, e.g. direct or Winograd per convolution, timed alone);
+- :mod:`.precision`: the precision level (f32, bf16 or int8 per conv2d / dense / matmul, as the
+  backend's variants offer them: one search for the fastest mix within an error tolerance, checked
+  on held-out inputs, over a plan space: the float choices' node table, or with int8 :mod:`.int8`'s);
+- :mod:`.plans`: what the precision level's spaces share (units, a plan's build, the session of
+  one tune, one node timed alone, the held-out check, the end-to-end pick);
+- :mod:`.int8`: the plan space with int8 among the choices (layers quantized through
+  :func:`byoc_hetero.quantize`'s plan, calibrated once, matched to their nodes by content);
 - :mod:`.devices`: the device level (each call of the tuned module on a CPU or a GPU, from measured
   or given costs, copies counted; applied with ``bh.place``);
 - :mod:`.codegen`: the codegen level (each candidate region offloaded, on llvm, or on another

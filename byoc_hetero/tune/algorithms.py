@@ -1,14 +1,14 @@
-"""The algorithm level: for each unit a backend's ``algorithm`` knob names (the oneDNN backend: each
-convolution, direct or Winograd), the variant measured fastest on this machine.
+"""The algorithm level: for each unit a backend's ``algorithm`` knob names (e.g. each convolution of a
+backend's regions, direct or Winograd), the variant measured fastest on this machine.
 
-The oneDNN runtime picks Winograd F(4x4, 3x3) by fixed thresholds (at least 25 output tiles, tile
-buffers under 256 MiB; ``cpp/kernels/winograd.cc``), measured once on one machine's benchmark
-layers. Here each distinct unit of a partitioned model's regions (read from the regions as they
-run by the backend's knob: :class:`~byoc_hetero.rules.Knob` ``units``; the oneDNN backend's are
-its convolution sites, shapes, strides, padding, dilation, groups) is built alone by the knob's
-``probe`` once per choice — the backend's variants of level ``algorithm``
+A runtime picks such an algorithm by fixed rules (this project's C++ runtime: Winograd F(4x4, 3x3)
+at least 25 output tiles, tile buffers under 256 MiB; ``cpp/kernels/winograd.cc``), measured once on
+one machine's benchmark layers. Here each distinct unit of a partitioned model's regions (read from
+the regions as they run by the backend's knob: :class:`~byoc_hetero.rules.Knob` ``units``; for
+this project's runtime its convolution sites, shapes, strides, padding, dilation, groups) is built
+alone by the knob's ``probe`` once per choice — the backend's variants of level ``algorithm``
 (``Backend.choices``) — and timed (:func:`.measure.time_call`). The fastest is the decision; the
-decisions reach the backend as the knob's option (the oneDNN backend's ``algorithms``: site key →
+decisions reach the backend as the knob's option (e.g. ``algorithms``: site key →
 algorithm, written into the node as ``algo`` by its last region pass, docs/region-format.md),
 which wins over the thresholds. A choice the probe says does not apply (Winograd on a 1x1 conv)
 is not timed; a unit with one choice left is not timed at all.
@@ -36,8 +36,8 @@ LEVEL = "algorithm"
 
 
 def conv_sites(partitioned: tvm.IRModule) -> list[Any]:
-    """The distinct units of the algorithm knobs of a partitioned module's regions (for the oneDNN
-    backend: its float32 convolutions as the regions run them), in the order first met."""
+    """The distinct units of the algorithm knobs of a partitioned module's regions (e.g. a
+    backend's float32 convolutions as the regions run them), in the order first met."""
     from .._relax import region_table
 
     sites: dict[Any, None] = {}

@@ -6,12 +6,12 @@ ResNet's repeated blocks) and across models, so each timing is stored under a *s
 and its input shapes, dtypes and attributes plus the candidate's choice (see :func:`signature`).
 
 A timing is only as good as the machine it was taken on. The file therefore records a
-:class:`MachineKey` — CPU model and flags, oneDNN's version and ISA, TVM's and this package's
+:class:`MachineKey` — CPU model and flags, the runtime library's version and ISA, TVM's and this package's
 versions, the GPU — and is used only where the key equals the current machine's:
 
 - a *foreign* file (another CPU, ISA or GPU) is ignored with a :class:`TimingCacheWarning`;
-- a *stale* file (same machine, other library versions) is ignored with a warning too: a new oneDNN
-  may pick other kernels, so its old timings would steer decisions wrongly;
+- a *stale* file (same machine, other library versions) is ignored with a warning too: a new runtime
+  library may pick other kernels, so its old timings would steer decisions wrongly;
 - a corrupt file (not JSON, wrong format name or version, malformed entries) is ignored with a
   warning.
 
@@ -48,7 +48,7 @@ class MachineKey:
 
     cpu: str
     cpu_flags: str  # a digest of the CPU flags: a KVM guest may hide AVX-512 on the same model name
-    isa: str  # oneDNN's effective ISA
+    isa: str  # the runtime library's effective ISA
     onednn: str
     tvm: str
     byoc_hetero: str
@@ -58,7 +58,7 @@ class MachineKey:
     # and a wheel's users share one binary, so a shipped cache still replays for them.
     runtime: str = ""
     # A digest of this package's Python sources: the cache also keeps what a partition looked like
-    # (the int8 level's node maps, the region documents units are timed on: :mod:`.node_maps`),
+    # (the int8 choice's node maps, the region documents units are timed on: :mod:`.node_maps`),
     # which the passes decide; a change to them between two releases' version numbers must make
     # those entries stale, not replayed onto another partition.
     sources: str = ""
@@ -161,7 +161,7 @@ class TimingCache:
         self.machine = machine if machine is not None else MachineKey.current()
         self.entries: dict[str, Timing] = {}
         self.errors: dict[str, float] = {}  # measured output errors (the precision level's), by signature
-        self.values: dict[str, Any] = {}  # other measured values, JSON (the int8 level's activation ranges)
+        self.values: dict[str, Any] = {}  # other measured values, JSON (the int8 choice's activation ranges)
         self.hits = 0
         self.misses = 0
         self.ignored: str | None = None  # why a file on disk was not used

@@ -1,7 +1,7 @@
 """The device level: which device runs each call of the tuned module, counting the copies.
 
 After the other levels, the tuned module's ``main`` is a sequence of calls: offloaded regions
-(this project's runtime on oneDNN: a CPU runtime, so CPU only) and the ops TVM compiles (on the
+(this project's C++ runtime: a CPU runtime, so CPU only) and the ops TVM compiles (on the
 CPU with llvm, or on a GPU with TVM's cuda code). Each call is a *device unit*. With ``devices``
 naming a GPU, :func:`tune_devices` gets each unit's seconds per call on each device it can run on
 and the cost of a copy between two devices, and :func:`.solver.solve` picks the placement of least
@@ -151,7 +151,7 @@ class DeviceDecision:
 
     def why(self) -> str:
         parts = ", ".join(f"{d} {'-' if t is None else f'{t * 1e6:.1f} µs'}" for d, t in self.times.items())
-        note = " (a oneDNN region: CPU only)" if self.unit.cpu_only else ""
+        note = " (an offloaded region: CPU only)" if self.unit.cpu_only else ""
         return f"{self.unit}: {self.chosen}: {parts}{note}"
 
 
@@ -292,7 +292,7 @@ def check_devices(devices: Sequence[str]) -> list[str]:
     cpus = [d for d in names if d.startswith("cpu")]
     if not cpus:
         raise PlacementError(f"tune: devices {list(devices)} name no CPU; the model's inputs and outputs and the "
-                             "oneDNN regions live on one: add 'cpu'")
+                             "offloaded regions live on one: add 'cpu'")
     return [cpus[0]] + [d for d in names if d != cpus[0]]
 
 

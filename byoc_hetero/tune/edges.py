@@ -1,4 +1,4 @@
-"""What an int8 / float boundary costs, for the int8 level's search (:mod:`.int8`).
+"""What an int8 / float boundary costs, for the precision search with int8 among its choices (:mod:`.int8`).
 
 The unit times the search adds up are each layer alone (:class:`.precision.OneNode`): they do not
 see that a tensor between an int8 layer and a float one must be quantized (float -> uint8) or
@@ -135,7 +135,7 @@ def _add(items: list[str], item: str) -> None:
 
 def _conversion_doc(op: str, elements: int) -> dict[str, Any]:
     """A region of one quantize (float32 -> uint8) or dequantize (uint8 -> float32) node over
-    ``elements`` values with a per-tensor scale and zero point (the int8 level's activations)."""
+    ``elements`` values with a per-tensor scale and zero point (int8 activations)."""
     data, out = ("float32", "uint8") if op == "quantize" else ("uint8", "float32")
     return {"format": "byoc_hetero.region", "version": 1, "symbol": "tune_edge",
             "tensors": [{"shape": [elements], "dtype": data}, {"shape": [1], "dtype": "float32"},

@@ -2,7 +2,7 @@
 
 1. ``units(ctx)``: what the level decides over, read from the partitioned module (the codegen
    level: candidate regions; threads: the regions of backends with a threads knob; algorithm: the
-   units of the backends' algorithm knobs, e.g. the oneDNN backend's convolution sites);
+   units of the backends' algorithm knobs, e.g. a backend's convolution sites);
 2. ``choices(ctx, unit)``: the alternatives for one unit, read from the backend (its
    :class:`~byoc_hetero.rules.Variant` s of the level, ``Backend.choices``; the codegen level: the
    region's backend, llvm and the other backends of ``targets``; threads: the process's count or one);
@@ -203,14 +203,15 @@ class PrecisionLevel(Level):
     1. ``units``: the partition's float conv2d / dense / matmul nodes (:func:`.plans.precision_nodes`,
        keyed by the backend's knob);
     2. ``choices``: f32 and the backend's variants of level ``precision`` for the node's op that
-       run as asked here (:func:`.plans.precision_choices`: bf16 without avx512_core_bf16, int8
-       without VNNI are left out, with the backend's reason in the report); int8 applies to a node
-       that is a layer of the calibrated quantizer (its scales come from the calibration inputs);
+       run as asked here (:func:`.plans.precision_choices`: a variant the knob's ``native`` says
+       runs as another precision on this machine is left out, with the backend's reason in the
+       report); a choice made by quantizing (int8) applies to a node that is a layer of the
+       calibrated quantizer (its scales come from the calibration inputs);
     3. ``measure``: each unit timed per choice through the timing cache, its errors measured, and
-       the mix searched within the tolerance (:mod:`.precision`; with int8 among the choices, the
-       three-way search of :mod:`.int8`);
-    4. ``apply``: bf16 through the knob's option (:func:`.plans.partition_with_node_precisions`),
-       int8 by the Q/DQ steps around the chosen layers.
+       the mix searched within the tolerance: one search (:mod:`.precision`) over the plan space
+       the choices need (the float node table, or with int8 the quantized one of :mod:`.int8`);
+    4. ``apply``: a float choice through the knob's option
+       (:func:`.plans.partition_with_node_precisions`), int8 by the Q/DQ steps around the chosen layers.
 
     It ends the tune: :attr:`kept` is the plan it measured fastest end to end (None: nothing to
     choose), never slower than the default, which wins ties."""

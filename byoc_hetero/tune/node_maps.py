@@ -1,6 +1,6 @@
-"""Which node each layer became in the int8 level's partitions, kept in the timing cache.
+"""Which node each layer became in the int8 choice's partitions, kept in the timing cache.
 
-The int8 level (:mod:`.int8`) names a layer's node in two partitions of the model: the all-int8
+The int8 choice (:mod:`.int8`) names a layer's node in two partitions of the model: the all-int8
 one (whose int8 nodes are timed alone) and, for a mix with bf16 layers, the partition of that mix
 without bf16 (whose float nodes the ``node_precisions`` option then names). Working those out
 takes a whole partition each: on a warm tune of ResNet-50 (f32 / bf16 / int8, loaded 2-core

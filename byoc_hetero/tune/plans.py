@@ -1,7 +1,8 @@
-"""The plans of the precision level, shared by its float choices (:mod:`.precision`) and its int8
-choice (:mod:`.int8`): units and their anchor nodes, a plan's build (:class:`Built`), the session
-every candidate build of one tune shares (:class:`Session`), one node timed alone
-(:class:`OneNode`), the held-out check and the end-to-end pick (never slower than the default).
+"""The plans of the precision level, shared by its one search (:mod:`.precision`) and its plan
+spaces (the float choices' there, the quantized one of :mod:`.int8`): units and their anchor nodes,
+a plan's build (:class:`Built`) and measured result (:func:`plan_result`), the session every
+candidate build of one tune shares (:class:`Session`), one node timed alone (:class:`OneNode`),
+the held-out check and the end-to-end pick (never slower than the default).
 
 Moved here from ``precision.py`` (issue 38): ``int8.py`` and ``edges.py`` took these names, some
 private, from it while it imported ``int8.py`` — a circle.
@@ -17,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tvm
@@ -104,7 +105,7 @@ class PrecisionUnit:
     error: float | None = None  # calibration error with this unit alone in bf16 (None: not measured)
     unmeasured: str = ""  # why the error was not measured
     chosen: str = "f32"
-    errors: dict[str, float] = field(default_factory=dict)  # precision -> error alone in it (the int8 level)
+    errors: dict[str, float] = field(default_factory=dict)  # precision -> error alone in it (the others f32)
 
     def why(self) -> str:
         parts = ", ".join(f"{p} {t * 1e6:.1f} µs" for p, t in self.times.items())
@@ -351,7 +352,7 @@ class Session:
 
     def model_digest(self) -> str:
         """:func:`.reuse.model_digest` of the model, worked out once (hashing ResNet-50's 100 MB of
-        weights took 0.1 s, and the int8 level asked twice)."""
+        weights took 0.1 s, and the int8 choice asked twice)."""
         from .reuse import model_digest
 
         if self._model_digest is None:
@@ -480,13 +481,58 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
             unit.unmeasured = f"could not be timed alone: {first_line(err)}"
 
 
+class PlanSpace(Protocol):
+    """What the precision level's one search (:mod:`.precision`) asks of a plan space: how the
+    per-unit choices become a plan (``FloatSpace`` there, ``QuantizedSpace`` in :mod:`.int8`)."""
+
+    session: "Session"
+    units: list[PrecisionUnit]
+    layers: list[int]  # the layer indices a plan assigns a precision to
+    layer_of: dict[str, int]  # float node key -> layer index
+    edges: Any  # :class:`.edges.UnitEdges` between units in two domains, or None
+    edge_costs: dict[tuple[str, str, int], float] | None
+
+    def schedule(self) -> Any:
+        """How the search's error budget moves (:class:`.solver.RescaledBudget` or ``BisectedBudget``)."""
+
+    def build(self, assignment: Mapping[int, str]) -> Built:
+        """The plan ``assignment`` (layer index -> precision), built when first used."""
+
+    def prebuilt(self, precision: str) -> Built | None:
+        """The all-``precision`` plan where the space made it already, else None."""
+
+    def time_units(self, report: "PrecisionReport", graphs: Mapping[str, Any], cache: TimingCache,
+                   repeat: int) -> None:
+        """Each unit's seconds per call in each of its precisions, into ``unit.times``."""
+
+
+def unit_layers(unit: PrecisionUnit, layer_of: Mapping[str, int]) -> list[int]:
+    """The layer indices of ``unit``'s node keys (``layer_of``: node key -> layer index)."""
+    return [layer_of[k] for k in unit.keys]
+
+
+def assignment_of(units: Sequence[PrecisionUnit], layer_of: Mapping[str, int], chosen: Mapping[str, str]
+                  ) -> dict[int, str]:
+    """Layer index -> precision, from unit name -> precision."""
+    return {i: chosen[u.name] for u in units for i in unit_layers(u, layer_of)}
+
+
+def plan_result(name: str, units: Sequence[PrecisionUnit], assignment: Mapping[int, str],
+                layer_of: Mapping[str, int], built: Built, errors: PlanErrors) -> PlanResult:
+    """A measured plan: its table (float node key -> precision), calibration error (through the
+    cache: :mod:`.plan_errors`) and modelled time (the sum of its units' times)."""
+    table = {k: assignment[layer_of[k]] for u in units for k in u.keys}
+    modelled = sum(u.times.get(assignment[layer_of[u.keys[0]]], math.nan) for u in units)
+    return PlanResult(name, table, errors.error(table, "calibration", built), modelled_s=modelled, built=built)
+
+
 def held_out_candidates(report: PrecisionReport, candidates: list[PlanResult],
                         find_mix: Callable[[float], PlanResult | None], errors: PlanErrors) -> list[PlanResult]:
     """Search a mix (``find_mix(target calibration error)``, appended to ``candidates``) and return
     the candidates within the tolerance on the held-out inputs. When those that met it on the
     calibration inputs miss it on the held-out ones, search once more for a calibration error
     smaller by that ratio (the held-out inputs still only check: the new mix is checked on them
-    again). Shared by the bf16 level and the int8 level (:mod:`.int8`)."""
+    again)."""
     target = report.tolerance
     for attempt in range(2):
         mix = find_mix(target)

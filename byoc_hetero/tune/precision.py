@@ -1,37 +1,52 @@
-"""The precision level: which convolutions and matrix products run bf16, within an error tolerance.
+"""The precision level: which convolutions and matrix products run bf16 or int8, within an error tolerance.
 
-``bh.tune(mod, params, precisions=("f32", "bf16"), tolerance=1e-2, calibration=[...])`` decides,
-per *unit*, whether it computes in float32 or bf16. A unit is one conv2d / dense / matmul node of
-a oneDNN region (a whole model is often one region, so regions are too coarse), or a run of
-consecutive such nodes of one region when a model has more than ``max_units`` of them (a layer
-group). The decision reaches the nodes through the backend option ``node_precisions`` (region
-symbol and node index → ``"f32"`` / ``"bf16"``, written as each node's ``precision`` attr by the
-region pass ``apply_node_precisions``); every other op keeps float32 as in any bf16 region.
+``bh.tune(mod, params, precisions=("f32", "bf16", "int8"), tolerance=1e-2, calibration=[...])``
+decides, per *unit*, the precision it computes in among those asked that the backend offers: its
+:class:`~byoc_hetero.rules.Variant` s of level ``precision`` for the unit's op, left out where the
+knob's ``native`` says one runs as another here (no native bf16, no VNNI), with the backend's reason
+in the report (:func:`.plans.precision_choices`). A unit is one conv2d / dense / matmul node of a
+region whose backend has a precision knob (a whole model is often one region, so regions are too
+coarse), or a run of consecutive such nodes of one region when a model has more than ``max_units``
+of them (a layer group).
+
+There is one search, over a *plan space* that says how a plan is made from per-unit choices:
+
+* :class:`FloatSpace` (f32 / bf16): the float partition again with the chosen nodes named in the
+  knob's option (``node_precisions``: region symbol and node index -> precision, written as each
+  node's ``precision`` attr by the region pass ``apply_node_precisions``); every other op keeps
+  float32 as in any bf16 region;
+* :class:`.int8.QuantizedSpace` (f32 / bf16 / int8), where int8 is asked and applies: a layer in
+  int8 is quantized (Q/DQ around it), its bf16 nodes named as above; its units are the quantizer's
+  layers, matched to their nodes by content; the conversions between an int8 unit and a float
+  one are measured and counted.
 
 Steps (each measured on this machine):
 
 1. **reference**: the default float32 partition runs the calibration and held-out inputs;
-2. **time gain**: each node is built alone as a one-node region (:class:`OneNode`) in each
+2. **time gain**: each node is built alone as a one-node region (:class:`.plans.OneNode`) in each
    precision and timed (:func:`.measure.time_call`, through the timing cache, so repeated layers
    are timed once); a unit's time is the sum of its nodes'. (The runtime's per-step profiler would
    see the nodes in place, but it runs every call at the full thread count: on a loaded 2-core
    machine its steps stalled for milliseconds, measured 5 ms on a 20 µs convolution.) A node alone
-   pays the f32/bf16 conversions at its edges, which a bf16 neighbourhood saves: step 5 times the
-   all-bf16 plan end to end for that reason;
-3. **sensitivity**: when all-bf16 misses the tolerance on the calibration inputs, for each unit
-   where bf16 is faster (largest gain first, so a cut search keeps the valuable ones) the model is
-   built with that unit alone in bf16 and its error on the calibration inputs measured:
-   ``max |y - y_f32| / max |y_f32|`` over every output and input (when all-bf16 meets it, each
-   unit simply takes its faster precision and one build checks that mix);
-4. **search**: :func:`.solver.solve` picks the fastest mix whose summed unit errors stay within
-   the tolerance; errors need not add, so the mix's real calibration error is measured and the
-   error budget rescaled by what was found (tighter when the mix missed, looser when it had room),
-   a few rounds;
-5. **check**: each candidate (the mix, all-bf16) is run on the *held-out* inputs and kept only
-   when its error there is within the tolerance too (when every candidate misses there, one more
-   search asks for a calibration error smaller by the ratio missed); the kept candidates and the
-   float32 plans are timed end to end, alternating, and the fastest wins — never slower than the
-   default float32 plan, which wins ties.
+   pays the conversions at its edges, which a neighbourhood in the same precision saves: step 5
+   times the all-one plans (all int8, all bf16) end to end for that reason;
+3. **sensitivity**: when the first all-one plan (lowest precision first) misses the tolerance on
+   the calibration inputs, for each unit and each precision faster than f32 for it (largest time
+   gain first, so a cut search keeps the valuable ones) the model is built with that unit alone in
+   that precision and its error on the calibration inputs measured:
+   ``max |y - y_f32| / max |y_f32|`` over every output and input (when it meets it, each unit
+   simply takes its fastest precision and one build checks that mix: :func:`fastest_each`);
+4. **search** (:func:`search`): :func:`.solver.solve` picks the fastest mix whose summed unit
+   errors stay within a budget; errors need not add, so the mix's real calibration error is
+   measured and the budget searched as the space's schedule says
+   (:class:`.solver.RescaledBudget`: rescaled by ``tolerance / measured``, four rounds, for the one
+   float domain; :class:`.solver.BisectedBudget`: bisected, eight rounds, with int8's domain and
+   its conversions counted through :func:`.solver.improve`);
+5. **check**: each candidate (the all-one plans, the mix) is run on the *held-out* inputs and kept
+   only when its error there is within the tolerance too (when every candidate misses there, one
+   more search asks for a calibration error smaller by the ratio missed); the kept candidates and
+   the float32 plans are timed end to end, alternating, and the fastest wins — never slower than
+   the default float32 plan, which wins ties.
 
 Every error of steps 3-5 and the end-to-end figures of step 5 go through the timing cache
 (:mod:`.plan_errors`): a second tune of the model with the same inputs builds no candidate.
@@ -39,11 +54,10 @@ Every error of steps 3-5 and the end-to-end figures of step 5 go through the tim
 When no candidate meets the tolerance, the float32 plan comes back with a :class:`TuneWarning`
 giving the best error found. ``budget_s`` bounds steps 2-4: when it runs out, the units not yet
 measured stay float32, the search returns its best plan so far, and the report says the search
-was cut. On a CPU without native bf16 (oneDNN below ``avx512_core_bf16``, or
-``BYOC_HETERO_BF16=off``) the bf16 candidates are skipped with a note. int8 is one more choice of
-this level, read from the backend as bf16 is (:class:`.levels.PrecisionLevel`): where a unit may take
-it, the three-way search of :mod:`.int8` decides; where the backend says it runs as another
-precision here (no VNNI) or no layer can take it, the float choices are searched as above.
+was cut. Where the backend says a precision runs as another here (bf16 below
+``avx512_core_bf16`` or with ``BYOC_HETERO_BF16=off``; int8 below VNNI) its candidates are skipped
+with the backend's reason; where int8 cannot apply (no layer to quantize, none matched to a node of
+its own), the float choices are searched.
 """
 
 from __future__ import annotations
@@ -57,15 +71,17 @@ import tvm
 
 from ..errors import InputError, RuleError
 from .cache import TimingCache
-from .plans import (MAX_UNITS, PlanResult, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
-                    float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason, pick,
-                    timed_graphs, warn_unmet)
-from .solver import Choice, Problem, Region, solve
+from .edges import FLOAT, UnitEdges, domain, edge_cost
+from .plans import (MAX_UNITS, Built, PlanResult, PlanSpace, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
+                    assignment_of, float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason,
+                    pick, plan_result, timed_graphs, unit_layers, warn_unmet)
+from .solver import Choice, Problem, Region, RescaledBudget, Solution, improve, solve
 
 #: what ``bh.tune(precisions=...)`` accepts (int8's units are quantized layers: :mod:`.int8`)
 TUNE_PRECISIONS = ("f32", "bf16", "int8")
-#: rounds of the mix search (re-solving with the error budget rescaled by the measured error)
-SEARCH_ROUNDS = 4
+#: the precisions other than f32, lowest first: the order of the all-one candidates and of each
+#: unit's sensitivities (the first candidate within the tolerance lets each unit take its fastest)
+LOWEST_FIRST = ("int8", "bf16")
 
 
 def check_precisions(precisions: Sequence[str], tolerance: float | None, calibration: Any,
@@ -127,113 +143,214 @@ def split_holdout(calibration: list, holdout: list | None) -> tuple[list, list]:
     return calibration[:cut], calibration[cut:]
 
 
-def measure_sensitivity(units: Sequence[PrecisionUnit], session: Session, keys: Sequence[str],
-                        report: PrecisionReport) -> None:
-    """Each unit's calibration error with it alone in bf16 (the others float32), largest time
-    gain first; a unit where bf16 is not faster is not built; the budget may cut the rest."""
-    by_gain = sorted(units, key=lambda u: u.times["bf16"] - u.times["f32"])
-    for i, unit in enumerate(by_gain):
-        if unit.error is not None:
-            continue  # measured in an earlier search
-        if unit.times["bf16"] >= unit.times["f32"]:
-            unit.unmeasured = unit.unmeasured or "bf16 is not faster"
-            continue
+class FloatSpace:
+    """The precision level's plan space of the float choices (f32, bf16): a unit is a conv2d /
+    dense / matmul node of the float partition (or a run of them, :func:`.plans.make_units`); a
+    plan (node index -> precision) is that partition again with the nodes named in the knob's
+    option (:meth:`.plans.Session.build`). Its choices are one domain: the error budget is
+    rescaled by what each mix measured (:class:`.solver.RescaledBudget`)."""
+
+    def __init__(self, session: Session, anchors: Sequence[tuple[str, str]], max_units: int):
+        self.session = session
+        self.keys = [k for k, _ in anchors]
+        self.layers = list(range(len(self.keys)))
+        self.layer_of = {k: i for i, k in enumerate(self.keys)}
+        self.units = make_units(anchors, max_units)
+        self.edges = self.edge_costs = None
+
+    def schedule(self) -> RescaledBudget:
+        return RescaledBudget()
+
+    def build(self, assignment: Mapping[int, str]) -> Built:
+        """The plan ``assignment`` (node index -> precision), built when first used."""
+        return self.session.build({self.keys[i]: p for i, p in assignment.items()})
+
+    def prebuilt(self, precision: str) -> Built | None:
+        return None
+
+    def time_units(self, report: PrecisionReport, graphs: Mapping[str, Any], cache: TimingCache,
+                   repeat: int) -> None:
+        """Each unit's f32 and bf16 time: its nodes alone (:func:`.plans.measure_unit_times`)."""
+        measure_unit_times(self.units, graphs, cache, repeat)
+        cache.save()
+
+
+def measure_sensitivities(space: PlanSpace, report: PrecisionReport) -> None:
+    """Each unit's calibration error alone in each precision faster than f32 for it (the others
+    float32), largest time gain first; a precision not faster than f32 is not built; the budget
+    may cut the rest (they stay float32)."""
+    session, gains = space.session, []
+    for unit in space.units:
+        faster = [p for p in LOWEST_FIRST if p in report.precisions and unit.times.get(p, math.inf)
+                  < unit.times["f32"]]
+        gains += [(unit.times[p] - unit.times["f32"], unit, p) for p in faster if p not in unit.errors]
+        if not faster:
+            unit.unmeasured = unit.unmeasured or "no precision faster than f32 alone"
+    gains.sort(key=lambda g: g[0])
+    for i, (_, unit, p) in enumerate(gains):
         if session.left_s() <= 0:
             report.search_cut = True
-            report.notes.append(f"budget_s ran out after {i} of {len(units)} units' sensitivities: "
-                                "the others stay float32")
-            for rest in by_gain[i:]:
-                rest.unmeasured = "bf16 is not faster" if rest.times["bf16"] >= rest.times["f32"] else "search cut"
+            report.notes.append(f"budget_s ran out after {i} of {len(gains)} sensitivities: the others stay float32")
+            for _, rest, _ in gains[i:]:
+                rest.unmeasured = rest.unmeasured or "search cut"
             return
-        table = {k: "f32" for k in keys} | {k: "bf16" for k in unit.keys}
-        unit.error, unit.unmeasured = session.errors.error(table, "calibration", session.build(table)), ""
-        session.say(f"sensitivity {i + 1}/{len(units)} {unit.name}: error {unit.error:.2g}")
+        assignment = {i_: "f32" for i_ in space.layers} | {i_: p for i_ in unit_layers(unit, space.layer_of)}
+        table = {k: assignment[i_] for k, i_ in space.layer_of.items()}
+        error = session.errors.error(table, "calibration", space.build(assignment))
+        unit.errors[p] = error
+        if p == "bf16":
+            unit.error = error
+        session.say(f"sensitivity {i + 1}/{len(gains)} {unit.name} in {p}: error {error:.2g}")
 
 
-def _problem(units: Sequence[PrecisionUnit]) -> Problem:
-    """The solver's view: one region per unit, f32 (no error) or bf16 (its measured error)."""
+def problem_of(units: Sequence[PrecisionUnit], edges: UnitEdges | None = None,
+               edge_costs: Mapping[tuple[str, str, int], float] | None = None) -> Problem:
+    """The solver's view: per unit f32 (no error) and each precision whose error was measured;
+    with ``edges`` and their measured ``edge_costs`` (:mod:`.edges`), each choice runs in its
+    precision's domain and every tensor crossing between the int8 and the float domain costs a
+    conversion (without them, units add up alone, as before session 5)."""
     regions = []
     for u in units:
-        choices = [Choice("f32", "cpu:0", u.times["f32"])]
-        if u.error is not None:
-            choices.append(Choice("bf16", "cpu:0", u.times["bf16"], u.error))
-        regions.append(Region(u.name, choices))
-    return Problem(regions, {}, lambda src, dst, nbytes: 0.0)
+        choices = [Choice("f32", FLOAT, u.times["f32"])]
+        choices += [Choice(p, domain(p), u.times[p], e) for p, e in u.errors.items() if p in u.times]
+        ins, outs = (edges.inputs.get(u.name, ()), edges.outputs.get(u.name, ())) if edges else ((), ())
+        regions.append(Region(u.name, choices, list(ins), list(outs)))
+    if edges is None or edge_costs is None:
+        return Problem(regions, {}, lambda src, dst, nbytes: 0.0, input_device=FLOAT)
+    return Problem(regions, edges.elements, edge_cost(edge_costs), edges.model_inputs, edges.model_outputs,
+                   input_device=FLOAT)
 
 
-def search_mix(units: Sequence[PrecisionUnit], session: Session, tolerance: float,
-               report: PrecisionReport) -> PlanResult | None:
-    """The fastest mix found whose real calibration error is within ``tolerance``, or None.
+def with_edges(space: PlanSpace, solution: Solution, budget: float) -> Solution:
+    """``solution`` (the solver's, units alone) improved with the space's int8 / float edges counted
+    (:func:`.solver.improve` from it and from all float32; the faster), or as it is without edges."""
+    if space.edges is None or space.edge_costs is None:
+        return solution
+    problem = problem_of(space.units, space.edges, space.edge_costs)
+    starts = [solution.choices] if solution.error <= budget else []
+    starts.append({r.name: r.choices[0] for r in problem.regions})  # all f32: no error, always a start
+    return min((improve(problem, start, budget) for start in starts), key=lambda s: s.time_s)
 
-    The solver bounds the *summed* unit errors; real errors add up less (or more), so each mix
-    is built and measured and the error budget rescaled by ``tolerance / measured`` (tighter after
-    a miss, looser when there was room) for up to :data:`SEARCH_ROUNDS` rounds."""
-    problem, budget, tried, best = _problem(units), tolerance, set(), None
-    for _ in range(SEARCH_ROUNDS):
+
+def search(space: PlanSpace, tolerance: float, report: PrecisionReport) -> PlanResult | None:
+    """The fastest mix found whose real calibration error is within ``tolerance`` (None: none).
+
+    The solver bounds the *summed* unit errors, which overstate or understate a mix's real error,
+    so each mix is built and measured and the error budget searched for as the space's
+    :meth:`schedule` says (:class:`.solver.RescaledBudget`, :class:`.solver.BisectedBudget`);
+    a mix met twice, or all float32, is not built again."""
+    session, units, schedule = space.session, space.units, space.schedule()
+    problem, budget, seen, best = problem_of(units), tolerance, {}, None
+    for _ in range(schedule.rounds):
         left = session.left_s()
         solution = solve(problem, budget, budget_s=None if math.isinf(left) else max(left, 1e-3))
-        if not solution.exact and any("budget" in n for n in solution.notes):
-            report.search_cut = True
-        table = {k: solution.choices[u.name].name for u in units for k in u.keys}
-        chosen = frozenset(k for k, p in table.items() if p == "bf16")
-        if not chosen or chosen in tried:
-            break
-        tried.add(chosen)
-        built = session.build(table)
-        plan = PlanResult("tuned mix", table, session.errors.error(table, "calibration", built),
-                          modelled_s=solution.time_s, built=built)
-        session.say(f"mix of {len(chosen)} bf16 nodes: calibration error {plan.calibration_error:.2g} "
-                    f"(summed unit errors {solution.error:.2g}, budget {budget:.2g})")
-        if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
-            best = plan
-        measured = plan.calibration_error
-        if measured > tolerance:
-            budget *= 0.8 * tolerance / measured
-        elif measured > 0 and tolerance / measured < 1.25:
-            break  # close to the tolerance already: little to gain from a looser budget
-        else:
-            budget *= 4.0 if measured == 0 else min(4.0, tolerance / measured)
+        report.search_cut |= not solution.exact and any("budget" in n for n in solution.notes)
+        solution = with_edges(space, solution, budget)
+        assignment = assignment_of(units, space.layer_of, {n: c.name for n, c in solution.choices.items()})
+        frozen = frozenset(assignment.items())
+        fresh = set(assignment.values()) != {"f32"} and frozen not in seen
+        if fresh:
+            plan = plan_result("tuned mix", units, assignment, space.layer_of, space.build(assignment),
+                               session.errors)
+            plan.modelled_s = solution.time_s  # the unit times (and the int8 / float edges) it implies
+            session.say(f"mix {plan.text()} (summed unit errors {solution.error:.2g}, budget {budget:.2g})")
+            seen[frozen] = plan.calibration_error
+            if plan.calibration_error <= tolerance and (best is None or plan.modelled_s < best.modelled_s):
+                best = plan
+        following = schedule.next(budget, seen.get(frozen, 0.0), tolerance, fresh)
         if session.left_s() <= 0:
             report.search_cut = True
             break
+        if following is None:
+            break
+        budget = following
     return best
 
 
-def _mix(report: PrecisionReport, session: Session, all_bf16: PlanResult, keys: Sequence[str],
-         target: float) -> PlanResult | None:
-    """The mix of units to check end to end, whose calibration error is at most ``target``. When
-    all-bf16 already meets it, each unit takes its faster precision (no sensitivity needed: one
-    build checks the mix); otherwise the sensitivities are measured and the solver searches."""
-    units, tolerance = report.units, target
-    if all_bf16.calibration_error > tolerance:
-        measure_sensitivity(units, session, keys, report)
-        mix = search_mix(units, session, tolerance, report)
-        if mix is None:
-            report.notes.append("no mix of bf16 units measured within the tolerance on the calibration inputs")
-        return mix
-    report.notes.append("all bf16 is within the tolerance on the calibration inputs: each unit takes its "
-                        "faster precision, and the units' own sensitivities were not measured")
-    table = {}
-    for unit in units:
-        unit.unmeasured = "all bf16 is within the tolerance"
-        faster = "bf16" if unit.times["bf16"] < unit.times["f32"] else "f32"
-        table.update({k: faster for k in unit.keys})
-    if "bf16" not in table.values() or "f32" not in table.values():
+def fastest_each(space: PlanSpace, report: PrecisionReport) -> PlanResult | None:
+    """When the first all-one-precision plan is within the tolerance: each unit takes its fastest
+    measured precision (one build checks the mix); None when that is one precision throughout."""
+    units = space.units
+    order = ["f32", *(p for p in report.precisions if p != "f32")]  # a tie keeps f32, then the order asked
+    chosen = {u.name: min((p for p in order if p in u.times), key=lambda p: u.times[p]) for u in units}
+    for u in units:
+        u.unmeasured = u.unmeasured or f"all {candidate_order(report)[0]} is within the tolerance"
+    assignment = assignment_of(units, space.layer_of, chosen)
+    if len(set(assignment.values())) == 1:  # the all-one plan is a candidate already; all f32 the default
         return None
-    built = session.build(table)
-    return PlanResult("tuned mix", table, session.errors.error(table, "calibration", built),
-                      modelled_s=sum(min(u.times.values()) for u in units), built=built)
+    return plan_result("tuned mix", units, assignment, space.layer_of, space.build(assignment), space.session.errors)
 
 
-def _candidates(report: PrecisionReport, session: Session, candidates: list[PlanResult],
-                keys: Sequence[str]) -> list[PlanResult]:
-    """:func:`held_out_candidates` with the bf16 level's mix (``candidates`` holds all-bf16)."""
+def candidate_order(report: PrecisionReport) -> list[str]:
+    """The precisions other than f32 whose all-one plans are candidates, lowest first."""
+    return [p for p in LOWEST_FIRST if p in report.precisions]
+
+
+def _candidates(report: PrecisionReport, space: PlanSpace, candidates: list[PlanResult]) -> list[PlanResult]:
+    """:func:`.plans.held_out_candidates` with the space's mix: each unit's fastest precision when
+    the first all-one plan (``candidates[0]``) is within the target, else the sensitivities and the
+    search."""
+    first = candidate_order(report)[0]
 
     def find_mix(target: float) -> PlanResult | None:
-        mix = _mix(report, session, candidates[0], keys, target)
-        return mix if mix is not None and mix.bf16_nodes < len(keys) else None
+        if candidates[0].calibration_error <= target:
+            report.notes.append(f"all {first} is within the tolerance on the calibration inputs: each unit takes "
+                                "its fastest precision, and the units' own sensitivities were not measured")
+            return fastest_each(space, report)
+        measure_sensitivities(space, report)
+        mix = search(space, target, report)
+        if mix is None:
+            report.notes.append("no mix measured within the tolerance on the calibration inputs")
+        return mix
 
-    return held_out_candidates(report, candidates, find_mix, session.errors)
+    return held_out_candidates(report, candidates, find_mix, space.session.errors)
+
+
+def _all_of(precision: str, report: PrecisionReport, space: PlanSpace) -> PlanResult:
+    assignment = {i: precision for i in space.layers}
+    built = space.prebuilt(precision) or space.build(assignment)
+    return plan_result(f"all {precision}", space.units, assignment, space.layer_of, built, space.session.errors)
+
+
+def decide(report: PrecisionReport, space: PlanSpace, float_plans: list[PlanResult], graphs: Mapping[str, Any],
+           calibration: list, cache: TimingCache, rounds: int, repeat: int) -> PlanResult:
+    """The level's one search over ``space`` (:class:`FloatSpace`, :class:`.int8.QuantizedSpace`):
+    the units timed, the all-one plans of each precision, the mix, the held-out check and the
+    end-to-end pick among them and ``float_plans`` (never slower than the default)."""
+    session = space.session
+    report.units = space.units
+    space.time_units(report, graphs, cache, repeat)
+    candidates = [_all_of(p, report, space) for p in candidate_order(report)]
+    session.say(f"{len(report.units)} units timed; " + ", ".join(
+        f"{c.name}: calibration error {c.calibration_error:.2g}" for c in candidates))
+    valid = _candidates(report, space, candidates)
+    report.plans = float_plans + candidates
+    if not valid:
+        warn_unmet(report, report.tolerance)
+    best = pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
+    cache.save()
+    for unit in report.units:
+        got = {best.table.get(k, "f32") for k in unit.keys} if best.table else {"f32"}
+        unit.chosen = got.pop() if len(got) == 1 else "mixed"
+    report.notes.extend(n for n in [session.skipped_note()] if n)
+    return best
+
+
+def _float_space(report: PrecisionReport, session: Session, base: tvm.IRModule, max_units: int,
+                 skipped: Mapping[str, str]) -> FloatSpace | None:
+    """The float choices' space, or None with a note saying why there is nothing to choose."""
+    report.precisions = tuple(p for p in report.precisions if p != "int8")
+    if "bf16" not in report.precisions:
+        report.notes.append("no float precision but f32 asked: nothing to choose")
+        return None
+    reason = skipped.get("bf16", "")
+    anchors = anchor_nodes(base)
+    if reason or not anchors:
+        report.notes.append(f"bf16 candidates skipped: {reason}" if reason else
+                            "no float conv2d / dense / matmul in a region with a precision knob: no precision "
+                            "to choose")
+        return None
+    return FloatSpace(session, anchors, max_units)
 
 
 def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, default: tvm.IRModule, *,
@@ -249,10 +366,11 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     options of the other levels (the algorithm level's ``algorithms``), kept in every candidate;
     ``region_codegen`` the codegen level's map and ``base`` the float32 partition it gives (the
     candidates are built on it); ``cache`` the timing cache the units' times go through (saved at
-    the end). With ``"int8"`` among ``precisions``, :func:`.int8.choose_with_int8` decides; where it
-    cannot apply int8 (a note says why), the float precisions are chosen as without it. ``skipped``:
-    each precision asked that no unit may take and why (:meth:`.levels.PrecisionLevel.skipped`,
-    read from the backends' variants and knobs; None: from the knobs' ``native`` alone)."""
+    the end). With ``"int8"`` among ``precisions`` the search runs over :func:`.int8.quantized_space`;
+    where int8 cannot apply (a note says why), over the float precisions' :class:`FloatSpace`.
+    ``skipped``: each precision asked that no unit may take and why
+    (:meth:`.levels.PrecisionLevel.skipped`, read from the backends' variants and knobs; None: from
+    the knobs' ``native`` alone)."""
     report = PrecisionReport(tuple(precisions), float(tolerance))
     samples = input_samples(mod, params, calibration, "calibration")
     held = None if holdout is None else input_samples(mod, params, holdout, "holdout")
@@ -262,44 +380,19 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     base = default if base is None else base
     if skipped is None:
         skipped = {p: r for p in precisions if p != "f32" for r in [native_reason(targets, p)] if r}
+    cache = cache if cache is not None else TimingCache(None)  # not `or`: an empty cache is falsy (len 0)
+    space: PlanSpace | None = None
     if "int8" in precisions:
-        from .int8 import choose_with_int8
+        from .int8 import quantized_space
 
-        best, report = choose_with_int8(report, session, default, base, calibration, holdout, cache=cache,
-                                        rounds=rounds, repeat=repeat, max_units=max_units, skipped=skipped)
-        if best is not None or report.plans:
-            return best, report
-    # int8 not asked, or it could not apply here (a note says why): the float precisions are chosen
-    report.precisions = tuple(p for p in report.precisions if p != "int8")
-    if "bf16" not in report.precisions:
-        report.notes.append("no float precision but f32 asked: nothing to choose")
+        if "bf16" in report.precisions and skipped.get("bf16"):
+            report.precisions = tuple(p for p in report.precisions if p != "bf16")
+            report.notes.append(f"bf16 candidates skipped: {skipped['bf16']}")
+        space = quantized_space(report, session, base, calibration, cache, max_units, skipped)
+    if space is None:  # int8 not asked, or it could not apply here (a note says why)
+        space = _float_space(report, session, base, max_units, skipped)
+    if space is None:
         return None, report
-    reason = skipped.get("bf16", "")
-    anchors = anchor_nodes(base)
-    if reason or not anchors:
-        report.notes.append(f"bf16 candidates skipped: {reason}" if reason else
-                            "no float conv2d / dense / matmul in a region with a precision knob: no precision "
-                            "to choose")
-        return None, report
-    cache = cache if cache is not None else TimingCache(None)
     float_plans = float32_plans(session, default, calibration, holdout, cache)
-    keys = [k for k, _ in anchors]
-    all_bf16 = session.build({k: "bf16" for k in keys})
-    report.units = make_units(anchors, max_units)
     graphs = timed_graphs(session, float_plans, base, cache)  # the algorithms apply in the graphs
-    measure_unit_times(report.units, graphs, cache, repeat)
-    cache.save()
-    candidates = [PlanResult("all bf16", {k: "bf16" for k in keys},
-                             session.errors.error({k: "bf16" for k in keys}, "calibration", all_bf16),
-                             modelled_s=sum(u.times["bf16"] for u in report.units), built=all_bf16)]
-    session.say(f"{len(report.units)} units timed; all bf16: calibration error {candidates[0].calibration_error:.2g}")
-    valid = _candidates(report, session, candidates, keys)
-    report.plans = float_plans + candidates
-    if not valid:
-        warn_unmet(report, float(tolerance))
-    best = pick(report, float_plans, valid, calibration[0], rounds, repeat, session.errors)
-    cache.save()
-    report.notes.extend(n for n in [session.skipped_note()] if n)
-    for unit in report.units:
-        unit.chosen = "bf16" if best.table and all(best.table[k] == "bf16" for k in unit.keys) else "f32"
-    return best, report
+    return decide(report, space, float_plans, graphs, calibration, cache, rounds, repeat), report

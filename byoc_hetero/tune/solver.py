@@ -38,7 +38,7 @@ CopyCost = Callable[[str, str, int], float]
 class Choice:
     """One way to run a region: where and how, and what it costs."""
 
-    name: str  # e.g. "onednn/bf16/winograd"
+    name: str  # e.g. "bf16", "winograd"
     device: str  # e.g. "cpu:0", "cuda:0"
     time_s: float
     error: float = 0.0  # its contribution to the output error (0 for the float32 reference)
@@ -126,21 +126,25 @@ class _Search:
         self.explored = 0
         self.cut = False
 
-    def _source_device(self, tensor: str, chosen: list[Choice]) -> str:
+    def _source_device(self, tensor: str, chosen: list[Choice], plan: Sequence[Choice] | None = None) -> str:
         i = self.producer.get(tensor)
         if i is None and self.p.inputs_follow_first_reader:
             first = self.readers.get(tensor, [len(chosen)])[0]
             return chosen[first].device if first < len(chosen) else self.p.input_device
+        if i is not None and i >= len(chosen) and plan is not None:
+            return plan[i].device  # produced by a region listed later (a complete plan knows its device)
         return self.p.input_device if i is None else chosen[i].device
 
-    def copies_for(self, index: int, choice: Choice, chosen: list[Choice],
-                   copied: dict[str, set[str]]) -> tuple[float, list[tuple[str, str]]]:
+    def copies_for(self, index: int, choice: Choice, chosen: list[Choice], copied: dict[str, set[str]],
+                   plan: Sequence[Choice] | None = None) -> tuple[float, list[tuple[str, str]]]:
         """The copies region ``index`` adds by running on ``choice.device`` (each tensor is copied
-        once per destination device), and the (tensor, device) pairs it adds to ``copied``."""
+        once per destination device), and the (tensor, device) pairs it adds to ``copied``.
+        ``plan``: every region's choice, for a complete plan whose regions are not in topological
+        order (the precision level's layer groups: a group may read a later group's output)."""
         cost, added = 0.0, []
         region = self.regions[index]
         for t in region.inputs:
-            src = self._source_device(t, chosen)
+            src = self._source_device(t, chosen, plan)
             if src != choice.device and choice.device not in copied.get(t, ()):
                 cost += self.p.copy_cost(src, choice.device, int(self.p.tensor_bytes.get(t, 0)))
                 added.append((t, choice.device))
@@ -185,11 +189,12 @@ def plan_cost(problem: Problem, choices: Mapping[str, Choice], search: _Search |
     them was half of :func:`improve`'s time, which costs thousands of plans)."""
     search = search if search is not None else _Search(problem, math.inf, math.inf)
     chosen: list[Choice] = []
+    plan = [choices[r.name] for r in search.regions]
     copied: dict[str, set[str]] = {}
     spent = error = 0.0
     for i, region in enumerate(search.regions):
-        choice = choices[region.name]
-        cost, added = search.copies_for(i, choice, chosen, copied)
+        choice = plan[i]
+        cost, added = search.copies_for(i, choice, chosen, copied, plan)
         for t, dev in added:
             copied.setdefault(t, set()).add(dev)
         chosen.append(choice)
@@ -203,11 +208,12 @@ def plan_copies(problem: Problem, choices: Mapping[str, Choice]) -> list[tuple[s
     output's copy back to the input device included."""
     search = _Search(problem, math.inf, math.inf)
     chosen: list[Choice] = []
+    plan = [choices[r.name] for r in search.regions]
     copied: dict[str, set[str]] = {}
     out = []
     for i, region in enumerate(search.regions):
-        choice = choices[region.name]
-        _, added = search.copies_for(i, choice, chosen, copied)
+        choice = plan[i]
+        _, added = search.copies_for(i, choice, chosen, copied, plan)
         for t, dev in added:
             copied.setdefault(t, set()).add(dev)
         out += added
@@ -258,7 +264,7 @@ def improve(problem: Problem, start: Mapping[str, Choice], tolerance: float | No
     modelled time (:func:`plan_cost`, copies included) within the tolerance, best move first.
 
     Why: :func:`solve`'s bound ignores copies, which is tight when most regions' choices share a
-    device; when every region has choices in two domains with a cost between them (the int8 level's
+    device; when every region has choices in two domains with a cost between them (the int8 choice's
     precision domains, :mod:`.edges`) the exact search runs out of any budget on a ResNet-50's 54
     units. Contiguous runs are the moves that matter there: they remove edges that single flips
     cannot remove one at a time. Not exact: ``exact=False``."""
@@ -291,3 +297,52 @@ def improve(problem: Problem, start: Mapping[str, Choice], tolerance: float | No
         current = move
     return Solution(current, best_time, best_error, exact=False, explored=explored,
                     notes=["local search over single regions and runs of regions (copies counted)"])
+
+
+class RescaledBudget:
+    """The error budget of a mix search whose summed errors stand in for a mix's real one, rescaled
+    by what each mix measured: ``tolerance / measured`` (times 0.8 after a miss, at most 4x after a
+    hit); the search stops on a mix close to the tolerance (within 1.25x), on nothing to build (all
+    float32) and on a mix measured before. The budget of a space whose choices are one domain
+    (float32 and bf16 nodes of one partition), up to :attr:`rounds` rounds."""
+
+    rounds = 4
+
+    def next(self, budget: float, measured: float, tolerance: float, fresh: bool) -> float | None:
+        """The next round's budget after a mix that measured ``measured`` (``fresh``: built this
+        round, not all float32 nor seen before); None: stop."""
+        if not fresh:
+            return None
+        if measured > tolerance:
+            return budget * 0.8 * tolerance / measured
+        if measured > 0 and tolerance / measured < 1.25:
+            return None  # close to the tolerance already: little to gain from a looser budget
+        return budget * (4.0 if measured == 0 else min(4.0, tolerance / measured))
+
+
+class BisectedBudget:
+    """The error budget searched between the largest budget whose mix met the tolerance (``lo``)
+    and the smallest whose mix missed (``hi``): their geometric mean once both are known, else
+    rescaled by what was measured (lowered after a miss, raised at least 2x after a hit); stops
+    once they are within 10%. The budget of a space with choices in two domains (the int8 one and
+    the float one, a conversion between them): its summed errors stand in less well, so it takes
+    up to :attr:`rounds` rounds, a mix met twice (or all float32, error 0) measured once."""
+
+    rounds = 8
+
+    def __init__(self) -> None:
+        self.lo, self.hi = 0.0, math.inf
+
+    def next(self, budget: float, measured: float, tolerance: float, fresh: bool) -> float | None:
+        """The next round's budget after a mix that measured ``measured``; None: stop."""
+        if measured <= tolerance:
+            self.lo = max(self.lo, budget)
+        else:
+            self.hi = min(self.hi, budget)
+        if self.hi < 1.1 * self.lo:
+            return None
+        if self.lo > 0 and math.isfinite(self.hi):
+            return math.sqrt(self.lo * self.hi)
+        if measured > tolerance:
+            return budget * 0.8 * tolerance / measured
+        return budget * (4.0 if measured == 0 else min(4.0, max(2.0, tolerance / measured)))

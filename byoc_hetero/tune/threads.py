@@ -1,8 +1,8 @@
 """The threads level: for each region run by a backend with a ``threads`` knob
-(:class:`~byoc_hetero.rules.Knob`; the oneDNN backend's runtime), all of the process's threads or
+(:class:`~byoc_hetero.rules.Knob`; this project's C++ runtime declares one), all of the process's threads or
 one, from timings (``bh.tune(..., threads=True)``).
 
-The oneDNN backend's region module runs its calls with the process's thread count (``byoc_hetero._C.num_threads()``:
+This project's runtime's region module runs its calls with the process's thread count (``byoc_hetero._C.num_threads()``:
 ``BYOC_HETERO_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the CPUs the process may use). A small
 region can lose more to waking and joining the OpenMP team than the second core wins; a region
 document's optional ``"threads"`` caps its calls' count (docs/region-format.md), and the backend

@@ -5,12 +5,13 @@ What it decides today (the levels of issue 26 that exist so far):
 - **codegen**: each candidate region offloaded, left to llvm, or run by another backend of
   ``targets`` (a user's, from ``bh.register_target``), by timing it every way with its boundary
   (:mod:`.codegen`) instead of the cost gate's fixed rule;
-- **algorithm**: each float32 convolution of the oneDNN regions runs direct or Winograd by its own
+- **algorithm**: each float32 convolution of a backend with an algorithm knob runs direct or Winograd by its own
   timing (:mod:`.algorithms`) instead of the fixed thresholds.
 - **precision** (``precisions=("f32", "bf16")`` with a ``tolerance`` and ``calibration`` inputs):
   each conv2d / dense / matmul (or layer group) runs f32 or bf16, the fastest mix within the
   tolerance, checked on held-out inputs (:mod:`.precision`), on the partition the codegen level
-  chose; with ``"int8"`` too, layer groups may also be quantized (:mod:`.int8`);
+  chose; with ``"int8"`` too, one more choice of the same search: layer groups may also be
+  quantized (:mod:`.int8`);
 - **device** (``devices=("cpu", "cuda")``): each call of the tuned module on the device where its
   time plus the copies it implies is least (:mod:`.devices`), measured where the GPU exists, from
   ``device_costs`` otherwise, skipped with a note on a CPU-only machine without them.
@@ -21,8 +22,8 @@ model's shapes, and the tuned one is returned only where it is measured faster â
 the default. :class:`TuneReport` lists each decision with the alternatives' times and the end-to-end
 figures.
 
-- **threads** (``threads=True``): each region of a backend with a threads knob (the oneDNN
-  runtime's) on the process's thread count or one, by timing it both ways (:mod:`.threads`).
+- **threads** (``threads=True``): each region of a backend with a threads knob (this
+  project's runtime) on the process's thread count or one, by timing it both ways (:mod:`.threads`).
 
 Each level is a :class:`.levels.Level` (units, choices read from the backend, measure through the
 timing cache, apply as backend options); this module is the loop over them, the guard and the

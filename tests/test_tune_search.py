@@ -1,0 +1,103 @@
+"""The precision level's one search (``tune/precision.py``) over a plan space, on a stand-in space.
+
+No model, no timing: unit times and the errors a mix "measures" are given, so what is checked is the
+search itself — the solver's mixes, the error budget each schedule moves, which mixes get built —
+for both spaces' schedules (:class:`~byoc_hetero.tune.solver.RescaledBudget` of the float choices,
+:class:`~byoc_hetero.tune.solver.BisectedBudget` of the quantized space).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from byoc_hetero.tune.plans import PrecisionReport, PrecisionUnit
+from byoc_hetero.tune.precision import fastest_each, measure_sensitivities, search
+from byoc_hetero.tune.solver import BisectedBudget, RescaledBudget
+
+
+class _Errors:
+    """A mix's "measured" error: the sum of its bf16 units' errors alone, times ``factor`` where
+    there are several (one unit alone measures its own error)."""
+
+    def __init__(self, alone: dict[str, float], factor: float):
+        self.alone, self.factor = alone, factor
+
+    def error(self, table, which, built):
+        chosen = [self.alone[k] for k, p in table.items() if p == "bf16"]
+        return sum(chosen) * (self.factor if len(chosen) > 1 else 1.0)
+
+
+class _Session:
+    def __init__(self, errors):
+        self.errors = errors
+
+    def left_s(self) -> float:
+        return math.inf
+
+    def say(self, text: str) -> None:
+        pass
+
+
+class _Space:
+    """Three units of one node each, bf16 twice as fast as f32, each alone 4e-3 off in bf16."""
+
+    def __init__(self, schedule, factor: float):
+        self.units = [PrecisionUnit(n, (f"r#{i}",), times={"f32": 2.0, "bf16": 1.0}) for i, n in enumerate("abc")]
+        self.layers = [0, 1, 2]
+        self.layer_of = {f"r#{i}": i for i in range(3)}
+        self.edges = self.edge_costs = None
+        self.session = _Session(_Errors({k: 4e-3 for k in self.layer_of}, factor))
+        self._schedule, self.built = schedule, []
+
+    def schedule(self):
+        return self._schedule()
+
+    def build(self, assignment):
+        self.built.append(dict(assignment))
+        return object()
+
+    def prebuilt(self, precision):
+        return None
+
+
+@pytest.mark.parametrize("schedule", [RescaledBudget, BisectedBudget])
+@pytest.mark.parametrize("factor,want", [(0.6, 3), (1.5, 1)])
+def test_search_finds_the_fastest_mix_within_the_tolerance(schedule, factor, want):
+    """Errors that add less than their sum (0.6x): a looser budget finds all three units in bf16
+    (measured 7.2e-3); more (1.5x): the two-unit mix misses (1.2e-2), the budget tightens and one
+    unit is kept. The search builds each distinct mix once."""
+    space = _Space(schedule, factor)
+    report = PrecisionReport(("f32", "bf16"), 1e-2)
+    measure_sensitivities(space, report)
+    assert [u.errors for u in space.units] == [{"bf16": 4e-3}] * 3 and all(u.error == 4e-3 for u in space.units)
+    space.built.clear()  # (a sensitivity's table may come again in the search: its error is then cached)
+    best = search(space, 1e-2, report)
+    assert best is not None and best.bf16_nodes == want and best.calibration_error <= 1e-2
+    assert best.calibration_error == pytest.approx(4e-3 * want * (factor if want > 1 else 1.0))
+    assert len({frozenset(a.items()) for a in space.built}) == len(space.built)  # no mix built twice
+    assert not report.search_cut
+
+
+def test_budget_schedules_move_as_documented():
+    rescaled = RescaledBudget()
+    assert rescaled.next(1e-2, 2e-2, 1e-2, True) == pytest.approx(1e-2 * 0.8 * 0.5)  # a miss: tighter
+    assert rescaled.next(1e-2, 9e-3, 1e-2, True) is None  # within 1.25x of the tolerance: stop
+    assert rescaled.next(1e-2, 2e-3, 1e-2, True) == pytest.approx(4e-2)  # room: at most 4x looser
+    assert rescaled.next(1e-2, 2e-3, 1e-2, False) is None  # a mix seen before, or all f32: stop
+    bisected = BisectedBudget()
+    assert bisected.next(1e-2, 2e-3, 1e-2, True) == pytest.approx(4e-2)  # met: raised
+    assert bisected.next(4e-2, 2e-2, 1e-2, True) == pytest.approx(math.sqrt(1e-2 * 4e-2))  # then bisected
+    assert bisected.next(2.1e-2, 2e-2, 1e-2, False) is not None
+    assert bisected.next(2.05e-2, 5e-3, 1e-2, False) is None  # met and missed within 10%: stop
+
+
+def test_fastest_each_keeps_f32_on_a_tie_and_skips_a_single_precision_plan():
+    space = _Space(RescaledBudget, 1.0)
+    report = PrecisionReport(("f32", "bf16"), 1e-2)
+    space.units[1].times["bf16"] = 2.0  # a tie: f32 kept
+    mix = fastest_each(space, report)
+    assert mix is not None and mix.table == {"r#0": "bf16", "r#1": "f32", "r#2": "bf16"}
+    space.units[1].times["bf16"] = 1.0
+    assert fastest_each(space, report) is None  # all bf16: the all-bf16 candidate already
