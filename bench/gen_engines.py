@@ -110,7 +110,9 @@ def prompt_ids(vocab_size: int, length: int) -> np.ndarray:
 
 
 def _run(cmd: list[str], what: str, timeout: float = 3600) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    """``cmd`` offline (the exporters read the local folder; nothing may be fetched from the Hub)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
         raise Unavailable(f"{what} failed (exit {proc.returncode}): {tail}")
@@ -120,7 +122,8 @@ def _need(module: str, package: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise Unavailable(f"{package} is not installed (pip install {package})")
+        raise Unavailable(f"{package} is not installed in {sys.executable} (pip install {package}; or run the "
+                          f"engine by an interpreter that has it: generate.py --genai-python)")
 
 
 def gguf_file(hf: str, out_dir: str, fmt: str) -> str:
@@ -327,7 +330,7 @@ class OpenVINOGenAI:
         props = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"}
         if fmt == "fp32":
             props["KV_CACHE_PRECISION"] = "f32"
-        self.ov, self.ov_genai = ov, ov_genai
+        self.ov, self.ov_genai, self.folder, self.props = ov, ov_genai, folder, props
         self.pipe = ov_genai.LLMPipeline(folder, "CPU", **props)
 
     def generate(self, ids: np.ndarray, n: int) -> list[int]:
@@ -340,8 +343,18 @@ class OpenVINOGenAI:
         toks = list(res.tokens[0])
         return [int(t) for t in (toks[len(ids):] if len(toks) == len(ids) + n else toks)]
 
-    def logits(self, ids: np.ndarray) -> None:
-        return None  # LLMPipeline does not expose logits
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        """The prompt's last logits (``LLMPipeline`` does not expose them): the same exported IR compiled by
+        OpenVINO itself with the pipeline's properties, one inference of the stateful model on the prompt."""
+        core = self.ov.Core()
+        compiled = core.compile_model(os.path.join(self.folder, "openvino_model.xml"), "CPU", self.props)
+        n = len(ids)
+        feed = {"input_ids": ids[None], "attention_mask": np.ones((1, n), dtype=np.int64),
+                "position_ids": np.arange(n, dtype=np.int64)[None], "beam_idx": np.zeros(1, dtype=np.int32)}
+        wanted = {name for port in compiled.inputs for name in port.get_names()}
+        request = compiled.create_infer_request()
+        request.infer({k: v for k, v in feed.items() if k in wanted})
+        return np.array(request.get_tensor("logits").data[0, -1], dtype=np.float32)
 
 
 #: engine -> (adapter, the formats it runs, the default ones, how its files are made from the HF folder)
@@ -353,6 +366,9 @@ ENGINES = {
     "ort_genai": (OrtGenAI, ("fp32", "int4"), ("fp32", "int4"), ort_genai_folder),
     "openvino_genai": (OpenVINOGenAI, ("fp32", "int8", "int4"), ("fp32", "int8", "int4"), openvino_folder),
 }
+#: engines whose workers run under ``generate.py --genai-python`` where given (their packages may live in
+#: another environment than ours: OpenVINO GenAI's does here)
+GENAI_ENGINES = ("ort_genai", "openvino_genai")
 LABELS = {"ours": "ours (bh.llm)", "ours_gguf": "ours (bh.llm.from_gguf)", "hf": "transformers generate", "llama_cpp": "llama.cpp",
           "ort_genai": "ONNX Runtime GenAI", "openvino_genai": "OpenVINO GenAI"}
 #: nominal bytes per weight of each format (Q8_0: 32 int8 + an f16 scale; Q4_0: 32 nibbles + an f16 scale;
