@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -138,15 +139,28 @@ def gguf_file(hf: str, out_dir: str, fmt: str) -> str:
     return path
 
 
+def _folder_once(path: str, marker: str, cmd, what: str) -> str:
+    """The folder ``path``, written once by the command ``cmd(part)`` into ``path + ".part"`` and renamed when
+    ``marker`` is in it (an interrupted export leaves nothing that looks done); kept where ``marker`` is."""
+    if not os.path.exists(os.path.join(path, marker)):
+        part = path + ".part"
+        shutil.rmtree(part, ignore_errors=True)
+        _run(cmd(part), what)
+        if not os.path.exists(os.path.join(part, marker)):
+            raise Unavailable(f"{what} exited 0 but wrote no {marker} into {part}")
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(part, path)
+    return path
+
+
 def ort_genai_folder(hf: str, out_dir: str, fmt: str) -> str:
     """ONNX Runtime GenAI's model builder run on ``hf`` for the CPU (``fp32`` or ``int4``), once."""
     _need("onnxruntime_genai", "onnxruntime-genai")
-    path = os.path.join(out_dir, f"ort_genai_{fmt}")
-    if not os.path.exists(os.path.join(path, "genai_config.json")):
-        _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", hf, "-i", hf, "-o", path,
-              "-p", fmt, "-e", "cpu", "-c", os.path.join(out_dir, "ort_genai_cache")],
-             f"onnxruntime_genai.models.builder -p {fmt}")
-    return path
+    return _folder_once(
+        os.path.join(out_dir, f"ort_genai_{fmt}"), "genai_config.json",
+        lambda part: [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", hf, "-i", hf, "-o", part,
+                      "-p", fmt, "-e", "cpu", "-c", os.path.join(out_dir, "ort_genai_cache")],
+        f"onnxruntime_genai.models.builder -p {fmt}")
 
 
 def int4_group(hf: str) -> int:
@@ -166,13 +180,13 @@ def openvino_folder(hf: str, out_dir: str, fmt: str) -> str:
     _need("openvino_genai", "openvino-genai")
     if not os.environ.get("OPTIMUM_CLI"):
         _need("optimum.intel", "optimum-intel")
-    path = os.path.join(out_dir, f"openvino_{fmt}")
-    if not os.path.exists(os.path.join(path, "openvino_model.xml")):
-        cli = os.environ.get("OPTIMUM_CLI") or os.path.join(os.path.dirname(sys.executable), "optimum-cli")
-        extra = ["--group-size", str(int4_group(hf))] if fmt == "int4" else []
-        _run([cli, "export", "openvino", "--model", hf, "--task", "text-generation-with-past",
-              "--weight-format", fmt, *extra, path], f"optimum-cli export openvino --weight-format {fmt}")
-    return path
+    cli = os.environ.get("OPTIMUM_CLI") or os.path.join(os.path.dirname(sys.executable), "optimum-cli")
+    extra = ["--group-size", str(int4_group(hf))] if fmt == "int4" else []
+    return _folder_once(
+        os.path.join(out_dir, f"openvino_{fmt}"), "openvino_model.xml",
+        lambda part: [cli, "export", "openvino", "--model", hf, "--task", "text-generation-with-past",
+                      "--weight-format", fmt, *extra, part],
+        f"optimum-cli export openvino --weight-format {fmt}")
 
 
 # ------------------------------------------------------------------------------------------------
