@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -110,7 +111,9 @@ def prompt_ids(vocab_size: int, length: int) -> np.ndarray:
 
 
 def _run(cmd: list[str], what: str, timeout: float = 3600) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    """``cmd`` offline (the exporters read the local folder; nothing may be fetched from the Hub)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
         raise Unavailable(f"{what} failed (exit {proc.returncode}): {tail}")
@@ -120,7 +123,8 @@ def _need(module: str, package: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise Unavailable(f"{package} is not installed (pip install {package})")
+        raise Unavailable(f"{package} is not installed in {sys.executable} (pip install {package}; or run the "
+                          f"engine by an interpreter that has it: generate.py --genai-python)")
 
 
 #: formats made by llama.cpp's own quantizer (``llama_model_quantize``) from the F32 file: its mixes
@@ -153,15 +157,28 @@ def gguf_file(hf: str, out_dir: str, fmt: str) -> str:
     return path
 
 
+def _folder_once(path: str, marker: str, cmd, what: str) -> str:
+    """The folder ``path``, written once by the command ``cmd(part)`` into ``path + ".part"`` and renamed when
+    ``marker`` is in it (an interrupted export leaves nothing that looks done); kept where ``marker`` is."""
+    if not os.path.exists(os.path.join(path, marker)):
+        part = path + ".part"
+        shutil.rmtree(part, ignore_errors=True)
+        _run(cmd(part), what)
+        if not os.path.exists(os.path.join(part, marker)):
+            raise Unavailable(f"{what} exited 0 but wrote no {marker} into {part}")
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(part, path)
+    return path
+
+
 def ort_genai_folder(hf: str, out_dir: str, fmt: str) -> str:
     """ONNX Runtime GenAI's model builder run on ``hf`` for the CPU (``fp32`` or ``int4``), once."""
     _need("onnxruntime_genai", "onnxruntime-genai")
-    path = os.path.join(out_dir, f"ort_genai_{fmt}")
-    if not os.path.exists(os.path.join(path, "genai_config.json")):
-        _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", hf, "-i", hf, "-o", path,
-              "-p", fmt, "-e", "cpu", "-c", os.path.join(out_dir, "ort_genai_cache")],
-             f"onnxruntime_genai.models.builder -p {fmt}")
-    return path
+    return _folder_once(
+        os.path.join(out_dir, f"ort_genai_{fmt}"), "genai_config.json",
+        lambda part: [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", hf, "-i", hf, "-o", part,
+                      "-p", fmt, "-e", "cpu", "-c", os.path.join(out_dir, "ort_genai_cache")],
+        f"onnxruntime_genai.models.builder -p {fmt}")
 
 
 def int4_group(hf: str) -> int:
@@ -181,13 +198,13 @@ def openvino_folder(hf: str, out_dir: str, fmt: str) -> str:
     _need("openvino_genai", "openvino-genai")
     if not os.environ.get("OPTIMUM_CLI"):
         _need("optimum.intel", "optimum-intel")
-    path = os.path.join(out_dir, f"openvino_{fmt}")
-    if not os.path.exists(os.path.join(path, "openvino_model.xml")):
-        cli = os.environ.get("OPTIMUM_CLI") or os.path.join(os.path.dirname(sys.executable), "optimum-cli")
-        extra = ["--group-size", str(int4_group(hf))] if fmt == "int4" else []
-        _run([cli, "export", "openvino", "--model", hf, "--task", "text-generation-with-past",
-              "--weight-format", fmt, *extra, path], f"optimum-cli export openvino --weight-format {fmt}")
-    return path
+    cli = os.environ.get("OPTIMUM_CLI") or os.path.join(os.path.dirname(sys.executable), "optimum-cli")
+    extra = ["--group-size", str(int4_group(hf))] if fmt == "int4" else []
+    return _folder_once(
+        os.path.join(out_dir, f"openvino_{fmt}"), "openvino_model.xml",
+        lambda part: [cli, "export", "openvino", "--model", hf, "--task", "text-generation-with-past",
+                      "--weight-format", fmt, *extra, part],
+        f"optimum-cli export openvino --weight-format {fmt}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -345,7 +362,7 @@ class OpenVINOGenAI:
         props = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"}
         if fmt == "fp32":
             props["KV_CACHE_PRECISION"] = "f32"
-        self.ov, self.ov_genai = ov, ov_genai
+        self.ov, self.ov_genai, self.folder, self.props = ov, ov_genai, folder, props
         self.pipe = ov_genai.LLMPipeline(folder, "CPU", **props)
 
     def generate(self, ids: np.ndarray, n: int) -> list[int]:
@@ -358,8 +375,18 @@ class OpenVINOGenAI:
         toks = list(res.tokens[0])
         return [int(t) for t in (toks[len(ids):] if len(toks) == len(ids) + n else toks)]
 
-    def logits(self, ids: np.ndarray) -> None:
-        return None  # LLMPipeline does not expose logits
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        """The prompt's last logits (``LLMPipeline`` does not expose them): the same exported IR compiled by
+        OpenVINO itself with the pipeline's properties, one inference of the stateful model on the prompt."""
+        core = self.ov.Core()
+        compiled = core.compile_model(os.path.join(self.folder, "openvino_model.xml"), "CPU", self.props)
+        n = len(ids)
+        feed = {"input_ids": ids[None], "attention_mask": np.ones((1, n), dtype=np.int64),
+                "position_ids": np.arange(n, dtype=np.int64)[None], "beam_idx": np.zeros(1, dtype=np.int32)}
+        wanted = {name for port in compiled.inputs for name in port.get_names()}
+        request = compiled.create_infer_request()
+        request.infer({k: v for k, v in feed.items() if k in wanted})
+        return np.array(request.get_tensor("logits").data[0, -1], dtype=np.float32)
 
 
 #: engine -> (adapter, the formats it runs, the default ones, how its files are made from the HF folder)
@@ -371,6 +398,9 @@ ENGINES = {
     "ort_genai": (OrtGenAI, ("fp32", "int4"), ("fp32", "int4"), ort_genai_folder),
     "openvino_genai": (OpenVINOGenAI, ("fp32", "int8", "int4"), ("fp32", "int8", "int4"), openvino_folder),
 }
+#: engines whose workers run under ``generate.py --genai-python`` where given (their packages may live in
+#: another environment than ours: OpenVINO GenAI's does here)
+GENAI_ENGINES = ("ort_genai", "openvino_genai")
 LABELS = {"ours": "ours (bh.llm)", "ours_gguf": "ours (bh.llm.from_gguf)", "hf": "transformers generate", "llama_cpp": "llama.cpp",
           "ort_genai": "ONNX Runtime GenAI", "openvino_genai": "OpenVINO GenAI"}
 #: nominal bytes per weight of each format (Q8_0: 32 int8 + an f16 scale; Q4_0: 32 nibbles + an f16 scale;

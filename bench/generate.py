@@ -4,6 +4,15 @@ GenAI, OpenVINO GenAI and transformers' own ``generate``, side by side on the sa
     python bench/generate.py --keep /tmp/gen --markdown bench/GENERATE.md               # everything (hours)
     python bench/generate.py --small --keep /tmp/gen-small --rounds 1                   # smoke run (minutes)
     python bench/generate.py --models smollm_135m --engines hf,llama_cpp --formats llama_cpp=f32,q8_0
+    python bench/generate.py --keep /tmp/gen --prepare-only --genai-python /tmp/venv/bin/python \
+        --optimum-cli /tmp/ovx/bin/optimum-cli                                        # every file, no timing
+
+``--genai-python PATH`` (or ``$GENAI_PYTHON``): the interpreter of the ONNX Runtime GenAI and OpenVINO GenAI
+workers (files and measurements), an environment with those packages on top of ours (``--system-site-packages``);
+the rest runs by this one. ``--optimum-cli PATH`` (or ``$OPTIMUM_CLI``): optimum-intel's exporter, which may pin
+other transformers than ours, in an environment of its own. Exports run offline (``HF_HUB_OFFLINE``): they read
+the local folder. ``--prepare-only`` writes every file into ``--keep`` and measures nothing, so that a quiet run
+only times.
 
 Models (``gen_engines.model_config``): a Llama decoder with SmolLM-135M's sizes, a Qwen2 decoder with
 Qwen2.5-0.5B's and a Llama decoder with Llama-3.2-1B's (its llama3 RoPE scaling included), tied embeddings,
@@ -19,8 +28,9 @@ f16 / q8_0 / q4_0 (``llama-cpp-python``), ``ort_genai`` fp32 / int4, ``openvino_
 Each engine gets the same random prompt ids (batch 1) and decodes greedily, the end-of-sequence token ignored.
 
 Each (model, engine, format, thread count) runs in its own process with ``OMP_NUM_THREADS`` &c. set, in
-``--rounds`` interleaved rounds (every cell once per round, fresh processes; a cell's figures are the best of
-its rounds). A process loads the engine, warms it up, then measures:
+``--rounds`` interleaved rounds (every cell once per round, fresh processes, the order rotated by one cell each
+round, ``--pause`` seconds of rest and a wait for idle CPUs before each; a cell's figures are the best of its
+rounds). A process loads the engine, warms it up, then measures:
 
 * time to first token for prompts of 128 and 1024 (``--prompts``; the best of ``--reps``); prefill tokens/s =
   prompt length / that time;
@@ -33,9 +43,11 @@ its rounds). A process loads the engine, warms it up, then measures:
   numpy's read is a lower estimate of what the memory delivers (session 10, quiet: llama.cpp f32 decoded a
   0.5B model at 8.0 tok/s against a "bound" of 7.1 from a 14.1 GB/s numpy read, and our GEMV steps streamed
   ~20 GB/s), so "% of bound" above 100% means the bound was low, not the timing;
-* its peak resident size (``VmHWM``: loading, conversion of weights and the measurement included);
-* the last position's logits after the 128 prompt where the engine exposes them: error = max |l - l_ref| /
-  max |l_ref| against transformers' f32 logits; the 128 new tokens against transformers' f32 tokens.
+* its peak resident size (``VmHWM``: loading, conversion of weights and the measurement included; read before
+  the logits' check);
+* the last position's logits after the 128 prompt where the engine exposes them (OpenVINO GenAI's pipeline does
+  not: its exported IR compiled by OpenVINO itself gives them): error = max |l - l_ref| / max |l_ref| against
+  transformers' f32 logits; the 128 new tokens against transformers' f32 tokens.
 
 Beside them: the machine's memory bandwidth (numpy: each thread reads / copies its share of a 512 MiB buffer,
 best of 5) at each thread count, and the decode bound it implies: tokens/s <= read bandwidth / bytes read per
@@ -60,13 +72,16 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from gen_engines import (ENGINES, LABELS, MODELS, WIDTH, Unavailable,  # noqa: E402
+from gen_engines import (ENGINES, GENAI_ENGINES, LABELS, MODELS, WIDTH, Unavailable,  # noqa: E402
                          load_engine, prompt_ids, save_model)
 import run  # noqa: E402
 from run import package_versions, wait_quiet  # noqa: E402
 
 VERSIONED = ("byoc-hetero", "apache-tvm", "torch", "transformers", "llama_cpp_python", "gguf", "onnxruntime-genai",
              "openvino-genai", "optimum-intel", "numpy")
+#: the versions reported for the GenAI engines' interpreter and optimum-cli's environment where they are others
+GENAI_VERSIONED = ("onnxruntime-genai", "onnxruntime", "openvino-genai", "openvino")
+EXPORT_VERSIONED = ("optimum-intel", "optimum", "nncf", "openvino", "transformers", "torch")
 
 
 def machine() -> str:
@@ -139,12 +154,12 @@ def measure_worker(spec: dict) -> dict:
     eng.generate(base, 2)  # warm-up: first-call allocations, plans
     res["ttft_s"] = {str(p): _best_time(lambda p=p: eng.generate(ids[:p], 1), reps)[0] for p in prompts}
     res["decode_s"], res["tokens"] = decode_times(eng, base, new, reps)
+    res["peak_rss_mib"] = peak_rss_mib()  # before the logits' check (OpenVINO's compiles a second model)
     logits = eng.logits(base)
     if logits is not None:
         path = os.path.join(spec["out"], f"logits_{spec['engine']}_{spec['format']}_{spec['threads']}.npy")
         np.save(path, np.asarray(logits, dtype=np.float32))
         res["logits"] = path
-    res["peak_rss_mib"] = peak_rss_mib()
     return res
 
 
@@ -177,9 +192,24 @@ def bandwidth_worker(threads: int, mib: int = 512, reps: int = 5) -> dict:
     return {"read_gbs": src.nbytes / read_s / 1e9, "copy_gbs": 2 * src.nbytes / copy_s / 1e9}
 
 
-def _spawn(argv: list[str], threads: int, timeout: float) -> dict:
-    """This script's ``argv`` in a process with the thread variables set (``run._spawn``)."""
-    return run._spawn(argv, threads, timeout=timeout, script=os.path.abspath(__file__))
+def _spawn(argv: list[str], threads: int, timeout: float, python: str | None = None) -> dict:
+    """This script's ``argv`` in a process of ``python`` (default: this one) with the thread variables set
+    (``run._spawn``)."""
+    return run._spawn(argv, threads, timeout=timeout, script=os.path.abspath(__file__), python=python)
+
+
+def versions_line(genai_python: str | None, optimum_cli: str | None) -> str:
+    """The report's versions: this interpreter's; the GenAI engines' interpreter's and optimum-cli's
+    environment's where they are others (its ``python`` beside the ``optimum-cli`` script)."""
+    line = f"Versions: {package_versions(VERSIONED)}"
+    others = [("ONNX Runtime GenAI / OpenVINO GenAI run by", genai_python, GENAI_VERSIONED),
+              ("OpenVINO IR exported by", optimum_cli and os.path.join(os.path.dirname(optimum_cli), "python"),
+               EXPORT_VERSIONED)]
+    for what, python, names in others:
+        if python:
+            got = _spawn(["--versions", ",".join(names)], 1, 120, python)
+            line += f"; {what} {python}: {got.get('versions') or got.get('error')}"
+    return line
 
 
 # ------------------------------------------------------------------------------------------------
@@ -278,9 +308,12 @@ class Bench:
         self.prompts = [int(p) for p in args.prompts.split(",")]
         self.cells = parse_cells(args.engines, args.formats)
         self.started = time.time()
-        self.bandwidth = {t: _spawn(["--bandwidth", str(t)], t, 600) for t in self.threads}
+        #: the interpreter of each engine's workers (None: this one)
+        self.python = {engine: args.genai_python for engine in GENAI_ENGINES}
+        self.bandwidth = {} if args.prepare_only else {t: _spawn(["--bandwidth", str(t)], t, 600)
+                                                       for t in self.threads}
         self.lines = [f"## Generation benchmark{' (--small configs)' if args.small else ''}", "",
-                      f"Machine: {machine()}", "", f"Versions: {package_versions(VERSIONED)}", "",
+                      f"Machine: {machine()}", "", versions_line(args.genai_python, args.optimum_cli), "",
                       f"Prompt {'/'.join(map(str, self.prompts))} tokens, {args.new} new, batch 1, greedy; "
                       f"threads {args.threads}; best of {args.rounds} interleaved round(s).", ""]
         self.lines += self.bandwidth_lines()
@@ -305,26 +338,42 @@ class Bench:
         with open(os.path.join(hf, "config.json")) as f:
             return hf, json.load(f)
 
-    def run_model(self, model: str) -> None:
+    def prepare_files(self, model: str) -> tuple[str, dict, dict[tuple[str, str], str]]:
+        """The model's Hugging Face folder and every cell's files (each written once); the HF folder, its
+        config and the cells that cannot run, with why."""
         hf, cfg = self.prepare(model)
         skipped: dict[tuple[str, str], str] = {}
         for engine, fmt in self.cells:
+            t0 = time.time()
             r = _spawn(["--files", json.dumps(self.spec(model, hf, cfg, engine=engine, format=fmt))], 2,
-                       self.args.timeout)
+                       self.args.timeout, self.python.get(engine))
             if "files" not in r:
                 skipped[(engine, fmt)] = r.get("skipped") or r.get("error")
                 self.log(f"{model} {engine} {fmt}: skipped: {skipped[(engine, fmt)]}")
+            else:
+                self.log(f"{model} {engine} {fmt}: files {r['files']} ({time.time() - t0:.0f} s)")
+        return hf, cfg, skipped
+
+    def run_model(self, model: str) -> None:
+        hf, cfg, skipped = self.prepare_files(model)
+        if self.args.prepare_only:
+            self.lines += [f"### {model}: files prepared", ""] + [
+                f"- cannot run: {LABELS[e]} {f}: {' | '.join(str(why).splitlines())}" for (e, f), why in skipped.items()]
+            return
         ref = _spawn(["--reference", json.dumps(self.spec(model, hf, cfg, threads=max(self.threads)))],
                      max(self.threads), self.args.timeout)
         runs: dict[tuple[str, str, int], list[dict]] = {}
         for rnd in range(self.args.rounds):
             for t in self.threads:
-                for engine, fmt in self.cells:
+                for engine, fmt in rotated(self.cells, rnd):
                     if (engine, fmt) in skipped:
                         continue
+                    # the last process is gone, but let its threads' CPUs (ONNX Runtime's pool spins after
+                    # a run) and the pages it freed settle before the next one starts
+                    time.sleep(self.args.pause)
                     wait_quiet(self.args.quiet_wait)
                     spec = self.spec(model, hf, cfg, engine=engine, format=fmt, threads=t)
-                    r = _spawn(["--measure", json.dumps(spec)], t, self.args.timeout)
+                    r = _spawn(["--measure", json.dumps(spec)], t, self.args.timeout, self.python.get(engine))
                     if "ttft_s" not in r:
                         skipped[(engine, fmt)] = r.get("skipped") or r.get("error")
                         self.log(f"{model} {engine} {fmt} {t} threads: {skipped[(engine, fmt)]}")
@@ -381,6 +430,13 @@ class Bench:
         return lines + [""]
 
 
+def rotated(cells: list, rnd: int) -> list:
+    """The cells in round ``rnd``'s order: rotated by one each round, so that no engine always runs right
+    after the same one."""
+    k = rnd % max(1, len(cells))
+    return cells[k:] + cells[:k]
+
+
 def parse_cells(engines: str, formats: str) -> list[tuple[str, str]]:
     """(engine, format) pairs: each engine of ``engines`` with its default formats, or those ``formats`` names
     for it (``"llama_cpp=f32,q8_0 ort_genai=fp32"``)."""
@@ -416,8 +472,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for idle CPUs per cell")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds allowed to each process")
     ap.add_argument("--markdown", metavar="FILE", help="append the report to FILE")
-    ap.add_argument("--optimum-cli", metavar="PATH",
+    ap.add_argument("--optimum-cli", metavar="PATH", default=os.environ.get("OPTIMUM_CLI"),
                     help="optimum-cli of another environment for the OpenVINO export (sets $OPTIMUM_CLI)")
+    ap.add_argument("--genai-python", metavar="PATH", default=os.environ.get("GENAI_PYTHON"),
+                    help="the interpreter that runs the ort_genai and openvino_genai workers (default $GENAI_PYTHON, "
+                         "else this one): an environment with onnxruntime-genai / openvino-genai on top of ours")
+    ap.add_argument("--pause", type=float, default=1.0, help="seconds of rest before each cell's process")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="write every model's Hugging Face folder and engine files into --keep, measure nothing")
+    ap.add_argument("--versions", help=argparse.SUPPRESS)
     ap.add_argument("--measure", help=argparse.SUPPRESS)
     ap.add_argument("--reference", help=argparse.SUPPRESS)
     ap.add_argument("--files", help=argparse.SUPPRESS)
@@ -429,6 +492,9 @@ def main(argv=None) -> int:
             return 0
     if args.bandwidth:
         print(json.dumps(bandwidth_worker(args.bandwidth)))
+        return 0
+    if args.versions:
+        print(json.dumps({"versions": package_versions(args.versions.split(","))}))
         return 0
     for name in args.models.split(","):
         if name not in MODELS:

@@ -320,11 +320,13 @@ def _env(threads: int) -> dict:
     return env
 
 
-def _spawn(argv: list[str], threads: int, timeout: float = 1800, script: str = os.path.abspath(__file__)) -> dict:
-    """Run ``script argv`` (default: this file) with the thread variables set; its last JSON line, or
-    ``{"error": ...}`` with the tail of its stderr (also when it runs past ``timeout`` seconds)."""
+def _spawn(argv: list[str], threads: int, timeout: float = 1800, script: str = os.path.abspath(__file__),
+           python: str | None = None) -> dict:
+    """Run ``script argv`` (default: this file) by ``python`` (default: this interpreter) with the thread
+    variables set; its last JSON line, or ``{"error": ...}`` with the tail of its stderr (also when it runs
+    past ``timeout`` seconds)."""
     try:
-        proc = subprocess.run([sys.executable, script, *argv], env=_env(threads),
+        proc = subprocess.run([python or sys.executable, script, *argv], env=_env(threads),
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
