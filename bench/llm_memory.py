@@ -45,9 +45,12 @@ def table(rows: list) -> str:
 
 
 def prepared_mib(gen) -> float:
-    from byoc_hetero._relax import region_modules
+    """The regions' prepared-weight MiB, for a built (Executable) or a loaded (runtime Module) generator."""
+    from byoc_hetero._relax import imported_modules
 
-    return sum(json.loads(m["get_runtime_info"]())["shared_bytes"] for m in region_modules(gen._executable)) / 2**20
+    root = gen._executable.jit() if hasattr(gen._executable, "jit") else gen._executable
+    mods = [m for m in imported_modules(root) if str(m.kind) == "byoc_hetero"]
+    return sum(json.loads(m["get_runtime_info"]())["shared_bytes"] for m in mods) / 2**20
 
 
 def load_main(folder: str, threads: int, prompt: int, new: int) -> None:
