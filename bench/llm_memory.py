@@ -1,13 +1,18 @@
 """Where the resident memory of ``bh.llm`` generation goes, stage by stage (issue 36's memory target).
 
     PYTHONPATH=. python bench/llm_memory.py --model smollm_135m --threads 2 [--contention] [--weights int8]
+        [--save DIR] [--gguf FILE]
+    PYTHONPATH=. python bench/llm_memory.py --load DIR     # a fresh process loading a saved generator
 
 One fresh process: imports, a seeded random transformers model of the named sizes (gen_engines.py),
 ``bh.llm.from_hf`` (``--weights``, f32 by default; max_length = prompt + new), the transformers model deleted, then a
 generation (a prefill of ``--prompt`` tokens and ``--new`` decode steps); with ``--contention`` a second
 one on the 1-thread contention plans (forced: what a busy machine makes). After each stage: VmRSS and
-VmHWM (MiB), and at the end the regions' prepared-weight bytes (get_runtime_info's shared_bytes).
-Prints one Markdown table. Memory, not time: the figures hold on a loaded machine too.
+VmHWM (MiB) and the resident size's file-backed share (RssFile: pages of mapped files, such as a loaded
+library's embedded weights), and at the end the regions' prepared-weight bytes (get_runtime_info's
+shared_bytes). ``--gguf FILE``: ``bh.llm.from_gguf(FILE)`` instead of the transformers model. ``--save DIR``:
+then ``gen.save(DIR)`` and, in a fresh process, ``--load DIR``: ``bh.llm.load(DIR)`` and the same generation
+(what a deployment does). Prints Markdown tables. Memory, not time: the figures hold on a loaded machine too.
 """
 
 from __future__ import annotations
@@ -16,20 +21,55 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def status() -> tuple[int, int]:
-    """(VmRSS, VmHWM) in MiB."""
+def status() -> tuple[int, int, int]:
+    """(VmRSS, VmHWM, RssFile) in MiB."""
     got = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
+            if line.startswith(("VmRSS:", "VmHWM:", "RssFile:")):
                 got[line.split(":")[0]] = int(line.split()[1]) // 1024
-    return got["VmRSS"], got["VmHWM"]
+    return got["VmRSS"], got["VmHWM"], got["RssFile"]
+
+
+def table(rows: list) -> str:
+    lines = ["| stage | VmRSS MiB | VmHWM MiB | of which file-backed MiB |", "|---|---|---|---|"]
+    return "\n".join(lines + [f"| {name} | {rss} | {hwm} | {file} |" for name, rss, hwm, file in rows])
+
+
+def prepared_mib(gen) -> float:
+    """The regions' prepared-weight MiB, for a built (Executable) or a loaded (runtime Module) generator."""
+    from byoc_hetero._relax import imported_modules
+
+    root = gen._executable.jit() if hasattr(gen._executable, "jit") else gen._executable
+    mods = [m for m in imported_modules(root) if str(m.kind) == "byoc_hetero"]
+    return sum(json.loads(m["get_runtime_info"]())["shared_bytes"] for m in mods) / 2**20
+
+
+def load_main(folder: str, threads: int, prompt: int, new: int) -> None:
+    """The fresh process of ``--load``: imports, ``bh.llm.load``, one generation."""
+    import numpy as np
+
+    import byoc_hetero as bh
+    from byoc_hetero import _C
+    from gen_engines import prompt_ids
+
+    _C.set_num_threads(threads)
+    rows = [("imports (TVM, oneDNN; no torch)", *status())]
+    gen = bh.llm.load(folder)
+    rows.append(("`bh.llm.load` done", *status()))
+    ids = np.asarray(prompt_ids(gen.spec.vocab, prompt))[None]
+    gen.generate(ids, new)
+    rows.append((f"generate ({prompt} + {new}, {threads} threads)", *status()))
+    print(f"loaded {folder}: prepared weights {prepared_mib(gen):.0f} MiB\n")
+    print(table(rows))
 
 
 def main() -> None:
@@ -40,7 +80,14 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--contention", action="store_true", help="then generate on the 1-thread contention plans")
     ap.add_argument("--weights", default="f32", help="from_hf's weights: f32 (default), int8, int4")
+    ap.add_argument("--gguf", help="build with bh.llm.from_gguf(FILE) instead of a transformers model")
+    ap.add_argument("--save", help="then save the generator to DIR and load it in a fresh process")
+    ap.add_argument("--load", help="only load the generator saved in DIR and generate (a fresh process)")
     args = ap.parse_args()
+    if args.load:
+        os.environ.setdefault("BYOC_HETERO_ADAPT_THREADS", "off")
+        load_main(args.load, args.threads, args.prompt, args.new)
+        return
     os.environ.setdefault("BYOC_HETERO_ADAPT_THREADS", "off")
     rows = []
     import numpy as np
@@ -54,16 +101,23 @@ def main() -> None:
 
     _C.set_num_threads(args.threads)
     rows.append(("imports (torch, transformers, TVM, oneDNN)", *status()))
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    rows.append(("+ the transformers model", *status()))
-    gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)
-    rows.append((f"`from_hf` done ({args.weights})", *status()))
-    vocab = model.config.vocab_size
-    del model
-    gc.collect()
-    rows.append(("transformers model deleted", *status()))
+    if args.gguf:
+        gen = bh.llm.from_gguf(args.gguf, max_length=args.prompt + args.new)
+        weights, vocab = os.path.getsize(args.gguf), gen.spec.vocab
+        rows.append((f"`from_gguf` done ({gen.weights})", *status()))
+        what = f"{args.gguf}: {weights / 2**20:.0f} MiB file"
+    else:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        rows.append(("+ the transformers model", *status()))
+        gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)
+        rows.append((f"`from_hf` done ({args.weights})", *status()))
+        vocab = model.config.vocab_size
+        del model
+        gc.collect()
+        rows.append(("transformers model deleted", *status()))
+        what = f"{args.model}: {weights / 2**20:.0f} MiB of f32 weights"
     ids = np.asarray(prompt_ids(vocab, args.prompt))[None]
     gen.generate(ids, args.new)
     rows.append((f"generate ({args.prompt} + {args.new}, {args.threads} threads)", *status()))
@@ -71,13 +125,19 @@ def main() -> None:
         _C.set_thread_adaptation("reduced")
         gen.generate(ids, args.new)
         rows.append(("again on the 1-thread contention plans", *status()))
+    if args.save:
+        gen.save(args.save)
+        rows.append((f"`gen.save` ({sum(f.stat().st_size for f in Path(args.save).iterdir()) / 2**20:.0f} MiB)",
+                     *status()))
     info = [json.loads(m["get_runtime_info"]()) for m in region_modules(gen._executable)]
-    print(f"{args.model}: {weights / 2**20:.0f} MiB of f32 weights; prepared weights "
-          f"{sum(i['shared_bytes'] for i in info) / 2**20:.0f} MiB; contention plans "
+    print(f"{what}; prepared weights {prepared_mib(gen):.0f} MiB; contention plans "
           f"{[i['contention_plans'] for i in info]}; oneDNN {_C.onednn_version()} ISA {_C.isa()}\n")
-    print("| stage | VmRSS MiB | VmHWM MiB |\n|---|---|---|")
-    for name, rss, hwm in rows:
-        print(f"| {name} | {rss} | {hwm} |")
+    print(table(rows))
+    if args.save:
+        print()
+        sys.stdout.flush()
+        subprocess.run([sys.executable, __file__, "--load", args.save, "--threads", str(args.threads),
+                        "--prompt", str(args.prompt), "--new", str(args.new)], check=True)
 
 
 if __name__ == "__main__":

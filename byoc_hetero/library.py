@@ -15,10 +15,19 @@ the program header table and every segment's file bytes; the section header tabl
 section's file bytes (``SHT_NOBITS`` sections occupy none) all lie inside the file; the section name
 table index is in range. This is a structural check, not a verification of the machine code; a
 raw ``tvm.runtime.load_module`` of a damaged file skips it (TVM's business, not ours).
+
+Memory. The modules of a library (a decoder's weights among the constants) are serialized into one
+array embedded in the file, ``__tvm_ffi__library_bin``; loading reads it once and builds the modules
+from it, in memory of their own. The pages of the array read stay resident, mapped from the file (as
+large as the weights again: issue 36): :func:`load_module` hands them back afterwards
+(:func:`release_embedded_bytes`). They are clean pages of a read-only mapping, so a later read (an
+``export_library`` of the loaded module reads the modules, not the array) finds the file's bytes again.
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -27,9 +36,11 @@ import tvm
 
 from .errors import IntegrityError, ModelFileError
 
-__all__ = ["check_library", "load_module"]
+__all__ = ["check_library", "load_module", "release_embedded_bytes"]
 
 _SHT_NOBITS = 8
+_MADV_DONTNEED = 4
+_EMBEDDED = "__tvm_ffi__library_bin"  # tvm_ffi's symbol of the serialized modules (tvm/ffi/extra/module.h)
 
 
 def _fail(path: Path, what: str) -> IntegrityError:
@@ -114,4 +125,47 @@ def load_module(path: str | os.PathLike) -> tvm.runtime.Module:
     >>> lib = bh.load_module("model.so")
     >>> vm = tvm.relax.VirtualMachine(lib, tvm.cpu())
     """
-    return tvm.runtime.load_module(str(check_library(path)))
+    lib = tvm.runtime.load_module(str(check_library(path)))
+    release_embedded_bytes(path)
+    return lib
+
+
+def _read_only_spans() -> list[tuple[int, int]]:
+    """(start, end) of this process's mappings without write permission (/proc/self/maps)."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 2 and fields[1][1] == "-":
+                lo, hi = fields[0].split("-")
+                spans.append((int(lo, 16), int(hi, 16)))
+    return spans
+
+
+def release_embedded_bytes(path: str | os.PathLike) -> int:
+    """Hand back the resident pages of the serialized modules embedded in the loaded library ``path``
+    (see Memory in the module docstring): the whole pages inside ``__tvm_ffi__library_bin`` that lie in
+    a read-only mapping of the file are dropped from the process (``madvise(MADV_DONTNEED)``; the
+    file's bytes come back on a later read). Returns the bytes released; 0 where there is nothing to
+    release (a library without the array, not loaded, or not Linux)."""
+    try:
+        lib = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except (OSError, AttributeError):
+        return 0
+    try:
+        start = ctypes.addressof(ctypes.c_uint64.in_dll(lib, _EMBEDDED))
+        end = start + 8 + ctypes.c_uint64.in_dll(lib, _EMBEDDED).value  # a u64 of its length, then the bytes
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, end // page * page
+        released = 0
+        for a, b in _read_only_spans():
+            a, b = max(a, lo), min(b, hi)
+            if a < b and ctypes.CDLL(None).madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), _MADV_DONTNEED) == 0:
+                released += b - a
+        return released
+    except (ValueError, OSError, AttributeError):
+        return 0
+    finally:
+        import _ctypes
+
+        _ctypes.dlclose(lib._handle)  # the reference RTLD_NOLOAD took

@@ -14,6 +14,9 @@ about 100 MiB whatever the model, so the ratio is larger at this size than at Sm
 Before session 9 it was 6.6x the weights (the contention plans kept prepared weights of their own,
 and the RMSNorm-folded intermediates and the embedding's plain copy stayed after __init_, and the
 heap the build freed stayed mapped); 3.6x after; 2.84x in session 10 (the prefill's own copy gone).
+
+The generator is then saved and loaded in a fresh process (what a deployment does): the same tokens, and the
+library file's embedded copy of the modules no longer resident once they are built (session 11).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +37,7 @@ pytest.importorskip("transformers")
 
 SCRIPT = textwrap.dedent(
     """
-    import json, numpy as np, torch, transformers
+    import json, sys, numpy as np, torch, transformers
     import byoc_hetero as bh
     from byoc_hetero import _C
     from byoc_hetero._relax import region_modules
@@ -60,19 +64,55 @@ SCRIPT = textwrap.dedent(
     got.append(gen.generate(ids, 4))
     after = resident()
     info = [json.loads(m["get_runtime_info"]()) for m in region_modules(gen._executable)]
+    if len(sys.argv) > 1:
+        gen.save(sys.argv[1])
     print(json.dumps({"weights": weights, "growth": after - before, "same": [bool((g == want).all()) for g in got],
                       "contention_plans": [i["contention_plans"] for i in info],
-                      "prepared": sum(i["shared_bytes"] for i in info)}))
+                      "prepared": sum(i["shared_bytes"] for i in info), "want": want.tolist()}))
+    """
+)
+
+LOAD_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, numpy as np
+    import byoc_hetero as bh
+    from byoc_hetero import _C
+
+    def resident():
+        with open("/proc/self/status") as f:
+            got = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in f if l.startswith(("VmRSS:", "RssFile:"))}
+        return got["VmRSS"], got["RssFile"]
+
+    _C.set_num_threads(2)
+    ids = np.random.default_rng(36).integers(0, 8192, (1, 128))
+    before, file_before = resident()
+    gen = bh.llm.load(sys.argv[1])
+    loaded_file = resident()[1]
+    got = gen.generate(ids, 4)
+    after, file_after = resident()
+    print(json.dumps({"growth": after - before, "file_growth": loaded_file - file_before, "tokens": got.tolist()}))
     """
 )
 
 
-def test_generation_memory_stays_near_the_weights():
+LOAD_BOUND = 2.7
+"""A fresh process loading the saved test decoder: growth of its resident size over the load and a generation,
+in weights. Session 11: 2.22x (the constants 1x, the prepared copy 1x, code and plans), the file-backed share
+0.006x (it was 1x more before: the library's embedded modules stayed resident)."""
+
+
+def _run(script: str, *args: str) -> dict:
+    """The last line of ``script``'s output in a fresh process, as JSON (2 threads, no adaptation)."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(bh.__file__)))
     env = dict(os.environ, PYTHONPATH=package_root, BYOC_HETERO_ADAPT_THREADS="off")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=1200,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_generation_memory_stays_near_the_weights(tmp_path: Path):
+    out = _run(SCRIPT, str(tmp_path / "saved"))
     assert out["same"] == [True, True], out  # the 2-thread plans, then the 1-thread ones
     assert out["contention_plans"] == [[1]], out
     weights = out["weights"]
@@ -83,3 +123,32 @@ def test_generation_memory_stays_near_the_weights():
     assert out["prepared"] <= 1.1 * weights, out
     # constants (1x) + prepared weights + the build's code and plans. Session 10: 2.84x (9: 3.6x; before: 6.6x)
     assert out["growth"] <= 3.3 * weights, out
+    # a fresh process loading the saved generator (what a deployment does): the same tokens; the library's
+    # embedded modules (the weights among them) handed back once read (library.release_embedded_bytes)
+    loaded = _run(LOAD_SCRIPT, str(tmp_path / "saved"))
+    assert loaded["tokens"] == out["want"], loaded
+    assert loaded["file_growth"] <= 0.1 * weights, loaded
+    assert loaded["growth"] <= LOAD_BOUND * weights, loaded
+
+
+def test_a_loaded_library_hands_back_the_pages_of_its_embedded_modules(tmp_path: Path):
+    """bh.load_module drops the resident pages of the modules serialized into the library file once TVM has
+    built the modules from them (library.release_embedded_bytes): they stayed resident, the weights' size
+    again, in every loaded generator. The loaded module then runs as the built one (its constants were
+    copied out before: the bytes of the file are not read again)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from byoc_hetero.library import release_embedded_bytes
+
+    mod, params = bh.models.mlp()  # 2 MiB of weights
+    ex = relax.build(bh.partition(mod, params), target="llvm")
+    ex.export_library(str(tmp_path / "mlp.so"))
+    x = tvm.runtime.tensor(np.random.default_rng(36).standard_normal((1, 784)).astype("float32"))
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](x).numpy()
+    lib = bh.load_module(tmp_path / "mlp.so")
+    weights = sum(np.asarray(v).nbytes for v in params.values())
+    assert release_embedded_bytes(tmp_path / "mlp.so") >= 0.9 * weights  # the pages load_module released
+    assert release_embedded_bytes(tmp_path / "nowhere.so") == 0  # not loaded: nothing
+    np.testing.assert_array_equal(relax.VirtualMachine(lib, tvm.cpu())["main"](x).numpy(), want)

@@ -550,3 +550,33 @@ def test_without_the_dense_wq_rules_llvm_dequantizes(restore_rules):
     assert "dense_wq" not in [n["op"] for n in _region_nodes(part)]
     x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
     _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), _mlp_reference(x, q, params))
+
+
+@pytest.mark.parametrize("bits,block,zp", [(8, None, False), (4, 32, False), (8, 32, True), (4, 64, True)])
+def test_rows_quantized_a_chunk_at_a_time_give_the_same_codes(monkeypatch, bits, block, zp):
+    """quantize_matrix works a chunk of rows at a time (weight_only.CHUNK_BYTES: a large LM head's float64
+    temporaries never exist whole, issue 36): chunks of 1 and 7 rows give the bytes one chunk gives, for a
+    weight given transposed (a view, as the rewriter passes [K, N].T), and dequantize to numpy's
+    (code - zero) * scale (nibbles unpacked here); a NaN in the last chunk is still refused."""
+    from byoc_hetero.quant import weight_only
+
+    rng = np.random.default_rng(36)
+    w_kn = np.ascontiguousarray(rng.standard_normal((128, 50)).astype(np.float32))
+    w_kn[:, 3] = 0  # an all-zero output column: scale 1
+    whole = quantize_matrix(w_kn.T, bits, block, zp)
+    c = whole.codes.astype(np.int32)
+    q = np.stack([c & 15, c >> 4], axis=2).reshape(50, 128) if bits == 4 else c
+    group = block or 128
+    zero = whole.zero_points.astype(np.int32) if zp else np.full((50, 128 // group), whole.implicit_zero)
+    want = ((q - np.repeat(zero, group, axis=1)) * np.repeat(whole.scales.astype(np.float32), group, axis=1))
+    for rows in (1, 7):
+        monkeypatch.setattr(weight_only, "CHUNK_BYTES", rows * 8 * 128)
+        got = quantize_matrix(w_kn.T, bits, block, zp)
+        assert got.codes.tobytes() == whole.codes.tobytes() and got.scales.tobytes() == whole.scales.tobytes()
+        assert (got.zero_points is None) == (not zp)
+        assert not zp or got.zero_points.tobytes() == whole.zero_points.tobytes()
+        assert dequantize_codes(got).tobytes() == want.astype(np.float32).tobytes()
+    with pytest.raises(QuantizationError, match="non-finite"):
+        bad = w_kn.T.copy()
+        bad[40, 5] = np.nan  # in the last chunk of 7 rows
+        quantize_matrix(bad, bits, block, zp)

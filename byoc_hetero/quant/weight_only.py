@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import tvm
@@ -53,6 +53,19 @@ def _unpack(codes: WeightCodes) -> np.ndarray:
     return c.astype(np.int32)
 
 
+CHUNK_BYTES = 64 << 20
+"""Bytes of work per chunk of rows of :func:`quantize_matrix` (float64) and of a layer's error
+measurement (float32): a weight is processed a chunk of output rows at a time, so the temporaries of
+the largest matrix (a 136 M-weight LM head: 1 GiB per float64 temporary) never exist whole. Rows are
+independent: the same codes (issue 36)."""
+
+
+def row_chunks(n: int, row_bytes: int) -> list[slice]:
+    """Slices of ``n`` rows, each at most :data:`CHUNK_BYTES` of ``row_bytes`` rows (one row at least)."""
+    step = max(1, CHUNK_BYTES // max(1, row_bytes))
+    return [slice(r, min(n, r + step)) for r in range(0, n, step)]
+
+
 def dequantize_codes(codes: WeightCodes) -> np.ndarray:
     """The float32 weight [N, K] the codes stand for: ``(code - zero) * scale (+ offset)`` per block
     (the difference is a small integer: one rounding for the product, one for the offset's sum)."""
@@ -67,6 +80,12 @@ def dequantize_codes(codes: WeightCodes) -> np.ndarray:
     return w.reshape(n, k)
 
 
+def _rows(codes: WeightCodes, rows: slice) -> WeightCodes:
+    """The output rows ``rows`` of ``codes`` (every array of the codes sliced along N)."""
+    return replace(codes, **{f.name: getattr(codes, f.name)[rows] for f in fields(codes)
+                             if isinstance(getattr(codes, f.name), np.ndarray)})
+
+
 def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_points: bool = False,
                     scale_dtype: str = "float32") -> WeightCodes:
     """Quantize a float weight [N, K] (output columns first) per block of ``block`` consecutive k
@@ -75,7 +94,8 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
     block's value of largest magnitude over -8, sign kept, so that value is code 0 and all 16 codes
     are used) or asymmetric (uint8 codes with a zero point per
     block, covering [min(w, 0), max(w, 0)]). Scales are rounded to ``scale_dtype`` before the codes
-    are computed, so the codes fit the scales stored. An all-zero block gets scale 1."""
+    are computed, so the codes fit the scales stored. An all-zero block gets scale 1. Rows are
+    quantized a chunk at a time (:data:`CHUNK_BYTES`)."""
     w = np.asarray(w_nk, dtype=np.float32)
     n, k = w.shape
     block = k if block is None else int(block)
@@ -83,8 +103,19 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
         raise QuantizationError(f"group size {block} does not divide K = {k}")
     if bits == 4 and k % 2:
         raise QuantizationError(f"int4 weights need an even K, got K = {k}")
-    if not np.isfinite(w).all():
+    chunks = row_chunks(n, 8 * k)
+    if not all(np.isfinite(w[rows]).all() for rows in chunks):
         raise QuantizationError("the weight has non-finite values (NaN or inf): it cannot be quantized")
+    parts = [_quantize_rows(w[rows], rows.start, bits, block, zero_points, scale_dtype) for rows in chunks]
+    q, scale, zp = (None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(3))
+    return WeightCodes(bits, block, np.ascontiguousarray(q), np.ascontiguousarray(scale), zp)
+
+
+def _quantize_rows(w: np.ndarray, first: int, bits: int, block: int, zero_points: bool, scale_dtype: str
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(codes, scales, zero points or None) of the rows ``w`` of a weight, its row ``first`` the first
+    (:func:`quantize_matrix`; ``first`` names a block in messages)."""
+    n, k = w.shape
     blocks = w.reshape(n, k // block, block).astype(np.float64)
     top = (1 << bits) - 1
     if zero_points:
@@ -100,7 +131,7 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
         rounded = scale.astype(scale_dtype)
     if not np.isfinite(rounded).all():
         i = tuple(int(v) for v in np.argwhere(~np.isfinite(rounded))[0])
-        raise QuantizationError(f"block {list(i)}'s scale {scale[i]:.3g} overflows {scale_dtype}")
+        raise QuantizationError(f"block {[first + i[0], i[1]]}'s scale {scale[i]:.3g} overflows {scale_dtype}")
     tiny = np.finfo(scale_dtype).smallest_subnormal  # a block of values below float16's range: its codes round to 0
     scale = np.where(rounded != 0, rounded, np.copysign(tiny, scale)).astype(scale_dtype)
     s = scale.astype(np.float64)[:, :, None]
@@ -115,7 +146,7 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
     q = q.reshape(n, k)
     if bits == 4:
         q = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
-    return WeightCodes(bits, block, np.ascontiguousarray(q), np.ascontiguousarray(scale), zp)
+    return q, scale, zp
 
 
 def emit_weight_only_dense(bb: relax.BlockBuilder, data: relax.Expr, codes: WeightCodes,
@@ -209,10 +240,15 @@ def _weight_of(call: relax.Expr, values: Mapping[relax.Expr, np.ndarray], bound:
     return w, transposed, permute
 
 
-def _layer_error(w_kn: np.ndarray, dq_kn: np.ndarray, rng: np.random.Generator) -> float:
+def _layer_error(w_kn: np.ndarray, codes: WeightCodes, rng: np.random.Generator) -> float:
+    """max |x W_q - x W| / max |x W| on 8 random rows x, the codes dequantized a chunk of output
+    columns at a time (:data:`CHUNK_BYTES`)."""
     x = rng.standard_normal((8, w_kn.shape[0])).astype(np.float32)
     want = x @ w_kn
-    return float(np.abs(x @ dq_kn - want).max() / max(float(np.abs(want).max()), 1e-30))
+    got = np.empty_like(want)
+    for cols in row_chunks(w_kn.shape[1], 4 * w_kn.shape[0]):
+        got[:, cols] = x @ dequantize_codes(_rows(codes, cols)).T
+    return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
 
 
 def _selected(keep_float, index: int, name: str) -> bool:
@@ -350,9 +386,8 @@ class _WeightOnlyRewriter:
             value = self.values[w]
             w_kn = value.T if transposed else value
             codes, _ = self._parts(w, w_kn)
-            dq = dequantize_codes(codes).T
             self.layers.append(WeightOnlyLayer(name, self._name(w) if isinstance(w, relax.Var) else name,
-                                               tuple(w_kn.shape), _layer_error(w_kn, dq, self.rng)))
+                                               tuple(w_kn.shape), _layer_error(w_kn, codes, self.rng)))
         params = [p for p in func.params if p not in replaced or p in still_float] + self.new_params
         with bb.function("main", params, attrs=attrs, pure=True):
             with bb.dataflow():
