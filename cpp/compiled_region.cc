@@ -29,6 +29,11 @@ int InitialPlanCacheLimit() {
   return static_cast<int>(n);
 }
 
+std::atomic<int64_t>& OneTimeWork() {
+  static std::atomic<int64_t> count{0};
+  return count;
+}
+
 std::atomic<int>& PlanCacheLimitRef() {
   static std::atomic<int> limit{InitialPlanCacheLimit()};
   return limit;
@@ -43,6 +48,8 @@ int64_t PhysicalMemoryBytes() {
 }
 
 int PlanCacheLimit() { return PlanCacheLimitRef().load(); }
+
+int64_t OneTimeWorkCount() { return OneTimeWork().load(std::memory_order_relaxed); }
 
 void SetPlanCacheLimit(int n) {
   if (n < 1) TVM_FFI_THROW(ValueError) << "plan cache limit must be >= 1, got " << n;
@@ -77,10 +84,12 @@ std::shared_ptr<CompiledRegion::Entry> CompiledRegion::MakeEntry(const std::vect
   entry->executor = std::make_shared<Executor>(std::move(plan), engine_, std::move(weights));
   entry->executor->SetProfiling(profiling_);
   ++plans_made_;
+  OneTimeWork().fetch_add(1, std::memory_order_relaxed);
   return entry;
 }
 
 void CompiledRegion::Fill(Entry& entry) {
+  OneTimeWork().fetch_add(1, std::memory_order_relaxed);
   if (!weights_->constants().empty() || graph_.constants.empty()) {
     entry.executor->FillWeights(*weights_);
   }

@@ -43,6 +43,12 @@ void SetPlanCacheLimit(int n);
 /*! \brief Bytes of physical memory: the most a binding's tensors may need (else InputError). */
 int64_t PhysicalMemoryBytes();
 
+/*!
+ * \brief Plans made and prepared-weight fills so far, by every region of the process: a call during
+ *        which it moved did one-time work (AdaptiveCall::Ignore).
+ */
+int64_t OneTimeWorkCount();
+
 class CompiledRegion {
  public:
   /*!

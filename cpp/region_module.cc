@@ -316,8 +316,10 @@ class RegionModuleObj : public ffi::ModuleObj {
     // be a visible share of them, and the level they read is shared with the longer calls.
     const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
                        calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
+    const int64_t one_time = OneTimeWorkCount();
     AdaptiveCall call(plan_->threads(), watch);
     (call.threads() == plan_->threads() ? *plan_ : fewer_.Get(call.threads(), *plan_)).Execute(buffers, shapes);
+    if (OneTimeWorkCount() != one_time) call.Ignore();  // it planned or prepared weights (threading.h)
     last_call_ns_.store(static_cast<int64_t>(call.elapsed() * 1e9), std::memory_order_relaxed);
   }
 

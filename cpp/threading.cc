@@ -316,6 +316,10 @@ double AdaptiveCall::elapsed() const { return static_cast<double>(NowNs() - wall
 AdaptiveCall::~AdaptiveCall() {
   if (!watch_) return;
   Adaptation& a = GetAdaptation();
+  if (ignored_) {
+    if (probe_) a.next_probe_ns.store(0);  // the claim pushed the next try 2 s out: try at the next call
+    return;
+  }
   const Usage u = ProcessUsage();
   const int64_t now = NowNs();
   const double wall_us = static_cast<double>(now - wall0_ns_) * 1e-3;

@@ -94,6 +94,12 @@ class AdaptiveCall {
   int threads() const { return threads_; }
   /*! \brief Wall seconds of the call so far. */
   double elapsed() const;
+  /*!
+   * \brief The call did one-time work (made a plan, prepared weights: primitive creation, reorders,
+   *        first touch of fresh pages, partly on one thread): its CPU share measures that, not
+   *        contention, so it does not count; a probe it was is tried again at the next call.
+   */
+  void Ignore() { ignored_ = true; }
 
  private:
   int threads_;
@@ -101,6 +107,7 @@ class AdaptiveCall {
   bool probe_;
   bool early_ = false;  // a try brought forward because our CPUs were idle
   bool watch_;
+  bool ignored_ = false;
   int64_t wall0_ns_ = 0, cpu0_us_ = 0, nivcsw0_ = 0;
 };
 

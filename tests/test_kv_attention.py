@@ -96,6 +96,24 @@ def test_each_isa_matches_numpy_on_head_dims_off_the_vector_width(monkeypatch, i
     np.testing.assert_array_equal(vc, want_vc)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dim", [40, 64, 80])
+def test_each_isa_matches_numpy_on_a_prefill_of_many_rows(monkeypatch, isa, dim):
+    """A prefill: 37 new rows after 9 cached ones (each row sees 10 to 46 keys: the scores' blocks of 16
+    keys and their tails, the value sums' pairs of keys and an odd last one; the threads take the rows
+    round robin) beside a sequence of 20 rows from an empty cache, against numpy."""
+    monkeypatch.setenv("BYOC_HETERO_KV_ISA", isa)
+    c = _case(batch=2, rows=37, heads=6, kv_heads=2, dim=dim, length=48)
+    past, lengths = [9, 0], [37, 20]
+    out, kc, vc = _call(c, past, lengths)
+    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
+                                            0, 1.0)
+    np.testing.assert_allclose(out, want_out, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(vc, want_vc)
+    assert not out[1, 20:].any()
+
+
 def test_an_unknown_isa_cap_is_a_value_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_KV_ISA", "sse9")
     with pytest.raises(ValueError, match="BYOC_HETERO_KV_ISA must be auto, avx512, avx2 or generic, got 'sse9'"):

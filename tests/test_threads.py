@@ -297,6 +297,39 @@ def test_concurrent_calls_while_the_mode_changes(resnet):
     assert _contention_plans(ex) in ([[]], [[max(1, threads // 2)]])
 
 
+def _symbolic_dense():
+    """x [n, 64] @ W^T with a symbolic n: each new n makes a plan at its first call."""
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w], attrs={"num_input": 1}):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w, [1, 0])))))
+        bb.emit_func_output(y)
+    return bb.get(), {"w": np.random.default_rng(5).standard_normal((32, 64)).astype("float32")}
+
+
+def test_a_call_that_makes_its_plan_is_no_evidence_of_contention():
+    """The first call of a new shape plans it (primitives created, weights prepared, partly on one
+    thread): its CPU share measures that, so it is not a watched call and cannot drop the process
+    to fewer threads; the next call of that shape is watched. Counts, not timings: whatever the
+    machine's load, a watched call is counted (contended or not)."""
+    mod, params = _symbolic_dense()
+    with _module_threads(2):
+        ex = build(bh.partition(mod, params))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(6)
+    with _adaptation("auto"):
+        watched = []
+        for rows in (4, 4, 9, 9):
+            x = rng.standard_normal((rows, 64)).astype("float32")
+            np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), x @ params["w"].T,
+                                       rtol=1e-4, atol=1e-4)
+            watched.append(_C.adaptation_stats()["watched"])
+    assert watched == [0, 1, 1, 2], watched
+
+
 def test_adaptation_knob():
     assert _C.thread_adaptation() in ("auto", "off", "reduced")
     with pytest.raises(ValueError, match="'auto', 'off' or 'reduced'.*got 'sometimes'"):

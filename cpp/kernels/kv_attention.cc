@@ -234,7 +234,9 @@ void Run(KvCall& c, const std::string& where, int max_threads) {
 #pragma omp parallel num_threads(threads)
   {
     thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
-#pragma omp for schedule(static)
+    // round robin: a row's cost grows with its position (the keys it sees), so contiguous halves of a
+    // prefill's rows would give the second thread about three times the first one's work
+#pragma omp for schedule(static, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
     }

@@ -75,16 +75,96 @@ __attribute__((target("avx512f"))) inline __m512 Exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-__attribute__((target("avx512f"))) void Row512(const RowJob& j) {
-  const int64_t d = j.dim, full = d / 16 * 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (d - full)) - 1u);
-  for (int64_t k = j.first; k <= j.last; ++k) {
+/*! \brief Lane i of the result: the sum of a[i]'s 16 lanes (a transpose-add tree: 15 adds for 16 sums,
+ *         where one _mm512_reduce_add_ps per vector is a dependent chain of its own). */
+__attribute__((target("avx512f"))) inline __m512 Sum16(const __m512 (&a)[16]) {
+  __m512 pairs[8];  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of vectors 2i, 2i + 1
+  for (int i = 0; i < 8; ++i) {
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  }
+  __m512 quads[4];  // per 128-bit lane: the lane's sums of vectors 4i .. 4i + 3
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(pairs[2 * i]), y = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // the four 128-bit lanes summed: lanes 0 + 1 and 2 + 3, then those two
+  __m512 halves[2];
+  for (int i = 0; i < 2; ++i) {
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/*! \brief The mask of the 16 lanes from offset \p e of a row of \p d floats (0 past its end). */
+inline __mmask16 LanesFrom(int64_t e, int64_t d) {
+  if (e + 16 <= d) return static_cast<__mmask16>(0xFFFF);
+  return e < d ? static_cast<__mmask16>((1u << (d - e)) - 1u) : static_cast<__mmask16>(0);
+}
+
+/*! \brief scores[k] = scale * q . keys[k] for k in [first, last]: 16 keys at a time, each its own
+ *         accumulator (independent FMAs, not one dependent chain per key), summed by Sum16. */
+__attribute__((target("avx512f"))) void Scores512(const RowJob& j) {
+  const int64_t d = j.dim;
+  const __m512 scale = _mm512_set1_ps(j.scale);
+  int64_t k = j.first;
+  for (; k + 16 <= j.last + 1; k += 16) {
+    __m512 acc[16];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (int64_t e = 0; e < d; e += 16) {
+      const __mmask16 m = LanesFrom(e, d);
+      const __m512 q = _mm512_maskz_loadu_ps(m, j.q + e);
+      const float* kr = j.keys + k * d + e;
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(m, kr + i * d), acc[i]);
+    }
+    _mm512_storeu_ps(j.scores + k, _mm512_mul_ps(Sum16(acc), scale));
+  }
+  for (; k <= j.last; ++k) {
     const float* kr = j.keys + k * d;
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t e = 0; e < full; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(j.q + e), _mm512_loadu_ps(kr + e), acc);
-    if (tail) acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, j.q + full), _mm512_maskz_loadu_ps(tail, kr + full), acc);
+    for (int64_t e = 0; e < d; e += 16) {
+      const __mmask16 m = LanesFrom(e, d);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, j.q + e), _mm512_maskz_loadu_ps(m, kr + e), acc);
+    }
     j.scores[k] = _mm512_reduce_add_ps(acc) * j.scale;
   }
+}
+
+/*! \brief out = inv * sum_k p[k] * values[k]: 64 output lanes at a time, two keys per step into
+ *         accumulators of their own (eight independent FMA chains). */
+__attribute__((target("avx512f"))) void WeightedValues512(const RowJob& j, float inv) {
+  const int64_t d = j.dim;
+  for (int64_t e0 = 0; e0 < d; e0 += 64) {
+    __mmask16 m[4];
+    for (int v = 0; v < 4; ++v) m[v] = LanesFrom(e0 + 16 * v, d);
+    __m512 even[4], odd[4];
+    for (int v = 0; v < 4; ++v) even[v] = odd[v] = _mm512_setzero_ps();
+    int64_t r = j.first;
+    for (; r + 1 <= j.last; r += 2) {
+      const __m512 p0 = _mm512_set1_ps(j.scores[r]), p1 = _mm512_set1_ps(j.scores[r + 1]);
+      const float* v0 = j.values + r * d + e0;
+      for (int v = 0; v < 4; ++v) {
+        even[v] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[v], v0 + 16 * v), even[v]);
+        odd[v] = _mm512_fmadd_ps(p1, _mm512_maskz_loadu_ps(m[v], v0 + d + 16 * v), odd[v]);
+      }
+    }
+    if (r <= j.last) {
+      const __m512 p0 = _mm512_set1_ps(j.scores[r]);
+      for (int v = 0; v < 4; ++v) {
+        even[v] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[v], j.values + r * d + e0 + 16 * v), even[v]);
+      }
+    }
+    const __m512 scale = _mm512_set1_ps(inv);
+    for (int v = 0; v < 4; ++v) {
+      _mm512_mask_storeu_ps(j.out + e0 + 16 * v, m[v], _mm512_mul_ps(_mm512_add_ps(even[v], odd[v]), scale));
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) void Row512(const RowJob& j) {
+  Scores512(j);
   const __m512 top = _mm512_set1_ps(MaxOf(j.scores, j.first, j.last));
   __m512 sums = _mm512_setzero_ps();
   int64_t k = j.first;
@@ -99,15 +179,7 @@ __attribute__((target("avx512f"))) void Row512(const RowJob& j) {
     _mm512_mask_storeu_ps(j.scores + k, m, p);
     sums = _mm512_add_ps(sums, p);
   }
-  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sums));
-  for (int64_t e = 0; e < d; e += 16) {  // 16 output lanes at a time over every value row
-    const __mmask16 m = e < full ? static_cast<__mmask16>(0xFFFF) : tail;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t r = j.first; r <= j.last; ++r) {
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(j.scores[r]), _mm512_maskz_loadu_ps(m, j.values + r * d + e), acc);
-    }
-    _mm512_mask_storeu_ps(j.out + e, m, _mm512_mul_ps(acc, inv));
-  }
+  WeightedValues512(j, 1.f / _mm512_reduce_add_ps(sums));
 }
 
 // ---- AVX2 + FMA: 8 lanes, a scalar tail ---------------------------------------------------------
