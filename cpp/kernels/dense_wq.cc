@@ -221,6 +221,8 @@ class DenseWqKernel : public Kernel {
     output_ = {PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})};
     // the quantized rows and their per-block scales and sums: planned memory, not an allocation per call
     if (quad) temps_ = {Bytes(ScratchBytes(s))};
+    // float32 activations with offsets: each row's block sums, made once a call for every tile (o * sum x)
+    if (!quad && s.has_offset) temps_ = {Bytes(s.m * s.blocks() * static_cast<int64_t>(sizeof(float)))};
   }
 
   std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
@@ -339,6 +341,8 @@ class DenseWqKernel : public Kernel {
   static void Run(const WqShape& s, wq::TileFn tile_fn, const std::vector<void*>& p) {
     const Operands o(s, p);
     const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step();
+    float* x_sums = o.offsets != nullptr ? static_cast<float*>(p.back()) : nullptr;  // temps_: [M][blocks]
+    if (x_sums != nullptr) BlockSums(s, o.x, x_sums);
 #pragma omp parallel for schedule(static) if (Parallel(s))
     for (int64_t t = 0; t < tiles; ++t) {
       alignas(64) float out[wq::kMaxRows * kTile];
@@ -348,8 +352,20 @@ class DenseWqKernel : public Kernel {
                         o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, s.implicit_zero(),
                         s.k, s.block, rows, out};
         job.offsets = o.offsets != nullptr ? o.offsets + t * blocks * kTile : nullptr;
+        job.x_sums = x_sums != nullptr ? x_sums + r0 * blocks : nullptr;
         tile_fn(job);
         StoreTile(s, o, out, t, r0, rows);
+      }
+    }
+  }
+
+  /*! \brief Each data row's sum over each block of K (what the block's offset multiplies), in order. */
+  static void BlockSums(const WqShape& s, const float* x, float* sums) {
+    for (int64_t r = 0; r < s.m; ++r) {
+      for (int64_t b = 0; b < s.blocks(); ++b) {
+        float sum = 0.f;
+        for (int64_t i = 0; i < s.block; ++i) sum += x[r * s.k + b * s.block + i];
+        sums[r * s.blocks() + b] = sum;
       }
     }
   }

@@ -71,6 +71,7 @@ struct TileJob {
   int64_t k, block, rows;
   float* out;            // rows x 16 floats, row stride 16
   const float* offsets = nullptr;  // tile t's offsets [blocks][16], or null: none
+  const float* x_sums = nullptr;   // with offsets: each data row's block sums [rows][blocks] (made once a call)
 };
 
 /*! \brief One micro-kernel per (ISA, bits): out = sum over blocks of s * sum_k x * (q - z) (+ o * sum_k x). */

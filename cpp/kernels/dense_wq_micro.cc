@@ -26,13 +26,6 @@ template <int Bits>
 constexpr int kPerStep = Bits == 8 ? 1 : 2;
 constexpr int64_t kStepBytes = kTile;
 
-/*! \brief The sum of n floats (a block of one data row: what the block's offset multiplies). */
-inline float BlockSum(const float* x, int64_t n) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
-  return sum;
-}
-
 // ---- AVX-512F: one 16-float vector per tile row ------------------------------------------------
 
 /*! \brief The codes of one step as floats minus the zero point: w[g] for k + g. */
@@ -86,7 +79,7 @@ __attribute__((target("avx512f"))) void Tile512(const TileJob& j) {
     if (j.offsets != nullptr) {
       const __m512 o = _mm512_loadu_ps(j.offsets + b * kTile);
       for (int r = 0; r < R; ++r) {
-        total[r] = _mm512_fmadd_ps(_mm512_set1_ps(BlockSum(x + r * j.k, j.block)), o, total[r]);
+        total[r] = _mm512_fmadd_ps(_mm512_set1_ps(j.x_sums[r * (j.k / j.block) + b]), o, total[r]);
       }
     }
   }
@@ -166,7 +159,7 @@ __attribute__((target("avx2,fma"))) void Tile256(const TileJob& j) {
     if (j.offsets != nullptr) {
       const __m256 o0 = _mm256_loadu_ps(j.offsets + b * kTile), o1 = _mm256_loadu_ps(j.offsets + b * kTile + 8);
       for (int r = 0; r < R; ++r) {
-        const __m256 xs = _mm256_set1_ps(BlockSum(x + r * j.k, j.block));
+        const __m256 xs = _mm256_set1_ps(j.x_sums[r * (j.k / j.block) + b]);
         total[r][0] = _mm256_fmadd_ps(xs, o0, total[r][0]);
         total[r][1] = _mm256_fmadd_ps(xs, o1, total[r][1]);
       }
@@ -201,7 +194,7 @@ void TileGeneric(const TileJob& j) {
       }
     }
     for (int r = 0; r < R; ++r) {
-      const float xs = j.offsets != nullptr ? BlockSum(j.x + r * j.k + b * j.block, j.block) : 0.f;
+      const float xs = j.offsets != nullptr ? j.x_sums[r * (j.k / j.block) + b] : 0.f;
       for (int c = 0; c < kTile; ++c) {
         const float offset = j.offsets != nullptr ? xs * j.offsets[b * kTile + c] : 0.f;
         total[r][c] += acc[r][c] * j.scales[b * kTile + c] + offset;
