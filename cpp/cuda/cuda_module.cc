@@ -17,7 +17,9 @@
  * values between nodes and each node's descriptors are made once and reused. Calls of one module
  * are serialized (its in-between buffers are shared).
  */
+#include <tvm/ffi/cast.h>
 #include <tvm/ffi/container/array.h>
+#include <tvm/ffi/dtype.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>

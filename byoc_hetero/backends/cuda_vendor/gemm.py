@@ -75,7 +75,7 @@ def _shape_reason(match: Match) -> str | None:
     if match.has("bias"):
         n = static_shape(match.expr("anchor"))[-1]
         bias = static_shape(match.expr("bias"))
-        if prod(bias) != n or bias[-1] != n:
+        if not bias or prod(bias) != n or bias[-1] != n:
             return f"bias of shape {list(bias)}: the cuda_vendor backend adds one value per output column ({n})"
     return None
 
