@@ -117,6 +117,7 @@ def _bundle(out: str) -> None:
 
 
 def prepare(out: str) -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # this checkout's package
     import byoc_hetero as bh
     from byoc_hetero.placement import compile as compile_placed
     from byoc_hetero.placement import place
