@@ -232,8 +232,7 @@ def _load_our_libraries(tvm, site: str) -> None:
     import ctypes
 
     if site == "installed":  # a rehearsal: the package's own loaders
-        import byoc_hetero  # noqa: F401
-        from byoc_hetero.backends.cuda_vendor import runtime
+        from byoc_hetero.backends.cuda_vendor import runtime  # imports the package: its loaders
 
         if runtime.built():
             runtime.load()

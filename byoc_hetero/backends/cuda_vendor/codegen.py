@@ -16,7 +16,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..._relax import function_outputs, op_name, short_op_name, static_shape
+from ..._relax import alias_of, function_outputs, op_name, short_op_name, static_shape
 from ...errors import ByocError, CodegenError
 from .gemm import EPILOGUE_ACTIVATIONS, gemm_attrs
 from .runtime import create_module
@@ -63,13 +63,8 @@ class _Region:
         return self.tid[expr]
 
     def alias(self, var: relax.Var, value: relax.Expr) -> None:
-        if isinstance(value, relax.Var):
-            self.tid[var] = self.lookup(value)
-        elif isinstance(value, relax.Tuple):
-            self.tid[var] = tuple(self.lookup(f) for f in value.fields)
-        elif isinstance(value, relax.TupleGetItem):
-            self.tid[var] = self.lookup(value.tuple_value)[value.index]
-        else:
+        known, self.tid[var] = alias_of(value, self.lookup)
+        if not known:
             raise self.fail(f"unsupported binding {type(value).__name__}")
 
     def run(self) -> dict[str, Any]:

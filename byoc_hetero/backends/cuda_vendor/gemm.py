@@ -45,7 +45,8 @@ def _permute_reason(match: Match, rank: int) -> str | None:
     axes = match.expr("transpose").attrs.axes
     axes = list(range(rank))[::-1] if axes is None else [int(a) for a in axes]
     if axes != list(range(rank - 2)) + [rank - 1, rank - 2]:
-        return f"permute_dims axes {axes} of the weight: the cuda_vendor backend reads a weight transposed in its last two axes only"
+        return (f"permute_dims axes {axes} of the weight: the cuda_vendor backend reads a weight transposed in "
+                "its last two axes only")
     return None
 
 
