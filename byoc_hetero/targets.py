@@ -114,7 +114,7 @@ class Backend:
     region_passes: names of the region-graph passes, in run order (see :meth:`graph_passes`).
     runtime_kind: the ``kind`` of the runtime modules its codegen makes; ``region_graph(module)``
         reads one module's region document back (what reports and placement show), or None.
-    device: the device kind its regions run on (``"cpu"``, or ``"cuda"`` for the cuda backend):
+    device: the device kind its regions run on (``"cpu"``, or ``"cuda"`` for the cuda_vendor backend):
         placement keeps a region of a ``cpu`` backend on a CPU device and one of a ``cuda``
         backend on a GPU device.
     """
