@@ -13,7 +13,7 @@ copy. The names are stable: other packages (placement) call them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,6 +293,19 @@ def region_composites(region: relax.Function) -> list[relax.Function]:
             elif isinstance(value, relax.Call) and value.op in local:
                 called.append(local[value.op])
     return called
+
+
+def alias_of(value: relax.Expr, lookup: Callable[[relax.Expr], Any]) -> tuple[bool, Any]:
+    """What a binding that computes nothing stands for, in a codegen's terms: ``(True, lookup(v))``
+    for a variable, a tuple of lookups for a tuple, the item of the looked-up tuple for a tuple
+    item; ``(False, None)`` for any other value."""
+    if isinstance(value, relax.Var):
+        return True, lookup(value)
+    if isinstance(value, relax.Tuple):
+        return True, tuple(lookup(f) for f in value.fields)
+    if isinstance(value, relax.TupleGetItem):
+        return True, lookup(value.tuple_value)[value.index]
+    return False, None
 
 
 def function_outputs(func: relax.Function) -> list[relax.Expr]:

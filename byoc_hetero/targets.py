@@ -114,6 +114,9 @@ class Backend:
     region_passes: names of the region-graph passes, in run order (see :meth:`graph_passes`).
     runtime_kind: the ``kind`` of the runtime modules its codegen makes; ``region_graph(module)``
         reads one module's region document back (what reports and placement show), or None.
+    device: the device kind its regions run on (``"cpu"``, or ``"cuda"`` for the cuda_vendor backend):
+        placement keeps a region of a ``cpu`` backend on a CPU device and one of a ``cuda``
+        backend on a GPU device.
     """
 
     name: str
@@ -127,6 +130,7 @@ class Backend:
     region_passes: tuple[str, ...] = ()
     runtime_kind: str | None = None
     region_graph: Callable[[tvm.runtime.Module], dict | None] | None = field(default=None, repr=False)
+    device: str = "cpu"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -203,7 +207,7 @@ def register_target(
         whose codegen to reuse (e.g. ``"onednn"`` to run this target's regions on the oneDNN
         runtime too). Without one, PartitionGraph needs ``relax.ext.<name>`` registered elsewhere.
     fields: further :class:`Backend` fields (``aliases``, ``options``, ``variants``, ``knobs``, ``lowering``,
-        ``region_passes``, ``runtime_kind``, ``region_graph``).
+        ``region_passes``, ``runtime_kind``, ``region_graph``, ``device``).
     """
     if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
         raise RuleError(f"target name must be a non-empty identifier, got {name!r}")

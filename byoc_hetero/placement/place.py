@@ -77,24 +77,27 @@ class _Analysis:
             for t in tree:
                 self._settle(t, device)
 
-    def first_device(self, exprs, cpu_only: bool) -> Device | None:
-        """The device of the first operand that already has one (a CPU device when ``cpu_only``)."""
+    def first_device(self, exprs, cpu_only: bool, gpu_only: bool = False) -> Device | None:
+        """The device of the first operand that already has one (a CPU device when ``cpu_only``, a
+        GPU device when ``gpu_only``)."""
         for e in exprs:
             for device in devices_in(self.tree_of(e)):
-                if not (cpu_only and device.is_gpu):
+                if not (cpu_only and device.is_gpu) and not (gpu_only and not device.is_gpu):
                     return device
         return None
 
     def region_device(self, site: Site) -> Device:
-        """A region no rule places stays with its inputs; a CPU runtime's region stays on a CPU."""
+        """A region no rule places stays with its inputs; a CPU runtime's region stays on a CPU, a
+        GPU runtime's (the cuda_vendor backend's) goes to a GPU."""
         info = self.regions.get(site.op_name)
         cpu_only = info is not None and info.cpu_only
-        device = self.first_device(site.call.args, cpu_only)
+        gpu_only = info is not None and info.gpu_only
+        device = self.first_device(site.call.args, cpu_only, gpu_only)
         if device is None:
             device = self.fallback
-            if cpu_only and device.is_gpu:
+            if (cpu_only and device.is_gpu) or (gpu_only and not device.is_gpu):
                 known = self.declared or [self.fallback, *self.rules.devices()]
-                device = next((d for d in known if not d.is_gpu), device)
+                device = next((d for d in known if d.is_gpu == gpu_only), device)
         return device
 
     # -- the walk -----------------------------------------------------------------------------
@@ -327,4 +330,10 @@ def _check_regions(plan: FunctionPlan, regions: dict[str, RegionInfo]) -> None:
             raise PlacementError(
                 f"{plan.name}: offloaded region {site.op_name} ({site.region}, a CPU runtime) bound to "
                 f"{site.name!r} would run on {leaf}; place it (or the ops in it) on a CPU device"
+            )
+        if info is not None and info.gpu_only and leaf is not None and not leaf.is_gpu:
+            raise PlacementError(
+                f"{plan.name}: offloaded region {site.op_name} ({site.region}, a GPU runtime) bound to "
+                f"{site.name!r} would run on {leaf}; place it on a GPU device ('cuda'), or partition "
+                "for a CPU backend"
             )

@@ -1,8 +1,9 @@
 """Offloaded regions as placement sees them: which calls are regions, what they contain, and
 whether their runtime can only run on a CPU.
 
-Read from the partitioned module's region table (:func:`byoc_hetero._relax.region_table`, the
-byoc_hetero runtime's regions: CPU-only) and, for a call into another BYOC backend's external
+Read from the partitioned module's region table (:func:`byoc_hetero._relax.region_table`: the
+regions of the backends that describe them, on the device kind of their backend: CPU-only for the
+oneDNN runtime, GPU-only for the cuda_vendor backend) and, for a call into another BYOC backend's external
 module, from that module (:func:`byoc_hetero._relax.external_module_for`: device unknown).
 :mod:`.place`, :mod:`.validate` and :mod:`.report` all ask here.
 """
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 import tvm
 
 from .. import _relax
+from ..errors import RuleError
+from ..targets import get_target
 
 
 @dataclass
@@ -29,6 +32,8 @@ class RegionInfo:
     composites: tuple[str, ...] = ()
     #: True when the region's runtime runs on the host CPU only
     cpu_only: bool = True
+    #: True when the region's runtime runs on a GPU only (a backend whose ``device`` is a GPU kind)
+    gpu_only: bool = False
 
 
 def region_table(mod: tvm.IRModule) -> dict[str, RegionInfo]:
@@ -36,8 +41,17 @@ def region_table(mod: tvm.IRModule) -> dict[str, RegionInfo]:
     table: dict[str, RegionInfo] = {}
     for symbol, entry in _relax.region_table(mod).items():
         ops = Counter({_full_name(op): n for op, n in entry.ops.items()})
-        table[symbol] = RegionInfo(entry.target, ops, tuple(entry.composites), cpu_only=True)
+        on_cpu = _backend_device(entry.target) == "cpu"
+        table[symbol] = RegionInfo(entry.target, ops, tuple(entry.composites), cpu_only=on_cpu, gpu_only=not on_cpu)
     return table
+
+
+def _backend_device(target: str) -> str:
+    """The device kind a backend's regions run on (``"cpu"`` for a backend no longer registered)."""
+    try:
+        return get_target(target).device
+    except RuleError:
+        return "cpu"
 
 
 def region_of(mod: tvm.IRModule, symbol: str, table: dict[str, RegionInfo]) -> RegionInfo | None:

@@ -20,8 +20,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..._relax import (document_tensor_text, function_outputs, op_name, opaque_dims, shape_of, shape_symbols,
-                       short_op_name, tensor_dtype)
+from ..._relax import (alias_of, document_tensor_text, function_outputs, op_name, opaque_dims, shape_of,
+                       shape_symbols, short_op_name, tensor_dtype)
 from ..._native import _C
 from ...errors import CodegenError
 from ...ranges import region_ranges
@@ -291,13 +291,8 @@ class RegionLowering:
 
     def alias(self, var: relax.Var, value: relax.Expr, where: str) -> None:
         """A binding that computes nothing: a variable, tuple or tuple item of known values."""
-        if isinstance(value, relax.Var):
-            self.tid[var] = self.lookup(value)
-        elif isinstance(value, relax.Tuple):
-            self.tid[var] = tuple(self.lookup(f) for f in value.fields)
-        elif isinstance(value, relax.TupleGetItem):
-            self.tid[var] = self.lookup(value.tuple_value)[value.index]
-        else:
+        known, self.tid[var] = alias_of(value, self.lookup)
+        if not known:
             raise self.fail(f"unsupported binding {type(value).__name__} in a {where}")
 
     # -- one composite function -----------------------------------------------------------------

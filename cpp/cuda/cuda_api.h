@@ -1,0 +1,68 @@
+/*!
+ * \file cuda/cuda_api.h
+ * \brief The CUDA runtime and cuBLASLt functions the cuda_vendor backend calls, loaded with dlopen at
+ *        first use (the library links neither, so it loads, and regions are created and
+ *        exported, on a machine without a GPU or the CUDA libraries).
+ *
+ * Where each comes from, first found wins: the path in BYOC_HETERO_CUDART / BYOC_HETERO_CUBLASLT,
+ * then the sonames libcudart.so.12 / .13 and libcublasLt.so.12 / .13 (a library the process has
+ * already loaded, e.g. byoc_hetero's preload from the nvidia-* wheels, is found by its soname).
+ * Only functions whose signatures CUDA 12 and 13 share are used.
+ */
+#ifndef BYOC_HETERO_CUDA_CUDA_API_H_
+#define BYOC_HETERO_CUDA_CUDA_API_H_
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace byoc_hetero {
+namespace cuda {
+
+/*! \brief The loaded entry points (filled once by Api()). */
+struct CudaApi {
+  decltype(&cudaGetDeviceCount) GetDeviceCount = nullptr;
+  decltype(&cudaSetDevice) SetDevice = nullptr;
+  decltype(&cudaGetDevice) GetDevice = nullptr;
+  decltype(&cudaMalloc) Malloc = nullptr;
+  decltype(&cudaFree) Free = nullptr;
+  decltype(&cudaMemcpy) Memcpy = nullptr;
+  decltype(&cudaGetErrorString) ErrorString = nullptr;
+  decltype(&cublasLtCreate) LtCreate = nullptr;
+  decltype(&cublasLtDestroy) LtDestroy = nullptr;
+  decltype(&cublasLtMatmulDescCreate) DescCreate = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) DescDestroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) DescSet = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) LayoutCreate = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) LayoutDestroy = nullptr;
+  decltype(&cublasLtMatrixLayoutSetAttribute) LayoutSet = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) PrefCreate = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) PrefDestroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) PrefSet = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) Heuristic = nullptr;
+  decltype(&cublasLtMatmul) Matmul = nullptr;
+  /*! \brief Where each library was loaded from (for messages and get_runtime_info). */
+  std::string cudart_path, cublaslt_path;
+};
+
+/*!
+ * \brief The CUDA entry points, loaded at the first call; throws ByocError naming the library
+ *        that is missing (and where it was looked for), or that no CUDA device can be used (no
+ *        driver, no GPU), as the CUDA runtime words it.
+ */
+const CudaApi& Api();
+
+/*! \brief "" when Api() would succeed, else its message (loads the libraries, throws nothing). */
+std::string Availability();
+
+/*! \brief Throw ByocError "<what>: CUDA error <code> (<text>)" unless err is cudaSuccess. */
+void CheckCuda(cudaError_t err, const char* what);
+
+/*! \brief Throw ByocError "<what>: cuBLASLt status <code>" unless st is CUBLAS_STATUS_SUCCESS. */
+void CheckLt(cublasStatus_t st, const char* what);
+
+}  // namespace cuda
+}  // namespace byoc_hetero
+
+#endif  // BYOC_HETERO_CUDA_CUDA_API_H_
