@@ -7,16 +7,19 @@ contention plans forced (threading.h), so that every plan a busy machine would m
 growth of the resident size from before the build to after the generation is compared with the
 weight bytes; the tokens with transformers' greedy ``generate`` (the reference).
 
-What the growth holds: the constants TVM's loader keeps (1x the weights), the prepared weights
-(the layouts the plans read, weights.h: one blocked copy of each dense, which the 128-row prefill's
-inner product and the decode's GEMV share, plan/buffers.cc Buffers::Key), and what the build leaves (code,
-about 100 MiB whatever the model, so the ratio is larger at this size than at SmolLM's).
-Before session 9 it was 6.6x the weights (the contention plans kept prepared weights of their own,
-and the RMSNorm-folded intermediates and the embedding's plain copy stayed after __init_, and the
-heap the build freed stayed mapped); 3.6x after; 2.84x in session 10 (the prefill's own copy gone).
+What the growth holds: the prepared weights (the layouts the plans read, weights.h: one blocked copy of
+each dense, which the 128-row prefill's inner product and the decode's GEMV share, plan/buffers.cc
+Buffers::Key), q / k / v concatenated into one dense by the build, and what the build leaves (code and
+plans); the constants are the model's own tensors (session 12: no copy, stages.shared_params), so the
+model's weights, alive throughout, are not counted again. Before session 9 it was 6.6x the weights (the
+contention plans kept prepared weights of their own, and the RMSNorm-folded intermediates and the
+embedding's plain copy stayed after __init_, and the heap the build freed stayed mapped); 3.6x after;
+2.84x in session 10 (the prefill's own copy gone); 1.98x in session 12 (the constants' copy gone).
 
 The generator is then saved and loaded in a fresh process (what a deployment does): the same tokens, and the
-library file's embedded copy of the modules no longer resident once they are built (session 11).
+library file's embedded copy of the modules no longer resident once they are built (session 11). A loaded
+generator still holds TVM's const loader's copy of the weights beside the prepared one: issue 36's target
+is not met there (the strict xfail below).
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ SCRIPT = textwrap.dedent(
     info = [json.loads(m["get_runtime_info"]()) for m in region_modules(gen._executable)]
     if len(sys.argv) > 1:
         gen.save(sys.argv[1])
-    print(json.dumps({"weights": weights, "growth": after - before, "build_peak": build_peak, "same": [bool((g == want).all()) for g in got],
+    print(json.dumps({"weights": weights, "growth": after - before, "build_peak": build_peak,
+                      "same": [bool((g == want).all()) for g in got],
                       "contention_plans": [i["contention_plans"] for i in info],
                       "prepared": sum(i["shared_bytes"] for i in info), "want": want.tolist()}))
     """
@@ -100,17 +104,20 @@ LOAD_SCRIPT = textwrap.dedent(
 )
 
 
-RUNTIME_ALLOWANCE = 48 * 2**20
-"""What a generator's process grows by whatever the model's size (bytes): TVM's and oneDNN's code touched,
-the JIT kernels, plans, the VM. Measured at the test decoder: see the bounds' docstrings."""
+RUNTIME_ALLOWANCE = 32 * 2**20
+"""What a generator's process grows by whatever the model's size (bytes): the JIT kernels, plans, the VM,
+code pages touched. Session 12, the test decoder loaded in a fresh process: anonymous growth 134 MiB = the
+const loader's constants 64 + the prepared copy 64 + 6 MiB."""
 
 BUILD_PEAK_BOUND = 0.5
 """``bh.llm.from_hf``'s peak over the transformers model, in weights (plus RUNTIME_ALLOWANCE). Session 12:
-TODO."""
+43 MiB = 0.68x the test decoder's 64 MiB, within 0.5x + 32 MiB (the build's code and the q / k / v
+concatenation); before it bound a copy of every weight (1x, kept) and the passes copied them all again while
+they ran (SmolLM-135M: 3.2x the weights over the model, bench/GENERATE.md session 12)."""
 
-GROWTH_BOUND = 3.3
-"""Growth from before ``from_hf`` to after generating on every plan, in weights. Session 10: 2.84x (9: 3.6x;
-before: 6.6x); session 12: TODO."""
+GROWTH_BOUND = 2.4
+"""Growth from before ``from_hf`` to after generating on every plan, in weights. Session 12: 1.98x (the
+constants are the model's tensors, no copy); session 10: 2.84x (9: 3.6x; before: 6.6x)."""
 
 LOAD_BOUND = 2.7
 """A fresh process loading the saved test decoder: growth of its resident size over the load and a generation,
@@ -149,8 +156,8 @@ def test_generation_memory_stays_near_the_weights(measured):
     # the build's peak over the transformers model: its code and plans, no copy of the weights (the constants
     # are the model's tensors, stages.shared_params). BUILD_PEAK_BOUND's docstring: the figures
     assert out["build_peak"] <= BUILD_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, out
-    # prepared weights + the build's code and plans (the constants are the model's memory, alive throughout).
-    # Session 12: GROWTH_BOUND's docstring
+    # prepared weights (1x) + q / k / v concatenated + the build's code and plans (the constants are the model's
+    # memory, alive throughout). Session 12: GROWTH_BOUND's docstring
     assert out["growth"] <= GROWTH_BOUND * weights, out
     # a fresh process loading the saved generator (what a deployment does): the same tokens; the library's
     # embedded modules (the weights among them) handed back once read (library.release_embedded_bytes)
