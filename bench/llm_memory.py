@@ -1,15 +1,15 @@
 """Where the resident memory of ``bh.llm`` generation goes, stage by stage (issue 36's memory target).
 
     PYTHONPATH=. python bench/llm_memory.py --model smollm_135m --threads 2 [--contention] [--weights int8]
-        [--save DIR] [--gguf FILE]
+        [--save DIR] [--gguf FILE] [--hf FOLDER]
     PYTHONPATH=. python bench/llm_memory.py --load DIR     # a fresh process loading a saved generator
 
 One fresh process: imports, a seeded random transformers model of the named sizes (gen_engines.py),
 ``bh.llm.from_hf`` (``--weights``, f32 by default; max_length = prompt + new), the transformers model deleted, then a
 generation (a prefill of ``--prompt`` tokens and ``--new`` decode steps); with ``--contention`` a second
 one on the 1-thread contention plans (forced: what a busy machine makes). After each stage: VmRSS and
-VmHWM (MiB) and the resident size's file-backed share (RssFile: pages of mapped files, such as a loaded
-library's embedded weights), and at the end the regions' prepared-weight bytes (get_runtime_info's
+VmHWM (MiB) and the resident size's anonymous and file-backed shares (RssAnon; RssFile: pages of mapped files,
+such as a loaded library's embedded weights), and at the end the regions' prepared-weight bytes (get_runtime_info's
 shared_bytes). ``--gguf FILE``: ``bh.llm.from_gguf(FILE)`` instead of the transformers model. ``--save DIR``:
 then ``gen.save(DIR)`` and, in a fresh process, ``--load DIR``: ``bh.llm.load(DIR)`` and the same generation
 (what a deployment does). Prints Markdown tables. Memory, not time: the figures hold on a loaded machine too.
@@ -29,19 +29,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def status() -> tuple[int, int, int]:
-    """(VmRSS, VmHWM, RssFile) in MiB."""
+def status() -> tuple[int, int, int, int]:
+    """(VmRSS, VmHWM, RssAnon, RssFile) in MiB."""
     got = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:", "RssFile:")):
+            if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:")):
                 got[line.split(":")[0]] = int(line.split()[1]) // 1024
-    return got["VmRSS"], got["VmHWM"], got["RssFile"]
+    return got["VmRSS"], got["VmHWM"], got["RssAnon"], got["RssFile"]
 
 
 def table(rows: list) -> str:
-    lines = ["| stage | VmRSS MiB | VmHWM MiB | of which file-backed MiB |", "|---|---|---|---|"]
-    return "\n".join(lines + [f"| {name} | {rss} | {hwm} | {file} |" for name, rss, hwm, file in rows])
+    lines = ["| stage | VmRSS MiB | VmHWM MiB | anonymous MiB | file-backed MiB |", "|---|---|---|---|---|"]
+    return "\n".join(lines + [f"| {name} | {rss} | {hwm} | {anon} | {file} |" for name, rss, hwm, anon, file in rows])
 
 
 def prepared_mib(gen) -> float:
@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--contention", action="store_true", help="then generate on the 1-thread contention plans")
     ap.add_argument("--weights", default="f32", help="from_hf's weights: f32 (default), int8, int4")
     ap.add_argument("--gguf", help="build with bh.llm.from_gguf(FILE) instead of a transformers model")
+    ap.add_argument("--hf", help="a Hugging Face folder (float32) instead of --model's seeded random model")
     ap.add_argument("--save", help="then save the generator to DIR and load it in a fresh process")
     ap.add_argument("--load", help="only load the generator saved in DIR and generate (a fresh process)")
     args = ap.parse_args()
@@ -107,8 +108,12 @@ def main() -> None:
         rows.append((f"`from_gguf` done ({gen.weights})", *status()))
         what = f"{args.gguf}: {weights / 2**20:.0f} MiB file"
     else:
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
+        if args.hf:
+            model = transformers.AutoModelForCausalLM.from_pretrained(args.hf, dtype=torch.float32).eval()
+            args.model = args.hf
+        else:
+            torch.manual_seed(0)
+            model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         rows.append(("+ the transformers model", *status()))
         gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -431,6 +432,19 @@ def region_modules(executable: Any) -> list[tvm.runtime.Module]:
     reloaded copy), not of the module the executable was built from.
     """
     return [m for m in imported_modules(executable.jit()) if backend_for_runtime(str(m.kind)) is not None]
+
+
+def tensor_view(tensor: Any) -> np.ndarray:
+    """A read-only numpy array over a CPU tensor's memory (no copy: a pass or the codegen reading a
+    model's weights does not double them, issue 36's build peak); a copy where the tensor cannot be
+    viewed so (a dtype numpy does not know). Read-only: a write through it raises instead of
+    changing the constant."""
+    try:
+        view = np.from_dlpack(tensor)
+    except (TypeError, ValueError, BufferError, RuntimeError):
+        return tensor.numpy()
+    view.flags.writeable = False
+    return view
 
 
 def constant_value(expr: Any) -> Any:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from ._relax import (
@@ -341,9 +342,38 @@ def _region_backends(mod: tvm.IRModule) -> set[str]:
     return {str(f.attrs["Codegen"]) for f in mod.functions.values() if is_region(f)}
 
 
+_CPU = tvm.cpu().dlpack_device_type()
+
+
+def shared_params(params: Mapping[str, Any], alignment: int = 64) -> dict[str, Any]:
+    """``params`` with each array that can be shared as a TVM tensor over its own memory:
+    :func:`bind_params` then binds it without a copy (the constant and the array are one copy of
+    the weight). An array can be shared when it is C-contiguous, writable and its data aligned to
+    ``alignment`` bytes: 64 by default, what TVM's generated code assumes of a tensor's data
+    (``tvm.runtime.from_dlpack``), as torch allocates; a caller whose constants only region modules
+    read (they need their element's alignment) may pass less and must check that no host function
+    reads a less aligned one (``bh.llm``: a model's weights mapped from a safetensors file lie at
+    8-byte offsets). Any other value is left as it is (``bind_params`` copies it). The module's constant
+    then *is* the array: a change to the array after the build changes the constant under the built
+    module (whose regions prepared their layouts from the old values), so share only weights that
+    stay as they are (``bh.llm.from_hf``'s generator refuses to run after an in-place change of a
+    torch parameter it shares: ``Generator.check_sources``)."""
+    out = {}
+    for name, value in params.items():
+        if isinstance(value, np.ndarray) and value.flags.c_contiguous and value.flags.writeable and value.size:
+            try:
+                value = tvm_ffi.from_dlpack(value, require_alignment=alignment, require_contiguous=True)
+            except (ValueError, TypeError, BufferError, RuntimeError):
+                pass  # misaligned (tvm_ffi raises RuntimeError), or a dtype DLPack does not carry: copied
+        out[name] = value
+    return out
+
+
 def bind_params(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, func: str = "main") -> tvm.IRModule:
     """Bind weights as constants of ``func`` (its parameters named like the keys of ``params``).
 
+    A value is copied into a TVM tensor of its own, except a CPU ``tvm.runtime.Tensor``, which is
+    bound as it is (shared, no copy: ``bh.llm`` binds a model's weights so, issue 36's build peak).
     Raises ``ValueError`` naming the parameter when a name is unknown or a shape/dtype does not
     match the declared parameter.
     """
@@ -358,7 +388,8 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, func
             raise ValueError(
                 f"parameter {name!r} is not a parameter of {func}; its parameters are {sorted(declared)}"
             )
-        arr = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        shared = isinstance(value, tvm.runtime.Tensor) and value.device.dlpack_device_type() == _CPU
+        arr = value if shared else value.numpy() if hasattr(value, "numpy") else np.asarray(value)
         ty = declared[name].ty
         want_shape = static_shape(declared[name])
         if want_shape is not None and tuple(arr.shape) != want_shape:
@@ -366,7 +397,7 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, func
         if isinstance(ty, relax.TensorType) and str(ty.dtype) != str(arr.dtype):
             raise ValueError(f"parameter {name!r}: expected dtype {ty.dtype}, got {arr.dtype}")
         # np.ascontiguousarray would make a 0-d array 1-d (a scalar index of shape (1,))
-        bound[name] = tvm.runtime.tensor(np.require(arr, requirements="C"))
+        bound[name] = arr if shared else tvm.runtime.tensor(np.require(arr, requirements="C"))
     return relax.transform.BindParams(func, bound)(mod)
 
 
@@ -400,5 +431,5 @@ def partition(
 __all__ = [
     "DEFAULT_MIN_REGION_OPS", "HEAVY_OPS", "MAX_REGION_NAME", "TARGET_ATTR", "TargetSpec", "annotate_target",
     "bind_params", "codegen_options", "merge_compiler_regions", "merge_composite", "partition", "partition_graph",
-    "stages",
+    "shared_params", "stages",
 ]

@@ -7,16 +7,19 @@ contention plans forced (threading.h), so that every plan a busy machine would m
 growth of the resident size from before the build to after the generation is compared with the
 weight bytes; the tokens with transformers' greedy ``generate`` (the reference).
 
-What the growth holds: the constants TVM's loader keeps (1x the weights), the prepared weights
-(the layouts the plans read, weights.h: one blocked copy of each dense, which the 128-row prefill's
-inner product and the decode's GEMV share, plan/buffers.cc Buffers::Key), and what the build leaves (code,
-about 100 MiB whatever the model, so the ratio is larger at this size than at SmolLM's).
-Before session 9 it was 6.6x the weights (the contention plans kept prepared weights of their own,
-and the RMSNorm-folded intermediates and the embedding's plain copy stayed after __init_, and the
-heap the build freed stayed mapped); 3.6x after; 2.84x in session 10 (the prefill's own copy gone).
+What the growth holds: the prepared weights (the layouts the plans read, weights.h: one blocked copy of
+each dense, which the 128-row prefill's inner product and the decode's GEMV share, plan/buffers.cc
+Buffers::Key), q / k / v concatenated into one dense by the build, and what the build leaves (code and
+plans); the constants are the model's own tensors (session 12: no copy, stages.shared_params), so the
+model's weights, alive throughout, are not counted again. Before session 9 it was 6.6x the weights (the
+contention plans kept prepared weights of their own, and the RMSNorm-folded intermediates and the
+embedding's plain copy stayed after __init_, and the heap the build freed stayed mapped); 3.6x after;
+2.84x in session 10 (the prefill's own copy gone); 1.98x in session 12 (the constants' copy gone).
 
 The generator is then saved and loaded in a fresh process (what a deployment does): the same tokens, and the
-library file's embedded copy of the modules no longer resident once they are built (session 11).
+library file's embedded copy of the modules no longer resident once they are built (session 11). A loaded
+generator still holds TVM's const loader's copy of the weights beside the prepared one: issue 36's target
+is not met there (the strict xfail below).
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ SCRIPT = textwrap.dedent(
     from byoc_hetero import _C
     from byoc_hetero._relax import region_modules
 
-    def resident():
+    def resident(field="VmRSS:"):
         with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field))
 
     _C.set_num_threads(2)
     torch.manual_seed(36)
@@ -57,8 +60,11 @@ SCRIPT = textwrap.dedent(
     with torch.no_grad():
         want = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
                               max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS: the peak from here on
     before = resident()
     gen = bh.llm.from_hf(model, max_length=160)
+    build_peak = resident("VmHWM:") - before
     got = [gen.generate(ids, 4)]
     _C.set_thread_adaptation("reduced")
     got.append(gen.generate(ids, 4))
@@ -66,7 +72,8 @@ SCRIPT = textwrap.dedent(
     info = [json.loads(m["get_runtime_info"]()) for m in region_modules(gen._executable)]
     if len(sys.argv) > 1:
         gen.save(sys.argv[1])
-    print(json.dumps({"weights": weights, "growth": after - before, "same": [bool((g == want).all()) for g in got],
+    print(json.dumps({"weights": weights, "growth": after - before, "build_peak": build_peak,
+                      "same": [bool((g == want).all()) for g in got],
                       "contention_plans": [i["contention_plans"] for i in info],
                       "prepared": sum(i["shared_bytes"] for i in info), "want": want.tolist()}))
     """
@@ -80,20 +87,37 @@ LOAD_SCRIPT = textwrap.dedent(
 
     def resident():
         with open("/proc/self/status") as f:
-            got = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in f if l.startswith(("VmRSS:", "RssFile:"))}
-        return got["VmRSS"], got["RssFile"]
+            got = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in f if l.startswith(("VmRSS:", "RssFile:",
+                                                                                          "RssAnon:"))}
+        return got["VmRSS"], got["RssFile"], got["RssAnon"]
 
     _C.set_num_threads(2)
     ids = np.random.default_rng(36).integers(0, 8192, (1, 128))
-    before, file_before = resident()
+    before, file_before, anon_before = resident()
     gen = bh.llm.load(sys.argv[1])
     loaded_file = resident()[1]
     got = gen.generate(ids, 4)
-    after, file_after = resident()
-    print(json.dumps({"growth": after - before, "file_growth": loaded_file - file_before, "tokens": got.tolist()}))
+    after, file_after, anon_after = resident()
+    print(json.dumps({"growth": after - before, "file_growth": loaded_file - file_before,
+                      "anon_growth": anon_after - anon_before, "tokens": got.tolist()}))
     """
 )
 
+
+RUNTIME_ALLOWANCE = 32 * 2**20
+"""What a generator's process grows by whatever the model's size (bytes): the JIT kernels, plans, the VM,
+code pages touched. Session 12, the test decoder loaded in a fresh process: anonymous growth 134 MiB = the
+const loader's constants 64 + the prepared copy 64 + 6 MiB."""
+
+BUILD_PEAK_BOUND = 0.5
+"""``bh.llm.from_hf``'s peak over the transformers model, in weights (plus RUNTIME_ALLOWANCE). Session 12:
+43 MiB = 0.68x the test decoder's 64 MiB, within 0.5x + 32 MiB (the build's code and the q / k / v
+concatenation); before it bound a copy of every weight (1x, kept) and the passes copied them all again while
+they ran (SmolLM-135M: 3.2x the weights over the model, bench/GENERATE.md session 12)."""
+
+GROWTH_BOUND = 2.4
+"""Growth from before ``from_hf`` to after generating on every plan, in weights. Session 12: 1.98x (the
+constants are the model's tensors, no copy); session 10: 2.84x (9: 3.6x; before: 6.6x)."""
 
 LOAD_BOUND = 2.7
 """A fresh process loading the saved test decoder: growth of its resident size over the load and a generation,
@@ -111,8 +135,16 @@ def _run(script: str, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_generation_memory_stays_near_the_weights(tmp_path: Path):
-    out = _run(SCRIPT, str(tmp_path / "saved"))
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> tuple[dict, dict]:
+    """(the building process's figures, the loading process's): the test decoder built, run and saved
+    in one fresh process, then loaded and run in another (each module-scoped: built once)."""
+    saved = str(tmp_path_factory.mktemp("llm_memory") / "saved")
+    return _run(SCRIPT, saved), _run(LOAD_SCRIPT, saved)
+
+
+def test_generation_memory_stays_near_the_weights(measured):
+    out, loaded = measured
     assert out["same"] == [True, True], out  # the 2-thread plans, then the 1-thread ones
     assert out["contention_plans"] == [[1]], out
     weights = out["weights"]
@@ -121,14 +153,30 @@ def test_generation_memory_stays_near_the_weights(tmp_path: Path):
     # 1-thread plans and the 2-thread prefill's inner product (AB16b64a over [N, K]: the GEMV's BA16a64b
     # bytes); the embedding read in place. Session 10: 1.00x (session 9: 1.75x; before: 2.75x)
     assert out["prepared"] <= 1.1 * weights, out
-    # constants (1x) + prepared weights + the build's code and plans. Session 10: 2.84x (9: 3.6x; before: 6.6x)
-    assert out["growth"] <= 3.3 * weights, out
+    # the build's peak over the transformers model: its code and plans, no copy of the weights (the constants
+    # are the model's tensors, stages.shared_params). BUILD_PEAK_BOUND's docstring: the figures
+    assert out["build_peak"] <= BUILD_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, out
+    # prepared weights (1x) + q / k / v concatenated + the build's code and plans (the constants are the model's
+    # memory, alive throughout). Session 12: GROWTH_BOUND's docstring
+    assert out["growth"] <= GROWTH_BOUND * weights, out
     # a fresh process loading the saved generator (what a deployment does): the same tokens; the library's
     # embedded modules (the weights among them) handed back once read (library.release_embedded_bytes)
-    loaded = _run(LOAD_SCRIPT, str(tmp_path / "saved"))
     assert loaded["tokens"] == out["want"], loaded
     assert loaded["file_growth"] <= 0.1 * weights, loaded
     assert loaded["growth"] <= LOAD_BOUND * weights, loaded
+
+
+@pytest.mark.xfail(strict=True, reason="issue 36 not met: TVM's const loader keeps the weights (1x) beside the "
+                                       "regions' prepared copy (1x) in a loaded generator")
+def test_a_loaded_generator_holds_its_weights_once(measured):
+    """Issue 36's target: the resident size of a loaded generator at most weights + KV cache + 10%, plus
+    RUNTIME_ALLOWANCE for what does not grow with the model (oneDNN's kernels, plans, the VM). Its
+    anonymous part, which only the process frees (no swap here): the file-backed part (pages of mapped
+    files the kernel may drop under pressure) is bounded above, at <= 0.1x the weights. Strict: when the
+    constants' copy goes, this passes and the mark must go."""
+    out, loaded = measured
+    cache = 2 * 4 * 4 * 160 * 64 * 4  # K and V of 4 layers, [1, 4 kv heads, 160 positions, 64] float32
+    assert loaded["anon_growth"] <= 1.1 * (out["weights"] + cache) + RUNTIME_ALLOWANCE, loaded
 
 
 def test_a_loaded_library_hands_back_the_pages_of_its_embedded_modules(tmp_path: Path):
@@ -152,3 +200,43 @@ def test_a_loaded_library_hands_back_the_pages_of_its_embedded_modules(tmp_path:
     assert release_embedded_bytes(tmp_path / "mlp.so") >= 0.9 * weights  # the pages load_module released
     assert release_embedded_bytes(tmp_path / "nowhere.so") == 0  # not loaded: nothing
     np.testing.assert_array_equal(relax.VirtualMachine(lib, tvm.cpu())["main"](x).numpy(), want)
+
+
+def test_from_hf_binds_the_models_weights_without_a_copy(tmp_path: Path):
+    """The generator's constants are the transformers model's own tensors (stages.shared_params: no copy of
+    the weights while building, issue 36's build peak), here as ``from_pretrained`` maps them from a
+    safetensors file (at 8-byte offsets: read in place by the region, which needs 4): the weight matrices'
+    data are constants the const loader holds (but q / k / v's, concatenated by the build), the tokens are
+    transformers' own, and an in-place change of a parameter after the build is an InputError naming it
+    (layouts prepared before it would hold the old values)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from byoc_hetero._relax import imported_modules
+
+    torch.manual_seed(36)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True, initializer_range=0.4)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    gen = bh.llm.from_hf(model, max_length=24)
+    loader = [m for m in imported_modules(gen._executable.jit()) if str(m.kind) == "const_loader"]
+    assert len(loader) == 1
+    held = {np.from_dlpack(t).ctypes.data for t in loader[0]["get_const_var_tensor"]().values()}
+    matrices = {name: p.data_ptr() for name, p in model.named_parameters() if p.ndim == 2}
+    assert len(matrices) == 1 + 2 * 7  # the tied embedding, q k v o gate up down of 2 layers
+    # the others are the model's memory; q / k / v are read as one concatenated dense (combine_parallel_denses)
+    combined = {name for name in matrices if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))}
+    assert {name for name, address in matrices.items() if address not in held} == combined
+    assert any(address % 64 for address in matrices.values())  # the file's offsets: no 64-byte alignment
+    ids = np.random.default_rng(36).integers(0, 256, (1, 9))
+    with torch.no_grad():
+        want = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                              max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(gen.generate(ids, 4), want)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(2.0)
+    with pytest.raises(bh.InputError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*changed after"):
+        gen.generate(ids, 4)

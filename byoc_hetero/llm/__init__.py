@@ -91,7 +91,7 @@ def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group
                      lm_head: str | None = None) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
     """What :func:`from_hf` builds, before the build: (the partitioned step module, its
     :class:`DecoderSpec`, the weight quantization error or None). For inspecting the regions."""
-    from ..stages import partition
+    from ..stages import partition, shared_params
 
     precision = _precision(weights)
     if int(max_length) != max_length or max_length < 1:
@@ -99,7 +99,40 @@ def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group
     spec = decoder_spec(model)
     mod, params, error = _quantized(step_module(spec, int(max_length)), decoder_weights(spec, model), weights,
                                     group_size, lm_head)
-    return partition(mod, params, precision=precision), spec, error
+    # the constants are the model's own tensors (no copy: the build's peak is the model and the build), at
+    # the 8-byte offsets of a safetensors file too, where only the regions read them (they need 4 bytes)
+    shared = shared_params(params, alignment=4)
+    part = partition(mod, shared, precision=precision)
+    host = _host_constants(part)
+    unaligned = {n for n, t in shared.items() if t is not params[n] and _address(t) % 64 and _address(t) in host}
+    if unaligned:  # TVM's code reads these: copies of their own, 64-byte aligned
+        part = partition(mod, {n: params[n] if n in unaligned else t for n, t in shared.items()}, precision=precision)
+    return part, spec, error
+
+
+def _address(tensor: Any) -> int:
+    """The data address of a CPU tensor (0 where numpy cannot view it)."""
+    try:
+        return np.from_dlpack(tensor).ctypes.data
+    except (TypeError, ValueError, BufferError, RuntimeError):
+        return 0
+
+
+def _host_constants(mod: tvm.IRModule) -> set[int]:
+    """Data addresses of the constants the host functions of a partitioned module read (what TVM's
+    generated code gets; the regions' constants left the functions for the const loader)."""
+    found: set[int] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, tvm.ir.GenericConst):
+            found.add(_address(expr.value))
+        elif isinstance(expr, tvm.ir.Constant) and hasattr(expr, "data"):
+            found.add(_address(expr.data))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
 
 
 def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None,
@@ -119,13 +152,18 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     ``"f32"`` keeps it float32. The generator's ``weight_error`` is the
     quantization's measured error (:class:`~byoc_hetero.quant.WeightOnlyModel`), None for float.
     The model is read (config and weights), not run; its forward code and cache classes are not used.
+    Its float32 weights are not copied: the generator's constants are the model's tensors (shared
+    memory, kept alive by the generator; ``stages.shared_params``), so the model's parameters must
+    stay as they are while the generator lives: a call after an in-place change of one (torch counts
+    them: an optimizer step, ``with torch.no_grad(): w.mul_(2)``) raises InputError naming it
+    (build from ``copy.deepcopy(model)`` to keep training the model).
     """
     part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size,
                                          lm_head=lm_head)
     executable = relax.build(part, target="llvm")
     del part
     return_freed_heap()
-    return Generator(executable, spec, int(max_length), weights, weight_error=error)
+    return Generator(executable, spec, int(max_length), weights, weight_error=error, sources=model)
 
 
 def _file_weights(spec: DecoderSpec, weights: dict[str, Any], max_length: int, weights_format: str | None,

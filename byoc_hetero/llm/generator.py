@@ -68,8 +68,12 @@ class Generator:
     """
 
     def __init__(self, executable: Any, spec: DecoderSpec, max_length: int, weights: str = "f32",
-                 weight_error: float | None = None):
+                 weight_error: float | None = None, sources: Any = None):
+        """``sources``: the torch module whose parameters the constants share (``from_hf``): a call
+        after an in-place change of one of them raises InputError (:meth:`check_sources`)."""
         self._executable = executable
+        named = sources.named_parameters() if sources is not None else ()
+        self._sources = [(name, p, p._version) for name, p in named]
         self.spec = spec
         self.max_length = int(max_length)
         self.weights = weights
@@ -80,6 +84,17 @@ class Generator:
         self._main = self._vm["main"]
 
     # ---- inputs ---------------------------------------------------------------------------------
+    def check_sources(self) -> None:
+        """InputError if a parameter of the model this generator was built from (and shares its
+        weights with) changed in place since the build (torch's version counter of the tensor; a
+        change through ``.data`` or numpy is not counted)."""
+        for name, tensor, version in self._sources:
+            if tensor._version != version:
+                raise InputError(f"the model's parameter {name!r} changed after bh.llm.from_hf built this generator: "
+                                 "the generator's constants are the model's own tensors (no copy), and layouts it "
+                                 "prepared before the change hold the old values; build again, or build from a copy "
+                                 "(copy.deepcopy(model)) to keep changing the model")
+
     def _prompts(self, input_ids: Any) -> tuple[list[np.ndarray], bool]:
         """(one int64 row per sequence, whether the input was rectangular), checked."""
         if hasattr(input_ids, "detach"):  # a torch tensor
@@ -149,6 +164,7 @@ class Generator:
         tokens, ``lengths`` [batch] of its rows real; appends them to ``cache`` in place and returns
         the logits of each sequence's last new row, float32 [batch, vocab]."""
         self._check_cache(cache, tokens.shape[0])
+        self.check_sources()
         return self._call(tokens, past, lengths, cache)
 
     def _call(self, tokens: np.ndarray, past: np.ndarray, lengths: np.ndarray, cache: list[Any]) -> np.ndarray:
@@ -170,6 +186,7 @@ class Generator:
         sampler = Sampler(do_sample, temperature, top_k, top_p, seed)
         prompts, _ = self._prompts(input_ids)
         self._check_room(prompts, max_new_tokens)
+        self.check_sources()
         yield from self._tokens(prompts, int(max_new_tokens), sampler, _stop_ids(stop))
 
     def _tokens(self, prompts: list[np.ndarray], max_new_tokens: int, sampler: Sampler,
@@ -213,6 +230,7 @@ class Generator:
         sampler = Sampler(do_sample, temperature, top_k, top_p, seed)
         prompts, rectangular = self._prompts(input_ids)
         self._check_room(prompts, max_new_tokens)
+        self.check_sources()
         stop_ids = _stop_ids(stop)
         new = list(self._tokens(prompts, int(max_new_tokens), sampler, stop_ids))
         steps = np.stack(new, axis=1) if new else np.zeros((len(prompts), 0), dtype="int64")
@@ -230,6 +248,7 @@ class Generator:
         """Write the generator to the folder ``path``: the built library (``model.so``, weights
         inside) and ``generator.json`` (the decoder's sizes, max_length, weights and their quantization
         error). Returns the folder."""
+        self.check_sources()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         self._executable.export_library(str(folder / LIBRARY))

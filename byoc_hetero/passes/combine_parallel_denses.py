@@ -32,7 +32,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._relax import bound_values, entry_functions, op_name as _op
+from .._relax import bound_values, entry_functions, tensor_view
+from .._relax import op_name as _op
 
 __all__ = ["combine_parallel_denses"]
 
@@ -57,7 +58,7 @@ def _weight(w: relax.Expr, lookup: Callable) -> np.ndarray | None:
         transpose = False
     else:
         return None
-    data = w.value.numpy()
+    data = tensor_view(w.value)  # no copy: every dense weight of the block is read here (issue 36)
     if data.ndim != 2 or data.dtype != np.float32:
         return None
     return data.T if transpose else data

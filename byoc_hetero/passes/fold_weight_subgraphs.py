@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._relax import op_name
+from .._relax import op_name, tensor_view
 from .fold_int_constants import Evaluator, Substitute
 
 _UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
@@ -113,6 +113,10 @@ def _value(call: relax.Call, args: list[np.ndarray], ev: Evaluator) -> np.ndarra
                 value = None  # numpy disagrees with the op's reading of its arguments: leave it
     if value is None or isinstance(value, tuple):
         return None
+    if op_name(call) in RELABELS and isinstance(value, np.ndarray) and value.dtype == dtype:
+        # a weight's transpose or reshape stays a view: never folded on its own, it is only read by a
+        # computation it reaches (a C-ordered copy of every transposed weight was the build's peak)
+        return value if value.shape == _static_dims(call.ty) else None
     value = np.array(value, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
     return value if value.shape == _static_dims(call.ty) else None
 
@@ -129,7 +133,7 @@ def _fold_function(func: relax.Function) -> dict[relax.Var, relax.Expr]:
             args = []
             for arg in call.args:
                 if isinstance(arg, tvm.ir.GenericConst):
-                    args.append(arg.value.numpy())
+                    args.append(tensor_view(arg.value))  # no copy of every weight (issue 36)
                 elif isinstance(arg, relax.Var) and arg in known:
                     args.append(known[arg])
                 elif isinstance(arg, relax.Expr) and isinstance(arg.ty, relax.TensorType):

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from ..._relax import (alias_of, document_tensor_text, function_outputs, op_name, opaque_dims, shape_of,
-                       shape_symbols, short_op_name, tensor_dtype)
+                       shape_symbols, short_op_name, tensor_dtype, tensor_view)
 from ..._native import _C
 from ...errors import CodegenError
 from ...ranges import region_ranges
@@ -221,13 +221,13 @@ class RegionLowering:
             if name not in self.const_ids:
                 tid = self.new_tensor(expr)
                 self.const_ids[name] = tid
-                value = (expr.value if isinstance(expr, tvm.ir.GenericConst) else expr.data).numpy()
+                value = tensor_view(expr.value if isinstance(expr, tvm.ir.GenericConst) else expr.data)
                 self.graph.constants.append({"tensor": tid, "name": name,
                                              "digest": _C.digest(np.ascontiguousarray(value))})
                 if value.size == 1 and value.dtype == "float32":
                     self.graph.scalar_values[tid] = float(value.reshape(()))
                 if value.size <= SMALL_CONSTANT:
-                    self.graph.small_constants[tid] = value
+                    self.graph.small_constants[tid] = value.copy()
             return self.const_ids[name]
         if expr in self.tid:
             return self.tid[expr]
