@@ -57,14 +57,9 @@ struct TableData {
   const float* offsets;  // or null
 };
 
-/*! \brief Input \p k has one value per row and block: [V, K / block] or [V, K / block, 1]. */
+/*! \brief wq::ExpectPerBlock for \p s's rows and blocks. */
 void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, const TableShape& s) {
-  const auto& shape = ctx.input(k).shape;
-  if (shape.size() == 3 && shape[2] == 1) {
-    ctx.ExpectInputShape(k, name, {s.rows, s.blocks(), 1});
-  } else {
-    ctx.ExpectInputShape(k, name, {s.rows, s.blocks()});
-  }
+  wq::ExpectPerBlock(ctx, k, name, s.rows, s.blocks());
 }
 
 /*! \brief The weight's codes: rows, K and signedness, checked against bits. */
