@@ -4,8 +4,9 @@ codes have (int8 per row, int8 / 4-bit blocks with float32 or float16 scales, ze
 offsets as GGUF's Q4_1 / Q5_1 / K-quants, blocks of 16 as Q6_K); ids at the table's edges and of either
 index dtype; an id out of range an InputError. ``bh.quantize(..., lookups=...)`` writes the Relax form the
 oneDNN backend runs as one ``take_wq`` node, a table tied to an LM head being one constant of codes for the
-lookup and the head's ``dense_wq``; ``bh.llm.from_gguf`` and ``from_hf(weights=..., embedding=...)`` read
-the embedding from codes, with the dequantized-table run's logits to the bit."""
+lookup and the head's ``dense_wq``; ``bh.llm.from_gguf`` reads the embedding from its codes, with the
+dequantized-table run's logits to the bit; ``from_hf(weights=..., embedding=...)`` puts the tables the option
+says in the step (one set of codes for a tied table by default)."""
 
 from __future__ import annotations
 
