@@ -212,7 +212,7 @@ class Planner {
       const int t = k < node.inputs.size() ? node.inputs[k] : node.output;
       if (g_.tensors[t].dtype == DType::kFloat16) {
         TVM_FFI_THROW(ValueError) << g_.where(n) << ": tensor " << t << " has dtype float16, which op '" << node.op
-                                  << "' does not read (float16 tensors go to dense_wq's scales)";
+                                  << "' does not read (float16 tensors go to the scales of dense_wq and take_wq)";
       }
     }
     if (FindKernelTraits(node.op).accepts_int8) return;

@@ -11,7 +11,9 @@
 * Q5_0 / Q4_1 / Q5_1 / Q4_K / Q5_K blocks read exactly as the ``gguf`` package dequantizes them; a
   K-quant file (``bench/gguf_write.py``'s own Q4_K / Q5_K quantizer, llama.cpp's fallback types where a
   row does not split into super-blocks of 256) runs its codes as ``dense_wq`` nodes with offsets.
-* Bad files: a tensor type not supported (Q3_K), a file truncated inside a tensor or inside its header, a
+* Q2_K / Q3_K / IQ4_NL blocks read exactly as the ``gguf`` package dequantizes them (random blocks: it has no
+  quantizer for them), and denses of those types run as ``dense_wq`` nodes.
+* Bad files: a tensor type not supported (IQ4_XS), a file truncated inside a tensor or inside its header, a
   missing metadata key, a missing tensor: a FrontendError naming it.
 """
 
@@ -236,15 +238,16 @@ def test_tied_lm_head_is_a_dense_wq_on_the_embeddings_codes(tmp_path_factory, tm
 def test_unsupported_tensor_type_names_type_and_tensor(one_folder, tmp_path, monkeypatch):
     encode = gguf_write.encode_tensor
 
-    def q3_k_down(name, w, fmt):  # ffn_down [64, 256]: one Q3_K super-block (110 bytes) per row
+    def iq4_xs_down(name, w, fmt):  # ffn_down [64, 256]: one IQ4_XS super-block (136 bytes) per row
         if name.endswith("layers.1.mlp.down_proj.weight"):
-            return np.zeros((w.shape[0], 110), np.uint8), gguf.GGMLQuantizationType.Q3_K
+            return np.zeros((w.shape[0], 136), np.uint8), gguf.GGMLQuantizationType.IQ4_XS
         return encode(name, w, fmt)
 
-    monkeypatch.setattr(gguf_write, "encode_tensor", q3_k_down)
+    monkeypatch.setattr(gguf_write, "encode_tensor", iq4_xs_down)
     path = _file(one_folder, tmp_path, "q8_0")
-    with pytest.raises(bh.FrontendError, match=r"tensor 'blk.1.ffn_down.weight' is Q3_K; supported tensor types: "
-                                               r"F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K"):
+    with pytest.raises(bh.FrontendError, match=r"tensor 'blk.1.ffn_down.weight' is IQ4_XS; supported tensor types: "
+                                               r"F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K, "
+                                               r"Q2_K, Q3_K, IQ4_NL"):
         bh.llm.from_gguf(path, max_length=LENGTH)
 
 
@@ -347,7 +350,8 @@ def _random_blocks(kind: str, rows: int, k: int, rng) -> np.ndarray:
     scale 0: a block of zeros, or of its offset)."""
     per, size = bh.llm.gguf.BLOCKS[kind]
     data = rng.integers(0, 256, size=(rows, k // per, size), dtype=np.uint8)
-    halves = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q6_K": (208,)}.get(kind, (0, 2))
+    halves = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "IQ4_NL": (0,), "Q6_K": (208,), "Q3_K": (108,),
+              "Q2_K": (80, 82)}.get(kind, (0, 2))
     for at in halves:
         value = (rng.standard_normal((rows, k // per)) * 0.05).astype(np.float16)
         data[:, :, at:at + 2] = value.view(np.uint8).reshape(rows, k // per, 2)
@@ -365,11 +369,13 @@ def _one_tensor_file(path, name: str, data: np.ndarray, kind: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K",
+                                  "IQ4_NL"])
 def test_block_types_read_as_the_gguf_package_dequantizes(tmp_path, kind):
     """Each block type's codes (rearranged into blocks of 32, scales, offsets) dequantize to exactly what the
     gguf package's ``dequantize`` reads from the same random bytes (K-quants: every 6-bit scale / min
-    pattern, fifth bits; Q6_K's codes in blocks of 16; a zero scale)."""
+    pattern, fifth bits; Q6_K / Q2_K / Q3_K's codes in blocks of 16, Q3_K's high bits and signed 6-bit
+    scales; IQ4_NL's non-linear levels; a zero scale)."""
     from gguf.quants import dequantize
 
     from byoc_hetero.quant.weight_only import dequantize_codes
@@ -379,9 +385,38 @@ def test_block_types_read_as_the_gguf_package_dequantizes(tmp_path, kind):
     codes = bh.llm.gguf.block_codes(f, "w")
     codes.check("w")
     want = dequantize(data, getattr(gguf.GGMLQuantizationType, kind)).reshape(3, 512)
-    assert np.abs(want).max() > 0 and (codes.offsets is not None) == (kind in ("Q4_1", "Q5_1", "Q4_K", "Q5_K"))
+    with_offsets = ("Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K", "Q3_K")
+    assert np.abs(want).max() > 0 and (codes.offsets is not None) == (kind in with_offsets)
     np.testing.assert_array_equal(dequantize_codes(codes), want)
     np.testing.assert_array_equal(f.float32("w"), want)
+
+
+def test_q2_k_q3_k_iq4_nl_denses_run_their_codes(one_folder, tmp_path, monkeypatch):
+    """A Q8_0 file with layer 0's ffn_down Q2_K, layer 1's Q3_K and layer 1's ffn_up IQ4_NL (random blocks: the
+    gguf package has no quantizer for them): each a dense_wq node (4-bit codes in blocks of 16 with offsets;
+    int8 codes of IQ4_NL's levels), the logits with float32 activations those of transformers on the gguf
+    package's dequantize of the same file (1e-4)."""
+    encode, rng = gguf_write.encode_tensor, np.random.default_rng(7)
+    kinds = {"layers.0.mlp.down_proj.weight": "Q2_K", "layers.1.mlp.down_proj.weight": "Q3_K",
+             "layers.1.mlp.up_proj.weight": "IQ4_NL"}
+
+    def low_bits(name, w, fmt):
+        kind = next((k for suffix, k in kinds.items() if name.endswith(suffix)), None)
+        if kind is None:
+            return encode(name, w, fmt)
+        return _random_blocks(kind, w.shape[0], w.shape[1], rng), getattr(gguf.GGMLQuantizationType, kind)
+
+    monkeypatch.setattr(gguf_write, "encode_tensor", low_bits)
+    path = _file(one_folder, tmp_path, "q8_0")
+    types = {t.name: t.type for t in bh.llm.gguf.GgufFile(path).tensors.values()}
+    assert [types[f"blk.{i}.ffn_{n}.weight"] for i, n in ((0, "down"), (1, "down"), (1, "up"))] == list(kinds.values())
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")
+    gen = bh.llm.from_gguf(path, max_length=LENGTH)
+    assert gen.weights == "gguf:iq4_nl+q2_k+q3_k+q8_0", gen.weights
+    tokens = np.concatenate([PROMPT, np.array([[9, 250, 31]])], axis=1)
+    n = PROMPT.shape[1]
+    _close(_step_logits(gen, tokens, n), _torch_logits(_dequantized_model(path, one_folder[1]), tokens, n), 1e-4)
+    assert _node_counts(path)["dense_wq"] == 7 * CONFIG["num_hidden_layers"] + 1
 
 
 K_CONFIG = dict(hidden_size=256, intermediate_size=288, num_attention_heads=4, num_key_value_heads=2)

@@ -33,11 +33,11 @@ QUANTIZED_WEIGHTS = ("int8", "int4")
 """Weight-only quantized precisions (``bh.quantize(mod, params, weights=...)`` on the step's denses)."""
 
 LM_HEAD = ("lm_head", "embed")
-"""The LM head's weight under its two names (``embed`` where the model ties them: the embedding's
-``take`` then keeps reading the float table)."""
+"""The LM head's weight under its two names (``embed`` where the model ties them to the embedding)."""
 
 LM_HEAD_WEIGHTS = ("int8", "int4", "f32")
-"""What ``from_hf(weights="int8" | "int4", lm_head=...)`` makes of the LM head (None: the weights' format)."""
+"""What ``from_hf(weights="int8" | "int4", lm_head=..., embedding=...)`` makes of the LM head and of
+the embedding table (None: the LM head in the weights' format, the embedding in the LM head's)."""
 
 
 def _precision(weights: str) -> str | None:
@@ -55,40 +55,51 @@ def _precision(weights: str) -> str | None:
 
 
 def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, group_size: int | None,
-               lm_head: str | None = None) -> tuple[tvm.IRModule, dict[str, np.ndarray], float | None]:
+               lm_head: str | None = None, embedding: str | None = None
+               ) -> tuple[tvm.IRModule, dict[str, np.ndarray], float | None]:
     """(module, params, weight error): the step's denses in weight-only form for int8 / int4, the LM
     head as ``lm_head`` says (None: as the others; ``"f32"``: float; ``"int8"`` / ``"int4"``: that
-    format at its default grouping); ``mod`` and ``params`` as they were, error None, otherwise."""
+    format at its default grouping), the embedding's lookup as ``embedding`` says (None: as the LM
+    head, so a tied table is one set of codes; ``"f32"``: the float table; ``"int8"`` / ``"int4"``);
+    ``mod`` and ``params`` as they were, error None, otherwise."""
     from ..errors import QuantizationError
     from ..quant import quantize
 
     if weights not in QUANTIZED_WEIGHTS:
-        if group_size is not None or lm_head is not None:
-            what = f"group_size={group_size!r}" if group_size is not None else f"lm_head={lm_head!r}"
+        if group_size is not None or lm_head is not None or embedding is not None:
+            what = next(f"{n}={v!r}" for n, v in (("group_size", group_size), ("lm_head", lm_head),
+                                                    ("embedding", embedding)) if v is not None)
             raise InputError(f"bh.llm.from_hf: {what} applies to weights='int8' / 'int4', not {weights!r}")
         return mod, params, None
-    if lm_head not in (None, *LM_HEAD_WEIGHTS):
-        raise InputError(f"bh.llm.from_hf: lm_head must be None (as the weights), {', '.join(LM_HEAD_WEIGHTS)}; "
-                         f"got {lm_head!r}")
+    for name, value, default in (("lm_head", lm_head, "the weights"), ("embedding", embedding, "the LM head")):
+        if value not in (None, *LM_HEAD_WEIGHTS):
+            raise InputError(f"bh.llm.from_hf: {name} must be None (as {default}), {', '.join(LM_HEAD_WEIGHTS)}; "
+                             f"got {value!r}")
     head = lm_head or weights
+    table = embedding or head
     # grouped scales in float16, as GGUF's Q8_0 / Q4_0 blocks (the int8-activation kernels read them as they are:
     # 18 bytes a 4-bit block of 32, not 20); one scale per output channel stays float32 (its bytes are nothing)
     scales = "float32" if weights == "int8" and group_size is None else "float16"
+    # one pass per format, the weights' first: each quantizes the denses (and the lookup) in that format
+    passes = [(weights, {"group_size": group_size, "scale_dtype": scales})]
+    passes += [(fmt, {}) for fmt in dict.fromkeys((head, table)) if fmt not in (weights, "f32")]
+    errors = []
     try:
-        q = quantize(mod, params, weights=weights, group_size=group_size, scale_dtype=scales,
-                     keep_float=lambda name: head != weights and name in LM_HEAD, verbose=False)
-        if head in (weights, "f32"):
-            return q.mod, q.params, q.error
-        # the head is the step's one float matmul left: the second pass quantizes it alone
-        h = quantize(q.mod, q.params, weights=head, verbose=False)
+        for fmt, options in passes:
+            q = quantize(mod, params, weights=fmt, verbose=False, **options,
+                         keep_float=lambda name, fmt=fmt: name in LM_HEAD and fmt != head,
+                         lookups=("embed",) if table == fmt else None)
+            mod, params = q.mod, q.params
+            errors += [q.error] if q.layers else []
     except QuantizationError as err:
-        raise InputError(f"bh.llm.from_hf: weights={weights!r} group_size={group_size!r} lm_head={lm_head!r}: "
-                         f"{err}") from None
-    return h.mod, h.params, max(q.error, h.error)
+        raise InputError(f"bh.llm.from_hf: weights={weights!r} group_size={group_size!r} lm_head={lm_head!r} "
+                         f"embedding={embedding!r}: {err}") from None
+    return mod, params, max(errors, default=0.0)
 
 
 def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None,
-                     lm_head: str | None = None) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
+                     lm_head: str | None = None, embedding: str | None = None
+                     ) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
     """What :func:`from_hf` builds, before the build: (the partitioned step module, its
     :class:`DecoderSpec`, the weight quantization error or None). For inspecting the regions."""
     from ..stages import partition, shared_params
@@ -98,7 +109,7 @@ def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group
         raise InputError(f"bh.llm.from_hf: max_length must be a positive integer, got {max_length!r}")
     spec = decoder_spec(model)
     mod, params, error = _quantized(step_module(spec, int(max_length)), decoder_weights(spec, model), weights,
-                                    group_size, lm_head)
+                                    group_size, lm_head, embedding)
     # the constants are the model's own tensors (no copy: the build's peak is the model and the build), at
     # the 8-byte offsets of a safetensors file too, where only the regions read them (they need 4 bytes)
     shared = shared_params(params, alignment=4)
@@ -136,7 +147,7 @@ def _host_constants(mod: tvm.IRModule) -> set[int]:
 
 
 def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None,
-            lm_head: str | None = None) -> Generator:
+            lm_head: str | None = None, embedding: str | None = None) -> Generator:
     """A :class:`Generator` for a transformers ``...ForCausalLM`` (Llama / SmolLM, Qwen2, Mistral,
     Gemma, Phi-3), its caches ``max_length`` tokens long (prompt plus new tokens).
 
@@ -146,10 +157,13 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     node. ``group_size``: 32 / 64 / 128 consecutive k per scale (int4's default 32), None for one
     scale per output channel (int8's default); the hidden and intermediate sizes must be multiples
     of it; grouped scales are float16 (as GGUF's Q8_0 / Q4_0 blocks), per-channel ones float32. ``lm_head``: None quantizes the LM head as the other denses (what llama.cpp runs on a
-    Q8_0 / Q4_0 file whose head is in the file's type; a tied head reads the embedding's codes while
-    the embedding's lookup keeps the float table), ``"int8"`` / ``"int4"`` in that format at its
+    Q8_0 / Q4_0 file whose head is in the file's type), ``"int8"`` / ``"int4"`` in that format at its
     default grouping (``llama-quantize`` and NNCF keep the head wider than int4: ``"int8"``),
-    ``"f32"`` keeps it float32. The generator's ``weight_error`` is the
+    ``"f32"`` keeps it float32. ``embedding``: the token embedding's table, None as the LM head
+    (a tied table is then one set of codes, read by the head's ``dense_wq`` and by the lookup's
+    ``take_wq``, which dequantizes only the rows looked up: no float32 copy of the table), ``"int8"``
+    (one scale per row) / ``"int4"`` (blocks of 32) in that format, ``"f32"`` the float32 table (as
+    NNCF's option to leave embeddings uncompressed). The generator's ``weight_error`` is the
     quantization's measured error (:class:`~byoc_hetero.quant.WeightOnlyModel`), None for float.
     The model is read (config and weights), not run; its forward code and cache classes are not used.
     Its float32 weights are not copied: the generator's constants are the model's tensors (shared
@@ -159,7 +173,7 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     (build from ``copy.deepcopy(model)`` to keep training the model).
     """
     part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size,
-                                         lm_head=lm_head)
+                                         lm_head=lm_head, embedding=embedding)
     executable = relax.build(part, target="llvm")
     del part
     return_freed_heap()

@@ -15,7 +15,14 @@ The file is read here (no ``gguf`` package needed at run time): the header, the 
   ``w = d * sc * q - dmin * m`` (:func:`k_quant_blocks`);
 * ``Q6_K``: super-blocks of 256 = 16 sub-blocks of 16, 6-bit codes, an int8 scale per sub-block and an
   f16 ``d``: ``w = d * scale * (q - 32)`` (:func:`q6_k_blocks`; llama.cpp's type for the LM head of Q4_0
-  and Q4_K_M files, and some of a Q4_K_M file's ffn_down / attn_v).
+  and Q4_K_M files, and some of a Q4_K_M file's ffn_down / attn_v);
+* ``Q2_K``: super-blocks of 256 = 16 sub-blocks of 16, a byte per sub-block (4-bit scale ``sc`` low, 4-bit
+  min ``m`` high), 64 bytes of 2-bit codes, f16 ``d`` and ``dmin``: ``w = d * sc * q - dmin * m``;
+* ``Q3_K``: super-blocks of 256 = 16 sub-blocks of 16, 32 bytes of high bits, 64 of 2-bit low bits, 12 bytes
+  of 6-bit sub-block scales, an f16 ``d``: ``w = d * (sc - 32) * (q - 4)``, q the 3-bit code (the high bit
+  set adds 4) (:func:`low_k_blocks`);
+* ``IQ4_NL``: blocks of 32 as Q4_0, each nibble an index into llama.cpp's 16 non-linear int8 levels:
+  ``w = d * levels[q]``.
 
 Weights of these block types in the decoder's denses and the LM head stay quantized:
 their codes are rearranged (not requantized) into the weight-only form of
@@ -23,12 +30,15 @@ their codes are rearranged (not requantized) into the weight-only form of
 codes two a byte, implicit zero point 8; Q4_1 / Q4_K: 4-bit codes with a float offset per block,
 ``w = s * q + o``; Q5_1 / Q5_K: 8-bit codes 0..31 with offsets; K-quants' scales ``d * sc`` and offsets
 ``-dmin * m`` exact in float32; Q6_K: int8 codes ``q - 32`` in blocks of 16, scales ``d * scale``, which
-dense_wq runs with float32 activations: its int8-activation kernels take blocks of 32) and run as
+dense_wq runs with float32 activations: its int8-activation kernels take blocks of 32; Q2_K / Q3_K: 4-bit
+codes 0..3 / 0..7 in blocks of 16, scales ``d * sc`` / ``d * (sc - 32)``, offsets ``-dmin * m`` / ``-4 *
+scale``, all exact in float32; IQ4_NL: int8 codes, the levels themselves, f16 scales) and run as
 ``dense_wq`` nodes; ``weights="f32"`` dequantizes everything
 instead. A file without
 ``output.weight`` ties the LM head to ``token_embd.weight`` (as llama.cpp reads it): the spec's
-``tied_embeddings``, one ``embed`` weight whose codes the LM head's ``dense_wq`` reads and whose
-dequantized rows the embedding's ``take`` reads (the embedding is always dequantized). A block whose
+``tied_embeddings``, one ``embed`` weight whose codes the LM head's ``dense_wq`` reads. The embedding's
+lookup reads ``token_embd.weight``'s codes too (a ``take_wq`` node dequantizing only the rows looked up,
+as llama.cpp's ``get_rows`` does), tied or not: no float32 copy of the table. A block whose
 scale is 0 holds zeros whatever its codes: it is stored with scale 1 and the zero code (same values;
 dense_wq refuses zero scales).
 
@@ -64,10 +74,11 @@ GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8:
 """ggml's tensor type codes, for reading and for naming the ones not supported."""
 
 BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q5_0": (32, 22),
-          "Q4_1": (32, 20), "Q5_1": (32, 24), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+          "Q4_1": (32, 20), "Q5_1": (32, 24), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+          "Q2_K": (256, 84), "Q3_K": (256, 110), "IQ4_NL": (32, 18)}
 """Supported tensor types -> (weights per block, bytes per block)."""
 
-CODE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+CODE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL")
 """Types read as weight-only codes (:func:`block_codes`)."""
 
 # metadata value types: code -> struct format (8 string, 9 array are read apart)
@@ -247,13 +258,49 @@ def k_quant_blocks(blocks: np.ndarray, fifth: bool) -> tuple[np.ndarray, np.ndar
     return q, d[..., None] * sc.astype(np.float32), -(dmin[..., None] * m.astype(np.float32))
 
 
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+"""llama.cpp's ``kvalues_iq4nl``: the int8 level each IQ4_NL nibble stands for."""
+
+
+def _two_bit_fields(qs: np.ndarray) -> np.ndarray:
+    """K-quants' 64 bytes of 2-bit fields [..., 64] -> 256 values [..., 16, 16] in order: half h of 128
+    weights takes bytes 32 h .. 32 h + 31, its weight 32 j + l (j < 4, l < 32) bits 2 j of byte 32 h + l."""
+    lead = qs.shape[:-1]
+    q = (qs.reshape(*lead, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3
+    return q.reshape(*lead, 16, 16)
+
+
+def low_k_blocks(blocks: np.ndarray, three: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q2_K (``three`` False) / Q3_K super-blocks [..., bytes] -> (codes [..., 16, 16] uint8 in order: Q2_K's
+    0..3, Q3_K's 0..7 (the 2 low bits, + 4 where the high bit is set), scales [..., 16] float32, offsets [...,
+    16] float32). Q2_K: scale ``d * sc``, offset ``-dmin * m``; Q3_K: scale ``d * (sc - 32)`` (its 6-bit scales:
+    sub-block i's low 4 bits in the nibble i // 8 of byte i % 8, its high 2 bits at bit 2 (i // 4) of byte
+    8 + i % 4), offset ``-4 * scale``; each exact in float32, as is ``q * scale + offset`` for Q3_K."""
+    lead = blocks.shape[:-1]
+    if not three:
+        d, dmin = _half(blocks, 80).astype(np.float32), _half(blocks, 82).astype(np.float32)
+        sc = blocks[..., :16]
+        return (_two_bit_fields(blocks[..., 16:80]), d[..., None] * (sc & 15).astype(np.float32),
+                -(dmin[..., None] * (sc >> 4).astype(np.float32)))
+    packed, d = blocks[..., 96:108], _half(blocks, 108).astype(np.float32)
+    low = np.concatenate([packed[..., :8] & 15, packed[..., :8] >> 4], axis=-1)
+    high = (packed[..., 8:12].reshape(*lead, 1, 4) >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3
+    sc = (low | (high.reshape(*lead, 16) << 4)).astype(np.int16) - 32
+    hbit = (blocks[..., :32].reshape(*lead, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # weight 32 b + l
+    scales = d[..., None] * sc.astype(np.float32)
+    return _two_bit_fields(blocks[..., 32:96]) | (hbit.reshape(*lead, 16, 16) << 2), scales, -4 * scales
+
+
 def _codes_of(kind: str, blocks: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray | None]:
     """One type's blocks [N, K / per, bytes] -> (bits, block, codes [N, K / block, block] in order, scales
-    [N, K / block], offsets [N, K / block] float32 or None); block 32 (Q6_K: 16)."""
+    [N, K / block], offsets [N, K / block] float32 or None); block 32 (Q6_K, Q2_K, Q3_K: 16)."""
     n = blocks.shape[0]
     if kind == "Q6_K":
         q, scales = q6_k_blocks(blocks)
         return 8, 16, q.reshape(n, -1, 16), scales.reshape(n, -1), None
+    if kind in ("Q2_K", "Q3_K"):
+        q, scales, offsets = low_k_blocks(blocks, kind == "Q3_K")
+        return 4, 16, q.reshape(n, -1, 16), scales.reshape(n, -1), offsets.reshape(n, -1)
     if kind in ("Q4_K", "Q5_K"):
         q, scales, offsets = k_quant_blocks(blocks, kind == "Q5_K")
         return (4 if kind == "Q4_K" else 8), 32, q.reshape(n, -1, 32), scales.reshape(n, -1), offsets.reshape(n, -1)
@@ -262,6 +309,8 @@ def _codes_of(kind: str, blocks: np.ndarray) -> tuple[int, int, np.ndarray, np.n
         return 8, 32, blocks[:, :, 2:].view(np.int8), d, None
     if kind == "Q4_0":
         return 4, 32, _nibbles(blocks[:, :, 2:]), d, None
+    if kind == "IQ4_NL":
+        return 8, 32, IQ4_NL_LEVELS[_nibbles(blocks[:, :, 2:])], d, None
     if kind == "Q5_0":
         q = (_nibbles(blocks[:, :, 6:]) | _fifth_bits(blocks[:, :, 2:6])).astype(np.int16) - 16
         return 8, 32, q.astype(np.int8), d, None
@@ -393,10 +442,8 @@ def gguf_names(spec: DecoderSpec) -> dict[str, str]:
 def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
                  ) -> tuple[dict[str, np.ndarray], dict[str, WeightCodes]]:
     """(float32 params, codes): every weight :func:`step_module` declares, by its name, shape-checked;
-    denses of :data:`CODE_TYPES` also in ``codes`` (unless ``dequantize``), their float value the exact
-    dequantize.
-    The embedding has codes only when it is the (tied) LM head: the head's dense reads them, the
-    embedding's take the float value."""
+    weights of :data:`CODE_TYPES` (denses, the LM head, the embedding) also in ``codes`` (unless
+    ``dequantize``), their float value the exact dequantize (what finds their readers)."""
     from .model import weight_shapes
 
     shapes, names = weight_shapes(spec), gguf_names(spec)
@@ -407,7 +454,7 @@ def gguf_weights(f: GgufFile, spec: DecoderSpec, dequantize: bool = False
         if tuple(t.shape) != shapes[p] and not (len(shapes[p]) == 1 and t.shape == (1,) + shapes[p]):
             raise FrontendError(f"bh.llm.from_gguf: tensor {tensor!r} is {list(t.shape)}; the metadata says "
                                 f"{list(shapes[p])}")
-        keep = t.type in CODE_TYPES and not dequantize and (p != "embed" or spec.tied_embeddings)
+        keep = t.type in CODE_TYPES and not dequantize
         value: np.ndarray | WeightCodes = block_codes(f, tensor) if keep else f.float32(tensor).reshape(shapes[p])
         short = p.partition(".")[2]
         if spec.family == "llama" and short in ("q", "k"):
@@ -458,12 +505,14 @@ def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None =
     """A :class:`~byoc_hetero.llm.Generator` for a GGUF file of a Llama-family decoder (architectures
     ``llama`` and ``qwen2``), its caches ``max_length`` tokens long (at most the file's context length).
 
-    ``weights``: None keeps Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / Q4_K / Q5_K / Q6_K denses quantized
-    (``dense_wq`` nodes on the file's codes rearranged into blocks of 32, Q6_K's of 16: int8 or 4-bit
-    codes, the file's scales, and a float offset per block for Q4_1 / Q5_1 / Q4_K / Q5_K), the LM head included
-    (``output.weight``, or ``token_embd.weight`` where the file ties them, as llama.cpp reads it),
-    and reads F32 / F16 / BF16 ones as float32; ``"f32"`` dequantizes every tensor. The embedding's
-    lookup is always float32 (a dequantized table). Another tensor type (Q3_K, IQ4_NL, ...), a missing
+    ``weights``: None keeps Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / Q4_K / Q5_K / Q6_K / Q2_K / Q3_K / IQ4_NL
+    denses quantized (``dense_wq`` nodes on the file's codes rearranged into blocks of 32, Q6_K / Q2_K /
+    Q3_K's of 16: int8 or 4-bit codes, the file's scales, and a float offset per block for Q4_1 / Q5_1 /
+    Q4_K / Q5_K / Q2_K / Q3_K), the LM head included (``output.weight``, or ``token_embd.weight`` where
+    the file ties them, as llama.cpp reads it), and reads F32 / F16 / BF16 ones as float32; ``"f32"``
+    dequantizes every tensor. The embedding's lookup reads ``token_embd.weight``'s codes (a ``take_wq``
+    node: only the rows looked up are dequantized; with a tied head, the one set of codes serves both).
+    Another tensor type (IQ4_XS, IQ2_XXS, ...), a missing
     metadata key or tensor, or a truncated file raise a :class:`~byoc_hetero.errors.FrontendError`
     naming it. The generator's ``weights`` says what ran: ``"gguf:"`` and the types kept as codes
     (``"gguf:q8_0"``, ``"gguf:q4_k+q5_0"``), or ``"gguf:f32"``.

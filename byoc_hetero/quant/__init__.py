@@ -110,7 +110,8 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
              per_channel: bool = True, activation_dtype: str = "uint8", percentile: float = 99.99,
              calibrate_on: str = "llvm", verbose: bool = True, weights: str | None = None,
              group_size: int | None = None, zero_points: bool = False,
-             scale_dtype: str = "float32") -> QuantizedModel | WeightOnlyModel:
+             scale_dtype: str = "float32", lookups: Sequence[str] | Callable[[str], bool] | None = None
+             ) -> QuantizedModel | WeightOnlyModel:
     """Static post-training int8 quantization of a float module (weights as ``params``), or, with
     ``weights``, weight-only quantization of its dense layers.
 
@@ -118,7 +119,10 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
     weight reads int8 / int4 codes with ``group_size`` (None: per output channel, int8's default;
     32 / 64 / 128 consecutive k, int4's default 32) scales of ``scale_dtype`` (``"float32"`` /
     ``"float16"``), symmetric or with ``zero_points``; activations stay float32. ``keep_float``
-    then names matmuls by index or weight name (or is a predicate on the weight name). Returns a
+    then names matmuls by index or weight name (or is a predicate on the weight name); ``lookups``
+    names 2-D weights (or is a predicate on the name) whose ``take(W, ids, axis=0)`` rows, an
+    embedding lookup, read codes in the same format (a ``take_wq`` node: only the rows looked up are
+    dequantized; a table tied to a quantized matmul shares its codes). Returns a
     :class:`~byoc_hetero.quant.weight_only.WeightOnlyModel` whose ``error`` is the largest relative
     error of a layer's output on random inputs (:mod:`byoc_hetero.quant.weight_only`); the oneDNN
     backend runs each such layer as one ``dense_wq`` node, llvm dequantizes and multiplies.
@@ -149,7 +153,9 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
     """
     if weights is not None:
         return quantize_weights(mod, params, weights, group_size, zero_points, scale_dtype, keep_float,
-                                verbose=verbose)
+                                verbose=verbose, lookups=lookups)
+    if lookups is not None:
+        raise QuantizationError(f"lookups={lookups!r} applies to weight-only quantization (weights='int8' / 'int4')")
     _check_options(method, activation_dtype, percentile)
     func, params = fold_batch_norms(mod["main"], params)  # one int8 conv, not conv + float batch norm
     if func is not mod["main"]:

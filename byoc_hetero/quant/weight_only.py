@@ -39,7 +39,7 @@ from ..errors import QuantizationError
 from ..weight_codes import WeightCodes
 
 __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
-           "dequantize_codes", "emit_weight_only_dense", "apply_weight_codes"]
+           "dequantize_codes", "emit_weight_only_dense", "emit_weight_only_take", "apply_weight_codes"]
 
 WEIGHT_FORMATS = {"int8": 8, "int4": 4}
 GROUP_SIZES = (32, 64, 128)
@@ -149,10 +149,9 @@ def _quantize_rows(w: np.ndarray, first: int, bits: int, block: int, zero_points
     return q, scale, zp
 
 
-def emit_weight_only_dense(bb: relax.BlockBuilder, data: relax.Expr, codes: WeightCodes,
-                           parts: Sequence[relax.Expr]) -> relax.Var:
-    """Emit ``data @ dequant(W)^T`` (the chain of the module docstring) for ``codes``' layout,
-    reading the codes, scales [, zero points] [, offsets] from ``parts`` (parameters or constants)."""
+def _emit_dequantized(bb: relax.BlockBuilder, codes: WeightCodes, parts: Sequence[relax.Expr]) -> relax.Var:
+    """Emit the float32 weight [N, K] of ``codes`` (the chain of the module docstring), reading the
+    codes, scales [, zero points] [, offsets] from ``parts`` (parameters or constants)."""
     n, k = codes.shape
     nb = k // codes.block
     f32 = relax.const
@@ -172,8 +171,23 @@ def emit_weight_only_dense(bb: relax.BlockBuilder, data: relax.Expr, codes: Weig
     w = bb.emit(relax.op.multiply(bb.emit(relax.op.subtract(u, zero)), scale))
     if codes.offsets is not None:
         w = bb.emit(relax.op.add(w, bb.emit(relax.op.reshape(parts[-1], (n, nb, 1)))))
-    w = bb.emit(relax.op.reshape(w, (n, k)))
+    return bb.emit(relax.op.reshape(w, (n, k)))
+
+
+def emit_weight_only_dense(bb: relax.BlockBuilder, data: relax.Expr, codes: WeightCodes,
+                           parts: Sequence[relax.Expr]) -> relax.Var:
+    """Emit ``data @ dequant(W)^T`` (the chain of the module docstring) for ``codes``' layout,
+    reading the codes, scales [, zero points] [, offsets] from ``parts`` (parameters or constants)."""
+    w = _emit_dequantized(bb, codes, parts)
     return bb.emit(relax.op.matmul(data, bb.emit(relax.op.permute_dims(w, [1, 0]))))
+
+
+def emit_weight_only_take(bb: relax.BlockBuilder, indices: relax.Expr, codes: WeightCodes,
+                          parts: Sequence[relax.Expr]) -> relax.Var:
+    """Emit ``take(dequant(W), indices, axis=0)``: rows of a weight-only table (an embedding lookup
+    on codes). Its meaning (and llvm's reference) dequantizes the table; the oneDNN backend runs one
+    ``take_wq`` node that dequantizes only the rows looked up (rules ``take_wq8`` / ``take_wq4``)."""
+    return bb.emit(relax.op.take(_emit_dequantized(bb, codes, parts), indices, axis=0))
 
 
 @dataclass
@@ -205,6 +219,8 @@ class WeightOnlyModel:
     zero_points: bool
     scale_dtype: str
     method: str = field(default="weight-only", repr=False)
+    lookups: list[str] = field(default_factory=list)
+    """Tables whose ``take`` rows read the codes (:func:`emit_weight_only_take`), by weight name."""
 
     def __iter__(self):
         return iter((self.mod, self.params))
@@ -212,6 +228,8 @@ class WeightOnlyModel:
     def summary(self) -> str:
         """One line: layers quantized and kept, format, and the measured error."""
         kept = f", {len(self.kept_float)} kept float ({', '.join(self.kept_float)})" if self.kept_float else ""
+        if self.lookups:
+            kept += f", lookups of {', '.join(self.lookups)} on the codes"
         group = "per output channel" if self.group_size is None else f"groups of {self.group_size} along K"
         scheme = "with zero points" if self.zero_points else "symmetric"
         return (f"quantized {len(self.layers)} dense weights to {self.weights}{kept} ({group}, {scheme}, "
@@ -240,6 +258,20 @@ def _weight_of(call: relax.Expr, values: Mapping[relax.Expr, np.ndarray], bound:
     return w, transposed, permute
 
 
+def _table_of(call: relax.Expr, values: Mapping[relax.Expr, np.ndarray]) -> relax.Var | None:
+    """The 2-D float32 weight parameter (with a value) whose rows ``call`` takes (``take(W, ids,
+    axis=0)``, mode fast: an embedding lookup), or None."""
+    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.take"):
+        return None
+    w, axis = call.args[0], call.attrs.axis
+    if not isinstance(w, relax.Var) or axis is None or int(axis) != 0:
+        return None
+    if str(getattr(call.attrs, "mode", "fast")) != "fast":
+        return None
+    value = values.get(w)
+    return w if value is not None and value.ndim == 2 and value.dtype == np.float32 else None
+
+
 def _layer_error(w_kn: np.ndarray, codes: WeightCodes, rng: np.random.Generator) -> float:
     """max |x W_q - x W| / max |x W| on 8 random rows x, the codes dequantized a chunk of output
     columns at a time (:data:`CHUNK_BYTES`)."""
@@ -262,16 +294,20 @@ def _selected(keep_float, index: int, name: str) -> bool:
 def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weights: str = "int8",
                      group_size: int | None = None, zero_points: bool = False, scale_dtype: str = "float32",
                      keep_float: Sequence[int | str] | Callable[[str], bool] | None = None,
-                     seed: int = 0, verbose: bool = True) -> WeightOnlyModel:
+                     seed: int = 0, verbose: bool = True,
+                     lookups: Sequence[str] | Callable[[str], bool] | None = None) -> WeightOnlyModel:
     """The weight-only form of ``mod`` (module docstring): every matmul on a 2-D float32 weight.
 
     ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: None (one scale per output channel;
     int8's default) or 32 / 64 / 128 consecutive k per scale (int4's default: 32). ``zero_points``:
     asymmetric codes with a zero point per group. ``scale_dtype``: ``"float32"`` or ``"float16"``.
     ``keep_float``: matmuls left float, by index (in order of appearance) or weight name, or a
-    predicate on the weight name (the LM head of a decoder, say). The new parameters are
+    predicate on the weight name (the LM head of a decoder, say). ``lookups``: 2-D weight parameters,
+    by name or a predicate on it, whose ``take(W, ids, axis=0)`` rows (an embedding lookup) read codes
+    in this format too (:func:`emit_weight_only_take`; the same codes as a matmul quantized here on
+    the same weight: a table tied to the LM head is one set of codes). The new parameters are
     ``<weight>.codes``, ``<weight>.scales`` (and ``<weight>.zero_points``); a weight read elsewhere
-    too (an embedding tied to the LM head) keeps its float parameter for those readers.
+    too (a lookup not in ``lookups``, a matmul kept float) keeps its float parameter for those readers.
     """
     if weights not in WEIGHT_FORMATS:
         raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
@@ -285,7 +321,7 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     func = mod["main"]
     by_name = {p.name: p for p in func.params}
     values: dict[relax.Expr, np.ndarray] = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
-    rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed)
+    rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups)
     new_func = rewriter.rewrite(func)
     out_mod = mod.clone()
     out_mod["main"] = new_func
@@ -293,8 +329,8 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     out_params = {k: v for k, v in params.items() if k in kept_names} | rewriter.new_values
     error = max((lyr.error for lyr in rewriter.layers), default=0.0)
     result = WeightOnlyModel(out_mod, out_params, error, rewriter.layers, rewriter.kept, weights, group_size,
-                             zero_points, scale_dtype)
-    if not result.layers:
+                             zero_points, scale_dtype, lookups=rewriter.looked_up)
+    if not result.layers and not result.lookups:
         raise QuantizationError("no dense layer to quantize: no matmul whose weight is a 2-D float32 parameter or "
                                 "constant" + (f" (kept float: {', '.join(result.kept_float)})" if result.kept_float else ""))
     if verbose:
@@ -305,8 +341,9 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
 class _WeightOnlyRewriter:
     """Re-emits ``main`` binding by binding, replacing the matmuls on weights (see quantize_weights)."""
 
-    def __init__(self, values, bits, group_size, zero_points, scale_dtype, keep_float, seed):
-        self.values, self.bits, self.group_size = values, bits, group_size
+    def __init__(self, values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups=None):
+        self.values, self.bits, self.group_size, self.lookups = values, bits, group_size, lookups
+        self.looked_up: list[str] = []
         self.zero_points, self.scale_dtype, self.keep_float = zero_points, scale_dtype, keep_float
         self.rng = np.random.default_rng(seed)
         self.layers: list[WeightOnlyLayer] = []
@@ -314,6 +351,7 @@ class _WeightOnlyRewriter:
         self.new_values: dict[str, np.ndarray] = {}
         self.new_params: list[relax.Var] = []
         self.codes: dict[relax.Expr, tuple[WeightCodes, list[relax.Var]]] = {}
+        self.param_names: set[str] = set()
 
     def _name(self, w: relax.Expr) -> str:
         return w.name if isinstance(w, relax.Var) else f"const_{len(self.codes)}"
@@ -321,6 +359,10 @@ class _WeightOnlyRewriter:
     def _kept(self, index: int, weight_name: str, name: str) -> bool:
         """Whether the ``index``-th matmul (on ``weight_name``, labelled ``name``) stays float."""
         return _selected(self.keep_float, index, weight_name) or _selected(self.keep_float, index, name)
+
+    def _looked_up(self, weight_name: str) -> bool:
+        """Whether the lookups (``take`` rows) of the weight ``weight_name`` read its codes."""
+        return _selected(self.lookups, -1, weight_name)
 
     def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
         try:
@@ -332,6 +374,8 @@ class _WeightOnlyRewriter:
         if w not in self.codes:
             name = self._name(w)
             codes = self._quantize(name, w_kn)
+            if any(p.startswith(f"{name}.") for p in self.param_names):  # codes of it from an earlier pass
+                name = f"{name}.int{codes.bits}"
             arrays = {"codes": codes.codes, "scales": codes.scales, "zero_points": codes.zero_points,
                       "offsets": codes.offsets}
             parts = []
@@ -348,6 +392,7 @@ class _WeightOnlyRewriter:
     def rewrite(self, func: relax.Function) -> relax.Function:
         from .insert_qdq import all_bindings, free_vars, substitute
 
+        self.param_names = {p.name for p in func.params}
         for b in all_bindings(func):
             if isinstance(b.value, tvm.ir.Constant):
                 continue
@@ -367,7 +412,9 @@ class _WeightOnlyRewriter:
                 self.kept.append(weight_name)
                 continue
             targets[b.var] = (name, *found)
-        replaced = {w for _, w, _, _ in targets.values() if isinstance(w, relax.Var)}
+        tables = {b.var: w for b in all_bindings(func)
+                  if (w := _table_of(b.value, self.values)) is not None and self._looked_up(w.name)}
+        replaced = {w for _, w, _, _ in targets.values() if isinstance(w, relax.Var)} | set(tables.values())
         # a weight's permute_dims read only by quantized matmuls goes with them
         readers: dict[relax.Var, set] = {}
         for b in all_bindings(func):
@@ -376,7 +423,7 @@ class _WeightOnlyRewriter:
         outputs = set(free_vars(func.body.body))
         dropped = {p for _, _, _, p in targets.values()
                    if p is not None and p not in outputs and readers.get(p, set()) <= set(targets)}
-        skipped = set(targets) | dropped
+        skipped = set(targets) | dropped | set(tables)
         still_float = {v for b in all_bindings(func) if b.var not in skipped for v in free_vars(b.value)} | outputs
         attrs = {k: v for k, v in (func.attrs or {}).items() if k != "params"} if func.attrs is not None else None
         bb = relax.BlockBuilder()
@@ -388,6 +435,10 @@ class _WeightOnlyRewriter:
             codes, _ = self._parts(w, w_kn)
             self.layers.append(WeightOnlyLayer(name, self._name(w) if isinstance(w, relax.Var) else name,
                                                tuple(w_kn.shape), _layer_error(w_kn, codes, self.rng)))
+        for w in tables.values():  # a table [V, K] is a weight [N, K]: the codes of its matmul, if quantized
+            self._parts(w, self.values[w].T)
+            if w.name not in self.looked_up:
+                self.looked_up.append(w.name)
         params = [p for p in func.params if p not in replaced or p in still_float] + self.new_params
         with bb.function("main", params, attrs=attrs, pure=True):
             with bb.dataflow():
@@ -398,6 +449,9 @@ class _WeightOnlyRewriter:
                         _, w, _, _ = targets[b.var]
                         codes, parts = self.codes[w]
                         env[b.var] = emit_weight_only_dense(bb, substitute(b.value.args[0], env), codes, parts)
+                    elif b.var in tables:
+                        codes, parts = self.codes[tables[b.var]]
+                        env[b.var] = emit_weight_only_take(bb, substitute(b.value.args[1], env), codes, parts)
                     elif isinstance(b, relax.MatchCast):
                         env[b.var] = bb.match_cast(substitute(b.value, env), b.ty)
                     else:
@@ -417,6 +471,9 @@ class _GivenCodes(_WeightOnlyRewriter):
     def _kept(self, index: int, weight_name: str, name: str) -> bool:
         return weight_name not in self.given
 
+    def _looked_up(self, weight_name: str) -> bool:
+        return weight_name in self.given
+
     def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
         return self.given[name]
 
@@ -424,10 +481,12 @@ class _GivenCodes(_WeightOnlyRewriter):
 def apply_weight_codes(mod: tvm.IRModule, params: Mapping[str, np.ndarray], codes: Mapping[str, WeightCodes]
                        ) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
     """``mod`` with every matmul on a weight parameter named in ``codes`` in the weight-only form of
-    those codes (weights quantized by a file's producer: ONNX ``MatMulNBits``, GGUF blocks), the
-    other matmuls as they were. ``params`` holds every weight as float32 [K, N] or [N, K] as the
-    matmul reads it (those in ``codes``: their dequantized value, used to find the matmuls; it is
-    replaced by ``<name>.codes`` / ``.scales`` / ``.zero_points`` / ``.offsets``). Returns (module, params)."""
+    those codes (weights quantized by a file's producer: ONNX ``MatMulNBits``, GGUF blocks), and every
+    ``take(W, ids, axis=0)`` of such a weight (an embedding lookup) reading the same codes
+    (:func:`emit_weight_only_take`), the other matmuls and lookups as they were. ``params`` holds
+    every weight as float32 [K, N] or [N, K] as the matmul reads it (those in ``codes``: their
+    dequantized value, used to find the matmuls and lookups; it is replaced by ``<name>.codes`` /
+    ``.scales`` / ``.zero_points`` / ``.offsets``). Returns (module, params)."""
     for name, c in codes.items():
         c.check(name)
     func = mod["main"]

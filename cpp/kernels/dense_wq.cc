@@ -52,15 +52,9 @@ struct WqShape {
   size_t offset_input() const { return 3 + (has_zero_point ? 1 : 0); }
 };
 
-/*! \brief Input \p k holds one value per column and block: [N, K / block], or [N, K / block, 1] (the
- *         shape the Relax form broadcasts, which the partition may have folded a reshape into). */
+/*! \brief wq::ExpectPerBlock for \p s's columns and blocks. */
 void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, const WqShape& s) {
-  const auto& shape = ctx.input(k).shape;
-  if (shape.size() == 3 && shape[2] == 1) {
-    ctx.ExpectInputShape(k, name, {s.n, s.blocks(), 1});
-  } else {
-    ctx.ExpectInputShape(k, name, {s.n, s.blocks()});
-  }
+  wq::ExpectPerBlock(ctx, k, name, s.n, s.blocks());
 }
 
 /*! \brief Attrs and input shapes, checked; failures name the attr or input. */
@@ -418,6 +412,15 @@ KernelTraits DenseWqTraits() {
 }
 
 }  // namespace
+
+void wq::ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, int64_t n, int64_t blocks) {
+  const auto& shape = ctx.input(k).shape;
+  if (shape.size() == 3 && shape[2] == 1) {
+    ctx.ExpectInputShape(k, name, {n, blocks, 1});
+  } else {
+    ctx.ExpectInputShape(k, name, {n, blocks});
+  }
+}
 
 BYOC_HETERO_REGISTER_KERNEL("dense_wq", BuildDenseWq, DenseWqTraits());
 

@@ -51,6 +51,9 @@
 #include "simd_isa.h"
 
 namespace byoc_hetero {
+
+struct KernelContext;
+
 namespace wq {
 
 constexpr int64_t kTile = 16;  // columns per packed tile (one AVX-512 vector, two AVX2 ones)
@@ -126,6 +129,11 @@ inline float HalfToFloat(uint16_t h) {
   std::memcpy(&value, &bits, sizeof(bits));
   return value;
 }
+
+/*! \brief Node input \p k of \p ctx holds one value per row and block: [n, blocks], or [n, blocks, 1] (the
+ *         shape the Relax form broadcasts, which the partition may have folded a reshape into); else a
+ *         ValueError naming \p name (dense_wq's and take_wq's scales, zero points and offsets). */
+void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, int64_t n, int64_t blocks);
 
 /*! \brief Quantizes \p rows rows of \p x [rows, k] per kActBlock: codes, scales, scale * code sums. */
 void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss);

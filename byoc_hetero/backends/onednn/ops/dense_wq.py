@@ -9,6 +9,11 @@ offset per block (llama.cpp's Q4_1 / Q5_1 and K-quants: ``w = s * q + o``). The 
 once, at load, into the tiles its kernels stream: cpp/kernels/dense_wq.h). Rules ``dense_wq8``,
 ``dense_wq4`` and their ``_bias`` forms, above every dense rule (priority 200), so the matmul is never
 taken alone with a float weight computed per call.
+
+The same dequantized table read by ``take(table, indices, axis=0)`` (an embedding lookup on codes:
+:func:`byoc_hetero.quant.weight_only.emit_weight_only_take`) becomes one ``take_wq`` node (rules
+``take_wq8``, ``take_wq4``; cpp/kernels/take_wq.cc) that dequantizes only the rows the indices name,
+reading the codes in place: a table tied to the LM head is one constant of codes for both nodes.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
 
-from ...._relax import constant_value, static_shape, tensor_dtype
+from ...._relax import constant_value, shape_of, static_shape, tensor_dtype
 from ....rules import Match
 from ..precision import tensor_reason
 from ..table import PatternSpec, lowers_composite, pattern_rules
+from .gather import INDEX_DTYPES
 
 
 def _dequantized(bits: int) -> tuple[DFPattern, dict[str, DFPattern]]:
@@ -79,36 +85,49 @@ def check_dense_wq(match: Match) -> str | None:
     if blocks is None or len(blocks) != 3:
         return "weight-only dense: the codes' block view is not [N, K / block, block]"
     n, nb, block = blocks
-    k = nb * block
-    if data_shape[-1] != k:
-        return f"weight-only dense: K {k} of the weight does not match data {list(data_shape)}"
-    bits = 4 if tensor_dtype(match.expr("codes")) == "uint8" and static_shape(match.expr("codes"))[1] * 2 == k else 8
-    codes_shape = static_shape(match.expr("codes"))
-    if tuple(codes_shape) != (n, k * bits // 8):
-        return f"weight-only dense: codes of shape {list(codes_shape)} for a [{n}, {k}] weight"
-    if block != k and (block < 16 or block & (block - 1)):
-        return f"weight-only dense: block {block} is neither K nor a power of two >= 16"
-    if tensor_dtype(match.expr("scales")) not in ("float32", "float16"):
-        return f"weight-only dense: scales of dtype {tensor_dtype(match.expr('scales'))}"
-    if static_shape(match.expr("scales")) not in ((n, nb),):
-        return f"weight-only dense: scales of shape {list(static_shape(match.expr('scales')) or [])}, expected [{n}, {nb}]"
-    scales = constant_value(match.expr("scales"))
-    if scales is not None and (~np.isfinite(scales) | (scales == 0)).any():
-        return "weight-only dense: a scale is zero, NaN or infinite"
-    offsets = _offsets(match)
-    if offsets is not None:
-        if tensor_dtype(offsets) != "float32" or tuple(static_shape(offsets) or ()) not in ((n, nb), (n, nb, 1)):
-            return (f"weight-only dense: offsets {tensor_dtype(offsets)}{list(static_shape(offsets) or [])}, expected "
-                    f"float32 [{n}, {nb}]")
-        value = constant_value(offsets)
-        if value is not None and not np.isfinite(value).all():
-            return "weight-only dense: an offset is NaN or infinite"
-    if _zero_kind(match, bits, offsets is not None) is None:
-        return "weight-only dense: the zero point is neither the codes' implicit one nor uint8 [N, K / block]"
+    if data_shape[-1] != nb * block:
+        return f"weight-only dense: K {nb * block} of the weight does not match data {list(data_shape)}"
+    reason = _codes_reason(match, "weight-only dense")
+    if reason:
+        return reason
     if match.has("bias"):
         bias = match.shape("bias")
         if bias is None or int(np.prod(bias)) != n or tensor_dtype(match.expr("bias")) != "float32":
             return f"weight-only dense: bias {tensor_dtype(match.expr('bias'))}{list(bias or [])} is not N = {n} floats"
+    return None
+
+
+def _codes_reason(match: Match, what: str) -> str | None:
+    """Why the matched codes, scales, zero points and offsets are not what the runtime's weight-only
+    kernels (dense_wq, take_wq) read, or None; ``what`` starts the reason."""
+    blocks = static_shape(match.expr("blocks"))
+    if blocks is None or len(blocks) != 3:
+        return f"{what}: the codes' block view is not [N, K / block, block]"
+    n, nb, block = blocks
+    k = nb * block
+    bits = 4 if tensor_dtype(match.expr("codes")) == "uint8" and static_shape(match.expr("codes"))[1] * 2 == k else 8
+    codes_shape = static_shape(match.expr("codes"))
+    if tuple(codes_shape) != (n, k * bits // 8):
+        return f"{what}: codes of shape {list(codes_shape)} for a [{n}, {k}] weight"
+    if block != k and (block < 16 or block & (block - 1)):
+        return f"{what}: block {block} is neither K nor a power of two >= 16"
+    if tensor_dtype(match.expr("scales")) not in ("float32", "float16"):
+        return f"{what}: scales of dtype {tensor_dtype(match.expr('scales'))}"
+    if static_shape(match.expr("scales")) not in ((n, nb),):
+        return f"{what}: scales of shape {list(static_shape(match.expr('scales')) or [])}, expected [{n}, {nb}]"
+    scales = constant_value(match.expr("scales"))
+    if scales is not None and (~np.isfinite(scales) | (scales == 0)).any():
+        return f"{what}: a scale is zero, NaN or infinite"
+    offsets = _offsets(match)
+    if offsets is not None:
+        if tensor_dtype(offsets) != "float32" or tuple(static_shape(offsets) or ()) not in ((n, nb), (n, nb, 1)):
+            return (f"{what}: offsets {tensor_dtype(offsets)}{list(static_shape(offsets) or [])}, expected "
+                    f"float32 [{n}, {nb}]")
+        value = constant_value(offsets)
+        if value is not None and not np.isfinite(value).all():
+            return f"{what}: an offset is NaN or infinite"
+    if _zero_kind(match, bits, offsets is not None) is None:
+        return f"{what}: the zero point is neither the codes' implicit one nor uint8 [N, K / block]"
     return None
 
 
@@ -138,9 +157,10 @@ def _zero_kind(match: Match, bits: int, with_offsets: bool = False) -> str | Non
     return "explicit" if tuple(static_shape(zp) or ()) in ((blocks[0], blocks[1]), (blocks[0], blocks[1], 1)) else None
 
 
-@lowers_composite("dense_wq8", "dense_wq8_bias", "dense_wq4", "dense_wq4_bias")
-def lower_dense_wq(ctx, func: relax.Function) -> int:
-    """The whole weight-only chain as one ``dense_wq`` node."""
+def _weight_operands(ctx, func: relax.Function, reader: relax.Call | None) -> tuple[list[int], dict[str, int]]:
+    """(tensor ids of the codes, scales [, zero points] [, offsets], the attrs bits / block /
+    has_zero_point / has_offset) of the weight-only chain in ``func``; ``reader``: the matmul whose
+    bias adds are not the chain's offset add (None: a take, which has none)."""
     bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     ops = [(v, c) for v, c in bindings.items() if isinstance(c, relax.Call) and isinstance(c.op, tvm.ir.Op)]
 
@@ -150,32 +170,76 @@ def lower_dense_wq(ctx, func: relax.Function) -> int:
     def through(expr: relax.Expr) -> relax.Expr:
         return bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
 
-    matmul = first("relax.matmul")
     codes = first("relax.astype").args[0]
     reshapes = [c for _, c in ops if c.op.name == "relax.reshape"]
-    blocks = static_shape(reshapes[0])  # the codes' [N, K / block, block] view comes first
-    block = int(blocks[2])
+    block = int(static_shape(reshapes[0])[2])  # the codes' [N, K / block, block] view comes first
     bits = 4 if any(c.op.name in ("relax.stack", "relax.concat") for _, c in ops) else 8
     sub = first("relax.subtract") if bits == 8 else [c for _, c in ops if c.op.name == "relax.subtract"][-1]
     zero = through(sub.args[1])
     mul = [c for _, c in ops if c.op.name == "relax.multiply"][-1]
     scale = through(mul.args[1])
     scales = through(scale.args[0]) if scale.op.name == "relax.astype" else scale
-    scales = scales.args[0]
-    inputs = [ctx.data_of(matmul.args[0]), ctx.lookup(codes), ctx.lookup(scales)]
+    inputs = [ctx.lookup(codes), ctx.lookup(scales.args[0])]
     has_zp = not isinstance(zero, tvm.ir.Constant)
     if has_zp:
         zp = through(zero.args[0])
         inputs.append(ctx.lookup(zp.args[0] if isinstance(zp, relax.Call) else zp))
-    matmul_var = next(v for v, c in ops if c.same_as(matmul))
-    adds = [c for _, c in ops if c.op.name == "relax.add"]
-    biases = [c for c in adds if c.args[0].same_as(matmul_var)]
-    offsets = [c for c in adds if not c.args[0].same_as(matmul_var)]  # the dequantized blocks + offsets
-    if offsets:
+    reader_var = next((v for v, c in ops if reader is not None and c.same_as(reader)), None)
+    offsets = [c for _, c in ops if c.op.name == "relax.add" and not (reader_var is not None and
+                                                                          c.args[0].same_as(reader_var))]
+    if offsets:  # the dequantized blocks + offsets
         term = through(offsets[0].args[1])
         inputs.append(ctx.lookup(term.args[0] if isinstance(term, relax.Call) else term))
+    return inputs, {"bits": bits, "block": block, "has_zero_point": int(has_zp), "has_offset": int(bool(offsets))}
+
+
+@lowers_composite("dense_wq8", "dense_wq8_bias", "dense_wq4", "dense_wq4_bias")
+def lower_dense_wq(ctx, func: relax.Function) -> int:
+    """The whole weight-only chain as one ``dense_wq`` node."""
+    bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    ops = [(v, c) for v, c in bindings.items() if isinstance(c, relax.Call) and isinstance(c.op, tvm.ir.Op)]
+    matmul_var, matmul = next((v, c) for v, c in ops if c.op.name == "relax.matmul")
+    weight, attrs = _weight_operands(ctx, func, matmul)
+    inputs = [ctx.data_of(matmul.args[0]), *weight]
+    biases = [c for _, c in ops if c.op.name == "relax.add" and c.args[0].same_as(matmul_var)]
     if biases:
         inputs.append(ctx.lookup(biases[0].args[1]))
-    attrs = {"bits": bits, "block": block, "has_zero_point": int(has_zp), "has_offset": int(bool(offsets)),
-             "has_bias": int(bool(biases))}
-    return ctx.emit("dense_wq", inputs, func.body.body, attrs)
+    return ctx.emit("dense_wq", inputs, func.body.body, {**attrs, "has_bias": int(bool(biases))})
+
+
+# ---- take_wq: rows of a weight-only table (an embedding lookup on codes) ---------------------------
+
+
+@pattern_rules
+def _take_rules():
+    for bits in (8, 4):
+        weight, names = _dequantized(bits)
+        ids = wildcard()
+        root = is_op("relax.take")(weight, ids)
+        names.update(indices=ids, root=root)
+        yield PatternSpec(f"take_wq{bits}", root, names, check_take_wq, priority=200)
+
+
+def check_take_wq(match: Match) -> str | None:
+    """``take(dequantized table, indices, axis=0)`` of the weight-only form with the shapes and dtypes
+    the runtime's take_wq reads (rows of the table dequantized per lookup, never the whole table)."""
+    call, ids = match.expr("root"), match.expr("indices")
+    if tensor_dtype(ids) not in INDEX_DTYPES:
+        return f"weight-only take: indices of dtype {tensor_dtype(ids)}; the runtime takes {' or '.join(INDEX_DTYPES)}"
+    if shape_of(ids) is None:
+        return f"weight-only take: indices of shape {ids.ty}, which the runtime cannot evaluate"
+    if call.attrs.axis is None or int(call.attrs.axis) != 0:
+        return f"weight-only take along axis {call.attrs.axis}: the runtime takes rows (axis 0)"
+    mode = str(getattr(call.attrs, "mode", "fast"))
+    if mode != "fast":
+        return f"weight-only take mode {mode!r}: the runtime checks indices instead (mode 'fast' only)"
+    return _codes_reason(match, "weight-only take")
+
+
+@lowers_composite("take_wq8", "take_wq4")
+def lower_take_wq(ctx, func: relax.Function) -> int:
+    """The table's dequantize and the take as one ``take_wq`` node on the codes as stored."""
+    take = next(b.value for block in func.body.blocks for b in block.bindings
+                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.take")
+    weight, attrs = _weight_operands(ctx, func, None)
+    return ctx.emit("take_wq", [ctx.data_of(take.args[1]), *weight], func.body.body, attrs)
