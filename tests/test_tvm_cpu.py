@@ -256,6 +256,19 @@ def test_fast_math_option_is_declared_checked_and_documented():
     assert {r[0]: r[1] for r in rows} == {n: str(o.default) for n, o in backend.options.items()}
 
 
+def test_meta_schedule_says_why_it_is_unavailable():
+    """schedule="meta_schedule" is refused with the reason (this TVM's MetaSchedule crashes making a tune
+    context: tools/ms_crash_repro.py) before any region is compiled; dlight is the default."""
+    backend = tvm_cpu.BACKEND
+    assert backend.options["schedule"].default == "dlight"
+    assert backend.check_options({"schedule": "dlight"}) == {"schedule": "dlight"}
+    with pytest.raises(bh.RuleError, match="schedule='meta_schedule': unavailable: MetaSchedule .* segmentation fault"):
+        bh.partition(graph({"x": (2, 8)}, lambda emit, v: relax.op.exp(v)), target="tvm_cpu",
+                     require_heavy_op=False, options={"tvm_cpu": {"schedule": "meta_schedule"}})
+    with pytest.raises(bh.RuleError, match="expected one of dlight, meta_schedule, got 'ansor'"):
+        backend.check_options({"schedule": "ansor"})
+
+
 def test_fast_exp_against_float64_with_nan_inf_and_large_inputs():
     """fast_math: exp within fast_math.TOLERANCE (relative, against numpy's float64 exp) over
     float32's normal range, absolute below 1e-37 where exp underflows; NaN stays NaN, +inf and an

@@ -13,7 +13,8 @@ constant (a bound weight, a mask) stays on llvm: the region is compiled into a p
 which has no place for constant data (the reason shows in ``bh.report``).
 
 Options (:data:`OPTIONS`, ``bh.partition(..., options={"tvm_cpu": {...}})``): ``fast_math``, float32
-``exp`` and ``softmax`` through a guarded polynomial exp that vectorizes (:mod:`.fast_math`).
+``exp`` and ``softmax`` through a guarded polynomial exp that vectorizes (:mod:`.fast_math`); ``schedule``,
+``dlight`` only: ``meta_schedule`` raises why MetaSchedule cannot run on this TVM (:mod:`.meta_schedule`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tvm import relax
 from ..._relax import constant_value, static_shape
 from ...errors import RuleError
 from ...rules import Backend, Match, Option, op_rule, register_target
-from . import codegen, fast_math, schedule
+from . import codegen, fast_math, meta_schedule, schedule
 from .schedule import build, cpu_pipeline, schedule_cpu
 
 TARGET = "tvm_cpu"
@@ -138,6 +139,8 @@ def _flag(value: Any) -> bool:
 
 
 OPTIONS = {
+    "schedule": Option("schedule", "dlight: the fixed CPU rules (schedule.py); meta_schedule: "
+                       "unavailable on this TVM (meta_schedule.py says why)", "dlight", meta_schedule.check_schedule),
     "fast_math": Option("fast_math", "float32 exp and softmax through a guarded polynomial exp that vectorizes "
                         f"(fast_math.py: relative error <= {fast_math.TOLERANCE:g} against float64, NaN and inf "
                         "kept); else exp is one scalar expf call per element", False, _flag),
@@ -157,4 +160,4 @@ BACKEND = register()
 """The ``tvm_cpu`` backend object."""
 
 __all__ = ["ALIASES", "BACKEND", "OPTIONS", "TARGET", "build", "check_call", "codegen", "cpu_pipeline", "fast_math",
-           "legalizable_ops", "register", "schedule", "schedule_cpu"]
+           "legalizable_ops", "meta_schedule", "register", "schedule", "schedule_cpu"]
