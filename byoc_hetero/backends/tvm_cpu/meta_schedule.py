@@ -8,9 +8,10 @@ segmentation fault (``tools/ms_crash_repro.py``, read with gdb in session 12):
 - ``ms.tune_tir`` first needs ``psutil`` (not a dependency of this project) for its core count;
 - with it, ``ms.TuneContext(...)`` crashes. Its ``__init__`` imports ``tvm.s_tir.tensor_intrin``; after that import
   the FFI constructor ``s_tir.meta_schedule.TuneContext`` itself crashes. Without that import (the object made
-  through the FFI constructor) the constructor returns, and ``TuneContextInitialize`` crashes instead, with the
-  default post-order-apply space and the evolutionary strategy, with the JSON database and with
-  ``MemoryDatabase`` alike (no database is reached: the crash comes first), and with no logging callback;
+  through the FFI constructor) the constructor returns, and ``TuneContextInitialize`` crashes instead with the
+  default post-order-apply space: its mutator ``MutateParallel`` crashes initializing (alone too); without
+  mutators the context initializes, and ``ms.tune_tasks`` crashes before its first record, with the JSON database
+  and ``MemoryDatabase`` alike, and with no logging callback (bench/TVM_CPU.md has each step);
 - gdb: the call from tvm_ffi's Cython ``Function.__call__`` jumps to an unmapped address (a bad function
   pointer, not a bad argument); TVM's crash handler prints the nearest exported symbol,
   ``tvm::ffi::ToJSONGraph``, which session 11 read as a JSON-database crash.
