@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
@@ -227,3 +229,82 @@ def test_tuner_measures_tvm_cpu_per_region_and_applies_its_decisions(tmp_path):
     want = _outputs(relax.build(mod, target="llvm"), inputs)[0]
     for module in (tuned, applied):
         assert relative_error(_outputs(relax.build(module, target="llvm"), inputs)[0], want) <= 1e-4
+
+
+FAST = {"tvm_cpu": {"fast_math": True}}
+
+
+def _region_ir(part) -> str:
+    """The LLVM IR of the tvm_cpu region module a partition carries."""
+    (module,) = [m for m in part.attrs["external_mods"] if str(m.kind) == "llvm"]
+    return module.inspect_source("ll")
+
+
+def test_fast_math_option_is_declared_checked_and_documented():
+    """The option as the backend declares it, its check, and docs/backends.md's table of it."""
+    backend = tvm_cpu.BACKEND
+    assert backend.check_options({"fast_math": "on"}) == {"fast_math": True}
+    assert backend.check_options({"fast_math": 0}) == {"fast_math": False}
+    for bad in ("maybe", 2, 0.5, None):
+        with pytest.raises(bh.RuleError, match="tvm_cpu option fast_math: expected true or false"):
+            backend.check_options({"fast_math": bad})
+    text = (Path(__file__).resolve().parents[1] / "docs" / "backends.md").read_text()
+    heading = "### Every option of the `tvm_cpu` backend"
+    assert heading in text, "docs/backends.md lost the tvm_cpu options table"
+    table = text[text.index(heading):].split("\n\n")[2]  # heading, its sentence, the table
+    rows = [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert {r[0]: r[1] for r in rows} == {n: str(o.default) for n, o in backend.options.items()}
+
+
+def test_meta_schedule_says_why_it_is_unavailable():
+    """schedule="meta_schedule" is refused with the reason (this TVM's MetaSchedule crashes making a tune
+    context: tools/ms_crash_repro.py) before any region is compiled; dlight is the default."""
+    backend = tvm_cpu.BACKEND
+    assert backend.options["schedule"].default == "dlight"
+    assert backend.check_options({"schedule": "dlight"}) == {"schedule": "dlight"}
+    with pytest.raises(bh.RuleError, match="schedule='meta_schedule': unavailable: MetaSchedule .* segmentation fault"):
+        bh.partition(graph({"x": (2, 8)}, lambda emit, v: relax.op.exp(v)), target="tvm_cpu",
+                     require_heavy_op=False, options={"tvm_cpu": {"schedule": "meta_schedule"}})
+    with pytest.raises(bh.RuleError, match="expected one of dlight, meta_schedule, got 'ansor'"):
+        backend.check_options({"schedule": "ansor"})
+
+
+def test_fast_exp_against_float64_with_nan_inf_and_large_inputs():
+    """fast_math: exp within fast_math.TOLERANCE (relative, against numpy's float64 exp) over
+    float32's normal range, absolute below 1e-37 where exp underflows; NaN stays NaN, +inf and an
+    overflowing x give inf, -inf gives 0. The region's LLVM IR calls no scalar exp (it does
+    without the option)."""
+    normal = np.linspace(-87.0, 88.7, 20001, dtype="float32")
+    edges = np.array([np.nan, np.inf, -np.inf, 89.0, 88.5, -87.9, -100.0, 0.0, -0.0, 1e30, -1e30],
+                     dtype="float32")
+    x = np.concatenate([normal, edges, np.zeros(4, "float32")]).reshape(4, -1)
+    mod = graph({"x": x.shape}, lambda emit, v: relax.op.exp(v))
+    part = bh.partition(mod, target="tvm_cpu", require_heavy_op=False, options=FAST)
+    got = _outputs(relax.build(part, target="llvm"), [x])[0].reshape(-1)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.reshape(-1).astype("float64"))
+    n = normal.size
+    assert np.max(np.abs(got[:n] - want[:n]) / want[:n]) <= tvm_cpu.fast_math.TOLERANCE
+    nan, inf, minf, over, high, low, lower, zero, mzero, huge, mhuge = got[n:n + edges.size]
+    assert np.isnan(nan) and inf == np.inf and minf == 0.0 and over == np.inf and huge == np.inf and mhuge == 0.0
+    assert abs(high / want[n + 4] - 1) <= tvm_cpu.fast_math.TOLERANCE
+    assert abs(low - want[n + 5]) < 1e-37 and 0.0 <= lower < 1e-37 and zero == mzero == 1.0
+    assert "expf" not in _region_ir(part) and "llvm.exp" not in _region_ir(part)
+    plain = bh.partition(mod, target="tvm_cpu", require_heavy_op=False)
+    assert "expf" in _region_ir(plain) or "llvm.exp" in _region_ir(plain)
+
+
+def test_fast_softmax_against_numpy_and_nan_rows_stay_nan():
+    x = np.random.default_rng(0).standard_normal((6, 49)).astype("float32") * 8
+    x[2, 5] = np.nan
+    x[4, :10] = -np.inf
+    mod = graph({"x": x.shape}, lambda emit, v: relax.op.nn.softmax(v, axis=-1))
+    part = bh.partition(mod, target="tvm_cpu", require_heavy_op=False, options=FAST)
+    got = _outputs(relax.build(part, target="llvm"), [x])[0]
+    x64 = x.astype("float64")
+    e = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    assert np.isnan(got[2]).all()
+    rows = [0, 1, 3, 4, 5]
+    assert not np.isnan(got[rows]).any() and (got[4, :10] == 0).all()
+    assert np.max(np.abs(got[rows] - want[rows]) / np.maximum(want[rows], 1e-30)) <= 4 * tvm_cpu.fast_math.TOLERANCE

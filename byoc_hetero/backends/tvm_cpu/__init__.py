@@ -11,17 +11,24 @@ reductions, softmax / norms, also matmul / conv, which its schedules do not make
 whose tensors have static shapes, and whose constant arguments are scalars. A call with a larger
 constant (a bound weight, a mask) stays on llvm: the region is compiled into a plain llvm module,
 which has no place for constant data (the reason shows in ``bh.report``).
+
+Options (:data:`OPTIONS`, ``bh.partition(..., options={"tvm_cpu": {...}})``): ``fast_math``, float32
+``exp`` and ``softmax`` through a guarded polynomial exp that vectorizes (:mod:`.fast_math`); ``schedule``,
+``dlight`` only: ``meta_schedule`` raises why MetaSchedule cannot run on this TVM (:mod:`.meta_schedule`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import tvm
 import tvm_ffi
 from tvm import relax
 
 from ..._relax import constant_value, static_shape
-from ...rules import Backend, Match, op_rule, register_target
-from . import codegen, schedule
+from ...errors import RuleError
+from ...rules import Backend, Match, Option, op_rule, register_target
+from . import codegen, fast_math, meta_schedule, schedule
 from .schedule import build, cpu_pipeline, schedule_cpu
 
 TARGET = "tvm_cpu"
@@ -118,9 +125,32 @@ def legalizable_ops() -> list[str]:
     return sorted(out)
 
 
+_FLAGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+
+
+def _flag(value: Any) -> bool:
+    """``value`` as a bool (a bool, or 1/0, true/false, on/off in any case); RuleError otherwise."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).lower() if isinstance(value, (str, int)) else None
+    if word not in _FLAGS:
+        raise RuleError(f"tvm_cpu option fast_math: expected true or false, got {value!r}")
+    return _FLAGS[word]
+
+
+OPTIONS = {
+    "schedule": Option("schedule", "dlight: the fixed CPU rules (schedule.py); meta_schedule: "
+                       "unavailable on this TVM (meta_schedule.py says why)", "dlight", meta_schedule.check_schedule),
+    "fast_math": Option("fast_math", "float32 exp and softmax through a guarded polynomial exp that vectorizes "
+                        f"(fast_math.py: relative error <= {fast_math.TOLERANCE:g} against float64, NaN and inf "
+                        "kept); else exp is one scalar expf call per element", False, _flag),
+}
+"""The options of backend ``tvm_cpu`` (docs/backends.md lists them; tests/test_tvm_cpu.py compares)."""
+
+
 def register() -> Backend:
-    """Register backend ``tvm_cpu`` and its op rules (idempotent)."""
-    backend = register_target(TARGET, codegen=codegen.relax_ext_codegen, aliases=ALIASES)
+    """Register backend ``tvm_cpu``, its options and its op rules (idempotent)."""
+    backend = register_target(TARGET, codegen=codegen.relax_ext_codegen, aliases=ALIASES, options=OPTIONS)
     for op in legalizable_ops():
         op_rule(op, TARGET)(check_call)
     return backend
@@ -129,5 +159,5 @@ def register() -> Backend:
 BACKEND = register()
 """The ``tvm_cpu`` backend object."""
 
-__all__ = ["ALIASES", "BACKEND", "TARGET", "build", "check_call", "codegen", "cpu_pipeline", "legalizable_ops",
-           "register", "schedule", "schedule_cpu"]
+__all__ = ["ALIASES", "BACKEND", "OPTIONS", "TARGET", "build", "check_call", "codegen", "cpu_pipeline", "fast_math",
+           "legalizable_ops", "meta_schedule", "register", "schedule", "schedule_cpu"]

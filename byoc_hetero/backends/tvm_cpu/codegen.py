@@ -8,7 +8,8 @@ calling convention of RunCodegen's ``call_dps_packed``. It is scheduled for this
 (:func:`.schedule.schedule_func`: parallel, vectorized) and named by the region's global symbol;
 all regions of a module are compiled by one ``tvm.tirx.build`` for the host's llvm target into one
 runtime module, which ``relax.build`` links like any external module (and ``export_library``
-compiles into the shared library: it is an llvm module).
+compiles into the shared library: it is an llvm module). With the option ``fast_math`` the region's
+float32 exp and softmax are first rewritten into :mod:`.fast_math`'s guarded polynomial exp.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tvm import relax, tirx
 
 from ...errors import CodegenError
 from ...passes.retarget_regions import region_as_main
+from .fast_math import fast_math
 from .schedule import host_target, schedule_func
 
 
@@ -52,9 +54,11 @@ def _compact(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.specialize(remap) if remap else func
 
 
-def region_prim_func(region: relax.Function) -> tirx.PrimFunc:
-    """The region as one PrimFunc: inputs, then outputs (one per tensor of its result)."""
-    mod = relax.transform.LegalizeOps()(region_as_main(region))
+def region_prim_func(region: relax.Function, fast: bool = False) -> tirx.PrimFunc:
+    """The region as one PrimFunc: inputs, then outputs (one per tensor of its result); ``fast``:
+    its float32 exp and softmax through :func:`.fast_math.fast_math` first."""
+    main = region_as_main(region)
+    mod = relax.transform.LegalizeOps()(fast_math(main) if fast else main)
     for gv, func in list(mod.functions_items()):
         if isinstance(func, tirx.PrimFunc):
             mod[gv] = _compact(func)
@@ -76,26 +80,29 @@ def region_prim_func(region: relax.Function) -> tirx.PrimFunc:
     return func
 
 
-def compile_regions(funcs: Sequence[relax.Function], target: tvm.target.Target | None = None) -> tvm.runtime.Module:
+def compile_regions(funcs: Sequence[relax.Function], target: tvm.target.Target | None = None,
+                    fast: bool = False) -> tvm.runtime.Module:
     """One llvm runtime module holding each region of ``funcs`` as a scheduled PrimFunc under the
-    region's global symbol."""
+    region's global symbol (``fast``: the option ``fast_math``)."""
     target = target or host_target()
     prims = {}
     for region in funcs:
         symbol = str(region.attrs["global_symbol"])
-        func = region_prim_func(region)
+        func = region_prim_func(region, fast)
         func = schedule_func(func, target) or func
         prims[symbol] = func.with_attr("global_symbol", symbol).with_attr("target", target)
     return tvm.tirx.build(tvm.IRModule(prims), target=target)
 
 
-def relax_ext_codegen(funcs: Sequence[relax.Function], _options: Mapping[str, Any] | None = None,
+def relax_ext_codegen(funcs: Sequence[relax.Function], options: Mapping[str, Any] | None = None,
                       _constant_names: Any = None) -> list[tvm.runtime.Module]:
-    """``relax.ext.tvm_cpu``: RunCodegen's call for the regions of backend ``tvm_cpu``."""
+    """``relax.ext.tvm_cpu``: RunCodegen's call for the regions of backend ``tvm_cpu``; ``options``
+    as the backend checked them (a default left out)."""
     if not funcs:
         return []
+    fast = bool(options.get("fast_math", False)) if options else False
     try:
-        return [compile_regions(list(funcs))]
+        return [compile_regions(list(funcs), fast=fast)]
     except CodegenError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM's errors name no region
