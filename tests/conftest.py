@@ -393,8 +393,8 @@ GROUP_COST_S = {
     "test_llm": 80, "test_llm_onnx": 80, "test_relpos": 80, "test_symbolic": 80, "test_ranges": 70,
 }
 """Estimated seconds of the longest groups on two cores (from the durations of sessions 10 and 11: their
-full-suite runs' slowest tests, and the test counts; rough, and only their order matters): xdist hands the
-groups out longest first (:func:`pytest_xdist_make_scheduler`), so no long group starts last and leaves the
+full-suite runs' slowest tests, and the test counts; rough, and only their order matters): the groups are
+handed out longest first (:func:`pytest_collection_modifyitems`), so no long group starts last and leaves the
 other worker idle. Other groups count :data:`PER_TEST_S` per test. Refresh from a full run's
 ``--durations=0``."""
 
@@ -412,14 +412,33 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): tests of one group run in one xdist worker")
 
 
+def group_cost(group: str, tests: int) -> float:
+    """A group's estimated seconds: :data:`GROUP_COST_S`, else :data:`PER_TEST_S` per test."""
+    return GROUP_COST_S.get(group, PER_TEST_S * tests)
+
+
+def _group_name(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Every test without an ``xdist_group`` mark gets :func:`xdist_group`'s (before xdist's own hook of the
     same name reads the marks under ``--dist loadgroup``; without xdist the marks change nothing), and the
-    serve command's test moves before the other serving modules."""
+    serve command's test moves before the other serving modules. In an xdist worker the groups are ordered
+    longest first (:func:`group_cost`; a stable sort, so each group keeps its order): with
+    ``--no-loadscope-reorder`` xdist hands them out in that order, so that no long group with few tests (the
+    serving group, the tuner's zoo families) starts last while the other worker has nothing left (xdist's own
+    order is by test count)."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        counts: dict[str, int] = {}
+        for item in items:
+            counts[_group_name(item)] = counts.get(_group_name(item), 0) + 1
+        items.sort(key=lambda item: -group_cost(_group_name(item), counts[_group_name(item)]))
     # the serve command's test first among the serving modules: its command starts a Ray instance of its own,
     # and the other modules keep theirs from one module to the next (start_serving): never two at once
     cli = [item for item in items if item.path.name == "test_serve_cli.py"]
@@ -427,32 +446,3 @@ def pytest_collection_modifyitems(config, items):
         rest = [item for item in items if item.path.name != "test_serve_cli.py"]
         first = next((k for k, item in enumerate(rest) if item.path.name in SERVE_MODULES), len(rest))
         items[:] = rest[:first] + cli + rest[first:]
-
-
-def group_cost(group: str, tests: int) -> float:
-    """A group's estimated seconds: :data:`GROUP_COST_S`, else :data:`PER_TEST_S` per test."""
-    return GROUP_COST_S.get(group, PER_TEST_S * tests)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """Under ``--dist loadgroup``, xdist's group scheduler handing out the groups longest first by
-    :func:`group_cost` (xdist's own order is by test count: the serving group's few long tests, or the tuner's
-    five zoo families, would start last). Other ``--dist`` modes: xdist's scheduler (None)."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from collections import OrderedDict
-
-    from xdist.scheduler import LoadGroupScheduling
-
-    class LongestFirst(LoadGroupScheduling):
-        _by_cost = False
-
-        def _assign_work_unit(self, node):
-            if not self._by_cost:  # the queue is complete once the first unit is handed out
-                self.workqueue = OrderedDict(sorted(self.workqueue.items(),
-                                                    key=lambda unit: -group_cost(unit[0], len(unit[1]))))
-                self._by_cost = True
-            super()._assign_work_unit(node)
-
-    return LongestFirst(config, log)
