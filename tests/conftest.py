@@ -274,16 +274,8 @@ Ray's state reaching what is waited for; a metric reaching its count), and fail 
 not come (the deployment DEPLOY_FAILED)."""
 
 
-SERVE_RAY_CPUS = 3
-"""The CPUs of the Ray instance the serving modules share: the most one asks for (tests/test_serve.py: two
-one-CPU replicas and one spare)."""
-
-
 def start_serving(application, port: int, num_cpus: int) -> None:
-    """``byoc_hetero.serve.start`` of a test module's app, on the Ray instance of the serving modules before it
-    where it still runs (:func:`stop_serving`; started here with at least :data:`SERVE_RAY_CPUS` CPUs where
-    not, and stopped after the group's last test, :func:`pytest_runtest_teardown`): one Ray start for the
-    group instead of one per module. Ray waits a fixed 30 s for its new node to register
+    """``byoc_hetero.serve.start`` of a test module's app. Ray waits a fixed 30 s for its new node to register
     with the GCS (``raylet_start_wait_time_s`` in ray/_private/node.py, not configurable) and raises "The
     current node timed out during startup"; under the full suite's load on 2 cores the raylet took longer
     (issue 35; at a load average of 24 three starts in a row failed so). The event the fixture needs is that
@@ -298,40 +290,12 @@ def start_serving(application, port: int, num_cpus: int) -> None:
     guard = time.monotonic() + HANG_GUARD_S
     while True:
         try:
-            bs.start(application, port=port, num_cpus=max(num_cpus, SERVE_RAY_CPUS))
+            bs.start(application, port=port, num_cpus=num_cpus)
             return
         except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for this
             if "timed out during startup" not in str(err) or time.monotonic() > guard:
                 raise
             ray.shutdown()
-
-
-def stop_serving() -> None:
-    """The end of a serving module's app: Serve's applications and HTTP proxy stop; Ray keeps running for the
-    next serving module (:func:`start_serving`)."""
-    from ray import serve
-
-    serve.shutdown()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item, nextitem):
-    """After the serving group's last test (the next test is another group's, or none), and after its
-    fixtures' teardown (trylast): ``bs.shutdown`` stops Serve and the Ray instance the group shared
-    (:func:`start_serving`), which must then be down."""
-    if item.path.name not in SERVE_MODULES or (nextitem is not None and nextitem.path.name in SERVE_MODULES):
-        return
-    import sys
-
-    if "ray" not in sys.modules:  # the group skipped (no Ray Serve), or started no Ray
-        return
-    import ray
-
-    if ray.is_initialized():
-        from byoc_hetero import serve as bs
-
-        bs.shutdown()
-        assert not ray.is_initialized()
 
 
 def until(event, what: str, poll_s: float = 0.5, check=None) -> None:
@@ -425,12 +389,11 @@ def _group_name(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Every test without an ``xdist_group`` mark gets :func:`xdist_group`'s (before xdist's own hook of the
-    same name reads the marks under ``--dist loadgroup``; without xdist the marks change nothing), and the
-    serve command's test moves before the other serving modules. In an xdist worker the groups are ordered
-    longest first (:func:`group_cost`; a stable sort, so each group keeps its order): with
-    ``--no-loadscope-reorder`` xdist hands them out in that order, so that no long group with few tests (the
-    serving group, the tuner's zoo families) starts last while the other worker has nothing left (xdist's own
-    order is by test count)."""
+    same name reads the marks under ``--dist loadgroup``; without xdist the marks change nothing). In an
+    xdist worker the groups are ordered longest first (:func:`group_cost`; a stable sort, so each group keeps
+    its order): with ``--no-loadscope-reorder`` xdist hands them out in that order, so that no long group with
+    few tests (the serving group, the tuner's zoo families) starts last while the other worker has nothing
+    left (xdist's own order is by test count)."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
@@ -439,10 +402,3 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             counts[_group_name(item)] = counts.get(_group_name(item), 0) + 1
         items.sort(key=lambda item: -group_cost(_group_name(item), counts[_group_name(item)]))
-    # the serve command's test first among the serving modules: its command starts a Ray instance of its own,
-    # and the other modules keep theirs from one module to the next (start_serving): never two at once
-    cli = [item for item in items if item.path.name == "test_serve_cli.py"]
-    if cli:
-        rest = [item for item in items if item.path.name != "test_serve_cli.py"]
-        first = next((k for k, item in enumerate(rest) if item.path.name in SERVE_MODULES), len(rest))
-        items[:] = rest[:first] + cli + rest[first:]

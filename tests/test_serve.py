@@ -1,8 +1,7 @@
 """byoc_hetero.serve: a local Ray Serve app on 127.0.0.1, answers against a direct run, bad requests as
 HTTP 400, dynamic batching, a replica killed mid-load. Skipped where Ray Serve is not installed.
 
-One Ray instance serves the whole module, and the serving modules after it (conftest.start_serving:
-starting Ray takes much of the time); every wait is bounded.
+One Ray instance serves the whole module (starting Ray takes most of the time); every wait is bounded.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ torch = pytest.importorskip("torch")
 import tvm  # noqa: E402
 
 import byoc_hetero as bh  # noqa: E402
-from conftest import HANG_GUARD_S, docs_blocks, start_serving, stop_serving, until  # noqa: E402
+from conftest import HANG_GUARD_S, docs_blocks, start_serving, until  # noqa: E402
 from byoc_hetero import serve as bs  # noqa: E402
 from byoc_hetero.inputs import TensorSpec  # noqa: E402
 
@@ -84,7 +83,10 @@ def served(library, others):
                          max_request_bytes=MAX_REQUEST_BYTES), port, num_cpus=REPLICAS + 1)
     _STARTUP_S.append(time.monotonic() - began)
     yield f"http://127.0.0.1:{port}/"
-    stop_serving()  # Ray stays for the next serving module; conftest stops it after the group's last test
+    bs.shutdown()
+    import ray
+
+    assert not ray.is_initialized()
 
 
 def _post(url: str, x: np.ndarray):

@@ -2,8 +2,7 @@
 request (400) and a large one (413), serves both models by name over KServe v2, stops on SIGTERM.
 
 Skipped where Ray Serve is not installed. Its own file: the command starts its own Ray instance, which
-must not meet the one tests/test_serve.py and tests/test_serve_openai.py share (tests/conftest.py runs this
-module first of the serving group).
+must not meet the one tests/test_serve.py keeps for its module.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import byoc_hetero as bh  # noqa: E402
-from conftest import HANG_GUARD_S, docs_blocks, start_serving, stop_serving, until  # noqa: E402
+from conftest import HANG_GUARD_S, docs_blocks, start_serving, until  # noqa: E402
 from byoc_hetero import serve as bs  # noqa: E402
 from byoc_hetero.llm import Sampler  # noqa: E402
 from byoc_hetero.serve.scheduler import Event, Scheduler, Sequence  # noqa: E402
@@ -70,7 +70,7 @@ def served(generator):
     application = bs.app([str(tmp / "tiny"), str(tmp / "tiny_ids")], replicas=1, cpus=1, llm_slots=SLOTS)
     start_serving(application, port, num_cpus=2)
     yield f"http://127.0.0.1:{port}"
-    stop_serving()  # Ray stays for the next serving module; conftest stops it after the group's last test
+    bs.shutdown()
 
 
 @pytest.fixture(scope="module")
