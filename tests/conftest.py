@@ -27,8 +27,35 @@ def fuzz_seed() -> int:
     return int(os.environ.get("BYOC_FUZZ_SEED") or time.strftime("%Y%m%d", time.gmtime()))
 
 
+#: the CPU flags oneDNN's int8 and bf16 paths (and so the ISA-capped tests) depend on
+CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+             "amx_int8", "amx_bf16")
+
+
+def cpu_summary() -> str:
+    """The CPU's model name, CPU count, which of :data:`CPU_FLAGS` it has and lacks (``/proc/cpuinfo``, what
+    ``lscpu`` reads), and the ISA oneDNN runs here: the suite's header, so that every CI log says which
+    ISA-capped runs its machine could take."""
+    model, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:  # not Linux: the model and flags stay unknown, the ISA is still oneDNN's answer
+        pass
+    has = " ".join(f for f in CPU_FLAGS if f in flags) or "none"
+    lacks = " ".join(f for f in CPU_FLAGS if f not in flags) or "none"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    capped = f" (under ONEDNN_MAX_CPU_ISA={cap})" if cap is not None else ""
+    return f"cpu: {model} ({os.cpu_count()} CPUs); has: {has}; lacks: {lacks}; oneDNN ISA: {bh._C.isa()}{capped}"
+
+
 def pytest_report_header(config):
-    return f"byoc_hetero fuzz seed: {fuzz_seed()} (repeat with BYOC_FUZZ_SEED={fuzz_seed()})"
+    return [cpu_summary(), f"byoc_hetero fuzz seed: {fuzz_seed()} (repeat with BYOC_FUZZ_SEED={fuzz_seed()})"]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -196,18 +223,30 @@ def isa_under(cap: str) -> str:
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"? ({proc.stderr[-300:]})"
 
 
-def isa_cap_skip_reason(cap: str) -> str | None:
-    """Why a run under ``ONEDNN_MAX_CPU_ISA=cap`` adds nothing on this CPU, else None: a cap above the CPU's
-    ISA cannot be emulated (oneDNN runs the CPU's own), and a cap that gives the CPU's own ISA is the path the
-    uncapped run (``cap=""``) takes already (AVX512_CORE on a Skylake-SP; on a VNNI CPU it is the path a
-    Skylake-SP takes, and runs)."""
+INT8_SAME_KERNELS = {"avx512_core_bf16": "avx512_core_vnni"}
+"""An ISA whose int8 kernels are another's in oneDNN 3.2: avx512_core_bf16 adds bf16 kernels only, its int8
+convolutions, inner products and matmuls are avx512_core_vnni's (and so is this project's int8 decision:
+both are VNNI ISAs). An int8 run under one covers the other."""
+
+
+def isa_cap_skip_reason(cap: str, caps: tuple[str, ...] = ()) -> str | None:
+    """Why an int8 run under ``ONEDNN_MAX_CPU_ISA=cap`` adds nothing on this CPU, else None: a cap above the
+    CPU's ISA cannot be emulated (oneDNN runs the CPU's own), and a cap that gives the CPU's own ISA is the
+    path the uncapped run (``cap=""``) takes already (AVX512_CORE on a Skylake-SP; on a VNNI CPU it is the
+    path a Skylake-SP takes, and runs); likewise a cap whose int8 kernels (:data:`INT8_SAME_KERNELS`) are
+    those of the CPU's own ISA, or of another cap among the test's ``caps`` that runs here."""
     if not cap:
         return None
-    ran = isa_under(cap)
+    ran, own = isa_under(cap), bh._C.isa()
     if ran != cap.lower():
         return f"this CPU cannot emulate {cap}: oneDNN runs {ran} under ONEDNN_MAX_CPU_ISA={cap}"
-    if ran == bh._C.isa():
+    if ran == own:
         return f"{cap} is this CPU's own ISA: the uncapped run covers it"
+    kernels = INT8_SAME_KERNELS.get(ran, ran)
+    if kernels == INT8_SAME_KERNELS.get(own, own):
+        return f"{cap} runs the int8 kernels of this CPU's own ISA {own}: the uncapped run covers it"
+    if kernels != ran and kernels.upper() in caps and isa_under(kernels.upper()) == kernels:
+        return f"{cap} runs the int8 kernels of {kernels.upper()}, which runs here: that cap's run covers it"
     return None
 
 
@@ -301,3 +340,65 @@ def run_cli(*args, cwd=None):
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess(["byoc_hetero", *argv], code, out.getvalue(), err.getvalue())
+
+
+# -- the suite on pytest-xdist workers (README: ``-n 2 --dist loadgroup``) -------------------------------------
+SERVE_GROUP = "ray_serve"
+SERVE_MODULES = frozenset({"test_serve.py", "test_serve_cli.py", "test_serve_openai.py"})
+"""Modules that start Ray (one local instance per process tree, heavy on two cores) and Serve's HTTP proxy:
+one xdist group, so they run one after another in one worker and never side by side. A new module that starts
+Ray, binds a fixed port or otherwise must not run beside these belongs here."""
+
+GROUP_COST_S = {
+    SERVE_GROUP: 300, "test_fuzz": 380, "test_zoo_models": 350, "test_int8_zoo": 300, "test_ops_attention": 200,
+    "test_tune_zoo": 200, "test_runtime": 150, "test_tune": 150, "test_weight_only": 150, "test_notebooks": 140,
+    "test_ops_layout": 120, "test_docs": 120, "test_ops_norm": 120, "test_ops_eltwise": 100, "test_ops": 100,
+    "test_tune_int8": 90, "test_quantize": 90, "test_threads": 90, "test_ops_chains": 80, "test_reliability": 80,
+    "test_llm": 80, "test_llm_onnx": 80, "test_relpos": 80, "test_symbolic": 80, "test_ranges": 70,
+}
+"""Estimated seconds of the longest groups on two cores (from the durations of sessions 10 and 11: their
+full-suite runs' slowest tests, and the test counts; rough, and only their order matters): the groups are
+handed out longest first (:func:`pytest_collection_modifyitems`), so no long group starts last and leaves the
+other worker idle. Other groups count :data:`PER_TEST_S` per test. Refresh from a full run's
+``--durations=0``."""
+
+PER_TEST_S = 1.0
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The xdist group of a test that does not name one (``@pytest.mark.xdist_group``): :data:`SERVE_GROUP`
+    for the serving modules, else its module (module-scoped fixtures build a model once per group)."""
+    return SERVE_GROUP if item.path.name in SERVE_MODULES else item.path.stem
+
+
+def pytest_configure(config):
+    # registered here too, so that the marks below are known where pytest-xdist is not installed
+    config.addinivalue_line("markers", "xdist_group(name): tests of one group run in one xdist worker")
+
+
+def group_cost(group: str, tests: int) -> float:
+    """A group's estimated seconds: :data:`GROUP_COST_S`, else :data:`PER_TEST_S` per test."""
+    return GROUP_COST_S.get(group, PER_TEST_S * tests)
+
+
+def _group_name(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test without an ``xdist_group`` mark gets :func:`xdist_group`'s (before xdist's own hook of the
+    same name reads the marks under ``--dist loadgroup``; without xdist the marks change nothing). In an
+    xdist worker the groups are ordered longest first (:func:`group_cost`; a stable sort, so each group keeps
+    its order): with ``--no-loadscope-reorder`` xdist hands them out in that order, so that no long group with
+    few tests (the serving group, the tuner's zoo families) starts last while the other worker has nothing
+    left (xdist's own order is by test count)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        counts: dict[str, int] = {}
+        for item in items:
+            counts[_group_name(item)] = counts.get(_group_name(item), 0) + 1
+        items.sort(key=lambda item: -group_cost(_group_name(item), counts[_group_name(item)]))

@@ -292,43 +292,57 @@ def test_int8_offloaded_equals_llvm_within_one_step(case):
 
 
 _CAPPED_RUN = """
-import sys
+import os, sys
 import pytest
 from byoc_hetero._native import _C
 print("isa", _C.isa(), flush=True)
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]))
+for path in sys.argv[2:]:  # one interpreter (imports of torch and TVM) for every int8 path of the cap
+    os.environ["BYOC_FUZZ_INT8_PATH"] = path
+    sys.modules.pop("test_fuzz", None)  # INT8_PATH is read when the module is imported
+    code = pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]])
+    print("path", repr(path), "exit", int(code), flush=True)
 """
 
+CAPPED_PATHS = {"": ("saturating",), "AVX2": ("", "saturating"), "AVX512_CORE": ("", "saturating"),
+                "AVX512_CORE_VNNI": ("",), "AVX2_VNNI": ("",)}
+"""The int8 paths (:data:`INT8_PATH`) run under each ``ONEDNN_MAX_CPU_ISA`` cap ("": the CPU's own ISA,
+whose default path the in-process run covers). On a VNNI ISA the saturating path is the default one
+(``precision.int8_kernels_reason``), so the VNNI caps run it once."""
 
-@pytest.mark.parametrize("isa,path", [("", "saturating"), ("AVX2", ""), ("AVX2", "saturating"),
-                                      ("AVX512_CORE", ""), ("AVX512_CORE", "saturating"),
-                                      ("AVX512_CORE_VNNI", ""), ("AVX2_VNNI", "")])
-def test_int8_fuzz_under_a_capped_isa(isa, path):
+
+@pytest.mark.parametrize("isa", CAPPED_PATHS)
+def test_int8_fuzz_under_a_capped_isa(isa):
     """The int8 fuzz step above on another oneDNN ISA path (``ONEDNN_MAX_CPU_ISA`` is read when oneDNN
-    starts: a subprocess) and int8 path (:data:`INT8_PATH`), against the same llvm reference: the
-    in-process run covers this CPU's own ISA as it gets it. A cap above this CPU's ISA (the VNNI ones
-    on a Skylake-SP) cannot be emulated and is skipped with the ISA oneDNN ran; a VNNI machine runs it.
-    AVX512_CORE is a Skylake-SP's own path (covered there by the uncapped runs, skipped): a VNNI machine
-    runs it capped."""
+    starts: a subprocess per cap, running each of its int8 paths, :data:`CAPPED_PATHS`), against the same
+    llvm reference: the in-process run covers this CPU's own ISA as it gets it. A cap above this CPU's ISA
+    (the VNNI ones on a Skylake-SP) cannot be emulated and is skipped with the ISA oneDNN ran; a VNNI machine
+    runs it. AVX512_CORE is a Skylake-SP's own path (covered there by the uncapped runs, skipped): a VNNI
+    machine runs it capped."""
     import subprocess
     import sys
 
-    if isa_cap_skip_reason(isa):
-        pytest.skip(isa_cap_skip_reason(isa))
+    if isa_cap_skip_reason(isa, tuple(CAPPED_PATHS)):
+        pytest.skip(isa_cap_skip_reason(isa, tuple(CAPPED_PATHS)))
+    paths = CAPPED_PATHS[isa]
+    if not isa and bh._C.isa() in VNNI_ISAS:
+        pytest.skip(f"the saturating path is the default one on {bh._C.isa()} (a VNNI ISA): the in-process "
+                    "run covers it")
     here = os.path.dirname(os.path.abspath(__file__))
-    # the in-process test draws EXAMPLES // 3: 10 examples per cap in a long run (as before), 4 by default
-    env = dict(os.environ, BYOC_FUZZ_INT8_PATH=path, BYOC_FUZZ_EXAMPLES=str(3 * (10 if LONG else MIN_EXAMPLES)),
+    # the in-process test draws EXAMPLES // 3: 10 examples per cap and path in a long run, 4 by default
+    env = dict(os.environ, BYOC_FUZZ_EXAMPLES=str(3 * (10 if LONG else MIN_EXAMPLES)),
                BYOC_FUZZ_SEED=str(SEED), PYTHONPATH=os.pathsep.join([here, *sys.path]))
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
     node = os.path.join(here, "test_fuzz.py") + "::test_int8_offloaded_equals_llvm_within_one_step"
-    proc = subprocess.run([sys.executable, "-c", _CAPPED_RUN, node], env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, "-c", _CAPPED_RUN, node, *paths], env=env, capture_output=True,
+                          text=True, timeout=900)
     ran = next((ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("isa ")), "?")
     assert ran == (isa.lower() or ran), (isa, ran)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout, proc.stdout[-2000:]
+    exits = [ln.split()[1:] for ln in proc.stdout.splitlines() if ln.startswith("path ")]
+    assert exits == [[repr(p), "exit", "0"] for p in paths], proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count(" passed") == len(paths), proc.stdout[-2000:]
 
 
 @fuzzed(15)

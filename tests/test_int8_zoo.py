@@ -26,7 +26,9 @@ pytest.importorskip("onnxscript")
 ort = pytest.importorskip("onnxruntime")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from zoo_models import build  # noqa: E402
-from conftest import isa_cap_skip_reason  # noqa: E402
+from conftest import isa_cap_skip_reason, isa_under  # noqa: E402
+from byoc_hetero._native import _C  # noqa: E402
+from byoc_hetero.backends.onednn.precision import VNNI_ISAS  # noqa: E402
 
 _OURS = """
 import json, os, sys
@@ -35,9 +37,10 @@ import tvm
 from tvm import relax
 import byoc_hetero as bh
 from byoc_hetero._native import _C
+from byoc_hetero.backends.onednn.precision import VNNI_ISAS
 path, x = sys.argv[1], np.load(sys.argv[2])
 out = {"isa": _C.isa()}
-for mode in ("", "saturating"):
+for mode in ("",) if _C.isa() in VNNI_ISAS else ("", "saturating"):  # saturating is the default on VNNI
     os.environ["BYOC_HETERO_INT8"] = mode
     mod, params = bh.from_onnx(path)
     part = bh.partition(mod, params)
@@ -79,6 +82,13 @@ def convnext_qdq(tmp_path_factory):
     return qdq, str(work / "x.npy"), want, theirs
 
 
+def _int8_paths(isa: str) -> tuple[str, ...]:
+    """The int8 paths compared on oneDNN ISA ``isa``: ``default`` (the int8 fusions as the ISA gets them) and
+    ``saturating`` (``BYOC_HETERO_INT8=saturating``: oneDNN's int8 kernels even below VNNI); on a VNNI ISA
+    ``default`` alone, which is the saturating path there (``precision.int8_kernels_reason``)."""
+    return ("default",) if isa in VNNI_ISAS else ("default", "saturating")
+
+
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
 
@@ -96,9 +106,10 @@ def test_convnext_int8_matches_onnxruntime_on_every_isa_path(convnext_qdq, isa):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     if isa and result["isa"] != isa.lower():
         pytest.skip(f"oneDNN runs {result['isa']} under ONEDNN_MAX_CPU_ISA={isa}")
-    assert result["saturating_precision"].startswith("int8"), result["saturating_precision"]  # the int8 path ran
+    modes = _int8_paths(result["isa"])
+    assert result[modes[-1] + "_precision"].startswith("int8"), result[modes[-1] + "_precision"]  # int8 ran
     theirs_err = _relative(theirs, want)
-    for mode in ("default", "saturating"):
+    for mode in modes:
         ours = np.asarray(result[mode], np.float32)
         assert ours.shape == want.shape
         ours_err, apart = _relative(ours, want), _relative(ours, theirs)
@@ -129,7 +140,7 @@ def zoo_files(request, tmp_path_factory):
 
     selected = {item.callspec.params["model"] for item in request.session.items  # a cap skipped here needs none
                 if getattr(item, "originalname", "") == "test_zoo_int8_matches_the_reference_on_every_isa_path"
-                and isa_cap_skip_reason(item.callspec.params["isa"]) is None}
+                and isa_cap_skip_reason(item.callspec.params["isa"], ISA_CAPS) is None}
     work, skipped, models = str(tmp_path_factory.mktemp("int8_zoo_all")), {}, []
     for model in STATIC_FAMILIES + tuple(m + "_dynamic" for m in DYNAMIC_FAMILIES):
         base = model.removesuffix("_dynamic")
@@ -147,9 +158,9 @@ _RESULTS: dict[str, dict] = {}
 
 
 def _differential(zoo_files, isa: str) -> dict:
-    """bench/int8.py's differential mode over every prepared file, in one subprocess per ISA cap; the
-    llvm-only reference (no oneDNN kernel: the same under every cap) is built by the first cap's process and
-    read by the others (``--share-llvm-reference``)."""
+    """bench/int8.py's differential mode over every prepared file, in one subprocess per ISA cap, on the
+    cap's int8 paths (:func:`_int8_paths`); the llvm-only reference (no oneDNN kernel: the same under every
+    cap) is built by the first cap's process and read by the others (``--share-llvm-reference``)."""
     if isa not in _RESULTS:
         work, _, models = zoo_files
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -159,7 +170,8 @@ def _differential(zoo_files, isa: str) -> dict:
             env["ONEDNN_MAX_CPU_ISA"] = isa
         bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "int8.py")
         proc = subprocess.run([sys.executable, bench, "--workdir", work, "--worker", "differential",
-                               ",".join(models), "default,saturating", "--share-llvm-reference"], env=env,
+                               ",".join(models), ",".join(_int8_paths(isa_under(isa) if isa else _C.isa())),
+                               "--share-llvm-reference"], env=env,
                               capture_output=True, text=True, timeout=1800)
         assert proc.returncode == 0, proc.stderr[-3000:]
         _RESULTS[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -193,8 +205,10 @@ TESTED = (STATIC_FAMILIES + tuple(m + "_dynamic" for m in DYNAMIC_FAMILIES)
 def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa):
     """Ours (``bh.from_onnx`` -> ``bh.partition`` -> llvm build) on the file ONNX Runtime quantized,
     each int8 path (``default``: the int8 fusions as this ISA gets them; ``saturating``: oneDNN's int8
-    kernels anyway, what a VNNI CPU runs): its error against the float32 model within 1.25x the
-    reference's, and its distance to the reference within the reference's own error.
+    kernels anyway, what a VNNI CPU runs; on a VNNI ISA the two are one path, run once): its error against
+    the float32 model within 1.25x the reference's, and its distance to the reference within the
+    reference's own error. A cap whose int8 kernels another run covers is skipped
+    (``conftest.isa_cap_skip_reason``: AVX512_CORE_BF16 where AVX512_CORE_VNNI runs).
 
     The reference is ONNX Runtime on the same file where its int8 is exact (a VNNI CPU). Below VNNI
     ONNX Runtime's u8 x s8 kernels saturate (each pair of products summed in 16 bits), so the
@@ -206,13 +220,13 @@ def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa)
     Runtime's output exactly)."""
     if model.removesuffix("_dynamic") in zoo_files[1]:
         pytest.skip(f"{model}: {zoo_files[1][model.removesuffix('_dynamic')]}")
-    if isa_cap_skip_reason(isa):
-        pytest.skip(isa_cap_skip_reason(isa))
+    if isa_cap_skip_reason(isa, ISA_CAPS):
+        pytest.skip(isa_cap_skip_reason(isa, ISA_CAPS))
     result = _differential(zoo_files, isa)
     row = result[model]
     assert "failed" not in row, row
     exact = _ort_exact()
-    for mode in ("default", "saturating"):
+    for mode in _int8_paths(result["isa"]):
         ours = row[mode]
         if exact:
             ref_err, apart = row["ort_vs_f32"], ours["vs_ort"]

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 import tvm
-from conftest import TOLERANCE
+from conftest import TOLERANCE, run_cli
 from tvm import relax
 
 import byoc_hetero as bh
@@ -162,7 +162,8 @@ def _cuts(size: int, rng) -> list[int]:
 def test_truncated_library_is_an_integrity_error_never_a_crash(exported, tmp_path):
     """A library cut short at any of ~30 points: ``bh.load_module`` raises IntegrityError naming the
     file (it was SIGBUS in 9 of 15 cuts through tvm.runtime.load_module); ``bh.vm(path)`` and the
-    CLI's ``run model.so`` too (exit code 2)."""
+    CLI's ``run model.so`` too (exit code 2). One subprocess for the damaged files (a crash must not end
+    the test run), the CLI's ``main`` in it; the whole file's run in this process (``conftest.run_cli``)."""
     lib, x, want = exported
     data = lib.read_bytes()
     paths = []
@@ -184,14 +185,21 @@ def test_truncated_library_is_an_integrity_error_never_a_crash(exported, tmp_pat
             print("loaded by vm")
         except bh.IntegrityError:
             print("refused")
+        import contextlib, io, sys
+        from byoc_hetero.cli import main  # what `python -m byoc_hetero` calls
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                code = main(["run", {paths[-3]!r}, "--input", {str(x)!r}])
+            except SystemExit as stop:
+                code = stop.code
+        print(err.getvalue()[-2000:], file=sys.stderr)
+        print("cli", code, "damaged" in err.getvalue())
     """)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["refused"] * (len(paths) + 1), proc.stdout
-    cli = subprocess.run([sys.executable, "-m", "byoc_hetero", "run", paths[-3], "--input", str(x)],
-                         capture_output=True, text=True, timeout=600)
-    assert cli.returncode == 2 and "damaged" in cli.stderr, (cli.returncode, cli.stderr[-2000:])
-    whole = subprocess.run([sys.executable, "-m", "byoc_hetero", "run", str(lib), "--input", str(x),
-                            "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=600)
+    assert proc.stdout.split() == ["refused"] * (len(paths) + 1) + ["cli", "2", "True"], (proc.stdout,
+                                                                                          proc.stderr[-2000:])
+    whole = run_cli("run", lib, "--input", x, "--output", tmp_path / "y.npy")
     assert whole.returncode == 0, whole.stderr[-2000:]
     assert relative_error(np.load(tmp_path / "y.npy"), want) <= TOLERANCE
 
