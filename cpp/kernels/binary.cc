@@ -162,7 +162,9 @@ class BinaryKernel : public Kernel {
       expand.op = "binary";
       expand.args = {{0, inputs[expand_input_]}, {1, temps[0]}};
       steps.push_back(std::move(expand));
-      for (size_t k = 0; k < inputs.size(); ++k) run.args.emplace_back(args_[k], k == expand_input_ ? temps[0] : inputs[k]);
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        run.args.emplace_back(args_[k], k == expand_input_ ? temps[0] : inputs[k]);
+      }
     } else if (host_) {
       // the host loop in place of the primitive: (src0, src1, dst) in this order
       run.pd = dnnl::primitive_desc_base();
