@@ -18,6 +18,13 @@
  *     before the activation (no copy either way);
  *   - otherwise (div with a broadcast dividend, or both inputs broadcast, as [B, 1, S] - [B, S, 1]):
  *     input 0 is first expanded to the output shape by a host step into a per-call temp.
+ * oneDNN 3.2's jit binary broadcasts src1 only in a few patterns (per tensor, per channel, ...);
+ * any other ran its reference kernel: torchvision Swin-T's shifted-window mask [1, W, 1, N, N]
+ * over the scores [1, W, heads, N, N] took 18% of the model's call as 5 "ref:any" steps.  Where
+ * the primitive would be a reference one, the operands are read plain in the fewest dims (the
+ * same bytes: [W, heads, N * N] + [W, 1, N * N]); where that is still a reference kernel, the
+ * broadcast operand is expanded to the output shape by a host step into a per-call temp and the
+ * binary runs without a broadcast (AvoidReferenceBroadcast).
  */
 #include <algorithm>
 #include <cmath>
@@ -133,12 +140,12 @@ class BinaryKernel : public Kernel {
  public:
   BinaryKernel(std::string label, dnnl::binary::primitive_desc pd, std::vector<int> args,
                std::vector<OperandLayout> inputs, OperandLayout output, HostFn expand,
-               HostFn host = nullptr)
+               size_t expand_input, HostFn host = nullptr)
       : label_(std::move(label)), pd_(std::move(pd)), args_(std::move(args)), expand_(std::move(expand)),
-        host_(std::move(host)) {
+        expand_input_(expand_input), host_(std::move(host)) {
     inputs_ = std::move(inputs);
     output_ = std::move(output);
-    if (expand_) temps_.push_back(pd_.src0_desc());
+    if (expand_) temps_.push_back(args_[expand_input_] == DNNL_ARG_SRC_0 ? pd_.src0_desc() : pd_.src1_desc());
   }
 
   std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
@@ -151,12 +158,13 @@ class BinaryKernel : public Kernel {
     if (expand_) {
       Step expand;
       expand.host = expand_;
-      expand.label = label_ + ": input 0 broadcast to the output shape";
+      expand.label = label_ + ": input " + std::to_string(expand_input_) + " broadcast to the output shape";
       expand.op = "binary";
-      expand.args = {{0, inputs[0]}, {1, temps[0]}};
+      expand.args = {{0, inputs[expand_input_]}, {1, temps[0]}};
       steps.push_back(std::move(expand));
-      run.args = {{DNNL_ARG_SRC_0, temps[0]}};
-      for (size_t k = 1; k < inputs.size(); ++k) run.args.emplace_back(args_[k], inputs[k]);
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        run.args.emplace_back(args_[k], k == expand_input_ ? temps[0] : inputs[k]);
+      }
     } else if (host_) {
       // the host loop in place of the primitive: (src0, src1, dst) in this order
       run.pd = dnnl::primitive_desc_base();
@@ -182,6 +190,7 @@ class BinaryKernel : public Kernel {
   dnnl::binary::primitive_desc pd_;
   std::vector<int> args_;
   HostFn expand_;
+  size_t expand_input_;  // the input expand_ writes into the temp (node input order)
   HostFn host_;  // replaces the primitive when set (ChannelMulBf16Fn)
 };
 
@@ -332,24 +341,56 @@ static size_t FullInput(const std::vector<int64_t>& as, const std::vector<int64_
 
 /*! \brief The operands' layouts and the exec args they bind to, node input order (a, b[, addend]). */
 static void BindOperands(const dnnl::binary::primitive_desc& pd, const BinaryTail& tail, size_t full, bool expand,
-                         const std::vector<int64_t>& as, const memory::dims& dst_dims,
+                         bool expand_other, const std::vector<int64_t>& as, const memory::dims& dst_dims,
                          const memory::dims& other_dims, std::vector<OperandLayout>* inputs, std::vector<int>* args) {
   inputs->assign(2, OperandLayout{});
   args->assign(2, 0);
   if (expand) {  // input 0 expanded into the temp by a host step, input 1 the primitive's src1
     (*inputs)[0] = {PlainDesc(memory::dims(as.begin(), as.end())), PlainDesc(memory::dims(as.begin(), as.end()))};
+    (*args)[0] = DNNL_ARG_SRC_0;
     (*inputs)[1] = {PlainDesc(other_dims), pd.src1_desc()};
     (*args)[1] = DNNL_ARG_SRC_1;
   } else {
     (*inputs)[full] = {PlainDesc(dst_dims), pd.src0_desc()};
     (*args)[full] = DNNL_ARG_SRC_0;
-    (*inputs)[1 - full] = {PlainDesc(other_dims), pd.src1_desc()};
+    // an operand expanded by the host step is read plain by it; the primitive reads the temp
+    (*inputs)[1 - full] = {PlainDesc(other_dims), expand_other ? PlainDesc(other_dims) : pd.src1_desc()};
     (*args)[1 - full] = DNNL_ARG_SRC_1;
   }
   if (tail.addend) {
     inputs->push_back({*tail.addend, *tail.addend});
     args->push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(tail.addend_post_op()) | DNNL_ARG_SRC_1);
   }
+}
+
+static bool IsReference(const dnnl::binary::primitive_desc& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
+/*!
+ * \brief A broadcast binary (no addend, src1 broadcast) that oneDNN 3.2 would run with its reference
+ *        kernel: both operands read plain in the fewest dims (CollapseAxes) where a jit kernel takes
+ *        that; else the broadcast operand expanded to the output's (collapsed) dims by a host step
+ *        and the binary run without a broadcast. Updates \p dst_dims, \p other_dims and \p pd; true
+ *        when the operand is expanded.
+ */
+static bool AvoidReferenceBroadcast(const KernelContext& ctx, dnnl::algorithm alg, const BinaryTail& tail,
+                                    const std::vector<int64_t>& out_shape, const std::vector<int64_t>& other_shape,
+                                    memory::dims* dst_dims, memory::dims* other_dims,
+                                    dnnl::binary::primitive_desc* pd) {
+  const CollapsedDims c = CollapseAxes(out_shape, {other_shape});
+  const memory::data_type dt = memory::desc(pd->dst_desc()).get_data_type();
+  const dnnl::primitive_attr attr = BinaryAttr(ctx, tail);
+  const memory::desc src0 = PlainDesc(c.dst);
+  dnnl::binary::primitive_desc collapsed(ctx.engine, alg, src0, PlainDesc(c.operands[0]), AnyDesc(c.dst, dt), attr);
+  *dst_dims = c.dst;
+  *other_dims = c.operands[0];
+  if (!IsReference(collapsed)) {
+    *pd = std::move(collapsed);
+    return false;
+  }
+  *pd = dnnl::binary::primitive_desc(ctx.engine, alg, src0, src0, AnyDesc(c.dst, dt), attr);
+  return true;
 }
 
 static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
@@ -400,16 +441,21 @@ static std::unique_ptr<Kernel> BuildBinary(const KernelContext& ctx) {
                                                                               : memory::data_type::f32);
   dnnl::binary::primitive_desc pd = BinaryPd(ctx, alg, src0, src1, dst_any, BinaryAttr(ctx, tail), read_as_stored,
                                              !expand, other_dims, dst_dims);
+  const bool expand_other = !expand && !addend && other_dims != dst_dims && IsReference(pd) &&
+                            AvoidReferenceBroadcast(ctx, alg, tail, out_shape, os, &dst_dims, &other_dims, &pd);
   std::vector<OperandLayout> inputs;
   std::vector<int> args;
-  BindOperands(pd, tail, full, expand, as, dst_dims, other_dims, &inputs, &args);
+  BindOperands(pd, tail, full, expand, expand_other, as, dst_dims, other_dims, &inputs, &args);
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc()};
   HostFn host;
   if (!expand && alg == dnnl::algorithm::binary_mul && tail.none()) {
     host = ChannelMulBf16Fn(pd.src0_desc(), pd.src1_desc(), pd.dst_desc());
   }
+  HostFn expand_fn = expand ? ExpandFn(as, out_shape) : HostFn();
+  if (expand_other) expand_fn = ExpandFn(std::vector<int64_t>(other_dims.begin(), other_dims.end()),
+                                         std::vector<int64_t>(dst_dims.begin(), dst_dims.end()));
   return std::make_unique<BinaryKernel>(ctx.where(), std::move(pd), std::move(args), std::move(inputs),
-                                        std::move(output), expand ? ExpandFn(as, out_shape) : HostFn(),
+                                        std::move(output), std::move(expand_fn), expand_other ? 1 - full : 0,
                                         std::move(host));
 }
 
