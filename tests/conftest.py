@@ -289,6 +289,7 @@ def start_serving(application, port: int, num_cpus: int) -> None:
 
     guard = time.monotonic() + HANG_GUARD_S
     while True:
+        before = descendants(os.getpid())
         try:
             bs.start(application, port=port, num_cpus=num_cpus)
             return
@@ -296,6 +297,38 @@ def start_serving(application, port: int, num_cpus: int) -> None:
             if "timed out during startup" not in str(err) or time.monotonic() > guard:
                 raise
             ray.shutdown()
+            # ray.shutdown() leaves a failed start's GCS server, dashboard and monitor running (s12-suite saw
+            # 7 sets after 15 min at load 20-30, feeding the load that made the starts fail): end them
+            kill_all(descendants(os.getpid()) - before)
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (children, theirs, ...), read from /proc (empty where there is none)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), [pid]
+    while frontier:
+        kids = [c for c, p in parent.items() if p == frontier.pop() and c not in found]
+        found.update(kids)
+        frontier.extend(kids)
+    return found
+
+
+def kill_all(pids) -> None:
+    """SIGKILL each of ``pids`` that still lives."""
+    import signal
+
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def until(event, what: str, poll_s: float = 0.5, check=None) -> None:

@@ -7,6 +7,8 @@ must not meet the one tests/test_serve.py keeps for its module.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -39,7 +41,7 @@ def _serve(lib, port: int, log):
         log.truncate()
         proc = subprocess.Popen([sys.executable, "-m", "byoc_hetero", "serve", str(lib), "--model", f"other:3={lib}",
                                  "--port", str(port), "--max-request-mb", "0.01"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
         line = ""
         while "serving" not in line:
             line = proc.stdout.readline()
@@ -47,6 +49,9 @@ def _serve(lib, port: int, log):
                 break
         if "serving" in line:
             return proc, line
+        # a failed start leaves its Ray processes (GCS server, dashboard, monitor) behind in its session: end them
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         log.seek(0)
         error = log.read()
         assert "timed out during startup" in error and time.monotonic() < guard, \
