@@ -314,7 +314,8 @@ def descendants(pid: int) -> set[int]:
                 continue
     found, frontier = set(), [pid]
     while frontier:
-        kids = [c for c, p in parent.items() if p == frontier.pop() and c not in found]
+        here = frontier.pop()
+        kids = [c for c, p in parent.items() if p == here and c not in found]
         found.update(kids)
         frontier.extend(kids)
     return found
