@@ -126,6 +126,40 @@ def test_fold_int_constants_bounds_the_work():
     assert max(sizes, default=0) <= MAX_ELEMENTS
 
 
+def test_fold_int_constants_keeps_a_scalar_index_a_scalar():
+    """ViT's class token ``x[:, 0]`` through TVM's ONNX importer: a 0-d int64 index normalised as
+    ``where(i < 0, i + n, i)``, ``n`` read from ``shape_of``. The folded index is a 0-d constant, and the
+    take's result what its type says (issue 39: folded as shape (1,), the take read [1, 1, C] typed
+    [1, C], and partitioning vit_b_16 failed with "main reads lv85, which nothing in it defines")."""
+    x = relax.Var("x", relax.TensorType([1, 5, 8], "float32"))
+
+    def body(bb, x):
+        dims = bb.emit(relax.op.shape_to_tensor(relax.op.shape_of(x)))
+        i = relax.const(0, "int64")
+        n = bb.emit(relax.op.take(dims, relax.const(1, "int64"), axis=0))
+        index = bb.emit(relax.op.where(bb.emit(relax.op.less(i, relax.const(0, "int64"))),
+                                       bb.emit(relax.op.add(i, n)), i))
+        return relax.op.take(x, index, axis=1)
+
+    out = passes.fold_int_constants(_module([x], body))
+    assert _ops(out) == ["relax.take"], _ops(out)
+    (take,) = op_calls(out["main"])
+    assert constant_value(take.args[1]).shape == ()
+    relax.analysis.well_formed(out)  # raises on the first violation
+    xv = np.random.default_rng(0).standard_normal((1, 5, 8)).astype("float32")
+    np.testing.assert_array_equal(run(build(out), [xv]), xv[:, 0])
+
+
+def test_folding_to_a_value_of_another_shape_is_refused():
+    """A folded use must have its variable's shape: one that does not is a CodegenError naming both."""
+    from byoc_hetero.errors import CodegenError
+    from byoc_hetero.passes.fold_int_constants import Substitute
+
+    var = relax.Var("index", relax.TensorType([], "int64"))
+    with pytest.raises(CodegenError, match=r"folding index: a value of shape \[1\] for its declared shape \[\]"):
+        Substitute({var: relax.const(np.zeros(1, "int64"))})
+
+
 @pytest.mark.parametrize(("shape", "index_shape", "axis", "shared"), [
     ((2, 3, 5), (2, 3, 4), -1, False),   # a different index per batch row
     ((2, 3, 5), (2, 3, 4), -1, True),    # one index broadcast over the batch (DeBERTa's heads)

@@ -32,6 +32,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .._relax import static_shape
+from ..errors import CodegenError
 from ._ir import map_calls
 
 MAX_ELEMENTS = 1 << 16
@@ -304,19 +306,35 @@ def _as_dtype(value: np.ndarray, dtype: str) -> np.ndarray:
     return part if part.shape == value.shape else np.broadcast_to(part, value.shape)
 
 
+def dense(value, dtype: str | None = None) -> np.ndarray:
+    """``value`` as a C-contiguous array of its own shape (a copy of a view): what a constant holds.
+    Not ``np.ascontiguousarray``, which makes a 0-d value 1-d: a scalar index folded as shape (1,)
+    made ViT's class-token ``take`` read [1, 1, C] where its type says [1, C] (issue 39)."""
+    return np.array(value, dtype=dtype, order="C")
+
+
 def _folded(value: np.ndarray, dtype: str) -> relax.Expr:
     """The expression standing for a folded value: a constant, or ``broadcast_to`` of its stored part
     where the value in full would be over :data:`MAX_ELEMENTS` elements."""
     if value.size <= MAX_ELEMENTS:
-        return relax.const(np.ascontiguousarray(value), dtype)
-    part = relax.const(np.ascontiguousarray(stored(value)), dtype)
+        return relax.const(dense(value), dtype)
+    part = relax.const(dense(stored(value)), dtype)
     return relax.op.broadcast_to(part, relax.ShapeExpr([int(d) for d in value.shape]))
 
 
 @relax.expr_functor.mutator
 class Substitute(relax.PyExprMutator):
+    """Uses of the variables in ``table`` replaced by their expressions. Each must have its
+    variable's static shape where both are known: a use of another shape would leave the module
+    typed wrong (and the stages failing far from here), so a mismatch is a CodegenError here."""
+
     def __init__(self, table: dict, mod=None):
         super().__init__(mod)
+        for var, expr in table.items():
+            want, got = static_shape(var), static_shape(expr)
+            if want is not None and got is not None and want != got:
+                raise CodegenError(f"folding {var.name}: a value of shape {list(got)} for its declared "
+                                   f"shape {list(want)}")
         self.table = table
 
     def visit_var_(self, var):  # noqa: D102 - a use of a folded variable becomes its constant

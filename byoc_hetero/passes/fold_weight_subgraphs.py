@@ -30,7 +30,7 @@ import tvm
 from tvm import relax
 
 from .._relax import op_name
-from .fold_int_constants import Evaluator, Substitute
+from .fold_int_constants import Evaluator, Substitute, dense
 
 _UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
           "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square,
@@ -126,7 +126,7 @@ def _value(call: relax.Call, args: list[np.ndarray], ev: Evaluator) -> np.ndarra
                 value = None  # numpy disagrees with the op's reading of its arguments: leave it
     if value is None or isinstance(value, tuple):
         return None
-    value = np.array(value, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
+    value = dense(value, dtype)
     return value if value.shape == _static_dims(call.ty) else None
 
 
