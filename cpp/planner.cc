@@ -97,6 +97,7 @@ class Planner {
       for (int t : node.inputs) all_const = all_const && values_[t].is_const;
       const std::unique_ptr<Kernel> kernel = MakeKernel(n);
       const bool at_init = all_const && !values_[node.output].region_output;
+      if (!at_init && kernel->alias_input() < 0) concats_.ClaimChannelsLast(n, kernel->output());
       buffers_.SetNode(g_.where(n));
       GuardDnnl(g_.where(n), "set up buffers and reorders", [&] { PlanNode(n, *kernel, at_init); });
     }

@@ -18,7 +18,8 @@ from tvm import relax
 
 import byoc_hetero as bh
 from byoc_hetero import passes
-from byoc_hetero._relax import op_calls, op_name
+from byoc_hetero._relax import constant_value, op_calls, op_name
+from byoc_hetero.fold import MAX_ELEMENTS
 from byoc_hetero.passes.einsum_as_matmul import matmul_plan
 from byoc_hetero.timing import build, run
 from model_paths import dataflow_module as _module, first_output, import_model, one_region
@@ -70,6 +71,93 @@ def test_fold_int_constants_through_float_steps():
     want_ids = np.clip(np.ceil(np.log(np.arange(1, 11, dtype=np.float32) / np.float32(2))).astype(np.int64), 0, 7)
     tv = np.random.default_rng(0).standard_normal((8, 3)).astype("float32")
     np.testing.assert_array_equal(run(build(out), [tv]), tv[want_ids])
+
+
+def _relative_index(bb, seq: int, heads: int, span: int):
+    """DeBERTa's c2p index: clamp(i - j + span, 0, 2 span - 1) of int64 positions, expanded to ``heads``
+    (the clamp after the expand here, so that an element-wise step sees the repeated value)."""
+    pos = bb.emit(relax.op.arange(0, seq, 1, dtype="int64"))
+    rel = bb.emit(relax.op.subtract(relax.op.reshape(pos, [1, seq, 1]), relax.op.reshape(pos, [1, 1, seq])))
+    index = bb.emit(relax.op.broadcast_to(rel, relax.ShapeExpr([heads, seq, seq])))
+    index = bb.emit(relax.op.add(index, relax.const(span, "int64")))
+    return bb.emit(relax.op.clip(index, 0, 2 * span - 1))
+
+
+def test_fold_int_constants_stores_a_repeated_index_once():
+    """An index over the fold's bound in full (12 heads x 128 x 128 = 196608 > 65536 elements) but not
+    stored (one [1, 128, 128] table): folded to broadcast_to(constant), which gather_elements_as_take
+    reads; one region, equal to numpy (DeBERTa-v3-base's shape, issue 39)."""
+    heads, seq, span = 12, 128, 64
+    x = relax.Var("x", relax.TensorType([heads, seq, 2 * span], "float32"))
+    mod = _module([x], lambda bb, x: relax.op.gather_elements(relax.op.multiply(x, x),
+                                                              _relative_index(bb, seq, heads, span), 2))
+    assert heads * seq * seq > MAX_ELEMENTS
+    folded = passes.fold_int_constants(mod)
+    assert sorted(_ops(folded)) == ["relax.broadcast_to", "relax.gather_elements", "relax.multiply"], _ops(folded)
+    (expand,) = [c for c in op_calls(folded["main"]) if op_name(c) == "relax.broadcast_to"]
+    assert constant_value(expand.args[0]).shape == (1, seq, seq)  # stored once, not per head
+    out = passes.gather_elements_as_take(folded)
+    assert "relax.gather_elements" not in _ops(out) and "relax.broadcast_to" not in _ops(out)
+    (take,) = [c for c in op_calls(out["main"]) if op_name(c) == "relax.take"]
+    assert constant_value(take.args[1]).shape == (seq, seq)
+    xv = np.random.default_rng(0).standard_normal((heads, seq, 2 * span)).astype("float32")
+    i = np.arange(seq)
+    index = np.broadcast_to(np.clip(i[:, None] - i[None, :] + span, 0, 2 * span - 1), (heads, seq, seq))
+    want = np.take_along_axis(xv * xv, index, axis=2)
+    np.testing.assert_array_equal(run(build(out), [xv]), want)
+    part = bh.partition(mod, require_heavy_op=False)
+    report = bh.report(part)
+    assert len(report.regions) == 1 and not report.fallbacks, report
+    np.testing.assert_array_equal(run(build(part), [xv]), want)
+
+
+def test_fold_int_constants_bounds_the_work():
+    """A table over the bound even as stored (300 x 300 positions = 90000 elements) is never computed:
+    the arange differences stay in the module, as they were."""
+    x = relax.Var("x", relax.TensorType([1, 300, 300], "float32"))
+
+    def body(bb, x):
+        index = _relative_index(bb, 300, 1, 150)
+        return relax.op.add(x, relax.op.astype(index, "float32"))
+
+    out = passes.fold_int_constants(_module([x], body))
+    assert "relax.subtract" in _ops(out) and "relax.clip" in _ops(out), _ops(out)
+    sizes = [constant_value(a).size for c in op_calls(out["main"]) for a in c.args if constant_value(a) is not None]
+    assert max(sizes, default=0) <= MAX_ELEMENTS
+
+
+def test_fold_int_constants_keeps_a_scalar_index_a_scalar():
+    """ViT's class token ``x[:, 0]`` through TVM's ONNX importer: a 0-d int64 index normalised as
+    ``where(i < 0, i + n, i)``, ``n`` read from ``shape_of``. The folded index is a 0-d constant, and the
+    take's result what its type says (issue 39: folded as shape (1,), the take read [1, 1, C] typed
+    [1, C], and partitioning vit_b_16 failed with "main reads lv85, which nothing in it defines")."""
+    x = relax.Var("x", relax.TensorType([1, 5, 8], "float32"))
+
+    def body(bb, x):
+        dims = bb.emit(relax.op.shape_to_tensor(relax.op.shape_of(x)))
+        i = relax.const(0, "int64")
+        n = bb.emit(relax.op.take(dims, relax.const(1, "int64"), axis=0))
+        index = bb.emit(relax.op.where(bb.emit(relax.op.less(i, relax.const(0, "int64"))),
+                                       bb.emit(relax.op.add(i, n)), i))
+        return relax.op.take(x, index, axis=1)
+
+    out = passes.fold_int_constants(_module([x], body))
+    assert _ops(out) == ["relax.take"], _ops(out)
+    (take,) = op_calls(out["main"])
+    assert constant_value(take.args[1]).shape == ()
+    relax.analysis.well_formed(out)  # raises on the first violation
+    xv = np.random.default_rng(0).standard_normal((1, 5, 8)).astype("float32")
+    np.testing.assert_array_equal(run(build(out), [xv]), xv[:, 0])
+
+
+def test_folding_to_a_value_of_another_shape_is_refused():
+    """A folded use must have its variable's shape: one that does not is a CodegenError naming both."""
+    from byoc_hetero.errors import CodegenError
+    from byoc_hetero.passes.fold_int_constants import Substitute
+
+    var = relax.Var("index", relax.TensorType([], "int64"))
+    with pytest.raises(CodegenError, match=r"folding index: a value of shape \[1\] for its declared shape \[\]"):
+        Substitute({var: relax.const(np.zeros(1, "int64"))})
 
 
 @pytest.mark.parametrize(("shape", "index_shape", "axis", "shared"), [
@@ -180,15 +268,19 @@ PATHS = ("from_torch", "from_onnx")
 IDS_OPS = {"call_tir byoc_hetero_check_indices", "astype", "reshape", "less", "add", "where"}
 
 
-@pytest.fixture(scope="module", params=[(12, 8), (128, 256)], ids=["seq12", "seq128"])
+@pytest.fixture(scope="module", params=[(12, 8, 2), (128, 256, 2), (128, 256, 12)],
+                ids=["seq12", "seq128", "seq128-12heads"])
 def deberta(request):
     """(model, ids, torch's output). Sequence 12 > 8 buckets: the log buckets are used (the default
     exporter folds the [12, 12] bucketing itself). Sequence 128 with 256 buckets (DeBERTa-v3's): the
-    exporter keeps the bucketing, and its int64 clamp as ``Clip`` (passes.integer_clips)."""
+    exporter keeps the bucketing, and its int64 clamp as ``Clip`` (passes.integer_clips). With
+    DeBERTa-v3-base's 12 heads the index expanded to the heads is 196608 elements, over the fold's
+    bound in full but not stored (passes.fold_int_constants)."""
     transformers = pytest.importorskip("transformers")
-    seq, buckets = request.param
+    seq, buckets, heads = request.param
     config = transformers.DebertaV2Config(
-        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        vocab_size=100, hidden_size=64 if heads == 2 else 16 * heads, num_hidden_layers=2,
+        num_attention_heads=heads, intermediate_size=128,
         max_position_embeddings=max(64, seq), relative_attention=True, position_buckets=buckets,
         pos_att_type=["p2c", "c2p"], max_relative_positions=-1, type_vocab_size=0, norm_rel_ebd="layer_norm",
         share_att_key=True)

@@ -1370,3 +1370,40 @@ def test_reshape_of_a_permuted_value_is_a_view(monkeypatch):
     image = (x.astype("float64") @ w1).T.reshape(1, c, h, wd)
     want = conv2d_ref(image, wdw, padding=(1, 1, 1, 1), groups=c).reshape(1, c, h * wd).transpose(0, 2, 1)
     assert_close(got, want)
+
+
+def test_channels_last_concat_is_written_in_place():
+    """SegFormer's decode head: token maps [S, C] from denses, viewed as NHWC images (permute +
+    reshape), resized 2x (nearest, NHWC) but for the largest one (what an identity resize lowers to:
+    the reshape view), concatenated along the channels and read by a 1x1 conv. The concat's buffer is
+    NHWC, as its first producer writes: each map is copied into its channel run without a transpose
+    (oneDNN 3.2 resamples into a strided run only with its reference kernel, so the resizes write
+    dense), and the conv reads the buffer as it is (main: a oneDNN concat, then the conv reordered
+    it); the result matches numpy."""
+    h, wd, c = 3, 4, 8
+    x, x_big = rand(h * wd, 8), rand(4 * h * wd, 8)
+    w1, w2, w3, wf = rand(8, c), rand(8, c), rand(8, c), rand(4, 3 * c, 1, 1)
+    r = Region("channels_last_concat")
+    src, src_big = r.input(x.shape), r.input(x_big.shape)
+
+    def image(tokens, weight, rows, cols):
+        tok = r.node("dense", [tokens, r.const(weight)], (rows * cols, c), weight_layout="KN")
+        cs = r.node("permute", [r.node("reshape", [tok], (1, rows * cols, c))], (1, c, rows * cols), axes=[0, 2, 1])
+        return r.node("reshape", [cs], (1, c, rows, cols))
+
+    up = [r.node("resize", [image(src, w, h, wd)], (1, c, 2 * h, 2 * wd), algorithm="nearest") for w in (w1, w2)]
+    cat = r.node("concat", [up[0], image(src_big, w3, 2 * h, 2 * wd), up[1]], (1, 3 * c, 2 * h, 2 * wd), axis=1)
+    r.outputs = [r.node("conv2d", [cat, r.const(wf)], (1, 4, 2 * h, 2 * wd), padding=[0, 0, 0, 0])]
+    mod = r.module()
+    plan = mod["get_plan"]()
+    (note,) = [line for line in plan if line.startswith("note") and "(concat)" in line]
+    assert "written in place by their producers: []; copied: [0, 1, 2]" in note and "output [1,24,6,8]:acdb" in note
+    copies = [line for line in plan if line.startswith("run") and "(concat)" in line]
+    assert len(copies) == 3 and all(line.endswith("dst=[1,8,6,8]:acdb") for line in copies), copies  # same layout
+    (conv,) = [line for line in plan if line.startswith("run") and "(conv2d) |" in line]
+    assert "src=[1,24,6,8]:acdb" in conv, plan  # the buffer as it is, no reorder before the conv
+    assert not any(line.startswith("run") and "(conv2d): reorder of tensor" in line for line in plan), plan
+    (got,) = r.run(mod, x, x_big)
+    small = [(x.astype("float64") @ w).T.reshape(1, c, h, wd).repeat(2, axis=2).repeat(2, axis=3) for w in (w1, w2)]
+    big = (x_big.astype("float64") @ w3).T.reshape(1, c, 2 * h, 2 * wd)
+    assert_close(got, conv2d_ref(np.concatenate([small[0], big, small[1]], axis=1), wf))

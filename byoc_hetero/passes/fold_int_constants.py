@@ -8,11 +8,19 @@ frontend writes position ids and causal masks as ``arange``, ``expand_dims``, ``
 on llvm, and where it read a region's output (``shape_of``) it split the model into two regions.
 
 This pass evaluates such bindings with numpy, replaces their uses by constants and leaves the
-rest alone. It replaces only bindings whose result is an integer or bool tensor (or a shape) of at
-most :data:`MAX_ELEMENTS` elements. Small float steps between such bindings are evaluated too but
-not replaced: DeBERTa-v2's relative positions are int64 ``arange`` differences bucketed through
-float ``log`` / ``ceil`` / ``where`` and cast back to int64 (issue 39), its attention mask a float
-``ones`` cast to bool; the int64 positions and the bool mask become constants, and the float steps
+rest alone. It replaces only bindings whose result is an integer or bool tensor (or a shape) that
+*stores* at most :data:`MAX_ELEMENTS` elements: a value repeated along some dims (``broadcast_to``,
+``expand``, ``full``) is held as its :func:`stored` part (those dims cut to length 1) and a numpy
+view, element-wise steps compute on the stored parts, and a result larger than the bound in full but
+not stored becomes ``broadcast_to(constant, shape)`` (DeBERTa-v3-base's relative-position index,
+one [1, 128, 128] bucket table expanded to its 12 heads: 196608 elements in full, 16384 stored;
+:mod:`.gather_elements_as_take` reads it so). The bound is on the work, not on the declared size:
+each step evaluated computes at most :data:`MAX_ELEMENTS` elements (element-wise ones on the stored
+parts; views none; any other op, which writes its full result, only when that is within the bound).
+
+Small float steps between such bindings are evaluated too but not replaced: DeBERTa-v2's relative
+positions are int64 ``arange`` differences bucketed through float ``log`` / ``ceil`` / ``where`` and
+cast back to int64 (issue 39), its attention mask a float ``ones`` cast to bool; the int64 positions and the bool mask become constants, and the float steps
 between, read by nothing else, go with the dead code. Float steps that are never cast back are
 :mod:`.fold_weight_subgraphs`' job. weights are never folded (TVM's ``FoldConstant`` would also fold
 the transposes of every weight, measured 37 s on BERT-base, and change the layouts the rules see).
@@ -24,8 +32,18 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .._relax import static_shape
+from ..errors import CodegenError
+from ._ir import map_calls
+
 MAX_ELEMENTS = 1 << 16
-"""The largest folded result (elements): masks of a few sequences, position ids."""
+"""The most elements one evaluated step computes and one folded constant stores: 512 KiB of int64.
+Enough for masks of a few sequences, position ids, and a relative-position table of sequence 256
+(65536 positions, stored once however many heads read it); numpy's work per step and the constants
+the module carries stay that small. (Counting the declared size instead left DeBERTa-v3-base's
+index, 196608 elements at sequence 128, on llvm; folding it in full would carry 1.5 MB per index,
+which :mod:`.gather_elements_as_take` reduces to the one shared table anyway.) A table of a longer
+sequence (262144 positions at 512) stays computed at run time: on llvm, the report naming the op."""
 
 _BINARY = {
     "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
@@ -48,6 +66,21 @@ _UNARY = {
 }
 
 
+def _elementwise_ops() -> dict:
+    """Element-wise ops by name: each maps the call to the numpy function of its arguments."""
+    ops = {name: (lambda _call, fn=fn: fn) for name, fn in {**_BINARY, **_UNARY}.items()}
+    ops["relax.where"] = lambda _call: np.where
+    ops["relax.clip"] = lambda _call: np.clip
+    ops["relax.astype"] = lambda call: (lambda x, dtype=str(call.attrs.dtype): x.astype(dtype))
+    # integer division's rounding is the op's to define: only a float divide is evaluated
+    ops["relax.divide"] = lambda call: np.true_divide if str(getattr(call.ty, "dtype", "")).startswith("float") else None
+    return ops
+
+
+_ELEMENTWISE = _elementwise_ops()
+"""Element-wise ops (numpy broadcasting): evaluated on the stored parts of their arguments."""
+
+
 def _int(v) -> int | None:
     value = getattr(v, "value", v)
     value = getattr(value, "value", value)
@@ -59,15 +92,56 @@ def _ints(values) -> list[int] | None:
     return None if any(v is None for v in out) else out
 
 
+def stored(value) -> np.ndarray:
+    """The elements ``value`` stores: a numpy view with each dim it repeats along (stride 0, a
+    ``broadcast_to`` view's) cut to length 1; ``np.broadcast_to(stored(v), v.shape)`` is ``v``."""
+    value = np.asarray(value)
+    if value.ndim == 0:
+        return value  # (indexing would make it a numpy scalar)
+    return value[tuple(slice(0, 1) if step == 0 and n > 1 else slice(None)
+                       for step, n in zip(value.strides, value.shape))]
+
+
+def _elements(ty) -> int | None:
+    """The element count of a tensor type with a static shape, else None."""
+    shape = getattr(ty, "shape", None) if isinstance(ty, relax.TensorType) else None
+    dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
+    return None if dims is None else int(np.prod(dims, dtype=np.int64))
+
+
+_VIEWS = frozenset({"relax.broadcast_to", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
+                    "relax.reshape", "relax.full", "relax.ones", "relax.zeros", "relax.shape_of"})
+"""Ops evaluated as numpy views of their input (``full`` / ``ones`` / ``zeros``: of one element), which
+compute nothing: a ``reshape`` that needs a copy counts as work (:meth:`Evaluator.call`)."""
+
+
 class Evaluator:
     """Values of the bindings seen so far that are known (numpy arrays, or tuples for shapes).
 
     :meth:`call` evaluates one op on the known values with numpy (None when an argument is unknown
     or the op is not one read here); :mod:`.fold_weight_subgraphs` uses it for the index and layout
-    ops of float computations on constants alone."""
+    ops of float computations on constants alone. A value repeated along some dims is a numpy view
+    (:func:`stored`); element-wise ops compute on the stored parts. With ``max_work``, a step that
+    would compute more elements than that is not evaluated (None)."""
 
-    def __init__(self):
+    def __init__(self, max_work: int | None = None):
         self.known: dict[relax.Var, object] = {}
+        self.max_work = max_work
+
+    def _too_much(self, elements: int | None) -> bool:
+        return self.max_work is not None and elements is not None and elements > self.max_work
+
+    def _elementwise(self, fn, args: list):
+        """``fn`` of ``args`` computed on their stored parts, as a view of the full broadcast shape."""
+        if fn is None:
+            return None
+        arrays = [np.asarray(a) for a in args]
+        full = np.broadcast_shapes(*(a.shape for a in arrays))
+        parts = [stored(a) for a in arrays]
+        if self._too_much(int(np.prod(np.broadcast_shapes(*(p.shape for p in parts)), dtype=np.int64))):
+            return None
+        out = np.asarray(fn(*parts))
+        return out if out.shape == full else np.broadcast_to(out, full)
 
     def value(self, expr):
         if isinstance(expr, relax.Var):
@@ -96,6 +170,11 @@ class Evaluator:
             shape = getattr(call.args[0].ty, "shape", None)
             dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
             return tuple(dims) if dims is not None else None
+        if op not in _ELEMENTWISE and op not in _VIEWS and self._too_much(_elements(call.ty)):
+            return None  # it would write its whole result
+        if any(self._too_much(_elements(a.ty)) for a in call.args if not isinstance(a, relax.Var)):
+            if op in _ELEMENTWISE or op in _VIEWS:
+                return None  # of a large constant (a weight), which it would store whole
         if op == "relax.arange":
             bounds = [self.value(a) for a in call.args[:3]]
             if any(not isinstance(b, int) for b in bounds):
@@ -106,25 +185,21 @@ class Evaluator:
             return None
         if op == "relax.shape_to_tensor":
             return np.array(args[0], dtype="int64")
-        if op in _BINARY:
-            return _BINARY[op](np.asarray(args[0]), np.asarray(args[1]))
-        if op in _UNARY:
-            return _UNARY[op](np.asarray(args[0]))
-        if op == "relax.divide" and str(getattr(call.ty, "dtype", "")).startswith("float"):
-            return np.true_divide(args[0], args[1])  # integer division's rounding is the op's to define
-        if op == "relax.clip":
-            return np.clip(args[0], args[1], args[2])
+        if op in _ELEMENTWISE:
+            return self._elementwise(_ELEMENTWISE[op](call), args)
         if op in ("relax.ones", "relax.zeros") and isinstance(args[0], tuple):
-            return (np.ones if op == "relax.ones" else np.zeros)(args[0], dtype=str(call.attrs.dtype))
-        if op == "relax.where":
-            return np.where(args[0], args[1], args[2])
-        if op == "relax.astype":
-            return np.asarray(args[0]).astype(str(call.attrs.dtype))
-        if op == "relax.full":
-            return np.full(args[0], np.asarray(args[1]).reshape(()), dtype=str(call.attrs.dtype))
-        if op in ("relax.reshape", "relax.broadcast_to") and isinstance(args[1], tuple):
-            fn = np.reshape if op == "relax.reshape" else np.broadcast_to
-            return np.ascontiguousarray(fn(args[0], args[1]))
+            one = np.full((1,) * len(args[0]), 1 if op == "relax.ones" else 0, dtype=str(call.attrs.dtype))
+            return np.broadcast_to(one, args[0])
+        if op == "relax.full" and isinstance(args[0], tuple):
+            one = np.asarray(args[1]).reshape((1,) * len(args[0])).astype(str(call.attrs.dtype))
+            return np.broadcast_to(one, args[0])
+        if op == "relax.broadcast_to" and isinstance(args[1], tuple):
+            return np.broadcast_to(args[0], args[1])
+        if op == "relax.reshape" and isinstance(args[1], tuple):
+            try:
+                return np.reshape(args[0], args[1], copy=False)  # a view where the strides allow one
+            except ValueError:
+                return None if self._too_much(_elements(call.ty)) else np.reshape(args[0], args[1])
         if op == "relax.expand_dims":
             return np.expand_dims(args[0], tuple(int(a) for a in call.attrs.axis))
         if op == "relax.squeeze":
@@ -210,31 +285,56 @@ _LAYOUT = {"relax.strided_slice": _strided_slice, "relax.scatter_nd": _scatter_n
 ``_UNARY``."""
 
 
-def _small(var: relax.Var) -> bool:
-    """Whether ``var`` is not a tensor of more than :data:`MAX_ELEMENTS` elements (as far as known)."""
-    shape = getattr(var.ty, "shape", None) if isinstance(var.ty, relax.TensorType) else None
-    dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
-    return dims is None or int(np.prod(dims)) <= MAX_ELEMENTS
-
-
 def _foldable(var: relax.Var, value, floats: bool = False) -> bool:
-    """Whether ``value`` may stand for ``var``: a small tensor of ``var``'s static shape, of an integer
-    or bool dtype (``floats``: or a float one)."""
+    """Whether ``value`` may stand for ``var``: a tensor of ``var``'s static shape storing at most
+    :data:`MAX_ELEMENTS` elements (:func:`stored`), of an integer or bool dtype (``floats``: or a
+    float one)."""
     if not isinstance(value, np.ndarray) or not isinstance(var.ty, relax.TensorType):
         return False
     dtype = str(var.ty.dtype)
     kinds = ("int", "uint", "bool", "float") if floats else ("int", "uint", "bool")
-    if not dtype.startswith(kinds) or value.size > MAX_ELEMENTS:
+    if not dtype.startswith(kinds) or stored(value).size > MAX_ELEMENTS:
         return False
     shape = getattr(var.ty, "shape", None)
     dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
     return dims is not None and tuple(dims) == value.shape
 
 
+def _as_dtype(value: np.ndarray, dtype: str) -> np.ndarray:
+    """``value`` in ``dtype``, converting only its stored elements (a view stays a view)."""
+    part = stored(value).astype(dtype)
+    return part if part.shape == value.shape else np.broadcast_to(part, value.shape)
+
+
+def dense(value, dtype: str | None = None) -> np.ndarray:
+    """``value`` as a C-contiguous array of its own shape (a copy of a view): what a constant holds.
+    Not ``np.ascontiguousarray``, which makes a 0-d value 1-d: a scalar index folded as shape (1,)
+    made ViT's class-token ``take`` read [1, 1, C] where its type says [1, C] (issue 39)."""
+    return np.array(value, dtype=dtype, order="C")
+
+
+def _folded(value: np.ndarray, dtype: str) -> relax.Expr:
+    """The expression standing for a folded value: a constant, or ``broadcast_to`` of its stored part
+    where the value in full would be over :data:`MAX_ELEMENTS` elements."""
+    if value.size <= MAX_ELEMENTS:
+        return relax.const(dense(value), dtype)
+    part = relax.const(dense(stored(value)), dtype)
+    return relax.op.broadcast_to(part, relax.ShapeExpr([int(d) for d in value.shape]))
+
+
 @relax.expr_functor.mutator
 class Substitute(relax.PyExprMutator):
+    """Uses of the variables in ``table`` replaced by their expressions. Each must have its
+    variable's static shape where both are known: a use of another shape would leave the module
+    typed wrong (and the stages failing far from here), so a mismatch is a CodegenError here."""
+
     def __init__(self, table: dict, mod=None):
         super().__init__(mod)
+        for var, expr in table.items():
+            want, got = static_shape(var), static_shape(expr)
+            if want is not None and got is not None and want != got:
+                raise CodegenError(f"folding {var.name}: a value of shape {list(got)} for its declared "
+                                   f"shape {list(want)}")
         self.table = table
 
     def visit_var_(self, var):  # noqa: D102 - a use of a folded variable becomes its constant
@@ -252,12 +352,13 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     fn = mod[func]
     if not isinstance(fn, relax.Function) or not isinstance(fn.body, relax.SeqExpr):
         return mod
-    ev = Evaluator()
-    table: dict[relax.Var, relax.Expr] = {}
+    ev = Evaluator(max_work=MAX_ELEMENTS)
+    table: dict[relax.Var, relax.Expr] = {}  # uses replaced by a constant
+    rebound: dict[relax.Var, relax.Expr] = {}  # bindings whose value becomes broadcast_to(constant)
     for block in fn.body.blocks:
         for binding in block.bindings:
-            if not isinstance(getattr(binding, "value", None), relax.Call) or not _small(binding.var):
-                continue  # match_cast and the like; a large result (a weight's) is never evaluated
+            if not isinstance(getattr(binding, "value", None), relax.Call):
+                continue  # match_cast and the like
             try:
                 with np.errstate(all="ignore"):  # log(0) is -inf here as in the op
                     value = ev.call(binding.value)
@@ -269,13 +370,19 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
                 ev.known[binding.var] = value
             elif _foldable(binding.var, np.asarray(value), floats=True):
                 # each step rounded to its declared dtype (float32 math, as the op computes it)
-                value = np.asarray(value).astype(str(binding.var.ty.dtype))
+                dtype = str(binding.var.ty.dtype)
+                value = _as_dtype(np.asarray(value), dtype)
                 ev.known[binding.var] = value
                 if _foldable(binding.var, value):
-                    table[binding.var] = relax.const(value, str(binding.var.ty.dtype))
-    if not table:
+                    folded = _folded(value, dtype)
+                    (rebound if isinstance(folded, relax.Call) else table)[binding.var] = folded
+    if rebound:
+        fn = map_calls(fn, lambda var, _call: rebound.get(var))
+    if not table and not rebound:
         return mod
     new_fn = Substitute(table, mod).visit_expr(fn)
     mod = mod.clone()  # a pass does not change its input
     mod[func] = new_fn
+    if rebound:
+        mod = relax.transform.Normalize()(mod)
     return relax.transform.DeadCodeElimination([func])(mod)

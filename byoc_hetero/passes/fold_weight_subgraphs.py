@@ -30,7 +30,7 @@ import tvm
 from tvm import relax
 
 from .._relax import op_name, tensor_view
-from .fold_int_constants import Evaluator, Substitute
+from .fold_int_constants import Evaluator, Substitute, dense
 
 _UNARY = {"relax.abs": np.abs, "relax.sqrt": np.sqrt, "relax.exp": np.exp, "relax.negative": np.negative,
           "relax.rsqrt": lambda x: 1 / np.sqrt(x), "relax.square": np.square,
@@ -55,6 +55,17 @@ def _float(value) -> float:
     return float(getattr(value, "value", value))
 
 
+def _layer_norm(attrs, x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """``nn.layer_norm`` in float64: normalized over ``attrs.axes``, then scaled and shifted."""
+    axes = tuple(int(a) % x.ndim for a in attrs.axes)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=axes, keepdims=True)
+    out = (x64 - mean) / np.sqrt(x64.var(axis=axes, keepdims=True) + float(attrs.epsilon))
+    if bool(getattr(attrs, "scale", True)):
+        out = out * gamma
+    return out + beta if bool(getattr(attrs, "center", True)) else out
+
+
 def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
     """``call`` on numpy values, or None when it is not an op evaluated here."""
     name, out = op_name(call), None
@@ -66,6 +77,8 @@ def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
         out = np.clip(args[0], _float(call.args[1]), _float(call.args[2]))
     elif name == "relax.full_like":  # torchvision Swin-V2's qkv bias: its K third zeroed in every forward
         out = np.full_like(args[0], args[1])
+    elif name == "relax.nn.layer_norm":  # DeBERTa-v2's norm_rel_ebd: its relative embeddings, a weight
+        out = _layer_norm(call.attrs, *args[:3])
     elif name in _REDUCE:
         out = _REDUCE[name](args[0], axis=_axes(call.attrs, args[0].ndim), keepdims=bool(call.attrs.keepdims))
     elif name == "relax.permute_dims":
@@ -117,7 +130,7 @@ def _value(call: relax.Call, args: list[np.ndarray], ev: Evaluator) -> np.ndarra
         # a weight's transpose or reshape stays a view: never folded on its own, it is only read by a
         # computation it reaches (a C-ordered copy of every transposed weight was the build's peak)
         return value if value.shape == _static_dims(call.ty) else None
-    value = np.array(value, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
+    value = dense(value, dtype)
     return value if value.shape == _static_dims(call.ty) else None
 
 

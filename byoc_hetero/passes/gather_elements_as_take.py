@@ -12,7 +12,9 @@ What: ``gather_elements(x, index, axis)`` with a static ``x`` and a constant ``i
 all lie in ``[0, n)`` (``n`` = ``x``'s extent on ``axis``) is
 ``reshape(take(reshape(x, [outer, rest]), offsets, axis=1), index.shape)``. ``outer`` covers the
 leading dims along which ``index`` does not change and spans all of ``x`` (DeBERTa's heads: one
-index broadcast to every head), so the constant ``offsets`` hold one copy, not one per head.
+index broadcast to every head), so the constant ``offsets`` hold one copy, not one per head. The
+index is a constant, or ``broadcast_to`` of one (:mod:`.fold_int_constants` writes an index too large
+to store in full so: DeBERTa-v3-base's, one table for 12 heads).
 Anything else (an index computed at run time, one out of range) stays as it is: on llvm, the report
 naming the op.
 """
@@ -25,14 +27,15 @@ from tvm import relax
 
 from .._relax import constant_value, op_name, static_shape
 from ._ir import map_entry_calls
+from .fold_int_constants import stored
 
 
 def _shared_prefix(index: np.ndarray, data_shape: tuple[int, ...], axis: int) -> int:
     """How many leading dims of ``index`` (before ``axis``, each as long as ``data_shape``'s) it does
-    not change along."""
+    not change along (a broadcast view's repeated dims without comparing)."""
     prefix = 0
     while (prefix < axis and index.shape[prefix] == data_shape[prefix]
-           and (index == index.take([0], axis=prefix)).all()):
+           and (index.strides[prefix] == 0 or (index == index.take([0], axis=prefix)).all())):
         prefix += 1
     return prefix
 
@@ -44,7 +47,8 @@ def flat_offsets(index: np.ndarray, data_shape: tuple[int, ...], axis: int) -> t
     rank, n = len(data_shape), data_shape[axis]
     if index.ndim != rank or any(i > d for a, (i, d) in enumerate(zip(index.shape, data_shape)) if a != axis):
         return None
-    if index.size and (index.min() < 0 or index.max() >= n):
+    values = stored(index)
+    if values.size and (values.min() < 0 or values.max() >= n):
         return None  # what the op makes of them is not for this pass to guess
     prefix = _shared_prefix(index, data_shape, axis)
     inner = index[(0,) * prefix]
@@ -54,11 +58,23 @@ def flat_offsets(index: np.ndarray, data_shape: tuple[int, ...], axis: int) -> t
     return prefix, np.asarray(offsets, dtype=np.int64)
 
 
-def _as_take(_var: relax.Var, call: relax.Call, _lookup) -> relax.Expr | None:
+def _index_value(index: relax.Expr, lookup) -> np.ndarray | None:
+    """A constant index, or one bound to ``broadcast_to(constant, shape)`` (how
+    :mod:`.fold_int_constants` writes a folded index repeated over heads) as a numpy view."""
+    value = constant_value(index)
+    bound = lookup(index) if value is None and isinstance(index, relax.Var) else None
+    if isinstance(bound, relax.Call) and op_name(bound) == "relax.broadcast_to":
+        part, shape = constant_value(bound.args[0]), static_shape(bound)
+        if part is not None and shape is not None:
+            value = np.broadcast_to(part, shape)
+    return value
+
+
+def _as_take(_var: relax.Var, call: relax.Call, lookup) -> relax.Expr | None:
     if op_name(call) != "relax.gather_elements":
         return None
     data, index = call.args
-    shape, values = static_shape(data), constant_value(index)
+    shape, values = static_shape(data), _index_value(index, lookup)
     if shape is None or values is None or not shape or np.asarray(values).dtype.kind not in "iu":
         return None
     axis = int(call.attrs.axis) % len(shape)

@@ -101,7 +101,42 @@ memory::desc ConcatInPlace::ConcatSliceLayout(size_t n) const {
   if (buffer == concat_out_.end()) return {};
   const std::vector<int64_t>& shape = g_.tensors[t].shape;
   // a family's buffer is blocked only where every input is whole blocks (FindConcatFamilies)
-  return SliceLayoutDesc(memory::dims(shape.begin(), shape.end()), buffer->second.layout);
+  return SliceOf(buffer->second, memory::dims(shape.begin(), shape.end()), concat_axis_.at(target->second.concat),
+                 target->second.offset).md;
+}
+
+bool ConcatInPlace::ClaimChannelsLast(size_t n, const OperandLayout& layout) {
+  const int t = g_.nodes[n].output;
+  const auto target = slice_targets_.find(t);
+  if (target == slice_targets_.end()) return false;
+  const size_t c = target->second.concat;
+  const std::vector<int64_t>& out_shape = g_.tensors[g_.nodes[c].output].shape;
+  const std::vector<int64_t>& shape = g_.tensors[t].shape;
+  const memory::dims dims(shape.begin(), shape.end());
+  if (concat_out_.count(c) != 0 || family_root_.count(c) != 0 || concat_axis_.at(c) != 1 || out_shape.size() != 4 ||
+      layout.want != memory::desc(dims, memory::data_type::f32, memory::format_tag::acdb)) {
+    return false;
+  }
+  const memory::desc md(memory::dims(out_shape.begin(), out_shape.end()), memory::data_type::f32,
+                        memory::format_tag::acdb);
+  concat_out_.emplace(c, ConcatBuffer{md, SliceLayout::kChannelsLast, buffers_.Own(false, md, "")});
+  return true;
+}
+
+ConcatInPlace::Run ConcatInPlace::SliceOf(const ConcatBuffer& buffer, const memory::dims& dims, int64_t axis,
+                                          int64_t offset) {
+  const size_t at_channel = static_cast<size_t>(offset) * sizeof(float);
+  if (buffer.layout == SliceLayout::kChannelsLast) {  // the buffer's strides; channels are innermost
+    // its elements span from its first channel to the buffer's end (oneDNN's size of a strided
+    // desc counts from the base as if the outermost stride were whole)
+    return {memory::desc(dims, memory::data_type::f32, buffer.md.get_strides()), at_channel,
+            buffer.md.get_size() - at_channel};
+  }
+  const memory::dims out = buffer.md.get_dims();
+  int64_t inner = 1;  // elements per unit of the axis (the leading dims are 1)
+  for (size_t d = static_cast<size_t>(axis) + 1; d < out.size(); ++d) inner *= out[d];
+  const memory::desc md = SliceLayoutDesc(dims, buffer.layout);
+  return {md, static_cast<size_t>(offset * inner) * sizeof(float), md.get_size()};
 }
 
 bool ConcatInPlace::IsConcatStorage(int slot) const {
@@ -140,6 +175,16 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
   if (target == slice_targets_.end()) return false;
   const size_t c = target->second.concat;
   const int64_t axis = concat_axis_.at(c);
+  const std::vector<int64_t>& shape = g_.tensors[t].shape;
+  const memory::dims dims(shape.begin(), shape.end());
+  auto found = concat_out_.find(c);
+  if (found != concat_out_.end() && found->second.layout == SliceLayout::kChannelsLast) {
+    // the kernel writes its strided run of the channels-last buffer (ClaimChannelsLast), or nothing in place
+    const Run run = SliceOf(found->second, dims, axis, target->second.offset);
+    if (layout.want != run.md) return false;
+    PlaceInConcat(t, layout, buffers_.Slice(found->second.slot, run.bytes, run.offset), out);
+    return true;
+  }
   const std::optional<SliceLayout> kind = SliceLayoutOf(layout.want, axis);
   if (!kind) return false;
   const NodeInfo& concat = g_.nodes[c];
@@ -147,8 +192,7 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
   const memory::dims out_dims(out_shape.begin(), out_shape.end());
   const int64_t block = *kind == SliceLayout::kBlocked8 ? 8 : *kind == SliceLayout::kBlocked16 ? 16 : 1;
   auto whole_blocks = [&](int64_t v) { return v % block == 0; };
-  if (!whole_blocks(target->second.offset) || !whole_blocks(g_.tensors[t].shape[axis])) return false;
-  auto found = concat_out_.find(c);
+  if (!whole_blocks(target->second.offset) || !whole_blocks(shape[axis])) return false;
   if (found == concat_out_.end()) {
     // every input's run must be whole blocks too (the copied ones are written through
     // sub-memories), and the buffer must have no padding
@@ -161,10 +205,12 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
   } else if (found->second.layout != *kind) {
     return false;
   }
-  int64_t inner = 1;  // elements per unit of the axis (the leading dims are 1)
-  for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
-  const int slot = buffers_.Slice(found->second.slot, layout.want.get_size(),
-                                  static_cast<size_t>(target->second.offset * inner) * sizeof(float));
+  const Run run = SliceOf(found->second, dims, axis, target->second.offset);
+  PlaceInConcat(t, layout, buffers_.Slice(found->second.slot, layout.want.get_size(), run.offset), out);
+  return true;
+}
+
+void ConcatInPlace::PlaceInConcat(int t, const OperandLayout& layout, int slot, MemRef* out) {
   ValueState& v = values_[t];
   v.is_const = false;
   v.plain_md = layout.view;
@@ -173,7 +219,6 @@ bool ConcatInPlace::WriteIntoConcat(size_t n, const OperandLayout& layout, MemRe
   v.plain = layout.want == layout.view ? slot : -1;
   written_in_place_.insert(t);
   *out = {layout.want, slot};
-  return true;
 }
 
 std::string ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
@@ -194,9 +239,6 @@ std::string ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
   v.plain = v.storage_md == v.plain_md ? v.storage : -1;
   std::string free_inputs, copied, earlier;
   auto append = [](std::string* list, size_t k) { *list += (list->empty() ? "" : ", ") + std::to_string(k); };
-  const std::vector<int64_t>& out_shape = g_.tensors[node.output].shape;
-  int64_t inner = 1;  // elements per unit of the axis
-  for (size_t d = static_cast<size_t>(axis) + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
   int64_t offset = 0;
   for (size_t k = 0; k < node.inputs.size(); ++k) {
     const int t = node.inputs[k];
@@ -210,9 +252,9 @@ std::string ConcatInPlace::PlanConcat(size_t n, const Kernel& kernel) {
       // The input's run of the buffer is contiguous (leading dims 1, whole channel blocks): a dense
       // tensor of its own, which oneDNN reorders with its fast kernels (into a sub-memory of the
       // whole buffer it took as long as the batch norm reading the whole buffer: DenseNet-121).
-      const memory::desc slice_md = SliceLayoutDesc(dims, buffer.layout);
-      const MemRef dst{slice_md, buffers_.Slice(buffer.slot, slice_md.get_size(),
-                                                static_cast<size_t>(offset * inner) * sizeof(float))};
+      // In a channels-last buffer the run is a strided view of it.
+      const Run run = SliceOf(buffer, dims, axis, offset);
+      const MemRef dst{run.md, buffers_.Slice(buffer.slot, run.bytes, run.offset)};
       const ValueState& in = values_[t];
       MemRef src;
       if (!in.is_const && in.storage_md.get_dims() == dims) {

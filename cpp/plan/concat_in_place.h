@@ -57,11 +57,26 @@ class ConcatInPlace {
   memory::desc ConcatSliceLayout(size_t n) const;
 
   /*!
+   * \brief Node n's kernel writes \p layout.  When that is channels-last (acdb) and n's output is
+   *        an input of a concat along the channels of a rank-4 tensor whose buffer is not decided
+   *        yet, the concat's buffer becomes channels-last (acdb), the layout its producers write and
+   *        a conv reading it wants (SegFormer's decode head: four NHWC maps, read by a 1x1 conv), so
+   *        that neither side transposes.  Each input is then copied into its run, a strided channel
+   *        slice (a same-layout jit reorder), unless its kernel writes exactly that run
+   *        (ConcatSliceLayout is its hint): oneDNN 3.2's resampling has only its reference
+   *        implementation for a strided destination (ref:any), so the resizes write dense.
+   *        Returns whether it made the buffer.
+   */
+  bool ClaimChannelsLast(size_t n, const OperandLayout& layout);
+
+  /*!
    * \brief Node n's output is a concat input (FindConcatSlices) and the kernel writes it in a
    *        layout whose slice of the concat's buffer is a contiguous run: give the kernel that
    *        run (a slice buffer, PrivateBuffer::parent) as its output.  The first producer decides
    *        the concat's buffer layout (its own); later ones must write the same.  In a
-   *        channel-blocked layout, the slice's offset and extent must be whole blocks.
+   *        channel-blocked layout, the slice's offset and extent must be whole blocks; in a
+   *        channels-last buffer (ClaimChannelsLast) the run is strided and the kernel must write
+   *        exactly that strided desc.
    */
   bool WriteIntoConcat(size_t n, const OperandLayout& layout, MemRef* out);
 
@@ -74,8 +89,9 @@ class ConcatInPlace {
   std::string PlanConcat(size_t n, const Kernel& kernel);
 
  private:
-  /*! \brief A layout whose slices along one axis are contiguous runs of bytes. */
-  enum class SliceLayout { kPlain, kBlocked8, kBlocked16 };
+  /*! \brief A layout whose slices along one axis are contiguous runs of bytes, or (channels-last,
+   *         axis 1) runs of channels at a stride: every slice is a strided view of the buffer. */
+  enum class SliceLayout { kPlain, kBlocked8, kBlocked16, kChannelsLast };
 
   /*! \brief A concat input its producer may write straight into the concat's buffer. */
   struct SliceTarget {
@@ -105,6 +121,17 @@ class ConcatInPlace {
   /*! \brief The SliceLayout \p md is in (f32, dims as they are), if any. */
   static std::optional<SliceLayout> SliceLayoutOf(const memory::desc& md, int64_t axis);
   static memory::desc SliceLayoutDesc(const memory::dims& dims, SliceLayout layout);
+  /*! \brief Where an input lies in its concat's buffer: its desc (dense, or strided like a
+   *         channels-last buffer), byte offset, and the bytes from there its elements span. */
+  struct Run {
+    memory::desc md;
+    size_t offset;
+    size_t bytes;
+  };
+  /*! \brief The Run of \p buffer holding an input of \p dims that starts \p offset along \p axis. */
+  static Run SliceOf(const ConcatBuffer& buffer, const memory::dims& dims, int64_t axis, int64_t offset);
+  /*! \brief Tensor t is written into \p slot (a run of its concat's buffer) under \p layout. */
+  void PlaceInConcat(int t, const OperandLayout& layout, int slot, MemRef* out);
 
   const RegionGraph& g_;
   ValueTable& values_;

@@ -13,6 +13,8 @@ away from zero. A Relax resize2d runs here only where its attributes compute exa
   whole multiple of the input's: then o = q*k + r (0 <= r < k) maps to q + (r + 0.5) / k - 0.5, strictly
   within (q - 0.5, q + 0.5), so no rounding rule can differ and floor(o / k) = q as well.
 
+A resize to the input's own size is the identity under each of these mappings: lowered as a view.
+
 Everything else — ``align_corners`` (oneDNN has no such mapping), ``asymmetric`` linear,
 ``tf_half_pixel_for_nn``, other rounding modes, ``cubic``, layouts other than NCHW, non-float32 —
 stays on llvm with its reason.
@@ -70,6 +72,12 @@ def check_resize(match: Match) -> str | None:
 
 @lowers("relax.image.resize2d", check=check_resize)
 def lower_resize(ctx, var: relax.Var, call: relax.Call) -> int:
+    """A ``resize`` node; a resize to the input's own size (SegFormer's decode head brings its
+    first map to the size it has) a ``reshape`` node to the same shape: a view, no copy. Every
+    mapping accepted here (:func:`resize_reason`) takes an output coordinate o of an unscaled axis
+    to o exactly (half_pixel: (o + 0.5) * 1 - 0.5), so both algorithms read the input element there."""
+    if static_shape(call.args[0]) == static_shape(call):
+        return ctx.emit("reshape", [ctx.data_of(call.args[0])], var, {})
     algorithm = "linear" if str(call.attrs.method) == "linear" else "nearest"
     return ctx.emit("resize", [ctx.data_of(call.args[0])], var, {"algorithm": algorithm})
 
