@@ -58,6 +58,13 @@ def pytest_report_header(config):
     return [cpu_summary(), f"byoc_hetero fuzz seed: {fuzz_seed()} (repeat with BYOC_FUZZ_SEED={fuzz_seed()})"]
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The machine again at the end: ``-q`` (the README's command) hides the header, and a CI log is read from
+    its end (which oneDNN ISA and CPU flags ran decides which ISA-capped tests ran or skipped)."""
+    if not hasattr(config, "workerinput"):
+        terminalreporter.write_line(cpu_summary())
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under a failing fuzz test, the seed that repeats it."""
