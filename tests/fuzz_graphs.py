@@ -40,7 +40,7 @@ import tvm
 from hypothesis import strategies as st
 from tvm import relax
 
-from byoc_hetero.quant.weight_only import emit_weight_only_dense, quantize_matrix
+from byoc_hetero.quant.weight_only import emit_weight_only_dense, emit_weight_only_take, quantize_matrix
 
 R = relax.op
 F32 = "float32"
@@ -62,9 +62,9 @@ INT8_KINDS = ("int8", "int8_chain", "int8_dynamic")
 INT8_TAILS = ("chain", "none", "sigmoid", "hardswish", "silu", "gate", "add", "softmax", "table", "attention")
 """What may follow a fuzzed int8 anchor (fuzz_graphs int8_tail)."""
 KINDS = KINDS + INT8_KINDS
-#: Kinds drawn only when asked for: a dense on weight-only int8 / int4 codes (quant/weight_only.py),
+#: Kinds drawn only when asked for: a dense / a lookup on weight-only int8 / int4 codes (quant/weight_only.py),
 #: which the float steps' default mix leaves out so that their derandomized draws stay as they were.
-WEIGHT_ONLY_KINDS = ("dense_wq",)
+WEIGHT_ONLY_KINDS = ("dense_wq", "take_wq")
 KINDS = KINDS + WEIGHT_ONLY_KINDS
 #: Kinds drawn only when asked for, for the same reason: a constant pad of any axes with any value
 #: (the runtime's ``pad`` node; Swin-V2's window pad of ``[N, H, W, C]``).
@@ -1021,6 +1021,18 @@ def graphs(draw, max_ops: int = 6, wide: bool = False, kinds: tuple[str, ...] | 
             used.add(src)
             y = emit_weight_only_dense(bb, src, codes, parts)
             recipe.steps.append(f"dense_wq(bits={bits}, out={out}, zero_points={zero_points})")
+            keep(y)
+        elif kind == "take_wq":  # an embedding lookup on weight-only codes: ids (an int input) pick table rows
+            rows, k_dim = draw(st.integers(1, 40)), draw(st.sampled_from([16, 32, 48, 64]))
+            bits = draw(st.sampled_from([4, 8]))
+            block = draw(st.sampled_from([None, 16, k_dim])) if bits == 8 else 16
+            zero_points = draw(st.booleans())
+            codes = quantize_matrix(rng.standard_normal((rows, k_dim)).astype(F32) * 0.5, bits, block, zero_points,
+                                    draw(st.sampled_from(["float32", "float16"])))
+            parts = [relax.const(a) for a in (codes.codes, codes.scales, codes.zero_points) if a is not None]
+            ids = rng.integers(0, rows, draw(st.integers(1, 6))).astype("int64")
+            y = emit_weight_only_take(bb, param(ids.shape, "int64", ids), codes, parts)
+            recipe.steps.append(f"take_wq(bits={bits}, rows={rows}, k={k_dim}, block={block}, ids={ids.size})")
             keep(y)
         elif kind == "int8":
             return int8_step()

@@ -365,6 +365,18 @@ def test_weight_only_dense_offloaded_equals_llvm(case):
     assert any(n["op"] == "dense_wq" for n in nodes), recipe
 
 
+@fuzzed(6)
+@given(case=graphs(max_ops=1, kinds=("take_wq", "act")))
+def test_weight_only_take_offloaded_equals_llvm(case):
+    """An embedding lookup on int8 / int4 codes (per row or blocks of 16 / K, symmetric or with zero points,
+    float32 / float16 scales), maybe followed by a float step: one take_wq node, against llvm's
+    dequantize-the-table-then-take (the kernel dequantizes only the rows looked up: exact either way)."""
+    mod, inputs, recipe = case
+    part = differential(mod, inputs, require_heavy_op=False)
+    nodes = [n for m in part.attrs.get("external_mods", []) for n in region_graph_json(m)["nodes"]]
+    assert any(n["op"] == "take_wq" for n in nodes), recipe
+
+
 @fuzzed(3)
 @given(case=graphs(max_ops=0, kinds=("int8_dynamic",)))
 def test_int8_dynamic_offloaded_equals_llvm(case):

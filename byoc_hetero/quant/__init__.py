@@ -167,6 +167,25 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
         raise QuantizationError("no layer to quantize: no conv2d (NCHW/OIHW) or matmul whose weight is a "
                                 "parameter or whose operands are both activations"
                                 + (f" (kept float: {', '.join(k.name for k in kept)})" if kept else ""))
+    qparams, floats = _calibrate(mod, params, the_plan, samples, method, percentile, activation_dtype, calibrate_on)
+    new_func, new_values, scales = insert_qdq(func, the_plan, qparams, params, per_channel)
+    out_mod = mod.clone()
+    out_mod["main"] = new_func
+    gone = replaced_weights(func, new_func)
+    out_params = {k: v for k, v in params.items() if k not in gone} | new_values
+    error = _measure(out_mod, out_params, samples, floats, calibrate_on)
+    result = QuantizedModel(out_mod, out_params, error, _layer_report(the_plan.layers, qparams, the_plan.points, scales),
+                            [k.name for k in kept], method, activation_dtype)
+    if verbose:
+        print(f"bh.quantize: {result.summary()}", file=sys.stdout)
+    return result
+
+
+def _calibrate(mod: tvm.IRModule, params: Mapping[str, np.ndarray], the_plan: Any, samples: list[list[np.ndarray]],
+               method: str, percentile: float, activation_dtype: str, calibrate_on: str) -> tuple[dict, list]:
+    """Run the calibration: one observer build returning every activation the plan quantizes, run on each
+    sample. Returns (each observed var -> (scale, zero point, dtype), the float outputs of each sample)."""
+    func = mod["main"]
     order = {p: -len(func.params) + i for i, p in enumerate(func.params)} | tensor_index(func)
     observed = sorted({v for v in the_plan.points.values()}, key=lambda v: order[v])
     vm = build_observer(mod, params, observed, calibrate_on)
@@ -180,17 +199,7 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
     for i, var in enumerate(observed):
         scale, zp = activation_qparams(*stats.range(i, method, percentile), activation_dtype)
         qparams[var] = (scale, zp, activation_dtype)
-    new_func, new_values, scales = insert_qdq(func, the_plan, qparams, params, per_channel)
-    out_mod = mod.clone()
-    out_mod["main"] = new_func
-    gone = replaced_weights(func, new_func)
-    out_params = {k: v for k, v in params.items() if k not in gone} | new_values
-    error = _measure(out_mod, out_params, samples, floats, calibrate_on)
-    result = QuantizedModel(out_mod, out_params, error, _layer_report(the_plan.layers, qparams, the_plan.points, scales),
-                            [k.name for k in kept], method, activation_dtype)
-    if verbose:
-        print(f"bh.quantize: {result.summary()}", file=sys.stdout)
-    return result
+    return qparams, floats
 
 
 def _measure(mod: tvm.IRModule, params: Mapping[str, np.ndarray], samples: list[list[np.ndarray]],
