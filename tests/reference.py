@@ -28,3 +28,13 @@ def conv2d_nchw(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), grou
 
 def relu(x):
     return np.maximum(x, 0)
+
+
+def step_logits(gen, tokens: np.ndarray, n: int) -> np.ndarray:
+    """A generator's logits for the prefill of ``tokens[:, :n]``, then for each later token fed one decode
+    step at a time (``gen.step`` on a fresh cache): what a test compares with a full-sequence reference."""
+    cache = gen.new_cache(1)
+    rows = [gen.step(tokens[:, :n], np.array([0]), np.array([n]), cache)[0]]
+    for pos in range(n, tokens.shape[1]):
+        rows.append(gen.step(tokens[:, pos:pos + 1], np.array([pos]), np.array([1]), cache)[0])
+    return np.stack(rows)

@@ -20,6 +20,7 @@ import tvm
 from tvm import relax
 
 import byoc_hetero as bh
+from reference import step_logits
 from byoc_hetero.quant.weight_only import WeightCodes, dequantize_codes, quantize_matrix, quantize_weights
 
 create = tvm.get_global_func("byoc_hetero.runtime.create")
@@ -180,14 +181,6 @@ def _hf_folder(tmp_path_factory, tied: bool) -> str:
     return _FOLDERS[tied]
 
 
-def _step_logits(gen, tokens: np.ndarray, n: int) -> np.ndarray:
-    cache = gen.new_cache(1)
-    rows = [gen.step(tokens[:, :n], np.array([0]), np.array([n]), cache)[0]]
-    for pos in range(n, tokens.shape[1]):
-        rows.append(gen.step(tokens[:, pos:pos + 1], np.array([pos]), np.array([1]), cache)[0])
-    return np.stack(rows)
-
-
 def _region_graphs(part) -> list[dict]:
     from byoc_hetero._relax import region_table
 
@@ -218,13 +211,13 @@ def test_gguf_embedding_reads_the_codes_with_the_dequantized_tables_logits(tmp_p
         assert any(n["op"] == "dense_wq" and n["inputs"][1] == take["inputs"][1] for n in graph["nodes"])
     gen = bh.llm.from_gguf(path, max_length=LENGTH)
     tokens = gen.generate(PROMPT, max_new_tokens=8)
-    got = _step_logits(gen, tokens[:, :-1], PROMPT.shape[1])
+    got = step_logits(gen, tokens[:, :-1], PROMPT.shape[1])
     for rule in ("take_wq8", "take_wq4"):
         bh.unregister_pattern("onednn", rule)
     table_part = bh.llm.gguf.partitioned_gguf(path, max_length=LENGTH)[0]
     assert not any(n["op"] == "take_wq" for g in _region_graphs(table_part) for n in g["nodes"])
     reference = bh.llm.from_gguf(path, max_length=LENGTH)
-    np.testing.assert_array_equal(got, _step_logits(reference, tokens[:, :-1], PROMPT.shape[1]))
+    np.testing.assert_array_equal(got, step_logits(reference, tokens[:, :-1], PROMPT.shape[1]))
     np.testing.assert_array_equal(reference.generate(PROMPT, max_new_tokens=8), tokens)
 
 

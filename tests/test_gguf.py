@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import byoc_hetero as bh
+from reference import step_logits
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -77,15 +78,6 @@ def _file(hf_folder, tmp_path, fmt: str) -> str:
     return gguf_write.write_gguf(hf_folder[0], str(tmp_path / f"m.{fmt}.gguf"), fmt)
 
 
-def _step_logits(gen, tokens: np.ndarray, n: int) -> np.ndarray:
-    """Logits of the prefill of ``tokens[:, :n]`` then of each later token fed one step at a time."""
-    cache = gen.new_cache(1)
-    rows = [gen.step(tokens[:, :n], np.array([0]), np.array([n]), cache)[0]]
-    for pos in range(n, tokens.shape[1]):
-        rows.append(gen.step(tokens[:, pos:pos + 1], np.array([pos]), np.array([1]), cache)[0])
-    return np.stack(rows)
-
-
 def _torch_logits(model, tokens: np.ndarray, n: int) -> np.ndarray:
     with torch.no_grad():
         return model(torch.tensor(tokens)).logits[0, n - 1:].numpy()
@@ -126,7 +118,7 @@ def test_other_families_f32_equal_transformers(tmp_path_factory, tmp_path, famil
     gen = bh.llm.from_gguf(_file(hf, tmp_path, "f32"), max_length=LENGTH)
     tokens = hf[1].generate(torch.tensor(PROMPT), max_new_tokens=20, do_sample=False).numpy()[:, :-1]
     n = PROMPT.shape[1]
-    _close(_step_logits(gen, tokens, n), _torch_logits(hf[1], tokens, n), 1e-4)  # positions up to 25 > 8
+    _close(step_logits(gen, tokens, n), _torch_logits(hf[1], tokens, n), 1e-4)  # positions up to 25 > 8
 
 
 @pytest.mark.parametrize("fmt", ["f16", "bf16"])
@@ -147,7 +139,7 @@ def test_f16_bf16_files_equal_their_weights_in_float(one_folder, tmp_path, monke
     assert types == {"F32", fmt.upper()}, types
     tokens = one_folder[1].generate(torch.tensor(PROMPT), max_new_tokens=6, do_sample=False).numpy()[:, :-1]
     n = PROMPT.shape[1]
-    got = _step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n)
+    got = step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n)
     _close(got, _torch_logits(_dequantized_model(path, one_folder[1]), tokens, n), 1e-4)
 
 
@@ -172,7 +164,7 @@ def test_f32_file_logits_and_tokens_equal_transformers(hf_folder, tmp_path):
     np.testing.assert_array_equal(gen.generate(PROMPT, max_new_tokens=10), want)
     n = PROMPT.shape[1]
     floats = _torch_logits(model, want[:, :-1], n)
-    got = _step_logits(gen, want[:, :-1], n)
+    got = step_logits(gen, want[:, :-1], n)
     _close(got, floats, 1e-4)
     top2 = np.sort(floats, axis=-1)[:, -2:]  # the token equality is not vacuous: margins above the error
     assert (top2[:, 1] - top2[:, 0]).min() > 10 * np.abs(got - floats).max()
@@ -192,13 +184,13 @@ def test_quantized_file_runs_its_codes(hf_folder, tmp_path, fmt, float_bound, mo
     n = PROMPT.shape[1]
     gen = bh.llm.from_gguf(path, max_length=LENGTH)
     assert gen.weights == f"gguf:{fmt}"
-    error = _close(_step_logits(gen, tokens, n), _torch_logits(model, tokens, n), float_bound)
+    error = _close(step_logits(gen, tokens, n), _torch_logits(model, tokens, n), float_bound)
     assert error > 1e-4  # the file is quantized: its logits are not the float model's
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")
-    got = _step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n)
+    got = step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n)
     _close(got, _torch_logits(_dequantized_model(path, model), tokens, n), 1e-4)
     f32 = bh.llm.from_gguf(path, max_length=LENGTH, weights="f32")
-    _close(_step_logits(f32, tokens, n), got, 1e-4)
+    _close(step_logits(f32, tokens, n), got, 1e-4)
     assert _node_counts(path)["dense_wq"] == 7 * CONFIG["num_hidden_layers"] + 1  # q k v o gate up down, head
     assert _node_counts(path, weights="f32")["dense_wq"] == 0
 
@@ -230,8 +222,8 @@ def test_tied_lm_head_is_a_dense_wq_on_the_embeddings_codes(tmp_path_factory, tm
     assert heads[0][1]["dtype"] in ("int8", "uint8"), heads
     tokens = model.generate(torch.tensor(PROMPT), max_new_tokens=8, do_sample=False).numpy()[:, :-1]
     n = PROMPT.shape[1]
-    want = _step_logits(bh.llm.from_gguf(path, max_length=LENGTH, weights="f32"), tokens, n)
-    error = _close(_step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n), want, bound)
+    want = step_logits(bh.llm.from_gguf(path, max_length=LENGTH, weights="f32"), tokens, n)
+    error = _close(step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n), want, bound)
     assert error > 1e-6  # the int8 activations round: not the float run itself
 
 
@@ -315,7 +307,7 @@ def test_zero_and_nan_block_scales(one_folder, tmp_path, fmt, monkeypatch):
     tokens = one_folder[1].generate(torch.tensor(PROMPT), max_new_tokens=4, do_sample=False).numpy()[:, :-1]
     n = PROMPT.shape[1]
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")  # the exact float path: compared with the dequantized model
-    got = _step_logits(bh.llm.from_gguf(zeroed, max_length=LENGTH), tokens, n)
+    got = step_logits(bh.llm.from_gguf(zeroed, max_length=LENGTH), tokens, n)
     _close(got, _torch_logits(_dequantized_model(str(zeroed), one_folder[1]), tokens, n), 1e-4)
     data[t.offset + 3 * block:t.offset + 3 * block + 2] = np.float16(np.nan).tobytes()
     zeroed.write_bytes(bytes(data))
@@ -415,7 +407,7 @@ def test_q2_k_q3_k_iq4_nl_denses_run_their_codes(one_folder, tmp_path, monkeypat
     assert gen.weights == "gguf:iq4_nl+q2_k+q3_k+q8_0", gen.weights
     tokens = np.concatenate([PROMPT, np.array([[9, 250, 31]])], axis=1)
     n = PROMPT.shape[1]
-    _close(_step_logits(gen, tokens, n), _torch_logits(_dequantized_model(path, one_folder[1]), tokens, n), 1e-4)
+    _close(step_logits(gen, tokens, n), _torch_logits(_dequantized_model(path, one_folder[1]), tokens, n), 1e-4)
     assert _node_counts(path)["dense_wq"] == 7 * CONFIG["num_hidden_layers"] + 1
 
 
@@ -441,7 +433,7 @@ def test_k_quant_file_runs_its_codes(tmp_path_factory, tmp_path, monkeypatch, fm
     reference = _torch_logits(_dequantized_model(path, model), tokens, n)
     gen = bh.llm.from_gguf(path, max_length=LENGTH)
     assert gen.weights == "gguf:" + "+".join(sorted([fmt, fallback, "q6_k"]))
-    got = _step_logits(gen, tokens, n)
+    got = step_logits(gen, tokens, n)
     error = _close(got, reference, 1e-1)
     top2 = np.sort(reference, axis=-1)[:, -2:]
     sure = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(got - reference).max()
@@ -456,8 +448,8 @@ def test_k_quant_file_runs_its_codes(tmp_path_factory, tmp_path, monkeypatch, fm
                if node["op"] == "dense_wq"]
     assert offsets.count(1) == 6 * 2 + (2 if fallback == "q5_1" else 0), offsets
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "f32")
-    _close(_step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n), reference, 1e-4)
-    _close(_step_logits(bh.llm.from_gguf(path, max_length=LENGTH, weights="f32"), tokens, n), reference, 1e-4)
+    _close(step_logits(bh.llm.from_gguf(path, max_length=LENGTH), tokens, n), reference, 1e-4)
+    _close(step_logits(bh.llm.from_gguf(path, max_length=LENGTH, weights="f32"), tokens, n), reference, 1e-4)
 
 
 def test_k_quant_bad_files_name_the_tensor(tmp_path_factory, tmp_path, monkeypatch):
