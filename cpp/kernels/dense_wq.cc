@@ -60,12 +60,7 @@ void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, const 
 /*! \brief Attrs and input shapes, checked; failures name the attr or input. */
 WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
   WqShape s;
-  s.bits = static_cast<int>(attrs.Int("bits", 0));
-  if (s.bits != 4 && s.bits != 8) attrs.Fail("bits", "expected 4 or 8, got " + std::to_string(s.bits));
-  s.block = attrs.Int("block", 0);
-  s.has_zero_point = attrs.Flag("has_zero_point", false);
-  s.has_offset = attrs.Flag("has_offset", false);
-  if (s.has_zero_point && s.has_offset) attrs.Fail("has_offset", "expected zero points or offsets, not both");
+  wq::ReadCodeAttrs(attrs, &s);
   const size_t base = 3 + (s.has_zero_point ? 1 : 0) + (s.has_offset ? 1 : 0);
   s.has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == base + 1);
   attrs.CheckNoUnknown();

@@ -135,6 +135,18 @@ inline float HalfToFloat(uint16_t h) {
  *         ValueError naming \p name (dense_wq's and take_wq's scales, zero points and offsets). */
 void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, int64_t n, int64_t blocks);
 
+/*! \brief The code layout's attrs, which dense_wq and take_wq both read (bits, block, has_zero_point, has_offset),
+ *  into \p s; failures name the attr. A template on the reader so that this header needs no kernel API. */
+template <typename Reader, typename Shape>
+void ReadCodeAttrs(Reader& attrs, Shape* s) {
+  s->bits = static_cast<int>(attrs.Int("bits", 0));
+  if (s->bits != 4 && s->bits != 8) attrs.Fail("bits", "expected 4 or 8, got " + std::to_string(s->bits));
+  s->block = attrs.Int("block", 0);
+  s->has_zero_point = attrs.Flag("has_zero_point", false);
+  s->has_offset = attrs.Flag("has_offset", false);
+  if (s->has_zero_point && s->has_offset) attrs.Fail("has_offset", "expected zero points or offsets, not both");
+}
+
 /*! \brief Quantizes \p rows rows of \p x [rows, k] per kActBlock: codes, scales, scale * code sums. */
 void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss);
 

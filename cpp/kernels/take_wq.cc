@@ -106,12 +106,7 @@ void ReadPerBlock(const KernelContext& ctx, TableShape* s) {
 /*! \brief Attrs and input shapes, checked; failures name the attr or input. */
 TableShape ReadTableShape(const KernelContext& ctx, AttrReader& attrs) {
   TableShape s;
-  s.bits = static_cast<int>(attrs.Int("bits", 0));
-  if (s.bits != 4 && s.bits != 8) attrs.Fail("bits", "expected 4 or 8, got " + std::to_string(s.bits));
-  s.block = attrs.Int("block", 0);
-  s.has_zero_point = attrs.Flag("has_zero_point", false);
-  s.has_offset = attrs.Flag("has_offset", false);
-  if (s.has_zero_point && s.has_offset) attrs.Fail("has_offset", "expected zero points or offsets, not both");
+  wq::ReadCodeAttrs(attrs, &s);
   attrs.CheckNoUnknown();
   const size_t count = 3 + (s.has_zero_point ? 1 : 0) + (s.has_offset ? 1 : 0);
   ctx.ExpectInputCount(count, std::string("indices, weight, scales") + (s.has_zero_point ? ", zero_points" : "") +
