@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,9 @@ class Generator:
         after an in-place change of one of them raises InputError (:meth:`check_sources`)."""
         self._executable = executable
         named = sources.named_parameters() if sources is not None else ()
-        self._sources = [(name, p, p._version) for name, p in named]
+        # weak: a quantized generator holds codes of its own, and a strong reference would keep the model's
+        # float32 weights resident after the caller drops the model; a parameter nobody holds cannot change
+        self._sources = [(name, weakref.ref(p), p._version) for name, p in named]
         self.spec = spec
         self.max_length = int(max_length)
         self.weights = weights
@@ -88,8 +91,9 @@ class Generator:
         """InputError if a parameter of the model this generator was built from (and shares its
         weights with) changed in place since the build (torch's version counter of the tensor; a
         change through ``.data`` or numpy is not counted)."""
-        for name, tensor, version in self._sources:
-            if tensor._version != version:
+        for name, ref, version in self._sources:
+            tensor = ref()
+            if tensor is not None and tensor._version != version:
                 raise InputError(f"the model's parameter {name!r} changed after bh.llm.from_hf built this generator: "
                                  "the generator's constants are the model's own tensors (no copy), and layouts it "
                                  "prepared before the change hold the old values; build again, or build from a copy "
