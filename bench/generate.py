@@ -380,7 +380,8 @@ class Bench:
                         continue
                     runs.setdefault((engine, fmt, t), []).append(r)
                     self.log(f"{model} round {rnd + 1} {engine} {fmt} {t} threads: decode "
-                             f"{round_decode_tps(r, self.args.new, self.prompts[0]):.1f} tok/s (loaded machine)")
+                             f"{round_decode_tps(r, self.args.new, self.prompts[0]):.1f} tok/s "
+                             f"(load average {os.getloadavg()[0]:.1f} after it)")
         self.lines += self.model_lines(model, cfg, ref, runs, skipped)
 
     def bandwidth_lines(self) -> list[str]:
