@@ -84,6 +84,16 @@ def test_option_choices_follow_the_stated_error_and_the_tolerance():
     assert values == (False,) and "up to 2e-06 (stated by the backend), above the tolerance 1e-07" in refused["true"]
 
 
+def test_option_error_counts_equal_specials_as_equal_and_others_as_infinite():
+    from byoc_hetero.tune.options import relative_error
+
+    want = [np.array([1.0, np.inf, np.nan, -2.0], "float32")]
+    assert relative_error(want, want) == 0.0
+    assert relative_error([np.array([1.0, np.inf, np.nan, -2.5], "float32")], want) == 0.25
+    assert relative_error([np.array([1.0, 5.0, np.nan, -2.0], "float32")], want) == float("inf")
+    assert relative_error([np.array([1.0, np.inf, 0.0, -2.0], "float32")], want) == float("inf")
+
+
 def test_fast_math_per_region_table_reaches_only_that_region():
     """tvm_cpu's fast_math given per region: the region the table names has no scalar exp in its IR,
     a region it does not name keeps expf; both compute softmax."""

@@ -101,10 +101,10 @@ def relax_ext_codegen(funcs: Sequence[relax.Function], options: Mapping[str, Any
     as the backend checked them (a default left out; ``fast_math`` for every region or per region key)."""
     if not funcs:
         return []
-    backend = get_target("tvm_cpu")
+    backend, given = get_target("tvm_cpu"), options.get("fast_math") if options else None
 
-    def fast(region: relax.Function) -> bool:
-        return bool(backend.region_option(options, "fast_math", region_key_of(region)))
+    def fast(region: relax.Function) -> bool:  # a region's key is read only where the option is given
+        return given is not None and bool(backend.region_option(options, "fast_math", region_key_of(region)))
 
     try:
         return [compile_regions(list(funcs), fast=fast)]
