@@ -12,6 +12,7 @@ the backend used when none is given.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,18 +27,62 @@ if TYPE_CHECKING:  # only for annotations: patterns.py imports this module
 
 
 @dataclass(frozen=True)
+class Tunable:
+    """How a tuner (``bh.tune``'s option level) may choose an option's value, per region.
+
+    ``values``: the values it tries (the option's default among them, or added first);
+    ``tolerance``: None where every value computes what the default does (the choice changes speed
+    only); else the largest relative error against the default that the backend states for a value
+    other than the default (e.g. a polynomial exp: 2e-6). Such a value is tried only where
+    ``bh.tune`` is given a ``tolerance`` at least this large, and kept only where the region's
+    outputs, measured against the default's on the same inputs, stay within ``bh.tune``'s tolerance.
+    """
+
+    values: tuple[Any, ...] = (False, True)
+    tolerance: float | None = None
+
+    @property
+    def changes_numerics(self) -> bool:
+        """Whether a value other than the default may compute other numbers."""
+        return self.tolerance is not None
+
+
+@dataclass(frozen=True)
 class Option:
     """An option a backend accepts (``precision``, ``dim_ranges``, ...).
 
     ``check(value)`` returns the value to hand the codegen (normalized) or raises
     :class:`~byoc_hetero.RuleError` saying what was expected; ``default`` is what the backend does
     when the option is not given (the stages leave a default out of the codegen's options).
+    ``tune``: where given, a tuner may choose the option's value per region (:class:`Tunable`);
+    the option then also accepts a per-region table, ``{region key: value}`` (a mapping or its
+    JSON text), each value checked by ``check``, which the codegen reads with
+    :meth:`Backend.region_option` (a region the table does not name gets the default).
     """
 
     name: str
     doc: str
     default: Any = None
     check: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
+    tune: Tunable | None = field(default=None, compare=False)
+
+    def checked(self, value: Any) -> Any:
+        """``value`` as ``check`` normalizes it (itself without a check)."""
+        return self.check(value) if self.check is not None else value
+
+
+def region_table(value: Any) -> dict[str, Any] | None:
+    """A per-region table of a tunable option (a mapping, or JSON text of an object) as a dict;
+    None for a plain value (a JSON object that does not parse is a :class:`RuleError`)."""
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if not isinstance(value, str) or not value.lstrip().startswith("{"):
+        return None
+    try:
+        table = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise RuleError(f"a per-region option table must be a JSON object, got {value[:60]!r}: {err}") from err
+    return {str(k): v for k, v in table.items()}
 
 
 @dataclass(frozen=True)
@@ -55,6 +100,9 @@ class Variant:
     selected_by: str = ""
     applies: str = "always"
     level: str = ""  # the tuning level that chooses among the op's variants of this level ("algorithm", ...)
+    #: how a tuner's choice of it reaches the node: ``"option"`` (the level's knob option) or
+    #: ``"quantize"`` (quantize / dequantize steps around the layer, written by the tuner's quantizer)
+    applied: str = "option"
 
 
 @dataclass(frozen=True)
@@ -145,8 +193,31 @@ class Backend:
             if opt is None:
                 known = ", ".join(sorted(self.options)) or "none"
                 raise RuleError(f"backend {self.name!r} has no option {key!r} (its options: {known})")
-            out[key] = opt.check(value) if opt.check is not None else value
+            table = region_table(value) if opt.tune is not None else None
+            if table is not None:
+                out[key] = json.dumps({k: opt.checked(v) for k, v in table.items()}, sort_keys=True)
+            else:
+                out[key] = opt.checked(value)
         return out
+
+    def tunable_options(self) -> dict[str, Option]:
+        """The options a tuner may choose per region (those with a :class:`Tunable`), by name."""
+        return {name: opt for name, opt in self.options.items() if opt.tune is not None}
+
+    def region_option(self, options: Mapping[str, Any] | None, name: str, region_key: str) -> Any:
+        """The value of option ``name`` for the region keyed ``region_key`` (``cost_gate.region_key``)
+        in ``options`` as a codegen is given them: a per-region table's entry, a plain value, or the
+        option's default where neither names it."""
+        opt = self.options[name]
+        value = (options or {}).get(name)
+        if value is None:
+            return opt.default
+        if not isinstance(value, (bool, int, float, Mapping)):
+            value = str(value)  # an FFI string
+        table = region_table(value) if opt.tune is not None else None
+        if table is None:
+            return opt.checked(value)
+        return opt.checked(table[region_key]) if region_key in table else opt.default
 
     def variants_for(self, op: str) -> tuple[Variant, ...]:
         """The implementation variants the backend offers for ``op`` (short name, ``conv2d``)."""
@@ -155,6 +226,17 @@ class Backend:
     def choices(self, level: str, op: str) -> tuple[str, ...]:
         """The names of ``op``'s variants that the tuning level ``level`` chooses among."""
         return tuple(v.name for v in self.variants_for(op) if v.level == level)
+
+    def level_ops(self, level: str) -> tuple[str, ...]:
+        """The ops that have variants of the tuning level ``level`` (e.g. the node kinds whose
+        precision a tuner may choose)."""
+        return tuple(op for op, vs in self.variants.items() if any(v.level == level for v in vs))
+
+    def applied_by(self, level: str, how: str) -> tuple[str, ...]:
+        """The names of the variants of ``level`` (any op) applied ``how`` (:attr:`Variant.applied`:
+        ``"option"`` or ``"quantize"``), in declaration order."""
+        names = (v.name for vs in self.variants.values() for v in vs if v.level == level and v.applied == how)
+        return tuple(dict.fromkeys(names))
 
     def graph_passes(self) -> list[tuple[str, Callable[[Any], None]]]:
         """The region-graph passes of the lowering table as ``(name, fn)``, in run order.

@@ -30,6 +30,9 @@
 - :mod:`.tuner`: ``bh.tune``, the driver: measures, applies the decisions through the backend's
   options, and keeps the tuned module only where it is measured faster end to end.
 
+- :mod:`.options`: the option level (each option a backend declares tunable, per region, on its
+  fastest declared value; one that changes numerics only within ``bh.tune``'s tolerance, checked
+  against the default; applied as the option's per-region table);
 - :mod:`.threads`: the threads level (``threads=True``: each region of a backend with a threads knob
   on the process's thread count or one, timed both ways; applied as the knob's option);
 - :mod:`.plan_errors`: the precision level's measured errors (sensitivities, mixes) and end-to-end

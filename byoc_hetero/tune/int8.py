@@ -47,11 +47,11 @@ import numpy as np
 import tvm
 
 from .cache import TimingCache, signature
-from .edges import FLOAT, UnitEdges, measure_edge_costs, unit_edges
+from .edges import FLOAT, INT8, UnitEdges, measure_edge_costs, unit_edges
 from .measure import time_cached
 from .node_maps import NodeMaps
 from .plan_errors import inputs_digest, settings_digest
-from .plans import (ANCHOR_OPS, Built, OneNode, PrecisionReport, PrecisionUnit, Session, anchor_nodes, constant_tensors,
+from .plans import (Built, OneNode, PrecisionReport, PrecisionUnit, Session, anchor_nodes, constant_tensors,
                     make_units, measure_unit_times, node_signature, partition_with_node_precisions, precision_regions)
 from .solver import BisectedBudget
 
@@ -176,10 +176,10 @@ def _anchors(partitioned: tvm.IRModule) -> list[tuple[str, str, bool, str | None
     """``(node key, op, is int8, weight digest)`` of every conv2d / dense / matmul of the regions
     whose backend has a precision knob, in order."""
     found = []
-    for symbol, graph, knob in precision_regions(partitioned):
+    for symbol, graph, knob, ops in precision_regions(partitioned):
         known = constant_tensors(graph)
         for i, node in enumerate(graph.get("nodes", [])):
-            if node["op"] in ANCHOR_OPS:
+            if node["op"] in ops:
                 found.append((knob.key(symbol, i), node["op"], "src_scale" in node.get("attrs", {}),
                               _weight_source(graph, node, known)))
     return found
@@ -402,6 +402,12 @@ def quantized_space(report: PrecisionReport, session: Session, base: tvm.IRModul
     partition the float nodes are keyed on), or None with a note saying why int8 cannot apply here
     (no layer to quantize, the backend says int8 runs as another precision here: ``skipped``, no
     layer matched to a node of its own): the level then chooses among the float precisions."""
+    other = [p for p in report.precisions if p in report.quantized and p != INT8]
+    if other:  # a backend declares another precision applied by quantizing: not one this quantizer writes
+        report.notes.append(f"{', '.join(other)} candidates skipped: the tuner's quantizer writes int8 only")
+        report.precisions = tuple(p for p in report.precisions if p not in other)
+    if INT8 not in report.precisions:
+        return None
     quantizer = Quantizer(session.mod, session.params, calibration, cache, session.model_digest())
     if not quantizer.layers:
         report.notes.append("int8 candidates skipped: no conv2d or matmul layer to quantize")

@@ -1,11 +1,13 @@
 """The tuning protocol: each level of ``bh.tune`` is an object with the same four steps.
 
 1. ``units(ctx)``: what the level decides over, read from the partitioned module (the codegen
-   level: candidate regions; threads: the regions of backends with a threads knob; algorithm: the
-   units of the backends' algorithm knobs, e.g. a backend's convolution sites);
+   level: candidate regions; threads: the regions of backends with a threads knob; options: the
+   regions of backends with tunable options, once per option; algorithm: the units of the
+   backends' algorithm knobs, e.g. a backend's convolution sites);
 2. ``choices(ctx, unit)``: the alternatives for one unit, read from the backend (its
    :class:`~byoc_hetero.rules.Variant` s of the level, ``Backend.choices``; the codegen level: the
-   region's backend, llvm and the other backends of ``targets``; threads: the process's count or one);
+   region's backend, llvm and the other backends of ``targets``; threads: the process's count or one;
+   options: the values the backend declares for the option, :class:`~byoc_hetero.rules.Tunable`);
 3. ``measure(ctx, unit, choices)``: each choice timed through the shared
    :class:`.cache.TimingCache` (a repeated unit is timed once, a warm tune builds nothing) and the
    unit's decision taken;
@@ -35,6 +37,8 @@ from .algorithms import conv_sites, decide_unit, decisions_options
 from .cache import TimingCache
 from .codegen import tune_codegen
 from .knobs import knob_of, merge_options
+from .options import LEVEL as OPTIONS
+from .options import measure_option, option_choices, option_units, options_of
 from .threads import LEVEL as THREADS
 from .threads import measure_threads, threads_options
 
@@ -173,6 +177,40 @@ class ThreadsLevel(Level):
         return threads_options(decisions)
 
 
+class OptionLevel(Level):
+    """Each option the backends declare tunable, per region they run (:mod:`.options`): its
+    declared values, those that change numerics only within ``tolerance`` (stated by the backend,
+    then measured against the default); applied as the option's per-region table."""
+
+    name = report_field = OPTIONS
+
+    def __init__(self, tolerance: float | None = None):
+        self.tolerance = tolerance
+
+    def units(self, ctx: TuneContext) -> list[Any]:
+        return option_units(ctx.codegen.decisions)
+
+    def _choices(self, unit: Any) -> tuple[tuple[Any, ...], dict[str, str]]:
+        from ..targets import get_target
+
+        return option_choices(get_target(unit.backend).options[unit.option], self.tolerance)
+
+    def choices(self, ctx: TuneContext, unit: Any) -> tuple[Any, ...]:
+        return self._choices(unit)[0]
+
+    def measure(self, ctx: TuneContext, unit: Any, choices: tuple[Any, ...]) -> Any:
+        from ..stages import codegen_options
+
+        return measure_option(unit, ctx.cache, codegen_options(ctx.names, ctx.precision, None), choices,
+                              self.tolerance, ctx.repeat, refused=self._choices(unit)[1])
+
+    def label(self, unit: Any, choices: tuple[Any, ...]) -> str:
+        return f"{unit}: {len(choices)} values"
+
+    def apply(self, ctx: TuneContext, decisions: list[Any]) -> dict[str, dict[str, Any]]:
+        return options_of(decisions)
+
+
 class AlgorithmLevel(Level):
     """Each unit of the backends' algorithm knobs on its fastest variant (:mod:`.algorithms`);
     applied as the knob's option (an empty table for a backend where nothing changed)."""
@@ -264,4 +302,4 @@ class PrecisionLevel(Level):
         return self.report.units
 
 
-__all__ = ["AlgorithmLevel", "CodegenLevel", "Level", "PrecisionLevel", "ThreadsLevel", "TuneContext"]
+__all__ = ["AlgorithmLevel", "CodegenLevel", "Level", "OptionLevel", "PrecisionLevel", "ThreadsLevel", "TuneContext"]

@@ -35,9 +35,6 @@ PRECISION = "precision"
 PRECISIONS = ("f32", "bf16")
 
 
-ANCHOR_OPS = ("conv2d", "dense", "matmul")
-
-
 MAX_UNITS = 16
 
 
@@ -116,14 +113,41 @@ class PrecisionUnit:
         return f"{self.chosen}: {parts}; bf16 alone: error {err}"
 
 
-def precision_regions(partitioned: tvm.IRModule) -> list[tuple[str, dict, Any]]:
-    """``(symbol, region document, precision knob)`` of each region of ``partitioned`` whose backend
-    declares a precision knob with node keys, in region order."""
-    return [(symbol, graph, knob) for symbol, graph, knob, _ in _precision_regions(partitioned)]
+def precision_regions(partitioned: tvm.IRModule) -> list[tuple[str, dict, Any, tuple[str, ...]]]:
+    """``(symbol, region document, precision knob, precision ops)`` of each region of
+    ``partitioned`` whose backend declares a precision knob with node keys, in region order; the
+    ops are the node kinds the backend offers precisions for (:func:`precision_ops`)."""
+    return [(symbol, graph, knob, precision_ops(backend)) for symbol, graph, knob, backend
+            in _precision_regions(partitioned)]
+
+
+def precision_ops(backend: str) -> tuple[str, ...]:
+    """The node kinds whose precision ``backend`` lets the precision level choose: its ops with
+    variants of level ``precision`` (``Backend.level_ops``)."""
+    from ..targets import get_target
+
+    return get_target(backend).level_ops(PRECISION)
+
+
+def quantized_precisions(names: Sequence[str]) -> tuple[str, ...]:
+    """The precisions the backends ``names`` declare applied by quantizing (their variants of
+    level ``precision`` with ``applied="quantize"``: Q/DQ steps around the layer)."""
+    from ..targets import get_target
+
+    return tuple(dict.fromkeys(p for n in names for p in get_target(n).applied_by(PRECISION, "quantize")))
+
+
+def offered_precisions(names: Sequence[str]) -> tuple[str, ...]:
+    """Every precision the backends ``names`` offer (their variants of level ``precision``), f32 first."""
+    from ..targets import get_target
+
+    found = (v.name for n in names for vs in get_target(n).variants.values() for v in vs if v.level == PRECISION)
+    return tuple(dict.fromkeys(("f32", *found)))
 
 
 def _precision_regions(partitioned: tvm.IRModule) -> list[tuple[str, dict, Any, str]]:
-    """:func:`precision_regions` with each region's backend name."""
+    """``(symbol, region document, precision knob, backend name)`` of each region of
+    ``partitioned`` whose backend declares a precision knob with node keys."""
     from .._relax import region_table
 
     out = []
@@ -152,10 +176,10 @@ def precision_nodes(partitioned: tvm.IRModule) -> list[PrecisionNode]:
     found = []
     for r, (symbol, graph, knob, backend) in enumerate(regions):
         where = f"region {r} " if len(regions) > 1 else ""
-        tensors = graph.get("tensors", [])
-        for i, node in enumerate(graph.get("nodes", [])):
-            if node["op"] not in ANCHOR_OPS or "src_scale" in node.get("attrs", {}):
-                continue
+        tensors, nodes, ops = graph.get("tensors", []), graph.get("nodes", []), precision_ops(backend)
+        for i, node in enumerate(nodes):
+            if node["op"] not in ops or (knob.node_reason is not None and knob.node_reason(nodes, i)):
+                continue  # a kind the backend offers no precision for, or one it says takes none (int8)
             ins = [tensors[t] for t in node["inputs"][:2]]
             if any(t.get("dtype", "float32") != "float32" for t in ins):
                 continue
@@ -249,6 +273,7 @@ class PrecisionReport:
 
     precisions: tuple[str, ...]
     tolerance: float
+    quantized: tuple[str, ...] = ()  # the precisions the backends apply by quantizing (int8)
     calibration: int = 0  # how many calibration inputs
     holdout: int = 0  # how many held-out inputs
     units: list[PrecisionUnit] = field(default_factory=list)
@@ -256,6 +281,13 @@ class PrecisionReport:
     kept: str = DEFAULT_PLAN
     search_cut: bool = False
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def lowest_first(self) -> tuple[str, ...]:
+        """The precisions asked other than f32, lowest first: those applied by quantizing, then the
+        others as asked (the order of the all-one candidates and of each unit's sensitivities)."""
+        rest = [p for p in self.precisions if p != "f32" and p not in self.quantized]
+        return (*[p for p in self.precisions if p in self.quantized], *rest)
 
     def plan(self, name: str) -> PlanResult | None:
         return next((p for p in self.plans if p.name == name), None)
@@ -302,7 +334,7 @@ def partition_with_node_precisions(mod: tvm.IRModule, params: Mapping[str, Any] 
     except RuleError as err:
         if not any(get_option(b) in str(err) for b in takers):
             raise
-    regions = {symbol: (knob, graph["nodes"]) for symbol, graph, knob in precision_regions(run(None))}
+    regions = {symbol: (knob, graph["nodes"]) for symbol, graph, knob, _ in precision_regions(run(None))}
     kept = {}
     for key, precision in dict(table or {}).items():
         place = next((k.locate(key) for k, _ in regions.values() if k.locate is not None and k.locate(key)), None)

@@ -74,44 +74,48 @@ from .cache import TimingCache
 from .edges import FLOAT, UnitEdges, domain, edge_cost
 from .plans import (MAX_UNITS, Built, PlanResult, PlanSpace, PrecisionReport, PrecisionUnit, Session, anchor_nodes,
                     assignment_of, float32_plans, held_out_candidates, make_units, measure_unit_times, native_reason,
-                    pick, plan_result, timed_graphs, unit_layers, warn_unmet)
+                    offered_precisions, pick, plan_result, quantized_precisions, timed_graphs, unit_layers,
+                    warn_unmet)
 from .solver import Choice, Problem, Region, RescaledBudget, Solution, improve, solve
-
-#: what ``bh.tune(precisions=...)`` accepts (int8's units are quantized layers: :mod:`.int8`)
-TUNE_PRECISIONS = ("f32", "bf16", "int8")
-#: the precisions other than f32, lowest first: the order of the all-one candidates and of each
-#: unit's sensitivities (the first candidate within the tolerance lets each unit take its fastest)
-LOWEST_FIRST = ("int8", "bf16")
 
 
 def check_precisions(precisions: Sequence[str], tolerance: float | None, calibration: Any,
-                     budget_s: float | None) -> tuple[str, ...]:
-    """The distinct precisions asked for, in order; a :class:`RuleError` naming what is wrong."""
+                     budget_s: float | None, targets: Any = None) -> tuple[str, ...]:
+    """The distinct precisions asked for, in order; a :class:`RuleError` naming what is wrong. The
+    precisions known are those the backends of ``targets`` offer (their variants of level
+    ``precision``), f32 always."""
+    from ..stages import target_names
+
+    names = target_names(targets)
+    offered, quantized = offered_precisions(names), quantized_precisions(names)
     asked = tuple(dict.fromkeys(str(p) for p in precisions))
     if not asked:
-        raise RuleError("tune: precisions is empty; give at least one of " + ", ".join(TUNE_PRECISIONS))
-    unknown = [p for p in asked if p not in TUNE_PRECISIONS]
+        raise RuleError("tune: precisions is empty; give at least one of " + ", ".join(offered))
+    unknown = [p for p in asked if p not in offered]
     if unknown:
-        raise RuleError(f"tune: unknown precision {unknown[0]!r}; expected some of {', '.join(TUNE_PRECISIONS)}")
-    if asked == ("int8",):
-        raise RuleError("tune: precisions=('int8',) alone: the tuner chooses int8 per layer group against "
-                        "float32 within a tolerance (precisions=('f32', 'int8'), tolerance=..., calibration=...); "
-                        "to quantize every layer, use bh.quantize and partition the result")
+        raise RuleError(f"tune: unknown precision {unknown[0]!r}; the backends {', '.join(names)} offer "
+                        f"{', '.join(offered)}")
+    if len(asked) == 1 and asked[0] in quantized:
+        raise RuleError(f"tune: precisions=({asked[0]!r},) alone: the tuner chooses {asked[0]} per layer group "
+                        f"against float32 within a tolerance (precisions=('f32', {asked[0]!r}), tolerance=..., "
+                        "calibration=...); to quantize every layer, use bh.quantize and partition the result")
     if "f32" not in asked and len(asked) > 1:
         raise RuleError(f"tune: precisions {list(asked)} leave out 'f32', the reference every error is "
                         "measured against and the plan kept when nothing else meets the tolerance")
     if budget_s is not None and not (isinstance(budget_s, (int, float)) and budget_s > 0):
         raise RuleError(f"tune: budget_s must be a positive number of seconds or None, got {budget_s!r}")
-    if len(asked) == 1:
-        if tolerance is not None or calibration is not None:
-            raise RuleError("tune: tolerance and calibration are for choosing among several precisions "
-                            "(precisions=('f32', 'bf16')); with one precision there is nothing to choose")
+    if len(asked) == 1 and calibration is not None:
+        raise RuleError("tune: calibration inputs are for choosing among several precisions "
+                        "(precisions=('f32', 'bf16')); with one precision there is nothing to choose")
+    if len(asked) == 1 and tolerance is None:
         return asked
     if tolerance is None:
         raise RuleError(f"tune: choosing among precisions {list(asked)} needs a tolerance: the largest "
                         "relative output error accepted against the float32 build (e.g. 1e-2)")
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
         raise RuleError(f"tune: tolerance must be a finite number >= 0, got {tolerance!r}")
+    if len(asked) == 1:  # the option level's tolerance alone (a backend option that changes numerics)
+        return asked
     if calibration is None:
         raise RuleError("tune: a tolerance needs calibration inputs (calibration=[sample, ...], each an "
                         "array, a list of arrays in input order, or a dict by input name): errors are "
@@ -181,7 +185,7 @@ def measure_sensitivities(space: PlanSpace, report: PrecisionReport) -> None:
     may cut the rest (they stay float32)."""
     session, gains = space.session, []
     for unit in space.units:
-        faster = [p for p in LOWEST_FIRST if p in report.precisions and unit.times.get(p, math.inf)
+        faster = [p for p in report.lowest_first if unit.times.get(p, math.inf)
                   < unit.times["f32"]]
         gains += [(unit.times[p] - unit.times["f32"], unit, p) for p in faster if p not in unit.errors]
         if not faster:
@@ -283,7 +287,7 @@ def fastest_each(space: PlanSpace, report: PrecisionReport) -> PlanResult | None
 
 def candidate_order(report: PrecisionReport) -> list[str]:
     """The precisions other than f32 whose all-one plans are candidates, lowest first."""
-    return [p for p in LOWEST_FIRST if p in report.precisions]
+    return list(report.lowest_first)
 
 
 def _candidates(report: PrecisionReport, space: PlanSpace, candidates: list[PlanResult]) -> list[PlanResult]:
@@ -339,7 +343,7 @@ def decide(report: PrecisionReport, space: PlanSpace, float_plans: list[PlanResu
 def _float_space(report: PrecisionReport, session: Session, base: tvm.IRModule, max_units: int,
                  skipped: Mapping[str, str]) -> FloatSpace | None:
     """The float choices' space, or None with a note saying why there is nothing to choose."""
-    report.precisions = tuple(p for p in report.precisions if p != "int8")
+    report.precisions = tuple(p for p in report.precisions if p not in report.quantized)
     if "bf16" not in report.precisions:
         report.notes.append("no float precision but f32 asked: nothing to choose")
         return None
@@ -371,7 +375,9 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
     ``skipped``: each precision asked that no unit may take and why
     (:meth:`.levels.PrecisionLevel.skipped`, read from the backends' variants and knobs; None: from
     the knobs' ``native`` alone)."""
-    report = PrecisionReport(tuple(precisions), float(tolerance))
+    from ..stages import target_names
+
+    report = PrecisionReport(tuple(precisions), float(tolerance), quantized_precisions(target_names(targets)))
     samples = input_samples(mod, params, calibration, "calibration")
     held = None if holdout is None else input_samples(mod, params, holdout, "holdout")
     calibration, holdout = split_holdout(samples, held)
@@ -382,7 +388,7 @@ def choose_precisions(mod: tvm.IRModule, params: Mapping[str, Any] | None, defau
         skipped = {p: r for p in precisions if p != "f32" for r in [native_reason(targets, p)] if r}
     cache = cache if cache is not None else TimingCache(None)  # not `or`: an empty cache is falsy (len 0)
     space: PlanSpace | None = None
-    if "int8" in precisions:
+    if set(precisions) & set(report.quantized):
         from .int8 import quantized_space
 
         if "bf16" in report.precisions and skipped.get("bf16"):

@@ -24,6 +24,10 @@ figures.
 
 - **threads** (``threads=True``): each region of a backend with a threads knob (this
   project's runtime) on the process's thread count or one, by timing it both ways (:mod:`.threads`).
+- **options**: each option a backend declares tunable (``Option(..., tune=Tunable(...))``), per
+  region, among its declared values (:mod:`.options`); a value the backend says changes numerics
+  is tried only with a ``tolerance`` at least the error it states, and kept only where the region's
+  outputs measured against the default's stay within it.
 
 Each level is a :class:`.levels.Level` (units, choices read from the backend, measure through the
 timing cache, apply as backend options); this module is the loop over them, the guard and the
@@ -51,7 +55,8 @@ from .codegen import CodegenPlan
 from .devices import DeviceReport, Measurer, check_devices, tune_devices
 from .measure import random_input, time_call
 from .plans import PrecisionReport
-from .levels import AlgorithmLevel, CodegenLevel, Level, PrecisionLevel, ThreadsLevel, TuneContext
+from .levels import AlgorithmLevel, CodegenLevel, Level, OptionLevel, PrecisionLevel, ThreadsLevel, TuneContext
+from .options import OptionDecision, report_lines
 from .precision import check_precisions
 from .progress import ProgressBar
 from .reuse import plan_digest, reused_guard
@@ -73,9 +78,10 @@ class TuneReport:
     precision: PrecisionReport | None = None  # the precision level, when several precisions were asked
     devices: DeviceReport | None = None  # the device level, when devices name a GPU
     threads: list[ThreadsDecision] = field(default_factory=list)  # the threads level, with threads=True
+    options: list[OptionDecision] = field(default_factory=list)  # the option level: tunable backend options
 
     def __str__(self) -> str:
-        lines = ["tuning report", *self.codegen.lines()]
+        lines = ["tuning report", *self.codegen.lines(), *report_lines(self.options)]
         for d in self.algorithms:
             if d.timings or d.kept_because:
                 lines.append(f"  {d.site}: {d.why()}{' [cached]' if d.cached else ''}")
@@ -164,9 +170,13 @@ def tune(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None = None, *,
 
     Threads level (:mod:`.threads`, ``threads=True``): each region of a backend with a threads knob gets the
     process's thread count or one, whichever is measured faster.
+
+    Option level (:mod:`.options`): each option the backends of ``targets`` declare tunable gets,
+    per region, its fastest declared value; ``tolerance`` (also without several precisions) admits
+    values that change numerics within it (the region's outputs against the default's).
     """
     names = check_devices(devices)
-    asked = check_precisions(precisions, tolerance, calibration, budget_s)
+    asked = check_precisions(precisions, tolerance, calibration, budget_s, targets)
     _check_static(mod, params)
     bar = ProgressBar() if progress is True else progress or None
     module, report = _tune_cpu(mod, params, targets, asked, tolerance, calibration, holdout, budget_s, cache,
@@ -200,7 +210,8 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
 def _levels(asked: tuple[str, ...], tolerance: float | None, calibration: Any, holdout: Any,
             budget_s: float | None, rounds: int, threads: bool) -> list[Level]:
     """The CPU levels a tune with these arguments runs, in order."""
-    levels: list[Level] = [CodegenLevel(), *([ThreadsLevel()] if threads else []), AlgorithmLevel()]
+    levels: list[Level] = [CodegenLevel(), *([ThreadsLevel()] if threads else []), OptionLevel(tolerance),
+                           AlgorithmLevel()]
     if len(asked) > 1:
         levels.append(PrecisionLevel(asked, tolerance, calibration, holdout, budget_s, rounds))
     return levels
@@ -224,9 +235,10 @@ def _kept_precision(ctx: TuneContext, report: TuneReport, kept: Any,
     where it had nothing to choose, the float levels' plan through the guard."""
     if kept is None:
         return _guarded(ctx, report, guard_rounds)
-    if ctx.region_codegen is not None and "int8" in kept.table.values():
-        report.notes.append("the kept plan quantizes layers to int8: a quantized module forms other regions, "
-                            "so the codegen level's map (float regions) does not apply to it")
+    quantized = set(kept.table.values()) & set(report.precision.quantized)
+    if ctx.region_codegen is not None and quantized:
+        report.notes.append(f"the kept plan quantizes layers to {', '.join(sorted(quantized))}: a quantized module "
+                            "forms other regions, so the codegen level's map (float regions) does not apply to it")
     report.default, report.tuned = report.precision.plans[0].timing, kept.timing
     report.kept = "default" if kept is report.precision.plans[0] else "tuned"
     return kept.built.module, report  # a warm tune partitions the kept plan only now: what it looked up is saved

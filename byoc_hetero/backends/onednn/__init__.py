@@ -147,20 +147,21 @@ VARIANTS = {
         Variant("conv2d", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
         Variant("conv2d", "int8", "u8 activations, per-channel s8 weights, s32 accumulation", _INT8_BY, _INT8_WHEN,
-                "precision"),
+                "precision", applied="quantize"),
     ),
     "dense": (
         Variant("dense", "f32", "oneDNN inner product / matmul in float32", "precision='f32'", level="precision"),
         Variant("dense", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
         Variant("dense", "int8", "u8 activations, per-channel s8 weights, s32 accumulation", _INT8_BY, _INT8_WHEN,
-                "precision"),
+                "precision", applied="quantize"),
     ),
     "matmul": (
         Variant("matmul", "f32", "oneDNN matmul in float32", "precision='f32'", level="precision"),
         Variant("matmul", "bf16", "bf16 operands, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
-        Variant("matmul", "int8", "u8 / s8 operands, s32 accumulation", _INT8_BY, _INT8_WHEN, "precision"),
+        Variant("matmul", "int8", "u8 / s8 operands, s32 accumulation", _INT8_BY, _INT8_WHEN, "precision",
+                applied="quantize"),
     ),
 }
 """The implementation variants the oneDNN backend offers per op (what a tuner enumerates)."""

@@ -13,7 +13,9 @@ constant (a bound weight, a mask) stays on llvm: the region is compiled into a p
 which has no place for constant data (the reason shows in ``bh.report``).
 
 Options (:data:`OPTIONS`, ``bh.partition(..., options={"tvm_cpu": {...}})``): ``fast_math``, float32
-``exp`` and ``softmax`` through a guarded polynomial exp that vectorizes (:mod:`.fast_math`); ``schedule``,
+``exp`` and ``softmax`` through a guarded polynomial exp that vectorizes (:mod:`.fast_math`), for every
+region or per region (``{region key: true}``), declared tunable: ``bh.tune`` chooses it per region
+where given a tolerance of at least :data:`.fast_math.TOLERANCE`; ``schedule``,
 ``dlight`` only: ``meta_schedule`` raises why MetaSchedule cannot run on this TVM (:mod:`.meta_schedule`).
 """
 
@@ -27,7 +29,7 @@ from tvm import relax
 
 from ..._relax import constant_value, static_shape
 from ...errors import RuleError
-from ...rules import Backend, Match, Option, op_rule, register_target
+from ...rules import Backend, Match, Option, Tunable, op_rule, register_target
 from . import codegen, fast_math, meta_schedule, schedule
 from .schedule import build, cpu_pipeline, schedule_cpu
 
@@ -143,7 +145,8 @@ OPTIONS = {
                        "unavailable on this TVM (meta_schedule.py says why)", "dlight", meta_schedule.check_schedule),
     "fast_math": Option("fast_math", "float32 exp and softmax through a guarded polynomial exp that vectorizes "
                         f"(fast_math.py: relative error <= {fast_math.TOLERANCE:g} against float64, NaN and inf "
-                        "kept); else exp is one scalar expf call per element", False, _flag),
+                        "kept); else exp is one scalar expf call per element; per region: JSON {region key: "
+                        "true | false}", False, _flag, Tunable((False, True), fast_math.TOLERANCE)),
 }
 """The options of backend ``tvm_cpu`` (docs/backends.md lists them; tests/test_tvm_cpu.py compares)."""
 

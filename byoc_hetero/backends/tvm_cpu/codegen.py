@@ -14,14 +14,15 @@ float32 exp and softmax are first rewritten into :mod:`.fast_math`'s guarded pol
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tvm
 from tvm import relax, tirx
 
 from ...errors import CodegenError
-from ...passes.retarget_regions import region_as_main
+from ...passes.retarget_regions import region_as_main, region_key_of
+from ...targets import get_target
 from .fast_math import fast_math
 from .schedule import host_target, schedule_func
 
@@ -81,14 +82,14 @@ def region_prim_func(region: relax.Function, fast: bool = False) -> tirx.PrimFun
 
 
 def compile_regions(funcs: Sequence[relax.Function], target: tvm.target.Target | None = None,
-                    fast: bool = False) -> tvm.runtime.Module:
+                    fast: bool | Callable[[relax.Function], bool] = False) -> tvm.runtime.Module:
     """One llvm runtime module holding each region of ``funcs`` as a scheduled PrimFunc under the
-    region's global symbol (``fast``: the option ``fast_math``)."""
+    region's global symbol (``fast``: the option ``fast_math``, for every region or per region)."""
     target = target or host_target()
     prims = {}
     for region in funcs:
         symbol = str(region.attrs["global_symbol"])
-        func = region_prim_func(region, fast)
+        func = region_prim_func(region, fast(region) if callable(fast) else fast)
         func = schedule_func(func, target) or func
         prims[symbol] = func.with_attr("global_symbol", symbol).with_attr("target", target)
     return tvm.tirx.build(tvm.IRModule(prims), target=target)
@@ -97,10 +98,14 @@ def compile_regions(funcs: Sequence[relax.Function], target: tvm.target.Target |
 def relax_ext_codegen(funcs: Sequence[relax.Function], options: Mapping[str, Any] | None = None,
                       _constant_names: Any = None) -> list[tvm.runtime.Module]:
     """``relax.ext.tvm_cpu``: RunCodegen's call for the regions of backend ``tvm_cpu``; ``options``
-    as the backend checked them (a default left out)."""
+    as the backend checked them (a default left out; ``fast_math`` for every region or per region key)."""
     if not funcs:
         return []
-    fast = bool(options.get("fast_math", False)) if options else False
+    backend, given = get_target("tvm_cpu"), options.get("fast_math") if options else None
+
+    def fast(region: relax.Function) -> bool:  # a region's key is read only where the option is given
+        return given is not None and bool(backend.region_option(options, "fast_math", region_key_of(region)))
+
     try:
         return [compile_regions(list(funcs), fast=fast)]
     except CodegenError:
