@@ -419,7 +419,7 @@ Ray, binds a fixed port or otherwise must not run beside these belongs here."""
 
 GROUP_COST_S = {
     "test_fuzz": 450, SERVE_GROUP: 350, "test_zoo_models": 350, "test_tune_zoo": 260, "test_ops_attention": 200,
-    "test_notebooks": 180, "test_int8_zoo": 240, "test_gguf": 150, "test_runtime": 150, "test_tune": 150,
+    "test_notebooks": 180, "test_int8_zoo": 190, "test_gguf": 150, "test_runtime": 150, "test_tune": 150,
     "test_weight_only": 150, "test_ops_layout": 120, "test_docs": 120, "test_ops_norm": 120, "test_llm": 110,
     "test_ops_eltwise": 100, "test_ops": 100, "test_quantize": 90, "test_threads": 90, "test_ops_chains": 80,
     "test_reliability": 80, "test_llm_onnx": 80, "test_relpos": 80, "test_symbolic": 80, "test_ranges": 80,
@@ -427,7 +427,7 @@ GROUP_COST_S = {
 }
 """Estimated seconds of the longest groups on two cores (session 12's full run with two workers: the sums of
 its 80 slowest tests per group, lower bounds, with session 11's table where those say less; session 13's cuts
-taken off test_tune_int8 and test_models; rough, and only their order matters):
+taken off test_int8_zoo, test_tune_int8 and test_models; rough, and only their order matters):
 the groups are handed out longest first (:func:`pytest_collection_modifyitems`), so no long group starts last
 and leaves the other worker idle. Other groups count :data:`PER_TEST_S` per test. Refresh from a full run's
 ``--durations=0``."""
