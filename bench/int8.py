@@ -192,25 +192,47 @@ def _llvm_reference(mod, params, args, run, cache: str | None) -> np.ndarray:
     return out
 
 
+def _ort_output(path: str, feed: dict, optimized: bool = True) -> np.ndarray:
+    """ONNX Runtime's CPU output on ``feed``; ``optimized=False``: with its graph optimizations off
+    (``ORT_DISABLE_ALL``), so that each QuantizeLinear / DequantizeLinear node runs on its own and the ops
+    between them in float32 (no fusion into its int8 kernels)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+
+
+LLVM_REFERENCE = ("all", "dynamic", "none")
+"""Which files the differential mode builds llvm-only (``--llvm-reference``): every file (the table), the
+dynamically quantized ones (the suite below VNNI), none (the suite on a VNNI CPU, where ONNX Runtime is exact)."""
+
+
 def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", "saturating"),
-                 share_llvm: bool = False) -> dict:
+                 share_llvm: bool = False, llvm_for: str = "all") -> dict:
     """Ours against ONNX Runtime on each prepared quantized file, under this process's oneDNN ISA
     (``ONEDNN_MAX_CPU_ISA`` is read once, when oneDNN starts: one process per cap).
 
     Per model: ``ort_vs_f32`` (ONNX Runtime on the quantized file against the float32 file),
-    ``llvm_vs_f32`` (the llvm-only build of our import of the quantized file: TVM's float emulation
-    of the Q/DQ steps, exact on every CPU), and per int8 mode (``default``: the int8 fusions as this
-    ISA gets them; ``saturating``: ``BYOC_HETERO_INT8=saturating``, oneDNN's int8 kernels even below
-    VNNI, the path a VNNI CPU takes) ours against float32, against ONNX Runtime and against the
-    llvm-only build, with the regions' precision. A compile or run that raises is a row's ``failed``.
+    ``ort_float_vs_f32`` (ONNX Runtime with its graph optimizations off, :func:`_ort_output`: on a QDQ
+    file the float emulation of its Q/DQ steps, exact on every CPU; a dynamic file's MatMulInteger /
+    ConvInteger still run its int8 kernels, which saturate below VNNI), ``llvm_vs_f32`` (the llvm-only
+    build of our import of the quantized file: TVM's float emulation of the Q/DQ steps, exact on every CPU;
+    for the files ``llvm_for`` names, :data:`LLVM_REFERENCE`), and per int8 mode (``default``: the int8 fusions
+    as this ISA gets them; ``saturating``: ``BYOC_HETERO_INT8=saturating``, oneDNN's int8 kernels even below
+    VNNI, the path a VNNI CPU takes) ours against float32, against both ONNX Runtime outputs and against
+    the llvm-only build, with the regions' precision. A compile or run that raises is a row's ``failed``.
     ``share_llvm``: the llvm-only output is kept in ``workdir`` for the next process (:func:`_llvm_reference`).
     """
-    import onnxruntime as ort
     import tvm
     from tvm import relax
 
     import byoc_hetero as bh
     from byoc_hetero._native import _C
+
+    if llvm_for not in LLVM_REFERENCE:
+        raise ValueError(f"llvm_for must be one of {LLVM_REFERENCE}, got {llvm_for!r}")
 
     def run(module, feed_args):
         vm = relax.VirtualMachine(relax.build(module, target="llvm"), tvm.cpu())
@@ -222,22 +244,26 @@ def differential(models: list[str], workdir: str, modes: tuple[str, ...] = ("", 
         f, fb = _files(workdir, model), _files(workdir, model.removesuffix("_dynamic"))
         data = np.load(f["inputs"])
         feed = {k: data[k] for k in data.files}
-        want = ort.InferenceSession(fb["f32"], providers=["CPUExecutionProvider"]).run(None, feed)[0]
-        theirs = ort.InferenceSession(f["q"], providers=["CPUExecutionProvider"]).run(None, feed)[0]
-        row = {"ort_vs_f32": _relative(theirs, want)}
+        want, theirs = _ort_output(fb["f32"], feed), _ort_output(f["q"], feed)
+        emulated = _ort_output(f["q"], feed, optimized=False)
+        row = {"ort_vs_f32": _relative(theirs, want), "ort_float_vs_f32": _relative(emulated, want)}
         try:
             mod, params = bh.from_onnx(f["q"])
             args = [tvm.runtime.tensor(feed[p.name]) for p in mod["main"].params if p.name in feed]
-            llvm = _llvm_reference(mod, params, args, run, f["q"] + ".llvm.npy" if share_llvm else None)
-            row["llvm_vs_f32"], row["llvm_vs_ort"] = _relative(llvm, want), _relative(llvm, theirs)
+            llvm = None
+            if llvm_for == "all" or (llvm_for == "dynamic" and model.endswith("_dynamic")):
+                llvm = _llvm_reference(mod, params, args, run, f["q"] + ".llvm.npy" if share_llvm else None)
+                row["llvm_vs_f32"], row["llvm_vs_ort"] = _relative(llvm, want), _relative(llvm, theirs)
             for mode in modes:
                 os.environ["BYOC_HETERO_INT8"] = mode
                 part = bh.partition(mod, params)
                 ours = run(part, args)
                 regions = bh.report(part).regions
                 row[mode or "default"] = {"vs_f32": _relative(ours, want), "vs_ort": _relative(ours, theirs),
-                                          "vs_llvm": _relative(ours, llvm), "regions": len(regions),
+                                          "vs_ort_float": _relative(ours, emulated), "regions": len(regions),
                                           "precision": sorted({r.precision for r in regions})}
+                if llvm is not None:
+                    row[mode or "default"]["vs_llvm"] = _relative(ours, llvm)
         except Exception as e:  # noqa: BLE001 - a file we cannot compile is the row's finding
             row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         finally:
@@ -351,6 +377,7 @@ def main(argv=None) -> int:
                         "ISA cap (comma-separated ONEDNN_MAX_CPU_ISA values, empty: the CPU's own; default ',AVX2')")
     p.add_argument("--worker", nargs=3, metavar=("KIND", "MODEL", "ARG"), help=argparse.SUPPRESS)
     p.add_argument("--share-llvm-reference", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--llvm-reference", choices=LLVM_REFERENCE, default="all", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="bh-int8-")
     if args.pre_process and not args.worker:
@@ -360,7 +387,8 @@ def main(argv=None) -> int:
         kind, model, arg = args.worker
         if kind == "differential":
             modes = tuple("" if m == "default" else m for m in arg.split(","))
-            print(json.dumps(differential(model.split(","), workdir, modes, args.share_llvm_reference)))
+            print(json.dumps(differential(model.split(","), workdir, modes, args.share_llvm_reference,
+                                          args.llvm_reference)))
             return 0
         if kind == "serve":
             engine, threads = arg.split(":")

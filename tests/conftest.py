@@ -102,19 +102,25 @@ class Compared:
         self.error = relative_error(got, want)
 
 
-def offload_and_compare(mod, params=None, inputs=None, bind=True) -> Compared:
-    """Partition+build ``mod`` with byoc_hetero and compare its output with the llvm-only build."""
+def offload_and_compare(mod, params=None, inputs=None, bind=True, reference=None) -> Compared:
+    """Partition+build ``mod`` with byoc_hetero and compare its output with the llvm-only build, or with
+    ``reference(inputs)`` where given: an independent computation of the same model (torch, numpy) for
+    full-size models, whose llvm-only build (TVM's untuned CPU schedules) costs most of the test."""
     inputs = inputs if inputs is not None else random_inputs(mod, params)
-    if params and not bind:
+    unbound = bool(params) and not bind
+    if unbound:
         # weights stay parameters of main: pass them at run time in declaration order
         names = [v.name for v in mod["main"].params]
         weights = [params[n] for n in names if n in params]
         inputs = list(inputs) + weights
-        ref_mod, part_mod = mod, bh.partition(mod)
+        part_mod = bh.partition(mod)
     else:
-        ref_mod, part_mod = bh.bind_params(mod, params), bh.partition(mod, params)
+        part_mod = bh.partition(mod, params)
     got = run(build(part_mod), inputs)
-    want = run(build(ref_mod), inputs)
+    if reference is not None:
+        want = np.asarray(reference(inputs), dtype=got.dtype)
+    else:
+        want = run(build(mod if unbound else bh.bind_params(mod, params)), inputs)
     result = Compared(part_mod, got, want)
     assert got.shape == want.shape
     assert result.error <= TOLERANCE, f"relative error {result.error:.2e} > {TOLERANCE}"
@@ -217,17 +223,38 @@ do not fire (their numbers are checked by the same tests where they do, and by
 test_int8.py::test_without_vnni_int8_anchors_run_float32_between_their_qdq)."""
 
 
+_ISA_PROBE = """
+import ctypes, importlib.util, sys
+import tvm_ffi  # libtvm_ffi, which the extension links (``import tvm`` would load TVM's compiler too)
+for lib in sys.argv[2:]:  # oneDNN as byoc_hetero._native preloads it
+    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+spec = importlib.util.spec_from_file_location("_C", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(module.isa())
+"""
+
+
 @functools.lru_cache(maxsize=None)
 def isa_under(cap: str) -> str:
     """The ISA oneDNN runs with ``ONEDNN_MAX_CPU_ISA=cap`` (read when oneDNN starts: asked in a
-    subprocess). A cap above the CPU's own ISA gives the CPU's: such a cap cannot be emulated here."""
+    subprocess). A cap above the CPU's own ISA gives the CPU's: such a cap cannot be emulated here.
+    The subprocess loads this package's extension alone (:data:`_ISA_PROBE`), not ``byoc_hetero`` and TVM:
+    a suite asks for up to five caps per worker."""
     import subprocess
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), ONEDNN_MAX_CPU_ISA=cap)
-    proc = subprocess.run([sys.executable, "-c", "from byoc_hetero._native import _C; print(_C.isa())"], env=env,
+    proc = subprocess.run([sys.executable, "-c", _ISA_PROBE, bh._C.__file__, *_onednn_libraries()], env=env,
                           capture_output=True, text=True, timeout=300)
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else f"? ({proc.stderr[-300:]})"
+
+
+def _onednn_libraries() -> list[str]:
+    """The oneDNN library files this process loaded (from /proc/self/maps; none found: the extension's rpath)."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        return sorted({line.split()[-1] for line in f if "/libdnnl.so" in line})
+    return []
 
 
 INT8_SAME_KERNELS = {"avx512_core_bf16": "avx512_core_vnni"}
@@ -391,16 +418,18 @@ one xdist group, so they run one after another in one worker and never side by s
 Ray, binds a fixed port or otherwise must not run beside these belongs here."""
 
 GROUP_COST_S = {
-    SERVE_GROUP: 300, "test_fuzz": 380, "test_zoo_models": 350, "test_int8_zoo": 300, "test_ops_attention": 200,
-    "test_tune_zoo": 200, "test_runtime": 150, "test_tune": 150, "test_weight_only": 150, "test_notebooks": 140,
-    "test_ops_layout": 120, "test_docs": 120, "test_ops_norm": 120, "test_ops_eltwise": 100, "test_ops": 100,
-    "test_tune_int8": 90, "test_quantize": 90, "test_threads": 90, "test_ops_chains": 80, "test_reliability": 80,
-    "test_llm": 80, "test_llm_onnx": 80, "test_relpos": 80, "test_symbolic": 80, "test_ranges": 70,
+    "test_fuzz": 450, SERVE_GROUP: 350, "test_zoo_models": 350, "test_tune_zoo": 260, "test_ops_attention": 200,
+    "test_notebooks": 180, "test_int8_zoo": 190, "test_gguf": 150, "test_runtime": 150, "test_tune": 150,
+    "test_weight_only": 150, "test_ops_layout": 120, "test_docs": 120, "test_ops_norm": 120, "test_llm": 110,
+    "test_ops_eltwise": 100, "test_ops": 100, "test_quantize": 90, "test_threads": 90, "test_ops_chains": 80,
+    "test_reliability": 80, "test_llm_onnx": 80, "test_relpos": 80, "test_symbolic": 80, "test_ranges": 80,
+    "test_tune_int8": 60, "test_llm_memory": 60, "test_models": 40,
 }
-"""Estimated seconds of the longest groups on two cores (from the durations of sessions 10 and 11: their
-full-suite runs' slowest tests, and the test counts; rough, and only their order matters): the groups are
-handed out longest first (:func:`pytest_collection_modifyitems`), so no long group starts last and leaves the
-other worker idle. Other groups count :data:`PER_TEST_S` per test. Refresh from a full run's
+"""Estimated seconds of the longest groups on two cores (session 12's full run with two workers: the sums of
+its 80 slowest tests per group, lower bounds, with session 11's table where those say less; session 13's cuts
+taken off test_int8_zoo, test_tune_int8 and test_models; rough, and only their order matters):
+the groups are handed out longest first (:func:`pytest_collection_modifyitems`), so no long group starts last
+and leaves the other worker idle. Other groups count :data:`PER_TEST_S` per test. Refresh from a full run's
 ``--durations=0``."""
 
 PER_TEST_S = 1.0
