@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <vector>
 
 namespace byoc_hetero {
 namespace cuda {
@@ -55,6 +56,35 @@ const CudaApi& Api();
 
 /*! \brief "" when Api() would succeed, else its message (loads the libraries, throws nothing). */
 std::string Availability();
+
+/*!
+ * \brief dlopen the path in $env, else the first of sonames that loads; on failure throw ByocError
+ *        naming what (e.g. "cuDNN 9 (libcudnn)"), the wheel that ships it, and every name tried.
+ *        The name that loaded goes to *path.
+ */
+void* OpenLibrary(const char* env, const std::vector<std::string>& sonames, const char* what, const char* wheel,
+                  std::string* path);
+
+/*! \brief The address of symbol in handle; ByocError naming the library lib when it has none. */
+void* BindSymbol(void* handle, const char* symbol, const std::string& lib);
+
+template <typename T>
+void Bind(void* handle, const char* symbol, const std::string& lib, T* out) {
+  *out = reinterpret_cast<T>(BindSymbol(handle, symbol, lib));
+}
+
+/*! \brief A cudaMalloc'd buffer on the current device, freed with its owner (Api() must have loaded). */
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
 
 /*! \brief Throw ByocError "<what>: CUDA error <code> (<text>)" unless err is cudaSuccess. */
 void CheckCuda(cudaError_t err, const char* what);
