@@ -41,14 +41,19 @@ std::string ConvShape::Text() const {
 
 ConvPlan::ConvPlan(cudnnHandle_t handle, const ConvShape& shape)
     : handle_(handle), shape_(shape), what_("cuda_vendor backend, " + shape.Text()) {
-  MakeDescriptors();
-  ChooseAlgorithm();
-  if (workspace_bytes_ > 0) workspace_ = std::make_unique<DeviceBuffer>(workspace_bytes_);
-  if (!shape_.has_bias) {  // the fused call always adds a bias
-    zero_bias_ = std::make_unique<DeviceBuffer>(shape_.k * sizeof(float));
-    const std::vector<float> zeros(shape_.k, 0.0f);
-    CheckCuda(Api().Memcpy(zero_bias_->get(), zeros.data(), zeros.size() * sizeof(float), cudaMemcpyHostToDevice),
-              "cuda_vendor backend, a conv2d's zero bias");
+  try {
+    MakeDescriptors();
+    ChooseAlgorithm();
+    if (workspace_bytes_ > 0) workspace_ = std::make_unique<DeviceBuffer>(workspace_bytes_);
+    if (!shape_.has_bias) {  // the fused call always adds a bias
+      zero_bias_ = std::make_unique<DeviceBuffer>(shape_.k * sizeof(float));
+      const std::vector<float> zeros(shape_.k, 0.0f);
+      CheckCuda(Api().Memcpy(zero_bias_->get(), zeros.data(), zeros.size() * sizeof(float), cudaMemcpyHostToDevice),
+                "cuda_vendor backend, a conv2d's zero bias");
+    }
+  } catch (...) {
+    Release();  // the descriptors made so far (no destructor runs for a half-made object)
+    throw;
   }
 }
 
@@ -102,8 +107,11 @@ void ConvPlan::ChooseAlgorithm() {
                            << " MiB workspace (" << count << " offered)";
 }
 
-ConvPlan::~ConvPlan() {
-  const CudnnApi& dnn = Cudnn();  // loaded: the constructor ran
+ConvPlan::~ConvPlan() { Release(); }
+
+void ConvPlan::Release() noexcept {
+  if (x_ == nullptr) return;  // the first descriptor made: none was (cuDNN may not even be loaded)
+  const CudnnApi& dnn = Cudnn();  // loaded: x_ was made with it
   if (act_) dnn.DestroyActivation(act_);
   if (conv_) dnn.DestroyConv(conv_);
   if (w_) dnn.DestroyFilter(w_);

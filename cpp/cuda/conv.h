@@ -60,6 +60,8 @@ class ConvPlan {
  private:
   void MakeDescriptors();
   void ChooseAlgorithm();
+  /*! \brief Destroy the descriptors made (by the destructor, or a constructor that failed). */
+  void Release() noexcept;
 
   cudnnHandle_t handle_;
   ConvShape shape_;

@@ -4,7 +4,7 @@ and a ``relu``, one cuDNN call each (``cudnnConvolutionBiasActivationForward``: 
 
 Rules (largest first): ``conv2d_add_add_relu``, ``conv2d_add_add``, ``conv2d_add_relu``,
 ``conv2d_add``, ``conv2d_relu``, ``conv2d``. Each add after the conv is, by its operand's shape, the
-*bias* (one value per output channel: ``[C]``, ``[C, 1, 1]``, ``[1, C, 1, 1]``) or the *residual*
+*bias* (one value per output channel, broadcast: ``[C, 1, 1]``, ``[1, C, 1, 1]``) or the *residual*
 (the output's shape: a ResNet block's skip connection); at most one of each, in either order, and
 the relu comes after both (cuDNN applies it last). Groups (depthwise included), strides and
 dilation run; what does not — another dtype or layout, a symbolic shape, asymmetric padding, a
@@ -23,6 +23,7 @@ from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from ..._relax import shape_of, static_shape, tensor_dtype
 from ...rules import Match
+from ..onednn.epilogue import is_per_channel  # the same broadcast rule as oneDNN's bias
 
 MAX_ADDS = 2
 """A conv2d rule takes up to this many adds: a bias and a residual."""
@@ -41,20 +42,12 @@ def conv2d_pattern(adds: int, relu: bool) -> tuple[DFPattern, dict[str, DFPatter
     return out, names
 
 
-def is_per_channel(shape: Sequence[int], out_shape: Sequence[int]) -> bool:
-    """Whether an operand of ``shape`` holds one value per channel (axis 1) of ``out_shape``."""
-    if len(shape) > len(out_shape):
-        return False
-    aligned = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    return all(d == (out_shape[1] if i == 1 else 1) for i, d in enumerate(aligned))
-
-
 def add_roles(out_shape: Sequence[int], operand_shapes: Sequence[Sequence[int]]) -> list[str] | str:
     """Each add operand's role, ``"bias"`` or ``"residual"``, in order; a string (why not) when one
     is neither or a role comes twice."""
     roles: list[str] = []
     for shape in operand_shapes:
-        if "bias" not in roles and is_per_channel(shape, out_shape):
+        if "bias" not in roles and is_per_channel(tuple(shape), tuple(out_shape), channel_axis=1):
             roles.append("bias")
         elif "residual" not in roles and list(shape) == list(out_shape):
             roles.append("residual")
@@ -156,5 +149,4 @@ def conv2d_node(calls: Calls, lookup: Callable[[relax.Expr], int], out: relax.Ex
                     "bias": int("bias" in role_of), "residual": int("residual" in role_of)}
 
 
-__all__ = ["MAX_ADDS", "add_roles", "check_conv2d", "conv2d_node", "conv2d_pattern", "is_per_channel",
-           "pattern_rules"]
+__all__ = ["MAX_ADDS", "add_roles", "check_conv2d", "conv2d_node", "conv2d_pattern", "pattern_rules"]
