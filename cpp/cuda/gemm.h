@@ -29,7 +29,6 @@ struct GemmShape {
   std::string activation = "none";  // none | relu | gelu_tanh
   int bits = 32;                     // the tensors' dtype: 32 (float32) or 16 (float16)
   std::string compute = "fp32";      // fp32 | tf32 | fp16 (the last two: float32 tensors only)
-| relu | gelu_tanh
 
   /*! \brief The cuBLASLt epilogue of has_bias and activation. */
   cublasLtEpilogue_t Epilogue() const;
