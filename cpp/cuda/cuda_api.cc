@@ -104,15 +104,7 @@ CudaApi Load() {
 
 }  // namespace
 
-const CudaApi& Api() {
-  // Loaded once; a failure is not cached as success: every call until one succeeds retries
-  // (and raises the same clear error), so installing a driver later is not ruled out.
-  static std::mutex mu;
-  static std::unique_ptr<CudaApi> loaded;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!loaded) loaded = std::make_unique<CudaApi>(Load());
-  return *loaded;
-}
+const CudaApi& Api() { return LoadedOnce<CudaApi, Load>(); }
 
 std::string Availability() {
   try {

@@ -15,6 +15,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,20 @@ void* BindSymbol(void* handle, const char* symbol, const std::string& lib);
 template <typename T>
 void Bind(void* handle, const char* symbol, const std::string& lib, T* out) {
   *out = reinterpret_cast<T>(BindSymbol(handle, symbol, lib));
+}
+
+/*!
+ * \brief The entry points Load() fills, made at the first call that succeeds. A failure is not
+ *        cached: every call until one succeeds retries (and raises the same clear error), so
+ *        installing a driver or a library later is not ruled out.
+ */
+template <typename T, T (*Load)()>
+const T& LoadedOnce() {
+  static std::mutex mu;
+  static std::unique_ptr<T> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!loaded) loaded = std::make_unique<T>(Load());
+  return *loaded;
 }
 
 /*! \brief A cudaMalloc'd buffer on the current device, freed with its owner (Api() must have loaded). */

@@ -6,9 +6,6 @@
 
 #include <tvm/ffi/error.h>
 
-#include <memory>
-#include <mutex>
-
 #include "cuda/cuda_api.h"
 
 namespace byoc_hetero {
@@ -58,14 +55,7 @@ CudnnApi Load() {
 
 }  // namespace
 
-const CudnnApi& Cudnn() {
-  // as Api(): loaded once, a failure retried at the next call
-  static std::mutex mu;
-  static std::unique_ptr<CudnnApi> loaded;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!loaded) loaded = std::make_unique<CudnnApi>(Load());
-  return *loaded;
-}
+const CudnnApi& Cudnn() { return LoadedOnce<CudnnApi, Load>(); }
 
 void CheckCudnn(cudnnStatus_t st, const std::string& what) {
   if (st == CUDNN_STATUS_SUCCESS) return;
