@@ -11,15 +11,21 @@ inputs and the llvm-only (single CPU device) build's output, and packs a runtime
 Python package without the compiler library, apache-tvm-ffi for the GPU machine's Python (a wheel
 under ``.whl/``), oneDNN, and our extension (loaded for its runtime globals only).
 
-Where the cuda_vendor backend's runtime library is built (the ``[cuda]`` extra's headers), two
-more cases: ``cuda_vendor_mlp`` (dense + bias + relu → dense + bias in one cuBLASLt region, weights
-bound, on ``cuda``; the rest on ``cpu``) and ``cuda_vendor_bmm`` (a batched ``q @ kᵀ`` of two
-inputs), with numpy references; the library goes into the bundle (it is small). cuBLASLt itself
-is NOT carried: libcublasLt is about 500 MB, and the GPU machine receives at most 64 MiB beside
-the work tree and reaches no network. ``run`` uses the machine's own CUDA 12 or 13 libraries (an
-nvidia-cublas wheel of its Python, e.g. PyTorch's, or the CUDA toolkit's lib64; or the paths in
-BYOC_HETERO_CUBLASLT / BYOC_HETERO_CUDART) and says which; without them those two cases report
-what is missing and TVM's own CUDA code (the other cases) is what runs there.
+Where the cuda_vendor backend's runtime library is built (the ``[cuda]`` extra's headers), more
+cases, all on ``cuda`` as a user places them (the backend's regions on the GPU, the rest on the
+CPU): ``cuda_vendor_mlp`` (dense + bias + relu → dense + bias in one cuBLASLt region, weights
+bound), ``cuda_vendor_mlp_f16`` (the same in float16, FP32 accumulation, tolerance 2e-2),
+``cuda_vendor_bmm`` (a batched ``q @ kᵀ`` of two inputs) with numpy references; and on cuDNN,
+against the llvm-only build, ``cuda_vendor_convnet`` (the small conv net: conv2d + bias + relu,
+strided, 1x1, then dense), ``cuda_vendor_resblock`` (a ResNet basic block: the second conv's bias,
+the block's input as residual and the relu in one cuDNN call) and ``cuda_vendor_depthwise`` (the
+same block with groups = channels and dilation 2). The library goes into the bundle (it is small).
+cuBLASLt and cuDNN themselves are NOT carried: libcublasLt is about 500 MB and cuDNN 9 about
+900 MB, and the GPU machine receives at most 64 MiB beside the work tree and reaches no network.
+``run`` uses the machine's own CUDA 12 or 13 libraries and cuDNN 9 (the nvidia-* wheels of its
+Python, e.g. PyTorch's, or the CUDA toolkit's lib64; or the paths in BYOC_HETERO_CUBLASLT /
+BYOC_HETERO_CUDART / BYOC_HETERO_CUDNN) and says which; without them those cases report what is
+missing and TVM's own CUDA code (the other cases) is what runs there.
 
 ``run`` loads each library with TVM's runtime alone, makes the VM on the placement's devices (the
 plan embedded by ``compile``), runs it and prints the relative error against the reference; every
@@ -45,44 +51,106 @@ CUDA_VENDOR_KIND = "byoc_hetero_cuda"  # byoc_hetero.backends.cuda_vendor.RUNTIM
 NO_GPU = 3  # run's exit code when the machine has no usable GPU
 
 
-def _cuda_vendor_cases(rng) -> dict:
-    """The cuda_vendor backend's cases (placed, inputs, numpy reference); {} where its library is not built."""
+def _on_gpu(part):
+    """``part`` placed as a user would: its cuda_vendor regions on cuda (a GPU backend's region goes
+    to a GPU), the rest on the cpu."""
+    from byoc_hetero.placement import place
+
+    return place(part, fallback="cpu", devices=["cpu", "cuda"])
+
+
+def _mlp(rng, dtype: str):
+    """dense + bias + relu → dense + bias, weights bound, in ``dtype``; numpy's float32 reference."""
     from tvm import relax
     from tvm.script import relax as R
 
     import byoc_hetero as bh
-    from byoc_hetero.backends import cuda_vendor
-    from byoc_hetero.placement import place
 
-    if not cuda_vendor.built():
-        print("cuda_vendor: runtime library not built (pip install 'byoc-hetero[cuda]', then build): cases skipped")
-        return {}
-    f32 = lambda *shape: rng.standard_normal(shape).astype("float32")  # noqa: E731
+    draw = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
-    ws = {n: relax.Var(n, relax.TensorType(s, "float32")) for n, s in
+    x = relax.Var("x", relax.TensorType((8, 64), dtype))
+    ws = {n: relax.Var(n, relax.TensorType(s, dtype)) for n, s in
           (("w1", (64, 128)), ("b1", (128,)), ("w2", (128, 32)), ("b2", (32,)))}
     with bb.function("main", [x, *ws.values()]):
         with bb.dataflow():
             h = bb.emit(R.nn.relu(bb.emit(R.add(bb.emit(R.matmul(x, ws["w1"])), ws["b1"]))))
             out = bb.emit_output(bb.emit(R.add(bb.emit(R.matmul(h, ws["w2"])), ws["b2"])))
         bb.emit_func_output(out)
-    params = {"w1": f32(64, 128), "b1": f32(128), "w2": f32(128, 32), "b2": f32(32)}
-    xs = [f32(8, 64)]
-    want = np.maximum(xs[0] @ params["w1"] + params["b1"], 0) @ params["w2"] + params["b2"]
-    part = bh.partition(bb.get(), params, target="cuda_vendor")
-    cases = {"cuda_vendor_mlp": (place(part, fallback="cpu", devices=["cpu", "cuda"]), xs, want)}
+    params = {"w1": draw(64, 128), "b1": draw(128), "w2": draw(128, 32), "b2": draw(32)}
+    xs = [draw(8, 64)]
+    p32 = {k: v.astype("float32") for k, v in params.items()}
+    want = np.maximum(xs[0].astype("float32") @ p32["w1"] + p32["b1"], 0) @ p32["w2"] + p32["b2"]
+    return _on_gpu(bh.partition(bb.get(), params, target="cuda_vendor")), xs, want
+
+
+def _gemm_cases(rng) -> dict:
+    from tvm import relax
+    from tvm.script import relax as R
+
+    import byoc_hetero as bh
+
+    cases = {"cuda_vendor_mlp": _mlp(rng, "float32")}
+    # float16 tensors, FP32 accumulation: a 10-bit mantissa's error against the float32 reference
+    cases["cuda_vendor_mlp_f16"] = (*_mlp(rng, "float16"), 2e-2)
     bb = relax.BlockBuilder()
     q, k = (relax.Var(n, relax.TensorType((4, 16, 32), "float32")) for n in "qk")
     with bb.function("main", [q, k]):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(R.matmul(q, bb.emit(R.permute_dims(k, [0, 2, 1])))))
         bb.emit_func_output(out)
-    qk = [f32(4, 16, 32), f32(4, 16, 32)]
-    part = bh.partition(bb.get(), target="cuda_vendor")
-    cases["cuda_vendor_bmm"] = (place(part, fallback="cpu", devices=["cpu", "cuda"]), qk,
+    qk = [rng.standard_normal((4, 16, 32)).astype("float32") for _ in range(2)]
+    cases["cuda_vendor_bmm"] = (_on_gpu(bh.partition(bb.get(), target="cuda_vendor")), qk,
                                 qk[0] @ np.swapaxes(qk[1], 1, 2))
     return cases
+
+
+def _conv_block(rng, channels: int, size: int, groups: int = 1, dilation: int = 1):
+    """A ResNet basic block (conv + bias + relu → conv + bias + the block's input → relu), or with
+    ``groups`` / ``dilation`` a depthwise-style one; weights as params."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    draw = lambda *shape: (rng.standard_normal(shape) * 0.2).astype("float32")  # noqa: E731
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, channels, size, size), "float32"))
+    shapes = {"w1": (channels, channels // groups, 3, 3), "b1": (1, channels, 1, 1),
+              "w2": (channels, channels // groups, 3, 3), "b2": (1, channels, 1, 1)}
+    ws = {n: relax.Var(n, relax.TensorType(s, "float32")) for n, s in shapes.items()}
+    conv = dict(padding=dilation, dilation=dilation, groups=groups)
+    with bb.function("main", [x, *ws.values()]):
+        with bb.dataflow():
+            h = bb.emit(R.nn.relu(bb.emit(R.add(bb.emit(R.nn.conv2d(x, ws["w1"], **conv)), ws["b1"]))))
+            y = bb.emit(R.add(bb.emit(R.nn.conv2d(h, ws["w2"], **conv)), ws["b2"]))
+            out = bb.emit_output(bb.emit(R.nn.relu(bb.emit(R.add(y, x)))))
+        bb.emit_func_output(out)
+    return bb.get(), {n: draw(*s) for n, s in shapes.items()}
+
+
+def _conv_cases(rng) -> dict:
+    """conv2d on cuDNN, against the llvm-only build of the same module."""
+    import byoc_hetero as bh
+    from byoc_hetero.timing import build, random_inputs, run
+
+    models = {"cuda_vendor_convnet": bh.models.small_convnet(image_size=16),
+              "cuda_vendor_resblock": _conv_block(rng, 16, 16),
+              "cuda_vendor_depthwise": _conv_block(rng, 16, 16, groups=16, dilation=2)}
+    cases = {}
+    for name, (mod, params) in models.items():
+        xs = random_inputs(mod, params)
+        want = run(build(bh.bind_params(mod, params)), xs)
+        cases[name] = (_on_gpu(bh.partition(mod, params, target="cuda_vendor")), xs, want)
+    return cases
+
+
+def _cuda_vendor_cases(rng) -> dict:
+    """The cuda_vendor backend's cases (placed, inputs, reference[, tolerance]); {} where its
+    library is not built."""
+    from byoc_hetero.backends import cuda_vendor
+
+    if not cuda_vendor.built():
+        print("cuda_vendor: runtime library not built (pip install 'byoc-hetero[cuda]', then build): cases skipped")
+        return {}
+    return {**_gemm_cases(rng), **_conv_cases(rng)}
 
 
 def _bundle(out: str) -> None:
@@ -143,9 +211,9 @@ def prepare(out: str) -> None:
     part = bh.partition(smod, sparams)
     cases["onednn_regions_cpu_sin_cuda"] = (place(part, {"relax.sin": "cuda"}, fallback="cpu"), sinputs, swant)
     cases.update(_cuda_vendor_cases(rng))
-    for name, (placed, xs, want) in cases.items():
+    for name, (placed, xs, want, *tol) in cases.items():  # tol: the largest relative error taken (1e-4)
         compile_placed(placed).executable.export_library(os.path.join(out, f"{name}.so"))
-        np.savez(os.path.join(out, f"{name}.npz"), want=np.asarray(want),
+        np.savez(os.path.join(out, f"{name}.npz"), want=np.asarray(want), tol=np.float64(tol[0] if tol else 1e-4),
                  **{f"x{i}": np.asarray(x) for i, x in enumerate(xs)})
         print(f"prepared {name}")
     _bundle(out)
@@ -189,17 +257,20 @@ def _gpu_runtime(tvm) -> str:
 
 
 def _find_cuda_libraries() -> dict:
-    """Point the cuda_vendor runtime at this machine's libcublasLt / libcudart (CUDA 12 or 13)."""
+    """Point the cuda_vendor runtime at this machine's libcublasLt / libcudart (CUDA 12 or 13) and
+    libcudnn (cuDNN 9, for the conv2d cases)."""
     import glob
 
     roots = [os.path.join(p, "nvidia") for p in sys.path if p and os.path.isdir(os.path.join(p, "nvidia"))]
     roots += ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
     found = {}
-    for env, stem in (("BYOC_HETERO_CUBLASLT", "libcublasLt.so"), ("BYOC_HETERO_CUDART", "libcudart.so")):
+    for env, stem, versions in (("BYOC_HETERO_CUBLASLT", "libcublasLt.so", ("12", "13")),
+                                ("BYOC_HETERO_CUDART", "libcudart.so", ("12", "13")),
+                                ("BYOC_HETERO_CUDNN", "libcudnn.so", ("9",))):
         if os.environ.get(env):
             found[env] = os.environ[env]
             continue
-        for version in ("12", "13"):
+        for version in versions:
             hits = sorted(h for r in roots for h in glob.glob(os.path.join(r, "**", f"{stem}.{version}"), recursive=True))
             if hits:
                 found[env] = os.environ[env] = hits[0]
@@ -267,8 +338,8 @@ def _run_case(tvm, path: str, name: str) -> dict:
         vm["main"](*args, *consts)
     devices[-1].sync()
     per_call = (time.perf_counter() - start) / 20
-    want = data["want"]
-    err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+    want, tol = data["want"], float(data["tol"]) if "tol" in data.files else 1e-4
+    err = float(np.max(np.abs(got.astype("float64") - want)) / max(float(np.max(np.abs(want))), 1e-30))
     kinds, stack = set(), [lib]
     while stack:  # every module linked into the library: the GPU code must be among them
         m = stack.pop()
@@ -276,7 +347,7 @@ def _run_case(tvm, path: str, name: str) -> dict:
         stack.extend(m.imports)
     on_gpu = "cuda" in kinds or (name.startswith("cuda_vendor") and CUDA_VENDOR_KIND in kinds)
     return {"case": name, "devices": plan["devices"], "modules": sorted(kinds), "rel_err": err,
-            "ms_per_call": per_call * 1e3, "ok": err <= 1e-4 and on_gpu}
+            "ms_per_call": per_call * 1e3, "tol": tol, "ok": err <= tol and on_gpu}
 
 
 def run_cases(path: str, results: str | None = None) -> int:

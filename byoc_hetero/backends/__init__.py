@@ -8,8 +8,8 @@ A backend package registers its target, its rules (patterns and checks) and its 
   runtime on oneDNN.
 * :mod:`.tvm_cpu`: target ``tvm_cpu`` (alias ``tvm-cpu``), regions compiled by TVM itself with
   parallel, vectorized CPU schedules (registered through ``register_target`` like a user's).
-* :mod:`.cuda_vendor`: target ``cuda_vendor``, regions run on an NVIDIA GPU by cuBLASLt (its runtime library is
-  built only with the CUDA headers of the ``[cuda]`` extra, and loads CUDA at first run).
+* :mod:`.cuda_vendor`: target ``cuda_vendor``, regions run on an NVIDIA GPU by cuBLASLt and cuDNN (its runtime
+  library is built only with the CUDA headers of the ``[cuda]`` extra, and loads CUDA at first run).
 """
 
 from . import cuda_vendor, onednn, tvm_cpu

@@ -58,6 +58,11 @@ GIVE_UP_AFTER_S = 0.05
 (an llvm ``not_equal`` on 32 elements read 4 ms on its first call, 2 µs after), which only a call
 this long makes negligible."""
 
+TIMED_ON = "cpu"
+"""The device kind this level times regions on (its harness runs on ``tvm.cpu()``): a backend whose
+regions run on another device (``cuda_vendor``: ``cuda``) is no candidate here, and its own regions
+are left to the cost gate's rule, the report saying why (the device level places them)."""
+
 Progress = Callable[[str, int, int, str], None]
 """``progress(level, done, total, what)``: told before each measurement."""
 
@@ -81,6 +86,9 @@ class RegionCandidate:
     @property
     def untimeable(self) -> str | None:
         """Why the region cannot be timed alone (then the cost gate's rule decides), else None."""
+        reason = device_reason(self.target)
+        if reason:
+            return reason
         for p in self.func.params if self.func is not None else ():
             if not isinstance(p.ty, relax.TensorType) or static_shape(p) is None:
                 return f"parameter {p.name} has no static tensor shape: not timed"
@@ -128,6 +136,15 @@ def candidate_regions(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None
     return list(found.values())
 
 
+def device_reason(backend: str) -> str | None:
+    """Why this level cannot time ``backend``'s regions (its runtime runs on another device than
+    :data:`TIMED_ON`), else None."""
+    device = get_target(backend).device
+    if device != TIMED_ON:
+        return f"{backend} runs on {device}; the codegen level times on the {TIMED_ON}: not timed here"
+    return None
+
+
 def harness_module(region: relax.Function, offloaded: bool) -> tvm.IRModule:
     """A module whose ``main`` runs ``region``: called as a region, or with its composites inlined
     as plain ops for llvm."""
@@ -148,6 +165,10 @@ def _other_backends(c: RegionCandidate, names: Sequence[str]) -> tuple[dict[str,
     runs, why = {}, {}
     for name in names:
         if name == c.target:
+            continue
+        reason = device_reason(name)
+        if reason:
+            why[name] = reason
             continue
         got = retarget_region(c.func, name)
         if isinstance(got, str):
@@ -366,5 +387,5 @@ def tune_codegen(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, cac
     return CodegenPlan(list(measured.values()))
 
 
-__all__ = ["CodegenDecision", "CodegenPlan", "GIVE_UP", "RegionCandidate", "candidate_regions", "measure_region",
-           "tune_codegen"]
+__all__ = ["CodegenDecision", "CodegenPlan", "GIVE_UP", "RegionCandidate", "TIMED_ON", "candidate_regions",
+           "device_reason", "measure_region", "tune_codegen"]

@@ -1,7 +1,8 @@
 """The device level: which device runs each call of the tuned module, counting the copies.
 
 After the other levels, the tuned module's ``main`` is a sequence of calls: offloaded regions
-(this project's C++ runtime: a CPU runtime, so CPU only) and the ops TVM compiles (on the
+(a CPU backend's, oneDNN: CPU only; a GPU backend's, cuda_vendor: GPU only — no time is asked for
+on a device its runtime cannot run on) and the ops TVM compiles (on the
 CPU with llvm, or on a GPU with TVM's cuda code). Each call is a *device unit*. With ``devices``
 naming a GPU, :func:`tune_devices` gets each unit's seconds per call on each device it can run on
 and the cost of a copy between two devices, and :func:`.solver.solve` picks the placement of least
@@ -46,8 +47,14 @@ class DeviceUnit:
     what: str  # the op name, or "region <symbol>"
     inputs: list[str]
     outputs: list[str]
-    cpu_only: bool  # an offloaded region: this project's runtime runs on the CPU only
+    cpu_only: bool  # an offloaded region of a CPU backend (oneDNN): its runtime runs on the CPU only
     call: int = 0  # the call's identity (placement.\_ir.key): what the placement rule matches
+    gpu_only: bool = False  # a region of a GPU backend (cuda_vendor): its runtime runs on a GPU only
+
+    def runs_on(self, device: str) -> bool:
+        """Whether the unit's runtime can run on ``device`` (``"cpu:0"``, ``"cuda:0"``) at all."""
+        on_cpu = device.startswith("cpu")
+        return not (self.cpu_only and not on_cpu) and not (self.gpu_only and on_cpu)
 
     def __str__(self) -> str:
         return f"{self.name} = {self.what}"
@@ -112,8 +119,10 @@ def device_units(partitioned: tvm.IRModule) -> tuple[list[DeviceUnit], dict[str,
     model's inputs and outputs, by unique name (the variable's, ``.K`` added to a repeated one).
     Tuple projections and aliases are no units: they name their source tensor."""
     from ..placement._ir import key, nbytes, site_name
+    from ..placement.regions import region_table
 
     func = partitioned["main"]
+    table = region_table(partitioned)
     names: dict[int, str] = {}
     taken: set[str] = set()
     units, sizes = [], {}
@@ -136,7 +145,10 @@ def device_units(partitioned: tvm.IRModule) -> tuple[list[DeviceUnit], dict[str,
             what = f"region {site_name(value)}" if region else site_name(value)
             args = value.args[1].fields if region and isinstance(value.args[1], relax.Tuple) else value.args
             reads = list(dict.fromkeys(n for a in args for n in _source(a, names)))
-            units.append(DeviceUnit(name, what, reads, [name], cpu_only=region, call=key(value)))
+            info = table.get(site_name(value)) if region else None
+            gpu_only = info is not None and info.gpu_only
+            units.append(DeviceUnit(name, what, reads, [name], cpu_only=region and not gpu_only, call=key(value),
+                                    gpu_only=gpu_only))
     inputs = [names[key(p)] for p in func.params]
     return units, sizes, inputs, _source(func.body.body, names)
 
@@ -151,7 +163,8 @@ class DeviceDecision:
 
     def why(self) -> str:
         parts = ", ".join(f"{d} {'-' if t is None else f'{t * 1e6:.1f} µs'}" for d, t in self.times.items())
-        note = " (an offloaded region: CPU only)" if self.unit.cpu_only else ""
+        note = " (an offloaded region: CPU only)" if self.unit.cpu_only else \
+            " (a GPU backend's region: GPU only)" if self.unit.gpu_only else ""
         return f"{self.unit}: {self.chosen}: {parts}{note}"
 
 
@@ -189,7 +202,7 @@ def device_problem(units: Sequence[DeviceUnit], sizes: Mapping[str, int], inputs
     links (``latency + bytes / bandwidth``), model inputs and outputs on the first device."""
     decisions, regions = [], []
     for unit in units:
-        times = {d: (None if unit.cpu_only and not d.startswith("cpu") else measurer.time(unit, d)) for d in devices}
+        times = {d: (measurer.time(unit, d) if unit.runs_on(d) else None) for d in devices}
         choices = [Choice(d, d, t) for d, t in times.items() if t is not None]
         if not choices:
             raise PlacementError(f"tune: {unit} runs on none of the devices {list(devices)}")

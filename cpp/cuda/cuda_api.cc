@@ -15,11 +15,8 @@
 namespace byoc_hetero {
 namespace cuda {
 
-namespace {
-
-/*! \brief dlopen the first of env's path, then the sonames; on failure throw naming all tried. */
-void* OpenLibrary(const char* env, const std::vector<std::string>& sonames, const char* what,
-                  const char* wheel, std::string* path) {
+void* OpenLibrary(const char* env, const std::vector<std::string>& sonames, const char* what, const char* wheel,
+                  std::string* path) {
   std::vector<std::string> tried;
   if (const char* given = std::getenv(env); given != nullptr && *given != '\0') tried.push_back(given);
   tried.insert(tried.end(), sonames.begin(), sonames.end());
@@ -38,14 +35,22 @@ void* OpenLibrary(const char* env, const std::vector<std::string>& sonames, cons
   return nullptr;
 }
 
-template <typename T>
-void Bind(void* handle, const char* symbol, const std::string& lib, T* out) {
-  *out = reinterpret_cast<T>(dlsym(handle, symbol));
-  if (*out == nullptr) {
+void* BindSymbol(void* handle, const char* symbol, const std::string& lib) {
+  void* address = dlsym(handle, symbol);
+  if (address == nullptr) {
     TVM_FFI_THROW(ByocError) << "the cuda_vendor backend: " << lib << " has no symbol " << symbol
-                             << " (a CUDA 12 or 13 library is expected)";
+                             << " (a CUDA 12 or 13 library, cuDNN 9, is expected)";
   }
+  return address;
 }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) {
+  CheckCuda(Api().Malloc(&ptr_, bytes), "cuda_vendor backend, cudaMalloc");
+}
+
+DeviceBuffer::~DeviceBuffer() { Api().Free(ptr_); }
+
+namespace {
 
 void BindCudart(void* rt, CudaApi* api) {
   const std::string& lib = api->cudart_path;
@@ -99,15 +104,7 @@ CudaApi Load() {
 
 }  // namespace
 
-const CudaApi& Api() {
-  // Loaded once; a failure is not cached as success: every call until one succeeds retries
-  // (and raises the same clear error), so installing a driver later is not ruled out.
-  static std::mutex mu;
-  static std::unique_ptr<CudaApi> loaded;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!loaded) loaded = std::make_unique<CudaApi>(Load());
-  return *loaded;
-}
+const CudaApi& Api() { return LoadedOnce<CudaApi, Load>(); }
 
 std::string Availability() {
   try {

@@ -15,7 +15,10 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace byoc_hetero {
 namespace cuda {
@@ -55,6 +58,49 @@ const CudaApi& Api();
 
 /*! \brief "" when Api() would succeed, else its message (loads the libraries, throws nothing). */
 std::string Availability();
+
+/*!
+ * \brief dlopen the path in $env, else the first of sonames that loads; on failure throw ByocError
+ *        naming what (e.g. "cuDNN 9 (libcudnn)"), the wheel that ships it, and every name tried.
+ *        The name that loaded goes to *path.
+ */
+void* OpenLibrary(const char* env, const std::vector<std::string>& sonames, const char* what, const char* wheel,
+                  std::string* path);
+
+/*! \brief The address of symbol in handle; ByocError naming the library lib when it has none. */
+void* BindSymbol(void* handle, const char* symbol, const std::string& lib);
+
+template <typename T>
+void Bind(void* handle, const char* symbol, const std::string& lib, T* out) {
+  *out = reinterpret_cast<T>(BindSymbol(handle, symbol, lib));
+}
+
+/*!
+ * \brief The entry points Load() fills, made at the first call that succeeds. A failure is not
+ *        cached: every call until one succeeds retries (and raises the same clear error), so
+ *        installing a driver or a library later is not ruled out.
+ */
+template <typename T, T (*Load)()>
+const T& LoadedOnce() {
+  static std::mutex mu;
+  static std::unique_ptr<T> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!loaded) loaded = std::make_unique<T>(Load());
+  return *loaded;
+}
+
+/*! \brief A cudaMalloc'd buffer on the current device, freed with its owner (Api() must have loaded). */
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
 
 /*! \brief Throw ByocError "<what>: CUDA error <code> (<text>)" unless err is cudaSuccess. */
 void CheckCuda(cudaError_t err, const char* what);

@@ -14,7 +14,8 @@
  *
  * Nothing CUDA is touched until a region runs: then the CUDA runtime and cuBLASLt are loaded
  * (cuda_api.h) and, per device, a cuBLASLt handle, the constants' copies, the buffers of the
- * values between nodes and each node's descriptors are made once and reused. Calls of one module
+ * values between nodes and each node's descriptors are made once and reused; cuDNN is loaded only
+ * for a region that has conv2d nodes. Calls of one module
  * are serialized (its in-between buffers are shared).
  */
 #include <tvm/ffi/cast.h>
@@ -37,7 +38,9 @@
 #include <vector>
 
 #include "cuda/cuda_api.h"
+#include "cuda/conv.h"
 #include "cuda/cuda_region.h"
+#include "cuda/cudnn_api.h"
 #include "cuda/gemm.h"
 
 namespace byoc_hetero {
@@ -56,30 +59,77 @@ std::string ShapeText(const int64_t* shape, int ndim) {
   return s + "]";
 }
 
-/*! \brief A cudaMalloc'd buffer, freed with its owner. */
-class DeviceBuffer {
+/*! \brief One node's plan on one device: runs it on the tensors' device addresses (by tensor id). */
+class NodeRunner {
  public:
-  explicit DeviceBuffer(size_t bytes) { CheckCuda(Api().Malloc(&ptr_, bytes), "cuda_vendor backend, cudaMalloc"); }
-  ~DeviceBuffer() { Api().Free(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
+  virtual ~NodeRunner() = default;
+  virtual void Run(const std::vector<void*>& ptr, cudaStream_t stream) = 0;
+};
+
+const void* In(const std::vector<void*>& ptr, int t) { return ptr[t]; }
+
+/*! \brief A gemm node on cuBLASLt: inputs (data, weight[, bias]). */
+class GemmRunner final : public NodeRunner {
+ public:
+  GemmRunner(cublasLtHandle_t handle, const Node& node) : node_(node), plan_(handle, node.gemm) {}
+  void Run(const std::vector<void*>& ptr, cudaStream_t stream) final {
+    const void* bias = node_.inputs.size() == 3 ? In(ptr, node_.inputs[2]) : nullptr;
+    plan_.Run(In(ptr, node_.inputs[0]), In(ptr, node_.inputs[1]), bias, ptr[node_.output], stream);
+  }
 
  private:
-  void* ptr_ = nullptr;
+  const Node& node_;
+  GemmPlan plan_;
 };
 
-/*! \brief What a region needs on one device: handle, constants, in-between buffers, node plans. */
+/*! \brief A conv2d node on cuDNN: inputs (data, weight[, bias][, residual]). */
+class ConvRunner final : public NodeRunner {
+ public:
+  ConvRunner(cudnnHandle_t handle, const Node& node) : node_(node), plan_(handle, node.conv) {}
+  void Run(const std::vector<void*>& ptr, cudaStream_t stream) final {
+    size_t next = 2;
+    const void* bias = node_.conv.has_bias ? In(ptr, node_.inputs[next++]) : nullptr;
+    const void* residual = node_.conv.has_residual ? In(ptr, node_.inputs[next]) : nullptr;
+    plan_.Run(In(ptr, node_.inputs[0]), In(ptr, node_.inputs[1]), bias, residual, ptr[node_.output], stream);
+  }
+
+ private:
+  const Node& node_;
+  ConvPlan plan_;
+};
+
+/*! \brief What a region needs on one device: library handles (made for the node kinds it has),
+ *         constants, in-between buffers, node runners. */
 struct DeviceState {
-  std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, cublasStatus_t (*)(cublasLtHandle_t)> handle{
-      nullptr, nullptr};
+  std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, cublasStatus_t (*)(cublasLtHandle_t)> lt{nullptr,
+                                                                                                     nullptr};
+  std::unique_ptr<std::remove_pointer_t<cudnnHandle_t>, cudnnStatus_t (*)(cudnnHandle_t)> dnn{nullptr, nullptr};
   std::vector<std::unique_ptr<DeviceBuffer>> buffers;
   std::vector<void*> where;  // tensor id -> its constant copy or in-between buffer (else null)
-  std::vector<std::unique_ptr<GemmPlan>> plans;
+  std::vector<std::unique_ptr<NodeRunner>> runners;
+
+  /*! \brief The runner of `node`, the handle of its library made at its first node. */
+  std::unique_ptr<NodeRunner> MakeRunner(const Node& node) {
+    if (node.op == "conv2d") {
+      if (!dnn) {
+        cudnnHandle_t handle = nullptr;
+        CheckCudnn(Cudnn().Create(&handle), "cuda_vendor backend, cudnnCreate");
+        dnn = {handle, Cudnn().Destroy};
+      }
+      return std::make_unique<ConvRunner>(dnn.get(), node);
+    }
+    if (!lt) {
+      cublasLtHandle_t handle = nullptr;
+      CheckLt(Api().LtCreate(&handle), "cuda_vendor backend, cublasLtCreate");
+      lt = {handle, Api().LtDestroy};
+    }
+    return std::make_unique<GemmRunner>(lt.get(), node);
+  }
 };
 
-/*! \brief Check a call argument: a compact float32 tensor of `shape` on a CUDA device. */
-const DLTensor& CheckArgument(const ffi::AnyView& arg, const std::vector<int64_t>& shape, const std::string& what) {
+/*! \brief Check a call argument: a compact float tensor of `bits` and `shape` on a CUDA device. */
+const DLTensor& CheckArgument(const ffi::AnyView& arg, const std::vector<int64_t>& shape, int bits,
+                              const std::string& what) {
   std::optional<DLTensor*> dl = arg.try_cast<DLTensor*>();
   if (!dl.has_value() || *dl == nullptr) {
     TVM_FFI_THROW(InputError) << what << ": expected a Tensor, got " << arg.GetTypeKey();
@@ -90,8 +140,9 @@ const DLTensor& CheckArgument(const ffi::AnyView& arg, const std::vector<int64_t
                               << "there; place them on 'cuda'), got one of device type "
                               << static_cast<int>(t.device.device_type);
   }
-  if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
-    TVM_FFI_THROW(InputError) << what << ": expected dtype float32, got " << ffi::DLDataTypeToString(t.dtype);
+  if (t.dtype.code != kDLFloat || t.dtype.bits != bits || t.dtype.lanes != 1) {
+    TVM_FFI_THROW(InputError) << what << ": expected dtype float" << bits << ", got "
+                              << ffi::DLDataTypeToString(t.dtype);
   }
   if (t.ndim != static_cast<int>(shape.size()) || !std::equal(shape.begin(), shape.end(), t.shape)) {
     TVM_FFI_THROW(InputError) << what << ": expected shape " << ShapeText(shape.data(), shape.size()) << ", got "
@@ -149,12 +200,15 @@ class CudaRegionModuleObj : public ffi::ModuleObj {
     }
     for (size_t i = 0; i < consts->size(); ++i) {
       const DLTensor& t = *(*consts)[i].GetDLTensorPtr();
-      const auto& shape = region_.shapes[region_.constants[i].tensor];
+      const int tensor = region_.constants[i].tensor;
+      const auto& shape = region_.shapes[tensor];
       const std::string what = fn + " constant '" + region_.constants[i].name + "'";
-      if (t.device.device_type != kDLCPU || t.dtype.code != kDLFloat || t.dtype.bits != 32 || !ffi::IsContiguous(t) ||
+      if (t.device.device_type != kDLCPU || t.dtype.code != kDLFloat || t.dtype.bits != region_.bits[tensor] ||
+          !ffi::IsContiguous(t) ||
           t.ndim != static_cast<int>(shape.size()) || !std::equal(shape.begin(), shape.end(), t.shape)) {
-        TVM_FFI_THROW(ValueError) << what << ": expected a compact float32 host tensor of shape "
-                                  << ShapeText(shape.data(), shape.size()) << ", got shape " << ShapeText(t.shape, t.ndim);
+        TVM_FFI_THROW(ValueError) << what << ": expected a compact float" << region_.bits[tensor]
+                                  << " host tensor of shape " << ShapeText(shape.data(), shape.size()) << ", got "
+                                  << ffi::DLDataTypeToString(t.dtype) << " of shape " << ShapeText(t.shape, t.ndim);
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -172,13 +226,10 @@ class CudaRegionModuleObj : public ffi::ModuleObj {
                                << region_.symbol << ")";
     }
     auto state = std::make_unique<DeviceState>();
-    cublasLtHandle_t handle = nullptr;
-    CheckLt(api.LtCreate(&handle), "cuda_vendor backend, cublasLtCreate");
-    state->handle = {handle, api.LtDestroy};
     state->where.assign(region_.shapes.size(), nullptr);
     for (size_t i = 0; i < region_.constants.size(); ++i) {
       const int t = region_.constants[i].tensor;
-      const size_t bytes = static_cast<size_t>(region_.Numel(t)) * sizeof(float);
+      const size_t bytes = region_.Bytes(t);
       state->buffers.push_back(std::make_unique<DeviceBuffer>(bytes));
       const DLTensor& host = *(*consts_)[i].GetDLTensorPtr();
       CheckCuda(api.Memcpy(state->buffers.back()->get(), static_cast<const char*>(host.data) + host.byte_offset,
@@ -188,12 +239,12 @@ class CudaRegionModuleObj : public ffi::ModuleObj {
     }
     std::vector<bool> is_output(region_.shapes.size(), false);
     for (int t : region_.outputs) is_output[t] = true;
-    for (const GemmNode& node : region_.nodes) {
+    for (const Node& node : region_.nodes) {
       if (!is_output[node.output]) {
-        state->buffers.push_back(std::make_unique<DeviceBuffer>(region_.Numel(node.output) * sizeof(float)));
+        state->buffers.push_back(std::make_unique<DeviceBuffer>(region_.Bytes(node.output)));
         state->where[node.output] = state->buffers.back()->get();
       }
-      state->plans.push_back(std::make_unique<GemmPlan>(handle, node.shape));
+      state->runners.push_back(state->MakeRunner(node));
     }
     return *states_.emplace(dev, std::move(state)).first->second;
   }
@@ -210,7 +261,7 @@ class CudaRegionModuleObj : public ffi::ModuleObj {
     for (size_t i = 0; i < num_in + num_out; ++i) {
       const int t = i < num_in ? region_.inputs[i] : region_.outputs[i - num_in];
       const std::string what = region_.where() + ": argument " + std::to_string(i);
-      const DLTensor& dl = CheckArgument(args[i], region_.shapes[t], what);
+      const DLTensor& dl = CheckArgument(args[i], region_.shapes[t], region_.bits[t], what);
       if (dev >= 0 && dl.device.device_id != dev) {
         TVM_FFI_THROW(InputError) << what << ": on cuda:" << dl.device.device_id << ", the others on cuda:" << dev;
       }
@@ -224,12 +275,7 @@ class CudaRegionModuleObj : public ffi::ModuleObj {
       if (ptr[t] == nullptr) ptr[t] = state.where[t];
     }
     auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev));
-    for (size_t i = 0; i < region_.nodes.size(); ++i) {
-      const GemmNode& node = region_.nodes[i];
-      const float* bias = node.inputs.size() == 3 ? static_cast<const float*>(ptr[node.inputs[2]]) : nullptr;
-      state.plans[i]->Run(static_cast<const float*>(ptr[node.inputs[0]]), static_cast<const float*>(ptr[node.inputs[1]]),
-                          bias, static_cast<float*>(ptr[node.output]), stream);
-    }
+    for (const auto& runner : state.runners) runner->Run(ptr, stream);
   }
 
   std::string json_;

@@ -23,20 +23,30 @@ cublasLtEpilogue_t GemmShape::Epilogue() const {
   return has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
+cublasComputeType_t GemmShape::ComputeType() const {
+  if (compute == "fp32") return CUBLAS_COMPUTE_32F;
+  if (bits == 32 && compute == "tf32") return CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (bits == 32 && compute == "fp16") return CUBLAS_COMPUTE_32F_FAST_16F;
+  TVM_FFI_THROW(ValueError) << "gemm: compute '" << compute << "' on float" << bits
+                            << " tensors (expected fp32, or tf32 / fp16 for float32 tensors)";
+  return CUBLAS_COMPUTE_32F;  // not reached
+}
+
 std::string GemmShape::Text() const {
   std::ostringstream os;
   os << "gemm " << batch << "x[" << m << "x" << n << "x" << k << "] weight " << (transpose_b ? "NK" : "KN")
-     << (batched_weight ? " batched" : "") << (has_bias ? " +bias" : "") << " " << activation;
+     << (batched_weight ? " batched" : "") << (has_bias ? " +bias" : "") << " " << activation
+     << (bits == 16 ? " float16" : "") << (compute != "fp32" ? " compute " + compute : "");
   return os.str();
 }
 
 namespace {
 
-cublasLtMatrixLayout_t Layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t batch, int64_t stride,
-                              const char* what) {
+cublasLtMatrixLayout_t Layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
+                              int64_t stride, const char* what) {
   const CudaApi& api = Api();
   cublasLtMatrixLayout_t layout = nullptr;
-  CheckLt(api.LayoutCreate(&layout, CUDA_R_32F, rows, cols, ld), what);
+  CheckLt(api.LayoutCreate(&layout, type, rows, cols, ld), what);
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     CheckLt(api.LayoutSet(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), what);
@@ -60,7 +70,7 @@ uint32_t Alignment(std::initializer_list<const void*> pointers) {
 GemmPlan::GemmPlan(cublasLtHandle_t handle, const GemmShape& shape) : handle_(handle), shape_(shape) {
   const CudaApi& api = Api();
   const std::string what = "cuda_vendor backend, " + shape.Text();
-  CheckLt(api.DescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), what.c_str());
+  CheckLt(api.DescCreate(&desc_, shape.ComputeType(), CUDA_R_32F), what.c_str());  // float alpha and beta
   const cublasOperation_t ta = shape.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
   CheckLt(api.DescSet(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), what.c_str());
   CheckLt(api.DescSet(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), what.c_str());
@@ -68,10 +78,13 @@ GemmPlan::GemmPlan(cublasLtHandle_t handle, const GemmShape& shape) : handle_(ha
   CheckLt(api.DescSet(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), what.c_str());
   const int64_t m = shape.m, n = shape.n, k = shape.k, batch = shape.batch;
   // A = the weight: N×K (ld N), or K×N (ld K) read transposed; B = the data K×M; D = Y, N×M.
-  a_ = shape.transpose_b ? Layout(k, n, k, batch, shape.batched_weight ? n * k : 0, what.c_str())
-                         : Layout(n, k, n, batch, shape.batched_weight ? n * k : 0, what.c_str());
-  b_ = Layout(k, m, k, batch, m * k, what.c_str());
-  d_ = Layout(n, m, n, batch, m * n, what.c_str());
+  // float16 tensors: FP32 compute and scale (alpha, beta and the accumulation in float32)
+  const cudaDataType_t type = shape.bits == 16 ? CUDA_R_16F : CUDA_R_32F;
+  const int64_t w_stride = shape.batched_weight ? n * k : 0;
+  a_ = shape.transpose_b ? Layout(type, k, n, k, batch, w_stride, what.c_str())
+                         : Layout(type, n, k, n, batch, w_stride, what.c_str());
+  b_ = Layout(type, k, m, k, batch, m * k, what.c_str());
+  d_ = Layout(type, n, m, n, batch, m * n, what.c_str());
 }
 
 GemmPlan::~GemmPlan() {
@@ -106,7 +119,7 @@ void GemmPlan::ChooseAlgorithm(uint32_t align) {
   align_ = align;
 }
 
-void GemmPlan::Run(const float* x, const float* w, const float* bias, float* y, cudaStream_t stream) {
+void GemmPlan::Run(const void* x, const void* w, const void* bias, void* y, cudaStream_t stream) {
   const CudaApi& api = Api();
   if (shape_.has_bias) {
     CheckLt(api.DescSet(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "cuda_vendor backend, bias");

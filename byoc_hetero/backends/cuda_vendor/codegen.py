@@ -1,11 +1,12 @@
 """Codegen of backend ``cuda_vendor`` (``relax.ext.cuda_vendor``): each region → one document → one runtime module.
 
-The document (format ``byoc_hetero.cuda_region``, version 1; docs/backends.md) lists the region's
+The document (format ``byoc_hetero.cuda_region``, version 2; docs/backends.md) lists the region's
 tensors (float32, static shapes), its inputs, its named constants (the bound weights and biases,
 given to the module once by TVM's const loader and copied to each GPU at its first call there),
-one ``gemm`` node per composite and its outputs. Each node's attrs say what cuBLASLt computes
-(:func:`.gemm.gemm_attrs`). The codegen only translates: what it cannot translate is a bug in
-:func:`.gemm.check_gemm` and raises :class:`CodegenError` naming the region.
+one node per composite — ``gemm`` (cuBLASLt, :func:`.gemm.gemm_node`) or ``conv2d`` (cuDNN,
+:func:`.conv.conv2d_node`) — and its outputs. The codegen only translates: what it cannot
+translate is a bug in the checks (:func:`.gemm.check_gemm`, :func:`.conv.check_conv2d`) and
+raises :class:`CodegenError` naming the region.
 """
 
 from __future__ import annotations
@@ -16,21 +17,29 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from ..._relax import alias_of, function_outputs, op_name, short_op_name, static_shape
+from ..._relax import alias_of, function_outputs, op_name, short_op_name, static_shape, tensor_dtype
 from ...errors import ByocError, CodegenError
-from .gemm import EPILOGUE_ACTIVATIONS, gemm_attrs
+from .conv import conv2d_node
+from .gemm import DTYPES, gemm_node
 from .runtime import create_module
 
 FORMAT = "byoc_hetero.cuda_region"
-VERSION = 1
+VERSION = 2
+"""2: conv2d nodes (cuDNN) beside gemm nodes, float16 tensors, a gemm's ``compute``; the runtime
+still loads version 1 (float32 gemm nodes only)."""
+
+NODE_KINDS = {"matmul": ("gemm", gemm_node), "nn.conv2d": ("conv2d", conv2d_node)}
+"""A composite's anchor op (short name) → the node op it becomes and the function that writes the
+node's inputs and attrs from the composite's calls."""
 
 
 class _Region:
     """The walk of one region function: value → tensor id, and the document being written."""
 
-    def __init__(self, func: relax.Function, constant_names: Any):
+    def __init__(self, func: relax.Function, constant_names: Any, options: Mapping[str, Any]):
         self.symbol = str(func.attrs["global_symbol"])
         self.func = func
+        self.options = options
         self.constant_names = constant_names
         self.doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "symbol": self.symbol, "tensors": [],
                                     "inputs": [], "constants": [], "nodes": [], "outputs": [],
@@ -46,7 +55,10 @@ class _Region:
         shape = static_shape(expr)
         if shape is None:
             raise self.fail(f"value {expr.ty} has no static shape")
-        self.doc["tensors"].append({"shape": [int(d) for d in shape], "dtype": "float32"})
+        dtype = tensor_dtype(expr)
+        if dtype not in DTYPES:
+            raise self.fail(f"value {expr.ty} is {dtype or 'not a tensor'}: a region holds {' and '.join(DTYPES)}")
+        self.doc["tensors"].append({"shape": [int(d) for d in shape], "dtype": dtype})
         return len(self.doc["tensors"]) - 1
 
     def lookup(self, expr: relax.Expr) -> Any:
@@ -89,47 +101,46 @@ class _Region:
         return self.doc
 
     def composite(self, func: relax.Function, arg_ids: Sequence[int]) -> int:
-        """One composite (a rule of :mod:`.gemm`) → one gemm node; returns its output's tensor id."""
-        self.doc["source"]["composites"].append(str(func.attrs["Composite"]))
+        """One composite (a rule of :mod:`.gemm` or :mod:`.conv`) → one node of the op its anchor
+        names (:data:`NODE_KINDS`); returns its output's tensor id."""
+        name = str(func.attrs["Composite"])
+        self.doc["source"]["composites"].append(name)
         self.tid.update(zip(func.params, arg_ids))
-        calls = {}
+        calls: dict[str, list[tuple[relax.Var, relax.Call]]] = {}
         for block in func.body.blocks:
             for b in block.bindings:
                 if not isinstance(b.value, relax.Call) or op_name(b.value) is None:
-                    raise self.fail(f"composite {func.attrs['Composite']} binds a {type(b.value).__name__}")
+                    raise self.fail(f"composite {name} binds a {type(b.value).__name__}")
                 short = short_op_name(op_name(b.value))
                 self.doc["source"]["ops"][short] = self.doc["source"]["ops"].get(short, 0) + 1
-                calls[short] = (b.var, b.value)
-        if "matmul" not in calls:
-            raise self.fail(f"composite {func.attrs['Composite']} has no matmul")
-        anchor_var, anchor = calls["matmul"]
-        data, weight = anchor.args
-        transposed = "permute_dims" in calls and weight.same_as(calls["permute_dims"][0])
-        if transposed:
-            weight = calls["permute_dims"][1].args[0]
-        inputs = [self.lookup(data), self.lookup(weight)]
-        if "add" in calls:
-            add = calls["add"][1]
-            inputs.append(self.lookup(add.args[1] if add.args[0].same_as(anchor_var) else add.args[0]))
-        activation = next((a for a in EPILOGUE_ACTIVATIONS if f"nn.{a}" in calls), "none")
+                calls.setdefault(short, []).append((b.var, b.value))
+        anchor = next((a for a in NODE_KINDS if a in calls), None)
+        if anchor is None:
+            raise self.fail(f"composite {name} has none of the anchors {sorted(NODE_KINDS)}")
+        op, make_node = NODE_KINDS[anchor]
         out_var = func.body.body
+        try:
+            inputs, attrs = make_node(calls, self.lookup, out_var, self.options)
+        except ValueError as err:
+            raise self.fail(f"composite {name}: {err}") from err
         node_out = self.new_tensor(out_var)
-        self.doc["nodes"].append({"op": "gemm", "inputs": inputs, "output": node_out,
-                                  "attrs": gemm_attrs(data, weight, out_var, transposed, activation)})
+        self.doc["nodes"].append({"op": op, "inputs": inputs, "output": node_out, "attrs": attrs})
         return node_out
 
 
-def region_document(func: relax.Function, constant_names: Any) -> dict[str, Any]:
-    """The document of one outlined region function (see the module's doc)."""
-    return _Region(func, constant_names).run()
+def region_document(func: relax.Function, constant_names: Any,
+                    options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The document of one outlined region function (see the module's doc); ``options`` are the
+    backend's as the stages checked them (the package's ``OPTIONS``)."""
+    return _Region(func, constant_names, options or {}).run()
 
 
-def relax_ext_codegen(funcs: Sequence[relax.Function], _options: Mapping[str, Any] | None = None,
+def relax_ext_codegen(funcs: Sequence[relax.Function], options: Mapping[str, Any] | None = None,
                       constant_names: Any = None) -> list[tvm.runtime.Module]:
     """``relax.ext.cuda_vendor``: RunCodegen's call for the regions of backend ``cuda_vendor``."""
     modules = []
     for func in funcs:
-        document = region_document(func, constant_names or {})
+        document = region_document(func, constant_names or {}, options)
         try:
             modules.append(create_module(document))
         except ByocError as err:
@@ -137,4 +148,4 @@ def relax_ext_codegen(funcs: Sequence[relax.Function], _options: Mapping[str, An
     return modules
 
 
-__all__ = ["FORMAT", "VERSION", "region_document", "relax_ext_codegen"]
+__all__ = ["FORMAT", "NODE_KINDS", "VERSION", "region_document", "relax_ext_codegen"]

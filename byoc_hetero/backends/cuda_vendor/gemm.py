@@ -1,5 +1,6 @@
-"""The cuda_vendor backend's one op family: ``matmul`` (dense and batched) with its bias and activation,
-one cuBLASLt call each (the bias and the activation are cuBLASLt epilogues, not kernels of ours).
+"""The cuda_vendor backend's gemm family: ``matmul`` (dense and batched; float32 or float16) with its
+bias and activation, one cuBLASLt call each (the bias and the activation are cuBLASLt epilogues, not
+kernels of ours).
 
 Rules (largest first): ``gemm_bias_<act>``, ``gemm_<act>``, ``gemm_bias``, ``gemm`` over
 ``matmul(x, W | permute_dims(W))`` → [``add(bias)``] → [``relu`` | ``gelu_tanh``]; ``gelu`` (the
@@ -10,14 +11,14 @@ A 2-D W is a dense layer whose data's leading dims fold into M; a W of rank >= 3
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from math import prod
 from typing import Any
 
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from ..._relax import static_shape
+from ..._relax import static_shape, tensor_dtype
 from ...rules import Match
 
 ACTIVATIONS = {"relu": "relax.nn.relu", "gelu_tanh": "relax.nn.gelu_tanh", "gelu": "relax.nn.gelu"}
@@ -50,15 +51,32 @@ def _permute_reason(match: Match, rank: int) -> str | None:
     return None
 
 
+DTYPES = ("float32", "float16")
+"""The tensor dtypes a gemm runs: float32 (FP32 compute, or TF32 / FP16 where the backend option
+``gemm_compute`` says so) and float16 (FP32 accumulation); one dtype for all of its tensors."""
+
+COMPUTE = {"fp32": "CUBLAS_COMPUTE_32F", "tf32": "CUBLAS_COMPUTE_32F_FAST_TF32", "fp16": "CUBLAS_COMPUTE_32F_FAST_16F"}
+"""Backend option ``gemm_compute`` → the cuBLASLt compute type of a float32 gemm. ``tf32`` and ``fp16``
+are numerics options: float32 in and out, the products rounded to TF32 (10-bit mantissa) or FP16
+inputs (both a 10-bit mantissa), accumulated in FP32: faster on tensor cores, about 1e-3 relative
+error where float32 has about 1e-6, and ``fp16`` overflows past 65504. Float16 gemms always
+accumulate in FP32 (``fp32``)."""
+
+
 def _tensors_reason(match: Match) -> str | None:
+    dtypes = set()
     for name in ("data", "weight", "anchor", "bias"):
         if not match.has(name):
             continue
         dtype, shape = match.dtype(name), static_shape(match.expr(name))
-        if dtype != "float32":
-            return f"{name} of dtype {dtype or 'unknown'}: the cuda_vendor backend runs float32 (cuBLASLt, FP32 compute)"
+        if dtype not in DTYPES:
+            return (f"{name} of dtype {dtype or 'unknown'}: the cuda_vendor backend runs float32 and float16 gemms "
+                    "(cuBLASLt)")
         if shape is None:
             return f"{name} of symbolic shape {match.shape(name)}: the cuda_vendor backend plans static shapes"
+        dtypes.add(dtype)
+    if len(dtypes) > 1:
+        return f"a matmul mixing {' and '.join(sorted(dtypes))}: the cuda_vendor backend runs one dtype per gemm"
     return None
 
 
@@ -84,8 +102,9 @@ def _shape_reason(match: Match) -> str | None:
 def check_gemm(match: Match) -> str | None:
     """None when the cuda_vendor backend runs the match as one cuBLASLt matmul, else why not."""
     out_dtype = str(match.expr("anchor").attrs.out_dtype or "")
-    if out_dtype not in ("", "void", "float32"):
-        return f"matmul with out_dtype {out_dtype}: the cuda_vendor backend runs float32"
+    if out_dtype not in ("", "void", match.dtype("data")):
+        return (f"matmul of {match.dtype('data')} with out_dtype {out_dtype}: the cuda_vendor backend writes the "
+                "dtype it reads")
     reason = _tensors_reason(match) or _shape_reason(match)
     if reason:
         return reason
@@ -115,4 +134,25 @@ def gemm_attrs(data: relax.Expr, weight: relax.Expr, out: relax.Expr, transposed
             "batched_weight": int(batched), "activation": activation}
 
 
-__all__ = ["ACTIVATIONS", "EPILOGUE_ACTIVATIONS", "check_gemm", "gemm_attrs", "gemm_pattern", "pattern_rules"]
+def gemm_node(calls: Mapping[str, Sequence[tuple[relax.Var, relax.Call]]], lookup: Callable[[relax.Expr], int],
+              out: relax.Expr, options: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """The document inputs (data, weight[, bias]) and attrs of a gemm composite; ``calls`` maps a
+    short op name to its ``(variable, call)`` bindings, ``lookup`` a value to its tensor id,
+    ``options`` are the backend's (``gemm_compute``: a float32 gemm's compute type)."""
+    anchor_var, anchor = calls["matmul"][0]
+    data, weight = anchor.args
+    transposed = "permute_dims" in calls and weight.same_as(calls["permute_dims"][0][0])
+    if transposed:
+        weight = calls["permute_dims"][0][1].args[0]
+    inputs = [lookup(data), lookup(weight)]
+    if "add" in calls:
+        add = calls["add"][0][1]
+        inputs.append(lookup(add.args[1] if add.args[0].same_as(anchor_var) else add.args[0]))
+    activation = next((a for a in EPILOGUE_ACTIVATIONS if f"nn.{a}" in calls), "none")
+    attrs = gemm_attrs(data, weight, out, transposed, activation)
+    attrs["compute"] = str(options.get("gemm_compute", "fp32")) if tensor_dtype(out) == "float32" else "fp32"
+    return inputs, attrs
+
+
+__all__ = ["ACTIVATIONS", "COMPUTE", "DTYPES", "EPILOGUE_ACTIVATIONS", "check_gemm", "gemm_attrs", "gemm_node",
+           "gemm_pattern", "pattern_rules"]

@@ -3,9 +3,9 @@
 ``libbyoc_hetero_cuda.so`` (``cpp/cuda/``, built by CMake only where the CUDA headers of the
 ``[cuda]`` extra are found) registers ``byoc_hetero.cuda.create`` and the loader of exported
 modules of kind :data:`RUNTIME_KIND`. It links no CUDA library: the CUDA runtime and cuBLASLt are
-loaded when a region first runs. Importing byoc_hetero loads none of this; :func:`load` is called
-by the codegen, and by whoever loads an exported library holding cuda regions
-(``tools/gpu_check.py`` loads the file with ctypes).
+loaded when a region first runs, cuDNN when a region with a conv2d does. Importing byoc_hetero
+loads none of this; :func:`load` is called by the codegen, and by whoever loads an exported library
+holding cuda regions (``tools/gpu_check.py`` loads the file with ctypes).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ RUNTIME_KIND = "byoc_hetero_cuda"
 LIBRARY = "libbyoc_hetero_cuda.so"
 """The runtime library's file name (beside the package's ``_C`` extension when built)."""
 
-_WHEEL_LIBRARIES = (("nvidia-cuda-runtime-cu12", "libcudart.so.12"), ("nvidia-cublas-cu12", "libcublasLt.so.12"))
+_WHEEL_LIBRARIES = (("nvidia-cuda-runtime-cu12", "libcudart.so.12"), ("nvidia-cublas-cu12", "libcublasLt.so.12"),
+                    ("nvidia-cudnn-cu12", "libcudnn.so.9"))
 
 
 def library_path() -> Path | None:
@@ -61,8 +62,8 @@ def load() -> None:
     path = library_path()
     if path is None:
         raise ByocError(f"the cuda_vendor backend's runtime library {LIBRARY} is not built: install the CUDA headers "
-                        "(pip install 'byoc-hetero[cuda]', i.e. nvidia-cublas-cu12 and nvidia-cuda-runtime-cu12) "
-                        "and build again, or set BYOC_HETERO_CUDA_LIB to the library's path")
+                        "(pip install 'byoc-hetero[cuda]': nvidia-cublas-cu12, nvidia-cuda-runtime-cu12, "
+                        "nvidia-cudnn-cu12, ...) and build again, or set BYOC_HETERO_CUDA_LIB to the library's path")
     _preload_wheel_libraries()
     ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
