@@ -13,6 +13,17 @@ kernels).
 
     python3 bench/weight_only.py                 # M = 1, the process's threads
     python3 bench/weight_only.py --rows 1,8,64 --threads 1
+    python3 bench/weight_only.py --shapes 896x4864,4864x896 --mib 64 --isas auto,avx2 --acts int8
+
+``--shapes KxN,...``: other layers (default SmolLM-135M's two above; Qwen2.5-0.5B's MLP is 896x4864 and
+4864x896). ``--mib N``: each engine gets as many copies of its weights (separate modules) as fill N MiB and
+the calls go round robin over them, so that each call streams its weights from memory as a decode step does
+(the default, 0, calls one module: its weights stay in the caches between calls, a compute-bound figure).
+``--isas``: the weight-only rows once per cap of our kernels' ISA switch (BYOC_HETERO_WQ_ISA, read when a
+module is made: auto | avx512 | avx2 | generic). With ``--mib`` the report starts with the machine's read
+bandwidth (bench/generate.py's probe: numpy, each of the threads on its share of 512 MiB) at the region's
+thread count, and each row's GB/s of weights per wall second beside it. ``--variants Q8_0,Q4_0``: only the
+weight-only rows whose name holds one of the words.
 
 Prints ``lscpu``'s model name and oneDNN's ISA with the table. Results: bench/WEIGHT_ONLY.md.
 """
@@ -26,7 +37,8 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the bandwidth probe's threads are its own (--mib)
+import numpy as np  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,7 +61,10 @@ def _module(symbol: str, m: int, k: int, n: int, op: str, consts: list[np.ndarra
            "nodes": [{"op": op, "inputs": list(range(len(tensors) - 1)), "output": len(tensors) - 1, "attrs": attrs}]}
     mod = create(json.dumps(doc))
     mod[f"__init_{symbol}"]([tvm.runtime.tensor(c) for c in consts])
-    return mod[symbol]
+    fn = mod[symbol]
+    # one call now: the plan (and the kernel's ISA, from the environment of this moment) is made here
+    fn(tvm.runtime.tensor(np.zeros((m, k), np.float32)), tvm.runtime.tensor(np.zeros((m, n), np.float32)))
+    return fn
 
 
 VARIANTS = (("int8 per channel", 8, None, False, "float32"), ("int8 g32 f16 (Q8_0)", 8, 32, False, "float16"),
@@ -57,74 +72,115 @@ VARIANTS = (("int8 per channel", 8, None, False, "float32"), ("int8 g32 f16 (Q8_
             ("int4 g32 + zero points", 4, 32, True, "float32"))
 
 
-def engines(m: int, k: int, n: int, rng: np.random.Generator, acts: list[str]) -> dict[str, tuple]:
-    """name -> (function, bytes of weights one call streams); each weight-only variant once per activation
-    mode of ``acts`` (BYOC_HETERO_WQ_ACT, read when the module is created: f32 | int8)."""
+def _copies(nbytes: int, mib: int) -> int:
+    """How many copies of a weight of ``nbytes`` fill ``mib`` MiB (at least one)."""
+    return max(1, -(-mib * 2**20 // max(nbytes, 1)))
+
+
+def _env(name: str, value: str | None):
+    """Set (or with None remove) an environment variable; returns the value it had."""
+    before = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    return before
+
+
+def engines(m: int, k: int, n: int, rng: np.random.Generator, acts: list[str], isas: list[str] = ("auto",),
+            mib: int = 0, variants: tuple = VARIANTS) -> dict[str, tuple]:
+    """name -> (functions, bytes of weights one call streams); each weight-only variant once per activation
+    mode of ``acts`` (BYOC_HETERO_WQ_ACT) and ISA cap of ``isas`` (BYOC_HETERO_WQ_ISA), both read when the
+    module is made; ``mib``: copies of each (separate modules, called round robin) filling that many MiB."""
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    out = {"f32 dense (oneDNN)": (_module("f32", m, k, n, "dense", [w], {"weight_layout": "NK", "has_bias": 0}),
-                                  w.nbytes)}
-    before = os.environ.get("BYOC_HETERO_WQ_ACT")
+    f32 = [_module(f"f32c{c}", m, k, n, "dense", [w], {"weight_layout": "NK", "has_bias": 0})
+           for c in range(_copies(w.nbytes, mib))]
+    out = {"f32 dense (oneDNN)": (f32, w.nbytes)}
+    act_before, isa_before = os.environ.get("BYOC_HETERO_WQ_ACT"), os.environ.get("BYOC_HETERO_WQ_ISA")
     try:
-        for act in acts:
-            os.environ["BYOC_HETERO_WQ_ACT"] = act
-            for i, (name, bits, group, zp, scale_dtype) in enumerate(VARIANTS):
-                codes = quantize_matrix(w, bits, group, zp, scale_dtype)
-                consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
-                attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
-                half = scale_dtype == "float16" and act != "f32"  # kept float16 by the int8-activation kernels
-                streamed = codes.codes.nbytes + codes.scales.size * ((2 if half else 4) + (4 if zp else 0))
-                out[f"{name}, {act} act"] = (_module(f"wq{i}{act}", m, k, n, "dense_wq", consts, attrs), streamed)
+        for isa in isas:
+            _env("BYOC_HETERO_WQ_ISA", isa)
+            for act in acts:
+                _env("BYOC_HETERO_WQ_ACT", act)
+                for i, (name, bits, group, zp, scale_dtype) in enumerate(variants):
+                    codes = quantize_matrix(w, bits, group, zp, scale_dtype)
+                    consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
+                    attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
+                    half = scale_dtype == "float16" and act != "f32"  # kept float16 by the int8-activation kernels
+                    streamed = codes.codes.nbytes + codes.scales.size * ((2 if half else 4) + (4 if zp else 0))
+                    fns = [_module(f"wq{i}{act}{isa}c{c}", m, k, n, "dense_wq", consts, attrs)
+                           for c in range(_copies(streamed, mib))]
+                    label = f"{name}, {act} act" + (f", {isa}" if len(isas) > 1 or isa != "auto" else "")
+                    out[label] = (fns, streamed)
     finally:
-        if before is None:
-            os.environ.pop("BYOC_HETERO_WQ_ACT", None)
-        else:
-            os.environ["BYOC_HETERO_WQ_ACT"] = before
+        _env("BYOC_HETERO_WQ_ACT", act_before)
+        _env("BYOC_HETERO_WQ_ISA", isa_before)
     return out
 
 
 def time_all(fns: dict[str, tuple], x, y, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
-    """name -> (median wall seconds per call, median process CPU seconds per call). On a loaded
-    machine the CPU time (time.process_time: what this process's threads ran) is the steadier of
-    the two; with one thread it is the kernel's own time plus the call's overhead."""
+    """name -> (median wall seconds per call, median process CPU seconds per call), each engine's calls
+    going round robin over its copies. On a loaded machine the CPU time (time.process_time: what this
+    process's threads ran) is the steadier of the two; with one thread it is the kernel's own time plus
+    the call's overhead."""
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for _ in range(rounds):
-        for name, (fn, _) in fns.items():
+        for name, (copies, _) in fns.items():
             start, cpu = time.perf_counter(), time.process_time()
-            for _ in range(calls):
-                fn(x, y)
+            for c in range(calls):
+                copies[c % len(copies)](x, y)
             samples[name].append(((time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls))
     return {name: (float(np.median([s[0] for s in v])), float(np.median([s[1] for s in v])))
             for name, v in samples.items()}
 
 
+def read_bandwidth(threads: int) -> float:
+    """The machine's read GB/s at ``threads`` threads (bench/generate.py's probe)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from generate import bandwidth_worker
+
+    return bandwidth_worker(threads)["read_gbs"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1", help="comma-separated M values (default 1)")
+    ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES), help="comma-separated KxN layers")
     ap.add_argument("--threads", type=int, default=0, help="region threads (default: the process's)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--acts", default="f32,int8", help="dense_wq activation modes (BYOC_HETERO_WQ_ACT values)")
+    ap.add_argument("--isas", default="auto", help="our kernels' ISA caps (BYOC_HETERO_WQ_ISA values)")
+    ap.add_argument("--mib", type=int, default=0, help="weights of each engine's copies, MiB (0: one module)")
+    ap.add_argument("--variants", default="", help="comma-separated words; only the weight-only rows whose name has one")
     args = ap.parse_args()
     if args.threads:
         bh._C.set_num_threads(args.threads)
     model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in model.splitlines() if line.startswith("Model name")), "?")
     print(f"# {model}; oneDNN {bh._C.onednn_version()} ISA {bh._C.isa()}; {bh._C.num_threads()} threads; "
-          f"BYOC_HETERO_WQ_ISA={os.environ.get('BYOC_HETERO_WQ_ISA', 'auto')}")
-    print("| M | K -> N | weights | wall us / call | CPU us / call | GB/s of weights (CPU time) | vs f32 (CPU time) |")
-    print("|---|---|---|---|---|---|---|")
+          f"BYOC_HETERO_WQ_ISA={os.environ.get('BYOC_HETERO_WQ_ISA', 'auto')}; load average {os.getloadavg()[0]:.1f}")
+    if args.mib:
+        print(f"# read bandwidth (numpy, {bh._C.num_threads()} threads): {read_bandwidth(bh._C.num_threads()):.1f} GB/s; "
+              f"each engine's calls round robin over copies of >= {args.mib} MiB of weights")
+    print("| M | K -> N | weights | wall us / call | CPU us / call | GB/s of weights (wall) | "
+          "GB/s of weights (CPU time) | vs f32 (CPU time) |")
+    print("|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    words = [w for w in args.variants.split(",") if w]
+    variants = tuple(v for v in VARIANTS if not words or any(w in v[0] for w in words))
     for m in (int(r) for r in args.rows.split(",")):
-        for k, n in SHAPES:
-            fns = engines(m, k, n, rng, args.acts.split(","))
+        for k, n in shapes:
+            fns = engines(m, k, n, rng, args.acts.split(","), args.isas.split(","), args.mib, variants)
             x = tvm.runtime.tensor(rng.standard_normal((m, k)).astype(np.float32))
             y = tvm.runtime.tensor(np.zeros((m, n), np.float32))
             times = time_all(fns, x, y, args.rounds, args.calls)
             base = times["f32 dense (oneDNN)"][1]
             for name, (_, streamed) in fns.items():
                 wall, cpu = times[name]
-                print(f"| {m} | {k} -> {n} | {name} | {wall * 1e6:.1f} | {cpu * 1e6:.1f} | {streamed / cpu / 1e9:.1f} | "
-                      f"{base / cpu:.2f}x |")
+                print(f"| {m} | {k} -> {n} | {name} | {wall * 1e6:.1f} | {cpu * 1e6:.1f} | {streamed / wall / 1e9:.1f} | "
+                      f"{streamed / cpu / 1e9:.1f} | {base / cpu:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -322,6 +322,39 @@ def test_quantized_step_has_the_float_regions_with_dense_wq_nodes(weights, lm_he
     if not float_head:  # its bits: the weights' own, or lm_head's
         assert head["attrs"]["bits"] == int((lm_head or weights)[3:]), head
     assert sum(o["kv_attention"] for o in ops) == sum(o["kv_attention"] for o in float_ops) == layers, ops
+    # no step of its own for the residual adds (o and down sum the residual stream: fold_residual_adds) nor for
+    # the norms' gammas (each norm's reduce multiplies by it: fold_norm_weights; a float head takes it in its weights)
+    (graph,) = [r.graph for r in region_table(part).values()]
+    assert sum(n["attrs"].get("residual", 0) for n in graph["nodes"] if n["op"] == "dense_wq") == 2 * layers
+    binaries = [n for n in graph["nodes"] if n["op"] == "binary"]
+    # nor the MLP's silu(gate) * up (up's dense_wq multiplies: fold_gate_products); a float head keeps one multiply
+    # (by a constant) before it, not looked into here
+    assert len(binaries) == float_head, binaries
+    assert sum(n["attrs"].get("has_gate", 0) for n in graph["nodes"] if n["op"] == "dense_wq") == layers
+    weighted = sum(n["attrs"].get("has_weight", 0) for n in graph["nodes"] if n["op"] == "reduce")
+    assert weighted in ({2 * layers, 2 * layers + 1} if float_head else {2 * layers + 1}), graph["nodes"]
+
+
+def test_folded_gate_residual_and_norm_weight_steps_change_no_value(monkeypatch):
+    """The int4 step whose gate products, residual adds and norm weights are folded into its dense_wq and
+    reduce nodes (fold_gate_products, fold_residual_adds, fold_norm_weights) gives, to the bit, the logits of
+    the step that runs them as binary steps of their own (the same float32 operations), prefill and decode."""
+    import json
+
+    from byoc_hetero.backends.onednn.ops import layout
+    from byoc_hetero.targets import get_target
+
+    _, _, folded = _built_quant("int4")
+    passes = get_target("onednn").lowering.passes
+    for name in ("fold_gate_products", "fold_norm_weights"):
+        monkeypatch.setitem(passes, name, lambda graph: None)
+    monkeypatch.delitem(layout.SUMS_RESIDUAL, "dense_wq")
+    steps = bh.llm.from_hf(_QUANT["model"], max_length=MAX_LENGTH, weights="int4")
+    (region,) = bh.codegen.region_modules(steps._executable)
+    binaries = [n for n in json.loads(str(region["get_graph_json"]()))["nodes"] if n["op"] == "binary"]
+    assert len(binaries) == 5 * COMMON["num_hidden_layers"] + 1  # 2 adds, 2 gammas, 1 product a layer; the final gamma
+    tokens = folded.generate(PROMPT, max_new_tokens=6)
+    np.testing.assert_array_equal(_forced_logits(steps, tokens), _forced_logits(folded, tokens))
 
 
 def test_quantized_generator_saves_loads_and_runs_from_the_cli(tmp_path, capsys):

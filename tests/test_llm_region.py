@@ -54,6 +54,12 @@ def _vector_multiplies(ex, n: int) -> int:
     return count
 
 
+def _weighted_reduces(ex) -> int:
+    """Reduce nodes of the regions that multiply by a norm's weight (has_weight: fold_norm_weights)."""
+    return sum(node["attrs"].get("has_weight", 0) for m in bh.codegen.region_modules(ex)
+               for node in json.loads(m["get_graph_json"]())["nodes"] if node["op"] == "reduce")
+
+
 def _dense_count(ex) -> int:
     return sum(1 for m in bh.codegen.region_modules(ex) for node in json.loads(m["get_graph_json"]())["nodes"]
                if node["op"] == "dense")
@@ -88,15 +94,18 @@ def test_rms_norm_weight_goes_into_the_dense_weights():
     ex = build(res.partitioned)
     assert _dense_count(ex) == 1
     assert _vector_multiplies(ex, HIDDEN) == 0
+    assert _weighted_reduces(ex) == 0  # in the dense weights, not the norm's reduce
 
 
 @pytest.mark.parametrize("extra_reader", ["add", "output"])
 def test_scale_read_by_anything_but_a_dense_stays(extra_reader):
-    """The product is also read by an add (or is a region output): the multiply stays a node, the
-    dense weights are the original ones, and the result is the llvm build's."""
+    """The product is also read by an add (or is a region output): the dense weights are the original
+    ones, the gamma multiplies in the norm's reduce (fold_norm_weights: no step of its own), and the
+    result is the llvm build's."""
     res = offload_and_compare(_norm_then_projections(extra_reader))
     assert res.error < 1e-5, res.error
-    assert _vector_multiplies(build(res.partitioned), HIDDEN) == 1  # gamma * (...) stays
+    ex = build(res.partitioned)
+    assert _vector_multiplies(ex, HIDDEN) == 0 and _weighted_reduces(ex) == 1  # gamma * (...): the reduce's weight
 
 
 def small_llama(path: str, tmp_path):
@@ -118,7 +127,8 @@ def small_llama(path: str, tmp_path):
 @pytest.mark.parametrize("path", ["from_torch", "from_onnx"])
 def test_llama_decoder_norm_weights_folded_and_matches_torch(path, tmp_path):
     """The small Llama decoder: every RMSNorm feeding dense layers (2 per layer) has its weight in
-    them; the final norm (the model's output) keeps its multiply; output within 1e-4 of torch."""
+    them; the final norm (the model's output) multiplies by its weight in its reduce node (no step of
+    its own: fold_norm_weights); output within 1e-4 of torch."""
     zm, mod, params, want = small_llama(path, tmp_path)
     part = bh.partition(mod, params)
     assert len(bh.report(part).regions) == 1
@@ -126,7 +136,8 @@ def test_llama_decoder_norm_weights_folded_and_matches_torch(path, tmp_path):
     vm = relax.VirtualMachine(ex, __import__("tvm").cpu())
     got = vm["main"](*[__import__("tvm").runtime.tensor(x.numpy()) for x in zm.inputs]).numpy()
     assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-4
-    assert _vector_multiplies(ex, 96) == 1  # the final norm's; 2 layers x 2 norms folded
+    # the final norm's in its reduce; 2 layers x 2 norms folded into the denses
+    assert (_vector_multiplies(ex, 96), _weighted_reduces(ex)) == (0, 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,6 +300,49 @@ def test_normalize_reduce_node_against_numpy(shape):
     m["t"](tvm.runtime.tensor(x), out)
     stat = (np.float32(1) / np.sqrt(np.mean(x.astype("float64") ** 2, axis=-1, keepdims=True) + 1e-5)).astype("float32")
     np.testing.assert_allclose(out.numpy(), x * stat, rtol=2e-6, atol=1e-7)
+
+
+def _weighted_doc(shape, weight_shape, attrs) -> str:
+    """A reduce of data [shape] with a weight input of ``weight_shape`` (a second region input)."""
+    node = {"op": "reduce", "inputs": [0, 1], "output": 2, "attrs": attrs}
+    return json.dumps({"format": "byoc_hetero.region", "version": 1, "symbol": "t",
+                       "tensors": [{"shape": list(shape)}, {"shape": list(weight_shape)}, {"shape": list(shape)}],
+                       "inputs": [0, 1], "outputs": [2], "nodes": [node]})
+
+
+NORMALIZE = {"algorithm": "mean_square", "shift": 1e-5, "activation": "rsqrt", "normalize": 1}
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 48), (7, 19), (3, 1)])
+def test_normalize_reduce_node_with_weight_against_numpy(shape):
+    """has_weight: the norm's weight per feature times x * r in the same host loop, the float32 product
+    ``w * (x * r)`` the multiply step computed: the bits of the unweighted node's output times w."""
+    import tvm
+
+    create = tvm.get_global_func("byoc_hetero.runtime.create")
+    x = RNG.standard_normal(shape).astype("float32")
+    w = (1 + 0.3 * RNG.standard_normal(shape[-1])).astype("float32")
+    plain = create(_reduce_doc(shape, shape, NORMALIZE))
+    normalized = tvm.runtime.tensor(np.zeros(shape, "float32"))
+    plain["t"](tvm.runtime.tensor(x), normalized)
+    weighted = create(_weighted_doc(shape, (1,) * (len(shape) - 1) + shape[-1:], {**NORMALIZE, "has_weight": 1}))
+    out = tvm.runtime.tensor(np.zeros(shape, "float32"))
+    weighted["t"](tvm.runtime.tensor(x), tvm.runtime.tensor(w.reshape((1,) * (len(shape) - 1) + shape[-1:])), out)
+    assert out.numpy().tobytes() == (w * normalized.numpy()).tobytes()
+    stat = (np.float32(1) / np.sqrt(np.mean(x.astype("float64") ** 2, axis=-1, keepdims=True) + 1e-5)).astype("float32")
+    np.testing.assert_allclose(out.numpy(), w * (x * stat), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("attrs, weight_shape, match", [
+    ({**NORMALIZE, "has_weight": 1}, (8, 1), r"weight must be float32 with one value per feature of the last axis "
+                                             r"\(8\), got float32 \[8, 1\]"),
+    ({**NORMALIZE, "normalize": 0, "has_weight": 1}, (8,), "has_weight.*needs normalize = 1"),
+])
+def test_weighted_reduce_node_rejects_what_it_cannot_run(attrs, weight_shape, match):
+    import tvm
+
+    with pytest.raises(Exception, match=match):
+        tvm.get_global_func("byoc_hetero.runtime.create")(_weighted_doc((4, 8), weight_shape, attrs))
 
 
 @pytest.mark.parametrize("attrs, out_shape, match", [

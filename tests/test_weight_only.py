@@ -580,3 +580,191 @@ def test_rows_quantized_a_chunk_at_a_time_give_the_same_codes(monkeypatch, bits,
         bad = w_kn.T.copy()
         bad[40, 5] = np.nan  # in the last chunk of 7 rows
         quantize_matrix(bad, bits, block, zp)
+
+
+# -- the residual sum (a decoder's residual stream: y = h + x W, one step, not a dense and an add) -------
+
+
+def _residual_region(m: int, codes: WeightCodes, bias: np.ndarray | None, in_place: bool) -> tuple[str, list]:
+    """A dense_wq whose residual is a region input (copied into the output: ``in_place`` False) or the
+    region's own ``r + r`` that dies at the dense (summed in its buffer), r added once more after it (out:
+    x W + b + 3 r); inputs x [m, K], r [m, N]."""
+    n, k = codes.shape
+    consts = [codes.codes, codes.scales] + [a for a in (codes.zero_points, bias) if a is not None]
+    tensors = [{"shape": [m, k]}, {"shape": [m, n]}] + [{"shape": list(c.shape), "dtype": str(c.dtype)}
+                                                         for c in consts]
+    nodes, residual = [], 1
+    if in_place:
+        tensors.append({"shape": [m, n]})
+        residual = len(tensors) - 1
+        nodes.append({"op": "binary", "inputs": [1, 1], "output": residual,
+                      "attrs": {"algorithm": "add", "activation": "none"}})
+    tensors.append({"shape": [m, n]})
+    attrs = {"bits": codes.bits, "block": codes.block, "has_zero_point": int(codes.zero_points is not None),
+             "has_bias": int(bias is not None), "residual": 1}
+    nodes.append({"op": "dense_wq", "inputs": [0] + list(range(2, 2 + len(consts))) + [residual],
+                  "output": len(tensors) - 1, "attrs": attrs})
+    if in_place:  # + r once more: the dense's output is no region output (that one the caller's buffer holds)
+        tensors.append({"shape": [m, n]})
+        nodes.append({"op": "binary", "inputs": [len(tensors) - 2, 1], "output": len(tensors) - 1,
+                      "attrs": {"algorithm": "add", "activation": "none"}})
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "wqr", "tensors": tensors, "inputs": [0, 1],
+           "outputs": [len(tensors) - 1],
+           "constants": [{"tensor": i + 2, "name": f"wqr_c{i}"} for i in range(len(consts))], "nodes": nodes}
+    return json.dumps(doc), consts
+
+
+@pytest.mark.parametrize("act", ["f32", "int8"])
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("bits,block,zp,scale_dtype", [(8, None, False, "float32"), (8, 32, False, "float16"),
+                                                       (4, 32, False, "float16"), (4, 64, True, "float32")])
+def test_kernel_residual_matches_numpy(monkeypatch, act, isa, bits, block, zp, scale_dtype):
+    """dense_wq with ``residual``: x W + b + r against numpy, the residual summed in its own dying buffer
+    (in place: no copy step in the plan) and copied into the output (a region input), odd N and rows, every
+    ISA and both activation paths."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", act)
+    rng = np.random.default_rng(bits * 100 + (block or 0) + zp)
+    k, n = 192, 37
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m, in_place in ((1, True), (3, False), (5, True)):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        r = rng.standard_normal((m, n)).astype(np.float32)
+        b = bias if m != 3 else None
+        text, consts = _residual_region(m, codes, b, in_place)
+        mod = create(text)
+        assert mod["__init_wqr"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+        out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32))
+        mod["wqr"](tvm.runtime.tensor(x), tvm.runtime.tensor(r), out)
+        want = _reference(x if act == "f32" else _quantize_rows(x), codes, b) + (3 if in_place else 1) * r
+        _close(out.numpy(), want)
+        plan = "\n".join(mod["get_plan"]())
+        assert ("residual tensor" in plan and "copied into the output" in plan) == (not in_place), plan
+
+
+def _gate_region(m: int, codes: WeightCodes, bias: np.ndarray | None, residual: bool) -> tuple[str, list]:
+    """dense_wq(x) * g (+ r): inputs x [m, K], g [m, N] (and r [m, N]), attrs has_gate (and residual)."""
+    n, k = codes.shape
+    consts = [codes.codes, codes.scales] + [a for a in (codes.zero_points, bias) if a is not None]
+    extra = 2 if residual else 1
+    tensors = [{"shape": [m, k]}] + [{"shape": [m, n]}] * extra
+    tensors += [{"shape": list(c.shape), "dtype": str(c.dtype)} for c in consts] + [{"shape": [m, n]}]
+    attrs = {"bits": codes.bits, "block": codes.block, "has_zero_point": int(codes.zero_points is not None),
+             "has_bias": int(bias is not None), "has_gate": 1, "residual": int(residual)}
+    first = 1 + extra
+    node = {"op": "dense_wq", "inputs": [0] + list(range(first, first + len(consts))) + list(range(1, first)),
+            "output": len(tensors) - 1, "attrs": attrs}
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "wqg", "tensors": tensors,
+           "inputs": list(range(first)), "outputs": [len(tensors) - 1],
+           "constants": [{"tensor": first + i, "name": f"wqg_c{i}"} for i in range(len(consts))], "nodes": [node]}
+    return json.dumps(doc), consts
+
+
+@pytest.mark.parametrize("act", ["f32", "int8"])
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("bits,block,zp,scale_dtype", [(8, None, False, "float32"), (4, 32, True, "float16")])
+def test_kernel_gate_matches_numpy(monkeypatch, act, isa, bits, block, zp, scale_dtype):
+    """dense_wq with ``has_gate``: (x W + b) * g (+ r) against numpy, odd N and rows, every ISA and both paths."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", act)
+    rng = np.random.default_rng(bits * 10 + zp)
+    k, n = 160, 37
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m, residual in ((1, False), (3, True), (5, False)):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        g, r = rng.standard_normal((2, m, n)).astype(np.float32)
+        b = bias if m != 3 else None
+        text, consts = _gate_region(m, codes, b, residual)
+        mod = create(text)
+        assert mod["__init_wqg"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+        out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32))
+        mod["wqg"](tvm.runtime.tensor(x), tvm.runtime.tensor(g), *([tvm.runtime.tensor(r)] if residual else []), out)
+        want = _reference(x if act == "f32" else _quantize_rows(x), codes, b) * g + (r if residual else 0)
+        _close(out.numpy(), want)
+
+
+@pytest.mark.parametrize("name", ["residual", "gate"])
+def test_region_rejects_a_residual_or_gate_of_another_shape(name):
+    codes = quantize_matrix(np.random.default_rng(2).standard_normal((16, 64)).astype(np.float32), 8, None)
+    text, _ = _residual_region(2, codes, None, False) if name == "residual" else _gate_region(2, codes, None, False)
+    doc = json.loads(text)
+    doc["tensors"][1]["shape"] = [2, 15]
+    with pytest.raises(ValueError, match=f"{name} \\(tensor 1\\) must have shape \\[2, 16\\], got \\[2, 15\\]"):
+        create(json.dumps(doc))
+
+
+def _residual_block(m: int, k: int, seed: int):
+    """Relax: h = x * 0.5; y = h + h W1^T (h dies at the add: its buffer takes the sum); out = y W2^T + x (x
+    an input: copied into the output); both operand orders of the add."""
+    from tvm import relax
+
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    w1, w2 = (relax.Var(f"w{i}", relax.TensorType((k, k), "float32")) for i in (1, 2))
+    with bb.function("main"):
+        with bb.dataflow():
+            h = bb.emit(relax.op.multiply(x, relax.const(np.float32(0.5))))
+            y = bb.emit(relax.op.add(h, bb.emit(relax.op.matmul(h, bb.emit(relax.op.permute_dims(w1, [1, 0]))))))
+            z = bb.emit(relax.op.matmul(y, bb.emit(relax.op.permute_dims(w2, [1, 0]))))
+            out = bb.emit_output(relax.op.add(z, x))
+        bb.emit_func_output(out, params=[x, w1, w2])
+    params = {f"w{i}": (rng.standard_normal((k, k)) / np.sqrt(k)).astype(np.float32) for i in (1, 2)}
+    return bb.get(), params
+
+
+@pytest.mark.parametrize("weights,group,zp", [("int8", None, False), ("int4", 32, True), ("int4", 64, False)])
+def test_residual_adds_fold_into_dense_wq(weights, group, zp):
+    """fold_residual_adds makes a dense_wq's following add of a same-shape tensor its residual: no add
+    node is left, both dense_wq nodes sum their residual, and the region's result is llvm's."""
+    mod, params = _residual_block(3, 128, seed=4)
+    q = bh.quantize(mod, params, weights=weights, group_size=group, zero_points=zp, verbose=False)
+    part = bh.partition(q.mod, q.params)
+    nodes = _region_nodes(part)
+    assert [n["attrs"].get("residual") for n in nodes if n["op"] == "dense_wq"] == [1, 1], nodes
+    assert not [n for n in nodes if n["op"] == "binary" and n["attrs"]["algorithm"] == "add"], nodes
+    x = np.random.default_rng(6).standard_normal((3, 128)).astype(np.float32)
+    want = _vm(bh.bind_params(q.mod, q.params))["main"](tvm.runtime.tensor(x)).numpy()
+    _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), want)
+
+
+def _glu_block(m: int, k: int, hidden: int, seed: int):
+    """Relax: a SwiGLU MLP with its residual, as bh.llm writes it: x + down(silu(x Wg^T) * (x Wu^T))."""
+    from tvm import relax
+
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, m, k), "float32"))
+    shapes = {"wg": (hidden, k), "wu": (hidden, k), "wd": (k, hidden)}
+    w = {name: relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in shapes.items()}
+
+    def linear(v, name):
+        return bb.emit(relax.op.matmul(v, bb.emit(relax.op.permute_dims(w[name], [1, 0]))))
+
+    with bb.function("main"):
+        with bb.dataflow():
+            h = bb.emit(relax.op.multiply(x, relax.const(np.float32(0.5))))
+            gate = bb.emit(relax.op.nn.silu(linear(h, "wg")))
+            product = bb.emit(relax.op.multiply(gate, linear(h, "wu")))
+            out = bb.emit_output(relax.op.add(h, linear(product, "wd")))
+        bb.emit_func_output(out, params=[x, *w.values()])
+    params = {name: (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32) for name, shape in shapes.items()}
+    return bb.get(), params
+
+
+@pytest.mark.parametrize("weights,group", [("int8", None), ("int4", 32)])
+def test_glu_product_folds_into_the_up_dense_wq(weights, group):
+    """fold_gate_products: silu(x Wg) * (x Wu) is up's dense_wq multiplying by the activated gate (has_gate), the
+    down projection sums the residual: no binary node left, only the silu's eltwise; llvm's result."""
+    mod, params = _glu_block(3, 64, 96, seed=7)
+    q = bh.quantize(mod, params, weights=weights, group_size=group, verbose=False)
+    part = bh.partition(q.mod, q.params)
+    nodes = _region_nodes(part)
+    assert [(n["attrs"].get("has_gate", 0), n["attrs"].get("residual", 0)) for n in nodes if n["op"] == "dense_wq"] \
+        == [(0, 0), (1, 0), (0, 1)], nodes
+    assert sorted(n["op"] for n in nodes if n["op"] in ("binary", "eltwise")) == ["binary", "eltwise"], nodes  # * 0.5
+    x = np.random.default_rng(8).standard_normal((1, 3, 64)).astype(np.float32)
+    want = _vm(bh.bind_params(q.mod, q.params))["main"](tvm.runtime.tensor(x)).numpy()
+    _close(_vm(part)["main"](tvm.runtime.tensor(x)).numpy(), want)

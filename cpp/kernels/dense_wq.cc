@@ -8,10 +8,16 @@
  * uint8 codes for bits 8, [N, K / 2] uint8 for bits 4, k even in the low nibble as ONNX's
  * MatMulNBits), scales (constant [N, K / block], float32 or float16), zero points (constant
  * uint8 [N, K / block], with has_zero_point), offsets (constant float32 [N, K / block], with
- * has_offset: added to each dequantized weight of the block), bias (float32, N elements, with has_bias).
+ * has_offset: added to each dequantized weight of the block), bias (float32, N elements, with has_bias),
+ * gate (float32 of the output's shape, with has_gate: y = (x W + b) * gate, a GLU's product of its up
+ * projection and its activated gate, otherwise a step of its own per layer), residual (float32 of the
+ * output's shape, with residual: y = (...) + residual, a sum the planner places in the output before the
+ * step, in place where the residual dies there: the add of a decoder's residual stream, otherwise a
+ * step of its own per dense).
  * Attrs: bits (4 | 8), block (K, or a power of two >= 16 dividing K), has_zero_point (0/1,
  * default 0: the zero point is 0 for int8 codes, 2^(bits-1) for uint8 ones, 0 with offsets),
- * has_offset (0/1, default 0; not with has_zero_point), has_bias.
+ * has_offset (0/1, default 0; not with has_zero_point), has_bias, has_gate (0/1, default 0), residual
+ * (0/1, default 0).
  * The weight, scales and zero points are repacked once, at __init_, by operand transforms into the
  * tile layout of dense_wq.h; a call streams the tiles, threads splitting the columns.
  */
@@ -42,6 +48,8 @@ struct WqShape {
   int64_t block = 0;
   bool signed_codes = false;  // int8 weight: codes + 128, zero point 128
   bool has_zero_point = false, has_offset = false, has_bias = false, f16_scales = false;
+  bool has_gate = false;  // an input multiplying the output: (x W + b) * gate (a GLU's up projection)
+  bool residual = false;  // the last input is summed into the output (Kernel::sum_input)
   int64_t tiles() const { return (n + kTile - 1) / kTile; }
   int64_t blocks() const { return k / block; }
   int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile (on average)
@@ -50,6 +58,9 @@ struct WqShape {
     return has_offset ? 0.f : static_cast<float>(1 << (bits - 1));  // with offsets the codes start at 0
   }
   size_t offset_input() const { return 3 + (has_zero_point ? 1 : 0); }
+  size_t bias_input() const { return offset_input() + (has_offset ? 1 : 0); }  // the first after the codes' inputs
+  size_t gate_input() const { return bias_input() + (has_bias ? 1 : 0); }
+  size_t inputs() const { return gate_input() + (has_gate ? 1 : 0) + (residual ? 1 : 0); }
 };
 
 /*! \brief wq::ExpectPerBlock for \p s's columns and blocks. */
@@ -57,17 +68,36 @@ void ExpectPerBlock(const KernelContext& ctx, size_t k, const char* name, const 
   wq::ExpectPerBlock(ctx, k, name, s.n, s.blocks());
 }
 
+/*! \brief The bias (N floats), the gate and the residual (float32 of the output's shape \p out), where present. */
+void CheckEpilogueInputs(const KernelContext& ctx, const WqShape& s, const std::vector<int64_t>& out) {
+  const size_t b = s.bias_input();
+  if (s.has_bias && (ctx.input(b).numel() != s.n || ctx.input(b).dtype != DType::kFloat32)) {
+    ctx.Fail("bias must be float32 with N = " + std::to_string(s.n) + " elements, got " +
+             DTypeName(ctx.input(b).dtype) + " " + ShapeToString(ctx.input(b).shape));
+  }
+  const std::pair<bool, const char*> tensors[] = {{s.has_gate, "gate"}, {s.residual, "residual"}};
+  size_t k = s.gate_input();
+  for (const auto& [present, name] : tensors) {
+    if (!present) continue;
+    if (ctx.input(k).dtype != DType::kFloat32) {
+      ctx.Fail(std::string(name) + " must be float32, got " + DTypeName(ctx.input(k).dtype));
+    }
+    ctx.ExpectInputShape(k++, name, out);
+  }
+}
+
 /*! \brief Attrs and input shapes, checked; failures name the attr or input. */
 WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
   WqShape s;
   wq::ReadCodeAttrs(attrs, &s);
   const size_t base = 3 + (s.has_zero_point ? 1 : 0) + (s.has_offset ? 1 : 0);
-  s.has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == base + 1);
+  s.has_gate = attrs.Flag("has_gate", false);
+  s.residual = attrs.Flag("residual", false);
+  s.has_bias = attrs.Flag("has_bias", ctx.node().inputs.size() == base + 1 + s.has_gate + s.residual);
   attrs.CheckNoUnknown();
-  ctx.ExpectInputCount(base + (s.has_bias ? 1 : 0), std::string("data, weight, scales") +
-                                                        (s.has_zero_point ? ", zero_points" : "") +
-                                                        (s.has_offset ? ", offsets" : "") +
-                                                        (s.has_bias ? ", bias" : ""));
+  ctx.ExpectInputCount(s.inputs(), std::string("data, weight, scales") + (s.has_zero_point ? ", zero_points" : "") +
+                                       (s.has_offset ? ", offsets" : "") + (s.has_bias ? ", bias" : "") +
+                                       (s.has_gate ? ", gate" : "") + (s.residual ? ", residual" : ""));
   const auto& x = ctx.input(0).shape;
   if (x.size() < 2 || ctx.input(0).dtype != DType::kFloat32) {
     ctx.Fail("data must be float32 of rank >= 2, got " + std::string(DTypeName(ctx.input(0).dtype)) + " " +
@@ -108,10 +138,6 @@ WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
     }
     ExpectPerBlock(ctx, s.offset_input(), "offsets", s);
   }
-  if (s.has_bias && (ctx.input(base).numel() != s.n || ctx.input(base).dtype != DType::kFloat32)) {
-    ctx.Fail("bias must be float32 with N = " + std::to_string(s.n) + " elements, got " +
-             DTypeName(ctx.input(base).dtype) + " " + ShapeToString(ctx.input(base).shape));
-  }
   for (size_t i = 1; i < base; ++i) {
     if (ctx.input_constant.size() <= i || !ctx.input_constant[i]) {
       ctx.Fail("input " + std::to_string(i) + " (weight, scales, zero points, offsets) must be a constant");
@@ -120,6 +146,7 @@ WqShape ReadWqShape(const KernelContext& ctx, AttrReader& attrs) {
   std::vector<int64_t> out(x.begin(), x.end() - 1);
   out.push_back(s.n);
   ctx.ExpectOutputShape(out);
+  CheckEpilogueInputs(ctx, s, out);
   return s;
 }
 
@@ -207,7 +234,12 @@ class DenseWqKernel : public Kernel {
     }
     if (s.has_offset) inputs_.push_back(OffsetsOperand(ctx, s));
     if (s.has_bias) inputs_.push_back({PlainDesc({s.n}), PlainDesc({s.n})});
+    if (s.has_gate) inputs_.push_back({PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})});
     output_ = {PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})};
+    if (s.residual) {  // summed into the output, which the planner fills with it before the step
+      inputs_.push_back(output_);
+      sum_input_ = static_cast<int>(inputs_.size() - 1);
+    }
     // the quantized rows and their per-block scales and sums: planned memory, not an allocation per call
     if (quad) temps_ = {Bytes(ScratchBytes(s))};
     // float32 activations with offsets: each row's block sums, made once a call for every tile (o * sum x)
@@ -230,7 +262,9 @@ class DenseWqKernel : public Kernel {
                    ", int8 activations (" + wq::IntDotName(dot_) + ")";
     }
     step.op = "dense_wq";
-    for (size_t k = 0; k < inputs.size(); ++k) step.args.emplace_back(static_cast<int>(k), inputs[k]);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (static_cast<int>(k) != sum_input_) step.args.emplace_back(static_cast<int>(k), inputs[k]);
+    }
     step.args.emplace_back(static_cast<int>(inputs.size()), output);
     for (const MemRef& t : temps) step.args.emplace_back(static_cast<int>(step.args.size()), t);
     return {std::move(step)};
@@ -303,23 +337,29 @@ class DenseWqKernel : public Kernel {
   struct Operands {
     const float* x;
     const uint8_t* codes;
-    const float *scales, *zeros, *offsets, *bias;
+    const float *scales, *zeros, *offsets, *bias, *gate;
     float* y;
     Operands(const WqShape& s, const std::vector<void*>& p)
         : x(static_cast<const float*>(p[0])), codes(static_cast<const uint8_t*>(p[1])),
           scales(static_cast<const float*>(p[2])),
           zeros(s.has_zero_point ? static_cast<const float*>(p[3]) : nullptr),
           offsets(s.has_offset ? static_cast<const float*>(p[s.offset_input()]) : nullptr),
-          bias(s.has_bias ? static_cast<const float*>(p[s.offset_input() + s.has_offset]) : nullptr),
-          y(static_cast<float*>(p[s.offset_input() + s.has_offset + s.has_bias])) {}
+          bias(s.has_bias ? static_cast<const float*>(p[s.bias_input()]) : nullptr),
+          gate(s.has_gate ? static_cast<const float*>(p[s.gate_input()]) : nullptr),
+          y(static_cast<float*>(p[s.gate_input() + s.has_gate])) {}  // the residual is no pointer: it is y
   };
 
-  /*! \brief Rows [r0, r0 + rows) of tile t from the micro-kernel's out[rows][16] into y (+ bias). */
+  /*! \brief Rows [r0, r0 + rows) of tile t from the micro-kernel's out[rows][16] into y: (out + bias) * gate
+   *         + residual, each where the node has it (the float32 operations of the add and multiply steps). */
   static void StoreTile(const WqShape& s, const Operands& o, const float* out, int64_t t, int64_t r0, int64_t rows) {
     const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, s.n - n0);
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = o.y + (r0 + r) * s.n + n0;
-      for (int64_t c = 0; c < cols; ++c) dst[c] = out[r * kTile + c] + (o.bias != nullptr ? o.bias[n0 + c] : 0.f);
+      for (int64_t c = 0; c < cols; ++c) {
+        float v = out[r * kTile + c] + (o.bias != nullptr ? o.bias[n0 + c] : 0.f);
+        if (o.gate != nullptr) v *= o.gate[(r0 + r) * s.n + n0 + c];
+        dst[c] = s.residual ? dst[c] + v : v;  // the output holds the residual (sum_input)
+      }
     }
   }
 

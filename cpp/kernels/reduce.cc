@@ -9,6 +9,10 @@
  * is x * act(mean(x^2) + shift), the data's shape, instead of the statistic: RMSNorm's x * r
  * without gamma, where the statistic and the broadcast multiply were two steps (61 of each per
  * SmolLM-135M call).  Each element is the same float product the binary step computed.
+ * has_weight (0/1, default 0; only with normalize): a second input, float32, one value per feature of
+ * the last axis: the output is (x * r) * weight, RMSNorm with its gamma, where the gamma's multiply was
+ * a step of its own wherever it could not go into the weights of the denses reading the norm (region
+ * pass fold_norm_weights; the weight-only dense_wq of int8 / int4 decoders: 61 steps a SmolLM-135M call).
  * "mean_square" (the mean of x^2): with shift eps and activation rsqrt it is RMSNorm's
  * 1/sqrt(mean(x^2) + eps) in one pass over x (region pass fuse_rms_statistics,
  * ops/rms_statistic.py), where square, mean and add were three steps.  oneDNN 3.2 has it only as
@@ -82,6 +86,12 @@ void ScaleRow(const float* x, float s, float* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] = x[j] * s;
 }
 
+/*! \brief y = (x * s) * w over one row: ScaleRow, then the norm's weight per feature (the product the
+ *         multiply step after it computed, w * (x * s), the same float32 bits). */
+void ScaleRowWeighted(const float* x, float s, const float* w, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = (x[j] * s) * w[j];
+}
+
 #if defined(__x86_64__)
 /*! \brief SumSquares with the 16 partial sums in one register (same order of operations). */
 __attribute__((target("avx512f"))) float SumSquaresAvx512(const float* x, int64_t n) {
@@ -109,47 +119,65 @@ __attribute__((target("avx512f"))) void ScaleRowAvx512(const float* x, float s, 
     _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), vs));
   }
 }
+
+/*! \brief ScaleRowWeighted, 16 lanes a step, the tail masked. */
+__attribute__((target("avx512f"))) void ScaleRowWeightedAvx512(const float* x, float s, const float* w, float* y,
+                                                               int64_t n) {
+  const __m512 vs = _mm512_set1_ps(s);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const __mmask16 m = j + kLanes <= n ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 xs = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), vs);
+    _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(xs, _mm512_maskz_loadu_ps(m, w + j)));
+  }
+}
 #endif
 
 struct RowFns {
   float (*sum_squares)(const float*, int64_t) = SumSquares;
   void (*scale)(const float*, float, float*, int64_t) = ScaleRow;
+  void (*scale_weighted)(const float*, float, const float*, float*, int64_t) = ScaleRowWeighted;
 };
 
 RowFns PickRowFns() {
   RowFns fns;
 #if defined(__x86_64__)
-  if (IsaHasAvx512()) fns = {SumSquaresAvx512, ScaleRowAvx512};
+  if (IsaHasAvx512()) fns = {SumSquaresAvx512, ScaleRowAvx512, ScaleRowWeightedAvx512};
 #endif
   return fns;
 }
 
 /*! \brief mean_square / sum_square (\p mean false) over the trailing axes as a host loop:
  *         act(sum(x^2) / n + shift) per row, or act(sum(x^2) + shift); with \p normalize, x times that
- *         per row (the output has the data's shape). */
+ *         per row (the output has the data's shape), and times the weight per feature where the node has one. */
 std::unique_ptr<Kernel> MeanSquareRows(const KernelContext& ctx, double shift, const std::string& act,
                                        bool normalize, bool mean = true) {
+  const bool weighted = normalize && ctx.node().inputs.size() == 2;  // has_weight: RMSNorm's gamma
   const int64_t n = normalize ? ctx.input(0).shape.back() : ctx.input(0).numel() / ctx.output().numel();
   const int64_t rows = ctx.input(0).numel() / n;
   const float inv_n = mean ? static_cast<float>(1.0 / static_cast<double>(n)) : 1.f;
   const float add = static_cast<float>(shift);
   const int mode = act == "sqrt" ? 1 : act == "rsqrt" ? 2 : 0;
   const RowFns row = PickRowFns();
-  HostFn fn = [rows, n, inv_n, add, mode, normalize, row](const std::vector<void*>& p) {
+  HostFn fn = [rows, n, inv_n, add, mode, normalize, weighted, row](const std::vector<void*>& p) {
     const float* x = static_cast<const float*>(p[0]);
-    float* y = static_cast<float*>(p[1]);
+    const float* w = weighted ? static_cast<const float*>(p[1]) : nullptr;
+    float* y = static_cast<float*>(p[weighted ? 2 : 1]);
     for (int64_t r = 0; r < rows; ++r, x += n) {
       const float v = row.sum_squares(x, n) * inv_n + add;
       const float stat = mode == 0 ? v : mode == 1 ? std::sqrt(v) : 1.f / std::sqrt(v);
-      if (normalize) {
+      if (w != nullptr) {
+        row.scale_weighted(x, stat, w, y + r * n, n);
+      } else if (normalize) {
         row.scale(x, stat, y + r * n, n);
       } else {
         y[r] = stat;
       }
     }
   };
-  return std::make_unique<HostKernel>(ctx.where(), "reduce", std::move(fn),
-                                      std::vector<memory::desc>{PlainDescOf(ctx.input(0))}, PlainDescOf(ctx.output()));
+  std::vector<memory::desc> inputs{PlainDescOf(ctx.input(0))};
+  if (weighted) inputs.push_back(PlainDescOf(ctx.input(1)));
+  return std::make_unique<HostKernel>(ctx.where(), "reduce", std::move(fn), std::move(inputs),
+                                      PlainDescOf(ctx.output()));
 }
 
 /*! \brief The data viewed as [outer, mid, inner] with the reduced axes exactly the middle block.*/
@@ -230,6 +258,14 @@ std::unique_ptr<Kernel> NormalizeRows(const KernelContext& ctx, const std::strin
   if (ctx.input(0).dtype != DType::kFloat32 || ctx.output().dtype != DType::kFloat32) {
     ctx.Fail("normalize = 1 runs on float32 data and output only");
   }
+  if (ctx.node().inputs.size() == 2) {  // has_weight: one float32 per feature of the last axis
+    const auto& w = ctx.input(1).shape;
+    const int64_t n = ctx.input(0).shape.back();
+    if (ctx.input(1).dtype != DType::kFloat32 || w.empty() || w.back() != n || ctx.input(1).numel() != n) {
+      ctx.Fail("weight must be float32 with one value per feature of the last axis (" + std::to_string(n) +
+               "), got " + DTypeName(ctx.input(1).dtype) + " " + ShapeToString(w));
+    }
+  }
   return MeanSquareRows(ctx, shift, act.name, true);
 }
 }  // namespace
@@ -242,9 +278,11 @@ static std::unique_ptr<Kernel> BuildReduce(const KernelContext& ctx) {
   const double shift = attrs.Float("shift", 0.0);
   const Activation act = ctx.ReadActivation(attrs, "activation", "clip");
   const bool normalize = attrs.Flag("normalize", false);
+  const bool weighted = attrs.Flag("has_weight", false);
   attrs.CheckNoUnknown();
   if (!std::isfinite(shift)) attrs.Fail("shift", "expected a finite number");
-  ctx.ExpectInputCount(1, "data");
+  if (weighted && !normalize) attrs.Fail("has_weight", "needs normalize = 1 (the norm's weight times x * r)");
+  ctx.ExpectInputCount(weighted ? 2 : 1, weighted ? "data, weight" : "data");
   const auto& in = ctx.input(0).shape;
   if (in.empty()) ctx.Fail("data must have rank >= 1, got a scalar");
   if (normalize) return NormalizeRows(ctx, alg_name, shift, act);

@@ -80,8 +80,10 @@ REGION_PASSES: tuple[str, ...] = (
     "fold_dense_input_scales",     # ops/dense_input_scales.py: RMSNorm's per-feature weight into the denses reading it
     "drop_abs_before_square",      # ops/rms_statistic.py: square(abs(x)) reads x (a vector norm's abs)
     "fuse_rms_statistics",         # ops/rms_statistic.py: square, mean / sum, + eps, rsqrt as one reduce node
+    "fold_norm_weights",           # ops/rms_statistic.py: the norm's weight (gamma) into that reduce node
     "fuse_affine_tails",           # ops/affine_tail.py: x * r, then * c, + b, + x as one binary x * s + t
-    "fold_residual_adds",          # ops/layout.py: add of a conv's output as its sum post-op
+    "fold_gate_products",          # ops/dense_wq.py: a GLU's product with a dense_wq output as its gate input
+    "fold_residual_adds",          # ops/layout.py: add of a dense / dense_wq output as its residual sum
     "fold_pads",                   # ops/pad.py: zero pads into the padding of the conv reading them
     "fuse_dynamic_int8_sources",   # ops/qdq_dynamic.py: a per-call quantization into the int8 dense reading it
     "fuse_int8_anchors",           # ops/qdq.py: dequantize -> conv / dense / pool -> quantize as int8 nodes

@@ -14,6 +14,11 @@ The same dequantized table read by ``take(table, indices, axis=0)`` (an embeddin
 :func:`byoc_hetero.quant.weight_only.emit_weight_only_take`) becomes one ``take_wq`` node (rules
 ``take_wq8``, ``take_wq4``; cpp/kernels/take_wq.cc) that dequantizes only the rows the indices name,
 reading the codes in place: a table tied to the LM head is one constant of codes for both nodes.
+
+After the lowering, the region pass :func:`fold_gate_products` makes a gated linear unit's product with a
+``dense_wq``'s output that node's ``gate`` input, and ``fold_residual_adds`` (ops/layout.py) an add of its
+output its ``residual``: in an int8 / int4 decoder's MLP, ``down(silu(gate(x)) * up(x)) + h`` runs as the
+three ``dense_wq`` nodes and the silu, not also a multiply and an add step.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
 
 from ...._relax import constant_value, shape_of, static_shape, tensor_dtype
 from ....rules import Match
+from ..lowering import Node, RegionGraph
 from ..precision import tensor_reason
-from ..table import PatternSpec, lowers_composite, pattern_rules
+from ..table import PatternSpec, graph_pass, lowers_composite, pattern_rules
 from .gather import INDEX_DTYPES
 
 
@@ -243,3 +249,41 @@ def lower_take_wq(ctx, func: relax.Function) -> int:
                 if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.take")
     weight, attrs = _weight_operands(ctx, func, None)
     return ctx.emit("take_wq", [ctx.data_of(take.args[1]), *weight], func.body.body, attrs)
+
+
+# ---- region pass: a GLU's product as the dense_wq's gate ------------------------------------------------
+
+
+def _plain_product(node: Node) -> bool:
+    """A ``binary mul`` of two tensors and nothing else (no activation, shift or addend)."""
+    return (node.op == "binary" and node.attrs.get("algorithm") == "mul" and len(node.inputs) == 2
+            and node.inputs[0] != node.inputs[1] and set(node.attrs) <= {"algorithm", "activation"}
+            and node.attrs.get("activation", "none") == "none")
+
+
+@graph_pass
+def fold_gate_products(graph: RegionGraph) -> None:
+    """``mul(g, dense_wq(x))``, the dense's output read by that multiply only (and no region output), ``g``
+    float32 of the output's shape and computed before the dense, becomes the dense's ``gate`` input
+    (``has_gate``): the kernel multiplies each output by ``g`` as it stores it, where the multiply was a
+    step of its own reading and writing the whole tensor. That is a gated linear unit's product (SwiGLU's
+    ``silu(x W_gate) * (x W_up)`` in every Llama / Qwen / Mistral MLP: one step a layer of an int8 / int4
+    decoder). Runs before :func:`.layout.fold_residual_adds`, whose residual input comes after the gate."""
+    for mul in [n for n in graph.nodes if _plain_product(n)]:
+        producers, outputs = graph.producers(), set(graph.outputs)
+        position = {id(n): i for i, n in enumerate(graph.nodes)}
+        for k in (0, 1):
+            value, gate = mul.inputs[k], mul.inputs[1 - k]
+            dense, made_by = producers.get(value), producers.get(gate)
+            shape = graph.tensors[value]["shape"]
+            if (dense is None or dense.op != "dense_wq" or dense.attrs.get("has_gate") or dense.attrs.get("residual")
+                    or graph.readers().get(value, 0) != 1 or value in outputs
+                    or graph.tensors[gate]["shape"] != shape or graph.tensors[mul.output]["shape"] != shape
+                    or graph.tensors[gate].get("dtype", "float32") != "float32"
+                    or (made_by is not None and position[id(made_by)] > position[id(dense)])):
+                continue
+            dense.inputs.append(gate)
+            dense.attrs["has_gate"] = 1
+            dense.output = mul.output
+            graph.nodes[:] = [m for m in graph.nodes if m is not mul]
+            break

@@ -493,10 +493,16 @@ def fold_channel_scales(graph: RegionGraph) -> None:
         graph.nodes[:] = [m for m in graph.nodes if id(m) not in dead]
 
 
+#: node op -> whether it applies an activation after its residual sum (``post_activation``): the ops whose
+#: runtime kernel sums a residual input into its output (the kernel's ``sum_input``; cpp/kernels/kernel.h)
+SUMS_RESIDUAL = {"dense": True, "dense_wq": False}
+
+
 @graph_pass
 def fold_residual_adds(graph: RegionGraph) -> None:
     """``add(view(dense(x)), r)``, with the dense's output reaching the add only through reshapes
-    and permutes read once, becomes the dense's residual (a sum post-op): ``r`` is taken back
+    and permutes read once, becomes the dense's residual (a sum post-op; ``dense`` or ``dense_wq``,
+    :data:`SUMS_RESIDUAL`): ``r`` is taken back
     through the inverse views (free relabels in the runtime), the dense accumulates into it, and
     the views then relabel the sum as the add's output. The add must not broadcast, and ``r``
     must be computed before the dense.
@@ -525,8 +531,10 @@ def fold_residual_adds(graph: RegionGraph) -> None:
                 chain.append(producers[t])
                 t = producers[t].inputs[0]
             dense = producers.get(t)
-            if (dense is None or dense.op != "dense" or readers.get(t, 0) != 1 or t in outputs
-                    or dense.attrs.get("residual") or dense.attrs.get("post_activation", "none") != "none"):
+            act = node.attrs.get("activation", "none")
+            if (dense is None or dense.op not in SUMS_RESIDUAL or readers.get(t, 0) != 1 or t in outputs
+                    or dense.attrs.get("residual") or dense.attrs.get("post_activation", "none") != "none"
+                    or (act != "none" and not SUMS_RESIDUAL[dense.op])):
                 continue
             index = next(i for i, m in enumerate(graph.nodes) if m is dense)
             made_by = producers.get(residual)
@@ -545,7 +553,6 @@ def fold_residual_adds(graph: RegionGraph) -> None:
                 r = back
             dense.inputs.append(r)
             dense.attrs["residual"] = 1
-            act = node.attrs.get("activation", "none")
             if act != "none":
                 dense.attrs["post_activation"] = act
                 if "clip" in node.attrs:

@@ -28,12 +28,17 @@ output:
   weight (``fold_dense_input_scales`` has put that into the dense layers reading it). The
   statistic and the broadcast multiply were two steps per norm; the host loop multiplies each row
   while it is in cache, the same float product the binary step wrote.
+
+And :func:`fold_norm_weights` (a pass of its own, after those): ``mul(gamma, reduce normalize(x))`` ->
+the reduce with a ``weight`` input, where the gamma did not go into the dense layers reading the norm
+(int8 / int4 decoders' ``dense_wq``): one step per norm, not two.
 """
 
 from __future__ import annotations
 
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
+from .dense_input_scales import constant_multiplies
 
 _FOLDABLE_ACTIVATIONS = ("none", "sqrt", "rsqrt")
 
@@ -177,3 +182,27 @@ def fuse_rms_statistics(graph: RegionGraph) -> None:
             _fold_normalize(graph, reduce)
         elif reduce.attrs.get("algorithm") in _OF_SQUARES.values():
             _fold_sqrt(graph, reduce)
+
+
+@graph_pass
+def fold_norm_weights(graph: RegionGraph) -> None:
+    """``mul(c, reduce normalize(x))``, ``c`` a float32 constant of one value per feature of the last axis
+    and the normalized tensor read by that multiply only, becomes the reduce's second input (attr
+    ``has_weight``): the host loop writes ``(x * r) * c``, the multiply's own float32 product, where the
+    multiply was a step of its own reading and writing the whole tensor. That is RMSNorm's gamma wherever
+    :func:`.dense_input_scales.fold_dense_input_scales` (which runs first) could not put it into the
+    weights of the denses reading the norm: the weight-only ``dense_wq`` of an int8 / int4 decoder
+    (codes are not rescaled), or readers other than denses. Runs after :func:`fuse_rms_statistics`, which
+    makes the normalize node."""
+    for mul, scale, value in constant_multiplies(graph):
+        reduce = graph.producers().get(value)
+        shape, weight = graph.tensors[value]["shape"], graph.tensors[scale]["shape"]
+        if (reduce is None or reduce.op != "reduce" or not reduce.attrs.get("normalize")
+                or reduce.attrs.get("has_weight") or _only_reader(graph, value) is not mul
+                or not shape or not isinstance(shape[-1], int) or graph.tensors[scale]["dtype"] != "float32"
+                or not weight or weight[-1] != shape[-1] or any(d != 1 for d in weight[:-1])
+                or graph.tensors[mul.output]["shape"] != shape):
+            continue
+        reduce.inputs.append(scale)
+        reduce.attrs["has_weight"] = 1
+        _drop(graph, mul, reduce)

@@ -1,0 +1,233 @@
+"""Where a decode step's time goes: the region's kernels by kind, the VM call around them, and Python.
+
+    python3 bench/decode_profile.py                                   # SmolLM-135M folder, int4 and int8, 2 threads
+    python3 bench/decode_profile.py --weights int4 --steps 48 --rounds 5
+    python3 bench/decode_profile.py --random                          # SmolLM-135M's sizes, seeded random weights
+
+One generator per weights format (``bh.llm.from_hf`` of ``--model``, a transformers folder, read only; or a
+random model of SmolLM-135M's config with ``--random``), a ``--prompt``-token prompt, then ``--rounds`` rounds,
+each timing the same ``--steps`` decode tokens three ways, interleaved:
+
+* ``generate``: ``(T(generate(prompt, steps + 1)) - T(generate(prompt, 1))) / steps``, the two calls back to
+  back: what one token costs a user of ``Generator.generate`` (Python loop, sampling, VM call, region);
+* ``vm``: the same decode steps as calls of the step function itself (``Generator._main``), every input made
+  before the timer: the VM call per token (the VM's own work, host code between regions, the region call);
+* ``region``: the region's own per-step profile (``set_profiling``) over those VM calls, reset after the
+  prefill, summed by kind: the LM head's ``dense_wq`` apart from the decoder's, every other op by its name.
+
+Fractions of the per-token time of ``generate`` (the median over the rounds of each): each kind of region
+step; "VM call outside the region's steps" = vm - sum of steps (VM dispatch, argument binding, the region
+call's own bookkeeping, any host op on llvm); "Python (loop, sampling, tensors)" = generate - vm.
+The thread adaptation to contention is off by default (``--adapt``), so that every call runs the one plan
+whose steps are profiled. ``--ab``: each format built twice, with session 13's region passes (the residual
+adds summed by the ``dense_wq`` before them, the norms' gammas multiplied in their reduce, the MLP's gate
+product in its up projection's ``dense_wq``) and without them
+(:func:`before_session13`), timed in the same interleaved rounds. On a loaded machine only the fractions mean
+anything, not the times: the report says so, with ``lscpu``'s model and oneDNN's ISA. Results:
+bench/GENERATE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DEFAULT_MODEL = "/tmp/s7gb/keep-full/smollm_135m/hf"
+NEW_PASSES = ("fold_norm_weights", "fold_gate_products")
+"""Session 13's region passes for int8 / int4 decoders (with ``dense_wq`` in ``fold_residual_adds``)."""
+SMOLLM = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+              num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True,
+              head_dim=64)
+
+
+def machine() -> str:
+    """``lscpu``'s model name, oneDNN's ISA and the load average: the line every figure carries."""
+    import byoc_hetero as bh
+
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    return (f"{model}; oneDNN {bh._C.onednn_version()} ISA {bh._C.isa()}; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+
+def load_model(args):
+    import torch
+    import transformers
+
+    if args.random:
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM)).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+
+
+def step_kinds(region) -> dict[int, str]:
+    """Node index -> the kind its steps are counted under: the op's name, ``dense_wq (LM head)`` for the
+    weight-only dense whose output is the vocabulary wide (the widest dense_wq of the region)."""
+    graph = json.loads(str(region["get_graph_json"]()))
+    widths = {}
+    for i, node in enumerate(graph["nodes"]):
+        if node["op"] in ("dense_wq", "dense"):
+            shape = graph["tensors"][node["output"]].get("shape", [])
+            widths[i] = shape[-1] if shape and isinstance(shape[-1], int) else 0
+    head = max(widths, key=widths.get) if widths else None
+    return {i: node["op"] + (" (LM head)" if i == head else "") for i, node in enumerate(graph["nodes"])}
+
+
+def region_seconds(regions, kinds: list[dict[int, str]]) -> tuple[dict[str, float], int]:
+    """(seconds of the run steps called since the last reset, summed by kind (reorders and copies a step
+    label names stay with their node's kind), how many step executions they were)."""
+    out: dict[str, float] = {}
+    calls = 0
+    for region, kind_of in zip(regions, kinds):
+        for step in json.loads(str(region["get_profile"]())):
+            if step["phase"] != "run" or not step["calls"]:
+                continue
+            found = re.search(r" node (\d+) ", step["label"])
+            kind = kind_of.get(int(found.group(1)), step["op"]) if found else step["op"]
+            out[kind] = out.get(kind, 0.0) + step["seconds"]
+            calls += step["calls"]
+    return out, calls
+
+
+class Profiler:
+    """One generator's three timings (module doc), a round at a time."""
+
+    def __init__(self, gen, prompt: np.ndarray, steps: int):
+        import byoc_hetero as bh
+
+        self.gen, self.prompt, self.steps = gen, prompt, steps
+        self.regions = bh.codegen.region_modules(gen._executable)
+        self.kinds = [step_kinds(r) for r in self.regions]
+        for r in self.regions:
+            r["set_profiling"](True)
+
+    def generate_per_token(self) -> float:
+        start = time.perf_counter()
+        self.gen.generate(self.prompt, 1)
+        one = time.perf_counter() - start
+        start = time.perf_counter()
+        self.gen.generate(self.prompt, self.steps + 1)
+        return (time.perf_counter() - start - one) / self.steps
+
+    def vm_per_token(self) -> tuple[float, dict[str, float]]:
+        """(wall seconds per decode call of the step function, region step seconds per call by kind);
+        ``self.steps_per_token``: the region steps one decode call runs."""
+        import tvm
+
+        gen, n = self.gen, self.prompt.shape[1]
+        cache = gen.new_cache(1)
+        one = np.ones(1, dtype="int64")
+        logits = gen._call(self.prompt, np.zeros(1, dtype="int64"), np.array([n], dtype="int64"), cache)
+        token = int(np.argmax(logits[0]))
+        t = lambda a: tvm.runtime.tensor(np.asarray(a, dtype="int64"), tvm.cpu())  # noqa: E731
+        lengths, last = t(one), t(np.zeros(1))
+        for r in self.regions:
+            r["reset_profile"]()
+        total = 0.0
+        for i in range(self.steps):
+            args = (t([[token]]), t([n + i]), lengths, last)
+            start = time.perf_counter()
+            out = gen._main(*args, *cache)
+            total += time.perf_counter() - start
+            token = int(np.argmax(out.numpy()[0]))
+        kinds, calls = region_seconds(self.regions, self.kinds)
+        self.steps_per_token = calls / self.steps
+        return total / self.steps, {k: v / self.steps for k, v in kinds.items()}
+
+
+def shares(gens: list[float], vms: list[float], kinds: list[dict[str, float]]) -> list[tuple[str, float, float]]:
+    """(what, ms per token, share of generate's per-token time), medians over the rounds."""
+    per_token, vm = float(np.median(gens)), float(np.median(vms))
+    names = sorted({k for d in kinds for k in d}, key=lambda k: -np.median([d.get(k, 0.0) for d in kinds]))
+    rows = [(k, float(np.median([d.get(k, 0.0) for d in kinds]))) for k in names]
+    inside = float(np.median([sum(d.values()) for d in kinds]))
+    rows += [("VM call outside the region's steps", vm - inside), ("Python (loop, sampling, tensors)", per_token - vm)]
+    return [(what, sec * 1e3, sec / per_token) for what, sec in rows] + [("total (generate, per token)",
+                                                                             per_token * 1e3, 1.0)]
+
+
+@contextlib.contextmanager
+def before_session13():
+    """The A side of ``--ab``: the decoder's residual adds after a ``dense_wq``, the norms' gammas before
+    one and the MLP's gate products as region steps of their own, as before session 13
+    (``fold_residual_adds`` without ``dense_wq``; :data:`NEW_PASSES` doing nothing)."""
+    from byoc_hetero.backends.onednn.ops import layout
+    from byoc_hetero.targets import get_target
+
+    passes = get_target("onednn").lowering.passes
+    sums, saved = dict(layout.SUMS_RESIDUAL), {name: passes[name] for name in NEW_PASSES}
+    layout.SUMS_RESIDUAL.pop("dense_wq", None)
+    passes.update({name: (lambda graph: None) for name in NEW_PASSES})
+    try:
+        yield
+    finally:
+        layout.SUMS_RESIDUAL.clear()
+        layout.SUMS_RESIDUAL.update(sums)
+        passes.update(saved)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="a transformers ...ForCausalLM folder (read only)")
+    ap.add_argument("--random", action="store_true", help="SmolLM-135M's config with seeded random weights")
+    ap.add_argument("--weights", default="int4,int8", help="bh.llm.from_hf weights formats, comma-separated")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--adapt", default="off", help="thread adaptation mode: off (default) | auto | reduced")
+    ap.add_argument("--ab", action="store_true",
+                    help="each format twice: with session 13's folds (the default) and without (before_session13)")
+    args = ap.parse_args(argv)
+
+    import byoc_hetero as bh
+
+    bh._C.set_num_threads(args.threads)
+    bh._C.set_thread_adaptation(args.adapt)
+    model = load_model(args)
+    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(1, args.prompt)).astype("int64")
+    print(f"# {machine()}; {args.threads} threads; adaptation {args.adapt}; prompt {args.prompt}, {args.steps} "
+          f"decode steps, median of {args.rounds} interleaved rounds; "
+          f"{'random weights' if args.random else args.model}")
+    profilers = {}
+    for fmt in args.weights.split(","):
+        for before in ((True, False) if args.ab else (False,)):
+            with before_session13() if before else contextlib.nullcontext():
+                gen = bh.llm.from_hf(model, max_length=args.prompt + args.steps + 2, weights=fmt)
+            label = fmt + ("" if not args.ab else ", before session 13" if before else ", session 13")
+            profilers[label] = Profiler(gen, prompt, args.steps)
+    for prof in profilers.values():
+        prof.generate_per_token()  # warm: plans made, weights prepared
+        prof.vm_per_token()
+    runs = {label: ([], [], []) for label in profilers}
+    for _ in range(args.rounds):
+        for label, prof in profilers.items():  # interleaved: every variant once a round
+            gens, vms, kinds = runs[label]
+            gens.append(prof.generate_per_token())
+            vm, by_kind = prof.vm_per_token()
+            vms.append(vm)
+            kinds.append(by_kind)
+    print(f"# adaptation {dict(bh._C.adaptation_stats())}")
+    for label, (gens, vms, kinds) in runs.items():
+        print(f"\n## {label}: {1 / np.median(gens):.1f} tok/s (generate, median), "
+              f"{len(profilers[label].regions)} region(s), {profilers[label].steps_per_token:.0f} region steps a token\n")
+        print("| share of a decode token | ms / token | share |")
+        print("|---|---|---|")
+        for what, ms, share in shares(gens, vms, kinds):
+            print(f"| {what} | {ms:.3f} | {100 * share:.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
