@@ -70,6 +70,16 @@ class LayoutResolver {
    */
   bool Relabel(size_t n, const Kernel& kernel);
 
+  /*!
+   * \brief A layout to offer node n's kernel for its output (KernelContext::output_hint): where
+   *        the output is a float32 intermediate read only by one permute, the layout under which
+   *        that permute's result is row-major, so that Relabel makes it a view with plain bytes and
+   *        its readers (a reshape merging dims) need no copy.  Attention's (P @ V) [B, heads, N, d]
+   *        permuted to [B, N, heads, d] and merged to [B, N, C] before the output dense (Swin: one
+   *        reorder per block).  An empty desc otherwise.
+   */
+  memory::desc PermutedOutputLayout(size_t n) const;
+
  private:
   /*!
    * \brief A reshape of a value held only in a permuted plain layout (a dense's tokens [1, S, C]
