@@ -15,9 +15,11 @@
  * reads x[:, r::2, c::2, :] this way.  Negative (reversing) steps are not supported: the codegen
  * leaves them to TVM.
  *
- * The input is read where it lies: a value the planner holds only under other strides (a permute
- * relabels its input's buffer, plan/layouts.cc) is sliced from those strides, so only the box is
- * copied.  Swin's attention splits one dense's output [tokens, 3 * C], viewed [3, windows, heads,
+ * The input is read where it lies: a float32 value the planner holds only under other strides (a
+ * permute relabels its input's buffer, plan/layouts.cc) is sliced from those strides by host copies
+ * of the runs contiguous in both (HostStridedSlice, also every float32 slice with steps), so only the
+ * box is copied.  (Through oneDNN 3.2's jit:uni reorder each third took about as long as the whole
+ * value's reorder had: loaded profile of Swin-T, bench/ZOO.md session 13.)  Swin's attention splits one dense's output [tokens, 3 * C], viewed [3, windows, heads,
  * N, d] by a permute, into Q, K and V (qkv[0], qkv[1], qkv[2]): each slice now copies its third,
  * where a plain copy of the whole permuted value was made first (one full reorder per attention
  * block, the largest reorders of a Swin-T profile).
@@ -111,6 +113,48 @@ memory::desc StoredInput(const KernelContext& ctx, const memory::desc& plain) {
   return strided ? md : plain;
 }
 
+/*! \brief A float32 slice (any steps) of an input stored under \p stored's strides, as host copies
+ *         of runs: the output's innermost dims that also lie next to each other in the input make
+ *         one memcpy (Swin's Q of a [3, windows, heads, N, d]:bdace value: runs of d; patch
+ *         merging's x[:, r::2, c::2, :]: runs of C).  oneDNN 3.2's jit:uni reorder of such a box
+ *         took about as long per third as the whole permuted value's reorder (loaded profile). */
+std::unique_ptr<Kernel> HostStridedSlice(const KernelContext& ctx, const memory::desc& stored,
+                                         const std::vector<int64_t>& out, const std::vector<int64_t>& begin,
+                                         const std::vector<int64_t>& steps) {
+  const memory::dims s = stored.get_strides();
+  const size_t rank = out.size();
+  std::vector<int64_t> step_strides(rank);
+  int64_t base = 0;
+  for (size_t k = 0; k < rank; ++k) {
+    step_strides[k] = steps[k] * s[k];
+    base += begin[k] * s[k];
+  }
+  size_t d = rank;  // dims [d, rank) make one contiguous run in both
+  int64_t run = 1;
+  while (d > 0 && (step_strides[d - 1] == run || out[d - 1] == 1)) run *= out[--d];
+  const std::vector<int64_t> lead(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(d));
+  const std::vector<int64_t> lead_strides(step_strides.begin(), step_strides.begin() + static_cast<std::ptrdiff_t>(d));
+  const int64_t runs = ctx.output().numel() / std::max<int64_t>(run, 1);
+  HostFn fn = [lead, lead_strides, base, run, runs](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    float* y = static_cast<float*>(p[1]);
+#pragma omp parallel for schedule(static) if (runs * run >= (1 << 15))
+    for (int64_t r = 0; r < runs; ++r) {
+      int64_t offset = base, rest = r;
+      for (size_t k = lead.size(); k-- > 0;) {
+        offset += (rest % lead[k]) * lead_strides[k];
+        rest /= lead[k];
+      }
+      std::memcpy(y + r * run, x + offset, static_cast<size_t>(run) * sizeof(float));
+    }
+  };
+  auto kernel = std::make_unique<HostKernel>(ctx.where(), "slice", std::move(fn),
+                                             std::vector<memory::desc>{PlainDesc(stored.get_dims())},
+                                             PlainDesc(memory::dims(out.begin(), out.end())));
+  kernel->ReadInputIn(0, stored);  // where the value lies: no reorder before the copy
+  return kernel;
+}
+
 }  // namespace
 
 static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
@@ -139,6 +183,7 @@ static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
   if (stepped == 0 && ctx.input(0).dtype == DType::kFloat32 && stored == in_md) {
     return HostRowCopySlice(ctx, in, out, begin);
   }
+  if (ctx.input(0).dtype == DType::kFloat32) return HostStridedSlice(ctx, stored, out, begin, steps);
   if (in.size() + stepped > DNNL_MAX_NDIMS) {
     attrs.Fail("steps", "rank " + std::to_string(in.size()) + " with " + std::to_string(stepped) +
                             " stepped axes needs more than oneDNN's " + std::to_string(DNNL_MAX_NDIMS) + " dims");
