@@ -19,7 +19,7 @@ each step evaluated computes at most :data:`MAX_ELEMENTS` elements (element-wise
 parts; views none; any other op, which writes its full result, only when that is within the bound).
 The steps an index is computed from (the index operand of a gather, and what it reads) have the
 larger bound :data:`MAX_INDEX_ELEMENTS`: left computed, the gather stays on llvm and splits the
-model (DeBERTa-v3 at sequence 512); past that bound too, the report says so.
+model (DeBERTa-v3 at sequence 512); past that bound the gather stays on llvm.
 
 Small float steps between such bindings are evaluated too but not replaced: DeBERTa-v2's relative
 positions are int64 ``arange`` differences bucketed through float ``log`` / ``ceil`` / ``where`` and
@@ -54,8 +54,8 @@ operand of ``gather_elements``, ``take`` or ``gather_nd``, and what it is comput
 int32 offsets once :mod:`.gather_elements_as_take` has read it, 1024 x 1024 relative positions.
 Left computed, such an index keeps the gather on llvm at run time and splits the model there
 (DeBERTa-v3 at sequence 512: one [512, 512] bucket table, 262144 positions, per layer and direction);
-folded, it costs one constant of its stored size. An index over this bound too stays computed (on
-llvm), and the report names the bound as the reason (:func:`fold_int_constants`)."""
+folded, it costs one constant of its stored size. An index over this bound too stays computed: the
+gather on llvm (the report lists it; its reason does not name the bound yet)."""
 
 _BINARY = {
     "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
@@ -139,12 +139,9 @@ class Evaluator:
     def __init__(self, max_work: int | None = None):
         self.known: dict[relax.Var, object] = {}
         self.max_work = max_work
-        self.over_bound = False  # a step was not evaluated for max_work alone (since the last reset)
 
     def _too_much(self, elements: int | None) -> bool:
-        too_much = self.max_work is not None and elements is not None and elements > self.max_work
-        self.over_bound = self.over_bound or too_much
-        return too_much
+        return self.max_work is not None and elements is not None and elements > self.max_work
 
     def _elementwise(self, fn, args: list):
         """``fn`` of ``args`` computed on their stored parts, as a view of the full broadcast shape."""
@@ -384,23 +381,6 @@ def index_cones(fn: relax.Function) -> list[tuple[relax.Call, set]]:
     return out
 
 
-def _note_unfolded(mod: tvm.IRModule, cones: list, folded: dict, over: set) -> tvm.IRModule:
-    """``mod`` recording, for each gather whose index stays computed because a step it is computed
-    from was over :data:`MAX_INDEX_ELEMENTS`, why it stays on llvm (the reason the report gives)."""
-    from ..rules.decisions import DecisionLog  # the stages' record of reasons, which the report reads
-
-    log = DecisionLog.from_module(mod)
-    for call, cone in cones:
-        index = call.args[_INDEXED[op_name(call)]]
-        if index in folded or not cone & over:
-            continue
-        log.add("fold_int_constants", call,
-                f"its index {index.name} ({_elements(index.ty)} elements) is computed from constants at run time: "
-                f"folding it would evaluate or store more than MAX_INDEX_ELEMENTS = {MAX_INDEX_ELEMENTS} elements "
-                "in one step (byoc_hetero.passes.fold_int_constants)")
-    return log.attach(mod) if log.rejections else mod
-
-
 def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     """``mod`` with the integer / bool bindings of ``func`` that depend only on constants and static
     shapes replaced by constants (then dead, and removed)."""
@@ -410,9 +390,7 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     if not isinstance(fn, relax.Function) or not isinstance(fn.body, relax.SeqExpr):
         return mod
     ev = Evaluator(max_work=MAX_ELEMENTS)
-    cones = index_cones(fn)
-    cone = set().union(*(c for _call, c in cones))
-    over: set = set()  # bindings left unevaluated or unfolded for the bound alone
+    cone = set().union(*(c for _call, c in index_cones(fn)))
     table: dict[relax.Var, relax.Expr] = {}  # uses replaced by a constant
     rebound: dict[relax.Var, relax.Expr] = {}  # bindings whose value becomes broadcast_to(constant)
     for block in fn.body.blocks:
@@ -420,16 +398,13 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
             if not isinstance(getattr(binding, "value", None), relax.Call):
                 continue  # match_cast and the like
             bound = MAX_INDEX_ELEMENTS if binding.var in cone else MAX_ELEMENTS
-            ev.max_work, ev.over_bound = bound, False
+            ev.max_work = bound
             try:
                 with np.errstate(all="ignore"):  # log(0) is -inf here as in the op
                     value = ev.call(binding.value)
             except (ValueError, TypeError, IndexError):
                 value = None  # numpy disagrees with the op's reading of its arguments: leave it
-            if value is None or (isinstance(value, np.ndarray) and stored(value).size > bound):
-                args_known = all(a in ev.known for a in binding.value.args if isinstance(a, relax.Var))
-                if args_known and (ev.over_bound or value is not None):
-                    over.add(binding.var)
+            if value is None:
                 continue
             if isinstance(value, tuple):
                 ev.known[binding.var] = value
@@ -441,7 +416,6 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
                 if _foldable(binding.var, value, bound=bound):
                     folded = _folded(value, dtype)
                     (rebound if isinstance(folded, relax.Call) else table)[binding.var] = folded
-    mod = _note_unfolded(mod, cones, {**table, **rebound}, over) if over else mod
     if rebound:
         fn = map_calls(fn, lambda var, _call: rebound.get(var))
     if not table and not rebound:
