@@ -142,6 +142,7 @@ class Planner {
     }
     KernelContext ctx{g_, n, engine_, {}, {}, NodeComputesBf16(g_, n)};
     ctx.output_hint = concats_.ConcatSliceLayout(n);
+    if (ctx.output_hint.is_zero()) ctx.output_hint = layouts_.PermutedOutputLayout(n);
     ctx.threads = plan_.threads;
     for (int t : node.inputs) {
       ctx.input_storage.push_back(values_[t].storage_md);

@@ -65,3 +65,19 @@ def dataflow_module(params, body):
             out = bb.emit_output(body(bb, *params))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def run_profiled(part, inputs: list) -> tuple:
+    """The partitioned module's output on ``inputs`` (numpy arrays) and its regions' run steps (one
+    call, each a dict with ``op``, ``impl``, ``label``, ``layouts``)."""
+    import json
+
+    import tvm
+
+    ex = relax.build(part, target="llvm")
+    regions = bh.codegen.region_modules(ex)
+    for region in regions:
+        region["set_profiling"](True)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x) for x in inputs])
+    steps = [s for r in regions for s in json.loads(str(r["get_profile"]())) if s["phase"] == "run"]
+    return out.numpy(), steps

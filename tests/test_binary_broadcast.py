@@ -13,28 +13,15 @@ step runs a reference kernel.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
 import byoc_hetero as bh
 from model_paths import PATHS, dataflow_module, one_region
+from model_paths import run_profiled as _run_profiled
 
 R = relax.op
-
-
-def _run_profiled(part: tvm.IRModule, inputs: list[np.ndarray]) -> tuple[np.ndarray, list[dict]]:
-    """The partitioned module's output on ``inputs`` and its regions' run steps (one call)."""
-    ex = relax.build(part, target="llvm")
-    regions = bh.codegen.region_modules(ex)
-    for region in regions:
-        region["set_profiling"](True)
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x) for x in inputs])
-    steps = [s for r in regions for s in json.loads(str(r["get_profile"]())) if s["phase"] == "run"]
-    return out.numpy(), steps
 
 
 def _reference_binaries(steps: list[dict]) -> list[str]:

@@ -33,7 +33,7 @@ def test_pipeline_order_is_pinned():
         "torch:float_ops_on_integers", "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "dynamic_quantize_per_reader", "fold_int_constants",
         "fold_weight_subgraphs", "te_clips", "gather_elements_as_take", "drop_proven_index_checks", "fold_negative_indices",
-        "drop_zero_pads", "drop_empty_operands",
+        "drop_zero_pads", "compose_row_moves", "drop_empty_operands",
         "compose_permutes", "matmul_repeated_heads", "combine_parallel_denses",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",

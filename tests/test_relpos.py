@@ -9,6 +9,7 @@ numpy or the llvm-only build: torch's int -> float promotion at import
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 
@@ -19,7 +20,7 @@ from tvm import relax
 import byoc_hetero as bh
 from byoc_hetero import passes
 from byoc_hetero._relax import constant_value, op_calls, op_name
-from byoc_hetero.fold import MAX_ELEMENTS
+from byoc_hetero.fold import MAX_ELEMENTS, MAX_INDEX_ELEMENTS
 from byoc_hetero.passes.einsum_as_matmul import matmul_plan
 from byoc_hetero.timing import build, run
 from model_paths import dataflow_module as _module, first_output, import_model, one_region
@@ -109,6 +110,44 @@ def test_fold_int_constants_stores_a_repeated_index_once():
     report = bh.report(part)
     assert len(report.regions) == 1 and not report.fallbacks, report
     np.testing.assert_array_equal(run(build(part), [xv]), want)
+
+
+def test_fold_int_constants_folds_an_index_of_sequence_512():
+    """DeBERTa-v3 at sequence 512: the bucket table stores 512 x 512 = 262144 positions, over
+    MAX_ELEMENTS; as an index it has the larger MAX_INDEX_ELEMENTS, so it folds, gather_elements is a
+    take of constant offsets, and the model is one region equal to numpy (before: the index stayed
+    computed and gather_elements on llvm)."""
+    heads, seq, span = 2, 512, 256
+    assert MAX_ELEMENTS < seq * seq <= MAX_INDEX_ELEMENTS
+    x = relax.Var("x", relax.TensorType([heads, seq, 2 * span], "float32"))
+    mod = _module([x], lambda bb, x: relax.op.gather_elements(relax.op.multiply(x, x),
+                                                              _relative_index(bb, seq, heads, span), 2))
+    part = bh.partition(mod, require_heavy_op=False)
+    report = bh.report(part)
+    assert len(report.regions) == 1 and not report.fallbacks, report
+    xv = np.random.default_rng(2).standard_normal((heads, seq, 2 * span)).astype("float32")
+    i = np.arange(seq)
+    index = np.broadcast_to(np.clip(i[:, None] - i[None, :] + span, 0, 2 * span - 1), (heads, seq, seq))
+    np.testing.assert_array_equal(run(build(part), [xv]), np.take_along_axis(xv * xv, index, axis=2))
+
+
+def test_an_index_over_the_index_bound_stays_computed(monkeypatch):
+    """Past MAX_INDEX_ELEMENTS (lowered here to keep the test small) the index stays computed and the
+    gather on llvm, with the right answer."""
+    fold = importlib.import_module("byoc_hetero.passes.fold_int_constants")  # the module, not the pass
+
+    monkeypatch.setattr(fold, "MAX_INDEX_ELEMENTS", 4096)
+    heads, seq, span = 1, 128, 64
+    x = relax.Var("x", relax.TensorType([heads, seq, 2 * span], "float32"))
+    mod = _module([x], lambda bb, x: relax.op.gather_elements(relax.op.multiply(x, x),
+                                                              _relative_index(bb, seq, heads, span), 2))
+    part = bh.partition(mod, require_heavy_op=False)
+    report = bh.report(part)
+    assert [f.op for f in report.fallbacks].count("gather_elements") == 1, report
+    xv = np.random.default_rng(3).standard_normal((heads, seq, 2 * span)).astype("float32")
+    i = np.arange(seq)
+    index = np.broadcast_to(np.clip(i[:, None] - i[None, :] + span, 0, 2 * span - 1), (heads, seq, seq))
+    np.testing.assert_array_equal(run(build(part), [xv]), np.take_along_axis(xv * xv, index, axis=2))
 
 
 def test_fold_int_constants_bounds_the_work():

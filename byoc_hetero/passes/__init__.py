@@ -43,6 +43,7 @@ from .checked_take import checked_take
 from .close_shape_arguments import close_shape_arguments
 from .combine_parallel_denses import combine_parallel_denses
 from .compose_permutes import compose_permutes
+from .compose_row_moves import compose_row_moves
 from .conv_integer_qdq import conv_integer_qdq
 from .dequantized_pad_values import dequantized_pad_values
 from .drop_empty_operands import drop_empty_operands
@@ -193,6 +194,8 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     # the same for the ONNX importer's Gather form, where(i < 0, i + n, i) between check and take
     Pass("fold_negative_indices", "relax", _relax(fold_negative_indices)),
     Pass("drop_zero_pads", "relax", _relax(drop_zero_pads)),
+    # after the index checks are dropped: Swin's roll (two takes) and window partition as one take of rows
+    Pass("compose_row_moves", "relax", _relax(compose_row_moves)),
     # partial rotary's empty pass-through slice: a concat operand of no elements
     Pass("drop_empty_operands", "relax", _relax(drop_empty_operands)),
     # torch's sdpa output: three permutes in a row, two of them undoing each other
@@ -249,7 +252,7 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
     "TORCH_EXPORTED", "TORCH_IMPORT", "Pass", "float_ops_on_integers", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
-    "compose_permutes", "conv_integer_qdq",
+    "compose_permutes", "compose_row_moves", "conv_integer_qdq",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "einsum_as_matmul", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
     "fold_zero_pads", "inbound_slices", "inline_composites", "integer_clips", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
     "run_passes", "shorten_region_names", "te_clips", "te_pads",

@@ -17,6 +17,9 @@ one [1, 128, 128] bucket table expanded to its 12 heads: 196608 elements in full
 :mod:`.gather_elements_as_take` reads it so). The bound is on the work, not on the declared size:
 each step evaluated computes at most :data:`MAX_ELEMENTS` elements (element-wise ones on the stored
 parts; views none; any other op, which writes its full result, only when that is within the bound).
+The steps an index is computed from (the index operand of a gather, and what it reads) have the
+larger bound :data:`MAX_INDEX_ELEMENTS`: left computed, the gather stays on llvm and splits the
+model (DeBERTa-v3 at sequence 512); past that bound the gather stays on llvm.
 
 Small float steps between such bindings are evaluated too but not replaced: DeBERTa-v2's relative
 positions are int64 ``arange`` differences bucketed through float ``log`` / ``ceil`` / ``where`` and
@@ -32,7 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._relax import static_shape
+from .._relax import op_name, static_shape
 from ..errors import CodegenError
 from ._ir import map_calls
 
@@ -43,7 +46,16 @@ Enough for masks of a few sequences, position ids, and a relative-position table
 the module carries stay that small. (Counting the declared size instead left DeBERTa-v3-base's
 index, 196608 elements at sequence 128, on llvm; folding it in full would carry 1.5 MB per index,
 which :mod:`.gather_elements_as_take` reduces to the one shared table anyway.) A table of a longer
-sequence (262144 positions at 512) stays computed at run time: on llvm, the report naming the op."""
+sequence (262144 positions at 512) is folded under :data:`MAX_INDEX_ELEMENTS` when it is an index."""
+
+MAX_INDEX_ELEMENTS = 1 << 20
+"""The bound instead of :data:`MAX_ELEMENTS` for the bindings an index is computed from (the index
+operand of ``gather_elements``, ``take`` or ``gather_nd``, and what it is computed from): 4 MiB of
+int32 offsets once :mod:`.gather_elements_as_take` has read it, 1024 x 1024 relative positions.
+Left computed, such an index keeps the gather on llvm at run time and splits the model there
+(DeBERTa-v3 at sequence 512: one [512, 512] bucket table, 262144 positions, per layer and direction);
+folded, it costs one constant of its stored size. An index over this bound too stays computed: the
+gather on llvm (the report lists it; its reason does not name the bound yet)."""
 
 _BINARY = {
     "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
@@ -285,15 +297,14 @@ _LAYOUT = {"relax.strided_slice": _strided_slice, "relax.scatter_nd": _scatter_n
 ``_UNARY``."""
 
 
-def _foldable(var: relax.Var, value, floats: bool = False) -> bool:
+def _foldable(var: relax.Var, value, floats: bool = False, bound: int = MAX_ELEMENTS) -> bool:
     """Whether ``value`` may stand for ``var``: a tensor of ``var``'s static shape storing at most
-    :data:`MAX_ELEMENTS` elements (:func:`stored`), of an integer or bool dtype (``floats``: or a
-    float one)."""
+    ``bound`` elements (:func:`stored`), of an integer or bool dtype (``floats``: or a float one)."""
     if not isinstance(value, np.ndarray) or not isinstance(var.ty, relax.TensorType):
         return False
     dtype = str(var.ty.dtype)
     kinds = ("int", "uint", "bool", "float") if floats else ("int", "uint", "bool")
-    if not dtype.startswith(kinds) or stored(value).size > MAX_ELEMENTS:
+    if not dtype.startswith(kinds) or stored(value).size > bound:
         return False
     shape = getattr(var.ty, "shape", None)
     dims = _ints(shape.values) if isinstance(shape, relax.ShapeExpr) else None
@@ -316,8 +327,8 @@ def dense(value, dtype: str | None = None) -> np.ndarray:
 def _folded(value: np.ndarray, dtype: str) -> relax.Expr:
     """The expression standing for a folded value: a constant, or ``broadcast_to`` of its stored part
     where the value in full would be over :data:`MAX_ELEMENTS` elements."""
-    if value.size <= MAX_ELEMENTS:
-        return relax.const(dense(value), dtype)
+    if value.size <= MAX_ELEMENTS or stored(value).size == value.size:
+        return relax.const(dense(value), dtype)  # small, or stored in full anyway (an index)
     part = relax.const(dense(stored(value)), dtype)
     return relax.op.broadcast_to(part, relax.ShapeExpr([int(d) for d in value.shape]))
 
@@ -344,6 +355,32 @@ class Substitute(relax.PyExprMutator):
         return self.table.get(var, var)
 
 
+_INDEXED = {"relax.gather_elements": 1, "relax.take": 1, "relax.gather_nd": 1}
+"""Ops by the position of their index operand."""
+
+
+def index_cones(fn: relax.Function) -> list[tuple[relax.Call, set]]:
+    """Each gather of ``fn`` (:data:`_INDEXED`) whose index is a bound variable, with the variables
+    that index is computed from (itself included)."""
+    values = {b.var: b.value for block in fn.body.blocks for b in block.bindings}
+    out = []
+    for value in values.values():
+        position = _INDEXED.get(op_name(value)) if isinstance(value, relax.Call) else None
+        if position is None or value.args[position] not in values:
+            continue
+        cone: set = set()
+        todo = [value.args[position]]
+        while todo:
+            v = todo.pop()
+            if v in cone or v not in values:
+                continue
+            cone.add(v)
+            if isinstance(values[v], relax.Call):
+                todo.extend(a for a in values[v].args if isinstance(a, relax.Var))
+        out.append((value, cone))
+    return out
+
+
 def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     """``mod`` with the integer / bool bindings of ``func`` that depend only on constants and static
     shapes replaced by constants (then dead, and removed)."""
@@ -353,12 +390,15 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     if not isinstance(fn, relax.Function) or not isinstance(fn.body, relax.SeqExpr):
         return mod
     ev = Evaluator(max_work=MAX_ELEMENTS)
+    cone = set().union(*(c for _call, c in index_cones(fn)))
     table: dict[relax.Var, relax.Expr] = {}  # uses replaced by a constant
     rebound: dict[relax.Var, relax.Expr] = {}  # bindings whose value becomes broadcast_to(constant)
     for block in fn.body.blocks:
         for binding in block.bindings:
             if not isinstance(getattr(binding, "value", None), relax.Call):
                 continue  # match_cast and the like
+            bound = MAX_INDEX_ELEMENTS if binding.var in cone else MAX_ELEMENTS
+            ev.max_work = bound
             try:
                 with np.errstate(all="ignore"):  # log(0) is -inf here as in the op
                     value = ev.call(binding.value)
@@ -368,12 +408,12 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
                 continue
             if isinstance(value, tuple):
                 ev.known[binding.var] = value
-            elif _foldable(binding.var, np.asarray(value), floats=True):
+            elif _foldable(binding.var, np.asarray(value), floats=True, bound=bound):
                 # each step rounded to its declared dtype (float32 math, as the op computes it)
                 dtype = str(binding.var.ty.dtype)
                 value = _as_dtype(np.asarray(value), dtype)
                 ev.known[binding.var] = value
-                if _foldable(binding.var, value):
+                if _foldable(binding.var, value, bound=bound):
                     folded = _folded(value, dtype)
                     (rebound if isinstance(folded, relax.Call) else table)[binding.var] = folded
     if rebound:

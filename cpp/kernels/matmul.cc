@@ -333,14 +333,12 @@ struct MatmulOperands {
  *        bf16: a and b are read as bf16 copies (a constant b converted once, run-time operands on every
  *        call, a strided view through one reorder), accumulation and the output stay f32.
  *        A strided bf16 a (Q of attention, a permuted dense output stored bf16) is read where it lies
- *        when a jit matmul takes those strides, else through a plain bf16 copy.
+ *        when a jit matmul takes those strides, else through a plain bf16 copy.  \p dst: the output's layout.
  */
-dnnl::matmul::primitive_desc MatmulPd(const KernelContext& ctx, const MatmulOperands& o, const memory::desc& bias,
-                                      const memory::dims& dst_dims, const dnnl::primitive_attr& attr) {
+dnnl::matmul::primitive_desc MatmulPdWithDst(const KernelContext& ctx, const MatmulOperands& o,
+                                             const memory::desc& bias, const memory::desc& dst,
+                                             const dnnl::primitive_attr& attr) {
   memory::desc a_src = ctx.bf16 ? WithType(o.a_md, memory::data_type::bf16) : o.a_md;
-  // The output is f32 unless every reader rounds it to bf16 anyway (OutputOnlyFeedsBf16Convs).
-  const memory::desc dst = WithType(PlainDesc(dst_dims), OutputOnlyFeedsBf16Convs(ctx) ? memory::data_type::bf16
-                                                                                      : memory::data_type::f32);
   auto make = [&](const memory::desc& b) { return dnnl::matmul::primitive_desc(ctx.engine, a_src, b, bias, dst, attr); };
   auto make_bf16 = [&] {
     return make(o.b_constant ? AnyDesc(o.b_dims, memory::data_type::bf16) : WithType(o.b_view, memory::data_type::bf16));
@@ -357,6 +355,32 @@ dnnl::matmul::primitive_desc MatmulPd(const KernelContext& ctx, const MatmulOper
     pd = o.b_constant ? MatmulForConstantWeight(make, o.b_dims) : make(o.b_strided ? AnyDesc(o.b_dims) : o.b_view);
   }
   return pd;
+}
+
+/*!
+ * \brief MatmulPdWithDst with the output plain (f32 unless every reader rounds it to bf16 anyway:
+ *        OutputOnlyFeedsBf16Convs), or in the planner's hint when \p may_follow_hint: the layout
+ *        under which the permute that alone reads the product is a view with row-major bytes
+ *        (LayoutResolver::PermutedOutputLayout; attention's (P @ V) [B, heads, N, d] written as
+ *        [B, N, heads, d], which the output dense reads with no reorder).  The hint is taken only
+ *        where a jit matmul writes it reading a as it is; otherwise the output is plain.
+ */
+dnnl::matmul::primitive_desc MatmulPd(const KernelContext& ctx, const MatmulOperands& o, const memory::desc& bias,
+                                      const memory::dims& dst_dims, const dnnl::primitive_attr& attr,
+                                      bool may_follow_hint) {
+  const bool bf16_out = OutputOnlyFeedsBf16Convs(ctx);
+  const memory::desc plain = WithType(PlainDesc(dst_dims), bf16_out ? memory::data_type::bf16 : memory::data_type::f32);
+  const memory::desc& hint = ctx.output_hint;
+  if (may_follow_hint && !ctx.bf16 && !bf16_out && hint.get_ndims() == static_cast<int>(dst_dims.size()) &&
+      hint.get_dims() == dst_dims && hint.get_data_type() == memory::data_type::f32) {
+    try {
+      dnnl::matmul::primitive_desc pd = MatmulPdWithDst(ctx, o, bias, hint, attr);
+      if (!IsReferenceImpl(pd) && pd.src_desc() == o.a_md) return pd;
+    } catch (const dnnl::error&) {
+      // no implementation writes that layout: plain below
+    }
+  }
+  return MatmulPdWithDst(ctx, o, bias, plain, attr);
 }
 
 /*! \brief As MakeAnchorKernel, with the mask read plain as the binary post-op's second source
@@ -439,7 +463,7 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   const MatmulOperands operands{a_md, a_dims, a_view.strided, b_view, b_dims, b_in.strided,
                                 ctx.input_constant.size() > 1 && ctx.input_constant[1]};
   dnnl::matmul::primitive_desc pd =
-      MatmulPd(ctx, operands, has_bias ? PlainDesc(bias_dims) : memory::desc(), dst_dims, attr);
+      MatmulPd(ctx, operands, has_bias ? PlainDesc(bias_dims) : memory::desc(), dst_dims, attr, !epilogue.residual);
   if (!has_mask) {
     return MakeAnchorKernel(ctx, "matmul", std::move(pd), a_md, b_view, bias_dims, has_bias, dst_dims, epilogue);
   }

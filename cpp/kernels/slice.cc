@@ -14,6 +14,15 @@
  * of begin has to come from a sub-memory; the split gives the strided one.)  Swin's patch merging
  * reads x[:, r::2, c::2, :] this way.  Negative (reversing) steps are not supported: the codegen
  * leaves them to TVM.
+ *
+ * The input is read where it lies: a float32 value the planner holds only under other strides (a
+ * permute relabels its input's buffer, plan/layouts.cc) is sliced from those strides by host copies
+ * of the runs contiguous in both (HostStridedSlice, also every float32 slice with steps), so only the
+ * box is copied.  (Through oneDNN 3.2's jit:uni reorder each third took about as long as the whole
+ * value's reorder had: loaded profile of Swin-T, bench/ZOO.md session 13.)  Swin's attention splits one dense's output [tokens, 3 * C], viewed [3, windows, heads,
+ * N, d] by a permute, into Q, K and V (qkv[0], qkv[1], qkv[2]): each slice now copies its third,
+ * where a plain copy of the whole permuted value was made first (one full reorder per attention
+ * block, the largest reorders of a Swin-T profile).
  */
 #include <algorithm>
 #include <cstring>
@@ -28,11 +37,11 @@ namespace {
 /*! \brief One reorder whose source is a sub-memory of the (plain) input buffer. */
 class SliceKernel : public Kernel {
  public:
-  SliceKernel(std::string label, dnnl::reorder::primitive_desc pd, memory::desc in, memory::desc sub,
+  SliceKernel(std::string label, dnnl::reorder::primitive_desc pd, OperandLayout in, memory::desc sub,
               memory::desc out, memory::desc out_box)
       : label_(std::move(label)), pd_(std::move(pd)), sub_(std::move(sub)), out_box_(std::move(out_box)),
         stepped_(out_box_.get_ndims() != out.get_ndims()) {
-    inputs_.push_back({in, in});
+    inputs_.push_back(std::move(in));
     output_ = {out, out};
   }
   std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
@@ -93,6 +102,59 @@ std::unique_ptr<Kernel> HostRowCopySlice(const KernelContext& ctx, const std::ve
                                       PlainDesc(memory::dims(out.begin(), out.end())));
 }
 
+/*! \brief How the slice reads its input: the layout the input is stored in when that is a float32
+ *         layout of the input's dims under strides (no inner blocks, no offset: a permute's
+ *         relabelled buffer), else the plain layout.  Reading it so costs the planner no reorder. */
+memory::desc StoredInput(const KernelContext& ctx, const memory::desc& plain) {
+  const memory::desc md = ctx.InputLayout(0);
+  const bool strided = md != plain && md.get_format_kind() == memory::format_kind::blocked &&
+                       md.get_inner_nblks() == 0 && md.get_data_type() == memory::data_type::f32 &&
+                       md.get_submemory_offset() == 0 && md.get_padded_dims() == md.get_dims();
+  return strided ? md : plain;
+}
+
+/*! \brief A float32 slice (any steps) of an input stored under \p stored's strides, as host copies
+ *         of runs: the output's innermost dims that also lie next to each other in the input make
+ *         one memcpy (Swin's Q of a [3, windows, heads, N, d]:bdace value: runs of d; patch
+ *         merging's x[:, r::2, c::2, :]: runs of C).  oneDNN 3.2's jit:uni reorder of such a box
+ *         took about as long per third as the whole permuted value's reorder (loaded profile). */
+std::unique_ptr<Kernel> HostStridedSlice(const KernelContext& ctx, const memory::desc& stored,
+                                         const std::vector<int64_t>& out, const std::vector<int64_t>& begin,
+                                         const std::vector<int64_t>& steps) {
+  const memory::dims s = stored.get_strides();
+  const size_t rank = out.size();
+  std::vector<int64_t> step_strides(rank);
+  int64_t base = 0;
+  for (size_t k = 0; k < rank; ++k) {
+    step_strides[k] = steps[k] * s[k];
+    base += begin[k] * s[k];
+  }
+  size_t d = rank;  // dims [d, rank) make one contiguous run in both
+  int64_t run = 1;
+  while (d > 0 && (step_strides[d - 1] == run || out[d - 1] == 1)) run *= out[--d];
+  const std::vector<int64_t> lead(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(d));
+  const std::vector<int64_t> lead_strides(step_strides.begin(), step_strides.begin() + static_cast<std::ptrdiff_t>(d));
+  const int64_t runs = ctx.output().numel() / std::max<int64_t>(run, 1);
+  HostFn fn = [lead, lead_strides, base, run, runs](const std::vector<void*>& p) {
+    const float* x = static_cast<const float*>(p[0]);
+    float* y = static_cast<float*>(p[1]);
+#pragma omp parallel for schedule(static) if (runs * run >= (1 << 15))
+    for (int64_t r = 0; r < runs; ++r) {
+      int64_t offset = base, rest = r;
+      for (size_t k = lead.size(); k-- > 0;) {
+        offset += (rest % lead[k]) * lead_strides[k];
+        rest /= lead[k];
+      }
+      std::memcpy(y + r * run, x + offset, static_cast<size_t>(run) * sizeof(float));
+    }
+  };
+  auto kernel = std::make_unique<HostKernel>(ctx.where(), "slice", std::move(fn),
+                                             std::vector<memory::desc>{PlainDesc(stored.get_dims())},
+                                             PlainDesc(memory::dims(out.begin(), out.end())));
+  kernel->ReadInputIn(0, stored);  // where the value lies: no reorder before the copy
+  return kernel;
+}
+
 }  // namespace
 
 static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
@@ -116,15 +178,22 @@ static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
                               ShapeToString(steps) + " does not fit in the input " + ShapeToString(in));
     }
   }
-  if (stepped == 0 && ctx.input(0).dtype == DType::kFloat32) return HostRowCopySlice(ctx, in, out, begin);
+  const memory::desc in_md = PlainDesc(memory::dims(in.begin(), in.end()));
+  const memory::desc stored = ctx.input(0).dtype == DType::kFloat32 ? StoredInput(ctx, in_md) : in_md;
+  if (stepped == 0 && ctx.input(0).dtype == DType::kFloat32 && stored == in_md) {
+    return HostRowCopySlice(ctx, in, out, begin);
+  }
+  if (ctx.input(0).dtype == DType::kFloat32) return HostStridedSlice(ctx, stored, out, begin, steps);
   if (in.size() + stepped > DNNL_MAX_NDIMS) {
     attrs.Fail("steps", "rank " + std::to_string(in.size()) + " with " + std::to_string(stepped) +
                             " stepped axes needs more than oneDNN's " + std::to_string(DNNL_MAX_NDIMS) + " dims");
   }
-  // the input (plain strides) with each stepped axis split in two, and the box within it
+  // the input (under the strides it is stored with) with each stepped axis split in two, and the box within it
   memory::dims big_dims, big_strides, box_dims, offsets, box_strides;
-  int64_t stride = 1, out_stride = 1;
+  const memory::dims in_strides = stored.get_strides();
+  int64_t out_stride = 1;
   for (size_t k = in.size(); k-- > 0;) {
+    const int64_t stride = in_strides[k];
     if (steps[k] > 1) {
       // whole steps only: a descriptor whose split axis reached past the axis's end would overlap the
       // next axis, which oneDNN rejects
@@ -146,16 +215,15 @@ static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
       offsets.insert(offsets.begin(), begin[k]);
       box_strides.insert(box_strides.begin(), out_stride);
     }
-    stride *= in[k];
     out_stride *= out[k];
   }
-  const memory::desc in_md = PlainDesc(memory::dims(in.begin(), in.end()));
   const memory::desc big(big_dims, memory::data_type::f32, big_strides);
   const memory::desc sub = big.submemory_desc(box_dims, offsets);
   const memory::desc out_md = PlainDesc(memory::dims(out.begin(), out.end()));
   const memory::desc out_box(box_dims, memory::data_type::f32, box_strides);
   dnnl::reorder::primitive_desc pd(ctx.engine, sub, ctx.engine, out_box, ctx.MakeAttr());
-  return std::make_unique<SliceKernel>(ctx.where(), std::move(pd), in_md, sub, out_md, out_box);
+  return std::make_unique<SliceKernel>(ctx.where(), std::move(pd), OperandLayout{in_md, stored}, sub, out_md,
+                                       out_box);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("slice", BuildSlice);

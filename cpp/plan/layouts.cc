@@ -8,6 +8,7 @@
 
 #include "../kernels/reshape.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace byoc_hetero {
@@ -216,6 +217,34 @@ bool LayoutResolver::Relabel(size_t n, const Kernel& kernel) {
   v.plain = md == v.plain_md ? src.slot : -1;
   v.aliased = in.aliased = true;
   return true;
+}
+
+memory::desc LayoutResolver::PermutedOutputLayout(size_t n) const {
+  const int t = g_.nodes[n].output;
+  const std::vector<int64_t>& dims = g_.tensors[t].shape;
+  if (dims.empty() || values_.OutputPosition(t) >= 0 || g_.tensors[t].dtype != DType::kFloat32) return memory::desc();
+  size_t reader = g_.nodes.size();
+  for (size_t m = 0; m < g_.nodes.size(); ++m) {
+    const std::vector<int>& in = g_.nodes[m].inputs;
+    const auto reads = std::count(in.begin(), in.end(), t);
+    if (reads == 0) continue;
+    if (reads > 1 || reader != g_.nodes.size()) return memory::desc();  // read twice, or by two nodes
+    reader = m;
+  }
+  if (reader == g_.nodes.size() || g_.nodes[reader].op != "permute") return memory::desc();
+  AttrReader attrs(g_, reader);
+  const std::vector<int64_t> axes = attrs.Ints("axes", dims.size(), {});
+  memory::dims permuted(dims.size());
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (axes[i] < 0 || axes[i] >= static_cast<int64_t>(dims.size())) return memory::desc();
+    permuted[i] = dims[static_cast<size_t>(axes[i])];
+  }
+  // element [axes[0], axes[1], ...] of the output lies where the permute's row-major result puts it
+  const memory::dims rows = PlainDesc(permuted).get_strides();
+  memory::dims strides(dims.size(), -1);
+  for (size_t i = 0; i < axes.size(); ++i) strides[static_cast<size_t>(axes[i])] = rows[i];
+  if (std::count(strides.begin(), strides.end(), -1) > 0) return memory::desc();  // not a permutation
+  return StridedDesc(memory::dims(dims.begin(), dims.end()), strides);
 }
 
 }  // namespace planning

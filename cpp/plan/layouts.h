@@ -70,6 +70,18 @@ class LayoutResolver {
    */
   bool Relabel(size_t n, const Kernel& kernel);
 
+  /*!
+   * \brief A layout to offer node n's kernel for its output (KernelContext::output_hint): where
+   *        the output is a float32 intermediate read only by one permute, the layout under which
+   *        that permute's result is row-major, so that Relabel makes it a view with plain bytes and
+   *        its readers (a reshape merging dims) need no copy: attention's (P @ V) [B, heads, N, d]
+   *        permuted to [B, N, heads, d] and merged to [B, N, C] before the output dense.  Only the
+   *        matmul takes it, where a jit kernel writes it.  Not reached in torchvision Swin, whose
+   *        P @ V is batch-flattened and reshaped before the permute (session 13: its heads' merge is
+   *        still one reorder).  An empty desc otherwise.
+   */
+  memory::desc PermutedOutputLayout(size_t n) const;
+
  private:
   /*!
    * \brief A reshape of a value held only in a permuted plain layout (a dense's tokens [1, S, C]

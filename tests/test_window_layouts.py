@@ -1,0 +1,196 @@
+"""Window attention's data movement (issue 39 item 1, torchvision Swin): the copies the region makes.
+
+* ``q, k, v = qkv[0], qkv[1], qkv[2]`` of one dense's output viewed ``[3, windows, heads, N, d]`` by a
+  permute: the permute relabels the dense's buffer and each ``slice`` reads its part where it lies
+  (cpp/kernels/slice.cc), with no plain copy of the whole permuted value first.
+* ``(P @ V).transpose(1, 2).reshape(windows, N, C)``: the matmul writes its product in the layout
+  under which the transpose is a view with row-major bytes (plan/layouts.cc PermutedOutputLayout),
+  so the reshape and the output dense read it with no copy.
+* ``torch.roll`` over H and W (two constant-index ``take``s from torch.export) and the window
+  partition / reverse (``reshape`` -> ``permute_dims`` -> ``reshape``): one ``take`` of rows each way
+  (:mod:`byoc_hetero.passes.compose_row_moves`).
+
+Checked against numpy / torch, and by the region's per-step profile (which copies run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import byoc_hetero as bh
+from byoc_hetero import passes
+from byoc_hetero._relax import constant_value, op_calls, op_name
+from model_paths import PATHS, dataflow_module, one_region, run_profiled
+
+R = relax.op
+
+
+def _ops(mod) -> list[str]:
+    return [op_name(c) for c in op_calls(mod["main"])]
+
+
+def _copies(steps: list[dict]) -> list[str]:
+    """The planner's own copies between layouts (steps of no op: reorders, plain copies), but for the
+    copy of a reshape's bytes into the caller's output buffer (the region's boundary)."""
+    return [s["label"] + " " + s["layouts"] for s in steps if not s["op"] and "copied out" not in s["label"]]
+
+
+def _llvm(mod, *inputs) -> np.ndarray:
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+
+
+# -- slices of a permuted value -------------------------------------------------------------------------
+@pytest.mark.parametrize("stepped", [False, True])
+def test_slices_of_a_permuted_value_copy_only_their_part(stepped):
+    """A dense's output [T, 3 * heads * d] viewed [3, 1, heads, T, d] (Q, K, V split as attention
+    does) and sliced along the first axis (``stepped``: every other token too): numpy's answer, and
+    no reorder step (before, the planner copied the whole permuted value to plain first)."""
+    tokens, heads, d = 12, 2, 4
+    width = 3 * heads * d
+    rng = np.random.default_rng(3 + stepped)
+    x = rng.standard_normal((tokens, width)).astype("float32")
+    w = rng.standard_normal((width, width)).astype("float32")
+
+    def body(bb, v):
+        qkv = bb.emit(R.permute_dims(R.reshape(bb.emit(R.matmul(v, relax.const(w))), [1, tokens, 3, heads, d]),
+                                     [2, 0, 3, 1, 4]))
+        step = 2 if stepped else 1
+        parts = [bb.emit(R.strided_slice(qkv, axes=[0, 3], begin=[i, 1], end=[i + 1, tokens], strides=[1, step]))
+                 for i in range(3)]
+        return R.add(R.multiply(parts[0], parts[1]), parts[2])
+
+    part = bh.partition(dataflow_module([relax.Var("x", relax.TensorType(x.shape, "float32"))], body))
+    assert len(bh.report(part).regions) == 1
+    got, steps = run_profiled(part, [x])
+    view = (x @ w).reshape(1, tokens, 3, heads, d).transpose(2, 0, 3, 1, 4)[:, :, :, 1::(2 if stepped else 1)]
+    np.testing.assert_allclose(got, view[0:1] * view[1:2] + view[2:3], rtol=1e-5, atol=1e-5)
+    assert [s["op"] for s in steps].count("slice") == 3, [s["op"] for s in steps]
+    assert not _copies(steps), _copies(steps)
+
+
+# -- rolled windows -------------------------------------------------------------------------------------
+def _roll(bb, x, shift: int, size: int):
+    """torch.export's ``torch.roll(x, shift, (1, 2))``: a take of constant indices along each axis."""
+    index = relax.const((np.arange(size) - shift) % size, "int64")
+    return bb.emit(R.take(bb.emit(R.take(x, index, axis=1)), index, axis=2))
+
+
+def _windows(bb, x, size: int, window: int, channels: int):
+    """Swin's window partition of [1, size, size, C]: [windows, window * window, C]."""
+    n = size // window
+    six = bb.emit(R.reshape(x, [1, n, window, n, window, channels]))
+    return bb.emit(R.reshape(bb.emit(R.permute_dims(six, [0, 1, 3, 2, 4, 5])), [n * n, window * window, channels]))
+
+
+def test_roll_and_window_partition_are_one_take_of_rows():
+    """Roll over H and W then partition into windows (6 links, 3 copies) is one take of [H * W, C]
+    rows; llvm's answer before and after equals numpy's."""
+    size, window, channels, shift = 8, 4, 6, 2
+    x = relax.Var("x", relax.TensorType([1, size, size, channels], "float32"))
+    mod = dataflow_module([x], lambda bb, v: _windows(bb, _roll(bb, v, shift, size), size, window, channels))
+    out = passes.compose_row_moves(mod)
+    assert _ops(out) == ["relax.reshape", "relax.take", "relax.reshape"], _ops(out)
+    (take,) = [c for c in op_calls(out["main"]) if op_name(c) == "relax.take"]
+    assert constant_value(take.args[1]).shape == (size * size,)  # rows of C elements, not single elements
+    data = np.random.default_rng(0).standard_normal((1, size, size, channels)).astype("float32")
+    rolled = np.roll(data, (shift, shift), axis=(1, 2))
+    n = size // window
+    want = rolled.reshape(1, n, window, n, window, channels).transpose(0, 1, 3, 2, 4, 5)
+    want = want.reshape(n * n, window * window, channels)
+    np.testing.assert_array_equal(_llvm(mod, data), want)
+    np.testing.assert_array_equal(_llvm(out, data), want)
+
+
+def test_row_moves_that_undo_each_other_are_a_reshape():
+    """A roll and the roll back (4 takes) move nothing: a reshape of the input, no take."""
+    x = relax.Var("x", relax.TensorType([1, 6, 6, 3], "float32"))
+    mod = dataflow_module([x], lambda bb, v: R.multiply(_roll(bb, _roll(bb, v, 2, 6), -2, 6), v))
+    out = passes.compose_row_moves(mod)
+    assert "relax.take" not in _ops(out), _ops(out)
+    data = np.random.default_rng(1).standard_normal((1, 6, 6, 3)).astype("float32")
+    np.testing.assert_array_equal(_llvm(out, data), data * data)
+
+
+def test_row_moves_that_split_the_last_dim_are_left_alone():
+    """A roll along the last axis and a permute moves single elements, not rows: left as it is."""
+    x = relax.Var("x", relax.TensorType([4, 5], "float32"))
+    index = relax.const((np.arange(5) - 1) % 5, "int64")
+    mod = dataflow_module([x], lambda bb, v: R.permute_dims(bb.emit(R.take(v, index, axis=1)), [1, 0]))
+    assert passes.compose_row_moves(mod) is mod
+
+
+torch = pytest.importorskip("torch")
+
+
+class WindowAttention(torch.nn.Module):
+    """torchvision Swin's window attention at a few channels: one qkv linear split into Q, K, V by a
+    permute, softmax(q k^T * scale) v, the heads merged back (transpose + reshape), the output linear."""
+
+    def __init__(self, heads: int = 2, dim: int = 8):
+        super().__init__()
+        self.heads, self.scale = heads, dim ** -0.5
+        self.qkv = torch.nn.Linear(heads * dim, 3 * heads * dim)
+        self.proj = torch.nn.Linear(heads * dim, heads * dim)
+
+    def forward(self, x):  # [windows, tokens, heads * dim]
+        w, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(w, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        attn = torch.softmax((q * self.scale) @ k.transpose(-2, -1), dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(w, n, c))
+
+
+def test_window_attention_makes_no_layout_copy(tmp_path):
+    """Through from_torch (the region graph is the same through the exporters): one region, nothing on
+    llvm, torch's answer, and no copy of the permuted qkv: Q, K, V are sliced from it where it lies
+    (before: a plain copy of the whole [3, windows, heads, N, d] value first). The heads' merge
+    (P @ V, batch-flattened by a reshape, then transposed) is still one copy."""
+    torch.manual_seed(0)
+    model = WindowAttention().eval()
+    x = torch.randn(4, 16, 16)
+    with torch.no_grad():
+        want = model(x).numpy()
+    part = one_region(model, (x,), "from_torch", tmp_path)
+    got, steps = run_profiled(part, [x.numpy()])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    copies = _copies(steps)
+    assert len(copies) == 1 and "[4,16,2,8]" in copies[0], copies  # the heads' merge only
+
+
+class ShiftedWindows(torch.nn.Module):
+    """torchvision Swin's shifted-window data movement around a per-token linear: roll by -shift over
+    H and W, partition into windows, the linear, reverse the partition, roll back, the residual add."""
+
+    def __init__(self, size: int = 8, window: int = 4, shift: int = 2, dim: int = 16):
+        super().__init__()
+        self.size, self.window, self.shift = size, window, shift
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):  # [1, size, size, dim]
+        n, w, c = self.size // self.window, self.window, x.shape[-1]
+        y = torch.roll(x, shifts=(-self.shift, -self.shift), dims=(1, 2))
+        y = y.view(1, n, w, n, w, c).permute(0, 1, 3, 2, 4, 5).reshape(n * n, w * w, c)
+        y = self.proj(y)
+        y = y.view(1, n, n, w, w, c).permute(0, 1, 3, 2, 4, 5).reshape(1, n * w, n * w, c)
+        return x + torch.roll(y, shifts=(self.shift, self.shift), dims=(1, 2))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_shifted_windows_match_torch(path, tmp_path):
+    """Through every import path: one region, nothing on llvm, torch's answer. Through from_torch
+    (torch.roll as takes) the region moves the activations once each way: two take steps, no reorder
+    (before: four takes and two reorders)."""
+    torch.manual_seed(0)
+    model = ShiftedWindows().eval()
+    x = torch.randn(1, 8, 8, 16)
+    with torch.no_grad():
+        want = model(x).numpy()
+    part = one_region(model, (x,), path, tmp_path)
+    got, steps = run_profiled(part, [x.numpy()])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if path == "from_torch":
+        ops = [s["op"] for s in steps]
+        assert ops.count("take") == 2 and not _copies(steps), [(s["op"], s["label"]) for s in steps]
