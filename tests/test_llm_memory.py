@@ -358,3 +358,47 @@ def test_a_version_1_folder_still_loads(tiny_saved, tmp_path: Path):
                                                           "max_length": 24, "weights": "f32", "weight_error": None,
                                                           "spec": spec.to_json()}))
     np.testing.assert_array_equal(bh.llm.load(tmp_path).generate(ids, 4), want)
+
+
+def test_placeholder_constants_wait_for_the_real_ones():
+    """The region runtime's side of external constants (docs/region-format.md, "Calling convention"): an
+    ``__init_`` whose every constant has no elements loads nothing, and a call then says the constants are
+    missing; some placeholders among real constants are a ValueError naming the first; the real constants
+    load, checked against the document's digests (the first real ones); placeholders after them change
+    nothing. Against numpy."""
+    import numpy as np
+    import tvm
+
+    rng = np.random.default_rng(36)
+    x, w, b = (rng.standard_normal(s).astype("float32") for s in ((2, 3), (4, 3), (4,)))
+    doc = {"format": "byoc_hetero.region", "version": 4, "symbol": "pc",
+           "tensors": [{"shape": [2, 3]}, {"shape": [4, 3]}, {"shape": [4]}, {"shape": [2, 4]}],
+           "inputs": [0], "outputs": [3],
+           "constants": [{"tensor": 1, "name": "pc_w", "digest": bh._C.digest(w)},
+                         {"tensor": 2, "name": "pc_b", "digest": bh._C.digest(b)}],
+           "nodes": [{"op": "dense", "inputs": [0, 1, 2], "output": 3,
+                      "attrs": {"weight_layout": "NK", "has_bias": 1, "residual": 0}}]}
+    mod = tvm.get_global_func("byoc_hetero.runtime.create")(json.dumps(doc))
+
+    def empty():
+        return tvm.runtime.empty((0,), "float32")
+
+    def run() -> np.ndarray:
+        out = tvm.runtime.tensor(np.full((2, 4), np.nan, "float32"))
+        mod["pc"](tvm.runtime.tensor(x), out)
+        return out.numpy()
+
+    assert mod["__init_pc"]([empty(), empty()]) == 0
+    with pytest.raises(RuntimeError, match=r"(?s)2 constants are not in the library.*__init_pc"):
+        run()
+    with pytest.raises(ValueError, match=r"1 placeholder constants \(no elements; the first: 1, 'pc_b'\)"):
+        mod["__init_pc"]([tvm.runtime.tensor(w), empty()])
+    changed = w.copy()
+    changed[1, 2] += 1.0
+    with pytest.raises(bh.IntegrityError, match=r"'pc_w'.*damaged"):
+        mod["__init_pc"]([tvm.runtime.tensor(changed), tvm.runtime.tensor(b)])
+    assert mod["__init_pc"]([tvm.runtime.tensor(w), tvm.runtime.tensor(b)]) == 0
+    want = x.astype("float64") @ w.T.astype("float64") + b
+    np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-5)
+    assert mod["__init_pc"]([empty(), empty()]) == 0
+    np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-5)

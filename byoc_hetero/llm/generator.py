@@ -92,7 +92,7 @@ def external_constants(part: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Any]
     the constants to the regions itself (:func:`give_constants`; ``weights_file``'s docstring: why).
     A region with a constant of a dtype numpy does not know keeps its constants in the library."""
     attrs = dict(part.attrs) if part.attrs else {}
-    table = dict(attrs.get("const_name_to_constant", {}))
+    table = {str(n): t for n, t in dict(attrs.get("const_name_to_constant", {})).items()}
     names: set[str] = set()
     for module in attrs.get("external_mods", []):
         if str(module.kind) == EXTERNAL_KIND:
@@ -101,7 +101,7 @@ def external_constants(part: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Any]
                 names.update(mine)
     if not names:
         return part, {}
-    constants = {str(n): t for n, t in table.items() if str(n) in names}
+    constants = {n: t for n, t in table.items() if n in names}
     for name, tensor in constants.items():
         table[name] = tvm.runtime.empty((0,), str(tensor.dtype), tvm.cpu())
     return part.with_attr("const_name_to_constant", table), constants
