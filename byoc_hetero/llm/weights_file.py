@@ -108,9 +108,9 @@ def write_weights(path: str | os.PathLike, constants: Mapping[str, Any]) -> list
 class MappedWeights:
     """The tensors of a weights file as TVM tensors over one mapping of it (no copy).
 
-    The mapping is private (copy-on-write) and nothing writes to it: its pages are the file's, in the
-    page cache, shared and reclaimable. A file shorter than its table says raises ModelFileError
-    naming the file and the first tensor past its end, before anything is mapped.
+    The mapping is read-only: its pages are the file's, in the page cache, shared and reclaimable. A
+    file shorter than its table says raises ModelFileError naming the file and the first tensor past its
+    end, before anything is mapped.
     """
 
     def __init__(self, path: str | os.PathLike, entries: list[Entry]):
@@ -124,7 +124,7 @@ class MappedWeights:
                             f"bh.llm.load: {self.path} is {size} bytes, but tensor {e.name!r} ({e.dtype} "
                             f"{list(e.shape)}, {e.nbytes} bytes at offset {e.offset}) ends at byte "
                             f"{e.offset + e.nbytes} (the file is cut short)")
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as err:
             raise ModelFileError(f"bh.llm.load: cannot read {self.path}: {err.strerror or err}") from err
         self.tensors = {e.name: self._tensor(e) for e in entries}
@@ -133,8 +133,10 @@ class MappedWeights:
     def _tensor(self, e: Entry) -> Any:
         if e.nbytes == 0:
             return tvm_ffi.from_dlpack(np.zeros(e.shape, e.dtype))
-        array = np.frombuffer(self._map, dtype=e.dtype, count=math.prod(e.shape), offset=e.offset)
-        return tvm_ffi.from_dlpack(array.reshape(e.shape), require_alignment=64, require_contiguous=True)
+        array = np.frombuffer(self._map, dtype=e.dtype, count=math.prod(e.shape), offset=e.offset).reshape(e.shape)
+        # read-only memory (PROT_READ: a write would fault, never change the file's bytes unseen); DLPack 1.0
+        # carries the read-only flag (numpy exports a read-only array only so)
+        return tvm_ffi.from_dlpack(array.__dlpack__(max_version=(1, 0)), require_alignment=64, require_contiguous=True)
 
     def release(self) -> None:
         """Hand back the mapping's resident pages (``madvise(MADV_DONTNEED)``): clean pages of the
