@@ -294,7 +294,8 @@ def _tensors(folder: Path) -> list[dict]:
 def test_a_saved_generator_maps_its_weights_file_and_can_be_saved_over(tiny_saved, tmp_path: Path):
     """The saved folder holds the regions' constants in weights.bin (the manifest's table, page-aligned);
     the loaded generator's tokens are the built one's, and saving it over its own folder while it lives
-    (the files are written under other names, then renamed) leaves it running and the folder loadable."""
+    (the files are written under other names, then renamed) leaves it running and the folder loadable, and
+    saving it elsewhere copies its library file."""
     import numpy as np
 
     folder = _copy(tiny_saved[0], tmp_path / "g")
@@ -307,6 +308,8 @@ def test_a_saved_generator_maps_its_weights_file_and_can_be_saved_over(tiny_save
     gen.save(folder)
     np.testing.assert_array_equal(gen.generate(ids, 4), want)
     np.testing.assert_array_equal(bh.llm.load(folder).generate(ids, 4), want)
+    gen.save(tmp_path / "other")  # elsewhere: the library file's bytes copied (TVM exports no loaded library)
+    np.testing.assert_array_equal(bh.llm.load(tmp_path / "other").generate(ids, 4), want)
 
 
 def test_a_cut_short_or_changed_weights_file_is_an_error_naming_it(tiny_saved, tmp_path: Path):

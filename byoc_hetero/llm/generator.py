@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -167,6 +168,7 @@ class Generator:
         max |x W_q - x W| / max |x W| on random rows); None for float weights."""
         self._constants = dict(constants or {})
         self._weights_file = weights_file
+        self._library_file: Any = None  # load(): the library file, held open (save copies its bytes)
         self._shapes_run: set[tuple[int, ...]] = set()  # step shapes run since the mapping's pages went back
         give_constants(executable, self._constants)
         if weights_file is not None:
@@ -341,20 +343,34 @@ class Generator:
         return out
 
     # ---- files ----------------------------------------------------------------------------------
+    def _write_library(self, folder: Path) -> None:
+        """``folder / LIBRARY``: the executable exported, or for a loaded generator the bytes of the file
+        it was loaded from (TVM exports a built module, not a loaded library; the file was held open at
+        load, so these are its bytes even where another save replaced the file since)."""
+        target, partial = folder / LIBRARY, folder / ("partial." + LIBRARY)
+        if self._library_file is None:
+            self._executable.export_library(str(partial))
+        elif target.exists() and os.path.samestat(os.fstat(self._library_file.fileno()), os.stat(target)):
+            return  # saved over its own folder: the library is already there
+        else:
+            self._library_file.seek(0)
+            with open(partial, "wb") as out:
+                shutil.copyfileobj(self._library_file, out)
+        os.replace(partial, target)
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write the generator to the folder ``path``: the built library (``model.so``), the oneDNN
         regions' constants in ``weights.bin`` (one tensor at a time, page-aligned: :mod:`.weights_file`;
         the library holds placeholders for them) and ``generator.json`` (the decoder's sizes,
         max_length, weights and their quantization error, the weights file's table). A generator loaded
-        from a version-1 folder (constants inside the library) is saved so again. Each file is written
+        by :func:`load` writes the bytes of its library file, and one loaded from a version-1 folder
+        (constants inside the library) is saved so again. Each file is written
         under another name, then renamed over the old one (a generator loaded from ``path`` keeps
         mapping the old files). Returns the folder."""
         self.check_sources()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / ("partial." + LIBRARY)
-        self._executable.export_library(str(partial))
-        os.replace(partial, folder / LIBRARY)
+        self._write_library(folder)
         manifest = {"format": FORMAT, "version": VERSION if self._constants else 1, "max_length": self.max_length,
                     "weights": self.weights, "weight_error": self.weight_error, "spec": self.spec.to_json()}
         if self._constants:
@@ -404,12 +420,16 @@ def load(path: str | os.PathLike) -> Generator:
     spec = DecoderSpec(**manifest["spec"])
     mapped = _mapped_weights(folder, manifest) if manifest["version"] >= 2 else None
     library = load_module(folder / LIBRARY)
+    library_file = open(folder / LIBRARY, "rb")  # noqa: SIM115 - held by the generator (Generator.save copies it)
     try:
-        return Generator(library, spec, manifest["max_length"], manifest.get("weights", "f32"),
-                         manifest.get("weight_error"), constants=mapped.tensors if mapped else None,
-                         weights_file=mapped)
+        gen = Generator(library, spec, manifest["max_length"], manifest.get("weights", "f32"),
+                        manifest.get("weight_error"), constants=mapped.tensors if mapped else None,
+                        weights_file=mapped)
     except (ByocError, ValueError, RuntimeError) as err:
+        library_file.close()
         if mapped is None or isinstance(err, ModelFileError):
             raise
         raise ModelFileError(f"bh.llm.load: {mapped.path} does not hold the weights {folder / LIBRARY} was built "
                              f"with: {err}") from err
+    gen._library_file = library_file
+    return gen
