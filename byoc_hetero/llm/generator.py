@@ -59,8 +59,9 @@ def _stop_ids(stop: int | Iterable[int] | None) -> set[int]:
 def return_freed_heap() -> None:
     """Hand the heap a build freed (the step module's weights as Relax constants, the partition's
     copies, a file's dequantized weights: about the weights' size again) back to the system: glibc
-    keeps freed heap mapped otherwise, and the process's resident size with it. Every builder of a
-    :class:`Generator` (``from_hf``, ``from_onnx``, ``from_gguf``) calls it after ``relax.build``.
+    keeps freed heap mapped otherwise, and the process's resident size with it. :func:`build_generator`
+    (every builder of a :class:`Generator`: ``from_hf``, ``from_onnx``, ``from_gguf``) calls it after
+    ``relax.build``.
     Not glibc: nothing to do."""
     import ctypes
     import gc
