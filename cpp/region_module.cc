@@ -283,12 +283,7 @@ class RegionModuleObj : public ffi::ModuleObj {
                                 << (num_shape ? " and " + std::to_string(num_shape) + " shapes" : "")
                                 << " then " << num_out << " outputs), got " << args.size();
     }
-    if (awaiting_constants_.load(std::memory_order_relaxed)) {
-      TVM_FFI_THROW(RuntimeError) << graph_.where() << ": its " << graph_.constants.size()
-                                  << " constants are not in the library (saved with them in a file of their own, "
-                                     "as bh.llm's Generator.save writes weights.bin) and were never given: load "
-                                     "it with bh.llm.load, or call __init_" << graph_.symbol << " with them";
-    }
+    CheckConstantsGiven();
     if (graph_.symbolic() && EmptyCall(args)) return;
     std::vector<void*> buffers(num_in + num_out);
     std::vector<std::vector<int64_t>> shapes(num_in + num_out);
@@ -320,7 +315,7 @@ class RegionModuleObj : public ffi::ModuleObj {
     }
     // Calls shorter than 200 us are watched one in 16: two getrusage (about 1 us each) would
     // be a visible share of them, and the level they read is shared with the longer calls.
-    const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
+    const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200000 ||
                        calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
     const int64_t one_time = OneTimeWorkCount();
     AdaptiveCall call(plan_->threads(), watch);
@@ -371,6 +366,15 @@ class RegionModuleObj : public ffi::ModuleObj {
     auto owner = std::make_shared<ffi::Array<ffi::Tensor>>(*consts);
     plan_->LoadConstants(data, owner);  // the contention plans share its weights (FewerThreadPlans)
     awaiting_constants_.store(false);
+  }
+
+  /*! \brief RuntimeError when the constants are external (placeholders came) and were never given. */
+  void CheckConstantsGiven() const {
+    if (!awaiting_constants_.load(std::memory_order_relaxed)) return;
+    TVM_FFI_THROW(RuntimeError) << graph_.where() << ": its " << graph_.constants.size()
+                                << " constants are not in the library (saved with them in a file of their own, "
+                                   "as the Generator.save of bh.llm writes weights.bin) and were never given: "
+                                   "load it with bh.llm.load, or call __init_" << graph_.symbol << " with them";
   }
 
   /*!
