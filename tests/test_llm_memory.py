@@ -144,9 +144,9 @@ constants are the model's tensors, no copy); session 10: 2.84x (9: 3.6x; before:
 
 SAVE_PEAK_BOUND = 0.25
 """``gen.save``'s peak over the process before it, in weights (plus RUNTIME_ALLOWANCE): the library's code
-(the weights go to weights.bin one tensor at a time, from their own memory). Session 13: 0.5 MiB. Before session 13 the library
-carried the weights, and ``export_library`` held about four copies of them (SmolLM-135M: 3.8 GB for a 514 MiB
-folder, bench/GENERATE.md session 12)."""
+(the weights go to weights.bin one tensor at a time, from their own memory). Session 13: 0.5 MiB. Before, the
+library carried the weights, and ``export_library`` held about four copies of them (SmolLM-135M: 3.8 GB for a
+514 MiB folder, bench/GENERATE.md session 12)."""
 
 
 def _run(script: str, *args: str) -> dict:
