@@ -8,8 +8,9 @@ One fresh process: imports, a seeded random transformers model of the named size
 ``bh.llm.from_hf`` (``--weights``, f32 by default; max_length = prompt + new), the transformers model deleted, then a
 generation (a prefill of ``--prompt`` tokens and ``--new`` decode steps); with ``--contention`` a second
 one on the 1-thread contention plans (forced: what a busy machine makes). After each stage: VmRSS and
-VmHWM (MiB) and the resident size's anonymous and file-backed shares (RssAnon; RssFile: pages of mapped files,
-such as a loaded library's embedded weights), and at the end the regions' prepared-weight bytes (get_runtime_info's
+VmHWM (MiB; the peak within the stage: VmHWM is reset at each stage's start) and the resident size's
+anonymous and file-backed shares (RssAnon; RssFile: pages of mapped files, such as a loaded generator's
+weights.bin), and at the end the regions' prepared-weight bytes (get_runtime_info's
 shared_bytes). ``--gguf FILE``: ``bh.llm.from_gguf(FILE)`` instead of the transformers model. ``--save DIR``:
 then ``gen.save(DIR)`` and, in a fresh process, ``--load DIR``: ``bh.llm.load(DIR)`` and the same generation
 (what a deployment does). Prints Markdown tables. Memory, not time: the figures hold on a loaded machine too.
@@ -39,6 +40,17 @@ def status() -> tuple[int, int, int, int]:
     return got["VmRSS"], got["VmHWM"], got["RssAnon"], got["RssFile"]
 
 
+def mark(rows: list, name: str) -> None:
+    """Append the row of the phase that just ended, then reset VmHWM to VmRSS (/proc/self/clear_refs 5),
+    so that each row's peak is its own phase's."""
+    rows.append((name, *status()))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def table(rows: list) -> str:
     lines = ["| stage | VmRSS MiB | VmHWM MiB | anonymous MiB | file-backed MiB |", "|---|---|---|---|---|"]
     return "\n".join(lines + [f"| {name} | {rss} | {hwm} | {anon} | {file} |" for name, rss, hwm, anon, file in rows])
@@ -62,12 +74,13 @@ def load_main(folder: str, threads: int, prompt: int, new: int) -> None:
     from gen_engines import prompt_ids
 
     _C.set_num_threads(threads)
-    rows = [("imports (TVM, oneDNN; no torch)", *status())]
+    rows: list = []
+    mark(rows, "imports (TVM, oneDNN; no torch)")
     gen = bh.llm.load(folder)
-    rows.append(("`bh.llm.load` done", *status()))
+    mark(rows, "`bh.llm.load` done")
     ids = np.asarray(prompt_ids(gen.spec.vocab, prompt))[None]
     gen.generate(ids, new)
-    rows.append((f"generate ({prompt} + {new}, {threads} threads)", *status()))
+    mark(rows, f"generate ({prompt} + {new}, {threads} threads)")
     print(f"loaded {folder}: prepared weights {prepared_mib(gen):.0f} MiB\n")
     print(table(rows))
 
@@ -101,11 +114,11 @@ def main() -> None:
     from gen_engines import model_config, prompt_ids
 
     _C.set_num_threads(args.threads)
-    rows.append(("imports (torch, transformers, TVM, oneDNN)", *status()))
+    mark(rows, "imports (torch, transformers, TVM, oneDNN)")
     if args.gguf:
         gen = bh.llm.from_gguf(args.gguf, max_length=args.prompt + args.new)
         weights, vocab = os.path.getsize(args.gguf), gen.spec.vocab
-        rows.append((f"`from_gguf` done ({gen.weights})", *status()))
+        mark(rows, f"`from_gguf` done ({gen.weights})")
         what = f"{args.gguf}: {weights / 2**20:.0f} MiB file"
     else:
         if args.hf:
@@ -115,25 +128,24 @@ def main() -> None:
             torch.manual_seed(0)
             model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        rows.append(("+ the transformers model", *status()))
+        mark(rows, "+ the transformers model")
         gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)
-        rows.append((f"`from_hf` done ({args.weights})", *status()))
+        mark(rows, f"`from_hf` done ({args.weights})")
         vocab = model.config.vocab_size
         del model
         gc.collect()
-        rows.append(("transformers model deleted", *status()))
+        mark(rows, "transformers model deleted")
         what = f"{args.model}: {weights / 2**20:.0f} MiB of f32 weights"
     ids = np.asarray(prompt_ids(vocab, args.prompt))[None]
     gen.generate(ids, args.new)
-    rows.append((f"generate ({args.prompt} + {args.new}, {args.threads} threads)", *status()))
+    mark(rows, f"generate ({args.prompt} + {args.new}, {args.threads} threads)")
     if args.contention:
         _C.set_thread_adaptation("reduced")
         gen.generate(ids, args.new)
-        rows.append(("again on the 1-thread contention plans", *status()))
+        mark(rows, "again on the 1-thread contention plans")
     if args.save:
         gen.save(args.save)
-        rows.append((f"`gen.save` ({sum(f.stat().st_size for f in Path(args.save).iterdir()) / 2**20:.0f} MiB)",
-                     *status()))
+        mark(rows, f"`gen.save` ({sum(f.stat().st_size for f in Path(args.save).iterdir()) / 2**20:.0f} MiB)")
     info = [json.loads(m["get_runtime_info"]()) for m in region_modules(gen._executable)]
     print(f"{what}; prepared weights {prepared_mib(gen):.0f} MiB; contention plans "
           f"{[i['contention_plans'] for i in info]}; oneDNN {_C.onednn_version()} ISA {_C.isa()}\n")

@@ -429,9 +429,11 @@ def region_modules(executable: Any) -> list[tvm.runtime.Module]:
     ``relax.VirtualMachine`` on ``executable`` runs.
 
     They are found among the imports of ``executable.jit()`` (what the VM loads, possibly a
-    reloaded copy), not of the module the executable was built from.
+    reloaded copy), not of the module the executable was built from; ``executable`` may also be a
+    runtime module (a loaded library: ``bh.load_module``).
     """
-    return [m for m in imported_modules(executable.jit()) if backend_for_runtime(str(m.kind)) is not None]
+    root = executable.jit() if isinstance(executable, tvm.runtime.Executable) else executable
+    return [m for m in imported_modules(root) if backend_for_runtime(str(m.kind)) is not None]
 
 
 def tensor_view(tensor: Any) -> np.ndarray:

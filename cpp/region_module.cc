@@ -283,6 +283,7 @@ class RegionModuleObj : public ffi::ModuleObj {
                                 << (num_shape ? " and " + std::to_string(num_shape) + " shapes" : "")
                                 << " then " << num_out << " outputs), got " << args.size();
     }
+    CheckConstantsGiven();
     if (graph_.symbolic() && EmptyCall(args)) return;
     std::vector<void*> buffers(num_in + num_out);
     std::vector<std::vector<int64_t>> shapes(num_in + num_out);
@@ -314,7 +315,7 @@ class RegionModuleObj : public ffi::ModuleObj {
     }
     // Calls shorter than 200 us are watched one in 16: two getrusage (about 1 us each) would
     // be a visible share of them, and the level they read is shared with the longer calls.
-    const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200'000 ||
+    const bool watch = last_call_ns_.load(std::memory_order_relaxed) >= 200000 ||
                        calls_.fetch_add(1, std::memory_order_relaxed) % 16 == 0;
     const int64_t one_time = OneTimeWorkCount();
     AdaptiveCall call(plan_->threads(), watch);
@@ -340,6 +341,12 @@ class RegionModuleObj : public ffi::ModuleObj {
                                 << graph_.constants.size() << " constants (" << NameList()
                                 << "), got " << consts->size();
     }
+    if (Placeholders(*consts, fn)) {
+      // The library was saved with its constants external (bh.llm: weights.bin): they arrive in a
+      // later __init_ (digest-checked then). Placeholders after the real constants change nothing.
+      if (!constants_checked_.load()) awaiting_constants_.store(true);
+      return;
+    }
     std::vector<const void*> data;
     for (size_t i = 0; i < consts->size(); ++i) {
       const auto& c = graph_.constants[i];
@@ -358,6 +365,41 @@ class RegionModuleObj : public ffi::ModuleObj {
     constants_checked_.store(true);
     auto owner = std::make_shared<ffi::Array<ffi::Tensor>>(*consts);
     plan_->LoadConstants(data, owner);  // the contention plans share its weights (FewerThreadPlans)
+    awaiting_constants_.store(false);
+  }
+
+  /*! \brief RuntimeError when the constants are external (placeholders came) and were never given. */
+  void CheckConstantsGiven() const {
+    if (!awaiting_constants_.load(std::memory_order_relaxed)) return;
+    TVM_FFI_THROW(RuntimeError) << graph_.where() << ": its " << graph_.constants.size()
+                                << " constants are not in the library (saved with them in a file of their own, "
+                                   "as the Generator.save of bh.llm writes weights.bin) and were never given: "
+                                   "load it with bh.llm.load, or call __init_" << graph_.symbol << " with them";
+  }
+
+  /*!
+   * \brief Whether \p consts are placeholders: every one a tensor of no elements where the document's
+   *        tensor has some (what the const loader of a library saved with its constants external
+   *        holds). ValueError when some are and others are not (all or none).
+   */
+  bool Placeholders(const ffi::Array<ffi::Tensor>& consts, const std::string& fn) const {
+    size_t count = 0, first = 0, sized = 0;  // sized: constants the document gives elements
+    for (size_t i = 0; i < consts.size(); ++i) {
+      const ffi::Tensor& tensor = consts[i];
+      if (!tensor.defined() || graph_.tensors[graph_.constants[i].tensor].numel() == 0) continue;
+      ++sized;
+      const DLTensor* dl = tensor.GetDLTensorPtr();
+      int64_t numel = 1;
+      for (int d = 0; d < dl->ndim; ++d) numel *= dl->shape[d];
+      if (numel == 0 && count++ == 0) first = i;
+    }
+    if (count != 0 && count != sized) {
+      TVM_FFI_THROW(ValueError) << graph_.where() << ": " << fn << " got " << count << " placeholder constants "
+                                << "(no elements; the first: " << first << ", '" << graph_.constants[first].name
+                                << "') among " << sized << ": expected every constant's data, or a "
+                                   "placeholder for every one (a library saved with its constants external)";
+    }
+    return count != 0;
   }
 
   /*!
@@ -419,6 +461,7 @@ class RegionModuleObj : public ffi::ModuleObj {
   std::atomic<uint32_t> calls_{0};
   std::atomic<bool> profiling_{false};
   std::atomic<bool> constants_checked_{false};  // the first __init_ passed the digests
+  std::atomic<bool> awaiting_constants_{false};  // placeholders came, the external constants not yet
 };
 
 }  // namespace

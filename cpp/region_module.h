@@ -6,7 +6,8 @@
  *   <symbol>(in_0, ..., in_{I-1}, out_0, ..., out_{O-1})  run, destination-passing style
  *   get_symbol() -> str
  *   get_const_vars() -> Array<str>          constant names, in __init_ order
- *   __init_<symbol>(Array<Tensor>) -> int   load constants (returns 0)
+ *   __init_<symbol>(Array<Tensor>) -> int   load constants (returns 0); placeholders (every one a tensor
+ *                                           of no elements) load nothing: a later call brings them
  *   get_graph_json() -> str
  *   get_plan() -> Array<str>                the oneDNN steps (implementation and layouts)
  *

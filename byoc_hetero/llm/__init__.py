@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from ..errors import InputError
-from .generator import Generator, load, return_freed_heap
+from .generator import Generator, build_generator, load
 from .gguf import from_gguf
 from .model import FAMILIES, DecoderSpec, decoder_spec, decoder_weights, step_module
 from .sampling import Sampler
@@ -174,10 +174,7 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     """
     part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size,
                                          lm_head=lm_head, embedding=embedding)
-    executable = relax.build(part, target="llvm")
-    del part
-    return_freed_heap()
-    return Generator(executable, spec, int(max_length), weights, weight_error=error, sources=model)
+    return build_generator(part, spec, max_length, weights, weight_error=error, sources=model)
 
 
 def _file_weights(spec: DecoderSpec, weights: dict[str, Any], max_length: int, weights_format: str | None,
@@ -217,10 +214,7 @@ def generator_from_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_le
     """
     part, label, error = partitioned_weights(spec, weights, max_length=max_length, weights_format=weights_format,
                                              group_size=group_size)
-    executable = relax.build(part, target="llvm")
-    del part
-    return_freed_heap()
-    return Generator(executable, spec, int(max_length), label, weight_error=error)
+    return build_generator(part, spec, max_length, label, weight_error=error)
 
 
 def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_length: int,

@@ -7,12 +7,18 @@ the same cache tensors and the kernel appends to them in place (no copy of a cac
 A step is one call of the VM function: the prefill with all prompt rows (prompts of different
 lengths padded on the right, ``lengths`` telling the kernel which rows are real), then one call per
 new token with ``S`` = 1.
+
+The oneDNN regions' constants (the weights) are not linked into the library: it holds placeholders,
+and the generator gives the regions the constants itself (:func:`build_generator`), so that a saved
+generator keeps them in ``weights.bin``, which :func:`load` maps instead of deserializing a copy that
+TVM's const loader would keep beside the regions' prepared layouts (:mod:`.weights_file`, issue 36).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,12 +28,18 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .._relax import region_modules
 from ..errors import InputError
 from .model import DecoderSpec
 from .sampling import Sampler
+from .weights_file import FILE as WEIGHTS_FILE
+from .weights_file import Entry, MappedWeights, write_weights
 
 FORMAT = "byoc_hetero.llm"
-VERSION = 1
+VERSION = 2
+"""The manifest's version: 2 keeps the oneDNN regions' constants in `weights.bin` (mapped by :func:`load`), 1
+kept them inside the library (still read)."""
+READABLE = (1, 2)
 LIBRARY = "model.so"
 MANIFEST = "generator.json"
 
@@ -47,8 +59,9 @@ def _stop_ids(stop: int | Iterable[int] | None) -> set[int]:
 def return_freed_heap() -> None:
     """Hand the heap a build freed (the step module's weights as Relax constants, the partition's
     copies, a file's dequantized weights: about the weights' size again) back to the system: glibc
-    keeps freed heap mapped otherwise, and the process's resident size with it. Every builder of a
-    :class:`Generator` (``from_hf``, ``from_onnx``, ``from_gguf``) calls it after ``relax.build``.
+    keeps freed heap mapped otherwise, and the process's resident size with it. :func:`build_generator`
+    (every builder of a :class:`Generator`: ``from_hf``, ``from_onnx``, ``from_gguf``) calls it after
+    ``relax.build``.
     Not glibc: nothing to do."""
     import ctypes
     import gc
@@ -60,6 +73,73 @@ def return_freed_heap() -> None:
         pass
 
 
+EXTERNAL_KIND = "byoc_hetero"
+"""The runtime modules whose constants a generator keeps out of its library: the oneDNN regions' (their
+``__init_`` takes placeholders first, docs/region-format.md "Calling convention")."""
+
+
+def _viewable(tensor: Any) -> bool:
+    """Whether numpy knows the tensor's dtype (a weights file stores it so)."""
+    try:
+        np.dtype(str(tensor.dtype))
+    except TypeError:
+        return False
+    return True
+
+
+def external_constants(part: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, Any]]:
+    """(``part`` with the constants of its oneDNN regions replaced by placeholders in
+    ``const_name_to_constant``, those constants by name): what ``relax.build`` then links into the
+    library's const loader has no elements (the library carries no weights), and the generator hands
+    the constants to the regions itself (:func:`give_constants`; ``weights_file``'s docstring: why).
+    A region with a constant of a dtype numpy does not know keeps its constants in the library."""
+    attrs = dict(part.attrs) if part.attrs else {}
+    table = {str(n): t for n, t in dict(attrs.get("const_name_to_constant", {})).items()}
+    names: set[str] = set()
+    for module in attrs.get("external_mods", []):
+        if str(module.kind) == EXTERNAL_KIND:
+            mine = [str(n) for n in module["get_const_vars"]()]
+            if all(n in table and _viewable(table[n]) for n in mine):
+                names.update(mine)
+    if not names:
+        return part, {}
+    constants = {n: t for n, t in table.items() if n in names}
+    for name, tensor in constants.items():
+        table[name] = tvm.runtime.empty((0,), str(tensor.dtype), tvm.cpu())
+    return part.with_attr("const_name_to_constant", table), constants
+
+
+def give_constants(executable: Any, constants: dict[str, Any]) -> None:
+    """Call ``__init_<symbol>`` of every oneDNN region of ``executable`` whose constants are among
+    ``constants`` (name -> tensor) with them: the regions check their digests and keep references (no
+    copy). A region given only some of its constants: ValueError naming the first missing."""
+    for module in region_modules(executable):
+        if str(module.kind) != EXTERNAL_KIND:
+            continue
+        names = [str(n) for n in module["get_const_vars"]()]
+        given = [n for n in names if n in constants]
+        if not given:
+            continue
+        symbol = str(module["get_symbol"]())
+        if len(given) != len(names):
+            missing = next(n for n in names if n not in constants)
+            raise ValueError(f"region {symbol}: no tensor {missing!r} among the {len(constants)} given "
+                             f"(the region has {len(names)} constants)")
+        module["__init_" + symbol]([constants[n] for n in names])
+
+
+def build_generator(part: tvm.IRModule, spec: DecoderSpec, max_length: int, weights: str,
+                    weight_error: float | None = None, sources: Any = None) -> Generator:
+    """The :class:`Generator` of a partitioned step module: built for llvm with its oneDNN regions'
+    constants external (:func:`external_constants`), the build's freed heap handed back."""
+    part, constants = external_constants(part)
+    executable = relax.build(part, target="llvm")
+    del part
+    return_freed_heap()
+    return Generator(executable, spec, int(max_length), weights, weight_error=weight_error, sources=sources,
+                     constants=constants)
+
+
 class Generator:
     """Token generation with a decoder built by :func:`byoc_hetero.llm.from_hf` (or loaded by
     :func:`byoc_hetero.llm.load`).
@@ -69,9 +149,13 @@ class Generator:
     """
 
     def __init__(self, executable: Any, spec: DecoderSpec, max_length: int, weights: str = "f32",
-                 weight_error: float | None = None, sources: Any = None):
+                 weight_error: float | None = None, sources: Any = None, constants: dict[str, Any] | None = None,
+                 weights_file: MappedWeights | None = None):
         """``sources``: the torch module whose parameters the constants share (``from_hf``): a call
-        after an in-place change of one of them raises InputError (:meth:`check_sources`)."""
+        after an in-place change of one of them raises InputError (:meth:`check_sources`).
+        ``constants``: the oneDNN regions' constants by name where the library holds placeholders
+        (:func:`external_constants`), given to the regions here; ``weights_file``: the mapping they lie
+        in (:func:`load`), whose pages are handed back once the regions prepared their layouts."""
         self._executable = executable
         named = sources.named_parameters() if sources is not None else ()
         # weak: a quantized generator holds codes of its own, and a strong reference would keep the model's
@@ -83,6 +167,13 @@ class Generator:
         self.weight_error = weight_error
         """int8 / int4 weights: the quantization's largest relative layer error (``WeightOnlyModel.error``,
         max |x W_q - x W| / max |x W| on random rows); None for float weights."""
+        self._constants = dict(constants or {})
+        self._weights_file = weights_file
+        self._library_file: Any = None  # load(): the library file, held open (save copies its bytes)
+        self._shapes_run: set[tuple[int, ...]] = set()  # step shapes run since the mapping's pages went back
+        give_constants(executable, self._constants)
+        if weights_file is not None:
+            weights_file.release()  # the digests read every page
         self._vm = relax.VirtualMachine(executable, tvm.cpu())
         self._main = self._vm["main"]
 
@@ -177,6 +268,11 @@ class Generator:
         last = np.arange(batch, dtype="int64") * rows + np.maximum(lengths, 1) - 1
         out = self._main(_tensor(np.ascontiguousarray(tokens, dtype="int64")), _tensor(past.astype("int64")),
                          _tensor(lengths.astype("int64")), _tensor(last), *cache)
+        if self._weights_file is not None and tokens.shape not in self._shapes_run:
+            # a new shape made plans and prepared their layouts from the mapping: its pages go back (those
+            # read in place come back as they are read); once per shape, not per token
+            self._shapes_run.add(tokens.shape)
+            self._weights_file.release()
         return out.numpy()
 
     # ---- generation -----------------------------------------------------------------------------
@@ -248,23 +344,69 @@ class Generator:
         return out
 
     # ---- files ----------------------------------------------------------------------------------
+    def _write_library(self, folder: Path) -> None:
+        """``folder / LIBRARY``: the executable exported, or for a loaded generator the bytes of the file
+        it was loaded from (TVM exports a built module, not a loaded library; the file was held open at
+        load, so these are its bytes even where another save replaced the file since)."""
+        target, partial = folder / LIBRARY, folder / ("partial." + LIBRARY)
+        if self._library_file is None:
+            self._executable.export_library(str(partial))
+        elif target.exists() and os.path.samestat(os.fstat(self._library_file.fileno()), os.stat(target)):
+            return  # saved over its own folder: the library is already there
+        else:
+            self._library_file.seek(0)
+            with open(partial, "wb") as out:
+                shutil.copyfileobj(self._library_file, out)
+        os.replace(partial, target)
+
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the generator to the folder ``path``: the built library (``model.so``, weights
-        inside) and ``generator.json`` (the decoder's sizes, max_length, weights and their quantization
-        error). Returns the folder."""
+        """Write the generator to the folder ``path``: the built library (``model.so``), the oneDNN
+        regions' constants in ``weights.bin`` (one tensor at a time, page-aligned: :mod:`.weights_file`;
+        the library holds placeholders for them) and ``generator.json`` (the decoder's sizes,
+        max_length, weights and their quantization error, the weights file's table). A generator loaded
+        by :func:`load` writes the bytes of its library file, and one loaded from a version-1 folder
+        (constants inside the library) is saved so again. Each file is written
+        under another name, then renamed over the old one (a generator loaded from ``path`` keeps
+        mapping the old files). Returns the folder."""
         self.check_sources()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        self._executable.export_library(str(folder / LIBRARY))
-        manifest = {"format": FORMAT, "version": VERSION, "max_length": self.max_length, "weights": self.weights,
-                    "weight_error": self.weight_error, "spec": self.spec.to_json()}
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        self._write_library(folder)
+        manifest = {"format": FORMAT, "version": VERSION if self._constants else 1, "max_length": self.max_length,
+                    "weights": self.weights, "weight_error": self.weight_error, "spec": self.spec.to_json()}
+        if self._constants:
+            entries = write_weights(folder / WEIGHTS_FILE, self._constants)
+            if self._weights_file is not None:
+                self._weights_file.release()  # the write read every page of the mapping
+            manifest["weights_file"] = {"name": WEIGHTS_FILE, "tensors": [e.to_json() for e in entries]}
+        (folder / ("partial." + MANIFEST)).write_text(json.dumps(manifest, indent=1))
+        os.replace(folder / ("partial." + MANIFEST), folder / MANIFEST)
         return folder
 
 
-def load(path: str | os.PathLike) -> Generator:
-    """A :class:`Generator` saved by :meth:`Generator.save` in the folder ``path``."""
+def _mapped_weights(folder: Path, manifest: dict[str, Any]) -> MappedWeights:
+    """The weights file a version-2 manifest names, mapped (ModelFileError when it does not fit)."""
     from ..errors import ModelFileError
+
+    table = manifest.get("weights_file")
+    if not isinstance(table, dict) or not isinstance(table.get("tensors"), list) \
+            or Path(str(table.get("name", ""))).name != table.get("name"):
+        raise ModelFileError(f"bh.llm.load: {folder / MANIFEST} has no valid 'weights_file' table (a file name in "
+                             "the folder and its tensors)")
+    where = folder / table["name"]
+    return MappedWeights(where, [Entry.from_json(r, where) for r in table["tensors"]])
+
+
+def load(path: str | os.PathLike) -> Generator:
+    """A :class:`Generator` saved by :meth:`Generator.save` in the folder ``path``.
+
+    The regions' constants are read from ``weights.bin`` through a memory map (no copy; the
+    regions prepare their layouts from it, and its pages go back once they have: one copy of the
+    weights resident). A file cut short, or a tensor whose bytes differ from those the build
+    recorded (the region documents' digests), raises :class:`~byoc_hetero.errors.ModelFileError`
+    naming the file and the tensor. Version-1 folders (constants inside the library) load as before.
+    """
+    from ..errors import ByocError, ModelFileError
     from ..library import load_module
 
     folder = Path(path)
@@ -272,10 +414,23 @@ def load(path: str | os.PathLike) -> Generator:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError) as err:
         raise ModelFileError(f"bh.llm.load: {folder / MANIFEST} is not a readable generator manifest: {err}") from err
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+    if manifest.get("format") != FORMAT or manifest.get("version") not in READABLE:
         raise ModelFileError(f"bh.llm.load: {folder / MANIFEST} is format {manifest.get('format')!r} version "
-                             f"{manifest.get('version')!r}; expected {FORMAT!r} version {VERSION}")
+                             f"{manifest.get('version')!r}; expected {FORMAT!r} version "
+                             f"{' or '.join(map(str, READABLE))}")
     spec = DecoderSpec(**manifest["spec"])
-    return Generator(load_module(folder / LIBRARY), spec, manifest["max_length"], manifest.get("weights", "f32"),
-                     manifest.get("weight_error"))
-
+    mapped = _mapped_weights(folder, manifest) if manifest["version"] >= 2 else None
+    library = load_module(folder / LIBRARY)
+    library_file = open(folder / LIBRARY, "rb")  # noqa: SIM115 - held by the generator (Generator.save copies it)
+    try:
+        gen = Generator(library, spec, manifest["max_length"], manifest.get("weights", "f32"),
+                        manifest.get("weight_error"), constants=mapped.tensors if mapped else None,
+                        weights_file=mapped)
+    except (ByocError, ValueError, RuntimeError) as err:
+        library_file.close()
+        if mapped is None or isinstance(err, ModelFileError):
+            raise
+        raise ModelFileError(f"bh.llm.load: {mapped.path} does not hold the weights {folder / LIBRARY} was built "
+                             f"with: {err}") from err
+    gen._library_file = library_file
+    return gen

@@ -517,12 +517,7 @@ def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None =
     naming it. The generator's ``weights`` says what ran: ``"gguf:"`` and the types kept as codes
     (``"gguf:q8_0"``, ``"gguf:q4_k+q5_0"``), or ``"gguf:f32"``.
     """
-    from tvm import relax
-
-    from .generator import Generator, return_freed_heap
+    from .generator import build_generator
 
     part, spec, label = partitioned_gguf(path, max_length=max_length, weights=weights)
-    executable = relax.build(part, target="llvm")
-    del part
-    return_freed_heap()  # the file's dequantized weights and the build's copies
-    return Generator(executable, spec, int(max_length), label)
+    return build_generator(part, spec, max_length, label)  # the file's dequantized weights freed

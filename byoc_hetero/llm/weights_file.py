@@ -1,0 +1,145 @@
+"""A generator's weights in a file of their own (``weights.bin``), mapped when the generator is loaded.
+
+Why (issue 36: the process at its weights + KV cache + 10%). A library exported with its regions'
+constants inside holds them in TVM's const loader, which deserializes its own copy when the library
+loads and keeps it for the module's lifetime, beside the layouts the regions prepare (repack) from
+it: a loaded generator held its weights twice. ``bh.llm`` builds its step with the oneDNN regions'
+constants *external* (:func:`byoc_hetero.llm.generator.external_constants`): the library's const
+loader holds placeholders (tensors of no elements, which the region runtime takes as "the constants
+come later", docs/region-format.md "Calling convention"), and the generator hands the constants to
+the regions itself.
+
+``Generator.save`` writes them here (:func:`write_weights`), one tensor at a time (no copy of all of
+them: the save's peak), each at an offset that is a multiple of :data:`ALIGN`. ``bh.llm.load`` maps
+the file (:class:`MappedWeights`): the regions receive tensors over the mapping (no copy), check each
+one's digest (recorded in the region documents at the build: a changed byte is an error naming the
+file and the tensor) and prepare their layouts; the mapping's resident pages are then handed back
+(:meth:`MappedWeights.release`). What a region reads in place (a layout equal to the file's: the
+embedding's rows) comes back from the file's pages as it is read, clean and reclaimable; what it
+prepared is its own copy: one copy of the weights in the process.
+
+Layout: the tensors' bytes, row-major, each at a multiple of :data:`ALIGN`; the table (name, dtype,
+shape, offset, bytes of each tensor) is in the generator's manifest (``generator.json``).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm_ffi
+
+from .._relax import tensor_view
+from ..errors import ModelFileError
+
+ALIGN = 4096
+"""Each tensor starts at a multiple of this many bytes (a page: the mapped tensors are page-aligned)."""
+
+FILE = "weights.bin"
+"""The file's name in a saved generator's folder."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one tensor lies in a weights file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's record of the tensor."""
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "offset": self.offset,
+                "nbytes": self.nbytes}
+
+    @classmethod
+    def from_json(cls, record: Any, where: Path) -> Entry:
+        """The entry of a manifest record; ModelFileError naming ``where`` when it is malformed."""
+        try:
+            entry = cls(str(record["name"]), str(record["dtype"]), tuple(int(d) for d in record["shape"]),
+                        int(record["offset"]), int(record["nbytes"]))
+            itemsize = np.dtype(entry.dtype).itemsize
+        except (KeyError, TypeError, ValueError) as err:
+            raise ModelFileError(f"bh.llm.load: {where}: a malformed weights record {str(record)[:120]!r}: {err}") \
+                from None
+        if entry.offset < 0 or entry.offset % ALIGN or entry.nbytes != itemsize * math.prod(entry.shape) \
+                or min(entry.shape, default=0) < 0:
+            raise ModelFileError(f"bh.llm.load: {where}: the weights record of {entry.name!r} ({entry.dtype} "
+                                 f"{list(entry.shape)}, {entry.nbytes} bytes at offset {entry.offset}) is not "
+                                 f"consistent (offsets are multiples of {ALIGN}, bytes = elements x item size)")
+        return entry
+
+
+def _bytes(tensor: Any) -> np.ndarray:
+    """The bytes of a CPU tensor, row-major (a view, no copy, where numpy can view its dtype)."""
+    return np.ascontiguousarray(tensor_view(tensor)).reshape(-1).view(np.uint8)
+
+
+def write_weights(path: str | os.PathLike, constants: Mapping[str, Any]) -> list[Entry]:
+    """Write ``constants`` (name -> CPU tensor) to the file ``path`` and return where each lies.
+
+    One tensor at a time, from its own memory (no copy of the weights). The file is written under
+    another name and then renamed over ``path``: a generator loaded from ``path`` keeps mapping the
+    old file's bytes (a write in place would change, or cut short, what it maps).
+    """
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    entries, end = [], 0
+    with open(partial, "wb") as f:
+        for name, tensor in constants.items():
+            data = _bytes(tensor)
+            offset = -(-end // ALIGN) * ALIGN
+            f.seek(offset)  # the gap reads as zeros
+            f.write(memoryview(data))
+            entries.append(Entry(name, str(tensor.dtype), tuple(int(d) for d in tensor.shape), offset, data.nbytes))
+            end = offset + data.nbytes
+    os.replace(partial, path)
+    return entries
+
+
+class MappedWeights:
+    """The tensors of a weights file as TVM tensors over one mapping of it (no copy).
+
+    The mapping is read-only: its pages are the file's, in the page cache, shared and reclaimable. A
+    file shorter than its table says raises ModelFileError naming the file and the first tensor past its
+    end, before anything is mapped.
+    """
+
+    def __init__(self, path: str | os.PathLike, entries: list[Entry]):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                for e in entries:
+                    if e.offset + e.nbytes > size:
+                        raise ModelFileError(
+                            f"bh.llm.load: {self.path} is {size} bytes, but tensor {e.name!r} ({e.dtype} "
+                            f"{list(e.shape)}, {e.nbytes} bytes at offset {e.offset}) ends at byte "
+                            f"{e.offset + e.nbytes} (the file is cut short)")
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except OSError as err:
+            raise ModelFileError(f"bh.llm.load: cannot read {self.path}: {err.strerror or err}") from err
+        self.tensors = {e.name: self._tensor(e) for e in entries}
+        """name -> a TVM tensor over the mapping."""
+
+    def _tensor(self, e: Entry) -> Any:
+        if e.nbytes == 0:
+            return tvm_ffi.from_dlpack(np.zeros(e.shape, e.dtype))
+        array = np.frombuffer(self._map, dtype=e.dtype, count=math.prod(e.shape), offset=e.offset).reshape(e.shape)
+        # read-only memory (PROT_READ: a write would fault, never change the file's bytes unseen); DLPack 1.0
+        # carries the read-only flag (numpy exports a read-only array only so)
+        return tvm_ffi.from_dlpack(array.__dlpack__(max_version=(1, 0)), require_alignment=64, require_contiguous=True)
+
+    def release(self) -> None:
+        """Hand back the mapping's resident pages (``madvise(MADV_DONTNEED)``): clean pages of the
+        file, read again from it (the page cache) where a region reads a tensor in place later."""
+        if self._map is not None and hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_DONTNEED)
