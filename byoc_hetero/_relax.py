@@ -456,3 +456,12 @@ def constant_value(expr: Any) -> Any:
     if isinstance(expr, tvm.ir.Constant) and hasattr(expr, "data"):
         return expr.data.numpy()
     return None
+
+
+def is_per_channel(shape: tuple[int, ...], out_shape: tuple[int, ...], channel_axis: int) -> bool:
+    """Whether an operand of ``shape`` holds one value per channel of ``out_shape`` (broadcast)."""
+    if len(shape) > len(out_shape):
+        return False
+    aligned = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    axis = channel_axis % len(out_shape)
+    return all(dim == (out_shape[axis] if i == axis else 1) for i, dim in enumerate(aligned))

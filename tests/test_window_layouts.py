@@ -3,9 +3,10 @@
 * ``q, k, v = qkv[0], qkv[1], qkv[2]`` of one dense's output viewed ``[3, windows, heads, N, d]`` by a
   permute: the permute relabels the dense's buffer and each ``slice`` reads its part where it lies
   (cpp/kernels/slice.cc), with no plain copy of the whole permuted value first.
-* ``(P @ V).transpose(1, 2).reshape(windows, N, C)``: the matmul writes its product in the layout
-  under which the transpose is a view with row-major bytes (plan/layouts.cc PermutedOutputLayout),
-  so the reshape and the output dense read it with no copy.
+* ``(P @ V).transpose(1, 2).reshape(windows, N, C)``: still one copy (the heads' merge). The planner
+  offers a matmul whose product only a permute reads the layout under which that permute is a view
+  (plan/layouts.cc PermutedOutputLayout), but here a reshape batch-flattens P @ V before the transpose,
+  so the hint is not reached (asserted below: one copy).
 * ``torch.roll`` over H and W (two constant-index ``take``s from torch.export) and the window
   partition / reverse (``reshape`` -> ``permute_dims`` -> ``reshape``): one ``take`` of rows each way
   (:mod:`byoc_hetero.passes.compose_row_moves`).

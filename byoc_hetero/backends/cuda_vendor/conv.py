@@ -21,9 +21,8 @@ from typing import Any
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from ..._relax import shape_of, static_shape, tensor_dtype
+from ..._relax import is_per_channel, shape_of, static_shape, tensor_dtype
 from ...rules import Match
-from ..onednn.epilogue import is_per_channel  # the same broadcast rule as oneDNN's bias
 
 MAX_ADDS = 2
 """A conv2d rule takes up to this many adds: a bias and a residual."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, is_tuple_get_item, wildcard
 
-from ..._relax import shape_of
+from ..._relax import is_per_channel, shape_of
 from ...rules import Check, Match
 from .lowering import ANCHORS
 from .ops.activation import FUSES_ACTIVATION, FUSES_ONLY, activation_pattern, activation_reason
@@ -34,15 +34,6 @@ def tensors_reason(match: Match, names: list[str], symbolic: bool = False) -> st
             if reason:
                 return reason
     return None
-
-
-def is_per_channel(shape: tuple[int, ...], out_shape: tuple[int, ...], channel_axis: int) -> bool:
-    """Whether an operand of ``shape`` holds one value per channel of ``out_shape`` (broadcast)."""
-    if len(shape) > len(out_shape):
-        return False
-    aligned = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    axis = channel_axis % len(out_shape)
-    return all(dim == (out_shape[axis] if i == axis else 1) for i, dim in enumerate(aligned))
 
 
 def other_operand(match: Match, add: relax.Call, chain: relax.Expr) -> relax.Expr | None:
