@@ -296,6 +296,11 @@ IntDot SelectIntDot(Isa isa, int64_t block) {
   return IntDot::kGeneric;
 }
 
+bool ActIsAuto() {
+  const char* env = std::getenv(kActVariable);
+  return env == nullptr || *env == '\0' || std::string(env) == "auto";
+}
+
 QTileFn FindQTileFn(IntDot dot, int bits) {
   switch (dot) {
     case IntDot::kAvx512Vnni: return bits == 8 ? ByRows512<8, true> : ByRows512<4, true>;
