@@ -3,10 +3,11 @@ main's paths and this branch's side by side in one process.
 
     python bench/prefill_profile.py --hf /tmp/s7gb/keep-full/smollm_135m/hf --weights f32,int8 --prompts 128,1024
 
-Variants: ``before`` = kv_attention's per-row form (``BYOC_HETERO_KV_PREFILL=rows``, read at each call) and, for
-int8 / int4 weights, dense_wq's integer kernels at every row count (``BYOC_HETERO_WQ_ACT=int8``, read when a
-plan is made: a generator of its own); ``after`` = the defaults (the blocked attention, dense_wq's panel form
-for many rows). Per weight format and prompt length, each round runs one prefill (a fresh cache,
+Variants: ``before`` = main's paths: kv_attention's per-row form (``BYOC_HETERO_KV_PREFILL=rows``, read at each
+call) and, for int8 / int4 weights, dense_wq's integer kernels at every row count (``BYOC_HETERO_WQ_ACT=int8``,
+read when a plan is made: a generator of its own); ``after`` = the defaults (dense_wq's panel form for many
+rows; kv_attention as ``BYOC_HETERO_KV_PREFILL`` says, unset: the per-row form, ``blocked``: the blocked one).
+Per weight format and prompt length, each round runs one prefill (a fresh cache,
 ``Generator.step`` of the whole prompt) per variant, alternating, with the regions' profiling on. Prints per
 variant the median wall time, the median time and share of each op class (denses split by their output width:
 q/k/v, o or down, gate/up, LM head), and the regions' own time. Figures from a shared machine are loaded: read
@@ -27,6 +28,7 @@ from collections import defaultdict
 import numpy as np
 
 FORMS = ("before", "after")
+AFTER_KV = os.environ.get("BYOC_HETERO_KV_PREFILL", "auto")  # the after variant's kv_attention form
 
 
 def _dense_class(step: dict, spec) -> str:
@@ -50,7 +52,7 @@ def _classes(profile: list[dict], spec) -> dict[str, float]:
 
 
 def _prefill(gen, regions, tokens: np.ndarray, form: str) -> tuple[float, dict[str, float]]:
-    os.environ["BYOC_HETERO_KV_PREFILL"] = "rows" if form == "before" else "auto"
+    os.environ["BYOC_HETERO_KV_PREFILL"] = "rows" if form == "before" else AFTER_KV
     cache = gen.new_cache(1)
     for m in regions:
         m["reset_profile"]()

@@ -33,10 +33,11 @@
  * throughout), so results match torch within rounding.  The per-row attention (head_dim dot
  * products, exp, the weighted value sum) is kv_attention_micro.cc's AVX-512 / AVX2 / generic
  * implementation, chosen when a region node is built or per packed call (BYOC_HETERO_KV_ISA caps it).
- * A call of kMinBlockRows new rows or more (a prefill) runs the blocked form where the ISA has one
- * (AVX-512): each sequence's keys transposed once per kv head, then tasks of about 64 query vectors
- * (rows times the heads of one kv head's group) whose tiles read each key and value row once for
- * 8 / 4 vectors; BYOC_HETERO_KV_PREFILL = auto | blocked | rows (read each call) chooses.
+ * BYOC_HETERO_KV_PREFILL=blocked (read each call; auto and rows: the per-row form) runs a call of 2 new
+ * rows or more in the blocked form where the ISA has one (AVX-512): each sequence's keys transposed once
+ * per kv head, then tasks of about 64 query vectors (rows times the heads of one kv head's group) whose
+ * tiles read each key and value row once for 8 / 4 vectors.  Measured no faster than the rows' form on a
+ * loaded machine (bench/GENERATE.md, session 13), so not the default.
  */
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -308,8 +309,8 @@ void RunBlocks(const KvCall& c, int threads) {
   int64_t keys = 0;
   for (int64_t b = 0; b < g.batch; ++b) keys = std::max(keys, c.past[b] + c.lengths[b]);
   const int64_t blocks = (keys + kv::kKeyBlock - 1) / kv::kKeyBlock, heads = g.batch * g.kv_heads;
-  thread_local std::vector<float> kt;  // the caller's: the transposed keys, shared by the threads
-  kt.resize(static_cast<size_t>(heads * blocks * kv::kKeyBlock * g.dim));
+  // the transposed keys, shared by the threads; the call's own (a batch of long sequences makes it large)
+  std::vector<float> kt(static_cast<size_t>(heads * blocks * kv::kKeyBlock * g.dim));
   const std::vector<BlockTask> tasks = BlockTasks(c);
   const int64_t count = static_cast<int64_t>(tasks.size());
   float* kt_data = kt.data();
@@ -332,15 +333,16 @@ void RunBlocks(const KvCall& c, int threads) {
   }
 }
 
-/*! \brief Whether this call runs the blocked form: BYOC_HETERO_KV_PREFILL (read each call) and the rows. */
+/*! \brief Whether this call runs the blocked form: BYOC_HETERO_KV_PREFILL=blocked (read each call) and 2 rows or more. */
 bool UseBlocks(const KvCall& c) {
   const char* env = std::getenv(kv::kPrefillVariable);
   const std::string mode = env == nullptr || *env == '\0' ? "auto" : env;
   if (mode != "auto" && mode != "blocked" && mode != "rows") {
     TVM_FFI_THROW(ValueError) << kv::kPrefillVariable << " must be auto, blocked or rows, got '" << mode << "'";
   }
-  if (c.block == nullptr || mode == "rows") return false;
-  return c.g.rows >= (mode == "blocked" ? 2 : kv::kMinBlockRows);
+  // auto is the rows' form until a quiet A/B shows the blocked one faster (bench/GENERATE.md, session 13)
+  if (c.block == nullptr || mode != "blocked") return false;
+  return c.g.rows >= 2;
 }
 
 /*! \brief The per-row form: each (sequence, new row, head) a task of its own. */

@@ -39,10 +39,9 @@ RowFn FindRowFn(SimdIsa isa);
  *         e * kKeyBlock + j % kKeyBlock] (TransposeKeys; lanes past the last key 0). */
 constexpr int64_t kKeyBlock = 16;
 
-/*! \brief The variable choosing the form of a call of many rows: auto (blocked from kMinBlockRows new rows
- *         where the ISA has a blocked form) | blocked (from 2 rows) | rows (never); read at each call. */
+/*! \brief The variable choosing the form of a call of many rows: blocked (from 2 rows, where the ISA has a
+ *         blocked form) | rows | auto (the default: rows); read at each call. */
 constexpr const char* kPrefillVariable = "BYOC_HETERO_KV_PREFILL";
-constexpr int64_t kMinBlockRows = 4;
 
 /*!
  * \brief Query vectors of one kv head (a block of new rows times the query heads of its group, vector
