@@ -180,7 +180,7 @@ PANEL_CASES = INT_CASES + [(4, 32, "offsets", "float16"), (8, 32, "offsets", "fl
 
 @pytest.mark.parametrize("bits,block,zp,scale_dtype", PANEL_CASES)
 def test_panel_form_for_many_rows_matches_numpy(monkeypatch, bits, block, zp, scale_dtype):
-    """16 rows or more with BYOC_HETERO_WQ_ACT=auto on an AVX-512 integer kernel: the panel form (codes
+    """16 rows or more with BYOC_HETERO_WQ_PANELS=1 (BYOC_HETERO_WQ_ACT=auto) on an AVX-512 integer kernel: the panel form (codes
     dequantized a panel of 32 columns at a time, float32 products 12 rows at a time) against numpy's exact
     dequantize-then-matmul on the float activations: 16, 29 and 40 rows (tiles of 12 and every tail), 37
     columns (a second panel of one partial tile), per channel and per block, zero points, float16 scales,
@@ -188,6 +188,7 @@ def test_panel_form_for_many_rows_matches_numpy(monkeypatch, bits, block, zp, sc
     if not _has_avx512bw():
         pytest.skip("the panel form runs where the int8-activation kernel is an AVX-512 one")
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "auto")
+    monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", "1")  # opt-in (dense_wq.h: not faster on the loaded machine)
     rng = np.random.default_rng(bits * 100 + (block or 0) + 11)
     n, k = 37, 384 if block != 128 else 256
     if zp == "offsets":

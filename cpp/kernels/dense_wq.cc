@@ -247,10 +247,10 @@ class DenseWqKernel : public Kernel {
   static memory::desc Bytes(int64_t n) { return memory::desc({n}, memory::data_type::u8, {1}); }
 
   /*! \brief Whether a call runs the panel form (dense_wq.h): many rows, the quad layout of an AVX-512 integer
-   *         kernel, and BYOC_HETERO_WQ_ACT left to the kernel (int8 asks for the integer kernels at any rows). */
+   *         kernel, and the form asked for (wq::PanelsAsked). */
   static bool UsePanels(const WqShape& s, wq::IntDot dot) {
     return s.m >= wq::kPanelMinRows && (dot == wq::IntDot::kAvx512Bw || dot == wq::IntDot::kAvx512Vnni) &&
-           wq::ActIsAuto();
+           wq::PanelsAsked();
   }
 
   /*! \brief Whether the int8-activation kernel \p dot can widen float16 scales (VCVTPH2PS: AVX-512F, or F16C

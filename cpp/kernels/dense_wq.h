@@ -93,9 +93,11 @@ const char* IntDotName(IntDot dot);
  *         when BYOC_HETERO_WQ_ACT says f32 or \p block is not a multiple of kActBlock; another
  *         value of the variable is a ValueError naming it. */
 IntDot SelectIntDot(Isa isa, int64_t block);
-/*! \brief Whether BYOC_HETERO_WQ_ACT leaves the choice to the kernel (auto or unset): then a call of many rows
- *         may run the panel form (below) instead of the integer kernels. */
-bool ActIsAuto();
+/*! \brief Whether a call of many rows runs the panel form (below): BYOC_HETERO_WQ_PANELS=1 and BYOC_HETERO_WQ_ACT
+ *         unset or auto, read when a plan is made.  Opt-in: on the loaded session-13 machine it measured
+ *         0.68-1.05x the integer kernels (bench/GENERATE.md). */
+constexpr const char* kPanelVariable = "BYOC_HETERO_WQ_PANELS";
+bool PanelsAsked();
 
 /*! \brief What one integer micro-kernel call computes: rows [r0, r0 + rows) of tile t, quad layout. */
 struct QTileJob {
@@ -116,8 +118,8 @@ QTileFn FindQTileFn(IntDot dot, int bits);
 
 // ---- many rows: panels of codes dequantized, float32 products (dense_wq_panel.cc) -----------------
 
-/*! \brief Rows from which a call with the quad layout on AVX-512 (BYOC_HETERO_WQ_ACT=auto) runs panels
- *         instead of the integer kernels: a prefill's rows.  Per panel of kPanelTiles tiles, the codes
+/*! \brief Rows from which a call with the quad layout on AVX-512 (PanelsAsked) runs panels instead of the
+ *         integer kernels: a prefill's rows.  Per panel of kPanelTiles tiles, the codes
  *         are dequantized into a float32 [K][32] scratch once a call (K x 32 weights, 1 / M of the
  *         products), and the rows multiply it kPanelRows at a time as float32 (24 accumulators: the
  *         FMA-bound shape of a float GEMM on AVX-512), with the exact, unquantized activations. */

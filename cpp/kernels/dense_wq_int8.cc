@@ -296,9 +296,11 @@ IntDot SelectIntDot(Isa isa, int64_t block) {
   return IntDot::kGeneric;
 }
 
-bool ActIsAuto() {
-  const char* env = std::getenv(kActVariable);
-  return env == nullptr || *env == '\0' || std::string(env) == "auto";
+bool PanelsAsked() {
+  const char* act = std::getenv(kActVariable);
+  const char* panels = std::getenv(kPanelVariable);
+  const bool act_auto = act == nullptr || *act == '\0' || std::string(act) == "auto";
+  return act_auto && panels != nullptr && std::string(panels) == "1";
 }
 
 QTileFn FindQTileFn(IntDot dot, int bits) {
