@@ -4,6 +4,7 @@ grouped-query heads, a cache of ``context`` positions) through the packed functi
 
     python bench/kv_attention_isa.py                       # SmolLM-135M and Llama-3.2-1B head shapes
     python bench/kv_attention_isa.py --contexts 128,1024 --reps 200
+    python bench/kv_attention_isa.py --prefill 128,1024 --reps 5    # a prefill's rows: blocked vs rows form
 
 Prints microseconds per call (the fastest call of ``--rounds`` x ``--reps``) and the speedup over generic. Not part of the
 tests: it asserts nothing (the tests check each ISA against numpy).
@@ -35,6 +36,34 @@ def _args(heads: int, kv_heads: int, dim: int, context: int):
             tvm.runtime.tensor(np.array([1], "int64")), tvm.runtime.tensor(inv), dim ** -0.5, 0, 1.0]
 
 
+def _prefill_args(heads: int, kv_heads: int, dim: int, rows: int):
+    """One layer's prefill of ``rows`` new rows from an empty cache."""
+    rng = np.random.default_rng(0)
+    f = lambda *s: tvm.runtime.tensor(rng.standard_normal(s).astype("float32"))  # noqa: E731
+    inv = (1.0 / 10000 ** (np.arange(0, dim, 2) / dim)).astype("float32")
+    return [f(1, rows, heads, dim), f(1, rows, kv_heads, dim), f(1, rows, kv_heads, dim), f(1, kv_heads, rows, dim),
+            f(1, kv_heads, rows, dim), tvm.runtime.tensor(np.array([0], "int64")),
+            tvm.runtime.tensor(np.array([rows], "int64")), tvm.runtime.tensor(inv), dim ** -0.5, 0, 1.0]
+
+
+def _prefill_table(fn, lengths: list[int], reps: int, rounds: int) -> None:
+    """BYOC_HETERO_KV_PREFILL = rows vs blocked on a prefill's rows, interleaved (the CPU's best ISA)."""
+    forms = ("rows", "blocked")
+    print("| shape | heads / kv / dim | rows | " + " | ".join(f"{f} ms" for f in forms) + " | rows / blocked |")
+    print("|---|---|---|" + "---|" * (len(forms) + 1))
+    for name, (heads, kv_heads, dim) in SHAPES.items():
+        for rows in lengths:
+            call = _prefill_args(heads, kv_heads, dim, rows)
+            best = {f: float("inf") for f in forms}
+            for _ in range(rounds):
+                for form in forms:
+                    os.environ["BYOC_HETERO_KV_PREFILL"] = form
+                    best[form] = min(best[form], _best_us(fn, call, reps) / 1e3)
+            print(f"| {name} | {heads} / {kv_heads} / {dim} | {rows} | {best['rows']:.2f} | {best['blocked']:.2f} | "
+                  f"{best['rows'] / best['blocked']:.2f}x |")
+    os.environ.pop("BYOC_HETERO_KV_PREFILL", None)
+
+
 def _best_us(fn, args, reps: int) -> float:
     """The fastest of ``reps`` calls (the least disturbed one: these machines are shared)."""
     best = float("inf")
@@ -50,11 +79,15 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="128,1024")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefill", default="", help="prompt lengths: time a prefill's forms instead of the ISAs")
     args = ap.parse_args(argv)
     fn = tvm.get_global_func("byoc_hetero.runtime.kv_attention")
     cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
                 .stdout.splitlines() if ln.startswith("Model name")), "cpu ?")
     print(f"{cpu}, oneDNN ISA {bh._C.isa()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    if args.prefill:
+        _prefill_table(fn, [int(n) for n in args.prefill.split(",")], args.reps, args.rounds)
+        return 0
     print("| shape | heads / kv / dim | context | " + " | ".join(f"{i} us" for i in ISAS) + " | avx512 / generic |")
     print("|---|---|---|" + "---|" * (len(ISAS) + 1))
     for name, (heads, kv_heads, dim) in SHAPES.items():

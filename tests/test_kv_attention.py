@@ -114,6 +114,54 @@ def test_each_isa_matches_numpy_on_a_prefill_of_many_rows(monkeypatch, isa, dim)
     assert not out[1, 20:].any()
 
 
+# heads, kv heads, head_dim, rows, window, past, lengths: the blocked form's tasks (about 64 query vectors:
+# 21 rows of a group of 3, 9 of 7, 64 of 1) and their tails, score tiles of 8 vectors and value tiles of 4
+# across rows, key blocks of 16 and a last partial one, windows, a cached past, padding rows
+PREFILL_CASES = [
+    (6, 2, 40, 37, 0, [9, 0], [37, 20]),
+    (9, 3, 64, 70, 0, [0, 5], [70, 33]),
+    (7, 1, 18, 30, 5, [3, 0], [30, 30]),
+    (4, 4, 130, 66, 20, [0, 17], [66, 2]),
+    (6, 2, 8, 2, 0, [4, 0], [2, 1]),
+]
+
+
+@pytest.mark.parametrize("mode", ["blocked", "rows"])
+@pytest.mark.parametrize("heads,kv_heads,dim,rows,window,past,lengths", PREFILL_CASES)
+def test_the_blocked_prefill_and_the_rows_match_numpy(monkeypatch, mode, heads, kv_heads, dim, rows, window, past,
+                                                       lengths):
+    """BYOC_HETERO_KV_PREFILL=blocked (from 2 rows: the AVX-512 blocked form, tiles of query vectors over the
+    keys transposed; a CPU without AVX-512 runs the rows) and =rows (one task per row and head) against numpy:
+    outputs, appended cache rows, padding rows 0."""
+    monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", mode)
+    length = max(p + n for p, n in zip(past, lengths)) + 3
+    c = _case(batch=2, rows=rows, heads=heads, kv_heads=kv_heads, dim=dim, length=length)
+    out, kc, vc = _call(c, past, lengths, window=window)
+    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
+                                            window, 1.0)
+    np.testing.assert_allclose(out, want_out, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(vc, want_vc)
+    for b, n in enumerate(lengths):
+        assert not out[b, n:].any()
+
+
+def test_the_blocked_prefill_agrees_with_the_rows_at_smollm_shapes(monkeypatch):
+    """A SmolLM-135M layer's prefill (9 / 3 heads of 64, 150 rows): the two forms within float rounding."""
+    c = _case(batch=1, rows=150, heads=9, kv_heads=3, dim=64, length=160)
+    got = {}
+    for mode in ("blocked", "rows"):
+        monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", mode)
+        got[mode] = _call(dict(c), [0], [150], scale=0.125)[0]
+    np.testing.assert_allclose(got["blocked"], got["rows"], rtol=1e-5, atol=1e-6)
+
+
+def test_an_unknown_prefill_form_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "fast")
+    with pytest.raises(ValueError, match="BYOC_HETERO_KV_PREFILL must be auto, blocked or rows, got 'fast'"):
+        _call(_case(), [0, 0], [1, 1])
+
+
 def test_an_unknown_isa_cap_is_a_value_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_KV_ISA", "sse9")
     with pytest.raises(ValueError, match="BYOC_HETERO_KV_ISA must be auto, avx512, avx2 or generic, got 'sse9'"):

@@ -171,6 +171,45 @@ def test_kernel_offsets_match_numpy(monkeypatch, act, isa, bits, scale_dtype):
     assert ("int8 activations" in step) == (act == "int8"), step
 
 
+def _has_avx512bw() -> bool:
+    return "avx512bw" in open("/proc/cpuinfo").read()
+
+
+PANEL_CASES = INT_CASES + [(4, 32, "offsets", "float16"), (8, 32, "offsets", "float32")]
+
+
+@pytest.mark.parametrize("bits,block,zp,scale_dtype", PANEL_CASES)
+def test_panel_form_for_many_rows_matches_numpy(monkeypatch, bits, block, zp, scale_dtype):
+    """16 rows or more with BYOC_HETERO_WQ_PANELS=1 (BYOC_HETERO_WQ_ACT=auto) on an AVX-512 integer kernel: the panel form (codes
+    dequantized a panel of 32 columns at a time, float32 products 12 rows at a time) against numpy's exact
+    dequantize-then-matmul on the float activations: 16, 29 and 40 rows (tiles of 12 and every tail), 37
+    columns (a second panel of one partial tile), per channel and per block, zero points, float16 scales,
+    offsets, a bias."""
+    if not _has_avx512bw():
+        pytest.skip("the panel form runs where the int8-activation kernel is an AVX-512 one")
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "auto")
+    monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", "1")  # opt-in (dense_wq.h: not faster on the loaded machine)
+    rng = np.random.default_rng(bits * 100 + (block or 0) + 11)
+    n, k = 37, 384 if block != 128 else 256
+    if zp == "offsets":
+        codes = _offset_codes(bits, n, 512, rng, scale_dtype)
+        k = 512
+    else:
+        codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (16, 29, 40):
+        x = rng.standard_normal((m, k)).astype(np.float32) + (0.5 if zp == "offsets" else 0.0)
+        b = bias if m % 2 else None
+        got, plan = _run(x, codes, b)
+        _close(got, _reference(x, codes, b))
+        step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+        assert f"panels dequantized, float32 activations ({m} rows, avx512)" in step, step
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")  # asked for: the integer kernels at any rows
+    got, plan = _run(x, codes, b)
+    _close(got, _reference(_quantize_rows(x), codes, b))
+    assert any("int8 activations" in line for line in plan if line.startswith("run")), plan
+
+
 def test_region_rejects_bad_offsets():
     rng = np.random.default_rng(3)
     codes = _offset_codes(4, 16, 64, rng)

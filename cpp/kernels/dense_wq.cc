@@ -207,7 +207,8 @@ class DenseWqKernel : public Kernel {
  public:
   DenseWqKernel(const KernelContext& ctx, const WqShape& s)
       : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)),
-        half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)) {
+        half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)),
+        panels_(UsePanels(s, dot_) ? wq::FindPanelFns(s.bits) : wq::PanelFns{}) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
     const WqShape shape = s;
@@ -241,7 +242,7 @@ class DenseWqKernel : public Kernel {
       sum_input_ = static_cast<int>(inputs_.size() - 1);
     }
     // the quantized rows and their per-block scales and sums: planned memory, not an allocation per call
-    if (quad) temps_ = {Bytes(ScratchBytes(s))};
+    if (quad && panels_.multiply == nullptr) temps_ = {Bytes(ScratchBytes(s))};
     // float32 activations with offsets: each row's block sums, made once a call for every tile (o * sum x)
     if (!quad && s.has_offset) temps_ = {Bytes(s.m * s.blocks() * static_cast<int64_t>(sizeof(float)))};
   }
@@ -250,7 +251,13 @@ class DenseWqKernel : public Kernel {
                          const std::vector<MemRef>& temps) const override {
     Step step;
     const WqShape s = s_;
-    if (dot_ == wq::IntDot::kNone) {
+    if (panels_.multiply != nullptr) {
+      const wq::PanelFns fns = panels_;
+      const bool half = half_;
+      step.host = [s, fns, half](const std::vector<void*>& p) { RunPanels(s, fns, half, p); };
+      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights, panels dequantized, float32 activations (" +
+                   std::to_string(s.m) + " rows, avx512)";
+    } else if (dot_ == wq::IntDot::kNone) {
       const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
@@ -272,6 +279,13 @@ class DenseWqKernel : public Kernel {
 
  private:
   static memory::desc Bytes(int64_t n) { return memory::desc({n}, memory::data_type::u8, {1}); }
+
+  /*! \brief Whether a call runs the panel form (dense_wq.h): many rows, the quad layout of an AVX-512 integer
+   *         kernel, and the form asked for (wq::PanelsAsked). */
+  static bool UsePanels(const WqShape& s, wq::IntDot dot) {
+    return s.m >= wq::kPanelMinRows && (dot == wq::IntDot::kAvx512Bw || dot == wq::IntDot::kAvx512Vnni) &&
+           wq::PanelsAsked();
+  }
 
   /*! \brief Whether the int8-activation kernel \p dot can widen float16 scales (VCVTPH2PS: AVX-512F, or F16C
    *         beside AVX2; the portable kernel converts in C++). */
@@ -425,11 +439,41 @@ class DenseWqKernel : public Kernel {
     }
   }
 
+  /*! \brief One call of many rows, quad layout (dense_wq.h's panel form): the threads split the panels; each
+   *         dequantizes its panel's tiles into its scratch once, then multiplies every row by it. \p half: the
+   *         scale tiles are float16. */
+  static void RunPanels(const WqShape& s, const wq::PanelFns& fns, bool half, const std::vector<void*>& p) {
+    const Operands o(s, p);
+    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step();
+    const int64_t panels = (tiles + wq::kPanelTiles - 1) / wq::kPanelTiles;
+#pragma omp parallel if (Parallel(s))
+    {
+      thread_local std::vector<float> w;  // one panel's weights, [K][kPanelWidth]
+      w.resize(static_cast<size_t>(s.k * wq::kPanelWidth));
+#pragma omp for schedule(static)
+      for (int64_t pn = 0; pn < panels; ++pn) {
+        for (int64_t i = 0; i < wq::kPanelTiles; ++i) {
+          const int64_t t = std::min(pn * wq::kPanelTiles + i, tiles - 1);  // past the last tile: masked columns
+          const int64_t at = t * blocks * kTile;
+          const wq::QuadTile tile{o.codes + t * tile_bytes, half ? nullptr : o.scales + at,
+                                  half ? static_cast<const uint16_t*>(p[2]) + at : nullptr,
+                                  o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(),
+                                  o.offsets != nullptr ? o.offsets + at : nullptr, s.k, s.block};
+          fns.dequantize(tile, w.data() + i * kTile);
+        }
+        const int64_t n0 = pn * wq::kPanelWidth;
+        fns.multiply({o.x, w.data(), o.bias != nullptr ? o.bias + n0 : nullptr, o.y + n0, s.k, s.n, s.m,
+                      std::min(wq::kPanelWidth, s.n - n0)});
+      }
+    }
+  }
+
   std::string label_;
   WqShape s_;
   wq::Isa isa_;
   wq::IntDot dot_;
   bool half_;  // the int8-activation kernels read the node's float16 scales as they are
+  wq::PanelFns panels_;  // the panel form's functions where a call runs it (UsePanels), else null
 };
 
 std::unique_ptr<Kernel> BuildDenseWq(const KernelContext& ctx) {

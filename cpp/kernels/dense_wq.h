@@ -93,6 +93,11 @@ const char* IntDotName(IntDot dot);
  *         when BYOC_HETERO_WQ_ACT says f32 or \p block is not a multiple of kActBlock; another
  *         value of the variable is a ValueError naming it. */
 IntDot SelectIntDot(Isa isa, int64_t block);
+/*! \brief Whether a call of many rows runs the panel form (below): BYOC_HETERO_WQ_PANELS=1 and BYOC_HETERO_WQ_ACT
+ *         unset or auto, read when a plan is made.  Opt-in: on the loaded session-13 machine it measured
+ *         0.68-1.05x the integer kernels (bench/GENERATE.md). */
+constexpr const char* kPanelVariable = "BYOC_HETERO_WQ_PANELS";
+bool PanelsAsked();
 
 /*! \brief What one integer micro-kernel call computes: rows [r0, r0 + rows) of tile t, quad layout. */
 struct QTileJob {
@@ -110,6 +115,46 @@ struct QTileJob {
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
+
+// ---- many rows: panels of codes dequantized, float32 products (dense_wq_panel.cc) -----------------
+
+/*! \brief Rows from which a call with the quad layout on AVX-512 (PanelsAsked) runs panels instead of the
+ *         integer kernels: a prefill's rows.  Per panel of kPanelTiles tiles, the codes
+ *         are dequantized into a float32 [K][32] scratch once a call (K x 32 weights, 1 / M of the
+ *         products), and the rows multiply it kPanelRows at a time as float32 (24 accumulators: the
+ *         FMA-bound shape of a float GEMM on AVX-512), with the exact, unquantized activations. */
+constexpr int64_t kPanelMinRows = 16;
+constexpr int64_t kPanelTiles = 2;
+constexpr int64_t kPanelWidth = kPanelTiles * kTile;
+constexpr int kPanelRows = 12;
+
+/*! \brief One tile of the quad layout and its per-block values, dequantized as (code - z) * s + o. */
+struct QuadTile {
+  const uint8_t* codes;          // the tile's codes (quad layout)
+  const float* scales;           // [blocks][16] float32, or null: half_scales
+  const uint16_t* half_scales;   // [blocks][16] float16 bits (used when scales is null)
+  const float* zeros;            // [blocks][16], or null: zero for every code
+  float zero;
+  const float* offsets;          // [blocks][16], or null: none
+  int64_t k, block;
+};
+
+/*! \brief y[r][c] = bias[c] + sum_k x[r][k] * w[k][c] for rows < rows and columns c < cols (<= kPanelWidth). */
+struct PanelJob {
+  const float* x;     // row r at x + r * k
+  const float* w;     // [k][kPanelWidth] dequantized weights
+  const float* bias;  // cols floats, or null
+  float* y;           // row r at y + r * ldy
+  int64_t k, ldy, rows, cols;
+};
+
+/*! \brief The panel form's two functions: one tile dequantized into w (row stride kPanelWidth), and the
+ *         float32 products of up to kPanelRows rows; null where the CPU has no AVX-512F. */
+struct PanelFns {
+  void (*dequantize)(const QuadTile& tile, float* w) = nullptr;
+  void (*multiply)(const PanelJob& job) = nullptr;
+};
+PanelFns FindPanelFns(int bits);
 
 /*! \brief IEEE half -> float, exactly (subnormals, infinities and NaN included). */
 inline float HalfToFloat(uint16_t h) {

@@ -296,6 +296,13 @@ IntDot SelectIntDot(Isa isa, int64_t block) {
   return IntDot::kGeneric;
 }
 
+bool PanelsAsked() {
+  const char* act = std::getenv(kActVariable);
+  const char* panels = std::getenv(kPanelVariable);
+  const bool act_auto = act == nullptr || *act == '\0' || std::string(act) == "auto";
+  return act_auto && panels != nullptr && std::string(panels) == "1";
+}
+
 QTileFn FindQTileFn(IntDot dot, int bits) {
   switch (dot) {
     case IntDot::kAvx512Vnni: return bits == 8 ? ByRows512<8, true> : ByRows512<4, true>;

@@ -33,6 +33,11 @@
  * throughout), so results match torch within rounding.  The per-row attention (head_dim dot
  * products, exp, the weighted value sum) is kv_attention_micro.cc's AVX-512 / AVX2 / generic
  * implementation, chosen when a region node is built or per packed call (BYOC_HETERO_KV_ISA caps it).
+ * BYOC_HETERO_KV_PREFILL=blocked (read each call; auto and rows: the per-row form) runs a call of 2 new
+ * rows or more in the blocked form where the ISA has one (AVX-512): each sequence's keys transposed once
+ * per kv head, then tasks of about 64 query vectors (rows times the heads of one kv head's group) whose
+ * tiles read each key and value row once for 8 / 4 vectors.  Measured no faster than the rows' form on a
+ * loaded machine (bench/GENERATE.md, session 13), so not the default.
  */
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -42,6 +47,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -163,6 +169,7 @@ struct KvCall {
   float scale, rope_scale;
   int64_t window;
   kv::RowFn row;
+  kv::BlockFn block;  // the blocked form of many rows, or null (kv_attention.h)
   /*! \brief Per new row (b, s): D / 2 cosines then D / 2 sines of its position (Angles fills it). */
   std::vector<float> cs;
 };
@@ -224,13 +231,123 @@ void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<flo
   c.row(job);
 }
 
-/*! \brief The whole call: offsets checked (before any write), angles, rows appended, query rows attended. */
-void Run(KvCall& c, const std::string& where, int max_threads) {
-  CheckOffsets(c.g, c.past, c.lengths, where);
-  Angles(&c);
-  Append(c);
+/*! \brief The \p n keys of one kv head (row j at keys + j * dim) transposed into kt (kv_attention.h's kKeyBlock
+ *         layout), the last block's lanes past n zero. */
+void TransposeKeys(const float* keys, int64_t n, int64_t dim, float* kt) {
+  for (int64_t blk = 0; blk * kv::kKeyBlock < n; ++blk) {
+    float* dst = kt + blk * kv::kKeyBlock * dim;
+    const int64_t j0 = blk * kv::kKeyBlock, m = std::min<int64_t>(kv::kKeyBlock, n - j0);
+    for (int64_t e = 0; e < dim; ++e) {
+      for (int64_t i = 0; i < m; ++i) dst[e * kv::kKeyBlock + i] = keys[(j0 + i) * dim + e];
+      for (int64_t i = m; i < kv::kKeyBlock; ++i) dst[e * kv::kKeyBlock + i] = 0.f;
+    }
+  }
+}
+
+/*! \brief One task of the blocked form: new rows [s0, s1) of sequence b, the query heads of kv head kvh. */
+struct BlockTask {
+  int64_t b, kvh, s0, s1;
+};
+
+/*! \brief A thread's scratch for its block tasks, kept across calls. */
+struct BlockScratch {
+  std::vector<float> q, scores;
+  std::vector<int64_t> first, last;
+  std::vector<float*> out;
+};
+
+/*! \brief One block task: its query rows rotated (read before its outputs, which may overwrite them, are
+ *         written; no other task reads them), their key ranges, then the blocked attention (kv_attention.h). */
+void AttendBlock(const KvCall& c, const BlockTask& t, const float* kt, int64_t blocks, BlockScratch* w) {
+  const KvGeometry& g = c.g;
+  const int64_t d = g.dim, group = g.heads / g.kv_heads, count = (t.s1 - t.s0) * group;
+  w->q.resize(static_cast<size_t>(count * d));
+  w->first.resize(static_cast<size_t>(count));
+  w->last.resize(static_cast<size_t>(count));
+  w->out.resize(static_cast<size_t>(count));
+  for (int64_t s = t.s0; s < t.s1; ++s) {
+    const int64_t pos = c.past[t.b] + s;
+    const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+    for (int64_t gi = 0; gi < group; ++gi) {
+      const int64_t i = (s - t.s0) * group + gi;
+      const int64_t row = ((t.b * g.rows + s) * g.heads + t.kvh * group + gi) * d;
+      Rotate(c.q + row, w->q.data() + i * d, c.cs.data() + (t.b * g.rows + s) * d, d / 2);
+      w->first[i] = first;
+      w->last[i] = pos;
+      w->out[i] = c.out + row;
+    }
+  }
+  kv::BlockJob job{w->q.data(), w->first.data(), w->last.data(), count, d,
+                   kt + (t.b * g.kv_heads + t.kvh) * blocks * kv::kKeyBlock * d,
+                   c.vc + (t.b * g.kv_heads + t.kvh) * g.max_length * d, c.scale, nullptr, w->out.data()};
+  w->scores.resize(static_cast<size_t>(count * kv::BlockScoreStride(job)));
+  job.scores = w->scores.data();
+  c.block(job);
+}
+
+/*! \brief The block tasks of a call: about kBlockVectors query vectors each, the costliest (latest rows) first. */
+std::vector<BlockTask> BlockTasks(const KvCall& c) {
+  constexpr int64_t kBlockVectors = 64;
+  const KvGeometry& g = c.g;
+  const int64_t rows = std::max<int64_t>(1, kBlockVectors / (g.heads / g.kv_heads));
+  std::vector<BlockTask> tasks;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t s0 = 0; s0 < c.lengths[b]; s0 += rows) {
+      for (int64_t h = 0; h < g.kv_heads; ++h) tasks.push_back({b, h, s0, std::min(s0 + rows, c.lengths[b])});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const BlockTask& x, const BlockTask& y) {
+    return c.past[x.b] + x.s1 > c.past[y.b] + y.s1;
+  });
+  return tasks;
+}
+
+/*! \brief The blocked form: each sequence's keys transposed per kv head, the block tasks taken dynamically
+ *         (their costs differ: a later row sees more keys), padding rows' outputs 0. */
+void RunBlocks(const KvCall& c, int threads) {
+  const KvGeometry& g = c.g;
+  int64_t keys = 0;
+  for (int64_t b = 0; b < g.batch; ++b) keys = std::max(keys, c.past[b] + c.lengths[b]);
+  const int64_t blocks = (keys + kv::kKeyBlock - 1) / kv::kKeyBlock, heads = g.batch * g.kv_heads;
+  // the transposed keys, shared by the threads; the call's own (a batch of long sequences makes it large)
+  std::vector<float> kt(static_cast<size_t>(heads * blocks * kv::kKeyBlock * g.dim));
+  const std::vector<BlockTask> tasks = BlockTasks(c);
+  const int64_t count = static_cast<int64_t>(tasks.size());
+  float* kt_data = kt.data();
+#pragma omp parallel num_threads(threads)
+  {
+    thread_local BlockScratch scratch;
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / g.kv_heads;
+      TransposeKeys(c.kc + bh * g.max_length * g.dim, c.past[b] + c.lengths[b], g.dim,
+                    kt_data + bh * blocks * kv::kKeyBlock * g.dim);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < count; ++t) AttendBlock(c, tasks[static_cast<size_t>(t)], kt_data, blocks, &scratch);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const int64_t width = g.heads * g.dim;
+      std::fill(c.out + (b * g.rows + c.lengths[b]) * width, c.out + (b + 1) * g.rows * width, 0.f);
+    }
+  }
+}
+
+/*! \brief Whether this call runs the blocked form: BYOC_HETERO_KV_PREFILL=blocked (read each call) and 2 rows or more. */
+bool UseBlocks(const KvCall& c) {
+  const char* env = std::getenv(kv::kPrefillVariable);
+  const std::string mode = env == nullptr || *env == '\0' ? "auto" : env;
+  if (mode != "auto" && mode != "blocked" && mode != "rows") {
+    TVM_FFI_THROW(ValueError) << kv::kPrefillVariable << " must be auto, blocked or rows, got '" << mode << "'";
+  }
+  // auto is the rows' form until a quiet A/B shows the blocked one faster (bench/GENERATE.md, session 13)
+  if (c.block == nullptr || mode != "blocked") return false;
+  return c.g.rows >= 2;
+}
+
+/*! \brief The per-row form: each (sequence, new row, head) a task of its own. */
+void RunRows(const KvCall& c, int threads) {
   const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks)));
 #pragma omp parallel num_threads(threads)
   {
     thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
@@ -240,6 +357,20 @@ void Run(KvCall& c, const std::string& where, int max_threads) {
     for (int64_t t = 0; t < tasks; ++t) {
       AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
     }
+  }
+}
+
+/*! \brief The whole call: offsets checked (before any write), angles, rows appended, query rows attended. */
+void Run(KvCall& c, const std::string& where, int max_threads) {
+  CheckOffsets(c.g, c.past, c.lengths, where);
+  Angles(&c);
+  Append(c);
+  const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks)));
+  if (UseBlocks(c)) {
+    RunBlocks(c, threads);
+  } else {
+    RunRows(c, threads);
   }
 }
 
@@ -262,7 +393,8 @@ void KvAttention(ffi::PackedArgs args, ffi::Any* rv) {
            Data<float>(q), Data<float>(q), Data<float>(kc), Data<float>(vc), Data<float>(k), Data<float>(v),
            Data<float>(inv), Data<int64_t>(past), Data<int64_t>(lengths),
            static_cast<float>(args[8].cast<double>()), static_cast<float>(args[10].cast<double>()),
-           args[9].cast<int64_t>(), kv::FindRowFn(SelectSimdIsa(kv::kIsaVariable)), {}};
+           args[9].cast<int64_t>(), kv::FindRowFn(SelectSimdIsa(kv::kIsaVariable)),
+           kv::FindBlockFn(SelectSimdIsa(kv::kIsaVariable)), {}};
   Run(c, kName, RegionThreads());
 }
 
@@ -295,12 +427,14 @@ static std::unique_ptr<Kernel> BuildKvAttention(const KernelContext& ctx) {
   ctx.ExpectOutputShape(shapes[0]);
   const std::string where = ctx.where();
   const int threads = ctx.threads;
-  const kv::RowFn row = kv::FindRowFn(SelectSimdIsa(kv::kIsaVariable));
-  HostFn fn = [g, scale, rope_scale, window, where, threads, row](const std::vector<void*>& p) {
+  const SimdIsa isa = SelectSimdIsa(kv::kIsaVariable);
+  const kv::RowFn row = kv::FindRowFn(isa);
+  const kv::BlockFn block = kv::FindBlockFn(isa);
+  HostFn fn = [g, scale, rope_scale, window, where, threads, row, block](const std::vector<void*>& p) {
     auto f = [&](size_t k) { return static_cast<float*>(p[k]); };
     KvCall c{g, f(0), f(8), f(3), f(4), f(1), f(2), f(7), static_cast<const int64_t*>(p[5]),
              static_cast<const int64_t*>(p[6]), static_cast<float>(scale), static_cast<float>(rope_scale),
-             window, row, {}};
+             window, row, block, {}};
     Run(c, where, threads);
   };
   return std::make_unique<HostKernel>(where, "kv_attention", std::move(fn), std::move(inputs),

@@ -1,7 +1,9 @@
 /*!
  * \file kernels/kv_attention.h
  * \brief kv_attention's per-row attention in three implementations (AVX-512, AVX2, generic C++), chosen
- *        by SelectSimdIsa(kIsaVariable): the CPU's best, capped by BYOC_HETERO_KV_ISA (kv_attention_micro.cc).
+ *        by SelectSimdIsa(kIsaVariable): the CPU's best, capped by BYOC_HETERO_KV_ISA (kv_attention_micro.cc);
+ *        and the blocked form of a prefill's many rows (AVX-512): a block of query vectors of one kv head
+ *        against its keys 16 at a time, the keys read once per block instead of once per row.
  */
 #ifndef BYOC_HETERO_KERNELS_KV_ATTENTION_H_
 #define BYOC_HETERO_KERNELS_KV_ATTENTION_H_
@@ -32,6 +34,41 @@ struct RowJob {
  *         subtracted before exp (float32 throughout). */
 using RowFn = void (*)(const RowJob& job);
 RowFn FindRowFn(SimdIsa isa);
+
+/*! \brief Keys per block of the transposed keys: key j's element e at kt[(j / kKeyBlock) * dim * kKeyBlock +
+ *         e * kKeyBlock + j % kKeyBlock] (TransposeKeys; lanes past the last key 0). */
+constexpr int64_t kKeyBlock = 16;
+
+/*! \brief The variable choosing the form of a call of many rows: blocked (from 2 rows, where the ISA has a
+ *         blocked form) | rows | auto (the default: rows); read at each call. */
+constexpr const char* kPrefillVariable = "BYOC_HETERO_KV_PREFILL";
+
+/*!
+ * \brief Query vectors of one kv head (a block of new rows times the query heads of its group, vector
+ *        i = row * group + head) over their keys: the scores of up to 8 vectors against 16 keys at a time
+ *        (one transposed key row broadcast-multiplied into 8 accumulators), each vector's softmax over its
+ *        own keys, the weighted value rows 4 vectors at a time (each value row loaded once for the 4).
+ */
+struct BlockJob {
+  const float* q;         // count rotated query vectors, dim floats each, contiguous
+  const int64_t* first;   // per vector: its first key (a sliding window's start, else 0); non-decreasing
+  const int64_t* last;    // per vector: its last key (its own position); non-decreasing
+  int64_t count, dim;
+  const float* kt;        // the kv head's keys transposed in blocks of kKeyBlock (above), from key 0
+  const float* values;    // value row j at values + j * dim
+  float scale;            // on the scores before the softmax
+  float* scores;          // scratch of count * BlockScoreStride(*this) floats
+  float* const* out;      // per vector: its output row of dim floats (written last: may be where q came from)
+};
+
+/*! \brief The scores' row stride of \p job: its key span from first[0]'s block to last[count - 1]'s block end. */
+inline int64_t BlockScoreStride(const BlockJob& job) {
+  return (job.last[job.count - 1] / kKeyBlock + 1 - job.first[0] / kKeyBlock) * kKeyBlock;
+}
+
+using BlockFn = void (*)(const BlockJob& job);
+/*! \brief The blocked form for \p isa, or null where it has none (AVX2, generic: the rows' form runs). */
+BlockFn FindBlockFn(SimdIsa isa);
 
 }  // namespace kv
 }  // namespace byoc_hetero

@@ -6,6 +6,9 @@
  *        functions carry their own target attribute, so the extension builds for any x86-64;
  *        SelectSimdIsa("BYOC_HETERO_KV_ISA") picks at run time (simd_isa.h).  The vector exp is 2^n * p(r) with r = x - n ln2 (|r| <= ln2/2)
  *        and p degree-6 Taylor: relative error ~1e-7, as std::exp within float rounding.
+ *        The blocked form of a prefill (BlockJob, AVX-512 only): tiles of query vectors against the keys
+ *        transposed in blocks of 16, so that a key or value row loaded once serves 8 or 4 vectors, where
+ *        the per-row form loads every key and value row again for every query row.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -163,23 +166,128 @@ __attribute__((target("avx512f"))) void WeightedValues512(const RowJob& j, float
   }
 }
 
+/*! \brief The maximum of w[0..n) (n >= 1; a NaN is passed over, as MaxOf does). */
+__attribute__((target("avx512f"))) float Max512(const float* w, int64_t n) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) top = _mm512_max_ps(_mm512_loadu_ps(w + k), top);
+  float best = _mm512_reduce_max_ps(top);
+  for (; k < n; ++k) best = std::max(best, w[k]);
+  return best;
+}
+
+/*! \brief w[0..n) = exp(w - max w) in place (n >= 1); returns their sum. */
+__attribute__((target("avx512f"))) float ExpSpan512(float* w, int64_t n) {
+  const __m512 top = _mm512_set1_ps(Max512(w, n));
+  __m512 sums = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(w + k), top));
+    _mm512_storeu_ps(w + k, p);
+    sums = _mm512_add_ps(sums, p);
+  }
+  if (k < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - k)) - 1u);
+    const __m512 p = _mm512_maskz_mov_ps(m, Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, w + k), top)));
+    _mm512_mask_storeu_ps(w + k, m, p);
+    sums = _mm512_add_ps(sums, p);
+  }
+  return _mm512_reduce_add_ps(sums);
+}
+
 __attribute__((target("avx512f"))) void Row512(const RowJob& j) {
   Scores512(j);
-  const __m512 top = _mm512_set1_ps(MaxOf(j.scores, j.first, j.last));
-  __m512 sums = _mm512_setzero_ps();
-  int64_t k = j.first;
-  for (; k + 16 <= j.last + 1; k += 16) {
-    const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(j.scores + k), top));
-    _mm512_storeu_ps(j.scores + k, p);
-    sums = _mm512_add_ps(sums, p);
+  WeightedValues512(j, 1.f / ExpSpan512(j.scores + j.first, j.last - j.first + 1));
+}
+
+// ---- AVX-512F, the blocked form of many rows (BlockJob) ---------------------------------------------
+
+constexpr int kScoreRows = 8;  // query vectors per score tile: 8 accumulators, one key row load for all
+constexpr int kValueRows = 4;  // query vectors per value tile: 4 x 4 accumulators of 64 output lanes
+
+/*! \brief s[r * stride + i] = scale * q_r . key i of the block, for R vectors (q_r at q + r * d) and the
+ *         16 keys of one transposed block (kt: element e of the 16 keys at kt + e * 16). */
+template <int R>
+__attribute__((target("avx512f"))) void ScoreTile(const float* q, int64_t d, const float* kt, float scale, float* s,
+                                                  int64_t stride) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t e = 0; e < d; ++e) {
+    const __m512 k = _mm512_loadu_ps(kt + e * kKeyBlock);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * d + e]), k, acc[r]);
   }
-  if (k <= j.last) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (j.last + 1 - k)) - 1u);
-    const __m512 p = _mm512_maskz_mov_ps(m, Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, j.scores + k), top)));
-    _mm512_mask_storeu_ps(j.scores + k, m, p);
-    sums = _mm512_add_ps(sums, p);
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * stride, _mm512_mul_ps(acc[r], sc));
+}
+
+/*! \brief out[r] = inv[r] * sum over keys j in [j0, j1] of p[r * stride + j - j0] * value row j, for R
+ *         vectors: 64 output lanes at a time, each value row loaded once for the R vectors. */
+template <int R>
+__attribute__((target("avx512f"))) void ValueTile(const float* p, int64_t stride, const float* values, int64_t d,
+                                                  int64_t j0, int64_t j1, const float* inv, float* const* out) {
+  for (int64_t e0 = 0; e0 < d; e0 += 64) {
+    __mmask16 m[4];
+    for (int w = 0; w < 4; ++w) m[w] = LanesFrom(e0 + 16 * w, d);
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int w = 0; w < 4; ++w) acc[r][w] = _mm512_setzero_ps();
+    }
+    for (int64_t j = j0; j <= j1; ++j) {
+      const float* vr = values + j * d + e0;
+      __m512 v[4];
+      for (int w = 0; w < 4; ++w) v[w] = _mm512_maskz_loadu_ps(m[w], vr + 16 * w);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 pr = _mm512_set1_ps(p[r * stride + (j - j0)]);
+        for (int w = 0; w < 4; ++w) acc[r][w] = _mm512_fmadd_ps(pr, v[w], acc[r][w]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 sc = _mm512_set1_ps(inv[r]);
+      for (int w = 0; w < 4; ++w) _mm512_mask_storeu_ps(out[r] + e0 + 16 * w, m[w], _mm512_mul_ps(acc[r][w], sc));
+    }
   }
-  WeightedValues512(j, 1.f / _mm512_reduce_add_ps(sums));
+}
+
+using ScoreTileFn = void (*)(const float*, int64_t, const float*, float, float*, int64_t);
+using ValueTileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, const float*,
+                             float* const*);
+constexpr ScoreTileFn kScoreTiles[kScoreRows] = {ScoreTile<1>, ScoreTile<2>, ScoreTile<3>, ScoreTile<4>,
+                                                 ScoreTile<5>, ScoreTile<6>, ScoreTile<7>, ScoreTile<8>};
+constexpr ValueTileFn kValueTiles[kValueRows] = {ValueTile<1>, ValueTile<2>, ValueTile<3>, ValueTile<4>};
+
+/*! \brief The scores of every vector over the key blocks of its tile's span (a vector's own keys among them:
+ *         first and last are non-decreasing), kScoreRows vectors at a time. */
+__attribute__((target("avx512f"))) void BlockScores512(const BlockJob& j, int64_t base, int64_t stride) {
+  for (int64_t i0 = 0; i0 < j.count; i0 += kScoreRows) {
+    const int r = static_cast<int>(std::min<int64_t>(kScoreRows, j.count - i0));
+    const int64_t b0 = j.first[i0] / kKeyBlock, b1 = j.last[i0 + r - 1] / kKeyBlock;
+    for (int64_t kb = b0; kb <= b1; ++kb) {
+      kScoreTiles[r - 1](j.q + i0 * j.dim, j.dim, j.kt + kb * kKeyBlock * j.dim, j.scale,
+                         j.scores + i0 * stride + kb * kKeyBlock - base, stride);
+    }
+  }
+}
+
+/*! \brief Each vector's softmax over its own keys (exp of the shifted scores, 0 at the other keys of its
+ *         value tile's span), then the value tiles, kValueRows vectors at a time. */
+__attribute__((target("avx512f"))) void Block512(const BlockJob& j) {
+  const int64_t base = j.first[0] / kKeyBlock * kKeyBlock, stride = BlockScoreStride(j);
+  BlockScores512(j, base, stride);
+  for (int64_t i0 = 0; i0 < j.count; i0 += kValueRows) {
+    const int r = static_cast<int>(std::min<int64_t>(kValueRows, j.count - i0));
+    const int64_t g0 = j.first[i0], g1 = j.last[i0 + r - 1];  // the tile's key span
+    float inv[kValueRows];
+    for (int k = 0; k < r; ++k) {
+      float* row = j.scores + (i0 + k) * stride + (g0 - base);  // key g0 at row[0]
+      const int64_t f = j.first[i0 + k] - g0, l = j.last[i0 + k] - g0;
+      inv[k] = 1.f / ExpSpan512(row + f, l - f + 1);
+      std::fill(row, row + f, 0.f);
+      std::fill(row + l + 1, row + (g1 - g0) + 1, 0.f);
+    }
+    kValueTiles[r - 1](j.scores + i0 * stride + (g0 - base), stride, j.values, j.dim, g0, g1, inv, j.out + i0);
+  }
 }
 
 // ---- AVX2 + FMA: 8 lanes, a scalar tail ---------------------------------------------------------
@@ -246,6 +354,13 @@ RowFn FindRowFn(SimdIsa isa) {
   if (isa == SimdIsa::kAvx2) return Row256;
 #endif
   return RowGeneric;
+}
+
+BlockFn FindBlockFn(SimdIsa isa) {
+#if defined(__x86_64__)
+  if (isa == SimdIsa::kAvx512) return Block512;
+#endif
+  return nullptr;
 }
 
 }  // namespace kv

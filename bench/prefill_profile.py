@@ -1,0 +1,144 @@
+"""Where a generator's prefill goes: the region's per-step profile of ``bh.llm`` prefills, by op class, for
+main's paths and this branch's side by side in one process.
+
+    python bench/prefill_profile.py --hf /tmp/s7gb/keep-full/smollm_135m/hf --weights f32,int8 --prompts 128,1024
+
+Variants: ``before`` = main's paths: kv_attention's per-row form (``BYOC_HETERO_KV_PREFILL=rows``, read at each
+call) and, for int8 / int4 weights, dense_wq's integer kernels at every row count (``BYOC_HETERO_WQ_ACT=int8``,
+read when a plan is made: a generator of its own); ``after`` = the defaults (dense_wq's panel form for many
+rows; kv_attention as ``BYOC_HETERO_KV_PREFILL`` says, unset: the per-row form, ``blocked``: the blocked one).
+Per weight format and prompt length, each round runs one prefill (a fresh cache,
+``Generator.step`` of the whole prompt) per variant, alternating, with the regions' profiling on. Prints per
+variant the median wall time, the median time and share of each op class (denses split by their output width:
+q/k/v, o or down, gate/up, LM head), and the regions' own time. Figures from a shared machine are loaded: read
+the shares and the ratio of the variants measured side by side, not the times. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import time
+from collections import defaultdict
+
+import numpy as np
+
+FORMS = ("before", "after")
+AFTER_KV = os.environ.get("BYOC_HETERO_KV_PREFILL", "auto")  # the after variant's kv_attention form
+
+
+def _dense_class(step: dict, spec) -> str:
+    """The dense's role from its output width (the last dim of its dst / out layout), else its op and impl."""
+    outs = re.findall(r"(?:dst|out)=\[([0-9,]+)\]", step.get("layouts") or "")
+    width = int(outs[-1].split(",")[-1]) if outs else -1
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    names = {q + 2 * kv: "q/k/v", 2 * spec.intermediate: "gate/up", spec.vocab: "LM head", q: "q or o",
+             kv: "k or v", spec.intermediate: "gate or up", spec.hidden: "o or down"}
+    return f"{step['op']} {names.get(width, step['impl'])}"
+
+
+def _classes(profile: list[dict], spec) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for step in profile:
+        if step["phase"] != "run" or not step["calls"]:
+            continue
+        name = _dense_class(step, spec) if step["op"] in ("dense", "dense_wq") else step["op"]
+        out[name] += step["seconds"]
+    return out
+
+
+def _prefill(gen, regions, tokens: np.ndarray, form: str) -> tuple[float, dict[str, float]]:
+    os.environ["BYOC_HETERO_KV_PREFILL"] = "rows" if form == "before" else AFTER_KV
+    cache = gen.new_cache(1)
+    for m in regions:
+        m["reset_profile"]()
+    t0 = time.perf_counter()
+    gen.step(tokens, np.zeros(1, "int64"), np.array([tokens.shape[1]], "int64"), cache)
+    wall = time.perf_counter() - t0
+    classes: dict[str, float] = defaultdict(float)
+    for m in regions:
+        for k, v in _classes(json.loads(str(m["get_profile"]())), gen.spec).items():
+            classes[k] += v
+    return wall, classes
+
+
+def _generators(bh, model, weights: str, max_length: int, prompts: list[int]) -> dict:
+    """form -> (generator, its regions): one generator for f32; for int8 / int4 one per dense_wq path, each
+    plan of a prompt length made (by a first prefill) under its form's BYOC_HETERO_WQ_ACT."""
+    made = {}
+    for form in FORMS:
+        if weights == "f32" and made:
+            made[form] = made[FORMS[0]]
+            continue
+        os.environ["BYOC_HETERO_WQ_ACT"] = "int8" if form == "before" else "auto"
+        gen = bh.llm.from_hf(model, max_length=max_length, weights=weights)
+        regions = bh.codegen.region_modules(gen._executable)
+        for m in regions:
+            m["set_profiling"](True)
+        for length in prompts:  # plans made and weights prepared outside the timed rounds
+            _prefill(gen, regions, np.ones((1, length), "int64"), form)
+        made[form] = (gen, regions)
+    os.environ.pop("BYOC_HETERO_WQ_ACT", None)
+    return made
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hf", required=True, help="a Hugging Face folder of a Llama-family decoder")
+    ap.add_argument("--weights", default="f32")
+    ap.add_argument("--prompts", default="128,1024")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    import torch
+    import transformers
+
+    import byoc_hetero as bh
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
+                .stdout.splitlines() if ln.startswith("Model name")), "cpu ?")
+    print(f"{cpu}, oneDNN ISA {bh._C.isa()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=torch.float32).eval()
+    prompts = [int(p) for p in args.prompts.split(",")]
+    rng = np.random.default_rng(0)
+    for weights in args.weights.split(","):
+        made = _generators(bh, model, weights, max(prompts) + 1, prompts)
+        for length in prompts:
+            tokens = rng.integers(0, made[FORMS[0]][0].spec.vocab, (1, length)).astype("int64")
+            walls: dict[str, list[float]] = {f: [] for f in FORMS}
+            shares: dict[str, list[dict[str, float]]] = {f: [] for f in FORMS}
+            for _ in range(args.rounds):
+                for form in FORMS:
+                    wall, classes = _prefill(*made[form], tokens, form)
+                    walls[form].append(wall)
+                    shares[form].append(classes)
+            _report(weights, length, walls, shares)
+        del made
+    os.environ.pop("BYOC_HETERO_KV_PREFILL", None)
+    return 0
+
+
+def _report(weights: str, length: int, walls: dict, shares: dict) -> None:
+    print(f"\n{weights}, prompt {length}: median of {len(walls['before'])} interleaved prefills per variant")
+    names = sorted({k for f in FORMS for c in shares[f] for k in c},
+                   key=lambda k: -statistics.median(c.get(k, 0.0) for c in shares["before"]))
+    print("| op class | " + " | ".join(f"{f} ms | {f} share" for f in FORMS) + " |")
+    print("|---|" + "---|---|" * len(FORMS))
+    for name in names:
+        cells = []
+        for f in FORMS:
+            ms = statistics.median(c.get(name, 0.0) for c in shares[f]) * 1e3
+            total = statistics.median(sum(c.values()) for c in shares[f]) * 1e3
+            cells.append(f"{ms:.1f} | {100 * ms / total:.1f}%")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    for f in FORMS:
+        region = statistics.median(sum(c.values()) for c in shares[f]) * 1e3
+        wall = statistics.median(walls[f]) * 1e3
+        print(f"- {f}: wall {wall:.1f} ms ({length / wall * 1e3:.0f} tok/s), region steps {region:.1f} ms")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
