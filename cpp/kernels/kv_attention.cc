@@ -333,16 +333,20 @@ void RunBlocks(const KvCall& c, int threads) {
   }
 }
 
-/*! \brief Whether this call runs the blocked form: BYOC_HETERO_KV_PREFILL=blocked (read each call) and 2 rows or more. */
+/*! \brief Whether this call runs the blocked form (where the ISA has one): BYOC_HETERO_KV_PREFILL (read each
+ *         call) = blocked for 2 rows or more, rows never, auto (the default) for kAutoBlockedRows rows or more. */
 bool UseBlocks(const KvCall& c) {
+  // Quiet A/B, Skylake-SP AVX-512, 2 threads (bench/kv_attention_isa.py --prefill, bench/GENERATE.md session 13):
+  // blocked / rows at SmolLM and Llama-1B shapes 0.77-0.93x at 4 rows, 1.17-1.29x at 16, 1.5-1.8x at 128, 2.4-2.5x
+  // at 1024.
+  constexpr int64_t kAutoBlockedRows = 16;
   const char* env = std::getenv(kv::kPrefillVariable);
   const std::string mode = env == nullptr || *env == '\0' ? "auto" : env;
   if (mode != "auto" && mode != "blocked" && mode != "rows") {
     TVM_FFI_THROW(ValueError) << kv::kPrefillVariable << " must be auto, blocked or rows, got '" << mode << "'";
   }
-  // auto is the rows' form until a quiet A/B shows the blocked one faster (bench/GENERATE.md, session 13)
-  if (c.block == nullptr || mode != "blocked") return false;
-  return c.g.rows >= 2;
+  if (c.block == nullptr || mode == "rows") return false;
+  return c.g.rows >= (mode == "auto" ? kAutoBlockedRows : 2);
 }
 
 /*! \brief The per-row form: each (sequence, new row, head) a task of its own. */

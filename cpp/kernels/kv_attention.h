@@ -40,7 +40,7 @@ RowFn FindRowFn(SimdIsa isa);
 constexpr int64_t kKeyBlock = 16;
 
 /*! \brief The variable choosing the form of a call of many rows: blocked (from 2 rows, where the ISA has a
- *         blocked form) | rows | auto (the default: rows); read at each call. */
+ *         blocked form) | rows | auto (the default: blocked from 16 rows); read at each call. */
 constexpr const char* kPrefillVariable = "BYOC_HETERO_KV_PREFILL";
 
 /*!
