@@ -60,18 +60,25 @@ def _call(c, past, lengths, scale=0.35, window=0, rope_scale=1.0):
     return t["q"].numpy(), t["kc"].numpy(), t["vc"].numpy()
 
 
+def _check(c, past, lengths, window=0, rope_scale=1.0, rtol=2e-5):
+    """Run kv_attention on case ``c`` and compare with numpy's reference: the outputs (``rtol``), the
+    appended cache rows; returns the outputs."""
+    out, kc, vc = _call(c, past, lengths, window=window, rope_scale=rope_scale)
+    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
+                                            window, rope_scale)
+    np.testing.assert_allclose(out, want_out, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(vc, want_vc)
+    return out
+
+
 @pytest.mark.parametrize("window,rope_scale", [(0, 1.0), (4, 1.0), (0, 1.25)])
 def test_matches_numpy_with_padding_rows_gqa_and_window(window, rope_scale):
     """Two sequences (past 5 and 2; 3 and 1 real rows of 3): outputs, appended cache rows, and
     every other cache row untouched (the caches start as noise: rows past the offsets are read by nobody)."""
     c = _case()
     past, lengths = [5, 2], [3, 1]
-    out, kc, vc = _call(c, past, lengths, window=window, rope_scale=rope_scale)
-    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
-                                            window, rope_scale)
-    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(vc, want_vc)
+    out = _check(c, past, lengths, window=window, rope_scale=rope_scale, rtol=1e-5)
     assert not out[1, 1:].any()  # padding rows: 0
 
 
@@ -88,12 +95,7 @@ def test_each_isa_matches_numpy_on_head_dims_off_the_vector_width(monkeypatch, i
     monkeypatch.setenv("BYOC_HETERO_KV_ISA", isa)
     c = _case(batch=2, rows=3, heads=6, kv_heads=2, dim=dim, length=40)
     past, lengths = [30, 29], [1, 3]
-    out, kc, vc = _call(c, past, lengths, window=window)
-    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
-                                            window, 1.0)
-    np.testing.assert_allclose(out, want_out, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(vc, want_vc)
+    _check(c, past, lengths, window=window)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -105,12 +107,7 @@ def test_each_isa_matches_numpy_on_a_prefill_of_many_rows(monkeypatch, isa, dim)
     monkeypatch.setenv("BYOC_HETERO_KV_ISA", isa)
     c = _case(batch=2, rows=37, heads=6, kv_heads=2, dim=dim, length=48)
     past, lengths = [9, 0], [37, 20]
-    out, kc, vc = _call(c, past, lengths)
-    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
-                                            0, 1.0)
-    np.testing.assert_allclose(out, want_out, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(vc, want_vc)
+    out = _check(c, past, lengths)
     assert not out[1, 20:].any()
 
 
@@ -136,12 +133,7 @@ def test_the_blocked_prefill_and_the_rows_match_numpy(monkeypatch, mode, heads, 
     monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", mode)
     length = max(p + n for p, n in zip(past, lengths)) + 3
     c = _case(batch=2, rows=rows, heads=heads, kv_heads=kv_heads, dim=dim, length=length)
-    out, kc, vc = _call(c, past, lengths, window=window)
-    want_out, want_kc, want_vc = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], past, lengths, c["inv"], 0.35,
-                                            window, 1.0)
-    np.testing.assert_allclose(out, want_out, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(kc, want_kc, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(vc, want_vc)
+    out = _check(c, past, lengths, window=window)
     for b, n in enumerate(lengths):
         assert not out[b, n:].any()
 
