@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
-from ...._relax import shape_of, static_shape
+from ...._relax import shape_of
 from ....rules import Match, Variadic
 from ..lowering import Node, RegionGraph
 from ..precision import tensor_reason
