@@ -209,9 +209,7 @@ class DenseWqKernel : public Kernel {
       : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)),
         half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)),
         panels_(UsePanels(s, dot_) ? wq::FindPanelFns(s.bits) : wq::PanelFns{}),
-        prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0),
-        pair_fn_(dot_ != wq::IntDot::kNone && s.m == 1 && wq::PairsAsked() ? wq::FindPairQTileFn(dot_, s.bits)
-                                                                           : nullptr) {
+        prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
     const WqShape shape = s;
@@ -265,12 +263,11 @@ class DenseWqKernel : public Kernel {
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
     } else {
-      const Int8Call call{wq::FindQTileFn(dot_, s.bits), dot_, half_, prefetch_, pair_fn_};
+      const Int8Call call{wq::FindQTileFn(dot_, s.bits), dot_, half_, prefetch_};
       step.host = [s, call](const std::vector<void*>& p) { RunInt8(s, call, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half_ ? ", float16 scales" : "") +
                    ", int8 activations (" + wq::IntDotName(dot_) + ")" +
-                   (prefetch_ != 0 ? ", prefetch " + std::to_string(prefetch_) + " bytes" : "") +
-                   (call.pair_fn != nullptr ? ", tiles in pairs" : "");
+                   (prefetch_ != 0 ? ", prefetch " + std::to_string(prefetch_) + " bytes" : "");
     }
     step.op = "dense_wq";
     for (size_t k = 0; k < inputs.size(); ++k) {
@@ -418,14 +415,12 @@ class DenseWqKernel : public Kernel {
   }
 
   /*! \brief What a call of the int8-activation kernels runs: the micro-kernel of \p dot (whose ISA quantizes the
-   *         rows too), whether the scale tiles are float16, the codes' prefetch distance (QTileJob::prefetch), and
-   *         where a one-row call takes tiles in pairs (wq::PairsAsked), the pair kernel (else null). */
+   *         rows too), whether the scale tiles are float16, the codes' prefetch distance (QTileJob::prefetch). */
   struct Int8Call {
     wq::QTileFn tile_fn;
     wq::IntDot dot;
     bool half;
     int64_t prefetch;
-    wq::QTileFn pair_fn = nullptr;
   };
 
   /*! \brief The call's rows as quantized: codes [M, K], scales and scaled code sums [M, K / kActBlock]. */
@@ -435,7 +430,7 @@ class DenseWqKernel : public Kernel {
     int64_t xb;  // activation blocks a row
   };
 
-  /*! \brief The micro-kernel job of rows [r0, r0 + rows) of tile t (and of tile t + 1 for a pair kernel). */
+  /*! \brief The micro-kernel job of rows [r0, r0 + rows) of tile t. */
   static wq::QTileJob QJob(const WqShape& s, const Operands& o, const Int8Call& call, const std::vector<void*>& p,
                            const QuantizedRows& x, int64_t t, int64_t r0, int64_t rows, float* out) {
     const int64_t at = t * s.blocks() * kTile, tile_bytes = s.k * s.step();
@@ -445,29 +440,20 @@ class DenseWqKernel : public Kernel {
                      call.half ? static_cast<const uint16_t*>(p[2]) + at : nullptr};
     job.offsets = o.offsets != nullptr ? o.offsets + at : nullptr;
     job.prefetch = call.prefetch;
-    job.tile_bytes = tile_bytes;
     return job;
   }
 
-  /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run; with a pair kernel
-   *         (one row) a task per pair of tiles, the last tile alone where their number is odd. */
+  /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run. */
   static void RunInt8(const WqShape& s, const Int8Call& call, const std::vector<void*>& p) {
     const Operands o(s, p);
-    const int64_t tiles = s.tiles(), xb = s.k / wq::kActBlock, step = call.pair_fn != nullptr ? 2 : 1;
+    const int64_t tiles = s.tiles(), xb = s.k / wq::kActBlock;
     int8_t* xq = static_cast<int8_t*>(p.back());  // ScratchBytes' layout
     float* xs = reinterpret_cast<float*>(xq + s.m * s.k);
     const QuantizedRows x{xq, xs, xs + s.m * xb, xb};
     wq::QuantizeRows(o.x, s.m, s.k, x.xq, x.xs, x.xss, call.dot);
 #pragma omp parallel for schedule(static) if (Parallel(s))
-    for (int64_t i = 0; i < (tiles + step - 1) / step; ++i) {
+    for (int64_t t = 0; t < tiles; ++t) {
       alignas(64) float out[wq::kMaxRows * kTile];
-      const int64_t t = i * step;
-      if (step == 2 && t + 1 < tiles) {
-        call.pair_fn(QJob(s, o, call, p, x, t, 0, 1, out));
-        StoreTile(s, o, out, t, 0, 1);
-        StoreTile(s, o, out + kTile, t + 1, 0, 1);
-        continue;
-      }
       for (int64_t r0 = 0; r0 < s.m; r0 += wq::kMaxRows) {
         const int64_t rows = std::min<int64_t>(wq::kMaxRows, s.m - r0);
         call.tile_fn(QJob(s, o, call, p, x, t, r0, rows, out));
@@ -512,7 +498,6 @@ class DenseWqKernel : public Kernel {
   bool half_;  // the int8-activation kernels read the node's float16 scales as they are
   wq::PanelFns panels_;  // the panel form's functions where a call runs it (UsePanels), else null
   int64_t prefetch_;     // the integer kernels' software prefetch distance (wq::PrefetchBytes), 0: none
-  wq::QTileFn pair_fn_;  // a one-row call's kernel of two tiles where asked and there is one (wq::PairsAsked), else null
 };
 
 std::unique_ptr<Kernel> BuildDenseWq(const KernelContext& ctx) {

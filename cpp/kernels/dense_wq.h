@@ -123,19 +123,9 @@ struct QTileJob {
   const uint16_t* half_scales = nullptr;  // when set: tile t's scales as float16 [blocks][16] (scales unused)
   const float* offsets = nullptr;         // tile t's offsets [blocks][16] (+ o * xss per block), or null
   int64_t prefetch = 0;                   // bytes ahead of the codes read to prefetch (a multiple of 64), 0: none
-  int64_t tile_bytes = 0;                 // a tile's codes (the pair kernels: tile t + 1's start after tile t's)
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
-/*! \brief BYOC_HETERO_WQ_PAIRS=1 (0 | 1, unset: 0): a one-row call (the decode's GEMV) on the AVX-512 integer kernels
- *         takes two adjacent tiles (32 columns) per micro-kernel call (FindPairQTileFn): the row's activation
- *         broadcasts serve both, and their sums are two independent chains.  Opt-in until a quiet A/B
- *         (bench/WEIGHT_ONLY.md); read when a kernel is built; another value is a ValueError naming it. */
-constexpr const char* kPairVariable = "BYOC_HETERO_WQ_PAIRS";
-bool PairsAsked();
-/*! \brief The pair kernel of \p dot (one row, tiles t and t + 1: job.tile_bytes set, job.out 32 floats, tile t's first),
- *         or null where \p dot has none (only the AVX-512 ones do). */
-QTileFn FindPairQTileFn(IntDot dot, int bits);
 
 // ---- many rows: panels of codes dequantized, float32 products (dense_wq_panel.cc) -----------------
 

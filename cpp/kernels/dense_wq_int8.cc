@@ -104,51 +104,33 @@ WQ_AVX512_TARGET inline __m512 Scales512(const QTileJob& j, int64_t b) {
   return _mm512_loadu_ps(j.scales + b * kTile);
 }
 
-/*! \brief T adjacent tiles (T x 16 columns) times R rows: tile t's codes j.tile_bytes * t after j.codes, its
- *         per-block values t * blocks * 16 after; out [T][R][16].  T = 2 (one row, QTileJob::tile_bytes): each
- *         activation broadcast serves 32 columns and the two tiles' sums are independent dependency chains. */
-template <int Bits, int R, int T, bool Vnni>
+template <int Bits, int R, bool Vnni>
 WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
-  __m512 total[T][R];
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) total[t][r] = _mm512_setzero_ps();
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const uint8_t* q = j.codes;
-  const int64_t per = j.block / kActBlock, xblocks = j.k / kActBlock, blocks = j.k / j.block;
+  const int64_t per = j.block / kActBlock, xblocks = j.k / kActBlock;
   const float bias = Bits == 8 && !Vnni ? 128.f : 0.f;  // the BW form's codes are code - 128
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512 z[T], s[T];
-    for (int t = 0; t < T; ++t) {
-      const int64_t at = (t * blocks + b) * kTile;
-      z[t] = _mm512_sub_ps(j.zeros != nullptr ? _mm512_loadu_ps(j.zeros + at) : _mm512_set1_ps(j.zero),
-                           _mm512_set1_ps(bias));
-      s[t] = Scales512(j, t * blocks + b);
-    }
+  for (int64_t b = 0; b < j.k / j.block; ++b) {
+    const __m512 z = _mm512_sub_ps(j.zeros != nullptr ? _mm512_loadu_ps(j.zeros + b * kTile) : _mm512_set1_ps(j.zero),
+                                   _mm512_set1_ps(bias));
+    const __m512 s = Scales512(j, b);
     for (int64_t a = b * per; a < (b + 1) * per; ++a) {
-      __m512i acc[T][R];
-      for (int t = 0; t < T; ++t)
-        for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_si512();
-      const uint8_t* next = q;
-      for (int t = 0; t < T; ++t) {
-        const uint8_t* qt = q + t * j.tile_bytes;
-        const uint8_t* end = Bits == 8 ? Dot512x8<R, Vnni>(qt, j.xq + a * kActBlock, j.k, j.prefetch, acc[t])
-                                       : Dot512x4<R, Vnni>(qt, j.xq + a * kActBlock, j.k, j.prefetch, acc[t]);
-        if (t == 0) next = end;
-      }
-      q = next;
-      for (int t = 0; t < T; ++t) {
-        for (int r = 0; r < R; ++r) {  // total += s * sx * (acc - z * sum q_x)
-          const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t][r]), _mm512_set1_ps(j.xs[r * xblocks + a]));
-          const __m512 sxs = _mm512_set1_ps(j.xss[r * xblocks + a]);
-          total[t][r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z[t], sxs, v), s[t], total[t][r]);
-          if (j.offsets != nullptr) {  // + o * sum x (the block's activations as quantized)
-            total[t][r] = _mm512_fmadd_ps(_mm512_loadu_ps(j.offsets + (t * blocks + b) * kTile), sxs, total[t][r]);
-          }
+      __m512i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+      q = Bits == 8 ? Dot512x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
+                    : Dot512x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
+      for (int r = 0; r < R; ++r) {  // total += s * sx * (acc - z * sum q_x)
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(j.xs[r * xblocks + a]));
+        total[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(j.xss[r * xblocks + a]), v), s, total[r]);
+        if (j.offsets != nullptr) {  // + o * sum x (the block's activations as quantized)
+          total[r] = _mm512_fmadd_ps(_mm512_loadu_ps(j.offsets + b * kTile), _mm512_set1_ps(j.xss[r * xblocks + a]),
+                                     total[r]);
         }
       }
     }
   }
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + (t * R + r) * kTile, total[t][r]);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + r * kTile, total[r]);
 }
 
 // ---- AVX2: two 8-lane int32 accumulators per row (columns 0-7, 8-15) ----------------------------
@@ -292,10 +274,10 @@ void TileGenericQ(const QTileJob& j) {
 template <int Bits, bool Vnni>
 void ByRows512(const QTileJob& j) {
   switch (j.rows) {
-    case 1: return Tile512Q<Bits, 1, 1, Vnni>(j);
-    case 2: return Tile512Q<Bits, 2, 1, Vnni>(j);
-    case 3: return Tile512Q<Bits, 3, 1, Vnni>(j);
-    default: return Tile512Q<Bits, 4, 1, Vnni>(j);
+    case 1: return Tile512Q<Bits, 1, Vnni>(j);
+    case 2: return Tile512Q<Bits, 2, Vnni>(j);
+    case 3: return Tile512Q<Bits, 3, Vnni>(j);
+    default: return Tile512Q<Bits, 4, Vnni>(j);
   }
 }
 template <int Bits, bool Vnni>
@@ -437,21 +419,6 @@ IntDot SelectIntDot(Isa isa, int64_t block) {
     return vnni && CpuHas("avxvnni") ? IntDot::kAvx2Vnni : IntDot::kAvx2;
   }
   return IntDot::kGeneric;
-}
-
-QTileFn FindPairQTileFn(IntDot dot, int bits) {
-  switch (dot) {
-    case IntDot::kAvx512Vnni: return bits == 8 ? Tile512Q<8, 1, 2, true> : Tile512Q<4, 1, 2, true>;
-    case IntDot::kAvx512Bw: return bits == 8 ? Tile512Q<8, 1, 2, false> : Tile512Q<4, 1, 2, false>;
-    default: return nullptr;
-  }
-}
-
-bool PairsAsked() {
-  const char* env = std::getenv(kPairVariable);
-  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
-  if (std::string(env) == "1") return true;
-  TVM_FFI_THROW(ValueError) << kPairVariable << " must be 0 or 1, got '" << env << "'";
 }
 
 int64_t PrefetchBytes() {
