@@ -22,7 +22,10 @@ The thread adaptation to contention is off by default (``--adapt``), so that eve
 whose steps are profiled. ``--ab``: each format built twice, with session 13's region passes (the residual
 adds summed by the ``dense_wq`` before them, the norms' gammas multiplied in their reduce, the MLP's gate
 product in its up projection's ``dense_wq``) and without them
-(:func:`before_session13`), timed in the same interleaved rounds. On a loaded machine only the fractions mean
+(:func:`before_session13`), timed in the same interleaved rounds. ``--env NAME=a,b`` (repeatable): each format once
+per value of each such runtime variable (all combinations), the variable set while its generator is built and
+warmed (plans are made, kernels chosen and weights prepared then), the others timed in the same interleaved
+rounds: the A/B of a switch such as ``BYOC_HETERO_HUGE_PAGES=0,1``. On a loaded machine only the fractions mean
 anything, not the times: the report says so, with ``lscpu``'s model and oneDNN's ISA. Results:
 bench/GENERATE.md.
 """
@@ -158,6 +161,34 @@ def shares(gens: list[float], vms: list[float], kinds: list[dict[str, float]]) -
 
 
 @contextlib.contextmanager
+def environment(env: dict[str, str]):
+    """The variables of ``env`` set inside, restored (or removed) after."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def env_settings(specs: list[str]) -> list[dict[str, str]]:
+    """``["NAME=a,b", ...]`` -> every combination of the values, as dicts ([{}] for none)."""
+    import itertools
+
+    axes = []
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or not name or not values:
+            raise SystemExit(f"--env wants NAME=value[,value...], got {spec!r}")
+        axes.append([(name, v) for v in values.split(",")])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+@contextlib.contextmanager
 def before_session13():
     """The A side of ``--ab``: the decoder's residual adds after a ``dense_wq``, the norms' gammas before
     one and the MLP's gate products as region steps of their own, as before session 13
@@ -189,7 +220,10 @@ def main(argv=None) -> int:
     ap.add_argument("--adapt", default="off", help="thread adaptation mode: off (default) | auto | reduced")
     ap.add_argument("--ab", action="store_true",
                     help="each format twice: with session 13's folds (the default) and without (before_session13)")
+    ap.add_argument("--env", action="append", default=[],
+                    help="NAME=a,b: each format once per value of this runtime variable (repeatable)")
     args = ap.parse_args(argv)
+    settings = env_settings(args.env)
 
     import byoc_hetero as bh
 
@@ -203,13 +237,15 @@ def main(argv=None) -> int:
     profilers = {}
     for fmt in args.weights.split(","):
         for before in ((True, False) if args.ab else (False,)):
-            with before_session13() if before else contextlib.nullcontext():
-                gen = bh.llm.from_hf(model, max_length=args.prompt + args.steps + 2, weights=fmt)
-            label = fmt + ("" if not args.ab else ", before session 13" if before else ", session 13")
-            profilers[label] = Profiler(gen, prompt, args.steps)
-    for prof in profilers.values():
-        prof.generate_per_token()  # warm: plans made, weights prepared
-        prof.vm_per_token()
+            for env in settings:
+                with environment(env):
+                    with before_session13() if before else contextlib.nullcontext():
+                        gen = bh.llm.from_hf(model, max_length=args.prompt + args.steps + 2, weights=fmt)
+                    label = fmt + ("" if not args.ab else ", before session 13" if before else ", session 13")
+                    label += " [" + " ".join(f"{k}={v}" for k, v in env.items()) + "]" if len(settings) > 1 else ""
+                    prof = profilers[label] = Profiler(gen, prompt, args.steps)
+                    prof.generate_per_token()  # warm: plans made (kernels chosen), weights prepared
+                    prof.vm_per_token()
     runs = {label: ([], [], []) for label in profilers}
     for _ in range(args.rounds):
         for label, prof in profilers.items():  # interleaved: every variant once a round

@@ -23,7 +23,11 @@ the calls go round robin over them, so that each call streams its weights from m
 module is made: auto | avx512 | avx2 | generic). With ``--mib`` the report starts with the machine's read
 bandwidth (bench/generate.py's probe: numpy, each of the threads on its share of 512 MiB) at the region's
 thread count, and each row's GB/s of weights per wall second beside it. ``--variants Q8_0,Q4_0``: only the
-weight-only rows whose name holds one of the words.
+weight-only rows whose name holds one of the words. ``--env NAME=a,b`` (repeatable): every engine once per value of
+each such variable (all combinations; the variable set while its modules are made, where the runtime reads it), the
+rows labelled with it: the same-process, interleaved A/B of a switch, e.g.
+``--env BYOC_HETERO_HUGE_PAGES=0,1 --env BYOC_HETERO_WQ_PREFETCH=0,1024 --env BYOC_HETERO_WQ_VNNI=auto,off``.
+With ``--mib`` each row also gives its wall GB/s as a percentage of the read bandwidth.
 
 Prints ``lscpu``'s model name and oneDNN's ISA with the table. Results: bench/WEIGHT_ONLY.md.
 """
@@ -31,6 +35,7 @@ Prints ``lscpu``'s model name and oneDNN's ISA with the table. Results: bench/WE
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -118,6 +123,33 @@ def engines(m: int, k: int, n: int, rng: np.random.Generator, acts: list[str], i
     return out
 
 
+def env_settings(specs: list[str]) -> list[dict[str, str]]:
+    """``["NAME=a,b", "OTHER=c,d"]`` -> every combination as {NAME: a, OTHER: c}, ... ([{}] for none)."""
+    axes = []
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or not name or not values:
+            raise SystemExit(f"--env wants NAME=value[,value...], got {spec!r}")
+        axes.append([(name, v) for v in values.split(",")])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def engines_per_env(settings: list[dict[str, str]], *args, **kwargs) -> dict[str, tuple]:
+    """:func:`engines` once per setting of ``settings`` (each variable set while the modules are made), the labels
+    suffixed with the setting where there is more than one."""
+    out = {}
+    for env in settings:
+        before = {name: _env(name, value) for name, value in env.items()}
+        try:
+            made = engines(*args, **kwargs)
+        finally:
+            for name, value in before.items():
+                _env(name, value)
+        suffix = " [" + " ".join(f"{k}={v}" for k, v in env.items()) + "]" if len(settings) > 1 else ""
+        out.update({name + suffix: v for name, v in made.items()})
+    return out
+
+
 def time_all(fns: dict[str, tuple], x, y, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
     """name -> (median wall seconds per call, median process CPU seconds per call), each engine's calls
     going round robin over its copies. On a loaded machine the CPU time (time.process_time: what this
@@ -153,34 +185,39 @@ def main() -> None:
     ap.add_argument("--isas", default="auto", help="our kernels' ISA caps (BYOC_HETERO_WQ_ISA values)")
     ap.add_argument("--mib", type=int, default=0, help="weights of each engine's copies, MiB (0: one module)")
     ap.add_argument("--variants", default="", help="comma-separated words; only the weight-only rows whose name has one")
+    ap.add_argument("--env", action="append", default=[], help="NAME=a,b: every engine once per value (repeatable)")
     args = ap.parse_args()
+    settings = env_settings(args.env)
     if args.threads:
         bh._C.set_num_threads(args.threads)
     model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in model.splitlines() if line.startswith("Model name")), "?")
     print(f"# {model}; oneDNN {bh._C.onednn_version()} ISA {bh._C.isa()}; {bh._C.num_threads()} threads; "
           f"BYOC_HETERO_WQ_ISA={os.environ.get('BYOC_HETERO_WQ_ISA', 'auto')}; load average {os.getloadavg()[0]:.1f}")
+    bandwidth = read_bandwidth(bh._C.num_threads()) if args.mib else 0.0
     if args.mib:
-        print(f"# read bandwidth (numpy, {bh._C.num_threads()} threads): {read_bandwidth(bh._C.num_threads()):.1f} GB/s; "
+        print(f"# read bandwidth (numpy, {bh._C.num_threads()} threads): {bandwidth:.1f} GB/s; "
               f"each engine's calls round robin over copies of >= {args.mib} MiB of weights")
     print("| M | K -> N | weights | wall us / call | CPU us / call | GB/s of weights (wall) | "
-          "GB/s of weights (CPU time) | vs f32 (CPU time) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "GB/s of weights (CPU time) | vs f32 (CPU time) |" + (" % of read bandwidth (wall) |" if args.mib else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if args.mib else ""))
     rng = np.random.default_rng(0)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     words = [w for w in args.variants.split(",") if w]
     variants = tuple(v for v in VARIANTS if not words or any(w in v[0] for w in words))
     for m in (int(r) for r in args.rows.split(",")):
         for k, n in shapes:
-            fns = engines(m, k, n, rng, args.acts.split(","), args.isas.split(","), args.mib, variants)
+            fns = engines_per_env(settings, m, k, n, rng, args.acts.split(","), args.isas.split(","), args.mib,
+                                  variants)
             x = tvm.runtime.tensor(rng.standard_normal((m, k)).astype(np.float32))
             y = tvm.runtime.tensor(np.zeros((m, n), np.float32))
             times = time_all(fns, x, y, args.rounds, args.calls)
-            base = times["f32 dense (oneDNN)"][1]
+            base = next(v for name, v in times.items() if name.startswith("f32 dense"))[1]
             for name, (_, streamed) in fns.items():
                 wall, cpu = times[name]
+                share = f" {streamed / wall / 1e9 / bandwidth * 100:.0f}% |" if bandwidth else ""
                 print(f"| {m} | {k} -> {n} | {name} | {wall * 1e6:.1f} | {cpu * 1e6:.1f} | {streamed / wall / 1e9:.1f} | "
-                      f"{streamed / cpu / 1e9:.1f} | {base / cpu:.2f}x |")
+                      f"{streamed / cpu / 1e9:.1f} | {base / cpu:.2f}x |{share}")
 
 
 if __name__ == "__main__":

@@ -5,15 +5,49 @@
 #include "weights.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 #include <tvm/ffi/error.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace byoc_hetero {
 
 namespace {
 /*! \brief Buffers from this size on are mappings of their own (weights.h). */
 constexpr size_t kMapBytes = size_t{1} << 20;
+/*! \brief A transparent huge page (x86-64), and the smallest mapping asked to use them. */
+constexpr size_t kHugePage = size_t{1} << 21;
+
+/*! \brief Whether BYOC_HETERO_HUGE_PAGES asks for huge pages (1 | 0, unset: 0); read per allocation. */
+bool HugePagesAsked() {
+  const char* env = std::getenv(kHugePagesVariable);
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
+  TVM_FFI_THROW(ValueError) << kHugePagesVariable << " must be 0 or 1, got '" << env << "'";
+}
+
+/*!
+ * \brief \p bytes (a multiple of the page) of zero pages starting on a huge-page boundary, advised
+ *        MADV_HUGEPAGE: a mapping one huge page longer, its unaligned head and tail unmapped again, so
+ *        that every whole 2 MiB of the buffer can be one TLB entry.  The advice is advisory: where the
+ *        kernel has no transparent huge pages the buffer keeps small ones.  MAP_FAILED on failure.
+ */
+void* MapHuge(size_t bytes) {
+  void* raw = mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return raw;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + kHugePage - 1) & ~(kHugePage - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  const uintptr_t end = start + bytes + kHugePage, used = aligned + bytes;
+  if (end > used) munmap(reinterpret_cast<void*>(used), end - used);
+#if defined(MADV_HUGEPAGE)
+  madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);
+#endif
+  return reinterpret_cast<void*>(aligned);
+}
 }  // namespace
 
 void BufferFree::operator()(void* p) const {
@@ -26,10 +60,14 @@ void BufferFree::operator()(void* p) const {
 
 AlignedBuffer::AlignedBuffer(size_t bytes, const std::string& what) {
   if (bytes == 0) return;
-  const size_t rounded = (bytes + 63) / 64 * 64;
+  size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded >= kMapBytes) {
     // page-aligned (so 64-byte aligned) zero pages, backed by memory only once written
-    void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const bool huge = HugePagesAsked() && rounded >= kHugePage;  // the variable checked for every mapping
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    if (huge) rounded = (rounded + page - 1) / page * page;  // the unmapped tail starts on a page
+    void* p = huge ? MapHuge(rounded)
+                   : mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       TVM_FFI_THROW(RuntimeError) << what << ": out of memory: cannot map " << bytes << " bytes";
     }

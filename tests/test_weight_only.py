@@ -103,20 +103,34 @@ def _quantize_rows(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * (amax / np.float32(127)).astype(np.float32)).reshape(x.shape)
 
 
-def _has_vnni() -> bool:
-    return "avx512_vnni" in open("/proc/cpuinfo").read()
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+def _int_kernel(isa: str, vnni: str) -> str:
+    """The integer kernel's name in the plan label for BYOC_HETERO_WQ_ISA=isa, BYOC_HETERO_WQ_VNNI=vnni on this CPU."""
+    flags, allowed = _cpu_flags(), vnni != "off"
+    if isa == "auto" and "avx512bw" in flags:
+        return "avx512 vnni" if allowed and "avx512_vnni" in flags else "avx512bw"
+    if isa in ("auto", "avx2"):
+        return "avx2 vnni" if allowed and "avx_vnni" in flags else "avx2"
+    return "generic"
 
 
 INT_CASES = [c for c in CASES if (c[1] or 384) % 32 == 0] + [(8, None, True, "float32")]
 
 
-@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+@pytest.mark.parametrize("isa,vnni", [("auto", "auto"), ("auto", "off"), ("avx2", "auto"), ("avx2", "off"),
+                                      ("generic", "auto")])
 @pytest.mark.parametrize("bits,block,zp,scale_dtype", INT_CASES)
-def test_int8_activation_kernel_matches_numpy(monkeypatch, isa, bits, block, zp, scale_dtype):
-    """The integer kernels (VNNI where the CPU has it, else AVX-512BW; AVX2; C++) against numpy's
+def test_int8_activation_kernel_matches_numpy(monkeypatch, isa, vnni, bits, block, zp, scale_dtype):
+    """The integer kernels (AVX-512: VNNI where the CPU has it, else BW; AVX2: AVX-VNNI where the CPU has it,
+    else VPMADDUBSW; C++; BYOC_HETERO_WQ_VNNI=off: the VPMADDUBSW ones on a VNNI CPU too) against numpy's
     dequantize-then-matmul on the same quantized activations; and the activation quantization's own
     error against the exact product, within what llama.cpp's Q8_0 activations give (the same scheme)."""
     monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_WQ_VNNI", vnni)
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
     rng = np.random.default_rng(bits * 1000 + (block or 0) + zp + 7)
     k = 384 if block != 128 else 256
@@ -131,8 +145,7 @@ def test_int8_activation_kernel_matches_numpy(monkeypatch, isa, bits, block, zp,
         exact = _reference(x, codes, b)
         assert np.abs(got - exact).max() <= 0.03 * np.abs(exact).max()
     step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
-    want = {"auto": "avx512 vnni" if _has_vnni() else "avx512bw", "avx2": "avx2", "generic": "generic"}[isa]
-    assert f"int8 activations ({want})" in step, step
+    assert f"int8 activations ({_int_kernel(isa, vnni)})" in step, step
 
 
 def _offset_codes(bits: int, n: int, k: int, rng, scale_dtype: str = "float32") -> WeightCodes:
@@ -251,9 +264,10 @@ def test_offset_codes_relax_form_llvm_and_onednn():
 
 
 def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
-    """The AVX-512 VNNI kernels, which this project's test machine cannot run: tests/native/wq_vnni_emulated.cc
-    compiles cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly and compares every kernel with the
-    portable one (itself checked against numpy above). A VNNI CPU runs the real instruction in the tests above."""
+    """The AVX-512 VNNI and AVX-VNNI kernels on any AVX-512BW CPU: tests/native/wq_vnni_emulated.cc compiles
+    cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly and compares every kernel with the portable one
+    (itself checked against numpy above); a VNNI CPU runs the real instructions in the tests above. It also checks
+    the activations' quantization in AVX-512 and AVX2 registers against the portable loops, bit for bit."""
     import os
     import shutil
     import subprocess
@@ -270,7 +284,8 @@ def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
                     os.path.join(ffi, "lib", "libtvm_ffi.so"), "-Wl,-rpath," + os.path.join(ffi, "lib")],
                    check=True, capture_output=True)
     run = subprocess.run([exe], capture_output=True, text=True)
-    assert run.returncode == 0 and "0 of 48 cases differ" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "0 of 96 cases differ" in run.stdout, run.stdout + run.stderr
+    assert "quantized rows (AVX-512, AVX2) vs the portable loops: 0 of 8 differ" in run.stdout, run.stdout
 
 
 def test_int8_activations_extremes_and_nan(monkeypatch):
@@ -294,6 +309,22 @@ def test_int8_activations_extremes_and_nan(monkeypatch):
     assert np.isnan(got[1]).all() and np.isfinite(got[0]).all()
 
 
+@pytest.mark.parametrize("isa", ["auto", "avx2", "generic"])
+def test_int8_activations_of_tiny_blocks(monkeypatch, isa):
+    """A block whose largest |x| is so small that 127 / max |x| overflows float32 (subnormal activations) quantizes
+    to codes of 0: its outputs are the other blocks' products, not the garbage an infinite inverse made."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
+    rng = np.random.default_rng(12)
+    codes = quantize_matrix(rng.standard_normal((20, 64)).astype(np.float32), 8, 32)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    x[0, :32] = np.float32(1e-39) * (np.arange(32) % 5 - 2)
+    got, _ = _run(x, codes)
+    want = x.copy()
+    want[0, :32] = 0
+    _close(got, _reference(_quantize_rows(want), codes))
+
+
 def test_int8_activations_fall_back_to_float_for_a_block_of_16(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
     rng = np.random.default_rng(11)
@@ -309,6 +340,79 @@ def test_act_switch_rejects_unknown(monkeypatch):
     codes = quantize_matrix(np.ones((16, 32), np.float32), 8)
     with pytest.raises(ValueError, match="BYOC_HETERO_WQ_ACT must be auto, int8 or f32, got 'fp8'"):
         _run(np.ones((1, 32), np.float32), codes)
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("BYOC_HETERO_WQ_VNNI", "on", "BYOC_HETERO_WQ_VNNI must be auto or off, got 'on'"),
+    ("BYOC_HETERO_WQ_PREFETCH", "100", "BYOC_HETERO_WQ_PREFETCH must be a multiple of 64 from 0 to 65536"),
+    ("BYOC_HETERO_WQ_PREFETCH", "-64", "BYOC_HETERO_WQ_PREFETCH must be a multiple of 64"),
+    ("BYOC_HETERO_HUGE_PAGES", "yes", "BYOC_HETERO_HUGE_PAGES must be 0 or 1, got 'yes'"),
+])
+def test_kernel_switches_reject_unknown(monkeypatch, name, value, message):
+    """A bad value of a switch read when the module is made is a ValueError naming it (the huge-page one is read
+    for buffers of their own mapping, 1 MiB or more: a 1024 x 1024 int8 weight's tiles)."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
+    monkeypatch.setenv(name, value)
+    codes = quantize_matrix(np.ones((1024, 1024), np.float32), 8)
+    with pytest.raises(ValueError, match=message):
+        _run(np.ones((1, 1024), np.float32), codes)
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+@pytest.mark.parametrize("bits,block,zp,scale_dtype", [(8, None, False, "float32"), (8, 32, False, "float16"),
+                                                       (4, 32, True, "float16"), (4, 64, False, "float32")])
+def test_int8_activation_prefetch_changes_no_value(monkeypatch, isa, bits, block, zp, scale_dtype):
+    """BYOC_HETERO_WQ_PREFETCH (software prefetch of the codes ahead, into the next tile at a tile's end; 13 tiles
+    split by 2 threads): the same outputs, bit for bit, as without, at 1 row and 3, with a bias; the label says so."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
+    rng = np.random.default_rng(bits + 50 + zp)
+    k, n = 512, 200
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (1, 3):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        monkeypatch.delenv("BYOC_HETERO_WQ_PREFETCH", raising=False)
+        plain, _ = _run(x, codes, bias)
+        monkeypatch.setenv("BYOC_HETERO_WQ_PREFETCH", "1024")
+        got, plan = _run(x, codes, bias)
+        assert np.array_equal(got, plain)
+        _close(got, _reference(_quantize_rows(x), codes, bias))
+        assert any("prefetch 1024 bytes" in line for line in plan), plan
+
+
+def _anon_huge_kib() -> int:
+    """This process's transparent huge pages, KiB (/proc/self/smaps_rollup)."""
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
+
+
+def test_huge_pages_for_large_weights(monkeypatch):
+    """BYOC_HETERO_HUGE_PAGES=1: a prepared weight of 2 MiB or more is one mapping advised MADV_HUGEPAGE (where the
+    kernel's transparent huge pages are in `madvise` or `always` mode), so the process holds huge pages once the
+    weights are written: 8 MiB of int8 tiles give at least 2 MiB of them; the outputs equal those without."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        pytest.skip("no transparent huge pages here")
+    if "[never]" in mode:
+        pytest.skip("transparent huge pages are off on this machine")
+    monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
+    rng = np.random.default_rng(5)
+    codes = quantize_matrix(rng.standard_normal((2048, 4096)).astype(np.float32), 8)
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+    plain, _ = _run(x, codes)
+    text, consts = _region(x.shape, codes, None)
+    tensors = [tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]
+    out = tvm.runtime.tensor(np.zeros((1, 2048), np.float32))
+    monkeypatch.setenv("BYOC_HETERO_HUGE_PAGES", "1")
+    before = _anon_huge_kib()
+    mod = create(text)
+    assert mod["__init_wq"](tensors) == 0
+    mod["wq"](tvm.runtime.tensor(x), out)
+    assert _anon_huge_kib() - before >= 2048, (before, _anon_huge_kib())
+    assert np.array_equal(out.numpy(), plain)
 
 
 @pytest.mark.parametrize("isa", ["auto", "avx2"])

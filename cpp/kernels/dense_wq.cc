@@ -208,7 +208,8 @@ class DenseWqKernel : public Kernel {
   DenseWqKernel(const KernelContext& ctx, const WqShape& s)
       : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)),
         half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)),
-        panels_(UsePanels(s, dot_) ? wq::FindPanelFns(s.bits) : wq::PanelFns{}) {
+        panels_(UsePanels(s, dot_) ? wq::FindPanelFns(s.bits) : wq::PanelFns{}),
+        prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
     const WqShape shape = s;
@@ -262,11 +263,11 @@ class DenseWqKernel : public Kernel {
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
     } else {
-      const wq::QTileFn tile_fn = wq::FindQTileFn(dot_, s.bits);
-      const bool half = half_;
-      step.host = [s, tile_fn, half](const std::vector<void*>& p) { RunInt8(s, tile_fn, half, p); };
-      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half ? ", float16 scales" : "") +
-                   ", int8 activations (" + wq::IntDotName(dot_) + ")";
+      const Int8Call call{wq::FindQTileFn(dot_, s.bits), dot_, half_, prefetch_};
+      step.host = [s, call](const std::vector<void*>& p) { RunInt8(s, call, p); };
+      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half_ ? ", float16 scales" : "") +
+                   ", int8 activations (" + wq::IntDotName(dot_) + ")" +
+                   (prefetch_ != 0 ? ", prefetch " + std::to_string(prefetch_) + " bytes" : "");
     }
     step.op = "dense_wq";
     for (size_t k = 0; k < inputs.size(); ++k) {
@@ -413,27 +414,49 @@ class DenseWqKernel : public Kernel {
     }
   }
 
-  /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run; \p half:
-   *         the scale tiles are float16. */
-  static void RunInt8(const WqShape& s, wq::QTileFn tile_fn, bool half, const std::vector<void*>& p) {
+  /*! \brief What a call of the int8-activation kernels runs: the micro-kernel of \p dot (whose ISA quantizes the
+   *         rows too), whether the scale tiles are float16, the codes' prefetch distance (QTileJob::prefetch). */
+  struct Int8Call {
+    wq::QTileFn tile_fn;
+    wq::IntDot dot;
+    bool half;
+    int64_t prefetch;
+  };
+
+  /*! \brief The call's rows as quantized: codes [M, K], scales and scaled code sums [M, K / kActBlock]. */
+  struct QuantizedRows {
+    int8_t* xq;
+    float *xs, *xss;
+    int64_t xb;  // activation blocks a row
+  };
+
+  /*! \brief The micro-kernel job of rows [r0, r0 + rows) of tile t. */
+  static wq::QTileJob QJob(const WqShape& s, const Operands& o, const Int8Call& call, const std::vector<void*>& p,
+                           const QuantizedRows& x, int64_t t, int64_t r0, int64_t rows, float* out) {
+    const int64_t at = t * s.blocks() * kTile, tile_bytes = s.k * s.step();
+    wq::QTileJob job{x.xq + r0 * s.k, x.xs + r0 * x.xb, x.xss + r0 * x.xb,
+                     o.codes + t * tile_bytes, call.half ? nullptr : o.scales + at,
+                     o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(), s.k, s.block, rows, out,
+                     call.half ? static_cast<const uint16_t*>(p[2]) + at : nullptr};
+    job.offsets = o.offsets != nullptr ? o.offsets + at : nullptr;
+    job.prefetch = call.prefetch;
+    return job;
+  }
+
+  /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run. */
+  static void RunInt8(const WqShape& s, const Int8Call& call, const std::vector<void*>& p) {
     const Operands o(s, p);
-    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step(), xb = s.k / wq::kActBlock;
+    const int64_t tiles = s.tiles(), xb = s.k / wq::kActBlock;
     int8_t* xq = static_cast<int8_t*>(p.back());  // ScratchBytes' layout
     float* xs = reinterpret_cast<float*>(xq + s.m * s.k);
-    float* xss = xs + s.m * xb;
-    wq::QuantizeRows(o.x, s.m, s.k, xq, xs, xss);
-    const float zero = s.implicit_zero();
+    const QuantizedRows x{xq, xs, xs + s.m * xb, xb};
+    wq::QuantizeRows(o.x, s.m, s.k, x.xq, x.xs, x.xss, call.dot);
 #pragma omp parallel for schedule(static) if (Parallel(s))
     for (int64_t t = 0; t < tiles; ++t) {
       alignas(64) float out[wq::kMaxRows * kTile];
       for (int64_t r0 = 0; r0 < s.m; r0 += wq::kMaxRows) {
         const int64_t rows = std::min<int64_t>(wq::kMaxRows, s.m - r0);
-        wq::QTileJob job{xq + r0 * s.k, xs + r0 * xb, xss + r0 * xb,
-                         o.codes + t * tile_bytes, half ? nullptr : o.scales + t * blocks * kTile,
-                         o.zeros != nullptr ? o.zeros + t * blocks * kTile : nullptr, zero, s.k, s.block, rows, out,
-                         half ? static_cast<const uint16_t*>(p[2]) + t * blocks * kTile : nullptr};
-        job.offsets = o.offsets != nullptr ? o.offsets + t * blocks * kTile : nullptr;
-        tile_fn(job);
+        call.tile_fn(QJob(s, o, call, p, x, t, r0, rows, out));
         StoreTile(s, o, out, t, r0, rows);
       }
     }
@@ -474,6 +497,7 @@ class DenseWqKernel : public Kernel {
   wq::IntDot dot_;
   bool half_;  // the int8-activation kernels read the node's float16 scales as they are
   wq::PanelFns panels_;  // the panel form's functions where a call runs it (UsePanels), else null
+  int64_t prefetch_;     // the integer kernels' software prefetch distance (wq::PrefetchBytes), 0: none
 };
 
 std::unique_ptr<Kernel> BuildDenseWq(const KernelContext& ctx) {

@@ -30,7 +30,7 @@
  * and the micro-kernels take integer dot products of those codes with the weight codes, one float
  * multiply per 32 k and column: sum_k x q_w ~ sx * (sum_k q_x q_w - z * sum_k q_x).  Its layout (the
  * "quad" layout) puts 4 consecutive k of a column in one 32-bit lane, what VPMADDUBSW + VPMADDWD
- * (AVX-512BW, AVX2) and VPDPBUSD (AVX-512 VNNI) multiply and add:
+ * (AVX-512BW, AVX2) and VPDPBUSD (AVX-512 VNNI, AVX-VNNI) multiply and add:
  *   8-bit: per 4 k, 64 bytes, byte c * 4 + i = code(k + i, c) - 128 (signed; the BW / AVX2 kernels
  *          multiply |w| by x with w's sign, < 2^15 for the 16-bit pair sums; VNNI flips it back
  *          to the unsigned code);
@@ -87,12 +87,22 @@ constexpr int64_t kActBlock = 32;  // k per activation scale (llama.cpp's Q8_0 b
 constexpr const char* kActVariable = "BYOC_HETERO_WQ_ACT";
 
 /*! \brief The integer dot-product implementations; kNone: float32 activations (TileFn). */
-enum class IntDot { kNone, kAvx512Vnni, kAvx512Bw, kAvx2, kGeneric };
+enum class IntDot { kNone, kAvx512Vnni, kAvx512Bw, kAvx2Vnni, kAvx2, kGeneric };
 const char* IntDotName(IntDot dot);
-/*! \brief The integer kernel for \p isa on this CPU (VNNI where present, else BW, else AVX2), or kNone
- *         when BYOC_HETERO_WQ_ACT says f32 or \p block is not a multiple of kActBlock; another
- *         value of the variable is a ValueError naming it. */
+/*! \brief BYOC_HETERO_WQ_VNNI = auto | off: off keeps the VPMADDUBSW kernels (AVX-512BW, AVX2) on a VNNI CPU, so that
+ *         a VNNI machine runs and tests them too; read when a kernel is built. */
+constexpr const char* kVnniVariable = "BYOC_HETERO_WQ_VNNI";
+/*! \brief The integer kernel for \p isa on this CPU (AVX-512: VNNI where present, else BW; AVX2: AVX-VNNI where
+ *         present, else AVX2), or kNone when BYOC_HETERO_WQ_ACT says f32 or \p block is not a multiple of
+ *         kActBlock; another value of either variable is a ValueError naming it. */
 IntDot SelectIntDot(Isa isa, int64_t block);
+/*! \brief BYOC_HETERO_WQ_PREFETCH: how far ahead along a thread's codes (bytes, a multiple of 64 up to 64 KiB) the
+ *         integer kernels ask for each cache line of codes with a software prefetch; 0 or unset: none, the
+ *         hardware prefetchers alone (the default until a quiet A/B shows otherwise: bench/WEIGHT_ONLY.md).
+ *         Threads take contiguous runs of tiles, so the line ahead past a tile's end is the next tile's.
+ *         Read when a kernel is built; another value is a ValueError naming the variable. */
+constexpr const char* kPrefetchVariable = "BYOC_HETERO_WQ_PREFETCH";
+int64_t PrefetchBytes();
 /*! \brief Whether a call of many rows runs the panel form (below): BYOC_HETERO_WQ_PANELS=1 and BYOC_HETERO_WQ_ACT
  *         unset or auto, read when a plan is made.  Opt-in: on the loaded session-13 machine it measured
  *         0.68-1.05x the integer kernels (bench/GENERATE.md). */
@@ -112,6 +122,7 @@ struct QTileJob {
   float* out;            // rows x 16 floats, row stride 16
   const uint16_t* half_scales = nullptr;  // when set: tile t's scales as float16 [blocks][16] (scales unused)
   const float* offsets = nullptr;         // tile t's offsets [blocks][16] (+ o * xss per block), or null
+  int64_t prefetch = 0;                   // bytes ahead of the codes read to prefetch (a multiple of 64), 0: none
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
@@ -192,8 +203,10 @@ void ReadCodeAttrs(Reader& attrs, Shape* s) {
   if (s->has_zero_point && s->has_offset) attrs.Fail("has_offset", "expected zero points or offsets, not both");
 }
 
-/*! \brief Quantizes \p rows rows of \p x [rows, k] per kActBlock: codes, scales, scale * code sums. */
-void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss);
+/*! \brief Quantizes \p rows rows of \p x [rows, k] per kActBlock: codes, scales, scale * code sums; in the registers
+ *         of \p dot's ISA (AVX-512 or AVX2; the same bytes and floats as the portable loops, kGeneric). */
+void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss,
+                  IntDot dot = IntDot::kGeneric);
 
 }  // namespace wq
 }  // namespace byoc_hetero

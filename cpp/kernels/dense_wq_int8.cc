@@ -2,8 +2,8 @@
  * \file kernels/dense_wq_int8.cc
  * \brief The int8-activation micro-kernels of dense_wq (dense_wq.h): the data rows quantized per
  *        block of 32 along K, integer dot products with the weight codes in the quad layout, one
- *        float multiply per 32 k and column.  AVX-512 VNNI (VPDPBUSD), AVX-512BW and AVX2
- *        (VPMADDUBSW + VPMADDWD) and portable C++, each with its own target attribute; the choice is
+ *        float multiply per 32 k and column.  AVX-512 VNNI (VPDPBUSD), AVX-512BW, AVX-VNNI (VPDPBUSD on
+ *        256 bits) and AVX2 (VPMADDUBSW + VPMADDWD) and portable C++, each with its own target attribute; the choice is
  *        made at run time (SelectIntDot).
  */
 #include <immintrin.h>
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "dense_wq.h"
@@ -45,9 +46,11 @@ inline int32_t Load4(const int8_t* p) {
 /*! \brief acc[r] += sum over one activation block (32 k) of x * (code - bias), 8-bit codes: the BW form
  *         computes w * x with w = code - 128 (|w| unsigned times x with w's sign), the VNNI one code * x. */
 template <int R, bool Vnni>
-WQ_AVX512_TARGET inline const uint8_t* Dot512x8(const uint8_t* q, const int8_t* x, int64_t ldx, __m512i* acc) {
+WQ_AVX512_TARGET inline const uint8_t* Dot512x8(const uint8_t* q, const int8_t* x, int64_t ldx, int64_t pf,
+                                                __m512i* acc) {
   const __m512i ones = _mm512_set1_epi16(1), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int g = 0; g < kActBlock / 4; ++g, q += kQuadBytes) {
+    if (pf != 0) _mm_prefetch(reinterpret_cast<const char*>(q + pf), _MM_HINT_T0);
     const __m512i w = _mm512_loadu_si512(q);
     if constexpr (Vnni) {
       const __m512i u = _mm512_xor_si512(w, flip);
@@ -68,11 +71,13 @@ WQ_AVX512_TARGET inline const uint8_t* Dot512x8(const uint8_t* q, const int8_t* 
 /*! \brief The same for 4-bit codes (unsigned, 0..15): the BW form sums the block's 8 pair products
  *         per 16-bit lane first (at most 8 * 2 * 15 * 127 < 2^15), then widens once. */
 template <int R, bool Vnni>
-WQ_AVX512_TARGET inline const uint8_t* Dot512x4(const uint8_t* q, const int8_t* x, int64_t ldx, __m512i* acc) {
+WQ_AVX512_TARGET inline const uint8_t* Dot512x4(const uint8_t* q, const int8_t* x, int64_t ldx, int64_t pf,
+                                                __m512i* acc) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512i p16[R];
   for (int r = 0; r < R; ++r) p16[r] = _mm512_setzero_si512();
   for (int g = 0; g < kActBlock / 8; ++g, q += kQuadBytes) {
+    if (pf != 0) _mm_prefetch(reinterpret_cast<const char*>(q + pf), _MM_HINT_T0);
     const __m512i w = _mm512_loadu_si512(q);
     const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
     for (int r = 0; r < R; ++r) {
@@ -113,8 +118,8 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
     for (int64_t a = b * per; a < (b + 1) * per; ++a) {
       __m512i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-      q = Bits == 8 ? Dot512x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, acc)
-                    : Dot512x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, acc);
+      q = Bits == 8 ? Dot512x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
+                    : Dot512x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
       for (int r = 0; r < R; ++r) {  // total += s * sx * (acc - z * sum q_x)
         const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(j.xs[r * xblocks + a]));
         total[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(j.xss[r * xblocks + a]), v), s, total[r]);
@@ -130,7 +135,8 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
 
 // ---- AVX2: two 8-lane int32 accumulators per row (columns 0-7, 8-15) ----------------------------
 
-#define WQ_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))  // every AVX2 CPU has F16C
+// AVX-VNNI (VEX vpdpbusd on 256 bits: Alder Lake and later, Zen 5) is used only where Vnni is true, as above.
+#define WQ_AVX2_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))  // every AVX2 CPU has F16C
 
 /*! \brief Columns 8h..8h+7 of block b's scales: float16 widened in the register, or float32. */
 WQ_AVX2_TARGET inline __m256 Scales256(const QTileJob& j, int64_t b, int h) {
@@ -140,51 +146,71 @@ WQ_AVX2_TARGET inline __m256 Scales256(const QTileJob& j, int64_t b, int h) {
   return _mm256_loadu_ps(j.scales + b * kTile + 8 * h);
 }
 
-template <int R>
-WQ_AVX2_TARGET inline const uint8_t* Dot256x8(const uint8_t* q, const int8_t* x, int64_t ldx, __m256i (*acc)[2]) {
-  const __m256i ones = _mm256_set1_epi16(1);
+/*! \brief Dot512x8's AVX2 form, per half of the tile's 16 columns: w * x with w = code - 128 (|w| times x with
+ *         w's sign), or with AVX-VNNI code * x in one instruction. */
+template <int R, bool Vnni>
+WQ_AVX2_TARGET inline const uint8_t* Dot256x8(const uint8_t* q, const int8_t* x, int64_t ldx, int64_t pf,
+                                              __m256i (*acc)[2]) {
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int g = 0; g < kActBlock / 4; ++g, q += kQuadBytes) {
+    if (pf != 0) _mm_prefetch(reinterpret_cast<const char*>(q + pf), _MM_HINT_T0);
     for (int h = 0; h < 2; ++h) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * h));
-      const __m256i aw = _mm256_abs_epi8(w);
-      for (int r = 0; r < R; ++r) {
-        const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(Load4(x + r * ldx + 4 * g)), w);
-        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+      if constexpr (Vnni) {
+        const __m256i u = _mm256_xor_si256(w, flip);
+        for (int r = 0; r < R; ++r) {
+          acc[r][h] = _mm256_dpbusd_avx_epi32(acc[r][h], u, _mm256_set1_epi32(Load4(x + r * ldx + 4 * g)));
+        }
+      } else {
+        const __m256i aw = _mm256_abs_epi8(w);
+        for (int r = 0; r < R; ++r) {
+          const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(Load4(x + r * ldx + 4 * g)), w);
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+        }
       }
     }
   }
   return q;
 }
 
-template <int R>
-WQ_AVX2_TARGET inline const uint8_t* Dot256x4(const uint8_t* q, const int8_t* x, int64_t ldx, __m256i (*acc)[2]) {
+/*! \brief Dot512x4's AVX2 form (the 16-bit pair sums widened once a block, or AVX-VNNI's 32-bit sums). */
+template <int R, bool Vnni>
+WQ_AVX2_TARGET inline const uint8_t* Dot256x4(const uint8_t* q, const int8_t* x, int64_t ldx, int64_t pf,
+                                              __m256i (*acc)[2]) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   __m256i p16[R][2];
   for (int r = 0; r < R; ++r) p16[r][0] = p16[r][1] = _mm256_setzero_si256();
   for (int g = 0; g < kActBlock / 8; ++g, q += kQuadBytes) {
+    if (pf != 0) _mm_prefetch(reinterpret_cast<const char*>(q + pf), _MM_HINT_T0);
     for (int h = 0; h < 2; ++h) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * h));
       const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
       for (int r = 0; r < R; ++r) {
         const __m256i x0 = _mm256_set1_epi32(Load4(x + r * ldx + 8 * g));
         const __m256i x1 = _mm256_set1_epi32(Load4(x + r * ldx + 8 * g + 4));
-        p16[r][h] = _mm256_add_epi16(p16[r][h],
-                                     _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1)));
+        if constexpr (Vnni) {
+          acc[r][h] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[r][h], lo, x0), hi, x1);
+        } else {
+          p16[r][h] = _mm256_add_epi16(p16[r][h],
+                                       _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1)));
+        }
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_madd_epi16(p16[r][h], _mm256_set1_epi16(1));
+  if constexpr (!Vnni) {
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_madd_epi16(p16[r][h], _mm256_set1_epi16(1));
+  }
   return q;
 }
 
-template <int Bits, int R>
+template <int Bits, int R, bool Vnni>
 WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
   __m256 total[R][2];
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
   const uint8_t* q = j.codes;
   const int64_t per = j.block / kActBlock, xblocks = j.k / kActBlock;
-  const __m256 bias = _mm256_set1_ps(Bits == 8 ? 128.f : 0.f);  // 8-bit codes are code - 128
+  const __m256 bias = _mm256_set1_ps(Bits == 8 && !Vnni ? 128.f : 0.f);  // the non-VNNI form's codes are code - 128
   for (int64_t b = 0; b < j.k / j.block; ++b) {
     __m256 z[2], s[2];
     for (int h = 0; h < 2; ++h) {
@@ -194,7 +220,8 @@ WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
     for (int64_t a = b * per; a < (b + 1) * per; ++a) {
       __m256i acc[R][2];
       for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-      q = Bits == 8 ? Dot256x8<R>(q, j.xq + a * kActBlock, j.k, acc) : Dot256x4<R>(q, j.xq + a * kActBlock, j.k, acc);
+      q = Bits == 8 ? Dot256x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
+                    : Dot256x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
       for (int r = 0; r < R; ++r) {
         const __m256 sx = _mm256_set1_ps(j.xs[r * xblocks + a]), sxs = _mm256_set1_ps(j.xss[r * xblocks + a]);
         for (int h = 0; h < 2; ++h) {
@@ -253,13 +280,13 @@ void ByRows512(const QTileJob& j) {
     default: return Tile512Q<Bits, 4, Vnni>(j);
   }
 }
-template <int Bits>
+template <int Bits, bool Vnni>
 void ByRows256(const QTileJob& j) {
   switch (j.rows) {
-    case 1: return Tile256Q<Bits, 1>(j);
-    case 2: return Tile256Q<Bits, 2>(j);
-    case 3: return Tile256Q<Bits, 3>(j);
-    default: return Tile256Q<Bits, 4>(j);
+    case 1: return Tile256Q<Bits, 1, Vnni>(j);
+    case 2: return Tile256Q<Bits, 2, Vnni>(j);
+    case 3: return Tile256Q<Bits, 3, Vnni>(j);
+    default: return Tile256Q<Bits, 4, Vnni>(j);
   }
 }
 
@@ -268,8 +295,90 @@ bool CpuHas(const char* feature) {
   __builtin_cpu_init();
   if (std::strcmp(feature, "avx512bw") == 0) return __builtin_cpu_supports("avx512bw");
   if (std::strcmp(feature, "avx512vnni") == 0) return __builtin_cpu_supports("avx512vnni");
+  if (std::strcmp(feature, "avxvnni") == 0) return __builtin_cpu_supports("avxvnni");
 #endif
   return false;
+}
+
+// ---- the activations' quantization (QuantizeRows), one block of kActBlock at a time ---------------
+
+/*! \brief 127 / max |x| of a block, 0 where that is no finite number (a block of zeros, or of values so small,
+ *         below 127 / FLT_MAX, that it overflows): the block's codes are then 0. */
+inline float Inverse127(float amax) {
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  return inv <= std::numeric_limits<float>::max() ? inv : 0.f;
+}
+
+/*! \brief One block: codes round-half-even(x * 127 / max |x|), *scale = max |x| / 127, *scaled_sum = scale * sum of
+ *         codes; a NaN or infinity in the block makes the scale NaN (so the outputs NaN, as the float path's). */
+void QuantizeBlock(const float* src, int8_t* dst, float* scale, float* scaled_sum) {
+  // round half to even without a libm call: adding and subtracting 1.5 * 2^23 rounds |v| < 2^22 to an
+  // integer in the default rounding mode (the file is built without fast-math, so nothing reassociates)
+  constexpr float kMagic = 12582912.f;
+  float amax = 0.f, probe = 0.f;  // probe: NaN when the block holds a NaN or an infinity
+  for (int64_t i = 0; i < kActBlock; ++i) {
+    amax = std::max(amax, std::fabs(src[i]));
+    probe += src[i] * 0.f;
+  }
+  const bool finite = probe == 0.f;
+  const float inv = finite ? Inverse127(amax) : 0.f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < kActBlock; ++i) {
+    const int32_t v = static_cast<int32_t>((src[i] * inv + kMagic) - kMagic);
+    dst[i] = static_cast<int8_t>(v);
+    sum += v;
+  }
+  *scale = finite ? amax / 127.f : NAN;
+  *scaled_sum = *scale * static_cast<float>(sum);
+}
+
+/*! \brief QuantizeBlock in AVX-512 registers, the same bytes and floats (max |x| and the code sum are exact in any
+ *         order; VCVTPS2DQ rounds half to even as the magic constant does); a block with a NaN or an infinity goes
+ *         to QuantizeBlock.  (The scalar loops do not vectorize: their float max and sum are ordered reductions.) */
+WQ_AVX512_TARGET void QuantizeBlock512(const float* src, int8_t* dst, float* scale, float* scaled_sum) {
+  static_assert(kActBlock == 32, "two AVX-512 vectors a block");
+  const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16), zero = _mm512_setzero_ps();
+  const __mmask16 bad = _mm512_cmp_ps_mask(_mm512_mul_ps(v0, zero), zero, _CMP_NEQ_UQ) |
+                        _mm512_cmp_ps_mask(_mm512_mul_ps(v1, zero), zero, _CMP_NEQ_UQ);
+  if (bad != 0) return QuantizeBlock(src, dst, scale, scaled_sum);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 inv = _mm512_set1_ps(Inverse127(amax));
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtepi32_epi8(q1));
+  *scale = amax / 127.f;
+  *scaled_sum = *scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+}
+
+/*! \brief QuantizeBlock in AVX2 registers (as QuantizeBlock512, four vectors a block). */
+WQ_AVX2_TARGET void QuantizeBlock256(const float* src, int8_t* dst, float* scale, float* scaled_sum) {
+  const __m256 zero = _mm256_setzero_ps(), abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 v[4], m = zero;
+  int bad = 0;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(src + 8 * i);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(_mm256_mul_ps(v[i], zero), zero, _CMP_NEQ_UQ));
+    m = _mm256_max_ps(m, _mm256_and_ps(v[i], abs_mask));
+  }
+  if (bad != 0) return QuantizeBlock(src, dst, scale, scaled_sum);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+  const __m256 inv = _mm256_set1_ps(Inverse127(amax));
+  __m256i q[4], sum = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    sum = _mm256_add_epi32(sum, q[i]);
+  }
+  // |codes| <= 127: the saturating packs are exact; they interleave 128-bit lanes, which the permute undoes
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  *scale = amax / 127.f;
+  *scaled_sum = *scale * static_cast<float>(_mm_cvtsi128_si32(s4));
 }
 
 }  // namespace
@@ -278,10 +387,21 @@ const char* IntDotName(IntDot dot) {
   switch (dot) {
     case IntDot::kAvx512Vnni: return "avx512 vnni";
     case IntDot::kAvx512Bw: return "avx512bw";
+    case IntDot::kAvx2Vnni: return "avx2 vnni";
     case IntDot::kAvx2: return "avx2";
     case IntDot::kGeneric: return "generic";
     default: return "none";
   }
+}
+
+/*! \brief BYOC_HETERO_WQ_VNNI: auto (or unset) lets SelectIntDot take VNNI where the CPU has it, off never. */
+bool VnniAllowed() {
+  const char* env = std::getenv(kVnniVariable);
+  const std::string mode = env == nullptr || *env == '\0' ? "auto" : env;
+  if (mode != "auto" && mode != "off") {
+    TVM_FFI_THROW(ValueError) << kVnniVariable << " must be auto or off, got '" << mode << "'";
+  }
+  return mode == "auto";
 }
 
 IntDot SelectIntDot(Isa isa, int64_t block) {
@@ -291,9 +411,26 @@ IntDot SelectIntDot(Isa isa, int64_t block) {
     TVM_FFI_THROW(ValueError) << kActVariable << " must be auto, int8 or f32, got '" << mode << "'";
   }
   if (mode == "f32" || block % kActBlock != 0) return IntDot::kNone;
-  if (isa == Isa::kAvx512 && CpuHas("avx512bw")) return CpuHas("avx512vnni") ? IntDot::kAvx512Vnni : IntDot::kAvx512Bw;
-  if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return IntDot::kAvx2;  // every AVX-512F CPU has AVX2
+  const bool vnni = VnniAllowed();
+  if (isa == Isa::kAvx512 && CpuHas("avx512bw")) {
+    return vnni && CpuHas("avx512vnni") ? IntDot::kAvx512Vnni : IntDot::kAvx512Bw;
+  }
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx2) {  // every AVX-512F CPU has AVX2
+    return vnni && CpuHas("avxvnni") ? IntDot::kAvx2Vnni : IntDot::kAvx2;
+  }
   return IntDot::kGeneric;
+}
+
+int64_t PrefetchBytes() {
+  const char* env = std::getenv(kPrefetchVariable);
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < 0 || v > 65536 || v % 64 != 0) {
+    TVM_FFI_THROW(ValueError) << kPrefetchVariable << " must be a multiple of 64 from 0 to 65536 (bytes), got '" << env
+                              << "'";
+  }
+  return v;
 }
 
 bool PanelsAsked() {
@@ -307,36 +444,26 @@ QTileFn FindQTileFn(IntDot dot, int bits) {
   switch (dot) {
     case IntDot::kAvx512Vnni: return bits == 8 ? ByRows512<8, true> : ByRows512<4, true>;
     case IntDot::kAvx512Bw: return bits == 8 ? ByRows512<8, false> : ByRows512<4, false>;
-    case IntDot::kAvx2: return bits == 8 ? ByRows256<8> : ByRows256<4>;
+    case IntDot::kAvx2Vnni: return bits == 8 ? ByRows256<8, true> : ByRows256<4, true>;
+    case IntDot::kAvx2: return bits == 8 ? ByRows256<8, false> : ByRows256<4, false>;
     default: return bits == 8 ? TileGenericQ<8> : TileGenericQ<4>;
   }
 }
 
-void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss) {
-  // round half to even without a libm call: adding and subtracting 1.5 * 2^23 rounds |v| < 2^22 to an
-  // integer in the default rounding mode (the loops vectorize; the file is built without fast-math)
-  constexpr float kMagic = 12582912.f;
+void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss, IntDot dot) {
   const int64_t xblocks = k / kActBlock;
+  const bool avx512 = dot == IntDot::kAvx512Vnni || dot == IntDot::kAvx512Bw;
+  const bool avx2 = dot == IntDot::kAvx2Vnni || dot == IntDot::kAvx2;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t a = 0; a < xblocks; ++a) {
-      const float* src = x + r * k + a * kActBlock;
-      int8_t* dst = xq + r * k + a * kActBlock;
-      float amax = 0.f, probe = 0.f;  // probe: NaN when the block holds a NaN or an infinity
-      for (int64_t i = 0; i < kActBlock; ++i) {
-        amax = std::max(amax, std::fabs(src[i]));
-        probe += src[i] * 0.f;
+      const int64_t i = r * k + a * kActBlock, b = r * xblocks + a;
+      if (avx512) {
+        QuantizeBlock512(x + i, xq + i, xs + b, xss + b);
+      } else if (avx2) {
+        QuantizeBlock256(x + i, xq + i, xs + b, xss + b);
+      } else {
+        QuantizeBlock(x + i, xq + i, xs + b, xss + b);
       }
-      const bool finite = probe == 0.f;
-      const float inv = amax > 0.f && finite ? 127.f / amax : 0.f;
-      int32_t sum = 0;
-      for (int64_t i = 0; i < kActBlock; ++i) {
-        const int32_t v = static_cast<int32_t>((src[i] * inv + kMagic) - kMagic);
-        dst[i] = static_cast<int8_t>(v);
-        sum += v;
-      }
-      const float scale = finite ? amax / 127.f : NAN;  // a NaN or infinite input gives NaN outputs, as the float path's do
-      xs[r * xblocks + a] = scale;
-      xss[r * xblocks + a] = scale * static_cast<float>(sum);
     }
   }
 }
