@@ -290,17 +290,33 @@ IntDot SelectIntDot(Isa isa, int64_t block) {
   if (mode != "auto" && mode != "int8" && mode != "f32") {
     TVM_FFI_THROW(ValueError) << kActVariable << " must be auto, int8 or f32, got '" << mode << "'";
   }
+  const char* vnni_env = std::getenv(kVnniVariable);
+  const std::string vnni = vnni_env == nullptr || *vnni_env == '\0' ? "auto" : vnni_env;
+  if (vnni != "auto" && vnni != "0") {
+    TVM_FFI_THROW(ValueError) << kVnniVariable << " must be auto or 0, got '" << vnni << "'";
+  }
   if (mode == "f32" || block % kActBlock != 0) return IntDot::kNone;
-  if (isa == Isa::kAvx512 && CpuHas("avx512bw")) return CpuHas("avx512vnni") ? IntDot::kAvx512Vnni : IntDot::kAvx512Bw;
+  if (isa == Isa::kAvx512 && CpuHas("avx512bw")) {
+    return vnni == "auto" && CpuHas("avx512vnni") ? IntDot::kAvx512Vnni : IntDot::kAvx512Bw;
+  }
   if (isa == Isa::kAvx512 || isa == Isa::kAvx2) return IntDot::kAvx2;  // every AVX-512F CPU has AVX2
   return IntDot::kGeneric;
 }
 
-bool PanelsAsked() {
+PanelForm PanelsAsked() {
+  const char* env = std::getenv(kPanelVariable);
+  const std::string form = env == nullptr ? "" : env;
+  PanelForm asked = PanelForm::kNone;
+  if (form == "1" || form == "float") {
+    asked = PanelForm::kFloat;
+  } else if (form == "int") {
+    asked = PanelForm::kInt;
+  } else if (!form.empty() && form != "0") {
+    TVM_FFI_THROW(ValueError) << kPanelVariable << " must be 0, 1 (or float) or int, got '" << form << "'";
+  }
   const char* act = std::getenv(kActVariable);
-  const char* panels = std::getenv(kPanelVariable);
   const bool act_auto = act == nullptr || *act == '\0' || std::string(act) == "auto";
-  return act_auto && panels != nullptr && std::string(panels) == "1";
+  return act_auto ? asked : PanelForm::kNone;
 }
 
 QTileFn FindQTileFn(IntDot dot, int bits) {
