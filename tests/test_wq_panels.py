@@ -122,3 +122,27 @@ def test_switches_reject_unknown_values(monkeypatch, name, value, message):
     codes = quantize_matrix(np.ones((16, 32), np.float32), 8)
     with pytest.raises(ValueError, match=message):
         _run(np.ones((2, 32), np.float32), codes)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_generators_prefill_with_integer_panels(monkeypatch, weights):
+    """A whole prefill of 24 tokens (bh.llm.from_hf, int8 per channel / int4 in blocks of 32: every dense a dense_wq
+    with its folded gate, residual and norm weight) with the integer panels and with the tile kernels: the same
+    logits, to the byte for int4's blocks, within float rounding for int8's per-channel fold."""
+    import byoc_hetero as bh
+    from test_generate import VOCAB, _quant_model
+
+    model = _quant_model()
+    prompt = np.random.default_rng(37).integers(3, VOCAB, (1, 24)).astype("int64")
+    logits, plans = {}, {}
+    for form in ("0", "int"):
+        monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", form)  # read when the prefill's plan is made (its first call)
+        gen = bh.llm.from_hf(model, max_length=32, weights=weights)
+        logits[form] = gen.step(prompt, np.array([0]), np.array([24]), gen.new_cache(1))[0]
+        plans[form] = "\n".join(line for m in bh.codegen.region_modules(gen._executable) for line in m["get_plan"]())
+    assert "integer panels" in plans["int"] and "integer panels" not in plans["0"], plans["int"]
+    if weights == "int4":
+        assert logits["int"].tobytes() == logits["0"].tobytes()
+    else:
+        _close(logits["int"], logits["0"])
+    assert np.abs(logits["0"]).max() > 0
