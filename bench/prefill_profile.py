@@ -2,11 +2,15 @@
 main's paths and this branch's side by side in one process.
 
     python bench/prefill_profile.py --hf /tmp/s7gb/keep-full/smollm_135m/hf --weights f32,int8 --prompts 128,1024
+    python bench/prefill_profile.py --hf DIR --weights int8,int4 --before-kv auto --after-panels int
 
-Variants: ``before`` = main's paths: kv_attention's per-row form (``BYOC_HETERO_KV_PREFILL=rows``, read at each
-call) and, for int8 / int4 weights, dense_wq's integer kernels at every row count (``BYOC_HETERO_WQ_ACT=int8``,
-read when a plan is made: a generator of its own); ``after`` = the defaults (dense_wq's panel form for many
-rows; kv_attention as ``BYOC_HETERO_KV_PREFILL`` says, unset: the per-row form, ``blocked``: the blocked one).
+Variants: ``before``: kv_attention's form ``--before-kv`` (``BYOC_HETERO_KV_PREFILL``, read at each call; default
+``rows``, the per-row form) and, for int8 / int4 weights, dense_wq's integer tile kernels at every row count
+(``BYOC_HETERO_WQ_ACT=int8``, read when a plan is made: a generator of its own); ``after``: kv_attention as
+``BYOC_HETERO_KV_PREFILL`` says (unset: ``auto``) and dense_wq's defaults with ``BYOC_HETERO_WQ_PANELS`` =
+``--after-panels`` (default 0: none; ``1`` float panels, ``int`` the integer panel GEMM, from 16 rows). With
+``--before-kv auto --after-panels int`` the variants differ in dense_wq's many-row form alone. Each variant's
+variables are set before each of its prefills (a plan made again, e.g. for fewer threads, gets its own).
 Per weight format and prompt length, each round runs one prefill (a fresh cache,
 ``Generator.step`` of the whole prompt) per variant, alternating, with the regions' profiling on. Prints per
 variant the median wall time, the median time and share of each op class (denses split by their output width:
@@ -29,6 +33,9 @@ import numpy as np
 
 FORMS = ("before", "after")
 AFTER_KV = os.environ.get("BYOC_HETERO_KV_PREFILL", "auto")  # the after variant's kv_attention form
+# each variant's environment (main() sets the before KV form and the after panel form from the options)
+FORM_ENV = {"before": {"BYOC_HETERO_KV_PREFILL": "rows", "BYOC_HETERO_WQ_ACT": "int8", "BYOC_HETERO_WQ_PANELS": "0"},
+            "after": {"BYOC_HETERO_KV_PREFILL": AFTER_KV, "BYOC_HETERO_WQ_ACT": "auto", "BYOC_HETERO_WQ_PANELS": "0"}}
 
 
 def _dense_class(step: dict, spec) -> str:
@@ -52,7 +59,7 @@ def _classes(profile: list[dict], spec) -> dict[str, float]:
 
 
 def _prefill(gen, regions, tokens: np.ndarray, form: str) -> tuple[float, dict[str, float]]:
-    os.environ["BYOC_HETERO_KV_PREFILL"] = "rows" if form == "before" else AFTER_KV
+    os.environ.update(FORM_ENV[form])
     cache = gen.new_cache(1)
     for m in regions:
         m["reset_profile"]()
@@ -68,13 +75,13 @@ def _prefill(gen, regions, tokens: np.ndarray, form: str) -> tuple[float, dict[s
 
 def _generators(bh, model, weights: str, max_length: int, prompts: list[int]) -> dict:
     """form -> (generator, its regions): one generator for f32; for int8 / int4 one per dense_wq path, each
-    plan of a prompt length made (by a first prefill) under its form's BYOC_HETERO_WQ_ACT."""
+    plan of a prompt length made (by a first prefill) under its form's variables (FORM_ENV)."""
     made = {}
     for form in FORMS:
         if weights == "f32" and made:
             made[form] = made[FORMS[0]]
             continue
-        os.environ["BYOC_HETERO_WQ_ACT"] = "int8" if form == "before" else "auto"
+        os.environ.update(FORM_ENV[form])
         gen = bh.llm.from_hf(model, max_length=max_length, weights=weights)
         regions = bh.codegen.region_modules(gen._executable)
         for m in regions:
@@ -82,7 +89,6 @@ def _generators(bh, model, weights: str, max_length: int, prompts: list[int]) ->
         for length in prompts:  # plans made and weights prepared outside the timed rounds
             _prefill(gen, regions, np.ones((1, length), "int64"), form)
         made[form] = (gen, regions)
-    os.environ.pop("BYOC_HETERO_WQ_ACT", None)
     return made
 
 
@@ -92,7 +98,12 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default="f32")
     ap.add_argument("--prompts", default="128,1024")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--before-kv", default="rows", help="kv_attention's form in the before variant")
+    ap.add_argument("--after-panels", default="0", help="BYOC_HETERO_WQ_PANELS in the after variant (0, 1, int)")
     args = ap.parse_args(argv)
+    FORM_ENV["before"]["BYOC_HETERO_KV_PREFILL"] = args.before_kv
+    FORM_ENV["after"]["BYOC_HETERO_WQ_PANELS"] = args.after_panels
+    saved = {name: os.environ.get(name) for env in FORM_ENV.values() for name in env}
     import torch
     import transformers
 
@@ -117,7 +128,11 @@ def main(argv=None) -> int:
                     shares[form].append(classes)
             _report(weights, length, walls, shares)
         del made
-    os.environ.pop("BYOC_HETERO_KV_PREFILL", None)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     return 0
 
 

@@ -19,6 +19,8 @@ kernels).
 4864x896). ``--mib N``: each engine gets as many copies of its weights (separate modules) as fill N MiB and
 the calls go round robin over them, so that each call streams its weights from memory as a decode step does
 (the default, 0, calls one module: its weights stay in the caches between calls, a compute-bound figure).
+``--panels 0,int``: the weight-only rows once per many-row form of dense_wq (BYOC_HETERO_WQ_PANELS: 0 the integer
+tile kernels, 1 float panels, int the integer panel GEMM; from 16 rows, with ``--acts auto``).
 ``--isas``: the weight-only rows once per cap of our kernels' ISA switch (BYOC_HETERO_WQ_ISA, read when a
 module is made: auto | avx512 | avx2 | generic). With ``--mib`` the report starts with the machine's read
 bandwidth (bench/generate.py's probe: numpy, each of the threads on its share of 512 MiB) at the region's
@@ -93,33 +95,35 @@ def _env(name: str, value: str | None):
 
 
 def engines(m: int, k: int, n: int, rng: np.random.Generator, acts: list[str], isas: list[str] = ("auto",),
-            mib: int = 0, variants: tuple = VARIANTS) -> dict[str, tuple]:
+            mib: int = 0, variants: tuple = VARIANTS, panels: list[str] = ("0",)) -> dict[str, tuple]:
     """name -> (functions, bytes of weights one call streams); each weight-only variant once per activation
-    mode of ``acts`` (BYOC_HETERO_WQ_ACT) and ISA cap of ``isas`` (BYOC_HETERO_WQ_ISA), both read when the
-    module is made; ``mib``: copies of each (separate modules, called round robin) filling that many MiB."""
+    mode of ``acts`` (BYOC_HETERO_WQ_ACT), ISA cap of ``isas`` (BYOC_HETERO_WQ_ISA) and many-row form of
+    ``panels`` (BYOC_HETERO_WQ_PANELS), all read when the module is made; ``mib``: copies of each (separate
+    modules, called round robin) filling that many MiB."""
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
     f32 = [_module(f"f32c{c}", m, k, n, "dense", [w], {"weight_layout": "NK", "has_bias": 0})
            for c in range(_copies(w.nbytes, mib))]
     out = {"f32 dense (oneDNN)": (f32, w.nbytes)}
-    act_before, isa_before = os.environ.get("BYOC_HETERO_WQ_ACT"), os.environ.get("BYOC_HETERO_WQ_ISA")
+    before = {v: os.environ.get(v) for v in ("BYOC_HETERO_WQ_ACT", "BYOC_HETERO_WQ_ISA", "BYOC_HETERO_WQ_PANELS")}
     try:
-        for isa in isas:
+        for isa, act, form in ((i, a, p) for i in isas for a in acts for p in panels):
             _env("BYOC_HETERO_WQ_ISA", isa)
-            for act in acts:
-                _env("BYOC_HETERO_WQ_ACT", act)
-                for i, (name, bits, group, zp, scale_dtype) in enumerate(variants):
-                    codes = quantize_matrix(w, bits, group, zp, scale_dtype)
-                    consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
-                    attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
-                    half = scale_dtype == "float16" and act != "f32"  # kept float16 by the int8-activation kernels
-                    streamed = codes.codes.nbytes + codes.scales.size * ((2 if half else 4) + (4 if zp else 0))
-                    fns = [_module(f"wq{i}{act}{isa}c{c}", m, k, n, "dense_wq", consts, attrs)
-                           for c in range(_copies(streamed, mib))]
-                    label = f"{name}, {act} act" + (f", {isa}" if len(isas) > 1 or isa != "auto" else "")
-                    out[label] = (fns, streamed)
+            _env("BYOC_HETERO_WQ_ACT", act)
+            _env("BYOC_HETERO_WQ_PANELS", form)
+            for i, (name, bits, group, zp, scale_dtype) in enumerate(variants):
+                codes = quantize_matrix(w, bits, group, zp, scale_dtype)
+                consts = [codes.codes, codes.scales] + ([codes.zero_points] if zp else [])
+                attrs = {"bits": bits, "block": codes.block, "has_zero_point": int(zp), "has_bias": 0}
+                half = scale_dtype == "float16" and act != "f32"  # kept float16 by the int8-activation kernels
+                streamed = codes.codes.nbytes + codes.scales.size * ((2 if half else 4) + (4 if zp else 0))
+                fns = [_module(f"wq{i}{act}{isa}p{form}c{c}", m, k, n, "dense_wq", consts, attrs)
+                       for c in range(_copies(streamed, mib))]
+                label = (f"{name}, {act} act" + (f", {isa}" if len(isas) > 1 or isa != "auto" else "") +
+                         (f", panels={form}" if len(panels) > 1 or form != "0" else ""))
+                out[label] = (fns, streamed)
     finally:
-        _env("BYOC_HETERO_WQ_ACT", act_before)
-        _env("BYOC_HETERO_WQ_ISA", isa_before)
+        for name, value in before.items():
+            _env(name, value)
     return out
 
 
@@ -183,6 +187,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--acts", default="f32,int8", help="dense_wq activation modes (BYOC_HETERO_WQ_ACT values)")
     ap.add_argument("--isas", default="auto", help="our kernels' ISA caps (BYOC_HETERO_WQ_ISA values)")
+    ap.add_argument("--panels", default="0", help="dense_wq's many-row forms (BYOC_HETERO_WQ_PANELS values: 0,1,int)")
     ap.add_argument("--mib", type=int, default=0, help="weights of each engine's copies, MiB (0: one module)")
     ap.add_argument("--variants", default="", help="comma-separated words; only the weight-only rows whose name has one")
     ap.add_argument("--env", action="append", default=[], help="NAME=a,b: every engine once per value (repeatable)")
@@ -208,7 +213,7 @@ def main() -> None:
     for m in (int(r) for r in args.rows.split(",")):
         for k, n in shapes:
             fns = engines_per_env(settings, m, k, n, rng, args.acts.split(","), args.isas.split(","), args.mib,
-                                  variants)
+                                  variants, args.panels.split(","))
             x = tvm.runtime.tensor(rng.standard_normal((m, k)).astype(np.float32))
             y = tvm.runtime.tensor(np.zeros((m, n), np.float32))
             times = time_all(fns, x, y, args.rounds, args.calls)

@@ -108,6 +108,10 @@ def _cpu_flags() -> set[str]:
         return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
 
 
+def _has_vnni() -> bool:
+    return "avx512_vnni" in _cpu_flags()
+
+
 def _int_kernel(isa: str, vnni: str) -> str:
     """The integer kernel's name in the plan label for BYOC_HETERO_WQ_ISA=isa, BYOC_HETERO_WQ_VNNI=vnni on this CPU."""
     flags, allowed = _cpu_flags(), vnni != "off"
@@ -343,7 +347,7 @@ def test_act_switch_rejects_unknown(monkeypatch):
 
 
 @pytest.mark.parametrize("name,value,message", [
-    ("BYOC_HETERO_WQ_VNNI", "on", "BYOC_HETERO_WQ_VNNI must be auto or off, got 'on'"),
+    ("BYOC_HETERO_WQ_VNNI", "on", "BYOC_HETERO_WQ_VNNI must be auto, off or 0, got 'on'"),
     ("BYOC_HETERO_WQ_PREFETCH", "100", "BYOC_HETERO_WQ_PREFETCH must be a multiple of 64 from 0 to 65536"),
     ("BYOC_HETERO_WQ_PREFETCH", "-64", "BYOC_HETERO_WQ_PREFETCH must be a multiple of 64"),
     ("BYOC_HETERO_HUGE_PAGES", "yes", "BYOC_HETERO_HUGE_PAGES must be 0 or 1, got 'yes'"),

@@ -207,8 +207,9 @@ class DenseWqKernel : public Kernel {
  public:
   DenseWqKernel(const KernelContext& ctx, const WqShape& s)
       : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)),
-        half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)),
-        panels_(UsePanels(s, dot_) ? wq::FindPanelFns(s.bits) : wq::PanelFns{}),
+        half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)), form_(ManyRowsForm(s, dot_)),
+        panels_(form_ == wq::PanelForm::kFloat ? wq::FindPanelFns(s.bits) : wq::PanelFns{}),
+        qpanel_(form_ == wq::PanelForm::kInt ? wq::FindQPanelFn(dot_, s.bits, FoldScales(s)) : nullptr),
         prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
@@ -258,6 +259,15 @@ class DenseWqKernel : public Kernel {
       step.host = [s, fns, half](const std::vector<void*>& p) { RunPanels(s, fns, half, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights, panels dequantized, float32 activations (" +
                    std::to_string(s.m) + " rows, avx512)";
+    } else if (qpanel_ != nullptr) {
+      const wq::QPanelFn fn = qpanel_;
+      const wq::IntDot dot = dot_;
+      const bool half = half_;
+      step.host = [s, fn, dot, half](const std::vector<void*>& p) { RunQPanels(s, fn, dot, half, p); };
+      step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half ? ", float16 scales" : "") +
+                   ", int8 activations (" + wq::IntDotName(dot_) + "), integer panels of " +
+                   std::to_string(wq::kPanelWidth) + " columns x " + std::to_string(wq::kQPanelRows) + " rows (" +
+                   std::to_string(s.m) + " rows" + (FoldScales(s) ? ", scales after the sum" : "") + ")";
     } else if (dot_ == wq::IntDot::kNone) {
       const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
@@ -281,12 +291,19 @@ class DenseWqKernel : public Kernel {
  private:
   static memory::desc Bytes(int64_t n) { return memory::desc({n}, memory::data_type::u8, {1}); }
 
-  /*! \brief Whether a call runs the panel form (dense_wq.h): many rows, the quad layout of an AVX-512 integer
-   *         kernel, and the form asked for (wq::PanelsAsked). */
-  static bool UsePanels(const WqShape& s, wq::IntDot dot) {
-    return s.m >= wq::kPanelMinRows && (dot == wq::IntDot::kAvx512Bw || dot == wq::IntDot::kAvx512Vnni) &&
-           wq::PanelsAsked();
+  /*! \brief The form a call runs (dense_wq.h's PanelForm): the one asked for (wq::PanelsAsked, read for every
+   *         node, so that a bad value fails at any rows) where the call has many rows and the quad layout of an
+   *         AVX-512 integer kernel; else kNone. */
+  static wq::PanelForm ManyRowsForm(const WqShape& s, wq::IntDot dot) {
+    const wq::PanelForm asked = wq::PanelsAsked();
+    const bool avx512 = dot == wq::IntDot::kAvx512Bw || dot == wq::IntDot::kAvx512Vnni;
+    return s.m >= wq::kPanelMinRows && avx512 ? asked : wq::PanelForm::kNone;
   }
+
+  /*! \brief Whether the integer panels apply the scales once after the sum over K (dense_wq.h FindQPanelFn): one
+   *         weight block, no offsets (loaded A/B, Zen 5, 1 thread, M = 128, Qwen2.5-0.5B's layers: 1.10-1.12x the
+   *         unfolded panels, bench/GENERATE.md). */
+  static bool FoldScales(const WqShape& s) { return s.blocks() == 1 && !s.has_offset; }
 
   /*! \brief Whether the int8-activation kernel \p dot can widen float16 scales (VCVTPH2PS: AVX-512F, or F16C
    *         beside AVX2; the portable kernel converts in C++). */
@@ -364,14 +381,15 @@ class DenseWqKernel : public Kernel {
           y(static_cast<float*>(p[s.gate_input() + s.has_gate])) {}  // the residual is no pointer: it is y
   };
 
-  /*! \brief Rows [r0, r0 + rows) of tile t from the micro-kernel's out[rows][16] into y: (out + bias) * gate
+  /*! \brief Rows [r0, r0 + rows) of tile t from the micro-kernel's out[rows][ldo] into y: (out + bias) * gate
    *         + residual, each where the node has it (the float32 operations of the add and multiply steps). */
-  static void StoreTile(const WqShape& s, const Operands& o, const float* out, int64_t t, int64_t r0, int64_t rows) {
+  static void StoreTile(const WqShape& s, const Operands& o, const float* out, int64_t t, int64_t r0, int64_t rows,
+                        int64_t ldo = kTile) {
     const int64_t n0 = t * kTile, cols = std::min<int64_t>(kTile, s.n - n0);
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = o.y + (r0 + r) * s.n + n0;
       for (int64_t c = 0; c < cols; ++c) {
-        float v = out[r * kTile + c] + (o.bias != nullptr ? o.bias[n0 + c] : 0.f);
+        float v = out[r * ldo + c] + (o.bias != nullptr ? o.bias[n0 + c] : 0.f);
         if (o.gate != nullptr) v *= o.gate[(r0 + r) * s.n + n0 + c];
         dst[c] = s.residual ? dst[c] + v : v;  // the output holds the residual (sum_input)
       }
@@ -423,18 +441,25 @@ class DenseWqKernel : public Kernel {
     int64_t prefetch;
   };
 
-  /*! \brief The call's rows as quantized: codes [M, K], scales and scaled code sums [M, K / kActBlock]. */
+  /*! \brief The data rows quantized into the scratch \p scratch (ScratchBytes' layout), once a call, by the
+   *         quantizer of \p dot's ISA. */
   struct QuantizedRows {
-    int8_t* xq;
-    float *xs, *xss;
-    int64_t xb;  // activation blocks a row
+    int8_t* codes;  // [M, K]
+    float* scales;  // [M, K / kActBlock]
+    float* sums;    // scale * sum of codes, [M, K / kActBlock]
+    int64_t xb;     // activation blocks a row
+    QuantizedRows(const WqShape& s, const float* x, void* scratch, wq::IntDot dot)
+        : codes(static_cast<int8_t*>(scratch)), scales(reinterpret_cast<float*>(codes + s.m * s.k)),
+          sums(scales + s.m * (s.k / wq::kActBlock)), xb(s.k / wq::kActBlock) {
+      wq::QuantizeRows(x, s.m, s.k, codes, scales, sums, dot);
+    }
   };
 
   /*! \brief The micro-kernel job of rows [r0, r0 + rows) of tile t. */
   static wq::QTileJob QJob(const WqShape& s, const Operands& o, const Int8Call& call, const std::vector<void*>& p,
                            const QuantizedRows& x, int64_t t, int64_t r0, int64_t rows, float* out) {
     const int64_t at = t * s.blocks() * kTile, tile_bytes = s.k * s.step();
-    wq::QTileJob job{x.xq + r0 * s.k, x.xs + r0 * x.xb, x.xss + r0 * x.xb,
+    wq::QTileJob job{x.codes + r0 * s.k, x.scales + r0 * x.xb, x.sums + r0 * x.xb,
                      o.codes + t * tile_bytes, call.half ? nullptr : o.scales + at,
                      o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(), s.k, s.block, rows, out,
                      call.half ? static_cast<const uint16_t*>(p[2]) + at : nullptr};
@@ -446,11 +471,8 @@ class DenseWqKernel : public Kernel {
   /*! \brief One call, int8 activations: the rows quantized once (per kActBlock), then as Run. */
   static void RunInt8(const WqShape& s, const Int8Call& call, const std::vector<void*>& p) {
     const Operands o(s, p);
-    const int64_t tiles = s.tiles(), xb = s.k / wq::kActBlock;
-    int8_t* xq = static_cast<int8_t*>(p.back());  // ScratchBytes' layout
-    float* xs = reinterpret_cast<float*>(xq + s.m * s.k);
-    const QuantizedRows x{xq, xs, xs + s.m * xb, xb};
-    wq::QuantizeRows(o.x, s.m, s.k, x.xq, x.xs, x.xss, call.dot);
+    const int64_t tiles = s.tiles();
+    const QuantizedRows x(s, o.x, p.back(), call.dot);
 #pragma omp parallel for schedule(static) if (Parallel(s))
     for (int64_t t = 0; t < tiles; ++t) {
       alignas(64) float out[wq::kMaxRows * kTile];
@@ -462,8 +484,36 @@ class DenseWqKernel : public Kernel {
     }
   }
 
+  /*! \brief One call of many rows, int8 activations, the integer panel form (dense_wq.h's QPanelFn): the rows
+   *         quantized once, then the threads split the panels of kPanelTiles tiles, each multiplying its panel
+   *         by the rows kQPanelRows at a time. \p half: the scale tiles are float16. */
+  static void RunQPanels(const WqShape& s, wq::QPanelFn fn, wq::IntDot dot, bool half,
+                         const std::vector<void*>& p) {
+    const Operands o(s, p);
+    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step(), xb = s.k / wq::kActBlock;
+    const int64_t panels = (tiles + wq::kPanelTiles - 1) / wq::kPanelTiles;
+    const QuantizedRows x(s, o.x, p.back(), dot);
+    const uint16_t* halves = half ? static_cast<const uint16_t*>(p[2]) : nullptr;
+#pragma omp parallel for schedule(static) if (Parallel(s))
+    for (int64_t pn = 0; pn < panels; ++pn) {
+      alignas(64) float out[wq::kPanelTiles * wq::kQPanelRows * kTile];
+      const int64_t t0 = pn * wq::kPanelTiles, second = t0 + 1 < tiles ? 1 : 0, at = t0 * blocks * kTile;
+      for (int64_t r0 = 0; r0 < s.m; r0 += wq::kQPanelRows) {
+        const int64_t rows = std::min<int64_t>(wq::kQPanelRows, s.m - r0);
+        const wq::QPanelJob job{x.codes + r0 * s.k, x.scales + r0 * xb, x.sums + r0 * xb, o.codes + t0 * tile_bytes,
+                                half ? nullptr : o.scales + at, half ? halves + at : nullptr,
+                                o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(),
+                                o.offsets != nullptr ? o.offsets + at : nullptr, s.k, s.block, rows, second, out};
+        fn(job);
+        StoreTile(s, o, out, t0, r0, rows);
+        if (second != 0) StoreTile(s, o, out + wq::kQPanelRows * kTile, t0 + 1, r0, rows);
+      }
+    }
+  }
+
   /*! \brief One call of many rows, quad layout (dense_wq.h's panel form): the threads split the panels; each
-   *         dequantizes its panel's tiles into its scratch once, then multiplies every row by it. \p half: the
+   *         dequantizes its panel's tiles into its scratch once, then multiplies every row by it; with a gate or a
+   *         residual the products go to a second scratch first and StoreTile applies them. \p half: the
    *         scale tiles are float16. */
   static void RunPanels(const WqShape& s, const wq::PanelFns& fns, bool half, const std::vector<void*>& p) {
     const Operands o(s, p);
@@ -484,9 +534,17 @@ class DenseWqKernel : public Kernel {
                                   o.offsets != nullptr ? o.offsets + at : nullptr, s.k, s.block};
           fns.dequantize(tile, w.data() + i * kTile);
         }
-        const int64_t n0 = pn * wq::kPanelWidth;
-        fns.multiply({o.x, w.data(), o.bias != nullptr ? o.bias + n0 : nullptr, o.y + n0, s.k, s.n, s.m,
-                      std::min(wq::kPanelWidth, s.n - n0)});
+        const int64_t n0 = pn * wq::kPanelWidth, cols = std::min(wq::kPanelWidth, s.n - n0);
+        if (!s.has_gate && !s.residual) {
+          fns.multiply({o.x, w.data(), o.bias != nullptr ? o.bias + n0 : nullptr, o.y + n0, s.k, s.n, s.m, cols});
+          continue;
+        }
+        thread_local std::vector<float> y;  // the panel's products, [M][kPanelWidth]
+        y.resize(static_cast<size_t>(s.m * wq::kPanelWidth));
+        fns.multiply({o.x, w.data(), nullptr, y.data(), s.k, wq::kPanelWidth, s.m, cols});
+        for (int64_t i = 0; i * kTile < cols; ++i) {
+          StoreTile(s, o, y.data() + i * kTile, pn * wq::kPanelTiles + i, 0, s.m, wq::kPanelWidth);
+        }
       }
     }
   }
@@ -496,7 +554,9 @@ class DenseWqKernel : public Kernel {
   wq::Isa isa_;
   wq::IntDot dot_;
   bool half_;  // the int8-activation kernels read the node's float16 scales as they are
-  wq::PanelFns panels_;  // the panel form's functions where a call runs it (UsePanels), else null
+  wq::PanelForm form_;   // what a call of many rows runs (ManyRowsForm)
+  wq::PanelFns panels_;  // the float panel form's functions where a call runs it, else null
+  wq::QPanelFn qpanel_;  // the integer panel kernel where a call runs it, else null
   int64_t prefetch_;     // the integer kernels' software prefetch distance (wq::PrefetchBytes), 0: none
 };
 

@@ -89,7 +89,7 @@ constexpr const char* kActVariable = "BYOC_HETERO_WQ_ACT";
 /*! \brief The integer dot-product implementations; kNone: float32 activations (TileFn). */
 enum class IntDot { kNone, kAvx512Vnni, kAvx512Bw, kAvx2Vnni, kAvx2, kGeneric };
 const char* IntDotName(IntDot dot);
-/*! \brief BYOC_HETERO_WQ_VNNI = auto | off: off keeps the VPMADDUBSW kernels (AVX-512BW, AVX2) on a VNNI CPU, so that
+/*! \brief BYOC_HETERO_WQ_VNNI = auto | off (or 0): off keeps the VPMADDUBSW kernels (AVX-512BW, AVX2) on a VNNI CPU, so that
  *         a VNNI machine runs and tests them too; read when a kernel is built. */
 constexpr const char* kVnniVariable = "BYOC_HETERO_WQ_VNNI";
 /*! \brief The integer kernel for \p isa on this CPU (AVX-512: VNNI where present, else BW; AVX2: AVX-VNNI where
@@ -103,11 +103,15 @@ IntDot SelectIntDot(Isa isa, int64_t block);
  *         Read when a kernel is built; another value is a ValueError naming the variable. */
 constexpr const char* kPrefetchVariable = "BYOC_HETERO_WQ_PREFETCH";
 int64_t PrefetchBytes();
-/*! \brief Whether a call of many rows runs the panel form (below): BYOC_HETERO_WQ_PANELS=1 and BYOC_HETERO_WQ_ACT
- *         unset or auto, read when a plan is made.  Opt-in: on the loaded session-13 machine it measured
- *         0.68-1.05x the integer kernels (bench/GENERATE.md). */
+/*! \brief The form a call of many rows (kPanelMinRows or more, quad layout, an AVX-512 integer kernel) runs:
+ *         kNone: the integer tile kernels (QTileFn) as at any rows; kFloat: panels dequantized to float32
+ *         (PanelFns); kInt: the integer panel GEMM (QPanelFn).  Chosen by BYOC_HETERO_WQ_PANELS = 0 (or unset)
+ *         | 1 or float | int, read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone;
+ *         another value of the variable is a ValueError naming it.  Both forms are opt-in: neither has had a
+ *         quiet A/B against the tile kernels (bench/GENERATE.md). */
+enum class PanelForm { kNone, kFloat, kInt };
 constexpr const char* kPanelVariable = "BYOC_HETERO_WQ_PANELS";
-bool PanelsAsked();
+PanelForm PanelsAsked();
 
 /*! \brief What one integer micro-kernel call computes: rows [r0, r0 + rows) of tile t, quad layout. */
 struct QTileJob {
@@ -166,6 +170,37 @@ struct PanelFns {
   void (*multiply)(const PanelJob& job) = nullptr;
 };
 PanelFns FindPanelFns(int bits);
+
+// ---- many rows: the integer panel GEMM (dense_wq_qpanel.cc) -------------------------------------------
+
+/*! \brief Rows one call of the integer panel kernel keeps in registers: with kPanelTiles tiles, 12 int32
+ *         accumulators (one activation block's integer sums) and 12 float32 totals.  The tile kernels hold one
+ *         tile x 4 rows: 4 dependent VPDPBUSD chains, one weight vector per 4 products; the panel holds 12
+ *         chains, and each weight vector (and each broadcast activation word) feeds 6 (2) products. */
+constexpr int kQPanelRows = 6;
+
+/*! \brief What one integer panel call computes: rows [r0, r0 + rows) of tiles t0 and t0 + second (second 0:
+ *         the panel's last tile is t0, computed twice, the copy unused), the same sums in the same float
+ *         operations as QTileFn's (the results are bit for bit the tile kernels'; per-channel weights: see
+ *         FindQPanelFn's fold). */
+struct QPanelJob {
+  const int8_t* xq;      // row r0's activation codes (row stride k)
+  const float* xs;       // row r0's scale per activation block (row stride k / kActBlock)
+  const float* xss;      // row r0's scale * sum of codes per activation block (same strides)
+  const uint8_t* codes;  // tile t0's codes (quad layout); tile t0 + second at + second * k * 2 * bits (a tile's bytes)
+  const float* scales;   // tile t0's scales [blocks][16] (null: half_scales); the next tile's at + blocks * 16
+  const uint16_t* half_scales;  // tile t0's float16 scales, or null
+  const float* zeros;    // tile t0's zero points [blocks][16], or null: zero for every code
+  float zero;
+  const float* offsets;  // tile t0's offsets [blocks][16], or null
+  int64_t k, block, rows, second;
+  float* out;            // [kPanelTiles][kQPanelRows][16]: tile i's row r at out + (i * kQPanelRows + r) * 16
+};
+using QPanelFn = void (*)(const QPanelJob& job);
+/*! \brief The panel kernel of \p dot (an AVX-512 one: VNNI or BW) for \p bits, else null.  \p fold (one weight
+ *         block, no offsets: per-channel weights): the scale and zero point applied once after the sum over K
+ *         (one FMA per activation block and column instead of three; the same sums, rounded in another order). */
+QPanelFn FindQPanelFn(IntDot dot, int bits, bool fold);
 
 /*! \brief IEEE half -> float, exactly (subnormals, infinities and NaN included). */
 inline float HalfToFloat(uint16_t h) {

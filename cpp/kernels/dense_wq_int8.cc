@@ -394,12 +394,12 @@ const char* IntDotName(IntDot dot) {
   }
 }
 
-/*! \brief BYOC_HETERO_WQ_VNNI: auto (or unset) lets SelectIntDot take VNNI where the CPU has it, off never. */
+/*! \brief BYOC_HETERO_WQ_VNNI: auto (or unset) lets SelectIntDot take VNNI where the CPU has it, off (or 0) never. */
 bool VnniAllowed() {
   const char* env = std::getenv(kVnniVariable);
   const std::string mode = env == nullptr || *env == '\0' ? "auto" : env;
-  if (mode != "auto" && mode != "off") {
-    TVM_FFI_THROW(ValueError) << kVnniVariable << " must be auto or off, got '" << mode << "'";
+  if (mode != "auto" && mode != "off" && mode != "0") {
+    TVM_FFI_THROW(ValueError) << kVnniVariable << " must be auto, off or 0, got '" << mode << "'";
   }
   return mode == "auto";
 }
@@ -433,11 +433,20 @@ int64_t PrefetchBytes() {
   return v;
 }
 
-bool PanelsAsked() {
+PanelForm PanelsAsked() {
+  const char* env = std::getenv(kPanelVariable);
+  const std::string form = env == nullptr ? "" : env;
+  PanelForm asked = PanelForm::kNone;
+  if (form == "1" || form == "float") {
+    asked = PanelForm::kFloat;
+  } else if (form == "int") {
+    asked = PanelForm::kInt;
+  } else if (!form.empty() && form != "0") {
+    TVM_FFI_THROW(ValueError) << kPanelVariable << " must be 0, 1 (or float) or int, got '" << form << "'";
+  }
   const char* act = std::getenv(kActVariable);
-  const char* panels = std::getenv(kPanelVariable);
   const bool act_auto = act == nullptr || *act == '\0' || std::string(act) == "auto";
-  return act_auto && panels != nullptr && std::string(panels) == "1";
+  return act_auto ? asked : PanelForm::kNone;
 }
 
 QTileFn FindQTileFn(IntDot dot, int bits) {
