@@ -80,8 +80,8 @@ def test_heads_merge_after_a_batch_flattened_matmul_is_a_view(windows, shared):
     """P @ V batch-flattened ([windows * heads, N, N] @ [windows * heads, N, d]), reshaped to
     [windows, heads, N, d], transposed to [windows, N, heads, d] and merged to [windows, N, C] before
     a dense: numpy's answer, and no copy between layouts (the matmul writes the layout that makes the
-    reshape and the transpose views: with its batch dims split for 3 windows, under its own dims for
-    1). ``shared``: the product is also read by an add, so the hint is not offered and the merge is
+    reshape and the transpose views, with its batch dims split as the reshape's: acbd, for 1 window
+    too). ``shared``: the product is also read by an add, so the hint is not offered and the merge is
     a copy, with the right answer."""
     heads, n, d = 2, 5, 4
     rng = np.random.default_rng(10 + windows + shared)
@@ -108,6 +108,25 @@ def test_heads_merge_after_a_batch_flattened_matmul_is_a_view(windows, shared):
         want = want + ((p @ v) + v).reshape(windows, n, heads * d) @ w
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     assert bool(_copies(steps)) == shared, _copies(steps)
+
+
+def test_permute_after_a_merging_reshape_of_a_matmul_is_a_view():
+    """The hint through a reshape that merges batch dims ([3, 2, N, d] -> [6, N, d], then transposed to
+    [N, 6, d] and flattened): offered under the matmul's own dims ([3, 2, N, d] under cabd), so no
+    copy between layouts either; numpy's answer."""
+    rng = np.random.default_rng(20)
+    p = rng.standard_normal((3, 2, 5, 5)).astype("float32")
+    v = rng.standard_normal((3, 2, 5, 4)).astype("float32")
+    w = rng.standard_normal((24, 6)).astype("float32")
+
+    def body(bb, pv, vv):
+        flat = bb.emit(R.reshape(bb.emit(R.matmul(pv, vv)), [6, 5, 4]))
+        return R.matmul(bb.emit(R.reshape(bb.emit(R.permute_dims(flat, [1, 0, 2])), [5, 24])), relax.const(w))
+
+    params = [relax.Var(name, relax.TensorType(x.shape, "float32")) for name, x in (("p", p), ("v", v))]
+    got, steps = run_profiled(bh.partition(dataflow_module(params, body)), [p, v])
+    np.testing.assert_allclose(got, (p @ v).reshape(6, 5, 4).transpose(1, 0, 2).reshape(5, 24) @ w, rtol=1e-5, atol=1e-4)
+    assert not _copies(steps), _copies(steps)
 
 
 # -- rolled windows -------------------------------------------------------------------------------------

@@ -266,9 +266,14 @@ memory::desc LayoutResolver::PermutedOutputLayout(size_t n) const {
   if (std::count(strides.begin(), strides.end(), -1) > 0) return memory::desc();  // not a permutation
   const memory::desc md = StridedDesc(memory::dims(dims.begin(), dims.end()), strides);
   if (permuted == t) return md;
-  // Through the reshape: the same bytes under t's own dims where strides can say it; else under the
-  // reshape's (a matmul splits its batch dims to write them, plain view of them in ViewWithoutCopy).
+  // Through the reshape: under the reshape's dims where it only splits t's leading dims (a matmul
+  // splits its batch dims to write them: [B, heads, N, d] under acbd, the layout oneDNN's brgemm
+  // matmul writes; the reshape is then a view, ViewWithoutCopy), else under t's own dims where
+  // strides can say it (a 3-D [heads, N, d] under bac took oneDNN's gemm matmul instead of brgemm).
   const std::vector<int64_t>& own = g_.tensors[t].shape;
+  const bool splits_leading = dims.size() > own.size() && own.size() >= 2 &&
+                              std::equal(own.end() - 2, own.end(), dims.end() - 2);
+  if (splits_leading) return md;
   const memory::desc as_own = ReshapedView(md, memory::dims(own.begin(), own.end()));
   return as_own.is_zero() ? md : as_own;
 }

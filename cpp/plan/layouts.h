@@ -76,13 +76,14 @@ class LayoutResolver {
    *        read only by one permute, the layout under which that permute's result is row-major,
    *        so that Relabel makes it a view with plain bytes and its readers (a reshape merging
    *        dims) need no copy: attention's (P @ V) [B, heads, N, d] permuted to [B, N, heads, d]
-   *        and merged to [B, N, C] before the output dense.  Through a reshape, the layout is
-   *        given under the output's own dims where strides can say it, else under the reshape's
-   *        dims (torchvision Swin's P @ V [windows * heads, N, d], reshaped [windows, heads, N, d]
-   *        before the permute: no strides over [windows * heads, N, d] put heads inside N); a
-   *        kernel taking that writes its output under those dims, which the reshape then views
-   *        (ViewWithoutCopy).  Only the matmul takes it, where a jit kernel writes it (splitting
-   *        its batch dims for the second form).  An empty desc otherwise.
+   *        and merged to [B, N, C] before the output dense.  Through a reshape that only splits
+   *        the output's leading dims, the layout is given under the reshape's dims (torchvision
+   *        Swin's P @ V [windows * heads, N, d], reshaped [windows, heads, N, d] before the
+   *        permute: no strides over [windows * heads, N, d] put heads inside N); a kernel taking
+   *        that writes its output under those dims, which the reshape then views (ViewWithoutCopy).
+   *        Through another reshape, under the output's own dims where strides can say it.  Only
+   *        the matmul takes it, where a jit kernel writes it (splitting its batch dims for the
+   *        first form).  An empty desc otherwise.
    */
   memory::desc PermutedOutputLayout(size_t n) const;
 
