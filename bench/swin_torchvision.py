@@ -3,7 +3,12 @@ through ``bh.from_torch`` and ``bh.from_onnx`` of torch's default exporter's fil
 and ONNX Runtime on the same file (issue 39 item 1; results in bench/ZOO.md).
 
     python bench/swin_torchvision.py [--models swin_t,swin_v2_t] [--paths from_torch,from_onnx_dynamo]
-                                     [--threads 2] [--min-time 1.0] [--size 224]
+                                     [--threads 2] [--min-time 1.0] [--size 224] [--profile 0] [--ours-only]
+
+``--profile N``: after each row, the region's per-step profile over N calls (``set_profiling``),
+grouped by op and implementation (a planner copy between layouts is op ``(copy)``): steps per call,
+ms per call and share of the region's time. ``--ours-only``: no torch eager / ONNX Runtime timing (and no
+ONNX file unless a path needs it).
 
 torchvision is imported with its C++ operators stubbed out (bench/zoo_models.py's way); OpenVINO is used
 when installed. Latency: median of the calls made in at least ``--min-time`` seconds, in ms.
@@ -33,6 +38,32 @@ def _median_ms(fn, min_time: float) -> float:
     return 1e3 * float(np.median(times))
 
 
+def _profile(vm, regions: list, inp, calls: int) -> None:
+    """Print the regions' run steps over ``calls`` calls, grouped by (op, implementation)."""
+    import json
+
+    for region in regions:
+        region["set_profiling"](True)
+        region["reset_profile"]()
+    for _ in range(calls):
+        vm["main"](inp)
+    groups: dict[tuple[str, str], list[float]] = {}
+    for region in regions:
+        for step in json.loads(str(region["get_profile"]())):
+            if step["phase"] != "run":
+                continue
+            key = (step["op"] or "(copy)", step["impl"])
+            entry = groups.setdefault(key, [0, 0.0])
+            entry[0] += 1
+            entry[1] += step["seconds"] / max(step["calls"], 1)
+        region["set_profiling"](False)
+    total = sum(ms for _n, ms in groups.values()) or 1.0
+    print("\n| op | impl | steps | ms / call | share |\n|---|---|---|---|---|")
+    for (op, impl), (n, sec) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {op} | {impl} | {n} | {1e3 * sec:.2f} | {100 * sec / total:.1f}% |")
+    print(f"| all | | {sum(n for n, _ in groups.values())} | {1e3 * total:.2f} | 100% |\n", flush=True)
+
+
 def _model(name: str):
     import torch
     import torchvision
@@ -54,6 +85,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-time", type=float, default=1.0)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--profile", type=int, default=0, help="calls to profile per step after each row (0: none)")
+    ap.add_argument("--ours-only", action="store_true", help="time only our build (no eager, no ONNX Runtime)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -65,11 +98,14 @@ def main() -> None:
         x = torch.randn(1, 3, args.size, args.size, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             want = model(x).numpy()
-            eager = _median_ms(lambda: model(x), args.min_time)
+            eager = float("nan") if args.ours_only else _median_ms(lambda: model(x), args.min_time)
         onnx_path = os.path.join(workdir, f"{name}.onnx")
-        torch.onnx.export(_model(name), (x,), onnx_path, input_names=["x"], output_names=["y"])
+        if not args.ours_only or args.paths != "from_torch":
+            torch.onnx.export(_model(name), (x,), onnx_path, input_names=["x"], output_names=["y"])
         ort = "-"
         try:
+            if args.ours_only:
+                raise ImportError("not asked for")
             import onnxruntime as ort_
 
             so = ort_.SessionOptions()
@@ -82,7 +118,8 @@ def main() -> None:
             mod, params = bh.from_torch(model, (x,)) if path == "from_torch" else bh.from_onnx(onnx_path)
             part = bh.partition(mod, params)
             rep = bh.report(part)
-            vm = relax.VirtualMachine(relax.build(part, target="llvm"), tvm.cpu())
+            ex = relax.build(part, target="llvm")
+            vm = relax.VirtualMachine(ex, tvm.cpu())
             inp = tvm.runtime.tensor(x.numpy())
             out = vm["main"](inp)
             got = (out if hasattr(out, "numpy") else out[0]).numpy()
@@ -90,6 +127,8 @@ def main() -> None:
             ours = _median_ms(lambda: vm["main"](inp), args.min_time)
             print(f"| {name} | {path} | {len(rep.regions)} | {len(rep.fallbacks)} | {ours:.1f} | {eager:.1f} | {ort} "
                   f"| {err:.1e} |", flush=True)
+            if args.profile:
+                _profile(vm, bh.codegen.region_modules(ex), inp, args.profile)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from .qdq_checks import check_relax as check_relax_qdq
 from .ranges import codegen_options as range_codegen_options
 from .ranges import insert_range_checks
 from .rules import (
+    DECISIONS_ATTR,
     DecisionLog,
     default_target,
     get_target,
@@ -131,7 +132,9 @@ def merge_composite(target: TargetSpec = None) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="MergeComposite")
     def stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        log = DecisionLog()  # the first stage starts the run's decisions afresh
+        # the first stage: the run's decisions so far are what the passes before the stages recorded
+        # (fold_int_constants' index bound); partition() clears what an earlier run left
+        log = DecisionLog.from_module(mod)
         present = ops_in(mod)
         patterns = [fp for t in names for rule in pattern_rules(t) if rule.ops_needed <= present
                     for fp in rule.fusion_patterns(log, mod)]
@@ -422,6 +425,8 @@ def partition(
         raise FrontendError(f"partition expects a tvm.IRModule (as bh.from_onnx / bh.from_torch return it), "
                             f"got {type(mod).__name__}")
     check_relax_qdq(mod, params)
+    if mod.attrs is not None and DECISIONS_ATTR in mod.attrs:
+        mod = mod.without_attr(DECISIONS_ATTR)  # this run's decisions start afresh
     mod = run_passes(BEFORE_STAGES, bind_params(mod, params))
     for stage in stages(target, min_region_ops, require_heavy_op, precision, options, region_codegen):
         mod = stage(mod)

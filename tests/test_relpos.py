@@ -131,9 +131,10 @@ def test_fold_int_constants_folds_an_index_of_sequence_512():
     np.testing.assert_array_equal(run(build(part), [xv]), np.take_along_axis(xv * xv, index, axis=2))
 
 
-def test_an_index_over_the_index_bound_stays_computed(monkeypatch):
+def test_an_index_over_the_index_bound_stays_computed_and_the_report_says_why(monkeypatch):
     """Past MAX_INDEX_ELEMENTS (lowered here to keep the test small) the index stays computed and the
-    gather on llvm, with the right answer."""
+    gather on llvm, with the right answer; the report's reason for the gather names the bound, the
+    index and its size (the pass's rejection reaches the report through the stages)."""
     fold = importlib.import_module("byoc_hetero.passes.fold_int_constants")  # the module, not the pass
 
     monkeypatch.setattr(fold, "MAX_INDEX_ELEMENTS", 4096)
@@ -143,7 +144,9 @@ def test_an_index_over_the_index_bound_stays_computed(monkeypatch):
                                                               _relative_index(bb, seq, heads, span), 2))
     part = bh.partition(mod, require_heavy_op=False)
     report = bh.report(part)
-    assert [f.op for f in report.fallbacks].count("gather_elements") == 1, report
+    (gather,) = [f for f in report.fallbacks if f.op == "gather_elements"]
+    assert gather.rule == "fold_int_constants", report
+    assert "MAX_INDEX_ELEMENTS = 4096" in gather.reason and f"({heads * seq * seq} elements)" in gather.reason, report
     xv = np.random.default_rng(3).standard_normal((heads, seq, 2 * span)).astype("float32")
     i = np.arange(seq)
     index = np.broadcast_to(np.clip(i[:, None] - i[None, :] + span, 0, 2 * span - 1), (heads, seq, seq))

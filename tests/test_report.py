@@ -55,6 +55,25 @@ def test_check_failure_reason_names_the_rule():
     assert "float16" in fallback.reason
 
 
+def test_a_partition_run_starts_with_no_earlier_reasons():
+    """The reasons on the module partition is given (an earlier run's, kept as a module attribute)
+    are not this run's: the float16 conv's reason is its own check's, and the stale one is gone."""
+    from conftest import graph
+    from tvm import relax
+
+    from byoc_hetero.rules import DECISIONS_ATTR
+
+    mod = graph({"x": (1, 4, 8, 8), "w": (4, 4, 3, 3)}, lambda e, x, w: e(relax.op.nn.conv2d(x, w)),
+                dtype="float16")
+    (fresh,) = bh.report(bh.partition(mod)).fallbacks
+    stale = {"rule": "earlier", "op": "relax.nn.conv2d", "reason": "an earlier run's reason", "value": fresh.value}
+    part = bh.partition(mod.with_attr(DECISIONS_ATTR, [stale]))
+    rules = [r.rule for r in bh.rules.rejections(part)]
+    assert "earlier" not in rules and "onednn.conv2d" in rules, rules
+    (fallback,) = bh.report(part).fallbacks
+    assert fallback.rule == "onednn.conv2d" and "float16" in fallback.reason
+
+
 def test_text_and_dot(resnet_report, tmp_path):
     text = str(resnet_report)
     assert "onednn" in text and "left on llvm" in text and "MFLOP" in text

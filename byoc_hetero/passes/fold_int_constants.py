@@ -19,7 +19,8 @@ each step evaluated computes at most :data:`MAX_ELEMENTS` elements (element-wise
 parts; views none; any other op, which writes its full result, only when that is within the bound).
 The steps an index is computed from (the index operand of a gather, and what it reads) have the
 larger bound :data:`MAX_INDEX_ELEMENTS`: left computed, the gather stays on llvm and splits the
-model (DeBERTa-v3 at sequence 512); past that bound the gather stays on llvm.
+model (DeBERTa-v3 at sequence 512); past that bound the gather stays on llvm, and the report's reason
+for it names the index, its size and the bound (a rejection of rule ``fold_int_constants``).
 
 Small float steps between such bindings are evaluated too but not replaced: DeBERTa-v2's relative
 positions are int64 ``arange`` differences bucketed through float ``log`` / ``ceil`` / ``where`` and
@@ -37,6 +38,7 @@ from tvm import relax
 
 from .._relax import op_name, static_shape
 from ..errors import CodegenError
+from ..rules.decisions import DecisionLog
 from ._ir import map_calls
 
 MAX_ELEMENTS = 1 << 16
@@ -54,8 +56,8 @@ operand of ``gather_elements``, ``take`` or ``gather_nd``, and what it is comput
 int32 offsets once :mod:`.gather_elements_as_take` has read it, 1024 x 1024 relative positions.
 Left computed, such an index keeps the gather on llvm at run time and splits the model there
 (DeBERTa-v3 at sequence 512: one [512, 512] bucket table, 262144 positions, per layer and direction);
-folded, it costs one constant of its stored size. An index over this bound too stays computed: the
-gather on llvm (the report lists it; its reason does not name the bound yet)."""
+folded, it costs one constant of its stored size. An index over this bound too stays computed, the
+gather on llvm, and the report's reason for that gather names this bound."""
 
 _BINARY = {
     "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
@@ -139,9 +141,12 @@ class Evaluator:
     def __init__(self, max_work: int | None = None):
         self.known: dict[relax.Var, object] = {}
         self.max_work = max_work
+        self.over_bound = False  # a step was refused for max_work alone (since the caller last cleared it)
 
     def _too_much(self, elements: int | None) -> bool:
-        return self.max_work is not None and elements is not None and elements > self.max_work
+        too_much = self.max_work is not None and elements is not None and elements > self.max_work
+        self.over_bound = self.over_bound or too_much
+        return too_much
 
     def _elementwise(self, fn, args: list):
         """``fn`` of ``args`` computed on their stored parts, as a view of the full broadcast shape."""
@@ -381,6 +386,30 @@ def index_cones(fn: relax.Function) -> list[tuple[relax.Call, set]]:
     return out
 
 
+def _note_over_bound(mod: tvm.IRModule, cones: list, folded: dict, over: set) -> tvm.IRModule:
+    """``mod`` recording, for each gather whose index stays computed because a step it is computed
+    from was over :data:`MAX_INDEX_ELEMENTS`, why it stays on llvm (the reason the report gives)."""
+    log = DecisionLog.from_module(mod)
+    for call, cone in cones:
+        index = call.args[_INDEXED[op_name(call)]]
+        if index in folded or not cone & over:
+            continue
+        log.add("fold_int_constants", call,
+                f"its index {index.name} ({_elements(index.ty)} elements) is computed from constants at run "
+                f"time: folding it would evaluate or store more than MAX_INDEX_ELEMENTS = {MAX_INDEX_ELEMENTS} "
+                "elements in one step (byoc_hetero.passes.fold_int_constants)")
+    return log.attach(mod)
+
+
+def _over_bound(ev: Evaluator, call: relax.Call, value, bound: int) -> bool:
+    """Whether ``call``, its arguments known, was left unevaluated or unfolded for ``bound`` alone."""
+    if not all(a in ev.known for a in call.args if isinstance(a, relax.Var)):
+        return False
+    if value is None:
+        return ev.over_bound
+    return isinstance(value, np.ndarray) and stored(value).size > bound
+
+
 def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     """``mod`` with the integer / bool bindings of ``func`` that depend only on constants and static
     shapes replaced by constants (then dead, and removed)."""
@@ -390,7 +419,9 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     if not isinstance(fn, relax.Function) or not isinstance(fn.body, relax.SeqExpr):
         return mod
     ev = Evaluator(max_work=MAX_ELEMENTS)
-    cone = set().union(*(c for _call, c in index_cones(fn)))
+    cones = index_cones(fn)
+    cone = set().union(*(c for _call, c in cones))
+    over: set = set()  # index steps left unevaluated or unfolded for MAX_INDEX_ELEMENTS alone
     table: dict[relax.Var, relax.Expr] = {}  # uses replaced by a constant
     rebound: dict[relax.Var, relax.Expr] = {}  # bindings whose value becomes broadcast_to(constant)
     for block in fn.body.blocks:
@@ -398,12 +429,14 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
             if not isinstance(getattr(binding, "value", None), relax.Call):
                 continue  # match_cast and the like
             bound = MAX_INDEX_ELEMENTS if binding.var in cone else MAX_ELEMENTS
-            ev.max_work = bound
+            ev.max_work, ev.over_bound = bound, False
             try:
                 with np.errstate(all="ignore"):  # log(0) is -inf here as in the op
                     value = ev.call(binding.value)
             except (ValueError, TypeError, IndexError):
                 value = None  # numpy disagrees with the op's reading of its arguments: leave it
+            if binding.var in cone and _over_bound(ev, binding.value, value, bound):
+                over.add(binding.var)
             if value is None:
                 continue
             if isinstance(value, tuple):
@@ -416,6 +449,8 @@ def fold_int_constants(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
                 if _foldable(binding.var, value, bound=bound):
                     folded = _folded(value, dtype)
                     (rebound if isinstance(folded, relax.Call) else table)[binding.var] = folded
+    if over:
+        mod = _note_over_bound(mod, cones, {**table, **rebound}, over)
     if rebound:
         fn = map_calls(fn, lambda var, _call: rebound.get(var))
     if not table and not rebound:

@@ -17,6 +17,11 @@
  * Or, with a_axes (likewise b_axes), the operand is permute_dims(input, a_axes), leading 1s to the
  * output's rank, with the strides computed from the input's shape when the plan is made: what
  * the codegen writes in a symbolic region, whose strides are known only once the dims are bound.
+ * The output is plain, or in the planner's hint (KernelContext::output_hint) where a jit matmul
+ * writes that: the layout under which a permute, alone reading the product (or alone reading a
+ * reshape that alone reads it), is a plain view.  A hint of more dims than the output (its batch
+ * dims split, as torchvision Swin's [windows * heads, N, d] reshaped [windows, heads, N, d]) is
+ * written by the same matmul over a, b and the output with their batch dims split likewise.
  * Attr scale (default 1): the product is multiplied by it before the epilogue (eltwise_linear
  * post-op), e.g. attention's 1/sqrt(d).
  * Attr has_mask (default 0): an input after the bias, of any shape that broadcasts to the output
@@ -383,6 +388,76 @@ dnnl::matmul::primitive_desc MatmulPd(const KernelContext& ctx, const MatmulOper
   return MatmulPdWithDst(ctx, o, bias, plain, attr);
 }
 
+/*!
+ * \brief How many of \p hint's dims each of \p out's dims is split into, where \p hint is \p out with
+ *        its batch dims split into factors (M and N as they are, unit dims anywhere); empty otherwise.
+ */
+std::vector<size_t> BatchSplit(const memory::dims& hint, const std::vector<int64_t>& out) {
+  if (out.size() < 2 || hint.size() <= out.size()) return {};
+  const size_t batch = hint.size() - 2;
+  if (hint[batch] != out[out.size() - 2] || hint[batch + 1] != out.back()) return {};
+  std::vector<size_t> counts(out.size(), 1);
+  size_t h = 0;
+  for (size_t i = 0; i + 2 < out.size(); ++i) {
+    int64_t product = 1;
+    size_t c = 0;
+    for (; h < batch && (c == 0 || product < out[i] || hint[h] == 1); ++h, ++c) product *= hint[h];
+    if (c == 0 || product != out[i]) return {};
+    counts[i] = c;
+  }
+  return h == batch ? counts : std::vector<size_t>{};
+}
+
+/*! \brief \p dims / \p strides (an operand at the output's rank) with batch dim i split as the output's
+ *         is (\p counts, \p hint: BatchSplit); a broadcast dim of 1 into as many 1s. */
+memory::desc SplitBatchDims(const memory::dims& dims, const memory::dims& strides, const std::vector<size_t>& counts,
+                            const memory::dims& hint, bool plain) {
+  memory::dims new_dims, new_strides;
+  size_t h = 0;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const size_t c = i + 2 < dims.size() ? counts[i] : 1;
+    const size_t first = new_dims.size();
+    for (size_t k = 0; k < c; ++k) new_dims.push_back(i + 2 < dims.size() && dims[i] != 1 ? hint[h + k] : dims[i]);
+    new_strides.resize(new_dims.size());
+    int64_t stride = strides[i];  // the innermost part keeps the dim's stride
+    for (size_t k = new_dims.size(); k-- > first;) {
+      new_strides[k] = stride;
+      stride *= new_dims[k];
+    }
+    if (i + 2 < dims.size()) h += c;
+  }
+  return plain ? PlainDesc(new_dims) : StridedDesc(new_dims, new_strides);
+}
+
+/*!
+ * \brief The float matmul writing the planner's hint of a higher rank than its output (plan/layouts.h
+ *        PermutedOutputLayout through a reshape: Swin's P @ V [windows * heads, N, d] written as
+ *        [windows, heads, N, d] under the strides that make the reshape and permute after it views):
+ *        a, b and the output with their batch dims split as the hint's; null where the hint is no such
+ *        split or no jit matmul writes it (the caller builds the plain form).  No mask or residual.
+ */
+std::unique_ptr<Kernel> MatmulWritingSplitHint(const KernelContext& ctx, const MatmulOperands& o, bool has_bias,
+                                               const memory::dims& dst_dims, const Epilogue& epilogue) {
+  const memory::desc& hint = ctx.output_hint;
+  if (hint.get_ndims() <= static_cast<int>(dst_dims.size())) return nullptr;
+  const memory::dims hint_dims = hint.get_dims();
+  const std::vector<size_t> counts = BatchSplit(hint_dims, std::vector<int64_t>(dst_dims.begin(), dst_dims.end()));
+  if (counts.empty()) return nullptr;
+  MatmulOperands split = o;
+  split.a_md = SplitBatchDims(o.a_dims, o.a_md.get_strides(), counts, hint_dims, !o.a_strided);
+  split.a_dims = split.a_md.get_dims();
+  split.b_view = SplitBatchDims(o.b_dims, o.b_view.get_strides(), counts, hint_dims, false);
+  split.b_dims = split.b_view.get_dims();
+  memory::dims bias_dims(hint_dims.size(), 1);
+  bias_dims.back() = hint_dims.back();
+  const dnnl::primitive_attr attr = ctx.MakeAttr(epilogue);
+  dnnl::matmul::primitive_desc pd =
+      MatmulPd(ctx, split, has_bias ? PlainDesc(bias_dims) : memory::desc(), hint_dims, attr, /*may_follow_hint=*/true);
+  if (pd.dst_desc() != hint) return nullptr;
+  return MakeAnchorKernel(ctx, "matmul", std::move(pd), split.a_md, split.b_view, bias_dims, has_bias, hint_dims,
+                          epilogue);
+}
+
 /*! \brief As MakeAnchorKernel, with the mask read plain as the binary post-op's second source
  *         (\p residual_index: the residual input's index, -1 without one). */
 std::unique_ptr<Kernel> MakeMaskedMatmul(const KernelContext& ctx, dnnl::matmul::primitive_desc pd,
@@ -462,6 +537,9 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
       has_mask ? MaskedMatmulAttr(ctx, epilogue, mask_dims, &mask_post_op) : ctx.MakeAttr(epilogue);
   const MatmulOperands operands{a_md, a_dims, a_view.strided, b_view, b_dims, b_in.strided,
                                 ctx.input_constant.size() > 1 && ctx.input_constant[1]};
+  if (!has_mask && !epilogue.residual) {
+    if (auto split = MatmulWritingSplitHint(ctx, operands, has_bias, dst_dims, epilogue)) return split;
+  }
   dnnl::matmul::primitive_desc pd =
       MatmulPd(ctx, operands, has_bias ? PlainDesc(bias_dims) : memory::desc(), dst_dims, attr, !epilogue.residual);
   if (!has_mask) {

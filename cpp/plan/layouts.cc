@@ -219,32 +219,63 @@ bool LayoutResolver::Relabel(size_t n, const Kernel& kernel) {
   return true;
 }
 
-memory::desc LayoutResolver::PermutedOutputLayout(size_t n) const {
-  const int t = g_.nodes[n].output;
-  const std::vector<int64_t>& dims = g_.tensors[t].shape;
-  if (dims.empty() || values_.OutputPosition(t) >= 0 || g_.tensors[t].dtype != DType::kFloat32) return memory::desc();
-  size_t reader = g_.nodes.size();
-  for (size_t m = 0; m < g_.nodes.size(); ++m) {
-    const std::vector<int>& in = g_.nodes[m].inputs;
+namespace {
+
+/*! \brief The node that reads tensor \p t, where exactly one node reads it, once; else g.nodes.size(). */
+size_t SoleReader(const RegionGraph& g, int t) {
+  size_t reader = g.nodes.size();
+  for (size_t m = 0; m < g.nodes.size(); ++m) {
+    const std::vector<int>& in = g.nodes[m].inputs;
     const auto reads = std::count(in.begin(), in.end(), t);
     if (reads == 0) continue;
-    if (reads > 1 || reader != g_.nodes.size()) return memory::desc();  // read twice, or by two nodes
+    if (reads > 1 || reader != g.nodes.size()) return g.nodes.size();  // read twice, or by two nodes
     reader = m;
   }
+  return reader;
+}
+
+}  // namespace
+
+bool LayoutResolver::PrivateF32(int t) const {
+  return !g_.tensors[t].shape.empty() && values_.OutputPosition(t) < 0 && g_.tensors[t].dtype == DType::kFloat32;
+}
+
+memory::desc LayoutResolver::PermutedOutputLayout(size_t n) const {
+  const int t = g_.nodes[n].output;
+  if (!PrivateF32(t)) return memory::desc();
+  size_t reader = SoleReader(g_, t);
+  int permuted = t;  // the tensor the permute reads: t, or the reshape of t
+  if (reader < g_.nodes.size() && g_.nodes[reader].op == "reshape") {
+    permuted = g_.nodes[reader].output;
+    if (!PrivateF32(permuted)) return memory::desc();
+    reader = SoleReader(g_, permuted);
+  }
   if (reader == g_.nodes.size() || g_.nodes[reader].op != "permute") return memory::desc();
+  const std::vector<int64_t>& dims = g_.tensors[permuted].shape;
   AttrReader attrs(g_, reader);
   const std::vector<int64_t> axes = attrs.Ints("axes", dims.size(), {});
-  memory::dims permuted(dims.size());
+  memory::dims out_dims(dims.size());
   for (size_t i = 0; i < axes.size(); ++i) {
     if (axes[i] < 0 || axes[i] >= static_cast<int64_t>(dims.size())) return memory::desc();
-    permuted[i] = dims[static_cast<size_t>(axes[i])];
+    out_dims[i] = dims[static_cast<size_t>(axes[i])];
   }
-  // element [axes[0], axes[1], ...] of the output lies where the permute's row-major result puts it
-  const memory::dims rows = PlainDesc(permuted).get_strides();
+  // element [axes[0], axes[1], ...] of the permute's input lies where its row-major result puts it
+  const memory::dims rows = PlainDesc(out_dims).get_strides();
   memory::dims strides(dims.size(), -1);
   for (size_t i = 0; i < axes.size(); ++i) strides[static_cast<size_t>(axes[i])] = rows[i];
   if (std::count(strides.begin(), strides.end(), -1) > 0) return memory::desc();  // not a permutation
-  return StridedDesc(memory::dims(dims.begin(), dims.end()), strides);
+  const memory::desc md = StridedDesc(memory::dims(dims.begin(), dims.end()), strides);
+  if (permuted == t) return md;
+  // Through the reshape: under the reshape's dims where it only splits t's leading dims (a matmul
+  // splits its batch dims to write them: [B, heads, N, d] under acbd, the layout oneDNN's brgemm
+  // matmul writes; the reshape is then a view, ViewWithoutCopy), else under t's own dims where
+  // strides can say it (a 3-D [heads, N, d] under bac took oneDNN's gemm matmul instead of brgemm).
+  const std::vector<int64_t>& own = g_.tensors[t].shape;
+  const bool splits_leading = dims.size() > own.size() && own.size() >= 2 &&
+                              std::equal(own.end() - 2, own.end(), dims.end() - 2);
+  if (splits_leading) return md;
+  const memory::desc as_own = ReshapedView(md, memory::dims(own.begin(), own.end()));
+  return as_own.is_zero() ? md : as_own;
 }
 
 }  // namespace planning

@@ -72,13 +72,18 @@ class LayoutResolver {
 
   /*!
    * \brief A layout to offer node n's kernel for its output (KernelContext::output_hint): where
-   *        the output is a float32 intermediate read only by one permute, the layout under which
-   *        that permute's result is row-major, so that Relabel makes it a view with plain bytes and
-   *        its readers (a reshape merging dims) need no copy: attention's (P @ V) [B, heads, N, d]
-   *        permuted to [B, N, heads, d] and merged to [B, N, C] before the output dense.  Only the
-   *        matmul takes it, where a jit kernel writes it.  Not reached in torchvision Swin, whose
-   *        P @ V is batch-flattened and reshaped before the permute (session 13: its heads' merge is
-   *        still one reorder).  An empty desc otherwise.
+   *        the output is a float32 intermediate read only by one permute, or only by one reshape
+   *        read only by one permute, the layout under which that permute's result is row-major,
+   *        so that Relabel makes it a view with plain bytes and its readers (a reshape merging
+   *        dims) need no copy: attention's (P @ V) [B, heads, N, d] permuted to [B, N, heads, d]
+   *        and merged to [B, N, C] before the output dense.  Through a reshape that only splits
+   *        the output's leading dims, the layout is given under the reshape's dims (torchvision
+   *        Swin's P @ V [windows * heads, N, d], reshaped [windows, heads, N, d] before the
+   *        permute: no strides over [windows * heads, N, d] put heads inside N); a kernel taking
+   *        that writes its output under those dims, which the reshape then views (ViewWithoutCopy).
+   *        Through another reshape, under the output's own dims where strides can say it.  Only
+   *        the matmul takes it, where a jit kernel writes it (splitting its batch dims for the
+   *        first form).  An empty desc otherwise.
    */
   memory::desc PermutedOutputLayout(size_t n) const;
 
@@ -91,6 +96,8 @@ class LayoutResolver {
    *        SegFormer's tokens <-> NHWC images around Mix-FFN's depthwise conv and its resizes.
    */
   bool ViewWithoutCopy(int t_in, int t_out);
+  /*! \brief Tensor t is a float32 intermediate of at least one dim, no region output. */
+  bool PrivateF32(int t) const;
   /*! \brief The bytes an earlier Resolve of the same bytes (tensor t, or a reshape of it sharing
    *         its storage) in \p layout gave, or null: one conversion serves every reader. */
   const MemRef* FindResolved(int t, const OperandLayout& layout, bool init_consumer) const;
