@@ -94,6 +94,23 @@ def test_prefill_then_decode_steps_match_the_full_forward(family):
     assert max(errors) < 1e-4, errors
 
 
+def test_step_logits_are_the_calls_own_and_stay_after_later_steps():
+    """``step`` returns the logits without a copy (a numpy view of the tensor the call returned): the
+    logits of a prefill, kept while three decode steps run on the same cache, still hold transformers'
+    logits at the prompt's last position, and each step's logits are its own (not a buffer the next
+    call writes)."""
+    model, gen = _built("llama")
+    n = PROMPT.shape[1]
+    with torch.no_grad():
+        want = model(torch.tensor(PROMPT)).logits.numpy()[0, -1]
+    cache = gen.new_cache(1)
+    first = gen.step(PROMPT, np.array([0]), np.array([n]), cache)
+    later = [gen.step(np.array([[t]]), np.array([n + i]), np.array([1]), cache) for i, t in enumerate((4, 9, 60))]
+    assert _rel(first[0], want) < 1e-4
+    assert not any(np.shares_memory(first, x) for x in later)
+    assert not np.array_equal(later[0], later[1])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_generate_is_transformers_token_for_token(family):
     model, gen = _built(family)
