@@ -432,3 +432,28 @@ def test_cli_generate_from_a_saved_generator_and_a_hugging_face_folder(tmp_path,
     assert [int(t) for t in capsys.readouterr().out.split()] == want.tolist()
     assert main(["generate", str(tmp_path / "saved"), "--ids", f"1,{VOCAB}"]) == 2
     assert f"token id {VOCAB}, outside the vocabulary" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["split", "grouped"])
+def test_the_decode_forms_generate_transformers_tokens_over_a_long_context(monkeypatch, mode):
+    """BYOC_HETERO_KV_DECODE=split / grouped (kv_attention's opt-in decode forms) in a whole decoder: two
+    prompts of 200 tokens (enough keys for split's runs of 64 on 2 threads), 40 greedy tokens each, token for
+    token transformers' generate."""
+    from byoc_hetero import _C
+
+    torch.manual_seed(36)
+    config = transformers.LlamaConfig(**{**COMMON, "hidden_size": 96, "num_attention_heads": 6,
+                                         "max_position_embeddings": 512}, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = np.random.default_rng(1).integers(0, VOCAB, size=(2, 200)).astype("int64")
+    want = _hf_generate(model, prompt, 40, eos_token_id=None)
+    saved = _C.num_threads()
+    _C.set_num_threads(2)
+    try:
+        gen = bh.llm.from_hf(model, max_length=250)
+        monkeypatch.setenv("BYOC_HETERO_KV_DECODE", mode)
+        got = gen.generate(prompt, max_new_tokens=40)
+    finally:
+        _C.set_num_threads(saved)
+    np.testing.assert_array_equal(got, want)
+    assert len(set(want[0, 200:].tolist())) > 3
