@@ -25,9 +25,15 @@ product in its up projection's ``dense_wq``) and without them
 (:func:`before_session13`), timed in the same interleaved rounds. ``--env NAME=a,b`` (repeatable): each format once
 per value of each such runtime variable (all combinations), the variable set while its generator is built and
 warmed (plans are made, kernels chosen and weights prepared then), the others timed in the same interleaved
-rounds: the A/B of a switch such as ``BYOC_HETERO_HUGE_PAGES=0,1``. On a loaded machine only the fractions mean
-anything, not the times: the report says so, with ``lscpu``'s model and oneDNN's ISA. Results:
-bench/GENERATE.md.
+rounds: the A/B of a switch such as ``BYOC_HETERO_HUGE_PAGES=0,1``. ``--ab-loop``: each generator timed twice,
+with its token loop and with session 13's (:func:`session13_tokens`: the step's four inputs converted from numpy
+and its logits copied to numpy at every token). ``--ab-kv``: each generator timed with each of kv_attention's
+decode forms (``BYOC_HETERO_KV_DECODE`` = ``rows``: heads round robin, ``grouped``: contiguous runs of heads,
+``split``: each head's keys cut in one run per thread), the variable set around each timing (read at each
+call). On a loaded machine only the fractions and the interleaved ratios mean anything, not the times: the
+report says so, with ``lscpu``'s model and oneDNN's ISA. Results: bench/GENERATE.md.
+
+    python3 bench/decode_profile.py --weights int4 --ab-loop --ab-kv --rounds 5 --steps 32   # session 14's A/Bs
 """
 
 from __future__ import annotations
@@ -104,28 +110,34 @@ def region_seconds(regions, kinds: list[dict[int, str]]) -> tuple[dict[str, floa
 
 
 class Profiler:
-    """One generator's three timings (module doc), a round at a time."""
+    """One generator's three timings (module doc), a round at a time, each inside ``context()`` (a variant of an
+    A/B: a token loop, a variable)."""
 
-    def __init__(self, gen, prompt: np.ndarray, steps: int):
+    def __init__(self, gen, prompt: np.ndarray, steps: int, context=contextlib.nullcontext):
         import byoc_hetero as bh
 
-        self.gen, self.prompt, self.steps = gen, prompt, steps
+        self.gen, self.prompt, self.steps, self.context = gen, prompt, steps, context
         self.regions = bh.codegen.region_modules(gen._executable)
         self.kinds = [step_kinds(r) for r in self.regions]
         for r in self.regions:
             r["set_profiling"](True)
 
     def generate_per_token(self) -> float:
-        start = time.perf_counter()
-        self.gen.generate(self.prompt, 1)
-        one = time.perf_counter() - start
-        start = time.perf_counter()
-        self.gen.generate(self.prompt, self.steps + 1)
-        return (time.perf_counter() - start - one) / self.steps
+        with self.context():
+            start = time.perf_counter()
+            self.gen.generate(self.prompt, 1)
+            one = time.perf_counter() - start
+            start = time.perf_counter()
+            self.gen.generate(self.prompt, self.steps + 1)
+            return (time.perf_counter() - start - one) / self.steps
 
     def vm_per_token(self) -> tuple[float, dict[str, float]]:
         """(wall seconds per decode call of the step function, region step seconds per call by kind);
         ``self.steps_per_token``: the region steps one decode call runs."""
+        with self.context():
+            return self._vm_per_token()
+
+    def _vm_per_token(self) -> tuple[float, dict[str, float]]:
         import tvm
 
         gen, n = self.gen, self.prompt.shape[1]
@@ -147,6 +159,87 @@ class Profiler:
         kinds, calls = region_seconds(self.regions, self.kinds)
         self.steps_per_token = calls / self.steps
         return total / self.steps, {k: v / self.steps for k, v in kinds.items()}
+
+
+def session13_tokens(self, prompts, max_new_tokens, sampler, stop):
+    """``Generator._tokens`` as session 13 left it (the A side of ``--ab-loop``): at every token, the step's four
+    inputs made as TVM tensors from numpy arrays, the logits copied to a numpy array, ``np.isin`` over the stop
+    ids."""
+    import tvm
+
+    def call(tokens, past, lengths):
+        batch, rows = tokens.shape
+        last = np.arange(batch, dtype="int64") * rows + np.maximum(lengths, 1) - 1
+        t = lambda a: tvm.runtime.tensor(a, tvm.cpu())  # noqa: E731
+        out = self._main(t(np.ascontiguousarray(tokens, dtype="int64")), t(past.astype("int64")),
+                         t(lengths.astype("int64")), t(last), *cache)
+        return out.numpy()
+
+    if max_new_tokens == 0:
+        return
+    batch = len(prompts)
+    lengths = np.array([p.size for p in prompts], dtype="int64")
+    tokens = np.zeros((batch, int(lengths.max())), dtype="int64")
+    for b, p in enumerate(prompts):
+        tokens[b, :p.size] = p
+    cache, rng = self.new_cache(batch), sampler.rng()
+    past = np.zeros(batch, dtype="int64")
+    done = np.zeros(batch, dtype=bool)
+    for n in range(max_new_tokens):
+        chosen = sampler.choose(call(tokens, past, lengths), rng)
+        nxt = np.where(done, tokens[:, 0], chosen)
+        done |= np.isin(nxt, sorted(stop))
+        yield nxt
+        if done.all() or n + 1 == max_new_tokens:
+            return
+        past = past + lengths
+        lengths = np.where(done, 0, 1).astype("int64")
+        tokens = nxt[:, None]
+
+
+@contextlib.contextmanager
+def session13_loop():
+    """The A side of ``--ab-loop``: ``Generator._tokens`` replaced by :func:`session13_tokens`."""
+    from byoc_hetero.llm.generator import Generator
+
+    saved = Generator._tokens
+    Generator._tokens = session13_tokens
+    try:
+        yield
+    finally:
+        Generator._tokens = saved
+
+
+@contextlib.contextmanager
+def kv_decode(mode: str):
+    """``BYOC_HETERO_KV_DECODE`` = ``mode`` (kv_attention reads it at each call), restored after."""
+    saved = os.environ.get("BYOC_HETERO_KV_DECODE")
+    os.environ["BYOC_HETERO_KV_DECODE"] = mode
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("BYOC_HETERO_KV_DECODE")
+        else:
+            os.environ["BYOC_HETERO_KV_DECODE"] = saved
+
+
+def variants(args) -> list[tuple[str, object]]:
+    """(label suffix, context) of every timing variant the A/B flags ask, crossed: ``--ab-loop`` and ``--ab-kv``."""
+    out = [("", contextlib.nullcontext)]
+    if args.ab_loop:
+        out = [(f"{label}, session 13 loop", lambda c=ctx: _both(c, session13_loop)) for label, ctx in out] + \
+              [(f"{label}, session 14 loop", ctx) for label, ctx in out]
+    if args.ab_kv:
+        out = [(f"{label}, kv {mode}", lambda c=ctx, m=mode: _both(c, lambda: kv_decode(m)))
+               for mode in ("rows", "grouped", "split") for label, ctx in out]
+    return out
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first(), second():
+        yield
 
 
 def shares(gens: list[float], vms: list[float], kinds: list[dict[str, float]]) -> list[tuple[str, float, float]]:
@@ -222,6 +315,10 @@ def main(argv=None) -> int:
                     help="each format twice: with session 13's folds (the default) and without (before_session13)")
     ap.add_argument("--env", action="append", default=[],
                     help="NAME=a,b: each format once per value of this runtime variable (repeatable)")
+    ap.add_argument("--ab-loop", action="store_true",
+                    help="each generator timed with its token loop and with session 13's (session13_tokens)")
+    ap.add_argument("--ab-kv", action="store_true",
+                    help="each generator timed with BYOC_HETERO_KV_DECODE=rows, =grouped and =split")
     args = ap.parse_args(argv)
     settings = env_settings(args.env)
 
@@ -243,9 +340,10 @@ def main(argv=None) -> int:
                         gen = bh.llm.from_hf(model, max_length=args.prompt + args.steps + 2, weights=fmt)
                     label = fmt + ("" if not args.ab else ", before session 13" if before else ", session 13")
                     label += " [" + " ".join(f"{k}={v}" for k, v in env.items()) + "]" if len(settings) > 1 else ""
-                    prof = profilers[label] = Profiler(gen, prompt, args.steps)
-                    prof.generate_per_token()  # warm: plans made (kernels chosen), weights prepared
-                    prof.vm_per_token()
+                    for suffix, context in variants(args):
+                        prof = profilers[label + suffix] = Profiler(gen, prompt, args.steps, context)
+                        prof.generate_per_token()  # warm: plans made (kernels chosen), weights prepared
+                        prof.vm_per_token()
     runs = {label: ([], [], []) for label in profilers}
     for _ in range(args.rounds):
         for label, prof in profilers.items():  # interleaved: every variant once a round

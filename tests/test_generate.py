@@ -94,6 +94,23 @@ def test_prefill_then_decode_steps_match_the_full_forward(family):
     assert max(errors) < 1e-4, errors
 
 
+def test_step_logits_are_the_calls_own_and_stay_after_later_steps():
+    """``step`` returns the logits without a copy (a numpy view of the tensor the call returned): the
+    logits of a prefill, kept while three decode steps run on the same cache, still hold transformers'
+    logits at the prompt's last position, and each step's logits are its own (not a buffer the next
+    call writes)."""
+    model, gen = _built("llama")
+    n = PROMPT.shape[1]
+    with torch.no_grad():
+        want = model(torch.tensor(PROMPT)).logits.numpy()[0, -1]
+    cache = gen.new_cache(1)
+    first = gen.step(PROMPT, np.array([0]), np.array([n]), cache)
+    later = [gen.step(np.array([[t]]), np.array([n + i]), np.array([1]), cache) for i, t in enumerate((4, 9, 60))]
+    assert _rel(first[0], want) < 1e-4
+    assert not any(np.shares_memory(first, x) for x in later)
+    assert not np.array_equal(later[0], later[1])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_generate_is_transformers_token_for_token(family):
     model, gen = _built(family)
@@ -415,3 +432,28 @@ def test_cli_generate_from_a_saved_generator_and_a_hugging_face_folder(tmp_path,
     assert [int(t) for t in capsys.readouterr().out.split()] == want.tolist()
     assert main(["generate", str(tmp_path / "saved"), "--ids", f"1,{VOCAB}"]) == 2
     assert f"token id {VOCAB}, outside the vocabulary" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["split", "grouped"])
+def test_the_decode_forms_generate_transformers_tokens_over_a_long_context(monkeypatch, mode):
+    """BYOC_HETERO_KV_DECODE=split / grouped (kv_attention's opt-in decode forms) in a whole decoder: two
+    prompts of 200 tokens (enough keys for split's runs of 64 on 2 threads), 40 greedy tokens each, token for
+    token transformers' generate."""
+    from byoc_hetero import _C
+
+    torch.manual_seed(36)
+    config = transformers.LlamaConfig(**{**COMMON, "hidden_size": 96, "num_attention_heads": 6,
+                                         "max_position_embeddings": 512}, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = np.random.default_rng(1).integers(0, VOCAB, size=(2, 200)).astype("int64")
+    want = _hf_generate(model, prompt, 40, eos_token_id=None)
+    saved = _C.num_threads()
+    _C.set_num_threads(2)
+    try:
+        gen = bh.llm.from_hf(model, max_length=250)
+        monkeypatch.setenv("BYOC_HETERO_KV_DECODE", mode)
+        got = gen.generate(prompt, max_new_tokens=40)
+    finally:
+        _C.set_num_threads(saved)
+    np.testing.assert_array_equal(got, want)
+    assert len(set(want[0, 200:].tolist())) > 3

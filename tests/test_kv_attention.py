@@ -243,3 +243,51 @@ def test_a_written_input_that_is_no_region_input_is_refused_when_the_region_load
     with pytest.raises(ValueError, match=r"input 3 \(tensor \d+\) is written in place by 'kv_attention' and so must "
                                          r"be a float32 region input read by this node only; it is no region input"):
         bh._C.plan_region(json.dumps(doc), shapes)
+
+
+@pytest.fixture
+def two_threads():
+    """The packed function runs with the process's thread count: 2 here, so that split cuts two runs (and
+    grouped gives each thread a share) whatever the machine's default."""
+    from byoc_hetero import _C
+
+    saved = _C.num_threads()
+    _C.set_num_threads(2)
+    yield
+    _C.set_num_threads(saved)
+
+
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("mode", ["split", "grouped", "rows"])
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("heads,kv_heads,dim,window", [(9, 3, 64, 0), (14, 2, 40, 150), (5, 5, 18, 0)])
+def test_the_decode_forms_match_numpy(monkeypatch, mode, isa, heads, kv_heads, dim, window):
+    """BYOC_HETERO_KV_DECODE=split (each head's keys cut in one run per thread, the runs' outputs merged),
+    =grouped (a decode step's heads in contiguous runs per thread) and =rows (round robin), on each ISA's row
+    function, against numpy: one new row of four sequences at different offsets (200 and 150 keys: runs of
+    unequal length; 5 keys: too few to split; one stopped: no row, output 0), GQA groups of 3 and 7 and none, a
+    sliding window of 150 (the runs cut the window, not the cache)."""
+    monkeypatch.setenv("BYOC_HETERO_KV_DECODE", mode)
+    monkeypatch.setenv("BYOC_HETERO_KV_ISA", isa)
+    c = _case(batch=4, rows=1, heads=heads, kv_heads=kv_heads, dim=dim, length=210)
+    out = _check(c, [199, 149, 4, 30], [1, 1, 1, 0], window=window)
+    assert not out[3].any()
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_the_split_decode_agrees_with_the_rows_at_smollm_shapes(monkeypatch):
+    """A SmolLM-135M layer's decode step (9 / 3 heads of 64) after 1000 cached tokens: split and rows within
+    float rounding, and the same cache rows written."""
+    c = _case(batch=1, rows=1, heads=9, kv_heads=3, dim=64, length=1024)
+    got = {}
+    for mode in ("split", "rows"):
+        monkeypatch.setenv("BYOC_HETERO_KV_DECODE", mode)
+        got[mode] = _call(dict(c), [1000], [1], scale=0.125)
+    np.testing.assert_allclose(got["split"][0], got["rows"][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["split"][1], got["rows"][1])
+
+
+def test_an_unknown_decode_form_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_KV_DECODE", "fast")
+    with pytest.raises(ValueError, match="BYOC_HETERO_KV_DECODE must be rows, grouped or split, got 'fast'"):
+        _call(_case(rows=1), [0, 0], [1, 1])

@@ -44,10 +44,6 @@ LIBRARY = "model.so"
 MANIFEST = "generator.json"
 
 
-def _tensor(array: np.ndarray) -> Any:
-    return tvm.runtime.tensor(array, tvm.cpu())
-
-
 def _stop_ids(stop: int | Iterable[int] | None) -> set[int]:
     if stop is None:
         return set()
@@ -140,6 +136,35 @@ def build_generator(part: tvm.IRModule, spec: DecoderSpec, max_length: int, weig
                      constants=constants)
 
 
+class StepInputs:
+    """The step function's four small inputs (``input_ids`` [batch, rows], ``past``, ``lengths``,
+    ``last`` [batch], int64) as TVM tensors made once, with numpy views of their memory (DLPack, no
+    copy): a caller writes the views (:meth:`set`) and passes the same tensors call after call, so a
+    decode token converts nothing."""
+
+    def __init__(self, batch: int, rows: int):
+        self.shape = (int(batch), int(rows))
+        shapes = (self.shape, (batch,), (batch,), (batch,))
+        self.tensors = tuple(tvm.runtime.empty(shape, "int64", tvm.cpu()) for shape in shapes)
+        self.tokens, self.past, self.lengths, self.last = (np.from_dlpack(t) for t in self.tensors)
+
+    def set(self, tokens: np.ndarray | None, past: np.ndarray, lengths: np.ndarray) -> None:
+        """Write ``tokens`` [batch, rows] (None: as they are), ``past`` and ``lengths`` [batch], and
+        ``last``: each sequence's last real row, ``b * rows + max(lengths[b], 1) - 1``. An array of
+        another shape is an InputError (numpy would broadcast a single value to every sequence)."""
+        batch, rows = self.shape
+        given = (("input_ids", tokens, self.shape), ("past", past, (batch,)), ("lengths", lengths, (batch,)))
+        for name, value, want in given:
+            if value is not None and np.shape(value) != want:
+                raise InputError(f"step: {name} must have shape {list(want)} (batch {batch}, {rows} new rows), "
+                                 f"got {list(np.shape(value))}")
+        if tokens is not None:
+            self.tokens[:] = tokens
+        self.past[:] = past
+        self.lengths[:] = lengths
+        self.last[:] = np.arange(batch, dtype="int64") * rows + np.maximum(self.lengths, 1) - 1
+
+
 class Generator:
     """Token generation with a decoder built by :func:`byoc_hetero.llm.from_hf` (or loaded by
     :func:`byoc_hetero.llm.load`).
@@ -228,7 +253,10 @@ class Generator:
         """Fresh KV caches for ``batch`` sequences: per layer K then V, [batch, kv_heads, max_length,
         head_dim] float32 (what :meth:`step` takes and writes in place)."""
         shape = (batch, self.spec.kv_heads, self.max_length, self.spec.head_dim)
-        return [_tensor(np.zeros(shape, "float32")) for _ in range(2 * self.spec.layers)]
+        cache = [tvm.runtime.empty(shape, "float32", tvm.cpu()) for _ in range(2 * self.spec.layers)]
+        for c in cache:
+            np.from_dlpack(c).fill(0.0)  # in place: no numpy array made and copied
+        return cache
 
     def slot_cache(self, cache: list[Any], slot: int) -> list[Any]:
         """Views of sequence ``slot`` of ``cache`` (from :meth:`new_cache`): per layer K then V,
@@ -263,17 +291,22 @@ class Generator:
         return self._call(tokens, past, lengths, cache)
 
     def _call(self, tokens: np.ndarray, past: np.ndarray, lengths: np.ndarray, cache: list[Any]) -> np.ndarray:
-        """:meth:`step` without the cache check (the token loop's own caches, checked once)."""
-        batch, rows = tokens.shape
-        last = np.arange(batch, dtype="int64") * rows + np.maximum(lengths, 1) - 1
-        out = self._main(_tensor(np.ascontiguousarray(tokens, dtype="int64")), _tensor(past.astype("int64")),
-                         _tensor(lengths.astype("int64")), _tensor(last), *cache)
-        if self._weights_file is not None and tokens.shape not in self._shapes_run:
+        """:meth:`step` without the cache check (a caller's own caches, checked once)."""
+        inputs = StepInputs(*tokens.shape)
+        inputs.set(tokens, past, lengths)
+        return self._run(inputs, cache)
+
+    def _run(self, inputs: StepInputs, cache: list[Any]) -> np.ndarray:
+        """One call of the step function with ``inputs`` (their tensors as they are, no conversion):
+        the logits [batch, vocab] as a numpy view of the tensor the call returned (DLPack, no copy;
+        the view keeps the tensor alive, and each call returns a tensor of its own)."""
+        out = self._main(*inputs.tensors, *cache)
+        if self._weights_file is not None and inputs.shape not in self._shapes_run:
             # a new shape made plans and prepared their layouts from the mapping: its pages go back (those
             # read in place come back as they are read); once per shape, not per token
-            self._shapes_run.add(tokens.shape)
+            self._shapes_run.add(inputs.shape)
             self._weights_file.release()
-        return out.numpy()
+        return np.from_dlpack(out)
 
     # ---- generation -----------------------------------------------------------------------------
     def stream(self, input_ids: Any, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
@@ -291,27 +324,41 @@ class Generator:
 
     def _tokens(self, prompts: list[np.ndarray], max_new_tokens: int, sampler: Sampler,
                 stop: set[int]) -> Iterator[np.ndarray]:
+        """The new tokens, one int64 [batch] array a step: the prefill of every prompt (padded on the
+        right), then decode steps of one row whose inputs are made once and written in place (a token
+        costs the step function's call, the sampler and a few small numpy writes)."""
         if max_new_tokens == 0:
             return
         batch = len(prompts)
         lengths = np.array([p.size for p in prompts], dtype="int64")
-        tokens = np.zeros((batch, int(lengths.max())), dtype="int64")
+        prefill = StepInputs(batch, int(lengths.max()))
+        prefill.tokens[:] = 0
         for b, p in enumerate(prompts):
-            tokens[b, :p.size] = p
+            prefill.tokens[b, :p.size] = p
+        prefill.set(None, np.zeros(batch, dtype="int64"), lengths)
         cache, rng = self.new_cache(batch), sampler.rng()
-        past = np.zeros(batch, dtype="int64")
-        done = np.zeros(batch, dtype=bool)
         self._check_cache(cache, batch)
+        stop_ids = np.array(sorted(stop), dtype="int64")
+        done = np.zeros(batch, dtype=bool)
+        logits = self._run(prefill, cache)
+        decode = StepInputs(batch, 1)
+        decode.set(None, lengths, np.ones(batch, dtype="int64"))  # decode.last: row b, its only one
+        del prefill
         for n in range(max_new_tokens):
-            chosen = sampler.choose(self._call(tokens, past, lengths, cache), rng)
-            nxt = np.where(done, tokens[:, 0], chosen)  # a stopped sequence repeats its stop token
-            done |= np.isin(nxt, sorted(stop))
+            nxt = sampler.choose(logits, rng)
+            del logits  # the step's output tensor goes back to the VM's pool before the next call
+            if n:
+                nxt[done] = decode.tokens[done, 0]  # a stopped sequence repeats its stop token
+            if stop_ids.size:
+                done |= np.isin(nxt, stop_ids)
             yield nxt
             if done.all() or n + 1 == max_new_tokens:
                 return
-            past = past + lengths
-            lengths = np.where(done, 0, 1).astype("int64")  # a stopped sequence writes nothing more
-            tokens = nxt[:, None]
+            if n:
+                decode.past += decode.lengths
+            decode.tokens[:, 0] = nxt
+            decode.lengths[:] = ~done  # a stopped sequence writes nothing more
+            logits = self._run(decode, cache)
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,

@@ -349,19 +349,116 @@ bool UseBlocks(const KvCall& c) {
   return c.g.rows >= (mode == "auto" ? kAutoBlockedRows : 2);
 }
 
+/*! \brief How a decode step (one new row) shares its work among the threads: BYOC_HETERO_KV_DECODE (read each
+ *         call) = rows (the default: round robin, as a call of many rows) | grouped | split (kv_attention.h). */
+std::string DecodeMode(const KvCall& c) {
+  const char* env = std::getenv(kv::kDecodeVariable);
+  const std::string mode = env == nullptr || *env == '\0' ? "rows" : env;
+  if (mode != "grouped" && mode != "rows" && mode != "split") {
+    TVM_FFI_THROW(ValueError) << kv::kDecodeVariable << " must be rows, grouped or split, got '" << mode << "'";
+  }
+  return c.g.rows == 1 ? mode : "rows";
+}
+
+/*! \brief split: one head of a decode step over run \p run of \p runs of its keys, into \p slot (dim floats: the
+ *         run's softmax output, then its largest score and exp sum; an empty run or a stopped sequence: sum 0). */
+void AttendRun(const KvCall& c, int64_t bh, int64_t run, int64_t runs, float* slot) {
+  const KvGeometry& g = c.g;
+  const int64_t d = g.dim, b = bh / g.heads, h = bh % g.heads;
+  float* stats = slot + d;
+  stats[0] = -INFINITY;
+  stats[1] = 0.f;
+  if (c.lengths[b] == 0) return;
+  const int64_t pos = c.past[b];
+  const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0, keys = pos - first + 1;
+  const int64_t lo = first + keys * run / runs, hi = first + keys * (run + 1) / runs - 1;
+  if (hi < lo) return;
+  thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
+  if (scratch.size() < static_cast<size_t>(d + pos + 1)) scratch.resize(static_cast<size_t>(d + pos + 1));
+  float* qr = scratch.data();
+  Rotate(c.q + bh * d, qr, c.cs.data() + b * d, d / 2);  // rows == 1: row (b, 0, h) at bh * d
+  const int64_t kvh = h / (g.heads / g.kv_heads);
+  const kv::RowJob job{qr, c.kc + (b * g.kv_heads + kvh) * g.max_length * d,
+                       c.vc + (b * g.kv_heads + kvh) * g.max_length * d, lo, hi, d, c.scale, qr + d, slot, stats};
+  c.row(job);
+}
+
+/*! \brief split: head \p bh's output from its runs' (AttendRun): each run's output weighted by its exp sum times
+ *         exp(its max - the largest max), over the sum of those weights; a stopped sequence's output 0. */
+void MergeRuns(const KvCall& c, int64_t bh, int64_t runs, const float* part) {
+  const int64_t d = c.g.dim, slot = d + 2, heads = c.g.batch * c.g.heads;
+  float* out = c.out + bh * d;
+  float top = -INFINITY;
+  for (int64_t r = 0; r < runs; ++r) {
+    const float* stats = part + (r * heads + bh) * slot + d;
+    if (stats[1] > 0.f) top = std::max(top, stats[0]);
+  }
+  std::fill(out, out + d, 0.f);
+  if (top == -INFINITY) return;  // a stopped sequence: no row
+  float total = 0.f;
+  for (int64_t r = 0; r < runs; ++r) {
+    const float* o = part + (r * heads + bh) * slot;
+    if (o[d + 1] <= 0.f) continue;
+    const float w = o[d + 1] * std::exp(o[d] - top);
+    total += w;
+    for (int64_t e = 0; e < d; ++e) out[e] += w * o[e];
+  }
+  const float inv = 1.f / total;
+  for (int64_t e = 0; e < d; ++e) out[e] *= inv;
+}
+
+/*! \brief split: the runs of a decode step (kSplitKeys keys or more each, at most one per thread; one: 0). */
+int64_t SplitRuns(const KvCall& c, int threads) {
+  int64_t keys = 0;
+  for (int64_t b = 0; b < c.g.batch; ++b) {
+    const int64_t pos = c.past[b], first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+    keys = std::max(keys, pos - first + 1);
+  }
+  const int64_t runs = std::min<int64_t>(threads, keys / kv::kSplitKeys);
+  return runs >= 2 ? runs : 0;
+}
+
+/*! \brief split: tasks (run, sequence, head), run-major in contiguous shares (thread i: run i of every head, a
+ *         group's heads one after the other), the runs' outputs in a buffer of the call (q, which the outputs
+ *         overwrite, is read by every run first), then merged per head. */
+void RunSplit(const KvCall& c, int threads, int64_t runs) {
+  const int64_t heads = c.g.batch * c.g.heads, slot = c.g.dim + 2, tasks = runs * heads;
+  std::vector<float> part(static_cast<size_t>(tasks * slot));
+  float* data = part.data();
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) AttendRun(c, t % heads, t / heads, runs, data + t * slot);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < heads; ++bh) MergeRuns(c, bh, runs, data);
+  }
+}
+
 /*! \brief The per-row form: each (sequence, new row, head) a task of its own. */
 void RunRows(const KvCall& c, int threads) {
   const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
-#pragma omp parallel num_threads(threads)
-  {
+  auto attend = [&c](int64_t t) {
     thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
-    // round robin: a row's cost grows with its position (the keys it sees), so contiguous halves of a
-    // prefill's rows would give the second thread about three times the first one's work
-#pragma omp for schedule(static, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
-    }
+    AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
+  };
+  const std::string mode = DecodeMode(c);
+  if (const int64_t runs = mode == "split" ? SplitRuns(c, threads) : 0) {
+    RunSplit(c, threads, runs);
+    return;
   }
+  if (mode != "rows") {
+    // grouped (or split of a short context): a sequence's heads see the same keys, so contiguous shares are
+    // even, and they keep the query heads of a kv head (its group, adjacent) on one thread one after the other:
+    // the group's keys and values come from memory once, then from that core's cache, where round robin has
+    // every thread read every kv head's rows
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) attend(t);
+    return;
+  }
+  // round robin: a row's cost grows with its position (the keys it sees), so contiguous halves of a
+  // prefill's rows would give the second thread about three times the first one's work
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int64_t t = 0; t < tasks; ++t) attend(t);
 }
 
 /*! \brief The whole call: offsets checked (before any write), angles, rows appended, query rows attended. */

@@ -28,6 +28,7 @@ struct RowJob {
   float scale;          // on the scores before the softmax
   float* scores;        // scratch of at least last + 1 floats
   float* out;           // dim floats: softmax(q . keys * scale) @ values
+  float* stats = nullptr;  // where given: the largest scaled score, then the sum of exp(score - it) (a split's merge)
 };
 
 /*! \brief out = softmax(scale * q . k_j) weighted sum of v_j: the scores in scratch, their maximum
@@ -42,6 +43,18 @@ constexpr int64_t kKeyBlock = 16;
 /*! \brief The variable choosing the form of a call of many rows: blocked (from 2 rows, where the ISA has a
  *         blocked form) | rows | auto (the default: blocked from 16 rows); read at each call. */
 constexpr const char* kPrefillVariable = "BYOC_HETERO_KV_PREFILL";
+
+/*! \brief The variable choosing how a decode step's (one new row) work is shared among the threads: rows (the
+ *         default: round robin, head h to thread h % threads) | grouped (contiguous shares of heads: the heads of
+ *         one kv head's group on one thread, one after the other, so that its keys and values are read from
+ *         memory once, then from that core's cache) | split (each head's keys cut in one run per thread, from
+ *         kSplitKeys keys a run: thread i reads the i-th run of every kv head's keys and values, its heads one
+ *         after the other, and the runs' softmax outputs are merged by their max scores and exp sums); read at
+ *         each call. */
+constexpr const char* kDecodeVariable = "BYOC_HETERO_KV_DECODE";
+
+/*! \brief split: the fewest keys a run (shorter contexts run grouped). */
+constexpr int64_t kSplitKeys = 64;
 
 /*!
  * \brief Query vectors of one kv head (a block of new rows times the query heads of its group, vector

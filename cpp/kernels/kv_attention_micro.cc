@@ -63,6 +63,10 @@ void RowGeneric(const RowJob& j) {
   }
   const float inv = 1.f / sum;
   for (int64_t e = 0; e < d; ++e) j.out[e] *= inv;
+  if (j.stats != nullptr) {
+    j.stats[0] = top;
+    j.stats[1] = sum;
+  }
 }
 
 #if defined(__x86_64__)
@@ -176,9 +180,11 @@ __attribute__((target("avx512f"))) float Max512(const float* w, int64_t n) {
   return best;
 }
 
-/*! \brief w[0..n) = exp(w - max w) in place (n >= 1); returns their sum. */
-__attribute__((target("avx512f"))) float ExpSpan512(float* w, int64_t n) {
-  const __m512 top = _mm512_set1_ps(Max512(w, n));
+/*! \brief w[0..n) = exp(w - max w) in place (n >= 1); returns their sum, and in \p max_out (where given) max w. */
+__attribute__((target("avx512f"))) float ExpSpan512(float* w, int64_t n, float* max_out = nullptr) {
+  const float shift = Max512(w, n);
+  if (max_out != nullptr) *max_out = shift;
+  const __m512 top = _mm512_set1_ps(shift);
   __m512 sums = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= n; k += 16) {
@@ -197,7 +203,13 @@ __attribute__((target("avx512f"))) float ExpSpan512(float* w, int64_t n) {
 
 __attribute__((target("avx512f"))) void Row512(const RowJob& j) {
   Scores512(j);
-  WeightedValues512(j, 1.f / ExpSpan512(j.scores + j.first, j.last - j.first + 1));
+  float top = 0.f;
+  const float sum = ExpSpan512(j.scores + j.first, j.last - j.first + 1, &top);
+  WeightedValues512(j, 1.f / sum);
+  if (j.stats != nullptr) {
+    j.stats[0] = top;
+    j.stats[1] = sum;
+  }
 }
 
 // ---- AVX-512F, the blocked form of many rows (BlockJob) ---------------------------------------------
@@ -342,6 +354,10 @@ __attribute__((target("avx2,fma"))) void Row256(const RowJob& j) {
     float acc = 0.f;
     for (int64_t r = j.first; r <= j.last; ++r) acc += j.scores[r] * j.values[r * d + e];
     j.out[e] = acc * inv;
+  }
+  if (j.stats != nullptr) {
+    j.stats[0] = top;
+    j.stats[1] = sum;
   }
 }
 #endif
