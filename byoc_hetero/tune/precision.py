@@ -12,7 +12,7 @@ of them (a layer group).
 There is one search, over a *plan space* that says how a plan is made from per-unit choices:
 
 * :class:`FloatSpace` (f32 / bf16): the float partition again with the chosen nodes named in the
-  knob's option (``node_precisions``: region symbol and node index -> precision, written as each
+  knob's option (``node_precisions``: the backend's node key, by content, -> precision, written as each
   node's ``precision`` attr by the region pass ``apply_node_precisions``); every other op keeps
   float32 as in any bf16 region;
 * :class:`.int8.QuantizedSpace` (f32 / bf16 / int8), where int8 is asked and applies: a layer in
