@@ -278,10 +278,13 @@ def apply_node_precisions(graph) -> None:
         return
     from ...errors import RuleError
 
+    found: dict[str, int] | None = None  # content key -> node index, worked out once
     for key, precision in json.loads(str(chosen)).items():
         if key.rpartition("#")[0] != graph.symbol:
             continue
-        index = locate_node(key, graph)
+        if found is None:
+            found = {k: i for i, k in enumerate(content_keys(graph.symbol, graph)) if k is not None}
+        index = found[key] if key in found else locate_node(key, graph)
         what = (node_precision_reason(graph.nodes, index) if index is not None else
                 f"no node of the region (none with that index or content among its {len(graph.nodes)})")
         if what:
