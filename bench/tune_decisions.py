@@ -72,7 +72,9 @@ print(json.dumps({
     "units": [[u.name, u.chosen] for u in rep.units] if rep else [],
     "notes": [n for n in (rep.notes if rep else []) if "skipped" in n],
     "returned": report.kept,
-    "kept table": sorted((rep.plan(rep.kept).table if rep and rep.plan(rep.kept) else {}).items()),
+    # the kept table in unit order (node keys by content since session 14, by index before: not compared)
+    "kept table": [(rep.plan(rep.kept).table if rep.plan(rep.kept) else {}).get(k, "f32")
+                   for u in rep.units for k in u.keys] if rep else [],
     "cache": [report.cache_hits, report.cache_misses],
     "report": str(report).splitlines(),
 }))

@@ -103,6 +103,10 @@ class Variant:
     #: how a tuner's choice of it reaches the node: ``"option"`` (the level's knob option) or
     #: ``"quantize"`` (quantize / dequantize steps around the layer, written by the tuner's quantizer)
     applied: str = "option"
+    #: for a variant applied by quantizing: the kinds of the quantizer's layers (``Layer.op`` of
+    #: :func:`~byoc_hetero.quantize`'s plan: ``"conv2d"``, ``"matmul"``) whose node in this backend's
+    #: regions is this op (a tuner matches each layer to a node of one of these kinds)
+    layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,11 @@ class Knob:
     * ``probe(unit, choice)``: the unit alone with ``choice``, ready to call (what is timed), or
       None where the choice does not apply; ``default(unit)``: what the backend picks undecided;
       ``fixed(unit)``: why the unit keeps the default without being built ("" when it is tuned);
-    * ``key(symbol, index)``: the key of node ``index`` of region ``symbol`` (per-node decisions),
-      ``locate(key)`` its inverse (``(symbol, index)``, None for a key of another form);
+    * ``keys(symbol, graph)``: the key of each node of region ``symbol`` (its document ``graph``)
+      for per-node decisions, None for a node that takes none; a key starts with ``symbol#`` and
+      should name the node by what it computes, not its place, so that it survives passes that
+      differ between the partition a tuner measured and the one it applies to;
+      ``locate(key, graph)`` its inverse (the node's index in ``graph``, None where no node has it);
       ``node_reason(nodes, index)``: why that node takes no decision (None when it does);
       ``native(choice)``: why ``choice`` runs as another on this machine ("" when it runs as asked).
     """
@@ -133,8 +140,8 @@ class Knob:
     probe: Callable[[Any, str], Callable[[], object] | None] | None = field(default=None, repr=False, compare=False)
     default: Callable[[Any], str] | None = field(default=None, repr=False, compare=False)
     fixed: Callable[[Any], str] | None = field(default=None, repr=False, compare=False)
-    key: Callable[[str, int], str] | None = field(default=None, repr=False, compare=False)
-    locate: Callable[[str], tuple[str, int] | None] | None = field(default=None, repr=False, compare=False)
+    keys: Callable[[str, Any], list[str | None]] | None = field(default=None, repr=False, compare=False)
+    locate: Callable[[str, Any], int | None] | None = field(default=None, repr=False, compare=False)
     node_reason: Callable[[Any, int], str | None] | None = field(default=None, repr=False, compare=False)
     native: Callable[[str], str] | None = field(default=None, repr=False, compare=False)
 
@@ -237,6 +244,13 @@ class Backend:
         ``"option"`` or ``"quantize"``), in declaration order."""
         names = (v.name for vs in self.variants.values() for v in vs if v.level == level and v.applied == how)
         return tuple(dict.fromkeys(names))
+
+    def quantized_layers(self, level: str) -> dict[str, tuple[str, ...]]:
+        """Op -> the quantizer's layer kinds whose node it is (:attr:`Variant.layers`), for each op
+        with a variant of ``level`` applied by quantizing."""
+        return {op: tuple(dict.fromkeys(k for v in vs if v.level == level and v.applied == "quantize"
+                                        for k in v.layers))
+                for op, vs in self.variants.items() if any(v.level == level and v.applied == "quantize" for v in vs)}
 
     def graph_passes(self) -> list[tuple[str, Callable[[Any], None]]]:
         """The region-graph passes of the lowering table as ``(name, fn)``, in run order.

@@ -461,10 +461,10 @@ def _convnet_samples(n, seed):
 
 def _node_attrs(partitioned):
     from byoc_hetero._relax import region_table
-    from byoc_hetero.backends.onednn.precision import node_key
+    from byoc_hetero.backends.onednn.precision import content_keys
 
-    return {node_key(sym, i): n.get("attrs", {}) for sym, e in region_table(partitioned).items()
-            for i, n in enumerate(e.graph["nodes"])}
+    return {k: n.get("attrs", {}) for sym, e in region_table(partitioned).items()
+            for k, n in zip(content_keys(sym, e.graph), e.graph["nodes"]) if k is not None}
 
 
 def test_node_precisions_reach_the_runtime_and_change_only_those_nodes():

@@ -114,11 +114,15 @@ def test_int8_bf16_mix_matches_llvm_and_keeps_its_edges_bf16():
     assert checked >= 3
 
 
+#: a region document's source: the backend whose knob names its nodes (here by index: "r#0")
+ONEDNN = {"source": {"target": "onednn"}}
+
+
 def test_unit_edges_trace_through_non_anchor_ops():
     """conv A -> relu -> (conv B, conv C), B -> region output: A's input is a model input, the relu's
     output is one tensor read by both B and C (one conversion for both), B's output a model output."""
     t = [{"shape": [1, 8, 4, 4]} for _ in range(6)] + [{"shape": [8, 8, 1, 1]}]
-    graph = {"tensors": t, "inputs": [0], "outputs": [4], "constants": [{"tensor": 6, "name": "w"}],
+    graph = {"tensors": t, "inputs": [0], "outputs": [4], "constants": [{"tensor": 6, "name": "w"}], **ONEDNN,
              "nodes": [{"op": "conv2d", "inputs": [0, 6], "output": 1}, {"op": "eltwise", "inputs": [1], "output": 2},
                        {"op": "conv2d", "inputs": [2, 6], "output": 4}, {"op": "conv2d", "inputs": [2, 6], "output": 5}]}
     edges = E.unit_edges({"a": ["r#0"], "b": ["r#2"], "c": ["r#3"]}, {"r": graph})
@@ -134,7 +138,8 @@ def test_weights_computed_at_init_are_no_edge():
     """A weight a node computes from constants (a folded batch norm) is known at init: no tensor,
     no conversion (the first ResNet-50 run counted 3x3x512x512 folded weights as model inputs)."""
     t = [{"shape": [1, 8, 4, 4]}, {"shape": [8, 8, 1, 1]}, {"shape": [8]}, {"shape": [8, 8, 1, 1]}, {"shape": [1, 8, 4, 4]}]
-    graph = {"tensors": t, "inputs": [0], "outputs": [4], "constants": [{"tensor": 1, "name": "w"}, {"tensor": 2, "name": "s"}],
+    graph = {"tensors": t, "inputs": [0], "outputs": [4], **ONEDNN,
+             "constants": [{"tensor": 1, "name": "w"}, {"tensor": 2, "name": "s"}],
              "nodes": [{"op": "batch_norm_fold", "inputs": [1, 2], "output": 3}, {"op": "conv2d", "inputs": [0, 3], "output": 4}]}
     edges = E.unit_edges({"a": ["r#1"]}, {"r": graph})
     assert edges.inputs == {"a": ["r:0"]} and set(edges.elements) == {"r:0", "r:4"}

@@ -227,12 +227,15 @@ def test_int8_mixes_fold_batch_norms_as_bh_quantize_does():
 
 def _weight_shapes(partitioned, keys):
     """Layer index -> the shape of the weight tensor of the node ``keys`` names (from the region document)."""
-    graphs = {symbol: e.graph for symbol, e in region_table(partitioned).items()}
+    from byoc_hetero.tune.plans import node_places
+
+    graphs = {symbol: e.graph for symbol, e in region_table(partitioned).items() if e.graph}
+    places = node_places(keys.values(), graphs)
     out = {}
     for layer, key in keys.items():
-        symbol, _, index = key.rpartition("#")
+        symbol, index = places[key]
         graph = graphs[symbol]
-        out[layer] = tuple(graph["tensors"][graph["nodes"][int(index)]["inputs"][1]]["shape"])
+        out[layer] = tuple(graph["tensors"][graph["nodes"][index]["inputs"][1]]["shape"])
     return out
 
 
@@ -255,7 +258,10 @@ def test_layers_are_matched_to_their_nodes_by_content_not_order(monkeypatch):
     assert len(floats) == len(quantizer.layers)
     assert {i: s for i, s in _weight_shapes(base, floats).items() if i in want} == want
     # by order, the i-th conv node is not the i-th conv layer: what the order match got wrong
-    in_order = [k for k, _ in sorted(((k, int(k.rpartition("#")[2])) for k in floats.values()), key=lambda p: p[1])]
+    from byoc_hetero.tune.plans import node_places
+
+    places = node_places(floats.values(), {s: e.graph for s, e in region_table(base).items() if e.graph})
+    in_order = sorted(floats.values(), key=lambda k: places[k])
     by_order = dict(zip(sorted(want), in_order))
     assert _weight_shapes(base, by_order) != want
     everything = {lyr.index for lyr in quantizer.layers}
@@ -263,3 +269,29 @@ def test_layers_are_matched_to_their_nodes_by_content_not_order(monkeypatch):
     _, int8_keys = int8.layer_keys(all_int8, quantizer, everything)
     assert len(int8_keys) == len(quantizer.layers)
     assert {i: s for i, s in _weight_shapes(all_int8, int8_keys).items() if i in want} == want
+
+
+def test_the_layer_kinds_of_a_node_are_the_backends(monkeypatch):
+    """Issue 38 (b): which quantizer layers a conv2d / dense / matmul node may be is declared by the
+    region's backend (its int8 variants' ``layers``), not by a table in tune/: the oneDNN backend says
+    a ``matmul`` layer becomes a ``dense`` or a ``matmul`` node; with its dense declaring none, the
+    small convnet's two dense layers match no node and keep float32, its three convolutions still do."""
+    import dataclasses
+
+    from byoc_hetero.tune import int8
+
+    onednn = bh.rules.get_target("onednn")
+    assert onednn.quantized_layers("precision") == {"conv2d": ("conv2d",), "dense": ("matmul",),
+                                                    "matmul": ("matmul",)}
+    mod, params = bh.models.small_convnet()
+    quantizer = int8.Quantizer(mod, params, [[x] for x in _samples(1, 0)])
+    base = bh.partition(mod, params)
+    kinds = {lyr.index: lyr.op for lyr in quantizer.layers}
+    floats, _ = int8.layer_keys(base, quantizer, set())
+    assert sorted(kinds[i] for i in floats) == ["conv2d"] * 3 + ["matmul"] * 2
+    variants = dict(onednn.variants)
+    variants["dense"] = tuple(dataclasses.replace(v, layers=()) for v in variants["dense"])
+    monkeypatch.setattr(onednn, "variants", variants)
+    assert "dense" not in [op for op, layers in onednn.quantized_layers("precision").items() if layers]
+    floats, _ = int8.layer_keys(base, quantizer, set())
+    assert sorted(kinds[i] for i in floats) == ["conv2d"] * 3

@@ -200,6 +200,52 @@ def test_user_backend_tunable_option_refused_where_its_measured_error_exceeds_th
     assert len(calls) == 1
 
 
+def _user_backend_with_two_tunable_options(seen: list):
+    """A user's backend ``mine_two`` (softmax and multiply) compiling with TVM, with two tunable options
+    that change no numerics (``vector`` and ``unroll``); ``seen`` gets the options each codegen call
+    is given."""
+    from byoc_hetero.backends.tvm_cpu.codegen import compile_regions
+
+    def codegen(funcs, options, constant_names):
+        seen.append(dict(options or {}))
+        return [compile_regions(list(funcs))]
+
+    bh.register_target("mine_two", codegen=codegen, options={
+        "vector": Option("vector", "vectorize", False, _flag, Tunable((False, True))),
+        "unroll": Option("unroll", "unroll factor", 1, lambda v: int(v), Tunable((1, 4)))})
+    for op in ("relax.nn.softmax", "relax.multiply"):
+        bh.op_rule(op, target="mine_two")(lambda call: True)
+
+
+def test_options_of_one_backend_are_decided_together(monkeypatch, tmp_path, restore_rules):
+    """Issue 38 (c): a backend's tunable options interact, so a region's unit is their combination:
+    here each option alone at the other's default is no faster than the defaults (within the spread),
+    both together are: the combination is chosen and each option applied as its own per-region table.
+    Beyond MAX_COMBINATIONS the options are decided one at a time."""
+    from byoc_hetero.tune import options
+
+    seen: list = []
+    _user_backend_with_two_tunable_options(seen)
+    together = {"[false, 1]": 1e-3, "[true, 1]": 1e-3, "[false, 4]": 1e-3, "[true, 4]": 0.4e-3}
+    calls = _inject(monkeypatch, "mine_two", together | {"false": 1e-3, "true": 1e-3, "1": 1e-3, "4": 1e-3})
+    _, report = bh.tune(_softmax_model(), targets=("onednn", "mine_two"), cache=tmp_path / "c.json", repeat=3,
+                        guard_rounds=1)
+    (d,) = report.options
+    assert d.unit.options == ("vector", "unroll") and d.default == (False, 1) and d.chosen == (True, 4)
+    assert calls == [sorted(together)] and d.changes() == {"vector": True, "unroll": 4}
+    key = d.unit.region.key
+    tables = {"vector": json.dumps({key: True}), "unroll": json.dumps({key: 4})}
+    assert options.options_of([d]) == {"mine_two": tables}
+    assert any(all(str(given.get(o)) == t for o, t in tables.items()) for given in seen)  # what the codegen got
+    assert "options vector + unroll" in str(report)
+    declared = bh.rules.get_target("mine_two").options
+    assert options.combinations(declared, ("vector", "unroll")) == 4
+    monkeypatch.setattr(options, "MAX_COMBINATIONS", 3)
+    _, alone = bh.tune(_softmax_model(), targets=("onednn", "mine_two"), cache=tmp_path / "d.json", repeat=3,
+                       guard_rounds=1)
+    assert [d.unit.options for d in alone.options] == [("vector",), ("unroll",)]
+
+
 def test_tune_rejects_calibration_without_several_precisions_but_takes_a_tolerance():
     from byoc_hetero.tune.precision import check_precisions
 

@@ -80,6 +80,23 @@ def test_search_finds_the_fastest_mix_within_the_tolerance(schedule, factor, wan
     assert not report.search_cut
 
 
+@pytest.mark.parametrize("schedule", [RescaledBudget, BisectedBudget])
+def test_a_choice_over_the_tolerance_alone_is_not_offered(schedule):
+    """Unit b alone in bf16 misses the tolerance (1.2e-2 > 1e-2); errors that cancel (0.5x) would let a
+    mix with it meet the tolerance on the calibration inputs: such a mix is no candidate (on the int8
+    test model natively, session 14, one measured 0.014 on the calibration inputs and 0.041 on the
+    held-out ones). The other two units are found; b keeps f32."""
+    space = _Space(schedule, 0.5)
+    space.session.errors.alone["r#1"] = 1.2e-2
+    report = PrecisionReport(("f32", "bf16"), 1e-2)
+    measure_sensitivities(space, report)
+    assert space.units[1].errors == {"bf16": 1.2e-2}
+    space.built.clear()  # (b alone was built for its sensitivity)
+    best = search(space, 1e-2, report)
+    assert best is not None and best.table == {"r#0": "bf16", "r#1": "f32", "r#2": "bf16"}
+    assert all(a[1] == "f32" for a in space.built if len(set(a.values())) > 1)  # b in no mix built
+
+
 def test_budget_schedules_move_as_documented():
     rescaled = RescaledBudget()
     assert rescaled.next(1e-2, 2e-2, 1e-2, True) == pytest.approx(1e-2 * 0.8 * 0.5)  # a miss: tighter

@@ -25,6 +25,7 @@ from tvm import relax
 import byoc_hetero as bh
 from byoc_hetero._relax import region_table
 from byoc_hetero.backends.onednn import precision as backend_precision
+from byoc_hetero.backends.onednn.precision import content_keys, node_key
 from byoc_hetero.tune.plans import Session, anchor_nodes, partition_with_node_precisions
 
 R = relax.op
@@ -49,9 +50,10 @@ def _encoder_layer():
 
 
 def _precisions(partitioned) -> dict[str, str]:
-    """node key -> precision attr, for every node that has one."""
-    return {f"{symbol}#{i}": node["attrs"]["precision"] for symbol, entry in region_table(partitioned).items()
-            if entry.graph for i, node in enumerate(entry.graph["nodes"]) if "precision" in node.get("attrs", {})}
+    """node key (by content) -> precision attr, for every node that has one."""
+    return {key: node["attrs"]["precision"] for symbol, entry in region_table(partitioned).items() if entry.graph
+            for key, node in zip(content_keys(symbol, entry.graph), entry.graph["nodes"])
+            if "precision" in node.get("attrs", {})}
 
 
 def _ops(partitioned) -> list[str]:
@@ -97,6 +99,67 @@ def test_a_decision_naming_another_node_keeps_float32_and_says_why(layer):
     assert "no node" in skipped[f"{symbol}#{len(ops) + 3}"]
 
 
+def _nodes(partitioned) -> tuple[dict[str, int], list[tuple[str, str | None]]]:
+    """(content key -> node index, and per node its op and the digest of the constant its second
+    operand is read from, None for none), read from the (one) region document directly."""
+    (symbol, entry), = [(s, e) for s, e in region_table(partitioned).items() if e.graph]
+    digests = {c["tensor"]: c["digest"] for c in entry.graph["constants"]}
+    producer = {n["output"]: n for n in entry.graph["nodes"]}
+    nodes = []
+    for node in entry.graph["nodes"]:
+        t = node["inputs"][1] if len(node["inputs"]) > 1 else None
+        while t is not None and t not in digests and t in producer and producer[t]["inputs"]:
+            t = producer[t]["inputs"][0]
+        nodes.append((node["op"], digests.get(t)))
+    keys = {k: i for i, k in enumerate(content_keys(symbol, entry.graph)) if k is not None}
+    return keys, nodes
+
+
+def test_keys_by_content_survive_passes_that_move_the_nodes(layer):
+    """Issue 38 (a), issue 35: the keys the precision level measured on the float32 partition name the
+    same nodes in a partition whose region passes differ — a bf16 region keeps the attention unfused,
+    so every node after it sits at another index. By index (the keys before session 14) the same
+    decisions name other nodes there (BERT-base: a reshape)."""
+    mod, base = layer
+    keys = [k for k, _ in anchor_nodes(base)]
+    table = {k: "bf16" if i % 2 else "f32" for i, k in enumerate(keys)}
+    moved = bh.partition(mod, precision="bf16", options={"onednn": {"node_precisions": json.dumps(table)}})
+    assert "attention" not in _ops(moved)  # other region passes ran: other nodes, other places
+    assert _precisions(moved) == table
+    (where, before), (where_now, now) = _nodes(base), _nodes(moved)
+    assert all(before[where[k]][1] is not None for k in keys)  # each anchor here reads a weight
+    assert [before[where[k]] for k in keys] == [now[where_now[k]] for k in keys]  # the same op and weight ...
+    assert any(where[k] != where_now[k] for k in keys)  # ... at other indices
+    # the indices of the float partition name other nodes here (what the positional keys did)
+    assert any(where[k] >= len(now) or now[where[k]] != before[where[k]] for k in keys)
+
+
+def test_content_keys_follow_the_node_not_its_place():
+    """The key of a conv2d / dense / matmul is its op, its weight's shape and digest (both operands'
+    shapes for a product of two run-time values) and how many earlier nodes compute the same: a node
+    put before it changes its index, not its key; tied weights get keys of their own."""
+    tensor = {"shape": [4, 8], "dtype": "float32"}
+    doc = {"symbol": "r", "tensors": [dict(tensor) for _ in range(6)], "inputs": [0], "outputs": [4],
+           "constants": [{"tensor": 1, "name": "w", "digest": "0123456789abcdef"}],
+           "nodes": [{"op": "dense", "inputs": [0, 1], "output": 2, "attrs": {}},
+                     {"op": "dense", "inputs": [2, 1], "output": 3, "attrs": {}},  # the same weight (tied)
+                     {"op": "matmul", "inputs": [2, 3], "output": 4, "attrs": {}}]}
+    keys = content_keys("r", doc)
+    assert len(set(keys)) == 3 and [k.rpartition(".")[2] for k in keys] == ["0", "1", "0"]
+    assert keys[0].rpartition(".")[0] == keys[1].rpartition(".")[0]  # one content, counted
+    assert all(k.startswith("r#") for k in keys)
+    shifted = dict(doc, nodes=[{"op": "relu", "inputs": [0], "output": 5, "attrs": {}}, *doc["nodes"]])
+    assert content_keys("r", shifted) == [None, *keys]
+    assert [backend_precision.locate_node(k, shifted) for k in keys] == [1, 2, 3]
+    assert backend_precision.locate_node(node_key("r", 2), shifted) == 2  # an index still names a place
+    other = dict(doc, constants=[{"tensor": 1, "name": "w", "digest": "fedcba9876543210"}])
+    assert content_keys("r", other)[:2] != keys[:2] and content_keys("r", other)[2] == keys[2]
+    assert backend_precision.locate_node("r#dense.000000000000.0", doc) is None
+    assert json.loads(backend_precision.check_node_precisions(json.dumps({keys[0]: "bf16", "r#1": "f32"})))
+    with pytest.raises(bh.RuleError, match="content key"):
+        backend_precision.check_node_precisions(json.dumps({"r#dense.xyz.0": "bf16"}))
+
+
 @pytest.fixture
 def bf16_native(monkeypatch):
     """The tuner's bf16 candidates as on a CPU with native bf16 (here the runtime still computes the
@@ -126,7 +189,9 @@ def test_tune_with_bf16_on_a_transformer_layer_never_raises(layer, bf16_native, 
     vm = relax.VirtualMachine(relax.build(tuned, target="llvm"), tvm.cpu())
     ref = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
     x = tvm.runtime.tensor(xs[0])
-    np.testing.assert_allclose(vm["main"](x).numpy(), ref["main"](x).numpy(), rtol=1e-4, atol=1e-4)
+    got, want = vm["main"](x).numpy(), ref["main"](x).numpy()
+    # within the tolerance asked (bf16 rounding where the CPU computes bf16 natively: Zen 5, 0.3-0.7%)
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), str(report)
 
 
 def test_tune_reports_a_decision_it_cannot_apply(layer, bf16_native, monkeypatch, codegen_by_the_rule):

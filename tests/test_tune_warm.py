@@ -47,13 +47,15 @@ def test_node_timing_key_is_the_one_node_regions_key():
     graphs = _graphs(bh.partition(mod, params))
     anchors = _anchors(bh.partition(mod, params))
     assert len(anchors) == 5
+    places = tune_plans.node_places([k for k, _ in anchors], graphs)
+    assert len(places) == 5
     for key, _ in anchors:
-        symbol, _, index = key.rpartition("#")
+        symbol, index = places[key]
         for p in ("f32", "bf16"):
             assert tune_plans.node_timing_key(graphs[symbol], int(index), p) == \
                 tune_plans.OneNode(graphs[symbol], int(index), p).timing_key()
     # another precision, another key (the key is not blind to what is timed)
-    symbol, _, index = anchors[0][0].rpartition("#")
+    symbol, index = places[anchors[0][0]]
     assert tune_plans.node_timing_key(graphs[symbol], int(index), "f32") != \
         tune_plans.node_timing_key(graphs[symbol], int(index), "bf16")
 

@@ -31,7 +31,7 @@ import tvm
 
 from .cache import TimingCache, signature
 from .measure import time_cached
-from .plans import constant_tensors
+from .plans import constant_tensors, node_places
 
 INT8, FLOAT = "int8", "float"
 #: the direction of a conversion: (source domain, destination domain) -> the runtime op doing it
@@ -87,14 +87,15 @@ def _nearest_anchor(graph: Mapping[str, Any], tensor: int, anchors: set[int], me
 
 
 def unit_edges(unit_keys: Mapping[str, Sequence[str]], graphs: Mapping[str, Mapping[str, Any]]) -> UnitEdges:
-    """The tensors between units (``unit name -> its nodes' keys "symbol#index"``) in the region
+    """The tensors between units (``unit name -> its nodes' keys``, :func:`.plans.node_places`) in the region
     graphs ``graphs`` (symbol -> region document): every run-time input of a unit's node traced
     back to the nearest anchor node of another unit (a model input when none), and each region
     output traced back to the unit producing it (a model output)."""
     edges = UnitEdges({u: [] for u in unit_keys}, {u: [] for u in unit_keys})
-    owner = {key: u for u, keys in unit_keys.items() for key in keys}
+    places = node_places((key for keys in unit_keys.values() for key in keys), graphs)
+    owner = {places[key]: u for u, keys in unit_keys.items() for key in keys if key in places}
     for symbol, graph in graphs.items():
-        anchors = {int(k.rpartition("#")[2]) for k in owner if k.rpartition("#")[0] == symbol}
+        anchors = {index for where, index in owner if where == symbol}
         if not anchors:
             continue
         memo: dict = {}
@@ -105,12 +106,12 @@ def unit_edges(unit_keys: Mapping[str, Sequence[str]], graphs: Mapping[str, Mapp
             return f"{symbol}:{t}"
 
         for index in sorted(anchors):
-            unit = owner[f"{symbol}#{index}"]
+            unit = owner[(symbol, index)]
             for t in dict.fromkeys(graph["nodes"][index]["inputs"]):
                 if t in consts:
                     continue
                 source = _nearest_anchor(graph, t, anchors, memo, consts)
-                src_unit = owner[f"{symbol}#{source}"] if source is not None else None
+                src_unit = owner[(symbol, source)] if source is not None else None
                 if src_unit == unit:
                     continue
                 tensor = name(t)
@@ -123,7 +124,7 @@ def unit_edges(unit_keys: Mapping[str, Sequence[str]], graphs: Mapping[str, Mapp
             source = _nearest_anchor(graph, t, anchors, memo, consts)
             if source is not None:
                 tensor = name(t)
-                _add(edges.outputs[owner[f"{symbol}#{source}"]], tensor)
+                _add(edges.outputs[owner[(symbol, source)]], tensor)
                 _add(edges.model_outputs, tensor)
     return edges
 

@@ -52,12 +52,12 @@ from .measure import time_cached
 from .node_maps import NodeMaps
 from .plan_errors import inputs_digest, settings_digest
 from .plans import (Built, OneNode, PrecisionReport, PrecisionUnit, Session, anchor_nodes, constant_tensors,
-                    make_units, measure_unit_times, node_signature, partition_with_node_precisions, precision_regions)
+                    layer_kinds, make_units, measure_unit_times, node_places, node_signature,
+                    partition_with_node_precisions, precision_regions)
 from .solver import BisectedBudget
 
 #: the attrs of an int8 node that hold quantization values: not part of its timing key
 _SCALE_ATTRS = ("src_scale", "src_zero_point", "weight_scales", "dst_scale", "dst_zero_point", "precision")
-_LAYER_NODE_OPS = {"conv2d": ("conv2d",), "matmul": ("dense", "matmul")}
 
 
 class MatchError(ValueError):
@@ -172,21 +172,23 @@ def _weight_source(graph: Mapping[str, Any], node: Mapping[str, Any], known: set
     return digests.get(tensor)
 
 
-def _anchors(partitioned: tvm.IRModule) -> list[tuple[str, str, bool, str | None]]:
-    """``(node key, op, is int8, weight digest)`` of every conv2d / dense / matmul of the regions
-    whose backend has a precision knob, in order."""
-    found = []
+def _anchors(partitioned: tvm.IRModule) -> list[tuple[str, tuple[str, ...], bool, str | None]]:
+    """``(node key, the layer kinds it may be, is int8, weight digest)`` of every conv2d / dense /
+    matmul of the regions whose backend has a precision knob, in order; the layer kinds are what
+    the region's backend declares for the node's op (:func:`.plans.layer_kinds`)."""
+    found, kinds = [], layer_kinds(partitioned)
     for symbol, graph, knob, ops in precision_regions(partitioned):
-        known = constant_tensors(graph)
+        known, keys = constant_tensors(graph), knob.keys(symbol, graph)
         for i, node in enumerate(graph.get("nodes", [])):
-            if node["op"] in ops:
-                found.append((knob.key(symbol, i), node["op"], "src_scale" in node.get("attrs", {}),
+            if node["op"] in ops and keys[i] is not None:
+                found.append((keys[i], kinds[symbol].get(node["op"], ()), "src_scale" in node.get("attrs", {}),
                               _weight_source(graph, node, known)))
     return found
 
 
-def _fits(layer: Any, op: str) -> bool:
-    return op in _LAYER_NODE_OPS.get(layer.op, ())
+def _fits(layer: Any, kinds: tuple[str, ...]) -> bool:
+    """Whether a node that may be a layer of ``kinds`` can be ``layer``."""
+    return layer.op in kinds
 
 
 def layer_keys(partitioned: tvm.IRModule, quantizer: "Quantizer", int8: set[int]
@@ -202,17 +204,17 @@ def layer_keys(partitioned: tvm.IRModule, quantizer: "Quantizer", int8: set[int]
     by_index = {lyr.index: lyr for lyr in quantizer.layers}
     out: tuple[dict[int, str], dict[int, str]] = ({}, {})
     rest: tuple[list, list] = ([], [])
-    for key, op, quantized, digest in _anchors(partitioned):
+    for key, kinds, quantized, digest in _anchors(partitioned):
         layer = by_index.get(quantizer.digests.get(digest, -1))
-        if layer is not None and (layer.index in int8) == quantized and _fits(layer, op) \
+        if layer is not None and (layer.index in int8) == quantized and _fits(layer, kinds) \
                 and layer.index not in out[quantized]:
             out[quantized][layer.index] = key
         elif digest is None:
-            rest[quantized].append((key, op))
+            rest[quantized].append((key, kinds))
     for quantized in (False, True):
         wanted = [lyr for lyr in quantizer.layers if lyr.weight is None and (lyr.index in int8) == quantized]
         mine = rest[quantized]
-        if len(mine) == len(wanted) and all(_fits(lyr, op) for lyr, (_, op) in zip(wanted, mine)):
+        if len(mine) == len(wanted) and all(_fits(lyr, kinds) for lyr, (_, kinds) in zip(wanted, mine)):
             out[quantized].update({lyr.index: key for lyr, (key, _) in zip(wanted, mine)})
     return out
 
@@ -263,8 +265,9 @@ class AllInt8:
         from .._relax import region_table
 
         _, keys = layer_keys(self.built.module, self.quantizer, self.layers)
-        graphs = {symbol: entry.graph for symbol, entry in region_table(self.built.module).items()}
-        return {i: (graphs[k.rpartition("#")[0]], int(k.rpartition("#")[2])) for i, k in keys.items()}
+        graphs = {symbol: entry.graph for symbol, entry in region_table(self.built.module).items() if entry.graph}
+        places = node_places(keys.values(), graphs)
+        return {i: (graphs[places[k][0]], places[k][1]) for i, k in keys.items() if k in places}
 
     def timing_keys(self, maps: NodeMaps) -> dict[int, str]:
         """Layer index -> timing-cache key of its int8 node: from ``maps`` (a warm cache: the

@@ -38,7 +38,7 @@ from .cache import TimingCache
 from .codegen import tune_codegen
 from .knobs import knob_of, merge_options
 from .options import LEVEL as OPTIONS
-from .options import measure_option, option_choices, option_units, options_of
+from .options import measure_option, option_units, options_of, unit_choices
 from .threads import LEVEL as THREADS
 from .threads import measure_threads, threads_options
 
@@ -191,9 +191,7 @@ class OptionLevel(Level):
         return option_units(ctx.codegen.decisions)
 
     def _choices(self, unit: Any) -> tuple[tuple[Any, ...], dict[str, str]]:
-        from ..targets import get_target
-
-        return option_choices(get_target(unit.backend).options[unit.option], self.tolerance)
+        return unit_choices(unit, self.tolerance)
 
     def choices(self, ctx: TuneContext, unit: Any) -> tuple[Any, ...]:
         return self._choices(unit)[0]

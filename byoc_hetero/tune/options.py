@@ -22,13 +22,18 @@ The level's four steps (:class:`.levels.OptionLevel`):
    fastest value left wins where it beats the default by more than the timings' spread;
 4. apply: the per-region table of the values that differ from the default, as the option itself.
 
-Each option is decided with the other options at their defaults. The tuned module as a whole is
-still kept only where it is measured faster than the default end to end. Nothing here names a
+Where a backend declares several tunable options, a region's unit is their combination: every
+combination of the values each option may take (:func:`unit_choices`) is measured as one choice,
+since options interact (a faster exp may pay off only with another unroll); a backend whose
+combinations exceed :data:`MAX_COMBINATIONS` has each option decided with the others at their
+defaults. The tuned module as a whole is still kept only where it is measured faster than the
+default end to end. Nothing here names a
 backend or an option: what is tuned is what the backends of ``targets`` declare.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -46,17 +51,32 @@ from .codegen import RegionCandidate, harness_module, ms_text, random_inputs, ru
 
 LEVEL = "options"
 
+#: the most value combinations of one backend's tunable options measured together per region;
+#: beyond it, each option is decided alone (the others at their defaults)
+MAX_COMBINATIONS = 16
+
 
 @dataclass(frozen=True)
 class OptionUnit:
-    """One region run by ``backend`` and one of its tunable options."""
+    """One region run by ``backend`` and its tunable options ``options``, decided together: a
+    value of the unit is the option's value where it has one option, else a tuple of values in
+    ``options`` order."""
 
     region: RegionCandidate  # as the backend runs it (``func`` is that backend's region)
     backend: str
-    option: str
+    options: tuple[str, ...]
+
+    @property
+    def option(self) -> str:
+        """The option (options, joined by `` + ``) the unit decides."""
+        return " + ".join(self.options)
+
+    def settings(self, value: Any) -> dict[str, Any]:
+        """Option name -> value, for a value of this unit."""
+        return dict(zip(self.options, value if len(self.options) > 1 else (value,)))
 
     def __str__(self) -> str:
-        return f"{self.region} on {self.backend}, option {self.option}"
+        return f"{self.region} on {self.backend}, option{'s' if len(self.options) > 1 else ''} {self.option}"
 
 
 def value_text(value: Any) -> str:
@@ -79,6 +99,11 @@ class OptionDecision:
     @property
     def changed(self) -> bool:
         return value_text(self.chosen) != value_text(self.default)
+
+    def changes(self) -> dict[str, Any]:
+        """Option name -> the value chosen, for each option of the unit set otherwise than its default."""
+        default = self.unit.settings(self.default)
+        return {o: v for o, v in self.unit.settings(self.chosen).items() if value_text(v) != value_text(default[o])}
 
     def why(self) -> str:
         """The decision, each value's time (and error), and why a value was left out."""
@@ -106,8 +131,28 @@ def option_units(decisions: Sequence[Any]) -> list[OptionUnit]:
             if isinstance(func, str):
                 continue
             region = RegionCandidate(region.key, backend.name, region.ops, region.gate, region.count, func)
-        units.extend(OptionUnit(region, backend.name, name) for name in tunable)
+        names = tuple(tunable)
+        together = len(names) > 1 and combinations(backend.options, names) <= MAX_COMBINATIONS
+        units.extend(OptionUnit(region, backend.name, group) for group in ([names] if together else
+                                                                           [(n,) for n in names]))
     return units
+
+
+def combinations(options: Mapping[str, Option], names: Sequence[str]) -> int:
+    """How many value combinations the tunable options ``names`` declare (each default included)."""
+    return math.prod(len(dict.fromkeys((options[n].default, *options[n].tune.values))) for n in names)
+
+
+def unit_choices(unit: OptionUnit, tolerance: float | None) -> tuple[tuple[Any, ...], dict[str, str]]:
+    """The values ``unit`` tries (all defaults first) and why each other declared value is left out
+    (:func:`option_choices` per option; for several options every combination of the values each
+    may take, a left-out value named ``option=value``)."""
+    declared = get_target(unit.backend).options
+    per = [option_choices(declared[name], tolerance) for name in unit.options]
+    if len(per) == 1:
+        return per[0]
+    refused = {f"{name}={text}": why for name, (_, out) in zip(unit.options, per) for text, why in out.items()}
+    return tuple(itertools.product(*(values for values, _ in per))), refused
 
 
 def option_choices(option: Option, tolerance: float | None) -> tuple[tuple[Any, ...], dict[str, str]]:
@@ -153,8 +198,15 @@ def _with_value(options: Mapping[str, Mapping[str, Any]], unit: OptionUnit, valu
     """``options`` with ``unit``'s option set to ``value`` for its backend (the whole one-region
     module), checked by the backend; a copy."""
     out = {k: dict(v) for k, v in options.items()}
-    out.setdefault(unit.backend, {}).update(get_target(unit.backend).check_options({unit.option: value}))
+    out.setdefault(unit.backend, {}).update(get_target(unit.backend).check_options(unit.settings(value)))
     return out
+
+
+def _changes_numerics(unit: OptionUnit, value: Any) -> bool:
+    """Whether ``value`` sets an option that changes numerics otherwise than its default."""
+    declared = get_target(unit.backend).options
+    return any(declared[o].tune.changes_numerics and value_text(v) != value_text(declared[o].default)
+               for o, v in unit.settings(value).items())
 
 
 def _error_key(timing_keys: Mapping[str, str], value: str, default: str) -> str:
@@ -168,7 +220,6 @@ def measure_option(unit: OptionUnit, cache: TimingCache, options: Mapping[str, M
     ``cache``; where the option changes numerics, each other value's outputs against the
     default's (kept only within ``tolerance``); the fastest value left, the default on a tie.
     ``refused``: the values left out before (:func:`option_choices`) and why, for the report."""
-    option = get_target(unit.backend).options[unit.option]
     texts = {value_text(v): v for v in values}
     default = value_text(values[0])
     d = OptionDecision(unit, default=values[0], chosen=values[0], refused=dict(refused or {}))
@@ -176,7 +227,7 @@ def measure_option(unit: OptionUnit, cache: TimingCache, options: Mapping[str, M
         return d
     given = {t: _with_value(options, unit, v) for t, v in texts.items()}
     keys = {t: timing_key(unit.region, unit.backend, opts) for t, opts in given.items()}
-    checked = [t for t in texts if t != default] if option.tune.changes_numerics else []
+    checked = [t for t, v in texts.items() if t != default and _changes_numerics(unit, v)]
     found = {t: cache.get(k) for t, k in keys.items()}
     errors = {t: cache.get_error(_error_key(keys, t, default)) for t in checked}
     if all(found.values()) and all(e is not None for e in errors.values()):
@@ -205,8 +256,8 @@ def options_of(decisions: Sequence[OptionDecision]) -> dict[str, dict[str, str]]
     (JSON ``{region key: value}``) of the regions whose value differs from the default."""
     tables: dict[tuple[str, str], dict[str, Any]] = {}
     for d in decisions:
-        if d.changed:
-            tables.setdefault((d.unit.backend, d.unit.option), {})[d.unit.region.key] = d.chosen
+        for option, value in d.changes().items():
+            tables.setdefault((d.unit.backend, option), {})[d.unit.region.key] = value
     out: dict[str, dict[str, str]] = {}
     for (backend, option), table in tables.items():
         out.setdefault(backend, {})[option] = json.dumps(table, sort_keys=True)
@@ -223,5 +274,6 @@ def report_lines(decisions: Sequence[OptionDecision]) -> list[str]:
     return lines
 
 
-__all__ = ["LEVEL", "OptionDecision", "OptionUnit", "measure_option", "option_choices", "option_units", "options_of",
-           "relative_error", "report_lines", "value_text"]
+__all__ = ["LEVEL", "MAX_COMBINATIONS", "OptionDecision", "OptionUnit", "combinations", "measure_option",
+           "option_choices", "option_units", "options_of", "relative_error", "report_lines", "unit_choices",
+           "value_text"]

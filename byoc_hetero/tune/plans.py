@@ -16,7 +16,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,6 +129,16 @@ def precision_ops(backend: str) -> tuple[str, ...]:
     return get_target(backend).level_ops(PRECISION)
 
 
+def layer_kinds(partitioned: tvm.IRModule) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Region symbol -> (node op -> the quantizer's layer kinds whose node it is), for each region
+    with a precision knob: what its backend declares (``Backend.quantized_layers``: the
+    ``layers`` of its variants of level ``precision`` applied by quantizing)."""
+    from ..targets import get_target
+
+    return {symbol: get_target(backend).quantized_layers(PRECISION)
+            for symbol, _, _, backend in _precision_regions(partitioned)}
+
+
 def quantized_precisions(names: Sequence[str]) -> tuple[str, ...]:
     """The precisions the backends ``names`` declare applied by quantizing (their variants of
     level ``precision`` with ``applied="quantize"``: Q/DQ steps around the layer)."""
@@ -153,7 +163,7 @@ def _precision_regions(partitioned: tvm.IRModule) -> list[tuple[str, dict, Any, 
     out = []
     for symbol, entry in region_table(partitioned).items():
         knob = knob_of(entry.target, PRECISION)
-        if knob is not None and knob.key is not None and entry.graph:
+        if knob is not None and knob.keys is not None and entry.graph:
             out.append((symbol, entry.graph, knob, entry.target))
     return out
 
@@ -163,7 +173,7 @@ class PrecisionNode:
     """A unit of the precision level as the partition has it: one float conv2d / dense / matmul
     node (static shapes) of a region whose backend has a precision knob."""
 
-    key: str  # the node's key in the knob's option (the backend's ``key(symbol, index)``)
+    key: str  # the node's key in the knob's option (the backend's ``keys(symbol, graph)``: by content)
     op: str
     label: str  # what the report calls it
     backend: str  # whose knob and variants decide it
@@ -177,22 +187,49 @@ def precision_nodes(partitioned: tvm.IRModule) -> list[PrecisionNode]:
     for r, (symbol, graph, knob, backend) in enumerate(regions):
         where = f"region {r} " if len(regions) > 1 else ""
         tensors, nodes, ops = graph.get("tensors", []), graph.get("nodes", []), precision_ops(backend)
+        keys = knob.keys(symbol, graph)
         for i, node in enumerate(nodes):
-            if node["op"] not in ops or (knob.node_reason is not None and knob.node_reason(nodes, i)):
+            if node["op"] not in ops or keys[i] is None or \
+                    (knob.node_reason is not None and knob.node_reason(nodes, i)):
                 continue  # a kind the backend offers no precision for, or one it says takes none (int8)
             ins = [tensors[t] for t in node["inputs"][:2]]
             if any(t.get("dtype", "float32") != "float32" for t in ins):
                 continue
             if not all(isinstance(d, int) for t in ins for d in t["shape"]):
                 continue
-            found.append(PrecisionNode(knob.key(symbol, i), node["op"], f"{where}node {i}: {_node_text(graph, node)}",
-                                       backend))
+            found.append(PrecisionNode(keys[i], node["op"], f"{where}node {i}: {_node_text(graph, node)}", backend))
     return found
 
 
 def anchor_nodes(partitioned: tvm.IRModule) -> list[tuple[str, str]]:
     """``(node key, description)`` of each :func:`precision_nodes` node."""
     return [(n.key, n.label) for n in precision_nodes(partitioned)]
+
+
+def region_of(key: str) -> str:
+    """The region symbol a node key names (a knob's keys start with ``<symbol>#``)."""
+    return str(key).rpartition("#")[0]
+
+
+def node_places(keys: Iterable[str], graphs: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, int]]:
+    """``key -> (region symbol, node index)`` of each of ``keys`` found in the region documents
+    ``graphs`` (symbol -> document), through the knob of the region's backend (its ``keys``, then
+    ``locate`` for a key of another form); a key no node of ``graphs`` has is left out."""
+    by_region: dict[str, list[str]] = {}
+    for key in keys:
+        by_region.setdefault(region_of(key), []).append(key)
+    out = {}
+    for symbol, wanted in by_region.items():
+        graph = graphs.get(symbol)
+        knob = knob_of(str(graph.get("source", {}).get("target", "")), PRECISION) if graph else None
+        if knob is None or knob.keys is None:
+            continue
+        index = {k: i for i, k in enumerate(knob.keys(symbol, graph)) if k is not None}
+        for key in wanted:
+            i = index[key] if key in index else knob.locate(key, graph) if knob.locate is not None else None
+            if i is not None:
+                out[key] = (symbol, i)
+    return out
 
 
 def precision_choices(node: PrecisionNode, asked: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -224,13 +261,13 @@ def make_units(anchors: Sequence[tuple[str, str]], max_units: int = MAX_UNITS) -
 
     def close() -> None:
         if group:
-            last = group[-1][0].rpartition("#")[2]
-            name = group[0][1] if len(group) == 1 else f"{group[0][1]} ... node {last} ({len(group)} ops)"
+            last = group[-1][1].partition(":")[0]  # "node 17" of the label "node 17: conv2d ..."
+            name = group[0][1] if len(group) == 1 else f"{group[0][1]} ... {last} ({len(group)} ops)"
             units.append(PrecisionUnit(name, tuple(k for k, _ in group)))
             group.clear()
 
     for key, text in anchors:
-        if group and (len(group) == per or group[-1][0].rpartition("#")[0] != key.rpartition("#")[0]):
+        if group and (len(group) == per or region_of(group[-1][0]) != region_of(key)):
             close()
         group.append((key, text))
     close()
@@ -330,17 +367,24 @@ def partition_with_node_precisions(mod: tvm.IRModule, params: Mapping[str, Any] 
         return partition(mod, params, target=targets, options=opts, region_codegen=region_codegen)
 
     try:
-        return run(table)
+        done = run(table)
     except RuleError as err:
         if not any(get_option(b) in str(err) for b in takers):
             raise
-    regions = {symbol: (knob, graph["nodes"]) for symbol, graph, knob, _ in precision_regions(run(None))}
+    else:  # a key of a region this partition does not have reached no node: say so
+        symbols = {symbol for symbol, *_ in precision_regions(done)} if table else set()
+        for key in dict(table or {}):
+            if region_of(key) not in symbols and skipped is not None:
+                skipped[key] = "names no region of the partition the plan is built on"
+        return done
+    regions = {symbol: (knob, graph) for symbol, graph, knob, _ in precision_regions(run(None))}
     kept = {}
     for key, precision in dict(table or {}).items():
-        place = next((k.locate(key) for k, _ in regions.values() if k.locate is not None and k.locate(key)), None)
-        knob, graph_nodes = regions.get(place[0], (None, None)) if place else (None, None)
+        knob, graph = regions.get(region_of(key), (None, None))
+        index = knob.locate(key, graph) if knob is not None and knob.locate is not None else None
         why = ("no region of that name" if knob is None else
-               knob.node_reason(graph_nodes, place[1]) if knob.node_reason is not None else None)
+               "no node with that content or index" if index is None else
+               knob.node_reason(graph["nodes"], index) if knob.node_reason is not None else None)
         if why is None:
             kept[key] = precision
         elif skipped is not None:
@@ -498,14 +542,17 @@ def measure_unit_times(units: Sequence[PrecisionUnit], graphs: Mapping[str, Mapp
     timed alone (:class:`OneNode`, :func:`.measure.time_call`) through ``cache``."""
     from ..errors import first_line
 
+    places = node_places((k for u in units for k in u.keys), graphs)
     for unit in units:
         try:
             for precision in precisions:
                 total = 0.0
                 for key in unit.keys:
-                    symbol, _, index = key.rpartition("#")
-                    cache_key = node_timing_key(graphs[symbol], int(index), precision)
-                    total += time_cached(cache, cache_key, functools.partial(OneNode, graphs[symbol], int(index),
+                    if key not in places:
+                        raise ValueError(f"no node of the timed partition is {key}")
+                    symbol, index = places[key]
+                    cache_key = node_timing_key(graphs[symbol], index, precision)
+                    total += time_cached(cache, cache_key, functools.partial(OneNode, graphs[symbol], index,
                                                                              precision), repeat).median_s
                 unit.times[precision] = total
         except (RuntimeError, ValueError) as err:  # a node the runtime cannot run alone

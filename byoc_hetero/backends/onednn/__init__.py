@@ -126,8 +126,9 @@ OPTIONS = {
     "algorithms": Option("algorithms", "per-convolution algorithm, JSON {site key: 'direct' | 'winograd' | "
                          "'auto'} (what bh.tune measured; ops/conv2d.py conv_site_key)", None, check_algorithms),
     "node_precisions": Option("node_precisions", "per-node precision of conv2d / dense / matmul, JSON "
-                              "{'<region symbol>#<node index>': 'f32' | 'bf16'}, over the region's precision "
-                              "(what bh.tune decided; precision.py node_key)", None, check_node_precisions),
+                              "{'<region symbol>#<node>': 'f32' | 'bf16'}, over the region's precision; a node by "
+                              "its content key (what bh.tune decided; precision.py content_keys) or its index "
+                              "(node_key)", None, check_node_precisions),
     "region_threads": Option("region_threads", "threads per region call, JSON {region key: n}, at most the "
                              "process's count (what bh.tune measured)", None, codegen.check_region_threads),
 }
@@ -149,21 +150,21 @@ VARIANTS = {
         Variant("conv2d", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
         Variant("conv2d", "int8", "u8 activations, per-channel s8 weights, s32 accumulation", _INT8_BY, _INT8_WHEN,
-                "precision", applied="quantize"),
+                "precision", applied="quantize", layers=("conv2d",)),
     ),
     "dense": (
         Variant("dense", "f32", "oneDNN inner product / matmul in float32", "precision='f32'", level="precision"),
         Variant("dense", "bf16", "bf16 weights and activations, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
         Variant("dense", "int8", "u8 activations, per-channel s8 weights, s32 accumulation", _INT8_BY, _INT8_WHEN,
-                "precision", applied="quantize"),
+                "precision", applied="quantize", layers=("matmul",)),
     ),
     "matmul": (
         Variant("matmul", "f32", "oneDNN matmul in float32", "precision='f32'", level="precision"),
         Variant("matmul", "bf16", "bf16 operands, f32 accumulation", "precision='bf16'",
                 "a CPU with native bf16 (avx512_core_bf16)", "precision"),
         Variant("matmul", "int8", "u8 / s8 operands, s32 accumulation", _INT8_BY, _INT8_WHEN, "precision",
-                applied="quantize"),
+                applied="quantize", layers=("matmul",)),
     ),
 }
 """The implementation variants the oneDNN backend offers per op (what a tuner enumerates)."""

@@ -12,7 +12,9 @@ which wins over the region's.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from typing import Any
 
 from tvm import relax
@@ -153,13 +155,80 @@ PRECISION_OPS: tuple[str, ...] = ("conv2d", "dense", "matmul")
 
 
 def node_key(symbol: str, index: int) -> str:
-    """The key of node ``index`` of region ``symbol`` in the option ``node_precisions``: a place in
-    one partitioned model (equal convolutions at two places may get two precisions)."""
+    """The positional key of node ``index`` of region ``symbol`` in the option ``node_precisions``:
+    a place in one partitioned model (what ``bh.report`` shows; a hand-written option may use it)."""
     return f"{symbol}#{int(index)}"
 
 
+_CONTENT_KEY = re.compile(r"[a-z0-9_]+\.[0-9a-f]{12}\.[0-9]+")
+
+
+def _field(item: Any, name: str) -> Any:
+    """``name`` of a region document's node / graph (a dict) or of a lowering one (attributes)."""
+    return item[name] if isinstance(item, dict) else getattr(item, name)
+
+
+def _constant_sources(graph: Any) -> dict[int, str]:
+    """Tensor -> the content digest it is made from, for each tensor known when the region is
+    initialized: a constant's own digest; a node computing from such tensors alone (a batch norm
+    folded into a weight, a dequantize of int8 weights) has its first input's."""
+    found = {c["tensor"]: str(c.get("digest", c.get("name", ""))) for c in _field(graph, "constants")}
+    for node in _field(graph, "nodes"):
+        inputs = _field(node, "inputs")
+        if inputs and all(t in found for t in inputs):
+            found[_field(node, "output")] = found[inputs[0]]
+    return found
+
+
+def _content(graph: Any, node: Any, sources: dict[int, str]) -> str:
+    """What a conv2d / dense / matmul node computes, in terms no region pass moves: its op and its
+    weight's shape and content digest, or, for a product of two run-time values (attention's
+    scores), its op and both operands' shapes."""
+    tensors, inputs = _field(graph, "tensors"), _field(node, "inputs")[:2]
+    if len(inputs) == 2 and inputs[1] in sources:
+        parts = [_field(node, "op"), tensors[inputs[1]]["shape"], sources[inputs[1]]]
+    else:
+        parts = [_field(node, "op"), [tensors[t]["shape"] for t in inputs]]
+    return json.dumps(parts, default=str)
+
+
+def content_keys(symbol: str, graph: Any) -> list[str | None]:
+    """The content key of each node of a region graph (a document or a lowering ``RegionGraph``) in
+    the option ``node_precisions``, None for a node of no :data:`PRECISION_OPS` kind:
+    ``<symbol>#<op>.<digest of what it computes>.<n>`` (``n``: how many earlier nodes of the region
+    compute the same, usually 0).
+
+    Why not the node's index: the region-graph passes between the partition a tuner measured and
+    the one it applies its decisions to may differ (a bf16 region keeps attention unfused, an int8
+    neighbour changes what fuses), which moves every later node (issue 35: BERT-base's keys met a
+    reshape). A node's weight (its content digest) and shapes are the same in both."""
+    sources, seen, out = _constant_sources(graph), {}, []
+    for node in _field(graph, "nodes"):
+        op = _field(node, "op")
+        if op not in PRECISION_OPS:
+            out.append(None)
+            continue
+        digest = hashlib.sha256(_content(graph, node, sources).encode()).hexdigest()[:12]
+        n = seen[(op, digest)] = seen.get((op, digest), -1) + 1
+        out.append(f"{symbol}#{op}.{digest}.{n}")
+    return out
+
+
+def locate_node(key: str, graph: Any) -> int | None:
+    """The index of the node ``key`` names in region graph ``graph`` (a document or a lowering
+    ``RegionGraph``): a content key (:func:`content_keys`) or a positional one (:func:`node_key`);
+    None where no node of the graph has that content or index."""
+    rest = str(key).rpartition("#")[2]
+    if rest.isdigit():
+        return int(rest) if int(rest) < len(_field(graph, "nodes")) else None
+    symbol = str(key).rpartition("#")[0]
+    keys = content_keys(symbol, graph)
+    return keys.index(key) if key in keys else None
+
+
 def check_node_precisions(value: Any) -> str:
-    """Validate the option ``node_precisions``: JSON ``{"<region symbol>#<node index>": "f32" | "bf16"}``."""
+    """Validate the option ``node_precisions``: JSON ``{"<region symbol>#<node>": "f32" | "bf16"}``,
+    a node named by its index or by its content key (:func:`content_keys`)."""
     from ...errors import RuleError
 
     try:
@@ -170,9 +239,10 @@ def check_node_precisions(value: Any) -> str:
     if not isinstance(table, dict):
         raise RuleError(f"option node_precisions of backend 'onednn' must be a JSON object, got {type(table).__name__}")
     for key, precision in table.items():
-        symbol, _, index = str(key).rpartition("#")
-        if not symbol or not index.isdigit():
-            raise RuleError(f"option node_precisions: key {key!r} is not '<region symbol>#<node index>'")
+        symbol, _, node = str(key).rpartition("#")
+        if not symbol or not (node.isdigit() or _CONTENT_KEY.fullmatch(node)):
+            raise RuleError(f"option node_precisions: key {key!r} is not '<region symbol>#<node index>' or "
+                            "'<region symbol>#<op>.<12 hex digits>.<n>' (a content key)")
         if precision not in PRECISIONS:
             raise RuleError(f"option node_precisions: node {key} asks for {precision!r}; "
                             f"expected one of {list(PRECISIONS)}")
@@ -196,24 +266,28 @@ def node_precision_reason(nodes: list[Any], index: int) -> str | None:
 @graph_pass
 def apply_node_precisions(graph) -> None:
     """Each conv2d / dense / matmul node the backend option ``node_precisions`` names (by region
-    symbol and node index) gets that ``precision`` attr, which the runtime honours over the
-    region's (cpp/kernels/kernel.cc, NodeComputesBf16). Why: a whole model is often one region,
-    and a tuner keeps only the layers whose bf16 rounding moves the output most in f32; the
-    decision must reach the node the layer became, after every other pass: it runs last, so a
-    node index is the one of the serialized graph (what ``bh.report`` and a tuner read), and it
-    changes no node's place. A key naming another kind of node is a RuleError (only anchors have
-    a precision)."""
+    symbol and content key, :func:`content_keys`, or node index) gets that ``precision`` attr, which
+    the runtime honours over the region's (cpp/kernels/kernel.cc, NodeComputesBf16). Why: a whole
+    model is often one region, and a tuner keeps only the layers whose bf16 rounding moves the
+    output most in f32; the decision must reach the node the layer became, after every other pass:
+    it runs last, so a node index is the one of the serialized graph (what ``bh.report`` and a
+    tuner read), and it changes no node's place. A key naming another kind of node, or no node, is
+    a RuleError (only anchors have a precision)."""
     chosen = graph.options.get("node_precisions")
     if not chosen:
         return
     from ...errors import RuleError
 
+    found: dict[str, int] | None = None  # content key -> node index, worked out once
     for key, precision in json.loads(str(chosen)).items():
-        symbol, _, index = key.rpartition("#")
-        if symbol != graph.symbol:
+        if key.rpartition("#")[0] != graph.symbol:
             continue
-        what = node_precision_reason(graph.nodes, int(index))
+        if found is None:
+            found = {k: i for i, k in enumerate(content_keys(graph.symbol, graph)) if k is not None}
+        index = found[key] if key in found else locate_node(key, graph)
+        what = (node_precision_reason(graph.nodes, index) if index is not None else
+                f"no node of the region (none with that index or content among its {len(graph.nodes)})")
         if what:
             raise RuleError(f"option node_precisions: node {key} is {what}; only float "
                             f"{', '.join(PRECISION_OPS)} nodes take a precision")
-        graph.nodes[int(index)].attrs["precision"] = precision
+        graph.nodes[index].attrs["precision"] = precision

@@ -6,7 +6,8 @@ its regions, keyed the backend's way and applied through its options.
   :data:`~byoc_hetero.backends.onednn.VARIANTS` of level ``algorithm``; a site is timed alone as
   a one-node region of the runtime (:class:`OneConv`);
 * ``precision`` (option ``node_precisions``): f32 or bf16 per conv2d / dense / matmul node, keyed
-  by region symbol and node index (:func:`.precision.node_key`);
+  by region symbol and what the node computes (:func:`.precision.content_keys`: op, weight shape and
+  digest), which survives the passes that differ between the partition measured and the one applied;
 * ``threads`` (option ``region_threads``): the process's thread count or fewer per region, keyed
   by the region's key.
 
@@ -26,7 +27,7 @@ import tvm
 from ...targets import Knob
 from .ops.conv2d import conv_site_key, float_conv_sites
 from . import precision
-from .precision import node_key, node_precision_reason
+from .precision import content_keys, locate_node, node_precision_reason
 from .table import TARGET
 
 
@@ -139,12 +140,6 @@ def _conv_fixed(site: ConvSite) -> str:
     return ""
 
 
-def _locate_node(key: str) -> tuple[str, int] | None:
-    """``(region symbol, node index)`` of a :func:`.precision.node_key`; None for another form."""
-    symbol, _, index = str(key).rpartition("#")
-    return (symbol, int(index)) if symbol and index.isdigit() else None
-
-
 def _precision_native(asked: str) -> str:
     """Why ``asked`` runs as another precision on this machine ("" where it runs as asked); read
     through the module at each call (a test may stand in for the CPU's answer). int8 runs as asked
@@ -158,7 +153,7 @@ def _precision_native(asked: str) -> str:
 KNOBS = {
     "algorithm": Knob("algorithm", "algorithms", "conv2d", units=conv_sites_of, probe=_conv_probe,
                       default=_conv_default, fixed=_conv_fixed),
-    "precision": Knob("precision", "node_precisions", key=node_key, locate=_locate_node,
+    "precision": Knob("precision", "node_precisions", keys=content_keys, locate=locate_node,
                       node_reason=node_precision_reason,
                       native=_precision_native),
     "threads": Knob("threads", "region_threads"),
