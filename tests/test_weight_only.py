@@ -251,9 +251,11 @@ def test_offset_codes_relax_form_llvm_and_onednn():
 
 
 def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
-    """The AVX-512 VNNI kernels, which this project's test machine cannot run: tests/native/wq_vnni_emulated.cc
-    compiles cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly and compares every kernel with the
-    portable one (itself checked against numpy above). A VNNI CPU runs the real instruction in the tests above."""
+    """The integer kernels the CPU does not select, each against the portable one (itself checked against numpy
+    above): tests/native/wq_vnni_emulated.cc compiles cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly
+    and compares the AVX-512 VNNI kernels (which a CPU without VNNI cannot run; a VNNI CPU runs the real
+    instruction in the tests above), the AVX-512BW ones (which a VNNI CPU never selects: its users are the
+    Skylake-SP class) and the AVX2 ones, 48 cases each."""
     import os
     import shutil
     import subprocess
@@ -270,7 +272,7 @@ def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
                     os.path.join(ffi, "lib", "libtvm_ffi.so"), "-Wl,-rpath," + os.path.join(ffi, "lib")],
                    check=True, capture_output=True)
     run = subprocess.run([exe], capture_output=True, text=True)
-    assert run.returncode == 0 and "0 of 48 cases differ" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "0 of 144 cases differ" in run.stdout, run.stdout + run.stderr
 
 
 def test_int8_activations_extremes_and_nan(monkeypatch):

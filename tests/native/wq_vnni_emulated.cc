@@ -1,8 +1,10 @@
-// The VNNI micro-kernels of dense_wq (cpp/kernels/dense_wq_int8.cc) on a CPU without VNNI: the file is
-// compiled here with _mm512_dpbusd_epi32 replaced by an exact scalar emulation (u8 x s8, four products a
-// 32-bit lane, summed without saturation), and each kernel (bits 8 / 4, blocks 32 / 64 / 128, 1-4 rows, with
-// and without zero points) is compared with the portable C++ kernel on the same quantized activations.
-// Built and run by tests/test_weight_only.py::test_vnni_kernels_with_emulated_vpdpbusd; exit status 1 on a
+// The integer micro-kernels of dense_wq (cpp/kernels/dense_wq_int8.cc) that the CPU running the tests does
+// not select: the VNNI ones on a CPU without VNNI, the AVX-512BW ones on a CPU with it (SelectIntDot takes VNNI
+// wherever the CPU has it), the AVX2 ones.  The file is compiled here with _mm512_dpbusd_epi32 replaced by an
+// exact scalar emulation (u8 x s8, four products a 32-bit lane, summed without saturation), and each kernel
+// (VNNI emulated, AVX-512BW, AVX2; bits 8 / 4, blocks 32 / 64 / 128, 1-4 rows, with and without zero points) is
+// compared with the portable C++ kernel on the same quantized activations.  Built and run by
+// tests/test_weight_only.py::test_vnni_kernels_with_emulated_vpdpbusd (on an AVX-512BW CPU); exit status 1 on a
 // mismatch.
 #include <immintrin.h>
 
@@ -33,8 +35,8 @@ using byoc_hetero::wq::IntDot;
 using byoc_hetero::wq::kActBlock;
 using byoc_hetero::wq::QTileJob;
 
-/*! \brief Max |vnni - generic| over the largest |generic| for one case (codes, scales, zero points random). */
-static float Compare(std::mt19937& rng, int bits, int64_t block, int rows, bool zp) {
+/*! \brief Max |kernel - generic| over the largest |generic| for one case (codes, scales, zero points random). */
+static float Compare(std::mt19937& rng, IntDot kernel, int bits, int64_t block, int rows, bool zp) {
   const int64_t k = 256, xb = k / kActBlock, blocks = k / block;
   std::vector<uint8_t> codes(k * 16 * bits / 8);
   for (auto& c : codes) c = static_cast<uint8_t>(rng() & 0xFF);
@@ -48,7 +50,7 @@ static float Compare(std::mt19937& rng, int bits, int64_t block, int rows, bool 
   byoc_hetero::wq::QuantizeRows(x.data(), rows, k, xq.data(), xs.data(), xss.data());
   QTileJob job{xq.data(), xs.data(), xss.data(), codes.data(), scales.data(), zp ? zeros.data() : nullptr,
                bits == 8 ? 128.f : 8.f, k, block, rows, vnni.data()};
-  FindQTileFn(IntDot::kAvx512Vnni, bits)(job);
+  FindQTileFn(kernel, bits)(job);
   job.out = generic.data();
   FindQTileFn(IntDot::kGeneric, bits)(job);
   float worst = 0.f, scale = 0.f;
@@ -62,18 +64,21 @@ static float Compare(std::mt19937& rng, int bits, int64_t block, int rows, bool 
 int main() {
   std::mt19937 rng(1);
   int cases = 0, bad = 0;
-  for (int bits : {8, 4})
-    for (int64_t block : {32, 64, 128})
-      for (int rows = 1; rows <= 4; ++rows)
-        for (bool zp : {false, true}) {
-          const float err = Compare(rng, bits, block, rows, zp);
-          ++cases;
-          if (err > 1e-5f) {
-            ++bad;
-            std::printf("bits %d block %ld rows %d zero points %d: relative error %g\n", bits, static_cast<long>(block),
-                        rows, static_cast<int>(zp), err);
+  for (IntDot kernel : {IntDot::kAvx512Vnni, IntDot::kAvx512Bw, IntDot::kAvx2})
+    for (int bits : {8, 4})
+      for (int64_t block : {32, 64, 128})
+        for (int rows = 1; rows <= 4; ++rows)
+          for (bool zp : {false, true}) {
+            const float err = Compare(rng, kernel, bits, block, rows, zp);
+            ++cases;
+            if (err > 1e-5f) {
+              ++bad;
+              std::printf("%s bits %d block %ld rows %d zero points %d: relative error %g\n",
+                          byoc_hetero::wq::IntDotName(kernel), bits, static_cast<long>(block), rows,
+                          static_cast<int>(zp), err);
+            }
           }
-        }
-  std::printf("VNNI kernels (emulated vpdpbusd) vs the portable ones: %d of %d cases differ\n", bad, cases);
+  std::printf("VNNI (emulated vpdpbusd), AVX-512BW and AVX2 kernels vs the portable ones: %d of %d cases differ\n",
+              bad, cases);
   return bad != 0;
 }
