@@ -15,7 +15,8 @@ oneDNN's version and ISA are printed with the table.
     python3 bench/int8.py                      # every model, full size (slow to quantize and compile)
     python3 bench/int8.py --differential ,AVX2 --pre-process --models convnext_tiny,bert_base_dynamic
     python3 bench/int8.py --differential "" --pre-process --small --default-exporter --models gpt2,wav2vec2_base_dynamic
-    python3 bench/int8.py --differential ,AVX512_CORE_VNNI,AVX2_VNNI --llvm-reference none --pre-process --models resnet50
+    python3 bench/int8.py --differential ,AVX512_CORE_VNNI,AVX2_VNNI --llvm-reference none --pre-process \\
+        --models resnet50
 
 ``--differential [ISAS]`` times nothing: per model, oneDNN ISA cap (``ONEDNN_MAX_CPU_ISA``, one process
 each) and int8 path (the fusions as that ISA gets them; ``BYOC_HETERO_INT8=saturating``) it prints ONNX

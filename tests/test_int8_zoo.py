@@ -231,3 +231,32 @@ def test_zoo_int8_matches_the_reference_on_every_isa_path(zoo_files, model, isa)
         _, ref_err, apart = ref
         assert ours["vs_f32"] <= 1.25 * ref_err, (result["isa"], mode, ours, row)
         assert apart <= apart_bound(row, ref_err), (result["isa"], mode, ours, row)
+
+
+def test_reference_rule_per_cpu_and_path(tmp_path):
+    """bench/int8.py's reference rule on made-up rows: ONNX Runtime where both sides compute alike, the exact
+    float emulation where only ours is exact, none for oneDNN's saturating kernels beside an exact ONNX
+    Runtime; one output step allowed where the reference is closer to float32 than that."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    int8 = {"precision": ["int8 (3 of 3 conv2d/dense/matmul int8)"], "vs_ort": 0.2, "vs_ort_float": 0.3}
+    f32 = {"precision": ["mixed (0 of 3 conv2d/dense/matmul int8)"], "vs_ort": 0.2, "vs_ort_float": 0.3}
+    row = {"ort_vs_f32": 0.02, "ort_float_vs_f32": 0.03, "default": f32, "saturating": int8}
+    assert reference(row, "saturating", "avx2", ort_exact=True) is None
+    assert reference(row, "saturating", "avx2", ort_exact=False) == ("ORT", 0.02, 0.2)
+    assert reference(row, "saturating", "avx2_vnni", ort_exact=True) == ("ORT", 0.02, 0.2)
+    assert reference(row, "default", "avx2", ort_exact=False) == ("ORT unfused", 0.03, 0.3)
+    assert reference(row, "default", "avx2", ort_exact=True) == ("ORT", 0.02, 0.2)
+    assert reference(dict(row, llvm_vs_f32=0.04, default=dict(f32, vs_llvm=0.4)), "default", "avx2",
+                     ort_exact=False) == ("llvm-only", 0.04, 0.4)
+    assert apart_bound(row, 0.02) == 0.02 and apart_bound(dict(row, out_step=0.05), 0.02) > 0.05
+
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+        "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]), helper.make_tensor("z", TensorProto.UINT8, [], [0])])
+    onnx.save(helper.make_model(graph), tmp_path / "qdq.onnx")
+    assert output_step(str(tmp_path / "qdq.onnx"), np.array([2.0, -4.0])) == 0.125
