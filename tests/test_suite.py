@@ -29,6 +29,10 @@ CPUS = {
              {"AVX2": "avx2", "AVX512_CORE": "avx512_core", "AVX512_CORE_VNNI": "avx512_core_vnni",
               "AVX512_CORE_BF16": "avx512_core_bf16", "AVX2_VNNI": "avx2"},
              ("", "AVX2", "AVX512_CORE")),
+    "zen5": ("avx512_core_bf16",  # Zen 4 plus AVX-VNNI: AVX2_VNNI is a path of its own (session 14's machine)
+             {"AVX2": "avx2", "AVX512_CORE": "avx512_core", "AVX512_CORE_VNNI": "avx512_core_vnni",
+              "AVX512_CORE_BF16": "avx512_core_bf16", "AVX2_VNNI": "avx2_vnni"},
+             ("", "AVX2", "AVX512_CORE", "AVX2_VNNI")),
     "ice_lake": ("avx512_core_vnni",
                  {"AVX2": "avx2", "AVX512_CORE": "avx512_core", "AVX512_CORE_VNNI": "avx512_core_vnni",
                   "AVX512_CORE_BF16": "avx512_core_vnni", "AVX2_VNNI": "avx2"},
@@ -54,7 +58,7 @@ def test_int8_caps_run_once_per_distinct_kernel_set(cpu, monkeypatch):
         assert "AVX512_CORE_VNNI, which runs here" in isa_cap_skip_reason("AVX512_CORE_BF16", ZOO_CAPS)
         # without the VNNI cap among the test's caps, the bf16 cap is the only run of those kernels
         assert isa_cap_skip_reason("AVX512_CORE_BF16", ("", "AVX512_CORE_BF16")) is None
-    if cpu == "zen4":
+    if cpu in ("zen4", "zen5"):
         assert "int8 kernels of this CPU's own ISA avx512_core_bf16" in isa_cap_skip_reason("AVX512_CORE_VNNI")
 
 

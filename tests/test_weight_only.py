@@ -268,10 +268,12 @@ def test_offset_codes_relax_form_llvm_and_onednn():
 
 
 def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
-    """The AVX-512 VNNI and AVX-VNNI kernels on any AVX-512BW CPU: tests/native/wq_vnni_emulated.cc compiles
-    cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly and compares every kernel with the portable one
-    (itself checked against numpy above); a VNNI CPU runs the real instructions in the tests above. It also checks
-    the activations' quantization in AVX-512 and AVX2 registers against the portable loops, bit for bit."""
+    """The integer kernels the CPU may not select, each against the portable one (itself checked against numpy
+    above): tests/native/wq_vnni_emulated.cc compiles cpp/kernels/dense_wq_int8.cc with vpdpbusd emulated exactly
+    and compares the AVX-512 VNNI and AVX-VNNI kernels (which a CPU without VNNI cannot run; a VNNI CPU runs the real
+    instructions in the tests above), the AVX-512BW ones (which a VNNI CPU never selects by default: its users are the
+    Skylake-SP class) and the AVX2 ones, 48 cases each. It also checks the activations' quantization in AVX-512 and
+    AVX2 registers against the portable loops, bit for bit."""
     import os
     import shutil
     import subprocess
@@ -288,7 +290,7 @@ def test_vnni_kernels_with_emulated_vpdpbusd(tmp_path):
                     os.path.join(ffi, "lib", "libtvm_ffi.so"), "-Wl,-rpath," + os.path.join(ffi, "lib")],
                    check=True, capture_output=True)
     run = subprocess.run([exe], capture_output=True, text=True)
-    assert run.returncode == 0 and "0 of 96 cases differ" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "0 of 192 cases differ" in run.stdout, run.stdout + run.stderr
     assert "quantized rows (AVX-512, AVX2) vs the portable loops: 0 of 8 differ" in run.stdout, run.stdout
 
 

@@ -1,8 +1,9 @@
-// The VNNI micro-kernels of dense_wq (cpp/kernels/dense_wq_int8.cc) on a CPU without VNNI: the file is
-// compiled here with _mm512_dpbusd_epi32 (AVX-512 VNNI) and _mm256_dpbusd_avx_epi32 (AVX-VNNI) replaced by an
-// exact scalar emulation (u8 x s8, four products a 32-bit lane, summed without saturation), and each kernel of
-// both (bits 8 / 4, blocks 32 / 64 / 128, 1-4 rows, with and without zero points) is compared with the portable
-// C++ kernel on the same quantized activations.
+// The integer micro-kernels of dense_wq (cpp/kernels/dense_wq_int8.cc) that the CPU running the tests may not
+// select: the VNNI ones on a CPU without VNNI (compiled here with _mm512_dpbusd_epi32 (AVX-512 VNNI) and
+// _mm256_dpbusd_avx_epi32 (AVX-VNNI) replaced by an exact scalar emulation: u8 x s8, four products a 32-bit lane,
+// summed without saturation), the AVX-512BW and AVX2 ones on a CPU with VNNI (SelectIntDot takes VNNI wherever the
+// CPU has it). Each kernel (bits 8 / 4, blocks 32 / 64 / 128, 1-4 rows, with and without zero points) is compared
+// with the portable C++ kernel on the same quantized activations.
 // Built and run by tests/test_weight_only.py::test_vnni_kernels_with_emulated_vpdpbusd; exit status 1 on a
 // mismatch.
 #include <immintrin.h>
@@ -49,9 +50,8 @@ using byoc_hetero::wq::IntDot;
 using byoc_hetero::wq::kActBlock;
 using byoc_hetero::wq::QTileJob;
 
-/*! \brief Max |vnni - generic| over the largest |generic| for one case (codes, scales, zero points random) of the
- *         VNNI kernel \p dot (AVX-512 VNNI or AVX-VNNI). */
-static float Compare(std::mt19937& rng, IntDot dot, int bits, int64_t block, int rows, bool zp) {
+/*! \brief Max |kernel - generic| over the largest |generic| for one case (codes, scales, zero points random). */
+static float Compare(std::mt19937& rng, IntDot kernel, int bits, int64_t block, int rows, bool zp) {
   const int64_t k = 256, xb = k / kActBlock, blocks = k / block;
   std::vector<uint8_t> codes(k * 16 * bits / 8);
   for (auto& c : codes) c = static_cast<uint8_t>(rng() & 0xFF);
@@ -65,7 +65,7 @@ static float Compare(std::mt19937& rng, IntDot dot, int bits, int64_t block, int
   byoc_hetero::wq::QuantizeRows(x.data(), rows, k, xq.data(), xs.data(), xss.data());
   QTileJob job{xq.data(), xs.data(), xss.data(), codes.data(), scales.data(), zp ? zeros.data() : nullptr,
                bits == 8 ? 128.f : 8.f, k, block, rows, vnni.data()};
-  FindQTileFn(dot, bits)(job);
+  FindQTileFn(kernel, bits)(job);
   job.out = generic.data();
   FindQTileFn(IntDot::kGeneric, bits)(job);
   float worst = 0.f, scale = 0.f;
@@ -100,21 +100,22 @@ static bool SameQuantizedRows(std::mt19937& rng, IntDot dot) {
 int main() {
   std::mt19937 rng(1);
   int cases = 0, bad = 0;
-  for (IntDot dot : {IntDot::kAvx512Vnni, IntDot::kAvx2Vnni})
+  for (IntDot kernel : {IntDot::kAvx512Vnni, IntDot::kAvx2Vnni, IntDot::kAvx512Bw, IntDot::kAvx2})
     for (int bits : {8, 4})
       for (int64_t block : {32, 64, 128})
         for (int rows = 1; rows <= 4; ++rows)
           for (bool zp : {false, true}) {
-            const float err = Compare(rng, dot, bits, block, rows, zp);
+            const float err = Compare(rng, kernel, bits, block, rows, zp);
             ++cases;
             if (err > 1e-5f) {
               ++bad;
               std::printf("%s bits %d block %ld rows %d zero points %d: relative error %g\n",
-                          byoc_hetero::wq::IntDotName(dot), bits, static_cast<long>(block), rows, static_cast<int>(zp),
-                          err);
+                          byoc_hetero::wq::IntDotName(kernel), bits, static_cast<long>(block), rows,
+                          static_cast<int>(zp), err);
             }
           }
-  std::printf("VNNI kernels (emulated vpdpbusd) vs the portable ones: %d of %d cases differ\n", bad, cases);
+  std::printf("VNNI (emulated vpdpbusd), AVX-512BW and AVX2 kernels vs the portable ones: %d of %d cases differ\n", bad,
+              cases);
   int rows_bad = 0;
   for (IntDot dot : {IntDot::kAvx512Bw, IntDot::kAvx2})
     for (int rep = 0; rep < 4; ++rep) rows_bad += SameQuantizedRows(rng, dot) ? 0 : 1;
