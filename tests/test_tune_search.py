@@ -118,3 +118,36 @@ def test_fastest_each_keeps_f32_on_a_tie_and_skips_a_single_precision_plan():
     assert mix is not None and mix.table == {"r#0": "bf16", "r#1": "f32", "r#2": "bf16"}
     space.units[1].times["bf16"] = 1.0
     assert fastest_each(space, report) is None  # all bf16: the all-bf16 candidate already
+
+
+class _Timings:
+    """Stand-in for :class:`~byoc_hetero.tune.plan_errors.PlanErrors`'s end-to-end timings: given ones, in order."""
+
+    def __init__(self, timings):
+        self.given = timings
+
+    def timings(self, tables, sample, rounds, repeat, measure):
+        assert len(tables) == len(self.given)
+        return list(self.given)
+
+
+@pytest.mark.parametrize("mix_ms,spread,kept", [
+    (9.9, 0.05, "all bf16"),    # 1% faster, within a 5% spread: a tie, the smaller error wins
+    (9.9, 0.0, "tuned mix"),    # 1% faster with no spread: faster wins
+    (8.0, 0.05, "tuned mix"),   # 20% faster: beyond the spread
+    (10.4, 0.05, "default"),    # the default within the spread of the fastest: float32 first
+])
+def test_pick_breaks_ties_within_the_spread_by_error(mix_ms, spread, kept):
+    """End-to-end plans closer than their timings' spread are a tie; a tie keeps the smaller error (a float32 plan
+    first), so a noisy 1% does not buy twice the error — yet a real gain, or any gain measured without spread, wins."""
+    from byoc_hetero.tune.cache import Timing
+    from byoc_hetero.tune.plans import PlanResult, pick
+
+    default = PlanResult("default")
+    bf16 = PlanResult("all bf16", {"a": "bf16", "b": "bf16"}, calibration_error=2e-3, holdout_error=2.5e-3)
+    mix = PlanResult("tuned mix", {"a": "int8", "b": "bf16"}, calibration_error=4e-3, holdout_error=5e-3)
+    default_ms = 10.4 if kept == "default" else 12.0
+    timings = [Timing(default_ms * 1e-3, 9, spread), Timing(10.0e-3, 9, spread), Timing(mix_ms * 1e-3, 9, spread)]
+    report = PrecisionReport(("f32", "bf16", "int8"), 1e-2)
+    best = pick(report, [default], [bf16, mix], [], 3, 3, _Timings(timings))
+    assert best.name == kept and report.kept == kept

@@ -708,12 +708,26 @@ def pick(report: PrecisionReport, float_plans: list[PlanResult], candidates: lis
           sample: Sequence[np.ndarray], rounds: int, repeat: int, errors: PlanErrors) -> PlanResult:
     """Time the float32 plans and the candidates end to end, alternating (or read those figures
     from the cache, :meth:`.plan_errors.PlanErrors.timings`); the fastest wins, the default unless
-    another is measured faster (never slower than the default)."""
+    another is measured faster (never slower than the default). Plans within the timings' spread
+    (IQR / median) of the fastest are a tie, and a tie goes to the smaller error, a float32 plan
+    first: a mix measured 1% faster than all-bf16 with twice its error on a noisy machine is not
+    a win (session 14, ConvNeXt-T, loaded Zen 5: the mix was kept at 1.08x all-bf16's time)."""
     timed = float_plans + candidates
     tables = [p.table or {"": p.name} for p in timed]
     for plan, timing in zip(timed, errors.timings(tables, sample, rounds, repeat,
                                                   lambda: time_plans(timed, sample, rounds, repeat))):
         plan.timing = timing
-    best = min(timed, key=lambda p: p.timing.median_s)
+    fastest = min(timed, key=lambda p: p.timing.median_s)
+
+    def tied(p: PlanResult) -> bool:
+        margin = max(fastest.timing.spread, p.timing.spread)
+        return p.timing.median_s <= fastest.timing.median_s * (1.0 + margin)
+
+    def error(p: PlanResult) -> float:
+        if any(p is f for f in float_plans):
+            return -1.0
+        return max((e for e in (p.calibration_error, p.holdout_error) if e is not None), default=0.0)
+
+    best = min((p for p in timed if tied(p)), key=lambda p: (error(p), p.timing.median_s))
     report.kept = best.name
     return best
