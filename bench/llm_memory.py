@@ -207,7 +207,7 @@ def main() -> None:
             args.model = args.hf
         else:
             torch.manual_seed(0)
-            model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
+            model = transformers.AutoModelForCausalLM.from_config(model_config(args.model, small=False)).eval()
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         mark(rows, "+ the transformers model")
         gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)
