@@ -1,7 +1,7 @@
 """Where the resident memory of ``bh.llm`` generation goes, stage by stage (issue 36's memory target).
 
     PYTHONPATH=. python bench/llm_memory.py --model smollm_135m --threads 2 [--contention] [--weights int8]
-        [--save DIR] [--gguf FILE] [--hf FOLDER]
+        [--save DIR] [--gguf FILE] [--hf FOLDER] [--phases]
     PYTHONPATH=. python bench/llm_memory.py --load DIR     # a fresh process loading a saved generator
 
 One fresh process: imports, a seeded random transformers model of the named sizes (gen_engines.py),
@@ -56,6 +56,83 @@ def table(rows: list) -> str:
     return "\n".join(lines + [f"| {name} | {rss} | {hwm} | {anon} | {file} |" for name, rss, hwm, anon, file in rows])
 
 
+class Phases:
+    """``--phases``: VmRSS after, and the peak within (VmHWM, reset at each call's start; a call inside
+    another is a phase of its own and its peak counts in the outer one's), each call of the build's steps
+    (``PHASES``), in order: where the peak of ``from_hf`` / ``from_gguf`` comes from (tracemalloc does
+    not see TVM's, oneDNN's or numpy's C buffers)."""
+
+    def __init__(self):
+        self.rows: list = []
+        self._stack: list = []  # the running peak of each open call
+
+    def _hwm(self) -> int:
+        return status()[1]
+
+    def _reset(self) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    def wrap(self, owner, attr: str, name: str) -> None:
+        """Replace ``owner.attr`` by a function recording each of its calls as a row ``name``."""
+        inner = getattr(owner, attr)
+
+        def recorded(*args, **kwargs):
+            if self._stack:
+                self._stack[-1] = max(self._stack[-1], self._hwm())
+            self._reset()
+            self._stack.append(0)
+            before = status()[0]
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                peak = max(self._stack.pop(), self._hwm())
+                self.rows.append((name, before, status()[0], peak))
+                if self._stack:
+                    self._stack[-1] = max(self._stack[-1], peak)
+                self._reset()
+
+        setattr(owner, attr, recorded)
+
+    def install(self) -> None:
+        """Wrap the build's steps (module attributes, looked up when called)."""
+        import importlib
+
+        import tvm.relax
+
+        import byoc_hetero.llm as llm
+        from byoc_hetero.llm import generator
+
+        stages = importlib.import_module("byoc_hetero.stages")  # the package's attribute is the function
+
+        for owner, attr in ((llm, "decoder_weights"), (llm, "_quantized"),
+                            (stages, "shared_params"), (stages, "bind_params"), (stages, "run_passes"),
+                            (generator, "external_constants"), (tvm.relax, "build"),
+                            (generator, "spill_weights"), (generator, "give_constants"),
+                            (generator, "return_freed_heap")):
+            if hasattr(owner, attr):  # an older tree may lack one (spill_weights: session 14)
+                self.wrap(owner, attr, f"{owner.__name__.split('.')[-1]}.{attr}")
+        inner_stages = stages.stages
+
+        def wrapped_stages(*args, **kwargs):
+            out = []
+            for i, stage in enumerate(inner_stages(*args, **kwargs)):
+                holder = type("Stage", (), {"call": staticmethod(stage)})
+                self.wrap(holder, "call", f"stage {i} ({stage.info.name})")
+                out.append(holder.call)
+            return out
+
+        stages.stages = wrapped_stages
+
+    def table(self) -> str:
+        lines = ["| call (in order of return) | VmRSS before MiB | VmRSS after MiB | peak within MiB |",
+                 "|---|---|---|---|"]
+        return "\n".join(lines + [f"| {n} | {b} | {a} | {p} |" for n, b, a, p in self.rows])
+
+
 def prepared_mib(gen) -> float:
     """The regions' prepared-weight MiB, for a built (Executable) or a loaded (runtime Module) generator."""
     from byoc_hetero._relax import imported_modules
@@ -97,6 +174,7 @@ def main() -> None:
     ap.add_argument("--hf", help="a Hugging Face folder (float32) instead of --model's seeded random model")
     ap.add_argument("--save", help="then save the generator to DIR and load it in a fresh process")
     ap.add_argument("--load", help="only load the generator saved in DIR and generate (a fresh process)")
+    ap.add_argument("--phases", action="store_true", help="then a table of the build's steps (class Phases)")
     args = ap.parse_args()
     if args.load:
         os.environ.setdefault("BYOC_HETERO_ADAPT_THREADS", "off")
@@ -114,6 +192,9 @@ def main() -> None:
     from gen_engines import model_config, prompt_ids
 
     _C.set_num_threads(args.threads)
+    phases = Phases() if args.phases else None
+    if phases:
+        phases.install()
     mark(rows, "imports (torch, transformers, TVM, oneDNN)")
     if args.gguf:
         gen = bh.llm.from_gguf(args.gguf, max_length=args.prompt + args.new)
@@ -126,7 +207,7 @@ def main() -> None:
             args.model = args.hf
         else:
             torch.manual_seed(0)
-            model = transformers.LlamaForCausalLM(model_config(args.model, small=False)).eval()
+            model = transformers.AutoModelForCausalLM.from_config(model_config(args.model, small=False)).eval()
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         mark(rows, "+ the transformers model")
         gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)
@@ -150,6 +231,9 @@ def main() -> None:
     print(f"{what}; prepared weights {prepared_mib(gen):.0f} MiB; contention plans "
           f"{[i['contention_plans'] for i in info]}; oneDNN {_C.onednn_version()} ISA {_C.isa()}\n")
     print(table(rows))
+    if phases:
+        print("\nThe build's steps (--phases):\n")
+        print(phases.table())
     if args.save:
         print()
         sys.stdout.flush()

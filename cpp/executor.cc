@@ -6,6 +6,7 @@
 
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -116,7 +117,8 @@ std::unique_ptr<Executor::Context> Executor::MakeContext(const Program& prog, si
   return ctx;
 }
 
-void Executor::RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip) {
+void Executor::RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip,
+                          const std::function<void(size_t)>& after) {
   const bool timed = profiling_.load(std::memory_order_relaxed);
   const std::vector<PlannedStep>& steps = *prog.steps;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -141,6 +143,7 @@ void Executor::RunProgram(const Program& prog, Context& ctx, const std::vector<b
       prog.counters[i].calls.fetch_add(1, std::memory_order_relaxed);
       prog.counters[i].nanos.fetch_add(ns, std::memory_order_relaxed);
     }
+    if (after) after(i);
   }
   dnnl_status_t status = dnnl_stream_wait(ctx.stream.get());
   if (status != dnnl_success) {
@@ -183,6 +186,38 @@ std::vector<bool> InitStepsToRun(const Plan& p, const std::vector<bool>& filled,
     }
   }
   return run;
+}
+
+/*! \brief Per init step, what it is the last running step to touch (the first call's peak was the
+ *         prepared weights plus every layer's folded intermediate and every constant's pages). */
+struct InitLastUses {
+  std::vector<std::vector<size_t>> shared;  // buffers PreparedWeights::DiscardInitOnly may hand back
+  std::vector<std::vector<std::pair<size_t, size_t>>> constants;  // (constant, bytes read): ReleaseFilePages
+};
+
+InitLastUses LastInitUses(const Plan& p, const std::vector<bool>& run) {
+  std::vector<int> last(p.shared.size(), -1), last_const(p.num_constants, -1);
+  std::vector<size_t> const_bytes(p.num_constants, 0);
+  for (size_t i = 0; i < run.size(); ++i) {
+    if (!run[i]) continue;
+    for (const auto& [arg, ref] : p.init_steps[i].args) {
+      const Slot& slot = p.slots[ref.slot];
+      if (slot.kind == SlotKind::kShared) last[slot.index] = static_cast<int>(i);
+      if (slot.kind == SlotKind::kConstArg && static_cast<size_t>(slot.index) < last_const.size()) {
+        last_const[slot.index] = static_cast<int>(i);
+        const_bytes[slot.index] = std::max(const_bytes[slot.index], ref.md.get_size());
+      }
+    }
+  }
+  InitLastUses out{std::vector<std::vector<size_t>>(run.size()),
+                   std::vector<std::vector<std::pair<size_t, size_t>>>(run.size())};
+  for (size_t b = 0; b < last.size(); ++b) {
+    if (last[b] >= 0) out.shared[last[b]].push_back(b);
+  }
+  for (size_t c = 0; c < last_const.size(); ++c) {
+    if (last_const[c] >= 0) out.constants[last_const[c]].emplace_back(c, const_bytes[c]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -233,8 +268,20 @@ void Executor::FillWeights(PreparedWeights& store) {
     ctx = MakeContext(*init_, p.init_scratch_bytes, /*with_private=*/false, weights);
   });
   for (auto& [index, mem] : ctx->bindings) mem.set_data_handle(const_cast<void*>(constants[index]));
+  // an init-only intermediate (an RMSNorm weight folded into a dense, before its reorder) hands its pages
+  // back once its last reader ran, and so do the pages of a constant mapped read-only from a file (a
+  // weights file: bh.llm), read again from it if a later plan wants them: neither the intermediates nor
+  // the constants are all resident at once beside the prepared copy
+  const InitLastUses last = LastInitUses(p, run);
+  const std::vector<std::pair<uintptr_t, uintptr_t>> mapped = ReadOnlyFileMappings();
+  auto discard = [&](size_t i) {
+    if (last.shared[i].empty() && last.constants[i].empty()) return;
+    if (dnnl_stream_wait(ctx->stream.get()) != dnnl_success) return;  // RunProgram's own wait reports it
+    for (size_t b : last.shared[i]) store.DiscardInitOnly(p, b);
+    for (const auto& [c, bytes] : last.constants[i]) ReleaseFilePages(constants[c], bytes, mapped);
+  };
   try {
-    RunProgram(*init_, *ctx, &skip);
+    RunProgram(*init_, *ctx, &skip, discard);
   } catch (...) {
     init_->prims.assign(init_->prims.size(), dnnl::primitive());
     throw;

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,7 +74,9 @@ class Executor {
   struct Context;
   std::unique_ptr<Context> MakeContext(const Program& prog, size_t scratch_bytes, bool with_private,
                                        const std::vector<void*>& weights) const;
-  void RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip);
+  /*! \brief Run \p prog's steps but those \p skip names; after step i, \p after(i) where given. */
+  void RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip,
+                  const std::function<void(size_t)>& after = nullptr);
   /*! \brief Point the run program's reads of constants in place (SharedBuffer::constant) at the
    *         store's constants, in every pooled context (no call runs meanwhile). */
   void PointAtConstants(const PreparedWeights& store);

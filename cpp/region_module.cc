@@ -28,6 +28,7 @@
 #include "region_graph.h"
 #include "compiled_region.h"
 #include "threading.h"
+#include "weights.h"
 
 namespace byoc_hetero {
 
@@ -348,6 +349,10 @@ class RegionModuleObj : public ffi::ModuleObj {
       return;
     }
     std::vector<const void*> data;
+    // the digest check reads every constant: the pages of one mapped from a weights file go back right after
+    // (bh.llm.load), so they are not all resident at once (weights.h ReleaseFilePages)
+    const std::vector<std::pair<uintptr_t, uintptr_t>> mapped =
+        constants_checked_.load() ? std::vector<std::pair<uintptr_t, uintptr_t>>() : ReadOnlyFileMappings();
     for (size_t i = 0; i < consts->size(); ++i) {
       const auto& c = graph_.constants[i];
       ffi::Tensor tensor = (*consts)[i];
@@ -358,7 +363,10 @@ class RegionModuleObj : public ffi::ModuleObj {
       // The first constants are those exported with the document (TVM's const loader calls __init_
       // once, at the first call): they must match the digests.  A later __init_ replaces them on
       // purpose (docs/region-format.md, "Calling convention") and is not compared.
-      if (!constants_checked_.load()) CheckConstantDigest(c, *tensor.GetDLTensorPtr(), data.back(), what);
+      if (!constants_checked_.load()) {
+        const size_t bytes = CheckConstantDigest(c, *tensor.GetDLTensorPtr(), data.back(), what);
+        ReleaseFilePages(data.back(), bytes, mapped);
+      }
     }
     // The tensors are kept (a reference, no copy; TVM's const loader holds them too): plans made
     // later, at new shapes of a symbolic region or for fewer threads, prepare their weights from them.
@@ -435,8 +443,10 @@ class RegionModuleObj : public ffi::ModuleObj {
   }
 
   /*! \brief A constant whose document carries a digest (version 4) must have exactly those bytes. */
-  static void CheckConstantDigest(const ConstantInfo& c, const DLTensor& t, const void* data, const std::string& what) {
-    if (c.digest.empty()) return;
+  /*! \return the bytes it read (0 without a digest). */
+  static size_t CheckConstantDigest(const ConstantInfo& c, const DLTensor& t, const void* data,
+                                    const std::string& what) {
+    if (c.digest.empty()) return 0;
     size_t bytes = (t.dtype.bits * t.dtype.lanes + 7) / 8;
     for (int d = 0; d < t.ndim; ++d) bytes *= static_cast<size_t>(t.shape[d]);
     const std::string got = DigestHex(Digest(data, bytes));
@@ -444,6 +454,7 @@ class RegionModuleObj : public ffi::ModuleObj {
       TVM_FFI_THROW(IntegrityError) << what << ": the data are damaged (digest " << got << ", the region document "
                                     << "recorded " << c.digest << " at export); re-export the library";
     }
+    return bytes;
   }
 
   std::string NameList() const {

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace byoc_hetero {
@@ -79,6 +81,40 @@ AlignedBuffer::AlignedBuffer(size_t bytes, const std::string& what) {
     TVM_FFI_THROW(RuntimeError) << what << ": out of memory: cannot allocate " << bytes << " bytes";
   }
   std::memset(ptr_.get(), 0, rounded);
+}
+
+void AlignedBuffer::Discard() {
+  const size_t mapped = ptr_.get_deleter().mapped;
+  if (ptr_ && mapped > 0) madvise(ptr_.get(), mapped, MADV_DONTNEED);  // private anonymous: zero pages again
+}
+
+std::vector<std::pair<uintptr_t, uintptr_t>> ReadOnlyFileMappings() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    // "begin-end perms offset dev inode [path]": a file's mapping has an inode other than 0. Shared and
+    // read-only ("r--s", as Python's mmap ACCESS_READ and safetensors map): its pages are always the file's
+    // (a private one made read-only after writes, as a library's relocated data, holds pages of its own)
+    std::istringstream in(line);
+    std::string range, perms, offset, dev;
+    uint64_t inode = 0;
+    if (!(in >> range >> perms >> offset >> dev >> inode) || inode == 0 || perms.size() < 4) continue;
+    if (perms[0] != 'r' || perms[1] == 'w' || perms[3] != 's') continue;
+    const size_t dash = range.find('-');
+    if (dash == std::string::npos) continue;
+    out.emplace_back(std::stoull(range.substr(0, dash), nullptr, 16), std::stoull(range.substr(dash + 1), nullptr, 16));
+  }
+  return out;
+}
+
+void ReleaseFilePages(const void* data, size_t bytes, const std::vector<std::pair<uintptr_t, uintptr_t>>& mappings) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + bytes;
+  bool inside = false;
+  for (const auto& [b, e] : mappings) inside = inside || (b <= begin && end <= e);
+  if (!inside) return;
+  const uintptr_t page = 4096, first = (begin + page - 1) / page * page, last = end / page * page;
+  if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // clean file pages
 }
 
 void PreparedWeights::SetConstants(const std::vector<const void*>& data, std::shared_ptr<const void> owner) {
@@ -161,6 +197,12 @@ void PreparedWeights::MarkFilled(const Plan& plan, const std::vector<bool>& whic
       e.filled = -1;
     }
   }
+}
+
+void PreparedWeights::DiscardInitOnly(const Plan& plan, size_t i) {
+  if (plan.shared[i].constant >= 0) return;
+  auto it = entries_.find(plan.shared[i].key);
+  if (it != entries_.end() && !it->second.run && it->second.allocated) it->second.buffer.Discard();
 }
 
 int64_t PreparedWeights::bytes() const {

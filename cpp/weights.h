@@ -10,8 +10,11 @@
  * weight too large to allocate fails the module's creation; it is filled by that plan's init
  * program when the constants arrive (executor.h) and stays read-only while calls run.  A buffer
  * only init programs read (an intermediate such as an RMSNorm weight folded into a dense before
- * the reorder into the dense's layout) is allocated while an init program fills, and freed once it
+ * the reorder into the dense's layout) is allocated while an init program fills, its pages handed
+ * back as soon as the last init step reading it ran (DiscardInitOnly), and freed once the program
  * has: a plan made later that needs it computes it again from the constants, which the store keeps.
+ * A constant mapped read-only from a file (a weights file) hands its pages back the same way
+ * (ReleaseFilePages): they are read again from the file when a later plan wants them.
  *
  * A constant a run step reads in its own plain layout has no buffer: the steps read its data in
  * place (SharedBuffer::constant; the executor points them at it when the constants arrive).
@@ -30,6 +33,7 @@
 #include <memory>
 #include <shared_mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner.h"
@@ -60,10 +64,28 @@ class AlignedBuffer {
   /*! \throws RuntimeError "<what>: out of memory: ..." when the allocation fails. */
   AlignedBuffer(size_t bytes, const std::string& what);
   void* get() const { return ptr_.get(); }
+  /*!
+   * \brief Hand the pages of a buffer that is its own mapping back to the system (they read as
+   *        zeros again; the address stays valid); a heap buffer (under 1 MiB) is left as it is.
+   */
+  void Discard();
 
  private:
   std::unique_ptr<void, BufferFree> ptr_;
 };
+
+/*!
+ * \brief The address ranges [begin, end) of this process's shared read-only mappings of files
+ *        (/proc/self/maps): memory whose pages are the file's, handed back and read again where touched.
+ */
+std::vector<std::pair<uintptr_t, uintptr_t>> ReadOnlyFileMappings();
+
+/*!
+ * \brief Hand back the resident pages wholly inside [\p data, \p data + \p bytes) if the range lies in
+ *        one of \p mappings (ReadOnlyFileMappings), else nothing: constants mapped from a weights file
+ *        (bh.llm.load, an in-process generator's spilled file) once an init program read them.
+ */
+void ReleaseFilePages(const void* data, size_t bytes, const std::vector<std::pair<uintptr_t, uintptr_t>>& mappings);
 
 class PreparedWeights {
  public:
@@ -99,6 +121,12 @@ class PreparedWeights {
   /*! \brief plan.shared[i] for each \p which[i] now holds its value; then the buffers no run
    *         program reads are freed. */
   void MarkFilled(const Plan& plan, const std::vector<bool>& which);
+  /*!
+   * \brief Hand back the pages of plan.shared[i] if no run program reads it (an init-only
+   *        intermediate whose last reader ran: FillWeights calls it after that step, so that an
+   *        init program's intermediates are not all resident at once); else nothing.
+   */
+  void DiscardInitOnly(const Plan& plan, size_t i);
 
   size_t count() const { return entries_.size(); }
   /*! \brief Bytes of the buffers allocated now. */

@@ -65,15 +65,23 @@ SCRIPT = textwrap.dedent(
     with torch.no_grad():
         want = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
                               max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS: the peak from here on
-    before = resident()
+    def peak_from_here():
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS: the peak from here on
+        return resident()
+
+    before = peak_from_here()
     gen = bh.llm.from_hf(model, max_length=160)
     build_peak = resident("VmHWM:") - before
+    built = peak_from_here()
     got = [gen.generate(ids, 4)]
+    generate_peak = resident("VmHWM:") - built
     _C.set_thread_adaptation("reduced")
     got.append(gen.generate(ids, 4))
     after = resident()
+    del model  # the generator holds its own (mapped) copy: the model's weights go
+    bh.llm.generator.return_freed_heap()
+    model_freed = after - resident()
     info = [json.loads(m["get_runtime_info"]()) for m in region_modules(gen._executable)]
     save_peak = None
     if len(sys.argv) > 1:
@@ -83,6 +91,7 @@ SCRIPT = textwrap.dedent(
         gen.save(sys.argv[1])
         save_peak = resident("VmHWM:") - saving
     print(json.dumps({"weights": weights, "growth": after - before, "build_peak": build_peak, "save_peak": save_peak,
+                      "generate_peak": generate_peak, "model_freed": model_freed,
                       "same": [bool((g == want).all()) for g in got],
                       "contention_plans": [i["contention_plans"] for i in info],
                       "prepared": sum(i["shared_bytes"] for i in info), "want": want.tolist()}))
@@ -115,12 +124,24 @@ LOAD_SCRIPT = textwrap.dedent(
 
     _C.set_num_threads(2)
     ids = np.random.default_rng(36).integers(0, 8192, (1, 128))
+    def peak():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS: the load's peak
     before, file_before, anon_before = resident()
     gen = bh.llm.load(sys.argv[1])
+    load_peak = peak() - before
     loaded_file, loaded_weights = resident()[1], mapped("weights.bin")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS: the first generate's peak
+    loaded = resident()[0]
     got = gen.generate(ids, 4)
+    generate_peak = peak() - loaded
     after, file_after, anon_after = resident()
-    print(json.dumps({"growth": after - before, "file_growth": loaded_file - file_before,
+    print(json.dumps({"growth": after - before, "file_growth": loaded_file - file_before, "load_peak": load_peak,
+                      "generate_peak": generate_peak,
                       "file_growth_after": file_after - file_before, "anon_growth": anon_after - anon_before,
                       "weights_resident": [loaded_weights, mapped("weights.bin")], "tokens": got.tolist()}))
     """
@@ -141,6 +162,19 @@ they ran (SmolLM-135M: 3.2x the weights over the model, bench/GENERATE.md sessio
 GROWTH_BOUND = 2.4
 """Growth from before ``from_hf`` to after generating on every plan, in weights. Session 12: 1.98x (the
 constants are the model's tensors, no copy); session 10: 2.84x (9: 3.6x; before: 6.6x)."""
+
+FIRST_CALL_PEAK_BOUND = 1.25
+"""The first generate's peak over the process before it, in weights (plus RUNTIME_ALLOWANCE): the prepared
+copy (1x) while it is written, and of what it is prepared from only one tensor at a time. Session 14 (Zen 5),
+the test decoder: 105.8 MiB in the building process, 105.2 in a loading one, within 1.25x + 32 = 112 MiB; before
+(main ca772f1, same machine), 121.1 and 185.2: every layer's RMSNorm-folded intermediate stayed until the whole
+init program had run, and in a loading process every page of the weights file it read too (a loaded
+SmolLM-135M: 1426 MiB = 2.78x its weights over the load, now 756 = 1.47x)."""
+
+LOAD_PEAK_BOUND = 0.5
+"""``bh.llm.load``'s peak over the process before it, in weights: the digest check hands back each
+tensor's pages of the weights file once it read them (the largest, the tied embedding, is 0.25x here).
+Session 14: 16.0 MiB for the test decoder's 64; before, every page at once (64.2 MiB; SmolLM-135M: +512)."""
 
 SAVE_PEAK_BOUND = 0.25
 """``gen.save``'s peak over the process before it, in weights (plus RUNTIME_ALLOWANCE): the library's code
@@ -180,9 +214,16 @@ def test_generation_memory_stays_near_the_weights(measured):
     # the build's peak over the transformers model: its code and plans, no copy of the weights (the constants
     # are the model's tensors, stages.shared_params). BUILD_PEAK_BOUND's docstring: the figures
     assert out["build_peak"] <= BUILD_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, out
-    # prepared weights (1x) + q / k / v concatenated + the build's code and plans (the constants are the model's
-    # memory, alive throughout). Session 12: GROWTH_BOUND's docstring
+    # prepared weights (1x) + the build's code and plans (the constants were the model's memory, alive throughout,
+    # and are now the generator's mapped file). Session 12: GROWTH_BOUND's docstring
     assert out["growth"] <= GROWTH_BOUND * weights, out
+    # the generator holds neither the model's tensors nor the build's arrays (its regions read its own mapped
+    # file: weights_file.spill_weights), so dropping the model gives its weights back (session 14: 65.6 of 64 MiB;
+    # before, the generator kept them: 9.2)
+    assert out["model_freed"] >= 0.9 * weights, out
+    # the first generate: the prepared copy, with the RMSNorm-folded intermediates and the mapped file's pages
+    # handed back as the init program goes (FIRST_CALL_PEAK_BOUND's docstring)
+    assert out["generate_peak"] <= FIRST_CALL_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, out
     # the save: the library's code, the weights streamed to weights.bin (SAVE_PEAK_BOUND's docstring); the
     # library carries no weights (its const loader holds placeholders)
     assert out["save_peak"] <= SAVE_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, out
@@ -193,6 +234,8 @@ def test_generation_memory_stays_near_the_weights(measured):
     # the regions checked its digests
     assert loaded["tokens"] == out["want"], loaded
     assert loaded["file_growth"] <= 0.1 * weights, loaded
+    assert loaded["load_peak"] <= LOAD_PEAK_BOUND * weights, loaded  # LOAD_PEAK_BOUND's docstring
+    assert loaded["generate_peak"] <= FIRST_CALL_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, loaded
 
 
 def test_a_loaded_generator_holds_its_weights_once(measured):
@@ -235,13 +278,15 @@ def test_a_loaded_library_hands_back_the_pages_of_its_embedded_modules(tmp_path:
     np.testing.assert_array_equal(relax.VirtualMachine(lib, tvm.cpu())["main"](x).numpy(), want)
 
 
-def test_from_hf_binds_the_models_weights_without_a_copy(tmp_path: Path):
-    """The generator's constants are the transformers model's own tensors (stages.shared_params: no copy of
-    the weights while building, issue 36's build peak), here as ``from_pretrained`` maps them from a
-    safetensors file (at 8-byte offsets: read in place by the region, which needs 4): the weight matrices'
-    data are the constants the generator gives its regions (but q / k / v's, concatenated by the build; the
-    library's const loader holds placeholders), the tokens are transformers' own, and an in-place change of a
-    parameter after the build is an InputError naming it (layouts prepared before it would hold the old values)."""
+def test_from_hf_binds_the_models_weights_without_a_copy_and_keeps_a_mapped_copy(tmp_path: Path):
+    """The build binds the transformers model's own tensors (stages.shared_params: no copy of the weights
+    while building, issue 36's build peak), here as ``from_pretrained`` maps them from a safetensors file (at
+    8-byte offsets: read in place by the region, which needs 4): the partitioned step's weight matrices are
+    the model's memory (but q / k / v's, concatenated by the build). The generator then gives its regions
+    the constants from a file of its own (weights_file.spill_weights: written, mapped read-only, unlinked),
+    not the model's memory nor the build's arrays, so it holds its weights as a loaded generator does; the
+    library's const loader holds placeholders. Its tokens are transformers' own, and stay so after an
+    in-place change of a parameter of the model (the generator no longer reads the model)."""
     import numpy as np
     import torch
     import transformers
@@ -254,22 +299,67 @@ def test_from_hf_binds_the_models_weights_without_a_copy(tmp_path: Path):
                                       tie_word_embeddings=True, initializer_range=0.4)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    matrices = {name: p.data_ptr() for name, p in model.named_parameters() if p.ndim == 2}
+    assert len(matrices) == 1 + 2 * 7  # the tied embedding, q k v o gate up down of 2 layers
+    assert any(address % 64 for address in matrices.values())  # the file's offsets: no 64-byte alignment
+    part, _, _ = bh.llm.partitioned_step(model, max_length=24)
+    bound = {np.from_dlpack(t).ctypes.data for t in dict(part.attrs["const_name_to_constant"]).values()
+             if math.prod(t.shape)}
+    del part
+    # the others are the model's memory; q / k / v are read as one concatenated dense (combine_parallel_denses)
+    combined = {name for name in matrices if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))}
+    assert {name for name, address in matrices.items() if address not in bound} == combined
+
     gen = bh.llm.from_hf(model, max_length=24)
     loader = [m for m in imported_modules(gen._executable.jit()) if str(m.kind) == "const_loader"]
     assert len(loader) == 1
     # the library's const loader holds placeholders (no elements) for the regions' constants: no weights in the
-    # library; the generator holds the constants and gave them to its regions (generator.external_constants).
-    # What else it holds are a few scalars RunCodegen named that the region documents carry inline
+    # library; the generator gave its regions the constants (generator.external_constants) mapped from its file.
+    # What else the loader holds are a few scalars RunCodegen named that the region documents carry inline
     held_by_loader = {str(n): t for n, t in loader[0]["get_const_var_tensor"]().items()}
     assert gen._constants and all(math.prod(held_by_loader[n].shape) == 0 for n in gen._constants)
     assert all(math.prod(t.shape) <= 4 for t in held_by_loader.values())
+    mapping = gen._weights_file
+    assert mapping is not None and not mapping.path.exists()  # unlinked once mapped: nothing left behind
+    begin = np.frombuffer(mapping._map, dtype=np.uint8).ctypes.data
+    for name, tensor in gen._constants.items():
+        address = np.from_dlpack(tensor).ctypes.data
+        assert begin <= address < begin + len(mapping._map), name  # in the file's mapping ...
+        assert address not in matrices.values(), name  # ... not the model's memory
+    ids = np.random.default_rng(36).integers(0, 256, (1, 9))
+    with torch.no_grad():
+        want = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                              max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(gen.generate(ids, 4), want)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(2.0)
+        changed = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                                 max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
+    assert not (changed == want).all()  # the change matters to the model ...
+    np.testing.assert_array_equal(gen.generate(ids, 4), want)  # ... not to the generator built before it
+
+
+def test_a_generator_whose_weights_file_cannot_be_written_keeps_the_arrays(tmp_path: Path, monkeypatch):
+    """Where the temporary weights file cannot be written (here: BYOC_HETERO_WEIGHTS_DIR names no folder),
+    the generator keeps the build's constants (the model's tensors, no mapping) and generates the same
+    tokens; it then shares the model's memory, so an in-place change of a parameter is an InputError naming
+    it (the layouts it prepared hold the old values)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from byoc_hetero.llm.weights_file import SPILL_DIR
+
+    monkeypatch.setenv(SPILL_DIR, str(tmp_path / "nowhere"))
+    torch.manual_seed(36)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True, initializer_range=0.4)
+    model = transformers.LlamaForCausalLM(config).eval()
+    gen = bh.llm.from_hf(model, max_length=24)
+    assert gen._weights_file is None
     held = {np.from_dlpack(t).ctypes.data for t in gen._constants.values()}
-    matrices = {name: p.data_ptr() for name, p in model.named_parameters() if p.ndim == 2}
-    assert len(matrices) == 1 + 2 * 7  # the tied embedding, q k v o gate up down of 2 layers
-    # the others are the model's memory; q / k / v are read as one concatenated dense (combine_parallel_denses)
-    combined = {name for name in matrices if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))}
-    assert {name for name, address in matrices.items() if address not in held} == combined
-    assert any(address % 64 for address in matrices.values())  # the file's offsets: no 64-byte alignment
+    assert model.model.layers[1].mlp.up_proj.weight.data_ptr() in held
     ids = np.random.default_rng(36).integers(0, 256, (1, 9))
     with torch.no_grad():
         want = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
@@ -424,3 +514,64 @@ def test_placeholder_constants_wait_for_the_real_ones():
     np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-5)
     assert mod["__init_pc"]([empty(), empty()]) == 0
     np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_spill_weights_maps_an_unlinked_copy(tmp_path: Path, monkeypatch):
+    """weights_file.spill_weights (what an in-process generator gives its regions): the tensors' bytes, read
+    back through a read-only mapping of a file that is already unlinked (nothing left in the folder), each
+    page-aligned; None where the folder cannot hold the file."""
+    import numpy as np
+    import tvm
+
+    from byoc_hetero.llm.weights_file import ALIGN, SPILL_DIR, spill_weights
+
+    rng = np.random.default_rng(36)
+    arrays = {"w": rng.standard_normal((300, 7)).astype("float32"), "codes": rng.integers(-8, 8, (5, 33), "int8"),
+              "ids": np.arange(3, dtype="int64")}
+    monkeypatch.setenv(SPILL_DIR, str(tmp_path))
+    mapped = spill_weights({n: tvm.runtime.tensor(a) for n, a in arrays.items()})
+    assert mapped is not None and list(tmp_path.iterdir()) == []
+    for name, array in arrays.items():
+        got = np.from_dlpack(mapped.tensors[name])
+        np.testing.assert_array_equal(got, array)
+        assert got.dtype == array.dtype and got.ctypes.data % ALIGN == 0
+    mapped.release()  # the pages go back; the bytes read again from the (unlinked) file
+    np.testing.assert_array_equal(np.from_dlpack(mapped.tensors["w"]), arrays["w"])
+    monkeypatch.setenv(SPILL_DIR, str(tmp_path / "nowhere"))
+    assert spill_weights({"w": tvm.runtime.tensor(arrays["w"])}) is None
+    assert spill_weights({}) is None
+
+
+def test_a_quantized_generator_maps_its_codes_and_computes_as_before(tmp_path: Path, monkeypatch):
+    """An int4 generator (codes, float16 group scales: the build's own arrays, not the model's) gives its
+    regions every constant from its mapped file, none from the build's memory, and computes exactly what the
+    same build keeping its arrays computes (the file not writable: BYOC_HETERO_WEIGHTS_DIR names no folder):
+    the same logits, bit for bit, after a prefill and a decode step."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from byoc_hetero.llm.weights_file import SPILL_DIR
+
+    torch.manual_seed(36)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True, initializer_range=0.4)
+    model = transformers.LlamaForCausalLM(config).eval()
+    mapped = bh.llm.from_hf(model, max_length=24, weights="int4")
+    monkeypatch.setenv(SPILL_DIR, str(tmp_path / "nowhere"))
+    kept = bh.llm.from_hf(model, max_length=24, weights="int4")
+    assert mapped._weights_file is not None and kept._weights_file is None
+    begin = np.frombuffer(mapped._weights_file._map, dtype=np.uint8).ctypes.data
+    end = begin + len(mapped._weights_file._map)
+    assert {str(t.dtype) for t in mapped._constants.values()} >= {"float16"}  # the codes' group scales
+    assert all(begin <= np.from_dlpack(t).ctypes.data < end for t in mapped._constants.values())
+    ids = np.random.default_rng(36).integers(0, 256, (1, 9))
+    logits = []
+    for gen in (mapped, kept):
+        cache = gen.new_cache(1)
+        prefill = gen.step(ids, np.zeros(1, "int64"), np.array([9]), cache)
+        decode = gen.step(prefill.argmax(-1)[:, None], np.array([9]), np.array([1]), cache)
+        logits.append((prefill, decode))
+    np.testing.assert_array_equal(logits[0][0], logits[1][0])
+    np.testing.assert_array_equal(logits[0][1], logits[1][1])

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from ..errors import InputError
-from .generator import Generator, build_generator, load
+from .generator import Generator, build_generator, load, return_freed_heap
 from .gguf import from_gguf
 from .model import FAMILIES, DecoderSpec, decoder_spec, decoder_weights, step_module
 from .sampling import Sampler
@@ -166,15 +166,21 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     NNCF's option to leave embeddings uncompressed). The generator's ``weight_error`` is the
     quantization's measured error (:class:`~byoc_hetero.quant.WeightOnlyModel`), None for float.
     The model is read (config and weights), not run; its forward code and cache classes are not used.
-    Its float32 weights are not copied: the generator's constants are the model's tensors (shared
-    memory, kept alive by the generator; ``stages.shared_params``), so the model's parameters must
-    stay as they are while the generator lives: a call after an in-place change of one (torch counts
-    them: an optimizer step, ``with torch.no_grad(): w.mul_(2)``) raises InputError naming it
-    (build from ``copy.deepcopy(model)`` to keep training the model).
+    Its float32 weights are not copied in memory: the build binds the model's tensors as they are
+    (``stages.shared_params``), then writes the regions' constants to a temporary file of the
+    generator's own, which it maps (``weights_file.spill_weights``; the folder ``BYOC_HETERO_WEIGHTS_DIR``
+    names, else the system's temporary one): the generator holds neither the model's tensors nor the
+    build's arrays, the model can be dropped or changed afterwards, and the generator's weights are
+    resident once, as a loaded one's. Where that file cannot be written the generator keeps the
+    model's tensors instead, and a call after an in-place change of one (torch counts them: an
+    optimizer step, ``with torch.no_grad(): w.mul_(2)``) raises InputError naming it.
     """
     part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size,
                                          lm_head=lm_head, embedding=embedding)
-    return build_generator(part, spec, max_length, weights, weight_error=error, sources=model)
+    gen = build_generator(part, spec, max_length, weights, weight_error=error, sources=model)
+    del part  # the build's arrays (int8 / int4 codes, q / k / v concatenated): freed, the heap handed back
+    return_freed_heap()
+    return gen
 
 
 def _file_weights(spec: DecoderSpec, weights: dict[str, Any], max_length: int, weights_format: str | None,
@@ -211,10 +217,15 @@ def generator_from_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_le
     ``weights_format``: None keeps each weight as given (codes run as ``dense_wq`` nodes, floats as
     float32); ``"f32"`` dequantizes the codes; ``"bf16"``, ``"int8"`` / ``"int4"`` (with
     ``group_size``) as :func:`from_hf`, for float weights only. ``inv_freq`` comes from the spec.
+    The arrays are read while building (bound without a copy where aligned); the generator then maps a
+    file of its own of the constants (as :func:`from_hf`'s) and holds none of them.
     """
     part, label, error = partitioned_weights(spec, weights, max_length=max_length, weights_format=weights_format,
                                              group_size=group_size)
-    return build_generator(part, spec, max_length, label, weight_error=error)
+    gen = build_generator(part, spec, max_length, label, weight_error=error)
+    del part  # the build's arrays: freed (the caller's ``weights`` when it drops them), the heap handed back
+    return_freed_heap()
+    return gen
 
 
 def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_length: int,
@@ -222,13 +233,15 @@ def partitioned_weights(spec: DecoderSpec, weights: dict[str, Any], *, max_lengt
                         ) -> tuple[tvm.IRModule, str, float | None]:
     """What :func:`generator_from_weights` builds, before the build: (the partitioned step module,
     the weights' label, the quantization error or None). For inspecting the regions."""
-    from ..stages import partition
+    from ..stages import partition, shared_params
 
     if int(max_length) != max_length or max_length < 1:
         raise InputError(f"bh.llm: max_length must be a positive integer, got {max_length!r}")
     precision = _precision(weights_format) if weights_format is not None else None
     mod, params, error, label = _file_weights(spec, weights, int(max_length), weights_format, group_size)
-    return partition(mod, params, precision=precision), label, error
+    # bound without a copy where the arrays allow it (64-byte aligned, writable: what the file reader and the
+    # quantizer allocate); the others are copied
+    return partition(mod, shared_params(params), precision=precision), label, error
 
 
 def from_onnx(path: str | os.PathLike, *, max_length: int, weights: str | None = None, group_size: int | None = None
@@ -254,7 +267,10 @@ def from_onnx(path: str | os.PathLike, *, max_length: int, weights: str | None =
     if int(max_length) == max_length and max_length > positions:
         raise InputError(f"{WHO}: max_length {max_length} is longer than the file's cos / sin caches "
                          f"({positions} positions): the file defines no rotary angle past them")
-    return generator_from_weights(spec, params, max_length=max_length, weights_format=weights, group_size=group_size)
+    gen = generator_from_weights(spec, params, max_length=max_length, weights_format=weights, group_size=group_size)
+    del params  # the file's arrays (the generator maps its own file of them): freed, the heap handed back
+    return_freed_heap()
+    return gen
 
 
 __all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_gguf",

@@ -33,7 +33,7 @@ from ..errors import InputError
 from .model import DecoderSpec
 from .sampling import Sampler
 from .weights_file import FILE as WEIGHTS_FILE
-from .weights_file import Entry, MappedWeights, write_weights
+from .weights_file import Entry, MappedWeights, spill_weights, write_weights
 
 FORMAT = "byoc_hetero.llm"
 VERSION = 2
@@ -127,13 +127,26 @@ def give_constants(executable: Any, constants: dict[str, Any]) -> None:
 def build_generator(part: tvm.IRModule, spec: DecoderSpec, max_length: int, weights: str,
                     weight_error: float | None = None, sources: Any = None) -> Generator:
     """The :class:`Generator` of a partitioned step module: built for llvm with its oneDNN regions'
-    constants external (:func:`external_constants`), the build's freed heap handed back."""
+    constants external (:func:`external_constants`), the build's freed heap handed back.
+
+    The constants are then written to a temporary weights file and the regions get them mapped from it
+    (:func:`~.weights_file.spill_weights`): the generator holds no array of the build (nor the model's
+    tensors ``sources`` names, which it then no longer watches), and its weights are resident once, as
+    a loaded generator's (issue 36). Where the file cannot be written it keeps the arrays (and watches
+    ``sources``, :meth:`Generator.check_sources`). A caller holding ``part`` should drop it and call
+    :func:`return_freed_heap` after (the arrays it holds are freed then)."""
     part, constants = external_constants(part)
     executable = relax.build(part, target="llvm")
     del part
+    mapped = spill_weights(constants)
+    if mapped is not None:
+        # the digests checked on the arrays (resident already; the file's pages are not read until the first
+        # call's init program); the mapped tensors then replace them (a later __init_ is not compared)
+        give_constants(executable, constants)
+        constants, sources = mapped.tensors, None
     return_freed_heap()
     return Generator(executable, spec, int(max_length), weights, weight_error=weight_error, sources=sources,
-                     constants=constants)
+                     constants=constants, weights_file=mapped)
 
 
 class StepInputs:
@@ -422,9 +435,9 @@ class Generator:
         manifest = {"format": FORMAT, "version": VERSION if self._constants else 1, "max_length": self.max_length,
                     "weights": self.weights, "weight_error": self.weight_error, "spec": self.spec.to_json()}
         if self._constants:
-            entries = write_weights(folder / WEIGHTS_FILE, self._constants)
-            if self._weights_file is not None:
-                self._weights_file.release()  # the write read every page of the mapping
+            # the pages of the mapping the write reads go back tensor by tensor (not all resident at once)
+            entries = write_weights(folder / WEIGHTS_FILE, self._constants,
+                                    self._weights_file.release if self._weights_file is not None else None)
             manifest["weights_file"] = {"name": WEIGHTS_FILE, "tensors": [e.to_json() for e in entries]}
         (folder / ("partial." + MANIFEST)).write_text(json.dumps(manifest, indent=1))
         os.replace(folder / ("partial." + MANIFEST), folder / MANIFEST)

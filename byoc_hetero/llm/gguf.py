@@ -484,7 +484,7 @@ WEIGHTS = (None, "f32")
 def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None = None):
     """What :func:`from_gguf` builds, before the build: (partitioned step module, spec, weights label)."""
     from ..quant.weight_only import apply_weight_codes
-    from ..stages import partition
+    from ..stages import partition, shared_params
     from .model import step_module
 
     if weights not in WEIGHTS:
@@ -498,7 +498,9 @@ def partitioned_gguf(path: str | os.PathLike, *, max_length: int, weights: str |
     mod = step_module(spec, int(max_length))
     if codes:
         mod, params = apply_weight_codes(mod, params, codes)
-    return partition(mod, params), spec, "gguf:" + "+".join(kinds or ["f32"])
+    # arrays of the reader's own (codes, dequantized tensors) bound without a copy; views of the file's mapping
+    # (read-only) are copied
+    return partition(mod, shared_params(params)), spec, "gguf:" + "+".join(kinds or ["f32"])
 
 
 def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None = None):
@@ -517,7 +519,10 @@ def from_gguf(path: str | os.PathLike, *, max_length: int, weights: str | None =
     naming it. The generator's ``weights`` says what ran: ``"gguf:"`` and the types kept as codes
     (``"gguf:q8_0"``, ``"gguf:q4_k+q5_0"``), or ``"gguf:f32"``.
     """
-    from .generator import build_generator
+    from .generator import build_generator, return_freed_heap
 
     part, spec, label = partitioned_gguf(path, max_length=max_length, weights=weights)
-    return build_generator(part, spec, max_length, label)  # the file's dequantized weights freed
+    gen = build_generator(part, spec, max_length, label)
+    del part  # the file's arrays (the generator maps its own file of them): freed, the heap handed back
+    return_freed_heap()
+    return gen

@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 import mmap
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,11 @@ ALIGN = 4096
 
 FILE = "weights.bin"
 """The file's name in a saved generator's folder."""
+
+SPILL_DIR = "BYOC_HETERO_WEIGHTS_DIR"
+"""The environment variable naming the folder of :func:`spill_weights`'s files (default: the system's
+temporary folder, ``tempfile.gettempdir()``); it should be on a disk, not in memory (a tmpfs keeps
+the file's pages resident: nothing would be gained)."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,14 @@ def _bytes(tensor: Any) -> np.ndarray:
     return np.ascontiguousarray(tensor_view(tensor)).reshape(-1).view(np.uint8)
 
 
-def write_weights(path: str | os.PathLike, constants: Mapping[str, Any]) -> list[Entry]:
+def write_weights(path: str | os.PathLike, constants: Mapping[str, Any],
+                  after_each: Callable[[], None] | None = None) -> list[Entry]:
     """Write ``constants`` (name -> CPU tensor) to the file ``path`` and return where each lies.
 
-    One tensor at a time, from its own memory (no copy of the weights). The file is written under
-    another name and then renamed over ``path``: a generator loaded from ``path`` keeps mapping the
-    old file's bytes (a write in place would change, or cut short, what it maps).
+    One tensor at a time, from its own memory (no copy of the weights); ``after_each`` is called after
+    each (a mapping's :meth:`MappedWeights.release`: the pages the write read go back as it goes). The
+    file is written under another name and then renamed over ``path``: a generator loaded from ``path``
+    keeps mapping the old file's bytes (a write in place would change, or cut short, what it maps).
     """
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
@@ -101,6 +109,8 @@ def write_weights(path: str | os.PathLike, constants: Mapping[str, Any]) -> list
             f.write(memoryview(data))
             entries.append(Entry(name, str(tensor.dtype), tuple(int(d) for d in tensor.shape), offset, data.nbytes))
             end = offset + data.nbytes
+            if after_each is not None:
+                after_each()
     os.replace(partial, path)
     return entries
 
@@ -143,3 +153,37 @@ class MappedWeights:
         file, read again from it (the page cache) where a region reads a tensor in place later."""
         if self._map is not None and hasattr(self._map, "madvise"):
             self._map.madvise(mmap.MADV_DONTNEED)
+
+
+def spill_weights(constants: Mapping[str, Any]) -> MappedWeights | None:
+    """``constants`` (name -> CPU tensor) written to a temporary weights file and mapped from it: what an
+    in-process generator gives its regions, so that it holds its weights as a loaded one does (issue 36).
+
+    The build's arrays (a file's dequantized weights, int8 / int4 codes, q / k / v concatenated) or a
+    model's tensors can then be dropped: the regions prepare their layouts from the mapping, whose pages
+    are clean and go back (:meth:`MappedWeights.release`), where the arrays would stay resident beside the
+    prepared copy for as long as the generator lives. The file is written one tensor at a time (no copy
+    of the weights in memory) in the folder :data:`SPILL_DIR` names (else the system's temporary folder)
+    and unlinked once mapped (nothing is left behind; its disk space goes back with the generator).
+    None where it cannot be written (no space, a read-only folder): the caller keeps the arrays.
+    """
+    if not constants:
+        return None
+    folder = os.environ.get(SPILL_DIR) or tempfile.gettempdir()
+    try:
+        handle, name = tempfile.mkstemp(prefix="byoc_hetero-weights-", suffix=".bin", dir=folder)
+    except OSError:
+        return None
+    os.close(handle)
+    path = Path(name)
+    try:
+        entries = write_weights(path, constants)
+        return MappedWeights(path, entries)
+    except (OSError, ModelFileError):
+        return None
+    finally:
+        for leftover in (path, path.with_name(path.name + ".partial")):
+            try:
+                leftover.unlink()  # the mapping keeps the file's bytes
+            except OSError:
+                pass
