@@ -40,11 +40,11 @@
 
 namespace byoc_hetero {
 
-/*! \brief BYOC_HETERO_HUGE_PAGES=1: AlignedBuffers of 2 MiB or more start on a 2 MiB boundary and are advised
+/*! \brief BYOC_HETERO_HUGE_PAGES=1 (the default; 0: small pages): AlignedBuffers of 2 MiB or more start on a 2 MiB boundary and are advised
  *         MADV_HUGEPAGE (transparent huge pages where the kernel has them in `madvise` or `always` mode), so
  *         that a decode step streaming hundreds of MB of weights walks one TLB entry per 2 MiB, not per 4 KiB
  *         (numpy's own arrays of 4 MiB or more are advised so: bench/generate.py's bandwidth probe reads such
- *         pages).  Opt-in until measured on a quiet machine (bench/WEIGHT_ONLY.md); read per allocation. */
+ *         pages).  The default since session 14's quiet A/B (bench/WEIGHT_ONLY.md); read per allocation. */
 constexpr const char* kHugePagesVariable = "BYOC_HETERO_HUGE_PAGES";
 
 /*! \brief Frees an AlignedBuffer's bytes: unmaps a mapping of its own, else frees heap. */

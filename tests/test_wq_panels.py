@@ -60,7 +60,7 @@ def test_integer_panels_match_numpy_and_the_tile_kernels(monkeypatch, vnni, bits
         label = f"int8 activations ({want_dot}), integer panels of 32 columns x 6 rows ({m} rows"
         assert label + (", scales after the sum)" if folded else ")") in step, step
         _close(got, _reference(_quantize_rows(x), codes, b))
-        monkeypatch.delenv("BYOC_HETERO_WQ_PANELS")
+        monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", "0")
         tiles, plan = _run(x, codes, b)
         assert not any("panels" in line for line in plan), plan
         if folded:

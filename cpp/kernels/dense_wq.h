@@ -105,10 +105,11 @@ constexpr const char* kPrefetchVariable = "BYOC_HETERO_WQ_PREFETCH";
 int64_t PrefetchBytes();
 /*! \brief The form a call of many rows (kPanelMinRows or more, quad layout, an AVX-512 integer kernel) runs:
  *         kNone: the integer tile kernels (QTileFn) as at any rows; kFloat: panels dequantized to float32
- *         (PanelFns); kInt: the integer panel GEMM (QPanelFn).  Chosen by BYOC_HETERO_WQ_PANELS = 0 (or unset)
- *         | 1 or float | int, read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone;
- *         another value of the variable is a ValueError naming it.  Both forms are opt-in: neither has had a
- *         quiet A/B against the tile kernels (bench/GENERATE.md). */
+ *         (PanelFns); kInt: the integer panel GEMM (QPanelFn).  Chosen by BYOC_HETERO_WQ_PANELS = 0 | 1 or float |
+ *         int (or unset), read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone;
+ *         another value of the variable is a ValueError naming it.  kInt is the default: quiet A/B, Zen 5,
+ *         Qwen2.5-0.5B prefill, 2 threads, 1.14-1.26x the tile kernels at 128 and 1024 rows (bench/GENERATE.md,
+ *         session 14 end); kFloat stays opt-in (0.68-1.05x on session 13's loaded Skylake). */
 enum class PanelForm { kNone, kFloat, kInt };
 constexpr const char* kPanelVariable = "BYOC_HETERO_WQ_PANELS";
 PanelForm PanelsAsked();

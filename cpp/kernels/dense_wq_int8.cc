@@ -435,13 +435,13 @@ int64_t PrefetchBytes() {
 
 PanelForm PanelsAsked() {
   const char* env = std::getenv(kPanelVariable);
-  const std::string form = env == nullptr ? "" : env;
+  const std::string form = env == nullptr || *env == '\0' ? "int" : env;
   PanelForm asked = PanelForm::kNone;
   if (form == "1" || form == "float") {
     asked = PanelForm::kFloat;
   } else if (form == "int") {
     asked = PanelForm::kInt;
-  } else if (!form.empty() && form != "0") {
+  } else if (form != "0") {
     TVM_FFI_THROW(ValueError) << kPanelVariable << " must be 0, 1 (or float) or int, got '" << form << "'";
   }
   const char* act = std::getenv(kActVariable);
