@@ -268,19 +268,6 @@ def environment(env: dict[str, str]):
                 os.environ[name] = value
 
 
-def env_settings(specs: list[str]) -> list[dict[str, str]]:
-    """``["NAME=a,b", ...]`` -> every combination of the values, as dicts ([{}] for none)."""
-    import itertools
-
-    axes = []
-    for spec in specs:
-        name, sep, values = spec.partition("=")
-        if not sep or not name or not values:
-            raise SystemExit(f"--env wants NAME=value[,value...], got {spec!r}")
-        axes.append([(name, v) for v in values.split(",")])
-    return [dict(combo) for combo in itertools.product(*axes)]
-
-
 @contextlib.contextmanager
 def before_session13():
     """The A side of ``--ab``: the decoder's residual adds after a ``dense_wq``, the norms' gammas before
@@ -320,6 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ab-kv", action="store_true",
                     help="each generator timed with BYOC_HETERO_KV_DECODE=rows, =grouped and =split")
     args = ap.parse_args(argv)
+    from weight_only import env_settings  # the same --env as bench/weight_only.py's (this script's folder)
+
     settings = env_settings(args.env)
 
     import byoc_hetero as bh

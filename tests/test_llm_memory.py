@@ -278,6 +278,14 @@ def test_a_loaded_library_hands_back_the_pages_of_its_embedded_modules(tmp_path:
     np.testing.assert_array_equal(relax.VirtualMachine(lib, tvm.cpu())["main"](x).numpy(), want)
 
 
+def _hf_greedy(model, ids, n: int):
+    """transformers' own greedy ``generate`` of ``n`` new tokens after ``ids`` (numpy in and out)."""
+    import torch
+
+    return model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                          max_new_tokens=n, do_sample=False, pad_token_id=0).numpy()
+
+
 def test_from_hf_binds_the_models_weights_without_a_copy_and_keeps_a_mapped_copy(tmp_path: Path):
     """The build binds the transformers model's own tensors (stages.shared_params: no copy of the weights
     while building, issue 36's build peak), here as ``from_pretrained`` maps them from a safetensors file (at
@@ -328,13 +336,11 @@ def test_from_hf_binds_the_models_weights_without_a_copy_and_keeps_a_mapped_copy
         assert address not in matrices.values(), name  # ... not the model's memory
     ids = np.random.default_rng(36).integers(0, 256, (1, 9))
     with torch.no_grad():
-        want = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-                              max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
+        want = _hf_greedy(model, ids, 4)
     np.testing.assert_array_equal(gen.generate(ids, 4), want)
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight.mul_(2.0)
-        changed = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-                                 max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
+        changed = _hf_greedy(model, ids, 4)
     assert not (changed == want).all()  # the change matters to the model ...
     np.testing.assert_array_equal(gen.generate(ids, 4), want)  # ... not to the generator built before it
 
@@ -362,8 +368,7 @@ def test_a_generator_whose_weights_file_cannot_be_written_keeps_the_arrays(tmp_p
     assert model.model.layers[1].mlp.up_proj.weight.data_ptr() in held
     ids = np.random.default_rng(36).integers(0, 256, (1, 9))
     with torch.no_grad():
-        want = model.generate(torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-                              max_new_tokens=4, do_sample=False, pad_token_id=0).numpy()
+        want = _hf_greedy(model, ids, 4)
     np.testing.assert_array_equal(gen.generate(ids, 4), want)
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight.mul_(2.0)

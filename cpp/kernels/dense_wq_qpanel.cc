@@ -100,6 +100,18 @@ WQ_QPANEL_TARGET inline void Block4(const uint8_t* const* q, const int8_t* x, in
   }
 }
 
+/*! \brief acc = the products of one activation block (kActBlock k) of R rows with both tiles' codes at q. */
+template <int Bits, int R, bool Vnni>
+WQ_QPANEL_TARGET inline void BlockProducts(const uint8_t* const* q, const int8_t* x, int64_t ldx, __m512i (*acc)[kT]) {
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_si512();
+  if constexpr (Bits == 8) {
+    Block8<R, Vnni>(q, x, ldx, acc);
+  } else {
+    Block4<R, Vnni>(q, x, ldx, acc);
+  }
+}
+
 /*! \brief Block b's 16 column scales of tile t (per-block arrays \p stride apart): float16 widened, or float32. */
 WQ_QPANEL_TARGET inline __m512 Scales(const QPanelJob& j, int64_t at) {
   if (j.half_scales != nullptr) {
@@ -121,13 +133,7 @@ WQ_QPANEL_TARGET void Folded512(const QPanelJob& j) {
   const uint8_t* q[kT] = {j.codes, j.codes + j.second * j.k * 2 * Bits};
   for (int64_t a = 0; a < xblocks; ++a) {
     __m512i acc[R][kT];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_si512();
-    if constexpr (Bits == 8) {
-      Block8<R, Vnni>(q, j.xq + a * kActBlock, j.k, acc);
-    } else {
-      Block4<R, Vnni>(q, j.xq + a * kActBlock, j.k, acc);
-    }
+    BlockProducts<Bits, R, Vnni>(q, j.xq + a * kActBlock, j.k, acc);
     for (int t = 0; t < kT; ++t) q[t] += kActBlock * Bits * 2;
     for (int r = 0; r < R; ++r) {
       const __m512 sx = _mm512_set1_ps(j.xs[r * xblocks + a]);
@@ -166,13 +172,7 @@ WQ_QPANEL_TARGET void Panel512(const QPanelJob& j) {
     }
     for (int64_t a = b * per; a < (b + 1) * per; ++a) {
       __m512i acc[R][kT];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_si512();
-      if constexpr (Bits == 8) {
-        Block8<R, Vnni>(q, j.xq + a * kActBlock, j.k, acc);
-      } else {
-        Block4<R, Vnni>(q, j.xq + a * kActBlock, j.k, acc);
-      }
+      BlockProducts<Bits, R, Vnni>(q, j.xq + a * kActBlock, j.k, acc);
       for (int t = 0; t < kT; ++t) q[t] += kActBlock * Bits * 2;  // 16 columns x 32 k x Bits / 8
       for (int r = 0; r < R; ++r) {  // total += s * (sx * acc - z * sx * sum q_x) (+ o * sx * sum q_x), as Tile512Q
         const __m512 sx = _mm512_set1_ps(j.xs[r * xblocks + a]), sxs = _mm512_set1_ps(j.xss[r * xblocks + a]);
