@@ -87,6 +87,19 @@ def test_fewer_rows_keep_the_tile_kernels(monkeypatch):
     assert not any("panels" in line for line in plan) and any("int8 activations" in line for line in plan), plan
 
 
+def test_many_rows_run_the_integer_panels_by_default():
+    """With no variable set (the autouse fixture), 16 rows or more run the integer panel GEMM (the default since
+    session 14's quiet A/B), 15 rows the tile kernels; both against numpy on the same quantized activations."""
+    rng = np.random.default_rng(8)
+    codes = quantize_matrix(rng.standard_normal((37, 128)).astype(np.float32), 4, 32)
+    for m, panels in ((15, False), (16, True)):
+        x = rng.standard_normal((m, 128)).astype(np.float32)
+        got, plan = _run(x, codes)
+        step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+        assert ("integer panels" in step) == panels, step
+        _close(got, _reference(_quantize_rows(x), codes))
+
+
 @pytest.mark.parametrize("form", ["1", "int"])
 @pytest.mark.parametrize("bits,block,zp,scale_dtype", [(8, None, False, "float32"), (4, 32, True, "float16")])
 def test_panels_with_gate_and_residual(monkeypatch, form, bits, block, zp, scale_dtype):

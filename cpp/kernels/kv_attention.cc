@@ -33,11 +33,12 @@
  * throughout), so results match torch within rounding.  The per-row attention (head_dim dot
  * products, exp, the weighted value sum) is kv_attention_micro.cc's AVX-512 / AVX2 / generic
  * implementation, chosen when a region node is built or per packed call (BYOC_HETERO_KV_ISA caps it).
- * BYOC_HETERO_KV_PREFILL=blocked (read each call; auto and rows: the per-row form) runs a call of 2 new
- * rows or more in the blocked form where the ISA has one (AVX-512): each sequence's keys transposed once
- * per kv head, then tasks of about 64 query vectors (rows times the heads of one kv head's group) whose
- * tiles read each key and value row once for 8 / 4 vectors.  Measured no faster than the rows' form on a
- * loaded machine (bench/GENERATE.md, session 13), so not the default.
+ * A call of many new rows runs the blocked form where the ISA has one (AVX-512): each sequence's keys
+ * transposed once per kv head, then tasks of about 64 query vectors (rows times the heads of one kv head's
+ * group) whose tiles read each key and value row once for 8 / 4 vectors.  BYOC_HETERO_KV_PREFILL (read each
+ * call) = auto (the default: from 16 rows, UseBlocks; quiet A/B, session 13) | blocked (from 2 rows) | rows
+ * (never).  A decode step (one row) shares its heads among the threads as BYOC_HETERO_KV_DECODE says
+ * (DecodeMode: rows, the default, | grouped | split).
  */
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
