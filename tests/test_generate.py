@@ -434,9 +434,9 @@ def test_cli_generate_from_a_saved_generator_and_a_hugging_face_folder(tmp_path,
     assert f"token id {VOCAB}, outside the vocabulary" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("mode", ["split", "grouped"])
+@pytest.mark.parametrize("mode", ["split", "grouped", "rows"])
 def test_the_decode_forms_generate_transformers_tokens_over_a_long_context(monkeypatch, mode):
-    """BYOC_HETERO_KV_DECODE=split / grouped (kv_attention's opt-in decode forms) in a whole decoder: two
+    """BYOC_HETERO_KV_DECODE=split / grouped (the default) / rows in a whole decoder: two
     prompts of 200 tokens (enough keys for split's runs of 64 on 2 threads), 40 greedy tokens each, token for
     token transformers' generate."""
     from byoc_hetero import _C

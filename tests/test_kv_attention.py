@@ -287,6 +287,17 @@ def test_the_split_decode_agrees_with_the_rows_at_smollm_shapes(monkeypatch):
     np.testing.assert_array_equal(got["split"][1], got["rows"][1])
 
 
+@pytest.mark.parametrize("value,form", [(None, "grouped"), ("", "grouped"), ("rows", "rows"), ("split", "split")])
+def test_grouped_is_the_default_decode_form(monkeypatch, value, form):
+    """BYOC_HETERO_KV_DECODE unset or empty runs the grouped decode form (the default since session 15's quiet
+    A/B, bench/GENERATE.md), a set value its own; what the kernel resolves, read through its registered query."""
+    if value is None:
+        monkeypatch.delenv("BYOC_HETERO_KV_DECODE", raising=False)
+    else:
+        monkeypatch.setenv("BYOC_HETERO_KV_DECODE", value)
+    assert tvm.get_global_func("byoc_hetero.runtime.kv_decode_form")() == form
+
+
 def test_an_unknown_decode_form_is_a_value_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_KV_DECODE", "fast")
     with pytest.raises(ValueError, match="BYOC_HETERO_KV_DECODE must be rows, grouped or split, got 'fast'"):

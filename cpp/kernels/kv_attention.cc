@@ -38,7 +38,7 @@
  * group) whose tiles read each key and value row once for 8 / 4 vectors.  BYOC_HETERO_KV_PREFILL (read each
  * call) = auto (the default: from 16 rows, UseBlocks; quiet A/B, session 13) | blocked (from 2 rows) | rows
  * (never).  A decode step (one row) shares its heads among the threads as BYOC_HETERO_KV_DECODE says
- * (DecodeMode: rows, the default, | grouped | split).
+ * (DecodeForm: grouped, the default, | rows | split).
  */
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -65,6 +65,8 @@ namespace {
 namespace ffi = tvm::ffi;
 
 constexpr const char* kName = "byoc_hetero.runtime.kv_attention";
+/*! \brief What BYOC_HETERO_KV_DECODE resolves to now (DecodeForm): what a decode step runs, for tests and reports. */
+constexpr const char* kDecodeFormName = "byoc_hetero.runtime.kv_decode_form";
 
 using Shape = std::vector<int64_t>;
 
@@ -350,14 +352,22 @@ bool UseBlocks(const KvCall& c) {
   return c.g.rows >= (mode == "auto" ? kAutoBlockedRows : 2);
 }
 
-/*! \brief How a decode step (one new row) shares its work among the threads: BYOC_HETERO_KV_DECODE (read each
- *         call) = rows (the default: round robin, as a call of many rows) | grouped | split (kv_attention.h). */
-std::string DecodeMode(const KvCall& c) {
+/*! \brief The decode form BYOC_HETERO_KV_DECODE asks (read each call): grouped (the default since session 15's
+ *         quiet A/B: the kernel 1.4-1.7x faster than rows at 128 and 1024 positions, bench/GENERATE.md) | rows
+ *         (round robin, as a call of many rows) | split (kv_attention.h); another value is a ValueError. */
+std::string DecodeForm() {
   const char* env = std::getenv(kv::kDecodeVariable);
-  const std::string mode = env == nullptr || *env == '\0' ? "rows" : env;
+  const std::string mode = env == nullptr || *env == '\0' ? "grouped" : env;
   if (mode != "grouped" && mode != "rows" && mode != "split") {
     TVM_FFI_THROW(ValueError) << kv::kDecodeVariable << " must be rows, grouped or split, got '" << mode << "'";
   }
+  return mode;
+}
+
+/*! \brief How a call shares its work among the threads: a decode step (one new row) as DecodeForm says, a call
+ *         of many rows round robin. */
+std::string DecodeMode(const KvCall& c) {
+  const std::string mode = DecodeForm();
   return c.g.rows == 1 ? mode : "rows";
 }
 
@@ -554,6 +564,9 @@ BYOC_HETERO_REGISTER_KERNEL("kv_attention", BuildKvAttention, KvAttentionTraits(
 TVM_FFI_STATIC_INIT_BLOCK() {
   if (!ffi::Function::GetGlobal(kName).has_value()) {
     tvm::ffi::reflection::GlobalDef().def_packed(kName, KvAttention);
+  }
+  if (!ffi::Function::GetGlobal(kDecodeFormName).has_value()) {
+    tvm::ffi::reflection::GlobalDef().def(kDecodeFormName, DecodeForm);
   }
 }
 

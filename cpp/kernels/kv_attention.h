@@ -44,10 +44,10 @@ constexpr int64_t kKeyBlock = 16;
  *         blocked form) | rows | auto (the default: blocked from 16 rows); read at each call. */
 constexpr const char* kPrefillVariable = "BYOC_HETERO_KV_PREFILL";
 
-/*! \brief The variable choosing how a decode step's (one new row) work is shared among the threads: rows (the
- *         default: round robin, head h to thread h % threads) | grouped (contiguous shares of heads: the heads of
- *         one kv head's group on one thread, one after the other, so that its keys and values are read from
- *         memory once, then from that core's cache) | split (each head's keys cut in one run per thread, from
+/*! \brief The variable choosing how a decode step's (one new row) work is shared among the threads: grouped (the
+ *         default: contiguous shares of heads: the heads of one kv head's group on one thread, one after the
+ *         other, so that its keys and values are read from memory once, then from that core's cache) | rows
+ *         (round robin, head h to thread h % threads) | split (each head's keys cut in one run per thread, from
  *         kSplitKeys keys a run: thread i reads the i-th run of every kv head's keys and values, its heads one
  *         after the other, and the runs' softmax outputs are merged by their max scores and exp sums); read at
  *         each call. */
