@@ -310,6 +310,16 @@ def test_meta_schedule_searches_a_region_and_replays_its_record(small_search, mo
     assert _code(again) == _code(part)
 
 
+def test_meta_schedule_search_stops_at_its_time_budget(small_search, monkeypatch):
+    """With no time left (meta_schedule.SECONDS 0) no candidate is built: the search finds nothing, nothing is
+    stored, and the region compiles to the fixed rules' code."""
+    monkeypatch.setattr(small_search, "SECONDS", 0.0)
+    mod = graph({"x": (64, 256)}, lambda emit, v: relax.op.exp(v))
+    part = bh.partition(mod, target="tvm_cpu", require_heavy_op=False, options=MS)
+    assert small_search.stored() == {}
+    assert _code(part) == _code(bh.partition(mod, target="tvm_cpu", require_heavy_op=False))
+
+
 def test_meta_schedule_record_replays_a_tiled_matmul(small_search):
     """A matmul's search samples tile sizes; its record (the trace as plain JSON) replays into the same PrimFunc
     each time, which computes the product (numpy's, float64); the PrimFunc searched is left unchanged."""

@@ -200,13 +200,13 @@ def tuning_target(target: Target) -> Target:
     return Target(config)
 
 
-def _builder(seconds: float) -> tuple[Any, dict[str, Any]]:
+def _builder(deadline: float) -> tuple[Any, dict[str, Any]]:
     """A MetaSchedule builder compiling each candidate in this process (``tirx.build``), keeping the runtime
-    modules by a made-up artifact path; once ``seconds`` are spent it refuses further candidates."""
+    modules by a made-up artifact path; past ``deadline`` (``time.monotonic()``) it refuses further candidates."""
     from tvm.s_tir.meta_schedule.builder.builder import BuilderResult, _PyBuilder
 
     artifacts: dict[str, Any] = {}
-    deadline = time.monotonic() + seconds
+    seconds = deadline - time.monotonic()
 
     def build(inputs: Sequence[Any]) -> list[Any]:
         out = []
@@ -233,22 +233,25 @@ def _time_candidate(artifact: Any, args_info: Sequence[Any], rng: np.random.Gene
     try:
         args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in info.shape]).astype(str(info.dtype)), dev)
                 for info in args_info]
-        timer = artifact.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=5)
+        timer = artifact.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=5)
         return RunnerResult([float(s) for s in timer(*args).results], None)
     except Exception as err:  # noqa: BLE001 - a candidate that fails to run is a failed trial
         return RunnerResult(None, f"{type(err).__name__}: {str(err)[:2000]}")
 
 
-def _runner(artifacts: dict[str, Any]) -> Any:
-    """A MetaSchedule runner timing each built candidate in this process on random inputs."""
-    from tvm.s_tir.meta_schedule.runner.runner import RunnerFuture, _PyRunner
+def _runner(artifacts: dict[str, Any], deadline: float) -> Any:
+    """A MetaSchedule runner timing each built candidate in this process on random inputs; past ``deadline``
+    (``time.monotonic()``) it times no further candidate (a slow candidate takes seconds per call)."""
+    from tvm.s_tir.meta_schedule.runner.runner import RunnerFuture, RunnerResult, _PyRunner
 
     rng = np.random.default_rng(0)
 
     def run(inputs: Sequence[Any]) -> list[Any]:
         futures = []
         for inp in inputs:
-            result = _time_candidate(artifacts.pop(str(inp.artifact_path)), inp.args_info, rng)
+            artifact = artifacts.pop(str(inp.artifact_path))
+            result = (_time_candidate(artifact, inp.args_info, rng) if time.monotonic() <= deadline
+                      else RunnerResult(None, "byoc_hetero: the search's time is spent"))
             futures.append(RunnerFuture(lambda: True, lambda result=result: result))
         return futures
 
@@ -283,12 +286,13 @@ def search(func: tirx.PrimFunc, target: Target, trials: int | None = None, secon
     trials, seconds = trials or TRIALS, SECONDS if seconds is None else seconds
     target = tuning_target(target)
     mod = tvm.IRModule({"main": func})  # func as it is: a copy by with_attr would let the search rewrite func in place
-    builder, artifacts = _builder(seconds)
+    deadline = time.monotonic() + seconds
+    builder, artifacts = _builder(deadline)
     database = ms.database.MemoryDatabase()
     with _LOCK:  # one search at a time: MetaSchedule's task scheduler is not reentrant
         ms.tune_tasks(tasks=[_context(mod, target, seed)], task_weights=[1.0], work_dir=os.devnull,
                       max_trials_global=trials, num_trials_per_iter=min(trials, 4), builder=builder,
-                      runner=_runner(artifacts), database=database, cost_model=ms.cost_model.RandomModel(),
+                      runner=_runner(artifacts, deadline), database=database, cost_model=ms.cost_model.RandomModel(),
                       measure_callbacks=[ms.measure_callback.AddToDatabase()], task_scheduler="round-robin")
     records = database.get_top_k(database.commit_workload(mod), 1)
     if not records:
