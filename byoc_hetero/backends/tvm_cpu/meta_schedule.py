@@ -4,23 +4,23 @@ Issue 38 asks for TVM's MetaSchedule beside the fixed CPU rules of :mod:`.schedu
 into a database kept beside the tune's timing cache, the schedule chosen per region by ``bh.tune``'s option level.
 
 Why MetaSchedule's own entry points crash on this wheel (apache-tvm 0.27.0.post1 with apache-tvm-ffi 0.1.15.post2):
-the wheel's ``libtvm_compiler.so`` was built against tvm-ffi 0.1.14's C++ headers (its inline code still uses
-the ``tvm::ffi::details`` namespace that 0.1.15 renamed ``detail``; the wheel asks only ``apache-tvm-ffi>=0.1.14.post0``)
+the wheel's ``libtvm_compiler.so`` was built against tvm-ffi 0.1.14's C++ headers (its inline code still uses the
+``tvm::ffi::details`` namespace that 0.1.15 renamed ``detail``; the wheel asks only ``apache-tvm-ffi>=0.1.14.post0``)
 while this project runs apache-tvm-ffi 0.1.15.post2. The C API is unchanged between them (``c_api.h`` differs in its
 version number only), but tvm-ffi's reflection-based object-graph serializer ``tvm::ffi::ToJSONGraph``
 (``tvm.ir.save_json``, pickling a TVM object) crashes on any TVM IR object, an ``IntImm`` included: libtvm_ffi 0.1.15
 calls back into a libtvm_compiler routine compiled against the old headers, which calls through a function table at
-offset 0x18 of the object it is handed, and the process ends with SIGSEGV (a jump to an unmapped address, or an
-object pointer read from a reference count). The same wheel with apache-tvm-ffi 0.1.14.post1 (a throwaway venv)
-serializes every object tried and initializes MetaSchedule's default tune context. MetaSchedule calls
-``ToJSONGraph`` in the mutators ``MutateParallel`` / ``MutateComputeLocation`` / ``MutateThreadBinding`` (their
+offset 0x18 of the object it is handed, and the process ends with SIGSEGV (a jump to an unmapped address, or an object
+pointer read from a reference count). The same wheel with apache-tvm-ffi 0.1.14.post1 (a throwaway venv) serializes
+every object tried and initializes MetaSchedule's default tune context. MetaSchedule calls ``ToJSONGraph`` in the
+mutators ``MutateParallel`` / ``MutateComputeLocation`` / ``MutateThreadBinding`` (their
 ``InitializeWithTuneContext``), in ``DeepCopyIRModule`` (the ``replay-trace`` and ``evolutionary`` strategies, the
 per-store feature extractor of the XGBoost cost model), in the JSON database (``Workload::AsJSON``) and, through
 pickling, in ``LocalBuilder`` / ``LocalRunner``: ``ms.tune_tir`` reaches one of them whatever it is given
 (``tools/ms_crash_repro.py``, bench/TVM_CPU.md).
 
-The route (:func:`search`) reaches none of the crashing calls: the tune context made through the FFI constructor
-(not ``ms.TuneContext``, which imports ``tvm.s_tir.tensor_intrin``), the post-order-apply space with the target's
+The route (:func:`search`) reaches none of the crashing calls: the tune context made through the FFI constructor (not
+``ms.TuneContext``, which imports ``tvm.s_tir.tensor_intrin``), the post-order-apply space with the generic ``llvm``
 schedule rules and postprocessors but no mutators, the ``replay-func`` search strategy (a fresh sample of the space
 per trial: no copy of the module), MetaSchedule's ``MemoryDatabase``, and a builder and runner of this module's own
 that compile and time each candidate in this process (no subprocess, nothing pickled). Each region's best trace is
@@ -28,11 +28,11 @@ kept as JSON (:func:`trace_json`) in the timing cache of the ``bh.tune`` that ru
 PrimFunc's text and the target: :func:`workload_key`), else in this process's memory, so that the build the tuner
 applies replays the schedule it measured instead of searching again.
 
-Budget: :data:`TRIALS` candidates per region, and no new candidate built once :data:`SECONDS` are spent on the
-region. Never slower than the fixed rules: ``schedule`` is tunable (``Tunable(SCHEDULES, TOLERANCE)``), so
-``bh.tune`` (given a tolerance of at least :data:`TOLERANCE`) times each region both ways and keeps MetaSchedule's
-schedule only where it is measured faster and its outputs stay within the tolerance (a MetaSchedule schedule may
-sum a reduction in another order).
+Budget: :data:`TRIALS` candidates per region, and no candidate built or timed once :data:`SECONDS` are spent on the
+region. Never slower than the fixed rules: ``schedule`` is tunable (``Tunable(SCHEDULES, TOLERANCE)``), so ``bh.tune``
+(given a tolerance of at least :data:`TOLERANCE`) times each region both ways and keeps MetaSchedule's schedule only
+where it is measured faster and its outputs stay within the tolerance (a MetaSchedule schedule may sum a reduction in
+another order).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ TRIALS = 16
 """Candidates MetaSchedule builds and times per region (at most)."""
 
 SECONDS = 30.0
-"""Wall time per region after which no further candidate is built (the search then ends with what it timed)."""
+"""Wall time per region after which no further candidate is built or timed (the search ends with what it timed)."""
 
 TOLERANCE = 1e-5
 """Relative error against the fixed rules' outputs that a MetaSchedule schedule may show (a reduction summed in
@@ -136,7 +136,7 @@ def workload_key(func: tirx.PrimFunc, target: Target) -> str:
 
 
 def stored() -> dict[str, Record]:
-    """The records this process found or replayed, by :func:`workload_key` (a copy)."""
+    """The records the searches of this process found, by :func:`workload_key` (a copy)."""
     return dict(_MEMORY)
 
 
@@ -258,6 +258,25 @@ def _runner(artifacts: dict[str, Any], deadline: float) -> Any:
     return _PyRunner(run)
 
 
+UNROLL_STEPS = (0, 16, 64)
+"""The explicit-unroll limits the search samples (TVM's llvm default adds 512, whose candidates can take LLVM
+minutes to compile: a softmax search ran past its time budget in one such build)."""
+
+
+def _rules() -> list[Any]:
+    """TVM's generic llvm schedule rules, with :data:`UNROLL_STEPS` as ParallelizeVectorizeUnroll's limits."""
+    from tvm.s_tir.meta_schedule import schedule_rule as rules
+
+    out = []
+    for rule in rules.ScheduleRule.create("llvm"):
+        if isinstance(rule, rules.ParallelizeVectorizeUnroll):
+            rule = rules.ParallelizeVectorizeUnroll(max_jobs_per_core=int(rule.max_jobs_per_core),
+                                                    max_vectorize_extent=int(rule.max_vectorize_extent),
+                                                    unroll_max_steps=list(UNROLL_STEPS), unroll_explicit=True)
+        out.append(rule)
+    return out
+
+
 def _context(mod: tvm.IRModule, target: Target, seed: int) -> Any:
     """MetaSchedule's tune context for ``mod``: made through the FFI constructor (``ms.TuneContext`` would import
     ``tvm.s_tir.tensor_intrin``), post-order-apply with the generic llvm rules and postprocessors (the target's own
@@ -267,7 +286,7 @@ def _context(mod: tvm.IRModule, target: Target, seed: int) -> Any:
     from tvm.s_tir.meta_schedule import _ffi_api
     from tvm.s_tir.meta_schedule.logging import get_logging_func
 
-    space = ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs="llvm", mutator_probs={})
+    space = ms.space_generator.PostOrderApply(sch_rules=_rules(), postprocs="llvm", mutator_probs={})
     strategy = ms.search_strategy.SearchStrategy.create("replay-func")
     context = ms.TuneContext.__new__(ms.TuneContext)
     context.__init_handle_by_constructor__(_ffi_api.TuneContext, mod, target, space, strategy, "main", 1, seed,
@@ -316,5 +335,5 @@ def schedule_func(func: tirx.PrimFunc, target: Target, trials: int | None = None
     return apply_record(func, record)
 
 
-__all__ = ["KEY_KIND", "Record", "SCHEDULES", "SECONDS", "TOLERANCE", "TRIALS", "apply_record", "check_schedule",
-           "forget", "schedule_func", "search", "stored", "trace_json", "tuning_target", "unavailable", "workload_key"]
+__all__ = ["KEY_KIND", "Record", "SCHEDULES", "SECONDS", "TOLERANCE", "TRIALS", "UNROLL_STEPS", "apply_record",
+           "check_schedule", "forget", "schedule_func", "search", "stored", "trace_json", "tuning_target", "unavailable", "workload_key"]
