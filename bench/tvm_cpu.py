@@ -20,6 +20,11 @@ markdown row per build: median ms and the ratio to ``onednn + plain llvm``.
 
 ``--ops`` adds a table of single ops at Swin-T stage-1 sizes (1x56x56x96, batch 8 where noted),
 each built by stock ``relax.build`` (plain) and by ``bh.build`` (scheduled), timed side by side.
+
+``--meta-schedule`` (alone: ``--meta-schedule --no-block``) adds a table of the same single ops and window
+attention's ``q @ k^T`` each as one tvm_cpu region, scheduled by the fixed rules (``schedule="dlight"``) and by
+MetaSchedule (``schedule="meta_schedule"``: its search, ``meta_schedule.TRIALS`` candidates at most, runs in the
+partition and is reported), timed side by side; an op tvm_cpu does not take (a constant argument) is left out.
 """
 
 from __future__ import annotations
@@ -120,6 +125,42 @@ def _ops_table(rounds: int, repeat: int) -> None:
         print(f"| {name} | {tp.median_s * 1e3:.2f} | {ts.median_s * 1e3:.2f} | {tp.median_s / ts.median_s:.2f}x |")
 
 
+def _ms_table(rounds: int, repeat: int) -> None:
+    """Single ops as tvm_cpu regions: the fixed rules against MetaSchedule's search (bench/TVM_CPU.md)."""
+    import time
+
+    from byoc_hetero.backends.tvm_cpu import meta_schedule
+
+    ops = single_ops()
+    bb = relax.BlockBuilder()
+    q = relax.Var("x", relax.TensorType((512, 49, 96), "float32"))
+    with bb.function("main", [q]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(q, bb.emit(relax.op.permute_dims(q, [0, 2, 1]))))
+        bb.emit_func_output(y)
+    ops["q @ k^T (512x49x96)"] = bb.get()
+    print(f"MetaSchedule: at most {meta_schedule.TRIALS} candidates, {meta_schedule.SECONDS:g} s per region")
+    print("| op (one tvm_cpu region) | dlight ms | meta_schedule ms | dlight / meta_schedule | search s | timed |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, mod in ops.items():
+        shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
+        x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+        meta_schedule.forget()
+        fixed = bh.partition(mod, target="tvm_cpu", require_heavy_op=False)
+        start = time.time()
+        searched = bh.partition(mod, target="tvm_cpu", require_heavy_op=False,
+                                options={"tvm_cpu": {"schedule": "meta_schedule"}})
+        search_s, records = time.time() - start, list(meta_schedule.stored().values())
+        if not records:
+            print(f"| {name} | | | | | not a tvm_cpu region |")
+            continue
+        a, b = _runner(relax.build(fixed, target="llvm"), x), _runner(relax.build(searched, target="llvm"), x)
+        assert relative_error(b().numpy(), a().numpy()) <= 1e-5, name
+        ta, tb = time_alternately([a, b], rounds=rounds, repeat=repeat)
+        print(f"| {name} | {ta.median_s * 1e3:.2f} | {tb.median_s * 1e3:.2f} | {ta.median_s / tb.median_s:.2f}x | "
+              f"{search_s:.1f} | {sum(r.trials for r in records)} |")
+
+
 def _runner(ex: relax.VMExecutable, x: np.ndarray):
     fn = relax.VirtualMachine(ex, tvm.cpu())["main"]
     arg = tvm.runtime.tensor(x)
@@ -135,14 +176,27 @@ def _cpu() -> str:
 
 
 def main() -> None:
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=28, help="the block's height = width (a multiple of 7)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--ops", action="store_true", help="also the single-op table")
+    parser.add_argument("--meta-schedule", action="store_true", help="also single ops: dlight vs MetaSchedule")
+    parser.add_argument("--no-block", action="store_true", help="leave the Swin block out")
     args = parser.parse_args()
+    if not args.no_block:
+        _block(args)
+    if args.ops:
+        _ops_table(args.rounds, args.repeat)
+    if args.meta_schedule:
+        print(f"{_cpu()}, oneDNN ISA {bh._C.isa()}, TVM threads {tvm.runtime.num_threads()}")
+        _ms_table(args.rounds, args.repeat)
+
+
+def _block(args: argparse.Namespace) -> None:
+    """The Swin block built four ways, timed side by side (the module docstring)."""
+    import torch
+
     x = np.random.default_rng(0).standard_normal((1, args.size, args.size, 96)).astype("float32")
     mod, params = bh.from_torch(swin_block(), (torch.from_numpy(x),))
     default = bh.partition(mod, params)
@@ -173,8 +227,6 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, t in timings.items():
         print(f"| {name} | {t.median_s * 1e3:.2f} | {base / t.median_s:.2f}x |")
-    if args.ops:
-        _ops_table(args.rounds, args.repeat)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ measured for real."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -131,25 +132,79 @@ def _inject(monkeypatch, fastest, option_times):
     return calls
 
 
+def _combo(schedule, fast):
+    return json.dumps([schedule, fast])
+
+
+@pytest.fixture
+def small_search(monkeypatch):
+    """tvm_cpu's MetaSchedule search kept small (3 candidates), this process's records emptied; skipped with the
+    reason where this TVM cannot run it."""
+    from byoc_hetero.backends.tvm_cpu import meta_schedule
+
+    why = meta_schedule.unavailable()
+    if why:
+        pytest.skip(why)
+    monkeypatch.setattr(meta_schedule, "TRIALS", 3)
+    meta_schedule.forget()
+    yield meta_schedule
+    meta_schedule.forget()
+
+
 @pytest.mark.parametrize("tolerance", [1e-5, None])
-def test_option_level_picks_fast_math_within_the_tolerance(monkeypatch, tmp_path, tolerance):
+def test_option_level_picks_fast_math_within_the_tolerance(monkeypatch, tmp_path, tolerance, small_search):
     """fast_math (tvm_cpu) measured faster: chosen for the region where the tolerance admits the
     error the backend states (the region's measured error against the default within it), applied
     as the per-region table (no expf in the tuned region's IR); without a tolerance it is not tried
-    and the report says why."""
-    calls = _inject(monkeypatch, "tvm_cpu", {"false": 1e-3, "true": 0.5e-3})
+    and the report says why. tvm_cpu's two tunable options (schedule, fast_math) are one unit, every
+    combination timed (MetaSchedule's schedule injected slower here)."""
+    times = {_combo("dlight", False): 1e-3, _combo("dlight", True): 0.5e-3,
+             _combo("meta_schedule", False): 2e-3, _combo("meta_schedule", True): 1.5e-3}
+    calls = _inject(monkeypatch, "tvm_cpu", times)
     mod = _softmax_model()
     tuned, report = bh.tune(mod, targets=("onednn", "tvm_cpu"), tolerance=tolerance, cache=tmp_path / "c.json",
                             repeat=3, guard_rounds=1)
     (d,) = report.options
-    assert d.unit.option == "fast_math" and d.default is False and report.kept == "tuned"
+    assert d.unit.option == "schedule + fast_math" and d.default == ("dlight", False) and report.kept == "tuned"
+    fast = d.chosen[1]
     if tolerance is None:
-        assert d.chosen is False and not calls and "give bh.tune a tolerance" in d.refused["true"]
+        assert d.chosen == ("dlight", False) and not calls
+        assert "give bh.tune a tolerance" in d.refused["fast_math=true"]
+        assert "give bh.tune a tolerance" in d.refused['schedule="meta_schedule"']
     else:
-        assert d.chosen is True and calls == [["false", "true"]] and 0.0 <= d.errors["true"] <= 2e-6
+        assert d.chosen == ("dlight", True) and calls == [sorted(times)]
+        assert 0.0 <= d.errors[_combo("dlight", True)] <= 2e-6
+        assert len(small_search.stored()) == 2  # a search for the region with and without fast_math
     assert "fast_math" in str(report) and "options: 1 region options" in str(report)
     ir = _region_ir(tuned)
-    assert ("expf" not in ir and "llvm.exp" not in ir) == d.chosen
+    assert ("expf" not in ir and "llvm.exp" not in ir) == fast
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype("float32")
+    np.testing.assert_allclose(_run(tuned, x), _softmax(x), rtol=1e-5, atol=1e-7)
+
+
+def test_option_level_picks_meta_schedule_and_keeps_its_record_in_the_timing_cache(monkeypatch, tmp_path,
+                                                                                   small_search):
+    """tvm_cpu's schedule: MetaSchedule's (injected faster) chosen for the region within the tolerance, applied as
+    the per-region table; its record is kept in the timing cache's file, and a second tune with that file, in a
+    process that forgot its records, replays it without searching and builds the same code; the outputs are
+    softmax's."""
+    times = {_combo("dlight", False): 1e-3, _combo("dlight", True): 0.9e-3,
+             _combo("meta_schedule", False): 0.5e-3, _combo("meta_schedule", True): 0.6e-3}
+    _inject(monkeypatch, "tvm_cpu", times)
+    mod, cache = _softmax_model(), tmp_path / "c.json"
+    tuned, report = bh.tune(mod, targets=("onednn", "tvm_cpu"), tolerance=1e-5, cache=cache, repeat=3, guard_rounds=1)
+    (d,) = report.options
+    assert d.chosen == ("meta_schedule", False) and d.errors[_combo("meta_schedule", False)] <= 1e-5, d.why()
+    doc = json.loads(cache.read_text())
+    kept = [k for k in doc["values"] if small_search.KEY_KIND in k]
+    assert len(kept) == 2 and all(doc["values"][k]["trace"] for k in kept)
+    small_search.forget()
+    monkeypatch.setattr(small_search, "search", lambda *a, **k: pytest.fail("searched despite the cached record"))
+    again, report2 = bh.tune(mod, targets=("onednn", "tvm_cpu"), tolerance=1e-5, cache=cache, repeat=3,
+                             guard_rounds=1)
+    assert report2.options[0].chosen == ("meta_schedule", False) and report2.options[0].cached
+    same = [re.sub(r'"0x[0-9a-f]+"', '"0x"', _region_ir(m)) for m in (again, tuned)]  # metadata names addresses
+    assert same[0] == same[1]
     x = np.random.default_rng(1).standard_normal(SHAPE).astype("float32")
     np.testing.assert_allclose(_run(tuned, x), _softmax(x), rtol=1e-5, atol=1e-7)
 

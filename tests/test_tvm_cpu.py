@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -256,17 +257,89 @@ def test_fast_math_option_is_declared_checked_and_documented():
     assert {r[0]: r[1] for r in rows} == {n: str(o.default) for n, o in backend.options.items()}
 
 
-def test_meta_schedule_says_why_it_is_unavailable():
-    """schedule="meta_schedule" is refused with the reason (this TVM's MetaSchedule crashes making a tune
-    context: tools/ms_crash_repro.py) before any region is compiled; dlight is the default."""
+MS = {"tvm_cpu": {"schedule": "meta_schedule"}}
+
+
+@pytest.fixture
+def small_search(monkeypatch):
+    """MetaSchedule's search kept small (4 candidates, 60 s), this process's records emptied before and after;
+    skipped with the reason where this TVM cannot run the route."""
+    why = tvm_cpu.meta_schedule.unavailable()
+    if why:
+        pytest.skip(why)
+    monkeypatch.setattr(tvm_cpu.meta_schedule, "TRIALS", 4)
+    monkeypatch.setattr(tvm_cpu.meta_schedule, "SECONDS", 60.0)
+    tvm_cpu.meta_schedule.forget()
+    yield tvm_cpu.meta_schedule
+    tvm_cpu.meta_schedule.forget()
+
+
+def _code(part) -> str:
+    """The region module's LLVM IR without the addresses its metadata names (they differ between builds)."""
+    return re.sub(r'"0x[0-9a-f]+"', '"0x"', _region_ir(part))
+
+
+def _no_search(*_args, **_kwargs):
+    raise AssertionError("MetaSchedule searched where a stored record should have been replayed")
+
+
+def test_schedule_option_is_checked():
+    """schedule: dlight (the default) or meta_schedule; anything else names the values."""
     backend = tvm_cpu.BACKEND
     assert backend.options["schedule"].default == "dlight"
     assert backend.check_options({"schedule": "dlight"}) == {"schedule": "dlight"}
-    with pytest.raises(bh.RuleError, match="schedule='meta_schedule': unavailable: MetaSchedule .* segmentation fault"):
-        bh.partition(graph({"x": (2, 8)}, lambda emit, v: relax.op.exp(v)), target="tvm_cpu",
-                     require_heavy_op=False, options={"tvm_cpu": {"schedule": "meta_schedule"}})
     with pytest.raises(bh.RuleError, match="expected one of dlight, meta_schedule, got 'ansor'"):
         backend.check_options({"schedule": "ansor"})
+    assert backend.options["schedule"].tune.values == ("dlight", "meta_schedule")
+
+
+def test_meta_schedule_searches_a_region_and_replays_its_record(small_search, monkeypatch):
+    """schedule="meta_schedule": the region's PrimFunc searched by MetaSchedule (a record with its timed
+    candidates and a trace that samples MetaSchedule's space), outputs equal to the llvm-only build's; a second
+    partition replays the record without searching and compiles the same code."""
+    mod = graph({"x": (64, 256)}, lambda emit, v: relax.op.nn.softmax(emit(relax.op.exp(v)), axis=-1))
+    part = bh.partition(mod, target="tvm_cpu", require_heavy_op=False, options=MS)
+    (record,) = small_search.stored().values()  # one region, one search
+    assert 1 <= record.trials <= 4 and 0 < record.median_s < 1, record
+    assert any(inst[0] == "SampleCategorical" for inst in record.trace[0]), record.trace
+    inputs = random_inputs(mod)
+    want = _outputs(relax.build(mod, target="llvm"), inputs)[0]
+    assert relative_error(_outputs(relax.build(part, target="llvm"), inputs)[0], want) <= TOLERANCE
+    monkeypatch.setattr(small_search, "search", _no_search)
+    again = bh.partition(mod, target="tvm_cpu", require_heavy_op=False, options=MS)
+    assert _code(again) == _code(part)
+
+
+def test_meta_schedule_search_stops_at_its_time_budget(small_search, monkeypatch):
+    """With no time left (meta_schedule.SECONDS 0) no candidate is built: the search finds nothing, nothing is
+    stored, and the region compiles to the fixed rules' code."""
+    monkeypatch.setattr(small_search, "SECONDS", 0.0)
+    mod = graph({"x": (64, 256)}, lambda emit, v: relax.op.exp(v))
+    part = bh.partition(mod, target="tvm_cpu", require_heavy_op=False, options=MS)
+    assert small_search.stored() == {}
+    assert _code(part) == _code(bh.partition(mod, target="tvm_cpu", require_heavy_op=False))
+
+
+def test_meta_schedule_record_replays_a_tiled_matmul(small_search):
+    """A matmul's search samples tile sizes; its record (the trace as plain JSON) replays into the same PrimFunc
+    each time, which computes the product (numpy's, float64); the PrimFunc searched is left unchanged."""
+    from tvm import te
+
+    a, b = te.placeholder((64, 48), name="a"), te.placeholder((48, 32), name="b")
+    k = te.reduce_axis((0, 48), name="k")
+    matmul = te.create_prim_func([a, b, te.compute((64, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k))])
+    target, before = host_target(), matmul.script()
+    record = small_search.search(matmul, target, trials=3)
+    assert record is not None and record.trials >= 1
+    assert any(inst[0] == "SamplePerfectTile" for inst in record.trace[0]), record.trace
+    replayed = small_search.apply_record(matmul, record)
+    assert tvm_ffi.structural_equal(replayed, small_search.apply_record(matmul, record))
+    assert matmul.script() == before  # the search and the replays left the PrimFunc they were given as it was
+    x, y = np.random.default_rng(0).standard_normal((64, 48)), np.random.default_rng(1).standard_normal((48, 32))
+    f = tvm.tirx.build(tvm.IRModule({"main": replayed}), target=target)
+    out = tvm.runtime.tensor(np.zeros((64, 32), "float32"))
+    f["main"](tvm.runtime.tensor(x.astype("float32")), tvm.runtime.tensor(y.astype("float32")), out)
+    np.testing.assert_allclose(out.numpy(), x @ y, rtol=1e-4, atol=1e-4)
 
 
 def test_fast_exp_against_float64_with_nan_inf_and_large_inputs():

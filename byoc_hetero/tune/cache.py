@@ -23,6 +23,8 @@ can be shipped with a model and replayed on the same kind of machine for the sam
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import json
@@ -30,7 +32,7 @@ import os
 import platform
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -260,3 +262,24 @@ class TimingCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+_ACTIVE: contextvars.ContextVar[TimingCache | None] = contextvars.ContextVar("byoc_hetero_timing_cache", default=None)
+
+
+@contextlib.contextmanager
+def active(cache: TimingCache) -> Iterator[TimingCache]:
+    """Within the ``with``, :func:`active_cache` is ``cache`` (``bh.tune`` makes its timing cache the active
+    one while its levels run)."""
+    token = _ACTIVE.set(cache)
+    try:
+        yield cache
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_cache() -> TimingCache | None:
+    """The timing cache of the ``bh.tune`` running in this context, None outside one: where a backend keeps
+    what a search of its own found (``put_value``), beside the timings, for the build that applies the
+    tune's decisions (the tvm_cpu backend's MetaSchedule records)."""
+    return _ACTIVE.get()

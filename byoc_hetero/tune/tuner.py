@@ -50,7 +50,7 @@ from tvm import relax
 from .._relax import shape_of, static_shape
 from ..errors import InputError
 from .algorithms import AlgorithmDecision
-from .cache import Timing, TimingCache
+from .cache import Timing, TimingCache, active
 from .codegen import CodegenPlan
 from .devices import DeviceReport, Measurer, check_devices, tune_devices
 from .measure import random_input, time_call
@@ -200,8 +200,9 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
                       default=partition(mod, params, target=targets, precision=precision))
     report = TuneReport()
     try:
-        return _run_levels(ctx, report, _levels(asked, tolerance, calibration, holdout, budget_s, guard_rounds,
-                                                threads), guard_rounds)
+        with active(timing_cache):
+            return _run_levels(ctx, report, _levels(asked, tolerance, calibration, holdout, budget_s, guard_rounds,
+                                                    threads), guard_rounds)
     finally:
         timing_cache.save()
         report.cache_hits, report.cache_misses = timing_cache.hits, timing_cache.misses

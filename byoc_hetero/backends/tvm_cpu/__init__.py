@@ -15,8 +15,10 @@ which has no place for constant data (the reason shows in ``bh.report``).
 Options (:data:`OPTIONS`, ``bh.partition(..., options={"tvm_cpu": {...}})``): ``fast_math``, float32
 ``exp`` and ``softmax`` through a guarded polynomial exp that vectorizes (:mod:`.fast_math`), for every
 region or per region (``{region key: true}``), declared tunable: ``bh.tune`` chooses it per region
-where given a tolerance of at least :data:`.fast_math.TOLERANCE`; ``schedule``,
-``dlight`` only: ``meta_schedule`` raises why MetaSchedule cannot run on this TVM (:mod:`.meta_schedule`).
+where given a tolerance of at least :data:`.fast_math.TOLERANCE`; ``schedule``, ``dlight`` (the fixed
+rules) or ``meta_schedule`` (TVM's MetaSchedule searches each region's schedule, on the route
+:mod:`.meta_schedule` describes), declared tunable too: ``bh.tune`` given a tolerance of at least
+:data:`.meta_schedule.TOLERANCE` times each region both ways and keeps the faster.
 """
 
 from __future__ import annotations
@@ -141,8 +143,11 @@ def _flag(value: Any) -> bool:
 
 
 OPTIONS = {
-    "schedule": Option("schedule", "dlight: the fixed CPU rules (schedule.py); meta_schedule: "
-                       "unavailable on this TVM (meta_schedule.py says why)", "dlight", meta_schedule.check_schedule),
+    "schedule": Option("schedule", "dlight: the fixed CPU rules (schedule.py); meta_schedule: TVM's "
+                       f"MetaSchedule searches the region's schedule ({meta_schedule.TRIALS} candidates, "
+                       f"{meta_schedule.SECONDS:g} s at most; meta_schedule.py), its record kept in the tune's timing "
+                       "cache; per region: JSON {region key: schedule}", "dlight", meta_schedule.check_schedule,
+                       Tunable(meta_schedule.SCHEDULES, meta_schedule.TOLERANCE)),
     "fast_math": Option("fast_math", "float32 exp and softmax through a guarded polynomial exp that vectorizes "
                         f"(fast_math.py: relative error <= {fast_math.TOLERANCE:g} against float64, NaN and inf "
                         "kept); else exp is one scalar expf call per element; per region: JSON {region key: "

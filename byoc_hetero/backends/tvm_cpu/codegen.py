@@ -23,6 +23,7 @@ from tvm import relax, tirx
 from ...errors import CodegenError
 from ...passes.retarget_regions import region_as_main, region_key_of
 from ...targets import get_target
+from . import meta_schedule
 from .fast_math import fast_math
 from .schedule import host_target, schedule_func
 
@@ -82,15 +83,21 @@ def region_prim_func(region: relax.Function, fast: bool = False) -> tirx.PrimFun
 
 
 def compile_regions(funcs: Sequence[relax.Function], target: tvm.target.Target | None = None,
-                    fast: bool | Callable[[relax.Function], bool] = False) -> tvm.runtime.Module:
+                    fast: bool | Callable[[relax.Function], bool] = False,
+                    schedule: str | Callable[[relax.Function], str] = "dlight") -> tvm.runtime.Module:
     """One llvm runtime module holding each region of ``funcs`` as a scheduled PrimFunc under the
-    region's global symbol (``fast``: the option ``fast_math``, for every region or per region)."""
+    region's global symbol (``fast``: the option ``fast_math``; ``schedule``: the option ``schedule``,
+    ``"dlight"`` for the fixed rules of :mod:`.schedule`, ``"meta_schedule"`` for
+    :func:`.meta_schedule.schedule_func`, falling back to the fixed rules where it finds nothing; each
+    for every region or per region)."""
     target = target or host_target()
     prims = {}
     for region in funcs:
         symbol = str(region.attrs["global_symbol"])
         func = region_prim_func(region, fast(region) if callable(fast) else fast)
-        func = schedule_func(func, target) or func
+        how = schedule(region) if callable(schedule) else schedule
+        tuned = meta_schedule.schedule_func(func, target) if how == "meta_schedule" else None
+        func = tuned or schedule_func(func, target) or func
         prims[symbol] = func.with_attr("global_symbol", symbol).with_attr("target", target)
     return tvm.tirx.build(tvm.IRModule(prims), target=target)
 
@@ -98,16 +105,23 @@ def compile_regions(funcs: Sequence[relax.Function], target: tvm.target.Target |
 def relax_ext_codegen(funcs: Sequence[relax.Function], options: Mapping[str, Any] | None = None,
                       _constant_names: Any = None) -> list[tvm.runtime.Module]:
     """``relax.ext.tvm_cpu``: RunCodegen's call for the regions of backend ``tvm_cpu``; ``options``
-    as the backend checked them (a default left out; ``fast_math`` for every region or per region key)."""
+    as the backend checked them (a default left out; ``fast_math`` and ``schedule`` for every region
+    or per region key)."""
     if not funcs:
         return []
-    backend, given = get_target("tvm_cpu"), options.get("fast_math") if options else None
+    backend = get_target("tvm_cpu")
 
-    def fast(region: relax.Function) -> bool:  # a region's key is read only where the option is given
-        return given is not None and bool(backend.region_option(options, "fast_math", region_key_of(region)))
+    def per_region(name: str) -> Callable[[relax.Function], Any]:
+        given = options.get(name) if options else None
+        default = backend.options[name].default
 
+        def value(region: relax.Function) -> Any:  # a region's key is read only where the option is given
+            return default if given is None else backend.region_option(options, name, region_key_of(region))
+        return value
+
+    fast, schedule = per_region("fast_math"), per_region("schedule")
     try:
-        return [compile_regions(list(funcs), fast=fast)]
+        return [compile_regions(list(funcs), fast=lambda r: bool(fast(r)), schedule=lambda r: str(schedule(r)))]
     except CodegenError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM's errors name no region
