@@ -154,8 +154,10 @@ void CheckOffsets(const KvGeometry& g, const int64_t* past, const int64_t* lengt
 }
 
 /*! \brief y = rope(x): transformers' x * cos + rotate_half(x) * sin, with cs = the position's half
- *         cosines then half sines (rope_scale applied). */
+ *         cosines then half sines (rope_scale applied); x and y do not overlap. */
 void Rotate(const float* x, float* y, const float* cs, int64_t half) {
+  // x and y never overlap (a q / k row into scratch or the cache): vector lanes, the same products and sums
+#pragma omp simd
   for (int64_t j = 0; j < half; ++j) {
     const float c = cs[j], s = cs[half + j];
     const float lo = x[j], hi = x[j + half];
