@@ -4,7 +4,7 @@ grouped-query heads, a cache of ``context`` positions) through the packed functi
 
     python bench/kv_attention_isa.py                       # SmolLM-135M and Llama-3.2-1B head shapes
     python bench/kv_attention_isa.py --contexts 128,1024 --reps 200
-    python bench/kv_attention_isa.py --prefill 128,1024 --reps 5    # a prefill's rows: blocked vs rows form
+    python bench/kv_attention_isa.py --prefill 128,1024 --reps 5    # a prefill's rows: rows, blocked, wide forms
 
 Prints microseconds per call (the fastest call of ``--rounds`` x ``--reps``) and the speedup over generic. Not part of the
 tests: it asserts nothing (the tests check each ISA against numpy).
@@ -22,7 +22,7 @@ import tvm
 
 import byoc_hetero as bh
 
-SHAPES = {"smollm_135m": (9, 3, 64), "llama_1b": (32, 8, 64)}  # query heads, kv heads, head_dim
+SHAPES = {"smollm_135m": (9, 3, 64), "qwen2_0_5b": (14, 2, 64), "llama_1b": (32, 8, 64)}  # query heads, kv heads, head_dim
 ISAS = ("generic", "avx2", "avx512")
 
 
@@ -46,22 +46,38 @@ def _prefill_args(heads: int, kv_heads: int, dim: int, rows: int):
             tvm.runtime.tensor(np.array([rows], "int64")), tvm.runtime.tensor(inv), dim ** -0.5, 0, 1.0]
 
 
+PREFILL_FORMS = {"rows": {"BYOC_HETERO_KV_PREFILL": "rows"},
+                 "blocked": {"BYOC_HETERO_KV_PREFILL": "blocked", "BYOC_HETERO_KV_TILES": "narrow"},
+                 "wide": {"BYOC_HETERO_KV_PREFILL": "blocked", "BYOC_HETERO_KV_TILES": "wide"}}
+"""A prefill's forms: the per-row one, the blocked one with its narrow score tiles (8 vectors x 16 keys) and with
+its wide ones (8 x 48)."""
+
+
 def _prefill_table(fn, lengths: list[int], reps: int, rounds: int) -> None:
-    """BYOC_HETERO_KV_PREFILL = rows vs blocked on a prefill's rows, interleaved (the CPU's best ISA)."""
-    forms = ("rows", "blocked")
-    print("| shape | heads / kv / dim | rows | " + " | ".join(f"{f} ms" for f in forms) + " | rows / blocked |")
-    print("|---|---|---|" + "---|" * (len(forms) + 1))
+    """The prefill forms (PREFILL_FORMS) on a prefill's rows, interleaved (the CPU's best ISA); GFLOP/s counts the
+    causal products (2 * 2 * dim multiply-adds per query head and key it sees)."""
+    forms = tuple(PREFILL_FORMS)
+    print("| shape | heads / kv / dim | rows | " + " | ".join(f"{f} ms" for f in forms) + " | rows / blocked | "
+          "blocked / wide | wide GFLOP/s |")
+    print("|---|---|---|" + "---|" * (len(forms) + 3))
+    saved = {n: os.environ.get(n) for env in PREFILL_FORMS.values() for n in env}
     for name, (heads, kv_heads, dim) in SHAPES.items():
         for rows in lengths:
             call = _prefill_args(heads, kv_heads, dim, rows)
             best = {f: float("inf") for f in forms}
             for _ in range(rounds):
                 for form in forms:
-                    os.environ["BYOC_HETERO_KV_PREFILL"] = form
+                    os.environ.update(PREFILL_FORMS[form])
                     best[form] = min(best[form], _best_us(fn, call, reps) / 1e3)
-            print(f"| {name} | {heads} / {kv_heads} / {dim} | {rows} | {best['rows']:.2f} | {best['blocked']:.2f} | "
-                  f"{best['rows'] / best['blocked']:.2f}x |")
-    os.environ.pop("BYOC_HETERO_KV_PREFILL", None)
+            flops = 4.0 * dim * heads * rows * (rows + 1) / 2
+            print(f"| {name} | {heads} / {kv_heads} / {dim} | {rows} | " + " | ".join(f"{best[f]:.2f}" for f in forms)
+                  + f" | {best['rows'] / best['blocked']:.2f}x | {best['blocked'] / best['wide']:.2f}x | "
+                  f"{flops / best['wide'] / 1e6:.0f} |")
+    for n, value in saved.items():
+        if value is None:
+            os.environ.pop(n, None)
+        else:
+            os.environ[n] = value
 
 
 def _best_us(fn, args, reps: int) -> float:

@@ -16,6 +16,10 @@ Per weight format and prompt length, each round runs one prefill (a fresh cache,
 variant the median wall time, the median time and share of each op class (denses split by their output width:
 q/k/v, o or down, gate/up, LM head), and the regions' own time. Figures from a shared machine are loaded: read
 the shares and the ratio of the variants measured side by side, not the times. Asserts nothing.
+``--before-env`` / ``--after-env`` add variables of either variant (set after the ones above): a variable read
+at each call (``BYOC_HETERO_KV_TILES``) compares the forms on the one f32 generator both variants share.
+``--before-skip PASS,...`` builds the before variant without those region passes (``fold_gate_products``: the
+GLU's product a binary step again), a generator of its own.
 """
 
 from __future__ import annotations
@@ -73,16 +77,36 @@ def _prefill(gen, regions, tokens: np.ndarray, form: str) -> tuple[float, dict[s
     return wall, classes
 
 
+SKIPPED: dict[str, list[str]] = {form: [] for form in FORMS}
+"""form -> the oneDNN region passes its generator is built without (``--before-skip``)."""
+
+
+def _built(bh, model, weights: str, max_length: int, skip: list[str]):
+    """``bh.llm.from_hf`` with the region passes ``skip`` left out (their entries in the pass table replaced by a
+    no-op while it builds)."""
+    from byoc_hetero.targets import get_target
+
+    passes = get_target("onednn").lowering.passes
+    saved = {name: passes[name] for name in skip}
+    try:
+        for name in skip:
+            passes[name] = lambda graph: None
+        return bh.llm.from_hf(model, max_length=max_length, weights=weights)
+    finally:
+        passes.update(saved)
+
+
 def _generators(bh, model, weights: str, max_length: int, prompts: list[int]) -> dict:
-    """form -> (generator, its regions): one generator for f32; for int8 / int4 one per dense_wq path, each
-    plan of a prompt length made (by a first prefill) under its form's variables (FORM_ENV)."""
+    """form -> (generator, its regions): one generator for f32 (unless a variant skips region passes); for int8 /
+    int4 one per dense_wq path, each plan of a prompt length made (by a first prefill) under its form's variables
+    (FORM_ENV)."""
     made = {}
     for form in FORMS:
-        if weights == "f32" and made:
+        if weights == "f32" and made and not any(SKIPPED.values()):
             made[form] = made[FORMS[0]]
             continue
         os.environ.update(FORM_ENV[form])
-        gen = bh.llm.from_hf(model, max_length=max_length, weights=weights)
+        gen = _built(bh, model, weights, max_length, SKIPPED[form])
         regions = bh.codegen.region_modules(gen._executable)
         for m in regions:
             m["set_profiling"](True)
@@ -90,6 +114,17 @@ def _generators(bh, model, weights: str, max_length: int, prompts: list[int]) ->
             _prefill(gen, regions, np.ones((1, length), "int64"), form)
         made[form] = (gen, regions)
     return made
+
+
+def _pairs(text: str, option: str) -> dict[str, str]:
+    """``NAME=VALUE,NAME=VALUE`` as a dict (empty text: none); a pair without ``=`` is an error naming ``option``."""
+    out = {}
+    for pair in filter(None, text.split(",")):
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise SystemExit(f"{option}: expected NAME=VALUE pairs separated by commas, got {pair!r}")
+        out[name.strip()] = value.strip()
+    return out
 
 
 def main(argv=None) -> int:
@@ -100,9 +135,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before-kv", default="rows", help="kv_attention's form in the before variant")
     ap.add_argument("--after-panels", default="0", help="BYOC_HETERO_WQ_PANELS in the after variant (0, 1, int)")
+    for form in FORMS:
+        ap.add_argument(f"--{form}-env", default="", metavar="NAME=VALUE,...",
+                        help=f"more variables of the {form} variant (e.g. BYOC_HETERO_KV_TILES=wide), set last")
+    ap.add_argument("--before-skip", default="", metavar="PASS,...",
+                    help="oneDNN region passes the before variant is built without (e.g. fold_gate_products): "
+                         "each variant then has its own generator")
     args = ap.parse_args(argv)
+    SKIPPED["before"] = [name for name in args.before_skip.split(",") if name]
     FORM_ENV["before"]["BYOC_HETERO_KV_PREFILL"] = args.before_kv
     FORM_ENV["after"]["BYOC_HETERO_WQ_PANELS"] = args.after_panels
+    for form in FORMS:
+        FORM_ENV[form].update(_pairs(getattr(args, f"{form}_env"), f"--{form}-env"))
     saved = {name: os.environ.get(name) for env in FORM_ENV.values() for name in env}
     import torch
     import transformers

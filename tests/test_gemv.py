@@ -13,20 +13,23 @@ import tvm
 create = tvm.get_global_func("byoc_hetero.runtime.create")
 
 
-def _dense(x: np.ndarray, w: np.ndarray, layout: str, bias=None, residual=None, **attrs) -> tuple[np.ndarray, list]:
-    """Run one dense node (weight and bias constants, data and residual region inputs); its output and plan."""
+def _dense(x: np.ndarray, w: np.ndarray, layout: str, bias=None, residual=None, gate=None,
+           **attrs) -> tuple[np.ndarray, list]:
+    """Run one dense node (weight and bias constants, data, gate and residual region inputs); its output and
+    plan."""
     n = w.shape[0] if layout == "NK" else w.shape[1]
     out_shape = list(x.shape[:-1]) + [n]
     consts = [w] + ([bias] if bias is not None else [])
     tensors = [{"shape": list(x.shape), "dtype": "float32"}]
     tensors += [{"shape": list(c.shape), "dtype": "float32"} for c in consts]
     inputs = [0]
-    if residual is not None:
-        tensors.append({"shape": out_shape, "dtype": "float32"})
-        inputs.append(len(tensors) - 1)
+    for extra in (gate, residual):
+        if extra is not None:
+            tensors.append({"shape": list(extra.shape), "dtype": "float32"})
+            inputs.append(len(tensors) - 1)
     tensors.append({"shape": out_shape, "dtype": "float32"})
     node_attrs = {"weight_layout": layout, "has_bias": int(bias is not None),
-                  "residual": int(residual is not None)} | attrs
+                  "residual": int(residual is not None)} | ({"has_gate": 1} if gate is not None else {}) | attrs
     doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "gv", "tensors": tensors, "inputs": inputs,
            "outputs": [len(tensors) - 1],
            "constants": [{"tensor": i + 1, "name": f"gv_c{i}"} for i in range(len(consts))],
@@ -35,18 +38,20 @@ def _dense(x: np.ndarray, w: np.ndarray, layout: str, bias=None, residual=None, 
     mod = create(json.dumps(doc))
     assert mod["__init_gv"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
     out = tvm.runtime.tensor(np.full(out_shape, np.nan, np.float32))
-    args = [tvm.runtime.tensor(x)] + ([tvm.runtime.tensor(residual)] if residual is not None else [])
+    args = [tvm.runtime.tensor(x)] + [tvm.runtime.tensor(e) for e in (gate, residual) if e is not None]
     mod["gv"](*args, out)
     return out.numpy(), list(mod["get_plan"]())
 
 
-def _reference(x, w, layout, bias=None, residual=None, relu=False) -> np.ndarray:
+def _reference(x, w, layout, bias=None, residual=None, relu=False, gate=None) -> np.ndarray:
     wk = (w.T if layout == "NK" else w).astype(np.float64)
     y = x.astype(np.float64) @ wk
     if bias is not None:
         y = y + bias.astype(np.float64)
     if relu:
         y = np.maximum(y, 0)
+    if gate is not None:
+        y = y * gate
     if residual is not None:
         y = y + residual
     return y
@@ -160,6 +165,31 @@ def test_more_rows_or_activation_before_residual_keep_onednn(monkeypatch):
     got, plan = _dense(x, w, "NK", b)
     _close(got, _reference(x, w, "NK", b), 40)
     assert _gemv_steps(plan), plan
+
+
+@pytest.mark.parametrize("isa", ["auto", "generic"])
+@pytest.mark.parametrize("m", [1, 2, 5, 70])
+@pytest.mark.parametrize("bias,residual,relu", [(False, False, False), (True, True, False), (True, False, True)])
+def test_a_gate_multiplies_the_output_before_the_residual(monkeypatch, isa, m, bias, residual, relu):
+    """has_gate (a GLU's product, region pass fold_gate_products): act(x @ W + b) * gate + residual, against numpy;
+    the GEMV's own loop at 1 and 2 rows without an activation (an activation before the gate keeps oneDNN), oneDNN's
+    binary multiply post-op (inner product or matmul) at 5 and 70."""
+    monkeypatch.setenv("BYOC_HETERO_GEMV_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_NUM_THREADS", "2")
+    rng = np.random.default_rng(40 + m)
+    k, n = 53, 37
+    x, w, b, r = _operands(rng, m, k, n, "NK", bias, residual)
+    g = rng.standard_normal((m, n)).astype(np.float32)
+    got, plan = _dense(x, w, "NK", b, r, gate=g, activation="relu" if relu else "none")
+    _close(got, _reference(x, w, "NK", b, r, relu=relu, gate=g), k)
+    assert bool(_gemv_steps(plan)) == (m <= 2 and not relu), plan
+
+
+def test_a_gate_of_another_shape_or_dtype_says_which_input():
+    rng = np.random.default_rng(50)
+    x, w, _, _ = _operands(rng, 3, 16, 8, "NK", False, False)
+    with pytest.raises(ValueError, match=r"gate.*\[3, 8\].*\[3, 9\]|gate.*\[3, 9\].*\[3, 8\]"):
+        _dense(x, w, "NK", gate=np.ones((3, 9), np.float32))
 
 
 @pytest.mark.parametrize("var,value,message", [

@@ -374,6 +374,39 @@ def test_folded_gate_residual_and_norm_weight_steps_change_no_value(monkeypatch)
     np.testing.assert_array_equal(_forced_logits(steps, tokens), _forced_logits(folded, tokens))
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gemma"])
+def test_float_mlp_product_is_the_up_dense_gate_and_changes_no_value(monkeypatch, family):
+    """A float32 decoder's GLU product (silu / gelu-tanh of the gate dense times the up dense) is the up dense's
+    gate (fold_gate_products: oneDNN's binary multiply post-op at a prefill's rows, the GEMV's loop at a decode
+    step's one), not a binary step: one dense per layer with has_gate and no multiply of two full tensors left;
+    the logits are, to the bit, those of the build that runs the multiply as a step of its own, for a prefill of
+    66 rows (the inner product from 64 rows), of 7 (the matmul) and the decode steps after them."""
+    import json
+
+    from byoc_hetero.targets import get_target
+
+    model, folded = _built(family)
+    layers = COMMON["num_hidden_layers"]
+    (region,) = bh.codegen.region_modules(folded._executable)
+    graph = json.loads(str(region["get_graph_json"]()))
+    assert sum(n["attrs"].get("has_gate", 0) for n in graph["nodes"] if n["op"] == "dense") == layers
+    full = [n for n in graph["nodes"] if n["op"] == "binary" and n["attrs"].get("algorithm") == "mul"
+            and all(graph["tensors"][i]["shape"][-1] == COMMON["intermediate_size"] for i in n["inputs"])]
+    assert not full, full
+    monkeypatch.setitem(get_target("onednn").lowering.passes, "fold_gate_products", lambda graph: None)
+    steps = bh.llm.from_hf(model, max_length=MAX_LENGTH)
+    (plain,) = bh.codegen.region_modules(steps._executable)
+    nodes = json.loads(str(plain["get_graph_json"]()))["nodes"]
+    assert not any(n["attrs"].get("has_gate") for n in nodes) and len(nodes) == len(graph["nodes"]) + layers
+    long = np.random.default_rng(3).integers(0, VOCAB, (1, 70)).astype("int64")
+    for tokens, n in ((long, 66), (long[:, :12], PROMPT.shape[1])):
+        got, want = ([g.step(tokens[:, :n], np.array([0]), np.array([n]), cache)[0]]
+                     + [g.step(tokens[:, p:p + 1], np.array([p]), np.array([1]), cache)[0]
+                        for p in range(n, tokens.shape[1])]
+                     for g, cache in ((folded, folded.new_cache(1)), (steps, steps.new_cache(1))))
+        np.testing.assert_array_equal(np.stack(got), np.stack(want))
+
+
 def test_quantized_generator_saves_loads_and_runs_from_the_cli(tmp_path, capsys):
     from byoc_hetero.cli import main
 

@@ -123,14 +123,16 @@ PREFILL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["blocked", "rows"])
+@pytest.mark.parametrize("mode", ["blocked", "wide", "rows"])
 @pytest.mark.parametrize("heads,kv_heads,dim,rows,window,past,lengths", PREFILL_CASES)
 def test_the_blocked_prefill_and_the_rows_match_numpy(monkeypatch, mode, heads, kv_heads, dim, rows, window, past,
                                                        lengths):
     """BYOC_HETERO_KV_PREFILL=blocked (from 2 rows: the AVX-512 blocked form, tiles of query vectors over the
-    keys transposed; a CPU without AVX-512 runs the rows) and =rows (one task per row and head) against numpy:
-    outputs, appended cache rows, padding rows 0."""
-    monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", mode)
+    keys transposed; a CPU without AVX-512 runs the rows), the same with BYOC_HETERO_KV_TILES=wide (score tiles
+    of up to 3 key blocks: spans of 3 to 8 blocks take tiles of 3, 2 and 1) and =rows (one task per row and
+    head) against numpy: outputs, appended cache rows, padding rows 0."""
+    monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "blocked" if mode == "wide" else mode)
+    monkeypatch.setenv("BYOC_HETERO_KV_TILES", "wide" if mode == "wide" else "narrow")
     length = max(p + n for p, n in zip(past, lengths)) + 3
     c = _case(batch=2, rows=rows, heads=heads, kv_heads=kv_heads, dim=dim, length=length)
     out = _check(c, past, lengths, window=window)
@@ -139,18 +141,51 @@ def test_the_blocked_prefill_and_the_rows_match_numpy(monkeypatch, mode, heads, 
 
 
 def test_the_blocked_prefill_agrees_with_the_rows_at_smollm_shapes(monkeypatch):
-    """A SmolLM-135M layer's prefill (9 / 3 heads of 64, 150 rows): the two forms within float rounding."""
+    """A SmolLM-135M layer's prefill (9 / 3 heads of 64, 150 rows): the three forms within float rounding (the
+    wide tiles: spans of up to 10 key blocks, tiles of 3, 3, 3 and 1)."""
     c = _case(batch=1, rows=150, heads=9, kv_heads=3, dim=64, length=160)
     got = {}
-    for mode in ("blocked", "rows"):
+    for mode, tiles in (("blocked", "narrow"), ("blocked", "wide"), ("rows", "narrow")):
         monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", mode)
-        got[mode] = _call(dict(c), [0], [150], scale=0.125)[0]
-    np.testing.assert_allclose(got["blocked"], got["rows"], rtol=1e-5, atol=1e-6)
+        monkeypatch.setenv("BYOC_HETERO_KV_TILES", tiles)
+        got[mode, tiles] = _call(dict(c), [0], [150], scale=0.125)[0]
+    np.testing.assert_allclose(got["blocked", "narrow"], got["rows", "narrow"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["blocked", "wide"], got["rows", "narrow"], rtol=1e-5, atol=1e-6)
+
+
+def test_an_unknown_tile_form_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "blocked")
+    monkeypatch.setenv("BYOC_HETERO_KV_TILES", "huge")
+    with pytest.raises(ValueError, match="BYOC_HETERO_KV_TILES must be narrow or wide, got 'huge'"):
+        _call(_case(rows=3), [0, 0], [3, 3])
 
 
 def test_an_unknown_prefill_form_is_a_value_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "fast")
     with pytest.raises(ValueError, match="BYOC_HETERO_KV_PREFILL must be auto, blocked or rows, got 'fast'"):
+        _call(_case(), [0, 0], [1, 1])
+
+
+def test_rope_rows_kept_across_calls_follow_the_frequencies_scale_and_positions(monkeypatch):
+    """The RoPE rows kept by position across calls (the calling thread's table): calls alternating two decoders'
+    frequencies (head dims 8 and 16), a rope scale changed between calls with the same frequencies, positions
+    past the rows made so far (the table grows), each against numpy; BYOC_HETERO_KV_ROPE=call (this call's rows
+    alone) gives the same bits."""
+    monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "blocked")
+    small, wide = _case(rows=20, dim=8, length=80), _case(rows=20, dim=16, length=80)
+    wide["inv"] = (wide["inv"] * 1.7).astype("float32")
+    calls = [(small, [0, 3], [20, 9], 1.0), (wide, [0, 0], [20, 20], 1.0), (small, [40, 55], [20, 20], 1.0),
+             (small, [40, 55], [20, 20], 1.25), (wide, [58, 1], [20, 2], 1.0)]
+    for c, past, lengths, rope_scale in calls:
+        monkeypatch.setenv("BYOC_HETERO_KV_ROPE", "table")
+        table = _check(c, past, lengths, rope_scale=rope_scale)
+        monkeypatch.setenv("BYOC_HETERO_KV_ROPE", "call")
+        np.testing.assert_array_equal(_call(c, past, lengths, rope_scale=rope_scale)[0], table)
+
+
+def test_an_unknown_rope_source_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_KV_ROPE", "cache")
+    with pytest.raises(ValueError, match="BYOC_HETERO_KV_ROPE must be table or call, got 'cache'"):
         _call(_case(), [0, 0], [1, 1])
 
 

@@ -3,8 +3,10 @@
  * \brief dense: act(x @ W + bias) with one oneDNN matmul; leading data dims flattened into M.
  *
  * Attrs: weight_layout "KN" (W stored [K, N]) | "NK" (W stored [N, K], i.e. x @ W^T) - required,
- * has_bias 0/1 (default: whether a third input is present), and the epilogue as for conv2d
- * (activation, residual, post_activation).  Inputs: data, weight, [bias], [residual].
+ * has_bias 0/1 (default: whether a third input is present), has_gate 0/1 (default 0: a float32 input of the
+ * output's shape multiplying the output after the activation, a binary post-op: a GLU's product, region pass
+ * fold_gate_products), and the epilogue as for conv2d (activation, residual, post_activation).
+ * Inputs: data, weight, [bias], [gate], [residual].
  * Both weight layouts are the same logical [K, N] matrix with different strides, so one reorder
  * (once, for a constant weight) brings either into the layout matmul prefers.  A float32 dense on
  * a constant weight runs as oneDNN's brgemm inner product instead (InnerProductDense: 9-11 %
@@ -61,9 +63,9 @@ static std::unique_ptr<Kernel> Int8Dense(const KernelContext& ctx, const Int8Par
 struct DenseDims {
   int64_t m, k, n;
 };
-static DenseDims CheckDenseShapes(const KernelContext& ctx, bool nk, bool has_bias, bool residual) {
-  ctx.ExpectInputCount(2 + has_bias + residual,
-                       std::string(has_bias ? "data, weight, bias" : "data, weight") +
+static DenseDims CheckDenseShapes(const KernelContext& ctx, bool nk, bool has_bias, bool has_gate, bool residual) {
+  ctx.ExpectInputCount(2 + has_bias + has_gate + residual,
+                       std::string(has_bias ? "data, weight, bias" : "data, weight") + (has_gate ? ", gate" : "") +
                            (residual ? ", residual" : ""));
   const auto& x = ctx.input(0).shape;
   if (x.size() < 2) {
@@ -88,15 +90,22 @@ static DenseDims CheckDenseShapes(const KernelContext& ctx, bool nk, bool has_bi
   std::vector<int64_t> out_shape(x.begin(), x.end() - 1);
   out_shape.push_back(n);
   ctx.ExpectOutputShape(out_shape);
-  if (residual) ctx.ExpectInputShape(2 + has_bias, "residual", out_shape);
+  if (has_gate) {
+    ctx.ExpectInputShape(2 + has_bias, "gate", out_shape);
+    if (ctx.input(2 + has_bias).dtype != DType::kFloat32) {
+      ctx.Fail("gate is " + std::string(DTypeName(ctx.input(2 + has_bias).dtype)) + ", expected float32");
+    }
+  }
+  if (residual) ctx.ExpectInputShape(2 + has_bias + has_gate, "residual", out_shape);
   return {m, k, n};
 }
 
 static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const bool nk = *FindEnum(DenseWeightLayouts(), attrs.Choice("weight_layout", EnumNamesOf(DenseWeightLayouts()), ""));
-  const Epilogue epilogue = ctx.ReadEpilogue(attrs);
-  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0);
+  Epilogue epilogue = ctx.ReadEpilogue(attrs);
+  const bool has_gate = attrs.Flag("has_gate", false);
+  const size_t base = ctx.node().inputs.size() - (epilogue.residual ? 1 : 0) - (has_gate ? 1 : 0);
   const bool has_bias = attrs.Flag("has_bias", base == 3);
   ReadNodePrecision(ctx, attrs);  // validated; ctx.bf16 holds what it means here
   const auto& w_shape = ctx.input(1).shape;
@@ -106,7 +115,9 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   if (int8.dynamic_src && !int8.int8_dst && epilogue.residual) int8.residual = true;
   attrs.CheckNoUnknown();
 
-  const auto [m, k, n] = CheckDenseShapes(ctx, nk, has_bias, epilogue.residual);
+  const auto [m, k, n] = CheckDenseShapes(ctx, nk, has_bias, has_gate, epilogue.residual);
+  if (has_gate && int8.enabled) ctx.Fail("an int8 dense takes no gate (fold_gate_products folds float32 ones only)");
+  if (has_gate) epilogue.gate = {m, n};
 
   const memory::dims src_dims{m, k}, wei_dims{k, n}, bias_dims{1, n}, dst_dims{m, n};
   const memory::desc wei_view = nk ? StridedDesc(wei_dims, {1, k}) : PlainDesc(wei_dims);

@@ -196,7 +196,7 @@ int64_t GemvMaxRows() {
 /*! \brief What one call needs: the shapes, the epilogue's sums, the threads. */
 struct GemvShape {
   int64_t m = 0, k = 0, n = 0;
-  bool has_bias = false, residual = false;
+  bool has_bias = false, gate = false, residual = false;
   int threads = 1;
   int64_t width = kMaxPanel;  // columns per panel: BA16a<width>b
   int64_t panels() const { return (n + width - 1) / width; }
@@ -208,6 +208,7 @@ void RunGemv(const GemvShape& s, PanelFn fn, const std::vector<void*>& p) {
   const float* x = static_cast<const float*>(p[0]);
   const float* w = static_cast<const float*>(p[1]);
   const float* bias = s.has_bias ? static_cast<const float*>(p[2]) : nullptr;
+  const float* gate = s.gate ? static_cast<const float*>(p[2 + s.has_bias]) : nullptr;
   float* y = static_cast<float*>(p.back());  // holds the residual when s.residual
   const int64_t panels = s.panels();
   // below ~64K multiply-adds a fork/join costs more than the split saves
@@ -222,9 +223,11 @@ void RunGemv(const GemvShape& s, PanelFn fn, const std::vector<void*>& p) {
       fn(PanelJob{x + r0 * s.k, w + t * s.panel_floats(), s.k, s.width, rows, out});
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = y + (r0 + r) * s.n + n0;
+        const float* g = gate != nullptr ? gate + (r0 + r) * s.n + n0 : nullptr;
         for (int64_t c = 0; c < cols; ++c) {
-          // oneDNN's order: (x @ W + bias), then the sum post-op adds the residual
-          const float v = out[r * s.width + c] + (bias != nullptr ? bias[n0 + c] : 0.f);
+          // oneDNN's order: (x @ W + bias), the gate's multiply, then the sum post-op adds the residual
+          float v = out[r * s.width + c] + (bias != nullptr ? bias[n0 + c] : 0.f);
+          if (g != nullptr) v *= g[c];
           dst[c] = s.residual ? dst[c] + v : v;
         }
       }
@@ -249,6 +252,7 @@ class GemvDenseKernel : public Kernel {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     inputs_.push_back({wei_view, wei_want});
     if (s.has_bias) inputs_.push_back({PlainDesc({1, s.n}), PlainDesc({1, s.n})});
+    if (s.gate) inputs_.push_back({PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})});
     output_ = {PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n})};
     if (s.residual) {
       inputs_.push_back(output_);
@@ -302,9 +306,11 @@ int64_t PanelWidth(const memory::desc& want, int64_t k, int64_t n) {
 
 std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k, int64_t n, bool nk,
                                   bool has_bias, const Epilogue& epilogue, const memory::desc& matmul_weights) {
-  // one activation, applied after the sum: act(x @ W + bias), or post_act(x @ W + bias + residual)
+  // one activation, applied after the sum: act(x @ W + bias), or post_act(x @ W + bias + residual); a gate
+  // multiplies before the sum, so after no activation
   const bool one_activation = epilogue.scale == 1.f && (epilogue.act.none() || !epilogue.residual);
-  if (m < 1 || m > GemvMaxRows() || k < 1 || n < 1 || !one_activation) return nullptr;
+  const bool gate_first = epilogue.gate.empty() || epilogue.act.none();
+  if (m < 1 || m > GemvMaxRows() || k < 1 || n < 1 || !one_activation || !gate_first) return nullptr;
   GemvShape s;
   s.width = PanelWidth(matmul_weights, k, n);
   if (s.width == 0) return nullptr;  // a layout the panels cannot read: the matmul keeps it
@@ -312,6 +318,7 @@ std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k
   s.k = k;
   s.n = n;
   s.has_bias = has_bias;
+  s.gate = !epilogue.gate.empty();
   s.residual = epilogue.residual;
   s.threads = ctx.threads;
   const memory::desc wei_view = nk ? StridedDesc({k, n}, {1, k}) : PlainDesc({k, n});

@@ -15,10 +15,10 @@
  * capped by BYOC_HETERO_GEMV_ISA; the rows a plan may have to take this path by
  * BYOC_HETERO_GEMV_ROWS (default kGemvDefaultRows, 0: never), both read when a plan is made.
  *
- * Epilogue, in oneDNN's post-op order: bias, then a residual sum (the output already holds the
- * residual: Kernel::sum_input) in the GEMV's own loop; then one activation (act without a residual,
- * post_act after one) by oneDNN's eltwise primitive in place on the output (N floats, still in
- * cache).  An activation before a residual sum keeps oneDNN's matmul.
+ * Epilogue, in oneDNN's post-op order: bias, a gate's multiply (Epilogue::gate), then a residual sum (the
+ * output already holds the residual: Kernel::sum_input) in the GEMV's own loop; then one activation (act
+ * without a residual, post_act after one) by oneDNN's eltwise primitive in place on the output (N floats, still
+ * in cache).  An activation before a residual sum or a gate keeps oneDNN's matmul.
  */
 #ifndef BYOC_HETERO_KERNELS_DENSE_GEMV_H_
 #define BYOC_HETERO_KERNELS_DENSE_GEMV_H_

@@ -344,6 +344,7 @@ dnnl::primitive_attr KernelContext::MakeAttr(const Epilogue& e) const {
   dnnl::post_ops ops;
   if (e.scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, e.scale, 0.f);
   if (!e.act.none()) ops.append_eltwise(e.act.alg, e.act.alpha, e.act.beta);
+  if (!e.gate.empty()) ops.append_binary(dnnl::algorithm::binary_mul, PlainDesc(e.gate));  // at gate_post_op()
   if (e.residual) ops.append_sum(1.f);
   if (!e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
   if (ops.len() > 0) attr.set_post_ops(ops);
@@ -376,12 +377,16 @@ std::unique_ptr<Kernel> MakeAnchorKernel(const KernelContext& ctx, const char* o
     inputs.push_back({PlainDesc(bias_dims), pd.weights_desc(1)});
     args.push_back(DNNL_ARG_BIAS);
   }
+  if (!epilogue.gate.empty()) {
+    inputs.push_back({PlainDesc(epilogue.gate), PlainDesc(epilogue.gate)});
+    args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(epilogue.gate_post_op()) | DNNL_ARG_SRC_1);
+  }
   OperandLayout output{PlainDesc(dst_dims), pd.dst_desc(0)};
   int sum_input = -1;
   if (epilogue.residual) {
+    sum_input = static_cast<int>(inputs.size());
     inputs.push_back(output);
     args.push_back(0);
-    sum_input = static_cast<int>(2 + has_bias);
   }
   return std::make_unique<PrimitiveKernel>(ctx.where(), op, std::move(pd), std::move(args),
                                            std::move(inputs), std::move(output), sum_input);

@@ -156,6 +156,11 @@ struct Epilogue {
   Activation act;          // after the bias
   bool residual = false;   // sum post-op: output += residual (a node input)
   Activation post_act;     // after the sum
+  /*! \brief Non-empty (dense's has_gate): the output times a tensor of these dims (a node input before the
+   *         residual), a binary multiply post-op after act and before the sum: a GLU's product. */
+  memory::dims gate;
+  /*! \brief The index of the gate's multiply among the post-ops MakeAttr appends. */
+  int gate_post_op() const { return (scale != 1.f) + !act.none(); }
 };
 
 /*! \brief What a kernel builder gets to see. */
@@ -330,8 +335,8 @@ class PrimitiveKernel : public Kernel {
 
 /*!
  * \brief The kernel of an anchor op (conv2d, dense, matmul) built on one primitive: node inputs
- *        are data, weights, [bias,] [residual]; each is read through its plain view, and the
- *        residual is accumulated in place (the planner puts it in the destination).
+ *        are data, weights, [bias,] [gate (epilogue.gate),] [residual]; each is read through its plain
+ *        view, and the residual is accumulated in place (the planner puts it in the destination).
  */
 std::unique_ptr<Kernel> MakeAnchorKernel(const KernelContext& ctx, const char* op,
                                          dnnl::primitive_desc_base pd, const memory::desc& src_view,

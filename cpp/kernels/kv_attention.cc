@@ -30,12 +30,15 @@
  * dtypes that do not fit a ValueError naming the argument.  Numerics: RoPE as transformers computes
  * it (float32 angle = position * inv_freq, cos / sin in float32; computed once per new row and
  * shared by its heads), scores scaled and soft-maxed with their maximum subtracted (f32
- * throughout), so results match torch within rounding.  The per-row attention (head_dim dot
+ * throughout), so results match torch within rounding.  The angles' rows are kept by position across calls
+ * (RopeTable, per calling thread: every layer of a decoder and every later step reads the same ones;
+ * BYOC_HETERO_KV_ROPE=call computes this call's rows alone, as before).  The per-row attention (head_dim dot
  * products, exp, the weighted value sum) is kv_attention_micro.cc's AVX-512 / AVX2 / generic
  * implementation, chosen when a region node is built or per packed call (BYOC_HETERO_KV_ISA caps it).
  * A call of many new rows runs the blocked form where the ISA has one (AVX-512): each sequence's keys
  * transposed once per kv head, then tasks of about 64 query vectors (rows times the heads of one kv head's
- * group) whose tiles read each key and value row once for 8 / 4 vectors.  BYOC_HETERO_KV_PREFILL (read each
+ * group) whose tiles read each key and value row once for 8 / 4 vectors (BYOC_HETERO_KV_TILES, read each call:
+ * narrow, the default, one block of 16 keys per score tile | wide, up to 3).  BYOC_HETERO_KV_PREFILL (read each
  * call) = auto (the default: from 16 rows, UseBlocks; quiet A/B, session 13) | blocked (from 2 rows) | rows
  * (never).  A decode step (one row) shares its heads among the threads as BYOC_HETERO_KV_DECODE says
  * (DecodeForm: grouped, the default, | rows | split).
@@ -153,8 +156,10 @@ void CheckOffsets(const KvGeometry& g, const int64_t* past, const int64_t* lengt
 }
 
 /*! \brief y = rope(x): transformers' x * cos + rotate_half(x) * sin, with cs = the position's half
- *         cosines then half sines (rope_scale applied). */
+ *         cosines then half sines (rope_scale applied); x and y do not overlap. */
 void Rotate(const float* x, float* y, const float* cs, int64_t half) {
+  // x and y never overlap (a q / k row into scratch or the cache): vector lanes, the same products and sums
+#pragma omp simd
   for (int64_t j = 0; j < half; ++j) {
     const float c = cs[j], s = cs[half + j];
     const float lo = x[j], hi = x[j + half];
@@ -173,26 +178,87 @@ struct KvCall {
   int64_t window;
   kv::RowFn row;
   kv::BlockFn block;  // the blocked form of many rows, or null (kv_attention.h)
-  /*! \brief Per new row (b, s): D / 2 cosines then D / 2 sines of its position (Angles fills it). */
-  std::vector<float> cs;
+  /*! \brief Per position p: D / 2 cosines then D / 2 sines of angle p * inv_freq, times rope_scale, at cs + p * D
+   *         (Angles: the rows of every new row's position, at least). */
+  const float* cs = nullptr;
+  int key_blocks = 1;  // the blocked form's key blocks per score tile (KeyBlocks)
 };
 
-/*! \brief c.cs: the RoPE cosines and sines (times rope_scale) of every real new row's position. */
-void Angles(KvCall* c) {
-  const KvGeometry& g = c->g;
-  const int64_t half = g.dim / 2;
-  c->cs.assign(static_cast<size_t>(g.batch * g.rows * g.dim), 0.f);
-  for (int64_t b = 0; b < g.batch; ++b) {
-    for (int64_t s = 0; s < c->lengths[b]; ++s) {
-      const int64_t pos = c->past[b] + s;
-      float* cs = c->cs.data() + (b * g.rows + s) * g.dim;
-      for (int64_t j = 0; j < half; ++j) {
-        const float angle = static_cast<float>(pos) * c->inv[j];
-        cs[j] = std::cos(angle) * c->rope_scale;
-        cs[half + j] = std::sin(angle) * c->rope_scale;
-      }
+/*! \brief The RoPE row (cosines, then sines) of new row \p s of sequence \p b: its position's. */
+inline const float* RopeRow(const KvCall& c, int64_t b, int64_t s) { return c.cs + (c.past[b] + s) * c.g.dim; }
+
+/*! \brief cs[p * 2 * half ...] for positions p in [from, to): half cosines, then half sines of p * inv (times scale),
+ *         the float32 angle and std::cos / std::sin as transformers' rotary embedding computes them. */
+void AngleRows(const float* inv, int64_t half, float scale, int64_t from, int64_t to, float* cs, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && to - from >= 256)
+  for (int64_t pos = from; pos < to; ++pos) {
+    float* row = cs + pos * 2 * half;
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(pos) * inv[j];
+      row[j] = std::cos(angle) * scale;
+      row[half + j] = std::sin(angle) * scale;
     }
   }
+}
+
+/*! \brief RoPE's rows by position, kept per calling thread across calls: every layer of a decoder (one inv_freq,
+ *         one rope_scale) and every step after a prefill reads the same rows, which were 2 * D / 2 std::cos /
+ *         std::sin per new row a layer (a 1024-token prefill of a 24-layer model: 1.6 M of them, on one thread).
+ *         Grown to twice the positions asked when short (a decode step's one more position computes none most
+ *         steps); made again when inv_freq (its bytes), rope_scale or the head dim differ from the last call's. */
+class RopeTable {
+ public:
+  const float* Rows(const float* inv, int64_t half, float scale, int64_t positions, int threads) {
+    const bool same = half == half_ && std::memcmp(&scale, &scale_, sizeof(float)) == 0 &&
+                      std::memcmp(inv, inv_.data(), sizeof(float) * static_cast<size_t>(half)) == 0;
+    if (!same) {
+      inv_.assign(inv, inv + half);
+      half_ = half;
+      scale_ = scale;
+      rows_ = 0;
+      cs_.clear();
+    }
+    if (positions > rows_) {
+      const int64_t want = std::max(positions, 2 * rows_);
+      cs_.resize(static_cast<size_t>(want * 2 * half));
+      AngleRows(inv_.data(), half, scale, rows_, want, cs_.data(), threads);
+      rows_ = want;
+    }
+    return cs_.data();
+  }
+
+ private:
+  std::vector<float> inv_, cs_;
+  int64_t half_ = -1, rows_ = 0;
+  float scale_ = 0.f;
+};
+
+/*! \brief The variable choosing where RoPE's rows come from: table (the default: RopeTable, kept across calls) |
+ *         call (computed for this call's new rows only, as before the table); read at each call. */
+constexpr const char* kRopeVariable = "BYOC_HETERO_KV_ROPE";
+
+/*! \brief c.cs: the RoPE rows of every real new row's position, from the calling thread's RopeTable, or (\p own,
+ *         BYOC_HETERO_KV_ROPE=call) computed for this call's rows alone. */
+void Angles(KvCall* c, std::vector<float>* own, int threads) {
+  const KvGeometry& g = c->g;
+  const int64_t half = g.dim / 2;
+  int64_t positions = 0;
+  for (int64_t b = 0; b < g.batch; ++b) positions = std::max(positions, c->past[b] + c->lengths[b]);
+  const char* env = std::getenv(kRopeVariable);
+  const std::string mode = env == nullptr || *env == '\0' ? "table" : env;
+  if (mode != "table" && mode != "call") {
+    TVM_FFI_THROW(ValueError) << kRopeVariable << " must be table or call, got '" << mode << "'";
+  }
+  if (mode == "table") {
+    thread_local RopeTable table;
+    c->cs = table.Rows(c->inv, half, c->rope_scale, positions, threads);
+    return;
+  }
+  own->resize(static_cast<size_t>(positions * g.dim));
+  for (int64_t b = 0; b < g.batch; ++b) {
+    AngleRows(c->inv, half, c->rope_scale, c->past[b], c->past[b] + c->lengths[b], own->data(), threads);
+  }
+  c->cs = own->data();
 }
 
 /*! \brief Append the new K (rotated) / V rows of every sequence at its offset. */
@@ -205,7 +271,7 @@ void Append(const KvCall& c) {
       for (int64_t h = 0; h < g.kv_heads; ++h) {
         const int64_t src = ((b * g.rows + s) * g.kv_heads + h) * d;
         const int64_t dst = ((b * g.kv_heads + h) * g.max_length + pos) * d;
-        Rotate(c.k + src, c.kc + dst, c.cs.data() + (b * g.rows + s) * d, d / 2);
+        Rotate(c.k + src, c.kc + dst, RopeRow(c, b, s), d / 2);
         std::memcpy(c.vc + dst, c.v + src, sizeof(float) * d);
       }
     }
@@ -228,7 +294,7 @@ void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<flo
   const int64_t kvh = h / (g.heads / g.kv_heads);
   if (scratch->size() < static_cast<size_t>(d + pos + 1)) scratch->resize(static_cast<size_t>(d + pos + 1));
   float* qr = scratch->data();
-  Rotate(c.q + row, qr, c.cs.data() + (b * g.rows + s) * d, d / 2);
+  Rotate(c.q + row, qr, RopeRow(c, b, s), d / 2);
   const kv::RowJob job{qr, c.kc + (b * g.kv_heads + kvh) * g.max_length * d,
                        c.vc + (b * g.kv_heads + kvh) * g.max_length * d, first, pos, d, c.scale, qr + d, out};
   c.row(job);
@@ -274,7 +340,7 @@ void AttendBlock(const KvCall& c, const BlockTask& t, const float* kt, int64_t b
     for (int64_t gi = 0; gi < group; ++gi) {
       const int64_t i = (s - t.s0) * group + gi;
       const int64_t row = ((t.b * g.rows + s) * g.heads + t.kvh * group + gi) * d;
-      Rotate(c.q + row, w->q.data() + i * d, c.cs.data() + (t.b * g.rows + s) * d, d / 2);
+      Rotate(c.q + row, w->q.data() + i * d, RopeRow(c, t.b, s), d / 2);
       w->first[i] = first;
       w->last[i] = pos;
       w->out[i] = c.out + row;
@@ -282,7 +348,8 @@ void AttendBlock(const KvCall& c, const BlockTask& t, const float* kt, int64_t b
   }
   kv::BlockJob job{w->q.data(), w->first.data(), w->last.data(), count, d,
                    kt + (t.b * g.kv_heads + t.kvh) * blocks * kv::kKeyBlock * d,
-                   c.vc + (t.b * g.kv_heads + t.kvh) * g.max_length * d, c.scale, nullptr, w->out.data()};
+                   c.vc + (t.b * g.kv_heads + t.kvh) * g.max_length * d, c.scale, nullptr, w->out.data(),
+                   c.key_blocks};
   w->scores.resize(static_cast<size_t>(count * kv::BlockScoreStride(job)));
   job.scores = w->scores.data();
   c.block(job);
@@ -352,6 +419,17 @@ bool UseBlocks(const KvCall& c) {
   return c.g.rows >= (mode == "auto" ? kAutoBlockedRows : 2);
 }
 
+/*! \brief The blocked form's key blocks per score tile: BYOC_HETERO_KV_TILES (read each call) = narrow (the
+ *         default: 1) | wide (kv::kMaxKeyBlocks). */
+int KeyBlocks() {
+  const char* env = std::getenv(kv::kTileVariable);
+  const std::string mode = env == nullptr || *env == '\0' ? "narrow" : env;
+  if (mode != "narrow" && mode != "wide") {
+    TVM_FFI_THROW(ValueError) << kv::kTileVariable << " must be narrow or wide, got '" << mode << "'";
+  }
+  return mode == "wide" ? kv::kMaxKeyBlocks : 1;
+}
+
 /*! \brief The decode form BYOC_HETERO_KV_DECODE asks (read each call): grouped (the default since session 15's
  *         quiet A/B: the kernel 1.4-1.7x faster than rows at 128 and 1024 positions, bench/GENERATE.md) | rows
  *         (round robin, as a call of many rows) | split (kv_attention.h); another value is a ValueError. */
@@ -387,7 +465,7 @@ void AttendRun(const KvCall& c, int64_t bh, int64_t run, int64_t runs, float* sl
   thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
   if (scratch.size() < static_cast<size_t>(d + pos + 1)) scratch.resize(static_cast<size_t>(d + pos + 1));
   float* qr = scratch.data();
-  Rotate(c.q + bh * d, qr, c.cs.data() + b * d, d / 2);  // rows == 1: row (b, 0, h) at bh * d
+  Rotate(c.q + bh * d, qr, RopeRow(c, b, 0), d / 2);  // rows == 1: row (b, 0, h) at bh * d
   const int64_t kvh = h / (g.heads / g.kv_heads);
   const kv::RowJob job{qr, c.kc + (b * g.kv_heads + kvh) * g.max_length * d,
                        c.vc + (b * g.kv_heads + kvh) * g.max_length * d, lo, hi, d, c.scale, qr + d, slot, stats};
@@ -475,10 +553,12 @@ void RunRows(const KvCall& c, int threads) {
 /*! \brief The whole call: offsets checked (before any write), angles, rows appended, query rows attended. */
 void Run(KvCall& c, const std::string& where, int max_threads) {
   CheckOffsets(c.g, c.past, c.lengths, where);
-  Angles(&c);
+  std::vector<float> own;  // BYOC_HETERO_KV_ROPE=call: this call's RoPE rows
+  Angles(&c, &own, max_threads);
   Append(c);
   const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks)));
+  c.key_blocks = KeyBlocks();  // read (and checked) at every call, as the prefill form is
   if (UseBlocks(c)) {
     RunBlocks(c, threads);
   } else {

@@ -56,11 +56,20 @@ constexpr const char* kDecodeVariable = "BYOC_HETERO_KV_DECODE";
 /*! \brief split: the fewest keys a run (shorter contexts run grouped). */
 constexpr int64_t kSplitKeys = 64;
 
+/*! \brief The variable choosing the blocked form's score tiles: narrow (the default: 8 vectors by one block of 16
+ *         keys) | wide (8 vectors by up to kMaxKeyBlocks blocks: 24 accumulators, fewer loads per FMA); read at
+ *         each call. */
+constexpr const char* kTileVariable = "BYOC_HETERO_KV_TILES";
+
+/*! \brief The most key blocks of one score tile (wide). */
+constexpr int kMaxKeyBlocks = 3;
+
 /*!
  * \brief Query vectors of one kv head (a block of new rows times the query heads of its group, vector
  *        i = row * group + head) over their keys: the scores of up to 8 vectors against 16 keys at a time
- *        (one transposed key row broadcast-multiplied into 8 accumulators), each vector's softmax over its
- *        own keys, the weighted value rows 4 vectors at a time (each value row loaded once for the 4).
+ *        (one transposed key row broadcast-multiplied into 8 accumulators; key_blocks > 1: up to that many blocks
+ *        of 16 keys at a time, 8 x key_blocks accumulators), each vector's softmax over its own keys, the weighted
+ *        value rows 4 vectors at a time (each value row loaded once for the 4).
  */
 struct BlockJob {
   const float* q;         // count rotated query vectors, dim floats each, contiguous
@@ -72,6 +81,7 @@ struct BlockJob {
   float scale;            // on the scores before the softmax
   float* scores;          // scratch of count * BlockScoreStride(*this) floats
   float* const* out;      // per vector: its output row of dim floats (written last: may be where q came from)
+  int key_blocks = 1;     // key blocks per score tile, 1 to kMaxKeyBlocks (kTileVariable)
 };
 
 /*! \brief The scores' row stride of \p job: its key span from first[0]'s block to last[count - 1]'s block end. */

@@ -216,21 +216,33 @@ __attribute__((target("avx512f"))) void Row512(const RowJob& j) {
 
 constexpr int kScoreRows = 8;  // query vectors per score tile: 8 accumulators, one key row load for all
 constexpr int kValueRows = 4;  // query vectors per value tile: 4 x 4 accumulators of 64 output lanes
+static_assert(kMaxKeyBlocks == 3, "kScoreTiles below has a row of tiles per key block count");
 
-/*! \brief s[r * stride + i] = scale * q_r . key i of the block, for R vectors (q_r at q + r * d) and the
- *         16 keys of one transposed block (kt: element e of the 16 keys at kt + e * 16). */
-template <int R>
+/*! \brief s[r * stride + 16 * b + i] = scale * q_r . key i of block b, for R vectors (q_r at q + r * d) and KB
+ *         consecutive transposed key blocks (kt: element e of block b's 16 keys at kt + (b * d + e) * 16): R x KB
+ *         accumulators, each element step KB key loads and R broadcasts for R * KB FMAs (KB = 1: 9 loads per
+ *         8 FMAs, bound by the loads where the CPU loads two vectors a cycle; KB = 3: 11 per 24). */
+template <int R, int KB>
 __attribute__((target("avx512f"))) void ScoreTile(const float* q, int64_t d, const float* kt, float scale, float* s,
                                                   int64_t stride) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[R][KB];
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < KB; ++b) acc[r][b] = _mm512_setzero_ps();
+  }
+  const int64_t block = kKeyBlock * d;
   for (int64_t e = 0; e < d; ++e) {
-    const __m512 k = _mm512_loadu_ps(kt + e * kKeyBlock);
+    __m512 k[KB];
+    for (int b = 0; b < KB; ++b) k[b] = _mm512_loadu_ps(kt + b * block + e * kKeyBlock);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * d + e]), k, acc[r]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 qe = _mm512_set1_ps(q[r * d + e]);
+      for (int b = 0; b < KB; ++b) acc[r][b] = _mm512_fmadd_ps(qe, k[b], acc[r][b]);
+    }
   }
   const __m512 sc = _mm512_set1_ps(scale);
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * stride, _mm512_mul_ps(acc[r], sc));
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < KB; ++b) _mm512_storeu_ps(s + r * stride + b * kKeyBlock, _mm512_mul_ps(acc[r][b], sc));
+  }
 }
 
 /*! \brief out[r] = inv[r] * sum over keys j in [j0, j1] of p[r * stride + j - j0] * value row j, for R
@@ -265,19 +277,28 @@ __attribute__((target("avx512f"))) void ValueTile(const float* p, int64_t stride
 using ScoreTileFn = void (*)(const float*, int64_t, const float*, float, float*, int64_t);
 using ValueTileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, const float*,
                              float* const*);
-constexpr ScoreTileFn kScoreTiles[kScoreRows] = {ScoreTile<1>, ScoreTile<2>, ScoreTile<3>, ScoreTile<4>,
-                                                 ScoreTile<5>, ScoreTile<6>, ScoreTile<7>, ScoreTile<8>};
+/*! \brief kScoreTiles[KB - 1][R - 1]: the score tile of R vectors by KB key blocks. */
+constexpr ScoreTileFn kScoreTiles[kMaxKeyBlocks][kScoreRows] = {
+    {ScoreTile<1, 1>, ScoreTile<2, 1>, ScoreTile<3, 1>, ScoreTile<4, 1>, ScoreTile<5, 1>, ScoreTile<6, 1>,
+     ScoreTile<7, 1>, ScoreTile<8, 1>},
+    {ScoreTile<1, 2>, ScoreTile<2, 2>, ScoreTile<3, 2>, ScoreTile<4, 2>, ScoreTile<5, 2>, ScoreTile<6, 2>,
+     ScoreTile<7, 2>, ScoreTile<8, 2>},
+    {ScoreTile<1, 3>, ScoreTile<2, 3>, ScoreTile<3, 3>, ScoreTile<4, 3>, ScoreTile<5, 3>, ScoreTile<6, 3>,
+     ScoreTile<7, 3>, ScoreTile<8, 3>}};
 constexpr ValueTileFn kValueTiles[kValueRows] = {ValueTile<1>, ValueTile<2>, ValueTile<3>, ValueTile<4>};
 
 /*! \brief The scores of every vector over the key blocks of its tile's span (a vector's own keys among them:
- *         first and last are non-decreasing), kScoreRows vectors at a time. */
+ *         first and last are non-decreasing), kScoreRows vectors by up to j.key_blocks key blocks at a time. */
 __attribute__((target("avx512f"))) void BlockScores512(const BlockJob& j, int64_t base, int64_t stride) {
+  const int64_t widest = std::clamp<int64_t>(j.key_blocks, 1, kMaxKeyBlocks);
   for (int64_t i0 = 0; i0 < j.count; i0 += kScoreRows) {
     const int r = static_cast<int>(std::min<int64_t>(kScoreRows, j.count - i0));
     const int64_t b0 = j.first[i0] / kKeyBlock, b1 = j.last[i0 + r - 1] / kKeyBlock;
-    for (int64_t kb = b0; kb <= b1; ++kb) {
-      kScoreTiles[r - 1](j.q + i0 * j.dim, j.dim, j.kt + kb * kKeyBlock * j.dim, j.scale,
-                         j.scores + i0 * stride + kb * kKeyBlock - base, stride);
+    for (int64_t kb = b0; kb <= b1;) {
+      const int n = static_cast<int>(std::min<int64_t>(widest, b1 - kb + 1));
+      kScoreTiles[n - 1][r - 1](j.q + i0 * j.dim, j.dim, j.kt + kb * kKeyBlock * j.dim, j.scale,
+                                j.scores + i0 * stride + kb * kKeyBlock - base, stride);
+      kb += n;
     }
   }
 }

@@ -147,8 +147,8 @@ def sole_reader(graph, t: int, readers: dict[int, int]):
 
 def _fuse_anchor(graph, node, producers, readers) -> bool:
     """Make one conv2d / dense int8 (see :func:`fuse_int8_anchors`); whether it did."""
-    if node.attrs.get("residual") or "src_scale" in node.attrs:
-        return False
+    if node.attrs.get("residual") or node.attrs.get("has_gate") or "src_scale" in node.attrs:
+        return False  # (an int8 dense takes no gate: fold_gate_products leaves the ones that may become int8)
     if len(graph.tensors[node.inputs[0]]["shape"]) == 5:  # 3-D convolutions run in float32 only
         return False
     source = producers.get(node.inputs[0])

@@ -99,7 +99,8 @@ def fuse_dynamic_int8_sources(graph) -> None:
     ops = _dynamic_source_ops()
     changed = False
     for node in list(graph.nodes):
-        if node.op not in ops or "src_scale" in node.attrs or node.attrs.get("src_dynamic"):
+        if (node.op not in ops or "src_scale" in node.attrs or node.attrs.get("src_dynamic")
+                or node.attrs.get("has_gate")):
             continue
         producers = graph.producers()
         source = producers.get(node.inputs[0])
