@@ -11,8 +11,8 @@ Variants: ``before``: kv_attention's form ``--before-kv`` (``BYOC_HETERO_KV_PREF
 ``--after-panels`` (default 0: none; ``1`` float panels, ``int`` the integer panel GEMM, from 16 rows). With
 ``--before-kv auto --after-panels int`` the variants differ in dense_wq's many-row form alone. ``--before-panels``
 makes the before variant dense_wq's defaults too, with ``BYOC_HETERO_WQ_PANELS`` = that value: ``--before-kv auto
---before-panels int-s14 --after-panels int`` differ in the integer panels' loop alone (session 14's against
-session 15's; the same results to the byte). Each variant's
+--before-panels int --after-panels int-fused`` differ in the integer panels' loop alone (the default against
+session 15's opt-in one; the same results to the byte). Each variant's
 variables are set before each of its prefills (a plan made again, e.g. for fewer threads, gets its own).
 Per weight format and prompt length, each round runs one prefill (a fresh cache,
 ``Generator.step`` of the whole prompt) per variant, alternating, with the regions' profiling on. Prints per
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before-kv", default="rows", help="kv_attention's form in the before variant")
     ap.add_argument("--after-panels", default="0",
-                    help="BYOC_HETERO_WQ_PANELS in the after variant (0, 1, int, int-s14)")
+                    help="BYOC_HETERO_WQ_PANELS in the after variant (0, 1, int, int-fused)")
     ap.add_argument("--before-panels", default=None,
                     help="BYOC_HETERO_WQ_PANELS in the before variant, with BYOC_HETERO_WQ_ACT=auto (default: the "
                          "integer tile kernels at every row count, BYOC_HETERO_WQ_ACT=int8)")

@@ -142,11 +142,12 @@ def _form(monkeypatch, form: str, x, codes, b):
 
 @pytest.mark.parametrize("vnni", ["auto", "0"])
 @pytest.mark.parametrize("bits,block,zp,scale_dtype,k", LOOP_CASES)
-def test_integer_panels_match_session_14s_loop_and_numpy(monkeypatch, vnni, bits, block, zp, scale_dtype, k):
-    """The integer panels' loop (the rows quantized by every thread, the epilogue written by the kernel) against
-    session 14's loop (``int-s14``: one thread quantizing, the epilogue in scalar C++) to the byte, and against numpy
-    on the same quantized activations: per channel and per block, zero points, offsets, float16 scales, a bias, 37
-    columns (a last panel of one partial tile), row tails of the 6-row tile; VNNI and the AVX-512BW form."""
+def test_fused_integer_panels_match_the_default_loop_and_numpy(monkeypatch, vnni, bits, block, zp, scale_dtype, k):
+    """The opt-in integer panels' loop (``int-fused``: the rows quantized by every thread, the epilogue written by the
+    kernel) against the default one (``int``: one thread quantizing, the epilogue in scalar C++) to the byte, and
+    against numpy on the same quantized activations: per channel and per block, zero points, offsets, float16
+    scales, a bias, 37 columns (a last panel of one partial tile), row tails of the 6-row tile; VNNI and the
+    AVX-512BW form."""
     if vnni == "auto" and not _has_vnni():
         pytest.skip("no VNNI on this CPU (the BW form is the 0 case)")
     monkeypatch.setenv("BYOC_HETERO_WQ_VNNI", vnni)
@@ -159,20 +160,20 @@ def test_integer_panels_match_session_14s_loop_and_numpy(monkeypatch, vnni, bits
     for m in (16, 23):
         x = (rng.standard_normal((m, k)) + (0.5 if zp == "offsets" else 0.0)).astype(np.float32)
         b = bias if m % 2 else None
-        got, step = _form(monkeypatch, "int", x, codes, b)
-        assert "integer panels" in step and "session 14" not in step, step
-        old, old_step = _form(monkeypatch, "int-s14", x, codes, b)
-        assert "integer panels" in old_step and "session 14's loop" in old_step, old_step
+        got, step = _form(monkeypatch, "int-fused", x, codes, b)
+        assert "integer panels" in step and "epilogue in the kernel" in step, step
+        old, old_step = _form(monkeypatch, "int", x, codes, b)
+        assert "integer panels" in old_step and "epilogue" not in old_step, old_step
         assert got.tobytes() == old.tobytes(), f"{m} rows: max difference {np.abs(got - old).max()}"
         _close(got, _reference(_quantize_rows(x), codes, b))
 
 
 @pytest.mark.parametrize("bits,block,zp,scale_dtype,k", [
     (8, None, False, "float32", 1600), (4, 32, True, "float16", 3200), (4, 64, False, "float32", 192)])
-def test_the_kernels_epilogue_matches_session_14s(monkeypatch, bits, block, zp, scale_dtype, k):
+def test_the_kernels_epilogue_matches_the_scalar_one(monkeypatch, bits, block, zp, scale_dtype, k):
     """The gate, the residual and the bias written by the panel kernel itself (AVX-512, the last tile masked)
-    against session 14's scalar epilogue to the byte ((x W + b) * g + r rounded twice, never fused into one FMA),
-    and against numpy; 50 columns (a last panel of 18: a second tile of 2 columns)."""
+    (``int-fused``) against the default loop's scalar epilogue to the byte ((x W + b) * g + r rounded twice, never
+    fused into one FMA), and against numpy; 50 columns (a last panel of 18: a second tile of 2 columns)."""
     rng = np.random.default_rng(bits * 7 + k)
     n = 50
     codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
@@ -182,7 +183,7 @@ def test_the_kernels_epilogue_matches_session_14s(monkeypatch, bits, block, zp, 
         g, r = rng.standard_normal((2, m, n)).astype(np.float32)
         b = bias if residual else None
         outs = {}
-        for form in ("int", "int-s14"):
+        for form in ("int", "int-fused"):
             monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", form)
             text, consts = _gate_region(m, codes, b, residual)
             mod = create(text)
@@ -192,12 +193,12 @@ def test_the_kernels_epilogue_matches_session_14s(monkeypatch, bits, block, zp, 
                        out)
             assert "integer panels" in "\n".join(mod["get_plan"]())
             outs[form] = out.numpy()
-        assert outs["int"].tobytes() == outs["int-s14"].tobytes(), np.abs(outs["int"] - outs["int-s14"]).max()
-        _close(outs["int"], _reference(_quantize_rows(x), codes, b) * g + (r if residual else 0))
+        assert outs["int-fused"].tobytes() == outs["int"].tobytes(), np.abs(outs["int"] - outs["int-fused"]).max()
+        _close(outs["int-fused"], _reference(_quantize_rows(x), codes, b) * g + (r if residual else 0))
 
 
 @pytest.mark.parametrize("name,value,message", [
-    ("BYOC_HETERO_WQ_PANELS", "yes", "BYOC_HETERO_WQ_PANELS must be 0, 1 \\(or float\\), int or int-s14, got 'yes'"),
+    ("BYOC_HETERO_WQ_PANELS", "yes", "BYOC_HETERO_WQ_PANELS must be 0, 1 \\(or float\\), int or int-fused, got 'yes'"),
     ("BYOC_HETERO_WQ_VNNI", "on", "BYOC_HETERO_WQ_VNNI must be auto, off or 0, got 'on'")])
 def test_switches_reject_unknown_values(monkeypatch, name, value, message):
     """A bad value fails at any rows (here 2), naming the variable and the values it takes."""

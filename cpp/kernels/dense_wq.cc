@@ -209,7 +209,7 @@ class DenseWqKernel : public Kernel {
       : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)),
         half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)), form_(ManyRowsForm(s, dot_)),
         panels_(form_ == wq::PanelForm::kFloat ? wq::FindPanelFns(s.bits) : wq::PanelFns{}),
-        qpanel_(form_ == wq::PanelForm::kInt || form_ == wq::PanelForm::kIntS14
+        qpanel_(form_ == wq::PanelForm::kInt || form_ == wq::PanelForm::kIntFused
                     ? wq::FindQPanelFn(dot_, s.bits, FoldScales(s)) : nullptr),
         prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
@@ -264,17 +264,17 @@ class DenseWqKernel : public Kernel {
       const wq::QPanelFn fn = qpanel_;
       const wq::IntDot dot = dot_;
       const bool half = half_;
-      const bool s14 = form_ == wq::PanelForm::kIntS14;
-      if (s14) {
-        step.host = [s, fn, dot, half](const std::vector<void*>& p) { RunQPanels(s, fn, dot, half, p); };
-      } else {
+      const bool fused = form_ == wq::PanelForm::kIntFused;
+      if (fused) {
         step.host = [s, fn, dot, half](const std::vector<void*>& p) { RunQPanelsDirect(s, fn, dot, half, p); };
+      } else {
+        step.host = [s, fn, dot, half](const std::vector<void*>& p) { RunQPanels(s, fn, dot, half, p); };
       }
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half ? ", float16 scales" : "") +
                    ", int8 activations (" + wq::IntDotName(dot_) + "), integer panels of " +
                    std::to_string(wq::kPanelWidth) + " columns x " + std::to_string(wq::kQPanelRows) + " rows (" +
                    std::to_string(s.m) + " rows" + (FoldScales(s) ? ", scales after the sum" : "") +
-                   (s14 ? ", session 14's loop" : "") + ")";
+                   (fused ? ", epilogue in the kernel" : "") + ")";
     } else if (dot_ == wq::IntDot::kNone) {
       const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
@@ -497,10 +497,10 @@ class DenseWqKernel : public Kernel {
     }
   }
 
-  /*! \brief One call of many rows, the integer panel form, kInt's loop: the threads quantize a share of the rows each,
-   *         then split the panels of kPanelTiles tiles, each multiplying its panel by the rows kQPanelRows at a time;
-   *         the kernel writes the epilogue (bias, gate, residual) into the output itself.  Bit for bit RunQPanels'
-   *         results. \p half: the scale tiles are float16. */
+  /*! \brief One call of many rows, the integer panel form, kIntFused's loop (opt-in): the threads quantize a share of
+   *         the rows each, then split the panels of kPanelTiles tiles, each multiplying its panel by the rows
+   *         kQPanelRows at a time; the kernel writes the epilogue (bias, gate, residual) into the output itself.
+   *         Bit for bit RunQPanels' results. \p half: the scale tiles are float16. */
   static void RunQPanelsDirect(const WqShape& s, wq::QPanelFn fn, wq::IntDot dot, bool half,
                                const std::vector<void*>& p) {
     const Operands o(s, p);
@@ -539,7 +539,7 @@ class DenseWqKernel : public Kernel {
     }
   }
 
-  /*! \brief One call of many rows, int8 activations, the integer panel form in session 14's loop (PanelForm kIntS14):
+  /*! \brief One call of many rows, int8 activations, the integer panel form (PanelForm kInt, session 14's loop):
    *         the rows quantized once, then the threads split the panels of kPanelTiles tiles, each multiplying its
    *         panel by the rows kQPanelRows at a time over all of K, the epilogue by StoreTile. \p half: the scale
    *         tiles are float16. */

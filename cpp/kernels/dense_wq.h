@@ -105,16 +105,15 @@ constexpr const char* kPrefetchVariable = "BYOC_HETERO_WQ_PREFETCH";
 int64_t PrefetchBytes();
 /*! \brief The form a call of many rows (kPanelMinRows or more, quad layout, an AVX-512 integer kernel) runs:
  *         kNone: the integer tile kernels (QTileFn) as at any rows; kFloat: panels dequantized to float32
- *         (PanelFns); kInt: the integer panel GEMM (QPanelFn) with the rows quantized by all threads and the
- *         epilogue written by the kernel (QPanelOut); kIntS14: the same kernel in session 14's loop (the rows
- *         quantized by one thread, the epilogue in scalar C++ after each call), kept for A/Bs: its results are
- *         kInt's bit for bit.  Chosen by
- *         BYOC_HETERO_WQ_PANELS = 0 | 1 or float | int (or unset) | int-s14, read when a plan is made;
- *         BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone; another value of the variable is a ValueError
- *         naming it.  The integer panels are the default: quiet A/B, Zen 5, Qwen2.5-0.5B prefill, 2 threads,
- *         1.14-1.26x the tile kernels at 128 and 1024 rows (bench/GENERATE.md, session 14 end); kFloat stays
- *         opt-in (0.68-1.05x on session 13's loaded Skylake). */
-enum class PanelForm { kNone, kFloat, kInt, kIntS14 };
+ *         (PanelFns); kInt: the integer panel GEMM (QPanelFn), the rows quantized by one thread, the epilogue in
+ *         scalar C++ after each call; kIntFused: the same kernel with the rows quantized by every thread and the
+ *         epilogue written by the kernel (QPanelOut), its results kInt's bit for bit (opt-in: loaded A/Bs split,
+ *         bench/GENERATE.md session 15).  Chosen by BYOC_HETERO_WQ_PANELS = 0 | 1 or float | int (or unset) |
+ *         int-fused, read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone; another
+ *         value of the variable is a ValueError naming it.  kInt is the default: quiet A/B, Zen 5, Qwen2.5-0.5B
+ *         prefill, 2 threads, 1.14-1.26x the tile kernels at 128 and 1024 rows (bench/GENERATE.md, session 14
+ *         end); kFloat stays opt-in (0.68-1.05x on session 13's loaded Skylake). */
+enum class PanelForm { kNone, kFloat, kInt, kIntFused };
 constexpr const char* kPanelVariable = "BYOC_HETERO_WQ_PANELS";
 PanelForm PanelsAsked();
 
@@ -184,9 +183,9 @@ PanelFns FindPanelFns(int bits);
  *         chains, and each weight vector (and each broadcast activation word) feeds 6 (2) products. */
 constexpr int kQPanelRows = 6;
 
-/*! \brief The epilogue of kInt's panel calls, y = ((x W + bias) * gate) + residual, each where the node has it, in
- *         the float32 operations (and order) of the tile kernels' scalar epilogue: their results bit for bit; written
- *         by the kernel row by row (plain AVX-512 stores, the panel's last partial tile masked). */
+/*! \brief The epilogue of kIntFused's panel calls, y = ((x W + bias) * gate) + residual, each where the node has
+ *         it, in the float32 operations (and order) of the tile kernels' scalar epilogue: their results bit for bit;
+ *         written by the kernel row by row (plain AVX-512 stores, the panel's last partial tile masked). */
 struct QPanelOut {
   float* y;             // row r0, the panel's first column (row stride ldy); holds the residual with residual
   const float* bias;    // the panel's first column's bias, or null
@@ -211,7 +210,7 @@ struct QPanelJob {
   const float* offsets;  // tile t0's offsets [blocks][16], or null
   int64_t k, block, rows, second;
   float* out;            // [kPanelTiles][kQPanelRows][16]: tile i's row r at out + (i * kQPanelRows + r) * 16
-  const QPanelOut* direct = nullptr;  // kInt's loop: the kernel writes the epilogue into the output (else out)
+  const QPanelOut* direct = nullptr;  // kIntFused: the kernel writes the epilogue into the output (else out)
 };
 using QPanelFn = void (*)(const QPanelJob& job);
 

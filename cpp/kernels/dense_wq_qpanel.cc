@@ -1,6 +1,6 @@
 /*!
  * \file kernels/dense_wq_qpanel.cc
- * \brief dense_wq's integer panel GEMM for many rows (dense_wq.h, PanelForm::kInt): the int8 activations and
+ * \brief dense_wq's integer panel GEMM for many rows (dense_wq.h, PanelForm::kInt and kIntFused): the int8 activations and
  *        the quad layout of the tile kernels (dense_wq_int8.cc), multiplied as a register tile of kPanelTiles
  *        tiles (32 columns) x kQPanelRows rows.  Per 4 k (8-bit) one weight vector of each tile and one
  *        broadcast activation word of each row feed 12 VPDPBUSD (AVX-512 VNNI) in 12 independent chains; the
@@ -164,14 +164,15 @@ WQ_QPANEL_TARGET inline void Put(const QPanelJob& j, int t, int r, __m512 v) {
   _mm512_storeu_ps(y, v);
 }
 
-/*! \brief Asks for the output lines the job's epilogue writes (QPanelOut), for writing, before its sums (loaded A/B,
- *         1 thread, M = 1024: 1.03-1.07x without). */
+/*! \brief Asks for the output lines the job's epilogue writes (QPanelOut), for writing, and its gate's lines, before
+ *         its sums (the output's, loaded, 1 thread, M = 1024: 1.03-1.07x without). */
 template <int R>
 WQ_QPANEL_TARGET inline void Announce(const QPanelJob& j) {
   if (j.direct == nullptr) return;
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < kT && t * kTile < j.direct->cols; ++t) {
       __builtin_prefetch(j.direct->y + r * j.direct->ldy + t * kTile, 1, 3);
+      if (j.direct->gate != nullptr) __builtin_prefetch(j.direct->gate + r * j.direct->ldy + t * kTile, 0, 3);
     }
   }
 }
