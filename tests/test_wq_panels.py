@@ -143,8 +143,8 @@ def _form(monkeypatch, form: str, x, codes, b):
 @pytest.mark.parametrize("vnni", ["auto", "0"])
 @pytest.mark.parametrize("bits,block,zp,scale_dtype,k", LOOP_CASES)
 def test_fused_integer_panels_match_the_default_loop_and_numpy(monkeypatch, vnni, bits, block, zp, scale_dtype, k):
-    """The opt-in integer panels' loop (``int-fused``: the rows quantized by every thread, the epilogue written by the
-    kernel) against the default one (``int``: one thread quantizing, the epilogue in scalar C++) to the byte, and
+    """The opt-in integer panels' loop (``int-fused``: the epilogue written by the kernel) against the default one
+    (``int``: the epilogue in scalar C++ after each call) to the byte, and
     against numpy on the same quantized activations: per channel and per block, zero points, offsets, float16
     scales, a bias, 37 columns (a last panel of one partial tile), row tails of the 6-row tile; VNNI and the
     AVX-512BW form."""

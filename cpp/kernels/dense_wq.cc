@@ -455,16 +455,10 @@ class DenseWqKernel : public Kernel {
     float* scales;  // [M, K / kActBlock]
     float* sums;    // scale * sum of codes, [M, K / kActBlock]
     int64_t xb;     // activation blocks a row
-    QuantizedRows(const WqShape& s, const float* x, void* scratch, wq::IntDot dot) : QuantizedRows(s, scratch) {
-      wq::QuantizeRows(x, s.m, s.k, codes, scales, sums, dot);
-    }
-    /*! \brief The scratch's pointers, nothing quantized yet (Quantize: rows at a time, e.g. a thread's share). */
-    QuantizedRows(const WqShape& s, void* scratch)
+    QuantizedRows(const WqShape& s, const float* x, void* scratch, wq::IntDot dot)
         : codes(static_cast<int8_t*>(scratch)), scales(reinterpret_cast<float*>(codes + s.m * s.k)),
-          sums(scales + s.m * (s.k / wq::kActBlock)), xb(s.k / wq::kActBlock) {}
-    /*! \brief Rows [r0, r0 + rows) of \p x quantized (the same bytes and floats as all rows at once). */
-    void Quantize(const WqShape& s, const float* x, int64_t r0, int64_t rows, wq::IntDot dot) const {
-      wq::QuantizeRows(x + r0 * s.k, rows, s.k, codes + r0 * s.k, scales + r0 * xb, sums + r0 * xb, dot);
+          sums(scales + s.m * (s.k / wq::kActBlock)), xb(s.k / wq::kActBlock) {
+      wq::QuantizeRows(x, s.m, s.k, codes, scales, sums, dot);
     }
   };
 
@@ -497,26 +491,18 @@ class DenseWqKernel : public Kernel {
     }
   }
 
-  /*! \brief One call of many rows, the integer panel form, kIntFused's loop (opt-in): the threads quantize a share of
-   *         the rows each, then split the panels of kPanelTiles tiles, each multiplying its panel by the rows
-   *         kQPanelRows at a time; the kernel writes the epilogue (bias, gate, residual) into the output itself.
-   *         Bit for bit RunQPanels' results. \p half: the scale tiles are float16. */
+  /*! \brief One call of many rows, the integer panel form, kIntFused's loop (opt-in): the rows quantized once (one
+   *         thread, before the parallel region: quantizing them in it, a share a thread, cost one more barrier a call,
+   *         0.61x on a loaded whole prefill), then the threads split the panels of kPanelTiles tiles, each multiplying
+   *         its panel by the rows kQPanelRows at a time; the kernel writes the epilogue (bias, gate, residual) into
+   *         the output itself.  Bit for bit RunQPanels' results. \p half: the scale tiles are float16. */
   static void RunQPanelsDirect(const WqShape& s, wq::QPanelFn fn, wq::IntDot dot, bool half,
                                const std::vector<void*>& p) {
     const Operands o(s, p);
-    const QuantizedRows x(s, p.back());
+    const QuantizedRows x(s, o.x, p.back(), dot);
     const int64_t panels = (s.tiles() + wq::kPanelTiles - 1) / wq::kPanelTiles;
-    const int64_t row_blocks = (s.m + wq::kQPanelRows - 1) / wq::kQPanelRows;
-#pragma omp parallel if (Parallel(s))
-    {
-#pragma omp for schedule(static)
-      for (int64_t rb = 0; rb < row_blocks; ++rb) {
-        const int64_t r0 = rb * wq::kQPanelRows;
-        x.Quantize(s, o.x, r0, std::min<int64_t>(wq::kQPanelRows, s.m - r0), dot);
-      }
-#pragma omp for schedule(static)
-      for (int64_t pn = 0; pn < panels; ++pn) QPanelColumns(s, fn, half, o, x, p, pn);
-    }
+#pragma omp parallel for schedule(static) if (Parallel(s))
+    for (int64_t pn = 0; pn < panels; ++pn) QPanelColumns(s, fn, half, o, x, p, pn);
   }
 
   /*! \brief Panel \p pn of RunQPanelsDirect: every row block, the kernel writing the output. */
