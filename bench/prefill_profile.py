@@ -9,7 +9,10 @@ Variants: ``before``: kv_attention's form ``--before-kv`` (``BYOC_HETERO_KV_PREF
 (``BYOC_HETERO_WQ_ACT=int8``, read when a plan is made: a generator of its own); ``after``: kv_attention as
 ``BYOC_HETERO_KV_PREFILL`` says (unset: ``auto``) and dense_wq's defaults with ``BYOC_HETERO_WQ_PANELS`` =
 ``--after-panels`` (default 0: none; ``1`` float panels, ``int`` the integer panel GEMM, from 16 rows). With
-``--before-kv auto --after-panels int`` the variants differ in dense_wq's many-row form alone. Each variant's
+``--before-kv auto --after-panels int`` the variants differ in dense_wq's many-row form alone. ``--before-panels``
+makes the before variant dense_wq's defaults too, with ``BYOC_HETERO_WQ_PANELS`` = that value: ``--before-kv auto
+--before-panels int --after-panels int-fused`` differ in the integer panels' loop alone (the default against
+session 15's opt-in one; the same results to the byte). Each variant's
 variables are set before each of its prefills (a plan made again, e.g. for fewer threads, gets its own).
 Per weight format and prompt length, each round runs one prefill (a fresh cache,
 ``Generator.step`` of the whole prompt) per variant, alternating, with the regions' profiling on. Prints per
@@ -134,7 +137,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="128,1024")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before-kv", default="rows", help="kv_attention's form in the before variant")
-    ap.add_argument("--after-panels", default="0", help="BYOC_HETERO_WQ_PANELS in the after variant (0, 1, int)")
+    ap.add_argument("--after-panels", default="0",
+                    help="BYOC_HETERO_WQ_PANELS in the after variant (0, 1, int, int-fused)")
+    ap.add_argument("--before-panels", default=None,
+                    help="BYOC_HETERO_WQ_PANELS in the before variant, with BYOC_HETERO_WQ_ACT=auto (default: the "
+                         "integer tile kernels at every row count, BYOC_HETERO_WQ_ACT=int8)")
     for form in FORMS:
         ap.add_argument(f"--{form}-env", default="", metavar="NAME=VALUE,...",
                         help=f"more variables of the {form} variant (e.g. BYOC_HETERO_KV_TILES=wide), set last")
@@ -144,6 +151,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     SKIPPED["before"] = [name for name in args.before_skip.split(",") if name]
     FORM_ENV["before"]["BYOC_HETERO_KV_PREFILL"] = args.before_kv
+    if args.before_panels is not None:
+        FORM_ENV["before"].update({"BYOC_HETERO_WQ_ACT": "auto", "BYOC_HETERO_WQ_PANELS": args.before_panels})
     FORM_ENV["after"]["BYOC_HETERO_WQ_PANELS"] = args.after_panels
     for form in FORMS:
         FORM_ENV[form].update(_pairs(getattr(args, f"{form}_env"), f"--{form}-env"))

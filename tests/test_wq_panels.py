@@ -126,8 +126,79 @@ def test_panels_with_gate_and_residual(monkeypatch, form, bits, block, zp, scale
         _close(out.numpy(), want)
 
 
+# K of 20 to 100 activation blocks (per channel and per block, zero points, offsets, float16 scales)
+LOOP_CASES = [
+    (8, None, False, "float32", 1600), (8, 64, True, "float16", 1600), (4, 32, False, "float16", 3200),
+    (4, 128, True, "float32", 3200), (4, 32, "offsets", "float32", 3200), (8, 32, False, "float16", 640),
+]
+
+
+def _form(monkeypatch, form: str, x, codes, b):
+    """The dense's output and its step's label with BYOC_HETERO_WQ_PANELS = form."""
+    monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", form)
+    got, plan = _run(x, codes, b)
+    return got, next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+
+
+@pytest.mark.parametrize("vnni", ["auto", "0"])
+@pytest.mark.parametrize("bits,block,zp,scale_dtype,k", LOOP_CASES)
+def test_fused_integer_panels_match_the_default_loop_and_numpy(monkeypatch, vnni, bits, block, zp, scale_dtype, k):
+    """The opt-in integer panels' loop (``int-fused``: the epilogue written by the kernel) against the default one
+    (``int``: the epilogue in scalar C++ after each call) to the byte, and
+    against numpy on the same quantized activations: per channel and per block, zero points, offsets, float16
+    scales, a bias, 37 columns (a last panel of one partial tile), row tails of the 6-row tile; VNNI and the
+    AVX-512BW form."""
+    if vnni == "auto" and not _has_vnni():
+        pytest.skip("no VNNI on this CPU (the BW form is the 0 case)")
+    monkeypatch.setenv("BYOC_HETERO_WQ_VNNI", vnni)
+    rng = np.random.default_rng(bits * 1000 + k + (block or 0))
+    if zp == "offsets":
+        codes = _offset_codes(bits, 37, k, rng, scale_dtype)
+    else:
+        codes = quantize_matrix(rng.standard_normal((37, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(37).astype(np.float32)
+    for m in (16, 23):
+        x = (rng.standard_normal((m, k)) + (0.5 if zp == "offsets" else 0.0)).astype(np.float32)
+        b = bias if m % 2 else None
+        got, step = _form(monkeypatch, "int-fused", x, codes, b)
+        assert "integer panels" in step and "epilogue in the kernel" in step, step
+        old, old_step = _form(monkeypatch, "int", x, codes, b)
+        assert "integer panels" in old_step and "epilogue" not in old_step, old_step
+        assert got.tobytes() == old.tobytes(), f"{m} rows: max difference {np.abs(got - old).max()}"
+        _close(got, _reference(_quantize_rows(x), codes, b))
+
+
+@pytest.mark.parametrize("bits,block,zp,scale_dtype,k", [
+    (8, None, False, "float32", 1600), (4, 32, True, "float16", 3200), (4, 64, False, "float32", 192)])
+def test_the_kernels_epilogue_matches_the_scalar_one(monkeypatch, bits, block, zp, scale_dtype, k):
+    """The gate, the residual and the bias written by the panel kernel itself (AVX-512, the last tile masked)
+    (``int-fused``) against the default loop's scalar epilogue to the byte ((x W + b) * g + r rounded twice, never
+    fused into one FMA), and against numpy; 50 columns (a last panel of 18: a second tile of 2 columns)."""
+    rng = np.random.default_rng(bits * 7 + k)
+    n = 50
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), bits, block, zp, scale_dtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m, residual in ((17, False), (29, True)):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        g, r = rng.standard_normal((2, m, n)).astype(np.float32)
+        b = bias if residual else None
+        outs = {}
+        for form in ("int", "int-fused"):
+            monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", form)
+            text, consts = _gate_region(m, codes, b, residual)
+            mod = create(text)
+            assert mod["__init_wqg"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+            out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32))
+            mod["wqg"](tvm.runtime.tensor(x), tvm.runtime.tensor(g), *([tvm.runtime.tensor(r)] if residual else []),
+                       out)
+            assert "integer panels" in "\n".join(mod["get_plan"]())
+            outs[form] = out.numpy()
+        assert outs["int-fused"].tobytes() == outs["int"].tobytes(), np.abs(outs["int"] - outs["int-fused"]).max()
+        _close(outs["int-fused"], _reference(_quantize_rows(x), codes, b) * g + (r if residual else 0))
+
+
 @pytest.mark.parametrize("name,value,message", [
-    ("BYOC_HETERO_WQ_PANELS", "yes", "BYOC_HETERO_WQ_PANELS must be 0, 1 \\(or float\\) or int, got 'yes'"),
+    ("BYOC_HETERO_WQ_PANELS", "yes", "BYOC_HETERO_WQ_PANELS must be 0, 1 \\(or float\\), int or int-fused, got 'yes'"),
     ("BYOC_HETERO_WQ_VNNI", "on", "BYOC_HETERO_WQ_VNNI must be auto, off or 0, got 'on'")])
 def test_switches_reject_unknown_values(monkeypatch, name, value, message):
     """A bad value fails at any rows (here 2), naming the variable and the values it takes."""

@@ -209,7 +209,8 @@ class DenseWqKernel : public Kernel {
       : label_(ctx.where()), s_(s), isa_(SelectSimdIsa(wq::kIsaVariable)), dot_(wq::SelectIntDot(isa_, s.block)),
         half_(s.f16_scales && dot_ != wq::IntDot::kNone && HalfScalesRun(dot_)), form_(ManyRowsForm(s, dot_)),
         panels_(form_ == wq::PanelForm::kFloat ? wq::FindPanelFns(s.bits) : wq::PanelFns{}),
-        qpanel_(form_ == wq::PanelForm::kInt ? wq::FindQPanelFn(dot_, s.bits, FoldScales(s)) : nullptr),
+        qpanel_(form_ == wq::PanelForm::kInt || form_ == wq::PanelForm::kIntFused
+                    ? wq::FindQPanelFn(dot_, s.bits, FoldScales(s)) : nullptr),
         prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0) {
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
@@ -263,11 +264,17 @@ class DenseWqKernel : public Kernel {
       const wq::QPanelFn fn = qpanel_;
       const wq::IntDot dot = dot_;
       const bool half = half_;
-      step.host = [s, fn, dot, half](const std::vector<void*>& p) { RunQPanels(s, fn, dot, half, p); };
+      const bool fused = form_ == wq::PanelForm::kIntFused;
+      if (fused) {
+        step.host = [s, fn, dot, half](const std::vector<void*>& p) { RunQPanelsDirect(s, fn, dot, half, p); };
+      } else {
+        step.host = [s, fn, dot, half](const std::vector<void*>& p) { RunQPanels(s, fn, dot, half, p); };
+      }
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half ? ", float16 scales" : "") +
                    ", int8 activations (" + wq::IntDotName(dot_) + "), integer panels of " +
                    std::to_string(wq::kPanelWidth) + " columns x " + std::to_string(wq::kQPanelRows) + " rows (" +
-                   std::to_string(s.m) + " rows" + (FoldScales(s) ? ", scales after the sum" : "") + ")";
+                   std::to_string(s.m) + " rows" + (FoldScales(s) ? ", scales after the sum" : "") +
+                   (fused ? ", epilogue in the kernel" : "") + ")";
     } else if (dot_ == wq::IntDot::kNone) {
       const wq::TileFn tile_fn = wq::FindTileFn(isa_, s.bits);
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
@@ -484,9 +491,44 @@ class DenseWqKernel : public Kernel {
     }
   }
 
-  /*! \brief One call of many rows, int8 activations, the integer panel form (dense_wq.h's QPanelFn): the rows
-   *         quantized once, then the threads split the panels of kPanelTiles tiles, each multiplying its panel
-   *         by the rows kQPanelRows at a time. \p half: the scale tiles are float16. */
+  /*! \brief One call of many rows, the integer panel form, kIntFused's loop (opt-in): the rows quantized once (one
+   *         thread, before the parallel region: quantizing them in it, a share a thread, cost one more barrier a call,
+   *         0.61x on a loaded whole prefill), then the threads split the panels of kPanelTiles tiles, each multiplying
+   *         its panel by the rows kQPanelRows at a time; the kernel writes the epilogue (bias, gate, residual) into
+   *         the output itself.  Bit for bit RunQPanels' results. \p half: the scale tiles are float16. */
+  static void RunQPanelsDirect(const WqShape& s, wq::QPanelFn fn, wq::IntDot dot, bool half,
+                               const std::vector<void*>& p) {
+    const Operands o(s, p);
+    const QuantizedRows x(s, o.x, p.back(), dot);
+    const int64_t panels = (s.tiles() + wq::kPanelTiles - 1) / wq::kPanelTiles;
+#pragma omp parallel for schedule(static) if (Parallel(s))
+    for (int64_t pn = 0; pn < panels; ++pn) QPanelColumns(s, fn, half, o, x, p, pn);
+  }
+
+  /*! \brief Panel \p pn of RunQPanelsDirect: every row block, the kernel writing the output. */
+  static void QPanelColumns(const WqShape& s, wq::QPanelFn fn, bool half, const Operands& o, const QuantizedRows& x,
+                            const std::vector<void*>& p, int64_t pn) {
+    const int64_t tiles = s.tiles(), xb = x.xb, t0 = pn * wq::kPanelTiles, at = t0 * s.blocks() * kTile;
+    const int64_t n0 = t0 * kTile;
+    const uint16_t* halves = half ? static_cast<const uint16_t*>(p[2]) : nullptr;
+    for (int64_t r0 = 0; r0 < s.m; r0 += wq::kQPanelRows) {
+      wq::QPanelJob job{x.codes + r0 * s.k, x.scales + r0 * xb, x.sums + r0 * xb, o.codes + t0 * s.k * s.step(),
+                        half ? nullptr : o.scales + at, half ? halves + at : nullptr,
+                        o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(),
+                        o.offsets != nullptr ? o.offsets + at : nullptr, s.k, s.block,
+                        std::min<int64_t>(wq::kQPanelRows, s.m - r0), t0 + 1 < tiles ? 1 : 0, nullptr};
+      const wq::QPanelOut out{o.y + r0 * s.n + n0, o.bias != nullptr ? o.bias + n0 : nullptr,
+                              o.gate != nullptr ? o.gate + r0 * s.n + n0 : nullptr, s.n,
+                              std::min(wq::kPanelWidth, s.n - n0), s.residual};
+      job.direct = &out;
+      fn(job);
+    }
+  }
+
+  /*! \brief One call of many rows, int8 activations, the integer panel form (PanelForm kInt, session 14's loop):
+   *         the rows quantized once, then the threads split the panels of kPanelTiles tiles, each multiplying its
+   *         panel by the rows kQPanelRows at a time over all of K, the epilogue by StoreTile. \p half: the scale
+   *         tiles are float16. */
   static void RunQPanels(const WqShape& s, wq::QPanelFn fn, wq::IntDot dot, bool half,
                          const std::vector<void*>& p) {
     const Operands o(s, p);

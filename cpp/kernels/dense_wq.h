@@ -105,12 +105,15 @@ constexpr const char* kPrefetchVariable = "BYOC_HETERO_WQ_PREFETCH";
 int64_t PrefetchBytes();
 /*! \brief The form a call of many rows (kPanelMinRows or more, quad layout, an AVX-512 integer kernel) runs:
  *         kNone: the integer tile kernels (QTileFn) as at any rows; kFloat: panels dequantized to float32
- *         (PanelFns); kInt: the integer panel GEMM (QPanelFn).  Chosen by BYOC_HETERO_WQ_PANELS = 0 | 1 or float |
- *         int (or unset), read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone;
- *         another value of the variable is a ValueError naming it.  kInt is the default: quiet A/B, Zen 5,
- *         Qwen2.5-0.5B prefill, 2 threads, 1.14-1.26x the tile kernels at 128 and 1024 rows (bench/GENERATE.md,
- *         session 14 end); kFloat stays opt-in (0.68-1.05x on session 13's loaded Skylake). */
-enum class PanelForm { kNone, kFloat, kInt };
+ *         (PanelFns); kInt: the integer panel GEMM (QPanelFn), the rows quantized by one thread, the epilogue in
+ *         scalar C++ after each call; kIntFused: the same kernel with the epilogue written by the kernel
+ *         (QPanelOut), its results kInt's bit for bit (opt-in until a quiet A/B: loaded, a whole 0.5B int8 prefill
+ *         of 1024 tokens 1.22x in dense_wq, bench/GENERATE.md session 15).  Chosen by BYOC_HETERO_WQ_PANELS = 0 | 1 or float | int (or unset) |
+ *         int-fused, read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone; another
+ *         value of the variable is a ValueError naming it.  kInt is the default: quiet A/B, Zen 5, Qwen2.5-0.5B
+ *         prefill, 2 threads, 1.14-1.26x the tile kernels at 128 and 1024 rows (bench/GENERATE.md, session 14
+ *         end); kFloat stays opt-in (0.68-1.05x on session 13's loaded Skylake). */
+enum class PanelForm { kNone, kFloat, kInt, kIntFused };
 constexpr const char* kPanelVariable = "BYOC_HETERO_WQ_PANELS";
 PanelForm PanelsAsked();
 
@@ -180,6 +183,17 @@ PanelFns FindPanelFns(int bits);
  *         chains, and each weight vector (and each broadcast activation word) feeds 6 (2) products. */
 constexpr int kQPanelRows = 6;
 
+/*! \brief The epilogue of kIntFused's panel calls, y = ((x W + bias) * gate) + residual, each where the node has
+ *         it, in the float32 operations (and order) of the tile kernels' scalar epilogue: their results bit for bit;
+ *         written by the kernel row by row (plain AVX-512 stores, the panel's last partial tile masked). */
+struct QPanelOut {
+  float* y;             // row r0, the panel's first column (row stride ldy); holds the residual with residual
+  const float* bias;    // the panel's first column's bias, or null
+  const float* gate;    // row r0, the panel's first column of the gate (row stride ldy), or null
+  int64_t ldy, cols;    // the output's row stride (N); the panel's columns (1..kPanelWidth)
+  bool residual;
+};
+
 /*! \brief What one integer panel call computes: rows [r0, r0 + rows) of tiles t0 and t0 + second (second 0:
  *         the panel's last tile is t0, computed twice, the copy unused), the same sums in the same float
  *         operations as QTileFn's (the results are bit for bit the tile kernels'; per-channel weights: see
@@ -196,8 +210,10 @@ struct QPanelJob {
   const float* offsets;  // tile t0's offsets [blocks][16], or null
   int64_t k, block, rows, second;
   float* out;            // [kPanelTiles][kQPanelRows][16]: tile i's row r at out + (i * kQPanelRows + r) * 16
+  const QPanelOut* direct = nullptr;  // kIntFused: the kernel writes the epilogue into the output (else out)
 };
 using QPanelFn = void (*)(const QPanelJob& job);
+
 /*! \brief The panel kernel of \p dot (an AVX-512 one: VNNI or BW) for \p bits, else null.  \p fold (one weight
  *         block, no offsets: per-channel weights): the scale and zero point applied once after the sum over K
  *         (one FMA per activation block and column instead of three; the same sums, rounded in another order). */

@@ -441,8 +441,10 @@ PanelForm PanelsAsked() {
     asked = PanelForm::kFloat;
   } else if (form == "int") {
     asked = PanelForm::kInt;
+  } else if (form == "int-fused") {
+    asked = PanelForm::kIntFused;
   } else if (form != "0") {
-    TVM_FFI_THROW(ValueError) << kPanelVariable << " must be 0, 1 (or float) or int, got '" << form << "'";
+    TVM_FFI_THROW(ValueError) << kPanelVariable << " must be 0, 1 (or float), int or int-fused, got '" << form << "'";
   }
   const char* act = std::getenv(kActVariable);
   const bool act_auto = act == nullptr || *act == '\0' || std::string(act) == "auto";

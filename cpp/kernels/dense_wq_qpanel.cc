@@ -1,6 +1,6 @@
 /*!
  * \file kernels/dense_wq_qpanel.cc
- * \brief dense_wq's integer panel GEMM for many rows (dense_wq.h, PanelForm::kInt): the int8 activations and
+ * \brief dense_wq's integer panel GEMM for many rows (dense_wq.h, PanelForm::kInt and kIntFused): the int8 activations and
  *        the quad layout of the tile kernels (dense_wq_int8.cc), multiplied as a register tile of kPanelTiles
  *        tiles (32 columns) x kQPanelRows rows.  Per 4 k (8-bit) one weight vector of each tile and one
  *        broadcast activation word of each row feed 12 VPDPBUSD (AVX-512 VNNI) in 12 independent chains; the
@@ -10,6 +10,7 @@
  *        block, no offsets) take Folded512 instead: the scale once after the sum over K.  The AVX-512BW form
  *        (VPMADDUBSW + VPMADDWD, CPUs without VNNI) is the same tile.  Own target attributes: the extension
  *        builds for any x86-64; dense_wq.cc asks for it only where the integer kernel is an AVX-512 one.
+ *        With QPanelJob::direct the kernel writes the node's epilogue (bias, gate, residual) into the output itself.
  */
 #include <immintrin.h>
 
@@ -27,7 +28,7 @@ namespace wq {
 
 namespace {
 
-#define WQ_QPANEL_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define WQ_QPANEL_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,prfchw")))
 
 constexpr int kT = static_cast<int>(kPanelTiles);
 constexpr int64_t kQuadBytes = 64;  // one quad of a tile: 16 columns x 4 bytes
@@ -120,6 +121,62 @@ WQ_QPANEL_TARGET inline __m512 Scales(const QPanelJob& j, int64_t at) {
   return _mm512_loadu_ps(j.scales + at);
 }
 
+/*! \brief The mask of the first \p n of 16 lanes (n <= 0: none). */
+inline __mmask16 FirstLanes(int64_t n) {
+  if (n >= 16) return static_cast<__mmask16>(0xFFFF);
+  return n > 0 ? static_cast<__mmask16>((1u << n) - 1u) : static_cast<__mmask16>(0);
+}
+
+/*! \brief Put's last, partial tile: the loads and the store masked to the first columns (\p m).  (Full tiles take
+ *         plain loads and stores.) */
+WQ_QPANEL_TARGET inline void PutMasked(__m512 v, __mmask16 m, const float* bias, const float* gate, bool residual,
+                                       float* y) {
+  v = _mm512_add_ps(v, bias != nullptr ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps());
+  if (gate != nullptr) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, gate));
+  if (residual) {
+    __asm__("" : "+v"(v));
+    v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v);
+  }
+  _mm512_mask_storeu_ps(y, m, v);
+}
+
+/*! \brief Row r of tile t's products v: into out, or with QPanelOut, ((v + bias) * gate) + residual into the output
+ *         (columns past the panel's masked), each as the scalar epilogue rounds it (the compiler may not fuse the
+ *         gate's multiply and the residual's add into one FMA: the asm barrier). */
+WQ_QPANEL_TARGET inline void Put(const QPanelJob& j, int t, int r, __m512 v) {
+  if (j.direct == nullptr) {
+    _mm512_storeu_ps(j.out + (t * kQPanelRows + r) * kTile, v);
+    return;
+  }
+  const QPanelOut& o = *j.direct;
+  const int64_t cols = o.cols - t * kTile;
+  if (cols <= 0) return;
+  float* y = o.y + r * o.ldy + t * kTile;
+  const float* gate = o.gate != nullptr ? o.gate + r * o.ldy + t * kTile : nullptr;
+  const float* bias = o.bias != nullptr ? o.bias + t * kTile : nullptr;
+  if (cols < kTile) return PutMasked(v, FirstLanes(cols), bias, gate, o.residual, y);
+  v = _mm512_add_ps(v, bias != nullptr ? _mm512_loadu_ps(bias) : _mm512_setzero_ps());
+  if (gate != nullptr) v = _mm512_mul_ps(v, _mm512_loadu_ps(gate));
+  if (o.residual) {
+    __asm__("" : "+v"(v));
+    v = _mm512_add_ps(_mm512_loadu_ps(y), v);
+  }
+  _mm512_storeu_ps(y, v);
+}
+
+/*! \brief Asks for the output lines the job's epilogue writes (QPanelOut), for writing, and its gate's lines, before
+ *         its sums (the output's, loaded, 1 thread, M = 1024: 1.03-1.07x without). */
+template <int R>
+WQ_QPANEL_TARGET inline void Announce(const QPanelJob& j) {
+  if (j.direct == nullptr) return;
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < kT && t * kTile < j.direct->cols; ++t) {
+      __builtin_prefetch(j.direct->y + r * j.direct->ldy + t * kTile, 1, 3);
+      if (j.direct->gate != nullptr) __builtin_prefetch(j.direct->gate + r * j.direct->ldy + t * kTile, 0, 3);
+    }
+  }
+}
+
 /*! \brief One weight block (per output channel) and no offsets: s and z are the same for every k, so each activation
  *         block adds sx * acc to the total (one FMA) and the scale and zero point apply once at the end,
  *         total = s * (sum_a sx_a acc_a - z * sum_a sx_a sum q_x): the same sums, rounded in another order. */
@@ -129,6 +186,7 @@ WQ_QPANEL_TARGET void Folded512(const QPanelJob& j) {
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < kT; ++t) total[r][t] = _mm512_setzero_ps();
   float sums[R] = {};
+  Announce<R>(j);
   const int64_t xblocks = j.k / kActBlock, stride = j.second * kTile;
   const uint8_t* q[kT] = {j.codes, j.codes + j.second * j.k * 2 * Bits};
   for (int64_t a = 0; a < xblocks; ++a) {
@@ -142,14 +200,15 @@ WQ_QPANEL_TARGET void Folded512(const QPanelJob& j) {
     }
   }
   const float bias = Bits == 8 && !Vnni ? 128.f : 0.f;
+  __m512 z[kT], s[kT];
   for (int t = 0; t < kT; ++t) {
-    const __m512 z = _mm512_sub_ps(j.zeros != nullptr ? _mm512_loadu_ps(j.zeros + t * stride) : _mm512_set1_ps(j.zero),
-                                   _mm512_set1_ps(bias));
-    const __m512 s = Scales(j, t * stride);
-    for (int r = 0; r < R; ++r) {
-      const __m512 v = _mm512_mul_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(sums[r]), total[r][t]), s);
-      _mm512_storeu_ps(j.out + (t * kQPanelRows + r) * kTile, v);
-    }
+    z[t] = _mm512_sub_ps(j.zeros != nullptr ? _mm512_loadu_ps(j.zeros + t * stride) : _mm512_set1_ps(j.zero),
+                         _mm512_set1_ps(bias));
+    s[t] = Scales(j, t * stride);
+  }
+  for (int r = 0; r < R; ++r) {  // row by row: a row's two tiles are one 128-byte run of the output (t-major: 0.88x)
+    const __m512 sum = _mm512_set1_ps(sums[r]);
+    for (int t = 0; t < kT; ++t) Put(j, t, r, _mm512_mul_ps(_mm512_fnmadd_ps(z[t], sum, total[r][t]), s[t]));
   }
 }
 
@@ -158,6 +217,7 @@ WQ_QPANEL_TARGET void Panel512(const QPanelJob& j) {
   __m512 total[R][kT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < kT; ++t) total[r][t] = _mm512_setzero_ps();
+  Announce<R>(j);
   const int64_t per = j.block / kActBlock, xblocks = j.k / kActBlock, blocks = j.k / j.block;
   const int64_t stride = j.second * blocks * kTile;  // tile t0 + 1's per-block values (0: t0 again)
   const uint8_t* q[kT] = {j.codes, j.codes + j.second * j.k * 2 * Bits};
@@ -186,8 +246,8 @@ WQ_QPANEL_TARGET void Panel512(const QPanelJob& j) {
       }
     }
   }
-  for (int t = 0; t < kT; ++t)
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + (t * kQPanelRows + r) * kTile, total[r][t]);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < kT; ++t) Put(j, t, r, total[r][t]);
 }
 
 /*! \brief Dispatches a job's row count (1..kQPanelRows) to the kernel instantiated for it (Folded512 with \p Fold). */
