@@ -3,6 +3,7 @@
     python3 bench/decode_profile.py                                   # SmolLM-135M folder, int4 and int8, 2 threads
     python3 bench/decode_profile.py --weights int4 --steps 48 --rounds 5
     python3 bench/decode_profile.py --random                          # SmolLM-135M's sizes, seeded random weights
+    python3 bench/decode_profile.py --model /tmp/gen/qwen2_0_5b/hf --weights int8,int8_g32,gguf:/tmp/gen/qwen2_0_5b/model.q8_0.gguf
 
 One generator per weights format (``bh.llm.from_hf`` of ``--model``, a transformers folder, read only; or a
 random model of SmolLM-135M's config with ``--random``), a ``--prompt``-token prompt, then ``--rounds`` rounds,
@@ -78,6 +79,17 @@ def load_model(args):
         torch.manual_seed(0)
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM)).eval()
     return transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+
+
+def build(model, fmt: str, max_length: int):
+    """The generator of one ``--weights`` item: ``gguf:FILE`` -> ``bh.llm.from_gguf(FILE)`` (a GGUF file of the same
+    weights, bench/gguf_write.py's), ``int8_g32`` -> ``from_hf(weights="int8", group_size=32)``, else ``from_hf``."""
+    import byoc_hetero as bh
+
+    if fmt.startswith("gguf:"):
+        return bh.llm.from_gguf(fmt[5:], max_length=max_length)
+    weights, _, group = fmt.partition("_g")
+    return bh.llm.from_hf(model, max_length=max_length, weights=weights, group_size=int(group) if group else None)
 
 
 def step_kinds(region) -> dict[int, str]:
@@ -292,7 +304,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a transformers ...ForCausalLM folder (read only)")
     ap.add_argument("--random", action="store_true", help="SmolLM-135M's config with seeded random weights")
-    ap.add_argument("--weights", default="int4,int8", help="bh.llm.from_hf weights formats, comma-separated")
+    ap.add_argument("--weights", default="int4,int8",
+                    help="comma-separated: bh.llm.from_hf weights formats (int8_g32: group_size 32), gguf:FILE")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
@@ -326,7 +339,7 @@ def main(argv=None) -> int:
             for env in settings:
                 with environment(env):
                     with before_session13() if before else contextlib.nullcontext():
-                        gen = bh.llm.from_hf(model, max_length=args.prompt + args.steps + 2, weights=fmt)
+                        gen = build(model, fmt, args.prompt + args.steps + 2)
                     label = fmt + ("" if not args.ab else ", before session 13" if before else ", session 13")
                     label += " [" + " ".join(f"{k}={v}" for k, v in env.items()) + "]" if len(settings) > 1 else ""
                     for suffix, context in variants(args):

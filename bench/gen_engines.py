@@ -235,6 +235,13 @@ class HF:
             return self.model(self.torch.from_numpy(ids[None])).logits[0, -1].float().numpy()
 
 
+def ours_format(fmt: str) -> tuple[str, int | None]:
+    """``bh.llm.from_hf``'s (weights, group_size) of one of our formats: ``"int8_g32"`` -> ("int8", 32)
+    (int8 codes, a float16 scale per block of 32 along K: GGUF's Q8_0 form), ``"int8"`` -> ("int8", None)."""
+    weights, _, group = fmt.partition("_g")
+    return weights, int(group) if group else None
+
+
 class Ours:
     """byoc-hetero's generation API, ``bh.llm.from_hf`` (issue 36)."""
 
@@ -252,7 +259,8 @@ class Ours:
 
         torch.set_num_threads(threads)
         model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-        self.gen = llm.from_hf(model, max_length=max_length, weights=fmt)
+        weights, group = ours_format(fmt)
+        self.gen = llm.from_hf(model, max_length=max_length, weights=weights, group_size=group)
         del model
         gc.collect()
 
@@ -397,7 +405,8 @@ class OpenVINOGenAI:
 
 #: engine -> (adapter, the formats it runs, the default ones, how its files are made from the HF folder)
 ENGINES = {
-    "ours": (Ours, ("f32", "bf16", "int8", "int4"), ("f32",), None),
+    "ours": (Ours, ("f32", "bf16", "int8", "int4", "int8_g32", "int8_g64", "int8_g128", "int4_g64", "int4_g128"),
+             ("f32",), None),
     "ours_gguf": (OursGguf, ("f32", "f16", "q8_0", "q4_0", "q4_k_m"), ("q8_0", "q4_0"), gguf_file),
     "hf": (HF, ("f32", "bf16"), ("f32",), None),
     "llama_cpp": (LlamaCpp, ("f32", "f16", "q8_0", "q4_0", "q4_k_m"), ("f32", "f16", "q8_0", "q4_0"), gguf_file),
@@ -410,9 +419,12 @@ GENAI_ENGINES = ("ort_genai", "openvino_genai")
 LABELS = {"ours": "ours (bh.llm)", "ours_gguf": "ours (bh.llm.from_gguf)", "hf": "transformers generate", "llama_cpp": "llama.cpp",
           "ort_genai": "ONNX Runtime GenAI", "openvino_genai": "OpenVINO GenAI"}
 #: nominal bytes per weight of each format (Q8_0: 32 int8 + an f16 scale; Q4_0: 32 nibbles + an f16 scale;
-#: ORT GenAI's int4: blocks of 32 with an f32 scale; NNCF's int8 per channel, int4 groups of 128 with f16 scales)
+#: ORT GenAI's int4: blocks of 32 with an f32 scale; NNCF's int8 per channel, int4 groups of 128 with f16 scales;
+#: ours' grouped int8 / int4 (int8_g32, ...): an f16 scale per group, as from_hf writes them)
 WIDTH = {"f32": 4.0, "fp32": 4.0, "bf16": 2.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "int8": 1.0,
-         "int4": 0.5 + 4 / 32, "q4_k_m": 144 / 256}  # Q4_K_M: Q4_K's (the mix has Q5_0 / Q6_K / Q8_0 tensors too)
+         "int4": 0.5 + 4 / 32, "q4_k_m": 144 / 256,  # Q4_K_M: Q4_K's (the mix has Q5_0 / Q6_K / Q8_0 tensors too)
+         "int8_g32": 1 + 2 / 32, "int8_g64": 1 + 2 / 64, "int8_g128": 1 + 2 / 128, "int4_g64": 0.5 + 2 / 64,
+         "int4_g128": 0.5 + 2 / 128}
 
 
 def load_engine(engine: str, hf: str, files_dir: str, fmt: str, threads: int, max_length: int):

@@ -3,7 +3,7 @@
 One-node regions built by hand (the runtime alone, no TVM build), at the shapes of SmolLM-135M's
 decoder (K=576 -> N=1536, the MLP's up projection; K=1536 -> N=576, its down projection), M rows
 (default 1: the decode step). Per shape: oneDNN's f32 ``dense`` (the node bh.partition writes for a
-float weight), ``dense_wq`` int8 per output channel and in blocks of 32 with float16 scales (GGUF's Q8_0),
+float weight), ``dense_wq`` int8 per output channel and in blocks of 32 with float16 scales (GGUF's Q8_0; also 64, 128),
 int4 in groups of 32 symmetric with float32 and with float16 scales (Q4_0's form) and with zero points, each
 with float32 activations and with int8 activations quantized per call (``--acts``; BYOC_HETERO_WQ_ACT).
 The engines are timed interleaved (round-robin rounds of ``--calls`` calls, the median per call), each
@@ -75,6 +75,7 @@ def _module(symbol: str, m: int, k: int, n: int, op: str, consts: list[np.ndarra
 
 
 VARIANTS = (("int8 per channel", 8, None, False, "float32"), ("int8 g32 f16 (Q8_0)", 8, 32, False, "float16"),
+            ("int8 g64 f16", 8, 64, False, "float16"), ("int8 g128 f16", 8, 128, False, "float16"),
             ("int4 g32 f32 scales", 4, 32, False, "float32"), ("int4 g32 f16 (Q4_0)", 4, 32, False, "float16"),
             ("int4 g32 + zero points", 4, 32, True, "float32"))
 

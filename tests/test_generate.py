@@ -251,6 +251,9 @@ def test_group_size_needs_quantized_weights_and_a_fitting_size():
         bh.llm.from_hf(model, max_length=16, group_size=32)
     with pytest.raises(bh.InputError, match="group_size=48"):
         bh.llm.from_hf(model, max_length=16, weights="int4", group_size=48)
+    # int8 in groups: a group must divide every dense's K (hidden 64 here)
+    with pytest.raises(bh.InputError, match="weights='int8' group_size=128 .*group size 128 does not divide K = 64"):
+        bh.llm.from_hf(model, max_length=16, weights="int8", group_size=128)
     with pytest.raises(bh.InputError, match="lm_head='int8' applies to weights='int8' / 'int4', not 'f32'"):
         bh.llm.from_hf(model, max_length=16, lm_head="int8")
     with pytest.raises(bh.InputError, match="lm_head must be None .*int8, int4, f32; got 'int2'"):
@@ -272,20 +275,20 @@ def _quant_model():
     return model
 
 
-def _built_quant(weights: str, lm_head: str | None = None):
-    """(float generator, partitioned step, generator) for :func:`_quant_model` with ``weights`` and
-    ``lm_head``."""
+def _built_quant(weights: str, lm_head: str | None = None, group: int | None = None):
+    """(float generator, partitioned step, generator) for :func:`_quant_model` with ``weights``,
+    ``lm_head`` and ``group_size`` ``group``."""
     if not _QUANT:
         model = _quant_model()
         _QUANT["model"] = model
         _QUANT["f32"] = (bh.llm.partitioned_step(model, max_length=MAX_LENGTH)[0],
                          bh.llm.from_hf(model, max_length=MAX_LENGTH))
-    if (weights, lm_head) not in _QUANT:
+    if (weights, lm_head, group) not in _QUANT:
         model = _QUANT["model"]
-        _QUANT[weights, lm_head] = (
-            bh.llm.partitioned_step(model, max_length=MAX_LENGTH, weights=weights, lm_head=lm_head)[0],
-            bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights, lm_head=lm_head))
-    return _QUANT["f32"][1], *_QUANT[weights, lm_head]
+        options = dict(max_length=MAX_LENGTH, weights=weights, lm_head=lm_head, group_size=group)
+        _QUANT[weights, lm_head, group] = (bh.llm.partitioned_step(model, **options)[0],
+                                           bh.llm.from_hf(model, **options))
+    return _QUANT["f32"][1], *_QUANT[weights, lm_head, group]
 
 
 def _forced_logits(gen, tokens: np.ndarray) -> np.ndarray:
@@ -297,14 +300,15 @@ def _forced_logits(gen, tokens: np.ndarray) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("weights,logit_bound,layer_bound", [("int8", 2e-3, 2e-2), ("int4", 2e-2, 2e-1)])
-def test_int8_int4_weights_keep_the_float_tokens_within_a_logit_bound(weights, logit_bound, layer_bound):
+@pytest.mark.parametrize("weights,group,logit_bound,layer_bound", [("int8", None, 2e-3, 2e-2), ("int8", 32, 2e-3, 2e-2),
+                                                                   ("int4", None, 2e-2, 2e-1)])
+def test_int8_int4_weights_keep_the_float_tokens_within_a_logit_bound(weights, group, logit_bound, layer_bound):
     """Weight-only int8 / int4 decoder denses (the LM head kept float: ``lm_head="f32"``; the quantized
-    head is checked by the node test below and by tests/test_gguf.py): every step's logits within
-    ``logit_bound`` (relative to the largest) of the float generator's on the same tokens, and, since each
-    step's top-1 margin is more than twice the largest logit difference (asserted: the equality cannot
-    hold vacuously), the same greedy tokens."""
-    floats, _, gen = _built_quant(weights, "f32")
+    head is checked by the node test below and by tests/test_gguf.py), int8 per output channel and in groups
+    of 32 along K (GGUF's Q8_0 form): every step's logits within ``logit_bound`` (relative to the largest) of
+    the float generator's on the same tokens, and, since each step's top-1 margin is more than twice the
+    largest logit difference (asserted: the equality cannot hold vacuously), the same greedy tokens."""
+    floats, _, gen = _built_quant(weights, "f32", group)
     assert gen.weights == weights and 0.0 < gen.weight_error < layer_bound, gen.weight_error
     want = floats.generate(PROMPT, max_new_tokens=12)
     assert len(set(want[0, PROMPT.shape[1]:].tolist())) > 3

@@ -61,6 +61,7 @@ def _close(got, want):
 CASES = [  # (bits, block or None: per channel, zero points, scale dtype)
     (8, None, False, "float32"), (8, None, False, "float16"), (8, 32, True, "float32"), (8, 64, False, "float16"),
     (8, 32, False, "float16"),  # GGUF's Q8_0: int8 codes, an f16 scale per block of 32
+    (8, 128, False, "float16"),  # from_hf(weights="int8", group_size=128)
     (4, 32, False, "float32"), (4, 32, True, "float16"), (4, 64, True, "float32"), (4, 64, False, "float16"),
     (4, 128, False, "float32"), (4, 128, True, "float16"), (4, None, True, "float32"),
 ]
@@ -150,6 +151,32 @@ def test_int8_activation_kernel_matches_numpy(monkeypatch, isa, vnni, bits, bloc
         assert np.abs(got - exact).max() <= 0.03 * np.abs(exact).max()
     step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
     assert f"int8 activations ({_int_kernel(isa, vnni)})" in step, step
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+@pytest.mark.parametrize("group", [32, 64, 128, None])
+@pytest.mark.parametrize("scale_dtype", ["float16", "float32"])
+def test_grouped_int8_odd_shapes_match_numpy(monkeypatch, isa, group, scale_dtype):
+    """int8 codes with a scale per group of K (``from_hf(weights="int8", group_size=...)``; GGUF's Q8_0 at 32)
+    and per output channel, the switches' defaults on this ISA and capped to AVX2: K an odd number of groups
+    (3; per channel 5 activation blocks), 37 columns (a partial tile), 1, 3 and 17 rows (a decode step, a
+    partial group of 4, a prefill's many rows: the integer panels on AVX-512), against numpy's
+    dequantize-then-matmul on the same quantized activations."""
+    monkeypatch.delenv("BYOC_HETERO_WQ_ACT")
+    monkeypatch.setenv("BYOC_HETERO_WQ_ISA", isa)
+    rng = np.random.default_rng(3 * (group or 5) + len(scale_dtype))
+    n, k = 37, 3 * group if group else 160
+    codes = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), 8, group, False, scale_dtype)
+    assert codes.codes.dtype == np.int8 and codes.scales.shape == (n, 3 if group else 1)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (1, 3, 17):
+        x = (rng.standard_normal((m, k)) * 2).astype(np.float32)
+        b = bias if m % 2 else None
+        got, plan = _run(x, codes, b)
+        _close(got, _reference(_quantize_rows(x), codes, b))
+        step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+        assert "8-bit weights" in step and "int8 activations" in step, step
+        assert (", float16 scales" in step) == (scale_dtype == "float16"), step
 
 
 def _offset_codes(bits: int, n: int, k: int, rng, scale_dtype: str = "float32") -> WeightCodes:
