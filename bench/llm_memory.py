@@ -205,6 +205,9 @@ def main() -> None:
     ap.add_argument("--load", help="only load the generator saved in DIR and generate (a fresh process)")
     ap.add_argument("--phases", action="store_true", help="then a table of the build's steps (class Phases)")
     ap.add_argument("--smaps", type=int, default=0, help="then the N largest resident mappings (/proc/self/smaps)")
+    ap.add_argument("--torch-first", action="store_true",
+                    help="make, run and drop a 2-layer model of the family before the first row: torch's first-use "
+                         "runtime (about 137 MiB, whatever the model) then counts in the imports, not the generator")
     ap.add_argument("--trim", action="store_true",
                     help="a row after the model's deletion: the heap's free pages handed back (malloc_trim)")
     args = ap.parse_args()
@@ -227,7 +230,13 @@ def main() -> None:
     phases = Phases() if args.phases else None
     if phases:
         phases.install()
-    mark(rows, "imports (torch, transformers, TVM, oneDNN)")
+    if args.torch_first:
+        small = transformers.AutoModelForCausalLM.from_config(model_config(args.model, small=True)).eval()
+        with torch.no_grad():
+            small(torch.zeros((1, 8), dtype=torch.long))
+        del small
+        gc.collect()
+    mark(rows, "imports (torch, transformers, TVM, oneDNN)" + (" + torch's first use" if args.torch_first else ""))
     if args.gguf:
         gen = bh.llm.from_gguf(args.gguf, max_length=args.prompt + args.new)
         weights, vocab = os.path.getsize(args.gguf), gen.spec.vocab
