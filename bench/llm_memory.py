@@ -51,6 +51,30 @@ def mark(rows: list, name: str) -> None:
         pass
 
 
+def mappings(top: int) -> str:
+    """The ``top`` largest resident shares of /proc/self/smaps, by what is mapped (a file's path, ``[heap]``,
+    ``[anonymous]`` for the anonymous mappings together, and the 8 largest anonymous mappings on their own):
+    where a stage's resident size lies."""
+    by_name: dict[str, int] = {}
+    anonymous: list[tuple[int, str]] = []
+    name = ""
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                name = head[5] if len(head) >= 6 else "[anonymous]"
+                where = head[0]
+            elif head and head[0] == "Rss:":
+                kib = int(head[1])
+                by_name[name] = by_name.get(name, 0) + kib
+                if name == "[anonymous]":
+                    anonymous.append((kib, where))
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    lines = ["| mapping | resident MiB |", "|---|---|"] + [f"| {n} | {k / 1024:.1f} |" for n, k in rows]
+    lines += [f"| anonymous {where} | {k / 1024:.1f} |" for k, where in sorted(anonymous, reverse=True)[:8]]
+    return "\n".join(lines)
+
+
 def table(rows: list) -> str:
     lines = ["| stage | VmRSS MiB | VmHWM MiB | anonymous MiB | file-backed MiB |", "|---|---|---|---|---|"]
     return "\n".join(lines + [f"| {name} | {rss} | {hwm} | {anon} | {file} |" for name, rss, hwm, anon, file in rows])
@@ -76,11 +100,13 @@ class Phases:
         except OSError:
             pass
 
-    def wrap(self, owner, attr: str, name: str) -> None:
-        """Replace ``owner.attr`` by a function recording each of its calls as a row ``name``."""
+    def wrap(self, owner, attr: str, name) -> None:
+        """Replace ``owner.attr`` by a function recording each of its calls as a row ``name`` (a string, or
+        a function of the call's arguments returning one)."""
         inner = getattr(owner, attr)
 
         def recorded(*args, **kwargs):
+            label = name(*args, **kwargs) if callable(name) else name
             if self._stack:
                 self._stack[-1] = max(self._stack[-1], self._hwm())
             self._reset()
@@ -90,7 +116,7 @@ class Phases:
                 return inner(*args, **kwargs)
             finally:
                 peak = max(self._stack.pop(), self._hwm())
-                self.rows.append((name, before, status()[0], peak))
+                self.rows.append((label, before, status()[0], peak))
                 if self._stack:
                     self._stack[-1] = max(self._stack[-1], peak)
                 self._reset()
@@ -106,7 +132,10 @@ class Phases:
         import byoc_hetero.llm as llm
         from byoc_hetero.llm import generator
 
+        from byoc_hetero.passes import Pass
+
         stages = importlib.import_module("byoc_hetero.stages")  # the package's attribute is the function
+        self.wrap(Pass, "run", lambda p, *_args, **_kwargs: f"pass {p.name}")  # each pass of the lists
 
         for owner, attr in ((llm, "decoder_weights"), (llm, "_quantized"),
                             (stages, "shared_params"), (stages, "bind_params"), (stages, "run_passes"),
@@ -175,6 +204,12 @@ def main() -> None:
     ap.add_argument("--save", help="then save the generator to DIR and load it in a fresh process")
     ap.add_argument("--load", help="only load the generator saved in DIR and generate (a fresh process)")
     ap.add_argument("--phases", action="store_true", help="then a table of the build's steps (class Phases)")
+    ap.add_argument("--smaps", type=int, default=0, help="then the N largest resident mappings (/proc/self/smaps)")
+    ap.add_argument("--torch-first", action="store_true",
+                    help="make, run and drop a 2-layer model of the family before the first row: torch's first-use "
+                         "runtime (about 137 MiB, whatever the model) then counts in the imports, not the generator")
+    ap.add_argument("--trim", action="store_true",
+                    help="a row after the model's deletion: the heap's free pages handed back (malloc_trim)")
     args = ap.parse_args()
     if args.load:
         os.environ.setdefault("BYOC_HETERO_ADAPT_THREADS", "off")
@@ -195,7 +230,13 @@ def main() -> None:
     phases = Phases() if args.phases else None
     if phases:
         phases.install()
-    mark(rows, "imports (torch, transformers, TVM, oneDNN)")
+    if args.torch_first:
+        small = transformers.AutoModelForCausalLM.from_config(model_config(args.model, small=True)).eval()
+        with torch.no_grad():
+            small(torch.zeros((1, 8), dtype=torch.long))
+        del small
+        gc.collect()
+    mark(rows, "imports (torch, transformers, TVM, oneDNN)" + (" + torch's first use" if args.torch_first else ""))
     if args.gguf:
         gen = bh.llm.from_gguf(args.gguf, max_length=args.prompt + args.new)
         weights, vocab = os.path.getsize(args.gguf), gen.spec.vocab
@@ -216,6 +257,9 @@ def main() -> None:
         del model
         gc.collect()
         mark(rows, "transformers model deleted")
+        if args.trim:
+            bh.llm.return_freed_heap()
+            mark(rows, "the heap trimmed (bh.llm.return_freed_heap)")
         what = f"{args.model}: {weights / 2**20:.0f} MiB of f32 weights"
     ids = np.asarray(prompt_ids(vocab, args.prompt))[None]
     gen.generate(ids, args.new)
@@ -234,6 +278,9 @@ def main() -> None:
     if phases:
         print("\nThe build's steps (--phases):\n")
         print(phases.table())
+    if args.smaps:
+        print(f"\nThe largest resident mappings at the end (--smaps {args.smaps}):\n")
+        print(mappings(args.smaps))
     if args.save:
         print()
         sys.stdout.flush()

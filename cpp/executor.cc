@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <utility>
 
+#include "slab_fold.h"
 #include "threading.h"
 
 namespace byoc_hetero {
@@ -118,11 +120,15 @@ std::unique_ptr<Executor::Context> Executor::MakeContext(const Program& prog, si
 }
 
 void Executor::RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip,
-                          const std::function<void(size_t)>& after) {
+                          const std::function<void(size_t)>& after, const std::function<bool(size_t)>& instead) {
   const bool timed = profiling_.load(std::memory_order_relaxed);
   const std::vector<PlannedStep>& steps = *prog.steps;
   for (size_t i = 0; i < steps.size(); ++i) {
     if (skip != nullptr && (*skip)[i]) continue;
+    if (instead && instead(i)) {
+      if (after) after(i);
+      continue;
+    }
     const PlannedStep& s = steps[i];
     Context::Bound& b = ctx.execs[i];
     std::chrono::steady_clock::time_point start;
@@ -262,9 +268,19 @@ void Executor::FillWeights(PreparedWeights& store) {
   PointAtConstants(store);
   OmpThreadsScope omp(p.threads);
   // The init primitives and context live for this call only: they run once per set of constants.
+  // a constant folded into a dense's weight and reordered runs a slab at a time (slab_fold.h): the binary step is
+  // skipped, and the reorder's place runs both
+  const std::map<size_t, SlabFold> folds =
+      GuardDnnl(p.where, "plan the slab folds", [&] { return SlabFolds(p, run, engine_, InitSlabBytes()); });
+  std::vector<bool> no_primitive = skip;
+  for (const auto& [j, f] : folds) {
+    skip[f.binary] = true;
+    no_primitive[f.binary] = true;
+    no_primitive[j] = true;
+  }
   std::unique_ptr<Context> ctx;
   GuardDnnl(p.where, "allocate buffers or create a primitive", [&] {
-    init_->MakePrimitives(&skip);
+    init_->MakePrimitives(&no_primitive);
     ctx = MakeContext(*init_, p.init_scratch_bytes, /*with_private=*/false, weights);
   });
   for (auto& [index, mem] : ctx->bindings) mem.set_data_handle(const_cast<void*>(constants[index]));
@@ -280,8 +296,15 @@ void Executor::FillWeights(PreparedWeights& store) {
     for (size_t b : last.shared[i]) store.DiscardInitOnly(p, b);
     for (const auto& [c, bytes] : last.constants[i]) ReleaseFilePages(constants[c], bytes, mapped);
   };
+  auto slabs = [&](size_t j) {
+    const auto it = folds.find(j);
+    if (it == folds.end()) return false;
+    RunSlabs(it->second, *ctx, mapped);
+    discard(it->second.binary);  // what the skipped binary step read last
+    return true;
+  };
   try {
-    RunProgram(*init_, *ctx, &skip, discard);
+    RunProgram(*init_, *ctx, &skip, discard, slabs);
   } catch (...) {
     init_->prims.assign(init_->prims.size(), dnnl::primitive());
     throw;
@@ -292,6 +315,21 @@ void Executor::FillWeights(PreparedWeights& store) {
     if (run[i] && p.init_steps[i].writes >= 0) done[p.init_steps[i].writes] = true;
   }
   store.MarkFilled(p, done);
+}
+
+void Executor::RunSlabs(const SlabFold& fold, Context& ctx,
+                        const std::vector<std::pair<uintptr_t, uintptr_t>>& mapped) {
+  auto handle = [&](size_t step, int arg) -> void* {
+    const auto& args = plan_->init_steps[step].args;
+    for (size_t k = 0; k < args.size(); ++k) {
+      if (args[k].first == arg) return ctx.execs[step].mems[k].get_data_handle();
+    }
+    return nullptr;
+  };
+  void* const src[2] = {handle(fold.binary, DNNL_ARG_SRC_0), handle(fold.binary, DNNL_ARG_SRC_1)};
+  void* to = handle(fold.reorder, DNNL_ARG_TO);
+  GuardDnnl(plan_->init_steps[fold.reorder].label, "fold a weight a slab at a time",
+            [&] { RunSlabFold(fold, engine_, ctx.stream, src, to, mapped); });
 }
 
 void Executor::Run(const std::vector<void*>& buffers) {

@@ -18,12 +18,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner.h"
 #include "weights.h"
 
 namespace byoc_hetero {
+
+struct SlabFold;
 
 /*! \brief Time spent in one step of a program (profiling must be on to count). */
 struct StepProfile {
@@ -74,9 +77,13 @@ class Executor {
   struct Context;
   std::unique_ptr<Context> MakeContext(const Program& prog, size_t scratch_bytes, bool with_private,
                                        const std::vector<void*>& weights) const;
-  /*! \brief Run \p prog's steps but those \p skip names; after step i, \p after(i) where given. */
+  /*! \brief Run \p prog's steps but those \p skip names; after step i, \p after(i) where given. A step for
+   *         which \p instead(i) returns true was run by it (slab_fold.h), not by its primitive. */
   void RunProgram(const Program& prog, Context& ctx, const std::vector<bool>* skip,
-                  const std::function<void(size_t)>& after = nullptr);
+                  const std::function<void(size_t)>& after = nullptr,
+                  const std::function<bool(size_t)>& instead = nullptr);
+  /*! \brief Run \p fold (slab_fold.h) on the pointers of its two init steps in \p ctx. */
+  void RunSlabs(const SlabFold& fold, Context& ctx, const std::vector<std::pair<uintptr_t, uintptr_t>>& mapped);
   /*! \brief Point the run program's reads of constants in place (SharedBuffer::constant) at the
    *         store's constants, in every pooled context (no call runs meanwhile). */
   void PointAtConstants(const PreparedWeights& store);

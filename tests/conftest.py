@@ -423,7 +423,7 @@ GROUP_COST_S = {
     "test_weight_only": 150, "test_ops_layout": 120, "test_docs": 120, "test_ops_norm": 120, "test_llm": 110,
     "test_ops_eltwise": 100, "test_ops": 100, "test_quantize": 90, "test_threads": 90, "test_ops_chains": 80,
     "test_reliability": 80, "test_llm_onnx": 80, "test_relpos": 80, "test_symbolic": 80, "test_ranges": 80,
-    "test_tune_int8": 60, "test_llm_memory": 60, "test_models": 40,
+    "test_tune_int8": 60, "test_llm_memory": 150, "test_models": 40,
 }
 """Estimated seconds of the longest groups on two cores (session 12's full run with two workers: the sums of
 its 80 slowest tests per group, lower bounds, with session 11's table where those say less; session 13's cuts

@@ -274,4 +274,5 @@ def from_onnx(path: str | os.PathLike, *, max_length: int, weights: str | None =
 
 
 __all__ = ["FAMILIES", "DecoderSpec", "Generator", "Sampler", "decoder_spec", "decoder_weights", "from_gguf",
-           "from_hf", "from_onnx", "generator_from_weights", "load", "partitioned_step", "partitioned_weights", "step_module"]
+           "from_hf", "from_onnx", "generator_from_weights", "load", "partitioned_step", "partitioned_weights",
+           "return_freed_heap", "step_module"]

@@ -16,6 +16,7 @@ TVM's const loader would keep beside the regions' prepared layouts (:mod:`.weigh
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -52,21 +53,37 @@ def _stop_ids(stop: int | Iterable[int] | None) -> set[int]:
     return {int(s) for s in stop}
 
 
-def return_freed_heap() -> None:
+def return_freed_heap(collect: bool = True) -> None:
     """Hand the heap a build freed (the step module's weights as Relax constants, the partition's
     copies, a file's dequantized weights: about the weights' size again) back to the system: glibc
     keeps freed heap mapped otherwise, and the process's resident size with it. :func:`build_generator`
     (every builder of a :class:`Generator`: ``from_hf``, ``from_onnx``, ``from_gguf``) calls it after
-    ``relax.build``.
-    Not glibc: nothing to do."""
-    import ctypes
+    ``relax.build``, and a generator before and after the first call of each step shape
+    (``collect=False``: the heap only, no garbage collection), which hands back what the caller freed
+    since (a transformers model dropped after ``from_hf``: torch's freed tensors under glibc's mmap
+    threshold stay in its heap otherwise, SmolLM-135M: 101 MiB, bench/GENERATE.md session 15) and what
+    the init program freed.
+    A caller that frees much later (a model dropped after generating) may call it itself.
+    ``collect``: run Python's garbage collector first (objects in reference cycles). Not glibc: nothing
+    to do but the collection."""
     import gc
 
-    gc.collect()
+    if collect:
+        gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None (another C library); looked up once."""
+    import ctypes
+
     try:
-        ctypes.CDLL(None).malloc_trim(0)
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
-        pass
+        return None
 
 
 EXTERNAL_KIND = "byoc_hetero"
@@ -313,12 +330,18 @@ class Generator:
         """One call of the step function with ``inputs`` (their tensors as they are, no conversion):
         the logits [batch, vocab] as a numpy view of the tensor the call returned (DLPack, no copy;
         the view keeps the tensor alive, and each call returns a tensor of its own)."""
+        new_shape = inputs.shape not in self._shapes_run
+        if new_shape:
+            return_freed_heap(collect=False)  # what the caller freed (a model dropped): not resident meanwhile
         out = self._main(*inputs.tensors, *cache)
-        if self._weights_file is not None and inputs.shape not in self._shapes_run:
+        if new_shape:
             # a new shape made plans and prepared their layouts from the mapping: its pages go back (those
-            # read in place come back as they are read); once per shape, not per token
+            # read in place come back as they are read), and the heap the init program freed; once per
+            # shape, not per token
             self._shapes_run.add(inputs.shape)
-            self._weights_file.release()
+            if self._weights_file is not None:
+                self._weights_file.release()
+            return_freed_heap(collect=False)
         return np.from_dlpack(out)
 
     # ---- generation -----------------------------------------------------------------------------

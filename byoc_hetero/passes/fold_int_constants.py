@@ -36,7 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .._relax import op_name, static_shape
+from .._relax import op_name, static_shape, tensor_view
 from ..errors import CodegenError
 from ..rules.decisions import DecisionLog
 from ._ir import map_calls
@@ -167,11 +167,11 @@ class Evaluator:
             dims = _ints(expr.values)
             return tuple(dims) if dims is not None else None
         if isinstance(expr, tvm.ir.GenericConst):
-            return expr.value.numpy()
+            return tensor_view(expr.value)  # read-only, no copy: a weight read here is not doubled (issue 36)
         if _int(expr) is not None and not isinstance(expr, relax.Var):
             return _int(expr)  # a PrimValue (an IntImm here)
         if isinstance(expr, tvm.ir.Constant) and hasattr(expr, "data"):
-            return expr.data.numpy()
+            return tensor_view(expr.data)
         if isinstance(expr, tvm.tirx.FloatImm):
             return float(expr.value)  # clip's float bounds
         if isinstance(expr, relax.Tuple):
@@ -197,6 +197,8 @@ class Evaluator:
             if any(not isinstance(b, int) for b in bounds):
                 return None
             return np.arange(*bounds, dtype=str(call.attrs.dtype))
+        if any(isinstance(a, relax.Var) and a not in self.known for a in call.args):
+            return None  # an argument known only at run time (the embedding's take of the input ids)
         args = [self.value(a) for a in call.args]
         if any(a is None for a in args):
             return None
