@@ -100,6 +100,17 @@ def test_many_rows_run_the_integer_panels_by_default():
         _close(got, _reference(_quantize_rows(x), codes))
 
 
+def _run_gate(codes, bias, x, g, r):
+    """(x W + bias) * g (+ r) through a fresh gate region (_gate_region): its output and its plan's text."""
+    m, n = g.shape
+    text, consts = _gate_region(m, codes, bias, r is not None)
+    mod = create(text)
+    assert mod["__init_wqg"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+    out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32))
+    mod["wqg"](tvm.runtime.tensor(x), tvm.runtime.tensor(g), *([tvm.runtime.tensor(r)] if r is not None else []), out)
+    return out.numpy(), "\n".join(mod["get_plan"]())
+
+
 @pytest.mark.parametrize("form", ["1", "int"])
 @pytest.mark.parametrize("bits,block,zp,scale_dtype", [(8, None, False, "float32"), (4, 32, True, "float16")])
 def test_panels_with_gate_and_residual(monkeypatch, form, bits, block, zp, scale_dtype):
@@ -115,15 +126,10 @@ def test_panels_with_gate_and_residual(monkeypatch, form, bits, block, zp, scale
         x = rng.standard_normal((m, k)).astype(np.float32)
         g, r = rng.standard_normal((2, m, n)).astype(np.float32)
         b = bias if residual else None
-        text, consts = _gate_region(m, codes, b, residual)
-        mod = create(text)
-        assert mod["__init_wqg"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
-        out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32))
-        mod["wqg"](tvm.runtime.tensor(x), tvm.runtime.tensor(g), *([tvm.runtime.tensor(r)] if residual else []), out)
-        plan = "\n".join(mod["get_plan"]())
+        out, plan = _run_gate(codes, b, x, g, r if residual else None)
         assert ("integer panels" if form == "int" else "panels dequantized") in plan, plan
         want = _reference(x if form == "1" else _quantize_rows(x), codes, b) * g + (r if residual else 0)
-        _close(out.numpy(), want)
+        _close(out, want)
 
 
 # K of 20 to 100 activation blocks (per channel and per block, zero points, offsets, float16 scales)
@@ -185,14 +191,8 @@ def test_the_kernels_epilogue_matches_the_scalar_one(monkeypatch, bits, block, z
         outs = {}
         for form in ("int", "int-fused"):
             monkeypatch.setenv("BYOC_HETERO_WQ_PANELS", form)
-            text, consts = _gate_region(m, codes, b, residual)
-            mod = create(text)
-            assert mod["__init_wqg"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
-            out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32))
-            mod["wqg"](tvm.runtime.tensor(x), tvm.runtime.tensor(g), *([tvm.runtime.tensor(r)] if residual else []),
-                       out)
-            assert "integer panels" in "\n".join(mod["get_plan"]())
-            outs[form] = out.numpy()
+            outs[form], plan = _run_gate(codes, b, x, g, r if residual else None)
+            assert "integer panels" in plan
         assert outs["int-fused"].tobytes() == outs["int"].tobytes(), np.abs(outs["int"] - outs["int-fused"]).max()
         _close(outs["int-fused"], _reference(_quantize_rows(x), codes, b) * g + (r if residual else 0))
 
