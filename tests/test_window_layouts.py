@@ -74,6 +74,34 @@ def test_slices_of_a_permuted_value_copy_only_their_part(stepped):
     assert not _copies(steps), _copies(steps)
 
 
+def test_a_slice_read_by_matmuls_is_a_view_that_keeps_its_buffer_alive():
+    """A column slice of a dense's output [T, 2C] read only by a matmul (as a and, transposed, b) is a view
+    of the dense's buffer (no slice step, no copy: the matmul reads the strided rows where they lie);
+    a later residual add that could accumulate into that buffer in place (the dense output's last
+    reader) copies it instead, because the view is still to be read: numpy's answer."""
+    tokens, channels = 6, 4
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((tokens, channels)).astype("float32")
+    w1, w2 = (rng.standard_normal((channels, 2 * channels)).astype("float32") for _ in range(2))
+
+    def body(bb, v):
+        y = bb.emit(R.matmul(v, relax.const(w1)))
+        q = bb.emit(R.strided_slice(y, axes=[1], begin=[0], end=[channels]))
+        z = bb.emit(R.add(bb.emit(R.matmul(v, relax.const(w2))), y))
+        qq = bb.emit(R.matmul(q, bb.emit(R.permute_dims(q, [1, 0]))))
+        return R.add(qq, bb.emit(R.matmul(z, bb.emit(R.permute_dims(z, [1, 0])))))
+
+    part = bh.partition(dataflow_module([relax.Var("x", relax.TensorType(x.shape, "float32"))], body))
+    assert len(bh.report(part).regions) == 1
+    got, steps = run_profiled(part, [x])
+    y = x @ w1
+    z = x @ w2 + y
+    np.testing.assert_allclose(got, y[:, :channels] @ y[:, :channels].T + z @ z.T, rtol=1e-5, atol=1e-4)
+    ops = [s["op"] for s in steps]
+    assert "slice" not in ops, ops
+    assert [s["label"] for s in steps if "copied into the output" in s["label"]], [s["label"] for s in steps]
+
+
 # -- the heads' merge ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("windows, shared", [(3, False), (1, False), (3, True)])
 def test_heads_merge_after_a_batch_flattened_matmul_is_a_view(windows, shared):
@@ -214,6 +242,27 @@ def test_window_attention_makes_no_layout_copy(tmp_path):
     got, steps = run_profiled(part, [x.numpy()])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not _copies(steps), _copies(steps)
+
+
+@pytest.mark.parametrize("path", ("from_torch", "from_onnx_torchscript"))
+def test_window_attention_reads_q_k_v_where_they_lie(path, tmp_path):
+    """``q, k, v = qkv[0], qkv[1], qkv[2]`` of the permuted qkv dense output are views of the dense's
+    buffer (cpp/plan/layouts.h SliceView): no slice step and no copy between layouts; ``q * scale`` is
+    the first matmul's scale (ops/attention.py), and the batch-flattened products run on the unmerged
+    [windows, heads, ...] operands (ops/layout.py unmerge_batch_dims), so both matmuls read Q, K and V
+    where they lie (before: three host copies of a third of the qkv value and a scaling pass). One
+    region, nothing on llvm, torch's answer."""
+    torch.manual_seed(0)
+    model = WindowAttention().eval()
+    x = torch.randn(4, 16, 16)
+    with torch.no_grad():
+        want = model(x).numpy()
+    part = one_region(model, (x,), path, tmp_path)
+    got, steps = run_profiled(part, [x.numpy()])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    ops = [s["op"] for s in steps]
+    assert "slice" not in ops and "binary" not in ops and not _copies(steps), [(s["op"], s["label"]) for s in steps]
+    assert ops.count("matmul") == 2, ops
 
 
 class ShiftedWindows(torch.nn.Module):
