@@ -75,31 +75,35 @@ def test_slices_of_a_permuted_value_copy_only_their_part(stepped):
 
 
 def test_a_slice_read_by_matmuls_is_a_view_that_keeps_its_buffer_alive():
-    """A column slice of a dense's output [T, 2C] read only by a matmul (as a and, transposed, b) is a view
-    of the dense's buffer (no slice step, no copy: the matmul reads the strided rows where they lie);
-    a later residual add that could accumulate into that buffer in place (the dense output's last
-    reader) copies it instead, because the view is still to be read: numpy's answer."""
+    """A column slice of a dense's output [2, T, 2C] read only by a batched matmul (as a and, transposed,
+    b) is a view of the dense's buffer: no slice step, the matmul reads the strided rows where they lie.
+    A later dense whose residual is that output could accumulate into its buffer in place (the output's
+    last reader); it copies the residual instead, because the view is still to be read (before the
+    planner counted a view's buffer as its own: a wrong answer). numpy's answer."""
     tokens, channels = 6, 4
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((tokens, channels)).astype("float32")
+    x, x2 = (rng.standard_normal((2, tokens, channels)).astype("float32") for _ in range(2))
     w1, w2 = (rng.standard_normal((channels, 2 * channels)).astype("float32") for _ in range(2))
 
-    def body(bb, v):
+    def body(bb, v, v2):
         y = bb.emit(R.matmul(v, relax.const(w1)))
-        q = bb.emit(R.strided_slice(y, axes=[1], begin=[0], end=[channels]))
-        z = bb.emit(R.add(bb.emit(R.matmul(v, relax.const(w2))), y))
-        qq = bb.emit(R.matmul(q, bb.emit(R.permute_dims(q, [1, 0]))))
-        return R.add(qq, bb.emit(R.matmul(z, bb.emit(R.permute_dims(z, [1, 0])))))
+        q = bb.emit(R.strided_slice(y, axes=[2], begin=[0], end=[channels]))
+        z = bb.emit(R.add(bb.emit(R.matmul(v2, relax.const(w2))), y))
+        qq = bb.emit(R.matmul(q, bb.emit(R.permute_dims(q, [0, 2, 1]))))
+        return R.add(qq, bb.emit(R.matmul(z, bb.emit(R.permute_dims(z, [0, 2, 1])))))
 
-    part = bh.partition(dataflow_module([relax.Var("x", relax.TensorType(x.shape, "float32"))], body))
+    params = [relax.Var(name, relax.TensorType(x.shape, "float32")) for name in ("x", "x2")]
+    part = bh.partition(dataflow_module(params, body))
     assert len(bh.report(part).regions) == 1
-    got, steps = run_profiled(part, [x])
+    got, steps = run_profiled(part, [x, x2])
     y = x @ w1
-    z = x @ w2 + y
-    np.testing.assert_allclose(got, y[:, :channels] @ y[:, :channels].T + z @ z.T, rtol=1e-5, atol=1e-4)
+    z = x2 @ w2 + y
+    q = y[..., :channels]
+    np.testing.assert_allclose(got, q @ q.transpose(0, 2, 1) + z @ z.transpose(0, 2, 1), rtol=1e-5, atol=1e-4)
     ops = [s["op"] for s in steps]
-    assert "slice" not in ops, ops
-    assert [s["label"] for s in steps if "copied into the output" in s["label"]], [s["label"] for s in steps]
+    assert "slice" not in ops and ops.count("matmul") == 2, ops
+    copied = [s["label"] for s in steps if "copied into the output" in s["label"]]
+    assert any("residual tensor" in label and "(dense)" in label for label in copied), copied
 
 
 # -- the heads' merge ------------------------------------------------------------------------------------

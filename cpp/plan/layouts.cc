@@ -9,6 +9,8 @@
 #include "../kernels/reshape.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 namespace byoc_hetero {
@@ -238,12 +240,18 @@ bool LayoutResolver::ReadersTakeStrides(int t) const {
 }
 
 bool LayoutResolver::SliceView(size_t n, const Kernel& kernel) {
+  const char* knob = std::getenv("BYOC_HETERO_SLICE_VIEWS");  // "off": copy every slice (A/Bs, layouts.h)
+  if (knob != nullptr && std::string(knob) == "off") return false;
   const NodeInfo& node = g_.nodes[n];
   const int t_in = node.inputs[0], t_out = node.output;
   const ValueState& in = values_[t_in];
-  const memory::desc& md = in.storage_md;
-  const memory::dims in_dims = PlainDescOf(g_.tensors[t_in]).get_dims();
-  if (in.is_const || !PrivateF32(t_out) || in.storage < 0 || !buffers_.IsPrivate(in.storage) ||
+  const memory::desc in_plain = PlainDescOf(g_.tensors[t_in]);
+  const memory::dims in_dims = in_plain.get_dims();
+  // the input's bytes under its own dims: its storage, or its row-major plain bytes (a dense's [B*S, N])
+  const bool own_dims = in.storage_md.get_dims() == in_dims;
+  const memory::desc md = own_dims ? in.storage_md : in_plain;
+  const int slot = own_dims ? in.storage : in.plain_md == PlainDesc(in.plain_md.get_dims()) ? in.plain : -1;
+  if (in.is_const || !PrivateF32(t_out) || slot < 0 || !buffers_.IsPrivate(slot) ||
       md.get_data_type() != memory::data_type::f32 || md.get_format_kind() != memory::format_kind::blocked ||
       md.get_inner_nblks() != 0 || md.get_submemory_offset() != 0 || md.get_dims() != in_dims ||
       md.get_padded_dims() != in_dims || !ReadersTakeStrides(t_out)) {
@@ -266,9 +274,9 @@ bool LayoutResolver::SliceView(size_t n, const Kernel& kernel) {
   v.is_const = false;
   v.plain_md = PlainDescOf(g_.tensors[t_out]);
   v.storage_md = view;
-  v.storage = buffers_.Slice(in.storage, view.get_size(), static_cast<size_t>(first) * sizeof(float));
+  v.storage = buffers_.Slice(slot, view.get_size(), static_cast<size_t>(first) * sizeof(float));
   v.plain = view == v.plain_md ? v.storage : -1;
-  values_.NoteSubSlot(v.storage, in.storage);
+  values_.NoteSubSlot(v.storage, slot);
   v.aliased = values_[t_in].aliased = true;
   return true;
 }

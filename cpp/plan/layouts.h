@@ -78,6 +78,8 @@ class LayoutResolver {
    *        kernels reading strided input in place, through views (ReadersTakeStrides); false
    *        otherwise (plan the slice's copy).  Swin's q, k, v = qkv[0], qkv[1], qkv[2] of the qkv
    *        dense's output relabelled [3, windows, heads, N, d]: the matmuls read them where they lie.
+   *        BYOC_HETERO_SLICE_VIEWS=off (read when a region is planned) copies every slice instead: the
+   *        other side of an A/B (bench/swin_torchvision.py --ab).
    */
   bool SliceView(size_t n, const Kernel& kernel);
 
