@@ -8,7 +8,8 @@ over the lowered region graph, :func:`fuse_matmul_epilogues`).
 * ``binary`` add of a value of the output's shape to a dense / matmul output -> its residual (a sum
   post-op), as the composites already do for an add in the same composite;
 * ``binary`` multiply (or divide) of a matmul's *operand* by a one-element constant, before a matmul
-  without a bias -> the matmul's ``scale`` attr too (:func:`_absorb_operand_scale`): torchvision
+  without a bias -> the matmul's ``scale`` attr too (its own pass :func:`fold_operand_scales`, after the
+  rope pass, which takes a multiply of its output first): torchvision
   Swin's ``q = q * scale`` before ``q @ k^T`` (``(c q) k^T`` equals ``c (q k^T)`` within rounding), so
   that the matmul reads q where it lies (a view of the qkv dense's output) instead of a scaled copy.
 
@@ -193,13 +194,18 @@ def _absorb_operand_scale(graph: RegionGraph, matmul: Node, k: int) -> bool:
 
 
 @graph_pass
-def fuse_matmul_epilogues(graph: RegionGraph) -> None:
-    """Scale, mask and residual binary nodes after a matmul / dense become its post-ops; a scalar
-    multiply of a matmul's operand becomes its scale."""
+def fold_operand_scales(graph: RegionGraph) -> None:
+    """A scalar multiply of a matmul's operand becomes the matmul's scale (after the rope pass, which
+    takes such a multiply of its own output first)."""
     for node in list(graph.nodes):
         if node.op == "matmul":
             for k in (0, 1):
                 _absorb_operand_scale(graph, node, k)
+
+
+@graph_pass
+def fuse_matmul_epilogues(graph: RegionGraph) -> None:
+    """Scale, mask and residual binary nodes after a matmul / dense become its post-ops."""
     for node in list(graph.nodes):
         if node.op == "binary" and node in graph.nodes:
             _fuse_one(graph, node)
