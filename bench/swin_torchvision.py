@@ -5,9 +5,9 @@ and ONNX Runtime on the same file (issue 39 item 1; results in bench/ZOO.md).
     python bench/swin_torchvision.py [--models swin_t,swin_v2_t] [--paths from_torch,from_onnx_dynamo]
                                      [--threads 2] [--min-time 1.0] [--size 224] [--profile 0] [--ours-only]
 
-``--ab N``: after each row, a same-process A/B of the region with its slices copied
-(``BYOC_HETERO_SLICE_VIEWS=off`` when planned) against viewed in place (the default): two builds of the
-one partitioned module, timed in N interleaved rounds (alternating which goes first), medians and the
+``--ab N``: after each row, a same-process A/B of the region with its slices copied (the default)
+against viewed in place (``BYOC_HETERO_SLICE_VIEWS=on`` when planned): two partitions and
+builds of the imported module, timed in N interleaved rounds (alternating which goes first), medians and the
 ratio copied / viewed (> 1: the views are faster); also each build's slice steps and planner copies.
 
 ``--profile N``: after each row, the region's per-step profile over N calls (``set_profiling``),
@@ -69,9 +69,10 @@ def _profile(vm, regions: list, inp, calls: int) -> None:
     print(f"| all | | {sum(n for n, _ in groups.values())} | {1e3 * total:.2f} | 100% |\n", flush=True)
 
 
-def _ab(part, inp, rounds: int, min_time: float) -> None:
-    """Slices copied (A) against viewed (B) in one process: two builds of ``part``, each planned (first
-    call) with BYOC_HETERO_SLICE_VIEWS set for it, then timed in interleaved rounds."""
+def _ab(mod, params, inp, rounds: int, min_time: float) -> None:
+    """Slices copied (A) against viewed (B) in one process: two partitions and builds of ``mod`` (the
+    regions are planned when the partition's codegen makes them), each with BYOC_HETERO_SLICE_VIEWS set
+    for it, then timed in interleaved rounds."""
     import json
 
     import tvm
@@ -82,7 +83,7 @@ def _ab(part, inp, rounds: int, min_time: float) -> None:
     sides = {}
     for side, knob in (("copied", "off"), ("viewed", "on")):
         os.environ["BYOC_HETERO_SLICE_VIEWS"] = knob
-        ex = relax.build(part, target="llvm")
+        ex = relax.build(bh.partition(mod, params), target="llvm")
         vm = relax.VirtualMachine(ex, tvm.cpu())
         regions = bh.codegen.region_modules(ex)
         for region in regions:
@@ -172,7 +173,7 @@ def main() -> None:
             if args.profile:
                 _profile(vm, bh.codegen.region_modules(ex), inp, args.profile)
             if args.ab:
-                _ab(part, inp, args.ab, args.min_time)
+                _ab(mod, params, inp, args.ab, args.min_time)
 
 
 if __name__ == "__main__":

@@ -74,12 +74,13 @@ def test_slices_of_a_permuted_value_copy_only_their_part(stepped):
     assert not _copies(steps), _copies(steps)
 
 
-def test_a_slice_read_by_matmuls_is_a_view_that_keeps_its_buffer_alive():
+def test_a_slice_read_by_matmuls_is_a_view_that_keeps_its_buffer_alive(monkeypatch):
     """A column slice of a dense's output [2, T, 2C] read only by a batched matmul (as a and, transposed,
     b) is a view of the dense's buffer: no slice step, the matmul reads the strided rows where they lie.
     A later dense whose residual is that output could accumulate into its buffer in place (the output's
     last reader); it copies the residual instead, because the view is still to be read (before the
     planner counted a view's buffer as its own: a wrong answer). numpy's answer."""
+    monkeypatch.setenv("BYOC_HETERO_SLICE_VIEWS", "on")  # opt-in (cpp/plan/layouts.h SliceView)
     tokens, channels = 6, 4
     rng = np.random.default_rng(5)
     x, x2 = (rng.standard_normal((2, tokens, channels)).astype("float32") for _ in range(2))
@@ -249,13 +250,14 @@ def test_window_attention_makes_no_layout_copy(tmp_path):
 
 
 @pytest.mark.parametrize("path", ("from_torch", "from_onnx_torchscript"))
-def test_window_attention_reads_q_k_v_where_they_lie(path, tmp_path):
+def test_window_attention_reads_q_k_v_where_they_lie(path, tmp_path, monkeypatch):
     """``q, k, v = qkv[0], qkv[1], qkv[2]`` of the permuted qkv dense output are views of the dense's
     buffer (cpp/plan/layouts.h SliceView): no slice step and no copy between layouts; ``q * scale`` is
     the first matmul's scale (ops/attention.py), and the batch-flattened products run on the unmerged
     [windows, heads, ...] operands (ops/layout.py unmerge_batch_dims), so both matmuls read Q, K and V
     where they lie (before: three host copies of a third of the qkv value and a scaling pass). One
-    region, nothing on llvm, torch's answer."""
+    region, nothing on llvm, torch's answer. The views are opt-in (BYOC_HETERO_SLICE_VIEWS=on)."""
+    monkeypatch.setenv("BYOC_HETERO_SLICE_VIEWS", "on")
     torch.manual_seed(0)
     model = WindowAttention().eval()
     x = torch.randn(4, 16, 16)

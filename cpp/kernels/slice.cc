@@ -24,7 +24,8 @@
  * where a plain copy of the whole permuted value was made first (one full reorder per attention
  * block, the largest reorders of a Swin-T profile).
  *
- * No copy at all where the planner can view the box (plan/layouts.h LayoutResolver::SliceView): a float32
+ * No copy at all where the planner views the box (opt-in, BYOC_HETERO_SLICE_VIEWS=on; plan/layouts.h
+ * LayoutResolver::SliceView): a float32
  * slice declares its box (Kernel::view_box), and where its input is a private value held in a plain or
  * strided float32 layout and every reader of the slice reads strided input in place (KernelTraits::
  * strided_input: a matmul's operands, another slice, through reshapes and permutes), its output is the

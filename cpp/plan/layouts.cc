@@ -240,8 +240,8 @@ bool LayoutResolver::ReadersTakeStrides(int t) const {
 }
 
 bool LayoutResolver::SliceView(size_t n, const Kernel& kernel) {
-  const char* knob = std::getenv("BYOC_HETERO_SLICE_VIEWS");  // "off": copy every slice (A/Bs, layouts.h)
-  if (knob != nullptr && std::string(knob) == "off") return false;
+  const char* knob = std::getenv("BYOC_HETERO_SLICE_VIEWS");  // opt-in: "on" (layouts.h)
+  if (knob == nullptr || std::string(knob) != "on") return false;
   const NodeInfo& node = g_.nodes[n];
   const int t_in = node.inputs[0], t_out = node.output;
   const ValueState& in = values_[t_in];

@@ -78,8 +78,11 @@ class LayoutResolver {
    *        kernels reading strided input in place, through views (ReadersTakeStrides); false
    *        otherwise (plan the slice's copy).  Swin's q, k, v = qkv[0], qkv[1], qkv[2] of the qkv
    *        dense's output relabelled [3, windows, heads, N, d]: the matmuls read them where they lie.
-   *        BYOC_HETERO_SLICE_VIEWS=off (read when a region is planned) copies every slice instead: the
-   *        other side of an A/B (bench/swin_torchvision.py --ab).
+   *        Opt-in: only with BYOC_HETERO_SLICE_VIEWS=on (read when a region is planned); otherwise every
+   *        slice is copied as before.  A loaded A/B on torchvision Swin-T (bench/swin_torchvision.py
+   *        --ab, bench/ZOO.md session 15) was level (0.99x): the views remove the 42 Q / K / V copies,
+   *        but oneDNN 3.2's brgemm matmul takes only dense strides, so the attention's matmuls move to
+   *        gemm:jit; the default waits for a quiet A/B.
    */
   bool SliceView(size_t n, const Kernel& kernel);
 
