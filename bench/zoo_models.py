@@ -600,13 +600,12 @@ def phi3_decoder(small: bool = False, seq: int | None = None) -> ZooModel:
     from transformers import Phi3Config, Phi3Model
 
     if small:
-        cfg = Phi3Config(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        sizes = dict(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     else:
-        cfg = Phi3Config(vocab_size=32064, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=4096)
-    cfg.partial_rotary_factor = 1.0
-    cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id = 0, 1, 1
+        sizes = dict(vocab_size=32064, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                     num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=4096)
+    cfg = Phi3Config(**sizes, partial_rotary_factor=1.0, pad_token_id=0, bos_token_id=1, eos_token_id=1)
     seq = seq or (32 if small else 128)
     torch.manual_seed(SEED)
     return _decoder("phi3_decoder", Phi3Model(cfg), cfg.vocab_size, seq,
