@@ -54,6 +54,11 @@ const KernelTraits& FindKernelTraits(const std::string& op) {
 }
 
 Bf16Read Bf16ReadLikeOutput(const NodeInfo& /*node*/, size_t /*k*/) { return Bf16Read::kLikeOutput; }
+bool StridedReadsOn() {
+  const char* knob = std::getenv("BYOC_HETERO_SLICE_VIEWS");
+  return knob != nullptr && std::string(knob) == "on";
+}
+
 StridedRead StridedPassesOn(const NodeInfo& /*node*/, size_t /*k*/) { return StridedRead::kPassesOn; }
 
 std::vector<std::string> SupportedOps() {

@@ -486,6 +486,11 @@ struct KernelTraits {
 
 /*! \brief A KernelTraits::bf16_input: every input kLikeOutput (reshape, permute, eltwise, pool2d). */
 Bf16Read Bf16ReadLikeOutput(const NodeInfo& node, size_t k);
+/*! \brief Whether values are read where they lie under strides: BYOC_HETERO_SLICE_VIEWS=on (read at each
+ *         call, when a region is planned): slices planned as views (plan/layouts.h SliceView) and a
+ *         matmul's a / b read under the strides they are stored with (kernels/matmul.cc).  Opt-in until a
+ *         quiet A/B (bench/ZOO.md, session 15). */
+bool StridedReadsOn();
 /*! \brief A KernelTraits::strided_input: every input kPassesOn (reshape, permute: their output views it). */
 StridedRead StridedPassesOn(const NodeInfo& node, size_t k);
 

@@ -463,10 +463,11 @@ std::unique_ptr<Kernel> MatmulWritingSplitHint(const KernelContext& ctx, const M
  * \brief Operand \p k's view \p view (over the input's row-major bytes) composed with the strides the
  *        input is stored under, where it is a float32 run-time value held only under strides (a slice's
  *        view of Swin's qkv dense output, a reshape of it): the same elements, read where they lie; an
- *        empty desc where the value is plain, constant, bf16, or its layout does not take the view's dims.
+ *        empty desc where the value is plain, constant, bf16, or its layout does not take the view's dims, and
+ *        unless BYOC_HETERO_SLICE_VIEWS=on (StridedReadsOn: opt-in).
  */
 memory::desc StoredOperand(const KernelContext& ctx, size_t k, const memory::desc& view) {
-  if (ctx.bf16 || k >= ctx.input_storage.size() || ctx.input_constant[k] || ctx.input(k).dtype != DType::kFloat32) {
+  if (!StridedReadsOn() || ctx.bf16 || k >= ctx.input_storage.size() || ctx.input_constant[k] || ctx.input(k).dtype != DType::kFloat32) {
     return memory::desc();
   }
   const memory::desc& stored = ctx.input_storage[k];

@@ -9,8 +9,6 @@
 #include "../kernels/reshape.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <utility>
 
 namespace byoc_hetero {
@@ -240,8 +238,7 @@ bool LayoutResolver::ReadersTakeStrides(int t) const {
 }
 
 bool LayoutResolver::SliceView(size_t n, const Kernel& kernel) {
-  const char* knob = std::getenv("BYOC_HETERO_SLICE_VIEWS");  // opt-in: "on" (layouts.h)
-  if (knob == nullptr || std::string(knob) != "on") return false;
+  if (!StridedReadsOn()) return false;  // opt-in: BYOC_HETERO_SLICE_VIEWS=on (layouts.h)
   const NodeInfo& node = g_.nodes[n];
   const int t_in = node.inputs[0], t_out = node.output;
   const ValueState& in = values_[t_in];
