@@ -5,6 +5,11 @@ and ONNX Runtime on the same file (issue 39 item 1; results in bench/ZOO.md).
     python bench/swin_torchvision.py [--models swin_t,swin_v2_t] [--paths from_torch,from_onnx_dynamo]
                                      [--threads 2] [--min-time 1.0] [--size 224] [--profile 0] [--ours-only]
 
+``--ab N``: after each row, a same-process A/B of the region with its slices copied (the default)
+against viewed in place (``BYOC_HETERO_SLICE_VIEWS=on`` when planned): two partitions and
+builds of the imported module, timed in N interleaved rounds (alternating which goes first), medians and the
+ratio copied / viewed (> 1: the views are faster); also each build's slice steps and planner copies.
+
 ``--profile N``: after each row, the region's per-step profile over N calls (``set_profiling``),
 grouped by op and implementation (a planner copy between layouts is op ``(copy)``): steps per call,
 ms per call and share of the region's time. ``--ours-only``: no torch eager / ONNX Runtime timing (and no
@@ -64,6 +69,43 @@ def _profile(vm, regions: list, inp, calls: int) -> None:
     print(f"| all | | {sum(n for n, _ in groups.values())} | {1e3 * total:.2f} | 100% |\n", flush=True)
 
 
+def _ab(mod, params, inp, rounds: int, min_time: float) -> None:
+    """Slices copied (A) against viewed (B) in one process: two partitions and builds of ``mod`` (the
+    regions are planned when the partition's codegen makes them), each with BYOC_HETERO_SLICE_VIEWS set
+    for it, then timed in interleaved rounds."""
+    import json
+
+    import tvm
+    from tvm import relax
+
+    import byoc_hetero as bh
+
+    sides = {}
+    for side, knob in (("copied", "off"), ("viewed", "on")):
+        os.environ["BYOC_HETERO_SLICE_VIEWS"] = knob
+        ex = relax.build(bh.partition(mod, params), target="llvm")
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        regions = bh.codegen.region_modules(ex)
+        for region in regions:
+            region["set_profiling"](True)
+        vm["main"](inp)  # plans the regions under this side's knob
+        steps = [st for r in regions for st in json.loads(str(r["get_profile"]())) if st["phase"] == "run"]
+        for region in regions:
+            region["set_profiling"](False)
+        ops = [st["op"] for st in steps]
+        print(f"{side}: {len(steps)} run steps, {ops.count('slice')} slice steps, {ops.count('')} planner copies")
+        sides[side] = (vm, [])
+    os.environ.pop("BYOC_HETERO_SLICE_VIEWS")
+    for r in range(rounds):
+        for side in (("copied", "viewed") if r % 2 == 0 else ("viewed", "copied")):
+            vm, times = sides[side]
+            times.append(_median_ms(lambda: vm["main"](inp), min_time))
+    a, b = (float(np.median(sides[s][1])) for s in ("copied", "viewed"))
+    print(f"A/B over {rounds} rounds: copied {a:.2f} ms, viewed {b:.2f} ms, copied / viewed {a / b:.3f}x "
+          f"(rounds: copied {[round(t, 2) for t in sides['copied'][1]]}, viewed {[round(t, 2) for t in sides['viewed'][1]]})",
+          flush=True)
+
+
 def _model(name: str):
     import torch
     import torchvision
@@ -87,6 +129,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--profile", type=int, default=0, help="calls to profile per step after each row (0: none)")
     ap.add_argument("--ours-only", action="store_true", help="time only our build (no eager, no ONNX Runtime)")
+    ap.add_argument("--ab", type=int, default=0, help="rounds of the slices copied / viewed A/B after each row (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -129,6 +172,8 @@ def main() -> None:
                   f"| {err:.1e} |", flush=True)
             if args.profile:
                 _profile(vm, bh.codegen.region_modules(ex), inp, args.profile)
+            if args.ab:
+                _ab(mod, params, inp, args.ab, args.min_time)
 
 
 if __name__ == "__main__":

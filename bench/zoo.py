@@ -5,6 +5,7 @@
     python bench/zoo.py --models resnet50,bert_base --threads 2 --frameworks byoc_torch,ort,torch
     python bench/zoo.py --keep /tmp/z --phase build ...; python bench/zoo.py --keep /tmp/z --phase time ...
                                                                 # compile while busy, time when quiet
+    python bench/zoo.py --models issue39 ...                    # issue 39's families (zoo_models.ISSUE39_MODELS)
 
 Needs ``pip install ".[zoo]"`` (transformers, openvino, onnx, onnxruntime, torch 2.13.0). Not part of the
 tests: it asserts nothing, it reports.
@@ -56,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from run import _spawn, _timed, fmt_ms, machine, package_versions, wait_quiet  # noqa: E402
-from zoo_models import MODELS, build  # noqa: E402
+from zoo_models import ISSUE39_MODELS, MODELS, build  # noqa: E402
 
 FRAMEWORKS = ["byoc_torch", "byoc_onnx", "byoc_onnx_dynamo", "ort", "openvino", "openvino_default", "torch"]
 LABELS = {"byoc_torch": "ours (from_torch)", "byoc_onnx": "ours (from_onnx)",
@@ -554,6 +555,9 @@ def main(argv=None) -> int:
         print(json.dumps(time_worker(fw, model, int(threads), args.small, args.workdir, args.min_time)))
         return 0
 
+    # "issue39": issue 39's families (zoo_models.ISSUE39_MODELS)
+    args.models = ",".join(m for name in args.models.split(",")
+                           for m in (ISSUE39_MODELS if name == "issue39" else (name,)))
     for name in args.models.split(","):
         if name not in MODELS:
             ap.error(f"unknown model {name!r}; known: {', '.join(MODELS)}")

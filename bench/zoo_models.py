@@ -39,9 +39,16 @@ _stub_torchvision_operators()
 
 MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
           "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
-          "deeplabv3_mobilenet_v3", "densenet121", "segformer_b0")
+          "deeplabv3_mobilenet_v3", "densenet121", "segformer_b0",
+          "tv_swin_t", "tv_swin_v2_t", "tv_maxvit_t", "r3d_18", "fcn_resnet50", "deberta_v3_base", "phi3_decoder",
+          "convnextv2_tiny")
 #: the torchvision architectures (the rest are Hugging Face models or defined here)
-TORCHVISION_MODELS = ("deeplabv3_mobilenet_v3", "densenet121")
+TORCHVISION_MODELS = ("deeplabv3_mobilenet_v3", "densenet121", "tv_swin_t", "tv_swin_v2_t", "tv_maxvit_t", "r3d_18",
+                      "fcn_resnet50")
+#: issue 39's families (video, relative-position and window attention, rolled windows, empty slices,
+#: GRN, SegFormer, FCN): ``--models issue39`` runs these
+ISSUE39_MODELS = ("tv_swin_t", "tv_swin_v2_t", "tv_maxvit_t", "r3d_18", "deberta_v3_base", "phi3_decoder",
+                  "segformer_b0", "convnextv2_tiny", "fcn_resnet50")
 SEED = 0
 
 
@@ -507,6 +514,125 @@ def densenet121(small: bool = False) -> ZooModel:
                     "torchvision densenet121 (random weights), logits")
 
 
+# ----------------------------------------------------------------------------------------------
+# Issue 39's families: torchvision's Swin-T / Swin-V2-T / MaxViT-T / R3D-18 / FCN-ResNet50, DeBERTa-v3,
+# a Phi-3-style decoder, ConvNeXt-V2-T
+# ----------------------------------------------------------------------------------------------
+def _torchvision_classifier(name: str, arch: str, small_kwargs: dict, size: int, small_size: int,
+                            small: bool) -> ZooModel:
+    """torchvision's ``arch`` (random weights, norms randomised), full size or ``small`` (``small_kwargs``
+    to the architecture's class through the builder)."""
+    tv = _torchvision()
+    torch.manual_seed(SEED)
+    model = getattr(tv.models, arch)(weights=None, **(small_kwargs if small else {})).eval()
+    _randomise_norms(model)
+    return ZooModel(name, model, _image(small_size if small else size), ("x",),
+                    f"torchvision {arch} (random weights), logits, {small_size if small else size}x"
+                    f"{small_size if small else size}")
+
+
+def tv_swin_t(small: bool = False) -> ZooModel:
+    """torchvision's Swin-T (224x224): torch.roll for the shifted windows, qkv split by a permute,
+    relative position bias. Small (like the other torchvision classifiers here): 10 classes only."""
+    return _torchvision_classifier("tv_swin_t", "swin_t", {"num_classes": 10}, 224, 224, small)
+
+
+def tv_swin_v2_t(small: bool = False) -> ZooModel:
+    """torchvision's Swin-V2-T (224x224, window 8): cosine attention with a learnt logit scale, the
+    continuous relative position bias MLP."""
+    return _torchvision_classifier("tv_swin_v2_t", "swin_v2_t", {"num_classes": 10}, 224, 224, small)
+
+
+def tv_maxvit_t(small: bool = False) -> ZooModel:
+    """torchvision's MaxViT-T (224x224): MBConv, block and grid attention with relative position bias."""
+    return _torchvision_classifier("tv_maxvit_t", "maxvit_t", {"num_classes": 10}, 224, 224, small)
+
+
+def r3d_18(small: bool = False) -> ZooModel:
+    """torchvision's R3D-18 video classifier on 1x3x16x112x112 clips (3-D convolutions, batch norms,
+    pooling). Small: 1x3x8x32x32."""
+    tv = _torchvision()
+    torch.manual_seed(SEED)
+    model = tv.models.video.r3d_18(weights=None, num_classes=10 if small else 400).eval()
+    _randomise_norms(model)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm3d):
+                m.running_var.fill_(0.8)
+    shape = (1, 3, 8, 32, 32) if small else (1, 3, 16, 112, 112)
+    clip = torch.randn(*shape, generator=torch.Generator().manual_seed(SEED + 1))
+    return ZooModel("r3d_18", model, (clip,), ("x",), f"torchvision r3d_18 (random weights), logits, {shape}")
+
+
+def fcn_resnet50(small: bool = False) -> ZooModel:
+    """torchvision's FCN-ResNet50 (dilated ResNet-50 backbone, 21 classes, no auxiliary head), 224x224
+    (64x64 small): logits upsampled to the input."""
+    tv = _torchvision()
+    torch.manual_seed(SEED)
+    model = tv.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None, aux_loss=False).eval()
+    _randomise_norms(model)
+    size = 64 if small else 224
+    return ZooModel("fcn_resnet50", _SegmentationOut(model).eval(), _image(size), ("x",),
+                    f"torchvision fcn_resnet50 (random weights), out logits, {size}x{size}")
+
+
+def deberta_v3_base(small: bool = False) -> ZooModel:
+    """DeBERTa-v3-base's sizes (``transformers`` DebertaV2Model: disentangled relative-position attention
+    with log buckets, 12 layers of 768, 12 heads), sequence 128: ``input_ids`` in, last hidden state out.
+    Small: 2 layers of 64, 2 heads, sequence 32."""
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    layers, hidden, heads, seq = (2, 64, 2, 32) if small else (12, 768, 12, 128)
+    cfg = DebertaV2Config(vocab_size=1000 if small else 128100, hidden_size=hidden, num_hidden_layers=layers,
+                          num_attention_heads=heads, intermediate_size=4 * hidden, max_position_embeddings=512,
+                          relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm",
+                          share_att_key=True, pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
+                          position_biased_input=False, type_vocab_size=0)
+    torch.manual_seed(SEED)
+    return _hf("deberta_v3_base", DebertaV2Model(cfg), (_token_ids(cfg.vocab_size, seq),), ("input_ids",),
+               f"HF DebertaV2Model with DeBERTa-v3-base sizes, last_hidden_state, seq {seq}")
+
+
+def phi3_decoder(small: bool = False, seq: int | None = None) -> ZooModel:
+    """A Phi-3-style decoder (``transformers`` Phi3Model: fused qkv and gate_up projections, RoPE over the
+    whole head (partial_rotary_factor 1: the pass-through slice is empty), RMSNorm, sdpa attention) with
+    GPT-2-small-like sizes: 12 layers of 768, 12 heads, MLP 2048, sequence 128. Small: 2 layers of 64."""
+    from transformers import Phi3Config, Phi3Model
+
+    if small:
+        sizes = dict(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    else:
+        sizes = dict(vocab_size=32064, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                     num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=4096)
+    cfg = Phi3Config(**sizes, partial_rotary_factor=1.0, pad_token_id=0, bos_token_id=1, eos_token_id=1)
+    seq = seq or (32 if small else 128)
+    torch.manual_seed(SEED)
+    return _decoder("phi3_decoder", Phi3Model(cfg), cfg.vocab_size, seq,
+                    f"HF Phi3Model (GPT-2-small sizes, partial_rotary_factor 1), last_hidden_state, seq {seq}")
+
+
+def convnextv2_tiny(small: bool = False) -> ZooModel:
+    """ConvNeXt-V2-T (``transformers`` ConvNextV2ForImageClassification, 1000 classes, 224x224): ConvNeXt
+    blocks with Global Response Normalization. Small: widths 8-64, one block per stage, 64x64."""
+    from transformers import ConvNextV2Config, ConvNextV2ForImageClassification
+
+    if small:
+        cfg = ConvNextV2Config(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_labels=10)
+    else:
+        cfg = ConvNextV2Config(hidden_sizes=[96, 192, 384, 768], depths=[3, 3, 9, 3], num_labels=1000)
+    torch.manual_seed(SEED)
+    model = ConvNextV2ForImageClassification(cfg)
+    with torch.no_grad():  # GRN's gamma and beta start at zero (an identity): make them count
+        gen = torch.Generator().manual_seed(SEED + 4)
+        for m in model.modules():
+            if type(m).__name__ == "ConvNextV2GRN":
+                m.weight.copy_(0.5 * torch.randn(m.weight.shape, generator=gen))
+                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=gen))
+    return _hf("convnextv2_tiny", model, _image(64 if small else 224), ("pixel_values",),
+               "HF ConvNextV2ForImageClassification (tiny), logits")
+
+
 BUILDERS = {
     "resnet50": resnet50,
     "mobilenet_v3_large": mobilenet_v3_large,
@@ -522,6 +648,14 @@ BUILDERS = {
     "deeplabv3_mobilenet_v3": deeplabv3_mobilenet_v3,
     "densenet121": densenet121,
     "segformer_b0": segformer_b0,
+    "tv_swin_t": tv_swin_t,
+    "tv_swin_v2_t": tv_swin_v2_t,
+    "tv_maxvit_t": tv_maxvit_t,
+    "r3d_18": r3d_18,
+    "fcn_resnet50": fcn_resnet50,
+    "deberta_v3_base": deberta_v3_base,
+    "phi3_decoder": phi3_decoder,
+    "convnextv2_tiny": convnextv2_tiny,
 }
 
 

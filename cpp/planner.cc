@@ -258,6 +258,7 @@ class Planner {
       return;
     }
     if (!kernel.relabel_axes().empty() && layouts_.Relabel(n, kernel)) return;
+    if (!at_init && !kernel.view_box().begin.empty() && layouts_.SliceView(n, kernel)) return;
     if (concats_.PlannedAsConcat(n)) {
       plan_.notes.push_back(concats_.PlanConcat(n, kernel));
       return;

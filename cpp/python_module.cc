@@ -153,13 +153,16 @@ void DefineInfo(py::module_& m) {
           d["dynamic_int8_source"] = t.dynamic_int8_source;
           d["accepts_float16"] = t.accepts_float16;
           d["writes_inputs"] = t.writes_inputs;
+          d["strided_input"] = t.strided_input != nullptr;
           out[py::str(op)] = d;
         }
         return out;
       },
       "Per op, what its kernel declared when it registered (kernel.h, KernelTraits): bf16_input (it "
       "says how a bf16 region reads its inputs), joins_inputs (its output is its inputs laid end to "
-      "end, planned in place), accepts_int8, dynamic_int8_source, accepts_float16, writes_inputs.");
+      "end, planned in place), accepts_int8, dynamic_int8_source, accepts_float16, writes_inputs, "
+      "strided_input (it says how it reads a value held under strides: a slice is viewed only where "
+      "every reader reads it in place).");
   m.def("winograd_auto_max_taps", &byoc_hetero::WinogradAutoMaxTaps,
         "The most input taps (C x 3 x 3) a conv2d may have for algorithm 'auto' to run Winograd "
         "F(4x4, 3x3): above it float32 would drift past 1e-5 of float64, so 'auto' runs direct.");

@@ -39,7 +39,7 @@ def test_pipeline_order_is_pinned():
         "fuse_pattern_rules", "[AnnotateTarget]", "fuse_op_rules", "mark_composite_targets",
         "[MergeCompilerRegions]", "close_shape_arguments", "merge_composite_functions", "cost_gate",
         "close_region_shape_arguments", "shorten_region_names", "[PartitionGraph]", "run_codegen",
-        "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fuse_rotary_embeddings", "onednn:fold_views", "onednn:fuse_attention",
+        "onednn:fuse_matmul_epilogues", "onednn:fuse_eltwise_into_producer", "onednn:fuse_rotary_embeddings", "onednn:fold_operand_scales", "onednn:fold_views", "onednn:fuse_attention",
         "onednn:fold_channel_scales", "onednn:fold_dense_input_scales", "onednn:drop_abs_before_square",
         "onednn:fuse_rms_statistics", "onednn:fold_norm_weights", "onednn:fuse_affine_tails",
         "onednn:fold_gate_products", "onednn:fold_residual_adds", "onednn:fold_pads",

@@ -74,6 +74,39 @@ def test_slices_of_a_permuted_value_copy_only_their_part(stepped):
     assert not _copies(steps), _copies(steps)
 
 
+def test_a_slice_read_by_matmuls_is_a_view_that_keeps_its_buffer_alive(monkeypatch):
+    """A column slice of a dense's output [2, T, 2C] read only by a batched matmul (as a and, transposed,
+    b) is a view of the dense's buffer: no slice step, the matmul reads the strided rows where they lie.
+    A later dense whose residual is that output could accumulate into its buffer in place (the output's
+    last reader); it copies the residual instead, because the view is still to be read (before the
+    planner counted a view's buffer as its own: a wrong answer). numpy's answer."""
+    monkeypatch.setenv("BYOC_HETERO_SLICE_VIEWS", "on")  # opt-in (cpp/plan/layouts.h SliceView)
+    tokens, channels = 6, 4
+    rng = np.random.default_rng(5)
+    x, x2 = (rng.standard_normal((2, tokens, channels)).astype("float32") for _ in range(2))
+    w1, w2 = (rng.standard_normal((channels, 2 * channels)).astype("float32") for _ in range(2))
+
+    def body(bb, v, v2):
+        y = bb.emit(R.matmul(v, relax.const(w1)))
+        q = bb.emit(R.strided_slice(y, axes=[2], begin=[0], end=[channels]))
+        z = bb.emit(R.add(bb.emit(R.matmul(v2, relax.const(w2))), y))
+        qq = bb.emit(R.matmul(q, bb.emit(R.permute_dims(q, [0, 2, 1]))))
+        return R.add(qq, bb.emit(R.matmul(z, bb.emit(R.permute_dims(z, [0, 2, 1])))))
+
+    params = [relax.Var(name, relax.TensorType(x.shape, "float32")) for name in ("x", "x2")]
+    part = bh.partition(dataflow_module(params, body))
+    assert len(bh.report(part).regions) == 1
+    got, steps = run_profiled(part, [x, x2])
+    y = x @ w1
+    z = x2 @ w2 + y
+    q = y[..., :channels]
+    np.testing.assert_allclose(got, q @ q.transpose(0, 2, 1) + z @ z.transpose(0, 2, 1), rtol=1e-5, atol=1e-4)
+    ops = [s["op"] for s in steps]
+    assert "slice" not in ops and ops.count("matmul") == 2, ops
+    copied = [s["label"] for s in steps if "copied into the output" in s["label"]]
+    assert any("residual tensor" in label and "(dense)" in label for label in copied), copied
+
+
 # -- the heads' merge ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("windows, shared", [(3, False), (1, False), (3, True)])
 def test_heads_merge_after_a_batch_flattened_matmul_is_a_view(windows, shared):
@@ -214,6 +247,28 @@ def test_window_attention_makes_no_layout_copy(tmp_path):
     got, steps = run_profiled(part, [x.numpy()])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not _copies(steps), _copies(steps)
+
+
+@pytest.mark.parametrize("path", ("from_torch", "from_onnx_torchscript"))
+def test_window_attention_reads_q_k_v_where_they_lie(path, tmp_path, monkeypatch):
+    """``q, k, v = qkv[0], qkv[1], qkv[2]`` of the permuted qkv dense output are views of the dense's
+    buffer (cpp/plan/layouts.h SliceView): no slice step and no copy between layouts; ``q * scale`` is
+    the first matmul's scale (ops/attention.py), and the batch-flattened products run on the unmerged
+    [windows, heads, ...] operands (ops/layout.py unmerge_batch_dims), so both matmuls read Q, K and V
+    where they lie (before: three host copies of a third of the qkv value and a scaling pass). One
+    region, nothing on llvm, torch's answer. The views are opt-in (BYOC_HETERO_SLICE_VIEWS=on)."""
+    monkeypatch.setenv("BYOC_HETERO_SLICE_VIEWS", "on")
+    torch.manual_seed(0)
+    model = WindowAttention().eval()
+    x = torch.randn(4, 16, 16)
+    with torch.no_grad():
+        want = model(x).numpy()
+    part = one_region(model, (x,), path, tmp_path)
+    got, steps = run_profiled(part, [x.numpy()])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    ops = [s["op"] for s in steps]
+    assert "slice" not in ops and "binary" not in ops and not _copies(steps), [(s["op"], s["label"]) for s in steps]
+    assert ops.count("matmul") == 2, ops
 
 
 class ShiftedWindows(torch.nn.Module):

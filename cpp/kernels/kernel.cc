@@ -54,6 +54,12 @@ const KernelTraits& FindKernelTraits(const std::string& op) {
 }
 
 Bf16Read Bf16ReadLikeOutput(const NodeInfo& /*node*/, size_t /*k*/) { return Bf16Read::kLikeOutput; }
+bool StridedReadsOn() {
+  const char* knob = std::getenv("BYOC_HETERO_SLICE_VIEWS");
+  return knob != nullptr && std::string(knob) == "on";
+}
+
+StridedRead StridedPassesOn(const NodeInfo& /*node*/, size_t /*k*/) { return StridedRead::kPassesOn; }
 
 std::vector<std::string> SupportedOps() {
   std::vector<std::string> ops;
@@ -399,10 +405,16 @@ std::vector<Step> PrimitiveKernel::Bind(const std::vector<MemRef>& inputs, const
   step.label = label_;
   step.op = op_;
   for (size_t k = 0; k < inputs.size(); ++k) {
-    if (input_args_[k] != 0) step.args.emplace_back(input_args_[k], inputs[k]);
+    if (input_args_[k] != 0) step.args.emplace_back(input_args_[k], BoundInput(k, inputs[k]));
   }
   step.args.emplace_back(DNNL_ARG_DST, output);
   return {std::move(step)};
+}
+
+void Kernel::HandOverStored(size_t k, const memory::desc& plain, const memory::desc& stored) {
+  if (bound_.size() < inputs_.size()) bound_.resize(inputs_.size());
+  bound_.at(k) = inputs_.at(k).want;
+  inputs_[k] = {plain, stored};
 }
 
 HostKernel::HostKernel(std::string label, std::string op, HostFn fn,

@@ -294,6 +294,27 @@ class Kernel {
    */
   const std::vector<int64_t>& relabel_axes() const { return relabel_axes_; }
   /*!
+   * \brief A box of input 0 the output is (a slice): per axis its first element and step, else empty.
+   *        The planner may then give the output the input's bytes under strides, with no step
+   *        (LayoutResolver::SliceView), where every reader takes strided input (KernelTraits::strided_input).
+   */
+  struct Box {
+    std::vector<int64_t> begin, steps;
+  };
+  const Box& view_box() const { return view_box_; }
+  /*! \brief Declare the output the box \p begin / \p steps of input 0 (view_box). */
+  void SetViewBox(std::vector<int64_t> begin, std::vector<int64_t> steps) {
+    view_box_ = {std::move(begin), std::move(steps)};
+  }
+  /*!
+   * \brief Hand input \p k over where its value lies: the planner gives the kernel the value's storage
+   *        (\p stored, a float32 layout of the tensor's \p plain dims under strides) with no copy, and
+   *        Bind passes those bytes to the primitive under the descriptor the operand had as its wanted
+   *        layout (the same bytes named by the operand's own dims: a matmul's view composed with the
+   *        strides the value is stored under).
+   */
+  void HandOverStored(size_t k, const memory::desc& plain, const memory::desc& stored);
+  /*!
    * \brief Map memories onto execution steps.
    * \param inputs One memory per node input, each with inputs()[k].want as descriptor (for the
    *        sum input: the output memory, already holding the residual).
@@ -312,6 +333,13 @@ class Kernel {
   int sum_input_ = -1;
   int alias_input_ = -1;
   std::vector<int64_t> relabel_axes_;
+  Box view_box_;
+  /*! \brief Per input, the descriptor Bind passes (HandOverStored), or an empty one: the planner's. */
+  std::vector<memory::desc> bound_;
+  /*! \brief \p m as Bind passes input \p k: under bound_[k] where HandOverStored set it. */
+  MemRef BoundInput(size_t k, const MemRef& m) const {
+    return k < bound_.size() && !bound_[k].is_zero() ? MemRef{bound_[k], m.slot} : m;
+  }
 };
 
 /*!
@@ -383,6 +411,14 @@ enum class Bf16Read {
   kLikeOutput,  // reads it bf16 exactly when the node's own output is stored bf16 (a reshape, a max pool)
 };
 
+/*! \brief How a node reads an input held under strides (a permute's relabelled buffer, a slice's view;
+ *         KernelTraits::strided_input). */
+enum class StridedRead {
+  kCopies,    // reads plain bytes: the planner copies such a value first (the default)
+  kInPlace,   // reads it where it lies, under its strides (a matmul's a and b, a slice)
+  kPassesOn,  // its output views the same bytes (a reshape, a permute): as its own readers read it
+};
+
 /*!
  * \brief What an op's kernel can do, declared where it registers (BYOC_HETERO_REGISTER_KERNEL's
  *        optional third argument), so that the planner and other kernels ask the op instead of
@@ -432,7 +468,17 @@ struct KernelTraits {
    *        inputs").  Empty: the kernel writes only its output.
    */
   std::vector<size_t> writes_inputs;
+  /*!
+   * \brief Per node input, how the kernel reads a value held under strides (StridedRead); nullptr:
+   *        kCopies for every input.  The planner makes a slice a view of its input's bytes
+   *        (LayoutResolver::SliceView) only where every reader reads it in place, through views.
+   */
+  StridedRead (*strided_input)(const NodeInfo& node, size_t k) = nullptr;
 
+  /*! \brief strided_input(node, k), or kCopies when not declared. */
+  StridedRead StridedInput(const NodeInfo& node, size_t k) const {
+    return strided_input != nullptr ? strided_input(node, k) : StridedRead::kCopies;
+  }
   /*! \brief bf16_input(node, k), or kF32 when not declared. */
   Bf16Read Bf16Input(const NodeInfo& node, size_t k) const {
     return bf16_input != nullptr ? bf16_input(node, k) : Bf16Read::kF32;
@@ -445,6 +491,13 @@ struct KernelTraits {
 
 /*! \brief A KernelTraits::bf16_input: every input kLikeOutput (reshape, permute, eltwise, pool2d). */
 Bf16Read Bf16ReadLikeOutput(const NodeInfo& node, size_t k);
+/*! \brief Whether values are read where they lie under strides: BYOC_HETERO_SLICE_VIEWS=on (read at each
+ *         call, when a region is planned): slices planned as views (plan/layouts.h SliceView) and a
+ *         matmul's a / b read under the strides they are stored with (kernels/matmul.cc).  Opt-in until a
+ *         quiet A/B (bench/ZOO.md, session 15). */
+bool StridedReadsOn();
+/*! \brief A KernelTraits::strided_input: every input kPassesOn (reshape, permute: their output views it). */
+StridedRead StridedPassesOn(const NodeInfo& node, size_t k);
 
 /*!
  * \brief Registers a builder for an op when the library is loaded (use the macro below).  Two

@@ -44,6 +44,7 @@
 #include "broadcast.h"
 #include "int8.h"
 #include "kernel.h"
+#include "reshape.h"
 
 namespace byoc_hetero {
 
@@ -458,6 +459,41 @@ std::unique_ptr<Kernel> MatmulWritingSplitHint(const KernelContext& ctx, const M
                           epilogue);
 }
 
+/*!
+ * \brief Operand \p k's view \p view (over the input's row-major bytes) composed with the strides the
+ *        input is stored under, where it is a float32 run-time value held only under strides (a slice's
+ *        view of Swin's qkv dense output, a reshape of it): the same elements, read where they lie; an
+ *        empty desc where the value is plain, constant, bf16, or its layout does not take the view's dims, and
+ *        unless BYOC_HETERO_SLICE_VIEWS=on (StridedReadsOn: opt-in).
+ */
+memory::desc StoredOperand(const KernelContext& ctx, size_t k, const memory::desc& view) {
+  if (!StridedReadsOn() || ctx.bf16 || k >= ctx.input_storage.size() || ctx.input_constant[k] || ctx.input(k).dtype != DType::kFloat32) {
+    return memory::desc();
+  }
+  const memory::desc& stored = ctx.input_storage[k];
+  const memory::desc plain = PlainDescOf(ctx.input(k));
+  if (stored == plain || stored.get_ndims() != plain.get_ndims() || stored.get_dims() != plain.get_dims()) {
+    return memory::desc();
+  }
+  // The view is a permutation of a dense layout: its dims (of extent > 1) ordered by falling stride are
+  // a row-major reshape of the tensor, which the stored layout reads as that shape (or cannot).
+  const memory::dims dims = view.get_dims(), strides = view.get_strides();
+  std::vector<size_t> order;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d] > 1) order.push_back(d);
+  }
+  if (order.empty()) return memory::desc();
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] > strides[b]; });
+  memory::dims rows;
+  for (size_t d : order) rows.push_back(dims[d]);
+  const memory::desc as_rows = ReshapedView(stored, rows);
+  if (as_rows.is_zero()) return memory::desc();
+  const memory::dims row_strides = as_rows.get_strides();
+  memory::dims composed(dims.size(), 1);
+  for (size_t j = 0; j < order.size(); ++j) composed[order[j]] = row_strides[j];
+  return StridedDesc(dims, composed);
+}
+
 /*! \brief As MakeAnchorKernel, with the mask read plain as the binary post-op's second source
  *         (\p residual_index: the residual input's index, -1 without one). */
 std::unique_ptr<Kernel> MakeMaskedMatmul(const KernelContext& ctx, dnnl::matmul::primitive_desc pd,
@@ -479,6 +515,70 @@ std::unique_ptr<Kernel> MakeMaskedMatmul(const KernelContext& ctx, dnnl::matmul:
   }
   return std::make_unique<PrimitiveKernel>(ctx.where(), "matmul", std::move(pd), std::move(args), std::move(inputs),
                                            std::move(output), residual_index);
+}
+
+/*! \brief What a float matmul computes, as BuildMatmul read it. */
+struct FloatMatmul {
+  MatmulOperands operands;  // a and b as views over their inputs' row-major bytes
+  bool has_bias;
+  memory::dims bias_dims;
+  bool has_mask;
+  memory::dims mask_dims, dst_dims;
+  Epilogue epilogue;
+  int residual_index;  // -1 without a residual
+};
+
+/*! \brief The float matmul of \p f: one writing a split hint, or the plain / hinted form, masked or not. */
+std::unique_ptr<Kernel> BuildFloatMatmul(const KernelContext& ctx, const FloatMatmul& f) {
+  int mask_post_op = -1;
+  const dnnl::primitive_attr attr =
+      f.has_mask ? MaskedMatmulAttr(ctx, f.epilogue, f.mask_dims, &mask_post_op) : ctx.MakeAttr(f.epilogue);
+  if (!f.has_mask && !f.epilogue.residual) {
+    if (auto split = MatmulWritingSplitHint(ctx, f.operands, f.has_bias, f.dst_dims, f.epilogue)) return split;
+  }
+  const MatmulOperands& o = f.operands;
+  dnnl::matmul::primitive_desc pd = MatmulPd(ctx, o, f.has_bias ? PlainDesc(f.bias_dims) : memory::desc(), f.dst_dims,
+                                             attr, !f.epilogue.residual);
+  if (!f.has_mask) {
+    return MakeAnchorKernel(ctx, "matmul", std::move(pd), o.a_md, o.b_view, f.bias_dims, f.has_bias, f.dst_dims,
+                            f.epilogue);
+  }
+  return MakeMaskedMatmul(ctx, std::move(pd), o.a_md, o.b_view, f.has_bias, f.bias_dims, f.mask_dims, mask_post_op,
+                          f.dst_dims, f.residual_index);
+}
+
+/*!
+ * \brief BuildFloatMatmul reading a and b where they lie when they are held under strides (StoredOperand:
+ *        Swin's Q, K and V, slices of one dense's output viewed by the planner with no copy): the matmul
+ *        is made over the composed descriptors and takes the values' storage as it is (HandOverStored).
+ *        Where the primitive would not read them so (only the reference matmul takes those strides: it
+ *        reads plain copies instead), the matmul is made over the plain views as before and the planner
+ *        copies.
+ */
+std::unique_ptr<Kernel> BuildFloatMatmulReadingStored(const KernelContext& ctx, const FloatMatmul& f) {
+  FloatMatmul stored = f;
+  memory::desc a_stored = StoredOperand(ctx, 0, f.operands.a_md);
+  memory::desc b_stored = f.operands.b_constant ? memory::desc() : StoredOperand(ctx, 1, f.operands.b_view);
+  if (a_stored.is_zero() && b_stored.is_zero()) return BuildFloatMatmul(ctx, f);
+  if (!a_stored.is_zero()) {
+    stored.operands.a_md = a_stored;
+    stored.operands.a_strided = true;
+  }
+  if (!b_stored.is_zero()) {
+    stored.operands.b_view = b_stored;
+    stored.operands.b_strided = true;
+  }
+  std::unique_ptr<Kernel> kernel = BuildFloatMatmul(ctx, stored);
+  for (size_t k = 0; k < 2; ++k) {
+    const bool handed = !(k == 0 ? a_stored : b_stored).is_zero();
+    const OperandLayout& in = kernel->inputs()[k];
+    if (handed && in.want != in.view) return BuildFloatMatmul(ctx, f);  // it wants another layout: copy
+  }
+  for (size_t k = 0; k < 2; ++k) {
+    if ((k == 0 ? a_stored : b_stored).is_zero()) continue;
+    kernel->HandOverStored(k, PlainDescOf(ctx.input(k)), ctx.input_storage[k]);
+  }
+  return kernel;
 }
 
 }  // namespace
@@ -532,21 +632,11 @@ static std::unique_ptr<Kernel> BuildMatmul(const KernelContext& ctx) {
   bias_dims[rank - 1] = n;
   if (int8) return MakeInt8Matmul(ctx, q, a_md, b_view, dst_dims, epilogue);
 
-  int mask_post_op = -1;
-  const dnnl::primitive_attr attr =
-      has_mask ? MaskedMatmulAttr(ctx, epilogue, mask_dims, &mask_post_op) : ctx.MakeAttr(epilogue);
   const MatmulOperands operands{a_md, a_dims, a_view.strided, b_view, b_dims, b_in.strided,
                                 ctx.input_constant.size() > 1 && ctx.input_constant[1]};
-  if (!has_mask && !epilogue.residual) {
-    if (auto split = MatmulWritingSplitHint(ctx, operands, has_bias, dst_dims, epilogue)) return split;
-  }
-  dnnl::matmul::primitive_desc pd =
-      MatmulPd(ctx, operands, has_bias ? PlainDesc(bias_dims) : memory::desc(), dst_dims, attr, !epilogue.residual);
-  if (!has_mask) {
-    return MakeAnchorKernel(ctx, "matmul", std::move(pd), a_md, b_view, bias_dims, has_bias, dst_dims, epilogue);
-  }
-  return MakeMaskedMatmul(ctx, std::move(pd), a_md, b_view, has_bias, bias_dims, mask_dims, mask_post_op, dst_dims,
-                          epilogue.residual ? static_cast<int>(residual_index) : -1);
+  const FloatMatmul spec{operands, has_bias, bias_dims, has_mask, mask_dims, dst_dims, epilogue,
+                         epilogue.residual ? static_cast<int>(residual_index) : -1};
+  return BuildFloatMatmulReadingStored(ctx, spec);
 }
 
 /*! \brief bf16 region: a and b are rounded to bf16; never the bias or a residual. */
@@ -554,6 +644,10 @@ static KernelTraits MatmulTraits() {
   KernelTraits traits;
   traits.bf16_input = [](const NodeInfo&, size_t k) { return k <= 1 ? Bf16Read::kRounds : Bf16Read::kF32; };
   traits.accepts_int8 = true;  // 8-bit a and b with attrs a_scale ... (the file comment)
+  // a float32 a and b are read where they lie (BuildFloatMatmulReadingStored); int8 ones are not
+  traits.strided_input = [](const NodeInfo& node, size_t k) {
+    return k <= 1 && node.attrs.count("a_scale") == 0 ? StridedRead::kInPlace : StridedRead::kCopies;
+  };
   return traits;
 }
 

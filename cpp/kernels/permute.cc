@@ -84,6 +84,7 @@ static KernelTraits PermuteTraits() {
   KernelTraits traits;
   traits.bf16_input = Bf16ReadLikeOutput;
   traits.accepts_int8 = true;  // moves bytes of any dtype
+  traits.strided_input = StridedPassesOn;  // the output views the input's bytes (planned as a view)
   return traits;
 }
 

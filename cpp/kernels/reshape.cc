@@ -78,6 +78,7 @@ static KernelTraits ReshapeTraits() {
   KernelTraits traits;
   traits.bf16_input = Bf16ReadLikeOutput;
   traits.accepts_int8 = true;  // the same bytes whatever their dtype
+  traits.strided_input = StridedPassesOn;  // the output views the input's bytes (planned as a view)
   return traits;
 }
 

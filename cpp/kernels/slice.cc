@@ -23,6 +23,14 @@
  * N, d] by a permute, into Q, K and V (qkv[0], qkv[1], qkv[2]): each slice now copies its third,
  * where a plain copy of the whole permuted value was made first (one full reorder per attention
  * block, the largest reorders of a Swin-T profile).
+ *
+ * No copy at all where the planner views the box (opt-in, BYOC_HETERO_SLICE_VIEWS=on; plan/layouts.h
+ * LayoutResolver::SliceView): a float32
+ * slice declares its box (Kernel::view_box), and where its input is a private value held in a plain or
+ * strided float32 layout and every reader of the slice reads strided input in place (KernelTraits::
+ * strided_input: a matmul's operands, another slice, through reshapes and permutes), its output is the
+ * input's bytes from the box's first element under the input's strides times the steps, with no step.
+ * Swin's Q, K and V are then read by the attention's matmuls straight from the qkv dense's output.
  */
 #include <algorithm>
 #include <cstring>
@@ -180,10 +188,12 @@ static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
   }
   const memory::desc in_md = PlainDesc(memory::dims(in.begin(), in.end()));
   const memory::desc stored = ctx.input(0).dtype == DType::kFloat32 ? StoredInput(ctx, in_md) : in_md;
-  if (stepped == 0 && ctx.input(0).dtype == DType::kFloat32 && stored == in_md) {
-    return HostRowCopySlice(ctx, in, out, begin);
+  if (ctx.input(0).dtype == DType::kFloat32) {
+    std::unique_ptr<Kernel> kernel = stepped == 0 && stored == in_md ? HostRowCopySlice(ctx, in, out, begin)
+                                                                     : HostStridedSlice(ctx, stored, out, begin, steps);
+    kernel->SetViewBox(begin, steps);  // the planner may view the box instead (plan/layouts.h SliceView)
+    return kernel;
   }
-  if (ctx.input(0).dtype == DType::kFloat32) return HostStridedSlice(ctx, stored, out, begin, steps);
   if (in.size() + stepped > DNNL_MAX_NDIMS) {
     attrs.Fail("steps", "rank " + std::to_string(in.size()) + " with " + std::to_string(stepped) +
                             " stepped axes needs more than oneDNN's " + std::to_string(DNNL_MAX_NDIMS) + " dims");
@@ -226,6 +236,13 @@ static std::unique_ptr<Kernel> BuildSlice(const KernelContext& ctx) {
                                        out_box);
 }
 
-BYOC_HETERO_REGISTER_KERNEL("slice", BuildSlice);
+/*! \brief A float32 slice reads its input where it lies (HostStridedSlice, or a view of a view). */
+static KernelTraits SliceTraits() {
+  KernelTraits traits;
+  traits.strided_input = [](const NodeInfo&, size_t) { return StridedRead::kInPlace; };
+  return traits;
+}
+
+BYOC_HETERO_REGISTER_KERNEL("slice", BuildSlice, SliceTraits());
 
 }  // namespace byoc_hetero

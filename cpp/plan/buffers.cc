@@ -66,6 +66,11 @@ int Buffers::Slice(int buffer_slot, size_t bytes, size_t offset) {
   PrivateBuffer slice{bytes, false};
   slice.parent = plan_.slots[buffer_slot].index;
   slice.parent_offset = offset;
+  const PrivateBuffer& whole = plan_.privates[static_cast<size_t>(slice.parent)];
+  if (whole.parent >= 0) {  // a slice of a slice: a slice of the buffer that one is in
+    slice.parent_offset += whole.parent_offset;
+    slice.parent = whole.parent;
+  }
   plan_.privates.push_back(slice);
   return NewSlot(SlotKind::kPrivate, plan_.privates.size() - 1);
 }

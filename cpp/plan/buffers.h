@@ -43,7 +43,8 @@ class Buffers {
   int Own(bool at_init, const memory::desc& md, const std::string& key);
   /*! \brief The shared slot of constant tensor \p t read in place by run steps (SharedBuffer::constant). */
   int Constant(int t);
-  /*! \brief A private slot for \p bytes at \p offset bytes into the private buffer of \p buffer_slot. */
+  /*! \brief A private slot for \p bytes at \p offset bytes into the private buffer of \p buffer_slot (into
+   *         the buffer that one is a slice of, when it is one). */
   int Slice(int buffer_slot, size_t bytes, size_t offset);
 
   /*! \brief The shared buffer a slot is, or -1. */

@@ -219,6 +219,65 @@ bool LayoutResolver::Relabel(size_t n, const Kernel& kernel) {
   return true;
 }
 
+bool LayoutResolver::ReadersTakeStrides(int t) const {
+  if (values_.OutputPosition(t) >= 0) return false;
+  bool read = false;
+  for (size_t m = 0; m < g_.nodes.size(); ++m) {
+    const NodeInfo& node = g_.nodes[m];
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      if (node.inputs[k] != t) continue;
+      read = true;
+      const StridedRead how = FindKernelTraits(node.op).StridedInput(node, k);
+      if (how == StridedRead::kPassesOn ? !ReadersTakeStrides(node.output)
+                                        : how != StridedRead::kInPlace || NodeComputesBf16(g_, m)) {
+        return false;
+      }
+    }
+  }
+  return read;
+}
+
+bool LayoutResolver::SliceView(size_t n, const Kernel& kernel) {
+  if (!StridedReadsOn()) return false;  // opt-in: BYOC_HETERO_SLICE_VIEWS=on (layouts.h)
+  const NodeInfo& node = g_.nodes[n];
+  const int t_in = node.inputs[0], t_out = node.output;
+  const ValueState& in = values_[t_in];
+  const memory::desc in_plain = PlainDescOf(g_.tensors[t_in]);
+  const memory::dims in_dims = in_plain.get_dims();
+  // the input's bytes under its own dims: its storage, or its row-major plain bytes (a dense's [B*S, N])
+  const bool own_dims = in.storage_md.get_dims() == in_dims;
+  const memory::desc md = own_dims ? in.storage_md : in_plain;
+  const int slot = own_dims ? in.storage : in.plain_md == PlainDesc(in.plain_md.get_dims()) ? in.plain : -1;
+  if (in.is_const || !PrivateF32(t_out) || slot < 0 || !buffers_.IsPrivate(slot) ||
+      md.get_data_type() != memory::data_type::f32 || md.get_format_kind() != memory::format_kind::blocked ||
+      md.get_inner_nblks() != 0 || md.get_submemory_offset() != 0 || md.get_dims() != in_dims ||
+      md.get_padded_dims() != in_dims || !ReadersTakeStrides(t_out)) {
+    return false;
+  }
+  const Kernel::Box& box = kernel.view_box();
+  const memory::dims in_strides = md.get_strides();
+  const memory::dims out_dims = PlainDescOf(g_.tensors[t_out]).get_dims();
+  if (box.begin.size() != in_dims.size() || box.steps.size() != in_dims.size() || out_dims.size() != in_dims.size()) {
+    return false;
+  }
+  memory::dims strides(in_dims.size());
+  int64_t first = 0;  // the box's first element, in elements from the buffer's start
+  for (size_t d = 0; d < in_dims.size(); ++d) {
+    first += box.begin[d] * in_strides[d];
+    strides[d] = box.steps[d] * in_strides[d];
+  }
+  const memory::desc view = StridedDesc(out_dims, strides);
+  ValueState& v = values_[t_out];
+  v.is_const = false;
+  v.plain_md = PlainDescOf(g_.tensors[t_out]);
+  v.storage_md = view;
+  v.storage = buffers_.Slice(slot, view.get_size(), static_cast<size_t>(first) * sizeof(float));
+  v.plain = view == v.plain_md ? v.storage : -1;
+  values_.NoteSubSlot(v.storage, slot);
+  v.aliased = values_[t_in].aliased = true;
+  return true;
+}
+
 namespace {
 
 /*! \brief The node that reads tensor \p t, where exactly one node reads it, once; else g.nodes.size(). */
@@ -244,8 +303,8 @@ memory::desc LayoutResolver::PermutedOutputLayout(size_t n) const {
   const int t = g_.nodes[n].output;
   if (!PrivateF32(t)) return memory::desc();
   size_t reader = SoleReader(g_, t);
-  int permuted = t;  // the tensor the permute reads: t, or the reshape of t
-  if (reader < g_.nodes.size() && g_.nodes[reader].op == "reshape") {
+  int permuted = t;  // the tensor the permute reads: t, or the last of a chain of reshapes of t
+  while (reader < g_.nodes.size() && g_.nodes[reader].op == "reshape") {
     permuted = g_.nodes[reader].output;
     if (!PrivateF32(permuted)) return memory::desc();
     reader = SoleReader(g_, permuted);

@@ -71,6 +71,22 @@ class LayoutResolver {
   bool Relabel(size_t n, const Kernel& kernel);
 
   /*!
+   * \brief Plan a slice (Kernel::view_box) as a view with no step: its output is the input's bytes from
+   *        the box's first element (a slot inside the input's buffer, Buffers::Slice) under the input's
+   *        strides times the box's steps.  Only for a float32 run-time value in a private buffer, stored
+   *        plain or under strides (no blocks), whose slice is no region output and is read only by
+   *        kernels reading strided input in place, through views (ReadersTakeStrides); false
+   *        otherwise (plan the slice's copy).  Swin's q, k, v = qkv[0], qkv[1], qkv[2] of the qkv
+   *        dense's output relabelled [3, windows, heads, N, d]: the matmuls read them where they lie.
+   *        Opt-in: only with BYOC_HETERO_SLICE_VIEWS=on (read when a region is planned); otherwise every
+   *        slice is copied as before.  A loaded A/B on torchvision Swin-T (bench/swin_torchvision.py
+   *        --ab, bench/ZOO.md session 15) was level (0.99x): the views remove the 42 Q / K / V copies,
+   *        but oneDNN 3.2's brgemm matmul takes only dense strides, so the attention's matmuls move to
+   *        gemm:jit; the default waits for a quiet A/B.
+   */
+  bool SliceView(size_t n, const Kernel& kernel);
+
+  /*!
    * \brief A layout to offer node n's kernel for its output (KernelContext::output_hint): where
    *        the output is a float32 intermediate read only by one permute, or only by one reshape
    *        read only by one permute, the layout under which that permute's result is row-major,
@@ -96,6 +112,10 @@ class LayoutResolver {
    *        SegFormer's tokens <-> NHWC images around Mix-FFN's depthwise conv and its resizes.
    */
   bool ViewWithoutCopy(int t_in, int t_out);
+  /*! \brief Every node reading tensor \p t (at least one) reads it in place under strides, or views it
+   *         (a reshape, a permute: KernelTraits::strided_input kPassesOn) into a value read so in turn;
+   *         none computes bf16 (it converts its operands anyway) and t is no region output. */
+  bool ReadersTakeStrides(int t) const;
   /*! \brief Tensor t is a float32 intermediate of at least one dim, no region output. */
   bool PrivateF32(int t) const;
   /*! \brief The bytes an earlier Resolve of the same bytes (tensor t, or a reshape of it sharing

@@ -22,8 +22,10 @@ bool ValueTable::SameBytes(int a, int b) const {
 }
 
 bool ValueTable::SlotDiesAt(int slot, size_t n) const {
+  const int root = RootSlot(slot);
   for (const ValueState& v : values_) {
-    if ((v.storage == slot || v.plain == slot) && (v.region_output || v.last_use > static_cast<int>(n))) {
+    const bool in_slot = (v.storage >= 0 && RootSlot(v.storage) == root) || (v.plain >= 0 && RootSlot(v.plain) == root);
+    if (in_slot && (v.region_output || v.last_use > static_cast<int>(n))) {
       return false;
     }
   }

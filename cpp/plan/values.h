@@ -9,6 +9,7 @@
 #ifndef BYOC_HETERO_PLAN_VALUES_H_
 #define BYOC_HETERO_PLAN_VALUES_H_
 
+#include <map>
 #include <vector>
 
 #include "../planner.h"
@@ -53,16 +54,28 @@ class ValueTable {
   /*!
    * \brief Whether every value living in \p slot (a value and its relabels: reshapes, permutes)
    *        is read for the last time by node n at the latest, and none is a region output: then
-   *        node n may overwrite the slot (a sum post-op accumulating into its residual).
+   *        node n may overwrite the slot (a sum post-op accumulating into its residual).  Values in
+   *        slots that share memory with it (NoteSubSlot) count too.
    */
   bool SlotDiesAt(int slot, size_t n) const;
+
+  /*! \brief Slot \p part is memory inside slot \p whole (a slice viewed in place, LayoutResolver::
+   *         SliceView): the values of either keep both alive for SlotDiesAt. */
+  void NoteSubSlot(int part, int whole) { whole_of_[part] = RootSlot(whole); }
 
   /*! \brief The position of tensor t among the region's outputs, or -1. */
   int OutputPosition(int t) const;
 
  private:
+  /*! \brief The slot whose memory \p slot lies in (NoteSubSlot), or \p slot itself. */
+  int RootSlot(int slot) const {
+    const auto found = whole_of_.find(slot);
+    return found == whole_of_.end() ? slot : found->second;
+  }
+
   const RegionGraph& g_;
   std::vector<ValueState> values_;
+  std::map<int, int> whole_of_;  // a slot inside another's memory -> that slot (NoteSubSlot)
 };
 
 }  // namespace planning

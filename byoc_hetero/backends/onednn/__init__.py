@@ -74,6 +74,7 @@ REGION_PASSES: tuple[str, ...] = (
     "fuse_matmul_epilogues",       # ops/attention.py: bias / scale / activation after a matmul
     "fuse_eltwise_into_producer",  # epilogue.py: a lone eltwise becomes a post-op of its producer
     "fuse_rotary_embeddings",      # ops/rotary.py: x * cos + rotate_half(x) * sin (and its head permute) as one rope node
+    "fold_operand_scales",         # ops/attention.py: a scalar multiply of a matmul's operand into its scale
     "fold_views",                  # ops/layout.py: permutes / reshapes read as strided views
     "fuse_attention",              # ops/fused_attention.py: matmul -> softmax -> matmul as one attention node
     "fold_channel_scales",         # ops/layout.py: per-channel multiply into the conv's weights

@@ -6,7 +6,12 @@ over the lowered region graph, :func:`fuse_matmul_epilogues`).
 * ``binary`` add of a value broadcasting to a matmul's output -> the matmul's mask input
   (``has_mask``, a binary_add post-op after the scale): attention's additive mask;
 * ``binary`` add of a value of the output's shape to a dense / matmul output -> its residual (a sum
-  post-op), as the composites already do for an add in the same composite.
+  post-op), as the composites already do for an add in the same composite;
+* ``binary`` multiply (or divide) of a matmul's *operand* by a one-element constant, before a matmul
+  without a bias -> the matmul's ``scale`` attr too (its own pass :func:`fold_operand_scales`, after the
+  rope pass, which takes a multiply of its output first): torchvision
+  Swin's ``q = q * scale`` before ``q @ k^T`` (``(c q) k^T`` equals ``c (q k^T)`` within rounding), so
+  that the matmul reads q where it lies (a view of the qkv dense's output) instead of a scaled copy.
 
 Each looks through reshapes between the anchor and the binary node (TVM's torch frontend writes a
 3-D ``linear`` as reshape, matmul, reshape and a batched matmul's output reshaped to 4-D) and fires
@@ -146,6 +151,56 @@ def _fuse_one(graph: RegionGraph, node: Node) -> bool:
         graph.replace_tensor(node.output, chain)
         return True
     return False
+
+
+def _absorb_operand_scale(graph: RegionGraph, matmul: Node, k: int) -> bool:
+    """Operand ``k`` of a float ``matmul`` with no bias computed as ``x * c`` or ``x / c`` (a one-element
+    constant; through reshapes, each value read by the next step only): the matmul reads x and its
+    ``scale`` is multiplied by c. Whether it did."""
+    count = graph.readers()
+    plain_inputs = len(matmul.inputs) - int(bool(matmul.attrs.get("residual"))) - int(bool(matmul.attrs.get("has_mask")))
+    if matmul.attrs.get("has_bias") or plain_inputs != 2 or "a_scale" in matmul.attrs \
+            or matmul.inputs[0] == matmul.inputs[1]:
+        return False
+    t = matmul.inputs[k]
+    if count.get(t, 0) != 1 or t in graph.outputs:
+        return False
+    found = graph.producer_through(t)
+    if found is None or found[0].op != "binary" or found[0].attrs.get("activation", "none") != "none":
+        return False
+    binary, chain = found
+    if count.get(binary.output, 0) != 1 or binary.output in graph.outputs:
+        return False
+    alg, (a, b) = binary.attrs.get("algorithm"), binary.inputs
+    for data, c in ((a, b), (b, a)):
+        value = graph.scalar_values.get(c)
+        if value is None or data in graph.scalar_values \
+                or graph.tensors[data]["shape"] != graph.tensors[binary.output]["shape"]:
+            continue
+        if alg == "mul":
+            factor = value
+        elif alg == "div" and data == a and value != 0:
+            factor = 1.0 / value
+        else:
+            continue
+        matmul.attrs["scale"] = matmul.attrs.get("scale", 1.0) * factor
+        if chain:
+            chain[-1].inputs[0] = data
+        else:
+            matmul.inputs[k] = data
+        graph.nodes.remove(binary)
+        return True
+    return False
+
+
+@graph_pass
+def fold_operand_scales(graph: RegionGraph) -> None:
+    """A scalar multiply of a matmul's operand becomes the matmul's scale (after the rope pass, which
+    takes such a multiply of its own output first)."""
+    for node in list(graph.nodes):
+        if node.op == "matmul":
+            for k in (0, 1):
+                _absorb_operand_scale(graph, node, k)
 
 
 @graph_pass

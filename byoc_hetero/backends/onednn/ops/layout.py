@@ -331,11 +331,27 @@ def permute_source(producers: dict[int, Node], t: int) -> tuple[int, list[int]] 
     return base, axes
 
 
+def _merge_copies(graph: RegionGraph, producers: dict[int, Node], t: int, source: int) -> bool:
+    """Whether reading tensor ``t``, a reshape merging the leading dims of ``source``, costs a copy at run
+    time that the unmerged ``source`` does not: ``source`` is (through reshapes) a permute whose strides
+    do not merge those dims (:func:`strided_view` of ``t`` has none), or a slice, which the runtime's
+    planner may hold as a view under its input's strides (cpp/plan/layouts.h ``SliceView``: torchvision
+    Swin's ``q, k, v = qkv[0], qkv[1], qkv[2]`` of the permuted qkv dense output)."""
+    if strided_view(graph, producers, t) is not None:
+        return False
+    s = source
+    while s in producers and producers[s].op == "reshape":
+        s = producers[s].inputs[0]
+    return s in producers and producers[s].op in ("permute", "slice")
+
+
 def unmerge_batch_dims(graph: RegionGraph) -> None:
-    """A symbolic batched matmul over operands whose batch dims a reshape merged
-    (``[B * H, S, D]`` from ``[B, H, S, D]``, torch.export's attention) runs on the unmerged operands
-    (``[B, H, S, D]``), its output reshaped back: the merge is then no copy and a permute behind it
-    becomes ``a_axes`` / ``b_axes`` (:func:`fold_views`).
+    """A batched matmul over operands whose batch dims a reshape merged (``[B * H, S, D]`` from
+    ``[B, H, S, D]``, torch.export's attention) runs on the unmerged operands (``[B, H, S, D]``), its
+    output reshaped back: the merge is then no copy and a permute behind it becomes ``a_axes`` /
+    ``b_axes`` (:func:`fold_views`). With symbolic dims always; with static ones where the merge of an
+    operand would copy (:func:`_merge_copies`: static strides read the unmerged permute, and the
+    runtime reads a slice's view where it lies).
 
     Reading ``permute_dims(x, [0, 2, 1, 3])`` of ``x: [B, S, H, D]`` as ``[B * H, S, D]`` needs a
     copy whenever ``B > 1`` (B and H are not adjacent in ``x``), so strides alone cannot do it;
@@ -350,8 +366,7 @@ def unmerge_batch_dims(graph: RegionGraph) -> None:
         if (node.op != "matmul" or len(shape(node.output)) != 3 or node.attrs.get("residual")
                 or node.attrs.get("has_mask") or any(k in node.attrs for k in ("a_shape", "b_shape", "a_axes", "b_axes"))):
             continue
-        if all(isinstance(d, int) for t in node.inputs[:2] for d in shape(t)):
-            continue  # static: fold_views reads it through static strides (or copies once)
+        static = all(isinstance(d, int) for t in node.inputs[:2] for d in shape(t))
         sources = []
         for t in node.inputs[:2]:
             reshape = producers.get(t)
@@ -361,6 +376,8 @@ def unmerge_batch_dims(graph: RegionGraph) -> None:
             sources.append(source)
         if len(sources) != 2 or shape(sources[0])[:2] != shape(sources[1])[:2]:
             continue
+        if static and not any(_merge_copies(graph, producers, t, s) for t, s in zip(node.inputs[:2], sources)):
+            continue  # fold_views reads the merged operands through static strides
         merged = node.output
         out = shape(merged)
         graph.tensors.append({"shape": list(shape(sources[0])[:2]) + list(out[1:]),
@@ -368,6 +385,12 @@ def unmerge_batch_dims(graph: RegionGraph) -> None:
         node.inputs[:2] = sources
         node.output = len(graph.tensors) - 1
         graph.nodes.insert(graph.nodes.index(node) + 1, Node("reshape", [node.output], merged, {}))
+        for reader in graph.nodes:
+            if reader.op == "reshape" and reader.inputs == [merged]:
+                # a reshape of the merged product reads the product itself (the same bytes in the same
+                # order): torch.export's reshape back to [B, H, S, D] then needs no merged form, which
+                # the layout the matmul may write (acbd, plan/layouts.h PermutedOutputLayout) cannot view
+                reader.inputs = [node.output]
 
 
 @graph_pass
