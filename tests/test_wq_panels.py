@@ -88,8 +88,9 @@ def test_fewer_rows_keep_the_tile_kernels(monkeypatch):
 
 
 def test_many_rows_run_the_integer_panels_by_default():
-    """With no variable set (the autouse fixture), 16 rows or more run the integer panel GEMM (the default since
-    session 14's quiet A/B), 15 rows the tile kernels; both against numpy on the same quantized activations."""
+    """With no variable set (the autouse fixture), 16 rows or more run the integer panel GEMM with the epilogue in
+    the kernel (int-fused: the default since session 15's quiet A/B; the panels since session 14's), 15 rows the
+    tile kernels; both against numpy on the same quantized activations."""
     rng = np.random.default_rng(8)
     codes = quantize_matrix(rng.standard_normal((37, 128)).astype(np.float32), 4, 32)
     for m, panels in ((15, False), (16, True)):
@@ -97,6 +98,7 @@ def test_many_rows_run_the_integer_panels_by_default():
         got, plan = _run(x, codes)
         step = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
         assert ("integer panels" in step) == panels, step
+        assert ("epilogue in the kernel" in step) == panels, step
         _close(got, _reference(_quantize_rows(x), codes))
 
 

@@ -107,12 +107,12 @@ int64_t PrefetchBytes();
  *         kNone: the integer tile kernels (QTileFn) as at any rows; kFloat: panels dequantized to float32
  *         (PanelFns); kInt: the integer panel GEMM (QPanelFn), the rows quantized by one thread, the epilogue in
  *         scalar C++ after each call; kIntFused: the same kernel with the epilogue written by the kernel
- *         (QPanelOut), its results kInt's bit for bit (opt-in until a quiet A/B: loaded, a whole 0.5B int8 prefill
- *         of 1024 tokens 1.22x in dense_wq, bench/GENERATE.md session 15).  Chosen by BYOC_HETERO_WQ_PANELS = 0 | 1 or float | int (or unset) |
- *         int-fused, read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone; another
- *         value of the variable is a ValueError naming it.  kInt is the default: quiet A/B, Zen 5, Qwen2.5-0.5B
- *         prefill, 2 threads, 1.14-1.26x the tile kernels at 128 and 1024 rows (bench/GENERATE.md, session 14
- *         end); kFloat stays opt-in (0.68-1.05x on session 13's loaded Skylake). */
+ *         (QPanelOut), its results kInt's bit for bit.  Chosen by BYOC_HETERO_WQ_PANELS = 0 | 1 or float | int |
+ *         int-fused (or unset), read when a plan is made; BYOC_HETERO_WQ_ACT other than unset or auto keeps kNone;
+ *         another value of the variable is a ValueError naming it.  kIntFused is the default: quiet A/B, Zen 5,
+ *         Qwen2.5-0.5B prefill, 2 threads, 1.17-1.28x kInt at 128 and 1024 rows, int8 and int4 (bench/GENERATE.md,
+ *         session 15 end), kInt itself 1.14-1.26x the tile kernels (session 14 end); kFloat stays opt-in
+ *         (0.68-1.05x on session 13's loaded Skylake). */
 enum class PanelForm { kNone, kFloat, kInt, kIntFused };
 constexpr const char* kPanelVariable = "BYOC_HETERO_WQ_PANELS";
 PanelForm PanelsAsked();

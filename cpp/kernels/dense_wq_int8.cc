@@ -435,7 +435,7 @@ int64_t PrefetchBytes() {
 
 PanelForm PanelsAsked() {
   const char* env = std::getenv(kPanelVariable);
-  const std::string form = env == nullptr || *env == '\0' ? "int" : env;
+  const std::string form = env == nullptr || *env == '\0' ? "int-fused" : env;
   PanelForm asked = PanelForm::kNone;
   if (form == "1" || form == "float") {
     asked = PanelForm::kFloat;
