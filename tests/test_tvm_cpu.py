@@ -320,6 +320,22 @@ def test_meta_schedule_search_stops_at_its_time_budget(small_search, monkeypatch
     assert _code(part) == _code(bh.partition(mod, target="tvm_cpu", require_heavy_op=False))
 
 
+def test_meta_schedule_search_stops_at_the_tunes_budget(small_search, tmp_path):
+    """Inside a bh.tune whose budget_s is spent (the active deadline passed), the search builds nothing although
+    its own SECONDS are left: nothing stored, the fixed rules' code."""
+    import time
+
+    from byoc_hetero.tune.cache import TimingCache, active, active_deadline
+
+    mod = graph({"x": (64, 256)}, lambda emit, v: relax.op.exp(v))
+    assert active_deadline() is None
+    with active(TimingCache(tmp_path / "c.json"), deadline=time.monotonic() - 1.0):
+        part = bh.partition(mod, target="tvm_cpu", require_heavy_op=False, options=MS)
+    assert active_deadline() is None
+    assert small_search.stored() == {}
+    assert _code(part) == _code(bh.partition(mod, target="tvm_cpu", require_heavy_op=False))
+
+
 def test_meta_schedule_record_replays_a_tiled_matmul(small_search):
     """A matmul's search samples tile sizes; its record (the trace as plain JSON) replays into the same PrimFunc
     each time, which computes the product (numpy's, float64); the PrimFunc searched is left unchanged."""

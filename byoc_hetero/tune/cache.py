@@ -265,17 +265,27 @@ class TimingCache:
 
 
 _ACTIVE: contextvars.ContextVar[TimingCache | None] = contextvars.ContextVar("byoc_hetero_timing_cache", default=None)
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("byoc_hetero_tune_deadline", default=None)
 
 
 @contextlib.contextmanager
-def active(cache: TimingCache) -> Iterator[TimingCache]:
-    """Within the ``with``, :func:`active_cache` is ``cache`` (``bh.tune`` makes its timing cache the active
-    one while its levels run)."""
-    token = _ACTIVE.set(cache)
+def active(cache: TimingCache, deadline: float | None = None) -> Iterator[TimingCache]:
+    """Within the ``with``, :func:`active_cache` is ``cache`` and :func:`active_deadline` ``deadline`` (a
+    ``time.monotonic()`` value, None for none): ``bh.tune`` makes its timing cache the active one while its
+    levels run, and its ``budget_s`` the deadline a backend's own search stops at."""
+    token, deadline_token = _ACTIVE.set(cache), _DEADLINE.set(deadline)
     try:
         yield cache
     finally:
+        _DEADLINE.reset(deadline_token)
         _ACTIVE.reset(token)
+
+
+def active_deadline() -> float | None:
+    """When the ``bh.tune`` running in this context runs out of its ``budget_s`` (``time.monotonic()``), None
+    outside one or without a budget: a backend's own search (the tvm_cpu backend's MetaSchedule) spends no time
+    past it."""
+    return _DEADLINE.get()
 
 
 def active_cache() -> TimingCache | None:

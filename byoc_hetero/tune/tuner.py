@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,7 +201,7 @@ def _tune_cpu(mod: tvm.IRModule, params: Mapping[str, np.ndarray] | None, target
                       default=partition(mod, params, target=targets, precision=precision))
     report = TuneReport()
     try:
-        with active(timing_cache):
+        with active(timing_cache, None if budget_s is None else time.monotonic() + budget_s):
             return _run_levels(ctx, report, _levels(asked, tolerance, calibration, holdout, budget_s, guard_rounds,
                                                     threads), guard_rounds)
     finally:

@@ -298,14 +298,21 @@ def _context(mod: tvm.IRModule, target: Target, seed: int) -> Any:
 def search(func: tirx.PrimFunc, target: Target, trials: int | None = None, seconds: float | None = None,
            seed: int = 1) -> Record | None:
     """MetaSchedule's search for ``func`` on ``target`` (at most ``trials`` candidates, none built after
-    ``seconds``; :data:`TRIALS` and :data:`SECONDS` where None): the fastest candidate's record, or None where no
-    candidate built and ran."""
+    ``seconds`` nor past the running ``bh.tune``'s ``budget_s``; :data:`TRIALS` and :data:`SECONDS` where None):
+    the fastest candidate's record, or None where no candidate built and ran (or no time was left)."""
     from tvm.s_tir import meta_schedule as ms
+
+    from ...tune.cache import active_deadline  # lazy: tune imports backends
 
     trials, seconds = trials or TRIALS, SECONDS if seconds is None else seconds
     target = tuning_target(target)
     mod = tvm.IRModule({"main": func})  # func as it is: a copy by with_attr would let the search rewrite func in place
     deadline = time.monotonic() + seconds
+    tune_deadline = active_deadline()  # a bh.tune's budget_s: none of the search past it
+    if tune_deadline is not None:
+        deadline = min(deadline, tune_deadline)
+    if deadline <= time.monotonic():
+        return None
     builder, artifacts = _builder(deadline)
     database = ms.database.MemoryDatabase()
     with _LOCK:  # one search at a time: MetaSchedule's task scheduler is not reentrant
