@@ -188,9 +188,10 @@ def test_grouped_query_attention_is_one_region(path, tmp_path):
     assert not {"broadcast_to", "isnan", "where", "nn.softmax"} & set(_ops_left(part)), report
     nodes = _region_nodes(part)
     assert "broadcast_to" not in [n["op"] for n, _ in nodes], "repeat_kv is still a copy step"
-    # both attention matmuls: query heads as [B, kv, groups, S, *], K / V as [B, kv, 1, *, *]
-    matmuls = [shapes for n, shapes in nodes if n["op"] == "matmul"]
-    assert len(matmuls) == 2 and all(s[0][:3] == [1, 2, 3] for s in matmuls), matmuls
+    # both attention matmuls: query heads as [B, kv, groups, S, *], K / V as [B, kv, 1, *, *] (as the tensor's
+    # shape, or as the strided view a_shape / b_shape of a tensor read where it lies: q in its [B, S, H, D] layout)
+    matmuls = [(n.get("attrs", {}), shapes) for n, shapes in nodes if n["op"] == "matmul"]
+    assert len(matmuls) == 2 and all((a.get("a_shape") or s[0])[:3] == [1, 2, 3] for a, s in matmuls), matmuls
     assert all((n.get("attrs", {}).get("b_shape") or s[1])[:3] == [1, 2, 1]
                for (n, s) in nodes if n["op"] == "matmul"), matmuls
     assert _rel(_run(part, x.numpy()), want) <= TOLERANCE
