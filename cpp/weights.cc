@@ -160,7 +160,8 @@ std::vector<bool> PreparedWeights::Filled(const Plan& plan) const {
   std::vector<bool> filled;
   for (const SharedBuffer& b : plan.shared) {
     auto it = entries_.find(b.key);
-    filled.push_back(b.constant >= 0 ||it != entries_.end() && it->second.allocated && it->second.filled == generation_);
+    filled.push_back(b.constant >= 0 ||
+                     (it != entries_.end() && it->second.allocated && it->second.filled == generation_));
   }
   return filled;
 }

@@ -153,6 +153,17 @@ def test_the_blocked_prefill_agrees_with_the_rows_at_smollm_shapes(monkeypatch):
     np.testing.assert_allclose(got["blocked", "wide"], got["rows", "narrow"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("value,blocks", [(None, 3), ("", 3), ("narrow", 1), ("wide", 3)])
+def test_wide_tiles_are_the_default(monkeypatch, value, blocks):
+    """BYOC_HETERO_KV_TILES unset or empty gives the blocked prefill the wide score tiles (3 key blocks: the
+    default since session 15's quiet A/B), narrow one block; what the kernel resolves, through its query."""
+    if value is None:
+        monkeypatch.delenv("BYOC_HETERO_KV_TILES", raising=False)
+    else:
+        monkeypatch.setenv("BYOC_HETERO_KV_TILES", value)
+    assert tvm.get_global_func("byoc_hetero.runtime.kv_tile_blocks")() == blocks
+
+
 def test_an_unknown_tile_form_is_a_value_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "blocked")
     monkeypatch.setenv("BYOC_HETERO_KV_TILES", "huge")

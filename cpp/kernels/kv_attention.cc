@@ -38,7 +38,7 @@
  * A call of many new rows runs the blocked form where the ISA has one (AVX-512): each sequence's keys
  * transposed once per kv head, then tasks of about 64 query vectors (rows times the heads of one kv head's
  * group) whose tiles read each key and value row once for 8 / 4 vectors (BYOC_HETERO_KV_TILES, read each call:
- * narrow, the default, one block of 16 keys per score tile | wide, up to 3).  BYOC_HETERO_KV_PREFILL (read each
+ * wide, the default, up to 3 blocks of 16 keys per score tile | narrow, one).  BYOC_HETERO_KV_PREFILL (read each
  * call) = auto (the default: from 16 rows, UseBlocks; quiet A/B, session 13) | blocked (from 2 rows) | rows
  * (never).  A decode step (one row) shares its heads among the threads as BYOC_HETERO_KV_DECODE says
  * (DecodeForm: grouped, the default, | rows | split).
@@ -70,6 +70,8 @@ namespace ffi = tvm::ffi;
 constexpr const char* kName = "byoc_hetero.runtime.kv_attention";
 /*! \brief What BYOC_HETERO_KV_DECODE resolves to now (DecodeForm): what a decode step runs, for tests and reports. */
 constexpr const char* kDecodeFormName = "byoc_hetero.runtime.kv_decode_form";
+/*! \brief What BYOC_HETERO_KV_TILES resolves to now (KeyBlocks): the key blocks of a blocked prefill's score tile. */
+constexpr const char* kTileBlocksName = "byoc_hetero.runtime.kv_tile_blocks";
 
 using Shape = std::vector<int64_t>;
 
@@ -419,11 +421,12 @@ bool UseBlocks(const KvCall& c) {
   return c.g.rows >= (mode == "auto" ? kAutoBlockedRows : 2);
 }
 
-/*! \brief The blocked form's key blocks per score tile: BYOC_HETERO_KV_TILES (read each call) = narrow (the
- *         default: 1) | wide (kv::kMaxKeyBlocks). */
+/*! \brief The blocked form's key blocks per score tile: BYOC_HETERO_KV_TILES (read each call) = wide (the
+ *         default since session 15's quiet A/B: the prefill kernel 1.07-1.13x narrow at SmolLM, Qwen2.5-0.5B and
+ *         Llama-1B shapes, 128 and 1024 rows, bench/GENERATE.md; kv::kMaxKeyBlocks) | narrow (1). */
 int KeyBlocks() {
   const char* env = std::getenv(kv::kTileVariable);
-  const std::string mode = env == nullptr || *env == '\0' ? "narrow" : env;
+  const std::string mode = env == nullptr || *env == '\0' ? "wide" : env;
   if (mode != "narrow" && mode != "wide") {
     TVM_FFI_THROW(ValueError) << kv::kTileVariable << " must be narrow or wide, got '" << mode << "'";
   }
@@ -647,6 +650,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   }
   if (!ffi::Function::GetGlobal(kDecodeFormName).has_value()) {
     tvm::ffi::reflection::GlobalDef().def(kDecodeFormName, DecodeForm);
+  }
+  if (!ffi::Function::GetGlobal(kTileBlocksName).has_value()) {
+    tvm::ffi::reflection::GlobalDef().def(kTileBlocksName, KeyBlocks);
   }
 }
 

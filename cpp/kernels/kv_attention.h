@@ -56,9 +56,9 @@ constexpr const char* kDecodeVariable = "BYOC_HETERO_KV_DECODE";
 /*! \brief split: the fewest keys a run (shorter contexts run grouped). */
 constexpr int64_t kSplitKeys = 64;
 
-/*! \brief The variable choosing the blocked form's score tiles: narrow (the default: 8 vectors by one block of 16
- *         keys) | wide (8 vectors by up to kMaxKeyBlocks blocks: 24 accumulators, fewer loads per FMA); read at
- *         each call. */
+/*! \brief The variable choosing the blocked form's score tiles: wide (the default: 8 vectors by up to
+ *         kMaxKeyBlocks blocks of 16 keys, 24 accumulators, fewer loads per FMA) | narrow (8 vectors by one block);
+ *         read at each call. */
 constexpr const char* kTileVariable = "BYOC_HETERO_KV_TILES";
 
 /*! \brief The most key blocks of one score tile (wide). */
