@@ -153,17 +153,6 @@ def test_the_blocked_prefill_agrees_with_the_rows_at_smollm_shapes(monkeypatch):
     np.testing.assert_allclose(got["blocked", "wide"], got["rows", "narrow"], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("value,blocks", [(None, 3), ("", 3), ("narrow", 1), ("wide", 3)])
-def test_wide_tiles_are_the_default(monkeypatch, value, blocks):
-    """BYOC_HETERO_KV_TILES unset or empty gives the blocked prefill the wide score tiles (3 key blocks: the
-    default since session 15's quiet A/B), narrow one block; what the kernel resolves, through its query."""
-    if value is None:
-        monkeypatch.delenv("BYOC_HETERO_KV_TILES", raising=False)
-    else:
-        monkeypatch.setenv("BYOC_HETERO_KV_TILES", value)
-    assert tvm.get_global_func("byoc_hetero.runtime.kv_tile_blocks")() == blocks
-
-
 def test_an_unknown_tile_form_is_a_value_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "blocked")
     monkeypatch.setenv("BYOC_HETERO_KV_TILES", "huge")
@@ -333,15 +322,24 @@ def test_the_split_decode_agrees_with_the_rows_at_smollm_shapes(monkeypatch):
     np.testing.assert_array_equal(got["split"][1], got["rows"][1])
 
 
-@pytest.mark.parametrize("value,form", [(None, "grouped"), ("", "grouped"), ("rows", "rows"), ("split", "split")])
-def test_grouped_is_the_default_decode_form(monkeypatch, value, form):
-    """BYOC_HETERO_KV_DECODE unset or empty runs the grouped decode form (the default since session 15's quiet
-    A/B, bench/GENERATE.md), a set value its own; what the kernel resolves, read through its registered query."""
+@pytest.mark.parametrize("variable,query,value,resolved", [
+    ("BYOC_HETERO_KV_DECODE", "kv_decode_form", None, "grouped"),
+    ("BYOC_HETERO_KV_DECODE", "kv_decode_form", "", "grouped"),
+    ("BYOC_HETERO_KV_DECODE", "kv_decode_form", "rows", "rows"),
+    ("BYOC_HETERO_KV_DECODE", "kv_decode_form", "split", "split"),
+    ("BYOC_HETERO_KV_TILES", "kv_tile_blocks", None, 3),
+    ("BYOC_HETERO_KV_TILES", "kv_tile_blocks", "", 3),
+    ("BYOC_HETERO_KV_TILES", "kv_tile_blocks", "narrow", 1),
+    ("BYOC_HETERO_KV_TILES", "kv_tile_blocks", "wide", 3)])
+def test_session_15_defaults(monkeypatch, variable, query, value, resolved):
+    """Unset or empty, BYOC_HETERO_KV_DECODE runs the grouped decode form and BYOC_HETERO_KV_TILES the wide score
+    tiles (3 key blocks) of the blocked prefill (the defaults since session 15's quiet A/Bs, bench/GENERATE.md);
+    a set value its own. What the kernel resolves, read through its registered query."""
     if value is None:
-        monkeypatch.delenv("BYOC_HETERO_KV_DECODE", raising=False)
+        monkeypatch.delenv(variable, raising=False)
     else:
-        monkeypatch.setenv("BYOC_HETERO_KV_DECODE", value)
-    assert tvm.get_global_func("byoc_hetero.runtime.kv_decode_form")() == form
+        monkeypatch.setenv(variable, value)
+    assert tvm.get_global_func(f"byoc_hetero.runtime.{query}")() == resolved
 
 
 def test_an_unknown_decode_form_is_a_value_error_naming_the_variable(monkeypatch):

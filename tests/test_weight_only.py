@@ -414,6 +414,18 @@ def test_int8_activation_prefetch_changes_no_value(monkeypatch, isa, bits, block
         assert any("prefetch 1024 bytes" in line for line in plan), plan
 
 
+def _thp_mode() -> str:
+    """The kernel's transparent huge page mode line (skips the test where there are none or they are off)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        pytest.skip("no transparent huge pages here")
+    if "[never]" in mode:
+        pytest.skip("transparent huge pages are off on this machine")
+    return mode
+
+
 def _anon_huge_kib() -> int:
     """This process's transparent huge pages, KiB (/proc/self/smaps_rollup)."""
     with open("/proc/self/smaps_rollup") as f:
@@ -424,13 +436,7 @@ def test_huge_pages_for_large_weights(monkeypatch):
     """BYOC_HETERO_HUGE_PAGES=1: a prepared weight of 2 MiB or more is one mapping advised MADV_HUGEPAGE (where the
     kernel's transparent huge pages are in `madvise` or `always` mode), so the process holds huge pages once the
     weights are written: 8 MiB of int8 tiles give at least 2 MiB of them; the outputs equal those without."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read()
-    except OSError:
-        pytest.skip("no transparent huge pages here")
-    if "[never]" in mode:
-        pytest.skip("transparent huge pages are off on this machine")
+    _thp_mode()
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
     rng = np.random.default_rng(5)
     codes = quantize_matrix(rng.standard_normal((2048, 4096)).astype(np.float32), 8)
@@ -454,13 +460,7 @@ def test_huge_pages_are_the_default_and_0_turns_them_off(monkeypatch, value):
     """BYOC_HETERO_HUGE_PAGES unset (the default since session 14's quiet A/B) gives a large prepared weight huge
     pages (the same 8 MiB of int8 tiles as above: at least 2 MiB of them); 0 gives none where the kernel's
     transparent huge pages are in `madvise` mode; the outputs are the same either way."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read()
-    except OSError:
-        pytest.skip("no transparent huge pages here")
-    if "[never]" in mode:
-        pytest.skip("transparent huge pages are off on this machine")
+    mode = _thp_mode()
     monkeypatch.setenv("BYOC_HETERO_WQ_ACT", "int8")
     rng = np.random.default_rng(5)
     codes = quantize_matrix(rng.standard_normal((2048, 4096)).astype(np.float32), 8)

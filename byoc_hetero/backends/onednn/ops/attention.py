@@ -153,16 +153,12 @@ def _fuse_one(graph: RegionGraph, node: Node) -> bool:
     return False
 
 
-def _absorb_operand_scale(graph: RegionGraph, matmul: Node, k: int) -> bool:
-    """Operand ``k`` of a float ``matmul`` with no bias computed as ``x * c`` or ``x / c`` (a one-element
-    constant; through reshapes, each value read by the next step only): the matmul reads x and its
-    ``scale`` is multiplied by c. Whether it did."""
+def absorb_operand_scalar(graph: RegionGraph, node: Node, k: int) -> bool:
+    """Operand ``k`` of ``node`` (a matmul or an attention) computed as ``x * c`` or ``x / c`` (a one-element
+    constant; through reshapes, each value read by the next step only): ``node`` reads x and its ``scale``
+    is multiplied by c. Whether it did."""
     count = graph.readers()
-    plain_inputs = len(matmul.inputs) - int(bool(matmul.attrs.get("residual"))) - int(bool(matmul.attrs.get("has_mask")))
-    if matmul.attrs.get("has_bias") or plain_inputs != 2 or "a_scale" in matmul.attrs \
-            or matmul.inputs[0] == matmul.inputs[1]:
-        return False
-    t = matmul.inputs[k]
+    t = node.inputs[k]
     if count.get(t, 0) != 1 or t in graph.outputs:
         return False
     found = graph.producer_through(t)
@@ -183,14 +179,24 @@ def _absorb_operand_scale(graph: RegionGraph, matmul: Node, k: int) -> bool:
             factor = 1.0 / value
         else:
             continue
-        matmul.attrs["scale"] = matmul.attrs.get("scale", 1.0) * factor
+        node.attrs["scale"] = node.attrs.get("scale", 1.0) * factor
         if chain:
             chain[-1].inputs[0] = data
         else:
-            matmul.inputs[k] = data
+            node.inputs[k] = data
         graph.nodes.remove(binary)
         return True
     return False
+
+
+def _absorb_operand_scale(graph: RegionGraph, matmul: Node, k: int) -> bool:
+    """:func:`absorb_operand_scalar` for operand ``k`` of a float ``matmul`` with no bias, two plain
+    operands and no int8 scales. Whether it did."""
+    plain_inputs = len(matmul.inputs) - int(bool(matmul.attrs.get("residual"))) - int(bool(matmul.attrs.get("has_mask")))
+    if matmul.attrs.get("has_bias") or plain_inputs != 2 or "a_scale" in matmul.attrs \
+            or matmul.inputs[0] == matmul.inputs[1]:
+        return False
+    return absorb_operand_scalar(graph, matmul, k)
 
 
 @graph_pass

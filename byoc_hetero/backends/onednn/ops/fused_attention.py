@@ -34,7 +34,7 @@ import numpy as np
 from ....errors import RuleError
 from ..lowering import Node, RegionGraph
 from ..table import graph_pass
-from .attention import reshaped_operand, in_anchor_frame
+from .attention import absorb_operand_scalar, in_anchor_frame, reshaped_operand
 from .layout import drop_dead_nodes, strided_view
 
 MIN_KEYS = 64
@@ -289,35 +289,7 @@ def _absorb_scalar(graph: RegionGraph, fused: Node, k: int) -> bool:
     reshapes, read by nothing else): the attention reads x and multiplies its ``scale`` by c.
     Whisper scales Q by d^-0.5 after its projection, the dynamo exporter both Q and K by d^-0.25:
     a pass over [S, d] each, and (q c) k^T equals c (q k^T) within rounding."""
-    t = fused.inputs[k]
-    if graph.readers().get(t, 0) != 1 or t in graph.outputs:
-        return False
-    found = graph.producer_through(t)
-    if found is None or found[0].op != "binary" or found[0].attrs.get("activation", "none") != "none":
-        return False
-    binary, chain = found
-    alg, (a, b) = binary.attrs.get("algorithm"), binary.inputs
-    if graph.readers().get(binary.output, 0) != 1 or binary.output in graph.outputs:
-        return False
-    for data, c in ((a, b), (b, a)):
-        value = graph.scalar_values.get(c)
-        if value is None or data in graph.scalar_values \
-                or graph.tensors[data]["shape"] != graph.tensors[binary.output]["shape"]:
-            continue
-        if alg == "mul":
-            factor = value
-        elif alg == "div" and data == a and value != 0:
-            factor = 1.0 / value
-        else:
-            continue
-        fused.attrs["scale"] = fused.attrs["scale"] * factor
-        if chain:
-            chain[-1].inputs[0] = data
-        else:
-            fused.inputs[k] = data
-        graph.nodes.remove(binary)
-        return True
-    return False
+    return absorb_operand_scalar(graph, fused, k)
 
 
 @graph_pass
