@@ -21,7 +21,8 @@ q/k/v, o or down, gate/up, LM head), and the regions' own time. Figures from a s
 the shares and the ratio of the variants measured side by side, not the times. Asserts nothing.
 ``--before-env`` / ``--after-env`` add variables of either variant (set after the ones above): a variable read
 at each call (``BYOC_HETERO_KV_TILES``) compares the forms on the one f32 generator both variants share.
-``--before-skip PASS,...`` builds the before variant without those region passes (``fold_gate_products``: the
+``--own-generators`` builds each variant's f32 generator under its own variables (one read when the step is
+partitioned: ``BYOC_HETERO_COMBINE_BIASES``). ``--before-skip PASS,...`` builds the before variant without those region passes (``fold_gate_products``: the
 GLU's product a binary step again), a generator of its own.
 """
 
@@ -82,6 +83,9 @@ def _prefill(gen, regions, tokens: np.ndarray, form: str) -> tuple[float, dict[s
 
 SKIPPED: dict[str, list[str]] = {form: [] for form in FORMS}
 """form -> the oneDNN region passes its generator is built without (``--before-skip``)."""
+OWN_GENERATORS = [False]
+"""``--own-generators``: each variant builds its own f32 generator under its variables (a variable read when
+the step is partitioned, e.g. ``BYOC_HETERO_COMBINE_BIASES``)."""
 
 
 def _built(bh, model, weights: str, max_length: int, skip: list[str]):
@@ -105,7 +109,7 @@ def _generators(bh, model, weights: str, max_length: int, prompts: list[int]) ->
     (FORM_ENV)."""
     made = {}
     for form in FORMS:
-        if weights == "f32" and made and not any(SKIPPED.values()):
+        if weights == "f32" and made and not any(SKIPPED.values()) and not OWN_GENERATORS[0]:
             made[form] = made[FORMS[0]]
             continue
         os.environ.update(FORM_ENV[form])
@@ -148,7 +152,12 @@ def main(argv=None) -> int:
     ap.add_argument("--before-skip", default="", metavar="PASS,...",
                     help="oneDNN region passes the before variant is built without (e.g. fold_gate_products): "
                          "each variant then has its own generator")
+    ap.add_argument("--own-generators", action="store_true",
+                    help="each variant builds its own generator with its variables set (variables read when the "
+                         "step is partitioned, e.g. --before-env BYOC_HETERO_COMBINE_BIASES=0 --after-env "
+                         "BYOC_HETERO_COMBINE_BIASES=1)")
     args = ap.parse_args(argv)
+    OWN_GENERATORS[0] = args.own_generators
     SKIPPED["before"] = [name for name in args.before_skip.split(",") if name]
     FORM_ENV["before"]["BYOC_HETERO_KV_PREFILL"] = args.before_kv
     if args.before_panels is not None:

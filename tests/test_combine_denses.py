@@ -8,6 +8,7 @@ decoder through both import paths.
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
@@ -22,6 +23,7 @@ from byoc_hetero import passes
 from byoc_hetero.timing import build
 
 R = relax.op
+combine = importlib.import_module("byoc_hetero.passes.combine_parallel_denses")  # the module (the package's name is the pass)
 RNG = np.random.default_rng(256)
 SEQ, HIDDEN = 6, 40
 
@@ -102,6 +104,99 @@ def test_projections_with_biases_stay_separate():
     nodes = [n for m in bh.codegen.region_modules(build(res.partitioned))
              for n in json.loads(m["get_graph_json"]())["nodes"]]
     assert [n["op"] for n in nodes].count("dense") == 3 and "slice" not in [n["op"] for n in nodes]
+
+
+def _biased_projections(bias_shapes):
+    """Three projections of one input of widths 16, 24, 8, each with a constant bias of the shape given
+    (None: none), their results concatenated."""
+    ws = [(_const(HIDDEN, n), None if shape is None else _const(*shape)) for n, shape in zip((16, 24, 8), bias_shapes)]
+
+    def body(emit, x):
+        outs = []
+        for w, b in ws:
+            y = emit(R.matmul(x, w))
+            outs.append(emit(R.add(y, b)) if b is not None else y)
+        return emit(R.concat(outs, axis=-1))
+
+    return graph({"x": (1, SEQ, HIDDEN)}, body)
+
+
+def test_projections_with_biases_combine_when_asked(monkeypatch):
+    """BYOC_HETERO_COMBINE_BIASES=1: Q / K / V with a bias each (one ``[N]``, one ``[1, 1, N]``) and one
+    without are one dense of width 48 whose bias is the three concatenated (zeros for the one without),
+    then three slices; results are the llvm build's."""
+    monkeypatch.setenv(combine.BIASES_VARIABLE, "1")
+    mod = _biased_projections([(16,), None, (1, 1, 8)])
+    calls = [b.value for b in passes.combine_parallel_denses(mod)["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call)]
+    names = [c.op.name for c in calls]
+    assert names.count("relax.matmul") == 1 and names.count("relax.add") == 1, names
+    bias = calls[names.index("relax.add")].args[1].value.numpy()
+    assert bias.shape == (48,) and not bias[16:40].any() and bias[:16].any() and bias[40:].any()
+    res = offload_and_compare(mod)
+    assert res.error < 1e-5, res.error
+    nodes = [n for m in bh.codegen.region_modules(build(res.partitioned))
+             for n in json.loads(m["get_graph_json"]())["nodes"]]
+    denses = [n for n in nodes if n["op"] == "dense"]
+    assert len(denses) == 1 and denses[0]["attrs"]["has_bias"] == 1, denses
+    assert [n["op"] for n in nodes].count("slice") == 3
+
+
+def test_a_bias_of_more_than_one_value_per_column_stays_separate(monkeypatch):
+    """BYOC_HETERO_COMBINE_BIASES=1, but the first projection's constant is ``[SEQ, 16]`` (a value per row
+    too, no bias): it stays its own product; the other two are combined."""
+    monkeypatch.setenv(combine.BIASES_VARIABLE, "1")
+    out = passes.combine_parallel_denses(_biased_projections([(SEQ, 16), (24,), None]))
+    matmuls = [b.value for b in out["main"].body.blocks[0].bindings
+               if isinstance(b.value, relax.Call) and b.value.op.name == "relax.matmul"]
+    assert sorted(int(m.args[1].ty.shape[1]) for m in matmuls) == [16, 32]
+
+
+@pytest.mark.parametrize("value", ["", "0"])
+def test_biased_projections_are_left_by_default(monkeypatch, value):
+    """BYOC_HETERO_COMBINE_BIASES unset or 0: the biased projections are left as they are."""
+    monkeypatch.setenv(combine.BIASES_VARIABLE, value)
+    mod = _biased_projections([(16,), (24,), (8,)])
+    assert passes.combine_parallel_denses(mod).same_as(mod)
+
+
+def test_a_bad_biases_variable_is_a_value_error_naming_it(monkeypatch):
+    monkeypatch.setenv(combine.BIASES_VARIABLE, "yes")
+    with pytest.raises(ValueError, match="BYOC_HETERO_COMBINE_BIASES must be 0 or 1, got 'yes'"):
+        passes.combine_parallel_denses(_biased_projections([(16,), (24,), (8,)]))
+
+
+@pytest.mark.parametrize("rows", [67, 7])
+def test_qwen2_generator_with_combined_biases_matches_transformers(monkeypatch, rows):
+    """BYOC_HETERO_COMBINE_BIASES=1 on a small Qwen2 (grouped-query: 4 heads, 2 kv heads; random q / k / v
+    biases): each layer's q, k, v are one dense with a bias, of width q + 2 kv; a prefill of ``rows`` (67: the
+    inner product, odd; 7: the matmul) and the decode steps after it give transformers' logits at every
+    position, and greedy generation is transformers' token for token."""
+    from test_generate import COMMON, MAX_LENGTH, VOCAB, _hf_generate, _model, _rel
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv(combine.BIASES_VARIABLE, "1")
+    model = _model("qwen2")
+    gen = bh.llm.from_hf(model, max_length=MAX_LENGTH)
+    spec = gen.spec
+    width = (spec.heads + 2 * spec.kv_heads) * spec.head_dim
+    (region,) = bh.codegen.region_modules(gen._executable)
+    graph_doc = json.loads(str(region["get_graph_json"]()))
+    qkv = [n for n in graph_doc["nodes"] if n["op"] == "dense"
+           and graph_doc["tensors"][n["output"]]["shape"][-1] == width]
+    assert len(qkv) == COMMON["num_hidden_layers"] and all(n["attrs"]["has_bias"] == 1 for n in qkv), qkv
+    tokens = np.random.default_rng(rows).integers(0, VOCAB, (1, MAX_LENGTH)).astype("int64")
+    with torch.no_grad():
+        want = model(torch.tensor(tokens)).logits.numpy()[0]
+    cache = gen.new_cache(1)
+    errors = [_rel(gen.step(tokens[:, :rows], np.array([0]), np.array([rows]), cache)[0], want[rows - 1])]
+    for pos in range(rows, min(rows + 5, MAX_LENGTH)):
+        errors.append(_rel(gen.step(tokens[:, pos:pos + 1], np.array([pos]), np.array([1]), cache)[0], want[pos]))
+    assert max(errors) < 1e-4, errors
+    if rows < 16:
+        prompt = tokens[:, :rows]
+        np.testing.assert_array_equal(gen.generate(prompt, max_new_tokens=MAX_LENGTH - rows),
+                                      _hf_generate(model, prompt, MAX_LENGTH - rows, eos_token_id=None))
 
 
 def test_runtime_weight_is_not_combined():

@@ -16,6 +16,14 @@ combined. Separate, that dense applies it as a bias or post-op of its own output
 would read a column slice and be a step of its own. Groups of one; weights that are no
 constants; other dtypes.
 
+Biases (opt-in, ``BYOC_HETERO_COMBINE_BIASES=1``, read when the pass runs; default off until a quiet
+A/B): a member whose product is read only by an ``add`` of a float32 constant of its width (``[N_i]``,
+or ``[1, ..., N_i]``: one bias per output column, Qwen2's and BERT's Q / K / V) is combined too; the
+wide product then gets one ``add`` of the concatenated biases (zeros for the members without one),
+which the dense takes as its own bias, and each member's ``add`` is bound to its part of the split.
+Each column is the same dot product plus the same bias as before. Qwen2.5-0.5B's Q / K / V
+(``[896, 896]``, ``[896, 128]`` twice, each with a bias) are then one ``[896, 1152]`` dense.
+
 Why. The Llama-family decoder projects each layer's normalized input three times (Q, K, V:
 SmolLM-135M's ``[576, 576]``, ``[576, 192]``, ``[576, 192]``). On 2 threads oneDNN runs the two
 192-wide projections at ~60 % of the throughput of one 960-wide product (bare primitives,
@@ -26,7 +34,9 @@ one dense and a split are fewer, fuller steps.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -42,6 +52,32 @@ _ACTIVATIONS = frozenset({
     "relax.sigmoid", "relax.tanh", "relax.nn.softplus", "relax.nn.selu", "relax.exp", "relax.erf",
 })
 _CONSTANT_EPILOGUES = frozenset({"relax.add", "relax.subtract", "relax.multiply"})
+BIASES_VARIABLE = "BYOC_HETERO_COMBINE_BIASES"
+"""``1``: members with a per-column constant bias are combined too (module docstring); ``0`` / unset: not."""
+
+
+def combine_biases() -> bool:
+    """Whether ``BYOC_HETERO_COMBINE_BIASES`` asks for biased members to be combined; another value than
+    ``0`` / ``1`` (or empty) is a ValueError naming the variable."""
+    value = os.environ.get(BIASES_VARIABLE, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{BIASES_VARIABLE} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+@dataclass
+class _Member:
+    """One dense of a group: its matmul binding, ``[K, N]`` weight, and (biased members) the binding of the
+    ``add`` that reads it and the bias as ``[N]``."""
+    binding: relax.VarBinding
+    weight: np.ndarray
+    bias_binding: relax.VarBinding | None = None
+    bias: np.ndarray | None = None
+
+    @property
+    def out(self) -> relax.Var:
+        """The variable the member's readers read: the bias add's, else the product's."""
+        return (self.bias_binding or self.binding).var
 
 
 def _weight(w: relax.Expr, lookup: Callable) -> np.ndarray | None:
@@ -100,6 +136,24 @@ def _has_epilogue(var: relax.Var, readers: dict) -> bool:
     return False
 
 
+def _bias(var: relax.Var, width: int, readers: dict, bindings: dict) -> tuple | None:
+    """(the add binding, the bias as ``[width]`` float32) when ``var``'s only reader is an ``add`` of it and a
+    float32 constant of one value per output column; else None."""
+    found = readers.get(var, [])
+    if len(found) != 1 or _op(found[0][1]) != "relax.add":
+        return None
+    reader_var, add = found[0]
+    others = [a for a in add.args if not (isinstance(a, relax.Var) and a.same_as(var))]
+    if len(others) != 1 or not isinstance(others[0], tvm.ir.GenericConst):
+        return None
+    bias = tensor_view(others[0].value)
+    if bias.dtype != np.float32 or bias.ndim < 1 or bias.shape[-1] != width or bias.size != width:
+        return None
+    if getattr(reader_var.ty, "ndim", -1) != getattr(var.ty, "ndim", -2):  # the add broadcasts no further
+        return None
+    return bindings[reader_var], bias.reshape(width)
+
+
 def _readers(func: relax.Function) -> dict:
     out: dict = {}
     for block in func.body.blocks:
@@ -111,39 +165,59 @@ def _readers(func: relax.Function) -> dict:
     return out
 
 
-def _groups(block: relax.DataflowBlock, lookup: Callable, readers: dict) -> list[list[tuple]]:
-    """Members (binding, weight) of each group to combine, in binding order."""
+def _groups(block: relax.DataflowBlock, lookup: Callable, readers: dict, biases: bool) -> list[list[_Member]]:
+    """Members of each group to combine, in binding order (biased ones only when ``biases``)."""
     by_key: dict = {}
+    bindings = {b.var: b for b in block.bindings if isinstance(b, relax.VarBinding)}
     for b in block.bindings:
         if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call):
             found = _candidate(b.value, lookup)
             if found is not None:
-                by_key.setdefault(found[0], []).append((b, found[1]))
+                by_key.setdefault(found[0], []).append(_Member(b, found[1]))
     groups = []
     for members in by_key.values():
-        members = [(b, w) for b, w in members if not _has_epilogue(b.var, readers)]
-        if len(members) >= 2 and len({w.shape[0] for _, w in members}) == 1:
-            groups.append(members)
+        kept = []
+        for m in members:
+            if not _has_epilogue(m.binding.var, readers):
+                kept.append(m)
+                continue
+            bias = _bias(m.binding.var, m.weight.shape[1], readers, bindings) if biases else None
+            if bias is not None and bias[0].var in bindings and not _has_epilogue(bias[0].var, readers):
+                m.bias_binding, m.bias = bias
+                kept.append(m)
+        if len(kept) >= 2 and len({m.weight.shape[0] for m in kept}) == 1:
+            groups.append(kept)
     return groups
 
 
-def _combine(block: relax.DataflowBlock, groups: list[list[tuple]]) -> relax.DataflowBlock:
-    """``block`` with each group's first member replaced by the combined matmul, its split and
-    the member's part, and the other members by their parts."""
+def _combine(block: relax.DataflowBlock, groups: list[list[_Member]]) -> relax.DataflowBlock:
+    """``block`` with each group's first member replaced by the combined matmul (and its bias add), its
+    split and the member's part, and the other members by their parts (a biased member's product dropped,
+    its add bound to its part)."""
     bb = relax.BlockBuilder()
     replace: dict = {}
     for members in groups:
-        first = members[0][0]
-        weight = np.ascontiguousarray(np.concatenate([w for _, w in members], axis=1))
+        first = members[0].binding
+        weight = np.ascontiguousarray(np.concatenate([m.weight for m in members], axis=1))
         call = bb.normalize(relax.op.matmul(first.value.args[0], relax.const(weight), out_dtype="float32"))
         wide = relax.DataflowVar(first.var.name + "_combined", call.ty)
-        ends = np.cumsum([w.shape[1] for _, w in members])[:-1]
+        new = [relax.VarBinding(wide, call)]
+        if any(m.bias is not None for m in members):
+            bias = np.concatenate([m.bias if m.bias is not None else np.zeros(m.weight.shape[1], "float32")
+                                   for m in members])
+            add = bb.normalize(relax.op.add(wide, relax.const(bias)))
+            wide = relax.DataflowVar(first.var.name + "_biased", add.ty)
+            new.append(relax.VarBinding(wide, add))
+        ends = np.cumsum([m.weight.shape[1] for m in members])[:-1]
         split = bb.normalize(relax.op.split(wide, [int(e) for e in ends], axis=-1))
         parts = relax.DataflowVar(first.var.name + "_parts", split.ty)
-        new = [relax.VarBinding(wide, call), relax.VarBinding(parts, split)]
-        for i, (b, _) in enumerate(members):
-            part = relax.VarBinding(b.var, relax.TupleGetItem(parts, i))
-            replace[b.var] = new + [part] if i == 0 else [part]
+        new.append(relax.VarBinding(parts, split))
+        replace[first.var] = new
+        for i, m in enumerate(members):
+            if m.bias_binding is not None and i > 0:
+                replace[m.binding.var] = []
+            replace.setdefault(m.out, [])
+            replace[m.out] = replace[m.out] + [relax.VarBinding(m.out, relax.TupleGetItem(parts, i))]
     bindings = []
     for b in block.bindings:
         bindings.extend(replace.get(getattr(b, "var", None), [b]))
@@ -158,10 +232,10 @@ def combine_parallel_denses(mod: tvm.IRModule) -> tvm.IRModule:
         func = mod[name]
         if not isinstance(func.body, relax.SeqExpr):
             continue
-        lookup, readers = bound_values(func).get, _readers(func)
+        lookup, readers, biases = bound_values(func).get, _readers(func), combine_biases()
         blocks, changed = [], False
         for block in func.body.blocks:
-            groups = _groups(block, lookup, readers) if isinstance(block, relax.DataflowBlock) else []
+            groups = _groups(block, lookup, readers, biases) if isinstance(block, relax.DataflowBlock) else []
             blocks.append(_combine(block, groups) if groups else block)
             changed = changed or bool(groups)
         if changed:

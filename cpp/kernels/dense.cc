@@ -11,8 +11,13 @@
  * (once, for a constant weight) brings either into the layout matmul prefers.  A float32 dense on
  * a constant weight runs as oneDNN's brgemm inner product instead (InnerProductDense: 9-11 %
  * faster than the matmul at the SmolLM decoder's shapes on 2 threads, bench/LLM.md session 6); one
- * of at most kGemvDefaultRows rows runs our own GEMV (dense_gemv.h).
+ * of at most kGemvDefaultRows rows runs our own GEMV (dense_gemv.h).  BYOC_HETERO_DENSE_IP=off (read when a
+ * plan is made) keeps the matmul at every row count: the primitive A/B at a prefill's rows.
  */
+#include <tvm/ffi/error.h>
+
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "dense_gemv.h"
@@ -40,6 +45,17 @@ static std::unique_ptr<Kernel> InnerProductDense(const KernelContext& ctx, int64
   }
   if (std::string(pd.impl_info_str()).rfind("brgemm", 0) != 0) return nullptr;
   return MakeAnchorKernel(ctx, "dense", std::move(pd), PlainDesc({m, k}), wei_view, {n}, has_bias, {m, n}, epilogue);
+}
+
+/*! \brief BYOC_HETERO_DENSE_IP, read when a plan is made: "auto" (or unset: the inner product where
+ *         BuildDense's rules take it) or "off" (the matmul always: the primitive A/B at a prefill's rows). */
+static bool InnerProductAllowed() {
+  const char* env = std::getenv("BYOC_HETERO_DENSE_IP");
+  const std::string value = env == nullptr ? "" : env;
+  if (!value.empty() && value != "auto" && value != "off") {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_DENSE_IP must be auto or off, got '" << value << "'";
+  }
+  return value != "off";
 }
 
 /*! \brief int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N). */
@@ -145,7 +161,7 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // 2 (alternating processes, quiet, session 6).
   constexpr int64_t kInnerProductMinRows = 64;
   if (!ctx.bf16 && constant_weight && m >= kInnerProductMinRows && ctx.threads >= 2 &&
-      dst.get_data_type() == memory::data_type::f32) {
+      dst.get_data_type() == memory::data_type::f32 && InnerProductAllowed()) {
     std::unique_ptr<Kernel> ip = InnerProductDense(ctx, m, k, n, nk, has_bias, epilogue);
     if (ip) return ip;
   }
