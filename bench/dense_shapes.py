@@ -11,7 +11,8 @@ projections as three denses (``separate``) against one ``[K, q + 2 kv]`` dense w
 three slices of its output (``combined``: what ``BYOC_HETERO_COMBINE_BIASES=1`` makes of Qwen2's step), the two
 called alternately, ``--rounds`` rounds of ``--reps`` calls each. Prints per row the minimum and median time of a
 round's mean call, and for the A/B the ratio of the medians. A loaded machine's times are loaded: read the ratio of
-the forms timed side by side. Asserts nothing.
+the forms timed side by side. ``--primitives``: per dense the inner product (the default from 64 rows) against
+oneDNN's matmul (``BYOC_HETERO_DENSE_IP=off``), interleaved. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def _region(m: int, k: int, outs: list[tuple[int, bool, dict]], rng, slices: lis
     assert mod["__init_g"]([tvm.runtime.tensor(v) for v in values]) == 0
     args = [tvm.runtime.tensor(rng.standard_normal(tensors[i]["shape"]).astype(np.float32)) for i in [0, *gates]]
     args += [tvm.runtime.tensor(np.zeros(tensors[i]["shape"], np.float32)) for i in outputs]
+    mod["g"](*args)  # planned (under the variables set now) and warmed
     return mod, args
 
 
@@ -100,6 +102,54 @@ def _cases(s: dict, m: int, square: int, rng) -> dict:
     return out
 
 
+def _table(s: dict, m: int, square: int, args, rng) -> None:
+    cases = _cases(s, m, square, rng)
+    times = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, (_, case) in cases.items():
+            times[name].append(_round(case, args.reps))
+    print(f"\nM = {m}: per call over {args.rounds} rounds of {args.reps} calls")
+    print("| dense | FLOP | min ms | median ms | GFLOP/s (min) |")
+    print("|---|---|---|---|---|")
+    for name, (flop, _) in cases.items():
+        lo, med = min(times[name]), float(np.median(times[name]))
+        print(f"| {name} | {flop / 1e9:.2f} G | {lo * 1e3:.3f} | {med * 1e3:.3f} | {flop / lo / 1e9:.0f} |")
+
+
+def _impl(mod) -> str:
+    """The oneDNN implementation of the region's run step (its plan line's first word after the node)."""
+    run = [line for line in mod["get_plan"]() if line.startswith("run")]
+    return run[0].split(" | ")[-1].split(" ")[0] if run else "?"
+
+
+def _primitives(s: dict, m: int, args, rng) -> None:
+    """Per dense of the layer (and q/k/v as one): inner product against matmul, interleaved."""
+    h, q, kv, f = s["hidden"], s["q"], s["kv"], s["intermediate"]
+    rows = {"q": (h, q, True), "k or v": (h, kv, True), "q/k/v": (h, q + 2 * kv, True), "o": (q, h, False),
+            "gate or up": (h, f, False), "down": (f, h, False)}
+    print(f"\nM = {m}: inner product (BYOC_HETERO_DENSE_IP=auto) against matmul (off), median of {args.rounds} "
+          f"rounds of {args.reps} calls")
+    print("| dense | K x N | impls | ip ms | matmul ms | matmul / ip |")
+    print("|---|---|---|---|---|---|")
+    saved = os.environ.get("BYOC_HETERO_DENSE_IP")
+    for name, (k, n, bias) in rows.items():
+        forms = {}
+        for value in ("auto", "off"):
+            os.environ["BYOC_HETERO_DENSE_IP"] = value
+            forms[value] = _region(m, k, [(n, bias, {})], rng)
+        times = {value: [] for value in forms}
+        for _ in range(args.rounds):
+            for value, case in forms.items():
+                times[value].append(_round(case, args.reps))
+        ip, mm = (float(np.median(times[v])) for v in ("auto", "off"))
+        impls = " / ".join(_impl(case[0]) for case in forms.values())
+        print(f"| {name} | {k} x {n} | {impls} | {ip * 1e3:.3f} | {mm * 1e3:.3f} | {mm / ip:.3f}x |", flush=True)
+    if saved is None:
+        os.environ.pop("BYOC_HETERO_DENSE_IP", None)
+    else:
+        os.environ["BYOC_HETERO_DENSE_IP"] = saved
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hf", default=None, help="a Hugging Face folder whose config.json gives the shapes "
@@ -108,24 +158,20 @@ def main(argv=None) -> int:
     ap.add_argument("--square", type=int, default=2048, help="the peak's dense: S x S x S (0: none)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ab-only", action="store_true", help="only the qkv A/B, no per-dense table")
+    ap.add_argument("--primitives", action="store_true",
+                    help="per dense also the A/B of oneDNN's inner product (BYOC_HETERO_DENSE_IP=auto) against its "
+                         "matmul (off), each region planned under its value")
     args = ap.parse_args(argv)
     cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
                 .stdout.splitlines() if ln.startswith("Model name")), "cpu ?")
     print(f"{cpu}, oneDNN ISA {bh._C.isa()}, {bh._C.num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
     s, rng = _shapes(args), np.random.default_rng(0)
     for m in [int(r) for r in args.rows.split(",")]:
-        cases = _cases(s, m, args.square if m == int(args.rows.split(",")[0]) else 0, rng)
-        times = {name: [] for name in cases}
-        for _ in range(args.rounds):
-            for name, (_, case) in cases.items():
-                times[name].append(_round(case, args.reps))
-        print(f"\nM = {m}: per call over {args.rounds} rounds of {args.reps} calls")
-        print("| dense | FLOP | min ms | median ms | GFLOP/s (min) |")
-        print("|---|---|---|---|---|")
-        for name, (flop, _) in cases.items():
-            lo, med = min(times[name]), float(np.median(times[name]))
-            print(f"| {name} | {flop / 1e9:.2f} G | {lo * 1e3:.3f} | {med * 1e3:.3f} | {flop / lo / 1e9:.0f} |")
-        del cases
+        if args.primitives:
+            _primitives(s, m, args, rng)
+        if not args.ab_only:
+            _table(s, m, args.square if m == int(args.rows.split(",")[0]) else 0, args, rng)
         h, q, kv = s["hidden"], s["q"], s["kv"]
         forms = {"separate": _region(m, h, [(q, True, {}), (kv, True, {}), (kv, True, {})], rng),
                  "combined": _region(m, h, [(q + 2 * kv, True, {})], rng, slices=[q, kv, kv])}

@@ -245,6 +245,31 @@ def test_constant_weight_dense_runs_as_inner_product(layout, rows, threads):
         assert impl.startswith("brgemm:" if rows >= 64 and threads >= 2 else "brg:"), impl
 
 
+def test_dense_ip_off_keeps_the_matmul(monkeypatch):
+    """BYOC_HETERO_DENSE_IP=off (read when the plan is made): a dense of 64 rows planned for 2 threads, which
+    takes the inner product by default, runs oneDNN's matmul, with the llvm build's result."""
+    saved = _C.num_threads()
+    _C.set_num_threads(2)
+    monkeypatch.setenv("BYOC_HETERO_DENSE_IP", "off")
+    try:
+        impl = _dense_impl("NK", 64)
+    finally:
+        _C.set_num_threads(saved)
+    if _C.isa().startswith("avx512_core"):
+        assert impl.startswith("brg:"), impl  # the matmul's brgemm (the inner product's is "brgemm:")
+
+
+def test_a_bad_dense_ip_variable_is_a_value_error_naming_it(monkeypatch):
+    saved = _C.num_threads()
+    _C.set_num_threads(2)
+    monkeypatch.setenv("BYOC_HETERO_DENSE_IP", "matmul")
+    try:
+        with pytest.raises(Exception, match="BYOC_HETERO_DENSE_IP must be auto or off, got 'matmul'"):
+            _dense_impl("NK", 64)
+    finally:
+        _C.set_num_threads(saved)
+
+
 def _dense_impl(layout: str, rows: int) -> str:
     """Offload one dense + residual add, check it against llvm, run it and return its oneDNN impl."""
     import tvm
