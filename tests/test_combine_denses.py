@@ -91,9 +91,11 @@ def test_activated_projection_stays_separate():
     assert len(widths) == 2, widths
 
 
-def test_projections_with_biases_stay_separate():
-    """Q / K / V with a constant bias each (BERT, GPT-2): each dense takes its bias as an epilogue,
-    so none is combined (three dense nodes, no split); results are the llvm build's."""
+def test_projections_with_biases_stay_separate(monkeypatch):
+    """Q / K / V with a constant bias each (BERT, GPT-2), BYOC_HETERO_COMBINE_BIASES unset (the default):
+    each dense takes its bias as an epilogue, so none is combined (three dense nodes, no split); results are
+    the llvm build's."""
+    monkeypatch.delenv(combine.BIASES_VARIABLE, raising=False)
     ws = [(_const(HIDDEN, 16), _const(16)) for _ in range(3)]
 
     def body(emit, x):
