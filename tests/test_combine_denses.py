@@ -172,7 +172,8 @@ def test_qwen2_generator_with_combined_biases_matches_transformers(monkeypatch):
     """BYOC_HETERO_COMBINE_BIASES=1 on a small Qwen2 (grouped-query: 4 heads, 2 kv heads; random q / k / v
     biases): each layer's q, k, v are one dense with a bias, of width q + 2 kv; a prefill of 67 rows (the inner
     product, odd) or of 7 (the matmul) and the decode steps after it give transformers' logits at every
-    position, and greedy generation of 24 tokens from the 7 is transformers' token for token."""
+    position, the same bits as the build with them separate (each column the same dot product and bias), and
+    greedy generation of 24 tokens from the 7 is transformers' token for token."""
     from test_generate import COMMON, MAX_LENGTH, VOCAB, _hf_generate, _model, _rel
 
     torch = pytest.importorskip("torch")
@@ -189,12 +190,18 @@ def test_qwen2_generator_with_combined_biases_matches_transformers(monkeypatch):
     tokens = np.random.default_rng(67).integers(0, VOCAB, (1, MAX_LENGTH)).astype("int64")
     with torch.no_grad():
         want = model(torch.tensor(tokens)).logits.numpy()[0]
+    monkeypatch.setenv(combine.BIASES_VARIABLE, "0")
+    separate = bh.llm.from_hf(model, max_length=MAX_LENGTH)
     for rows in (67, 7):
-        cache = gen.new_cache(1)
-        errors = [_rel(gen.step(tokens[:, :rows], np.array([0]), np.array([rows]), cache)[0], want[rows - 1])]
-        for pos in range(rows, rows + 5):
-            errors.append(_rel(gen.step(tokens[:, pos:pos + 1], np.array([pos]), np.array([1]), cache)[0], want[pos]))
+        got = {}
+        for name, g in (("combined", gen), ("separate", separate)):
+            cache = g.new_cache(1)
+            got[name] = [g.step(tokens[:, :rows], np.array([0]), np.array([rows]), cache)[0].copy()]
+            got[name] += [g.step(tokens[:, p:p + 1], np.array([p]), np.array([1]), cache)[0].copy()
+                          for p in range(rows, rows + 5)]
+        errors = [_rel(logits, want[p]) for logits, p in zip(got["combined"], range(rows - 1, rows + 5))]
         assert max(errors) < 1e-4, (rows, errors)
+        np.testing.assert_array_equal(np.stack(got["combined"]), np.stack(got["separate"]))
     prompt = tokens[:, :7]
     np.testing.assert_array_equal(gen.generate(prompt, max_new_tokens=24),
                                   _hf_generate(model, prompt, 24, eos_token_id=None))
