@@ -18,9 +18,12 @@ scale per block of that many k (``group_size=32``: Q8_0's weights); ``sub8`` / `
 times an 8- / 4-bit factor per block of 32 (rounded up, so no code clips): the form a two-level kernel would read,
 1 / 0.5 byte per 32 weights; ``f32`` the float weights (with ``int8`` activations: the activations' part alone).
 ``--scopes``: ``all`` every dense and the table, ``layers`` the decoder's denses only, ``head`` the LM head /
-table only. Asserts nothing; prints one JSON line per cell and a markdown table.
+table only. ``--engine``: our engine itself beside the simulation, ``bh.llm.from_hf(weights="int8")`` for the
+rules it builds (``pc``: per channel, ``gN``: ``group_size=N``) with ``BYOC_HETERO_WQ_ACT`` = ``f32`` / ``int8``
+(``acts``), its prompt's last logits through ``gen.step`` (``last`` only). Asserts nothing; prints one JSON line
+per cell and a markdown table.
 
-    PYTHONPATH=. python3 bench/int8_error.py --hf /tmp/gen/qwen2_0_5b/hf --rules f32,pc,g32 --acts f32,int8
+    PYTHONPATH=. python3 bench/int8_error.py --hf /tmp/gen/qwen2_0_5b/hf --rules f32,pc,g32 --acts f32,int8 --engine
 """
 
 from __future__ import annotations
@@ -100,6 +103,35 @@ def metrics(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
             "rms": float(np.sqrt(((got - ref) ** 2).mean() / (ref ** 2).mean()))}
 
 
+def engine_rows(model, ids, ref: np.ndarray, rules: list[str], acts: list[str]) -> list[dict]:
+    """``last`` of our generator for each rule it builds (pc, gN) and activation form (module docstring)."""
+    import gc
+    import os
+
+    import byoc_hetero as bh
+
+    rows, before = [], os.environ.get("BYOC_HETERO_WQ_ACT")
+    for rule in [r for r in rules if r == "pc" or r[1:] in ("32", "64", "128")]:
+        for act in acts:
+            os.environ["BYOC_HETERO_WQ_ACT"] = act  # read when the kernels are built
+            t = time.time()
+            gen = bh.llm.from_hf(model, max_length=ids.shape[1] + 1, weights="int8",
+                                 group_size=None if rule == "pc" else int(rule[1:]))
+            n = ids.shape[1]
+            out = np.asarray(gen.step(ids.numpy(), np.zeros(1, np.int64), np.array([n], np.int64), gen.new_cache(1)))
+            last = float(np.abs(out[0] - ref[-1]).max() / np.abs(ref[-1]).max())
+            rows.append({"rule": rule, "scope": "engine", "acts": act, "last": last, "mean": float("nan"),
+                         "rms": float("nan"), "s": round(time.time() - t, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+            del gen
+            gc.collect()
+    if before is None:
+        os.environ.pop("BYOC_HETERO_WQ_ACT")
+    else:
+        os.environ["BYOC_HETERO_WQ_ACT"] = before
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hf", required=True, help="a transformers ...ForCausalLM folder")
@@ -108,6 +140,7 @@ def main() -> None:
     ap.add_argument("--acts", default="f32,int8", help="f32, int8")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", action="store_true", help="our engine's last-position error beside (pc, gN)")
     args = ap.parse_args()
 
     import torch
@@ -139,9 +172,9 @@ def main() -> None:
             return model(ids).logits[0].double().numpy()
 
     ref = logits()
+    rows = engine_rows(model, ids, ref, args.rules.split(","), args.acts.split(",")) if args.engine else []
     scopes = {"all": lambda n: True, "head": lambda n: "embed" in n or "lm_head" in n,
               "layers": lambda n: "embed" not in n and "lm_head" not in n}
-    rows = []
     for rule in args.rules.split(","):
         for scope in args.scopes.split(","):
             t = time.time()
@@ -157,7 +190,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     print("\n| rule | scope | activations | last | mean | rms |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['rule']} | {r['scope']} | {r['acts']} | {r['last']:.2e} | {r['mean']:.2e} | {r['rms']:.2e} |")
+        cells = [f"{r[m]:.2e}" if r[m] == r[m] else "—" for m in ("last", "mean", "rms")]
+        print(f"| {r['rule']} | {r['scope']} | {r['acts']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
