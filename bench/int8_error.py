@@ -34,8 +34,6 @@ import time
 
 import numpy as np
 
-SEED = 0
-
 
 def _blocks(w: np.ndarray, g: int) -> np.ndarray:
     return w.reshape(w.shape[0], w.shape[1] // g, g)
