@@ -293,6 +293,33 @@ def test_narrow_gathered_products_leaves_the_rest_alone():
     assert "relax.strided_slice" in _ops(narrowed)
 
 
+@pytest.mark.parametrize("knob", ["off", "on"])
+def test_strided_query_against_constant_keys_plain_a_knob(monkeypatch, knob):
+    """Q read strided (a permuted dense output) against constant position keys: with
+    BYOC_HETERO_MATMUL_PLAIN_A=on the matmul reads a plain copy of Q on oneDNN's brgemm (where this CPU
+    has it), off it reads Q where it lies; the same values as numpy either way."""
+    monkeypatch.setenv("BYOC_HETERO_MATMUL_PLAIN_A", knob)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 64)).astype("float32")
+    keys = rng.standard_normal((4, 16, 31)).astype("float32")
+    x = relax.Var("x", relax.TensorType([24, 64], "float32"))
+
+    def body(bb, x):
+        q = bb.emit(relax.op.permute_dims(relax.op.reshape(relax.op.matmul(x, relax.const(w)), [24, 4, 16]), [1, 0, 2]))
+        return relax.op.matmul(q, relax.const(keys))
+
+    xv = rng.standard_normal((24, 64)).astype("float32")
+    want = (xv @ w).reshape(24, 4, 16).transpose(1, 0, 2) @ keys
+    got, steps = run_profiled(bh.partition(_module([x], body)), [xv])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    (matmul,) = [st for st in steps if st["op"] == "matmul"]
+    dense_isa = [st["impl"] for st in steps if st["op"] == "dense"][0]
+    if knob == "on" and "avx512" in dense_isa:
+        assert matmul["impl"].startswith("brg") and "src=[4,24,16]:abc" in matmul["layouts"], matmul
+    elif knob == "off":
+        assert "src=[4,24,16]:bac" in matmul["layouts"], matmul  # read where it lies
+
+
 @pytest.mark.parametrize(("picks", "full_a", "kept"), [
     (False, False, False),  # an absent attention mask: where(all false, finfo.min, scores) is the scores
     (True, True, False),    # all true, the picked operand of the result's shape
