@@ -28,7 +28,7 @@ import tvm
 from tvm import relax
 
 from .._relax import constant_value, entry_functions, op_name, static_shape
-from ._ir import map_entry_calls
+from ._ir import map_entry_calls, readers_of
 from .fold_int_constants import stored
 
 
@@ -43,21 +43,6 @@ def _index(index: relax.Expr, lookup) -> tuple[np.ndarray, tuple[int, ...] | Non
         if part is not None and shape is not None:
             return np.asarray(part), tuple(int(d) for d in shape)
     return None
-
-
-def _readers(func: relax.Function) -> dict[relax.Var, int]:
-    """How many times each variable is read by a binding or the function's result."""
-    counts: dict[relax.Var, int] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-
-    for block in getattr(func.body, "blocks", []):
-        for binding in block.bindings:
-            relax.analysis.post_order_visit(binding.value, visit)
-    relax.analysis.post_order_visit(func.body.body, visit)
-    return counts
 
 
 def _column_range(values: np.ndarray, n: int) -> tuple[int, int] | None:
@@ -100,6 +85,6 @@ def narrow_gathered_products(mod: tvm.IRModule) -> tvm.IRModule:
     matmul's product reading them from the matmul of only those columns (see the module doc)."""
     readers = {}
     for name in entry_functions(mod):
-        readers.update(_readers(mod[name]))
+        readers.update(readers_of(mod[name]))
     out = map_entry_calls(mod, lambda _var, call, lookup: _narrowed(call, lookup, readers))
     return out if out is mod else relax.transform.Normalize()(out)
