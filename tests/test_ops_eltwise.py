@@ -188,6 +188,30 @@ def test_take_along_another_axis_runs_offloaded():
     assert "take" not in {fb.op for fb in bh.report(res.partitioned).fallbacks}
 
 
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_take_of_single_elements_over_index_blocks(dtype):
+    """take along the last axis (one float per index: DeBERTa's relative-position scores read flat)
+    with more indices than one block of the kernel's element loop (4096) and a table per leading row:
+    equal to numpy; an out-of-range index is still an InputError naming it, before anything is read."""
+    rng = np.random.default_rng(11)
+    ids = rng.integers(0, 300, (2, 2500)).astype(dtype)
+
+    def body(emit, ids, x):
+        return emit(relax.op.add(emit(relax.op.take(heavy(emit, x, 300), ids, axis=1)), c(1.0)))
+
+    mod = module({"ids": ((2, 2500), dtype), "x": ((3, 8), "float32")}, body)
+    x = rng.standard_normal((3, 8)).astype("float32")
+    part = bh.partition(mod)
+    report = bh.report(part)
+    assert len(report.regions) == 1 and "take" not in {fb.op for fb in report.fallbacks}, report
+    product = x @ np.random.default_rng(8).standard_normal((8, 300)).astype("float32")
+    got = run(build(part), [ids, x])
+    np.testing.assert_allclose(got, np.take(product, ids, axis=1) + 1, rtol=1e-5, atol=1e-5)
+    ids[1, 2000] = 300
+    with pytest.raises(bh.InputError, match=r"index 300 at position 4500 .* table of 300 rows"):
+        run(build(part), [ids, x])
+
+
 def test_bert_style_mask_chain_runs_offloaded():
     """(1 - mask.astype(float32)) * -10000 added to the scores, then where(scores > t, scores, c)."""
     def body(emit, mask, x):

@@ -32,7 +32,7 @@ def test_pipeline_order_is_pinned():
         "onnx:te_pads",
         "torch:float_ops_on_integers", "torch:nonempty_dims", "torch:inbound_slices", "torch:bool_arith", "torch:checked_take",
         "matmul_integer_qdq", "dynamic_quantize_per_reader", "fold_int_constants",
-        "fold_weight_subgraphs", "te_clips", "gather_elements_as_take", "drop_proven_index_checks", "fold_negative_indices",
+        "narrow_gathered_products", "fold_weight_subgraphs", "drop_constant_selects", "te_clips", "gather_elements_as_take", "drop_proven_index_checks", "fold_negative_indices",
         "drop_zero_pads", "compose_row_moves", "drop_empty_operands",
         "compose_permutes", "matmul_repeated_heads", "combine_parallel_denses",
         "[MergeComposite]", "drop_needless_broadcasts", "canonicalize_bindings", "dead_code_elimination",

@@ -10,6 +10,7 @@ numpy or the llvm-only build: torch's int -> float promotion at import
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import types
 
@@ -23,7 +24,7 @@ from byoc_hetero._relax import constant_value, op_calls, op_name
 from byoc_hetero.fold import MAX_ELEMENTS, MAX_INDEX_ELEMENTS
 from byoc_hetero.passes.einsum_as_matmul import matmul_plan
 from byoc_hetero.timing import build, run
-from model_paths import dataflow_module as _module, first_output, import_model, one_region
+from model_paths import dataflow_module as _module, first_output, import_model, one_region, run_profiled
 
 torch = pytest.importorskip("torch")
 for _name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
@@ -235,6 +236,110 @@ def test_gather_elements_out_of_range_is_left_alone():
     assert _ops(passes.gather_elements_as_take(mod)) == ["relax.gather_elements"]
 
 
+def _position_scores(bb, x, heads: int, seq: int, span: int, width: int):
+    """DeBERTa's c2p scores on a small scale: ``x @ keys^T`` against ``2 span`` constant position keys
+    (``permute_dims`` of a [heads, 2 span, width] weight), gathered at the relative index."""
+    keys = np.random.default_rng(1).standard_normal((heads, 2 * span, width)).astype("float32")
+    product = bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(keys), [0, 2, 1])))
+    return relax.op.gather_elements(product, _relative_index(bb, seq, heads, span), 2), keys
+
+
+def test_narrow_gathered_products_computes_only_the_columns_read():
+    """Sequence 128 against 2 x 256 position keys (DeBERTa-v3's): the relative index reads columns
+    129..383 only, so the product is computed against those 255 keys, folded to a [heads, width, 255]
+    constant, the index moved by 129 and stored once; the same values as numpy, one region."""
+    heads, seq, span, width = 12, 128, 256, 8
+    x = relax.Var("x", relax.TensorType([heads, seq, width], "float32"))
+    keys = []
+    mod = _module([x], lambda bb, x: keys.append(_position_scores(bb, x, heads, seq, span, width)) or keys[0][0])
+    keys = keys[0][1]
+    out = passes.fold_weight_subgraphs(passes.narrow_gathered_products(passes.fold_int_constants(mod)))
+    (matmul,) = [c for c in op_calls(out["main"]) if op_name(c) == "relax.matmul"]
+    lo, hi = span - (seq - 1), span + (seq - 1)
+    np.testing.assert_array_equal(constant_value(matmul.args[1]), keys.transpose(0, 2, 1)[:, :, lo:hi + 1])
+    (expand,) = [c for c in op_calls(out["main"]) if op_name(c) == "relax.broadcast_to"]
+    stored_index = constant_value(expand.args[0])
+    assert stored_index.shape == (1, seq, seq) and stored_index.min() == 0 and stored_index.max() == hi - lo
+    xv = np.random.default_rng(0).standard_normal((heads, seq, width)).astype("float32")
+    i = np.arange(seq)
+    index = np.broadcast_to(i[:, None] - i[None, :] + span, (heads, seq, seq))
+    want = np.take_along_axis(xv @ keys.transpose(0, 2, 1), index, axis=2)
+    np.testing.assert_allclose(run(build(out), [xv]), want, rtol=1e-5, atol=1e-5)
+    part = bh.partition(mod, require_heavy_op=False)
+    report = bh.report(part)
+    assert len(report.regions) == 1 and not report.fallbacks, report
+    np.testing.assert_allclose(run(build(part), [xv]), want, rtol=1e-5, atol=1e-5)
+
+
+def test_narrow_gathered_products_leaves_the_rest_alone():
+    """A gather of every column, one along another axis, and a product something else reads too keep
+    their matmul whole."""
+    x = relax.Var("x", relax.TensorType([2, 4, 3], "float32"))
+    w = relax.const(np.ones((2, 3, 6), "float32"))
+    some = relax.const(np.full((2, 4, 2), 1, "int64"))
+    every = relax.const(np.tile(np.arange(6, dtype="int64"), (2, 4, 1)))
+    rows = relax.const(np.zeros((2, 2, 6), "int64"))
+
+    def shared(bb, x):
+        product = bb.emit(relax.op.matmul(x, w))
+        return relax.op.add(relax.op.gather_elements(product, some, 2), relax.op.strided_slice(product, [2], [0], [2]))
+
+    for body in (lambda bb, x: relax.op.gather_elements(relax.op.matmul(x, w), every, 2),
+                 lambda bb, x: relax.op.gather_elements(relax.op.matmul(x, w), rows, 1), shared):
+        mod = _module([x], body)
+        assert passes.narrow_gathered_products(mod) is mod
+    narrowed = passes.narrow_gathered_products(
+        _module([x], lambda bb, x: relax.op.gather_elements(relax.op.matmul(x, w), some, 2)))
+    assert "relax.strided_slice" in _ops(narrowed)
+
+
+@pytest.mark.parametrize("knob", ["off", "on"])
+def test_strided_query_against_constant_keys_plain_a_knob(monkeypatch, knob):
+    """Q read strided (a permuted dense output) against constant position keys: with
+    BYOC_HETERO_MATMUL_PLAIN_A=on the matmul reads a plain copy of Q on oneDNN's brgemm (where this CPU
+    has it), off it reads Q where it lies; the same values as numpy either way."""
+    monkeypatch.setenv("BYOC_HETERO_MATMUL_PLAIN_A", knob)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 64)).astype("float32")
+    keys = rng.standard_normal((4, 16, 31)).astype("float32")
+    x = relax.Var("x", relax.TensorType([24, 64], "float32"))
+
+    def body(bb, x):
+        q = bb.emit(relax.op.permute_dims(relax.op.reshape(relax.op.matmul(x, relax.const(w)), [24, 4, 16]), [1, 0, 2]))
+        return relax.op.matmul(q, relax.const(keys))
+
+    xv = rng.standard_normal((24, 64)).astype("float32")
+    want = (xv @ w).reshape(24, 4, 16).transpose(1, 0, 2) @ keys
+    got, steps = run_profiled(bh.partition(_module([x], body)), [xv])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    (matmul,) = [st for st in steps if st["op"] == "matmul"]
+    dense_isa = [st["impl"] for st in steps if st["op"] == "dense"][0]
+    if knob == "on" and "avx512" in dense_isa:
+        assert matmul["impl"].startswith("brg") and "src=[4,24,16]:abc" in matmul["layouts"], matmul
+    elif knob == "off":
+        assert "src=[4,24,16]:bac" in matmul["layouts"], matmul  # read where it lies
+
+
+@pytest.mark.parametrize(("picks", "full_a", "kept"), [
+    (False, False, False),  # an absent attention mask: where(all false, finfo.min, scores) is the scores
+    (True, True, False),    # all true, the picked operand of the result's shape
+    (True, False, True),    # all true, but the picked scalar is broadcast by the where: kept
+    (None, True, True),     # a mixed condition: kept
+])
+def test_drop_constant_selects(picks, full_a, kept):
+    shape = (1, 2, 4, 4)
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    cond = np.full((1, 1, 4, 4), picks if picks is not None else False)
+    if picks is None:
+        cond[0, 0, 0, 1] = True
+    a = np.full(shape if full_a else (), -3.0, "float32")
+    mod = _module([x], lambda bb, x: relax.op.where(relax.const(cond), relax.const(a), relax.op.multiply(x, x)))
+    out = passes.drop_constant_selects(mod)
+    assert ("relax.where" in _ops(out)) == kept, _ops(out)
+    xv = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    np.testing.assert_array_equal(run(build(out), [xv]), np.where(cond, a, xv * xv))
+
+
 def test_identity_tile_is_dropped():
     x = relax.Var("x", relax.TensorType([2, 3], "float32"))
     mod = _module([x], lambda bb, x: relax.op.add(relax.op.tile(x, [1, 1]), x))
@@ -343,8 +448,15 @@ def test_deberta_v2_is_one_region(deberta, path, tmp_path):
     assert "gather_elements" not in str(part) and "relax.log" not in str(part)
     left = {str(f.op) for f in report.fallbacks}
     assert left <= IDS_OPS, report
-    got = run(build(part), [ids.numpy()])
+    got, steps = run_profiled(part, [ids.numpy()])
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    widths = {int(re.search(r"dst=\[[\d,]*?(\d+)\]", st["layouts"]).group(1)) for st in steps if st["op"] == "matmul"}
+    # the position scores are computed only against the relative positions the sequence has (-127..127
+    # of 2 x 256 buckets at sequence 128), not against every position key
+    buckets = {12: 8, 128: 256}[ids.shape[1]]
+    assert 2 * buckets not in widths and (ids.shape[1] < 128 or 2 * 128 - 1 in widths), widths
+    # no attention mask given: its where (all false) is gone
+    assert "where" not in [st["op"] for st in steps]
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ from .compose_permutes import compose_permutes
 from .compose_row_moves import compose_row_moves
 from .conv_integer_qdq import conv_integer_qdq
 from .dequantized_pad_values import dequantized_pad_values
+from .drop_constant_selects import drop_constant_selects
 from .drop_empty_operands import drop_empty_operands
 from .drop_needless_broadcasts import drop_needless_broadcasts
 from .drop_identity_expands import drop_identity_expands
@@ -60,6 +61,7 @@ from .fold_negative_indices import fold_negative_indices
 from .fold_weight_subgraphs import fold_weight_subgraphs
 from .fold_zero_pads import fold_zero_pads
 from .gather_elements_as_take import gather_elements_as_take
+from .narrow_gathered_products import narrow_gathered_products
 from .gather_before_dequantize import gather_before_dequantize
 from .inbound_slices import inbound_slices
 from .inline_composites import inline_composites
@@ -183,8 +185,13 @@ BEFORE_STAGES: tuple[Pass, ...] = (
     Pass("matmul_integer_qdq", "relax", _relax(matmul_integer_qdq)),
     Pass("dynamic_quantize_per_reader", "relax", _relax(dynamic_quantize_per_reader)),
     Pass("fold_int_constants", "relax", _relax(fold_int_constants)),
+    # after the folding, which turns DeBERTa's relative-position indices into constants; before the
+    # weight folding, which folds the slice of the position keys it makes
+    Pass("narrow_gathered_products", "relax", _relax(narrow_gathered_products)),
     # weight-only subgraphs (wav2vec2's weight norm) become constants once the weights are bound
     Pass("fold_weight_subgraphs", "relax", _relax(fold_weight_subgraphs)),
+    # after the folding, which makes an absent attention mask's condition a constant
+    Pass("drop_constant_selects", "relax", _relax(drop_constant_selects)),
     # after the folding, which makes the ONNX importer's NaN-guarded Clip bounds constants
     Pass("te_clips", "relax", _relax(te_clips)),
     # after the folding, which turns DeBERTa's relative-position indices into constants
@@ -251,9 +258,9 @@ def pipeline(targets: Sequence[str] | None = None) -> list[str]:
 
 __all__ = [
     "AFTER_MERGE", "BEFORE_FUSION", "BEFORE_MERGE", "BEFORE_STAGES", "MAX_REGION_NAME", "ONNX_IMPORT", "ONNX_IMPORTED",
-    "TORCH_EXPORTED", "TORCH_IMPORT", "Pass", "float_ops_on_integers", "bool_arith", "bound_assumed_slices", "checked_take", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
+    "TORCH_EXPORTED", "TORCH_IMPORT", "Pass", "float_ops_on_integers", "bool_arith", "bound_assumed_slices", "checked_take", "drop_constant_selects", "drop_empty_operands", "drop_identity_expands", "drop_proven_index_checks", "drop_zero_pads", "fold_weight_subgraphs", "nonempty_dims", "ranges_from_dims", "resolve_shape_tensors", "scalar_reshapes", "shape_initializers_as_constants", "canonicalize_bindings", "close_region_shape_arguments", "close_shape_arguments", "combine_parallel_denses",
     "compose_permutes", "compose_row_moves", "conv_integer_qdq",
     "dead_code_elimination", "dequantized_pad_values", "drop_needless_broadcasts", "dynamic_quantize_linear", "dynamic_quantize_per_reader", "einsum_as_matmul", "explicit_same_pads", "fold_int_constants", "fold_negative_indices", "gather_before_dequantize", "gather_elements_as_take",
-    "fold_zero_pads", "inbound_slices", "inline_composites", "integer_clips", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "pipeline",
+    "fold_zero_pads", "inbound_slices", "inline_composites", "integer_clips", "matmul_integer_qdq", "matmul_nbits", "matmul_repeated_heads", "merge_composite_functions", "narrow_gathered_products", "pipeline",
     "run_passes", "shorten_region_names", "te_clips", "te_pads",
 ]

@@ -82,3 +82,18 @@ def indices_in_range(values: np.ndarray, take: relax.Call) -> bool:
     if not isinstance(length, tvm.tirx.IntImm):
         return False
     return not values.size or bool(values.min() >= 0 and values.max() < int(length))
+
+
+def readers_of(func: relax.Function) -> dict[relax.Var, int]:
+    """How many times each variable is read by a binding or the function's result."""
+    counts: dict[relax.Var, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    for block in getattr(func.body, "blocks", []):
+        for binding in block.bindings:
+            relax.analysis.post_order_visit(binding.value, visit)
+    relax.analysis.post_order_visit(func.body.body, visit)
+    return counts

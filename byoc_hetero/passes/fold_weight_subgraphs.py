@@ -40,8 +40,9 @@ _BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply":
            "relax.minimum": np.minimum, "relax.matmul": np.matmul}
 _REDUCE = {"relax.sum": np.sum, "relax.max": np.max, "relax.mean": np.mean}
 RELABELS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
-                      "relax.broadcast_to"})
-"""Ops that only relabel or relayout: evaluated to reach a computation, never folded on their own."""
+                      "relax.broadcast_to", "relax.tile"})
+"""Ops that only relabel, relayout or repeat: evaluated to reach a computation, never folded on their own
+(``tile``: DeBERTa's position keys go through ``tile(x, [1, 1, 1])`` on their way to a slice)."""
 
 
 def _axes(attrs, rank: int) -> tuple[int, ...] | None:
@@ -81,6 +82,8 @@ def _evaluate(call: relax.Call, args: list[np.ndarray]) -> np.ndarray | None:
         out = _layer_norm(call.attrs, *args[:3])
     elif name in _REDUCE:
         out = _REDUCE[name](args[0], axis=_axes(call.attrs, args[0].ndim), keepdims=bool(call.attrs.keepdims))
+    elif name == "relax.tile":
+        out = np.tile(args[0], [int(r) for r in call.attrs.repeats])
     elif name == "relax.permute_dims":
         axes = call.attrs.axes
         out = np.transpose(args[0], None if axes is None else [int(a) for a in axes])

@@ -38,7 +38,9 @@
  * float32, bench/INT8.md, session 4).
  */
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "broadcast.h"
@@ -333,6 +335,14 @@ struct MatmulOperands {
   bool b_constant;
 };
 
+/*! \brief BYOC_HETERO_MATMUL_PLAIN_A=on (read when a region is planned): a strided a against a constant b
+ *         read through a plain copy where that turns oneDNN's jit sgemm into its brgemm matmul.  Opt-in
+ *         until a quiet A/B (bench/ZOO.md, session 16). */
+bool PlainABrgemmOn() {
+  const char* knob = std::getenv("BYOC_HETERO_MATMUL_PLAIN_A");
+  return knob != nullptr && std::string(knob) == "on";
+}
+
 /*!
  * \brief The float matmul primitive. A constant b is reordered once into the layout matmul prefers;
  *        one that arrives at run time is read where it lies.
@@ -354,6 +364,17 @@ dnnl::matmul::primitive_desc MatmulPdWithDst(const KernelContext& ctx, const Mat
   if (ctx.bf16 && o.a_strided && IsReferenceImpl(pd)) {
     a_src = WithType(PlainDesc(o.a_dims), memory::data_type::bf16);
     pd = make_bf16();
+  }
+  if (!ctx.bf16 && o.a_strided && o.b_constant && PlainABrgemmOn() &&
+      std::string(pd.impl_info_str()).rfind("gemm:", 0) == 0) {
+    // Opt-in (BYOC_HETERO_MATMUL_PLAIN_A=on): oneDNN's brgemm matmul reads only a plain a, so a strided a
+    // (DeBERTa's Q / K against the constant position keys, a permuted dense output) ran on the jit sgemm;
+    // read a plain copy (the planner's reorder) where that gets a brgemm.
+    const memory::desc strided_a = a_src;
+    a_src = PlainDesc(o.a_dims);
+    dnnl::matmul::primitive_desc plain = MatmulForConstantWeight(make, o.b_dims);
+    if (std::string(plain.impl_info_str()).rfind("brg", 0) == 0) return plain;
+    a_src = strided_a;
   }
   if (!ctx.bf16 && IsReferenceImpl(pd) && (o.a_strided || (o.b_strided && !o.b_constant))) {
     // Only the reference matmul reads these strides: read plain copies (the planner reorders).

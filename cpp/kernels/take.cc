@@ -15,6 +15,7 @@
  */
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -34,6 +35,23 @@ void Take(const float* table, const Index* ids, float* out, int64_t outer, int64
                                 << " of the indices is out of range for a table of " << rows
                                 << " rows (expected 0 <= index < " << rows << ")";
     }
+  }
+  if (row_size == 1) {
+    // single elements (a gather of scalars: DeBERTa's relative-position scores, 12 x 16384 per call):
+    // a plain load / store per element, not a memcpy call each; blocks of the indices so that one
+    // table (outer == 1) is still shared among the threads
+    constexpr int64_t kBlock = 4096;
+    const int64_t blocks = (count + kBlock - 1) / kBlock;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* src = table + o * rows;
+        float* dst = out + o * count;
+        const int64_t end = std::min(count, (b + 1) * kBlock);
+        for (int64_t i = b * kBlock; i < end; ++i) dst[i] = src[ids[i]];
+      }
+    }
+    return;
   }
   const size_t bytes = sizeof(float) * static_cast<size_t>(row_size);
 #pragma omp parallel for collapse(2) schedule(static)
