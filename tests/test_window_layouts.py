@@ -9,7 +9,7 @@
   through the reshape (plan/layouts.cc PermutedOutputLayout), and the matmul writes it with its batch
   dims split as the reshape's (kernels/matmul.cc).
 * ``torch.roll`` over H and W (two constant-index ``take``s from torch.export; per axis a ``concat``
-  of two ``strided_slice``\ s from both ONNX exporters) and the window partition / reverse
+  of two ``strided_slice`` calls from both ONNX exporters) and the window partition / reverse
   (``reshape`` -> ``permute_dims`` -> ``reshape``): one ``take`` of rows each way
   (:mod:`byoc_hetero.passes.compose_row_moves`).
 
@@ -208,7 +208,7 @@ def test_row_moves_that_undo_each_other_are_a_reshape():
 
 def _sliced_roll(bb, x, shift: int, size: int, axes=(1, 2)):
     """The ONNX exporters' ``torch.roll(x, shift, (1, 2))``: per axis, ``concat`` of the last ``shift``
-    positions and the rest (two ``strided_slice``\ s of one value)."""
+    positions and the rest (two ``strided_slice`` calls of one value)."""
     for axis in axes:
         cut = (size - shift) % size
         tail = bb.emit(R.strided_slice(x, [axis], [cut], [size], [1]))

@@ -1,7 +1,7 @@
 """compose_row_moves: a chain of data movements that includes a ``take`` of constant indices is one ``take`` of rows.
 
 What it rewrites. A chain of ``take`` (constant, in-range indices), ``permute_dims``, ``reshape``,
-``expand_dims``, ``squeeze`` and ``concat`` of ``strided_slice``\ s of one value along the concat's axis
+``expand_dims``, ``squeeze`` and ``concat`` of ``strided_slice`` calls of one value along the concat's axis
 (a ``take`` along that axis: the ONNX exporters' ``torch.roll``) on static shapes, each link read only
 by the next, only moves
 elements: every element of its result is one element of its source. Evaluated once on the source's
@@ -95,7 +95,7 @@ def _slice_index(call: relax.Expr | None, axis: int) -> tuple[relax.Expr, np.nda
 
 
 def _concat_take(call: relax.Call, lookup, uses) -> tuple[relax.Expr, int, np.ndarray, int] | None:
-    """``(x, axis, index, slices)`` where ``call`` is ``concat`` of ``slices`` ``strided_slice``\ s of
+    """``(x, axis, index, slices)`` where ``call`` is ``concat`` of ``slices`` ``strided_slice`` calls of
     one value ``x`` along the concat's axis, each read only by the concat: ``take(x, index, axis)``."""
     tup = call.args[0]
     if not isinstance(tup, relax.Tuple) or not tup.fields:
