@@ -420,7 +420,7 @@ class Zoo:
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for model in self.models:
             for threads in self.threads:
-                ours = self.latency(model, "byoc_torch", threads, best) or self.latency(model, "byoc_onnx", threads, best)
+                ours = next((lat for fw in PATHS if (lat := self.latency(model, fw, threads, best))), None)
                 cells = []
                 for fw in fws:
                     lat = self.latency(model, fw, threads, best)
@@ -445,7 +445,8 @@ class Zoo:
                  f"{self.args.min_time:g} s of calls and keeps their median; every framework runs in "
                  f"{self.args.rounds} interleaved round(s); the first table gives the median over the rounds, "
                  "the second the best round (the least disturbed by other processes). Ratio = other / ours, "
-                 "where ours is the from_torch build (the from_onnx build where from_torch failed); > 1 means "
+                 "where ours is the from_torch build (else the from_onnx build, else the default exporter's: the "
+                 "first that ran); > 1 means "
                  "we are faster. OpenVINO default runs in the precision in brackets (bf16 on CPUs with "
                  "avx512_bf16) and is not held to f32 accuracy.", ""]
         lines += self.latency_table(best=False) + self.latency_table(best=True)
