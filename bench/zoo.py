@@ -19,7 +19,8 @@ and ``attention_mask``), GPT-2 and a Llama-family decoder with SmolLM-135M's siz
    with ``torch.onnx.export``, each time from a fresh copy of the model (tracing can change a module): the
    TorchScript exporter (opset 17) and the default one (torch 2.13: dynamo, opset 20, needs ``onnxscript``);
    ONNX Runtime and OpenVINO run the TorchScript file, or the default
-   exporter's where TorchScript's fails (GPT-2, the Llama decoder);
+   exporter's where TorchScript's fails (GPT-2, the Llama decoder); with ``--baseline dynamo`` the default
+   exporter's file, the one ``byoc_onnx_dynamo`` builds from;
 2. a *compile* process per import path — ``bh.from_torch`` (torch.export) and ``bh.from_onnx`` (each exported
    file) — partitions (``bh.partition``), reports (``bh.report``: regions; every op left on llvm with its
    reason), builds for llvm, checks the output against torch's and exports the library;
@@ -118,9 +119,12 @@ def prepare_worker(model: str, small: bool, workdir: str) -> dict:
     return info
 
 
-def baseline_file(f: dict[str, str]) -> str:
-    """The ONNX file ONNX Runtime and OpenVINO run: TorchScript's, or the default exporter's where
-    TorchScript's exporter failed (GPT-2, the Llama decoder: ``aten::diff``)."""
+def baseline_file(f: dict[str, str], baseline: str = "torchscript") -> str:
+    """The ONNX file ONNX Runtime and OpenVINO run: with ``baseline`` "torchscript" TorchScript's, or the
+    default exporter's where TorchScript's exporter failed (GPT-2, the Llama decoder: ``aten::diff``);
+    with "dynamo" the default exporter's."""
+    if baseline == "dynamo":
+        return f["onnx_dynamo"]
     return f["onnx"] if os.path.exists(f["onnx"]) else f["onnx_dynamo"]
 
 
@@ -183,8 +187,10 @@ def _adaptation_stats() -> dict:
     return dict(_C.adaptation_stats())
 
 
-def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, min_time: float) -> dict:
-    """Median latency of one call of ``model`` on framework ``fw``; saves the output for the error check."""
+def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, min_time: float,
+                baseline: str = "torchscript") -> dict:
+    """Median latency of one call of ``model`` on framework ``fw`` (ONNX Runtime and OpenVINO on
+    :func:`baseline_file`'s ``baseline`` file); saves the output for the error check."""
     f = _files(workdir, model)
     data = np.load(f["inputs"])
     feed = {k: data[k] for k in data.files}
@@ -211,7 +217,7 @@ def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, mi
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sess = ort.InferenceSession(baseline_file(f), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(baseline_file(f, baseline), so, providers=["CPUExecutionProvider"])
 
         def call():
             return sess.run(None, feed)
@@ -224,7 +230,7 @@ def time_worker(fw: str, model: str, threads: int, small: bool, workdir: str, mi
         config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(threads)}
         if fw == "openvino":
             config["INFERENCE_PRECISION_HINT"] = "f32"
-        compiled = ov.Core().compile_model(baseline_file(f), "CPU", config)
+        compiled = ov.Core().compile_model(baseline_file(f, baseline), "CPU", config)
         precision = compiled.get_property("INFERENCE_PRECISION_HINT")
         info["precision"] = precision.to_string() if hasattr(precision, "to_string") else str(precision)
         request = compiled.create_infer_request()
@@ -303,7 +309,7 @@ class Zoo:
 
     def spawn(self, argv: list[str], threads: int, timeout: float) -> dict:
         common = ["--workdir", self.workdir, "--min-time", str(self.args.min_time),
-                  "--precision", self.args.precision] + (["--small"] if self.args.small else [])
+                  "--precision", self.args.precision, "--baseline", self.args.baseline] + (["--small"] if self.args.small else [])
         return _spawn(argv + common, threads, timeout=timeout, script=os.path.abspath(__file__))
 
     def log(self, msg: str) -> None:
@@ -395,7 +401,8 @@ class Zoo:
         lines.append("")
         lines.append(f"Run: `python bench/zoo.py --models {a.models} --threads {a.threads} --frameworks {a.frameworks} "
                      f"--rounds {a.rounds} --min-time {a.min_time:g}{' --small' if a.small else ''}"
-                     f"{' --precision ' + a.precision if a.precision != 'f32' else ''}`; "
+                     f"{' --precision ' + a.precision if a.precision != 'f32' else ''}"
+                     f"{' --baseline ' + a.baseline if a.baseline != 'torchscript' else ''}`; "
                      f"{'finished' if done else 'in progress'} after {(time.time() - self.started) / 60:.0f} min, "
                      f"load average now {os.getloadavg()[0]:.2f}."
                      + (" **Scaled-down configs (`--small`)**: the figures say nothing about the full models."
@@ -413,7 +420,7 @@ class Zoo:
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for model in self.models:
             for threads in self.threads:
-                ours = self.latency(model, "byoc_torch", threads, best) or self.latency(model, "byoc_onnx", threads, best)
+                ours = next((lat for fw in PATHS if (lat := self.latency(model, fw, threads, best))), None)
                 cells = []
                 for fw in fws:
                     lat = self.latency(model, fw, threads, best)
@@ -438,7 +445,8 @@ class Zoo:
                  f"{self.args.min_time:g} s of calls and keeps their median; every framework runs in "
                  f"{self.args.rounds} interleaved round(s); the first table gives the median over the rounds, "
                  "the second the best round (the least disturbed by other processes). Ratio = other / ours, "
-                 "where ours is the from_torch build (the from_onnx build where from_torch failed); > 1 means "
+                 "where ours is the from_torch build (else the from_onnx build, else the default exporter's: the "
+                 "first that ran); > 1 means "
                  "we are faster. OpenVINO default runs in the precision in brackets (bf16 on CPUs with "
                  "avx512_bf16) and is not held to f32 accuracy.", ""]
         lines += self.latency_table(best=False) + self.latency_table(best=True)
@@ -530,6 +538,9 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="scaled-down configs (zoo_models' small=True)")
     ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                     help="what our builds compute in (bh.partition's precision=); errors vs torch show its cost")
+    ap.add_argument("--baseline", choices=("torchscript", "dynamo"), default="torchscript",
+                    help="the ONNX file ONNX Runtime and OpenVINO run: TorchScript's (the default exporter's where "
+                         "it fails) or the default exporter's")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each process (compile, timing)")
     ap.add_argument("--quiet-wait", type=float, default=10.0, help="wait up to this long for idle CPUs before a timing")
     ap.add_argument("--markdown", help="write the report as markdown to this file (rewritten after every model)")
@@ -552,7 +563,7 @@ def main(argv=None) -> int:
         return 0
     if args.worker:
         fw, model, threads = args.worker
-        print(json.dumps(time_worker(fw, model, int(threads), args.small, args.workdir, args.min_time)))
+        print(json.dumps(time_worker(fw, model, int(threads), args.small, args.workdir, args.min_time, args.baseline)))
         return 0
 
     # "issue39": issue 39's families (zoo_models.ISSUE39_MODELS)

@@ -8,8 +8,9 @@
   transpose); the planner offers the matmul the layout under which the transpose is a plain view,
   through the reshape (plan/layouts.cc PermutedOutputLayout), and the matmul writes it with its batch
   dims split as the reshape's (kernels/matmul.cc).
-* ``torch.roll`` over H and W (two constant-index ``take``s from torch.export) and the window
-  partition / reverse (``reshape`` -> ``permute_dims`` -> ``reshape``): one ``take`` of rows each way
+* ``torch.roll`` over H and W (two constant-index ``take``s from torch.export; per axis a ``concat``
+  of two ``strided_slice`` calls from both ONNX exporters) and the window partition / reverse
+  (``reshape`` -> ``permute_dims`` -> ``reshape``): one ``take`` of rows each way
   (:mod:`byoc_hetero.passes.compose_row_moves`).
 
 Checked against numpy / torch, and by the region's per-step profile (which copies run).
@@ -205,6 +206,62 @@ def test_row_moves_that_undo_each_other_are_a_reshape():
     np.testing.assert_array_equal(_llvm(out, data), data * data)
 
 
+def _sliced_roll(bb, x, shift: int, size: int, axes=(1, 2)):
+    """The ONNX exporters' ``torch.roll(x, shift, (1, 2))``: per axis, ``concat`` of the last ``shift``
+    positions and the rest (two ``strided_slice`` calls of one value)."""
+    for axis in axes:
+        cut = (size - shift) % size
+        tail = bb.emit(R.strided_slice(x, [axis], [cut], [size], [1]))
+        head = bb.emit(R.strided_slice(x, [axis], [0], [cut], [1]))
+        x = bb.emit(R.concat([tail, head], axis=axis))
+    return x
+
+
+def test_sliced_roll_and_window_partition_are_one_take_of_rows():
+    """The ONNX form of the roll (per axis a concat of two slices of one value) then the window
+    partition: one take of [H * W, C] rows, as torch.export's takes; llvm's answer equals numpy's."""
+    size, window, channels, shift = 8, 4, 6, 3
+    x = relax.Var("x", relax.TensorType([1, size, size, channels], "float32"))
+    mod = dataflow_module([x], lambda bb, v: _windows(bb, _sliced_roll(bb, v, shift, size), size, window, channels))
+    out = passes.compose_row_moves(mod)
+    assert _ops(out) == ["relax.reshape", "relax.take", "relax.reshape"], _ops(out)
+    data = np.random.default_rng(2).standard_normal((1, size, size, channels)).astype("float32")
+    n = size // window
+    want = np.roll(data, (shift, shift), axis=(1, 2)).reshape(1, n, window, n, window, channels)
+    want = want.transpose(0, 1, 3, 2, 4, 5).reshape(n * n, window * window, channels)
+    np.testing.assert_array_equal(_llvm(mod, data), want)
+    np.testing.assert_array_equal(_llvm(out, data), want)
+
+
+def _concat_of(bb, x, y, pieces):
+    """``concat`` along axis 1 of ``strided_slice(src, [axis], [b], [e], [step])`` for each piece
+    ``(src, axis, b, e, step)``, ``src`` 0 for ``x`` and 1 for ``y``; then a permute (a second copy)."""
+    parts = [bb.emit(R.strided_slice((x, y)[src], [axis], [b], [e], [step])) for src, axis, b, e, step in pieces]
+    return R.permute_dims(bb.emit(R.concat(parts, axis=1)), [1, 0, 2])
+
+
+@pytest.mark.parametrize("pieces,composed", [
+    ([(0, 1, 4, 6, 1), (0, 1, 0, 4, 1)], True),  # a roll by 2
+    ([(0, 1, 1, 6, 2), (0, 1, 0, 6, 2), (0, 1, -1, 6, 1)], True),  # steps, a negative start, a repeat
+    ([(0, 1, 4, 6, 1), (1, 1, 0, 4, 1)], False),  # slices of two values
+    ([(0, 2, 0, 3, 1), (0, 2, 3, 6, 1)], False),  # sliced along another axis than the concat's
+])
+def test_concat_of_slices_is_a_take_only_of_one_value_along_its_axis(pieces, composed):
+    """A concat of slices of one value along the concat's axis is a take along it (composed with the
+    permute after it into one take of rows); slices of two values, or along another axis, are left alone.
+    llvm's answer before and after equals numpy's."""
+    x, y = (relax.Var(n, relax.TensorType([2, 6, 6], "float32")) for n in "xy")
+    mod = dataflow_module([x, y], lambda bb, a, b: _concat_of(bb, a, b, pieces))
+    out = passes.compose_row_moves(mod)
+    assert ("relax.concat" not in _ops(out)) == composed, _ops(out)
+    rng = np.random.default_rng(3)
+    data = [rng.standard_normal((2, 6, 6)).astype("float32") for _ in range(2)]
+    cut = [data[src][(slice(None),) * axis + (slice(b, e, step),)] for src, axis, b, e, step in pieces]
+    want = np.concatenate(cut, axis=1).transpose(1, 0, 2)
+    np.testing.assert_array_equal(_llvm(mod, *data), want)
+    np.testing.assert_array_equal(_llvm(out, *data), want)
+
+
 def test_row_moves_that_split_the_last_dim_are_left_alone():
     """A roll along the last axis and a permute moves single elements, not rows: left as it is."""
     x = relax.Var("x", relax.TensorType([4, 5], "float32"))
@@ -289,19 +346,12 @@ class ShiftedWindows(torch.nn.Module):
         return x + torch.roll(y, shifts=(self.shift, self.shift), dims=(1, 2))
 
 
-#: the default (dynamo) exporter's file of this construction (torch.roll, window partition and reverse)
-#: is checked on whole models, which spend the export time once: Hugging Face Swin in
-#: tests/test_zoo_models.py (swin_t, path from_onnx_dynamo: one region, nothing on llvm, torch's answer)
-#: and torchvision Swin in tests/test_swin_torchvision.py (from_onnx_dynamo)
-SHIFTED_PATHS = tuple(p for p in PATHS if p != "from_onnx")
-
-
-@pytest.mark.parametrize("path", SHIFTED_PATHS)
+@pytest.mark.parametrize("path", PATHS)
 def test_shifted_windows_match_torch(path, tmp_path):
-    """Through from_torch and the TorchScript exporter's file (torch.roll as Slice + Concat): one
-    region, nothing on llvm, torch's answer (the default exporter's file: :data:`SHIFTED_PATHS`).
-    Through from_torch (torch.roll as takes) the region moves the activations once each way: two take
-    steps, no reorder (before: four takes and two reorders)."""
+    """Through from_torch (torch.roll as takes) and both exporters' files (torch.roll as Slice + Concat
+    per axis): one region, nothing on llvm, torch's answer, and the region moves the activations once
+    each way: two take steps, no slice, concat or reorder (before: from_torch four takes and two
+    reorders; the ONNX files eight slices, two concats and two reorders)."""
     torch.manual_seed(0)
     model = ShiftedWindows().eval()
     x = torch.randn(1, 8, 8, 16)
@@ -310,6 +360,6 @@ def test_shifted_windows_match_torch(path, tmp_path):
     part = one_region(model, (x,), path, tmp_path)
     got, steps = run_profiled(part, [x.numpy()])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    if path == "from_torch":
-        ops = [s["op"] for s in steps]
-        assert ops.count("take") == 2 and not _copies(steps), [(s["op"], s["label"]) for s in steps]
+    ops = [s["op"] for s in steps]
+    assert ops.count("take") == 2 and not {"slice", "concat"} & set(ops) and not _copies(steps), \
+        [(s["op"], s["label"]) for s in steps]

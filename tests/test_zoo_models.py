@@ -8,8 +8,10 @@ exporter, opset 20; needs ``onnxscript``), as ``bench/zoo.py`` writes them; part
 run; the output must have torch's shape and be within 1e-4 relative error (max |y - y_torch| /
 max |y_torch|) of torch eager. GPT-2 and the Llama-family decoder (SmolLM-135M's architecture) are
 scaled down the same way; the TorchScript exporter cannot export them (transformers' mask code calls
-``aten::diff``), so that path is skipped for them. The transformers (BERT, GPT-2, the Llama decoder) must
-be one region on every path; for the CNNs how many regions and which ops stay on llvm is not asserted
+``aten::diff``), so that path is skipped for them. The transformers (BERT, GPT-2, the Llama decoder) and
+issue 39's families (``zoo_models.ISSUE39_MODELS``: video, window and relative-position attention, GRN,
+SegFormer, FCN; torchvision's need ``torchvision``) must be one region on every path (:data:`STILL_SPLIT`
+names the exceptions); for the other CNNs how many regions and which ops stay on llvm is not asserted
 here: it changes as ops are added. The full sizes are for the benchmark (``bench/zoo.py``).
 """
 
@@ -27,7 +29,7 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-from zoo_models import MODELS, TORCHVISION_MODELS, ZooModel, build  # noqa: E402
+from zoo_models import ISSUE39_MODELS, MODELS, TORCHVISION_MODELS, ZooModel, build  # noqa: E402
 
 TOLERANCE = 1e-4
 PATHS = ("from_torch", "from_onnx", "from_onnx_dynamo")
@@ -35,11 +37,15 @@ PATHS = ("from_torch", "from_onnx", "from_onnx_dynamo")
 BF16_PATHS = ("from_torch", "from_onnx")
 #: one region through every import path (issue 25: the mask / position bookkeeping may stay on llvm)
 ONE_REGION = ("bert_base", "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
-              "deeplabv3_mobilenet_v3", "densenet121", "segformer_b0")
-#: models whose default-exporter (dynamo) file is checked here: every zoo model
-DYNAMO_CHECKED = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert_base",
-                  "gpt2", "smollm_135m", "wav2vec2_base", "whisper_tiny_encoder", "swin_t",
-                  "deeplabv3_mobilenet_v3", "densenet121")
+              "deeplabv3_mobilenet_v3", "densenet121", *ISSUE39_MODELS)
+#: models whose default-exporter (dynamo) file is checked here: every zoo model (issue 39's families since
+#: session 16: their full sizes are one region through that file too, bench/ZOO.md "session 16")
+DYNAMO_CHECKED = MODELS
+#: (model, path) pairs of ONE_REGION's models that still split: the TorchScript exporter writes MaxViT's
+#: block / grid partitions with shape arithmetic on the activations (ScatterElements, dynamic Slice, Reshape
+#: to a computed shape: 23 regions at the small config); through torch.export and the default exporter it
+#: is one region
+STILL_SPLIT = (("tv_maxvit_t", "from_onnx"),)
 # TVM's importer rejects these TorchScript exports as they are; from_onnx constant-folds them with
 # ONNX Runtime first (EfficientNet: Pad's pads from a Cast/Reshape chain; BERT: the mask's broadcast).
 NEEDS_FOLDING = ("efficientnet_b0", "bert_base")
@@ -157,7 +163,7 @@ def test_zoo_model_matches_torch(imported, name, path):
     part = partition()
     report = bh.report(part)
     assert report.regions, f"{name} via {path}: nothing was offloaded"
-    if name in ONE_REGION:
+    if name in ONE_REGION and (name, path) not in STILL_SPLIT:
         assert len(report.regions) == 1, f"{name} via {path}: {len(report.regions)} regions\n{report}"
     got = _run(part, zm.inputs)
     assert got.shape == want.shape, f"{name} via {path}: output {got.shape}, torch {want.shape}"
@@ -166,9 +172,12 @@ def test_zoo_model_matches_torch(imported, name, path):
     assert err <= TOLERANCE, f"{name} via {path}: relative error {err:.2e} > {TOLERANCE}"
 
 
+#: text models of issue 39 whose caller's token ids are checked (and, through ONNX, a negative id wrapped:
+#: where(i < 0, i + n, i)) on llvm before the embedding lookup: a few integer ops on [1, S], nothing else
+IDS_CHECKED = ("deberta_v3_base", "phi3_decoder")
 #: nothing of these stays on llvm, not even integer bookkeeping
 ALL_OFFLOADED = ("wav2vec2_base", "whisper_tiny_encoder", "swin_t", "deeplabv3_mobilenet_v3", "densenet121",
-                 "segformer_b0")
+                 *(m for m in ISSUE39_MODELS if m not in IDS_CHECKED))  # segformer_b0 among them
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -178,6 +187,8 @@ def test_zoo_model_leaves_nothing_on_llvm(imported, name, path):
     partition is the one test_zoo_model_matches_torch checked the numbers of (made once per module)."""
     if path == "from_onnx_dynamo" and name not in DYNAMO_CHECKED:
         pytest.skip(f"{name}: the default exporter's file is not checked yet")
+    if (name, path) in STILL_SPLIT:
+        pytest.skip(f"{name} via {path} still splits (STILL_SPLIT)")
     rep = bh.report(imported(name, path)[3]())
     assert len(rep.regions) == 1, f"{name} via {path}: {len(rep.regions)} regions\n{rep}"
     assert not rep.fallbacks, f"{name} via {path}: left on llvm\n{rep}"

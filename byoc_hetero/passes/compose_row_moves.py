@@ -1,7 +1,9 @@
 """compose_row_moves: a chain of data movements that includes a ``take`` of constant indices is one ``take`` of rows.
 
 What it rewrites. A chain of ``take`` (constant, in-range indices), ``permute_dims``, ``reshape``,
-``expand_dims`` and ``squeeze`` on static shapes, each link read only by the next, only moves
+``expand_dims``, ``squeeze`` and ``concat`` of ``strided_slice`` calls of one value along the concat's axis
+(a ``take`` along that axis: the ONNX exporters' ``torch.roll``) on static shapes, each link read only
+by the next, only moves
 elements: every element of its result is one element of its source. Evaluated once on the source's
 flat positions (numpy, at compile time), the chain is a map from result to source positions. Where
 that map moves whole runs of the source's trailing dims (rows of ``inner`` elements, ``inner`` the
@@ -16,7 +18,9 @@ writes as two ``take``s of constant indices ``(arange + shift) mod n`` (folded b
 :mod:`.fold_int_constants`), and then partitions the shifted map into windows
 (``reshape`` -> ``permute_dims`` -> ``reshape``, a copy the dense reading the windows needs); the
 reverse runs after the attention. Each shifted block moved its activations six times per call;
-now twice (a take of rows each way: issue 39 item 1, "the roll as two takes").
+now twice (a take of rows each way: issue 39 item 1, "the roll as two takes"). Both ONNX exporters
+write the same roll as ``Concat(Slice(x, s:n), Slice(x, 0:s))`` per axis: four slices and two concats
+each way, read here as the two takes they are (issue 39 through the default exporter, session 16).
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ larger one is left as it is. Swin-T's largest is 56 x 56 x 96 = 301056."""
 
 _RESHAPES = frozenset({"relax.reshape", "relax.expand_dims", "relax.squeeze"})
 """Links that keep the row-major order (evaluated as a reshape to the link's static shape)."""
-_COPIES = frozenset({"relax.take", "relax.permute_dims"})
+_COPIES = frozenset({"relax.take", "relax.permute_dims", "relax.concat"})
 """Links that move elements (a copy each, unless the planner views a permute)."""
+_TAKES = frozenset({"relax.take", "relax.concat"})
+"""Links that are a ``take`` of constant indices along one axis (a concat of slices of one value)."""
 
 
 @relax.expr_functor.visitor
@@ -63,40 +69,96 @@ def _axis(take: relax.Call, ndim: int) -> int:
     return (0 if axis is None else int(axis)) % ndim
 
 
-def _link(call: relax.Expr) -> str | None:
-    """The op of a call that may be a link of a chain (static shapes, constant in-range indices)."""
+def _ints(expr: relax.Expr) -> list[int] | None:
+    """The integers of a ``strided_slice`` argument (a tuple of integer immediates), else None."""
+    fields = expr.fields if isinstance(expr, relax.Tuple) else expr.values if isinstance(expr, relax.ShapeExpr) else None
+    if fields is None or not all(isinstance(f, tvm.tirx.IntImm) for f in fields):
+        return None
+    return [int(f.value) for f in fields]
+
+
+def _slice_index(call: relax.Expr | None, axis: int) -> tuple[relax.Expr, np.ndarray] | None:
+    """``(x, index)`` for ``strided_slice(x, ...)`` of a static ``x`` along ``axis`` alone with a
+    positive step: the positions along ``axis`` it keeps (Python's slice semantics)."""
+    if op_name(call) != "relax.strided_slice" or len(call.args) < 4:
+        return None
+    shape = static_shape(call.args[0])
+    axes, begin, end = (_ints(a) for a in call.args[1:4])
+    strides = _ints(call.args[4]) if len(call.args) > 4 else None
+    if shape is None or axes is None or begin is None or end is None or len(axes) != 1:
+        return None
+    step = strides[0] if strides else 1
+    if axes[0] % len(shape) != axis or step <= 0 or len(begin) != 1 or len(end) != 1:
+        return None
+    index = np.arange(shape[axis], dtype=np.int64)[begin[0]:end[0]:step]
+    return (call.args[0], index) if len(index) == static_shape(call)[axis] else None
+
+
+def _concat_take(call: relax.Call, lookup, uses) -> tuple[relax.Expr, int, np.ndarray, int] | None:
+    """``(x, axis, index, slices)`` where ``call`` is ``concat`` of ``slices`` ``strided_slice`` calls of
+    one value ``x`` along the concat's axis, each read only by the concat: ``take(x, index, axis)``."""
+    tup = call.args[0]
+    if not isinstance(tup, relax.Tuple) or not tup.fields:
+        return None
+    axis = int(call.attrs.axis) % len(static_shape(call))
+    source, indices = None, []
+    for field in tup.fields:
+        sliced = lookup(field) if isinstance(field, relax.Var) and uses[field] == 1 else None
+        found = _slice_index(sliced, axis) if isinstance(sliced, relax.Call) else None
+        if found is None or (source is not None and not found[0].same_as(source)):
+            return None
+        source = found[0]
+        indices.append(found[1])
+    return source, axis, np.concatenate(indices), len(indices)
+
+
+def _link(call: relax.Expr, lookup, uses) -> tuple[relax.Expr, int, tuple[int, np.ndarray] | None] | None:
+    """``(source, reads, take)`` of a call that may be a link of a chain (static shapes, constant
+    in-range indices): the value it moves, how many times it reads it, and for a take-like link its
+    ``(axis, index)``; None for any other call."""
     name = op_name(call) if isinstance(call, relax.Call) else None
-    if name not in _RESHAPES | _COPIES or static_shape(call) is None or static_shape(call.args[0]) is None:
+    if name not in _RESHAPES | _COPIES or static_shape(call) is None:
+        return None
+    if name == "relax.concat":
+        found = _concat_take(call, lookup, uses)
+        return None if found is None else (found[0], found[3], (found[1], found[2]))
+    if static_shape(call.args[0]) is None:
         return None
     if name == "relax.take":
         index = constant_value(call.args[1])
         if index is None or np.asarray(index).dtype.kind not in "iu":
             return None
-        n = static_shape(call.args[0])[_axis(call, len(static_shape(call.args[0])))]
+        axis = _axis(call, len(static_shape(call.args[0])))
+        n = static_shape(call.args[0])[axis]
         if np.asarray(index).size and (np.min(index) < 0 or np.max(index) >= n):
             return None  # out of range: the op's own checks report it
-    return name
+        return call.args[0], 1, (axis, np.asarray(index))
+    return call.args[0], 1, None
 
 
-def _chain(call: relax.Call, lookup, uses) -> tuple[relax.Expr, list[relax.Call]] | None:
-    """The chain ending in ``call``: its source and its links in order, or None when ``call`` is no link."""
-    if _link(call) is None:
+def _chain(call: relax.Call, lookup, uses) -> tuple[relax.Expr, list[tuple[relax.Call, tuple | None]]] | None:
+    """The chain ending in ``call``: its source and its links in order (each with its take's
+    ``(axis, index)`` or None), or None when ``call`` is no link."""
+    link = _link(call, lookup, uses)
+    if link is None:
         return None
-    links, source = [call], call.args[0]
-    while isinstance(source, relax.Var) and uses[source] == 1 and _link(lookup(source)) is not None:
-        links.insert(0, lookup(source))
-        source = links[0].args[0]
+    links, (source, reads, take) = [(call, link[2])], link
+    while isinstance(source, relax.Var) and uses[source] == reads:
+        link = _link(lookup(source), lookup, uses)
+        if link is None:
+            break
+        links.insert(0, (lookup(source), link[2]))
+        source, reads = link[0], link[1]
     return source, links
 
 
-def _positions(source_shape: tuple[int, ...], links: list[relax.Call]) -> np.ndarray:
+def _positions(source_shape: tuple[int, ...], links: list[tuple[relax.Call, tuple | None]]) -> np.ndarray:
     """For each element of the chain's result, the flat position in the source it is read from."""
     pos = np.arange(int(np.prod(source_shape, dtype=np.int64)), dtype=np.int64).reshape(source_shape)
-    for link in links:
+    for link, take in links:
         name = op_name(link)
-        if name == "relax.take":
-            axis = _axis(link, pos.ndim)
-            pos = np.take(pos, np.asarray(constant_value(link.args[1])), axis=axis)
+        if take is not None:
+            pos = np.take(pos, take[1], axis=take[0])
         elif name == "relax.permute_dims":
             axes = link.attrs.axes
             pos = np.transpose(pos, None if axes is None else [int(a) for a in axes])
@@ -126,8 +188,8 @@ def _composed(call: relax.Call, lookup, uses) -> relax.Expr | None:
     if found is None:
         return None
     source, links = found
-    names = [op_name(link) for link in links]
-    if "relax.take" not in names or sum(name in _COPIES for name in names) < 2:
+    names = [op_name(link) for link, _take in links]
+    if not _TAKES & set(names) or sum(name in _COPIES for name in names) < 2:
         return None
     shape, out_shape = static_shape(source), [int(d) for d in static_shape(call)]
     if int(np.prod(shape, dtype=np.int64)) > MAX_POSITIONS:
