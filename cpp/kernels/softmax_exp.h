@@ -16,13 +16,17 @@
  * gives 0 under ONEDNN_MAX_CPU_ISA=AVX2); a denormal is a cross-ISA difference and a slow operand
  * of the P @ V product after it.
  *
+ * NaN in, NaN out (the vector forms' max takes x as its second operand, which vmaxps returns for a
+ * NaN; the mask keeps an unordered lane): a caller that does not handle a NaN score itself (the
+ * kv_attention rows) gets a NaN sum, as std::exp gives, not a probability.
+ *
  * Same bits: every form runs the same operations in the same order (fma where the vector forms
- * fma, std::fma in the portable form; max as vmaxps has it, x > c ? x : c), and ExpSum adds the
+ * fma, std::fma in the portable form; max as vmaxps has it, c > x ? c : x), and ExpSum adds the
  * terms into the same 32 lanes (two sums of 16, the tail into the first) reduced by the same tree
  * (Reduce16), so a row's probabilities and their sum are identical on AVX-512, AVX2 and generic
  * (tests/test_ops_attention.py checks the kernel's output bit for bit across BYOC_HETERO_ATTENTION_ISA).
  *
- * Callers guarantee x - max has no NaN (a row holding a NaN or +inf is the caller's special row).
+ * Bits are the same for every input but NaN (whose payload may differ).
  */
 #ifndef BYOC_HETERO_KERNELS_SOFTMAX_EXP_H_
 #define BYOC_HETERO_KERNELS_SOFTMAX_EXP_H_
@@ -54,15 +58,34 @@ inline float Pow2(float n) {
   return out;
 }
 
-/*! \brief exp(x) for x <= 0, 0 at and below kCut: the portable form of ExpNonPositive16 / 8. */
-inline float ExpNonPositive1(float x) {
-  const float c = x > kFloor ? x : kFloor;
-  const float n = std::fma(c, kLog2e, kRound) - kRound;
-  const float r = std::fma(-n, kLn2, c);
-  float p = kPoly[0];
-  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kPoly[i]);
-  return x > kCut ? p * Pow2(n) : 0.f;
+/*! \brief fma(a, b, c) of the portable form: the fused one where \p kFused (the instruction where the caller is
+ *         compiled for FMA, else libm's fmaf), or else in double (a * b exact, one rounding to double, one to
+ *         float: within one float rounding of the fused one).  The double form is for CPUs without FMA, where
+ *         libm's fmaf is emulated in software (~10x std::exp's time) and no vector form runs to agree with. */
+template <bool kFused>
+__attribute__((always_inline)) inline float Fma(float a, float b, float c) {
+  if constexpr (kFused) {
+    return std::fma(a, b, c);
+  } else {
+    return static_cast<float>(static_cast<double>(a) * b + c);
+  }
 }
+
+/*! \brief exp(x) for x <= 0, 0 at and below kCut: the portable form of ExpNonPositive16 / 8 (the same bits
+ *         with \p kFused). */
+template <bool kFused>
+__attribute__((always_inline)) inline float ExpNonPositiveScalar(float x) {
+  if (std::isnan(x)) return x;
+  const float c = kFloor > x ? kFloor : x;
+  const float n = Fma<kFused>(c, kLog2e, kRound) - kRound;
+  const float r = Fma<kFused>(-n, kLn2, c);
+  float p = kPoly[0];
+  for (int i = 1; i < 6; ++i) p = Fma<kFused>(p, r, kPoly[i]);
+  return x > kCut ? p * Pow2(n) : 0.f;  // x <= kCut: 0
+}
+
+/*! \brief ExpNonPositiveScalar with the fused fma: the vector forms' bits. */
+inline float ExpNonPositive1(float x) { return ExpNonPositiveScalar<true>(x); }
 
 /*! \brief The sum of 16 lanes in _mm512_reduce_add_ps's tree: lanes i + 8, then i + 4, i + 2, i + 1. */
 inline float Reduce16(const float (&s)[16]) {
@@ -73,18 +96,19 @@ inline float Reduce16(const float (&s)[16]) {
   return c0 + c1;
 }
 
-/*! \brief x[0..n) = exp(x - max) in place, returns their sum (n >= 0): the portable form. */
-inline float ExpSumGeneric(float* x, int64_t n, float max) {
+/*! \brief x[0..n) = exp(x - max) in place, returns their sum (n >= 0): the portable form (ExpSumGeneric). */
+template <bool kFused>
+__attribute__((always_inline)) inline float ExpSumScalar(float* x, int64_t n, float max) {
   float sum0[16] = {}, sum1[16] = {};
   int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
     for (int l = 0; l < 16; ++l) {
-      sum0[l] += (x[j + l] = ExpNonPositive1(x[j + l] - max));
-      sum1[l] += (x[j + 16 + l] = ExpNonPositive1(x[j + 16 + l] - max));
+      sum0[l] += (x[j + l] = ExpNonPositiveScalar<kFused>(x[j + l] - max));
+      sum1[l] += (x[j + 16 + l] = ExpNonPositiveScalar<kFused>(x[j + 16 + l] - max));
     }
   }
   for (; j < n; j += 16) {
-    for (int l = 0; l < 16 && j + l < n; ++l) sum0[l] += (x[j + l] = ExpNonPositive1(x[j + l] - max));
+    for (int l = 0; l < 16 && j + l < n; ++l) sum0[l] += (x[j + l] = ExpNonPositiveScalar<kFused>(x[j + l] - max));
   }
   float s[16];
   for (int l = 0; l < 16; ++l) s[l] = sum0[l] + sum1[l];
@@ -92,16 +116,37 @@ inline float ExpSumGeneric(float* x, int64_t n, float max) {
 }
 
 #if defined(__x86_64__)
+/*! \brief ExpSumScalar with the fma instruction compiled in (CPUs with FMA). */
+__attribute__((target("fma"))) inline float ExpSumFused(float* x, int64_t n, float max) {
+  return ExpSumScalar<true>(x, n, max);
+}
+#endif
+
+/*! \brief x[0..n) = exp(x - max) in place, returns their sum (n >= 0), in portable C++: the vector forms' bits
+ *         on a CPU with FMA (every CPU with AVX2), within float rounding of them on one without. */
+inline float ExpSumGeneric(float* x, int64_t n, float max) {
+#if defined(__x86_64__)
+  static const bool fused = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("fma") != 0;
+  }();
+  return fused ? ExpSumFused(x, n, max) : ExpSumScalar<false>(x, n, max);
+#else
+  return ExpSumScalar<true>(x, n, max);
+#endif
+}
+
+#if defined(__x86_64__)
 /*! \brief exp(x) for x <= 0, 0 at and below kCut, 16 lanes: 2^n by scalef (p * 2^n exactly
  *         rounded, as Pow2's product) zero-masked at and below kCut, 12 vector operations per 16 scores. */
 __attribute__((target("avx512f"))) inline __m512 ExpNonPositive16(__m512 x) {
-  const __m512 clamped = _mm512_max_ps(x, _mm512_set1_ps(kFloor));
+  const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(kFloor), x);  // a NaN x stays NaN
   const __m512 round = _mm512_set1_ps(kRound);
   const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(clamped, _mm512_set1_ps(kLog2e), round), round);
   const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2), clamped);
   __m512 p = _mm512_set1_ps(kPoly[0]);
   for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kPoly[i]));
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kCut), _CMP_GT_OQ);
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kCut), _CMP_NLE_UQ);  // x > kCut or NaN
   return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
@@ -140,14 +185,14 @@ __attribute__((target("avx512f"))) inline float ExpSum512(float* x, int64_t n, f
 
 /*! \brief ExpNonPositive16 in 8 lanes of AVX2 + FMA: 2^n from its exponent bits, the mask an and. */
 __attribute__((target("avx2,fma"))) inline __m256 ExpNonPositive8(__m256 x) {
-  const __m256 clamped = _mm256_max_ps(x, _mm256_set1_ps(kFloor));
+  const __m256 clamped = _mm256_max_ps(_mm256_set1_ps(kFloor), x);  // a NaN x stays NaN
   const __m256 round = _mm256_set1_ps(kRound);
   const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(clamped, _mm256_set1_ps(kLog2e), round), round);
   const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2), clamped);
   __m256 p = _mm256_set1_ps(kPoly[0]);
   for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kPoly[i]));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kCut), _CMP_GT_OQ);
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(kCut), _CMP_NLE_UQ);  // x > kCut or NaN
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
 }
 
