@@ -5,28 +5,33 @@
  *
  * exp(x) for x <= 0, exactly 0 at and below ln(FLT_MIN) = -87.3365 (oneDNN's exp zeroes below
  * it; at its float itself, 0xc2aeac50, exp is 1.17549e-38, just under FLT_MIN, so 0 here too;
- * -inf included), so that no probability is a denormal: x = n ln2 + r, |r| <= ln2/2, in one fma (ln2's float rounding
- * error, 1.9e-9, times |n| <= 126 moves r by at most 2.4e-7, and by at most 2e-8 where n >= -10,
- * the terms that carry a row's sum); exp(r) by a degree-5 polynomial fitted for the least maximum
- * relative error on [-ln2/2, ln2/2] (1.1e-7, 1.7e-7 evaluated in float); times 2^n (n >= -126
- * wherever x > ln(FLT_MIN), a normal float).  Checked over every float in [-110, 0] and -inf: the
- * three forms agree bit for bit, no result is a denormal, the relative error against double exp
- * is at most 4.0e-7 (at -87.04, where n ln2's error is largest), 0 exactly at and below the cut.  Why one helper: the attention kernel's non-AVX-512
- * path used std::exp, which returns denormals down to -103.9 (9.96e-39 where the AVX-512 path
- * gives 0 under ONEDNN_MAX_CPU_ISA=AVX2); a denormal is a cross-ISA difference and a slow operand
- * of the P @ V product after it.
+ * -inf included), so that no probability is a denormal.  x = n ln2 + r, |r| <= ln2/2, in one fma
+ * (ln2's float rounding error, 1.9e-9, times |n| <= 126 moves r by at most 2.4e-7, and by at most
+ * 2e-8 where n >= -10, the terms that carry a row's sum); exp(r) by a degree-5 polynomial fitted
+ * for the least maximum relative error on [-ln2/2, ln2/2] (1.1e-7, 1.7e-7 evaluated in float);
+ * times 2^n (n >= -126 wherever x > ln(FLT_MIN): a normal float).  Checked once over every float
+ * in [-110, 0] and -inf: the three forms agree bit for bit, no result is a denormal, the relative
+ * error against double exp is at most 4.0e-7 (at -87.04, where n ln2's error is largest), 0
+ * exactly at and below the cut.
+ *
+ * Why one helper: the attention kernel's non-AVX-512 path used std::exp, which returns denormals
+ * down to -103.9 (9.96e-39 where the AVX-512 path gave 0, under ONEDNN_MAX_CPU_ISA=AVX2), and
+ * kv_attention's vector exps clamped at -87.3 (1.2e-38 for any lower score, a NaN score included)
+ * while its scalar ones used std::exp: a denormal is a cross-ISA difference and a slow operand of
+ * the P @ V product after it, a clamped NaN a finite answer from NaN input.
  *
  * NaN in, NaN out (the vector forms' max takes x as its second operand, which vmaxps returns for a
  * NaN; the mask keeps an unordered lane): a caller that does not handle a NaN score itself (the
  * kv_attention rows) gets a NaN sum, as std::exp gives, not a probability.
  *
  * Same bits: every form runs the same operations in the same order (fma where the vector forms
- * fma, std::fma in the portable form; max as vmaxps has it, c > x ? c : x), and ExpSum adds the
- * terms into the same 32 lanes (two sums of 16, the tail into the first) reduced by the same tree
- * (Reduce16), so a row's probabilities and their sum are identical on AVX-512, AVX2 and generic
- * (tests/test_ops_attention.py checks the kernel's output bit for bit across BYOC_HETERO_ATTENTION_ISA).
- *
- * Bits are the same for every input but NaN (whose payload may differ).
+ * fma; max as vmaxps has it, c > x ? c : x), and ExpSum adds the terms into the same 32 lanes (two
+ * sums of 16, the tail into the first) reduced by the same tree (Reduce16), so a row's
+ * probabilities and their sum are identical on AVX-512, AVX2 and generic for every input but NaN
+ * (whose payload may differ); tests/test_ops_attention.py checks the attention kernel's output bit
+ * for bit across BYOC_HETERO_ATTENTION_ISA.  The portable form fuses its fma on a CPU with FMA (the
+ * instruction, ExpSumFused) and rounds through double on one without (Fma), where libm's fmaf is
+ * software and no vector form runs to agree with.
  */
 #ifndef BYOC_HETERO_KERNELS_SOFTMAX_EXP_H_
 #define BYOC_HETERO_KERNELS_SOFTMAX_EXP_H_
