@@ -346,3 +346,35 @@ def test_an_unknown_decode_form_is_a_value_error_naming_the_variable(monkeypatch
     monkeypatch.setenv("BYOC_HETERO_KV_DECODE", "fast")
     with pytest.raises(ValueError, match="BYOC_HETERO_KV_DECODE must be rows, grouped or split, got 'fast'"):
         _call(_case(rows=1), [0, 0], [1, 1])
+
+
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("form", ["split", "grouped", "rows", "blocked"])
+@pytest.mark.parametrize("isa", ISAS)
+def test_far_keys_weigh_0_and_nan_scores_give_nan_on_every_isa_and_form(monkeypatch, form, isa):
+    """The exp of the shifted scores is softmax_exp.h's on every ISA and form (session 16; each ISA had its own:
+    the vector ones clamped at -87.3, so a key 105 below the row's best weighed 1.2e-38, times its value 3e38 +3.6
+    in the output, and a NaN score got that weight too, a finite output; the scalar ones kept NaN). RoPE off
+    (frequencies 0), scores 0 but for a far key (-105) per head: each output as numpy's (the far key's weight
+    exp(-105), 2e-46); a NaN in a visible cache row of head 0 and in the query of head 1 (first row) make
+    those outputs NaN and leave the others finite. Decode (split: two runs of 75 keys, merged), or a
+    prefill of 3 rows (blocked on AVX-512)."""
+    monkeypatch.setenv("BYOC_HETERO_KV_ISA", isa)
+    monkeypatch.setenv("BYOC_HETERO_KV_DECODE", "grouped" if form == "blocked" else form)
+    monkeypatch.setenv("BYOC_HETERO_KV_PREFILL", "blocked")
+    rows = 3 if form == "blocked" else 1
+    c = _case(batch=2, rows=rows, heads=2, kv_heads=2, dim=16, length=160)
+    c["inv"][:] = 0
+    c["q"][..., 0], c["q"][..., 1:] = 300.0, 0.0
+    c["k"][..., 0] = c["kc"][..., 0] = 0.0
+    c["kc"][:, :, 7, 0] = -1.0  # score 300 * -1 * 0.35 = -105
+    c["vc"][:, :, 7] = 3e38
+    c["kc"][0, 0, 20, 3] = np.nan
+    c["q"][1, 0, 1, 5] = np.nan
+    out, _, _ = _call(c, [150, 150], [rows, rows])
+    want, _, _ = _reference(c["q"], c["k"], c["v"], c["kc"], c["vc"], [150, 150], [rows, rows], c["inv"], 0.35, 0, 1.0)
+    nan = np.zeros(out.shape, bool)
+    nan[0, :, 0], nan[1, 0, 1] = True, True
+    np.testing.assert_array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(np.isnan(want), nan)
+    np.testing.assert_allclose(out[~nan], want[~nan], rtol=1e-5, atol=1e-5)

@@ -384,6 +384,47 @@ def test_kernel_probabilities_across_the_exp_range(keys, block_rows):
     np.testing.assert_allclose(got[0][~cut], want[~cut], rtol=1e-6, atol=0)
 
 
+LN_FLT_MIN = np.uint32(0xC2AEAC50).view(np.float32)  # ln(FLT_MIN) = -87.33655 in float32, oneDNN's exp cut
+
+
+@pytest.mark.parametrize("keys", [1, 17, 33, 70, 203])
+def test_kernel_probabilities_the_same_bits_on_every_isa(monkeypatch, keys):
+    """The softmax rows under BYOC_HETERO_ATTENTION_ISA = avx512, avx2 and generic (each falling back to
+    the next where the CPU or oneDNN's ISA cap lacks it): the same output bit for bit (session 16: the
+    non-AVX-512 path's std::exp gave the denormal 9.96e-39 where AVX-512 gives 0), exactly 0 at and
+    below ln(FLT_MIN) (its float32 itself included), nonzero above it and within 1e-6 (or one denormal
+    step) of float64's softmax; scores from 48 scales of keys spanning [-1, 0] cover [-110, 0]."""
+    k = -np.linspace(0, 1, keys, dtype="float32")
+    if keys > 30:
+        k[[20, 21, 22]] = np.array([0xC2AEAC4F, 0xC2AEAC50, 0xC2AEAC51], np.uint32).view(np.float32)
+    q = np.concatenate([[1.0], np.linspace(0.3, 110, 47)]).astype("float32")[None, :, None]  # [1, 48, 1]
+    v = np.eye(keys, dtype="float32")[None]
+    views = {"q_shape": [1, 48, 1], "q_strides": [48, 1, 1], "k_shape": [1, keys, 1], "k_strides": [keys, 1, 1],
+             "v_shape": [1, keys, keys], "v_strides": [keys * keys, keys, 1]}
+    outs = {}
+    for isa in ("avx512", "avx2", "generic"):
+        monkeypatch.setenv("BYOC_HETERO_ATTENTION_ISA", isa)
+        r = _kernel_region("att_isa", views, q, k[None, :, None], v, block_rows=7)
+        (outs[isa],) = r.run(r.module(), q, k[None, :, None], v)
+    for isa in ("avx2", "generic"):
+        np.testing.assert_array_equal(outs[isa].view(np.uint32), outs["avx512"].view(np.uint32), err_msg=isa)
+    got = outs["generic"][0]
+    x = (q[0] * k[None]).astype("float64")  # the float32 products sgemm forms (D = 1, scale 1); row max 0
+    cut = x <= LN_FLT_MIN
+    assert cut.any() == (keys > 1) and (got[cut] == 0).all() and (got[~cut] > 0).all()
+    e = np.where(cut, 0.0, np.exp(x))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-6, atol=2.0 ** -149)
+
+
+def test_an_unknown_attention_isa_cap_is_a_value_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("BYOC_HETERO_ATTENTION_ISA", "sse9")
+    q = np.ones((1, 2, 1), "float32")
+    views = {f"{n}_shape": [1, 2, 1] for n in "qkv"} | {f"{n}_strides": [2, 1, 1] for n in "qkv"}
+    r = _kernel_region("att_isa", views, q, q, q)
+    with pytest.raises(ValueError, match="BYOC_HETERO_ATTENTION_ISA must be auto, avx512, avx2 or generic, got 'sse9'"):
+        r.run(r.module(), q, q, q)
+
+
 def test_kernel_nan_and_inf_found_in_the_unrolled_vectors():
     """Rows of 70 keys whose NaN / +inf score sits in the second vector of an unrolled pair (index
     40) or in the tail (index 66): the row is NaN (safe 0) or 0 (safe 2), the others unchanged."""

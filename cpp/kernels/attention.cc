@@ -44,6 +44,8 @@
 #include <tvm/ffi/error.h>
 
 #include "kernel.h"
+#include "simd_isa.h"
+#include "softmax_exp.h"
 
 namespace byoc_hetero {
 
@@ -131,7 +133,7 @@ struct AttentionPlan {
   ViewInfo q, k, v;
   std::vector<int64_t> q_off, k_off, v_off, mask_off;  // per flattened batch index
   int64_t mask_row_stride = 0, mask_col_stride = 0;
-  bool avx512 = false;
+  SimdIsa isa = SimdIsa::kGeneric;  // the softmax rows' (AttentionIsa)
   // Packing (pack true: more than one block of rows per batch index): each distinct K (and V) of the
   // batch is copied once per call, K as K^T [D, N] and V as [N, Dv], both contiguous, and every
   // block reads the copy.  k_slot / v_slot: the packed copy of each flattened batch index (GQA's
@@ -139,31 +141,6 @@ struct AttentionPlan {
   bool pack = false;
   std::vector<int64_t> k_slot, v_slot, k_src, v_src;
 };
-
-/*! \brief exp(x) for x <= 0 (x - row max), 0 below ln(FLT_MIN) as oneDNN's exp, -inf included.
- *         x = n ln2 + r, |r| <= ln2/2, in one fma (ln2's float rounding error, 1.9e-9, times
- *         |n| <= 127 moves r by at most 2.4e-7, and by at most 2e-8 where n >= -10, the terms
- *         that carry a row's sum); exp(r) by a degree-5 polynomial fitted for the least maximum
- *         relative error on [-ln2/2, ln2/2] (1.1e-7, 1.7e-7 evaluated in float); 2^n by scalef,
- *         zero-masked below ln(FLT_MIN).  Why: this is the softmax's whole cost inside the node
- *         (15-17% of it at Whisper's S = 1500), and these are 12 vector operations per 16
- *         scores against 16 for the two-step reduction, degree-7 Taylor and separate mask. */
-__attribute__((target("avx512f"))) inline __m512 ExpNonPositive(__m512 x) {
-  const __m512 clamped = _mm512_max_ps(x, _mm512_set1_ps(-88.f));
-  // n = round(x log2(e)): adding 1.5 * 2^23 leaves no fraction bits (one fma and one subtraction
-  // instead of a multiply and roundscale's two operations)
-  const __m512 magic = _mm512_set1_ps(12582912.f);
-  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(clamped, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147182f), clamped);
-  __m512 p = _mm512_set1_ps(8.312469522e-03f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.189000217e-02f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666711457e-01f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999923257e-01f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654475f), _CMP_GE_OQ);
-  return _mm512_maskz_scalef_ps(keep, p, n);
-}
 
 /*! \brief Row max, and whether the row holds a NaN or +inf. */
 __attribute__((target("avx512f"))) float RowMaxAvx512(const float* x, int64_t n, bool* nan_or_inf) {
@@ -188,39 +165,58 @@ __attribute__((target("avx512f"))) float RowMaxAvx512(const float* x, int64_t n,
   return _mm512_reduce_max_ps(_mm512_max_ps(mx, mx1));
 }
 
-/*! \brief x = exp(x - max) in place, returns the sum: whole vectors two at a time into two sums
- *         (two independent chains), the tail masked. */
-__attribute__((target("avx512f"))) float ExpSumAvx512(float* x, int64_t n, float max) {
-  __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-  const __m512 mx = _mm512_set1_ps(max);
+/*! \brief RowMaxAvx512 in AVX2: 8 lanes, two vectors at a time, a scalar tail. */
+__attribute__((target("avx2"))) float RowMaxAvx2(const float* x, int64_t n, bool* nan_or_inf) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const __m256 vinf = _mm256_set1_ps(inf);
+  __m256 mx0 = _mm256_set1_ps(-inf), mx1 = mx0, bad = _mm256_setzero_ps();
   int64_t j = 0;
-  for (; j + 32 <= n; j += 32) {
-    const __m512 e0 = ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(x + j), mx));
-    const __m512 e1 = ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(x + j + 16), mx));
-    _mm512_storeu_ps(x + j, e0);
-    _mm512_storeu_ps(x + j + 16, e1);
-    sum0 = _mm512_add_ps(sum0, e0);
-    sum1 = _mm512_add_ps(sum1, e1);
+  for (; j + 16 <= n; j += 16) {
+    const __m256 v0 = _mm256_loadu_ps(x + j), v1 = _mm256_loadu_ps(x + j + 8);
+    bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(v0, vinf, _CMP_NLT_UQ), _mm256_cmp_ps(v1, vinf, _CMP_NLT_UQ)));
+    mx0 = _mm256_max_ps(mx0, v0);
+    mx1 = _mm256_max_ps(mx1, v1);
   }
-  for (; j < n; j += 16) {
-    const __mmask16 live = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + j), mx));
-    _mm512_mask_storeu_ps(x + j, live, e);
-    sum0 = _mm512_mask_add_ps(sum0, live, sum0, e);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(mx0, mx1));
+  float max = -inf;
+  for (float l : lanes) max = std::max(max, l);
+  bool any = _mm256_movemask_ps(bad) != 0;
+  for (; j < n; ++j) {
+    any |= !(x[j] < inf);
+    max = std::max(max, x[j]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+  *nan_or_inf = any;
+  return max;
+}
+
+/*! \brief The ISA of the softmax rows: the best of the CPU under BYOC_HETERO_ATTENTION_ISA (read when a
+ *         module is created; tests compare the three in one process), and at most the vector width
+ *         of oneDNN's effective ISA, so that ONEDNN_MAX_CPU_ISA=AVX2 runs the whole node as a CPU
+ *         without AVX-512 would.  Every choice gives the same probabilities (softmax_exp.h). */
+SimdIsa AttentionIsa() {
+  using i = dnnl::cpu_isa;
+  const i onednn = dnnl::get_effective_cpu_isa();
+  const bool onednn_avx2 = IsaHasAvx512() || onednn == i::avx2 || onednn == i::avx2_vnni || onednn == i::avx2_vnni_2;
+  const SimdIsa isa = SelectSimdIsa("BYOC_HETERO_ATTENTION_ISA");
+  if (isa == SimdIsa::kAvx512 && !IsaHasAvx512()) return onednn_avx2 ? SimdIsa::kAvx2 : SimdIsa::kGeneric;
+  if (isa == SimdIsa::kAvx2 && !onednn_avx2) return SimdIsa::kGeneric;
+  return isa;
 }
 
 /*! \brief One row of scores -> exp(x - max) in place; returns the factor 1/sum the row's share of
  *         the output is multiplied by after P @ V (one pass over the row fewer than normalising P:
  *         the row is N long, its output row Dv).  kernels/softmax.cc's special rows: the row is
- *         filled with NaN or 0 and the factor is 1. */
-float SoftmaxRow(float* x, int64_t n, int safe, bool avx512) {
+ *         filled with NaN or 0 and the factor is 1.  Every \p isa gives the same bits
+ *         (softmax_exp.h; the max does not depend on the order it is taken in). */
+float SoftmaxRow(float* x, int64_t n, int safe, SimdIsa isa) {
   const float inf = std::numeric_limits<float>::infinity();
   bool nan_or_inf = false;
   float max = -inf;
-  if (avx512) {
+  if (isa == SimdIsa::kAvx512) {
     max = RowMaxAvx512(x, n, &nan_or_inf);
+  } else if (isa == SimdIsa::kAvx2) {
+    max = RowMaxAvx2(x, n, &nan_or_inf);
   } else {
     for (int64_t j = 0; j < n; ++j) {
       nan_or_inf |= !(x[j] < inf);
@@ -233,10 +229,12 @@ float SoftmaxRow(float* x, int64_t n, int safe, bool avx512) {
     return 1.f;
   }
   float sum = 0.f;
-  if (avx512) {
-    sum = ExpSumAvx512(x, n, max);
+  if (isa == SimdIsa::kAvx512) {
+    sum = softmax_exp::ExpSum512(x, n, max);
+  } else if (isa == SimdIsa::kAvx2) {
+    sum = softmax_exp::ExpSum256(x, n, max);
   } else {
-    for (int64_t j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - max));
+    sum = softmax_exp::ExpSumGeneric(x, n, max);
   }
   return 1.f / sum;
 }
@@ -326,7 +324,7 @@ dnnl::status RunBlock(const AttentionPlan& p, int64_t g, int64_t r0, int64_t row
         for (int64_t j = 0; j < p.n; ++j) row[j] += mrow[0];
       }
     }
-    inv[i] = SoftmaxRow(row, p.n, p.safe, p.avx512);
+    inv[i] = SoftmaxRow(row, p.n, p.safe, p.isa);
   }
   const MatrixArg pa{'N', p.n};
   const float* vg = p.pack ? packed.v + p.v_slot[g] * p.n * p.dv : v + p.v_off[g];
@@ -465,7 +463,7 @@ static std::unique_ptr<Kernel> BuildAttention(const KernelContext& ctx) {
     DistinctOffsets(p.k_off, &p.k_slot, &p.k_src);
     DistinctOffsets(p.v_off, &p.v_slot, &p.v_src);
   }
-  p.avx512 = IsaHasAvx512();
+  p.isa = AttentionIsa();
   const std::string label = ctx.where();
   auto plan = std::make_shared<const AttentionPlan>(std::move(p));
   return std::make_unique<HostKernel>(

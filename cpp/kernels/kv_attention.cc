@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,7 @@
 #include "../threading.h"
 #include "kernel.h"
 #include "kv_attention.h"
+#include "softmax_exp.h"
 
 namespace byoc_hetero {
 
@@ -476,13 +478,18 @@ void AttendRun(const KvCall& c, int64_t bh, int64_t run, int64_t runs, float* sl
 }
 
 /*! \brief split: head \p bh's output from its runs' (AttendRun): each run's output weighted by its exp sum times
- *         exp(its max - the largest max), over the sum of those weights; a stopped sequence's output 0. */
+ *         exp(its max - the largest max), over the sum of those weights; a stopped sequence's output 0, and NaN
+ *         where a run's sum is NaN (a NaN or +inf score: the per-row forms' output is NaN there too). */
 void MergeRuns(const KvCall& c, int64_t bh, int64_t runs, const float* part) {
   const int64_t d = c.g.dim, slot = d + 2, heads = c.g.batch * c.g.heads;
   float* out = c.out + bh * d;
   float top = -INFINITY;
   for (int64_t r = 0; r < runs; ++r) {
     const float* stats = part + (r * heads + bh) * slot + d;
+    if (std::isnan(stats[1])) {
+      std::fill(out, out + d, std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
     if (stats[1] > 0.f) top = std::max(top, stats[0]);
   }
   std::fill(out, out + d, 0.f);
@@ -491,7 +498,7 @@ void MergeRuns(const KvCall& c, int64_t bh, int64_t runs, const float* part) {
   for (int64_t r = 0; r < runs; ++r) {
     const float* o = part + (r * heads + bh) * slot;
     if (o[d + 1] <= 0.f) continue;
-    const float w = o[d + 1] * std::exp(o[d] - top);
+    const float w = o[d + 1] * softmax_exp::ExpNonPositive1(o[d] - top);
     total += w;
     for (int64_t e = 0; e < d; ++e) out[e] += w * o[e];
   }

@@ -4,8 +4,11 @@
  *        exp of the shifted scores and the weighted sum of the value rows, in AVX-512 (16 lanes, the
  *        head_dim tail masked), AVX2 + FMA (8 lanes, a scalar tail) and generic C++.  Each ISA's
  *        functions carry their own target attribute, so the extension builds for any x86-64;
- *        SelectSimdIsa("BYOC_HETERO_KV_ISA") picks at run time (simd_isa.h).  The vector exp is 2^n * p(r) with r = x - n ln2 (|r| <= ln2/2)
- *        and p degree-6 Taylor: relative error ~1e-7, as std::exp within float rounding.
+ *        SelectSimdIsa("BYOC_HETERO_KV_ISA") picks at run time (simd_isa.h).  The exp of the shifted scores and
+ *        their sum are softmax_exp.h's, the same bits on every ISA (exactly 0 at and below ln(FLT_MIN), never a
+ *        denormal; a NaN or +inf score makes the sum NaN, so the row's output is NaN, as IEEE arithmetic has it).
+ *        Until session 16 each ISA had its own: the vector ones clamped at -87.3 (1.2e-38 for any lower score,
+ *        and a NaN score became that), the scalar ones std::exp (denormals; NaN kept).
  *        The blocked form of a prefill (BlockJob, AVX-512 only): tiles of query vectors against the keys
  *        transposed in blocks of 16, so that a key or value row loaded once serves 8 or 4 vectors, where
  *        the per-row form loads every key and value row again for every query row.
@@ -22,16 +25,12 @@
 #include <algorithm>
 #include <cmath>
 #include "kv_attention.h"
+#include "softmax_exp.h"
 
 namespace byoc_hetero {
 namespace kv {
 
 namespace {
-
-// exp(x) = 2^n * exp(r): n = round(x / ln2), r = x - n * ln2 in two parts (Cody-Waite)
-constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kExpMin = -87.3f, kExpMax = 88.7f;  // 2^n stays a normal float
-constexpr float kC[] = {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};  // Horner, highest first
 
 /*! \brief The maximum of scores[first..last]: the shift of the softmax. */
 float MaxOf(const float* w, int64_t first, int64_t last) {
@@ -52,8 +51,7 @@ void RowGeneric(const RowJob& j) {
     j.scores[k] = dot * j.scale;
   }
   const float top = MaxOf(j.scores, j.first, j.last);
-  float sum = 0.f;
-  for (int64_t k = j.first; k <= j.last; ++k) sum += (j.scores[k] = std::exp(j.scores[k] - top));
+  const float sum = softmax_exp::ExpSumGeneric(j.scores + j.first, j.last - j.first + 1, top);
   std::fill(j.out, j.out + d, 0.f);
   for (int64_t k = j.first; k <= j.last; ++k) {
     const float p = j.scores[k];
@@ -71,16 +69,6 @@ void RowGeneric(const RowJob& j) {
 
 #if defined(__x86_64__)
 // ---- AVX-512F: 16 lanes, the head_dim tail masked -------------------------------------------------
-
-__attribute__((target("avx512f"))) inline __m512 Exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kC[0]);
-  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC[i]));
-  return _mm512_scalef_ps(p, n);
-}
 
 /*! \brief Lane i of the result: the sum of a[i]'s 16 lanes (a transpose-add tree: 15 adds for 16 sums,
  *         where one _mm512_reduce_add_ps per vector is a dependent chain of its own). */
@@ -184,21 +172,7 @@ __attribute__((target("avx512f"))) float Max512(const float* w, int64_t n) {
 __attribute__((target("avx512f"))) float ExpSpan512(float* w, int64_t n, float* max_out = nullptr) {
   const float shift = Max512(w, n);
   if (max_out != nullptr) *max_out = shift;
-  const __m512 top = _mm512_set1_ps(shift);
-  __m512 sums = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= n; k += 16) {
-    const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(w + k), top));
-    _mm512_storeu_ps(w + k, p);
-    sums = _mm512_add_ps(sums, p);
-  }
-  if (k < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - k)) - 1u);
-    const __m512 p = _mm512_maskz_mov_ps(m, Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, w + k), top)));
-    _mm512_mask_storeu_ps(w + k, m, p);
-    sums = _mm512_add_ps(sums, p);
-  }
-  return _mm512_reduce_add_ps(sums);
+  return softmax_exp::ExpSum512(w, n, shift);
 }
 
 __attribute__((target("avx512f"))) void Row512(const RowJob& j) {
@@ -325,17 +299,6 @@ __attribute__((target("avx512f"))) void Block512(const BlockJob& j) {
 
 // ---- AVX2 + FMA: 8 lanes, a scalar tail ---------------------------------------------------------
 
-__attribute__((target("avx2,fma"))) inline __m256 Exp256(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kC[0]);
-  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
 __attribute__((target("avx2,fma"))) inline float Sum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -353,15 +316,7 @@ __attribute__((target("avx2,fma"))) void Row256(const RowJob& j) {
     j.scores[k] = dot * j.scale;
   }
   const float top = MaxOf(j.scores, j.first, j.last);
-  __m256 sums = _mm256_setzero_ps();
-  int64_t k = j.first;
-  for (; k + 8 <= j.last + 1; k += 8) {
-    const __m256 p = Exp256(_mm256_sub_ps(_mm256_loadu_ps(j.scores + k), _mm256_set1_ps(top)));
-    _mm256_storeu_ps(j.scores + k, p);
-    sums = _mm256_add_ps(sums, p);
-  }
-  float sum = Sum256(sums);
-  for (; k <= j.last; ++k) sum += (j.scores[k] = std::exp(j.scores[k] - top));
+  const float sum = softmax_exp::ExpSum256(j.scores + j.first, j.last - j.first + 1, top);
   const float inv = 1.f / sum;
   int64_t e = 0;
   for (; e < full; e += 8) {
