@@ -760,3 +760,70 @@ def test_a_fold_run_in_slabs_computes_what_the_whole_fold_does(monkeypatch):
     gen = bh.llm.from_hf(model, max_length=24)
     with pytest.raises(ValueError, match=r"BYOC_HETERO_INIT_SLAB_BYTES must be a byte count >= 0 .*got '16M'"):
         gen.generate(ids, 1)
+
+
+LOOKUP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, numpy as np, torch, transformers
+    import byoc_hetero as bh
+    from byoc_hetero import _C
+
+    def status(field):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field))
+
+    def present(array):
+        # bytes of the array's pages mapped in this process (/proc/self/pagemap's present bit)
+        first, last = array.ctypes.data // 4096, (array.ctypes.data + array.nbytes + 4095) // 4096
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(first * 8)
+            entries = np.frombuffer(f.read((last - first) * 8), dtype=np.uint64)
+        return int((entries >> np.uint64(63)).sum()) * 4096
+
+    _C.set_num_threads(2)
+    torch.manual_seed(36)
+    # a 64 MiB tied embedding (131072 x 128 float32), the rest of the decoder 0.3 MiB
+    config = transformers.LlamaConfig(vocab_size=131072, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+                                      tie_word_embeddings=True, initializer_range=0.4, eos_token_id=None)
+    model = transformers.LlamaForCausalLM(config).eval()
+    table = model.model.embed_tokens.weight.numel() * 4
+    rng = np.random.default_rng(36)
+    prompts = [rng.integers(0, 131072, (1, 64)) for _ in range(2)]
+    with torch.no_grad():
+        want = [model.generate(torch.tensor(p), attention_mask=torch.ones(p.shape, dtype=torch.long), max_new_tokens=8,
+                               do_sample=False, pad_token_id=0).numpy().tolist() for p in prompts]
+    out = {"table": table}
+    for weights in sys.argv[1:]:
+        gen = bh.llm.from_hf(model, max_length=80, weights=weights)
+        mapping = np.frombuffer(gen._weights_file._map, dtype=np.uint8)
+        got = [gen.generate(prompts[0], 8).tolist()]  # the first call of each shape: the mapping's pages go back
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        before = status("VmRSS:")
+        got.append(gen.generate(prompts[1], 8).tolist())  # the shapes known: what the lookups read stays or not
+        out[weights] = {"resident": present(mapping), "peak": status("VmHWM:") - before,
+                        "same": got == want if weights == "f32" else None}
+        del gen
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_lookup_hands_back_the_pages_of_a_mapped_table():
+    """The embedding's lookup (``take``; ``take_wq`` on int8 codes) reads its rows in place from the
+    generator's mapped weights file. A fault there maps the whole page-cache folio of the row (Linux 6.18 maps
+    an entire large folio, up to 2 MiB, on fault-around; ext4 caches a file written in large chunks so): before
+    session 16, 64 prompt tokens of a second generation made 62 of a 64 MiB table resident, and a long
+    generation all of it, beside the prepared weights (Qwen2.5-0.5B: up to its 519 MiB table). Now a lookup
+    reads a mapped table 16 rows at a time and hands its pages back after each (weights.h LookupPages): after
+    a second generation (its shapes known: the generator's own release after a new shape does not run) the
+    mapping holds under a tenth of the table, and the generation's peak over the process before it stays under
+    half the table (two folios per row of a 16-row chunk at most, plus RUNTIME_ALLOWANCE). Same tokens as
+    transformers. On a kernel or file system without large folios a fault maps 4 KiB and both hold anyway."""
+    out = _run(LOOKUP_SCRIPT, "f32", "int8")
+    table = out["table"]
+    assert out["f32"]["same"], out
+    for weights in ("f32", "int8"):
+        assert out[weights]["resident"] <= 0.1 * table, (weights, out)
+        assert out[weights]["peak"] <= 0.5 * table + RUNTIME_ALLOWANCE, (weights, out)
