@@ -764,9 +764,10 @@ def test_a_fold_run_in_slabs_computes_what_the_whole_fold_does(monkeypatch):
 
 LOOKUP_SCRIPT = textwrap.dedent(
     """
-    import json, sys, numpy as np, torch, transformers
+    import json, os, sys, numpy as np, torch, transformers
     import byoc_hetero as bh
     from byoc_hetero import _C
+    from byoc_hetero.llm.weights_file import SPILL_DIR
 
     def status(field):
         with open("/proc/self/status") as f:
@@ -802,8 +803,14 @@ LOOKUP_SCRIPT = textwrap.dedent(
             f.write("5")  # VmHWM := VmRSS
         before = status("VmRSS:")
         got.append(gen.generate(prompts[1], 8).tolist())  # the shapes known: what the lookups read stays or not
-        out[weights] = {"resident": present(mapping), "peak": status("VmHWM:") - before,
-                        "same": got == want if weights == "f32" else None}
+        resident, peak = present(mapping), status("VmHWM:") - before
+        if weights != "f32":  # the same build keeping its arrays (no file: the lookup's plain path) as the reference
+            os.environ[SPILL_DIR] = "/nonexistent"
+            kept = bh.llm.from_hf(model, max_length=80, weights=weights)
+            del os.environ[SPILL_DIR]
+            assert kept._weights_file is None
+            want = [kept.generate(p, 8).tolist() for p in prompts]
+        out[weights] = {"resident": resident, "peak": peak, "same": got == want}
         del gen
     print(json.dumps(out))
     """
@@ -819,11 +826,29 @@ def test_a_lookup_hands_back_the_pages_of_a_mapped_table():
     reads a mapped table 16 rows at a time and hands its pages back after each (weights.h LookupPages): after
     a second generation (its shapes known: the generator's own release after a new shape does not run) the
     mapping holds under a tenth of the table, and the generation's peak over the process before it stays under
-    half the table (two folios per row of a 16-row chunk at most, plus RUNTIME_ALLOWANCE). Same tokens as
-    transformers. On a kernel or file system without large folios a fault maps 4 KiB and both hold anyway."""
+    half the table (two folios per row of a 16-row chunk at most, plus RUNTIME_ALLOWANCE). The same tokens as
+    transformers (f32) and as the same int8 build keeping its arrays (no file: the lookup's plain path), the 64
+    rows of each prompt read in four chunks. On a kernel or file system without large folios a fault maps 4 KiB and both hold anyway."""
     out = _run(LOOKUP_SCRIPT, "f32", "int8")
     table = out["table"]
-    assert out["f32"]["same"], out
     for weights in ("f32", "int8"):
+        assert out[weights]["same"], (weights, out)
         assert out[weights]["resident"] <= 0.1 * table, (weights, out)
         assert out[weights]["peak"] <= 0.5 * table + RUNTIME_ALLOWANCE, (weights, out)
+
+
+def test_a_lookup_pages_setting_that_is_no_switch_is_an_error(monkeypatch):
+    """BYOC_HETERO_RELEASE_LOOKUP_PAGES is 0 or 1 (weights.h LookupPages); anything else is a ValueError naming
+    the variable and the value, at the call that builds the lookup's kernel (the first)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.manual_seed(36)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                      tie_word_embeddings=True)
+    gen = bh.llm.from_hf(transformers.LlamaForCausalLM(config).eval(), max_length=16)
+    monkeypatch.setenv("BYOC_HETERO_RELEASE_LOOKUP_PAGES", "yes")
+    with pytest.raises(ValueError, match=r"BYOC_HETERO_RELEASE_LOOKUP_PAGES must be 0 or 1, got 'yes'"):
+        gen.generate(np.array([[1, 2, 3]]), 1)
