@@ -180,7 +180,15 @@ SAVE_PEAK_BOUND = 0.25
 """``gen.save``'s peak over the process before it, in weights (plus RUNTIME_ALLOWANCE): the library's code
 (the weights go to weights.bin one tensor at a time, from their own memory). Session 13: 0.5 MiB. Before, the
 library carried the weights, and ``export_library`` held about four copies of them (SmolLM-135M: 3.8 GB for a
-514 MiB folder, bench/GENERATE.md session 12)."""
+514 MiB folder, bench/GENERATE.md session 12). Since session 16 the build hands back the pages of TVM's compiler
+code (``weights_file.return_code_pages``), and ``export_library`` reads some of them back (LLVM's object
+writer: 49.6 MiB for the test decoder, of which about 34 code pages that stayed resident before):
+SAVE_CODE_ALLOWANCE more."""
+
+SAVE_CODE_ALLOWANCE = 24 * 2**20
+"""The compiler code ``gen.save``'s export reads back (bytes; SAVE_PEAK_BOUND's docstring): clean pages of
+libtvm_compiler.so, which the save hands back again once the library is written. A copy of the weights
+(64 MiB) would still exceed the bound."""
 
 
 def _run(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
@@ -227,7 +235,7 @@ def test_generation_memory_stays_near_the_weights(measured):
     assert out["generate_peak"] <= FIRST_CALL_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, out
     # the save: the library's code, the weights streamed to weights.bin (SAVE_PEAK_BOUND's docstring); the
     # library carries no weights (its const loader holds placeholders)
-    assert out["save_peak"] <= SAVE_PEAK_BOUND * weights + RUNTIME_ALLOWANCE, out
+    assert out["save_peak"] <= SAVE_PEAK_BOUND * weights + RUNTIME_ALLOWANCE + SAVE_CODE_ALLOWANCE, out
     assert (saved / "model.so").stat().st_size < 0.1 * weights
     assert 0.9 * weights < (saved / "weights.bin").stat().st_size < 1.3 * weights  # + q / k / v concatenated
     # a fresh process loading the saved generator (what a deployment does): the same tokens; the library's

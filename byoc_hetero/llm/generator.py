@@ -458,6 +458,7 @@ class Generator:
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         self._write_library(folder)
+        return_code_pages()  # export_library ran TVM's compiler (LLVM's object writer) again
         manifest = {"format": FORMAT, "version": VERSION if self._constants else 1, "max_length": self.max_length,
                     "weights": self.weights, "weight_error": self.weight_error, "spec": self.spec.to_json()}
         if self._constants:
