@@ -75,6 +75,30 @@ def mappings(top: int) -> str:
     return "\n".join(lines)
 
 
+MODEL_ROW = "+ the transformers model"
+
+
+def ratios(rows: list, gen, f32_bytes: int | None) -> str:
+    """Issue 36's ratios: the process over its first row (the imports), steady (the last row) and peak (the
+    largest VmHWM after the first row), in (weights + KV cache): the weights are ``f32_bytes`` (a float32
+    model's parameters) or else the generator's constants (its weights file: codes, scales and what stays
+    float); the cache is one sequence of max_length positions."""
+    spec = gen.spec
+    cache = 2 * spec.layers * spec.kv_heads * gen.max_length * spec.head_dim * 4
+    file = gen._weights_file
+    held = os.path.getsize(file.path) if file is not None and os.path.exists(file.path) else None
+    if held is None and file is not None and file._map is not None:
+        held = len(file._map)
+    weights = f32_bytes if f32_bytes is not None else held or 0
+    base = rows[0][1]
+    steady, peak = rows[-1][1] - base, max(r[2] for r in rows[1:]) - base
+    ours = max(r[2] for r in rows[1:] if r[0] != MODEL_ROW) - base  # the model's making: the caller's (torch's init)
+    d = (weights + cache) / 2**20
+    return (f"over the first row ({base} MiB): steady {steady} MiB = {steady / d:.3f}x; peak {peak} MiB = "
+            f"{peak / d:.3f}x, from `from_hf` on {ours} MiB = {ours / d:.3f}x (weights {weights / 2**20:.0f} MiB"
+            f"{' f32' if f32_bytes is not None else ' held by the generator'} + cache {cache / 2**20:.1f} MiB)")
+
+
 def table(rows: list) -> str:
     lines = ["| stage | VmRSS MiB | VmHWM MiB | anonymous MiB | file-backed MiB |", "|---|---|---|---|---|"]
     return "\n".join(lines + [f"| {name} | {rss} | {hwm} | {anon} | {file} |" for name, rss, hwm, anon, file in rows])
@@ -208,6 +232,11 @@ def main() -> None:
     ap.add_argument("--torch-first", action="store_true",
                     help="make, run and drop a 2-layer model of the family before the first row: torch's first-use "
                          "runtime (about 137 MiB, whatever the model) then counts in the imports, not the generator")
+    ap.add_argument("--model-imports", action="store_true",
+                    help="import the model family's transformers modules before the first row (no model made, no "
+                         "torch op run): what any process holding such a model has imported (129 of torch's "
+                         "'first use' 137 MiB, session 16), so that the ratios count what the model and the "
+                         "generator add")
     ap.add_argument("--trim", action="store_true",
                     help="a row after the model's deletion: the heap's free pages handed back (malloc_trim)")
     args = ap.parse_args()
@@ -236,7 +265,13 @@ def main() -> None:
             small(torch.zeros((1, 8), dtype=torch.long))
         del small
         gc.collect()
-    mark(rows, "imports (torch, transformers, TVM, oneDNN)" + (" + torch's first use" if args.torch_first else ""))
+    if args.model_imports and not args.gguf:
+        import importlib
+
+        config = model_config(args.model, small=True) if not args.hf else transformers.AutoConfig.from_pretrained(args.hf)
+        importlib.import_module(transformers.AutoModelForCausalLM._model_mapping[type(config)].__module__)
+    mark(rows, "imports (torch, transformers, TVM, oneDNN)" + (" + torch's first use" if args.torch_first else "") +
+         (" + the family's modeling modules" if args.model_imports and not args.gguf else ""))
     if args.gguf:
         gen = bh.llm.from_gguf(args.gguf, max_length=args.prompt + args.new)
         weights, vocab = os.path.getsize(args.gguf), gen.spec.vocab
@@ -250,7 +285,7 @@ def main() -> None:
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(model_config(args.model, small=False)).eval()
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        mark(rows, "+ the transformers model")
+        mark(rows, MODEL_ROW)
         gen = bh.llm.from_hf(model, max_length=args.prompt + args.new, weights=args.weights)
         mark(rows, f"`from_hf` done ({args.weights})")
         vocab = model.config.vocab_size
@@ -275,6 +310,7 @@ def main() -> None:
     print(f"{what}; prepared weights {prepared_mib(gen):.0f} MiB; contention plans "
           f"{[i['contention_plans'] for i in info]}; oneDNN {_C.onednn_version()} ISA {_C.isa()}\n")
     print(table(rows))
+    print("\n" + ratios(rows, gen, weights if args.weights == "f32" and not args.gguf else None))
     if phases:
         print("\nThe build's steps (--phases):\n")
         print(phases.table())

@@ -119,6 +119,34 @@ void ReleaseFilePages(const void* data, size_t bytes, const std::vector<std::pai
   if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // clean file pages
 }
 
+LookupPages::LookupPages() {
+  const char* env = std::getenv(kLookupPagesVariable);
+  if (env == nullptr || *env == '\0' || std::string(env) == "1") return;
+  if (std::string(env) != "0") {
+    TVM_FFI_THROW(ValueError) << kLookupPagesVariable << " must be 0 or 1, got '" << env << "'";
+  }
+  enabled_ = false;
+}
+
+bool LookupPages::Releases(const void* data, size_t bytes) {
+  if (!enabled_ || data == nullptr || bytes == 0) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (data != checked_ || bytes != checked_bytes_) {  // new constants: /proc/self/maps read once for them
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + bytes;
+    inside_ = false;
+    for (const auto& [b, e] : ReadOnlyFileMappings()) inside_ = inside_ || (b <= begin && end <= e);
+    checked_ = data;
+    checked_bytes_ = bytes;
+  }
+  return inside_;
+}
+
+void LookupPages::Release(const void* data, size_t bytes) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data), page = 4096;
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+  if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // clean file pages
+}
+
 void PreparedWeights::SetConstants(const std::vector<const void*>& data, std::shared_ptr<const void> owner) {
   if (owner != nullptr && owner == owner_) return;
   constants_ = data;

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <utility>
@@ -86,6 +87,47 @@ std::vector<std::pair<uintptr_t, uintptr_t>> ReadOnlyFileMappings();
  *        (bh.llm.load, an in-process generator's spilled file) once an init program read them.
  */
 void ReleaseFilePages(const void* data, size_t bytes, const std::vector<std::pair<uintptr_t, uintptr_t>>& mappings);
+
+/*! \brief The environment variable of LookupPages (1 | 0, unset: 1), read when a lookup kernel is built. */
+constexpr const char* kLookupPagesVariable = "BYOC_HETERO_RELEASE_LOOKUP_PAGES";
+
+/*!
+ * \brief What a lookup kernel (take, take_wq: a few rows of a table, read in place) does about the pages
+ *        of its table when the table lies in a read-only shared file mapping (a weights file: bh.llm.load,
+ *        an in-process generator's spilled file): hands them back every few rows (kRows).
+ *
+ * Why: a fault on a file mapping maps the whole page-cache folio the page is in (Linux 6.18 maps an
+ * entire large folio on fault-around; ext4 and the other large-folio file systems cache a file written or
+ * read in large chunks as folios of up to 2 MiB), not 4 KiB: each token's row of an embedding table made
+ * up to 2 MiB of it resident, so a prefill of 128 tokens mapped most of the table (SmolLM-135M: 99 of its
+ * 108 MiB; Qwen2.5-0.5B: up to 256 of 519) and a long generation all of it, clean file pages counted in
+ * the process's resident size beside the weights' prepared copy (bench/GENERATE.md, session 16 s16-mem).
+ * Handed back (MADV_DONTNEED over the table: the pages stay in the page cache), the lookup holds at most
+ * kRows folios at a time; a later read faults them in again (a decode token: one fault).
+ * BYOC_HETERO_RELEASE_LOOKUP_PAGES=0 keeps them (the A/B of its cost).
+ */
+class LookupPages {
+ public:
+  /*! \brief Rows read between two hand-backs. */
+  static constexpr int64_t kRows = 16;
+
+  /*! \brief Reads BYOC_HETERO_RELEASE_LOOKUP_PAGES. \throws ValueError naming it for anything but 0 / 1. */
+  LookupPages();
+
+  /*! \brief Whether [\p data, \p data + \p bytes) is a table whose pages this hands back: lies in a read-only
+   *         shared file mapping (ReadOnlyFileMappings, read once per new address) and the variable is not 0. */
+  bool Releases(const void* data, size_t bytes);
+
+  /*! \brief Hand back the resident pages of [\p data, \p data + \p bytes) (one for which Releases is true). */
+  static void Release(const void* data, size_t bytes);
+
+ private:
+  bool enabled_ = true;
+  std::mutex mu_;
+  const void* checked_ = nullptr;  // the address last checked (guarded by mu_)
+  size_t checked_bytes_ = 0;
+  bool inside_ = false;
+};
 
 class PreparedWeights {
  public:

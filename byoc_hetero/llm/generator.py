@@ -34,7 +34,7 @@ from ..errors import InputError
 from .model import DecoderSpec
 from .sampling import Sampler
 from .weights_file import FILE as WEIGHTS_FILE
-from .weights_file import Entry, MappedWeights, spill_weights, write_weights
+from .weights_file import Entry, MappedWeights, return_code_pages, spill_weights, write_weights
 
 FORMAT = "byoc_hetero.llm"
 VERSION = 2
@@ -144,7 +144,8 @@ def give_constants(executable: Any, constants: dict[str, Any]) -> None:
 def build_generator(part: tvm.IRModule, spec: DecoderSpec, max_length: int, weights: str,
                     weight_error: float | None = None, sources: Any = None) -> Generator:
     """The :class:`Generator` of a partitioned step module: built for llvm with its oneDNN regions'
-    constants external (:func:`external_constants`), the build's freed heap handed back.
+    constants external (:func:`external_constants`), the build's freed heap and the resident pages of
+    TVM's compiler code it ran handed back (:func:`~.weights_file.return_code_pages`).
 
     The constants are then written to a temporary weights file and the regions get them mapped from it
     (:func:`~.weights_file.spill_weights`): the generator holds no array of the build (nor the model's
@@ -162,8 +163,10 @@ def build_generator(part: tvm.IRModule, spec: DecoderSpec, max_length: int, weig
         give_constants(executable, constants)
         constants, sources = mapped.tensors, None
     return_freed_heap()
-    return Generator(executable, spec, int(max_length), weights, weight_error=weight_error, sources=sources,
-                     constants=constants, weights_file=mapped)
+    gen = Generator(executable, spec, int(max_length), weights, weight_error=weight_error, sources=sources,
+                    constants=constants, weights_file=mapped)
+    return_code_pages()  # TVM's compiler ran for the build (and the VM's creation), the calls do not run it
+    return gen
 
 
 class StepInputs:
@@ -455,6 +458,7 @@ class Generator:
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         self._write_library(folder)
+        return_code_pages()  # export_library ran TVM's compiler (LLVM's object writer) again
         manifest = {"format": FORMAT, "version": VERSION if self._constants else 1, "max_length": self.max_length,
                     "weights": self.weights, "weight_error": self.weight_error, "spec": self.spec.to_json()}
         if self._constants:

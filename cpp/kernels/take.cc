@@ -12,14 +12,20 @@
  * Every index is checked before any row is copied: an index outside [0, V) raises an InputError
  * naming it, its position and V (never a read outside the table); negative indices are not wrapped
  * (Relax's take in its default "fast" mode does not define them).
+ *
+ * A table read in place from a file's read-only mapping (an embedding in a weights file) is read a few
+ * rows at a time, its pages handed back after each few (weights.h LookupPages: a row's fault maps its
+ * whole page-cache folio, up to 2 MiB).
  */
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 
+#include "../weights.h"
 #include "kernel.h"
 
 namespace byoc_hetero {
@@ -28,7 +34,7 @@ namespace {
 
 template <typename Index>
 void Take(const float* table, const Index* ids, float* out, int64_t outer, int64_t count, int64_t rows,
-          int64_t row_size, const std::string& where) {
+          int64_t row_size, const std::string& where, LookupPages* pages) {
   for (int64_t i = 0; i < count; ++i) {
     if (ids[i] < 0 || ids[i] >= rows) {
       TVM_FFI_THROW(InputError) << where << ": index " << static_cast<int64_t>(ids[i]) << " at position " << i
@@ -54,6 +60,19 @@ void Take(const float* table, const Index* ids, float* out, int64_t outer, int64
     return;
   }
   const size_t bytes = sizeof(float) * static_cast<size_t>(row_size);
+  const size_t table_bytes = bytes * static_cast<size_t>(outer * rows);
+  if (pages->Releases(table, table_bytes)) {
+    // a table mapped from a file: a few rows at a time, its pages handed back after each few (weights.h LookupPages)
+    for (int64_t i0 = 0; i0 < count; i0 += LookupPages::kRows) {
+      for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t i = i0; i < std::min(count, i0 + LookupPages::kRows); ++i) {
+          std::memcpy(out + (o * count + i) * row_size, table + (o * rows + ids[i]) * row_size, bytes);
+        }
+      }
+      LookupPages::Release(table, table_bytes);
+    }
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t i = 0; i < count; ++i) {
@@ -102,13 +121,14 @@ static std::unique_ptr<Kernel> BuildTake(const KernelContext& ctx) {
   const int64_t rows = table.shape[axis], count = ids.numel();
   const std::string where = ctx.where();
   const bool wide = ids.dtype == DType::kInt64;
+  auto pages = std::make_shared<LookupPages>();  // the table's pages, when it is mapped from a file
   HostFn fn = [=](const std::vector<void*>& p) {
     const float* t = static_cast<const float*>(p[0]);
     float* o = static_cast<float*>(p[2]);
     if (wide) {
-      Take(t, static_cast<const int64_t*>(p[1]), o, outer, count, rows, row_size, where);
+      Take(t, static_cast<const int64_t*>(p[1]), o, outer, count, rows, row_size, where, pages.get());
     } else {
-      Take(t, static_cast<const int32_t*>(p[1]), o, outer, count, rows, row_size, where);
+      Take(t, static_cast<const int32_t*>(p[1]), o, outer, count, rows, row_size, where, pages.get());
     }
   };
   return std::make_unique<HostKernel>(ctx.where(), "take", std::move(fn),

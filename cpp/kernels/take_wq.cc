@@ -17,7 +17,8 @@
  * tied to the LM head is the region's one constant of codes, which the head's dense_wq also reads
  * (it repacks its own tiles from it at __init_).  Before any row is read, every index is checked (an
  * InputError naming it, as take) and the scales of every row looked up (finite and nonzero, else a
- * ValueError naming the element).
+ * ValueError naming the element).  Constants read in place from a file's read-only mapping (a weights
+ * file) are read a few rows at a time, their pages handed back after each few (weights.h LookupPages).
  *
  * Portable C++ only, no per-ISA micro-kernels: a lookup dequantizes (indices x K) weights, the work
  * of copying as many float rows, while the step's LM head alone multiplies all V x K of them: at a
@@ -25,13 +26,17 @@
  */
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "../weights.h"
 #include "dense_wq.h"
 #include "kernel.h"
 
@@ -189,28 +194,60 @@ void DequantizeRow(const TableShape& s, const TableData& t, int64_t r, float* ou
   }
 }
 
-/*! \brief One call: the indices checked, then each looked-up row dequantized (rows across threads). */
+/*! \brief The constants' byte sizes, in TableData's order (codes, scales, zero points, offsets; 0: absent). */
+std::array<size_t, 4> TableBytes(const TableShape& s) {
+  const size_t per_block = static_cast<size_t>(s.rows * s.blocks());
+  return {static_cast<size_t>(s.rows * s.row_bytes()), per_block * (s.f16_scales ? 2 : 4),
+          s.has_zero_point ? per_block : 0, s.has_offset ? per_block * 4 : 0};
+}
+
+/*! \brief The pages of each constant that lies in a file's read-only mapping (weights.h LookupPages). */
+using TablePages = std::array<LookupPages, 4>;
+
+/*! \brief One call: the indices checked, then each looked-up row dequantized (rows across threads); constants
+ *         mapped from a file are read kRows rows at a time, their pages handed back after each (LookupPages). */
 template <typename Index>
-void TakeRows(const TableShape& s, const Index* ids, const TableData& t, float* out, const std::string& where) {
+void TakeRows(const TableShape& s, const Index* ids, const TableData& t, float* out, const std::string& where,
+              TablePages& pages) {
   CheckRows(ids, s, t, where);
+  const std::array<const void*, 4> data{t.codes, t.scales, t.zeros, t.offsets};
+  const std::array<size_t, 4> bytes = TableBytes(s);
+  std::array<bool, 4> mapped{};
+  bool any = false;
+  for (size_t k = 0; k < data.size(); ++k) any = (mapped[k] = pages[k].Releases(data[k], bytes[k])) || any;
+  if (!any) {
 #pragma omp parallel for schedule(static) if (s.count * s.k >= (1 << 16))
-  for (int64_t i = 0; i < s.count; ++i) DequantizeRow(s, t, static_cast<int64_t>(ids[i]), out + i * s.k);
+    for (int64_t i = 0; i < s.count; ++i) DequantizeRow(s, t, static_cast<int64_t>(ids[i]), out + i * s.k);
+    return;
+  }
+  for (size_t k = 0; k < data.size(); ++k) {  // what CheckRows read
+    if (mapped[k]) LookupPages::Release(data[k], bytes[k]);
+  }
+  for (int64_t i0 = 0; i0 < s.count; i0 += LookupPages::kRows) {
+    for (int64_t i = i0; i < std::min(s.count, i0 + LookupPages::kRows); ++i) {
+      DequantizeRow(s, t, static_cast<int64_t>(ids[i]), out + i * s.k);
+    }
+    for (size_t k = 0; k < data.size(); ++k) {
+      if (mapped[k]) LookupPages::Release(data[k], bytes[k]);
+    }
+  }
 }
 
 std::unique_ptr<Kernel> BuildTakeWq(const KernelContext& ctx) {
   AttrReader attrs(ctx.graph, ctx.node_index);
   const TableShape s = ReadTableShape(ctx, attrs);
   const std::string where = ctx.where();
-  HostFn fn = [s, where](const std::vector<void*>& p) {
+  auto pages = std::make_shared<TablePages>();  // the constants' pages, when they are mapped from a file
+  HostFn fn = [s, where, pages](const std::vector<void*>& p) {
     size_t next = 3;
     const uint8_t* zeros = s.has_zero_point ? static_cast<const uint8_t*>(p[next++]) : nullptr;
     const float* offsets = s.has_offset ? static_cast<const float*>(p[next++]) : nullptr;
     const TableData t{static_cast<const uint8_t*>(p[1]), p[2], zeros, offsets};
     float* out = static_cast<float*>(p[next]);
     if (s.wide) {
-      TakeRows(s, static_cast<const int64_t*>(p[0]), t, out, where);
+      TakeRows(s, static_cast<const int64_t*>(p[0]), t, out, where, *pages);
     } else {
-      TakeRows(s, static_cast<const int32_t*>(p[0]), t, out, where);
+      TakeRows(s, static_cast<const int32_t*>(p[0]), t, out, where, *pages);
     }
   };
   std::vector<memory::desc> inputs;
