@@ -7,15 +7,17 @@ Two parts, one model in memory at a time (each ``--engine`` a process of its own
   the same tensor's blocks in a Q8_0 GGUF file converted from it (``block_codes``); also llama.cpp's
   own rule redone in numpy (``d = amax / 127`` in float32, codes ``roundf(x * (1 / d))``, ``d`` stored
   float16) against the file. Prints counts (JSON).
-* ``--engine ref|hf-g32|gguf|llama``: logits at every position of bench/generate.py's prompt (its seeded
-  ids), saved to ``--out``: transformers float32 (``ref``), ours ``from_hf(weights="int8",
-  group_size=32)``, ours ``from_gguf`` on the Q8_0 file, llama.cpp itself (llama_cpp_python,
-  ``logits_all=True``), and, as an experiment, ``from_hf`` with the quantizer's int8 blocks of 32 swapped
-  for llama.cpp's rule (``hf-g32-llama-rule``: the file's codes, HF's float32 RoPE frequencies). Ours are teacher-forced one token a step (decode steps: every position's logits),
-  and the prompt in one step for the last position (the bench's prefill). ``--report`` prints, for each
-  saved engine against ``ref``: ``last`` (generate.py's column: max |l - l_ref| / max |l_ref| at the
-  last position), ``mean`` (that per position, averaged), ``rms`` (sqrt(mean (l - l_ref)^2 / mean
-  l_ref^2) over all positions and logits). ``--seed N``: another seeded prompt instead of the bench's.
+* ``--engine ref|hf-g32|gguf|llama|hf-g32-llama-rule``: logits at every position of bench/generate.py's
+  prompt (its seeded ids), saved to ``--out``: transformers float32 (``ref``), ours
+  ``from_hf(weights="int8", group_size=32)``, ours ``from_gguf`` on the Q8_0 file, llama.cpp itself
+  (llama_cpp_python, ``logits_all=True``), and, as an experiment, ``from_hf`` with the quantizer's int8
+  blocks of 32 swapped for llama.cpp's rule (``hf-g32-llama-rule``: the file's codes, HF's float32 RoPE
+  frequencies). Ours are teacher-forced one token a step (decode steps: every position's logits), and
+  the prompt in one step for the last position (the bench's prefill).
+* ``--report`` prints, for each saved engine against ``ref``: ``last`` (generate.py's column: max
+  |l - l_ref| / max |l_ref| at the last position), ``mean`` (that per position, averaged), ``rms``
+  (sqrt(mean (l - l_ref)^2 / mean l_ref^2) over all positions and logits). ``--seed N``: another seeded
+  prompt instead of the bench's.
 
     PYTHONPATH=. python3 bench/q8_0_same.py --compare
     for e in ref hf-g32 gguf llama hf-g32-llama-rule; do PYTHONPATH=. python3 bench/q8_0_same.py --engine $e; done
@@ -147,7 +149,8 @@ def metrics(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
 
 def report(out: str) -> None:
     ref = np.load(os.path.join(out, "ref.npz"))["all"]
-    print("| engine | last (decode steps) | last (one prefill step) | mean over positions | rms (all positions, logits) |")
+    print("| engine | last (decode steps) | last (one prefill step) | mean over positions "
+          "| rms (all positions, logits) |")
     print("|---|---|---|---|---|")
     for e in ("hf-g32", "gguf", "llama", "hf-g32-llama-rule"):
         p = os.path.join(out, f"{e}.npz")
