@@ -293,12 +293,9 @@ def test_narrow_gathered_products_leaves_the_rest_alone():
     assert "relax.strided_slice" in _ops(narrowed)
 
 
-@pytest.mark.parametrize("knob", ["off", "on"])
-def test_strided_query_against_constant_keys_plain_a_knob(monkeypatch, knob):
-    """Q read strided (a permuted dense output) against constant position keys: with
-    BYOC_HETERO_MATMUL_PLAIN_A=on the matmul reads a plain copy of Q on oneDNN's brgemm (where this CPU
-    has it), off it reads Q where it lies; the same values as numpy either way."""
-    monkeypatch.setenv("BYOC_HETERO_MATMUL_PLAIN_A", knob)
+def _strided_query_module():
+    """A permuted dense output (Q, read strided) against constant position keys: the partitioned module,
+    its input and numpy's result."""
     rng = np.random.default_rng(3)
     w = rng.standard_normal((64, 64)).astype("float32")
     keys = rng.standard_normal((4, 16, 31)).astype("float32")
@@ -309,12 +306,33 @@ def test_strided_query_against_constant_keys_plain_a_knob(monkeypatch, knob):
         return relax.op.matmul(q, relax.const(keys))
 
     xv = rng.standard_normal((24, 64)).astype("float32")
-    want = (xv @ w).reshape(24, 4, 16).transpose(1, 0, 2) @ keys
-    got, steps = run_profiled(bh.partition(_module([x], body)), [xv])
+    return bh.partition(_module([x], body)), xv, (xv @ w).reshape(24, 4, 16).transpose(1, 0, 2) @ keys
+
+
+def test_a_bad_plain_a_value_is_an_error_naming_it(monkeypatch):
+    """Read when the region is planned (the partition's own check plans it too)."""
+    monkeypatch.setenv("BYOC_HETERO_MATMUL_PLAIN_A", "yes")
+    with pytest.raises(Exception, match="BYOC_HETERO_MATMUL_PLAIN_A must be on or off, got 'yes'"):
+        mod, xv, _ = _strided_query_module()
+        run_profiled(mod, [xv])
+
+
+@pytest.mark.parametrize("knob", ["off", "on", None])
+def test_strided_query_against_constant_keys_plain_a_knob(monkeypatch, knob):
+    """Q read strided (a permuted dense output) against constant position keys: with
+    BYOC_HETERO_MATMUL_PLAIN_A=on (the default since session 16: unset is on) the matmul reads a plain
+    copy of Q on oneDNN's brgemm (where this CPU has it), off it reads Q where it lies; the same values
+    as numpy either way."""
+    if knob is None:
+        monkeypatch.delenv("BYOC_HETERO_MATMUL_PLAIN_A", raising=False)
+    else:
+        monkeypatch.setenv("BYOC_HETERO_MATMUL_PLAIN_A", knob)
+    mod, xv, want = _strided_query_module()
+    got, steps = run_profiled(mod, [xv])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     (matmul,) = [st for st in steps if st["op"] == "matmul"]
     dense_isa = [st["impl"] for st in steps if st["op"] == "dense"][0]
-    if knob == "on" and "avx512" in dense_isa:
+    if knob != "off" and "avx512" in dense_isa:
         assert matmul["impl"].startswith("brg") and "src=[4,24,16]:abc" in matmul["layouts"], matmul
     elif knob == "off":
         assert "src=[4,24,16]:bac" in matmul["layouts"], matmul  # read where it lies

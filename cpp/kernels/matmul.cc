@@ -335,12 +335,17 @@ struct MatmulOperands {
   bool b_constant;
 };
 
-/*! \brief BYOC_HETERO_MATMUL_PLAIN_A=on (read when a region is planned): a strided a against a constant b
- *         read through a plain copy where that turns oneDNN's jit sgemm into its brgemm matmul.  Opt-in
- *         until a quiet A/B (bench/ZOO.md, session 16). */
+/*! \brief BYOC_HETERO_MATMUL_PLAIN_A (read when a region is planned): "on" (or unset) reads a strided a
+ *         against a constant b through a plain copy where that turns oneDNN's jit sgemm into its brgemm
+ *         matmul; "off" reads a where it lies.  On by default since the quiet A/B of session 16
+ *         (DeBERTa-v3-base, 2 threads: 1.028x, faster in 6 of 6 rounds; bench/ZOO.md). */
 bool PlainABrgemmOn() {
-  const char* knob = std::getenv("BYOC_HETERO_MATMUL_PLAIN_A");
-  return knob != nullptr && std::string(knob) == "on";
+  const char* env = std::getenv("BYOC_HETERO_MATMUL_PLAIN_A");
+  const std::string value = env == nullptr ? "" : env;
+  if (!value.empty() && value != "on" && value != "off") {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_MATMUL_PLAIN_A must be on or off, got '" << value << "'";
+  }
+  return value != "off";
 }
 
 /*!
@@ -367,7 +372,7 @@ dnnl::matmul::primitive_desc MatmulPdWithDst(const KernelContext& ctx, const Mat
   }
   if (!ctx.bf16 && o.a_strided && o.b_constant && PlainABrgemmOn() &&
       std::string(pd.impl_info_str()).rfind("gemm:", 0) == 0) {
-    // Opt-in (BYOC_HETERO_MATMUL_PLAIN_A=on): oneDNN's brgemm matmul reads only a plain a, so a strided a
+    // BYOC_HETERO_MATMUL_PLAIN_A (default on): oneDNN's brgemm matmul reads only a plain a, so a strided a
     // (DeBERTa's Q / K against the constant position keys, a permuted dense output) ran on the jit sgemm;
     // read a plain copy (the planner's reorder) where that gets a brgemm.
     const memory::desc strided_a = a_src;
