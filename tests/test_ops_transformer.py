@@ -349,6 +349,15 @@ def test_scaled_full_mask_avoids_the_reference_matmul_under_avx2(post_relu):
     assert out["error"] <= TOLERANCE
 
 
+def test_a_bad_split_epilogue_value_is_an_error_naming_it(monkeypatch):
+    """BYOC_HETERO_MATMUL_SPLIT_EPILOGUE is read when a region with a float matmul is planned, on any ISA."""
+    monkeypatch.setenv("BYOC_HETERO_MATMUL_SPLIT_EPILOGUE", "yes")
+    x = RNG.standard_normal((1, 16, 32)).astype("float32")
+    mask = np.zeros((1, 4, 16, 16), "float32")
+    with pytest.raises(Exception, match="BYOC_HETERO_MATMUL_SPLIT_EPILOGUE must be on or off, got 'yes'"):
+        run(build(bh.partition(_attention(mask_shape=(1, 4, 16, 16)))), [x, mask])
+
+
 def test_mask_read_by_two_layers_and_scores_read_twice_stay_correct():
     """The scores are also an output: no post-op may change what that output holds."""
     def body(emit, q, k, mask):

@@ -682,7 +682,7 @@ std::unique_ptr<Kernel> BuildFloatMatmul(const KernelContext& ctx, const FloatMa
   const MatmulOperands& o = f.operands;
   dnnl::matmul::primitive_desc pd = MatmulPd(ctx, o, f.has_bias ? PlainDesc(f.bias_dims) : memory::desc(), f.dst_dims,
                                              attr, !f.epilogue.residual);
-  if (IsReferenceImpl(pd) && SplitEpilogueOn()) {
+  if (SplitEpilogueOn() && IsReferenceImpl(pd)) {  // the knob checked on every float matmul
     if (auto split = MatmulWithSplitEpilogue(ctx, f)) return split;
   }
   if (!f.has_mask) {
