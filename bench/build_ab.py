@@ -80,14 +80,19 @@ def main() -> None:
     inputs = [tvm.runtime.tensor(data[k]) for k in data.files]
     sides = {"A": _load(args.a, inputs, args.knob, "off"), "B": _load(args.b or args.a, inputs, args.knob, "on")}
     if args.knob:
-        os.environ.pop(args.knob)
         for name, (_vm, _out, counts) in sides.items():
             print(f"{name} ({args.knob}={'off' if name == 'A' else 'on'}): {counts}")
     print(f"max |A - B| = {float(np.abs(sides['A'][1] - sides['B'][1]).max()):.3g}")
     times: dict[str, list[float]] = {"A": [], "B": []}
     for r in range(args.rounds):
         for name in (("A", "B") if r % 2 == 0 else ("B", "A")):
+            if args.knob:
+                # kept set while a side runs: a region plans again for fewer threads under contention (a
+                # contention plan), reading the knob then; unset, both sides' such plans took the default
+                os.environ[args.knob] = "off" if name == "A" else "on"
             times[name].append(_median_ms(sides[name][0], inputs, args.min_time, args.cpu_time))
+    if args.knob:
+        os.environ.pop(args.knob)
     a, b = (float(np.median(times[n])) for n in ("A", "B"))
     unit = "ms CPU" if args.cpu_time else "ms"
     print(f"A {a:.2f} {unit}, B {b:.2f} {unit}, A / B {a / b:.3f}x over {args.rounds} rounds "

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from conftest import TOLERANCE, graph, offload_and_compare
+from conftest import TOLERANCE, graph, isa_under, offload_and_compare
 from fuzz_graphs import minus_inf_mask, safe_softmax_chain
 from tvm import relax
 
@@ -299,6 +302,60 @@ def test_attention_scale_and_mask_are_matmul_post_ops(scale_op, mask_shape, torc
     assert len([n for n in ns if n["op"] == "binary"]) == int(per_head), "the scale or mask ran as a separate step"
     # torch-style [H, S, S] scores are written as [1, H, S, S]: oneDNN's 3-D broadcast post-op is ref only
     assert not [i for i in matmul_impls(res.partitioned, [x, mask]) if i.startswith("ref")]
+
+
+def print_masked_scores_run(post_relu: bool) -> None:
+    """Run softmax(q @ k^T * 0.25 + mask) (or relu of the masked scores, a post-activation after the mask), the
+    mask of the scores' full shape (the matmul's residual), and print one JSON line: oneDNN's ISA, every matmul
+    step's implementation and the relative error against numpy.  Run in a subprocess by the test below."""
+    rng = np.random.default_rng(3)
+    q, k = (rng.standard_normal((1, 4, 16, 8)).astype("float32") for _ in range(2))
+    mask = np.where(rng.random((1, 4, 16, 16)) < 0.3, -1e4, 0.0).astype("float32")
+
+    def body(emit, q_, k_, mask_):
+        s = emit(R.matmul(q_, emit(R.permute_dims(k_, [0, 1, 3, 2]))))
+        s = emit(R.add(emit(R.multiply(s, const(0.25))), mask_))
+        return R.nn.relu(s) if post_relu else R.nn.softmax(s, axis=-1)
+    mod = graph({"q": q.shape, "k": k.shape, "mask": mask.shape}, body)
+    part = bh.partition(mod)
+    got = run(build(part), [q, k, mask])
+    scores = q @ k.transpose(0, 1, 3, 2) * 0.25 + mask
+    if post_relu:
+        want = np.maximum(scores, 0)
+    else:
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        want = e / e.sum(-1, keepdims=True)
+    print(json.dumps({"isa": bh._C.isa(), "impls": matmul_impls(part, [q, k, mask]),
+                      "error": float(relative_error(got, want))}))
+
+
+@pytest.mark.parametrize("post_relu", [False, True])
+def test_scaled_full_mask_avoids_the_reference_matmul_under_avx2(post_relu):
+    """Under ONEDNN_MAX_CPU_ISA=AVX2 (Zen 3, older Intel) oneDNN 3.2's f32 matmul is its jit sgemm, which takes a
+    sum post-op only first: the scale then the full mask (the residual) ran "ref:any".  The matmul now runs with
+    the scale alone and the mask added by a jit binary step (matmul.cc MatmulWithSplitEpilogue); values against
+    numpy.  oneDNN reads the cap when it starts: a subprocess."""
+    if isa_under("AVX2") != "avx2":
+        pytest.skip(f"this CPU cannot run oneDNN's avx2 kernels (got {isa_under('AVX2')})")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, *sys.path]), ONEDNN_MAX_CPU_ISA="AVX2")
+    code = f"import test_ops_transformer as t; t.print_masked_scores_run({post_relu})"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=here, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["isa"] == "avx2"
+    assert len(out["impls"]) == 2, out["impls"]  # the product, then the mask's add
+    assert not [i for i in out["impls"] if i.startswith("ref")], out["impls"]
+    assert out["error"] <= TOLERANCE
+
+
+def test_a_bad_split_epilogue_value_is_an_error_naming_it(monkeypatch):
+    """BYOC_HETERO_MATMUL_SPLIT_EPILOGUE is read when a region with a float matmul is planned, on any ISA."""
+    monkeypatch.setenv("BYOC_HETERO_MATMUL_SPLIT_EPILOGUE", "yes")
+    x = RNG.standard_normal((1, 16, 32)).astype("float32")
+    mask = np.zeros((1, 4, 16, 16), "float32")
+    with pytest.raises(Exception, match="BYOC_HETERO_MATMUL_SPLIT_EPILOGUE must be on or off, got 'yes'"):
+        run(build(bh.partition(_attention(mask_shape=(1, 4, 16, 16)))), [x, mask])
 
 
 def test_mask_read_by_two_layers_and_scores_read_twice_stay_correct():

@@ -28,6 +28,11 @@
  * (ranks aligned by leading 1s), is added after the scale and before the activation (a binary_add
  * post-op reading it with broadcasting), e.g. attention's additive mask [1, 1, S, S] over
  * [1, heads, S, S] scores: the scores are written once instead of three times.
+ * Where the primitive with the whole epilogue is only oneDNN's reference matmul but the one with the scale
+ * (and, without a mask, the activation) alone is not, the rest runs as its own step, a jit binary add of the
+ * mask or the residual with the remaining post-ops (MatmulWithSplitEpilogue): under AVX2 (Zen 3, older
+ * Intel) the jit sgemm takes a sum post-op only first, and the scale then a full mask ran "ref:any".
+ * BYOC_HETERO_MATMUL_SPLIT_EPILOGUE=off keeps the reference primitive.
  * int8 operands (ops/int8_matmul.py: a QDQ transformer's Q.K^T and P.V): a and b uint8 / int8
  * with attrs a_scale, a_zero_point, b_scale, b_zero_point (per tensor), float32 output =
  * a_scale * b_scale * (a - a_zp) @ (b - b_zp) then the scale post-op; no bias, mask or residual.
@@ -554,6 +559,118 @@ struct FloatMatmul {
   int residual_index;  // -1 without a residual
 };
 
+/*!
+ * \brief A float matmul whose epilogue runs as two steps: the matmul with the post-ops before the first one
+ *        reading another tensor (the scale; the activation too without a mask) into a temp, then one oneDNN
+ *        binary add of the mask (or, without one, the residual) with the rest as its post-ops (activation,
+ *        the residual as a binary add, post-activation) into the output.  MatmulWithSplitEpilogue says when.
+ */
+class SplitEpilogueMatmulKernel : public Kernel {
+ public:
+  SplitEpilogueMatmulKernel(std::string label, dnnl::matmul::primitive_desc matmul, dnnl::binary::primitive_desc add,
+                            std::vector<OperandLayout> inputs, OperandLayout output, bool has_bias, int add_input,
+                            int residual_post_op, int residual_input)
+      : label_(std::move(label)),
+        matmul_(std::move(matmul)),
+        add_(std::move(add)),
+        has_bias_(has_bias),
+        add_input_(add_input),
+        residual_post_op_(residual_post_op),
+        residual_input_(residual_input) {
+    inputs_ = std::move(inputs);
+    output_ = std::move(output);
+    temps_ = {matmul_.dst_desc()};
+  }
+
+  std::vector<Step> Bind(const std::vector<MemRef>& inputs, const MemRef& output,
+                         const std::vector<MemRef>& temps) const override {
+    Step product;
+    product.pd = matmul_;
+    product.label = label_;
+    product.op = "matmul";
+    product.args = {{DNNL_ARG_SRC, BoundInput(0, inputs[0])}, {DNNL_ARG_WEIGHTS, BoundInput(1, inputs[1])},
+                    {DNNL_ARG_DST, temps[0]}};
+    if (has_bias_) product.args.emplace_back(DNNL_ARG_BIAS, inputs[2]);
+    Step add;
+    add.pd = add_;
+    add.label = label_ + " (epilogue)";
+    add.op = "matmul";
+    add.args = {{DNNL_ARG_SRC_0, temps[0]}, {DNNL_ARG_SRC_1, inputs[add_input_]}, {DNNL_ARG_DST, output}};
+    if (residual_post_op_ >= 0) {
+      add.args.emplace_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(residual_post_op_) | DNNL_ARG_SRC_1, inputs[residual_input_]);
+    }
+    std::vector<Step> steps;
+    steps.push_back(std::move(product));
+    steps.push_back(std::move(add));
+    return steps;
+  }
+
+ private:
+  std::string label_;
+  dnnl::matmul::primitive_desc matmul_;
+  dnnl::binary::primitive_desc add_;
+  bool has_bias_;
+  int add_input_, residual_post_op_, residual_input_;
+};
+
+/*! \brief BYOC_HETERO_MATMUL_SPLIT_EPILOGUE (read when a region is planned): "on" (or unset) lets a matmul whose
+ *         primitive with its whole epilogue is a reference one run the epilogue as its own step
+ *         (MatmulWithSplitEpilogue); "off" keeps the one reference primitive (the A/B's other side). */
+bool SplitEpilogueOn() {
+  const char* env = std::getenv("BYOC_HETERO_MATMUL_SPLIT_EPILOGUE");
+  const std::string value = env == nullptr ? "" : env;
+  if (!value.empty() && value != "on" && value != "off") {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_MATMUL_SPLIT_EPILOGUE must be on or off, got '" << value << "'";
+  }
+  return value != "off";
+}
+
+bool IsReferenceBinary(const dnnl::binary::primitive_desc& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
+/*!
+ * \brief \p f as a SplitEpilogueMatmulKernel, or null where that would not avoid a reference kernel.
+ *        For a matmul whose primitive with its whole epilogue is oneDNN's reference one (\p full_is_ref):
+ *        under ONEDNN_MAX_CPU_ISA=AVX2 (Zen 3, older Intel) f32 matmul is the jit sgemm, which takes a sum
+ *        post-op only first and a binary post-op in few broadcasts, so attention's scale then full mask
+ *        (the residual) ran "ref:any".  Taken only where both the matmul without the tensor-reading post-ops
+ *        and the binary with them are jit kernels.
+ */
+std::unique_ptr<Kernel> MatmulWithSplitEpilogue(const KernelContext& ctx, const FloatMatmul& f) {
+  const Epilogue& e = f.epilogue;
+  if (!f.has_mask && !e.residual) return nullptr;
+  Epilogue head;
+  head.scale = e.scale;
+  if (!f.has_mask) head.act = e.act;
+  const memory::desc product = PlainDesc(f.dst_dims);
+  dnnl::post_ops ops;
+  if (f.has_mask && !e.act.none()) ops.append_eltwise(e.act.alg, e.act.alpha, e.act.beta);
+  const int residual_post_op = f.has_mask && e.residual ? ops.len() : -1;
+  if (residual_post_op >= 0) ops.append_binary(dnnl::algorithm::binary_add, product);
+  if (!e.post_act.none()) ops.append_eltwise(e.post_act.alg, e.post_act.alpha, e.post_act.beta);
+  dnnl::primitive_attr add_attr = ctx.MakeAttr();
+  add_attr.set_post_ops(ops);
+  const memory::desc bias = f.has_bias ? PlainDesc(f.bias_dims) : memory::desc();
+  try {
+    dnnl::matmul::primitive_desc matmul = MatmulPdWithDst(ctx, f.operands, bias, product, ctx.MakeAttr(head));
+    const memory::desc addend = f.has_mask ? PlainDesc(f.mask_dims) : product;
+    dnnl::binary::primitive_desc add(ctx.engine, dnnl::algorithm::binary_add, product, addend, product, add_attr);
+    if (IsReferenceImpl(matmul) || IsReferenceBinary(add)) return nullptr;
+    const MatmulOperands& o = f.operands;
+    std::vector<OperandLayout> inputs{{o.a_md, matmul.src_desc()}, {o.b_view, matmul.weights_desc()}};
+    if (f.has_bias) inputs.push_back({PlainDesc(f.bias_dims), matmul.bias_desc()});
+    if (f.has_mask) inputs.push_back({addend, addend});
+    if (e.residual) inputs.push_back({product, product});
+    const int add_input = 2 + f.has_bias;  // the mask, or the residual without one
+    return std::make_unique<SplitEpilogueMatmulKernel>(ctx.where(), std::move(matmul), std::move(add), std::move(inputs),
+                                                       OperandLayout{product, product}, f.has_bias, add_input,
+                                                       residual_post_op, f.residual_index);
+  } catch (const dnnl::error&) {
+    return nullptr;  // no such primitive: the whole epilogue as post-ops
+  }
+}
+
 /*! \brief The float matmul of \p f: one writing a split hint, or the plain / hinted form, masked or not. */
 std::unique_ptr<Kernel> BuildFloatMatmul(const KernelContext& ctx, const FloatMatmul& f) {
   int mask_post_op = -1;
@@ -565,6 +682,9 @@ std::unique_ptr<Kernel> BuildFloatMatmul(const KernelContext& ctx, const FloatMa
   const MatmulOperands& o = f.operands;
   dnnl::matmul::primitive_desc pd = MatmulPd(ctx, o, f.has_bias ? PlainDesc(f.bias_dims) : memory::desc(), f.dst_dims,
                                              attr, !f.epilogue.residual);
+  if (SplitEpilogueOn() && IsReferenceImpl(pd)) {  // the knob checked on every float matmul
+    if (auto split = MatmulWithSplitEpilogue(ctx, f)) return split;
+  }
   if (!f.has_mask) {
     return MakeAnchorKernel(ctx, "matmul", std::move(pd), o.a_md, o.b_view, f.bias_dims, f.has_bias, f.dst_dims,
                             f.epilogue);
