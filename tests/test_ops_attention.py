@@ -513,12 +513,14 @@ def test_out_view_bad_value_is_an_error_naming_it(fused, monkeypatch):
         offload_and_compare(attention_module())
 
 
-def test_phi3_default_exporter_attention_writes_in_place(monkeypatch, tmp_path):
-    """The small Phi-3-style decoder through torch.onnx.export's default (dynamo) exporter, with the
-    output view on: one attention node per layer, no copy after it, within 1e-4 of torch eager."""
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx_dynamo"])
+def test_phi3_attention_writes_in_place(monkeypatch, tmp_path, path):
+    """The small Phi-3-style decoder through torch.onnx.export's default (dynamo) exporter (P @ V
+    [1, H, S, D]) and through torch.export (TVM's frontend: [H, S, D], reshaped to [1, H, S, D] before
+    the permute: the hint splits the batch dims), with the output view on: one attention node per layer,
+    no copy after it, within 1e-4 of torch eager."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
     from model_paths import run_profiled
 
     sys.path.insert(0, ZOO)
@@ -527,9 +529,13 @@ def test_phi3_default_exporter_attention_writes_in_place(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV, "fused")
     monkeypatch.setenv(OUT_VIEW, "on")
     zm = zoo_models.phi3_decoder(small=True)
-    file = str(tmp_path / "phi3.onnx")
-    torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
-    mod, params = bh.from_onnx(file)
+    if path == "from_torch":
+        mod, params = bh.from_torch(zm.module.eval(), zm.inputs)
+    else:
+        pytest.importorskip("onnxscript")
+        file = str(tmp_path / "phi3.onnx")
+        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
+        mod, params = bh.from_onnx(file)
     got, steps = run_profiled(bh.partition(mod, params), [x.numpy() for x in zm.inputs])
     assert [s["op"] for s in steps].count("attention") == 2
     assert not _permute_copies(steps), steps

@@ -416,32 +416,47 @@ bool OutViewOn() {
   return value == "on";
 }
 
+/*! \brief Whether \p hint's dims are \p out's, or \p out's with its batch dims split into more
+ *         (the same elements in the same row-major order: M and Dv as they are). */
+bool SameOrSplitBatch(const memory::dims& hint, const memory::dims& out) {
+  if (hint == out) return true;
+  if (hint.size() <= out.size() || out.size() < 2) return false;
+  if (hint[hint.size() - 2] != out[out.size() - 2] || hint.back() != out.back()) return false;
+  int64_t a = 1, b = 1;
+  for (size_t d = 0; d + 2 < hint.size(); ++d) a *= hint[d];
+  for (size_t d = 0; d + 2 < out.size(); ++d) b *= out[d];
+  return a == b;
+}
+
 /*!
- * \brief The output's layout: the planner's hint (KernelContext::output_hint) where it is float32
- *        strides over the output's dims with unit stride along Dv and rows Dv apart or more (the
- *        permute after attention's P @ V, [B, heads, M, Dv] to [B, M, heads, Dv], is then a view with
- *        row-major bytes and the output dense reads it with no copy); plain otherwise.  Sets the
- *        plan's per-batch output offsets and row stride.  A hint with an offset (a concat's later
- *        run) is not taken: the kernel is handed its buffer's first element.
+ * \brief The output's layout (a plain view, and the layout it is stored in): the planner's hint
+ *        (KernelContext::output_hint) where it is float32 strides with unit stride along Dv and rows
+ *        Dv apart or more, over the output's dims or over them with the batch dims split (the
+ *        permute after attention's P @ V, [B, heads, M, Dv] to [B, M, heads, Dv], or TVM's torch
+ *        frontend's [heads, M, Dv] reshaped to [1, heads, M, Dv] first, is then a view with row-major
+ *        bytes and the output dense reads it with no copy); plain otherwise.  Sets the plan's
+ *        per-batch output offsets (the batch index runs in the same order over either dims) and row
+ *        stride.  A hint with an offset (a concat's later run) is not taken: the kernel is handed its
+ *        buffer's first element.  Only with BYOC_HETERO_ATTENTION_OUT_VIEW=on (OutViewOn).
  */
-memory::desc OutputView(const KernelContext& ctx, const std::vector<int64_t>& batch, AttentionPlan* p) {
+std::pair<memory::desc, memory::desc> OutputView(const KernelContext& ctx, AttentionPlan* p) {
   const std::vector<int64_t>& out = ctx.output().shape;
   const memory::dims out_dims(out.begin(), out.end());
-  const memory::desc plain = PlainDesc(out_dims);
-  memory::desc md = plain;
+  memory::desc md = PlainDesc(out_dims);
   const memory::desc& hint = ctx.output_hint;
-  if (OutViewOn() && !hint.is_zero() && hint.get_data_type() == memory::data_type::f32 && hint.get_dims() == out_dims &&
-      hint.get_format_kind() == dnnl::memory::format_kind::blocked && hint.get_inner_nblks() == 0 && hint.get_submemory_offset() == 0) {
+  if (OutViewOn() && !hint.is_zero() && hint.get_data_type() == memory::data_type::f32 &&
+      SameOrSplitBatch(hint.get_dims(), out_dims) && hint.get_format_kind() == memory::format_kind::blocked &&
+      hint.get_inner_nblks() == 0 && hint.get_submemory_offset() == 0) {
     const memory::dims s = hint.get_strides();
-    const size_t r = s.size();
-    if (s[r - 1] == 1 && s[r - 2] >= p->dv) md = hint;
+    if (s.back() == 1 && s[s.size() - 2] >= p->dv) md = hint;
   }
-  const memory::dims strides = md.get_strides();
+  const memory::dims dims = md.get_dims(), strides = md.get_strides();
+  const std::vector<int64_t> batch(dims.begin(), dims.end() - 2);
   std::vector<int64_t> batch_strides;
   for (size_t d = 0; d < batch.size(); ++d) batch_strides.push_back(batch[d] == 1 ? 0 : strides[d]);
   p->out_off = BatchOffsets(batch, batch_strides);
   p->out_row_stride = strides[strides.size() - 2];
-  return md;
+  return {PlainDesc(dims), md};
 }
 
 /*! \brief The host kernel with its output stored as OutputView chose (view plain, want \p stored). */
@@ -518,11 +533,11 @@ static std::unique_ptr<Kernel> BuildAttention(const KernelContext& ctx) {
   }
   p.isa = AttentionIsa();
   const std::string label = ctx.where();
-  const memory::desc stored = OutputView(ctx, batch, &p);
+  const std::pair<memory::desc, memory::desc> stored = OutputView(ctx, &p);
   auto plan = std::make_shared<const AttentionPlan>(std::move(p));
   return std::make_unique<AttentionKernel>(
       label, [plan, label](const std::vector<void*>& ptrs) { RunAttention(*plan, label, ptrs); }, std::move(inputs),
-      PlainDesc(memory::dims(out.begin(), out.end())), stored);
+      stored.first, stored.second);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("attention", BuildAttention);
