@@ -477,3 +477,69 @@ def test_zoo_transformers_with_fused_attention_match_torch(fused, model):
     with torch.no_grad():
         want = zm.module(*zm.inputs).numpy()
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
+OUT_VIEW = "BYOC_HETERO_ATTENTION_OUT_VIEW"
+
+
+def _permute_copies(steps: list) -> list:
+    """The planner's copies (op "") out of a permuted layout: the permute after P @ V made plain."""
+    return [s for s in steps if s["op"] == "" and "acbd" in s["layouts"]]
+
+
+@pytest.mark.parametrize("knob", ["off", "on"])
+@pytest.mark.parametrize("torch_style", [False, True])
+@pytest.mark.parametrize("mask_shape", [None, (1, 2, 12, 12)])
+def test_out_view_writes_heads_inside_tokens(fused, monkeypatch, knob, torch_style, mask_shape):
+    """BYOC_HETERO_ATTENTION_OUT_VIEW=on: the node writes P @ V [1, H, S, D] under the strides that make
+    the permute to [1, S, H, D] a view (its layouts say acbd) and the planner's copy after it is gone;
+    off (the default) writes it plain and the copy stays.  Either way the llvm-only build's output."""
+    from model_paths import run_profiled
+
+    monkeypatch.setenv(OUT_VIEW, knob)
+    mod = attention_module(mask_shape=mask_shape, torch_style=torch_style)
+    offload_and_compare(mod)
+    x = RNG.standard_normal((1, 12, 8)).astype("float32")
+    inputs = [x] + ([RNG.standard_normal(mask_shape).astype("float32")] if mask_shape else [])
+    _out, steps = run_profiled(bh.partition(mod), inputs)
+    (node,) = [s for s in steps if s["op"] == "attention"]
+    assert node["layouts"].endswith("out=[1,2,12,4]:" + ("acbd" if knob == "on" else "abcd")), node
+    assert len(_permute_copies(steps)) == (0 if knob == "on" else 1), steps
+
+
+def test_out_view_bad_value_is_an_error_naming_it(fused, monkeypatch):
+    monkeypatch.setenv(OUT_VIEW, "yes")
+    with pytest.raises(Exception, match="BYOC_HETERO_ATTENTION_OUT_VIEW must be on or off, got 'yes'"):
+        offload_and_compare(attention_module())
+
+
+@pytest.mark.parametrize("path", ["from_torch", "from_onnx_dynamo"])
+def test_phi3_attention_writes_in_place(monkeypatch, tmp_path, path):
+    """The small Phi-3-style decoder through torch.onnx.export's default (dynamo) exporter (P @ V
+    [1, H, S, D]) and through torch.export (TVM's frontend: [H, S, D], reshaped to [1, H, S, D] before
+    the permute: the hint splits the batch dims), with the output view on: one attention node per layer,
+    no copy after it, within 1e-4 of torch eager."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from model_paths import run_profiled
+
+    sys.path.insert(0, ZOO)
+    import zoo_models
+
+    monkeypatch.setenv(ENV, "fused")
+    monkeypatch.setenv(OUT_VIEW, "on")
+    zm = zoo_models.phi3_decoder(small=True)
+    if path == "from_torch":
+        mod, params = bh.from_torch(zm.module.eval(), zm.inputs)
+    else:
+        pytest.importorskip("onnxscript")
+        file = str(tmp_path / "phi3.onnx")
+        torch.onnx.export(zm.module, zm.inputs, file, input_names=list(zm.input_names))
+        mod, params = bh.from_onnx(file)
+    got, steps = run_profiled(bh.partition(mod, params), [x.numpy() for x in zm.inputs])
+    assert [s["op"] for s in steps].count("attention") == 2
+    assert not _permute_copies(steps), steps
+    with torch.no_grad():
+        want = zm.module(*zm.inputs)
+    want = (want[0] if isinstance(want, (tuple, list)) else want).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4

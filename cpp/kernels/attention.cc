@@ -10,7 +10,8 @@
  * permutes of Q, K, V in attention give).  The mask (has_mask 1) is a plain input whose shape,
  * ranks aligned by leading 1s, broadcasts to the scores [batch..., M, N].  Attrs: scale (default
  * 1), safe (0/1/2, as the softmax node's), block_rows (default 0: RowsPerBlock; query rows per
- * block, for experiments and tests).  Output: [batch..., M, Dv], plain.
+ * block, for experiments and tests).  Output: [batch..., M, Dv], plain, or under the planner's
+ * strided hint (OutputView: the permute after P @ V becomes a view, no copy).
  *
  * Why: the region pass fuse_attention (backends/onednn/ops/fused_attention.py) replaces matmul ->
  * softmax -> matmul by this node.  Unfused, Whisper-tiny's encoder writes [6, 1500, 1500] scores
@@ -37,6 +38,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -131,7 +133,8 @@ struct AttentionPlan {
   int safe = 0;
   bool has_mask = false;
   ViewInfo q, k, v;
-  std::vector<int64_t> q_off, k_off, v_off, mask_off;  // per flattened batch index
+  std::vector<int64_t> q_off, k_off, v_off, mask_off, out_off;  // per flattened batch index
+  int64_t out_row_stride = 0;  // the output's: plain, or the planner's hint (OutputView)
   int64_t mask_row_stride = 0, mask_col_stride = 0;
   SimdIsa isa = SimdIsa::kGeneric;  // the softmax rows' (AttentionIsa)
   // Packing (pack true: more than one block of rows per batch index): each distinct K (and V) of the
@@ -329,10 +332,10 @@ dnnl::status RunBlock(const AttentionPlan& p, int64_t g, int64_t r0, int64_t row
   const MatrixArg pa{'N', p.n};
   const float* vg = p.pack ? packed.v + p.v_slot[g] * p.n * p.dv : v + p.v_off[g];
   const MatrixArg vb = p.pack ? MatrixArg{'N', p.dv} : *AsMatrix(p.n, p.dv, p.v.row_stride, p.v.col_stride);
-  float* og = out + (g * p.m + r0) * p.dv;
-  const dnnl::status st2 = Sgemm(pa, vb, rows, p.dv, p.n, 1.f, tile, vg, og, p.dv);
+  float* og = out + p.out_off[g] + r0 * p.out_row_stride;
+  const dnnl::status st2 = Sgemm(pa, vb, rows, p.dv, p.n, 1.f, tile, vg, og, p.out_row_stride);
   for (int64_t i = 0; i < rows; ++i) {
-    float* orow = og + i * p.dv;
+    float* orow = og + i * p.out_row_stride;
     for (int64_t c = 0; c < p.dv; ++c) orow[c] *= inv[i];
   }
   return st2;
@@ -401,6 +404,71 @@ int64_t RowsPerBlock(int64_t m, int64_t n) {
   return std::max<int64_t>(1, std::min(m, std::max<int64_t>(128, budget / std::max<int64_t>(n, 1))));
 }
 
+/*! \brief BYOC_HETERO_ATTENTION_OUT_VIEW (read when a region is planned): "on" writes the output under
+ *         the planner's strided hint (OutputView); "off" (or unset) writes it plain.  Opt-in until a
+ *         quiet A/B (bench/ZOO.md, session 16: the Phi-3-style decoder's 12 copies after attention). */
+bool OutViewOn() {
+  const char* env = std::getenv("BYOC_HETERO_ATTENTION_OUT_VIEW");
+  const std::string value = env == nullptr ? "" : env;
+  if (!value.empty() && value != "on" && value != "off") {
+    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_ATTENTION_OUT_VIEW must be on or off, got '" << value << "'";
+  }
+  return value == "on";
+}
+
+/*! \brief Whether \p hint's dims are \p out's, or \p out's with its batch dims split into more
+ *         (the same elements in the same row-major order: M and Dv as they are). */
+bool SameOrSplitBatch(const memory::dims& hint, const memory::dims& out) {
+  if (hint == out) return true;
+  if (hint.size() <= out.size() || out.size() < 2) return false;
+  if (hint[hint.size() - 2] != out[out.size() - 2] || hint.back() != out.back()) return false;
+  int64_t a = 1, b = 1;
+  for (size_t d = 0; d + 2 < hint.size(); ++d) a *= hint[d];
+  for (size_t d = 0; d + 2 < out.size(); ++d) b *= out[d];
+  return a == b;
+}
+
+/*!
+ * \brief The output's layout (a plain view, and the layout it is stored in): the planner's hint
+ *        (KernelContext::output_hint) where it is float32 strides with unit stride along Dv and rows
+ *        Dv apart or more, over the output's dims or over them with the batch dims split (the
+ *        permute after attention's P @ V, [B, heads, M, Dv] to [B, M, heads, Dv], or TVM's torch
+ *        frontend's [heads, M, Dv] reshaped to [1, heads, M, Dv] first, is then a view with row-major
+ *        bytes and the output dense reads it with no copy); plain otherwise.  Sets the plan's
+ *        per-batch output offsets (the batch index runs in the same order over either dims) and row
+ *        stride.  A hint with an offset (a concat's later run) is not taken: the kernel is handed its
+ *        buffer's first element.  Only with BYOC_HETERO_ATTENTION_OUT_VIEW=on (OutViewOn).
+ */
+std::pair<memory::desc, memory::desc> OutputView(const KernelContext& ctx, AttentionPlan* p) {
+  const std::vector<int64_t>& out = ctx.output().shape;
+  const memory::dims out_dims(out.begin(), out.end());
+  memory::desc md = PlainDesc(out_dims);
+  const memory::desc& hint = ctx.output_hint;
+  if (OutViewOn() && !hint.is_zero() && hint.get_data_type() == memory::data_type::f32 &&
+      SameOrSplitBatch(hint.get_dims(), out_dims) && hint.get_format_kind() == memory::format_kind::blocked &&
+      hint.get_inner_nblks() == 0 && hint.get_submemory_offset() == 0) {
+    const memory::dims s = hint.get_strides();
+    if (s.back() == 1 && s[s.size() - 2] >= p->dv) md = hint;
+  }
+  const memory::dims dims = md.get_dims(), strides = md.get_strides();
+  const std::vector<int64_t> batch(dims.begin(), dims.end() - 2);
+  std::vector<int64_t> batch_strides;
+  for (size_t d = 0; d < batch.size(); ++d) batch_strides.push_back(batch[d] == 1 ? 0 : strides[d]);
+  p->out_off = BatchOffsets(batch, batch_strides);
+  p->out_row_stride = strides[strides.size() - 2];
+  return {PlainDesc(dims), md};
+}
+
+/*! \brief The host kernel with its output stored as OutputView chose (view plain, want \p stored). */
+class AttentionKernel : public HostKernel {
+ public:
+  AttentionKernel(std::string label, HostFn fn, std::vector<memory::desc> inputs, memory::desc plain,
+                  const memory::desc& stored)
+      : HostKernel(std::move(label), "attention", std::move(fn), std::move(inputs), std::move(plain)) {
+    output_.want = stored;
+  }
+};
+
 }  // namespace
 
 static std::unique_ptr<Kernel> BuildAttention(const KernelContext& ctx) {
@@ -465,10 +533,11 @@ static std::unique_ptr<Kernel> BuildAttention(const KernelContext& ctx) {
   }
   p.isa = AttentionIsa();
   const std::string label = ctx.where();
+  const std::pair<memory::desc, memory::desc> stored = OutputView(ctx, &p);
   auto plan = std::make_shared<const AttentionPlan>(std::move(p));
-  return std::make_unique<HostKernel>(
-      label, "attention", [plan, label](const std::vector<void*>& ptrs) { RunAttention(*plan, label, ptrs); }, std::move(inputs),
-      PlainDesc(memory::dims(out.begin(), out.end())));
+  return std::make_unique<AttentionKernel>(
+      label, [plan, label](const std::vector<void*>& ptrs) { RunAttention(*plan, label, ptrs); }, std::move(inputs),
+      stored.first, stored.second);
 }
 
 BYOC_HETERO_REGISTER_KERNEL("attention", BuildAttention);
