@@ -90,6 +90,40 @@ def test_drop_needless_broadcasts():
     np.testing.assert_allclose(run(build(mod), [xv]), xv @ w, rtol=1e-5, atol=1e-5)
 
 
+
+def test_binary_reads_the_unbroadcast_operand():
+    """x / broadcast_to(n, x's shape) (torch's F.normalize) divides by n itself, a broadcast first
+    operand of a multiply swaps places; a broadcast that widens the result, or a subtract's broadcast
+    first operand (oneDNN's src0, which does not broadcast), stays. The results equal numpy's on llvm."""
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType([2, 3, 8], "float32"))
+    n = relax.Var("n", relax.TensorType([2, 3, 1], "float32"))
+    r = relax.Var("r", relax.TensorType([3, 1], "float32"))
+
+    def valid(bb, x, n, r):
+        wide = bb.emit(relax.op.broadcast_to(n, relax.ShapeExpr([2, 3, 8])))
+        quotient = bb.emit(relax.op.divide(x, wide))
+        product = bb.emit(relax.op.multiply(wide, quotient))
+        flipped = bb.emit(relax.op.subtract(wide, product))
+        grown = bb.emit(relax.op.broadcast_to(r, relax.ShapeExpr([2, 3, 8])))
+        return relax.op.add(relax.op.strided_slice(flipped, [0], [0], [1]), grown)
+
+    mod = _module([x, n, r], valid)
+    out = relax.transform.DeadCodeElimination(["main"])(passes.drop_needless_broadcasts(mod))
+    calls = {op_name(c): c for c in op_calls(out["main"])}
+    assert [a.name for a in calls["relax.divide"].args] == ["x", "n"]
+    assert calls["relax.multiply"].args[1].name == "n"
+    assert _ops(out).count("relax.broadcast_to") == 2  # the subtract's src0 and the widening one stay
+    assert calls["relax.add"].args[1].name != "r"  # [1, 3, 8] + r would give [1, 3, 8]: it widens
+    xv = rng.standard_normal((2, 3, 8)).astype("float32")
+    nv = rng.uniform(1, 2, (2, 3, 1)).astype("float32")
+    rv = rng.standard_normal((3, 1)).astype("float32")
+    q = xv / nv
+    f = nv - nv * q
+    want = f[0:1] + np.broadcast_to(rv, (2, 3, 8))
+    np.testing.assert_allclose(run(build(out), [xv, nv, rv]), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(build(mod), [xv, nv, rv]), want, rtol=1e-5, atol=1e-5)
+
 def test_fold_int_constants():
     """An int64 chain on constants (arange, add) becomes one constant; the float math stays."""
     x = relax.Var("x", relax.TensorType([4], "float32"))

@@ -5,7 +5,8 @@ forward (``full`` + ``slice_scatter`` from torch.export; ``strided_slice`` + ``s
 from the default ONNX exporter), Swin-V2 computes its continuous position bias with a small MLP on a
 constant table (``gather_nd``), zeroes the K third of its qkv bias (``full_like`` + ``slice_scatter``)
 and clamps its cosine attention norms with ``Clip`` (which TVM's importer writes as TE ``maximum`` of
-a NaN-guarded bound: ``where(isnan(eps), -inf, eps)``). All of it depends on constants alone:
+a NaN-guarded bound: ``where(isnan(eps), -inf, eps)``) and divides by the norms expanded to Q's / K's
+shape (no ``broadcast_to`` copy may be left: :mod:`byoc_hetero.passes.drop_needless_broadcasts`). All of it depends on constants alone:
 :mod:`byoc_hetero.passes.fold_weight_subgraphs` folds it at bind time and
 :mod:`byoc_hetero.passes.te_clips` turns the Clip back into a ``clip`` the rules read; the pad of a token grid that is not a multiple of the window is
 the runtime's ``pad`` node (:mod:`byoc_hetero.passes.te_pads` on the ONNX path). Each model must
@@ -17,6 +18,7 @@ the default exporter, onnxscript.
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -81,8 +83,15 @@ def test_torchvision_swin_is_one_region_with_nothing_on_llvm(version, image, pat
     rep = bh.report(part)
     assert len(rep.regions) == 1, f"Swin-{version} via {path}: {len(rep.regions)} regions\n{rep}"
     assert not rep.fallbacks, f"Swin-{version} via {path}: left on llvm\n{rep}"
-    vm = relax.VirtualMachine(relax.build(part, target="llvm"), tvm.cpu())
+    ex = relax.build(part, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    regions = bh.codegen.region_modules(ex)
+    for region in regions:
+        region["set_profiling"](True)
     out = vm["main"](tvm.runtime.tensor(x.numpy()))
+    ops = [st["op"] for r in regions for st in json.loads(str(r["get_profile"]())) if st["phase"] == "run"]
+    # Swin-V2's F.normalize of Q and K (x / norm.expand_as(x)): the divide broadcasts the norms itself
+    assert "broadcast_to" not in ops, f"Swin-{version} via {path}: {ops.count('broadcast_to')} broadcast_to copies"
     got = (out if hasattr(out, "numpy") else out[0]).numpy()
     assert got.shape == want.shape
     err = float(np.max(np.abs(got.astype("float64") - want)) / np.max(np.abs(want)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -26,6 +27,15 @@ def drop_needless_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
     becomes ``matmul(a, w)``: the same result (relax.matmul broadcasts), without repeating the weight
     per batch (torch.export's Linear on the attention output of a transformers BertModel with a
     dynamic batch: the broadcast stayed on llvm and split the model into regions).
+
+    And an elementwise binary op (:data:`_BROADCASTING`) whose second operand is ``broadcast_to(x, s)``
+    reads ``x``: the op broadcasts it itself (numpy rules, as oneDNN's binary does its second source),
+    so the result is the same without materializing ``s``. Only where all shapes are static and
+    broadcasting ``x`` against the first operand gives the op's own result shape, the dtypes agree,
+    and (for add / multiply / maximum / minimum, which commute) a broadcast *first* operand swaps
+    places with the other. torch's ``F.normalize`` writes ``x / norm.clamp_min(eps).expand_as(x)``:
+    Swin-V2's cosine attention normalizes Q and K that way, 24 copies of the whole Q / K per call
+    through both import paths.
     """
     def drop(_var, call):
         if op_name(call) == "relax.tile":  # repeats of 1 (torch's x.repeat(1, 1, 1): DeBERTa-v2)
@@ -70,9 +80,51 @@ def drop_needless_broadcasts(mod: tvm.IRModule) -> tvm.IRModule:
 
         def change(var, call, values=values):
             new = drop(var, call)
-            return new if new is not None else unbroadcast_weight(values, call)
+            if new is None:
+                new = unbroadcast_weight(values, call)
+            return new if new is not None else _unbroadcast_operand(values, call)
 
         func = map_calls(mod[name], change)
         if not func.same_as(mod[name]):
             changes[mod.get_global_var(name)] = func
     return updated(mod, changes) if changes else mod
+
+
+_BROADCASTING = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",
+                           "relax.maximum", "relax.minimum"})
+"""Elementwise binary ops that broadcast their operands (numpy rules)."""
+
+_COMMUTING = frozenset({"relax.add", "relax.multiply", "relax.maximum", "relax.minimum"})
+
+
+def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    """``expr``'s shape as ints, None unless it is a tensor of a fully static shape."""
+    shape = getattr(expr.ty, "shape", None) if isinstance(expr.ty, relax.TensorType) else None
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    dims = [getattr(d, "value", None) for d in shape.values]
+    return None if any(d is None for d in dims) else tuple(int(d) for d in dims)
+
+
+def _unbroadcast_operand(values: dict, call: relax.Call) -> relax.Call | None:
+    """``op(a, broadcast_to(x, s))`` as ``op(a, x)`` (and ``op(broadcast_to(x, s), a)`` as ``op(a, x)``
+    for an op that commutes) where that computes the same tensor: :func:`drop_needless_broadcasts`."""
+    if op_name(call) not in _BROADCASTING or len(call.args) != 2:
+        return None
+    orders = ((0, 1), (1, 0)) if op_name(call) in _COMMUTING else ((0, 1),)
+    for keep, wide in orders:
+        other, operand = call.args[keep], call.args[wide]
+        bcast = values.get(operand) if isinstance(operand, relax.Var) else None
+        if not (isinstance(bcast, relax.Call) and op_name(bcast) == "relax.broadcast_to"):
+            continue
+        narrow = bcast.args[0]
+        shapes = [_static_shape(e) for e in (other, narrow, call)]
+        if any(s is None for s in shapes) or narrow.ty.dtype != operand.ty.dtype:
+            continue
+        try:
+            joined = tuple(np.broadcast_shapes(shapes[0], shapes[1]))
+        except ValueError:
+            continue
+        if joined == shapes[2] and shapes[0] == shapes[2]:
+            return relax.Call(call.op, [other, narrow], call.attrs, call.ty_args, ret_ty=call.ty)
+    return None
