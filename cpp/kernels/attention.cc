@@ -45,6 +45,7 @@
 
 #include <tvm/ffi/error.h>
 
+#include "env_switch.h"
 #include "kernel.h"
 #include "simd_isa.h"
 #include "softmax_exp.h"
@@ -407,14 +408,7 @@ int64_t RowsPerBlock(int64_t m, int64_t n) {
 /*! \brief BYOC_HETERO_ATTENTION_OUT_VIEW (read when a region is planned): "on" writes the output under
  *         the planner's strided hint (OutputView); "off" (or unset) writes it plain.  Opt-in until a
  *         quiet A/B (bench/ZOO.md, session 16: the Phi-3-style decoder's 12 copies after attention). */
-bool OutViewOn() {
-  const char* env = std::getenv("BYOC_HETERO_ATTENTION_OUT_VIEW");
-  const std::string value = env == nullptr ? "" : env;
-  if (!value.empty() && value != "on" && value != "off") {
-    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_ATTENTION_OUT_VIEW must be on or off, got '" << value << "'";
-  }
-  return value == "on";
-}
+bool OutViewOn() { return EnvSwitch("BYOC_HETERO_ATTENTION_OUT_VIEW", "on", "off", false); }
 
 /*! \brief Whether \p hint's dims are \p out's, or \p out's with its batch dims split into more
  *         (the same elements in the same row-major order: M and Dv as they are). */

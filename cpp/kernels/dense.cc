@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "dense_gemv.h"
+#include "env_switch.h"
 #include "int8.h"
 #include "kernel.h"
 
@@ -49,14 +50,7 @@ static std::unique_ptr<Kernel> InnerProductDense(const KernelContext& ctx, int64
 
 /*! \brief BYOC_HETERO_DENSE_IP, read when a plan is made: "auto" (or unset: the inner product where
  *         BuildDense's rules take it) or "off" (the matmul always: the primitive A/B at a prefill's rows). */
-static bool InnerProductAllowed() {
-  const char* env = std::getenv("BYOC_HETERO_DENSE_IP");
-  const std::string value = env == nullptr ? "" : env;
-  if (!value.empty() && value != "auto" && value != "off") {
-    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_DENSE_IP must be auto or off, got '" << value << "'";
-  }
-  return value != "off";
-}
+static bool InnerProductAllowed() { return EnvSwitch("BYOC_HETERO_DENSE_IP", "auto", "off", true); }
 
 /*! \brief int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N). */
 static std::unique_ptr<Kernel> Int8Dense(const KernelContext& ctx, const Int8Params& int8, const Epilogue& epilogue,

@@ -4,6 +4,8 @@
  */
 #include "kernel.h"
 
+#include "env_switch.h"
+
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
@@ -233,12 +235,7 @@ bool Bf16Native() {
 std::string EffectivePrecision(const std::string& requested, std::string* reason) {
   if (reason != nullptr) reason->clear();
   if (requested != kPrecisionBf16) return kPrecisionF32;
-  const char* env = std::getenv("BYOC_HETERO_BF16");
-  const std::string knob = env != nullptr ? env : "";
-  if (knob != "" && knob != "auto" && knob != "off") {
-    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_BF16 must be auto or off, got '" << knob << "'";
-  }
-  if (knob == "off") {
+  if (!EnvSwitch("BYOC_HETERO_BF16", "auto", "off", true)) {
     if (reason != nullptr) *reason = "bf16 switched off (BYOC_HETERO_BF16=off)";
     return kPrecisionF32;
   }

@@ -49,6 +49,7 @@
 #include <utility>
 
 #include "broadcast.h"
+#include "env_switch.h"
 #include "int8.h"
 #include "kernel.h"
 #include "reshape.h"
@@ -135,7 +136,7 @@ OperandView ReadOperandView(const KernelContext& ctx, AttrReader& attrs, size_t 
   return v;
 }
 
-bool IsReferenceImpl(const dnnl::matmul::primitive_desc& pd) {
+bool IsReferenceImpl(const dnnl::primitive_desc_base& pd) {
   return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
 }
 
@@ -344,14 +345,7 @@ struct MatmulOperands {
  *         against a constant b through a plain copy where that turns oneDNN's jit sgemm into its brgemm
  *         matmul; "off" reads a where it lies.  On by default since the quiet A/B of session 16
  *         (DeBERTa-v3-base, 2 threads: 1.028x, faster in 6 of 6 rounds; bench/ZOO.md). */
-bool PlainABrgemmOn() {
-  const char* env = std::getenv("BYOC_HETERO_MATMUL_PLAIN_A");
-  const std::string value = env == nullptr ? "" : env;
-  if (!value.empty() && value != "on" && value != "off") {
-    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_MATMUL_PLAIN_A must be on or off, got '" << value << "'";
-  }
-  return value != "off";
-}
+bool PlainABrgemmOn() { return EnvSwitch("BYOC_HETERO_MATMUL_PLAIN_A", "on", "off", true); }
 
 /*!
  * \brief The float matmul primitive. A constant b is reordered once into the layout matmul prefers;
@@ -616,18 +610,7 @@ class SplitEpilogueMatmulKernel : public Kernel {
 /*! \brief BYOC_HETERO_MATMUL_SPLIT_EPILOGUE (read when a region is planned): "on" (or unset) lets a matmul whose
  *         primitive with its whole epilogue is a reference one run the epilogue as its own step
  *         (MatmulWithSplitEpilogue); "off" keeps the one reference primitive (the A/B's other side). */
-bool SplitEpilogueOn() {
-  const char* env = std::getenv("BYOC_HETERO_MATMUL_SPLIT_EPILOGUE");
-  const std::string value = env == nullptr ? "" : env;
-  if (!value.empty() && value != "on" && value != "off") {
-    TVM_FFI_THROW(ValueError) << "BYOC_HETERO_MATMUL_SPLIT_EPILOGUE must be on or off, got '" << value << "'";
-  }
-  return value != "off";
-}
-
-bool IsReferenceBinary(const dnnl::binary::primitive_desc& pd) {
-  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
-}
+bool SplitEpilogueOn() { return EnvSwitch("BYOC_HETERO_MATMUL_SPLIT_EPILOGUE", "on", "off", true); }
 
 /*!
  * \brief \p f as a SplitEpilogueMatmulKernel, or null where that would not avoid a reference kernel.
@@ -656,7 +639,7 @@ std::unique_ptr<Kernel> MatmulWithSplitEpilogue(const KernelContext& ctx, const 
     dnnl::matmul::primitive_desc matmul = MatmulPdWithDst(ctx, f.operands, bias, product, ctx.MakeAttr(head));
     const memory::desc addend = f.has_mask ? PlainDesc(f.mask_dims) : product;
     dnnl::binary::primitive_desc add(ctx.engine, dnnl::algorithm::binary_add, product, addend, product, add_attr);
-    if (IsReferenceImpl(matmul) || IsReferenceBinary(add)) return nullptr;
+    if (IsReferenceImpl(matmul) || IsReferenceImpl(add)) return nullptr;
     const MatmulOperands& o = f.operands;
     std::vector<OperandLayout> inputs{{o.a_md, matmul.src_desc()}, {o.b_view, matmul.weights_desc()}};
     if (f.has_bias) inputs.push_back({PlainDesc(f.bias_dims), matmul.bias_desc()});
