@@ -139,3 +139,24 @@ def test_a_batch_of_different_lengths_matches_each_alone_and_the_llvm_build(monk
     lengths = np.array([len(p) for p in prompts])
     got, want = (g.step(tokens, np.zeros(3, "int64"), lengths, g.new_cache(3)) for g in (gen, plain))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_quantized_weights_and_a_saved_generator_keep_the_tokens(monkeypatch, tmp_path, weights):
+    """int8 / int4 weights (dense_wq, its one-row form in the last layer) with the variable ``last``: the same greedy
+    tokens as the same weights built with every row, logits of the prompt and 4 steps within 1e-4 of them (the same
+    codes; only the last layer's row count differs); the generator saved and loaded generates those tokens."""
+    from test_generate import MAX_LENGTH, PROMPT, _forced_logits, _quant_model, _rel
+
+    model = _quant_model()
+    rows_all = bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights)
+    monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "last")
+    last = bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights)
+    monkeypatch.delenv(llm_model.LAST_LAYER_VARIABLE)
+    assert [q[1] for q, _ in _kv_nodes(last)][-1] == 1
+    want = rows_all.generate(PROMPT, max_new_tokens=12)
+    np.testing.assert_array_equal(last.generate(PROMPT, max_new_tokens=12), want)
+    got, ref = _forced_logits(last, want[:, :PROMPT.shape[1] + 5]), _forced_logits(rows_all, want[:, :PROMPT.shape[1] + 5])
+    assert max(_rel(g, r) for g, r in zip(got, ref)) < 1e-4
+    last.save(tmp_path / "gen")
+    np.testing.assert_array_equal(bh.llm.load(tmp_path / "gen").generate(PROMPT, max_new_tokens=12), want)
