@@ -72,6 +72,14 @@ def test_a_bad_variable_is_a_value_error_naming_it(monkeypatch):
     assert llm_model.last_layer_rows() == "all"
 
 
+def _ops(gen) -> tuple[int, int, int]:
+    """(take nodes, binary add nodes, residual sums folded into a dense / dense_wq) over the generator's regions."""
+    nodes = [n for m in bh.codegen.region_modules(gen._executable) for n in json.loads(str(m["get_graph_json"]()))["nodes"]]
+    return (sum(n["op"] == "take" for n in nodes),
+            sum(n["op"] == "binary" and n["attrs"].get("algorithm") == "add" for n in nodes),
+            sum(n["attrs"].get("residual", 0) for n in nodes))
+
+
 def _kv_nodes(gen) -> list[tuple[list, list]]:
     """(q's shape, k's shape) of every kv_attention node of the generator's regions, in order."""
     out = []
@@ -97,6 +105,9 @@ def test_every_family_gives_transformers_logits_and_tokens(monkeypatch, family):
     nodes = _kv_nodes(gen)
     assert [q[1] for q, _ in nodes] == ["S"] * (len(nodes) - 1) + [1], nodes
     assert all(k[1] == "S" for _, k in nodes), nodes
+    # the picks of x and h in place of the final pick; no add step: every residual add is still a dense's sum
+    ops, ops_all = _ops(gen), _ops(bh.llm.from_hf(model, max_length=MAX_LENGTH))
+    assert ops == (ops_all[0] + 1, 0, 2 * gen.spec.layers) and ops_all[1:] == ops[1:], (ops, ops_all)
     tokens = np.random.default_rng(67).integers(0, VOCAB, (1, MAX_LENGTH)).astype("int64")
     with torch.no_grad():
         want = model(torch.tensor(tokens)).logits.numpy()[0]
@@ -154,6 +165,7 @@ def test_quantized_weights_and_a_saved_generator_keep_the_tokens(monkeypatch, tm
     last = bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights)
     monkeypatch.delenv(llm_model.LAST_LAYER_VARIABLE)
     assert [q[1] for q, _ in _kv_nodes(last)][-1] == 1
+    assert _ops(last)[1:] == _ops(rows_all)[1:] == (0, 2 * last.spec.layers)  # every residual add a dense_wq's sum
     want = rows_all.generate(PROMPT, max_new_tokens=12)
     np.testing.assert_array_equal(last.generate(PROMPT, max_new_tokens=12), want)
     got, ref = _forced_logits(last, want[:, :PROMPT.shape[1] + 5]), _forced_logits(rows_all, want[:, :PROMPT.shape[1] + 5])

@@ -286,8 +286,9 @@ class _Step:
         def pick(rows: relax.Expr) -> relax.Var:
             return self.emit(R.take(self.emit(R.reshape(rows, (b * s, spec.hidden))), io["last"], axis=0))
 
+        residual = pick(h)  # before the o dense: its residual sum (fold_residual_adds) reads what was computed first
         attended = self.attention(i, self.rms_norm(h, f"l{i}.in_norm"), io, b, s, pick)
-        rows = self.emit(R.add(pick(h), attended))
+        rows = self.emit(R.add(residual, attended))
         return self.emit(R.add(rows, self.mlp(i, self.rms_norm(rows, f"l{i}.post_norm"))))
 
     def mlp(self, i: int, x: relax.Expr) -> relax.Var:
