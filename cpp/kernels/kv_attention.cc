@@ -521,7 +521,9 @@ void MergeRuns(const KvCall& c, int64_t bh, int64_t runs, const float* part) {
 int64_t SplitRuns(const KvCall& c, int threads) {
   int64_t keys = 0;
   for (int64_t b = 0; b < c.g.batch; ++b) {
-    const int64_t pos = c.past[b], first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+    // the last new row's position (a decode step's only row; a stopped sequence's past)
+    const int64_t pos = c.past[b] + std::max<int64_t>(c.lengths[b], 1) - 1;
+    const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
     keys = std::max(keys, pos - first + 1);
   }
   const int64_t runs = std::min<int64_t>(threads, keys / kv::kSplitKeys);
