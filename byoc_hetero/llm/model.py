@@ -10,7 +10,9 @@ k_cache_0, v_cache_0, ..., k_cache_{L-1}, v_cache_{L-1}, <weights>) -> logits [B
 with symbolic ``B`` and ``S``: one module serves the prefill (any prompt length) and the decode
 (``S`` = 1). ``past[b]`` tokens of sequence ``b`` are in its cache, ``lengths[b]`` of the ``S`` rows
 are its new tokens (the rest padding), ``last[b]`` the flat row ``b * S + lengths[b] - 1`` whose
-hidden state the LM head reads (logits for each sequence's last position only). Each cache is
+hidden state the LM head reads (logits for each sequence's last position only; with
+``BYOC_HETERO_LAST_LAYER_ROWS=last`` the last layer itself runs q, the attention, o and the MLP on those rows
+alone, its k and v on every row). Each cache is
 ``[B, kv_heads, max_length, head_dim]`` float32, preallocated by the generator and written in place
 by each layer's attention, ``R.call_tir_inplace`` of the TIR function ``byoc_hetero_kv_attention``
 (q and both caches in place; ``cpp/kernels/kv_attention.cc``): RoPE at the position offset, the new
@@ -28,6 +30,7 @@ weight-quantization pass rewrites), RMSNorm spelled as transformers computes it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -179,6 +182,21 @@ KERNEL_FUNC = "byoc_hetero_kv_attention"
 """The TIR function's name: the oneDNN backend's rule offloads calls of it (ops/kv_attention.py)."""
 
 
+LAST_LAYER_VARIABLE = "BYOC_HETERO_LAST_LAYER_ROWS"
+"""``last``: the step's last layer computes q, the attention, o and the MLP for each sequence's last row alone
+(the LM head reads no other row; every row's k and v still go into the cache: kv_attention's one-row q);
+``all`` / unset: every row, as before. Read when :func:`step_module` writes the step."""
+
+
+def last_layer_rows() -> str:
+    """``BYOC_HETERO_LAST_LAYER_ROWS`` (``all`` | ``last``; unset or empty: ``all``); another value is a
+    ValueError naming the variable."""
+    value = os.environ.get(LAST_LAYER_VARIABLE, "").strip() or "all"
+    if value not in ("all", "last"):
+        raise ValueError(f"{LAST_LAYER_VARIABLE} must be all or last, got {value!r}")
+    return value
+
+
 def kv_params(spec: DecoderSpec) -> np.ndarray:
     """The layer constants kv_attention takes as its last argument: scale, window, rope scale."""
     return np.array([spec.head_dim ** -0.5, spec.sliding_window, spec.rope_scale], dtype="float32")
@@ -194,8 +212,8 @@ def kv_attention_func(spec: DecoderSpec, max_length: int):
     @T.prim_func(private=True)
     def kv_attention(vq: T.handle, vk: T.handle, vv: T.handle, vkc: T.handle, vvc: T.handle, vpast: T.handle,
                      vlengths: T.handle, vinv: T.handle, vparams: T.handle):
-        batch, rows = T.int64(), T.int64()
-        q = T.match_buffer(vq, (batch, rows, heads, dim), "float32")
+        batch, rows, q_rows = T.int64(), T.int64(), T.int64()
+        q = T.match_buffer(vq, (batch, q_rows, heads, dim), "float32")  # rows, or 1 (each sequence's last row)
         k = T.match_buffer(vk, (batch, rows, kv_heads, dim), "float32")
         v = T.match_buffer(vv, (batch, rows, kv_heads, dim), "float32")
         k_cache = T.match_buffer(vkc, (batch, kv_heads, length, dim), "float32")
@@ -219,6 +237,7 @@ class _Step:
         self.bb = relax.BlockBuilder.current()
         self.kernel = self.bb.add_func(kv_attention_func(spec, max_length), KERNEL_FUNC)
         self.kv_params = relax.const(kv_params(spec))
+        self.last_only = last_layer_rows() == "last"
 
     def emit(self, expr: relax.Expr) -> relax.Var:
         return self.bb.emit(expr)
@@ -235,20 +254,42 @@ class _Step:
         y = self.emit(R.matmul(x, self.emit(R.permute_dims(self.w[weight], [1, 0]))))
         return self.emit(R.add(y, self.w[bias])) if bias else y
 
-    def attention(self, i: int, x: relax.Expr, io: dict[str, relax.Var], b, s) -> relax.Var:
+    def attention(self, i: int, x: relax.Expr, io: dict[str, relax.Var], b, s, pick=None) -> relax.Var:
+        """Layer ``i``'s attention block of the normed rows ``x`` [B, S, hidden]: [B, S, hidden]; with ``pick``
+        (rows [B, S, hidden] -> each sequence's last row, [B, hidden]) only the last rows' output, [B, hidden]:
+        k and v of every row (the cache's), q of the last rows alone."""
         spec = self.spec
-        bias = spec.qkv_bias
-        q, k, v = (self.emit(R.reshape(self.linear(x, f"l{i}.{n}", f"l{i}.{n}_bias" if bias else None),
-                                       (b, s, heads, spec.head_dim)))
-                   for n, heads in (("q", spec.heads), ("k", spec.kv_heads), ("v", spec.kv_heads)))
-        q_type = relax.TensorType((b, s, spec.heads, spec.head_dim), "float32")
+        q_rows, q_in = (s, x) if pick is None else (1, pick(x))
+
+        def project(name: str, src: relax.Expr, rows, heads: int) -> relax.Var:
+            y = self.linear(src, f"l{i}.{name}", f"l{i}.{name}_bias" if spec.qkv_bias else None)
+            return self.emit(R.reshape(y, (b, rows, heads, spec.head_dim)))
+
+        q = project("q", q_in, q_rows, spec.heads)
+        k, v = (project(n, x, s, spec.kv_heads) for n in ("k", "v"))
+        q_type = relax.TensorType((b, q_rows, spec.heads, spec.head_dim), "float32")
         cache = io[f"k_cache_{i}"].ty
         out = self.emit(R.call_tir_inplace(
             self.kernel, [q, k, v, io[f"k_cache_{i}"], io[f"v_cache_{i}"], io["past"], io["lengths"],
                           self.w["inv_freq"], self.kv_params],
             inplace_indices=[0, 3, 4], out_ty=[q_type, cache, cache]))
         attended = self.emit(relax.TupleGetItem(out, 0))
-        return self.linear(self.emit(R.reshape(attended, (b, s, spec.heads * spec.head_dim))), f"l{i}.o")
+        shape = (b, s, spec.heads * spec.head_dim) if pick is None else (b, spec.heads * spec.head_dim)
+        return self.linear(self.emit(R.reshape(attended, shape)), f"l{i}.o")
+
+    def last_layer(self, i: int, h: relax.Expr, io: dict[str, relax.Var], b, s) -> relax.Var:
+        """Layer ``i`` (the last) for each sequence's last row alone, [B, hidden]: the rows the LM head reads.
+        Every row's k and v still go into the cache; q, the attention, o and the MLP run for one row a sequence
+        (LAST_LAYER_VARIABLE)."""
+        spec = self.spec
+
+        def pick(rows: relax.Expr) -> relax.Var:
+            return self.emit(R.take(self.emit(R.reshape(rows, (b * s, spec.hidden))), io["last"], axis=0))
+
+        residual = pick(h)  # before the o dense: its residual sum (fold_residual_adds) reads what was computed first
+        attended = self.attention(i, self.rms_norm(h, f"l{i}.in_norm"), io, b, s, pick)
+        rows = self.emit(R.add(residual, attended))
+        return self.emit(R.add(rows, self.mlp(i, self.rms_norm(rows, f"l{i}.post_norm"))))
 
     def mlp(self, i: int, x: relax.Expr) -> relax.Var:
         gate = self.linear(x, f"l{i}.gate")
@@ -260,10 +301,14 @@ class _Step:
         h = self.emit(R.take(self.w["embed"], io["input_ids"], axis=0))
         if spec.embed_scale != 1.0:
             h = self.emit(R.multiply(h, relax.const(np.float32(spec.embed_scale))))
-        for i in range(spec.layers):
+        full = spec.layers - 1 if self.last_only else spec.layers  # layers computed for every row
+        for i in range(full):
             h = self.emit(R.add(h, self.attention(i, self.rms_norm(h, f"l{i}.in_norm"), io, b, s)))
             h = self.emit(R.add(h, self.mlp(i, self.rms_norm(h, f"l{i}.post_norm"))))
-        rows = self.emit(R.take(self.emit(R.reshape(h, (b * s, spec.hidden))), io["last"], axis=0))
+        if self.last_only:
+            rows = self.last_layer(full, h, io, b, s)
+        else:
+            rows = self.emit(R.take(self.emit(R.reshape(h, (b * s, spec.hidden))), io["last"], axis=0))
         return self.linear(self.rms_norm(rows, "final_norm"), "embed" if spec.tied_embeddings else "lm_head")
 
 

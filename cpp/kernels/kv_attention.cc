@@ -13,7 +13,11 @@
  *   kv_attention(q, k, v, k_cache, v_cache, past, lengths, inv_freq, scale, window, rope_scale)
  *
  *   q         [B, S, H, D]   float32, the query rows before RoPE; the output is written here (in place:
- *                            each row's output is computed from its own q row, read first)
+ *             or [B, 1, H, D]  each row's output is computed from its own q row, read first). With one row
+ *                            while k and v have S > 1 (the last layer of a prefill, whose other rows
+ *                            nothing reads: model.py's LAST_LAYER_VARIABLE), q holds each sequence's last
+ *                            new row alone (position past[b] + lengths[b] - 1): every new K / V row is
+ *                            appended as usual and only that row attends (a decode step's work)
  *   k, v      [B, S, KV, D]  float32, the new key (before RoPE) and value rows
  *   k_cache,  [B, KV, M, D]  float32, written in place: row past[b] + s of sequence b gets the rotated
  *   v_cache                  k / the v of new row s, for s < lengths[b]; nothing else is written
@@ -86,6 +90,9 @@ std::string ShapeText(const Shape& shape) {
 /*! \brief The geometry of one call, read from the arguments' shapes. */
 struct KvGeometry {
   int64_t batch = 0, rows = 0, heads = 0, kv_heads = 0, dim = 0, max_length = 0;
+  int64_t q_rows = 0;  // rows, or 1: the query of each sequence's last new row alone (file comment)
+  /*! \brief Whether q holds each sequence's last new row alone (one query row, more new K / V rows). */
+  bool LastOnly() const { return q_rows != rows; }
 };
 
 const DLTensor& TensorArg(const ffi::PackedArgs& args, int i, const char* name, int ndim, DLDataTypeCode code,
@@ -132,7 +139,11 @@ void ExpectShape(const Shape& shape, const char* name, const Shape& want, const 
  *        checked by the caller); every shape checked against it.
  */
 KvGeometry CheckShapes(const std::vector<Shape>& s, const std::string& where) {
-  KvGeometry g{s[0][0], s[0][1], s[0][2], s[1][2], s[0][3], s[3][2]};
+  KvGeometry g{s[0][0], s[1][1], s[0][2], s[1][2], s[0][3], s[3][2], s[0][1]};
+  if (g.q_rows != g.rows && g.q_rows != 1) {
+    TVM_FFI_THROW(ValueError) << where << ": q has " << g.q_rows << " rows and k " << g.rows
+                              << " (expected as many, or 1: each sequence's last new row alone)";
+  }
   const char* names[] = {"q", "k", "v", "k_cache", "v_cache", "past", "lengths", "inv_freq"};
   const std::vector<Shape> want = {s[0], {g.batch, g.rows, g.kv_heads, g.dim}, {g.batch, g.rows, g.kv_heads, g.dim},
                                    {g.batch, g.kv_heads, g.max_length, g.dim},
@@ -282,14 +293,14 @@ void Append(const KvCall& c) {
   }
 }
 
-/*! \brief One query row (sequence b, new row s, head h) over its keys, written to its output row (which
- *         may be its q row: q is read first). */
-void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t h, std::vector<float>* scratch) {
+/*! \brief One query row (sequence b, new row s, head h; q's row qs of the sequence: s, or 0 where q holds the last
+ *         new row alone) over its keys, written to its output row (which may be its q row: q is read first). */
+void AttendRow(const KvCall& c, int64_t b, int64_t s, int64_t qs, int64_t h, std::vector<float>* scratch) {
   const KvGeometry& g = c.g;
   const int64_t d = g.dim;
-  const int64_t row = ((b * g.rows + s) * g.heads + h) * d;
+  const int64_t row = ((b * g.q_rows + qs) * g.heads + h) * d;
   float* out = c.out + row;
-  if (s >= c.lengths[b]) {
+  if (s < 0 || s >= c.lengths[b]) {
     std::fill(out, out + d, 0.f);
     return;
   }
@@ -419,7 +430,7 @@ bool UseBlocks(const KvCall& c) {
   if (mode != "auto" && mode != "blocked" && mode != "rows") {
     TVM_FFI_THROW(ValueError) << kv::kPrefillVariable << " must be auto, blocked or rows, got '" << mode << "'";
   }
-  if (c.block == nullptr || mode == "rows") return false;
+  if (c.block == nullptr || mode == "rows" || c.g.LastOnly()) return false;
   return c.g.rows >= (mode == "auto" ? kAutoBlockedRows : 2);
 }
 
@@ -447,11 +458,11 @@ std::string DecodeForm() {
   return mode;
 }
 
-/*! \brief How a call shares its work among the threads: a decode step (one new row) as DecodeForm says, a call
- *         of many rows round robin. */
+/*! \brief How a call shares its work among the threads: a decode step (one new row) and a call whose q holds the
+ *         last new row alone as DecodeForm says, a call of many rows round robin. */
 std::string DecodeMode(const KvCall& c) {
   const std::string mode = DecodeForm();
-  return c.g.rows == 1 ? mode : "rows";
+  return c.g.q_rows == 1 ? mode : "rows";
 }
 
 /*! \brief split: one head of a decode step over run \p run of \p runs of its keys, into \p slot (dim floats: the
@@ -463,14 +474,14 @@ void AttendRun(const KvCall& c, int64_t bh, int64_t run, int64_t runs, float* sl
   stats[0] = -INFINITY;
   stats[1] = 0.f;
   if (c.lengths[b] == 0) return;
-  const int64_t pos = c.past[b];
+  const int64_t pos = c.past[b] + c.lengths[b] - 1;  // the last new row (a decode step's only one)
   const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0, keys = pos - first + 1;
   const int64_t lo = first + keys * run / runs, hi = first + keys * (run + 1) / runs - 1;
   if (hi < lo) return;
   thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
   if (scratch.size() < static_cast<size_t>(d + pos + 1)) scratch.resize(static_cast<size_t>(d + pos + 1));
   float* qr = scratch.data();
-  Rotate(c.q + bh * d, qr, RopeRow(c, b, 0), d / 2);  // rows == 1: row (b, 0, h) at bh * d
+  Rotate(c.q + bh * d, qr, RopeRow(c, b, c.lengths[b] - 1), d / 2);  // q_rows == 1: row (b, 0, h) at bh * d
   const int64_t kvh = h / (g.heads / g.kv_heads);
   const kv::RowJob job{qr, c.kc + (b * g.kv_heads + kvh) * g.max_length * d,
                        c.vc + (b * g.kv_heads + kvh) * g.max_length * d, lo, hi, d, c.scale, qr + d, slot, stats};
@@ -510,7 +521,9 @@ void MergeRuns(const KvCall& c, int64_t bh, int64_t runs, const float* part) {
 int64_t SplitRuns(const KvCall& c, int threads) {
   int64_t keys = 0;
   for (int64_t b = 0; b < c.g.batch; ++b) {
-    const int64_t pos = c.past[b], first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+    // the last new row's position (a decode step's only row; a stopped sequence's past)
+    const int64_t pos = c.past[b] + std::max<int64_t>(c.lengths[b], 1) - 1;
+    const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
     keys = std::max(keys, pos - first + 1);
   }
   const int64_t runs = std::min<int64_t>(threads, keys / kv::kSplitKeys);
@@ -535,10 +548,11 @@ void RunSplit(const KvCall& c, int threads, int64_t runs) {
 
 /*! \brief The per-row form: each (sequence, new row, head) a task of its own. */
 void RunRows(const KvCall& c, int threads) {
-  const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
+  const int64_t tasks = c.g.batch * c.g.q_rows * c.g.heads;
   auto attend = [&c](int64_t t) {
     thread_local std::vector<float> scratch;  // the rotated q row and the scores, kept across calls
-    AttendRow(c, t / (c.g.rows * c.g.heads), (t / c.g.heads) % c.g.rows, t % c.g.heads, &scratch);
+    const int64_t b = t / (c.g.q_rows * c.g.heads), qs = (t / c.g.heads) % c.g.q_rows;
+    AttendRow(c, b, c.g.LastOnly() ? c.lengths[b] - 1 : qs, qs, t % c.g.heads, &scratch);
   };
   const std::string mode = DecodeMode(c);
   if (const int64_t runs = mode == "split" ? SplitRuns(c, threads) : 0) {
@@ -566,7 +580,7 @@ void Run(KvCall& c, const std::string& where, int max_threads) {
   std::vector<float> own;  // BYOC_HETERO_KV_ROPE=call: this call's RoPE rows
   Angles(&c, &own, max_threads);
   Append(c);
-  const int64_t tasks = c.g.batch * c.g.rows * c.g.heads;
+  const int64_t tasks = c.g.batch * c.g.q_rows * c.g.heads;
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, tasks)));
   c.key_blocks = KeyBlocks();  // read (and checked) at every call, as the prefill form is
   if (UseBlocks(c)) {
