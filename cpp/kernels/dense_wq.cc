@@ -280,7 +280,8 @@ class DenseWqKernel : public Kernel {
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
     } else {
-      const Int8Call call{wq::FindQTileFn(dot_, s.bits), dot_, half_, prefetch_};
+      const Int8Call call{wq::FindQTileFn(dot_, s.bits, s.block, !s.has_zero_point && !s.has_offset), dot_, half_,
+                          prefetch_};
       step.host = [s, call](const std::vector<void*>& p) { RunInt8(s, call, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half_ ? ", float16 scales" : "") +
                    ", int8 activations (" + wq::IntDotName(dot_) + ")" +

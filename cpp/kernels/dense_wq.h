@@ -134,6 +134,8 @@ struct QTileJob {
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
+/*! \brief FindQTileFn for weight blocks of \p block k; \p plain: no zero points or offsets. */
+QTileFn FindQTileFn(IntDot dot, int bits, int64_t block, bool plain);
 
 // ---- many rows: panels of codes dequantized, float32 products (dense_wq_panel.cc) -----------------
 

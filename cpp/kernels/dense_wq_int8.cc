@@ -133,6 +133,31 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + r * kTile, total[r]);
 }
 
+/*! \brief Tile512Q for weight blocks of one activation block (kActBlock k: llama.cpp's Q8_0 / Q4_0 block) without
+ *         zero points or offsets: one loop over the blocks, the zero point a constant, the half scales widened
+ *         straight from memory; the same float operations in the same order as Tile512Q (its results bit for bit). */
+template <int Bits, int R, bool Vnni>
+WQ_AVX512_TARGET void Tile512Q32(const QTileJob& j) {
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  const uint8_t* q = j.codes;
+  const int64_t blocks = j.k / kActBlock;
+  const __m512 z = _mm512_set1_ps(j.zero - (Bits == 8 && !Vnni ? 128.f : 0.f));  // exact: small integers
+#pragma GCC unroll 2
+  for (int64_t a = 0; a < blocks; ++a) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    q = Bits == 8 ? Dot512x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
+                  : Dot512x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
+    const __m512 s = Scales512(j, a);
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(j.xs[r * blocks + a]));
+      total[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(j.xss[r * blocks + a]), v), s, total[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + r * kTile, total[r]);
+}
+
 // ---- AVX2: two 8-lane int32 accumulators per row (columns 0-7, 8-15) ----------------------------
 
 // AVX-VNNI (VEX vpdpbusd on 256 bits: Alder Lake and later, Zen 5) is used only where Vnni is true, as above.
@@ -271,6 +296,15 @@ void TileGenericQ(const QTileJob& j) {
 }
 
 /*! \brief Dispatches a job's row count (1..kMaxRows) to the kernel instantiated for it. */
+template <int Bits, bool Vnni>
+void ByRows512x32(const QTileJob& j) {
+  switch (j.rows) {
+    case 1: return Tile512Q32<Bits, 1, Vnni>(j);
+    case 2: return Tile512Q32<Bits, 2, Vnni>(j);
+    case 3: return Tile512Q32<Bits, 3, Vnni>(j);
+    default: return Tile512Q32<Bits, 4, Vnni>(j);
+  }
+}
 template <int Bits, bool Vnni>
 void ByRows512(const QTileJob& j) {
   switch (j.rows) {
@@ -459,6 +493,16 @@ QTileFn FindQTileFn(IntDot dot, int bits) {
     case IntDot::kAvx2: return bits == 8 ? ByRows256<8, false> : ByRows256<4, false>;
     default: return bits == 8 ? TileGenericQ<8> : TileGenericQ<4>;
   }
+}
+
+QTileFn FindQTileFn(IntDot dot, int bits, int64_t block, bool plain) {
+  const char* env = std::getenv("WQ_LEAN32");
+  const bool lean = env == nullptr || std::string(env) != "0";
+  if (lean && block == kActBlock && plain) {
+    if (dot == IntDot::kAvx512Vnni) return bits == 8 ? ByRows512x32<8, true> : ByRows512x32<4, true>;
+    if (dot == IntDot::kAvx512Bw) return bits == 8 ? ByRows512x32<8, false> : ByRows512x32<4, false>;
+  }
+  return FindQTileFn(dot, bits);
 }
 
 void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss, IntDot dot) {
