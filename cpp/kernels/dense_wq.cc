@@ -280,11 +280,11 @@ class DenseWqKernel : public Kernel {
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
     } else {
-      const Int8Call call{wq::FindQTileFn(dot_, s.bits, s.block, !s.has_zero_point && !s.has_offset), dot_, half_,
-                          prefetch_};
+      const Int8Call call{TileFnFor(s, dot_, half_), dot_, half_, prefetch_};
       step.host = [s, call](const std::vector<void*>& p) { RunInt8(s, call, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half_ ? ", float16 scales" : "") +
                    ", int8 activations (" + wq::IntDotName(dot_) + ")" +
+                   (call.tile_fn != wq::FindQTileFn(dot_, s.bits) ? ", blocks of 32 kernel" : "") +
                    (prefetch_ != 0 ? ", prefetch " + std::to_string(prefetch_) + " bytes" : "");
     }
     step.op = "dense_wq";
@@ -306,6 +306,16 @@ class DenseWqKernel : public Kernel {
     const wq::PanelForm asked = wq::PanelsAsked();
     const bool avx512 = dot == wq::IntDot::kAvx512Bw || dot == wq::IntDot::kAvx512Vnni;
     return s.m >= wq::kPanelMinRows && avx512 ? asked : wq::PanelForm::kNone;
+  }
+
+  /*! \brief The integer tile kernel of a call of few rows: the one for weight blocks of kActBlock without zero points
+   *         or offsets where BYOC_HETERO_WQ_BLOCK32 asks for it (wq::Block32Asked, read for every node so that a
+   *         bad value fails anywhere) and \p dot has one, else the general one. */
+  static wq::QTileFn TileFnFor(const WqShape& s, wq::IntDot dot, bool half) {
+    const bool asked = wq::Block32Asked();
+    const wq::QTileFn fn = asked && s.block == wq::kActBlock && !s.has_zero_point && !s.has_offset
+                               ? wq::FindBlock32Fn(dot, s.bits, half) : nullptr;
+    return fn != nullptr ? fn : wq::FindQTileFn(dot, s.bits);
   }
 
   /*! \brief Whether the integer panels apply the scales once after the sum over K (dense_wq.h FindQPanelFn): one

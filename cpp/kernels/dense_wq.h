@@ -134,8 +134,17 @@ struct QTileJob {
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
-/*! \brief FindQTileFn for weight blocks of \p block k; \p plain: no zero points or offsets. */
-QTileFn FindQTileFn(IntDot dot, int bits, int64_t block, bool plain);
+/*! \brief BYOC_HETERO_WQ_BLOCK32 = on | off (unset: off, until a quiet A/B): whether the integer tile kernels of a
+ *         node whose weight blocks are one activation block (block = kActBlock: llama.cpp's Q8_0 / Q4_0,
+ *         from_hf's group_size=32) without zero points or offsets run FindBlock32Fn's kernels; read when a kernel is
+ *         built; another value is a ValueError naming the variable. */
+constexpr const char* kBlock32Variable = "BYOC_HETERO_WQ_BLOCK32";
+bool Block32Asked();
+/*! \brief The tile kernels of \p dot (AVX-512 or AVX2 ones; else null) for weight blocks of kActBlock without zero
+ *         points or offsets, \p half: float16 scales (QTileJob::half_scales), else float32: one loop over the
+ *         blocks with the zero point and the scales' type fixed, the general kernels' float operations in their order
+ *         (their results bit for bit). */
+QTileFn FindBlock32Fn(IntDot dot, int bits, bool half);
 
 // ---- many rows: panels of codes dequantized, float32 products (dense_wq_panel.cc) -----------------
 

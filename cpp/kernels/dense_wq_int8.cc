@@ -22,6 +22,7 @@
 #include <string>
 
 #include "dense_wq.h"
+#include "env_switch.h"
 
 namespace byoc_hetero {
 namespace wq {
@@ -134,22 +135,23 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
 }
 
 /*! \brief Tile512Q for weight blocks of one activation block (kActBlock k: llama.cpp's Q8_0 / Q4_0 block) without
- *         zero points or offsets: one loop over the blocks, the zero point a constant, the half scales widened
- *         straight from memory; the same float operations in the same order as Tile512Q (its results bit for bit). */
-template <int Bits, int R, bool Vnni>
+ *         zero points or offsets (FindBlock32Fn): one loop over the blocks, the zero point a constant, the scales'
+ *         type (\p Half: float16, widened from memory by VCVTPH2PS) fixed at compile time; the same float operations
+ *         in the same order as Tile512Q, so its results bit for bit. */
+template <int Bits, int R, bool Vnni, bool Half>
 WQ_AVX512_TARGET void Tile512Q32(const QTileJob& j) {
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const uint8_t* q = j.codes;
   const int64_t blocks = j.k / kActBlock;
-  const __m512 z = _mm512_set1_ps(j.zero - (Bits == 8 && !Vnni ? 128.f : 0.f));  // exact: small integers
-#pragma GCC unroll 2
+  const __m512 z = _mm512_set1_ps(j.zero - (Bits == 8 && !Vnni ? 128.f : 0.f));  // small integers: exact
   for (int64_t a = 0; a < blocks; ++a) {
     __m512i acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
     q = Bits == 8 ? Dot512x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
                   : Dot512x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
-    const __m512 s = Scales512(j, a);
+    const __m512 s = Half ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.half_scales + a * kTile)))
+                          : _mm512_loadu_ps(j.scales + a * kTile);
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(j.xs[r * blocks + a]));
       total[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(j.xss[r * blocks + a]), v), s, total[r]);
@@ -265,6 +267,39 @@ WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
   }
 }
 
+/*! \brief Tile256Q for weight blocks of one activation block without zero points or offsets (as Tile512Q32): its
+ *         results bit for bit. */
+template <int Bits, int R, bool Vnni, bool Half>
+WQ_AVX2_TARGET void Tile256Q32(const QTileJob& j) {
+  __m256 total[R][2];
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
+  const uint8_t* q = j.codes;
+  const int64_t blocks = j.k / kActBlock;
+  const __m256 z = _mm256_set1_ps(j.zero - (Bits == 8 && !Vnni ? 128.f : 0.f));
+  for (int64_t a = 0; a < blocks; ++a) {
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    q = Bits == 8 ? Dot256x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
+                  : Dot256x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
+    __m256 s[2];
+    for (int h = 0; h < 2; ++h) {
+      s[h] = Half ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(j.half_scales + a * kTile + 8 * h)))
+                  : _mm256_loadu_ps(j.scales + a * kTile + 8 * h);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 sx = _mm256_set1_ps(j.xs[r * blocks + a]), sxs = _mm256_set1_ps(j.xss[r * blocks + a]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), sx);
+        total[r][h] = _mm256_fmadd_ps(_mm256_fnmadd_ps(z, sxs, v), s[h], total[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(j.out + r * kTile, total[r][0]);
+    _mm256_storeu_ps(j.out + r * kTile + 8, total[r][1]);
+  }
+}
+
 // ---- portable C++: the quad layout read code by code --------------------------------------------
 
 /*! \brief The unsigned code of column c at k (0 <= k < K) in a tile of the quad layout. */
@@ -296,15 +331,40 @@ void TileGenericQ(const QTileJob& j) {
 }
 
 /*! \brief Dispatches a job's row count (1..kMaxRows) to the kernel instantiated for it. */
-template <int Bits, bool Vnni>
+/*! \brief ByRows512 / ByRows256 for the kernels of blocks of kActBlock. */
+template <int Bits, bool Vnni, bool Half>
 void ByRows512x32(const QTileJob& j) {
   switch (j.rows) {
-    case 1: return Tile512Q32<Bits, 1, Vnni>(j);
-    case 2: return Tile512Q32<Bits, 2, Vnni>(j);
-    case 3: return Tile512Q32<Bits, 3, Vnni>(j);
-    default: return Tile512Q32<Bits, 4, Vnni>(j);
+    case 1: return Tile512Q32<Bits, 1, Vnni, Half>(j);
+    case 2: return Tile512Q32<Bits, 2, Vnni, Half>(j);
+    case 3: return Tile512Q32<Bits, 3, Vnni, Half>(j);
+    default: return Tile512Q32<Bits, 4, Vnni, Half>(j);
   }
 }
+template <int Bits, bool Vnni, bool Half>
+void ByRows256x32(const QTileJob& j) {
+  switch (j.rows) {
+    case 1: return Tile256Q32<Bits, 1, Vnni, Half>(j);
+    case 2: return Tile256Q32<Bits, 2, Vnni, Half>(j);
+    case 3: return Tile256Q32<Bits, 3, Vnni, Half>(j);
+    default: return Tile256Q32<Bits, 4, Vnni, Half>(j);
+  }
+}
+/*! \brief The four (bits, half) instances of one ISA's block-of-32 kernel. */
+template <template <int, bool, bool> class Pick, bool Vnni>
+QTileFn Block32Of(int bits, bool half) {
+  if (bits == 8) return half ? Pick<8, Vnni, true>::fn : Pick<8, Vnni, false>::fn;
+  return half ? Pick<4, Vnni, true>::fn : Pick<4, Vnni, false>::fn;
+}
+template <int Bits, bool Vnni, bool Half>
+struct Pick512 {
+  static constexpr QTileFn fn = ByRows512x32<Bits, Vnni, Half>;
+};
+template <int Bits, bool Vnni, bool Half>
+struct Pick256 {
+  static constexpr QTileFn fn = ByRows256x32<Bits, Vnni, Half>;
+};
+
 template <int Bits, bool Vnni>
 void ByRows512(const QTileJob& j) {
   switch (j.rows) {
@@ -495,14 +555,16 @@ QTileFn FindQTileFn(IntDot dot, int bits) {
   }
 }
 
-QTileFn FindQTileFn(IntDot dot, int bits, int64_t block, bool plain) {
-  const char* env = std::getenv("WQ_LEAN32");
-  const bool lean = env == nullptr || std::string(env) != "0";
-  if (lean && block == kActBlock && plain) {
-    if (dot == IntDot::kAvx512Vnni) return bits == 8 ? ByRows512x32<8, true> : ByRows512x32<4, true>;
-    if (dot == IntDot::kAvx512Bw) return bits == 8 ? ByRows512x32<8, false> : ByRows512x32<4, false>;
+bool Block32Asked() { return EnvSwitch(kBlock32Variable, "on", "off", false); }
+
+QTileFn FindBlock32Fn(IntDot dot, int bits, bool half) {
+  switch (dot) {
+    case IntDot::kAvx512Vnni: return Block32Of<Pick512, true>(bits, half);
+    case IntDot::kAvx512Bw: return Block32Of<Pick512, false>(bits, half);
+    case IntDot::kAvx2Vnni: return Block32Of<Pick256, true>(bits, half);
+    case IntDot::kAvx2: return Block32Of<Pick256, false>(bits, half);
+    default: return nullptr;
   }
-  return FindQTileFn(dot, bits);
 }
 
 void QuantizeRows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* xs, float* xss, IntDot dot) {
