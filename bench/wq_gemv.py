@@ -32,6 +32,25 @@ SHAPES = {"q/o": (896, 896), "gate_up": (896, 9728), "down": (4864, 896), "lm_he
 create = tvm.get_global_func("byoc_hetero.runtime.create")
 
 
+class _Env:
+    """The variant's environment for the duration of a with block (the module re-plans at its first calls for the
+    thread count it runs with, reading the plan-time switches again: they must be set around every call)."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+
+    def __enter__(self):
+        self.saved = {key: os.environ.get(key) for key in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _module(m: int, codes, threads: int, env: dict[str, str]):
     """One dense_wq region for the codes, planned with the variant's environment."""
     n, k = codes.shape
@@ -44,18 +63,10 @@ def _module(m: int, codes, threads: int, env: dict[str, str]):
            "nodes": [{"op": "dense_wq", "inputs": [0, 1, 2], "output": 3,
                       "attrs": {"bits": codes.bits, "block": codes.block, "has_zero_point": 0, "has_offset": 0,
                                 "has_bias": 0}}]}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
     os.environ["BYOC_HETERO_NUM_THREADS"] = str(threads)
-    try:
+    with _Env(env):
         mod = create(json.dumps(doc))
         assert mod["__init_g"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return mod
 
 
@@ -75,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-check", action="store_true", help="skip the agreement check (timing-only prototypes)")
+    ap.add_argument("--verbose", action="store_true", help="print each variant's run step")
     ap.add_argument("--min", action="store_true", help="the 10th percentile of the calls instead of their median")
     ap.add_argument("--mib", type=float, default=160.0, help="code bytes per variant and shape, above the LLC")
     args = ap.parse_args(argv)
@@ -101,8 +113,12 @@ def main(argv=None) -> int:
                 del codes
             out = tvm.runtime.tensor(np.zeros((m, n), np.float32))
             first: dict[str, np.ndarray] = {}  # per kind, its first variant's output: the others' bit for bit
-            for (name_, kind, _), ms in zip(variants, mods):
-                ms[0]["g"](x, out)
+            for (name_, kind, env), ms in zip(variants, mods):
+                with _Env(env):
+                    ms[0]["g"](x, out)
+                    plan = [line for line in ms[0]["get_plan"]() if line.startswith("run")]
+                if args.verbose:
+                    print(f"{name_}: {plan}")
                 got = out.numpy().copy()
                 ref = first.setdefault(kind, got)
                 assert args.no_check or np.array_equal(got, ref), f"{name_} differs from {kind}'s first variant"
@@ -111,9 +127,10 @@ def main(argv=None) -> int:
             for _ in range(args.reps):
                 for c in range(copies):
                     for i, ms in enumerate(mods):
-                        t0 = time.perf_counter()
-                        ms[c]["g"](x, out)
-                        times[i].append(time.perf_counter() - t0)
+                        with _Env(variants[i][2]):
+                            t0 = time.perf_counter()
+                            ms[c]["g"](x, out)
+                            times[i].append(time.perf_counter() - t0)
             us = [float(np.median(t) if not args.min else np.percentile(t, 10)) * 1e6 for t in times]
             cells = " | ".join(f"{u:.1f} | {b / u / 1e3:.1f}" for u, b in zip(us, nbytes))
             ratios = " | ".join(f"{u / us[0]:.3f}" for u in us[1:])
