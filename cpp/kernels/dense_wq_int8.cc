@@ -136,22 +136,29 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
 
 /*! \brief Tile512Q for weight blocks of one activation block (kActBlock k: llama.cpp's Q8_0 / Q4_0 block) without
  *         zero points or offsets (FindBlock32Fn): one loop over the blocks, the zero point a constant, the scales'
- *         type (\p Half: float16, widened from memory by VCVTPH2PS) fixed at compile time; the same float operations
- *         in the same order as Tile512Q, so its results bit for bit. */
-template <int Bits, int R, bool Vnni, bool Half>
+ *         form fixed at compile time (\p Scales: float32 or float16 tiles of their own, or float16 inside the codes'
+ *         stream, dense_wq.h's inline layout), float16 widened from memory by VCVTPH2PS; the same float operations in
+ *         the same order as Tile512Q, so its results bit for bit. */
+template <int Bits, int R, bool Vnni, ScaleForm Scales>
 WQ_AVX512_TARGET void Tile512Q32(const QTileJob& j) {
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const uint8_t* q = j.codes;
   const int64_t blocks = j.k / kActBlock;
   const __m512 z = _mm512_set1_ps(j.zero - (Bits == 8 && !Vnni ? 128.f : 0.f));  // small integers: exact
+  const uint16_t* line = nullptr;  // the inline layout: the scale line of blocks a and a + 1 (a even)
   for (int64_t a = 0; a < blocks; ++a) {
+    if (Scales == ScaleForm::kInline && a % 2 == 0) {
+      line = reinterpret_cast<const uint16_t*>(q);
+      q += kInlineLineBytes;
+    }
     __m512i acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
     q = Bits == 8 ? Dot512x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
                   : Dot512x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
-    const __m512 s = Half ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.half_scales + a * kTile)))
-                          : _mm512_loadu_ps(j.scales + a * kTile);
+    const uint16_t* halves = Scales == ScaleForm::kInline ? line + (a % 2) * kTile : j.half_scales + a * kTile;
+    const __m512 s = Scales == ScaleForm::kFloat ? _mm512_loadu_ps(j.scales + a * kTile)
+                                                 : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves)));
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(j.xs[r * blocks + a]));
       total[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(j.xss[r * blocks + a]), v), s, total[r]);
@@ -269,8 +276,10 @@ WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
 
 /*! \brief Tile256Q for weight blocks of one activation block without zero points or offsets (as Tile512Q32): its
  *         results bit for bit. */
-template <int Bits, int R, bool Vnni, bool Half>
+template <int Bits, int R, bool Vnni, ScaleForm Scales>
 WQ_AVX2_TARGET void Tile256Q32(const QTileJob& j) {
+  static_assert(Scales != ScaleForm::kInline, "the inline layout is read by the AVX-512 kernels only");
+  constexpr bool Half = Scales == ScaleForm::kHalf;
   __m256 total[R][2];
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
   const uint8_t* q = j.codes;
@@ -332,38 +341,45 @@ void TileGenericQ(const QTileJob& j) {
 
 /*! \brief Dispatches a job's row count (1..kMaxRows) to the kernel instantiated for it. */
 /*! \brief ByRows512 / ByRows256 for the kernels of blocks of kActBlock. */
-template <int Bits, bool Vnni, bool Half>
+template <int Bits, bool Vnni, ScaleForm Scales>
 void ByRows512x32(const QTileJob& j) {
   switch (j.rows) {
-    case 1: return Tile512Q32<Bits, 1, Vnni, Half>(j);
-    case 2: return Tile512Q32<Bits, 2, Vnni, Half>(j);
-    case 3: return Tile512Q32<Bits, 3, Vnni, Half>(j);
-    default: return Tile512Q32<Bits, 4, Vnni, Half>(j);
+    case 1: return Tile512Q32<Bits, 1, Vnni, Scales>(j);
+    case 2: return Tile512Q32<Bits, 2, Vnni, Scales>(j);
+    case 3: return Tile512Q32<Bits, 3, Vnni, Scales>(j);
+    default: return Tile512Q32<Bits, 4, Vnni, Scales>(j);
   }
 }
-template <int Bits, bool Vnni, bool Half>
+template <int Bits, bool Vnni, ScaleForm Scales>
 void ByRows256x32(const QTileJob& j) {
   switch (j.rows) {
-    case 1: return Tile256Q32<Bits, 1, Vnni, Half>(j);
-    case 2: return Tile256Q32<Bits, 2, Vnni, Half>(j);
-    case 3: return Tile256Q32<Bits, 3, Vnni, Half>(j);
-    default: return Tile256Q32<Bits, 4, Vnni, Half>(j);
+    case 1: return Tile256Q32<Bits, 1, Vnni, Scales>(j);
+    case 2: return Tile256Q32<Bits, 2, Vnni, Scales>(j);
+    case 3: return Tile256Q32<Bits, 3, Vnni, Scales>(j);
+    default: return Tile256Q32<Bits, 4, Vnni, Scales>(j);
   }
 }
-/*! \brief The four (bits, half) instances of one ISA's block-of-32 kernel. */
-template <template <int, bool, bool> class Pick, bool Vnni>
-QTileFn Block32Of(int bits, bool half) {
-  if (bits == 8) return half ? Pick<8, Vnni, true>::fn : Pick<8, Vnni, false>::fn;
-  return half ? Pick<4, Vnni, true>::fn : Pick<4, Vnni, false>::fn;
+/*! \brief One ISA's block-of-32 kernel for \p bits and \p scales (the AVX2 ones: not inline, null). */
+template <bool Avx512, bool Vnni, int Bits>
+QTileFn Block32For(ScaleForm scales) {
+  if constexpr (Avx512) {
+    switch (scales) {
+      case ScaleForm::kFloat: return ByRows512x32<Bits, Vnni, ScaleForm::kFloat>;
+      case ScaleForm::kHalf: return ByRows512x32<Bits, Vnni, ScaleForm::kHalf>;
+      default: return ByRows512x32<Bits, Vnni, ScaleForm::kInline>;
+    }
+  } else {
+    switch (scales) {
+      case ScaleForm::kFloat: return ByRows256x32<Bits, Vnni, ScaleForm::kFloat>;
+      case ScaleForm::kHalf: return ByRows256x32<Bits, Vnni, ScaleForm::kHalf>;
+      default: return nullptr;
+    }
+  }
 }
-template <int Bits, bool Vnni, bool Half>
-struct Pick512 {
-  static constexpr QTileFn fn = ByRows512x32<Bits, Vnni, Half>;
-};
-template <int Bits, bool Vnni, bool Half>
-struct Pick256 {
-  static constexpr QTileFn fn = ByRows256x32<Bits, Vnni, Half>;
-};
+template <bool Avx512, bool Vnni>
+QTileFn Block32Of(int bits, ScaleForm scales) {
+  return bits == 8 ? Block32For<Avx512, Vnni, 8>(scales) : Block32For<Avx512, Vnni, 4>(scales);
+}
 
 template <int Bits, bool Vnni>
 void ByRows512(const QTileJob& j) {
@@ -557,12 +573,12 @@ QTileFn FindQTileFn(IntDot dot, int bits) {
 
 bool Block32Asked() { return EnvSwitch(kBlock32Variable, "on", "off", false); }
 
-QTileFn FindBlock32Fn(IntDot dot, int bits, bool half) {
+QTileFn FindBlock32Fn(IntDot dot, int bits, ScaleForm scales) {
   switch (dot) {
-    case IntDot::kAvx512Vnni: return Block32Of<Pick512, true>(bits, half);
-    case IntDot::kAvx512Bw: return Block32Of<Pick512, false>(bits, half);
-    case IntDot::kAvx2Vnni: return Block32Of<Pick256, true>(bits, half);
-    case IntDot::kAvx2: return Block32Of<Pick256, false>(bits, half);
+    case IntDot::kAvx512Vnni: return Block32Of<true, true>(bits, scales);
+    case IntDot::kAvx512Bw: return Block32Of<true, false>(bits, scales);
+    case IntDot::kAvx2Vnni: return Block32Of<false, true>(bits, scales);
+    case IntDot::kAvx2: return Block32Of<false, false>(bits, scales);
     default: return nullptr;
   }
 }
