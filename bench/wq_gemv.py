@@ -1,15 +1,18 @@
 """dense_wq's int8 decode GEMV (M = 1..4) per output channel against blocks of 32 (Q8_0's format: int8 codes, a
 float16 scale per 32 k), side by side in one process: one-node dense_wq regions at Qwen2.5-0.5B's shapes, each
-variant given enough copies of the weight to exceed the last-level cache (``--mib``) and called round-robin, so
-that every call streams its codes from memory as a decode step does; the variants' calls interleaved per round.
+variant given enough copies of the weight to exceed the last-level cache (``--mib``), so that every call streams its
+codes from memory as a decode step does; the variants' calls alternate call by call (copy c of each in turn), so
+that the machine's load falls on all of them alike.
 
     PYTHONPATH=. python bench/wq_gemv.py                               # per channel vs g32, M = 1, 2 threads
     PYTHONPATH=. python bench/wq_gemv.py --variants pc,g32,g32:BYOC_HETERO_WQ_BLOCK32=on
 
 A variant is ``pc`` (per channel, float32 scales, as ``weights="int8"``), ``g32`` (``group_size=32``, float16
-scales) or ``q4`` (int4, blocks of 32, float16 scales: ``weights="int4"``, llama.cpp's Q4_0), optionally with ``:VAR=value`` environment settings read when its modules are made (plan-time switches).
-Prints microseconds per call (the median of the calls, each timed alone, the variants alternating call by call), the GB/s of codes + scales streamed, and each variant's
-time over the first's.  Not a test: it asserts only that the variants of one kind (switches that must not change a
+scales) or ``q4`` (int4, blocks of 32, float16 scales: ``weights="int4"``, llama.cpp's Q4_0), optionally with
+``:VAR=value`` environment settings, set while its modules are made and around each of its calls (a module re-plans
+at its first calls for the thread count it runs with, reading the plan-time switches again).  Prints microseconds
+per call (the median of the calls, each timed alone), the GB/s of codes + scales streamed, and each variant's time
+over the first's.  Not a test: it asserts only that the variants of one kind (switches that must not change a
 value) give the same outputs bit for bit.
 """
 
@@ -85,7 +88,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--no-check", action="store_true", help="skip the agreement check (timing-only prototypes)")
     ap.add_argument("--verbose", action="store_true", help="print each variant's run step")
     ap.add_argument("--min", action="store_true", help="the 10th percentile of the calls instead of their median")
     ap.add_argument("--mib", type=float, default=160.0, help="code bytes per variant and shape, above the LLC")
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
                     print(f"{name_}: {plan}")
                 got = out.numpy().copy()
                 ref = first.setdefault(kind, got)
-                assert args.no_check or np.array_equal(got, ref), f"{name_} differs from {kind}'s first variant"
+                assert np.array_equal(got, ref), f"{name_} differs from {kind}'s first variant"
             # call by call, the variants alternating (copy c of each in turn): the machine's load falls on all alike
             times = [[] for _ in variants]
             for _ in range(args.reps):
