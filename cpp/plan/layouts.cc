@@ -48,9 +48,9 @@ MemRef LayoutResolver::ResolveTransformed(int t, const OperandLayout& layout, si
   for (size_t k : layout.also_reads) {
     const int other = g_.nodes[consumer].inputs.at(k);
     if (values_[other].is_const != at_init) {
-      TVM_FFI_THROW(InternalError) << g_.where(consumer) << ": a transform of tensor " << t << " reads tensor " << other
-                                   << ", which is " << (at_init ? "not " : "") << "known at __init_ as tensor " << t
-                                   << " is";
+      TVM_FFI_THROW(InternalError) << g_.where(consumer) << ": a transform of tensor " << t << " ("
+                                   << (at_init ? "known" : "unknown") << " at __init_) reads tensor " << other << " ("
+                                   << (at_init ? "unknown" : "known") << " then): expected both known or both not";
     }
     const memory::desc plain = values_[other].plain_md;
     step.args.emplace_back(static_cast<int>(step.args.size()),
