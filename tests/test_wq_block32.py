@@ -7,6 +7,8 @@ quantized activations, and bit for bit against the general kernels (``=off``), o
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -76,3 +78,33 @@ def test_block32_switch_rejects_unknown(monkeypatch):
     codes = quantize_matrix(np.ones((16, 64), np.float32), 8, 32, False, "float16")
     with pytest.raises(ValueError, match="BYOC_HETERO_WQ_BLOCK32 must be on or off, got 'yes'"):
         _run(np.ones((1, 64), np.float32), codes)
+
+
+def test_inline_layouts_of_one_codes_tensor_with_two_scale_tensors(monkeypatch):
+    """Two dense_wq nodes reading the same codes under different scales: each packs its own inline tiles (the
+    planner's key for a transform names the tensors it also reads), each output numpy's for its own scales."""
+    if not _has_avx512bw():
+        pytest.skip("the inline layout is made for the AVX-512 integer kernels")
+    monkeypatch.setenv("BYOC_HETERO_WQ_BLOCK32", "on")
+    rng = np.random.default_rng(5)
+    n, k = 37, 96
+    first = quantize_matrix(rng.standard_normal((n, k)).astype(np.float32), 8, 32, False, "float16")
+    second = type(first)(8, 32, first.codes, (first.scales * np.float16(3)).astype(np.float16), None)
+    tensors = [{"shape": [1, k], "dtype": "float32"}, {"shape": [n, k], "dtype": "int8"},
+               {"shape": [n, 3], "dtype": "float16"}, {"shape": [n, 3], "dtype": "float16"},
+               {"shape": [1, n], "dtype": "float32"}, {"shape": [1, n], "dtype": "float32"}]
+    attrs = {"bits": 8, "block": 32, "has_zero_point": 0, "has_offset": 0, "has_bias": 0}
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "two", "tensors": tensors, "inputs": [0],
+           "outputs": [4, 5], "constants": [{"tensor": t, "name": f"two_c{t}"} for t in (1, 2, 3)],
+           "nodes": [{"op": "dense_wq", "inputs": [0, 1, 2], "output": 4, "attrs": attrs},
+                     {"op": "dense_wq", "inputs": [0, 1, 3], "output": 5, "attrs": attrs}]}
+    mod = create(json.dumps(doc))
+    consts = [first.codes, first.scales, second.scales]
+    assert mod["__init_two"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts]) == 0
+    inits = [line for line in mod["get_plan"]() if "float16 scales inline" in line]
+    assert len(inits) == 2, inits
+    x = (rng.standard_normal((1, k)) * 2).astype(np.float32)
+    outs = [tvm.runtime.tensor(np.full((1, n), np.nan, np.float32)) for _ in range(2)]
+    mod["two"](tvm.runtime.tensor(x), *outs)
+    for out, codes in zip(outs, (first, second)):
+        _close(out.numpy(), _reference(_quantize_rows(x), codes))
