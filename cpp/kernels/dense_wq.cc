@@ -41,7 +41,6 @@ namespace {
 using wq::HalfToFloat;
 using wq::kActBlock;
 using wq::kTile;
-constexpr int64_t kActBytes = kActBlock * kTile;  // one block of kActBlock k of one tile's 8-bit codes
 
 /*! \brief What the attrs and shapes of one node say. */
 struct WqShape {
@@ -56,7 +55,7 @@ struct WqShape {
   int64_t tiles() const { return (n + kTile - 1) / kTile; }
   int64_t blocks() const { return k / block; }
   int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile (on average)
-  int64_t tile_bytes() const { return inline_scales ? wq::InlineTileBytes(k) : k * step(); }  // a packed tile's bytes
+  int64_t tile_bytes() const { return inline_scales ? wq::InlineTileBytes(k, bits) : k * step(); }  // a packed tile's bytes
   float implicit_zero() const {
     if (signed_codes) return 128.f;
     return has_offset ? 0.f : static_cast<float>(1 << (bits - 1));  // with offsets the codes start at 0
@@ -217,7 +216,7 @@ class DenseWqKernel : public Kernel {
                     ? wq::FindQPanelFn(dot_, s.bits, FoldScales(s)) : nullptr),
         prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0) {
     s_.inline_scales = InlineScales(s, dot_, half_, form_);
-    if (s_.inline_scales && qpanel_ != nullptr) qpanel_ = wq::FindInlineQPanelFn(dot_);
+    if (s_.inline_scales && qpanel_ != nullptr) qpanel_ = wq::FindInlineQPanelFn(dot_, s.bits);
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
     const WqShape shape = s_;
@@ -318,13 +317,13 @@ class DenseWqKernel : public Kernel {
     return fn != nullptr ? fn : wq::FindQTileFn(dot, s.bits);
   }
 
-  /*! \brief Whether the node's codes are packed in the inline layout (dense_wq.h): BYOC_HETERO_WQ_BLOCK32=on, 8-bit
-   *         codes in blocks of kActBlock with float16 scales (llama.cpp's Q8_0, from_hf's group_size=32), no zero points
-   *         or offsets, an AVX-512 integer kernel (its tile and panel kernels read the layout; the AVX2 ones and the
-   *         float panels keep the scales' own tiles). */
+  /*! \brief Whether the node's codes are packed in the inline layout (dense_wq.h): BYOC_HETERO_WQ_BLOCK32=on, codes
+   *         in blocks of kActBlock with float16 scales (llama.cpp's Q8_0 / Q4_0, from_hf's group_size=32, int4's
+   *         default), no zero points or offsets, an AVX-512 integer kernel (its tile and panel kernels read the layout;
+   *         the AVX2 ones and the float panels keep the scales' own tiles). */
   static bool InlineScales(const WqShape& s, wq::IntDot dot, bool half, wq::PanelForm form) {
     const bool avx512 = dot == wq::IntDot::kAvx512Vnni || dot == wq::IntDot::kAvx512Bw;
-    return wq::Block32Asked() && s.bits == 8 && s.block == wq::kActBlock && half && !s.has_zero_point &&
+    return wq::Block32Asked() && s.block == wq::kActBlock && half && !s.has_zero_point &&
            !s.has_offset && avx512 && form != wq::PanelForm::kFloat;
   }
 
@@ -343,7 +342,7 @@ class DenseWqKernel : public Kernel {
    *         2, read by the transform too: OperandLayout::also_reads), each checked finite and nonzero at __init_. */
   static OperandLayout InlineCodesOperand(const KernelContext& ctx, const WqShape& s) {
     OperandLayout codes{PlainDescOf(ctx.input(1)), Bytes(s.tiles() * s.tile_bytes())};
-    codes.transform_name = "dense_wq 8-bit tiles (quad layout, float16 scales inline)";
+    codes.transform_name = "dense_wq " + std::to_string(s.bits) + "-bit tiles (quad layout, float16 scales inline)";
     codes.also_reads = {2};
     const std::string where = ctx.where();
     codes.transform = [s, where](const std::vector<void*>& p) {
@@ -362,11 +361,13 @@ class DenseWqKernel : public Kernel {
     return none;
   }
 
-  /*! \brief The inline layout (dense_wq.h) of \p codes [N, K] (int8 or uint8 + 128, as PackQuadCodes reads them) and
-   *         \p halves [N, K / kActBlock] (float16 bits); a scale that is not finite and nonzero is a ValueError. */
+  /*! \brief The inline layout (dense_wq.h) of \p codes (as PackQuadCodes reads them: [N, K] int8, or uint8 with 128
+   *         their zero; [N, K / 2] nibbles, k even low) and \p halves [N, K / kActBlock] (float16 bits); a scale that is
+   *         not finite and nonzero is a ValueError. */
   static void PackInline(const WqShape& s, const uint8_t* codes, const uint16_t* halves, uint8_t* packed,
                          const std::string& where) {
-    const int64_t blocks = s.blocks(), tile = s.tile_bytes(), pair = wq::kInlineLineBytes + 2 * kActBytes;
+    const int64_t blocks = s.blocks(), tile = s.tile_bytes(), block_bytes = kActBlock * s.step();
+    const int64_t pair = wq::kInlineLineBytes + 2 * block_bytes, row = s.k * s.bits / 8;
     for (int64_t n = 0; n < s.n; ++n) {
       const int64_t c = n % kTile;
       uint8_t* base = packed + (n / kTile) * tile;
@@ -376,10 +377,15 @@ class DenseWqKernel : public Kernel {
         const float v = HalfToFloat(h);
         if (!std::isfinite(v) || v == 0.f) BadValue(where, "scales", v, n, b, "a finite, nonzero scale");
         std::memcpy(line + ((b % 2) * kTile + c) * 2, &h, 2);
-        uint8_t* dst = line + wq::kInlineLineBytes + (b % 2) * kActBytes;
-        for (int64_t i = 0; i < kActBlock; ++i) {
-          const uint8_t code = codes[n * s.k + b * kActBlock + i];
-          dst[(i / 4) * 64 + c * 4 + i % 4] = static_cast<uint8_t>(code + (s.signed_codes ? 0 : 128));
+        uint8_t* dst = line + wq::kInlineLineBytes + (b % 2) * block_bytes;
+        for (int64_t i = 0; i < kActBlock; ++i) {  // PackQuadCodes' bytes of the block, i = k - 32 b
+          const int64_t k = b * kActBlock + i;
+          if (s.bits == 8) {
+            dst[(i / 4) * 64 + c * 4 + i % 4] = static_cast<uint8_t>(codes[n * row + k] + (s.signed_codes ? 0 : 128));
+          } else {
+            const uint8_t code = (codes[n * row + k / 2] >> (4 * (k % 2))) & 0x0F;
+            dst[(i / 8) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>(code << (4 * ((i % 8) / 4)));
+          }
         }
       }
     }

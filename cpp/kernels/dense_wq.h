@@ -143,14 +143,16 @@ bool Block32Asked();
 /*! \brief Where the integer kernels read a tile's scales: float32 or float16 tiles of their own (QTileJob::scales,
  *         half_scales), or float16 inside the codes (kInline, the inline layout below). */
 enum class ScaleForm { kFloat, kHalf, kInline };
-/*! \brief The inline layout (BYOC_HETERO_WQ_BLOCK32=on, 8-bit codes in blocks of kActBlock, float16 scales, no zero
- *         points or offsets, the AVX-512 integer kernels): each tile's quad-layout codes with the scales in the same
- *         stream, as llama.cpp's block_q8_0 keeps each block's scale beside its codes, per pair of blocks (b, b + 1)
- *         one 64-byte line of their 2 x 16 float16 scales (the second half zero where b is the last block), then
- *         block b's 512 bytes of codes, then block b + 1's: one sequential stream a thread, every load 64-byte
- *         aligned.  A tile is k * 16 + ceil(blocks / 2) * 64 bytes. */
+/*! \brief The inline layout (BYOC_HETERO_WQ_BLOCK32=on, 8- or 4-bit codes in blocks of kActBlock, float16 scales, no
+ *         zero points or offsets, the AVX-512 integer kernels): each tile's quad-layout codes with the scales in the
+ *         same stream, as llama.cpp's block_q8_0 / block_q4_0 keep each block's scale beside its codes, per pair of
+ *         blocks (b, b + 1) one 64-byte line of their 2 x 16 float16 scales (the second half zero where b is the last
+ *         block), then block b's codes (512 bytes at 8 bits, 256 at 4), then block b + 1's: one sequential stream a
+ *         thread, every load 64-byte aligned.  A tile is k * 2 * bits + ceil(blocks / 2) * 64 bytes. */
 constexpr int64_t kInlineLineBytes = 64;
-inline int64_t InlineTileBytes(int64_t k) { return k * kTile + (k / kActBlock + 1) / 2 * kInlineLineBytes; }
+inline int64_t InlineTileBytes(int64_t k, int bits) {
+  return k * 2 * bits + (k / kActBlock + 1) / 2 * kInlineLineBytes;
+}
 /*! \brief The tile kernels of \p dot (AVX-512 or AVX2 ones; else null; kInline: AVX-512 only) for weight blocks of
  *         kActBlock without zero points or offsets, their scales as \p scales says: one loop over the blocks with the
  *         zero point and the scales' form fixed, the general kernels' float operations in their order (their results
@@ -240,10 +242,11 @@ using QPanelFn = void (*)(const QPanelJob& job);
  *         block, no offsets: per-channel weights): the scale and zero point applied once after the sum over K
  *         (one FMA per activation block and column instead of three; the same sums, rounded in another order). */
 QPanelFn FindQPanelFn(IntDot dot, int bits, bool fold);
-/*! \brief The panel kernel (not folded) of \p dot (AVX-512 VNNI or BW, else null) for 8-bit codes in the inline layout
- *         (FindBlock32Fn's kInline): QPanelJob::codes is tile t0's start, the next tile InlineTileBytes(k) on; scales,
- *         half_scales, zeros and offsets unused; the results FindQPanelFn's on the same codes and scales bit for bit. */
-QPanelFn FindInlineQPanelFn(IntDot dot);
+/*! \brief The panel kernel (not folded) of \p dot (AVX-512 VNNI or BW, else null) for \p bits codes in the inline
+ *         layout (FindBlock32Fn's kInline): QPanelJob::codes is tile t0's start, the next tile InlineTileBytes(k, bits)
+ *         on; scales, half_scales, zeros and offsets unused; the results FindQPanelFn's on the same codes and scales
+ *         bit for bit. */
+QPanelFn FindInlineQPanelFn(IntDot dot, int bits);
 
 /*! \brief IEEE half -> float, exactly (subnormals, infinities and NaN included). */
 inline float HalfToFloat(uint16_t h) {

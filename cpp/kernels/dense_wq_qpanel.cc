@@ -223,7 +223,7 @@ WQ_QPANEL_TARGET void Panel512(const QPanelJob& j) {
   Announce<R>(j);
   const int64_t per = j.block / kActBlock, xblocks = j.k / kActBlock, blocks = j.k / j.block;
   const int64_t stride = j.second * blocks * kTile;  // tile t0 + 1's per-block values (0: t0 again)
-  const uint8_t* q[kT] = {j.codes, j.codes + j.second * (Inline ? InlineTileBytes(j.k) : j.k * 2 * Bits)};
+  const uint8_t* q[kT] = {j.codes, j.codes + j.second * (Inline ? InlineTileBytes(j.k, Bits) : j.k * 2 * Bits)};
   const float bias = Bits == 8 && !Vnni ? 128.f : 0.f;  // the BW form's codes are code - 128
   const uint16_t* line[kT] = {nullptr, nullptr};
   for (int64_t b = 0; b < blocks; ++b) {
@@ -283,24 +283,24 @@ QPanelFn ForBits(int bits) {
 }
 
 /*! \brief Panel512 on the inline layout, by row count. */
-template <bool Vnni>
+template <int Bits, bool Vnni>
 void InlineByRows(const QPanelJob& j) {
   switch (j.rows) {
-    case 1: return Panel512<8, 1, Vnni, true>(j);
-    case 2: return Panel512<8, 2, Vnni, true>(j);
-    case 3: return Panel512<8, 3, Vnni, true>(j);
-    case 4: return Panel512<8, 4, Vnni, true>(j);
-    case 5: return Panel512<8, 5, Vnni, true>(j);
-    default: return Panel512<8, 6, Vnni, true>(j);
+    case 1: return Panel512<Bits, 1, Vnni, true>(j);
+    case 2: return Panel512<Bits, 2, Vnni, true>(j);
+    case 3: return Panel512<Bits, 3, Vnni, true>(j);
+    case 4: return Panel512<Bits, 4, Vnni, true>(j);
+    case 5: return Panel512<Bits, 5, Vnni, true>(j);
+    default: return Panel512<Bits, 6, Vnni, true>(j);
   }
 }
 
 }  // namespace
 
-QPanelFn FindInlineQPanelFn(IntDot dot) {
+QPanelFn FindInlineQPanelFn(IntDot dot, int bits) {
   switch (dot) {
-    case IntDot::kAvx512Vnni: return InlineByRows<true>;
-    case IntDot::kAvx512Bw: return InlineByRows<false>;
+    case IntDot::kAvx512Vnni: return bits == 8 ? InlineByRows<8, true> : InlineByRows<4, true>;
+    case IntDot::kAvx512Bw: return bits == 8 ? InlineByRows<8, false> : InlineByRows<4, false>;
     default: return nullptr;
   }
 }
