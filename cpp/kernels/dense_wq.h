@@ -21,6 +21,8 @@
  *   zeros   per tile, per block: 16 float32 zero points (only with explicit zero points; else
  *           one constant, 2^(bits-1) for unsigned codes, 0 with offsets).
  *   offsets per tile, per block: 16 float32 (only with offsets).
+ * (BYOC_HETERO_WQ_BLOCK32=on: blocks of 32 with float16 scales keep them inside the quad layout's codes instead,
+ * the inline layout below.)
  * The sum over one block accumulates x * (q - z) (q - z is exact in float32), then adds
  * s * block-sum to the row's total: one multiply per block and column, not per weight.
  *
