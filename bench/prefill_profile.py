@@ -98,6 +98,8 @@ def _built(bh, model, weights: str, max_length: int, skip: list[str]):
     try:
         for name in skip:
             passes[name] = lambda graph: None
+        if weights == "int8_g32":  # as bench/decode_profile.py: int8 in blocks of 32 (llama.cpp's Q8_0 format)
+            return bh.llm.from_hf(model, max_length=max_length, weights="int8", group_size=32)
         return bh.llm.from_hf(model, max_length=max_length, weights=weights)
     finally:
         passes.update(saved)

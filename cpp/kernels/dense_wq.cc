@@ -39,6 +39,7 @@ namespace byoc_hetero {
 namespace {
 
 using wq::HalfToFloat;
+using wq::kActBlock;
 using wq::kTile;
 
 /*! \brief What the attrs and shapes of one node say. */
@@ -50,9 +51,11 @@ struct WqShape {
   bool has_zero_point = false, has_offset = false, has_bias = false, f16_scales = false;
   bool has_gate = false;  // an input multiplying the output: (x W + b) * gate (a GLU's up projection)
   bool residual = false;  // the last input is summed into the output (Kernel::sum_input)
+  bool inline_scales = false;  // the codes' tiles hold the float16 scales too (dense_wq.h's inline layout)
   int64_t tiles() const { return (n + kTile - 1) / kTile; }
   int64_t blocks() const { return k / block; }
   int64_t step() const { return bits == 8 ? kTile : kTile / 2; }  // code bytes per k in a tile (on average)
+  int64_t tile_bytes() const { return inline_scales ? wq::InlineTileBytes(k, bits) : k * step(); }  // a packed tile's bytes
   float implicit_zero() const {
     if (signed_codes) return 128.f;
     return has_offset ? 0.f : static_cast<float>(1 << (bits - 1));  // with offsets the codes start at 0
@@ -212,19 +215,15 @@ class DenseWqKernel : public Kernel {
         qpanel_(form_ == wq::PanelForm::kInt || form_ == wq::PanelForm::kIntFused
                     ? wq::FindQPanelFn(dot_, s.bits, FoldScales(s)) : nullptr),
         prefetch_(dot_ != wq::IntDot::kNone ? wq::PrefetchBytes() : 0) {
+    s_.inline_scales = InlineScales(s, dot_, half_, form_);
+    if (s_.inline_scales && qpanel_ != nullptr) qpanel_ = wq::FindInlineQPanelFn(dot_, s.bits);
     inputs_.push_back({PlainDesc({s.m, s.k}), PlainDesc({s.m, s.k})});
     const std::string where = ctx.where();
-    const WqShape shape = s;
-    OperandLayout codes{PlainDescOf(ctx.input(1)), Bytes(s.tiles() * s.k * s.step())};
+    const WqShape shape = s_;
     const bool quad = dot_ != wq::IntDot::kNone;
-    codes.transform_name = "dense_wq " + std::to_string(s.bits) + "-bit tiles" + (quad ? " (quad layout)" : "");
-    codes.transform = [shape, quad](const std::vector<void*>& p) {
-      std::memset(p[1], 0, static_cast<size_t>(shape.tiles() * shape.k * shape.step()));
-      (quad ? PackQuadCodes : PackCodes)(shape, static_cast<const uint8_t*>(p[0]), static_cast<uint8_t*>(p[1]));
-    };
-    inputs_.push_back(std::move(codes));
+    inputs_.push_back(shape.inline_scales ? InlineCodesOperand(ctx, shape) : CodesOperand(ctx, shape, quad));
     const memory::desc per_block = PlainDesc({s.tiles() * s.blocks() * kTile});
-    inputs_.push_back(ScalesOperand(ctx, s, half_));
+    inputs_.push_back(shape.inline_scales ? InlineScalesPlaceholder(ctx) : ScalesOperand(ctx, s, half_));
     if (s.has_zero_point) {
       OperandLayout zeros{PlainDescOf(ctx.input(3)), per_block};
       zeros.transform_name = "dense_wq zero point tiles";
@@ -280,10 +279,11 @@ class DenseWqKernel : public Kernel {
       step.host = [s, tile_fn](const std::vector<void*>& p) { Run(s, tile_fn, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights (" + SimdIsaName(isa_) + ")";
     } else {
-      const Int8Call call{wq::FindQTileFn(dot_, s.bits), dot_, half_, prefetch_};
+      const Int8Call call{TileFnFor(s, dot_, half_), dot_, half_, prefetch_};
       step.host = [s, call](const std::vector<void*>& p) { RunInt8(s, call, p); };
       step.label = label_ + ": " + std::to_string(s.bits) + "-bit weights" + (half_ ? ", float16 scales" : "") +
                    ", int8 activations (" + wq::IntDotName(dot_) + ")" +
+                   (call.tile_fn != wq::FindQTileFn(dot_, s.bits) ? ", blocks of 32 kernel" : "") +
                    (prefetch_ != 0 ? ", prefetch " + std::to_string(prefetch_) + " bytes" : "");
     }
     step.op = "dense_wq";
@@ -305,6 +305,90 @@ class DenseWqKernel : public Kernel {
     const wq::PanelForm asked = wq::PanelsAsked();
     const bool avx512 = dot == wq::IntDot::kAvx512Bw || dot == wq::IntDot::kAvx512Vnni;
     return s.m >= wq::kPanelMinRows && avx512 ? asked : wq::PanelForm::kNone;
+  }
+
+  /*! \brief The integer tile kernel of a call of few rows: the one for weight blocks of kActBlock without zero points
+   *         or offsets where BYOC_HETERO_WQ_BLOCK32 asks for it (wq::Block32Asked, read for every node so that a
+   *         bad value fails anywhere) and \p dot has one, else the general one. */
+  static wq::QTileFn TileFnFor(const WqShape& s, wq::IntDot dot, bool half) {
+    const wq::ScaleForm form = s.inline_scales ? wq::ScaleForm::kInline : half ? wq::ScaleForm::kHalf : wq::ScaleForm::kFloat;
+    const wq::QTileFn fn = wq::Block32Asked() && s.block == wq::kActBlock && !s.has_zero_point && !s.has_offset
+                               ? wq::FindBlock32Fn(dot, s.bits, form) : nullptr;
+    return fn != nullptr ? fn : wq::FindQTileFn(dot, s.bits);
+  }
+
+  /*! \brief Whether the node's codes are packed in the inline layout (dense_wq.h): BYOC_HETERO_WQ_BLOCK32=on, codes
+   *         in blocks of kActBlock with float16 scales (llama.cpp's Q8_0 / Q4_0, from_hf's group_size=32, int4's
+   *         default), no zero points or offsets, an AVX-512 integer kernel (its tile and panel kernels read the layout;
+   *         the AVX2 ones and the float panels keep the scales' own tiles). */
+  static bool InlineScales(const WqShape& s, wq::IntDot dot, bool half, wq::PanelForm form) {
+    const bool avx512 = dot == wq::IntDot::kAvx512Vnni || dot == wq::IntDot::kAvx512Bw;
+    return wq::Block32Asked() && s.block == wq::kActBlock && half && !s.has_zero_point &&
+           !s.has_offset && avx512 && form != wq::PanelForm::kFloat;
+  }
+
+  /*! \brief The codes operand: per tile of kTile columns, K-contiguous (PackCodes), or the quad layout (PackQuadCodes). */
+  static OperandLayout CodesOperand(const KernelContext& ctx, const WqShape& s, bool quad) {
+    OperandLayout codes{PlainDescOf(ctx.input(1)), Bytes(s.tiles() * s.tile_bytes())};
+    codes.transform_name = "dense_wq " + std::to_string(s.bits) + "-bit tiles" + (quad ? " (quad layout)" : "");
+    codes.transform = [s, quad](const std::vector<void*>& p) {
+      std::memset(p[1], 0, static_cast<size_t>(s.tiles() * s.tile_bytes()));
+      (quad ? PackQuadCodes : PackCodes)(s, static_cast<const uint8_t*>(p[0]), static_cast<uint8_t*>(p[1]));
+    };
+    return codes;
+  }
+
+  /*! \brief The codes operand of the inline layout: the quad layout's codes and the node's float16 scales (node input
+   *         2, read by the transform too: OperandLayout::also_reads), each checked finite and nonzero at __init_. */
+  static OperandLayout InlineCodesOperand(const KernelContext& ctx, const WqShape& s) {
+    OperandLayout codes{PlainDescOf(ctx.input(1)), Bytes(s.tiles() * s.tile_bytes())};
+    codes.transform_name = "dense_wq " + std::to_string(s.bits) + "-bit tiles (quad layout, float16 scales inline)";
+    codes.also_reads = {2};
+    const std::string where = ctx.where();
+    codes.transform = [s, where](const std::vector<void*>& p) {
+      uint8_t* packed = static_cast<uint8_t*>(p[2]);  // {codes, scales (also_reads), packed}
+      std::memset(packed, 0, static_cast<size_t>(s.tiles() * s.tile_bytes()));
+      PackInline(s, static_cast<const uint8_t*>(p[0]), static_cast<const uint16_t*>(p[1]), packed, where);
+    };
+    return codes;
+  }
+
+  /*! \brief The scales' operand where they live in the codes (InlineCodesOperand): one byte the kernels never read. */
+  static OperandLayout InlineScalesPlaceholder(const KernelContext& ctx) {
+    OperandLayout none{PlainDescOf(ctx.input(2)), Bytes(1)};
+    none.transform_name = "dense_wq scales (inside the code tiles)";
+    none.transform = [](const std::vector<void*>& p) { *static_cast<uint8_t*>(p[1]) = 0; };
+    return none;
+  }
+
+  /*! \brief The inline layout (dense_wq.h) of \p codes (as PackQuadCodes reads them: [N, K] int8, or uint8 with 128
+   *         their zero; [N, K / 2] nibbles, k even low) and \p halves [N, K / kActBlock] (float16 bits); a scale that is
+   *         not finite and nonzero is a ValueError. */
+  static void PackInline(const WqShape& s, const uint8_t* codes, const uint16_t* halves, uint8_t* packed,
+                         const std::string& where) {
+    const int64_t blocks = s.blocks(), tile = s.tile_bytes(), block_bytes = kActBlock * s.step();
+    const int64_t pair = wq::kInlineLineBytes + 2 * block_bytes, row = s.k * s.bits / 8;
+    for (int64_t n = 0; n < s.n; ++n) {
+      const int64_t c = n % kTile;
+      uint8_t* base = packed + (n / kTile) * tile;
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* line = base + (b / 2) * pair;
+        const uint16_t h = halves[n * blocks + b];
+        const float v = HalfToFloat(h);
+        if (!std::isfinite(v) || v == 0.f) BadValue(where, "scales", v, n, b, "a finite, nonzero scale");
+        std::memcpy(line + ((b % 2) * kTile + c) * 2, &h, 2);
+        uint8_t* dst = line + wq::kInlineLineBytes + (b % 2) * block_bytes;
+        for (int64_t i = 0; i < kActBlock; ++i) {  // PackQuadCodes' bytes of the block, i = k - 32 b
+          const int64_t k = b * kActBlock + i;
+          if (s.bits == 8) {
+            dst[(i / 4) * 64 + c * 4 + i % 4] = static_cast<uint8_t>(codes[n * row + k] + (s.signed_codes ? 0 : 128));
+          } else {
+            const uint8_t code = (codes[n * row + k / 2] >> (4 * (k % 2))) & 0x0F;
+            dst[(i / 8) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>(code << (4 * ((i % 8) / 4)));
+          }
+        }
+      }
+    }
   }
 
   /*! \brief Whether the integer panels apply the scales once after the sum over K (dense_wq.h FindQPanelFn): one
@@ -409,7 +493,7 @@ class DenseWqKernel : public Kernel {
   /*! \brief One call, float32 activations: tiles split across the threads, each tile's rows kMaxRows at a time. */
   static void Run(const WqShape& s, wq::TileFn tile_fn, const std::vector<void*>& p) {
     const Operands o(s, p);
-    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step();
+    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.tile_bytes();
     float* x_sums = o.offsets != nullptr ? static_cast<float*>(p.back()) : nullptr;  // temps_: [M][blocks]
     if (x_sums != nullptr) BlockSums(s, o.x, x_sums);
 #pragma omp parallel for schedule(static) if (Parallel(s))
@@ -465,11 +549,12 @@ class DenseWqKernel : public Kernel {
   /*! \brief The micro-kernel job of rows [r0, r0 + rows) of tile t. */
   static wq::QTileJob QJob(const WqShape& s, const Operands& o, const Int8Call& call, const std::vector<void*>& p,
                            const QuantizedRows& x, int64_t t, int64_t r0, int64_t rows, float* out) {
-    const int64_t at = t * s.blocks() * kTile, tile_bytes = s.k * s.step();
+    const int64_t at = t * s.blocks() * kTile, tile_bytes = s.tile_bytes();
+    const bool own = !s.inline_scales;  // the scales are a tensor of their own (else inside the codes)
     wq::QTileJob job{x.codes + r0 * s.k, x.scales + r0 * x.xb, x.sums + r0 * x.xb,
-                     o.codes + t * tile_bytes, call.half ? nullptr : o.scales + at,
+                     o.codes + t * tile_bytes, call.half || !own ? nullptr : o.scales + at,
                      o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(), s.k, s.block, rows, out,
-                     call.half ? static_cast<const uint16_t*>(p[2]) + at : nullptr};
+                     call.half && own ? static_cast<const uint16_t*>(p[2]) + at : nullptr};
     job.offsets = o.offsets != nullptr ? o.offsets + at : nullptr;
     job.prefetch = call.prefetch;
     return job;
@@ -510,10 +595,11 @@ class DenseWqKernel : public Kernel {
                             const std::vector<void*>& p, int64_t pn) {
     const int64_t tiles = s.tiles(), xb = x.xb, t0 = pn * wq::kPanelTiles, at = t0 * s.blocks() * kTile;
     const int64_t n0 = t0 * kTile;
-    const uint16_t* halves = half ? static_cast<const uint16_t*>(p[2]) : nullptr;
+    const uint16_t* halves = half && !s.inline_scales ? static_cast<const uint16_t*>(p[2]) : nullptr;
+    const float* scales = half || s.inline_scales ? nullptr : o.scales + at;
     for (int64_t r0 = 0; r0 < s.m; r0 += wq::kQPanelRows) {
-      wq::QPanelJob job{x.codes + r0 * s.k, x.scales + r0 * xb, x.sums + r0 * xb, o.codes + t0 * s.k * s.step(),
-                        half ? nullptr : o.scales + at, half ? halves + at : nullptr,
+      wq::QPanelJob job{x.codes + r0 * s.k, x.scales + r0 * xb, x.sums + r0 * xb, o.codes + t0 * s.tile_bytes(),
+                        scales, halves != nullptr ? halves + at : nullptr,
                         o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(),
                         o.offsets != nullptr ? o.offsets + at : nullptr, s.k, s.block,
                         std::min<int64_t>(wq::kQPanelRows, s.m - r0), t0 + 1 < tiles ? 1 : 0, nullptr};
@@ -532,10 +618,10 @@ class DenseWqKernel : public Kernel {
   static void RunQPanels(const WqShape& s, wq::QPanelFn fn, wq::IntDot dot, bool half,
                          const std::vector<void*>& p) {
     const Operands o(s, p);
-    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step(), xb = s.k / wq::kActBlock;
+    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.tile_bytes(), xb = s.k / wq::kActBlock;
     const int64_t panels = (tiles + wq::kPanelTiles - 1) / wq::kPanelTiles;
     const QuantizedRows x(s, o.x, p.back(), dot);
-    const uint16_t* halves = half ? static_cast<const uint16_t*>(p[2]) : nullptr;
+    const uint16_t* halves = half && !s.inline_scales ? static_cast<const uint16_t*>(p[2]) : nullptr;
 #pragma omp parallel for schedule(static) if (Parallel(s))
     for (int64_t pn = 0; pn < panels; ++pn) {
       alignas(64) float out[wq::kPanelTiles * wq::kQPanelRows * kTile];
@@ -543,7 +629,7 @@ class DenseWqKernel : public Kernel {
       for (int64_t r0 = 0; r0 < s.m; r0 += wq::kQPanelRows) {
         const int64_t rows = std::min<int64_t>(wq::kQPanelRows, s.m - r0);
         const wq::QPanelJob job{x.codes + r0 * s.k, x.scales + r0 * xb, x.sums + r0 * xb, o.codes + t0 * tile_bytes,
-                                half ? nullptr : o.scales + at, half ? halves + at : nullptr,
+                                half || s.inline_scales ? nullptr : o.scales + at, halves != nullptr ? halves + at : nullptr,
                                 o.zeros != nullptr ? o.zeros + at : nullptr, s.implicit_zero(),
                                 o.offsets != nullptr ? o.offsets + at : nullptr, s.k, s.block, rows, second, out};
         fn(job);
@@ -559,7 +645,7 @@ class DenseWqKernel : public Kernel {
    *         scale tiles are float16. */
   static void RunPanels(const WqShape& s, const wq::PanelFns& fns, bool half, const std::vector<void*>& p) {
     const Operands o(s, p);
-    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.k * s.step();
+    const int64_t tiles = s.tiles(), blocks = s.blocks(), tile_bytes = s.tile_bytes();
     const int64_t panels = (tiles + wq::kPanelTiles - 1) / wq::kPanelTiles;
 #pragma omp parallel if (Parallel(s))
     {

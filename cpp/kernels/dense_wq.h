@@ -21,6 +21,8 @@
  *   zeros   per tile, per block: 16 float32 zero points (only with explicit zero points; else
  *           one constant, 2^(bits-1) for unsigned codes, 0 with offsets).
  *   offsets per tile, per block: 16 float32 (only with offsets).
+ * (BYOC_HETERO_WQ_BLOCK32=on: blocks of 32 with float16 scales keep them inside the quad layout's codes instead,
+ * the inline layout below.)
  * The sum over one block accumulates x * (q - z) (q - z is exact in float32), then adds
  * s * block-sum to the row's total: one multiply per block and column, not per weight.
  *
@@ -134,6 +136,30 @@ struct QTileJob {
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
+/*! \brief BYOC_HETERO_WQ_BLOCK32 = on | off (unset: off, until a quiet A/B): whether the integer tile kernels of a
+ *         node whose weight blocks are one activation block (block = kActBlock: llama.cpp's Q8_0 / Q4_0,
+ *         from_hf's group_size=32) without zero points or offsets run FindBlock32Fn's kernels; read when a kernel is
+ *         built; another value is a ValueError naming the variable. */
+constexpr const char* kBlock32Variable = "BYOC_HETERO_WQ_BLOCK32";
+bool Block32Asked();
+/*! \brief Where the integer kernels read a tile's scales: float32 or float16 tiles of their own (QTileJob::scales,
+ *         half_scales), or float16 inside the codes (kInline, the inline layout below). */
+enum class ScaleForm { kFloat, kHalf, kInline };
+/*! \brief The inline layout (BYOC_HETERO_WQ_BLOCK32=on, 8- or 4-bit codes in blocks of kActBlock, float16 scales, no
+ *         zero points or offsets, the AVX-512 integer kernels): each tile's quad-layout codes with the scales in the
+ *         same stream, as llama.cpp's block_q8_0 / block_q4_0 keep each block's scale beside its codes, per pair of
+ *         blocks (b, b + 1) one 64-byte line of their 2 x 16 float16 scales (the second half zero where b is the last
+ *         block), then block b's codes (512 bytes at 8 bits, 256 at 4), then block b + 1's: one sequential stream a
+ *         thread, every load 64-byte aligned.  A tile is k * 2 * bits + ceil(blocks / 2) * 64 bytes. */
+constexpr int64_t kInlineLineBytes = 64;
+inline int64_t InlineTileBytes(int64_t k, int bits) {
+  return k * 2 * bits + (k / kActBlock + 1) / 2 * kInlineLineBytes;
+}
+/*! \brief The tile kernels of \p dot (AVX-512 or AVX2 ones; else null; kInline: AVX-512 only) for weight blocks of
+ *         kActBlock without zero points or offsets, their scales as \p scales says: one loop over the blocks with the
+ *         zero point and the scales' form fixed, the general kernels' float operations in their order (their results
+ *         bit for bit). */
+QTileFn FindBlock32Fn(IntDot dot, int bits, ScaleForm scales);
 
 // ---- many rows: panels of codes dequantized, float32 products (dense_wq_panel.cc) -----------------
 
@@ -218,6 +244,11 @@ using QPanelFn = void (*)(const QPanelJob& job);
  *         block, no offsets: per-channel weights): the scale and zero point applied once after the sum over K
  *         (one FMA per activation block and column instead of three; the same sums, rounded in another order). */
 QPanelFn FindQPanelFn(IntDot dot, int bits, bool fold);
+/*! \brief The panel kernel (not folded) of \p dot (AVX-512 VNNI or BW, else null) for \p bits codes in the inline
+ *         layout (FindBlock32Fn's kInline): QPanelJob::codes is tile t0's start, the next tile InlineTileBytes(k, bits)
+ *         on; scales, half_scales, zeros and offsets unused; the results FindQPanelFn's on the same codes and scales
+ *         bit for bit. */
+QPanelFn FindInlineQPanelFn(IntDot dot, int bits);
 
 /*! \brief IEEE half -> float, exactly (subnormals, infinities and NaN included). */
 inline float HalfToFloat(uint16_t h) {

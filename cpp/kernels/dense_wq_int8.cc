@@ -22,6 +22,7 @@
 #include <string>
 
 #include "dense_wq.h"
+#include "env_switch.h"
 
 namespace byoc_hetero {
 namespace wq {
@@ -128,6 +129,39 @@ WQ_AVX512_TARGET void Tile512Q(const QTileJob& j) {
                                      total[r]);
         }
       }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + r * kTile, total[r]);
+}
+
+/*! \brief Tile512Q for weight blocks of one activation block (kActBlock k: llama.cpp's Q8_0 / Q4_0 block) without
+ *         zero points or offsets (FindBlock32Fn): one loop over the blocks, the zero point a constant, the scales'
+ *         form fixed at compile time (\p Scales: float32 or float16 tiles of their own, or float16 inside the codes'
+ *         stream, dense_wq.h's inline layout), float16 widened from memory by VCVTPH2PS; the same float operations in
+ *         the same order as Tile512Q, so its results bit for bit. */
+template <int Bits, int R, bool Vnni, ScaleForm Scales>
+WQ_AVX512_TARGET void Tile512Q32(const QTileJob& j) {
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  const uint8_t* q = j.codes;
+  const int64_t blocks = j.k / kActBlock;
+  const __m512 z = _mm512_set1_ps(j.zero - (Bits == 8 && !Vnni ? 128.f : 0.f));  // small integers: exact
+  const uint16_t* line = nullptr;  // the inline layout: the scale line of blocks a and a + 1 (a even)
+  for (int64_t a = 0; a < blocks; ++a) {
+    if (Scales == ScaleForm::kInline && a % 2 == 0) {
+      line = reinterpret_cast<const uint16_t*>(q);
+      q += kInlineLineBytes;
+    }
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    q = Bits == 8 ? Dot512x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
+                  : Dot512x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
+    const uint16_t* halves = Scales == ScaleForm::kInline ? line + (a % 2) * kTile : j.half_scales + a * kTile;
+    const __m512 s = Scales == ScaleForm::kFloat ? _mm512_loadu_ps(j.scales + a * kTile)
+                                                 : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(j.xs[r * blocks + a]));
+      total[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(j.xss[r * blocks + a]), v), s, total[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(j.out + r * kTile, total[r]);
@@ -240,6 +274,41 @@ WQ_AVX2_TARGET void Tile256Q(const QTileJob& j) {
   }
 }
 
+/*! \brief Tile256Q for weight blocks of one activation block without zero points or offsets (as Tile512Q32): its
+ *         results bit for bit. */
+template <int Bits, int R, bool Vnni, ScaleForm Scales>
+WQ_AVX2_TARGET void Tile256Q32(const QTileJob& j) {
+  static_assert(Scales != ScaleForm::kInline, "the inline layout is read by the AVX-512 kernels only");
+  constexpr bool Half = Scales == ScaleForm::kHalf;
+  __m256 total[R][2];
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
+  const uint8_t* q = j.codes;
+  const int64_t blocks = j.k / kActBlock;
+  const __m256 z = _mm256_set1_ps(j.zero - (Bits == 8 && !Vnni ? 128.f : 0.f));
+  for (int64_t a = 0; a < blocks; ++a) {
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    q = Bits == 8 ? Dot256x8<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc)
+                  : Dot256x4<R, Vnni>(q, j.xq + a * kActBlock, j.k, j.prefetch, acc);
+    __m256 s[2];
+    for (int h = 0; h < 2; ++h) {
+      s[h] = Half ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(j.half_scales + a * kTile + 8 * h)))
+                  : _mm256_loadu_ps(j.scales + a * kTile + 8 * h);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 sx = _mm256_set1_ps(j.xs[r * blocks + a]), sxs = _mm256_set1_ps(j.xss[r * blocks + a]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), sx);
+        total[r][h] = _mm256_fmadd_ps(_mm256_fnmadd_ps(z, sxs, v), s[h], total[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(j.out + r * kTile, total[r][0]);
+    _mm256_storeu_ps(j.out + r * kTile + 8, total[r][1]);
+  }
+}
+
 // ---- portable C++: the quad layout read code by code --------------------------------------------
 
 /*! \brief The unsigned code of column c at k (0 <= k < K) in a tile of the quad layout. */
@@ -271,6 +340,47 @@ void TileGenericQ(const QTileJob& j) {
 }
 
 /*! \brief Dispatches a job's row count (1..kMaxRows) to the kernel instantiated for it. */
+/*! \brief ByRows512 / ByRows256 for the kernels of blocks of kActBlock. */
+template <int Bits, bool Vnni, ScaleForm Scales>
+void ByRows512x32(const QTileJob& j) {
+  switch (j.rows) {
+    case 1: return Tile512Q32<Bits, 1, Vnni, Scales>(j);
+    case 2: return Tile512Q32<Bits, 2, Vnni, Scales>(j);
+    case 3: return Tile512Q32<Bits, 3, Vnni, Scales>(j);
+    default: return Tile512Q32<Bits, 4, Vnni, Scales>(j);
+  }
+}
+template <int Bits, bool Vnni, ScaleForm Scales>
+void ByRows256x32(const QTileJob& j) {
+  switch (j.rows) {
+    case 1: return Tile256Q32<Bits, 1, Vnni, Scales>(j);
+    case 2: return Tile256Q32<Bits, 2, Vnni, Scales>(j);
+    case 3: return Tile256Q32<Bits, 3, Vnni, Scales>(j);
+    default: return Tile256Q32<Bits, 4, Vnni, Scales>(j);
+  }
+}
+/*! \brief One ISA's block-of-32 kernel for \p bits and \p scales (the AVX2 ones: not inline, null). */
+template <bool Avx512, bool Vnni, int Bits>
+QTileFn Block32For(ScaleForm scales) {
+  if constexpr (Avx512) {
+    switch (scales) {
+      case ScaleForm::kFloat: return ByRows512x32<Bits, Vnni, ScaleForm::kFloat>;
+      case ScaleForm::kHalf: return ByRows512x32<Bits, Vnni, ScaleForm::kHalf>;
+      default: return ByRows512x32<Bits, Vnni, ScaleForm::kInline>;
+    }
+  } else {
+    switch (scales) {
+      case ScaleForm::kFloat: return ByRows256x32<Bits, Vnni, ScaleForm::kFloat>;
+      case ScaleForm::kHalf: return ByRows256x32<Bits, Vnni, ScaleForm::kHalf>;
+      default: return nullptr;
+    }
+  }
+}
+template <bool Avx512, bool Vnni>
+QTileFn Block32Of(int bits, ScaleForm scales) {
+  return bits == 8 ? Block32For<Avx512, Vnni, 8>(scales) : Block32For<Avx512, Vnni, 4>(scales);
+}
+
 template <int Bits, bool Vnni>
 void ByRows512(const QTileJob& j) {
   switch (j.rows) {
@@ -458,6 +568,18 @@ QTileFn FindQTileFn(IntDot dot, int bits) {
     case IntDot::kAvx2Vnni: return bits == 8 ? ByRows256<8, true> : ByRows256<4, true>;
     case IntDot::kAvx2: return bits == 8 ? ByRows256<8, false> : ByRows256<4, false>;
     default: return bits == 8 ? TileGenericQ<8> : TileGenericQ<4>;
+  }
+}
+
+bool Block32Asked() { return EnvSwitch(kBlock32Variable, "on", "off", false); }
+
+QTileFn FindBlock32Fn(IntDot dot, int bits, ScaleForm scales) {
+  switch (dot) {
+    case IntDot::kAvx512Vnni: return Block32Of<true, true>(bits, scales);
+    case IntDot::kAvx512Bw: return Block32Of<true, false>(bits, scales);
+    case IntDot::kAvx2Vnni: return Block32Of<false, true>(bits, scales);
+    case IntDot::kAvx2: return Block32Of<false, false>(bits, scales);
+    default: return nullptr;
   }
 }
 

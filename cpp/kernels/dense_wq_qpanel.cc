@@ -212,7 +212,10 @@ WQ_QPANEL_TARGET void Folded512(const QPanelJob& j) {
   }
 }
 
-template <int Bits, int R, bool Vnni>
+/*! \brief The unfolded panel: per weight block its zero points and scales, per activation block the products.
+ *         \p Inline: 8-bit codes of blocks of kActBlock in the inline layout (dense_wq.h), each pair of blocks' scale
+ *         line read from the codes' stream (the same floats, so the same results). */
+template <int Bits, int R, bool Vnni, bool Inline = false>
 WQ_QPANEL_TARGET void Panel512(const QPanelJob& j) {
   __m512 total[R][kT];
   for (int r = 0; r < R; ++r)
@@ -220,12 +223,22 @@ WQ_QPANEL_TARGET void Panel512(const QPanelJob& j) {
   Announce<R>(j);
   const int64_t per = j.block / kActBlock, xblocks = j.k / kActBlock, blocks = j.k / j.block;
   const int64_t stride = j.second * blocks * kTile;  // tile t0 + 1's per-block values (0: t0 again)
-  const uint8_t* q[kT] = {j.codes, j.codes + j.second * j.k * 2 * Bits};
+  const uint8_t* q[kT] = {j.codes, j.codes + j.second * (Inline ? InlineTileBytes(j.k, Bits) : j.k * 2 * Bits)};
   const float bias = Bits == 8 && !Vnni ? 128.f : 0.f;  // the BW form's codes are code - 128
+  const uint16_t* line[kT] = {nullptr, nullptr};
   for (int64_t b = 0; b < blocks; ++b) {
     __m512 z[kT], s[kT];
     for (int t = 0; t < kT; ++t) {
       const int64_t at = t * stride + b * kTile;
+      if constexpr (Inline) {
+        if (b % 2 == 0) {
+          line[t] = reinterpret_cast<const uint16_t*>(q[t]);
+          q[t] += kInlineLineBytes;
+        }
+        z[t] = _mm512_set1_ps(j.zero - bias);  // small integers: exact, as the subtraction below
+        s[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(line[t] + (b % 2) * kTile)));
+        continue;
+      }
       z[t] = _mm512_sub_ps(j.zeros != nullptr ? _mm512_loadu_ps(j.zeros + at) : _mm512_set1_ps(j.zero),
                            _mm512_set1_ps(bias));
       s[t] = Scales(j, at);
@@ -269,7 +282,28 @@ QPanelFn ForBits(int bits) {
   return bits == 8 ? ByRows<8, Vnni, Fold> : ByRows<4, Vnni, Fold>;
 }
 
+/*! \brief Panel512 on the inline layout, by row count. */
+template <int Bits, bool Vnni>
+void InlineByRows(const QPanelJob& j) {
+  switch (j.rows) {
+    case 1: return Panel512<Bits, 1, Vnni, true>(j);
+    case 2: return Panel512<Bits, 2, Vnni, true>(j);
+    case 3: return Panel512<Bits, 3, Vnni, true>(j);
+    case 4: return Panel512<Bits, 4, Vnni, true>(j);
+    case 5: return Panel512<Bits, 5, Vnni, true>(j);
+    default: return Panel512<Bits, 6, Vnni, true>(j);
+  }
+}
+
 }  // namespace
+
+QPanelFn FindInlineQPanelFn(IntDot dot, int bits) {
+  switch (dot) {
+    case IntDot::kAvx512Vnni: return bits == 8 ? InlineByRows<8, true> : InlineByRows<4, true>;
+    case IntDot::kAvx512Bw: return bits == 8 ? InlineByRows<8, false> : InlineByRows<4, false>;
+    default: return nullptr;
+  }
+}
 
 QPanelFn FindQPanelFn(IntDot dot, int bits, bool fold) {
   static_assert(kPanelTiles == 2, "the panel kernel's register tile holds two tiles");

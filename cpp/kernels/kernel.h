@@ -118,12 +118,16 @@ using HostFn = std::function<void(const std::vector<void*>& ptrs)>;
  * \brief How a kernel reads one operand.  With a transform, want is not a relayout of view but
  *        another tensor computed from it (e.g. Winograd-transformed weights): the planner runs
  *        transform({view bytes, want bytes}) instead of a reorder (at __init_ for constants).
+ *        With also_reads, the transform reads other inputs of the node as well, each in its plain
+ *        layout, between those two: transform({view, input also_reads[0], ..., want}) (dense_wq's codes
+ *        with their block scales interleaved: one stream); known at __init_ where the first is.
  */
 struct OperandLayout {
   memory::desc view;
   memory::desc want;
   HostFn transform = nullptr;
   std::string transform_name = "";  // tells transformed values apart in the planner's cache
+  std::vector<size_t> also_reads;   // node inputs the transform reads too (plain), in this order
 };
 
 /*! \brief A memory the planner hands to a kernel: a descriptor over one of its buffers (slots). */

@@ -14,7 +14,8 @@
 namespace byoc_hetero {
 namespace planning {
 
-const MemRef* LayoutResolver::FindResolved(int t, const OperandLayout& layout, bool init_consumer) const {
+const MemRef* LayoutResolver::FindResolved(int t, const OperandLayout& layout, size_t consumer,
+                                           bool init_consumer) const {
   for (const auto& e : resolved_) {
     // Reshapes of one value (BERT's Q/K/V denses each read their own reshape of one layer norm)
     // are the same bytes: one conversion serves them all. Aliased storage is never written in
@@ -22,25 +23,46 @@ const MemRef* LayoutResolver::FindResolved(int t, const OperandLayout& layout, b
     // A permute of such a value shares its slot too but reads its elements in another order: a
     // plain [M, K] view of the one is not a view of the other.
     if (values_.SameBytes(t, e.tensor) && e.view == layout.view && e.want == layout.want &&
-        e.transform == layout.transform_name && (!e.init_only || init_consumer)) {
+        e.transform == (layout.transform ? TransformKey(layout, consumer) : layout.transform_name) &&
+        (!e.init_only || init_consumer)) {
       return &e.mem;
     }
   }
   return nullptr;
 }
 
+std::string LayoutResolver::TransformKey(const OperandLayout& layout, size_t consumer) const {
+  std::string key = layout.transform_name;
+  for (size_t k : layout.also_reads) key += " with tensor " + std::to_string(g_.nodes[consumer].inputs.at(k));
+  return key;
+}
+
 MemRef LayoutResolver::ResolveTransformed(int t, const OperandLayout& layout, size_t consumer) {
-  // Another tensor computed from the plain value (at __init_ when the value is known then).
+  // Another tensor computed from the plain value (at __init_ when the value is known then), and from the plain
+  // values of the node's inputs also_reads names (constants too where the first is one: the step runs once).
   const bool at_init = values_[t].is_const;
   const MemRef src = Resolve(t, {layout.view, layout.view}, consumer, /*init_consumer=*/at_init);
-  const MemRef result{layout.want, buffers_.Own(at_init, layout.want,
-                                                Buffers::Key(t, layout.view, layout.want, layout.transform_name))};
+  const std::string name = TransformKey(layout, consumer);
   Step step;
+  step.args = {{0, src}};
+  for (size_t k : layout.also_reads) {
+    const int other = g_.nodes[consumer].inputs.at(k);
+    if (values_[other].is_const != at_init) {
+      TVM_FFI_THROW(InternalError) << g_.where(consumer) << ": a transform of tensor " << t << " ("
+                                   << (at_init ? "known" : "unknown") << " at __init_) reads tensor " << other << " ("
+                                   << (at_init ? "unknown" : "known") << " then): expected both known or both not";
+    }
+    const memory::desc plain = values_[other].plain_md;
+    step.args.emplace_back(static_cast<int>(step.args.size()),
+                           Resolve(other, {plain, plain}, consumer, /*init_consumer=*/at_init));
+  }
+  const MemRef result{layout.want, buffers_.Own(at_init, layout.want, Buffers::Key(t, layout.view, layout.want, name))};
+  step.args.emplace_back(static_cast<int>(step.args.size()), result);  // last: the plan names it the output
   step.host = layout.transform;
   step.label = g_.where(consumer) + ": " + layout.transform_name + " from tensor " + std::to_string(t);
-  step.args = {{0, src}, {1, result}};
+  for (size_t k : layout.also_reads) step.label += " and tensor " + std::to_string(g_.nodes[consumer].inputs.at(k));
   programs_.Add(at_init, std::move(step), result.slot);
-  resolved_.push_back({t, layout.view, layout.want, layout.transform_name, result, false});
+  resolved_.push_back({t, layout.view, layout.want, name, result, false});
   return result;
 }
 
@@ -64,7 +86,7 @@ MemRef LayoutResolver::ResolveConstant(int t, const OperandLayout& layout, const
 }
 
 MemRef LayoutResolver::Resolve(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) {
-  if (const MemRef* found = FindResolved(t, layout, init_consumer)) return *found;
+  if (const MemRef* found = FindResolved(t, layout, consumer, init_consumer)) return *found;
   if (layout.transform) return ResolveTransformed(t, layout, consumer);
   ValueState& v = values_[t];
   const bool at_init = v.is_const;

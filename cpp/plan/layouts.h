@@ -120,7 +120,10 @@ class LayoutResolver {
   bool PrivateF32(int t) const;
   /*! \brief The bytes an earlier Resolve of the same bytes (tensor t, or a reshape of it sharing
    *         its storage) in \p layout gave, or null: one conversion serves every reader. */
-  const MemRef* FindResolved(int t, const OperandLayout& layout, bool init_consumer) const;
+  const MemRef* FindResolved(int t, const OperandLayout& layout, size_t consumer, bool init_consumer) const;
+  /*! \brief What tells \p layout's transformed value apart (Resolved::transform, the buffer's key): its name, and the
+   *         tensors its transform also reads (OperandLayout::also_reads) of node \p consumer. */
+  std::string TransformKey(const OperandLayout& layout, size_t consumer) const;
   /*! \brief Resolve for a kernel reading a tensor computed from the plain value (OperandLayout::transform). */
   MemRef ResolveTransformed(int t, const OperandLayout& layout, size_t consumer);
   /*! \brief Resolve for a constant: its own data, read in place, or one reorder at __init_. */
