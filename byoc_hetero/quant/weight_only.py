@@ -44,6 +44,15 @@ __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weight
 WEIGHT_FORMATS = {"int8": 8, "int4": 4}
 GROUP_SIZES = (32, 64, 128)
 
+ROUNDINGS = ("nearest", "gguf")
+"""How :func:`quantize_matrix` rounds symmetric codes: ``"nearest"``, each code the nearest to the weight
+on the scale as stored (the scale rounded to its dtype first); ``"gguf"``, llama.cpp's reference
+quantizers' rule (codes from the float32 scale, which is then stored rounded): at blocks of 32 with
+float16 scales, a Q8_0 / Q4_0 file's very codes and scales (:func:`_gguf_rows`)."""
+
+DEFAULT_ROUNDING = "nearest"
+"""The rounding of :func:`quantize_matrix` / ``bh.quantize`` / ``bh.llm.from_hf`` when none is given."""
+
 
 def _unpack(codes: WeightCodes) -> np.ndarray:
     """The integer codes [N, K] as int32."""
@@ -89,15 +98,17 @@ def _rows(codes: WeightCodes, rows: slice) -> WeightCodes:
 
 
 def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_points: bool = False,
-                    scale_dtype: str = "float32") -> WeightCodes:
+                    scale_dtype: str = "float32", rounding: str | None = None) -> WeightCodes:
     """Quantize a float weight [N, K] (output columns first) per block of ``block`` consecutive k
     (None: one block, per output channel): symmetric (``zero_points`` False; 8-bit: int8 codes in
     [-127, 127]; 4-bit: uint8 codes ``q + 8``, q in [-8, 7], as llama.cpp's Q4_0: the scale is the
     block's value of largest magnitude over -8, sign kept, so that value is code 0 and all 16 codes
     are used) or asymmetric (uint8 codes with a zero point per
     block, covering [min(w, 0), max(w, 0)]). Scales are rounded to ``scale_dtype`` before the codes
-    are computed, so the codes fit the scales stored. An all-zero block gets scale 1. Rows are
-    quantized a chunk at a time (:data:`CHUNK_BYTES`)."""
+    are computed, so the codes fit the scales stored (``rounding="nearest"``), or llama.cpp's way
+    (``"gguf"``, symmetric only: :func:`_gguf_rows`); None: :data:`DEFAULT_ROUNDING`. An all-zero
+    block gets scale 1. Rows are quantized a chunk at a time (:data:`CHUNK_BYTES`)."""
+    rounding = _rounding(rounding, zero_points)
     w = np.asarray(w_nk, dtype=np.float32)
     n, k = w.shape
     block = k if block is None else int(block)
@@ -108,7 +119,8 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
     chunks = row_chunks(n, 8 * k)
     if not all(np.isfinite(w[rows]).all() for rows in chunks):
         raise QuantizationError("the weight has non-finite values (NaN or inf): it cannot be quantized")
-    parts = [_quantize_rows(w[rows], rows.start, bits, block, zero_points, scale_dtype) for rows in chunks]
+    rule = _gguf_rows if rounding == "gguf" else _quantize_rows
+    parts = [rule(w[rows], rows.start, bits, block, zero_points, scale_dtype) for rows in chunks]
     q, scale, zp = (None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(3))
     return WeightCodes(bits, block, np.ascontiguousarray(q), np.ascontiguousarray(scale), zp)
 
@@ -149,6 +161,58 @@ def _quantize_rows(w: np.ndarray, first: int, bits: int, block: int, zero_points
     if bits == 4:
         q = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
     return q, scale, zp
+
+
+def _rounding(rounding: str | None, zero_points: bool) -> str:
+    """The rounding rule ``rounding`` names (None: :data:`DEFAULT_ROUNDING`), checked."""
+    rounding = DEFAULT_ROUNDING if rounding is None else rounding
+    if rounding not in ROUNDINGS:
+        raise QuantizationError(f"rounding must be one of {', '.join(map(repr, ROUNDINGS))} or None, got {rounding!r}")
+    if rounding == "gguf" and zero_points:
+        raise QuantizationError("rounding='gguf' is llama.cpp's symmetric Q8_0 / Q4_0 rule: it takes no zero points")
+    return rounding
+
+
+def _gguf_rows(w: np.ndarray, first: int, bits: int, block: int, zero_points: bool, scale_dtype: str
+               ) -> tuple[np.ndarray, np.ndarray, None]:
+    """(codes, scales, None) of the rows ``w`` as ggml's reference quantizers write them
+    (``quantize_row_q8_0_ref`` / ``quantize_row_q4_0_ref``), every step in float32: per block ``d =
+    max |w| / 127`` (8-bit) or ``d = extreme / -8`` (4-bit, the first value of largest magnitude, sign
+    kept), ``id = 1 / d``; 8-bit codes ``roundf(w * id)`` (ties away from zero), 4-bit codes
+    ``min(15, trunc(w * id + 8.5))`` (the sum rounded to float32 first); ``d`` then rounded to
+    ``scale_dtype``. The codes come from the float32 ``d``, not the stored one: a code next to a half
+    may be one step off the nearest on the stored grid (0.7% of Q8_0's), as in the file. A block whose
+    ``d`` rounds to 0 in ``scale_dtype`` (``max |w|`` under ~3.8e-6 in float16) reads 0 in llama.cpp
+    whatever its codes: here the zero code on the smallest subnormal scale (dense_wq takes no zero
+    scale), so the dequantized weights are the file's everywhere. An all-zero block: scale 1, zero code."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // block, block)
+    if bits == 8:
+        d = np.abs(blocks).max(axis=2) / np.float32(127)
+    else:
+        d = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[:, :, None], axis=2)[:, :, 0] / np.float32(-8)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)[:, :, None]
+    x = blocks * inv
+    if bits == 8:
+        a = np.abs(x)  # roundf, exactly (not floor(a + 0.5), which rounds 0.49999997 up in float32)
+        q = np.clip(np.sign(x) * (np.floor(a) + np.floor(2 * (a - np.floor(a)))), -127, 127)
+    else:
+        q = np.minimum(np.trunc(x + np.float32(8.5)), 15)  # the float32 sum, truncated as (int8_t)
+    with np.errstate(over="ignore", under="ignore"):
+        stored = d.astype(scale_dtype)
+    if not np.isfinite(stored).all():
+        i = tuple(int(v) for v in np.argwhere(~np.isfinite(stored))[0])
+        raise QuantizationError(f"block {[first + i[0], i[1]]}'s scale {d[i]:.3g} overflows {scale_dtype}")
+    gone = (stored == 0) & (d != 0)
+    zero = 0 if bits == 8 else 8
+    q = np.where(gone[:, :, None], zero, q)
+    tiny = np.finfo(scale_dtype).smallest_subnormal
+    scale = np.where(d == 0, 1, np.where(gone, tiny, stored)).astype(scale_dtype)
+    q = q.reshape(n, k).astype(np.int8 if bits == 8 else np.uint8)
+    if bits == 4:
+        q = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return q, scale, None
 
 
 def _emit_dequantized(bb: relax.BlockBuilder, codes: WeightCodes, parts: Sequence[relax.Expr]) -> relax.Var:
