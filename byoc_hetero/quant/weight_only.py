@@ -39,7 +39,7 @@ from ..errors import QuantizationError
 from ..weight_codes import WeightCodes
 
 __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
-           "dequantize_codes", "emit_weight_only_dense", "emit_weight_only_take", "apply_weight_codes"]
+           "group_block", "dequantize_codes", "emit_weight_only_dense", "emit_weight_only_take", "apply_weight_codes"]
 
 WEIGHT_FORMATS = {"int8": 8, "int4": 4}
 GROUP_SIZES = (32, 64, 128)
@@ -52,6 +52,29 @@ float16 scales, a Q8_0 / Q4_0 file's very codes and scales (:func:`_gguf_rows`).
 
 DEFAULT_ROUNDING = "nearest"
 """The rounding of :func:`quantize_matrix` / ``bh.quantize`` / ``bh.llm.from_hf`` when none is given."""
+
+PER_CHANNEL = -1
+"""``group_size=PER_CHANNEL`` (-1, as NNCF's and GPTQ's): one scale per output channel, whatever the default."""
+
+DEFAULT_GROUP_SIZE = {"int8": PER_CHANNEL, "int4": 32}
+"""What ``group_size=None`` means for each format, everywhere (``bh.quantize``, ``bh.llm.from_hf`` /
+``from_gguf`` / ``from_onnx`` requantizing, the CLI's ``generate``): the one place int8's default lives
+(per channel; 32, llama.cpp's Q8_0 blocks, is the candidate: issue 37)."""
+
+
+def group_block(weights: str, group_size: int | None) -> int | None:
+    """The block along K that ``group_size`` means for ``weights`` (None: :data:`DEFAULT_GROUP_SIZE`'s;
+    :data:`PER_CHANNEL`): 32 / 64 / 128, or None for one scale per output channel. QuantizationError
+    for any other value or format."""
+    if weights not in WEIGHT_FORMATS:
+        raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
+    g = DEFAULT_GROUP_SIZE[weights] if group_size is None else group_size
+    if g == PER_CHANNEL and not isinstance(g, bool):
+        return None
+    if g not in GROUP_SIZES or isinstance(g, bool):
+        raise QuantizationError(f"group_size must be one of {', '.join(map(str, GROUP_SIZES))}, {PER_CHANNEL} (per "
+                                f"output channel) or None (the format's default), got {group_size!r}")
+    return int(g)
 
 
 def _unpack(codes: WeightCodes) -> np.ndarray:
@@ -282,11 +305,14 @@ class WeightOnlyModel:
     kept_float: list[str]
     weights: str
     group_size: int | None
+    """The block along K of the scales: 32 / 64 / 128, or None for one scale per output channel."""
     zero_points: bool
     scale_dtype: str
     method: str = field(default="weight-only", repr=False)
     lookups: list[str] = field(default_factory=list)
     """Tables whose ``take`` rows read the codes (:func:`emit_weight_only_take`), by weight name."""
+    rounding: str = "nearest"
+    """The codes' rounding (:data:`ROUNDINGS`)."""
 
     def __iter__(self):
         return iter((self.mod, self.params))
@@ -298,6 +324,7 @@ class WeightOnlyModel:
             kept += f", lookups of {', '.join(self.lookups)} on the codes"
         group = "per output channel" if self.group_size is None else f"groups of {self.group_size} along K"
         scheme = "with zero points" if self.zero_points else "symmetric"
+        scheme += ", llama.cpp's rounding" if self.rounding == "gguf" else ""
         return (f"quantized {len(self.layers)} dense weights to {self.weights}{kept} ({group}, {scheme}, "
                 f"{self.scale_dtype} scales); largest layer error on random inputs: {self.error:.2e} (max relative)")
 
@@ -361,12 +388,16 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
                      group_size: int | None = None, zero_points: bool = False, scale_dtype: str = "float32",
                      keep_float: Sequence[int | str] | Callable[[str], bool] | None = None,
                      seed: int = 0, verbose: bool = True,
-                     lookups: Sequence[str] | Callable[[str], bool] | None = None) -> WeightOnlyModel:
+                     lookups: Sequence[str] | Callable[[str], bool] | None = None,
+                     rounding: str | None = None) -> WeightOnlyModel:
     """The weight-only form of ``mod`` (module docstring): every matmul on a 2-D float32 weight.
 
-    ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: None (one scale per output channel;
-    int8's default) or 32 / 64 / 128 consecutive k per scale (int4's default: 32). ``zero_points``:
+    ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: 32 / 64 / 128 consecutive k per scale,
+    :data:`PER_CHANNEL` (-1) for one scale per output channel, or None for the format's default
+    (:data:`DEFAULT_GROUP_SIZE`: int8 per output channel, int4 32). ``zero_points``:
     asymmetric codes with a zero point per group. ``scale_dtype``: ``"float32"`` or ``"float16"``.
+    ``rounding``: ``"nearest"`` or ``"gguf"`` (llama.cpp's, symmetric only: :data:`ROUNDINGS`), None
+    :data:`DEFAULT_ROUNDING`.
     ``keep_float``: matmuls left float, by index (in order of appearance) or weight name, or a
     predicate on the weight name (the LM head of a decoder, say). ``lookups``: 2-D weight parameters,
     by name or a predicate on it, whose ``take(W, ids, axis=0)`` rows (an embedding lookup) read codes
@@ -375,19 +406,15 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     ``<weight>.codes``, ``<weight>.scales`` (and ``<weight>.zero_points``); a weight read elsewhere
     too (a lookup not in ``lookups``, a matmul kept float) keeps its float parameter for those readers.
     """
-    if weights not in WEIGHT_FORMATS:
-        raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
-    bits = WEIGHT_FORMATS[weights]
-    if group_size is None and bits == 4:
-        group_size = 32
-    if group_size is not None and group_size not in GROUP_SIZES:
-        raise QuantizationError(f"group_size must be one of {', '.join(map(str, GROUP_SIZES))} or None, got {group_size!r}")
+    group_size = group_block(weights, group_size)
+    bits, rounding = WEIGHT_FORMATS[weights], _rounding(rounding, zero_points)
     if scale_dtype not in ("float32", "float16"):
         raise QuantizationError(f"scale_dtype must be 'float32' or 'float16', got {scale_dtype!r}")
     func = mod["main"]
     by_name = {p.name: p for p in func.params}
     values: dict[relax.Expr, np.ndarray] = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
-    rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups)
+    rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups,
+                                   rounding)
     new_func = rewriter.rewrite(func)
     out_mod = mod.clone()
     out_mod["main"] = new_func
@@ -395,7 +422,7 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     out_params = {k: v for k, v in params.items() if k in kept_names} | rewriter.new_values
     error = max((lyr.error for lyr in rewriter.layers), default=0.0)
     result = WeightOnlyModel(out_mod, out_params, error, rewriter.layers, rewriter.kept, weights, group_size,
-                             zero_points, scale_dtype, lookups=rewriter.looked_up)
+                             zero_points, scale_dtype, lookups=rewriter.looked_up, rounding=rounding)
     if not result.layers and not result.lookups:
         raise QuantizationError("no dense layer to quantize: no matmul whose weight is a 2-D float32 parameter or "
                                 "constant" + (f" (kept float: {', '.join(result.kept_float)})" if result.kept_float else ""))
@@ -407,11 +434,13 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
 class _WeightOnlyRewriter:
     """Re-emits ``main`` binding by binding, replacing the matmuls on weights (see quantize_weights)."""
 
-    def __init__(self, values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups=None):
+    def __init__(self, values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups=None,
+                 rounding=DEFAULT_ROUNDING):
         self.values, self.bits, self.group_size, self.lookups = values, bits, group_size, lookups
         self.looked_up: list[str] = []
         self.zero_points, self.scale_dtype, self.keep_float = zero_points, scale_dtype, keep_float
         self.rng = np.random.default_rng(seed)
+        self.rounding = rounding
         self.layers: list[WeightOnlyLayer] = []
         self.kept: list[str] = []
         self.new_values: dict[str, np.ndarray] = {}
@@ -432,7 +461,8 @@ class _WeightOnlyRewriter:
 
     def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
         try:
-            return quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+            return quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype,
+                                   self.rounding)
         except QuantizationError as err:
             raise QuantizationError(f"{name}: {err}") from None
 
