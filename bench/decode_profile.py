@@ -88,6 +88,8 @@ def build(model, fmt: str, max_length: int):
 
     if fmt.startswith("gguf:"):
         return bh.llm.from_gguf(fmt[5:], max_length=max_length)
+    if fmt.endswith("_pc"):  # one scale per output channel, whatever the default
+        return bh.llm.from_hf(model, max_length=max_length, weights=fmt[:-3], group_size=-1)
     weights, _, group = fmt.partition("_g")
     return bh.llm.from_hf(model, max_length=max_length, weights=weights, group_size=int(group) if group else None)
 

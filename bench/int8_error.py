@@ -114,7 +114,7 @@ def engine_rows(model, ids, ref: np.ndarray, rules: list[str], acts: list[str]) 
             os.environ["BYOC_HETERO_WQ_ACT"] = act  # read when the kernels are built
             t = time.time()
             gen = bh.llm.from_hf(model, max_length=ids.shape[1] + 1, weights="int8",
-                                 group_size=None if rule == "pc" else int(rule[1:]))
+                                 group_size=-1 if rule == "pc" else int(rule[1:]))
             n = ids.shape[1]
             out = np.asarray(gen.step(ids.numpy(), np.zeros(1, np.int64), np.array([n], np.int64), gen.new_cache(1)))
             last = float(np.abs(out[0] - ref[-1]).max() / np.abs(ref[-1]).max())
