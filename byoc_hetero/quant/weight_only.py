@@ -51,7 +51,8 @@ quantizers' rule (codes from the float32 scale, which is then stored rounded): a
 float16 scales, a Q8_0 / Q4_0 file's very codes and scales (:func:`_gguf_rows`)."""
 
 DEFAULT_ROUNDING = "nearest"
-"""The rounding of :func:`quantize_matrix` / ``bh.quantize`` / ``bh.llm.from_hf`` when none is given."""
+"""The rounding of :func:`quantize_matrix` / ``bh.quantize`` / ``bh.llm.from_hf`` when none is given (codes
+with zero points: always ``"nearest"``)."""
 
 PER_CHANNEL = -1
 """``group_size=PER_CHANNEL`` (-1, as NNCF's and GPTQ's): one scale per output channel, whatever the default."""
@@ -187,8 +188,10 @@ def _quantize_rows(w: np.ndarray, first: int, bits: int, block: int, zero_points
 
 
 def _rounding(rounding: str | None, zero_points: bool) -> str:
-    """The rounding rule ``rounding`` names (None: :data:`DEFAULT_ROUNDING`), checked."""
-    rounding = DEFAULT_ROUNDING if rounding is None else rounding
+    """The rounding rule ``rounding`` names (None: :data:`DEFAULT_ROUNDING`, ``"nearest"`` with zero points,
+    the only rule for them), checked."""
+    if rounding is None:
+        return "nearest" if zero_points else DEFAULT_ROUNDING
     if rounding not in ROUNDINGS:
         raise QuantizationError(f"rounding must be one of {', '.join(map(repr, ROUNDINGS))} or None, got {rounding!r}")
     if rounding == "gguf" and zero_points:
