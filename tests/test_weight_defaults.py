@@ -47,9 +47,9 @@ def _coded(**options) -> list[tuple[int, int, int, str]]:
 
 def test_the_defaults_today():
     """The values the integrator's flip (issue 37: int8 -> 32 after the quiet decode A/B) changes, here and
-    in weight_only's constant together."""
+    in weight_only's constant together; the rounding is llama.cpp's (its files' codes, test_q8_0_same)."""
     assert weight_only.DEFAULT_GROUP_SIZE == {"int8": PER_CHANNEL, "int4": 32}
-    assert weight_only.DEFAULT_ROUNDING == "nearest"
+    assert weight_only.DEFAULT_ROUNDING == "gguf"
     assert group_block("int8", None) is None and group_block("int4", None) == 32
 
 
@@ -75,7 +75,7 @@ def test_bh_quantize_follows_the_defaults(monkeypatch):
     mod, params = bh.models.mlp(features=64, hidden=(96,), num_classes=32)
     for weights in ("int8", "int4"):
         q = bh.quantize(mod, params, weights=weights, verbose=False)
-        assert q.group_size == group_block(weights, None) and q.rounding == "nearest"
+        assert q.group_size == group_block(weights, None) and q.rounding == weight_only.DEFAULT_ROUNDING
     monkeypatch.setitem(weight_only.DEFAULT_GROUP_SIZE, "int8", 32)
     monkeypatch.setattr(weight_only, "DEFAULT_ROUNDING", "gguf")
     q = bh.quantize(mod, params, weights="int8", verbose=False)
