@@ -307,7 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a transformers ...ForCausalLM folder (read only)")
     ap.add_argument("--random", action="store_true", help="SmolLM-135M's config with seeded random weights")
     ap.add_argument("--weights", default="int4,int8",
-                    help="comma-separated: bh.llm.from_hf weights formats (int8_g32: group_size 32), gguf:FILE")
+                    help="comma-separated: bh.llm.from_hf weights formats (int8_g32: group_size 32, int8_pc: "
+                         "per output channel), gguf:FILE")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
