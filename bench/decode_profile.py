@@ -88,6 +88,8 @@ def build(model, fmt: str, max_length: int):
 
     if fmt.startswith("gguf:"):
         return bh.llm.from_gguf(fmt[5:], max_length=max_length)
+    if fmt.endswith("_pc"):  # one scale per output channel, whatever the default
+        return bh.llm.from_hf(model, max_length=max_length, weights=fmt[:-3], group_size=-1)
     weights, _, group = fmt.partition("_g")
     return bh.llm.from_hf(model, max_length=max_length, weights=weights, group_size=int(group) if group else None)
 
@@ -305,7 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a transformers ...ForCausalLM folder (read only)")
     ap.add_argument("--random", action="store_true", help="SmolLM-135M's config with seeded random weights")
     ap.add_argument("--weights", default="int4,int8",
-                    help="comma-separated: bh.llm.from_hf weights formats (int8_g32: group_size 32), gguf:FILE")
+                    help="comma-separated: bh.llm.from_hf weights formats (int8_g32: group_size 32, int8_pc: "
+                         "per output channel), gguf:FILE")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)

@@ -237,7 +237,11 @@ class HF:
 
 def ours_format(fmt: str) -> tuple[str, int | None]:
     """``bh.llm.from_hf``'s (weights, group_size) of one of our formats: ``"int8_g32"`` -> ("int8", 32)
-    (int8 codes, a float16 scale per block of 32 along K: GGUF's Q8_0 form), ``"int8"`` -> ("int8", None)."""
+    (int8 codes, a float16 scale per block of 32 along K: GGUF's Q8_0 form), ``"int8_pc"`` -> ("int8", -1)
+    (one scale per output channel, whatever the default), ``"int8"`` -> ("int8", None) (the default grouping,
+    ``byoc_hetero.quant.weight_only.DEFAULT_GROUP_SIZE``)."""
+    if fmt.endswith("_pc"):
+        return fmt[:-3], -1
     weights, _, group = fmt.partition("_g")
     return weights, int(group) if group else None
 
@@ -405,7 +409,8 @@ class OpenVINOGenAI:
 
 #: engine -> (adapter, the formats it runs, the default ones, how its files are made from the HF folder)
 ENGINES = {
-    "ours": (Ours, ("f32", "bf16", "int8", "int4", "int8_g32", "int8_g64", "int8_g128", "int4_g64", "int4_g128"),
+    "ours": (Ours, ("f32", "bf16", "int8", "int4", "int8_pc", "int8_g32", "int8_g64", "int8_g128", "int4_g64",
+                    "int4_g128"),
              ("f32",), None),
     "ours_gguf": (OursGguf, ("f32", "f16", "q8_0", "q4_0", "q4_k_m"), ("q8_0", "q4_0"), gguf_file),
     "hf": (HF, ("f32", "bf16"), ("f32",), None),
@@ -423,7 +428,7 @@ LABELS = {"ours": "ours (bh.llm)", "ours_gguf": "ours (bh.llm.from_gguf)", "hf":
 #: ours' grouped int8 / int4 (int8_g32, ...): an f16 scale per group, as from_hf writes them)
 WIDTH = {"f32": 4.0, "fp32": 4.0, "bf16": 2.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "int8": 1.0,
          "int4": 0.5 + 4 / 32, "q4_k_m": 144 / 256,  # Q4_K_M: Q4_K's (the mix has Q5_0 / Q6_K / Q8_0 tensors too)
-         "int8_g32": 1 + 2 / 32, "int8_g64": 1 + 2 / 64, "int8_g128": 1 + 2 / 128, "int4_g64": 0.5 + 2 / 64,
+         "int8_pc": 1.0, "int8_g32": 1 + 2 / 32, "int8_g64": 1 + 2 / 64, "int8_g128": 1 + 2 / 128, "int4_g64": 0.5 + 2 / 64,
          "int4_g128": 0.5 + 2 / 128}
 
 

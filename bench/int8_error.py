@@ -11,15 +11,18 @@ of all prompt positions against the float model's:
 * ``mean``: the same per position, averaged over the prompt's positions (steadier);
 * ``rms``: sqrt(mean (l - l_ref)^2 / mean l_ref^2) over every position and logit.
 
-Scale rules (``--rules``): ``pc`` one scale per output channel, max |w| / 127 (``from_hf(weights="int8")``);
+Scale rules (``--rules``): ``pc`` one scale per output channel, max |w| / 127 (``from_hf(weights="int8",
+group_size=-1)``);
 ``pc-mse`` per channel, the clipping ratio (of 7 from 0.85 to 1) of least squared error per channel; ``pc-asym``
 per channel with a zero point, uint8 codes over [min(w, 0), max(w, 0)]; ``g32`` / ``g64`` / ``g128`` a float16
-scale per block of that many k (``group_size=32``: Q8_0's weights); ``sub8`` / ``sub4`` a float32 scale per channel
+scale per block of that many k, each code the nearest on it (``group_size=32, rounding="nearest"``: Q8_0's
+scales); ``g32-gguf`` llama.cpp's rounding (``rounding="gguf"``: the codes from the float32 scale, Q8_0's
+codes bit for bit); ``sub8`` / ``sub4`` a float32 scale per channel
 times an 8- / 4-bit factor per block of 32 (rounded up, so no code clips): the form a two-level kernel would read,
 1 / 0.5 byte per 32 weights; ``f32`` the float weights (with ``int8`` activations: the activations' part alone).
 ``--scopes``: ``all`` every dense and the table, ``layers`` the decoder's denses only, ``head`` the LM head /
 table only. ``--engine``: our engine itself beside the simulation, ``bh.llm.from_hf(weights="int8")`` for the
-rules it builds (``pc``: per channel, ``gN``: ``group_size=N``) with ``BYOC_HETERO_WQ_ACT`` = ``f32`` / ``int8``
+rules it builds (``pc``: per channel, ``gN``: ``group_size=N``, ``-gguf``: ``rounding="gguf"``) with ``BYOC_HETERO_WQ_ACT`` = ``f32`` / ``int8``
 (``acts``), its prompt's last logits through ``gen.step`` (``last`` only). Asserts nothing; prints one JSON line
 per cell and a markdown table.
 
@@ -74,6 +77,16 @@ def q_group(w: np.ndarray, g: int) -> np.ndarray:
     return (np.clip(np.rint(b / s), -127, 127) * s).reshape(w.shape)
 
 
+def q_group_gguf(w: np.ndarray, g: int) -> np.ndarray:
+    """llama.cpp's Q8_0 rule at blocks of ``g``: in float32, d = max |w| / 127, codes roundf(w * (1 / d)) (ties away
+    from zero); d then stored as float16 (an underflowing d reads 0)."""
+    b = _blocks(w.astype(np.float32), g)
+    d = np.abs(b).max(2, keepdims=True) / np.float32(127)
+    x = b * (np.float32(1) / np.where(d > 0, d, np.float32(1)))
+    q = np.sign(x) * np.floor(np.abs(x).astype(np.float64) + 0.5)
+    return (q * d.astype(np.float16).astype(np.float64)).reshape(w.shape)
+
+
 def q_sub(w: np.ndarray, levels: int, g: int = 32) -> np.ndarray:
     d = _nonzero(np.abs(w).max(1, keepdims=True)).astype(np.float32).astype(w.dtype)[:, :, None] / 127
     b = _blocks(w, g)
@@ -86,6 +99,7 @@ def q_sub(w: np.ndarray, levels: int, g: int = 32) -> np.ndarray:
 RULES = {
     "f32": lambda w: w, "pc": q_channel, "pc-mse": q_channel_mse, "pc-asym": q_channel_asym,
     "g32": lambda w: q_group(w, 32), "g64": lambda w: q_group(w, 64), "g128": lambda w: q_group(w, 128),
+    "g32-gguf": lambda w: q_group_gguf(w, 32),
     "sub8": lambda w: q_sub(w, 255), "sub4": lambda w: q_sub(w, 15),
 }
 
@@ -109,12 +123,13 @@ def engine_rows(model, ids, ref: np.ndarray, rules: list[str], acts: list[str]) 
     import byoc_hetero as bh
 
     rows, before = [], os.environ.get("BYOC_HETERO_WQ_ACT")
-    for rule in [r for r in rules if r == "pc" or r[1:] in ("32", "64", "128")]:
+    for rule in [r for r in rules if r == "pc" or r[1:].removesuffix("-gguf") in ("32", "64", "128")]:
         for act in acts:
             os.environ["BYOC_HETERO_WQ_ACT"] = act  # read when the kernels are built
             t = time.time()
-            gen = bh.llm.from_hf(model, max_length=ids.shape[1] + 1, weights="int8",
-                                 group_size=None if rule == "pc" else int(rule[1:]))
+            gen = bh.llm.from_hf(model, max_length=ids.shape[1] + 1, weights="int8", rounding="gguf"
+                                 if rule.endswith("-gguf") else "nearest",
+                                 group_size=-1 if rule == "pc" else int(rule[1:].removesuffix("-gguf")))
             n = ids.shape[1]
             out = np.asarray(gen.step(ids.numpy(), np.zeros(1, np.int64), np.array([n], np.int64), gen.new_cache(1)))
             last = float(np.abs(out[0] - ref[-1]).max() / np.abs(ref[-1]).max())

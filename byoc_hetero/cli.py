@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .errors import (ByocError, InputError, IntegrityError, ModelFileError, QuantizationError,
                      UnsupportedModelError, first_line)
+from .quant.weight_only import DEFAULT_GROUP_SIZE, PER_CHANNEL
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_UNSUPPORTED = 0, 1, 2, 3
 
@@ -144,8 +145,10 @@ def _add_generate(sub) -> None:
     gen.add_argument("--weights", choices=("f32", "bf16", "int8", "int4"), default=None,
                      help="weight precision when building (int8/int4: weight-only quantized decoder denses "
                           "and LM head; default f32, an ONNX file's own: its MatMulNBits kept)")
-    gen.add_argument("--group-size", type=int, choices=(32, 64, 128),
-                     help="int8/int4: consecutive k per scale (default: int4 32, int8 one scale per output channel)")
+    gen.add_argument("--group-size", type=int, choices=(-1, 32, 64, 128),
+                     help="int8/int4: consecutive k per scale, -1 one scale per output channel (default: "
+                          + ", ".join(f"{f} {'per output channel' if g == PER_CHANNEL else g}"
+                                      for f, g in DEFAULT_GROUP_SIZE.items()) + ")")
     gen.add_argument("--lm-head", choices=("int8", "int4", "f32"), default=None,
                      help="int8/int4: the LM head's format (default: the --weights one; f32 keeps it float)")
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")

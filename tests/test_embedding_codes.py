@@ -145,7 +145,7 @@ def test_tied_table_is_one_constant_of_codes_for_the_lookup_and_the_head(monkeyp
     from byoc_hetero.timing import build
 
     vm = relax.VirtualMachine(build(part), tvm.cpu())
-    codes = WeightCodes(int(weights[3:]), group or hidden, q.params["w.codes"], q.params["w.scales"])
+    codes = WeightCodes(int(weights[3:]), q.group_size or hidden, q.params["w.codes"], q.params["w.scales"])
     dequantized = dequantize_codes(codes)
     ids = np.array([[vocab - 1, 0, 3]], np.int64)
     want = dequantized[ids].astype(np.float64) @ dequantized.T.astype(np.float64)

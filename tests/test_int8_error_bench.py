@@ -1,8 +1,9 @@
 """bench/int8_error.py's simulated scale rules are our quantizer's (issue 37's error decomposition).
 
 The bench explains the logits error of ``weights="int8"`` by simulating each scale rule in numpy; its
-figures mean something for our engine only if its ``pc`` / ``pc-asym`` / ``gN`` rules dequantize to what
-:func:`~byoc_hetero.quant.weight_only.quantize_matrix` writes for ``from_hf(weights="int8", group_size=...)``
+figures mean something for our engine only if its ``pc`` / ``pc-asym`` / ``gN`` / ``g32-gguf`` rules dequantize
+to what :func:`~byoc_hetero.quant.weight_only.quantize_matrix` writes for ``from_hf(weights="int8",
+group_size=..., rounding=...)``
 (reference: our quantizer's codes dequantized by :func:`dequantize_codes`), and its two-level ``sub`` rules
 never clip a code and keep every block's error within its own scale's half step.
 """
@@ -29,11 +30,13 @@ def _weight(n: int = 37, k: int = 160) -> np.ndarray:
     return w.astype(np.float32)
 
 
-@pytest.mark.parametrize("rule,block,zero_points,scale_dtype", [
-    ("pc", None, False, "float32"), ("pc-asym", None, True, "float32"), ("g32", 32, False, "float16")])
-def test_simulated_rule_is_the_quantizers_dequantized_codes(rule, block, zero_points, scale_dtype):
+@pytest.mark.parametrize("rule,block,zero_points,scale_dtype,rounding", [
+    ("pc", None, False, "float32", "nearest"), ("pc-asym", None, True, "float32", "nearest"),
+    ("g32", 32, False, "float16", "nearest"), ("g32-gguf", 32, False, "float16", "gguf")])
+def test_simulated_rule_is_the_quantizers_dequantized_codes(rule, block, zero_points, scale_dtype, rounding):
     w = _weight()
-    want = dequantize_codes(quantize_matrix(w, 8, block, zero_points=zero_points, scale_dtype=scale_dtype))
+    want = dequantize_codes(quantize_matrix(w, 8, block, zero_points=zero_points, scale_dtype=scale_dtype,
+                                            rounding=rounding))
     got = int8_error.quantized(w, int8_error.RULES[rule], chunk=16)
     step = np.abs(w).max() / 127
     assert np.abs(got - want).max() <= 1e-5 * step  # the same codes; scales equal up to float32 rounding

@@ -55,20 +55,23 @@ def _precision(weights: str) -> str | None:
 
 
 def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, group_size: int | None,
-               lm_head: str | None = None, embedding: str | None = None
+               lm_head: str | None = None, embedding: str | None = None, rounding: str | None = None
                ) -> tuple[tvm.IRModule, dict[str, np.ndarray], float | None]:
     """(module, params, weight error): the step's denses in weight-only form for int8 / int4, the LM
     head as ``lm_head`` says (None: as the others; ``"f32"``: float; ``"int8"`` / ``"int4"``: that
     format at its default grouping), the embedding's lookup as ``embedding`` says (None: as the LM
     head, so a tied table is one set of codes; ``"f32"``: the float table; ``"int8"`` / ``"int4"``);
-    ``mod`` and ``params`` as they were, error None, otherwise."""
+    ``mod`` and ``params`` as they were, error None, otherwise. Grouped scales are float16, as GGUF's
+    Q8_0 / Q4_0 blocks (the int8-activation kernels read them as they are: 18 bytes a 4-bit block of
+    32, not 20); one scale per output channel stays float32 (its bytes are nothing)."""
     from ..errors import QuantizationError
     from ..quant import quantize
+    from ..quant.weight_only import group_block
 
     if weights not in QUANTIZED_WEIGHTS:
-        if group_size is not None or lm_head is not None or embedding is not None:
-            what = next(f"{n}={v!r}" for n, v in (("group_size", group_size), ("lm_head", lm_head),
-                                                    ("embedding", embedding)) if v is not None)
+        given = (("group_size", group_size), ("lm_head", lm_head), ("embedding", embedding), ("rounding", rounding))
+        if any(v is not None for _, v in given):
+            what = next(f"{n}={v!r}" for n, v in given if v is not None)
             raise InputError(f"bh.llm.from_hf: {what} applies to weights='int8' / 'int4', not {weights!r}")
         return mod, params, None
     for name, value, default in (("lm_head", lm_head, "the weights"), ("embedding", embedding, "the LM head")):
@@ -77,15 +80,15 @@ def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, g
                              f"got {value!r}")
     head = lm_head or weights
     table = embedding or head
-    # grouped scales in float16, as GGUF's Q8_0 / Q4_0 blocks (the int8-activation kernels read them as they are:
-    # 18 bytes a 4-bit block of 32, not 20); one scale per output channel stays float32 (its bytes are nothing)
-    scales = "float32" if weights == "int8" and group_size is None else "float16"
-    # one pass per format, the weights' first: each quantizes the denses (and the lookup) in that format
-    passes = [(weights, {"group_size": group_size, "scale_dtype": scales})]
-    passes += [(fmt, {}) for fmt in dict.fromkeys((head, table)) if fmt not in (weights, "f32")]
+    # one pass per format, the weights' first (at ``group_size``, the others at their default grouping): each
+    # quantizes the denses (and the lookup) in that format
+    formats = [weights] + [fmt for fmt in dict.fromkeys((head, table)) if fmt not in (weights, "f32")]
     errors = []
     try:
-        for fmt, options in passes:
+        for fmt in formats:
+            block = group_block(fmt, group_size if fmt == weights else None)
+            options = {"group_size": -1 if block is None else block,
+                       "scale_dtype": "float32" if block is None else "float16", "rounding": rounding}
             q = quantize(mod, params, weights=fmt, verbose=False, **options,
                          keep_float=lambda name, fmt=fmt: name in LM_HEAD and fmt != head,
                          lookups=("embed",) if table == fmt else None)
@@ -93,12 +96,12 @@ def _quantized(mod: tvm.IRModule, params: dict[str, np.ndarray], weights: str, g
             errors += [q.error] if q.layers else []
     except QuantizationError as err:
         raise InputError(f"bh.llm.from_hf: weights={weights!r} group_size={group_size!r} lm_head={lm_head!r} "
-                         f"embedding={embedding!r}: {err}") from None
+                         f"embedding={embedding!r} rounding={rounding!r}: {err}") from None
     return mod, params, max(errors, default=0.0)
 
 
 def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None,
-                     lm_head: str | None = None, embedding: str | None = None
+                     lm_head: str | None = None, embedding: str | None = None, rounding: str | None = None
                      ) -> tuple[tvm.IRModule, DecoderSpec, float | None]:
     """What :func:`from_hf` builds, before the build: (the partitioned step module, its
     :class:`DecoderSpec`, the weight quantization error or None). For inspecting the regions."""
@@ -109,7 +112,7 @@ def partitioned_step(model: Any, *, max_length: int, weights: str = "f32", group
         raise InputError(f"bh.llm.from_hf: max_length must be a positive integer, got {max_length!r}")
     spec = decoder_spec(model)
     mod, params, error = _quantized(step_module(spec, int(max_length)), decoder_weights(spec, model), weights,
-                                    group_size, lm_head, embedding)
+                                    group_size, lm_head, embedding, rounding)
     # the constants are the model's own tensors (no copy: the build's peak is the model and the build), at
     # the 8-byte offsets of a safetensors file too, where only the regions read them (they need 4 bytes)
     shared = shared_params(params, alignment=4)
@@ -147,16 +150,20 @@ def _host_constants(mod: tvm.IRModule) -> set[int]:
 
 
 def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: int | None = None,
-            lm_head: str | None = None, embedding: str | None = None) -> Generator:
+            lm_head: str | None = None, embedding: str | None = None, rounding: str | None = None) -> Generator:
     """A :class:`Generator` for a transformers ``...ForCausalLM`` (Llama / SmolLM, Qwen2, Mistral,
     Gemma, Phi-3), its caches ``max_length`` tokens long (prompt plus new tokens).
 
     ``weights``: ``"f32"``; ``"bf16"`` where oneDNN runs bf16 natively (else an InputError); or
     ``"int8"`` / ``"int4"``: weight-only quantization (``bh.quantize(mod, params, weights=...)``) of
     every dense of the decoder stack and of the LM head before the partition, each then a ``dense_wq``
-    node. ``group_size``: 32 / 64 / 128 consecutive k per scale (int4's default 32), None for one
-    scale per output channel (int8's default); the hidden and intermediate sizes must be multiples
-    of it; grouped scales are float16 (as GGUF's Q8_0 / Q4_0 blocks), per-channel ones float32. ``lm_head``: None quantizes the LM head as the other denses (what llama.cpp runs on a
+    node. ``group_size``: 32 / 64 / 128 consecutive k per scale, -1 for one scale per output channel,
+    None for the format's default (``quant.weight_only.DEFAULT_GROUP_SIZE``: int8 one scale per output
+    channel, int4 32); the hidden and intermediate sizes must be multiples of it; grouped scales are
+    float16 (as GGUF's Q8_0 / Q4_0 blocks), per-channel ones float32. ``rounding``: ``"nearest"`` (each
+    code the nearest on the stored scale) or ``"gguf"`` (llama.cpp's rule: with ``group_size=32``, the
+    codes and scales of a Q8_0 / Q4_0 file of the same weights bit for bit), None
+    ``quant.weight_only.DEFAULT_ROUNDING``. ``lm_head``: None quantizes the LM head as the other denses (what llama.cpp runs on a
     Q8_0 / Q4_0 file whose head is in the file's type), ``"int8"`` / ``"int4"`` in that format at its
     default grouping (``llama-quantize`` and NNCF keep the head wider than int4: ``"int8"``),
     ``"f32"`` keeps it float32. ``embedding``: the token embedding's table, None as the LM head
@@ -176,7 +183,7 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     optimizer step, ``with torch.no_grad(): w.mul_(2)``) raises InputError naming it.
     """
     part, spec, error = partitioned_step(model, max_length=max_length, weights=weights, group_size=group_size,
-                                         lm_head=lm_head, embedding=embedding)
+                                         lm_head=lm_head, embedding=embedding, rounding=rounding)
     gen = build_generator(part, spec, max_length, weights, weight_error=error, sources=model)
     del part  # the build's arrays (int8 / int4 codes, q / k / v concatenated): freed, the heap handed back
     return_freed_heap()

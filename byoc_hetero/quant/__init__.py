@@ -110,15 +110,18 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
              per_channel: bool = True, activation_dtype: str = "uint8", percentile: float = 99.99,
              calibrate_on: str = "llvm", verbose: bool = True, weights: str | None = None,
              group_size: int | None = None, zero_points: bool = False,
-             scale_dtype: str = "float32", lookups: Sequence[str] | Callable[[str], bool] | None = None
-             ) -> QuantizedModel | WeightOnlyModel:
+             scale_dtype: str = "float32", lookups: Sequence[str] | Callable[[str], bool] | None = None,
+             rounding: str | None = None) -> QuantizedModel | WeightOnlyModel:
     """Static post-training int8 quantization of a float module (weights as ``params``), or, with
     ``weights``, weight-only quantization of its dense layers.
 
     **Weight-only** (``weights="int8"`` or ``"int4"``; no calibration): every matmul on a 2-D float32
-    weight reads int8 / int4 codes with ``group_size`` (None: per output channel, int8's default;
-    32 / 64 / 128 consecutive k, int4's default 32) scales of ``scale_dtype`` (``"float32"`` /
-    ``"float16"``), symmetric or with ``zero_points``; activations stay float32. ``keep_float``
+    weight reads int8 / int4 codes with ``group_size`` (32 / 64 / 128 consecutive k, -1 one scale per
+    output channel, None the format's default: ``weight_only.DEFAULT_GROUP_SIZE``, int8 per output
+    channel, int4 32) scales of ``scale_dtype`` (``"float32"`` / ``"float16"``), symmetric or with
+    ``zero_points``, rounded as ``rounding`` says (``"nearest"``: the nearest code on the stored
+    scale; ``"gguf"``: llama.cpp's Q8_0 / Q4_0 rule, codes from the float32 scale; None:
+    ``weight_only.DEFAULT_ROUNDING``); activations stay float32. ``keep_float``
     then names matmuls by index or weight name (or is a predicate on the weight name); ``lookups``
     names 2-D weights (or is a predicate on the name) whose ``take(W, ids, axis=0)`` rows, an
     embedding lookup, read codes in the same format (a ``take_wq`` node: only the rows looked up are
@@ -153,7 +156,9 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
     """
     if weights is not None:
         return quantize_weights(mod, params, weights, group_size, zero_points, scale_dtype, keep_float,
-                                verbose=verbose, lookups=lookups)
+                                verbose=verbose, lookups=lookups, rounding=rounding)
+    if rounding is not None:
+        raise QuantizationError(f"rounding={rounding!r} applies to weight-only quantization (weights='int8' / 'int4')")
     if lookups is not None:
         raise QuantizationError(f"lookups={lookups!r} applies to weight-only quantization (weights='int8' / 'int4')")
     _check_options(method, activation_dtype, percentile)

@@ -39,10 +39,46 @@ from ..errors import QuantizationError
 from ..weight_codes import WeightCodes
 
 __all__ = ["WeightCodes", "WeightOnlyLayer", "WeightOnlyModel", "quantize_weights", "quantize_matrix",
-           "dequantize_codes", "emit_weight_only_dense", "emit_weight_only_take", "apply_weight_codes"]
+           "group_block", "dequantize_codes", "emit_weight_only_dense", "emit_weight_only_take", "apply_weight_codes"]
 
 WEIGHT_FORMATS = {"int8": 8, "int4": 4}
 GROUP_SIZES = (32, 64, 128)
+
+ROUNDINGS = ("nearest", "gguf")
+"""How :func:`quantize_matrix` rounds symmetric codes: ``"nearest"``, each code the nearest to the weight
+on the scale as stored (the scale rounded to its dtype first); ``"gguf"``, llama.cpp's reference
+quantizers' rule (codes from the float32 scale, which is then stored rounded): at blocks of 32 with
+float16 scales, a Q8_0 / Q4_0 file's very codes and scales (:func:`_gguf_rows`)."""
+
+DEFAULT_ROUNDING = "gguf"
+"""The rounding of :func:`quantize_matrix` / ``bh.quantize`` / ``bh.llm.from_hf`` when none is given (codes
+with zero points: always ``"nearest"``). llama.cpp's (session 17, issue 37): ``from_hf(weights="int8" |
+"int4", group_size=32)`` then writes the Q8_0 / Q4_0 file's weights of the same model bit for bit, so its
+weights' part of the error is llama.cpp's by construction; the logits error of the two rules is the same within
+the prompt-to-prompt spread (bench/WEIGHT_ONLY.md), although "nearest"'s weights err 0.11% less (Q8_0)."""
+
+PER_CHANNEL = -1
+"""``group_size=PER_CHANNEL`` (-1, as NNCF's and GPTQ's): one scale per output channel, whatever the default."""
+
+DEFAULT_GROUP_SIZE = {"int8": PER_CHANNEL, "int4": 32}
+"""What ``group_size=None`` means for each format, everywhere (``bh.quantize``, ``bh.llm.from_hf`` /
+``from_gguf`` / ``from_onnx`` requantizing, the CLI's ``generate``): the one place int8's default lives
+(per channel; 32, llama.cpp's Q8_0 blocks, is the candidate: issue 37)."""
+
+
+def group_block(weights: str, group_size: int | None) -> int | None:
+    """The block along K that ``group_size`` means for ``weights`` (None: :data:`DEFAULT_GROUP_SIZE`'s;
+    :data:`PER_CHANNEL`): 32 / 64 / 128, or None for one scale per output channel. QuantizationError
+    for any other value or format."""
+    if weights not in WEIGHT_FORMATS:
+        raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
+    g = DEFAULT_GROUP_SIZE[weights] if group_size is None else group_size
+    if g == PER_CHANNEL and not isinstance(g, bool):
+        return None
+    if g not in GROUP_SIZES or isinstance(g, bool):
+        raise QuantizationError(f"group_size must be one of {', '.join(map(str, GROUP_SIZES))}, {PER_CHANNEL} (per "
+                                f"output channel) or None (the format's default), got {group_size!r}")
+    return int(g)
 
 
 def _unpack(codes: WeightCodes) -> np.ndarray:
@@ -89,15 +125,17 @@ def _rows(codes: WeightCodes, rows: slice) -> WeightCodes:
 
 
 def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_points: bool = False,
-                    scale_dtype: str = "float32") -> WeightCodes:
+                    scale_dtype: str = "float32", rounding: str | None = None) -> WeightCodes:
     """Quantize a float weight [N, K] (output columns first) per block of ``block`` consecutive k
     (None: one block, per output channel): symmetric (``zero_points`` False; 8-bit: int8 codes in
     [-127, 127]; 4-bit: uint8 codes ``q + 8``, q in [-8, 7], as llama.cpp's Q4_0: the scale is the
     block's value of largest magnitude over -8, sign kept, so that value is code 0 and all 16 codes
     are used) or asymmetric (uint8 codes with a zero point per
     block, covering [min(w, 0), max(w, 0)]). Scales are rounded to ``scale_dtype`` before the codes
-    are computed, so the codes fit the scales stored. An all-zero block gets scale 1. Rows are
-    quantized a chunk at a time (:data:`CHUNK_BYTES`)."""
+    are computed, so the codes fit the scales stored (``rounding="nearest"``), or llama.cpp's way
+    (``"gguf"``, symmetric only: :func:`_gguf_rows`); None: :data:`DEFAULT_ROUNDING`. An all-zero
+    block gets scale 1. Rows are quantized a chunk at a time (:data:`CHUNK_BYTES`)."""
+    rounding = _rounding(rounding, zero_points)
     w = np.asarray(w_nk, dtype=np.float32)
     n, k = w.shape
     block = k if block is None else int(block)
@@ -108,7 +146,8 @@ def quantize_matrix(w_nk: np.ndarray, bits: int, block: int | None = None, zero_
     chunks = row_chunks(n, 8 * k)
     if not all(np.isfinite(w[rows]).all() for rows in chunks):
         raise QuantizationError("the weight has non-finite values (NaN or inf): it cannot be quantized")
-    parts = [_quantize_rows(w[rows], rows.start, bits, block, zero_points, scale_dtype) for rows in chunks]
+    rule = _gguf_rows if rounding == "gguf" else _quantize_rows
+    parts = [rule(w[rows], rows.start, bits, block, zero_points, scale_dtype) for rows in chunks]
     q, scale, zp = (None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(3))
     return WeightCodes(bits, block, np.ascontiguousarray(q), np.ascontiguousarray(scale), zp)
 
@@ -149,6 +188,60 @@ def _quantize_rows(w: np.ndarray, first: int, bits: int, block: int, zero_points
     if bits == 4:
         q = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
     return q, scale, zp
+
+
+def _rounding(rounding: str | None, zero_points: bool) -> str:
+    """The rounding rule ``rounding`` names (None: :data:`DEFAULT_ROUNDING`, ``"nearest"`` with zero points,
+    the only rule for them), checked."""
+    if rounding is None:
+        return "nearest" if zero_points else DEFAULT_ROUNDING
+    if rounding not in ROUNDINGS:
+        raise QuantizationError(f"rounding must be one of {', '.join(map(repr, ROUNDINGS))} or None, got {rounding!r}")
+    if rounding == "gguf" and zero_points:
+        raise QuantizationError("rounding='gguf' is llama.cpp's symmetric Q8_0 / Q4_0 rule: it takes no zero points")
+    return rounding
+
+
+def _gguf_rows(w: np.ndarray, first: int, bits: int, block: int, zero_points: bool, scale_dtype: str
+               ) -> tuple[np.ndarray, np.ndarray, None]:
+    """(codes, scales, None) of the rows ``w`` as ggml's reference quantizers write them
+    (``quantize_row_q8_0_ref`` / ``quantize_row_q4_0_ref``), every step in float32: per block ``d =
+    max |w| / 127`` (8-bit) or ``d = extreme / -8`` (4-bit, the first value of largest magnitude, sign
+    kept), ``id = 1 / d``; 8-bit codes ``roundf(w * id)`` (ties away from zero), 4-bit codes
+    ``min(15, trunc(w * id + 8.5))`` (the sum rounded to float32 first); ``d`` then rounded to
+    ``scale_dtype``. The codes come from the float32 ``d``, not the stored one: a code next to a half
+    may be one step off the nearest on the stored grid (0.7% of Q8_0's), as in the file. A block whose
+    ``d`` rounds to 0 in ``scale_dtype`` (``max |w|`` under ~3.8e-6 in float16) reads 0 in llama.cpp
+    whatever its codes: here the zero code on the smallest subnormal scale (dense_wq takes no zero
+    scale), so the dequantized weights are the file's everywhere. An all-zero block: scale 1, zero code."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // block, block)
+    if bits == 8:
+        d = np.abs(blocks).max(axis=2) / np.float32(127)
+    else:
+        d = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[:, :, None], axis=2)[:, :, 0] / np.float32(-8)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)[:, :, None]
+    x = blocks * inv
+    if bits == 8:
+        a = np.abs(x)  # roundf, exactly (not floor(a + 0.5), which rounds 0.49999997 up in float32)
+        q = np.clip(np.sign(x) * (np.floor(a) + np.floor(2 * (a - np.floor(a)))), -127, 127)
+    else:
+        q = np.minimum(np.trunc(x + np.float32(8.5)), 15)  # the float32 sum, truncated as (int8_t)
+    with np.errstate(over="ignore", under="ignore"):
+        stored = d.astype(scale_dtype)
+    if not np.isfinite(stored).all():
+        i = tuple(int(v) for v in np.argwhere(~np.isfinite(stored))[0])
+        raise QuantizationError(f"block {[first + i[0], i[1]]}'s scale {d[i]:.3g} overflows {scale_dtype}")
+    gone = (stored == 0) & (d != 0)
+    zero = 0 if bits == 8 else 8
+    q = np.where(gone[:, :, None], zero, q)
+    tiny = np.finfo(scale_dtype).smallest_subnormal
+    scale = np.where(d == 0, 1, np.where(gone, tiny, stored)).astype(scale_dtype)
+    q = q.reshape(n, k).astype(np.int8 if bits == 8 else np.uint8)
+    if bits == 4:
+        q = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return q, scale, None
 
 
 def _emit_dequantized(bb: relax.BlockBuilder, codes: WeightCodes, parts: Sequence[relax.Expr]) -> relax.Var:
@@ -218,11 +311,14 @@ class WeightOnlyModel:
     kept_float: list[str]
     weights: str
     group_size: int | None
+    """The block along K of the scales: 32 / 64 / 128, or None for one scale per output channel."""
     zero_points: bool
     scale_dtype: str
     method: str = field(default="weight-only", repr=False)
     lookups: list[str] = field(default_factory=list)
     """Tables whose ``take`` rows read the codes (:func:`emit_weight_only_take`), by weight name."""
+    rounding: str = "nearest"
+    """The codes' rounding (:data:`ROUNDINGS`)."""
 
     def __iter__(self):
         return iter((self.mod, self.params))
@@ -234,6 +330,7 @@ class WeightOnlyModel:
             kept += f", lookups of {', '.join(self.lookups)} on the codes"
         group = "per output channel" if self.group_size is None else f"groups of {self.group_size} along K"
         scheme = "with zero points" if self.zero_points else "symmetric"
+        scheme += ", llama.cpp's rounding" if self.rounding == "gguf" else ""
         return (f"quantized {len(self.layers)} dense weights to {self.weights}{kept} ({group}, {scheme}, "
                 f"{self.scale_dtype} scales); largest layer error on random inputs: {self.error:.2e} (max relative)")
 
@@ -297,12 +394,16 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
                      group_size: int | None = None, zero_points: bool = False, scale_dtype: str = "float32",
                      keep_float: Sequence[int | str] | Callable[[str], bool] | None = None,
                      seed: int = 0, verbose: bool = True,
-                     lookups: Sequence[str] | Callable[[str], bool] | None = None) -> WeightOnlyModel:
+                     lookups: Sequence[str] | Callable[[str], bool] | None = None,
+                     rounding: str | None = None) -> WeightOnlyModel:
     """The weight-only form of ``mod`` (module docstring): every matmul on a 2-D float32 weight.
 
-    ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: None (one scale per output channel;
-    int8's default) or 32 / 64 / 128 consecutive k per scale (int4's default: 32). ``zero_points``:
+    ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: 32 / 64 / 128 consecutive k per scale,
+    :data:`PER_CHANNEL` (-1) for one scale per output channel, or None for the format's default
+    (:data:`DEFAULT_GROUP_SIZE`: int8 per output channel, int4 32). ``zero_points``:
     asymmetric codes with a zero point per group. ``scale_dtype``: ``"float32"`` or ``"float16"``.
+    ``rounding``: ``"nearest"`` or ``"gguf"`` (llama.cpp's, symmetric only: :data:`ROUNDINGS`), None
+    :data:`DEFAULT_ROUNDING`.
     ``keep_float``: matmuls left float, by index (in order of appearance) or weight name, or a
     predicate on the weight name (the LM head of a decoder, say). ``lookups``: 2-D weight parameters,
     by name or a predicate on it, whose ``take(W, ids, axis=0)`` rows (an embedding lookup) read codes
@@ -311,19 +412,15 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     ``<weight>.codes``, ``<weight>.scales`` (and ``<weight>.zero_points``); a weight read elsewhere
     too (a lookup not in ``lookups``, a matmul kept float) keeps its float parameter for those readers.
     """
-    if weights not in WEIGHT_FORMATS:
-        raise QuantizationError(f"weights must be 'int8' or 'int4', got {weights!r}")
-    bits = WEIGHT_FORMATS[weights]
-    if group_size is None and bits == 4:
-        group_size = 32
-    if group_size is not None and group_size not in GROUP_SIZES:
-        raise QuantizationError(f"group_size must be one of {', '.join(map(str, GROUP_SIZES))} or None, got {group_size!r}")
+    group_size = group_block(weights, group_size)
+    bits, rounding = WEIGHT_FORMATS[weights], _rounding(rounding, zero_points)
     if scale_dtype not in ("float32", "float16"):
         raise QuantizationError(f"scale_dtype must be 'float32' or 'float16', got {scale_dtype!r}")
     func = mod["main"]
     by_name = {p.name: p for p in func.params}
     values: dict[relax.Expr, np.ndarray] = {by_name[k]: np.asarray(v) for k, v in params.items() if k in by_name}
-    rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups)
+    rewriter = _WeightOnlyRewriter(values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups,
+                                   rounding)
     new_func = rewriter.rewrite(func)
     out_mod = mod.clone()
     out_mod["main"] = new_func
@@ -331,7 +428,7 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
     out_params = {k: v for k, v in params.items() if k in kept_names} | rewriter.new_values
     error = max((lyr.error for lyr in rewriter.layers), default=0.0)
     result = WeightOnlyModel(out_mod, out_params, error, rewriter.layers, rewriter.kept, weights, group_size,
-                             zero_points, scale_dtype, lookups=rewriter.looked_up)
+                             zero_points, scale_dtype, lookups=rewriter.looked_up, rounding=rounding)
     if not result.layers and not result.lookups:
         raise QuantizationError("no dense layer to quantize: no matmul whose weight is a 2-D float32 parameter or "
                                 "constant" + (f" (kept float: {', '.join(result.kept_float)})" if result.kept_float else ""))
@@ -343,11 +440,13 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
 class _WeightOnlyRewriter:
     """Re-emits ``main`` binding by binding, replacing the matmuls on weights (see quantize_weights)."""
 
-    def __init__(self, values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups=None):
+    def __init__(self, values, bits, group_size, zero_points, scale_dtype, keep_float, seed, lookups=None,
+                 rounding=DEFAULT_ROUNDING):
         self.values, self.bits, self.group_size, self.lookups = values, bits, group_size, lookups
         self.looked_up: list[str] = []
         self.zero_points, self.scale_dtype, self.keep_float = zero_points, scale_dtype, keep_float
         self.rng = np.random.default_rng(seed)
+        self.rounding = rounding
         self.layers: list[WeightOnlyLayer] = []
         self.kept: list[str] = []
         self.new_values: dict[str, np.ndarray] = {}
@@ -368,7 +467,8 @@ class _WeightOnlyRewriter:
 
     def _quantize(self, name: str, w_kn: np.ndarray) -> WeightCodes:
         try:
-            return quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype)
+            return quantize_matrix(w_kn.T, self.bits, self.group_size, self.zero_points, self.scale_dtype,
+                                   self.rounding)
         except QuantizationError as err:
             raise QuantizationError(f"{name}: {err}") from None
 
