@@ -17,6 +17,7 @@
 #include <tvm/ffi/error.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -51,6 +52,31 @@ static std::unique_ptr<Kernel> InnerProductDense(const KernelContext& ctx, int64
 /*! \brief BYOC_HETERO_DENSE_IP, read when a plan is made: "auto" (or unset: the inner product where
  *         BuildDense's rules take it) or "off" (the matmul always: the primitive A/B at a prefill's rows). */
 static bool InnerProductAllowed() { return EnvSwitch("BYOC_HETERO_DENSE_IP", "auto", "off", true); }
+
+/*! \brief Rows of the prefill plan whose inner-product weight layout a few-row GEMV may share (PrefillWeightLayout):
+ *         oneDNN 3.2's AVX2 inner product gives AB8b24a from 128 rows up (1024 alike), AB8b16a at 64. */
+constexpr int64_t kPrefillRows = 128;
+
+/*! \brief BYOC_HETERO_GEMV_LAYOUT, read when a plan is made: "prefill" (a few-row GEMV whose matmul keeps the weight
+ *         plain reads the prefill inner product's panels, PrefillWeightLayout) or "matmul" (unset: the matmul's own
+ *         copy only, else the matmul runs). */
+static bool GemvMayReadPrefillLayout() { return EnvSwitch("BYOC_HETERO_GEMV_LAYOUT", "prefill", "matmul", false); }
+
+/*! \brief The [k, n] view of the weight layout oneDNN's inner product picks for a prefill of kPrefillRows rows of
+ *         this dense (InnerProductDense's choice there, so the two plans share one prepared copy: Buffers::Key reads
+ *         [N, K] AB8b24a and [K, N] BA8a24b as the same bytes), or an empty desc where it has no brgemm one. */
+static memory::desc PrefillWeightLayout(const KernelContext& ctx, int64_t k, int64_t n) {
+  dnnl::inner_product_forward::primitive_desc pd;
+  try {
+    pd = dnnl::inner_product_forward::primitive_desc(ctx.engine, dnnl::prop_kind::forward_inference,
+                                                     PlainDesc({kPrefillRows, k}), AnyDesc({n, k}), memory::desc(),
+                                                     PlainDesc({kPrefillRows, n}), ctx.MakeAttr());
+  } catch (const dnnl::error&) {
+    return memory::desc();
+  }
+  if (std::string(pd.impl_info_str()).rfind("brgemm", 0) != 0) return memory::desc();
+  return pd.weights_desc().permute_axes({1, 0});
+}
 
 /*! \brief int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N). */
 static std::unique_ptr<Kernel> Int8Dense(const KernelContext& ctx, const Int8Params& int8, const Epilogue& epilogue,
@@ -164,7 +190,9 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // A plan of few rows (the decode step's M = 1) streams the weight once: our GEMV reads the
   // matmul's own blocked copy (dense_gemv.h) when its panels allow.
   if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
-    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc());
+    std::function<memory::desc()> prefill_layout;
+    if (GemvMayReadPrefillLayout()) prefill_layout = [&ctx, k = k, n = n] { return PrefillWeightLayout(ctx, k, n); };
+    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc(), prefill_layout);
     if (gemv) return gemv;
   }
 
