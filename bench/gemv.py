@@ -8,8 +8,9 @@ call streams its weight from memory as a decode step does.
     PYTHONPATH=. python bench/gemv.py --rows 1 --threads 1 --reps 50
     ONEDNN_MAX_CPU_ISA=AVX2 BYOC_HETERO_GEMV_ISA=avx2 PYTHONPATH=. python bench/gemv.py --layout prefill --shapes qwen
 
-``--layout prefill`` builds ours with ``BYOC_HETERO_GEMV_LAYOUT=prefill`` (the prefill inner product's panels where
-the matmul keeps the weight plain: without AVX-512); ``--shapes qwen`` takes Qwen2.5-0.5B's shapes.
+``--layout prefill`` builds ours with ``BYOC_HETERO_GEMV_LAYOUT=prefill`` (where the matmul keeps the weight plain,
+without AVX-512: the prefill inner product's panels at 2 threads, the [N, K] rows at 1), ``--layout rows`` with
+``rows`` (the rows at every thread count); ``--shapes qwen`` takes Qwen2.5-0.5B's shapes.
 
 Prints microseconds per call (the median of ``--reps`` rounds over the copies), the GB/s of weight it streams
 and oneDNN / ours.  Not part of the tests: it asserts nothing (tests/test_gemv.py checks the numbers).
@@ -68,8 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--mib", type=float, default=96.0, help="weight bytes per engine and shape, above the LLC")
-    ap.add_argument("--layout", default="matmul", choices=["matmul", "prefill"],
-                    help="BYOC_HETERO_GEMV_LAYOUT of ours (prefill: the inner product's panels without AVX-512)")
+    ap.add_argument("--layout", default="matmul", choices=["matmul", "prefill", "rows"],
+                    help="BYOC_HETERO_GEMV_LAYOUT of ours (without AVX-512, prefill: the 2-thread prefill inner "
+                         "product's panels, at 1 thread the rows; rows: the sgemm's [N, K] rows)")
     ap.add_argument("--shapes", default="smollm", choices=["smollm", "qwen"])
     args = ap.parse_args(argv)
     cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)

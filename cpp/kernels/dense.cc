@@ -57,10 +57,21 @@ static bool InnerProductAllowed() { return EnvSwitch("BYOC_HETERO_DENSE_IP", "au
  *         oneDNN 3.2's AVX2 inner product gives AB8b24a from 128 rows up (1024 alike), AB8b16a at 64. */
 constexpr int64_t kPrefillRows = 128;
 
-/*! \brief BYOC_HETERO_GEMV_LAYOUT, read when a plan is made: "prefill" (a few-row GEMV whose matmul keeps the weight
- *         plain reads the prefill inner product's panels, PrefillWeightLayout) or "matmul" (unset: the matmul's own
- *         copy only, else the matmul runs). */
-static bool GemvMayReadPrefillLayout() { return EnvSwitch("BYOC_HETERO_GEMV_LAYOUT", "prefill", "matmul", false); }
+/*! \brief BYOC_HETERO_GEMV_LAYOUT, read when a plan is made: which weight copy a few-row GEMV may read where the
+ *         matmul's own is no panels (oneDNN 3.2 without AVX-512: its jit sgemm keeps the weight [N, K] row-major).
+ *         `matmul` (unset): the matmul's panels only, else the matmul runs; `prefill`: the prefill inner product's
+ *         panels where a prefill plan of these threads takes it (PrefillWeightLayout), else the [N, K] rows (the
+ *         sgemm's copy; an NK weight as it is), so that decode and prefill read one copy; `rows`: the rows (the A/B
+ *         of the two forms). */
+enum class GemvLayout { kMatmul, kPrefill, kRows };
+static GemvLayout ReadGemvLayout() {
+  const char* env = std::getenv("BYOC_HETERO_GEMV_LAYOUT");
+  const std::string value = env == nullptr ? "" : env;
+  if (value.empty() || value == "matmul") return GemvLayout::kMatmul;
+  if (value == "prefill") return GemvLayout::kPrefill;
+  if (value == "rows") return GemvLayout::kRows;
+  TVM_FFI_THROW(ValueError) << "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill or rows, got '" << value << "'";
+}
 
 /*! \brief The [k, n] view of the weight layout oneDNN's inner product picks for a prefill of kPrefillRows rows of
  *         this dense (InnerProductDense's choice there, so the two plans share one prepared copy: Buffers::Key reads
@@ -190,9 +201,13 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // A plan of few rows (the decode step's M = 1) streams the weight once: our GEMV reads the
   // matmul's own blocked copy (dense_gemv.h) when its panels allow.
   if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
-    std::function<memory::desc()> prefill_layout;
-    if (GemvMayReadPrefillLayout()) prefill_layout = [&ctx, k = k, n = n] { return PrefillWeightLayout(ctx, k, n); };
-    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc(), prefill_layout);
+    const GemvLayout layout = ReadGemvLayout();
+    std::function<memory::desc()> prefill_layout;  // where a prefill plan of these threads runs the inner product
+    if (layout == GemvLayout::kPrefill && ctx.threads >= 2 && InnerProductAllowed()) {
+      prefill_layout = [&ctx, k = k, n = n] { return PrefillWeightLayout(ctx, k, n); };
+    }
+    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc(), prefill_layout,
+                                             layout != GemvLayout::kMatmul);
     if (gemv) return gemv;
   }
 

@@ -32,9 +32,10 @@ constexpr int64_t kPrefetchBytes = 2048;  // software prefetch distance along a 
 /*! \brief One micro-kernel call: rows [0, rows) of x times one panel of ldw columns, into out [rows][ldw]. */
 struct PanelJob {
   const float* x;  // row stride k
-  const float* w;  // the panel: k rows of ldw floats
+  const float* w;  // the panel: k rows of ldw floats (the rows form: ldw rows of k floats, [N, K])
   int64_t k, ldw, rows;
   float* out;      // row stride ldw
+  int64_t cols;    // the columns of out to write (the rows form; a panel writes all ldw)
 };
 using PanelFn = void (*)(const PanelJob&);
 
@@ -135,6 +136,62 @@ void ChunkGeneric(const PanelJob& j, int64_t c0) {
     for (int c = 0; c < kChunk; ++c) j.out[r * j.ldw + c0 + c] = acc[r][c];
 }
 
+/*! \brief The sum of the 8 lanes. */
+__attribute__((target("avx2,fma"))) inline float Sum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/*! \brief The rows form (the weight [N, K] row-major, as oneDNN's jit sgemm keeps it without AVX-512), AVX2 + FMA:
+ *         out[r][c] = x[r] . w[c] for c < cols, G weight rows (G streams) at a time, 8 k a vector. */
+template <int R>
+__attribute__((target("avx2,fma"))) void Rows256(const PanelJob& j) {
+  constexpr int G = R <= 2 ? 4 : 2;
+  const int64_t k8 = j.k / 8 * 8;
+  for (int64_t c = 0; c < j.cols; c += G) {
+    const float* w[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) w[g] = j.w + std::min<int64_t>(c + g, j.cols - 1) * j.k;  // past cols: recomputed
+    __m256 acc[R][G];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+    for (int64_t kk = 0; kk < k8; kk += 8) {
+      __m256 xv[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(j.x + r * j.k + kk);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m256 wv = _mm256_loadu_ps(w[g] + kk);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc[r][g] = _mm256_fmadd_ps(xv[r], wv, acc[r][g]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < G && c + g < j.cols; ++g) {
+        float sum = Sum256(acc[r][g]);
+        for (int64_t kk = k8; kk < j.k; ++kk) sum += j.x[r * j.k + kk] * w[g][kk];
+        j.out[r * j.ldw + c + g] = sum;
+      }
+    }
+  }
+}
+
+/*! \brief The rows form in portable C++. */
+template <int R>
+void RowsGeneric(const PanelJob& j) {
+  for (int64_t c = 0; c < j.cols; ++c) {
+    const float* w = j.w + c * j.k;
+    for (int r = 0; r < R; ++r) {
+      float sum = 0.f;
+      for (int64_t kk = 0; kk < j.k; ++kk) sum += j.x[r * j.k + kk] * w[kk];
+      j.out[r * j.ldw + c] = sum;
+    }
+  }
+}
+
 /*! \brief The kernel instantiated for a job's rows (1..kMaxRows): K<R>::Run(job). */
 template <template <int> class K>
 void ByRows(const PanelJob& j) {
@@ -176,6 +233,18 @@ struct GenericK {
   }
 };
 
+template <int R>
+struct RowsAvx2K {
+  static void Run(const PanelJob& j) { Rows256<R>(j); }
+};
+template <int R>
+struct RowsGenericK {
+  static void Run(const PanelJob& j) { RowsGeneric<R>(j); }
+};
+
+/*! \brief The rows form's kernel of \p isa (AVX2 for AVX-512: UsableIsa). */
+PanelFn FindRowsFn(SimdIsa isa) { return isa == SimdIsa::kGeneric ? ByRows<RowsGenericK> : ByRows<RowsAvx2K>; }
+
 /*! \brief The micro-kernel of \p isa for panels of \p width columns (a multiple of 8 up to 64; AVX-512 takes
  *         multiples of 16 only: UsableIsa). */
 PanelFn FindPanelFn(SimdIsa isa, int64_t width) {
@@ -216,10 +285,11 @@ struct GemvShape {
   int64_t m = 0, k = 0, n = 0;
   bool has_bias = false, gate = false, residual = false;
   int threads = 1;
-  int64_t width = kMaxPanel;  // columns per panel: BA<k_block>a<width>b
+  int64_t width = kMaxPanel;  // columns per panel: BA<k_block>a<width>b (the rows form: columns per task)
   int64_t k_block = 16;       // the layout pads K to a multiple of this
+  bool rows_form = false;     // the weight [N, K] row-major (dot products along K), not panels
   int64_t panels() const { return (n + width - 1) / width; }
-  int64_t panel_floats() const { return (k + k_block - 1) / k_block * k_block * width; }
+  int64_t panel_floats() const { return rows_form ? width * k : (k + k_block - 1) / k_block * k_block * width; }
 };
 
 /*! \brief One call: panels split across the threads, each panel's rows kMaxRows at a time. */
@@ -239,7 +309,7 @@ void RunGemv(const GemvShape& s, PanelFn fn, const std::vector<void*>& p) {
     const int64_t n0 = t * s.width, cols = std::min<int64_t>(s.width, s.n - n0);
     for (int64_t r0 = 0; r0 < s.m; r0 += kMaxRows) {
       const int64_t rows = std::min<int64_t>(kMaxRows, s.m - r0);
-      fn(PanelJob{x + r0 * s.k, w + t * s.panel_floats(), s.k, s.width, rows, out});
+      fn(PanelJob{x + r0 * s.k, w + t * s.panel_floats(), s.k, s.width, rows, out, cols});
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = y + (r0 + r) * s.n + n0;
         const float* g = gate != nullptr ? gate + (r0 + r) * s.n + n0 : nullptr;
@@ -254,10 +324,10 @@ void RunGemv(const GemvShape& s, PanelFn fn, const std::vector<void*>& p) {
   }
 }
 
-/*! \brief \p isa, or AVX2 where it is AVX-512 and panels of \p width are no whole 16-float vectors (oneDNN's AVX2
- *         inner product's 24; every CPU with AVX-512F has AVX2 and FMA). */
-SimdIsa UsableIsa(SimdIsa isa, int64_t width) {
-  return isa == SimdIsa::kAvx512 && width % kSlice != 0 ? SimdIsa::kAvx2 : isa;
+/*! \brief \p isa, or AVX2 where it is AVX-512 and the panels are no whole 16-float vectors (oneDNN's AVX2 inner
+ *         product's 24) or the weight is in rows (every CPU with AVX-512F has AVX2 and FMA). */
+SimdIsa UsableIsa(SimdIsa isa, const GemvShape& s) {
+  return isa == SimdIsa::kAvx512 && (s.rows_form || s.width % kSlice != 0) ? SimdIsa::kAvx2 : isa;
 }
 
 /*! \brief The activation after the GEMV's sum (act without a residual, post_act after one), or none. */
@@ -267,7 +337,7 @@ class GemvDenseKernel : public Kernel {
  public:
   GemvDenseKernel(const KernelContext& ctx, const GemvShape& s, const memory::desc& wei_view,
                   const memory::desc& wei_want, const Activation& act)
-      : label_(ctx.where()), s_(s), isa_(UsableIsa(SelectSimdIsa("BYOC_HETERO_GEMV_ISA"), s.width)) {
+      : label_(ctx.where()), s_(s), isa_(UsableIsa(SelectSimdIsa("BYOC_HETERO_GEMV_ISA"), s)) {
     if (!act.none()) {  // oneDNN's own eltwise, in place on the output: the post-op the matmul would apply
       act_ = dnnl::eltwise_forward::primitive_desc(ctx.engine, dnnl::prop_kind::forward_inference, act.alg,
                                                    PlainDesc({s.m, s.n}), PlainDesc({s.m, s.n}), act.alpha, act.beta,
@@ -289,7 +359,7 @@ class GemvDenseKernel : public Kernel {
                          const std::vector<MemRef>& /*temps*/) const override {
     Step step;
     const GemvShape s = s_;
-    const PanelFn fn = FindPanelFn(isa_, s.width);
+    const PanelFn fn = s.rows_form ? FindRowsFn(isa_) : FindPanelFn(isa_, s.width);
     step.host = [s, fn](const std::vector<void*>& p) { RunGemv(s, fn, p); };
     step.label = label_ + ": gemv (" + SimdIsaName(isa_) + ")";
     step.op = "dense";
@@ -337,7 +407,7 @@ std::pair<int64_t, int64_t> PanelLayout(const memory::desc& want, int64_t k, int
 
 std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k, int64_t n, bool nk,
                                   bool has_bias, const Epilogue& epilogue, const memory::desc& matmul_weights,
-                                  const std::function<memory::desc()>& prefill_weights) {
+                                  const std::function<memory::desc()>& prefill_weights, bool rows_otherwise) {
   // one activation, applied after the sum: act(x @ W + bias), or post_act(x @ W + bias + residual); a gate
   // multiplies before the sum, so after no activation
   const bool one_activation = epilogue.scale == 1.f && (epilogue.act.none() || !epilogue.residual);
@@ -349,6 +419,11 @@ std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k
   if (s.width == 0 && prefill_weights) {  // the matmul's copy is no panels: the prefill's, where it is panels
     want = prefill_weights();
     std::tie(s.width, s.k_block) = PanelLayout(want, k, n);
+  }
+  if (s.width == 0 && rows_otherwise) {  // [N, K] rows: oneDNN's sgemm's copy, or (an NK weight) the weight itself
+    want = StridedDesc({k, n}, {1, k});
+    s.width = kMaxPanel;
+    s.rows_form = true;
   }
   if (s.width == 0) return nullptr;  // a layout the panels cannot read: the matmul keeps it
   s.m = m;

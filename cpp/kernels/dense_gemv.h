@@ -46,11 +46,14 @@ constexpr int64_t kGemvDefaultRows = 2;
  * \brief The GEMV kernel of a float32 dense (x [m, k] @ W [k, n], W constant, \p nk: stored [N, K])
  *        when this plan's rows and epilogue take it, else null (the caller builds oneDNN's).  It reads
  *        \p matmul_weights (the matmul's own copy) where that is panels; else, where \p prefill_weights is
- *        given, the [k, n] layout it returns (called then only) where that is panels; else null.
+ *        given, the [k, n] layout it returns (called then only) where that is panels; else, with
+ *        \p rows_otherwise, the weight [N, K] row-major (the rows form: oneDNN's sgemm keeps that copy, and
+ *        an NK weight is that as it is); else null.
  */
 std::unique_ptr<Kernel> GemvDense(const KernelContext& ctx, int64_t m, int64_t k, int64_t n, bool nk,
                                   bool has_bias, const Epilogue& epilogue, const memory::desc& matmul_weights,
-                                  const std::function<memory::desc()>& prefill_weights = nullptr);
+                                  const std::function<memory::desc()>& prefill_weights = nullptr,
+                                  bool rows_otherwise = false);
 
 }  // namespace byoc_hetero
 
