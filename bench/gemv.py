@@ -69,16 +69,19 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--mib", type=float, default=96.0, help="weight bytes per engine and shape, above the LLC")
-    ap.add_argument("--layout", default="matmul", choices=["matmul", "prefill", "rows"],
-                    help="BYOC_HETERO_GEMV_LAYOUT of ours (without AVX-512, prefill: the 2-thread prefill inner "
-                         "product's panels, at 1 thread the rows; rows: the sgemm's [N, K] rows)")
+    ap.add_argument("--layout", default="matmul",
+                    help="BYOC_HETERO_GEMV_LAYOUT of ours, comma-separated for several of ours interleaved (without "
+                         "AVX-512, prefill: the 2-thread prefill inner product's panels, at 1 thread the rows; rows: "
+                         "the sgemm's [N, K] rows)")
     ap.add_argument("--shapes", default="smollm", choices=["smollm", "qwen"])
     args = ap.parse_args(argv)
+    layouts = args.layout.split(",")
     cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
                 .stdout.splitlines() if ln.startswith("Model name")), "cpu ?")
     print(f"{cpu}, oneDNN ISA {bh._C.isa()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    print("| shape | K x N | M | threads | oneDNN us | ours us | oneDNN GB/s | ours GB/s | oneDNN / ours |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | K x N | M | threads | oneDNN us | " + " | ".join(f"ours ({lay}) us" for lay in layouts) +
+          " | oneDNN GB/s | " + " | ".join(f"ours ({lay}) GB/s | oneDNN / ours ({lay})" for lay in layouts) + " |")
+    print("|---" * (6 + 3 * len(layouts)) + "|")
     rng = np.random.default_rng(0)
     for threads in [int(t) for t in args.threads.split(",")]:
         for name, (k, n) in (QWEN_SHAPES if args.shapes == "qwen" else SHAPES).items():
@@ -87,20 +90,22 @@ def main(argv=None) -> int:
             for m in [int(r) for r in args.rows.split(",")]:
                 x = tvm.runtime.tensor(rng.standard_normal((m, k)).astype(np.float32))
                 out = tvm.runtime.tensor(np.zeros((m, n), np.float32))
-                theirs = [_module(m, k, n, w, 0, threads)[0] for w in weights]
-                built = [_module(m, k, n, w, max(m, 1), threads, args.layout) for w in weights]
-                missing = [i for i, (mod, g) in enumerate(built) if not g]
-                assert not missing, f"no GEMV in copies {missing}: {list(built[missing[0]][0]['get_plan']())}"
-                ours = [mod for mod, _ in built]
-                t_theirs, t_ours = [], []
+                engines = [[_module(m, k, n, w, 0, threads)[0] for w in weights]]
+                for lay in layouts:
+                    built = [_module(m, k, n, w, max(m, 1), threads, lay) for w in weights]
+                    missing = [i for i, (mod, g) in enumerate(built) if not g]
+                    assert not missing, f"no GEMV in copies {missing}: {list(built[missing[0]][0]['get_plan']())}"
+                    engines.append([mod for mod, _ in built])
+                times = [[] for _ in engines]
                 for _ in range(3):  # interleaved rounds
-                    t_theirs.append(_median_us(theirs, x, out, args.reps))
-                    t_ours.append(_median_us(ours, x, out, args.reps))
-                a, b = min(t_theirs), min(t_ours)
+                    for engine, t in zip(engines, times):
+                        t.append(_median_us(engine, x, out, args.reps))
+                best = [min(t) for t in times]
                 gb = 4 * k * n / 1e3
-                print(f"| {name} | {k} x {n} | {m} | {threads} | {a:.1f} | {b:.1f} | {gb / a:.1f} | {gb / b:.1f} | "
-                      f"{a / b:.2f}x |", flush=True)
-                del theirs, built, ours
+                print(f"| {name} | {k} x {n} | {m} | {threads} | " + " | ".join(f"{b:.1f}" for b in best) +
+                      f" | {gb / best[0]:.1f} | " + " | ".join(f"{gb / b:.1f} | {best[0] / b:.2f}x" for b in best[1:]) +
+                      " |", flush=True)
+                del engines
     os.environ.pop("BYOC_HETERO_GEMV_ROWS", None)
     os.environ.pop("BYOC_HETERO_GEMV_LAYOUT", None)
     return 0

@@ -91,7 +91,7 @@ NATIVE_PANELS = _C.isa().startswith("avx512")
 #: on the prefill inner product's panels or the matmul's rows where the matmul keeps the weights plain; else the
 #: matmul keeps every dense (the numerics are checked all the same)
 LAYOUT = os.environ.get("BYOC_HETERO_GEMV_LAYOUT") or "matmul"
-MATMUL_PANELS = NATIVE_PANELS or LAYOUT in ("prefill", "rows")
+MATMUL_PANELS = NATIVE_PANELS or LAYOUT in ("prefill", "rows", "panels")
 
 
 def _gemv_steps(plan) -> list[str]:
@@ -224,7 +224,7 @@ def test_a_gate_of_another_shape_or_dtype_says_which_input():
 @pytest.mark.parametrize("var,value,message", [
     ("BYOC_HETERO_GEMV_ISA", "sse9", "BYOC_HETERO_GEMV_ISA must be auto, avx512, avx2 or generic"),
     ("BYOC_HETERO_GEMV_ROWS", "two", "BYOC_HETERO_GEMV_ROWS must be an integer >= 0"),
-    ("BYOC_HETERO_GEMV_LAYOUT", "own", "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill or rows, got 'own'"),
+    ("BYOC_HETERO_GEMV_LAYOUT", "own", "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill, rows or panels, got 'own'"),
 ])
 def test_switches_reject_unknown_values(monkeypatch, var, value, message):
     if var == "BYOC_HETERO_GEMV_ISA" and not MATMUL_PANELS:

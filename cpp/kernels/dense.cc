@@ -61,16 +61,18 @@ constexpr int64_t kPrefillRows = 128;
  *         matmul's own is no panels (oneDNN 3.2 without AVX-512: its jit sgemm keeps the weight [N, K] row-major).
  *         `matmul` (unset): the matmul's panels only, else the matmul runs; `prefill`: the prefill inner product's
  *         panels where a prefill plan of these threads takes it (PrefillWeightLayout), else the [N, K] rows (the
- *         sgemm's copy; an NK weight as it is), so that decode and prefill read one copy; `rows`: the rows (the A/B
- *         of the two forms). */
-enum class GemvLayout { kMatmul, kPrefill, kRows };
+ *         sgemm's copy; an NK weight as it is), so that decode and prefill read one copy; `rows`: the rows, `panels`:
+ *         the inner product's panels at any threads (a copy of the GEMV's own where no prefill shares it): the A/Bs
+ *         of the two forms. */
+enum class GemvLayout { kMatmul, kPrefill, kRows, kPanels };
 static GemvLayout ReadGemvLayout() {
   const char* env = std::getenv("BYOC_HETERO_GEMV_LAYOUT");
   const std::string value = env == nullptr ? "" : env;
   if (value.empty() || value == "matmul") return GemvLayout::kMatmul;
   if (value == "prefill") return GemvLayout::kPrefill;
   if (value == "rows") return GemvLayout::kRows;
-  TVM_FFI_THROW(ValueError) << "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill or rows, got '" << value << "'";
+  if (value == "panels") return GemvLayout::kPanels;
+  TVM_FFI_THROW(ValueError) << "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill, rows or panels, got '" << value << "'";
 }
 
 /*! \brief The [k, n] view of the weight layout oneDNN's inner product picks for a prefill of kPrefillRows rows of
@@ -203,7 +205,7 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
     const GemvLayout layout = ReadGemvLayout();
     std::function<memory::desc()> prefill_layout;  // where a prefill plan of these threads runs the inner product
-    if (layout == GemvLayout::kPrefill && ctx.threads >= 2 && InnerProductAllowed()) {
+    if ((layout == GemvLayout::kPrefill && ctx.threads >= 2 && InnerProductAllowed()) || layout == GemvLayout::kPanels) {
       prefill_layout = [&ctx, k = k, n = n] { return PrefillWeightLayout(ctx, k, n); };
     }
     std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc(), prefill_layout,
