@@ -10,13 +10,21 @@
  * each a contiguous row-major [K padded to 16, W] block, one sequential stream.  So the GEMV costs
  * no weight memory, and a prefill plan whose matmul picks the same layout, or whose inner product picks
  * its transpose (AB16b64a over [N, K]: the same bytes, plan/buffers.cc Buffers::Key), shares the copy.  Another
- * layout keeps the matmul.  Without AVX-512 oneDNN 3.2's matmul keeps the weight plain (its jit sgemm) and
- * the GEMV never engaged: BYOC_HETERO_GEMV_LAYOUT=prefill (default `matmul` until a quiet A/B) has it read instead
- * the layout a prefill plan's inner product gives the same weight (dense.cc PrefillWeightLayout: AB8b24a over
- * [N, K] on AVX2, panels of 24 columns, K padded to 8), one copy made at __init_ and shared with a prefill of
- * 128 rows or more (a plan of fewer rows, or of one thread, keeps oneDNN's plain weight: then the GEMV's copy is
- * a second one).  AVX-512 reads a panel's rows whole (W / 16 vectors; AVX2 where W is no multiple of 16);
- * AVX2 goes 2 or 3 vectors of 8 columns at a time, C++ 8 columns at a time.  Threads split the panels.  Micro-kernels per ISA (kernels/simd_isa.h: AVX-512F, AVX2 + FMA, portable C++),
+ * layout keeps the matmul.
+ *
+ * Without AVX-512 oneDNN 3.2's matmul is its jit sgemm, which keeps the weight [N, K] row-major, and the GEMV
+ * never engaged.  BYOC_HETERO_GEMV_LAYOUT (dense.cc ReadGemvLayout; `matmul` by default until a quiet A/B) lets it
+ * read another copy there: `prefill` the layout a prefill plan's inner product gives the same weight where such a
+ * plan takes the inner product (2+ threads; dense.cc PrefillWeightLayout: AB8b24a over [N, K] on AVX2, panels of
+ * 24 columns, K padded to 8), the copy made at __init_ and shared with a prefill of 128 rows or more; else the
+ * rows form: the weight [N, K] row-major (the sgemm's own copy, an NK weight as it is), dot products along K, so
+ * decode and prefill read one copy either way.  `rows` and `panels` force either form (the A/Bs; `panels` at one
+ * thread is a copy of the GEMV's own beside the one the prefill's sgemm reads).
+ *
+ * AVX-512 reads a panel's rows whole (W / 16 vectors; AVX2 where W is no multiple of 16 and for the rows form);
+ * AVX2 goes 2 or 3 vectors of 8 columns at a time (the rows form: 4 weight rows at a time), C++ 8 columns at a
+ * time.  Threads split the panels (the rows form: blocks of 64 rows).  Micro-kernels per ISA (kernels/simd_isa.h:
+ * AVX-512F, AVX2 + FMA, portable C++),
  * capped by BYOC_HETERO_GEMV_ISA; the rows a plan may have to take this path by
  * BYOC_HETERO_GEMV_ROWS (default kGemvDefaultRows, 0: never), both read when a plan is made.
  *
