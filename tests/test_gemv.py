@@ -294,11 +294,15 @@ def test_the_decode_gemv_reads_the_prefill_copy_under_avx2(monkeypatch, threads,
     config, model = _tiny_llama(torch, transformers, 256)
     prompt = np.random.default_rng(3).integers(1, config.vocab_size, (1, 130)).astype("int64")
     saved = _C.num_threads()
-    _C.set_num_threads(threads)  # modules created from now on plan for this many threads
+    _C.set_num_threads(threads)  # the region's plans, and the process's threads the GEMV's layout follows
     try:
-        gen = bh.llm.from_hf(model, max_length=160)
+        _decode_reads_the_prefill_copy(bh, torch, config, model, prompt, threads, layout)
     finally:
         _C.set_num_threads(saved)
+
+
+def _decode_reads_the_prefill_copy(bh, torch, config, model, prompt, threads: int, layout: str):
+    gen = bh.llm.from_hf(model, max_length=160)
     (region,) = bh.codegen.region_modules(gen._executable)
     gen.generate(prompt, max_new_tokens=1)  # the prefill plan alone
     prepared = json.loads(region["get_runtime_info"]())["shared_bytes"]
@@ -314,7 +318,8 @@ def test_the_decode_gemv_reads_the_prefill_copy_under_avx2(monkeypatch, threads,
     decode = [s for s in denses if s["label"].endswith("S=1")]
     prefill = [s["impl"] for s in denses if s["label"].endswith("S=130")]
     assert len(decode) == 5 * config.num_hidden_layers + 1, decode
-    assert all(": gemv (avx2)" in s["label"] and f"]:{layout} " in s["layouts"] + " " for s in decode), [s["layouts"] for s in decode]
+    assert all(": gemv (avx2)" in s["label"] and f"]:{layout} " in s["layouts"] + " " for s in decode), \
+        [s["layouts"] for s in decode]
     want_prefill = "brgemm:avx2" if threads == 2 else "gemm:jit:f32"
     assert prefill.count(want_prefill) == 5 * config.num_hidden_layers, prefill
 

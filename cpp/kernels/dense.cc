@@ -16,6 +16,7 @@
  */
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "env_switch.h"
 #include "int8.h"
 #include "kernel.h"
+#include "../threading.h"
 
 namespace byoc_hetero {
 
@@ -60,7 +62,8 @@ constexpr int64_t kPrefillRows = 128;
 /*! \brief BYOC_HETERO_GEMV_LAYOUT, read when a plan is made: which weight copy a few-row GEMV may read where the
  *         matmul's own is no panels (oneDNN 3.2 without AVX-512: its jit sgemm keeps the weight [N, K] row-major).
  *         `matmul` (unset): the matmul's panels only, else the matmul runs; `prefill`: the prefill inner product's
- *         panels where a prefill plan of these threads takes it (PrefillWeightLayout), else the [N, K] rows (the
+ *         panels where a prefill plan of the process's threads (RegionThreads, not a contention plan's fewer) takes it
+ *         (PrefillWeightLayout), else the [N, K] rows (the
  *         sgemm's copy; an NK weight as it is), so that decode and prefill read one copy; `rows`: the rows, `panels`:
  *         the inner product's panels at any threads (a copy of the GEMV's own where no prefill shares it): the A/Bs
  *         of the two forms. */
@@ -204,8 +207,11 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // matmul's own blocked copy (dense_gemv.h) when its panels allow.
   if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
     const GemvLayout layout = ReadGemvLayout();
-    std::function<memory::desc()> prefill_layout;  // where a prefill plan of these threads runs the inner product
-    if ((layout == GemvLayout::kPrefill && ctx.threads >= 2 && InnerProductAllowed()) || layout == GemvLayout::kPanels) {
+    // where a prefill plan of the process's threads runs the inner product: a plan of fewer threads made under
+    // contention reads the same panels, so that its decode gives the same bits as the full plan's
+    const bool prefill_panels = std::max(ctx.threads, RegionThreads()) >= 2 && InnerProductAllowed();
+    std::function<memory::desc()> prefill_layout;
+    if ((layout == GemvLayout::kPrefill && prefill_panels) || layout == GemvLayout::kPanels) {
       prefill_layout = [&ctx, k = k, n = n] { return PrefillWeightLayout(ctx, k, n); };
     }
     std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc(), prefill_layout,

@@ -15,7 +15,8 @@
  * Without AVX-512 oneDNN 3.2's matmul is its jit sgemm, which keeps the weight [N, K] row-major, and the GEMV
  * never engaged.  BYOC_HETERO_GEMV_LAYOUT (dense.cc ReadGemvLayout; `matmul` by default until a quiet A/B) lets it
  * read another copy there: `prefill` the layout a prefill plan's inner product gives the same weight where such a
- * plan takes the inner product (2+ threads; dense.cc PrefillWeightLayout: AB8b24a over [N, K] on AVX2, panels of
+ * plan takes the inner product (the process's threads 2+, so that a plan of fewer threads made under contention reads
+ * the same panels and gives the same bits; dense.cc PrefillWeightLayout: AB8b24a over [N, K] on AVX2, panels of
  * 24 columns, K padded to 8), the copy made at __init_ and shared with a prefill of 128 rows or more; else the
  * rows form: the weight [N, K] row-major (the sgemm's own copy, an NK weight as it is), dot products along K, so
  * decode and prefill read one copy either way.  `rows` and `panels` force either form (the A/Bs; `panels` at one
