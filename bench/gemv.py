@@ -12,8 +12,8 @@ call streams its weight from memory as a decode step does.
 without AVX-512: the prefill inner product's panels at 2 threads, the [N, K] rows at 1), ``--layout rows`` with
 ``rows`` (the rows at every thread count); ``--shapes qwen`` takes Qwen2.5-0.5B's shapes.
 
-Prints microseconds per call (the median of ``--reps`` rounds over the copies), the GB/s of weight it streams
-and oneDNN / ours.  Not part of the tests: it asserts nothing (tests/test_gemv.py checks the numbers).
+Prints microseconds per call (the median of ``--reps`` rounds over the copies), the GB/s of weight it streams,
+oneDNN / ours, and numpy's one-thread read of the same copies (``w.sum()``) in the same rounds.  Not part of the tests: it asserts nothing (tests/test_gemv.py checks the numbers).
 """
 
 from __future__ import annotations
@@ -53,6 +53,17 @@ def _module(m: int, k: int, n: int, w: np.ndarray, gemv_rows: int, threads: int,
     return mod, ": gemv (" in plan
 
 
+def _numpy_read_us(weights, reps: int) -> float:
+    """numpy's one-thread read of the same weight copies (``w.sum()``), per copy: the reference bandwidth."""
+    times = []
+    for _ in range(max(1, reps // 3)):
+        t0 = time.perf_counter()
+        for w in weights:
+            w.sum()
+        times.append((time.perf_counter() - t0) / len(weights))
+    return float(np.median(times)) * 1e6
+
+
 def _median_us(mods, x, out, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -80,8 +91,9 @@ def main(argv=None) -> int:
                 .stdout.splitlines() if ln.startswith("Model name")), "cpu ?")
     print(f"{cpu}, oneDNN ISA {bh._C.isa()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print("| shape | K x N | M | threads | oneDNN us | " + " | ".join(f"ours ({lay}) us" for lay in layouts) +
-          " | oneDNN GB/s | " + " | ".join(f"ours ({lay}) GB/s | oneDNN / ours ({lay})" for lay in layouts) + " |")
-    print("|---" * (6 + 3 * len(layouts)) + "|")
+          " | oneDNN GB/s | " + " | ".join(f"ours ({lay}) GB/s | oneDNN / ours ({lay})" for lay in layouts) +
+          " | numpy 1-thread read GB/s |")
+    print("|---" * (7 + 3 * len(layouts)) + "|")
     rng = np.random.default_rng(0)
     for threads in [int(t) for t in args.threads.split(",")]:
         for name, (k, n) in (QWEN_SHAPES if args.shapes == "qwen" else SHAPES).items():
@@ -97,14 +109,16 @@ def main(argv=None) -> int:
                     assert not missing, f"no GEMV in copies {missing}: {list(built[missing[0]][0]['get_plan']())}"
                     engines.append([mod for mod, _ in built])
                 times = [[] for _ in engines]
+                t_numpy = []
                 for _ in range(3):  # interleaved rounds
                     for engine, t in zip(engines, times):
                         t.append(_median_us(engine, x, out, args.reps))
+                    t_numpy.append(_numpy_read_us(weights, args.reps))
                 best = [min(t) for t in times]
                 gb = 4 * k * n / 1e3
                 print(f"| {name} | {k} x {n} | {m} | {threads} | " + " | ".join(f"{b:.1f}" for b in best) +
                       f" | {gb / best[0]:.1f} | " + " | ".join(f"{gb / b:.1f} | {best[0] / b:.2f}x" for b in best[1:]) +
-                      " |", flush=True)
+                      f" | {gb / min(t_numpy):.1f} |", flush=True)
                 del engines
     os.environ.pop("BYOC_HETERO_GEMV_ROWS", None)
     os.environ.pop("BYOC_HETERO_GEMV_LAYOUT", None)
