@@ -324,6 +324,33 @@ def _decode_reads_the_prefill_copy(bh, torch, config, model, prompt, threads: in
     assert prefill.count(want_prefill) == 5 * config.num_hidden_layers, prefill
 
 
+def test_a_plan_of_fewer_threads_reads_the_panels_of_the_process_threads():
+    """Under an AVX2 cap with BYOC_HETERO_GEMV_LAYOUT=prefill (the subprocess test below): the GEMV's copy follows the
+    process's threads, not the plan's, so that a plan made for fewer threads under contention reads the same panels
+    (the same bits) as the full plan; a process of one thread reads the [N, K] rows."""
+    if _C.isa() != "avx2" or LAYOUT != "prefill":
+        pytest.skip("runs under ONEDNN_MAX_CPU_ISA=AVX2 with BYOC_HETERO_GEMV_LAYOUT=prefill (the subprocess test)")
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "gv",
+           "tensors": [{"shape": [1, 53], "dtype": "float32"}, {"shape": [37, 53], "dtype": "float32"},
+                       {"shape": [1, 37], "dtype": "float32"}],
+           "inputs": [0], "outputs": [2], "constants": [{"tensor": 1, "name": "gv_w"}],
+           "nodes": [{"op": "dense", "inputs": [0, 1], "output": 2, "attrs": {"weight_layout": "NK"}}]}
+
+    def layouts(threads: int) -> list[str]:
+        steps = _C.plan_region(json.dumps(doc), threads=threads)["run_steps"]
+        assert len(steps) == 1 and ": gemv (avx2)" in steps[0]["label"], steps
+        return steps[0]["layouts"]
+
+    saved = _C.num_threads()
+    try:
+        _C.set_num_threads(2)
+        assert "[53,37]:BA8a24b" in layouts(2) and layouts(1) == layouts(2)
+        _C.set_num_threads(1)
+        assert "[53,37]:ba" in layouts(1)
+    finally:
+        _C.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("layout,tests", [("prefill", "not under_an_avx2_cap"),
                                           ("rows", "matches_numpy or many_panels or gate")])
 def test_the_module_under_an_avx2_cap_reads_the_prefill_panels(layout, tests):
@@ -347,3 +374,5 @@ def test_the_module_under_an_avx2_cap_reads_the_prefill_panels(layout, tests):
         for case in ("2-BA8a24b", "1-ba"):
             assert f"PASSED test_gemv.py::test_the_decode_gemv_reads_the_prefill_copy_under_avx2[{case}]" in \
                 proc.stdout, proc.stdout[-4000:]
+        assert "PASSED test_gemv.py::test_a_plan_of_fewer_threads_reads_the_panels_of_the_process_threads" in \
+            proc.stdout, proc.stdout[-4000:]
