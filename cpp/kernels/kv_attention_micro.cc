@@ -348,35 +348,41 @@ __attribute__((target("avx2,fma"))) void Scores256(const RowJob& j) {
   }
 }
 
-/*! \brief out = inv * sum_k p[k] * values[k]: 32 output lanes at a time, two keys per step into accumulators of
- *         their own (eight independent FMA chains, where one chain per 8 lanes waited on each FMA's latency); the
+/*! \brief out[e0, e0 + 8V) = inv * sum_k p[k] * values[k][e0, e0 + 8V): two keys per step into accumulators of their
+ *         own (2V independent FMA chains, where one chain per 8 lanes waited on each FMA's latency). */
+template <int V>
+__attribute__((target("avx2,fma"))) void ValueLanes256(const RowJob& j, int64_t e0, __m256 scale) {
+  const int64_t d = j.dim;
+  __m256 even[V], odd[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) even[v] = odd[v] = _mm256_setzero_ps();
+  int64_t r = j.first;
+  for (; r + 1 <= j.last; r += 2) {
+    const __m256 p0 = _mm256_set1_ps(j.scores[r]), p1 = _mm256_set1_ps(j.scores[r + 1]);
+    const float* v0 = j.values + r * d + e0;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      even[v] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * v), even[v]);
+      odd[v] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v0 + d + 8 * v), odd[v]);
+    }
+  }
+  if (r <= j.last) {
+    const __m256 p0 = _mm256_set1_ps(j.scores[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) even[v] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(j.values + r * d + e0 + 8 * v), even[v]);
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) _mm256_storeu_ps(j.out + e0 + 8 * v, _mm256_mul_ps(_mm256_add_ps(even[v], odd[v]), scale));
+}
+
+/*! \brief out = inv * sum_k p[k] * values[k]: 32 output lanes at a time (ValueLanes256), then 8 at a time, then the
  *         head_dim tail (d % 8) in scalars. */
 __attribute__((target("avx2,fma"))) void WeightedValues256(const RowJob& j, float inv) {
   const int64_t d = j.dim, full = d / 8 * 8;
   const __m256 scale = _mm256_set1_ps(inv);
-  for (int64_t e0 = 0; e0 < full; e0 += 32) {
-    const int vectors = static_cast<int>(std::min<int64_t>(4, (full - e0) / 8));
-    __m256 even[4], odd[4];
-    for (int v = 0; v < 4; ++v) even[v] = odd[v] = _mm256_setzero_ps();
-    int64_t r = j.first;
-    for (; r + 1 <= j.last; r += 2) {
-      const __m256 p0 = _mm256_set1_ps(j.scores[r]), p1 = _mm256_set1_ps(j.scores[r + 1]);
-      const float* v0 = j.values + r * d + e0;
-      for (int v = 0; v < vectors; ++v) {
-        even[v] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * v), even[v]);
-        odd[v] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v0 + d + 8 * v), odd[v]);
-      }
-    }
-    if (r <= j.last) {
-      const __m256 p0 = _mm256_set1_ps(j.scores[r]);
-      for (int v = 0; v < vectors; ++v) {
-        even[v] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(j.values + r * d + e0 + 8 * v), even[v]);
-      }
-    }
-    for (int v = 0; v < vectors; ++v) {
-      _mm256_storeu_ps(j.out + e0 + 8 * v, _mm256_mul_ps(_mm256_add_ps(even[v], odd[v]), scale));
-    }
-  }
+  int64_t e0 = 0;
+  for (; e0 + 32 <= full; e0 += 32) ValueLanes256<4>(j, e0, scale);
+  for (; e0 < full; e0 += 8) ValueLanes256<1>(j, e0, scale);
   for (int64_t e = full; e < d; ++e) {
     float acc = 0.f;
     for (int64_t r = j.first; r <= j.last; ++r) acc += j.scores[r] * j.values[r * d + e];
