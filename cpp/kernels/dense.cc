@@ -62,11 +62,10 @@ constexpr int64_t kPrefillRows = 128;
 /*! \brief BYOC_HETERO_GEMV_LAYOUT, read when a plan is made: which weight copy a few-row GEMV may read where the
  *         matmul's own is no panels (oneDNN 3.2 without AVX-512: its jit sgemm keeps the weight [N, K] row-major).
  *         `matmul` (unset): the matmul's panels only, else the matmul runs; `prefill`: the prefill inner product's
- *         panels where a prefill plan of the process's threads (RegionThreads, not a contention plan's fewer) takes it
- *         (PrefillWeightLayout), else the [N, K] rows (the
- *         sgemm's copy; an NK weight as it is), so that decode and prefill read one copy; `rows`: the rows, `panels`:
- *         the inner product's panels at any threads (a copy of the GEMV's own where no prefill shares it): the A/Bs
- *         of the two forms. */
+ *         panels where a prefill plan of the process's threads (RegionThreads, not a contention plan's fewer) takes
+ *         it (PrefillWeightLayout), else the [N, K] rows (the sgemm's copy; an NK weight as it is), so that decode
+ *         and prefill read one copy; `rows`: the rows, `panels`: the inner product's panels at any threads (a copy of
+ *         the GEMV's own where no prefill shares it): the A/Bs of the two forms. */
 enum class GemvLayout { kMatmul, kPrefill, kRows, kPanels };
 static GemvLayout ReadGemvLayout() {
   const char* env = std::getenv("BYOC_HETERO_GEMV_LAYOUT");
