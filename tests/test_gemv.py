@@ -1,14 +1,21 @@
 """The float32 dense of a plan with few rows runs our own GEMV (cpp/kernels/dense_gemv.h) instead of oneDNN's
 matmul: one-node dense regions at M = 1..4 on odd N and K, both weight layouts, with bias and residual, against
 numpy in float64, on each ISA path (BYOC_HETERO_GEMV_ISA, read when a plan is made), then an activation; more
-rows, an activation before a residual sum or BYOC_HETERO_GEMV_ROWS=0 keep oneDNN's matmul, and say so in the plan."""
+rows, an activation before a residual sum or BYOC_HETERO_GEMV_ROWS=0 keep oneDNN's matmul, and say so in the plan.
+Under ONEDNN_MAX_CPU_ISA=AVX2 (a CPU without AVX-512) with BYOC_HETERO_GEMV_LAYOUT=prefill / rows the module runs again
+in a subprocess, the GEMV then reading the prefill inner product's panels of 24 columns (2 threads) or oneDNN's sgemm's
+[N, K] rows."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tvm
+from conftest import isa_under
 
 from byoc_hetero import _C
 
@@ -77,10 +84,14 @@ def _best_isa() -> str:
     return "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "generic"
 
 
-#: whether oneDNN gives a few-row matmul the BA16a<16-64>b weight copy the GEMV reads (dense_gemv.cc PanelWidth):
-#: oneDNN 3.2 does on an AVX-512 ISA; under ONEDNN_MAX_CPU_ISA=AVX2 the weights stay plain and the matmul keeps
-#: every dense (the numerics are checked all the same)
-MATMUL_PANELS = _C.isa().startswith("avx512")
+#: whether oneDNN gives a few-row matmul the BA16a<16-64>b weight copy the GEMV reads (dense_gemv.cc PanelLayout):
+#: oneDNN 3.2 does on an AVX-512 ISA; under ONEDNN_MAX_CPU_ISA=AVX2 the weights stay plain
+NATIVE_PANELS = _C.isa().startswith("avx512")
+#: whether the GEMV runs: on the matmul's panels, or (BYOC_HETERO_GEMV_LAYOUT=prefill or rows, as the process starts)
+#: on the prefill inner product's panels or the matmul's rows where the matmul keeps the weights plain; else the
+#: matmul keeps every dense (the numerics are checked all the same)
+LAYOUT = os.environ.get("BYOC_HETERO_GEMV_LAYOUT") or "matmul"
+MATMUL_PANELS = NATIVE_PANELS or LAYOUT in ("prefill", "rows", "panels")
 
 
 def _gemv_steps(plan) -> list[str]:
@@ -88,11 +99,13 @@ def _gemv_steps(plan) -> list[str]:
 
 
 def _gemv_ran(plan, isa: str | None = None) -> bool:
-    """Whether the plan runs the GEMV (on \p isa where given), where the matmul's weight copy allows it
+    """Whether the plan runs the GEMV (on ``isa`` where given), where the matmul's weight copy allows it
     (MATMUL_PANELS); elsewhere whether it runs none (oneDNN's matmul)."""
     steps = _gemv_steps(plan)
     if not MATMUL_PANELS:
         return not steps
+    if isa == "avx512" and not NATIVE_PANELS:  # panels of 24 or rows: AVX2 code reads them
+        isa = "avx2"
     return bool(steps) and (isa is None or (len(steps) == 1 and f"gemv ({isa})" in steps[0]))
 
 
@@ -211,6 +224,7 @@ def test_a_gate_of_another_shape_or_dtype_says_which_input():
 @pytest.mark.parametrize("var,value,message", [
     ("BYOC_HETERO_GEMV_ISA", "sse9", "BYOC_HETERO_GEMV_ISA must be auto, avx512, avx2 or generic"),
     ("BYOC_HETERO_GEMV_ROWS", "two", "BYOC_HETERO_GEMV_ROWS must be an integer >= 0"),
+    ("BYOC_HETERO_GEMV_LAYOUT", "own", "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill, rows or panels, got 'own'"),
 ])
 def test_switches_reject_unknown_values(monkeypatch, var, value, message):
     if var == "BYOC_HETERO_GEMV_ISA" and not MATMUL_PANELS:
@@ -253,3 +267,112 @@ def test_decode_step_denses_run_the_gemv_and_generate_transformers_tokens(monkey
     # the prefill's 7 rows keep oneDNN, but for the LM head, which reads the last row only
     head = [MATMUL_PANELS]
     assert [": gemv (" in s["label"] for s in prefill] == [False] * (5 * config.num_hidden_layers) + head, prefill
+
+
+def _tiny_llama(torch, transformers, max_positions: int):
+    torch.manual_seed(8)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=max_positions, initializer_range=0.4,
+                                      tie_word_embeddings=True)
+    return config, transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("threads,layout", [(2, "BA8a24b"), (1, "ba")])
+def test_the_decode_gemv_reads_the_prefill_copy_under_avx2(monkeypatch, threads, layout):
+    """Under an AVX2 cap with BYOC_HETERO_GEMV_LAYOUT=prefill (run by the subprocess test below) the decode step's
+    GEMVs read the weight copy the prefill reads: at 2 threads a 130-row prefill runs oneDNN's inner product on
+    AB8b24a copies ([K, N] BA8a24b), at 1 thread its sgemm on the [N, K] rows; no weight bytes are prepared for the
+    decode plan; greedy tokens equal transformers'."""
+    if _C.isa() != "avx2" or LAYOUT != "prefill":
+        pytest.skip("runs under ONEDNN_MAX_CPU_ISA=AVX2 with BYOC_HETERO_GEMV_LAYOUT=prefill (the subprocess test)")
+    monkeypatch.setenv("BYOC_HETERO_ADAPT_THREADS", "off")  # the one plan per shape
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import byoc_hetero as bh
+
+    config, model = _tiny_llama(torch, transformers, 256)
+    prompt = np.random.default_rng(3).integers(1, config.vocab_size, (1, 130)).astype("int64")
+    saved = _C.num_threads()
+    _C.set_num_threads(threads)  # the region's plans, and the process's threads the GEMV's layout follows
+    try:
+        _decode_reads_the_prefill_copy(bh, torch, config, model, prompt, threads, layout)
+    finally:
+        _C.set_num_threads(saved)
+
+
+def _decode_reads_the_prefill_copy(bh, torch, config, model, prompt, threads: int, layout: str):
+    gen = bh.llm.from_hf(model, max_length=160)
+    (region,) = bh.codegen.region_modules(gen._executable)
+    gen.generate(prompt, max_new_tokens=1)  # the prefill plan alone
+    prepared = json.loads(region["get_runtime_info"]())["shared_bytes"]
+    region["set_profiling"](True)
+    got = gen.generate(prompt, max_new_tokens=6)
+    assert json.loads(region["get_runtime_info"]())["shared_bytes"] == prepared
+    with torch.no_grad():
+        want = model.generate(torch.from_numpy(prompt), attention_mask=torch.ones_like(torch.from_numpy(prompt)),
+                              max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(got, want)
+    denses = [s for s in json.loads(region["get_profile"]()) if s["phase"] == "run" and s["op"] == "dense"
+              and "after the gemv" not in s["label"]]
+    decode = [s for s in denses if s["label"].endswith("S=1")]
+    prefill = [s["impl"] for s in denses if s["label"].endswith("S=130")]
+    assert len(decode) == 5 * config.num_hidden_layers + 1, decode
+    assert all(": gemv (avx2)" in s["label"] and f"]:{layout} " in s["layouts"] + " " for s in decode), \
+        [s["layouts"] for s in decode]
+    want_prefill = "brgemm:avx2" if threads == 2 else "gemm:jit:f32"
+    assert prefill.count(want_prefill) == 5 * config.num_hidden_layers, prefill
+
+
+def test_a_plan_of_fewer_threads_reads_the_panels_of_the_process_threads():
+    """Under an AVX2 cap with BYOC_HETERO_GEMV_LAYOUT=prefill (the subprocess test below): the GEMV's copy follows the
+    process's threads, not the plan's, so that a plan made for fewer threads under contention reads the same panels
+    (the same bits) as the full plan; a process of one thread reads the [N, K] rows."""
+    if _C.isa() != "avx2" or LAYOUT != "prefill":
+        pytest.skip("runs under ONEDNN_MAX_CPU_ISA=AVX2 with BYOC_HETERO_GEMV_LAYOUT=prefill (the subprocess test)")
+    doc = {"format": "byoc_hetero.region", "version": 1, "symbol": "gv",
+           "tensors": [{"shape": [1, 53], "dtype": "float32"}, {"shape": [37, 53], "dtype": "float32"},
+                       {"shape": [1, 37], "dtype": "float32"}],
+           "inputs": [0], "outputs": [2], "constants": [{"tensor": 1, "name": "gv_w"}],
+           "nodes": [{"op": "dense", "inputs": [0, 1], "output": 2, "attrs": {"weight_layout": "NK"}}]}
+
+    def layouts(threads: int) -> list[str]:
+        steps = _C.plan_region(json.dumps(doc), threads=threads)["run_steps"]
+        assert len(steps) == 1 and ": gemv (avx2)" in steps[0]["label"], steps
+        return steps[0]["layouts"]
+
+    saved = _C.num_threads()
+    try:
+        _C.set_num_threads(2)
+        assert "[53,37]:BA8a24b" in layouts(2) and layouts(1) == layouts(2)
+        _C.set_num_threads(1)
+        assert "[53,37]:ba" in layouts(1)
+    finally:
+        _C.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("layout,tests", [("prefill", "not under_an_avx2_cap"),
+                                          ("rows", "matches_numpy or many_panels or gate")])
+def test_the_module_under_an_avx2_cap_reads_the_prefill_panels(layout, tests):
+    """This module's tests again in a subprocess capped to AVX2 (oneDNN reads its cap when it starts) with
+    BYOC_HETERO_GEMV_LAYOUT=prefill (all of them) and =rows (the numerics): every few-row dense then runs the GEMV,
+    on the panels of 24 columns oneDNN's AVX2 inner product lays out or on the sgemm's [N, K] rows, against numpy."""
+    if not NATIVE_PANELS or LAYOUT != "matmul":
+        pytest.skip("the subprocess itself (or a CPU without AVX-512: this module runs capped as it is)")
+    if isa_under("AVX2") != "avx2":
+        pytest.skip(f"this CPU cannot run oneDNN's avx2 kernels (got {isa_under('AVX2')})")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, *sys.path]), ONEDNN_MAX_CPU_ISA="AVX2",
+               BYOC_HETERO_GEMV_LAYOUT=layout)
+    env.pop("BYOC_HETERO_GEMV_ISA", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-rA",
+                           os.path.join(here, "test_gemv.py"), "-k", tests],
+                          env=env, cwd=here, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "oneDNN ISA: avx2" in proc.stdout, proc.stdout[-2000:]
+    if layout == "prefill":
+        for case in ("2-BA8a24b", "1-ba"):
+            assert f"PASSED test_gemv.py::test_the_decode_gemv_reads_the_prefill_copy_under_avx2[{case}]" in \
+                proc.stdout, proc.stdout[-4000:]
+        assert "PASSED test_gemv.py::test_a_plan_of_fewer_threads_reads_the_panels_of_the_process_threads" in \
+            proc.stdout, proc.stdout[-4000:]

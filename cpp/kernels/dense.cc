@@ -16,7 +16,9 @@
  */
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -24,6 +26,7 @@
 #include "env_switch.h"
 #include "int8.h"
 #include "kernel.h"
+#include "../threading.h"
 
 namespace byoc_hetero {
 
@@ -51,6 +54,44 @@ static std::unique_ptr<Kernel> InnerProductDense(const KernelContext& ctx, int64
 /*! \brief BYOC_HETERO_DENSE_IP, read when a plan is made: "auto" (or unset: the inner product where
  *         BuildDense's rules take it) or "off" (the matmul always: the primitive A/B at a prefill's rows). */
 static bool InnerProductAllowed() { return EnvSwitch("BYOC_HETERO_DENSE_IP", "auto", "off", true); }
+
+/*! \brief Rows of the prefill plan whose inner-product weight layout a few-row GEMV may share (PrefillWeightLayout):
+ *         oneDNN 3.2's AVX2 inner product gives AB8b24a from 128 rows up (1024 alike), AB8b16a at 64. */
+constexpr int64_t kPrefillRows = 128;
+
+/*! \brief BYOC_HETERO_GEMV_LAYOUT, read when a plan is made: which weight copy a few-row GEMV may read where the
+ *         matmul's own is no panels (oneDNN 3.2 without AVX-512: its jit sgemm keeps the weight [N, K] row-major).
+ *         `matmul` (unset): the matmul's panels only, else the matmul runs; `prefill`: the prefill inner product's
+ *         panels where a prefill plan of the process's threads (RegionThreads, not a contention plan's fewer) takes
+ *         it (PrefillWeightLayout), else the [N, K] rows (the sgemm's copy; an NK weight as it is), so that decode
+ *         and prefill read one copy; `rows`: the rows, `panels`: the inner product's panels at any threads (a copy of
+ *         the GEMV's own where no prefill shares it): the A/Bs of the two forms. */
+enum class GemvLayout { kMatmul, kPrefill, kRows, kPanels };
+static GemvLayout ReadGemvLayout() {
+  const char* env = std::getenv("BYOC_HETERO_GEMV_LAYOUT");
+  const std::string value = env == nullptr ? "" : env;
+  if (value.empty() || value == "matmul") return GemvLayout::kMatmul;
+  if (value == "prefill") return GemvLayout::kPrefill;
+  if (value == "rows") return GemvLayout::kRows;
+  if (value == "panels") return GemvLayout::kPanels;
+  TVM_FFI_THROW(ValueError) << "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill, rows or panels, got '" << value << "'";
+}
+
+/*! \brief The [k, n] view of the weight layout oneDNN's inner product picks for a prefill of kPrefillRows rows of
+ *         this dense (InnerProductDense's choice there, so the two plans share one prepared copy: Buffers::Key reads
+ *         [N, K] AB8b24a and [K, N] BA8a24b as the same bytes), or an empty desc where it has no brgemm one. */
+static memory::desc PrefillWeightLayout(const KernelContext& ctx, int64_t k, int64_t n) {
+  dnnl::inner_product_forward::primitive_desc pd;
+  try {
+    pd = dnnl::inner_product_forward::primitive_desc(ctx.engine, dnnl::prop_kind::forward_inference,
+                                                     PlainDesc({kPrefillRows, k}), AnyDesc({n, k}), memory::desc(),
+                                                     PlainDesc({kPrefillRows, n}), ctx.MakeAttr());
+  } catch (const dnnl::error&) {
+    return memory::desc();
+  }
+  if (std::string(pd.impl_info_str()).rfind("brgemm", 0) != 0) return memory::desc();
+  return pd.weights_desc().permute_axes({1, 0});
+}
 
 /*! \brief int8 (int8.h): u8/s8 data x s8 weights reordered once, scales per output column (mask on N). */
 static std::unique_ptr<Kernel> Int8Dense(const KernelContext& ctx, const Int8Params& int8, const Epilogue& epilogue,
@@ -164,7 +205,16 @@ static std::unique_ptr<Kernel> BuildDense(const KernelContext& ctx) {
   // A plan of few rows (the decode step's M = 1) streams the weight once: our GEMV reads the
   // matmul's own blocked copy (dense_gemv.h) when its panels allow.
   if (!ctx.bf16 && constant_weight && dst.get_data_type() == memory::data_type::f32) {
-    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc());
+    const GemvLayout layout = ReadGemvLayout();
+    // where a prefill plan of the process's threads runs the inner product: a plan of fewer threads made under
+    // contention reads the same panels, so that its decode gives the same bits as the full plan's
+    const bool prefill_panels = std::max(ctx.threads, RegionThreads()) >= 2 && InnerProductAllowed();
+    std::function<memory::desc()> prefill_layout;
+    if ((layout == GemvLayout::kPrefill && prefill_panels) || layout == GemvLayout::kPanels) {
+      prefill_layout = [&ctx, k = k, n = n] { return PrefillWeightLayout(ctx, k, n); };
+    }
+    std::unique_ptr<Kernel> gemv = GemvDense(ctx, m, k, n, nk, has_bias, epilogue, pd.weights_desc(), prefill_layout,
+                                             layout != GemvLayout::kMatmul);
     if (gemv) return gemv;
   }
 

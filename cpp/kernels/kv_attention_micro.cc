@@ -305,9 +305,40 @@ __attribute__((target("avx2,fma"))) inline float Sum256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-__attribute__((target("avx2,fma"))) void Row256(const RowJob& j) {
+/*! \brief Lane i of the result: the sum of a[i]'s 8 lanes (a horizontal-add tree: 8 sums in 7 instructions' depth
+ *         of 3, where a Sum256 per key is a dependent chain of its own). */
+__attribute__((target("avx2,fma"))) inline __m256 Sum8(const __m256 (&a)[8]) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit lane: that half's sums
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/*! \brief scores[k] = scale * q . keys[k] for k in [first, last]: 8 keys at a time, each its own accumulator
+ *         (independent FMAs), summed by Sum8; the head_dim tail (d % 8) in scalars. */
+__attribute__((target("avx2,fma"))) void Scores256(const RowJob& j) {
   const int64_t d = j.dim, full = d / 8 * 8;
-  for (int64_t k = j.first; k <= j.last; ++k) {
+  const __m256 scale = _mm256_set1_ps(j.scale);
+  int64_t k = j.first;
+  for (; k + 8 <= j.last + 1; k += 8) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    const float* kr = j.keys + k * d;
+    for (int64_t e = 0; e < full; e += 8) {
+      const __m256 q = _mm256_loadu_ps(j.q + e);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(q, _mm256_loadu_ps(kr + i * d + e), acc[i]);
+    }
+    __m256 dots = Sum8(acc);
+    if (full < d) {
+      alignas(32) float tail[8] = {};
+      for (int i = 0; i < 8; ++i)
+        for (int64_t e = full; e < d; ++e) tail[i] += j.q[e] * kr[i * d + e];
+      dots = _mm256_add_ps(dots, _mm256_load_ps(tail));
+    }
+    _mm256_storeu_ps(j.scores + k, _mm256_mul_ps(dots, scale));
+  }
+  for (; k <= j.last; ++k) {
     const float* kr = j.keys + k * d;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t e = 0; e < full; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(j.q + e), _mm256_loadu_ps(kr + e), acc);
@@ -315,22 +346,55 @@ __attribute__((target("avx2,fma"))) void Row256(const RowJob& j) {
     for (int64_t e = full; e < d; ++e) dot += j.q[e] * kr[e];
     j.scores[k] = dot * j.scale;
   }
-  const float top = MaxOf(j.scores, j.first, j.last);
-  const float sum = softmax_exp::ExpSum256(j.scores + j.first, j.last - j.first + 1, top);
-  const float inv = 1.f / sum;
-  int64_t e = 0;
-  for (; e < full; e += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t r = j.first; r <= j.last; ++r) {
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(j.scores[r]), _mm256_loadu_ps(j.values + r * d + e), acc);
+}
+
+/*! \brief out[e0, e0 + 8V) = inv * sum_k p[k] * values[k][e0, e0 + 8V): two keys per step into accumulators of their
+ *         own (2V independent FMA chains, where one chain per 8 lanes waited on each FMA's latency). */
+template <int V>
+__attribute__((target("avx2,fma"))) void ValueLanes256(const RowJob& j, int64_t e0, __m256 scale) {
+  const int64_t d = j.dim;
+  __m256 even[V], odd[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) even[v] = odd[v] = _mm256_setzero_ps();
+  int64_t r = j.first;
+  for (; r + 1 <= j.last; r += 2) {
+    const __m256 p0 = _mm256_set1_ps(j.scores[r]), p1 = _mm256_set1_ps(j.scores[r + 1]);
+    const float* v0 = j.values + r * d + e0;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      even[v] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * v), even[v]);
+      odd[v] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v0 + d + 8 * v), odd[v]);
     }
-    _mm256_storeu_ps(j.out + e, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
   }
-  for (; e < d; ++e) {
+  if (r <= j.last) {
+    const __m256 p0 = _mm256_set1_ps(j.scores[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) even[v] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(j.values + r * d + e0 + 8 * v), even[v]);
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) _mm256_storeu_ps(j.out + e0 + 8 * v, _mm256_mul_ps(_mm256_add_ps(even[v], odd[v]), scale));
+}
+
+/*! \brief out = inv * sum_k p[k] * values[k]: 32 output lanes at a time (ValueLanes256), then 8 at a time, then the
+ *         head_dim tail (d % 8) in scalars. */
+__attribute__((target("avx2,fma"))) void WeightedValues256(const RowJob& j, float inv) {
+  const int64_t d = j.dim, full = d / 8 * 8;
+  const __m256 scale = _mm256_set1_ps(inv);
+  int64_t e0 = 0;
+  for (; e0 + 32 <= full; e0 += 32) ValueLanes256<4>(j, e0, scale);
+  for (; e0 < full; e0 += 8) ValueLanes256<1>(j, e0, scale);
+  for (int64_t e = full; e < d; ++e) {
     float acc = 0.f;
     for (int64_t r = j.first; r <= j.last; ++r) acc += j.scores[r] * j.values[r * d + e];
     j.out[e] = acc * inv;
   }
+}
+
+__attribute__((target("avx2,fma"))) void Row256(const RowJob& j) {
+  Scores256(j);
+  const float top = MaxOf(j.scores, j.first, j.last);
+  const float sum = softmax_exp::ExpSum256(j.scores + j.first, j.last - j.first + 1, top);
+  WeightedValues256(j, 1.f / sum);
   if (j.stats != nullptr) {
     j.stats[0] = top;
     j.stats[1] = sum;
