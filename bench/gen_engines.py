@@ -430,6 +430,15 @@ WIDTH = {"f32": 4.0, "fp32": 4.0, "bf16": 2.0, "f16": 2.0, "q8_0": 34 / 32, "q4_
          "int4": 0.5 + 4 / 32, "q4_k_m": 144 / 256,  # Q4_K_M: Q4_K's (the mix has Q5_0 / Q6_K / Q8_0 tensors too)
          "int8_pc": 1.0, "int8_g32": 1 + 2 / 32, "int8_g64": 1 + 2 / 64, "int8_g128": 1 + 2 / 128, "int4_g64": 0.5 + 2 / 64,
          "int4_g128": 0.5 + 2 / 128}
+#: where an engine's format label reads other bytes than WIDTH's (shared by several engines): ours' int8 / int4
+#: defaults, blocks of 32 with an f16 scale (weight_only.DEFAULT_GROUP_SIZE, since session 17 for int8); OpenVINO
+#: GenAI's NNCF int4, groups of 128 with f16 scales
+ENGINE_WIDTH = {("ours", "int8"): 1 + 2 / 32, ("ours", "int4"): 0.5 + 2 / 32, ("openvino_genai", "int4"): 0.5 + 2 / 128}
+
+
+def width(engine: str, fmt: str) -> float:
+    """Nominal bytes per weight that ``engine`` reads in ``fmt``."""
+    return ENGINE_WIDTH.get((engine, fmt), WIDTH[fmt])
 
 
 def load_engine(engine: str, hf: str, files_dir: str, fmt: str, threads: int, max_length: int):

@@ -72,7 +72,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from gen_engines import (ENGINES, GENAI_ENGINES, LABELS, MODELS, WIDTH, Unavailable,  # noqa: E402
+from gen_engines import (ENGINES, GENAI_ENGINES, LABELS, MODELS, Unavailable, width,  # noqa: E402
                          load_engine, prompt_ids, save_model)
 import run  # noqa: E402
 from run import package_versions, wait_quiet  # noqa: E402
@@ -260,9 +260,10 @@ def kv_bytes(cfg: dict, context: int) -> int:
     return 2 * cfg["num_hidden_layers"] * kv * hd * context * 4
 
 
-def bound_tps(cfg: dict, fmt: str, gbs: float, context: int) -> float:
-    """Decode tokens/s at most, reading the weights in ``fmt`` and the cache at ``gbs`` GB/s."""
-    return gbs * 1e9 / (weights_read(cfg) * WIDTH[fmt] + kv_bytes(cfg, context))
+def bound_tps(cfg: dict, fmt: str, gbs: float, context: int, engine: str = "") -> float:
+    """Decode tokens/s at most, reading the weights in ``fmt`` (as ``engine`` stores it) and the cache at ``gbs``
+    GB/s."""
+    return gbs * 1e9 / (weights_read(cfg) * width(engine, fmt) + kv_bytes(cfg, context))
 
 
 def summarise(runs: list[dict], prompts: list[int], new: int, bound: float = float("inf")) -> dict:
@@ -412,7 +413,7 @@ class Bench:
         glitches: list[str] = []
         for (engine, fmt, t), rs in sorted(runs.items(), key=lambda kv: (kv[0][2], list(ENGINES).index(kv[0][0]))):
             bw = self.bandwidth.get(t, {})
-            bound = bound_tps(cfg, fmt, bw["read_gbs"], ctx) if "read_gbs" in bw else float("nan")
+            bound = bound_tps(cfg, fmt, bw["read_gbs"], ctx, engine) if "read_gbs" in bw else float("nan")
             s = summarise(rs, self.prompts, new, 2 * bound if bound == bound else float("inf"))
             if s["glitches"]:
                 glitches.append(f"- {LABELS[engine]} {fmt} {t} threads: round(s) at "

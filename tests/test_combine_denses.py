@@ -178,6 +178,7 @@ def test_qwen2_generator_with_combined_biases_matches_transformers(monkeypatch):
 
     torch = pytest.importorskip("torch")
     monkeypatch.setenv(combine.BIASES_VARIABLE, "1")
+    monkeypatch.setenv("BYOC_HETERO_LAST_LAYER_ROWS", "all")  # every layer's q at every row: combined in each
     model = _model("qwen2")
     gen = bh.llm.from_hf(model, max_length=MAX_LENGTH)
     spec = gen.spec

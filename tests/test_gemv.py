@@ -90,7 +90,7 @@ NATIVE_PANELS = _C.isa().startswith("avx512")
 #: whether the GEMV runs: on the matmul's panels, or (BYOC_HETERO_GEMV_LAYOUT=prefill or rows, as the process starts)
 #: on the prefill inner product's panels or the matmul's rows where the matmul keeps the weights plain; else the
 #: matmul keeps every dense (the numerics are checked all the same)
-LAYOUT = os.environ.get("BYOC_HETERO_GEMV_LAYOUT") or "matmul"
+LAYOUT = os.environ.get("BYOC_HETERO_GEMV_LAYOUT") or "prefill"  # unset: prefill (the default, session 17)
 MATMUL_PANELS = NATIVE_PANELS or LAYOUT in ("prefill", "rows", "panels")
 
 
@@ -239,6 +239,8 @@ def test_decode_step_denses_run_the_gemv_and_generate_transformers_tokens(monkey
     """A small Llama through bh.llm: greedy tokens equal transformers', and the decode step's plan (one row) runs
     every dense as the GEMV (the prefill's rows keep oneDNN)."""
     monkeypatch.setenv("BYOC_HETERO_NUM_THREADS", "1")  # no contention plans of fewer threads beside the profiled ones
+    # every layer's denses at every row (the last layer's rows picked: test_last_layer_rows)
+    monkeypatch.setenv("BYOC_HETERO_LAST_LAYER_ROWS", "all")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import byoc_hetero as bh
@@ -287,6 +289,7 @@ def test_the_decode_gemv_reads_the_prefill_copy_under_avx2(monkeypatch, threads,
     if _C.isa() != "avx2" or LAYOUT != "prefill":
         pytest.skip("runs under ONEDNN_MAX_CPU_ISA=AVX2 with BYOC_HETERO_GEMV_LAYOUT=prefill (the subprocess test)")
     monkeypatch.setenv("BYOC_HETERO_ADAPT_THREADS", "off")  # the one plan per shape
+    monkeypatch.setenv("BYOC_HETERO_LAST_LAYER_ROWS", "all")  # every layer's denses at the prefill's 130 rows
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import byoc_hetero as bh
@@ -355,15 +358,18 @@ def test_a_plan_of_fewer_threads_reads_the_panels_of_the_process_threads():
                                           ("rows", "matches_numpy or many_panels or gate")])
 def test_the_module_under_an_avx2_cap_reads_the_prefill_panels(layout, tests):
     """This module's tests again in a subprocess capped to AVX2 (oneDNN reads its cap when it starts) with
-    BYOC_HETERO_GEMV_LAYOUT=prefill (all of them) and =rows (the numerics): every few-row dense then runs the GEMV,
+    BYOC_HETERO_GEMV_LAYOUT unset (prefill, the default: all of them) and =rows (the numerics): every few-row dense
+    then runs the GEMV,
     on the panels of 24 columns oneDNN's AVX2 inner product lays out or on the sgemm's [N, K] rows, against numpy."""
-    if not NATIVE_PANELS or LAYOUT != "matmul":
+    if not NATIVE_PANELS or "BYOC_HETERO_GEMV_LAYOUT" in os.environ:
         pytest.skip("the subprocess itself (or a CPU without AVX-512: this module runs capped as it is)")
     if isa_under("AVX2") != "avx2":
         pytest.skip(f"this CPU cannot run oneDNN's avx2 kernels (got {isa_under('AVX2')})")
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, *sys.path]), ONEDNN_MAX_CPU_ISA="AVX2",
                BYOC_HETERO_GEMV_LAYOUT=layout)
+    if layout == "prefill":  # the default: the variable unset
+        env.pop("BYOC_HETERO_GEMV_LAYOUT")
     env.pop("BYOC_HETERO_GEMV_ISA", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-rA",
                            os.path.join(here, "test_gemv.py"), "-k", tests],

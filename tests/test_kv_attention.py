@@ -248,7 +248,9 @@ def test_the_step_is_one_region_with_a_kv_attention_node_per_layer_and_matches_t
     docs = _region_documents(gen)
     assert len(docs) == 1
     ops = [n["op"] for n in docs[0]["nodes"]]
-    assert ops.count("kv_attention") == 2 and ops.count("take") == 2, ops  # embedding and last rows
+    # the embedding, and the last layer's picks of each sequence's last row (its input x and its residual h:
+    # BYOC_HETERO_LAST_LAYER_ROWS=last, the default)
+    assert ops.count("kv_attention") == 2 and ops.count("take") == 3, ops
     spec = gen.spec
     mod = llm_model.step_module(spec, 16)
     params = llm_model.decoder_weights(spec, model)

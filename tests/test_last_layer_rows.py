@@ -69,6 +69,8 @@ def test_a_bad_variable_is_a_value_error_naming_it(monkeypatch):
     with pytest.raises(ValueError, match="BYOC_HETERO_LAST_LAYER_ROWS must be all or last, got 'first'"):
         llm_model.last_layer_rows()
     monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "")
+    assert llm_model.last_layer_rows() == "last"  # the default (quiet A/B, session 17)
+    monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "all")
     assert llm_model.last_layer_rows() == "all"
 
 
@@ -101,7 +103,7 @@ def test_every_family_gives_transformers_logits_and_tokens(monkeypatch, family):
     model = _model(family)
     monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "last")
     gen = bh.llm.from_hf(model, max_length=MAX_LENGTH)
-    monkeypatch.delenv(llm_model.LAST_LAYER_VARIABLE)
+    monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "all")
     nodes = _kv_nodes(gen)
     assert [q[1] for q, _ in nodes] == ["S"] * (len(nodes) - 1) + [1], nodes
     assert all(k[1] == "S" for _, k in nodes), nodes
@@ -138,7 +140,7 @@ def test_a_batch_of_different_lengths_matches_each_alone_and_the_llvm_build(monk
     plain = bh.llm.Generator(relax.build(bh.bind_params(llm_model.step_module(spec, 32),
                                                         llm_model.decoder_weights(spec, model)), target="llvm"),
                              spec, 32)
-    monkeypatch.delenv(llm_model.LAST_LAYER_VARIABLE)
+    monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "all")
     prompts = [[5, 71, 13], [9, 8, 7, 6, 5, 4, 3, 2, 1, 60], [44, 2, 90, 17, 33]]
     batch = gen.generate(prompts, max_new_tokens=12)
     for prompt, got in zip(prompts, batch):
@@ -160,10 +162,11 @@ def test_quantized_weights_and_a_saved_generator_keep_the_tokens(monkeypatch, tm
     from test_generate import MAX_LENGTH, PROMPT, _forced_logits, _quant_model, _rel
 
     model = _quant_model()
+    monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "all")
     rows_all = bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights)
     monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "last")
     last = bh.llm.from_hf(model, max_length=MAX_LENGTH, weights=weights)
-    monkeypatch.delenv(llm_model.LAST_LAYER_VARIABLE)
+    monkeypatch.setenv(llm_model.LAST_LAYER_VARIABLE, "all")
     assert [q[1] for q, _ in _kv_nodes(last)][-1] == 1
     assert _ops(last)[1:] == _ops(rows_all)[1:] == (0, 2 * last.spec.layers)  # every residual add a dense_wq's sum
     want = rows_all.generate(PROMPT, max_new_tokens=12)

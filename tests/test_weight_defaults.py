@@ -46,11 +46,13 @@ def _coded(**options) -> list[tuple[int, int, int, str]]:
 
 
 def test_the_defaults_today():
-    """The values the integrator's flip (issue 37: int8 -> 32 after the quiet decode A/B) changes, here and
-    in weight_only's constant together; the rounding is llama.cpp's (its files' codes, test_q8_0_same)."""
-    assert weight_only.DEFAULT_GROUP_SIZE == {"int8": PER_CHANNEL, "int4": 32}
+    """int8 in blocks of 32 since session 17's quiet decode A/B (issue 37: Q8_0's form and error), here and in
+    weight_only's constant together; the rounding is llama.cpp's (its files' codes, test_q8_0_same); -1 still
+    means per channel."""
+    assert weight_only.DEFAULT_GROUP_SIZE == {"int8": 32, "int4": 32}
     assert weight_only.DEFAULT_ROUNDING == "gguf"
-    assert group_block("int8", None) is None and group_block("int4", None) == 32
+    assert group_block("int8", None) == 32 and group_block("int4", None) == 32
+    assert group_block("int8", PER_CHANNEL) is None
 
 
 @pytest.mark.parametrize("default", [PER_CHANNEL, 32])

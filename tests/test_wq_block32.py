@@ -73,6 +73,25 @@ def test_inline_layout_rejects_a_zero_scale(monkeypatch):
         mod["__init_wq"]([tvm.runtime.tensor(np.ascontiguousarray(c)) for c in consts])
 
 
+def test_block32_kernels_are_the_default(monkeypatch):
+    """The switch unset: the blocks-of-32 kernel (the default since session 17's quiet A/B); ``off`` the general one."""
+    if not _has_avx512bw():
+        pytest.skip("the AVX-512 integer kernels")
+    monkeypatch.delenv("BYOC_HETERO_WQ_ACT", raising=False)
+    codes = quantize_matrix(np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32), 8, 32, False,
+                            "float16")
+    x = np.random.default_rng(4).standard_normal((1, 64)).astype(np.float32)
+    steps = {}
+    for value in (None, "off"):
+        if value is None:
+            monkeypatch.delenv("BYOC_HETERO_WQ_BLOCK32", raising=False)
+        else:
+            monkeypatch.setenv("BYOC_HETERO_WQ_BLOCK32", value)
+        _, plan = _run(x, codes)
+        steps[value] = next(line for line in plan if line.startswith("run") and "dense_wq" in line)
+    assert ", blocks of 32 kernel" in steps[None] and ", blocks of 32 kernel" not in steps["off"], steps
+
+
 def test_block32_switch_rejects_unknown(monkeypatch):
     monkeypatch.setenv("BYOC_HETERO_WQ_BLOCK32", "yes")
     codes = quantize_matrix(np.ones((16, 64), np.float32), 8, 32, False, "float16")

@@ -158,8 +158,8 @@ def from_hf(model: Any, *, max_length: int, weights: str = "f32", group_size: in
     ``"int8"`` / ``"int4"``: weight-only quantization (``bh.quantize(mod, params, weights=...)``) of
     every dense of the decoder stack and of the LM head before the partition, each then a ``dense_wq``
     node. ``group_size``: 32 / 64 / 128 consecutive k per scale, -1 for one scale per output channel,
-    None for the format's default (``quant.weight_only.DEFAULT_GROUP_SIZE``: int8 one scale per output
-    channel, int4 32); the hidden and intermediate sizes must be multiples of it; grouped scales are
+    None for the format's default (``quant.weight_only.DEFAULT_GROUP_SIZE``: 32 for int8 and int4,
+    llama.cpp's Q8_0 / Q4_0 blocks); the hidden and intermediate sizes must be multiples of it; grouped scales are
     float16 (as GGUF's Q8_0 / Q4_0 blocks), per-channel ones float32. ``rounding``: ``"nearest"`` (each
     code the nearest on the stored scale) or ``"gguf"`` (llama.cpp's rule: with ``group_size=32``, the
     codes and scales of a Q8_0 / Q4_0 file of the same weights bit for bit), None

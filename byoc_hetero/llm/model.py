@@ -10,8 +10,8 @@ k_cache_0, v_cache_0, ..., k_cache_{L-1}, v_cache_{L-1}, <weights>) -> logits [B
 with symbolic ``B`` and ``S``: one module serves the prefill (any prompt length) and the decode
 (``S`` = 1). ``past[b]`` tokens of sequence ``b`` are in its cache, ``lengths[b]`` of the ``S`` rows
 are its new tokens (the rest padding), ``last[b]`` the flat row ``b * S + lengths[b] - 1`` whose
-hidden state the LM head reads (logits for each sequence's last position only; with
-``BYOC_HETERO_LAST_LAYER_ROWS=last`` the last layer itself runs q, the attention, o and the MLP on those rows
+hidden state the LM head reads (logits for each sequence's last position only; by default
+(``BYOC_HETERO_LAST_LAYER_ROWS=last``) the last layer itself runs q, the attention, o and the MLP on those rows
 alone, its k and v on every row). Each cache is
 ``[B, kv_heads, max_length, head_dim]`` float32, preallocated by the generator and written in place
 by each layer's attention, ``R.call_tir_inplace`` of the TIR function ``byoc_hetero_kv_attention``
@@ -184,14 +184,16 @@ KERNEL_FUNC = "byoc_hetero_kv_attention"
 
 LAST_LAYER_VARIABLE = "BYOC_HETERO_LAST_LAYER_ROWS"
 """``last``: the step's last layer computes q, the attention, o and the MLP for each sequence's last row alone
-(the LM head reads no other row; every row's k and v still go into the cache: kv_attention's one-row q);
-``all`` / unset: every row, as before. Read when :func:`step_module` writes the step."""
+(the LM head reads no other row; every row's k and v still go into the cache: kv_attention's one-row q), the
+default; ``all``: every row. Read when :func:`step_module` writes the step. Quiet A/B (Zen 5, 2 threads,
+Qwen2.5-0.5B f32 prefill, interleaved): 1.027x at 1024 tokens, 1.036x at 128; SmolLM at 1 thread 1.013x / 1.034x
+(bench/GENERATE.md, session 17 end)."""
 
 
 def last_layer_rows() -> str:
-    """``BYOC_HETERO_LAST_LAYER_ROWS`` (``all`` | ``last``; unset or empty: ``all``); another value is a
+    """``BYOC_HETERO_LAST_LAYER_ROWS`` (``all`` | ``last``; unset or empty: ``last``); another value is a
     ValueError naming the variable."""
-    value = os.environ.get(LAST_LAYER_VARIABLE, "").strip() or "all"
+    value = os.environ.get(LAST_LAYER_VARIABLE, "").strip() or "last"
     if value not in ("all", "last"):
         raise ValueError(f"{LAST_LAYER_VARIABLE} must be all or last, got {value!r}")
     return value

@@ -117,8 +117,8 @@ def quantize(mod: tvm.IRModule, params: Mapping[str, np.ndarray], calibration: S
 
     **Weight-only** (``weights="int8"`` or ``"int4"``; no calibration): every matmul on a 2-D float32
     weight reads int8 / int4 codes with ``group_size`` (32 / 64 / 128 consecutive k, -1 one scale per
-    output channel, None the format's default: ``weight_only.DEFAULT_GROUP_SIZE``, int8 per output
-    channel, int4 32) scales of ``scale_dtype`` (``"float32"`` / ``"float16"``), symmetric or with
+    output channel, None the format's default: ``weight_only.DEFAULT_GROUP_SIZE``, 32 for int8 and
+    int4) scales of ``scale_dtype`` (``"float32"`` / ``"float16"``), symmetric or with
     ``zero_points``, rounded as ``rounding`` says (``"nearest"``: the nearest code on the stored
     scale; ``"gguf"``: llama.cpp's Q8_0 / Q4_0 rule, codes from the float32 scale; None:
     ``weight_only.DEFAULT_ROUNDING``); activations stay float32. ``keep_float``

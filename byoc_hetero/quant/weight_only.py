@@ -60,10 +60,12 @@ the prompt-to-prompt spread (bench/WEIGHT_ONLY.md), although "nearest"'s weights
 PER_CHANNEL = -1
 """``group_size=PER_CHANNEL`` (-1, as NNCF's and GPTQ's): one scale per output channel, whatever the default."""
 
-DEFAULT_GROUP_SIZE = {"int8": PER_CHANNEL, "int4": 32}
+DEFAULT_GROUP_SIZE = {"int8": 32, "int4": 32}
 """What ``group_size=None`` means for each format, everywhere (``bh.quantize``, ``bh.llm.from_hf`` /
-``from_gguf`` / ``from_onnx`` requantizing, the CLI's ``generate``): the one place int8's default lives
-(per channel; 32, llama.cpp's Q8_0 blocks, is the candidate: issue 37)."""
+``from_gguf`` / ``from_onnx`` requantizing, the CLI's ``generate``): the one place int8's default lives.
+int8: 32, llama.cpp's Q8_0 blocks (session 17, issue 37): with :data:`DEFAULT_ROUNDING` the Q8_0 file's weights
+bit for bit, its logits error 0.993x llama.cpp's; per channel (``PER_CHANNEL``) errs 1.35x and decodes 1.03-1.07x
+faster (the 6% fewer bytes; quiet, Zen 5, Qwen2.5-0.5B, bench/GENERATE.md session 17 end)."""
 
 
 def group_block(weights: str, group_size: int | None) -> int | None:
@@ -400,7 +402,7 @@ def quantize_weights(mod: tvm.IRModule, params: Mapping[str, np.ndarray], weight
 
     ``weights``: ``"int8"`` or ``"int4"``. ``group_size``: 32 / 64 / 128 consecutive k per scale,
     :data:`PER_CHANNEL` (-1) for one scale per output channel, or None for the format's default
-    (:data:`DEFAULT_GROUP_SIZE`: int8 per output channel, int4 32). ``zero_points``:
+    (:data:`DEFAULT_GROUP_SIZE`: 32 for both). ``zero_points``:
     asymmetric codes with a zero point per group. ``scale_dtype``: ``"float32"`` or ``"float16"``.
     ``rounding``: ``"nearest"`` or ``"gguf"`` (llama.cpp's, symmetric only: :data:`ROUNDINGS`), None
     :data:`DEFAULT_ROUNDING`.

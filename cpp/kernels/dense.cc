@@ -61,7 +61,9 @@ constexpr int64_t kPrefillRows = 128;
 
 /*! \brief BYOC_HETERO_GEMV_LAYOUT, read when a plan is made: which weight copy a few-row GEMV may read where the
  *         matmul's own is no panels (oneDNN 3.2 without AVX-512: its jit sgemm keeps the weight [N, K] row-major).
- *         `matmul` (unset): the matmul's panels only, else the matmul runs; `prefill`: the prefill inner product's
+ *         `matmul`: the matmul's panels only, else the matmul runs; `prefill` (unset; quiet A/B under an AVX2 cap,
+ *         Zen 5, SmolLM-135M f32 decode 1.16x `matmul` at 2 threads, 1.09x at 1, bench/GENERATE.md session 17 end):
+ *         the prefill inner product's
  *         panels where a prefill plan of the process's threads (RegionThreads, not a contention plan's fewer) takes
  *         it (PrefillWeightLayout), else the [N, K] rows (the sgemm's copy; an NK weight as it is), so that decode
  *         and prefill read one copy; `rows`: the rows, `panels`: the inner product's panels at any threads (a copy of
@@ -70,8 +72,8 @@ enum class GemvLayout { kMatmul, kPrefill, kRows, kPanels };
 static GemvLayout ReadGemvLayout() {
   const char* env = std::getenv("BYOC_HETERO_GEMV_LAYOUT");
   const std::string value = env == nullptr ? "" : env;
-  if (value.empty() || value == "matmul") return GemvLayout::kMatmul;
-  if (value == "prefill") return GemvLayout::kPrefill;
+  if (value == "matmul") return GemvLayout::kMatmul;
+  if (value.empty() || value == "prefill") return GemvLayout::kPrefill;
   if (value == "rows") return GemvLayout::kRows;
   if (value == "panels") return GemvLayout::kPanels;
   TVM_FFI_THROW(ValueError) << "BYOC_HETERO_GEMV_LAYOUT must be matmul, prefill, rows or panels, got '" << value << "'";

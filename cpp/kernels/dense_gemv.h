@@ -13,7 +13,7 @@
  * layout keeps the matmul.
  *
  * Without AVX-512 oneDNN 3.2's matmul is its jit sgemm, which keeps the weight [N, K] row-major, and the GEMV
- * never engaged.  BYOC_HETERO_GEMV_LAYOUT (dense.cc ReadGemvLayout; `matmul` by default until a quiet A/B) lets it
+ * never engaged.  BYOC_HETERO_GEMV_LAYOUT (dense.cc ReadGemvLayout; `prefill` by default since session 17) lets it
  * read another copy there: `prefill` the layout a prefill plan's inner product gives the same weight where such a
  * plan takes the inner product (the process's threads 2+, so that a plan of fewer threads made under contention reads
  * the same panels and gives the same bits; dense.cc PrefillWeightLayout: AB8b24a over [N, K] on AVX2, panels of

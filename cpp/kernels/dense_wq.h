@@ -136,7 +136,8 @@ struct QTileJob {
 };
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
-/*! \brief BYOC_HETERO_WQ_BLOCK32 = on | off (unset: off, until a quiet A/B): whether the integer tile kernels of a
+/*! \brief BYOC_HETERO_WQ_BLOCK32 = on | off (unset: on; quiet A/B, Zen 5, Qwen2.5-0.5B decode at 2 threads,
+ *         interleaved: int8 g32 1.09x, int4 1.02x `off`'s tokens/s, bench/GENERATE.md session 17 end): whether the integer tile kernels of a
  *         node whose weight blocks are one activation block (block = kActBlock: llama.cpp's Q8_0 / Q4_0,
  *         from_hf's group_size=32) without zero points or offsets run FindBlock32Fn's kernels; read when a kernel is
  *         built; another value is a ValueError naming the variable. */

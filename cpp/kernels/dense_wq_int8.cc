@@ -571,7 +571,7 @@ QTileFn FindQTileFn(IntDot dot, int bits) {
   }
 }
 
-bool Block32Asked() { return EnvSwitch(kBlock32Variable, "on", "off", false); }
+bool Block32Asked() { return EnvSwitch(kBlock32Variable, "on", "off", true); }
 
 QTileFn FindBlock32Fn(IntDot dot, int bits, ScaleForm scales) {
   switch (dot) {
