@@ -69,17 +69,21 @@ def _normal(name: str, shape: tuple[int, int]) -> np.ndarray:
     return normal
 
 
-@pytest.mark.parametrize("name", ["blk.0.ffn_up.weight", "token_embd.weight"])
-def test_gguf_rounding_writes_the_files_codes_and_scales(gguf_file, name):
+def _against_the_file(gguf_file, name: str, rounding: str):
+    """Ours in blocks of 32 under ``rounding`` and the file's tensor ``name``: (ours, ref, our codes, the file's,
+    the codes of normal blocks), the scales of normal blocks asserted equal bit for bit."""
     path, bits, weights = gguf_file
-    w = weights[name]
     ref = block_codes(GgufFile(path), name)
-    ours = quantize_matrix(w, bits, 32, scale_dtype="float16", rounding="gguf")
-    assert ours.scales.dtype == np.float16 and ours.codes.dtype == ref.codes.dtype and ours.block == 32
+    ours = quantize_matrix(weights[name], bits, 32, scale_dtype="float16", rounding=rounding)
     normal = _normal(name, ours.scales.shape)
     np.testing.assert_array_equal(ours.scales.view(np.uint16)[normal], ref.scales.view(np.uint16)[normal])
-    keep = np.repeat(normal, 32, axis=1)
-    qo, qr = _unpack(ours), _unpack(ref)
+    return ours, ref, _unpack(ours), _unpack(ref), np.repeat(normal, 32, axis=1)
+
+
+@pytest.mark.parametrize("name", ["blk.0.ffn_up.weight", "token_embd.weight"])
+def test_gguf_rounding_writes_the_files_codes_and_scales(gguf_file, name):
+    ours, ref, qo, qr, keep = _against_the_file(gguf_file, name, "gguf")
+    assert ours.scales.dtype == np.float16 and ours.codes.dtype == ref.codes.dtype and ours.block == 32
     assert (qo != qr)[keep].sum() == 0  # 0 differing codes
     np.testing.assert_array_equal(dequantize_codes(ours), dequantize_codes(ref))  # everywhere, the underflow too
 
@@ -103,14 +107,9 @@ def test_gguf_rounding_breaks_ties_as_llama_cpp(gguf_file):
 
 @pytest.mark.parametrize("name", ["blk.0.ffn_up.weight", "token_embd.weight"])
 def test_nearest_rounding_same_scales_codes_the_nearest_on_them(gguf_file, name):
-    path, bits, weights = gguf_file
+    ours, _, qo, qr, keep = _against_the_file(gguf_file, name, "nearest")
+    _, bits, weights = gguf_file
     w = weights[name]
-    ref = block_codes(GgufFile(path), name)
-    ours = quantize_matrix(w, bits, 32, scale_dtype="float16", rounding="nearest")
-    normal = _normal(name, ours.scales.shape)
-    np.testing.assert_array_equal(ours.scales.view(np.uint16)[normal], ref.scales.view(np.uint16)[normal])
-    keep = np.repeat(normal, 32, axis=1)
-    qo, qr = _unpack(ours), _unpack(ref)
     assert np.abs(qo - qr)[keep].max() <= 1
     differ = (qo != qr) & keep
     assert 0 < differ.sum() and differ.mean() < 0.02  # only codes next to a half on the f16 grid

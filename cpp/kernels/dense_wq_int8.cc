@@ -339,8 +339,8 @@ void TileGenericQ(const QTileJob& j) {
   }
 }
 
-/*! \brief Dispatches a job's row count (1..kMaxRows) to the kernel instantiated for it. */
-/*! \brief ByRows512 / ByRows256 for the kernels of blocks of kActBlock. */
+/*! \brief Dispatches a job's row count (1..kMaxRows) to the block-of-kActBlock kernel instantiated for it (as
+ *         ByRows512 / ByRows256 do for the general ones). */
 template <int Bits, bool Vnni, ScaleForm Scales>
 void ByRows512x32(const QTileJob& j) {
   switch (j.rows) {
