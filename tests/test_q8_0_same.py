@@ -162,3 +162,13 @@ def test_rounding_is_checked():
         quantize_matrix(w, 8, 32, rounding="even")
     with pytest.raises(QuantizationError, match="rounding='gguf' .* no zero points"):
         quantize_matrix(w, 4, 32, zero_points=True, rounding="gguf")
+
+
+@pytest.mark.parametrize("rounding", ["gguf", "nearest"])
+def test_a_scale_past_float16s_range_is_named(rounding):
+    """A block whose scale overflows float16 (max |w| = 1e7: d = 78740 > 65504) is a QuantizationError naming the
+    block, under either rounding: never an infinite scale."""
+    w = np.ones((3, 64), np.float32)
+    w[2, 40] = 1e7
+    with pytest.raises(QuantizationError, match=r"block \[2, 1\]'s scale 7.87e\+04 overflows float16"):
+        quantize_matrix(w, 8, 32, scale_dtype="float16", rounding=rounding)

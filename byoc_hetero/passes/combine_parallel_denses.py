@@ -16,11 +16,12 @@ combined. Separate, that dense applies it as a bias or post-op of its own output
 would read a column slice and be a step of its own. Groups of one; weights that are no
 constants; other dtypes.
 
-Biases (opt-in, ``BYOC_HETERO_COMBINE_BIASES=1``, read when the pass runs; default off until a quiet
-A/B): a member whose product is read only by an ``add`` of a float32 constant of its width (``[N_i]``,
-or ``[1, ..., N_i]``: one bias per output column, Qwen2's and BERT's Q / K / V) is combined too; the
-wide product then gets one ``add`` of the concatenated biases (zeros for the members without one),
-which the dense takes as its own bias, and each member's ``add`` is bound to its part of the split.
+Biases (opt-in, ``BYOC_HETERO_COMBINE_BIASES=1``, read when the pass runs; off by default: session 16's
+quiet A/B measured it slower, bench/GENERATE.md): a member whose product is read only by an ``add`` of a
+float32 constant of its width (``[N_i]``, or ``[1, ..., N_i]``: one bias per output column, Qwen2's and
+BERT's Q / K / V) is combined too; the wide product then gets one ``add`` of the concatenated biases
+(zeros for the members without one), which the dense takes as its own bias, and each member's ``add``
+is bound to its part of the split.
 Each column is the same dot product plus the same bias as before. Qwen2.5-0.5B's Q / K / V
 (``[896, 896]``, ``[896, 128]`` twice, each with a bias) are then one ``[896, 1152]`` dense.
 

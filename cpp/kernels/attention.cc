@@ -406,8 +406,8 @@ int64_t RowsPerBlock(int64_t m, int64_t n) {
 }
 
 /*! \brief BYOC_HETERO_ATTENTION_OUT_VIEW (read when a region is planned): "on" writes the output under
- *         the planner's strided hint (OutputView); "off" (or unset) writes it plain.  Opt-in until a
- *         quiet A/B (bench/ZOO.md, session 16: the Phi-3-style decoder's 12 copies after attention). */
+ *         the planner's strided hint (OutputView); "off" (or unset) writes it plain.  Opt-in: session 16's
+ *         quiet A/B measured it level (1.000x; bench/ZOO.md: the Phi-3-style decoder's 12 copies after attention). */
 bool OutViewOn() { return EnvSwitch("BYOC_HETERO_ATTENTION_OUT_VIEW", "on", "off", false); }
 
 /*! \brief Whether \p hint's dims are \p out's, or \p out's with its batch dims split into more

@@ -21,8 +21,8 @@
  *   zeros   per tile, per block: 16 float32 zero points (only with explicit zero points; else
  *           one constant, 2^(bits-1) for unsigned codes, 0 with offsets).
  *   offsets per tile, per block: 16 float32 (only with offsets).
- * (BYOC_HETERO_WQ_BLOCK32=on: blocks of 32 with float16 scales keep them inside the quad layout's codes instead,
- * the inline layout below.)
+ * (By default, BYOC_HETERO_WQ_BLOCK32=on, blocks of 32 with float16 scales keep them inside the quad layout's codes
+ * instead where the integer kernels are AVX-512 ones: the inline layout below.)
  * The sum over one block accumulates x * (q - z) (q - z is exact in float32), then adds
  * s * block-sum to the row's total: one multiply per block and column, not per weight.
  *
@@ -137,10 +137,10 @@ struct QTileJob {
 using QTileFn = void (*)(const QTileJob& job);
 QTileFn FindQTileFn(IntDot dot, int bits);
 /*! \brief BYOC_HETERO_WQ_BLOCK32 = on | off (unset: on; quiet A/B, Zen 5, Qwen2.5-0.5B decode at 2 threads,
- *         interleaved: int8 g32 1.09x, int4 1.02x `off`'s tokens/s, bench/GENERATE.md session 17 end): whether the integer tile kernels of a
- *         node whose weight blocks are one activation block (block = kActBlock: llama.cpp's Q8_0 / Q4_0,
- *         from_hf's group_size=32) without zero points or offsets run FindBlock32Fn's kernels; read when a kernel is
- *         built; another value is a ValueError naming the variable. */
+ *         interleaved: int8 g32 1.09x, int4 1.02x `off`'s tokens/s, bench/GENERATE.md session 17 end): whether
+ *         the integer tile kernels of a node whose weight blocks are one activation block (block = kActBlock:
+ *         llama.cpp's Q8_0 / Q4_0, from_hf's group_size=32) without zero points or offsets run FindBlock32Fn's
+ *         kernels; read when a kernel is built; another value is a ValueError naming the variable. */
 constexpr const char* kBlock32Variable = "BYOC_HETERO_WQ_BLOCK32";
 bool Block32Asked();
 /*! \brief Where the integer kernels read a tile's scales: float32 or float16 tiles of their own (QTileJob::scales,

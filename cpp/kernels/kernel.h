@@ -497,8 +497,8 @@ struct KernelTraits {
 Bf16Read Bf16ReadLikeOutput(const NodeInfo& node, size_t k);
 /*! \brief Whether values are read where they lie under strides: BYOC_HETERO_SLICE_VIEWS=on (read at each
  *         call, when a region is planned): slices planned as views (plan/layouts.h SliceView) and a
- *         matmul's a / b read under the strides they are stored with (kernels/matmul.cc).  Opt-in until a
- *         quiet A/B (bench/ZOO.md, session 15). */
+ *         matmul's a / b read under the strides they are stored with (kernels/matmul.cc).  Opt-in: session 15's
+ *         quiet A/B measured it level (0.999x; bench/ZOO.md: oneDNN 3.2's brgemm takes dense strides only). */
 bool StridedReadsOn();
 /*! \brief A KernelTraits::strided_input: every input kPassesOn (reshape, permute: their output views it). */
 StridedRead StridedPassesOn(const NodeInfo& node, size_t k);
